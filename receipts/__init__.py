@@ -1,0 +1,1 @@
+"""Receipt's store and domain: receipts in PostgreSQL, the job reducer and its operations."""

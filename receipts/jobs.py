@@ -1,0 +1,414 @@
+"""The job model and its reducer: a job's state is a pure fold over the receipts of `jobs/<jobId>`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from receipts.errors import InvariantError
+
+LANES: tuple[str, ...] = ("chat", "collect", "steer", "follow_up")
+DEFAULT_LANE = "collect"
+STATUSES: tuple[str, ...] = ("queued", "leased", "running", "completed", "failed", "canceled")
+ACTIVE_STATUSES: frozenset[str] = frozenset({"queued", "leased", "running"})
+LEASED_STATUSES: frozenset[str] = frozenset({"leased", "running"})
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "canceled"})
+SINGLETON_MODES: tuple[str, ...] = ("allow", "cancel", "steer")
+COMMAND_TYPES: tuple[str, ...] = ("steer", "follow_up", "abort")
+COMMAND_LANES: tuple[str, ...] = ("steer", "follow_up")
+RECEIPT_TYPES: tuple[str, ...] = (
+    "job.enqueued",
+    "job.leased",
+    "job.heartbeat",
+    "job.progress",
+    "job.completed",
+    "job.failed",
+    "job.canceled",
+    "queue.command",
+    "queue.command.consumed",
+    "job.lease_expired",
+)
+DEFAULT_MAX_ATTEMPTS = 2
+MIN_ATTEMPTS, MAX_ATTEMPTS = 1, 8
+SINGLETON_CANCEL_REASON = "singleton cancel"
+
+Status = Literal["queued", "leased", "running", "completed", "failed", "canceled"]
+
+JOB_STREAM_PREFIX = "jobs/"
+
+
+def job_stream(job_id: str) -> str:
+    """Return the stream name of a job: `jobs/<jobId>`."""
+    return JOB_STREAM_PREFIX + job_id
+
+
+def job_id_of(stream: str) -> str:
+    """Return the job id a `jobs/<jobId>` stream name addresses."""
+    return stream.removeprefix(JOB_STREAM_PREFIX)
+
+
+def no_job_message(job_id: str) -> str:
+    """Return the spec's exact invariant text for an event addressed to a job that does not exist."""
+    return f"Invariant: no job for {job_id}"
+
+
+def lease_expired_message(attempts: int) -> str:
+    """Return the error a job carries when its last attempt's lease expired."""
+    return f"lease expired after {attempts} attempts"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, alias_generator=to_camel, populate_by_name=True, extra="forbid"
+    )
+
+
+class Lease(_Model):
+    """The active fence: one delivery (`workerId`) of one attempt, valid until `expiresAt`."""
+
+    worker_id: str
+    attempt: int
+    expires_at: datetime
+    leased_at: datetime
+    process: dict[str, Any] | None = None
+
+
+class Command(_Model):
+    """A queue command recorded on the job stream; steer/follow_up stay pending until consumed."""
+
+    command_id: str
+    type: str
+    lane: str | None = None
+    payload: Any = None
+    reason: str | None = None
+    from_session_key: str | None = None
+    from_enqueue: bool = False
+    recorded_at: datetime
+    consumed_attempt: int | None = None
+
+    @property
+    def pending(self) -> bool:
+        """True while a steer/follow_up has not been consumed by a live attempt."""
+        return self.type != "abort" and self.consumed_attempt is None
+
+
+class Job(_Model):
+    """The folded state of one job (the `jobs` projection row stores exactly this)."""
+
+    job_id: str
+    agent_id: str
+    lane: str
+    kind: str
+    payload: dict[str, Any]
+    organization_id: str | None = None
+    session_key: str | None = None
+    singleton_mode: str = "allow"
+    status: Status = "queued"
+    attempt: int = 0
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    available_at: datetime | None = None
+    lease: Lease | None = None
+    last_heartbeat_at: datetime | None = None
+    abort_requested: bool = False
+    abort_reason: str | None = None
+    commands: tuple[Command, ...] = ()
+    progress: Any = None
+    progress_count: int = 0
+    result: Any = None
+    error: str | None = None
+    settlement_id: str | None = None
+    canceled_reason: str | None = None
+    trace_id: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None = None
+    seq: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        """True once the job is completed, failed or canceled; nothing moves it after that."""
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def pending_commands(self) -> tuple[Command, ...]:
+        """Steer/follow_up commands not yet consumed by the current attempt."""
+        return tuple(c for c in self.commands if c.pending)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the camelCase JSON form (the projection's `state` and the API's job)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """One stored receipt. `seq` is 1-based and gapless per stream; `recorded_at` is database time."""
+
+    stream: str
+    seq: int
+    type: str
+    data: Mapping[str, Any]
+    recorded_at: datetime
+    position: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the camelCase JSON form used by the API and the event stream."""
+        return {
+            "stream": self.stream,
+            "seq": self.seq,
+            "type": self.type,
+            "data": dict(self.data),
+            "recordedAt": self.recorded_at.isoformat(),
+            "position": self.position,
+        }
+
+
+def _ms(data: Mapping[str, Any], key: str) -> datetime | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+def fence_matches(job: Job, worker_id: str | None, attempt: int | None) -> bool:
+    """True when `(worker_id, attempt)` is the job's active lease (the spec's active-lease check).
+
+    A queued job has no active lease; a writer with no `workerId` for the job's current attempt
+    matches it (system settlements such as a delivery that ran out of generations).
+    """
+    if job.status == "queued":
+        return worker_id is None and attempt == job.attempt
+    if job.status not in LEASED_STATUSES or job.lease is None:
+        return False
+    return job.lease.worker_id == worker_id and job.lease.attempt == attempt
+
+
+def _requeue_commands(job: Job, attempt: int) -> tuple[Command, ...]:
+    """Commands consumed by an attempt that did not complete become pending again."""
+    return tuple(
+        c.model_copy(update={"consumed_attempt": None}) if c.consumed_attempt == attempt else c
+        for c in job.commands
+    )
+
+
+def _create(receipt: Receipt) -> Job:
+    data = receipt.data
+    payload = dict(data.get("payload") or {})
+    return Job(
+        job_id=str(data.get("jobId") or job_id_of(receipt.stream)),
+        agent_id=str(data["agentId"]),
+        lane=str(data.get("lane") or DEFAULT_LANE),
+        kind=str(data.get("kind") or payload.get("kind") or ""),
+        payload=payload,
+        organization_id=data.get("organizationId"),
+        session_key=data.get("sessionKey"),
+        singleton_mode=str(data.get("singletonMode") or "allow"),
+        max_attempts=int(data.get("maxAttempts") or DEFAULT_MAX_ATTEMPTS),
+        available_at=_ms(data, "availableAt"),
+        trace_id=data.get("traceId"),
+        created_at=receipt.recorded_at,
+        updated_at=receipt.recorded_at,
+        seq=receipt.seq,
+    )
+
+
+def apply(job: Job | None, receipt: Receipt) -> Job | None:
+    """Fold one receipt into a job's state and return the new state.
+
+    Raises `InvariantError` (`Invariant: no job for <jobId>`) for an event addressed to a job
+    that does not exist, except `job.failed` and `job.lease_expired`, which are ignored so a late
+    settlement cannot break a fold. Receipts the state does not admit (a lease on a job that is
+    not queued, a write from a superseded fence, anything on a terminal job) leave it unchanged
+    apart from its `seq`.
+    """
+    kind = receipt.type
+    data = receipt.data
+    if job is None:
+        if kind == "job.enqueued":
+            return _create(receipt)
+        if kind in ("job.failed", "job.lease_expired"):
+            return None
+        raise InvariantError(no_job_message(job_id_of(receipt.stream)))
+
+    changes = _changes(job, receipt, kind, data)
+    base = {"seq": receipt.seq}
+    if changes:
+        base["updated_at"] = receipt.recorded_at  # type: ignore[assignment]
+        base.update(changes)
+    return job.model_copy(update=base)
+
+
+def _changes(job: Job, receipt: Receipt, kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the fields a receipt changes, or an empty dict when the receipt is inert."""
+    if job.terminal:
+        return {}
+    at = receipt.recorded_at
+    if kind == "job.leased":
+        if job.status != "queued":
+            return {}
+        attempt = job.attempt + 1
+        return {
+            "status": "leased",
+            "attempt": attempt,
+            "lease": Lease(
+                worker_id=str(data["workerId"]),
+                attempt=attempt,
+                expires_at=_ms(data, "expiresAt") or at,
+                leased_at=at,
+                process=data.get("process"),
+            ),
+            "last_heartbeat_at": at,
+        }
+    if kind == "job.heartbeat":
+        return _heartbeat(job, at, data)
+    if kind == "job.progress":
+        if not fence_matches(job, data.get("workerId"), data.get("attempt")) or job.lease is None:
+            return {}
+        return {"progress": data.get("data"), "progress_count": job.progress_count + 1}
+    if kind == "job.completed":
+        if not fence_matches(job, data.get("workerId"), data.get("attempt")) or job.lease is None:
+            return {}
+        return {
+            "status": "completed",
+            "result": data.get("result"),
+            "settlement_id": data.get("settlementId"),
+            "lease": None,
+            "settled_at": at,
+        }
+    if kind == "job.failed":
+        return _failed(job, at, data)
+    if kind == "job.canceled":
+        worker_id = data.get("workerId")
+        if worker_id is None and job.status != "queued":
+            return {}
+        if worker_id is not None and not fence_matches(job, worker_id, data.get("attempt")):
+            return {}
+        return {
+            "status": "canceled",
+            "canceled_reason": data.get("reason"),
+            "settlement_id": data.get("settlementId"),
+            "lease": None,
+            "settled_at": at,
+        }
+    if kind == "queue.command":
+        command = Command(
+            command_id=str(data["commandId"]),
+            type=str(data["type"]),
+            lane=data.get("lane"),
+            payload=data.get("payload"),
+            reason=data.get("reason"),
+            from_session_key=data.get("fromSessionKey"),
+            from_enqueue=bool(data.get("fromEnqueue", False)),
+            recorded_at=at,
+        )
+        changes: dict[str, Any] = {"commands": (*job.commands, command)}
+        if command.type == "abort":
+            changes["abort_requested"] = True
+            changes["abort_reason"] = command.reason
+        return changes
+    if kind == "queue.command.consumed":
+        if not fence_matches(job, data.get("workerId"), data.get("attempt")) or job.lease is None:
+            return {}
+        command_id = data.get("commandId")
+        if not any(c.command_id == command_id and c.pending for c in job.commands):
+            return {}
+        return {
+            "commands": tuple(
+                c.model_copy(update={"consumed_attempt": job.attempt})
+                if c.command_id == command_id
+                else c
+                for c in job.commands
+            )
+        }
+    if kind == "job.lease_expired":
+        if job.status not in LEASED_STATUSES or job.lease is None:
+            return {}
+        if data.get("attempt") != job.lease.attempt or data.get("workerId") != job.lease.worker_id:
+            return {}
+        if job.attempt < job.max_attempts:
+            return {
+                "status": "queued",
+                "lease": None,
+                "commands": _requeue_commands(job, job.attempt),
+            }
+        return {
+            "status": "failed",
+            "error": lease_expired_message(job.attempt),
+            "lease": None,
+            "settled_at": at,
+        }
+    if kind == "job.enqueued":
+        return {}
+    raise InvariantError(f"Invariant: unknown receipt type {kind!r} on {receipt.stream}")
+
+
+def _heartbeat(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any]:
+    if job.status not in LEASED_STATUSES or job.lease is None:
+        return {}
+    worker_id, attempt = data.get("workerId"), data.get("attempt")
+    if data.get("startFence"):
+        if attempt != job.lease.attempt or worker_id is None:
+            return {}
+    elif not fence_matches(job, worker_id, attempt):
+        return {}
+    lease = job.lease.model_copy(
+        update={"worker_id": str(worker_id), "expires_at": _ms(data, "expiresAt") or at}
+    )
+    return {"status": "running", "lease": lease, "last_heartbeat_at": at}
+
+
+def _failed(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any]:
+    if not fence_matches(job, data.get("workerId"), data.get("attempt")):
+        return {}
+    refund = bool(data.get("refundAttempt", False))
+    attempt = job.attempt - 1 if refund and job.attempt > 0 else job.attempt
+    retryable = bool(data.get("retryable", False))
+    if retryable and (refund or job.attempt < job.max_attempts):
+        return {
+            "status": "queued",
+            "attempt": attempt,
+            "lease": None,
+            "error": data.get("error"),
+            "settlement_id": data.get("settlementId"),
+            "commands": _requeue_commands(job, job.attempt),
+        }
+    changes: dict[str, Any] = {
+        "status": "failed",
+        "error": data.get("error"),
+        "settlement_id": data.get("settlementId"),
+        "lease": None,
+        "settled_at": at,
+    }
+    result = data.get("result")
+    if not retryable and data.get("status"):
+        result = {**(result if isinstance(result, dict) else {}), "status": data["status"]}
+    changes["result"] = result
+    return changes
+
+
+def fold(receipts: Iterable[Receipt], job: Job | None = None) -> Job | None:
+    """Fold receipts in order, starting from `job` (None: the empty stream)."""
+    for receipt in receipts:
+        job = apply(job, receipt)
+    return job
+
+
+def lease_expired(job: Job, now: datetime) -> bool:
+    """True when the job holds a lease whose `expiresAt` the database clock `now` has passed."""
+    return job.status in LEASED_STATUSES and job.lease is not None and job.lease.expires_at < now
+
+
+def stale_lease(job: Job, now: datetime, active_stale_ms: int) -> bool:
+    """The driver's stale active lease: expired, or no heartbeat within `active_stale_ms`."""
+    if job.status not in LEASED_STATUSES or job.lease is None:
+        return False
+    if lease_expired(job, now):
+        return True
+    last = job.last_heartbeat_at or job.lease.leased_at
+    return now - last > timedelta(milliseconds=active_stale_ms)

@@ -1,0 +1,433 @@
+"""Fenced job operations used by delivery: lease, heartbeat, progress, settle, commands, expiry.
+
+Each operation is one transaction: lock the job's projection row, decide against the folded
+state and the database clock, append, or write nothing and return why (an `Outcome` status).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from receipts import jobs as jobmodel
+from receipts.enqueue import available, expire_draft
+from receipts.errors import ConflictError
+from receipts.jobs import COMMAND_TYPES, LEASED_STATUSES, Job, Receipt
+from receipts.store import Draft, Store
+from receipts.text import sanitize
+
+log = logging.getLogger("receipts.operations")
+
+OK = "ok"
+# Rejections of a fenced write (DESIGN §4).
+STALE_ATTEMPT = "stale_attempt"
+LEASE_LOST = "lease_lost"
+SETTLEMENT_CONFLICT = "settlement_conflict"
+TERMINAL_STATE = "terminal_state"
+# Other refusals.
+NOT_FOUND = "not_found"
+NOT_QUEUED = "not_queued"
+NOT_AVAILABLE = "not_available"
+NOT_EXPIRED = "not_expired"
+NOT_STALE = "not_stale"
+NOT_PENDING = "not_pending"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The result of an operation: `status` is `ok` or why nothing was written.
+
+    `already` is set when a settle found its own settlement already committed (an ambiguous
+    commit retried), so the caller reports success without a second receipt.
+    """
+
+    status: str
+    job: Job | None
+    receipts: tuple[Receipt, ...] = field(default=())
+    already: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the operation took effect (or had already, for a retried settle)."""
+        return self.status == OK
+
+
+Decision = list[Draft] | str | Outcome
+Decide = Callable[[Job | None, datetime], Decision]
+
+
+def fence_rejection(job: Job | None, worker_id: str, attempt: int, now: datetime) -> str | None:
+    """Return why `(worker_id, attempt)` may not write to `job` now, or None when it may.
+
+    `stale_attempt`: the writer's attempt is older than the job's; `lease_lost`: same attempt,
+    but the lease was rebound to another delivery, released, or expired by the database clock;
+    `terminal_state`: the job is already settled.
+    """
+    if job is None:
+        return NOT_FOUND
+    if job.terminal:
+        return TERMINAL_STATE
+    if attempt < job.attempt:
+        return STALE_ATTEMPT
+    if job.status not in LEASED_STATUSES or job.lease is None:
+        return LEASE_LOST
+    if job.lease.attempt != attempt:
+        return STALE_ATTEMPT
+    if job.lease.worker_id != worker_id:
+        return LEASE_LOST
+    if job.lease.expires_at < now:
+        return LEASE_LOST
+    return None
+
+
+async def mutate(store: Store, job_id: str, decide: Decide) -> Outcome:
+    """Lock the job, let `decide` choose receipts (or a refusal), append them; one transaction.
+
+    A uniqueness conflict on `(stream, seq)` means a concurrent append won; the state is re-read
+    and reported as `settlement_conflict`.
+    """
+    try:
+        async with store.transaction() as tx:
+            job = await tx.job_for_update(job_id)
+            decision = decide(job, await tx.now())
+            if isinstance(decision, Outcome):
+                return decision
+            if isinstance(decision, str):
+                return Outcome(decision, job)
+            new, receipts = await tx.append_job(job_id, job, decision)
+            return Outcome(OK, new, tuple(receipts))
+    except ConflictError:
+        log.warning("append conflict", extra={"event": "job.append_conflict", "jobId": job_id})
+        return Outcome(SETTLEMENT_CONFLICT, await store.get_job(job_id))
+
+
+def _expires(now: datetime, lease_ms: int) -> str:
+    return (now + timedelta(milliseconds=lease_ms)).isoformat()
+
+
+async def lease(
+    store: Store,
+    job_id: str,
+    *,
+    attempt: int,
+    worker_id: str,
+    lease_ms: int,
+    process: dict[str, Any] | None = None,
+) -> Outcome:
+    """Lease attempt `attempt` of a queued job for one delivery `worker_id`.
+
+    Only the expected next attempt may lease, so a late retry of an old attempt can never take a
+    newer attempt's place. `expiresAt` is the database clock plus `lease_ms`.
+    """
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        if job is None:
+            return NOT_FOUND
+        if job.terminal:
+            return TERMINAL_STATE
+        if attempt <= job.attempt:
+            return STALE_ATTEMPT
+        if job.status != "queued" or attempt != job.attempt + 1:
+            return NOT_QUEUED
+        if not available(job, now):
+            return NOT_AVAILABLE
+        data: dict[str, Any] = {
+            "workerId": worker_id,
+            "attempt": attempt,
+            "expiresAt": _expires(now, lease_ms),
+            "leaseMs": lease_ms,
+        }
+        if process:
+            data["process"] = process
+        return [Draft("job.leased", data)]
+
+    return await mutate(store, job_id, decide)
+
+
+async def heartbeat(
+    store: Store,
+    job_id: str,
+    *,
+    worker_id: str,
+    attempt: int,
+    lease_ms: int,
+    start_fence: bool = False,
+) -> Outcome:
+    """Extend the lease to now + `lease_ms`; the first heartbeat promotes `leased → running`.
+
+    A start-fence heartbeat (a redelivered execution of the same attempt) matches on `attempt`
+    alone and rebinds the lease to `worker_id`, so the earlier delivery's next write is
+    rejected; for any other attempt it is inert.
+    """
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        if start_fence:
+            rejection = fence_rejection(
+                job, job.lease.worker_id if job and job.lease else worker_id, attempt, now
+            )
+        else:
+            rejection = fence_rejection(job, worker_id, attempt, now)
+        if rejection:
+            return rejection
+        data: dict[str, Any] = {
+            "workerId": worker_id,
+            "attempt": attempt,
+            "expiresAt": _expires(now, lease_ms),
+        }
+        if start_fence:
+            data["startFence"] = True
+        return [Draft("job.heartbeat", data)]
+
+    return await mutate(store, job_id, decide)
+
+
+async def progress(
+    store: Store, job_id: str, *, worker_id: str, attempt: int, data: Any
+) -> Outcome:
+    """Record handler progress under the fence."""
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        rejection = fence_rejection(job, worker_id, attempt, now)
+        if rejection:
+            return rejection
+        body = {"workerId": worker_id, "attempt": attempt, "data": sanitize(data)}
+        return [Draft("job.progress", body)]
+
+    return await mutate(store, job_id, decide)
+
+
+def _already_settled(job: Job | None, settlement_id: str) -> Outcome | None:
+    if job is not None and job.settlement_id == settlement_id:
+        return Outcome(OK, job, already=True)
+    return None
+
+
+async def complete(
+    store: Store,
+    job_id: str,
+    *,
+    worker_id: str,
+    attempt: int,
+    result: Any = None,
+    settlement_id: str | None = None,
+) -> Outcome:
+    """Settle `completed` under the fence; a retry that finds its own settlement reports success."""
+    settlement = settlement_id or worker_id
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        already = _already_settled(job, settlement)
+        if already:
+            return already
+        rejection = fence_rejection(job, worker_id, attempt, now)
+        if rejection:
+            return rejection
+        data = {
+            "workerId": worker_id,
+            "attempt": attempt,
+            "settlementId": settlement,
+            "result": sanitize(result),
+        }
+        return [Draft("job.completed", data)]
+
+    return await mutate(store, job_id, decide)
+
+
+async def fail(
+    store: Store,
+    job_id: str,
+    *,
+    worker_id: str,
+    attempt: int,
+    error: str,
+    retryable: bool,
+    status: str | None = None,
+    refund_attempt: bool = False,
+    result: Any = None,
+    settlement_id: str | None = None,
+) -> Outcome:
+    """Settle `failed` under the fence.
+
+    Retryable with attempts left (or `refund_attempt`, a graceful release) requeues the job;
+    otherwise it is terminal, and a non-retryable failure copies `status` onto `job.result`.
+    """
+    settlement = settlement_id or worker_id
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        already = _already_settled(job, settlement)
+        if already:
+            return already
+        rejection = fence_rejection(job, worker_id, attempt, now)
+        if rejection:
+            return rejection
+        data: dict[str, Any] = {
+            "workerId": worker_id,
+            "attempt": attempt,
+            "settlementId": settlement,
+            "error": sanitize(error),
+            "retryable": retryable,
+        }
+        if status:
+            data["status"] = status
+        if refund_attempt:
+            data["refundAttempt"] = True
+        if result is not None:
+            data["result"] = sanitize(result)
+        return [Draft("job.failed", data)]
+
+    return await mutate(store, job_id, decide)
+
+
+async def cancel(
+    store: Store,
+    job_id: str,
+    *,
+    worker_id: str,
+    attempt: int,
+    reason: str | None,
+    settlement_id: str | None = None,
+) -> Outcome:
+    """Settle `canceled` under the fence (a worker honouring an abort)."""
+    settlement = settlement_id or worker_id
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        already = _already_settled(job, settlement)
+        if already:
+            return already
+        rejection = fence_rejection(job, worker_id, attempt, now)
+        if rejection:
+            return rejection
+        data = {
+            "workerId": worker_id,
+            "attempt": attempt,
+            "settlementId": settlement,
+            "reason": sanitize(reason),
+        }
+        return [Draft("job.canceled", data)]
+
+    return await mutate(store, job_id, decide)
+
+
+async def cancel_queued(store: Store, job_id: str, *, reason: str | None) -> Outcome:
+    """Cancel a job that is still queued (an abort honoured before any worker leased it)."""
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        if job is None:
+            return NOT_FOUND
+        if job.terminal:
+            return TERMINAL_STATE
+        if job.status != "queued":
+            return NOT_QUEUED
+        return [Draft("job.canceled", {"reason": reason, "attempt": job.attempt})]
+
+    return await mutate(store, job_id, decide)
+
+
+async def fail_queued(store: Store, job_id: str, *, error: str) -> Outcome:
+    """Fail a queued job non-retryably with no lease (e.g. delivery out of generations)."""
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        if job is None:
+            return NOT_FOUND
+        if job.terminal:
+            return TERMINAL_STATE
+        if job.status != "queued":
+            return NOT_QUEUED
+        data = {"workerId": None, "attempt": job.attempt, "error": error, "retryable": False}
+        return [Draft("job.failed", data)]
+
+    return await mutate(store, job_id, decide)
+
+
+async def fail_stale(store: Store, job_id: str, *, active_stale_ms: int, error: str) -> Outcome:
+    """The driver's stale active lease: fail it (retryable) with the stale lease's own fence."""
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        if job is None:
+            return NOT_FOUND
+        if job.terminal:
+            return TERMINAL_STATE
+        if not jobmodel.stale_lease(job, now, active_stale_ms) or job.lease is None:
+            return NOT_STALE
+        data = {
+            "workerId": job.lease.worker_id,
+            "attempt": job.lease.attempt,
+            "settlementId": f"{job.lease.worker_id}:stale",
+            "error": error,
+            "retryable": True,
+        }
+        return [Draft("job.failed", data)]
+
+    return await mutate(store, job_id, decide)
+
+
+async def expire_lease(store: Store, job_id: str) -> Outcome:
+    """Append `job.lease_expired` only when the database clock has passed the lease's expiry."""
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        if job is None:
+            return NOT_FOUND
+        if job.terminal:
+            return TERMINAL_STATE
+        if not jobmodel.lease_expired(job, now):
+            return NOT_EXPIRED
+        return [expire_draft(job)]
+
+    return await mutate(store, job_id, decide)
+
+
+async def consume_command(
+    store: Store, job_id: str, *, worker_id: str, attempt: int, command_id: str
+) -> Outcome:
+    """Mark a pending steer/follow_up as consumed by this attempt, under the fence."""
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        rejection = fence_rejection(job, worker_id, attempt, now)
+        if rejection:
+            return rejection
+        assert job is not None
+        if not any(c.command_id == command_id and c.pending for c in job.commands):
+            return NOT_PENDING
+        data = {"commandId": command_id, "attempt": attempt, "workerId": worker_id}
+        return [Draft("queue.command.consumed", data)]
+
+    return await mutate(store, job_id, decide)
+
+
+async def add_command(
+    store: Store,
+    job_id: str,
+    *,
+    type: str,
+    payload: Any = None,
+    reason: str | None = None,
+    organization_id: str | None = None,
+    check_organization: bool = True,
+    command_id: str | None = None,
+) -> Outcome:
+    """Append a `queue.command` (steer, follow_up or abort) to a job that is not terminal.
+
+    With `check_organization`, a job of another organization is reported `not_found`.
+    """
+    if type not in COMMAND_TYPES:
+        raise ValueError(f"command type must be one of {COMMAND_TYPES}")
+    command = command_id or str(uuid.uuid4())
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        if job is None or (check_organization and job.organization_id != organization_id):
+            return Outcome(NOT_FOUND, None)
+        if job.terminal:
+            return TERMINAL_STATE
+        data = {
+            "commandId": command,
+            "type": type,
+            "lane": None if type == "abort" else type,
+            "payload": payload,
+            "reason": reason,
+        }
+        return [Draft("queue.command", data)]
+
+    return await mutate(store, job_id, decide)

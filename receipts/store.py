@@ -1,0 +1,333 @@
+"""The receipt store: fenced appends, stream reads and the jobs projection on PostgreSQL (psycopg 3)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg.errors
+from psycopg.rows import TupleRow
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from receipts import jobs as jobmodel
+from receipts.errors import (
+    ConflictError,
+    InvariantError,
+    NotFoundError,
+    StorageError,
+    TransientStorageError,
+)
+from receipts.jobs import Job, Receipt
+from receipts.sql import migrations, query
+
+log = logging.getLogger("receipts.store")
+
+T = TypeVar("T")
+NOTIFY_CHANNEL = "receipts"
+
+_TRANSIENT_SQLSTATES = {
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "55P03",  # lock_not_available
+    "57P01",  # admin_shutdown
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now
+    "53300",  # too_many_connections
+    "08000",
+    "08003",
+    "08006",
+    "08001",
+    "08004",
+}
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Translate psycopg errors into the project's own at the store boundary."""
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as exc:
+        raise ConflictError(str(exc)) from exc
+    except PoolTimeout as exc:
+        raise TransientStorageError(f"no database connection available: {exc}") from exc
+    except psycopg.OperationalError as exc:
+        raise TransientStorageError(str(exc)) from exc
+    except psycopg.Error as exc:
+        if exc.sqlstate in _TRANSIENT_SQLSTATES:
+            raise TransientStorageError(str(exc)) from exc
+        raise StorageError(str(exc)) from exc
+
+
+def dumps(value: Any) -> str:
+    """Encode receipt data as JSON (datetimes as ISO 8601)."""
+    return json.dumps(value, separators=(",", ":"), default=_default, ensure_ascii=False)
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A receipt about to be appended: its type and data; the store assigns seq and time."""
+
+    type: str
+    data: dict[str, Any]
+
+
+def _row_receipt(row: TupleRow) -> Receipt:
+    stream, seq, type_, data, recorded_at, position = row
+    return Receipt(stream, seq, type_, data, recorded_at, position)
+
+
+def projection_params(job: Job) -> dict[str, Any]:
+    """Return the `jobs` projection row of a folded job, as statement parameters."""
+    return {
+        "job_id": job.job_id,
+        "seq": job.seq,
+        "organization_id": job.organization_id,
+        "session_key": job.session_key,
+        "agent_id": job.agent_id,
+        "lane": job.lane,
+        "kind": job.kind,
+        "status": job.status,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "abort_requested": job.abort_requested,
+        "available_at": job.available_at,
+        "lease_expires_at": job.lease.expires_at if job.lease else None,
+        "last_heartbeat_at": job.last_heartbeat_at,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "state": Jsonb(job.to_json(), dumps=dumps),
+    }
+
+
+@dataclass
+class Tx:
+    """One open transaction. Every write of a job goes through `append_job` under its row lock."""
+
+    conn: psycopg.AsyncConnection[TupleRow]
+    _now: datetime | None = None
+    appended: list[Receipt] = field(default_factory=list)
+
+    async def now(self) -> datetime:
+        """Return the database clock for this transaction (constant within it: `now()`)."""
+        if self._now is None:
+            row = await self._one(query("now"), {})
+            self._now = row[0]
+        return self._now
+
+    async def lock_key(self, key: str) -> None:
+        """Take a transaction-scoped advisory lock on `key` (released at commit or rollback)."""
+        await self.conn.execute(query("lock_key"), {"key": key})
+
+    async def job_for_update(self, job_id: str) -> Job | None:
+        """Lock and return the job's projection row (None if the job does not exist)."""
+        cur = await self.conn.execute(query("job_for_update"), {"job_id": job_id})
+        row = await cur.fetchone()
+        if row is None:
+            await self.now()
+            return None
+        self._now = row[0]
+        return Job.model_validate(row[1])
+
+    async def job(self, job_id: str) -> Job | None:
+        """Return the job without locking it."""
+        row = await self._maybe_one(query("job_get"), {"job_id": job_id})
+        return Job.model_validate(row[0]) if row else None
+
+    async def job_by_command(self, command_id: str) -> Job | None:
+        """Return the job that received the queue command `command_id`, if any."""
+        row = await self._maybe_one(query("job_by_command"), {"command_id": command_id})
+        return Job.model_validate(row[0]) if row else None
+
+    async def session_active_for_update(
+        self, organization_id: str | None, session_key: str
+    ) -> list[Job]:
+        """Lock (in jobId order) and return the active jobs on an organization's session key."""
+        cur = await self.conn.execute(
+            query("session_active_for_update"),
+            {"organization_id": organization_id, "session_key": session_key},
+        )
+        return [Job.model_validate(row[0]) for row in await cur.fetchall()]
+
+    async def append_job(
+        self, job_id: str, job: Job | None, drafts: Sequence[Draft]
+    ) -> tuple[Job, list[Receipt]]:
+        """Fold `drafts` onto `job` (locked by the caller), append them and update the projection.
+
+        Returns the new state and the receipts written. The reducer runs here, so a draft it
+        would refuse raises `InvariantError` before anything is written.
+        """
+        if not drafts:
+            raise ValueError("append_job needs at least one receipt")
+        now = await self.now()
+        stream = jobmodel.job_stream(job_id)
+        start = job.seq if job else 0
+        receipts = [
+            Receipt(stream, start + i + 1, d.type, d.data, now) for i, d in enumerate(drafts)
+        ]
+        folded = jobmodel.fold(receipts, job)
+        if folded is None:
+            raise InvariantError(jobmodel.no_job_message(job_id))
+        params = projection_params(folded)
+        params.update(
+            stream=stream,
+            seqs=[r.seq for r in receipts],
+            types=[r.type for r in receipts],
+            datas=[dumps(r.data) for r in receipts],
+            note=dumps({"stream": stream, "seq": receipts[-1].seq, "types": params_types(drafts)}),
+        )
+        row = await self._one(query("append_job"), params)
+        positions: list[int] = row[0]
+        stored = [
+            Receipt(r.stream, r.seq, r.type, r.data, r.recorded_at, p)
+            for r, p in zip(receipts, positions, strict=True)
+        ]
+        self.appended.extend(stored)
+        return folded, stored
+
+    async def _one(self, sql: str, params: dict[str, Any]) -> TupleRow:
+        row = await self._maybe_one(sql, params)
+        if row is None:
+            raise NotFoundError(f"statement returned no row: {sql.splitlines()[0]}")
+        return row
+
+    async def _maybe_one(self, sql: str, params: dict[str, Any]) -> TupleRow | None:
+        cur = await self.conn.execute(sql, params)
+        return await cur.fetchone()
+
+
+def params_types(drafts: Sequence[Draft]) -> list[str]:
+    """Return the receipt types of a batch (carried in the NOTIFY payload)."""
+    return [d.type for d in drafts]
+
+
+class Store:
+    """The receipt store over an async connection pool."""
+
+    def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def open(cls, url: str, *, min_size: int = 1, max_size: int = 10) -> Store:
+        """Open a pool on `url` and wait until it has a connection; returns the store."""
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            open=False,
+            timeout=10.0,
+        )
+        with translate_errors():
+            await pool.open(wait=True, timeout=15.0)
+        return cls(pool)
+
+    async def close(self) -> None:
+        """Close the pool."""
+        await self.pool.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        """Open one transaction; it commits when the block ends, rolls back on an exception."""
+        with translate_errors():
+            async with self.pool.connection() as conn, conn.transaction():
+                yield Tx(conn)
+
+    async def in_transaction(self, work: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run `work` in one transaction and return its result."""
+        async with self.transaction() as tx:
+            return await work(tx)
+
+    async def get_job(self, job_id: str) -> Job | None:
+        """Return the job's folded state from the projection, or None."""
+        with translate_errors():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query("job_get"), {"job_id": job_id})
+                row = await cur.fetchone()
+        return Job.model_validate(row[0]) if row else None
+
+    async def read_stream(
+        self, stream: str, after_seq: int = 0, limit: int = 10_000
+    ) -> list[Receipt]:
+        """Return the stream's receipts with `seq > after_seq`, in order."""
+        with translate_errors():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(
+                    query("read_stream"),
+                    {"stream": stream, "after_seq": after_seq, "limit": limit},
+                )
+                return [_row_receipt(r) for r in await cur.fetchall()]
+
+    async def read_all(self, after_position: int = 0, limit: int = 1_000) -> list[Receipt]:
+        """Return receipts of every stream with `position > after_position`, in position order."""
+        with translate_errors():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(
+                    query("read_all"), {"after_position": after_position, "limit": limit}
+                )
+                return [_row_receipt(r) for r in await cur.fetchall()]
+
+    async def now(self) -> datetime:
+        """Return the database clock."""
+        with translate_errors():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query("now"), {})
+                row = await cur.fetchone()
+        assert row is not None
+        return row[0]
+
+
+async def migrate(conn: psycopg.AsyncConnection[TupleRow]) -> list[int]:
+    """Apply pending migrations in order, each in its own transaction; return those applied.
+
+    Concurrent migrators serialise on a transaction-scoped advisory lock; every migration is
+    idempotent, so running this twice changes nothing.
+    """
+    applied: list[int] = []
+    with translate_errors():
+        async with conn.transaction():
+            await conn.execute(query("migrations_lock"), {})
+            await conn.execute(query("migrations_table"), {})
+            cur = await conn.execute(query("migrations_applied"), {})
+            done = {row[0] for row in await cur.fetchall()}
+            for migration in migrations():
+                if migration.version in done:
+                    continue
+                await conn.execute(migration.sql.encode())
+                await conn.execute(
+                    query("migration_record"),
+                    {"version": migration.version, "name": migration.name},
+                )
+                applied.append(migration.version)
+                log.info(
+                    "migration applied",
+                    extra={"event": "db.migrated", "version": migration.version},
+                )
+    return applied
+
+
+async def schema_version(conn: psycopg.AsyncConnection[TupleRow]) -> int:
+    """Return the highest applied migration version (0 when none)."""
+    with translate_errors():
+        cur = await conn.execute(query("migrated"), {})
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+def latest_schema_version() -> int:
+    """Return the version of the newest migration this code ships."""
+    return max(m.version for m in migrations())

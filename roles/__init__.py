@@ -1,0 +1,1 @@
+"""Process entry points: the roles, the recovery loops and the `receipt` command."""

