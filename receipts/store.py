@@ -222,7 +222,9 @@ class Store:
         self.pool = pool
 
     @classmethod
-    async def open(cls, url: str, *, min_size: int = 1, max_size: int = 10) -> Store:
+    async def open(
+        cls, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = 15.0
+    ) -> Store:
         """Open a pool on `url` and wait until it has a connection; returns the store."""
         pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
             url,
@@ -233,7 +235,7 @@ class Store:
             timeout=10.0,
         )
         with translate_errors():
-            await pool.open(wait=True, timeout=15.0)
+            await pool.open(wait=True, timeout=timeout)
         return cls(pool)
 
     async def close(self) -> None:

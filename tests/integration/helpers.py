@@ -1,0 +1,31 @@
+"""Builders shared by the integration tests."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from receipts.enqueue import EnqueueResult, enqueue, parse_enqueue
+from receipts.store import Store
+
+
+def auth(org: str = "org-a", user: str = "user-1") -> dict[str, str]:
+    return {"userId": user, "organizationId": org}
+
+
+def body(kind: str = "factory.task.run", org: str = "org-a", **extra: Any) -> dict[str, Any]:
+    payload = {"kind": kind, "authContext": auth(org)}
+    payload.update(extra.pop("payload_extra", {}))
+    return {"payload": payload, **extra}
+
+
+def new_id(prefix: str = "job") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def put(store: Store, agent: str = "codex", **kwargs: Any) -> EnqueueResult:
+    return await enqueue(store, parse_enqueue(agent, body(**kwargs)))
+
+
+async def types(store: Store, job_id: str) -> list[str]:
+    return [r.type for r in await store.read_stream(f"jobs/{job_id}")]

@@ -1,0 +1,226 @@
+"""Fenced operations against real PostgreSQL: every rejection writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from receipts import operations as ops
+from receipts.store import Store
+from tests.integration.helpers import put, types
+
+LEASE = 60_000
+
+
+async def leased(store: Store, max_attempts: int = 2, worker: str = "w1") -> str:
+    job = (await put(store, maxAttempts=max_attempts)).job
+    assert (await ops.lease(store, job.job_id, attempt=1, worker_id=worker, lease_ms=LEASE)).ok
+    return job.job_id
+
+
+async def test_happy_path_receipt_sequence(store: Store) -> None:
+    job_id = await leased(store)
+    hb = await ops.heartbeat(store, job_id, worker_id="w1", attempt=1, lease_ms=LEASE)
+    assert hb.ok and hb.job is not None and hb.job.status == "running"
+    assert (await ops.progress(store, job_id, worker_id="w1", attempt=1, data={"p": 1})).ok
+    done = await ops.complete(store, job_id, worker_id="w1", attempt=1, result={"ok": True})
+    assert done.ok and done.job is not None and done.job.status == "completed"
+    assert done.job.result == {"ok": True}
+    assert await types(store, job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.progress",
+        "job.completed",
+    ]
+
+
+async def test_lease_sets_expiry_from_the_database_clock(store: Store) -> None:
+    job = (await put(store)).job
+    before = await store.now()
+    out = await ops.lease(store, job.job_id, attempt=1, worker_id="w", lease_ms=LEASE)
+    assert out.job is not None and out.job.lease is not None
+    expires = out.job.lease.expires_at - before
+    assert timedelta(milliseconds=LEASE) <= expires < timedelta(milliseconds=LEASE + 5_000)
+
+
+async def test_lease_only_for_the_expected_attempt(store: Store) -> None:
+    job = (await put(store)).job
+    for attempt in (0, 2, 3):
+        out = await ops.lease(store, job.job_id, attempt=attempt, worker_id="w", lease_ms=LEASE)
+        assert not out.ok
+    assert await types(store, job.job_id) == ["job.enqueued"]
+    assert (await ops.lease(store, job.job_id, attempt=1, worker_id="w", lease_ms=LEASE)).ok
+    second = await ops.lease(store, job.job_id, attempt=1, worker_id="w2", lease_ms=LEASE)
+    assert second.status == "stale_attempt"
+    assert await types(store, job.job_id) == ["job.enqueued", "job.leased"]
+
+
+async def test_start_fence_rebinds_and_the_earlier_delivery_is_rejected(store: Store) -> None:
+    job_id = await leased(store, worker="j:attempt:1/1")
+    rebound = await ops.heartbeat(
+        store, job_id, worker_id="j:attempt:1/2", attempt=1, lease_ms=LEASE, start_fence=True
+    )
+    assert rebound.ok and rebound.job is not None and rebound.job.lease is not None
+    assert rebound.job.lease.worker_id == "j:attempt:1/2"
+    written = await types(store, job_id)
+    old = "j:attempt:1/1"
+    rejected = [
+        await ops.heartbeat(store, job_id, worker_id=old, attempt=1, lease_ms=LEASE),
+        await ops.progress(store, job_id, worker_id=old, attempt=1, data={}),
+        await ops.complete(store, job_id, worker_id=old, attempt=1),
+        await ops.fail(store, job_id, worker_id=old, attempt=1, error="x", retryable=False),
+        await ops.cancel(store, job_id, worker_id=old, attempt=1, reason="x"),
+    ]
+    assert [r.status for r in rejected] == ["lease_lost"] * 5
+    assert await types(store, job_id) == written
+    assert (await ops.complete(store, job_id, worker_id="j:attempt:1/2", attempt=1)).ok
+
+
+async def test_start_fence_for_another_attempt_is_inert(store: Store) -> None:
+    job_id = await leased(store)
+    out = await ops.heartbeat(
+        store, job_id, worker_id="other", attempt=2, lease_ms=LEASE, start_fence=True
+    )
+    assert not out.ok
+    assert await types(store, job_id) == ["job.enqueued", "job.leased"]
+
+
+async def test_expired_lease_rejects_writes_and_expiry_requeues(store: Store) -> None:
+    job = (await put(store)).job
+    assert (await ops.lease(store, job.job_id, attempt=1, worker_id="w1", lease_ms=1)).ok
+    await asyncio.sleep(0.01)
+    late = await ops.heartbeat(store, job.job_id, worker_id="w1", attempt=1, lease_ms=LEASE)
+    assert late.status == "lease_lost"
+    expired = await ops.expire_lease(store, job.job_id)
+    assert expired.ok and expired.job is not None and expired.job.status == "queued"
+    assert (await ops.lease(store, job.job_id, attempt=2, worker_id="w2", lease_ms=LEASE)).ok
+    # Every late write of the first attempt is rejected as stale and writes nothing.
+    before = await types(store, job.job_id)
+    for out in (
+        await ops.heartbeat(store, job.job_id, worker_id="w1", attempt=1, lease_ms=LEASE),
+        await ops.complete(store, job.job_id, worker_id="w1", attempt=1),
+        await ops.progress(store, job.job_id, worker_id="w1", attempt=1, data=1),
+    ):
+        assert out.status == "stale_attempt"
+    assert await types(store, job.job_id) == before
+    assert (await ops.complete(store, job.job_id, worker_id="w2", attempt=2)).ok
+
+
+async def test_expire_lease_refuses_a_live_lease(store: Store) -> None:
+    job_id = await leased(store)
+    assert (await ops.expire_lease(store, job_id)).status == "not_expired"
+    assert await types(store, job_id) == ["job.enqueued", "job.leased"]
+
+
+async def test_retryable_failure_requeues_then_exhausts(store: Store) -> None:
+    job_id = await leased(store, max_attempts=2)
+    first = await ops.fail(store, job_id, worker_id="w1", attempt=1, error="boom", retryable=True)
+    assert first.job is not None and first.job.status == "queued"
+    assert (await ops.lease(store, job_id, attempt=2, worker_id="w2", lease_ms=LEASE)).ok
+    last = await ops.fail(
+        store, job_id, worker_id="w2", attempt=2, error="boom", retryable=True, status="failed"
+    )
+    assert last.job is not None and last.job.status == "failed"
+    assert last.job.result is None  # a retryable failure does not copy its status
+
+
+async def test_non_retryable_failure_copies_its_status_onto_the_result(store: Store) -> None:
+    job_id = await leased(store)
+    out = await ops.fail(
+        store,
+        job_id,
+        worker_id="w1",
+        attempt=1,
+        error="too slow",
+        retryable=False,
+        status="execution_timeout",
+    )
+    assert out.job is not None and out.job.status == "failed"
+    assert out.job.result == {"status": "execution_timeout"}
+
+
+async def test_graceful_release_refunds_the_attempt(store: Store) -> None:
+    job_id = await leased(store, max_attempts=1)
+    out = await ops.fail(
+        store,
+        job_id,
+        worker_id="w1",
+        attempt=1,
+        error="worker shutdown",
+        retryable=True,
+        refund_attempt=True,
+    )
+    assert out.job is not None and (out.job.status, out.job.attempt) == ("queued", 0)
+    assert (await ops.lease(store, job_id, attempt=1, worker_id="w2", lease_ms=LEASE)).ok
+
+
+async def test_settle_retry_after_an_ambiguous_commit_reports_success(store: Store) -> None:
+    job_id = await leased(store)
+    first = await ops.complete(store, job_id, worker_id="w1", attempt=1, result=1)
+    retry = await ops.complete(store, job_id, worker_id="w1", attempt=1, result=1)
+    assert first.ok and retry.ok and retry.already
+    other = await ops.complete(store, job_id, worker_id="w2", attempt=1, result=1)
+    assert other.status == "terminal_state"
+    assert (await types(store, job_id)).count("job.completed") == 1
+
+
+async def test_consumed_commands_become_pending_again_after_a_failed_attempt(
+    store: Store,
+) -> None:
+    job_id = await leased(store)
+    sent = await ops.add_command(
+        store, job_id, type="steer", payload={"say": "hi"}, organization_id="org-a"
+    )
+    assert sent.ok and sent.job is not None
+    command_id = sent.job.commands[-1].command_id
+    consumed = await ops.consume_command(
+        store, job_id, worker_id="w1", attempt=1, command_id=command_id
+    )
+    assert consumed.job is not None and consumed.job.pending_commands == ()
+    again = await ops.consume_command(
+        store, job_id, worker_id="w1", attempt=1, command_id=command_id
+    )
+    assert again.status == "not_pending"
+    requeued = await ops.fail(store, job_id, worker_id="w1", attempt=1, error="x", retryable=True)
+    assert requeued.job is not None
+    assert [c.command_id for c in requeued.job.pending_commands] == [command_id]
+
+
+async def test_command_on_a_terminal_job_is_refused(store: Store) -> None:
+    job = (await put(store)).job
+    assert (await ops.cancel_queued(store, job.job_id, reason="stop")).ok
+    out = await ops.add_command(store, job.job_id, type="abort", organization_id="org-a")
+    assert out.status == "terminal_state"
+    assert await types(store, job.job_id) == ["job.enqueued", "job.canceled"]
+
+
+async def test_command_for_another_organization_is_not_found(store: Store) -> None:
+    job = (await put(store)).job
+    out = await ops.add_command(store, job.job_id, type="abort", organization_id="org-b")
+    assert out.status == "not_found"
+    assert await types(store, job.job_id) == ["job.enqueued"]
+
+
+async def test_fail_stale_uses_the_stale_lease_fence(store: Store) -> None:
+    job_id = await leased(store)
+    fresh = await ops.fail_stale(store, job_id, active_stale_ms=600_000, error="stale")
+    assert fresh.status == "not_stale"
+    await asyncio.sleep(0.02)
+    stale = await ops.fail_stale(store, job_id, active_stale_ms=1, error="stale")
+    assert stale.ok and stale.job is not None and stale.job.status == "queued"
+    assert stale.receipts[0].data["workerId"] == "w1"
+
+
+async def test_fail_queued_is_a_system_failure_without_a_lease(store: Store) -> None:
+    job = (await put(store)).job
+    out = await ops.fail_queued(store, job.job_id, error="gave up")
+    assert out.job is not None and (out.job.status, out.job.error) == ("failed", "gave up")
+
+
+async def test_handler_text_is_sanitised_before_jsonb(store: Store) -> None:
+    job_id = await leased(store)
+    out = await ops.fail(
+        store, job_id, worker_id="w1", attempt=1, error="bad \u0000 \ud800 bytes", retryable=False
+    )
+    assert out.ok and out.job is not None and out.job.error == "bad \ufffd \ufffd bytes"

@@ -1,0 +1,98 @@
+"""The receipt store against real PostgreSQL: gapless seqs, positions, DB time, NOTIFY, errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from receipts.errors import ConflictError, InvariantError, TransientStorageError
+from receipts.store import Draft, Store, migrate, schema_version, latest_schema_version
+from tests.integration.helpers import new_id, put
+
+
+async def test_append_assigns_gapless_seq_global_position_and_database_time(store: Store) -> None:
+    result = await put(store)
+    job_id = result.job.job_id
+    async with store.transaction() as tx:
+        job = await tx.job_for_update(job_id)
+        db_now = await tx.now()
+        await tx.append_job(
+            job_id,
+            job,
+            [
+                Draft(
+                    "queue.command",
+                    {"commandId": "c1", "type": "steer", "lane": "steer", "payload": {"n": 1}},
+                ),
+                Draft(
+                    "queue.command",
+                    {
+                        "commandId": "c2",
+                        "type": "follow_up",
+                        "lane": "follow_up",
+                        "payload": {"n": 2},
+                    },
+                ),
+            ],
+        )
+    receipts = await store.read_stream(f"jobs/{job_id}")
+    assert [r.seq for r in receipts] == [1, 2, 3]
+    assert receipts[0].position < receipts[1].position < receipts[2].position
+    assert receipts[1].recorded_at == receipts[2].recorded_at == db_now
+    assert [r.seq for r in await store.read_stream(f"jobs/{job_id}", after_seq=1)] == [2, 3]
+    everything = await store.read_all(after_position=receipts[0].position - 1, limit=100_000)
+    assert [r.seq for r in everything if r.stream == f"jobs/{job_id}"] == [1, 2, 3]
+
+
+async def test_unique_stream_seq_is_the_last_guard(store: Store) -> None:
+    result = await put(store)
+    job = result.job
+    with pytest.raises(ConflictError):
+        async with store.transaction() as tx:
+            # Append from a stale copy of the state: seq 1 already exists.
+            stale = job.model_copy(update={"seq": 0})
+            await tx.append_job(
+                job.job_id,
+                stale,
+                [Draft("queue.command", {"commandId": "x", "type": "abort", "reason": "r"})],
+            )
+    assert [r.seq for r in await store.read_stream(f"jobs/{job.job_id}")] == [1]
+
+
+async def test_reducer_refusal_writes_nothing(store: Store) -> None:
+    job_id = new_id()
+    with pytest.raises(InvariantError, match=f"^Invariant: no job for {job_id}$"):
+        async with store.transaction() as tx:
+            await tx.append_job(
+                job_id, None, [Draft("job.heartbeat", {"workerId": "w", "attempt": 1})]
+            )
+    assert await store.read_stream(f"jobs/{job_id}") == []
+    assert await store.get_job(job_id) is None
+
+
+async def test_append_notifies_the_stream(store: Store, db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
+        await listener.execute("LISTEN receipts")
+        result = await put(store)
+        note = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
+    assert f'"stream":"jobs/{result.job.job_id}"' in note.payload
+    assert '"types":["job.enqueued"]' in note.payload
+
+
+async def test_migrations_are_idempotent(db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        assert await migrate(conn) == []
+        assert await migrate(conn) == []
+        assert await schema_version(conn) == latest_schema_version()
+
+
+async def test_unreachable_database_is_a_transient_error() -> None:
+    with pytest.raises(TransientStorageError):
+        await Store.open(
+            "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1",
+            min_size=1,
+            max_size=1,
+            timeout=2,
+        )
