@@ -223,7 +223,7 @@ class Store:
 
     @classmethod
     async def open(
-        cls, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = 15.0
+        cls, url: str, *, min_size: int = 1, max_size: int = 10, open_timeout: float = 15.0
     ) -> Store:
         """Open a pool on `url` and wait until it has a connection; returns the store."""
         pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
@@ -235,7 +235,7 @@ class Store:
             timeout=10.0,
         )
         with translate_errors():
-            await pool.open(wait=True, timeout=timeout)
+            await pool.open(wait=True, timeout=open_timeout)
         return cls(pool)
 
     async def close(self) -> None:

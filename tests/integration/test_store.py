@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from receipts.errors import ConflictError, InvariantError, TransientStorageError
-from receipts.store import Draft, Store, migrate, schema_version, latest_schema_version
+from receipts.store import Draft, Store, latest_schema_version, migrate, schema_version
 from tests.integration.helpers import new_id, put
 
 
