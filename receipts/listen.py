@@ -1,0 +1,108 @@
+"""One `LISTEN receipts` connection per process, fanned out to subscribers, reconnecting with backoff.
+
+A subscriber must not lose a wake-up while the connection is down: after every (re)connect each
+subscriber receives a `RECONNECTED` marker and rescans what it follows from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import psycopg
+
+from receipts.store import NOTIFY_CHANNEL
+
+log = logging.getLogger("receipts.listen")
+
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One append: the stream, its last seq after the append, and the receipt types appended."""
+
+    stream: str
+    seq: int
+    types: tuple[str, ...]
+
+
+RECONNECTED = Notice("", 0, ())
+"""Sent to every subscriber after the LISTEN connection (re)attached: rescan, a notice may be lost."""
+
+
+def parse_notice(payload: str) -> Notice | None:
+    """Parse a NOTIFY payload written by the store; None when it is not one of ours."""
+    try:
+        body = json.loads(payload)
+        return Notice(str(body["stream"]), int(body["seq"]), tuple(body.get("types") or ()))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def next_backoff(current: float) -> float:
+    """Return the next reconnect delay: from 1 s doubling to a 30 s ceiling."""
+    return min(BACKOFF_MAX_S, max(BACKOFF_START_S, current * 2))
+
+
+class Listener:
+    """Holds the process's LISTEN connection and delivers notices to subscriber queues."""
+
+    def __init__(self, url: str, *, queue_size: int = 10_000) -> None:
+        self.url = url
+        self.queue_size = queue_size
+        self._subscribers: set[asyncio.Queue[Notice]] = set()
+        self.connected = asyncio.Event()
+        self.reconnects = 0
+
+    @asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[asyncio.Queue[Notice]]:
+        """Yield a queue receiving every notice (and `RECONNECTED` markers) until the block ends."""
+        queue: asyncio.Queue[Notice] = asyncio.Queue(self.queue_size)
+        self._subscribers.add(queue)
+        try:
+            yield queue
+        finally:
+            self._subscribers.discard(queue)
+
+    def _publish(self, notice: Notice) -> None:
+        for queue in list(self._subscribers):
+            try:
+                queue.put_nowait(notice)
+            except asyncio.QueueFull:
+                # A subscriber that fell this far behind rescans, exactly as after a reconnect.
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(RECONNECTED)
+
+    async def run(self) -> None:
+        """Listen until cancelled; reconnect with a 1 s → 30 s doubling backoff."""
+        delay = 0.0
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}".encode())
+                    delay = 0.0
+                    self.connected.set()
+                    log.info("listening", extra={"event": "listen.attached"})
+                    self._publish(RECONNECTED)
+                    async for note in conn.notifies():
+                        notice = parse_notice(note.payload)
+                        if notice is not None:
+                            self._publish(notice)
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError) as exc:
+                self.connected.clear()
+                self.reconnects += 1
+                delay = next_backoff(delay)
+                log.warning(
+                    "listen connection lost; reconnecting",
+                    extra={"event": "listen.lost", "error": str(exc), "retryInS": delay},
+                )
+                await asyncio.sleep(delay)
