@@ -326,17 +326,26 @@ async def cancel_queued(store: Store, job_id: str, *, reason: str | None) -> Out
     return await mutate(store, job_id, decide)
 
 
-async def fail_queued(store: Store, job_id: str, *, error: str) -> Outcome:
-    """Fail a queued job non-retryably with no lease (e.g. delivery out of generations)."""
+async def fail_undeliverable(store: Store, job_id: str, *, error: str) -> Outcome:
+    """Fail a job non-retryably because it cannot be delivered (e.g. out of generations).
+
+    A queued job is failed with no lease (`workerId: null`, a system settlement); a leased one
+    with its active lease's own fence.
+    """
 
     def decide(job: Job | None, now: datetime) -> Decision:
         if job is None:
             return NOT_FOUND
         if job.terminal:
             return TERMINAL_STATE
-        if job.status != "queued":
-            return NOT_QUEUED
-        data = {"workerId": None, "attempt": job.attempt, "error": error, "retryable": False}
+        worker_id = job.lease.worker_id if job.lease is not None else None
+        data = {
+            "workerId": worker_id,
+            "attempt": job.lease.attempt if job.lease is not None else job.attempt,
+            "error": error,
+            "retryable": False,
+            "status": "failed",
+        }
         return [Draft("job.failed", data)]
 
     return await mutate(store, job_id, decide)
@@ -410,6 +419,7 @@ async def add_command(
 ) -> Outcome:
     """Append a `queue.command` (steer, follow_up or abort) to a job that is not terminal.
 
+    An abort on a queued job also cancels it in the same transaction (no worker holds it).
     With `check_organization`, a job of another organization is reported `not_found`.
     """
     if type not in COMMAND_TYPES:
@@ -428,6 +438,15 @@ async def add_command(
             "payload": payload,
             "reason": reason,
         }
-        return [Draft("queue.command", data)]
+        drafts = [Draft("queue.command", data)]
+        if type == "abort" and job.status == "queued":
+            # Nothing runs it yet: cancel outright in the same transaction, as singleton
+            # cancel does, instead of leaving it queued until some worker honours the abort.
+            drafts.append(
+                Draft(
+                    "job.canceled", {"reason": reason or "abort requested", "attempt": job.attempt}
+                )
+            )
+        return drafts
 
     return await mutate(store, job_id, decide)

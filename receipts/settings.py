@@ -17,3 +17,27 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".receipt"), alias="RECEIPT_DATA_DIR")
     pool_min_size: int = Field(default=1, ge=1, alias="RECEIPT_DB_POOL_MIN")
     pool_max_size: int = Field(default=10, ge=1, alias="RECEIPT_DB_POOL_MAX")
+
+    temporal_address: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_ADDRESS")
+    temporal_namespace: str = Field(default="default", alias="RECEIPT_TEMPORAL_NAMESPACE")
+    task_queue_prefix: str = Field(default="", alias="RECEIPT_TASK_QUEUE_PREFIX")
+    deliveries_per_attempt: int = Field(
+        default=2, ge=1, le=10, alias="RECEIPT_DELIVERIES_PER_ATTEMPT"
+    )
+
+    resonate_callback_url: str | None = Field(default=None, alias="RECEIPT_RESONATE_CALLBACK_URL")
+    event_callback_url: str | None = Field(default=None, alias="RECEIPT_EVENT_CALLBACK_URL")
+    callback_token: str | None = Field(default=None, alias="RECEIPT_CALLBACK_TOKEN")
+    callback_signing_secret: str | None = Field(
+        default=None, alias="RECEIPT_CALLBACK_SIGNING_SECRET"
+    )
+
+    def queue(self, name: str) -> str:
+        """Return a task queue's name in this deployment (`RECEIPT_TASK_QUEUE_PREFIX` + name)."""
+        return self.task_queue_prefix + name
+
+    @property
+    def callback_urls(self) -> list[str]:
+        """The distinct configured callback URLs, in configuration order."""
+        urls = [u for u in (self.resonate_callback_url, self.event_callback_url) if u]
+        return list(dict.fromkeys(urls))

@@ -212,10 +212,18 @@ async def test_fail_stale_uses_the_stale_lease_fence(store: Store) -> None:
     assert stale.receipts[0].data["workerId"] == "w1"
 
 
-async def test_fail_queued_is_a_system_failure_without_a_lease(store: Store) -> None:
+async def test_fail_undeliverable_is_a_system_failure_without_a_lease(store: Store) -> None:
     job = (await put(store)).job
-    out = await ops.fail_queued(store, job.job_id, error="gave up")
+    out = await ops.fail_undeliverable(store, job.job_id, error="gave up")
     assert out.job is not None and (out.job.status, out.job.error) == ("failed", "gave up")
+    assert out.receipts[0].data["workerId"] is None
+
+
+async def test_fail_undeliverable_uses_the_active_lease_fence(store: Store) -> None:
+    job_id = await leased(store)
+    out = await ops.fail_undeliverable(store, job_id, error="gave up")
+    assert out.job is not None and out.job.status == "failed"
+    assert out.receipts[0].data["workerId"] == "w1"
 
 
 async def test_handler_text_is_sanitised_before_jsonb(store: Store) -> None:
@@ -224,3 +232,19 @@ async def test_handler_text_is_sanitised_before_jsonb(store: Store) -> None:
         store, job_id, worker_id="w1", attempt=1, error="bad \u0000 \ud800 bytes", retryable=False
     )
     assert out.ok and out.job is not None and out.job.error == "bad \ufffd \ufffd bytes"
+
+
+async def test_abort_on_a_queued_job_cancels_it_at_once(store: Store) -> None:
+    job = (await put(store)).job
+    out = await ops.add_command(
+        store, job.job_id, type="abort", reason="stop", organization_id="org-a"
+    )
+    assert out.ok and out.job is not None
+    assert (out.job.status, out.job.canceled_reason) == ("canceled", "stop")
+    assert await types(store, job.job_id) == ["job.enqueued", "queue.command", "job.canceled"]
+
+
+async def test_abort_on_a_running_job_only_requests_it(store: Store) -> None:
+    job_id = await leased(store)
+    out = await ops.add_command(store, job_id, type="abort", reason="stop", organization_id="org-a")
+    assert out.job is not None and out.job.status == "leased" and out.job.abort_requested

@@ -1,0 +1,1 @@
+"""Temporal activities: thin wrappers over `receipts` operations, and the agent handlers."""

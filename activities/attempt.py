@@ -1,0 +1,488 @@
+"""The attempt activity: lease (or start-fence), run the handler under heartbeats, settle fenced."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio import activity
+
+from activities.handlers import (
+    Handler,
+    HandlerContext,
+    HandlerError,
+    no_handler_message,
+)
+from activities.retry import with_storage_retry
+from receipts import deliveries
+from receipts import operations as ops
+from receipts.jobs import LEASED_STATUSES, Job, job_stream
+from receipts.listen import RECONNECTED, Listener
+from receipts.messages import COMPLETED, AttemptInput, AttemptResult
+from receipts.store import Store
+
+log = logging.getLogger("activities.attempt")
+
+ABORT_GRACE_S = 5.0
+SHUTDOWN_ERROR = "worker shutdown"
+
+# The outcome of a rejected fenced write, as the attempt's result status.
+_REJECTED = {
+    ops.STALE_ATTEMPT: "stale_attempt",
+    ops.LEASE_LOST: "lease_lost",
+    ops.TERMINAL_STATE: "terminal_state",
+    ops.SETTLEMENT_CONFLICT: "settlement_conflict",
+    ops.NOT_QUEUED: "stale_attempt",
+    ops.NOT_AVAILABLE: "stale_attempt",
+    ops.NOT_FOUND: "stale_attempt",
+}
+
+
+def execution_timeout_message(timeout_ms: int) -> str:
+    """The error of a handler that ran past its execution timeout."""
+    return f"execution timed out after {timeout_ms} ms"
+
+
+@dataclass
+class AttemptHooks:
+    """Observation points for metrics (set by the role); each is optional."""
+
+    on_settled: Callable[[str, str, float], None] | None = None
+    on_heartbeat_lag: Callable[[float], None] | None = None
+
+
+def process_identity(role: str) -> dict[str, Any]:
+    """The process identity recorded beside a lease: host, pid, role."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "role": role}
+
+
+class AttemptActivities:
+    """Holds what the attempt activity needs: the store, the handler registry, the listener."""
+
+    def __init__(
+        self,
+        store: Store,
+        handlers: Mapping[str, Handler],
+        *,
+        role: str = "worker",
+        listener: Listener | None = None,
+        hooks: AttemptHooks | None = None,
+    ) -> None:
+        self.store = store
+        self.handlers = handlers
+        self.role = role
+        self.listener = listener
+        self.hooks = hooks or AttemptHooks()
+
+    @activity.defn(name="execute_attempt")
+    async def execute_attempt(self, attempt: AttemptInput) -> AttemptResult:
+        """Lease or start-fence, check abort, run the handler racing heartbeats and the
+        execution timeout, then settle under the fence. Returns the attempt's result status."""
+        info = activity.info()
+        worker_id = f"{attempt.job_id}:attempt:{attempt.attempt}/{info.attempt}"
+        await deliveries.ledger_activity(
+            self.store,
+            workflow_id=info.workflow_id or "",
+            activity_id=info.activity_id,
+            attempt=info.attempt,
+            job_id=attempt.job_id,
+            activity="execute_attempt",
+            worker_id=worker_id,
+            status="started",
+        )
+        result = await self._execute(attempt, worker_id)
+        await deliveries.ledger_activity(
+            self.store,
+            workflow_id=info.workflow_id or "",
+            activity_id=info.activity_id,
+            attempt=info.attempt,
+            job_id=attempt.job_id,
+            activity="execute_attempt",
+            worker_id=worker_id,
+            status=result.status,
+            detail={"jobStatus": result.job_status, "error": result.error},
+        )
+        return result
+
+    async def _execute(self, attempt: AttemptInput, worker_id: str) -> AttemptResult:
+        job_id = attempt.job_id
+        job = await with_storage_retry(lambda: self.store.get_job(job_id), what="read job")
+        if job is None:
+            return AttemptResult("stale_attempt", error="job not found", worker_id=worker_id)
+        if job.status == "queued":
+            out = await with_storage_retry(
+                lambda: ops.lease(
+                    self.store,
+                    job_id,
+                    attempt=attempt.attempt,
+                    worker_id=worker_id,
+                    lease_ms=attempt.lease_ms,
+                    process=process_identity(self.role),
+                ),
+                what="lease",
+            )
+        elif job.status in LEASED_STATUSES:
+            # A redelivery of this attempt: take the lease over with a start-fence heartbeat.
+            out = await with_storage_retry(
+                lambda: ops.heartbeat(
+                    self.store,
+                    job_id,
+                    worker_id=worker_id,
+                    attempt=attempt.attempt,
+                    lease_ms=attempt.lease_ms,
+                    start_fence=True,
+                ),
+                what="start-fence heartbeat",
+            )
+        else:
+            return _rejected(ops.TERMINAL_STATE, job, worker_id)
+        if not out.ok or out.job is None:
+            return _rejected(out.status, out.job or job, worker_id)
+        job = out.job
+        if job.status == "leased":
+            # The first heartbeat promotes leased → running (the spec's path: lease, heartbeat).
+            beat = await with_storage_retry(
+                lambda: ops.heartbeat(
+                    self.store,
+                    job_id,
+                    worker_id=worker_id,
+                    attempt=attempt.attempt,
+                    lease_ms=attempt.lease_ms,
+                ),
+                what="heartbeat",
+            )
+            if not beat.ok or beat.job is None:
+                return _rejected(beat.status, beat.job or job, worker_id)
+            job = beat.job
+        log.info(
+            "attempt started",
+            extra={
+                "event": "attempt.started",
+                "jobId": job_id,
+                "attempt": attempt.attempt,
+                "workerId": worker_id,
+            },
+        )
+        if job.abort_requested:
+            return await self._settle_cancel(attempt, worker_id, job.abort_reason)
+        return await self._run(attempt, worker_id, job)
+
+    async def _run(self, attempt: AttemptInput, worker_id: str, job: Job) -> AttemptResult:
+        job_id = attempt.job_id
+        handler = self.handlers.get(job.agent_id)
+        if handler is None:
+            return await self._settle_failure(
+                attempt,
+                worker_id,
+                no_handler_message(job.agent_id),
+                retryable=False,
+                status="failed",
+                result=None,
+            )
+        ctx = HandlerContext(
+            job=job,
+            attempt=attempt.attempt,
+            worker_id=worker_id,
+            progress=lambda data: self._progress(attempt, worker_id, data),
+            refresh=lambda: self.store.get_job(job_id),
+            consume=lambda command_id: self._consume(attempt, worker_id, command_id),
+        )
+        started = time.monotonic()
+        handler_task = asyncio.create_task(handler(ctx), name=f"handler:{worker_id}")
+        beat_task = asyncio.create_task(self._heartbeats(attempt, worker_id), name="heartbeats")
+        try:
+            done, _ = await asyncio.wait(
+                {handler_task, beat_task},
+                timeout=attempt.execution_timeout_ms / 1000,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if handler_task in done:
+                return await self._settle_handler(attempt, worker_id, handler_task)
+            if beat_task in done:
+                reason, detail = beat_task.result()
+                if reason == "aborted":
+                    ctx.aborted.set()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait({handler_task}, timeout=ABORT_GRACE_S)
+                    await _cancel(handler_task)
+                    return await self._settle_cancel(attempt, worker_id, detail)
+                await _cancel(handler_task)
+                log.warning(
+                    "attempt lost its lease; handler stopped",
+                    extra={
+                        "event": "attempt.lease_lost",
+                        "jobId": job_id,
+                        "attempt": attempt.attempt,
+                        "workerId": worker_id,
+                        "status": reason,
+                    },
+                )
+                return AttemptResult(reason, worker_id=worker_id, error=detail)
+            await _cancel(handler_task)
+            return await self._settle_failure(
+                attempt,
+                worker_id,
+                execution_timeout_message(attempt.execution_timeout_ms),
+                retryable=True,
+                status="execution_timeout",
+                result=None,
+            )
+        except asyncio.CancelledError:
+            await _cancel(handler_task)
+            if activity.is_worker_shutdown():
+                await self._release(attempt, worker_id)
+            raise
+        finally:
+            await _cancel(beat_task)
+            log.info(
+                "handler finished",
+                extra={
+                    "event": "attempt.handler_done",
+                    "jobId": job_id,
+                    "attempt": attempt.attempt,
+                    "durationS": time.monotonic() - started,
+                },
+            )
+
+    async def _heartbeats(self, attempt: AttemptInput, worker_id: str) -> tuple[str, str | None]:
+        """Heartbeat at the cadence until the fence is lost or an abort arrives.
+
+        Returns `(reason, detail)`: `("aborted", reason)` or a rejection status. An abort is
+        noticed at the next heartbeat, or at once when this process's listener sees a command
+        appended to the job's stream.
+        """
+        interval = attempt.heartbeat_ms / 1000
+        wake = asyncio.Event()
+        async with contextlib.AsyncExitStack() as stack:
+            if self.listener is not None:
+                queue = await stack.enter_async_context(self.listener.subscribe())
+                watcher = asyncio.create_task(_watch_commands(queue, attempt.job_id, wake))
+                stack.callback(watcher.cancel)
+            next_beat = time.monotonic() + interval
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), max(0.0, next_beat - time.monotonic()))
+                if wake.is_set():
+                    wake.clear()
+                    job = await with_storage_retry(
+                        lambda: self.store.get_job(attempt.job_id), what="read job"
+                    )
+                    if job is not None and job.abort_requested:
+                        return "aborted", job.abort_reason
+                    continue
+                lag = time.monotonic() - next_beat
+                if self.hooks.on_heartbeat_lag:
+                    self.hooks.on_heartbeat_lag(lag)
+                activity.heartbeat(worker_id)
+                out = await with_storage_retry(
+                    lambda: ops.heartbeat(
+                        self.store,
+                        attempt.job_id,
+                        worker_id=worker_id,
+                        attempt=attempt.attempt,
+                        lease_ms=attempt.lease_ms,
+                    ),
+                    what="heartbeat",
+                )
+                if not out.ok:
+                    return _REJECTED.get(out.status, "lease_lost"), f"heartbeat {out.status}"
+                if out.job is not None and out.job.abort_requested:
+                    return "aborted", out.job.abort_reason
+                next_beat = time.monotonic() + interval
+
+    async def _progress(self, attempt: AttemptInput, worker_id: str, data: Any) -> bool:
+        out = await with_storage_retry(
+            lambda: ops.progress(
+                self.store,
+                attempt.job_id,
+                worker_id=worker_id,
+                attempt=attempt.attempt,
+                data=data,
+            ),
+            what="progress",
+        )
+        return out.ok
+
+    async def _consume(self, attempt: AttemptInput, worker_id: str, command_id: str) -> bool:
+        out = await with_storage_retry(
+            lambda: ops.consume_command(
+                self.store,
+                attempt.job_id,
+                worker_id=worker_id,
+                attempt=attempt.attempt,
+                command_id=command_id,
+            ),
+            what="consume command",
+        )
+        return out.ok
+
+    async def _settle_handler(
+        self, attempt: AttemptInput, worker_id: str, task: asyncio.Task[Any]
+    ) -> AttemptResult:
+        try:
+            value = task.result()
+        except HandlerError as exc:
+            return await self._settle_failure(
+                attempt,
+                worker_id,
+                str(exc),
+                retryable=exc.retryable,
+                status="failed",
+                result=exc.result,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a handler bug: retry it while attempts remain
+            log.exception(
+                "handler raised", extra={"event": "attempt.handler_error", "jobId": attempt.job_id}
+            )
+            return await self._settle_failure(
+                attempt,
+                worker_id,
+                f"{type(exc).__name__}: {exc}",
+                retryable=True,
+                status="failed",
+                result=None,
+            )
+        return await self._settle(
+            attempt,
+            worker_id,
+            COMPLETED,
+            lambda: ops.complete(
+                self.store,
+                attempt.job_id,
+                worker_id=worker_id,
+                attempt=attempt.attempt,
+                result=value,
+            ),
+        )
+
+    async def _settle_failure(
+        self,
+        attempt: AttemptInput,
+        worker_id: str,
+        error: str,
+        *,
+        retryable: bool,
+        status: str,
+        result: Any,
+    ) -> AttemptResult:
+        outcome = await self._settle(
+            attempt,
+            worker_id,
+            status,
+            lambda: ops.fail(
+                self.store,
+                attempt.job_id,
+                worker_id=worker_id,
+                attempt=attempt.attempt,
+                error=error,
+                retryable=retryable,
+                status=None if retryable else status,
+                result=result,
+            ),
+        )
+        outcome.error = error
+        outcome.retryable = retryable
+        return outcome
+
+    async def _settle_cancel(
+        self, attempt: AttemptInput, worker_id: str, reason: str | None
+    ) -> AttemptResult:
+        return await self._settle(
+            attempt,
+            worker_id,
+            "canceled",
+            lambda: ops.cancel(
+                self.store,
+                attempt.job_id,
+                worker_id=worker_id,
+                attempt=attempt.attempt,
+                reason=reason,
+            ),
+        )
+
+    async def _settle(
+        self,
+        attempt: AttemptInput,
+        worker_id: str,
+        status: str,
+        write: Callable[[], Awaitable[ops.Outcome]],
+    ) -> AttemptResult:
+        started = time.monotonic()
+        out = await with_storage_retry(write, what="settle")
+        job_status = out.job.status if out.job else ""
+        if not out.ok:
+            result = _rejected(out.status, out.job, worker_id)
+        else:
+            result = AttemptResult(status, job_status=job_status, worker_id=worker_id)
+        if self.hooks.on_settled:
+            self.hooks.on_settled(result.status, job_status, time.monotonic() - started)
+        log.info(
+            "attempt settled",
+            extra={
+                "event": "attempt.settled",
+                "jobId": attempt.job_id,
+                "attempt": attempt.attempt,
+                "workerId": worker_id,
+                "status": result.status,
+                "jobStatus": job_status,
+            },
+        )
+        return result
+
+    async def _release(self, attempt: AttemptInput, worker_id: str) -> None:
+        """Graceful shutdown: give the job back without costing an attempt."""
+        out = await with_storage_retry(
+            lambda: ops.fail(
+                self.store,
+                attempt.job_id,
+                worker_id=worker_id,
+                attempt=attempt.attempt,
+                error=SHUTDOWN_ERROR,
+                retryable=True,
+                refund_attempt=True,
+            ),
+            what="release",
+        )
+        log.warning(
+            "job released at shutdown",
+            extra={
+                "event": "attempt.released",
+                "jobId": attempt.job_id,
+                "attempt": attempt.attempt,
+                "status": out.status,
+            },
+        )
+
+
+def _rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:
+    return AttemptResult(
+        _REJECTED.get(status, status),
+        job_status=job.status if job else "",
+        worker_id=worker_id,
+        error=f"rejected: {status}",
+    )
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    if task.done():
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+async def _watch_commands(queue: asyncio.Queue[Any], job_id: str, wake: asyncio.Event) -> None:
+    stream = job_stream(job_id)
+    while True:
+        notice = await queue.get()
+        if notice is RECONNECTED or (notice.stream == stream and "queue.command" in notice.types):
+            wake.set()

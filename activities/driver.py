@@ -1,0 +1,241 @@
+"""The driver's activities: read the job and decide the next step; post callbacks."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from temporalio import activity
+
+from activities.retry import with_storage_retry
+from receipts import deliveries
+from receipts import jobs as jobmodel
+from receipts import operations as ops
+from receipts.enqueue import available
+from receipts.jobs import Job
+from receipts.kinds import route
+from receipts.messages import (
+    ABORTED,
+    ACTIVE,
+    DISPATCH,
+    MISSING,
+    NOT_AVAILABLE,
+    STALE_FAILED,
+    TERMINAL,
+    CallbackRequest,
+    DriverPlan,
+)
+from receipts.settings import Settings
+from receipts.store import Store, dumps
+from receipts.timing import TimingSettings, derive
+
+log = logging.getLogger("activities.driver")
+
+STALE_ERROR = "stale active job lost execution; retrying through driver"
+ABORT_REASON = "abort requested"
+CALLBACK_TIMEOUT_S = 5.0
+CALLBACK_TRIES = 3
+CALLBACK_EVENTS = ("dispatched", "completed", "failed", "canceled")
+
+
+def sign_webhook(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """Standard-Webhooks signature: `v1,<base64 HMAC-SHA256(id.timestamp.body)>`.
+
+    A `whsec_`-prefixed secret is base64-decoded, as Standard Webhooks defines; any other secret
+    is used as UTF-8 bytes.
+    """
+    key = (
+        base64.b64decode(secret.removeprefix("whsec_"))
+        if secret.startswith("whsec_")
+        else secret.encode()
+    )
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    digest = hmac.new(key, signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def callback_headers(settings: Settings, message_id: str, body: bytes) -> dict[str, str]:
+    """Headers of a callback post: JSON, optional bearer token, optional webhook signature."""
+    headers = {"content-type": "application/json"}
+    if settings.callback_token:
+        headers["authorization"] = f"Bearer {settings.callback_token}"
+    if settings.callback_signing_secret:
+        timestamp = int(time.time())
+        headers["webhook-id"] = message_id
+        headers["webhook-timestamp"] = str(timestamp)
+        headers["webhook-signature"] = sign_webhook(
+            settings.callback_signing_secret, message_id, timestamp, body
+        )
+    return headers
+
+
+async def post_callbacks(
+    store: Store,
+    settings: Settings,
+    client: httpx.AsyncClient,
+    job: Job,
+    event: str,
+    on_result: Callable[[str, bool], None] | None = None,
+) -> int:
+    """Post `{event, job}` to each distinct configured URL, once per URL (claimed in the database).
+
+    Failures are logged and recorded; they never change the job. Returns the number posted.
+    """
+    posted = 0
+    body = dumps({"event": event, "job": job.to_json()}).encode()
+    for url in settings.callback_urls:
+        if not await deliveries.claim_callback(store, job.job_id, event, url):
+            continue
+        message_id = f"msg_{uuid.uuid5(uuid.NAMESPACE_URL, f'{job.job_id}:{event}:{url}').hex}"
+        error: str | None = None
+        for attempt in range(1, CALLBACK_TRIES + 1):
+            try:
+                response = await client.post(
+                    url,
+                    content=body,
+                    headers=callback_headers(settings, message_id, body),
+                    timeout=CALLBACK_TIMEOUT_S,
+                )
+                if response.status_code < 300:
+                    error = None
+                    break
+                error = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            if attempt < CALLBACK_TRIES:
+                await asyncio.sleep(0.5 * attempt)
+        status = "posted" if error is None else "failed"
+        posted += error is None
+        if on_result:
+            on_result(event, error is None)
+        await deliveries.callback_result(store, job.job_id, event, url, status, error)
+        log.log(
+            logging.INFO if error is None else logging.WARNING,
+            "callback %s",
+            status,
+            extra={
+                "event": "callback." + status,
+                "jobId": job.job_id,
+                "callbackEvent": event,
+                "error": error,
+            },
+        )
+    return posted
+
+
+class DriverActivities:
+    """Activities of the `receipt-driver` task queue."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        timing: TimingSettings,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.timing = timing
+        self.http = client or httpx.AsyncClient()
+
+    @activity.defn(name="prepare_delivery")
+    async def prepare_delivery(self, job_id: str) -> DriverPlan:
+        """Read the job and decide: dispatch attempt n, wait, or stop.
+
+        A stale active lease is failed (retryable) with the stale lease's own fence; an
+        abort requested on a queued job cancels it. The driver never leases.
+        """
+        info = activity.info()
+        await deliveries.ledger_workflow(
+            self.store,
+            workflow_id=info.workflow_id or "",
+            run_id=info.workflow_run_id or "",
+            job_id=job_id,
+            workflow="JobDriverWorkflow",
+            task_queue=info.task_queue,
+            status="running",
+        )
+        return await with_storage_retry(lambda: self._plan(job_id), what="prepare delivery")
+
+    async def _plan(self, job_id: str) -> DriverPlan:
+        job = await self.store.get_job(job_id)
+        if job is None:
+            return DriverPlan(MISSING)
+        if job.terminal:
+            return DriverPlan(TERMINAL, job_status=job.status)
+        now = await self.store.now()
+        timing = derive(job.agent_id, job.payload, self.timing)
+        if job.status in jobmodel.LEASED_STATUSES and job.lease is not None:
+            if jobmodel.stale_lease(job, now, self.timing.active_stale_ms):
+                out = await ops.fail_stale(
+                    self.store,
+                    job_id,
+                    active_stale_ms=self.timing.active_stale_ms,
+                    error=STALE_ERROR,
+                )
+                log.warning(
+                    "stale active lease failed",
+                    extra={
+                        "event": "driver.stale_failed",
+                        "jobId": job_id,
+                        "attempt": job.attempt,
+                        "status": out.status,
+                    },
+                )
+                status = out.job.status if out.job else job.status
+                return DriverPlan(STALE_FAILED, job_status=status)
+            wait = (job.lease.expires_at - now).total_seconds() * 1000
+            return DriverPlan(ACTIVE, job_status=job.status, wait_ms=int(max(wait, 0)) + 500)
+        if job.abort_requested:
+            out = await ops.cancel_queued(
+                self.store, job_id, reason=job.abort_reason or ABORT_REASON
+            )
+            return DriverPlan(ABORTED, job_status=out.job.status if out.job else job.status)
+        if not available(job, now):
+            assert job.available_at is not None
+            wait = (job.available_at - now).total_seconds() * 1000
+            return DriverPlan(NOT_AVAILABLE, job_status=job.status, wait_ms=int(wait) + 50)
+        return DriverPlan(
+            DISPATCH,
+            job_status=job.status,
+            attempt=job.attempt + 1,
+            task_queue=self.settings.queue(route(job.agent_id, job.kind)),
+            agent_id=job.agent_id,
+            lane=job.lane,
+            kind=job.kind,
+            lease_ms=timing.lease_ms,
+            execution_timeout_ms=timing.execution_timeout_ms,
+            heartbeat_ms=timing.heartbeat_interval_ms,
+            driver_timeout_ms=timing.driver_timeout_ms,
+        )
+
+    @activity.defn(name="post_callbacks")
+    async def post_callbacks(self, request: CallbackRequest) -> int:
+        """Post the job's callback for `request.event` to every configured URL, once per URL."""
+        job = await with_storage_retry(lambda: self.store.get_job(request.job_id), what="read")
+        if job is None:
+            return 0
+        return await post_callbacks(self.store, self.settings, self.http, job, request.event)
+
+    @activity.defn(name="record_driver_end")
+    async def record_driver_end(self, detail: dict[str, Any]) -> None:
+        """Best-effort ledger row for the end of a driver run."""
+        info = activity.info()
+        await deliveries.ledger_workflow(
+            self.store,
+            workflow_id=info.workflow_id or "",
+            run_id=info.workflow_run_id or "",
+            job_id=detail.get("jobId"),
+            workflow="JobDriverWorkflow",
+            task_queue=info.task_queue,
+            status=str(detail.get("status", "closed")),
+            detail=detail,
+        )

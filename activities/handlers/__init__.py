@@ -1,0 +1,91 @@
+"""Agent handlers: the registry mapping an agent id to the code that runs its jobs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from receipts.jobs import Command, Job
+
+
+class HandlerError(Exception):
+    """A handler failed; `retryable` decides whether the job is attempted again."""
+
+    def __init__(self, message: str, *, retryable: bool = False, result: Any = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.result = result
+
+
+@dataclass
+class HandlerContext:
+    """What a handler gets: the job, its payload, progress, pending commands and an abort signal.
+
+    `progress(data)` appends a fenced `job.progress`; `pending_commands()` lists the steer and
+    follow_up commands not yet consumed (read from the receipts, never Temporal signals) and
+    `consume(command_id)` appends `queue.command.consumed`. `aborted` is set when an abort
+    command arrives; a handler should stop promptly — it is cancelled after a short grace.
+    """
+
+    job: Job
+    attempt: int
+    worker_id: str
+    progress: Callable[[Any], Awaitable[bool]]
+    refresh: Callable[[], Awaitable[Job | None]]
+    consume: Callable[[str], Awaitable[bool]]
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The job's payload."""
+        return self.job.payload
+
+    async def pending_commands(self) -> tuple[Command, ...]:
+        """Re-read the job and return its pending steer/follow_up commands."""
+        job = await self.refresh()
+        if job is not None:
+            self.job = job
+        return self.job.pending_commands
+
+
+Handler = Callable[[HandlerContext], Coroutine[Any, Any, Any]]
+
+
+def no_handler_message(agent_id: str) -> str:
+    """The spec's error for an agent id without a registered handler."""
+    return f"No handler for agent '{agent_id}'"
+
+
+def unsupported_kind_message(agent_id: str, kind: str) -> str:
+    """The error for a kind an agent does not run (yet)."""
+    return f"agent '{agent_id}' does not run kind '{kind}'"
+
+
+def kinds_handler(agent_id: str, runs: Mapping[str, Handler]) -> Handler:
+    """Return a handler for `agent_id` that dispatches on the payload kind it runs."""
+
+    async def handle(ctx: HandlerContext) -> Any:
+        handler = runs.get(ctx.job.kind)
+        if handler is None:
+            raise HandlerError(unsupported_kind_message(agent_id, ctx.job.kind), retryable=False)
+        return await handler(ctx)
+
+    return handle
+
+
+def default_handlers() -> dict[str, Handler]:
+    """Return the registry of the four agent ids: factory, factory-control, factory-monitor, codex.
+
+    Only `codex` runs a kind today (`factory.task.run`); the Factory agents come with the
+    objectives layer, and until then every kind they receive fails non-retryably.
+    """
+    from activities.handlers.codex import run_task
+
+    return {
+        "factory": kinds_handler("factory", {}),
+        "factory-control": kinds_handler("factory-control", {}),
+        "factory-monitor": kinds_handler("factory-monitor", {}),
+        "codex": kinds_handler("codex", {"factory.task.run": run_task}),
+    }

@@ -1,0 +1,209 @@
+"""Delivery bookkeeping in PostgreSQL: generations, redrive keys, callback claims and the ledger.
+
+None of this is ownership state: losing it loses no job (DESIGN §6). Ledger writes are
+best-effort — a failure is logged and counted, never raised into a receipt append.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from receipts.errors import StorageError
+from receipts.sql import query
+from receipts.store import Store, dumps, translate_errors
+
+log = logging.getLogger("receipts.deliveries")
+
+MAX_GENERATION = 32
+
+ledger_failures = 0
+"""Ledger writes that failed in this process (exported as a metric by the roles)."""
+
+on_ledger_failure: list[Callable[[str], None]] = []
+
+
+def driver_workflow_id(job_id: str, generation: int) -> str:
+    """Return the driver's workflow id: `<jobId>` for generation 0, then `<jobId>:gen:<g>`."""
+    return job_id if generation == 0 else f"{job_id}:gen:{generation}"
+
+
+def attempt_workflow_id(job_id: str, attempt: int) -> str:
+    """Return the attempt workflow's id: `<jobId>:attempt:<n>`."""
+    return f"{job_id}:attempt:{attempt}"
+
+
+def generation_exhausted_message(job_id: str) -> str:
+    """The error a job fails with when its delivery ran out of generations (DESIGN §11)."""
+    return f"delivery recovery exceeded {MAX_GENERATION} generations for {job_id}"
+
+
+def redrive_key(job_id: str, observed_seq: int, attempt: int) -> str:
+    """Return the redrive dispatch key `<jobId>:redrive:<observedSeq>:<attempt>`."""
+    return f"{job_id}:redrive:{observed_seq}:{attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class LatestDelivery:
+    """The newest generation started for a job."""
+
+    generation: int
+    workflow_id: str
+
+
+async def _fetch(store: Store, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    with translate_errors():
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(query(name), params)
+            return list(await cur.fetchall()) if cur.description else []
+
+
+async def latest(store: Store, job_id: str) -> LatestDelivery | None:
+    """Return the latest recorded delivery generation of a job, or None if never dispatched."""
+    rows = await _fetch(store, "delivery_latest", {"job_id": job_id})
+    return LatestDelivery(rows[0][0], rows[0][1]) if rows else None
+
+
+async def record(store: Store, job_id: str, generation: int) -> None:
+    """Record that generation `generation` of the job's delivery was started."""
+    await _fetch(
+        store,
+        "delivery_record",
+        {
+            "job_id": job_id,
+            "generation": generation,
+            "workflow_id": driver_workflow_id(job_id, generation),
+        },
+    )
+
+
+async def claim_redrive(store: Store, job_id: str, observed_seq: int, attempt: int) -> bool:
+    """Claim one observed queue state for redrive; False when another pass already did."""
+    key = redrive_key(job_id, observed_seq, attempt)
+    rows = await _fetch(store, "redrive_claim", {"redrive_key": key, "job_id": job_id})
+    return bool(rows)
+
+
+async def undelivered_queued(store: Store, limit: int = 500) -> list[str]:
+    """Return deliverable queued jobs never dispatched (oldest first)."""
+    return [r[0] for r in await _fetch(store, "undelivered_queued", {"limit": limit})]
+
+
+async def next_available_at(store: Store) -> datetime | None:
+    """Return the soonest `availableAt` of an undelivered queued job still in the future."""
+    rows = await _fetch(store, "next_available_at", {})
+    return rows[0][0] if rows else None
+
+
+async def redrive_candidates(
+    store: Store, *, min_age_ms: int, cooldown_ms: int, limit: int = 200
+) -> list[tuple[str, int, int]]:
+    """Return `(jobId, seq, attempt)` of queued jobs due for a redrive."""
+    rows = await _fetch(
+        store,
+        "redrive_candidates",
+        {"min_age_ms": min_age_ms, "cooldown_ms": cooldown_ms, "limit": limit},
+    )
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+async def claim_callback(store: Store, job_id: str, event: str, url: str) -> bool:
+    """Claim the one post of `event` for `job_id` to `url`; False when already claimed."""
+    rows = await _fetch(store, "callback_claim", {"job_id": job_id, "event": event, "url": url})
+    return bool(rows)
+
+
+async def callback_result(
+    store: Store, job_id: str, event: str, url: str, status: str, error: str | None
+) -> None:
+    """Record the outcome of a callback post."""
+    await _fetch(
+        store,
+        "callback_result",
+        {"job_id": job_id, "event": event, "url": url, "status": status, "last_error": error},
+    )
+
+
+async def terminal_without_callback(
+    store: Store, url: str, *, window_s: int = 3600, limit: int = 200
+) -> list[tuple[str, str]]:
+    """Return `(jobId, status)` of recently settled jobs whose terminal post to `url` is unclaimed."""
+    rows = await _fetch(
+        store, "terminal_without_callback", {"url": url, "window_s": window_s, "limit": limit}
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
+async def _ledger(store: Store, name: str, params: dict[str, Any]) -> None:
+    global ledger_failures
+    params["detail"] = Jsonb(params.get("detail"), dumps=dumps)
+    try:
+        await _fetch(store, name, params)
+    except StorageError as exc:
+        ledger_failures += 1
+        for hook in on_ledger_failure:
+            hook(name)
+        log.warning(
+            "ledger write failed", extra={"event": "ledger.write_failed", "error": str(exc)}
+        )
+
+
+async def ledger_workflow(
+    store: Store,
+    *,
+    workflow_id: str,
+    run_id: str,
+    job_id: str | None,
+    workflow: str,
+    task_queue: str,
+    status: str,
+    detail: Any = None,
+) -> None:
+    """Best-effort: record a workflow run's status in the ledger."""
+    await _ledger(
+        store,
+        "ledger_workflow",
+        {
+            "workflow_id": workflow_id,
+            "run_id": run_id,
+            "job_id": job_id,
+            "workflow": workflow,
+            "task_queue": task_queue,
+            "status": status,
+            "detail": detail,
+        },
+    )
+
+
+async def ledger_activity(
+    store: Store,
+    *,
+    workflow_id: str,
+    activity_id: str,
+    attempt: int,
+    job_id: str | None,
+    activity: str,
+    worker_id: str | None,
+    status: str,
+    detail: Any = None,
+) -> None:
+    """Best-effort: record an activity execution's status in the ledger."""
+    await _ledger(
+        store,
+        "ledger_activity",
+        {
+            "workflow_id": workflow_id,
+            "activity_id": activity_id,
+            "attempt": attempt,
+            "job_id": job_id,
+            "activity": activity,
+            "worker_id": worker_id,
+            "status": status,
+            "detail": detail,
+        },
+    )

@@ -1,0 +1,80 @@
+-- Delivery bookkeeping, callbacks and the ledger (see migrations/0002_delivery.sql).
+
+-- name: delivery_latest
+SELECT generation, workflow_id FROM deliveries WHERE job_id = %(job_id)s;
+
+-- name: delivery_record
+INSERT INTO deliveries (job_id, generation, workflow_id)
+VALUES (%(job_id)s, %(generation)s, %(workflow_id)s)
+ON CONFLICT (job_id) DO UPDATE SET
+    generation = GREATEST(deliveries.generation, EXCLUDED.generation),
+    workflow_id = CASE WHEN EXCLUDED.generation >= deliveries.generation
+                       THEN EXCLUDED.workflow_id ELSE deliveries.workflow_id END,
+    dispatched_at = now();
+
+-- name: redrive_claim
+INSERT INTO delivery_redrives (redrive_key, job_id) VALUES (%(redrive_key)s, %(job_id)s)
+ON CONFLICT (redrive_key) DO NOTHING
+RETURNING redrive_key;
+
+-- name: undelivered_queued
+-- Queued, deliverable jobs that have never been dispatched (the dispatcher's rescan).
+SELECT j.job_id FROM jobs j
+WHERE j.status = 'queued'
+  AND (j.available_at IS NULL OR j.available_at <= now())
+  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = j.job_id)
+ORDER BY j.created_at
+LIMIT %(limit)s;
+
+-- name: next_available_at
+SELECT min(j.available_at) FROM jobs j
+WHERE j.status = 'queued' AND j.available_at > now()
+  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = j.job_id);
+
+-- name: redrive_candidates
+-- Queued jobs older than the minimum age (by their latest receipt's database time) and not
+-- dispatched within the cooldown.
+SELECT j.job_id, j.seq, j.attempt FROM jobs j
+LEFT JOIN deliveries d ON d.job_id = j.job_id
+WHERE j.status = 'queued'
+  AND (j.available_at IS NULL OR j.available_at <= now())
+  AND j.updated_at <= now() - make_interval(secs => %(min_age_ms)s / 1000.0)
+  AND (d.dispatched_at IS NULL
+       OR d.dispatched_at <= now() - make_interval(secs => %(cooldown_ms)s / 1000.0))
+ORDER BY j.updated_at
+LIMIT %(limit)s;
+
+-- name: callback_claim
+INSERT INTO callback_posts (job_id, event, url) VALUES (%(job_id)s, %(event)s, %(url)s)
+ON CONFLICT (job_id, event, url) DO NOTHING
+RETURNING job_id;
+
+-- name: callback_result
+UPDATE callback_posts SET status = %(status)s, attempts = attempts + 1,
+    last_error = %(last_error)s, posted_at = now()
+WHERE job_id = %(job_id)s AND event = %(event)s AND url = %(url)s;
+
+-- name: ledger_workflow
+INSERT INTO workflow_runs (workflow_id, run_id, job_id, workflow, task_queue, status, detail)
+VALUES (%(workflow_id)s, %(run_id)s, %(job_id)s, %(workflow)s, %(task_queue)s, %(status)s,
+        %(detail)s)
+ON CONFLICT (workflow_id, run_id) DO UPDATE SET
+    status = EXCLUDED.status, detail = EXCLUDED.detail, updated_at = now();
+
+-- name: ledger_activity
+INSERT INTO activity_runs (workflow_id, activity_id, attempt, job_id, activity, worker_id,
+                           status, detail)
+VALUES (%(workflow_id)s, %(activity_id)s, %(attempt)s, %(job_id)s, %(activity)s,
+        %(worker_id)s, %(status)s, %(detail)s)
+ON CONFLICT (workflow_id, activity_id, attempt) DO UPDATE SET
+    status = EXCLUDED.status, detail = EXCLUDED.detail, updated_at = now();
+
+-- name: terminal_without_callback
+-- Terminal jobs whose terminal callback has not been claimed for a URL (recovery path).
+SELECT j.job_id, j.status FROM jobs j
+WHERE j.status IN ('completed', 'failed', 'canceled')
+  AND j.updated_at >= now() - make_interval(secs => %(window_s)s)
+  AND NOT EXISTS (SELECT 1 FROM callback_posts c
+                  WHERE c.job_id = j.job_id AND c.event = j.status AND c.url = %(url)s)
+ORDER BY j.updated_at
+LIMIT %(limit)s;

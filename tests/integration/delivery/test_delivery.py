@@ -1,0 +1,283 @@
+"""Delivery in one process: real Temporal dev server, real PostgreSQL, real subprocess handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError
+
+from receipts import deliveries
+from receipts import operations as ops
+from receipts.deliveries import MAX_GENERATION, generation_exhausted_message
+from receipts.store import Store
+from receipts.timing import TimingSettings
+from tests.integration.delivery.conftest import running_stack, wait_for_status
+from tests.integration.helpers import put, types
+
+SETTLED = ("job.completed", "job.failed", "job.canceled")
+SHORT = TimingSettings(codex_job_lease_ms=6_000, job_lease_ms=6_000)
+
+
+def task(*argv: str, **extra: Any) -> dict[str, Any]:
+    return {"task": {"command": list(argv)}, **extra}
+
+
+async def wait_status(store: Store, job_id: str, status: str, timeout: float = 30) -> None:
+    await wait_for_status(store, job_id, (status,), timeout)
+
+
+async def test_noop_codex_job_completes_with_the_exact_receipt_sequence(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, agent="codex", payload_extra=task("true"))).job
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "completed"
+    assert done.result["exitCode"] == 0
+    assert await types(fresh_store, job.job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.completed",
+    ]
+
+
+async def test_output_is_streamed_as_progress_and_kept_in_the_result(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    script = "for i in 1 2 3; do echo line $i; sleep 0.6; done"
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, payload_extra=task("sh", "-c", script))).job
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "completed"
+    assert done.result["outputTail"] == "line 1\nline 2\nline 3\n"
+    receipts = await fresh_store.read_stream(f"jobs/{job.job_id}")
+    progress = [r.data["data"]["output"] for r in receipts if r.type == "job.progress"]
+    assert progress and "".join(progress) == "line 1\nline 2\nline 3\n"
+
+
+async def test_retryable_failure_requeues_then_exhausts_its_attempts(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (
+            await put(fresh_store, maxAttempts=2, payload_extra=task("false", retryable=True))
+        ).job
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert (done.status, done.attempt, done.error) == ("failed", 2, "command exited with status 1")
+    assert done.result["exitCode"] == 1  # retryable: the status is not copied onto the result
+    assert "status" not in done.result
+    assert await types(fresh_store, job.job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.failed",
+        "job.leased",
+        "job.heartbeat",
+        "job.failed",
+    ]
+
+
+async def test_non_retryable_failure_is_not_attempted_again(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, maxAttempts=3, payload_extra=task("false"))).job
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert (done.status, done.attempt) == ("failed", 1)
+    assert done.result["status"] == "failed"
+
+
+async def test_unknown_agent_fails_without_retry_on_the_chat_queue(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, queues=("receipt-chat",)):
+        job = (await put(fresh_store, agent="nobody", maxAttempts=3)).job
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert (done.status, done.error, done.attempt) == ("failed", "No handler for agent 'nobody'", 1)
+    assert done.result == {"status": "failed"}
+
+
+async def test_a_kind_an_agent_does_not_run_fails_naming_both(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, agent="factory", kind="factory.run")).job
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert (done.status, done.error) == (
+        "failed",
+        "agent 'factory' does not run kind 'factory.run'",
+    )
+
+
+async def test_abort_while_running_cancels_the_handler(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, payload_extra=task("sleep", "30"))).job
+        await wait_status(fresh_store, job.job_id, "running")
+        sent = await ops.add_command(
+            fresh_store, job.job_id, type="abort", reason="user stop", organization_id="org-a"
+        )
+        assert sent.ok
+        done = await wait_for_status(fresh_store, job.job_id, timeout=15)
+    assert (done.status, done.canceled_reason) == ("canceled", "user stop")
+    assert await types(fresh_store, job.job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "queue.command",
+        "job.canceled",
+    ]
+
+
+async def test_abort_while_queued_and_no_worker_then_the_worker_finds_it_settled(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, queues=()) as stack:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await asyncio.sleep(1.0)
+        assert (await fresh_store.get_job(job.job_id)).status == "queued"  # type: ignore[union-attr]
+        await ops.add_command(fresh_store, job.job_id, type="abort", organization_id="org-a")
+        await stack.start_worker("receipt-codex")
+        handle = client.get_workflow_handle(f"{job.job_id}:attempt:1")
+        result = await asyncio.wait_for(handle.result(), 20)
+    assert result["status"] == "terminal_state"
+    assert await types(fresh_store, job.job_id) == ["job.enqueued", "queue.command", "job.canceled"]
+
+
+async def test_execution_timeout_fails_retryably_and_the_next_attempt_runs(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, timing=SHORT):
+        job = (await put(fresh_store, maxAttempts=2, payload_extra=task("sleep", "30"))).job
+        done = await wait_for_status(fresh_store, job.job_id, timeout=40)
+    assert (done.status, done.attempt) == ("failed", 2)
+    assert done.error == "execution timed out after 5000 ms"
+    written = await types(fresh_store, job.job_id)
+    assert written.count("job.leased") == 2 and written.count("job.failed") == 2
+
+
+async def test_a_job_for_a_queue_with_no_worker_waits_then_completes(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, queues=()) as stack:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await asyncio.sleep(2.0)
+        assert (await fresh_store.get_job(job.job_id)).status == "queued"  # type: ignore[union-attr]
+        again = await stack.starter.start(job.job_id)
+        assert (again.created, again.reason) == (False, "active_delivery")
+        latest = await deliveries.latest(fresh_store, job.job_id)
+        assert latest is not None and latest.generation == 0
+        await stack.start_worker("receipt-codex")
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "completed"
+
+
+async def test_generations_advance_only_after_a_delivery_closes(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as stack:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        first = await stack.starter.start(job.job_id)
+        assert (first.created, first.workflow_id, first.generation) == (True, job.job_id, 0)
+        assert (await stack.starter.start(job.job_id)).reason == "active_delivery"
+        child = client.get_workflow_handle(f"{job.job_id}:attempt:1")
+        for _ in range(100):  # the driver starts its attempt child (no worker will take it)
+            try:
+                await child.describe()
+                break
+            except RPCError:
+                await asyncio.sleep(0.1)
+        assert (await stack.starter.start(job.job_id)).reason == "active_delivery"
+        await client.get_workflow_handle(job.job_id).terminate("test closes the delivery")
+        assert (await stack.starter.start(job.job_id)).reason == "active_delivery"  # child open
+        await child.terminate("test closes the attempt")
+        second = await stack.starter.start(job.job_id)
+        assert (second.created, second.workflow_id, second.generation) == (
+            True,
+            f"{job.job_id}:gen:1",
+            1,
+        )
+        description = await client.get_workflow_handle(f"{job.job_id}:gen:1").describe()
+        assert description.status == WorkflowExecutionStatus.RUNNING
+        attrs = description.typed_search_attributes
+        assert {p.key.name: p.value for p in attrs}["ReceiptJobId"] == job.job_id
+
+
+async def test_the_thirty_third_generation_fails_the_job_with_the_exact_text(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as stack:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await deliveries.record(fresh_store, job.job_id, MAX_GENERATION)
+        result = await stack.starter.start(job.job_id)
+    assert (result.created, result.reason) == (False, "generations_exhausted")
+    failed = await fresh_store.get_job(job.job_id)
+    assert failed is not None and failed.status == "failed"
+    assert failed.error == generation_exhausted_message(job.job_id)
+    assert failed.error == f"delivery recovery exceeded 32 generations for {job.job_id}"
+
+
+async def test_every_delivery_is_found_by_job_id_in_temporal(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await wait_for_status(fresh_store, job.job_id)
+        found: set[str] = set()
+        for _ in range(50):
+            found = {w.id async for w in client.list_workflows(f"ReceiptJobId = '{job.job_id}'")}
+            if len(found) == 2:
+                break
+            await asyncio.sleep(0.2)
+    assert found == {job.job_id, f"{job.job_id}:attempt:1"}
+
+
+async def test_callbacks_reach_the_receiver_with_token_and_signature(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    from tests.integration.delivery.receiver import Receiver
+
+    async with (
+        Receiver() as receiver,
+        running_stack(
+            client,
+            fresh_store,
+            fresh_db,
+            RECEIPT_EVENT_CALLBACK_URL=receiver.url,
+            RECEIPT_RESONATE_CALLBACK_URL=receiver.url,  # same URL twice: posted once
+            RECEIPT_CALLBACK_TOKEN="s3cret",
+            RECEIPT_CALLBACK_SIGNING_SECRET="whsec_c2lnbmluZy1rZXk=",
+        ),
+    ):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await wait_for_status(fresh_store, job.job_id)
+        await receiver.wait_for(2)
+    events = [json.loads(r.body)["event"] for r in receiver.requests]
+    assert events == ["dispatched", "completed"]
+    completed = receiver.requests[1]
+    assert json.loads(completed.body)["job"]["jobId"] == job.job_id
+    assert json.loads(completed.body)["job"]["status"] == "completed"
+    assert completed.headers["authorization"] == "Bearer s3cret"
+    assert receiver.verify(completed, b"signing-key")
+
+
+async def test_a_receiver_that_is_down_does_not_change_the_outcome(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(
+        client, fresh_store, fresh_db, RECEIPT_EVENT_CALLBACK_URL="http://127.0.0.1:9/down"
+    ):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        done = await wait_for_status(fresh_store, job.job_id, timeout=40)
+    assert done.status == "completed"
+    assert await types(fresh_store, job.job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.completed",
+    ]

@@ -1,0 +1,1 @@
+"""Temporal workflow definitions: deterministic, no I/O (every effect is an activity)."""

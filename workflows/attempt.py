@@ -1,0 +1,55 @@
+"""`JobAttemptWorkflow`: one attempt of one job on its routed task queue, as one activity."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from receipts.messages import AttemptInput, AttemptResult
+
+EXECUTE_ACTIVITY = "execute_attempt"
+# Time the activity may spend around the handler: lease/start-fence, re-read, settle retries.
+SETTLE_MARGIN = timedelta(seconds=30)
+
+
+@workflow.defn(name="JobAttemptWorkflow")
+class JobAttemptWorkflow:
+    """Run attempt `n` of a job: lease (or start-fence), handler, heartbeats, fenced settle.
+
+    Lease, heartbeat loop, execution, re-read and settle live in one activity so an attempt
+    costs one Temporal hop. Temporal redelivers that activity (bounded by `deliveries`) when
+    its worker stops heartbeating; the redelivery takes a start-fence heartbeat, so the fence,
+    not Temporal, decides which delivery may settle.
+    """
+
+    @workflow.run
+    async def run(self, attempt: AttemptInput) -> AttemptResult:
+        heartbeat_timeout = timedelta(milliseconds=2 * attempt.heartbeat_ms)
+        try:
+            result: AttemptResult = await workflow.execute_activity(
+                EXECUTE_ACTIVITY,
+                attempt,
+                result_type=AttemptResult,
+                start_to_close_timeout=timedelta(milliseconds=attempt.lease_ms) + SETTLE_MARGIN,
+                heartbeat_timeout=heartbeat_timeout,
+                retry_policy=RetryPolicy(
+                    maximum_attempts=max(1, attempt.deliveries),
+                    initial_interval=timedelta(milliseconds=200),
+                    non_retryable_error_types=["NonRetryable"],
+                ),
+                summary=f"attempt {attempt.attempt} of {attempt.job_id}",
+            )
+            return result
+        except ActivityError as exc:
+            # Every delivery died (or timed out): the lease stays until it expires, then the
+            # driver or the recovery scan requeues the job with the next attempt.
+            cause = exc.cause or exc
+            return AttemptResult(
+                status="lease_lost",
+                error=f"deliveries exhausted: {cause}",
+                retryable=True,
+            )
