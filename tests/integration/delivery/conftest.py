@@ -25,19 +25,6 @@ from roles.db import migrate_url
 from roles.dispatcher import Dispatcher
 from roles.runtime import attempt_worker, driver_worker
 from roles.starter import DriverStarter
-from roles.temporal import dev_server_args, temporal_cli
-from workflows.driver import SEARCH_ATTRIBUTES
-
-
-@pytest.fixture(scope="session")
-async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_cli(),
-        search_attributes=SEARCH_ATTRIBUTES,
-        dev_server_extra_args=dev_server_args(),
-    )
-    yield env
-    await env.shutdown()
 
 
 @pytest.fixture

@@ -1,0 +1,68 @@
+"""Logging: one JSON object per line (or readable lines on a terminal), with the role on each."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """Format a record as JSON: time, level, logger, message, role and every `extra` field."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def format(self, record: logging.LogRecord) -> str:
+        body: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            "role": self.role,
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                body[key] = value
+        if record.exc_info:
+            body["exc"] = self.formatException(record.exc_info)
+        return json.dumps(body, default=str, ensure_ascii=False)
+
+
+class HumanFormatter(logging.Formatter):
+    """`time level role logger message key=value…` for a person at a terminal."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(
+            f"{k}={v}"
+            for k, v in vars(record).items()
+            if k not in _STANDARD and not k.startswith("_")
+        )
+        when = datetime.fromtimestamp(record.created).strftime("%H:%M:%S.%f")[:-3]
+        line = f"{when} {record.levelname:<7} [{self.role}] {record.name}: {record.getMessage()}"
+        if extras:
+            line += f"  {extras}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure(role: str, *, level: int = logging.INFO, json_logs: bool | None = None) -> None:
+    """Send logs to stderr: JSON unless stderr is a terminal (or `json_logs` says otherwise)."""
+    use_json = (not sys.stderr.isatty()) if json_logs is None else json_logs
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(role) if use_json else HumanFormatter(role))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("httpx", "httpcore", "temporalio.activity", "temporalio.workflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

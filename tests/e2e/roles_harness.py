@@ -1,0 +1,117 @@
+"""Run real role processes (`python -m roles.role NAME`) against a test database and Temporal."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from receipts.jobs import Job
+from receipts.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class RoleProcesses:
+    """Starts, kills and restarts role processes; every process shares one environment."""
+
+    env: dict[str, str]
+    log_dir: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls, db_url: str, temporal_address: str, log_dir: Path, extra: Mapping[str, str]
+    ) -> RoleProcesses:
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("RECEIPT_", "PYTEST", "JOB_LEASE", "CODEX_", "FACTORY_"))
+        }
+        env.update(
+            RECEIPT_DATABASE_URL=db_url,
+            RECEIPT_TEMPORAL_ADDRESS=temporal_address,
+            RECEIPT_TASK_QUEUE_PREFIX=f"e{uuid.uuid4().hex[:8]}-",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(extra)
+        return cls(env, log_dir)
+
+    def start(self, name: str, role: str | None = None) -> subprocess.Popen[bytes]:
+        """Start process `name` running `role` (default: the name)."""
+        count = self.restarts.get(name, -1) + 1
+        self.restarts[name] = count
+        with open(self.log_dir / f"{name}.{count}.log", "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "roles.role", role or name],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.processes[name] = process
+        return process
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        self.processes[name].send_signal(sig)
+
+    def kill(self, name: str) -> None:
+        process = self.processes[name]
+        process.kill()
+        process.wait(10)
+
+    def pid_of(self, name: str) -> int:
+        return self.processes[name].pid
+
+    def name_of(self, pid: int) -> str | None:
+        return next((n for n, p in self.processes.items() if p.pid == pid), None)
+
+    def restart_dead(self) -> list[str]:
+        """Restart every process that exited (the supervisor's job); return their names."""
+        dead = [n for n, p in self.processes.items() if p.poll() is not None]
+        for name in dead:
+            self.start(name, self._role(name))
+        return dead
+
+    def _role(self, name: str) -> str:
+        return name.rstrip("0123456789").rstrip("-") if name[-1].isdigit() else name
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}"
+            for path in sorted(self.log_dir.glob("*.log"))
+        )
+
+
+async def wait_for(
+    store: Store, job_id: str, statuses: tuple[str, ...], timeout: float = 60.0
+) -> Job:
+    """Poll until the job reaches one of `statuses`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        job = await store.get_job(job_id)
+        if job is not None and job.status in statuses:
+            return job
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{job_id} stuck in {job and job.status}, wanted {statuses}")
+        await asyncio.sleep(0.1)

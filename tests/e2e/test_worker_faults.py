@@ -1,0 +1,166 @@
+"""Worker faults with real role processes: SIGKILL, SIGSTOP (a zombie) and a poison handler."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from receipts.jobs import TERMINAL_STATUSES
+from receipts.store import Store
+from roles.db import migrate_url
+from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.integration.helpers import put
+
+pytestmark = pytest.mark.e2e
+
+SETTLE_TYPES = ("job.completed", "job.failed", "job.canceled")
+# Lease 10 s: heartbeat every 3.3 s, Temporal redelivers after 6.7 s without one.
+TIMING = {"CODEX_JOB_LEASE_MS": "10000", "JOB_LEASE_MS": "10000"}
+
+
+@pytest.fixture
+async def e2e_store(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
+    url = make_database()
+    await migrate_url(url)
+    store = await Store.open(url, min_size=1, max_size=5)
+    yield store, url
+    await store.close()
+
+
+@pytest.fixture
+def roles(
+    e2e_store: tuple[Store, str], temporal_env: Any, tmp_path: Path
+) -> Iterator[Callable[..., RoleProcesses]]:
+    started: list[RoleProcesses] = []
+
+    def make(**extra: str) -> RoleProcesses:
+        address = temporal_env.client.service_client.config.target_host
+        processes = RoleProcesses.create(e2e_store[1], address, tmp_path, {**TIMING, **extra})
+        started.append(processes)
+        return processes
+
+    yield make
+    for processes in started:
+        processes.stop_all()
+
+
+def task(*argv: str) -> dict[str, Any]:
+    return {"task": {"command": list(argv)}}
+
+
+async def receipts_of(store: Store, job_id: str) -> list[Any]:
+    return await store.read_stream(f"jobs/{job_id}")
+
+
+async def holder(store: Store, job_id: str) -> int:
+    job = await wait_for(store, job_id, ("running",), 60)
+    assert job.lease is not None and job.lease.process is not None
+    return int(job.lease.process["pid"])
+
+
+async def test_a_zombie_worker_is_superseded_and_every_later_write_of_it_is_rejected(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    store, _ = e2e_store
+    procs = roles()
+    procs.start("driver")
+    procs.start("worker-codex-1", "worker-codex")
+    procs.start("worker-codex-2", "worker-codex")
+    try:
+        job = (await put(store, payload_extra=task("sleep", "5"))).job
+        zombie = procs.name_of(await holder(store, job.job_id))
+        assert zombie is not None
+        zombie_id = f"{job.job_id}:attempt:1/1"
+        procs.signal(zombie, signal.SIGSTOP)
+        # Cut off from Temporal (no activity heartbeats) but not from PostgreSQL. Temporal
+        # redelivers the attempt (a start-fence heartbeat takes the lease over) or, when the
+        # frozen process's own pending polls swallow the redeliveries, the driver fails the
+        # stale lease and the next attempt runs. Either way the zombie loses its fence.
+        superseded = await _wait_until_superseded(store, job.job_id, zombie_id, 90)
+        procs.signal(zombie, signal.SIGCONT)
+        done = await wait_for(store, job.job_id, tuple(TERMINAL_STATUSES), 90)
+        await asyncio.sleep(4)  # the zombie wakes up and tries its late writes
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert done.status == "completed"
+    receipts = await receipts_of(store, job.job_id)
+    assert sum(r.type in SETTLE_TYPES for r in receipts if r.type != "job.failed") == 1
+    assert [r.type for r in receipts].count("job.completed") == 1
+    late = [r for r in receipts if r.seq > superseded and r.data.get("workerId") == zombie_id]
+    assert late == []
+    assert receipts[-1].type == "job.completed"
+    assert receipts[-1].data["workerId"] != zombie_id
+
+
+async def _wait_until_superseded(store: Store, job_id: str, worker_id: str, timeout: float) -> int:
+    """Return the seq of the receipt that took the lease away from `worker_id`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        for receipt in await receipts_of(store, job_id):
+            took_over = receipt.type == "job.heartbeat" and receipt.data.get("startFence")
+            failed = receipt.type in ("job.failed", "job.lease_expired")
+            if took_over or failed:
+                return receipt.seq
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{worker_id} was never superseded")
+
+
+async def test_a_worker_killed_mid_run_is_redelivered_and_settles_once(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    store, _ = e2e_store
+    procs = roles()
+    procs.start("driver")
+    procs.start("worker-codex")
+    try:
+        jobs = [(await put(store, payload_extra=task("sleep", "3"))).job for _ in range(5)]
+        await holder(store, jobs[0].job_id)
+        procs.kill("worker-codex")
+        procs.start("worker-codex")
+        finals = [await wait_for(store, j.job_id, tuple(TERMINAL_STATUSES), 90) for j in jobs]
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert [f.status for f in finals] == ["completed"] * 5
+    for job in jobs:
+        receipts = await receipts_of(store, job.job_id)
+        assert sum(r.type in SETTLE_TYPES for r in receipts) == 1
+
+
+async def test_a_handler_that_kills_its_worker_fails_after_its_budget_without_looping(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    store, _ = e2e_store
+    procs = roles(CODEX_JOB_LEASE_MS="6000", JOB_LEASE_MS="6000")
+    procs.start("driver")
+    procs.start("worker-codex")
+    try:
+        poison = (
+            await put(store, maxAttempts=2, payload_extra=task("sh", "-c", "kill -9 $PPID"))
+        ).job
+        healthy = (await put(store, payload_extra=task("true"))).job
+        deadline = asyncio.get_running_loop().time() + 120
+        while asyncio.get_running_loop().time() < deadline:
+            procs.restart_dead()
+            job = await store.get_job(poison.job_id)
+            if job is not None and job.terminal:
+                break
+            await asyncio.sleep(0.2)
+        done = await wait_for(store, poison.job_id, tuple(TERMINAL_STATUSES), 1)
+        other = await wait_for(store, healthy.job_id, tuple(TERMINAL_STATUSES), 30)
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert done.status == "failed" and done.attempt == 2
+    assert other.status == "completed"
+    receipts = await receipts_of(store, poison.job_id)
+    kinds = [r.type for r in receipts]
+    assert kinds.count("job.leased") == 2
+    assert sum(t in SETTLE_TYPES for t in kinds) == 2  # one retryable requeue, one terminal
+    assert procs.restarts["worker-codex"] <= 5  # two deliveries per attempt, two attempts
