@@ -54,7 +54,8 @@ def execution_timeout_message(timeout_ms: int) -> str:
 class AttemptHooks:
     """Observation points for metrics (set by the role); each is optional."""
 
-    on_settled: Callable[[str, str, float], None] | None = None
+    on_started: Callable[[Job], None] | None = None
+    on_settled: Callable[[str, Job | None, float | None], None] | None = None
     on_heartbeat_lag: Callable[[float], None] | None = None
 
 
@@ -161,6 +162,8 @@ class AttemptActivities:
             if not beat.ok or beat.job is None:
                 return _rejected(beat.status, beat.job or job, worker_id)
             job = beat.job
+        if self.hooks.on_started:
+            self.hooks.on_started(job)
         log.info(
             "attempt started",
             extra={
@@ -193,6 +196,7 @@ class AttemptActivities:
             progress=lambda data: self._progress(attempt, worker_id, data),
             refresh=lambda: self.store.get_job(job_id),
             consume=lambda command_id: self._consume(attempt, worker_id, command_id),
+            store=self.store,
         )
         started = time.monotonic()
         handler_task = asyncio.create_task(handler(ctx), name=f"handler:{worker_id}")
@@ -204,7 +208,9 @@ class AttemptActivities:
                 return_when=asyncio.FIRST_COMPLETED,
             )
             if handler_task in done:
-                return await self._settle_handler(attempt, worker_id, handler_task)
+                return await self._settle_handler(
+                    attempt, worker_id, handler_task, time.monotonic() - started
+                )
             if beat_task in done:
                 reason, detail = beat_task.result()
                 if reason == "aborted":
@@ -324,7 +330,7 @@ class AttemptActivities:
         return out.ok
 
     async def _settle_handler(
-        self, attempt: AttemptInput, worker_id: str, task: asyncio.Task[Any]
+        self, attempt: AttemptInput, worker_id: str, task: asyncio.Task[Any], handler_s: float
     ) -> AttemptResult:
         try:
             value = task.result()
@@ -336,6 +342,7 @@ class AttemptActivities:
                 retryable=exc.retryable,
                 status="failed",
                 result=exc.result,
+                handler_s=handler_s,
             )
         except asyncio.CancelledError:
             raise
@@ -350,6 +357,7 @@ class AttemptActivities:
                 retryable=True,
                 status="failed",
                 result=None,
+                handler_s=handler_s,
             )
         return await self._settle(
             attempt,
@@ -362,6 +370,7 @@ class AttemptActivities:
                 attempt=attempt.attempt,
                 result=value,
             ),
+            handler_s,
         )
 
     async def _settle_failure(
@@ -373,6 +382,7 @@ class AttemptActivities:
         retryable: bool,
         status: str,
         result: Any,
+        handler_s: float | None = None,
     ) -> AttemptResult:
         outcome = await self._settle(
             attempt,
@@ -388,6 +398,7 @@ class AttemptActivities:
                 status=None if retryable else status,
                 result=result,
             ),
+            handler_s,
         )
         outcome.error = error
         outcome.retryable = retryable
@@ -415,8 +426,8 @@ class AttemptActivities:
         worker_id: str,
         status: str,
         write: Callable[[], Awaitable[ops.Outcome]],
+        handler_s: float | None = None,
     ) -> AttemptResult:
-        started = time.monotonic()
         out = await with_storage_retry(write, what="settle")
         job_status = out.job.status if out.job else ""
         if not out.ok:
@@ -424,7 +435,7 @@ class AttemptActivities:
         else:
             result = AttemptResult(status, job_status=job_status, worker_id=worker_id)
         if self.hooks.on_settled:
-            self.hooks.on_settled(result.status, job_status, time.monotonic() - started)
+            self.hooks.on_settled(result.status, out.job, handler_s)
         log.info(
             "attempt settled",
             extra={

@@ -17,7 +17,10 @@ STORAGE_ATTEMPTS = 5
 STORAGE_BACKOFF_S = 0.150
 
 retries_total = 0
-"""Storage retries taken in this process (a metric reads it)."""
+"""Storage retries taken in this process."""
+
+on_retry: list[Callable[[], None]] = []
+"""Called once per retry (the metrics module registers here)."""
 
 
 async def with_storage_retry(
@@ -40,6 +43,8 @@ async def with_storage_retry(
             if attempt == attempts:
                 raise
             retries_total += 1
+            for hook in on_retry:
+                hook()
             log.warning(
                 "transient storage error; retrying",
                 extra={

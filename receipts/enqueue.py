@@ -46,6 +46,7 @@ class EnqueueRequest:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     delay_ms: int = 0
     trace_id: str | None = None
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,6 @@ def parse_enqueue(agent_id: str, body: Mapping[str, Any]) -> EnqueueRequest:
         singleton_mode=_choice(body, "singletonMode", SINGLETON_MODES, "allow"),
         max_attempts=clamp_attempts(max_attempts),
         delay_ms=delay_ms,
-        trace_id=_optional_id(body, "traceId"),
     )
 
 
@@ -228,6 +228,8 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
         data["availableAt"] = (now + timedelta(milliseconds=request.delay_ms)).isoformat()
     if request.trace_id:
         data["traceId"] = request.trace_id
+    if request.traceparent:
+        data["traceparent"] = request.traceparent
     job, _ = await tx.append_job(job_id, None, [Draft("job.enqueued", data)])
     return EnqueueResult(job, "created", tuple(affected))
 

@@ -124,6 +124,7 @@ class Job(_Model):
     settlement_id: str | None = None
     canceled_reason: str | None = None
     trace_id: str | None = None
+    traceparent: str | None = None
     created_at: datetime
     updated_at: datetime
     settled_at: datetime | None = None
@@ -212,6 +213,7 @@ def _create(receipt: Receipt) -> Job:
         max_attempts=int(data.get("maxAttempts") or DEFAULT_MAX_ATTEMPTS),
         available_at=_ms(data, "availableAt"),
         trace_id=data.get("traceId"),
+        traceparent=data.get("traceparent"),
         created_at=receipt.recorded_at,
         updated_at=receipt.recorded_at,
         seq=receipt.seq,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -57,7 +58,14 @@ class HumanFormatter(logging.Formatter):
 
 
 def configure(role: str, *, level: int = logging.INFO, json_logs: bool | None = None) -> None:
-    """Send logs to stderr: JSON unless stderr is a terminal (or `json_logs` says otherwise)."""
+    """Send logs to stderr: JSON unless stderr is a terminal.
+
+    `RECEIPT_LOG_FORMAT=json|human` (or `json_logs`) overrides the guess; `receipt up` asks its
+    role processes for human lines when it is itself attached to a terminal.
+    """
+    chosen = os.environ.get("RECEIPT_LOG_FORMAT", "").strip().lower()
+    if json_logs is None and chosen in ("json", "human"):
+        json_logs = chosen == "json"
     use_json = (not sys.stderr.isatty()) if json_logs is None else json_logs
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(role) if use_json else HumanFormatter(role))

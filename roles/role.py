@@ -9,24 +9,44 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import httpx
+from prometheus_client import start_http_server
 from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
+from temporalio.runtime import PrometheusConfig, TelemetryConfig
+from temporalio.runtime import Runtime as TemporalRuntime
+from temporalio.service import RPCError
 
 from activities.handlers import default_handlers
+from activities.watchdog import WatchdogActivities
 from receipts.kinds import QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL
 from receipts.listen import Listener
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import TimingSettings
+from receipts.watchdog import WatchdogSettings
 from roles import logs
 from roles.db import migrate_url, open_store, resolve_url
 from roles.dispatcher import Dispatcher
+from roles.loops import (
+    ObjectiveControlOutboxRedrive,
+    ObjectiveResume,
+    QueuedRedrive,
+    Ticker,
+    env_ms,
+    objective_control_outbox,
+)
+from roles.metrics import Metrics
 from roles.runtime import attempt_worker, driver_worker
 from roles.starter import DriverStarter
-from roles.temporal import DEFAULT_ADDRESS, connect
+from roles.temporal import DEFAULT_ADDRESS, ensure_search_attributes
+from roles.tracing import configure_tracing
+from roles.watchdog import ensure_watchdog_schedule
+from workflows.watchdog import WatchdogTickWorkflow
 
 log = logging.getLogger("roles.role")
 
@@ -40,6 +60,14 @@ WORKER_QUEUES = {
 # How many attempts each worker role runs at once (RECEIPT_RESONATE_EXECUTE_CONCURRENCY overrides).
 DEFAULT_CONCURRENCY = {"worker-chat": 16, "worker-codex": 4, "worker-control": 8}
 DEFAULT_GRACE_MS = 30_000
+METRICS_HOST = os.environ.get("RECEIPT_METRICS_HOST", "127.0.0.1")
+DEFAULT_METRICS_PORTS = {
+    ALL: 9470,
+    "driver": 9471,
+    "worker-chat": 9472,
+    "worker-codex": 9473,
+    "worker-control": 9474,
+}
 
 
 def resolve_role(value: str | None) -> tuple[str, bool]:
@@ -69,29 +97,74 @@ def shutdown_grace() -> timedelta:
     )
 
 
+def metrics_port(role: str, env: dict[str, str] | None = None) -> int:
+    """The role's /metrics port: RECEIPT_METRICS_PORT, else the role's default (0 = any free)."""
+    env = env if env is not None else dict(os.environ)
+    raw = env.get("RECEIPT_METRICS_PORT", "").strip()
+    return int(raw) if raw else DEFAULT_METRICS_PORTS.get(role, 9470)
+
+
 @dataclass
 class Runtime:
     """What a role process holds; closed in reverse order at shutdown."""
 
+    role: str
     settings: Settings
     timing: TimingSettings
     store: Store
     db_url: str
     listener: Listener
+    metrics: Metrics
+    http: httpx.AsyncClient
     client: Client | None = None
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
+        self.tasks.append(asyncio.create_task(work, name=name))
 
 
-async def _open(settings: Settings) -> Runtime:
+async def _open(role: str, settings: Settings) -> Runtime:
     url = resolve_url(settings)
     await migrate_url(url)
     store = await open_store(url, settings)
-    return Runtime(settings, TimingSettings.from_env(), store, url, Listener(url))
+    metrics = Metrics()
+    metrics.wire_process_counters()
+    return Runtime(
+        role,
+        settings,
+        TimingSettings.from_env(),
+        store,
+        url,
+        Listener(url),
+        metrics,
+        httpx.AsyncClient(),
+    )
+
+
+async def _connect(runtime: Runtime) -> Client:
+    """A Temporal client with the tracing interceptor and the SDK's Prometheus metrics."""
+    settings = runtime.settings
+    port = metrics_port(runtime.role)
+    temporal_port = 0 if port == 0 else port + 100
+    sdk_runtime = TemporalRuntime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(bind_address=f"{METRICS_HOST}:{temporal_port}")
+        )
+    )
+    client = await Client.connect(
+        settings.temporal_address or DEFAULT_ADDRESS,
+        namespace=settings.temporal_namespace,
+        interceptors=[TracingInterceptor()],
+        runtime=sdk_runtime,
+    )
+    return client
 
 
 async def run_role(requested: str | None, stop: asyncio.Event) -> None:
-    """Run one role until `stop` is set."""
+    """Run one role until `stop` is set: its workers, its loops, its metrics endpoint."""
     role, recognised = resolve_role(requested)
     logs.configure(role)
+    configure_tracing(f"receipt-{role}")
     if not recognised:
         log.warning(
             "RECEIPT_PROCESS_ROLE %r is not a role; running as 'all' (maintenance loops only, "
@@ -100,56 +173,130 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
             ", ".join(ROLES),
             extra={"event": "role.unrecognised", "value": requested, "accepted": list(ROLES)},
         )
-    if role == "api":
-        from roles.api import serve_api
-
-        await serve_api(stop)
-        return
     settings = Settings()
-    runtime = await _open(settings)
-    tasks: list[asyncio.Task[None]] = [asyncio.create_task(runtime.listener.run())]
+    runtime = await _open(role, settings)
     try:
-        address = settings.temporal_address or DEFAULT_ADDRESS
-        if role in (*WORKER_QUEUES, "driver"):
-            runtime.client = await connect(address, settings.temporal_namespace)
+        runtime.client = await _connect(runtime)
+        if role != "api":
+            port = metrics_port(role)
+            server, _ = start_http_server(port, addr=METRICS_HOST)
+            log.info(
+                "metrics on http://%s:%s/metrics",
+                METRICS_HOST,
+                server.server_port,
+                extra={"event": "metrics.listening", "port": server.server_port},
+            )
+        runtime.spawn(runtime.listener.run(), "listener")
+        runtime.spawn(runtime.metrics.run_queue_depth(runtime.store), "queue-depth")
+        _start_loops(runtime)
         log.info("role starting", extra={"event": "role.start", "pid": os.getpid()})
         if role in WORKER_QUEUES:
             await _run_worker(role, runtime, stop)
         elif role == "driver":
-            await _run_driver(runtime, stop, tasks)
+            await _run_driver(runtime, stop)
+        elif role == "api":
+            from roles.api import serve_api
+
+            await serve_api(stop, store=runtime.store, metrics=runtime.metrics)
         else:
             await stop.wait()
     finally:
-        for task in tasks:
+        for task in runtime.tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*runtime.tasks, return_exceptions=True)
+        await runtime.http.aclose()
         await runtime.store.close()
         log.info("role stopped", extra={"event": "role.stop"})
 
 
+def _starter(runtime: Runtime) -> DriverStarter:
+    assert runtime.client is not None
+    return DriverStarter(
+        runtime.client,
+        runtime.store,
+        runtime.settings,
+        runtime.timing,
+        runtime.metrics.starter_hooks(),
+    )
+
+
+def _start_loops(runtime: Runtime) -> None:
+    """Every role runs the queued redrive and the startup objective resume; worker-control and
+    `all` also run the objective-control outbox redrive."""
+    hooks = runtime.metrics.loop_hooks()
+    redrive = QueuedRedrive(
+        runtime.store, _starter(runtime), runtime.settings, http=runtime.http, hooks=hooks
+    )
+    runtime.spawn(
+        Ticker(
+            redrive.name,
+            redrive.run_once,
+            redrive.config.interval_ms,
+            redrive.config.startup_delay_ms,
+            hooks,
+        ).run(),
+        redrive.name,
+    )
+    resume = ObjectiveResume(runtime.store, hooks=hooks)
+    runtime.spawn(resume.run(env_ms("RESONATE_STARTUP_SETTLE_MS", 1_000)), resume.name)
+    if runtime.role in ("worker-control", ALL):
+        outbox = ObjectiveControlOutboxRedrive.from_env(
+            objective_control_outbox(runtime.store), hooks
+        )
+        runtime.spawn(
+            Ticker(outbox.name, outbox.run_once, outbox.interval_ms, 0, hooks).run(), outbox.name
+        )
+
+
 async def _run_worker(role: str, runtime: Runtime, stop: asyncio.Event) -> None:
     assert runtime.client is not None
+    queue = runtime.settings.queue(WORKER_QUEUES[role])
+    extra: dict[str, Any] = {}
+    if role == "worker-control":
+        watchdog = WatchdogActivities(runtime.store)
+        extra = {
+            "workflows": [WatchdogTickWorkflow],
+            "activities": [watchdog.enqueue_watchdog],
+        }
+        try:
+            await ensure_watchdog_schedule(
+                runtime.client, runtime.settings, WatchdogSettings.from_env()
+            )
+        except RPCError as exc:
+            log.error(
+                "could not create or update the watchdog schedule",
+                extra={"event": "watchdog.schedule_failed", "error": str(exc)},
+            )
     worker = attempt_worker(
         runtime.client,
         runtime.store,
-        runtime.settings.queue(WORKER_QUEUES[role]),
+        queue,
         default_handlers(),
         role=role,
         listener=runtime.listener,
         concurrency=execute_concurrency(role),
+        hooks=runtime.metrics.attempt_hooks(),
         graceful_shutdown=shutdown_grace(),
+        **extra,
     )
     await _run_until(worker.run, worker.shutdown, stop)
 
 
-async def _run_driver(
-    runtime: Runtime, stop: asyncio.Event, tasks: list[asyncio.Task[None]]
-) -> None:
+async def _run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
     assert runtime.client is not None
-    starter = DriverStarter(runtime.client, runtime.store, runtime.settings, runtime.timing)
-    dispatcher = Dispatcher(runtime.store, runtime.listener, starter)
-    tasks.append(asyncio.create_task(dispatcher.run()))
-    worker = driver_worker(runtime.client, runtime.store, runtime.settings, runtime.timing)
+    try:
+        await ensure_search_attributes(runtime.client, runtime.settings.temporal_namespace)
+    except RPCError as exc:
+        log.warning(
+            "could not register the Receipt search attributes; register them once by hand "
+            "(README, 'Temporal UI')",
+            extra={"event": "temporal.search_attributes_failed", "error": str(exc)},
+        )
+    dispatcher = Dispatcher(runtime.store, runtime.listener, _starter(runtime))
+    runtime.spawn(dispatcher.run(), "dispatcher")
+    worker = driver_worker(
+        runtime.client, runtime.store, runtime.settings, runtime.timing, http=runtime.http
+    )
     await _run_until(worker.run, worker.shutdown, stop)
 
 
@@ -163,8 +310,8 @@ async def _run_until(
     done, _ = await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if stopping in done:
         log.info(
-            "shutting down: no new work; running handlers get the grace period",
-            extra={"event": "role.draining"},
+            "shutting down: taking no new work; running handlers get the grace period",
+            extra={"event": "role.draining", "graceS": shutdown_grace().total_seconds()},
         )
         await shutdown()
     stopping.cancel()

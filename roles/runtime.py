@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from typing import Any
 
+import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -33,24 +35,31 @@ def attempt_worker(
     concurrency: int = 16,
     hooks: AttemptHooks | None = None,
     graceful_shutdown: timedelta = DEFAULT_GRACE,
+    workflows: Sequence[type] = (),
+    activities: Sequence[Callable[..., Any]] = (),
 ) -> Worker:
-    """A worker for one of receipt-chat/codex/control: the attempt workflow and its activity."""
-    activities = AttemptActivities(store, handlers, role=role, listener=listener, hooks=hooks)
+    """A worker for one of receipt-chat/codex/control: the attempt workflow and its activity
+    (plus any role-specific `workflows`/`activities`, e.g. the watchdog tick)."""
+    attempt = AttemptActivities(store, handlers, role=role, listener=listener, hooks=hooks)
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[JobAttemptWorkflow],
-        activities=[activities.execute_attempt],
+        workflows=[JobAttemptWorkflow, *workflows],
+        activities=[attempt.execute_attempt, *activities],
         max_concurrent_activities=concurrency,
         graceful_shutdown_timeout=graceful_shutdown,
     )
 
 
 def driver_worker(
-    client: Client, store: Store, settings: Settings, timing: TimingSettings
+    client: Client,
+    store: Store,
+    settings: Settings,
+    timing: TimingSettings,
+    http: httpx.AsyncClient | None = None,
 ) -> Worker:
     """A worker for receipt-driver: the driver workflow, job reads and callbacks."""
-    activities = DriverActivities(store, settings, timing)
+    activities = DriverActivities(store, settings, timing, http)
     return Worker(
         client,
         task_queue=settings.queue(QUEUE_DRIVER),

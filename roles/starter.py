@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from opentelemetry import trace
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -20,14 +21,17 @@ from receipts.deliveries import (
     driver_workflow_id,
     generation_exhausted_message,
 )
+from receipts.jobs import Job
 from receipts.kinds import QUEUE_DRIVER
 from receipts.messages import DriverInput
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import TimingSettings, derive
+from roles.tracing import attach_traceparent, detach
 from workflows.driver import search_attributes
 
 log = logging.getLogger("roles.starter")
+_tracer = trace.get_tracer("receipt.starter")
 
 ACTIVE_DELIVERY = "active_delivery"
 
@@ -110,22 +114,13 @@ class DriverStarter:
                 )
                 return StartResult(False, "generations_exhausted", None, MAX_GENERATION)
             workflow_id = driver_workflow_id(job_id, generation)
+            token = attach_traceparent(job.traceparent)
             try:
-                await self.client.start_workflow(
-                    "JobDriverWorkflow",
-                    DriverInput(
-                        job_id=job_id,
-                        generation=generation,
-                        callbacks=bool(self.settings.callback_urls),
-                        deliveries=self.settings.deliveries_per_attempt,
-                    ),
-                    id=workflow_id,
-                    task_queue=self.settings.queue(QUEUE_DRIVER),
-                    run_timeout=timedelta(milliseconds=timing.driver_timeout_ms),
-                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                    search_attributes=search_attributes(job_id, job.agent_id, job.lane, job.kind),
-                    static_summary=f"deliver {job.agent_id} {job.kind} (generation {generation})",
-                )
+                with _tracer.start_as_current_span(
+                    "receipt.dispatch",
+                    attributes={"receipt.job_id": job_id, "receipt.generation": generation},
+                ):
+                    await self._start_driver(job, workflow_id, generation, timing.driver_timeout_ms)
             except WorkflowAlreadyStartedError:
                 if await self._is_open(workflow_id):
                     await deliveries.record(self.store, job_id, generation)
@@ -133,6 +128,8 @@ class DriverStarter:
                 # Closed but unrecorded (the bookkeeping was lost): advance past it.
                 generation += 1
                 continue
+            finally:
+                detach(token)
             await deliveries.record(self.store, job_id, generation)
             log.info(
                 "driver started",
@@ -144,6 +141,25 @@ class DriverStarter:
                 },
             )
             return StartResult(True, None, workflow_id, generation)
+
+    async def _start_driver(
+        self, job: Job, workflow_id: str, generation: int, driver_timeout_ms: int
+    ) -> None:
+        await self.client.start_workflow(
+            "JobDriverWorkflow",
+            DriverInput(
+                job_id=job.job_id,
+                generation=generation,
+                callbacks=bool(self.settings.callback_urls),
+                deliveries=self.settings.deliveries_per_attempt,
+            ),
+            id=workflow_id,
+            task_queue=self.settings.queue(QUEUE_DRIVER),
+            run_timeout=timedelta(milliseconds=driver_timeout_ms),
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=search_attributes(job.job_id, job.agent_id, job.lane, job.kind),
+            static_summary=f"deliver {job.agent_id} {job.kind} (generation {generation})",
+        )
 
     async def _is_open(self, workflow_id: str) -> bool:
         try:

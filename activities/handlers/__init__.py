@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from receipts.jobs import Command, Job
+from receipts.store import Store
 
 
 class HandlerError(Exception):
@@ -35,6 +36,7 @@ class HandlerContext:
     progress: Callable[[Any], Awaitable[bool]]
     refresh: Callable[[], Awaitable[Job | None]]
     consume: Callable[[str], Awaitable[bool]]
+    store: Store
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -78,14 +80,18 @@ def kinds_handler(agent_id: str, runs: Mapping[str, Handler]) -> Handler:
 def default_handlers() -> dict[str, Handler]:
     """Return the registry of the four agent ids: factory, factory-control, factory-monitor, codex.
 
-    Only `codex` runs a kind today (`factory.task.run`); the Factory agents come with the
-    objectives layer, and until then every kind they receive fails non-retryably.
+    Today `codex` runs `factory.task.run` and `factory-control` runs
+    `factory.objective.watchdog`; the rest of the Factory comes with the objectives layer, and
+    until then every other kind those agents receive fails non-retryably.
     """
     from activities.handlers.codex import run_task
+    from activities.handlers.factory import objective_watchdog
 
     return {
         "factory": kinds_handler("factory", {}),
-        "factory-control": kinds_handler("factory-control", {}),
+        "factory-control": kinds_handler(
+            "factory-control", {"factory.objective.watchdog": objective_watchdog}
+        ),
         "factory-monitor": kinds_handler("factory-monitor", {}),
         "codex": kinds_handler("codex", {"factory.task.run": run_task}),
     }

@@ -128,3 +128,6 @@ LOCK TABLE jobs IN SHARE MODE;
 
 -- name: projection_states
 SELECT job_id, state FROM jobs;
+
+-- name: jobs_by_status
+SELECT status, count(*) FROM jobs GROUP BY status;

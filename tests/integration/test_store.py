@@ -94,5 +94,5 @@ async def test_unreachable_database_is_a_transient_error() -> None:
             "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1",
             min_size=1,
             max_size=1,
-            timeout=2,
+            open_timeout=2,
         )

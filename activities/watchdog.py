@@ -1,0 +1,30 @@
+"""The watchdog tick's activity: enqueue the tick's job through the ordinary enqueue path."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from receipts.enqueue import enqueue, parse_enqueue
+from receipts.store import Store
+from receipts.watchdog import WATCHDOG_AGENT, WATCHDOG_KIND, watchdog_job_id
+
+
+class WatchdogActivities:
+    """Activities of the watchdog tick (registered by the worker-control role)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @activity.defn(name="enqueue_watchdog")
+    async def enqueue_watchdog(self, scheduled_time: str) -> str:
+        """Enqueue `watchdog:<scheduledTime>` (idempotent by job id); return the job id."""
+        request = parse_enqueue(
+            WATCHDOG_AGENT,
+            {
+                "jobId": watchdog_job_id(scheduled_time),
+                "payload": {"kind": WATCHDOG_KIND},
+                "maxAttempts": 1,
+            },
+        )
+        result = await enqueue(self.store, request)
+        return result.job.job_id

@@ -1,0 +1,325 @@
+"""The recovery loops. Each has a `run_once` (tests call it directly) and a ticker around it.
+
+Several processes may run the same loop at once: lease expiry is a fenced append under the
+job's row lock (one job per transaction), a redrive claims `<jobId>:redrive:<seq>:<attempt>`
+under a unique key, callbacks claim `(jobId, event, url)`, and Temporal dedupes workflow ids.
+No session-level advisory lock is used, so a transaction-mode pooler is fine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from activities.driver import post_callbacks
+from receipts import deliveries
+from receipts import operations as ops
+from receipts.errors import ReceiptError
+from receipts.settings import Settings
+from receipts.sql import query
+from receipts.store import Store, translate_errors
+from roles.starter import DriverStarter
+
+log = logging.getLogger("roles.loops")
+
+
+def env_ms(name: str, default: int, env: dict[str, str] | None = None) -> int:
+    """Read a millisecond setting; a non-integer or negative value is an error naming it."""
+    raw = (env if env is not None else os.environ).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer number of milliseconds, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RedriveConfig:
+    """Queued-job redrive settings (the spec's names and defaults)."""
+
+    interval_ms: int = 15_000
+    startup_delay_ms: int = 5_000
+    min_age_ms: int = 30_000
+    cooldown_ms: int = 15_000
+    batch: int = 200
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> RedriveConfig:
+        """Read RECEIPT_RESONATE_QUEUED_REDRIVE_{INTERVAL,MIN_AGE,COOLDOWN}_MS."""
+        prefix = "RECEIPT_RESONATE_QUEUED_REDRIVE_"
+        return cls(
+            interval_ms=env_ms(prefix + "INTERVAL_MS", 15_000, env),
+            min_age_ms=env_ms(prefix + "MIN_AGE_MS", 30_000, env),
+            cooldown_ms=env_ms(prefix + "COOLDOWN_MS", 15_000, env),
+        )
+
+
+@dataclass
+class PassResult:
+    """What one redrive pass did."""
+
+    expired: int = 0
+    redriven: int = 0
+    skipped: int = 0
+    callbacks: int = 0
+
+
+@dataclass
+class LoopHooks:
+    """Metric hooks: pass durations, slow passes, and what a pass did."""
+
+    on_pass: Callable[[str, float], None] | None = None
+    on_slow: Callable[[str], None] | None = None
+    on_redrive: Callable[[PassResult], None] | None = None
+
+
+class QueuedRedrive:
+    """Expire passed leases, redrive queued jobs whose delivery went quiet, post lost callbacks."""
+
+    name = "queued_redrive"
+
+    def __init__(
+        self,
+        store: Store,
+        starter: DriverStarter | None,
+        settings: Settings,
+        config: RedriveConfig | None = None,
+        http: httpx.AsyncClient | None = None,
+        hooks: LoopHooks | None = None,
+    ) -> None:
+        self.store = store
+        self.starter = starter
+        self.settings = settings
+        self.config = config or RedriveConfig.from_env()
+        self.http = http
+        self.hooks = hooks or LoopHooks()
+
+    async def run_once(self) -> PassResult:
+        """One pass: expiry, then redrive, then the callback recovery path."""
+        result = PassResult()
+        for job_id in await self._expired_leases():
+            out = await ops.expire_lease(self.store, job_id)
+            if out.ok:
+                result.expired += 1
+                log.warning(
+                    "lease expired",
+                    extra={
+                        "event": "job.lease_expired",
+                        "jobId": job_id,
+                        "attempt": out.job.attempt if out.job else None,
+                        "status": out.job.status if out.job else None,
+                    },
+                )
+        if self.starter is not None:
+            candidates = await deliveries.redrive_candidates(
+                self.store,
+                min_age_ms=self.config.min_age_ms,
+                cooldown_ms=self.config.cooldown_ms,
+                limit=self.config.batch,
+            )
+            for job_id, seq, attempt in candidates:
+                if not await deliveries.claim_redrive(self.store, job_id, seq, attempt):
+                    result.skipped += 1
+                    continue
+                started = await self.starter.start(job_id)
+                result.redriven += 1
+                log.info(
+                    "queued job redriven",
+                    extra={
+                        "event": "redrive.dispatched",
+                        "jobId": job_id,
+                        "redriveKey": deliveries.redrive_key(job_id, seq, attempt),
+                        "created": started.created,
+                        "reason": started.reason,
+                    },
+                )
+        result.callbacks = await self._recover_callbacks()
+        if self.hooks.on_redrive:
+            self.hooks.on_redrive(result)
+        return result
+
+    async def _expired_leases(self) -> list[str]:
+        with translate_errors():
+            async with self.store.pool.connection() as conn:
+                cur = await conn.execute(query("expired_leases"), {"limit": self.config.batch})
+                return [row[0] for row in await cur.fetchall()]
+
+    async def _recover_callbacks(self) -> int:
+        """Terminal states written outside a driver (singleton cancel, expiry past the budget,
+        a driver that timed out) still get their terminal callback, once per URL."""
+        if not self.settings.callback_urls or self.http is None:
+            return 0
+        posted = 0
+        for url in self.settings.callback_urls:
+            for job_id, status in await deliveries.terminal_without_callback(self.store, url):
+                job = await self.store.get_job(job_id)
+                if job is not None:
+                    posted += await post_callbacks(
+                        self.store, self.settings, self.http, job, status
+                    )
+        return posted
+
+
+class ObjectiveControlOutboxRedrive:
+    """Single-flight redrive of objective-control requests left in the outbox.
+
+    A pass that outlives `timeout_ms` keeps ownership until it settles and logs
+    `factory.control_outbox_redrive_slow`, so ticks coalesce instead of piling up. The outbox is
+    filled by the Factory (objectives); `source` is its scan, returning how many requests it
+    redrove.
+    """
+
+    name = "objective_control_outbox_redrive"
+
+    def __init__(
+        self,
+        source: Callable[[], Coroutine[Any, Any, int]],
+        *,
+        interval_ms: int = 5_000,
+        timeout_ms: int = 15_000,
+        hooks: LoopHooks | None = None,
+    ) -> None:
+        self.source = source
+        self.interval_ms = interval_ms
+        self.timeout_ms = timeout_ms
+        self.hooks = hooks or LoopHooks()
+        self._running: asyncio.Task[int] | None = None
+        self.coalesced = 0
+
+    @classmethod
+    def from_env(
+        cls, source: Callable[[], Coroutine[Any, Any, int]], hooks: LoopHooks | None = None
+    ) -> ObjectiveControlOutboxRedrive:
+        """Read RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_{INTERVAL,TIMEOUT}_MS."""
+        return cls(
+            source,
+            interval_ms=env_ms("RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS", 5_000),
+            timeout_ms=env_ms("RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_TIMEOUT_MS", 15_000),
+            hooks=hooks,
+        )
+
+    async def run_once(self) -> int | None:
+        """Run one pass unless one is still running (then this tick coalesces: returns None)."""
+        if self._running is not None and not self._running.done():
+            self.coalesced += 1
+            return None
+        self._running = asyncio.create_task(self.source())
+        started = time.monotonic()
+        done, _ = await asyncio.wait({self._running}, timeout=self.timeout_ms / 1000)
+        if not done:
+            log.warning(
+                "objective-control outbox redrive pass is slow; it keeps ownership",
+                extra={
+                    "event": "factory.control_outbox_redrive_slow",
+                    "timeoutMs": self.timeout_ms,
+                },
+            )
+            if self.hooks.on_slow:
+                self.hooks.on_slow(self.name)
+            await asyncio.wait({self._running})
+        if self.hooks.on_pass:
+            self.hooks.on_pass(self.name, time.monotonic() - started)
+        return self._running.result()
+
+
+async def empty_outbox() -> int:
+    """The objective-control outbox scan before the Factory exists: nothing is ever pending."""
+    return 0
+
+
+@dataclass
+class Ticker:
+    """Run `run_once` every `interval_ms` after `first_delay_ms`; a failing pass is logged."""
+
+    name: str
+    run_once: Callable[[], Awaitable[object]]
+    interval_ms: int
+    first_delay_ms: int = 0
+    hooks: LoopHooks = field(default_factory=LoopHooks)
+
+    async def run(self) -> None:
+        """Tick until cancelled."""
+        await asyncio.sleep(self.first_delay_ms / 1000)
+        while True:
+            started = time.monotonic()
+            try:
+                await self.run_once()
+            except (ReceiptError, OSError, RuntimeError) as exc:
+                log.warning(
+                    "loop pass failed",
+                    extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},
+                )
+            elapsed = time.monotonic() - started
+            if self.hooks.on_pass and self.name != ObjectiveControlOutboxRedrive.name:
+                self.hooks.on_pass(self.name, elapsed)
+            await asyncio.sleep(max(0.0, self.interval_ms / 1000 - elapsed))
+
+
+async def _objective_streams(store: Store, limit: int) -> list[str]:
+    with translate_errors():
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(query("objective_streams"), {"limit": limit})
+            return [row[0] for row in await cur.fetchall()]
+
+
+def objective_control_outbox(store: Store) -> Callable[[], Coroutine[Any, Any, int]]:
+    """The outbox scan: objective streams with a control request not yet delivered.
+
+    Objectives (`objectives/<id>`) are written by the Factory layer; until it exists there is
+    no stream to scan, so a pass redrives nothing.
+    """
+
+    async def scan() -> int:
+        streams = await _objective_streams(store, 200)
+        if streams:
+            log.info(
+                "objective streams found; control redrive arrives with the Factory",
+                extra={"event": "factory.outbox_streams", "count": len(streams)},
+            )
+        return 0
+
+    return scan
+
+
+class ObjectiveResume:
+    """Once per process, after RESONATE_STARTUP_SETTLE_MS: resume objectives left mid-flight."""
+
+    name = "objective_resume"
+
+    def __init__(self, store: Store, hooks: LoopHooks | None = None) -> None:
+        self.store = store
+        self.hooks = hooks or LoopHooks()
+
+    async def run_once(self) -> int:
+        """Scan objective streams; return how many were resumed (none before the Factory)."""
+        started = time.monotonic()
+        streams = await _objective_streams(self.store, 2_000)
+        log.info(
+            "objective resume pass",
+            extra={"event": "factory.objective_resume", "objectives": len(streams)},
+        )
+        if self.hooks.on_pass:
+            self.hooks.on_pass(self.name, time.monotonic() - started)
+        return 0
+
+    async def run(self, settle_ms: int) -> None:
+        """Wait for the process to settle, then run once."""
+        await asyncio.sleep(settle_ms / 1000)
+        try:
+            await self.run_once()
+        except ReceiptError as exc:
+            log.warning(
+                "objective resume failed",
+                extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},
+            )

@@ -1,0 +1,212 @@
+"""Prometheus metrics of every role: one set of families, hooks wired into the parts they observe."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from activities import retry
+from activities.attempt import AttemptHooks
+from receipts import deliveries
+from receipts.jobs import STATUSES, Job
+from receipts.kinds import route, route_disagrees
+from receipts.sql import query
+from receipts.store import Store, translate_errors
+from roles.loops import LoopHooks, PassResult
+from roles.starter import StarterHooks
+
+log = logging.getLogger("roles.metrics")
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+
+
+class Metrics:
+    """All metric families (created once per registry)."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        r = registry
+        self.enqueued = Counter(
+            "receipt_jobs_enqueued",
+            "Enqueue requests by outcome (created, existing, steered).",
+            ["lane", "kind", "agent", "outcome"],
+            registry=r,
+        )
+        self.settled = Counter(
+            "receipt_jobs_settled",
+            "Attempts settled, by job status and attempt result status.",
+            ["status", "result_status"],
+            registry=r,
+        )
+        self.attempts = Counter(
+            "receipt_attempts_started",
+            "Attempts that took a lease or a start-fence.",
+            ["queue", "agent"],
+            registry=r,
+        )
+        self.lease_expirations = Counter(
+            "receipt_lease_expirations",
+            "job.lease_expired receipts appended by the scan.",
+            registry=r,
+        )
+        self.redrives = Counter(
+            "receipt_redrive_dispatches", "Queued-job redrive dispatches.", registry=r
+        )
+        self.starts = Counter(
+            "receipt_driver_starts",
+            "Driver starter outcomes (created, active_delivery, ...).",
+            ["outcome"],
+            registry=r,
+        )
+        self.active_delivery = Counter(
+            "receipt_active_delivery_refusals",
+            "Starts refused because a delivery is still open.",
+            registry=r,
+        )
+        self.generation_advances = Counter(
+            "receipt_generation_advances", "Deliveries started at a generation above 0.", registry=r
+        )
+        self.heartbeat_lag = Histogram(
+            "receipt_heartbeat_lag_seconds",
+            "How late a heartbeat ran against its cadence.",
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5),
+            registry=r,
+        )
+        self.storage_retries = Counter(
+            "receipt_settlement_retries", "Transient storage errors retried.", registry=r
+        )
+        self.handler_duration = Histogram(
+            "receipt_handler_duration_seconds",
+            "Handler run time by agent.",
+            ["agent"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.enqueue_to_start = Histogram(
+            "receipt_enqueue_to_start_seconds",
+            "Database time from job.enqueued to its lease.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.enqueue_to_settle = Histogram(
+            "receipt_enqueue_to_settle_seconds",
+            "Database time from job.enqueued to its terminal receipt.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "receipt_queue_depth",
+            "Jobs by status (read from the projection).",
+            ["status"],
+            registry=r,
+        )
+        self.route_disagreements = Counter(
+            "receipt_route_contract_disagreements",
+            "Enqueued jobs whose route and kind contract name different worker groups.",
+            ["agent", "kind"],
+            registry=r,
+        )
+        self.ledger_failures = Counter(
+            "receipt_ledger_write_failures",
+            "Best-effort ledger writes that failed.",
+            ["table"],
+            registry=r,
+        )
+        self.loop_pass = Histogram(
+            "receipt_loop_pass_seconds",
+            "Recovery loop pass durations.",
+            ["loop"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.loop_slow = Counter(
+            "receipt_loop_slow_passes",
+            "Loop passes over their observational deadline.",
+            ["loop"],
+            registry=r,
+        )
+        self.callbacks = Counter(
+            "receipt_callbacks",
+            "Callback posts by event and outcome.",
+            ["event", "outcome"],
+            registry=r,
+        )
+
+    def job_enqueued(self, job: Job, outcome: str) -> None:
+        """Count an enqueue (and a route/contract disagreement when a job was created)."""
+        self.enqueued.labels(job.lane, job.kind, job.agent_id, outcome).inc()
+        if outcome == "created" and route_disagrees(job.agent_id, job.kind):
+            self.route_disagreements.labels(job.agent_id, job.kind).inc()
+
+    def attempt_hooks(self) -> AttemptHooks:
+        """Hooks for the attempt activity."""
+
+        def on_started(job: Job) -> None:
+            self.attempts.labels(route(job.agent_id, job.kind), job.agent_id).inc()
+            if job.lease is not None:
+                self.enqueue_to_start.observe(
+                    max(0.0, (job.lease.leased_at - job.created_at).total_seconds())
+                )
+
+        def on_settled(status: str, job: Job | None, handler_s: float | None) -> None:
+            self.settled.labels(job.status if job else "", status).inc()
+            if job is not None and job.settled_at is not None:
+                self.enqueue_to_settle.observe(
+                    max(0.0, (job.settled_at - job.created_at).total_seconds())
+                )
+            if job is not None and handler_s is not None:
+                self.handler_duration.labels(job.agent_id).observe(handler_s)
+
+        return AttemptHooks(
+            on_started=on_started,
+            on_settled=on_settled,
+            on_heartbeat_lag=lambda lag: self.heartbeat_lag.observe(max(0.0, lag)),
+        )
+
+    def starter_hooks(self) -> StarterHooks:
+        """Hooks for the driver starter."""
+
+        def on_start(outcome: str, generation: int | None) -> None:
+            self.starts.labels(outcome).inc()
+            if outcome == "active_delivery":
+                self.active_delivery.inc()
+            if outcome == "created" and generation:
+                self.generation_advances.inc()
+
+        return StarterHooks(on_start=on_start)
+
+    def loop_hooks(self) -> LoopHooks:
+        """Hooks for the recovery loops."""
+
+        def on_redrive(result: PassResult) -> None:
+            self.lease_expirations.inc(result.expired)
+            self.redrives.inc(result.redriven)
+
+        return LoopHooks(
+            on_pass=lambda name, seconds: self.loop_pass.labels(name).observe(seconds),
+            on_slow=lambda name: self.loop_slow.labels(name).inc(),
+            on_redrive=on_redrive,
+        )
+
+    def wire_process_counters(self) -> None:
+        """Count storage retries and ledger failures of this process."""
+        retry.on_retry.append(self.storage_retries.inc)
+        deliveries.on_ledger_failure.append(lambda table: self.ledger_failures.labels(table).inc())
+
+    async def refresh_queue_depth(self, store: Store) -> None:
+        """Read job counts by status from the projection into the gauge."""
+        with translate_errors():
+            async with store.pool.connection() as conn:
+                cur = await conn.execute(query("jobs_by_status"), {})
+                counts: dict[str, int] = dict(await cur.fetchall())
+        for status in STATUSES:
+            self.queue_depth.labels(status).set(counts.get(status, 0))
+
+    async def run_queue_depth(self, store: Store, interval_s: float = 5.0) -> None:
+        """Refresh the queue-depth gauge until cancelled."""
+        while True:
+            with contextlib.suppress(Exception):
+                await self.refresh_queue_depth(store)
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,146 @@
+"""Recovery loops: run_once called directly, concurrently, against real PostgreSQL and Temporal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+from temporalio.client import Client
+
+from receipts import deliveries
+from receipts import operations as ops
+from receipts.store import Store
+from roles.loops import (
+    ObjectiveControlOutboxRedrive,
+    QueuedRedrive,
+    RedriveConfig,
+    env_ms,
+)
+from tests.integration.delivery.conftest import running_stack, wait_for_status
+from tests.integration.helpers import put, types
+
+NOW = RedriveConfig(min_age_ms=0, cooldown_ms=0)
+
+
+def task(*argv: str) -> dict[str, Any]:
+    return {"task": {"command": list(argv)}}
+
+
+async def test_two_concurrent_passes_expire_a_dead_lease_once(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
+        job = (await put(fresh_store, maxAttempts=2)).job
+        assert (
+            await ops.lease(fresh_store, job.job_id, attempt=1, worker_id="dead", lease_ms=1)
+        ).ok
+        await asyncio.sleep(0.05)
+        passes = [QueuedRedrive(fresh_store, None, s.settings, NOW) for _ in range(2)]
+        results = await asyncio.gather(*(p.run_once() for p in passes))
+    assert sum(r.expired for r in results) == 1
+    assert (await types(fresh_store, job.job_id)).count("job.lease_expired") == 1
+    requeued = await fresh_store.get_job(job.job_id)
+    assert requeued is not None and requeued.status == "queued"
+
+
+async def test_two_concurrent_passes_dispatch_one_observed_queue_state_once(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, dispatcher=False) as s:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        passes = [QueuedRedrive(fresh_store, s.starter, s.settings, NOW) for _ in range(3)]
+        results = await asyncio.gather(*(p.run_once() for p in passes))
+        assert sum(r.redriven for r in results) == 1
+        assert sum(r.skipped for r in results) == 2
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "completed"
+    latest = await deliveries.latest(fresh_store, job.job_id)
+    assert latest is not None and latest.generation == 0
+
+
+async def test_redrive_respects_the_minimum_age_and_cooldown(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        young = QueuedRedrive(
+            fresh_store, s.starter, s.settings, RedriveConfig(min_age_ms=60_000, cooldown_ms=0)
+        )
+        assert (await young.run_once()).redriven == 0
+        first = QueuedRedrive(fresh_store, s.starter, s.settings, NOW)
+        assert (await first.run_once()).redriven == 1
+        cooling = QueuedRedrive(
+            fresh_store, s.starter, s.settings, RedriveConfig(min_age_ms=0, cooldown_ms=60_000)
+        )
+        assert (await cooling.run_once()).redriven == 0
+        assert await deliveries.latest(fresh_store, job.job_id) is not None
+
+
+async def test_a_dead_workers_job_is_recovered_by_the_scan_with_a_higher_attempt(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, dispatcher=False) as s:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        # A worker leased attempt 1 and died before Temporal ever heard of the job.
+        assert (
+            await ops.lease(fresh_store, job.job_id, attempt=1, worker_id="gone", lease_ms=1)
+        ).ok
+        await asyncio.sleep(0.05)
+        redrive = QueuedRedrive(fresh_store, s.starter, s.settings, NOW)
+        result = await redrive.run_once()
+        assert (result.expired, result.redriven) == (1, 1)  # expired, then redriven, one pass
+        assert (await redrive.run_once()).redriven == 0  # same observed state: not again
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert (done.status, done.attempt) == ("completed", 2)
+    written = await types(fresh_store, job.job_id)
+    assert written[:3] == ["job.enqueued", "job.leased", "job.lease_expired"]
+
+
+async def test_outbox_redrive_is_single_flight_and_reports_a_slow_pass(caplog: Any) -> None:
+    gate = asyncio.Event()
+    calls = 0
+
+    async def slow_source() -> int:
+        nonlocal calls
+        calls += 1
+        await gate.wait()
+        return 3
+
+    slow: list[str] = []
+    from roles.loops import LoopHooks
+
+    loop = ObjectiveControlOutboxRedrive(
+        slow_source, interval_ms=10, timeout_ms=50, hooks=LoopHooks(on_slow=slow.append)
+    )
+    first: asyncio.Task[int | None] = asyncio.create_task(_run(loop.run_once()))
+    await asyncio.sleep(0.1)
+    assert await loop.run_once() is None  # a tick during the pass coalesces
+    gate.set()
+    assert await first == 3
+    assert calls == 1 and loop.coalesced == 1
+    assert slow == ["objective_control_outbox_redrive"]
+    assert any(
+        r.__dict__.get("event") == "factory.control_outbox_redrive_slow" for r in caplog.records
+    )
+
+
+async def _run(coro: Coroutine[Any, Any, int | None]) -> int | None:
+    return await coro
+
+
+def test_loop_settings_use_the_spec_names_and_defaults() -> None:
+    assert RedriveConfig.from_env({}) == RedriveConfig(15_000, 5_000, 30_000, 15_000)
+    config = RedriveConfig.from_env(
+        {
+            "RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS": "1000",
+            "RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS": "2000",
+            "RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS": "3000",
+        }
+    )
+    assert (config.interval_ms, config.min_age_ms, config.cooldown_ms) == (1000, 2000, 3000)
+    assert env_ms("X", 7, {"X": " 12 "}) == 12
+    import pytest
+
+    with pytest.raises(ValueError, match="X must be an integer"):
+        env_ms("X", 7, {"X": "soon"})

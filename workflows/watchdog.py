@@ -1,0 +1,28 @@
+"""`WatchdogTickWorkflow`: what the watchdog Schedule starts each tick; it enqueues one job."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+
+SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
+
+
+@workflow.defn(name="WatchdogTickWorkflow")
+class WatchdogTickWorkflow:
+    """Enqueue the `factory.objective.watchdog` job `watchdog:<scheduledTime>` for this tick."""
+
+    @workflow.run
+    async def run(self) -> str:
+        scheduled = workflow.info().typed_search_attributes.get(SCHEDULED_START)
+        when = (scheduled or workflow.now()).replace(microsecond=0).isoformat()
+        job_id: str = await workflow.execute_activity(
+            "enqueue_watchdog",
+            when,
+            result_type=str,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5),
+        )
+        return job_id
