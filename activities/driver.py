@@ -174,6 +174,21 @@ class DriverActivities:
         now = await self.store.now()
         timing = derive(job.agent_id, job.payload, self.timing)
         if job.status in jobmodel.LEASED_STATUSES and job.lease is not None:
+            if jobmodel.lease_expired(job, now):
+                # Delivery was lost after the lease: the receipt-level expiry requeues it (or
+                # fails it past its attempts), exactly as the recovery scan would.
+                expired = await ops.expire_lease(self.store, job_id)
+                log.warning(
+                    "lease expired; delivery lost",
+                    extra={
+                        "event": "job.lease_expired",
+                        "jobId": job_id,
+                        "attempt": job.attempt,
+                        "status": expired.status,
+                    },
+                )
+                status = expired.job.status if expired.job else job.status
+                return DriverPlan(STALE_FAILED, job_status=status)
             if jobmodel.stale_lease(job, now, self.timing.active_stale_ms):
                 out = await ops.fail_stale(
                     self.store,

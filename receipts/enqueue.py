@@ -116,7 +116,9 @@ def parse_enqueue(agent_id: str, body: Mapping[str, Any]) -> EnqueueRequest:
             "maxAttempts",
             f"maxAttempts must be an integer (it is clamped to {MIN_ATTEMPTS}..{MAX_ATTEMPTS})",
         )
-    delay_ms = body.get("delayMs", 0) or 0
+    delay_ms = body.get("delayMs")
+    if delay_ms is None:
+        delay_ms = 0
     if (
         isinstance(delay_ms, bool)
         or not isinstance(delay_ms, int)

@@ -77,5 +77,9 @@ def up_command() -> None:
     click.echo("stopping")
 
 
+from roles.client import register  # noqa: E402 - the HTTP commands join the group defined above
+
+register(main)
+
 if __name__ == "__main__":
     main()

@@ -197,7 +197,9 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
         elif role == "api":
             from roles.api import serve_api
 
-            await serve_api(stop, store=runtime.store, metrics=runtime.metrics)
+            await serve_api(
+                stop, store=runtime.store, listener=runtime.listener, metrics=runtime.metrics
+            )
         else:
             await stop.wait()
     finally:

@@ -158,9 +158,12 @@ async def test_a_handler_that_kills_its_worker_fails_after_its_budget_without_lo
         print(procs.logs())
         raise
     assert done.status == "failed" and done.attempt == 2
+    assert done.error == "lease expired after 2 attempts"
     assert other.status == "completed"
     receipts = await receipts_of(store, poison.job_id)
     kinds = [r.type for r in receipts]
     assert kinds.count("job.leased") == 2
-    assert sum(t in SETTLE_TYPES for t in kinds) == 2  # one retryable requeue, one terminal
+    # Each attempt: its deliveries died, the lease expired (requeue, then the terminal failure).
+    assert kinds.count("job.lease_expired") == 2
+    assert not any(t in SETTLE_TYPES for t in kinds)
     assert procs.restarts["worker-codex"] <= 5  # two deliveries per attempt, two attempts

@@ -1,0 +1,606 @@
+"""The `receipt` commands that talk to the HTTP API (`enqueue`, `jobs …`) and serve it (`api`).
+
+Exit status of every API command: 0 success; 1 the job ended failed or canceled (only
+`enqueue --wait` waits for the end); 2 usage error; 3 the API refused the request or could not
+be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import click
+import httpx
+
+from receipts import jobs as jobmodel
+from receipts.jobs import LANES, SINGLETON_MODES, STATUSES, Job, Receipt
+from receipts.kinds import KINDS
+
+DEFAULT_API_URL = "http://127.0.0.1:8000"
+EXIT_NOT_COMPLETED = 1
+EXIT_API_ERROR = 3
+REQUEST_TIMEOUT_S = 30.0
+STREAM_READ_TIMEOUT_S = 60.0  # the API sends a keepalive every 15 s
+RECONNECT_ATTEMPTS = 8
+EVENTS_PAGE = 1000
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ApiFailure(click.ClickException):
+    """The API answered an error, or could not be reached (exit status 3)."""
+
+    exit_code = EXIT_API_ERROR
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def _failure(response: httpx.Response) -> ApiFailure:
+    try:
+        error = response.json()["error"]
+        text = f"{error['message']} ({response.status_code} {error['code']}"
+        if error.get("field"):
+            text += f", field {error['field']}"
+        text += ")"
+        allowed = error.get("allowed") or []
+        if allowed and not all(value in error["message"] for value in allowed):
+            text += f"; allowed: {', '.join(allowed)}"
+    except (ValueError, KeyError, TypeError):
+        text = f"HTTP {response.status_code}: {response.text[:200]}"
+    return ApiFailure(text)
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One server-sent event."""
+
+    name: str
+    data: str
+    id: str | None
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
+    """Parse `text/event-stream` lines into events (comments and `retry:` are skipped)."""
+    name, event_id = "message", None
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data or name != "message":
+                yield SseEvent(name, "\n".join(data), event_id)
+            name, data, event_id = "message", [], None
+            continue
+        if line.startswith(":"):
+            continue
+        key, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if key == "data":
+            data.append(value)
+        elif key == "event":
+            name = value
+        elif key == "id":
+            event_id = value
+
+
+def receipt_of(body: dict[str, Any]) -> Receipt:
+    """Rebuild a `Receipt` from its JSON form (to fold a job's state on the client side)."""
+    return Receipt(
+        body["stream"],
+        body["seq"],
+        body["type"],
+        body["data"],
+        datetime.fromisoformat(body["recordedAt"]),
+        body.get("position", 0),
+    )
+
+
+class ApiClient:
+    """A thin synchronous client of the Receipt API."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # httpx logs every request at INFO; the commands print what matters themselves.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=REQUEST_TIMEOUT_S)
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send one request; return the decoded JSON or raise `ApiFailure`."""
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ApiFailure(f"cannot reach the API at {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise _failure(response)
+        return response.json()
+
+    def follow(self, job_id: str, after: int = 0) -> Iterator[dict[str, Any]]:
+        """Yield the job's receipts past `after` from its live event stream until it is terminal.
+
+        A dropped connection is resumed with `Last-Event-ID`, so no receipt is missed or repeated.
+        """
+        last = after
+        failures = 0
+        path = f"/jobs/{quote(job_id, safe='')}/events"
+        timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S)
+        while True:
+            headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
+            problem = "the stream ended before the job did"
+            try:
+                with self.http.stream("GET", path, headers=headers, timeout=timeout) as response:
+                    if response.status_code == 200:
+                        failures = 0
+                        for event in parse_sse(response.iter_lines()):
+                            if event.name == "end":
+                                return
+                            if event.name != "message" or not event.data:
+                                continue
+                            receipt = json.loads(event.data)
+                            if receipt["seq"] > last:
+                                last = receipt["seq"]
+                                yield receipt
+                    else:
+                        response.read()
+                        if response.status_code != 503:
+                            raise _failure(response)
+                        problem = "the database is unavailable"
+            except httpx.TransportError as exc:
+                problem = str(exc) or type(exc).__name__
+            # Reconnect (resuming after `last`) with a growing delay, a bounded number of times.
+            failures += 1
+            if failures > RECONNECT_ATTEMPTS:
+                raise ApiFailure(f"lost the event stream of {job_id}: {problem}")
+            time.sleep(min(0.25 * 2**failures, 5.0))
+
+
+def _api_options(command: F) -> F:
+    command = click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON (one document, or one per line)."
+    )(command)
+    command = click.option(
+        "--token",
+        envvar="RECEIPT_API_TOKEN",
+        default=None,
+        metavar="TOKEN",
+        help="Bearer token (env RECEIPT_API_TOKEN).",
+    )(command)
+    command = click.option(
+        "--api-url",
+        envvar="RECEIPT_API_URL",
+        default=DEFAULT_API_URL,
+        show_default=True,
+        help="Base URL of the API (env RECEIPT_API_URL).",
+    )(command)
+    return command
+
+
+def _load_json(value: str, option: str) -> Any:
+    """Read `@file.json`, `@-` (stdin) or inline JSON."""
+    try:
+        if value == "@-":
+            text = sys.stdin.read()
+        elif value.startswith("@"):
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        else:
+            text = value
+        return json.loads(text)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read {value[1:]}: {exc.strerror}", param_hint=option
+        ) from exc
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint=option) from exc
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _job_path(job_id: str, suffix: str = "") -> str:
+    return f"/jobs/{quote(job_id, safe='')}{suffix}"
+
+
+def _summary(job: dict[str, Any]) -> list[str]:
+    lines = [
+        f"job       {job['jobId']}",
+        f"status    {job['status']} (attempt {job['attempt']}/{job['maxAttempts']})",
+        f"agent     {job['agentId']}"
+        + ("" if job.get("agentHasHandler", True) else " (no handler)"),
+        f"kind      {job['kind']}",
+        f"lane      {job['lane']}",
+        f"route     {job.get('route')} (contract: {job.get('contractWorkerGroup')})",
+        f"created   {job['createdAt']}",
+    ]
+    if job.get("sessionKey"):
+        lines.append(f"session   {job['sessionKey']}")
+    if job.get("lease"):
+        lease = job["lease"]
+        lines.append(f"lease     {lease['workerId']} until {lease['expiresAt']}")
+    pending = job.get("pendingCommands") or []
+    if pending:
+        lines.append("pending   " + ", ".join(f"{c['type']} {c['commandId']}" for c in pending))
+    if job.get("abortRequested"):
+        lines.append(f"abort     requested ({job.get('abortReason') or 'no reason'})")
+    if job.get("canceledReason"):
+        lines.append(f"canceled  {job['canceledReason']}")
+    if job.get("error"):
+        lines.append(f"error     {job['error']}")
+    if job.get("result") is not None:
+        lines.append(f"result    {_compact(job['result'])}")
+    if job.get("settledAt"):
+        lines.append(f"settled   {job['settledAt']}")
+    return lines
+
+
+def _status_line(job: Job, receipts: int, last_type: str) -> str:
+    return (
+        f"{job.job_id}  {job.status}  attempt {job.attempt}/{job.max_attempts}"
+        f"  receipts {receipts}  last {last_type}"
+    )
+
+
+def _wait(client: ApiClient, job_id: str, as_json: bool) -> int:
+    """Show a live status line until the job is terminal; print it; 0 only if it completed."""
+    state: Job | None = None
+    count = 0
+    live = sys.stderr.isatty()
+    shown = ""
+    for body in client.follow(job_id):
+        receipt = receipt_of(body)
+        state = jobmodel.apply(state, receipt)
+        count += 1
+        if state is None:
+            continue
+        line = _status_line(state, count, receipt.type)
+        if live:
+            click.echo("\r\033[K" + line, nl=False, err=True)
+        elif state.status != shown:
+            click.echo(line, err=True)
+        shown = state.status
+    if live:
+        click.echo(err=True)
+    job = client.call("GET", _job_path(job_id))
+    if as_json:
+        click.echo(_dump(job))
+    else:
+        click.echo("\n".join(_summary(job)))
+    return 0 if job["status"] == "completed" else EXIT_NOT_COMPLETED
+
+
+@click.command("enqueue")
+@click.argument("agent")
+@click.option(
+    "--kind",
+    type=click.Choice(KINDS),
+    help="Payload kind (may instead be given as `kind` inside --payload).",
+)
+@click.option(
+    "--payload",
+    "payload_source",
+    metavar="JSON|@FILE|@-",
+    help="The payload object: inline JSON, @file.json, or @- for stdin. Include authContext "
+    "{userId, organizationId} for every kind but factory.objective.watchdog.",
+)
+@click.option("--job-id", help="Idempotency key: re-posting the same id returns the same job.")
+@click.option("--lane", type=click.Choice(LANES), help="Lane (default collect).")
+@click.option("--session-key", help="Session key the singleton mode acts on.")
+@click.option(
+    "--singleton-mode", type=click.Choice(SINGLETON_MODES), help="Singleton mode (default allow)."
+)
+@click.option("--max-attempts", type=int, help="Attempts before failing (default 2, clamped 1..8).")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Follow the job with a live status line until it is terminal, then print it; exit 0 "
+    "only if it completed (1 if it failed or was canceled).",
+)
+@_api_options
+def enqueue_command(
+    agent: str,
+    kind: str | None,
+    payload_source: str | None,
+    job_id: str | None,
+    lane: str | None,
+    session_key: str | None,
+    singleton_mode: str | None,
+    max_attempts: int | None,
+    wait: bool,
+    api_url: str,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Enqueue a job for AGENT and print it (POST /agents/AGENT/jobs).
+
+    Agent ids with handlers: factory, factory-control, factory-monitor, codex; any other id is
+    accepted and its job fails with "No handler for agent" (unless the API is strict).
+
+    Exit status: 0 accepted (with --wait: completed); 1 with --wait, the job failed or was
+    canceled; 2 usage error; 3 the API refused the request or could not be reached.
+    """
+    payload = _load_json(payload_source, "--payload") if payload_source else {}
+    if not isinstance(payload, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--payload")
+    if kind is not None:
+        if payload.get("kind") not in (None, kind):
+            raise click.BadParameter(
+                f"--kind {kind} but the payload says {payload['kind']}", param_hint="--kind"
+            )
+        payload = {**payload, "kind": kind}
+    elif "kind" not in payload:
+        raise click.UsageError("give --kind, or a `kind` in --payload")
+    body: dict[str, Any] = {"payload": payload}
+    for name, value in (
+        ("jobId", job_id),
+        ("lane", lane),
+        ("sessionKey", session_key),
+        ("singletonMode", singleton_mode),
+        ("maxAttempts", max_attempts),
+    ):
+        if value is not None:
+            body[name] = value
+    with ApiClient(api_url, token) as client:
+        accepted = client.call("POST", f"/agents/{quote(agent, safe='')}/jobs", json=body)
+        job = accepted["job"]
+        if not wait:
+            if as_json:
+                click.echo(_dump(accepted))
+            else:
+                click.echo(
+                    f"job {job['jobId']} {job['status']} ({accepted['outcome']}) "
+                    f"agent {job['agentId']} kind {job['kind']} route {job['route']}"
+                )
+                click.echo(f"events: {client.url}{accepted['async']['eventsUrl']}")
+            return
+        if not as_json:
+            click.echo(f"job {job['jobId']} {accepted['outcome']}; waiting", err=True)
+        sys.exit(_wait(client, job["jobId"], as_json))
+
+
+@click.group("jobs")
+def jobs_group() -> None:
+    """List, inspect, follow and command jobs through the API (RECEIPT_API_URL).
+
+    Exit status: 0 done; 2 usage error; 3 the API refused the request (the message says why)
+    or could not be reached.
+    """
+
+
+@jobs_group.command("ls")
+@click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
+@click.option("--agent-id", help="Only jobs of this agent.")
+@click.option("--lane", type=click.Choice(LANES), help="Only jobs in this lane.")
+@click.option("--session-key", help="Only jobs on this session key.")
+@click.option("--kind", type=click.Choice(KINDS), help="Only jobs of this payload kind.")
+@click.option("--organization-id", help="Only this organization's jobs (admin tokens).")
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option("--cursor", help="Continue from a previous page's next cursor.")
+@click.option("--all", "every_page", is_flag=True, help="Follow the cursor through every page.")
+@_api_options
+def jobs_ls(
+    status: str | None,
+    agent_id: str | None,
+    lane: str | None,
+    session_key: str | None,
+    kind: str | None,
+    organization_id: str | None,
+    limit: int,
+    cursor: str | None,
+    every_page: bool,
+    api_url: str,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """List jobs, newest first (GET /jobs). Prints the next page's cursor on stderr."""
+    params = {
+        "status": status,
+        "agentId": agent_id,
+        "lane": lane,
+        "sessionKey": session_key,
+        "kind": kind,
+        "organizationId": organization_id,
+        "limit": limit,
+    }
+    query = {k: v for k, v in params.items() if v is not None}
+    if not as_json:
+        click.echo(f"{'JOB ID':<38} {'AGENT':<16} {'KIND':<30} {'STATUS':<9} ATTEMPT  CREATED")
+    with ApiClient(api_url, token) as client:
+        while True:
+            page = client.call(
+                "GET", "/jobs", params={**query, "cursor": cursor} if cursor else query
+            )
+            for job in page["jobs"]:
+                if as_json:
+                    click.echo(_compact(job))
+                else:
+                    click.echo(
+                        f"{job['jobId']:<38} {job['agentId']:<16} {job['kind']:<30} "
+                        f"{job['status']:<9} {job['attempt']}/{job['maxAttempts']:<6} "
+                        f"{job['createdAt']}"
+                    )
+            cursor = page["nextCursor"]
+            if not cursor or not every_page:
+                break
+        if cursor and not as_json:
+            click.echo(f"more: --cursor {cursor}", err=True)
+
+
+@jobs_group.command("get")
+@click.argument("job_id", metavar="ID")
+@_api_options
+def jobs_get(job_id: str, api_url: str, token: str | None, as_json: bool) -> None:
+    """Show a job: status, attempt, lease, route, pending commands, result (GET /jobs/ID)."""
+    with ApiClient(api_url, token) as client:
+        job = client.call("GET", _job_path(job_id))
+    click.echo(_dump(job) if as_json else "\n".join(_summary(job)))
+
+
+def _print_receipt(receipt: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(_compact(receipt))
+    else:
+        click.echo(
+            f"{receipt['seq']:>4}  {receipt['recordedAt']}  {receipt['type']:<22} "
+            f"{_compact(receipt['data'])}"
+        )
+
+
+@jobs_group.command("events")
+@click.argument("job_id", metavar="ID")
+@click.option("--after", type=click.IntRange(min=0), default=0, help="Only receipts past this seq.")
+@click.option(
+    "--follow", is_flag=True, help="Stay connected and print receipts live until the job ends."
+)
+@_api_options
+def jobs_events(
+    job_id: str, after: int, follow: bool, api_url: str, token: str | None, as_json: bool
+) -> None:
+    """Print a job's receipts in order (GET /jobs/ID/events); --json prints one per line."""
+    with ApiClient(api_url, token) as client:
+        if follow:
+            for receipt in client.follow(job_id, after):
+                _print_receipt(receipt, as_json)
+            return
+        while True:
+            page = client.call(
+                "GET", _job_path(job_id, "/events"), params={"after": after, "limit": EVENTS_PAGE}
+            )
+            for receipt in page["receipts"]:
+                _print_receipt(receipt, as_json)
+            if len(page["receipts"]) < EVENTS_PAGE:
+                return
+            after = page["lastSeq"]
+
+
+def _command(
+    client: ApiClient, job_id: str, type_: str, payload: Any, reason: str | None, as_json: bool
+) -> None:
+    body: dict[str, Any] = {"type": type_}
+    if payload is not None:
+        body["payload"] = payload
+    if reason is not None:
+        body["reason"] = reason
+    accepted = client.call("POST", _job_path(job_id, "/commands"), json=body)
+    if as_json:
+        click.echo(_dump(accepted))
+    else:
+        click.echo(
+            f"{type_} {accepted['commandId']} appended to job {job_id} "
+            f"(status {accepted['job']['status']})"
+        )
+
+
+def _message_command(type_: str, summary: str) -> click.Command:
+    @click.command(type_.replace("_", "-"), help=summary)
+    @click.argument("job_id", metavar="ID")
+    @click.option(
+        "--payload",
+        "payload_source",
+        metavar="JSON|@FILE|@-",
+        help="The message: inline JSON, @file.json, or @- for stdin.",
+    )
+    @click.option("--reason", help="Why (recorded on the receipt).")
+    @_api_options
+    def command(
+        job_id: str,
+        payload_source: str | None,
+        reason: str | None,
+        api_url: str,
+        token: str | None,
+        as_json: bool,
+    ) -> None:
+        payload = _load_json(payload_source, "--payload") if payload_source else None
+        with ApiClient(api_url, token) as client:
+            _command(client, job_id, type_, payload, reason, as_json)
+
+    return command
+
+
+jobs_group.add_command(
+    _message_command(
+        "steer",
+        "Steer a job that is not terminal: the handler reads the message while it runs "
+        "(POST /jobs/ID/commands). Exit 3 if the job is terminal.",
+    )
+)
+jobs_group.add_command(
+    _message_command(
+        "follow_up",
+        "Queue a follow-up message for a job that is not terminal (POST /jobs/ID/commands). "
+        "Exit 3 if the job is terminal.",
+    )
+)
+
+
+@jobs_group.command("abort")
+@click.argument("job_id", metavar="ID")
+@click.option("--reason", help="Why (recorded on the receipt).")
+@_api_options
+def jobs_abort(
+    job_id: str, reason: str | None, api_url: str, token: str | None, as_json: bool
+) -> None:
+    """Abort a job (POST /jobs/ID/commands): a queued job is canceled at once; a leased or
+    running one gets abortRequested and its worker cancels it. Exit 3 if it is already terminal."""
+    with ApiClient(api_url, token) as client:
+        _command(client, job_id, "abort", None, reason, as_json)
+
+
+@click.command("api")
+@click.option(
+    "--host",
+    envvar="RECEIPT_API_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="Bind address (RECEIPT_API_HOST). Without tokens only a loopback address is allowed.",
+)
+@click.option(
+    "--port",
+    envvar="RECEIPT_API_PORT",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port (RECEIPT_API_PORT).",
+)
+def api_command(host: str, port: int) -> None:
+    """Serve the HTTP API (the api role) until Ctrl-C or SIGTERM; migrates the database first.
+
+    Database: RECEIPT_DATABASE_URL (else the embedded server). Tokens: RECEIPT_API_TOKENS_FILE
+    and/or RECEIPT_API_TOKENS; without any, only a loopback bind is allowed. Body limit:
+    RECEIPT_MAX_BODY_BYTES; RECEIPT_STRICT_AGENT_IDS=1 refuses unknown agent ids. OpenAPI at
+    /openapi.json, docs at /docs.
+    """
+    from roles.api import ApiSettings, run_api
+    from roles.auth import TokenConfigError
+
+    settings = ApiSettings().model_copy(update={"host": host, "port": port})
+    try:
+        run_api(settings)
+    except TokenConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def register(group: click.Group) -> None:
+    """Add `enqueue`, `jobs` and `api` to the `receipt` command group."""
+    group.add_command(enqueue_command)
+    group.add_command(jobs_group)
+    group.add_command(api_command)

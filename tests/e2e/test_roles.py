@@ -1,0 +1,263 @@
+"""Role processes end to end: misspelled role, worker death, driver death, Temporal restart,
+and each role's /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from receipts.jobs import TERMINAL_STATUSES
+from receipts.store import Store
+from roles.db import migrate_url
+from roles.temporal import dev_server_args, search_attribute_flags, temporal_cli
+from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.integration.helpers import put
+
+pytestmark = pytest.mark.e2e
+TERMINAL = tuple(TERMINAL_STATUSES)
+SETTLE_TYPES = ("job.completed", "job.failed", "job.canceled")
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def task(*argv: str) -> dict[str, Any]:
+    return {"task": {"command": list(argv)}}
+
+
+@pytest.fixture
+async def e2e_store(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
+    url = make_database()
+    await migrate_url(url)
+    store = await Store.open(url, min_size=1, max_size=5)
+    yield store, url
+    await store.close()
+
+
+@pytest.fixture
+def roles(
+    e2e_store: tuple[Store, str], temporal_env: Any, tmp_path: Path
+) -> Iterator[Callable[..., RoleProcesses]]:
+    started: list[RoleProcesses] = []
+
+    def make(address: str | None = None, **extra: str) -> RoleProcesses:
+        target = address or temporal_env.client.service_client.config.target_host
+        base = {"RECEIPT_METRICS_PORT": "0"}
+        processes = RoleProcesses.create(e2e_store[1], target, tmp_path, {**base, **extra})
+        started.append(processes)
+        return processes
+
+    yield make
+    for processes in started:
+        processes.stop_all()
+
+
+async def test_a_misspelled_role_parks_warns_and_its_jobs_wait_for_a_real_worker(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    store, _ = e2e_store
+    procs = roles()
+    procs.start("driver")
+    procs.start("typo", "workr-codex")
+    try:
+        job = (await put(store, payload_extra=task("true"))).job
+        await asyncio.sleep(4)
+        assert (await store.get_job(job.job_id)).status == "queued"  # type: ignore[union-attr]
+        procs.start("worker-codex")
+        done = await wait_for(store, job.job_id, TERMINAL, 60)
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert done.status == "completed"
+    assert procs.processes["typo"].poll() is None  # parked, still running
+    log = (procs.log_dir / "typo.0.log").read_text()
+    warning = next(line for line in log.splitlines() if "role.unrecognised" in line)
+    assert "workr-codex" in warning
+    for role in ("api", "driver", "worker-chat", "worker-codex", "worker-control"):
+        assert role in warning
+
+
+async def test_worker_death_every_job_settles_once_through_lease_expiry(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    store, _ = e2e_store
+    lease_ms = 6_000
+    procs = roles(
+        CODEX_JOB_LEASE_MS=str(lease_ms),
+        RECEIPT_RESONATE_EXECUTE_CONCURRENCY="60",
+        # One delivery per attempt: a dead worker's attempt is not redelivered by Temporal, so
+        # recovery goes through the receipts — the lease expires and the next attempt runs.
+        RECEIPT_DELIVERIES_PER_ATTEMPT="1",
+    )
+    procs.start("driver")
+    procs.start("worker-codex")
+    try:
+        jobs = [(await put(store, payload_extra=task("sleep", "3"))).job for _ in range(50)]
+        for job in jobs:
+            await wait_for(store, job.job_id, ("running",), 60)
+        killed_at = time.monotonic()
+        procs.kill("worker-codex")
+        procs.start("worker-codex")
+        finals = [await wait_for(store, j.job_id, TERMINAL, 120) for j in jobs]
+        recovered_s = time.monotonic() - killed_at
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert [f.status for f in finals] == ["completed"] * 50
+    for job in jobs:
+        kinds = [r.type for r in await store.read_stream(f"jobs/{job.job_id}")]
+        assert sum(k in SETTLE_TYPES for k in kinds) == 1
+        assert "job.lease_expired" in kinds
+    assert {f.attempt for f in finals} == {2}
+    print(
+        f"worker-death recovery: 50 jobs settled {recovered_s:.1f} s after SIGKILL "
+        f"(lease {lease_ms / 1000:.0f} s, handler 3 s)"
+    )
+
+
+async def test_driver_death_mid_flight_loses_nothing(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    store, _ = e2e_store
+    procs = roles()
+    procs.start("driver")
+    procs.start("worker-codex")
+    try:
+        jobs = [(await put(store, payload_extra=task("sleep", "2"))).job for _ in range(6)]
+        await wait_for(store, jobs[0].job_id, ("running",), 60)
+        procs.kill("driver")
+        more = [(await put(store, payload_extra=task("true"))).job for _ in range(4)]
+        await asyncio.sleep(1)
+        procs.start("driver")
+        finals = [await wait_for(store, j.job_id, TERMINAL, 90) for j in jobs + more]
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert [f.status for f in finals] == ["completed"] * 10
+    for job in jobs + more:
+        kinds = [r.type for r in await store.read_stream(f"jobs/{job.job_id}")]
+        assert sum(k in SETTLE_TYPES for k in kinds) == 1
+
+
+def _temporal_server(port: int, db_file: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [
+                temporal_cli(),
+                "server",
+                "start-dev",
+                "--headless",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--db-filename",
+                str(db_file),
+                "--log-level",
+                "warn",
+                *search_attribute_flags(),
+                *dev_server_args(),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+async def _wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.closing(socket.socket()) as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"port {port} never opened")
+
+
+async def test_a_temporal_restart_mid_flight_loses_nothing(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses], tmp_path: Path
+) -> None:
+    store, _ = e2e_store
+    port = free_port()
+    db_file = tmp_path / "temporal.sqlite"
+    server = _temporal_server(port, db_file, tmp_path / "temporal.log")
+    procs = roles(address=f"127.0.0.1:{port}")
+    try:
+        await _wait_port(port)
+        procs.start("driver")
+        procs.start("worker-codex")
+        jobs = [(await put(store, payload_extra=task("sleep", "2"))).job for _ in range(6)]
+        await wait_for(store, jobs[0].job_id, ("running",), 60)
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+        more = [(await put(store, payload_extra=task("true"))).job for _ in range(3)]
+        server = _temporal_server(port, db_file, tmp_path / "temporal.log")
+        await _wait_port(port)
+        finals = [await wait_for(store, j.job_id, TERMINAL, 120) for j in jobs + more]
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        procs.stop_all()
+        server.terminate()
+        server.wait(10)
+    assert [f.status for f in finals] == ["completed"] * 9
+    for job in jobs + more:
+        kinds = [r.type for r in await store.read_stream(f"jobs/{job.job_id}")]
+        assert sum(k in SETTLE_TYPES for k in kinds) == 1
+
+
+async def test_each_role_exposes_its_metrics_after_a_known_workload(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    store, _ = e2e_store
+    driver_port, worker_port = free_port(), free_port()
+    procs = roles()
+    procs.env["RECEIPT_METRICS_PORT"] = str(driver_port)
+    procs.start("driver")
+    procs.env["RECEIPT_METRICS_PORT"] = str(worker_port)
+    procs.start("worker-codex")
+    try:
+        ok = [(await put(store, payload_extra=task("true"))).job for _ in range(2)]
+        bad = (await put(store, payload_extra=task("false"))).job
+        for job in [*ok, bad]:
+            await wait_for(store, job.job_id, TERMINAL, 60)
+        await asyncio.sleep(5.5)  # one queue-depth refresh
+        async with httpx.AsyncClient() as http:
+            driver = (await http.get(f"http://127.0.0.1:{driver_port}/metrics")).text
+            worker = (await http.get(f"http://127.0.0.1:{worker_port}/metrics")).text
+            sdk = (await http.get(f"http://127.0.0.1:{worker_port + 100}/metrics")).text
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert 'receipt_driver_starts_total{outcome="created"} 3.0' in driver
+    assert 'receipt_jobs_settled_total{result_status="completed",status="completed"} 2.0' in worker
+    assert 'receipt_jobs_settled_total{result_status="failed",status="failed"} 1.0' in worker
+    assert 'receipt_attempts_started_total{agent="codex",queue="receipt-codex"} 3.0' in worker
+    assert 'receipt_queue_depth{status="completed"} 2.0' in worker
+    assert "receipt_enqueue_to_settle_seconds_count 3.0" in worker
+    assert 'receipt_handler_duration_seconds_count{agent="codex"} 3.0' in worker
+    for family in (
+        "receipt_lease_expirations_total",
+        "receipt_redrive_dispatches_total",
+        "receipt_heartbeat_lag_seconds",
+        "receipt_settlement_retries_total",
+        "receipt_enqueue_to_start_seconds",
+        "receipt_loop_pass_seconds",
+        "receipt_ledger_write_failures",
+        "receipt_route_contract_disagreements",
+    ):
+        assert family in worker, family
+    assert "temporal_" in sdk  # the SDK's own metrics

@@ -1,0 +1,129 @@
+"""Shared by the API tests: tokens of two organizations and an admin, the app in-process, and a
+real `receipt api` process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from receipts.store import Store
+from roles.api import ApiSettings, create_app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TOKEN_A = "token-org-a-0123456789abcdef"
+TOKEN_B = "token-org-b-0123456789abcdef"
+TOKEN_ADMIN = "token-admin-0123456789abcdef"
+TOKENS = f"{TOKEN_A} org-a\n{TOKEN_B} org-b\n{TOKEN_ADMIN} *"
+AS_A = {"Authorization": f"Bearer {TOKEN_A}"}
+AS_B = {"Authorization": f"Bearer {TOKEN_B}"}
+AS_ADMIN = {"Authorization": f"Bearer {TOKEN_ADMIN}"}
+
+
+def enqueue_body(
+    org: str = "org-a", kind: str = "factory.task.run", **extra: Any
+) -> dict[str, Any]:
+    """A valid enqueue body for `org`; `payload_extra` adds payload fields."""
+    payload: dict[str, Any] = {
+        "kind": kind,
+        "authContext": {"userId": "u-1", "organizationId": org},
+    }
+    payload.update(extra.pop("payload_extra", {}))
+    return {"payload": payload, **extra}
+
+
+@asynccontextmanager
+async def api_client(
+    db_url: str, *, store: Store | None = None, **settings: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in-process (lifespan running) behind an httpx client; app exceptions propagate."""
+    values: dict[str, Any] = {"tokens": TOKENS, **settings}
+    app = create_app(ApiSettings(**values), database_url=db_url, store=store)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://api.test") as client,
+    ):
+        yield client
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def clean_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The test process's environment without RECEIPT_* settings, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECEIPT_", "PYTEST"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclass
+class RunningApi:
+    """A `receipt api` process: its base URL and log file."""
+
+    url: str
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextmanager
+def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
+    """Start `python -m roles.cli api` on a free port; wait until /healthz answers; stop it."""
+    port = free_port()
+    log = log_dir / f"api-{port}.log"
+    settings = {
+        "RECEIPT_DATABASE_URL": db_url,
+        "RECEIPT_API_HOST": "127.0.0.1",
+        "RECEIPT_API_PORT": str(port),
+        "RECEIPT_API_TOKENS": TOKENS,
+        **env,
+    }
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "roles.cli", "api"],
+            cwd=ROOT,
+            env=clean_env(settings),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    api = RunningApi(f"http://127.0.0.1:{port}", log, process)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"receipt api exited {process.returncode}:\n{api.log_text()}")
+            try:
+                if httpx.get(f"{api.url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"receipt api did not start:\n{api.log_text()}")
+            time.sleep(0.1)
+        yield api
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
