@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import trace
 from temporalio import activity
 
 from activities.handlers import (
@@ -29,6 +30,7 @@ from receipts.messages import COMPLETED, AttemptInput, AttemptResult
 from receipts.store import Store
 
 log = logging.getLogger("activities.attempt")
+_tracer = trace.get_tracer("receipt.attempt")
 
 ABORT_GRACE_S = 5.0
 SHUTDOWN_ERROR = "worker shutdown"
@@ -428,7 +430,11 @@ class AttemptActivities:
         write: Callable[[], Awaitable[ops.Outcome]],
         handler_s: float | None = None,
     ) -> AttemptResult:
-        out = await with_storage_retry(write, what="settle")
+        with _tracer.start_as_current_span(
+            "receipt.settle",
+            attributes={"receipt.job_id": attempt.job_id, "receipt.status": status},
+        ):
+            out = await with_storage_retry(write, what="settle")
         job_status = out.job.status if out.job else ""
         if not out.ok:
             result = _rejected(out.status, out.job, worker_id)

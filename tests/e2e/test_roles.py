@@ -94,7 +94,7 @@ async def test_worker_death_every_job_settles_once_through_lease_expiry(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
     store, _ = e2e_store
-    lease_ms = 6_000
+    lease_ms = 10_000
     procs = roles(
         CODEX_JOB_LEASE_MS=str(lease_ms),
         RECEIPT_RESONATE_EXECUTE_CONCURRENCY="60",
@@ -105,11 +105,12 @@ async def test_worker_death_every_job_settles_once_through_lease_expiry(
     procs.start("driver")
     procs.start("worker-codex")
     try:
-        jobs = [(await put(store, payload_extra=task("sleep", "3"))).job for _ in range(50)]
+        jobs = [(await put(store, payload_extra=task("sleep", "6"))).job for _ in range(50)]
         for job in jobs:
-            await wait_for(store, job.job_id, ("running",), 60)
+            await wait_for(store, job.job_id, ("running", *TERMINAL), 60)
         killed_at = time.monotonic()
         procs.kill("worker-codex")
+        held = [j for j in jobs if await _status(store, j.job_id) == "running"]
         procs.start("worker-codex")
         finals = [await wait_for(store, j.job_id, TERMINAL, 120) for j in jobs]
         recovered_s = time.monotonic() - killed_at
@@ -117,15 +118,22 @@ async def test_worker_death_every_job_settles_once_through_lease_expiry(
         print(procs.logs())
         raise
     assert [f.status for f in finals] == ["completed"] * 50
-    for job in jobs:
-        kinds = [r.type for r in await store.read_stream(f"jobs/{job.job_id}")]
+    assert len(held) >= 45  # the dead worker held (nearly) all of them mid-run
+    held_ids = {j.job_id for j in held}
+    for final in finals:
+        kinds = [r.type for r in await store.read_stream(f"jobs/{final.job_id}")]
         assert sum(k in SETTLE_TYPES for k in kinds) == 1
-        assert "job.lease_expired" in kinds
-    assert {f.attempt for f in finals} == {2}
+        if final.job_id in held_ids:
+            assert "job.lease_expired" in kinds and final.attempt == 2
     print(
-        f"worker-death recovery: 50 jobs settled {recovered_s:.1f} s after SIGKILL "
-        f"(lease {lease_ms / 1000:.0f} s, handler 3 s)"
+        f"worker-death recovery: {len(held)} held jobs settled {recovered_s:.1f} s after "
+        f"SIGKILL (lease {lease_ms / 1000:.0f} s, handler 6 s)"
     )
+
+
+async def _status(store: Store, job_id: str) -> str | None:
+    job = await store.get_job(job_id)
+    return job.status if job else None
 
 
 async def test_driver_death_mid_flight_loses_nothing(
@@ -193,7 +201,16 @@ async def test_a_temporal_restart_mid_flight_loses_nothing(
     port = free_port()
     db_file = tmp_path / "temporal.sqlite"
     server = _temporal_server(port, db_file, tmp_path / "temporal.log")
-    procs = roles(address=f"127.0.0.1:{port}")
+    # If the restart loses a delivery inside Temporal (seen rarely under load: a driver left
+    # open that never progresses), the receipts still say the job is queued: the driver's run
+    # timeout (its 120 s floor with this lease) closes it and the redrive delivers again.
+    procs = roles(
+        address=f"127.0.0.1:{port}",
+        CODEX_JOB_LEASE_MS="10000",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="2000",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS="5000",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="5000",
+    )
     try:
         await _wait_port(port)
         procs.start("driver")
@@ -205,9 +222,25 @@ async def test_a_temporal_restart_mid_flight_loses_nothing(
         more = [(await put(store, payload_extra=task("true"))).job for _ in range(3)]
         server = _temporal_server(port, db_file, tmp_path / "temporal.log")
         await _wait_port(port)
-        finals = [await wait_for(store, j.job_id, TERMINAL, 120) for j in jobs + more]
+        finals = [await wait_for(store, j.job_id, TERMINAL, 200) for j in jobs + more]
     except BaseException:
         print(procs.logs())
+        for job in jobs + more:
+            described = subprocess.run(  # noqa: ASYNC221 - diagnostics on failure
+                [
+                    temporal_cli(),
+                    "workflow",
+                    "describe",
+                    "--address",
+                    f"127.0.0.1:{port}",
+                    "-w",
+                    job.job_id,
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            print(job.job_id, described.stdout[-3000:], described.stderr[-500:])
         raise
     finally:
         procs.stop_all()

@@ -1,0 +1,65 @@
+"""One trace from the enqueue request to the settlement (in-memory span exporter)."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
+
+from receipts.store import Store
+from roles.tracing import configure_tracing
+from tests.integration.api_support import AS_A, api_client, enqueue_body
+from tests.integration.delivery.conftest import running_stack, wait_for_status
+
+
+async def test_a_job_is_one_trace_from_the_api_through_workflows_to_settlement(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    exporter = InMemorySpanExporter()
+    configure_tracing("receipt-test", SimpleSpanProcessor(exporter))
+    traced = await Client.connect(
+        client.service_client.config.target_host, interceptors=[TracingInterceptor()]
+    )
+    body = enqueue_body(payload_extra={"task": {"command": ["true"]}})
+    # Connections opened after tracing is configured carry the psycopg instrumentation.
+    store = await Store.open(fresh_db, min_size=1, max_size=10)
+    async with (
+        running_stack(traced, store, fresh_db),
+        api_client(fresh_db, store=store) as api,
+    ):
+        response = await api.post("/agents/codex/jobs", json=body, headers=AS_A)
+        assert response.status_code == 202
+        job_id = response.json()["job"]["jobId"]
+        done = await wait_for_status(fresh_store, job_id)
+    await store.close()
+    assert done.status == "completed"
+    assert done.trace_id is not None and len(done.trace_id) == 32
+    enqueued = (await fresh_store.read_stream(f"jobs/{job_id}"))[0]
+    assert enqueued.data["traceId"] == done.trace_id
+
+    spans = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.context is not None and f"{s.context.trace_id:032x}" == done.trace_id
+    ]
+    names = {s.name for s in spans}
+    for expected in (
+        "receipt.enqueue",
+        "receipt.dispatch",
+        "StartWorkflow:JobDriverWorkflow",
+        "RunWorkflow:JobDriverWorkflow",
+        "RunActivity:prepare_delivery",
+        "StartChildWorkflow:JobAttemptWorkflow",
+        "RunWorkflow:JobAttemptWorkflow",
+        "RunActivity:execute_attempt",
+        "receipt.settle",
+    ):
+        assert expected in names, (expected, sorted(names))
+    # The SQL of the settlement is a child of the settle span.
+    settle = next(s for s in spans if s.name == "receipt.settle")
+    assert any(
+        s.parent is not None and s.parent.span_id == settle.context.span_id
+        for s in spans
+        if s is not settle
+    )
