@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint typecheck unit install clean
+.PHONY: up test lint typecheck unit install clean chaos
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/pytest
+
+# A fault soak of the real role processes (default 10 minutes; CHAOS_ARGS="--duration 120" for less).
+chaos: $(STAMP)
+	$(BIN)/receipt chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .receipt .pytest_cache .mypy_cache .ruff_cache .hypothesis

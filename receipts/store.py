@@ -231,6 +231,8 @@ class Store:
             min_size=min_size,
             max_size=max_size,
             kwargs={"autocommit": True},
+            # A connection broken by a database restart is replaced, not handed out.
+            check=AsyncConnectionPool.check_connection,
             open=False,
             timeout=10.0,
         )

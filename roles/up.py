@@ -40,9 +40,17 @@ def _say(name: str, line: str, colour: bool) -> None:
     sys.stdout.flush()
 
 
-async def _pump(name: str, stream: asyncio.StreamReader, colour: bool) -> None:
-    async for raw in stream:
-        _say(name, raw.decode(errors="replace"), colour)
+async def _pump(
+    name: str, stream: asyncio.StreamReader, colour: bool, log_file: Path | None
+) -> None:
+    if log_file is None:
+        async for raw in stream:
+            _say(name, raw.decode(errors="replace"), colour)
+        return
+    with log_file.open("ab") as out:
+        async for raw in stream:
+            out.write(raw)
+            out.flush()
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -62,6 +70,9 @@ class Supervised:
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     pumps: list[asyncio.Task[None]] = field(default_factory=list)
+    log_file: Path | None = None
+    first_backoff_s: float = BACKOFF_START_S
+    on_restart: list[float] = field(default_factory=list)
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
@@ -72,10 +83,13 @@ class Supervised:
             start_new_session=True,
         )
         assert self.process.stdout is not None
-        self.pumps = [asyncio.create_task(_pump(self.name, self.process.stdout, self.colour))]
+        self.pumps = [
+            asyncio.create_task(_pump(self.name, self.process.stdout, self.colour, self.log_file))
+        ]
 
     async def keep_alive(self, stopping: asyncio.Event) -> None:
-        delay = BACKOFF_START_S
+        """Run the process; restart it when it exits, with backoff, until `stopping`."""
+        delay = self.first_backoff_s
         while not stopping.is_set():
             started = time.monotonic()
             await self.start()
@@ -84,8 +98,9 @@ class Supervised:
             if stopping.is_set():
                 return
             if time.monotonic() - started > STABLE_AFTER_S:
-                delay = BACKOFF_START_S
+                delay = self.first_backoff_s
             self.restarts += 1
+            self.on_restart.append(time.monotonic())
             _say(
                 "up",
                 f"{self.name} exited with status {code}; restart #{self.restarts} in {delay:.0f} s",
@@ -96,6 +111,7 @@ class Supervised:
             delay = min(BACKOFF_MAX_S, delay * 2)
 
     async def stop(self, grace_s: float) -> None:
+        """SIGTERM, then SIGKILL after `grace_s`."""
         if self.process is None or self.process.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -110,34 +126,33 @@ class Supervised:
             pump.cancel()
 
 
+def temporal_argv(db_file: Path, port: int, ui_port: int | None) -> list[str]:
+    """`temporal server start-dev` on 127.0.0.1 with persistent SQLite and our settings."""
+    argv = [temporal_cli(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port)]
+    argv += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
+    argv += ["--db-filename", str(db_file.resolve()), "--log-level", "warn"]
+    return [*argv, *search_attribute_flags(), *dev_server_args()]
+
+
+async def wait_port(port: int, process: Supervised | None = None, timeout_s: float = 30) -> None:
+    """Wait until 127.0.0.1:`port` accepts connections (or the process exits)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _port_open("127.0.0.1", port):
+            return
+        if process is not None and process.process is not None:
+            if process.process.returncode is not None:
+                raise RuntimeError(f"{process.name} exited before opening port {port}")
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"nothing listened on port {port} within {timeout_s:.0f} s")
+
+
 async def _temporal(data_dir: Path, colour: bool) -> Supervised:
-    argv = [
-        temporal_cli(),
-        "server",
-        "start-dev",
-        "--ip",
-        "127.0.0.1",
-        "--port",
-        str(TEMPORAL_PORT),
-        "--ui-port",
-        str(TEMPORAL_UI_PORT),
-        "--db-filename",
-        str((data_dir / "temporal.sqlite").resolve()),
-        "--log-level",
-        "warn",
-        *search_attribute_flags(),
-        *dev_server_args(),
-    ]
+    argv = temporal_argv(data_dir / "temporal.sqlite", TEMPORAL_PORT, TEMPORAL_UI_PORT)
     server = Supervised("temporal", argv, dict(os.environ), colour)
     await server.start()
-    for _ in range(300):
-        if _port_open("127.0.0.1", TEMPORAL_PORT):
-            return server
-        assert server.process is not None
-        if server.process.returncode is not None:
-            raise RuntimeError("temporal server start-dev exited; see its output above")
-        await asyncio.sleep(0.1)
-    raise RuntimeError("the Temporal dev server did not open its port within 30 s")
+    await wait_port(TEMPORAL_PORT, server)
+    return server
 
 
 async def up(settings: Settings | None = None) -> int:

@@ -1,0 +1,57 @@
+"""A short, seeded chaos run in `make test`: every invariant must keep holding."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
+
+def test_a_short_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECEIPT_", "PYTEST"))}
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "roles.cli",
+            "chaos",
+            "--duration",
+            "45",
+            "--rate",
+            "2",
+            "--seed",
+            "11",
+            "--per-kind",
+            "1",
+            "--drain-timeout",
+            "200",
+            "--keep",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-6000:]
+    summary = next(line for line in run.stdout.splitlines() if line.startswith("chaos: "))
+    assert summary.endswith("lost 0, duplicate settlements 0, stuck 0"), summary
+    assert "FAIL" not in run.stdout
+    for kind in (
+        "kill_worker",
+        "kill_driver",
+        "stop_worker",
+        "restart_postgres",
+        "restart_temporal",
+    ):
+        assert kind in run.stdout
+    assert (tmp_path / "chaos.json").exists()
