@@ -281,3 +281,38 @@ async def test_a_receiver_that_is_down_does_not_change_the_outcome(
         "job.heartbeat",
         "job.completed",
     ]
+
+
+async def test_ledger_rows_are_written_beside_the_receipts(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    import psycopg
+
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await wait_for_status(fresh_store, job.job_id)
+    with psycopg.connect(fresh_db) as conn:
+        activities = conn.execute(
+            "SELECT activity, status, worker_id FROM activity_runs WHERE job_id = %s "
+            "ORDER BY updated_at", (job.job_id,)).fetchall()
+        drivers = conn.execute(
+            "SELECT workflow, status FROM workflow_runs WHERE job_id = %s", (job.job_id,)
+        ).fetchall()
+    assert activities == [("execute_attempt", "completed", f"{job.job_id}:attempt:1/1")]
+    assert ("JobDriverWorkflow", "running") in drivers
+
+
+async def test_a_failing_ledger_is_counted_and_never_fails_the_job(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    import psycopg
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("DROP TABLE activity_runs")
+        conn.execute("DROP TABLE workflow_runs")
+    before = deliveries.ledger_failures
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "completed"
+    assert deliveries.ledger_failures - before >= 3  # driver run, attempt start, attempt end
