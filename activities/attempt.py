@@ -141,6 +141,7 @@ class AttemptActivities:
                     attempt=attempt.attempt,
                     lease_ms=attempt.lease_ms,
                     start_fence=True,
+                    process=process_identity(self.role),
                 ),
                 what="start-fence heartbeat",
             )
@@ -361,6 +362,11 @@ class AttemptActivities:
                 result=None,
                 handler_s=handler_s,
             )
+        latest = await with_storage_retry(
+            lambda: self.store.get_job(attempt.job_id), what="re-read"
+        )
+        if latest is not None and latest.abort_requested and not latest.terminal:
+            return await self._settle_cancel(attempt, worker_id, latest.abort_reason)
         return await self._settle(
             attempt,
             worker_id,
@@ -373,6 +379,7 @@ class AttemptActivities:
                 result=value,
             ),
             handler_s,
+            latest,
         )
 
     async def _settle_failure(
@@ -429,17 +436,32 @@ class AttemptActivities:
         status: str,
         write: Callable[[], Awaitable[ops.Outcome]],
         handler_s: float | None = None,
+        reread: Job | None = None,
     ) -> AttemptResult:
         with _tracer.start_as_current_span(
             "receipt.settle",
             attributes={"receipt.job_id": attempt.job_id, "receipt.status": status},
         ):
-            out = await with_storage_retry(write, what="settle")
+            # Re-read first: a fence already lost (or a job already settled by someone else)
+            # ends the attempt without a write; a write refused after a clean re-read means a
+            # concurrent append won in between — a settlement conflict.
+            current = reread or await with_storage_retry(
+                lambda: self.store.get_job(attempt.job_id), what="re-read"
+            )
+            before = reread_rejection(current, worker_id, attempt.attempt)
+            out = (
+                ops.Outcome(before, current)
+                if before
+                else await with_storage_retry(write, what="settle")
+            )
         job_status = out.job.status if out.job else ""
-        if not out.ok:
+        if out.ok:
+            result = AttemptResult(status, job_status=job_status, worker_id=worker_id)
+        elif before:
             result = _rejected(out.status, out.job, worker_id)
         else:
-            result = AttemptResult(status, job_status=job_status, worker_id=worker_id)
+            result = _rejected(ops.SETTLEMENT_CONFLICT, out.job, worker_id)
+            result.detail = {"refusedAs": out.status}
         if self.hooks.on_settled:
             self.hooks.on_settled(result.status, out.job, handler_s)
         log.info(
@@ -478,6 +500,25 @@ class AttemptActivities:
                 "status": out.status,
             },
         )
+
+
+def reread_rejection(job: Job | None, worker_id: str, attempt: int) -> str | None:
+    """Why the re-read job forbids settling as `(worker_id, attempt)`, or None when it allows it.
+
+    A job already settled under this very delivery's settlement id allows it: the settle is a
+    retry of an ambiguous commit and reports success without a second receipt.
+    """
+    if job is None:
+        return ops.NOT_FOUND
+    if job.settlement_id == worker_id:
+        return None
+    if job.terminal:
+        return ops.TERMINAL_STATE
+    if attempt < job.attempt:
+        return ops.STALE_ATTEMPT
+    if job.lease is None or job.lease.attempt != attempt or job.lease.worker_id != worker_id:
+        return ops.LEASE_LOST
+    return None
 
 
 def _rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:

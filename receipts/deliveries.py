@@ -21,6 +21,7 @@ from receipts.store import Store, dumps, translate_errors
 log = logging.getLogger("receipts.deliveries")
 
 MAX_GENERATION = 32
+"""Deliveries per job: generations 0..31; starting the 33rd fails the job."""
 
 ledger_failures = 0
 """Ledger writes that failed in this process (exported as a metric by the roles)."""
@@ -89,6 +90,17 @@ async def claim_redrive(store: Store, job_id: str, observed_seq: int, attempt: i
     return bool(rows)
 
 
+async def release_redrive(store: Store, job_id: str, observed_seq: int, attempt: int) -> None:
+    """Give back a redrive claim whose pass delivered nothing."""
+    key = redrive_key(job_id, observed_seq, attempt)
+    await _fetch(store, "redrive_release", {"redrive_key": key})
+
+
+async def touch(store: Store, job_id: str) -> None:
+    """Restart the job's redrive cooldown (a pass found its delivery still open)."""
+    await _fetch(store, "delivery_touch", {"job_id": job_id})
+
+
 async def undelivered_queued(store: Store, limit: int = 500) -> list[str]:
     """Return deliverable queued jobs never dispatched (oldest first)."""
     return [r[0] for r in await _fetch(store, "undelivered_queued", {"limit": limit})]
@@ -130,7 +142,7 @@ async def callback_result(
 
 
 async def terminal_without_callback(
-    store: Store, url: str, *, window_s: int = 3600, limit: int = 200
+    store: Store, url: str, *, window_s: int = 86_400, limit: int = 200
 ) -> list[tuple[str, str]]:
     """Return `(jobId, status)` of recently settled jobs whose terminal post to `url` is unclaimed."""
     rows = await _fetch(

@@ -68,6 +68,12 @@ class EnqueueResult:
         return self.outcome == "created"
 
 
+# Temporal workflow ids are derived from job ids (`<jobId>:gen:<g>`, `<jobId>:attempt:<n>`), and
+# stream names from `jobs/<jobId>`; a job id that looks like one of those is refused.
+RESERVED_ID_PARTS: tuple[str, ...] = (":gen:", ":attempt:", ":redrive:", "/")
+RESERVED_ID_PREFIX = "watchdog:"
+
+
 def _optional_id(body: Mapping[str, Any], name: str) -> str | None:
     value = body.get(name)
     if value is None:
@@ -77,6 +83,21 @@ def _optional_id(body: Mapping[str, Any], name: str) -> str | None:
     if len(value) > MAX_ID_LENGTH:
         raise InvalidInput(name, f"{name} must be at most {MAX_ID_LENGTH} characters")
     return value
+
+
+def _check_job_id(job_id: str | None, kind: str) -> None:
+    if job_id is None:
+        return
+    for part in RESERVED_ID_PARTS:
+        if part in job_id:
+            raise InvalidInput(
+                "jobId",
+                f"jobId must not contain {part!r} (reserved for delivery ids and stream names)",
+            )
+    if job_id.startswith(RESERVED_ID_PREFIX) and kind != "factory.objective.watchdog":
+        raise InvalidInput(
+            "jobId", f"jobId prefix {RESERVED_ID_PREFIX!r} is reserved for the objective watchdog"
+        )
 
 
 def _choice(body: Mapping[str, Any], name: str, allowed: tuple[str, ...], default: str) -> str:
@@ -125,12 +146,14 @@ def parse_enqueue(agent_id: str, body: Mapping[str, Any]) -> EnqueueRequest:
         or not (0 <= delay_ms <= MAX_DELAY_MS)
     ):
         raise InvalidInput("delayMs", f"delayMs must be an integer in 0..{MAX_DELAY_MS}")
+    job_id = _optional_id(body, "jobId")
+    _check_job_id(job_id, kind)
     return EnqueueRequest(
         agent_id=agent_id,
         payload=dict(payload),
         kind=kind,
         organization_id=organization_id,
-        job_id=_optional_id(body, "jobId"),
+        job_id=job_id,
         lane=_choice(body, "lane", LANES, DEFAULT_LANE),
         session_key=_optional_id(body, "sessionKey"),
         singleton_mode=_choice(body, "singletonMode", SINGLETON_MODES, "allow"),

@@ -363,9 +363,13 @@ def _heartbeat(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any
             return {}
     elif not fence_matches(job, worker_id, attempt):
         return {}
-    lease = job.lease.model_copy(
-        update={"worker_id": str(worker_id), "expires_at": _ms(data, "expiresAt") or at}
-    )
+    update: dict[str, Any] = {
+        "worker_id": str(worker_id),
+        "expires_at": _ms(data, "expiresAt") or at,
+    }
+    if data.get("startFence") and data.get("process") is not None:
+        update["process"] = data["process"]
+    lease = job.lease.model_copy(update=update)
     return {"status": "running", "lease": lease, "last_heartbeat_at": at}
 
 

@@ -97,7 +97,7 @@ class Listener:
                             self._publish(notice)
             except asyncio.CancelledError:
                 raise
-            except (psycopg.Error, OSError) as exc:
+            except Exception as exc:  # any failure: drop the connection and reattach
                 self.connected.clear()
                 self.reconnects += 1
                 delay = next_backoff(delay)

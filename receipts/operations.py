@@ -60,6 +60,18 @@ Decision = list[Draft] | str | Outcome
 Decide = Callable[[Job | None, datetime], Decision]
 
 
+def delivery_number(worker_id: str) -> int | None:
+    """The Temporal delivery `k` in a worker id `<jobId>:attempt:<n>/<k>`, if it has that shape."""
+    _, slash, tail = worker_id.rpartition("/")
+    return int(tail) if slash and tail.isdigit() else None
+
+
+def newer_delivery(candidate: str, holder: str) -> bool:
+    """True when `candidate` is a later delivery than `holder` (or either id has no number)."""
+    new, old = delivery_number(candidate), delivery_number(holder)
+    return new is None or old is None or new > old
+
+
 def fence_rejection(job: Job | None, worker_id: str, attempt: int, now: datetime) -> str | None:
     """Return why `(worker_id, attempt)` may not write to `job` now, or None when it may.
 
@@ -129,6 +141,10 @@ async def lease(
             return NOT_FOUND
         if job.terminal:
             return TERMINAL_STATE
+        lease_held = job.lease is not None and (job.lease.worker_id, job.lease.attempt)
+        if job.status in LEASED_STATUSES and lease_held == (worker_id, attempt):
+            # A storage retry of a lease whose commit was ambiguous: it is ours already.
+            return Outcome(OK, job, already=True)
         if attempt <= job.attempt:
             return STALE_ATTEMPT
         if job.status != "queued" or attempt != job.attempt + 1:
@@ -156,19 +172,24 @@ async def heartbeat(
     attempt: int,
     lease_ms: int,
     start_fence: bool = False,
+    process: dict[str, Any] | None = None,
 ) -> Outcome:
     """Extend the lease to now + `lease_ms`; the first heartbeat promotes `leased → running`.
 
     A start-fence heartbeat (a redelivered execution of the same attempt) matches on `attempt`
-    alone and rebinds the lease to `worker_id`, so the earlier delivery's next write is
-    rejected; for any other attempt it is inert.
+    alone and rebinds the lease to `worker_id` (and records its `process`), so the earlier
+    delivery's next write is rejected; for any other attempt it is inert, and so is one from a
+    delivery older than the lease's holder.
     """
 
     def decide(job: Job | None, now: datetime) -> Decision:
         if start_fence:
-            rejection = fence_rejection(
-                job, job.lease.worker_id if job and job.lease else worker_id, attempt, now
-            )
+            holder = job.lease.worker_id if job and job.lease else worker_id
+            rejection = fence_rejection(job, holder, attempt, now)
+            if rejection is None and holder != worker_id and not newer_delivery(worker_id, holder):
+                # Only a later delivery of the attempt may take the lease over; a stalled
+                # earlier one waking up must not evict its own redelivery.
+                rejection = LEASE_LOST
         else:
             rejection = fence_rejection(job, worker_id, attempt, now)
         if rejection:
@@ -180,6 +201,8 @@ async def heartbeat(
         }
         if start_fence:
             data["startFence"] = True
+            if process:
+                data["process"] = process
         return [Draft("job.heartbeat", data)]
 
     return await mutate(store, job_id, decide)

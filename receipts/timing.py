@@ -165,6 +165,9 @@ def _payload_timeout_ms(payload: Mapping[str, object]) -> int | None:
     value = payload.get("timeoutMs")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
+    if isinstance(value, int):
+        # Compared as an int: a huge JSON integer must not overflow a float conversion.
+        return value if value > 0 else None
     if not math.isfinite(value) or value <= 0:
         return None
     return math.ceil(value)

@@ -329,9 +329,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         at = datetime.fromisoformat(created_at)
         if not isinstance(job_id, str) or at.tzinfo is None:
             raise ValueError(cursor)
-        return at, job_id
-    except (ValueError, TypeError, binascii.Error) as exc:
+        check_clean_text(job_id, "cursor")
+    except (InvalidInput, ValueError, TypeError, binascii.Error, OverflowError) as exc:
         raise InvalidInput("cursor", "cursor is not one this API returned") from exc
+    return at, job_id
 
 
 # --- state, authentication ------------------------------------------------------------------

@@ -8,7 +8,6 @@ import logging
 from datetime import datetime
 
 from receipts import deliveries
-from receipts.errors import ReceiptError
 from receipts.jobs import job_id_of
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
@@ -46,7 +45,9 @@ class Dispatcher:
         async with self._slots:
             try:
                 await self.starter.start(job_id)
-            except (ReceiptError, OSError, RuntimeError) as exc:
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # one job's failure must not stop the others
                 # The redrive loop and the next rescan pick the job up again.
                 log.warning(
                     "dispatch failed",
@@ -81,7 +82,9 @@ class Dispatcher:
                             timeout = await self._timeout()
                         elif "job.enqueued" in notice.types:
                             self._spawn(job_id_of(notice.stream))
-                    except ReceiptError as exc:
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # the dispatcher outlives any one failing pass
                         log.warning(
                             "dispatcher pass failed",
                             extra={"event": "dispatch.pass_failed", "error": str(exc)},

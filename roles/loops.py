@@ -132,7 +132,20 @@ class QueuedRedrive:
                 if not await deliveries.claim_redrive(self.store, job_id, seq, attempt):
                     result.skipped += 1
                     continue
-                started = await self.starter.start(job_id)
+                try:
+                    started = await self.starter.start(job_id)
+                except Exception:
+                    # Nothing was delivered: give the observed state back to the next pass.
+                    await deliveries.release_redrive(self.store, job_id, seq, attempt)
+                    raise
+                if not started.created:
+                    # An open delivery (or none possible): the key must not be spent, or this
+                    # queue state could never be redriven once that delivery closes. Its cooldown
+                    # restarts, so waiting jobs do not starve the rest of the scan.
+                    await deliveries.release_redrive(self.store, job_id, seq, attempt)
+                    await deliveries.touch(self.store, job_id)
+                    result.skipped += 1
+                    continue
                 result.redriven += 1
                 log.info(
                     "queued job redriven",
@@ -255,9 +268,12 @@ class Ticker:
             started = time.monotonic()
             try:
                 await self.run_once()
-            except (ReceiptError, OSError, RuntimeError) as exc:
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a loop must outlive any one failing pass
                 log.warning(
                     "loop pass failed",
+                    exc_info=not isinstance(exc, ReceiptError),
                     extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},
                 )
             elapsed = time.monotonic() - started
@@ -318,7 +334,7 @@ class ObjectiveResume:
         await asyncio.sleep(settle_ms / 1000)
         try:
             await self.run_once()
-        except ReceiptError as exc:
+        except Exception as exc:  # logged; the process goes on
             log.warning(
                 "objective resume failed",
                 extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},

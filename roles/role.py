@@ -63,6 +63,7 @@ DEFAULT_GRACE_MS = 30_000
 METRICS_HOST = os.environ.get("RECEIPT_METRICS_HOST", "127.0.0.1")
 DEFAULT_METRICS_PORTS = {
     ALL: 9470,
+    "api": 9475,  # the API serves /metrics on its own port; this one is for the SDK's (+100)
     "driver": 9471,
     "worker-chat": 9472,
     "worker-codex": 9473,
@@ -146,16 +147,27 @@ async def _connect(runtime: Runtime) -> Client:
     settings = runtime.settings
     port = metrics_port(runtime.role)
     temporal_port = 0 if port == 0 else port + 100
-    sdk_runtime = TemporalRuntime(
-        telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(bind_address=f"{METRICS_HOST}:{temporal_port}")
+    try:
+        sdk_runtime: TemporalRuntime | None = TemporalRuntime(
+            telemetry=TelemetryConfig(
+                metrics=PrometheusConfig(bind_address=f"{METRICS_HOST}:{temporal_port}")
+            )
         )
-    )
+    except Exception as exc:  # a taken port must not stop the role
+        log.warning(
+            "Temporal SDK metrics disabled: could not bind %s:%s",
+            METRICS_HOST,
+            temporal_port,
+            extra={"event": "metrics.sdk_unavailable", "error": str(exc)},
+        )
+        sdk_runtime = None
     client = await Client.connect(
         settings.temporal_address or DEFAULT_ADDRESS,
         namespace=settings.temporal_namespace,
         interceptors=[TracingInterceptor()],
         runtime=sdk_runtime,
+        # api and all only need Temporal for redrives: they start (and serve) without it.
+        lazy=runtime.role in ("api", ALL),
     )
     return client
 

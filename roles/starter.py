@@ -101,7 +101,7 @@ class DriverStarter:
             generation = latest.generation + 1
         timing = derive(job.agent_id, job.payload, self.timing)
         while True:
-            if generation > MAX_GENERATION:
+            if generation >= MAX_GENERATION:  # generations 0..31: 32 in all
                 message = generation_exhausted_message(job_id)
                 out = await ops.fail_undeliverable(self.store, job_id, error=message)
                 log.error(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
+import ctypes
 import os
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -17,6 +20,10 @@ PROGRESS_INTERVAL_S = 0.5
 TAIL_LINES = 50
 TAIL_CHARS = 8_000
 TERM_GRACE_S = 5.0
+READ_CHUNK = 65_536
+PR_SET_PDEATHSIG = 1
+# Loaded in the parent: the forked child only makes the call (no loader locks after fork).
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 def _argv(task: Mapping[str, Any]) -> list[str]:
@@ -41,6 +48,13 @@ def _env(task: Mapping[str, Any]) -> dict[str, str]:
         raise HandlerError("payload.task.env must map strings to strings", retryable=False)
     env.update(extra)
     return env
+
+
+def _die_with_parent() -> None:
+    """In the child: be SIGKILLed if the worker dies (Linux), so a redelivered attempt never
+    runs beside an orphan of the dead one."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
@@ -80,6 +94,7 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     except OSError as exc:
         raise HandlerError(f"could not start {argv[0]!r}: {exc}", retryable=False) from exc
@@ -97,15 +112,26 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
         last_sent = time.monotonic()
 
     async def pump() -> None:
+        # Read chunks, not lines: a single line longer than the stream's buffer must neither
+        # break the pump nor leave the child blocked on a full pipe.
         nonlocal lines_seen
         assert process.stdout is not None
-        async for raw in process.stdout:
-            line = raw.decode("utf-8", errors="replace")
-            tail.append(line)
-            unsent.append(line)
-            lines_seen += 1
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        partial = ""
+        while chunk := await process.stdout.read(READ_CHUNK):
+            text = partial + decoder.decode(chunk)
+            *lines, partial = text.split("\n")
+            partial = partial[-TAIL_CHARS:]
+            for line in lines:
+                tail.append(line[-TAIL_CHARS:] + "\n")
+                unsent.append(line[-TAIL_CHARS:] + "\n")
+                lines_seen += 1
             if time.monotonic() - last_sent >= PROGRESS_INTERVAL_S:
                 await flush()
+        if partial:
+            tail.append(partial)
+            unsent.append(partial)
+            lines_seen += 1
 
     pump_task = asyncio.create_task(pump())
     abort_task = asyncio.create_task(ctx.aborted.wait())

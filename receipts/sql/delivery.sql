@@ -17,6 +17,12 @@ INSERT INTO delivery_redrives (redrive_key, job_id) VALUES (%(redrive_key)s, %(j
 ON CONFLICT (redrive_key) DO NOTHING
 RETURNING redrive_key;
 
+-- name: redrive_release
+DELETE FROM delivery_redrives WHERE redrive_key = %(redrive_key)s;
+
+-- name: delivery_touch
+UPDATE deliveries SET dispatched_at = now() WHERE job_id = %(job_id)s;
+
 -- name: undelivered_queued
 -- Queued, deliverable jobs that have never been dispatched (the dispatcher's rescan).
 SELECT j.job_id FROM jobs j
@@ -45,8 +51,12 @@ ORDER BY j.updated_at
 LIMIT %(limit)s;
 
 -- name: callback_claim
+-- Claim the post; a claim that never posted (a crash between claim and post, or a failed post)
+-- may be claimed again after 30 s, up to 5 tries.
 INSERT INTO callback_posts (job_id, event, url) VALUES (%(job_id)s, %(event)s, %(url)s)
-ON CONFLICT (job_id, event, url) DO NOTHING
+ON CONFLICT (job_id, event, url) DO UPDATE SET posted_at = now(), status = 'pending'
+WHERE callback_posts.status <> 'posted' AND callback_posts.attempts < 5
+  AND callback_posts.posted_at < now() - interval '30 seconds'
 RETURNING job_id;
 
 -- name: callback_result
@@ -70,11 +80,13 @@ ON CONFLICT (workflow_id, activity_id, attempt) DO UPDATE SET
     status = EXCLUDED.status, detail = EXCLUDED.detail, updated_at = now();
 
 -- name: terminal_without_callback
--- Terminal jobs whose terminal callback has not been claimed for a URL (recovery path).
+-- Terminal jobs whose terminal callback to a URL is not posted and not being posted.
 SELECT j.job_id, j.status FROM jobs j
 WHERE j.status IN ('completed', 'failed', 'canceled')
   AND j.updated_at >= now() - make_interval(secs => %(window_s)s)
   AND NOT EXISTS (SELECT 1 FROM callback_posts c
-                  WHERE c.job_id = j.job_id AND c.event = j.status AND c.url = %(url)s)
+                  WHERE c.job_id = j.job_id AND c.event = j.status AND c.url = %(url)s
+                    AND (c.status = 'posted' OR c.attempts >= 5
+                         OR c.posted_at >= now() - interval '30 seconds'))
 ORDER BY j.updated_at
 LIMIT %(limit)s;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -395,14 +396,33 @@ async def test_unknown_job_is_404(client: httpx.AsyncClient) -> None:
     assert_error(response, 404, "not_found", "jobId")
 
 
-async def test_a_job_id_with_a_slash_is_reachable(client: httpx.AsyncClient) -> None:
-    job = await enqueued(client, jobId=f"{new_id()}/part")
-    response = await post(client, enqueue_body(jobId=job["jobId"]))
-    url = response.json()["async"]["jobUrl"]
-    assert "%2F" in url
-    assert (await client.get(url, headers=AS_A)).json()["jobId"] == job["jobId"]
-    events = await client.get(response.json()["async"]["eventsUrl"], headers=AS_A)
-    assert events.json()["receipts"][0]["type"] == "job.enqueued"
+@pytest.mark.parametrize(
+    "job_id", ["a/part", "x:gen:1", "x:attempt:2", "x:redrive:3:1", "watchdog:2026-01-01"]
+)
+async def test_job_ids_shaped_like_delivery_ids_are_refused(
+    client: httpx.AsyncClient, job_id: str
+) -> None:
+    response = await post(client, enqueue_body(jobId=job_id))
+    assert_error(response, 422, "invalid_input", "jobId")
+
+
+async def test_a_cursor_holding_nul_is_refused_not_passed_to_postgres(
+    client: httpx.AsyncClient,
+) -> None:
+    raw = json.dumps(["2020-01-01T00:00:00+00:00", "x\u0000"]).encode()
+    cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    response = await client.get("/jobs", params={"cursor": cursor}, headers=AS_A)
+    assert_error(response, 422, "invalid_input", "cursor")
+
+
+async def test_a_huge_integer_timeout_is_accepted_and_does_not_break_timing(
+    client: httpx.AsyncClient,
+) -> None:
+    from receipts.timing import TimingSettings, derive
+
+    job = await enqueued(client, payload_extra={"timeoutMs": 10**400})
+    timing = derive("codex", job["payload"], TimingSettings())
+    assert timing.lease_ms == 3_600_000
 
 
 async def test_events_are_the_receipts_in_order_after_a_seq(

@@ -275,3 +275,33 @@ async def test_a_retried_requeueing_failure_reports_success_once(store: Store) -
     retry = await ops.fail(store, job_id, worker_id="w1", attempt=1, error="x", retryable=True)
     assert first.ok and retry.ok and retry.already
     assert (await types(store, job_id)).count("job.failed") == 1
+
+
+async def test_a_retried_lease_after_an_ambiguous_commit_is_its_own(store: Store) -> None:
+    job = (await put(store)).job
+    first = await ops.lease(store, job.job_id, attempt=1, worker_id="j:attempt:1/1", lease_ms=LEASE)
+    retry = await ops.lease(store, job.job_id, attempt=1, worker_id="j:attempt:1/1", lease_ms=LEASE)
+    assert first.ok and retry.ok and retry.already
+    other = await ops.lease(store, job.job_id, attempt=1, worker_id="j:attempt:1/2", lease_ms=LEASE)
+    assert other.status == "stale_attempt"
+    assert (await types(store, job.job_id)).count("job.leased") == 1
+
+
+async def test_an_older_delivery_cannot_take_the_lease_back(store: Store) -> None:
+    job_id = await leased(store, worker="j:attempt:1/2")
+    stale = await ops.heartbeat(
+        store, job_id, worker_id="j:attempt:1/1", attempt=1, lease_ms=LEASE, start_fence=True
+    )
+    assert stale.status == "lease_lost"
+    newer = await ops.heartbeat(
+        store,
+        job_id,
+        worker_id="j:attempt:1/3",
+        attempt=1,
+        lease_ms=LEASE,
+        start_fence=True,
+        process={"host": "h", "pid": 7, "role": "worker-codex"},
+    )
+    assert newer.ok and newer.job is not None and newer.job.lease is not None
+    assert newer.job.lease.worker_id == "j:attempt:1/3"
+    assert newer.job.lease.process == {"host": "h", "pid": 7, "role": "worker-codex"}

@@ -213,7 +213,7 @@ async def test_the_thirty_third_generation_fails_the_job_with_the_exact_text(
 ) -> None:
     async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as stack:
         job = (await put(fresh_store, payload_extra=task("true"))).job
-        await deliveries.record(fresh_store, job.job_id, MAX_GENERATION)
+        await deliveries.record(fresh_store, job.job_id, MAX_GENERATION - 1)  # the 32nd
         result = await stack.starter.start(job.job_id)
     assert (result.created, result.reason) == (False, "generations_exhausted")
     failed = await fresh_store.get_job(job.job_id)
@@ -294,7 +294,9 @@ async def test_ledger_rows_are_written_beside_the_receipts(
     with psycopg.connect(fresh_db) as conn:
         activities = conn.execute(
             "SELECT activity, status, worker_id FROM activity_runs WHERE job_id = %s "
-            "ORDER BY updated_at", (job.job_id,)).fetchall()
+            "ORDER BY updated_at",
+            (job.job_id,),
+        ).fetchall()
         drivers = conn.execute(
             "SELECT workflow, status FROM workflow_runs WHERE job_id = %s", (job.job_id,)
         ).fetchall()
@@ -316,3 +318,35 @@ async def test_a_failing_ledger_is_counted_and_never_fails_the_job(
         done = await wait_for_status(fresh_store, job.job_id)
     assert done.status == "completed"
     assert deliveries.ledger_failures - before >= 3  # driver run, attempt start, attempt end
+
+
+async def test_the_driver_fails_a_stale_active_lease_with_its_text_and_retries(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    from activities.driver import STALE_ERROR
+
+    timing = TimingSettings(active_stale_ms=1_000)
+    async with running_stack(
+        client, fresh_store, fresh_db, queues=(), dispatcher=False, timing=timing
+    ) as stack:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        # A worker leased it (a long lease) and then went silent: no heartbeat for > 1 s.
+        assert (
+            await ops.lease(
+                fresh_store, job.job_id, attempt=1, worker_id="silent", lease_ms=600_000
+            )
+        ).ok
+        await asyncio.sleep(1.2)
+        assert (await stack.starter.start(job.job_id)).created
+        await wait_for_status(fresh_store, job.job_id, ("queued",), 20)
+        await stack.start_worker("receipt-codex")
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert STALE_ERROR == "stale active job lost execution; retrying through driver"
+    receipts = await fresh_store.read_stream(f"jobs/{job.job_id}")
+    failed = next(r for r in receipts if r.type == "job.failed")
+    assert (failed.data["error"], failed.data["retryable"], failed.data["workerId"]) == (
+        STALE_ERROR,
+        True,
+        "silent",
+    )
+    assert (done.status, done.attempt) == ("completed", 2)

@@ -1,0 +1,69 @@
+"""Role resolution, concurrency, loop and watchdog settings (pure)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from receipts.watchdog import WatchdogSettings, watchdog_job_id
+from roles.loops import LoopHooks, Ticker
+from roles.role import ROLES, execute_concurrency, resolve_role
+
+
+@pytest.mark.parametrize("name", ROLES)
+def test_the_five_roles_resolve_to_themselves(name: str) -> None:
+    assert resolve_role(name) == (name, True)
+
+
+@pytest.mark.parametrize("name", ["all", " all "])
+def test_all_may_be_named(name: str) -> None:
+    assert resolve_role(name) == ("all", True)
+
+
+@pytest.mark.parametrize("name", ["workr-codex", "", None, "API", "worker"])
+def test_anything_else_resolves_to_all_unrecognised(name: str | None) -> None:
+    assert resolve_role(name) == ("all", False)
+
+
+def test_concurrency_defaults_and_the_override() -> None:
+    assert execute_concurrency("worker-chat", {}) == 16
+    assert execute_concurrency("worker-codex", {}) == 4
+    assert execute_concurrency("worker-control", {}) == 8
+    override = {"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": "3"}
+    assert {execute_concurrency(r, override) for r in ROLES} == {3}
+    with pytest.raises(ValueError):
+        execute_concurrency("worker-chat", {"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": "0"})
+
+
+def test_watchdog_settings_defaults_floor_clamp_and_pause() -> None:
+    assert WatchdogSettings.from_env({}) == WatchdogSettings(True, "* * * * *", 60_000, 200)
+    prefix = "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_"
+    low = WatchdogSettings.from_env({prefix + "TIMEOUT_MS": "500", prefix + "SCAN_LIMIT": "0"})
+    assert (low.timeout_ms, low.scan_limit) == (10_000, 1)
+    high = WatchdogSettings.from_env({prefix + "SCAN_LIMIT": "99999"})
+    assert high.scan_limit == 2_000
+    assert WatchdogSettings.from_env({prefix + "ENABLED": "0"}).enabled is False
+    assert WatchdogSettings.from_env({prefix + "CRON": "*/5 * * * *"}).cron == "*/5 * * * *"
+    assert watchdog_job_id("2026-01-01T00:01:00+00:00") == "watchdog:2026-01-01T00:01:00+00:00"
+
+
+async def test_a_ticker_outlives_a_failing_pass() -> None:
+    calls = 0
+
+    async def flaky() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KeyError("unexpected")
+
+    seen: list[str] = []
+    ticker = Ticker(
+        "t", flaky, interval_ms=10, hooks=LoopHooks(on_pass=lambda n, s: seen.append(n))
+    )
+    task = asyncio.create_task(ticker.run())
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert calls >= 3 and len(seen) >= 3
