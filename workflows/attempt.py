@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
 EXECUTE_ACTIVITY = "execute_attempt"
 # Time the activity may spend around the handler: lease/start-fence, re-read, settle retries.
 SETTLE_MARGIN = timedelta(seconds=30)
+MIN_ATTEMPT_WINDOW = timedelta(hours=1)
 
 
 @workflow.defn(name="JobAttemptWorkflow")
@@ -35,6 +36,14 @@ class JobAttemptWorkflow:
                 attempt,
                 result_type=AttemptResult,
                 start_to_close_timeout=timedelta(milliseconds=attempt.lease_ms) + SETTLE_MARGIN,
+                # No schedule-to-start bound: an attempt may wait for a worker to exist. The
+                # whole attempt is bounded, so a task lost inside Temporal cannot hold it open.
+                schedule_to_close_timeout=max(
+                    MIN_ATTEMPT_WINDOW,
+                    (timedelta(milliseconds=attempt.lease_ms) + SETTLE_MARGIN)
+                    * max(1, attempt.deliveries)
+                    * 2,
+                ),
                 heartbeat_timeout=heartbeat_timeout,
                 retry_policy=RetryPolicy(
                     maximum_attempts=max(1, attempt.deliveries),

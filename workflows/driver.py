@@ -37,7 +37,15 @@ KIND = SearchAttributeKey.for_keyword("ReceiptKind")
 SEARCH_ATTRIBUTES = (JOB_ID, AGENT_ID, LANE, KIND)
 
 TERMINAL_STATUSES = ("completed", "failed", "canceled")
-PREPARE_RETRY = RetryPolicy(maximum_attempts=5, initial_interval=timedelta(milliseconds=200))
+# Patient enough to ride out a database restart (about a minute of retries).
+PREPARE_RETRY = RetryPolicy(
+    maximum_attempts=12,
+    initial_interval=timedelta(milliseconds=200),
+    maximum_interval=timedelta(seconds=10),
+)
+# Bounds a prepare whose task was lost inside Temporal (start-to-close never starts): the
+# driver then fails, and the redrive starts the next generation from the receipts.
+PREPARE_SCHEDULE_TO_CLOSE = timedelta(minutes=3)
 CALLBACK_RETRY = RetryPolicy(maximum_attempts=2, initial_interval=timedelta(seconds=1))
 ACTIVE_POLL = timedelta(seconds=1)
 
@@ -75,6 +83,7 @@ class JobDriverWorkflow:
             request.job_id,
             result_type=DriverPlan,
             start_to_close_timeout=timedelta(seconds=30),
+            schedule_to_close_timeout=PREPARE_SCHEDULE_TO_CLOSE,
             retry_policy=PREPARE_RETRY,
         )
         if plan.action == TERMINAL:
