@@ -190,14 +190,7 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
     try:
         runtime.client = await _connect(runtime)
         if role != "api":
-            port = metrics_port(role)
-            server, _ = start_http_server(port, addr=METRICS_HOST)
-            log.info(
-                "metrics on http://%s:%s/metrics",
-                METRICS_HOST,
-                server.server_port,
-                extra={"event": "metrics.listening", "port": server.server_port},
-            )
+            _serve_metrics(role)
         runtime.spawn(runtime.listener.run(), "listener")
         runtime.spawn(runtime.metrics.run_queue_depth(runtime.store), "queue-depth")
         _start_loops(runtime)
@@ -221,6 +214,27 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
         await runtime.http.aclose()
         await runtime.store.close()
         log.info("role stopped", extra={"event": "role.stop"})
+
+
+def _serve_metrics(role: str) -> None:
+    """Expose /metrics on the role's port; a port already taken is logged, not fatal."""
+    port = metrics_port(role)
+    try:
+        server, _ = start_http_server(port, addr=METRICS_HOST)
+    except OSError as exc:
+        log.warning(
+            "metrics endpoint disabled: %s:%s is taken (set RECEIPT_METRICS_PORT)",
+            METRICS_HOST,
+            port,
+            extra={"event": "metrics.unavailable", "port": port, "error": str(exc)},
+        )
+        return
+    log.info(
+        "metrics on http://%s:%s/metrics",
+        METRICS_HOST,
+        server.server_port,
+        extra={"event": "metrics.listening", "port": server.server_port},
+    )
 
 
 def _starter(runtime: Runtime) -> DriverStarter:

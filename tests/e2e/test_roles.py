@@ -9,17 +9,16 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
-from roles.db import migrate_url
 from roles.temporal import dev_server_args, search_attribute_flags, temporal_cli
+from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
 from tests.integration.helpers import put
 
@@ -32,37 +31,6 @@ def free_port() -> int:
     with contextlib.closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def task(*argv: str) -> dict[str, Any]:
-    return {"task": {"command": list(argv)}}
-
-
-@pytest.fixture
-async def e2e_store(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
-    url = make_database()
-    await migrate_url(url)
-    store = await Store.open(url, min_size=1, max_size=5)
-    yield store, url
-    await store.close()
-
-
-@pytest.fixture
-def roles(
-    e2e_store: tuple[Store, str], temporal_env: Any, tmp_path: Path
-) -> Iterator[Callable[..., RoleProcesses]]:
-    started: list[RoleProcesses] = []
-
-    def make(address: str | None = None, **extra: str) -> RoleProcesses:
-        target = address or temporal_env.client.service_client.config.target_host
-        base = {"RECEIPT_METRICS_PORT": "0"}
-        processes = RoleProcesses.create(e2e_store[1], target, tmp_path, {**base, **extra})
-        started.append(processes)
-        return processes
-
-    yield make
-    for processes in started:
-        processes.stop_all()
 
 
 async def test_a_misspelled_role_parks_warns_and_its_jobs_wait_for_a_real_worker(

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
-from roles.db import migrate_url
+from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
 from tests.integration.helpers import put
 
@@ -21,36 +20,6 @@ pytestmark = pytest.mark.e2e
 SETTLE_TYPES = ("job.completed", "job.failed", "job.canceled")
 # Lease 10 s: heartbeat every 3.3 s, Temporal redelivers after 6.7 s without one.
 TIMING = {"CODEX_JOB_LEASE_MS": "10000", "JOB_LEASE_MS": "10000"}
-
-
-@pytest.fixture
-async def e2e_store(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
-    url = make_database()
-    await migrate_url(url)
-    store = await Store.open(url, min_size=1, max_size=5)
-    yield store, url
-    await store.close()
-
-
-@pytest.fixture
-def roles(
-    e2e_store: tuple[Store, str], temporal_env: Any, tmp_path: Path
-) -> Iterator[Callable[..., RoleProcesses]]:
-    started: list[RoleProcesses] = []
-
-    def make(**extra: str) -> RoleProcesses:
-        address = temporal_env.client.service_client.config.target_host
-        processes = RoleProcesses.create(e2e_store[1], address, tmp_path, {**TIMING, **extra})
-        started.append(processes)
-        return processes
-
-    yield make
-    for processes in started:
-        processes.stop_all()
-
-
-def task(*argv: str) -> dict[str, Any]:
-    return {"task": {"command": list(argv)}}
 
 
 async def receipts_of(store: Store, job_id: str) -> list[Any]:
@@ -67,7 +36,7 @@ async def test_a_zombie_worker_is_superseded_and_every_later_write_of_it_is_reje
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
     store, _ = e2e_store
-    procs = roles()
+    procs = roles(**TIMING)
     procs.start("driver")
     procs.start("worker-codex-1", "worker-codex")
     procs.start("worker-codex-2", "worker-codex")
@@ -115,7 +84,7 @@ async def test_a_worker_killed_mid_run_is_redelivered_and_settles_once(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
     store, _ = e2e_store
-    procs = roles()
+    procs = roles(**TIMING)
     procs.start("driver")
     procs.start("worker-codex")
     try:
