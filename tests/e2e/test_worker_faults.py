@@ -136,3 +136,29 @@ async def test_a_handler_that_kills_its_worker_fails_after_its_budget_without_lo
     assert kinds.count("job.lease_expired") == 2
     assert not any(t in SETTLE_TYPES for t in kinds)
     assert procs.restarts["worker-codex"] <= 5  # two deliveries per attempt, two attempts
+
+
+async def test_sigterm_releases_an_unfinished_job_without_costing_an_attempt(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    store, _ = e2e_store
+    procs = roles(**TIMING, RECEIPT_SHUTDOWN_GRACE_MS="1000")
+    procs.start("driver")
+    procs.start("worker-codex")
+    try:
+        job = (await put(store, maxAttempts=1, payload_extra=task("sleep", "8"))).job
+        await holder(store, job.job_id)
+        procs.signal("worker-codex", signal.SIGTERM)
+        assert procs.processes["worker-codex"].wait(30) == 0
+        released = await wait_for(store, job.job_id, ("queued",), 10)
+        procs.start("worker-codex")
+        done = await wait_for(store, job.job_id, tuple(TERMINAL_STATUSES), 60)
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert released.error == "worker shutdown" and released.attempt == 0
+    receipts = await receipts_of(store, job.job_id)
+    release = next(r for r in receipts if r.type == "job.failed")
+    assert release.data["refundAttempt"] is True and release.data["retryable"] is True
+    # maxAttempts 1: only because the release cost nothing can the job still complete.
+    assert (done.status, done.attempt) == ("completed", 1)
