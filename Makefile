@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint typecheck unit install clean chaos
+.PHONY: up test lint typecheck unit install clean chaos bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/pytest
+
+# Speed against raw baselines (about 10 minutes; BENCH_ARGS=--quick for about 2): bench/README.md.
+bench: $(STAMP)
+	$(BIN)/receipt bench $(BENCH_ARGS)
 
 # A fault soak of the real role processes (default 10 minutes; CHAOS_ARGS="--duration 120" for less).
 chaos: $(STAMP)

@@ -1,0 +1,100 @@
+"""The raw Temporal pipeline `receipt bench` compares against: no receipts, no database.
+
+Same shape as a Receipt delivery: a workflow on a driver task queue starts a child workflow on
+a worker task queue (`ParentClosePolicy.ABANDON`), and the child runs one no-op activity. The
+activity returns its wall-clock start and end, which stand in for `job.leased` and the
+terminal receipt. Kept in a small module of its own because the workflow sandbox re-imports a
+workflow's module for every run, as it does `workflows/driver.py` and `workflows/attempt.py`.
+
+`python -m roles.bench_raw ADDRESS driver|worker QUEUE_PREFIX [CONCURRENCY]` runs one side in a
+process of its own (as the driver and worker-codex roles are), until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
+from temporalio.workflow import ParentClosePolicy
+
+PIPELINE_WORKFLOW = "BenchRawPipelineWorkflow"
+ATTEMPT_WORKFLOW = "BenchRawAttemptWorkflow"
+NOOP_ACTIVITY = "bench_noop"
+DRIVER_QUEUE = "bench-raw-driver"
+WORKER_QUEUE = "bench-raw-worker"
+
+
+@activity.defn(name=NOOP_ACTIVITY)
+async def noop(job: dict[str, Any]) -> list[float]:
+    """Do nothing; return `[started, settled]` (epoch seconds)."""
+    started = time.time()
+    return [started, time.time()]
+
+
+@workflow.defn(name=ATTEMPT_WORKFLOW)
+class RawAttemptWorkflow:
+    """The child: one activity on the worker task queue."""
+
+    @workflow.run
+    async def run(self, job: dict[str, Any]) -> list[float]:
+        result: list[float] = await workflow.execute_activity(
+            NOOP_ACTIVITY,
+            job,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_attempts=2),
+        )
+        return result
+
+
+@workflow.defn(name=PIPELINE_WORKFLOW)
+class RawPipelineWorkflow:
+    """The parent: start the child on the worker task queue and return its result."""
+
+    @workflow.run
+    async def run(self, job: dict[str, Any]) -> list[float]:
+        result: list[float] = await workflow.execute_child_workflow(
+            ATTEMPT_WORKFLOW,
+            job,
+            id=f"{workflow.info().workflow_id}:attempt:1",
+            task_queue=job["workerQueue"],
+            parent_close_policy=ParentClosePolicy.ABANDON,
+        )
+        return result
+
+
+async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
+    """Run the `driver` or `worker` side of the raw pipeline until SIGTERM or SIGINT."""
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    client = await Client.connect(address)
+    if side == "driver":
+        worker = Worker(client, task_queue=prefix + DRIVER_QUEUE, workflows=[RawPipelineWorkflow])
+    else:
+        worker = Worker(
+            client,
+            task_queue=prefix + WORKER_QUEUE,
+            workflows=[RawAttemptWorkflow],
+            activities=[noop],
+            max_concurrent_activities=concurrency,
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    running = asyncio.create_task(worker.run())
+    await stop.wait()
+    await worker.shutdown()
+    await running
+
+
+if __name__ == "__main__":
+    asyncio.run(
+        serve(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 4)
+    )

@@ -1,0 +1,180 @@
+"""The pure statistics of `receipt bench`: percentiles, repetitions, ratios and their formatting.
+
+Nothing here measures time: the bench reports figures, it never asserts them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from roles.bench import (
+    Pair,
+    Run,
+    Spread,
+    format_number,
+    format_ratio,
+    format_ratio_spread,
+    format_spread,
+    format_target,
+    latency_percentiles,
+    paired_ratios,
+    percentile,
+    profile_summary,
+    spread,
+    target_met,
+    target_rows,
+)
+
+finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+def test_percentile_interpolates_linearly_between_closest_ranks() -> None:
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 4.0
+    assert percentile(values, 50) == pytest.approx(2.5)
+    assert percentile(values, 25) == pytest.approx(1.75)
+    assert percentile(values, 99) == pytest.approx(3.97)
+
+
+def test_percentile_ignores_input_order_and_handles_one_value() -> None:
+    assert percentile([9.0, 1.0, 5.0], 50) == 5.0
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_percentile_of_1_to_100_matches_the_nearest_rank_reading() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 95) == pytest.approx(95.05)
+    assert percentile(values, 99) == pytest.approx(99.01)
+
+
+def test_percentile_refuses_no_values_and_a_q_out_of_range() -> None:
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 50)
+    with pytest.raises(ValueError, match="outside"):
+        percentile([1.0], 101)
+    with pytest.raises(ValueError, match="outside"):
+        percentile([1.0], -1)
+
+
+@given(st.lists(finite, min_size=1, max_size=50), st.floats(0, 100), st.floats(0, 100))
+def test_percentile_is_monotonic_in_q_and_within_the_range(
+    values: list[float], q1: float, q2: float
+) -> None:
+    low, high = sorted((q1, q2))
+    assert min(values) <= percentile(values, low) <= percentile(values, high) <= max(values)
+
+
+def test_latency_percentiles_names_p50_p95_p99() -> None:
+    values = [float(v) for v in range(1, 101)]
+    result = latency_percentiles(values)
+    assert list(result) == ["p50", "p95", "p99"]
+    assert result["p50"] == pytest.approx(50.5)
+
+
+def test_spread_is_the_median_with_min_and_max() -> None:
+    assert spread([3.0, 1.0, 2.0]) == Spread(2.0, 1.0, 3.0, 3)
+    assert spread([4.0, 1.0, 2.0, 3.0]) == Spread(2.5, 1.0, 4.0, 4)
+    assert spread([5]) == Spread(5.0, 5.0, 5.0, 1)
+    with pytest.raises(ValueError, match="no repetitions"):
+        spread([])
+
+
+@given(st.lists(finite, min_size=1, max_size=30))
+def test_spread_median_lies_between_min_and_max(values: list[float]) -> None:
+    result = spread(values)
+    assert result.low <= result.median <= result.high
+    assert result.n == len(values)
+
+
+def test_paired_ratios_divide_each_repetition_by_its_baseline() -> None:
+    assert paired_ratios([10.0, 9.0], [20.0, 10.0]) == [0.5, 0.9]
+
+
+def test_paired_ratios_skip_a_zero_baseline_and_refuse_unequal_lengths() -> None:
+    assert paired_ratios([1.0, 2.0], [0.0, 4.0]) == [0.5]
+    with pytest.raises(ValueError, match="as many"):
+        paired_ratios([1.0], [1.0, 2.0])
+
+
+def test_format_number_keeps_three_significant_figures_at_most() -> None:
+    assert format_number(1234.5) == "1234"
+    assert format_number(123.45) == "123"
+    assert format_number(12.345) == "12.3"
+    assert format_number(1.2345) == "1.23"
+    assert format_number(0.12345) == "0.123"
+    assert format_number(math.inf) == "inf"
+
+
+def test_format_spread_shows_median_then_min_and_max() -> None:
+    assert format_spread(Spread(412.0, 398.0, 430.0, 5)) == "412 (398–430)"
+    assert format_spread(Spread(3.5, 3.5, 3.5, 1)) == "3.50"
+
+
+def test_ratio_formatting() -> None:
+    assert format_ratio(0.934) == "0.93×"
+    assert format_ratio(1.2) == "1.20×"
+    assert format_ratio_spread(Spread(0.93, 0.88, 0.97, 5)) == "0.93× (0.88–0.97)"
+    assert format_ratio_spread(Spread(1.0, 1.0, 1.0, 1)) == "1.00×"
+
+
+def test_targets_at_least_and_at_most() -> None:
+    assert target_met(0.9, 0.9, at_least=True)
+    assert not target_met(0.89, 0.9, at_least=True)
+    assert target_met(1.2, 1.2, at_least=False)
+    assert not target_met(1.21, 1.2, at_least=False)
+    assert format_target(0.95, 0.9, True) == "met (target ≥ 0.90×)"
+    assert format_target(1.5, 1.2, False) == "MISSED (target ≤ 1.20×)"
+    assert format_target(30.0, 25.0, False, "ms") == "MISSED (target ≤ 25.0 ms)"
+
+
+def _run(rate: float, settled: list[float]) -> Run:
+    return Run(rate, {"started": settled, "settled": settled})
+
+
+def test_pair_ratios_are_medians_of_back_to_back_repetitions() -> None:
+    pair = Pair("burn", "burn-down")
+    pair.ours = [_run(9.0, [10.0, 20.0]), _run(8.0, [12.0, 24.0]), _run(10.0, [11.0, 22.0])]
+    pair.base = [_run(10.0, [10.0, 10.0]), _run(10.0, [12.0, 12.0]), _run(10.0, [11.0, 11.0])]
+    assert pair.rate("ours") == Spread(9.0, 8.0, 10.0, 3)
+    assert pair.rate_ratio() == Spread(pytest.approx(0.9), 0.8, 1.0, 3)
+    ratio = pair.latency_ratio("settled", "p50")
+    assert ratio.median == pytest.approx(1.5)
+    assert ratio.low == ratio.high == pytest.approx(1.5)
+
+
+def test_target_rows_read_the_four_targets_from_the_pairs() -> None:
+    burn = Pair("burn", "burn-down")
+    burn.ours, burn.base = [_run(9.5, [1.0])], [_run(10.0, [1.0])]
+    stream = Pair("stream", "stream")
+    stream.ours, stream.base = [_run(5.0, [130.0])], [_run(5.0, [100.0])]
+    api = Pair("api-16", "API")
+    api.ours = [Run(400.0, {"request": [float(v) for v in range(1, 31)]})]
+    api.base = [Run(1000.0, {"request": [1.0]})]
+    rows = {
+        row["target"]: row for row in target_rows({"burn": burn, "stream": stream, "api-16": api})
+    }
+    assert rows["e2e throughput vs raw Temporal"]["met"] is True
+    assert rows["settled p50 vs raw (steady stream)"]["value"] == pytest.approx(1.3)
+    assert rows["settled p50 vs raw (steady stream)"]["met"] is False
+    assert rows["API enqueue vs raw append, 16 c."]["value"] == pytest.approx(0.4)
+    assert rows["API p99 at 16 clients"]["unit"] == "ms"
+    assert rows["API p99 at 16 clients"]["met"] is False
+
+
+def test_profile_summary_leaves_idle_samples_out() -> None:
+    collapsed = [
+        "main (app.py:1);select (selectors.py:468) 50",
+        "main (app.py:1);execute (psycopg/cursor.py:10) 30",
+        "main (app.py:1);dumps (json/__init__.py:3) 10",
+        "garbage line",
+    ]
+    result = profile_summary(collapsed)
+    assert result["busy"] == [("busy", pytest.approx(40 / 90))]
+    assert result["self"][0] == ("psycopg", pytest.approx(0.75))
+    assert ("main (app.py:1)", pytest.approx(1.0)) in result["inclusive"]
