@@ -625,7 +625,7 @@ class Bench:
         folder.mkdir(parents=True, exist_ok=True)
         for name in names:
             out = folder / f"{phase}-{name}.txt"
-            argv = [spy, "record", "--pid", str(self.processes.pid(name)), "--rate", "200"]
+            argv = [spy, "record", "--pid", str(self.processes.pid(name)), "--rate", "100"]
             argv += ["--nonblocking", "--full-filenames", "--format", "raw", "--output", str(out)]
             self._spies[name] = subprocess.Popen(
                 argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -1410,14 +1410,18 @@ def run_cli(
 IDLE_FRAMES = {
     ("select", "selectors.py"),
     ("EpollSelector.select", "selectors.py"),
+    ("_PollLikeSelector.select", "selectors.py"),
     ("Condition.wait", "threading.py"),
     ("Event.wait", "threading.py"),
     ("Thread._wait_for_tstate_lock", "threading.py"),
     ("Queue.get", "queue.py"),
+    ("_worker", "thread.py"),
 }
 
 
 def _idle(frame: str) -> bool:
+    if not frame.strip():
+        return True  # a thread with no Python frame (the SDK's native threads)
     function, _, where = frame.rpartition(" (")
     return (function, where.rsplit(":", 1)[0].rsplit("/", 1)[-1]) in IDLE_FRAMES
 
