@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -136,3 +137,17 @@ async def wait_for_status(
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"job {job_id} did not reach {statuses}: {job and job.status}")
         await asyncio.sleep(0.05)
+
+
+async def wait_for_workflow(client: Client, workflow_id: str, timeout: float = 10.0) -> None:
+    """Wait until Temporal knows `workflow_id` (e.g. a driver's attempt child)."""
+    handle = client.get_workflow_handle(workflow_id)
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await handle.describe()
+            return
+        except RPCError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
