@@ -1334,7 +1334,7 @@ def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     else:
         ax.set_visible(False)
-    fig.suptitle(title)
+    fig.suptitle(f"{title}: curves pool every repetition (the table gives the median one)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
