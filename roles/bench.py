@@ -335,9 +335,17 @@ class Processes:
         return self.started[name].pid
 
     def stop(self, name: str, grace_s: float = 15.0) -> None:
+        """SIGTERM, SIGKILL after `grace_s`; then SIGKILL whatever the process had started
+        (a handler's child left behind, by its PID as recorded before the stop)."""
+        import psutil
+
         process = self.started.pop(name, None)
         if process is None or process.poll() is not None:
             return
+        try:
+            descendants = psutil.Process(process.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
         try:
@@ -346,6 +354,9 @@ class Processes:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             process.wait(5)
+        for child in descendants:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
     def stop_all(self, last: Sequence[str] = ()) -> None:
         for name in [n for n in list(self.started) if n not in last]:
