@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import ctypes
 import os
 import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -21,9 +19,6 @@ TAIL_LINES = 50
 TAIL_CHARS = 8_000
 TERM_GRACE_S = 5.0
 READ_CHUNK = 65_536
-PR_SET_PDEATHSIG = 1
-# Loaded in the parent: the forked child only makes the call (no loader locks after fork).
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 def _argv(task: Mapping[str, Any]) -> list[str]:
@@ -48,13 +43,6 @@ def _env(task: Mapping[str, Any]) -> dict[str, str]:
         raise HandlerError("payload.task.env must map strings to strings", retryable=False)
     env.update(extra)
     return env
-
-
-def _die_with_parent() -> None:
-    """In the child: be SIGKILLed if the worker dies (Linux), so a redelivered attempt never
-    runs beside an orphan of the dead one."""
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
@@ -94,7 +82,6 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
     except OSError as exc:
         raise HandlerError(f"could not start {argv[0]!r}: {exc}", retryable=False) from exc
