@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from receipts import deliveries
 from receipts import operations as ops
+from receipts.deliveries import MAX_GENERATION, generation_exhausted_message
 from receipts.store import Store
 from receipts.timing import TimingSettings
 from tests.integration.delivery.conftest import (
@@ -187,4 +189,162 @@ async def test_generations_advance_only_after_a_delivery_closes(
         assert (first.created, first.workflow_id, first.generation) == (True, job.job_id, 0)
         assert (await stack.starter.start(job.job_id)).reason == "active_delivery"
         child = client.get_workflow_handle(f"{job.job_id}:attempt:1")
-        await wait_for_workflow(client, child.id)
+        await wait_for_workflow(client, child.id)  # the driver starts it; no worker takes it
+        assert (await stack.starter.start(job.job_id)).reason == "active_delivery"
+        await client.get_workflow_handle(job.job_id).terminate("test closes the delivery")
+        assert (await stack.starter.start(job.job_id)).reason == "active_delivery"  # child open
+        await child.terminate("test closes the attempt")
+        second = await stack.starter.start(job.job_id)
+        assert (second.created, second.workflow_id, second.generation) == (
+            True,
+            f"{job.job_id}:gen:1",
+            1,
+        )
+        description = await client.get_workflow_handle(f"{job.job_id}:gen:1").describe()
+        assert description.status == WorkflowExecutionStatus.RUNNING
+        attrs = description.typed_search_attributes
+        assert {p.key.name: p.value for p in attrs}["ReceiptJobId"] == job.job_id
+
+
+async def test_the_thirty_third_generation_fails_the_job_with_the_exact_text(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as stack:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await deliveries.record(fresh_store, job.job_id, MAX_GENERATION - 1)  # the 32nd
+        result = await stack.starter.start(job.job_id)
+    assert (result.created, result.reason) == (False, "generations_exhausted")
+    failed = await fresh_store.get_job(job.job_id)
+    assert failed is not None and failed.status == "failed"
+    assert failed.error == generation_exhausted_message(job.job_id)
+    assert failed.error == f"delivery recovery exceeded 32 generations for {job.job_id}"
+
+
+async def test_every_delivery_is_found_by_job_id_in_temporal(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await wait_for_status(fresh_store, job.job_id)
+        found: set[str] = set()
+        for _ in range(50):
+            found = {w.id async for w in client.list_workflows(f"ReceiptJobId = '{job.job_id}'")}
+            if len(found) == 2:
+                break
+            await asyncio.sleep(0.2)
+    assert found == {job.job_id, f"{job.job_id}:attempt:1"}
+
+
+async def test_callbacks_reach_the_receiver_with_token_and_signature(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    from tests.integration.delivery.receiver import Receiver
+
+    async with (
+        Receiver() as receiver,
+        running_stack(
+            client,
+            fresh_store,
+            fresh_db,
+            RECEIPT_EVENT_CALLBACK_URL=receiver.url,
+            RECEIPT_RESONATE_CALLBACK_URL=receiver.url,  # same URL twice: posted once
+            RECEIPT_CALLBACK_TOKEN="s3cret",
+            RECEIPT_CALLBACK_SIGNING_SECRET="whsec_c2lnbmluZy1rZXk=",
+        ),
+    ):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await wait_for_status(fresh_store, job.job_id)
+        await receiver.wait_for(2)
+    events = [json.loads(r.body)["event"] for r in receiver.requests]
+    assert events == ["dispatched", "completed"]
+    completed = receiver.requests[1]
+    assert json.loads(completed.body)["job"]["jobId"] == job.job_id
+    assert json.loads(completed.body)["job"]["status"] == "completed"
+    assert completed.headers["authorization"] == "Bearer s3cret"
+    assert receiver.verify(completed, b"signing-key")
+
+
+async def test_a_receiver_that_is_down_does_not_change_the_outcome(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(
+        client, fresh_store, fresh_db, RECEIPT_EVENT_CALLBACK_URL="http://127.0.0.1:9/down"
+    ):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        done = await wait_for_status(fresh_store, job.job_id, timeout=40)
+    assert done.status == "completed"
+    assert await types(fresh_store, job.job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.completed",
+    ]
+
+
+async def test_ledger_rows_are_written_beside_the_receipts(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    import psycopg
+
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        await wait_for_status(fresh_store, job.job_id)
+    with psycopg.connect(fresh_db) as conn:
+        activities = conn.execute(
+            "SELECT activity, status, worker_id FROM activity_runs WHERE job_id = %s "
+            "ORDER BY updated_at",
+            (job.job_id,),
+        ).fetchall()
+        drivers = conn.execute(
+            "SELECT workflow, status FROM workflow_runs WHERE job_id = %s", (job.job_id,)
+        ).fetchall()
+    assert activities == [("execute_attempt", "completed", f"{job.job_id}:attempt:1/1")]
+    assert ("JobDriverWorkflow", "running") in drivers
+
+
+async def test_a_failing_ledger_is_counted_and_never_fails_the_job(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    import psycopg
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("DROP TABLE activity_runs")
+        conn.execute("DROP TABLE workflow_runs")
+    before = deliveries.ledger_failures
+    async with running_stack(client, fresh_store, fresh_db):
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "completed"
+    assert deliveries.ledger_failures - before >= 3  # driver run, attempt start, attempt end
+
+
+async def test_the_driver_fails_a_stale_active_lease_with_its_text_and_retries(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    from activities.driver import STALE_ERROR
+
+    timing = TimingSettings(active_stale_ms=1_000)
+    async with running_stack(
+        client, fresh_store, fresh_db, queues=(), dispatcher=False, timing=timing
+    ) as stack:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        # A worker leased it (a long lease) and then went silent: no heartbeat for > 1 s.
+        assert (
+            await ops.lease(
+                fresh_store, job.job_id, attempt=1, worker_id="silent", lease_ms=600_000
+            )
+        ).ok
+        await asyncio.sleep(1.2)
+        assert (await stack.starter.start(job.job_id)).created
+        await wait_for_status(fresh_store, job.job_id, ("queued",), 20)
+        await stack.start_worker("receipt-codex")
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert STALE_ERROR == "stale active job lost execution; retrying through driver"
+    receipts = await fresh_store.read_stream(f"jobs/{job.job_id}")
+    failed = next(r for r in receipts if r.type == "job.failed")
+    assert (failed.data["error"], failed.data["retryable"], failed.data["workerId"]) == (
+        STALE_ERROR,
+        True,
+        "silent",
+    )
+    assert (done.status, done.attempt) == ("completed", 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Coroutine
 from typing import Any
 
@@ -162,3 +163,47 @@ async def test_a_redrive_that_finds_an_open_delivery_does_not_spend_its_key(
         assert (result.redriven, result.skipped) == (0, 1)  # active_delivery: key given back
         child = client.get_workflow_handle(f"{job.job_id}:attempt:1")
         await wait_for_workflow(client, child.id)
+        await client.get_workflow_handle(job.job_id).terminate("test: the delivery is lost")
+        await child.terminate("test: the delivery is lost")
+        again = await redrive.run_once()
+        assert again.redriven == 1  # the same observed queue state is redriven now
+        latest = await deliveries.latest(fresh_store, job.job_id)
+        assert latest is not None and latest.generation == 1
+        await s.start_worker("receipt-codex")
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "completed"
+
+
+async def test_a_terminal_state_written_outside_a_driver_gets_its_callback_once(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    import httpx
+
+    from tests.integration.delivery.receiver import Receiver
+
+    async with (
+        Receiver() as receiver,
+        running_stack(
+            client,
+            fresh_store,
+            fresh_db,
+            queues=(),
+            dispatcher=False,
+            RECEIPT_EVENT_CALLBACK_URL=receiver.url,
+        ) as s,
+    ):
+        session = "callback-session"
+        job = (await put(fresh_store, sessionKey=session, payload_extra=task("true"))).job
+        # A singleton cancel cancels the queued job: no driver ever sees it settle.
+        await put(
+            fresh_store, sessionKey=session, singletonMode="cancel", payload_extra=task("true")
+        )
+        async with httpx.AsyncClient() as http:
+            passes = [
+                QueuedRedrive(fresh_store, None, s.settings, NOW, http=http) for _ in range(2)
+            ]
+            results = await asyncio.gather(*(p.run_once() for p in passes))
+        await receiver.wait_for(1)
+    assert sum(r.callbacks for r in results) == 1
+    bodies = [json.loads(r.body) for r in receiver.requests]
+    assert [(b["event"], b["job"]["jobId"]) for b in bodies] == [("canceled", job.job_id)]
