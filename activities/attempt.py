@@ -24,7 +24,7 @@ from activities.handlers import (
 from activities.retry import with_storage_retry
 from receipts import deliveries
 from receipts import operations as ops
-from receipts.jobs import LEASED_STATUSES, Job, job_stream
+from receipts.jobs import Job, job_stream
 from receipts.listen import RECONNECTED, Listener
 from receipts.messages import COMPLETED, AttemptInput, AttemptResult
 from receipts.store import Store
@@ -90,17 +90,26 @@ class AttemptActivities:
         execution timeout, then settle under the fence. Returns the attempt's result status."""
         info = activity.info()
         worker_id = f"{attempt.job_id}:attempt:{attempt.attempt}/{info.attempt}"
-        await deliveries.ledger_activity(
-            self.store,
-            workflow_id=info.workflow_id or "",
-            activity_id=info.activity_id,
-            attempt=info.attempt,
-            job_id=attempt.job_id,
-            activity="execute_attempt",
-            worker_id=worker_id,
-            status="started",
+        # The ledger's "started" row is written beside the lease, not before it: it is
+        # best-effort and must not add a round trip to every attempt's start.
+        started = asyncio.create_task(
+            deliveries.ledger_activity(
+                self.store,
+                workflow_id=info.workflow_id or "",
+                activity_id=info.activity_id,
+                attempt=info.attempt,
+                job_id=attempt.job_id,
+                activity="execute_attempt",
+                worker_id=worker_id,
+                status="started",
+            )
         )
-        result = await self._execute(attempt, worker_id)
+        try:
+            result = await self._execute(attempt, worker_id)
+        finally:
+            # Never let the "started" row land after the final one.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(started)
         await deliveries.ledger_activity(
             self.store,
             workflow_id=info.workflow_id or "",
@@ -116,55 +125,24 @@ class AttemptActivities:
 
     async def _execute(self, attempt: AttemptInput, worker_id: str) -> AttemptResult:
         job_id = attempt.job_id
-        job = await with_storage_retry(lambda: self.store.get_job(job_id), what="read job")
-        if job is None:
-            return AttemptResult("stale_attempt", error="job not found", worker_id=worker_id)
-        if job.status == "queued":
-            out = await with_storage_retry(
-                lambda: ops.lease(
-                    self.store,
-                    job_id,
-                    attempt=attempt.attempt,
-                    worker_id=worker_id,
-                    lease_ms=attempt.lease_ms,
-                    process=process_identity(self.role),
-                ),
-                what="lease",
-            )
-        elif job.status in LEASED_STATUSES:
-            # A redelivery of this attempt: take the lease over with a start-fence heartbeat.
-            out = await with_storage_retry(
-                lambda: ops.heartbeat(
-                    self.store,
-                    job_id,
-                    worker_id=worker_id,
-                    attempt=attempt.attempt,
-                    lease_ms=attempt.lease_ms,
-                    start_fence=True,
-                    process=process_identity(self.role),
-                ),
-                what="start-fence heartbeat",
-            )
-        else:
-            return _rejected(ops.TERMINAL_STATE, job, worker_id)
+        # One transaction: lease a queued job with its first heartbeat (→ running), or take a
+        # redelivered attempt's lease over with a start-fence heartbeat.
+        out = await with_storage_retry(
+            lambda: ops.start_attempt(
+                self.store,
+                job_id,
+                attempt=attempt.attempt,
+                worker_id=worker_id,
+                lease_ms=attempt.lease_ms,
+                process=process_identity(self.role),
+            ),
+            what="start attempt",
+        )
         if not out.ok or out.job is None:
-            return _rejected(out.status, out.job or job, worker_id)
+            if out.status == ops.NOT_FOUND:
+                return AttemptResult("stale_attempt", error="job not found", worker_id=worker_id)
+            return _rejected(out.status, out.job, worker_id)
         job = out.job
-        if job.status == "leased":
-            # The first heartbeat promotes leased → running (the spec's path: lease, heartbeat).
-            beat = await with_storage_retry(
-                lambda: ops.heartbeat(
-                    self.store,
-                    job_id,
-                    worker_id=worker_id,
-                    attempt=attempt.attempt,
-                    lease_ms=attempt.lease_ms,
-                ),
-                what="heartbeat",
-            )
-            if not beat.ok or beat.job is None:
-                return _rejected(beat.status, beat.job or job, worker_id)
-            job = beat.job
         if self.hooks.on_started:
             self.hooks.on_started(job)
         log.info(

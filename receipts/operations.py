@@ -121,6 +121,110 @@ def _expires(now: datetime, lease_ms: int) -> str:
     return (now + timedelta(milliseconds=lease_ms)).isoformat()
 
 
+def _lease_decision(
+    job: Job | None,
+    now: datetime,
+    attempt: int,
+    worker_id: str,
+    lease_ms: int,
+    process: dict[str, Any] | None,
+) -> Decision:
+    if job is None:
+        return NOT_FOUND
+    if job.terminal:
+        return TERMINAL_STATE
+    lease_held = job.lease is not None and (job.lease.worker_id, job.lease.attempt)
+    if job.status in LEASED_STATUSES and lease_held == (worker_id, attempt):
+        # A storage retry of a lease whose commit was ambiguous: it is ours already.
+        return Outcome(OK, job, already=True)
+    if attempt <= job.attempt:
+        return STALE_ATTEMPT
+    if job.status != "queued" or attempt != job.attempt + 1:
+        return NOT_QUEUED
+    if not available(job, now):
+        return NOT_AVAILABLE
+    data: dict[str, Any] = {
+        "workerId": worker_id,
+        "attempt": attempt,
+        "expiresAt": _expires(now, lease_ms),
+        "leaseMs": lease_ms,
+    }
+    if process:
+        data["process"] = process
+    return [Draft("job.leased", data)]
+
+
+def _heartbeat_decision(
+    job: Job | None,
+    now: datetime,
+    attempt: int,
+    worker_id: str,
+    lease_ms: int,
+    start_fence: bool,
+    process: dict[str, Any] | None,
+) -> Decision:
+    if start_fence:
+        holder = job.lease.worker_id if job and job.lease else worker_id
+        rejection = fence_rejection(job, holder, attempt, now)
+        if rejection is None and holder != worker_id and not newer_delivery(worker_id, holder):
+            # Only a later delivery of the attempt may take the lease over; a stalled
+            # earlier one waking up must not evict its own redelivery.
+            rejection = LEASE_LOST
+    else:
+        rejection = fence_rejection(job, worker_id, attempt, now)
+    if rejection:
+        return rejection
+    data: dict[str, Any] = {
+        "workerId": worker_id,
+        "attempt": attempt,
+        "expiresAt": _expires(now, lease_ms),
+    }
+    if start_fence:
+        data["startFence"] = True
+        if process:
+            data["process"] = process
+    return [Draft("job.heartbeat", data)]
+
+
+async def start_attempt(
+    store: Store,
+    job_id: str,
+    *,
+    attempt: int,
+    worker_id: str,
+    lease_ms: int,
+    process: dict[str, Any] | None = None,
+) -> Outcome:
+    """Take attempt `attempt` for delivery `worker_id` and start it, in one transaction.
+
+    A queued job is leased and gets its first heartbeat in the same append (`job.leased`,
+    `job.heartbeat`: leased → running, the spec's path in one round trip). A job already leased
+    for this attempt is a redelivery: the lease is taken over with a start-fence heartbeat, and
+    the same rules as `heartbeat(start_fence=True)` apply. A retry of an ambiguous commit finds
+    the lease its own and reports success without writing.
+    """
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        if job is None or job.terminal or job.status not in LEASED_STATUSES:
+            drafts = _lease_decision(job, now, attempt, worker_id, lease_ms, process)
+            if not isinstance(drafts, list):
+                return drafts
+            first = {
+                "workerId": worker_id,
+                "attempt": attempt,
+                "expiresAt": _expires(now, lease_ms),
+            }
+            return [*drafts, Draft("job.heartbeat", first)]
+        held = job.lease is not None and (job.lease.worker_id, job.lease.attempt)
+        if held == (worker_id, attempt):
+            if job.status == "running":
+                return Outcome(OK, job, already=True)
+            return _heartbeat_decision(job, now, attempt, worker_id, lease_ms, False, None)
+        return _heartbeat_decision(job, now, attempt, worker_id, lease_ms, True, process)
+
+    return await mutate(store, job_id, decide)
+
+
 async def lease(
     store: Store,
     job_id: str,
@@ -137,29 +241,7 @@ async def lease(
     """
 
     def decide(job: Job | None, now: datetime) -> Decision:
-        if job is None:
-            return NOT_FOUND
-        if job.terminal:
-            return TERMINAL_STATE
-        lease_held = job.lease is not None and (job.lease.worker_id, job.lease.attempt)
-        if job.status in LEASED_STATUSES and lease_held == (worker_id, attempt):
-            # A storage retry of a lease whose commit was ambiguous: it is ours already.
-            return Outcome(OK, job, already=True)
-        if attempt <= job.attempt:
-            return STALE_ATTEMPT
-        if job.status != "queued" or attempt != job.attempt + 1:
-            return NOT_QUEUED
-        if not available(job, now):
-            return NOT_AVAILABLE
-        data: dict[str, Any] = {
-            "workerId": worker_id,
-            "attempt": attempt,
-            "expiresAt": _expires(now, lease_ms),
-            "leaseMs": lease_ms,
-        }
-        if process:
-            data["process"] = process
-        return [Draft("job.leased", data)]
+        return _lease_decision(job, now, attempt, worker_id, lease_ms, process)
 
     return await mutate(store, job_id, decide)
 
@@ -183,27 +265,7 @@ async def heartbeat(
     """
 
     def decide(job: Job | None, now: datetime) -> Decision:
-        if start_fence:
-            holder = job.lease.worker_id if job and job.lease else worker_id
-            rejection = fence_rejection(job, holder, attempt, now)
-            if rejection is None and holder != worker_id and not newer_delivery(worker_id, holder):
-                # Only a later delivery of the attempt may take the lease over; a stalled
-                # earlier one waking up must not evict its own redelivery.
-                rejection = LEASE_LOST
-        else:
-            rejection = fence_rejection(job, worker_id, attempt, now)
-        if rejection:
-            return rejection
-        data: dict[str, Any] = {
-            "workerId": worker_id,
-            "attempt": attempt,
-            "expiresAt": _expires(now, lease_ms),
-        }
-        if start_fence:
-            data["startFence"] = True
-            if process:
-                data["process"] = process
-        return [Draft("job.heartbeat", data)]
+        return _heartbeat_decision(job, now, attempt, worker_id, lease_ms, start_fence, process)
 
     return await mutate(store, job_id, decide)
 

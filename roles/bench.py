@@ -534,7 +534,12 @@ class Bench:
         self.databases.clear()
 
     async def _start_temporal(self, tmp: Path) -> None:
-        from roles.temporal import dev_server_args, search_attribute_flags, temporal_cli
+        from roles.temporal import (
+            dev_server_args,
+            search_attribute_flags,
+            sqlite_file_args,
+            temporal_cli,
+        )
 
         assert self.processes is not None
         port = free_port()
@@ -548,7 +553,7 @@ class Bench:
             str(port),
             "--headless",
             *(
-                ["--db-filename", str(tmp / "temporal.sqlite")]
+                sqlite_file_args(tmp / "temporal.sqlite")
                 if self.config.temporal_db == "file"
                 else []
             ),

@@ -15,7 +15,12 @@ from pathlib import Path
 from receipts.settings import Settings
 from roles.db import migrate_url, resolve_url
 from roles.role import DEFAULT_METRICS_PORTS, ROLES
-from roles.temporal import dev_server_args, search_attribute_flags, temporal_cli
+from roles.temporal import (
+    dev_server_args,
+    search_attribute_flags,
+    sqlite_file_args,
+    temporal_cli,
+)
 
 COLOURS = {
     "api": "\033[36m",
@@ -130,7 +135,7 @@ def temporal_argv(db_file: Path, port: int, ui_port: int | None) -> list[str]:
     """`temporal server start-dev` on 127.0.0.1 with persistent SQLite and our settings."""
     argv = [temporal_cli(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port)]
     argv += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
-    argv += ["--db-filename", str(db_file.resolve()), "--log-level", "warn"]
+    argv += [*sqlite_file_args(db_file), "--log-level", "warn"]
     return [*argv, *search_attribute_flags(), *dev_server_args()]
 
 

@@ -6,7 +6,9 @@ import asyncio
 import codecs
 import contextlib
 import os
+import shutil
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -19,6 +21,32 @@ TAIL_LINES = 50
 TAIL_CHARS = 8_000
 TERM_GRACE_S = 5.0
 READ_CHUNK = 65_536
+
+# The command dies with its worker: util-linux `setpriv --pdeathsig KILL` sets the kernel's
+# parent-death signal and execs the command, so a SIGKILLed worker leaves no command running
+# on behind its redelivery. A `preexec_fn` could do the same, but it runs Python in the forked
+# child of a threaded process, which froze a worker once (a lock held across fork). Only the
+# command itself is covered; processes it starts are its own to stop (`_stop` signals its whole
+# process group on abort and shutdown). Without setpriv (not Linux) commands run unwrapped.
+SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+
+
+def _wrapped(argv: list[str], cwd: str | None, env: Mapping[str, str]) -> list[str]:
+    """`argv` behind `setpriv --pdeathsig KILL --` where setpriv exists.
+
+    The executable is looked up first, so a missing one is still the handler's clear error
+    (`could not start …`) rather than setpriv's exit status 127.
+    """
+    if not SETPRIV:
+        return argv
+    program = argv[0]
+    if "/" in program:
+        path = os.path.join(cwd or ".", program)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise OSError(f"no executable file at {path}")
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise OSError(f"not found on PATH {env.get('PATH', os.defpath)!r}")
+    return [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
 
 
 def _argv(task: Mapping[str, Any]) -> list[str]:
@@ -73,11 +101,12 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
     cwd = task.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise HandlerError("payload.task.cwd must be a string", retryable=False)
+    env = _env(task)
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv,
+            *_wrapped(argv, cwd, env),
             cwd=cwd,
-            env=_env(task),
+            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

@@ -17,7 +17,12 @@ import pytest
 
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
-from roles.temporal import dev_server_args, search_attribute_flags, temporal_cli
+from roles.temporal import (
+    dev_server_args,
+    search_attribute_flags,
+    sqlite_file_args,
+    temporal_cli,
+)
 from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
 from tests.integration.helpers import put
@@ -145,8 +150,7 @@ def _temporal_server(port: int, db_file: Path, log: Path) -> subprocess.Popen[by
                 "127.0.0.1",
                 "--port",
                 str(port),
-                "--db-filename",
-                str(db_file),
+                *sqlite_file_args(db_file),
                 "--log-level",
                 "warn",
                 *search_attribute_flags(),

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from activities.handlers.codex import SETPRIV
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
 from tests.e2e.conftest import task
@@ -100,6 +102,51 @@ async def test_a_worker_killed_mid_run_is_redelivered_and_settles_once(
     for job in jobs:
         receipts = await receipts_of(store, job.job_id)
         assert sum(r.type in SETTLE_TYPES for r in receipts) == 1
+
+
+def _live_pids_running(argv: list[str]) -> list[int]:
+    """PIDs of live (not zombie) processes whose command line is exactly `argv`."""
+    wanted = "\0".join(argv) + "\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if cmdline == wanted and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(SETPRIV is None, reason="needs util-linux setpriv (Linux)")
+async def test_a_command_dies_with_its_sigkilled_worker(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    store, _ = e2e_store
+    argv = ["sleep", "97.531"]  # unique enough to find among this machine's processes
+    procs = roles(**TIMING)
+    procs.start("driver")
+    procs.start("worker-codex")
+    try:
+        job = (await put(store, maxAttempts=1, payload_extra=task(*argv))).job
+        await holder(store, job.job_id)
+        for _ in range(50):
+            if _live_pids_running(argv):
+                break
+            await asyncio.sleep(0.1)
+        assert len(_live_pids_running(argv)) == 1
+        procs.kill("worker-codex")
+        for _ in range(50):
+            if not _live_pids_running(argv):
+                break
+            await asyncio.sleep(0.1)
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert _live_pids_running(argv) == []
 
 
 async def test_a_handler_that_kills_its_worker_fails_after_its_budget_without_looping(

@@ -305,3 +305,96 @@ async def test_an_older_delivery_cannot_take_the_lease_back(store: Store) -> Non
     assert newer.ok and newer.job is not None and newer.job.lease is not None
     assert newer.job.lease.worker_id == "j:attempt:1/3"
     assert newer.job.lease.process == {"host": "h", "pid": 7, "role": "worker-codex"}
+
+
+async def test_start_attempt_leases_and_beats_in_one_append(store: Store) -> None:
+    job = (await put(store)).job
+    out = await ops.start_attempt(
+        store, job.job_id, attempt=1, worker_id="j:attempt:1/1", lease_ms=LEASE, process={"p": 1}
+    )
+    assert out.ok and not out.already
+    assert out.job is not None and out.job.status == "running" and out.job.attempt == 1
+    assert [r.type for r in out.receipts] == ["job.leased", "job.heartbeat"]
+    leased, beat = out.receipts
+    assert leased.recorded_at == beat.recorded_at
+    assert leased.data["expiresAt"] == beat.data["expiresAt"]
+    assert leased.data["process"] == {"p": 1}
+    assert await types(store, job.job_id) == ["job.enqueued", "job.leased", "job.heartbeat"]
+    # A retry of an ambiguous commit finds the attempt its own and writes nothing.
+    again = await ops.start_attempt(
+        store, job.job_id, attempt=1, worker_id="j:attempt:1/1", lease_ms=LEASE
+    )
+    assert again.ok and again.already
+    assert len(await types(store, job.job_id)) == 3
+
+
+async def test_start_attempt_on_a_redelivery_takes_the_lease_with_a_start_fence(
+    store: Store,
+) -> None:
+    job_id = await leased(store, worker="j:attempt:1/1")
+    out = await ops.start_attempt(
+        store, job_id, attempt=1, worker_id="j:attempt:1/2", lease_ms=LEASE, process={"p": 2}
+    )
+    assert out.ok and out.job is not None and out.job.lease is not None
+    assert out.job.lease.worker_id == "j:attempt:1/2" and out.job.status == "running"
+    assert [r.type for r in out.receipts] == ["job.heartbeat"]
+    assert out.receipts[0].data["startFence"] is True
+    old = await ops.heartbeat(store, job_id, worker_id="j:attempt:1/1", attempt=1, lease_ms=LEASE)
+    assert old.status == "lease_lost"
+    # An older delivery cannot take it back, and another attempt is stale.
+    back = await ops.start_attempt(
+        store, job_id, attempt=1, worker_id="j:attempt:1/1", lease_ms=LEASE
+    )
+    assert back.status == "lease_lost"
+    other = await ops.start_attempt(
+        store, job_id, attempt=2, worker_id="j:attempt:2/1", lease_ms=LEASE
+    )
+    assert other.status == "stale_attempt"
+
+
+async def test_start_attempt_refusals_write_nothing(store: Store) -> None:
+    assert (
+        await ops.start_attempt(store, "nope", attempt=1, worker_id="w", lease_ms=LEASE)
+    ).status == "not_found"
+    job = (await put(store)).job
+    for attempt, status in ((0, "stale_attempt"), (2, "not_queued")):
+        out = await ops.start_attempt(
+            store, job.job_id, attempt=attempt, worker_id="w", lease_ms=LEASE
+        )
+        assert out.status == status
+    assert await types(store, job.job_id) == ["job.enqueued"]
+    done = await ops.start_attempt(store, job.job_id, attempt=1, worker_id="w", lease_ms=LEASE)
+    assert done.ok
+    assert (await ops.complete(store, job.job_id, worker_id="w", attempt=1)).ok
+    late = await ops.start_attempt(store, job.job_id, attempt=1, worker_id="w2", lease_ms=LEASE)
+    assert late.status == "terminal_state"
+    assert await types(store, job.job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.completed",
+    ]
+
+
+async def test_racing_starts_of_one_attempt_leave_one_holder(store: Store) -> None:
+    job = (await put(store)).job
+    outs = await asyncio.gather(
+        *(
+            ops.start_attempt(
+                store, job.job_id, attempt=1, worker_id=f"j:attempt:1/{k}", lease_ms=LEASE
+            )
+            for k in range(1, 6)
+        )
+    )
+    assert any(o.ok for o in outs)
+    final = await store.get_job(job.job_id)
+    assert final is not None and final.lease is not None and final.status == "running"
+    # Whoever holds the lease now was told it succeeded; everyone else's writes are refused.
+    holder = final.lease.worker_id
+    assert next(o for o in outs if o.job and o.job.lease and o.job.lease.worker_id == holder).ok
+    for k in range(1, 6):
+        worker = f"j:attempt:1/{k}"
+        beat = await ops.heartbeat(store, job.job_id, worker_id=worker, attempt=1, lease_ms=LEASE)
+        assert beat.ok == (worker == holder)
+    leases = [t for t in await types(store, job.job_id) if t == "job.leased"]
+    assert leases == ["job.leased"]

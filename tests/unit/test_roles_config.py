@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,13 @@ async def test_a_ticker_outlives_a_failing_pass() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert calls >= 3 and len(seen) >= 3
+
+
+def test_a_file_backed_dev_server_uses_wal_and_normal_sync(tmp_path: Path) -> None:
+    from roles.up import temporal_argv
+
+    argv = temporal_argv(tmp_path / "t.sqlite", 7233, None)
+    assert argv[argv.index("--db-filename") + 1] == str((tmp_path / "t.sqlite").resolve())
+    pragmas = [argv[i + 1] for i, a in enumerate(argv) if a == "--sqlite-pragma"]
+    assert pragmas == ["journal_mode=wal", "synchronous=normal"]
+    assert "--headless" in argv and "history.transferProcessorMaxPollRPS=10000" in argv

@@ -348,3 +348,22 @@ async def test_the_driver_fails_a_stale_active_lease_with_its_text_and_retries(
         "silent",
     )
     assert (done.status, done.attempt) == ("completed", 2)
+
+
+async def test_a_missing_command_fails_with_a_clear_error(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db):
+        missing = (await put(fresh_store, payload_extra=task("no-such-command-zz"))).job
+        relative = (
+            await put(
+                fresh_store, payload_extra={"task": {"command": ["./nope.sh"], "cwd": "/tmp"}}
+            )
+        ).job
+        first = await wait_for_status(fresh_store, missing.job_id)
+        second = await wait_for_status(fresh_store, relative.job_id)
+    assert first.status == "failed" and first.attempt == 1
+    assert first.error is not None
+    assert first.error.startswith("could not start 'no-such-command-zz': not found on PATH")
+    assert second.status == "failed"
+    assert second.error == "could not start './nope.sh': no executable file at /tmp/./nope.sh"

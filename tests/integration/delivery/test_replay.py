@@ -1,0 +1,113 @@
+"""The workers run workflows unsandboxed (roles/runtime.py); the sandbox's guard against
+non-determinism is kept here: real histories of every workflow, replayed under the SDK's
+sandboxed runner, must replay without a nondeterminism or sandbox-restriction error."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from temporalio.client import Client, WorkflowHistory
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+
+from activities.watchdog import WatchdogActivities
+from receipts import operations as ops
+from receipts.kinds import QUEUE_CODEX
+from receipts.store import Store
+from roles.runtime import WORKFLOW_RUNNER
+from tests.integration.delivery.conftest import running_stack, wait_for_status
+from tests.integration.helpers import put
+from workflows.attempt import JobAttemptWorkflow
+from workflows.driver import JobDriverWorkflow
+from workflows.watchdog import WatchdogTickWorkflow
+
+
+def task(*argv: str, **extra: Any) -> dict[str, Any]:
+    return {"task": {"command": list(argv)}, **extra}
+
+
+async def closed_histories(client: Client, query: str, expected: int) -> list[WorkflowHistory]:
+    """Every closed run matching `query` (continued-as-new runs included), once `expected`
+    of them are visible."""
+    for _ in range(150):
+        runs = [w async for w in client.list_workflows(query) if w.close_time is not None]
+        if len(runs) >= expected:
+            return [
+                await client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()
+                for w in runs
+            ]
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"fewer than {expected} closed runs for {query}")
+
+
+def workflow_type(history: WorkflowHistory) -> str:
+    return history.events[0].workflow_execution_started_event_attributes.workflow_type.name
+
+
+async def replay_sandboxed(histories: list[WorkflowHistory]) -> None:
+    replayer = Replayer(workflows=[JobDriverWorkflow, JobAttemptWorkflow, WatchdogTickWorkflow])
+    assert isinstance(replayer.config()["workflow_runner"], SandboxedWorkflowRunner)
+    for history in histories:
+        await replayer.replay_workflow(history)  # raises on any replay failure
+
+
+async def test_the_role_workers_run_workflows_unsandboxed(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    assert isinstance(WORKFLOW_RUNNER, UnsandboxedWorkflowRunner)
+    async with running_stack(client, fresh_store, fresh_db, dispatcher=False) as stack:
+        for worker in stack.workers.values():
+            assert worker.config()["workflow_runner"] is WORKFLOW_RUNNER
+
+
+async def test_delivery_histories_replay_under_the_sandbox(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, queues=(QUEUE_CODEX,)):
+        done = (await put(fresh_store, agent="codex", payload_extra=task("true"))).job
+        # A retryable failure: the driver continues as new for the second attempt.
+        retried = (
+            await put(
+                fresh_store,
+                agent="codex",
+                maxAttempts=2,
+                payload_extra=task("false", retryable=True),
+            )
+        ).job
+        aborted = (await put(fresh_store, agent="codex", payload_extra=task("sleep", "30"))).job
+        await wait_for_status(fresh_store, aborted.job_id, ("running",))
+        await ops.add_command(
+            fresh_store, aborted.job_id, type="abort", reason="stop", organization_id="org-a"
+        )
+        for job, status in ((done, "completed"), (retried, "failed"), (aborted, "canceled")):
+            assert (await wait_for_status(fresh_store, job.job_id)).status == status
+    histories: list[WorkflowHistory] = []
+    # Driver runs + attempt runs: 1 + 1; 2 (continued as new) + 2; 1 + 1.
+    for job, runs in ((done, 2), (retried, 4), (aborted, 2)):
+        histories += await closed_histories(client, f"ReceiptJobId = '{job.job_id}'", runs)
+    assert len(histories) == 8
+    assert {workflow_type(h) for h in histories} == {"JobDriverWorkflow", "JobAttemptWorkflow"}
+    await replay_sandboxed(histories)
+
+
+async def test_a_watchdog_tick_history_replays_under_the_sandbox(
+    client: Client, fresh_store: Store
+) -> None:
+    queue = f"replay-{uuid.uuid4().hex[:8]}"
+    activities = WatchdogActivities(fresh_store)
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[WatchdogTickWorkflow],
+        activities=[activities.enqueue_watchdog],
+        workflow_runner=WORKFLOW_RUNNER,
+    ):
+        handle = await client.start_workflow(
+            WatchdogTickWorkflow.run, id=f"replay-watchdog-{uuid.uuid4().hex}", task_queue=queue
+        )
+        job_id = await handle.result()
+    assert job_id.startswith("watchdog:")
+    assert await fresh_store.get_job(job_id) is not None
+    await replay_sandboxed([await handle.fetch_history()])
