@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -154,24 +155,30 @@ class DriverActivities:
         abort requested on a queued job cancels it. The driver never leases.
         """
         info = activity.info()
-        await deliveries.ledger_workflow(
-            self.store,
-            workflow_id=info.workflow_id or "",
-            run_id=info.workflow_run_id or "",
-            job_id=job_id,
-            workflow="JobDriverWorkflow",
-            task_queue=info.task_queue,
-            status="running",
+        # The best-effort ledger row is written beside the read, not before it.
+        ledger = asyncio.create_task(
+            deliveries.ledger_workflow(
+                self.store,
+                workflow_id=info.workflow_id or "",
+                run_id=info.workflow_run_id or "",
+                job_id=job_id,
+                workflow="JobDriverWorkflow",
+                task_queue=info.task_queue,
+                status="running",
+            )
         )
-        return await with_storage_retry(lambda: self._plan(job_id), what="prepare delivery")
+        try:
+            return await with_storage_retry(lambda: self._plan(job_id), what="prepare delivery")
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(ledger)
 
     async def _plan(self, job_id: str) -> DriverPlan:
-        job = await self.store.get_job(job_id)
+        job, now = await self.store.get_job_with_now(job_id)
         if job is None:
             return DriverPlan(MISSING)
         if job.terminal:
             return DriverPlan(TERMINAL, job_status=job.status)
-        now = await self.store.now()
         timing = derive(job.agent_id, job.payload, self.timing)
         if job.status in jobmodel.LEASED_STATUSES and job.lease is not None:
             if jobmodel.lease_expired(job, now):

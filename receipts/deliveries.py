@@ -15,6 +15,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from receipts.errors import StorageError
+from receipts.jobs import Job
 from receipts.sql import query
 from receipts.store import Store, dumps, translate_errors
 
@@ -68,6 +69,14 @@ async def latest(store: Store, job_id: str) -> LatestDelivery | None:
     """Return the latest recorded delivery generation of a job, or None if never dispatched."""
     rows = await _fetch(store, "delivery_latest", {"job_id": job_id})
     return LatestDelivery(rows[0][0], rows[0][1]) if rows else None
+
+
+async def job_and_latest(store: Store, job_id: str) -> tuple[Job | None, LatestDelivery | None]:
+    """The job's folded state and its latest delivery generation, in one round trip."""
+    rows = await _fetch(store, "delivery_job_and_latest", {"job_id": job_id})
+    state, generation, workflow_id = rows[0]
+    job = Job.model_validate(state) if state is not None else None
+    return job, (LatestDelivery(generation, workflow_id) if generation is not None else None)
 
 
 async def record(store: Store, job_id: str, generation: int) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -215,6 +217,27 @@ def params_types(drafts: Sequence[Draft]) -> list[str]:
     return [d.type for d in drafts]
 
 
+# A connection back in the pool for less than this is handed out again without a check (a
+# round trip). Under load connections come back within milliseconds; a database restart takes
+# longer than this, so a connection idle across one is still checked and replaced, and one
+# that slips through fails as a transient error, which callers retry.
+CHECK_IDLE_S = 1.0
+_returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[TupleRow], float] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _note_return(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    _returned_at[conn] = time.monotonic()
+
+
+async def _check_if_idle(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    returned = _returned_at.get(conn)
+    if returned is not None and time.monotonic() - returned < CHECK_IDLE_S:
+        return
+    await AsyncConnectionPool.check_connection(conn)
+
+
 class Store:
     """The receipt store over an async connection pool."""
 
@@ -232,7 +255,8 @@ class Store:
             max_size=max_size,
             kwargs={"autocommit": True},
             # A connection broken by a database restart is replaced, not handed out.
-            check=AsyncConnectionPool.check_connection,
+            check=_check_if_idle,
+            reset=_note_return,
             open=False,
             timeout=10.0,
         )
@@ -263,6 +287,15 @@ class Store:
                 cur = await conn.execute(query("job_get"), {"job_id": job_id})
                 row = await cur.fetchone()
         return Job.model_validate(row[0]) if row else None
+
+    async def get_job_with_now(self, job_id: str) -> tuple[Job | None, datetime]:
+        """Return the job's folded state (or None) and the database clock, in one round trip."""
+        with translate_errors():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query("job_get_with_now"), {"job_id": job_id})
+                row = await cur.fetchone()
+        assert row is not None
+        return (Job.model_validate(row[1]) if row[1] is not None else None), row[0]
 
     async def read_stream(
         self, stream: str, after_seq: int = 0, limit: int = 10_000

@@ -3,8 +3,9 @@
 Same shape as a Receipt delivery: a workflow on a driver task queue starts a child workflow on
 a worker task queue (`ParentClosePolicy.ABANDON`), and the child runs one no-op activity. The
 activity returns its wall-clock start and end, which stand in for `job.leased` and the
-terminal receipt. Kept in a small module of its own because the workflow sandbox re-imports a
-workflow's module for every run, as it does `workflows/driver.py` and `workflows/attempt.py`.
+terminal receipt. Its workers use the same workflow runner as Receipt's role workers
+(`roles.runtime.WORKFLOW_RUNNER`, unsandboxed), so the comparison measures what Receipt adds,
+not a difference in SDK configuration.
 
 `python -m roles.bench_raw ADDRESS driver|worker QUEUE_PREFIX [CONCURRENCY]` runs one side in a
 process of its own (as the driver and worker-codex roles are), until SIGTERM.
@@ -73,9 +74,16 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
     from temporalio.client import Client
     from temporalio.worker import Worker
 
+    from roles.runtime import WORKFLOW_RUNNER
+
     client = await Client.connect(address)
     if side == "driver":
-        worker = Worker(client, task_queue=prefix + DRIVER_QUEUE, workflows=[RawPipelineWorkflow])
+        worker = Worker(
+            client,
+            task_queue=prefix + DRIVER_QUEUE,
+            workflows=[RawPipelineWorkflow],
+            workflow_runner=WORKFLOW_RUNNER,
+        )
     else:
         worker = Worker(
             client,
@@ -83,6 +91,7 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
             workflows=[RawAttemptWorkflow],
             activities=[noop],
             max_concurrent_activities=concurrency,
+            workflow_runner=WORKFLOW_RUNNER,
         )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -83,12 +83,11 @@ class DriverStarter:
         return result
 
     async def _start(self, job_id: str) -> StartResult:
-        job = await self.store.get_job(job_id)
+        job, latest = await deliveries.job_and_latest(self.store, job_id)
         if job is None:
             return StartResult(False, "missing")
         if job.terminal:
             return StartResult(False, "terminal")
-        latest = await deliveries.latest(self.store, job_id)
         generation = 0
         if latest is not None:
             open_attempts = (

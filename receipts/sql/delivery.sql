@@ -3,6 +3,11 @@
 -- name: delivery_latest
 SELECT generation, workflow_id FROM deliveries WHERE job_id = %(job_id)s;
 
+-- name: delivery_job_and_latest
+SELECT (SELECT state FROM jobs WHERE job_id = %(job_id)s), d.generation, d.workflow_id
+FROM (SELECT 1) AS one
+LEFT JOIN deliveries d ON d.job_id = %(job_id)s;
+
 -- name: delivery_record
 INSERT INTO deliveries (job_id, generation, workflow_id)
 VALUES (%(job_id)s, %(generation)s, %(workflow_id)s)

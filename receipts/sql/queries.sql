@@ -29,6 +29,9 @@ SELECT now(), state FROM jobs WHERE job_id = %(job_id)s FOR UPDATE;
 -- name: job_get
 SELECT state FROM jobs WHERE job_id = %(job_id)s;
 
+-- name: job_get_with_now
+SELECT now(), (SELECT state FROM jobs WHERE job_id = %(job_id)s);
+
 -- name: job_by_command
 SELECT j.state
 FROM receipts r JOIN jobs j ON j.job_id = substr(r.stream, 6)

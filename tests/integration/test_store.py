@@ -8,7 +8,14 @@ import psycopg
 import pytest
 
 from receipts.errors import ConflictError, InvariantError, TransientStorageError
-from receipts.store import Draft, Store, latest_schema_version, migrate, schema_version
+from receipts.store import (
+    CHECK_IDLE_S,
+    Draft,
+    Store,
+    latest_schema_version,
+    migrate,
+    schema_version,
+)
 from tests.integration.helpers import new_id, put
 
 
@@ -96,3 +103,39 @@ async def test_unreachable_database_is_a_transient_error() -> None:
             max_size=1,
             open_timeout=2,
         )
+
+
+async def _kill_backends_of(store: Store, db_url: str) -> None:
+    pids = []
+    async with store.pool.connection() as conn:
+        pids.append(conn.info.backend_pid)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
+        for pid in pids:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+async def test_a_connection_idle_across_a_restart_is_checked_and_replaced(db_url: str) -> None:
+    store = await Store.open(db_url, min_size=1, max_size=1)
+    try:
+        await store.now()
+        await _kill_backends_of(store, db_url)
+        await asyncio.sleep(CHECK_IDLE_S + 0.2)  # a restart takes longer than CHECK_IDLE_S
+        assert await store.now() is not None
+    finally:
+        await store.close()
+
+
+async def test_a_connection_broken_within_the_check_window_is_a_transient_error_once(
+    db_url: str,
+) -> None:
+    store = await Store.open(db_url, min_size=1, max_size=1)
+    try:
+        await store.now()
+        await _kill_backends_of(store, db_url)
+        # Handed out unchecked: the caller sees a transient error (and retries) ...
+        with pytest.raises(TransientStorageError):
+            await store.now()
+        # ... and the broken connection is gone from the pool.
+        assert await store.now() is not None
+    finally:
+        await store.close()
