@@ -510,6 +510,8 @@ def _rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
     if task.done():
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller has already settled on its outcome
         return
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):

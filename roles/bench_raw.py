@@ -3,9 +3,9 @@
 Same shape as a Receipt delivery: a workflow on a driver task queue starts a child workflow on
 a worker task queue (`ParentClosePolicy.ABANDON`), and the child runs one no-op activity. The
 activity returns its wall-clock start and end, which stand in for `job.leased` and the
-terminal receipt. Its workers use the same workflow runner as Receipt's role workers
-(`roles.runtime.WORKFLOW_RUNNER`, unsandboxed), so the comparison measures what Receipt adds,
-not a difference in SDK configuration.
+terminal receipt. Its workers use the same workflow runner (`roles.runtime.WORKFLOW_RUNNER`,
+unsandboxed) and event loops as Receipt's driver and worker-codex roles, so the comparison measures
+what Receipt adds, not a difference in configuration.
 
 `python -m roles.bench_raw ADDRESS driver|worker QUEUE_PREFIX [CONCURRENCY]` runs one side in a
 process of its own (as the driver and worker-codex roles are), until SIGTERM.
@@ -104,6 +104,11 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(
-        serve(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 4)
+    from roles.role import event_loop_for, run_event_loop
+
+    # The event loop of the role each side stands for, so both pipelines run alike.
+    role = "driver" if sys.argv[2] == "driver" else "worker-codex"
+    run_event_loop(
+        serve(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 4),
+        event_loop_for(role),
     )

@@ -78,3 +78,16 @@ def test_a_file_backed_dev_server_uses_wal_and_normal_sync(tmp_path: Path) -> No
     pragmas = [argv[i + 1] for i, a in enumerate(argv) if a == "--sqlite-pragma"]
     assert pragmas == ["journal_mode=wal", "synchronous=normal"]
     assert "--headless" in argv and "history.transferProcessorMaxPollRPS=10000" in argv
+
+
+def test_event_loop_by_role_and_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    from roles.role import event_loop_for
+
+    monkeypatch.delenv("RECEIPT_EVENT_LOOP", raising=False)
+    assert event_loop_for("worker-codex") == "asyncio"  # it spawns: vfork beats libuv's fork
+    for role in ("api", "driver", "worker-chat", "worker-control", "all"):
+        assert event_loop_for(role) == "uvloop"
+    monkeypatch.setenv("RECEIPT_EVENT_LOOP", "asyncio")
+    assert event_loop_for("api") == "asyncio"
+    monkeypatch.setenv("RECEIPT_EVENT_LOOP", "uvloop")
+    assert event_loop_for("worker-codex") == "uvloop"

@@ -83,10 +83,12 @@ async def test_delivery_histories_replay_under_the_sandbox(
         )
         for job, status in ((done, "completed"), (retried, "failed"), (aborted, "canceled")):
             assert (await wait_for_status(fresh_store, job.job_id)).status == status
-    histories: list[WorkflowHistory] = []
-    # Driver runs + attempt runs: 1 + 1; 2 (continued as new) + 2; 1 + 1.
-    for job, runs in ((done, 2), (retried, 4), (aborted, 2)):
-        histories += await closed_histories(client, f"ReceiptJobId = '{job.job_id}'", runs)
+        histories: list[WorkflowHistory] = []
+        # Driver runs + attempt runs: 1 + 1; 2 (continued as new) + 2; 1 + 1. Collected while
+        # the workers run: a driver closes only after its job has settled.
+        for job, runs in ((done, 2), (retried, 4), (aborted, 2)):
+            query = f"ReceiptJobId = '{job.job_id}'"
+            histories += await closed_histories(client, query, runs)
     assert len(histories) == 8
     assert {workflow_type(h) for h in histories} == {"JobDriverWorkflow", "JobAttemptWorkflow"}
     await replay_sandboxed(histories)
