@@ -132,6 +132,24 @@ async def post_callbacks(
     return posted
 
 
+def dispatch_plan(job: Job, settings: Settings, timing: TimingSettings) -> DriverPlan:
+    """The plan to deliver the next attempt of a queued, deliverable job."""
+    derived = derive(job.agent_id, job.payload, timing)
+    return DriverPlan(
+        DISPATCH,
+        job_status=job.status,
+        attempt=job.attempt + 1,
+        task_queue=settings.queue(route(job.agent_id, job.kind)),
+        agent_id=job.agent_id,
+        lane=job.lane,
+        kind=job.kind,
+        lease_ms=derived.lease_ms,
+        execution_timeout_ms=derived.execution_timeout_ms,
+        heartbeat_ms=derived.heartbeat_interval_ms,
+        driver_timeout_ms=derived.driver_timeout_ms,
+    )
+
+
 class DriverActivities:
     """Activities of the `receipt-driver` task queue."""
 
@@ -179,7 +197,6 @@ class DriverActivities:
             return DriverPlan(MISSING)
         if job.terminal:
             return DriverPlan(TERMINAL, job_status=job.status)
-        timing = derive(job.agent_id, job.payload, self.timing)
         if job.status in jobmodel.LEASED_STATUSES and job.lease is not None:
             if jobmodel.lease_expired(job, now):
                 # Delivery was lost after the lease: the receipt-level expiry requeues it (or
@@ -225,19 +242,7 @@ class DriverActivities:
             assert job.available_at is not None
             wait = (job.available_at - now).total_seconds() * 1000
             return DriverPlan(NOT_AVAILABLE, job_status=job.status, wait_ms=int(wait) + 50)
-        return DriverPlan(
-            DISPATCH,
-            job_status=job.status,
-            attempt=job.attempt + 1,
-            task_queue=self.settings.queue(route(job.agent_id, job.kind)),
-            agent_id=job.agent_id,
-            lane=job.lane,
-            kind=job.kind,
-            lease_ms=timing.lease_ms,
-            execution_timeout_ms=timing.execution_timeout_ms,
-            heartbeat_ms=timing.heartbeat_interval_ms,
-            driver_timeout_ms=timing.driver_timeout_ms,
-        )
+        return dispatch_plan(job, self.settings, self.timing)
 
     @activity.defn(name="post_callbacks")
     async def post_callbacks(self, request: CallbackRequest) -> int:

@@ -35,6 +35,9 @@ class DriverInput:
     callbacks: bool = False
     dispatched_posted: bool = False
     deliveries: int = 2
+    # The starter's own read of a job it found queued and deliverable, so the first run need
+    # not read it again; cleared before every continue-as-new (later runs always re-read).
+    plan: DriverPlan | None = None
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.driver import dispatch_plan
 from receipts import deliveries
 from receipts import operations as ops
 from receipts.deliveries import (
@@ -23,7 +25,7 @@ from receipts.deliveries import (
 )
 from receipts.jobs import Job
 from receipts.kinds import QUEUE_DRIVER
-from receipts.messages import DriverInput
+from receipts.messages import DriverInput, DriverPlan
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import TimingSettings, derive
@@ -119,7 +121,9 @@ class DriverStarter:
                     "receipt.dispatch",
                     attributes={"receipt.job_id": job_id, "receipt.generation": generation},
                 ):
-                    await self._start_driver(job, workflow_id, generation, timing.driver_timeout_ms)
+                    run_id = await self._start_driver(
+                        job, workflow_id, generation, timing.driver_timeout_ms
+                    )
             except WorkflowAlreadyStartedError:
                 if await self._is_open(workflow_id):
                     await deliveries.record(self.store, job_id, generation)
@@ -129,7 +133,19 @@ class DriverStarter:
                 continue
             finally:
                 detach(token)
-            await deliveries.record(self.store, job_id, generation)
+            # The ledger row is best-effort and never raises; the generation record may.
+            await asyncio.gather(
+                deliveries.record(self.store, job_id, generation),
+                deliveries.ledger_workflow(
+                    self.store,
+                    workflow_id=workflow_id,
+                    run_id=run_id,
+                    job_id=job_id,
+                    workflow="JobDriverWorkflow",
+                    task_queue=self.settings.queue(QUEUE_DRIVER),
+                    status="running",
+                ),
+            )
             log.info(
                 "driver started",
                 extra={
@@ -143,14 +159,16 @@ class DriverStarter:
 
     async def _start_driver(
         self, job: Job, workflow_id: str, generation: int, driver_timeout_ms: int
-    ) -> None:
-        await self.client.start_workflow(
+    ) -> str:
+        """Start the driver run; return its run id."""
+        handle = await self.client.start_workflow(
             "JobDriverWorkflow",
             DriverInput(
                 job_id=job.job_id,
                 generation=generation,
                 callbacks=bool(self.settings.callback_urls),
                 deliveries=self.settings.deliveries_per_attempt,
+                plan=self._plan(job),
             ),
             id=workflow_id,
             task_queue=self.settings.queue(QUEUE_DRIVER),
@@ -159,6 +177,16 @@ class DriverStarter:
             search_attributes=search_attributes(job.job_id, job.agent_id, job.lane, job.kind),
             static_summary=f"deliver {job.agent_id} {job.kind} (generation {generation})",
         )
+        return handle.result_run_id or ""
+
+    def _plan(self, job: Job) -> DriverPlan | None:
+        """The first run's plan when the job just read is plainly deliverable (queued, no abort,
+        no `availableAt`); otherwise None, and the driver reads the job itself. The attempt's
+        lease re-checks all of it under the fence, so a plan gone stale in between is refused
+        there, never acted on."""
+        if job.status != "queued" or job.abort_requested or job.available_at is not None:
+            return None
+        return dispatch_plan(job, self.settings, self.timing)
 
     async def _is_open(self, workflow_id: str) -> bool:
         try:

@@ -367,3 +367,24 @@ async def test_a_missing_command_fails_with_a_clear_error(
     assert first.error.startswith("could not start 'no-such-command-zz': not found on PATH")
     assert second.status == "failed"
     assert second.error == "could not start './nope.sh': no executable file at /tmp/./nope.sh"
+
+
+async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    from activities.driver import dispatch_plan
+    from receipts.kinds import QUEUE_DRIVER
+    from receipts.messages import DriverInput
+
+    async with running_stack(client, fresh_store, fresh_db, dispatcher=False) as stack:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        plan = dispatch_plan(job, stack.settings, stack.timing)  # read while it was queued
+        await ops.add_command(fresh_store, job.job_id, type="abort", organization_id="org-a")
+        handle = await client.start_workflow(
+            "JobDriverWorkflow",
+            DriverInput(job_id=job.job_id, plan=plan),
+            id=job.job_id,
+            task_queue=stack.queue(QUEUE_DRIVER),
+        )
+        assert await handle.result() == "canceled"
+    assert await types(fresh_store, job.job_id) == ["job.enqueued", "queue.command", "job.canceled"]

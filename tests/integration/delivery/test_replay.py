@@ -90,6 +90,13 @@ async def test_delivery_histories_replay_under_the_sandbox(
             query = f"ReceiptJobId = '{job.job_id}'"
             histories += await closed_histories(client, query, runs)
     assert len(histories) == 8
+    # The starter's read plans each first run; only the continued-as-new run of the retried
+    # job reads the job itself (`prepare_delivery`, a local activity: one marker).
+    drivers = [h for h in histories if workflow_type(h) == "JobDriverWorkflow"]
+    markers = sorted(
+        sum(e.HasField("marker_recorded_event_attributes") for e in h.events) for h in drivers
+    )
+    assert markers == [0, 0, 0, 1]
     assert {workflow_type(h) for h in histories} == {"JobDriverWorkflow", "JobAttemptWorkflow"}
     await replay_sandboxed(histories)
 

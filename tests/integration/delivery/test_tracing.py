@@ -49,7 +49,6 @@ async def test_a_job_is_one_trace_from_the_api_through_workflows_to_settlement(
         "receipt.dispatch",
         "StartWorkflow:JobDriverWorkflow",
         "RunWorkflow:JobDriverWorkflow",
-        "RunActivity:prepare_delivery",
         "StartChildWorkflow:JobAttemptWorkflow",
         "RunWorkflow:JobAttemptWorkflow",
         "RunActivity:execute_attempt",
