@@ -64,6 +64,7 @@ from roles.api_schema import (
 )
 from roles.auth import OPEN, Principal, TokenTable, check_open_bind, load_tokens
 from roles.tracing import current_traceparent, trace_id_of
+from roles.tracing import recording as tracing_recording
 
 log = logging.getLogger("roles.api")
 _tracer = trace.get_tracer("receipt.api")
@@ -604,6 +605,15 @@ def create_app(
         ),
         lifespan=lifespan,
         dependencies=[Depends(_clean_params)],
+        # FastAPI's own OpenTelemetry: the request span only while spans are recorded (the
+        # enqueue's trace id does not need it), and none of its per-dependency spans, metrics
+        # (Prometheus has ours) or log records — each a cost on every request.
+        telemetry={
+            "tracing": tracing_recording(),
+            "operation_spans": False,
+            "metrics": False,
+            "logs": False,
+        },
     )
     app.state.api = api
     _install_error_handlers(app)
