@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/pytest
 
-# Speed against raw baselines (about 10 minutes; BENCH_ARGS=--quick for about 2): bench/README.md.
+# Speed against raw baselines (5–10 minutes; BENCH_ARGS=--quick for 1.5–2): bench/README.md.
 bench: $(STAMP)
 	$(BIN)/receipt bench $(BENCH_ARGS)
 

@@ -112,6 +112,9 @@ class ApiSettings(BaseSettings):
     tokens_file: FilePath | None = Field(default=None, alias="RECEIPT_API_TOKENS_FILE")
     tokens: str | None = Field(default=None, alias="RECEIPT_API_TOKENS")
     strict_agent_ids: bool = Field(default=False, alias="RECEIPT_STRICT_AGENT_IDS")
+    sse_keepalive_ms: int = Field(
+        default=int(SSE_KEEPALIVE_S * 1000), ge=100, alias="RECEIPT_SSE_KEEPALIVE_MS"
+    )
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -438,7 +441,12 @@ def sse_end(job: Job) -> str:
 
 
 async def receipt_events(
-    store: Store, listener: Listener, stopping: asyncio.Event, job_id: str, after: int
+    store: Store,
+    listener: Listener,
+    stopping: asyncio.Event,
+    job_id: str,
+    after: int,
+    keepalive_s: float = SSE_KEEPALIVE_S,
 ) -> AsyncIterator[str]:
     """Yield a job's receipts with `seq > after` as SSE events, live, until it is terminal.
 
@@ -479,7 +487,7 @@ async def receipt_events(
                     yield sse_end(state)
                     return
                 while True:
-                    notice = await _next_notice(notices, stop)
+                    notice = await _next_notice(notices, stop, keepalive_s)
                     if notice is None:
                         yield ": keepalive\n\n"
                     elif notice is _STOP:
@@ -493,12 +501,14 @@ async def receipt_events(
 _STOP = Notice("", -1, ())
 
 
-async def _next_notice(notices: asyncio.Queue[Notice], stop: asyncio.Future[Any]) -> Notice | None:
+async def _next_notice(
+    notices: asyncio.Queue[Notice], stop: asyncio.Future[Any], keepalive_s: float
+) -> Notice | None:
     """Return the next notice, `_STOP` once the server stops, or None after the keepalive period."""
     get = asyncio.ensure_future(notices.get())
     try:
         done, _ = await asyncio.wait(
-            {get, stop}, timeout=SSE_KEEPALIVE_S, return_when="FIRST_COMPLETED"
+            {get, stop}, timeout=keepalive_s, return_when="FIRST_COMPLETED"
         )
     finally:
         if not get.done():
@@ -837,7 +847,14 @@ def _install_routes(app: FastAPI) -> None:
         store = state.require_store()
         if "text/event-stream" in request.headers.get("accept", ""):
             assert state.listener is not None
-            events = receipt_events(store, state.listener, state.stopping, job_id, resume)
+            events = receipt_events(
+                store,
+                state.listener,
+                state.stopping,
+                job_id,
+                resume,
+                keepalive_s=state.settings.sse_keepalive_ms / 1000,
+            )
             return StreamingResponse(
                 events,
                 media_type="text/event-stream",

@@ -154,7 +154,7 @@ def format_target(value: float, target: float, at_least: bool, unit: str = "×")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Sizes of one run. `quick()` takes about two minutes, `full()` about ten."""
+    """Sizes of one run. `quick()` takes 1.5–2 minutes, `full()` 5–10 (idle machine to loaded)."""
 
     mode: str
     repetitions: int

@@ -76,7 +76,7 @@ def up_command() -> None:
 
 
 @main.command("bench")
-@click.option("--quick", is_flag=True, help="Small sizes: about two minutes instead of ten.")
+@click.option("--quick", is_flag=True, help="Small sizes: 1.5–2 minutes instead of 5–10.")
 @click.option("--repetitions", type=click.IntRange(1), help="Repetitions of every figure.")
 @click.option("--api-requests", type=click.IntRange(1), help="POSTs per API enqueue run.")
 @click.option("--burn-jobs", type=click.IntRange(1), help="Jobs of one burn-down run.")

@@ -249,3 +249,34 @@ async def test_an_invalid_last_event_id_is_422(client: httpx.AsyncClient) -> Non
     )
     assert response.status_code == 422
     assert response.json()["error"]["field"] == "Last-Event-ID"
+
+
+async def test_an_idle_stream_sends_keepalive_comments(
+    db_url: str, tmp_path: Path, store: Store
+) -> None:
+    # The default is 15 s (SSE_KEEPALIVE_S); a short period keeps the test short.
+    with running_api(db_url, tmp_path, RECEIPT_SSE_KEEPALIVE_MS="300") as api:
+        async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+            job_id = await enqueue(client)
+            lines: list[str] = []
+            started = asyncio.get_running_loop().time()
+            async with client.stream("GET", f"/jobs/{job_id}/events", headers=STREAM) as response:
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    if lines.count(": keepalive") == 3:
+                        break
+            elapsed = asyncio.get_running_loop().time() - started
+    # The backlog (retry hint, job.enqueued) first, then only comments while nothing happens.
+    assert lines[0].startswith("retry: ")
+    assert any(line.startswith("id: 1") for line in lines)
+    tail = lines[lines.index(": keepalive") :]
+    assert [line for line in tail if line] == [": keepalive"] * 3
+    assert 0.8 <= elapsed < 10
+    assert await types(store, job_id) == ["job.enqueued"]
+
+
+def test_the_keepalive_period_defaults_to_fifteen_seconds() -> None:
+    from roles.api import SSE_KEEPALIVE_S, ApiSettings
+
+    assert SSE_KEEPALIVE_S == 15.0
+    assert ApiSettings().sse_keepalive_ms == 15_000
