@@ -218,7 +218,9 @@ async def start_attempt(
         held = job.lease is not None and (job.lease.worker_id, job.lease.attempt)
         if held == (worker_id, attempt):
             if job.status == "running":
-                return Outcome(OK, job, already=True)
+                # A retry of an ambiguous commit: ours already, while the lease lasts.
+                rejection = fence_rejection(job, worker_id, attempt, now)
+                return rejection or Outcome(OK, job, already=True)
             return _heartbeat_decision(job, now, attempt, worker_id, lease_ms, False, None)
         return _heartbeat_decision(job, now, attempt, worker_id, lease_ms, True, process)
 

@@ -217,25 +217,35 @@ def params_types(drafts: Sequence[Draft]) -> list[str]:
     return [d.type for d in drafts]
 
 
-# A connection back in the pool for less than this is handed out again without a check (a
-# round trip). Under load connections come back within milliseconds; a database restart takes
-# longer than this, so a connection idle across one is still checked and replaced, and one
-# that slips through fails as a transient error, which callers retry.
+# A connection back in the pool for less than this is handed out again without the pool's
+# check (a round trip), unless the store asks to check every checkout. Under load connections
+# come back within milliseconds. A database restart that takes longer than this leaves every
+# pooled connection idle past it, so they are still checked and replaced; after a faster one
+# (a failover, a terminated backend) each broken connection fails once as a transient error —
+# the workers' storage retry and the recovery loops absorb that, so only the api checks always.
 CHECK_IDLE_S = 1.0
-_returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[TupleRow], float] = (
-    weakref.WeakKeyDictionary()
-)
 
 
-async def _note_return(conn: psycopg.AsyncConnection[TupleRow]) -> None:
-    _returned_at[conn] = time.monotonic()
+class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
+    """The psycopg pool, remembering when each connection came back (a `reset` callback would
+    do the same, but makes the pool return every connection through its background workers)."""
 
+    def __init__(self, *args: Any, check_idle_s: float = CHECK_IDLE_S, **kwargs: Any) -> None:
+        self.check_idle_s = check_idle_s
+        self._returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[TupleRow], float] = (
+            weakref.WeakKeyDictionary()
+        )
+        super().__init__(*args, check=self._check_if_idle, **kwargs)
 
-async def _check_if_idle(conn: psycopg.AsyncConnection[TupleRow]) -> None:
-    returned = _returned_at.get(conn)
-    if returned is not None and time.monotonic() - returned < CHECK_IDLE_S:
-        return
-    await AsyncConnectionPool.check_connection(conn)
+    async def putconn(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        self._returned_at[conn] = time.monotonic()
+        await super().putconn(conn)
+
+    async def _check_if_idle(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        returned = self._returned_at.get(conn)
+        if returned is not None and time.monotonic() - returned < self.check_idle_s:
+            return
+        await AsyncConnectionPool.check_connection(conn)
 
 
 class Store:
@@ -246,19 +256,27 @@ class Store:
 
     @classmethod
     async def open(
-        cls, url: str, *, min_size: int = 1, max_size: int = 10, open_timeout: float = 15.0
+        cls,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        open_timeout: float = 15.0,
+        check_idle_s: float = CHECK_IDLE_S,
     ) -> Store:
-        """Open a pool on `url` and wait until it has a connection; returns the store."""
-        pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]] = AsyncConnectionPool(
+        """Open a pool on `url` and wait until it has a connection; returns the store.
+
+        A connection broken by a database restart is replaced, not handed out: the pool checks
+        every connection idle for `check_idle_s` or longer (0: every checkout).
+        """
+        pool = _Pool(
             url,
             min_size=min_size,
             max_size=max_size,
             kwargs={"autocommit": True},
-            # A connection broken by a database restart is replaced, not handed out.
-            check=_check_if_idle,
-            reset=_note_return,
             open=False,
             timeout=10.0,
+            check_idle_s=check_idle_s,
         )
         with translate_errors():
             await pool.open(wait=True, timeout=open_timeout)

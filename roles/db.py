@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 
 from receipts.settings import Settings
-from receipts.store import Store, migrate
+from receipts.store import CHECK_IDLE_S, Store, migrate
 from roles.embedded import database_url
 
 
@@ -21,7 +21,19 @@ async def migrate_url(url: str) -> list[int]:
         return await migrate(conn)
 
 
-async def open_store(url: str, settings: Settings | None = None) -> Store:
-    """Open a pooled store on `url` with the configured pool size."""
+async def open_store(
+    url: str, settings: Settings | None = None, *, check_every_checkout: bool = False
+) -> Store:
+    """Open a pooled store on `url` with the configured pool size.
+
+    `check_every_checkout` (the api): check each connection before handing it out, so a fast
+    database restart never turns into a client's 503; other roles skip the check for a
+    connection back within a second (their callers retry a transient error).
+    """
     settings = settings or Settings()
-    return await Store.open(url, min_size=settings.pool_min_size, max_size=settings.pool_max_size)
+    return await Store.open(
+        url,
+        min_size=settings.pool_min_size,
+        max_size=settings.pool_max_size,
+        check_idle_s=0.0 if check_every_checkout else CHECK_IDLE_S,
+    )

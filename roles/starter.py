@@ -65,12 +65,18 @@ class DriverStarter:
         settings: Settings,
         timing: TimingSettings,
         hooks: StarterHooks | None = None,
+        *,
+        plan_first_run: bool = False,
     ) -> None:
         self.client = client
         self.store = store
         self.settings = settings
         self.timing = timing
         self.hooks = hooks or StarterHooks()
+        # Only a starter in the process that also runs the driver workflow (its dispatcher)
+        # may plan the first run: the plan's queue and timings must be the ones the driver's
+        # own `prepare_delivery` would derive from the same settings.
+        self.plan_first_run = plan_first_run
 
     async def start(self, job_id: str) -> StartResult:
         """Start the next delivery generation of a job, or say why nothing was started.
@@ -180,10 +186,14 @@ class DriverStarter:
         return handle.result_run_id or ""
 
     def _plan(self, job: Job) -> DriverPlan | None:
-        """The first run's plan when the job just read is plainly deliverable (queued, no abort,
-        no `availableAt`); otherwise None, and the driver reads the job itself. The attempt's
-        lease re-checks all of it under the fence, so a plan gone stale in between is refused
-        there, never acted on."""
+        """The first run's plan when this starter may plan and the job just read is plainly
+        deliverable (queued, no abort, no `availableAt`); otherwise None, and the driver reads
+        the job itself. The attempt's lease re-checks all of it under the fence, so a plan gone
+        stale in between is refused there, never acted on. Not with callbacks: the driver posts
+        `dispatched` before the attempt, and only its own read keeps that callback from
+        announcing a job settled in between."""
+        if not self.plan_first_run or self.settings.callback_urls:
+            return None
         if job.status != "queued" or job.abort_requested or job.available_at is not None:
             return None
         return dispatch_plan(job, self.settings, self.timing)

@@ -398,3 +398,14 @@ async def test_racing_starts_of_one_attempt_leave_one_holder(store: Store) -> No
         assert beat.ok == (worker == holder)
     leases = [t for t in await types(store, job.job_id) if t == "job.leased"]
     assert leases == ["job.leased"]
+
+
+async def test_a_retried_start_after_its_lease_expired_is_lease_lost(store: Store) -> None:
+    job = (await put(store)).job
+    worker = "j:attempt:1/1"
+    first = await ops.start_attempt(store, job.job_id, attempt=1, worker_id=worker, lease_ms=50)
+    assert first.ok
+    await asyncio.sleep(0.3)  # past the lease by the database clock
+    again = await ops.start_attempt(store, job.job_id, attempt=1, worker_id=worker, lease_ms=50)
+    assert again.status == "lease_lost" and not again.ok
+    assert await types(store, job.job_id) == ["job.enqueued", "job.leased", "job.heartbeat"]

@@ -139,3 +139,15 @@ async def test_a_connection_broken_within_the_check_window_is_a_transient_error_
         assert await store.now() is not None
     finally:
         await store.close()
+
+
+async def test_a_store_that_checks_every_checkout_never_hands_out_a_broken_connection(
+    db_url: str,
+) -> None:
+    store = await Store.open(db_url, min_size=1, max_size=1, check_idle_s=0.0)
+    try:
+        await store.now()
+        await _kill_backends_of(store, db_url)
+        assert await store.now() is not None  # checked, replaced, no error
+    finally:
+        await store.close()

@@ -98,7 +98,8 @@ async def running_stack(
     settings_obj = Settings(RECEIPT_TASK_QUEUE_PREFIX=f"t{uuid.uuid4().hex[:8]}-", **settings)
     timing = timing or TimingSettings()
     listener = Listener(db_url)
-    starter = DriverStarter(client, store, settings_obj, timing)
+    # As in the driver role: the dispatcher beside the driver worker plans first runs.
+    starter = DriverStarter(client, store, settings_obj, timing, plan_first_run=True)
     stack = Stack(client, store, db_url, settings_obj, timing, starter, listener)
     if handlers is not None:
         stack.handlers = handlers

@@ -374,17 +374,55 @@ async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
 ) -> None:
     from activities.driver import dispatch_plan
     from receipts.kinds import QUEUE_DRIVER
-    from receipts.messages import DriverInput
+    from receipts.messages import AttemptResult, DriverInput
 
     async with running_stack(client, fresh_store, fresh_db, dispatcher=False) as stack:
-        job = (await put(fresh_store, payload_extra=task("true"))).job
-        plan = dispatch_plan(job, stack.settings, stack.timing)  # read while it was queued
-        await ops.add_command(fresh_store, job.job_id, type="abort", organization_id="org-a")
-        handle = await client.start_workflow(
-            "JobDriverWorkflow",
-            DriverInput(job_id=job.job_id, plan=plan),
-            id=job.job_id,
-            task_queue=stack.queue(QUEUE_DRIVER),
+
+        async def drive(job_id: str, plan: Any) -> str:
+            handle = await client.start_workflow(
+                "JobDriverWorkflow",
+                DriverInput(job_id=job_id, plan=plan),
+                id=job_id,
+                task_queue=stack.queue(QUEUE_DRIVER),
+            )
+            result: str = await handle.result()
+            return result
+
+        async def attempt_result(job_id: str, n: int) -> AttemptResult:
+            handle = client.get_workflow_handle(f"{job_id}:attempt:{n}", result_type=AttemptResult)
+            return await handle.result()
+
+        # Canceled between the starter's read and the driver: the planned attempt runs and
+        # its lease is refused (terminal_state); nothing is leased.
+        canceled = (await put(fresh_store, payload_extra=task("true"))).job
+        plan = dispatch_plan(canceled, stack.settings, stack.timing)
+        await ops.add_command(fresh_store, canceled.job_id, type="abort", organization_id="org-a")
+        assert await drive(canceled.job_id, plan) == "canceled"
+        refused = await attempt_result(canceled.job_id, 1)
+        assert (refused.status, refused.job_status) == ("terminal_state", "canceled")
+
+        # The attempt moved on in between: the planned attempt 1 is stale; the driver then
+        # reads the job itself and delivers attempt 2.
+        moved = (await put(fresh_store, maxAttempts=3, payload_extra=task("true"))).job
+        plan = dispatch_plan(moved, stack.settings, stack.timing)
+        worker = f"{moved.job_id}:attempt:1/1"
+        assert (
+            await ops.start_attempt(
+                fresh_store, moved.job_id, attempt=1, worker_id=worker, lease_ms=60_000
+            )
+        ).ok
+        failed = await ops.fail(
+            fresh_store, moved.job_id, worker_id=worker, attempt=1, error="x", retryable=True
         )
-        assert await handle.result() == "canceled"
-    assert await types(fresh_store, job.job_id) == ["job.enqueued", "queue.command", "job.canceled"]
+        assert failed.job is not None and failed.job.status == "queued"
+        assert await drive(moved.job_id, plan) == "completed"
+        stale = await attempt_result(moved.job_id, 1)
+        assert stale.status == "stale_attempt"
+        assert (await attempt_result(moved.job_id, 2)).status == "completed"
+    assert await types(fresh_store, canceled.job_id) == [
+        "job.enqueued",
+        "queue.command",
+        "job.canceled",
+    ]
+    done = await fresh_store.get_job(moved.job_id)
+    assert done is not None and (done.status, done.attempt) == ("completed", 2)

@@ -5,7 +5,9 @@ sandboxed runner, must replay without a nondeterminism or sandbox-restriction er
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHistory
@@ -120,3 +122,23 @@ async def test_a_watchdog_tick_history_replays_under_the_sandbox(
     assert job_id.startswith("watchdog:")
     assert await fresh_store.get_job(job_id) is not None
     await replay_sandboxed([await handle.fetch_history()])
+
+
+# Histories recorded by this version (a completed job, a retried one across a continue-as-new,
+# one aborted while running). Workers of a later version must still replay them, or drivers
+# open across a deploy would stall on a nondeterminism error until their run timeout: a change
+# that breaks this test needs `workflow.patched` (or a versioned task queue), not new files.
+RECORDED = Path(__file__).parent / "histories"
+
+
+async def test_histories_recorded_by_this_version_still_replay() -> None:
+    files = sorted(RECORDED.glob("*.json"))
+    assert len(files) == 8
+    histories = []
+    for path in files:
+        recorded = json.loads(path.read_text())
+        histories.append(
+            WorkflowHistory.from_json(recorded["workflowId"], json.dumps(recorded["history"]))
+        )
+    assert {workflow_type(h) for h in histories} == {"JobDriverWorkflow", "JobAttemptWorkflow"}
+    await replay_sandboxed(histories)
