@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -90,27 +91,8 @@ class AttemptActivities:
         execution timeout, then settle under the fence. Returns the attempt's result status."""
         info = activity.info()
         worker_id = f"{attempt.job_id}:attempt:{attempt.attempt}/{info.attempt}"
-        # The ledger's "started" row is written beside the lease, not before it: it is
-        # best-effort and must not add a round trip to every attempt's start.
-        started = asyncio.create_task(
-            deliveries.ledger_activity(
-                self.store,
-                workflow_id=info.workflow_id or "",
-                activity_id=info.activity_id,
-                attempt=info.attempt,
-                job_id=attempt.job_id,
-                activity="execute_attempt",
-                worker_id=worker_id,
-                status="started",
-            )
-        )
-        try:
-            result = await self._execute(attempt, worker_id)
-        finally:
-            # Never let the "started" row land after the final one.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(started)
-        await deliveries.ledger_activity(
+        ledger = functools.partial(
+            deliveries.ledger_activity,
             self.store,
             workflow_id=info.workflow_id or "",
             activity_id=info.activity_id,
@@ -118,8 +100,18 @@ class AttemptActivities:
             job_id=attempt.job_id,
             activity="execute_attempt",
             worker_id=worker_id,
-            status=result.status,
-            detail={"jobStatus": result.job_status, "error": result.error},
+        )
+        # The ledger's "started" row is written beside the lease, not before it: it is
+        # best-effort and must not add a round trip to every attempt's start.
+        started = asyncio.create_task(ledger(status="started"))
+        try:
+            result = await self._execute(attempt, worker_id)
+        finally:
+            # Never let the "started" row land after the final one.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(started)
+        await ledger(
+            status=result.status, detail={"jobStatus": result.job_status, "error": result.error}
         )
         return result
 
