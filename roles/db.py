@@ -21,6 +21,10 @@ async def migrate_url(url: str) -> list[int]:
         return await migrate(conn)
 
 
+# The api's pool when RECEIPT_DB_POOL_MAX is not set (the other roles: 10).
+API_POOL_MAX = 20
+
+
 async def open_store(
     url: str, settings: Settings | None = None, *, check_every_checkout: bool = False
 ) -> Store:
@@ -31,9 +35,13 @@ async def open_store(
     connection back within a second (their callers retry a transient error).
     """
     settings = settings or Settings()
+    max_size = settings.pool_max_size
+    if check_every_checkout and "pool_max_size" not in settings.model_fields_set:
+        # The api serves many requests at once; each holds a connection for one transaction.
+        max_size = API_POOL_MAX
     return await Store.open(
         url,
         min_size=settings.pool_min_size,
-        max_size=settings.pool_max_size,
+        max_size=max_size,
         check_idle_s=0.0 if check_every_checkout else CHECK_IDLE_S,
     )

@@ -151,3 +151,20 @@ async def test_a_store_that_checks_every_checkout_never_hands_out_a_broken_conne
         assert await store.now() is not None  # checked, replaced, no error
     finally:
         await store.close()
+
+
+async def test_the_api_pool_is_larger_unless_the_size_is_set(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from roles.db import API_POOL_MAX, open_store
+
+    monkeypatch.delenv("RECEIPT_DB_POOL_MAX", raising=False)
+    sizes = []
+    for api, env in ((True, None), (False, None), (True, "5")):
+        if env is not None:
+            monkeypatch.setenv("RECEIPT_DB_POOL_MAX", env)
+        store = await open_store(db_url, check_every_checkout=api)
+        sizes.append((store.pool.max_size, store.pool.check_idle_s))  # type: ignore[attr-defined]
+        await store.close()
+    assert sizes == [(API_POOL_MAX, 0.0), (10, CHECK_IDLE_S), (5, 0.0)]
+    assert API_POOL_MAX == 20
