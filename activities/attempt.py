@@ -101,15 +101,8 @@ class AttemptActivities:
             activity="execute_attempt",
             worker_id=worker_id,
         )
-        # The ledger's "started" row is written beside the lease, not before it: it is
-        # best-effort and must not add a round trip to every attempt's start.
-        started = asyncio.create_task(ledger(status="started"))
-        try:
+        async with deliveries.written_beside(ledger(status="started")):
             result = await self._execute(attempt, worker_id)
-        finally:
-            # Never let the "started" row land after the final one.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(started)
         await ledger(
             status=result.status, detail={"jobStatus": result.job_status, "error": result.error}
         )

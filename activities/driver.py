@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import hmac
 import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 from temporalio import activity
@@ -36,7 +34,7 @@ from receipts.messages import (
 )
 from receipts.settings import Settings
 from receipts.store import Store, dumps
-from receipts.timing import TimingSettings, derive
+from receipts.timing import JobTiming, TimingSettings, derive
 
 log = logging.getLogger("activities.driver")
 
@@ -132,9 +130,9 @@ async def post_callbacks(
     return posted
 
 
-def dispatch_plan(job: Job, settings: Settings, timing: TimingSettings) -> DriverPlan:
-    """The plan to deliver the next attempt of a queued, deliverable job."""
-    derived = derive(job.agent_id, job.payload, timing)
+def dispatch_plan(job: Job, settings: Settings, derived: JobTiming) -> DriverPlan:
+    """The plan to deliver the next attempt of a queued, deliverable job, with the timing
+    `derive` gave for it."""
     return DriverPlan(
         DISPATCH,
         job_status=job.status,
@@ -173,23 +171,17 @@ class DriverActivities:
         abort requested on a queued job cancels it. The driver never leases.
         """
         info = activity.info()
-        # The best-effort ledger row is written beside the read, not before it.
-        ledger = asyncio.create_task(
-            deliveries.ledger_workflow(
-                self.store,
-                workflow_id=info.workflow_id or "",
-                run_id=info.workflow_run_id or "",
-                job_id=job_id,
-                workflow="JobDriverWorkflow",
-                task_queue=info.task_queue,
-                status="running",
-            )
+        row = deliveries.ledger_workflow(
+            self.store,
+            workflow_id=info.workflow_id or "",
+            run_id=info.workflow_run_id or "",
+            job_id=job_id,
+            workflow="JobDriverWorkflow",
+            task_queue=info.task_queue,
+            status="running",
         )
-        try:
+        async with deliveries.written_beside(row):
             return await with_storage_retry(lambda: self._plan(job_id), what="prepare delivery")
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(ledger)
 
     async def _plan(self, job_id: str) -> DriverPlan:
         job, now = await self.store.get_job_with_now(job_id)
@@ -242,7 +234,7 @@ class DriverActivities:
             assert job.available_at is not None
             wait = (job.available_at - now).total_seconds() * 1000
             return DriverPlan(NOT_AVAILABLE, job_status=job.status, wait_ms=int(wait) + 50)
-        return dispatch_plan(job, self.settings, self.timing)
+        return dispatch_plan(job, self.settings, derive(job.agent_id, job.payload, self.timing))
 
     @activity.defn(name="post_callbacks")
     async def post_callbacks(self, request: CallbackRequest) -> int:
@@ -251,18 +243,3 @@ class DriverActivities:
         if job is None:
             return 0
         return await post_callbacks(self.store, self.settings, self.http, job, request.event)
-
-    @activity.defn(name="record_driver_end")
-    async def record_driver_end(self, detail: dict[str, Any]) -> None:
-        """Best-effort ledger row for the end of a driver run."""
-        info = activity.info()
-        await deliveries.ledger_workflow(
-            self.store,
-            workflow_id=info.workflow_id or "",
-            run_id=info.workflow_run_id or "",
-            job_id=detail.get("jobId"),
-            workflow="JobDriverWorkflow",
-            task_queue=info.task_queue,
-            status=str(detail.get("status", "closed")),
-            detail=detail,
-        )

@@ -6,8 +6,10 @@ best-effort — a failure is logged and counted, never raised into a receipt app
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -63,12 +65,6 @@ async def _fetch(store: Store, name: str, params: dict[str, Any]) -> list[tuple[
         async with store.pool.connection() as conn:
             cur = await conn.execute(query(name), params)
             return list(await cur.fetchall()) if cur.description else []
-
-
-async def latest(store: Store, job_id: str) -> LatestDelivery | None:
-    """Return the latest recorded delivery generation of a job, or None if never dispatched."""
-    rows = await _fetch(store, "delivery_latest", {"job_id": job_id})
-    return LatestDelivery(rows[0][0], rows[0][1]) if rows else None
 
 
 async def job_and_latest(store: Store, job_id: str) -> tuple[Job | None, LatestDelivery | None]:
@@ -172,6 +168,19 @@ async def _ledger(store: Store, name: str, params: dict[str, Any]) -> None:
         log.warning(
             "ledger write failed", extra={"event": "ledger.write_failed", "error": str(exc)}
         )
+
+
+@contextlib.asynccontextmanager
+async def written_beside(row: Awaitable[None]) -> AsyncIterator[None]:
+    """Write a best-effort ledger `row` while the block runs, not before it (no round trip
+    added to the block's path), and wait for it when the block ends, so that it never lands
+    after a row the caller writes next."""
+    task = asyncio.ensure_future(row)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(task)
 
 
 async def ledger_workflow(

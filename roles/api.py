@@ -584,7 +584,7 @@ def create_app(
         if store is None:
             from roles.db import open_store
 
-            api.store = await open_store(url, check_every_checkout=True)
+            api.store = await open_store(url, api=True)
         else:
             api.store = store
         listening: asyncio.Task[None] | None = None

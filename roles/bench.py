@@ -512,15 +512,28 @@ class Bench:
         with contextlib.suppress(OSError, ValueError):
             self.postmaster_pid = int(pid_file.read_text().split()[0])
 
-    def _create_database(self, purpose: str) -> str:
+    async def _create_database(self, purpose: str) -> str:
+        """A fresh, migrated database for one part of the run (dropped at the end)."""
         import psycopg
         from psycopg.conninfo import make_conninfo
+
+        from roles.db import migrate_url
 
         name = f"receipt_bench_{purpose}_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"'.encode())
         self.databases.append(name)
-        return make_conninfo(self.admin_url, dbname=name)
+        url = make_conninfo(self.admin_url, dbname=name)
+        await migrate_url(url)
+        return url
+
+    def _start_api(self, db_url: str, **env: str) -> int:
+        """Start the api role on a free port; return the port."""
+        port = free_port()
+        self._start_role(
+            "api", db_url, RECEIPT_API_PORT=str(port), RECEIPT_API_HOST="127.0.0.1", **env
+        )
+        return port
 
     def _drop_databases(self) -> None:
         import psycopg
@@ -693,14 +706,11 @@ class Bench:
     async def _api_phase(self) -> None:
         from receipts.enqueue import EnqueueRequest, enqueue
         from receipts.store import Store
-        from roles.db import migrate_url
 
         assert self.processes is not None
         cfg = self.config
-        db_url = self._create_database("api")
-        await migrate_url(db_url)
-        port = free_port()
-        self._start_role("api", db_url, RECEIPT_API_PORT=str(port), RECEIPT_API_HOST="127.0.0.1")
+        db_url = await self._create_database("api")
+        port = self._start_api(db_url)
         await self._wait_http(port, "api")
         store = await Store.open(db_url, min_size=max(cfg.api_concurrency), max_size=64)
         raw_post = post_request("127.0.0.1", port, "/agents/codex/jobs", {"payload": NOOP_PAYLOAD})
@@ -780,19 +790,14 @@ class Bench:
         from temporalio.client import Client
 
         from receipts.store import Store
-        from roles.db import migrate_url
         from roles.role import execute_concurrency
 
         assert self.processes is not None
         cfg = self.config
-        db_url = self._create_database("e2e")
-        await migrate_url(db_url)
-        port = free_port()
+        db_url = await self._create_database("e2e")
         concurrency = cfg.worker_concurrency or execute_concurrency("worker-codex", {})
         extra = {"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": str(concurrency)}
-        self._start_role(
-            "api", db_url, RECEIPT_API_PORT=str(port), RECEIPT_API_HOST="127.0.0.1", **extra
-        )
+        port = self._start_api(db_url, **extra)
         self._start_role("driver", db_url, **extra)
         self._start_role("worker-codex", db_url, **extra)
         self._start_raw("driver", concurrency)

@@ -25,23 +25,22 @@ async def migrate_url(url: str) -> list[int]:
 API_POOL_MAX = 20
 
 
-async def open_store(
-    url: str, settings: Settings | None = None, *, check_every_checkout: bool = False
-) -> Store:
+async def open_store(url: str, settings: Settings | None = None, *, api: bool = False) -> Store:
     """Open a pooled store on `url` with the configured pool size.
 
-    `check_every_checkout` (the api): check each connection before handing it out, so a fast
-    database restart never turns into a client's 503; other roles skip the check for a
-    connection back within a second (their callers retry a transient error).
+    The api's pool (`api=True`) checks each connection before handing it out, so a fast
+    database restart never turns into a client's 503, and is larger unless
+    `RECEIPT_DB_POOL_MAX` is set (many requests at once, one transaction each). The other roles
+    skip the check for a connection back within a second: their callers retry a transient
+    error.
     """
     settings = settings or Settings()
     max_size = settings.pool_max_size
-    if check_every_checkout and "pool_max_size" not in settings.model_fields_set:
-        # The api serves many requests at once; each holds a connection for one transaction.
+    if api and "pool_max_size" not in settings.model_fields_set:
         max_size = API_POOL_MAX
     return await Store.open(
         url,
         min_size=settings.pool_min_size,
         max_size=max_size,
-        check_idle_s=0.0 if check_every_checkout else CHECK_IDLE_S,
+        check_idle_s=0.0 if api else CHECK_IDLE_S,
     )

@@ -129,7 +129,7 @@ class Runtime:
 async def _open(role: str, settings: Settings) -> Runtime:
     url = resolve_url(settings)
     await migrate_url(url)
-    store = await open_store(url, settings, check_every_checkout=role == "api")
+    store = await open_store(url, settings, api=role == "api")
     metrics = Metrics()
     metrics.wire_process_counters()
     return Runtime(

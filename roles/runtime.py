@@ -74,7 +74,6 @@ def driver_worker(
         activities=[
             activities.prepare_delivery,
             activities.post_callbacks,
-            activities.record_driver_end,
         ],
         workflow_runner=WORKFLOW_RUNNER,
     )

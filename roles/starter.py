@@ -28,7 +28,7 @@ from receipts.kinds import QUEUE_DRIVER
 from receipts.messages import DriverInput, DriverPlan
 from receipts.settings import Settings
 from receipts.store import Store
-from receipts.timing import TimingSettings, derive
+from receipts.timing import JobTiming, TimingSettings, derive
 from roles.tracing import attach_traceparent, detach
 from workflows.driver import search_attributes
 
@@ -127,9 +127,7 @@ class DriverStarter:
                     "receipt.dispatch",
                     attributes={"receipt.job_id": job_id, "receipt.generation": generation},
                 ):
-                    run_id = await self._start_driver(
-                        job, workflow_id, generation, timing.driver_timeout_ms
-                    )
+                    run_id = await self._start_driver(job, workflow_id, generation, timing)
             except WorkflowAlreadyStartedError:
                 if await self._is_open(workflow_id):
                     await deliveries.record(self.store, job_id, generation)
@@ -164,7 +162,7 @@ class DriverStarter:
             return StartResult(True, None, workflow_id, generation)
 
     async def _start_driver(
-        self, job: Job, workflow_id: str, generation: int, driver_timeout_ms: int
+        self, job: Job, workflow_id: str, generation: int, timing: JobTiming
     ) -> str:
         """Start the driver run; return its run id."""
         handle = await self.client.start_workflow(
@@ -174,18 +172,18 @@ class DriverStarter:
                 generation=generation,
                 callbacks=bool(self.settings.callback_urls),
                 deliveries=self.settings.deliveries_per_attempt,
-                plan=self._plan(job),
+                plan=self._plan(job, timing),
             ),
             id=workflow_id,
             task_queue=self.settings.queue(QUEUE_DRIVER),
-            run_timeout=timedelta(milliseconds=driver_timeout_ms),
+            run_timeout=timedelta(milliseconds=timing.driver_timeout_ms),
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=search_attributes(job.job_id, job.agent_id, job.lane, job.kind),
             static_summary=f"deliver {job.agent_id} {job.kind} (generation {generation})",
         )
         return handle.result_run_id or ""
 
-    def _plan(self, job: Job) -> DriverPlan | None:
+    def _plan(self, job: Job, timing: JobTiming) -> DriverPlan | None:
         """The first run's plan when this starter may plan and the job just read is plainly
         deliverable (queued, no abort, no `availableAt`); otherwise None, and the driver reads
         the job itself. The attempt's lease re-checks all of it under the fence, so a plan gone
@@ -196,7 +194,7 @@ class DriverStarter:
             return None
         if job.status != "queued" or job.abort_requested or job.available_at is not None:
             return None
-        return dispatch_plan(job, self.settings, self.timing)
+        return dispatch_plan(job, self.settings, timing)
 
     async def _is_open(self, workflow_id: str) -> bool:
         try:

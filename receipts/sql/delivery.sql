@@ -1,8 +1,5 @@
 -- Delivery bookkeeping, callbacks and the ledger (see migrations/0002_delivery.sql).
 
--- name: delivery_latest
-SELECT generation, workflow_id FROM deliveries WHERE job_id = %(job_id)s;
-
 -- name: delivery_job_and_latest
 SELECT (SELECT state FROM jobs WHERE job_id = %(job_id)s), d.generation, d.workflow_id
 FROM (SELECT 1) AS one

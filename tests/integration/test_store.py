@@ -163,7 +163,7 @@ async def test_the_api_pool_is_larger_unless_the_size_is_set(
     for api, env in ((True, None), (False, None), (True, "5")):
         if env is not None:
             monkeypatch.setenv("RECEIPT_DB_POOL_MAX", env)
-        store = await open_store(db_url, check_every_checkout=api)
+        store = await open_store(db_url, api=api)
         sizes.append((store.pool.max_size, store.pool.check_idle_s))  # type: ignore[attr-defined]
         await store.close()
     assert sizes == [(API_POOL_MAX, 0.0), (10, CHECK_IDLE_S), (5, 0.0)]

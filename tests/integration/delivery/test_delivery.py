@@ -173,7 +173,7 @@ async def test_a_job_for_a_queue_with_no_worker_waits_then_completes(
         assert (await fresh_store.get_job(job.job_id)).status == "queued"  # type: ignore[union-attr]
         again = await stack.starter.start(job.job_id)
         assert (again.created, again.reason) == (False, "active_delivery")
-        latest = await deliveries.latest(fresh_store, job.job_id)
+        latest = (await deliveries.job_and_latest(fresh_store, job.job_id))[1]
         assert latest is not None and latest.generation == 0
         await stack.start_worker("receipt-codex")
         done = await wait_for_status(fresh_store, job.job_id)
@@ -373,8 +373,10 @@ async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
     from activities.driver import dispatch_plan
+    from receipts.jobs import Job
     from receipts.kinds import QUEUE_DRIVER
     from receipts.messages import AttemptResult, DriverInput
+    from receipts.timing import JobTiming, derive
 
     async with running_stack(client, fresh_store, fresh_db, dispatcher=False) as stack:
 
@@ -388,6 +390,9 @@ async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
             result: str = await handle.result()
             return result
 
+        def timing_of(job: Job) -> JobTiming:
+            return derive(job.agent_id, job.payload, stack.timing)
+
         async def attempt_result(job_id: str, n: int) -> AttemptResult:
             handle = client.get_workflow_handle(f"{job_id}:attempt:{n}", result_type=AttemptResult)
             return await handle.result()
@@ -395,7 +400,7 @@ async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
         # Canceled between the starter's read and the driver: the planned attempt runs and
         # its lease is refused (terminal_state); nothing is leased.
         canceled = (await put(fresh_store, payload_extra=task("true"))).job
-        plan = dispatch_plan(canceled, stack.settings, stack.timing)
+        plan = dispatch_plan(canceled, stack.settings, timing_of(canceled))
         await ops.add_command(fresh_store, canceled.job_id, type="abort", organization_id="org-a")
         assert await drive(canceled.job_id, plan) == "canceled"
         refused = await attempt_result(canceled.job_id, 1)
@@ -404,7 +409,7 @@ async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
         # The attempt moved on in between: the planned attempt 1 is stale; the driver then
         # reads the job itself and delivers attempt 2.
         moved = (await put(fresh_store, maxAttempts=3, payload_extra=task("true"))).job
-        plan = dispatch_plan(moved, stack.settings, stack.timing)
+        plan = dispatch_plan(moved, stack.settings, timing_of(moved))
         worker = f"{moved.job_id}:attempt:1/1"
         assert (
             await ops.start_attempt(

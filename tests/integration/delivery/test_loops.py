@@ -60,7 +60,7 @@ async def test_two_concurrent_passes_dispatch_one_observed_queue_state_once(
         assert sum(r.skipped for r in results) == 2
         done = await wait_for_status(fresh_store, job.job_id)
     assert done.status == "completed"
-    latest = await deliveries.latest(fresh_store, job.job_id)
+    latest = (await deliveries.job_and_latest(fresh_store, job.job_id))[1]
     assert latest is not None and latest.generation == 0
 
 
@@ -79,7 +79,7 @@ async def test_redrive_respects_the_minimum_age_and_cooldown(
             fresh_store, s.starter, s.settings, RedriveConfig(min_age_ms=0, cooldown_ms=60_000)
         )
         assert (await cooling.run_once()).redriven == 0
-        assert await deliveries.latest(fresh_store, job.job_id) is not None
+        assert (await deliveries.job_and_latest(fresh_store, job.job_id))[1] is not None
 
 
 async def test_a_dead_workers_job_is_recovered_by_the_scan_with_a_higher_attempt(
@@ -167,7 +167,7 @@ async def test_a_redrive_that_finds_an_open_delivery_does_not_spend_its_key(
         await child.terminate("test: the delivery is lost")
         again = await redrive.run_once()
         assert again.redriven == 1  # the same observed queue state is redriven now
-        latest = await deliveries.latest(fresh_store, job.job_id)
+        latest = (await deliveries.job_and_latest(fresh_store, job.job_id))[1]
         assert latest is not None and latest.generation == 1
         await s.start_worker("receipt-codex")
         done = await wait_for_status(fresh_store, job.job_id)
