@@ -387,6 +387,20 @@ def main(requested: str | None = None) -> None:
         await run_role(requested, stop)
 
     run_event_loop(_main(), event_loop_for(resolve_role(requested)[0]))
+    _exit_without_finalizing()
+
+
+def _exit_without_finalizing() -> None:
+    """Exit 0 after a clean stop without running interpreter finalization.
+
+    Everything the role owns is closed by now, but the Temporal SDK's Rust threads can still
+    call into a finalizing interpreter and abort the process (`PyGILState_Release`, exit -6),
+    seen here once after a clean SIGTERM drain. Logs are flushed first.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # Roles that spawn commands stay on asyncio's loop: CPython spawns with vfork(), libuv (uvloop)
