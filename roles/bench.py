@@ -505,7 +505,7 @@ class Bench:
         if self.database_url:
             self.admin_url = self.database_url
             return
-        from roles.embedded import embedded_database_url
+        from roles.infra.embedded import embedded_database_url
 
         self.admin_url = embedded_database_url(self.data_dir)
         pid_file = (self.data_dir / "pgdata" / "postmaster.pid").resolve()
@@ -517,7 +517,7 @@ class Bench:
         import psycopg
         from psycopg.conninfo import make_conninfo
 
-        from roles.db import migrate_url
+        from roles.infra.db import migrate_url
 
         name = f"receipt_bench_{purpose}_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
@@ -547,7 +547,7 @@ class Bench:
         self.databases.clear()
 
     async def _start_temporal(self, tmp: Path) -> None:
-        from roles.temporal import (
+        from roles.infra.temporal import (
             dev_server_args,
             search_attribute_flags,
             sqlite_file_args,

@@ -74,7 +74,7 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
     from temporalio.client import Client
     from temporalio.worker import Worker
 
-    from roles.runtime import WORKFLOW_RUNNER
+    from roles.delivery.runtime import WORKFLOW_RUNNER
 
     client = await Client.connect(address)
     if side == "driver":

@@ -36,9 +36,9 @@ from receipts.projections import verify
 from receipts.settings import Settings
 from receipts.sql import query
 from receipts.store import Store, translate_errors
-from roles.db import migrate_url
-from roles.embedded import embedded_database_url
-from roles.up import Supervised, temporal_argv, wait_port
+from roles.cli.up import Supervised, temporal_argv, wait_port
+from roles.infra.db import migrate_url
+from roles.infra.embedded import embedded_database_url
 
 FAULT_KINDS: tuple[str, ...] = (
     "kill_worker",

@@ -30,10 +30,8 @@ from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import TimingSettings
 from receipts.watchdog import WatchdogSettings
-from roles import logs
-from roles.db import migrate_url, open_store, resolve_url
-from roles.dispatcher import Dispatcher
-from roles.loops import (
+from roles.delivery.dispatcher import Dispatcher
+from roles.delivery.loops import (
     ObjectiveControlOutboxRedrive,
     ObjectiveResume,
     QueuedRedrive,
@@ -41,13 +39,15 @@ from roles.loops import (
     env_ms,
     objective_control_outbox,
 )
-from roles.metrics import Metrics
-from roles.runtime import attempt_worker, driver_worker
-from roles.starter import DriverStarter
-from roles.temporal import DEFAULT_ADDRESS, ensure_search_attributes
-from roles.tracing import configure_tracing
-from roles.tracing import recording as tracing_recording
-from roles.watchdog import ensure_watchdog_schedule
+from roles.delivery.runtime import attempt_worker, driver_worker
+from roles.delivery.starter import DriverStarter
+from roles.delivery.watchdog import ensure_watchdog_schedule
+from roles.infra import logs
+from roles.infra.db import migrate_url, open_store, resolve_url
+from roles.infra.metrics import Metrics
+from roles.infra.temporal import DEFAULT_ADDRESS, ensure_search_attributes
+from roles.infra.tracing import configure_tracing
+from roles.infra.tracing import recording as tracing_recording
 from workflows.watchdog import WatchdogTickWorkflow
 
 log = logging.getLogger("roles.role")
@@ -199,7 +199,7 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
         runtime.spawn(runtime.metrics.run_queue_depth(runtime.store), "queue-depth")
         _start_loops(runtime)
         if role == "api":
-            import roles.api  # noqa: F401  (imported before the heap is frozen)
+            import roles.api.app  # noqa: F401  (imported before the heap is frozen)
         _freeze_startup_heap()
         log.info("role starting", extra={"event": "role.start", "pid": os.getpid()})
         if role in WORKER_QUEUES:
@@ -207,7 +207,7 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
         elif role == "driver":
             await _run_driver(runtime, stop)
         elif role == "api":
-            from roles.api import serve_api
+            from roles.api.app import serve_api
 
             await serve_api(
                 stop, store=runtime.store, listener=runtime.listener, metrics=runtime.metrics

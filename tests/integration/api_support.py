@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from receipts.store import Store
-from roles.api import ApiSettings, create_app
+from roles.api.app import ApiSettings, create_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +87,7 @@ class RunningApi:
 
 @contextmanager
 def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
-    """Start `python -m roles.cli api` on a free port; wait until /healthz answers; stop it."""
+    """Start `python -m roles.cli.main api` on a free port; wait until /healthz answers; stop it."""
     port = free_port()
     log = log_dir / f"api-{port}.log"
     settings = {
@@ -99,7 +99,7 @@ def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
     }
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "roles.cli", "api"],
+            [sys.executable, "-m", "roles.cli.main", "api"],
             cwd=ROOT,
             env=clean_env(settings),
             stdout=out,

@@ -599,7 +599,7 @@ async def test_an_unknown_route_and_method_answer_in_the_error_shape(
 async def test_a_database_outage_is_503_with_retry_after(
     make_database: Any, server_url: str
 ) -> None:
-    from roles.db import migrate_url
+    from roles.infra.db import migrate_url
 
     url = make_database()
     await migrate_url(url)
@@ -652,7 +652,7 @@ async def test_a_database_outage_is_503_with_retry_after(
 async def test_without_tokens_the_api_runs_open_on_loopback_and_warns(
     db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level("WARNING", logger="roles.api"):
+    with caplog.at_level("WARNING", logger="roles.api.app"):
         async with api_client(db_url, tokens=None, host="127.0.0.1") as client:
             response = await post(client, enqueue_body(org="org-q"), headers={})
             assert response.status_code == 202
@@ -662,8 +662,8 @@ async def test_without_tokens_the_api_runs_open_on_loopback_and_warns(
 
 
 def test_without_tokens_the_api_refuses_a_non_loopback_bind() -> None:
-    from roles.api import ApiSettings, create_app
-    from roles.auth import TokenConfigError
+    from roles.api.app import ApiSettings, create_app
+    from roles.api.auth import TokenConfigError
 
     for host in ("0.0.0.0", "10.1.2.3", "::", "api.example.com"):
         with pytest.raises(TokenConfigError, match="refusing to serve"):
@@ -682,7 +682,7 @@ def test_the_documented_enumerations_are_the_domain_ones() -> None:
     from typing import get_args
 
     from receipts.jobs import COMMAND_TYPES
-    from roles.api_schema import CommandTypeName, KindName, LaneName, SingletonModeName
+    from roles.api.schema import CommandTypeName, KindName, LaneName, SingletonModeName
 
     assert get_args(LaneName) == LANES
     assert get_args(SingletonModeName) == SINGLETON_MODES

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from receipts.store import Store
-from roles.auth import (
+from roles.api.auth import (
     TokenConfigError,
     TokenTable,
     check_open_bind,

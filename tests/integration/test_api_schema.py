@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (
     unsupported_method,
 )
 
-from roles.api import ApiSettings, create_app
+from roles.api.app import ApiSettings, create_app
 from tests.integration.api_support import AS_ADMIN, RunningApi, running_api
 
 # The schema the app publishes, built without a server (schemathesis' fixture-based loader does

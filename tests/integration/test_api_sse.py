@@ -17,7 +17,7 @@ import pytest
 
 from receipts import operations as ops
 from receipts.store import Store
-from roles.client import SseEvent, parse_sse
+from roles.cli.client import SseEvent, parse_sse
 from tests.integration.api_support import AS_A, AS_B, RunningApi, enqueue_body, running_api
 from tests.integration.helpers import types
 
@@ -276,7 +276,7 @@ async def test_an_idle_stream_sends_keepalive_comments(
 
 
 def test_the_keepalive_period_defaults_to_fifteen_seconds() -> None:
-    from roles.api import SSE_KEEPALIVE_S, ApiSettings
+    from roles.api.app import SSE_KEEPALIVE_S, ApiSettings
 
     assert SSE_KEEPALIVE_S == 15.0
     assert ApiSettings().sse_keepalive_ms == 15_000

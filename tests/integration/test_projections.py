@@ -64,7 +64,7 @@ async def test_verify_reports_a_tampered_projection(store: Store, db_url: str) -
 def test_cli_rebuild_and_verify(db_url: str) -> None:
     env = {"RECEIPT_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"}
     verify_run = subprocess.run(
-        [sys.executable, "-m", "roles.cli", "rebuild-projections", "--verify-only"],
+        [sys.executable, "-m", "roles.cli.main", "rebuild-projections", "--verify-only"],
         env=env,
         capture_output=True,
         text=True,
@@ -74,7 +74,7 @@ def test_cli_rebuild_and_verify(db_url: str) -> None:
     assert verify_run.returncode == 0, verify_run.stderr
     assert "projection differences: 0" in verify_run.stdout
     rebuild_run = subprocess.run(
-        [sys.executable, "-m", "roles.cli", "rebuild-projections"],
+        [sys.executable, "-m", "roles.cli.main", "rebuild-projections"],
         env=env,
         capture_output=True,
         text=True,

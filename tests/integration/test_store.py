@@ -156,7 +156,7 @@ async def test_a_store_that_checks_every_checkout_never_hands_out_a_broken_conne
 async def test_the_api_pool_is_larger_unless_the_size_is_set(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from roles.db import API_POOL_MAX, open_store
+    from roles.infra.db import API_POOL_MAX, open_store
 
     monkeypatch.delenv("RECEIPT_DB_POOL_MAX", raising=False)
     sizes = []

@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from roles.tracing import _RecordWhenConsumed, current_traceparent, trace_id_of
+from roles.infra.tracing import _RecordWhenConsumed, current_traceparent, trace_id_of
 
 
 def test_unconsumed_spans_are_not_recorded_but_carry_a_trace_id() -> None:

@@ -22,10 +22,10 @@ from receipts.listen import Listener
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import TimingSettings
-from roles.db import migrate_url
-from roles.dispatcher import Dispatcher
-from roles.runtime import attempt_worker, driver_worker
-from roles.starter import DriverStarter
+from roles.delivery.dispatcher import Dispatcher
+from roles.delivery.runtime import attempt_worker, driver_worker
+from roles.delivery.starter import DriverStarter
+from roles.infra.db import migrate_url
 
 
 @pytest.fixture

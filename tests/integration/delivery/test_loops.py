@@ -12,7 +12,7 @@ from temporalio.client import Client
 from receipts import deliveries
 from receipts import operations as ops
 from receipts.store import Store
-from roles.loops import (
+from roles.delivery.loops import (
     ObjectiveControlOutboxRedrive,
     QueuedRedrive,
     RedriveConfig,
@@ -113,7 +113,7 @@ async def test_outbox_redrive_is_single_flight_and_reports_a_slow_pass(caplog: A
         return 3
 
     slow: list[str] = []
-    from roles.loops import LoopHooks
+    from roles.delivery.loops import LoopHooks
 
     loop = ObjectiveControlOutboxRedrive(
         slow_source, interval_ms=10, timeout_ms=50, hooks=LoopHooks(on_slow=slow.append)

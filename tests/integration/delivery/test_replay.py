@@ -18,7 +18,7 @@ from activities.watchdog import WatchdogActivities
 from receipts import operations as ops
 from receipts.kinds import QUEUE_CODEX
 from receipts.store import Store
-from roles.runtime import WORKFLOW_RUNNER
+from roles.delivery.runtime import WORKFLOW_RUNNER
 from tests.integration.delivery.conftest import running_stack, wait_for_status
 from tests.integration.helpers import put
 from workflows.attempt import JobAttemptWorkflow

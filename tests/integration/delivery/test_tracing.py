@@ -8,7 +8,7 @@ from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
 from receipts.store import Store
-from roles.tracing import configure_tracing
+from roles.infra.tracing import configure_tracing
 from tests.integration.api_support import AS_A, api_client, enqueue_body
 from tests.integration.delivery.conftest import running_stack, wait_for_status
 

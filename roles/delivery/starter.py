@@ -29,10 +29,10 @@ from receipts.messages import DriverInput, DriverPlan
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import JobTiming, TimingSettings, derive
-from roles.tracing import attach_traceparent, detach
+from roles.infra.tracing import attach_traceparent, detach
 from workflows.driver import search_attributes
 
-log = logging.getLogger("roles.starter")
+log = logging.getLogger("roles.delivery.starter")
 _tracer = trace.get_tracer("receipt.starter")
 
 ACTIVE_DELIVERY = "active_delivery"

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from receipts.settings import Settings
-from roles.db import migrate_url, resolve_url
-from roles.role import DEFAULT_METRICS_PORTS, ROLES
-from roles.temporal import (
+from roles.infra.db import migrate_url, resolve_url
+from roles.infra.temporal import (
     dev_server_args,
     search_attribute_flags,
     sqlite_file_args,
     temporal_cli,
 )
+from roles.role import DEFAULT_METRICS_PORTS, ROLES
 
 COLOURS = {
     "api": "\033[36m",

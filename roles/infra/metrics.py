@@ -15,10 +15,10 @@ from receipts.jobs import STATUSES, Job
 from receipts.kinds import route, route_disagrees
 from receipts.sql import query
 from receipts.store import Store, translate_errors
-from roles.loops import LoopHooks, PassResult
-from roles.starter import StarterHooks
+from roles.delivery.loops import LoopHooks, PassResult
+from roles.delivery.starter import StarterHooks
 
-log = logging.getLogger("roles.metrics")
+log = logging.getLogger("roles.infra.metrics")
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 

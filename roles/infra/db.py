@@ -6,7 +6,7 @@ import psycopg
 
 from receipts.settings import Settings
 from receipts.store import CHECK_IDLE_S, Store, migrate
-from roles.embedded import database_url
+from roles.infra.embedded import database_url
 
 
 def resolve_url(settings: Settings | None = None) -> str:

@@ -14,7 +14,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.driver import SEARCH_ATTRIBUTES
 
-log = logging.getLogger("roles.temporal")
+log = logging.getLogger("roles.infra.temporal")
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 # Without it every workflow task waits ~40 ms on the dev server (DESIGN §6 item 8).

@@ -11,9 +11,9 @@ from receipts import deliveries
 from receipts.jobs import job_id_of
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
-from roles.starter import DriverStarter
+from roles.delivery.starter import DriverStarter
 
-log = logging.getLogger("roles.dispatcher")
+log = logging.getLogger("roles.delivery.dispatcher")
 
 MAX_IDLE_S = 60.0
 

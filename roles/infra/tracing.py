@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-log = logging.getLogger("roles.tracing")
+log = logging.getLogger("roles.infra.tracing")
 
 _configured = False
 _propagator = TraceContextTextMapPropagator()

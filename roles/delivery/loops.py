@@ -25,9 +25,9 @@ from receipts.errors import ReceiptError
 from receipts.settings import Settings
 from receipts.sql import query
 from receipts.store import Store, translate_errors
-from roles.starter import DriverStarter
+from roles.delivery.starter import DriverStarter
 
-log = logging.getLogger("roles.loops")
+log = logging.getLogger("roles.delivery.loops")
 
 
 def env_ms(name: str, default: int, env: dict[str, str] | None = None) -> int:

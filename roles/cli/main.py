@@ -11,7 +11,7 @@ import click
 
 from receipts.projections import rebuild, verify
 from receipts.settings import Settings
-from roles.db import migrate_url, open_store, resolve_url
+from roles.infra.db import migrate_url, open_store, resolve_url
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -70,7 +70,7 @@ def up_command() -> None:
     processes with prefixed logs, restarting any that dies (backoff 1 s doubling to 30 s). Data
     persists under RECEIPT_DATA_DIR (default ./.receipt).
     """
-    from roles.up import up
+    from roles.cli.up import up
 
     sys.exit(asyncio.run(up(Settings())))
 
@@ -190,7 +190,7 @@ def chaos_command(
     sys.exit(asyncio.run(chaos(config)))
 
 
-from roles.client import register  # noqa: E402 - the HTTP commands join the group defined above
+from roles.cli.client import register  # noqa: E402 - the HTTP commands join the group defined above
 
 register(main)
 

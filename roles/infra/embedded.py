@@ -7,7 +7,7 @@ import os
 import warnings
 from pathlib import Path
 
-log = logging.getLogger("roles.embedded")
+log = logging.getLogger("roles.infra.embedded")
 
 
 def embedded_database_url(data_dir: Path) -> str:

@@ -47,7 +47,8 @@ from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.sql import migrations, query
 from receipts.store import Store, translate_errors
 from receipts.text import check_clean_text
-from roles.api_schema import (
+from roles.api.auth import OPEN, Principal, TokenTable, check_open_bind, load_tokens
+from roles.api.schema import (
     NON_BLANK,
     CommandAccepted,
     CommandBody,
@@ -62,11 +63,10 @@ from roles.api_schema import (
     job_view,
     json_body_documented,
 )
-from roles.auth import OPEN, Principal, TokenTable, check_open_bind, load_tokens
-from roles.tracing import current_traceparent, trace_id_of
-from roles.tracing import recording as tracing_recording
+from roles.infra.tracing import current_traceparent, trace_id_of
+from roles.infra.tracing import recording as tracing_recording
 
-log = logging.getLogger("roles.api")
+log = logging.getLogger("roles.api.app")
 _tracer = trace.get_tracer("receipt.api")
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -578,11 +578,11 @@ def create_app(
         api.stopping.clear()
         url = api.database_url
         if url is None:
-            from roles.db import resolve_url
+            from roles.infra.db import resolve_url
 
             url = api.database_url = resolve_url()
         if store is None:
-            from roles.db import open_store
+            from roles.infra.db import open_store
 
             api.store = await open_store(url, api=True)
         else:
@@ -981,7 +981,7 @@ async def serve_api(
     tokens are invalid, or missing on a non-loopback bind, and `RuntimeError` when the server
     did not start.
     """
-    from roles.db import migrate_url, resolve_url
+    from roles.infra.db import migrate_url, resolve_url
 
     settings = settings or ApiSettings()
     check_open_bind(load_tokens(settings.tokens_file, settings.tokens), settings.host)
@@ -1015,7 +1015,7 @@ async def serve_api(
 
 def run_api(settings: ApiSettings | None = None) -> None:
     """Serve the API in this process until SIGINT or SIGTERM (the `receipt api` command)."""
-    from roles import logs
+    from roles.infra import logs
 
     logs.configure("api")
 

@@ -22,7 +22,7 @@ from receipts.kinds import QUEUE_CONTROL
 from receipts.settings import Settings
 from receipts.watchdog import WatchdogSettings
 
-log = logging.getLogger("roles.watchdog")
+log = logging.getLogger("roles.delivery.watchdog")
 
 SCHEDULE_ID = "receipt-factory-objective-watchdog"
 

@@ -587,8 +587,8 @@ def api_command(host: str, port: int) -> None:
     RECEIPT_MAX_BODY_BYTES; RECEIPT_STRICT_AGENT_IDS=1 refuses unknown agent ids. OpenAPI at
     /openapi.json, docs at /docs.
     """
-    from roles.api import ApiSettings, run_api
-    from roles.auth import TokenConfigError
+    from roles.api.app import ApiSettings, run_api
+    from roles.api.auth import TokenConfigError
 
     settings = ApiSettings().model_copy(update={"host": host, "port": port})
     try:

@@ -1,0 +1,1 @@
+"""The delivery control plane: dispatcher, driver starter, recovery loops, Temporal workers."""

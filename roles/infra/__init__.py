@@ -1,0 +1,1 @@
+"""Infrastructure the roles share: database, embedded servers, Temporal client, tracing, logs, metrics."""
