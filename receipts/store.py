@@ -123,6 +123,7 @@ class Tx:
     conn: psycopg.AsyncConnection[TupleRow]
     _now: datetime | None = None
     appended: list[Receipt] = field(default_factory=list)
+    _locked_streams: set[str] = field(default_factory=set)
 
     async def now(self) -> datetime:
         """Return the database clock for this transaction (constant within it: `now()`)."""
@@ -200,6 +201,62 @@ class Tx:
         ]
         self.appended.extend(stored)
         return folded, stored
+
+    async def lock_streams(self, streams: Sequence[str]) -> None:
+        """Lock streams for appending, in one global order (by name), so that two multi-stream
+        appends can never deadlock on each other. Locks are held until commit or rollback."""
+        for stream in sorted(set(streams)):
+            if stream not in self._locked_streams:
+                await self.lock_key(f"stream:{stream}")
+                self._locked_streams.add(stream)
+
+    async def append(
+        self, stream: str, drafts: Sequence[Draft], *, expected_seq: int | None = None
+    ) -> list[Receipt]:
+        """Append `drafts` to any stream other than a job's (jobs go through `append_job`).
+
+        Takes the stream's lock if the caller has not (`lock_streams` first when one transaction
+        appends to several). `expected_seq` is the optimistic version: the stream's last seq the
+        caller folded; a different head raises `ConflictError` and nothing is written. Returns
+        the receipts as stored (gapless seqs from the head, positions, the database time).
+        """
+        if not drafts:
+            raise ValueError("append needs at least one receipt")
+        if stream.startswith(jobmodel.job_stream("")):
+            raise ValueError(f"{stream}: job streams are appended with append_job")
+        await self.lock_streams([stream])
+        now = await self.now()
+        head = (await self._one(query("stream_head"), {"stream": stream}))[0]
+        if expected_seq is not None and head != expected_seq:
+            raise ConflictError(f"{stream} is at seq {head}, expected {expected_seq}")
+        receipts = [
+            Receipt(stream, head + i + 1, d.type, d.data, now) for i, d in enumerate(drafts)
+        ]
+        row = await self._one(
+            query("append_stream"),
+            {
+                "stream": stream,
+                "seqs": [r.seq for r in receipts],
+                "types": [r.type for r in receipts],
+                "datas": [dumps(r.data) for r in receipts],
+                "note": dumps(
+                    {"stream": stream, "seq": receipts[-1].seq, "types": params_types(drafts)}
+                ),
+            },
+        )
+        stored = [
+            Receipt(r.stream, r.seq, r.type, r.data, r.recorded_at, p)
+            for r, p in zip(receipts, row[0], strict=True)
+        ]
+        self.appended.extend(stored)
+        return stored
+
+    async def read_stream(self, stream: str, after_seq: int = 0) -> list[Receipt]:
+        """Return a stream's receipts after `after_seq`, in seq order (within this transaction)."""
+        cur = await self.conn.execute(
+            query("read_stream"), {"stream": stream, "after_seq": after_seq, "limit": 1_000_000}
+        )
+        return [_row_receipt(row) for row in await cur.fetchall()]
 
     async def _one(self, sql: str, params: dict[str, Any]) -> TupleRow:
         row = await self._maybe_one(sql, params)

@@ -139,3 +139,17 @@ SELECT status, count(*) FROM jobs GROUP BY status;
 SELECT min(recorded_at) FROM receipts
 WHERE recorded_at > %(after)s
   AND type IN ('job.completed', 'job.failed', 'job.canceled', 'job.lease_expired');
+
+-- name: stream_head
+-- The last seq of any stream (its (stream, seq) index answers it); callers hold the stream's lock.
+SELECT coalesce(max(seq), 0) FROM receipts WHERE stream = %(stream)s;
+
+-- name: append_stream
+-- Insert receipts of one stream (seqs computed under the stream's lock), then NOTIFY its name.
+WITH inserted AS (
+    INSERT INTO receipts (stream, seq, type, data, recorded_at)
+    SELECT %(stream)s, u.seq, u.type, u.data, now()
+    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
+    RETURNING position, seq
+)
+SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted), pg_notify('receipts', %(note)s);

@@ -168,3 +168,53 @@ async def test_the_api_pool_is_larger_unless_the_size_is_set(
         await store.close()
     assert sizes == [(API_POOL_MAX, 0.0), (10, CHECK_IDLE_S), (5, 0.0)]
     assert API_POOL_MAX == 20
+
+
+async def test_one_transaction_appends_to_several_streams_gapless_or_not_at_all(
+    store: Store,
+) -> None:
+    objective, session = f"objectives/{new_id()}", f"sessions/{new_id()}"
+    async with store.transaction() as tx:
+        await tx.lock_streams([session, objective])
+        first = await tx.append(objective, [Draft("objective.created", {"n": 1})])
+        woken = await tx.append(session, [Draft("session.wakeup", {"n": 1})], expected_seq=0)
+        more = await tx.append(objective, [Draft("a", {}), Draft("b", {})], expected_seq=1)
+    assert [r.seq for r in first + more] == [1, 2, 3]
+    assert [r.seq for r in woken] == [1]
+    assert first[0].recorded_at == woken[0].recorded_at
+    assert [r.type for r in await store.read_stream(objective)] == ["objective.created", "a", "b"]
+
+    class Injected(Exception):
+        pass
+
+    with pytest.raises(Injected):
+        async with store.transaction() as tx:
+            await tx.append(objective, [Draft("c", {})])
+            await tx.append(session, [Draft("session.wakeup", {"n": 2})])
+            raise Injected
+    assert len(await store.read_stream(objective)) == 3
+    assert len(await store.read_stream(session)) == 1
+
+
+async def test_stream_append_refuses_a_stale_expected_seq_and_job_streams(store: Store) -> None:
+    stream = f"objectives/{new_id()}"
+    async with store.transaction() as tx:
+        await tx.append(stream, [Draft("a", {})])
+    with pytest.raises(ConflictError, match="at seq 1, expected 0"):
+        async with store.transaction() as tx:
+            await tx.append(stream, [Draft("b", {})], expected_seq=0)
+    with pytest.raises(ValueError, match="append_job"):
+        async with store.transaction() as tx:
+            await tx.append("jobs/x", [Draft("job.progress", {})])
+    assert len(await store.read_stream(stream)) == 1
+
+
+async def test_concurrent_appends_to_one_stream_stay_gapless(store: Store) -> None:
+    stream = f"sessions/{new_id()}"
+
+    async def one(n: int) -> None:
+        async with store.transaction() as tx:
+            await tx.append(stream, [Draft("session.wakeup", {"n": n})])
+
+    await asyncio.gather(*(one(n) for n in range(20)))
+    assert [r.seq for r in await store.read_stream(stream)] == list(range(1, 21))
