@@ -47,6 +47,7 @@ class EnqueueRequest:
     delay_ms: int = 0
     trace_id: str | None = None
     traceparent: str | None = None
+    retry_of: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +256,8 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
         data["traceId"] = request.trace_id
     if request.traceparent:
         data["traceparent"] = request.traceparent
+    if request.retry_of:
+        data["retryOf"] = request.retry_of
     job, _ = await tx.append_job(job_id, None, [Draft("job.enqueued", data)])
     return EnqueueResult(job, "created", tuple(affected))
 

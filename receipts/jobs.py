@@ -33,6 +33,10 @@ RECEIPT_TYPES: tuple[str, ...] = (
     "queue.command.consumed",
     "job.lease_expired",
 )
+# Beyond the spec's ten: a terminal job that was retried records the new job's id. It changes
+# no status (a terminal job never moves); it links the two jobs both ways (`retryOf` on the new
+# job's `job.enqueued`).
+RETRIED = "job.retried"
 DEFAULT_MAX_ATTEMPTS = 2
 MIN_ATTEMPTS, MAX_ATTEMPTS = 1, 8
 SINGLETON_CANCEL_REASON = "singleton cancel"
@@ -128,6 +132,8 @@ class Job(_Model):
     created_at: datetime
     updated_at: datetime
     settled_at: datetime | None = None
+    retry_of: str | None = None
+    retried_as: str | None = None
     seq: int = 0
 
     @property
@@ -214,6 +220,7 @@ def _create(receipt: Receipt) -> Job:
         available_at=_ms(data, "availableAt"),
         trace_id=data.get("traceId"),
         traceparent=data.get("traceparent"),
+        retry_of=data.get("retryOf"),
         created_at=receipt.recorded_at,
         updated_at=receipt.recorded_at,
         seq=receipt.seq,
@@ -248,6 +255,11 @@ def apply(job: Job | None, receipt: Receipt) -> Job | None:
 
 def _changes(job: Job, receipt: Receipt, kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
     """Return the fields a receipt changes, or an empty dict when the receipt is inert."""
+    if kind == RETRIED:
+        # Only a terminal job is retried, once: the first retry's id is kept.
+        if job.terminal and job.retried_as is None:
+            return {"retried_as": str(data["retriedAs"])}
+        return {}
     if job.terminal:
         return {}
     at = receipt.recorded_at

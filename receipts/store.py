@@ -393,6 +393,13 @@ class Store:
                 )
                 return [_row_receipt(r) for r in await cur.fetchall()]
 
+    async def fetch(self, name: str, params: dict[str, Any]) -> list[TupleRow]:
+        """Run the named read-only statement `name` (receipts/sql/) and return its rows."""
+        with translate_errors():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query(name), params)
+                return await cur.fetchall()
+
     async def now(self) -> datetime:
         """Return the database clock."""
         with translate_errors():

@@ -627,6 +627,9 @@ def create_app(
     )
     app.state.api = api
     _install_error_handlers(app)
+    from roles.api.routes import retry as retry_routes
+
+    app.include_router(retry_routes.router)
     _install_routes(app)
     app.openapi = _openapi_builder(app)  # type: ignore[method-assign]
     return app

@@ -1,0 +1,116 @@
+"""Retry a settled job: a new job with the old one's payload and route, linked both ways.
+
+A terminal job never moves, so a retry is a new job (`retryOf` on its `job.enqueued`) and a
+`job.retried` receipt on the old one (`retriedAs`), written in one transaction under the old
+job's row lock. Retrying the same job again returns the job its first retry created: a retry is
+idempotent, one by one or in bulk.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from receipts import jobs as jobmodel
+from receipts.enqueue import EnqueueRequest, enqueue_in
+from receipts.jobs import Job
+from receipts.store import Draft, Store, Tx
+
+log = logging.getLogger("receipts.retry")
+
+# Statuses a job may be retried from: work that ended without completing.
+RETRYABLE_STATUSES: tuple[str, ...] = ("failed", "canceled")
+MAX_BULK = 500
+
+RETRIED = "retried"  # a new job was created
+ALREADY = "already_retried"  # an earlier retry's job is returned
+NOT_FOUND = "not_found"
+NOT_RETRYABLE = "not_retryable"  # the job is active or completed
+
+
+@dataclass(frozen=True, slots=True)
+class RetryOutcome:
+    """What a retry did: `status` is one of the four above; `retry` is the new (or earlier) job."""
+
+    status: str
+    job: Job | None = None
+    retry: Job | None = None
+
+
+def retry_request(job: Job, new_job_id: str) -> EnqueueRequest:
+    """The enqueue of `job`'s retry: same agent, lane, kind, payload, session key and budget.
+
+    The singleton mode is not repeated: a retry is an explicit operator decision and must not
+    cancel or be absorbed by the work now on the session key.
+    """
+    return EnqueueRequest(
+        agent_id=job.agent_id,
+        payload=dict(job.payload),
+        kind=job.kind,
+        organization_id=job.organization_id,
+        job_id=new_job_id,
+        lane=job.lane,
+        session_key=job.session_key,
+        max_attempts=job.max_attempts,
+        retry_of=job.job_id,
+    )
+
+
+async def retry_in(
+    tx: Tx, job_id: str, *, organization_id: str | None, admin: bool
+) -> RetryOutcome:
+    """Retry `job_id` inside a caller's transaction (see the module docstring)."""
+    job = await tx.job_for_update(job_id)
+    if job is None or not (admin or job.organization_id == organization_id):
+        return RetryOutcome(NOT_FOUND)
+    if job.retried_as is not None:
+        return RetryOutcome(ALREADY, job, await tx.job(job.retried_as))
+    if job.status not in RETRYABLE_STATUSES:
+        return RetryOutcome(NOT_RETRYABLE, job)
+    new_job_id = f"retry-{uuid.uuid4()}"
+    created = await enqueue_in(tx, retry_request(job, new_job_id))
+    old, _ = await tx.append_job(
+        job_id, job, [Draft(jobmodel.RETRIED, {"retriedAs": created.job.job_id})]
+    )
+    return RetryOutcome(RETRIED, old, created.job)
+
+
+async def retry(
+    store: Store, job_id: str, *, organization_id: str | None, admin: bool
+) -> RetryOutcome:
+    """Retry one job in its own transaction; logs the outcome."""
+    async with store.transaction() as tx:
+        outcome = await retry_in(tx, job_id, organization_id=organization_id, admin=admin)
+    if outcome.status == RETRIED and outcome.retry is not None:
+        log.info(
+            "job retried",
+            extra={"event": "job.retried", "jobId": job_id, "retryJobId": outcome.retry.job_id},
+        )
+    return outcome
+
+
+async def retry_matching(
+    store: Store, filters: dict[str, Any], *, organization_id: str | None, admin: bool, limit: int
+) -> list[RetryOutcome]:
+    """Retry up to `limit` (≤ MAX_BULK) jobs that match `filters` and were never retried.
+
+    Each job is retried in a transaction of its own, so one refusal does not undo the others;
+    jobs already retried are not selected, so running the same bulk retry twice creates nothing.
+    """
+    rows = await store.fetch(
+        "retry_candidates",
+        {
+            "status": filters.get("status") or "failed",
+            "agent_id": filters.get("agent_id"),
+            "kind": filters.get("kind"),
+            "lane": filters.get("lane"),
+            "error": filters.get("error"),
+            "organization_id": filters.get("organization_id") if admin else organization_id,
+            "limit": min(max(limit, 1), MAX_BULK),
+        },
+    )
+    return [
+        await retry(store, row[0], organization_id=organization_id, admin=admin) for row in rows
+    ]

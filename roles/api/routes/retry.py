@@ -1,0 +1,138 @@
+"""Retry routes: `POST /jobs/{jobId}/retry` and the bounded, idempotent bulk `POST /jobs/retry`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from receipts import retry as retries
+from receipts.jobs import LANES
+from receipts.kinds import KINDS
+from roles.api.app import ApiError, Caller, JobId, State, read_json_body
+from roles.api.schema import JobView, errors_documented, job_view
+
+log = logging.getLogger("roles.api.retry")
+
+router = APIRouter(tags=["jobs"])
+
+
+class RetryAccepted(BaseModel):
+    """A retry: the job retried and the job its retry created (`outcome`: `retried`, or
+    `already_retried` when an earlier retry had created it)."""
+
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel)
+
+    outcome: Literal["retried", "already_retried"]
+    job: JobView
+    retry: JobView
+
+
+class BulkRetryBody(BaseModel):
+    """Which settled jobs to retry: a filter (null matches all) and a bound."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    status: Literal["failed", "canceled"] = "failed"
+    agent_id: str | None = Field(default=None, min_length=1, max_length=200)
+    kind: str | None = Field(default=None, min_length=1, max_length=200)
+    lane: str | None = Field(default=None, min_length=1, max_length=20)
+    error: str | None = Field(default=None, min_length=1, max_length=2_000)
+    organization_id: str | None = Field(default=None, min_length=1, max_length=200)
+    limit: int = Field(default=100, ge=1, le=retries.MAX_BULK)
+
+
+class BulkRetried(BaseModel):
+    """What a bulk retry created: one entry per job retried (`jobId` → `retryJobId`)."""
+
+    retried: list[dict[str, str]]
+    count: int
+
+
+def _refusal(outcome: retries.RetryOutcome, job_id: str) -> ApiError:
+    if outcome.status == retries.NOT_FOUND:
+        return ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
+    status = outcome.job.status if outcome.job else "active"
+    return ApiError(
+        409,
+        "not_retryable",
+        f"job {job_id!r} is {status}; only {' or '.join(retries.RETRYABLE_STATUSES)} jobs are "
+        "retried",
+        allowed=retries.RETRYABLE_STATUSES,
+    )
+
+
+@router.post(
+    "/jobs/retry",
+    response_model=BulkRetried,
+    responses=errors_documented(400, 401, 413, 422, 503),
+)
+async def retry_matching(request: Request, state: State, caller: Caller) -> JSONResponse:
+    """Retry every failed (or canceled) job that matches the filter and was never retried, at
+    most `limit` (≤ 500). Running it twice creates nothing new."""
+    raw = await read_json_body(request, state.settings.max_body_bytes)
+    body = _validated(raw)
+    if body.lane is not None and body.lane not in LANES:
+        raise ApiError(
+            422, "invalid", f"lane must be one of: {', '.join(LANES)}", field="lane", allowed=LANES
+        )
+    if body.kind is not None and body.kind not in KINDS:
+        raise ApiError(
+            422, "invalid", f"kind must be one of: {', '.join(KINDS)}", field="kind", allowed=KINDS
+        )
+    outcomes = await retries.retry_matching(
+        state.require_store(),
+        {
+            "status": body.status,
+            "agent_id": body.agent_id,
+            "kind": body.kind,
+            "lane": body.lane,
+            "error": body.error,
+            "organization_id": body.organization_id,
+        },
+        organization_id=caller.organization_id,
+        admin=caller.admin,
+        limit=body.limit,
+    )
+    retried = [
+        {"jobId": o.job.job_id, "retryJobId": o.retry.job_id}
+        for o in outcomes
+        if o.status == retries.RETRIED and o.job is not None and o.retry is not None
+    ]
+    log.info("bulk retry", extra={"event": "api.bulk_retry", "count": len(retried)})
+    return JSONResponse({"retried": retried, "count": len(retried)})
+
+
+def _validated(raw: Any) -> BulkRetryBody:
+    try:
+        return BulkRetryBody.model_validate(raw if raw is not None else {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ApiError(422, "invalid", f"{field}: {first['msg']}", field=field) from exc
+
+
+@router.post(
+    "/jobs/{jobId:path}/retry",
+    response_model=RetryAccepted,
+    status_code=201,
+    responses=errors_documented(401, 404, 409, 503),
+)
+async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse:
+    """Retry a failed or canceled job: a new job with its payload and route (`retryOf`), and a
+    `job.retried` receipt on the old one, which stays terminal. 201 when created, 200 when an
+    earlier retry had created it."""
+    outcome = await retries.retry(
+        state.require_store(), job_id, organization_id=caller.organization_id, admin=caller.admin
+    )
+    if outcome.status not in (retries.RETRIED, retries.ALREADY) or outcome.retry is None:
+        raise _refusal(outcome, job_id)
+    assert outcome.job is not None
+    return JSONResponse(
+        {"outcome": outcome.status, "job": job_view(outcome.job), "retry": job_view(outcome.retry)},
+        status_code=201 if outcome.status == retries.RETRIED else 200,
+    )

@@ -1,0 +1,107 @@
+"""Retry of settled jobs over the API: a new job linked both ways, idempotent, bounded, tenant-safe."""
+
+from __future__ import annotations
+
+import asyncio
+
+from receipts import operations
+from receipts.store import Store
+from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body
+from tests.integration.helpers import new_id, types
+
+
+async def _failed_job(client, store: Store, agent: str = "codex", error: str = "boom") -> str:  # type: ignore[no-untyped-def]
+    job_id = new_id()
+    posted = await client.post(
+        f"/agents/{agent}/jobs",
+        json=enqueue_body(jobId=job_id, sessionKey="s-1", lane="follow_up", maxAttempts=3),
+        headers=AS_A,
+    )
+    assert posted.status_code == 202, posted.text
+    outcome = await operations.fail_undeliverable(store, job_id, error=error)
+    assert outcome.ok
+    return job_id
+
+
+async def test_retry_creates_a_linked_job_with_the_same_payload_and_route(
+    db_url: str, store: Store
+) -> None:
+    async with api_client(db_url, store=store) as client:
+        old_id = await _failed_job(client, store)
+        answer = await client.post(f"/jobs/{old_id}/retry", headers=AS_A)
+        assert answer.status_code == 201, answer.text
+        body = answer.json()
+        assert body["outcome"] == "retried"
+        new = body["retry"]
+        old = (await client.get(f"/jobs/{old_id}", headers=AS_A)).json()
+    assert new["retryOf"] == old_id and old["retriedAs"] == new["jobId"]
+    assert old["status"] == "failed"  # a terminal job never moves
+    assert new["status"] == "queued"
+    for field in ("agentId", "lane", "kind", "payload", "sessionKey", "maxAttempts", "route"):
+        assert new[field] == old[field], field
+    assert (await types(store, old_id))[-1] == "job.retried"
+
+
+async def test_retrying_twice_returns_the_first_retry_and_creates_nothing(
+    db_url: str, store: Store
+) -> None:
+    async with api_client(db_url, store=store) as client:
+        old_id = await _failed_job(client, store)
+        first, second = await asyncio.gather(
+            client.post(f"/jobs/{old_id}/retry", headers=AS_A),
+            client.post(f"/jobs/{old_id}/retry", headers=AS_A),
+        )
+    answers = sorted([first, second], key=lambda r: r.status_code)
+    assert [a.status_code for a in answers] == [200, 201]
+    assert answers[0].json()["outcome"] == "already_retried"
+    assert answers[0].json()["retry"]["jobId"] == answers[1].json()["retry"]["jobId"]
+    assert (await types(store, old_id)).count("job.retried") == 1
+
+
+async def test_retry_refuses_active_and_completed_jobs_and_other_organizations(
+    db_url: str, store: Store
+) -> None:
+    async with api_client(db_url, store=store) as client:
+        queued_id = new_id()
+        await client.post("/agents/codex/jobs", json=enqueue_body(jobId=queued_id), headers=AS_A)
+        refused = await client.post(f"/jobs/{queued_id}/retry", headers=AS_A)
+        assert refused.status_code == 409
+        assert refused.json()["error"]["code"] == "not_retryable"
+        assert "queued" in refused.json()["error"]["message"]
+        failed_id = await _failed_job(client, store)
+        foreign = await client.post(f"/jobs/{failed_id}/retry", headers=AS_B)
+        unknown = await client.post(f"/jobs/{new_id()}/retry", headers=AS_B)
+        assert foreign.status_code == unknown.status_code == 404
+        assert foreign.json()["error"]["code"] == unknown.json()["error"]["code"]
+    assert "job.retried" not in await types(store, failed_id)
+
+
+async def test_bulk_retry_is_bounded_filtered_and_idempotent(db_url: str, store: Store) -> None:
+    agent = f"agent-{new_id()}"
+    async with api_client(db_url, store=store) as client:
+        ids = [await _failed_job(client, store, agent=agent, error="disk full") for _ in range(3)]
+        other = await _failed_job(client, store, agent=agent, error="other error")
+        bounded = await client.post(
+            "/jobs/retry",
+            json={"agentId": agent, "error": "disk full", "limit": 2},
+            headers=AS_A,
+        )
+        assert bounded.status_code == 200, bounded.text
+        assert bounded.json()["count"] == 2
+        rest = await client.post(
+            "/jobs/retry", json={"agentId": agent, "error": "disk full"}, headers=AS_A
+        )
+        again = await client.post(
+            "/jobs/retry", json={"agentId": agent, "error": "disk full"}, headers=AS_A
+        )
+        foreign = await client.post("/jobs/retry", json={"agentId": agent}, headers=AS_B)
+        bad = await client.post("/jobs/retry", json={"limit": 501}, headers=AS_ADMIN)
+        unknown_field = await client.post("/jobs/retry", json={"agent": agent}, headers=AS_A)
+    assert rest.json()["count"] == 1
+    assert again.json()["count"] == 0
+    assert foreign.json()["count"] == 0
+    retried = {r["jobId"] for r in bounded.json()["retried"] + rest.json()["retried"]}
+    assert retried == set(ids)
+    assert "job.retried" not in await types(store, other)
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "limit"
+    assert unknown_field.status_code == 422 and unknown_field.json()["error"]["field"] == "agent"
