@@ -563,6 +563,65 @@ def jobs_abort(
         _command(client, job_id, "abort", None, reason, as_json)
 
 
+@jobs_group.command("retry")
+@click.argument("job_id", metavar="[ID]", required=False)
+@click.option(
+    "--status",
+    type=click.Choice(("failed", "canceled")),
+    help="Bulk: retry settled jobs in this status (default failed).",
+)
+@click.option("--agent-id", "--agent", "agent_id", help="Bulk: only jobs of this agent.")
+@click.option("--kind", type=click.Choice(KINDS), help="Bulk: only jobs of this payload kind.")
+@click.option("--lane", type=click.Choice(LANES), help="Bulk: only jobs in this lane.")
+@click.option("--error", help="Bulk: only jobs that failed with exactly this error.")
+@click.option("--organization-id", help="Bulk: only this organization's jobs (admin tokens).")
+@click.option("--limit", type=click.IntRange(1, 500), default=100, show_default=True)
+@_api_options
+def jobs_retry(
+    job_id: str | None,
+    status: str | None,
+    agent_id: str | None,
+    kind: str | None,
+    lane: str | None,
+    error: str | None,
+    organization_id: str | None,
+    limit: int,
+    api_url: str,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Retry a failed or canceled job (POST /jobs/ID/retry), or with no ID every one matching
+    the filters that was never retried, at most --limit (POST /jobs/retry). A retry is a new job
+    with the old one's payload and route; retrying again creates nothing new."""
+    bulk = {
+        "status": status,
+        "agentId": agent_id,
+        "kind": kind,
+        "lane": lane,
+        "error": error,
+        "organizationId": organization_id,
+    }
+    with ApiClient(api_url, token) as client:
+        if job_id is not None:
+            if any(v is not None for v in bulk.values()):
+                raise click.UsageError("give a job ID or filters, not both")
+            answer = client.call("POST", _job_path(job_id, "/retry"))
+            if as_json:
+                click.echo(_dump(answer))
+            else:
+                verb = "retried as" if answer["outcome"] == "retried" else "was already retried as"
+                click.echo(f"{job_id} {verb} {answer['retry']['jobId']}")
+            return
+        body = {k: v for k, v in bulk.items() if v is not None}
+        answer = client.call("POST", "/jobs/retry", json={**body, "limit": limit})
+    if as_json:
+        click.echo(_dump(answer))
+        return
+    for pair in answer["retried"]:
+        click.echo(f"{pair['jobId']} retried as {pair['retryJobId']}")
+    click.echo(f"{answer['count']} job(s) retried")
+
+
 @click.command("api")
 @click.option(
     "--host",

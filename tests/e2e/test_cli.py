@@ -284,3 +284,31 @@ async def test_the_api_refuses_to_start_open_on_a_non_loopback_bind(db_url: str)
     _, err = await asyncio.wait_for(process.communicate(), 20)
     assert process.returncode == 1
     assert b"refusing to serve on 0.0.0.0 without API tokens" in err
+
+
+async def test_jobs_retry_one_and_in_bulk(api: RunningApi, store: Store) -> None:
+    agent = f"agent-{new_id()}"
+    ids = []
+    for _ in range(2):
+        job_id = new_id()
+        body = json.dumps({"kind": "factory.task.run", "authContext": AUTH})
+        run = await receipt(api, "enqueue", agent, "--payload", body, "--job-id", job_id)
+        assert run.code == 0, run.err
+        assert (await ops.fail_undeliverable(store, job_id, error="flaky disk")).ok
+        ids.append(job_id)
+    one = await receipt(api, "jobs", "retry", ids[0])
+    assert one.code == 0, one.err
+    assert one.out.startswith(f"{ids[0]} retried as retry-")
+    again = await receipt(api, "jobs", "retry", ids[0])
+    assert "was already retried as" in again.out
+    bulk = await receipt(api, "jobs", "retry", "--agent", agent, "--error", "flaky disk")
+    assert bulk.code == 0, bulk.err
+    assert bulk.out.splitlines()[-1] == "1 job(s) retried"
+    assert ids[1] in bulk.out
+    mixed = await receipt(api, "jobs", "retry", ids[0], "--agent", agent)
+    assert mixed.code == 2 and "not both" in mixed.err
+    active = new_id()
+    body = json.dumps({"kind": "factory.task.run", "authContext": AUTH})
+    await receipt(api, "enqueue", agent, "--payload", body, "--job-id", active)
+    refused = await receipt(api, "jobs", "retry", active)
+    assert refused.code == 3 and "only failed or canceled jobs are retried" in refused.err
