@@ -48,6 +48,7 @@ from receipts.sql import migrations, query
 from receipts.store import Store, translate_errors
 from receipts.text import check_clean_text
 from roles.api.auth import OPEN, Principal, TokenTable, check_open_bind, load_tokens
+from roles.api.docs import install_docs
 from roles.api.schema import (
     NON_BLANK,
     CommandAccepted,
@@ -614,6 +615,8 @@ def create_app(
             '`{"error": {"code", "message", "field"?, "allowed"?}}`.'
         ),
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
         dependencies=[Depends(_clean_params)],
         # FastAPI's own OpenTelemetry: the request span only while spans are recorded (the
         # enqueue's trace id does not need it), and none of its per-dependency spans, metrics
@@ -627,9 +630,12 @@ def create_app(
     )
     app.state.api = api
     _install_error_handlers(app)
+    from roles.api.console.pages import install_console
     from roles.api.routes import retry as retry_routes
 
     app.include_router(retry_routes.router)
+    install_docs(app)
+    install_console(app)
     _install_routes(app)
     app.openapi = _openapi_builder(app)  # type: ignore[method-assign]
     return app

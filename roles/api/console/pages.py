@@ -1,0 +1,450 @@
+"""Console pages: sign-in, jobs (list, one job with its live output and actions), failed work."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from receipts import jobs as jobmodel
+from receipts import operations
+from receipts import retry as retries
+from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
+from receipts.kinds import KINDS
+from roles.api.app import decode_cursor, encode_cursor, receipt_events
+from roles.api.console.session import (
+    COOKIE,
+    COOKIE_PATH,
+    FormError,
+    Session,
+    SignInRequired,
+    read_form,
+    session_of,
+)
+
+log = logging.getLogger("roles.api.console")
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+STATIC_DIR = Path(__file__).parent / "static"
+PAGE_SIZE = 50
+TIMELINE_LIMIT = 2_000
+FAILED_GROUPS = 100
+FILTERS = ("status", "agentId", "lane", "kind", "organizationId", "sessionKey")
+
+_templates = Environment(
+    loader=PackageLoader("roles.api.console", "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def temporal_ui_url() -> str:
+    """The Temporal Web UI the job page links to (`RECEIPT_TEMPORAL_UI_URL`)."""
+    return os.environ.get("RECEIPT_TEMPORAL_UI_URL", "http://localhost:8233").rstrip("/")
+
+
+def temporal_namespace() -> str:
+    """The Temporal namespace the drivers run in (`RECEIPT_TEMPORAL_NAMESPACE`)."""
+    return os.environ.get("RECEIPT_TEMPORAL_NAMESPACE", "default")
+
+
+def _render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    html = _templates.get_template(name).render(**context)
+    return HTMLResponse(
+        html,
+        status_code=status,
+        headers={
+            "Cache-Control": "no-store",
+            # Only our own origin: no CDN, no inline script, no framing.
+            "Content-Security-Policy": "default-src 'self'; style-src 'self'; script-src 'self'; "
+            "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "same-origin",
+        },
+    )
+
+
+def _store(request: Request) -> Any:
+    return request.app.state.api.require_store()
+
+
+def _visible(session: Session, job: Job | None) -> Job | None:
+    return job if job is not None and session.principal.sees(job.organization_id) else None
+
+
+def _fence(data: Any) -> str:
+    if not isinstance(data, dict):
+        return ""
+    worker, attempt = data.get("workerId"), data.get("attempt")
+    if worker is None and attempt is None:
+        return ""
+    return f"{worker or '—'} · attempt {attempt}"
+
+
+def timeline(receipts: list[Receipt]) -> list[dict[str, Any]]:
+    """The job page's rows: type, time, milliseconds since the previous receipt, the fence."""
+    rows: list[dict[str, Any]] = []
+    previous: datetime | None = None
+    for receipt in receipts:
+        delta = (receipt.recorded_at - previous).total_seconds() * 1000 if previous else None
+        previous = receipt.recorded_at
+        rows.append(
+            {
+                "seq": receipt.seq,
+                "type": receipt.type,
+                "at": receipt.recorded_at.isoformat(timespec="milliseconds"),
+                "delta": f"+{delta:,.0f} ms" if delta is not None else "",
+                "fence": _fence(receipt.data),
+                "data": json.dumps(receipt.data, ensure_ascii=False)[:400],
+            }
+        )
+    return rows
+
+
+def attempts(receipts: list[Receipt]) -> list[dict[str, Any]]:
+    """Each attempt: the deliveries (worker ids) that held it, their process, and how it ended."""
+    by_attempt: dict[int, dict[str, Any]] = {}
+    for receipt in receipts:
+        data = receipt.data
+        attempt = data.get("attempt") if isinstance(data, dict) else None
+        if not isinstance(attempt, int) or attempt < 1:
+            continue
+        entry = by_attempt.setdefault(
+            attempt, {"attempt": attempt, "workers": [], "outcome": "", "started": ""}
+        )
+        worker = data.get("workerId")
+        leases = receipt.type == "job.leased" or data.get("startFence")
+        if leases and worker and worker not in entry["workers"]:
+            entry["workers"].append(worker)
+            process = data.get("process") or {}
+            if process:
+                where = " ".join(str(process.get(k, "")) for k in ("role", "host", "pid"))
+                entry["workers"][-1] = f"{worker} ({where.strip()})"
+        if receipt.type == "job.leased":
+            entry["started"] = receipt.recorded_at.isoformat(timespec="seconds")
+        if receipt.type in ("job.completed", "job.failed", "job.canceled", "job.lease_expired"):
+            entry["outcome"] = receipt.type.removeprefix("job.") + (
+                f": {data.get('error')}" if data.get("error") else ""
+            )
+    return [by_attempt[k] for k in sorted(by_attempt)]
+
+
+def _progress_lines(receipts: list[Receipt]) -> list[str]:
+    lines: list[str] = []
+    for receipt in receipts:
+        if receipt.type == "job.progress":
+            lines.extend(progress_text(receipt.data.get("data")))
+    return lines[-500:]
+
+
+def progress_text(data: Any) -> list[str]:
+    """The lines a `job.progress` receipt shows in the live output."""
+    if isinstance(data, dict) and isinstance(data.get("lines"), list):
+        return [str(line) for line in data["lines"]]
+    if isinstance(data, dict) and isinstance(data.get("line"), str):
+        return [data["line"]]
+    return [json.dumps(data, ensure_ascii=False)]
+
+
+def _filters(request: Request) -> dict[str, str]:
+    return {name: request.query_params[name] for name in FILTERS if request.query_params.get(name)}
+
+
+def _list_params(session: Session, filters: dict[str, str]) -> dict[str, Any]:
+    def choice(name: str, allowed: tuple[str, ...]) -> str | None:
+        value = filters.get(name)
+        return value if value in allowed else None
+
+    return {
+        "all_organizations": session.principal.admin,
+        "caller_organization_id": session.principal.organization_id,
+        "organization_id": filters.get("organizationId") if session.principal.admin else None,
+        "status": choice("status", STATUSES),
+        "agent_id": filters.get("agentId"),
+        "lane": choice("lane", LANES),
+        "session_key": filters.get("sessionKey"),
+        "kind": choice("kind", KINDS),
+    }
+
+
+# --- sign-in ----------------------------------------------------------------------------------
+
+
+@router.get("")
+async def console_root() -> RedirectResponse:
+    return RedirectResponse("/console/jobs", status_code=303)
+
+
+@router.get("/login")
+async def login_page(request: Request) -> HTMLResponse:
+    return _render("login.html", session=None, error=request.query_params.get("error"))
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    fields = await read_form(request, None)
+    token = fields.get("token", "").strip()
+    tokens = request.app.state.api.tokens
+    if tokens.open:
+        return RedirectResponse("/console/jobs", status_code=303)
+    if not token or tokens.authenticate(token) is None:
+        log.info("console sign-in refused", extra={"event": "console.sign_in_refused"})
+        return _render("login.html", status=401, session=None, error="unknown token")
+    log.info("console sign-in", extra={"event": "console.sign_in"})
+    response = RedirectResponse("/console/jobs", status_code=303)
+    response.set_cookie(
+        COOKIE,
+        token,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path=COOKIE_PATH,
+    )
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    await read_form(request, session_of(request))
+    response = RedirectResponse("/console/login", status_code=303)
+    response.delete_cookie(COOKIE, path=COOKIE_PATH)
+    return response
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+
+@router.get("/jobs")
+async def jobs_page(request: Request) -> HTMLResponse:
+    session = session_of(request)
+    store = _store(request)
+    filters = _filters(request)
+    params = _list_params(session, filters)
+    counts = dict(
+        (row[0], row[1])
+        for row in await store.fetch("console_status_counts", {**params, "status": None})
+    )
+    cursor = request.query_params.get("cursor")
+    before = decode_cursor(cursor) if cursor else (None, None)
+    rows = await store.fetch(
+        "api_list_jobs",
+        {
+            **params,
+            "before_created_at": before[0],
+            "before_job_id": before[1],
+            "limit": PAGE_SIZE + 1,
+        },
+    )
+    found = [Job.model_validate(row[0]) for row in rows]
+    page = found[:PAGE_SIZE]
+    next_query = (
+        urlencode({**filters, "cursor": encode_cursor(page[-1])})
+        if len(found) > PAGE_SIZE
+        else None
+    )
+    return _render(
+        "jobs.html",
+        session=session,
+        jobs=page,
+        counts=[(status, counts.get(status, 0)) for status in STATUSES],
+        filters=filters,
+        statuses=STATUSES,
+        lanes=LANES,
+        kinds=KINDS,
+        next_query=next_query,
+        quote=quote,
+    )
+
+
+@router.get("/jobs/{jobId:path}/events")
+async def job_events(request: Request, jobId: str) -> Response:
+    """The job's receipts as a live event stream, authenticated by the console session."""
+    session = session_of(request)
+    job = _visible(session, await _store(request).get_job(jobId))
+    if job is None:
+        return Response("no such job", status_code=404)
+    api = request.app.state.api
+    if api.listener is None:
+        return Response("event streams are not available", status_code=503)
+    after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
+    if not after.isdigit() or len(after) > 12:
+        return Response("after must be a receipt seq", status_code=400)
+    return StreamingResponse(
+        receipt_events(
+            api.require_store(),
+            api.listener,
+            api.stopping,
+            jobId,
+            int(after),
+            keepalive_s=api.settings.sse_keepalive_ms / 1000,
+        ),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/jobs/{jobId:path}")
+async def job_page(request: Request, jobId: str) -> HTMLResponse:
+    session = session_of(request)
+    store = _store(request)
+    job = _visible(session, await store.get_job(jobId))
+    if job is None:
+        return _render("missing.html", status=404, session=session, what=f"job {jobId}")
+    receipts = await store.read_stream(jobmodel.job_stream(jobId), 0, TIMELINE_LIMIT)
+    return _render(
+        "job.html",
+        session=session,
+        job=job,
+        timeline=timeline(receipts),
+        attempts=attempts(receipts),
+        output=_progress_lines(receipts),
+        last_seq=receipts[-1].seq if receipts else 0,
+        command_types=COMMAND_TYPES,
+        temporal_url=f"{temporal_ui_url()}/namespaces/{quote(temporal_namespace())}/workflows?"
+        + urlencode({"query": f'ReceiptJobId="{job.job_id}"'}),
+        notice=request.query_params.get("notice"),
+        retryable=job.status in retries.RETRYABLE_STATUSES,
+        quote=quote,
+    )
+
+
+@router.post("/jobs/{jobId:path}/command")
+async def job_command(request: Request, jobId: str) -> Response:
+    session = session_of(request)
+    fields = await read_form(request, session)
+    command_type = fields.get("type", "")
+    if command_type not in COMMAND_TYPES:
+        raise FormError(422, f"type must be one of: {', '.join(COMMAND_TYPES)}")
+    payload: Any = None
+    text = fields.get("payload", "").strip()
+    if command_type != "abort" and text:
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            payload = {"message": text}
+    outcome = await operations.add_command(
+        _store(request),
+        jobId,
+        type=command_type,
+        payload=payload,
+        reason=fields.get("reason") or None,
+        organization_id=session.principal.organization_id,
+        check_organization=not session.principal.admin,
+        command_id=f"cmd-{uuid.uuid4()}",
+    )
+    log.info(
+        "console command",
+        extra={"event": "console.command", "jobId": jobId, "type": command_type},
+    )
+    notice = (
+        f"{command_type} appended" if outcome.ok else f"{command_type} refused: {outcome.status}"
+    )
+    return RedirectResponse(
+        f"/console/jobs/{quote(jobId, safe='')}?{urlencode({'notice': notice})}", status_code=303
+    )
+
+
+@router.post("/jobs/{jobId:path}/retry")
+async def job_retry(request: Request, jobId: str) -> Response:
+    session = session_of(request)
+    await read_form(request, session)
+    outcome = await retries.retry(
+        _store(request),
+        jobId,
+        organization_id=session.principal.organization_id,
+        admin=session.principal.admin,
+    )
+    if outcome.retry is None:
+        notice = f"not retried: {outcome.status}"
+        return RedirectResponse(
+            f"/console/jobs/{quote(jobId, safe='')}?{urlencode({'notice': notice})}",
+            status_code=303,
+        )
+    notice = f"retry of {jobId}"
+    return RedirectResponse(
+        f"/console/jobs/{quote(outcome.retry.job_id, safe='')}?{urlencode({'notice': notice})}",
+        status_code=303,
+    )
+
+
+# --- failed work ------------------------------------------------------------------------------
+
+
+@router.get("/failed")
+async def failed_page(request: Request) -> HTMLResponse:
+    session = session_of(request)
+    rows = await _store(request).fetch(
+        "console_failed_groups",
+        {
+            "all_organizations": session.principal.admin,
+            "caller_organization_id": session.principal.organization_id,
+            "limit": FAILED_GROUPS,
+        },
+    )
+    groups = [
+        {"agent": agent, "error": error, "count": count, "latest": latest}
+        for agent, error, count, latest in rows
+    ]
+    return _render(
+        "failed.html",
+        session=session,
+        groups=groups,
+        notice=request.query_params.get("notice"),
+        urlencode=urlencode,
+    )
+
+
+@router.post("/failed/retry")
+async def failed_retry(request: Request) -> Response:
+    session = session_of(request)
+    fields = await read_form(request, session)
+    outcomes = await retries.retry_matching(
+        _store(request),
+        {
+            "status": "failed",
+            "agent_id": fields.get("agentId") or None,
+            "error": fields.get("error"),
+        },
+        organization_id=session.principal.organization_id,
+        admin=session.principal.admin,
+        limit=retries.MAX_BULK,
+    )
+    created = sum(1 for o in outcomes if o.status == retries.RETRIED)
+    log.info("console bulk retry", extra={"event": "console.bulk_retry", "count": created})
+    return RedirectResponse(
+        f"/console/failed?{urlencode({'notice': f'{created} job(s) retried'})}", status_code=303
+    )
+
+
+# --- wiring -----------------------------------------------------------------------------------
+
+
+def install_console(app: FastAPI) -> None:
+    """Serve the console's pages and assets, and turn its refusals into pages, not JSON."""
+    app.include_router(router)
+    app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
+
+    @app.exception_handler(SignInRequired)
+    async def sign_in(request: Request, exc: SignInRequired) -> Response:
+        if request.method == "GET" and not request.url.path.endswith("/events"):
+            return RedirectResponse("/console/login", status_code=303)
+        return Response("sign in at /console/login", status_code=401)
+
+    @app.exception_handler(FormError)
+    async def form_error(request: Request, exc: FormError) -> Response:
+        log.info(
+            "console form refused",
+            extra={"event": "console.form_refused", "status": exc.status, "path": request.url.path},
+        )
+        return _render("error.html", status=exc.status, session=None, message=exc.message)

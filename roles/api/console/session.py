@@ -1,0 +1,88 @@
+"""Console sessions: the cookie, who it signs in as, and the CSRF token of its forms."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from fastapi import Request
+
+from roles.api.auth import OPEN, Principal
+
+COOKIE = "receipt_console"
+COOKIE_PATH = "/console"
+MAX_FORM_BYTES = 64 * 1024
+# In open mode (no tokens, loopback only) there is no token to derive the CSRF token from; one
+# secret per process signs the forms instead.
+_OPEN_SECRET = secrets.token_bytes(32)
+
+
+class SignInRequired(Exception):
+    """The request has no valid console session: the page redirects to the sign-in form."""
+
+
+class FormError(Exception):
+    """A console form was refused (bad CSRF token, oversized or malformed body)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A signed-in operator: the token's principal and the CSRF token its forms carry."""
+
+    principal: Principal
+    csrf: str
+    open_mode: bool = False
+
+    @property
+    def who(self) -> str:
+        """How the header names the operator."""
+        if self.open_mode:
+            return "open mode (no tokens)"
+        if self.principal.admin:
+            return "admin"
+        return f"organization {self.principal.organization_id}"
+
+
+def csrf_for(token: str | None) -> str:
+    """The CSRF token of a session: an HMAC of the session's token (or the open-mode secret)."""
+    key = _OPEN_SECRET if token is None else hashlib.sha256(token.encode()).digest()
+    return hmac.new(key, b"receipt-console-csrf", hashlib.sha256).hexdigest()
+
+
+def session_of(request: Request) -> Session:
+    """Return the request's console session, or raise `SignInRequired`."""
+    tokens = request.app.state.api.tokens
+    if tokens.open:
+        return Session(OPEN, csrf_for(None), open_mode=True)
+    token = request.cookies.get(COOKIE)
+    principal = tokens.authenticate(token) if token else None
+    if token is None or principal is None:
+        raise SignInRequired
+    return Session(principal, csrf_for(token))
+
+
+async def read_form(request: Request, session: Session | None) -> dict[str, str]:
+    """Read a url-encoded form (bounded), check its CSRF token when signed in; return its fields."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise FormError(413, f"the form is larger than {MAX_FORM_BYTES} bytes")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip()
+    if content_type != "application/x-www-form-urlencoded":
+        raise FormError(415, "forms must be application/x-www-form-urlencoded")
+    try:
+        fields = {k: v[-1] for k, v in parse_qs(body.decode(), keep_blank_values=True).items()}
+    except UnicodeDecodeError as exc:
+        raise FormError(400, "the form is not UTF-8") from exc
+    if session is not None and not hmac.compare_digest(fields.get("csrf", ""), session.csrf):
+        raise FormError(403, "the form's CSRF token is missing or wrong: reload the page")
+    return fields

@@ -1,0 +1,187 @@
+"""The operator console in-process: sign-in cookie, CSRF, tenancy, pages, actions, offline docs."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from receipts import operations
+from receipts.store import Store
+from tests.integration.api_support import (
+    AS_A,
+    TOKEN_A,
+    TOKEN_ADMIN,
+    TOKEN_B,
+    api_client,
+    enqueue_body,
+)
+from tests.integration.helpers import new_id, types
+
+
+async def sign_in(client: httpx.AsyncClient, token: str) -> str:
+    """Sign in; return the CSRF token of the session's forms."""
+    answer = await client.post(
+        "/console/login",
+        content=f"token={token}",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert answer.status_code == 303, answer.text
+    cookie = answer.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
+    page = await client.get("/console/jobs")
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+    assert found
+    return found.group(1)
+
+
+def form(fields: dict[str, str]) -> dict[str, object]:
+    """The keyword arguments of a url-encoded form post."""
+    return {
+        "content": str(httpx.QueryParams(fields)),
+        "headers": {"Content-Type": "application/x-www-form-urlencoded"},
+    }
+
+
+async def test_pages_need_a_signed_in_token_and_refuse_unknown_ones(
+    db_url: str, store: Store
+) -> None:
+    async with api_client(db_url, store=store) as client:
+        redirected = await client.get("/console/jobs")
+        assert redirected.status_code == 303
+        assert redirected.headers["location"] == "/console/login"
+        login = await client.get("/console/login")
+        assert login.status_code == 200 and 'name="token"' in login.text
+        refused = await client.post("/console/login", **form({"token": "wrong"}))  # type: ignore[arg-type]
+        assert refused.status_code == 401 and "unknown token" in refused.text
+        assert "set-cookie" not in refused.headers
+        bearer_only = await client.get("/console/jobs", headers=AS_A)
+        assert bearer_only.status_code == 303  # the console signs in by cookie only
+
+
+async def test_an_organization_sees_its_jobs_and_admin_sees_all(db_url: str, store: Store) -> None:
+    agent = f"agent-{new_id()}"
+    a_job, b_job = new_id(), new_id()
+    async with api_client(db_url, store=store) as client:
+        await client.post(f"/agents/{agent}/jobs", json=enqueue_body(jobId=a_job), headers=AS_A)
+        await client.post(
+            f"/agents/{agent}/jobs",
+            json=enqueue_body(org="org-b", jobId=b_job),
+            headers={"Authorization": f"Bearer {TOKEN_B}"},
+        )
+        await sign_in(client, TOKEN_A)
+        page = await client.get("/console/jobs", params={"agentId": agent})
+        assert a_job in page.text and b_job not in page.text
+        assert re.search(r"queued <b>1</b>", page.text)
+        foreign = await client.get(f"/console/jobs/{b_job}")
+        assert foreign.status_code == 404 and b_job in foreign.text
+        events = await client.get(f"/console/jobs/{b_job}/events")
+        assert events.status_code == 404
+        client.cookies.clear()
+        await sign_in(client, TOKEN_ADMIN)
+        page = await client.get("/console/jobs", params={"agentId": agent})
+        assert a_job in page.text and b_job in page.text
+        filtered = await client.get(
+            "/console/jobs", params={"agentId": agent, "organizationId": "org-b"}
+        )
+        assert b_job in filtered.text and a_job not in filtered.text
+    assert page.headers["content-security-policy"].startswith("default-src 'self'")
+
+
+async def test_actions_need_the_csrf_token_and_act_on_the_job(db_url: str, store: Store) -> None:
+    job_id = new_id()
+    async with api_client(db_url, store=store) as client:
+        await client.post("/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A)
+        csrf = await sign_in(client, TOKEN_A)
+        forged = await client.post(
+            f"/console/jobs/{job_id}/command",
+            **form({"type": "abort", "reason": "forged"}),  # type: ignore[arg-type]
+        )
+        assert forged.status_code == 403 and "CSRF" in forged.text
+        wrong_type = await client.post(
+            f"/console/jobs/{job_id}/command",
+            content='{"type": "abort"}',
+            headers={"Content-Type": "application/json"},
+        )
+        assert wrong_type.status_code == 415
+        assert "queue.command" not in await types(store, job_id)
+        steer = await client.post(
+            f"/console/jobs/{job_id}/command",
+            **form({"csrf": csrf, "type": "steer", "payload": "look at the logs"}),  # type: ignore[arg-type]
+        )
+        assert steer.status_code == 303 and "steer+appended" in steer.headers["location"]
+        job = await store.get_job(job_id)
+        assert job is not None and job.commands[-1].payload == {"message": "look at the logs"}
+        abort = await client.post(
+            f"/console/jobs/{job_id}/command",
+            **form({"csrf": csrf, "type": "abort", "reason": "operator"}),  # type: ignore[arg-type]
+        )
+        assert abort.status_code == 303
+        job = await store.get_job(job_id)
+        assert job is not None and job.status == "canceled"
+        retried = await client.post(
+            f"/console/jobs/{job_id}/retry",
+            **form({"csrf": csrf}),  # type: ignore[arg-type]
+        )
+        assert retried.status_code == 303
+        new_page = await client.get(retried.headers["location"])
+        assert f"retry of {job_id}" in new_page.text and "Retry of" in new_page.text
+
+
+async def test_job_page_shows_timeline_attempts_output_and_the_temporal_link(
+    db_url: str, store: Store
+) -> None:
+    job_id = new_id()
+    async with api_client(db_url, store=store) as client:
+        await client.post("/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A)
+        worker = f"{job_id}:attempt:1/1"
+        assert (
+            await operations.lease(store, job_id, attempt=1, worker_id=worker, lease_ms=60_000)
+        ).ok
+        await operations.progress(
+            store, job_id, worker_id=worker, attempt=1, data={"lines": ["hello from the job"]}
+        )
+        await sign_in(client, TOKEN_A)
+        page = await client.get(f"/console/jobs/{job_id}")
+    assert page.status_code == 200
+    assert "hello from the job" in page.text
+    assert "job.leased" in page.text and f"{worker} · attempt 1" in page.text
+    assert "ReceiptJobId" in page.text and "/namespaces/default/workflows?" in page.text
+    assert 'data-live="yes"' in page.text
+
+
+async def test_failed_work_groups_by_agent_and_error_and_retries_a_group(
+    db_url: str, store: Store
+) -> None:
+    agent = f"agent-{new_id()}"
+    async with api_client(db_url, store=store) as client:
+        ids = []
+        for error in ("disk full", "disk full", "timeout"):
+            job_id = new_id()
+            await client.post(
+                f"/agents/{agent}/jobs", json=enqueue_body(jobId=job_id), headers=AS_A
+            )
+            await operations.fail_undeliverable(store, job_id, error=error)
+            ids.append(job_id)
+        csrf = await sign_in(client, TOKEN_A)
+        page = await client.get("/console/failed")
+        assert "disk full" in page.text and "Retry all 2" in page.text
+        done = await client.post(
+            "/console/failed/retry",
+            **form({"csrf": csrf, "agentId": agent, "error": "disk full"}),  # type: ignore[arg-type]
+        )
+        assert done.status_code == 303 and "2+job" in done.headers["location"]
+        after = await client.get("/console/failed")
+    assert "Retry all 2" not in after.text
+    assert "job.retried" in await types(store, ids[0])
+    assert "job.retried" not in await types(store, ids[2])
+
+
+async def test_docs_are_served_from_installed_assets(db_url: str, store: Store) -> None:
+    async with api_client(db_url, store=store) as client:
+        docs = await client.get("/docs")
+        sources = re.findall(r'(?:src|href)="([^"]+)"', docs.text)
+        assert sources and all(s.startswith("/docs/assets/") for s in sources), sources
+        for source in sources:
+            asset = await client.get(source)
+            assert asset.status_code == 200 and len(asset.content) > 500, source
