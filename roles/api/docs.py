@@ -1,18 +1,19 @@
-"""The API reference at `/docs`, served offline: Swagger UI's assets come from the installed
-`swagger-ui-bundle` package, never a CDN (FastAPI's default page is blank without internet)."""
+"""The API reference at `/docs`, served offline: Swagger UI's assets (a 5.x build, which reads
+OpenAPI 3.1) come from the installed `fastapi-offline` package, never a CDN — FastAPI's default
+page is blank without internet."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import swagger_ui_bundle
+import fastapi_offline
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 ASSETS_PATH = "/docs/assets"
-SWAGGER_UI_DIR = Path(swagger_ui_bundle.swagger_ui_path)
+SWAGGER_UI_DIR = Path(fastapi_offline.__file__).parent / "static"
 
 
 def install_docs(app: FastAPI) -> None:
@@ -29,5 +30,5 @@ def install_docs(app: FastAPI) -> None:
             title=f"{app.title} — reference",
             swagger_js_url=f"{ASSETS_PATH}/swagger-ui-bundle.js",
             swagger_css_url=f"{ASSETS_PATH}/swagger-ui.css",
-            swagger_favicon_url=f"{ASSETS_PATH}/favicon-32x32.png",
+            swagger_favicon_url=f"{ASSETS_PATH}/favicon.png",
         )

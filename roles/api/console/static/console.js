@@ -16,7 +16,7 @@ function followJob(output) {
   const timeline = document.getElementById("timeline");
   const status = document.getElementById("status");
   const source = new EventSource(output.dataset.events);
-  let previous = null;
+  let previous = timeline.dataset.lastAt ? new Date(timeline.dataset.lastAt) : null;
   source.onmessage = (message) => {
     const receipt = JSON.parse(message.data);
     if (receipt.type === "job.progress") {
@@ -30,11 +30,17 @@ function followJob(output) {
     const cells = [receipt.seq, receipt.type, receipt.recordedAt,
       previous ? `+${Math.round(at - previous)} ms` : "", fence, text(receipt.data).slice(0, 400)];
     previous = at;
-    for (const value of cells) {
+    cells.forEach((value, index) => {
       const cell = document.createElement("td");
-      cell.textContent = String(value);
+      if (index === cells.length - 1) {
+        const code = document.createElement("code");
+        code.textContent = String(value);
+        cell.append(code);
+      } else {
+        cell.textContent = String(value);
+      }
       row.append(cell);
-    }
+    });
     timeline.append(row);
   };
   source.addEventListener("end", (event) => {
