@@ -22,6 +22,7 @@ from temporalio.runtime import PrometheusConfig, TelemetryConfig
 from temporalio.runtime import Runtime as TemporalRuntime
 from temporalio.service import RPCError
 
+from activities import sandbox
 from activities.handlers import default_handlers
 from activities.watchdog import WatchdogActivities
 from receipts.kinds import QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL
@@ -279,8 +280,11 @@ def _start_loops(runtime: Runtime) -> None:
     """Every role runs the queued redrive and the startup objective resume; worker-control and
     `all` also run the objective-control outbox redrive."""
     hooks = runtime.metrics.loop_hooks()
+    # Roles that run commands post no callbacks (the others recover them), so they need no
+    # callback secrets: `receipt up` gives them none.
+    http = None if runtime.role in SPAWNING_ROLES else runtime.http
     redrive = QueuedRedrive(
-        runtime.store, _starter(runtime), runtime.settings, http=runtime.http, hooks=hooks
+        runtime.store, _starter(runtime), runtime.settings, http=http, hooks=hooks
     )
     runtime.spawn(
         Ticker(
@@ -322,6 +326,8 @@ async def _run_worker(role: str, runtime: Runtime, stop: asyncio.Event) -> None:
                 "could not create or update the watchdog schedule",
                 extra={"event": "watchdog.schedule_failed", "error": str(exc)},
             )
+    if role in SPAWNING_ROLES:
+        await sandbox.announce()
     worker = attempt_worker(
         runtime.client,
         runtime.store,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,6 +27,22 @@ def admin_url() -> str:
     from roles.infra.embedded import embedded_database_url
 
     return embedded_database_url(ROOT / ".receipt" / "test")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def workspace_root() -> Iterator[Path]:
+    """Sandboxed commands' workspaces for the session: a directory every uid may traverse (a
+    root worker runs commands as other uids; a clone under /root would not be reachable)."""
+    configured = os.environ.get("RECEIPT_WORKSPACE_ROOT")
+    if configured:
+        yield Path(configured)
+        return
+    root = Path(tempfile.mkdtemp(prefix="receipt-workspaces-"))
+    root.chmod(0o711)
+    os.environ["RECEIPT_WORKSPACE_ROOT"] = str(root)
+    yield root
+    del os.environ["RECEIPT_WORKSPACE_ROOT"]
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,24 @@ BACKOFF_START_S, BACKOFF_MAX_S = 1.0, 30.0
 STABLE_AFTER_S = 60.0
 TEMPORAL_PORT, TEMPORAL_UI_PORT = 7233, 8233
 
+# Secrets of the environment and the roles that use them; every other process starts without
+# them (worker-codex runs tenants' commands: it gets no API token and no callback secret).
+CALLBACK_ROLES = ("api", "driver", "worker-chat", "worker-control")
+ROLE_SECRETS: dict[str, tuple[str, ...]] = {
+    "RECEIPT_API_TOKENS": ("api",),
+    "RECEIPT_API_TOKENS_FILE": ("api",),
+    "RECEIPT_API_TOKEN": (),  # the CLI's own token: no role uses it
+    "RECEIPT_CALLBACK_TOKEN": CALLBACK_ROLES,
+    "RECEIPT_CALLBACK_SIGNING_SECRET": CALLBACK_ROLES,
+}
+
+
+def role_env(role: str, env: dict[str, str]) -> dict[str, str]:
+    """`env` without the secrets `role` does not use (`temporal`: without any RECEIPT_ setting)."""
+    if role == "temporal":
+        return {k: v for k, v in env.items() if not k.startswith("RECEIPT_")}
+    return {k: v for k, v in env.items() if role in ROLE_SECRETS.get(k, (role,))}
+
 
 def _say(name: str, line: str, colour: bool) -> None:
     prefix = f"{name:>14} | "
@@ -154,7 +172,7 @@ async def wait_port(port: int, process: Supervised | None = None, timeout_s: flo
 
 async def _temporal(data_dir: Path, colour: bool) -> Supervised:
     argv = temporal_argv(data_dir / "temporal.sqlite", TEMPORAL_PORT, TEMPORAL_UI_PORT)
-    server = Supervised("temporal", argv, dict(os.environ), colour)
+    server = Supervised("temporal", argv, role_env("temporal", dict(os.environ)), colour)
     await server.start()
     await wait_port(TEMPORAL_PORT, server)
     return server
@@ -192,7 +210,8 @@ async def up(settings: Settings | None = None) -> int:
         PYTHONUNBUFFERED="1",
     )
     roles = [
-        Supervised(role, [sys.executable, "-m", "roles.role", role], env, colour) for role in ROLES
+        Supervised(role, [sys.executable, "-m", "roles.role", role], role_env(role, env), colour)
+        for role in ROLES
     ]
     keepers = [asyncio.create_task(r.keep_alive(stopping)) for r in roles]
     host = os.environ.get("RECEIPT_API_HOST", "127.0.0.1")

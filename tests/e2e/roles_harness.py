@@ -42,6 +42,8 @@ class RoleProcesses:
             RECEIPT_TASK_QUEUE_PREFIX=f"e{uuid.uuid4().hex[:8]}-",
             PYTHONUNBUFFERED="1",
         )
+        if "RECEIPT_WORKSPACE_ROOT" in os.environ:  # the session's (tests/conftest.py)
+            env["RECEIPT_WORKSPACE_ROOT"] = os.environ["RECEIPT_WORKSPACE_ROOT"]
         env.update(extra)
         return cls(env, log_dir)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from activities.handlers.codex import SETPRIV
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
 from tests.e2e.conftest import task
@@ -121,7 +121,7 @@ def _live_pids_running(argv: list[str]) -> list[int]:
     return found
 
 
-@pytest.mark.skipif(SETPRIV is None, reason="needs util-linux setpriv (Linux)")
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv (Linux)")
 async def test_a_command_dies_with_its_sigkilled_worker(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
@@ -153,7 +153,8 @@ async def test_a_handler_that_kills_its_worker_fails_after_its_budget_without_lo
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
     store, _ = e2e_store
-    procs = roles(CODEX_JOB_LEASE_MS="6000", JOB_LEASE_MS="6000")
+    # Only an unconfined command can reach its worker (sandboxed, $PPID is the sandbox's init).
+    procs = roles(CODEX_JOB_LEASE_MS="6000", JOB_LEASE_MS="6000", RECEIPT_CODEX_SANDBOX="none")
     procs.start("driver")
     procs.start("worker-codex")
     try:

@@ -8,6 +8,7 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from activities.sandbox import job_workspace
 from receipts import deliveries
 from receipts import operations as ops
 from receipts.deliveries import MAX_GENERATION, generation_exhausted_message
@@ -355,18 +356,17 @@ async def test_a_missing_command_fails_with_a_clear_error(
 ) -> None:
     async with running_stack(client, fresh_store, fresh_db):
         missing = (await put(fresh_store, payload_extra=task("no-such-command-zz"))).job
-        relative = (
-            await put(
-                fresh_store, payload_extra={"task": {"command": ["./nope.sh"], "cwd": "/tmp"}}
-            )
-        ).job
+        relative = (await put(fresh_store, payload_extra=task("./nope.sh"))).job
         first = await wait_for_status(fresh_store, missing.job_id)
         second = await wait_for_status(fresh_store, relative.job_id)
     assert first.status == "failed" and first.attempt == 1
     assert first.error is not None
     assert first.error.startswith("could not start 'no-such-command-zz': not found on PATH")
     assert second.status == "failed"
-    assert second.error == "could not start './nope.sh': no executable file at /tmp/./nope.sh"
+    workspace = job_workspace(relative.job_id)
+    assert (
+        second.error == f"could not start './nope.sh': no executable file at {workspace}/./nope.sh"
+    )
 
 
 async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
