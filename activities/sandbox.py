@@ -330,7 +330,7 @@ def check_executable(
             raise SandboxRefused(
                 f"could not start {argv0!r}: no executable file at {os.path.join(cwd, argv0)}"
             )
-        if not _inside(os.path.realpath(path), roots) and not _inside(path, roots):
+        if not (_inside(path, roots) and _inside(os.path.realpath(path), roots)):
             raise SandboxRefused(
                 f"could not start {argv0!r}: {path} is outside the sandbox (it sees the "
                 "workspace, the system directories and RECEIPT_SANDBOX_RO_BINDS)"
@@ -338,7 +338,7 @@ def check_executable(
         return
     search = env.get("PATH", DEFAULT_PATH)
     found = shutil.which(argv0, path=search)
-    if found is None or not _inside(found, roots):
+    if found is None or not (_inside(found, roots) and _inside(os.path.realpath(found), roots)):
         raise SandboxRefused(f"could not start {argv0!r}: not found on PATH {search!r}")
 
 

@@ -1,0 +1,419 @@
+"""The sandbox with real bubblewrap and real processes: what a command can see, reach and leave."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from activities.sandbox import (
+    Limits,
+    SandboxRefused,
+    SandboxResult,
+    SandboxSettings,
+    announce,
+    job_workspace,
+    probe,
+    run_sandboxed,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = "/usr/bin/python3"  # the system's: the project's virtualenv is not in the sandbox
+VENV_PYTHON = os.path.abspath(sys.executable)
+
+
+@pytest.fixture
+async def settings() -> SandboxSettings:
+    """The environment's settings; the test is skipped, saying why, only when bwrap cannot
+    create namespaces on this machine (the worker would then refuse every command)."""
+    configured = SandboxSettings.from_env()
+    ok, message = await probe(configured)
+    if not ok:
+        pytest.skip(f"SANDBOX TESTS NOT RUN: bubblewrap cannot create namespaces here: {message}")
+    return configured
+
+
+def host_dir(mode: int) -> Path:
+    """A new directory on the host with `mode`."""
+    made = Path(tempfile.mkdtemp(prefix="receipt-sandbox-test-"))
+    made.chmod(mode)
+    return made
+
+
+def fresh_workspace(settings: SandboxSettings) -> Path:
+    return job_workspace(f"sandbox-test-{uuid.uuid4().hex[:12]}", settings)
+
+
+async def run(
+    argv: list[str], settings: SandboxSettings, workspace: Path | None = None, **kwargs: object
+) -> tuple[SandboxResult, str]:
+    """Run `argv` sandboxed; return its result and its whole output."""
+    chunks: list[str] = []
+
+    async def collect(text: str) -> None:
+        chunks.append(text)
+
+    result = await run_sandboxed(
+        argv,
+        workspace=workspace or fresh_workspace(settings),
+        settings=settings,
+        on_output=collect,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return result, "".join(chunks)
+
+
+# Reads every file under /proc the command can see (symlinks not followed), printing each
+# path and up to 1 MiB of its contents; blocking or unbounded files are opened non-blocking.
+PROC_SCAN = r"""
+import os, sys
+out = sys.stdout.buffer
+read = 0
+for top, dirs, files in os.walk("/proc", followlinks=False):
+    for name in files:
+        path = os.path.join(top, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            data = os.read(fd, 1 << 20)
+        except OSError:
+            data = b""
+        finally:
+            os.close(fd)
+        out.write(b"== " + path.encode() + b"\n" + data.replace(b"\0", b"\n") + b"\n")
+        read += 1
+out.write(b"files read: %d\n" % read)
+"""
+
+
+@pytest.fixture
+def worker_secrets(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Secrets in this (the worker's) environment, as `receipt up` used to hand them out."""
+    marker = uuid.uuid4().hex
+    values = {
+        "RECEIPT_API_TOKENS": f"admin-token-{marker}:org-a:admin",
+        "RECEIPT_DATABASE_URL": f"postgresql://receipt:db-password-{marker}@127.0.0.1/receipt",
+        "RECEIPT_CALLBACK_SIGNING_SECRET": f"whsec-{marker}",
+        "RECEIPT_CALLBACK_TOKEN": f"callback-token-{marker}",
+        "AWS_SECRET_ACCESS_KEY": f"aws-{marker}",
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return values
+
+
+async def test_env_and_every_readable_proc_file_show_none_of_the_workers_secrets(
+    settings: SandboxSettings, worker_secrets: dict[str, str]
+) -> None:
+    canary = f"canary-{uuid.uuid4().hex}"
+    result, env_output = await run(["env"], settings, env={"JOB_CANARY": canary})
+    assert result.exit_code == 0
+    assert f"JOB_CANARY={canary}" in env_output  # the payload's env does arrive
+    scanned, proc_output = await run(
+        [PYTHON, "-c", PROC_SCAN], settings, env={"JOB_CANARY": canary}
+    )
+    assert scanned.exit_code == 0, proc_output[-2000:]
+    files_read = int(proc_output.rsplit("files read: ", 1)[1])
+    assert files_read > 500  # it did walk /proc (every process, /proc/sys, ...)
+    assert canary in proc_output  # and it did read the environ files
+    for name, secret in worker_secrets.items():
+        assert secret not in env_output, f"{name} leaked into env"
+        assert secret not in proc_output, f"{name} leaked into /proc"
+    assert "RECEIPT_" not in env_output
+
+
+@pytest.fixture
+def files_outside() -> Iterator[dict[str, str]]:
+    """Files a command must not read: in the project's tree, a world-readable one in /etc
+    (not among the entries the sandbox binds), a shadow-like 0600 one, and one in /root."""
+    marker = uuid.uuid4().hex
+    paths = {
+        str(ROOT / f".sandbox-test-secret-{marker}"): 0o644,
+        f"/etc/receipt-test-readable-{marker}": 0o644,
+        f"/etc/receipt-test-shadow-{marker}": 0o600,
+    }
+    if os.geteuid() == 0 and os.path.isdir("/root"):
+        paths[f"/root/receipt-test-secret-{marker}"] = 0o600
+    made: dict[str, str] = {}
+    try:
+        for path, mode in paths.items():
+            with contextlib.suppress(PermissionError):
+                Path(path).write_text(f"secret-content-{marker}-{len(made)}\n")
+                os.chmod(path, mode)
+                made[path] = f"secret-content-{marker}-{len(made)}"
+        yield made
+    finally:
+        for path in made:
+            os.unlink(path)
+
+
+async def test_files_outside_the_workspace_cannot_be_read(
+    settings: SandboxSettings, files_outside: dict[str, str]
+) -> None:
+    assert len(files_outside) >= 3
+    other = fresh_workspace(settings)
+    other.mkdir(parents=True, exist_ok=True)
+    (other / "theirs.txt").write_text("another job's file\n")
+    for path, content in [*files_outside.items(), (str(other / "theirs.txt"), "another job's")]:
+        result, output = await run(["cat", path], settings)
+        assert result.exit_code != 0, f"{path} was readable: {output!r}"
+        assert content not in output
+    listed, output = await run(["ls", str(ROOT), "/root", "/home"], settings)
+    assert listed.exit_code != 0
+    assert "pyproject.toml" not in output
+
+
+async def test_nothing_outside_the_workspace_can_be_written(settings: SandboxSettings) -> None:
+    writable = host_dir(0o777)  # world-writable: only the sandbox's mounts keep the command out
+    other = fresh_workspace(settings)
+    other.mkdir(parents=True, exist_ok=True)
+    workspace = fresh_workspace(settings)
+    targets = [writable / "f", ROOT / f".sandbox-test-write-{uuid.uuid4().hex}", other / "f"]
+    try:
+        script = "; ".join(f"echo x > {t}" for t in targets)
+        script += "; echo private > /tmp/private-file; echo mine > mine.txt"
+        result, output = await run(["sh", "-c", script], settings, workspace)
+        assert [t for t in [*targets, Path("/tmp/private-file")] if t.exists()] == []
+        assert (workspace / "mine.txt").read_text() == "mine\n"  # the workspace is writable
+        assert result.exit_code == 0, output  # only the last command's status counts
+        assert output.count("cannot create") == 3  # the paths do not exist in its view
+    finally:
+        shutil.rmtree(writable, ignore_errors=True)
+
+
+CONNECT = """
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3).close()
+    print("connected")
+except OSError as exc:
+    print("no connection:", exc)
+"""
+
+
+async def test_the_network_is_off_unless_egress_is_allowed(settings: SandboxSettings) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.setblocking(False)
+        port = str(listener.getsockname()[1])
+        _, output = await run([PYTHON, "-c", CONNECT, port], settings)
+        assert "no connection" in output
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing arrived
+        # With egress (RECEIPT_SANDBOX_EGRESS_AGENTS) the same command reaches the listener,
+        # so the refusal above is the namespace's doing, not the script's.
+        _, output = await run([PYTHON, "-c", CONNECT, port], settings, network=True)
+        assert "connected" in output.splitlines()
+        listener.accept()[0].close()
+
+
+def host_processes_running(needle: str) -> list[int]:
+    """Host pids whose command line contains `needle`."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ")
+                if needle.encode() in cmdline:
+                    found.append(int(entry.name))
+    return found
+
+
+async def wait_until_running(needle: str) -> None:
+    for _ in range(200):
+        if host_processes_running(needle):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{needle} never started")
+
+
+def escaping_script(needle: str) -> list[str]:
+    """A command whose grandchild leaves its session and process group (setsid), closing the
+    output pipe so that nothing ties it to the command."""
+    return ["sh", "-c", f"setsid sleep {needle} </dev/null >/dev/null 2>&1 & sleep 60"]
+
+
+async def test_an_abort_leaves_no_process_behind(settings: SandboxSettings) -> None:
+    needle = f"61.{uuid.uuid4().int % 10**6:06d}"
+    aborted = asyncio.Event()
+    running = asyncio.create_task(
+        run_sandboxed(
+            escaping_script(needle),
+            workspace=fresh_workspace(settings),
+            aborted=aborted,
+            settings=settings,
+        )
+    )
+    await wait_until_running(needle)
+    aborted.set()
+    result = await asyncio.wait_for(running, 30)
+    assert result == SandboxResult(None, aborted=True)
+    assert host_processes_running(needle) == []
+
+
+async def test_a_cancelled_run_shutdown_leaves_no_process_behind(
+    settings: SandboxSettings,
+) -> None:
+    needle = f"62.{uuid.uuid4().int % 10**6:06d}"
+    running = asyncio.create_task(
+        run_sandboxed(
+            escaping_script(needle), workspace=fresh_workspace(settings), settings=settings
+        )
+    )
+    await wait_until_running(needle)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert host_processes_running(needle) == []
+
+
+async def test_a_finished_command_leaves_no_process_behind(settings: SandboxSettings) -> None:
+    needle = f"63.{uuid.uuid4().int % 10**6:06d}"
+    script = f"setsid sleep {needle} </dev/null >/dev/null 2>&1 & sleep 0.5; echo done"
+    result, output = await run(["sh", "-c", script], settings)
+    assert (result.exit_code, output) == (0, "done\n")
+    assert host_processes_running(needle) == []
+
+
+@pytest.mark.parametrize(
+    "cwd",
+    ["/", "/etc", "../..", "sub/../../x", "link-out"],
+)
+async def test_a_cwd_outside_the_workspace_is_refused(settings: SandboxSettings, cwd: str) -> None:
+    workspace = fresh_workspace(settings)
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "link-out").symlink_to("/etc")
+    with pytest.raises(SandboxRefused, match="cwd"):
+        await run(["pwd"], settings, workspace, cwd=cwd)
+
+
+async def test_a_cwd_inside_the_workspace_is_where_the_command_runs(
+    settings: SandboxSettings,
+) -> None:
+    workspace = fresh_workspace(settings)
+    (workspace / "sub" / "dir").mkdir(parents=True)
+    result, output = await run(["pwd"], settings, workspace, cwd="sub/dir")
+    assert (result.exit_code, output) == (0, f"{workspace}/sub/dir\n")
+
+
+@pytest.mark.parametrize(
+    "key", ["LD_PRELOAD", "ld_library_path", "PYTHONPATH", "RECEIPT_API_TOKENS", "PATH", "HOME"]
+)
+async def test_forbidden_env_keys_are_refused_naming_the_key(
+    settings: SandboxSettings, key: str
+) -> None:
+    with pytest.raises(SandboxRefused, match=key):
+        await run(["true"], settings, env={key: "/tmp/evil"})
+
+
+FORK_UNTIL_REFUSED = """
+import os, time
+started = 0
+try:
+    while started < 1000:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        started += 1
+except OSError as exc:
+    print("refused after", started, exc.errno)
+"""
+
+
+async def test_a_fork_bomb_is_stopped_by_the_process_limit(settings: SandboxSettings) -> None:
+    limited = replace(settings.limits, processes=24)
+    result, output = await run([PYTHON, "-c", FORK_UNTIL_REFUSED], settings, limits=limited)
+    assert result.exit_code == 0, output
+    started = int(output.split("refused after ")[1].split()[0])
+    assert started < 24
+    # ... and its children, still sleeping when it exited, went with the sandbox.
+
+
+async def test_memory_file_size_and_cpu_limits_are_enforced(settings: SandboxSettings) -> None:
+    limits = Limits(memory_mb=256, processes=64, file_size_mb=1, cpu_seconds=1, open_files=64)
+    hog, output = await run(
+        [PYTHON, "-c", "b = bytearray(600 * 1024 * 1024)"], settings, limits=limits
+    )
+    assert hog.exit_code != 0 and "MemoryError" in output
+    workspace = fresh_workspace(settings)
+    big, _ = await run(
+        ["sh", "-c", "head -c 3000000 /dev/zero > big"], settings, workspace, limits=limits
+    )
+    assert big.exit_code != 0
+    assert (workspace / "big").stat().st_size <= 1024 * 1024
+    spin, _ = await asyncio.wait_for(
+        run([PYTHON, "-c", "while True: pass"], settings, limits=limits), 120
+    )
+    assert spin.exit_code != 0  # SIGXCPU after a second of CPU
+
+
+async def test_a_missing_or_invisible_program_is_refused_with_its_name(
+    settings: SandboxSettings,
+) -> None:
+    with pytest.raises(SandboxRefused, match="could not start 'no-such-program-zz'"):
+        await run(["no-such-program-zz"], settings)
+    with pytest.raises(SandboxRefused, match="outside the sandbox"):
+        await run([VENV_PYTHON, "-c", "print(1)"], settings)
+
+
+async def test_where_bwrap_cannot_build_the_sandbox_commands_are_refused_naming_the_setting(
+    settings: SandboxSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = replace(settings, ro_binds=(f"/nonexistent-{uuid.uuid4().hex}",))
+    with pytest.raises(SandboxRefused, match="RECEIPT_CODEX_SANDBOX=bwrap") as refused:
+        await run(["true"], broken)
+    assert "refused rather than run unconfined" in str(refused.value)
+    with caplog.at_level(logging.ERROR, logger="activities.sandbox"):
+        assert await announce(broken) is False
+    assert any(r.event == "sandbox.unavailable" for r in caplog.records)  # type: ignore[attr-defined]
+    with pytest.raises(SandboxRefused, match="must be one of bwrap, none"):
+        await run(["true"], replace(settings, mode="off"))
+
+
+async def test_none_mode_runs_unconfined_but_with_the_clean_environment_and_says_so_loudly(
+    settings: SandboxSettings,
+    worker_secrets: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    unconfined = replace(settings, mode="none")
+    with caplog.at_level(logging.WARNING, logger="activities.sandbox"):
+        assert await announce(unconfined) is True
+    assert any("UNCONFINED" in r.getMessage() for r in caplog.records)
+    result, output = await run(["sh", "-c", "env; hostname"], unconfined)
+    assert result.exit_code == 0
+    assert socket.gethostname() in output  # no UTS namespace: it is the host
+    assert not any(secret in output for secret in worker_secrets.values())
+
+
+@pytest.fixture
+async def unreachable_root() -> AsyncIterator[Path]:
+    parent = host_dir(0o700)
+    yield parent / "workspaces"
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+async def test_a_workspace_root_the_sandbox_uid_cannot_reach_is_refused_clearly(
+    settings: SandboxSettings, unreachable_root: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only a root worker runs commands as another uid")
+    moved = replace(settings, workspace_root=unreachable_root)
+    with pytest.raises(SandboxRefused, match="RECEIPT_WORKSPACE_ROOT") as refused:
+        await run(["true"], moved, job_workspace("x", moved))
+    assert "not searchable" in str(refused.value)
+    assert stat.S_IMODE(unreachable_root.parent.stat().st_mode) == 0o700  # left as it was
