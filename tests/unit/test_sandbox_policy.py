@@ -1,0 +1,212 @@
+"""The sandbox's policy as pure functions: environment, cwd, workspaces, uids, the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from activities.sandbox import (
+    INSIDE_UID,
+    Limits,
+    SandboxRefused,
+    SandboxSettings,
+    clean_env,
+    command_line,
+    job_workspace,
+    limit_args,
+    objective_workspace,
+    uid_for,
+    workspace_name,
+)
+from roles.cli.up import role_env
+
+SETTINGS = SandboxSettings(workspace_root=Path("/srv/ws"), uids=(50_000, 50_009))
+WORKSPACE = Path("/srv/ws/.jobs/j1")
+
+
+def test_the_environment_is_the_allow_list_plus_the_payloads() -> None:
+    env = clean_env({"FOO": "bar"}, workspace=WORKSPACE, settings=SETTINGS)
+    assert env == {
+        "PATH": SETTINGS.path,
+        "HOME": str(WORKSPACE),
+        "LANG": "C.UTF-8",
+        "FOO": "bar",
+    }
+    with_tz = clean_env(None, workspace=WORKSPACE, settings=SandboxSettings(tz="Europe/Paris"))
+    assert with_tz["TZ"] == "Europe/Paris"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "PATH",
+        "HOME",
+        "LANG",
+        "TZ",
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "ld_preload",
+        "PYTHONSTARTUP",
+        "PYTHONPATH",
+        "RECEIPT_DATABASE_URL",
+        "RECEIPT_X",
+        "A=B",
+        "1X",
+        "",
+    ],
+)
+def test_keys_that_would_override_or_hijack_are_refused_by_name(key: str) -> None:
+    with pytest.raises(SandboxRefused, match=repr(key).replace("[", r"\[")):
+        clean_env({key: "x"}, workspace=WORKSPACE, settings=SETTINGS)
+
+
+def test_settings_from_the_environment() -> None:
+    settings = SandboxSettings.from_env(
+        {
+            "RECEIPT_WORKSPACE_ROOT": "/var/lib/receipt/ws",
+            "RECEIPT_SANDBOX_EGRESS_AGENTS": "codex, factory",
+            "RECEIPT_SANDBOX_UIDS": "60000-60099",
+            "RECEIPT_SANDBOX_RO_BINDS": "/opt/tools:/nix",
+            "RECEIPT_SANDBOX_PROCESSES": "64",
+        }
+    )
+    assert settings.mode == "bwrap"
+    assert settings.workspace_root == Path("/var/lib/receipt/ws")
+    assert settings.egress_agents == {"codex", "factory"}
+    assert settings.uids == (60_000, 60_099)
+    assert settings.ro_binds == ("/opt/tools", "/nix")
+    assert settings.limits == Limits(processes=64)
+    default = SandboxSettings.from_env({"RECEIPT_DATA_DIR": "/data"})
+    assert default.workspace_root == Path("/data/workspaces")
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"RECEIPT_SANDBOX_MEMORY_MB": "0"}, "RECEIPT_SANDBOX_MEMORY_MB"),
+        ({"RECEIPT_SANDBOX_CPU_SECONDS": "1h"}, "RECEIPT_SANDBOX_CPU_SECONDS"),
+        ({"RECEIPT_SANDBOX_UIDS": "9-1"}, "RECEIPT_SANDBOX_UIDS"),
+        ({"RECEIPT_SANDBOX_RO_BINDS": "opt"}, "RECEIPT_SANDBOX_RO_BINDS"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        SandboxSettings.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("identifier", "kept"),
+    [
+        ("job-1", True),
+        ("org:a@b.c_d", True),
+        ("..", False),
+        ("a/b", False),
+        ("x\ny", False),
+        (".hidden", False),
+        ("", False),
+        ("a" * 201, False),
+    ],
+)
+def test_workspace_names_are_the_id_or_a_digest(identifier: str, kept: bool) -> None:
+    name = workspace_name(identifier)
+    assert (name == identifier) is kept
+    assert "/" not in name and name not in (".", "..") and name
+    if not kept:
+        assert name.startswith("%")
+
+
+def test_objective_and_job_workspaces_do_not_collide() -> None:
+    assert objective_workspace("o1", SETTINGS) == Path("/srv/ws/o1")
+    assert job_workspace("o1", SETTINGS) == Path("/srv/ws/.jobs/o1")
+
+
+def test_each_workspace_has_one_uid_in_the_range() -> None:
+    uids = {uid_for(Path(f"/srv/ws/w{i}"), SETTINGS) for i in range(200)}
+    assert uids <= set(range(50_000, 50_010)) and len(uids) > 1
+    assert uid_for(WORKSPACE, SETTINGS) == uid_for(Path(str(WORKSPACE)), SETTINGS)
+
+
+def line(**overrides: object) -> list[str]:
+    kwargs: dict[str, object] = {
+        "workspace": WORKSPACE,
+        "cwd": WORKSPACE / "sub",
+        "network": False,
+        "settings": SETTINGS,
+        "uid": 50_003,
+        "limits": Limits(),
+        "bwrap": "/opt/bwrap",
+    }
+    kwargs.update(overrides)
+    return command_line(["make", "test"], **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_command_line_drops_to_the_uid_limits_then_confines() -> None:
+    argv = line()
+    setpriv_end = argv.index("--")
+    assert argv[:setpriv_end] == [
+        "/usr/bin/setpriv",
+        "--reuid=50003",
+        "--regid=50003",
+        "--clear-groups",
+        "--no-new-privs",
+        "--pdeathsig=KILL",
+    ]
+    assert argv[setpriv_end + 1] == "/usr/bin/prlimit"
+    bwrap_at = argv.index("/opt/bwrap")
+    assert argv[setpriv_end + 2 : bwrap_at - 1] == limit_args(Limits())
+    options = argv[bwrap_at:]
+    assert options[-3:] == ["--", "make", "test"]
+    for flag in ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"):
+        assert flag in options
+    for flag in ("--unshare-net", "--die-with-parent", "--new-session", "--disable-userns"):
+        assert flag in options
+    assert options[options.index("--uid") + 1] == str(INSIDE_UID)
+    binds = [options[i + 1] for i, o in enumerate(options) if o == "--bind"]
+    assert binds == [str(WORKSPACE)]  # the only writable bind
+    assert options[options.index("--chdir") + 1] == str(WORKSPACE / "sub")
+    assert options[options.index("--tmpfs") + 1] == "/tmp"
+
+
+def test_egress_shares_the_network_and_a_non_root_worker_keeps_its_uid() -> None:
+    assert "--unshare-net" not in line(network=True)
+    assert not any(part.startswith("--reuid") for part in line(uid=None))
+
+
+def test_none_mode_keeps_limits_and_no_new_privileges_but_no_bwrap() -> None:
+    argv = line(bwrap=None, uid=None)
+    assert argv[-2:] == ["make", "test"]
+    assert "/usr/bin/prlimit" in argv and "--no-new-privs" in argv
+    assert not any("bwrap" in part or part.startswith("--unshare") for part in argv)
+
+
+def test_limits_are_soft_and_hard_rlimits() -> None:
+    assert limit_args(Limits(memory_mb=2, processes=3, file_size_mb=4, cpu_seconds=5)) == [
+        f"--data={2 * 1024 * 1024}",
+        "--nproc=3",
+        f"--fsize={4 * 1024 * 1024}",
+        "--cpu=5",
+        "--nofile=1024",
+        "--core=0",
+    ]
+
+
+ENV = {
+    "PATH": "/usr/bin",
+    "RECEIPT_DATABASE_URL": "postgresql://u:pw@db/receipt",
+    "RECEIPT_API_TOKENS": "admin-token",
+    "RECEIPT_API_TOKENS_FILE": "/secrets/tokens.json",
+    "RECEIPT_API_TOKEN": "cli-token",
+    "RECEIPT_CALLBACK_TOKEN": "cb",
+    "RECEIPT_CALLBACK_SIGNING_SECRET": "whsec",
+}
+
+
+def test_receipt_up_gives_each_role_only_the_secrets_it_uses() -> None:
+    codex = role_env("worker-codex", ENV)
+    assert codex == {"PATH": "/usr/bin", "RECEIPT_DATABASE_URL": ENV["RECEIPT_DATABASE_URL"]}
+    api = role_env("api", ENV)
+    assert api["RECEIPT_API_TOKENS"] == "admin-token" and "RECEIPT_API_TOKEN" not in api
+    driver = role_env("driver", ENV)
+    assert "RECEIPT_API_TOKENS" not in driver and driver["RECEIPT_CALLBACK_SIGNING_SECRET"]
+    assert role_env("temporal", ENV) == {"PATH": "/usr/bin"}
