@@ -424,6 +424,9 @@ def _role_env(
         RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="5000",
         RECEIPT_SHUTDOWN_GRACE_MS="3000",
         RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED="0",
+        # The poison fault is a command that kills its own worker: only an unconfined command
+        # can reach it (sandboxed, its parent is the sandbox's init). Chaos tests delivery.
+        RECEIPT_CODEX_SANDBOX="none",
         PYTHONUNBUFFERED="1",
     )
     return env
