@@ -681,18 +681,23 @@ class _Running:
         self.finished = True
 
     async def kill(self, confined: bool) -> None:
-        """Kill the whole sandbox: SIGKILL bwrap and its namespace's first process (which takes
-        every process of the PID namespace with it). Unconfined: SIGTERM the process group,
+        """Kill the whole sandbox: SIGKILL its namespace's first process (which takes every
+        process of the PID namespace with it), so that bwrap, our child, reaps it and exits;
+        bwrap itself is SIGKILLed only if it does not. Unconfined: SIGTERM the process group,
         then SIGKILL it after a grace; processes that left the group are not reached."""
         if confined:
             if self.info_fd is not None and self.process.returncode is None:
                 # The info pipe is written before the command runs: read it without blocking
                 # the loop for long (bwrap has forked by the time we can abort).
                 await asyncio.to_thread(self._read_inner_pid)
-            _signal_group(self.process.pid, signal.SIGKILL)
             if self.inner_pid is not None:
+                # Killing bwrap first would orphan that process to whatever reaps orphans (a
+                # worker that is PID 1 in its container never would: a zombie per abort).
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(self.inner_pid, signal.SIGKILL)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.process.wait()), TERM_GRACE_S)
+            _signal_group(self.process.pid, signal.SIGKILL)
             await self.process.wait()
             await self.gone()
             return
