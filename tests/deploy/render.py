@@ -62,9 +62,7 @@ def render(directory: Path) -> list[Obj]:
         objects = _apply_patch(directory, patch_entry, objects)
     for replica in kustomization.get("replicas", []):
         matched = [
-            o
-            for o in objects
-            if o["kind"] in SCALABLE and o["metadata"]["name"] == replica["name"]
+            o for o in objects if o["kind"] in SCALABLE and o["metadata"]["name"] == replica["name"]
         ]
         if not matched:
             raise Unsupported(f"replicas: no object named {replica['name']}")
@@ -105,7 +103,11 @@ def _apply_patch(directory: Path, entry: Obj, objects: list[Obj]) -> list[Obj]:
             raise Unsupported("a strategic merge patch with a target")
         kind, name = patch["kind"], patch["metadata"]["name"]
         index = next(
-            (i for i, o in enumerate(objects) if o["kind"] == kind and o["metadata"]["name"] == name),
+            (
+                i
+                for i, o in enumerate(objects)
+                if o["kind"] == kind and o["metadata"]["name"] == name
+            ),
             None,
         )
         if index is None:
