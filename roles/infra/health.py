@@ -46,10 +46,19 @@ LIVENESS_TIMEOUT_S = 30.0
 POLL_FRESH_S = 120.0
 POLLED_TYPES = (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
 
-READY = Gauge(
-    "receipt_role_ready",
-    "1 while the role's /readyz answers 200 (database reachable, Temporal worker polling).",
-)
+_ready_gauge: Gauge | None = None
+
+
+def ready_gauge() -> Gauge:
+    """`receipt_role_ready`, registered by the first role that serves this endpoint (so the api,
+    which answers /readyz itself, exports no gauge that would always read 0)."""
+    global _ready_gauge
+    if _ready_gauge is None:
+        _ready_gauge = Gauge(
+            "receipt_role_ready",
+            "1 while the role's /readyz answers 200 (database reachable, Temporal worker polling).",
+        )
+    return _ready_gauge
 
 
 @dataclass
@@ -75,7 +84,7 @@ class HealthState:
             self.last_tick = time.monotonic()
             self.ready = not reasons
             self.reasons = reasons
-        READY.set(1 if not reasons else 0)
+        ready_gauge().set(1 if not reasons else 0)
         if was and reasons:
             log.warning(
                 "role not ready: %s",

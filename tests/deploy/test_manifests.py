@@ -513,3 +513,20 @@ def test_production_uses_mtls_a_verified_database_and_replicas() -> None:
     assert not config["RECEIPT_TEMPORAL_ADDRESS"].startswith("temporal:")
     namespace = by_kind(objects, "Namespace")["receipt"]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_production_connections_at_the_hpa_ceilings_are_as_documented() -> None:
+    """Each process holds its pool (RECEIPT_DB_POOL_MAX) plus one LISTEN connection; at the
+    HPA ceilings that is the figure docs/operations.md and overlays/production/hpa.yaml give."""
+    objects = render(OVERLAYS["production"])
+    hpas = by_kind(objects, "HorizontalPodAutoscaler")
+    total = 0
+    for role in ROLES:
+        deployment = role_deployment(objects, role)
+        env = {e["name"]: e["value"] for e in pod_spec(deployment)["containers"][0]["env"]}
+        hpa = hpas.get(f"receipt-{role}")
+        pods = hpa["spec"]["maxReplicas"] if hpa else deployment["spec"]["replicas"]
+        total += pods * (int(env["RECEIPT_DB_POOL_MAX"]) + 1)
+    assert total == 294
+    assert "= 294" in (K8S / "overlays/production/hpa.yaml").read_text()
+    assert "294" in (ROOT / "docs" / "operations.md").read_text()
