@@ -530,3 +530,21 @@ def test_production_connections_at_the_hpa_ceilings_are_as_documented() -> None:
     assert total == 294
     assert "= 294" in (K8S / "overlays/production/hpa.yaml").read_text()
     assert "294" in (ROOT / "docs" / "operations.md").read_text()
+
+
+def test_the_migrate_first_selector_of_the_readme_picks_the_job_and_its_config() -> None:
+    """deploy/README.md applies everything but the roles first, waits for the Job, then the rest."""
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    match = re.search(r"-l '(app\.kubernetes\.io/part-of=receipt,app\.kubernetes\.io/component notin \(([^)]*)\))'", readme)
+    assert match, "the selector is no longer in deploy/README.md"
+    excluded = {name.strip() for name in match.group(2).split(",")}
+    assert excluded == set(ROLES)
+    picked = [
+        o for o in render(OVERLAYS["production"])
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") == "receipt"
+        and o["metadata"]["labels"].get("app.kubernetes.io/component") not in excluded
+    ]
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in picked}
+    assert ("Job", "receipt-migrate") in kinds and ("ConfigMap", "receipt-config") in kinds
+    assert ("ServiceAccount", "receipt") in kinds
+    assert not any(kind == "Deployment" for kind, _ in kinds)
