@@ -535,12 +535,16 @@ def test_production_connections_at_the_hpa_ceilings_are_as_documented() -> None:
 def test_the_migrate_first_selector_of_the_readme_picks_the_job_and_its_config() -> None:
     """deploy/README.md applies everything but the roles first, waits for the Job, then the rest."""
     readme = (ROOT / "deploy" / "README.md").read_text()
-    match = re.search(r"-l '(app\.kubernetes\.io/part-of=receipt,app\.kubernetes\.io/component notin \(([^)]*)\))'", readme)
+    selector = (
+        r"-l 'app\.kubernetes\.io/part-of=receipt,app\.kubernetes\.io/component notin \(([^)]*)\)'"
+    )
+    match = re.search(selector, readme)
     assert match, "the selector is no longer in deploy/README.md"
-    excluded = {name.strip() for name in match.group(2).split(",")}
+    excluded = {name.strip() for name in match.group(1).split(",")}
     assert excluded == set(ROLES)
     picked = [
-        o for o in render(OVERLAYS["production"])
+        o
+        for o in render(OVERLAYS["production"])
         if o["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") == "receipt"
         and o["metadata"]["labels"].get("app.kubernetes.io/component") not in excluded
     ]
