@@ -220,3 +220,20 @@ def test_the_deployed_code_runs_without_the_local_extra(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RECEIPT_DATABASE_URL is not set" in result.stdout
     assert "pip install 'receipt[local]'" in result.stdout
+
+
+def test_a_non_editable_install_ships_every_package_and_its_sql() -> None:
+    """The image installs the project as a wheel (not editable): every package directory must be
+    listed and every non-Python file matched by package data, or the image lacks it (the
+    migrations once were)."""
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    package_data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    for top in ("receipts", "activities", "workflows", "roles"):
+        for init in (ROOT / top).rglob("__init__.py"):
+            package = ".".join(init.parent.relative_to(ROOT).parts)
+            assert package in listed, f"{package} is not in [tool.setuptools] packages"
+            for data in init.parent.iterdir():
+                if data.is_file() and data.suffix not in (".py", ".pyc"):
+                    patterns = package_data.get(package, [])
+                    assert any(data.match(p) for p in patterns), f"{data} is not package data"
