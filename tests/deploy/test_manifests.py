@@ -280,8 +280,34 @@ def configured_names(objects: list[Obj]) -> tuple[set[str], set[str], set[str]]:
     per_role: set[str] = set()
     for role in ROLES:
         (container,) = pod_spec(role_deployment(objects, role))["containers"]
-        per_role |= {e["name"] for e in container.get("env", [])}
+        per_role |= {e["name"] for e in container.get("env", []) if "value" in e}
     return config, secret, per_role
+
+
+def secret_names_of(container: Obj) -> set[str]:
+    """The receipt-secrets keys a container gets: all by envFrom, or the ones it picks."""
+    names: set[str] = set()
+    secret = set(by_kind(OVERLAY_BASE, "Secret")["receipt-secrets"]["stringData"])
+    for source in container.get("envFrom", []):
+        if source.get("secretRef", {}).get("name") == "receipt-secrets":
+            names |= secret
+    for entry in container.get("env", []):
+        ref = entry.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            assert ref["name"] == "receipt-secrets" and ref["key"] == entry["name"], entry
+            assert ref["key"] in secret, entry
+            names.add(ref["key"])
+    return names
+
+
+def test_worker_codex_gets_only_the_secrets_it_uses(overlay: tuple[str, list[Obj]]) -> None:
+    """Its commands share the pod: no API token and no callback secret in its environment."""
+    _, objects = overlay
+    (container,) = pod_spec(role_deployment(objects, "worker-codex"))["containers"]
+    assert secret_names_of(container) == {"RECEIPT_DATABASE_URL", "RECEIPT_TEMPORAL_API_KEY"}
+    for role in ROLES:
+        (other,) = pod_spec(role_deployment(objects, role))["containers"]
+        assert "RECEIPT_DATABASE_URL" in secret_names_of(other), role
 
 
 OVERLAY_BASE = render(OVERLAYS["base"])
@@ -523,7 +549,7 @@ def test_production_connections_at_the_hpa_ceilings_are_as_documented() -> None:
     total = 0
     for role in ROLES:
         deployment = role_deployment(objects, role)
-        env = {e["name"]: e["value"] for e in pod_spec(deployment)["containers"][0]["env"]}
+        env = {e["name"]: e.get("value") for e in pod_spec(deployment)["containers"][0]["env"]}
         hpa = hpas.get(f"receipt-{role}")
         pods = hpa["spec"]["maxReplicas"] if hpa else deployment["spec"]["replicas"]
         total += pods * (int(env["RECEIPT_DB_POOL_MAX"]) + 1)
