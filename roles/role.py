@@ -44,7 +44,7 @@ from roles.delivery.starter import DriverStarter
 from roles.delivery.watchdog import ensure_watchdog_schedule
 from roles.infra import logs
 from roles.infra.db import migrate_url, open_store, resolve_url
-from roles.infra.health import HealthChecker, serve_health
+from roles.infra.health import HealthChecker, sandbox_reason, serve_health
 from roles.infra.metrics import Metrics
 from roles.infra.temporal import connect_config, ensure_search_attributes
 from roles.infra.tracing import configure_tracing
@@ -247,7 +247,8 @@ def _serve_health(runtime: Runtime, stop: asyncio.Event) -> None:
     """Serve /metrics, /healthz and /readyz on the role's port (roles/infra/health.py): ready
     while the pool reaches PostgreSQL and Temporal sees this process poll its task queues."""
     queues = [runtime.settings.queue(q) for q in _polled_queues(runtime.role)]
-    checker = HealthChecker(runtime.store, runtime.client, queues, stop)
+    extra = [sandbox_reason] if runtime.role in SPAWNING_ROLES else []
+    checker = HealthChecker(runtime.store, runtime.client, queues, stop, extra_checks=extra)
     serve_health(METRICS_HOST, metrics_port(runtime.role), checker.state)
     runtime.spawn(checker.run(), "health")
 

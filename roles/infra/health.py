@@ -9,8 +9,9 @@ thread answers:
 - `/readyz` is 200 only while the pool reaches PostgreSQL (`SELECT 1` within
   `CHECK_TIMEOUT_S`), the role is not draining, and, for a role that runs a Temporal worker,
   Temporal lists this process (its client identity) among the pollers of each of its task
-  queues (workflow and activity) with a poll within `POLL_FRESH_S`. Anything else is 503 with a
-  JSON body naming the failed check.
+  queues (workflow and activity) with a poll within `POLL_FRESH_S`, and, for a role that runs
+  commands, the command sandbox can confine them here (`sandbox_reason`). Anything else is 503
+  with a JSON body naming the failed check.
 
 A readiness change is logged (`health.ready` / `health.unready` with the reasons) and exported
 as the gauge `receipt_role_ready`.
@@ -23,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -34,6 +35,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
+from activities import sandbox
 from receipts.store import Store
 
 log = logging.getLogger("roles.infra.health")
@@ -104,6 +106,8 @@ class HealthChecker:
     task_queues: Sequence[str]
     stop: asyncio.Event
     state: HealthState = field(default_factory=HealthState)
+    # Further checks: each returns why the role is not ready, or None.
+    extra_checks: Sequence[Callable[[], Awaitable[str | None]]] = ()
 
     async def check_once(self) -> list[str]:
         """Return the reasons the role is not ready (empty when it is)."""
@@ -119,6 +123,10 @@ class HealthChecker:
                 reasons += await asyncio.wait_for(self._missing_pollers(), CHECK_TIMEOUT_S)
             except Exception as exc:
                 reasons.append(f"temporal unreachable: {type(exc).__name__}: {exc}".rstrip(": "))
+        for check in self.extra_checks:
+            reason = await check()
+            if reason:
+                reasons.append(reason)
         return reasons
 
     async def run(self) -> None:
@@ -154,6 +162,18 @@ class HealthChecker:
                     kind = TaskQueueType.Name(queue_type).removeprefix("TASK_QUEUE_TYPE_").lower()
                     missing.append(f"temporal: no {kind} poll from {identity} on {queue}")
         return missing
+
+
+async def sandbox_reason() -> str | None:
+    """Why commands cannot run here (invalid sandbox settings, or bwrap unable to build its
+    namespaces: a pod without user namespaces), or None. A worker that would refuse every
+    command is not ready, so a rollout onto such nodes stalls instead of failing jobs."""
+    try:
+        settings = sandbox.SandboxSettings.from_env()
+    except ValueError as exc:
+        return f"sandbox: {exc}"
+    ok, message = await sandbox.probe(settings)
+    return None if ok else f"sandbox: {message}"
 
 
 def _handler(state: HealthState) -> type[BaseHTTPRequestHandler]:

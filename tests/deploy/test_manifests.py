@@ -214,6 +214,7 @@ NOT_IN_CONFIG = {
     "RECEIPT_DATA_DIR": "the embedded PostgreSQL's data directory (the `local` extra only)",
     "RECEIPT_EVENT_LOOP": "its default differs per role (uvloop; asyncio for worker-codex)",
     "RECEIPT_API_TOKENS_FILE": "an alternative to RECEIPT_API_TOKENS (mount the Secret as a file)",
+    "RECEIPT_API_TOKEN": "the `receipt` CLI's own token (roles/cli/up.py names it to withhold it)",
 }
 # Set in each Deployment's env because the value differs per role.
 PER_ROLE = {"RECEIPT_PROCESS_ROLE", "RECEIPT_DB_POOL_MAX", "RECEIPT_RESONATE_EXECUTE_CONCURRENCY"}
@@ -236,6 +237,8 @@ def env_names_read_by_the_code() -> set[str]:
 def _env_names(tree: ast.AST) -> set[str]:
     constants: dict[str, str] = {}
     skipped: set[int] = set()
+    # f-strings inside `for name in ("a", "b"): f"PREFIX_{name.upper()}"` loops.
+    loop_values: dict[int, tuple[str, list[str]]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             for target in node.targets:
@@ -245,20 +248,54 @@ def _env_names(tree: ast.AST) -> set[str]:
             isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
         ):
             skipped |= {id(n) for n in ast.walk(node.value)}
+        if (
+            isinstance(node, ast.For)
+            and isinstance(node.target, ast.Name)
+            and isinstance(node.iter, ast.Tuple | ast.List)
+            and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.iter.elts
+            )
+        ):
+            values = [e.value for e in node.iter.elts if isinstance(e, ast.Constant)]
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.JoinedStr):
+                    loop_values[id(inner)] = (node.target.id, values)
 
-    def fold(node: ast.AST) -> str | None:
+    def fold(node: ast.AST, bound: dict[str, str] | None = None) -> str | None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             return node.value
         if isinstance(node, ast.Name):
-            return constants.get(node.id)
+            return (bound or {}).get(node.id, constants.get(node.id))
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            left, right = fold(node.left), fold(node.right)
+            left, right = fold(node.left, bound), fold(node.right, bound)
             return left + right if left is not None and right is not None else None
+        if isinstance(node, ast.FormattedValue):
+            value = node.value
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+                base = fold(value.func.value, bound)
+                if base is not None and value.func.attr in ("upper", "lower") and not value.args:
+                    return base.upper() if value.func.attr == "upper" else base.lower()
+                return None
+            return fold(value, bound)
+        if isinstance(node, ast.JoinedStr):
+            parts = [fold(part, bound) for part in node.values]
+            return "".join(p for p in parts if p is not None) if None not in parts else None
         return None
 
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            variable, values = loop_values.get(id(node), ("", [""]))
+            expansions = [fold(node, {variable: v}) for v in values]
+            head = node.values[0] if node.values else None
+            prefix = head.value if isinstance(head, ast.Constant) else ""
+            if isinstance(prefix, str) and ENV_NAME.match(prefix + "X") and None in expansions:
+                raise AssertionError(
+                    f"an environment variable name the scan cannot resolve: {ast.unparse(node)}"
+                )
+            found |= {v for v in expansions if v is not None and ENV_NAME.match(v)}
             continue
         value = fold(node) if isinstance(node, ast.Constant | ast.BinOp) else None
         if value is not None and ENV_NAME.match(value):
@@ -272,6 +309,7 @@ def test_the_scan_finds_names_built_from_a_prefix() -> None:
     assert "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT" in names
     assert "RECEIPT_TEMPORAL_TLS_CERT" in names  # a pydantic alias
     assert "CODEX_AGENT_ID" not in names  # in timing.py's __all__, not an environment variable
+    assert "RECEIPT_SANDBOX_MEMORY_MB" in names  # f"RECEIPT_SANDBOX_{name.upper()}" in a loop
 
 
 def configured_names(objects: list[Obj]) -> tuple[set[str], set[str], set[str]]:
@@ -357,6 +395,7 @@ def test_the_roles_load_their_settings_from_the_rendered_configmap(
     overlay: tuple[str, list[Obj]],
 ) -> None:
     """The values parse: the settings classes, the timing and loop readers accept them."""
+    from activities.sandbox import SandboxSettings
     from receipts.settings import Settings
     from receipts.timing import TimingSettings
     from receipts.watchdog import WatchdogSettings
@@ -384,6 +423,7 @@ def test_the_roles_load_their_settings_from_the_rendered_configmap(
         TimingSettings.from_env(env)
         WatchdogSettings.from_env(env)
         RedriveConfig.from_env(env)
+        SandboxSettings.from_env(env)
         for name, value in env.items():
             if name.endswith("_MS") and value:
                 env_ms(name, 0, env)
@@ -537,6 +577,13 @@ def test_production_uses_mtls_a_verified_database_and_replicas() -> None:
             == role_deployment(objects, role)["spec"]["replicas"]
         )
     assert not config["RECEIPT_TEMPORAL_ADDRESS"].startswith("temporal:")
+    # Commands stay confined (bwrap) in production; only the dev overlay runs them unconfined.
+    assert config["RECEIPT_CODEX_SANDBOX"] == "bwrap"
+    assert (
+        by_kind(OVERLAY_BASE, "ConfigMap")["receipt-config"]["data"]["RECEIPT_CODEX_SANDBOX"]
+        == "bwrap"
+    )
+    assert config["RECEIPT_WORKSPACE_ROOT"] == "/workspace"
     namespace = by_kind(objects, "Namespace")["receipt"]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 

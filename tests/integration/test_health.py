@@ -12,12 +12,13 @@ import urllib.request
 import uuid
 from typing import Any
 
+import pytest
 from temporalio import activity, workflow
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from receipts.store import Store
 from roles.infra import health
-from roles.infra.health import HealthChecker, HealthState, serve_health
+from roles.infra.health import HealthChecker, HealthState, sandbox_reason, serve_health
 
 
 @workflow.defn(name="HealthProbeWorkflow")
@@ -132,3 +133,14 @@ def test_a_taken_port_is_logged_not_fatal() -> None:
     finally:
         first.shutdown()
         first.server_close()
+
+
+async def test_a_worker_that_would_refuse_every_command_is_not_ready(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checker = HealthChecker(store, None, [], asyncio.Event(), extra_checks=[sandbox_reason])
+    monkeypatch.setenv("RECEIPT_CODEX_SANDBOX", "chroot")
+    reasons = await checker.check_once()
+    assert reasons == ["sandbox: RECEIPT_CODEX_SANDBOX must be one of bwrap, none, got 'chroot'"]
+    monkeypatch.setenv("RECEIPT_CODEX_SANDBOX", "none")
+    assert await checker.check_once() == []
