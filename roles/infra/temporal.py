@@ -159,11 +159,6 @@ def _tls_config(s: TemporalTLSSettings) -> TLSConfig | bool | None:
     )
 
 
-async def connect(settings: Settings | None = None, **options: Any) -> Client:
-    """Connect a Temporal client as the roles do (`connect_config`), plus `options`."""
-    return await Client.connect(**connect_config(settings), **options)
-
-
 async def ensure_search_attributes(client: Client, namespace: str = "default") -> None:
     """Register ReceiptJobId/AgentId/Lane/Kind as Keyword attributes (idempotent).
 
