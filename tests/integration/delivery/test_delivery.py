@@ -250,6 +250,37 @@ async def test_every_delivery_is_found_by_job_id_in_temporal(
     assert attrs.retry_policy.maximum_attempts == 2
 
 
+async def test_an_attempt_longer_than_the_worker_lost_timeout_keeps_one_delivery(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    # Temporal hears from the attempt every few seconds, apart from the job.heartbeat receipts
+    # (the default lease's cadence is 100 s): a 5 s handler under a 2 s heartbeat timeout runs
+    # once, with no redelivery and no start-fence.
+    async with running_stack(client, fresh_store, fresh_db, RECEIPT_WORKER_LOST_TIMEOUT_MS="2000"):
+        job = (await put(fresh_store, payload_extra=task("sleep", "5"))).job
+        done = await wait_for_status(fresh_store, job.job_id)
+        [history] = await driver_histories(client, job.job_id)
+    assert done.status == "completed"
+    assert await types(fresh_store, job.job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.completed",
+    ]
+    [scheduled] = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled.heartbeat_timeout.ToMilliseconds() == 2_000
+    [started] = [
+        e.activity_task_started_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert started.attempt == 1
+
+
 async def test_callbacks_reach_the_receiver_with_token_and_signature(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
