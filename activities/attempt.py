@@ -66,6 +66,7 @@ class AttemptHooks:
     on_started: Callable[[Job], None] | None = None
     on_settled: Callable[[str, Job | None, float | None], None] | None = None
     on_heartbeat_lag: Callable[[float], None] | None = None
+    on_redelivered: Callable[[Job], None] | None = None
 
 
 def process_identity(role: str) -> dict[str, Any]:
@@ -156,6 +157,20 @@ class AttemptActivities:
                 "workerId": worker_id,
             },
         )
+        if (ops.delivery_number(worker_id) or 1) > 1:
+            # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
+            # handed the attempt to this one, which took the lease over (start-fence).
+            if self.hooks.on_redelivered:
+                self.hooks.on_redelivered(job)
+            log.warning(
+                "attempt redelivered; lease taken over",
+                extra={
+                    "event": "attempt.redelivered",
+                    "jobId": job_id,
+                    "attempt": attempt.attempt,
+                    "workerId": worker_id,
+                },
+            )
         if job.abort_requested:
             return await self._settle_cancel(attempt, worker_id, job.abort_reason)
         return await self._run(attempt, worker_id, job)

@@ -87,6 +87,13 @@ async def test_a_sigkilled_worker_is_redelivered_within_the_worker_lost_timeout_
     assert sum(k in SETTLE_TYPES for k in kinds) == 1
     receipts = await store.read_stream(f"jobs/{job.job_id}")
     assert receipts[-1].data["workerId"] == f"{job.job_id}:attempt:1/2"
+    # The surviving worker says what happened (log event; `receipt_attempt_redeliveries`).
+    survivor = "worker-codex-2" if victim == "worker-codex-1" else "worker-codex-1"
+    log = (procs.log_dir / f"{survivor}.0.log").read_text()
+    assert any(
+        '"attempt.redelivered"' in line and f"{job.job_id}:attempt:1/2" in line
+        for line in log.splitlines()
+    )
 
 
 async def test_a_stopped_delivery_woken_after_its_redelivery_settled_writes_nothing(
