@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from opentelemetry import trace
@@ -25,16 +26,21 @@ from activities.handlers import (
 from activities.retry import with_storage_retry
 from receipts import deliveries
 from receipts import operations as ops
-from receipts.jobs import Job, job_stream
+from receipts.jobs import Job, job_stream, settle_rejection
 from receipts.listen import RECONNECTED, Listener
 from receipts.messages import COMPLETED, AttemptInput, AttemptResult
 from receipts.store import Store
+from workflows.names import EXECUTE_ATTEMPT
 
 log = logging.getLogger("activities.attempt")
 _tracer = trace.get_tracer("receipt.attempt")
 
 ABORT_GRACE_S = 5.0
 SHUTDOWN_ERROR = "worker shutdown"
+# Temporal heartbeats: a quarter of the heartbeat timeout, at most this often and at least
+# this rarely (the SDK throttles what it sends to 0.8 × the timeout).
+TEMPORAL_BEATS_PER_TIMEOUT = 4
+TEMPORAL_BEAT_MIN_S, TEMPORAL_BEAT_MAX_S = 0.2, 5.0
 
 # The outcome of a rejected fenced write, as the attempt's result status.
 _REJECTED = {
@@ -60,6 +66,7 @@ class AttemptHooks:
     on_started: Callable[[Job], None] | None = None
     on_settled: Callable[[str, Job | None, float | None], None] | None = None
     on_heartbeat_lag: Callable[[float], None] | None = None
+    on_redelivered: Callable[[Job], None] | None = None
 
 
 def process_identity(role: str) -> dict[str, Any]:
@@ -85,7 +92,7 @@ class AttemptActivities:
         self.listener = listener
         self.hooks = hooks or AttemptHooks()
 
-    @activity.defn(name="execute_attempt")
+    @activity.defn(name=EXECUTE_ATTEMPT)
     async def execute_attempt(self, attempt: AttemptInput) -> AttemptResult:
         """Lease or start-fence, check abort, run the handler racing heartbeats and the
         execution timeout, then settle under the fence. Returns the attempt's result status."""
@@ -98,15 +105,26 @@ class AttemptActivities:
             activity_id=info.activity_id,
             attempt=info.attempt,
             job_id=attempt.job_id,
-            activity="execute_attempt",
+            activity=EXECUTE_ATTEMPT,
             worker_id=worker_id,
         )
-        async with deliveries.written_beside(ledger(status="started")):
-            result = await self._execute(attempt, worker_id)
+        alive = asyncio.create_task(
+            _temporal_heartbeats(info.heartbeat_timeout, self._beat_details(worker_id)),
+            name=f"temporal-heartbeats:{worker_id}",
+        )
+        try:
+            async with deliveries.written_beside(ledger(status="started")):
+                result = await self._execute(attempt, worker_id)
+        finally:
+            await _cancel(alive)
         await ledger(
             status=result.status, detail={"jobStatus": result.job_status, "error": result.error}
         )
         return result
+
+    def _beat_details(self, worker_id: str) -> dict[str, Any]:
+        """What the Temporal UI shows as the attempt's last heartbeat: which delivery, where."""
+        return {"workerId": worker_id, **process_identity(self.role)}
 
     async def _execute(self, attempt: AttemptInput, worker_id: str) -> AttemptResult:
         job_id = attempt.job_id
@@ -139,6 +157,20 @@ class AttemptActivities:
                 "workerId": worker_id,
             },
         )
+        if (ops.delivery_number(worker_id) or 1) > 1:
+            # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
+            # handed the attempt to this one, which took the lease over (start-fence).
+            if self.hooks.on_redelivered:
+                self.hooks.on_redelivered(job)
+            log.warning(
+                "attempt redelivered; lease taken over",
+                extra={
+                    "event": "attempt.redelivered",
+                    "jobId": job_id,
+                    "attempt": attempt.attempt,
+                    "workerId": worker_id,
+                },
+            )
         if job.abort_requested:
             return await self._settle_cancel(attempt, worker_id, job.abort_reason)
         return await self._run(attempt, worker_id, job)
@@ -224,7 +256,8 @@ class AttemptActivities:
             )
 
     async def _heartbeats(self, attempt: AttemptInput, worker_id: str) -> tuple[str, str | None]:
-        """Heartbeat at the cadence until the fence is lost or an abort arrives.
+        """Append `job.heartbeat` at the lease's cadence until the fence is lost or an abort
+        arrives (Temporal hears from the attempt more often: `_temporal_heartbeats`).
 
         Returns `(reason, detail)`: `("aborted", reason)` or a rejection status. An abort is
         noticed at the next heartbeat, or at once when this process's listener sees a command
@@ -252,7 +285,6 @@ class AttemptActivities:
                 lag = time.monotonic() - next_beat
                 if self.hooks.on_heartbeat_lag:
                     self.hooks.on_heartbeat_lag(lag)
-                activity.heartbeat(worker_id)
                 out = await with_storage_retry(
                     lambda: ops.heartbeat(
                         self.store,
@@ -325,11 +357,12 @@ class AttemptActivities:
                 result=None,
                 handler_s=handler_s,
             )
-        latest = await with_storage_retry(
-            lambda: self.store.get_job(attempt.job_id), what="re-read"
+        reread = await with_storage_retry(
+            lambda: self.store.get_job_with_now(attempt.job_id), what="re-read"
         )
+        latest = reread[0]
         if latest is not None and latest.abort_requested and not latest.terminal:
-            return await self._settle_cancel(attempt, worker_id, latest.abort_reason)
+            return await self._settle_cancel(attempt, worker_id, latest.abort_reason, reread)
         return await self._settle(
             attempt,
             worker_id,
@@ -342,7 +375,7 @@ class AttemptActivities:
                 result=value,
             ),
             handler_s,
-            latest,
+            reread,
         )
 
     async def _settle_failure(
@@ -377,7 +410,11 @@ class AttemptActivities:
         return outcome
 
     async def _settle_cancel(
-        self, attempt: AttemptInput, worker_id: str, reason: str | None
+        self,
+        attempt: AttemptInput,
+        worker_id: str,
+        reason: str | None,
+        reread: tuple[Job | None, datetime] | None = None,
     ) -> AttemptResult:
         return await self._settle(
             attempt,
@@ -390,6 +427,7 @@ class AttemptActivities:
                 attempt=attempt.attempt,
                 reason=reason,
             ),
+            reread=reread,
         )
 
     async def _settle(
@@ -399,7 +437,7 @@ class AttemptActivities:
         status: str,
         write: Callable[[], Awaitable[ops.Outcome]],
         handler_s: float | None = None,
-        reread: Job | None = None,
+        reread: tuple[Job | None, datetime] | None = None,
     ) -> AttemptResult:
         with _tracer.start_as_current_span(
             "receipt.settle",
@@ -407,11 +445,14 @@ class AttemptActivities:
         ):
             # Re-read first: a fence already lost (or a job already settled by someone else)
             # ends the attempt without a write; a write refused after a clean re-read means a
-            # concurrent append won in between — a settlement conflict.
-            current = reread or await with_storage_retry(
-                lambda: self.store.get_job(attempt.job_id), what="re-read"
-            )
-            before = reread_rejection(current, worker_id, attempt.attempt)
+            # concurrent append won in between — a settlement conflict. The re-read applies
+            # the settle's own rule at the database clock, expiry included.
+            if reread is None:
+                reread = await with_storage_retry(
+                    lambda: self.store.get_job_with_now(attempt.job_id), what="re-read"
+                )
+            current, now = reread
+            before = settle_rejection(current, worker_id, attempt.attempt, now, worker_id)
             out = (
                 ops.Outcome(before, current)
                 if before
@@ -465,25 +506,6 @@ class AttemptActivities:
         )
 
 
-def reread_rejection(job: Job | None, worker_id: str, attempt: int) -> str | None:
-    """Why the re-read job forbids settling as `(worker_id, attempt)`, or None when it allows it.
-
-    A job already settled under this very delivery's settlement id allows it: the settle is a
-    retry of an ambiguous commit and reports success without a second receipt.
-    """
-    if job is None:
-        return ops.NOT_FOUND
-    if job.settlement_id == worker_id:
-        return None
-    if job.terminal:
-        return ops.TERMINAL_STATE
-    if attempt < job.attempt:
-        return ops.STALE_ATTEMPT
-    if job.lease is None or job.lease.attempt != attempt or job.lease.worker_id != worker_id:
-        return ops.LEASE_LOST
-    return None
-
-
 def _rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:
     return AttemptResult(
         _REJECTED.get(status, status),
@@ -501,6 +523,25 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
+
+
+async def _temporal_heartbeats(timeout: timedelta | None, details: Any) -> None:
+    """Tell Temporal the attempt's worker is alive, every few seconds, until cancelled.
+
+    Decoupled from the `job.heartbeat` receipts (which keep the lease's cadence): Temporal
+    redelivers the attempt once it hears nothing for the heartbeat timeout
+    (`RECEIPT_WORKER_LOST_TIMEOUT_MS`), so a dead worker is found in seconds, not in two
+    receipt cadences (minutes at the spec's leases).
+    """
+    if timeout is None:
+        return
+    interval = min(
+        TEMPORAL_BEAT_MAX_S,
+        max(TEMPORAL_BEAT_MIN_S, timeout.total_seconds() / TEMPORAL_BEATS_PER_TIMEOUT),
+    )
+    while True:
+        activity.heartbeat(details)
+        await asyncio.sleep(interval)
 
 
 async def _watch_commands(queue: asyncio.Queue[Any], job_id: str, wake: asyncio.Event) -> None:

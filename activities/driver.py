@@ -10,31 +10,22 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 
 import httpx
 from temporalio import activity
 
 from activities.retry import with_storage_retry
 from receipts import deliveries
-from receipts import jobs as jobmodel
 from receipts import operations as ops
-from receipts.enqueue import available
 from receipts.jobs import Job
 from receipts.kinds import route
-from receipts.messages import (
-    ABORTED,
-    ACTIVE,
-    DISPATCH,
-    MISSING,
-    NOT_AVAILABLE,
-    STALE_FAILED,
-    TERMINAL,
-    CallbackRequest,
-    DriverPlan,
-)
+from receipts.messages import CallbackRequest, DriverAction, DriverPlan
+from receipts.plan import Step, next_step
 from receipts.settings import Settings
 from receipts.store import Store, dumps
 from receipts.timing import JobTiming, TimingSettings, derive
+from workflows.names import JOB_DRIVER_WORKFLOW, POST_CALLBACKS, PREPARE_DELIVERY
 
 log = logging.getLogger("activities.driver")
 
@@ -42,7 +33,8 @@ STALE_ERROR = "stale active job lost execution; retrying through driver"
 ABORT_REASON = "abort requested"
 CALLBACK_TIMEOUT_S = 5.0
 CALLBACK_TRIES = 3
-CALLBACK_EVENTS = ("dispatched", "completed", "failed", "canceled")
+# A lease with no expiry to wait for (never written by this code): look again after this long.
+UNKNOWN_WAIT_MS = 1_000
 
 
 def sign_webhook(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
@@ -134,9 +126,9 @@ def dispatch_plan(job: Job, settings: Settings, derived: JobTiming) -> DriverPla
     """The plan to deliver the next attempt of a queued, deliverable job, with the timing
     `derive` gave for it."""
     return DriverPlan(
-        DISPATCH,
+        DriverAction.DISPATCH,
         job_status=job.status,
-        attempt=job.attempt + 1,
+        attempt=next_step(job, None).attempt,
         task_queue=settings.queue(route(job.agent_id, job.kind)),
         agent_id=job.agent_id,
         lane=job.lane,
@@ -145,6 +137,7 @@ def dispatch_plan(job: Job, settings: Settings, derived: JobTiming) -> DriverPla
         execution_timeout_ms=derived.execution_timeout_ms,
         heartbeat_ms=derived.heartbeat_interval_ms,
         driver_timeout_ms=derived.driver_timeout_ms,
+        worker_lost_timeout_ms=settings.worker_lost_timeout_ms,
     )
 
 
@@ -163,7 +156,7 @@ class DriverActivities:
         self.timing = timing
         self.http = client or httpx.AsyncClient()
 
-    @activity.defn(name="prepare_delivery")
+    @activity.defn(name=PREPARE_DELIVERY)
     async def prepare_delivery(self, job_id: str) -> DriverPlan:
         """Read the job and decide: dispatch attempt n, wait, or stop.
 
@@ -176,7 +169,7 @@ class DriverActivities:
             workflow_id=info.workflow_id or "",
             run_id=info.workflow_run_id or "",
             job_id=job_id,
-            workflow="JobDriverWorkflow",
+            workflow=JOB_DRIVER_WORKFLOW,
             task_queue=info.task_queue,
             status="running",
         )
@@ -185,61 +178,69 @@ class DriverActivities:
 
     async def _plan(self, job_id: str) -> DriverPlan:
         job, now = await self.store.get_job_with_now(job_id)
-        if job is None:
-            return DriverPlan(MISSING)
-        if job.terminal:
-            return DriverPlan(TERMINAL, job_status=job.status)
-        if job.status in jobmodel.LEASED_STATUSES and job.lease is not None:
-            if jobmodel.lease_expired(job, now):
-                # Delivery was lost after the lease: the receipt-level expiry requeues it (or
-                # fails it past its attempts), exactly as the recovery scan would.
-                expired = await ops.expire_lease(self.store, job_id)
-                log.warning(
-                    "lease expired; delivery lost",
-                    extra={
-                        "event": "job.lease_expired",
-                        "jobId": job_id,
-                        "attempt": job.attempt,
-                        "status": expired.status,
-                    },
-                )
-                status = expired.job.status if expired.job else job.status
-                return DriverPlan(STALE_FAILED, job_status=status)
-            if jobmodel.stale_lease(job, now, self.timing.active_stale_ms):
-                out = await ops.fail_stale(
-                    self.store,
-                    job_id,
-                    active_stale_ms=self.timing.active_stale_ms,
-                    error=STALE_ERROR,
-                )
-                log.warning(
-                    "stale active lease failed",
-                    extra={
-                        "event": "driver.stale_failed",
-                        "jobId": job_id,
-                        "attempt": job.attempt,
-                        "status": out.status,
-                    },
-                )
-                status = out.job.status if out.job else job.status
-                return DriverPlan(STALE_FAILED, job_status=status)
-            wait = (job.lease.expires_at - now).total_seconds() * 1000
-            return DriverPlan(ACTIVE, job_status=job.status, wait_ms=int(max(wait, 0)) + 500)
-        if job.abort_requested:
+        plan = next_step(job, now, self.timing.active_stale_ms)
+        if job is None or plan.step is Step.MISSING:
+            return DriverPlan(DriverAction.MISSING)
+        if plan.step is Step.TERMINAL:
+            return DriverPlan(DriverAction.TERMINAL, job_status=job.status)
+        if plan.step is Step.EXPIRED:
+            # Delivery was lost after the lease: the receipt-level expiry requeues it (or
+            # fails it past its attempts), exactly as the recovery scan would.
+            expired = await ops.expire_lease(self.store, job_id)
+            log.warning(
+                "lease expired; delivery lost",
+                extra={
+                    "event": "job.lease_expired",
+                    "jobId": job_id,
+                    "attempt": job.attempt,
+                    "status": expired.status,
+                },
+            )
+            status = expired.job.status if expired.job else job.status
+            return DriverPlan(DriverAction.STALE_FAILED, job_status=status)
+        if plan.step is Step.STALE:
+            out = await ops.fail_stale(
+                self.store,
+                job_id,
+                active_stale_ms=self.timing.active_stale_ms,
+                error=STALE_ERROR,
+            )
+            log.warning(
+                "stale active lease failed",
+                extra={
+                    "event": "driver.stale_failed",
+                    "jobId": job_id,
+                    "attempt": job.attempt,
+                    "status": out.status,
+                },
+            )
+            status = out.job.status if out.job else job.status
+            return DriverPlan(DriverAction.STALE_FAILED, job_status=status)
+        if plan.step is Step.ACTIVE:
+            wait = _ms_until(plan.until, now, UNKNOWN_WAIT_MS)
+            return DriverPlan(DriverAction.ACTIVE, job_status=job.status, wait_ms=wait + 500)
+        if plan.step is Step.ABORT:
             out = await ops.cancel_queued(
                 self.store, job_id, reason=job.abort_reason or ABORT_REASON
             )
-            return DriverPlan(ABORTED, job_status=out.job.status if out.job else job.status)
-        if not available(job, now):
-            assert job.available_at is not None
-            wait = (job.available_at - now).total_seconds() * 1000
-            return DriverPlan(NOT_AVAILABLE, job_status=job.status, wait_ms=int(wait) + 50)
+            status = out.job.status if out.job else job.status
+            return DriverPlan(DriverAction.ABORTED, job_status=status)
+        if plan.step is Step.NOT_AVAILABLE:
+            wait = _ms_until(plan.until, now, UNKNOWN_WAIT_MS)
+            return DriverPlan(DriverAction.NOT_AVAILABLE, job_status=job.status, wait_ms=wait + 50)
         return dispatch_plan(job, self.settings, derive(job.agent_id, job.payload, self.timing))
 
-    @activity.defn(name="post_callbacks")
+    @activity.defn(name=POST_CALLBACKS)
     async def post_callbacks(self, request: CallbackRequest) -> int:
         """Post the job's callback for `request.event` to every configured URL, once per URL."""
         job = await with_storage_retry(lambda: self.store.get_job(request.job_id), what="read")
         if job is None:
             return 0
         return await post_callbacks(self.store, self.settings, self.http, job, request.event)
+
+
+def _ms_until(moment: datetime | None, now: datetime, unknown_ms: int) -> int:
+    """Whole milliseconds from `now` until `moment` (0 once passed; `unknown_ms` without one)."""
+    if moment is None:
+        return unknown_ms
+    return int(max((moment - now).total_seconds() * 1000, 0))

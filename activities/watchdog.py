@@ -7,6 +7,7 @@ from temporalio import activity
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.store import Store
 from receipts.watchdog import WATCHDOG_AGENT, WATCHDOG_KIND, watchdog_job_id
+from workflows.names import ENQUEUE_WATCHDOG
 
 
 class WatchdogActivities:
@@ -15,7 +16,7 @@ class WatchdogActivities:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    @activity.defn(name="enqueue_watchdog")
+    @activity.defn(name=ENQUEUE_WATCHDOG)
     async def enqueue_watchdog(self, scheduled_time: str) -> str:
         """Enqueue `watchdog:<scheduledTime>` (idempotent by job id); return the job id."""
         request = parse_enqueue(

@@ -6,7 +6,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from receipts import jobs as jobmodel
@@ -289,8 +289,3 @@ def singleton_cancel_draft(job: Job) -> Draft:
             "reason": SINGLETON_CANCEL_REASON,
         },
     )
-
-
-def available(job: Job, now: datetime) -> bool:
-    """True when the job may be delivered: no `availableAt`, or the database clock passed it."""
-    return job.available_at is None or job.available_at <= now

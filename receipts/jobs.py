@@ -183,17 +183,66 @@ def _ms(data: Mapping[str, Any], key: str) -> datetime | None:
     return datetime.fromisoformat(str(value))
 
 
-def fence_matches(job: Job, worker_id: str | None, attempt: int | None) -> bool:
-    """True when `(worker_id, attempt)` is the job's active lease (the spec's active-lease check).
+# Why a fenced write is refused (DESIGN §4); the attempt's result statuses reuse the first four.
+STALE_ATTEMPT = "stale_attempt"
+LEASE_LOST = "lease_lost"
+TERMINAL_STATE = "terminal_state"
+NOT_FOUND = "not_found"
 
-    A queued job has no active lease; a writer with no `workerId` for the job's current attempt
-    matches it (system settlements such as a delivery that ran out of generations).
+
+def fence_rejection(
+    job: Job | None, worker_id: str | None, attempt: int | None, now: datetime | None = None
+) -> str | None:
+    """Why `(worker_id, attempt)` may not write to `job`, or None when it holds the fence.
+
+    The one fence rule: the writer must be the active lease's delivery (`workerId`) of its
+    attempt and, when `now` (the database clock) is given, the lease must not have expired.
+    `stale_attempt`: the writer's attempt is older than the job's (or not the lease's);
+    `lease_lost`: same attempt, but the lease was rebound to another delivery, released, or
+    has expired; `terminal_state`: the job is already settled. A queued job has no lease: only
+    a system settlement (no `workerId`) of its current attempt holds it.
+
+    Operations and the worker's re-read pass `now`: a lease past its `expiresAt` is lost the
+    moment the clock passes it, whether or not the recovery scan has appended
+    `job.lease_expired` yet — the scan may be doing so right now. The reducer passes no clock:
+    it folds receipts an operation already admitted under that clock (a fold must give the same
+    state on any later day), and the system settlements — a stale or undeliverable job failed
+    with its lease's own fence, `job.lease_expired` — are written after expiry on purpose.
     """
+    if job is None:
+        return NOT_FOUND
+    if job.terminal:
+        return TERMINAL_STATE
+    if attempt is None or attempt < job.attempt:
+        return STALE_ATTEMPT
     if job.status == "queued":
-        return worker_id is None and attempt == job.attempt
-    if job.status not in LEASED_STATUSES or job.lease is None:
-        return False
-    return job.lease.worker_id == worker_id and job.lease.attempt == attempt
+        return None if worker_id is None and attempt == job.attempt else LEASE_LOST
+    if job.lease is None:
+        return LEASE_LOST
+    if job.lease.attempt != attempt:
+        return STALE_ATTEMPT
+    if job.lease.worker_id != worker_id:
+        return LEASE_LOST
+    if now is not None and job.lease.expires_at < now:
+        return LEASE_LOST
+    return None
+
+
+def fence_matches(job: Job, worker_id: str | None, attempt: int | None) -> bool:
+    """The reducer's form of `fence_rejection` (no clock): True when the writer holds the fence."""
+    return fence_rejection(job, worker_id, attempt) is None
+
+
+def settle_rejection(
+    job: Job | None, worker_id: str, attempt: int, now: datetime | None, settlement_id: str
+) -> str | None:
+    """Why a settle by `(worker_id, attempt)` may not be written, or None when it may — or
+    when the job is already settled under `settlement_id` (a retry of an ambiguous commit, which
+    reports success without a second receipt). Used by the settle operations and by the
+    worker's re-read before it settles, so both refuse exactly the same writes."""
+    if job is not None and job.settlement_id == settlement_id:
+        return None
+    return fence_rejection(job, worker_id, attempt, now)
 
 
 def _requeue_commands(job: Job, attempt: int) -> tuple[Command, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 # Result statuses of an attempt that did not complete (the spec's seven), plus `completed`.
 COMPLETED = "completed"
@@ -16,14 +17,21 @@ ATTEMPT_STATUSES: tuple[str, ...] = (
     "failed",
 )
 
-# What the driver found when it read the job.
-DISPATCH = "dispatch"
-STALE_FAILED = "stale_failed"
-ABORTED = "aborted"
-TERMINAL = "terminal"
-ACTIVE = "active"
-NOT_AVAILABLE = "not_available"
-MISSING = "missing"
+
+class DriverAction(StrEnum):
+    """What the driver does after reading the job (`DriverPlan.action`).
+
+    The values are recorded in workflow histories (the plan is a local activity's result):
+    never rename one.
+    """
+
+    DISPATCH = "dispatch"  # deliver attempt `DriverPlan.attempt`
+    STALE_FAILED = "stale_failed"  # a stale or expired lease was ended; read again
+    ABORTED = "aborted"  # an abort on a queued job canceled it
+    TERMINAL = "terminal"  # already settled: post the terminal callback, stop
+    ACTIVE = "active"  # a live lease: wait until it may have expired
+    NOT_AVAILABLE = "not_available"  # queued with a future `availableAt`: wait for it
+    MISSING = "missing"  # no such job
 
 
 @dataclass
@@ -44,7 +52,7 @@ class DriverInput:
 class DriverPlan:
     """The driver's read of the job (activity `prepare_delivery`): what to do next."""
 
-    action: str
+    action: DriverAction
     job_status: str = ""
     attempt: int = 0
     task_queue: str = ""
@@ -57,11 +65,14 @@ class DriverPlan:
     driver_timeout_ms: int = 0
     wait_ms: int = 0
     error: str | None = None
+    # Temporal's heartbeat timeout of the attempt activity (RECEIPT_WORKER_LOST_TIMEOUT_MS);
+    # 0 in plans recorded before it existed.
+    worker_lost_timeout_ms: int = 0
 
 
 @dataclass
 class AttemptInput:
-    """One attempt of a job, as the driver hands it to `JobAttemptWorkflow`."""
+    """One attempt of a job, as the driver hands it to the `execute_attempt` activity."""
 
     job_id: str
     attempt: int

@@ -14,22 +14,32 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from receipts import jobs as jobmodel
-from receipts.enqueue import available, expire_draft
+from receipts.enqueue import expire_draft
 from receipts.errors import ConflictError
-from receipts.jobs import COMMAND_TYPES, LEASED_STATUSES, Job, Receipt
+from receipts.jobs import (
+    COMMAND_TYPES,
+    LEASE_LOST,
+    LEASED_STATUSES,
+    NOT_FOUND,
+    STALE_ATTEMPT,
+    TERMINAL_STATE,
+    Job,
+    Receipt,
+    fence_rejection,
+    settle_rejection,
+)
+from receipts.plan import Step, next_step
 from receipts.store import Draft, Store
 from receipts.text import sanitize
 
 log = logging.getLogger("receipts.operations")
 
 OK = "ok"
-# Rejections of a fenced write (DESIGN §4).
-STALE_ATTEMPT = "stale_attempt"
-LEASE_LOST = "lease_lost"
+# Rejections of a fenced write (DESIGN §4): STALE_ATTEMPT, LEASE_LOST, TERMINAL_STATE and
+# NOT_FOUND come with the fence rule (receipts/jobs.py `fence_rejection`, imported above); a
+# write refused because a concurrent append won is a settlement conflict.
 SETTLEMENT_CONFLICT = "settlement_conflict"
-TERMINAL_STATE = "terminal_state"
 # Other refusals.
-NOT_FOUND = "not_found"
 NOT_QUEUED = "not_queued"
 NOT_AVAILABLE = "not_available"
 NOT_EXPIRED = "not_expired"
@@ -72,30 +82,6 @@ def newer_delivery(candidate: str, holder: str) -> bool:
     return new is None or old is None or new > old
 
 
-def fence_rejection(job: Job | None, worker_id: str, attempt: int, now: datetime) -> str | None:
-    """Return why `(worker_id, attempt)` may not write to `job` now, or None when it may.
-
-    `stale_attempt`: the writer's attempt is older than the job's; `lease_lost`: same attempt,
-    but the lease was rebound to another delivery, released, or expired by the database clock;
-    `terminal_state`: the job is already settled.
-    """
-    if job is None:
-        return NOT_FOUND
-    if job.terminal:
-        return TERMINAL_STATE
-    if attempt < job.attempt:
-        return STALE_ATTEMPT
-    if job.status not in LEASED_STATUSES or job.lease is None:
-        return LEASE_LOST
-    if job.lease.attempt != attempt:
-        return STALE_ATTEMPT
-    if job.lease.worker_id != worker_id:
-        return LEASE_LOST
-    if job.lease.expires_at < now:
-        return LEASE_LOST
-    return None
-
-
 async def mutate(store: Store, job_id: str, decide: Decide) -> Outcome:
     """Lock the job, let `decide` choose receipts (or a refusal), append them; one transaction.
 
@@ -129,20 +115,24 @@ def _lease_decision(
     lease_ms: int,
     process: dict[str, Any] | None,
 ) -> Decision:
-    if job is None:
+    plan = next_step(job, now)
+    if plan.step is Step.MISSING:
         return NOT_FOUND
-    if job.terminal:
+    if plan.step is Step.TERMINAL:
         return TERMINAL_STATE
+    assert job is not None
     lease_held = job.lease is not None and (job.lease.worker_id, job.lease.attempt)
     if job.status in LEASED_STATUSES and lease_held == (worker_id, attempt):
         # A storage retry of a lease whose commit was ambiguous: it is ours already.
         return Outcome(OK, job, already=True)
     if attempt <= job.attempt:
         return STALE_ATTEMPT
-    if job.status != "queued" or attempt != job.attempt + 1:
+    if attempt != plan.attempt:  # not queued, or queued for another attempt
         return NOT_QUEUED
-    if not available(job, now):
+    if plan.step is Step.NOT_AVAILABLE:
         return NOT_AVAILABLE
+    # DELIVER, or ABORT: the worker leases and then honours the abort (the spec's order), so an
+    # abort that raced a delivery is settled `canceled` by that delivery.
     data: dict[str, Any] = {
         "workerId": worker_id,
         "attempt": attempt,
@@ -287,10 +277,32 @@ async def progress(
     return await mutate(store, job_id, decide)
 
 
-def _already_settled(job: Job | None, settlement_id: str) -> Outcome | None:
-    if job is not None and job.settlement_id == settlement_id:
-        return Outcome(OK, job, already=True)
-    return None
+async def _settle(
+    store: Store,
+    job_id: str,
+    receipt_type: str,
+    *,
+    worker_id: str,
+    attempt: int,
+    settlement_id: str | None,
+    fields: dict[str, Any],
+) -> Outcome:
+    """The one settle path: under the fence (`settle_rejection`), append `receipt_type` with
+    the delivery, its attempt, its settlement id and `fields`; a retry that finds its own
+    settlement already committed reports success without a second receipt."""
+    settlement = settlement_id or worker_id
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        rejection = settle_rejection(job, worker_id, attempt, now, settlement)
+        if rejection:
+            return rejection
+        assert job is not None
+        if job.settlement_id == settlement:
+            return Outcome(OK, job, already=True)
+        data = {"workerId": worker_id, "attempt": attempt, "settlementId": settlement, **fields}
+        return [Draft(receipt_type, data)]
+
+    return await mutate(store, job_id, decide)
 
 
 async def complete(
@@ -303,24 +315,15 @@ async def complete(
     settlement_id: str | None = None,
 ) -> Outcome:
     """Settle `completed` under the fence; a retry that finds its own settlement reports success."""
-    settlement = settlement_id or worker_id
-
-    def decide(job: Job | None, now: datetime) -> Decision:
-        already = _already_settled(job, settlement)
-        if already:
-            return already
-        rejection = fence_rejection(job, worker_id, attempt, now)
-        if rejection:
-            return rejection
-        data = {
-            "workerId": worker_id,
-            "attempt": attempt,
-            "settlementId": settlement,
-            "result": sanitize(result),
-        }
-        return [Draft("job.completed", data)]
-
-    return await mutate(store, job_id, decide)
+    return await _settle(
+        store,
+        job_id,
+        "job.completed",
+        worker_id=worker_id,
+        attempt=attempt,
+        settlement_id=settlement_id,
+        fields={"result": sanitize(result)},
+    )
 
 
 async def fail(
@@ -341,31 +344,22 @@ async def fail(
     Retryable with attempts left (or `refund_attempt`, a graceful release) requeues the job;
     otherwise it is terminal, and a non-retryable failure copies `status` onto `job.result`.
     """
-    settlement = settlement_id or worker_id
-
-    def decide(job: Job | None, now: datetime) -> Decision:
-        already = _already_settled(job, settlement)
-        if already:
-            return already
-        rejection = fence_rejection(job, worker_id, attempt, now)
-        if rejection:
-            return rejection
-        data: dict[str, Any] = {
-            "workerId": worker_id,
-            "attempt": attempt,
-            "settlementId": settlement,
-            "error": sanitize(error),
-            "retryable": retryable,
-        }
-        if status:
-            data["status"] = status
-        if refund_attempt:
-            data["refundAttempt"] = True
-        if result is not None:
-            data["result"] = sanitize(result)
-        return [Draft("job.failed", data)]
-
-    return await mutate(store, job_id, decide)
+    fields: dict[str, Any] = {"error": sanitize(error), "retryable": retryable}
+    if status:
+        fields["status"] = status
+    if refund_attempt:
+        fields["refundAttempt"] = True
+    if result is not None:
+        fields["result"] = sanitize(result)
+    return await _settle(
+        store,
+        job_id,
+        "job.failed",
+        worker_id=worker_id,
+        attempt=attempt,
+        settlement_id=settlement_id,
+        fields=fields,
+    )
 
 
 async def cancel(
@@ -378,24 +372,15 @@ async def cancel(
     settlement_id: str | None = None,
 ) -> Outcome:
     """Settle `canceled` under the fence (a worker honouring an abort)."""
-    settlement = settlement_id or worker_id
-
-    def decide(job: Job | None, now: datetime) -> Decision:
-        already = _already_settled(job, settlement)
-        if already:
-            return already
-        rejection = fence_rejection(job, worker_id, attempt, now)
-        if rejection:
-            return rejection
-        data = {
-            "workerId": worker_id,
-            "attempt": attempt,
-            "settlementId": settlement,
-            "reason": sanitize(reason),
-        }
-        return [Draft("job.canceled", data)]
-
-    return await mutate(store, job_id, decide)
+    return await _settle(
+        store,
+        job_id,
+        "job.canceled",
+        worker_id=worker_id,
+        attempt=attempt,
+        settlement_id=settlement_id,
+        fields={"reason": sanitize(reason)},
+    )
 
 
 async def cancel_queued(store: Store, job_id: str, *, reason: str | None) -> Outcome:

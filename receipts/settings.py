@@ -24,6 +24,11 @@ class Settings(BaseSettings):
     deliveries_per_attempt: int = Field(
         default=2, ge=1, le=10, alias="RECEIPT_DELIVERIES_PER_ATTEMPT"
     )
+    # How long Temporal waits for a heartbeat from a running attempt before it redelivers the
+    # attempt to another worker (the attempt activity's heartbeat timeout).
+    worker_lost_timeout_ms: int = Field(
+        default=30_000, ge=1_000, le=3_600_000, alias="RECEIPT_WORKER_LOST_TIMEOUT_MS"
+    )
 
     resonate_callback_url: str | None = Field(default=None, alias="RECEIPT_RESONATE_CALLBACK_URL")
     event_callback_url: str | None = Field(default=None, alias="RECEIPT_EVENT_CALLBACK_URL")

@@ -1,4 +1,10 @@
-"""`JobAttemptWorkflow`: one attempt of one job on its routed task queue, as one activity."""
+"""`JobAttemptWorkflow`: one attempt of one job as a child workflow — kept only to drain.
+
+Builds before 2026-12 ran every attempt as this child of the driver; the driver now schedules
+the `execute_attempt` activity itself (workflows/driver.py). The worker roles still register
+this workflow so that attempts started by an older driver finish after an upgrade; it is
+removed once no such driver can be open (README, "Upgrading").
+"""
 
 from __future__ import annotations
 
@@ -10,14 +16,14 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from receipts.messages import AttemptInput, AttemptResult
+    from workflows.names import EXECUTE_ATTEMPT, JOB_ATTEMPT_WORKFLOW
 
-EXECUTE_ACTIVITY = "execute_attempt"
 # Time the activity may spend around the handler: lease/start-fence, re-read, settle retries.
 SETTLE_MARGIN = timedelta(seconds=30)
 MIN_ATTEMPT_WINDOW = timedelta(hours=1)
 
 
-@workflow.defn(name="JobAttemptWorkflow")
+@workflow.defn(name=JOB_ATTEMPT_WORKFLOW)
 class JobAttemptWorkflow:
     """Run attempt `n` of a job: lease (or start-fence), handler, heartbeats, fenced settle.
 
@@ -32,7 +38,7 @@ class JobAttemptWorkflow:
         heartbeat_timeout = timedelta(milliseconds=2 * attempt.heartbeat_ms)
         try:
             result: AttemptResult = await workflow.execute_activity(
-                EXECUTE_ACTIVITY,
+                EXECUTE_ATTEMPT,
                 attempt,
                 result_type=AttemptResult,
                 start_to_close_timeout=timedelta(milliseconds=attempt.lease_ms) + SETTLE_MARGIN,

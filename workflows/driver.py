@@ -1,4 +1,4 @@
-"""`JobDriverWorkflow`: carry one job to a worker, one attempt child at a time. It never leases."""
+"""`JobDriverWorkflow`: carry one job to a worker, one attempt activity at a time. It never leases."""
 
 from __future__ import annotations
 
@@ -16,18 +16,22 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError, WorkflowAlr
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from receipts.deliveries import attempt_workflow_id
+    from receipts.jobs import TERMINAL_STATUSES
     from receipts.messages import (
-        ABORTED,
-        ACTIVE,
-        DISPATCH,
-        NOT_AVAILABLE,
-        STALE_FAILED,
-        TERMINAL,
         AttemptInput,
         AttemptResult,
         CallbackRequest,
+        DriverAction,
         DriverInput,
         DriverPlan,
+    )
+    from workflows.names import (
+        EXECUTE_ATTEMPT,
+        JOB_ATTEMPT_WORKFLOW,
+        JOB_DRIVER_WORKFLOW,
+        POST_CALLBACKS,
+        PREPARE_DELIVERY,
     )
 
 JOB_ID = SearchAttributeKey.for_keyword("ReceiptJobId")
@@ -36,7 +40,11 @@ LANE = SearchAttributeKey.for_keyword("ReceiptLane")
 KIND = SearchAttributeKey.for_keyword("ReceiptKind")
 SEARCH_ATTRIBUTES = (JOB_ID, AGENT_ID, LANE, KIND)
 
-TERMINAL_STATUSES = ("completed", "failed", "canceled")
+# Drivers recorded before this patch started each attempt as a `JobAttemptWorkflow` child; they
+# replay down that path. Remove the old path (and `JobAttemptWorkflow`) with `deprecate_patch`
+# once no such driver can be open (README, "Upgrading").
+ATTEMPT_AS_ACTIVITY = "attempt-as-activity"
+CALLBACK_EVENTS = frozenset({"dispatched", *TERMINAL_STATUSES})
 # Patient enough to ride out a database restart (about a minute of retries).
 PREPARE_RETRY = RetryPolicy(
     maximum_attempts=12,
@@ -47,7 +55,12 @@ PREPARE_RETRY = RetryPolicy(
 # driver then fails, and the redrive starts the next generation from the receipts.
 PREPARE_SCHEDULE_TO_CLOSE = timedelta(minutes=3)
 CALLBACK_RETRY = RetryPolicy(maximum_attempts=2, initial_interval=timedelta(seconds=1))
-ACTIVE_POLL = timedelta(seconds=1)
+# Time the attempt may spend around the handler: lease/start-fence, re-read, settle retries.
+SETTLE_MARGIN = timedelta(seconds=30)
+# The attempt ends this long before the driver's run would time out, so the driver itself sees
+# how it ended (and continues as new) instead of closing with the attempt still scheduled.
+RUN_END_MARGIN = timedelta(seconds=10)
+MIN_ATTEMPT_WINDOW = timedelta(seconds=10)
 
 
 def search_attributes(job_id: str, agent_id: str, lane: str, kind: str) -> TypedSearchAttributes:
@@ -62,18 +75,35 @@ def search_attributes(job_id: str, agent_id: str, lane: str, kind: str) -> Typed
     )
 
 
-def attempt_workflow_id(job_id: str, attempt: int) -> str:
-    """`<jobId>:attempt:<n>` — the attempt child's id."""
-    return f"{job_id}:attempt:{attempt}"
+def attempt_activity_id(attempt: int) -> str:
+    """`attempt:<n>` — the attempt activity's id within its driver run."""
+    return f"attempt:{attempt}"
 
 
-@workflow.defn(name="JobDriverWorkflow")
+def attempt_summary(plan: DriverPlan) -> str:
+    """What the Temporal UI shows for an attempt: `<agentId> <kind> attempt <n>`."""
+    return f"{plan.agent_id} {plan.kind} attempt {plan.attempt}"
+
+
+def worker_lost_timeout(plan: DriverPlan) -> timedelta:
+    """The attempt activity's heartbeat timeout: `RECEIPT_WORKER_LOST_TIMEOUT_MS`, or two
+    receipt heartbeat cadences when that is sooner (a short lease), so Temporal redelivers a
+    dead worker's attempt before its lease can expire and cost the job an attempt."""
+    two_cadences = 2 * plan.heartbeat_ms
+    lost_ms = plan.worker_lost_timeout_ms or two_cadences
+    return timedelta(milliseconds=min(lost_ms, two_cadences))
+
+
+@workflow.defn(name=JOB_DRIVER_WORKFLOW)
 class JobDriverWorkflow:
-    """Read the job, fail a stale lease, honour an abort, start attempt `n`, post callbacks.
+    """Read the job, fail a stale lease, honour an abort, run attempt `n`, post callbacks.
 
-    After an attempt that left the job queued (a retryable failure) the driver continues as new
-    and delivers the next attempt; after one that left it leased (every delivery died) it waits
-    for the lease to go stale and fails it, so nothing depends on a process remembering the job.
+    The attempt is the `execute_attempt` activity on the job's routed task queue (activity id
+    `attempt:<n>`): the worker leases, heartbeats, runs the handler and settles under the
+    fence; Temporal redelivers it when its worker stops heartbeating. After an attempt that
+    left the job queued (a retryable failure) the driver continues as new and delivers the next
+    attempt; after one that left it leased (every delivery died) it waits for the lease to go
+    stale and fails it, so nothing depends on a process remembering the job.
     """
 
     @workflow.run
@@ -81,23 +111,23 @@ class JobDriverWorkflow:
         # The first run may carry the starter's read of the job (a queued, deliverable job);
         # every other run reads it through `prepare_delivery`.
         plan = request.plan or await self._prepare(request)
-        if plan.action == TERMINAL:
+        if plan.action == DriverAction.TERMINAL:
             await self._callback(request, plan.job_status)
             return plan.job_status
-        if plan.action == ABORTED:
+        if plan.action == DriverAction.ABORTED:
             await self._callback(request, plan.job_status)
             return "canceled"
-        if plan.action in (ACTIVE, NOT_AVAILABLE):
+        if plan.action in (DriverAction.ACTIVE, DriverAction.NOT_AVAILABLE):
             # Sleep at most a minute per run: continue-as-new renews the run timeout.
             await workflow.sleep(timedelta(milliseconds=min(max(plan.wait_ms, 100), 60_000)))
             self._continue(request, plan)
-        if plan.action == STALE_FAILED:
+        if plan.action == DriverAction.STALE_FAILED:
             if plan.job_status in TERMINAL_STATUSES:
                 await self._callback(request, plan.job_status)
                 return plan.job_status
             self._continue(request, plan)
-        if plan.action != DISPATCH:
-            return plan.action
+        if plan.action != DriverAction.DISPATCH:
+            return str(plan.action)
 
         if not request.dispatched_posted:
             await self._callback(request, "dispatched")
@@ -113,9 +143,58 @@ class JobDriverWorkflow:
             heartbeat_ms=plan.heartbeat_ms,
             deliveries=request.deliveries,
         )
+        if workflow.patched(ATTEMPT_AS_ACTIVITY):
+            result = await self._attempt(plan, attempt)
+        else:
+            result = await self._attempt_child(request, plan, attempt)
+        if result.job_status in TERMINAL_STATUSES:
+            await self._callback(request, result.job_status)
+            return result.job_status
+        self._continue(request, plan)
+
+    async def _attempt(self, plan: DriverPlan, attempt: AttemptInput) -> AttemptResult:
+        """Run attempt `n` as the `execute_attempt` activity on the routed task queue."""
+        try:
+            result: AttemptResult = await workflow.execute_activity(
+                EXECUTE_ATTEMPT,
+                attempt,
+                activity_id=attempt_activity_id(plan.attempt),
+                task_queue=plan.task_queue,
+                result_type=AttemptResult,
+                start_to_close_timeout=timedelta(milliseconds=plan.lease_ms) + SETTLE_MARGIN,
+                # No schedule-to-start bound: an attempt may wait for a worker to exist. The
+                # whole attempt, every delivery included, is bounded by the driver's
+                # invocation timeout (what is left of this run).
+                schedule_to_close_timeout=self._attempt_window(plan),
+                heartbeat_timeout=worker_lost_timeout(plan),
+                retry_policy=RetryPolicy(
+                    maximum_attempts=max(1, attempt.deliveries),
+                    initial_interval=timedelta(milliseconds=200),
+                    non_retryable_error_types=["NonRetryable"],
+                ),
+                summary=attempt_summary(plan),
+            )
+        except ActivityError as exc:
+            # Every delivery died (or the window closed): the lease, if one was taken, stays
+            # until it expires; the next run of this driver then requeues the job.
+            return AttemptResult(
+                "lease_lost", error=f"deliveries exhausted: {exc.cause or exc}", retryable=True
+            )
+        return result
+
+    def _attempt_window(self, plan: DriverPlan) -> timedelta:
+        info = workflow.info()
+        invocation = info.run_timeout or timedelta(milliseconds=plan.driver_timeout_ms)
+        left = invocation - (workflow.now() - info.workflow_start_time) - RUN_END_MARGIN
+        return max(MIN_ATTEMPT_WINDOW, left)
+
+    async def _attempt_child(
+        self, request: DriverInput, plan: DriverPlan, attempt: AttemptInput
+    ) -> AttemptResult:
+        """The path of drivers recorded before `ATTEMPT_AS_ACTIVITY`: replay only."""
         try:
             result: AttemptResult = await workflow.execute_child_workflow(
-                "JobAttemptWorkflow",
+                JOB_ATTEMPT_WORKFLOW,
                 attempt,
                 id=attempt_workflow_id(request.job_id, plan.attempt),
                 task_queue=plan.task_queue,
@@ -123,27 +202,22 @@ class JobDriverWorkflow:
                 search_attributes=search_attributes(
                     request.job_id, plan.agent_id, plan.lane, plan.kind
                 ),
-                static_summary=f"{plan.agent_id} {plan.kind} attempt {plan.attempt}",
+                static_summary=attempt_summary(plan),
                 result_type=AttemptResult,
             )
         except WorkflowAlreadyStartedError:
             # An attempt child with this id is still open (an earlier generation's): wait.
             await workflow.sleep(timedelta(milliseconds=plan.heartbeat_ms))
             self._continue(request, plan)
-            raise
         except ChildWorkflowError:
             result = AttemptResult("lease_lost", error="attempt child did not complete")
-        if result.job_status in TERMINAL_STATUSES:
-            await self._callback(request, result.job_status)
-            return result.job_status
-        self._continue(request, plan)
-        raise AssertionError("unreachable: continue-as-new raises")
+        return result
 
     async def _prepare(self, request: DriverInput) -> DriverPlan:
         # A local activity: the read runs in this worker's process with no activity task and
         # no second workflow task (enqueue→leased p50 84 → 69 ms in `make bench`).
         plan: DriverPlan = await workflow.execute_local_activity(
-            "prepare_delivery",
+            PREPARE_DELIVERY,
             request.job_id,
             result_type=DriverPlan,
             start_to_close_timeout=timedelta(seconds=30),
@@ -160,11 +234,11 @@ class JobDriverWorkflow:
         workflow.continue_as_new(request, run_timeout=run_timeout)
 
     async def _callback(self, request: DriverInput, event: str) -> None:
-        if not request.callbacks or event not in ("dispatched", *TERMINAL_STATUSES):
+        if not request.callbacks or event not in CALLBACK_EVENTS:
             return
         try:
             await workflow.execute_activity(
-                "post_callbacks",
+                POST_CALLBACKS,
                 CallbackRequest(request.job_id, event),
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=CALLBACK_RETRY,

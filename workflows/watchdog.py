@@ -7,10 +7,13 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
+with workflow.unsafe.imports_passed_through():
+    from workflows.names import ENQUEUE_WATCHDOG, WATCHDOG_TICK_WORKFLOW
+
 SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 
 
-@workflow.defn(name="WatchdogTickWorkflow")
+@workflow.defn(name=WATCHDOG_TICK_WORKFLOW)
 class WatchdogTickWorkflow:
     """Enqueue the `factory.objective.watchdog` job `watchdog:<scheduledTime>` for this tick."""
 
@@ -19,7 +22,7 @@ class WatchdogTickWorkflow:
         scheduled = workflow.info().typed_search_attributes.get(SCHEDULED_START)
         when = (scheduled or workflow.now()).replace(microsecond=0).isoformat()
         job_id: str = await workflow.execute_activity(
-            "enqueue_watchdog",
+            ENQUEUE_WATCHDOG,
             when,
             result_type=str,
             start_to_close_timeout=timedelta(seconds=30),

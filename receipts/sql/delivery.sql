@@ -26,7 +26,10 @@ DELETE FROM delivery_redrives WHERE redrive_key = %(redrive_key)s;
 UPDATE deliveries SET dispatched_at = now() WHERE job_id = %(job_id)s;
 
 -- name: undelivered_queued
--- Queued, deliverable jobs that have never been dispatched (the dispatcher's rescan).
+-- Queued, deliverable jobs that have never been dispatched (the dispatcher's rescan): the jobs
+-- for which receipts/plan.py `next_step(job, now())` is DELIVER or ABORT (`needs_delivery`).
+-- tests/integration/test_plan.py checks that this, `redrive_candidates` and
+-- `next_available_at` (the earliest NOT_AVAILABLE) agree with it.
 SELECT j.job_id FROM jobs j
 WHERE j.status = 'queued'
   AND (j.available_at IS NULL OR j.available_at <= now())
@@ -41,7 +44,7 @@ WHERE j.status = 'queued' AND j.available_at > now()
 
 -- name: redrive_candidates
 -- Queued jobs older than the minimum age (by their latest receipt's database time) and not
--- dispatched within the cooldown.
+-- dispatched within the cooldown, among those `next_step` would deliver (as above).
 SELECT j.job_id, j.seq, j.attempt FROM jobs j
 LEFT JOIN deliveries d ON d.job_id = j.job_id
 WHERE j.status = 'queued'

@@ -44,8 +44,9 @@ def attempt_worker(
     workflows: Sequence[type] = (),
     activities: Sequence[Callable[..., Any]] = (),
 ) -> Worker:
-    """A worker for one of receipt-chat/codex/control: the attempt workflow and its activity
-    (plus any role-specific `workflows`/`activities`, e.g. the watchdog tick)."""
+    """A worker for one of receipt-chat/codex/control: the attempt activity (plus any
+    role-specific `workflows`/`activities`, e.g. the watchdog tick). It also registers
+    `JobAttemptWorkflow`, so attempt children started by an older driver drain."""
     attempt = AttemptActivities(store, handlers, role=role, listener=listener, hooks=hooks)
     return Worker(
         client,

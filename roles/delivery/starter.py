@@ -19,18 +19,19 @@ from receipts import deliveries
 from receipts import operations as ops
 from receipts.deliveries import (
     MAX_GENERATION,
-    attempt_workflow_id,
     driver_workflow_id,
     generation_exhausted_message,
 )
 from receipts.jobs import Job
 from receipts.kinds import QUEUE_DRIVER
 from receipts.messages import DriverInput, DriverPlan
+from receipts.plan import Step, next_step
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import JobTiming, TimingSettings, derive
 from roles.infra.tracing import attach_traceparent, detach
 from workflows.driver import search_attributes
+from workflows.names import JOB_DRIVER_WORKFLOW
 
 log = logging.getLogger("roles.delivery.starter")
 _tracer = trace.get_tracer("receipt.starter")
@@ -56,7 +57,12 @@ class StarterHooks:
 
 
 class DriverStarter:
-    """Starts `JobDriverWorkflow` generation g+1 only when generation g and its attempt are closed."""
+    """Starts `JobDriverWorkflow` generation g+1 only when generation g's driver is closed.
+
+    A driver carries its attempts as activities, so an open driver is an active delivery and a
+    closed one has none left running that could settle for it (an attempt child left by an
+    older build is fenced like any other delivery: it cannot settle a newer attempt).
+    """
 
     def __init__(
         self,
@@ -81,7 +87,7 @@ class DriverStarter:
     async def start(self, job_id: str) -> StartResult:
         """Start the next delivery generation of a job, or say why nothing was started.
 
-        An open driver or attempt child → `{created: False, reason: "active_delivery"}`; past 32
+        An open driver → `{created: False, reason: "active_delivery"}`; past 32
         generations the job is failed non-retryably with `delivery recovery exceeded 32
         generations for <jobId>`.
         """
@@ -98,13 +104,8 @@ class DriverStarter:
             return StartResult(False, "terminal")
         generation = 0
         if latest is not None:
-            open_attempts = (
-                attempt_workflow_id(job_id, job.attempt),
-                attempt_workflow_id(job_id, job.attempt + 1),
-            )
-            for workflow_id in (latest.workflow_id, *open_attempts):
-                if await self._is_open(workflow_id):
-                    return StartResult(False, ACTIVE_DELIVERY, workflow_id, latest.generation)
+            if await self._is_open(latest.workflow_id):
+                return StartResult(False, ACTIVE_DELIVERY, latest.workflow_id, latest.generation)
             generation = latest.generation + 1
         timing = derive(job.agent_id, job.payload, self.timing)
         while True:
@@ -145,7 +146,7 @@ class DriverStarter:
                     workflow_id=workflow_id,
                     run_id=run_id,
                     job_id=job_id,
-                    workflow="JobDriverWorkflow",
+                    workflow=JOB_DRIVER_WORKFLOW,
                     task_queue=self.settings.queue(QUEUE_DRIVER),
                     status="running",
                 ),
@@ -166,7 +167,7 @@ class DriverStarter:
     ) -> str:
         """Start the driver run; return its run id."""
         handle = await self.client.start_workflow(
-            "JobDriverWorkflow",
+            JOB_DRIVER_WORKFLOW,
             DriverInput(
                 job_id=job.job_id,
                 generation=generation,
@@ -192,7 +193,8 @@ class DriverStarter:
         announcing a job settled in between."""
         if not self.plan_first_run or self.settings.callback_urls:
             return None
-        if job.status != "queued" or job.abort_requested or job.available_at is not None:
+        # No clock was read: a job with any `availableAt` is left to the driver's own read.
+        if next_step(job, None).step is not Step.DELIVER:
             return None
         return dispatch_plan(job, self.settings, timing)
 

@@ -21,6 +21,7 @@ from temporalio.client import (
 from receipts.kinds import QUEUE_CONTROL
 from receipts.settings import Settings
 from receipts.watchdog import WatchdogSettings
+from workflows.names import WATCHDOG_TICK_WORKFLOW
 
 log = logging.getLogger("roles.delivery.watchdog")
 
@@ -36,7 +37,7 @@ def build_schedule(settings: Settings, watchdog: WatchdogSettings) -> Schedule:
     """A Schedule that starts `WatchdogTickWorkflow` on receipt-control at the cron."""
     return Schedule(
         action=ScheduleActionStartWorkflow(
-            "WatchdogTickWorkflow",
+            WATCHDOG_TICK_WORKFLOW,
             id=schedule_id(settings) + "-tick",
             task_queue=settings.queue(QUEUE_CONTROL),
             execution_timeout=timedelta(milliseconds=watchdog.timeout_ms),

@@ -46,6 +46,12 @@ class Metrics:
             ["queue", "agent"],
             registry=r,
         )
+        self.redeliveries = Counter(
+            "receipt_attempt_redeliveries",
+            "Attempts Temporal redelivered after losing their worker (start-fence takeovers).",
+            ["queue", "agent"],
+            registry=r,
+        )
         self.lease_expirations = Counter(
             "receipt_lease_expirations",
             "job.lease_expired receipts appended by the scan.",
@@ -163,6 +169,9 @@ class Metrics:
             on_started=on_started,
             on_settled=on_settled,
             on_heartbeat_lag=lambda lag: self.heartbeat_lag.observe(max(0.0, lag)),
+            on_redelivered=lambda job: self.redeliveries.labels(
+                route(job.agent_id, job.kind), job.agent_id
+            ).inc(),
         )
 
     def starter_hooks(self) -> StarterHooks:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client
-from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -19,6 +18,7 @@ from activities.handlers import Handler, default_handlers
 from receipts.jobs import Job
 from receipts.kinds import WORKER_QUEUES
 from receipts.listen import Listener
+from receipts.messages import AttemptResult
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import TimingSettings
@@ -140,15 +140,58 @@ async def wait_for_status(
         await asyncio.sleep(0.05)
 
 
-async def wait_for_workflow(client: Client, workflow_id: str, timeout: float = 10.0) -> None:
-    """Wait until Temporal knows `workflow_id` (e.g. a driver's attempt child)."""
+async def wait_for_scheduled_attempt(
+    client: Client, workflow_id: str, activity_id: str, timeout: float = 10.0
+) -> None:
+    """Wait until the driver `workflow_id` has scheduled the attempt activity `activity_id`."""
     handle = client.get_workflow_handle(workflow_id)
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        try:
-            await handle.describe()
+        description = await handle.describe()
+        if any(
+            a.activity_id == activity_id for a in description.raw_description.pending_activities
+        ):
             return
-        except RPCError:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{workflow_id} never scheduled {activity_id}")
+        await asyncio.sleep(0.1)
+
+
+async def driver_histories(client: Client, workflow_id: str, timeout: float = 20.0) -> list[Any]:
+    """Every run of driver `workflow_id` (first to last, across continue-as-new) once the last
+    one has closed, as `WorkflowHistory` objects (read from the runs, not from visibility)."""
+    handle = client.get_workflow_handle(workflow_id)
+    await asyncio.wait_for(handle.result(), timeout)
+    latest = await handle.fetch_history()
+    started = latest.events[0].workflow_execution_started_event_attributes
+    run_id = started.first_execution_run_id or latest.run_id
+    histories = []
+    while True:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        histories.append(history)
+        last = history.events[-1]
+        if not last.HasField("workflow_execution_continued_as_new_event_attributes"):
+            return histories
+        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+
+
+async def attempt_results(client: Client, workflow_id: str) -> dict[str, AttemptResult]:
+    """The results of the attempt activities (`attempt:<n>` → result) the driver's runs
+    recorded, read from its event history: where an attempt is found in Temporal now."""
+    results: dict[str, AttemptResult] = {}
+    for history in await driver_histories(client, workflow_id):
+        scheduled = {
+            e.event_id: e.activity_task_scheduled_event_attributes
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+        }
+        for event in history.events:
+            if not event.HasField("activity_task_completed_event_attributes"):
+                continue
+            done = event.activity_task_completed_event_attributes
+            attrs = scheduled[done.scheduled_event_id]
+            if attrs.activity_type.name != "execute_attempt":
+                continue
+            [result] = await client.data_converter.decode(done.result.payloads, [AttemptResult])
+            results[attrs.activity_id] = result
+    return results

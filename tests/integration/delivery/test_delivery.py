@@ -15,9 +15,11 @@ from receipts.deliveries import MAX_GENERATION, generation_exhausted_message
 from receipts.store import Store
 from receipts.timing import TimingSettings
 from tests.integration.delivery.conftest import (
+    attempt_results,
+    driver_histories,
     running_stack,
+    wait_for_scheduled_attempt,
     wait_for_status,
-    wait_for_workflow,
 )
 from tests.integration.helpers import put, types
 
@@ -147,9 +149,8 @@ async def test_abort_while_queued_and_no_worker_then_the_worker_finds_it_settled
         assert (await fresh_store.get_job(job.job_id)).status == "queued"  # type: ignore[union-attr]
         await ops.add_command(fresh_store, job.job_id, type="abort", organization_id="org-a")
         await stack.start_worker("receipt-codex")
-        handle = client.get_workflow_handle(f"{job.job_id}:attempt:1")
-        result = await asyncio.wait_for(handle.result(), 20)
-    assert result["status"] == "terminal_state"
+        results = await attempt_results(client, job.job_id)
+    assert results["attempt:1"].status == "terminal_state"
     assert await types(fresh_store, job.job_id) == ["job.enqueued", "queue.command", "job.canceled"]
 
 
@@ -189,12 +190,10 @@ async def test_generations_advance_only_after_a_delivery_closes(
         first = await stack.starter.start(job.job_id)
         assert (first.created, first.workflow_id, first.generation) == (True, job.job_id, 0)
         assert (await stack.starter.start(job.job_id)).reason == "active_delivery"
-        child = client.get_workflow_handle(f"{job.job_id}:attempt:1")
-        await wait_for_workflow(client, child.id)  # the driver starts it; no worker takes it
+        # The driver schedules attempt 1 on receipt-codex; no worker takes it: still active.
+        await wait_for_scheduled_attempt(client, job.job_id, "attempt:1")
         assert (await stack.starter.start(job.job_id)).reason == "active_delivery"
         await client.get_workflow_handle(job.job_id).terminate("test closes the delivery")
-        assert (await stack.starter.start(job.job_id)).reason == "active_delivery"  # child open
-        await child.terminate("test closes the attempt")
         second = await stack.starter.start(job.job_id)
         assert (second.created, second.workflow_id, second.generation) == (
             True,
@@ -230,10 +229,56 @@ async def test_every_delivery_is_found_by_job_id_in_temporal(
         found: set[str] = set()
         for _ in range(50):
             found = {w.id async for w in client.list_workflows(f"ReceiptJobId = '{job.job_id}'")}
-            if len(found) == 2:
+            if found:
                 break
             await asyncio.sleep(0.2)
-    assert found == {job.job_id, f"{job.job_id}:attempt:1"}
+        [history] = await driver_histories(client, job.job_id)
+    # The one delivery is the driver; its attempt is an activity in the driver's history,
+    # with a readable summary, on the routed worker queue.
+    assert found == {job.job_id}
+    [scheduled] = [
+        e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    attrs = scheduled.activity_task_scheduled_event_attributes
+    assert (attrs.activity_type.name, attrs.activity_id) == ("execute_attempt", "attempt:1")
+    assert attrs.task_queue.name.endswith("receipt-codex")
+    [summary] = await client.data_converter.decode([scheduled.user_metadata.summary], [str])
+    assert summary == "codex factory.task.run attempt 1"
+    # Temporal's heartbeat timeout is the worker-lost timeout (30 s), or two receipt cadences
+    # when a short lease makes that sooner; retries are the deliveries per attempt.
+    assert attrs.heartbeat_timeout.ToMilliseconds() == 30_000
+    assert attrs.retry_policy.maximum_attempts == 2
+
+
+async def test_an_attempt_longer_than_the_worker_lost_timeout_keeps_one_delivery(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    # Temporal hears from the attempt every few seconds, apart from the job.heartbeat receipts
+    # (the default lease's cadence is 100 s): a 5 s handler under a 2 s heartbeat timeout runs
+    # once, with no redelivery and no start-fence.
+    async with running_stack(client, fresh_store, fresh_db, RECEIPT_WORKER_LOST_TIMEOUT_MS="2000"):
+        job = (await put(fresh_store, payload_extra=task("sleep", "5"))).job
+        done = await wait_for_status(fresh_store, job.job_id)
+        [history] = await driver_histories(client, job.job_id)
+    assert done.status == "completed"
+    assert await types(fresh_store, job.job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.completed",
+    ]
+    [scheduled] = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled.heartbeat_timeout.ToMilliseconds() == 2_000
+    [started] = [
+        e.activity_task_started_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert started.attempt == 1
 
 
 async def test_callbacks_reach_the_receiver_with_token_and_signature(
@@ -394,8 +439,7 @@ async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
             return derive(job.agent_id, job.payload, stack.timing)
 
         async def attempt_result(job_id: str, n: int) -> AttemptResult:
-            handle = client.get_workflow_handle(f"{job_id}:attempt:{n}", result_type=AttemptResult)
-            return await handle.result()
+            return (await attempt_results(client, job_id))[f"attempt:{n}"]
 
         # Canceled between the starter's read and the driver: the planned attempt runs and
         # its lease is refused (terminal_state); nothing is leased.

@@ -20,8 +20,8 @@ from roles.delivery.loops import (
 )
 from tests.integration.delivery.conftest import (
     running_stack,
+    wait_for_scheduled_attempt,
     wait_for_status,
-    wait_for_workflow,
 )
 from tests.integration.helpers import put, types
 
@@ -161,10 +161,8 @@ async def test_a_redrive_that_finds_an_open_delivery_does_not_spend_its_key(
         redrive = QueuedRedrive(fresh_store, s.starter, s.settings, NOW)
         result = await redrive.run_once()
         assert (result.redriven, result.skipped) == (0, 1)  # active_delivery: key given back
-        child = client.get_workflow_handle(f"{job.job_id}:attempt:1")
-        await wait_for_workflow(client, child.id)
+        await wait_for_scheduled_attempt(client, job.job_id, "attempt:1")
         await client.get_workflow_handle(job.job_id).terminate("test: the delivery is lost")
-        await child.terminate("test: the delivery is lost")
         again = await redrive.run_once()
         assert again.redriven == 1  # the same observed queue state is redriven now
         latest = (await deliveries.job_and_latest(fresh_store, job.job_id))[1]

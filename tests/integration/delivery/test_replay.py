@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -86,21 +87,56 @@ async def test_delivery_histories_replay_under_the_sandbox(
         for job, status in ((done, "completed"), (retried, "failed"), (aborted, "canceled")):
             assert (await wait_for_status(fresh_store, job.job_id)).status == status
         histories: list[WorkflowHistory] = []
-        # Driver runs + attempt runs: 1 + 1; 2 (continued as new) + 2; 1 + 1. Collected while
-        # the workers run: a driver closes only after its job has settled.
-        for job, runs in ((done, 2), (retried, 4), (aborted, 2)):
+        # Driver runs: 1; 2 (continued as new); 1. Collected while the workers run: a driver
+        # closes only after its job has settled.
+        for job, runs in ((done, 1), (retried, 2), (aborted, 1)):
             query = f"ReceiptJobId = '{job.job_id}'"
             histories += await closed_histories(client, query, runs)
-    assert len(histories) == 8
+    assert len(histories) == 4
     # The starter's read plans each first run; only the continued-as-new run of the retried
     # job reads the job itself (`prepare_delivery`, a local activity: one marker).
-    drivers = [h for h in histories if workflow_type(h) == "JobDriverWorkflow"]
-    markers = sorted(
-        sum(e.HasField("marker_recorded_event_attributes") for e in h.events) for h in drivers
-    )
-    assert markers == [0, 0, 0, 1]
-    assert {workflow_type(h) for h in histories} == {"JobDriverWorkflow", "JobAttemptWorkflow"}
+    assert sorted(markers(h, LOCAL_ACTIVITY_MARKER) for h in histories) == [0, 0, 0, 1]
+    # Every run that delivers an attempt takes the new path (one patch marker) and schedules
+    # `execute_attempt` itself: no attempt workflow any more.
+    assert [markers(h, PATCH_MARKER) for h in histories] == [1, 1, 1, 1]
+    assert {workflow_type(h) for h in histories} == {"JobDriverWorkflow"}
+    assert all(attempt_activities(h) == 1 for h in histories)
     await replay_sandboxed(histories)
+    record_to = os.environ.get("RECEIPT_RECORD_HISTORIES")
+    if record_to:  # refresh tests/integration/delivery/histories/ from a run of this build
+        names = {done.job_id: "completed", retried.job_id: "retried", aborted.job_id: "aborted"}
+        for i, history in enumerate(histories):
+            name = names[history.workflow_id]
+            path = Path(record_to) / f"activity-{name}-driver-{i}.json"
+            recorded = {"workflowId": history.workflow_id, "history": history.to_json_dict()}
+            path.write_text(json.dumps(recorded, indent=1) + "\n")
+
+
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+PATCH_MARKER = "core_patch"
+
+
+def markers(history: WorkflowHistory, name: str) -> int:
+    return sum(
+        e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == name
+        for e in history.events
+    )
+
+
+def attempt_activities(history: WorkflowHistory) -> int:
+    return sum(
+        e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "execute_attempt"
+        for e in history.events
+    )
+
+
+def attempt_children(history: WorkflowHistory) -> int:
+    return sum(
+        e.HasField("start_child_workflow_execution_initiated_event_attributes")
+        for e in history.events
+    )
 
 
 async def test_a_watchdog_tick_history_replays_under_the_sandbox(
@@ -124,16 +160,20 @@ async def test_a_watchdog_tick_history_replays_under_the_sandbox(
     await replay_sandboxed([await handle.fetch_history()])
 
 
-# Histories recorded by this version (a completed job, a retried one across a continue-as-new,
-# one aborted while running). Workers of a later version must still replay them, or drivers
-# open across a deploy would stall on a nondeterminism error until their run timeout: a change
-# that breaks this test needs `workflow.patched` (or a versioned task queue), not new files.
+# Histories recorded by earlier builds and by this one: a completed job, a retried one across a
+# continue-as-new, one aborted while running. The `*-attempt-*` and `*-driver-*` files were
+# recorded when each attempt was a `JobAttemptWorkflow` child; the `activity-*` files by the
+# build that made the attempt an activity of the driver (`RECEIPT_RECORD_HISTORIES=<dir>` on
+# the test above writes them). Workers of a later version must still replay them all, or
+# drivers open across a deploy would stall on a nondeterminism error until their run timeout:
+# a change that breaks this test needs `workflow.patched` (or a versioned task queue), not
+# new files.
 RECORDED = Path(__file__).parent / "histories"
 
 
-async def test_histories_recorded_by_this_version_still_replay() -> None:
+async def test_histories_recorded_by_this_and_earlier_versions_still_replay() -> None:
     files = sorted(RECORDED.glob("*.json"))
-    assert len(files) == 8
+    assert len(files) == 12
     histories = []
     for path in files:
         recorded = json.loads(path.read_text())
@@ -141,4 +181,10 @@ async def test_histories_recorded_by_this_version_still_replay() -> None:
             WorkflowHistory.from_json(recorded["workflowId"], json.dumps(recorded["history"]))
         )
     assert {workflow_type(h) for h in histories} == {"JobDriverWorkflow", "JobAttemptWorkflow"}
+    drivers = [h for h in histories if workflow_type(h) == "JobDriverWorkflow"]
+    # Both shapes: four drivers that started attempt children, four that ran attempt activities.
+    assert sorted((attempt_children(h), attempt_activities(h)) for h in drivers) == [
+        *[(0, 1)] * 4,
+        *[(1, 0)] * 4,
+    ]
     await replay_sandboxed(histories)

@@ -49,8 +49,7 @@ async def test_a_job_is_one_trace_from_the_api_through_workflows_to_settlement(
         "receipt.dispatch",
         "StartWorkflow:JobDriverWorkflow",
         "RunWorkflow:JobDriverWorkflow",
-        "StartChildWorkflow:JobAttemptWorkflow",
-        "RunWorkflow:JobAttemptWorkflow",
+        "StartActivity:execute_attempt",
         "RunActivity:execute_attempt",
         "receipt.settle",
     ):
