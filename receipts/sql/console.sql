@@ -19,6 +19,7 @@ FROM jobs
 WHERE status = 'failed'
   AND state ->> 'retriedAs' IS NULL
   AND (%(all_organizations)s::boolean OR organization_id = %(caller_organization_id)s::text)
+  AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s::text)
 GROUP BY agent_id, coalesce(state ->> 'error', '')
 ORDER BY count(*) DESC, max(updated_at) DESC
 LIMIT %(limit)s;

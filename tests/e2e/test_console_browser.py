@@ -152,6 +152,8 @@ async def test_retry_a_failed_job_from_the_failed_work_page(
     foreign: list[str] = []
     page = await signed_in_page(browser, api, foreign)
     await page.get_by_role("link", name="Failed work").click()
+    await page.fill('input[name="agentId"]', agent)
+    await page.get_by_role("button", name="Filter").click()
     row = page.locator("tr", has_text=f"{agent} exploded")
     await expect(row).to_be_visible()
     await shot(page, "console-failed.png")

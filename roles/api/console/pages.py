@@ -389,6 +389,7 @@ async def failed_page(request: Request) -> HTMLResponse:
         {
             "all_organizations": session.principal.admin,
             "caller_organization_id": session.principal.organization_id,
+            "agent_id": request.query_params.get("agentId") or None,
             "limit": FAILED_GROUPS,
         },
     )
@@ -400,6 +401,7 @@ async def failed_page(request: Request) -> HTMLResponse:
         "failed.html",
         session=session,
         groups=groups,
+        agent_id=request.query_params.get("agentId") or "",
         notice=request.query_params.get("notice"),
         urlencode=urlencode,
     )
