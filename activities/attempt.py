@@ -341,6 +341,7 @@ class AttemptActivities:
                 status="failed",
                 result=exc.result,
                 handler_s=handler_s,
+                retry_delay_ms=exc.retry_delay_ms,
             )
         except asyncio.CancelledError:
             raise
@@ -388,6 +389,7 @@ class AttemptActivities:
         status: str,
         result: Any,
         handler_s: float | None = None,
+        retry_delay_ms: int | None = None,
     ) -> AttemptResult:
         outcome = await self._settle(
             attempt,
@@ -402,6 +404,7 @@ class AttemptActivities:
                 retryable=retryable,
                 status=None if retryable else status,
                 result=result,
+                retry_delay_ms=retry_delay_ms,
             ),
             handler_s,
         )

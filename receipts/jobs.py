@@ -40,6 +40,7 @@ RETRIED = "job.retried"
 DEFAULT_MAX_ATTEMPTS = 2
 MIN_ATTEMPTS, MAX_ATTEMPTS = 1, 8
 SINGLETON_CANCEL_REASON = "singleton cancel"
+MAX_RETRY_DELAY_MS = 30_000
 
 Status = Literal["queued", "leased", "running", "completed", "failed", "canceled"]
 
@@ -441,7 +442,7 @@ def _failed(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any]:
     attempt = job.attempt - 1 if refund and job.attempt > 0 else job.attempt
     retryable = bool(data.get("retryable", False))
     if retryable and (refund or job.attempt < job.max_attempts):
-        return {
+        requeued: dict[str, Any] = {
             "status": "queued",
             "attempt": attempt,
             "lease": None,
@@ -449,6 +450,11 @@ def _failed(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any]:
             "settlement_id": data.get("settlementId"),
             "commands": _requeue_commands(job, job.attempt),
         }
+        delay = retry_delay_ms(data.get("retryDelayMs"))
+        if delay:
+            # The dispatcher and the driver do not deliver it before this database time.
+            requeued["available_at"] = at + timedelta(milliseconds=delay)
+        return requeued
     changes: dict[str, Any] = {
         "status": "failed",
         "error": data.get("error"),
@@ -461,6 +467,13 @@ def _failed(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any]:
         result = {**(result if isinstance(result, dict) else {}), "status": data["status"]}
     changes["result"] = result
     return changes
+
+
+def retry_delay_ms(value: Any) -> int:
+    """A retryable failure's `retryDelayMs`, clamped to 0..`MAX_RETRY_DELAY_MS` (0: none)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0
+    return max(0, min(MAX_RETRY_DELAY_MS, value))
 
 
 def fold(receipts: Iterable[Receipt], job: Job | None = None) -> Job | None:

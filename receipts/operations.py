@@ -338,17 +338,21 @@ async def fail(
     refund_attempt: bool = False,
     result: Any = None,
     settlement_id: str | None = None,
+    retry_delay_ms: int | None = None,
 ) -> Outcome:
     """Settle `failed` under the fence.
 
-    Retryable with attempts left (or `refund_attempt`, a graceful release) requeues the job;
-    otherwise it is terminal, and a non-retryable failure copies `status` onto `job.result`.
+    Retryable with attempts left (or `refund_attempt`, a graceful release) requeues the job
+    (not deliverable before `retry_delay_ms`, at most 30 s, when given); otherwise it is
+    terminal, and a non-retryable failure copies `status` onto `job.result`.
     """
     fields: dict[str, Any] = {"error": sanitize(error), "retryable": retryable}
     if status:
         fields["status"] = status
     if refund_attempt:
         fields["refundAttempt"] = True
+    if retryable and retry_delay_ms:
+        fields["retryDelayMs"] = retry_delay_ms
     if result is not None:
         fields["result"] = sanitize(result)
     return await _settle(

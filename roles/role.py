@@ -30,6 +30,7 @@ from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import TimingSettings
 from receipts.watchdog import WatchdogSettings
+from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.dispatcher import Dispatcher
 from roles.delivery.loops import (
     ObjectiveControlOutboxRedrive,
@@ -352,6 +353,7 @@ async def _run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
     # The dispatcher runs beside the driver worker: its reads may plan the first runs.
     dispatcher = Dispatcher(runtime.store, runtime.listener, _starter(runtime, plan_first_run=True))
     runtime.spawn(dispatcher.run(), "dispatcher")
+    runtime.spawn(AgentJobDispatcher(runtime.store, runtime.listener).run(), "agent-jobs")
     worker = driver_worker(
         runtime.client, runtime.store, runtime.settings, runtime.timing, http=runtime.http
     )

@@ -12,12 +12,21 @@ from receipts.store import Store
 
 
 class HandlerError(Exception):
-    """A handler failed; `retryable` decides whether the job is attempted again."""
+    """A handler failed; `retryable` decides whether the job is attempted again, not before
+    `retry_delay_ms` (clamped to 30 s) when given."""
 
-    def __init__(self, message: str, *, retryable: bool = False, result: Any = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        result: Any = None,
+        retry_delay_ms: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.result = result
+        self.retry_delay_ms = retry_delay_ms
 
 
 @dataclass
@@ -84,6 +93,7 @@ def default_handlers() -> dict[str, Handler]:
     `factory.objective.watchdog`; the rest of the Factory comes with the objectives layer, and
     until then every other kind those agents receive fails non-retryably.
     """
+    from activities.handlers.agent_turn import run_agent_turn
     from activities.handlers.codex import run_task
     from activities.handlers.factory import objective_watchdog
 
@@ -93,5 +103,8 @@ def default_handlers() -> dict[str, Handler]:
             "factory-control", {"factory.objective.watchdog": objective_watchdog}
         ),
         "factory-monitor": kinds_handler("factory-monitor", {}),
-        "codex": kinds_handler("codex", {"factory.task.run": run_task}),
+        # `agent_job.turn`: one turn of a background agent job (docs/agent-jobs.md).
+        "codex": kinds_handler(
+            "codex", {"factory.task.run": run_task, "agent_job.turn": run_agent_turn}
+        ),
     }

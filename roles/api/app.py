@@ -637,6 +637,10 @@ def create_app(
     install_docs(app)
     install_console(app)
     _install_routes(app)
+    from roles.api.routes import agent_jobs, sessions
+
+    app.include_router(agent_jobs.router)
+    app.include_router(sessions.router)
     app.openapi = _openapi_builder(app)  # type: ignore[method-assign]
     return app
 

@@ -1,0 +1,512 @@
+"""The agent job's transactions: create, claim (slot lock, then row), settle a turn, answer,
+cancel, input timeout. Each writes the agent job's receipts, its projection row, its owner's
+wakeup and its turn's queue job in one transaction (docs/agent-jobs.md)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from receipts.agent_jobs import model
+from receipts.agent_jobs.model import AgentJob
+from receipts.enqueue import EnqueueRequest, enqueue_in
+from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
+from receipts.sql import query
+from receipts.store import Draft, Store, Tx, dumps
+
+log = logging.getLogger("receipts.agent_jobs")
+
+
+class NotWaiting(ConflictError):
+    """The job is not waiting for an answer (or has one already)."""
+
+
+class AlreadyTerminal(ConflictError):
+    """The job is succeeded, failed or stopped: it takes nothing more."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    """A validated `POST /agent-jobs` (see `receipts.agent_jobs.requests.parse_create`)."""
+
+    agent_id: str
+    organization_id: str
+    owner_session_id: str
+    source_actor_event_id: str
+    source_tool_call_id: str
+    reply_route: dict[str, Any]
+    input: dict[str, Any]
+    user_id: str | None = None
+    workspace_template: str | None = None
+    continued_from_job_id: str | None = None
+    provider_binding: str | None = None
+
+
+def _params(job: AgentJob) -> dict[str, Any]:
+    return {
+        "agent_job_id": job.agent_job_id,
+        "seq": job.seq,
+        "organization_id": job.organization_id,
+        "agent_id": job.agent_id,
+        "owner_session_id": job.owner_session_id,
+        "source_tool_call_id": job.source_tool_call_id,
+        "status": job.status,
+        "attempt": job.attempt,
+        "turn": job.turn,
+        "consecutive_failures": job.consecutive_failures,
+        "available_at": job.available_at,
+        "answer_pending": job.answer_pending,
+        "cancel_requested": job.cancel_requested,
+        "queue_job_id": job.queue_job_id,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "state": Jsonb(job.to_json(), dumps=dumps),
+    }
+
+
+async def _row(tx: Tx, name: str, params: dict[str, Any]) -> Any:
+    cur = await tx.conn.execute(query(name), params)
+    return await cur.fetchone()
+
+
+async def job_for_update(tx: Tx, agent_job_id: str) -> AgentJob | None:
+    """Lock and return the agent job's projection row (None when there is none)."""
+    row = await _row(tx, "agent_job_for_update", {"agent_job_id": agent_job_id})
+    if row is None:
+        return None
+    tx._now = row[0]
+    return AgentJob.model_validate(row[1])
+
+
+async def get(store: Store, agent_job_id: str) -> AgentJob | None:
+    """The agent job's folded state from the projection, or None."""
+    async with store.transaction() as tx:
+        row = await _row(tx, "agent_job_get", {"agent_job_id": agent_job_id})
+    return AgentJob.model_validate(row[0]) if row else None
+
+
+async def session_organization(store: Store, session_id: str) -> str | None:
+    """The organization an owner session belongs to, or None when no agent job named it."""
+    async with store.transaction() as tx:
+        row = await _row(tx, "agent_session_get", {"session_id": session_id})
+    return str(row[0]) if row else None
+
+
+async def append(tx: Tx, job: AgentJob | None, drafts: Sequence[Draft]) -> AgentJob:
+    """Fold `drafts` onto `job` (row locked by the caller), append them to `agent-jobs/<id>`,
+    update the projection, and append the owner's wakeup when the job entered a wakeup status.
+
+    A draft the fold refuses raises `InvariantError` before anything is written.
+    """
+    now = await tx.now()
+    folded = job
+    entered: list[AgentJob] = []
+    from receipts.jobs import Receipt
+
+    start = job.seq if job else 0
+    for i, draft in enumerate(drafts):
+        receipt = Receipt("", start + i + 1, draft.type, draft.data, now)
+        folded = model.apply(folded, receipt)
+        if draft.type == model.TRANSITIONED and folded.status in model.WAKEUP_STATUSES:
+            entered.append(folded)
+    assert folded is not None
+    stream = model.stream_of(folded.agent_job_id)
+    session = model.session_stream(folded.owner_session_id)
+    await tx.lock_streams([stream, session] if entered else [stream])
+    await tx.append(stream, drafts, expected_seq=start)
+    await tx.conn.execute(query("agent_job_upsert"), _params(folded))
+    for state in entered:
+        await _wake(tx, state, session)
+    return folded
+
+
+async def _wake(tx: Tx, job: AgentJob, session: str) -> None:
+    data = model.wakeup_data(job)
+    source_id = data["sourceId"]
+    if await _row(tx, "agent_wakeup_exists", {"source_id": source_id}):
+        return  # a replayed transition: its wakeup was written once already
+    stored = await tx.append(session, [Draft(model.WAKEUP, data)])
+    recorded = await _row(
+        tx,
+        "agent_wakeup_record",
+        {
+            "source_id": source_id,
+            "agent_job_id": job.agent_job_id,
+            "session_id": job.owner_session_id,
+            "session_seq": stored[0].seq,
+        },
+    )
+    if recorded is None:
+        raise ConflictError(f"wakeup {source_id} written concurrently")
+    log.info(
+        "owner session woken",
+        extra={"event": "agent_job.wakeup", "agentJobId": job.agent_job_id, "sourceId": source_id},
+    )
+
+
+# --- create -----------------------------------------------------------------------------------
+
+
+async def create(store: Store, request: CreateRequest) -> tuple[AgentJob, bool]:
+    """Create the agent job (queued); returns `(job, created)`.
+
+    The owner session is bound to the request's organization on first use (another
+    organization naming it raises `ConflictError`). A retried create for the same
+    `(organization, ownerSessionId, sourceToolCallId)` returns the job it made.
+    """
+    async with store.transaction() as tx:
+        return await create_in(tx, request)
+
+
+async def create_in(tx: Tx, request: CreateRequest) -> tuple[AgentJob, bool]:
+    """`create` inside a caller's transaction."""
+    await tx.lock_key(f"agent-session:{request.owner_session_id}")
+    await tx.conn.execute(
+        query("agent_session_claim"),
+        {"session_id": request.owner_session_id, "organization_id": request.organization_id},
+    )
+    owner = await _row(tx, "agent_session_get", {"session_id": request.owner_session_id})
+    if owner is None or owner[0] != request.organization_id:
+        raise ConflictError("ownerSessionId belongs to another organization")
+    existing = await _row(
+        tx,
+        "agent_job_by_source",
+        {
+            "organization_id": request.organization_id,
+            "owner_session_id": request.owner_session_id,
+            "source_tool_call_id": request.source_tool_call_id,
+        },
+    )
+    if existing is not None:
+        return AgentJob.model_validate(existing[0]), False
+    agent_job_id = str(uuid.uuid4())
+    workspace_owner = agent_job_id
+    if request.continued_from_job_id is not None:
+        previous = await _row(tx, "agent_job_get", {"agent_job_id": request.continued_from_job_id})
+        earlier = AgentJob.model_validate(previous[0]) if previous else None
+        if earlier is None or earlier.organization_id != request.organization_id:
+            raise InvalidInput(
+                "continuedFromJobId", f"no agent job {request.continued_from_job_id!r}"
+            )
+        workspace_owner = earlier.workspace_owner_job_id
+    data: dict[str, Any] = {
+        "agentJobId": agent_job_id,
+        "agentId": request.agent_id,
+        "organizationId": request.organization_id,
+        "userId": request.user_id,
+        "ownerSessionId": request.owner_session_id,
+        "sourceActorEventId": request.source_actor_event_id,
+        "sourceToolCallId": request.source_tool_call_id,
+        "replyRoute": request.reply_route,
+        "input": request.input,
+        "workspaceTemplate": request.workspace_template,
+        "continuedFromJobId": request.continued_from_job_id,
+        "workspaceOwnerJobId": workspace_owner,
+        "providerBinding": request.provider_binding,
+    }
+    job = await append(tx, None, [Draft(model.CREATED, data)])
+    log.info(
+        "agent job created",
+        extra={"event": "agent_job.created", "agentJobId": agent_job_id, "agentId": job.agent_id},
+    )
+    return job, True
+
+
+# --- claims -----------------------------------------------------------------------------------
+
+
+def slot_lock_key(agent_id: str) -> str:
+    """The advisory-lock key of an agent's running slots."""
+    return f"agent-slots:{agent_id}"
+
+
+async def running_count(tx: Tx, agent_id: str) -> int:
+    """The agent's running jobs, counted from the projection (the caller holds its slot lock)."""
+    row = await _row(tx, "agent_slots_running", {"agent_id": agent_id})
+    return int(row[0])
+
+
+async def _enqueue_turn(tx: Tx, job: AgentJob, queue_id: str) -> None:
+    payload = {
+        "kind": model.TURN_KIND,
+        "authContext": {
+            "userId": job.user_id or f"session:{job.owner_session_id}",
+            "organizationId": job.organization_id,
+            "sessionId": job.owner_session_id,
+            "source": "agent-job",
+        },
+        "agentJob": {"agentJobId": job.agent_job_id, "attempt": job.attempt, "turn": job.turn},
+    }
+    result = await enqueue_in(
+        tx,
+        EnqueueRequest(
+            agent_id=model.TURN_AGENT_ID,
+            payload=payload,
+            kind=model.TURN_KIND,
+            organization_id=job.organization_id,
+            job_id=queue_id,
+            max_attempts=1,
+        ),
+    )
+    if not result.created:
+        raise InvariantError(f"turn queue job {queue_id} exists already")
+
+
+async def _claim(tx: Tx, agent_job_id: str, agent_id: str, expect: str | None) -> AgentJob | None:
+    # The order is fixed: the agent's slot lock, then the job row FOR UPDATE.
+    await tx.lock_key(slot_lock_key(agent_id))
+    if await running_count(tx, agent_id) >= model.SLOTS_PER_AGENT:
+        return None
+    job = await job_for_update(tx, agent_job_id)
+    if job is None or job.agent_id != agent_id:
+        return None
+    if expect is not None and job.status != expect:
+        return None
+    now = await tx.now()
+    if not model.claimable(job, now):
+        return None
+    decision = model.claim(job, now)
+    claimed = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
+    await _enqueue_turn(tx, claimed, decision.queue_job_id)
+    log.info(
+        "agent job claimed",
+        extra={
+            "event": "agent_job.claimed",
+            "agentJobId": agent_job_id,
+            "agentId": agent_id,
+            "attempt": claimed.attempt,
+            "turn": claimed.turn,
+            "continuation": decision.continuation,
+        },
+    )
+    return claimed
+
+
+async def claim_attempt(store: Store, agent_job_id: str, agent_id: str) -> AgentJob | None:
+    """Claim a queued job for a new attempt if the agent has a free slot; None otherwise."""
+    async with store.transaction() as tx:
+        return await _claim(tx, agent_job_id, agent_id, "queued")
+
+
+async def claim_continuation(store: Store, agent_job_id: str, agent_id: str) -> AgentJob | None:
+    """Claim an answered waiting job to continue if the agent has a free slot; None otherwise."""
+    async with store.transaction() as tx:
+        return await _claim(tx, agent_job_id, agent_id, "waiting_on_user")
+
+
+async def claim_any(store: Store, agent_job_id: str, agent_id: str) -> AgentJob | None:
+    """`claim_attempt` or `claim_continuation`, whichever the job's status calls for."""
+    async with store.transaction() as tx:
+        return await _claim(tx, agent_job_id, agent_id, None)
+
+
+# --- settlement -------------------------------------------------------------------------------
+
+
+async def settle_turn(store: Store, agent_job_id: str, *, retry_base_ms: int) -> AgentJob | None:
+    """Apply the settled turn of a running job (see `settle_turn_in`)."""
+    async with store.transaction() as tx:
+        return await settle_turn_in(tx, agent_job_id, retry_base_ms=retry_base_ms)
+
+
+async def settle_turn_in(tx: Tx, agent_job_id: str, *, retry_base_ms: int) -> AgentJob | None:
+    """If the job is running and its turn's queue job is terminal, write what the turn decided:
+    a transition (and its wakeup) or the next turn's queue job. None when nothing was due."""
+    job = await job_for_update(tx, agent_job_id)
+    if job is None or job.status != "running" or job.queue_job_id is None:
+        return None
+    turn_job = await tx.job(job.queue_job_id)
+    if turn_job is None or not turn_job.terminal:
+        return None
+    report = model.TurnReport(
+        status=turn_job.status,
+        started=turn_job.attempt > 0,
+        result=turn_job.result,
+        error=turn_job.error or turn_job.canceled_reason,
+    )
+    now = await tx.now()
+    decision = model.decide_settlement(job, report, now, retry_base_ms=retry_base_ms)
+    if decision.next_turn is not None:
+        queue_id = model.queue_job_id(agent_job_id, job.attempt, decision.next_turn)
+        settled = await append(
+            tx,
+            job,
+            [
+                Draft(
+                    model.TURN_STARTED,
+                    {
+                        "turn": decision.next_turn,
+                        "queueJobId": queue_id,
+                        "followUps": decision.next_prompt,
+                    },
+                )
+            ],
+        )
+        await _enqueue_turn(tx, settled, queue_id)
+        to = "running"
+    else:
+        assert decision.transition is not None
+        settled = await append(tx, job, [Draft(model.TRANSITIONED, decision.transition)])
+        to = settled.status
+    log.info(
+        "agent job turn settled",
+        extra={
+            "event": "agent_job.turn_settled",
+            "agentJobId": agent_job_id,
+            "queueJobId": job.queue_job_id,
+            "queueStatus": turn_job.status,
+            "status": to,
+            "attempt": settled.attempt,
+            "turn": settled.turn,
+        },
+    )
+    return settled
+
+
+# --- answer, cancel, timeout ------------------------------------------------------------------
+
+
+async def answer(
+    store: Store, agent_job_id: str, *, answer: Any, tool_call_id: str | None
+) -> AgentJob:
+    """Record the answer of a waiting job and continue it at once if a slot is free.
+
+    Raises `NotFoundError`, `NotWaiting` (not waiting, already answered, or another tool call).
+    """
+    current = await get(store, agent_job_id)
+    if current is None:
+        raise NotFoundError(f"no agent job {agent_job_id!r}")
+    async with store.transaction() as tx:
+        await tx.lock_key(slot_lock_key(current.agent_id))
+        job = await job_for_update(tx, agent_job_id)
+        assert job is not None
+        if job.status != "waiting_on_user" or job.answer is not None:
+            raise NotWaiting(f"agent job {agent_job_id!r} is {job.status}, not waiting for input")
+        pending = job.pending_tool_call
+        if (
+            tool_call_id is not None
+            and pending is not None
+            and tool_call_id != pending.tool_call_id
+        ):
+            raise NotWaiting(
+                f"agent job {agent_job_id!r} waits for tool call {pending.tool_call_id!r}"
+            )
+        call_id = tool_call_id or (pending.tool_call_id if pending else None)
+        job = await append(
+            tx, job, [Draft(model.ANSWERED, {"toolCallId": call_id, "answer": answer})]
+        )
+        if await running_count(tx, job.agent_id) < model.SLOTS_PER_AGENT:
+            decision = model.claim(job, await tx.now())
+            job = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
+            await _enqueue_turn(tx, job, decision.queue_job_id)
+    log.info(
+        "agent job answered",
+        extra={"event": "agent_job.answered", "agentJobId": agent_job_id, "status": job.status},
+    )
+    return job
+
+
+async def cancel(store: Store, agent_job_id: str, *, reason: str) -> AgentJob:
+    """Stop a queued or waiting job now; for a running one, request the stop and abort the live
+    turn's queue job (the job is `stopped` when that turn settles). Raises `NotFoundError`,
+    `AlreadyTerminal`."""
+    async with store.transaction() as tx:
+        job = await job_for_update(tx, agent_job_id)
+        if job is None:
+            raise NotFoundError(f"no agent job {agent_job_id!r}")
+        if job.terminal:
+            raise AlreadyTerminal(f"agent job {agent_job_id!r} is {job.status}")
+        if job.status in ("queued", "waiting_on_user"):
+            job = await append(tx, job, [Draft(model.TRANSITIONED, model.stop_data(job, reason))])
+        elif not job.cancel_requested:
+            job = await append(tx, job, [Draft(model.CANCEL_REQUESTED, {"reason": reason})])
+            await _abort_turn(tx, job, reason)
+    log.info(
+        "agent job cancel",
+        extra={"event": "agent_job.cancel", "agentJobId": agent_job_id, "status": job.status},
+    )
+    return job
+
+
+async def _abort_turn(tx: Tx, job: AgentJob, reason: str) -> None:
+    assert job.queue_job_id is not None
+    turn_job = await tx.job_for_update(job.queue_job_id)
+    if turn_job is None or turn_job.terminal:
+        return  # already settled: its settlement writes `stopped`
+    if turn_job.status == "queued":
+        draft = Draft("job.canceled", {"reason": reason, "attempt": turn_job.attempt})
+    else:
+        draft = Draft(
+            "queue.command",
+            {
+                "commandId": f"cmd-{uuid.uuid4()}",
+                "type": "abort",
+                "lane": None,
+                "payload": None,
+                "reason": reason,
+            },
+        )
+    await tx.append_job(turn_job.job_id, turn_job, [draft])
+
+
+async def fail_overdue_input(
+    store: Store, agent_job_id: str, *, timeout_ms: int
+) -> AgentJob | None:
+    """Fail a job that waited for input past `timeout_ms` (re-checked under its row lock)."""
+    async with store.transaction() as tx:
+        job = await job_for_update(tx, agent_job_id)
+        if job is None or job.status != "waiting_on_user" or job.answer is not None:
+            return None
+        now = await tx.now()
+        if (now - job.updated_at).total_seconds() * 1000 < timeout_ms:
+            return None
+        return await append(
+            tx, job, [Draft(model.TRANSITIONED, model.input_timeout_data(job, timeout_ms))]
+        )
+
+
+# --- scans ------------------------------------------------------------------------------------
+
+
+async def _ids(store: Store, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async with store.transaction() as tx:
+        cur = await tx.conn.execute(query(name), params)
+        return [tuple(row) for row in await cur.fetchall()]
+
+
+async def ready(store: Store, limit: int = 200) -> list[tuple[str, str]]:
+    """`(agentJobId, agentId)` of jobs waiting only for a slot, oldest first."""
+    return [(str(a), str(b)) for a, b in await _ids(store, "agent_jobs_ready", {"limit": limit})]
+
+
+async def settled_turns(store: Store, limit: int = 200) -> list[str]:
+    """Running jobs whose turn's queue job is terminal."""
+    return [str(r[0]) for r in await _ids(store, "agent_jobs_settled_turns", {"limit": limit})]
+
+
+async def input_overdue(store: Store, timeout_ms: int, limit: int = 200) -> list[str]:
+    """Waiting, unanswered jobs whose last change is older than `timeout_ms`."""
+    rows = await _ids(store, "agent_jobs_input_overdue", {"timeout_ms": timeout_ms, "limit": limit})
+    return [str(r[0]) for r in rows]
+
+
+async def next_available_at(store: Store) -> Any:
+    """The soonest future `availableAt` of a queued job, or None."""
+    rows = await _ids(store, "agent_jobs_next_available_at", {})
+    return rows[0][0] if rows else None
+
+
+async def list_jobs(store: Store, params: dict[str, Any]) -> list[AgentJob]:
+    """A page of agent jobs, newest first (see the `agent_jobs_list` statement)."""
+    rows = await _ids(store, "agent_jobs_list", params)
+    return [AgentJob.model_validate(r[0]) for r in rows]
+
+
+async def running_by_agent(store: Store) -> dict[str, int]:
+    """Running agent jobs per agent id (the slots in use)."""
+    return {str(a): int(n) for a, n in await _ids(store, "agent_jobs_running_by_agent", {})}

@@ -1,0 +1,552 @@
+"""The agent job: statuses, the one transition table, the fold of `agent-jobs/<id>`, and the pure
+decisions of its lifecycle (claims, turn settlement, budgets). No I/O here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from receipts.errors import InvariantError
+from receipts.jobs import Receipt
+
+STATUSES: tuple[str, ...] = (
+    "queued",
+    "running",
+    "waiting_on_user",
+    "succeeded",
+    "failed",
+    "stopped",
+)
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
+WAKEUP_STATUSES: frozenset[str] = frozenset({"waiting_on_user", "succeeded", "failed"})
+Status = Literal["queued", "running", "waiting_on_user", "succeeded", "failed", "stopped"]
+
+# The one table. Every status change of an agent job goes through `transition_allowed`.
+TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "queued": frozenset({"running", "stopped"}),
+    "running": frozenset({"waiting_on_user", "succeeded", "failed", "stopped", "queued"}),
+    "waiting_on_user": frozenset({"running", "stopped", "failed"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "stopped": frozenset(),
+}
+
+SLOTS_PER_AGENT = 3
+MAX_ATTEMPTS = 5
+MAX_CONSECUTIVE_FAILURES = 5
+MAX_RETRY_DELAY_MS = 30_000
+DEFAULT_RETRY_BASE_MS = 1_000
+
+STREAM_PREFIX = "agent-jobs/"
+SESSION_STREAM_PREFIX = "sessions/"
+TURN_KIND = "agent_job.turn"
+TURN_AGENT_ID = "codex"
+
+CREATED = "agent_job.created"
+TRANSITIONED = "agent_job.transitioned"
+TURN_STARTED = "agent_job.turn_started"
+ANSWERED = "agent_job.answered"
+CANCEL_REQUESTED = "agent_job.cancel_requested"
+RECEIPT_TYPES: tuple[str, ...] = (CREATED, TRANSITIONED, TURN_STARTED, ANSWERED, CANCEL_REQUESTED)
+WAKEUP = "session.wakeup"
+
+
+def transition_allowed(from_status: str, to_status: str) -> bool:
+    """True when the table lets an agent job move from `from_status` to `to_status`."""
+    return to_status in TRANSITIONS.get(from_status, frozenset())
+
+
+def refused_message(agent_job_id: str, from_status: str, to_status: str) -> str:
+    """The error of a refused transition; it names both ends."""
+    return f"agent job {agent_job_id}: transition {from_status} -> {to_status} is not allowed"
+
+
+def stream_of(agent_job_id: str) -> str:
+    """`agent-jobs/<agentJobId>`."""
+    return STREAM_PREFIX + agent_job_id
+
+
+def session_stream(session_id: str) -> str:
+    """`sessions/<sessionId>`: the owner session's stream, where wakeups land."""
+    return SESSION_STREAM_PREFIX + session_id
+
+
+def wakeup_source_id(agent_job_id: str, status: str, attempt: int, turn: int) -> str:
+    """`<agentJobId>:<status>:<attempt>:<turn>`: unique per wakeup, so a replay writes nothing."""
+    return f"{agent_job_id}:{status}:{attempt}:{turn}"
+
+
+def queue_job_id(agent_job_id: str, attempt: int, turn: int | None = None) -> str:
+    """`<agentJobId>:attempt:<n>`, or `<agentJobId>:attempt:<n>:turn:<t>` for a later turn."""
+    base = f"{agent_job_id}:attempt:{attempt}"
+    return base if turn is None else f"{base}:turn:{turn}"
+
+
+def agent_job_id_of_queue_job(job_id: str) -> str | None:
+    """The agent job a turn's queue job belongs to (None for any other job id)."""
+    head, sep, _ = job_id.partition(":attempt:")
+    return head if sep else None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, alias_generator=to_camel, populate_by_name=True, extra="forbid"
+    )
+
+
+class ReplyRoute(_Model):
+    """Where the owner hears back: binding, channel, thread."""
+
+    binding: str
+    channel: str
+    thread: str | None = None
+
+
+class PendingToolCall(_Model):
+    """The question a waiting job asked, under the tool call id the answer must name."""
+
+    tool_call_id: str
+    question: str
+
+
+class AgentJob(_Model):
+    """The folded state of one agent job (the `agent_jobs` projection stores exactly this)."""
+
+    agent_job_id: str
+    agent_id: str
+    organization_id: str
+    user_id: str | None = None
+    owner_session_id: str
+    source_actor_event_id: str
+    source_tool_call_id: str
+    reply_route: ReplyRoute
+    input: dict[str, Any]
+    workspace_template: str | None = None
+    continued_from_job_id: str | None = None
+    workspace_owner_job_id: str
+    provider_binding: str | None = None
+    status: Status = "queued"
+    attempt: int = 0
+    turn: int = 0
+    consecutive_failures: int = 0
+    available_at: datetime | None = None
+    started_at: datetime | None = None
+    queue_job_id: str | None = None
+    queue_job_ids: tuple[str, ...] = ()
+    pending_tool_call: PendingToolCall | None = None
+    answer: dict[str, Any] | None = None
+    follow_up: Any = None
+    cancel_requested: bool = False
+    cancel_reason: str | None = None
+    result: Any = None
+    error: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None = None
+    seq: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        """True once succeeded, failed or stopped: nothing moves it after that."""
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def answer_pending(self) -> bool:
+        """A waiting job that has its answer and only waits for a slot."""
+        return self.status == "waiting_on_user" and self.answer is not None
+
+    def latest_status(self) -> dict[str, Any]:
+        """The latest-status projection: `interrupted` / `request_user_input` while waiting."""
+        if self.status == "waiting_on_user" and self.pending_tool_call is not None:
+            return {
+                "state": "interrupted",
+                "errorCode": "request_user_input",
+                "pendingToolCall": self.pending_tool_call.model_dump(mode="json", by_alias=True),
+                "answered": self.answer is not None,
+            }
+        return {"state": self.status, "errorCode": None, "pendingToolCall": None}
+
+    def to_json(self) -> dict[str, Any]:
+        """The camelCase JSON form (the projection's `state`)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _time(data: Mapping[str, Any], key: str) -> datetime | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+
+
+def _create(receipt: Receipt) -> AgentJob:
+    d = receipt.data
+    agent_job_id = str(d["agentJobId"])
+    return AgentJob(
+        agent_job_id=agent_job_id,
+        agent_id=str(d["agentId"]),
+        organization_id=str(d["organizationId"]),
+        user_id=d.get("userId"),
+        owner_session_id=str(d["ownerSessionId"]),
+        source_actor_event_id=str(d["sourceActorEventId"]),
+        source_tool_call_id=str(d["sourceToolCallId"]),
+        reply_route=ReplyRoute.model_validate(d["replyRoute"]),
+        input=dict(d["input"]),
+        workspace_template=d.get("workspaceTemplate"),
+        continued_from_job_id=d.get("continuedFromJobId"),
+        workspace_owner_job_id=str(d.get("workspaceOwnerJobId") or agent_job_id),
+        provider_binding=d.get("providerBinding"),
+        created_at=receipt.recorded_at,
+        updated_at=receipt.recorded_at,
+        seq=receipt.seq,
+    )
+
+
+def apply(job: AgentJob | None, receipt: Receipt) -> AgentJob:
+    """Fold one receipt of `agent-jobs/<id>`; raise `InvariantError` for one that cannot apply."""
+    kind, data, at = receipt.type, receipt.data, receipt.recorded_at
+    if job is None:
+        if kind != CREATED:
+            raise InvariantError(f"Invariant: no agent job for {receipt.stream}")
+        return _create(receipt)
+    changes: dict[str, Any]
+    if kind == TRANSITIONED:
+        changes = _transitioned(job, data, at)
+    elif kind == TURN_STARTED:
+        if job.status != "running":
+            raise InvariantError(f"agent job {job.agent_job_id}: a turn starts only while running")
+        queue_id = str(data["queueJobId"])
+        changes = {
+            "turn": int(data["turn"]),
+            "queue_job_id": queue_id,
+            "queue_job_ids": (*job.queue_job_ids, queue_id),
+            "follow_up": data.get("followUps"),
+        }
+    elif kind == ANSWERED:
+        if job.status != "waiting_on_user" or job.answer is not None:
+            raise InvariantError(f"agent job {job.agent_job_id} is not waiting for an answer")
+        changes = {"answer": {"toolCallId": data.get("toolCallId"), "answer": data.get("answer")}}
+    elif kind == CANCEL_REQUESTED:
+        if job.terminal:
+            raise InvariantError(f"agent job {job.agent_job_id} is {job.status}")
+        changes = {"cancel_requested": True, "cancel_reason": data.get("reason")}
+    elif kind == CREATED:
+        raise InvariantError(f"agent job {job.agent_job_id} exists already")
+    else:
+        raise InvariantError(f"Invariant: unknown receipt type {kind!r} on {receipt.stream}")
+    return job.model_copy(update={**changes, "seq": receipt.seq, "updated_at": at})
+
+
+def _transitioned(job: AgentJob, data: Mapping[str, Any], at: datetime) -> dict[str, Any]:
+    from_status, to_status = str(data["from"]), str(data["to"])
+    if from_status != job.status or not transition_allowed(from_status, to_status):
+        raise InvariantError(refused_message(job.agent_job_id, from_status, to_status))
+    changes: dict[str, Any] = {
+        "status": to_status,
+        "attempt": int(data.get("attempt", job.attempt)),
+        "turn": int(data.get("turn", job.turn)),
+        "consecutive_failures": int(data.get("consecutiveFailures", job.consecutive_failures)),
+        "available_at": _time(data, "availableAt"),
+    }
+    if to_status == "running":
+        queue_id = str(data["queueJobId"])
+        changes.update(
+            queue_job_id=queue_id,
+            queue_job_ids=(*job.queue_job_ids, queue_id),
+            started_at=job.started_at or at,
+            pending_tool_call=None,
+        )
+    else:
+        changes["queue_job_id"] = None
+    if data.get("clearStartedAt"):
+        changes["started_at"] = None
+    if to_status == "waiting_on_user":
+        changes["pending_tool_call"] = PendingToolCall.model_validate(data["pendingToolCall"])
+        changes["answer"] = None
+    if "error" in data:
+        changes["error"] = data.get("error")
+    if to_status in TERMINAL_STATUSES:
+        changes.update(settled_at=at, result=data.get("result"), pending_tool_call=None)
+    return changes
+
+
+def fold(receipts: Iterable[Receipt], job: AgentJob | None = None) -> AgentJob | None:
+    """Fold receipts in order, starting from `job` (None: the empty stream)."""
+    for receipt in receipts:
+        job = apply(job, receipt)
+    return job
+
+
+# --- decisions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A claim's transition data and the queue job it enqueues."""
+
+    data: dict[str, Any]
+    queue_job_id: str
+    continuation: bool
+
+
+def claimable(job: AgentJob, now: datetime) -> bool:
+    """True when the job waits only for a slot: queued and available, or answered."""
+    if job.status == "queued":
+        return job.available_at is None or job.available_at <= now
+    return job.answer_pending
+
+
+def _next_queue_id(job: AgentJob, attempt: int, turn: int) -> str:
+    first = queue_job_id(job.agent_job_id, attempt)
+    return (
+        first if first not in job.queue_job_ids else queue_job_id(job.agent_job_id, attempt, turn)
+    )
+
+
+def claim(job: AgentJob, now: datetime) -> Claim:
+    """The transition to `running`: a new attempt from `queued`, a continuation from an answer.
+
+    Raises `InvariantError` when the job is not claimable or its attempts are spent.
+    """
+    if not claimable(job, now):
+        raise InvariantError(f"agent job {job.agent_job_id} ({job.status}) is not claimable")
+    turn = job.turn + 1
+    if job.status == "queued":
+        attempt = job.attempt + 1
+        if attempt > MAX_ATTEMPTS:
+            raise InvariantError(
+                f"agent job {job.agent_job_id} has used its {MAX_ATTEMPTS} attempts"
+            )
+        queue_id = _next_queue_id(job, attempt, turn)
+        continuation = False
+    else:
+        attempt = job.attempt
+        queue_id = queue_job_id(job.agent_job_id, attempt, turn)
+        continuation = True
+    data = {
+        "from": job.status,
+        "to": "running",
+        "attempt": attempt,
+        "turn": turn,
+        "consecutiveFailures": job.consecutive_failures,
+        "queueJobId": queue_id,
+        "reason": "continuation" if continuation else "attempt",
+    }
+    return Claim(data, queue_id, continuation)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnReport:
+    """What the turn's queue job says: its status, whether it ever ran, and its result."""
+
+    status: str
+    started: bool
+    result: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What a settled turn does to the agent job: a transition, or the next turn."""
+
+    transition: dict[str, Any] | None = None
+    next_turn: int | None = None
+    next_prompt: Any = None
+
+
+def retry_delay_ms(
+    attempt: int, requested_ms: Any = None, base_ms: int = DEFAULT_RETRY_BASE_MS
+) -> int:
+    """The delay before the next attempt: the turn's `retryDelayMs` or `base × 2^(attempt-1)`,
+    never more than 30 s and never negative."""
+    if isinstance(requested_ms, int) and not isinstance(requested_ms, bool):
+        wanted = requested_ms
+    else:
+        wanted = base_ms * 2 ** max(attempt - 1, 0)
+    return max(0, min(MAX_RETRY_DELAY_MS, wanted))
+
+
+def _outcome(report: TurnReport) -> Mapping[str, Any]:
+    if report.status == "completed" and isinstance(report.result, Mapping):
+        return report.result
+    return {}
+
+
+def decide_settlement(
+    job: AgentJob, report: TurnReport, now: datetime, *, retry_base_ms: int = DEFAULT_RETRY_BASE_MS
+) -> Settlement:
+    """Decide what the settled turn of a running job does (see docs/agent-jobs.md, Settlement)."""
+    base = {"from": "running", "attempt": job.attempt, "turn": job.turn}
+    outcome = _outcome(report)
+    kind = outcome.get("outcome")
+    if job.cancel_requested:
+        return Settlement(
+            {
+                **base,
+                "to": "stopped",
+                "consecutiveFailures": job.consecutive_failures,
+                "reason": "canceled",
+                "error": job.cancel_reason or "canceled",
+                "result": {"turn": dict(outcome)} if outcome else None,
+            }
+        )
+    if not report.started:
+        refunded = max(job.attempt - 1, 0)
+        return Settlement(
+            {
+                **base,
+                "to": "queued",
+                "attempt": refunded,
+                "consecutiveFailures": job.consecutive_failures,
+                "refunded": True,
+                "clearStartedAt": refunded == 0,
+                "reason": "unstarted",
+                "error": report.error,
+            }
+        )
+    if kind == "done":
+        follow_ups = outcome.get("followUps") or []
+        if follow_ups:
+            return Settlement(next_turn=job.turn + 1, next_prompt=list(follow_ups))
+        return Settlement(
+            {
+                **base,
+                "to": "succeeded",
+                "consecutiveFailures": 0,
+                "reason": "done",
+                "result": outcome.get("result"),
+                "error": None,
+            }
+        )
+    if kind == "needs_input":
+        return Settlement(
+            {
+                **base,
+                "to": "waiting_on_user",
+                "consecutiveFailures": 0,
+                "reason": "needs_input",
+                "pendingToolCall": {
+                    "toolCallId": str(outcome.get("toolCallId")),
+                    "question": str(outcome.get("question")),
+                },
+            }
+        )
+    if kind == "quota_exhausted" and outcome.get("retryAt"):
+        retry_at = _time(outcome, "retryAt")
+        assert retry_at is not None
+        refunded = max(job.attempt - 1, 0)
+        return Settlement(
+            {
+                **base,
+                "to": "queued",
+                "attempt": refunded,
+                "consecutiveFailures": job.consecutive_failures,
+                "availableAt": max(retry_at, now).isoformat(),
+                "refunded": True,
+                "reason": "quota_delay",
+                "error": "quota exhausted",
+            }
+        )
+    return _failed_turn(job, report, outcome, now, base, retry_base_ms)
+
+
+def _failed_turn(
+    job: AgentJob,
+    report: TurnReport,
+    outcome: Mapping[str, Any],
+    now: datetime,
+    base: dict[str, Any],
+    retry_base_ms: int,
+) -> Settlement:
+    kind = outcome.get("outcome")
+    if kind == "failed":
+        error = str(outcome.get("error") or "the turn failed")
+        retryable = outcome.get("retryable", True) is not False
+    elif kind == "quota_exhausted":
+        error, retryable = "quota exhausted (no retryAt)", True
+    elif report.status == "completed":
+        error = str(outcome.get("error") or "the turn reported no outcome")
+        retryable = True
+    else:
+        error = f"turn {report.status}: {report.error or 'no detail'}"
+        retryable = True
+    failures = job.consecutive_failures + 1
+    if not retryable or failures >= MAX_CONSECUTIVE_FAILURES or job.attempt >= MAX_ATTEMPTS:
+        if not retryable:
+            why = "non-retryable"
+        elif failures >= MAX_CONSECUTIVE_FAILURES:
+            why = f"{MAX_CONSECUTIVE_FAILURES} consecutive turn failures"
+        else:
+            why = f"{MAX_ATTEMPTS} attempts used"
+        return Settlement(
+            {
+                **base,
+                "to": "failed",
+                "consecutiveFailures": min(failures, MAX_CONSECUTIVE_FAILURES),
+                "reason": why,
+                "error": error,
+            }
+        )
+    delay = retry_delay_ms(job.attempt, outcome.get("retryDelayMs"), retry_base_ms)
+    return Settlement(
+        {
+            **base,
+            "to": "queued",
+            "consecutiveFailures": failures,
+            "availableAt": (now + timedelta(milliseconds=delay)).isoformat(),
+            "retryDelayMs": delay,
+            "reason": "retry",
+            "error": error,
+        }
+    )
+
+
+def stop_data(job: AgentJob, reason: str) -> dict[str, Any]:
+    """The transition of a queued or waiting job straight to `stopped`."""
+    return {
+        "from": job.status,
+        "to": "stopped",
+        "attempt": job.attempt,
+        "turn": job.turn,
+        "consecutiveFailures": job.consecutive_failures,
+        "reason": "canceled",
+        "error": reason,
+    }
+
+
+def input_timeout_data(job: AgentJob, timeout_ms: int) -> dict[str, Any]:
+    """The transition of a job that waited past the input timeout to `failed`."""
+    return {
+        "from": "waiting_on_user",
+        "to": "failed",
+        "attempt": job.attempt,
+        "turn": job.turn,
+        "consecutiveFailures": job.consecutive_failures,
+        "reason": "input_timeout",
+        "error": f"no answer within {timeout_ms} ms (RECEIPT_AGENT_JOB_INPUT_TIMEOUT_MS)",
+    }
+
+
+def wakeup_data(job: AgentJob) -> dict[str, Any]:
+    """The `session.wakeup` a job in a wakeup status appends to its owner session."""
+    data: dict[str, Any] = {
+        "sourceId": wakeup_source_id(job.agent_job_id, job.status, job.attempt, job.turn),
+        "agentJobId": job.agent_job_id,
+        "agentId": job.agent_id,
+        "status": job.status,
+        "attempt": job.attempt,
+        "turn": job.turn,
+        "replyRoute": job.reply_route.model_dump(mode="json", by_alias=True),
+        "sourceActorEventId": job.source_actor_event_id,
+        "sourceToolCallId": job.source_tool_call_id,
+        "latestStatus": job.latest_status(),
+    }
+    if job.status == "succeeded":
+        data["result"] = job.result
+    elif job.status == "failed":
+        data["error"] = job.error
+    return data

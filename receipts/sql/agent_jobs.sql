@@ -1,0 +1,89 @@
+-- Background agent jobs (see migrations/0005_agent_jobs.sql and docs/agent-jobs.md).
+
+-- name: agent_job_for_update
+SELECT now(), state FROM agent_jobs WHERE agent_job_id = %(agent_job_id)s FOR UPDATE;
+
+-- name: agent_job_get
+SELECT state FROM agent_jobs WHERE agent_job_id = %(agent_job_id)s;
+
+-- name: agent_job_by_source
+SELECT state FROM agent_jobs
+WHERE organization_id = %(organization_id)s AND owner_session_id = %(owner_session_id)s
+  AND source_tool_call_id = %(source_tool_call_id)s;
+
+-- name: agent_job_upsert
+INSERT INTO agent_jobs (agent_job_id, seq, organization_id, agent_id, owner_session_id,
+                        source_tool_call_id, status, attempt, turn, consecutive_failures,
+                        available_at, answer_pending, cancel_requested, queue_job_id,
+                        created_at, updated_at, state)
+VALUES (%(agent_job_id)s, %(seq)s, %(organization_id)s, %(agent_id)s, %(owner_session_id)s,
+        %(source_tool_call_id)s, %(status)s, %(attempt)s, %(turn)s, %(consecutive_failures)s,
+        %(available_at)s, %(answer_pending)s, %(cancel_requested)s, %(queue_job_id)s,
+        %(created_at)s, %(updated_at)s, %(state)s)
+ON CONFLICT (agent_job_id) DO UPDATE SET
+    seq = EXCLUDED.seq, status = EXCLUDED.status, attempt = EXCLUDED.attempt,
+    turn = EXCLUDED.turn, consecutive_failures = EXCLUDED.consecutive_failures,
+    available_at = EXCLUDED.available_at, answer_pending = EXCLUDED.answer_pending,
+    cancel_requested = EXCLUDED.cancel_requested, queue_job_id = EXCLUDED.queue_job_id,
+    updated_at = EXCLUDED.updated_at, state = EXCLUDED.state;
+
+-- name: agent_slots_running
+-- Occupancy, derived: the agent's running jobs (the caller holds the agent's slot lock).
+SELECT count(*) FROM agent_jobs WHERE agent_id = %(agent_id)s AND status = 'running';
+
+-- name: agent_session_claim
+INSERT INTO agent_sessions (session_id, organization_id)
+VALUES (%(session_id)s, %(organization_id)s)
+ON CONFLICT (session_id) DO NOTHING;
+
+-- name: agent_session_get
+SELECT organization_id FROM agent_sessions WHERE session_id = %(session_id)s;
+
+-- name: agent_wakeup_record
+INSERT INTO agent_job_wakeups (source_id, agent_job_id, session_id, session_seq)
+VALUES (%(source_id)s, %(agent_job_id)s, %(session_id)s, %(session_seq)s)
+ON CONFLICT (source_id) DO NOTHING
+RETURNING source_id;
+
+-- name: agent_wakeup_exists
+SELECT 1 FROM agent_job_wakeups WHERE source_id = %(source_id)s;
+
+-- name: agent_jobs_ready
+-- Agent jobs waiting only for a slot, oldest first, with their agents.
+SELECT agent_job_id, agent_id FROM agent_jobs
+WHERE (status = 'queued' AND (available_at IS NULL OR available_at <= now()))
+   OR (status = 'waiting_on_user' AND answer_pending)
+ORDER BY updated_at, agent_job_id
+LIMIT %(limit)s;
+
+-- name: agent_jobs_next_available_at
+SELECT min(available_at) FROM agent_jobs WHERE status = 'queued' AND available_at > now();
+
+-- name: agent_jobs_settled_turns
+-- Running agent jobs whose turn's queue job is terminal: their settlement is due.
+SELECT a.agent_job_id FROM agent_jobs a JOIN jobs j ON j.job_id = a.queue_job_id
+WHERE a.status = 'running' AND j.status IN ('completed', 'failed', 'canceled')
+ORDER BY a.updated_at
+LIMIT %(limit)s;
+
+-- name: agent_jobs_input_overdue
+SELECT agent_job_id FROM agent_jobs
+WHERE status = 'waiting_on_user' AND NOT answer_pending
+  AND updated_at <= now() - make_interval(secs => %(timeout_ms)s / 1000.0)
+ORDER BY updated_at
+LIMIT %(limit)s;
+
+-- name: agent_jobs_list
+SELECT state FROM agent_jobs
+WHERE (%(all_organizations)s OR organization_id = %(caller_organization_id)s)
+  AND (%(organization_id)s::text IS NULL OR organization_id = %(organization_id)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s)
+  AND (%(owner_session_id)s::text IS NULL OR owner_session_id = %(owner_session_id)s)
+  AND (%(before_created_at)s::timestamptz IS NULL
+       OR (created_at, agent_job_id) < (%(before_created_at)s, %(before_id)s))
+ORDER BY created_at DESC, agent_job_id DESC
+LIMIT %(limit)s;
+
+-- name: agent_jobs_running_by_agent
+SELECT agent_id, count(*) FROM agent_jobs WHERE status = 'running' GROUP BY agent_id;

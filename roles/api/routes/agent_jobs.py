@@ -1,0 +1,327 @@
+"""Agent-job routes: create, read, answer (organization tokens) and the admin console."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs import model as agent_model
+from receipts.agent_jobs.model import AgentJob
+from receipts.agent_jobs.registry import RegistryError, load_registry, registry_path
+from receipts.agent_jobs.requests import parse_answer, parse_create
+from receipts.errors import ConflictError, InvalidInput, NotFoundError
+from receipts.jobs import job_stream
+from roles.api.app import (
+    ApiError,
+    ApiState,
+    Caller,
+    State,
+    _takes_query,
+    decode_cursor,
+    read_json_body,
+)
+from roles.api.auth import Principal
+
+router = APIRouter(tags=["agent-jobs"])
+
+AgentJobId = Annotated[str, Path(alias="agentJobId", description="The agent job id")]
+LIST_QUERY = ("status", "agentId", "ownerSessionId", "organizationId", "limit", "cursor")
+
+
+def _path(request: Request, suffix: str) -> str:
+    return f"{request.scope.get('root_path', '')}{suffix}"
+
+
+def agent_job_view(job: AgentJob, request: Request | None = None) -> dict[str, Any]:
+    """The agent job as the API shows it: its folded state, latest status and links."""
+    view = job.to_json()
+    view["latestStatus"] = job.latest_status()
+    view["stream"] = agent_model.stream_of(job.agent_job_id)
+    view["sessionStream"] = agent_model.session_stream(job.owner_session_id)
+    if request is not None:
+        quoted = quote(job.agent_job_id, safe="")
+        view["links"] = {
+            "self": _path(request, f"/agent-jobs/{quoted}"),
+            "events": _path(request, f"/agent-jobs/{quoted}/events"),
+            "input": _path(request, f"/agent-jobs/{quoted}/input"),
+            "sessionEvents": _path(
+                request, f"/sessions/{quote(job.owner_session_id, safe='')}/events"
+            ),
+            "turnJob": (
+                _path(request, f"/jobs/{quote(job.queue_job_id, safe='')}")
+                if job.queue_job_id
+                else None
+            ),
+        }
+    return view
+
+
+async def visible_agent_job(state: ApiState, caller: Principal, agent_job_id: str) -> AgentJob:
+    """The agent job if the caller may see it; another organization's looks like none (404)."""
+    job = await lifecycle.get(state.require_store(), agent_job_id)
+    if job is None or not caller.sees(job.organization_id):
+        raise ApiError(404, "not_found", f"no agent job {agent_job_id!r}", field="agentJobId")
+    return job
+
+
+def _require_admin(caller: Principal) -> None:
+    if not caller.admin:
+        raise ApiError(403, "forbidden", "the console needs an admin token")
+
+
+def _check_agent(agent_id: str) -> None:
+    """Refuse an agent the registry does not know, when this process can read the registry."""
+    if registry_path() is None:
+        return
+    try:
+        registry = load_registry()
+    except RegistryError:
+        return  # the turn reports a broken registry; creating the job writes nothing wrong
+    if registry.get(agent_id) is None:
+        known = tuple(sorted(registry.agents))
+        raise InvalidInput("agentId", f"agentId {agent_id!r} is not in the agents registry", known)
+
+
+@router.post("/agent-jobs", status_code=201)
+async def create_agent_job(request: Request, state: State, caller: Caller) -> JSONResponse:
+    """Create a background agent job for the token's organization (201; 200 for a retried
+    create of the same `sourceToolCallId` in the same owner session)."""
+    body = await read_json_body(request, state.settings.max_body_bytes)
+    if not isinstance(body, dict):
+        raise InvalidInput("body", "the request body must be a JSON object")
+    organization_id = caller.organization_id
+    named = body.pop("organizationId", None)
+    if caller.admin and organization_id is None:
+        if not isinstance(named, str) or not named.strip():
+            raise InvalidInput(
+                "organizationId", "an admin token must name the organizationId of the job"
+            )
+        organization_id = named
+    elif named is not None and named != organization_id:
+        raise ApiError(
+            403,
+            "forbidden",
+            "organizationId is not the token's organization",
+            field="organizationId",
+        )
+    assert organization_id is not None
+    create = parse_create(body, organization_id)
+    _check_agent(create.agent_id)
+    try:
+        job, created = await lifecycle.create(state.require_store(), create)
+    except ConflictError as exc:
+        raise ApiError(409, "conflict", str(exc), field="ownerSessionId") from exc
+    return JSONResponse(
+        {"agentJob": agent_job_view(job, request), "created": created},
+        status_code=201 if created else 200,
+    )
+
+
+@router.get("/agent-jobs", dependencies=[_takes_query(*LIST_QUERY)])
+async def list_agent_jobs(
+    request: Request,
+    state: State,
+    caller: Caller,
+    status: Annotated[str | None, Query()] = None,
+    agent_id: Annotated[str | None, Query(alias="agentId", max_length=200)] = None,
+    owner_session_id: Annotated[str | None, Query(alias="ownerSessionId", max_length=200)] = None,
+    organization_id: Annotated[str | None, Query(alias="organizationId", max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=1000)] = None,
+) -> JSONResponse:
+    """The caller's agent jobs, newest first (keyset cursor)."""
+    return await _list(
+        request, state, caller, status, agent_id, owner_session_id, organization_id, limit, cursor
+    )
+
+
+async def _list(
+    request: Request,
+    state: ApiState,
+    caller: Principal,
+    status: str | None,
+    agent_id: str | None,
+    owner_session_id: str | None,
+    organization_id: str | None,
+    limit: int,
+    cursor: str | None,
+) -> JSONResponse:
+    if status is not None and status not in agent_model.STATUSES:
+        raise InvalidInput(
+            "status",
+            f"status must be one of: {', '.join(agent_model.STATUSES)}",
+            agent_model.STATUSES,
+        )
+    before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
+    params = {
+        "all_organizations": caller.admin,
+        "caller_organization_id": caller.organization_id,
+        "organization_id": organization_id,
+        "status": status,
+        "agent_id": agent_id,
+        "owner_session_id": owner_session_id,
+        "before_created_at": before_at,
+        "before_id": before_id,
+        "limit": limit + 1,
+    }
+    found = await lifecycle.list_jobs(state.require_store(), params)
+    page = found[:limit]
+    next_cursor = _cursor(page[-1]) if len(found) > limit else None
+    return JSONResponse(
+        {"agentJobs": [agent_job_view(j, request) for j in page], "nextCursor": next_cursor}
+    )
+
+
+def _cursor(job: AgentJob) -> str:
+    """The opaque cursor after `job` (the same shape `decode_cursor` reads for jobs)."""
+    raw = json.dumps([job.created_at.isoformat(), job.agent_job_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+@router.get("/agent-jobs/{agentJobId}", dependencies=[_takes_query()])
+async def get_agent_job(
+    request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
+) -> JSONResponse:
+    """The agent job: status, attempt, turn, latest status (pending tool call while waiting)."""
+    return JSONResponse(
+        agent_job_view(await visible_agent_job(state, caller, agent_job_id), request)
+    )
+
+
+@router.get("/agent-jobs/{agentJobId}/events", dependencies=[_takes_query("after", "limit")])
+async def agent_job_events(
+    state: State,
+    caller: Caller,
+    agent_job_id: AgentJobId,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> JSONResponse:
+    """The receipts of `agent-jobs/<id>` after `after`."""
+    job = await visible_agent_job(state, caller, agent_job_id)
+    receipts = await state.require_store().read_stream(
+        agent_model.stream_of(job.agent_job_id), after, limit
+    )
+    return JSONResponse(
+        {
+            "agentJobId": job.agent_job_id,
+            "stream": agent_model.stream_of(job.agent_job_id),
+            "status": job.status,
+            "receipts": [r.to_json() for r in receipts],
+            "lastSeq": receipts[-1].seq if receipts else after,
+        }
+    )
+
+
+@router.post("/agent-jobs/{agentJobId}/input", status_code=202, dependencies=[_takes_query()])
+async def answer_agent_job(
+    request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
+) -> JSONResponse:
+    """Answer a job waiting for input; it continues at once if its agent has a free slot."""
+    answer, tool_call_id = parse_answer(
+        await read_json_body(request, state.settings.max_body_bytes)
+    )
+    await visible_agent_job(state, caller, agent_job_id)
+    try:
+        job = await lifecycle.answer(
+            state.require_store(), agent_job_id, answer=answer, tool_call_id=tool_call_id
+        )
+    except lifecycle.NotWaiting as exc:
+        raise ApiError(409, "not_waiting", str(exc)) from exc
+    except NotFoundError as exc:
+        raise ApiError(404, "not_found", str(exc), field="agentJobId") from exc
+    return JSONResponse({"agentJob": agent_job_view(job, request)}, status_code=202)
+
+
+# --- the operator console (admin tokens only) -------------------------------------------------
+
+
+@router.get("/console/agent-jobs", dependencies=[_takes_query(*LIST_QUERY)])
+async def console_list(
+    request: Request,
+    state: State,
+    caller: Caller,
+    status: Annotated[str | None, Query()] = None,
+    agent_id: Annotated[str | None, Query(alias="agentId", max_length=200)] = None,
+    owner_session_id: Annotated[str | None, Query(alias="ownerSessionId", max_length=200)] = None,
+    organization_id: Annotated[str | None, Query(alias="organizationId", max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=1000)] = None,
+) -> JSONResponse:
+    """Every organization's agent jobs, newest first, with filters and a cursor."""
+    _require_admin(caller)
+    return await _list(
+        request, state, caller, status, agent_id, owner_session_id, organization_id, limit, cursor
+    )
+
+
+@router.get("/console/agent-jobs/{agentJobId}", dependencies=[_takes_query()])
+async def console_show(
+    request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
+) -> JSONResponse:
+    """State, attempts (the turns' queue jobs), latest status, wakeups and the receipts."""
+    _require_admin(caller)
+    job = await visible_agent_job(state, caller, agent_job_id)
+    store = state.require_store()
+    turns = []
+    for queue_id in job.queue_job_ids:
+        turn_job = await store.get_job(queue_id)
+        turns.append(
+            {
+                "jobId": queue_id,
+                "stream": job_stream(queue_id),
+                "status": turn_job.status if turn_job else None,
+                "result": turn_job.result if turn_job else None,
+                "error": turn_job.error if turn_job else None,
+            }
+        )
+    session = await store.read_stream(agent_model.session_stream(job.owner_session_id))
+    wakeups = [
+        r.to_json()
+        for r in session
+        if r.type == agent_model.WAKEUP and r.data.get("agentJobId") == job.agent_job_id
+    ]
+    receipts = await store.read_stream(agent_model.stream_of(job.agent_job_id))
+    return JSONResponse(
+        {
+            "agentJob": agent_job_view(job, request),
+            "turns": turns,
+            "wakeups": wakeups,
+            "receipts": [r.to_json() for r in receipts],
+        }
+    )
+
+
+@router.post(
+    "/console/agent-jobs/{agentJobId}/cancel", status_code=202, dependencies=[_takes_query()]
+)
+async def console_cancel(
+    request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
+) -> JSONResponse:
+    """Drive the job to `stopped`. A live turn is not yanked: its queue job gets an abort and
+    the job is `stopped` when that turn settles (its slot held until then)."""
+    _require_admin(caller)
+    reason = "canceled by an operator"
+    raw = await request.body()
+    if raw.strip():
+        body = await read_json_body(request, state.settings.max_body_bytes)
+        if not isinstance(body, dict) or set(body) - {"reason"}:
+            raise InvalidInput("body", "the body may only carry 'reason'", ("reason",))
+        given = body.get("reason")
+        if given is not None:
+            if not isinstance(given, str) or len(given) > 1000:
+                raise InvalidInput("reason", "reason must be a string of at most 1000 characters")
+            reason = given
+    await visible_agent_job(state, caller, agent_job_id)
+    try:
+        job = await lifecycle.cancel(state.require_store(), agent_job_id, reason=reason)
+    except lifecycle.AlreadyTerminal as exc:
+        raise ApiError(409, "terminal_state", str(exc)) from exc
+    except NotFoundError as exc:
+        raise ApiError(404, "not_found", str(exc), field="agentJobId") from exc
+    return JSONResponse({"agentJob": agent_job_view(job, request)}, status_code=202)

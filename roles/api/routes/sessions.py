@@ -1,0 +1,128 @@
+"""Session routes: the owner session's stream (`sessions/<id>`), where agent-job wakeups land."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs.model import session_stream
+from receipts.errors import InvalidInput, TransientStorageError
+from receipts.listen import RECONNECTED, Listener
+from receipts.store import Store
+from roles.api.app import (
+    _STOP,
+    SSE_PAGE,
+    SSE_RETRY_MS,
+    ApiError,
+    Caller,
+    State,
+    _next_notice,
+    _takes_query,
+    sse_receipt,
+)
+
+log = logging.getLogger("roles.api.routes.sessions")
+router = APIRouter(tags=["sessions"])
+
+SessionId = Annotated[str, Path(alias="sessionId", description="The owner session id")]
+
+
+async def session_events(
+    store: Store,
+    listener: Listener,
+    stopping: asyncio.Event,
+    stream: str,
+    after: int,
+    keepalive_s: float,
+) -> AsyncIterator[str]:
+    """Yield a session stream's receipts past `after` as SSE events, live, until the client
+    leaves or the server stops (a session has no terminal receipt). Resumable: `id` is the seq.
+
+    The subscription opens before the backlog is read, so no append falls between the two.
+    """
+    last = after
+    async with listener.subscribe() as notices:
+        yield f"retry: {SSE_RETRY_MS}\n\n"
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            while True:
+                try:
+                    batch = await store.read_stream(stream, last, SSE_PAGE)
+                except TransientStorageError as exc:
+                    log.warning(
+                        "session stream lost the database",
+                        extra={
+                            "event": "api.sse_storage_lost",
+                            "stream": stream,
+                            "error": str(exc),
+                        },
+                    )
+                    return
+                for receipt in batch:
+                    last = receipt.seq
+                    yield sse_receipt(receipt)
+                if len(batch) == SSE_PAGE:
+                    continue
+                while True:
+                    notice = await _next_notice(notices, stop, keepalive_s)
+                    if notice is None:
+                        yield ": keepalive\n\n"
+                    elif notice is _STOP:
+                        return
+                    elif notice is RECONNECTED or (notice.stream == stream and notice.seq > last):
+                        break
+        finally:
+            stop.cancel()
+
+
+@router.get("/sessions/{sessionId}/events", dependencies=[_takes_query("after", "limit")])
+async def get_session_events(
+    request: Request,
+    state: State,
+    caller: Caller,
+    session_id: SessionId,
+    after: Annotated[int, Query(ge=0, description="Only receipts with seq > after")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> Any:
+    """The owner session's receipts (wakeups) in order; with `Accept: text/event-stream` a live,
+    resumable stream (`Last-Event-ID`)."""
+    store = state.require_store()
+    owner = await lifecycle.session_organization(store, session_id)
+    if owner is None or not caller.sees(owner):
+        raise ApiError(404, "not_found", f"no session {session_id!r}", field="sessionId")
+    resume = after
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id is not None:
+        if not last_event_id.strip().isdigit() or not last_event_id.isascii():
+            raise InvalidInput("Last-Event-ID", "Last-Event-ID must be a receipt seq (>= 0)")
+        resume = int(last_event_id)
+    stream = session_stream(session_id)
+    if "text/event-stream" in request.headers.get("accept", ""):
+        assert state.listener is not None
+        events = session_events(
+            store,
+            state.listener,
+            state.stopping,
+            stream,
+            resume,
+            keepalive_s=state.settings.sse_keepalive_ms / 1000,
+        )
+        return StreamingResponse(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    receipts = await store.read_stream(stream, resume, limit)
+    body = {
+        "sessionId": session_id,
+        "stream": stream,
+        "receipts": [r.to_json() for r in receipts],
+        "lastSeq": receipts[-1].seq if receipts else resume,
+    }
+    return JSONResponse(body)

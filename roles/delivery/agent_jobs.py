@@ -1,0 +1,171 @@
+"""The agent-job dispatcher: settles finished turns, claims slots for waiting jobs, fails
+unanswered ones past the input timeout. Woken by notices, backed by a periodic redrive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs.model import SLOTS_PER_AGENT, STREAM_PREFIX, agent_job_id_of_queue_job
+from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.errors import ReceiptError
+from receipts.jobs import JOB_STREAM_PREFIX
+from receipts.listen import RECONNECTED, Listener, Notice
+from receipts.store import Store
+
+log = logging.getLogger("roles.delivery.agent_jobs")
+
+PASSES = Histogram(
+    "receipt_agent_job_dispatch_pass_seconds", "Agent-job dispatcher pass durations."
+)
+ACTIONS = Counter(
+    "receipt_agent_job_dispatch_actions",
+    "What agent-job dispatcher passes did (claimed, settled, input_timeout, no_slot).",
+    ["action"],
+)
+RUNNING = Gauge(
+    "receipt_agent_jobs_running", "Running agent jobs (slots in use) by agent.", ["agent"]
+)
+TURN_SETTLED_TYPES = frozenset({"job.completed", "job.failed", "job.canceled", "job.lease_expired"})
+MAX_IDLE_S = 60.0
+
+
+@dataclass
+class DispatchPass:
+    """What one pass did."""
+
+    settled: int = 0
+    claimed: int = 0
+    no_slot: int = 0
+    timed_out: int = 0
+
+
+class AgentJobDispatcher:
+    """One pass (`run_once`): settle running jobs whose turn's queue job is terminal, fail
+    waiting jobs past `RECEIPT_AGENT_JOB_INPUT_TIMEOUT_MS`, then claim ready jobs agent by agent
+    while that agent has a free slot. `run` repeats it on every relevant notice, at the soonest
+    `availableAt`, and at least every redrive interval."""
+
+    name = "agent_job_dispatcher"
+
+    def __init__(
+        self, store: Store, listener: Listener | None, settings: AgentJobSettings | None = None
+    ) -> None:
+        self.store = store
+        self.listener = listener
+        self.settings = settings or AgentJobSettings()
+
+    async def run_once(self) -> DispatchPass:
+        """One pass; each job in its own transaction, so one failure stops nothing else."""
+        started = time.monotonic()
+        result = DispatchPass()
+        for agent_job_id in await lifecycle.settled_turns(self.store):
+            settled = await lifecycle.settle_turn(
+                self.store, agent_job_id, retry_base_ms=self.settings.retry_base_ms
+            )
+            if settled is not None:
+                result.settled += 1
+        if self.settings.input_timeout_ms is not None:
+            for agent_job_id in await lifecycle.input_overdue(
+                self.store, self.settings.input_timeout_ms
+            ):
+                if await lifecycle.fail_overdue_input(
+                    self.store, agent_job_id, timeout_ms=self.settings.input_timeout_ms
+                ):
+                    result.timed_out += 1
+        full: set[str] = set()
+        for agent_job_id, agent_id in await lifecycle.ready(self.store):
+            if agent_id in full:
+                result.no_slot += 1
+                continue
+            claimed = await lifecycle.claim_any(self.store, agent_job_id, agent_id)
+            if claimed is not None:
+                result.claimed += 1
+            elif await self._agent_full(agent_id):
+                full.add(agent_id)
+                result.no_slot += 1
+        for action in ("settled", "claimed", "no_slot", "timed_out"):
+            if count := getattr(result, action):
+                ACTIONS.labels(action).inc(count)
+        for agent, running in (await lifecycle.running_by_agent(self.store)).items():
+            RUNNING.labels(agent).set(running)
+        PASSES.observe(time.monotonic() - started)
+        if result.settled or result.claimed or result.timed_out:
+            log.info(
+                "agent-job dispatch pass",
+                extra={
+                    "event": "agent_job.dispatch_pass",
+                    "settled": result.settled,
+                    "claimed": result.claimed,
+                    "noSlot": result.no_slot,
+                    "timedOut": result.timed_out,
+                },
+            )
+        return result
+
+    async def _agent_full(self, agent_id: str) -> bool:
+        async with self.store.transaction() as tx:
+            return await lifecycle.running_count(tx, agent_id) >= SLOTS_PER_AGENT
+
+    async def _timeout(self) -> float:
+        interval = self.settings.redrive_interval_ms / 1000
+        soonest = await lifecycle.next_available_at(self.store)
+        if soonest is None:
+            return min(interval, MAX_IDLE_S)
+        delay = (soonest - await self.store.now()).total_seconds()
+        return min(interval, MAX_IDLE_S, max(0.05, delay))
+
+    @staticmethod
+    def wakes_on(notice: Notice) -> bool:
+        """A notice that may change what a pass would do: any agent-job append, or a terminal
+        receipt of a turn's queue job (its agent job's settlement is due)."""
+        if notice is RECONNECTED or notice.stream.startswith(STREAM_PREFIX):
+            return True
+        if notice.stream.startswith(JOB_STREAM_PREFIX):
+            job_id = notice.stream[len(JOB_STREAM_PREFIX) :]
+            return agent_job_id_of_queue_job(job_id) is not None and bool(
+                TURN_SETTLED_TYPES.intersection(notice.types)
+            )
+        return False
+
+    async def _pass(self) -> None:
+        try:
+            await self.run_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the dispatcher outlives any failing pass; the next one retries
+            log.warning(
+                "agent-job dispatch pass failed",
+                exc_info=not isinstance(exc, ReceiptError),
+                extra={"event": "agent_job.dispatch_failed", "error": str(exc)},
+            )
+
+    async def run(self) -> None:
+        """Dispatch until cancelled (needs a listener)."""
+        assert self.listener is not None
+        async with self.listener.subscribe() as notices:
+            await self._pass()
+            while True:
+                timeout = await self._timeout_or_default()
+                woke = False
+                with contextlib.suppress(TimeoutError):
+                    notice = await asyncio.wait_for(notices.get(), timeout)
+                    woke = self.wakes_on(notice)
+                    # Coalesce a burst of notices into one pass.
+                    while not notices.empty():
+                        woke = self.wakes_on(notices.get_nowait()) or woke
+                    if not woke:
+                        continue
+                await self._pass()
+
+    async def _timeout_or_default(self) -> float:
+        try:
+            return await self._timeout()
+        except ReceiptError:
+            return self.settings.redrive_interval_ms / 1000
