@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""A scripted agent for the tests: reads the turn request on stdin, does what its prompt says,
+and prints one outcome as the last JSON line of stdout (the turn protocol, docs/agent-jobs.md).
+
+Prompts: `done:<text>`; `ask:<question>` (needs_input on the first turn, done with the answer
+on the continuation); `fail` / `fail-hard` (retryable / not); `fail-delay:<ms>`; `crash` (exit 3,
+no outcome); `quota:<seconds>` (quota_exhausted with retryAt once, then done); `quota-bare`;
+`sleep:<seconds>` (then done); `steer` (wait for a steer line, then done with its payload);
+`agents-md` (done with the workspace's AGENTS.md). A turn with follow-ups answers them.
+"""
+
+import json
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+
+def emit(outcome: dict) -> None:
+    print("working...", flush=True)
+    print(json.dumps(outcome), flush=True)
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.readline())
+    prompt = request.get("prompt") or ""
+    mode, _, arg = prompt.partition(":")
+    if request.get("followUps"):
+        emit(
+            {
+                "outcome": "done",
+                "result": {"followUps": request["followUps"], "turn": request["turn"]},
+            }
+        )
+        return 0
+    if mode == "done":
+        emit({"outcome": "done", "result": {"text": arg, "turn": request["turn"]}})
+    elif mode == "ask":
+        if "answer" in request:
+            emit({"outcome": "done", "result": {"answer": request["answer"]}})
+        else:
+            emit(
+                {"outcome": "needs_input", "question": arg, "toolCallId": f"call-{request['turn']}"}
+            )
+    elif mode == "fail":
+        emit({"outcome": "failed", "error": "scripted failure"})
+    elif mode == "fail-hard":
+        emit({"outcome": "failed", "error": "scripted fatal failure", "retryable": False})
+    elif mode == "fail-delay":
+        emit({"outcome": "failed", "error": "scripted failure", "retryDelayMs": int(arg)})
+    elif mode == "crash":
+        print("not json at all", flush=True)
+        return 3
+    elif mode == "quota":
+        marker = Path("quota-used")
+        if marker.exists():
+            emit({"outcome": "done", "result": {"afterQuota": True}})
+        else:
+            marker.write_text("1")
+            retry_at = datetime.now(UTC) + timedelta(seconds=float(arg))
+            emit({"outcome": "quota_exhausted", "retryAt": retry_at.isoformat()})
+    elif mode == "quota-bare":
+        emit({"outcome": "quota_exhausted"})
+    elif mode == "sleep":
+        time.sleep(float(arg))
+        emit({"outcome": "done", "result": {"slept": float(arg)}})
+    elif mode == "steer":
+        line = sys.stdin.readline()
+        steer = json.loads(line) if line else None
+        time.sleep(float(arg or 0))
+        emit({"outcome": "done", "result": {"steer": steer}})
+    elif mode == "agents-md":
+        emit({"outcome": "done", "result": {"agentsMd": Path("AGENTS.md").read_text()}})
+    else:
+        emit(
+            {
+                "outcome": "failed",
+                "error": f"unknown scripted prompt {prompt!r}",
+                "retryable": False,
+            }
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

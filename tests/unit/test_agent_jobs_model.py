@@ -1,0 +1,349 @@
+"""The agent job's pure model: the transition table (every pair), the fold, claims, the
+settlement decisions and budgets, and the turn protocol."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from receipts.agent_jobs import model, protocol
+from receipts.agent_jobs.model import AgentJob, TurnReport
+from receipts.agent_jobs.registry import AgentDefinition, RegistryError, parse_registry
+from receipts.errors import InvariantError
+from receipts.jobs import Receipt
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+ALLOWED = {
+    ("queued", "running"),
+    ("queued", "stopped"),
+    ("running", "waiting_on_user"),
+    ("running", "succeeded"),
+    ("running", "failed"),
+    ("running", "stopped"),
+    ("running", "queued"),
+    ("waiting_on_user", "running"),
+    ("waiting_on_user", "stopped"),
+    ("waiting_on_user", "failed"),
+}
+
+
+@pytest.mark.parametrize(("src", "dst"), list(itertools.product(model.STATUSES, repeat=2)))
+def test_transition_table_every_pair(src: str, dst: str) -> None:
+    assert model.transition_allowed(src, dst) is ((src, dst) in ALLOWED)
+
+
+def test_terminal_statuses_move_nowhere() -> None:
+    for terminal in model.TERMINAL_STATUSES:
+        assert not any(model.transition_allowed(terminal, to) for to in model.STATUSES)
+
+
+def _receipt(seq: int, type_: str, data: dict[str, Any], at: datetime = T0) -> Receipt:
+    return Receipt("agent-jobs/aj-1", seq, type_, data, at)
+
+
+def created() -> AgentJob:
+    job = model.apply(
+        None,
+        _receipt(
+            1,
+            model.CREATED,
+            {
+                "agentJobId": "aj-1",
+                "agentId": "writer",
+                "organizationId": "org-a",
+                "ownerSessionId": "s-1",
+                "sourceActorEventId": "ev-1",
+                "sourceToolCallId": "tc-1",
+                "replyRoute": {"binding": "slack", "channel": "c-1", "thread": "t-1"},
+                "input": {"prompt": "do it"},
+            },
+        ),
+    )
+    assert job.status == "queued" and job.workspace_owner_job_id == "aj-1"
+    return job
+
+
+def _move(job: AgentJob, data: dict[str, Any], at: datetime = T0) -> AgentJob:
+    return model.apply(job, _receipt(job.seq + 1, model.TRANSITIONED, data, at))
+
+
+def running(job: AgentJob | None = None, at: datetime = T0) -> AgentJob:
+    job = job or created()
+    return _move(job, model.claim(job, at).data, at)
+
+
+@pytest.mark.parametrize(("src", "dst"), list(itertools.product(model.STATUSES, repeat=2)))
+def test_the_fold_refuses_every_transition_the_table_refuses(src: str, dst: str) -> None:
+    job = created().model_copy(update={"status": src, "queue_job_id": "q"})
+    data = {
+        "from": src,
+        "to": dst,
+        "queueJobId": "q",
+        "pendingToolCall": {"toolCallId": "x", "question": "?"},
+    }
+    if (src, dst) in ALLOWED:
+        assert _move(job, data).status == dst
+    else:
+        with pytest.raises(InvariantError, match=f"transition {src} -> {dst} is not allowed"):
+            _move(job, data)
+
+
+def test_a_transition_from_a_status_the_job_is_not_in_is_refused() -> None:
+    with pytest.raises(InvariantError, match="running -> succeeded"):
+        _move(created(), {"from": "running", "to": "succeeded"})
+
+
+def test_claims_number_queue_jobs_by_attempt_then_turn() -> None:
+    job = running()
+    assert (job.status, job.attempt, job.turn, job.queue_job_id) == (
+        "running",
+        1,
+        1,
+        "aj-1:attempt:1",
+    )
+    assert job.started_at == T0
+    waiting = _move(job, model.decide_settlement(job, done_report("needs_input"), T0).transition)  # type: ignore[arg-type]
+    assert waiting.latest_status()["errorCode"] == "request_user_input"
+    assert not model.claimable(waiting, T0)
+    answered = model.apply(
+        waiting, _receipt(waiting.seq + 1, model.ANSWERED, {"toolCallId": "c", "answer": 42})
+    )
+    decision = model.claim(answered, T0)
+    assert decision.continuation and decision.queue_job_id == "aj-1:attempt:1:turn:2"
+
+
+def done_report(kind: str, **fields: Any) -> TurnReport:
+    result = {"outcome": kind, **fields}
+    if kind == "needs_input":
+        result.update(question="which?", toolCallId="call-1")
+    return TurnReport("completed", True, result)
+
+
+def test_needs_input_waits_with_the_pending_tool_call() -> None:
+    job = running()
+    settled = model.decide_settlement(job, done_report("needs_input"), T0)
+    waiting = _move(job, settled.transition)  # type: ignore[arg-type]
+    assert waiting.status == "waiting_on_user"
+    assert waiting.latest_status() == {
+        "state": "interrupted",
+        "errorCode": "request_user_input",
+        "pendingToolCall": {"toolCallId": "call-1", "question": "which?"},
+        "answered": False,
+    }
+
+
+def fail_until_decided(job: AgentJob, report: TurnReport) -> tuple[AgentJob, list[int]]:
+    """Run failed turns until the job is terminal; return it and the retry delays."""
+    delays: list[int] = []
+    now = T0
+    for _ in range(20):
+        job = running(job, now) if job.status == "queued" else job
+        decision = model.decide_settlement(job, report, now)
+        assert decision.transition is not None
+        job = _move(job, decision.transition, now)
+        if job.status != "queued":
+            return job, delays
+        delays.append(decision.transition["retryDelayMs"])
+        now = job.available_at or now
+    raise AssertionError("never decided")
+
+
+def test_no_sixth_attempt_and_delays_never_exceed_30_s() -> None:
+    job, delays = fail_until_decided(
+        created(), done_report("failed", error="boom", retryDelayMs=10**9)
+    )
+    assert job.status == "failed" and job.attempt == 5
+    assert delays == [30_000] * 4
+    with pytest.raises(InvariantError, match="5 attempts"):
+        model.claim(job.model_copy(update={"status": "queued"}), T0)
+
+
+def test_default_backoff_doubles_and_is_capped() -> None:
+    assert [model.retry_delay_ms(n) for n in (1, 2, 3, 5, 6, 9)] == [
+        1000,
+        2000,
+        4000,
+        16000,
+        30000,
+        30000,
+    ]
+    assert model.retry_delay_ms(1, -5) == 0
+
+
+def test_five_consecutive_turn_failures_fail_the_job() -> None:
+    # Continuation turns fail inside one attempt: the attempt budget is not what stops them.
+    job = running().model_copy(update={"consecutive_failures": 4})
+    decision = model.decide_settlement(job, TurnReport("failed", True, None, "lease expired"), T0)
+    assert decision.transition is not None
+    assert decision.transition["to"] == "failed"
+    assert decision.transition["reason"] == "5 consecutive turn failures"
+
+
+def test_a_successful_turn_resets_consecutive_failures() -> None:
+    job = running().model_copy(update={"consecutive_failures": 3})
+    decision = model.decide_settlement(job, done_report("needs_input"), T0)
+    assert decision.transition is not None and decision.transition["consecutiveFailures"] == 0
+
+
+def test_non_retryable_failure_fails_at_once() -> None:
+    job = running()
+    decision = model.decide_settlement(job, done_report("failed", error="x", retryable=False), T0)
+    assert decision.transition is not None and decision.transition["to"] == "failed"
+
+
+def test_quota_with_retry_at_refunds_and_waits_without_counting() -> None:
+    job = running().model_copy(update={"consecutive_failures": 2})
+    retry_at = T0 + timedelta(minutes=3)
+    decision = model.decide_settlement(
+        job, done_report("quota_exhausted", retryAt=retry_at.isoformat()), T0
+    )
+    queued = _move(job, decision.transition)  # type: ignore[arg-type]
+    assert (queued.status, queued.attempt, queued.consecutive_failures) == ("queued", 0, 2)
+    assert queued.available_at == retry_at
+    assert not model.claimable(queued, T0) and model.claimable(queued, retry_at)
+    again = model.claim(queued, retry_at)
+    assert again.data["attempt"] == 1 and again.queue_job_id == "aj-1:attempt:1:turn:2"
+
+
+def test_quota_without_retry_at_is_an_ordinary_failure() -> None:
+    decision = model.decide_settlement(running(), done_report("quota_exhausted"), T0)
+    assert decision.transition is not None
+    assert (
+        decision.transition["reason"] == "retry" and decision.transition["consecutiveFailures"] == 1
+    )
+
+
+def test_an_unstarted_attempt_is_refunded_and_started_at_cleared_on_the_first() -> None:
+    job = running()
+    decision = model.decide_settlement(job, TurnReport("canceled", False, None), T0)
+    queued = _move(job, decision.transition)  # type: ignore[arg-type]
+    assert (queued.status, queued.attempt, queued.started_at) == ("queued", 0, None)
+    second = running(_move(running(queued), {"from": "running", "to": "queued", "attempt": 1}))
+    decision = model.decide_settlement(second, TurnReport("canceled", False, None), T0)
+    assert decision.transition is not None and decision.transition["attempt"] == 1
+    assert not decision.transition["clearStartedAt"]
+
+
+def test_cancel_requested_stops_whatever_the_turn_said() -> None:
+    job = running()
+    job = model.apply(job, _receipt(job.seq + 1, model.CANCEL_REQUESTED, {"reason": "op"}))
+    decision = model.decide_settlement(job, done_report("done", result=1), T0)
+    assert decision.transition is not None and decision.transition["to"] == "stopped"
+
+
+def test_done_with_follow_ups_runs_the_next_turn() -> None:
+    decision = model.decide_settlement(running(), done_report("done", followUps=["more"]), T0)
+    assert (
+        decision.transition is None and decision.next_turn == 2 and decision.next_prompt == ["more"]
+    )
+
+
+def test_wakeup_source_ids_differ_per_status_attempt_and_turn() -> None:
+    assert model.wakeup_source_id("a", "waiting_on_user", 1, 2) == "a:waiting_on_user:1:2"
+    job = running()
+    waiting = _move(job, model.decide_settlement(job, done_report("needs_input"), T0).transition)  # type: ignore[arg-type]
+    data = model.wakeup_data(waiting)
+    assert data["sourceId"] == "aj-1:waiting_on_user:1:1"
+    assert data["replyRoute"] == {"binding": "slack", "channel": "c-1", "thread": "t-1"}
+
+
+def test_queue_job_ids_map_back_to_their_agent_job() -> None:
+    assert model.agent_job_id_of_queue_job("aj-1:attempt:2:turn:4") == "aj-1"
+    assert model.agent_job_id_of_queue_job("plain-job") is None
+
+
+# --- the turn protocol ------------------------------------------------------------------------
+
+
+def test_the_last_outcome_line_wins() -> None:
+    lines = ['{"outcome": "failed"}', "noise", '{"outcome": "done", "result": 7}', "trailing"]
+    assert protocol.parse_outcome(lines, 0) == {"outcome": "done", "result": 7}
+
+
+def test_no_outcome_line_is_a_retryable_failure() -> None:
+    out = protocol.parse_outcome(["not json", "{broken"], 3)
+    assert out["outcome"] == "failed" and out["retryable"] is True and "status 3" in out["error"]
+
+
+def test_needs_input_without_a_tool_call_id_is_a_failure() -> None:
+    assert (
+        protocol.parse_outcome(['{"outcome": "needs_input", "question": "?"}'], 0)["outcome"]
+        == "failed"
+    )
+
+
+def test_quota_retry_at_must_be_an_aware_time() -> None:
+    assert protocol.parse_outcome(['{"outcome": "quota_exhausted", "retryAt": "soon"}'], 0) == {
+        "outcome": "quota_exhausted"
+    }
+
+
+def test_agents_md_is_template_then_context_then_job_guidance() -> None:
+    job = created().model_copy(update={"workspace_template": "# Template\nproject rules"})
+    agent = AgentDefinition(
+        id="writer", command=["x"], soul="calm", mission="write docs", skills=["s1"]
+    )
+    text = protocol.compose_agents_md(job, agent, "/w/aj-1")
+    template, soul, mission, facts, guidance = (
+        text.index("# Template"),
+        text.index("## Soul\n\ncalm"),
+        text.index("## Mission\n\nwrite docs"),
+        text.index("## Execution facts"),
+        text.index("## Job Guidance"),
+    )
+    assert template < soul < mission < facts < guidance
+    assert protocol.job_guidance().strip() in text
+    assert "- Agent job: aj-1" in text
+
+
+def test_registry_parses_and_names_the_bad_entry(tmp_path: Path) -> None:
+    registry = parse_registry(
+        "agents:\n  - id: writer\n    command: [python3, a.py]\n    providerBinding: p1\n",
+        tmp_path / "agents.yaml",
+    )
+    agent = registry.get("writer")
+    assert agent is not None and agent.provider_binding == "p1"
+    with pytest.raises(RegistryError, match=r"agents\[0\]\.command"):
+        parse_registry("agents:\n  - id: w\n", tmp_path / "agents.yaml")
+
+
+# --- the queue's retry delay ------------------------------------------------------------------
+
+
+def test_a_retryable_queue_failure_with_retry_delay_requeues_with_available_at() -> None:
+    from receipts import jobs as jobmodel
+
+    stream = "jobs/j-1"
+    receipts = [
+        Receipt(
+            stream, 1, "job.enqueued", {"jobId": "j-1", "agentId": "codex", "maxAttempts": 3}, T0
+        ),
+        Receipt(
+            stream,
+            2,
+            "job.leased",
+            {"workerId": "w", "expiresAt": (T0 + timedelta(minutes=5)).isoformat()},
+            T0,
+        ),
+    ]
+    job = jobmodel.fold(receipts)
+    assert job is not None
+    later = T0 + timedelta(seconds=1)
+    for delay, expected in ((2_500, timedelta(milliseconds=2_500)), (10**7, timedelta(seconds=30))):
+        failed = jobmodel.apply(
+            job,
+            Receipt(
+                stream,
+                3,
+                "job.failed",
+                {"workerId": "w", "attempt": 1, "retryable": True, "retryDelayMs": delay},
+                later,
+            ),
+        )
+        assert failed is not None and failed.status == "queued"
+        assert failed.available_at == later + expected
