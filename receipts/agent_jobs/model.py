@@ -447,6 +447,8 @@ def decide_settlement(
                 "consecutiveFailures": job.consecutive_failures,
                 "availableAt": max(retry_at, now).isoformat(),
                 "refunded": True,
+                # A placement delay: the attempt never got its model turn, as an unstarted one.
+                "clearStartedAt": refunded == 0,
                 "reason": "quota_delay",
                 "error": "quota exhausted",
             }

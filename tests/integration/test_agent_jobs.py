@@ -1,0 +1,366 @@
+"""Agent jobs on real PostgreSQL: slots, claims, settlement, wakeups, budgets, cancel.
+
+Turns are played by hand here (the turn's queue job is leased and settled with the fenced
+operations a worker uses); tests/integration/delivery/test_agent_jobs_delivery.py runs real
+turns on Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from receipts import operations as ops
+from receipts.agent_jobs import lifecycle, model
+from receipts.agent_jobs.lifecycle import CreateRequest
+from receipts.agent_jobs.model import AgentJob
+from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.errors import ConflictError, InvariantError
+from receipts.sql import query
+from receipts.store import Store
+from roles.delivery.agent_jobs import AgentJobDispatcher
+
+RETRY_BASE_MS = 50
+
+
+def request(agent_id: str, **extra: Any) -> CreateRequest:
+    values: dict[str, Any] = {
+        "agent_id": agent_id,
+        "organization_id": "org-a",
+        "owner_session_id": f"session-{uuid.uuid4().hex[:8]}",
+        "source_actor_event_id": "event-1",
+        "source_tool_call_id": f"tool-{uuid.uuid4().hex[:8]}",
+        "reply_route": {"binding": "slack", "channel": "C1", "thread": "T1"},
+        "input": {"prompt": "work"},
+    }
+    values.update(extra)
+    return CreateRequest(**values)
+
+
+def dispatcher(store: Store) -> AgentJobDispatcher:
+    return AgentJobDispatcher(store, None, AgentJobSettings(retry_base_ms=RETRY_BASE_MS))
+
+
+async def play_turn(store: Store, job: AgentJob, outcome: dict[str, Any] | None) -> None:
+    """Lease the job's live turn and settle it: completed with `outcome`, or failed (None)."""
+    assert job.queue_job_id is not None
+    worker = f"{job.queue_job_id}:attempt:1/1"
+    started = await ops.start_attempt(
+        store, job.queue_job_id, attempt=1, worker_id=worker, lease_ms=60_000
+    )
+    assert started.ok, started.status
+    if outcome is None:
+        out = await ops.fail(
+            store,
+            job.queue_job_id,
+            worker_id=worker,
+            attempt=1,
+            error="worker died",
+            retryable=True,
+        )
+    else:
+        out = await ops.complete(
+            store, job.queue_job_id, worker_id=worker, attempt=1, result=outcome
+        )
+    assert out.ok, out.status
+
+
+async def current(store: Store, agent_job_id: str) -> AgentJob:
+    job = await lifecycle.get(store, agent_job_id)
+    assert job is not None
+    return job
+
+
+async def session_wakeups(store: Store, session_id: str) -> list[dict[str, Any]]:
+    receipts = await store.read_stream(model.session_stream(session_id))
+    assert all(r.type == model.WAKEUP for r in receipts)
+    return [dict(r.data) for r in receipts]
+
+
+async def chain_running(store: Store, agent_id: str) -> int:
+    """Running jobs of an agent, folded from the receipt chain (not the projection)."""
+    async with store.transaction() as tx:
+        cur = await tx.conn.execute(
+            "SELECT agent_job_id FROM agent_jobs WHERE agent_id = %(a)s", {"a": agent_id}
+        )
+        ids = [row[0] for row in await cur.fetchall()]
+    count = 0
+    for agent_job_id in ids:
+        folded = model.fold(await store.read_stream(model.stream_of(agent_job_id)))
+        assert folded is not None
+        count += folded.status == "running"
+    return count
+
+
+async def test_four_jobs_three_run_one_waits_then_takes_a_freed_slot(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(4)]
+    passed = await dispatcher(store).run_once()
+    assert passed.claimed == 3
+    states = [await current(store, j.agent_job_id) for j in jobs]
+    assert [s.status for s in states] == ["running", "running", "running", "queued"]
+    assert await chain_running(store, agent) == 3
+    # Each running job has its turn's queue job: maxAttempts 1, routed to codex.
+    turn = await store.get_job(states[0].queue_job_id or "")
+    assert turn is not None
+    assert (turn.job_id, turn.agent_id, turn.kind, turn.max_attempts) == (
+        f"{jobs[0].agent_job_id}:attempt:1",
+        "codex",
+        "agent_job.turn",
+        1,
+    )
+
+    # One asks for input: it releases its slot and the fourth starts.
+    await play_turn(
+        store, states[0], {"outcome": "needs_input", "question": "which?", "toolCallId": "call-1"}
+    )
+    passed = await dispatcher(store).run_once()
+    assert (passed.settled, passed.claimed) == (1, 1)
+    waiting = await current(store, jobs[0].agent_job_id)
+    assert waiting.status == "waiting_on_user"
+    assert waiting.latest_status()["pendingToolCall"] == {
+        "toolCallId": "call-1",
+        "question": "which?",
+    }
+    assert (await current(store, jobs[3].agent_job_id)).status == "running"
+    assert await chain_running(store, agent) == 3
+
+    # The answer arrives while every slot is taken: recorded, not running.
+    answered = await lifecycle.answer(
+        store, waiting.agent_job_id, answer="B", tool_call_id="call-1"
+    )
+    assert answered.status == "waiting_on_user" and answered.answer_pending
+    assert (await dispatcher(store).run_once()).claimed == 0
+
+    # A slot frees: the answered job continues (turn 2 of attempt 1).
+    await play_turn(store, states[1], {"outcome": "done", "result": "ok"})
+    passed = await dispatcher(store).run_once()
+    assert (passed.settled, passed.claimed) == (1, 1)
+    resumed = await current(store, waiting.agent_job_id)
+    assert (resumed.status, resumed.attempt, resumed.turn) == ("running", 1, 2)
+    assert resumed.queue_job_id == f"{waiting.agent_job_id}:attempt:1:turn:2"
+    assert resumed.answer == {"toolCallId": "call-1", "answer": "B"}
+    assert (await current(store, jobs[1].agent_job_id)).status == "succeeded"
+
+
+async def test_concurrent_claimers_never_exceed_three(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(12)]
+    # Every claim races every other one, each in its own transaction on its own connection.
+    results = await asyncio.gather(
+        *(lifecycle.claim_attempt(store, j.agent_job_id, agent) for j in jobs for _ in range(2))
+    )
+    assert sum(r is not None for r in results) == 3
+    assert await chain_running(store, agent) == 3
+    # And whole dispatcher passes racing each other.
+    await asyncio.gather(*(dispatcher(store).run_once() for _ in range(4)))
+    assert await chain_running(store, agent) == 3
+
+
+async def test_wakeups_once_per_status_attempt_turn_in_the_transition(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    assert await session_wakeups(store, job.owner_session_id) == []  # none for queued
+    await dispatcher(store).run_once()
+    assert await session_wakeups(store, job.owner_session_id) == []  # none for running
+    running = await current(store, job.agent_job_id)
+    await play_turn(store, running, {"outcome": "needs_input", "question": "q", "toolCallId": "c1"})
+
+    # An injected failure after the transition's append: the transaction leaves neither.
+    with pytest.raises(RuntimeError, match="injected"):
+        async with store.transaction() as tx:
+            moved = await lifecycle.settle_turn_in(tx, job.agent_job_id, retry_base_ms=10)
+            assert moved is not None and moved.status == "waiting_on_user"
+            raise RuntimeError("injected after the append")
+    assert (await current(store, job.agent_job_id)).status == "running"
+    assert await session_wakeups(store, job.owner_session_id) == []
+    chain = await store.read_stream(model.stream_of(job.agent_job_id))
+    assert [r.type for r in chain][-1] == model.TRANSITIONED
+    assert chain[-1].data["to"] == "running"
+
+    # The real settlement writes both, and running it again writes nothing more.
+    for _ in range(3):
+        await lifecycle.settle_turn(store, job.agent_job_id, retry_base_ms=10)
+    wakeups = await session_wakeups(store, job.owner_session_id)
+    assert [w["sourceId"] for w in wakeups] == [f"{job.agent_job_id}:waiting_on_user:1:1"]
+    assert wakeups[0]["replyRoute"] == {"binding": "slack", "channel": "C1", "thread": "T1"}
+    assert wakeups[0]["latestStatus"]["errorCode"] == "request_user_input"
+
+    # The wakeup and the transition are in one transaction: same database time.
+    chain = await store.read_stream(model.stream_of(job.agent_job_id))
+    session = await store.read_stream(model.session_stream(job.owner_session_id))
+    assert chain[-1].recorded_at == session[0].recorded_at
+
+    # Answer, continue, succeed: a second wakeup with its own source id; stop gets none.
+    await lifecycle.answer(store, job.agent_job_id, answer=1, tool_call_id=None)
+    await play_turn(store, await current(store, job.agent_job_id), {"outcome": "done", "result": 2})
+    await dispatcher(store).run_once()
+    wakeups = await session_wakeups(store, job.owner_session_id)
+    assert [w["sourceId"] for w in wakeups] == [
+        f"{job.agent_job_id}:waiting_on_user:1:1",
+        f"{job.agent_job_id}:succeeded:1:2",
+    ]
+    assert wakeups[1]["result"] == 2
+
+    # A replayed wakeup (the same source id again) is refused by the table's key, not duplicated.
+    async with store.transaction() as tx:
+        cur = await tx.conn.execute(
+            query("agent_wakeup_record"),
+            {
+                "source_id": wakeups[1]["sourceId"],
+                "agent_job_id": job.agent_job_id,
+                "session_id": job.owner_session_id,
+                "session_seq": 99,
+            },
+        )
+        assert await cur.fetchone() is None
+
+
+async def test_no_sixth_attempt_and_bounded_retry_delays(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    attempts_seen: list[int] = []
+    for _ in range(10):
+        await dispatcher(store).run_once()
+        state = await current(store, job.agent_job_id)
+        if state.terminal:
+            break
+        if state.status == "queued":
+            assert state.available_at is not None
+            delay = (state.available_at - state.updated_at).total_seconds()
+            assert 0 <= delay <= 30
+            await asyncio.sleep(max(delay, 0) + 0.05)
+            continue
+        attempts_seen.append(state.attempt)
+        await play_turn(store, state, None)  # the turn's queue job failed (a dead worker)
+        await dispatcher(store).run_once()
+    final = await current(store, job.agent_job_id)
+    assert final.status == "failed"
+    assert attempts_seen == [1, 2, 3, 4, 5]
+    assert final.error is not None and "turn failed" in final.error
+    chain = await store.read_stream(model.stream_of(job.agent_job_id))
+    claims = [r for r in chain if r.type == model.TRANSITIONED and r.data["to"] == "running"]
+    assert len(claims) == 5
+    wakeups = await session_wakeups(store, job.owner_session_id)
+    assert [w["status"] for w in wakeups] == ["failed"]
+
+
+async def test_quota_delay_refunds_and_waits_until_retry_at(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    await dispatcher(store).run_once()
+    running = await current(store, job.agent_job_id)
+    retry_at = await store.now() + timedelta(seconds=1.5)
+    await play_turn(store, running, {"outcome": "quota_exhausted", "retryAt": retry_at.isoformat()})
+    await dispatcher(store).run_once()
+    delayed = await current(store, job.agent_job_id)
+    assert (delayed.status, delayed.attempt, delayed.consecutive_failures) == ("queued", 0, 0)
+    assert delayed.available_at == retry_at
+    assert delayed.started_at is None  # the first attempt was refunded: a fresh start
+    assert (await dispatcher(store).run_once()).claimed == 0  # not before retryAt
+    await asyncio.sleep(max(0.0, (retry_at - await store.now()).total_seconds()) + 0.05)
+    assert (await dispatcher(store).run_once()).claimed == 1
+    again = await current(store, job.agent_job_id)
+    assert (again.status, again.attempt, again.turn) == ("running", 1, 2)
+    assert again.queue_job_id == f"{job.agent_job_id}:attempt:1:turn:2"
+
+
+async def test_an_unstarted_attempt_is_refunded(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    await dispatcher(store).run_once()
+    running = await current(store, job.agent_job_id)
+    assert running.queue_job_id is not None
+    out = await ops.cancel_queued(store, running.queue_job_id, reason="never delivered")
+    assert out.ok
+    await dispatcher(store).run_once()  # settles as unstarted, then claims attempt 1 again
+    again = await current(store, job.agent_job_id)
+    assert (again.status, again.attempt) == ("running", 1)
+    assert again.queue_job_id == f"{job.agent_job_id}:attempt:1:turn:2"
+
+
+async def test_cancel_of_a_running_job_waits_for_its_turn(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(4)]
+    await dispatcher(store).run_once()
+    first = await current(store, jobs[0].agent_job_id)
+    assert first.queue_job_id is not None
+    worker = f"{first.queue_job_id}:attempt:1/1"
+    assert (
+        await ops.start_attempt(
+            store, first.queue_job_id, attempt=1, worker_id=worker, lease_ms=60_000
+        )
+    ).ok
+    canceled = await lifecycle.cancel(store, first.agent_job_id, reason="operator")
+    assert canceled.status == "running" and canceled.cancel_requested
+    turn = await store.get_job(first.queue_job_id)
+    assert turn is not None and turn.abort_requested  # the live turn got an abort
+    assert (await dispatcher(store).run_once()).claimed == 0  # the slot is still held
+    assert (await current(store, jobs[3].agent_job_id)).status == "queued"
+    # The turn settles (the worker honoured the abort): stopped, no wakeup, the slot frees.
+    assert (
+        await ops.cancel(store, first.queue_job_id, worker_id=worker, attempt=1, reason="operator")
+    ).ok
+    passed = await dispatcher(store).run_once()
+    assert (passed.settled, passed.claimed) == (1, 1)
+    assert (await current(store, first.agent_job_id)).status == "stopped"
+    assert await session_wakeups(store, first.owner_session_id) == []
+    # A queued job stops at once; a stopped one takes nothing more.
+    queued = (await lifecycle.create(store, request(agent)))[0]
+    assert (await lifecycle.cancel(store, queued.agent_job_id, reason="x")).status == "stopped"
+    with pytest.raises(lifecycle.AlreadyTerminal):
+        await lifecycle.cancel(store, queued.agent_job_id, reason="again")
+
+
+async def test_input_timeout_fails_a_waiting_job(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    await dispatcher(store).run_once()
+    await play_turn(
+        store,
+        await current(store, job.agent_job_id),
+        {"outcome": "needs_input", "question": "q", "toolCallId": "c"},
+    )
+    await dispatcher(store).run_once()
+    await asyncio.sleep(0.3)
+    timed = AgentJobDispatcher(store, None, AgentJobSettings(input_timeout_ms=200))
+    assert (await timed.run_once()).timed_out == 1
+    final = await current(store, job.agent_job_id)
+    assert final.status == "failed" and "no answer within 200 ms" in (final.error or "")
+    assert [w["status"] for w in await session_wakeups(store, job.owner_session_id)] == [
+        "waiting_on_user",
+        "failed",
+    ]
+
+
+async def test_sessions_belong_to_one_organization_and_creates_are_idempotent(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    first = request(agent)
+    job, created = await lifecycle.create(store, first)
+    again, created_again = await lifecycle.create(store, first)
+    assert created and not created_again and again.agent_job_id == job.agent_job_id
+    with pytest.raises(ConflictError, match="another organization"):
+        await lifecycle.create(
+            store, request(agent, organization_id="org-b", owner_session_id=first.owner_session_id)
+        )
+    # A continued job reuses the workspace of the job it continues.
+    follow = await lifecycle.create(store, request(agent, continued_from_job_id=job.agent_job_id))
+    assert follow[0].workspace_owner_job_id == job.agent_job_id
+
+
+async def test_a_refused_transition_writes_nothing(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    from receipts.store import Draft
+
+    with pytest.raises(InvariantError, match="queued -> succeeded"):
+        async with store.transaction() as tx:
+            locked = await lifecycle.job_for_update(tx, job.agent_job_id)
+            await lifecycle.append(
+                tx, locked, [Draft(model.TRANSITIONED, {"from": "queued", "to": "succeeded"})]
+            )
+    assert len(await store.read_stream(model.stream_of(job.agent_job_id))) == 1
