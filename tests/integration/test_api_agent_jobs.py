@@ -1,0 +1,230 @@
+"""The agent-job and session routes: validation, organizations, the console, session events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from receipts import operations as ops
+from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.store import Store
+from roles.cli.client import parse_sse
+from roles.delivery.agent_jobs import AgentJobDispatcher
+from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, RunningApi, api_client, running_api
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "agentId": f"agent-{uuid.uuid4().hex[:6]}",
+        "ownerSessionId": f"session-{uuid.uuid4().hex[:8]}",
+        "sourceActorEventId": "event-1",
+        "sourceToolCallId": f"tool-{uuid.uuid4().hex[:8]}",
+        "replyRoute": {"binding": "slack", "channel": "C1", "thread": "T1"},
+        "input": {"prompt": "summarise the repo"},
+    }
+    values.update(extra)
+    return values
+
+
+@pytest.fixture(scope="module")
+async def client(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(db_url) as client:
+        yield client
+
+
+async def create(
+    client: httpx.AsyncClient, headers: dict[str, str], **extra: Any
+) -> dict[str, Any]:
+    response = await client.post("/agent-jobs", json=body(**extra), headers=headers)
+    assert response.status_code == 201, response.text
+    job: dict[str, Any] = response.json()["agentJob"]
+    return job
+
+
+async def test_create_shows_the_job_and_a_retry_returns_it(client: httpx.AsyncClient) -> None:
+    sent = body()
+    first = await client.post("/agent-jobs", json=sent, headers=AS_A)
+    assert first.status_code == 201
+    job = first.json()["agentJob"]
+    assert (job["status"], job["organizationId"], job["attempt"], job["turn"]) == (
+        "queued",
+        "org-a",
+        0,
+        0,
+    )
+    assert job["replyRoute"] == sent["replyRoute"]
+    assert job["latestStatus"] == {"state": "queued", "errorCode": None, "pendingToolCall": None}
+    again = await client.post("/agent-jobs", json=sent, headers=AS_A)
+    assert again.status_code == 200 and again.json()["agentJob"]["agentJobId"] == job["agentJobId"]
+    shown = await client.get(f"/agent-jobs/{job['agentJobId']}", headers=AS_A)
+    assert shown.status_code == 200 and shown.json()["stream"] == f"agent-jobs/{job['agentJobId']}"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"agentId": ""}, "agentId"),
+        ({"ownerSessionId": None}, "ownerSessionId"),
+        ({"replyRoute": {"binding": "slack"}}, "replyRoute.channel"),
+        ({"input": {"prompt": "a", "command": ["b"]}}, "input"),
+        ({"input": {"command": "not a list"}}, "input.command"),
+        ({"input": {"script": "x"}}, "input.script"),
+        ({"surprise": 1}, "surprise"),
+        ({"continuedFromJobId": "no-such-job"}, "continuedFromJobId"),
+    ],
+)
+async def test_bad_input_names_the_field_and_writes_nothing(
+    client: httpx.AsyncClient, store: Store, change: dict[str, Any], field: str
+) -> None:
+    sent = body(**change)
+    response = await client.post("/agent-jobs", json=sent, headers=AS_A)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == field
+    listed = await client.get(
+        "/agent-jobs", params={"ownerSessionId": str(sent["ownerSessionId"])}, headers=AS_A
+    )
+    if listed.status_code == 200:
+        assert listed.json()["agentJobs"] == []
+
+
+async def test_another_organization_cannot_see_answer_or_reuse_a_session(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    job = await create(client, AS_A)
+    agent_job_id, session = job["agentJobId"], job["ownerSessionId"]
+    for path in (f"/agent-jobs/{agent_job_id}", f"/agent-jobs/{agent_job_id}/events"):
+        assert (await client.get(path, headers=AS_B)).status_code == 404
+    answer = await client.post(
+        f"/agent-jobs/{agent_job_id}/input", json={"answer": "x"}, headers=AS_B
+    )
+    assert answer.status_code == 404
+    assert (await client.get(f"/sessions/{session}/events", headers=AS_B)).status_code == 404
+    assert (await client.get(f"/sessions/{session}/events", headers=AS_A)).status_code == 200
+    listed = (await client.get("/agent-jobs", headers=AS_B)).json()["agentJobs"]
+    assert all(j["organizationId"] == "org-b" for j in listed)
+    taken = await client.post("/agent-jobs", json=body(ownerSessionId=session), headers=AS_B)
+    assert taken.status_code == 409 and taken.json()["error"]["field"] == "ownerSessionId"
+    forged = await client.post("/agent-jobs", json=body(organizationId="org-a"), headers=AS_B)
+    assert forged.status_code == 403
+
+
+async def test_only_admin_tokens_reach_the_console(client: httpx.AsyncClient) -> None:
+    job = await create(client, AS_A)
+    agent_job_id = job["agentJobId"]
+    for headers in (AS_A, AS_B):
+        assert (await client.get("/console/agent-jobs", headers=headers)).status_code == 403
+        assert (
+            await client.get(f"/console/agent-jobs/{agent_job_id}", headers=headers)
+        ).status_code == 403
+        assert (
+            await client.post(f"/console/agent-jobs/{agent_job_id}/cancel", headers=headers)
+        ).status_code == 403
+    assert (await client.get("/console/agent-jobs")).status_code == 401
+    listed = await client.get(
+        "/console/agent-jobs", params={"organizationId": "org-a", "limit": 1}, headers=AS_ADMIN
+    )
+    assert listed.status_code == 200 and len(listed.json()["agentJobs"]) == 1
+    assert listed.json()["nextCursor"]
+    shown = await client.get(f"/console/agent-jobs/{agent_job_id}", headers=AS_ADMIN)
+    assert shown.status_code == 200
+    assert [r["type"] for r in shown.json()["receipts"]] == ["agent_job.created"]
+    canceled = await client.post(
+        f"/console/agent-jobs/{agent_job_id}/cancel",
+        json={"reason": "no longer needed"},
+        headers=AS_ADMIN,
+    )
+    assert canceled.status_code == 202 and canceled.json()["agentJob"]["status"] == "stopped"
+    again = await client.post(f"/console/agent-jobs/{agent_job_id}/cancel", headers=AS_ADMIN)
+    assert again.status_code == 409
+
+
+async def test_answering_a_job_that_does_not_wait_is_a_conflict(client: httpx.AsyncClient) -> None:
+    job = await create(client, AS_A)
+    response = await client.post(
+        f"/agent-jobs/{job['agentJobId']}/input", json={"answer": "x"}, headers=AS_A
+    )
+    assert response.status_code == 409 and response.json()["error"]["code"] == "not_waiting"
+    missing = await client.post(f"/agent-jobs/{job['agentJobId']}/input", json={}, headers=AS_A)
+    assert missing.status_code == 422 and missing.json()["error"]["field"] == "answer"
+
+
+# --- the session stream, live, from a real `receipt api` process ------------------------------
+
+
+@pytest.fixture(scope="module")
+def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApi]:
+    with running_api(db_url, Path(tmp_path_factory.mktemp("api"))) as api:
+        yield api
+
+
+async def test_session_events_stream_wakeups_live_and_resume(api: RunningApi, store: Store) -> None:
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as http:
+        job = await create(http, AS_A)
+    session = job["ownerSessionId"]
+    dispatcher = AgentJobDispatcher(store, None, AgentJobSettings())
+    await dispatcher.run_once()
+    running = await lifecycle.get(store, job["agentJobId"])
+    assert running is not None and running.queue_job_id is not None
+    worker = f"{running.queue_job_id}:attempt:1/1"
+    received: list[dict[str, Any]] = []
+
+    async def listen() -> None:
+        headers = {**AS_A, "Accept": "text/event-stream"}
+        async with (
+            httpx.AsyncClient(base_url=api.url, timeout=20) as http,
+            http.stream("GET", f"/sessions/{session}/events", headers=headers) as response,
+        ):
+            assert response.status_code == 200
+            block: list[str] = []
+            async for line in response.aiter_lines():
+                block.append(line)
+                if line == "":
+                    for event in parse_sse(block):
+                        if event.name == "message" and event.data:
+                            received.append(json.loads(event.data))
+                    block = []
+                    if received:
+                        return
+
+    listening = asyncio.create_task(listen())
+    await asyncio.sleep(0.5)  # subscribed before anything is appended
+    assert (
+        await ops.start_attempt(
+            store, running.queue_job_id, attempt=1, worker_id=worker, lease_ms=60_000
+        )
+    ).ok
+    assert (
+        await ops.complete(
+            store,
+            running.queue_job_id,
+            worker_id=worker,
+            attempt=1,
+            result={"outcome": "needs_input", "question": "ok?", "toolCallId": "c1"},
+        )
+    ).ok
+    await dispatcher.run_once()
+    await asyncio.wait_for(listening, 15)
+    assert received[0]["type"] == "session.wakeup"
+    assert received[0]["data"]["sourceId"] == f"{job['agentJobId']}:waiting_on_user:1:1"
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as http:
+        page = await http.get(f"/sessions/{session}/events", params={"after": 1}, headers=AS_A)
+        assert page.json()["receipts"] == []
+        view = (await http.get(f"/agent-jobs/{job['agentJobId']}", headers=AS_A)).json()
+        assert view["latestStatus"]["state"] == "interrupted"
+        assert view["latestStatus"]["errorCode"] == "request_user_input"
+        assert view["latestStatus"]["pendingToolCall"] == {"toolCallId": "c1", "question": "ok?"}
+        answered = await http.post(
+            f"/agent-jobs/{job['agentJobId']}/input",
+            json={"answer": "yes", "toolCallId": "c1"},
+            headers=AS_A,
+        )
+        assert answered.status_code == 202
+        assert answered.json()["agentJob"]["status"] == "running"
