@@ -1,0 +1,194 @@
+"""Agent jobs end to end on a real Temporal dev server: real turns of the scripted agent
+(tests/agents/scripted_agent.py) run as `agent_job.turn` queue jobs on a `receipt-codex` worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from receipts import operations as ops
+from receipts.agent_jobs import lifecycle, model
+from receipts.agent_jobs.lifecycle import CreateRequest
+from receipts.agent_jobs.model import AgentJob
+from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.kinds import QUEUE_CODEX
+from receipts.store import Store
+from roles.delivery.agent_jobs import AgentJobDispatcher
+from tests.integration.delivery.conftest import Stack, running_stack, wait_for_status
+
+ROOT = Path(__file__).resolve().parents[3]
+AGENT = ROOT / "tests" / "agents" / "scripted_agent.py"
+
+
+@pytest.fixture
+def agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A registry with one scripted agent, and a workspace root, for this test."""
+    registry = tmp_path / "agents.yaml"
+    registry.write_text(
+        "agents:\n"
+        "  - id: scripted\n"
+        f"    command: [{sys.executable}, {AGENT}]\n"
+        "    soul: Patient and exact.\n"
+        "    mission: Do what the prompt says.\n"
+        "    skills: [testing]\n"
+        "    providerBinding: test-provider\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("RECEIPT_AGENTS_FILE", str(registry))
+    monkeypatch.setenv("RECEIPT_AGENT_WORKSPACES", str(tmp_path / "workspaces"))
+    return tmp_path / "workspaces"
+
+
+@contextlib.asynccontextmanager
+async def stack_with_dispatcher(client: Client, store: Store, db_url: str) -> AsyncIterator[Stack]:
+    async with running_stack(client, store, db_url, queues=(QUEUE_CODEX,)) as stack:
+        dispatcher = AgentJobDispatcher(
+            store, stack.listener, AgentJobSettings(redrive_interval_ms=1_000)
+        )
+        stack.tasks.append(asyncio.create_task(dispatcher.run()))
+        yield stack
+
+
+def request(prompt: str, **extra: Any) -> CreateRequest:
+    values: dict[str, Any] = {
+        "agent_id": "scripted",
+        "organization_id": "org-a",
+        "owner_session_id": f"session-{uuid.uuid4().hex[:8]}",
+        "source_actor_event_id": "event-1",
+        "source_tool_call_id": f"tool-{uuid.uuid4().hex[:8]}",
+        "reply_route": {"binding": "slack", "channel": "C1", "thread": "T1"},
+        "input": {"prompt": prompt},
+    }
+    values.update(extra)
+    return CreateRequest(**values)
+
+
+async def wait_for(
+    store: Store, agent_job_id: str, *statuses: str, timeout: float = 60.0, turn: int | None = None
+) -> AgentJob:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        job = await lifecycle.get(store, agent_job_id)
+        if job is not None and job.status in statuses and (turn is None or job.turn == turn):
+            return job
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{agent_job_id} did not reach {statuses}: {job and job.status}")
+        await asyncio.sleep(0.1)
+
+
+async def test_ask_answer_succeed_with_wakeups_and_one_agents_md(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path
+) -> None:
+    store = fresh_store
+    async with stack_with_dispatcher(client, store, fresh_db):
+        job, _ = await lifecycle.create(
+            store, request("ask:Which branch?", workspace_template="# Project\nUse main.")
+        )
+        waiting = await wait_for(store, job.agent_job_id, "waiting_on_user")
+        assert waiting.pending_tool_call is not None
+        assert waiting.pending_tool_call.question == "Which branch?"
+        agents_md = (agents / job.agent_job_id / "AGENTS.md").read_text()
+        assert agents_md.startswith("# Project\nUse main.")
+        assert "Patient and exact." in agents_md and "## Job Guidance" in agents_md
+
+        await lifecycle.answer(store, job.agent_job_id, answer="release", tool_call_id="call-1")
+        done = await wait_for(store, job.agent_job_id, "succeeded")
+        assert done.result == {"answer": {"toolCallId": "call-1", "answer": "release"}}
+        assert (done.attempt, done.turn) == (1, 2)
+
+        session = await store.read_stream(model.session_stream(job.owner_session_id))
+        assert [(r.type, r.data["status"], r.data["sourceId"]) for r in session] == [
+            ("session.wakeup", "waiting_on_user", f"{job.agent_job_id}:waiting_on_user:1:1"),
+            ("session.wakeup", "succeeded", f"{job.agent_job_id}:succeeded:1:2"),
+        ]
+
+        # A job continuing this one works in the same workspace and keeps its AGENTS.md.
+        (agents / job.agent_job_id / "AGENTS.md").write_text("kept by the owner\n")
+        follow, _ = await lifecycle.create(
+            store, request("agents-md", continued_from_job_id=job.agent_job_id)
+        )
+        shown = await wait_for(store, follow.agent_job_id, "succeeded")
+        assert shown.result == {"agentsMd": "kept by the owner\n"}
+
+
+async def test_steer_reaches_the_running_turn_once_and_follow_up_is_the_next_turn(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path
+) -> None:
+    store = fresh_store
+    async with stack_with_dispatcher(client, store, fresh_db):
+        job, _ = await lifecycle.create(store, request("steer:0"))
+        running = await wait_for(store, job.agent_job_id, "running")
+        assert running.queue_job_id is not None
+        turn_id = running.queue_job_id
+        out = await ops.add_command(
+            store, turn_id, type="steer", payload={"say": "left"}, check_organization=False
+        )
+        assert out.ok
+        done = await wait_for(store, job.agent_job_id, "succeeded")
+        assert done.result["steer"]["type"] == "steer"
+        assert done.result["steer"]["payload"] == {"say": "left"}
+        turn_chain = await store.read_stream(f"jobs/{turn_id}")
+        assert [r.type for r in turn_chain].count("queue.command.consumed") == 1
+
+        job, _ = await lifecycle.create(store, request("sleep:3"))
+        running = await wait_for(store, job.agent_job_id, "running")
+        assert running.queue_job_id is not None
+        await wait_for_status(store, running.queue_job_id, ("running",))
+        out = await ops.add_command(
+            store,
+            running.queue_job_id,
+            type="follow_up",
+            payload="and then?",
+            check_organization=False,
+        )
+        assert out.ok
+        done = await wait_for(store, job.agent_job_id, "succeeded")
+        assert (done.attempt, done.turn) == (1, 2)
+        assert done.result == {"followUps": ["and then?"], "turn": 2}
+        assert done.queue_job_ids == (
+            f"{job.agent_job_id}:attempt:1",
+            f"{job.agent_job_id}:attempt:1:turn:2",
+        )
+
+
+async def test_failing_turns_use_the_budget_then_fail(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path
+) -> None:
+    store = fresh_store
+    async with stack_with_dispatcher(client, store, fresh_db):
+        crash, _ = await lifecycle.create(store, request("crash"))
+        hard, _ = await lifecycle.create(store, request("fail-hard"))
+        failed = await wait_for(store, hard.agent_job_id, "failed")
+        assert failed.attempt == 1 and failed.error == "scripted fatal failure"
+        failed = await wait_for(store, crash.agent_job_id, "failed", timeout=120)
+        assert failed.attempt == 5 and "without an outcome line" in (failed.error or "")
+        chain = await store.read_stream(model.stream_of(crash.agent_job_id))
+        retries = [
+            r.data for r in chain if r.type == model.TRANSITIONED and r.data["to"] == "queued"
+        ]
+        assert len(retries) == 4 and all(r["retryDelayMs"] <= 30_000 for r in retries)
+
+
+async def test_operator_cancel_of_a_live_turn_stops_it_when_the_turn_settles(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path
+) -> None:
+    store = fresh_store
+    async with stack_with_dispatcher(client, store, fresh_db):
+        job, _ = await lifecycle.create(store, request("sleep:60"))
+        running = await wait_for(store, job.agent_job_id, "running")
+        assert running.queue_job_id is not None
+        await wait_for_status(store, running.queue_job_id, ("running",))
+        await lifecycle.cancel(store, job.agent_job_id, reason="operator")
+        stopped = await wait_for(store, job.agent_job_id, "stopped", timeout=60)
+        turn = await store.get_job(running.queue_job_id)
+        assert turn is not None and turn.status == "canceled"
+        assert stopped.error == "operator"
+        assert await store.read_stream(model.session_stream(job.owner_session_id)) == []
