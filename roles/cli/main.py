@@ -194,5 +194,9 @@ from roles.cli.client import register  # noqa: E402 - the HTTP commands join the
 
 register(main)
 
+from roles.cli.agent_jobs import agent_jobs_group  # noqa: E402 - joins the group defined above
+
+main.add_command(agent_jobs_group)
+
 if __name__ == "__main__":
     main()

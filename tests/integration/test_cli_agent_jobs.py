@@ -1,0 +1,79 @@
+"""`receipt agent-jobs` as a real subprocess against a real `receipt api` process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.api_support import (
+    ROOT,
+    TOKEN_A,
+    TOKEN_ADMIN,
+    RunningApi,
+    clean_env,
+    running_api,
+)
+
+
+@pytest.fixture(scope="module")
+def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApi]:
+    with running_api(db_url, Path(tmp_path_factory.mktemp("api"))) as api:
+        yield api
+
+
+def receipt(api: RunningApi, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "roles.cli.main", "agent-jobs", *args],
+        cwd=ROOT,
+        env=clean_env({"RECEIPT_API_URL": api.url, "RECEIPT_API_TOKEN": token}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_create_list_get_events_answer_cancel(api: RunningApi) -> None:
+    session = f"session-{uuid.uuid4().hex[:8]}"
+    created = receipt(
+        api,
+        TOKEN_A,
+        "create",
+        "writer",
+        "--session",
+        session,
+        "--tool-call",
+        "tc-1",
+        "--route",
+        "slack/C1/T1",
+        "--prompt",
+        "write the notes",
+        "--json",
+    )
+    assert created.returncode == 0, created.stderr
+    job = json.loads(created.stdout)["agentJob"]
+    agent_job_id = job["agentJobId"]
+    assert job["replyRoute"] == {"binding": "slack", "channel": "C1", "thread": "T1"}
+
+    listed = receipt(api, TOKEN_A, "ls", "--session", session)
+    assert listed.returncode == 0 and agent_job_id in listed.stdout and "queued" in listed.stdout
+    shown = receipt(api, TOKEN_A, "get", agent_job_id)
+    assert shown.returncode == 0 and f"session   {session}" in shown.stdout
+    events = receipt(api, TOKEN_A, "events", agent_job_id, "--json")
+    assert [json.loads(line)["type"] for line in events.stdout.splitlines()] == [
+        "agent_job.created"
+    ]
+    not_waiting = receipt(api, TOKEN_A, "answer", agent_job_id, "yes")
+    assert not_waiting.returncode == 3 and "not_waiting" in not_waiting.stderr
+    refused = receipt(api, TOKEN_A, "cancel", agent_job_id)
+    assert refused.returncode == 3 and "admin" in refused.stderr
+    stopped = receipt(api, TOKEN_ADMIN, "cancel", agent_job_id, "--reason", "not needed")
+    assert stopped.returncode == 0 and f"stopped {agent_job_id}" in stopped.stdout
+    wakeups = receipt(api, TOKEN_A, "events", "--session", session)
+    assert wakeups.returncode == 0 and wakeups.stdout == ""  # stopped wakes nobody
