@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
+from activities.handlers import HandlerContext, HandlerError
 from receipts import operations as ops
 from receipts.agent_jobs import lifecycle, model
 from receipts.agent_jobs.lifecycle import CreateRequest
@@ -23,6 +24,7 @@ from receipts.kinds import QUEUE_CODEX
 from receipts.store import Store
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from tests.integration.delivery.conftest import Stack, running_stack, wait_for_status
+from tests.integration.helpers import put
 
 ROOT = Path(__file__).resolve().parents[3]
 AGENT = ROOT / "tests" / "agents" / "scripted_agent.py"
@@ -192,3 +194,25 @@ async def test_operator_cancel_of_a_live_turn_stops_it_when_the_turn_settles(
         assert turn is not None and turn.status == "canceled"
         assert stopped.error == "operator"
         assert await store.read_stream(model.session_stream(job.owner_session_id)) == []
+
+
+async def test_a_retryable_failure_with_retry_delay_is_not_delivered_before_it(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async def flaky(ctx: HandlerContext) -> dict[str, Any]:
+        if ctx.attempt == 1:
+            raise HandlerError("try later", retryable=True, retry_delay_ms=2_000)
+        return {"attempt": ctx.attempt}
+
+    store = fresh_store
+    async with running_stack(
+        client, store, fresh_db, queues=(QUEUE_CODEX,), handlers={"codex": flaky}
+    ):
+        job = (await put(store, maxAttempts=2)).job
+        done = await wait_for_status(store, job.job_id, timeout=60)
+        assert done.status == "completed" and done.result == {"attempt": 2}
+    chain = await store.read_stream(f"jobs/{job.job_id}")
+    failed = next(r for r in chain if r.type == "job.failed")
+    second_lease = [r for r in chain if r.type == "job.leased"][1]
+    assert failed.data["retryDelayMs"] == 2_000
+    assert (second_lease.recorded_at - failed.recorded_at).total_seconds() >= 2.0
