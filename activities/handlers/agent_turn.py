@@ -110,6 +110,16 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
         follow_ups = await _consume_follow_ups(ctx)
         if follow_ups:
             outcome["followUps"] = follow_ups
+    log.info(
+        "agent turn finished",
+        extra={
+            "event": "agent_turn.outcome",
+            "agentJobId": job.agent_job_id,
+            "jobId": ctx.job.job_id,
+            "outcome": outcome.get("outcome"),
+            "exitCode": process.returncode,
+        },
+    )
     return outcome
 
 

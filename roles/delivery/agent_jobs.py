@@ -29,6 +29,11 @@ ACTIONS = Counter(
     "What agent-job dispatcher passes did (claimed, settled, input_timeout, no_slot).",
     ["action"],
 )
+SETTLED = Counter(
+    "receipt_agent_job_turns_settled",
+    "Settled turns by the status the agent job moved to (running: a follow-up turn).",
+    ["status"],
+)
 RUNNING = Gauge(
     "receipt_agent_jobs_running", "Running agent jobs (slots in use) by agent.", ["agent"]
 )
@@ -71,6 +76,7 @@ class AgentJobDispatcher:
             )
             if settled is not None:
                 result.settled += 1
+                SETTLED.labels(settled.status).inc()
         if self.settings.input_timeout_ms is not None:
             for agent_job_id in await lifecycle.input_overdue(
                 self.store, self.settings.input_timeout_ms

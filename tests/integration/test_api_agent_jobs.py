@@ -228,3 +228,37 @@ async def test_session_events_stream_wakeups_live_and_resume(api: RunningApi, st
         )
         assert answered.status_code == 202
         assert answered.json()["agentJob"]["status"] == "running"
+
+    # The continuation succeeds; a stream resumed after seq 1 starts at the second wakeup.
+    continued = await lifecycle.get(store, job["agentJobId"])
+    assert continued is not None and continued.queue_job_id is not None
+    worker = f"{continued.queue_job_id}:attempt:1/1"
+    assert (
+        await ops.start_attempt(
+            store, continued.queue_job_id, attempt=1, worker_id=worker, lease_ms=60_000
+        )
+    ).ok
+    assert (
+        await ops.complete(
+            store, continued.queue_job_id, worker_id=worker, attempt=1, result={"outcome": "done"}
+        )
+    ).ok
+    await dispatcher.run_once()
+    headers = {**AS_A, "Accept": "text/event-stream", "Last-Event-ID": "1"}
+    async with (
+        httpx.AsyncClient(base_url=api.url, timeout=20) as http,
+        http.stream("GET", f"/sessions/{session}/events", headers=headers) as response,
+    ):
+        block: list[str] = []
+        first: dict[str, Any] | None = None
+        async for line in response.aiter_lines():
+            block.append(line)
+            if line == "":
+                events = [e for e in parse_sse(block) if e.name == "message" and e.data]
+                block = []
+                if events:
+                    first = json.loads(events[0].data)
+                    assert events[0].id == "2"
+                    break
+    assert first is not None and first["seq"] == 2
+    assert first["data"]["sourceId"] == f"{job['agentJobId']}:succeeded:1:2"
