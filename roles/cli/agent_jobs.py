@@ -148,7 +148,8 @@ def ls_command(
     token: str | None,
     as_json: bool,
 ) -> None:
-    """List agent jobs, newest first (GET /agent-jobs, or /console/agent-jobs)."""
+    """List an owner session's agent jobs (GET /sessions/ID/agent-jobs), or with --console
+    every organization's (GET /console/agent-jobs), newest first."""
     params = {
         key: value
         for key, value in (
@@ -161,10 +162,15 @@ def ls_command(
         if value is not None
     }
     params["limit"] = str(limit)
+    if console:
+        path = "/console/agent-jobs"
+    elif owner_session_id is not None:
+        path = f"/sessions/{quote(owner_session_id, safe='')}/agent-jobs"
+        del params["ownerSessionId"]
+    else:
+        raise click.UsageError("give --session (an owner session's jobs) or --console (admin)")
     with ApiClient(api_url, token) as client:
-        page = client.call(
-            "GET", "/console/agent-jobs" if console else "/agent-jobs", params=params
-        )
+        page = client.call("GET", path, params=params)
     if as_json:
         click.echo(_dump(page))
         return

@@ -88,11 +88,9 @@ async def test_bad_input_names_the_field_and_writes_nothing(
     response = await client.post("/agent-jobs", json=sent, headers=AS_A)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["field"] == field
-    listed = await client.get(
-        "/agent-jobs", params={"ownerSessionId": str(sent["ownerSessionId"])}, headers=AS_A
-    )
-    if listed.status_code == 200:
-        assert listed.json()["agentJobs"] == []
+    # Nothing written: not even the owner session.
+    listed = await client.get(f"/sessions/{sent['ownerSessionId']}/agent-jobs", headers=AS_A)
+    assert listed.status_code in (404, 422)
 
 
 async def test_another_organization_cannot_see_answer_or_reuse_a_session(
@@ -108,8 +106,9 @@ async def test_another_organization_cannot_see_answer_or_reuse_a_session(
     assert answer.status_code == 404
     assert (await client.get(f"/sessions/{session}/events", headers=AS_B)).status_code == 404
     assert (await client.get(f"/sessions/{session}/events", headers=AS_A)).status_code == 200
-    listed = (await client.get("/agent-jobs", headers=AS_B)).json()["agentJobs"]
-    assert all(j["organizationId"] == "org-b" for j in listed)
+    assert (await client.get(f"/sessions/{session}/agent-jobs", headers=AS_B)).status_code == 404
+    listed = (await client.get(f"/sessions/{session}/agent-jobs", headers=AS_A)).json()
+    assert [j["agentJobId"] for j in listed["agentJobs"]] == [agent_job_id]
     taken = await client.post("/agent-jobs", json=body(ownerSessionId=session), headers=AS_B)
     assert taken.status_code == 409 and taken.json()["error"]["field"] == "ownerSessionId"
     forged = await client.post("/agent-jobs", json=body(organizationId="org-a"), headers=AS_B)

@@ -27,11 +27,88 @@ from roles.api.app import (
     read_json_body,
 )
 from roles.api.auth import Principal
+from roles.api.schema import errors_documented
 
 router = APIRouter(tags=["agent-jobs"])
 
 AgentJobId = Annotated[str, Path(alias="agentJobId", description="The agent job id")]
 LIST_QUERY = ("status", "agentId", "ownerSessionId", "organizationId", "limit", "cursor")
+STATUS_QUERY = Query(json_schema_extra={"enum": list(agent_model.STATUSES)})
+
+_ID = {"type": "string", "minLength": 1, "maxLength": 200}
+_OPTIONAL_ID = {"anyOf": [_ID, {"type": "null"}]}
+# The documented bodies are no stricter than the validation in receipts/agent_jobs/requests.py
+# (which also refuses blank strings and '/' in agentId and ownerSessionId).
+CREATE_BODY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": [
+        "agentId",
+        "ownerSessionId",
+        "sourceActorEventId",
+        "sourceToolCallId",
+        "replyRoute",
+        "input",
+    ],
+    "properties": {
+        "agentId": _ID,
+        "ownerSessionId": _ID,
+        "sourceActorEventId": _ID,
+        "sourceToolCallId": _ID,
+        "replyRoute": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["binding", "channel"],
+            "properties": {
+                "binding": {"type": "string", "minLength": 1},
+                "channel": {"type": "string", "minLength": 1},
+                "thread": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            },
+        },
+        "input": {
+            "type": "object",
+            "additionalProperties": False,
+            "minProperties": 1,
+            "maxProperties": 1,
+            "properties": {
+                "prompt": {"type": "string", "minLength": 1},
+                "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            },
+        },
+        "workspaceTemplate": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "continuedFromJobId": _OPTIONAL_ID,
+        "providerBinding": _OPTIONAL_ID,
+        "userId": _OPTIONAL_ID,
+        "organizationId": {
+            "description": "Admin tokens only: the organization of the job",
+            **_OPTIONAL_ID,
+        },
+    },
+}
+ANSWER_BODY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["answer"],
+    "properties": {"answer": {}, "toolCallId": _OPTIONAL_ID},
+}
+CANCEL_BODY = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"reason": {"type": "string", "maxLength": 1000}},
+}
+
+
+def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": required,
+            "content": {"application/json": {"schema": schema}},
+        }
+    }
+
+
+def _ok(code: int, text: str) -> dict[int | str, dict[str, Any]]:
+    return {code: {"description": text}}
 
 
 def _path(request: Request, suffix: str) -> str:
@@ -88,7 +165,15 @@ def _check_agent(agent_id: str) -> None:
         raise InvalidInput("agentId", f"agentId {agent_id!r} is not in the agents registry", known)
 
 
-@router.post("/agent-jobs", status_code=201)
+@router.post(
+    "/agent-jobs",
+    status_code=201,
+    responses={
+        **_ok(200, "A retried create: the job it made"),
+        **errors_documented(400, 401, 403, 409, 413, 422, 503),
+    },
+    openapi_extra=_body(CREATE_BODY),
+)
 async def create_agent_job(request: Request, state: State, caller: Caller) -> JSONResponse:
     """Create a background agent job for the token's organization (201; 200 for a retried
     create of the same `sourceToolCallId` in the same owner session)."""
@@ -123,22 +208,27 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
     )
 
 
-@router.get("/agent-jobs", dependencies=[_takes_query(*LIST_QUERY)])
-async def list_agent_jobs(
+@router.get(
+    "/sessions/{sessionId}/agent-jobs",
+    responses=errors_documented(401, 404, 422, 503),
+    dependencies=[_takes_query("status", "agentId", "limit", "cursor")],
+)
+async def list_session_agent_jobs(
     request: Request,
     state: State,
     caller: Caller,
-    status: Annotated[str | None, Query()] = None,
+    session_id: Annotated[str, Path(alias="sessionId", description="The owner session id")],
+    status: Annotated[str | None, STATUS_QUERY] = None,
     agent_id: Annotated[str | None, Query(alias="agentId", max_length=200)] = None,
-    owner_session_id: Annotated[str | None, Query(alias="ownerSessionId", max_length=200)] = None,
-    organization_id: Annotated[str | None, Query(alias="organizationId", max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
 ) -> JSONResponse:
-    """The caller's agent jobs, newest first (keyset cursor)."""
-    return await _list(
-        request, state, caller, status, agent_id, owner_session_id, organization_id, limit, cursor
-    )
+    """The owner session's agent jobs, newest first (keyset cursor). (A list of every job of
+    an organization is the console's, for admin tokens.)"""
+    owner = await lifecycle.session_organization(state.require_store(), session_id)
+    if owner is None or not caller.sees(owner):
+        raise ApiError(404, "not_found", f"no session {session_id!r}", field="sessionId")
+    return await _list(request, state, caller, status, agent_id, session_id, None, limit, cursor)
 
 
 async def _list(
@@ -184,7 +274,11 @@ def _cursor(job: AgentJob) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-@router.get("/agent-jobs/{agentJobId}", dependencies=[_takes_query()])
+@router.get(
+    "/agent-jobs/{agentJobId}",
+    responses=errors_documented(401, 404, 422, 503),
+    dependencies=[_takes_query()],
+)
 async def get_agent_job(
     request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
 ) -> JSONResponse:
@@ -194,7 +288,11 @@ async def get_agent_job(
     )
 
 
-@router.get("/agent-jobs/{agentJobId}/events", dependencies=[_takes_query("after", "limit")])
+@router.get(
+    "/agent-jobs/{agentJobId}/events",
+    responses=errors_documented(401, 404, 422, 503),
+    dependencies=[_takes_query("after", "limit")],
+)
 async def agent_job_events(
     state: State,
     caller: Caller,
@@ -218,7 +316,13 @@ async def agent_job_events(
     )
 
 
-@router.post("/agent-jobs/{agentJobId}/input", status_code=202, dependencies=[_takes_query()])
+@router.post(
+    "/agent-jobs/{agentJobId}/input",
+    status_code=202,
+    responses=errors_documented(400, 401, 404, 409, 413, 422, 503),
+    openapi_extra=_body(ANSWER_BODY),
+    dependencies=[_takes_query()],
+)
 async def answer_agent_job(
     request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
 ) -> JSONResponse:
@@ -241,12 +345,16 @@ async def answer_agent_job(
 # --- the operator console (admin tokens only) -------------------------------------------------
 
 
-@router.get("/console/agent-jobs", dependencies=[_takes_query(*LIST_QUERY)])
+@router.get(
+    "/console/agent-jobs",
+    responses=errors_documented(401, 403, 422, 503),
+    dependencies=[_takes_query(*LIST_QUERY)],
+)
 async def console_list(
     request: Request,
     state: State,
     caller: Caller,
-    status: Annotated[str | None, Query()] = None,
+    status: Annotated[str | None, STATUS_QUERY] = None,
     agent_id: Annotated[str | None, Query(alias="agentId", max_length=200)] = None,
     owner_session_id: Annotated[str | None, Query(alias="ownerSessionId", max_length=200)] = None,
     organization_id: Annotated[str | None, Query(alias="organizationId", max_length=200)] = None,
@@ -260,7 +368,11 @@ async def console_list(
     )
 
 
-@router.get("/console/agent-jobs/{agentJobId}", dependencies=[_takes_query()])
+@router.get(
+    "/console/agent-jobs/{agentJobId}",
+    responses=errors_documented(401, 403, 404, 422, 503),
+    dependencies=[_takes_query()],
+)
 async def console_show(
     request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
 ) -> JSONResponse:
@@ -298,7 +410,11 @@ async def console_show(
 
 
 @router.post(
-    "/console/agent-jobs/{agentJobId}/cancel", status_code=202, dependencies=[_takes_query()]
+    "/console/agent-jobs/{agentJobId}/cancel",
+    status_code=202,
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
+    openapi_extra=_body(CANCEL_BODY, required=False),
+    dependencies=[_takes_query()],
 )
 async def console_cancel(
     request: Request, state: State, caller: Caller, agent_job_id: AgentJobId

@@ -26,6 +26,7 @@ from roles.api.app import (
     _takes_query,
     sse_receipt,
 )
+from roles.api.schema import errors_documented
 
 log = logging.getLogger("roles.api.routes.sessions")
 router = APIRouter(tags=["sessions"])
@@ -81,7 +82,29 @@ async def session_events(
             stop.cancel()
 
 
-@router.get("/sessions/{sessionId}/events", dependencies=[_takes_query("after", "limit")])
+@router.get(
+    "/sessions/{sessionId}/events",
+    responses={
+        200: {
+            "description": "The session's receipts as JSON, or with `Accept: text/event-stream` "
+            "a live stream: one event per receipt (`id` = seq, `data` = the receipt).",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **errors_documented(401, 404, 422, 503),
+    },
+    openapi_extra={
+        "parameters": [
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": False,
+                "description": "Resume after this seq; wins over `after`",
+                "schema": {"type": "integer", "minimum": 0},
+            }
+        ]
+    },
+    dependencies=[_takes_query("after", "limit")],
+)
 async def get_session_events(
     request: Request,
     state: State,
