@@ -47,7 +47,8 @@ class CreateRequest:
     provider_binding: str | None = None
 
 
-def _params(job: AgentJob) -> dict[str, Any]:
+def projection_params(job: AgentJob) -> dict[str, Any]:
+    """The `agent_jobs` projection row of a folded agent job, as statement parameters."""
     return {
         "agent_job_id": job.agent_job_id,
         "seq": job.seq,
@@ -119,7 +120,7 @@ async def append(tx: Tx, job: AgentJob | None, drafts: Sequence[Draft]) -> Agent
     session = model.session_stream(folded.owner_session_id)
     await tx.lock_streams([stream, session] if entered else [stream])
     await tx.append(stream, drafts, expected_seq=start)
-    await tx.conn.execute(query("agent_job_upsert"), _params(folded))
+    await tx.conn.execute(query("agent_job_upsert"), projection_params(folded))
     for state in entered:
         await _wake(tx, state, session)
     return folded

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from receipts.agent_jobs import projection as agent_job_projection
 from receipts.projections import rebuild, verify
 from receipts.settings import Settings
 from roles.infra.db import migrate_url, open_store, resolve_url
@@ -35,7 +36,7 @@ def migrate_command() -> None:
 @main.command("rebuild-projections")
 @click.option("--verify-only", is_flag=True, help="Only compare; print differences, write nothing.")
 def rebuild_projections_command(verify_only: bool) -> None:
-    """Rebuild the jobs projection from the receipt chain (or verify it with --verify-only).
+    """Rebuild the jobs and agent_jobs projections from the receipt chain (or verify them).
 
     Exits 1 when --verify-only finds a difference.
     """
@@ -46,13 +47,15 @@ def rebuild_projections_command(verify_only: bool) -> None:
         store = await open_store(url)
         try:
             if verify_only:
-                problems = await verify(store)
+                problems = await verify(store) + await agent_job_projection.verify(store)
                 for line in problems:
                     click.echo(line)
                 click.echo(f"projection differences: {len(problems)}")
                 return 1 if problems else 0
             count = await rebuild(store)
             click.echo(f"jobs projection rebuilt from the chain: {count} jobs")
+            count = await agent_job_projection.rebuild(store)
+            click.echo(f"agent_jobs projection rebuilt from the chain: {count} agent jobs")
             return 0
         finally:
             await store.close()

@@ -364,3 +364,31 @@ async def test_a_refused_transition_writes_nothing(store: Store) -> None:
                 tx, locked, [Draft(model.TRANSITIONED, {"from": "queued", "to": "succeeded"})]
             )
     assert len(await store.read_stream(model.stream_of(job.agent_job_id))) == 1
+
+
+async def test_the_projection_is_the_fold_of_the_chain_and_rebuilds(store: Store) -> None:
+    from receipts.agent_jobs import projection
+
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(4)]
+    await dispatcher(store).run_once()
+    await play_turn(
+        store,
+        await current(store, jobs[0].agent_job_id),
+        {"outcome": "needs_input", "question": "q", "toolCallId": "c"},
+    )
+    await lifecycle.cancel(store, jobs[3].agent_job_id, reason="x")
+    await dispatcher(store).run_once()
+    assert await projection.verify(store) == []
+    async with store.transaction() as tx:
+        await tx.conn.execute(
+            "UPDATE agent_jobs SET state = jsonb_set(state, '{turn}', '7') "
+            "WHERE agent_job_id = %(id)s",
+            {"id": jobs[1].agent_job_id},
+        )
+    assert await projection.verify(store) == [
+        f"agent job {jobs[1].agent_job_id}: projection differs from the fold of its chain"
+    ]
+    await projection.rebuild(store)
+    assert await projection.verify(store) == []
+    assert (await current(store, jobs[1].agent_job_id)).turn == 1
