@@ -180,6 +180,7 @@ class SandboxResult:
 
 
 OutputSink = Callable[[str], Awaitable[None]]
+StdinFeeder = Callable[[asyncio.StreamWriter], Awaitable[None]]
 
 
 # ---------------------------------------------------------------------------------- workspaces
@@ -545,6 +546,7 @@ async def run_sandboxed(
     on_output: OutputSink | None = None,
     aborted: asyncio.Event | None = None,
     settings: SandboxSettings | None = None,
+    feed_stdin: StdinFeeder | None = None,
 ) -> SandboxResult:
     """Run `argv` confined in `workspace` and return how it ended.
 
@@ -557,7 +559,8 @@ async def run_sandboxed(
     - `network`: share the host's network (egress) instead of an empty namespace.
     - `limits`: rlimits (default: the settings'); `on_output(text)`: stdout and stderr merged,
       decoded as UTF-8, in chunks as they arrive; `aborted`: when set, the sandbox is killed
-      and the result says `aborted`.
+      and the result says `aborted`; `feed_stdin(writer)`: runs beside the command with its
+      stdin (otherwise /dev/null), cancelled when it ends; an agent turn's request and steers.
 
     Raises SandboxRefused (never retryable) when the command cannot be started. Cancelling the
     call kills the sandbox too. It returns only once every process of the sandbox is gone,
@@ -596,7 +599,7 @@ async def run_sandboxed(
             *line,
             cwd=work_dir,
             env=command_env,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE if feed_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
@@ -611,6 +614,7 @@ async def run_sandboxed(
         os.close(info_write)
     sandbox = _Running(process, info_read if confined else None)
     pump = asyncio.create_task(_pump(process, on_output))
+    feeder = asyncio.create_task(_feed(process, feed_stdin)) if feed_stdin is not None else None
     waiters: set[asyncio.Future[Any]] = {pump}
     abort_wait = asyncio.create_task(aborted.wait()) if aborted is not None else None
     if abort_wait is not None:
@@ -626,12 +630,23 @@ async def run_sandboxed(
     finally:
         if abort_wait is not None:
             abort_wait.cancel()
+        if feeder is not None:
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await feeder
         if process.returncode is None or not sandbox.finished:
             await asyncio.shield(sandbox.kill(confined))
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await pump
         sandbox.close()
+
+
+async def _feed(process: asyncio.subprocess.Process, feed_stdin: StdinFeeder) -> None:
+    # A command that closed its stdin (or exited) ends the feeding, not the run.
+    assert process.stdin is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        await feed_stdin(process.stdin)
 
 
 async def _pump(process: asyncio.subprocess.Process, on_output: OutputSink | None) -> None:

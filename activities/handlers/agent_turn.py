@@ -5,7 +5,6 @@ workspace with the turn request on stdin, hand steers to it while it runs, and r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -15,62 +14,53 @@ from pathlib import Path
 from typing import Any
 
 from activities.handlers import HandlerContext, HandlerError
-
-# The codex handler's command runner: its argv wrapper (parent-death signal today, the command
-# sandbox where configured) and its process-group stop. Agent turns are commands like any other.
-from activities.handlers.codex import _stop as stop_command
-from activities.handlers.codex import _wrapped as wrap_command
+from activities.sandbox import (
+    SandboxRefused,
+    SandboxSettings,
+    prepare_workspace,
+    run_sandboxed,
+    workspace_name,
+)
 from receipts.agent_jobs import lifecycle, protocol
 from receipts.agent_jobs.model import AgentJob
-from receipts.agent_jobs.registry import (
-    AgentDefinition,
-    AgentJobSettings,
-    RegistryError,
-    load_registry,
-)
+from receipts.agent_jobs.registry import AgentDefinition, RegistryError, load_registry
 
 log = logging.getLogger("activities.handlers.agent_turn")
 
 STEER_POLL_S = 0.25
 PROGRESS_INTERVAL_S = 0.5
 TAIL_LINES = 200
-ENV_PASSED = ("PATH", "LANG", "LC_ALL", "TZ")
+WORKSPACES_DIR = ".agent-jobs"
 
 
-def workspace_of(root: Path, job: AgentJob) -> Path:
-    """The job's workspace: its owner's (itself, or the job it continues)."""
-    return root.resolve() / job.workspace_owner_job_id
+def workspace_of(job: AgentJob, settings: SandboxSettings) -> Path:
+    """The job's workspace, `RECEIPT_WORKSPACE_ROOT/.agent-jobs/<workspaceOwnerJobId>`: its
+    own, or that of the job it continues."""
+    return settings.workspace_root / WORKSPACES_DIR / workspace_name(job.workspace_owner_job_id)
 
 
-def prepare_workspace(root: Path, job: AgentJob, agent: AgentDefinition) -> Path:
-    """Create the workspace if needed; write AGENTS.md on first initialisation only."""
-    path = workspace_of(root, job)
-    path.mkdir(parents=True, exist_ok=True)
-    agents_md = path / "AGENTS.md"
+def initialise_workspace(job: AgentJob, agent: AgentDefinition, settings: SandboxSettings) -> Path:
+    """Create the workspace (owned by the sandbox's uid) and, on first initialisation only,
+    write AGENTS.md."""
+    workspace = workspace_of(job, settings)
+    uid = prepare_workspace(workspace, settings)
+    agents_md = workspace / "AGENTS.md"
     if not agents_md.exists():
-        agents_md.write_text(protocol.compose_agents_md(job, agent, str(path)), encoding="utf-8")
+        agents_md.write_text(
+            protocol.compose_agents_md(job, agent, str(workspace)), encoding="utf-8"
+        )
+        if uid is not None:
+            os.chown(agents_md, uid, uid)
         log.info(
             "agent workspace initialised",
             extra={"event": "agent_turn.workspace_initialised", "agentJobId": job.agent_job_id},
         )
-    return path
-
-
-def _env(agent: AgentDefinition, job: AgentJob, workspace: Path) -> dict[str, str]:
-    # An allow-list: nothing of the worker's own environment (its secrets) reaches the agent.
-    env = {name: os.environ[name] for name in ENV_PASSED if name in os.environ}
-    env.setdefault("PATH", os.defpath)
-    env.update(agent.env)
-    env.update(
-        HOME=str(workspace),
-        RECEIPT_AGENT_JOB_ID=job.agent_job_id,
-        RECEIPT_AGENT_WORKSPACE=str(workspace),
-    )
-    return env
+    return workspace
 
 
 async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
-    """Run one turn and return its outcome (done / needs_input / failed / quota_exhausted)."""
+    """Run one turn in the command sandbox and return its outcome (done / needs_input /
+    failed / quota_exhausted)."""
     spec = ctx.payload.get("agentJob")
     if not isinstance(spec, dict) or not isinstance(spec.get("agentJobId"), str):
         raise HandlerError("payload.agentJob.agentJobId is required", retryable=False)
@@ -83,8 +73,11 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
         return _failed(str(exc))
     if agent is None:
         return _failed(f"agent {job.agent_id!r} is not in the agents registry", retryable=False)
-    settings = AgentJobSettings()
-    workspace = prepare_workspace(settings.workspaces, job, agent)
+    try:
+        settings = SandboxSettings.from_env()
+        workspace = initialise_workspace(job, agent, settings)
+    except (ValueError, SandboxRefused, OSError) as exc:
+        return _failed(f"the workspace could not be prepared: {exc}")
     request = protocol.turn_request(
         job,
         agent,
@@ -92,20 +85,23 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
         turn=int(spec.get("turn", job.turn)),
         workspace=str(workspace),
     )
-    env = _env(agent, job, workspace)
+    turn = _Turn(ctx, request)
     try:
-        process = await asyncio.create_subprocess_exec(
-            *wrap_command(list(agent.command), str(workspace), env),
-            cwd=str(workspace),
-            env=env,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
+        ended = await run_sandboxed(
+            list(agent.command),
+            workspace=workspace,
+            env={**agent.env, "AGENT_JOB_ID": job.agent_job_id},
+            network=job.agent_id in settings.egress_agents,
+            on_output=turn.output,
+            aborted=ctx.aborted,
+            settings=settings,
+            feed_stdin=turn.feed,
         )
-    except OSError as exc:
-        return _failed(f"could not start {agent.command[0]!r}: {exc}")
-    outcome = await _converse(ctx, process, request)
+    except SandboxRefused as exc:
+        return _failed(str(exc), retryable=False)
+    if ended.aborted:
+        raise HandlerError("aborted", retryable=False)
+    outcome = await turn.outcome(ended.exit_code)
     if outcome.get("outcome") == "done":
         follow_ups = await _consume_follow_ups(ctx)
         if follow_ups:
@@ -117,7 +113,7 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
             "agentJobId": job.agent_job_id,
             "jobId": ctx.job.job_id,
             "outcome": outcome.get("outcome"),
-            "exitCode": process.returncode,
+            "exitCode": ended.exit_code,
         },
     )
     return outcome
@@ -127,83 +123,63 @@ def _failed(error: str, retryable: bool = True) -> dict[str, Any]:
     return {"outcome": "failed", "error": error, "retryable": retryable}
 
 
-async def _converse(
-    ctx: HandlerContext, process: asyncio.subprocess.Process, request: dict[str, Any]
-) -> dict[str, Any]:
-    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    stdout_lines: deque[str] = deque(maxlen=TAIL_LINES)
-    stderr_tail: deque[str] = deque(maxlen=20)
-    unsent: list[str] = []
-    last_sent = 0.0
+class _Turn:
+    """One running turn: its stdin (the request, then steers) and its output lines."""
 
-    async def write(line: dict[str, Any]) -> bool:
-        assert process.stdin is not None
-        try:
-            process.stdin.write((json.dumps(line, separators=(",", ":")) + "\n").encode())
-            await process.stdin.drain()
-            return True
-        except (BrokenPipeError, ConnectionResetError):
-            return False
+    def __init__(self, ctx: HandlerContext, request: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.request = request
+        self.lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self.partial = ""
+        self.unsent: list[str] = []
+        self.last_sent = 0.0
 
-    async def read_stdout() -> None:
-        nonlocal last_sent
-        assert process.stdout is not None
-        while raw := await process.stdout.readline():
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            stdout_lines.append(line)
-            unsent.append(line)
-            if time.monotonic() - last_sent >= PROGRESS_INTERVAL_S:
-                await ctx.progress({"output": "\n".join(unsent)[-8_000:]})
-                unsent.clear()
-                last_sent = time.monotonic()
-
-    async def read_stderr() -> None:
-        assert process.stderr is not None
-        while raw := await process.stderr.readline():
-            stderr_tail.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
-
-    async def steer() -> None:
-        # Steers reach the running turn on stdin, each consumed once (queue.command.consumed).
+    async def feed(self, stdin: asyncio.StreamWriter) -> None:
+        """Write the request line, then hand each steer to the turn and consume it once."""
+        await self._write(stdin, self.request)
         while True:
-            for command in await ctx.pending_commands():
+            await asyncio.sleep(STEER_POLL_S)
+            for command in await self.ctx.pending_commands():
                 if command.type != "steer":
                     continue
-                if not await write(protocol.steer_line(command.command_id, command.payload)):
-                    return
-                await ctx.consume(command.command_id)
+                await self._write(stdin, protocol.steer_line(command.command_id, command.payload))
+                await self.ctx.consume(command.command_id)
                 log.info(
                     "steer handed to the turn",
                     extra={"event": "agent_turn.steered", "commandId": command.command_id},
                 )
-            await asyncio.sleep(STEER_POLL_S)
 
-    readers: asyncio.Future[Any] = asyncio.gather(read_stdout(), read_stderr())
-    steering = asyncio.create_task(steer())
-    aborted: asyncio.Future[Any] = asyncio.create_task(ctx.aborted.wait())
-    try:
-        if not await write(request):
-            log.warning("turn closed stdin before its request", extra={"event": "agent_turn.stdin"})
-        done, _ = await asyncio.wait({readers, aborted}, return_when=asyncio.FIRST_COMPLETED)
-        if aborted in done:
-            await stop_command(process)
-            raise HandlerError("aborted", retryable=False)
-        await process.wait()
-    finally:
-        for task in (steering, aborted):
-            task.cancel()
-        if process.returncode is None:
-            await stop_command(process)
-        readers.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await readers
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await steering
-    if unsent:
-        await ctx.progress({"output": "\n".join(unsent)[-8_000:]})
-    outcome = protocol.parse_outcome(stdout_lines, process.returncode)
-    if outcome["outcome"] == "failed" and stderr_tail and "without an outcome" in outcome["error"]:
-        outcome["error"] += "; stderr: " + " | ".join(stderr_tail)[-2_000:]
-    return outcome
+    @staticmethod
+    async def _write(stdin: asyncio.StreamWriter, line: dict[str, Any]) -> None:
+        stdin.write((json.dumps(line, separators=(",", ":")) + "\n").encode())
+        await stdin.drain()
+
+    async def output(self, text: str) -> None:
+        """Collect output lines (stdout and stderr), streamed as throttled `job.progress`."""
+        *complete, self.partial = (self.partial + text).split("\n")
+        for line in complete:
+            self.lines.append(line)
+            self.unsent.append(line)
+        if time.monotonic() - self.last_sent >= PROGRESS_INTERVAL_S:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        if self.unsent:
+            await self.ctx.progress({"output": "\n".join(self.unsent)[-8_000:]})
+            self.unsent.clear()
+        self.last_sent = time.monotonic()
+
+    async def outcome(self, exit_code: int | None) -> dict[str, Any]:
+        """The outcome: the last JSON line with `outcome` (see `protocol.parse_outcome`)."""
+        if self.partial:
+            self.lines.append(self.partial)
+            self.unsent.append(self.partial)
+            self.partial = ""
+        await self._flush()
+        outcome = protocol.parse_outcome(self.lines, exit_code)
+        if outcome["outcome"] == "failed" and "without an outcome" in outcome["error"]:
+            outcome["error"] += "; output tail: " + " | ".join(list(self.lines)[-5:])[-2_000:]
+        return outcome
 
 
 async def _consume_follow_ups(ctx: HandlerContext) -> list[Any]:

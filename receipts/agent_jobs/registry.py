@@ -93,9 +93,6 @@ class AgentJobSettings(BaseSettings):
 
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
-    workspaces: Path = Field(
-        default=Path(".receipt") / "agent-workspaces", alias="RECEIPT_AGENT_WORKSPACES"
-    )
     input_timeout_ms: int | None = Field(
         default=None, ge=1, alias="RECEIPT_AGENT_JOB_INPUT_TIMEOUT_MS"
     )

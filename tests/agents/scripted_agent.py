@@ -6,7 +6,8 @@ Prompts: `done:<text>`; `ask:<question>` (needs_input on the first turn, done wi
 on the continuation); `fail` / `fail-hard` (retryable / not); `fail-delay:<ms>`; `crash` (exit 3,
 no outcome); `quota:<seconds>` (quota_exhausted with retryAt once, then done); `quota-bare`;
 `sleep:<seconds>` (then done); `steer` (wait for a steer line, then done with its payload);
-`agents-md` (done with the workspace's AGENTS.md). A turn with follow-ups answers them.
+`agents-md` (done with the workspace's AGENTS.md); `whoami:<path>` (its uid, whether it
+sees <path>, its environment's names). A turn with follow-ups answers them.
 """
 
 import json
@@ -69,6 +70,16 @@ def main() -> int:
         steer = json.loads(line) if line else None
         time.sleep(float(arg or 0))
         emit({"outcome": "done", "result": {"steer": steer}})
+    elif mode == "whoami":
+        import os
+
+        visible = Path(arg).exists()
+        emit(
+            {
+                "outcome": "done",
+                "result": {"uid": os.getuid(), "sees": visible, "env": sorted(os.environ)},
+            }
+        )
     elif mode == "agents-md":
         emit({"outcome": "done", "result": {"agentsMd": Path("AGENTS.md").read_text()}})
     else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -17,11 +16,10 @@ from receipts import operations as ops
 from receipts.agent_jobs import lifecycle, model
 from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.store import Store
-from tests.e2e.roles_harness import ROOT, RoleProcesses
+from tests.e2e.roles_harness import RoleProcesses
+from tests.integration.delivery.test_agent_jobs_delivery import scripted_registry
 
 pytestmark = pytest.mark.e2e
-
-AGENT = ROOT / "tests" / "agents" / "scripted_agent.py"
 
 
 def request(agent_id: str, prompt: str) -> CreateRequest:
@@ -98,13 +96,9 @@ async def test_killed_workers_mid_turn_leave_every_slot_free_once_jobs_settle(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses], tmp_path: Path
 ) -> None:
     store, _ = e2e_store
-    registry = tmp_path / "agents.yaml"
-    registry.write_text(
-        f"agents:\n  - id: scripted\n    command: [{sys.executable}, {AGENT}]\n", encoding="utf-8"
-    )
+    registry = scripted_registry(tmp_path / "agents.yaml")
     procs = roles(
         RECEIPT_AGENTS_FILE=str(registry),
-        RECEIPT_AGENT_WORKSPACES=str(tmp_path / "workspaces"),
         # Lease 10 s: heartbeat every 3.3 s, Temporal redelivers after 6.7 s without one.
         CODEX_JOB_LEASE_MS="10000",
         RECEIPT_AGENT_JOB_RETRY_BASE_MS="200",

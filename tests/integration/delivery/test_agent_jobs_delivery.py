@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
+import json
+import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,23 +31,29 @@ ROOT = Path(__file__).resolve().parents[3]
 AGENT = ROOT / "tests" / "agents" / "scripted_agent.py"
 
 
-@pytest.fixture
-def agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A registry with one scripted agent, and a workspace root, for this test."""
-    registry = tmp_path / "agents.yaml"
-    registry.write_text(
+def scripted_registry(path: Path) -> Path:
+    """A registry whose agent `scripted` runs tests/agents/scripted_agent.py in the sandbox
+    (its source inline: the sandbox sees the system and the workspace, not this checkout)."""
+    command = ["/usr/bin/python3", "-c", AGENT.read_text(encoding="utf-8")]
+    path.write_text(
         "agents:\n"
         "  - id: scripted\n"
-        f"    command: [{sys.executable}, {AGENT}]\n"
+        f"    command: {json.dumps(command)}\n"
         "    soul: Patient and exact.\n"
         "    mission: Do what the prompt says.\n"
         "    skills: [testing]\n"
         "    providerBinding: test-provider\n",
         encoding="utf-8",
     )
+    return path
+
+
+@pytest.fixture
+def agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The registry for this test; returns where agent-job workspaces are made."""
+    registry = scripted_registry(tmp_path / "agents.yaml")
     monkeypatch.setenv("RECEIPT_AGENTS_FILE", str(registry))
-    monkeypatch.setenv("RECEIPT_AGENT_WORKSPACES", str(tmp_path / "workspaces"))
-    return tmp_path / "workspaces"
+    return Path(os.environ["RECEIPT_WORKSPACE_ROOT"]).absolute() / ".agent-jobs"
 
 
 @contextlib.asynccontextmanager
@@ -216,3 +223,15 @@ async def test_a_retryable_failure_with_retry_delay_is_not_delivered_before_it(
     second_lease = [r for r in chain if r.type == "job.leased"][1]
     assert failed.data["retryDelayMs"] == 2_000
     assert (second_lease.recorded_at - failed.recorded_at).total_seconds() >= 2.0
+
+
+async def test_turns_run_in_the_command_sandbox(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path
+) -> None:
+    store = fresh_store
+    async with stack_with_dispatcher(client, store, fresh_db):
+        job, _ = await lifecycle.create(store, request(f"whoami:{ROOT}"))
+        done = await wait_for(store, job.agent_job_id, "succeeded")
+    assert done.result["sees"] is False  # this checkout is outside the sandbox's view
+    assert "RECEIPT_TEST_DATABASE_URL" not in done.result["env"]  # nothing of the worker's env
+    assert "AGENT_JOB_ID" in done.result["env"]
