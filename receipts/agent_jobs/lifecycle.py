@@ -16,6 +16,7 @@ from receipts.agent_jobs import model
 from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
+from receipts.jobs import Receipt
 from receipts.sql import query
 from receipts.store import Draft, Store, Tx, dumps
 
@@ -80,7 +81,6 @@ async def job_for_update(tx: Tx, agent_job_id: str) -> AgentJob | None:
     row = await _row(tx, "agent_job_for_update", {"agent_job_id": agent_job_id})
     if row is None:
         return None
-    tx._now = row[0]
     return AgentJob.model_validate(row[1])
 
 
@@ -107,8 +107,6 @@ async def append(tx: Tx, job: AgentJob | None, drafts: Sequence[Draft]) -> Agent
     now = await tx.now()
     folded = job
     entered: list[AgentJob] = []
-    from receipts.jobs import Receipt
-
     start = job.seq if job else 0
     for i, draft in enumerate(drafts):
         receipt = Receipt("", start + i + 1, draft.type, draft.data, now)
