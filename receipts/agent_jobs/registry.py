@@ -89,9 +89,10 @@ def load_registry(path: Path | None = None) -> Registry:
 
 
 class AgentJobSettings(BaseSettings):
-    """Settings of the agent-job layer; each field reads the environment variable in its alias."""
+    """Settings of the agent-job layer; each field reads the environment variable in its alias
+    (an empty value means the default, as the deployment's ConfigMap writes unset ones)."""
 
-    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True, env_ignore_empty=True)
 
     input_timeout_ms: int | None = Field(
         default=None, ge=1, alias="RECEIPT_AGENT_JOB_INPUT_TIMEOUT_MS"

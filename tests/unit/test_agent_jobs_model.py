@@ -347,3 +347,12 @@ def test_a_retryable_queue_failure_with_retry_delay_requeues_with_available_at()
         )
         assert failed is not None and failed.status == "queued"
         assert failed.available_at == later + expected
+
+
+def test_empty_settings_mean_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from receipts.agent_jobs.registry import AgentJobSettings
+
+    monkeypatch.setenv("RECEIPT_AGENT_JOB_INPUT_TIMEOUT_MS", "")
+    monkeypatch.setenv("RECEIPT_AGENT_JOB_RETRY_BASE_MS", "250")
+    settings = AgentJobSettings()
+    assert (settings.input_timeout_ms, settings.retry_base_ms) == (None, 250)
