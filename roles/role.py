@@ -353,7 +353,10 @@ async def _run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
     # The dispatcher runs beside the driver worker: its reads may plan the first runs.
     dispatcher = Dispatcher(runtime.store, runtime.listener, _starter(runtime, plan_first_run=True))
     runtime.spawn(dispatcher.run(), "dispatcher")
-    runtime.spawn(AgentJobDispatcher(runtime.store, runtime.listener).run(), "agent-jobs")
+    agent_jobs = AgentJobDispatcher(
+        runtime.store, runtime.listener, callbacks=runtime.settings, http=runtime.http
+    )
+    runtime.spawn(agent_jobs.run(), "agent-jobs")
     worker = driver_worker(
         runtime.client, runtime.store, runtime.settings, runtime.timing, http=runtime.http
     )

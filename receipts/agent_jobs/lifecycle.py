@@ -509,3 +509,9 @@ async def list_jobs(store: Store, params: dict[str, Any]) -> list[AgentJob]:
 async def running_by_agent(store: Store) -> dict[str, int]:
     """Running agent jobs per agent id (the slots in use)."""
     return {str(a): int(n) for a, n in await _ids(store, "agent_jobs_running_by_agent", {})}
+
+
+async def unposted_wakeups(store: Store, url: str, limit: int = 100) -> list[tuple[str, str, int]]:
+    """`(sourceId, sessionId, sessionSeq)` of recent wakeups not yet posted to `url`."""
+    rows = await _ids(store, "agent_wakeups_unposted", {"url": url, "limit": limit})
+    return [(str(a), str(b), int(c)) for a, b, c in rows]

@@ -105,3 +105,15 @@ DELETE FROM agent_jobs;
 
 -- name: agent_jobs_states
 SELECT agent_job_id, state FROM agent_jobs;
+
+-- name: agent_wakeups_unposted
+-- Wakeups of the last day whose event callback to a URL is neither posted, given up (5 tries)
+-- nor being posted (claimed within 30 s; see callback_claim).
+SELECT w.source_id, w.session_id, w.session_seq FROM agent_job_wakeups w
+WHERE w.created_at >= now() - interval '1 day'
+  AND NOT EXISTS (SELECT 1 FROM callback_posts c
+                  WHERE c.job_id = w.source_id AND c.event = 'session.wakeup' AND c.url = %(url)s
+                    AND (c.status = 'posted' OR c.attempts >= 5
+                         OR c.posted_at >= now() - interval '30 seconds'))
+ORDER BY w.created_at
+LIMIT %(limit)s;

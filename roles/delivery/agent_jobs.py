@@ -7,17 +7,28 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 
+import httpx
 from prometheus_client import Counter, Gauge, Histogram
 
+from activities.driver import CALLBACK_TIMEOUT_S, callback_headers
+from receipts import deliveries
 from receipts.agent_jobs import lifecycle
-from receipts.agent_jobs.model import SLOTS_PER_AGENT, STREAM_PREFIX, agent_job_id_of_queue_job
+from receipts.agent_jobs.model import (
+    SLOTS_PER_AGENT,
+    STREAM_PREFIX,
+    WAKEUP,
+    agent_job_id_of_queue_job,
+    session_stream,
+)
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.errors import ReceiptError
 from receipts.jobs import JOB_STREAM_PREFIX
 from receipts.listen import RECONNECTED, Listener, Notice
-from receipts.store import Store
+from receipts.settings import Settings
+from receipts.store import Store, dumps
 
 log = logging.getLogger("roles.delivery.agent_jobs")
 
@@ -34,6 +45,11 @@ SETTLED = Counter(
     "Settled turns by the status the agent job moved to (running: a follow-up turn).",
     ["status"],
 )
+WAKEUP_CALLBACKS = Counter(
+    "receipt_agent_job_wakeup_callbacks",
+    "Wakeup event callbacks by outcome (posted, failed).",
+    ["outcome"],
+)
 RUNNING = Gauge(
     "receipt_agent_jobs_running", "Running agent jobs (slots in use) by agent.", ["agent"]
 )
@@ -49,6 +65,7 @@ class DispatchPass:
     claimed: int = 0
     no_slot: int = 0
     timed_out: int = 0
+    callbacks: int = 0
 
 
 class AgentJobDispatcher:
@@ -60,11 +77,20 @@ class AgentJobDispatcher:
     name = "agent_job_dispatcher"
 
     def __init__(
-        self, store: Store, listener: Listener | None, settings: AgentJobSettings | None = None
+        self,
+        store: Store,
+        listener: Listener | None,
+        settings: AgentJobSettings | None = None,
+        *,
+        callbacks: Settings | None = None,
+        http: httpx.AsyncClient | None = None,
     ) -> None:
         self.store = store
         self.listener = listener
         self.settings = settings or AgentJobSettings()
+        # Wakeups are also posted to the event callback URLs when both are given.
+        self.callbacks = callbacks
+        self.http = http
 
     async def run_once(self) -> DispatchPass:
         """One pass; each job in its own transaction, so one failure stops nothing else."""
@@ -96,6 +122,8 @@ class AgentJobDispatcher:
             elif await self._agent_full(agent_id):
                 full.add(agent_id)
                 result.no_slot += 1
+        if self.callbacks is not None and self.http is not None:
+            result.callbacks = await self._post_wakeups(self.callbacks, self.http)
         for action in ("settled", "claimed", "no_slot", "timed_out"):
             if count := getattr(result, action):
                 ACTIONS.labels(action).inc(count)
@@ -114,6 +142,50 @@ class AgentJobDispatcher:
                 },
             )
         return result
+
+    async def _post_wakeups(self, settings: Settings, http: httpx.AsyncClient) -> int:
+        """Post `{event: "session.wakeup", sessionId, wakeup}` once per wakeup and URL (claimed
+        in `callback_posts`, as job callbacks are; a failed post is tried again by a later pass,
+        5 times at most). A callback failure never changes a job."""
+        posted = 0
+        for url in settings.callback_urls:
+            for source_id, session_id, seq in await lifecycle.unposted_wakeups(self.store, url):
+                if not await deliveries.claim_callback(self.store, source_id, WAKEUP, url):
+                    continue
+                found = await self.store.read_stream(session_stream(session_id), seq - 1, 1)
+                if not found or found[0].type != WAKEUP:
+                    continue
+                body = dumps(
+                    {"event": WAKEUP, "sessionId": session_id, "wakeup": found[0].to_json()}
+                ).encode()
+                message_id = f"msg_{uuid.uuid5(uuid.NAMESPACE_URL, f'{source_id}:{url}').hex}"
+                error: str | None = None
+                try:
+                    response = await http.post(
+                        url,
+                        content=body,
+                        headers=callback_headers(settings, message_id, body),
+                        timeout=CALLBACK_TIMEOUT_S,
+                    )
+                    if response.status_code >= 300:
+                        error = f"HTTP {response.status_code}"
+                except httpx.HTTPError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                status = "posted" if error is None else "failed"
+                await deliveries.callback_result(self.store, source_id, WAKEUP, url, status, error)
+                WAKEUP_CALLBACKS.labels(status).inc()
+                posted += error is None
+                log.log(
+                    logging.INFO if error is None else logging.WARNING,
+                    "wakeup callback %s",
+                    status,
+                    extra={
+                        "event": "agent_job.wakeup_callback",
+                        "sourceId": source_id,
+                        "error": error,
+                    },
+                )
+        return posted
 
     async def _agent_full(self, agent_id: str) -> bool:
         async with self.store.transaction() as tx:

@@ -8,21 +8,25 @@ turns on Temporal.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 
 from receipts import operations as ops
-from receipts.agent_jobs import lifecycle, model
+from receipts.agent_jobs import lifecycle, model, projection
 from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.errors import ConflictError, InvariantError
+from receipts.settings import Settings
 from receipts.sql import query
-from receipts.store import Store
+from receipts.store import Draft, Store
 from roles.delivery.agent_jobs import AgentJobDispatcher
+from tests.integration.delivery.receiver import Receiver
 
 RETRY_BASE_MS = 50
 
@@ -355,8 +359,6 @@ async def test_sessions_belong_to_one_organization_and_creates_are_idempotent(st
 async def test_a_refused_transition_writes_nothing(store: Store) -> None:
     agent = f"agent-{uuid.uuid4().hex[:6]}"
     job, _ = await lifecycle.create(store, request(agent))
-    from receipts.store import Draft
-
     with pytest.raises(InvariantError, match="queued -> succeeded"):
         async with store.transaction() as tx:
             locked = await lifecycle.job_for_update(tx, job.agent_job_id)
@@ -367,8 +369,6 @@ async def test_a_refused_transition_writes_nothing(store: Store) -> None:
 
 
 async def test_the_projection_is_the_fold_of_the_chain_and_rebuilds(store: Store) -> None:
-    from receipts.agent_jobs import projection
-
     agent = f"agent-{uuid.uuid4().hex[:6]}"
     jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(4)]
     await dispatcher(store).run_once()
@@ -392,3 +392,27 @@ async def test_the_projection_is_the_fold_of_the_chain_and_rebuilds(store: Store
     await projection.rebuild(store)
     assert await projection.verify(store) == []
     assert (await current(store, jobs[1].agent_job_id)).turn == 1
+
+
+async def test_wakeups_are_posted_to_the_event_callback_once(store: Store) -> None:
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    async with Receiver() as receiver, httpx.AsyncClient() as http:
+        settings = Settings(
+            RECEIPT_EVENT_CALLBACK_URL=receiver.url, RECEIPT_CALLBACK_SIGNING_SECRET="s3cret"
+        )
+        posting = AgentJobDispatcher(store, None, AgentJobSettings(), callbacks=settings, http=http)
+        await posting.run_once()
+        await play_turn(
+            store,
+            await current(store, job.agent_job_id),
+            {"outcome": "needs_input", "question": "q", "toolCallId": "c"},
+        )
+        await posting.run_once()
+        await posting.run_once()  # a second pass posts nothing again
+        mine = [r for r in receiver.requests if job.agent_job_id in r.body.decode()]
+        assert len(mine) == 1
+        body = json.loads(mine[0].body)
+        assert body["event"] == "session.wakeup" and body["sessionId"] == job.owner_session_id
+        assert body["wakeup"]["data"]["sourceId"] == f"{job.agent_job_id}:waiting_on_user:1:1"
+        assert Receiver.verify(mine[0], b"s3cret")
