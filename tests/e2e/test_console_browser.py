@@ -180,3 +180,35 @@ async def test_the_api_reference_renders_offline(api: RunningApi, browser: Brows
     await expect(page.locator(".swagger-ui .title")).to_contain_text("Receipt API")
     await expect(page.get_by_text("/agents/{agentId}/jobs").first).to_be_visible()
     assert foreign == []
+
+
+async def test_answer_an_agent_jobs_question(
+    api: RunningApi, store: Store, browser: Browser
+) -> None:
+    from receipts.agent_jobs import lifecycle
+    from tests.integration.test_agent_jobs import current, dispatcher, play_turn, request
+
+    agent = f"agent-{new_id()}"
+    job = (await lifecycle.create(store, request(agent)))[0]
+    await dispatcher(store).run_once()
+    await play_turn(
+        store,
+        await current(store, job.agent_job_id),
+        {"outcome": "needs_input", "question": "Deploy to staging first?", "toolCallId": "c-1"},
+    )
+    await dispatcher(store).run_once()
+    foreign: list[str] = []
+    page = await signed_in_page(browser, api, foreign)
+    await page.get_by_role("link", name="Agent jobs").click()
+    await page.fill('input[name="agentId"]', agent)
+    await page.get_by_role("button", name="Filter").click()
+    await page.get_by_role("link", name=job.agent_job_id).click()
+    await expect(page.locator("#question")).to_have_text("Deploy to staging first?")
+    await shot(page, "console-agent-job.png")
+    await page.fill('textarea[name="answer"]', "yes, staging first")
+    await page.get_by_role("button", name="Answer").click()
+    await expect(page.locator(".notice")).to_contain_text("answered; the job is running")
+    await expect(page.locator("#status")).to_have_text("running")
+    resumed = await current(store, job.agent_job_id)
+    assert resumed.answer == {"toolCallId": "c-1", "answer": {"text": "yes, staging first"}}
+    assert foreign == []

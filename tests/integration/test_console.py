@@ -187,3 +187,56 @@ async def test_docs_are_served_from_installed_assets(db_url: str, store: Store) 
         for source in sources:
             asset = await client.get(source)
             assert asset.status_code == 200 and len(asset.content) > 200, source
+
+
+async def test_agent_job_pages_answer_the_question_and_cancel(db_url: str, store: Store) -> None:
+    from receipts.agent_jobs import lifecycle
+    from tests.integration.test_agent_jobs import current, dispatcher, play_turn, request
+
+    agent = f"agent-{new_id()}"
+    asking, other = [(await lifecycle.create(store, request(agent)))[0] for _ in range(2)]
+    foreign = (await lifecycle.create(store, request(agent, organization_id="org-b")))[0]
+    await dispatcher(store).run_once()
+    await play_turn(
+        store,
+        await current(store, asking.agent_job_id),
+        {"outcome": "needs_input", "question": "Which branch?", "toolCallId": "call-7"},
+    )
+    await dispatcher(store).run_once()
+    assert (await current(store, asking.agent_job_id)).status == "waiting_on_user"
+    async with api_client(db_url, store=store) as client:
+        csrf = await sign_in(client, TOKEN_A)
+        listed = await client.get("/console/agents/jobs", params={"agentId": agent})
+        assert asking.agent_job_id in listed.text and other.agent_job_id in listed.text
+        assert foreign.agent_job_id not in listed.text
+        hidden = await client.get(f"/console/agents/jobs/{foreign.agent_job_id}")
+        assert hidden.status_code == 404
+        page = await client.get(f"/console/agents/jobs/{asking.agent_job_id}")
+        assert "Which branch?" in page.text and "request_user_input" in page.text
+        assert f"{asking.agent_job_id}:waiting_on_user:1:1" in page.text  # the wakeup's source id
+        assert f"{asking.agent_job_id}:attempt:1" in page.text  # the turn's queue job
+        forged = await client.post(
+            f"/console/agents/jobs/{asking.agent_job_id}/answer",
+            **form({"answer": "main", "toolCallId": "call-7"}),  # type: ignore[arg-type]
+        )
+        assert forged.status_code == 403
+        answered = await client.post(
+            f"/console/agents/jobs/{asking.agent_job_id}/answer",
+            **form({"csrf": csrf, "answer": "main", "toolCallId": "call-7"}),  # type: ignore[arg-type]
+        )
+        assert answered.status_code == 303 and "answered" in answered.headers["location"]
+        resumed = await current(store, asking.agent_job_id)
+        assert resumed.answer == {"toolCallId": "call-7", "answer": {"text": "main"}}
+        stopped = await client.post(
+            f"/console/agents/jobs/{other.agent_job_id}/cancel",
+            **form({"csrf": csrf, "reason": "not needed"}),  # type: ignore[arg-type]
+        )
+        assert stopped.status_code == 303
+        foreign_cancel = await client.post(
+            f"/console/agents/jobs/{foreign.agent_job_id}/cancel",
+            **form({"csrf": csrf}),  # type: ignore[arg-type]
+        )
+        assert foreign_cancel.status_code == 404
+    canceled = await current(store, other.agent_job_id)
+    assert canceled.cancel_requested or canceled.status == "stopped"
+    assert (await current(store, foreign.agent_job_id)).status == "running"

@@ -59,7 +59,7 @@ def temporal_namespace() -> str:
     return os.environ.get("RECEIPT_TEMPORAL_NAMESPACE", "default")
 
 
-def _render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
+def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
     html = _templates.get_template(name).render(**context)
     return HTMLResponse(
         html,
@@ -75,7 +75,7 @@ def _render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
     )
 
 
-def _store(request: Request) -> Any:
+def store_of(request: Request) -> Any:
     return request.app.state.api.require_store()
 
 
@@ -188,7 +188,7 @@ async def console_root() -> RedirectResponse:
 
 @router.get("/login")
 async def login_page(request: Request) -> HTMLResponse:
-    return _render("login.html", session=None, error=request.query_params.get("error"))
+    return render("login.html", session=None, error=request.query_params.get("error"))
 
 
 @router.post("/login")
@@ -200,7 +200,7 @@ async def login(request: Request) -> Response:
         return RedirectResponse("/console/jobs", status_code=303)
     if not token or tokens.authenticate(token) is None:
         log.info("console sign-in refused", extra={"event": "console.sign_in_refused"})
-        return _render("login.html", status=401, session=None, error="unknown token")
+        return render("login.html", status=401, session=None, error="unknown token")
     log.info("console sign-in", extra={"event": "console.sign_in"})
     response = RedirectResponse("/console/jobs", status_code=303)
     response.set_cookie(
@@ -228,7 +228,7 @@ async def logout(request: Request) -> Response:
 @router.get("/jobs")
 async def jobs_page(request: Request) -> HTMLResponse:
     session = session_of(request)
-    store = _store(request)
+    store = store_of(request)
     filters = _filters(request)
     params = _list_params(session, filters)
     counts = dict(
@@ -253,7 +253,7 @@ async def jobs_page(request: Request) -> HTMLResponse:
         if len(found) > PAGE_SIZE
         else None
     )
-    return _render(
+    return render(
         "jobs.html",
         session=session,
         jobs=page,
@@ -271,7 +271,7 @@ async def jobs_page(request: Request) -> HTMLResponse:
 async def job_events(request: Request, jobId: str) -> Response:
     """The job's receipts as a live event stream, authenticated by the console session."""
     session = session_of(request)
-    job = _visible(session, await _store(request).get_job(jobId))
+    job = _visible(session, await store_of(request).get_job(jobId))
     if job is None:
         return Response("no such job", status_code=404)
     api = request.app.state.api
@@ -297,12 +297,12 @@ async def job_events(request: Request, jobId: str) -> Response:
 @router.get("/jobs/{jobId:path}")
 async def job_page(request: Request, jobId: str) -> HTMLResponse:
     session = session_of(request)
-    store = _store(request)
+    store = store_of(request)
     job = _visible(session, await store.get_job(jobId))
     if job is None:
-        return _render("missing.html", status=404, session=session, what=f"job {jobId}")
+        return render("missing.html", status=404, session=session, what=f"job {jobId}")
     receipts = await store.read_stream(jobmodel.job_stream(jobId), 0, TIMELINE_LIMIT)
-    return _render(
+    return render(
         "job.html",
         session=session,
         job=job,
@@ -334,7 +334,7 @@ async def job_command(request: Request, jobId: str) -> Response:
         except ValueError:
             payload = {"message": text}
     outcome = await operations.add_command(
-        _store(request),
+        store_of(request),
         jobId,
         type=command_type,
         payload=payload,
@@ -360,7 +360,7 @@ async def job_retry(request: Request, jobId: str) -> Response:
     session = session_of(request)
     await read_form(request, session)
     outcome = await retries.retry(
-        _store(request),
+        store_of(request),
         jobId,
         organization_id=session.principal.organization_id,
         admin=session.principal.admin,
@@ -384,7 +384,7 @@ async def job_retry(request: Request, jobId: str) -> Response:
 @router.get("/failed")
 async def failed_page(request: Request) -> HTMLResponse:
     session = session_of(request)
-    rows = await _store(request).fetch(
+    rows = await store_of(request).fetch(
         "console_failed_groups",
         {
             "all_organizations": session.principal.admin,
@@ -397,7 +397,7 @@ async def failed_page(request: Request) -> HTMLResponse:
         {"agent": agent, "error": error, "count": count, "latest": latest}
         for agent, error, count, latest in rows
     ]
-    return _render(
+    return render(
         "failed.html",
         session=session,
         groups=groups,
@@ -412,7 +412,7 @@ async def failed_retry(request: Request) -> Response:
     session = session_of(request)
     fields = await read_form(request, session)
     outcomes = await retries.retry_matching(
-        _store(request),
+        store_of(request),
         {
             "status": "failed",
             "agent_id": fields.get("agentId") or None,
@@ -434,7 +434,10 @@ async def failed_retry(request: Request) -> Response:
 
 def install_console(app: FastAPI) -> None:
     """Serve the console's pages and assets, and turn its refusals into pages, not JSON."""
+    from roles.api.console.agent_job_pages import router as agent_job_router
+
     app.include_router(router)
+    app.include_router(agent_job_router)
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
 
     @app.exception_handler(SignInRequired)
@@ -449,4 +452,4 @@ def install_console(app: FastAPI) -> None:
             "console form refused",
             extra={"event": "console.form_refused", "status": exc.status, "path": request.url.path},
         )
-        return _render("error.html", status=exc.status, session=None, message=exc.message)
+        return render("error.html", status=exc.status, session=None, message=exc.message)

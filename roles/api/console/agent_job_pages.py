@@ -1,0 +1,154 @@
+"""Console pages of background agent jobs: a list, and a page per job with its pending question
+(answered from a form), its turns (linked queue jobs), the wakeups sent to its owner, and cancel.
+
+The JSON operator routes of the agent-job layer own `/console/agent-jobs` (admin tokens); these
+pages live at `/console/agents/jobs` and follow the console's session rules (an organization's
+token sees its organization's jobs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs import model as agent_model
+from receipts.agent_jobs.model import AgentJob
+from receipts.errors import NotFoundError
+from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
+from roles.api.console.session import FormError, Session, read_form, session_of
+
+log = logging.getLogger("roles.api.console")
+
+router = APIRouter(prefix="/console/agents", include_in_schema=False)
+
+
+def _visible(session: Session, job: AgentJob | None) -> AgentJob | None:
+    return job if job is not None and session.principal.sees(job.organization_id) else None
+
+
+def _page_url(agent_job_id: str, notice: str) -> str:
+    return f"/console/agents/jobs/{quote(agent_job_id, safe='')}?{urlencode({'notice': notice})}"
+
+
+@router.get("/jobs")
+async def agent_jobs_page(request: Request) -> HTMLResponse:
+    session = session_of(request)
+    status = request.query_params.get("status") or None
+    agent_id = request.query_params.get("agentId") or None
+    store = store_of(request)
+    jobs = await lifecycle.list_jobs(
+        store,
+        {
+            "all_organizations": session.principal.admin,
+            "caller_organization_id": session.principal.organization_id,
+            "organization_id": None,
+            "status": status if status in agent_model.STATUSES else None,
+            "agent_id": agent_id,
+            "owner_session_id": request.query_params.get("ownerSessionId") or None,
+            "before_created_at": None,
+            "before_id": None,
+            "limit": PAGE_SIZE,
+        },
+    )
+    running = await lifecycle.running_by_agent(store) if session.principal.admin else {}
+    return render(
+        "agent_jobs.html",
+        session=session,
+        jobs=jobs,
+        statuses=agent_model.STATUSES,
+        status_filter=status or "",
+        agent_id=agent_id or "",
+        running=sorted(running.items()),
+        slots=agent_model.SLOTS_PER_AGENT,
+        quote=quote,
+    )
+
+
+@router.get("/jobs/{agentJobId}")
+async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
+    session = session_of(request)
+    store = store_of(request)
+    job = _visible(session, await lifecycle.get(store, agentJobId))
+    if job is None:
+        return render("missing.html", status=404, session=session, what=f"agent job {agentJobId}")
+    turns: list[dict[str, Any]] = []
+    for queue_id in job.queue_job_ids:
+        turn_job = await store.get_job(queue_id)
+        turns.append(
+            {
+                "job_id": queue_id,
+                "status": turn_job.status if turn_job else "—",
+                "error": (turn_job.error if turn_job else None) or "",
+            }
+        )
+    session_receipts = await store.read_stream(agent_model.session_stream(job.owner_session_id))
+    wakeups = [
+        {
+            "seq": r.seq,
+            "at": r.recorded_at.isoformat(timespec="seconds"),
+            "status": r.data.get("status"),
+            "source": r.data.get("sourceId"),
+        }
+        for r in session_receipts
+        if r.type == agent_model.WAKEUP and r.data.get("agentJobId") == job.agent_job_id
+    ]
+    receipts = await store.read_stream(agent_model.stream_of(job.agent_job_id))
+    return render(
+        "agent_job.html",
+        session=session,
+        job=job,
+        latest=job.latest_status(),
+        turns=turns,
+        wakeups=wakeups,
+        timeline=timeline(receipts),
+        input_text=json.dumps(job.input, ensure_ascii=False),
+        notice=request.query_params.get("notice"),
+        quote=quote,
+    )
+
+
+@router.post("/jobs/{agentJobId}/answer")
+async def agent_job_answer(request: Request, agentJobId: str) -> Response:
+    session = session_of(request)
+    fields = await read_form(request, session)
+    store = store_of(request)
+    if _visible(session, await lifecycle.get(store, agentJobId)) is None:
+        raise FormError(404, f"no agent job {agentJobId!r}")
+    text = fields.get("answer", "").strip()
+    if not text:
+        raise FormError(422, "the answer is empty")
+    try:
+        job = await lifecycle.answer(
+            store, agentJobId, answer={"text": text}, tool_call_id=fields.get("toolCallId") or None
+        )
+    except (lifecycle.NotWaiting, NotFoundError) as exc:
+        return RedirectResponse(_page_url(agentJobId, f"not answered: {exc}"), status_code=303)
+    log.info(
+        "console answer", extra={"event": "console.agent_job_answered", "agentJobId": agentJobId}
+    )
+    return RedirectResponse(_page_url(agentJobId, f"answered; the job is {job.status}"), 303)
+
+
+@router.post("/jobs/{agentJobId}/cancel")
+async def agent_job_cancel(request: Request, agentJobId: str) -> Response:
+    session = session_of(request)
+    fields = await read_form(request, session)
+    store = store_of(request)
+    if _visible(session, await lifecycle.get(store, agentJobId)) is None:
+        raise FormError(404, f"no agent job {agentJobId!r}")
+    reason = fields.get("reason") or "canceled from the console"
+    try:
+        job = await lifecycle.cancel(store, agentJobId, reason=reason[:1000])
+    except lifecycle.AlreadyTerminal as exc:
+        return RedirectResponse(_page_url(agentJobId, f"not canceled: {exc}"), status_code=303)
+    log.info(
+        "console cancel", extra={"event": "console.agent_job_cancel", "agentJobId": agentJobId}
+    )
+    notice = "stopped" if job.status == "stopped" else "stop requested; the live turn is aborting"
+    return RedirectResponse(_page_url(agentJobId, notice), status_code=303)
