@@ -27,13 +27,13 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/pytest
 
-# Speed against raw baselines (5–10 minutes; BENCH_ARGS=--quick for 1.5–2): bench/README.md.
+# Speed against raw baselines (6–12 minutes; BENCH_ARGS=--quick for 2–3): docs/bench.md.
 bench: $(STAMP)
-	$(BIN)/receipt bench $(BENCH_ARGS)
+	$(BIN)/python -m tools.bench $(BENCH_ARGS)
 
 # A fault soak of the real role processes (default 10 minutes; CHAOS_ARGS="--duration 120" for less).
 chaos: $(STAMP)
-	$(BIN)/receipt chaos $(CHAOS_ARGS)
+	$(BIN)/python -m tools.chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .receipt .pytest_cache .mypy_cache .ruff_cache .hypothesis

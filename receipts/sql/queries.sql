@@ -135,11 +135,6 @@ SELECT job_id, state FROM jobs;
 -- name: jobs_by_status
 SELECT status, count(*) FROM jobs GROUP BY status;
 
--- name: first_settlement_after
-SELECT min(recorded_at) FROM receipts
-WHERE recorded_at > %(after)s
-  AND type IN ('job.completed', 'job.failed', 'job.canceled', 'job.lease_expired');
-
 -- name: stream_head
 -- The last seq of any stream (its (stream, seq) index answers it); callers hold the stream's lock.
 SELECT coalesce(max(seq), 0) FROM receipts WHERE stream = %(stream)s;

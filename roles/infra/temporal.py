@@ -73,6 +73,17 @@ def search_attribute_flags() -> list[str]:
     return flags
 
 
+def temporal_argv(db_file: Path | None, port: int, ui_port: int | None) -> list[str]:
+    """`temporal server start-dev` on 127.0.0.1 with our settings: its state in SQLite at
+    `db_file` (in memory when None), the Web UI on `ui_port` (headless when None)."""
+    argv = [temporal_cli(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port)]
+    argv += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
+    if db_file is not None:
+        argv += sqlite_file_args(db_file)
+    argv += ["--log-level", "warn"]
+    return [*argv, *search_attribute_flags(), *dev_server_args()]
+
+
 class TemporalTLSSettings(BaseSettings):
     """How the roles reach a Temporal cluster beyond its address and namespace (in Settings).
 

@@ -14,17 +14,19 @@ from pathlib import Path
 
 from receipts.jobs import Job
 from receipts.store import Store
+from roles.infra.supervisor import Supervised
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
 class RoleProcesses:
-    """Starts, kills and restarts role processes; every process shares one environment."""
+    """Starts, kills and restarts role processes (each through the product's supervisor, by
+    PID); every process shares one environment."""
 
     env: dict[str, str]
     log_dir: Path
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    supervised: dict[str, Supervised] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -47,38 +49,40 @@ class RoleProcesses:
         env.update(extra)
         return cls(env, log_dir)
 
+    @property
+    def processes(self) -> dict[str, subprocess.Popen[bytes]]:
+        """The current process of every name."""
+        return {n: s.process for n, s in self.supervised.items() if s.process is not None}
+
     def start(self, name: str, role: str | None = None) -> subprocess.Popen[bytes]:
-        """Start process `name` running `role` (default: the name)."""
+        """Start process `name` running `role` (default: the name); log `<name>.<n>.log`."""
         count = self.restarts.get(name, -1) + 1
         self.restarts[name] = count
-        with open(self.log_dir / f"{name}.{count}.log", "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "roles.role", role or name],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.processes[name] = process
-        return process
+        process = Supervised(
+            name,
+            [sys.executable, "-m", "roles.role", role or name],
+            dict(self.env),
+            log_file=self.log_dir / f"{name}.{count}.log",
+            cwd=ROOT,
+        )
+        self.supervised[name] = process
+        return process.start()
 
     def signal(self, name: str, sig: signal.Signals) -> None:
-        self.processes[name].send_signal(sig)
+        self.supervised[name].send(sig)
 
     def kill(self, name: str) -> None:
-        process = self.processes[name]
-        process.kill()
-        process.wait(10)
+        self.supervised[name].kill()
 
     def pid_of(self, name: str) -> int:
-        return self.processes[name].pid
+        return self.supervised[name].pid
 
     def name_of(self, pid: int) -> str | None:
-        return next((n for n, p in self.processes.items() if p.pid == pid), None)
+        return next((n for n, p in self.supervised.items() if p.pid == pid), None)
 
     def restart_dead(self) -> list[str]:
         """Restart every process that exited (the supervisor's job); return their names."""
-        dead = [n for n, p in self.processes.items() if p.poll() is not None]
+        dead = [n for n, p in self.supervised.items() if p.returncode() is not None]
         for name in dead:
             self.start(name, self._role(name))
         return dead
@@ -87,16 +91,11 @@ class RoleProcesses:
         return name.rstrip("0123456789").rstrip("-") if name[-1].isdigit() else name
 
     def stop_all(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGCONT)
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+        for process in self.supervised.values():
+            process.send(signal.SIGCONT)
+            process.send(signal.SIGTERM)
+        for process in self.supervised.values():
+            process.stop(15)
 
     def logs(self) -> str:
         return "\n".join(

@@ -19,8 +19,7 @@ def test_a_short_seeded_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "roles.cli.main",
-            "chaos",
+            "tools.chaos",
             "--duration",
             "45",
             "--rate",

@@ -4,9 +4,6 @@ and each role's /metrics."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,12 +14,9 @@ import pytest
 
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
-from roles.infra.temporal import (
-    dev_server_args,
-    search_attribute_flags,
-    sqlite_file_args,
-    temporal_cli,
-)
+from roles.infra.ports import free_port, wait_port
+from roles.infra.supervisor import Supervised
+from roles.infra.temporal import temporal_argv, temporal_cli
 from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
 from tests.integration.helpers import put
@@ -30,12 +24,6 @@ from tests.integration.helpers import put
 pytestmark = pytest.mark.e2e
 TERMINAL = tuple(TERMINAL_STATUSES)
 SETTLE_TYPES = ("job.completed", "job.failed", "job.canceled")
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_a_misspelled_role_parks_warns_and_its_jobs_wait_for_a_real_worker(
@@ -138,37 +126,10 @@ async def test_driver_death_mid_flight_loses_nothing(
         assert sum(k in SETTLE_TYPES for k in kinds) == 1
 
 
-def _temporal_server(port: int, db_file: Path, log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [
-                temporal_cli(),
-                "server",
-                "start-dev",
-                "--headless",
-                "--ip",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                *sqlite_file_args(db_file),
-                "--log-level",
-                "warn",
-                *search_attribute_flags(),
-                *dev_server_args(),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-async def _wait_port(port: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.closing(socket.socket()) as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"port {port} never opened")
+def _temporal_server(port: int, db_file: Path, log: Path) -> Supervised:
+    server = Supervised("temporal", temporal_argv(db_file, port, None), log_file=log)
+    server.start()
+    return server
 
 
 async def test_a_temporal_restart_mid_flight_loses_nothing(
@@ -189,16 +150,15 @@ async def test_a_temporal_restart_mid_flight_loses_nothing(
         RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="5000",
     )
     try:
-        await _wait_port(port)
+        await wait_port(port)
         procs.start("driver")
         procs.start("worker-codex")
         jobs = [(await put(store, payload_extra=task("sleep", "2"))).job for _ in range(6)]
         await wait_for(store, jobs[0].job_id, ("running",), 60)
-        server.send_signal(signal.SIGKILL)
-        server.wait(10)
+        server.kill()
         more = [(await put(store, payload_extra=task("true"))).job for _ in range(3)]
         server = _temporal_server(port, db_file, tmp_path / "temporal.log")
-        await _wait_port(port)
+        await wait_port(port)
         finals = [await wait_for(store, j.job_id, TERMINAL, 200) for j in jobs + more]
     except BaseException:
         print(procs.logs())
@@ -221,8 +181,7 @@ async def test_a_temporal_restart_mid_flight_loses_nothing(
         raise
     finally:
         procs.stop_all()
-        server.terminate()
-        server.wait(10)
+        server.stop(10)
     assert [f.status for f in finals] == ["completed"] * 9
     for job in jobs + more:
         kinds = [r.type for r in await store.read_stream(f"jobs/{job.job_id}")]

@@ -4,8 +4,6 @@ real `receipt api` process."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +17,8 @@ import httpx
 
 from receipts.store import Store
 from roles.api.app import ApiSettings, create_app
+from roles.infra.ports import free_port
+from roles.infra.supervisor import Supervised
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,13 +58,6 @@ async def api_client(
         yield client
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def clean_env(extra: Mapping[str, str]) -> dict[str, str]:
     """The test process's environment without RECEIPT_* settings, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECEIPT_", "PYTEST"))}
@@ -97,14 +90,14 @@ def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
         "RECEIPT_API_TOKENS": TOKENS,
         **env,
     }
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "roles.cli.main", "api"],
-            cwd=ROOT,
-            env=clean_env(settings),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    supervised = Supervised(
+        "api",
+        [sys.executable, "-m", "roles.cli.main", "api"],
+        clean_env(settings),
+        log_file=log,
+        cwd=ROOT,
+    )
+    process = supervised.start()
     api = RunningApi(f"http://127.0.0.1:{port}", log, process)
     try:
         deadline = time.monotonic() + 20
@@ -121,9 +114,4 @@ def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
             time.sleep(0.1)
         yield api
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        supervised.stop(15)

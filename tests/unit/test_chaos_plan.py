@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from roles.chaos import FAULT_KINDS, ChaosConfig, plan_faults
+from tools.chaos.plan import FAULT_KINDS, ChaosConfig, plan_faults
 
 
 def test_every_kind_is_planned_per_kind_times_within_the_window() -> None:

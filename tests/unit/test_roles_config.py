@@ -71,7 +71,7 @@ async def test_a_ticker_outlives_a_failing_pass() -> None:
 
 
 def test_a_file_backed_dev_server_uses_wal_and_normal_sync(tmp_path: Path) -> None:
-    from roles.cli.up import temporal_argv
+    from roles.infra.temporal import temporal_argv
 
     argv = temporal_argv(tmp_path / "t.sqlite", 7233, None)
     assert argv[argv.index("--db-filename") + 1] == str((tmp_path / "t.sqlite").resolve())

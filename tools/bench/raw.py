@@ -1,13 +1,23 @@
-"""The raw Temporal pipeline `receipt bench` compares against: no receipts, no database.
+"""The raw Temporal pipelines the bench compares Receipt with: no receipts, no database.
 
-Same shape as a Receipt delivery: a workflow on a driver task queue starts a child workflow on
-a worker task queue (`ParentClosePolicy.ABANDON`), and the child runs one no-op activity. The
-activity returns its wall-clock start and end, which stand in for `job.leased` and the
-terminal receipt. Its workers use the same workflow runner (`roles.runtime.WORKFLOW_RUNNER`,
-unsandboxed) and event loops as Receipt's driver and worker-codex roles, so the comparison measures
-what Receipt adds, not a difference in configuration.
+TOOLING, NOT PRODUCT: these Temporal workflows exist only for `python -m tools.bench`; they are
+not in `workflows/`, not in the wheel and no role registers them.
 
-`python -m roles.bench_raw ADDRESS driver|worker QUEUE_PREFIX [CONCURRENCY]` runs one side in a
+Two shapes, both started as one workflow per job on a driver task queue:
+
+* **activity** (`BenchRawActivityPipelineWorkflow`): the workflow runs one no-op activity on the
+  worker task queue — the shape a Temporal user writes by hand, and the shape the targets
+  compare with (issue 11).
+* **child** (`BenchRawPipelineWorkflow`): the workflow starts a child workflow on the worker
+  task queue (`ParentClosePolicy.ABANDON`) that runs the no-op activity — the shape of a
+  Receipt delivery with a `JobAttemptWorkflow` per attempt.
+
+The activity returns its wall-clock start and end, which stand in for `job.leased` and the
+terminal receipt. The workers use Receipt's workflow runner (`roles.delivery.runtime`,
+unsandboxed) and the event loops of the roles they stand for, so the comparison measures what
+Receipt adds, not a difference in configuration.
+
+`python -m tools.bench.raw ADDRESS driver|worker QUEUE_PREFIX [CONCURRENCY]` runs one side in a
 process of its own (as the driver and worker-codex roles are), until SIGTERM.
 """
 
@@ -25,10 +35,15 @@ from temporalio.common import RetryPolicy
 from temporalio.workflow import ParentClosePolicy
 
 PIPELINE_WORKFLOW = "BenchRawPipelineWorkflow"
+ACTIVITY_PIPELINE_WORKFLOW = "BenchRawActivityPipelineWorkflow"
 ATTEMPT_WORKFLOW = "BenchRawAttemptWorkflow"
 NOOP_ACTIVITY = "bench_noop"
 DRIVER_QUEUE = "bench-raw-driver"
 WORKER_QUEUE = "bench-raw-worker"
+# The workflow each baseline side starts per job.
+PIPELINES = {"base": ACTIVITY_PIPELINE_WORKFLOW, "child": PIPELINE_WORKFLOW}
+_TIMEOUT = timedelta(seconds=60)
+_RETRY = RetryPolicy(maximum_attempts=2)
 
 
 @activity.defn(name=NOOP_ACTIVITY)
@@ -38,6 +53,22 @@ async def noop(job: dict[str, Any]) -> list[float]:
     return [started, time.time()]
 
 
+@workflow.defn(name=ACTIVITY_PIPELINE_WORKFLOW)
+class RawActivityPipelineWorkflow:
+    """One workflow per job: the no-op activity on the worker task queue."""
+
+    @workflow.run
+    async def run(self, job: dict[str, Any]) -> list[float]:
+        result: list[float] = await workflow.execute_activity(
+            NOOP_ACTIVITY,
+            job,
+            task_queue=job["workerQueue"],
+            start_to_close_timeout=_TIMEOUT,
+            retry_policy=_RETRY,
+        )
+        return result
+
+
 @workflow.defn(name=ATTEMPT_WORKFLOW)
 class RawAttemptWorkflow:
     """The child: one activity on the worker task queue."""
@@ -45,10 +76,7 @@ class RawAttemptWorkflow:
     @workflow.run
     async def run(self, job: dict[str, Any]) -> list[float]:
         result: list[float] = await workflow.execute_activity(
-            NOOP_ACTIVITY,
-            job,
-            start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_attempts=2),
+            NOOP_ACTIVITY, job, start_to_close_timeout=_TIMEOUT, retry_policy=_RETRY
         )
         return result
 
@@ -70,7 +98,7 @@ class RawPipelineWorkflow:
 
 
 async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
-    """Run the `driver` or `worker` side of the raw pipeline until SIGTERM or SIGINT."""
+    """Run the `driver` or `worker` side of both raw pipelines until SIGTERM or SIGINT."""
     from temporalio.client import Client
     from temporalio.worker import Worker
 
@@ -81,7 +109,7 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
         worker = Worker(
             client,
             task_queue=prefix + DRIVER_QUEUE,
-            workflows=[RawPipelineWorkflow],
+            workflows=[RawPipelineWorkflow, RawActivityPipelineWorkflow],
             workflow_runner=WORKFLOW_RUNNER,
         )
     else:

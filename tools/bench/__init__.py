@@ -1,0 +1,16 @@
+"""`python -m tools.bench` (`make bench`): Receipt's speed against raw baselines, on a stack of
+its own. docs/bench.md explains what is measured and quotes the tables of full runs.
+
+* **API enqueue**: `POST /agents/codex/jobs` against a real `api` role process at 1 and 16
+  concurrent clients, against the raw PostgreSQL transaction an enqueue performs
+  (`receipts.enqueue.enqueue` called directly: the same SQL, no HTTP, no validation).
+* **End to end**: no-op jobs (`codex` running `true`) through the real `api`, `driver` and
+  `worker-codex` role processes, as a burn-down and a steady stream, against two raw Temporal
+  pipelines on the same server (`tools.bench.raw`): one workflow per job running one activity
+  on the worker queue, and one workflow per job starting a child workflow that runs it.
+
+Modules: `stats` (pure statistics), `config` (presets, targets), `results` (repetitions, ratios,
+targets), `processes` (start/stop by PID, CPU meter), `load` (HTTP client, closed loop), `e2e`
+and `run` (the scenarios and the stack), `raw` (the baselines' workflows), `report` (table,
+chart), `profile` (py-spy).
+"""

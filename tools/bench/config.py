@@ -1,0 +1,59 @@
+"""What one bench run measures: the sizes of the quick and full presets, the targets it reads
+from the ratios (never asserted), the no-op job it enqueues."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Sizes of one run. `quick()` takes 2–3 minutes, `full()` 6–12 (idle machine to loaded)."""
+
+    mode: str
+    repetitions: int
+    api_requests: int
+    api_concurrency: tuple[int, ...]
+    burn_jobs: int
+    stream_rate: float
+    stream_seconds: float
+    enqueue_concurrency: int = 16
+    worker_concurrency: int | None = None
+    warmup_jobs: int = 10
+    profile: bool = False
+    part: str = "all"
+    temporal_db: str = "memory"
+
+    @classmethod
+    def quick(cls) -> BenchConfig:
+        return cls("quick", 3, 300, (1, 16), 60, 5.0, 8.0)
+
+    @classmethod
+    def full(cls) -> BenchConfig:
+        return cls("full", 5, 1000, (1, 16), 200, 5.0, 20.0)
+
+
+def build_config(quick: bool, **overrides: Any) -> BenchConfig:
+    """The preset (`quick` or full) with the options given on the command line applied."""
+    config = BenchConfig.quick() if quick else BenchConfig.full()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return replace(config, **given)
+
+
+# Targets, read from the ratios (issues 6 and 11): never asserted.
+TARGET_E2E_VS_ACTIVITY = 0.9  # burn-down jobs/s against the raw activity pipeline
+TARGET_E2E_VS_CHILD = 1.6  # burn-down jobs/s against the raw child-workflow pipeline
+TARGET_SETTLED_P50 = 1.2  # enqueue→settled p50 of the steady stream against the raw activity
+TARGET_API_RATE = 0.5
+TARGET_API_P99_MS = 25.0
+TERMINAL_TYPES = ("job.completed", "job.failed", "job.canceled")
+NOOP_PAYLOAD: dict[str, Any] = {
+    "kind": "factory.task.run",
+    "authContext": {"userId": "bench", "organizationId": "bench"},
+    "task": {"command": ["true"]},
+}
+
+
+class BenchError(RuntimeError):
+    """The bench could not finish a measurement (a process died, a run timed out)."""

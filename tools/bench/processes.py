@@ -1,0 +1,127 @@
+"""The bench's processes: their environment, start and stop (by PID, through the product's
+supervisor), and the CPU each one spends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from roles.infra.supervisor import Supervised
+from tools.bench.config import BenchError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def role_env(db_url: str, temporal_address: str, extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a role process: this one's without Receipt or OTLP settings, plus ours."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RECEIPT_", "OTEL_", "JOB_LEASE", "CODEX_", "FACTORY_", "PYTEST"))
+    }
+    env.update(
+        RECEIPT_DATABASE_URL=db_url,
+        RECEIPT_TEMPORAL_ADDRESS=temporal_address,
+        RECEIPT_TASK_QUEUE_PREFIX="bench-",
+        RECEIPT_METRICS_PORT="0",
+        RECEIPT_LOG_FORMAT="json",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Processes:
+    """Every process the bench started, each with a log file, stopped by PID at the end."""
+
+    log_dir: Path
+    started: dict[str, Supervised] = field(default_factory=dict)
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        process = Supervised(
+            name,
+            list(argv),
+            dict(env) if env is not None else None,
+            log_file=self.log_dir / f"{name}.log",
+            cwd=ROOT,
+        )
+        process.start()
+        self.started[name] = process
+
+    def check(self, *names: str) -> None:
+        """Raise BenchError when one of the named processes (default: all) exited."""
+        for name in names or tuple(self.started):
+            process = self.started.get(name)
+            if process is not None and (code := process.returncode()) is not None:
+                raise BenchError(
+                    f"{name} exited with status {code}; see {self.log_dir / (name + '.log')}"
+                )
+
+    def pid(self, name: str) -> int:
+        return self.started[name].pid
+
+    def stop(self, name: str, grace_s: float = 15.0) -> None:
+        """SIGTERM, SIGKILL after `grace_s`; then SIGKILL whatever the process had started
+        (a handler's child left behind, by its PID as recorded before the stop)."""
+        import psutil
+
+        process = self.started.pop(name, None)
+        if process is None or not process.running():
+            return
+        try:
+            descendants = psutil.Process(process.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        process.stop(grace_s)
+        for child in descendants:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+    def stop_all(self, last: Sequence[str] = ()) -> None:
+        for name in [n for n in list(self.started) if n not in last]:
+            self.stop(name)
+        for name in last:
+            self.stop(name)
+
+
+class CpuMeter:
+    """CPU seconds (user + system) of named processes; PostgreSQL counts its backends too."""
+
+    def __init__(self, pids: Mapping[str, int], with_children: Iterable[str] = ()) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.pids = dict(pids)
+        self.with_children = set(with_children)
+
+    def snapshot(self) -> dict[str, float]:
+        psutil = self._psutil
+        out: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            try:
+                proc = psutil.Process(pid)
+                procs = [proc]
+                if name in self.with_children:
+                    procs += proc.children(recursive=True)
+                total = 0.0
+                for p in procs:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        t = p.cpu_times()
+                        total += t.user + t.system
+                out[name] = total
+            except psutil.NoSuchProcess:
+                out[name] = 0.0
+        return out
+
+    @staticmethod
+    def per_item(
+        before: Mapping[str, float], after: Mapping[str, float], items: int, names: Iterable[str]
+    ) -> dict[str, float]:
+        wanted = set(names)
+        return {
+            k: 1000 * (after[k] - before.get(k, 0.0)) / max(1, items) for k in after if k in wanted
+        }

@@ -1,0 +1,382 @@
+"""One bench run: its own stack (embedded PostgreSQL, a Temporal dev server and role processes
+on free ports, so a running `make up` is left alone), the two parts it measures, the report.
+
+Every figure is measured on Receipt and on its baselines back to back within each repetition,
+the order alternating between repetitions (a drift of the machine hits every side alike).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from roles.infra.ports import free_port, wait_port
+from tools.bench.config import NOOP_PAYLOAD, BenchConfig, BenchError
+from tools.bench.load import HttpConnection, closed_loop, post_request
+from tools.bench.processes import CpuMeter, Processes, role_env
+from tools.bench.profile import Profiler
+from tools.bench.results import CHILD, Pair, Run, summary
+from tools.bench.stats import format_number, format_spread
+
+
+def order(rep: int, sides: tuple[str, ...]) -> tuple[str, ...]:
+    """The sides in the order repetition `rep` runs them: forward, then backward (ABBA)."""
+    return sides if rep % 2 == 0 else tuple(reversed(sides))
+
+
+@dataclass
+class Bench:
+    """One run: the stack, the measurements, the report."""
+
+    config: BenchConfig
+    out_dir: Path
+    data_dir: Path
+    database_url: str | None = None
+    say: Callable[[str], None] = print
+    stamp: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
+    processes: Processes | None = None
+    pairs: dict[str, Pair] = field(default_factory=dict)
+    databases: list[str] = field(default_factory=list)
+    admin_url: str = ""
+    temporal_address: str = ""
+    postmaster_pid: int | None = None
+    started_at: float = 0.0
+    profiler: Profiler | None = None
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs" / self.stamp
+
+    @property
+    def profiles(self) -> dict[str, str]:
+        return self.profiler.profiles if self.profiler is not None else {}
+
+    # -- stack
+
+    def _start_postgres(self) -> None:
+        if self.database_url:
+            self.admin_url = self.database_url
+            return
+        from roles.infra.embedded import embedded_database_url
+
+        self.admin_url = embedded_database_url(self.data_dir)
+        pid_file = (self.data_dir / "pgdata" / "postmaster.pid").resolve()
+        with contextlib.suppress(OSError, ValueError):
+            self.postmaster_pid = int(pid_file.read_text().split()[0])
+
+    async def create_database(self, purpose: str) -> str:
+        """A fresh, migrated database for one part of the run (dropped at the end)."""
+        import psycopg
+        from psycopg.conninfo import make_conninfo
+
+        from roles.infra.db import migrate_url
+
+        name = f"receipt_bench_{purpose}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"'.encode())
+        self.databases.append(name)
+        url = make_conninfo(self.admin_url, dbname=name)
+        await migrate_url(url)
+        return url
+
+    def _drop_databases(self) -> None:
+        import psycopg
+
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(self.admin_url, autocommit=True) as conn,
+        ):
+            for name in self.databases:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+        self.databases.clear()
+
+    async def _start_temporal(self, tmp: Path) -> None:
+        from temporalio.client import Client
+
+        from roles.infra.temporal import temporal_argv
+
+        assert self.processes is not None
+        port = free_port()
+        db_file = tmp / "temporal.sqlite" if self.config.temporal_db == "file" else None
+        self.processes.start("temporal", temporal_argv(db_file, port, None))
+        self.temporal_address = f"127.0.0.1:{port}"
+        try:
+            await wait_port(
+                port, exited=self.processes.started["temporal"].returncode, name="temporal"
+            )
+        except RuntimeError as exc:
+            raise BenchError(f"the Temporal dev server did not start: {exc}") from exc
+        for _ in range(100):
+            try:
+                client = await Client.connect(self.temporal_address)
+                await client.count_workflows()
+                return
+            except Exception:  # the namespace is not ready yet
+                await asyncio.sleep(0.2)
+        raise BenchError("the Temporal dev server did not become ready within 20 s")
+
+    def start_role(self, role: str, db_url: str, **extra: str) -> None:
+        assert self.processes is not None
+        env = role_env(db_url, self.temporal_address, extra)
+        self.processes.start(role, [sys.executable, "-m", "roles.role", role], env)
+
+    def start_api(self, db_url: str, **env: str) -> int:
+        """Start the api role on a free port; return the port."""
+        port = free_port()
+        self.start_role(
+            "api", db_url, RECEIPT_API_PORT=str(port), RECEIPT_API_HOST="127.0.0.1", **env
+        )
+        return port
+
+    def start_raw(self, side: str, concurrency: int) -> None:
+        """One side (`driver` or `worker`) of the raw pipelines, in a process of its own."""
+        assert self.processes is not None
+        env = role_env("", self.temporal_address, {})
+        argv = [sys.executable, "-m", "tools.bench.raw", self.temporal_address, side, "bench-"]
+        self.processes.start(f"raw-{side}", [*argv, str(concurrency)], env)
+
+    async def wait_http(self, port: int, name: str, timeout_s: float = 60.0) -> None:
+        assert self.processes is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.processes.check(name)
+            conn = HttpConnection("127.0.0.1", port)
+            try:
+                status, _ = await conn.request(
+                    f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+                )
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            finally:
+                await conn.close()
+            await asyncio.sleep(0.2)
+        raise BenchError(f"{name} did not answer /healthz within {timeout_s:.0f} s")
+
+    def meter(self, names: Iterable[str]) -> CpuMeter:
+        assert self.processes is not None
+        pids = {n: self.processes.pid(n) for n in names if n in self.processes.started}
+        pids["bench"] = os.getpid()
+        if self.postmaster_pid:
+            pids["postgres"] = self.postmaster_pid
+        if "temporal" in self.processes.started:
+            pids["temporal"] = self.processes.pid("temporal")
+        return CpuMeter(pids, with_children=("postgres", "temporal"))
+
+    def profile(self, names: Iterable[str], phase: str) -> None:
+        """Attach py-spy to the named processes (with `--profile`)."""
+        if self.profiler is None:
+            return
+        assert self.processes is not None
+        self.profiler.attach({n: self.processes.pid(n) for n in names}, phase)
+
+    def unprofile(self) -> None:
+        if self.profiler is not None:
+            self.profiler.detach()
+
+    # -- run
+
+    async def run(self) -> dict[str, Any]:
+        self.started_at = time.monotonic()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.processes = Processes(self.log_dir)
+        if self.config.profile:
+            self.profiler = Profiler(self.out_dir / f"{self.stamp}-profile")
+        tmp = Path(tempfile.mkdtemp(prefix="receipt-bench-"))
+        try:
+            self._start_postgres()
+            await self._start_temporal(tmp)
+            self.say(
+                f"stack up: PostgreSQL ({'embedded' if not self.database_url else 'configured'})"
+                f", Temporal dev server {self.temporal_address}; logs in {self.log_dir}"
+            )
+            if self.config.part in ("all", "api"):
+                await self._api_phase()
+            if self.config.part in ("all", "e2e"):
+                await self._e2e_phase()
+        finally:
+            self.unprofile()
+            self.processes.stop_all(last=("temporal",))
+            self._drop_databases()
+            shutil.rmtree(tmp, ignore_errors=True)
+        return self.report()
+
+    def elapsed(self) -> str:
+        return f"{time.monotonic() - self.started_at:5.0f} s"
+
+    # -- part (a): API enqueue
+
+    async def _api_phase(self) -> None:
+        from receipts.enqueue import EnqueueRequest, enqueue
+        from receipts.store import Store
+
+        assert self.processes is not None
+        cfg = self.config
+        db_url = await self.create_database("api")
+        port = self.start_api(db_url)
+        await self.wait_http(port, "api")
+        store = await Store.open(db_url, min_size=max(cfg.api_concurrency), max_size=64)
+        raw_post = post_request("127.0.0.1", port, "/agents/codex/jobs", {"payload": NOOP_PAYLOAD})
+        request = EnqueueRequest(
+            agent_id="codex",
+            payload=dict(NOOP_PAYLOAD),
+            kind="factory.task.run",
+            organization_id="bench",
+        )
+        meter = self.meter(["api"])
+
+        async def via_api(count: int, concurrency: int) -> Run:
+            conns = [HttpConnection("127.0.0.1", port) for _ in range(concurrency)]
+            free: asyncio.Queue[HttpConnection] = asyncio.Queue()
+            for conn in conns:
+                free.put_nowait(conn)
+            failures = 0
+
+            async def one(_: int) -> None:
+                nonlocal failures
+                conn = await free.get()
+                try:
+                    status, _body = await conn.request(raw_post)
+                    failures += status != 202
+                finally:
+                    free.put_nowait(conn)
+
+            before = meter.snapshot()
+            wall, latencies = await closed_loop(count, concurrency, one)
+            after = meter.snapshot()
+            for conn in conns:
+                await conn.close()
+            cpu = CpuMeter.per_item(before, after, count, ("api", "postgres", "bench"))
+            return Run(count / wall, {"request": latencies}, cpu, count, failures)
+
+        async def raw_append(count: int, concurrency: int) -> Run:
+            async def one(_: int) -> None:
+                await enqueue(store, request)
+
+            before = meter.snapshot()
+            wall, latencies = await closed_loop(count, concurrency, one)
+            after = meter.snapshot()
+            cpu = CpuMeter.per_item(before, after, count, ("postgres", "bench"))
+            return Run(count / wall, {"request": latencies}, cpu, count)
+
+        try:
+            # Warm both paths up (connections, imports, caches) before measuring.
+            await via_api(min(100, cfg.api_requests), max(cfg.api_concurrency))
+            await raw_append(min(100, cfg.api_requests), max(cfg.api_concurrency))
+            self.profile(["api"], "api")
+            for concurrency in cfg.api_concurrency:
+                pair = Pair(
+                    f"api-{concurrency}",
+                    f"API enqueue, {concurrency} client{'s' if concurrency > 1 else ''}",
+                )
+                self.pairs[pair.name] = pair
+                for rep in range(cfg.repetitions):
+                    for side in order(rep, ("ours", "base")):
+                        if side == "ours":
+                            pair.ours.append(await via_api(cfg.api_requests, concurrency))
+                        else:
+                            pair.base.append(await raw_append(cfg.api_requests, concurrency))
+                    self.processes.check("api")
+                self.say(
+                    f"[{self.elapsed()}] {pair.title}: "
+                    f"{format_spread(pair.rate('ours'))} req/s vs raw append "
+                    f"{format_spread(pair.rate('base'))}/s"
+                )
+            self.unprofile()
+        finally:
+            await store.close()
+            self.processes.stop("api")
+
+    # -- part (b): end to end
+
+    async def _e2e_phase(self) -> None:
+        import psycopg
+        from temporalio.client import Client
+
+        from roles.role import execute_concurrency
+        from tools.bench.e2e import EndToEnd
+
+        assert self.processes is not None
+        cfg = self.config
+        db_url = await self.create_database("e2e")
+        concurrency = cfg.worker_concurrency or execute_concurrency("worker-codex", {})
+        extra = {"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": str(concurrency)}
+        port = self.start_api(db_url, **extra)
+        self.start_role("driver", db_url, **extra)
+        self.start_role("worker-codex", db_url, **extra)
+        self.start_raw("driver", concurrency)
+        self.start_raw("worker", concurrency)
+        await self.wait_http(port, "api")
+        client = await Client.connect(self.temporal_address)
+        db = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+        names = ("api", "driver", "worker-codex", "raw-driver", "raw-worker")
+        e2e = EndToEnd(self, client, db, port, self.meter(names))
+        sides = ("ours", "base", CHILD)
+        try:
+            # Warm-up: also waits until every worker polls its task queue.
+            for side in sides:
+                await e2e.burn(side, cfg.warmup_jobs)
+            self.profile(names, "e2e")
+            burn = Pair("burn", f"burn-down, {cfg.burn_jobs} jobs enqueued at once")
+            self.pairs[burn.name] = burn
+            for rep in range(cfg.repetitions):
+                for side in order(rep, sides):
+                    burn.runs(side).append(await e2e.burn(side, cfg.burn_jobs))
+                self.processes.check(*names)
+            self.say(
+                f"[{self.elapsed()}] {burn.title}: {format_spread(burn.rate('ours'))} jobs/s "
+                f"vs raw activity {format_spread(burn.rate('base'))}/s, raw child wf "
+                f"{format_spread(burn.rate(CHILD))}/s"
+            )
+            stream = Pair(
+                "stream",
+                f"steady stream, {format_number(cfg.stream_rate)} jobs/s for "
+                f"{format_number(cfg.stream_seconds)} s",
+            )
+            self.pairs[stream.name] = stream
+            for rep in range(cfg.repetitions):
+                for side in order(rep, sides):
+                    stream.runs(side).append(await e2e.stream(side))
+                self.processes.check(*names)
+            self.say(
+                f"[{self.elapsed()}] {stream.title}: settled p50 "
+                f"{format_spread(stream.latency('ours', 'settled', 'p50'))} ms vs raw activity "
+                f"{format_spread(stream.latency('base', 'settled', 'p50'))} ms, raw child wf "
+                f"{format_spread(stream.latency(CHILD, 'settled', 'p50'))} ms"
+            )
+            self.unprofile()
+        finally:
+            await db.close()
+            for name in names:
+                self.processes.stop(name)
+
+    # -- report
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "version": 2,
+            "stamp": self.stamp,
+            "config": asdict(self.config),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+            },
+            "durationS": round(time.monotonic() - self.started_at, 1),
+            "pairs": {name: pair.to_json() for name, pair in self.pairs.items()},
+            "summary": summary(self.pairs),
+            "profiles": self.profiles,
+        }
