@@ -4,13 +4,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint typecheck unit install clean chaos bench
+LOCK := requirements.lock
+LOCK_TOOL := .venv-lock
 
-$(STAMP): pyproject.toml
+.PHONY: up test lint typecheck unit install clean chaos bench lock
+
+# Every dependency (dev extra included) at the version and hashes of requirements.lock, then the
+# project itself without resolving anything again.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,local]'
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# Regenerate requirements.lock from pyproject.toml's ranges (uv in a venv of its own).
+lock:
+	test -x $(LOCK_TOOL)/bin/uv || ($(PYTHON) -m venv $(LOCK_TOOL) && $(LOCK_TOOL)/bin/pip install --quiet 'uv>=0.5,<1')
+	$(LOCK_TOOL)/bin/uv pip compile pyproject.toml --extra dev --generate-hashes --universal \
+		--python-version 3.11 --custom-compile-command "make lock" -o $(LOCK)
 
 install: $(STAMP)
 
@@ -36,4 +48,4 @@ chaos: $(STAMP)
 	$(BIN)/python -m tools.chaos $(CHAOS_ARGS)
 
 clean:
-	rm -rf $(VENV) .receipt .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LOCK_TOOL) .receipt .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,11 +1,145 @@
-"""Process settings read from the environment (names are the documented configuration)."""
+"""Process settings read from the environment: one pydantic-settings model per concern, each
+field reading the variable named in its alias (the specification's names and defaults).
+
+A bad value is one `SettingsError` naming the variable, what it accepts and what it got; roles
+check every concern at start (`roles/infra/settings.py`) so a typo stops the process at once
+instead of deep in a loop. `receipt config` prints the effective values.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BeforeValidator, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from receipts.timing import TimingSettings
+from receipts.watchdog import (
+    DEFAULT_CRON,
+    SCAN_LIMIT_DEFAULT,
+    SCAN_LIMIT_MAX,
+    SCAN_LIMIT_MIN,
+    TIMEOUT_DEFAULT_MS,
+    TIMEOUT_FLOOR_MS,
+    WatchdogSettings,
+)
+
+
+class SettingsError(ValueError):
+    """A setting's value is not one it accepts: `VARIABLE must be …, got 'value'`."""
+
+
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+
+
+def whole_number(value: Any) -> Any:
+    """A base-10 integer written in ASCII digits (surrounding whitespace allowed): `12`, `+12`,
+    `007`. `1.5`, `1e3`, `1_000`, `0x10` and other digits are refused (ValueError)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if _WHOLE.fullmatch(text) is None:
+            raise ValueError("not a whole number")
+        return int(text)
+    return value
+
+
+def switch(value: Any) -> Any:
+    """`0`, `false`, `no`, `off` (any case) are off; any other text is on."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "no", "off")
+    return value
+
+
+Whole = Annotated[int, BeforeValidator(whole_number)]
+Switch = Annotated[bool, BeforeValidator(switch)]
+
+# Set while `EnvSettings.load` builds a model from a given mapping instead of the environment.
+_GIVEN_ONLY: ContextVar[bool] = ContextVar("receipt_settings_given_only", default=False)
+
+
+class EnvSettings(BaseSettings):
+    """A concern's settings. `load(env)` reads `env` (default: the process environment); an
+    empty or blank variable counts as unset."""
+
+    model_config = SettingsConfigDict(
+        extra="ignore", populate_by_name=True, env_ignore_empty=True, frozen=True
+    )
+    # Per field: what a value must be, as the error message says it.
+    accepts: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,) if _GIVEN_ONLY.get() else (init_settings, env_settings)
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None) -> Self:
+        """The settings from `env` (default: the environment); SettingsError on a bad value."""
+        source = os.environ if env is None else env
+        with _given_only(env is not None):
+            given = {}
+            if env is not None:
+                wanted = set(variables(cls).values())
+                given = {k: v for k, v in env.items() if k in wanted and v.strip()}
+            try:
+                return cls(**given)
+            except ValidationError as exc:
+                raise settings_error(cls, exc, source, cls.accepts) from None
+
+
+def variables(model: type[BaseSettings]) -> dict[str, str]:
+    """`{field: variable}` of a settings model (the alias, else the field's name)."""
+    return {name: f.alias or name for name, f in model.model_fields.items()}
+
+
+def settings_error(
+    model: type[BaseSettings],
+    exc: ValidationError,
+    source: Mapping[str, str] | None = None,
+    accepts: Mapping[str, str] | None = None,
+) -> SettingsError:
+    """One message naming each bad variable, what it accepts and the value as written."""
+    source = os.environ if source is None else source
+    named = variables(model)
+    lines = []
+    for error in exc.errors():
+        key = str(error["loc"][0]) if error["loc"] else ""
+        name = next((n for n, v in named.items() if key in (n, v)), key)
+        variable = named.get(name, key)
+        allowed = (accepts or {}).get(name) or _accepts(error)
+        raw = source.get(variable, error.get("input"))
+        lines.append(f"{variable} must be {allowed}, got {raw!r}")
+    return SettingsError("; ".join(lines))
+
+
+def _accepts(error: Any) -> str:
+    """pydantic's message as what a value must be: `Input should be a valid integer` → `a
+    valid integer`."""
+    message = str(error["msg"])
+    for prefix in ("Input should be ", "Value error, "):
+        message = message.removeprefix(prefix)
+    return message[0].lower() + message[1:] if message else "valid"
+
+
+@contextmanager
+def _given_only(on: bool) -> Iterator[None]:
+    token = _GIVEN_ONLY.set(on)
+    try:
+        yield
+    finally:
+        _GIVEN_ONLY.reset(token)
 
 
 class Settings(BaseSettings):
@@ -46,3 +180,65 @@ class Settings(BaseSettings):
         """The distinct configured callback URLs, in configuration order."""
         urls = [u for u in (self.resonate_callback_url, self.event_callback_url) if u]
         return list(dict.fromkeys(urls))
+
+
+_POSITIVE_MS = "a positive integer (milliseconds)"
+
+
+class TimingEnv(EnvSettings):
+    """Leases, timeouts and heartbeats (receipts/timing.py derives every job's values)."""
+
+    accepts: ClassVar[dict[str, str]] = dict.fromkeys(
+        (
+            "job_lease_ms",
+            "factory_control_job_lease_ms",
+            "codex_job_lease_ms",
+            "factory_control_job_execution_timeout_ms",
+            "active_stale_ms",
+            "heartbeat_interval_ms",
+        ),
+        _POSITIVE_MS,
+    )
+
+    job_lease_ms: Whole = Field(default=300_000, gt=0, alias="JOB_LEASE_MS")
+    factory_control_job_lease_ms: Whole = Field(
+        default=900_000, gt=0, alias="FACTORY_CONTROL_JOB_LEASE_MS"
+    )
+    codex_job_lease_ms: Whole = Field(default=900_000, gt=0, alias="CODEX_JOB_LEASE_MS")
+    factory_control_job_execution_timeout_ms: Whole | None = Field(
+        default=None, gt=0, alias="FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS"
+    )
+    active_stale_ms: Whole = Field(default=600_000, gt=0, alias="RECEIPT_RESONATE_ACTIVE_STALE_MS")
+    heartbeat_interval_ms: Whole | None = Field(
+        default=None, gt=0, alias="RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS"
+    )
+
+    def timing(self) -> TimingSettings:
+        return TimingSettings(**self.model_dump())
+
+
+class WatchdogEnv(EnvSettings):
+    """The Factory objective watchdog's schedule and scan."""
+
+    accepts: ClassVar[dict[str, str]] = {
+        "timeout_ms": "an integer (milliseconds)",
+        "scan_limit": "an integer",
+    }
+
+    enabled: Switch = Field(default=True, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED")
+    cron: str = Field(default=DEFAULT_CRON, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON")
+    timeout_ms: Whole = Field(
+        default=TIMEOUT_DEFAULT_MS, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TIMEOUT_MS"
+    )
+    scan_limit: Whole = Field(
+        default=SCAN_LIMIT_DEFAULT, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT"
+    )
+
+    def watchdog(self) -> WatchdogSettings:
+        """Timeout floored at 10 000, scan limit clamped to 1..2000."""
+        return WatchdogSettings(
+            enabled=self.enabled,
+            cron=self.cron.strip() or DEFAULT_CRON,
+            timeout_ms=max(TIMEOUT_FLOOR_MS, self.timeout_ms),
+            scan_limit=max(SCAN_LIMIT_MIN, min(SCAN_LIMIT_MAX, self.scan_limit)),
+        )

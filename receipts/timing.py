@@ -1,8 +1,8 @@
 """Job timing derivations: lease, execution timeout, heartbeat cadence and driver timeout.
 
-Everything here is pure and stdlib-only. It implements the spec section "Leases, timeouts and
-heartbeats" (``receipt-jobs-lanes-and-durable-execution.md``) and DESIGN.md §7; every
-configuration variable keeps its spec name and default.
+Everything here is pure (the environment is read by ``receipts.settings``). It implements the
+spec section "Leases, timeouts and heartbeats" (``receipt-jobs-lanes-and-durable-execution.md``)
+and docs/design.md; every configuration variable keeps its spec name and default.
 
 Lease (``lease_ms``):
 
@@ -37,8 +37,6 @@ Driver invocation timeout (``driver_timeout_ms``): lease + 60 000, floored at 12
 from __future__ import annotations
 
 import math
-import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -82,17 +80,6 @@ HEARTBEAT_FLOOR_MS = 1_000
 DRIVER_TIMEOUT_MARGIN_MS = 60_000
 DRIVER_TIMEOUT_FLOOR_MS = 120_000
 
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-
-_ENV_VARS: dict[str, str] = {
-    "job_lease_ms": "JOB_LEASE_MS",
-    "factory_control_job_lease_ms": "FACTORY_CONTROL_JOB_LEASE_MS",
-    "codex_job_lease_ms": "CODEX_JOB_LEASE_MS",
-    "factory_control_job_execution_timeout_ms": "FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS",
-    "active_stale_ms": "RECEIPT_RESONATE_ACTIVE_STALE_MS",
-    "heartbeat_interval_ms": "RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS",
-}
-
 _OPTIONAL_FIELDS = frozenset({"factory_control_job_execution_timeout_ms", "heartbeat_interval_ms"})
 
 
@@ -122,19 +109,17 @@ class TimingSettings:
                 )
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> TimingSettings:
-        """Read settings from ``env`` using the spec's variable names.
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TimingSettings:
+        """Read settings from ``env`` (default: the process environment) using the spec's
+        variable names, through the settings layer (``receipts.settings.TimingEnv``).
 
         A variable that is missing, empty or whitespace-only is unset (the default applies). A
         set value must be a base-10 integer greater than zero; anything else raises
         ``ValueError`` naming the variable and the offending value.
         """
-        values: dict[str, int] = {}
-        for field_name, var in _ENV_VARS.items():
-            parsed = _parse_positive_int(env, var)
-            if parsed is not None:
-                values[field_name] = parsed
-        return cls(**values)
+        from receipts.settings import TimingEnv  # the settings layer imports this module
+
+        return TimingEnv.load(env).timing()
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,19 +130,6 @@ class JobTiming:
     execution_timeout_ms: int
     heartbeat_interval_ms: int
     driver_timeout_ms: int
-
-
-def _parse_positive_int(env: Mapping[str, str], var: str) -> int | None:
-    raw = env.get(var)
-    if raw is None or raw.strip() == "":
-        return None
-    text = raw.strip()
-    if _INTEGER.fullmatch(text) is None:
-        raise ValueError(f"{var} must be a positive integer (milliseconds), got {raw!r}")
-    value = int(text)
-    if value <= 0:
-        raise ValueError(f"{var} must be a positive integer (milliseconds), got {raw!r}")
-    return value
 
 
 def _payload_timeout_ms(payload: Mapping[str, object]) -> int | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,25 +37,6 @@ class WatchdogSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WatchdogSettings:
         """Read the watchdog settings; timeout floored at 10 000, limit clamped to 1..2000."""
-        env = env if env is not None else os.environ
-        prefix = "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_"
-        enabled = env.get(prefix + "ENABLED", "1").strip().lower() not in ("0", "false", "no")
-        cron = env.get(prefix + "CRON", "").strip() or DEFAULT_CRON
-        timeout = _int(env, prefix + "TIMEOUT_MS", TIMEOUT_DEFAULT_MS)
-        limit = _int(env, prefix + "SCAN_LIMIT", SCAN_LIMIT_DEFAULT)
-        return cls(
-            enabled=enabled,
-            cron=cron,
-            timeout_ms=max(TIMEOUT_FLOOR_MS, timeout),
-            scan_limit=max(SCAN_LIMIT_MIN, min(SCAN_LIMIT_MAX, limit)),
-        )
+        from receipts.settings import WatchdogEnv  # the settings layer imports this module
 
-
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+        return WatchdogEnv.load(env).watchdog()

@@ -37,7 +37,6 @@ from roles.delivery.loops import (
     ObjectiveResume,
     QueuedRedrive,
     Ticker,
-    env_ms,
     objective_control_outbox,
 )
 from roles.delivery.runtime import attempt_worker, driver_worker
@@ -47,6 +46,7 @@ from roles.infra import logs
 from roles.infra.db import migrate_url, open_store, resolve_url
 from roles.infra.health import HealthChecker, sandbox_reason, serve_health
 from roles.infra.metrics import Metrics
+from roles.infra.settings import LoopSettings, ProcessSettings, exit_on_bad_settings
 from roles.infra.temporal import connect_config, ensure_search_attributes
 from roles.infra.tracing import configure_tracing
 from roles.infra.tracing import recording as tracing_recording
@@ -63,8 +63,6 @@ WORKER_QUEUES = {
 }
 # How many attempts each worker role runs at once (RECEIPT_RESONATE_EXECUTE_CONCURRENCY overrides).
 DEFAULT_CONCURRENCY = {"worker-chat": 16, "worker-codex": 4, "worker-control": 8}
-DEFAULT_GRACE_MS = 30_000
-METRICS_HOST = os.environ.get("RECEIPT_METRICS_HOST", "127.0.0.1")
 DEFAULT_METRICS_PORTS = {
     ALL: 9470,
     "api": 9475,  # the API serves /metrics on its own port; this one is for the SDK's (+100)
@@ -85,28 +83,24 @@ def resolve_role(value: str | None) -> tuple[str, bool]:
 
 def execute_concurrency(role: str, env: dict[str, str] | None = None) -> int:
     """The role's concurrent attempts: its default, or RECEIPT_RESONATE_EXECUTE_CONCURRENCY."""
-    env = env if env is not None else dict(os.environ)
-    override = env.get("RECEIPT_RESONATE_EXECUTE_CONCURRENCY", "").strip()
-    if override:
-        value = int(override)
-        if value < 1:
-            raise ValueError("RECEIPT_RESONATE_EXECUTE_CONCURRENCY must be a positive integer")
-        return value
-    return DEFAULT_CONCURRENCY.get(role, 8)
+    override = ProcessSettings.load(env).execute_concurrency
+    return override if override is not None else DEFAULT_CONCURRENCY.get(role, 8)
 
 
 def shutdown_grace() -> timedelta:
     """Grace for running handlers at SIGTERM (RECEIPT_SHUTDOWN_GRACE_MS, default 30 000)."""
-    return timedelta(
-        milliseconds=int(os.environ.get("RECEIPT_SHUTDOWN_GRACE_MS", DEFAULT_GRACE_MS))
-    )
+    return timedelta(milliseconds=ProcessSettings.load().shutdown_grace_ms)
 
 
 def metrics_port(role: str, env: dict[str, str] | None = None) -> int:
     """The role's /metrics port: RECEIPT_METRICS_PORT, else the role's default (0 = any free)."""
-    env = env if env is not None else dict(os.environ)
-    raw = env.get("RECEIPT_METRICS_PORT", "").strip()
-    return int(raw) if raw else DEFAULT_METRICS_PORTS.get(role, 9470)
+    port = ProcessSettings.load(env).metrics_port
+    return port if port is not None else DEFAULT_METRICS_PORTS.get(role, 9470)
+
+
+def metrics_host() -> str:
+    """The address the /metrics endpoints bind (RECEIPT_METRICS_HOST, default 127.0.0.1)."""
+    return ProcessSettings.load().metrics_host
 
 
 @dataclass
@@ -151,16 +145,17 @@ async def _connect(runtime: Runtime) -> Client:
     settings = runtime.settings
     port = metrics_port(runtime.role)
     temporal_port = 0 if port == 0 else port + 100
+    host = metrics_host()
     try:
         sdk_runtime: TemporalRuntime | None = TemporalRuntime(
             telemetry=TelemetryConfig(
-                metrics=PrometheusConfig(bind_address=f"{METRICS_HOST}:{temporal_port}")
+                metrics=PrometheusConfig(bind_address=f"{host}:{temporal_port}")
             )
         )
     except Exception as exc:  # a taken port must not stop the role
         log.warning(
             "Temporal SDK metrics disabled: could not bind %s:%s",
-            METRICS_HOST,
+            host,
             temporal_port,
             extra={"event": "metrics.sdk_unavailable", "error": str(exc)},
         )
@@ -250,7 +245,7 @@ def _serve_health(runtime: Runtime, stop: asyncio.Event) -> None:
     queues = [runtime.settings.queue(q) for q in _polled_queues(runtime.role)]
     extra = [sandbox_reason] if runtime.role in SPAWNING_ROLES else []
     checker = HealthChecker(runtime.store, runtime.client, queues, stop, extra_checks=extra)
-    serve_health(METRICS_HOST, metrics_port(runtime.role), checker.state)
+    serve_health(metrics_host(), metrics_port(runtime.role), checker.state)
     runtime.spawn(checker.run(), "health")
 
 
@@ -294,7 +289,7 @@ def _start_loops(runtime: Runtime) -> None:
         redrive.name,
     )
     resume = ObjectiveResume(runtime.store, hooks=hooks)
-    runtime.spawn(resume.run(env_ms("RESONATE_STARTUP_SETTLE_MS", 1_000)), resume.name)
+    runtime.spawn(resume.run(LoopSettings.load().startup_settle_ms), resume.name)
     if runtime.role in ("worker-control", ALL):
         outbox = ObjectiveControlOutboxRedrive.from_env(
             objective_control_outbox(runtime.store), hooks
@@ -384,7 +379,8 @@ async def _run_until(
 
 def main(requested: str | None = None) -> None:
     """Process entry point: run the role named by the argument or RECEIPT_PROCESS_ROLE."""
-    requested = requested if requested is not None else os.environ.get("RECEIPT_PROCESS_ROLE")
+    requested = requested if requested is not None else ProcessSettings.load().role
+    exit_on_bad_settings(api=resolve_role(requested)[0] == "api")
 
     async def _main() -> None:
         stop = asyncio.Event()
@@ -418,8 +414,8 @@ SPAWNING_ROLES = ("worker-codex",)
 
 def event_loop_for(role: str) -> str:
     """`uvloop` or `asyncio`: `RECEIPT_EVENT_LOOP` when set, else by role."""
-    chosen = os.environ.get("RECEIPT_EVENT_LOOP", "")
-    if chosen in ("uvloop", "asyncio"):
+    chosen = ProcessSettings.load().event_loop
+    if chosen is not None:
         return chosen
     return "asyncio" if role in SPAWNING_ROLES else "uvloop"
 

@@ -639,19 +639,29 @@ def jobs_retry(
     help="Port (RECEIPT_API_PORT).",
 )
 def api_command(host: str, port: int) -> None:
-    """Serve the HTTP API (the api role) until Ctrl-C or SIGTERM; migrates the database first.
+    """Run the api role (`receipt role api`) on HOST:PORT until Ctrl-C or SIGTERM.
 
-    Database: RECEIPT_DATABASE_URL (else the embedded server). Tokens: RECEIPT_API_TOKENS_FILE
-    and/or RECEIPT_API_TOKENS; without any, only a loopback bind is allowed. Body limit:
+    The same process as the api role: it migrates the database first, then serves the HTTP API
+    with the role's tracing, metrics, queued-job redrive and event loop. Database:
+    RECEIPT_DATABASE_URL (else the embedded server). Tokens: RECEIPT_API_TOKENS_FILE and/or
+    RECEIPT_API_TOKENS; without any, only a loopback bind is allowed. Body limit:
     RECEIPT_MAX_BODY_BYTES; RECEIPT_STRICT_AGENT_IDS=1 refuses unknown agent ids. OpenAPI at
     /openapi.json, docs at /docs.
     """
-    from roles.api.app import ApiSettings, run_api
-    from roles.api.auth import TokenConfigError
+    import os
 
-    settings = ApiSettings().model_copy(update={"host": host, "port": port})
+    from roles.api.app import ApiSettings
+    from roles.api.auth import TokenConfigError, check_open_bind, load_tokens
+    from roles.infra.settings import exit_on_bad_settings
+    from roles.role import main as role_main
+
+    os.environ["RECEIPT_API_HOST"] = host
+    os.environ["RECEIPT_API_PORT"] = str(port)
+    exit_on_bad_settings()
     try:
-        run_api(settings)
+        settings = ApiSettings()
+        check_open_bind(load_tokens(settings.tokens_file, settings.tokens), host)  # before the db
+        role_main("api")
     except TokenConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     except RuntimeError as exc:

@@ -73,8 +73,30 @@ def up_command() -> None:
     persists under RECEIPT_DATA_DIR (default ./.receipt).
     """
     from roles.cli.up import up
+    from roles.infra.settings import exit_on_bad_settings
 
+    exit_on_bad_settings()
     sys.exit(asyncio.run(up(Settings())))
+
+
+@main.command("config")
+def config_command() -> None:
+    """Print the effective settings of this environment, by concern: each variable, its value
+    (tokens, secrets and a database URL's password masked) and whether it is set or a default.
+
+    Exits 2, naming the variable and what it accepts, when a value is not valid.
+    """
+    from roles.infra.settings import SettingsError, effective
+
+    try:
+        for title, rows in effective():
+            click.echo(f"# {title}")
+            for variable, value, is_set in rows:
+                click.echo(f"{variable}={value}" + ("" if is_set else "  (default)"))
+            click.echo("")
+    except SettingsError as exc:
+        click.echo(f"receipt: bad configuration: {exc}", err=True)
+        sys.exit(2)
 
 
 @main.command("role")

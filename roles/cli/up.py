@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 from receipts.settings import Settings
+from roles.api.app import ApiSettings
 from roles.infra.db import migrate_url, resolve_url
 from roles.infra.ports import wait_port
+from roles.infra.settings import ProcessSettings
 from roles.infra.supervisor import Supervised, say
 from roles.infra.temporal import temporal_argv
 from roles.role import DEFAULT_METRICS_PORTS, ROLES
@@ -80,8 +82,8 @@ async def up(settings: Settings | None = None) -> int:
         for role in ROLES
     ]
     keepers = [asyncio.create_task(r.keep_alive(stopping)) for r in roles]
-    host = os.environ.get("RECEIPT_API_HOST", "127.0.0.1")
-    port = os.environ.get("RECEIPT_API_PORT", "8000")
+    api = ApiSettings()
+    host, port = api.host, api.port
     metrics = ", ".join(f"{r} :{p}" for r, p in DEFAULT_METRICS_PORTS.items() if r in ROLES)
     for line in (
         f"API          http://{host}:{port}   (docs: http://{host}:{port}/docs)",
@@ -95,7 +97,7 @@ async def up(settings: Settings | None = None) -> int:
         say("up", line, colour)
     await stopping.wait()
     say("up", "stopping: roles first (they finish or release held jobs), then Temporal", colour)
-    grace = int(os.environ.get("RECEIPT_SHUTDOWN_GRACE_MS", "30000")) / 1000 + 5
+    grace = ProcessSettings.load().shutdown_grace_ms / 1000 + 5
     await asyncio.gather(*(r.stop_async(grace) for r in roles))
     for keeper in keepers:
         keeper.cancel()

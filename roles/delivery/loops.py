@@ -26,12 +26,14 @@ from receipts.settings import Settings
 from receipts.sql import query
 from receipts.store import Store, translate_errors
 from roles.delivery.starter import DriverStarter
+from roles.infra.settings import LoopSettings
 
 log = logging.getLogger("roles.delivery.loops")
 
 
 def env_ms(name: str, default: int, env: dict[str, str] | None = None) -> int:
-    """Read a millisecond setting; a non-integer or negative value is an error naming it."""
+    """Read one millisecond variable by name; a non-integer or negative value is an error
+    naming it. (The loops' own variables are read by `roles.infra.settings.LoopSettings`.)"""
     raw = (env if env is not None else os.environ).get(name, "").strip()
     if not raw:
         return default
@@ -57,11 +59,11 @@ class RedriveConfig:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> RedriveConfig:
         """Read RECEIPT_RESONATE_QUEUED_REDRIVE_{INTERVAL,MIN_AGE,COOLDOWN}_MS."""
-        prefix = "RECEIPT_RESONATE_QUEUED_REDRIVE_"
+        loops = LoopSettings.load(env)
         return cls(
-            interval_ms=env_ms(prefix + "INTERVAL_MS", 15_000, env),
-            min_age_ms=env_ms(prefix + "MIN_AGE_MS", 30_000, env),
-            cooldown_ms=env_ms(prefix + "COOLDOWN_MS", 15_000, env),
+            interval_ms=loops.redrive_interval_ms,
+            min_age_ms=loops.redrive_min_age_ms,
+            cooldown_ms=loops.redrive_cooldown_ms,
         )
 
 
@@ -215,10 +217,11 @@ class ObjectiveControlOutboxRedrive:
         cls, source: Callable[[], Coroutine[Any, Any, int]], hooks: LoopHooks | None = None
     ) -> ObjectiveControlOutboxRedrive:
         """Read RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_{INTERVAL,TIMEOUT}_MS."""
+        loops = LoopSettings.load()
         return cls(
             source,
-            interval_ms=env_ms("RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS", 5_000),
-            timeout_ms=env_ms("RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_TIMEOUT_MS", 15_000),
+            interval_ms=loops.outbox_interval_ms,
+            timeout_ms=loops.outbox_timeout_ms,
             hooks=hooks,
         )
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
+
+from roles.infra.settings import ProcessSettings
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -63,8 +64,8 @@ def configure(role: str, *, level: int = logging.INFO, json_logs: bool | None = 
     `RECEIPT_LOG_FORMAT=json|human` (or `json_logs`) overrides the guess; `receipt up` asks its
     role processes for human lines when it is itself attached to a terminal.
     """
-    chosen = os.environ.get("RECEIPT_LOG_FORMAT", "").strip().lower()
-    if json_logs is None and chosen in ("json", "human"):
+    chosen = ProcessSettings.load().log_format
+    if json_logs is None and chosen is not None:
         json_logs = chosen == "json"
     use_json = (not sys.stderr.isatty()) if json_logs is None else json_logs
     handler = logging.StreamHandler(sys.stderr)

@@ -1,0 +1,75 @@
+"""The settings layer: one model per concern, the spec's names, one clear error per bad value,
+and the masked view `receipt config` prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from receipts.settings import SettingsError, TimingEnv, WatchdogEnv
+from roles.infra.settings import LoopSettings, ProcessSettings, check, shown
+
+
+@pytest.mark.parametrize(
+    ("model", "variable", "raw", "accepts"),
+    [
+        (ProcessSettings, "RECEIPT_SHUTDOWN_GRACE_MS", "soon", "milliseconds"),
+        (ProcessSettings, "RECEIPT_METRICS_PORT", "70000", "a port number"),
+        (ProcessSettings, "RECEIPT_EVENT_LOOP", "trio", "'uvloop' or 'asyncio'"),
+        (ProcessSettings, "RECEIPT_LOG_FORMAT", "xml", "'json' or 'human'"),
+        (ProcessSettings, "RECEIPT_RESONATE_EXECUTE_CONCURRENCY", "0", "a positive integer"),
+        (LoopSettings, "RESONATE_STARTUP_SETTLE_MS", "-5", "milliseconds"),
+        (LoopSettings, "RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS", "1.5", "milliseconds"),
+        (TimingEnv, "CODEX_JOB_LEASE_MS", "1_000", "a positive integer (milliseconds)"),
+        (WatchdogEnv, "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "many", "an integer"),
+    ],
+)
+def test_a_bad_value_names_the_variable_what_it_accepts_and_what_it_got(
+    model: type[LoopSettings], variable: str, raw: str, accepts: str
+) -> None:
+    with pytest.raises(SettingsError) as raised:
+        model.load({variable: raw})
+    message = str(raised.value)
+    assert message.startswith(f"{variable} must be ")
+    assert accepts in message
+    assert message.endswith(f"got {raw!r}")
+
+
+def test_the_spec_names_and_defaults_and_blank_means_unset() -> None:
+    process = ProcessSettings.load({"RECEIPT_EVENT_LOOP": " AsyncIO ", "RECEIPT_METRICS_PORT": " "})
+    assert process.event_loop == "asyncio"
+    assert process.metrics_port is None
+    assert process.shutdown_grace_ms == 30_000
+    loops = LoopSettings.load({"RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_TIMEOUT_MS": "+20"})
+    assert (loops.outbox_timeout_ms, loops.outbox_interval_ms, loops.startup_settle_ms) == (
+        20,
+        5_000,
+        1_000,
+    )
+
+
+def test_check_reports_every_bad_variable_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECEIPT_SHUTDOWN_GRACE_MS", "soon")
+    monkeypatch.setenv("JOB_LEASE_MS", "0")
+    monkeypatch.setenv("RECEIPT_DB_POOL_MAX", "none")
+    with pytest.raises(SettingsError) as raised:
+        check(api=False)
+    message = str(raised.value)
+    for variable, raw in (
+        ("RECEIPT_SHUTDOWN_GRACE_MS", "soon"),
+        ("JOB_LEASE_MS", "0"),
+        ("RECEIPT_DB_POOL_MAX", "none"),
+    ):
+        assert f"{variable} must be" in message
+        assert repr(raw) in message
+
+
+def test_secrets_and_a_database_password_are_masked() -> None:
+    assert shown("RECEIPT_API_TOKENS", "t0ken org-a") == "***"
+    assert shown("RECEIPT_CALLBACK_SIGNING_SECRET", "s3cret") == "***"
+    assert shown("RECEIPT_CALLBACK_TOKEN", "abc") == "***"
+    url = shown("RECEIPT_DATABASE_URL", "postgresql://app:hunter2@db.internal:5432/receipt")
+    assert "hunter2" not in url
+    assert "db.internal" in url and "***" in url
+    assert shown("RECEIPT_DATABASE_URL", "postgresql://app@db/receipt").endswith("receipt")
+    assert shown("RECEIPT_TEMPORAL_ADDRESS", None) == "(unset)"
+    assert shown("RECEIPT_TEMPORAL_ADDRESS", "temporal:7233") == "temporal:7233"
