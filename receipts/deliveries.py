@@ -1,6 +1,6 @@
 """Delivery bookkeeping in PostgreSQL: generations, redrive keys, callback claims and the ledger.
 
-None of this is ownership state: losing it loses no job (DESIGN §6). Ledger writes are
+None of this is ownership state: losing it loses no job (docs/design.md §6). Ledger writes are
 best-effort — a failure is logged and counted, never raised into a receipt append.
 """
 
@@ -43,7 +43,7 @@ def attempt_workflow_id(job_id: str, attempt: int) -> str:
 
 
 def generation_exhausted_message(job_id: str) -> str:
-    """The error a job fails with when its delivery ran out of generations (DESIGN §11)."""
+    """The error a job fails with when its delivery ran out of generations (docs/design.md §10)."""
     return f"delivery recovery exceeded {MAX_GENERATION} generations for {job_id}"
 
 

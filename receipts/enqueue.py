@@ -174,7 +174,7 @@ def job_lock_key(job_id: str) -> str:
 
 
 async def enqueue(store: Store, request: EnqueueRequest) -> EnqueueResult:
-    """Enqueue in one transaction, in DESIGN §4's order.
+    """Enqueue in one transaction, in docs/design.md §4's order.
 
     1. jobId lookup: an existing job (or the job a steer with this id was absorbed into) is
        returned unchanged; one owned by another organization raises `ConflictError`.

@@ -36,7 +36,7 @@ def _c(
     return KindContract(kind, group, workflow, durable, scoped, reconcile, live, audit)
 
 
-# DESIGN §5: one table, one module.
+# docs/design.md §5: one table, one module.
 CONTRACTS: Mapping[str, KindContract] = {
     c.kind: c
     for c in (
@@ -102,7 +102,7 @@ def contract_queue(kind: str) -> str | None:
 
 
 def route_disagrees(agent_id: str, kind: str) -> bool:
-    """True when routing and the kind's contract name different worker groups (DESIGN §5)."""
+    """True when routing and the kind's contract name different worker groups (docs/design.md §5)."""
     expected = contract_queue(kind)
     return expected is not None and expected != route(agent_id, kind)
 

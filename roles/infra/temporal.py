@@ -23,7 +23,7 @@ from workflows.driver import SEARCH_ATTRIBUTES
 log = logging.getLogger("roles.infra.temporal")
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
-# Without it every workflow task waits ~40 ms on the dev server (DESIGN §6 item 8).
+# Without it every workflow task waits ~40 ms on the dev server (docs/design.md §6).
 DEV_SERVER_DYNAMIC_CONFIG = ("history.transferProcessorMaxPollRPS=10000",)
 
 

@@ -356,7 +356,7 @@ async def test_get_job_shows_route_contract_attempt_lease_and_pending_commands(
 ) -> None:
     job = await enqueued(client, kind="factory.dispatch")
     job_id = job["jobId"]
-    # Posted to `codex`: routing says codex, the contract says control (DESIGN §5: show both).
+    # Posted to `codex`: routing says codex, the contract says control (docs/design.md §5: show both).
     assert (job["route"], job["contractWorkerGroup"], job["contractQueue"]) == (
         QUEUE_CODEX,
         "control",

@@ -1,7 +1,7 @@
-"""Table tests of the job reducer against the spec's "Lifecycle receipts" section and DESIGN §4.
+"""Table tests of the job reducer against the spec's "Lifecycle receipts" section and docs/design.md §4.
 
 Also covers the pure fence check (`receipts.operations.fence_rejection`), payload kinds, their
-contracts and routing (`receipts.kinds`, DESIGN §5), and enqueue parsing
+contracts and routing (`receipts.kinds`, docs/design.md §5), and enqueue parsing
 (`receipts.enqueue.parse_enqueue`).
 
 Each reducer table row is: a history (receipts folded into the starting state), one more
@@ -29,7 +29,7 @@ T0 = datetime(2025, 1, 1, tzinfo=UTC)
 LEASE_EXPIRES = T0 + timedelta(hours=1)
 HEARTBEAT_EXPIRES = T0 + timedelta(hours=2)
 
-# Deliveries: `<jobId>:attempt:<n>/<k>` (DESIGN §4).
+# Deliveries: `<jobId>:attempt:<n>/<k>` (docs/design.md §4).
 W1 = f"{JOB_ID}:attempt:1/1"
 W1B = f"{JOB_ID}:attempt:1/2"  # a redelivery of attempt 1 (start fence)
 W2 = f"{JOB_ID}:attempt:2/1"
@@ -507,7 +507,7 @@ def test_heartbeat(history: list[Event], event: Event, expected: dict[str, Any])
 
 
 # --------------------------------------------------------------------------------------------
-# Start-fence heartbeat (DESIGN §4): matches on attempt alone and rebinds the lease's workerId;
+# Start-fence heartbeat (docs/design.md §4): matches on attempt alone and rebinds the lease's workerId;
 # for any other attempt it is inert.
 # --------------------------------------------------------------------------------------------
 
@@ -1339,7 +1339,7 @@ def test_fence_rejection_agrees_with_the_reducer_on_a_valid_fence() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# receipts.kinds: routing, contracts, payload validation (spec "Payload kinds", DESIGN §5)
+# receipts.kinds: routing, contracts, payload validation (spec "Payload kinds", docs/design.md §5)
 # --------------------------------------------------------------------------------------------
 
 SPEC_KINDS = (

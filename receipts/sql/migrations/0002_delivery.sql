@@ -1,4 +1,4 @@
--- Delivery bookkeeping: NOT ownership state. Losing these rows loses no job (DESIGN §6).
+-- Delivery bookkeeping: NOT ownership state. Losing these rows loses no job (docs/design.md §6).
 
 -- The latest Temporal delivery generation started for a job (driver id <jobId>[:gen:<g>]).
 CREATE TABLE IF NOT EXISTS deliveries (
