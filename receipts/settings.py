@@ -70,8 +70,9 @@ class EnvSettings(BaseSettings):
     model_config = SettingsConfigDict(
         extra="ignore", populate_by_name=True, env_ignore_empty=True, frozen=True
     )
-    # Per field: what a value must be, as the error message says it.
+    # What a value must be, as the error message says it: per field, else for every field.
     accepts: ClassVar[dict[str, str]] = {}
+    accepts_any: ClassVar[str] = ""
 
     @classmethod
     def settings_customise_sources(
@@ -96,7 +97,10 @@ class EnvSettings(BaseSettings):
             try:
                 return cls(**given)
             except ValidationError as exc:
-                raise settings_error(cls, exc, source, cls.accepts) from None
+                accepts = (
+                    dict.fromkeys(cls.model_fields, cls.accepts_any) if cls.accepts_any else {}
+                )
+                raise settings_error(cls, exc, source, accepts | cls.accepts) from None
 
 
 def variables(model: type[BaseSettings]) -> dict[str, str]:
@@ -182,23 +186,10 @@ class Settings(BaseSettings):
         return list(dict.fromkeys(urls))
 
 
-_POSITIVE_MS = "a positive integer (milliseconds)"
-
-
 class TimingEnv(EnvSettings):
     """Leases, timeouts and heartbeats (receipts/timing.py derives every job's values)."""
 
-    accepts: ClassVar[dict[str, str]] = dict.fromkeys(
-        (
-            "job_lease_ms",
-            "factory_control_job_lease_ms",
-            "codex_job_lease_ms",
-            "factory_control_job_execution_timeout_ms",
-            "active_stale_ms",
-            "heartbeat_interval_ms",
-        ),
-        _POSITIVE_MS,
-    )
+    accepts_any: ClassVar[str] = "a positive integer (milliseconds)"
 
     job_lease_ms: Whole = Field(default=300_000, gt=0, alias="JOB_LEASE_MS")
     factory_control_job_lease_ms: Whole = Field(

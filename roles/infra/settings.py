@@ -60,23 +60,10 @@ class ProcessSettings(EnvSettings):
     )
 
 
-_MS = "a whole number of milliseconds (0 or more)"
-
-
 class LoopSettings(EnvSettings):
     """The recovery loops: queued redrive, startup objective resume, objective-control outbox."""
 
-    accepts: ClassVar[dict[str, str]] = dict.fromkeys(
-        (
-            "redrive_interval_ms",
-            "redrive_min_age_ms",
-            "redrive_cooldown_ms",
-            "startup_settle_ms",
-            "outbox_interval_ms",
-            "outbox_timeout_ms",
-        ),
-        _MS,
-    )
+    accepts_any: ClassVar[str] = "a whole number of milliseconds (0 or more)"
 
     redrive_interval_ms: Whole = Field(
         default=15_000, ge=0, alias="RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS"
