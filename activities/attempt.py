@@ -1,3 +1,4 @@
+# Over 400 lines: one attempt is one activity by design (fewer Temporal hops, docs/design.md §6).
 """The attempt activity: lease (or start-fence), run the handler under heartbeats, settle fenced."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# Over 400 lines: the store's whole transaction API (appends, locks, reads, migrations).
 """The receipt store: fenced appends, stream reads and the jobs projection on PostgreSQL (psycopg 3)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# Over 400 lines: the role switch and each role's wiring; thinning it (issue 10 item 5) is not done.
 """Role processes: api, driver, worker-chat, worker-codex, worker-control, and `all`."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# Over 400 lines: app, errors, bodies, SSE and routes together until the api package split lands.
 """The api role: the HTTP API over the receipt store (FastAPI), served by uvicorn.
 
 Every error answers one JSON shape, `{"error": {"code", "message", "field"?, "allowed"?}}`, and

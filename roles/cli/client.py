@@ -1,3 +1,4 @@
+# Over 400 lines: every HTTP command of the `receipt` CLI with its output; to split per resource.
 """The `receipt` commands that talk to the HTTP API (`enqueue`, `jobs …`) and serve it (`api`).
 
 Exit status of every API command: 0 success; 1 the job ended failed or canceled (only
