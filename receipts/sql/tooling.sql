@@ -15,3 +15,11 @@ ORDER BY position;
 SELECT min(recorded_at) FROM receipts
 WHERE recorded_at > %(after)s
   AND type IN ('job.completed', 'job.failed', 'job.canceled', 'job.lease_expired');
+
+-- name: tooling_create_database
+-- Bench: a database of its own for one part of a run ({name} is an identifier, quoted by psycopg.sql).
+CREATE DATABASE {name};
+
+-- name: tooling_drop_database
+-- Bench: drop the run's databases at the end, whoever is still connected.
+DROP DATABASE IF EXISTS {name} WITH (FORCE);

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from receipts.sql import query
 from roles.infra.ports import free_port, wait_port
 from tools.bench.config import NOOP_PAYLOAD, BenchConfig, BenchError
 from tools.bench.load import HttpConnection, closed_loop, post_request
@@ -29,6 +30,13 @@ from tools.bench.processes import CpuMeter, Processes, role_env
 from tools.bench.profile import Profiler
 from tools.bench.results import CHILD, Pair, Run, summary
 from tools.bench.stats import format_number, format_spread
+
+
+def _named_on(statement: str, database: str) -> Any:
+    """A tooling statement with `{name}` filled in as a quoted identifier."""
+    from psycopg import sql
+
+    return sql.SQL(statement).format(name=sql.Identifier(database))
 
 
 def order(rep: int, sides: tuple[str, ...]) -> tuple[str, ...]:
@@ -85,7 +93,7 @@ class Bench:
 
         name = f"receipt_bench_{purpose}_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"'.encode())
+            conn.execute(_named_on(query("tooling_create_database"), name))
         self.databases.append(name)
         url = make_conninfo(self.admin_url, dbname=name)
         await migrate_url(url)
@@ -99,7 +107,7 @@ class Bench:
             psycopg.connect(self.admin_url, autocommit=True) as conn,
         ):
             for name in self.databases:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+                conn.execute(_named_on(query("tooling_drop_database"), name))
         self.databases.clear()
 
     async def _start_temporal(self, tmp: Path) -> None:
