@@ -53,32 +53,34 @@ async def noop(job: dict[str, Any]) -> list[float]:
     return [started, time.time()]
 
 
+async def _run_noop(job: dict[str, Any], task_queue: str | None = None) -> list[float]:
+    """The no-op activity on `task_queue` (default: the calling workflow's own)."""
+    result: list[float] = await workflow.execute_activity(
+        NOOP_ACTIVITY,
+        job,
+        task_queue=task_queue,
+        start_to_close_timeout=_TIMEOUT,
+        retry_policy=_RETRY,
+    )
+    return result
+
+
 @workflow.defn(name=ACTIVITY_PIPELINE_WORKFLOW)
 class RawActivityPipelineWorkflow:
     """One workflow per job: the no-op activity on the worker task queue."""
 
     @workflow.run
     async def run(self, job: dict[str, Any]) -> list[float]:
-        result: list[float] = await workflow.execute_activity(
-            NOOP_ACTIVITY,
-            job,
-            task_queue=job["workerQueue"],
-            start_to_close_timeout=_TIMEOUT,
-            retry_policy=_RETRY,
-        )
-        return result
+        return await _run_noop(job, job["workerQueue"])
 
 
 @workflow.defn(name=ATTEMPT_WORKFLOW)
 class RawAttemptWorkflow:
-    """The child: one activity on the worker task queue."""
+    """The child: one activity on the worker task queue, its own."""
 
     @workflow.run
     async def run(self, job: dict[str, Any]) -> list[float]:
-        result: list[float] = await workflow.execute_activity(
-            NOOP_ACTIVITY, job, start_to_close_timeout=_TIMEOUT, retry_policy=_RETRY
-        )
-        return result
+        return await _run_noop(job)
 
 
 @workflow.defn(name=PIPELINE_WORKFLOW)
