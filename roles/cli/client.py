@@ -626,20 +626,15 @@ def jobs_retry(
 @click.command("api")
 @click.option(
     "--host",
-    envvar="RECEIPT_API_HOST",
-    default="127.0.0.1",
-    show_default=True,
-    help="Bind address (RECEIPT_API_HOST). Without tokens only a loopback address is allowed.",
+    help="Bind address (default: RECEIPT_API_HOST, else 127.0.0.1). Without tokens only a "
+    "loopback address is allowed.",
 )
 @click.option(
     "--port",
-    envvar="RECEIPT_API_PORT",
     type=click.IntRange(0, 65535),
-    default=8000,
-    show_default=True,
-    help="Port (RECEIPT_API_PORT).",
+    help="Port (default: RECEIPT_API_PORT, else 8000).",
 )
-def api_command(host: str, port: int) -> None:
+def api_command(host: str | None, port: int | None) -> None:
     """Run the api role (`receipt role api`) on HOST:PORT until Ctrl-C or SIGTERM.
 
     The same process as the api role: it migrates the database first, then serves the HTTP API
@@ -656,12 +651,16 @@ def api_command(host: str, port: int) -> None:
     from roles.infra.settings import exit_on_bad_settings
     from roles.role import main as role_main
 
-    os.environ["RECEIPT_API_HOST"] = host
-    os.environ["RECEIPT_API_PORT"] = str(port)
+    # The options override the variables the api role reads (ApiSettings: one definition).
+    if host is not None:
+        os.environ["RECEIPT_API_HOST"] = host
+    if port is not None:
+        os.environ["RECEIPT_API_PORT"] = str(port)
     exit_on_bad_settings()
     try:
         settings = ApiSettings()
-        check_open_bind(load_tokens(settings.tokens_file, settings.tokens), host)  # before the db
+        tokens = load_tokens(settings.tokens_file, settings.tokens)
+        check_open_bind(tokens, settings.host)  # before touching the database
         role_main("api")
     except TokenConfigError as exc:
         raise click.ClickException(str(exc)) from exc
