@@ -158,6 +158,7 @@ class Settings(BaseSettings):
 
     temporal_address: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_ADDRESS")
     temporal_namespace: str = Field(default="default", alias="RECEIPT_TEMPORAL_NAMESPACE")
+    temporal_ui_url: str = Field(default="http://localhost:8233", alias="RECEIPT_TEMPORAL_UI_URL")
     task_queue_prefix: str = Field(default="", alias="RECEIPT_TASK_QUEUE_PREFIX")
     deliveries_per_attempt: int = Field(
         default=2, ge=1, le=10, alias="RECEIPT_DELIVERIES_PER_ATTEMPT"

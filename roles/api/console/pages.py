@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +21,7 @@ from receipts import operations
 from receipts import retry as retries
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
 from receipts.kinds import KINDS
+from receipts.settings import Settings
 from roles.api.app import decode_cursor, encode_cursor, receipt_events
 from roles.api.console.session import (
     COOKIE,
@@ -52,12 +52,12 @@ _templates = Environment(
 
 def temporal_ui_url() -> str:
     """The Temporal Web UI the job page links to (`RECEIPT_TEMPORAL_UI_URL`)."""
-    return os.environ.get("RECEIPT_TEMPORAL_UI_URL", "http://localhost:8233").rstrip("/")
+    return Settings().temporal_ui_url.rstrip("/")
 
 
 def temporal_namespace() -> str:
     """The Temporal namespace the drivers run in (`RECEIPT_TEMPORAL_NAMESPACE`)."""
-    return os.environ.get("RECEIPT_TEMPORAL_NAMESPACE", "default")
+    return Settings().temporal_namespace
 
 
 def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
