@@ -5,24 +5,29 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 LOCK := requirements.lock
+DEV_LOCK := requirements-dev.lock
 LOCK_TOOL := .venv-lock
+UV_COMPILE = $(LOCK_TOOL)/bin/uv pip compile pyproject.toml --generate-hashes --universal \
+	--python-version 3.11 --custom-compile-command "make lock"
 
 .PHONY: up test lint typecheck unit install clean chaos bench lock
 
-# Every dependency (dev extra included) at the version and hashes of requirements.lock, then the
-# project itself without resolving anything again.
-$(STAMP): pyproject.toml $(LOCK)
+# Every dependency (the dev extra included) at the version and hashes of requirements-dev.lock,
+# then the project itself without resolving anything again.
+$(STAMP): pyproject.toml $(DEV_LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(DEV_LOCK)
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-# Regenerate requirements.lock from pyproject.toml's ranges (uv in a venv of its own).
+# Regenerate the locks from pyproject.toml's ranges (uv in a venv of its own): requirements.lock
+# holds what the product runs on (the image installs it), requirements-dev.lock adds the dev
+# extra at the same versions.
 lock:
 	test -x $(LOCK_TOOL)/bin/uv || ($(PYTHON) -m venv $(LOCK_TOOL) && $(LOCK_TOOL)/bin/pip install --quiet 'uv>=0.5,<1')
-	$(LOCK_TOOL)/bin/uv pip compile pyproject.toml --extra dev --generate-hashes --universal \
-		--python-version 3.11 --custom-compile-command "make lock" -o $(LOCK)
+	$(UV_COMPILE) -o $(LOCK)
+	$(UV_COMPILE) --extra dev --constraint $(LOCK) -o $(DEV_LOCK)
 
 install: $(STAMP)
 
