@@ -380,8 +380,10 @@ async def _run_until(
 
 def main(requested: str | None = None) -> None:
     """Process entry point: run the role named by the argument or RECEIPT_PROCESS_ROLE."""
+    exit_on_bad_settings(api=False)  # every concern; the api's below, for the api role only
     requested = requested if requested is not None else ProcessSettings.load().role
-    exit_on_bad_settings(api=resolve_role(requested)[0] == "api")
+    if resolve_role(requested)[0] == "api":
+        exit_on_bad_settings()
 
     async def _main() -> None:
         stop = asyncio.Event()

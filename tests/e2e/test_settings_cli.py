@@ -51,13 +51,16 @@ def test_a_bad_value_stops_config_and_a_role_at_once_naming_the_variable() -> No
     config = run(["roles.cli.main", "config"], RECEIPT_METRICS_PORT="ninety")
     assert config.returncode == 2
     assert "RECEIPT_METRICS_PORT must be a port number" in config.stderr
-    role = run(["roles.role", "driver"], RECEIPT_SHUTDOWN_GRACE_MS="soon")
+    role = run(["roles.role"], RECEIPT_PROCESS_ROLE="driver", RECEIPT_SHUTDOWN_GRACE_MS="soon")
     assert role.returncode == 2
     assert (
         "receipt: bad configuration: RECEIPT_SHUTDOWN_GRACE_MS must be a whole number of "
         "milliseconds (0 or more), got 'soon'" in role.stderr
     )
     assert "Traceback" not in role.stderr
+    loop = run(["roles.role"], RECEIPT_EVENT_LOOP="trio")  # the role itself from the environment
+    assert loop.returncode == 2 and "Traceback" not in loop.stderr
+    assert "RECEIPT_EVENT_LOOP must be 'uvloop' or 'asyncio', got 'trio'" in loop.stderr
     up = run(["roles.cli.main", "up"], RECEIPT_EVENT_LOOP="trio")
     assert up.returncode == 2
     assert "RECEIPT_EVENT_LOOP must be 'uvloop' or 'asyncio', got 'trio'" in up.stderr
