@@ -118,6 +118,12 @@ def check(*, api: bool = True) -> None:
             load(model)
         except SettingsError as exc:
             problems.append(str(exc))
+    try:  # the sandbox's settings are still read by hand (activities/sandbox.py)
+        from activities.sandbox import SandboxSettings
+
+        SandboxSettings.from_env()
+    except ValueError as exc:
+        problems.append(str(exc))
     if problems:
         raise SettingsError("; ".join(problems))
 

@@ -73,3 +73,9 @@ def test_secrets_and_a_database_password_are_masked() -> None:
     assert shown("RECEIPT_DATABASE_URL", "postgresql://app@db/receipt").endswith("receipt")
     assert shown("RECEIPT_TEMPORAL_ADDRESS", None) == "(unset)"
     assert shown("RECEIPT_TEMPORAL_ADDRESS", "temporal:7233") == "temporal:7233"
+
+
+def test_check_also_reports_the_sandboxs_own_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECEIPT_SANDBOX_UIDS", "many")
+    with pytest.raises(SettingsError, match="RECEIPT_SANDBOX_UIDS must be 'first-last'"):
+        check(api=False)
