@@ -43,7 +43,7 @@ def attempt_workflow_id(job_id: str, attempt: int) -> str:
 
 
 def generation_exhausted_message(job_id: str) -> str:
-    """The error a job fails with when its delivery ran out of generations (docs/design.md §10)."""
+    """The error a job fails with when its delivery ran out of generations (docs/design.md §11)."""
     return f"delivery recovery exceeded {MAX_GENERATION} generations for {job_id}"
 
 
