@@ -12,8 +12,8 @@ UV_COMPILE = $(LOCK_TOOL)/bin/uv pip compile pyproject.toml --generate-hashes --
 
 .PHONY: up test lint typecheck unit install clean chaos bench lock
 
-# Every dependency (the dev extra included) at the version and hashes of requirements-dev.lock,
-# then the project itself without resolving anything again.
+# Every dependency (the dev and local extras included) at the version and hashes of
+# requirements-dev.lock, then the project itself without resolving anything again.
 $(STAMP): pyproject.toml $(DEV_LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -23,11 +23,11 @@ $(STAMP): pyproject.toml $(DEV_LOCK)
 
 # Regenerate the locks from pyproject.toml's ranges (uv in a venv of its own): requirements.lock
 # holds what the product runs on (the image installs it), requirements-dev.lock adds the dev
-# extra at the same versions.
+# and local (embedded PostgreSQL and Temporal) extras at the same versions.
 lock:
 	test -x $(LOCK_TOOL)/bin/uv || ($(PYTHON) -m venv $(LOCK_TOOL) && $(LOCK_TOOL)/bin/pip install --quiet 'uv>=0.5,<1')
 	$(UV_COMPILE) -o $(LOCK)
-	$(UV_COMPILE) --extra dev --constraint $(LOCK) -o $(DEV_LOCK)
+	$(UV_COMPILE) --extra dev --extra local --constraint $(LOCK) -o $(DEV_LOCK)
 
 install: $(STAMP)
 

@@ -64,6 +64,7 @@ WORKER_QUEUES = {
 }
 # How many attempts each worker role runs at once (RECEIPT_RESONATE_EXECUTE_CONCURRENCY overrides).
 DEFAULT_CONCURRENCY = {"worker-chat": 16, "worker-codex": 4, "worker-control": 8}
+DEFAULT_GRACE_MS: int = ProcessSettings.model_fields["shutdown_grace_ms"].default
 DEFAULT_METRICS_PORTS = {
     ALL: 9470,
     "api": 9475,  # the API serves /metrics on its own port; this one is for the SDK's (+100)
