@@ -199,8 +199,7 @@ sys.meta_path.insert(0, NoLocal())
 for package in ("receipts", "activities", "workflows", "roles"):
     module = importlib.import_module(package)
     for info in pkgutil.walk_packages(module.__path__, package + "."):
-        if info.name not in ("roles.bench", "roles.bench_raw", "roles.chaos"):
-            importlib.import_module(info.name)
+        importlib.import_module(info.name)  # every one: the dev-only tools live in tools/
 from roles.infra.db import resolve_url
 try:
     resolve_url()
