@@ -1,3 +1,4 @@
+# Over 400 lines: the whole confinement policy (env, cwd, command line, limits, kill) in one place.
 """Run one command confined: bubblewrap namespaces, a clean environment, rlimits, killed whole.
 
 Every command a job runs (task commands, validate/publish, agent turns) goes through

@@ -1,4 +1,4 @@
-# Over 400 lines: every fenced job operation; one settle path (issue 10 item 3) is under way.
+# Over 400 lines: every fenced job operation (lease, beat, progress, settle, expire, commands).
 """Fenced job operations used by delivery: lease, heartbeat, progress, settle, commands, expiry.
 
 Each operation is one transaction: lock the job's projection row, decide against the folded
