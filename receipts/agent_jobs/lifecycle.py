@@ -1,3 +1,4 @@
+# Over 400 lines: every agent-job transaction (create, claim, turn, answer, cancel) in lock order.
 """The agent job's transactions: create, claim (slot lock, then row), settle a turn, answer,
 cancel, input timeout. Each writes the agent job's receipts, its projection row, its owner's
 wakeup and its turn's queue job in one transaction (docs/agent-jobs.md)."""

@@ -1,3 +1,4 @@
+# Over 400 lines: the agent job's one transition table, fold, budgets and turn outcomes, pure.
 """The agent job: statuses, the one transition table, the fold of `agent-jobs/<id>`, and the pure
 decisions of its lifecycle (claims, turn settlement, budgets). No I/O here."""
 

@@ -85,6 +85,7 @@ class LoopSettings(EnvSettings):
 
 def concerns() -> list[tuple[str, type[BaseSettings]]]:
     """Every settings model, titled, in the order `receipt config` prints them."""
+    from receipts.agent_jobs.registry import AgentJobSettings
     from roles.api.app import ApiSettings
 
     return [
@@ -94,6 +95,7 @@ def concerns() -> list[tuple[str, type[BaseSettings]]]:
         ("leases, timeouts, heartbeats", TimingEnv),
         ("recovery loops", LoopSettings),
         ("objective watchdog", WatchdogEnv),
+        ("agent jobs", AgentJobSettings),
     ]
 
 
