@@ -185,7 +185,7 @@ def _ms(data: Mapping[str, Any], key: str) -> datetime | None:
     return datetime.fromisoformat(str(value))
 
 
-# Why a fenced write is refused (DESIGN §4); the attempt's result statuses reuse the first four.
+# Why a fenced write is refused (docs/design.md §4); the attempt's result statuses reuse the first four.
 STALE_ATTEMPT = "stale_attempt"
 LEASE_LOST = "lease_lost"
 TERMINAL_STATE = "terminal_state"
