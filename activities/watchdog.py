@@ -26,6 +26,7 @@ class WatchdogActivities:
                 "payload": {"kind": WATCHDOG_KIND},
                 "maxAttempts": 1,
             },
+            system=True,
         )
         result = await enqueue(self.store, request)
         return result.job.job_id

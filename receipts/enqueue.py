@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    WithJsonSchema,
+)
+from pydantic.alias_generators import to_camel
 
 from receipts import jobs as jobmodel
 from receipts.errors import ConflictError, InvalidInput
@@ -21,13 +33,12 @@ from receipts.jobs import (
     SINGLETON_MODES,
     Job,
 )
-from receipts.kinds import validate_payload
+from receipts.kinds import MAX_ID_LENGTH, NON_BLANK, EnqueuePayload, invalid_input
 from receipts.store import Draft, Store, Tx
 from receipts.text import check_clean_text
 
 log = logging.getLogger("receipts.enqueue")
 
-MAX_ID_LENGTH = 200
 MAX_DELAY_MS = 7 * 24 * 3600 * 1000
 
 
@@ -69,24 +80,119 @@ class EnqueueResult:
         return self.outcome == "created"
 
 
+class IdempotencyMismatch(ConflictError):
+    """A re-post named an existing job (or absorbed steer) with a different agent or payload."""
+
+
+TENANT_SEPARATOR = "~"
+"""Joins a caller's job id and its organization's tag in the job id the runtime uses.
+
+Caller ids match `JOB_ID_PATTERN`, which has no `~`, so the caller's id is everything before it.
+"""
+
+
+def organization_tag(organization_id: str) -> str:
+    """A short, fixed-length tag of an organization id (no characters an id may not hold)."""
+    return hashlib.sha256(organization_id.encode("utf-8")).hexdigest()[:16]
+
+
+def scoped_job_id(organization_id: str | None, job_id: str) -> str:
+    """The runtime's job id for `job_id` as `organization_id` names it (DESIGN §4, §11).
+
+    Job ids are scoped by organization: two organizations' `build-1` are two jobs
+    (`build-1~<tag of a>`, `build-1~<tag of b>`), so an id probes and squats nothing. Jobs
+    without an organization (the watchdog's) keep their id.
+    """
+    if organization_id is None:
+        return job_id
+    return f"{job_id}{TENANT_SEPARATOR}{organization_tag(organization_id)}"
+
+
+def caller_job_id(job_id: str) -> str:
+    """The id a job's organization knows it by (the runtime's id without the tag)."""
+    return job_id.split(TENANT_SEPARATOR, 1)[0]
+
+
+def _same_request(existing: Job, request: EnqueueRequest, job_id: str) -> bool:
+    """True when a re-post asks for what the existing job (or absorbed steer) already is."""
+    if existing.job_id == job_id:
+        return existing.agent_id == request.agent_id and existing.payload == request.payload
+    command = next((c for c in existing.commands if c.command_id == job_id), None)
+    return command is None or command.payload == request.payload
+
+
 # Temporal workflow ids are derived from job ids (`<jobId>:gen:<g>`, `<jobId>:attempt:<n>`), and
 # stream names from `jobs/<jobId>`; a job id that looks like one of those is refused.
 RESERVED_ID_PARTS: tuple[str, ...] = (":gen:", ":attempt:", ":redrive:", "/")
 RESERVED_ID_PREFIX = "watchdog:"
 
 
-def _optional_id(body: Mapping[str, Any], name: str) -> str | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInput(name, f"{name} must be a non-empty string")
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidInput(name, f"{name} must be at most {MAX_ID_LENGTH} characters")
-    return value
+def _one_of(name: str, allowed: tuple[str, ...], required: bool = False) -> Any:
+    """A before-validator: `value` is one of `allowed` (or None unless `required`), else 422
+    naming them."""
+
+    def check(value: Any) -> Any:
+        if (value is not None or required) and (not isinstance(value, str) or value not in allowed):
+            raise InvalidInput(
+                name, f"{name} must be one of: {', '.join(allowed)} (got {value!r})", allowed
+            )
+        return value
+
+    return BeforeValidator(check)
 
 
-def _check_job_id(job_id: str | None, kind: str) -> None:
+def choice_field(name: str, allowed: tuple[str, ...], *, required: bool = False) -> Any:
+    """A string field holding one of `allowed` (422 naming them), documented as an enum."""
+    return Annotated[
+        str if required else str | None,
+        _one_of(name, allowed, required),
+        WithJsonSchema({"type": "string", "enum": list(allowed)}),
+    ]
+
+
+if TYPE_CHECKING:
+    LaneField = str | None
+    SingletonModeField = str | None
+else:
+    LaneField = choice_field("lane", LANES)
+    SingletonModeField = choice_field("singletonMode", SINGLETON_MODES)
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9._:@-]{1,200}$"
+"""Job ids a caller may choose (issue 12: a newline in an id made the job unreachable)."""
+
+
+class EnqueueBody(BaseModel):
+    """An enqueue request. Unknown top-level fields are refused (422).
+
+    The same model validates the HTTP body and documents it (the API's OpenAPI schema).
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=False, extra="forbid", frozen=True
+    )
+
+    job_id: str | None = Field(
+        default=None,
+        pattern=JOB_ID_PATTERN,
+        description="Idempotency key of the job, scoped to the caller's organization",
+    )
+    lane: LaneField = None
+    session_key: str | None = Field(default=None, max_length=MAX_ID_LENGTH, pattern=NON_BLANK)
+    singleton_mode: SingletonModeField = None
+    max_attempts: StrictInt | None = Field(
+        default=None,
+        description=f"clamped to {MIN_ATTEMPTS}..{MAX_ATTEMPTS}; default {DEFAULT_MAX_ATTEMPTS}",
+    )
+    delay_ms: StrictInt | None = Field(default=None, ge=0, le=MAX_DELAY_MS)
+    payload: EnqueuePayload
+
+
+ENQUEUE_FIELDS: tuple[str, ...] = tuple(
+    f.alias or name for name, f in EnqueueBody.model_fields.items()
+)
+
+
+def _check_job_id(job_id: str | None, kind: str, *, system: bool) -> None:
     if job_id is None:
         return
     for part in RESERVED_ID_PARTS:
@@ -95,21 +201,12 @@ def _check_job_id(job_id: str | None, kind: str) -> None:
                 "jobId",
                 f"jobId must not contain {part!r} (reserved for delivery ids and stream names)",
             )
-    if job_id.startswith(RESERVED_ID_PREFIX) and kind != "factory.objective.watchdog":
+    if job_id.startswith(RESERVED_ID_PREFIX) and not (
+        system and kind == "factory.objective.watchdog"
+    ):
         raise InvalidInput(
             "jobId", f"jobId prefix {RESERVED_ID_PREFIX!r} is reserved for the objective watchdog"
         )
-
-
-def _choice(body: Mapping[str, Any], name: str, allowed: tuple[str, ...], default: str) -> str:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, str) or value not in allowed:
-        raise InvalidInput(
-            name, f"{name} must be one of: {', '.join(allowed)} (got {value!r})", allowed
-        )
-    return value
 
 
 def clamp_attempts(value: int) -> int:
@@ -117,49 +214,58 @@ def clamp_attempts(value: int) -> int:
     return max(MIN_ATTEMPTS, min(MAX_ATTEMPTS, value))
 
 
-def parse_enqueue(agent_id: str, body: Mapping[str, Any]) -> EnqueueRequest:
-    """Validate an enqueue body for `agent_id`; raise `InvalidInput` naming the field at fault."""
+def parse_enqueue(
+    agent_id: str,
+    body: Mapping[str, Any],
+    *,
+    system: bool = False,
+    text_checked: bool = False,
+) -> EnqueueRequest:
+    """Validate an enqueue body for `agent_id`; raise `InvalidInput` naming the field at fault.
+
+    `system` is the runtime's own enqueue (the watchdog tick): its `watchdog:<time>` ids are
+    the only ones outside `JOB_ID_PATTERN`. `text_checked` says the caller already refused NUL
+    and lone surrogates in the whole body (the API does it once, when it reads the body).
+    """
     if not isinstance(agent_id, str) or not agent_id.strip() or len(agent_id) > MAX_ID_LENGTH:
         raise InvalidInput(
             "agentId", f"agentId must be a non-empty string of at most {MAX_ID_LENGTH} characters"
         )
     if not isinstance(body, Mapping):
         raise InvalidInput("body", "the request body must be a JSON object")
-    check_clean_text(body, "")
+    if not text_checked:
+        check_clean_text(body, "")
     check_clean_text(agent_id, "agentId")
-    payload = body.get("payload")
-    kind, organization_id = validate_payload(payload)
-    assert isinstance(payload, Mapping)
-    max_attempts = body.get("maxAttempts", DEFAULT_MAX_ATTEMPTS)
-    if max_attempts is None:
-        max_attempts = DEFAULT_MAX_ATTEMPTS
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-        raise InvalidInput(
-            "maxAttempts",
-            f"maxAttempts must be an integer (it is clamped to {MIN_ATTEMPTS}..{MAX_ATTEMPTS})",
-        )
-    delay_ms = body.get("delayMs")
-    if delay_ms is None:
-        delay_ms = 0
-    if (
-        isinstance(delay_ms, bool)
-        or not isinstance(delay_ms, int)
-        or not (0 <= delay_ms <= MAX_DELAY_MS)
-    ):
-        raise InvalidInput("delayMs", f"delayMs must be an integer in 0..{MAX_DELAY_MS}")
-    job_id = _optional_id(body, "jobId")
-    _check_job_id(job_id, kind)
+    job_id = body.get("jobId")
+    if system and isinstance(job_id, str) and job_id.startswith(RESERVED_ID_PREFIX):
+        body = {k: v for k, v in body.items() if k != "jobId"}
+    else:
+        job_id = None
+    try:
+        parsed = EnqueueBody.model_validate(body)
+    except ValidationError as exc:
+        error = invalid_input(exc)
+        if error.message.startswith("unknown field") and "." not in error.field:
+            error.allowed = list(ENQUEUE_FIELDS)
+        if error.field == "jobId":
+            error.message = "jobId must be 1 to 200 characters of letters, digits and . _ : @ -"
+        raise error from None
+    job_id = job_id if job_id is not None else parsed.job_id
+    kind = parsed.payload.kind
+    auth = parsed.payload.auth_context
+    _check_job_id(job_id, kind, system=system)
+    max_attempts = parsed.max_attempts
     return EnqueueRequest(
         agent_id=agent_id,
-        payload=dict(payload),
+        payload=dict(body["payload"]),
         kind=kind,
-        organization_id=organization_id,
+        organization_id=auth.organization_id if auth is not None else None,
         job_id=job_id,
-        lane=_choice(body, "lane", LANES, DEFAULT_LANE),
-        session_key=_optional_id(body, "sessionKey"),
-        singleton_mode=_choice(body, "singletonMode", SINGLETON_MODES, "allow"),
-        max_attempts=clamp_attempts(max_attempts),
-        delay_ms=delay_ms,
+        lane=parsed.lane or DEFAULT_LANE,
+        session_key=parsed.session_key,
+        singleton_mode=parsed.singleton_mode or "allow",
+        max_attempts=clamp_attempts(DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts),
+        delay_ms=parsed.delay_ms or 0,
     )
 
 
@@ -177,7 +283,8 @@ async def enqueue(store: Store, request: EnqueueRequest) -> EnqueueResult:
     """Enqueue in one transaction, in docs/design.md §4's order.
 
     1. jobId lookup: an existing job (or the job a steer with this id was absorbed into) is
-       returned unchanged; one owned by another organization raises `ConflictError`.
+       returned unchanged; one owned by another organization raises `ConflictError`, one
+       enqueued with another agent or payload `IdempotencyMismatch`.
     2. the session-key lock; 3. expiry of stale leases on the session key; 4. the singleton
     scan; 5. append `job.enqueued`.
     """
@@ -194,6 +301,11 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
         if existing is not None:
             if existing.organization_id != request.organization_id:
                 raise ConflictError("jobId already in use")
+            if not _same_request(existing, request, job_id):
+                raise IdempotencyMismatch(
+                    "jobId names a job enqueued with a different agent or payload; "
+                    "use a new jobId for a different job"
+                )
             outcome = "existing" if existing.job_id == job_id else "steered"
             return EnqueueResult(existing, outcome)
     else:

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
 
 from receipts.errors import InvalidInput
+
+MAX_ID_LENGTH = 200
+NON_BLANK = r"\S"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +121,97 @@ def route_disagrees(agent_id: str, kind: str) -> bool:
     return expected is not None and expected != route(agent_id, kind)
 
 
+class AuthContext(BaseModel):
+    """Who the job acts for: `userId` and `organizationId` (non-blank), four optional strings.
+
+    A strict schema: any other key is refused (issue 12), so nothing unchecked rides along to
+    the handlers. `receiptConnectGatewayUrl` is checked against the operator's allow-list by the
+    API (`RECEIPT_GATEWAY_URL_ALLOWLIST`), not here: the domain does not know the deployment.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=False, extra="forbid", frozen=True
+    )
+
+    user_id: str = Field(pattern=NON_BLANK, max_length=MAX_ID_LENGTH)
+    organization_id: str = Field(pattern=NON_BLANK, max_length=MAX_ID_LENGTH)
+    workspace_id: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
+    receipt_connect_gateway_url: str | None = Field(default=None, max_length=2048)
+    session_id: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
+    source: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
+
+
+def _known_kind(value: Any) -> str:
+    if not isinstance(value, str) or value not in CONTRACTS:
+        raise InvalidInput(
+            "payload.kind",
+            f"payload.kind must be one of the {len(KINDS)} payload kinds: {', '.join(KINDS)}",
+            KINDS,
+        )
+    return value
+
+
+KindName = Annotated[
+    str,
+    BeforeValidator(_known_kind),
+    WithJsonSchema({"type": "string", "enum": list(KINDS)}),
+]
+
+
+class EnqueuePayload(BaseModel):
+    """A job's input: its `kind` (one of nine), `authContext` (every kind but the watchdog), more.
+
+    Fields other than these two are the handler's and pass through unchanged.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=False,
+        extra="allow",
+        json_schema_extra={
+            "required": ["kind"],
+            "if": {"properties": {"kind": {"not": {"enum": [*sorted(KINDS_WITHOUT_AUTH)]}}}},
+            "then": {"required": ["authContext"]},
+        },
+    )
+
+    kind: KindName = Field(default=None, validate_default=True)
+    auth_context: AuthContext | None = Field(
+        default=None, description="Required for every kind but factory.objective.watchdog"
+    )
+
+    @model_validator(mode="after")
+    def _auth_required(self) -> EnqueuePayload:
+        if self.auth_context is None and self.kind not in KINDS_WITHOUT_AUTH:
+            raise InvalidInput(
+                "payload.authContext",
+                f"payload.authContext is required for kind '{self.kind}' and must carry "
+                "userId and organizationId",
+            )
+        return self
+
+
+def invalid_input(exc: ValidationError, prefix: str = "") -> InvalidInput:
+    """Translate pydantic's first error into `InvalidInput` naming the field (dotted, `[i]`)."""
+    first = exc.errors(include_url=False)[0]
+    at = prefix
+    for part in first.get("loc", ()):
+        at = f"{at}[{part}]" if isinstance(part, int) else (f"{at}.{part}" if at else str(part))
+    at = at or prefix or "body"
+    kind = first.get("type")
+    context = first.get("ctx") or {}
+    if kind == "extra_forbidden":
+        name = at.rsplit(".", 1)[-1]
+        return InvalidInput(at, f"unknown field {name!r}", context.get("allowed"))
+    if kind == "missing":
+        return InvalidInput(at, f"{at} is required")
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return InvalidInput(at, f"{at} must be a JSON object")
+    if kind == "one_of":
+        return InvalidInput(at, f"{at} {first['msg']}", context.get("allowed"))
+    return InvalidInput(at, f"{at}: {first['msg']}")
+
+
 def validate_payload(payload: Any) -> tuple[str, str | None]:
     """Check a payload's kind and authContext; return `(kind, organizationId)`.
 
@@ -114,33 +219,13 @@ def validate_payload(payload: Any) -> tuple[str, str | None]:
     """
     if not isinstance(payload, Mapping):
         raise InvalidInput("payload", "payload must be a JSON object with a 'kind'")
-    kind = payload.get("kind")
-    if not isinstance(kind, str) or kind not in CONTRACTS:
-        raise InvalidInput(
-            "payload.kind",
-            f"payload.kind must be one of the {len(KINDS)} payload kinds: {', '.join(KINDS)}",
-            KINDS,
-        )
-    auth = payload.get("authContext")
-    if kind in KINDS_WITHOUT_AUTH and auth is None:
-        return kind, None
-    if not isinstance(auth, Mapping):
-        raise InvalidInput(
-            "payload.authContext",
-            f"payload.authContext is required for kind '{kind}' and must carry "
-            "userId and organizationId",
-        )
-    for name in AUTH_FIELDS_REQUIRED:
-        value = auth.get(name)
-        if not isinstance(value, str) or not value.strip():
-            raise InvalidInput(
-                f"payload.authContext.{name}",
-                f"payload.authContext.{name} is required and must be a non-empty string",
-            )
-    for name in AUTH_FIELDS_OPTIONAL:
-        value = auth.get(name)
-        if value is not None and not isinstance(value, str):
-            raise InvalidInput(
-                f"payload.authContext.{name}", f"payload.authContext.{name} must be a string"
-            )
-    return kind, str(auth["organizationId"])
+    try:
+        checked = EnqueuePayload.model_validate(payload)
+    except ValidationError as exc:
+        error = invalid_input(exc, "payload")
+        if error.field.startswith("payload.authContext.") and error.allowed is None:
+            if error.message.startswith("unknown field"):
+                error.allowed = list(AUTH_FIELDS_REQUIRED + AUTH_FIELDS_OPTIONAL)
+        raise error from None
+    auth = checked.auth_context
+    return checked.kind, auth.organization_id if auth is not None else None

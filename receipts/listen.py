@@ -57,21 +57,40 @@ class Listener:
         self.url = url
         self.queue_size = queue_size
         self._subscribers: set[asyncio.Queue[Notice]] = set()
+        # Subscribers of one stream each (an event stream follows one job): a notice reaches
+        # only them, so idle streams cost nothing per append (issue 12: 1 000 open streams
+        # took an enqueue from 3.5 to 41 ms when every notice went to every one).
+        self._by_stream: dict[str, set[asyncio.Queue[Notice]]] = {}
         self.connected = asyncio.Event()
         self.reconnects = 0
 
     @asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[asyncio.Queue[Notice]]:
-        """Yield a queue receiving every notice (and `RECONNECTED` markers) until the block ends."""
+    async def subscribe(self, stream: str | None = None) -> AsyncIterator[asyncio.Queue[Notice]]:
+        """Yield a queue receiving notices (and `RECONNECTED` markers) until the block ends.
+
+        With `stream`, only that stream's notices (and every `RECONNECTED`); without, all.
+        """
         queue: asyncio.Queue[Notice] = asyncio.Queue(self.queue_size)
-        self._subscribers.add(queue)
+        group = self._subscribers if stream is None else self._by_stream.setdefault(stream, set())
+        group.add(queue)
         try:
             yield queue
         finally:
-            self._subscribers.discard(queue)
+            group.discard(queue)
+            if stream is not None and not group:
+                self._by_stream.pop(stream, None)
+
+    @property
+    def subscriber_count(self) -> int:
+        """Queues subscribed now (all-stream and per-stream)."""
+        return len(self._subscribers) + sum(len(g) for g in self._by_stream.values())
 
     def _publish(self, notice: Notice) -> None:
-        for queue in list(self._subscribers):
+        if notice is RECONNECTED:
+            targets = [*self._subscribers, *(q for g in self._by_stream.values() for q in g)]
+        else:
+            targets = [*self._subscribers, *self._by_stream.get(notice.stream, ())]
+        for queue in targets:
             try:
                 queue.put_nowait(notice)
             except asyncio.QueueFull:

@@ -46,6 +46,7 @@ NOT_AVAILABLE = "not_available"
 NOT_EXPIRED = "not_expired"
 NOT_STALE = "not_stale"
 NOT_PENDING = "not_pending"
+TOO_MANY_COMMANDS = "too_many_commands"
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,11 +494,14 @@ async def add_command(
     organization_id: str | None = None,
     check_organization: bool = True,
     command_id: str | None = None,
+    max_commands: int | None = None,
 ) -> Outcome:
     """Append a `queue.command` (steer, follow_up or abort) to a job that is not terminal.
 
     An abort on a queued job also cancels it in the same transaction (no worker holds it).
-    With `check_organization`, a job of another organization is reported `not_found`.
+    With `check_organization`, a job of another organization is reported `not_found`. A job
+    already holding `max_commands` commands takes no steer or follow_up (`too_many_commands`):
+    its folded state keeps them all (issue 12); an abort is always taken.
     """
     if type not in COMMAND_TYPES:
         raise ValueError(f"command type must be one of {COMMAND_TYPES}")
@@ -508,6 +512,8 @@ async def add_command(
             return Outcome(NOT_FOUND, None)
         if job.terminal:
             return TERMINAL_STATE
+        if max_commands is not None and type != "abort" and len(job.commands) >= max_commands:
+            return Outcome(TOO_MANY_COMMANDS, job)
         data = {
             "commandId": command,
             "type": type,

@@ -18,3 +18,20 @@ WHERE (%(all_organizations)s::boolean OR organization_id = %(caller_organization
 ORDER BY created_at DESC, job_id DESC
 LIMIT %(limit)s;
 
+
+-- name: api_org_open_jobs
+-- An organization's queued jobs and its active ones (queued, leased, running), read before an
+-- enqueue to apply the per-organization caps (jobs_org_open_idx, migration 0006).
+SELECT count(*) FILTER (WHERE status = 'queued') AS queued, count(*) AS active
+FROM jobs
+WHERE organization_id = %(organization_id)s::text
+  AND status IN ('queued', 'leased', 'running');
+
+-- name: api_jobs_by_caller_id
+-- The jobs an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an
+-- unscoped id): two rows are enough to tell "one" from "ambiguous" (jobs_caller_id_idx, 0006).
+SELECT state
+FROM jobs
+WHERE split_part(job_id, '~', 1) = %(job_id)s::text
+ORDER BY job_id
+LIMIT 2;

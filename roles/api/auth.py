@@ -1,8 +1,15 @@
-"""API bearer tokens: each bound to one organization (or admin), compared in constant time.
+"""API bearer tokens: each bound to one organization (or admin) and its scopes, compared in
+constant time.
 
 Tokens come from `RECEIPT_API_TOKENS_FILE` (a JSON document or one token per line) and/or
 `RECEIPT_API_TOKENS` (the line format, entries separated by newlines or commas). Only SHA-256
 digests of the tokens are kept in memory, and no token is ever logged.
+
+Scopes (DESIGN §12): `jobs:read` (read jobs and their events), `jobs:write` (enqueue, command),
+`commands:run` (enqueue a kind that runs commands on the codex workers, steer such a job),
+`admin` (every organization, `/metrics`). A token listed without scopes keeps what tokens could
+do before scopes existed: an organization token gets `jobs:read jobs:write commands:run`, a
+`*` token `admin`.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import hmac
 import ipaddress
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +31,29 @@ class TokenConfigError(ValueError):
     """The token configuration is unreadable or invalid, or the API may not start open."""
 
 
+JOBS_READ = "jobs:read"
+JOBS_WRITE = "jobs:write"
+COMMANDS_RUN = "commands:run"
+ADMIN = "admin"
+SCOPES: tuple[str, ...] = (JOBS_READ, JOBS_WRITE, COMMANDS_RUN, ADMIN)
+DEFAULT_SCOPES: frozenset[str] = frozenset({JOBS_READ, JOBS_WRITE, COMMANDS_RUN})
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a request acts for: one organization, or an admin that sees every organization."""
+    """Who a request acts for: one organization, or an admin that sees every organization.
+
+    `token_id` names the token (a digest prefix, never the token) for per-token limits.
+    """
 
     organization_id: str | None
     admin: bool = False
+    scopes: frozenset[str] = DEFAULT_SCOPES
+    token_id: str = field(default="", compare=False)
+
+    def can(self, scope: str) -> bool:
+        """True when this caller holds `scope` (an admin holds every scope)."""
+        return self.admin or scope in self.scopes
 
     def sees(self, organization_id: str | None) -> bool:
         """True when this caller may read or command a job of `organization_id`."""
@@ -38,7 +62,7 @@ class Principal:
         )
 
 
-OPEN = Principal(organization_id=None, admin=True)
+OPEN = Principal(organization_id=None, admin=True, scopes=frozenset(SCOPES), token_id="open")
 """The caller of an API running without tokens (loopback only)."""
 
 
@@ -63,6 +87,12 @@ class TokenTable:
             if digest in seen:
                 raise TokenConfigError("a token is configured twice")
             seen.add(digest)
+            principal = Principal(
+                principal.organization_id,
+                principal.admin,
+                frozenset(SCOPES) if principal.admin else principal.scopes,
+                token_id=digest.hex()[:12],
+            )
             self._entries.append(_Entry(digest, principal))
 
     def __len__(self) -> int:
@@ -96,8 +126,18 @@ def _check_token(token: str, where: str) -> str:
     return token
 
 
+def _scopes(names: list[str], where: str) -> frozenset[str]:
+    unknown = [n for n in names if n not in SCOPES or n == ADMIN]
+    if unknown:
+        raise TokenConfigError(
+            f"{where}: unknown scope {unknown[0]!r} for an organization token; scopes: "
+            f"{', '.join(s for s in SCOPES if s != ADMIN)} (admin tokens are '*')"
+        )
+    return frozenset(names) if names else DEFAULT_SCOPES
+
+
 def parse_lines(text: str, where: str) -> list[tuple[str, Principal]]:
-    """Parse the line format: `<token> <organizationId>` or `<token> *` (admin) per entry.
+    """Parse the line format: `<token> <organizationId> [scope ...]` or `<token> *` (admin).
 
     Entries are separated by newlines or commas; blank entries and lines starting with `#` are
     skipped.
@@ -108,23 +148,26 @@ def parse_lines(text: str, where: str) -> list[tuple[str, Principal]]:
         if not line or line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) != 2:
+        if len(parts) < 2 or (parts[1] == ADMIN_MARKER and len(parts) > 2):
             raise TokenConfigError(
-                f"{where}, entry {number}: expected '<token> <organizationId>' or '<token> *'"
+                f"{where}, entry {number}: expected '<token> <organizationId> [scope ...]' "
+                "or '<token> *'"
             )
-        token, owner = parts
+        token, owner, *scopes = parts
         _check_token(token, f"{where}, entry {number}")
         if owner == ADMIN_MARKER:
             entries.append((token, Principal(organization_id=None, admin=True)))
         else:
-            entries.append((token, Principal(organization_id=owner)))
+            granted = _scopes(scopes, f"{where}, entry {number}")
+            entries.append((token, Principal(organization_id=owner, scopes=granted)))
     return entries
 
 
 def parse_json(document: Any, where: str) -> list[tuple[str, Principal]]:
     """Parse the JSON format: a list (or `{"tokens": [...]}`) of token objects.
 
-    Each object is `{"token": "...", "organizationId": "..."}` or `{"token": "...", "admin": true}`.
+    Each object is `{"token": "...", "organizationId": "...", "scopes": [...]?}` or
+    `{"token": "...", "admin": true}`.
     """
     if isinstance(document, dict) and set(document) == {"tokens"}:
         document = document["tokens"]
@@ -135,7 +178,7 @@ def parse_json(document: Any, where: str) -> list[tuple[str, Principal]]:
         at = f"{where}, token #{index + 1}"
         if not isinstance(item, dict) or not isinstance(item.get("token"), str):
             raise TokenConfigError(f"{at}: expected an object with a string 'token'")
-        unknown = set(item) - {"token", "organizationId", "admin", "name"}
+        unknown = set(item) - {"token", "organizationId", "admin", "name", "scopes"}
         if unknown:
             raise TokenConfigError(f"{at}: unknown keys {sorted(unknown)}")
         token = _check_token(item["token"], at)
@@ -144,7 +187,11 @@ def parse_json(document: Any, where: str) -> list[tuple[str, Principal]]:
         if admin is True and organization_id is None:
             entries.append((token, Principal(organization_id=None, admin=True)))
         elif admin is False and isinstance(organization_id, str) and organization_id.strip():
-            entries.append((token, Principal(organization_id=organization_id)))
+            scopes = item.get("scopes", [])
+            if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+                raise TokenConfigError(f"{at}: 'scopes' must be a list of strings")
+            granted = _scopes(scopes, at)
+            entries.append((token, Principal(organization_id=organization_id, scopes=granted)))
         else:
             raise TokenConfigError(
                 f"{at}: give exactly one of a non-empty 'organizationId' or 'admin': true"

@@ -1,41 +1,33 @@
-"""The documented shapes of the HTTP API: request and response models, error documentation.
+"""The shapes of the HTTP API: request and response models, error documentation.
 
-The request models only document (the routes read and check raw JSON themselves, see
-`roles.api.read_json_body`); the response models also build the job view every route returns.
+The request models validate the bodies and document them from the same definition
+(`EnqueueBody` is the domain's, in `receipts.enqueue`); the response models also build the job
+view every route returns.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from pydantic.json_schema import SkipJsonSchema
 
 from receipts import jobs as jobmodel
-from receipts.enqueue import MAX_DELAY_MS, MAX_ID_LENGTH
-from receipts.jobs import Command, Job
-from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS_WITHOUT_AUTH, contract_queue, route
+from receipts.enqueue import EnqueueBody, caller_job_id, choice_field
+from receipts.jobs import COMMAND_TYPES, LANES, SINGLETON_MODES, Command, Job
+from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, contract_queue, route
 
-NON_BLANK = r"\S"
+__all__ = ["CommandBody", "EnqueueBody"]
 
-# The enumerations as types, for the documented request bodies (a unit test pins them to the
-# tuples in receipts.jobs / receipts.kinds).
-LaneName = Literal["chat", "collect", "steer", "follow_up"]
-SingletonModeName = Literal["allow", "cancel", "steer"]
-CommandTypeName = Literal["steer", "follow_up", "abort"]
-KindName = Literal[
-    "factory.dispatch",
-    "factory.run",
-    "factory.integration.publish",
-    "factory.integration.validate",
-    "factory.objective.audit",
-    "factory.objective.control",
-    "factory.objective.watchdog",
-    "factory.task.monitor",
-    "factory.task.run",
-]
+# The enumerations as types, for callers that want them: built from the domain's tuples
+# (`receipts.jobs`, `receipts.kinds`), never copied.
+LaneName = Literal[LANES]  # type: ignore[valid-type]
+SingletonModeName = Literal[SINGLETON_MODES]  # type: ignore[valid-type]
+CommandTypeName = Literal[COMMAND_TYPES]  # type: ignore[valid-type]
+KindName = Literal[KINDS]  # type: ignore[valid-type]
+
+REDACTED = "[redacted]"
 
 
 class _Doc(BaseModel):
@@ -57,60 +49,25 @@ class ErrorBody(_Doc):
     error: ErrorDetail
 
 
-class AuthContext(_Doc):
-    """Who the job acts for; `userId` and `organizationId` are required."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
-
-    user_id: str = Field(pattern=NON_BLANK)
-    organization_id: str = Field(pattern=NON_BLANK)
-    workspace_id: str | None = None
-    receipt_connect_gateway_url: str | None = None
-    session_id: str | None = None
-    source: str | None = None
+if TYPE_CHECKING:
+    CommandTypeField = str
+else:
+    CommandTypeField = choice_field("type", COMMAND_TYPES, required=True)
 
 
-class EnqueuePayload(_Doc):
-    """The job's input: its `kind` (one of nine), `authContext` (all kinds but the watchdog), more."""
+class CommandBody(BaseModel):
+    """A queue command for a job that is not terminal (validates the body and documents it)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
-        populate_by_name=True,
-        extra="allow",
-        json_schema_extra={
-            "if": {"properties": {"kind": {"not": {"enum": [*sorted(KINDS_WITHOUT_AUTH)]}}}},
-            "then": {"required": ["authContext"]},
-        },
+        populate_by_name=False,
+        extra="forbid",
+        json_schema_extra={"required": ["type"]},
     )
 
-    kind: KindName
-    auth_context: AuthContext | SkipJsonSchema[None] = Field(
-        default=None, description="Required for every kind but factory.objective.watchdog"
-    )
-
-
-class EnqueueBody(_Doc):
-    """An enqueue request. Unknown top-level fields are refused (422)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    job_id: str | None = Field(default=None, max_length=MAX_ID_LENGTH, pattern=NON_BLANK)
-    lane: LaneName | None = None
-    session_key: str | None = Field(default=None, max_length=MAX_ID_LENGTH, pattern=NON_BLANK)
-    singleton_mode: SingletonModeName | None = None
-    max_attempts: int | None = Field(default=None, description="clamped to 1..8; default 2")
-    delay_ms: int | None = Field(default=None, ge=0, le=MAX_DELAY_MS)
-    payload: EnqueuePayload
-
-
-class CommandBody(_Doc):
-    """A queue command for a job that is not terminal."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    type: CommandTypeName
+    type: CommandTypeField = Field(default=None, validate_default=True)
     payload: Any = None
-    reason: str | None = None
+    reason: str | None = Field(default=None, max_length=4096)
 
 
 class JobView(Job):
@@ -203,11 +160,14 @@ class Ready(_Doc):
 _ERROR_TEXT = {
     400: "Malformed JSON body",
     401: "Missing or unknown bearer token",
-    403: "The token's organization may not enqueue for the body's organization",
+    403: "The token lacks the scope, or its organization may not act for the body's",
     404: "Unknown job (or agent id, in strict mode); another organization's job looks the same",
-    409: "Conflict: a command on a terminal job, or a jobId owned by another organization",
+    409: "Conflict: a command on a terminal job, a jobId re-posted with another payload, or "
+    "(admin) an organization's id that several organizations use",
     413: "Body larger than RECEIPT_MAX_BODY_BYTES",
+    415: "Open mode takes JSON bodies only (Content-Type: application/json)",
     422: "Invalid input; `field` names the field and `allowed` its accepted values",
+    429: "A limit was reached (rate, queued or active jobs, open streams); see `Retry-After`",
     503: "Database unavailable; retry after `Retry-After` seconds",
 }
 
@@ -217,7 +177,7 @@ def errors_documented(*codes: int) -> dict[int | str, dict[str, Any]]:
     documented: dict[int | str, dict[str, Any]] = {}
     for code in codes:
         entry: dict[str, Any] = {"model": ErrorBody, "description": _ERROR_TEXT[code]}
-        if code == 503:
+        if code in (429, 503):
             entry["headers"] = {
                 "Retry-After": {
                     "description": "seconds to wait",
@@ -238,15 +198,52 @@ def json_body_documented(model: str) -> dict[str, Any]:
     }
 
 
-def job_view(job: Job) -> dict[str, Any]:
-    """Return the API's JSON form of a job (see `JobView`)."""
+def redact_payload(payload: Any) -> Any:
+    """`payload` with the values of `task.env` replaced: reads, streams and callbacks never
+    show a job's environment (it may hold secrets the caller passed to its command)."""
+    if not isinstance(payload, dict):
+        return payload
+    task = payload.get("task")
+    if not isinstance(task, dict) or not isinstance(task.get("env"), dict):
+        return payload
+    env = {name: REDACTED for name in task["env"]}
+    return {**payload, "task": {**task, "env": env}}
+
+
+def shown_receipt(
+    receipt: dict[str, Any], job_id: str | None = None, shown_id: str | None = None
+) -> dict[str, Any]:
+    """A receipt's JSON as the caller sees it: `task.env` values redacted (the enqueue receipt
+    carries them) and, when the caller knows the job as `shown_id`, the runtime's `job_id`
+    replaced by it in `stream` and `data.jobId` (an organization never sees the tag)."""
+    data = receipt.get("data")
+    if isinstance(data, dict):
+        if "payload" in data:
+            data = {**data, "payload": redact_payload(data["payload"])}
+        if shown_id is not None and data.get("jobId") == job_id:
+            data = {**data, "jobId": shown_id}
+        receipt = {**receipt, "data": data}
+    if shown_id is not None and job_id is not None:
+        receipt = {**receipt, "stream": jobmodel.job_stream(shown_id)}
+    return receipt
+
+
+def job_view(job: Job, shown_id: str | None = None) -> dict[str, Any]:
+    """Return the API's JSON form of a job (see `JobView`).
+
+    `shown_id` is the job id the caller knows (an organization's own id, DESIGN §4), shown in
+    `jobId` and `stream` (the runtime's stream is `jobs/<runtime id>`). `task.env` values are
+    redacted.
+    """
     contract = CONTRACTS.get(job.kind)
     task_queue = route(job.agent_id, job.kind)
     expected = contract_queue(job.kind)
     view = JobView.model_validate(
         {
             **dict(job),
-            "stream": jobmodel.job_stream(job.job_id),
+            "job_id": shown_id if shown_id is not None else job.job_id,
+            "payload": redact_payload(job.payload),
+            "stream": jobmodel.job_stream(shown_id if shown_id is not None else job.job_id),
             "route": task_queue,
             "contract_worker_group": contract.worker_group if contract else None,
             "contract_queue": expected,
@@ -256,3 +253,8 @@ def job_view(job: Job) -> dict[str, Any]:
         }
     )
     return view.to_json()
+
+
+def shown_job_id(job: Job, organization_id: str | None) -> str:
+    """The id a caller of `organization_id` (None: admin) knows the job by."""
+    return caller_job_id(job.job_id) if organization_id is not None else job.job_id

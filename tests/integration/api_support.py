@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from receipts.enqueue import scoped_job_id
 from receipts.store import Store
 from roles.api.app import ApiSettings, create_app
 from roles.infra.ports import free_port
@@ -31,6 +32,11 @@ AS_B = {"Authorization": f"Bearer {TOKEN_B}"}
 AS_ADMIN = {"Authorization": f"Bearer {TOKEN_ADMIN}"}
 
 
+def rid(job_id: str, org: str = "org-a") -> str:
+    """The runtime's id of the job `org` names `job_id` (job ids are scoped by organization)."""
+    return scoped_job_id(org, job_id)
+
+
 def enqueue_body(
     org: str = "org-a", kind: str = "factory.task.run", **extra: Any
 ) -> dict[str, Any]:
@@ -45,7 +51,11 @@ def enqueue_body(
 
 @asynccontextmanager
 async def api_client(
-    db_url: str, *, store: Store | None = None, **settings: Any
+    db_url: str,
+    *,
+    store: Store | None = None,
+    base_url: str = "http://api.test",
+    **settings: Any,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The app in-process (lifespan running) behind an httpx client; app exceptions propagate."""
     values: dict[str, Any] = {"tokens": TOKENS, **settings}
@@ -53,7 +63,7 @@ async def api_client(
     transport = httpx.ASGITransport(app=app)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://api.test") as client,
+        httpx.AsyncClient(transport=transport, base_url=base_url) as client,
     ):
         yield client
 

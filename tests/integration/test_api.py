@@ -17,7 +17,7 @@ from receipts import operations as ops
 from receipts.jobs import LANES, SINGLETON_MODES
 from receipts.kinds import AGENT_IDS, KINDS, QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL
 from receipts.store import Store, latest_schema_version
-from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body
+from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body, rid
 from tests.integration.helpers import new_id, types
 
 LEASE_MS = 60_000
@@ -115,7 +115,7 @@ async def test_enqueue_answers_202_with_the_job_and_where_to_follow_it(
         "eventsUrl": f"/jobs/{job_id}/events",
         "status": "queued",
     }
-    assert await types(store, job_id) == ["job.enqueued"]
+    assert await types(store, rid(job_id)) == ["job.enqueued"]
     assert (await client.get(body["async"]["jobUrl"], headers=AS_A)).json()["jobId"] == job_id
     events = (await client.get(body["async"]["eventsUrl"], headers=AS_A)).json()
     assert [r["type"] for r in events["receipts"]] == ["job.enqueued"]
@@ -130,7 +130,7 @@ async def test_an_idempotent_repost_answers_202_with_the_same_job(
     assert again.status_code == 202
     assert again.json()["outcome"] == "existing"
     assert again.json()["job"] == first.json()["job"]
-    assert await types(store, job_id) == ["job.enqueued"]
+    assert await types(store, rid(job_id)) == ["job.enqueued"]
 
 
 async def test_a_steer_absorbed_into_an_active_job_answers_202_with_that_job(
@@ -192,7 +192,7 @@ async def test_missing_auth_context_field_is_422_naming_it(
     del body["payload"]["authContext"][missing]
     response = await post(client, body, headers=AS_ADMIN)
     assert_error(response, 422, "invalid_input", f"payload.authContext.{missing}")
-    assert (await client.get(f"/jobs/{body['jobId']}", headers=AS_ADMIN)).status_code == 404
+    assert (await client.get(f"/jobs/{rid(body['jobId'])}", headers=AS_ADMIN)).status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -306,17 +306,24 @@ async def test_enqueue_for_another_organization_is_403(client: httpx.AsyncClient
     job_id = new_id()
     response = await post(client, enqueue_body(org="org-b", jobId=job_id), headers=AS_A)
     assert_error(response, 403, "forbidden", "payload.authContext.organizationId")
-    assert (await client.get(f"/jobs/{job_id}", headers=AS_ADMIN)).status_code == 404
+    assert (await client.get(f"/jobs/{rid(job_id, 'org-b')}", headers=AS_ADMIN)).status_code == 404
 
 
-async def test_a_job_id_owned_by_another_organization_is_409_without_detail(
+async def test_a_job_id_used_by_another_organization_answers_as_an_unknown_one(
     client: httpx.AsyncClient, store: Store
 ) -> None:
+    # Issue 12, finding 10: ids are scoped by organization, so org-b's post of org-a's id is
+    # answered exactly as one of a fresh id (202, created), and org-a's job is untouched.
     job = await enqueued(client, jobId=new_id())
-    response = await post(client, enqueue_body(org="org-b", jobId=job["jobId"]), headers=AS_B)
-    error = assert_error(response, 409, "conflict")
-    assert "org-a" not in error["message"]
-    assert await types(store, job["jobId"]) == ["job.enqueued"]
+    fresh = new_id()
+    for job_id in (job["jobId"], fresh):
+        response = await post(client, enqueue_body(org="org-b", jobId=job_id), headers=AS_B)
+        assert response.status_code == 202, response.text
+        assert response.json()["outcome"] == "created"
+        assert response.json()["job"]["jobId"] == job_id
+        assert "org-a" not in response.text
+    assert await types(store, rid(job["jobId"])) == ["job.enqueued"]
+    assert await types(store, rid(job["jobId"], "org-b")) == ["job.enqueued"]
 
 
 async def test_an_admin_may_enqueue_for_any_organization(client: httpx.AsyncClient) -> None:
@@ -365,7 +372,7 @@ async def test_get_job_shows_route_contract_attempt_lease_and_pending_commands(
     assert job["routeMatchesContract"] is False
     assert (job["attempt"], job["lease"], job["pendingCommands"]) == (0, None, [])
     worker = f"{job_id}:attempt:1/1"
-    assert (await ops.lease(store, job_id, attempt=1, worker_id=worker, lease_ms=LEASE_MS)).ok
+    assert (await ops.lease(store, rid(job_id), attempt=1, worker_id=worker, lease_ms=LEASE_MS)).ok
     steer = await client.post(
         f"/jobs/{job_id}/commands", json={"type": "steer", "payload": {"n": 1}}, headers=AS_A
     )
@@ -436,7 +443,7 @@ async def test_events_are_the_receipts_in_order_after_a_seq(
         assert response.status_code == 202
     page = (await client.get(f"/jobs/{job_id}/events", headers=AS_A)).json()
     assert [r["seq"] for r in page["receipts"]] == [1, 2, 3, 4]
-    assert [r["type"] for r in page["receipts"]] == await types(store, job_id)
+    assert [r["type"] for r in page["receipts"]] == await types(store, rid(job_id))
     assert (page["lastSeq"], page["status"], page["stream"]) == (4, "queued", f"jobs/{job_id}")
     later = (await client.get(f"/jobs/{job_id}/events?after=2&limit=1", headers=AS_A)).json()
     assert [r["seq"] for r in later["receipts"]] == [3] and later["lastSeq"] == 3
@@ -468,24 +475,26 @@ async def test_commands_are_appended_and_answer_202_with_the_command_id(
         body = response.json()
         assert (body["jobId"], body["type"]) == (job_id, command["type"])
         ids.append(body["commandId"])
-    job = (await store.get_job(job_id)).model_dump()  # type: ignore[union-attr]
+    job = (await store.get_job(rid(job_id))).model_dump()  # type: ignore[union-attr]
     assert [c["command_id"] for c in job["commands"]] == ids
     assert job["abort_requested"] is True and job["abort_reason"] == "enough"
     # No worker held the queued job, so the abort canceled it in the same transaction.
     assert job["status"] == "canceled"
-    assert await types(store, job_id) == ["job.enqueued"] + ["queue.command"] * 3 + ["job.canceled"]
+    assert await types(store, rid(job_id)) == ["job.enqueued"] + ["queue.command"] * 3 + [
+        "job.canceled"
+    ]
 
 
 async def test_a_command_on_a_terminal_job_is_409_and_writes_nothing(
     client: httpx.AsyncClient, store: Store
 ) -> None:
     job_id = (await enqueued(client))["jobId"]
-    assert (await ops.cancel_queued(store, job_id, reason="test")).ok
-    written = await types(store, job_id)
+    assert (await ops.cancel_queued(store, rid(job_id), reason="test")).ok
+    written = await types(store, rid(job_id))
     for kind in ("steer", "follow_up", "abort"):
         response = await client.post(f"/jobs/{job_id}/commands", json={"type": kind}, headers=AS_A)
         assert_error(response, 409, "terminal_state")
-    assert await types(store, job_id) == written
+    assert await types(store, rid(job_id)) == written
 
 
 @pytest.mark.parametrize(
@@ -558,7 +567,7 @@ async def test_list_filters_and_pages_newest_first_with_a_cursor(
     assert await ids(sessionKey=session) == [made[2], made[1], made[0]]
     assert await ids(kind="factory.run") == newest_first
     assert await ids(kind="factory.dispatch") == []
-    assert (await ops.cancel_queued(store, made[0], reason="test")).ok
+    assert (await ops.cancel_queued(store, rid(made[0]), reason="test")).ok
     assert await ids(status="canceled") == [made[0]]
     assert await ids(status="queued") == newest_first[:-1]
 
@@ -653,7 +662,9 @@ async def test_without_tokens_the_api_runs_open_on_loopback_and_warns(
     db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level("WARNING", logger="roles.api.app"):
-        async with api_client(db_url, tokens=None, host="127.0.0.1") as client:
+        async with api_client(
+            db_url, tokens=None, host="127.0.0.1", base_url="http://127.0.0.1:8000"
+        ) as client:
             response = await post(client, enqueue_body(org="org-q"), headers={})
             assert response.status_code == 202
             job_id = response.json()["job"]["jobId"]

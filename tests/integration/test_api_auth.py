@@ -28,6 +28,7 @@ from tests.integration.api_support import (
     TOKEN_B,
     api_client,
     enqueue_body,
+    rid,
 )
 from tests.integration.helpers import new_id, types
 
@@ -149,9 +150,10 @@ async def test_another_organizations_job_cannot_be_read_streamed_or_commanded(
         assert [r.status_code for r in responses] == [404] * 5
         bodies = {json.dumps(r.json()).replace(target, "<id>") for r in responses}
         assert len(bodies) == 1
-    assert await types(store, job_id) == ["job.enqueued"]
+    assert await types(store, rid(job_id, "org-b")) == ["job.enqueued"]
     assert (await client.get(f"/jobs/{job_id}", headers=AS_B)).status_code == 200
-    assert (await client.get(f"/jobs/{job_id}", headers=AS_ADMIN)).status_code == 200
+    # An admin names jobs by the runtime's id (job ids are scoped by organization).
+    assert (await client.get(f"/jobs/{rid(job_id, 'org-b')}", headers=AS_ADMIN)).status_code == 200
 
 
 async def test_lists_show_only_the_callers_organization(client: httpx.AsyncClient) -> None:
@@ -171,8 +173,8 @@ async def test_lists_show_only_the_callers_organization(client: httpx.AsyncClien
     assert await listed(AS_A) == [ours]
     assert await listed(AS_B) == [theirs]
     assert await listed(AS_A, organizationId="org-b") == []
-    assert await listed(AS_ADMIN) == [theirs, ours]
-    assert await listed(AS_ADMIN, organizationId="org-a") == [ours]
+    assert await listed(AS_ADMIN) == [rid(theirs, "org-b"), rid(ours, "org-a")]
+    assert await listed(AS_ADMIN, organizationId="org-a") == [rid(ours, "org-a")]
 
 
 async def test_enqueue_into_another_organization_is_refused(
@@ -183,15 +185,16 @@ async def test_enqueue_into_another_organization_is_refused(
         "/agents/codex/jobs", json=enqueue_body(org="org-b", jobId=job_id), headers=AS_A
     )
     assert response.status_code == 403
-    assert await store.get_job(job_id) is None
-    # Nor can org-a reach org-b's job through its jobId (409, and org-b's job is untouched).
+    assert await store.get_job(rid(job_id)) is None
+    # Nor can org-a reach org-b's job through its jobId: ids are scoped by organization, so the
+    # same id is org-a's own new job, and org-b's job is untouched.
     theirs = await job_of(client, "org-b", AS_B)
     again = await client.post(
         "/agents/codex/jobs", json=enqueue_body(org="org-a", jobId=theirs["jobId"]), headers=AS_A
     )
-    assert again.status_code == 409
+    assert again.status_code == 202 and again.json()["outcome"] == "created"
     assert "org-b" not in again.text
-    assert await types(store, theirs["jobId"]) == ["job.enqueued"]
+    assert await types(store, rid(theirs["jobId"], "org-b")) == ["job.enqueued"]
 
 
 async def test_steer_by_session_key_stays_within_the_organization(
@@ -210,7 +213,7 @@ async def test_steer_by_session_key_stays_within_the_organization(
     )
     assert ours.json()["outcome"] == "created"
     assert ours.json()["job"]["jobId"] != theirs["jobId"]
-    assert await types(store, theirs["jobId"]) == ["job.enqueued"]
+    assert await types(store, rid(theirs["jobId"], "org-b")) == ["job.enqueued"]
 
 
 async def test_tokens_never_reach_the_logs(

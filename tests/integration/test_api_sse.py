@@ -18,7 +18,7 @@ import pytest
 from receipts import operations as ops
 from receipts.store import Store
 from roles.cli.client import SseEvent, parse_sse
-from tests.integration.api_support import AS_A, AS_B, RunningApi, enqueue_body, running_api
+from tests.integration.api_support import AS_A, AS_B, RunningApi, enqueue_body, rid, running_api
 from tests.integration.helpers import types
 
 LEASE_MS = 60_000
@@ -80,6 +80,7 @@ async def collect(
 
 
 async def run_job(store: Store, job_id: str, progress: int) -> None:
+    job_id = rid(job_id)
     worker = f"{job_id}:attempt:1/1"
     assert (await ops.lease(store, job_id, attempt=1, worker_id=worker, lease_ms=LEASE_MS)).ok
     assert (await ops.heartbeat(store, job_id, worker_id=worker, attempt=1, lease_ms=LEASE_MS)).ok
@@ -108,7 +109,7 @@ async def test_a_subscriber_sees_every_receipt_in_order_then_the_end(
             received.append(json.loads(event.data))
         await appender
     assert end == {"jobId": job_id, "status": "completed"}
-    stored = await store.read_stream(f"jobs/{job_id}")
+    stored = await store.read_stream(f"jobs/{rid(job_id)}")
     assert [r["seq"] for r in received] == [r.seq for r in stored] == list(range(1, 30))
     assert [r["type"] for r in received] == [r.type for r in stored]
     assert received[-1]["type"] == "job.completed"
@@ -125,7 +126,7 @@ async def test_concurrent_subscribers_each_see_the_same_receipts(
     await asyncio.sleep(0.2)
     await run_job(store, job_id, progress=10)
     results = await asyncio.gather(*readers)
-    expected = [r.seq for r in await store.read_stream(f"jobs/{job_id}")]
+    expected = [r.seq for r in await store.read_stream(f"jobs/{rid(job_id)}")]
     for received, end in results:
         assert [r["seq"] for r in received] == expected
         assert end == {"jobId": job_id, "status": "completed"}
@@ -136,23 +137,23 @@ async def test_a_reconnect_with_last_event_id_misses_none_and_repeats_none(
 ) -> None:
     job_id = await enqueue(client)
     worker = f"{job_id}:attempt:1/1"
-    assert (await ops.lease(store, job_id, attempt=1, worker_id=worker, lease_ms=LEASE_MS)).ok
+    assert (await ops.lease(store, rid(job_id), attempt=1, worker_id=worker, lease_ms=LEASE_MS)).ok
     first, _ = await collect(client, job_id, stop_after=2)
     assert [r["seq"] for r in first] == [1, 2]
     # Appended while nobody is connected.
     for n in range(5):
-        assert (await ops.progress(store, job_id, worker_id=worker, attempt=1, data=n)).ok
+        assert (await ops.progress(store, rid(job_id), worker_id=worker, attempt=1, data=n)).ok
     resumed = asyncio.create_task(
         collect(client, job_id, headers={**STREAM, "Last-Event-ID": str(first[-1]["seq"])})
     )
     await asyncio.sleep(0.2)
     for n in range(5, 8):
-        assert (await ops.progress(store, job_id, worker_id=worker, attempt=1, data=n)).ok
-    assert (await ops.complete(store, job_id, worker_id=worker, attempt=1)).ok
+        assert (await ops.progress(store, rid(job_id), worker_id=worker, attempt=1, data=n)).ok
+    assert (await ops.complete(store, rid(job_id), worker_id=worker, attempt=1)).ok
     second, end = await resumed
     assert end == {"jobId": job_id, "status": "completed"}
     seqs = [r["seq"] for r in first + second]
-    assert seqs == list(range(1, len(await types(store, job_id)) + 1))
+    assert seqs == list(range(1, len(await types(store, rid(job_id))) + 1))
     assert [r["data"]["data"] for r in second if r["type"] == "job.progress"] == list(range(8))
 
 
@@ -175,7 +176,7 @@ async def test_a_stream_resumed_past_the_terminal_receipt_ends_at_once(
 ) -> None:
     job_id = await enqueue(client)
     await run_job(store, job_id, progress=0)
-    last = len(await types(store, job_id))
+    last = len(await types(store, rid(job_id)))
     received, end = await collect(client, job_id, headers={**STREAM, "Last-Event-ID": str(last)})
     assert received == []
     assert end == {"jobId": job_id, "status": "completed"}
@@ -189,9 +190,11 @@ async def test_a_lease_expiry_ends_the_stream_only_when_it_leaves_the_job_failed
     await asyncio.sleep(0.2)
     for attempt in (1, 2):
         worker = f"{job_id}:attempt:{attempt}/1"
-        assert (await ops.lease(store, job_id, attempt=attempt, worker_id=worker, lease_ms=1)).ok
+        assert (
+            await ops.lease(store, rid(job_id), attempt=attempt, worker_id=worker, lease_ms=1)
+        ).ok
         await asyncio.sleep(0.01)
-        expired = await ops.expire_lease(store, job_id)
+        expired = await ops.expire_lease(store, rid(job_id))
         assert expired.ok and expired.job is not None
         assert expired.job.status == ("queued" if attempt == 1 else "failed")
         if attempt == 1:
@@ -215,8 +218,10 @@ async def test_a_retryable_failure_continues_and_an_abort_of_a_queued_job_ends(
     reader = asyncio.create_task(collect(client, job_id))
     await asyncio.sleep(0.2)
     worker = f"{job_id}:attempt:1/1"
-    assert (await ops.lease(store, job_id, attempt=1, worker_id=worker, lease_ms=LEASE_MS)).ok
-    failed = await ops.fail(store, job_id, worker_id=worker, attempt=1, error="x", retryable=True)
+    assert (await ops.lease(store, rid(job_id), attempt=1, worker_id=worker, lease_ms=LEASE_MS)).ok
+    failed = await ops.fail(
+        store, rid(job_id), worker_id=worker, attempt=1, error="x", retryable=True
+    )
     assert failed.ok and failed.job is not None and failed.job.status == "queued"
     response = await client.post(
         f"/jobs/{job_id}/commands", json={"type": "abort", "reason": "stop"}, headers=AS_A
@@ -272,7 +277,7 @@ async def test_an_idle_stream_sends_keepalive_comments(
     tail = lines[lines.index(": keepalive") :]
     assert [line for line in tail if line] == [": keepalive"] * 3
     assert 0.8 <= elapsed < 10
-    assert await types(store, job_id) == ["job.enqueued"]
+    assert await types(store, rid(job_id)) == ["job.enqueued"]
 
 
 def test_the_keepalive_period_defaults_to_fifteen_seconds() -> None:

@@ -93,7 +93,13 @@ async def test_singleton_steer_returns_the_most_recent_active_job(store: Store) 
     assert command.payload["prompt"] == "also do this"
     assert await store.get_job(steer_id) is None
     # A retried steer-enqueue with the same jobId adds nothing and returns the steered job.
-    again = await put(store, sessionKey=session, singletonMode="steer", jobId=steer_id)
+    again = await put(
+        store,
+        sessionKey=session,
+        singletonMode="steer",
+        jobId=steer_id,
+        payload_extra={"prompt": "also do this"},
+    )
     assert again.outcome == "steered" and again.job.job_id == newest.job_id
     assert await types(store, newest.job_id) == ["job.enqueued", "queue.command"]
 

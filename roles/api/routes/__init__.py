@@ -1,1 +1,1 @@
-"""The API's routes, one module per resource; each exposes an APIRouter as `router`."""
+"""One module per resource, each exposing an `APIRouter` named `router` (see `roles.api.deps`)."""

@@ -1,0 +1,202 @@
+"""Reading request bodies and list cursors: bounded work per request (issue 12).
+
+A body is refused before anything looks at it when it is too large (413), not JSON (400), or
+not the shape any request can have (422): nested deeper than `max_json_depth`, more than
+`max_json_nodes` values, a key longer than `max_json_key_chars`, NUL or a lone surrogate in any
+string. One iterative pass checks all of it; a field path is built only for the error. A body
+larger than `OFFLOAD_BYTES` is decoded and checked in a worker thread, so `/healthz` and every
+other request keep being served while it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from receipts.errors import InvalidInput
+from receipts.jobs import Job
+from receipts.kinds import invalid_input
+from receipts.text import _BAD, check_clean_text
+from roles.api.errors import ApiError
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_JSON_DEPTH = 64
+OFFLOAD_BYTES = 64 * 1024
+"""Bodies above this are decoded and walked off the event loop (below it a thread hop costs more)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JsonLimits:
+    """How much one JSON body may hold (`RECEIPT_MAX_JSON_*`)."""
+
+    depth: int = MAX_JSON_DEPTH
+    nodes: int = 50_000
+    key_chars: int = 256
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def check_shape(value: Any, limits: JsonLimits) -> None:
+    """Raise `InvalidInput` when `value` breaks a limit or holds text `jsonb` cannot store.
+
+    One pass, no path strings: the walk keeps (item, depth) pairs only; on a text error the
+    document is walked again by `check_clean_text` to name the field.
+    """
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    nodes = 0
+    search = _BAD.search
+    bad_text = False
+    while pending:
+        item, depth = pending.pop()
+        nodes += 1
+        if nodes > limits.nodes:
+            raise InvalidInput("body", f"the JSON body holds more than {limits.nodes} values")
+        if isinstance(item, str):
+            if search(item):
+                bad_text = True
+        elif isinstance(item, dict):
+            if depth > limits.depth:
+                raise InvalidInput("body", f"the JSON body nests deeper than {limits.depth} levels")
+            for key, child in item.items():
+                if len(key) > limits.key_chars:
+                    raise InvalidInput(
+                        "body", f"a JSON key is longer than {limits.key_chars} characters"
+                    )
+                if search(key):
+                    bad_text = True
+                pending.append((child, depth + 1))
+        elif isinstance(item, list):
+            if depth > limits.depth:
+                raise InvalidInput("body", f"the JSON body nests deeper than {limits.depth} levels")
+            if nodes + len(item) > limits.nodes:
+                raise InvalidInput("body", f"the JSON body holds more than {limits.nodes} values")
+            pending.extend((child, depth + 1) for child in item)
+    if bad_text:
+        check_clean_text(value, "")
+
+
+def decode_json(raw: bytes, limits: JsonLimits) -> Any:
+    """Decode and check a body (see the module docstring); raise `ApiError` or `InvalidInput`."""
+    if not raw.strip():
+        raise ApiError(400, "malformed_json", "the request body must be a JSON document")
+    try:
+        body = json.loads(
+            raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float
+        )
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "malformed_json", "the request body is not UTF-8") from exc
+    except RecursionError as exc:
+        raise ApiError(400, "malformed_json", "the JSON body nests too deeply") from exc
+    except ValueError as exc:
+        raise ApiError(400, "malformed_json", f"malformed JSON: {exc}") from exc
+    check_shape(body, limits)
+    return body
+
+
+async def read_raw_body(request: Request, limit: int) -> bytes:
+    """Read the body, refusing it (413) as soon as `Content-Length` or the bytes exceed `limit`."""
+    too_large = ApiError(
+        413, "body_too_large", f"the request body exceeds {limit} bytes (RECEIPT_MAX_BODY_BYTES)"
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit() or len(declared) > 20:
+            raise ApiError(400, "malformed_json", "Content-Length is not a number")
+        if int(declared) > limit:
+            raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json_body(request: Request, limit: int, limits: JsonLimits | None = None) -> Any:
+    """Read, decode and check the JSON body (413, 400, 422: see the module docstring).
+
+    Text is checked here, once per request: callers pass `text_checked=True` on.
+    """
+    raw = await read_raw_body(request, limit)
+    limits = limits or JsonLimits()
+    if len(raw) > OFFLOAD_BYTES:
+        return await asyncio.to_thread(decode_json, raw, limits)
+    return decode_json(raw, limits)
+
+
+def json_object(body: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """The body as an object with no field outside `allowed` (422 naming the first unknown)."""
+    if not isinstance(body, dict):
+        raise InvalidInput("body", "the request body must be a JSON object")
+    unknown = [name for name in body if name not in allowed]
+    if unknown:
+        raise InvalidInput(unknown[0], f"unknown field {unknown[0]!r}", allowed)
+    return body
+
+
+def validated(model: type[M], body: Any) -> M:
+    """Validate `body` with `model` (the same model documents it); 422 naming the field."""
+    if not isinstance(body, dict):
+        raise InvalidInput("body", "the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        error = invalid_input(exc)
+        if error.message.startswith("unknown field") and "." not in error.field:
+            error.allowed = [f.alias or n for n, f in model.model_fields.items()]
+        raise error from None
+
+
+def choice(value: str | None, name: str, allowed: tuple[str, ...]) -> str | None:
+    """`value` when it is None or one of `allowed`; else 422 naming them."""
+    if value is not None and value not in allowed:
+        raise InvalidInput(name, f"{name} must be one of: {', '.join(allowed)}", allowed)
+    return value
+
+
+def job_path(request: Request, job_id: str, suffix: str = "") -> str:
+    """The URL path of a job (as the caller names it)."""
+    root = request.scope.get("root_path", "")
+    return f"{root}/jobs/{quote(job_id, safe='')}{suffix}"
+
+
+def encode_cursor(job: Job) -> str:
+    """Return the opaque cursor that continues a list after `job` (newest first)."""
+    raw = json.dumps([job.created_at.isoformat(), job.job_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """Return `(created_at, job_id)` of a cursor; raise `InvalidInput` for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, job_id = json.loads(raw)
+        at = datetime.fromisoformat(created_at)
+        if not isinstance(job_id, str) or at.tzinfo is None:
+            raise ValueError(cursor)
+        check_clean_text(job_id, "cursor")
+    except (InvalidInput, ValueError, TypeError, binascii.Error, OverflowError) as exc:
+        raise InvalidInput("cursor", "cursor is not one this API returned") from exc
+    return at, job_id

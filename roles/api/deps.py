@@ -1,0 +1,239 @@
+"""What every routes module imports: the shared state, the FastAPI dependency aliases (`State`,
+`Caller`, `JobId`), scope checks, and the error type and body readers.
+
+A new resource (objectives, agent jobs) adds `roles/api/routes/<resource>.py` exposing an
+`APIRouter` named `router`, written against this module only; `create_app` includes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol
+
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from receipts.enqueue import TENANT_SEPARATOR, scoped_job_id
+from receipts.errors import InvalidInput, TransientStorageError
+from receipts.jobs import Job
+from receipts.listen import Listener
+from receipts.sql import query
+from receipts.store import Store, translate_errors
+from receipts.text import check_clean_text
+from roles.api.auth import OPEN, Principal, TokenTable, is_loopback
+from roles.api.body import JsonLimits, json_object, read_json_body, validated
+from roles.api.errors import ApiError, too_many
+from roles.api.limits import OrgLimits
+from roles.api.schema import shown_job_id
+from roles.api.settings import ApiSettings
+from roles.api.sse import StreamGate
+
+__all__ = [
+    "ApiError",
+    "ApiState",
+    "Caller",
+    "EnqueueObserver",
+    "InvalidInput",
+    "JobId",
+    "State",
+    "json_object",
+    "read_json_body",
+    "require_scope",
+    "takes_query",
+    "too_many",
+    "validated",
+    "visible_job",
+]
+
+
+class EnqueueObserver(Protocol):
+    """Told of every accepted enqueue (the role's metrics)."""
+
+    def job_enqueued(self, job: Job, outcome: str) -> None: ...
+
+
+@dataclass
+class ApiState:
+    """What the routes share: settings, tokens, limits, and (between start and stop) store and
+    listener."""
+
+    settings: ApiSettings
+    tokens: TokenTable
+    database_url: str | None
+    store: Store | None = None
+    listener: Listener | None = None
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    metrics: EnqueueObserver | None = None
+    streams: StreamGate = field(init=False)
+    org_limits: OrgLimits = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.streams = StreamGate(s.sse_max_streams, s.sse_max_streams_per_token)
+        self.org_limits = OrgLimits(s.org_enqueue_rate, s.org_enqueue_burst)
+
+    @property
+    def json_limits(self) -> JsonLimits:
+        s = self.settings
+        return JsonLimits(s.max_json_depth, s.max_json_nodes, s.max_json_key_chars)
+
+    def require_store(self) -> Store:
+        if self.store is None:
+            raise TransientStorageError("the store is not open")
+        return self.store
+
+
+# The route dependencies are `async def` although they never await: FastAPI runs a sync
+# dependency in its thread pool, a thread hop per dependency per request (+40 % req/s at one
+# client in `make bench` without them).
+async def _state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state
+
+
+_bearer = HTTPBearer(auto_error=False, description="A token from RECEIPT_API_TOKENS(_FILE)")
+
+
+def _host_name(host: str) -> str:
+    """The name part of a `Host` header (`[::1]:8000` → `::1`, `localhost:8000` → `localhost`)."""
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _origin_host(origin: str) -> str | None:
+    scheme, sep, rest = origin.partition("://")
+    if not sep or scheme not in ("http", "https"):
+        return None
+    return _host_name(rest.split("/", 1)[0])
+
+
+def check_open_request(request: Request) -> None:
+    """In open mode (no tokens), refuse what a web page could send (issue 12, DESIGN §12).
+
+    The caller of an open API is admin, so a page in the operator's browser must not be able to
+    reach it: the `Host` must be a loopback name (DNS rebinding points a foreign name at
+    127.0.0.1), an `Origin` other than a loopback one is refused, and a body must be declared
+    `application/json` (a cross-origin `text/plain` POST needs no CORS preflight).
+    """
+    host = request.headers.get("host", "")
+    if not is_loopback(_host_name(host)):
+        raise ApiError(
+            403,
+            "forbidden",
+            "the API runs without tokens and answers only requests addressed to a loopback "
+            "host (set RECEIPT_API_TOKENS to serve other names)",
+            field="Host",
+        )
+    origin = request.headers.get("origin")
+    if origin is not None:
+        origin_host = _origin_host(origin)
+        if origin_host is None or not is_loopback(origin_host):
+            raise ApiError(
+                403,
+                "forbidden",
+                "the API runs without tokens and refuses requests from other origins",
+                field="Origin",
+            )
+    if request.method in ("POST", "PUT", "PATCH"):
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media != "application/json":
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                "request bodies must be application/json",
+                field="Content-Type",
+            )
+
+
+async def _caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    state: ApiState = request.app.state.api
+    tokens = state.tokens
+    if tokens.open:
+        check_open_request(request)
+        return OPEN
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None:
+        raise ApiError(401, "unauthorized", "a bearer token is required", headers=challenge)
+    principal = tokens.authenticate(credentials.credentials)
+    if principal is None:
+        raise ApiError(401, "unauthorized", "unknown bearer token", headers=challenge)
+    return principal
+
+
+def require_scope(caller: Principal, scope: str) -> None:
+    """403 unless the caller's token holds `scope`."""
+    if not caller.can(scope):
+        raise ApiError(403, "forbidden", f"this token lacks the {scope!r} scope")
+
+
+Caller = Annotated[Principal, Depends(_caller)]
+State = Annotated[ApiState, Depends(_state)]
+JobId = Annotated[str, Path(alias="jobId", description="The job id")]
+
+
+async def clean_params(request: Request) -> None:
+    """Refuse NUL in path and query parameters (it cannot reach PostgreSQL text)."""
+    for name, value in request.path_params.items():
+        check_clean_text(value, name)
+    for name, value in request.query_params.multi_items():
+        check_clean_text(value, name)
+
+
+def takes_query(*names: str) -> Any:
+    """A route dependency refusing query parameters other than `names` (a typo would silently
+    not filter)."""
+
+    async def check(request: Request) -> None:
+        for name in request.query_params:
+            if name not in names:
+                raise InvalidInput(name or "query", f"unknown query parameter {name!r}", names)
+
+    return Depends(check)
+
+
+def runtime_job_id(caller: Principal, job_id: str) -> str:
+    """The runtime's id of the job the caller names `job_id` (admins name runtime ids)."""
+    return job_id if caller.admin else scoped_job_id(caller.organization_id, job_id)
+
+
+async def _jobs_by_caller_id(store: Store, job_id: str) -> list[Job]:
+    with translate_errors():
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(query("api_jobs_by_caller_id"), {"job_id": job_id})
+            return [Job.model_validate(row[0]) for row in await cur.fetchall()]
+
+
+async def visible_job(state: ApiState, caller: Principal, job_id: str) -> Job:
+    """The job the caller names `job_id`; 404 when there is none it may see (another
+    organization's job answers exactly as an unknown one).
+
+    An admin names jobs by the runtime's id (`<id>~<tag>`, as its views show them), or by an
+    organization's own id when only one organization uses it (409 `ambiguous_job_id` when
+    several do).
+    """
+    store = state.require_store()
+    job = await store.get_job(runtime_job_id(caller, job_id))
+    if job is None and caller.admin and TENANT_SEPARATOR not in job_id:
+        found = await _jobs_by_caller_id(store, job_id)
+        if len(found) > 1:
+            raise ApiError(
+                409,
+                "ambiguous_job_id",
+                f"several organizations use job id {job_id!r}; name it by the id admin views "
+                f"show ({job_id}{TENANT_SEPARATOR}<organization tag>)",
+                field="jobId",
+            )
+        job = found[0] if found else None
+    if job is None or not caller.sees(job.organization_id):
+        raise ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
+    return job
+
+
+def shown_id(caller: Principal, job: Job) -> str:
+    """The id the caller knows `job` by."""
+    return shown_job_id(job, None if caller.admin else caller.organization_id)

@@ -1,0 +1,142 @@
+"""The API's one error shape, `{"error": {"code", "message", "field"?, "allowed"?}}`, and the
+handlers that turn every failure (ours, pydantic's, Starlette's, the store's) into it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from receipts.enqueue import IdempotencyMismatch
+from receipts.errors import ConflictError, InvalidInput, TransientStorageError
+
+log = logging.getLogger("roles.api.app")
+
+RETRY_AFTER_S = 5
+
+
+class ApiError(Exception):
+    """An answer other than success: an HTTP status and the one JSON error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        field: str | None = None,
+        allowed: list[str] | tuple[str, ...] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.allowed = list(allowed) if allowed is not None else None
+        self.headers = dict(headers or {})
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    """Return the JSON response of an error: `{"error": {code, message, field?, allowed?}}`."""
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.field is not None:
+        body["field"] = error.field
+    if error.allowed is not None:
+        body["allowed"] = error.allowed
+    return JSONResponse({"error": body}, status_code=error.status, headers=error.headers)
+
+
+def too_many(message: str, retry_after_s: float) -> ApiError:
+    """A 429 with `Retry-After` (whole seconds, at least 1)."""
+    seconds = max(1, int(retry_after_s + 0.999))
+    return ApiError(429, "too_many_requests", message, headers={"Retry-After": str(seconds)})
+
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_input",
+    429: "too_many_requests",
+    503: "storage_unavailable",
+}
+
+
+def _field_of(location: Sequence[Any]) -> str:
+    parts = [str(p) for p in location]
+    if parts and parts[0] in ("query", "path", "header", "body"):
+        parts = parts[1:]
+    return ".".join(parts) or "request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every failure with the one error shape; a bug answers 500 and is logged."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(InvalidInput)
+    async def invalid_input(request: Request, exc: InvalidInput) -> JSONResponse:
+        return error_response(
+            ApiError(422, "invalid_input", exc.message, field=exc.field, allowed=exc.allowed)
+        )
+
+    @app.exception_handler(IdempotencyMismatch)
+    async def mismatch(request: Request, exc: IdempotencyMismatch) -> JSONResponse:
+        return error_response(ApiError(409, "idempotency_mismatch", str(exc), field="jobId"))
+
+    @app.exception_handler(ConflictError)
+    async def conflict(request: Request, exc: ConflictError) -> JSONResponse:
+        return error_response(ApiError(409, "conflict", "jobId already in use"))
+
+    @app.exception_handler(TransientStorageError)
+    async def outage(request: Request, exc: TransientStorageError) -> JSONResponse:
+        log.warning(
+            "database unavailable",
+            extra={"event": "api.storage_unavailable", "path": request.url.path, "error": str(exc)},
+        )
+        return error_response(
+            ApiError(
+                503,
+                "storage_unavailable",
+                "the database is unavailable; retry later",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        name = _field_of(first.get("loc", ()))
+        return error_response(
+            ApiError(422, "invalid_input", f"{name}: {first.get('msg')}", field=name)
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "error")
+        message = exc.detail if isinstance(exc.detail, str) else code
+        return error_response(ApiError(exc.status_code, code, message, headers=exc.headers))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not an outage: logged with its traceback, answered 500, re-raised by Starlette.
+        log.error(
+            "unhandled error",
+            exc_info=exc,
+            extra={"event": "api.unhandled", "path": request.url.path},
+        )
+        return error_response(ApiError(500, "internal", "internal error"))

@@ -1,0 +1,549 @@
+"""The jobs resource: enqueue, list, read, events (JSON or live SSE) and commands.
+
+Job ids are scoped by organization (DESIGN §4): an organization names its jobs by its own ids
+and sees them under those ids; the runtime's id (`<id>~<organization tag>`) names the stream
+and the workflows, and is what an admin token sees and names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from opentelemetry import trace
+
+from receipts import jobs as jobmodel
+from receipts import operations
+from receipts.enqueue import (
+    JOB_ID_PATTERN,
+    EnqueueRequest,
+    enqueue,
+    parse_enqueue,
+    scoped_job_id,
+)
+from receipts.errors import InvalidInput, TransientStorageError
+from receipts.jobs import LANES, STATUSES, Job
+from receipts.kinds import AGENT_IDS, KINDS, MAX_ID_LENGTH, NON_BLANK, QUEUE_CODEX, route
+from receipts.sql import query
+from receipts.store import Store, translate_errors
+from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
+from roles.api.body import (
+    OFFLOAD_BYTES,
+    choice,
+    decode_cursor,
+    decode_json,
+    encode_cursor,
+    job_path,
+    read_raw_body,
+    validated,
+)
+from roles.api.deps import (
+    ApiError,
+    ApiState,
+    Caller,
+    JobId,
+    State,
+    require_scope,
+    shown_id,
+    takes_query,
+    too_many,
+    visible_job,
+)
+from roles.api.errors import RETRY_AFTER_S
+from roles.api.schema import (
+    CommandAccepted,
+    CommandBody,
+    EnqueueAccepted,
+    EventsPage,
+    JobList,
+    JobView,
+    errors_documented,
+    job_view,
+    json_body_documented,
+    shown_receipt,
+)
+from roles.api.settings import ApiSettings
+from roles.api.sse import parse_last_event_id, receipt_events
+from roles.infra.tracing import current_traceparent, trace_id_of
+
+log = logging.getLogger("roles.api.app")
+_tracer = trace.get_tracer("receipt.api")
+
+T = TypeVar("T")
+
+COMMAND_CONFLICT_RETRIES = 3
+LIST_QUERY: tuple[str, ...] = (
+    "status",
+    "agentId",
+    "lane",
+    "sessionKey",
+    "kind",
+    "organizationId",
+    "limit",
+    "cursor",
+)
+IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1f6c4e-4f0e-4f51-9a39-2a4d1d6c2b10")
+"""`Idempotency-Key: K` on an id-less post names the job uuid5(this, K): a retry finds it."""
+
+router = APIRouter(tags=["jobs"])
+
+
+def _parse_enqueue_body(raw: bytes, state: ApiState, agent_id: str) -> EnqueueRequest:
+    return parse_enqueue(agent_id, decode_json(raw, state.json_limits), text_checked=True)
+
+
+async def off_loop(size: int, work: Callable[[], T]) -> T:
+    """Run `work` in a thread when the body is large (the event loop keeps serving)."""
+    if size > OFFLOAD_BYTES:
+        return await asyncio.to_thread(work)
+    return work()
+
+
+def _check_command_rights(
+    caller: Principal, settings: ApiSettings, agent_id: str, request: EnqueueRequest
+) -> None:
+    """A kind routed to the codex workers runs a command: `commands:run`, and when the
+    organization has an allow-list (`RECEIPT_ORG_EXECUTABLES`), an executable on it."""
+    if route(agent_id, request.kind) != QUEUE_CODEX:
+        return
+    require_scope(caller, COMMANDS_RUN)
+    allowed = settings.org_executables.get(request.organization_id or "")
+    if allowed is None:
+        return
+    task = request.payload.get("task")
+    command = task.get("command") if isinstance(task, dict) else None
+    program = command[0] if isinstance(command, list) and command else None
+    if not isinstance(program, str) or program not in allowed:
+        raise ApiError(
+            403,
+            "forbidden",
+            f"payload.task.command[0] must be one of this organization's executables: "
+            f"{', '.join(allowed)}",
+            field="payload.task.command",
+            allowed=allowed,
+        )
+
+
+def _capped_timeout(settings: ApiSettings, request: EnqueueRequest) -> EnqueueRequest:
+    """The request with `payload.timeoutMs` clamped to the operator's cap
+    (`RECEIPT_MAX_TIMEOUT_MS`): a job cannot ask to hold a worker slot for longer."""
+    timeout = request.payload.get("timeoutMs")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        return request
+    if timeout <= settings.max_timeout_ms:
+        return request
+    payload = {**request.payload, "timeoutMs": settings.max_timeout_ms}
+    return dataclasses.replace(request, payload=payload)
+
+
+def _check_gateway(settings: ApiSettings, request: EnqueueRequest) -> None:
+    """`receiptConnectGatewayUrl` must start with a prefix on `RECEIPT_GATEWAY_URL_ALLOWLIST`."""
+    auth = request.payload.get("authContext")
+    gateway = auth.get("receiptConnectGatewayUrl") if isinstance(auth, dict) else None
+    if gateway is not None and not any(
+        gateway.startswith(prefix) for prefix in settings.gateway_url_allowlist
+    ):
+        raise InvalidInput(
+            "payload.authContext.receiptConnectGatewayUrl",
+            "payload.authContext.receiptConnectGatewayUrl is not on the operator's allow-list "
+            "(RECEIPT_GATEWAY_URL_ALLOWLIST)",
+            settings.gateway_url_allowlist,
+        )
+
+
+async def _check_org_caps(state: ApiState, organization_id: str) -> None:
+    """429 when the organization holds its cap of queued or of active jobs."""
+    with translate_errors():
+        async with state.require_store().pool.connection() as conn:
+            cur = await conn.execute(
+                query("api_org_open_jobs"), {"organization_id": organization_id}
+            )
+            row = await cur.fetchone()
+    queued, active = (row[0], row[1]) if row else (0, 0)
+    settings = state.settings
+    if queued >= settings.org_max_queued:
+        log.warning(
+            "organization at its queued-jobs cap",
+            extra={"event": "api.org_cap", "cap": "queued", "organizationId": organization_id},
+        )
+        raise too_many(
+            f"the organization has {queued} queued jobs (RECEIPT_ORG_MAX_QUEUED)", RETRY_AFTER_S
+        )
+    if active >= settings.org_max_active:
+        log.warning(
+            "organization at its active-jobs cap",
+            extra={"event": "api.org_cap", "cap": "active", "organizationId": organization_id},
+        )
+        raise too_many(
+            f"the organization has {active} active jobs (RECEIPT_ORG_MAX_ACTIVE)", RETRY_AFTER_S
+        )
+
+
+@router.post(
+    "/agents/{agentId}/jobs",
+    status_code=202,
+    response_model=EnqueueAccepted,
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
+    openapi_extra=json_body_documented("EnqueueBody"),
+    dependencies=[takes_query()],
+)
+async def post_job(
+    request: Request,
+    state: State,
+    caller: Caller,
+    agent_id: Annotated[
+        str,
+        Path(
+            alias="agentId",
+            max_length=MAX_ID_LENGTH,
+            pattern=NON_BLANK,
+            description="The agent that runs the job",
+        ),
+    ],
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            pattern=JOB_ID_PATTERN,
+            description="Makes a post without `jobId` retryable: the same key names the same job",
+        ),
+    ] = None,
+) -> JSONResponse:
+    """Enqueue a job (202). An idempotent re-post, or a `steer` absorbed into an active job,
+    also answers 202 with that job; `outcome` says which."""
+    require_scope(caller, JOBS_WRITE)
+    settings = state.settings
+    wait_s = state.org_limits.take(caller.organization_id or "*admin")
+    if wait_s > 0:
+        log.warning(
+            "enqueue rate limited",
+            extra={"event": "api.rate_limited", "organizationId": caller.organization_id},
+        )
+        raise too_many(
+            "the organization's enqueue rate is exceeded (RECEIPT_ORG_ENQUEUE_RATE)", wait_s
+        )
+    raw = await read_raw_body(request, settings.max_body_bytes)
+    enqueue_request = await off_loop(len(raw), lambda: _parse_enqueue_body(raw, state, agent_id))
+    if settings.strict_agent_ids and agent_id not in AGENT_IDS:
+        raise ApiError(
+            404,
+            "unknown_agent",
+            f"no handler for agent {agent_id!r}; agent ids: {', '.join(AGENT_IDS)}",
+            field="agentId",
+            allowed=AGENT_IDS,
+        )
+    organization_id = enqueue_request.organization_id
+    if not caller.admin and organization_id != caller.organization_id:
+        raise ApiError(
+            403,
+            "forbidden",
+            "payload.authContext.organizationId is not the token's organization",
+            field="payload.authContext.organizationId",
+        )
+    _check_command_rights(caller, settings, agent_id, enqueue_request)
+    _check_gateway(settings, enqueue_request)
+    enqueue_request = _capped_timeout(settings, enqueue_request)
+    if organization_id is not None:
+        await _check_org_caps(state, organization_id)
+    client_id = enqueue_request.job_id
+    if client_id is None and idempotency_key is not None:
+        client_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
+    if client_id is None:
+        client_id = str(uuid.uuid4())
+    with _tracer.start_as_current_span(
+        "receipt.enqueue", attributes={"receipt.agent_id": agent_id}
+    ):
+        enqueue_request = dataclasses.replace(
+            enqueue_request,
+            job_id=scoped_job_id(organization_id, client_id),
+            trace_id=trace_id_of(current_traceparent()),
+            traceparent=current_traceparent(),
+        )
+        result = await enqueue(state.require_store(), enqueue_request)
+    job = result.job
+    if state.metrics is not None:
+        state.metrics.job_enqueued(job, result.outcome)
+    log.info(
+        "job enqueued",
+        extra={
+            "event": "api.enqueued",
+            "jobId": job.job_id,
+            "agentId": job.agent_id,
+            "outcome": result.outcome,
+        },
+    )
+    shown = shown_id(caller, job)
+    content = {
+        "job": job_view(job, shown),
+        "outcome": result.outcome,
+        "async": {
+            "jobId": shown,
+            "stream": jobmodel.job_stream(shown),
+            "jobUrl": job_path(request, shown),
+            "eventsUrl": job_path(request, shown, "/events"),
+            "status": job.status,
+        },
+    }
+    return JSONResponse(content, status_code=202)
+
+
+async def _list_jobs(store: Store, params: dict[str, Any]) -> list[Job]:
+    with translate_errors():
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(query("api_list_jobs"), params)
+            return [Job.model_validate(row[0]) for row in await cur.fetchall()]
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+@router.get(
+    "/jobs",
+    response_model=JobList,
+    responses=errors_documented(401, 403, 422, 503),
+    dependencies=[takes_query(*LIST_QUERY)],
+)
+async def list_jobs(
+    state: State,
+    caller: Caller,
+    status: Annotated[str | None, Query(json_schema_extra={"enum": list(STATUSES)})] = None,
+    agent_id: Annotated[
+        str | None, Query(alias="agentId", min_length=1, max_length=MAX_ID_LENGTH)
+    ] = None,
+    lane: Annotated[str | None, Query(json_schema_extra={"enum": list(LANES)})] = None,
+    session_key: Annotated[
+        str | None, Query(alias="sessionKey", min_length=1, max_length=MAX_ID_LENGTH)
+    ] = None,
+    kind: Annotated[str | None, Query(json_schema_extra={"enum": list(KINDS)})] = None,
+    organization_id: Annotated[
+        str | None, Query(alias="organizationId", min_length=1, max_length=MAX_ID_LENGTH)
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=1000)] = None,
+) -> JSONResponse:
+    """List the caller's jobs, newest first, one page at a time (keyset cursor).
+
+    A page also ends before `RECEIPT_MAX_RESPONSE_BYTES` (at least one job); `nextCursor`
+    continues it.
+    """
+    require_scope(caller, JOBS_READ)
+    before_created_at, before_job_id = decode_cursor(cursor) if cursor else (None, None)
+    params = {
+        "all_organizations": caller.admin,
+        "caller_organization_id": caller.organization_id,
+        "organization_id": organization_id,
+        "status": choice(status, "status", STATUSES),
+        "agent_id": agent_id,
+        "lane": choice(lane, "lane", LANES),
+        "session_key": session_key,
+        "kind": choice(kind, "kind", KINDS),
+        "before_created_at": before_created_at,
+        "before_job_id": before_job_id,
+        "limit": limit + 1,
+    }
+    found = await _list_jobs(state.require_store(), params)
+    budget = state.settings.max_response_bytes
+    views: list[dict[str, Any]] = []
+    for job in found[:limit]:
+        view = job_view(job, shown_id(caller, job))
+        budget -= _json_size(view)
+        if views and budget < 0:
+            break
+        views.append(view)
+    more = len(found) > len(views)
+    next_cursor = encode_cursor(found[len(views) - 1]) if more and views else None
+    return JSONResponse({"jobs": views, "nextCursor": next_cursor})
+
+
+@router.get(
+    "/jobs/{jobId:path}/events",
+    response_model=EventsPage,
+    responses={
+        200: {
+            "description": "The receipts as JSON, or with `Accept: text/event-stream` a live "
+            "stream: one event per receipt (`id` = seq, `data` = the receipt), then "
+            "`event: end` after the terminal receipt.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **errors_documented(401, 403, 404, 409, 422, 429, 503),
+    },
+    openapi_extra={
+        "parameters": [
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": False,
+                "description": "Resume after this seq (sent by EventSource on reconnect); "
+                "wins over `after`",
+                "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+            }
+        ]
+    },
+    dependencies=[takes_query("after", "limit")],
+)
+async def job_events(
+    request: Request,
+    state: State,
+    caller: Caller,
+    job_id: JobId,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Only receipts with seq > after")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> Any:
+    """A job's receipts in order; with `Accept: text/event-stream`, live until terminal.
+
+    A JSON page also ends before `RECEIPT_MAX_RESPONSE_BYTES` (at least one receipt); `lastSeq`
+    is where the next page starts.
+    """
+    require_scope(caller, JOBS_READ)
+    job = await visible_job(state, caller, job_id)
+    resume = parse_last_event_id(request.headers.get("last-event-id"), after)
+    store = state.require_store()
+    shown = shown_id(caller, job)
+    if "text/event-stream" in request.headers.get("accept", ""):
+        assert state.listener is not None
+        gate = state.streams
+        gate.acquire(caller.token_id)
+        events = receipt_events(
+            store,
+            state.listener,
+            state.stopping,
+            job.job_id,
+            resume,
+            keepalive_s=state.settings.sse_keepalive_ms / 1000,
+            max_lifetime_s=state.settings.sse_max_lifetime_s,
+            shown_id=shown,
+            redact=shown_receipt,
+        )
+
+        async def gated() -> Any:
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                gate.release(caller.token_id)
+
+        return StreamingResponse(
+            gated(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    receipts = await store.read_stream(jobmodel.job_stream(job.job_id), resume, limit)
+    budget = state.settings.max_response_bytes
+    shown_receipts: list[dict[str, Any]] = []
+    last_seq = resume
+    for receipt in receipts:
+        data = shown_receipt(receipt.to_json(), job.job_id, shown)
+        budget -= _json_size(data)
+        if shown_receipts and budget < 0:
+            break
+        shown_receipts.append(data)
+        last_seq = receipt.seq
+    return JSONResponse(
+        {
+            "jobId": shown,
+            "stream": jobmodel.job_stream(shown),
+            "status": job.status,
+            "receipts": shown_receipts,
+            "lastSeq": last_seq,
+        }
+    )
+
+
+@router.post(
+    "/jobs/{jobId:path}/commands",
+    status_code=202,
+    response_model=CommandAccepted,
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 503),
+    openapi_extra=json_body_documented("CommandBody"),
+    dependencies=[takes_query()],
+)
+async def post_command(
+    request: Request, state: State, caller: Caller, job_id: JobId
+) -> JSONResponse:
+    """Append a steer, follow_up or abort command; 409 when the job is already terminal.
+
+    A steer or follow_up is at most `RECEIPT_MAX_COMMAND_BYTES` and a job takes at most
+    `RECEIPT_MAX_COMMANDS_PER_JOB` of them (422 beyond); an abort is always taken.
+    """
+    require_scope(caller, JOBS_WRITE)
+    settings = state.settings
+    raw = await read_raw_body(request, settings.max_body_bytes)
+    body = await off_loop(
+        len(raw), lambda: validated(CommandBody, decode_json(raw, state.json_limits))
+    )
+    size = _json_size(body.payload) + len(body.reason or "")
+    if size > settings.max_command_bytes:
+        raise InvalidInput(
+            "payload",
+            f"a command's payload and reason hold at most {settings.max_command_bytes} bytes "
+            "(RECEIPT_MAX_COMMAND_BYTES)",
+        )
+    command_id = f"cmd-{uuid.uuid4()}"
+    internal_id = (await visible_job(state, caller, job_id)).job_id
+    for _ in range(COMMAND_CONFLICT_RETRIES):
+        outcome = await operations.add_command(
+            state.require_store(),
+            internal_id,
+            type=body.type,
+            payload=body.payload,
+            reason=body.reason,
+            organization_id=caller.organization_id,
+            check_organization=not caller.admin,
+            command_id=command_id,
+            max_commands=settings.max_commands_per_job,
+        )
+        if outcome.status != operations.SETTLEMENT_CONFLICT:
+            break
+    if outcome.status == operations.NOT_FOUND:
+        raise ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
+    if outcome.status == operations.TERMINAL_STATE:
+        status = outcome.job.status if outcome.job else "terminal"
+        raise ApiError(
+            409, "terminal_state", f"job {job_id!r} is {status}; it takes no more commands"
+        )
+    if outcome.status == operations.TOO_MANY_COMMANDS:
+        log.warning(
+            "command refused: the job holds its cap of commands",
+            extra={"event": "api.command_cap", "jobId": internal_id},
+        )
+        raise InvalidInput(
+            "type",
+            f"job {job_id!r} already holds {settings.max_commands_per_job} commands "
+            "(RECEIPT_MAX_COMMANDS_PER_JOB); only an abort is taken",
+        )
+    if not outcome.ok or outcome.job is None:
+        raise TransientStorageError(f"command not appended: {outcome.status}")
+    log.info(
+        "command appended",
+        extra={"event": "api.command", "jobId": internal_id, "type": body.type},
+    )
+    return JSONResponse(
+        {
+            "commandId": command_id,
+            "jobId": job_id,
+            "type": body.type,
+            "job": job_view(outcome.job, shown_id(caller, outcome.job)),
+        },
+        status_code=202,
+    )
+
+
+@router.get(
+    "/jobs/{jobId:path}",
+    response_model=JobView,
+    responses=errors_documented(401, 403, 404, 409, 422, 503),
+    dependencies=[takes_query()],
+)
+async def get_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse:
+    """The folded job with its route, contract worker group, attempt, lease and commands."""
+    require_scope(caller, JOBS_READ)
+    job = await visible_job(state, caller, job_id)
+    return JSONResponse(job_view(job, shown_id(caller, job)))

@@ -1,0 +1,81 @@
+"""Settings of the api role: bind, tokens, and the limits that bound the work of one request."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path as FilePath
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+SSE_KEEPALIVE_S = 15.0
+
+
+class ApiSettings(BaseSettings):
+    """Settings of the api role; each field reads the environment variable in its alias.
+
+    The limits are documented in the README's Security section.
+    """
+
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    host: str = Field(default="127.0.0.1", alias="RECEIPT_API_HOST")
+    port: int = Field(default=8000, ge=0, le=65535, alias="RECEIPT_API_PORT")
+    max_body_bytes: int = Field(
+        default=DEFAULT_MAX_BODY_BYTES, ge=1, alias="RECEIPT_MAX_BODY_BYTES"
+    )
+    tokens_file: FilePath | None = Field(default=None, alias="RECEIPT_API_TOKENS_FILE")
+    tokens: str | None = Field(default=None, alias="RECEIPT_API_TOKENS")
+    strict_agent_ids: bool = Field(default=False, alias="RECEIPT_STRICT_AGENT_IDS")
+    sse_keepalive_ms: int = Field(
+        default=int(SSE_KEEPALIVE_S * 1000), ge=100, alias="RECEIPT_SSE_KEEPALIVE_MS"
+    )
+    # --- bounded work per request (issue 12) ---
+    max_json_nodes: int = Field(default=50_000, ge=1, alias="RECEIPT_MAX_JSON_NODES")
+    max_json_key_chars: int = Field(default=256, ge=1, alias="RECEIPT_MAX_JSON_KEY_CHARS")
+    max_json_depth: int = Field(default=64, ge=1, alias="RECEIPT_MAX_JSON_DEPTH")
+    max_response_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, alias="RECEIPT_MAX_RESPONSE_BYTES"
+    )
+    # --- event streams ---
+    sse_max_streams: int = Field(default=1000, ge=1, alias="RECEIPT_SSE_MAX_STREAMS")
+    sse_max_streams_per_token: int = Field(
+        default=50, ge=1, alias="RECEIPT_SSE_MAX_STREAMS_PER_TOKEN"
+    )
+    sse_max_lifetime_s: float = Field(default=3600.0, gt=0, alias="RECEIPT_SSE_MAX_LIFETIME_S")
+    # --- bounded job state ---
+    max_commands_per_job: int = Field(default=100, ge=1, alias="RECEIPT_MAX_COMMANDS_PER_JOB")
+    max_command_bytes: int = Field(default=64 * 1024, ge=1, alias="RECEIPT_MAX_COMMAND_BYTES")
+    # --- per-organization limits ---
+    org_enqueue_rate: float = Field(default=50.0, gt=0, alias="RECEIPT_ORG_ENQUEUE_RATE")
+    org_enqueue_burst: int = Field(default=200, ge=1, alias="RECEIPT_ORG_ENQUEUE_BURST")
+    org_max_queued: int = Field(default=1000, ge=1, alias="RECEIPT_ORG_MAX_QUEUED")
+    org_max_active: int = Field(default=2000, ge=1, alias="RECEIPT_ORG_MAX_ACTIVE")
+    max_timeout_ms: int = Field(default=3_600_000, ge=1, alias="RECEIPT_MAX_TIMEOUT_MS")
+    org_executables: Annotated[dict[str, list[str]], NoDecode] = Field(
+        default_factory=dict, alias="RECEIPT_ORG_EXECUTABLES"
+    )
+    gateway_url_allowlist: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, alias="RECEIPT_GATEWAY_URL_ALLOWLIST"
+    )
+
+    @field_validator("org_executables", mode="before")
+    @classmethod
+    def _executables(cls, value: Any) -> Any:
+        # `{"org-a": ["git", "pytest"]}`: JSON in the variable, or a path to a JSON file.
+        if isinstance(value, str):
+            text = value.strip()
+            if text and not text.startswith("{"):
+                text = FilePath(text).read_text(encoding="utf-8")
+            return json.loads(text) if text else {}
+        return value
+
+    @field_validator("gateway_url_allowlist", mode="before")
+    @classmethod
+    def _gateways(cls, value: Any) -> Any:
+        # Comma-separated URL prefixes (`https://gw.example.com/`).
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
