@@ -19,7 +19,7 @@ from activities.retry import with_storage_retry
 from receipts import deliveries
 from receipts import operations as ops
 from receipts.jobs import Job
-from receipts.kinds import route
+from receipts.kinds import redact_payload, route
 from receipts.messages import CallbackRequest, DriverAction, DriverPlan
 from receipts.plan import Step, next_step
 from receipts.settings import Settings
@@ -81,7 +81,8 @@ async def post_callbacks(
     Failures are logged and recorded; they never change the job. Returns the number posted.
     """
     posted = 0
-    body = dumps({"event": event, "job": job.to_json()}).encode()
+    shown = {**job.to_json(), "payload": redact_payload(job.payload)}
+    body = dumps({"event": event, "job": shown}).encode()
     for url in settings.callback_urls:
         if not await deliveries.claim_callback(store, job.job_id, event, url):
             continue

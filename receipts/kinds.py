@@ -212,6 +212,24 @@ def invalid_input(exc: ValidationError, prefix: str = "") -> InvalidInput:
     return InvalidInput(at, f"{at}: {first['msg']}")
 
 
+REDACTED = "[redacted]"
+
+
+def redact_payload(payload: Any) -> Any:
+    """`payload` with the values of `task.env` replaced by `[redacted]`.
+
+    What a caller passes to its command's environment may be a secret: reads, event streams and
+    callbacks show the names only (the handler reads the stored payload).
+    """
+    if not isinstance(payload, Mapping):
+        return payload
+    task = payload.get("task")
+    if not isinstance(task, Mapping) or not isinstance(task.get("env"), Mapping):
+        return payload
+    env = {name: REDACTED for name in task["env"]}
+    return {**payload, "task": {**task, "env": env}}
+
+
 def validate_payload(payload: Any) -> tuple[str, str | None]:
     """Check a payload's kind and authContext; return `(kind, organizationId)`.
 

@@ -247,3 +247,30 @@ def check_open_bind(table: TokenTable, host: str) -> bool:
             "RECEIPT_API_TOKENS, or bind to a loopback address (RECEIPT_API_HOST=127.0.0.1)"
         )
     return True
+
+
+LOCAL_TOKEN_FILE = "api-token"
+LOCAL_TOKENS_FILE = "api-tokens"
+
+
+def ensure_local_admin_token(data_dir: Path) -> tuple[str, Path]:
+    """Return `receipt up`'s admin token and the tokens file that holds it, made on first start.
+
+    `receipt up` never runs the API open (a web page in the operator's browser could reach an
+    open loopback API): the first start writes a random token to `<data_dir>/api-token` and
+    the tokens file `<data_dir>/api-tokens` (`<token> *`), both readable by the owner only;
+    later starts reuse them.
+    """
+    import secrets
+
+    token_path = data_dir / LOCAL_TOKEN_FILE
+    tokens_path = data_dir / LOCAL_TOKENS_FILE
+    if token_path.exists():
+        token = token_path.read_text(encoding="utf-8").strip()
+    else:
+        token = secrets.token_urlsafe(32)
+        token_path.touch(mode=0o600)
+        token_path.write_text(token + "\n", encoding="utf-8")
+    tokens_path.touch(mode=0o600)
+    tokens_path.write_text(f"{token} {ADMIN_MARKER}\n", encoding="utf-8")
+    return token, tokens_path

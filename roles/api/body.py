@@ -3,9 +3,9 @@
 A body is refused before anything looks at it when it is too large (413), not JSON (400), or
 not the shape any request can have (422): nested deeper than `max_json_depth`, more than
 `max_json_nodes` values, a key longer than `max_json_key_chars`, NUL or a lone surrogate in any
-string. One iterative pass checks all of it; a field path is built only for the error. A body
-larger than `OFFLOAD_BYTES` is decoded and checked in a worker thread, so `/healthz` and every
-other request keep being served while it is.
+string. One iterative pass checks all of it; a field path is built only for the error. The pass
+gives the event loop a turn every `WALK_CHUNK` values, so `/healthz` and every other request
+keep being served while a large body is checked.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import base64
 import binascii
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -32,8 +33,8 @@ from roles.api.errors import ApiError
 M = TypeVar("M", bound=BaseModel)
 
 MAX_JSON_DEPTH = 64
-OFFLOAD_BYTES = 64 * 1024
-"""Bodies above this are decoded and walked off the event loop (below it a thread hop costs more)."""
+WALK_CHUNK = 2000
+"""Values checked between two turns of the event loop (about a millisecond of work)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +57,8 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def check_shape(value: Any, limits: JsonLimits) -> None:
-    """Raise `InvalidInput` when `value` breaks a limit or holds text `jsonb` cannot store.
-
-    One pass, no path strings: the walk keeps (item, depth) pairs only; on a text error the
-    document is walked again by `check_clean_text` to name the field.
-    """
+def _walk(value: Any, limits: JsonLimits) -> Iterator[None]:
+    """Check `value` against `limits`, yielding every `WALK_CHUNK` values (see `check_shape`)."""
     pending: list[tuple[Any, int]] = [(value, 1)]
     nodes = 0
     search = _BAD.search
@@ -69,6 +66,8 @@ def check_shape(value: Any, limits: JsonLimits) -> None:
     while pending:
         item, depth = pending.pop()
         nodes += 1
+        if nodes % WALK_CHUNK == 0:
+            yield
         if nodes > limits.nodes:
             raise InvalidInput("body", f"the JSON body holds more than {limits.nodes} values")
         if isinstance(item, str):
@@ -95,12 +94,36 @@ def check_shape(value: Any, limits: JsonLimits) -> None:
         check_clean_text(value, "")
 
 
-def decode_json(raw: bytes, limits: JsonLimits) -> Any:
-    """Decode and check a body (see the module docstring); raise `ApiError` or `InvalidInput`."""
+def check_shape(value: Any, limits: JsonLimits) -> None:
+    """Raise `InvalidInput` when `value` breaks a limit or holds text `jsonb` cannot store.
+
+    One pass, no path strings: the walk keeps (item, depth) pairs only; on a text error the
+    document is walked again by `check_clean_text` to name the field.
+    """
+    for _ in _walk(value, limits):
+        pass
+
+
+async def check_shape_yielding(value: Any, limits: JsonLimits) -> None:
+    """`check_shape`, giving the event loop a turn every `WALK_CHUNK` values.
+
+    A thread would not help: the walk holds the GIL, and the loop then waits for it at every
+    turn (measured: `/healthz` p90 466 ms beside a thread walking 1 MiB bodies, on a loaded
+    machine); yielding keeps each slice of the walk to about a millisecond.
+    """
+    for _ in _walk(value, limits):
+        await asyncio.sleep(0)
+
+
+def decode_json(raw: bytes) -> Any:
+    """Decode a body (400 when it is not UTF-8 JSON, NaN and infinities included).
+
+    `json.loads` runs in C, bounded by `RECEIPT_MAX_BODY_BYTES` (about 10 ms per MiB).
+    """
     if not raw.strip():
         raise ApiError(400, "malformed_json", "the request body must be a JSON document")
     try:
-        body = json.loads(
+        return json.loads(
             raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float
         )
     except UnicodeDecodeError as exc:
@@ -109,8 +132,6 @@ def decode_json(raw: bytes, limits: JsonLimits) -> Any:
         raise ApiError(400, "malformed_json", "the JSON body nests too deeply") from exc
     except ValueError as exc:
         raise ApiError(400, "malformed_json", f"malformed JSON: {exc}") from exc
-    check_shape(body, limits)
-    return body
 
 
 async def read_raw_body(request: Request, limit: int) -> bytes:
@@ -139,11 +160,9 @@ async def read_json_body(request: Request, limit: int, limits: JsonLimits | None
 
     Text is checked here, once per request: callers pass `text_checked=True` on.
     """
-    raw = await read_raw_body(request, limit)
-    limits = limits or JsonLimits()
-    if len(raw) > OFFLOAD_BYTES:
-        return await asyncio.to_thread(decode_json, raw, limits)
-    return decode_json(raw, limits)
+    body = decode_json(await read_raw_body(request, limit))
+    await check_shape_yielding(body, limits or JsonLimits())
+    return body
 
 
 def json_object(body: Any, allowed: tuple[str, ...]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pydantic.alias_generators import to_camel
 from receipts import jobs as jobmodel
 from receipts.enqueue import EnqueueBody, caller_job_id, choice_field
 from receipts.jobs import COMMAND_TYPES, LANES, SINGLETON_MODES, Command, Job
-from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, contract_queue, route
+from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, contract_queue, redact_payload, route
 
 __all__ = ["CommandBody", "EnqueueBody"]
 
@@ -26,8 +26,6 @@ LaneName = Literal[LANES]  # type: ignore[valid-type]
 SingletonModeName = Literal[SINGLETON_MODES]  # type: ignore[valid-type]
 CommandTypeName = Literal[COMMAND_TYPES]  # type: ignore[valid-type]
 KindName = Literal[KINDS]  # type: ignore[valid-type]
-
-REDACTED = "[redacted]"
 
 
 class _Doc(BaseModel):
@@ -196,18 +194,6 @@ def json_body_documented(model: str) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}},
         }
     }
-
-
-def redact_payload(payload: Any) -> Any:
-    """`payload` with the values of `task.env` replaced: reads, streams and callbacks never
-    show a job's environment (it may hold secrets the caller passed to its command)."""
-    if not isinstance(payload, dict):
-        return payload
-    task = payload.get("task")
-    if not isinstance(task, dict) or not isinstance(task.get("env"), dict):
-        return payload
-    env = {name: REDACTED for name in task["env"]}
-    return {**payload, "task": {**task, "env": env}}
 
 
 def shown_receipt(

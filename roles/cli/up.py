@@ -10,6 +10,7 @@ from pathlib import Path
 
 from receipts.settings import Settings
 from roles.api.app import ApiSettings
+from roles.api.auth import LOCAL_TOKEN_FILE, ensure_local_admin_token
 from roles.infra.db import migrate_url, resolve_url
 from roles.infra.ports import wait_port
 from roles.infra.settings import ProcessSettings
@@ -77,6 +78,11 @@ async def up(settings: Settings | None = None) -> int:
         RECEIPT_LOG_FORMAT="human" if colour else env.get("RECEIPT_LOG_FORMAT", "json"),
         PYTHONUNBUFFERED="1",
     )
+    local_token = None
+    if not env.get("RECEIPT_API_TOKENS") and not env.get("RECEIPT_API_TOKENS_FILE"):
+        # Never open (issue 12): a random admin token under the data directory instead.
+        local_token, tokens_file = ensure_local_admin_token(data_dir)
+        env["RECEIPT_API_TOKENS_FILE"] = str(tokens_file.resolve())
     roles = [
         Supervised(role, [sys.executable, "-m", "roles.role", role], role_env(role, env), colour)
         for role in ROLES
@@ -90,8 +96,17 @@ async def up(settings: Settings | None = None) -> int:
         f"Temporal UI  http://127.0.0.1:{TEMPORAL_UI_PORT}"
         if temporal
         else f"Temporal     {address}",
-        f"Metrics      http://{host}:{port}/metrics (api); {metrics}",
+        f"Metrics      http://{host}:{port}/metrics (api, admin token); {metrics}",
         f"Data         {data_dir.resolve()}",
+        *(
+            [
+                f"API token    admin, in {(data_dir / LOCAL_TOKEN_FILE).resolve()}: "
+                f"export RECEIPT_API_TOKEN=$(cat {data_dir / LOCAL_TOKEN_FILE}) for the CLI, "
+                'or curl -H "Authorization: Bearer $RECEIPT_API_TOKEN" …'
+            ]
+            if local_token
+            else []
+        ),
         "Ctrl-C stops everything.",
     ):
         say("up", line, colour)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -36,8 +37,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(body, default=str, ensure_ascii=False)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def escape(text: str) -> str:
+    """`text` with control characters (CR, LF, …) escaped, so a value a caller chose (a job id,
+    an agent id) cannot start a forged log line (issue 12)."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 class HumanFormatter(logging.Formatter):
-    """`time level role logger message key=value…` for a person at a terminal."""
+    """`time level role logger message key=value…` for a person at a terminal.
+
+    Message and extras are escaped (`escape`); only a traceback spans several lines.
+    """
 
     def __init__(self, role: str) -> None:
         super().__init__()
@@ -45,12 +58,13 @@ class HumanFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         extras = " ".join(
-            f"{k}={v}"
+            f"{k}={escape(str(v))}"
             for k, v in vars(record).items()
             if k not in _STANDARD and not k.startswith("_")
         )
         when = datetime.fromtimestamp(record.created).strftime("%H:%M:%S.%f")[:-3]
-        line = f"{when} {record.levelname:<7} [{self.role}] {record.name}: {record.getMessage()}"
+        message = escape(record.getMessage())
+        line = f"{when} {record.levelname:<7} [{self.role}] {record.name}: {message}"
         if extras:
             line += f"  {extras}"
         if record.exc_info:

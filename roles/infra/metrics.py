@@ -12,7 +12,7 @@ from activities import retry
 from activities.attempt import AttemptHooks
 from receipts import deliveries
 from receipts.jobs import STATUSES, Job
-from receipts.kinds import route, route_disagrees
+from receipts.kinds import AGENT_IDS, route, route_disagrees
 from receipts.sql import query
 from receipts.store import Store, translate_errors
 from roles.delivery.loops import LoopHooks, PassResult
@@ -21,6 +21,15 @@ from roles.delivery.starter import StarterHooks
 log = logging.getLogger("roles.infra.metrics")
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+
+
+OTHER_AGENT = "other"
+
+
+def agent_label(agent_id: str) -> str:
+    """The `agent` label of an agent id: one of the four, else `other` (a tenant chooses agent
+    ids, and each new label value is a new series on every scrape; issue 12)."""
+    return agent_id if agent_id in AGENT_IDS else OTHER_AGENT
 
 
 class Metrics:
@@ -142,15 +151,15 @@ class Metrics:
 
     def job_enqueued(self, job: Job, outcome: str) -> None:
         """Count an enqueue (and a route/contract disagreement when a job was created)."""
-        self.enqueued.labels(job.lane, job.kind, job.agent_id, outcome).inc()
+        self.enqueued.labels(job.lane, job.kind, agent_label(job.agent_id), outcome).inc()
         if outcome == "created" and route_disagrees(job.agent_id, job.kind):
-            self.route_disagreements.labels(job.agent_id, job.kind).inc()
+            self.route_disagreements.labels(agent_label(job.agent_id), job.kind).inc()
 
     def attempt_hooks(self) -> AttemptHooks:
         """Hooks for the attempt activity."""
 
         def on_started(job: Job) -> None:
-            self.attempts.labels(route(job.agent_id, job.kind), job.agent_id).inc()
+            self.attempts.labels(route(job.agent_id, job.kind), agent_label(job.agent_id)).inc()
             if job.lease is not None:
                 self.enqueue_to_start.observe(
                     max(0.0, (job.lease.leased_at - job.created_at).total_seconds())
@@ -163,7 +172,7 @@ class Metrics:
                     max(0.0, (job.settled_at - job.created_at).total_seconds())
                 )
             if job is not None and handler_s is not None:
-                self.handler_duration.labels(job.agent_id).observe(handler_s)
+                self.handler_duration.labels(agent_label(job.agent_id)).observe(handler_s)
 
         return AttemptHooks(
             on_started=on_started,

@@ -32,6 +32,22 @@ AS_B = {"Authorization": f"Bearer {TOKEN_B}"}
 AS_ADMIN = {"Authorization": f"Bearer {TOKEN_ADMIN}"}
 
 
+# The session's database collects every module's jobs of org-a: the API tests run without the
+# per-organization caps unless a test sets them (test_api_security.py does).
+UNLIMITED: dict[str, Any] = {
+    "org_max_queued": 10**9,
+    "org_max_active": 10**9,
+    "org_enqueue_rate": 1e9,
+    "org_enqueue_burst": 10**9,
+}
+UNLIMITED_ENV = {
+    "RECEIPT_ORG_MAX_QUEUED": str(10**9),
+    "RECEIPT_ORG_MAX_ACTIVE": str(10**9),
+    "RECEIPT_ORG_ENQUEUE_RATE": "1e9",
+    "RECEIPT_ORG_ENQUEUE_BURST": str(10**9),
+}
+
+
 def rid(job_id: str, org: str = "org-a") -> str:
     """The runtime's id of the job `org` names `job_id` (job ids are scoped by organization)."""
     return scoped_job_id(org, job_id)
@@ -58,7 +74,7 @@ async def api_client(
     **settings: Any,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The app in-process (lifespan running) behind an httpx client; app exceptions propagate."""
-    values: dict[str, Any] = {"tokens": TOKENS, **settings}
+    values: dict[str, Any] = {"tokens": TOKENS, **UNLIMITED, **settings}
     app = create_app(ApiSettings(**values), database_url=db_url, store=store)
     transport = httpx.ASGITransport(app=app)
     async with (
@@ -98,6 +114,7 @@ def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
         "RECEIPT_API_HOST": "127.0.0.1",
         "RECEIPT_API_PORT": str(port),
         "RECEIPT_API_TOKENS": TOKENS,
+        **UNLIMITED_ENV,
         **env,
     }
     supervised = Supervised(

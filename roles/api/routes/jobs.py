@@ -7,13 +7,11 @@ and the workflows, and is what an admin token sees and names.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -35,13 +33,11 @@ from receipts.sql import query
 from receipts.store import Store, translate_errors
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
-    OFFLOAD_BYTES,
     choice,
     decode_cursor,
-    decode_json,
     encode_cursor,
     job_path,
-    read_raw_body,
+    read_json_body,
     validated,
 )
 from roles.api.deps import (
@@ -76,8 +72,6 @@ from roles.infra.tracing import current_traceparent, trace_id_of
 log = logging.getLogger("roles.api.app")
 _tracer = trace.get_tracer("receipt.api")
 
-T = TypeVar("T")
-
 COMMAND_CONFLICT_RETRIES = 3
 LIST_QUERY: tuple[str, ...] = (
     "status",
@@ -93,17 +87,6 @@ IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1f6c4e-4f0e-4f51-9a39-2a4d1d6c2b10")
 """`Idempotency-Key: K` on an id-less post names the job uuid5(this, K): a retry finds it."""
 
 router = APIRouter(tags=["jobs"])
-
-
-def _parse_enqueue_body(raw: bytes, state: ApiState, agent_id: str) -> EnqueueRequest:
-    return parse_enqueue(agent_id, decode_json(raw, state.json_limits), text_checked=True)
-
-
-async def off_loop(size: int, work: Callable[[], T]) -> T:
-    """Run `work` in a thread when the body is large (the event loop keeps serving)."""
-    if size > OFFLOAD_BYTES:
-        return await asyncio.to_thread(work)
-    return work()
 
 
 def _check_command_rights(
@@ -229,8 +212,8 @@ async def post_job(
         raise too_many(
             "the organization's enqueue rate is exceeded (RECEIPT_ORG_ENQUEUE_RATE)", wait_s
         )
-    raw = await read_raw_body(request, settings.max_body_bytes)
-    enqueue_request = await off_loop(len(raw), lambda: _parse_enqueue_body(raw, state, agent_id))
+    body = await read_json_body(request, settings.max_body_bytes, state.json_limits)
+    enqueue_request = parse_enqueue(agent_id, body, text_checked=True)
     if settings.strict_agent_ids and agent_id not in AGENT_IDS:
         raise ApiError(
             404,
@@ -475,9 +458,9 @@ async def post_command(
     """
     require_scope(caller, JOBS_WRITE)
     settings = state.settings
-    raw = await read_raw_body(request, settings.max_body_bytes)
-    body = await off_loop(
-        len(raw), lambda: validated(CommandBody, decode_json(raw, state.json_limits))
+    body = validated(
+        CommandBody,
+        await read_json_body(request, settings.max_body_bytes, state.json_limits),
     )
     size = _json_size(body.payload) + len(body.reason or "")
     if size > settings.max_command_bytes:

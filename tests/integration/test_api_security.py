@@ -1,0 +1,635 @@
+"""Issue 12, findings 4 to 12: each hostile request an organization token (or a web page, in
+open mode) could send gets the answer the issue asks for, against real PostgreSQL, in-process
+or a real `receipt api` process, and `/healthz` keeps answering while the hostile ones run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import stat
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from receipts.jobs import Job
+from receipts.listen import RECONNECTED, Listener, Notice
+from receipts.settings import Settings
+from receipts.store import Store
+from roles.api.auth import TokenTable, ensure_local_admin_token, load_tokens, parse_lines
+from tests.integration.api_support import (
+    AS_A,
+    AS_ADMIN,
+    AS_B,
+    TOKEN_A,
+    RunningApi,
+    api_client,
+    enqueue_body,
+    rid,
+    running_api,
+)
+from tests.integration.helpers import new_id, put, types
+
+HEALTHZ_BOUND_S = 1.0
+"""`/healthz` while a hostile request runs: the issue asks < 50 ms; on a shared 2-core test
+machine the test allows 1 s (the blocking found took 6.6 s). Measured figures are printed."""
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert error["code"] == code and error["message"]
+    return error
+
+
+class HealthProbe:
+    """Polls `/healthz` of a real api process from a thread; records each answer's latency."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as http:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                assert http.get(f"{self.url}/healthz").status_code == 200
+                self.latencies.append(time.perf_counter() - started)
+                time.sleep(0.01)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    @property
+    def worst(self) -> float:
+        return max(self.latencies)
+
+
+@pytest.fixture(scope="module")
+def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApi]:
+    with running_api(
+        db_url,
+        Path(tmp_path_factory.mktemp("api-security")),
+        RECEIPT_SSE_MAX_STREAMS_PER_TOKEN="3",
+        RECEIPT_SSE_MAX_LIFETIME_S="1.5",
+        RECEIPT_SSE_KEEPALIVE_MS="200",
+    ) as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+async def client(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(db_url) as client:
+        yield client
+
+
+# --- finding 4: drive-by requests in open mode ---------------------------------------------
+
+
+@pytest.fixture
+async def open_api(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(
+        db_url, tokens=None, host="127.0.0.1", base_url="http://127.0.0.1:8000"
+    ) as client:
+        yield client
+
+
+async def test_open_mode_refuses_a_drive_by_post_from_a_web_page(
+    open_api: httpx.AsyncClient, store: Store
+) -> None:
+    job_id = new_id()
+    body = json.dumps(
+        enqueue_body(
+            org="org-q", jobId=job_id, payload_extra={"task": {"command": ["sh", "-c", "id"]}}
+        )
+    )
+    # The issue's request: text/plain (no CORS preflight) from a foreign origin.
+    drive_by = await open_api.post(
+        "/agents/codex/jobs",
+        content=body,
+        headers={"Content-Type": "text/plain", "Origin": "https://evil.example"},
+    )
+    assert drive_by.status_code in (403, 415)
+    assert_error(
+        await open_api.post(
+            "/agents/codex/jobs", content=body, headers={"Content-Type": "text/plain"}
+        ),
+        415,
+        "unsupported_media_type",
+    )
+    json_headers = {"Content-Type": "application/json"}
+    foreign = await open_api.post(
+        "/agents/codex/jobs",
+        content=body,
+        headers={**json_headers, "Origin": "http://evil.example"},
+    )
+    assert assert_error(foreign, 403, "forbidden")["field"] == "Origin"
+    rebound = await open_api.post(
+        "/agents/codex/jobs", content=body, headers={**json_headers, "Host": "evil.example:8000"}
+    )
+    assert assert_error(rebound, 403, "forbidden")["field"] == "Host"
+    assert (await open_api.get("/jobs", headers={"Host": "attacker.test"})).status_code == 403
+    assert await store.get_job(rid(job_id, "org-q")) is None
+    # The operator's own tools still work: loopback Host, a loopback Origin, JSON.
+    allowed = await open_api.post(
+        "/agents/codex/jobs",
+        content=body,
+        headers={**json_headers, "Origin": "http://localhost:8000"},
+    )
+    assert allowed.status_code == 202, allowed.text
+
+
+def test_receipt_up_makes_an_admin_token_on_first_start_and_keeps_it(tmp_path: Path) -> None:
+    token, tokens_file = ensure_local_admin_token(tmp_path)
+    assert len(token) >= 32
+    token_file = tmp_path / "api-token"
+    for path in (token_file, tokens_file):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    table = load_tokens(tokens_file, None)
+    assert not table.open
+    principal = table.authenticate(token)
+    assert principal is not None and principal.admin
+    again, _ = ensure_local_admin_token(tmp_path)
+    assert again == token
+
+
+# --- finding 5: one request freezes the API --------------------------------------------------
+
+
+def test_a_hostile_body_is_refused_while_healthz_keeps_answering(
+    api: RunningApi, store: Store
+) -> None:
+    huge_key = "k" * 520_000
+    compact = {"separators": (",", ":")}
+    hostile = [
+        # The issue's body: a 520 KB key and a 260k-element list (1 MiB).
+        json.dumps({"payload": {"kind": "factory.task.run", huge_key: [0] * 260_000}}, **compact),
+        # A long list of short strings, each of which the text check must look at.
+        json.dumps(enqueue_body(payload_extra={"items": ["x"] * 240_000}), **compact),
+        # Wide objects up to the body limit.
+        json.dumps(
+            enqueue_body(payload_extra={f"k{i}": {"v": i} for i in range(50_000)}), **compact
+        ),
+    ]
+    timings: list[float] = []
+    with HealthProbe(api.url) as probe, httpx.Client(timeout=60) as http:
+        time.sleep(0.1)
+        for body in hostile:
+            assert len(body) <= 1024 * 1024
+            started = time.perf_counter()
+            response = http.post(
+                f"{api.url}/agents/codex/jobs",
+                content=body.encode(),
+                headers={**AS_A, "Content-Type": "application/json"},
+            )
+            timings.append(time.perf_counter() - started)
+            assert_error(response, 422, "invalid_input")
+        time.sleep(0.1)
+    print(
+        f"hostile bodies answered in {[round(t * 1000) for t in timings]} ms; /healthz worst "
+        f"{probe.worst * 1000:.1f} ms over {len(probe.latencies)} probes"
+    )
+    assert len(probe.latencies) >= 3
+    assert probe.worst < HEALTHZ_BOUND_S
+
+
+def test_the_body_limits_name_what_was_exceeded() -> None:
+    from receipts.errors import InvalidInput
+    from roles.api.body import JsonLimits, check_shape
+
+    limits = JsonLimits(depth=4, nodes=100, key_chars=8)
+    check_shape({"a": [1, 2, {"b": "c"}]}, limits)
+    for value, text in [
+        ({"k" * 9: 1}, "longer than 8"),
+        ({"a": list(range(200))}, "more than 100"),
+        ([[[[["deep"]]]]], "deeper than 4"),
+    ]:
+        with pytest.raises(InvalidInput, match=text):
+            check_shape(value, limits)
+    with pytest.raises(InvalidInput) as raised:
+        check_shape({"a": [{"b": "ok"}, {"c": "nul\x00"}]}, limits)
+    assert raised.value.field == "a[1].c"
+
+
+# --- finding 6: idle event streams slow every enqueue; no cap --------------------------------
+
+
+async def test_a_notice_reaches_only_the_subscribers_of_its_stream() -> None:
+    listener = Listener("postgresql://unused")
+    async with listener.subscribe("jobs/target") as target, listener.subscribe() as everything:
+        idle = [listener.subscribe(f"jobs/idle-{n}") for n in range(1000)]
+        queues = [await cm.__aenter__() for cm in idle]
+        listener._publish(Notice("jobs/target", 2, ("job.progress",)))
+        assert target.get_nowait().stream == "jobs/target"
+        assert everything.get_nowait().stream == "jobs/target"
+        assert all(q.empty() for q in queues)
+        # A reconnect still reaches every subscriber (each rescans).
+        listener._publish(RECONNECTED)
+        assert all(q.get_nowait() is RECONNECTED for q in queues)
+        for cm in idle:
+            await cm.__aexit__(None, None, None)
+    assert listener.subscriber_count == 0
+
+
+async def test_open_streams_are_capped_per_token_and_end_after_their_lifetime(
+    api: RunningApi,
+) -> None:
+    stream_headers = {**AS_A, "Accept": "text/event-stream"}
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
+        job_id = (await http.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)).json()[
+            "job"
+        ]["jobId"]
+        async with (
+            http.stream("GET", f"/jobs/{job_id}/events", headers=stream_headers) as one,
+            http.stream("GET", f"/jobs/{job_id}/events", headers=stream_headers) as two,
+            http.stream("GET", f"/jobs/{job_id}/events", headers=stream_headers) as three,
+        ):
+            assert [r.status_code for r in (one, two, three)] == [200] * 3
+            refused = await http.get(f"/jobs/{job_id}/events", headers=stream_headers)
+            assert_error(refused, 429, "too_many_requests")
+            assert int(refused.headers["retry-after"]) >= 1
+            # Another token is not held back by this one's streams.
+            other = (
+                await http.post("/agents/codex/jobs", json=enqueue_body(org="org-b"), headers=AS_B)
+            ).json()["job"]["jobId"]
+            async with http.stream(
+                "GET", f"/jobs/{other}/events", headers={**AS_B, "Accept": "text/event-stream"}
+            ) as theirs:
+                assert theirs.status_code == 200
+            # The job never ends, yet each stream closes after its lifetime (1.5 s here).
+            started = time.monotonic()
+            text = await asyncio.wait_for(one.aread(), 20)
+            assert b"event: end" not in text and b"id: 1" in text
+            assert time.monotonic() - started < 15
+        # The slots are free again once the streams closed.
+        await asyncio.sleep(0.2)
+        async with http.stream("GET", f"/jobs/{job_id}/events", headers=stream_headers) as again:
+            assert again.status_code == 200
+
+
+# --- finding 7: commands pile up in the job's state ------------------------------------------
+
+
+async def test_large_and_numerous_follow_ups_are_refused_and_abort_still_works(
+    db_url: str, store: Store
+) -> None:
+    async with api_client(db_url, max_commands_per_job=5, max_command_bytes=64 * 1024) as client:
+        job_id = (
+            await client.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+        ).json()["job"]["jobId"]
+        big = {"type": "follow_up", "payload": {"text": "x" * 500_000}}
+        for _ in range(3):
+            response = await client.post(f"/jobs/{job_id}/commands", json=big, headers=AS_A)
+            assert assert_error(response, 422, "invalid_input")["field"] == "payload"
+        small = {"type": "follow_up", "payload": {"text": "y"}}
+        for _ in range(5):
+            response = await client.post(f"/jobs/{job_id}/commands", json=small, headers=AS_A)
+            assert response.status_code == 202, response.text
+        refused = await client.post(f"/jobs/{job_id}/commands", json=small, headers=AS_A)
+        assert (
+            "RECEIPT_MAX_COMMANDS_PER_JOB" in assert_error(refused, 422, "invalid_input")["message"]
+        )
+        abort = await client.post(f"/jobs/{job_id}/commands", json={"type": "abort"}, headers=AS_A)
+        assert abort.status_code == 202
+        shown = (await client.get(f"/jobs/{job_id}", headers=AS_A)).json()
+        assert len(shown["commands"]) == 6 and shown["status"] == "canceled"
+    assert await types(store, rid(job_id)) == (
+        ["job.enqueued"] + ["queue.command"] * 6 + ["job.canceled"]
+    )
+
+
+async def test_list_and_event_pages_stop_at_the_response_byte_cap(db_url: str) -> None:
+    agent = new_id("agent")
+    async with api_client(db_url, max_response_bytes=4096) as client:
+        blob = "z" * 1500
+        ids = []
+        for _ in range(5):
+            response = await client.post(
+                f"/agents/{agent}/jobs",
+                json=enqueue_body(payload_extra={"blob": blob}),
+                headers=AS_A,
+            )
+            ids.append(response.json()["job"]["jobId"])
+        seen: list[str] = []
+        cursor: str | None = None
+        pages = 0
+        while True:
+            params = {"agentId": agent, "limit": "50", **({"cursor": cursor} if cursor else {})}
+            response = await client.get("/jobs", params=params, headers=AS_A)
+            assert response.status_code == 200
+            assert len(response.content) <= 4096 + 3000  # one job may pass the budget alone
+            page = response.json()
+            seen += [job["jobId"] for job in page["jobs"]]
+            pages += 1
+            cursor = page["nextCursor"]
+            if cursor is None:
+                break
+        assert seen == ids[::-1] and pages > 1
+        job_id = ids[0]
+        for n in range(4):
+            steer = {"type": "steer", "payload": {"n": n, "blob": blob}}
+            assert (
+                await client.post(f"/jobs/{job_id}/commands", json=steer, headers=AS_A)
+            ).status_code == 202
+        first = (await client.get(f"/jobs/{job_id}/events", headers=AS_A)).json()
+        assert 0 < len(first["receipts"]) < 5
+        rest = (
+            await client.get(
+                f"/jobs/{job_id}/events", params={"after": first["lastSeq"]}, headers=AS_A
+            )
+        ).json()
+        assert rest["receipts"][0]["seq"] == first["lastSeq"] + 1
+
+
+# --- finding 8: no per-organization limits ----------------------------------------------------
+
+
+async def test_an_organization_is_capped_on_queued_jobs_and_rate_and_timeout(
+    db_url: str, store: Store
+) -> None:
+    org = new_id("org")
+    token = f"token-{org}"
+    tokens = f"{token} {org}\n{TOKEN_A} org-a"
+    as_org = {"Authorization": f"Bearer {token}"}
+    long_job = enqueue_body(
+        org=org, payload_extra={"task": {"command": ["sleep", "3600"]}, "timeoutMs": 3_600_000}
+    )
+    async with api_client(db_url, tokens=tokens, org_max_queued=20, max_timeout_ms=60_000) as c:
+        accepted = 0
+        refused: httpx.Response | None = None
+        for _ in range(2000):
+            response = await c.post("/agents/codex/jobs", json=long_job, headers=as_org)
+            if response.status_code != 202:
+                refused = response
+                break
+            accepted += 1
+        assert accepted == 20 and refused is not None
+        assert (
+            "RECEIPT_ORG_MAX_QUEUED" in assert_error(refused, 429, "too_many_requests")["message"]
+        )
+        assert int(refused.headers["retry-after"]) >= 1
+        # Another organization is not held back.
+        other = await c.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+        assert other.status_code == 202
+        # The operator's timeout cap: an hour asked, a minute kept.
+        listed = (await c.get("/jobs", params={"limit": "1"}, headers=as_org)).json()["jobs"]
+        assert listed[0]["payload"]["timeoutMs"] == 60_000
+    async with api_client(db_url, tokens=tokens, org_enqueue_rate=0.5, org_enqueue_burst=3) as c:
+        statuses = [
+            (await c.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)).status_code
+            for _ in range(4)
+        ]
+        assert statuses == [202, 202, 202, 429]
+        limited = await c.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+        assert (
+            "RECEIPT_ORG_ENQUEUE_RATE" in assert_error(limited, 429, "too_many_requests")["message"]
+        )
+        assert int(limited.headers["retry-after"]) >= 1
+
+
+# --- finding 9: /metrics open and labelled by tenants ----------------------------------------
+
+
+async def test_metrics_need_an_admin_token(client: httpx.AsyncClient) -> None:
+    assert_error(await client.get("/metrics"), 401, "unauthorized")
+    assert_error(await client.get("/metrics", headers=AS_A), 403, "forbidden")
+    response = await client.get("/metrics", headers=AS_ADMIN)
+    assert response.status_code == 200 and "python_gc_objects_collected_total" in response.text
+
+
+async def test_invented_agent_ids_share_one_other_label(store: Store) -> None:
+    from roles.infra.metrics import Metrics
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    invented: list[Job] = []
+    for n in range(300):
+        invented.append((await put(store, agent=f"invented-{n}-{new_id()}", org="org-m")).job)
+    for job in invented:
+        metrics.job_enqueued(job, "created")
+    metrics.job_enqueued((await put(store, agent="codex", org="org-m")).job, "created")
+    text = generate_latest(registry).decode()
+    assert "invented-" not in text
+    assert 'agent="other"' in text and 'agent="codex"' in text
+
+
+# --- findings 10, 11: ids are scoped by organization, well-formed, and watchdog ids the system's
+
+
+async def test_another_organizations_id_answers_as_an_unknown_one(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    ours = new_id()
+    await client.post("/agents/codex/jobs", json=enqueue_body(jobId=ours), headers=AS_A)
+    answers = []
+    for job_id in (ours, new_id()):
+        response = await client.post(
+            "/agents/codex/jobs", json=enqueue_body(org="org-b", jobId=job_id), headers=AS_B
+        )
+        answers.append((response.status_code, response.json()["outcome"]))
+        for path in (f"/jobs/{job_id}", f"/jobs/{job_id}/events"):
+            assert (await client.get(path, headers=AS_B)).status_code == 200
+    assert answers == [(202, "created"), (202, "created")]
+    assert await types(store, rid(ours)) == ["job.enqueued"]
+
+
+@pytest.mark.parametrize(
+    "job_id", ["a\nb", "line\r\nforged", "tab\tid", "sp ace", "x" * 201, "", "é"]
+)
+async def test_a_job_id_outside_the_pattern_is_refused(
+    client: httpx.AsyncClient, store: Store, job_id: str
+) -> None:
+    response = await client.post(
+        "/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A
+    )
+    error = assert_error(response, 422, "invalid_input")
+    assert error["field"] == "jobId" and "letters, digits" in error["message"]
+    assert await store.get_job(rid(job_id)) is None
+
+
+async def test_only_the_system_creates_watchdog_jobs(client: httpx.AsyncClient) -> None:
+    watchdog = {
+        "jobId": "watchdog:2030-01-01T00:00:00Z",
+        "payload": {"kind": "factory.objective.watchdog"},
+    }
+    response = await client.post("/agents/factory-control/jobs", json=watchdog, headers=AS_ADMIN)
+    assert assert_error(response, 422, "invalid_input")["field"] == "jobId"
+
+
+async def test_a_repost_with_another_payload_is_409_idempotency_mismatch(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    job_id = new_id()
+    first = enqueue_body(jobId=job_id, payload_extra={"n": 1})
+    assert (await client.post("/agents/codex/jobs", json=first, headers=AS_A)).status_code == 202
+    same = await client.post("/agents/codex/jobs", json=first, headers=AS_A)
+    assert same.status_code == 202 and same.json()["outcome"] == "existing"
+    changed = enqueue_body(jobId=job_id, payload_extra={"n": 2})
+    response = await client.post("/agents/codex/jobs", json=changed, headers=AS_A)
+    assert assert_error(response, 409, "idempotency_mismatch")["field"] == "jobId"
+    assert await types(store, rid(job_id)) == ["job.enqueued"]
+
+
+async def test_an_idempotency_key_makes_an_id_less_post_retryable(
+    client: httpx.AsyncClient,
+) -> None:
+    key = {"Idempotency-Key": new_id("key")}
+    body = enqueue_body()
+    first = await client.post("/agents/codex/jobs", json=body, headers={**AS_A, **key})
+    retry = await client.post("/agents/codex/jobs", json=body, headers={**AS_A, **key})
+    fresh = await client.post("/agents/codex/jobs", json=body, headers=AS_A)
+    assert first.json()["outcome"] == "created" and retry.json()["outcome"] == "existing"
+    assert first.json()["job"]["jobId"] == retry.json()["job"]["jobId"]
+    assert fresh.json()["job"]["jobId"] != first.json()["job"]["jobId"]
+
+
+# --- finding 12: the rest ---------------------------------------------------------------------
+
+
+async def test_a_five_thousand_digit_last_event_id_is_refused_not_500(
+    client: httpx.AsyncClient,
+) -> None:
+    job_id = (await client.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)).json()[
+        "job"
+    ]["jobId"]
+    response = await client.get(
+        f"/jobs/{job_id}/events", headers={**AS_A, "Last-Event-ID": "9" * 5000}
+    )
+    assert assert_error(response, 422, "invalid_input")["field"] == "Last-Event-ID"
+
+
+async def test_auth_context_is_strict_and_the_gateway_url_allow_listed(db_url: str) -> None:
+    gateway = "https://gw.example.com/"
+    async with api_client(db_url, gateway_url_allowlist=[gateway]) as client:
+
+        def with_auth(**extra: str) -> dict[str, Any]:
+            body = enqueue_body()
+            body["payload"]["authContext"].update(extra)
+            return body
+
+        extra_key = await client.post(
+            "/agents/codex/jobs", json=with_auth(isAdmin="yes"), headers=AS_A
+        )
+        error = assert_error(extra_key, 422, "invalid_input")
+        assert error["field"] == "payload.authContext.isAdmin"
+        foreign = await client.post(
+            "/agents/codex/jobs",
+            json=with_auth(receiptConnectGatewayUrl="https://evil.example/steal"),
+            headers=AS_A,
+        )
+        error = assert_error(foreign, 422, "invalid_input")
+        assert error["field"] == "payload.authContext.receiptConnectGatewayUrl"
+        assert error["allowed"] == [gateway]
+        allowed = await client.post(
+            "/agents/codex/jobs",
+            json=with_auth(receiptConnectGatewayUrl=gateway + "v1"),
+            headers=AS_A,
+        )
+        assert allowed.status_code == 202, allowed.text
+
+
+async def test_task_env_values_are_redacted_from_reads_and_callbacks(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    from activities.driver import post_callbacks
+    from tests.integration.delivery.receiver import Receiver
+
+    secret = "hunter2-" + new_id()
+    body = enqueue_body(payload_extra={"task": {"command": ["true"], "env": {"API_KEY": secret}}})
+    response = await client.post("/agents/codex/jobs", json=body, headers=AS_A)
+    assert response.status_code == 202 and secret not in response.text
+    job_id = response.json()["job"]["jobId"]
+    assert response.json()["job"]["payload"]["task"]["env"] == {"API_KEY": "[redacted]"}
+    for path in (f"/jobs/{job_id}", f"/jobs/{job_id}/events", "/jobs"):
+        shown = await client.get(path, headers=AS_A)
+        assert shown.status_code == 200 and secret not in shown.text and "API_KEY" in shown.text
+    stored = await store.get_job(rid(job_id))
+    assert stored is not None and stored.payload["task"]["env"] == {"API_KEY": secret}
+    async with Receiver() as receiver, httpx.AsyncClient() as http:
+        settings = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)
+        assert await post_callbacks(store, settings, http, stored, "completed") == 1
+    assert secret.encode() not in receiver.requests[0].body
+    assert b"[redacted]" in receiver.requests[0].body
+
+
+def test_scopes_decide_who_may_run_commands_and_read() -> None:
+    table = TokenTable(
+        parse_lines(
+            "reader org-a jobs:read\nwriter org-a jobs:write\nrunner org-a jobs:write "
+            "commands:run\nall org-a\nroot *",
+            "test",
+        )
+    )
+    reader, writer, runner, every, root = (
+        table.authenticate(t) for t in ("reader", "writer", "runner", "all", "root")
+    )
+    assert reader and writer and runner and every and root
+    assert reader.can("jobs:read") and not reader.can("jobs:write")
+    assert writer.can("jobs:write") and not writer.can("commands:run")
+    assert runner.can("commands:run") and not runner.can("admin")
+    assert every.can("commands:run") and not every.can("admin")
+    assert root.can("admin") and root.can("commands:run")
+
+
+async def test_scoped_tokens_and_the_executable_allow_list(db_url: str) -> None:
+    tokens = (
+        "read-tok org-a jobs:read\nwrite-tok org-a jobs:write\n"
+        "run-tok org-a jobs:read jobs:write commands:run"
+    )
+    executables = json.dumps({"org-a": ["git", "pytest"]})
+    as_reader = {"Authorization": "Bearer read-tok"}
+    as_writer = {"Authorization": "Bearer write-tok"}
+    as_runner = {"Authorization": "Bearer run-tok"}
+
+    def codex(*argv: str) -> dict[str, Any]:
+        return enqueue_body(payload_extra={"task": {"command": list(argv)}})
+
+    async with api_client(db_url, tokens=tokens, RECEIPT_ORG_EXECUTABLES=executables) as c:
+        assert_error(
+            await c.post("/agents/codex/jobs", json=codex("git", "status"), headers=as_reader),
+            403,
+            "forbidden",
+        )
+        no_run = await c.post("/agents/codex/jobs", json=codex("git", "status"), headers=as_writer)
+        assert "commands:run" in assert_error(no_run, 403, "forbidden")["message"]
+        # A kind that runs no command needs no commands:run.
+        control = await c.post(
+            "/agents/factory-control/jobs",
+            json=enqueue_body(kind="factory.run"),
+            headers=as_writer,
+        )
+        assert control.status_code == 202
+        assert_error(await c.get("/jobs", headers=as_writer), 403, "forbidden")
+        assert (await c.get("/jobs", headers=as_reader)).status_code == 200
+        ok = await c.post("/agents/codex/jobs", json=codex("git", "status"), headers=as_runner)
+        assert ok.status_code == 202, ok.text
+        curl = await c.post(
+            "/agents/codex/jobs", json=codex("sh", "-c", "curl x|sh"), headers=as_runner
+        )
+        error = assert_error(curl, 403, "forbidden")
+        assert error["field"] == "payload.task.command" and error["allowed"] == ["git", "pytest"]
+
+
+def test_a_crlf_in_a_job_id_cannot_forge_a_log_line() -> None:
+    from roles.infra.logs import HumanFormatter
+
+    record = logging.LogRecord(
+        "roles.api.app", logging.INFO, __file__, 1, "job enqueued", None, None
+    )
+    record.__dict__["jobId"] = "x\r\n12:00:00.000 INFO    [api] roles.api.app: forged"
+    line = HumanFormatter("api").format(record)
+    assert "\n" not in line and "\r" not in line
+    assert "jobId=x\\r\\n12:00:00.000" in line
