@@ -25,6 +25,7 @@ from tests.integration.api_support import (
     TOKEN_B,
     RunningApi,
     clean_env,
+    rid,
     running_api,
 )
 from tests.integration.helpers import new_id, types
@@ -141,13 +142,14 @@ async def test_enqueue_inspect_list_and_command_a_job(
 
     events = await receipt(api, "jobs", "events", job_id, "--json")
     assert [json.loads(line)["type"] for line in events.out.splitlines()] == await types(
-        store, job_id
+        store, rid(job_id)
     )
     later = await receipt(api, "jobs", "events", job_id, "--after", "3")
     assert [line.split()[0] for line in later.out.splitlines()] == ["4", "5"]
 
 
 async def settle(store: Store, job_id: str, *, complete: bool) -> None:
+    job_id = rid(job_id)  # the runtime's id of org-a's job (ids are scoped by organization)
     worker = f"{job_id}:attempt:1/1"
     assert (await ops.lease(store, job_id, attempt=1, worker_id=worker, lease_ms=LEASE_MS)).ok
     assert (await ops.heartbeat(store, job_id, worker_id=worker, attempt=1, lease_ms=LEASE_MS)).ok
@@ -212,7 +214,7 @@ async def test_events_follow_prints_every_receipt_live_until_the_job_ends(
     run = await finish(process)
     assert run.code == 0, run.err
     seqs = [json.loads(line)["seq"] for line in run.out.splitlines()]
-    assert seqs == list(range(1, len(await types(store, job_id)) + 1))
+    assert seqs == list(range(1, len(await types(store, rid(job_id))) + 1))
     assert json.loads(run.out.splitlines()[-1])["type"] == "job.completed"
 
 

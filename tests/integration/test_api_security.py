@@ -556,6 +556,15 @@ async def test_task_env_values_are_redacted_from_reads_and_callbacks(
     for path in (f"/jobs/{job_id}", f"/jobs/{job_id}/events", "/jobs"):
         shown = await client.get(path, headers=AS_A)
         assert shown.status_code == 200 and secret not in shown.text and "API_KEY" in shown.text
+    # The live stream too (the job is aborted first, so the stream ends and can be read whole);
+    # it names the job by the organization's id, never the runtime's tagged one.
+    abort = await client.post(f"/jobs/{job_id}/commands", json={"type": "abort"}, headers=AS_A)
+    assert abort.status_code == 202
+    live = await client.get(
+        f"/jobs/{job_id}/events", headers={**AS_A, "Accept": "text/event-stream"}
+    )
+    assert "event: end" in live.text and "API_KEY" in live.text
+    assert secret not in live.text and rid(job_id) not in live.text
     stored = await store.get_job(rid(job_id))
     assert stored is not None and stored.payload["task"]["env"] == {"API_KEY": secret}
     async with Receiver() as receiver, httpx.AsyncClient() as http:

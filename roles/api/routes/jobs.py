@@ -403,7 +403,7 @@ async def job_events(
             keepalive_s=state.settings.sse_keepalive_ms / 1000,
             max_lifetime_s=state.settings.sse_max_lifetime_s,
             shown_id=shown,
-            redact=shown_receipt,
+            redact=lambda receipt: shown_receipt(receipt, job.job_id, shown),
         )
 
         async def gated() -> Any:
