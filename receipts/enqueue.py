@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -59,6 +60,11 @@ class EnqueueRequest:
     trace_id: str | None = None
     traceparent: str | None = None
     retry_of: str | None = None
+    max_commands: int | None = None
+    """A steer singleton absorbed into a job holding this many commands is refused (the API's
+    `RECEIPT_MAX_COMMANDS_PER_JOB`); None: no cap."""
+    max_command_bytes: int | None = None
+    """A steer singleton whose payload serialises to more is refused when it would be absorbed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +336,7 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
                 affected.append(job)
         elif request.singleton_mode == "steer" and live:
             target = max(live, key=lambda j: (j.created_at, j.job_id))
+            _check_command_caps(request, target)
             steered, _ = await tx.append_job(
                 target.job_id,
                 target,
@@ -372,6 +379,24 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
         data["retryOf"] = request.retry_of
     job, _ = await tx.append_job(job_id, None, [Draft("job.enqueued", data)])
     return EnqueueResult(job, "created", tuple(affected))
+
+
+def _check_command_caps(request: EnqueueRequest, target: Job) -> None:
+    """Refuse a steer the target job could not hold (issue 12: commands pile up in its state)."""
+    if request.max_commands is not None and len(target.commands) >= request.max_commands:
+        raise InvalidInput(
+            "singletonMode",
+            f"the session's active job already holds {request.max_commands} commands "
+            "(RECEIPT_MAX_COMMANDS_PER_JOB); this steer would not fit",
+        )
+    if request.max_command_bytes is not None:
+        size = len(json.dumps(request.payload, separators=(",", ":")))
+        if size > request.max_command_bytes:
+            raise InvalidInput(
+                "payload",
+                f"a steer absorbed into an active job holds at most {request.max_command_bytes} "
+                "bytes (RECEIPT_MAX_COMMAND_BYTES)",
+            )
 
 
 def expire_draft(job: Job) -> Draft:

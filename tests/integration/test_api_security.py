@@ -311,6 +311,23 @@ async def test_large_and_numerous_follow_ups_are_refused_and_abort_still_works(
     )
 
 
+async def test_steers_absorbed_by_enqueue_are_capped_too(db_url: str, store: Store) -> None:
+    session = new_id("session")
+    async with api_client(db_url, max_commands_per_job=2, max_command_bytes=1024) as client:
+
+        async def steer(**extra: Any) -> httpx.Response:
+            body = enqueue_body(sessionKey=session, singletonMode="steer", **extra)
+            return await client.post("/agents/codex/jobs", json=body, headers=AS_A)
+
+        job_id = (await steer()).json()["job"]["jobId"]  # no active job yet: created
+        big = await steer(payload_extra={"text": "x" * 5000})
+        assert assert_error(big, 422, "invalid_input")["field"] == "payload"
+        assert [(await steer()).json()["outcome"] for _ in range(2)] == ["steered"] * 2
+        full = await steer()
+        assert "RECEIPT_MAX_COMMANDS_PER_JOB" in assert_error(full, 422, "invalid_input")["message"]
+    assert await types(store, rid(job_id)) == ["job.enqueued"] + ["queue.command"] * 2
+
+
 async def test_list_and_event_pages_stop_at_the_response_byte_cap(db_url: str) -> None:
     agent = new_id("agent")
     async with api_client(db_url, max_response_bytes=4096) as client:

@@ -246,6 +246,8 @@ async def post_job(
         enqueue_request = dataclasses.replace(
             enqueue_request,
             job_id=scoped_job_id(organization_id, client_id),
+            max_commands=settings.max_commands_per_job,
+            max_command_bytes=settings.max_command_bytes,
             trace_id=trace_id_of(current_traceparent()),
             traceparent=current_traceparent(),
         )
