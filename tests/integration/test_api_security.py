@@ -377,10 +377,11 @@ async def test_list_and_event_pages_stop_at_the_response_byte_cap(db_url: str) -
 async def test_an_organization_is_capped_on_queued_jobs_and_rate_and_timeout(
     db_url: str, store: Store
 ) -> None:
-    org = new_id("org")
+    org, neighbour = new_id("org"), new_id("org")
     token = f"token-{org}"
-    tokens = f"{token} {org}\n{TOKEN_A} org-a"
+    tokens = f"{token} {org}\ntoken-{neighbour} {neighbour}\n{TOKEN_A} org-a"
     as_org = {"Authorization": f"Bearer {token}"}
+    as_neighbour = {"Authorization": f"Bearer token-{neighbour}"}
     long_job = enqueue_body(
         org=org, payload_extra={"task": {"command": ["sleep", "3600"]}, "timeoutMs": 3_600_000}
     )
@@ -399,7 +400,9 @@ async def test_an_organization_is_capped_on_queued_jobs_and_rate_and_timeout(
         )
         assert int(refused.headers["retry-after"]) >= 1
         # Another organization is not held back.
-        other = await c.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+        other = await c.post(
+            "/agents/codex/jobs", json=enqueue_body(org=neighbour), headers=as_neighbour
+        )
         assert other.status_code == 202
         # The operator's timeout cap: an hour asked, a minute kept.
         listed = (await c.get("/jobs", params={"limit": "1"}, headers=as_org)).json()["jobs"]
