@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from receipts import jobs as jobmodel
-from receipts.enqueue import EnqueueRequest, enqueue_in
+from receipts.enqueue import EnqueueRequest, enqueue_in, scoped_job_id
 from receipts.jobs import Job
 from receipts.store import Draft, Store, Tx
 
@@ -69,7 +69,8 @@ async def retry_in(
         return RetryOutcome(ALREADY, job, await tx.job(job.retried_as))
     if job.status not in RETRYABLE_STATUSES:
         return RetryOutcome(NOT_RETRYABLE, job)
-    new_job_id = f"retry-{uuid.uuid4()}"
+    # Scoped like every organization's job id (DESIGN §4), so its organization can name it.
+    new_job_id = scoped_job_id(job.organization_id, f"retry-{uuid.uuid4()}")
     created = await enqueue_in(tx, retry_request(job, new_job_id))
     old, _ = await tx.append_job(
         job_id, job, [Draft(jobmodel.RETRIED, {"retriedAs": created.job.job_id})]

@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 import uvicorn
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
@@ -43,8 +43,8 @@ from roles.api.deps import (
     State,
     clean_params,
 )
+from roles.api.docs import install_docs
 from roles.api.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
-from roles.api.routes import health, jobs
 from roles.api.schema import CommandBody, EnqueueBody
 from roles.api.settings import DEFAULT_MAX_BODY_BYTES, ApiSettings
 from roles.api.sse import SSE_KEEPALIVE_S, receipt_events, sse_end, sse_receipt
@@ -54,7 +54,6 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "MAX_JSON_DEPTH",
     "RETRY_AFTER_S",
-    "ROUTERS",
     "SSE_KEEPALIVE_S",
     "ApiError",
     "ApiSettings",
@@ -69,6 +68,7 @@ __all__ = [
     "error_response",
     "read_json_body",
     "receipt_events",
+    "routers",
     "run_api",
     "serve_api",
     "sse_end",
@@ -77,8 +77,18 @@ __all__ = [
 
 log = logging.getLogger("roles.api.app")
 
-ROUTERS = (health.router, jobs.router)
-"""The resources' routers, in the order their routes are matched."""
+
+def routers() -> list[APIRouter]:
+    """The resources' routers, in the order their routes are matched.
+
+    Imported here rather than at the top, so a routes module may import its names from this
+    module (`roles.api.deps` is the better home) without an import cycle. A new resource adds
+    its module's `router` to this list.
+    """
+    from roles.api.routes import health, jobs, retry
+
+    return [health.router, retry.router, jobs.router]
+
 
 DOCUMENTED_BODIES = (EnqueueBody, CommandBody)
 
@@ -151,6 +161,8 @@ def create_app(
             '`{"error": {"code", "message", "field"?, "allowed"?}}`.'
         ),
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
         dependencies=[Depends(clean_params)],
         # FastAPI's own OpenTelemetry: the request span only while spans are recorded (the
         # enqueue's trace id does not need it), and none of its per-dependency spans, metrics
@@ -164,8 +176,12 @@ def create_app(
     )
     app.state.api = api
     install_error_handlers(app)
-    for router in ROUTERS:
+    from roles.api.console.pages import install_console
+
+    for router in routers():
         app.include_router(router)
+    install_docs(app)
+    install_console(app)
     app.openapi = _openapi_builder(app)  # type: ignore[method-assign]
     return app
 

@@ -109,13 +109,14 @@ def _origin_host(origin: str) -> str | None:
     return _host_name(rest.split("/", 1)[0])
 
 
-def check_open_request(request: Request) -> None:
+def check_open_request(request: Request, *, json_body: bool = True) -> None:
     """In open mode (no tokens), refuse what a web page could send (issue 12, DESIGN §12).
 
     The caller of an open API is admin, so a page in the operator's browser must not be able to
     reach it: the `Host` must be a loopback name (DNS rebinding points a foreign name at
     127.0.0.1), an `Origin` other than a loopback one is refused, and a body must be declared
-    `application/json` (a cross-origin `text/plain` POST needs no CORS preflight).
+    `application/json` (a cross-origin `text/plain` POST needs no CORS preflight; the console's
+    forms, which carry a CSRF token instead, pass `json_body=False`).
     """
     host = request.headers.get("host", "")
     if not is_loopback(_host_name(host)):
@@ -136,7 +137,7 @@ def check_open_request(request: Request) -> None:
                 "the API runs without tokens and refuses requests from other origins",
                 field="Origin",
             )
-    if request.method in ("POST", "PUT", "PATCH"):
+    if json_body and request.method in ("POST", "PUT", "PATCH"):
         media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if media != "application/json":
             raise ApiError(
@@ -208,28 +209,38 @@ async def _jobs_by_caller_id(store: Store, job_id: str) -> list[Job]:
             return [Job.model_validate(row[0]) for row in await cur.fetchall()]
 
 
-async def visible_job(state: ApiState, caller: Principal, job_id: str) -> Job:
-    """The job the caller names `job_id`; 404 when there is none it may see (another
-    organization's job answers exactly as an unknown one).
+async def find_job(store: Store, caller: Principal, job_id: str) -> Job | None:
+    """The job `caller` names `job_id`, when it may see it; None otherwise.
 
-    An admin names jobs by the runtime's id (`<id>~<tag>`, as its views show them), or by an
-    organization's own id when only one organization uses it (409 `ambiguous_job_id` when
-    several do).
+    An organization names its jobs by its own ids (scoped here) or by runtime ids (`<id>~<tag>`,
+    which the console links to); an admin by runtime ids, or by an organization's own id when
+    only one organization uses it (409 `ambiguous_job_id` when several do).
     """
-    store = state.require_store()
-    job = await store.get_job(runtime_job_id(caller, job_id))
-    if job is None and caller.admin and TENANT_SEPARATOR not in job_id:
-        found = await _jobs_by_caller_id(store, job_id)
-        if len(found) > 1:
-            raise ApiError(
-                409,
-                "ambiguous_job_id",
-                f"several organizations use job id {job_id!r}; name it by the id admin views "
-                f"show ({job_id}{TENANT_SEPARATOR}<organization tag>)",
-                field="jobId",
-            )
-        job = found[0] if found else None
+    if TENANT_SEPARATOR in job_id:
+        job = await store.get_job(job_id)
+    else:
+        job = await store.get_job(runtime_job_id(caller, job_id))
+        if job is None and caller.admin:
+            found = await _jobs_by_caller_id(store, job_id)
+            if len(found) > 1:
+                raise ApiError(
+                    409,
+                    "ambiguous_job_id",
+                    f"several organizations use job id {job_id!r}; name it by the id admin "
+                    f"views show ({job_id}{TENANT_SEPARATOR}<organization tag>)",
+                    field="jobId",
+                )
+            job = found[0] if found else None
     if job is None or not caller.sees(job.organization_id):
+        return None
+    return job
+
+
+async def visible_job(state: ApiState, caller: Principal, job_id: str) -> Job:
+    """The job the caller names `job_id` (see `find_job`); 404 when there is none it may see
+    (another organization's job answers exactly as an unknown one)."""
+    job = await find_job(state.require_store(), caller, job_id)
+    if job is None:
         raise ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
     return job
 

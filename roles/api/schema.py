@@ -208,6 +208,10 @@ def shown_receipt(
             data = {**data, "payload": redact_payload(data["payload"])}
         if shown_id is not None and data.get("jobId") == job_id:
             data = {**data, "jobId": shown_id}
+        if shown_id is not None:
+            for link in ("retryOf", "retriedAs"):
+                if isinstance(data.get(link), str):
+                    data = {**data, link: caller_job_id(data[link])}
         receipt = {**receipt, "data": data}
     if shown_id is not None and job_id is not None:
         receipt = {**receipt, "stream": jobmodel.job_stream(shown_id)}
@@ -236,9 +240,18 @@ def job_view(job: Job, shown_id: str | None = None) -> dict[str, Any]:
             "route_matches_contract": expected is None or expected == task_queue,
             "agent_has_handler": job.agent_id in AGENT_IDS,
             "pending": job.pending_commands,
+            **(_linked_ids(job) if shown_id is not None else {}),
         }
     )
     return view.to_json()
+
+
+def _linked_ids(job: Job) -> dict[str, str | None]:
+    """A job's retry links as its organization names them."""
+    return {
+        "retry_of": caller_job_id(job.retry_of) if job.retry_of else None,
+        "retried_as": caller_job_id(job.retried_as) if job.retried_as else None,
+    }
 
 
 def shown_job_id(job: Job, organization_id: str | None) -> str:

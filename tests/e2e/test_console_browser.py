@@ -23,6 +23,7 @@ from tests.integration.api_support import (
     TOKEN_A,
     RunningApi,
     enqueue_body,
+    rid,
     running_api,
 )
 from tests.integration.helpers import new_id
@@ -105,9 +106,11 @@ async def test_sign_in_filter_watch_live_output_and_abort(
     job_id = await enqueue(api, agent)
     other = await enqueue(api, f"agent-{new_id()}")
     worker = f"{job_id}:attempt:1/1"
-    assert (await operations.lease(store, job_id, attempt=1, worker_id=worker, lease_ms=60_000)).ok
     assert (
-        await operations.heartbeat(store, job_id, worker_id=worker, attempt=1, lease_ms=60_000)
+        await operations.lease(store, rid(job_id), attempt=1, worker_id=worker, lease_ms=60_000)
+    ).ok
+    assert (
+        await operations.heartbeat(store, rid(job_id), worker_id=worker, attempt=1, lease_ms=60_000)
     ).ok
     foreign: list[str] = []
     page = await signed_in_page(browser, api, foreign)
@@ -124,7 +127,7 @@ async def test_sign_in_filter_watch_live_output_and_abort(
     await page.wait_for_timeout(300)  # the event stream connects
     for n in range(3):
         await operations.progress(
-            store, job_id, worker_id=worker, attempt=1, data={"lines": [f"step {n} done"]}
+            store, rid(job_id), worker_id=worker, attempt=1, data={"lines": [f"step {n} done"]}
         )
     await expect(page.locator("#output")).to_contain_text("step 2 done")
     await expect(page.locator("#timeline")).to_contain_text("job.progress")
@@ -133,11 +136,11 @@ async def test_sign_in_filter_watch_live_output_and_abort(
     await page.fill('input[name="reason"]', "operator stop")
     await page.get_by_role("button", name="Abort").click()
     await expect(page.locator(".notice")).to_have_text("abort appended")
-    job = await store.get_job(job_id)
+    job = await store.get_job(rid(job_id))
     assert job is not None and job.abort_requested and job.abort_reason == "operator stop"
     await page.wait_for_timeout(300)
     assert (
-        await operations.cancel(store, job_id, worker_id=worker, attempt=1, reason="aborted")
+        await operations.cancel(store, rid(job_id), worker_id=worker, attempt=1, reason="aborted")
     ).ok
     await expect(page.locator("#status")).to_have_text("canceled")
     assert foreign == []
@@ -148,7 +151,7 @@ async def test_retry_a_failed_job_from_the_failed_work_page(
 ) -> None:
     agent = f"agent-{new_id()}"
     job_id = await enqueue(api, agent)
-    assert (await operations.fail_undeliverable(store, job_id, error=f"{agent} exploded")).ok
+    assert (await operations.fail_undeliverable(store, rid(job_id), error=f"{agent} exploded")).ok
     foreign: list[str] = []
     page = await signed_in_page(browser, api, foreign)
     await page.get_by_role("link", name="Failed work").click()
@@ -162,7 +165,7 @@ async def test_retry_a_failed_job_from_the_failed_work_page(
     await page.get_by_role("button", name="Retry").click()
     await expect(page.locator(".notice")).to_have_text(f"retry of {job_id}")
     await expect(page.locator("#status")).to_have_text("queued")
-    old = await store.get_job(job_id)
+    old = await store.get_job(rid(job_id))
     assert old is not None and old.status == "failed" and old.retried_as is not None
     assert old.retried_as in page.url
     await asyncio.sleep(0)

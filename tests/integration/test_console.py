@@ -15,6 +15,7 @@ from tests.integration.api_support import (
     TOKEN_B,
     api_client,
     enqueue_body,
+    rid,
 )
 from tests.integration.helpers import new_id, types
 
@@ -104,20 +105,20 @@ async def test_actions_need_the_csrf_token_and_act_on_the_job(db_url: str, store
             headers={"Content-Type": "application/json"},
         )
         assert wrong_type.status_code == 415
-        assert "queue.command" not in await types(store, job_id)
+        assert "queue.command" not in await types(store, rid(job_id))
         steer = await client.post(
             f"/console/jobs/{job_id}/command",
             **form({"csrf": csrf, "type": "steer", "payload": "look at the logs"}),  # type: ignore[arg-type]
         )
         assert steer.status_code == 303 and "steer+appended" in steer.headers["location"]
-        job = await store.get_job(job_id)
+        job = await store.get_job(rid(job_id))
         assert job is not None and job.commands[-1].payload == {"message": "look at the logs"}
         abort = await client.post(
             f"/console/jobs/{job_id}/command",
             **form({"csrf": csrf, "type": "abort", "reason": "operator"}),  # type: ignore[arg-type]
         )
         assert abort.status_code == 303
-        job = await store.get_job(job_id)
+        job = await store.get_job(rid(job_id))
         assert job is not None and job.status == "canceled"
         retried = await client.post(
             f"/console/jobs/{job_id}/retry",
@@ -136,10 +137,10 @@ async def test_job_page_shows_timeline_attempts_output_and_the_temporal_link(
         await client.post("/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A)
         worker = f"{job_id}:attempt:1/1"
         assert (
-            await operations.lease(store, job_id, attempt=1, worker_id=worker, lease_ms=60_000)
+            await operations.lease(store, rid(job_id), attempt=1, worker_id=worker, lease_ms=60_000)
         ).ok
         await operations.progress(
-            store, job_id, worker_id=worker, attempt=1, data={"lines": ["hello from the job"]}
+            store, rid(job_id), worker_id=worker, attempt=1, data={"lines": ["hello from the job"]}
         )
         await sign_in(client, TOKEN_A)
         page = await client.get(f"/console/jobs/{job_id}")
@@ -161,7 +162,7 @@ async def test_failed_work_groups_by_agent_and_error_and_retries_a_group(
             await client.post(
                 f"/agents/{agent}/jobs", json=enqueue_body(jobId=job_id), headers=AS_A
             )
-            await operations.fail_undeliverable(store, job_id, error=error)
+            await operations.fail_undeliverable(store, rid(job_id), error=error)
             ids.append(job_id)
         csrf = await sign_in(client, TOKEN_A)
         page = await client.get("/console/failed", params={"agentId": agent})
@@ -175,8 +176,8 @@ async def test_failed_work_groups_by_agent_and_error_and_retries_a_group(
         assert done.status_code == 303 and "2+job" in done.headers["location"]
         after = await client.get("/console/failed", params={"agentId": agent})
     assert "Retry all 2" not in after.text and "Retry all 1" in after.text
-    assert "job.retried" in await types(store, ids[0])
-    assert "job.retried" not in await types(store, ids[2])
+    assert "job.retried" in await types(store, rid(ids[0]))
+    assert "job.retried" not in await types(store, rid(ids[2]))
 
 
 async def test_docs_are_served_from_installed_assets(db_url: str, store: Store) -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 from receipts import operations
 from receipts.store import Store
-from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body
+from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body, rid
 from tests.integration.helpers import new_id, types
 
 
@@ -18,7 +18,7 @@ async def _failed_job(client, store: Store, agent: str = "codex", error: str = "
         headers=AS_A,
     )
     assert posted.status_code == 202, posted.text
-    outcome = await operations.fail_undeliverable(store, job_id, error=error)
+    outcome = await operations.fail_undeliverable(store, rid(job_id), error=error)
     assert outcome.ok
     return job_id
 
@@ -39,7 +39,7 @@ async def test_retry_creates_a_linked_job_with_the_same_payload_and_route(
     assert new["status"] == "queued"
     for field in ("agentId", "lane", "kind", "payload", "sessionKey", "maxAttempts", "route"):
         assert new[field] == old[field], field
-    assert (await types(store, old_id))[-1] == "job.retried"
+    assert (await types(store, rid(old_id)))[-1] == "job.retried"
 
 
 async def test_retrying_twice_returns_the_first_retry_and_creates_nothing(
@@ -55,7 +55,7 @@ async def test_retrying_twice_returns_the_first_retry_and_creates_nothing(
     assert [a.status_code for a in answers] == [200, 201]
     assert answers[0].json()["outcome"] == "already_retried"
     assert answers[0].json()["retry"]["jobId"] == answers[1].json()["retry"]["jobId"]
-    assert (await types(store, old_id)).count("job.retried") == 1
+    assert (await types(store, rid(old_id))).count("job.retried") == 1
 
 
 async def test_retry_refuses_active_and_completed_jobs_and_other_organizations(
@@ -73,7 +73,7 @@ async def test_retry_refuses_active_and_completed_jobs_and_other_organizations(
         unknown = await client.post(f"/jobs/{new_id()}/retry", headers=AS_B)
         assert foreign.status_code == unknown.status_code == 404
         assert foreign.json()["error"]["code"] == unknown.json()["error"]["code"]
-    assert "job.retried" not in await types(store, failed_id)
+    assert "job.retried" not in await types(store, rid(failed_id))
 
 
 async def test_bulk_retry_is_bounded_filtered_and_idempotent(db_url: str, store: Store) -> None:
@@ -102,6 +102,6 @@ async def test_bulk_retry_is_bounded_filtered_and_idempotent(db_url: str, store:
     assert foreign.json()["count"] == 0
     retried = {r["jobId"] for r in bounded.json()["retried"] + rest.json()["retried"]}
     assert retried == set(ids)
-    assert "job.retried" not in await types(store, other)
+    assert "job.retried" not in await types(store, rid(other))
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "limit"
     assert unknown_field.status_code == 422 and unknown_field.json()["error"]["field"] == "agent"

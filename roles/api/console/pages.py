@@ -32,6 +32,7 @@ from roles.api.console.session import (
     read_form,
     session_of,
 )
+from roles.api.deps import find_job
 
 log = logging.getLogger("roles.api.console")
 
@@ -78,10 +79,6 @@ def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
 
 def store_of(request: Request) -> Any:
     return request.app.state.api.require_store()
-
-
-def _visible(session: Session, job: Job | None) -> Job | None:
-    return job if job is not None and session.principal.sees(job.organization_id) else None
 
 
 def _fence(data: Any) -> str:
@@ -272,7 +269,7 @@ async def jobs_page(request: Request) -> HTMLResponse:
 async def job_events(request: Request, jobId: str) -> Response:
     """The job's receipts as a live event stream, authenticated by the console session."""
     session = session_of(request)
-    job = _visible(session, await store_of(request).get_job(jobId))
+    job = await find_job(store_of(request), session.principal, jobId)
     if job is None:
         return Response("no such job", status_code=404)
     api = request.app.state.api
@@ -286,7 +283,7 @@ async def job_events(request: Request, jobId: str) -> Response:
             api.require_store(),
             api.listener,
             api.stopping,
-            jobId,
+            job.job_id,
             int(after),
             keepalive_s=api.settings.sse_keepalive_ms / 1000,
         ),
@@ -299,10 +296,10 @@ async def job_events(request: Request, jobId: str) -> Response:
 async def job_page(request: Request, jobId: str) -> HTMLResponse:
     session = session_of(request)
     store = store_of(request)
-    job = _visible(session, await store.get_job(jobId))
+    job = await find_job(store, session.principal, jobId)
     if job is None:
         return render("missing.html", status=404, session=session, what=f"job {jobId}")
-    receipts = await store.read_stream(jobmodel.job_stream(jobId), 0, TIMELINE_LIMIT)
+    receipts = await store.read_stream(jobmodel.job_stream(job.job_id), 0, TIMELINE_LIMIT)
     return render(
         "job.html",
         session=session,
@@ -334,15 +331,17 @@ async def job_command(request: Request, jobId: str) -> Response:
             payload = json.loads(text)
         except ValueError:
             payload = {"message": text}
+    job = await find_job(store_of(request), session.principal, jobId)
     outcome = await operations.add_command(
         store_of(request),
-        jobId,
+        job.job_id if job is not None else jobId,
         type=command_type,
         payload=payload,
         reason=fields.get("reason") or None,
         organization_id=session.principal.organization_id,
         check_organization=not session.principal.admin,
         command_id=f"cmd-{uuid.uuid4()}",
+        max_commands=request.app.state.api.settings.max_commands_per_job,
     )
     log.info(
         "console command",
@@ -360,9 +359,10 @@ async def job_command(request: Request, jobId: str) -> Response:
 async def job_retry(request: Request, jobId: str) -> Response:
     session = session_of(request)
     await read_form(request, session)
+    job = await find_job(store_of(request), session.principal, jobId)
     outcome = await retries.retry(
         store_of(request),
-        jobId,
+        job.job_id if job is not None else jobId,
         organization_id=session.principal.organization_id,
         admin=session.principal.admin,
     )

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs
 from fastapi import Request
 
 from roles.api.auth import OPEN, Principal
+from roles.api.deps import check_open_request
 
 COOKIE = "receipt_console"
 COOKIE_PATH = "/console"
@@ -61,6 +62,8 @@ def session_of(request: Request) -> Session:
     """Return the request's console session, or raise `SignInRequired`."""
     tokens = request.app.state.api.tokens
     if tokens.open:
+        # A rebound DNS name or another origin must not reach an open console (issue 12).
+        check_open_request(request, json_body=False)
         return Session(OPEN, csrf_for(None), open_mode=True)
     token = request.cookies.get(COOKIE)
     principal = tokens.authenticate(token) if token else None

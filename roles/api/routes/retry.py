@@ -13,7 +13,17 @@ from pydantic.alias_generators import to_camel
 from receipts import retry as retries
 from receipts.jobs import LANES
 from receipts.kinds import KINDS
-from roles.api.app import ApiError, Caller, JobId, State, read_json_body
+from roles.api.auth import JOBS_WRITE
+from roles.api.deps import (
+    ApiError,
+    Caller,
+    JobId,
+    State,
+    read_json_body,
+    require_scope,
+    shown_id,
+    visible_job,
+)
 from roles.api.schema import JobView, errors_documented, job_view
 
 log = logging.getLogger("roles.api.retry")
@@ -69,12 +79,13 @@ def _refusal(outcome: retries.RetryOutcome, job_id: str) -> ApiError:
 @router.post(
     "/jobs/retry",
     response_model=BulkRetried,
-    responses=errors_documented(400, 401, 413, 422, 503),
+    responses=errors_documented(400, 401, 403, 413, 415, 422, 503),
 )
 async def retry_matching(request: Request, state: State, caller: Caller) -> JSONResponse:
     """Retry every failed (or canceled) job that matches the filter and was never retried, at
     most `limit` (≤ 500). Running it twice creates nothing new."""
-    raw = await read_json_body(request, state.settings.max_body_bytes)
+    require_scope(caller, JOBS_WRITE)
+    raw = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     body = _validated(raw)
     if body.lane is not None and body.lane not in LANES:
         raise ApiError(
@@ -99,7 +110,7 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
         limit=body.limit,
     )
     retried = [
-        {"jobId": o.job.job_id, "retryJobId": o.retry.job_id}
+        {"jobId": shown_id(caller, o.job), "retryJobId": shown_id(caller, o.retry)}
         for o in outcomes
         if o.status == retries.RETRIED and o.job is not None and o.retry is not None
     ]
@@ -120,19 +131,28 @@ def _validated(raw: Any) -> BulkRetryBody:
     "/jobs/{jobId:path}/retry",
     response_model=RetryAccepted,
     status_code=201,
-    responses=errors_documented(401, 404, 409, 503),
+    responses=errors_documented(401, 403, 404, 409, 503),
 )
 async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse:
     """Retry a failed or canceled job: a new job with its payload and route (`retryOf`), and a
     `job.retried` receipt on the old one, which stays terminal. 201 when created, 200 when an
     earlier retry had created it."""
+    require_scope(caller, JOBS_WRITE)
+    job = await visible_job(state, caller, job_id)
     outcome = await retries.retry(
-        state.require_store(), job_id, organization_id=caller.organization_id, admin=caller.admin
+        state.require_store(),
+        job.job_id,
+        organization_id=caller.organization_id,
+        admin=caller.admin,
     )
     if outcome.status not in (retries.RETRIED, retries.ALREADY) or outcome.retry is None:
         raise _refusal(outcome, job_id)
     assert outcome.job is not None
     return JSONResponse(
-        {"outcome": outcome.status, "job": job_view(outcome.job), "retry": job_view(outcome.retry)},
+        {
+            "outcome": outcome.status,
+            "job": job_view(outcome.job, shown_id(caller, outcome.job)),
+            "retry": job_view(outcome.retry, shown_id(caller, outcome.retry)),
+        },
         status_code=201 if outcome.status == retries.RETRIED else 200,
     )
