@@ -296,7 +296,7 @@ async def test_jobs_retry_one_and_in_bulk(api: RunningApi, store: Store) -> None
         body = json.dumps({"kind": "factory.task.run", "authContext": AUTH})
         run = await receipt(api, "enqueue", agent, "--payload", body, "--job-id", job_id)
         assert run.code == 0, run.err
-        assert (await ops.fail_undeliverable(store, job_id, error="flaky disk")).ok
+        assert (await ops.fail_undeliverable(store, rid(job_id), error="flaky disk")).ok
         ids.append(job_id)
     one = await receipt(api, "jobs", "retry", ids[0])
     assert one.code == 0, one.err

@@ -33,6 +33,7 @@ from roles.api.console.session import (
     session_of,
 )
 from roles.api.deps import find_job
+from roles.api.schema import shown_job_id
 
 log = logging.getLogger("roles.api.console")
 
@@ -372,7 +373,8 @@ async def job_retry(request: Request, jobId: str) -> Response:
             f"/console/jobs/{quote(jobId, safe='')}?{urlencode({'notice': notice})}",
             status_code=303,
         )
-    notice = f"retry of {jobId}"
+    shown = shown_job_id(job, session.principal.organization_id) if job is not None else jobId
+    notice = f"retry of {shown}"
     return RedirectResponse(
         f"/console/jobs/{quote(outcome.retry.job_id, safe='')}?{urlencode({'notice': notice})}",
         status_code=303,
