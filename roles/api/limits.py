@@ -10,7 +10,19 @@ import logging
 import time
 from dataclasses import dataclass
 
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge
+
 log = logging.getLogger("roles.api.app")
+
+LIMITED = PromCounter(
+    "receipt_api_limited",
+    "Requests the api refused at one of its limits (README, Security), by limit.",
+    ["limit"],
+)
+"""Label values: rate, queued, active, streams_token, streams_total, commands, command_bytes,
+body_shape."""
+EVENT_STREAMS = Gauge("receipt_api_event_streams", "Event streams the api serves now.")
 
 MAX_BUCKETS = 10_000
 """Buckets kept at most; a full table drops the fullest (idle) ones first."""

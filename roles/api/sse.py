@@ -21,6 +21,7 @@ from receipts.jobs import Job, Receipt
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
 from roles.api.errors import ApiError, too_many
+from roles.api.limits import EVENT_STREAMS, LIMITED
 
 log = logging.getLogger("roles.api.app")
 
@@ -58,19 +59,31 @@ class StreamGate:
     def acquire(self, token_id: str) -> None:
         """Take one slot for `token_id`, or raise 429 (the caller must `release` it)."""
         if self.open[token_id] >= self.per_token:
+            LIMITED.labels("streams_token").inc()
+            log.warning(
+                "event stream refused: the token's cap",
+                extra={"event": "api.sse_refused", "cap": "token", "tokenId": token_id},
+            )
             raise too_many(
                 f"this token already has {self.per_token} open event streams "
                 "(RECEIPT_SSE_MAX_STREAMS_PER_TOKEN)",
                 SSE_RETRY_MS / 1000,
             )
         if self.total >= self.overall:
+            LIMITED.labels("streams_total").inc()
+            log.warning(
+                "event stream refused: the api's cap",
+                extra={"event": "api.sse_refused", "cap": "total", "tokenId": token_id},
+            )
             raise too_many(
                 f"the API already serves {self.overall} event streams (RECEIPT_SSE_MAX_STREAMS)",
                 SSE_RETRY_MS / 1000,
             )
         self.open[token_id] += 1
+        EVENT_STREAMS.inc()
 
     def release(self, token_id: str) -> None:
+        EVENT_STREAMS.dec()
         self.open[token_id] -= 1
         if self.open[token_id] <= 0:
             del self.open[token_id]

@@ -426,8 +426,17 @@ async def test_an_organization_is_capped_on_queued_jobs_and_rate_and_timeout(
 async def test_metrics_need_an_admin_token(client: httpx.AsyncClient) -> None:
     assert_error(await client.get("/metrics"), 401, "unauthorized")
     assert_error(await client.get("/metrics", headers=AS_A), 403, "forbidden")
+    deep: Any = 1
+    for _ in range(80):
+        deep = [deep]
+    refused = await client.post(
+        "/agents/codex/jobs", json=enqueue_body(payload_extra={"d": deep}), headers=AS_A
+    )
+    assert refused.status_code == 422
     response = await client.get("/metrics", headers=AS_ADMIN)
     assert response.status_code == 200 and "python_gc_objects_collected_total" in response.text
+    # Each refusal at a limit is counted by limit.
+    assert 'receipt_api_limited_total{limit="body_shape"}' in response.text
 
 
 async def test_invented_agent_ids_share_one_other_label(store: Store) -> None:

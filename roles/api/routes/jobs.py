@@ -53,6 +53,7 @@ from roles.api.deps import (
     visible_job,
 )
 from roles.api.errors import RETRY_AFTER_S
+from roles.api.limits import LIMITED
 from roles.api.schema import (
     CommandAccepted,
     CommandBody,
@@ -152,6 +153,7 @@ async def _check_org_caps(state: ApiState, organization_id: str) -> None:
     queued, active = (row[0], row[1]) if row else (0, 0)
     settings = state.settings
     if queued >= settings.org_max_queued:
+        LIMITED.labels("queued").inc()
         log.warning(
             "organization at its queued-jobs cap",
             extra={"event": "api.org_cap", "cap": "queued", "organizationId": organization_id},
@@ -160,6 +162,7 @@ async def _check_org_caps(state: ApiState, organization_id: str) -> None:
             f"the organization has {queued} queued jobs (RECEIPT_ORG_MAX_QUEUED)", RETRY_AFTER_S
         )
     if active >= settings.org_max_active:
+        LIMITED.labels("active").inc()
         log.warning(
             "organization at its active-jobs cap",
             extra={"event": "api.org_cap", "cap": "active", "organizationId": organization_id},
@@ -205,6 +208,7 @@ async def post_job(
     settings = state.settings
     wait_s = state.org_limits.take(caller.organization_id or "*admin")
     if wait_s > 0:
+        LIMITED.labels("rate").inc()
         log.warning(
             "enqueue rate limited",
             extra={"event": "api.rate_limited", "organizationId": caller.organization_id},
@@ -466,6 +470,7 @@ async def post_command(
     )
     size = _json_size(body.payload) + len(body.reason or "")
     if size > settings.max_command_bytes:
+        LIMITED.labels("command_bytes").inc()
         raise InvalidInput(
             "payload",
             f"a command's payload and reason hold at most {settings.max_command_bytes} bytes "
@@ -495,6 +500,7 @@ async def post_command(
             409, "terminal_state", f"job {job_id!r} is {status}; it takes no more commands"
         )
     if outcome.status == operations.TOO_MANY_COMMANDS:
+        LIMITED.labels("commands").inc()
         log.warning(
             "command refused: the job holds its cap of commands",
             extra={"event": "api.command_cap", "jobId": internal_id},
