@@ -542,7 +542,9 @@ async def test_a_five_thousand_digit_last_event_id_is_refused_not_500(
 
 async def test_auth_context_is_strict_and_the_gateway_url_allow_listed(db_url: str) -> None:
     gateway = "https://gw.example.com/"
-    async with api_client(db_url, gateway_url_allowlist=[gateway]) as client:
+    async with api_client(
+        db_url, gateway_url_allowlist=[gateway, "https://other.example.com"]
+    ) as client:
 
         def with_auth(**extra: str) -> dict[str, Any]:
             body = enqueue_body()
@@ -561,7 +563,13 @@ async def test_auth_context_is_strict_and_the_gateway_url_allow_listed(db_url: s
         )
         error = assert_error(foreign, 422, "invalid_input")
         assert error["field"] == "payload.authContext.receiptConnectGatewayUrl"
-        assert error["allowed"] == [gateway]
+        assert error["allowed"] == [gateway, "https://other.example.com"]
+        lookalike = await client.post(
+            "/agents/codex/jobs",
+            json=with_auth(receiptConnectGatewayUrl="https://other.example.com.evil.net/x"),
+            headers=AS_A,
+        )
+        assert_error(lookalike, 422, "invalid_input")
         allowed = await client.post(
             "/agents/codex/jobs",
             json=with_auth(receiptConnectGatewayUrl=gateway + "v1"),

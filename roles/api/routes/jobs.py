@@ -127,12 +127,20 @@ def _capped_timeout(settings: ApiSettings, request: EnqueueRequest) -> EnqueueRe
     return dataclasses.replace(request, payload=payload)
 
 
+def _under(url: str, prefix: str) -> bool:
+    """True when `url` is `prefix` or below it: `https://gw.example` admits
+    `https://gw.example/v1`, not `https://gw.example.evil.net`."""
+    return url == prefix or (
+        url.startswith(prefix) and (prefix.endswith("/") or url[len(prefix)] in "/?#")
+    )
+
+
 def _check_gateway(settings: ApiSettings, request: EnqueueRequest) -> None:
     """`receiptConnectGatewayUrl` must start with a prefix on `RECEIPT_GATEWAY_URL_ALLOWLIST`."""
     auth = request.payload.get("authContext")
     gateway = auth.get("receiptConnectGatewayUrl") if isinstance(auth, dict) else None
     if gateway is not None and not any(
-        gateway.startswith(prefix) for prefix in settings.gateway_url_allowlist
+        _under(gateway, prefix) for prefix in settings.gateway_url_allowlist
     ):
         raise InvalidInput(
             "payload.authContext.receiptConnectGatewayUrl",
