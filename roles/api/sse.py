@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,8 +57,8 @@ class StreamGate:
     def total(self) -> int:
         return sum(self.open.values())
 
-    def acquire(self, token_id: str) -> None:
-        """Take one slot for `token_id`, or raise 429 (the caller must `release` it)."""
+    def acquire(self, token_id: str) -> StreamSlot:
+        """Take one slot for `token_id`, or raise 429; the slot is given back by `release`."""
         if self.open[token_id] >= self.per_token:
             LIMITED.labels("streams_token").inc()
             log.warning(
@@ -81,12 +82,41 @@ class StreamGate:
             )
         self.open[token_id] += 1
         EVENT_STREAMS.inc()
+        return StreamSlot(self, token_id)
 
-    def release(self, token_id: str) -> None:
+    def _release(self, token_id: str) -> None:
         EVENT_STREAMS.dec()
         self.open[token_id] -= 1
         if self.open[token_id] <= 0:
             del self.open[token_id]
+
+
+class StreamSlot:
+    """One open stream's place in the gate; `release` is idempotent."""
+
+    def __init__(self, gate: StreamGate, token_id: str) -> None:
+        self._gate: StreamGate | None = gate
+        self.token_id = token_id
+
+    def release(self) -> None:
+        if self._gate is not None:
+            gate, self._gate = self._gate, None
+            gate._release(self.token_id)
+
+    def held_by(self, stream: AsyncIterator[str]) -> AsyncIterator[str]:
+        """`stream`, giving the slot back when it ends or is closed, and also when it is
+        dropped without ever being started (a client gone before the response began)."""
+
+        async def gated() -> AsyncIterator[str]:
+            try:
+                async for event in stream:
+                    yield event
+            finally:
+                self.release()
+
+        iterator = gated()
+        weakref.finalize(iterator, self.release)
+        return iterator
 
 
 def parse_last_event_id(value: str | None, default: int) -> int:

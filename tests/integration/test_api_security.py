@@ -679,3 +679,22 @@ def test_a_crlf_in_a_job_id_cannot_forge_a_log_line() -> None:
     line = HumanFormatter("api").format(record)
     assert "\n" not in line and "\r" not in line
     assert "jobId=x\\r\\n12:00:00.000" in line
+
+
+async def test_a_stream_slot_comes_back_even_if_the_stream_never_started() -> None:
+    import gc
+
+    from roles.api.sse import StreamGate
+
+    async def events() -> AsyncIterator[str]:
+        yield "id: 1\n\n"
+
+    gate = StreamGate(overall=10, per_token=1)
+    never_started = gate.acquire("t").held_by(events())
+    with pytest.raises(Exception, match="RECEIPT_SSE_MAX_STREAMS_PER_TOKEN"):
+        gate.acquire("t")
+    del never_started  # the client left before the response began
+    gc.collect()
+    finished = gate.acquire("t").held_by(events())
+    assert [event async for event in finished] == ["id: 1\n\n"]
+    assert gate.total == 0

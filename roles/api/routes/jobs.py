@@ -406,8 +406,7 @@ async def job_events(
     shown = shown_id(caller, job)
     if "text/event-stream" in request.headers.get("accept", ""):
         assert state.listener is not None
-        gate = state.streams
-        gate.acquire(caller.token_id)
+        slot = state.streams.acquire(caller.token_id)
         events = receipt_events(
             store,
             state.listener,
@@ -420,15 +419,8 @@ async def job_events(
             redact=lambda receipt: shown_receipt(receipt, job.job_id, shown),
         )
 
-        async def gated() -> Any:
-            try:
-                async for event in events:
-                    yield event
-            finally:
-                gate.release(caller.token_id)
-
         return StreamingResponse(
-            gated(),
+            slot.held_by(events),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
