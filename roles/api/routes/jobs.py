@@ -1,5 +1,8 @@
 """The jobs resource: enqueue, list, read, events (JSON or live SSE) and commands.
 
+(Over 400 lines: five routes with their OpenAPI documentation; admission checks live in
+`roles.api.admission`, body reading in `roles.api.body`, streams in `roles.api.sse`.)
+
 Job ids are scoped by organization (DESIGN §4): an organization names its jobs by its own ids
 and sees them under those ids; the runtime's id (`<id>~<organization tag>`) names the stream
 and the workflows, and is what an admin token sees and names.
@@ -21,17 +24,17 @@ from receipts import jobs as jobmodel
 from receipts import operations
 from receipts.enqueue import (
     JOB_ID_PATTERN,
-    EnqueueRequest,
     enqueue,
     parse_enqueue,
     scoped_job_id,
 )
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import LANES, STATUSES, Job
-from receipts.kinds import AGENT_IDS, KINDS, MAX_ID_LENGTH, NON_BLANK, QUEUE_CODEX, route
+from receipts.kinds import AGENT_IDS, KINDS, MAX_ID_LENGTH, NON_BLANK
 from receipts.sql import query
 from receipts.store import Store, translate_errors
-from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
+from roles.api.admission import capped_timeout, check_command_rights, check_gateway, check_org_caps
+from roles.api.auth import JOBS_READ, JOBS_WRITE
 from roles.api.body import (
     choice,
     decode_cursor,
@@ -42,7 +45,6 @@ from roles.api.body import (
 )
 from roles.api.deps import (
     ApiError,
-    ApiState,
     Caller,
     JobId,
     State,
@@ -52,7 +54,6 @@ from roles.api.deps import (
     too_many,
     visible_job,
 )
-from roles.api.errors import RETRY_AFTER_S
 from roles.api.limits import LIMITED
 from roles.api.schema import (
     CommandAccepted,
@@ -66,7 +67,6 @@ from roles.api.schema import (
     json_body_documented,
     shown_receipt,
 )
-from roles.api.settings import ApiSettings
 from roles.api.sse import parse_last_event_id, receipt_events
 from roles.infra.tracing import current_traceparent, trace_id_of
 
@@ -88,96 +88,6 @@ IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1f6c4e-4f0e-4f51-9a39-2a4d1d6c2b10")
 """`Idempotency-Key: K` on an id-less post names the job uuid5(this, K): a retry finds it."""
 
 router = APIRouter(tags=["jobs"])
-
-
-def _check_command_rights(
-    caller: Principal, settings: ApiSettings, agent_id: str, request: EnqueueRequest
-) -> None:
-    """A kind routed to the codex workers runs a command: `commands:run`, and when the
-    organization has an allow-list (`RECEIPT_ORG_EXECUTABLES`), an executable on it."""
-    if route(agent_id, request.kind) != QUEUE_CODEX:
-        return
-    require_scope(caller, COMMANDS_RUN)
-    allowed = settings.org_executables.get(request.organization_id or "")
-    if allowed is None:
-        return
-    task = request.payload.get("task")
-    command = task.get("command") if isinstance(task, dict) else None
-    program = command[0] if isinstance(command, list) and command else None
-    if not isinstance(program, str) or program not in allowed:
-        raise ApiError(
-            403,
-            "forbidden",
-            f"payload.task.command[0] must be one of this organization's executables: "
-            f"{', '.join(allowed)}",
-            field="payload.task.command",
-            allowed=allowed,
-        )
-
-
-def _capped_timeout(settings: ApiSettings, request: EnqueueRequest) -> EnqueueRequest:
-    """The request with `payload.timeoutMs` clamped to the operator's cap
-    (`RECEIPT_MAX_TIMEOUT_MS`): a job cannot ask to hold a worker slot for longer."""
-    timeout = request.payload.get("timeoutMs")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        return request
-    if timeout <= settings.max_timeout_ms:
-        return request
-    payload = {**request.payload, "timeoutMs": settings.max_timeout_ms}
-    return dataclasses.replace(request, payload=payload)
-
-
-def _under(url: str, prefix: str) -> bool:
-    """True when `url` is `prefix` or below it: `https://gw.example` admits
-    `https://gw.example/v1`, not `https://gw.example.evil.net`."""
-    return url == prefix or (
-        url.startswith(prefix) and (prefix.endswith("/") or url[len(prefix)] in "/?#")
-    )
-
-
-def _check_gateway(settings: ApiSettings, request: EnqueueRequest) -> None:
-    """`receiptConnectGatewayUrl` must start with a prefix on `RECEIPT_GATEWAY_URL_ALLOWLIST`."""
-    auth = request.payload.get("authContext")
-    gateway = auth.get("receiptConnectGatewayUrl") if isinstance(auth, dict) else None
-    if gateway is not None and not any(
-        _under(gateway, prefix) for prefix in settings.gateway_url_allowlist
-    ):
-        raise InvalidInput(
-            "payload.authContext.receiptConnectGatewayUrl",
-            "payload.authContext.receiptConnectGatewayUrl is not on the operator's allow-list "
-            "(RECEIPT_GATEWAY_URL_ALLOWLIST)",
-            settings.gateway_url_allowlist,
-        )
-
-
-async def _check_org_caps(state: ApiState, organization_id: str) -> None:
-    """429 when the organization holds its cap of queued or of active jobs."""
-    with translate_errors():
-        async with state.require_store().pool.connection() as conn:
-            cur = await conn.execute(
-                query("api_org_open_jobs"), {"organization_id": organization_id}
-            )
-            row = await cur.fetchone()
-    queued, active = (row[0], row[1]) if row else (0, 0)
-    settings = state.settings
-    if queued >= settings.org_max_queued:
-        LIMITED.labels("queued").inc()
-        log.warning(
-            "organization at its queued-jobs cap",
-            extra={"event": "api.org_cap", "cap": "queued", "organizationId": organization_id},
-        )
-        raise too_many(
-            f"the organization has {queued} queued jobs (RECEIPT_ORG_MAX_QUEUED)", RETRY_AFTER_S
-        )
-    if active >= settings.org_max_active:
-        LIMITED.labels("active").inc()
-        log.warning(
-            "organization at its active-jobs cap",
-            extra={"event": "api.org_cap", "cap": "active", "organizationId": organization_id},
-        )
-        raise too_many(
-            f"the organization has {active} active jobs (RECEIPT_ORG_MAX_ACTIVE)", RETRY_AFTER_S
-        )
 
 
 @router.post(
@@ -242,11 +152,11 @@ async def post_job(
             "payload.authContext.organizationId is not the token's organization",
             field="payload.authContext.organizationId",
         )
-    _check_command_rights(caller, settings, agent_id, enqueue_request)
-    _check_gateway(settings, enqueue_request)
-    enqueue_request = _capped_timeout(settings, enqueue_request)
+    check_command_rights(caller, settings, agent_id, enqueue_request)
+    check_gateway(settings, enqueue_request)
+    enqueue_request = capped_timeout(settings, enqueue_request)
     if organization_id is not None:
-        await _check_org_caps(state, organization_id)
+        await check_org_caps(state, organization_id)
     client_id = enqueue_request.job_id
     if client_id is None and idempotency_key is not None:
         client_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
