@@ -42,7 +42,7 @@ class ApiSettings(BaseSettings):
     # --- event streams ---
     sse_max_streams: int = Field(default=1000, ge=1, alias="RECEIPT_SSE_MAX_STREAMS")
     sse_max_streams_per_token: int = Field(
-        default=50, ge=1, alias="RECEIPT_SSE_MAX_STREAMS_PER_TOKEN"
+        default=50, ge=1, alias="RECEIPT_SSE_MAX_STREAMS_PER_CALLER"
     )
     sse_max_lifetime_s: float = Field(default=3600.0, gt=0, alias="RECEIPT_SSE_MAX_LIFETIME_S")
     # --- bounded job state ---

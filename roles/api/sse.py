@@ -67,7 +67,7 @@ class StreamGate:
             )
             raise too_many(
                 f"this token already has {self.per_token} open event streams "
-                "(RECEIPT_SSE_MAX_STREAMS_PER_TOKEN)",
+                "(RECEIPT_SSE_MAX_STREAMS_PER_CALLER)",
                 SSE_RETRY_MS / 1000,
             )
         if self.total >= self.overall:

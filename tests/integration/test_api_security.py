@@ -83,7 +83,7 @@ def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
     with running_api(
         db_url,
         Path(tmp_path_factory.mktemp("api-security")),
-        RECEIPT_SSE_MAX_STREAMS_PER_TOKEN="3",
+        RECEIPT_SSE_MAX_STREAMS_PER_CALLER="3",
         RECEIPT_SSE_MAX_LIFETIME_S="1.5",
         RECEIPT_SSE_KEEPALIVE_MS="200",
     ) as api:
@@ -691,7 +691,7 @@ async def test_a_stream_slot_comes_back_even_if_the_stream_never_started() -> No
 
     gate = StreamGate(overall=10, per_token=1)
     never_started = gate.acquire("t").held_by(events())
-    with pytest.raises(Exception, match="RECEIPT_SSE_MAX_STREAMS_PER_TOKEN"):
+    with pytest.raises(Exception, match="RECEIPT_SSE_MAX_STREAMS_PER_CALLER"):
         gate.acquire("t")
     del never_started  # the client left before the response began
     gc.collect()
