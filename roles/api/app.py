@@ -85,9 +85,9 @@ def routers() -> list[APIRouter]:
     module (`roles.api.deps` is the better home) without an import cycle. A new resource adds
     its module's `router` to this list.
     """
-    from roles.api.routes import health, jobs, retry
+    from roles.api.routes import agent_jobs, health, jobs, retry, sessions
 
-    return [health.router, retry.router, jobs.router]
+    return [health.router, retry.router, jobs.router, agent_jobs.router, sessions.router]
 
 
 DOCUMENTED_BODIES = (EnqueueBody, CommandBody)

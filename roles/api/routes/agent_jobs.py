@@ -18,16 +18,10 @@ from receipts.agent_jobs.registry import RegistryError, load_registry, registry_
 from receipts.agent_jobs.requests import parse_answer, parse_create
 from receipts.errors import ConflictError, InvalidInput, NotFoundError
 from receipts.jobs import job_stream
-from roles.api.app import (
-    ApiError,
-    ApiState,
-    Caller,
-    State,
-    _takes_query,
-    decode_cursor,
-    read_json_body,
-)
 from roles.api.auth import Principal
+from roles.api.body import decode_cursor
+from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body
+from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import errors_documented
 
 router = APIRouter(tags=["agent-jobs"])

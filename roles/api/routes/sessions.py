@@ -15,18 +15,10 @@ from receipts.agent_jobs.model import session_stream
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.listen import RECONNECTED, Listener
 from receipts.store import Store
-from roles.api.app import (
-    _STOP,
-    SSE_PAGE,
-    SSE_RETRY_MS,
-    ApiError,
-    Caller,
-    State,
-    _next_notice,
-    _takes_query,
-    sse_receipt,
-)
+from roles.api.deps import ApiError, Caller, State
+from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import errors_documented
+from roles.api.sse import _STOP, SSE_PAGE, SSE_RETRY_MS, _next_notice, sse_receipt
 
 log = logging.getLogger("roles.api.routes.sessions")
 router = APIRouter(tags=["sessions"])
@@ -48,7 +40,7 @@ async def session_events(
     The subscription opens before the backlog is read, so no append falls between the two.
     """
     last = after
-    async with listener.subscribe() as notices:
+    async with listener.subscribe(stream) as notices:
         yield f"retry: {SSE_RETRY_MS}\n\n"
         stop = asyncio.ensure_future(stopping.wait())
         try:
