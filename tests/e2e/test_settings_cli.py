@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from receipts.store import Store
-from tests.integration.api_support import AS_A, clean_env, enqueue_body, running_api
+from tests.integration.api_support import AS_A, clean_env, enqueue_body, rid, running_api
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -75,7 +75,7 @@ async def test_receipt_api_is_the_api_role_with_its_tracing(
         assert response.status_code == 202, response.text
         job_id = response.json()["async"]["jobId"]
         log = api.log_text()
-    enqueued = (await store.read_stream(f"jobs/{job_id}"))[0]
+    enqueued = (await store.read_stream(f"jobs/{rid(job_id)}"))[0]
     assert enqueued.type == "job.enqueued"
     assert len(enqueued.data["traceId"]) == 32  # the role's tracer provider made one
     assert '"event": "role.start"' in log and '"role": "api"' in log
