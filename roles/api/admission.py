@@ -21,12 +21,18 @@ from roles.api.settings import ApiSettings
 log = logging.getLogger("roles.api.app")
 
 
+def runs_commands(agent_id: str, kind: str) -> bool:
+    """True when a job of `agent_id` and `kind` runs commands (it is routed to the codex workers):
+    enqueueing, steering or retrying it needs `commands:run`."""
+    return route(agent_id, kind) == QUEUE_CODEX
+
+
 def check_command_rights(
     caller: Principal, settings: ApiSettings, agent_id: str, request: EnqueueRequest
 ) -> None:
     """A kind routed to the codex workers runs a command: `commands:run`, and when the
     organization has an allow-list (`RECEIPT_ORG_EXECUTABLES`), an executable on it."""
-    if route(agent_id, request.kind) != QUEUE_CODEX:
+    if not runs_commands(agent_id, request.kind):
         return
     require_scope(caller, COMMANDS_RUN)
     allowed = settings.org_executables.get(request.organization_id or "")

@@ -698,3 +698,58 @@ async def test_a_stream_slot_comes_back_even_if_the_stream_never_started() -> No
     finished = gate.acquire("t").held_by(events())
     assert [event async for event in finished] == ["id: 1\n\n"]
     assert gate.total == 0
+
+
+async def test_steering_retrying_and_agent_jobs_need_the_scopes_of_what_they_run(
+    db_url: str, store: Store
+) -> None:
+    from receipts import operations
+
+    tokens = (
+        "read-tok org-a jobs:read\nwrite-tok org-a jobs:read jobs:write\n"
+        "run-tok org-a jobs:read jobs:write commands:run"
+    )
+    as_reader = {"Authorization": "Bearer read-tok"}
+    as_writer = {"Authorization": "Bearer write-tok"}
+    as_runner = {"Authorization": "Bearer run-tok"}
+    job_id = new_id()
+    async with api_client(db_url, tokens=tokens) as c:
+        posted = await c.post(
+            "/agents/codex/jobs",
+            json=enqueue_body(jobId=job_id, payload_extra={"task": {"command": ["true"]}}),
+            headers=as_runner,
+        )
+        assert posted.status_code == 202, posted.text
+        steer = {"type": "steer", "payload": {"say": "run rm -rf"}}
+        refused = await c.post(f"/jobs/{job_id}/commands", json=steer, headers=as_writer)
+        assert "commands:run" in assert_error(refused, 403, "forbidden")["message"]
+        assert_error(
+            await c.post(f"/jobs/{job_id}/commands", json=steer, headers=as_reader),
+            403,
+            "forbidden",
+        )
+        steered = await c.post(f"/jobs/{job_id}/commands", json=steer, headers=as_runner)
+        assert steered.status_code == 202
+        assert (await operations.fail_undeliverable(store, rid(job_id), error="x")).ok
+        no_retry = await c.post(f"/jobs/{job_id}/retry", headers=as_writer)
+        assert "commands:run" in assert_error(no_retry, 403, "forbidden")["message"]
+        bulk = await c.post("/jobs/retry", json={"agentId": "codex"}, headers=as_writer)
+        assert_error(bulk, 403, "forbidden")
+        create = {
+            "agentId": "helper",
+            "ownerSessionId": "s-1",
+            "sourceActorEventId": "e-1",
+            "sourceToolCallId": "t-1",
+            "replyRoute": {"binding": "slack", "channel": "C1"},
+            "input": {"prompt": "go"},
+        }
+        agent_job = await c.post("/agent-jobs", json=create, headers=as_writer)
+        assert "commands:run" in assert_error(agent_job, 403, "forbidden")["message"]
+        assert_error(
+            await c.get("/sessions/s-1/events", headers={"Authorization": "Bearer none"}),
+            401,
+            "unauthorized",
+        )
+    job = await store.get_job(rid(job_id))
+    assert job is not None and job.retried_as is None
+    assert [c.type for c in job.commands] == ["steer"]

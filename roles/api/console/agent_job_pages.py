@@ -20,8 +20,9 @@ from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs.model import AgentJob
 from receipts.errors import NotFoundError
+from roles.api.auth import JOBS_WRITE
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
-from roles.api.console.session import FormError, Session, read_form, session_of
+from roles.api.console.session import FormError, Session, need, read_form, session_of
 
 log = logging.getLogger("roles.api.console")
 
@@ -117,6 +118,7 @@ async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
 async def agent_job_answer(request: Request, agentJobId: str) -> Response:
     session = session_of(request)
     fields = await read_form(request, session)
+    need(session, JOBS_WRITE)
     store = store_of(request)
     if _visible(session, await lifecycle.get(store, agentJobId)) is None:
         raise FormError(404, f"no agent job {agentJobId!r}")
@@ -139,6 +141,7 @@ async def agent_job_answer(request: Request, agentJobId: str) -> Response:
 async def agent_job_cancel(request: Request, agentJobId: str) -> Response:
     session = session_of(request)
     fields = await read_form(request, session)
+    need(session, JOBS_WRITE)
     store = store_of(request)
     if _visible(session, await lifecycle.get(store, agentJobId)) is None:
         raise FormError(404, f"no agent job {agentJobId!r}")

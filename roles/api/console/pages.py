@@ -22,13 +22,16 @@ from receipts import retry as retries
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
 from receipts.kinds import KINDS
 from receipts.settings import Settings
+from roles.api.admission import runs_commands
 from roles.api.app import decode_cursor, encode_cursor, receipt_events
+from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
 from roles.api.console.session import (
     COOKIE,
     COOKIE_PATH,
     FormError,
     Session,
     SignInRequired,
+    need,
     read_form,
     session_of,
 )
@@ -333,6 +336,15 @@ async def job_command(request: Request, jobId: str) -> Response:
         except ValueError:
             payload = {"message": text}
     job = await find_job(store_of(request), session.principal, jobId)
+    need(session, JOBS_WRITE)
+    if job is not None and command_type != "abort" and runs_commands(job.agent_id, job.kind):
+        need(session, COMMANDS_RUN)
+    settings = request.app.state.api.settings
+    if len(json.dumps(payload)) + len(fields.get("reason", "")) > settings.max_command_bytes:
+        raise FormError(
+            422,
+            f"a command holds at most {settings.max_command_bytes} bytes (RECEIPT_MAX_COMMAND_BYTES)",
+        )
     outcome = await operations.add_command(
         store_of(request),
         job.job_id if job is not None else jobId,
@@ -361,6 +373,9 @@ async def job_retry(request: Request, jobId: str) -> Response:
     session = session_of(request)
     await read_form(request, session)
     job = await find_job(store_of(request), session.principal, jobId)
+    need(session, JOBS_WRITE)
+    if job is not None and runs_commands(job.agent_id, job.kind):
+        need(session, COMMANDS_RUN)
     outcome = await retries.retry(
         store_of(request),
         job.job_id if job is not None else jobId,
@@ -414,6 +429,8 @@ async def failed_page(request: Request) -> HTMLResponse:
 async def failed_retry(request: Request) -> Response:
     session = session_of(request)
     fields = await read_form(request, session)
+    need(session, JOBS_WRITE)
+    need(session, COMMANDS_RUN)
     outcomes = await retries.retry_matching(
         store_of(request),
         {

@@ -72,6 +72,12 @@ def session_of(request: Request) -> Session:
     return Session(principal, csrf_for(token))
 
 
+def need(session: Session, scope: str) -> None:
+    """Refuse a console action (403) unless the session's token holds `scope`."""
+    if not session.principal.can(scope):
+        raise FormError(403, f"this token lacks the {scope!r} scope")
+
+
 async def read_form(request: Request, session: Session | None) -> dict[str, str]:
     """Read a url-encoded form (bounded), check its CSRF token when signed in; return its fields."""
     body = b""

@@ -18,9 +18,9 @@ from receipts.agent_jobs.registry import RegistryError, load_registry, registry_
 from receipts.agent_jobs.requests import parse_answer, parse_create
 from receipts.errors import ConflictError, InvalidInput, NotFoundError
 from receipts.jobs import job_stream
-from roles.api.auth import Principal
+from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import decode_cursor
-from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body
+from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import errors_documented
 
@@ -171,7 +171,10 @@ def _check_agent(agent_id: str) -> None:
 )
 async def create_agent_job(request: Request, state: State, caller: Caller) -> JSONResponse:
     """Create a background agent job for the token's organization (201; 200 for a retried
-    create of the same `sourceToolCallId` in the same owner session)."""
+    create of the same `sourceToolCallId` in the same owner session). An agent job's turns run
+    commands on the codex workers: the token needs `jobs:write` and `commands:run`."""
+    require_scope(caller, JOBS_WRITE)
+    require_scope(caller, COMMANDS_RUN)
     body = await read_json_body(request, state.settings.max_body_bytes)
     if not isinstance(body, dict):
         raise InvalidInput("body", "the request body must be a JSON object")
@@ -220,6 +223,7 @@ async def list_session_agent_jobs(
 ) -> JSONResponse:
     """The owner session's agent jobs, newest first (keyset cursor). (A list of every job of
     an organization is the console's, for admin tokens.)"""
+    require_scope(caller, JOBS_READ)
     owner = await lifecycle.session_organization(state.require_store(), session_id)
     if owner is None or not caller.sees(owner):
         raise ApiError(404, "not_found", f"no session {session_id!r}", field="sessionId")
@@ -278,6 +282,7 @@ async def get_agent_job(
     request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
 ) -> JSONResponse:
     """The agent job: status, attempt, turn, latest status (pending tool call while waiting)."""
+    require_scope(caller, JOBS_READ)
     return JSONResponse(
         agent_job_view(await visible_agent_job(state, caller, agent_job_id), request)
     )
@@ -296,6 +301,7 @@ async def agent_job_events(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> JSONResponse:
     """The receipts of `agent-jobs/<id>` after `after`."""
+    require_scope(caller, JOBS_READ)
     job = await visible_agent_job(state, caller, agent_job_id)
     receipts = await state.require_store().read_stream(
         agent_model.stream_of(job.agent_job_id), after, limit
@@ -322,6 +328,7 @@ async def answer_agent_job(
     request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
 ) -> JSONResponse:
     """Answer a job waiting for input; it continues at once if its agent has a free slot."""
+    require_scope(caller, JOBS_WRITE)
     answer, tool_call_id = parse_answer(
         await read_json_body(request, state.settings.max_body_bytes)
     )

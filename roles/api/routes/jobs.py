@@ -33,8 +33,14 @@ from receipts.jobs import LANES, STATUSES, Job
 from receipts.kinds import AGENT_IDS, KINDS, MAX_ID_LENGTH, NON_BLANK
 from receipts.sql import query
 from receipts.store import Store, translate_errors
-from roles.api.admission import capped_timeout, check_command_rights, check_gateway, check_org_caps
-from roles.api.auth import JOBS_READ, JOBS_WRITE
+from roles.api.admission import (
+    capped_timeout,
+    check_command_rights,
+    check_gateway,
+    check_org_caps,
+    runs_commands,
+)
+from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE
 from roles.api.body import (
     choice,
     decode_cursor,
@@ -387,7 +393,10 @@ async def post_command(
             "(RECEIPT_MAX_COMMAND_BYTES)",
         )
     command_id = f"cmd-{uuid.uuid4()}"
-    internal_id = (await visible_job(state, caller, job_id)).job_id
+    target = await visible_job(state, caller, job_id)
+    if body.type != "abort" and runs_commands(target.agent_id, target.kind):
+        require_scope(caller, COMMANDS_RUN)
+    internal_id = target.job_id
     for _ in range(COMMAND_CONFLICT_RETRIES):
         outcome = await operations.add_command(
             state.require_store(),

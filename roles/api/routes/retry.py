@@ -13,7 +13,8 @@ from pydantic.alias_generators import to_camel
 from receipts import retry as retries
 from receipts.jobs import LANES
 from receipts.kinds import KINDS
-from roles.api.auth import JOBS_WRITE
+from roles.api.admission import runs_commands
+from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
 from roles.api.deps import (
     ApiError,
     Caller,
@@ -83,8 +84,10 @@ def _refusal(outcome: retries.RetryOutcome, job_id: str) -> ApiError:
 )
 async def retry_matching(request: Request, state: State, caller: Caller) -> JSONResponse:
     """Retry every failed (or canceled) job that matches the filter and was never retried, at
-    most `limit` (≤ 500). Running it twice creates nothing new."""
+    most `limit` (≤ 500). Running it twice creates nothing new. It may re-run commands, so the
+    token needs `commands:run` as well as `jobs:write`."""
     require_scope(caller, JOBS_WRITE)
+    require_scope(caller, COMMANDS_RUN)
     raw = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     body = _validated(raw)
     if body.lane is not None and body.lane not in LANES:
@@ -139,6 +142,8 @@ async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse
     earlier retry had created it."""
     require_scope(caller, JOBS_WRITE)
     job = await visible_job(state, caller, job_id)
+    if runs_commands(job.agent_id, job.kind):
+        require_scope(caller, COMMANDS_RUN)
     outcome = await retries.retry(
         state.require_store(),
         job.job_id,

@@ -12,13 +12,21 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import session_stream
-from receipts.errors import InvalidInput, TransientStorageError
+from receipts.errors import TransientStorageError
 from receipts.listen import RECONNECTED, Listener
 from receipts.store import Store
-from roles.api.deps import ApiError, Caller, State
+from roles.api.auth import JOBS_READ
+from roles.api.deps import ApiError, Caller, State, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import errors_documented
-from roles.api.sse import _STOP, SSE_PAGE, SSE_RETRY_MS, _next_notice, sse_receipt
+from roles.api.sse import (
+    _STOP,
+    SSE_PAGE,
+    SSE_RETRY_MS,
+    _next_notice,
+    parse_last_event_id,
+    sse_receipt,
+)
 
 log = logging.getLogger("roles.api.routes.sessions")
 router = APIRouter(tags=["sessions"])
@@ -107,16 +115,12 @@ async def get_session_events(
 ) -> Any:
     """The owner session's receipts (wakeups) in order; with `Accept: text/event-stream` a live,
     resumable stream (`Last-Event-ID`)."""
+    require_scope(caller, JOBS_READ)
     store = state.require_store()
     owner = await lifecycle.session_organization(store, session_id)
     if owner is None or not caller.sees(owner):
         raise ApiError(404, "not_found", f"no session {session_id!r}", field="sessionId")
-    resume = after
-    last_event_id = request.headers.get("last-event-id")
-    if last_event_id is not None:
-        if not last_event_id.strip().isdigit() or not last_event_id.isascii():
-            raise InvalidInput("Last-Event-ID", "Last-Event-ID must be a receipt seq (>= 0)")
-        resume = int(last_event_id)
+    resume = parse_last_event_id(request.headers.get("last-event-id"), after)
     stream = session_stream(session_id)
     if "text/event-stream" in request.headers.get("accept", ""):
         assert state.listener is not None
