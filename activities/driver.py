@@ -120,6 +120,8 @@ async def post_callbacks(
                 "error": error,
             },
         )
+    if event in jobmodel.TERMINAL_STATUSES:
+        await deliveries.settle_owed_callback(store, job.job_id, settings.callback_urls)
     return posted
 
 

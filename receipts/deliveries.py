@@ -146,14 +146,24 @@ async def callback_result(
     )
 
 
-async def terminal_without_callback(
-    store: Store, url: str, *, window_s: int = 86_400, limit: int = 200
-) -> list[tuple[str, str]]:
-    """Return `(jobId, status)` of recently settled jobs whose terminal post to `url` is unclaimed."""
-    rows = await _fetch(
-        store, "terminal_without_callback", {"url": url, "window_s": window_s, "limit": limit}
-    )
+async def callbacks_owed(store: Store, *, limit: int = 200) -> list[tuple[str, str]]:
+    """Return `(jobId, event)` of settled jobs whose terminal callbacks are still owed, due first."""
+    rows = await _fetch(store, "callbacks_owed", {"limit": limit})
     return [(r[0], r[1]) for r in rows]
+
+
+async def settle_owed_callback(store: Store, job_id: str, urls: list[str]) -> bool:
+    """Empty the job's outbox row when every URL in `urls` has its terminal post (posted or
+    given up); otherwise look at it again after the claim window. True when emptied."""
+    if await _fetch(store, "callback_owed_done", {"job_id": job_id, "urls": urls}):
+        return True
+    await _fetch(store, "callback_owed_later", {"job_id": job_id})
+    return False
+
+
+async def drop_owed_callbacks(store: Store) -> None:
+    """No callback URL is configured: nothing settled so far is owed."""
+    await _fetch(store, "callbacks_owed_drop", {})
 
 
 async def _ledger(store: Store, name: str, params: dict[str, Any]) -> None:

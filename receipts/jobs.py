@@ -497,3 +497,26 @@ def stale_lease(job: Job, now: datetime, active_stale_ms: int) -> bool:
         return True
     last = job.last_heartbeat_at or job.lease.leased_at
     return now - last > timedelta(milliseconds=active_stale_ms)
+
+
+# The fields of the folded state a plain heartbeat changes; they live in the job's narrow lease
+# row (`job_leases.patch`) until the next change of anything else rewrites the jobs row.
+LEASE_PATCH_FIELDS: tuple[str, ...] = ("seq", "updated_at", "last_heartbeat_at", "lease")
+
+
+def lease_patch(before: Job | None, after: Job) -> dict[str, Any] | None:
+    """Return the lease-row patch when `after` differs from `before` only as a heartbeat makes it
+    differ (stream head, update time, last heartbeat, the same lease with a new expiry), as the
+    camelCase JSON the projection's `state` holds; None when anything else changed.
+    """
+    if before is None or before.lease is None or after.lease is None:
+        return None
+    if after.status not in LEASED_STATUSES or after.status != before.status:
+        return None
+    if after.lease.model_copy(update={"expires_at": before.lease.expires_at}) != before.lease:
+        return None
+    unchanged = after.model_copy(update={f: getattr(before, f) for f in LEASE_PATCH_FIELDS})
+    if unchanged != before:
+        return None
+    state = after.to_json()
+    return {to_camel(f): state[to_camel(f)] for f in LEASE_PATCH_FIELDS}

@@ -155,6 +155,13 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".receipt"), alias="RECEIPT_DATA_DIR")
     pool_min_size: int = Field(default=1, ge=1, alias="RECEIPT_DB_POOL_MIN")
     pool_max_size: int = Field(default=10, ge=1, alias="RECEIPT_DB_POOL_MAX")
+    # The api's statements end after this (0: no limit); a cancelled one answers 503.
+    api_statement_timeout_ms: int = Field(
+        default=5_000, ge=0, alias="RECEIPT_API_STATEMENT_TIMEOUT_MS"
+    )
+    # Terminal jobs older than this are pruned with all their rows by worker-control ("30d",
+    # "12h"; "0" keeps everything). See receipts/retention.py.
+    retention: str = Field(default="0", alias="RECEIPT_RETENTION")
 
     temporal_address: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_ADDRESS")
     temporal_namespace: str = Field(default="default", alias="RECEIPT_TEMPORAL_NAMESPACE")

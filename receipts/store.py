@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,6 +39,7 @@ _TRANSIENT_SQLSTATES = {
     "40001",  # serialization_failure
     "40P01",  # deadlock_detected
     "55P03",  # lock_not_available
+    "57014",  # query_canceled (a statement_timeout: the api's bounded queries)
     "57P01",  # admin_shutdown
     "57P02",  # crash_shutdown
     "57P03",  # cannot_connect_now
@@ -186,15 +187,38 @@ class Tx:
         folded = jobmodel.fold(receipts, job)
         if folded is None:
             raise InvariantError(jobmodel.no_job_message(job_id))
-        params = projection_params(folded)
-        params.update(
-            stream=stream,
-            seqs=[r.seq for r in receipts],
-            types=[r.type for r in receipts],
-            datas=[dumps(r.data) for r in receipts],
-            note=dumps({"stream": stream, "seq": receipts[-1].seq, "types": params_types(drafts)}),
-        )
-        row = await self._one(query("append_job"), params)
+        written = {
+            "stream": stream,
+            "seqs": [r.seq for r in receipts],
+            "types": [r.type for r in receipts],
+            "datas": [dumps(r.data) for r in receipts],
+            "note": dumps(
+                {"stream": stream, "seq": receipts[-1].seq, "types": params_types(drafts)}
+            ),
+        }
+        patch = jobmodel.lease_patch(job, folded)
+        if patch is not None:
+            # A plain heartbeat: the narrow lease row takes it; the jobs row and its indexes
+            # stay as they are (docs/history.md).
+            assert folded.lease is not None
+            params: dict[str, Any] = {
+                "job_id": job_id,
+                "seq": folded.seq,
+                "lease_expires_at": folded.lease.expires_at,
+                "patch": Jsonb(patch, dumps=dumps),
+                **written,
+            }
+            row = await self._one(query("append_job_heartbeat"), params)
+        else:
+            params = projection_params(folded)
+            params.update(written)
+            params["lease_ended"] = (
+                job is not None
+                and job.status in jobmodel.LEASED_STATUSES
+                and folded.status not in jobmodel.LEASED_STATUSES
+            )
+            params["settled"] = folded.terminal and (job is None or not job.terminal)
+            row = await self._one(query("append_job"), params)
         positions: list[int] = row[0]
         stored = [
             Receipt(r.stream, r.seq, r.type, r.data, r.recorded_at, p)
@@ -284,6 +308,12 @@ def params_types(drafts: Sequence[Draft]) -> list[str]:
 CHECK_IDLE_S = 1.0
 
 
+# Every application connection: no JIT. Our statements are short index lookups whose cost
+# estimates can still cross jit_above_cost on a large table, where compiling costs more (tens of
+# milliseconds) than the statement.
+SESSION_SETTINGS: Mapping[str, str] = {"jit": "off"}
+
+
 class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
     """The psycopg pool, remembering when each connection came back (a `reset` callback would
     do the same, but makes the pool return every connection through its background workers)."""
@@ -321,12 +351,21 @@ class Store:
         max_size: int = 10,
         open_timeout: float = 15.0,
         check_idle_s: float = CHECK_IDLE_S,
+        session: Mapping[str, str] | None = None,
     ) -> Store:
         """Open a pool on `url` and wait until it has a connection; returns the store.
 
         A connection broken by a database restart is replaced, not handed out: the pool checks
-        every connection idle for `check_idle_s` or longer (0: every checkout).
+        every connection idle for `check_idle_s` or longer (0: every checkout). Each new
+        connection gets the settings in `session` (`SESSION_SETTINGS` unless given).
         """
+        settings = dict(SESSION_SETTINGS if session is None else session)
+
+        async def configure(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+            if settings:
+                names, values = list(settings), list(settings.values())
+                await conn.execute(query("session_settings"), {"names": names, "values": values})
+
         pool = _Pool(
             url,
             min_size=min_size,
@@ -335,6 +374,7 @@ class Store:
             open=False,
             timeout=10.0,
             check_idle_s=check_idle_s,
+            configure=configure,
         )
         with translate_errors():
             await pool.open(wait=True, timeout=open_timeout)

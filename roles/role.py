@@ -40,6 +40,7 @@ from roles.delivery.loops import (
     Ticker,
     objective_control_outbox,
 )
+from roles.delivery.retention import RetentionLoop
 from roles.delivery.runtime import attempt_worker, driver_worker
 from roles.delivery.starter import DriverStarter
 from roles.delivery.watchdog import ensure_watchdog_schedule
@@ -65,6 +66,10 @@ WORKER_QUEUES = {
 # How many attempts each worker role runs at once (RECEIPT_RESONATE_EXECUTE_CONCURRENCY overrides).
 DEFAULT_CONCURRENCY = {"worker-chat": 16, "worker-codex": 4, "worker-control": 8}
 DEFAULT_GRACE_MS: int = ProcessSettings.model_fields["shutdown_grace_ms"].default
+# The queue-depth gauge is the same number in every process: one role exports it. worker-control
+# is the maintenance role (the watchdog schedule, the outbox redrive, retention); the driver and
+# api keep their pools for the path of a job.
+QUEUE_DEPTH_ROLES = ("worker-control", "all")
 DEFAULT_METRICS_PORTS = {
     ALL: 9470,
     "api": 9475,  # the API serves /metrics on its own port; this one is for the SDK's (+100)
@@ -195,7 +200,8 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
         if role != "api":
             _serve_health(runtime, stop)
         runtime.spawn(runtime.listener.run(), "listener")
-        runtime.spawn(runtime.metrics.run_queue_depth(runtime.store), "queue-depth")
+        if role in QUEUE_DEPTH_ROLES:
+            runtime.spawn(runtime.metrics.run_queue_depth(runtime.store), "queue-depth")
         _start_loops(runtime)
         if role == "api":
             import roles.api.app  # noqa: F401  (imported before the heap is frozen)
@@ -272,7 +278,7 @@ def _starter(runtime: Runtime, *, plan_first_run: bool = False) -> DriverStarter
 
 def _start_loops(runtime: Runtime) -> None:
     """Every role runs the queued redrive and the startup objective resume; worker-control and
-    `all` also run the objective-control outbox redrive."""
+    `all` also run the objective-control outbox redrive and, with RECEIPT_RETENTION, retention."""
     hooks = runtime.metrics.loop_hooks()
     # Roles that run commands post no callbacks (the others recover them), so they need no
     # callback secrets: `receipt up` gives them none.
@@ -293,6 +299,14 @@ def _start_loops(runtime: Runtime) -> None:
     resume = ObjectiveResume(runtime.store, hooks=hooks)
     runtime.spawn(resume.run(LoopSettings.load().startup_settle_ms), resume.name)
     if runtime.role in ("worker-control", ALL):
+        pruner = RetentionLoop.from_settings(
+            runtime.store, runtime.settings.retention, runtime.metrics.retention_hooks()
+        )
+        if pruner is not None:
+            runtime.spawn(
+                Ticker(pruner.name, pruner.run_once, pruner.interval_ms, 0, hooks).run(),
+                pruner.name,
+            )
         outbox = ObjectiveControlOutboxRedrive.from_env(
             objective_control_outbox(runtime.store), hooks
         )

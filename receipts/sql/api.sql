@@ -4,18 +4,18 @@
 -- One page of jobs, newest first, keyset-paginated on (created_at, job_id). A NULL filter
 -- matches everything; `all_organizations` is true only for admin callers, every other caller
 -- sees exactly its own organization.
-SELECT state
-FROM jobs
-WHERE (%(all_organizations)s::boolean OR organization_id = %(caller_organization_id)s::text)
-  AND (%(organization_id)s::text IS NULL OR organization_id = %(organization_id)s::text)
-  AND (%(status)s::text IS NULL OR status = %(status)s::text)
-  AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s::text)
-  AND (%(lane)s::text IS NULL OR lane = %(lane)s::text)
-  AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s::text)
-  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+WHERE (%(all_organizations)s::boolean OR j.organization_id = %(caller_organization_id)s::text)
+  AND (%(organization_id)s::text IS NULL OR j.organization_id = %(organization_id)s::text)
+  AND (%(status)s::text IS NULL OR j.status = %(status)s::text)
+  AND (%(agent_id)s::text IS NULL OR j.agent_id = %(agent_id)s::text)
+  AND (%(lane)s::text IS NULL OR j.lane = %(lane)s::text)
+  AND (%(session_key)s::text IS NULL OR j.session_key = %(session_key)s::text)
+  AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
   AND (%(before_created_at)s::timestamptz IS NULL
-       OR (created_at, job_id) < (%(before_created_at)s::timestamptz, %(before_job_id)s::text))
-ORDER BY created_at DESC, job_id DESC
+       OR (j.created_at, j.job_id) < (%(before_created_at)s::timestamptz, %(before_job_id)s::text))
+ORDER BY j.created_at DESC, j.job_id DESC
 LIMIT %(limit)s;
 
 

@@ -1,7 +1,10 @@
 -- Delivery bookkeeping, callbacks and the ledger (see migrations/0002_delivery.sql).
 
 -- name: delivery_job_and_latest
-SELECT (SELECT state FROM jobs WHERE job_id = %(job_id)s), d.generation, d.workflow_id
+SELECT (SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+        FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+        WHERE j.job_id = %(job_id)s),
+       d.generation, d.workflow_id
 FROM (SELECT 1) AS one
 LEFT JOIN deliveries d ON d.job_id = %(job_id)s;
 
@@ -84,14 +87,30 @@ VALUES (%(workflow_id)s, %(activity_id)s, %(attempt)s, %(job_id)s, %(activity)s,
 ON CONFLICT (workflow_id, activity_id, attempt) DO UPDATE SET
     status = EXCLUDED.status, detail = EXCLUDED.detail, updated_at = now();
 
--- name: terminal_without_callback
--- Terminal jobs whose terminal callback to a URL is not posted and not being posted.
-SELECT j.job_id, j.status FROM jobs j
-WHERE j.status IN ('completed', 'failed', 'canceled')
-  AND j.updated_at >= now() - make_interval(secs => %(window_s)s)
-  AND NOT EXISTS (SELECT 1 FROM callback_posts c
-                  WHERE c.job_id = j.job_id AND c.event = j.status AND c.url = %(url)s
-                    AND (c.status = 'posted' OR c.attempts >= 5
-                         OR c.posted_at >= now() - interval '30 seconds'))
-ORDER BY j.updated_at
+-- name: callbacks_owed
+-- Terminal callbacks owed (callback_outbox, written when the job settled), due first.
+SELECT o.job_id, o.event FROM callback_outbox o
+WHERE o.due_at <= now()
+ORDER BY o.due_at
 LIMIT %(limit)s;
+
+-- name: callback_owed_later
+-- A post is still being made or failed: look at this job again after the claim window.
+UPDATE callback_outbox SET due_at = now() + interval '30 seconds'
+WHERE job_id = %(job_id)s;
+
+-- name: callback_owed_done
+-- Every configured URL has the job's terminal post (posted, or gave up after 5 tries): nothing
+-- is owed any more.
+DELETE FROM callback_outbox o
+WHERE o.job_id = %(job_id)s
+  AND NOT EXISTS (SELECT 1 FROM unnest(%(urls)s::text[]) AS u(url)
+                  WHERE NOT EXISTS (SELECT 1 FROM callback_posts c
+                                    WHERE c.job_id = o.job_id AND c.event = o.event
+                                      AND c.url = u.url
+                                      AND (c.status = 'posted' OR c.attempts >= 5)))
+RETURNING o.job_id;
+
+-- name: callbacks_owed_drop
+-- No callback URL is configured: settled jobs owe nothing.
+DELETE FROM callback_outbox WHERE due_at <= now();

@@ -20,33 +20,51 @@ ON CONFLICT (version) DO NOTHING;
 -- name: now
 SELECT now();
 
+-- name: session_settings
+-- Session settings of a new pooled connection (jit, statement_timeout, ...).
+SELECT set_config(u.name, u.value, false)
+FROM unnest(%(names)s::text[], %(values)s::text[]) AS u(name, value);
+
 -- name: lock_key
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
+-- A job's folded state is its projection row's `state`, overlaid with its lease row's `patch`
+-- when a heartbeat wrote that after the row (migrations/0007_history.sql). Every read of a job's
+-- state goes through this overlay.
+
 -- name: job_for_update
-SELECT now(), state FROM jobs WHERE job_id = %(job_id)s FOR UPDATE;
+SELECT now(), CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+WHERE j.job_id = %(job_id)s
+FOR UPDATE OF j;
 
 -- name: job_get
-SELECT state FROM jobs WHERE job_id = %(job_id)s;
+SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+WHERE j.job_id = %(job_id)s;
 
 -- name: job_get_with_now
-SELECT now(), (SELECT state FROM jobs WHERE job_id = %(job_id)s);
+SELECT now(), (SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+               FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+               WHERE j.job_id = %(job_id)s);
 
 -- name: job_by_command
-SELECT j.state
+SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
 FROM receipts r JOIN jobs j ON j.job_id = substr(r.stream, 6)
+LEFT JOIN job_leases l ON l.job_id = j.job_id
 WHERE r.type = 'queue.command' AND r.data ->> 'commandId' = %(command_id)s
   AND r.stream LIKE 'jobs/%%'
 ORDER BY r.position
 LIMIT 1;
 
 -- name: session_active_for_update
-SELECT state FROM jobs
-WHERE organization_id IS NOT DISTINCT FROM %(organization_id)s
-  AND session_key = %(session_key)s
-  AND status IN ('queued', 'leased', 'running')
-ORDER BY job_id
-FOR UPDATE;
+SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+WHERE j.organization_id IS NOT DISTINCT FROM %(organization_id)s
+  AND j.session_key = %(session_key)s
+  AND j.status IN ('queued', 'leased', 'running')
+ORDER BY j.job_id
+FOR UPDATE OF j;
 
 -- name: append_job
 -- Insert the job's new receipts and upsert its projection row in one statement, then NOTIFY.
@@ -70,9 +88,36 @@ WITH inserted AS (
         last_heartbeat_at = EXCLUDED.last_heartbeat_at, updated_at = EXCLUDED.updated_at,
         state = EXCLUDED.state
     RETURNING 1
+), lease_ended AS (
+    -- The job left leased/running: its lease row has nothing more to say.
+    DELETE FROM job_leases WHERE %(lease_ended)s AND job_id = %(job_id)s
+), owed AS (
+    -- Settled now: its terminal callbacks are owed until posted (callback_outbox).
+    INSERT INTO callback_outbox (job_id, event)
+    SELECT %(job_id)s, %(status)s WHERE %(settled)s
+    ON CONFLICT (job_id) DO NOTHING
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM projected),
+       pg_notify('receipts', %(note)s);
+
+-- name: append_job_heartbeat
+-- A heartbeat that changes only the lease's expiry, the last heartbeat time and the stream's
+-- head: insert its receipts and update the job's narrow lease row (HOT), not the jobs row.
+WITH inserted AS (
+    INSERT INTO receipts (stream, seq, type, data, recorded_at)
+    SELECT %(stream)s, u.seq, u.type, u.data, now()
+    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
+    RETURNING position, seq
+), leased AS (
+    INSERT INTO job_leases (job_id, seq, expires_at, patch)
+    VALUES (%(job_id)s, %(seq)s, %(lease_expires_at)s, %(patch)s)
+    ON CONFLICT (job_id) DO UPDATE SET
+        seq = EXCLUDED.seq, expires_at = EXCLUDED.expires_at, patch = EXCLUDED.patch
+    RETURNING 1
+)
+SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
+       (SELECT count(*) FROM leased),
        pg_notify('receipts', %(note)s);
 
 -- name: read_stream
@@ -103,6 +148,7 @@ FROM jobs
 ORDER BY job_id;
 
 -- name: projection_clear
+WITH leases AS (DELETE FROM job_leases)
 DELETE FROM jobs;
 
 -- name: projection_insert
@@ -115,9 +161,12 @@ VALUES (%(job_id)s, %(seq)s, %(organization_id)s, %(session_key)s, %(agent_id)s,
         %(updated_at)s, %(state)s);
 
 -- name: expired_leases
-SELECT job_id FROM jobs
-WHERE status IN ('leased', 'running') AND lease_expires_at < now()
-ORDER BY lease_expires_at
+-- The leased set only (jobs_lease_idx); a heartbeat's newer expiry is on the lease row.
+SELECT j.job_id FROM jobs j
+LEFT JOIN job_leases l ON l.job_id = j.job_id AND l.seq > j.seq
+WHERE j.status IN ('leased', 'running')
+  AND coalesce(l.expires_at, j.lease_expires_at) < now()
+ORDER BY coalesce(l.expires_at, j.lease_expires_at)
 LIMIT %(limit)s;
 
 -- name: migrated
@@ -130,10 +179,14 @@ LOCK TABLE jobs IN EXCLUSIVE MODE;
 LOCK TABLE jobs IN SHARE MODE;
 
 -- name: projection_states
-SELECT job_id, state FROM jobs;
+SELECT j.job_id, CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id;
 
 -- name: jobs_by_status
-SELECT status, count(*) FROM jobs GROUP BY status;
+-- Active jobs by status (jobs_active_status_idx): flat however many jobs have settled.
+SELECT status, count(*) FROM jobs
+WHERE status IN ('queued', 'leased', 'running')
+GROUP BY status;
 
 -- name: stream_head
 -- The last seq of any stream (its (stream, seq) index answers it); callers hold the stream's lock.

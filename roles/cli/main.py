@@ -5,12 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import TextIO
 
 import click
 
+from receipts import retention
 from receipts.agent_jobs import projection as agent_job_projection
+from receipts.errors import InvalidInput
 from receipts.projections import rebuild, verify
 from receipts.settings import Settings
+from receipts.store import dumps
 from roles.infra.db import migrate_url, open_store, resolve_url
 
 
@@ -60,6 +66,81 @@ def rebuild_projections_command(verify_only: bool) -> None:
             await store.close()
 
     sys.exit(asyncio.run(run()))
+
+
+def _older_than(value: str) -> timedelta:
+    try:
+        older_than = retention.parse_duration(value, name="--older-than")
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message) from None
+    if older_than is None:
+        raise click.BadParameter("0 keeps everything: give a duration such as 30d")
+    return older_than
+
+
+@main.command("prune")
+@click.option("--older-than", "older_than", required=True, help="e.g. 30d, 12h, 90m, 1w2d.")
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; delete nothing.")
+@click.option(
+    "--batch",
+    type=click.IntRange(1, retention.MAX_BATCH),
+    default=retention.DEFAULT_BATCH,
+    show_default=True,
+    help="Jobs per transaction.",
+)
+def prune_command(older_than: str, dry_run: bool, batch: int) -> None:
+    """Delete terminal jobs settled more than --older-than ago, with their receipts, deliveries,
+    callback and ledger rows, in batches that never lock a live job; print what was removed."""
+    age = _older_than(older_than)
+
+    async def run() -> retention.PruneResult:
+        url = resolve_url()
+        await migrate_url(url)
+        store = await open_store(url)
+        try:
+            return await retention.prune(store, age, batch=batch, dry_run=dry_run)
+        finally:
+            await store.close()
+
+    result = asyncio.run(run())
+    verb = "would remove" if dry_run else "removed"
+    cutoff = result.cutoff.isoformat() if result.cutoff else "-"
+    click.echo(f"settled before {cutoff}: {verb} {result.summary()} ({result.batches} batches)")
+
+
+@main.command("export")
+@click.option("--older-than", "older_than", required=True, help="e.g. 30d, 12h, 90m, 1w2d.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="File to write (default: standard output).",
+)
+def export_command(older_than: str, output: Path | None) -> None:
+    """Write what `receipt prune --older-than` would remove as JSON lines: one line per job,
+    {jobId, job, receipts}, oldest settlement first."""
+    age = _older_than(older_than)
+
+    async def run(out: TextIO) -> int:
+        url = resolve_url()
+        await migrate_url(url)
+        store = await open_store(url)
+        written = 0
+        try:
+            async for line in retention.export(store, age):
+                out.write(dumps(line) + "\n")
+                written += 1
+        finally:
+            await store.close()
+        return written
+
+    if output is None:
+        count = asyncio.run(run(sys.stdout))
+    else:
+        with output.open("w", encoding="utf-8") as out:
+            count = asyncio.run(run(out))
+    click.echo(f"exported {count} jobs", err=True)
 
 
 @main.command("up")

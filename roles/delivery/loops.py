@@ -172,17 +172,20 @@ class QueuedRedrive:
 
     async def _recover_callbacks(self) -> int:
         """Terminal states written outside a driver (singleton cancel, expiry past the budget,
-        a driver that timed out) still get their terminal callback, once per URL."""
-        if not self.settings.callback_urls or self.http is None:
+        a driver that timed out) still get their terminal callback, once per URL. The owed
+        posts are the callback outbox, written when the job settled and emptied when posted."""
+        urls = self.settings.callback_urls
+        if not urls:
+            await deliveries.drop_owed_callbacks(self.store)
+            return 0
+        if self.http is None:
             return 0
         posted = 0
-        for url in self.settings.callback_urls:
-            for job_id, status in await deliveries.terminal_without_callback(self.store, url):
-                job = await self.store.get_job(job_id)
-                if job is not None:
-                    posted += await post_callbacks(
-                        self.store, self.settings, self.http, job, status
-                    )
+        for job_id, event in await deliveries.callbacks_owed(self.store, limit=self.config.batch):
+            job = await self.store.get_job(job_id)
+            if job is not None:
+                posted += await post_callbacks(self.store, self.settings, self.http, job, event)
+            await deliveries.settle_owed_callback(self.store, job_id, urls)
         return posted
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 
 from receipts.settings import Settings
-from receipts.store import CHECK_IDLE_S, Store, migrate
+from receipts.store import CHECK_IDLE_S, SESSION_SETTINGS, Store, migrate
 from roles.infra.embedded import database_url
 
 
@@ -38,9 +38,14 @@ async def open_store(url: str, settings: Settings | None = None, *, api: bool = 
     max_size = settings.pool_max_size
     if api and "pool_max_size" not in settings.model_fields_set:
         max_size = API_POOL_MAX
+    session = dict(SESSION_SETTINGS)
+    if api:
+        # A request never holds a connection past this, however large the history it filters.
+        session["statement_timeout"] = str(settings.api_statement_timeout_ms)
     return await Store.open(
         url,
         min_size=settings.pool_min_size,
         max_size=max_size,
         check_idle_s=0.0 if api else CHECK_IDLE_S,
+        session=session,
     )

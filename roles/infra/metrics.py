@@ -11,14 +11,18 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from activities import retry
 from activities.attempt import AttemptHooks
 from receipts import deliveries
-from receipts.jobs import STATUSES, Job
+from receipts.jobs import ACTIVE_STATUSES, STATUSES, Job
 from receipts.kinds import AGENT_IDS, route, route_disagrees
+from receipts.retention import PruneResult
 from receipts.sql import query
 from receipts.store import Store, translate_errors
 from roles.delivery.loops import LoopHooks, PassResult
+from roles.delivery.retention import RetentionHooks
 from roles.delivery.starter import StarterHooks
 
 log = logging.getLogger("roles.infra.metrics")
+
+ACTIVE_ORDER = tuple(s for s in STATUSES if s in ACTIVE_STATUSES)
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 
@@ -113,7 +117,8 @@ class Metrics:
         )
         self.queue_depth = Gauge(
             "receipt_queue_depth",
-            "Jobs by status (read from the projection).",
+            "Active jobs by status (queued, leased, running; read from the projection by "
+            "worker-control). Settled jobs: receipt_jobs_settled.",
             ["status"],
             registry=r,
         )
@@ -142,12 +147,32 @@ class Metrics:
             ["loop"],
             registry=r,
         )
+        self.retention_pruned = Counter(
+            "receipt_retention_pruned_rows",
+            "Rows the retention loop deleted, by table (jobs: terminal jobs pruned).",
+            ["table"],
+            registry=r,
+        )
+        self.retention_skipped = Counter(
+            "receipt_retention_skipped_passes",
+            "Retention passes skipped because another process held the single-flight lock.",
+            registry=r,
+        )
         self.callbacks = Counter(
             "receipt_callbacks",
             "Callback posts by event and outcome.",
             ["event", "outcome"],
             registry=r,
         )
+
+    def retention_hooks(self) -> RetentionHooks:
+        """Hooks for the retention loop."""
+
+        def on_pruned(result: PruneResult) -> None:
+            for table, rows in result.removed.items():
+                self.retention_pruned.labels(table).inc(rows)
+
+        return RetentionHooks(on_pruned=on_pruned, on_skipped=self.retention_skipped.inc)
 
     def job_enqueued(self, job: Job, outcome: str) -> None:
         """Count an enqueue (and a route/contract disagreement when a job was created)."""
@@ -214,12 +239,13 @@ class Metrics:
         deliveries.on_ledger_failure.append(lambda table: self.ledger_failures.labels(table).inc())
 
     async def refresh_queue_depth(self, store: Store) -> None:
-        """Read job counts by status from the projection into the gauge."""
+        """Read active job counts by status from the projection into the gauge (a partial
+        index: its cost follows the active jobs, not the history)."""
         with translate_errors():
             async with store.pool.connection() as conn:
                 cur = await conn.execute(query("jobs_by_status"), {})
                 counts: dict[str, int] = dict(await cur.fetchall())
-        for status in STATUSES:
+        for status in ACTIVE_ORDER:
             self.queue_depth.labels(status).set(counts.get(status, 0))
 
     async def run_queue_depth(self, store: Store, interval_s: float = 5.0) -> None:

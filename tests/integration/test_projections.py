@@ -15,8 +15,17 @@ from tests.integration.helpers import new_id, put
 
 
 def rows(url: str) -> list[tuple[Any, ...]]:
+    """Every job as a reader sees it: its row, with the heartbeat's lease row laid over the
+    columns a heartbeat changes (migrations/0007_history.sql)."""
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall()
+        return conn.execute(
+            "SELECT j.job_id, j.organization_id, j.session_key, j.agent_id, j.lane, j.kind, "
+            "j.status, j.attempt, j.max_attempts, j.abort_requested, j.available_at, "
+            "j.created_at, greatest(j.seq, l.seq), "
+            "CASE WHEN l.seq > j.seq THEN l.expires_at ELSE j.lease_expires_at END, "
+            "CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END "
+            "FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id ORDER BY j.job_id"
+        ).fetchall()
 
 
 async def workload(store: Store) -> None:

@@ -1,0 +1,214 @@
+"""Retention: terminal jobs settled before a cutoff are deleted with every row that belongs to them.
+
+One batch is one transaction: lock up to `batch` terminal jobs older than the cutoff (`SKIP
+LOCKED`, so a prune never waits on or holds a live job's lock — live jobs are never selected at
+all), then delete, for those ids, each dependent table's rows (`PRUNE_STEPS`, receipts first)
+and finally the jobs rows. A job is pruned whole or not at all. The cutoff is read once from the
+database clock, so a prune ends even while jobs keep settling.
+
+Later layers hook in by adding a `PruneStep` (their rows keyed by the pruned job ids, deleted
+in the same transaction) — see docs/history.md for how objectives and agent jobs are to be
+pruned with their jobs, never half.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from receipts.errors import InvalidInput
+from receipts.sql import query
+from receipts.store import Store, translate_errors
+
+DEFAULT_BATCH = 1_000
+MAX_BATCH = 50_000
+
+_UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400, "w": 604_800}
+_DURATION = re.compile(r"(\d+)\s*([smhdw])")
+
+
+def parse_duration(text: str, *, name: str = "duration") -> timedelta | None:
+    """Parse `30d`, `12h`, `90m`, `1w2d`, `3600s`; `0` means "keep everything" (None).
+
+    Anything else raises `InvalidInput` naming `name` and the accepted forms.
+    """
+    raw = (text or "").strip().lower()
+    if raw in ("0", ""):
+        return None
+    pos, seconds = 0, 0
+    for match in _DURATION.finditer(raw):
+        if match.start() != pos:
+            break
+        seconds += int(match[1]) * _UNITS[match[2]]
+        pos = match.end()
+    if pos != len(raw) or seconds <= 0:
+        raise InvalidInput(
+            name,
+            f"{name} must be a duration such as 30d, 12h, 90m, 1w2d or 3600s "
+            f"(units s, m, h, d, w), or 0 to keep everything; got {text!r}",
+        )
+    return timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class PruneStep:
+    """One table's rows of the pruned jobs: `prune_<name>` deletes them, `count_<name>` counts
+    them (dry run); both take `%(job_ids)s`."""
+
+    name: str
+
+    @property
+    def delete(self) -> str:
+        return query(f"prune_{self.name}")
+
+    @property
+    def count(self) -> str:
+        return query(f"count_{self.name}")
+
+
+# In order; `jobs` is last (its rows are the ones locked for the batch).
+PRUNE_STEPS: list[PruneStep] = [
+    PruneStep("receipts"),
+    PruneStep("deliveries"),
+    PruneStep("delivery_redrives"),
+    PruneStep("callback_posts"),
+    PruneStep("callback_outbox"),
+    PruneStep("workflow_runs"),
+    PruneStep("activity_runs"),
+    PruneStep("job_leases"),
+]
+JOBS_STEP = PruneStep("jobs")
+
+
+@dataclass
+class PruneResult:
+    """What a prune removed (or, in a dry run, would remove): rows per table, batches run."""
+
+    cutoff: datetime | None = None
+    batches: int = 0
+    removed: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+
+    @property
+    def jobs(self) -> int:
+        return self.removed.get("jobs", 0)
+
+    def add(self, name: str, count: int) -> None:
+        self.removed[name] = self.removed.get(name, 0) + count
+
+    def summary(self) -> str:
+        """One line: `jobs=3 receipts=18 ...` in step order."""
+        names = [JOBS_STEP.name, *(s.name for s in PRUNE_STEPS)]
+        return " ".join(f"{n}={self.removed.get(n, 0)}" for n in names)
+
+
+def _check_batch(batch: int) -> int:
+    if not 1 <= batch <= MAX_BATCH:
+        raise InvalidInput("batch", f"batch must be between 1 and {MAX_BATCH}; got {batch}")
+    return batch
+
+
+async def cutoff_for(store: Store, older_than: timedelta) -> datetime:
+    """The database clock minus `older_than`."""
+    with translate_errors():
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(
+                query("retention_cutoff"), {"older_than_s": older_than.total_seconds()}
+            )
+            row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def prune_batch(
+    store: Store, cutoff: datetime, batch: int, steps: Sequence[PruneStep] | None = None
+) -> dict[str, int]:
+    """Delete one batch of terminal jobs settled before `cutoff`, whole; return rows per table
+    (empty when nothing was left to prune)."""
+    removed: dict[str, int] = {}
+    async with store.transaction() as tx:
+        cur = await tx.conn.execute(query("prune_victims"), {"cutoff": cutoff, "batch": batch})
+        job_ids = [row[0] for row in await cur.fetchall()]
+        if not job_ids:
+            return removed
+        for step in [*(PRUNE_STEPS if steps is None else steps), JOBS_STEP]:
+            cur = await tx.conn.execute(step.delete, {"job_ids": job_ids})
+            removed[step.name] = cur.rowcount
+    return removed
+
+
+async def candidates(store: Store, cutoff: datetime, batch: int) -> AsyncIterator[list[str]]:
+    """Yield the ids of the jobs a prune at `cutoff` would remove, `batch` at a time, unlocked."""
+    after: tuple[Any, str] = (datetime.min.replace(tzinfo=UTC), "")
+    while True:
+        with translate_errors():
+            async with store.pool.connection() as conn:
+                cur = await conn.execute(
+                    query("prune_candidates"),
+                    {
+                        "cutoff": cutoff,
+                        "batch": batch,
+                        "after_updated_at": after[0],
+                        "after_job_id": after[1],
+                    },
+                )
+                rows = await cur.fetchall()
+        if not rows:
+            return
+        yield [row[0] for row in rows]
+        after = (rows[-1][1], rows[-1][0])
+
+
+async def prune(
+    store: Store,
+    older_than: timedelta,
+    *,
+    batch: int = DEFAULT_BATCH,
+    dry_run: bool = False,
+    max_batches: int | None = None,
+) -> PruneResult:
+    """Prune terminal jobs settled more than `older_than` ago (database clock), batch by batch,
+    until none is left (or `max_batches` ran). A dry run counts the same rows, writes nothing."""
+    _check_batch(batch)
+    cutoff = await cutoff_for(store, older_than)
+    result = PruneResult(cutoff=cutoff, dry_run=dry_run)
+    if dry_run:
+        async for job_ids in candidates(store, cutoff, batch):
+            result.batches += 1
+            with translate_errors():
+                async with store.pool.connection() as conn:
+                    for step in [*PRUNE_STEPS, JOBS_STEP]:
+                        cur = await conn.execute(step.count, {"job_ids": job_ids})
+                        row = await cur.fetchone()
+                        result.add(step.name, int(row[0]) if row else 0)
+            if max_batches is not None and result.batches >= max_batches:
+                break
+        return result
+    while max_batches is None or result.batches < max_batches:
+        with translate_errors():
+            removed = await prune_batch(store, cutoff, batch)
+        if not removed:
+            break
+        result.batches += 1
+        for name, count in removed.items():
+            result.add(name, count)
+    return result
+
+
+async def export(
+    store: Store, older_than: timedelta, *, batch: int = DEFAULT_BATCH
+) -> AsyncIterator[dict[str, Any]]:
+    """Yield, one per job, what a prune would remove now: `{jobId, job, receipts}` (the job's
+    folded state and its whole chain), oldest settlement first."""
+    _check_batch(batch)
+    cutoff = await cutoff_for(store, older_than)
+    async for job_ids in candidates(store, cutoff, batch):
+        with translate_errors():
+            async with store.pool.connection() as conn:
+                cur = await conn.execute(query("export_jobs"), {"job_ids": job_ids})
+                rows = await cur.fetchall()
+        for job_id, state, receipts in rows:
+            yield {"jobId": job_id, "job": state, "receipts": receipts}

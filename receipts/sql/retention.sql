@@ -1,0 +1,94 @@
+-- Retention (receipts/retention.py, docs/history.md): terminal jobs settled before a cutoff are
+-- deleted with every row that belongs to them, in batches, one transaction per batch.
+
+-- name: retention_cutoff
+SELECT now() - make_interval(secs => %(older_than_s)s);
+
+-- name: prune_victims
+-- A batch of terminal jobs settled before the cutoff (jobs_terminal_idx). Only terminal rows
+-- are locked, and a row another transaction holds (a late receipt on a settled job) is skipped,
+-- never waited for: a prune never holds or waits on a live job's lock.
+SELECT job_id FROM jobs
+WHERE status IN ('completed', 'failed', 'canceled') AND updated_at < %(cutoff)s
+ORDER BY updated_at, job_id
+LIMIT %(batch)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: prune_candidates
+-- The same jobs, read without locks, keyset-paginated on (updated_at, job_id) (dry run, export).
+SELECT job_id, updated_at FROM jobs
+WHERE status IN ('completed', 'failed', 'canceled') AND updated_at < %(cutoff)s
+  AND (updated_at, job_id) > (%(after_updated_at)s, %(after_job_id)s)
+ORDER BY updated_at, job_id
+LIMIT %(batch)s;
+
+-- name: prune_receipts
+DELETE FROM receipts
+WHERE stream = ANY (SELECT 'jobs/' || id FROM unnest(%(job_ids)s::text[]) AS v(id));
+
+-- name: count_receipts
+SELECT count(*) FROM receipts
+WHERE stream = ANY (SELECT 'jobs/' || id FROM unnest(%(job_ids)s::text[]) AS v(id));
+
+-- name: prune_deliveries
+DELETE FROM deliveries WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: count_deliveries
+SELECT count(*) FROM deliveries WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: prune_delivery_redrives
+DELETE FROM delivery_redrives WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: count_delivery_redrives
+SELECT count(*) FROM delivery_redrives WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: prune_callback_posts
+DELETE FROM callback_posts WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: count_callback_posts
+SELECT count(*) FROM callback_posts WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: prune_callback_outbox
+DELETE FROM callback_outbox WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: count_callback_outbox
+SELECT count(*) FROM callback_outbox WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: prune_workflow_runs
+DELETE FROM workflow_runs WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: count_workflow_runs
+SELECT count(*) FROM workflow_runs WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: prune_activity_runs
+DELETE FROM activity_runs WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: count_activity_runs
+SELECT count(*) FROM activity_runs WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: prune_job_leases
+DELETE FROM job_leases WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: count_job_leases
+SELECT count(*) FROM job_leases WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: prune_jobs
+DELETE FROM jobs WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: count_jobs
+SELECT count(*) FROM jobs WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: export_jobs
+-- The jobs of one export batch with their receipts, in order.
+SELECT j.job_id, j.state,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'stream', r.stream, 'seq', r.seq, 'type', r.type, 'data', r.data,
+                     'recordedAt', r.recorded_at, 'position', r.position) ORDER BY r.seq)
+                 FROM receipts r WHERE r.stream = 'jobs/' || j.job_id), '[]'::jsonb)
+FROM jobs j
+WHERE j.job_id = ANY (%(job_ids)s::text[])
+ORDER BY j.updated_at, j.job_id;
+
+-- name: retention_try_lock
+-- Single flight across processes: the pass holds this transaction-scoped lock while it runs.
+SELECT pg_try_advisory_xact_lock(hashtextextended('receipt:retention', 0));

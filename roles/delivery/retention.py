@@ -1,0 +1,109 @@
+"""The retention loop (worker-control): `RECEIPT_RETENTION` runs `receipt prune` periodically.
+
+Single flight across processes: a pass first takes a transaction-scoped advisory lock on a
+connection of its own and holds that transaction open (idle, no snapshot kept) while its
+batches run on other connections; a pass in another process that cannot take the lock does
+nothing. A process that dies mid-pass drops its connection and with it the lock. Behind a
+transaction-mode pooler the lock transaction pins one server connection, as any transaction does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from receipts import retention
+from receipts.sql import query
+from receipts.store import Store, translate_errors
+from roles.delivery.loops import env_ms
+
+log = logging.getLogger("roles.delivery.retention")
+
+DEFAULT_INTERVAL_MS = 60_000
+# One pass removes at most this many batches; the next tick goes on (so a first pass over a
+# long history does not hold the single-flight lock for hours without a log line).
+MAX_BATCHES_PER_PASS = 100
+
+
+@dataclass
+class RetentionHooks:
+    """Metric hooks: jobs pruned per pass, and passes skipped because another process ran one."""
+
+    on_pruned: Callable[[retention.PruneResult], None] | None = None
+    on_skipped: Callable[[], None] | None = None
+
+
+class RetentionLoop:
+    """Prune terminal jobs settled longer ago than `older_than`, one process at a time."""
+
+    name = "retention"
+
+    def __init__(
+        self,
+        store: Store,
+        older_than: timedelta,
+        *,
+        batch: int = retention.DEFAULT_BATCH,
+        interval_ms: int = DEFAULT_INTERVAL_MS,
+        max_batches: int = MAX_BATCHES_PER_PASS,
+        hooks: RetentionHooks | None = None,
+    ) -> None:
+        self.store = store
+        self.older_than = older_than
+        self.batch = batch
+        self.interval_ms = interval_ms
+        self.max_batches = max_batches
+        self.hooks = hooks or RetentionHooks()
+
+    @classmethod
+    def from_settings(
+        cls,
+        store: Store,
+        retention_setting: str,
+        hooks: RetentionHooks | None = None,
+    ) -> RetentionLoop | None:
+        """The loop `RECEIPT_RETENTION` asks for (None for `0`: keep everything); its interval is
+        RECEIPT_RETENTION_INTERVAL_MS (default 60 000). A bad value raises naming the setting."""
+        older_than = retention.parse_duration(retention_setting, name="RECEIPT_RETENTION")
+        if older_than is None:
+            return None
+        return cls(
+            store,
+            older_than,
+            interval_ms=env_ms("RECEIPT_RETENTION_INTERVAL_MS", DEFAULT_INTERVAL_MS),
+            hooks=hooks,
+        )
+
+    async def run_once(self) -> retention.PruneResult | None:
+        """One pass: prune if no other process is pruning (then None: this pass was skipped)."""
+        with translate_errors():
+            async with self.store.pool.connection() as lock_conn, lock_conn.transaction():
+                cur = await lock_conn.execute(query("retention_try_lock"), {})
+                row = await cur.fetchone()
+                if not (row and row[0]):
+                    log.debug(
+                        "retention pass skipped: another process is pruning",
+                        extra={"event": "retention.skipped"},
+                    )
+                    if self.hooks.on_skipped:
+                        self.hooks.on_skipped()
+                    return None
+                result = await retention.prune(
+                    self.store, self.older_than, batch=self.batch, max_batches=self.max_batches
+                )
+        log.log(
+            logging.INFO if result.jobs else logging.DEBUG,
+            "retention pass: %s",
+            result.summary(),
+            extra={
+                "event": "retention.pruned",
+                "cutoff": result.cutoff.isoformat() if result.cutoff else None,
+                "batches": result.batches,
+                **{f"removed_{k}": v for k, v in result.removed.items()},
+            },
+        )
+        if self.hooks.on_pruned:
+            self.hooks.on_pruned(result)
+        return result
