@@ -1,4 +1,5 @@
--- Queries of the development tools only (tools/bench, tools/chaos): no role runs them.
+-- Queries of the development tools only (tools/bench, tools/chaos, tools/bench_history and the
+-- history tests): no role runs them.
 
 -- name: tooling_terminal_count
 -- Bench: how many of these jobs have settled.
@@ -23,3 +24,45 @@ CREATE DATABASE {name};
 -- name: tooling_drop_database
 -- Bench: drop the run's databases at the end, whoever is still connected.
 DROP DATABASE IF EXISTS {name} WITH (FORCE);
+
+-- name: preload_finished_jobs
+-- Clone a template job (its whole chain and projection row, written by the real operations) as
+-- `count` finished jobs `<prefix><n>`, the n-th settled `age_s + n * spacing_s` seconds before
+-- the template. One statement: receipts, jobs rows and delivery rows of every clone.
+WITH ids AS (
+    SELECT g, %(prefix)s::text || g AS job_id,
+           make_interval(secs => %(age_s)s + g * %(spacing_s)s) AS shift
+    FROM generate_series(1, %(count)s::integer) AS g
+), chain AS (
+    INSERT INTO receipts (stream, seq, type, data, recorded_at)
+    SELECT 'jobs/' || ids.job_id, t.seq, t.type,
+           replace(t.data::text, %(template_id)s, ids.job_id)::jsonb, t.recorded_at - ids.shift
+    FROM ids CROSS JOIN receipts t
+    WHERE t.stream = 'jobs/' || %(template_id)s
+    ORDER BY ids.g, t.seq
+), delivered AS (
+    INSERT INTO deliveries (job_id, generation, workflow_id, dispatched_at)
+    SELECT ids.job_id, 0, ids.job_id, now() - ids.shift FROM ids
+)
+INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
+                  attempt, max_attempts, abort_requested, available_at, lease_expires_at,
+                  last_heartbeat_at, created_at, updated_at, state)
+SELECT ids.job_id, t.seq, t.organization_id, t.session_key, t.agent_id, t.lane, t.kind, t.status,
+       t.attempt, t.max_attempts, t.abort_requested, t.available_at, t.lease_expires_at,
+       t.last_heartbeat_at - ids.shift, t.created_at - ids.shift, t.updated_at - ids.shift,
+       replace(t.state::text, %(template_id)s, ids.job_id)::jsonb
+FROM ids CROSS JOIN jobs t
+WHERE t.job_id = %(template_id)s;
+
+-- name: table_update_stats
+-- Updates and HOT updates of the tables a heartbeat may touch (pg_stat_user_tables; the
+-- counters reach the view once the backend reports them, see pg_stat_force_next_flush).
+SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+WHERE relname IN ('jobs', 'job_leases')
+ORDER BY relname;
+
+-- name: stats_flush
+SELECT pg_stat_force_next_flush();
+
+-- name: database_size
+SELECT pg_database_size(current_database());
