@@ -33,23 +33,26 @@ UPDATE deliveries SET dispatched_at = now() WHERE job_id = %(job_id)s;
 -- for which receipts/plan.py `next_step(job, now())` is DELIVER or ABORT (`needs_delivery`).
 -- tests/integration/test_plan.py checks that this, `redrive_candidates` and
 -- `next_available_at` (the earliest NOT_AVAILABLE) agree with it.
+-- The delivery is probed per queued job (a LIMIT keeps the planner from hashing all
+-- `deliveries`, which holds a row for every job ever dispatched).
 SELECT j.job_id FROM jobs j
 WHERE j.status = 'queued'
   AND (j.available_at IS NULL OR j.available_at <= now())
-  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = j.job_id)
+  AND (SELECT 1 FROM deliveries d WHERE d.job_id = j.job_id LIMIT 1) IS NULL
 ORDER BY j.created_at
 LIMIT %(limit)s;
 
 -- name: next_available_at
 SELECT min(j.available_at) FROM jobs j
 WHERE j.status = 'queued' AND j.available_at > now()
-  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = j.job_id);
+  AND (SELECT 1 FROM deliveries d WHERE d.job_id = j.job_id LIMIT 1) IS NULL;
 
 -- name: redrive_candidates
 -- Queued jobs older than the minimum age (by their latest receipt's database time) and not
 -- dispatched within the cooldown, among those `next_step` would deliver (as above).
 SELECT j.job_id, j.seq, j.attempt FROM jobs j
-LEFT JOIN deliveries d ON d.job_id = j.job_id
+LEFT JOIN LATERAL (SELECT dd.dispatched_at FROM deliveries dd WHERE dd.job_id = j.job_id
+                   LIMIT 1) d ON true
 WHERE j.status = 'queued'
   AND (j.available_at IS NULL OR j.available_at <= now())
   AND j.updated_at <= now() - make_interval(secs => %(min_age_ms)s / 1000.0)

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS job_leases (
     seq        integer     NOT NULL,
     expires_at timestamptz NOT NULL,
     patch      jsonb       NOT NULL
-) WITH (fillfactor = 50);
+) WITH (fillfactor = 10);
 
 -- Terminal callbacks owed: written in the transaction that settles the job, deleted once every
 -- configured URL has its post (or gave up). The recovery pass reads only this table.
