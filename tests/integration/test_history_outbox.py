@@ -1,0 +1,104 @@
+"""The terminal-callback outbox: written in the transaction that settles a job, read by the
+recovery pass instead of a scan of every settled job, emptied once every URL has its post; and
+the application's connection settings (no JIT, the api's statement timeout)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from receipts import deliveries
+from receipts import operations as ops
+from receipts.errors import TransientStorageError
+from receipts.settings import Settings
+from receipts.store import Store
+from roles.delivery.loops import QueuedRedrive, RedriveConfig
+from roles.infra.db import migrate_url, open_store
+from tests.integration.delivery.receiver import Receiver
+from tests.integration.helpers import put
+
+NOW = RedriveConfig(min_age_ms=0, cooldown_ms=0)
+CLOSED = "http://127.0.0.1:9/closed"  # nothing listens on the discard port
+
+
+@pytest.fixture
+async def fresh(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
+    url = make_database()
+    await migrate_url(url)
+    store = await Store.open(url, min_size=1, max_size=8)
+    yield store, url
+    await store.close()
+
+
+async def settled(store: Store, how: str) -> str:
+    job = (await put(store)).job
+    if how == "canceled":
+        await ops.cancel_queued(store, job.job_id, reason="test")
+        return job.job_id
+    worker = f"{job.job_id}:attempt:1/1"
+    await ops.start_attempt(store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
+    await ops.complete(store, job.job_id, worker_id=worker, attempt=1, result=1)
+    return job.job_id
+
+
+async def test_a_settlement_owes_its_callback_until_every_url_has_it(
+    fresh: tuple[Store, str],
+) -> None:
+    store, _ = fresh
+    queued = (await put(store)).job
+    done = await settled(store, "completed")
+    canceled = await settled(store, "canceled")
+    owed = await deliveries.callbacks_owed(store)
+    assert sorted(owed) == sorted([(done, "completed"), (canceled, "canceled")])
+    assert queued.job_id not in {job_id for job_id, _ in owed}
+
+    async with Receiver() as receiver, httpx.AsyncClient() as http:
+        both = Settings(
+            RECEIPT_EVENT_CALLBACK_URL=receiver.url, RECEIPT_RESONATE_CALLBACK_URL=CLOSED
+        )
+        first = await QueuedRedrive(store, None, both, NOW, http=http).run_once()
+        # Posted to the receiver; the closed URL failed, so both stay owed (due again later).
+        assert first.callbacks == 2
+        assert await deliveries.callbacks_owed(store) == []
+        posted = [json.loads(r.body) for r in receiver.requests]
+        bodies = sorted((b["event"], b["job"]["jobId"]) for b in posted)
+        assert bodies == sorted([("completed", done), ("canceled", canceled)])
+
+        only_receiver = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)
+        assert await deliveries.settle_owed_callback(store, done, only_receiver.callback_urls)
+        assert not await deliveries.settle_owed_callback(store, canceled, both.callback_urls)
+        again = await QueuedRedrive(store, None, only_receiver, NOW, http=http).run_once()
+        assert again.callbacks == 0  # due later: nothing posted twice
+        assert len(receiver.requests) == 2
+
+
+async def test_without_callback_urls_nothing_stays_owed(fresh: tuple[Store, str]) -> None:
+    store, _ = fresh
+    await settled(store, "completed")
+    assert len(await deliveries.callbacks_owed(store)) == 1
+    await QueuedRedrive(store, None, Settings(), NOW).run_once()
+    assert await deliveries.callbacks_owed(store) == []
+
+
+async def test_every_connection_runs_without_jit_and_the_api_with_a_statement_timeout(
+    fresh: tuple[Store, str],
+) -> None:
+    store, url = fresh
+    async with store.pool.connection() as conn:
+        row = await (await conn.execute("SELECT current_setting('jit')")).fetchone()
+    assert row == ("off",)
+    api = await open_store(url, Settings(RECEIPT_API_STATEMENT_TIMEOUT_MS=200), api=True)
+    try:
+        async with api.pool.connection() as conn:
+            row = await (
+                await conn.execute("SELECT current_setting('statement_timeout')")
+            ).fetchone()
+        assert row == ("200ms",)
+        with pytest.raises(TransientStorageError):  # the api answers it with 503
+            async with api.transaction() as tx:
+                await tx.conn.execute("SELECT pg_sleep(2)")
+    finally:
+        await api.close()
