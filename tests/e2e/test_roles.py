@@ -192,21 +192,26 @@ async def test_each_role_exposes_its_metrics_after_a_known_workload(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
     store, _ = e2e_store
-    driver_port, worker_port = free_port(), free_port()
+    driver_port, worker_port, control_port = free_port(), free_port(), free_port()
     procs = roles()
     procs.env["RECEIPT_METRICS_PORT"] = str(driver_port)
     procs.start("driver")
     procs.env["RECEIPT_METRICS_PORT"] = str(worker_port)
     procs.start("worker-codex")
+    procs.env["RECEIPT_METRICS_PORT"] = str(control_port)
+    procs.start("worker-control")
     try:
         ok = [(await put(store, payload_extra=task("true"))).job for _ in range(2)]
         bad = (await put(store, payload_extra=task("false"))).job
         for job in [*ok, bad]:
             await wait_for(store, job.job_id, TERMINAL, 60)
+        # Routed to receipt-chat, where no worker runs: it stays queued.
+        waiting = (await put(store, agent="nobody-listens")).job
         await asyncio.sleep(5.5)  # one queue-depth refresh
         async with httpx.AsyncClient() as http:
             driver = (await http.get(f"http://127.0.0.1:{driver_port}/metrics")).text
             worker = (await http.get(f"http://127.0.0.1:{worker_port}/metrics")).text
+            control = (await http.get(f"http://127.0.0.1:{control_port}/metrics")).text
             sdk = (await http.get(f"http://127.0.0.1:{worker_port + 100}/metrics")).text
     except BaseException:
         print(procs.logs())
@@ -215,7 +220,11 @@ async def test_each_role_exposes_its_metrics_after_a_known_workload(
     assert 'receipt_jobs_settled_total{result_status="completed",status="completed"} 2.0' in worker
     assert 'receipt_jobs_settled_total{result_status="failed",status="failed"} 1.0' in worker
     assert 'receipt_attempts_started_total{agent="codex",queue="receipt-codex"} 3.0' in worker
-    assert 'receipt_queue_depth{status="completed"} 2.0' in worker
+    # Queue depth: active jobs only, exported by worker-control alone.
+    assert (await store.get_job(waiting.job_id)).status == "queued"  # type: ignore[union-attr]
+    assert 'receipt_queue_depth{status="queued"} 1.0' in control
+    assert 'receipt_queue_depth{status="completed"}' not in control
+    assert "receipt_queue_depth{" not in worker and "receipt_queue_depth{" not in driver
     assert "receipt_enqueue_to_settle_seconds_count 3.0" in worker
     assert 'receipt_handler_duration_seconds_count{agent="codex"} 3.0' in worker
     for family in (
