@@ -10,7 +10,7 @@ LOCK_TOOL := .venv-lock
 UV_COMPILE = $(LOCK_TOOL)/bin/uv pip compile pyproject.toml --generate-hashes --universal \
 	--python-version 3.11 --custom-compile-command "make lock"
 
-.PHONY: up test lint typecheck unit install clean chaos bench lock
+.PHONY: up test lint typecheck unit install clean chaos bench bench-history lock
 
 # Every dependency (the dev and local extras included) at the version and hashes of
 # requirements-dev.lock, then the project itself without resolving anything again.
@@ -47,6 +47,11 @@ test: lint typecheck
 # Speed against raw baselines (6–12 minutes; BENCH_ARGS=--quick for 2–3): docs/bench.md.
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench $(BENCH_ARGS)
+
+# The history part: enqueue and every periodic query with 1 000 000 finished jobs against an empty
+# database (about 15 minutes; BENCH_HISTORY_ARGS="--jobs 100000" for 2–3): docs/bench-history.md.
+bench-history: $(STAMP)
+	$(BIN)/python -m tools.bench_history $(BENCH_HISTORY_ARGS)
 
 # A fault soak of the real role processes (default 10 minutes; CHAOS_ARGS="--duration 120" for less).
 chaos: $(STAMP)
