@@ -216,7 +216,8 @@ async def test_each_role_exposes_its_metrics_after_a_known_workload(
     except BaseException:
         print(procs.logs())
         raise
-    assert 'receipt_driver_starts_total{outcome="created"} 3.0' in driver
+    # Three settled jobs and the waiting one were each started once.
+    assert 'receipt_driver_starts_total{outcome="created"} 4.0' in driver
     assert 'receipt_jobs_settled_total{result_status="completed",status="completed"} 2.0' in worker
     assert 'receipt_jobs_settled_total{result_status="failed",status="failed"} 1.0' in worker
     assert 'receipt_attempts_started_total{agent="codex",queue="receipt-codex"} 3.0' in worker
