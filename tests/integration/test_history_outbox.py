@@ -1,6 +1,7 @@
 """The terminal-callback outbox: written in the transaction that settles a job, read by the
 recovery pass instead of a scan of every settled job, emptied once every URL has its post; and
-the application's connection settings (no JIT, the api's statement timeout)."""
+the application's connection settings (no JIT, the api's statement timeout, no generic plan of
+the job list)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from receipts.settings import Settings
 from receipts.store import Store
 from roles.delivery.loops import QueuedRedrive, RedriveConfig
 from roles.infra.db import migrate_url, open_store
+from tests.integration.api_support import AS_A, api_client
 from tests.integration.delivery.receiver import Receiver
 from tests.integration.helpers import put
 
@@ -102,3 +104,18 @@ async def test_every_connection_runs_without_jit_and_the_api_with_a_statement_ti
                 await tx.conn.execute("SELECT pg_sleep(2)")
     finally:
         await api.close()
+
+
+async def test_the_job_list_is_never_a_generic_prepared_plan(fresh: tuple[Store, str]) -> None:
+    _, url = fresh
+    single = await Store.open(url, min_size=1, max_size=1)  # every request on one connection
+    try:
+        async with api_client(url, store=single) as client:
+            for lane in ("steer", "chat") * 6:
+                assert (await client.get(f"/jobs?lane={lane}", headers=AS_A)).status_code == 200
+        async with single.pool.connection() as conn:
+            cur = await conn.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = [row[0] for row in await cur.fetchall()]
+    finally:
+        await single.close()
+    assert not [s for s in prepared if "job_leases" in s], prepared

@@ -210,7 +210,9 @@ async def post_job(
 async def _list_jobs(store: Store, params: dict[str, Any]) -> list[Job]:
     with translate_errors():
         async with store.pool.connection() as conn:
-            cur = await conn.execute(query("api_list_jobs"), params)
+            # Never a server-side prepared statement: its generic plan cannot use the filter
+            # indexes (a NULL filter matches all), and would walk the organization's history.
+            cur = await conn.execute(query("api_list_jobs"), params, prepare=False)
             return [Job.model_validate(row[0]) for row in await cur.fetchall()]
 
 
