@@ -18,7 +18,7 @@ from temporalio import activity
 from activities.retry import with_storage_retry
 from receipts import deliveries
 from receipts import operations as ops
-from receipts.jobs import Job
+from receipts.jobs import TERMINAL_STATUSES, Job
 from receipts.kinds import redact_payload, route
 from receipts.messages import CallbackRequest, DriverAction, DriverPlan
 from receipts.plan import Step, next_step
@@ -120,7 +120,7 @@ async def post_callbacks(
                 "error": error,
             },
         )
-    if event in jobmodel.TERMINAL_STATUSES:
+    if event in TERMINAL_STATUSES:
         await deliveries.settle_owed_callback(store, job.job_id, settings.callback_urls)
     return posted
 
