@@ -81,6 +81,14 @@ PRUNE_STEPS: list[PruneStep] = [
     PruneStep("job_leases"),
 ]
 JOBS_STEP = PruneStep("jobs")
+# A settled agent job's own rows (by `%(agent_job_ids)s`), deleted in the batch that deletes its
+# turns' queue jobs; its owner session's stream stays (it belongs to the session).
+AGENT_STEPS: list[PruneStep] = [
+    PruneStep("agent_job_receipts"),
+    PruneStep("agent_wakeup_callbacks"),
+    PruneStep("agent_job_wakeups"),
+    PruneStep("agent_jobs"),
+]
 
 
 @dataclass
@@ -102,6 +110,7 @@ class PruneResult:
     def summary(self) -> str:
         """One line: `jobs=3 receipts=18 ...` in step order."""
         names = [JOBS_STEP.name, *(s.name for s in PRUNE_STEPS)]
+        names += [s.name for s in AGENT_STEPS if s.name in self.removed]
         return " ".join(f"{n}={self.removed.get(n, 0)}" for n in names)
 
 
@@ -126,28 +135,39 @@ async def cutoff_for(store: Store, older_than: timedelta) -> datetime:
 async def prune_batch(
     store: Store, cutoff: datetime, batch: int, steps: Sequence[PruneStep] | None = None
 ) -> dict[str, int]:
-    """Delete one batch of terminal jobs settled before `cutoff`, whole; return rows per table
-    (empty when nothing was left to prune)."""
+    """Delete one batch of terminal jobs settled before `cutoff`, and of settled agent jobs with
+    their turns' queue jobs, whole; return rows per table (empty when nothing was left)."""
     removed: dict[str, int] = {}
     async with store.transaction() as tx:
-        cur = await tx.conn.execute(query("prune_victims"), {"cutoff": cutoff, "batch": batch})
+        params = {"cutoff": cutoff, "batch": batch}
+        cur = await tx.conn.execute(query("prune_victims"), params)
         job_ids = [row[0] for row in await cur.fetchall()]
-        if not job_ids:
-            return removed
-        for step in [*(PRUNE_STEPS if steps is None else steps), JOBS_STEP]:
-            cur = await tx.conn.execute(step.delete, {"job_ids": job_ids})
+        cur = await tx.conn.execute(query("prune_agent_victims"), params)
+        agent_job_ids = [row[0] for row in await cur.fetchall()]
+        if agent_job_ids:
+            cur = await tx.conn.execute(query("agent_turn_jobs"), {"agent_job_ids": agent_job_ids})
+            job_ids += [row[0] for row in await cur.fetchall()]
+        if job_ids:
+            for step in [*(PRUNE_STEPS if steps is None else steps), JOBS_STEP]:
+                cur = await tx.conn.execute(step.delete, {"job_ids": job_ids})
+                removed[step.name] = cur.rowcount
+        for step in AGENT_STEPS if agent_job_ids else []:
+            cur = await tx.conn.execute(step.delete, {"agent_job_ids": agent_job_ids})
             removed[step.name] = cur.rowcount
     return removed
 
 
-async def candidates(store: Store, cutoff: datetime, batch: int) -> AsyncIterator[list[str]]:
-    """Yield the ids of the jobs a prune at `cutoff` would remove, `batch` at a time, unlocked."""
+async def candidates(
+    store: Store, cutoff: datetime, batch: int, *, which: str = "prune_candidates"
+) -> AsyncIterator[list[str]]:
+    """Yield the ids of the jobs (or with `which="prune_agent_candidates"`, the agent jobs) a
+    prune at `cutoff` would remove, `batch` at a time, unlocked."""
     after: tuple[Any, str] = (datetime.min.replace(tzinfo=UTC), "")
     while True:
         with translate_errors():
             async with store.pool.connection() as conn:
                 cur = await conn.execute(
-                    query("prune_candidates"),
+                    query(which),
                     {
                         "cutoff": cutoff,
                         "batch": batch,
@@ -186,6 +206,21 @@ async def prune(
                         result.add(step.name, int(row[0]) if row else 0)
             if max_batches is not None and result.batches >= max_batches:
                 break
+        async for agent_job_ids in candidates(store, cutoff, batch, which="prune_agent_candidates"):
+            result.batches += 1
+            async with store.transaction() as tx:
+                cur = await tx.conn.execute(
+                    query("agent_turn_jobs"), {"agent_job_ids": agent_job_ids}
+                )
+                turn_ids = [row[0] for row in await cur.fetchall()]
+                for step in [*PRUNE_STEPS, JOBS_STEP]:
+                    cur = await tx.conn.execute(step.count, {"job_ids": turn_ids})
+                    row = await cur.fetchone()
+                    result.add(step.name, int(row[0]) if row else 0)
+                for step in AGENT_STEPS:
+                    cur = await tx.conn.execute(step.count, {"agent_job_ids": agent_job_ids})
+                    row = await cur.fetchone()
+                    result.add(step.name, int(row[0]) if row else 0)
         return result
     while max_batches is None or result.batches < max_batches:
         with translate_errors():

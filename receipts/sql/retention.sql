@@ -7,9 +7,11 @@ SELECT now() - make_interval(secs => %(older_than_s)s);
 -- name: prune_victims
 -- A batch of terminal jobs settled before the cutoff (jobs_terminal_idx). Only terminal rows
 -- are locked, and a row another transaction holds (a late receipt on a settled job) is skipped,
--- never waited for: a prune never holds or waits on a live job's lock.
+-- never waited for: a prune never holds or waits on a live job's lock. An agent job's turn
+-- (kind agent_job.turn) goes only with its agent job (prune_agent_victims).
 SELECT job_id FROM jobs
 WHERE status IN ('completed', 'failed', 'canceled') AND updated_at < %(cutoff)s
+  AND kind <> 'agent_job.turn'
 ORDER BY updated_at, job_id
 LIMIT %(batch)s
 FOR UPDATE SKIP LOCKED;
@@ -18,6 +20,7 @@ FOR UPDATE SKIP LOCKED;
 -- The same jobs, read without locks, keyset-paginated on (updated_at, job_id) (dry run, export).
 SELECT job_id, updated_at FROM jobs
 WHERE status IN ('completed', 'failed', 'canceled') AND updated_at < %(cutoff)s
+  AND kind <> 'agent_job.turn'
   AND (updated_at, job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY updated_at, job_id
 LIMIT %(batch)s;
@@ -77,6 +80,71 @@ DELETE FROM jobs WHERE job_id = ANY (%(job_ids)s::text[]);
 
 -- name: count_jobs
 SELECT count(*) FROM jobs WHERE job_id = ANY (%(job_ids)s::text[]);
+
+-- name: prune_agent_victims
+-- A batch of settled agent jobs (succeeded, failed, stopped) last changed before the cutoff whose
+-- turns' queue jobs (`<agentJobId>:attempt:<n>[:turn:<t>]`, a range of the jobs key) are all
+-- settled too: an operator's stop leaves a live turn running, and its agent job waits for it.
+SELECT a.agent_job_id FROM agent_jobs a
+WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff)s
+  AND NOT EXISTS (SELECT 1 FROM jobs j
+                  WHERE j.job_id >= a.agent_job_id || ':attempt:'
+                    AND j.job_id < a.agent_job_id || ':attempt;'
+                    AND j.status IN ('queued', 'leased', 'running'))
+ORDER BY a.updated_at, a.agent_job_id
+LIMIT %(batch)s
+FOR UPDATE OF a SKIP LOCKED;
+
+-- name: prune_agent_candidates
+-- The same agent jobs without locks, keyset-paginated (dry run).
+SELECT a.agent_job_id, a.updated_at FROM agent_jobs a
+WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff)s
+  AND NOT EXISTS (SELECT 1 FROM jobs j
+                  WHERE j.job_id >= a.agent_job_id || ':attempt:'
+                    AND j.job_id < a.agent_job_id || ':attempt;'
+                    AND j.status IN ('queued', 'leased', 'running'))
+  AND (a.updated_at, a.agent_job_id) > (%(after_updated_at)s, %(after_job_id)s)
+ORDER BY a.updated_at, a.agent_job_id
+LIMIT %(batch)s;
+
+-- name: agent_turn_jobs
+-- The queue jobs of these agent jobs' turns (all settled: see prune_agent_victims), locked.
+SELECT j.job_id FROM jobs j
+JOIN unnest(%(agent_job_ids)s::text[]) AS a(id)
+  ON j.job_id >= a.id || ':attempt:' AND j.job_id < a.id || ':attempt;'
+ORDER BY j.job_id
+FOR UPDATE OF j;
+
+-- name: prune_agent_job_receipts
+DELETE FROM receipts
+WHERE stream = ANY (SELECT 'agent-jobs/' || id FROM unnest(%(agent_job_ids)s::text[]) AS v(id));
+
+-- name: count_agent_job_receipts
+SELECT count(*) FROM receipts
+WHERE stream = ANY (SELECT 'agent-jobs/' || id FROM unnest(%(agent_job_ids)s::text[]) AS v(id));
+
+-- name: prune_agent_wakeup_callbacks
+-- The wakeups' event callbacks (callback_posts keyed by the wakeup's source id).
+DELETE FROM callback_posts
+WHERE job_id IN (SELECT source_id FROM agent_job_wakeups
+                 WHERE agent_job_id = ANY (%(agent_job_ids)s::text[]));
+
+-- name: count_agent_wakeup_callbacks
+SELECT count(*) FROM callback_posts
+WHERE job_id IN (SELECT source_id FROM agent_job_wakeups
+                 WHERE agent_job_id = ANY (%(agent_job_ids)s::text[]));
+
+-- name: prune_agent_job_wakeups
+DELETE FROM agent_job_wakeups WHERE agent_job_id = ANY (%(agent_job_ids)s::text[]);
+
+-- name: count_agent_job_wakeups
+SELECT count(*) FROM agent_job_wakeups WHERE agent_job_id = ANY (%(agent_job_ids)s::text[]);
+
+-- name: prune_agent_jobs
+DELETE FROM agent_jobs WHERE agent_job_id = ANY (%(agent_job_ids)s::text[]);
+
+-- name: count_agent_jobs
+SELECT count(*) FROM agent_jobs WHERE agent_job_id = ANY (%(agent_job_ids)s::text[]);
 
 -- name: export_jobs
 -- The jobs of one export batch with their receipts, in order.

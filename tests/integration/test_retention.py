@@ -326,3 +326,49 @@ async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_p
     assert done.returncode == 0 and f"removed jobs=1 receipts={old.seq} " in done.stdout
     assert await store.get_job(old.job_id) is None
     assert await store.get_job(new.job_id) is not None
+
+
+async def test_an_agent_job_is_pruned_with_its_turns_never_half(fresh: tuple[Store, str]) -> None:
+    from receipts.agent_jobs import lifecycle, model
+    from tests.integration.test_agent_jobs import current, dispatcher, play_turn, request
+
+    store, url = fresh
+    agent = "agent-retention"
+    done, _ = await lifecycle.create(store, request(agent))
+    stopped, _ = await lifecycle.create(store, request(agent))
+    await dispatcher(store).run_once()
+    running_agent = await current(store, done.agent_job_id)
+    turn = running_agent.queue_job_id
+    await play_turn(store, running_agent, {"outcome": "done", "result": 1})
+    finished_agent = await lifecycle.settle_turn(store, done.agent_job_id, retry_base_ms=10)
+    assert finished_agent is not None and finished_agent.status == "succeeded"
+    live_turn = (await current(store, stopped.agent_job_id)).queue_job_id
+    assert live_turn is not None
+    # An operator's cancel of a running agent job waits for its live turn.
+    assert (await lifecycle.cancel(store, stopped.agent_job_id, reason="op")).status == "running"
+    assert turn is not None and (await store.get_job(turn)).status == "completed"  # type: ignore[union-attr]
+
+    # The settled turn alone, past the cutoff, stays while its agent job is recent.
+    backdate(url, [turn])
+    assert (await retention.prune(store, MONTH)).jobs == 0
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            f"UPDATE agent_jobs SET updated_at = updated_at - interval '{OLD}' "
+            "WHERE agent_job_id = ANY(%s)",
+            ([done.agent_job_id, stopped.agent_job_id],),
+        )
+    dry = await retention.prune(store, MONTH, dry_run=True)
+    result = await retention.prune(store, MONTH)
+    assert dry.removed == result.removed
+    assert result.removed["jobs"] == 1 and result.removed["agent_jobs"] == 1
+    assert result.removed["agent_job_receipts"] > 0 and result.removed["agent_job_wakeups"] == 1
+    assert await store.get_job(turn) is None
+    assert await lifecycle.get(store, done.agent_job_id) is None
+    assert await store.read_stream(model.stream_of(done.agent_job_id)) == []
+    # The agent job not yet settled (its cancel waits for the turn's settlement) keeps its turn.
+    assert (await current(store, stopped.agent_job_id)).status == "running"
+    backdate(url, [live_turn])  # its turn, canceled while queued, is settled and old: it stays
+    assert (await retention.prune(store, MONTH)).removed == {}
+    assert await store.get_job(live_turn) is not None
+    assert await store.read_stream(model.stream_of(stopped.agent_job_id)) != []
+    assert (await retention.prune(store, MONTH)).removed == {}

@@ -52,3 +52,7 @@ WHERE j.status IN ('completed', 'failed', 'canceled')
 ON CONFLICT (job_id) DO NOTHING;
 
 DROP INDEX IF EXISTS jobs_status_updated_idx;
+
+-- Retention prunes a settled agent job (migration 0005) with its turns' queue jobs.
+CREATE INDEX IF NOT EXISTS agent_jobs_terminal_idx
+    ON agent_jobs (updated_at, agent_job_id) WHERE status IN ('succeeded', 'failed', 'stopped');
