@@ -56,6 +56,7 @@ PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
     "undelivered_queued (dispatcher rescan)": ("undelivered_queued", {"limit": 500}),
     "next_available_at (dispatcher)": ("next_available_at", {}),
     "prune_victims, nothing due (retention, 60 s)": ("prune_victims", {"batch": 1_000}),
+    "prune_agent_victims (retention, 60 s)": ("prune_agent_victims", {"batch": 1_000}),
     "objective_streams limit 200 (Factory outbox, 5 s)": ("objective_streams", {"limit": 200}),
 }
 ENQUEUE_VARIANTS: tuple[tuple[str, int, bool], ...] = (
