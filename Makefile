@@ -51,7 +51,7 @@ bench: $(STAMP)
 # The history part: enqueue and every periodic query with 1 000 000 finished jobs against an empty
 # database (about 15 minutes; BENCH_HISTORY_ARGS="--jobs 100000" for 2–3): docs/bench-history.md.
 bench-history: $(STAMP)
-	$(BIN)/python -m tools.bench_history $(BENCH_HISTORY_ARGS)
+	$(BIN)/python -m tools.bench.history $(BENCH_HISTORY_ARGS)
 
 # A fault soak of the real role processes (default 10 minutes; CHAOS_ARGS="--duration 120" for less).
 chaos: $(STAMP)

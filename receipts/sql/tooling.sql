@@ -1,5 +1,5 @@
--- Queries of the development tools only (tools/bench, tools/chaos, tools/bench_history and the
--- history tests): no role runs them.
+-- Queries of the development tools only (tools/bench, tools/chaos, the history tests): no
+-- role runs them.
 
 -- name: tooling_terminal_count
 -- Bench: how many of these jobs have settled.
@@ -66,3 +66,7 @@ SELECT pg_stat_force_next_flush();
 
 -- name: database_size
 SELECT pg_database_size(current_database());
+
+-- name: tooling_vacuum_analyze
+-- History bench and tests: fresh statistics and visibility after a bulk load.
+VACUUM ANALYZE;

@@ -17,7 +17,7 @@ from receipts.sql import query
 from receipts.store import Store
 from roles.infra.db import migrate_url
 from tests.integration.helpers import put
-from tools.bench_history import LISTS, PERIODIC, add_active, list_params, preload, run_template
+from tools.bench.history import LISTS, PERIODIC, add_active, list_params, preload, run_template
 
 FINISHED = 60_000
 # Tables that grow with every job ever run: a periodic query must reach them by index only.
@@ -44,7 +44,7 @@ async def loaded(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store,
     await add_active(store, 40)
     await preload(store, template, FINISHED, age_s=3_600.0)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(b"VACUUM ANALYZE")
+        conn.execute(query("tooling_vacuum_analyze").encode())
     yield store, url
     await store.close()
 

@@ -27,7 +27,7 @@ from roles.infra.db import migrate_url
 from tests.conftest import ROOT
 from tests.integration.api_support import AS_A, api_client
 from tests.integration.helpers import put
-from tools.bench_history import preload, run_template
+from tools.bench.history import preload, run_template
 
 MONTH = timedelta(days=30)
 OLD = "40 days"

@@ -11,7 +11,7 @@ RECEIPT_DATABASE_URL, else the embedded server), dropped at the end:
 3. enqueue at 1 and 8 connections, in `--seconds` slices alternating between the databases;
 4. the heartbeat updates' HOT share on the loaded database; a table of the ratios and targets.
 
-    python -m tools.bench_history --jobs 100000
+    python -m tools.bench.history --jobs 100000
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from receipts import operations as ops
@@ -185,8 +186,10 @@ async def measure_queries(url: str, cutoff_age: timedelta) -> dict[str, float]:
     """Every periodic query's median execution time (ms)."""
     out: dict[str, float] = {}
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute("SET jit = off")
-        cur = await conn.execute("SELECT now() - %s::interval", (cutoff_age,))
+        await conn.execute(query("session_settings"), {"names": ["jit"], "values": ["off"]})
+        cur = await conn.execute(
+            query("retention_cutoff"), {"older_than_s": cutoff_age.total_seconds()}
+        )
         row = await cur.fetchone()
         assert row is not None
         cutoff = row[0]
@@ -322,9 +325,14 @@ class HistoryResult:
         return "\n".join(lines)
 
 
+def _named(statement: str, database: str) -> sql.Composed:
+    """A tooling statement with `{name}` filled in as a quoted identifier."""
+    return sql.SQL(statement).format(name=sql.Identifier(database))
+
+
 async def _database(admin_url: str, name: str) -> str:
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+        conn.execute(_named(query("tooling_create_database"), name))
     url = make_conninfo(admin_url, dbname=name)
     await migrate_url(url)
     return url
@@ -351,7 +359,7 @@ async def run(
                 await preload(stores[key], template, jobs, age_s=3600.0)
                 result.preload_s = time.monotonic() - started
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(b"VACUUM ANALYZE")
+                conn.execute(query("tooling_vacuum_analyze").encode())
                 row = conn.execute(query("database_size").encode()).fetchone()
                 if key == "loaded":
                     result.database_mb = (row[0] if row else 0) / 1e6
@@ -380,12 +388,12 @@ async def run(
             await store.close()
         with psycopg.connect(admin_url, autocommit=True) as conn:
             for name in names.values():
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+                conn.execute(_named(query("tooling_drop_database"), name))
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_history", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.history", description=__doc__)
     parser.add_argument("--jobs", type=int, default=1_000_000, help="finished jobs to preload")
     parser.add_argument("--active", type=int, default=2000, help="queued and running jobs each")
     parser.add_argument("--seconds", type=float, default=1.5, help="per enqueue slice")
