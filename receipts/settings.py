@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from receipts.timing import TimingSettings
@@ -162,6 +162,18 @@ class Settings(BaseSettings):
     # Terminal jobs older than this are pruned with all their rows by worker-control ("30d",
     # "12h"; "0" keeps everything). See receipts/retention.py.
     retention: str = Field(default="0", alias="RECEIPT_RETENTION")
+
+    @field_validator("retention")
+    @classmethod
+    def _retention_is_a_duration(cls, value: str) -> str:
+        from receipts.errors import InvalidInput
+        from receipts.retention import parse_duration
+
+        try:
+            parse_duration(value, name="RECEIPT_RETENTION")
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
+        return value
 
     temporal_address: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_ADDRESS")
     temporal_namespace: str = Field(default="default", alias="RECEIPT_TEMPORAL_NAMESPACE")

@@ -17,7 +17,7 @@ from datetime import timedelta
 from receipts import retention
 from receipts.sql import query
 from receipts.store import Store, translate_errors
-from roles.delivery.loops import env_ms
+from roles.infra.settings import LoopSettings
 
 log = logging.getLogger("roles.delivery.retention")
 
@@ -65,14 +65,15 @@ class RetentionLoop:
         hooks: RetentionHooks | None = None,
     ) -> RetentionLoop | None:
         """The loop `RECEIPT_RETENTION` asks for (None for `0`: keep everything); its interval is
-        RECEIPT_RETENTION_INTERVAL_MS (default 60 000). A bad value raises naming the setting."""
+        RECEIPT_RETENTION_INTERVAL_MS (default 60 000, `LoopSettings`). A bad value raises naming
+        the setting (the start check refuses it before: `Settings` validates it)."""
         older_than = retention.parse_duration(retention_setting, name="RECEIPT_RETENTION")
         if older_than is None:
             return None
         return cls(
             store,
             older_than,
-            interval_ms=env_ms("RECEIPT_RETENTION_INTERVAL_MS", DEFAULT_INTERVAL_MS),
+            interval_ms=LoopSettings.load().retention_interval_ms,
             hooks=hooks,
         )
 

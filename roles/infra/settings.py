@@ -61,7 +61,8 @@ class ProcessSettings(EnvSettings):
 
 
 class LoopSettings(EnvSettings):
-    """The recovery loops: queued redrive, startup objective resume, objective-control outbox."""
+    """The recovery loops: queued redrive, startup objective resume, objective-control outbox,
+    retention."""
 
     accepts_any: ClassVar[str] = "a whole number of milliseconds (0 or more)"
 
@@ -80,6 +81,9 @@ class LoopSettings(EnvSettings):
     )
     outbox_timeout_ms: Whole = Field(
         default=15_000, ge=0, alias="RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_TIMEOUT_MS"
+    )
+    retention_interval_ms: Whole = Field(
+        default=60_000, ge=1, alias="RECEIPT_RETENTION_INTERVAL_MS"
     )
 
 

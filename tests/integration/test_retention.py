@@ -24,6 +24,8 @@ from receipts.sql import query
 from receipts.store import Store
 from roles.delivery.retention import RetentionHooks, RetentionLoop
 from roles.infra.db import migrate_url
+from roles.infra.settings import SettingsError
+from roles.infra.settings import check as check_settings
 from tests.conftest import ROOT
 from tests.integration.api_support import AS_A, api_client
 from tests.integration.helpers import put
@@ -282,7 +284,7 @@ async def test_the_retention_loop_runs_in_one_process_at_a_time(
         await other.close()
 
 
-def test_retention_setting_and_durations_are_checked() -> None:
+def test_retention_setting_and_durations_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert retention.parse_duration("30d") == timedelta(days=30)
     assert retention.parse_duration("1w2d12h") == timedelta(days=9, hours=12)
     assert retention.parse_duration("0") is None
@@ -292,6 +294,12 @@ def test_retention_setting_and_durations_are_checked() -> None:
         assert "RECEIPT_RETENTION" in caught.value.message and caught.value.field
     with pytest.raises(InvalidInput):
         RetentionLoop.from_settings(None, "thirty days")  # type: ignore[arg-type]
+    # The start check refuses it before any loop starts, naming the variable.
+    monkeypatch.setenv("RECEIPT_RETENTION", "thirty days")
+    with pytest.raises(SettingsError, match="RECEIPT_RETENTION"):
+        check_settings(api=False)
+    monkeypatch.setenv("RECEIPT_RETENTION", "30d")
+    check_settings(api=False)
     assert RetentionLoop.from_settings(None, "0") is None  # type: ignore[arg-type]
 
 
