@@ -30,8 +30,8 @@ WHERE organization_id = %(organization_id)s::text
 -- name: api_jobs_by_caller_id
 -- The jobs an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an
 -- unscoped id): two rows are enough to tell "one" from "ambiguous" (jobs_caller_id_idx, 0006).
-SELECT state
-FROM jobs
-WHERE split_part(job_id, '~', 1) = %(job_id)s::text
-ORDER BY job_id
+SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+WHERE split_part(j.job_id, '~', 1) = %(job_id)s::text
+ORDER BY j.job_id
 LIMIT 2;

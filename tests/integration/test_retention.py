@@ -27,7 +27,7 @@ from roles.infra.db import migrate_url
 from roles.infra.settings import SettingsError
 from roles.infra.settings import check as check_settings
 from tests.conftest import ROOT
-from tests.integration.api_support import AS_A, api_client
+from tests.integration.api_support import AS_ADMIN, api_client
 from tests.integration.helpers import put
 from tools.bench.history import preload, run_template
 
@@ -172,10 +172,10 @@ async def test_prune_removes_exactly_the_old_terminal_jobs_with_every_row_of_the
     assert all(after[t][i] == before[t][i] for t, _, _ in TABLES for i in kept_ids)
     assert await verify(store) == []
 
-    async with api_client(url, store=store) as client:
-        assert (await client.get(f"/jobs/{old[0].job_id}", headers=AS_A)).status_code == 404
-        assert (await client.get(f"/jobs/{new.job_id}", headers=AS_A)).status_code == 200
-        assert (await client.get(f"/jobs/{old_queued.job_id}", headers=AS_A)).status_code == 200
+    async with api_client(url, store=store) as client:  # an admin names runtime ids
+        assert (await client.get(f"/jobs/{old[0].job_id}", headers=AS_ADMIN)).status_code == 404
+        assert (await client.get(f"/jobs/{new.job_id}", headers=AS_ADMIN)).status_code == 200
+        assert (await client.get(f"/jobs/{old_queued.job_id}", headers=AS_ADMIN)).status_code == 200
 
     again = await retention.prune(store, MONTH, batch=2)
     assert again.jobs == 0 and sum(again.removed.values()) == 0
