@@ -9,7 +9,7 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 
 from receipts.store import Store
 from roles.infra.tracing import configure_tracing
-from tests.integration.api_support import AS_A, api_client, enqueue_body
+from tests.integration.api_support import AS_A, api_client, enqueue_body, rid
 from tests.integration.delivery.conftest import running_stack, wait_for_status
 
 
@@ -30,7 +30,7 @@ async def test_a_job_is_one_trace_from_the_api_through_workflows_to_settlement(
     ):
         response = await api.post("/agents/codex/jobs", json=body, headers=AS_A)
         assert response.status_code == 202
-        job_id = response.json()["job"]["jobId"]
+        job_id = rid(response.json()["job"]["jobId"])  # the runtime's (organization-scoped) id
         done = await wait_for_status(fresh_store, job_id)
     await store.close()
     assert done.status == "completed"
