@@ -220,6 +220,10 @@ async def find_job(store: Store, caller: Principal, job_id: str) -> Job | None:
         job = await store.get_job(job_id)
     else:
         job = await store.get_job(runtime_job_id(caller, job_id))
+        if job is None and not caller.admin:
+            # Jobs the system creates for an organization (an agent job's turns, an objective's
+            # tasks) keep their untagged ids; the visibility check below still applies.
+            job = await store.get_job(job_id)
         if job is None and caller.admin:
             found = await _jobs_by_caller_id(store, job_id)
             if len(found) > 1:

@@ -216,6 +216,16 @@ async def test_agent_job_pages_answer_the_question_and_cancel(db_url: str, store
         assert "Which branch?" in page.text and "request_user_input" in page.text
         assert f"{asking.agent_job_id}:waiting_on_user:1:1" in page.text  # the wakeup's source id
         assert f"{asking.agent_job_id}:attempt:1" in page.text  # the turn's queue job
+        turn_page = await client.get(f"/console/jobs/{asking.agent_job_id}:attempt:1")
+        assert turn_page.status_code == 200 and "agent_job.turn" in turn_page.text
+        # The system created the turn with an untagged id: its organization reads it over the
+        # API too, another organization cannot tell it from an unknown job.
+        turn_id = f"{asking.agent_job_id}:attempt:1"
+        assert (await client.get(f"/jobs/{turn_id}", headers=AS_A)).status_code == 200
+        foreign_read = await client.get(
+            f"/jobs/{turn_id}", headers={"Authorization": f"Bearer {TOKEN_B}"}
+        )
+        assert foreign_read.status_code == 404
         forged = await client.post(
             f"/console/agents/jobs/{asking.agent_job_id}/answer",
             **form({"answer": "main", "toolCallId": "call-7"}),  # type: ignore[arg-type]

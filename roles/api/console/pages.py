@@ -19,6 +19,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from receipts import jobs as jobmodel
 from receipts import operations
 from receipts import retry as retries
+from receipts.enqueue import caller_job_id
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
 from receipts.kinds import KINDS
 from receipts.settings import Settings
@@ -66,6 +67,11 @@ def temporal_namespace() -> str:
 
 
 def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    """Render a page. `shown(job_id)` in templates is the id the signed-in caller knows a job by:
+    an organization its own id, an admin the runtime's organization-scoped id."""
+    session = context.get("session")
+    admin = session is None or session.principal.admin
+    context.setdefault("shown", _runtime_id if admin else caller_job_id)
     html = _templates.get_template(name).render(**context)
     return HTMLResponse(
         html,
@@ -79,6 +85,10 @@ def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
             "Referrer-Policy": "same-origin",
         },
     )
+
+
+def _runtime_id(job_id: str) -> str:
+    return job_id
 
 
 def store_of(request: Request) -> Any:
