@@ -34,7 +34,8 @@ from receipts.jobs import (
     SINGLETON_MODES,
     Job,
 )
-from receipts.kinds import MAX_ID_LENGTH, NON_BLANK, EnqueuePayload, invalid_input
+from receipts.kinds import CONTRACTS, MAX_ID_LENGTH, NON_BLANK, EnqueuePayload, invalid_input
+from receipts.objectives.graph import scoped_payload
 from receipts.store import Draft, Store, Tx
 from receipts.text import check_clean_text
 
@@ -261,9 +262,11 @@ def parse_enqueue(
     auth = parsed.payload.auth_context
     _check_job_id(job_id, kind, system=system)
     max_attempts = parsed.max_attempts
+    # The contract's objective scoping: the kind needs payload.objectiveId (422 without).
+    payload = scoped_payload(kind, body["payload"], CONTRACTS[kind].objective_scoped)
     return EnqueueRequest(
         agent_id=agent_id,
-        payload=dict(body["payload"]),
+        payload=payload,
         kind=kind,
         organization_id=auth.organization_id if auth is not None else None,
         job_id=job_id,

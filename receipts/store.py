@@ -28,12 +28,15 @@ from receipts.errors import (
     TransientStorageError,
 )
 from receipts.jobs import Job, Receipt
+from receipts.kinds import CONTRACTS
 from receipts.sql import migrations, query
 
 log = logging.getLogger("receipts.store")
 
 T = TypeVar("T")
 NOTIFY_CHANNEL = "receipts"
+# Kinds whose contract says "reconcile objective on terminal or expired lease" (DESIGN §5).
+_RECONCILING_KINDS = frozenset(k for k, c in CONTRACTS.items() if c.reconciles_objective)
 
 _TRANSIENT_SQLSTATES = {
     "40001",  # serialization_failure
@@ -225,6 +228,13 @@ class Tx:
             for r, p in zip(receipts, positions, strict=True)
         ]
         self.appended.extend(stored)
+        if folded.kind in _RECONCILING_KINDS:
+            # The objective outbox: the control request commits with this very receipt, or
+            # neither does (the hook lives here, the one place every job receipt is written).
+            from receipts.objectives import store as objectives
+
+            if objectives.settles(job, folded, drafts):
+                await objectives.request_on_settlement(self, folded, drafts)
         return folded, stored
 
     async def lock_streams(self, streams: Sequence[str]) -> None:

@@ -39,6 +39,7 @@ from roles.delivery.loops import (
     QueuedRedrive,
     Ticker,
     objective_control_outbox,
+    wake_on_control_requests,
 )
 from roles.delivery.retention import RetentionLoop
 from roles.delivery.runtime import attempt_worker, driver_worker
@@ -310,8 +311,11 @@ def _start_loops(runtime: Runtime) -> None:
         outbox = ObjectiveControlOutboxRedrive.from_env(
             objective_control_outbox(runtime.store), hooks
         )
+        wake = asyncio.Event()
+        runtime.spawn(wake_on_control_requests(runtime.listener, wake), "outbox-wake")
         runtime.spawn(
-            Ticker(outbox.name, outbox.run_once, outbox.interval_ms, 0, hooks).run(), outbox.name
+            Ticker(outbox.name, outbox.run_once, outbox.interval_ms, 0, hooks, wake).run(),
+            outbox.name,
         )
 
 

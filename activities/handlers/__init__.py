@@ -89,22 +89,37 @@ def kinds_handler(agent_id: str, runs: Mapping[str, Handler]) -> Handler:
 def default_handlers() -> dict[str, Handler]:
     """Return the registry of the four agent ids: factory, factory-control, factory-monitor, codex.
 
-    Today `codex` runs `factory.task.run` and `factory-control` runs
-    `factory.objective.watchdog`; the rest of the Factory comes with the objectives layer, and
-    until then every other kind those agents receive fails non-retryably.
+    `factory` creates objectives and adds phases; `factory-control` reconciles, watches and
+    audits them; `factory-monitor` mirrors a task's job onto its objective; `codex` runs tasks
+    and the validate and publish steps.
     """
+    from activities.handlers import factory
     from activities.handlers.agent_turn import run_agent_turn
-    from activities.handlers.codex import run_task
-    from activities.handlers.factory import objective_watchdog
 
     return {
-        "factory": kinds_handler("factory", {}),
-        "factory-control": kinds_handler(
-            "factory-control", {"factory.objective.watchdog": objective_watchdog}
+        "factory": kinds_handler(
+            "factory",
+            {"factory.run": factory.factory_run, "factory.dispatch": factory.factory_dispatch},
         ),
-        "factory-monitor": kinds_handler("factory-monitor", {}),
-        # `agent_job.turn`: one turn of a background agent job (docs/agent-jobs.md).
+        "factory-control": kinds_handler(
+            "factory-control",
+            {
+                "factory.objective.control": factory.objective_control,
+                "factory.objective.watchdog": factory.objective_watchdog,
+                "factory.objective.audit": factory.objective_audit,
+            },
+        ),
+        "factory-monitor": kinds_handler(
+            "factory-monitor", {"factory.task.monitor": factory.task_monitor}
+        ),
         "codex": kinds_handler(
-            "codex", {"factory.task.run": run_task, "agent_job.turn": run_agent_turn}
+            "codex",
+            {
+                "factory.task.run": factory.run_objective_task,
+                "factory.integration.validate": factory.run_integration_step,
+                "factory.integration.publish": factory.run_integration_step,
+                # `agent_job.turn`: one turn of a background agent job (docs/agent-jobs.md).
+                "agent_job.turn": run_agent_turn,
+            },
         ),
     }

@@ -1,31 +1,482 @@
-"""Factory handlers that run today: the objective watchdog scan (objectives come later)."""
+"""Factory handlers: objectives created (or planned), reconciled, watched, monitored, audited,
+and their tasks and steps run in the objective's workspace."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shlex
+import time
+from pathlib import Path
 from typing import Any
 
-from activities.handlers import HandlerContext
+from activities.handlers import HandlerContext, HandlerError
+from activities.handlers.codex import run_task
+from receipts.errors import InvalidInput
+from receipts.jobs import Job, job_stream
+from receipts.objectives import audit as objective_audit_summary
+from receipts.objectives import control
+from receipts.objectives import store as objectives
+from receipts.objectives import watchdog as objective_watchdog_rules
+from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_tasks
+from receipts.objectives.model import ObjectiveState, session_key
+from receipts.settings import Settings
 from receipts.sql import query
-from receipts.store import translate_errors
+from receipts.store import Draft, translate_errors
+from receipts.timing import TimingSettings
 from receipts.watchdog import REASONS, WatchdogSettings
+
+log = logging.getLogger("activities.handlers.factory")
+
+PLANNER_ENV = "RECEIPT_FACTORY_PLANNER_COMMAND"
+PLANNER_TIMEOUT_ENV = "RECEIPT_FACTORY_PLANNER_TIMEOUT_MS"
+PLANNER_TIMEOUT_MS = 120_000
+CODEX_COMMAND_ENV = "RECEIPT_CODEX_COMMAND"
+WORKSPACE_ENV = "RECEIPT_WORKSPACE_ROOT"
+MONITOR_POLL_S = 0.5
+MONITOR_PROGRESS_EVERY_S = 1.0
+
+
+def _objective_id(ctx: HandlerContext) -> str:
+    value = ctx.payload.get("objectiveId")
+    if not isinstance(value, str):
+        raise HandlerError("payload.objectiveId is required", retryable=False)
+    return value
+
+
+def _auth(ctx: HandlerContext) -> dict[str, Any]:
+    auth = ctx.payload.get("authContext")
+    return dict(auth) if isinstance(auth, dict) else {}
+
+
+# --- factory.run / factory.dispatch -----------------------------------------------------------
+
+
+async def _planner(spec: ObjectiveSpec) -> Any:
+    """Run RECEIPT_FACTORY_PLANNER_COMMAND with `{title, goal}` on stdin; return its JSON."""
+    command = os.environ.get(PLANNER_ENV, "").strip()
+    if not command:
+        raise HandlerError(
+            "the objective has no tasks and no planner is configured "
+            f"(set {PLANNER_ENV} to a command that prints a task graph)",
+            retryable=False,
+        )
+    timeout_ms = int(os.environ.get(PLANNER_TIMEOUT_ENV, PLANNER_TIMEOUT_MS))
+    request = json.dumps({"title": spec.title, "goal": spec.goal}).encode()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *shlex.split(command),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as exc:
+        raise HandlerError(f"could not start the planner {command!r}: {exc}") from exc
+    try:
+        out, err = await asyncio.wait_for(process.communicate(request), timeout_ms / 1000)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise HandlerError(f"the planner ran past {timeout_ms} ms", retryable=True) from None
+    if process.returncode != 0:
+        raise HandlerError(
+            f"the planner exited with status {process.returncode}: "
+            f"{err.decode(errors='replace')[-2000:]}",
+            retryable=False,
+        )
+    try:
+        return json.loads(out)
+    except ValueError as exc:
+        raise HandlerError(f"the planner did not print JSON: {exc}", retryable=False) from exc
+
+
+async def _planned(spec: ObjectiveSpec) -> ObjectiveSpec:
+    """The spec with the planner's tasks (and validate/publish when the spec has none)."""
+    planned = await _planner(spec)
+    raw: dict[str, Any] = {"title": spec.title, "goal": spec.goal}
+    if isinstance(planned, list):
+        raw["tasks"] = planned
+    elif isinstance(planned, dict):
+        raw.update({k: v for k, v in planned.items() if k in ("tasks", "validate", "publish")})
+    else:
+        raw["tasks"] = planned
+    if "tasks" not in raw:
+        raise HandlerError("the planner's graph has no 'tasks'", retryable=False)
+    try:
+        graph = parse_objective(raw, "planner")
+    except InvalidInput as exc:
+        raise HandlerError(
+            f"the planner's graph is invalid: {exc.message}", retryable=False
+        ) from exc
+    return dataclasses.replace(
+        spec,
+        tasks=graph.tasks,
+        validate=spec.validate or graph.validate,
+        publish=spec.publish or graph.publish,
+    )
+
+
+async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
+    """Create the objective (planning its tasks when it has none) and request its first control
+    pass. A graph that cannot run fails the job non-retryably and writes no objective."""
+    try:
+        spec = parse_objective(ctx.payload.get("objective"), "payload.objective")
+    except InvalidInput as exc:
+        raise HandlerError(exc.message, retryable=False) from exc
+    objective_id = _objective_id(ctx)
+    planned = spec.tasks is None
+    if planned:
+        spec = await _planned(spec)
+    assert spec.tasks is not None
+    organization_id = ctx.job.organization_id or ""
+    created: dict[str, Any] = {
+        "objectiveId": objective_id,
+        "organizationId": organization_id,
+        "authContext": _auth(ctx),
+        "title": spec.title,
+        "goal": spec.goal,
+        "planned": planned,
+        "runJobId": ctx.job.job_id,
+        "tasks": [t.to_json() for t in spec.tasks],
+        "validate": spec.validate.to_json() if spec.validate else None,
+        "publish": spec.publish.to_json() if spec.publish else None,
+    }
+    outcome = "created"
+    async with ctx.store.transaction() as tx:
+
+        def decide(state: ObjectiveState | None) -> list[Draft]:
+            nonlocal outcome
+            if state is not None:
+                if state.organization_id != organization_id:
+                    raise HandlerError(f"objectiveId {objective_id!r} is already in use")
+                outcome = "existing"
+                return []
+            return [
+                Draft("objective.created", created),
+                objectives.control_request("created", jobId=ctx.job.job_id),
+            ]
+
+        await objectives.update(tx, objective_id, decide)
+        if outcome == "created":
+            await objectives.deliver(tx, objective_id)
+    log.info(
+        "objective created" if outcome == "created" else "objective already exists",
+        extra={
+            "event": "factory.objective_created",
+            "objectiveId": objective_id,
+            "tasks": len(spec.tasks),
+            "planned": planned,
+            "outcome": outcome,
+        },
+    )
+    return {"objectiveId": objective_id, "outcome": outcome, "tasks": len(spec.tasks)}
+
+
+async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:
+    """Add a phase of tasks to a live objective: its earlier phases' pending tasks are canceled
+    (running ones finish), and control is requested."""
+    objective_id = _objective_id(ctx)
+    phase = 0
+    async with ctx.store.transaction() as tx:
+
+        def decide(state: ObjectiveState | None) -> list[Draft]:
+            nonlocal phase
+            if state is None or state.organization_id != ctx.job.organization_id:
+                raise HandlerError(f"no objective {objective_id!r}", retryable=False)
+            if state.terminal:
+                raise HandlerError(f"objective {objective_id!r} is {state.status}", retryable=False)
+            taken = {t.task_id: t.phase for t in state.tasks}
+            try:
+                tasks = parse_tasks(ctx.payload.get("tasks"), "payload.tasks", taken)
+            except InvalidInput as exc:
+                raise HandlerError(exc.message, retryable=False) from exc
+            phase = state.phase + 1
+            return [
+                Draft(
+                    "objective.phase_added",
+                    {
+                        "phase": phase,
+                        "tasks": [t.to_json() for t in tasks],
+                        "reason": ctx.payload.get("reason"),
+                        "jobId": ctx.job.job_id,
+                    },
+                ),
+                objectives.control_request("phase_added", jobId=ctx.job.job_id),
+            ]
+
+        await objectives.update(tx, objective_id, decide)
+        await objectives.deliver(tx, objective_id)
+    return {"objectiveId": objective_id, "phase": phase}
+
+
+# --- control, watchdog, audit -----------------------------------------------------------------
+
+
+async def objective_control(ctx: HandlerContext) -> dict[str, Any]:
+    """Reconcile the objective until a pass finds nothing to do; steers that arrived meanwhile
+    (coalesced control requests) are consumed, and answered by the passes they asked for."""
+    objective_id = _objective_id(ctx)
+    total = control.ReconcileResult()
+    while True:
+        result = await control.reconcile(ctx.store, objective_id, ctx.job.kind)
+        total.passes += result.passes
+        total.dispatched += result.dispatched
+        total.recorded += result.recorded
+        total.aborted += result.aborted
+        total.steps += result.steps
+        total.settled = result.settled or total.settled
+        pending = await ctx.pending_commands()
+        for command in pending:
+            await ctx.consume(command.command_id)
+        state = await objectives.get(ctx.store, objective_id)
+        if state is None or state.terminal or not state.needs_reconcile:
+            break
+        if ctx.aborted.is_set() or total.passes >= control.MAX_PASSES:
+            break
+    return {"objectiveId": objective_id, **total.to_json()}
 
 
 async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
-    """Scan up to the limit of objective streams for the three reconcile reasons.
-
-    The scan runs within the watchdog timeout. Until the Factory layer writes objectives there
-    are no `objectives/<id>` streams, so it scans nothing and reconciles nothing.
-    """
+    """Scan up to the scan limit of active objectives within the timeout; request control with
+    reason `reconcile` for each that fires one of the three reasons. The result lists which
+    objective fired which reason."""
     settings = WatchdogSettings.from_env()
-    async with asyncio.timeout(settings.timeout_ms / 1000):
-        with translate_errors():
-            async with ctx.store.pool.connection() as conn:
-                cur = await conn.execute(query("objective_streams"), {"limit": settings.scan_limit})
-                streams = [row[0] for row in await cur.fetchall()]
+    thresholds = objective_watchdog_rules.Thresholds(
+        active_stale_ms=TimingSettings.from_env().active_stale_ms
+    )
+    counts = dict.fromkeys(REASONS, 0)
+    fired: list[dict[str, str]] = []
+    scanned = 0
+    timed_out = False
+    try:
+        async with asyncio.timeout(settings.timeout_ms / 1000):
+            with translate_errors():
+                async with ctx.store.pool.connection() as conn:
+                    cur = await conn.execute(
+                        query("objectives_active"), {"limit": settings.scan_limit}
+                    )
+                    rows = await cur.fetchall()
+            states = [ObjectiveState.model_validate(row[0]) for row in rows]
+            now = rows[0][1] if rows else None
+            job_ids = [job_id for s in states for job_id in s.active_job_ids()]
+            jobs = await objectives.jobs_by_ids(ctx.store, job_ids)
+            controlled = await _active_control(ctx, states)
+            for state in states:
+                scanned += 1
+                assert now is not None
+                why = objective_watchdog_rules.reason(
+                    state, jobs, state.objective_id in controlled, now, thresholds
+                )
+                if why is None:
+                    continue
+                async with ctx.store.transaction() as tx:
+                    await objectives.request_control(
+                        tx, state.objective_id, "reconcile", watchdog=why
+                    )
+                counts[why] += 1
+                fired.append({"objectiveId": state.objective_id, "reason": why})
+                log.info(
+                    "watchdog requested a reconcile",
+                    extra={
+                        "event": "factory.watchdog_fired",
+                        "objectiveId": state.objective_id,
+                        "reason": why,
+                    },
+                )
+    except TimeoutError:
+        timed_out = True
+        log.warning(
+            "watchdog scan ran out of time",
+            extra={"event": "factory.watchdog_timeout", "scanned": scanned},
+        )
     return {
-        "scanned": len(streams),
+        "scanned": scanned,
         "limit": settings.scan_limit,
-        "reconciled": [],
-        "reasons": dict.fromkeys(REASONS, 0),
+        "reconciled": fired,
+        "reasons": counts,
+        "timedOut": timed_out,
     }
+
+
+async def _active_control(ctx: HandlerContext, states: list[ObjectiveState]) -> set[str]:
+    if not states:
+        return set()
+    params = {
+        "organization_ids": [s.organization_id for s in states],
+        "session_keys": [session_key(s.objective_id) for s in states],
+    }
+    with translate_errors():
+        async with ctx.store.pool.connection() as conn:
+            cur = await conn.execute(query("active_control_jobs"), params)
+            keys = {row[0] for row in await cur.fetchall()}
+    return {s.objective_id for s in states if session_key(s.objective_id) in keys}
+
+
+async def objective_audit(ctx: HandlerContext) -> dict[str, Any]:
+    """Append `objective.audited`: tasks, tries, durations, failures and the job behind each."""
+    objective_id = _objective_id(ctx)
+    state = await objectives.get(ctx.store, objective_id)
+    if state is None:
+        raise HandlerError(f"no objective {objective_id!r}", retryable=False)
+    jobs = await objectives.jobs_by_ids(ctx.store, objective_audit_summary.job_ids(state))
+    summary = objective_audit_summary.summary(state, jobs)
+    async with ctx.store.transaction() as tx:
+
+        def decide(current: ObjectiveState | None) -> list[Draft]:
+            if current is None or current.audit is not None:
+                return []
+            return [Draft("objective.audited", {"summary": summary, "jobId": ctx.job.job_id})]
+
+        await objectives.update(tx, objective_id, decide)
+    return {"objectiveId": objective_id, "totals": summary["totals"]}
+
+
+# --- the task monitor -------------------------------------------------------------------------
+
+
+def _last_line(progress: Any) -> str | None:
+    if isinstance(progress, dict) and isinstance(progress.get("output"), str):
+        lines = [line for line in progress["output"].splitlines() if line.strip()]
+        return lines[-1][-500:] if lines else None
+    return None
+
+
+async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
+    """Follow one task try's job and mirror it onto the objective stream: `objective.task.started`
+    when it runs, `objective.task.progress` (its last output line, at most once a second) and
+    its settlement when it ends."""
+    objective_id = _objective_id(ctx)
+    job_id = str(ctx.payload.get("jobId"))
+    task_id = str(ctx.payload.get("taskId"))
+    number = ctx.payload.get("try")
+    after = 0
+    started = False
+    last_mirror = 0.0
+    pending_line: str | None = None
+    lines = 0
+    while not ctx.aborted.is_set():
+        receipts = await ctx.store.read_stream(job_stream(job_id), after)
+        job: Job | None = None
+        for receipt in receipts:
+            after = receipt.seq
+            if receipt.type == "job.heartbeat":
+                started = started or await _mirror_started(ctx, objective_id, task_id, number)
+            elif receipt.type == "job.progress":
+                data = receipt.data.get("data")
+                pending_line = _last_line(data) or pending_line
+                if isinstance(data, dict) and isinstance(data.get("lines"), int):
+                    lines = data["lines"]
+        if pending_line is not None and time.monotonic() - last_mirror >= MONITOR_PROGRESS_EVERY_S:
+            await _mirror(
+                ctx,
+                objective_id,
+                Draft(
+                    "objective.task.progress",
+                    {
+                        "taskId": task_id,
+                        "try": number,
+                        "jobId": job_id,
+                        "lastLine": pending_line,
+                        "lines": lines,
+                    },
+                ),
+            )
+            pending_line, last_mirror = None, time.monotonic()
+        job = await ctx.store.get_job(job_id)
+        if job is None:
+            raise HandlerError(f"no job {job_id!r} to monitor", retryable=False)
+        if job.terminal and after >= job.seq:
+            await _mirror_settlement(ctx, objective_id, job)
+            return {"objectiveId": objective_id, "taskId": task_id, "jobStatus": job.status}
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctx.aborted.wait(), MONITOR_POLL_S)
+    raise HandlerError("monitor aborted", retryable=False)
+
+
+async def _mirror_settlement(ctx: HandlerContext, objective_id: str, job: Job) -> None:
+    async with ctx.store.transaction() as tx:
+        await objectives.update(
+            tx,
+            objective_id,
+            lambda s: control.settlement_drafts(s, {job.job_id: job}) if s else [],
+        )
+
+
+async def _mirror_started(
+    ctx: HandlerContext, objective_id: str, task_id: str, number: Any
+) -> bool:
+    def decide(state: ObjectiveState | None) -> list[Draft]:
+        task = state.task(task_id) if state else None
+        if task is None or task.status != "dispatched" or task.current is None:
+            return []
+        if task.current.number != number:
+            return []
+        return [Draft("objective.task.started", {"taskId": task_id, "try": number})]
+
+    async with ctx.store.transaction() as tx:
+        await objectives.update(tx, objective_id, decide)
+    return True
+
+
+async def _mirror(ctx: HandlerContext, objective_id: str, draft: Draft) -> None:
+    async with ctx.store.transaction() as tx:
+        await objectives.update(tx, objective_id, lambda s: [draft] if s is not None else [])
+
+
+# --- tasks and steps in the objective's workspace ---------------------------------------------
+
+
+def workspace_root() -> Path:
+    """RECEIPT_WORKSPACE_ROOT, or `workspaces` under RECEIPT_DATA_DIR (default .receipt)."""
+    configured = os.environ.get(WORKSPACE_ENV, "").strip()
+    root = Path(configured) if configured else Settings().data_dir / "workspaces"
+    return root.resolve()
+
+
+def workspace(objective_id: str) -> Path:
+    """The objective's workspace, shared by its tasks, validate and publish (created)."""
+    path = workspace_root() / objective_id
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+async def _run_in_workspace(ctx: HandlerContext, task: dict[str, Any]) -> dict[str, Any]:
+    task["cwd"] = str(workspace(_objective_id(ctx)))
+    payload = {**ctx.payload, "task": task}
+    return await run_task(
+        dataclasses.replace(ctx, job=ctx.job.model_copy(update={"payload": payload}))
+    )
+
+
+async def run_objective_task(ctx: HandlerContext) -> dict[str, Any]:
+    """Run one try of a task in the objective's workspace: its command, or for a prompt
+    RECEIPT_CODEX_COMMAND with the prompt on stdin (unset: the task fails, saying so)."""
+    task_input = ctx.payload.get("input")
+    if task_input is None and "task" in ctx.payload:
+        return await run_task(ctx)  # a task job posted directly: `task: {command, cwd?}`
+    if not isinstance(task_input, dict):
+        raise HandlerError("payload.input must be {command: [argv]} or {prompt}", retryable=False)
+    if "prompt" in task_input:
+        command = os.environ.get(CODEX_COMMAND_ENV, "").strip()
+        if not command:
+            raise HandlerError(
+                f"task {ctx.payload.get('taskId')!r} carries a prompt but {CODEX_COMMAND_ENV} "
+                "is not set (a coding-agent CLI that reads the prompt on stdin)",
+                retryable=False,
+            )
+        return await _run_in_workspace(
+            ctx, {"command": shlex.split(command), "stdin": str(task_input["prompt"])}
+        )
+    return await _run_in_workspace(ctx, {"command": task_input.get("command")})
+
+
+async def run_integration_step(ctx: HandlerContext) -> dict[str, Any]:
+    """Run the objective's validate or publish command in its workspace."""
+    task_input = ctx.payload.get("input")
+    if not isinstance(task_input, dict):
+        raise HandlerError("payload.input must be {command: [argv]}", retryable=False)
+    return await _run_in_workspace(ctx, {"command": task_input.get("command")})

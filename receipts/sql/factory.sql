@@ -1,7 +1,88 @@
--- Factory (objectives) statements.
+-- Factory (objectives) statements. Every scan reads the `objectives` projection (migration
+-- 0004) and the jobs projection's indexes; none scans `receipts` by stream prefix.
 
--- name: objective_streams
-SELECT DISTINCT stream FROM receipts
-WHERE stream LIKE 'objectives/%%'
-ORDER BY stream
+-- name: objective_get
+SELECT state FROM objectives WHERE objective_id = %(objective_id)s;
+
+-- name: objective_upsert
+-- Callers hold the objective stream's lock: the row always follows the stream's head.
+INSERT INTO objectives (
+    objective_id, organization_id, seq, status, phase, title, control_requested_seq,
+    control_delivered_seq, reconciled_seq, created_at, updated_at, state
+) VALUES (
+    %(objective_id)s, %(organization_id)s, %(seq)s, %(status)s, %(phase)s, %(title)s,
+    %(control_requested_seq)s, %(control_delivered_seq)s, %(reconciled_seq)s, %(created_at)s,
+    %(updated_at)s, %(state)s
+)
+ON CONFLICT (objective_id) DO UPDATE SET
+    seq = EXCLUDED.seq,
+    status = EXCLUDED.status,
+    phase = EXCLUDED.phase,
+    title = EXCLUDED.title,
+    control_requested_seq = EXCLUDED.control_requested_seq,
+    control_delivered_seq = EXCLUDED.control_delivered_seq,
+    reconciled_seq = EXCLUDED.reconciled_seq,
+    updated_at = EXCLUDED.updated_at,
+    state = EXCLUDED.state;
+
+-- name: objective_outbox
+-- Objectives owing a control pass: a request not yet handed to a control job, or an active
+-- objective with a request no pass covered and no control job left to cover it (the one it
+-- was handed to died or finished first). The session index answers the NOT EXISTS.
+SELECT o.objective_id
+FROM objectives o
+WHERE o.control_pending
+   OR (o.status = 'active'
+       AND o.control_requested_seq > o.reconciled_seq
+       AND NOT EXISTS (
+           SELECT 1 FROM jobs j
+           WHERE j.organization_id = o.organization_id
+             AND j.session_key = 'objective:' || o.objective_id
+             AND j.status IN ('queued', 'leased', 'running')))
+ORDER BY o.updated_at
+LIMIT %(limit)s;
+
+-- name: objectives_active
+-- The oldest-updated active objectives first (the watchdog and the resume pass).
+SELECT state, now() FROM objectives
+WHERE status = 'active'
+ORDER BY updated_at, objective_id
+LIMIT %(limit)s;
+
+-- name: objective_resume_candidates
+-- Active objectives with no request outstanding and no active control job.
+SELECT o.objective_id
+FROM objectives o
+WHERE o.status = 'active'
+  AND o.control_requested_seq <= o.reconciled_seq
+  AND NOT EXISTS (
+      SELECT 1 FROM jobs j
+      WHERE j.organization_id = o.organization_id
+        AND j.session_key = 'objective:' || o.objective_id
+        AND j.status IN ('queued', 'leased', 'running'))
+ORDER BY o.updated_at
+LIMIT %(limit)s;
+
+-- name: jobs_by_ids
+SELECT state FROM jobs WHERE job_id = ANY(%(job_ids)s::text[]);
+
+-- name: active_control_jobs
+-- Active control jobs of these objectives (one row per objective that has one).
+SELECT DISTINCT j.session_key
+FROM jobs j
+JOIN unnest(%(organization_ids)s::text[], %(session_keys)s::text[]) AS k(organization_id, session_key)
+  ON j.organization_id = k.organization_id AND j.session_key = k.session_key
+WHERE j.status IN ('queued', 'leased', 'running');
+
+-- name: api_list_objectives
+-- One page of objectives, newest first, keyset-paginated on (created_at, objective_id).
+SELECT state
+FROM objectives
+WHERE (%(all_organizations)s::boolean OR organization_id = %(caller_organization_id)s::text)
+  AND (%(organization_id)s::text IS NULL OR organization_id = %(organization_id)s::text)
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(before_created_at)s::timestamptz IS NULL
+       OR (created_at, objective_id)
+          < (%(before_created_at)s::timestamptz, %(before_objective_id)s::text))
+ORDER BY created_at DESC, objective_id DESC
 LIMIT %(limit)s;

@@ -9,6 +9,7 @@ No session-level advisory lock is used, so a transaction-mode pooler is fine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -22,6 +23,9 @@ from activities.driver import post_callbacks
 from receipts import deliveries
 from receipts import operations as ops
 from receipts.errors import ReceiptError
+from receipts.listen import RECONNECTED, Listener, Notice
+from receipts.objectives import store as objectives
+from receipts.objectives.model import STREAM_PREFIX as OBJECTIVE_STREAM_PREFIX
 from receipts.settings import Settings
 from receipts.sql import query
 from receipts.store import Store, translate_errors
@@ -29,6 +33,8 @@ from roles.delivery.starter import DriverStarter
 from roles.infra.settings import LoopSettings
 
 log = logging.getLogger("roles.delivery.loops")
+
+OUTBOX_BATCH = 200
 
 
 def env_ms(name: str, default: int, env: dict[str, str] | None = None) -> int:
@@ -252,11 +258,6 @@ class ObjectiveControlOutboxRedrive:
         return self._running.result()
 
 
-async def empty_outbox() -> int:
-    """The objective-control outbox scan before the Factory exists: nothing is ever pending."""
-    return 0
-
-
 @dataclass
 class Ticker:
     """Run `run_once` every `interval_ms` after `first_delay_ms`; a failing pass is logged."""
@@ -266,6 +267,7 @@ class Ticker:
     interval_ms: int
     first_delay_ms: int = 0
     hooks: LoopHooks = field(default_factory=LoopHooks)
+    wake: asyncio.Event | None = None
 
     async def run(self) -> None:
         """Tick until cancelled."""
@@ -285,55 +287,80 @@ class Ticker:
             elapsed = time.monotonic() - started
             if self.hooks.on_pass and self.name != ObjectiveControlOutboxRedrive.name:
                 self.hooks.on_pass(self.name, elapsed)
-            await asyncio.sleep(max(0.0, self.interval_ms / 1000 - elapsed))
-
-
-async def _objective_streams(store: Store, limit: int) -> list[str]:
-    with translate_errors():
-        async with store.pool.connection() as conn:
-            cur = await conn.execute(query("objective_streams"), {"limit": limit})
-            return [row[0] for row in await cur.fetchall()]
+            delay = max(0.0, self.interval_ms / 1000 - elapsed)
+            if self.wake is None:
+                await asyncio.sleep(delay)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), delay)
+            self.wake.clear()
 
 
 def objective_control_outbox(store: Store) -> Callable[[], Coroutine[Any, Any, int]]:
-    """The outbox scan: objective streams with a control request not yet delivered.
-
-    Objectives (`objectives/<id>`) are written by the Factory layer; until it exists there is
-    no stream to scan, so a pass redrives nothing.
-    """
+    """The outbox scan: deliver every objective's control requests not yet handed to a control
+    job (or handed to one that ended without covering them). Returns how many it delivered."""
 
     async def scan() -> int:
-        streams = await _objective_streams(store, 200)
-        if streams:
+        delivered = await objectives.redrive_outbox(store, OUTBOX_BATCH)
+        if delivered:
             log.info(
-                "objective streams found; control redrive arrives with the Factory",
-                extra={"event": "factory.outbox_streams", "count": len(streams)},
+                "objective control requests delivered",
+                extra={"event": "factory.control_outbox_redriven", "count": delivered},
             )
-        return 0
+        return delivered
 
     return scan
 
 
+def is_control_request(notice: Notice) -> bool:
+    """True for an append to an objective stream that carries a control request."""
+    return notice is RECONNECTED or (
+        notice.stream.startswith(OBJECTIVE_STREAM_PREFIX)
+        and "objective.control_requested" in notice.types
+    )
+
+
+async def wake_on_control_requests(listener: Listener, wake: asyncio.Event) -> None:
+    """Set `wake` at every control request appended anywhere (and after a reconnect), so the
+    outbox delivers within moments instead of at its next tick."""
+    async with listener.subscribe() as notices:
+        while True:
+            if is_control_request(await notices.get()):
+                wake.set()
+
+
 class ObjectiveResume:
-    """Once per process, after RESONATE_STARTUP_SETTLE_MS: resume objectives left mid-flight."""
+    """Once per process, after RESONATE_STARTUP_SETTLE_MS: request control for every active
+    objective with no pending request and no active control job."""
 
     name = "objective_resume"
 
-    def __init__(self, store: Store, hooks: LoopHooks | None = None) -> None:
+    def __init__(self, store: Store, hooks: LoopHooks | None = None, limit: int = 2_000) -> None:
         self.store = store
         self.hooks = hooks or LoopHooks()
+        self.limit = limit
 
     async def run_once(self) -> int:
-        """Scan objective streams; return how many were resumed (none before the Factory)."""
+        """Request (and deliver) control for each such objective; return how many."""
         started = time.monotonic()
-        streams = await _objective_streams(self.store, 2_000)
+        with translate_errors():
+            async with self.store.pool.connection() as conn:
+                cur = await conn.execute(
+                    query("objective_resume_candidates"), {"limit": self.limit}
+                )
+                candidates = [row[0] for row in await cur.fetchall()]
+        resumed = 0
+        for objective_id in candidates:
+            async with self.store.transaction() as tx:
+                if await objectives.request_control(tx, objective_id, "resume") is not None:
+                    resumed += 1
         log.info(
             "objective resume pass",
-            extra={"event": "factory.objective_resume", "objectives": len(streams)},
+            extra={"event": "factory.objective_resume", "objectives": resumed},
         )
         if self.hooks.on_pass:
             self.hooks.on_pass(self.name, time.monotonic() - started)
-        return 0
+        return resumed
 
     async def run(self, settle_ms: int) -> None:
         """Wait for the process to settle, then run once."""

@@ -111,11 +111,11 @@ async def test_a_kind_an_agent_does_not_run_fails_naming_both(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
     async with running_stack(client, fresh_store, fresh_db):
-        job = (await put(fresh_store, agent="factory", kind="factory.run")).job
+        job = (await put(fresh_store, agent="factory-control", kind="factory.dispatch")).job
         done = await wait_for_status(fresh_store, job.job_id)
     assert (done.status, done.error) == (
         "failed",
-        "agent 'factory' does not run kind 'factory.run'",
+        "agent 'factory-control' does not run kind 'factory.dispatch'",
     )
 
 

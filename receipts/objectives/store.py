@@ -1,0 +1,230 @@
+"""Objective persistence: fenced appends to `objectives/<id>` with the projection row, the
+control-request outbox and its delivery to a control job.
+
+Lock order (so that no two transactions wait on each other in a cycle): job rows first, then
+the objective's stream. The one exception, delivering a control request, takes the stream
+and then the objective's control session key and control job rows — locks no other path takes
+after the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from receipts.enqueue import EnqueueRequest, enqueue_in
+from receipts.jobs import Job, Receipt
+from receipts.kinds import CONTRACTS
+from receipts.objectives.model import (
+    ObjectiveState,
+    control_job_id,
+    fold,
+    objective_stream,
+    session_key,
+)
+from receipts.sql import query
+from receipts.store import Draft, Store, Tx, dumps, translate_errors
+
+log = logging.getLogger("receipts.objectives")
+
+CONTROL_KIND = "factory.objective.control"
+CONTROL_AGENT = "factory-control"
+CONTROL_MAX_ATTEMPTS = 3
+RECONCILING_KINDS: frozenset[str] = frozenset(
+    kind for kind, contract in CONTRACTS.items() if contract.reconciles_objective
+)
+
+Decide = Callable[[ObjectiveState | None], Sequence[Draft]]
+
+
+def _params(state: ObjectiveState) -> dict[str, Any]:
+    return {
+        "objective_id": state.objective_id,
+        "organization_id": state.organization_id,
+        "seq": state.seq,
+        "status": state.status,
+        "phase": state.phase,
+        "title": state.title,
+        "control_requested_seq": state.control_requested_seq,
+        "control_delivered_seq": state.control_delivered_seq,
+        "reconciled_seq": state.reconciled_seq,
+        "created_at": state.created_at,
+        "updated_at": state.updated_at,
+        "state": Jsonb(state.to_json(), dumps=dumps),
+    }
+
+
+async def load(tx: Tx, objective_id: str) -> ObjectiveState | None:
+    """The objective's folded state read inside `tx` (lock its stream first to keep it)."""
+    cur = await tx.conn.execute(query("objective_get"), {"objective_id": objective_id})
+    row = await cur.fetchone()
+    return ObjectiveState.model_validate(row[0]) if row else None
+
+
+async def get(store: Store, objective_id: str) -> ObjectiveState | None:
+    """The objective's folded state from the projection, or None."""
+    with translate_errors():
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(query("objective_get"), {"objective_id": objective_id})
+            row = await cur.fetchone()
+    return ObjectiveState.model_validate(row[0]) if row else None
+
+
+async def update(
+    tx: Tx, objective_id: str, decide: Decide
+) -> tuple[ObjectiveState | None, list[Receipt]]:
+    """Lock the objective's stream, let `decide` choose receipts from its current state, append
+    them and update the projection, in the caller's transaction. Returns the new state and the
+    receipts written (none when `decide` chose none)."""
+    stream = objective_stream(objective_id)
+    await tx.lock_streams([stream])
+    state = await load(tx, objective_id)
+    drafts = list(decide(state))
+    if not drafts:
+        return state, []
+    receipts = await tx.append(stream, drafts, expected_seq=state.seq if state else 0)
+    new = fold(receipts, state)
+    assert new is not None
+    await tx.conn.execute(query("objective_upsert"), _params(new))
+    return new, receipts
+
+
+def control_request(reason: str, **detail: Any) -> Draft:
+    """An `objective.control_requested` receipt (the outbox entry)."""
+    return Draft("objective.control_requested", {"reason": reason, **detail})
+
+
+async def request_control(
+    tx: Tx, objective_id: str, reason: str, *, deliver_now: bool = True, **detail: Any
+) -> ObjectiveState | None:
+    """Record a control request and, with `deliver_now`, hand it to a control job in the same
+    transaction. Does nothing for an objective that does not exist."""
+
+    def decide(state: ObjectiveState | None) -> list[Draft]:
+        return [control_request(reason, **detail)] if state is not None else []
+
+    state, _ = await update(tx, objective_id, decide)
+    if state is not None and deliver_now:
+        state = await deliver(tx, objective_id)
+    return state
+
+
+async def deliver(tx: Tx, objective_id: str) -> ObjectiveState | None:
+    """Hand the objective's outstanding control requests to a control job (in `tx`).
+
+    The job is enqueued on the session key `objective:<id>` with singleton `steer`: an active
+    control job absorbs the request as a steer command, so at most one control job per
+    objective is active. Its id names the stream head it was delivered at, so redelivering one
+    observed state creates nothing. A terminal objective's requests are marked delivered
+    without a job.
+    """
+    stream = objective_stream(objective_id)
+    await tx.lock_streams([stream])
+    state = await load(tx, objective_id)
+    if state is None or not (state.control_pending or state.needs_reconcile):
+        return state
+    job_id: str | None = None
+    outcome = "none"
+    if not state.terminal:
+        result = await enqueue_in(
+            tx,
+            EnqueueRequest(
+                agent_id=CONTROL_AGENT,
+                payload={
+                    "kind": CONTROL_KIND,
+                    "objectiveId": objective_id,
+                    "reason": state.last_control_reason or "reconcile",
+                    "authContext": state.auth_context,
+                },
+                kind=CONTROL_KIND,
+                organization_id=state.organization_id,
+                job_id=control_job_id(objective_id, state.seq),
+                session_key=session_key(objective_id),
+                singleton_mode="steer",
+                max_attempts=CONTROL_MAX_ATTEMPTS,
+            ),
+        )
+        job_id, outcome = result.job.job_id, result.outcome
+    through = state.control_requested_seq
+    new, _ = await update(
+        tx,
+        objective_id,
+        lambda _: [
+            Draft(
+                "objective.control_delivered",
+                {"throughSeq": through, "controlJobId": job_id, "outcome": outcome},
+            )
+        ],
+    )
+    log.info(
+        "objective control delivered",
+        extra={
+            "event": "factory.control_delivered",
+            "objectiveId": objective_id,
+            "jobId": job_id,
+            "outcome": outcome,
+        },
+    )
+    return new
+
+
+def settles(prior: Job | None, job: Job, drafts: Sequence[Draft]) -> bool:
+    """True when this append made the job terminal or expired its lease."""
+    if job.terminal and (prior is None or not prior.terminal):
+        return True
+    return any(d.type == "job.lease_expired" for d in drafts)
+
+
+async def request_on_settlement(tx: Tx, job: Job, drafts: Sequence[Draft]) -> None:
+    """The contract flag "reconcile objective on terminal or expired lease": in the transaction
+    that wrote the job's terminal receipt or `job.lease_expired`, record a control request on
+    its objective's stream (delivered by the outbox redrive). An objective that does not exist
+    gets nothing."""
+    objective_id = job.payload.get("objectiveId")
+    if not isinstance(objective_id, str):
+        return
+    expired = any(d.type == "job.lease_expired" for d in drafts)
+    await request_control(
+        tx,
+        objective_id,
+        "lease_expired" if expired else "job_terminal",
+        deliver_now=False,
+        jobId=job.job_id,
+        jobStatus=job.status,
+    )
+
+
+async def outbox_candidates(store: Store, limit: int) -> list[str]:
+    """Objectives owing a control pass (see the `objective_outbox` statement)."""
+    with translate_errors():
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(query("objective_outbox"), {"limit": limit})
+            return [row[0] for row in await cur.fetchall()]
+
+
+async def redrive_outbox(store: Store, limit: int = 200) -> int:
+    """One outbox pass: deliver each owing objective's requests, one transaction each.
+    Returns how many were delivered."""
+    delivered = 0
+    for objective_id in await outbox_candidates(store, limit):
+        async with store.transaction() as tx:
+            before = await load(tx, objective_id)
+            after = await deliver(tx, objective_id)
+        if after is not None and before is not None and after.seq != before.seq:
+            delivered += 1
+    return delivered
+
+
+async def jobs_by_ids(store: Store, job_ids: Sequence[str]) -> dict[str, Job]:
+    """The jobs with these ids (absent ones are left out)."""
+    if not job_ids:
+        return {}
+    with translate_errors():
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(query("jobs_by_ids"), {"job_ids": list(job_ids)})
+            rows = await cur.fetchall()
+    jobs = [Job.model_validate(row[0]) for row in rows]
+    return {job.job_id: job for job in jobs}
