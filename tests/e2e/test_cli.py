@@ -83,7 +83,9 @@ async def test_enqueue_inspect_list_and_command_a_job(
     job_id = new_id("cli")
     agent = new_id("agent")
     payload = tmp_path / "payload.json"
-    payload.write_text(json.dumps({"authContext": AUTH, "prompt": "hello"}))
+    payload.write_text(
+        json.dumps({"authContext": AUTH, "objectiveId": "standalone", "prompt": "hello"})
+    )
     run = await receipt(
         api,
         "enqueue",
@@ -179,7 +181,7 @@ async def test_enqueue_wait_follows_the_job_and_exits_0_only_if_it_completed(
         "--kind",
         "factory.task.run",
         "--payload",
-        json.dumps({"authContext": AUTH}),
+        json.dumps({"authContext": AUTH, "objectiveId": "standalone"}),
         "--job-id",
         job_id,
         "--wait",
@@ -205,7 +207,7 @@ async def test_events_follow_prints_every_receipt_live_until_the_job_ends(
     job_id = new_id("follow")
     enqueued = await receipt(
         api, "enqueue", "codex", "--kind", "factory.run", "--payload",
-        json.dumps({"authContext": AUTH}), "--job-id", job_id,
+        json.dumps({"authContext": AUTH, "objectiveId": "standalone"}), "--job-id", job_id,
     )  # fmt: skip
     assert enqueued.code == 0, enqueued.err
     process = await start(api, "jobs", "events", job_id, "--follow", "--json")
@@ -227,7 +229,7 @@ async def test_refusals_exit_3_with_the_apis_message(api: RunningApi) -> None:
     assert "factory.objective.watchdog" in bad_kind.err
     other_org = await receipt(
         api, "enqueue", "codex", "--kind", "factory.run", "--payload",
-        json.dumps({"authContext": {"userId": "u", "organizationId": "org-b"}}),
+        json.dumps({"authContext": {"userId": "u", "organizationId": "org-b"}, "objectiveId": "standalone"}),
     )  # fmt: skip
     assert other_org.code == 3 and "403 forbidden" in other_org.err
     unknown_token = await receipt(api, "jobs", "ls", token="not-a-token")

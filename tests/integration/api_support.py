@@ -61,6 +61,8 @@ def enqueue_body(
         "kind": kind,
         "authContext": {"userId": "u-1", "organizationId": org},
     }
+    if kind != "factory.objective.watchdog":
+        payload["objectiveId"] = "standalone"  # objective-scoped kinds need one (422 without)
     payload.update(extra.pop("payload_extra", {}))
     return {"payload": payload, **extra}
 

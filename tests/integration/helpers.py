@@ -14,7 +14,9 @@ def auth(org: str = "org-a", user: str = "user-1") -> dict[str, str]:
 
 
 def body(kind: str = "factory.task.run", org: str = "org-a", **extra: Any) -> dict[str, Any]:
-    payload = {"kind": kind, "authContext": auth(org)}
+    payload: dict[str, Any] = {"kind": kind, "authContext": auth(org)}
+    if kind != "factory.objective.watchdog":
+        payload["objectiveId"] = "standalone"  # objective-scoped kinds need one (422 without)
     payload.update(extra.pop("payload_extra", {}))
     return {"payload": payload, **extra}
 

@@ -1574,7 +1574,9 @@ def test_auth_context_optional_fields_must_be_strings(name: str) -> None:
 
 
 def body(**overrides: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {"payload": {"kind": "factory.dispatch", "authContext": dict(AUTH)}}
+    data: dict[str, Any] = {
+        "payload": {"kind": "factory.dispatch", "authContext": dict(AUTH), "objectiveId": "o-1"}
+    }
     data.update(overrides)
     return data
 

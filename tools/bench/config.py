@@ -51,6 +51,7 @@ TERMINAL_TYPES = ("job.completed", "job.failed", "job.canceled")
 NOOP_PAYLOAD: dict[str, Any] = {
     "kind": "factory.task.run",
     "authContext": {"userId": "bench", "organizationId": "bench"},
+    "objectiveId": "bench",  # objective-scoped kinds need one (422 without)
     "task": {"command": ["true"]},
 }
 

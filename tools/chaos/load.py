@@ -24,6 +24,7 @@ async def post(
     payload = {
         "kind": "factory.task.run",
         "authContext": {"userId": "chaos", "organizationId": "chaos"},
+        "objectiveId": "chaos",  # objective-scoped kinds need one (422 without)
         **extra,
     }
     body = {"jobId": job_id, "maxAttempts": attempts, "payload": payload}

@@ -1,0 +1,247 @@
+"""Objectives end to end on real PostgreSQL and a real Temporal dev server."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from receipts.objectives import store as objectives
+from receipts.objectives.model import objective_stream
+from receipts.store import Store
+from tests.integration.delivery.conftest import running_stack, wait_for_status
+from tests.integration.factory.conftest import outbox_running, run_objective, wait_objective
+
+HERE = Path(__file__).parent
+
+
+def sh(script: str, **task: Any) -> dict[str, Any]:
+    return {"input": {"command": ["sh", "-c", script]}, **task}
+
+
+def diamond(objective_id: str) -> dict[str, Any]:
+    return {
+        "objectiveId": objective_id,
+        "title": "diamond",
+        "goal": "four tasks in dependency order",
+        "tasks": [
+            {"taskId": "a", **sh("echo a >> order.txt")},
+            {"taskId": "b", "dependsOn": ["a"], **sh("sleep 0.3; echo b >> order.txt")},
+            {"taskId": "c", "dependsOn": ["a"], **sh("echo c >> order.txt")},
+            {"taskId": "d", "dependsOn": ["b", "c"], **sh("echo d >> order.txt")},
+        ],
+        "validate": {"command": ["sh", "-c", "grep -q d order.txt && echo validate >> order.txt"]},
+        "publish": {"command": ["sh", "-c", "echo publish >> order.txt"]},
+    }
+
+
+async def stream(store: Store, objective_id: str) -> list[Any]:
+    return await store.read_stream(objective_stream(objective_id))
+
+
+async def test_a_diamond_runs_in_dependency_order_then_validate_and_publish(
+    client: Client, fresh_store: Store, fresh_db: str, workspace_root: Path
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
+        await run_objective(fresh_store, diamond("dia-1"))
+        state = await wait_objective(fresh_store, "dia-1", audited=True)
+    assert state.status == "completed", state.error
+    lines = (workspace_root / "dia-1" / "order.txt").read_text().split()
+    assert lines[0] == "a" and sorted(lines[1:3]) == ["b", "c"]
+    assert lines[3:] == ["d", "validate", "publish"]
+    receipts = await stream(fresh_store, "dia-1")
+    seq_of = {}
+    for r in receipts:
+        if r.type in ("objective.task.dispatched", "objective.task.settled"):
+            seq_of.setdefault((r.type, r.data["taskId"]), r.seq)
+        if r.type in ("objective.step.dispatched", "objective.step.settled"):
+            seq_of.setdefault((r.type, r.data["step"]), r.seq)
+    deps = {"b": ["a"], "c": ["a"], "d": ["b", "c"]}
+    for task, needs in deps.items():
+        for need in needs:
+            assert (
+                seq_of[("objective.task.dispatched", task)]
+                > seq_of[("objective.task.settled", need)]
+            )
+    assert (
+        seq_of[("objective.step.dispatched", "validate")] > seq_of[("objective.task.settled", "d")]
+    )
+    assert (
+        seq_of[("objective.step.dispatched", "publish")]
+        > seq_of[("objective.step.settled", "validate")]
+    )
+    # Each task ran once, as the job its deterministic id names, and the audit names it.
+    assert [t.job_id for t in state.tasks] == [
+        f"objective:dia-1:task:{t}:try:1" for t in ("a", "b", "c", "d")
+    ]
+    assert state.audit is not None
+    assert state.audit["totals"]["completed"] == 4
+    assert {t["tries"][0]["jobId"] for t in state.audit["tasks"]} == {t.job_id for t in state.tasks}
+    for task in state.tasks:
+        job = await fresh_store.get_job(task.job_id or "")
+        assert job is not None and job.status == "completed"
+
+
+async def test_a_failing_task_is_retried_within_its_budget(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    flaky = "if [ -f tried ]; then echo second; else touch tried; exit 3; fi"
+    objective = {
+        "objectiveId": "retry-1",
+        "title": "flaky",
+        "goal": "succeeds on the second try",
+        "tasks": [{"taskId": "flaky", "maxAttempts": 2, **sh(flaky)}],
+    }
+    async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
+        await run_objective(fresh_store, objective)
+        state = await wait_objective(fresh_store, "retry-1")
+    assert state.status == "completed", state.error
+    task = state.task("flaky")
+    assert task is not None
+    assert [(t.number, t.status) for t in task.tries] == [(1, "failed"), (2, "completed")]
+    assert task.tries[1].job_id == "objective:retry-1:task:flaky:try:2"
+
+
+async def test_a_task_out_of_budget_fails_the_objective_and_its_dependants_never_start(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    objective = {
+        "objectiveId": "fail-1",
+        "title": "fails",
+        "goal": "the objective fails naming the task",
+        "tasks": [
+            {"taskId": "broken", "maxAttempts": 2, **sh("exit 4")},
+            {"taskId": "after", "dependsOn": ["broken"], **sh("touch ran")},
+        ],
+        "validate": {"command": ["true"]},
+    }
+    async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
+        await run_objective(fresh_store, objective)
+        state = await wait_objective(fresh_store, "fail-1", audited=True)
+    assert state.status == "failed"
+    assert state.failed_task == "broken"
+    assert "task 'broken' failed after 2 tries" in (state.error or "")
+    after = state.task("after")
+    assert after is not None and after.status == "pending" and after.tries == ()
+    types = [r.type for r in await stream(fresh_store, "fail-1")]
+    assert types.count("objective.task.dispatched") == 2
+    assert "objective.step.dispatched" not in types
+    assert await fresh_store.get_job("objective:fail-1:task:after:try:1") is None
+    assert state.audit is not None and state.audit["failures"][0]["taskId"] == "broken"
+
+
+@pytest.mark.parametrize(
+    ("tasks", "problem"),
+    [
+        (
+            [
+                {"taskId": "x", "dependsOn": ["z"], "input": {"command": ["true"]}},
+                {"taskId": "y", "dependsOn": ["x"], "input": {"command": ["true"]}},
+                {"taskId": "z", "dependsOn": ["y"], "input": {"command": ["true"]}},
+            ],
+            "dependency cycle: x -> z -> y -> x",
+        ),
+        (
+            [{"taskId": "x", "dependsOn": ["ghost"], "input": {"command": ["true"]}}],
+            "task 'x' depends on unknown task 'ghost'",
+        ),
+        (
+            [{"taskId": "x", "input": {"command": ["true"]}}] * 2,
+            "duplicate task id 'x'",
+        ),
+        (None, "no tasks and no planner is configured"),
+    ],
+)
+async def test_an_invalid_graph_fails_the_run_and_writes_no_objective(
+    client: Client,
+    fresh_store: Store,
+    fresh_db: str,
+    tasks: Any,
+    problem: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RECEIPT_FACTORY_PLANNER_COMMAND", raising=False)
+    objective: dict[str, Any] = {"objectiveId": "bad-1", "title": "bad", "goal": "cannot run"}
+    if tasks is not None:
+        objective["tasks"] = tasks
+    async with running_stack(client, fresh_store, fresh_db, queues=("receipt-chat",)):
+        job = await run_objective(fresh_store, objective)
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "failed" and done.attempt == 1
+    assert problem in (done.error or "")
+    assert await objectives.get(fresh_store, "bad-1") is None
+    assert await stream(fresh_store, "bad-1") == []
+
+
+async def test_the_planner_supplies_the_tasks_when_there_are_none(
+    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECEIPT_FACTORY_PLANNER_COMMAND", f"{sys.executable} {HERE / 'planner.py'}")
+    objective = {"objectiveId": "plan-1", "title": "planned", "goal": "hello-planner"}
+    async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
+        await run_objective(fresh_store, objective)
+        state = await wait_objective(fresh_store, "plan-1")
+    assert state.status == "completed", state.error
+    assert state.planned
+    assert [t.task_id for t in state.tasks] == ["write", "check"]
+
+
+async def test_a_new_phase_cancels_unstarted_tasks_and_lets_running_ones_finish(
+    client: Client, fresh_store: Store, fresh_db: str, workspace_root: Path
+) -> None:
+    objective = {
+        "objectiveId": "phase-1",
+        "title": "phases",
+        "goal": "superseded",
+        "tasks": [
+            {"taskId": "slow", **sh("sleep 2; echo slow > slow.txt")},
+            {"taskId": "later", "dependsOn": ["slow"], **sh("touch later.txt")},
+        ],
+    }
+    async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
+        await run_objective(fresh_store, objective)
+        await wait_objective_task(fresh_store, "phase-1", "slow", ("dispatched", "running"))
+        from receipts.enqueue import enqueue, parse_enqueue
+
+        await enqueue(
+            fresh_store,
+            parse_enqueue(
+                "factory",
+                {
+                    "payload": {
+                        "kind": "factory.dispatch",
+                        "objectiveId": "phase-1",
+                        "authContext": {"userId": "u-1", "organizationId": "org-a"},
+                        "tasks": [{"taskId": "next", **sh("touch next.txt")}],
+                    }
+                },
+            ),
+        )
+        state = await wait_objective(fresh_store, "phase-1")
+    assert state.status == "completed", state.error
+    assert state.phase == 2
+    statuses = {t.task_id: (t.phase, t.status) for t in state.tasks}
+    assert statuses == {
+        "slow": (1, "completed"),
+        "later": (1, "canceled"),
+        "next": (2, "completed"),
+    }
+    assert (workspace_root / "phase-1" / "slow.txt").exists()
+    assert not (workspace_root / "phase-1" / "later.txt").exists()
+
+
+async def wait_objective_task(
+    store: Store, objective_id: str, task_id: str, statuses: tuple[str, ...]
+) -> None:
+    import asyncio
+
+    for _ in range(600):
+        state = await objectives.get(store, objective_id)
+        task = state.task(task_id) if state else None
+        if task is not None and task.status in statuses:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{objective_id}/{task_id} never reached {statuses}")
