@@ -1,0 +1,247 @@
+"""The control outbox (atomic with the job's terminal receipt, healed by the redrive), the
+startup resume and the watchdog's scan."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from temporalio.client import Client
+
+from activities.handlers import HandlerContext
+from activities.handlers.factory import objective_watchdog
+from receipts import operations as ops
+from receipts.enqueue import enqueue, parse_enqueue
+from receipts.errors import StorageError
+from receipts.jobs import Job
+from receipts.objectives import store as objectives
+from receipts.objectives.model import ObjectiveState, objective_stream, session_key
+from receipts.store import Draft, Store
+from roles.delivery.loops import ObjectiveResume
+from tests.integration.delivery.conftest import running_stack
+from tests.integration.factory.conftest import AUTH, outbox_running, run_objective, wait_objective
+
+FAIL_REQUESTS = """
+CREATE FUNCTION refuse_control_requests() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.type = 'objective.control_requested' THEN
+    RAISE EXCEPTION 'injected failure between the terminal receipt and its control request';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_control_requests BEFORE INSERT ON receipts
+  FOR EACH ROW EXECUTE FUNCTION refuse_control_requests();
+"""
+
+
+async def create_objective(store: Store, objective_id: str, tasks: list[dict[str, Any]]) -> None:
+    """An objective written straight to its stream (no control requested)."""
+    created = {
+        "objectiveId": objective_id,
+        "organizationId": "org-a",
+        "authContext": AUTH,
+        "title": objective_id,
+        "goal": "test",
+        "tasks": tasks,
+    }
+    async with store.transaction() as tx:
+        await objectives.update(tx, objective_id, lambda _: [Draft("objective.created", created)])
+
+
+async def running_task_job(store: Store, objective_id: str) -> tuple[Job, str]:
+    body = {
+        "jobId": f"objective:{objective_id}:task:t:try:1",
+        "payload": {
+            "kind": "factory.task.run",
+            "objectiveId": objective_id,
+            "authContext": AUTH,
+            "input": {"command": ["true"]},
+        },
+    }
+    job = (await enqueue(store, parse_enqueue("codex", body))).job
+    worker = f"{job.job_id}:attempt:1/1"
+    out = await ops.start_attempt(store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
+    assert out.ok
+    return job, worker
+
+
+TASK = [{"taskId": "t", "input": {"command": ["true"]}}]
+
+
+async def test_a_terminal_receipt_and_its_control_request_commit_together_or_not_at_all(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    await create_objective(fresh_store, "obx-1", TASK)
+    job, worker = await running_task_job(fresh_store, "obx-1")
+    before = await fresh_store.read_stream(objective_stream("obx-1"))
+    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute(FAIL_REQUESTS.encode())
+    with pytest.raises(StorageError, match="injected failure"):
+        await ops.complete(fresh_store, job.job_id, worker_id=worker, attempt=1, result={})
+    # Neither: the job is still running and the objective's stream is unchanged.
+    still = await fresh_store.get_job(job.job_id)
+    assert still is not None and still.status == "running"
+    assert await fresh_store.read_stream(objective_stream("obx-1")) == before
+    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute(b"DROP TRIGGER refuse_control_requests ON receipts")
+    out = await ops.complete(fresh_store, job.job_id, worker_id=worker, attempt=1, result={})
+    assert out.ok
+    # Both: the terminal receipt and the request, in one transaction (same recorded time).
+    terminal = (await fresh_store.read_stream(f"jobs/{job.job_id}"))[-1]
+    request = (await fresh_store.read_stream(objective_stream("obx-1")))[-1]
+    assert (terminal.type, request.type) == ("job.completed", "objective.control_requested")
+    assert request.data["jobId"] == job.job_id
+    assert terminal.recorded_at == request.recorded_at
+    state = await objectives.get(fresh_store, "obx-1")
+    assert state is not None and state.control_pending
+
+
+async def test_an_expired_lease_requests_control_in_the_same_transaction(
+    fresh_store: Store,
+) -> None:
+    await create_objective(fresh_store, "obx-2", TASK)
+    job, worker = await running_task_job(fresh_store, "obx-2")
+    await ops.heartbeat(fresh_store, job.job_id, worker_id=worker, attempt=1, lease_ms=1)
+    await asyncio.sleep(0.05)
+    out = await ops.expire_lease(fresh_store, job.job_id)
+    assert out.ok
+    expired = (await fresh_store.read_stream(f"jobs/{job.job_id}"))[-1]
+    request = (await fresh_store.read_stream(objective_stream("obx-2")))[-1]
+    assert expired.type == "job.lease_expired"
+    assert request.type == "objective.control_requested"
+    assert request.data["reason"] == "lease_expired"
+    assert expired.recorded_at == request.recorded_at
+
+
+async def test_a_job_without_an_objective_writes_no_request(fresh_store: Store) -> None:
+    job, worker = await running_task_job(fresh_store, "nowhere")
+    assert (await ops.complete(fresh_store, job.job_id, worker_id=worker, attempt=1)).ok
+    assert await fresh_store.read_stream(objective_stream("nowhere")) == []
+
+
+async def test_the_outbox_redrive_delivers_a_request_left_after_a_crash(
+    fresh_store: Store,
+) -> None:
+    await create_objective(fresh_store, "obx-3", TASK)
+    job, worker = await running_task_job(fresh_store, "obx-3")
+    assert (await ops.complete(fresh_store, job.job_id, worker_id=worker, attempt=1)).ok
+    # Nothing delivered it (the process "crashed" after the commit): the outbox pass does.
+    assert await objectives.outbox_candidates(fresh_store, 10) == ["obx-3"]
+    assert await objectives.redrive_outbox(fresh_store) == 1
+    state = await objectives.get(fresh_store, "obx-3")
+    assert state is not None and not state.control_pending
+    control = await fresh_store.get_job(state.control_job_id or "")
+    assert control is not None
+    assert (control.kind, control.session_key, control.status) == (
+        "factory.objective.control",
+        session_key("obx-3"),
+        "queued",
+    )
+    # Delivered once: a second pass finds nothing (the control job is active).
+    assert await objectives.outbox_candidates(fresh_store, 10) == []
+
+
+async def test_an_objective_left_without_its_outbox_completes_once_the_redrive_runs(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    objective = {
+        "objectiveId": "heal-1",
+        "title": "heal",
+        "goal": "completes after the outbox comes back",
+        "tasks": [{"taskId": "t", "input": {"command": ["true"]}}],
+    }
+    async with running_stack(client, fresh_store, fresh_db) as stack:
+        await run_objective(fresh_store, objective)
+        for _ in range(600):  # the task settles; its request waits in the outbox
+            state = await objectives.get(fresh_store, "heal-1")
+            if state and state.control_pending and state.tasks[0].tries:
+                job = await fresh_store.get_job(state.tasks[0].tries[0].job_id)
+                if job and job.terminal:
+                    break
+            await asyncio.sleep(0.05)
+        assert state is not None and state.status == "active"
+        async with outbox_running(stack):
+            done = await wait_objective(fresh_store, "heal-1")
+    assert done.status == "completed"
+
+
+async def test_startup_resume_requests_control_for_a_quiet_active_objective(
+    fresh_store: Store,
+) -> None:
+    await create_objective(fresh_store, "res-1", TASK)
+    resume = ObjectiveResume(fresh_store)
+    assert await resume.run_once() == 1
+    state = await objectives.get(fresh_store, "res-1")
+    assert state is not None and state.last_control_reason == "resume"
+    assert state.control_job_id is not None
+    # An objective with an active control job (or a pending request) is left alone.
+    assert await resume.run_once() == 0
+
+
+def handler_context(store: Store) -> HandlerContext:
+    async def nothing(*_: Any) -> Any:
+        return None
+
+    job = Job.model_validate(
+        {
+            "jobId": "watchdog:test",
+            "agentId": "factory-control",
+            "lane": "collect",
+            "kind": "factory.objective.watchdog",
+            "payload": {"kind": "factory.objective.watchdog"},
+            "createdAt": "2026-01-01T00:00:00+00:00",
+            "updatedAt": "2026-01-01T00:00:00+00:00",
+        }
+    )
+    return HandlerContext(
+        job=job,
+        attempt=1,
+        worker_id="w",
+        progress=nothing,
+        refresh=nothing,
+        consume=nothing,
+        store=store,
+    )
+
+
+async def backdate(db_url: str, objective_id: str, minutes: int) -> None:
+    """Make an objective look quiet for `minutes` (the projection's updated time)."""
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT state FROM objectives WHERE objective_id = %s", (objective_id,)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        state = ObjectiveState.model_validate(row[0])
+        old = state.updated_at - timedelta(minutes=minutes)
+        moved = state.model_copy(update={"updated_at": old})
+        await conn.execute(
+            "UPDATE objectives SET updated_at = %s, state = %s WHERE objective_id = %s",
+            (old, psycopg.types.json.Jsonb(moved.to_json()), objective_id),
+        )
+
+
+async def test_the_watchdog_fires_for_quiet_objectives_within_its_scan_limit(
+    fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for objective_id in ("wd-1", "wd-2", "wd-3"):
+        await create_objective(fresh_store, objective_id, TASK)
+    await backdate(fresh_db, "wd-1", 5)
+    await backdate(fresh_db, "wd-2", 4)
+    # wd-3 was just written: inside the grace period, it must not fire.
+    monkeypatch.setenv("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "1")
+    first = await objective_watchdog(handler_context(fresh_store))
+    assert first["scanned"] == 1 and first["limit"] == 1
+    assert first["reconciled"] == [{"objectiveId": "wd-1", "reason": "no_active_objective_work"}]
+    monkeypatch.setenv("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "10")
+    second = await objective_watchdog(handler_context(fresh_store))
+    # wd-1 now has an active control job: no reason; wd-2 fires; wd-3 is still in its grace.
+    assert second["reconciled"] == [{"objectiveId": "wd-2", "reason": "no_active_objective_work"}]
+    assert second["reasons"]["no_active_objective_work"] == 1
+    state = await objectives.get(fresh_store, "wd-2")
+    assert state is not None and state.last_control_reason == "reconcile"
+    control = await fresh_store.get_job(state.control_job_id or "")
+    assert control is not None and control.payload["reason"] == "reconcile"

@@ -1,0 +1,223 @@
+"""Objectives, pure: graph validation, the reducer, the control plan and the watchdog reasons."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from receipts.errors import InvalidInput
+from receipts.jobs import Job, Lease, Receipt
+from receipts.objectives import control
+from receipts.objectives import watchdog as rules
+from receipts.objectives.graph import GraphError, find_cycle, parse_objective, parse_tasks
+from receipts.objectives.model import ObjectiveState, fold
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def cmd(task_id: str, *deps: str, **extra: Any) -> dict[str, Any]:
+    return {"taskId": task_id, "dependsOn": list(deps), "input": {"command": ["true"]}, **extra}
+
+
+def test_a_cycle_is_refused_naming_its_task_ids() -> None:
+    with pytest.raises(GraphError, match=r"dependency cycle: a -> c -> b -> a"):
+        parse_tasks([cmd("a", "c"), cmd("b", "a"), cmd("c", "b"), cmd("d")])
+
+
+def test_an_unknown_dependency_and_a_duplicate_id_are_named() -> None:
+    with pytest.raises(GraphError, match="task 'a' depends on unknown task 'zz'"):
+        parse_tasks([cmd("a", "zz")])
+    with pytest.raises(GraphError, match="duplicate task id 'a'") as caught:
+        parse_tasks([cmd("a"), cmd("a")])
+    assert caught.value.field == "tasks[1].taskId"
+
+
+def test_a_task_id_of_an_earlier_phase_is_refused() -> None:
+    with pytest.raises(GraphError, match="already used by phase 1"):
+        parse_tasks([cmd("a")], taken={"a": 1})
+
+
+def test_find_cycle_finds_none_in_a_diamond() -> None:
+    assert find_cycle({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]}) is None
+    assert find_cycle({"a": ["a"]}) == ["a", "a"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"title": "t", "goal": "g", "tasks": []}, "objective.tasks"),
+        ({"goal": "g"}, "objective.title"),
+        ({"title": "t", "goal": "g", "extra": 1}, "objective.extra"),
+        ({"title": "t", "goal": "g", "objectiveId": "a/b"}, "objective.objectiveId"),
+        (
+            {"title": "t", "goal": "g", "tasks": [{"taskId": "a", "input": {}}]},
+            "objective.tasks[0].input",
+        ),
+        (
+            {"title": "t", "goal": "g", "tasks": [cmd("a", executionPath="moon")]},
+            "objective.tasks[0].executionPath",
+        ),
+    ],
+)
+def test_bad_objectives_name_the_field(raw: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse_objective(raw)
+    assert caught.value.field == field
+
+
+def receipt(seq: int, type_: str, at: datetime = T0, **data: Any) -> Receipt:
+    return Receipt("objectives/o", seq, type_, data, at)
+
+
+def created(tasks: list[dict[str, Any]], **extra: Any) -> Receipt:
+    return receipt(
+        1,
+        "objective.created",
+        objectiveId="o",
+        organizationId="org",
+        authContext={},
+        title="t",
+        goal="g",
+        tasks=parse_json(tasks),
+        **extra,
+    )
+
+
+def parse_json(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [t.to_json() for t in parse_tasks(tasks)]
+
+
+def job(job_id: str, status: str, at: datetime = T0, **extra: Any) -> Job:
+    data: dict[str, Any] = {
+        "jobId": job_id,
+        "agentId": "codex",
+        "lane": "collect",
+        "kind": "factory.task.run",
+        "payload": {},
+        "status": status,
+        "createdAt": at,
+        "updatedAt": at,
+    }
+    data.update(extra)
+    return Job.model_validate(data)
+
+
+def test_the_plan_dispatches_ready_tasks_then_records_then_steps_then_settles() -> None:
+    state = fold([created([cmd("a"), cmd("b", "a")], validate={"command": ["true"]})])
+    assert state is not None
+    first = control.plan(state, {})
+    assert [t.task_id for t in first.dispatch] == ["a"]
+    state = fold(
+        [receipt(3, "objective.task.dispatched", taskId="a", jobId="ja", **{"try": 1})], state
+    )
+    assert state is not None and control.plan(state, {"ja": job("ja", "running")}).empty
+    recorded = control.plan(state, {"ja": job("ja", "completed")})
+    assert [d.type for d in recorded.records] == ["objective.task.settled"]
+    state = fold([receipt(4, recorded.records[0].type, **recorded.records[0].data)], state)
+    assert state is not None
+    assert [t.task_id for t in control.plan(state, {}).dispatch] == ["b"]
+    state = fold(
+        [
+            receipt(5, "objective.task.dispatched", taskId="b", jobId="jb", **{"try": 1}),
+            receipt(6, "objective.task.settled", taskId="b", jobId="jb", status="completed",
+                    **{"try": 1}),
+        ],
+        state,
+    )  # fmt: skip
+    assert state is not None and control.plan(state, {}).step == "validate"
+    state = fold(
+        [
+            receipt(7, "objective.step.dispatched", step="validate", jobId="jv"),
+            receipt(8, "objective.step.settled", step="validate", jobId="jv", status="completed"),
+        ],
+        state,
+    )
+    assert state is not None and control.plan(state, {}).settle == {"status": "completed"}
+
+
+def test_a_failed_try_within_budget_goes_back_to_pending() -> None:
+    state = fold(
+        [
+            created([cmd("a", maxAttempts=2)]),
+            receipt(2, "objective.task.dispatched", taskId="a", jobId="j1", **{"try": 1}),
+            receipt(
+                3, "objective.task.settled", taskId="a", jobId="j1", status="failed", **{"try": 1}
+            ),
+        ]
+    )
+    assert state is not None and state.task("a").status == "pending"  # type: ignore[union-attr]
+    state = fold(
+        [
+            receipt(4, "objective.task.dispatched", taskId="a", jobId="j2", **{"try": 2}),
+            receipt(
+                5, "objective.task.settled", taskId="a", jobId="j2", status="failed", **{"try": 2}
+            ),
+        ],
+        state,
+    )
+    assert state is not None and state.task("a").status == "failed"  # type: ignore[union-attr]
+    settle = control.plan(state, {}).settle
+    assert settle is not None and settle["failedTask"] == "a"
+
+
+def running(job_id: str, at: datetime, status: str = "running") -> Job:
+    lease = Lease(worker_id="w", attempt=1, expires_at=at + timedelta(hours=1), leased_at=at)
+    return job(
+        job_id, status, at, lease=lease.model_dump(by_alias=True), attempt=1, lastHeartbeatAt=at
+    )
+
+
+def dispatched(tasks: list[dict[str, Any]], at: datetime = T0) -> ObjectiveState:
+    state = fold(
+        [
+            created(tasks),
+            receipt(2, "objective.task.dispatched", at, taskId="a", jobId="ja", **{"try": 1}),
+        ]
+    )
+    assert state is not None
+    return state
+
+
+NOW = T0 + timedelta(hours=2)
+LIMITS = rules.Thresholds(active_stale_ms=600_000)
+
+
+def test_no_active_work_fires_only_past_the_grace_with_no_job_and_no_control() -> None:
+    state = dispatched([cmd("a")])
+    done = {"ja": job("ja", "completed")}
+    assert rules.reason(state, done, False, NOW, LIMITS) == rules.NO_ACTIVE_WORK
+    assert rules.reason(state, done, True, NOW, LIMITS) is None  # a control job is on it
+    assert rules.reason(state, done, False, T0 + timedelta(seconds=5), LIMITS) is None
+
+
+def test_stalled_fires_after_the_stale_threshold_and_after_15_minutes_on_computer() -> None:
+    local = dispatched([cmd("a")])
+    quiet_since = NOW - timedelta(minutes=11)
+    jobs = {"ja": running("ja", quiet_since)}
+    local = local.model_copy(update={"updated_at": quiet_since})
+    assert rules.reason(local, jobs, False, NOW, LIMITS) == rules.STALLED
+    fresh = {"ja": running("ja", NOW - timedelta(minutes=1))}
+    assert rules.reason(local, fresh, False, NOW, LIMITS) is None
+    computer = dispatched([cmd("a", executionPath="computer")]).model_copy(
+        update={"updated_at": quiet_since}
+    )
+    assert rules.reason(computer, jobs, False, NOW, LIMITS) is None  # 11 < 15 minutes
+    older = {"ja": running("ja", NOW - timedelta(minutes=16))}
+    computer = computer.model_copy(update={"updated_at": NOW - timedelta(minutes=16)})
+    assert rules.reason(computer, older, False, NOW, LIMITS) == rules.STALLED
+
+
+def test_a_superseded_phase_with_an_unstarted_or_stale_job_fires() -> None:
+    state = dispatched([cmd("a")])
+    state = fold(
+        [receipt(3, "objective.phase_added", NOW, phase=2, tasks=parse_json([cmd("n")]))], state
+    )
+    assert state is not None
+    queued = {"ja": job("ja", "queued", NOW)}
+    assert rules.reason(state, queued, True, NOW, LIMITS) == rules.SUPERSEDED_STALE
+    healthy = {"ja": running("ja", NOW - timedelta(seconds=10))}
+    assert rules.reason(state, healthy, True, NOW, LIMITS) is None
+    stale = {"ja": running("ja", NOW - timedelta(minutes=20))}
+    assert rules.reason(state, stale, True, NOW, LIMITS) == rules.SUPERSEDED_STALE
