@@ -85,9 +85,16 @@ def routers() -> list[APIRouter]:
     module (`roles.api.deps` is the better home) without an import cycle. A new resource adds
     its module's `router` to this list.
     """
-    from roles.api.routes import agent_jobs, health, jobs, retry, sessions
+    from roles.api.routes import agent_jobs, health, jobs, objectives, retry, sessions
 
-    return [health.router, retry.router, jobs.router, agent_jobs.router, sessions.router]
+    return [
+        health.router,
+        retry.router,
+        jobs.router,
+        agent_jobs.router,
+        sessions.router,
+        objectives.router,
+    ]
 
 
 DOCUMENTED_BODIES = (EnqueueBody, CommandBody)

@@ -1,0 +1,343 @@
+"""Objective routes: create (enqueues `factory.run`), list, show, follow and cancel objectives.
+
+Tenant rules are the jobs': a caller sees only its organization's objectives (another
+organization's is 404); admin sees all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from receipts.enqueue import enqueue, parse_enqueue
+from receipts.errors import InvalidInput, TransientStorageError
+from receipts.listen import RECONNECTED
+from receipts.objectives import store as objectives
+from receipts.objectives.graph import OBJECTIVE_FIELDS, check_objective_id, parse_objective
+from receipts.objectives.model import (
+    STATUSES,
+    ObjectiveState,
+    objective_stream,
+    run_job_id,
+)
+from receipts.sql import query
+from receipts.store import Draft, Store, translate_errors
+from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
+from roles.api.body import json_object as _object
+from roles.api.body import read_json_body
+from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
+from roles.api.deps import takes_query as _takes_query
+from roles.api.schema import job_view
+from roles.api.sse import _STOP, SSE_PAGE, SSE_RETRY_MS, _next_notice
+
+log = logging.getLogger("roles.api.routes.objectives")
+
+router = APIRouter(tags=["objectives"])
+ObjectiveId = Annotated[str, Path(alias="objectiveId", description="The objective id")]
+CREATE_FIELDS: tuple[str, ...] = (*OBJECTIVE_FIELDS, "authContext")
+CANCEL_FIELDS: tuple[str, ...] = ("reason",)
+
+
+def _paths(request: Request, objective_id: str) -> dict[str, str]:
+    base = f"{request.scope.get('root_path', '')}/objectives/{quote(objective_id, safe='')}"
+    return {"objectiveUrl": base, "eventsUrl": f"{base}/events", "cancelUrl": f"{base}/cancel"}
+
+
+async def _visible(state: ApiState, caller: Principal, objective_id: str) -> ObjectiveState:
+    require_scope(caller, JOBS_READ)
+    objective = await objectives.get(state.require_store(), objective_id)
+    if objective is None or not caller.sees(objective.organization_id):
+        raise ApiError(404, "not_found", f"no objective {objective_id!r}", field="objectiveId")
+    return objective
+
+
+def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
+    auth = body.get("authContext")
+    if auth is None:
+        if caller.organization_id is None:
+            raise InvalidInput(
+                "authContext",
+                "authContext {userId, organizationId} is required for a caller without an "
+                "organization (admin or open mode)",
+            )
+        return {"userId": "api", "organizationId": caller.organization_id}
+    if not isinstance(auth, dict):
+        raise InvalidInput("authContext", "authContext must be an object")
+    if not caller.admin and auth.get("organizationId") != caller.organization_id:
+        raise ApiError(
+            403,
+            "forbidden",
+            "authContext.organizationId is not the token's organization",
+            field="authContext.organizationId",
+        )
+    return auth
+
+
+@router.post("/objectives", status_code=202, dependencies=[_takes_query()])
+async def post_objective(request: Request, state: State, caller: Caller) -> JSONResponse:
+    """Create an objective: validates the graph (422 naming the problem, nothing written) and
+    enqueues its `factory.run` job (202 with the objective's URLs). Its tasks run commands, so
+    the token needs `jobs:write` and `commands:run`."""
+    require_scope(caller, JOBS_WRITE)
+    require_scope(caller, COMMANDS_RUN)
+    body = _object(await read_json_body(request, state.settings.max_body_bytes), CREATE_FIELDS)
+    auth = _auth_context(body, caller)
+    raw = {k: v for k, v in body.items() if k != "authContext"}
+    spec = parse_objective(raw, "objective")
+    objective_id = spec.objective_id or str(uuid.uuid4())
+    raw["objectiveId"] = objective_id
+    enqueue_request = parse_enqueue(
+        "factory",
+        {
+            "jobId": run_job_id(objective_id),
+            "payload": {
+                "kind": "factory.run",
+                "objectiveId": objective_id,
+                "authContext": auth,
+                "objective": raw,
+            },
+        },
+    )
+    result = await enqueue(state.require_store(), enqueue_request)
+    log.info(
+        "objective requested",
+        extra={"event": "api.objective_requested", "objectiveId": objective_id},
+    )
+    return JSONResponse(
+        {
+            "objectiveId": objective_id,
+            "outcome": result.outcome,
+            "job": job_view(result.job),
+            "jobUrl": f"{request.scope.get('root_path', '')}/jobs/{quote(result.job.job_id, safe='')}",
+            **_paths(request, objective_id),
+        },
+        status_code=202,
+    )
+
+
+def _cursor(state: ObjectiveState) -> str:
+    raw = json.dumps([state.created_at.isoformat(), state.objective_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, objective_id = json.loads(raw)
+        at = datetime.fromisoformat(created_at)
+        if not isinstance(objective_id, str) or at.tzinfo is None:
+            raise ValueError(cursor)
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise InvalidInput("cursor", "cursor is not one this API returned") from exc
+    return at, objective_id
+
+
+def _summary(objective: ObjectiveState) -> dict[str, Any]:
+    return {
+        "objectiveId": objective.objective_id,
+        "organizationId": objective.organization_id,
+        "title": objective.title,
+        "status": objective.status,
+        "phase": objective.phase,
+        "tasks": len(objective.tasks),
+        "completedTasks": sum(1 for t in objective.tasks if t.status == "completed"),
+        "error": objective.error,
+        "createdAt": objective.created_at.isoformat(),
+        "updatedAt": objective.updated_at.isoformat(),
+    }
+
+
+@router.get(
+    "/objectives", dependencies=[_takes_query("status", "organizationId", "limit", "cursor")]
+)
+async def list_objectives(
+    state: State,
+    caller: Caller,
+    status: Annotated[str | None, Query(json_schema_extra={"enum": list(STATUSES)})] = None,
+    organization_id: Annotated[str | None, Query(alias="organizationId", min_length=1)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=1000)] = None,
+) -> JSONResponse:
+    """The caller's objectives, newest first, one page at a time (keyset cursor)."""
+    require_scope(caller, JOBS_READ)
+    if status is not None and status not in STATUSES:
+        raise InvalidInput("status", f"status must be one of: {', '.join(STATUSES)}", STATUSES)
+    before_at, before_id = _decode_cursor(cursor) if cursor else (None, None)
+    params = {
+        "all_organizations": caller.admin,
+        "caller_organization_id": caller.organization_id,
+        "organization_id": organization_id,
+        "status": status,
+        "before_created_at": before_at,
+        "before_objective_id": before_id,
+        "limit": limit + 1,
+    }
+    with translate_errors():
+        async with state.require_store().pool.connection() as conn:
+            cur = await conn.execute(query("api_list_objectives"), params)
+            found = [ObjectiveState.model_validate(row[0]) for row in await cur.fetchall()]
+    page = found[:limit]
+    return JSONResponse(
+        {
+            "objectives": [_summary(o) for o in page],
+            "nextCursor": _cursor(page[-1]) if len(found) > limit else None,
+        }
+    )
+
+
+async def objective_view(store: Store, objective: ObjectiveState) -> dict[str, Any]:
+    """The folded objective with each task's current job status."""
+    view = objective.to_json()
+    job_ids = [t.job_id for t in objective.tasks if t.job_id]
+    job_ids += [
+        s.job_id for s in (objective.validate_step, objective.publish_step) if s and s.job_id
+    ]
+    jobs = await objectives.jobs_by_ids(store, job_ids)
+    for task in view["tasks"]:
+        current = task["tries"][-1] if task["tries"] else None
+        job = jobs.get(current["jobId"]) if current else None
+        task["jobId"] = current["jobId"] if current else None
+        task["attempt"] = len(task["tries"])
+        task["jobStatus"] = job.status if job else None
+    view["stream"] = objective_stream(objective.objective_id)
+    return view
+
+
+@router.get("/objectives/{objectiveId}", dependencies=[_takes_query()])
+async def get_objective(state: State, caller: Caller, objective_id: ObjectiveId) -> JSONResponse:
+    """The folded objective: phase, task graph, each task's status, tries and job."""
+    objective = await _visible(state, caller, objective_id)
+    return JSONResponse(await objective_view(state.require_store(), objective))
+
+
+async def objective_events(state: ApiState, objective_id: str, after: int) -> AsyncIterator[str]:
+    """The objective's receipts past `after` as SSE, live, until it is terminal and audited
+    (or terminal with no audit to wait for)."""
+    store = state.require_store()
+    assert state.listener is not None
+    stream = objective_stream(objective_id)
+    last = after
+    async with state.listener.subscribe(stream) as notices:
+        yield f"retry: {SSE_RETRY_MS}\n\n"
+        stop = asyncio.ensure_future(state.stopping.wait())
+        try:
+            while True:
+                try:
+                    batch = await store.read_stream(stream, last, SSE_PAGE)
+                except TransientStorageError:
+                    return
+                for receipt in batch:
+                    last = receipt.seq
+                    data = json.dumps(receipt.to_json(), separators=(",", ":"))
+                    yield f"id: {receipt.seq}\ndata: {data}\n\n"
+                if len(batch) == SSE_PAGE:
+                    continue
+                current = await objectives.get(store, objective_id)
+                if (
+                    current is not None
+                    and current.terminal
+                    and (current.audit is not None or current.audit_job_id is None)
+                ):
+                    end = {"objectiveId": objective_id, "status": current.status}
+                    yield f"event: end\ndata: {json.dumps(end)}\n\n"
+                    return
+                while True:
+                    notice = await _next_notice(
+                        notices, stop, state.settings.sse_keepalive_ms / 1000
+                    )
+                    if notice is None:
+                        yield ": keepalive\n\n"
+                    elif notice is _STOP:
+                        return
+                    elif notice is RECONNECTED or (notice.stream == stream and notice.seq > last):
+                        break
+        finally:
+            stop.cancel()
+
+
+@router.get("/objectives/{objectiveId}/events", dependencies=[_takes_query("after", "limit")])
+async def get_objective_events(
+    request: Request,
+    state: State,
+    caller: Caller,
+    objective_id: ObjectiveId,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> Any:
+    """The objective's receipts; with `Accept: text/event-stream`, live until it ends."""
+    objective = await _visible(state, caller, objective_id)
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id is not None:
+        if not last_event_id.strip().isdigit():
+            raise InvalidInput("Last-Event-ID", "Last-Event-ID must be a receipt seq (>= 0)")
+        after = int(last_event_id)
+    if "text/event-stream" in request.headers.get("accept", ""):
+        return StreamingResponse(
+            objective_events(state, objective_id, after),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    receipts = await state.require_store().read_stream(objective_stream(objective_id), after, limit)
+    return JSONResponse(
+        {
+            "objectiveId": objective_id,
+            "status": objective.status,
+            "receipts": [r.to_json() for r in receipts],
+            "lastSeq": receipts[-1].seq if receipts else after,
+        }
+    )
+
+
+@router.post("/objectives/{objectiveId}/cancel", status_code=202, dependencies=[_takes_query()])
+async def cancel_objective(
+    request: Request, state: State, caller: Caller, objective_id: ObjectiveId
+) -> JSONResponse:
+    """Cancel: control aborts the objective's running jobs and settles it `canceled` (202);
+    409 when it is already settled."""
+    check_objective_id(objective_id)
+    raw = await request.body()
+    body = (
+        _object(await read_json_body(request, state.settings.max_body_bytes), CANCEL_FIELDS)
+        if raw.strip()
+        else {}
+    )
+    reason = body.get("reason") or "canceled by request"
+    if not isinstance(reason, str):
+        raise InvalidInput("reason", "reason must be a string")
+    await _visible(state, caller, objective_id)
+    async with state.require_store().transaction() as tx:
+
+        def decide(current: ObjectiveState | None) -> list[Draft]:
+            if current is None:
+                return []
+            if current.terminal:
+                raise ApiError(
+                    409, "terminal_state", f"objective {objective_id!r} is {current.status}"
+                )
+            return [
+                Draft("objective.cancel_requested", {"reason": reason}),
+                objectives.control_request("cancel"),
+            ]
+
+        await objectives.update(tx, objective_id, decide)
+        updated = await objectives.deliver(tx, objective_id)
+    assert updated is not None
+    log.info(
+        "objective cancel requested",
+        extra={"event": "api.objective_cancel", "objectiveId": objective_id},
+    )
+    return JSONResponse(
+        {"objectiveId": objective_id, "status": updated.status, "cancelRequested": True},
+        status_code=202,
+    )

@@ -1,0 +1,86 @@
+"""The objective routes: create, list, show, events, cancel; another organization sees 404."""
+
+from __future__ import annotations
+
+from receipts.objectives import store as objectives
+from receipts.objectives.model import objective_stream
+from receipts.store import Store
+from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client
+from tests.integration.factory.test_outbox_and_watchdog import TASK, create_objective
+
+
+async def test_another_organization_cannot_read_list_stream_or_cancel(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    await create_objective(fresh_store, "ten-1", TASK)
+    async with api_client(fresh_db, store=fresh_store) as api:
+        for method, path, headers in [
+            ("GET", "/objectives/ten-1", {}),
+            ("GET", "/objectives/ten-1/events", {}),
+            ("GET", "/objectives/ten-1/events", {"Accept": "text/event-stream"}),
+            ("POST", "/objectives/ten-1/cancel", {}),
+        ]:
+            response = await api.request(method, path, headers={**AS_B, **headers})
+            assert response.status_code == 404, (method, path, response.text)
+            assert response.json()["error"]["code"] == "not_found"
+        listed = await api.get("/objectives", headers=AS_B)
+        assert listed.status_code == 200 and listed.json()["objectives"] == []
+
+        mine = await api.get("/objectives/ten-1", headers=AS_A)
+        assert mine.status_code == 200
+        view = mine.json()
+        assert view["phase"] == 1 and view["tasks"][0]["taskId"] == "t"
+        assert view["tasks"][0]["status"] == "pending" and view["tasks"][0]["jobId"] is None
+        listed = await api.get("/objectives", headers=AS_A)
+        assert [o["objectiveId"] for o in listed.json()["objectives"]] == ["ten-1"]
+        admin = await api.get("/objectives?organizationId=org-a", headers=AS_ADMIN)
+        assert [o["objectiveId"] for o in admin.json()["objectives"]] == ["ten-1"]
+        events = await api.get("/objectives/ten-1/events", headers=AS_A)
+        assert [r["type"] for r in events.json()["receipts"]] == ["objective.created"]
+
+        canceled = await api.post("/objectives/ten-1/cancel", headers=AS_A, json={"reason": "no"})
+        assert canceled.status_code == 202
+    state = await objectives.get(fresh_store, "ten-1")
+    assert state is not None and state.cancel_requested and state.control_job_id
+
+
+async def test_an_invalid_graph_is_refused_with_its_reason_and_nothing_is_written(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    body = {
+        "objectiveId": "bad-api",
+        "title": "t",
+        "goal": "g",
+        "tasks": [
+            {"taskId": "a", "dependsOn": ["b"], "input": {"command": ["true"]}},
+            {"taskId": "b", "dependsOn": ["a"], "input": {"command": ["true"]}},
+        ],
+    }
+    async with api_client(fresh_db, store=fresh_store) as api:
+        response = await api.post("/objectives", headers=AS_A, json=body)
+        assert response.status_code == 422
+        assert response.json()["error"]["message"] == "dependency cycle: a -> b -> a"
+        other = await api.post(
+            "/objectives",
+            headers=AS_A,
+            json={**body, "authContext": {"userId": "u", "organizationId": "org-b"}},
+        )
+        assert other.status_code == 403
+    assert await fresh_store.read_stream(objective_stream("bad-api")) == []
+    assert await fresh_store.get_job("objective:bad-api:run") is None
+
+
+async def test_post_enqueues_the_run_job_and_answers_with_the_objective_urls(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    body = {"objectiveId": "ok-api", "title": "t", "goal": "g", "tasks": TASK}
+    async with api_client(fresh_db, store=fresh_store) as api:
+        response = await api.post("/objectives", headers=AS_A, json=body)
+        again = await api.post("/objectives", headers=AS_A, json=body)
+    assert response.status_code == 202
+    accepted = response.json()
+    assert accepted["objectiveUrl"] == "/objectives/ok-api"
+    assert accepted["eventsUrl"] == "/objectives/ok-api/events"
+    assert accepted["job"]["jobId"] == "objective:ok-api:run"
+    assert accepted["job"]["kind"] == "factory.run"
+    assert again.json()["outcome"] == "existing"
