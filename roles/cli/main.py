@@ -196,8 +196,10 @@ def role_command(name: str | None) -> None:
 
 
 from roles.cli.client import register  # noqa: E402 - the HTTP commands join the group defined above
+from roles.cli.objectives import objectives_group  # noqa: E402
 
 register(main)
+main.add_command(objectives_group)
 
 from roles.cli.agent_jobs import agent_jobs_group  # noqa: E402 - joins the group defined above
 

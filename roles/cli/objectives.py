@@ -1,0 +1,209 @@
+"""`receipt objectives`: run an objective from a YAML or JSON file, list, show, follow, cancel."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import click
+import yaml
+
+from roles.cli.client import ApiClient, _api_options, _dump
+
+POLL_S = 0.5
+WAIT_EXIT = {"completed": 0, "failed": 1, "canceled": 1}
+
+
+def _path(objective_id: str, suffix: str = "") -> str:
+    return f"/objectives/{quote(objective_id, safe='')}{suffix}"
+
+
+def load_objective(path: Path) -> dict[str, Any]:
+    """Read an objective file: YAML (`.yaml`/`.yml`) or JSON; it must hold one object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="FILE") from exc
+    try:
+        loaded = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    except (yaml.YAMLError, ValueError) as exc:
+        raise click.BadParameter(
+            f"{path} is not valid YAML/JSON: {exc}", param_hint="FILE"
+        ) from exc
+    if not isinstance(loaded, dict):
+        raise click.BadParameter(f"{path} must hold one objective object", param_hint="FILE")
+    return loaded
+
+
+def _elapsed(task: dict[str, Any], now: datetime) -> str:
+    tries = task.get("tries") or []
+    if not tries:
+        return "-"
+    current = tries[-1]
+    start = current.get("startedAt") or current.get("dispatchedAt")
+    if not start:
+        return "-"
+    end = current.get("settledAt")
+    began = datetime.fromisoformat(start)
+    finished = datetime.fromisoformat(end) if end else now
+    return f"{max(0.0, (finished - began).total_seconds()):.1f}s"
+
+
+def task_lines(view: dict[str, Any], now: datetime | None = None) -> list[str]:
+    """One line per task: id, status, try, elapsed, last output line; then the steps."""
+    now = now or datetime.now(UTC)
+    tasks = view.get("tasks") or []
+    width = max([len(t["taskId"]) for t in tasks] + [8])
+    lines = [
+        f"objective {view['objectiveId']} {view['status']} phase {view['phase']}"
+        + (f": {view['error']}" if view.get("error") else "")
+    ]
+    for task in tasks:
+        last = (task.get("lastOutput") or "").strip()
+        tries = len(task.get("tries") or [])
+        lines.append(
+            f"  {task['taskId']:<{width}}  {task['status']:<10} try {tries}/{task['maxAttempts']}"
+            f"  {_elapsed(task, now):>7}  {last[:80]}"
+        )
+    for name in ("validateStep", "publishStep"):
+        step = view.get(name)
+        if step:
+            lines.append(f"  {step['name']:<{width}}  {step['status']:<10}")
+    return lines
+
+
+def _settled(view: dict[str, Any]) -> bool:
+    return view["status"] in WAIT_EXIT and (
+        view.get("audit") is not None or view.get("auditJobId") is None
+    )
+
+
+def follow(client: ApiClient, objective_id: str, as_json: bool) -> int:
+    """Show per-task progress until the objective is settled (and audited); return the exit code.
+
+    On a terminal the lines are redrawn in place; otherwise a line is printed when it changes.
+    """
+    live = sys.stdout.isatty() and not as_json
+    shown: list[str] = []
+    while True:
+        view = client.call("GET", _path(objective_id))
+        lines = task_lines(view)
+        if live:
+            if shown:
+                click.echo(f"\x1b[{len(shown)}F\x1b[J", nl=False)
+            click.echo("\n".join(lines))
+            shown = lines
+        elif not as_json:
+            for line in lines:
+                if line not in shown:
+                    click.echo(line)
+            shown = lines
+        if _settled(view):
+            if as_json:
+                click.echo(_dump(view))
+            elif view.get("audit"):
+                totals = view["audit"]["totals"]
+                click.echo(
+                    f"audited: {totals['completed']}/{totals['tasks']} tasks completed, "
+                    f"{totals['tries']} tries, {totals['durationMs']} ms"
+                )
+            return WAIT_EXIT[view["status"]]
+        time.sleep(POLL_S)
+
+
+@click.group("objectives")
+def objectives_group() -> None:
+    """Run and inspect objectives: a goal planned into a task graph (RECEIPT_API_URL)."""
+
+
+@objectives_group.command("run")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--wait", is_flag=True, help="Follow each task live until the objective settles.")
+@_api_options
+def objectives_run(file: Path, wait: bool, api_url: str, token: str | None, as_json: bool) -> None:
+    """Create the objective in FILE (YAML or JSON) through POST /objectives.
+
+    Exit status: 0 accepted (with --wait: completed); 1 with --wait, failed or canceled; 2 usage
+    error; 3 the API refused the objective (an invalid graph names its problem) or is unreachable.
+    """
+    objective = load_objective(file)
+    with ApiClient(api_url, token) as client:
+        accepted = client.call("POST", "/objectives", json=objective)
+        if as_json and not wait:
+            click.echo(_dump(accepted))
+            return
+        click.echo(
+            f"objective {accepted['objectiveId']} accepted ({accepted['outcome']})", err=wait
+        )
+        if not wait:
+            click.echo(f"events: {client.url}{accepted['eventsUrl']}")
+            return
+        sys.exit(follow(client, accepted["objectiveId"], as_json))
+
+
+@objectives_group.command("ls")
+@click.option("--status", type=click.Choice(["active", "completed", "failed", "canceled"]))
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@_api_options
+def objectives_ls(
+    status: str | None, limit: int, api_url: str, token: str | None, as_json: bool
+) -> None:
+    """List objectives, newest first."""
+    params: dict[str, Any] = {"limit": limit}
+    if status:
+        params["status"] = status
+    with ApiClient(api_url, token) as client:
+        page = client.call("GET", "/objectives", params=params)
+    if as_json:
+        click.echo(_dump(page))
+        return
+    for o in page["objectives"]:
+        click.echo(
+            f"{o['objectiveId']}  {o['status']:<9} phase {o['phase']}  "
+            f"{o['completedTasks']}/{o['tasks']} tasks  {o['title']}"
+        )
+
+
+@objectives_group.command("get")
+@click.argument("objective_id")
+@_api_options
+def objectives_get(objective_id: str, api_url: str, token: str | None, as_json: bool) -> None:
+    """Show an objective: phase, and each task's status, try, elapsed time and last output."""
+    with ApiClient(api_url, token) as client:
+        view = client.call("GET", _path(objective_id))
+    click.echo(_dump(view) if as_json else "\n".join(task_lines(view)))
+
+
+@objectives_group.command("events")
+@click.argument("objective_id")
+@_api_options
+def objectives_events(objective_id: str, api_url: str, token: str | None, as_json: bool) -> None:
+    """Print the objective's receipts."""
+    with ApiClient(api_url, token) as client:
+        page = client.call("GET", _path(objective_id, "/events"), params={"limit": 10_000})
+    for receipt in page["receipts"]:
+        if as_json:
+            click.echo(json.dumps(receipt, ensure_ascii=False))
+        else:
+            data = json.dumps(receipt["data"], separators=(",", ":"), ensure_ascii=False)
+            click.echo(f"{receipt['seq']:>4} {receipt['type']:<30} {data[:160]}")
+
+
+@objectives_group.command("cancel")
+@click.argument("objective_id")
+@click.option("--reason", default=None, help="Recorded on the objective.")
+@_api_options
+def objectives_cancel(
+    objective_id: str, reason: str | None, api_url: str, token: str | None, as_json: bool
+) -> None:
+    """Cancel an objective: its running jobs are aborted and it settles `canceled`."""
+    with ApiClient(api_url, token) as client:
+        answer = client.call(
+            "POST", _path(objective_id, "/cancel"), json={"reason": reason} if reason else {}
+        )
+    click.echo(_dump(answer) if as_json else f"objective {objective_id}: cancel requested")
