@@ -228,3 +228,32 @@ async def jobs_by_ids(store: Store, job_ids: Sequence[str]) -> dict[str, Job]:
             rows = await cur.fetchall()
     jobs = [Job.model_validate(row[0]) for row in rows]
     return {job.job_id: job for job in jobs}
+
+
+class ObjectiveTerminal(Exception):
+    """The objective is already settled (a cancel is refused)."""
+
+    def __init__(self, state: ObjectiveState) -> None:
+        super().__init__(f"objective {state.objective_id!r} is {state.status}")
+        self.state = state
+
+
+async def request_cancel(tx: Tx, objective_id: str, reason: str) -> ObjectiveState | None:
+    """Record a cancel request and hand control to a control job (which aborts the running
+    jobs and settles the objective `canceled`). Raises `ObjectiveTerminal` when it is already
+    settled; returns None when there is no such objective."""
+
+    def decide(current: ObjectiveState | None) -> list[Draft]:
+        if current is None:
+            return []
+        if current.terminal:
+            raise ObjectiveTerminal(current)
+        return [
+            Draft("objective.cancel_requested", {"reason": reason}),
+            control_request("cancel"),
+        ]
+
+    state, _ = await update(tx, objective_id, decide)
+    if state is None:
+        return None
+    return await deliver(tx, objective_id)

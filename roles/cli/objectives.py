@@ -13,7 +13,7 @@ from urllib.parse import quote
 import click
 import yaml
 
-from roles.cli.client import ApiClient, _api_options, _dump
+from roles.cli.client import ApiClient, ApiFailure, _api_options, _dump
 
 POLL_S = 0.5
 WAIT_EXIT = {"completed": 0, "failed": 1, "canceled": 1}
@@ -83,7 +83,25 @@ def _settled(view: dict[str, Any]) -> bool:
     )
 
 
-def follow(client: ApiClient, objective_id: str, as_json: bool) -> int:
+def _created(client: ApiClient, objective_id: str, run_job_id: str) -> dict[str, Any] | None:
+    """The objective's view once its `factory.run` job created it; None while it has not.
+
+    Raises `ApiFailure` naming the run job's error when that job failed (an invalid planned
+    graph, an id taken by another organization): no objective will ever exist.
+    """
+    response = client.http.get(_path(objective_id))
+    if response.status_code == 200:
+        view: dict[str, Any] = response.json()
+        return view
+    if response.status_code != 404:
+        return client.call("GET", _path(objective_id))  # raises the API's error
+    job = client.call("GET", f"/jobs/{quote(run_job_id, safe='')}")
+    if job["status"] in ("failed", "canceled"):
+        raise ApiFailure(f"objective {objective_id} was not created: {job.get('error')}")
+    return None
+
+
+def follow(client: ApiClient, objective_id: str, as_json: bool, run_job_id: str) -> int:
     """Show per-task progress until the objective is settled (and audited); return the exit code.
 
     On a terminal the lines are redrawn in place; otherwise a line is printed when it changes.
@@ -91,7 +109,10 @@ def follow(client: ApiClient, objective_id: str, as_json: bool) -> int:
     live = sys.stdout.isatty() and not as_json
     shown: list[str] = []
     while True:
-        view = client.call("GET", _path(objective_id))
+        view = _created(client, objective_id, run_job_id)
+        if view is None:
+            time.sleep(POLL_S)
+            continue
         lines = task_lines(view)
         if live:
             if shown:
@@ -124,14 +145,33 @@ def objectives_group() -> None:
 @objectives_group.command("run")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--wait", is_flag=True, help="Follow each task live until the objective settles.")
+@click.option(
+    "--organization",
+    envvar="RECEIPT_ORGANIZATION_ID",
+    help="authContext.organizationId when FILE has no authContext (needed with an admin token "
+    "or an open API; an organization's token implies its own).",
+)
+@click.option(
+    "--user", envvar="USER", default="cli", help="authContext.userId with --organization."
+)
 @_api_options
-def objectives_run(file: Path, wait: bool, api_url: str, token: str | None, as_json: bool) -> None:
+def objectives_run(
+    file: Path,
+    wait: bool,
+    organization: str | None,
+    user: str,
+    api_url: str,
+    token: str | None,
+    as_json: bool,
+) -> None:
     """Create the objective in FILE (YAML or JSON) through POST /objectives.
 
     Exit status: 0 accepted (with --wait: completed); 1 with --wait, failed or canceled; 2 usage
     error; 3 the API refused the objective (an invalid graph names its problem) or is unreachable.
     """
     objective = load_objective(file)
+    if organization and "authContext" not in objective:
+        objective["authContext"] = {"userId": user, "organizationId": organization}
     with ApiClient(api_url, token) as client:
         accepted = client.call("POST", "/objectives", json=objective)
         if as_json and not wait:
@@ -143,7 +183,7 @@ def objectives_run(file: Path, wait: bool, api_url: str, token: str | None, as_j
         if not wait:
             click.echo(f"events: {client.url}{accepted['eventsUrl']}")
             return
-        sys.exit(follow(client, accepted["objectiveId"], as_json))
+        sys.exit(follow(client, accepted["objectiveId"], as_json, accepted["job"]["jobId"]))
 
 
 @objectives_group.command("ls")

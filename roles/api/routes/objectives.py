@@ -32,13 +32,13 @@ from receipts.objectives.model import (
     run_job_id,
 )
 from receipts.sql import query
-from receipts.store import Draft, Store, translate_errors
+from receipts.store import Store, translate_errors
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import json_object as _object
 from roles.api.body import read_json_body
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
 from roles.api.deps import takes_query as _takes_query
-from roles.api.schema import job_view
+from roles.api.schema import errors_documented, job_view
 from roles.api.sse import _STOP, SSE_PAGE, SSE_RETRY_MS, _next_notice
 
 log = logging.getLogger("roles.api.routes.objectives")
@@ -84,7 +84,12 @@ def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
     return auth
 
 
-@router.post("/objectives", status_code=202, dependencies=[_takes_query()])
+@router.post(
+    "/objectives",
+    status_code=202,
+    responses=errors_documented(400, 401, 403, 409, 413, 422, 503),
+    dependencies=[_takes_query()],
+)
 async def post_objective(request: Request, state: State, caller: Caller) -> JSONResponse:
     """Create an objective: validates the graph (422 naming the problem, nothing written) and
     enqueues its `factory.run` job (202 with the objective's URLs). Its tasks run commands, so
@@ -126,6 +131,17 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
     )
 
 
+@router.api_route(
+    "/objectives",
+    methods=["OPTIONS", "PUT", "PATCH", "DELETE", "TRACE"],
+    include_in_schema=False,
+)
+async def objectives_other_methods() -> None:
+    """Two routes share `/objectives`: a 405 must name both methods (Starlette names only the
+    first route's)."""
+    raise ApiError(405, "method_not_allowed", "Method Not Allowed", headers={"Allow": "GET, POST"})
+
+
 def _cursor(state: ObjectiveState) -> str:
     raw = json.dumps([state.created_at.isoformat(), state.objective_id], separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
@@ -159,7 +175,9 @@ def _summary(objective: ObjectiveState) -> dict[str, Any]:
 
 
 @router.get(
-    "/objectives", dependencies=[_takes_query("status", "organizationId", "limit", "cursor")]
+    "/objectives",
+    responses=errors_documented(401, 422, 503),
+    dependencies=[_takes_query("status", "organizationId", "limit", "cursor")],
 )
 async def list_objectives(
     state: State,
@@ -214,7 +232,11 @@ async def objective_view(store: Store, objective: ObjectiveState) -> dict[str, A
     return view
 
 
-@router.get("/objectives/{objectiveId}", dependencies=[_takes_query()])
+@router.get(
+    "/objectives/{objectiveId}",
+    responses=errors_documented(401, 404, 422, 503),
+    dependencies=[_takes_query()],
+)
 async def get_objective(state: State, caller: Caller, objective_id: ObjectiveId) -> JSONResponse:
     """The folded objective: phase, task graph, each task's status, tries and job."""
     objective = await _visible(state, caller, objective_id)
@@ -266,7 +288,11 @@ async def objective_events(state: ApiState, objective_id: str, after: int) -> As
             stop.cancel()
 
 
-@router.get("/objectives/{objectiveId}/events", dependencies=[_takes_query("after", "limit")])
+@router.get(
+    "/objectives/{objectiveId}/events",
+    responses=errors_documented(401, 404, 422, 503),
+    dependencies=[_takes_query("after", "limit")],
+)
 async def get_objective_events(
     request: Request,
     state: State,
@@ -299,7 +325,12 @@ async def get_objective_events(
     )
 
 
-@router.post("/objectives/{objectiveId}/cancel", status_code=202, dependencies=[_takes_query()])
+@router.post(
+    "/objectives/{objectiveId}/cancel",
+    status_code=202,
+    responses=errors_documented(400, 401, 404, 409, 413, 422, 503),
+    dependencies=[_takes_query()],
+)
 async def cancel_objective(
     request: Request, state: State, caller: Caller, objective_id: ObjectiveId
 ) -> JSONResponse:
@@ -316,22 +347,11 @@ async def cancel_objective(
     if not isinstance(reason, str):
         raise InvalidInput("reason", "reason must be a string")
     await _visible(state, caller, objective_id)
-    async with state.require_store().transaction() as tx:
-
-        def decide(current: ObjectiveState | None) -> list[Draft]:
-            if current is None:
-                return []
-            if current.terminal:
-                raise ApiError(
-                    409, "terminal_state", f"objective {objective_id!r} is {current.status}"
-                )
-            return [
-                Draft("objective.cancel_requested", {"reason": reason}),
-                objectives.control_request("cancel"),
-            ]
-
-        await objectives.update(tx, objective_id, decide)
-        updated = await objectives.deliver(tx, objective_id)
+    try:
+        async with state.require_store().transaction() as tx:
+            updated = await objectives.request_cancel(tx, objective_id, reason)
+    except objectives.ObjectiveTerminal as exc:
+        raise ApiError(409, "terminal_state", str(exc)) from exc
     assert updated is not None
     log.info(
         "objective cancel requested",

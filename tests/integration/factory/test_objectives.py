@@ -245,3 +245,59 @@ async def wait_objective_task(
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{objective_id}/{task_id} never reached {statuses}")
+
+
+async def test_cancel_aborts_the_running_task_and_settles_the_objective_canceled(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    objective = {
+        "objectiveId": "cancel-1",
+        "title": "cancel",
+        "goal": "stopped",
+        "tasks": [
+            {"taskId": "long", **sh("sleep 60")},
+            {"taskId": "after", "dependsOn": ["long"], **sh("true")},
+        ],
+    }
+    async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
+        await run_objective(fresh_store, objective)
+        await wait_objective_task(fresh_store, "cancel-1", "long", ("running",))
+        async with fresh_store.transaction() as tx:
+            await objectives.request_cancel(tx, "cancel-1", "changed my mind")
+        state = await wait_objective(fresh_store, "cancel-1", timeout=60, audited=True)
+        with pytest.raises(objectives.ObjectiveTerminal):
+            async with fresh_store.transaction() as tx:
+                await objectives.request_cancel(tx, "cancel-1", "again")
+    assert (state.status, state.error) == ("canceled", "changed my mind")
+    long_job = await fresh_store.get_job("objective:cancel-1:task:long:try:1")
+    assert long_job is not None and long_job.status == "canceled"
+    assert long_job.canceled_reason == "objective canceled"
+    assert await fresh_store.get_job("objective:cancel-1:task:after:try:1") is None
+
+
+async def test_a_prompt_task_runs_the_codex_command_with_the_prompt_on_stdin(
+    client: Client,
+    fresh_store: Store,
+    fresh_db: str,
+    workspace_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objective = {
+        "objectiveId": "prompt-1",
+        "title": "prompt",
+        "goal": "a coding agent reads the prompt",
+        "tasks": [{"taskId": "agent", "input": {"prompt": "write the answer"}}],
+    }
+    monkeypatch.delenv("RECEIPT_CODEX_COMMAND", raising=False)
+    async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
+        await run_objective(fresh_store, objective)
+        unset = await wait_objective(fresh_store, "prompt-1")
+        monkeypatch.setenv("RECEIPT_CODEX_COMMAND", "tee prompt.txt")
+        await run_objective(fresh_store, {**objective, "objectiveId": "prompt-2"})
+        done = await wait_objective(fresh_store, "prompt-2")
+    assert unset.status == "failed"
+    assert "RECEIPT_CODEX_COMMAND is not set" in (unset.error or "")
+    assert done.status == "completed", done.error
+    assert (workspace_root / "prompt-2" / "prompt.txt").read_text() == "write the answer"
+    agent = done.task("agent")
+    assert agent is not None and agent.last_output in (None, "write the answer")
