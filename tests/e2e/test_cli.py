@@ -295,7 +295,9 @@ async def test_jobs_retry_one_and_in_bulk(api: RunningApi, store: Store) -> None
     ids = []
     for _ in range(2):
         job_id = new_id()
-        body = json.dumps({"kind": "factory.task.run", "authContext": AUTH})
+        body = json.dumps(
+            {"kind": "factory.task.run", "authContext": AUTH, "objectiveId": "standalone"}
+        )
         run = await receipt(api, "enqueue", agent, "--payload", body, "--job-id", job_id)
         assert run.code == 0, run.err
         assert (await ops.fail_undeliverable(store, rid(job_id), error="flaky disk")).ok
@@ -312,7 +314,9 @@ async def test_jobs_retry_one_and_in_bulk(api: RunningApi, store: Store) -> None
     mixed = await receipt(api, "jobs", "retry", ids[0], "--agent", agent)
     assert mixed.code == 2 and "not both" in mixed.err
     active = new_id()
-    body = json.dumps({"kind": "factory.task.run", "authContext": AUTH})
+    body = json.dumps(
+        {"kind": "factory.task.run", "authContext": AUTH, "objectiveId": "standalone"}
+    )
     await receipt(api, "enqueue", agent, "--payload", body, "--job-id", active)
     refused = await receipt(api, "jobs", "retry", active)
     assert refused.code == 3 and "only failed or canceled jobs are retried" in refused.err
