@@ -11,6 +11,7 @@ import logging
 import os
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ CODEX_COMMAND_ENV = "RECEIPT_CODEX_COMMAND"
 WORKSPACE_ENV = "RECEIPT_WORKSPACE_ROOT"
 MONITOR_POLL_S = 0.5
 MONITOR_PROGRESS_EVERY_S = 1.0
+# Told of each reconcile the watchdog requests, by reason (the role's metrics).
+on_watchdog_fired: list[Callable[[str], None]] = []
 
 
 def _objective_id(ctx: HandlerContext) -> str:
@@ -278,6 +281,8 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
                         tx, state.objective_id, "reconcile", watchdog=why
                     )
                 counts[why] += 1
+                for observe in on_watchdog_fired:
+                    observe(why)
                 fired.append({"objectiveId": state.objective_id, "reason": why})
                 log.info(
                     "watchdog requested a reconcile",

@@ -10,7 +10,7 @@ objective receipt is re-decided under the stream's lock against the current stat
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,9 @@ AUDIT_KIND = "factory.objective.audit"
 STEP_KINDS = {"validate": "factory.integration.validate", "publish": "factory.integration.publish"}
 TASK_JOB_ATTEMPTS = 2  # deliveries lost to a dead worker; the task's own budget counts tries
 MAX_PASSES = 50
+# Observers (the role's metrics): a task try dispatched; an objective settled, by status.
+on_task_dispatched: list[Callable[[], None]] = []
+on_objective_settled: list[Callable[[str], None]] = []
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,8 @@ async def _dispatch_task(store: Store, state: ObjectiveState, task: TaskState) -
             return [Draft("objective.task.dispatched", data)]
 
         await objectives.update(tx, state.objective_id, decide)
+    for observe in on_task_dispatched:
+        observe()
     log.info(
         "task dispatched",
         extra={
@@ -301,6 +306,8 @@ async def _settle(store: Store, state: ObjectiveState, settle: dict[str, Any], k
             return drafts
 
         await objectives.update(tx, state.objective_id, decide)
+    for observe in on_objective_settled:
+        observe(settle["status"])
     log.info(
         "objective settled",
         extra={

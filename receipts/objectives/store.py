@@ -38,6 +38,9 @@ RECONCILING_KINDS: frozenset[str] = frozenset(
 )
 
 Decide = Callable[[ObjectiveState | None], Sequence[Draft]]
+# Told of every delivered control request with its outcome (created, steered, existing, none):
+# the role's metrics.
+on_control_delivered: list[Callable[[str], None]] = []
 
 
 def _params(state: ObjectiveState) -> dict[str, Any]:
@@ -159,6 +162,8 @@ async def deliver(tx: Tx, objective_id: str) -> ObjectiveState | None:
             )
         ],
     )
+    for observe in on_control_delivered:
+        observe(outcome)
     log.info(
         "objective control delivered",
         extra={

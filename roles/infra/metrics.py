@@ -10,9 +10,12 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from activities import retry
 from activities.attempt import AttemptHooks
+from activities.handlers import factory as factory_handlers
 from receipts import deliveries
 from receipts.jobs import ACTIVE_STATUSES, STATUSES, Job
 from receipts.kinds import AGENT_IDS, route, route_disagrees
+from receipts.objectives import control as objective_control
+from receipts.objectives import store as objectives
 from receipts.retention import PruneResult
 from receipts.sql import query
 from receipts.store import Store, translate_errors
@@ -158,6 +161,29 @@ class Metrics:
             "Retention passes skipped because another process held the single-flight lock.",
             registry=r,
         )
+        self.factory_control_deliveries = Counter(
+            "receipt_factory_control_deliveries",
+            "Objective control requests handed to a control job, by enqueue outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.factory_tasks_dispatched = Counter(
+            "receipt_factory_tasks_dispatched",
+            "Task tries dispatched by objective control.",
+            registry=r,
+        )
+        self.factory_objectives_settled = Counter(
+            "receipt_factory_objectives_settled",
+            "Objectives settled by objective control, by status.",
+            ["status"],
+            registry=r,
+        )
+        self.factory_watchdog_fired = Counter(
+            "receipt_factory_watchdog_fired",
+            "Reconciles the objective watchdog requested, by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.callbacks = Counter(
             "receipt_callbacks",
             "Callback posts by event and outcome.",
@@ -234,9 +260,19 @@ class Metrics:
         )
 
     def wire_process_counters(self) -> None:
-        """Count storage retries and ledger failures of this process."""
+        """Count storage retries, ledger failures and the Factory's events of this process."""
         retry.on_retry.append(self.storage_retries.inc)
         deliveries.on_ledger_failure.append(lambda table: self.ledger_failures.labels(table).inc())
+        objectives.on_control_delivered.append(
+            lambda outcome: self.factory_control_deliveries.labels(outcome).inc()
+        )
+        objective_control.on_task_dispatched.append(self.factory_tasks_dispatched.inc)
+        objective_control.on_objective_settled.append(
+            lambda status: self.factory_objectives_settled.labels(status).inc()
+        )
+        factory_handlers.on_watchdog_fired.append(
+            lambda reason: self.factory_watchdog_fired.labels(reason).inc()
+        )
 
     async def refresh_queue_depth(self, store: Store) -> None:
         """Read active job counts by status from the projection into the gauge (a partial

@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry
 from temporalio.client import Client
 
 from activities.handlers import HandlerContext
@@ -21,6 +22,7 @@ from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key
 from receipts.store import Draft, Store
 from roles.delivery.loops import ObjectiveResume
+from roles.infra.metrics import Metrics
 from tests.integration.delivery.conftest import running_stack
 from tests.integration.factory.conftest import AUTH, outbox_running, run_objective, wait_objective
 
@@ -231,6 +233,8 @@ async def test_the_watchdog_fires_for_quiet_objectives_within_its_scan_limit(
         await create_objective(fresh_store, objective_id, TASK)
     await backdate(fresh_db, "wd-1", 5)
     await backdate(fresh_db, "wd-2", 4)
+    metrics = Metrics(CollectorRegistry())
+    metrics.wire_process_counters()
     # wd-3 was just written: inside the grace period, it must not fire.
     monkeypatch.setenv("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "1")
     first = await objective_watchdog(handler_context(fresh_store))
@@ -245,3 +249,28 @@ async def test_the_watchdog_fires_for_quiet_objectives_within_its_scan_limit(
     assert state is not None and state.last_control_reason == "reconcile"
     control = await fresh_store.get_job(state.control_job_id or "")
     assert control is not None and control.payload["reason"] == "reconcile"
+    fired = metrics.factory_watchdog_fired.labels("no_active_objective_work")
+    assert fired._value.get() == 2
+    assert metrics.factory_control_deliveries.labels("created")._value.get() == 2
+
+
+async def test_the_watchdog_stops_at_its_timeout(
+    fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await create_objective(fresh_store, "wd-slow", TASK)
+    await backdate(fresh_db, "wd-slow", 5)
+    monkeypatch.setenv("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TIMEOUT_MS", "1")  # floored: 10 s
+    async with await psycopg.AsyncConnection.connect(fresh_db) as conn, conn.transaction():
+        # Another transaction holds the objective's stream: the watchdog's request waits on it.
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            ("stream:" + objective_stream("wd-slow"),),
+        )
+        started = asyncio.get_running_loop().time()
+        result = await objective_watchdog(handler_context(fresh_store))
+        waited = asyncio.get_running_loop().time() - started
+    assert result["timedOut"] is True
+    assert result["reconciled"] == []
+    assert 10 <= waited < 60
+    state = await objectives.get(fresh_store, "wd-slow")
+    assert state is not None and state.control_requested_seq == 0
