@@ -10,8 +10,11 @@ import psycopg
 
 from receipts.audit import audit_chain
 from receipts.jobs import TERMINAL_STATUSES
+from receipts.objectives import store as objectives
+from receipts.objectives.model import objective_stream
 from receipts.projections import verify
 from receipts.sql import query
+from tools.chaos.load import objective_jobs
 from tools.chaos.state import Run
 
 
@@ -51,13 +54,14 @@ async def audit(run: Run) -> Verdict:
     assert run.store is not None
     verdict = Verdict()
     audits = {}
-    for job_id in run.accepted:
+    of_objectives = await objective_jobs(run)
+    for job_id in [*run.accepted, *of_objectives]:
         receipts = await run.store.read_stream(f"jobs/{job_id}")
         if not receipts or receipts[0].type != "job.enqueued":
             verdict.lost += 1
             continue
         audits[job_id] = audit_chain(job_id, receipts)
-    total = len(run.accepted)
+    total = len(run.accepted) + len(of_objectives)
     verdict.check(
         verdict.lost == 0,
         f"accepted enqueues with a stream: {total - verdict.lost}/{total} (lost {verdict.lost})",
@@ -107,9 +111,33 @@ async def audit(run: Run) -> Verdict:
             f" attempts ({poison.error}); {completed_after} other jobs completed "
             f"meanwhile",
         )
+    await _objectives_settled(run, verdict)
     problems = await verify(run.store)
     verdict.check(
         not problems,
         f"projections rebuilt from the chain equal the live ones: {len(problems)} differences",
     )
     return verdict
+
+
+async def _objectives_settled(run: Run, verdict: Verdict) -> None:
+    """Every objective of the load completed, was audited, and dispatched no try twice."""
+    assert run.store is not None
+    states = [await objectives.get(run.store, o) for o in run.objectives]
+    settled = Counter(s.status if s else "missing" for s in states)
+    audited = sum(1 for s in states if s is not None and s.audit is not None)
+    dispatched_twice = 0
+    for objective_id in run.objectives:
+        tries = [
+            (r.data["taskId"], r.data["try"])
+            for r in await run.store.read_stream(objective_stream(objective_id))
+            if r.type == "objective.task.dispatched"
+        ]
+        dispatched_twice += len(tries) - len(set(tries))
+    verdict.stuck += sum(1 for s in states if s is None or not s.terminal)
+    verdict.check(
+        settled["completed"] == len(states) and audited == len(states) and dispatched_twice == 0,
+        f"objectives completed and audited: {settled['completed']}/{len(states)} "
+        f"(final: {dict(settled)}, audited {audited}, task tries dispatched twice "
+        f"{dispatched_twice})",
+    )

@@ -13,6 +13,9 @@ from typing import Any
 import httpx
 
 from receipts.jobs import TERMINAL_STATUSES
+from receipts.objectives import audit as objective_audit
+from receipts.objectives import store as objectives
+from receipts.objectives.model import run_job_id
 from tools.chaos.plan import job_mix
 from tools.chaos.state import Run
 
@@ -43,6 +46,57 @@ async def post(
     return None
 
 
+# One objective (a three-task graph with validate) joins the load for every this many jobs.
+OBJECTIVE_EVERY = 25
+
+
+def objective_body(objective_id: str) -> dict[str, Any]:
+    """An objective of the load: `a`, then `b` and `c`, then validate (all short commands)."""
+    return {
+        "objectiveId": objective_id,
+        "title": "chaos objective",
+        "goal": "a, then b and c, then validate",
+        "authContext": {"userId": "chaos", "organizationId": "chaos"},
+        "tasks": [
+            {"taskId": "a", "input": {"command": ["sleep", "1"]}},
+            {"taskId": "b", "dependsOn": ["a"], "input": {"command": ["true"]}},
+            {"taskId": "c", "dependsOn": ["a"], "input": {"command": ["sh", "-c", "echo c > c"]}},
+        ],
+        "validate": {"command": ["test", "-f", "c"]},
+    }
+
+
+async def post_objective(http: httpx.AsyncClient, run: Run) -> None:
+    """POST /objectives (a re-post of the same objectiveId returns the same run job)."""
+    objective_id = f"chaos-{uuid.uuid4().hex[:12]}"
+    for _ in range(3):
+        try:
+            response = await http.post(
+                f"{run.api_url}/objectives", json=objective_body(objective_id), timeout=10
+            )
+        except httpx.HTTPError as exc:
+            run.refused[type(exc).__name__] += 1
+            await asyncio.sleep(0.5)
+            continue
+        if response.status_code == 202:
+            run.objectives.append(objective_id)
+            return
+        run.refused[f"objective {response.status_code}"] += 1
+        await asyncio.sleep(0.5)
+
+
+async def objective_jobs(run: Run) -> list[str]:
+    """The jobs of the load's objectives: each run job, task try and step."""
+    assert run.store is not None
+    ids: list[str] = []
+    for objective_id in run.objectives:
+        state = await objectives.get(run.store, objective_id)
+        ids.append(run_job_id(objective_id))
+        if state is not None:
+            ids += objective_audit.job_ids(state)
+    return ids
+
+
 async def _abort_later(http: httpx.AsyncClient, run: Run, job_id: str) -> None:
     await asyncio.sleep(1.5)
     for _ in range(5):
@@ -62,7 +116,13 @@ async def load(run: Run, http: httpx.AsyncClient) -> None:
     pending: set[asyncio.Task[Any]] = set()
     interval = 1 / run.config.rate
     next_at = time.monotonic()
+    posted = 0
     while run.elapsed() < run.config.duration_s:
+        posted += 1
+        if posted % OBJECTIVE_EVERY == 1:
+            objective = asyncio.create_task(post_objective(http, run))
+            pending.add(objective)
+            objective.add_done_callback(pending.discard)
         shape, extra, attempts = job_mix(rng)
 
         async def one(
@@ -83,7 +143,12 @@ async def load(run: Run, http: httpx.AsyncClient) -> None:
 async def drain(run: Run) -> list[str]:
     assert run.store is not None
     deadline = time.monotonic() + run.config.drain_timeout_s
-    open_jobs = list(run.accepted)
+    while time.monotonic() < deadline:
+        states = [await objectives.get(run.store, o) for o in run.objectives]
+        if all(s is not None and s.terminal and s.audit is not None for s in states):
+            break
+        await asyncio.sleep(1)
+    open_jobs = list(run.accepted) + await objective_jobs(run)
     while open_jobs and time.monotonic() < deadline:
         still = []
         for job_id in open_jobs:

@@ -94,7 +94,13 @@ async def chaos(config: ChaosConfig) -> int:
     )
     run.temporal.start()
     await wait_port(temporal_port, exited=run.temporal.returncode, name="temporal")
-    names = ["api", "driver", *[f"worker-codex-{i}" for i in range(1, config.workers + 1)]]
+    names = [
+        "api",
+        "driver",
+        "worker-control",  # objectives: control, outbox, audit
+        "worker-chat",  # objectives: task monitors (agent factory-monitor routes to chat)
+        *[f"worker-codex-{i}" for i in range(1, config.workers + 1)],
+    ]
     for name in names:
         role = "worker-codex" if name.startswith("worker-codex") else name
         run.roles[name] = Supervised(

@@ -34,6 +34,7 @@ class Run:
     started: float = field(default_factory=time.monotonic)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     keepers: list[asyncio.Task[None]] = field(default_factory=list)
+    objectives: list[str] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
