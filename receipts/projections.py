@@ -8,6 +8,7 @@ from typing import Any
 
 from receipts import jobs as jobmodel
 from receipts.jobs import Job
+from receipts.objectives import projection as objective_projection
 from receipts.sql import query
 from receipts.store import Store, _row_receipt, projection_params
 
@@ -28,6 +29,7 @@ async def rebuild(store: Store) -> int:
             await cur.executemany(
                 query("projection_insert"), [projection_params(j) for j in folded.values()]
             )
+        await objective_projection.rebuild_in(tx.conn)
     log.info("projections rebuilt", extra={"event": "projections.rebuilt", "jobs": len(folded)})
     return len(folded)
 
@@ -51,6 +53,7 @@ async def verify(store: Store) -> list[str]:
         folded = await fold_chain_in(tx.conn)
         cur = await tx.conn.execute(query("projection_states"), {})
         live = {row[0]: Job.model_validate(row[1]) for row in await cur.fetchall()}
+        objective_problems = await objective_projection.verify_in(tx.conn)
     problems = [
         f"{job_id}: in the projection but not in the chain"
         for job_id in live.keys() - folded.keys()
@@ -62,4 +65,4 @@ async def verify(store: Store) -> list[str]:
     for job_id in sorted(folded.keys() & live.keys()):
         if folded[job_id] != live[job_id]:
             problems.append(f"{job_id}: projection differs from the fold of its chain")
-    return problems
+    return problems + objective_problems

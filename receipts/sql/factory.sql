@@ -86,3 +86,22 @@ WHERE (%(all_organizations)s::boolean OR organization_id = %(caller_organization
           < (%(before_created_at)s::timestamptz, %(before_objective_id)s::text))
 ORDER BY created_at DESC, objective_id DESC
 LIMIT %(limit)s;
+
+-- name: read_objective_streams
+-- Every objective stream, for `receipt rebuild-projections` only (never a periodic scan).
+SELECT stream, seq, type, data, recorded_at, position
+FROM receipts
+WHERE stream LIKE 'objectives/%%'
+ORDER BY stream, seq;
+
+-- name: objectives_lock
+LOCK TABLE objectives IN EXCLUSIVE MODE;
+
+-- name: objectives_share_lock
+LOCK TABLE objectives IN SHARE MODE;
+
+-- name: objectives_clear
+DELETE FROM objectives;
+
+-- name: objectives_states
+SELECT objective_id, state FROM objectives;

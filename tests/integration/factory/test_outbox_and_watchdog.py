@@ -274,3 +274,22 @@ async def test_the_watchdog_stops_at_its_timeout(
     assert 10 <= waited < 60
     state = await objectives.get(fresh_store, "wd-slow")
     assert state is not None and state.control_requested_seq == 0
+
+
+async def test_the_objectives_projection_is_verified_and_rebuilt_from_the_chain(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    from receipts.projections import rebuild, verify
+
+    await create_objective(fresh_store, "proj-1", TASK)
+    async with fresh_store.transaction() as tx:
+        await objectives.request_control(tx, "proj-1", "test")
+    expected = await objectives.get(fresh_store, "proj-1")
+    assert await verify(fresh_store) == []
+    await backdate(fresh_db, "proj-1", 5)  # the row no longer equals the fold of its stream
+    assert await verify(fresh_store) == [
+        "objective proj-1: projection differs from the fold of its chain"
+    ]
+    await rebuild(fresh_store)
+    assert await verify(fresh_store) == []
+    assert await objectives.get(fresh_store, "proj-1") == expected
