@@ -12,7 +12,6 @@ import os
 import shlex
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from activities.handlers import HandlerContext, HandlerError
@@ -25,7 +24,6 @@ from receipts.objectives import store as objectives
 from receipts.objectives import watchdog as objective_watchdog_rules
 from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_tasks
 from receipts.objectives.model import ObjectiveState, session_key
-from receipts.settings import Settings
 from receipts.sql import query
 from receipts.store import Draft, translate_errors
 from receipts.timing import TimingSettings
@@ -37,7 +35,6 @@ PLANNER_ENV = "RECEIPT_FACTORY_PLANNER_COMMAND"
 PLANNER_TIMEOUT_ENV = "RECEIPT_FACTORY_PLANNER_TIMEOUT_MS"
 PLANNER_TIMEOUT_MS = 120_000
 CODEX_COMMAND_ENV = "RECEIPT_CODEX_COMMAND"
-WORKSPACE_ENV = "RECEIPT_WORKSPACE_ROOT"
 MONITOR_POLL_S = 0.5
 MONITOR_PROGRESS_EVERY_S = 1.0
 # Told of each reconcile the watchdog requests, by reason (the role's metrics).
@@ -435,26 +432,19 @@ async def _mirror(ctx: HandlerContext, objective_id: str, draft: Draft) -> None:
 # --- tasks and steps in the objective's workspace ---------------------------------------------
 
 
-def workspace_root() -> Path:
-    """RECEIPT_WORKSPACE_ROOT, or `workspaces` under RECEIPT_DATA_DIR (default .receipt)."""
-    configured = os.environ.get(WORKSPACE_ENV, "").strip()
-    root = Path(configured) if configured else Settings().data_dir / "workspaces"
-    return root.resolve()
-
-
-def workspace(objective_id: str) -> Path:
-    """The objective's workspace, shared by its tasks, validate and publish (created)."""
-    path = workspace_root() / objective_id
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 async def _run_in_workspace(ctx: HandlerContext, task: dict[str, Any]) -> dict[str, Any]:
-    task["cwd"] = str(workspace(_objective_id(ctx)))
+    # The codex runner confines the command to the objective's workspace,
+    # RECEIPT_WORKSPACE_ROOT/<payload.objectiveId>, shared by its tasks, validate and publish.
     payload = {**ctx.payload, "task": task}
     return await run_task(
         dataclasses.replace(ctx, job=ctx.job.model_copy(update={"payload": payload}))
     )
+
+
+# The prompt reaches the agent CLI's stdin through the sandbox's environment (the sandbox has
+# no other input channel): `sh` pipes it in, and the pipeline's status is the agent's.
+PROMPT_VARIABLE = "TASK_PROMPT"
+PROMPT_SHIM = 'printf "%s" "$TASK_PROMPT" | "$@"'
 
 
 async def run_objective_task(ctx: HandlerContext) -> dict[str, Any]:
@@ -474,7 +464,11 @@ async def run_objective_task(ctx: HandlerContext) -> dict[str, Any]:
                 retryable=False,
             )
         return await _run_in_workspace(
-            ctx, {"command": shlex.split(command), "stdin": str(task_input["prompt"])}
+            ctx,
+            {
+                "command": ["sh", "-c", PROMPT_SHIM, "sh", *shlex.split(command)],
+                "env": {PROMPT_VARIABLE: str(task_input["prompt"])},
+            },
         )
     return await _run_in_workspace(ctx, {"command": task_input.get("command")})
 

@@ -71,11 +71,14 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 
 
 async def test_receipt_objectives_run_completes_an_objective_file_through_its_audit(
-    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses], tmp_path: Path
+    e2e_store: tuple[Store, str],
+    roles: Callable[..., RoleProcesses],
+    tmp_path: Path,
+    workspace_root: Path,
 ) -> None:
     port = free_port()
-    workspaces = tmp_path / "workspaces"
-    procs = roles(RECEIPT_API_PORT=str(port), RECEIPT_WORKSPACE_ROOT=str(workspaces))
+    workspaces = workspace_root  # the session's (tests/conftest.py), passed on by the harness
+    procs = roles(RECEIPT_API_PORT=str(port))
     for role in ("api", *ROLES):
         procs.start(role)
     url = f"http://127.0.0.1:{port}"
@@ -107,10 +110,10 @@ async def test_receipt_objectives_run_completes_an_objective_file_through_its_au
 
 
 async def test_an_objective_completes_through_kills_of_worker_control_and_worker_codex(
-    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses], tmp_path: Path
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
     store, _ = e2e_store
-    procs = roles(RECEIPT_WORKSPACE_ROOT=str(tmp_path / "workspaces"), **TIMING)
+    procs = roles(**TIMING)
     for role in ROLES:
         procs.start(role)
     from tests.integration.factory.conftest import run_objective

@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.jobs import Job
@@ -30,13 +27,6 @@ from tests.integration.delivery.conftest import (  # noqa: F401  (fixtures)
 )
 
 AUTH = {"userId": "u-1", "organizationId": "org-a"}
-
-
-@pytest.fixture(autouse=True)
-def workspace_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "workspaces"
-    monkeypatch.setenv("RECEIPT_WORKSPACE_ROOT", str(root))
-    return root
 
 
 @contextlib.asynccontextmanager
