@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -62,7 +63,8 @@ def enqueue_body(
         "authContext": {"userId": "u-1", "organizationId": org},
     }
     if kind != "factory.objective.watchdog":
-        payload["objectiveId"] = "standalone"  # objective-scoped kinds need one (422 without)
+        # Objective-scoped kinds need one (422 without); each job gets its own.
+        payload["objectiveId"] = f"adhoc-{uuid.uuid4().hex[:10]}"
     payload.update(extra.pop("payload_extra", {}))
     return {"payload": payload, **extra}
 

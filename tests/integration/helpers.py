@@ -9,6 +9,10 @@ from receipts.enqueue import EnqueueResult, enqueue, parse_enqueue
 from receipts.store import Store
 
 
+def new_id(prefix: str = "job") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
 def auth(org: str = "org-a", user: str = "user-1") -> dict[str, str]:
     return {"userId": user, "organizationId": org}
 
@@ -16,13 +20,11 @@ def auth(org: str = "org-a", user: str = "user-1") -> dict[str, str]:
 def body(kind: str = "factory.task.run", org: str = "org-a", **extra: Any) -> dict[str, Any]:
     payload: dict[str, Any] = {"kind": kind, "authContext": auth(org)}
     if kind != "factory.objective.watchdog":
-        payload["objectiveId"] = "standalone"  # objective-scoped kinds need one (422 without)
+        # Objective-scoped kinds need one (422 without); a job of its own gets an id of its own,
+        # and with it a workspace of its own (RECEIPT_WORKSPACE_ROOT/<objectiveId>).
+        payload["objectiveId"] = new_id("adhoc")
     payload.update(extra.pop("payload_extra", {}))
     return {"payload": payload, **extra}
-
-
-def new_id(prefix: str = "job") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 async def put(store: Store, agent: str = "codex", **kwargs: Any) -> EnqueueResult:

@@ -8,7 +8,8 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from activities.sandbox import job_workspace
+from activities.handlers.codex import workspace_of
+from activities.sandbox import SandboxSettings
 from receipts import deliveries
 from receipts import operations as ops
 from receipts.deliveries import MAX_GENERATION, generation_exhausted_message
@@ -408,7 +409,7 @@ async def test_a_missing_command_fails_with_a_clear_error(
     assert first.error is not None
     assert first.error.startswith("could not start 'no-such-command-zz': not found on PATH")
     assert second.status == "failed"
-    workspace = job_workspace(relative.job_id)
+    workspace = workspace_of(relative.payload, relative.job_id, SandboxSettings.from_env())
     assert (
         second.error == f"could not start './nope.sh': no executable file at {workspace}/./nope.sh"
     )
