@@ -215,6 +215,7 @@ NOT_IN_CONFIG = {
     "RECEIPT_EVENT_LOOP": "its default differs per role (uvloop; asyncio for worker-codex)",
     "RECEIPT_API_TOKENS_FILE": "an alternative to RECEIPT_API_TOKENS (mount the Secret as a file)",
     "RECEIPT_API_TOKEN": "the `receipt` CLI's own token (roles/cli/up.py names it to withhold it)",
+    "RECEIPT_ORGANIZATION_ID": "the `receipt objectives run` CLI's default organization",
 }
 # Set in each Deployment's env because the value differs per role.
 PER_ROLE = {"RECEIPT_PROCESS_ROLE", "RECEIPT_DB_POOL_MAX", "RECEIPT_RESONATE_EXECUTE_CONCURRENCY"}
