@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from activities.handlers import HandlerContext, HandlerError
 from activities.sandbox import (
     SandboxRefused,
     SandboxSettings,
+    StdinFeeder,
     job_workspace,
     objective_workspace,
     run_sandboxed,
@@ -90,6 +92,23 @@ class _Output:
         self.last_sent = time.monotonic()
 
 
+def _stdin_of(task: Mapping[str, Any]) -> StdinFeeder | None:
+    """`payload.task.stdin` (a string, e.g. an objective task's prompt) written to the
+    command's stdin and then closed; None: the command's stdin is /dev/null."""
+    text = task.get("stdin")
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise HandlerError("payload.task.stdin must be a string", retryable=False)
+
+    async def feed(writer: asyncio.StreamWriter) -> None:
+        writer.write(text.encode("utf-8"))
+        await writer.drain()
+        writer.close()
+
+    return feed
+
+
 async def run_task(ctx: HandlerContext) -> dict[str, Any]:
     """Run `payload.task.command` (argv, no shell unless the argv asks for one) in the sandbox.
 
@@ -122,6 +141,7 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
             on_output=output.write,
             aborted=ctx.aborted,
             settings=settings,
+            feed_stdin=_stdin_of(task),
         )
     except SandboxRefused as exc:
         raise HandlerError(str(exc), retryable=False) from exc

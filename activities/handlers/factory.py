@@ -441,12 +441,6 @@ async def _run_in_workspace(ctx: HandlerContext, task: dict[str, Any]) -> dict[s
     )
 
 
-# The prompt reaches the agent CLI's stdin through the sandbox's environment (the sandbox has
-# no other input channel): `sh` pipes it in, and the pipeline's status is the agent's.
-PROMPT_VARIABLE = "TASK_PROMPT"
-PROMPT_SHIM = 'printf "%s" "$TASK_PROMPT" | "$@"'
-
-
 async def run_objective_task(ctx: HandlerContext) -> dict[str, Any]:
     """Run one try of a task in the objective's workspace: its command, or for a prompt
     RECEIPT_CODEX_COMMAND with the prompt on stdin (unset: the task fails, saying so)."""
@@ -465,10 +459,7 @@ async def run_objective_task(ctx: HandlerContext) -> dict[str, Any]:
             )
         return await _run_in_workspace(
             ctx,
-            {
-                "command": ["sh", "-c", PROMPT_SHIM, "sh", *shlex.split(command)],
-                "env": {PROMPT_VARIABLE: str(task_input["prompt"])},
-            },
+            {"command": shlex.split(command), "stdin": str(task_input["prompt"])},
         )
     return await _run_in_workspace(ctx, {"command": task_input.get("command")})
 
