@@ -253,3 +253,16 @@ class WatchdogEnv(EnvSettings):
             timeout_ms=max(TIMEOUT_FLOOR_MS, self.timeout_ms),
             scan_limit=max(SCAN_LIMIT_MIN, min(SCAN_LIMIT_MAX, self.scan_limit)),
         )
+
+
+class FactoryEnv(EnvSettings):
+    """The Factory's commands: the planner of objectives without tasks, and the coding-agent CLI
+    a `prompt` task runs (docs/factory.md). Unset: none configured."""
+
+    accepts: ClassVar[dict[str, str]] = {"planner_timeout_ms": "a positive integer (milliseconds)"}
+
+    planner_command: str = Field(default="", alias="RECEIPT_FACTORY_PLANNER_COMMAND")
+    planner_timeout_ms: Whole = Field(
+        default=120_000, gt=0, alias="RECEIPT_FACTORY_PLANNER_TIMEOUT_MS"
+    )
+    codex_command: str = Field(default="", alias="RECEIPT_CODEX_COMMAND")

@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import shlex
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from receipts.objectives import store as objectives
 from receipts.objectives import watchdog as objective_watchdog_rules
 from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_tasks
 from receipts.objectives.model import ObjectiveState, session_key
+from receipts.settings import FactoryEnv
 from receipts.sql import query
 from receipts.store import Draft, translate_errors
 from receipts.timing import TimingSettings
@@ -32,8 +32,6 @@ from receipts.watchdog import REASONS, WatchdogSettings
 log = logging.getLogger("activities.handlers.factory")
 
 PLANNER_ENV = "RECEIPT_FACTORY_PLANNER_COMMAND"
-PLANNER_TIMEOUT_ENV = "RECEIPT_FACTORY_PLANNER_TIMEOUT_MS"
-PLANNER_TIMEOUT_MS = 120_000
 CODEX_COMMAND_ENV = "RECEIPT_CODEX_COMMAND"
 MONITOR_POLL_S = 0.5
 MONITOR_PROGRESS_EVERY_S = 1.0
@@ -58,14 +56,15 @@ def _auth(ctx: HandlerContext) -> dict[str, Any]:
 
 async def _planner(spec: ObjectiveSpec) -> Any:
     """Run RECEIPT_FACTORY_PLANNER_COMMAND with `{title, goal}` on stdin; return its JSON."""
-    command = os.environ.get(PLANNER_ENV, "").strip()
+    factory_settings = FactoryEnv.load()
+    command = factory_settings.planner_command.strip()
     if not command:
         raise HandlerError(
             "the objective has no tasks and no planner is configured "
             f"(set {PLANNER_ENV} to a command that prints a task graph)",
             retryable=False,
         )
-    timeout_ms = int(os.environ.get(PLANNER_TIMEOUT_ENV, PLANNER_TIMEOUT_MS))
+    timeout_ms = factory_settings.planner_timeout_ms
     request = json.dumps({"title": spec.title, "goal": spec.goal}).encode()
     try:
         process = await asyncio.create_subprocess_exec(
@@ -450,7 +449,7 @@ async def run_objective_task(ctx: HandlerContext) -> dict[str, Any]:
     if not isinstance(task_input, dict):
         raise HandlerError("payload.input must be {command: [argv]} or {prompt}", retryable=False)
     if "prompt" in task_input:
-        command = os.environ.get(CODEX_COMMAND_ENV, "").strip()
+        command = FactoryEnv.load().codex_command.strip()
         if not command:
             raise HandlerError(
                 f"task {ctx.payload.get('taskId')!r} carries a prompt but {CODEX_COMMAND_ENV} "

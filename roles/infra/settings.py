@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings
 
 from receipts.settings import (
     EnvSettings,
+    FactoryEnv,
     Settings,
     SettingsError,
     TimingEnv,
@@ -99,6 +100,7 @@ def concerns() -> list[tuple[str, type[BaseSettings]]]:
         ("leases, timeouts, heartbeats", TimingEnv),
         ("recovery loops", LoopSettings),
         ("objective watchdog", WatchdogEnv),
+        ("factory", FactoryEnv),
         ("agent jobs", AgentJobSettings),
     ]
 
