@@ -121,7 +121,8 @@ async def audit(run: Run) -> Verdict:
 
 
 async def _objectives_settled(run: Run, verdict: Verdict) -> None:
-    """Every objective of the load completed, was audited, and dispatched no try twice."""
+    """Every objective of the load settled and was audited, and dispatched no try twice. (An
+    objective may fail like any job: a task whose tries all lost their attempts to faults.)"""
     assert run.store is not None
     states = [await objectives.get(run.store, o) for o in run.objectives]
     settled = Counter(s.status if s else "missing" for s in states)
@@ -135,9 +136,9 @@ async def _objectives_settled(run: Run, verdict: Verdict) -> None:
         ]
         dispatched_twice += len(tries) - len(set(tries))
     verdict.stuck += sum(1 for s in states if s is None or not s.terminal)
+    terminal = sum(1 for s in states if s is not None and s.terminal)
     verdict.check(
-        settled["completed"] == len(states) and audited == len(states) and dispatched_twice == 0,
-        f"objectives completed and audited: {settled['completed']}/{len(states)} "
-        f"(final: {dict(settled)}, audited {audited}, task tries dispatched twice "
-        f"{dispatched_twice})",
+        terminal == len(states) and audited == len(states) and dispatched_twice == 0,
+        f"objectives settled and audited: {terminal}/{len(states)} (final: {dict(settled)}, "
+        f"audited {audited}, task tries dispatched twice {dispatched_twice})",
     )

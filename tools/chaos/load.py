@@ -51,16 +51,22 @@ OBJECTIVE_EVERY = 25
 
 
 def objective_body(objective_id: str) -> dict[str, Any]:
-    """An objective of the load: `a`, then `b` and `c`, then validate (all short commands)."""
+    """An objective of the load: `a`, then `b` and `c`, then validate (all short commands; each
+    task may take three tries, as a job the faults may cost both its attempts)."""
     return {
         "objectiveId": objective_id,
         "title": "chaos objective",
         "goal": "a, then b and c, then validate",
         "authContext": {"userId": "chaos", "organizationId": "chaos"},
         "tasks": [
-            {"taskId": "a", "input": {"command": ["sleep", "1"]}},
-            {"taskId": "b", "dependsOn": ["a"], "input": {"command": ["true"]}},
-            {"taskId": "c", "dependsOn": ["a"], "input": {"command": ["sh", "-c", "echo c > c"]}},
+            {"taskId": "a", "maxAttempts": 3, "input": {"command": ["sleep", "1"]}},
+            {"taskId": "b", "dependsOn": ["a"], "maxAttempts": 3, "input": {"command": ["true"]}},
+            {
+                "taskId": "c",
+                "dependsOn": ["a"],
+                "maxAttempts": 3,
+                "input": {"command": ["sh", "-c", "echo c > c"]},
+            },
         ],
         "validate": {"command": ["test", "-f", "c"]},
     }
