@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from receipts.store import Store
 from roles.api.app import ApiSettings, create_app
 from roles.infra.ports import free_port
 from roles.infra.supervisor import Supervised
+from tests.integration.helpers import adhoc_objective_id
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,8 +63,7 @@ def enqueue_body(
         "authContext": {"userId": "u-1", "organizationId": org},
     }
     if kind != "factory.objective.watchdog":
-        # Objective-scoped kinds need one (422 without); each job gets its own.
-        payload["objectiveId"] = f"adhoc-{uuid.uuid4().hex[:10]}"
+        payload["objectiveId"] = adhoc_objective_id(extra.get("jobId"))
     payload.update(extra.pop("payload_extra", {}))
     return {"payload": payload, **extra}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import Any
 
@@ -13,6 +14,15 @@ def new_id(prefix: str = "job") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
+def adhoc_objective_id(job_id: str | None) -> str:
+    """An objective id for a job of its own (objective-scoped kinds need one; 422 without), and
+    with it a workspace of its own. The same job id gets the same one, so a re-post of a job is
+    the same request (a different payload would be an idempotency mismatch)."""
+    if job_id is None:
+        return new_id("adhoc")
+    return "adhoc-" + hashlib.sha256(job_id.encode()).hexdigest()[:16]
+
+
 def auth(org: str = "org-a", user: str = "user-1") -> dict[str, str]:
     return {"userId": user, "organizationId": org}
 
@@ -20,9 +30,7 @@ def auth(org: str = "org-a", user: str = "user-1") -> dict[str, str]:
 def body(kind: str = "factory.task.run", org: str = "org-a", **extra: Any) -> dict[str, Any]:
     payload: dict[str, Any] = {"kind": kind, "authContext": auth(org)}
     if kind != "factory.objective.watchdog":
-        # Objective-scoped kinds need one (422 without); a job of its own gets an id of its own,
-        # and with it a workspace of its own (RECEIPT_WORKSPACE_ROOT/<objectiveId>).
-        payload["objectiveId"] = new_id("adhoc")
+        payload["objectiveId"] = adhoc_objective_id(extra.get("jobId"))
     payload.update(extra.pop("payload_extra", {}))
     return {"payload": payload, **extra}
 
