@@ -96,6 +96,7 @@ def enqueue_body(session_key: str | None = None, job_id: str | None = None) -> d
         "payload": {
             "kind": "factory.task.run",
             "authContext": {"userId": "u-1", "organizationId": ORG},
+            "objectiveId": "history",  # objective-scoped kinds need one (422 without)
             "command": ["true"],
         }
     }

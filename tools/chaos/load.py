@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from receipts.enqueue import scoped_job_id
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.objectives import audit as objective_audit
 from receipts.objectives import store as objectives
@@ -39,8 +40,10 @@ async def post(
             await asyncio.sleep(0.5)
             continue
         if response.status_code == 202:
-            run.accepted[job_id] = shape
-            return job_id
+            # The runtime's id: job ids are scoped by organization (`<id>~<tag>`).
+            runtime_id = scoped_job_id("chaos", job_id)
+            run.accepted[runtime_id] = shape
+            return runtime_id
         run.refused[str(response.status_code)] += 1
         await asyncio.sleep(0.5)
     return None
