@@ -465,9 +465,11 @@ async def failed_retry(request: Request) -> Response:
 def install_console(app: FastAPI) -> None:
     """Serve the console's pages and assets, and turn its refusals into pages, not JSON."""
     from roles.api.console.agent_job_pages import router as agent_job_router
+    from roles.api.console.objective_pages import router as objective_router
 
     app.include_router(router)
     app.include_router(agent_job_router)
+    app.include_router(objective_router)
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
 
     @app.exception_handler(SignInRequired)

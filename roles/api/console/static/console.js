@@ -51,7 +51,33 @@ function followJob(output) {
   });
 }
 
+// An objective's graph: poll its state (the console session authenticates it) and recolour the
+// nodes until the objective is settled and audited, then reload once to show the audit.
+function followGraph(graph) {
+  const status = document.getElementById("status");
+  const refresh = async () => {
+    const answer = await fetch(graph.dataset.state, { credentials: "same-origin" });
+    if (!answer.ok) return;
+    const state = await answer.json();
+    for (const [key, node] of Object.entries(state.nodes)) {
+      const group = graph.querySelector(`g.node[data-key="${CSS.escape(key)}"]`);
+      if (!group) continue;
+      group.setAttribute("class", `node status-${node.status}`);
+      group.querySelector(".state").textContent = node.status;
+    }
+    status.textContent = state.status;
+    status.className = `badge status-${state.status}`;
+    if (state.status !== "active" && state.audited) {
+      clearInterval(timer);
+      window.location.reload();
+    }
+  };
+  const timer = setInterval(refresh, 1000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   const output = document.getElementById("output");
   if (output && output.dataset.live === "yes") followJob(output);
+  const graph = document.getElementById("graph");
+  if (graph && graph.dataset.live === "yes") followGraph(graph);
 });
