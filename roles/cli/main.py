@@ -195,7 +195,7 @@ def role_command(name: str | None) -> None:
     role_main(name)
 
 
-from roles.cli.client import register  # noqa: E402 - the HTTP commands join the group defined above
+from roles.cli.jobs import register  # noqa: E402 - the HTTP commands join the group defined above
 from roles.cli.objectives import objectives_group  # noqa: E402
 
 register(main)
