@@ -1,3 +1,4 @@
+# Over 400 lines: the enqueue contract (body model, ids and their tenancy, idempotency, singleton modes).
 """Enqueue: validate a request, then in one transaction apply idempotency, singleton mode and append."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# Over 400 lines: the handlers of all nine Factory kinds, which share one objective store.
 """Factory handlers: objectives created (or planned), reconciled, watched, monitored, audited,
 and their tasks and steps run in the objective's workspace."""
 

@@ -1,3 +1,4 @@
+# Over 400 lines: the whole jobs resource (enqueue, list, read, events, commands) with its documentation.
 """The jobs resource: enqueue, list, read, events (JSON or live SSE) and commands.
 
 (Over 400 lines: five routes with their OpenAPI documentation; admission checks live in
