@@ -18,7 +18,6 @@ from psycopg.types.json import Jsonb
 
 from receipts.errors import StorageError
 from receipts.jobs import Job
-from receipts.sql import query
 from receipts.store import Store, dumps, translate_errors
 
 log = logging.getLogger("receipts.deliveries")
@@ -62,9 +61,7 @@ class LatestDelivery:
 
 async def _fetch(store: Store, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     with translate_errors():
-        async with store.pool.connection() as conn:
-            cur = await conn.execute(query(name), params)
-            return list(await cur.fetchall()) if cur.description else []
+        return await store.fetch(name, params)
 
 
 async def job_and_latest(store: Store, job_id: str) -> tuple[Job | None, LatestDelivery | None]:

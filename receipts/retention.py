@@ -123,11 +123,9 @@ def _check_batch(batch: int) -> int:
 async def cutoff_for(store: Store, older_than: timedelta) -> datetime:
     """The database clock minus `older_than`."""
     with translate_errors():
-        async with store.pool.connection() as conn:
-            cur = await conn.execute(
-                query("retention_cutoff"), {"older_than_s": older_than.total_seconds()}
-            )
-            row = await cur.fetchone()
+        row = await store.fetch_one(
+            "retention_cutoff", {"older_than_s": older_than.total_seconds()}
+        )
     assert row is not None
     return row[0]
 
@@ -164,18 +162,15 @@ async def candidates(
     prune at `cutoff` would remove, `batch` at a time, unlocked."""
     after: tuple[Any, str] = (datetime.min.replace(tzinfo=UTC), "")
     while True:
-        with translate_errors():
-            async with store.pool.connection() as conn:
-                cur = await conn.execute(
-                    query(which),
-                    {
-                        "cutoff": cutoff,
-                        "batch": batch,
-                        "after_updated_at": after[0],
-                        "after_job_id": after[1],
-                    },
-                )
-                rows = await cur.fetchall()
+        rows = await store.fetch(
+            which,
+            {
+                "cutoff": cutoff,
+                "batch": batch,
+                "after_updated_at": after[0],
+                "after_job_id": after[1],
+            },
+        )
         if not rows:
             return
         yield [row[0] for row in rows]
@@ -198,12 +193,11 @@ async def prune(
     if dry_run:
         async for job_ids in candidates(store, cutoff, batch):
             result.batches += 1
-            with translate_errors():
-                async with store.pool.connection() as conn:
-                    for step in [*PRUNE_STEPS, JOBS_STEP]:
-                        cur = await conn.execute(step.count, {"job_ids": job_ids})
-                        row = await cur.fetchone()
-                        result.add(step.name, int(row[0]) if row else 0)
+            async with store.connection() as conn:
+                for step in [*PRUNE_STEPS, JOBS_STEP]:
+                    cur = await conn.execute(step.count, {"job_ids": job_ids})
+                    row = await cur.fetchone()
+                    result.add(step.name, int(row[0]) if row else 0)
             if max_batches is not None and result.batches >= max_batches:
                 break
         async for agent_job_ids in candidates(store, cutoff, batch, which="prune_agent_candidates"):
@@ -241,9 +235,6 @@ async def export(
     _check_batch(batch)
     cutoff = await cutoff_for(store, older_than)
     async for job_ids in candidates(store, cutoff, batch):
-        with translate_errors():
-            async with store.pool.connection() as conn:
-                cur = await conn.execute(query("export_jobs"), {"job_ids": job_ids})
-                rows = await cur.fetchall()
+        rows = await store.fetch("export_jobs", {"job_ids": job_ids})
         for job_id, state, receipts in rows:
             yield {"jobId": job_id, "job": state, "receipts": receipts}

@@ -350,7 +350,7 @@ class Store:
     """The receipt store over an async connection pool."""
 
     def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]) -> None:
-        self.pool = pool
+        self._pool = pool
 
     @classmethod
     async def open(
@@ -392,13 +392,13 @@ class Store:
 
     async def close(self) -> None:
         """Close the pool."""
-        await self.pool.close()
+        await self._pool.close()
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         """Open one transaction; it commits when the block ends, rolls back on an exception."""
         with translate_errors():
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self._pool.connection() as conn, conn.transaction():
                 yield Tx(conn)
 
     async def in_transaction(self, work: Callable[[Tx], Awaitable[T]]) -> T:
@@ -409,7 +409,7 @@ class Store:
     async def get_job(self, job_id: str) -> Job | None:
         """Return the job's folded state from the projection, or None."""
         with translate_errors():
-            async with self.pool.connection() as conn:
+            async with self._pool.connection() as conn:
                 cur = await conn.execute(query("job_get"), {"job_id": job_id})
                 row = await cur.fetchone()
         return Job.model_validate(row[0]) if row else None
@@ -417,7 +417,7 @@ class Store:
     async def get_job_with_now(self, job_id: str) -> tuple[Job | None, datetime]:
         """Return the job's folded state (or None) and the database clock, in one round trip."""
         with translate_errors():
-            async with self.pool.connection() as conn:
+            async with self._pool.connection() as conn:
                 cur = await conn.execute(query("job_get_with_now"), {"job_id": job_id})
                 row = await cur.fetchone()
         assert row is not None
@@ -428,7 +428,7 @@ class Store:
     ) -> list[Receipt]:
         """Return the stream's receipts with `seq > after_seq`, in order."""
         with translate_errors():
-            async with self.pool.connection() as conn:
+            async with self._pool.connection() as conn:
                 cur = await conn.execute(
                     query("read_stream"),
                     {"stream": stream, "after_seq": after_seq, "limit": limit},
@@ -438,23 +438,45 @@ class Store:
     async def read_all(self, after_position: int = 0, limit: int = 1_000) -> list[Receipt]:
         """Return receipts of every stream with `position > after_position`, in position order."""
         with translate_errors():
-            async with self.pool.connection() as conn:
+            async with self._pool.connection() as conn:
                 cur = await conn.execute(
                     query("read_all"), {"after_position": after_position, "limit": limit}
                 )
                 return [_row_receipt(r) for r in await cur.fetchall()]
 
-    async def fetch(self, name: str, params: dict[str, Any]) -> list[TupleRow]:
-        """Run the named read-only statement `name` (receipts/sql/) and return its rows."""
+    async def fetch(
+        self, name: str, params: dict[str, Any], *, prepare: bool | None = None
+    ) -> list[TupleRow]:
+        """Run the named statement `name` (receipts/sql/) on its own and return its rows (none
+        for a statement that returns none). `prepare=False` keeps it from becoming a server-side
+        prepared statement (whose generic plan may ignore a partial index)."""
         with translate_errors():
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(query(name), params)
-                return await cur.fetchall()
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(query(name), params, prepare=prepare)
+                return list(await cur.fetchall()) if cur.description else []
+
+    async def fetch_one(self, name: str, params: dict[str, Any]) -> TupleRow | None:
+        """Run the named statement `name` and return its first row, or None."""
+        rows = await self.fetch(name, params)
+        return rows[0] if rows else None
+
+    async def ping(self) -> None:
+        """One round trip to the database (`SELECT 1`); raises a storage error when it fails."""
+        await self.fetch("ping", {})
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+        """A connection of its own, for work that must hold one across statements (a pass that
+        holds a transaction-scoped advisory lock while it works in batches); everything else
+        asks for a named operation. Errors are translated like every other store call."""
+        with translate_errors():
+            async with self._pool.connection() as conn:
+                yield conn
 
     async def now(self) -> datetime:
         """Return the database clock."""
         with translate_errors():
-            async with self.pool.connection() as conn:
+            async with self._pool.connection() as conn:
                 cur = await conn.execute(query("now"), {})
                 row = await cur.fetchone()
         assert row is not None

@@ -25,7 +25,6 @@ from receipts.objectives import watchdog as objective_watchdog_rules
 from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_tasks
 from receipts.objectives.model import ObjectiveState, session_key
 from receipts.settings import FactoryEnv
-from receipts.sql import query
 from receipts.store import Draft, translate_errors
 from receipts.timing import TimingSettings
 from receipts.watchdog import REASONS, WatchdogSettings
@@ -255,11 +254,7 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
     try:
         async with asyncio.timeout(settings.timeout_ms / 1000):
             with translate_errors():
-                async with ctx.store.pool.connection() as conn:
-                    cur = await conn.execute(
-                        query("objectives_active"), {"limit": settings.scan_limit}
-                    )
-                    rows = await cur.fetchall()
+                rows = await ctx.store.fetch("objectives_active", {"limit": settings.scan_limit})
             states = [ObjectiveState.model_validate(row[0]) for row in rows]
             now = rows[0][1] if rows else None
             job_ids = [job_id for s in states for job_id in s.active_job_ids()]
@@ -311,10 +306,7 @@ async def _active_control(ctx: HandlerContext, states: list[ObjectiveState]) -> 
         "organization_ids": [s.organization_id for s in states],
         "session_keys": [session_key(s.objective_id) for s in states],
     }
-    with translate_errors():
-        async with ctx.store.pool.connection() as conn:
-            cur = await conn.execute(query("active_control_jobs"), params)
-            keys = {row[0] for row in await cur.fetchall()}
+    keys = {row[0] for row in await ctx.store.fetch("active_control_jobs", params)}
     return {s.objective_id for s in states if session_key(s.objective_id) in keys}
 
 

@@ -70,9 +70,7 @@ async def load(tx: Tx, objective_id: str) -> ObjectiveState | None:
 async def get(store: Store, objective_id: str) -> ObjectiveState | None:
     """The objective's folded state from the projection, or None."""
     with translate_errors():
-        async with store.pool.connection() as conn:
-            cur = await conn.execute(query("objective_get"), {"objective_id": objective_id})
-            row = await cur.fetchone()
+        row = await store.fetch_one("objective_get", {"objective_id": objective_id})
     return ObjectiveState.model_validate(row[0]) if row else None
 
 
@@ -204,10 +202,7 @@ async def request_on_settlement(tx: Tx, job: Job, drafts: Sequence[Draft]) -> No
 
 async def outbox_candidates(store: Store, limit: int) -> list[str]:
     """Objectives owing a control pass (see the `objective_outbox` statement)."""
-    with translate_errors():
-        async with store.pool.connection() as conn:
-            cur = await conn.execute(query("objective_outbox"), {"limit": limit})
-            return [row[0] for row in await cur.fetchall()]
+    return [row[0] for row in await store.fetch("objective_outbox", {"limit": limit})]
 
 
 async def redrive_outbox(store: Store, limit: int = 200) -> int:
@@ -227,10 +222,7 @@ async def jobs_by_ids(store: Store, job_ids: Sequence[str]) -> dict[str, Job]:
     """The jobs with these ids (absent ones are left out)."""
     if not job_ids:
         return {}
-    with translate_errors():
-        async with store.pool.connection() as conn:
-            cur = await conn.execute(query("jobs_by_ids"), {"job_ids": list(job_ids)})
-            rows = await cur.fetchall()
+    rows = await store.fetch("jobs_by_ids", {"job_ids": list(job_ids)})
     jobs = [Job.model_validate(row[0]) for row in rows]
     return {job.job_id: job for job in jobs}
 

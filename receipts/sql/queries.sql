@@ -201,3 +201,6 @@ WITH inserted AS (
     RETURNING position, seq
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted), pg_notify('receipts', %(note)s);
+
+-- name: ping
+SELECT 1;

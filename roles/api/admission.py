@@ -10,8 +10,6 @@ import logging
 from receipts.enqueue import EnqueueRequest
 from receipts.errors import InvalidInput
 from receipts.kinds import QUEUE_CODEX, route
-from receipts.sql import query
-from receipts.store import translate_errors
 from roles.api.auth import COMMANDS_RUN, Principal
 from roles.api.deps import ApiError, ApiState, require_scope, too_many
 from roles.api.errors import RETRY_AFTER_S
@@ -89,14 +87,12 @@ def check_gateway(settings: ApiSettings, request: EnqueueRequest) -> None:
 
 async def check_org_caps(state: ApiState, organization_id: str) -> None:
     """429 when the organization holds its cap of queued or of active jobs."""
-    with translate_errors():
-        async with state.require_store().pool.connection() as conn:
-            cur = await conn.execute(
-                query("api_org_open_jobs"), {"organization_id": organization_id}
-            )
-            row = await cur.fetchone()
-    queued, active = (row[0], row[1]) if row else (0, 0)
     settings = state.settings
+    limit = max(settings.org_max_queued, settings.org_max_active) + 1
+    row = await state.require_store().fetch_one(
+        "api_org_open_jobs", {"organization_id": organization_id, "limit": limit}
+    )
+    queued, active = (row[0], row[1]) if row else (0, 0)
     if queued >= settings.org_max_queued:
         LIMITED.labels("queued").inc()
         log.warning(

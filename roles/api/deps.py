@@ -18,7 +18,6 @@ from receipts.enqueue import TENANT_SEPARATOR, scoped_job_id
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import Job
 from receipts.listen import Listener
-from receipts.sql import query
 from receipts.store import Store, translate_errors
 from receipts.text import check_clean_text
 from roles.api.auth import OPEN, Principal, TokenTable, is_loopback
@@ -204,9 +203,8 @@ def runtime_job_id(caller: Principal, job_id: str) -> str:
 
 async def _jobs_by_caller_id(store: Store, job_id: str) -> list[Job]:
     with translate_errors():
-        async with store.pool.connection() as conn:
-            cur = await conn.execute(query("api_jobs_by_caller_id"), {"job_id": job_id})
-            return [Job.model_validate(row[0]) for row in await cur.fetchall()]
+        rows = await store.fetch("api_jobs_by_caller_id", {"job_id": job_id})
+        return [Job.model_validate(row[0]) for row in rows]
 
 
 async def find_job(store: Store, caller: Principal, job_id: str) -> Job | None:

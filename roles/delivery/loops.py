@@ -27,7 +27,6 @@ from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.objectives import store as objectives
 from receipts.objectives.model import STREAM_PREFIX as OBJECTIVE_STREAM_PREFIX
 from receipts.settings import Settings
-from receipts.sql import query
 from receipts.store import Store, translate_errors
 from roles.delivery.starter import DriverStarter
 from roles.infra.settings import LoopSettings
@@ -172,9 +171,8 @@ class QueuedRedrive:
 
     async def _expired_leases(self) -> list[str]:
         with translate_errors():
-            async with self.store.pool.connection() as conn:
-                cur = await conn.execute(query("expired_leases"), {"limit": self.config.batch})
-                return [row[0] for row in await cur.fetchall()]
+            rows = await self.store.fetch("expired_leases", {"limit": self.config.batch})
+            return [row[0] for row in rows]
 
     async def _recover_callbacks(self) -> int:
         """Terminal states written outside a driver (singleton cancel, expiry past the budget,
@@ -343,12 +341,8 @@ class ObjectiveResume:
     async def run_once(self) -> int:
         """Request (and deliver) control for each such objective; return how many."""
         started = time.monotonic()
-        with translate_errors():
-            async with self.store.pool.connection() as conn:
-                cur = await conn.execute(
-                    query("objective_resume_candidates"), {"limit": self.limit}
-                )
-                candidates = [row[0] for row in await cur.fetchall()]
+        rows = await self.store.fetch("objective_resume_candidates", {"limit": self.limit})
+        candidates = [row[0] for row in rows]
         resumed = 0
         for objective_id in candidates:
             async with self.store.transaction() as tx:

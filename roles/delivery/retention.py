@@ -80,7 +80,7 @@ class RetentionLoop:
     async def run_once(self) -> retention.PruneResult | None:
         """One pass: prune if no other process is pruning (then None: this pass was skipped)."""
         with translate_errors():
-            async with self.store.pool.connection() as lock_conn, lock_conn.transaction():
+            async with self.store.connection() as lock_conn, lock_conn.transaction():
                 cur = await lock_conn.execute(query("retention_try_lock"), {})
                 row = await cur.fetchone()
                 if not (row and row[0]):

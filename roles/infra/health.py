@@ -136,8 +136,7 @@ class HealthChecker:
             await asyncio.sleep(CHECK_INTERVAL_S)
 
     async def _ping_database(self) -> None:
-        async with self.store.pool.connection() as conn:
-            await conn.execute("SELECT 1")
+        await self.store.ping()
 
     async def _missing_pollers(self) -> list[str]:
         assert self.client is not None

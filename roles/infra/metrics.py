@@ -17,7 +17,6 @@ from receipts.kinds import AGENT_IDS, route, route_disagrees
 from receipts.objectives import control as objective_control
 from receipts.objectives import store as objectives
 from receipts.retention import PruneResult
-from receipts.sql import query
 from receipts.store import Store, translate_errors
 from roles.delivery.loops import LoopHooks, PassResult
 from roles.delivery.retention import RetentionHooks
@@ -278,9 +277,8 @@ class Metrics:
         """Read active job counts by status from the projection into the gauge (a partial
         index: its cost follows the active jobs, not the history)."""
         with translate_errors():
-            async with store.pool.connection() as conn:
-                cur = await conn.execute(query("jobs_by_status"), {})
-                counts: dict[str, int] = dict(await cur.fetchall())
+            rows = await store.fetch("jobs_by_status", {})
+            counts: dict[str, int] = {str(status): int(n) for status, n in rows}
         for status in ACTIVE_ORDER:
             self.queue_depth.labels(status).set(counts.get(status, 0))
 

@@ -89,12 +89,12 @@ async def test_every_connection_runs_without_jit_and_the_api_with_a_statement_ti
     fresh: tuple[Store, str],
 ) -> None:
     store, url = fresh
-    async with store.pool.connection() as conn:
+    async with store.connection() as conn:
         row = await (await conn.execute("SELECT current_setting('jit')")).fetchone()
     assert row == ("off",)
     api = await open_store(url, Settings(RECEIPT_API_STATEMENT_TIMEOUT_MS=200), api=True)
     try:
-        async with api.pool.connection() as conn:
+        async with api.connection() as conn:
             row = await (
                 await conn.execute("SELECT current_setting('statement_timeout')")
             ).fetchone()
@@ -113,7 +113,7 @@ async def test_the_job_list_is_never_a_generic_prepared_plan(fresh: tuple[Store,
         async with api_client(url, store=single) as client:
             for lane in ("steer", "chat") * 6:
                 assert (await client.get(f"/jobs?lane={lane}", headers=AS_A)).status_code == 200
-        async with single.pool.connection() as conn:
+        async with single.connection() as conn:
             cur = await conn.execute("SELECT statement FROM pg_prepared_statements")
             prepared = [row[0] for row in await cur.fetchall()]
     finally:

@@ -107,7 +107,7 @@ async def test_unreachable_database_is_a_transient_error() -> None:
 
 async def _kill_backends_of(store: Store, db_url: str) -> None:
     pids = []
-    async with store.pool.connection() as conn:
+    async with store.connection() as conn:
         pids.append(conn.info.backend_pid)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
         for pid in pids:
@@ -164,7 +164,7 @@ async def test_the_api_pool_is_larger_unless_the_size_is_set(
         if env is not None:
             monkeypatch.setenv("RECEIPT_DB_POOL_MAX", env)
         store = await open_store(db_url, api=api)
-        sizes.append((store.pool.max_size, store.pool.check_idle_s))  # type: ignore[attr-defined]
+        sizes.append((store._pool.max_size, store._pool.check_idle_s))
         await store.close()
     assert sizes == [(API_POOL_MAX, 0.0), (10, CHECK_IDLE_S), (5, 0.0)]
     assert API_POOL_MAX == 20

@@ -136,7 +136,7 @@ async def preload(
     store: Store, template_id: str, count: int, *, age_s: float = 0.0, spacing_s: float = 0.001
 ) -> None:
     """Clone the template as `count` finished jobs `<template>-<n>` in one statement."""
-    async with store.pool.connection() as conn:
+    async with store.connection() as conn:
         await conn.execute(
             query("preload_finished_jobs"),
             {
@@ -223,7 +223,7 @@ async def heartbeat_hot_share(
             beats += out.ok
     # A backend reports its table counters when it exits (or when idle, rate-limited): close the
     # pool so every heartbeat's update is counted.
-    await store.pool.close()
+    await store.close()
     await asyncio.sleep(0.5)
     after = await stats()
     upd = sum(after[t][0] - before.get(t, (0, 0))[0] for t in after)

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from receipts.errors import StorageError, TransientStorageError
-from receipts.sql import migrations, query
+from receipts.sql import migrations
 from receipts.store import Store, translate_errors
 from roles.api.auth import ADMIN
 from roles.api.deps import ApiError, Caller, State, require_scope
@@ -24,9 +24,7 @@ router = APIRouter()
 async def schema_ready(store: Store) -> int:
     """Return the schema version when every shipped migration is applied; raise ApiError if not."""
     with translate_errors():
-        async with store.pool.connection() as conn:
-            cur = await conn.execute(query("migrations_applied"), {})
-            applied = {row[0] for row in await cur.fetchall()}
+        applied = {row[0] for row in await store.fetch("migrations_applied", {})}
     missing = sorted({m.version for m in migrations()} - applied)
     if missing:
         raise ApiError(

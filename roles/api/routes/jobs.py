@@ -32,7 +32,6 @@ from receipts.enqueue import (
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import LANES, STATUSES, Job
 from receipts.kinds import AGENT_IDS, KINDS, MAX_ID_LENGTH, NON_BLANK
-from receipts.sql import query
 from receipts.store import Store, translate_errors
 from roles.api.admission import (
     capped_timeout,
@@ -210,11 +209,10 @@ async def post_job(
 
 async def _list_jobs(store: Store, params: dict[str, Any]) -> list[Job]:
     with translate_errors():
-        async with store.pool.connection() as conn:
-            # Never a server-side prepared statement: its generic plan cannot use the filter
-            # indexes (a NULL filter matches all), and would walk the organization's history.
-            cur = await conn.execute(query("api_list_jobs"), params, prepare=False)
-            return [Job.model_validate(row[0]) for row in await cur.fetchall()]
+        # Never a server-side prepared statement: its generic plan cannot use the filter
+        # indexes (a NULL filter matches all), and would walk the organization's history.
+        rows = await store.fetch("api_list_jobs", params, prepare=False)
+        return [Job.model_validate(row[0]) for row in rows]
 
 
 def _json_size(value: Any) -> int:

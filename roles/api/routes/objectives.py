@@ -31,7 +31,6 @@ from receipts.objectives.model import (
     objective_stream,
     run_job_id,
 )
-from receipts.sql import query
 from receipts.store import Store, translate_errors
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import json_object as _object
@@ -202,9 +201,8 @@ async def list_objectives(
         "limit": limit + 1,
     }
     with translate_errors():
-        async with state.require_store().pool.connection() as conn:
-            cur = await conn.execute(query("api_list_objectives"), params)
-            found = [ObjectiveState.model_validate(row[0]) for row in await cur.fetchall()]
+        rows = await state.require_store().fetch("api_list_objectives", params)
+        found = [ObjectiveState.model_validate(row[0]) for row in rows]
     page = found[:limit]
     return JSONResponse(
         {
