@@ -93,6 +93,7 @@ async def up(settings: Settings | None = None) -> int:
     metrics = ", ".join(f"{r} :{p}" for r, p in DEFAULT_METRICS_PORTS.items() if r in ROLES)
     for line in (
         f"API          http://{host}:{port}   (docs: http://{host}:{port}/docs)",
+        f"Console      http://{host}:{port}/console (sign in with the API token below)",
         f"Temporal UI  http://127.0.0.1:{TEMPORAL_UI_PORT}"
         if temporal
         else f"Temporal     {address}",
