@@ -37,8 +37,8 @@ from tests.integration.api_support import (
 from tests.integration.helpers import new_id, put, types
 
 HEALTHZ_BOUND_S = 1.0
-"""`/healthz` while a hostile request runs: the issue asks < 50 ms; on a shared 2-core test
-machine the test allows 1 s (the blocking found took 6.6 s). Measured figures are printed."""
+"""`/healthz` while a hostile body is parsed: no probe may wait a second (the blocking found took
+6.6 s); test_api_responsive.py holds the median to the issue's 50 ms under the whole hostile load."""
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
