@@ -22,17 +22,19 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import dataclasses
 import logging
 import os
 import re
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from activities.sandbox_cgroup import CgroupUnavailable, SandboxCgroup, plan_for
 from activities.sandbox_policy import (
     ALLOWED_NAMES,
     DEFAULT_PATH,
@@ -118,6 +120,9 @@ class _Probe:
 
 _probes: dict[SandboxSettings, _Probe] = {}
 
+on_memory_limit: list[Callable[[], None]] = []
+"""Told of each sandbox the kernel killed at its cgroup's memory limit (the role's metrics)."""
+
 
 def _unavailable(detail: str) -> str:
     return (
@@ -139,6 +144,11 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
     cached = _probes.get(settings)
     if cached and (cached.ok or time.monotonic() - cached.at < PROBE_RETRY_S):
         return cached.ok, cached.message
+    try:
+        await asyncio.to_thread(plan_for, settings.cgroup)
+    except (CgroupUnavailable, ValueError) as exc:
+        _probes[settings] = _Probe(False, str(exc), time.monotonic())
+        return False, str(exc)
     workspace = settings.workspace_root / ".probe"
     try:
         uid = prepare_workspace(workspace, settings)
@@ -191,12 +201,15 @@ async def announce(settings: SandboxSettings | None = None) -> bool:
         return True
     ok, message = await probe(settings)
     if ok:
+        plan = plan_for(settings.cgroup)
         log.info(
-            "commands run in a bubblewrap sandbox",
+            "commands run in a bubblewrap sandbox; memory and processes bounded by %s",
+            plan.describe() if plan else "per-process rlimits (no cgroup available)",
             extra={
                 "event": "sandbox.ready",
                 "workspaceRoot": str(settings.workspace_root),
                 "egressAgents": sorted(settings.egress_agents),
+                "cgroup": plan.describe() if plan else None,
             },
         )
     else:
@@ -254,6 +267,19 @@ async def run_sandboxed(
     command_env = clean_env(env, workspace=workspace, settings=settings)
     roots = visible_roots(workspace, settings) if confined else ("/",)
     check_executable(argv[0], cwd=work_dir, env=command_env, roots=roots)
+    run_limits = limits or settings.limits
+    try:
+        plan = await asyncio.to_thread(plan_for, settings.cgroup)
+        cgroup = None
+        if plan is not None:
+            cgroup = await asyncio.to_thread(
+                SandboxCgroup.create,
+                plan,
+                memory_mb=run_limits.memory_mb,
+                processes=run_limits.processes,
+            )
+    except (CgroupUnavailable, ValueError, OSError) as exc:
+        raise SandboxRefused(f"could not make the sandbox's cgroup: {exc}") from exc
     info_read, info_write = os.pipe() if confined else (-1, -1)
     try:
         line = command_line(
@@ -263,11 +289,12 @@ async def run_sandboxed(
             network=network,
             settings=settings,
             uid=uid,
-            limits=limits or settings.limits,
+            limits=run_limits,
             bwrap=bwrap_binary(uid) if confined else None,
             info_fd=info_write if confined else None,
         )
         process = await asyncio.create_subprocess_exec(
+            *(cgroup.join_prefix() if cgroup else []),
             *line,
             cwd=work_dir,
             env=command_env,
@@ -281,10 +308,41 @@ async def run_sandboxed(
         for fd in (info_read, info_write):
             if fd >= 0:
                 os.close(fd)
+        if cgroup:
+            await asyncio.to_thread(cgroup.close)
         raise SandboxRefused(f"could not start {argv[0]!r}: {exc}") from exc
     if confined:
         os.close(info_write)
     sandbox = _Running(process, info_read if confined else None)
+    memory_killed = False
+    try:
+        result = await _supervise(sandbox, confined, on_output, aborted, feed_stdin)
+    finally:
+        if cgroup:
+            memory_killed = cgroup.memory_killed()
+            # Whatever outlived the namespace (only in `none` mode can anything) dies here.
+            await asyncio.shield(asyncio.to_thread(cgroup.close))
+    if memory_killed:
+        log.warning(
+            "a sandboxed command was killed at its memory limit (%d MiB)",
+            run_limits.memory_mb,
+            extra={"event": "sandbox.memory_limit", "memoryMb": run_limits.memory_mb},
+        )
+        for hook in on_memory_limit:
+            hook()
+        result = dataclasses.replace(result, memory_limit=True)
+    return result
+
+
+async def _supervise(
+    sandbox: _Running,
+    confined: bool,
+    on_output: OutputSink | None,
+    aborted: asyncio.Event | None,
+    feed_stdin: StdinFeeder | None,
+) -> SandboxResult:
+    """Stream the running sandbox's output until it ends or is aborted; leave nothing of it."""
+    process = sandbox.process
     pump = asyncio.create_task(_pump(process, on_output))
     feeder = asyncio.create_task(_feed(process, feed_stdin)) if feed_stdin is not None else None
     waiters: set[asyncio.Future[Any]] = {pump}

@@ -115,6 +115,7 @@ class SandboxSettings:
     limits: Limits = field(default_factory=Limits)
     lang: str = "C.UTF-8"
     tz: str | None = None
+    cgroup: str = "auto"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SandboxSettings:
@@ -138,6 +139,7 @@ class SandboxSettings:
             limits=Limits.from_env(env),
             lang=env.get("LANG", "").strip() or "C.UTF-8",
             tz=env.get("TZ") or None,
+            cgroup=env.get("RECEIPT_SANDBOX_CGROUP", "").strip() or "auto",
         )
 
 
@@ -154,10 +156,12 @@ def _uid_range(raw: str) -> tuple[int, int]:
 @dataclass(frozen=True)
 class SandboxResult:
     """How a sandboxed command ended: its exit status (negative: killed by that signal), or
-    `aborted` when the caller's abort stopped it."""
+    `aborted` when the caller's abort stopped it; `memory_limit` when the kernel killed a process
+    of it at the sandbox cgroup's memory limit."""
 
     exit_code: int | None
     aborted: bool = False
+    memory_limit: bool = False
 
 
 OutputSink = Callable[[str], Awaitable[None]]

@@ -154,9 +154,10 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
         "outputTail": "".join(output.tail)[-TAIL_CHARS:],
         "lines": output.lines,
     }
-    if ended.exit_code != 0:
+    if ended.exit_code != 0 or ended.memory_limit:
+        killed = " (a process was killed at the sandbox's memory limit)" * ended.memory_limit
         raise HandlerError(
-            f"command exited with status {ended.exit_code}",
+            f"command exited with status {ended.exit_code}{killed}",
             retryable=bool(ctx.payload.get("retryable", False)),
             result=result,
         )

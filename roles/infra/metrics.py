@@ -8,7 +8,7 @@ import logging
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from activities import retry
+from activities import retry, sandbox
 from activities.attempt import AttemptHooks
 from activities.handlers import factory as factory_handlers
 from receipts import deliveries
@@ -183,6 +183,11 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.sandbox_memory_kills = Counter(
+            "receipt_sandbox_memory_kills",
+            "Sandboxed commands the kernel killed at their cgroup's memory limit.",
+            registry=r,
+        )
         self.callbacks = Counter(
             "receipt_callbacks",
             "Callback posts by event and outcome.",
@@ -272,6 +277,7 @@ class Metrics:
         factory_handlers.on_watchdog_fired.append(
             lambda reason: self.factory_watchdog_fired.labels(reason).inc()
         )
+        sandbox.on_memory_limit.append(self.sandbox_memory_kills.inc)
 
     async def refresh_queue_depth(self, store: Store) -> None:
         """Read active job counts by status from the projection into the gauge (a partial

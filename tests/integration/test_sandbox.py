@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from activities import sandbox
 from activities.sandbox import (
     Limits,
     SandboxRefused,
@@ -28,6 +29,7 @@ from activities.sandbox import (
     probe,
     run_sandboxed,
 )
+from activities.sandbox_cgroup import CgroupPlan, own_cgroups, plan_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = "/usr/bin/python3"  # the system's: the project's virtualenv is not in the sandbox
@@ -417,3 +419,78 @@ async def test_a_workspace_root_the_sandbox_uid_cannot_reach_is_refused_clearly(
         await run(["true"], moved, job_workspace("x", moved))
     assert "not searchable" in str(refused.value)
     assert stat.S_IMODE(unreachable_root.parent.stat().st_mode) == 0o700  # left as it was
+
+
+# --- a cgroup per sandbox (where the worker may create one) -----------------------------------
+
+# Two processes of 40 MiB each (touched, so charged): each is under a 64 MiB per-process rlimit,
+# together over a 64 MiB sandbox.
+TWO_HOGS = (
+    f"{PYTHON} -c 'import time; b = b\"x\" * (40 << 20); time.sleep(2)' & "
+    f"{PYTHON} -c 'import time; b = b\"x\" * (40 << 20); time.sleep(2)'; wait; echo survived"
+)
+
+
+def cgroup_plan_or_skip(settings: SandboxSettings) -> CgroupPlan:
+    plan = plan_for(settings.cgroup)
+    if plan is None:
+        pytest.skip("SANDBOX CGROUP TESTS NOT RUN: this worker may not create cgroups here")
+    return plan
+
+
+def cgroups_of(pid: int, plan: CgroupPlan) -> list[Path]:
+    """The cgroup directories (one per parent of `plan`) that hold `pid`."""
+    own = own_cgroups(Path(f"/proc/{pid}/cgroup").read_text())
+    keys = [""] if plan.version == 2 else ["memory", "pids"]
+    return [p / Path(own[k]).name for p, k in zip(plan.parents, keys, strict=True)]
+
+
+async def test_the_memory_limit_bounds_the_whole_sandbox_where_a_cgroup_can_be_made(
+    settings: SandboxSettings,
+) -> None:
+    cgroup_plan_or_skip(settings)
+    limits = replace(settings.limits, memory_mb=64)
+    rlimits_only, output = await run(
+        ["sh", "-c", TWO_HOGS], replace(settings, cgroup="off"), limits=limits
+    )
+    assert (rlimits_only.exit_code, rlimits_only.memory_limit) == (0, False), output
+    assert "survived" in output
+    told: list[bool] = []
+    sandbox.on_memory_limit.append(lambda: told.append(True))
+    try:
+        bounded, output = await run(["sh", "-c", TWO_HOGS], settings, limits=limits)
+    finally:
+        sandbox.on_memory_limit.pop()
+    assert bounded.memory_limit and told == [True], output
+
+
+async def test_the_cgroup_holds_the_command_and_goes_with_it(settings: SandboxSettings) -> None:
+    plan = cgroup_plan_or_skip(settings)
+    needle = f"64.{uuid.uuid4().int % 10**6:06d}"
+    aborted = asyncio.Event()
+    running = asyncio.create_task(
+        run_sandboxed(
+            escaping_script(needle),
+            workspace=fresh_workspace(settings),
+            aborted=aborted,
+            settings=settings,
+        )
+    )
+    await wait_until_running(needle)
+    # Everything of the sandbox, the grandchild that left its session too, is in its cgroup.
+    pids = host_processes_running(needle)  # bwrap, the shell and the escaped sleep
+    made = cgroups_of(pids[0], plan)
+    assert all(cgroups_of(pid, plan) == made for pid in pids)
+    assert all(d.name.startswith("receipt-") and d.is_dir() for d in made), made
+    aborted.set()
+    assert (await asyncio.wait_for(running, 30)).aborted
+    assert host_processes_running(needle) == []
+    assert not any(d.exists() for d in made)
+
+
+async def test_an_explicit_cgroup_that_cannot_be_used_refuses_commands_naming_the_setting(
+    settings: SandboxSettings,
+) -> None:
+    unusable = replace(settings, cgroup=str(host_dir(0o755)))
+    with pytest.raises(SandboxRefused, match="RECEIPT_SANDBOX_CGROUP"):
+        await run(["true"], unusable)
