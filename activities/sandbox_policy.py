@@ -16,6 +16,12 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic_settings import NoDecode
+
+from receipts.settings import EnvSettings, Whole
 
 log = logging.getLogger("activities.sandbox")
 
@@ -87,20 +93,6 @@ class Limits:
     cpu_seconds: int = 3600
     open_files: int = 1024
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Limits:
-        """Read `RECEIPT_SANDBOX_{MEMORY_MB,PROCESSES,FILE_SIZE_MB,CPU_SECONDS,OPEN_FILES}`."""
-        env = os.environ if env is None else env
-        values: dict[str, int] = {}
-        for name in ("memory_mb", "processes", "file_size_mb", "cpu_seconds", "open_files"):
-            key = f"RECEIPT_SANDBOX_{name.upper()}"
-            raw = env.get(key, "").strip()
-            if raw:
-                if not raw.isdigit() or int(raw) < 1:
-                    raise ValueError(f"{key} must be a positive integer, got {raw!r}")
-                values[name] = int(raw)
-        return cls(**values)
-
 
 @dataclass(frozen=True)
 class SandboxSettings:
@@ -119,38 +111,95 @@ class SandboxSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SandboxSettings:
-        """Read `RECEIPT_CODEX_SANDBOX`, `RECEIPT_WORKSPACE_ROOT`, `RECEIPT_SANDBOX_*`."""
-        env = os.environ if env is None else env
-        mode = env.get(SANDBOX_SETTING, "bwrap").strip() or "bwrap"
-        data_dir = Path(env.get("RECEIPT_DATA_DIR", "").strip() or ".receipt")
-        root = Path(env.get("RECEIPT_WORKSPACE_ROOT", "").strip() or data_dir / "workspaces")
-        agents = env.get("RECEIPT_SANDBOX_EGRESS_AGENTS", "")
-        binds = tuple(p for p in env.get("RECEIPT_SANDBOX_RO_BINDS", "").split(":") if p)
-        for bind in binds:
-            if not os.path.isabs(bind):
-                raise ValueError(f"RECEIPT_SANDBOX_RO_BINDS entries must be absolute: {bind!r}")
+        """Read `RECEIPT_CODEX_SANDBOX`, `RECEIPT_WORKSPACE_ROOT`, `RECEIPT_SANDBOX_*` (default:
+        the process environment); SettingsError, a ValueError naming the variable, if bad."""
+        raw = SandboxEnv.load(env)
+        root = raw.workspace_root or Path(raw.data_dir or ".receipt") / "workspaces"
         return cls(
-            mode=mode,
+            mode=raw.mode,
             workspace_root=root.absolute(),
-            egress_agents=frozenset(a.strip() for a in agents.split(",") if a.strip()),
-            uids=_uid_range(env.get("RECEIPT_SANDBOX_UIDS", "")),
-            path=env.get("RECEIPT_SANDBOX_PATH", "").strip() or DEFAULT_PATH,
-            ro_binds=binds,
-            limits=Limits.from_env(env),
-            lang=env.get("LANG", "").strip() or "C.UTF-8",
-            tz=env.get("TZ") or None,
-            cgroup=env.get("RECEIPT_SANDBOX_CGROUP", "").strip() or "auto",
+            egress_agents=frozenset(a.strip() for a in raw.egress_agents.split(",") if a.strip()),
+            uids=raw.uids,
+            path=raw.path or DEFAULT_PATH,
+            ro_binds=raw.ro_binds,
+            limits=Limits(
+                memory_mb=raw.memory_mb,
+                processes=raw.processes,
+                file_size_mb=raw.file_size_mb,
+                cpu_seconds=raw.cpu_seconds,
+                open_files=raw.open_files,
+            ),
+            lang=raw.lang or "C.UTF-8",
+            tz=raw.tz,
+            cgroup=raw.cgroup,
         )
 
 
-def _uid_range(raw: str) -> tuple[int, int]:
-    raw = raw.strip()
-    if not raw:
-        return DEFAULT_UIDS
-    match = re.fullmatch(r"(\d+)-(\d+)", raw)
+def _uid_range(raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    match = re.fullmatch(r"(\d+)-(\d+)", raw.strip())
     if not match or not 0 < int(match[1]) <= int(match[2]) < 2**31:
-        raise ValueError(f"RECEIPT_SANDBOX_UIDS must be 'first-last' (e.g. 50000-59999): {raw!r}")
+        raise ValueError("not a uid range")
     return int(match[1]), int(match[2])
+
+
+def _absolute_dirs(raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    binds = tuple(p for p in raw.split(":") if p)
+    if not all(os.path.isabs(b) for b in binds):
+        raise ValueError("not absolute")
+    return binds
+
+
+def _cgroup_setting(value: str) -> str:
+    value = value.strip() or "auto"
+    if value not in ("auto", "off") and not os.path.isabs(value):
+        raise ValueError("not auto, off or an absolute path")
+    return value
+
+
+_Positive = Annotated[Whole, Field(ge=1)]
+
+
+class SandboxEnv(EnvSettings):
+    """The command sandbox's variables as written (`SandboxSettings.from_env` builds on them)."""
+
+    accepts: ClassVar[dict[str, str]] = {
+        "mode": "'bwrap' or 'none' (any other value refuses every command)",
+        "uids": "'first-last' (e.g. 50000-59999)",
+        "ro_binds": "':'-separated absolute directories",
+        "cgroup": "'auto', 'off' or an absolute path",
+        **dict.fromkeys(
+            ("memory_mb", "processes", "file_size_mb", "cpu_seconds", "open_files"),
+            "a positive integer",
+        ),
+    }
+
+    mode: str = Field(default="bwrap", alias="RECEIPT_CODEX_SANDBOX")
+    data_dir: str | None = Field(default=None, alias="RECEIPT_DATA_DIR")
+    workspace_root: Path | None = Field(default=None, alias="RECEIPT_WORKSPACE_ROOT")
+    egress_agents: str = Field(default="", alias="RECEIPT_SANDBOX_EGRESS_AGENTS")
+    uids: Annotated[tuple[int, int], NoDecode, BeforeValidator(_uid_range)] = Field(
+        default=DEFAULT_UIDS, alias="RECEIPT_SANDBOX_UIDS"
+    )
+    path: str | None = Field(default=None, alias="RECEIPT_SANDBOX_PATH")
+    ro_binds: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_absolute_dirs)] = Field(
+        default=(), alias="RECEIPT_SANDBOX_RO_BINDS"
+    )
+    memory_mb: _Positive = Field(default=Limits.memory_mb, alias="RECEIPT_SANDBOX_MEMORY_MB")
+    processes: _Positive = Field(default=Limits.processes, alias="RECEIPT_SANDBOX_PROCESSES")
+    file_size_mb: _Positive = Field(
+        default=Limits.file_size_mb, alias="RECEIPT_SANDBOX_FILE_SIZE_MB"
+    )
+    cpu_seconds: _Positive = Field(default=Limits.cpu_seconds, alias="RECEIPT_SANDBOX_CPU_SECONDS")
+    open_files: _Positive = Field(default=Limits.open_files, alias="RECEIPT_SANDBOX_OPEN_FILES")
+    cgroup: Annotated[str, AfterValidator(_cgroup_setting)] = Field(
+        default="auto", alias="RECEIPT_SANDBOX_CGROUP"
+    )
+    lang: str | None = Field(default=None, alias="LANG")
+    tz: str | None = Field(default=None, alias="TZ")
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,40 @@ Switch = Annotated[bool, BeforeValidator(switch)]
 _GIVEN_ONLY: ContextVar[bool] = ContextVar("receipt_settings_given_only", default=False)
 
 
-class EnvSettings(BaseSettings):
+class _VariablesOnly(PydanticBaseSettingsSource):
+    """The environment, read only through each field's variable (its alias): pydantic-settings
+    would also read a field by its Python name, so a machine's `HOST`, `PORT` or `ROLE` would
+    set `host`, `port` or `role`."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self.env = env
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.env.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        named = {n for n, f in self.settings_cls.model_fields.items() if f.alias not in (None, n)}
+        return {key: value for key, value in self.env().items() if key not in named}
+
+
+class ReceiptSettings(BaseSettings):
+    """The base of every settings model: values come from the constructor, then from the
+    environment by variable name only (no `.env` file, no secrets directory)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, _VariablesOnly(settings_cls, env_settings))
+
+
+class EnvSettings(ReceiptSettings):
     """A concern's settings. `load(env)` reads `env` (default: the process environment); an
     empty or blank variable counts as unset."""
 
@@ -83,7 +116,9 @@ class EnvSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,) if _GIVEN_ONLY.get() else (init_settings, env_settings)
+        if _GIVEN_ONLY.get():
+            return (init_settings,)
+        return (init_settings, _VariablesOnly(settings_cls, env_settings))
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> Self:
@@ -146,7 +181,7 @@ def _given_only(on: bool) -> Iterator[None]:
         _GIVEN_ONLY.reset(token)
 
 
-class Settings(BaseSettings):
+class Settings(ReceiptSettings):
     """Settings shared by every role; each field reads the environment variable in its alias."""
 
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)

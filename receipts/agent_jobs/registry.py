@@ -10,7 +10,9 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from receipts.settings import ReceiptSettings
 
 AGENTS_FILE_ENV = "RECEIPT_AGENTS_FILE"
 
@@ -88,7 +90,7 @@ def load_registry(path: Path | None = None) -> Registry:
     return parse_registry(text, path)
 
 
-class AgentJobSettings(BaseSettings):
+class AgentJobSettings(ReceiptSettings):
     """Settings of the agent-job layer; each field reads the environment variable in its alias
     (an empty value means the default, as the deployment's ConfigMap writes unset ones)."""
 

@@ -7,13 +7,15 @@ from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from receipts.settings import ReceiptSettings
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 SSE_KEEPALIVE_S = 15.0
 
 
-class ApiSettings(BaseSettings):
+class ApiSettings(ReceiptSettings):
     """Settings of the api role; each field reads the environment variable in its alias.
 
     The limits are documented in the README's Security section.

@@ -3,8 +3,9 @@ done with all of them: check them at start (one clear error naming the variable)
 the effective values (`receipt config`, secrets masked).
 
 The concerns: `Settings` (database, Temporal, callbacks) and the timing and watchdog models in
-`receipts/settings.py`, `ApiSettings` (roles/api), and here `ProcessSettings` (role, concurrency,
-drain, metrics, event loop, log format) and `LoopSettings` (the recovery loops' periods).
+`receipts/settings.py`, `ApiSettings` (roles/api), `SandboxEnv` (activities/sandbox_policy.py),
+and here `ProcessSettings` (role, concurrency, drain, metrics, event loop, log format) and
+`LoopSettings` (the recovery loops' periods). Each reads the environment by its variables only.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class LoopSettings(EnvSettings):
 
 def concerns() -> list[tuple[str, type[BaseSettings]]]:
     """Every settings model, titled, in the order `receipt config` prints them."""
+    from activities.sandbox_policy import SandboxEnv
     from receipts.agent_jobs.registry import AgentJobSettings
     from roles.api.app import ApiSettings
 
@@ -102,6 +104,7 @@ def concerns() -> list[tuple[str, type[BaseSettings]]]:
         ("objective watchdog", WatchdogEnv),
         ("factory", FactoryEnv),
         ("agent jobs", AgentJobSettings),
+        ("command sandbox", SandboxEnv),
     ]
 
 
@@ -126,12 +129,6 @@ def check(*, api: bool = True) -> None:
             load(model)
         except SettingsError as exc:
             problems.append(str(exc))
-    try:  # the sandbox's settings are still read by hand (activities/sandbox.py)
-        from activities.sandbox import SandboxSettings
-
-        SandboxSettings.from_env()
-    except ValueError as exc:
-        problems.append(str(exc))
     if problems:
         raise SettingsError("; ".join(problems))
 

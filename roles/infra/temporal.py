@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
-from receipts.settings import Settings
+from receipts.settings import ReceiptSettings, Settings
 from workflows.driver import SEARCH_ATTRIBUTES
 
 log = logging.getLogger("roles.infra.temporal")
@@ -84,7 +84,7 @@ def temporal_argv(db_file: Path | None, port: int, ui_port: int | None) -> list[
     return [*argv, *search_attribute_flags(), *dev_server_args()]
 
 
-class TemporalTLSSettings(BaseSettings):
+class TemporalTLSSettings(ReceiptSettings):
     """How the roles reach a Temporal cluster beyond its address and namespace (in Settings).
 
     Certificates and keys are PEM file paths (a mounted Secret), read when the role connects.

@@ -79,3 +79,18 @@ def test_check_also_reports_the_sandboxs_own_settings(monkeypatch: pytest.Monkey
     monkeypatch.setenv("RECEIPT_SANDBOX_UIDS", "many")
     with pytest.raises(SettingsError, match="RECEIPT_SANDBOX_UIDS must be 'first-last'"):
         check(api=False)
+
+
+def test_a_field_is_read_only_through_its_variable_never_its_python_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from roles.infra.settings import concerns, load
+
+    defaults = {model: load(model).model_dump() for _, model in concerns()}
+    for _, model in concerns():
+        for name, field in model.model_fields.items():
+            if field.alias and field.alias.upper() != name.upper():
+                # HOST, PORT, ROLE, PATH, TOKENS …: what a machine's environment may well hold.
+                monkeypatch.setenv(name.upper(), "set-by-its-python-name")
+    for _, model in concerns():
+        assert load(model).model_dump() == defaults[model], model.__name__
