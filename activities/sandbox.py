@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from activities import sandbox_seccomp
 from activities.sandbox_cgroup import CgroupUnavailable, SandboxCgroup, plan_for
 from activities.sandbox_policy import (
     ALLOWED_NAMES,
@@ -150,6 +151,7 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
         _probes[settings] = _Probe(False, str(exc), time.monotonic())
         return False, str(exc)
     workspace = settings.workspace_root / ".probe"
+    seccomp = sandbox_seccomp.program_fd()
     try:
         uid = prepare_workspace(workspace, settings)
         line = command_line(
@@ -161,6 +163,7 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
             uid=uid,
             limits=settings.limits,
             bwrap=bwrap_binary(uid),
+            seccomp_fd=seccomp,
         )
         process = await asyncio.create_subprocess_exec(
             *line,
@@ -169,12 +172,16 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            pass_fds=(seccomp,) if seccomp is not None else (),
         )
         _, err = await process.communicate()
         ok = process.returncode == 0
         message = "ok" if ok else _unavailable(err.decode(errors="replace").strip()[-500:])
     except (OSError, ImportError, SandboxRefused) as exc:
         ok, message = False, _unavailable(str(exc))
+    finally:
+        if seccomp is not None:
+            os.close(seccomp)
     _probes[settings] = _Probe(ok, message, time.monotonic())
     return ok, message
 
@@ -210,6 +217,7 @@ async def announce(settings: SandboxSettings | None = None) -> bool:
                 "workspaceRoot": str(settings.workspace_root),
                 "egressAgents": sorted(settings.egress_agents),
                 "cgroup": plan.describe() if plan else None,
+                "seccomp": "deny-list" if sandbox_seccomp.available() else None,
             },
         )
     else:
@@ -281,6 +289,8 @@ async def run_sandboxed(
     except (CgroupUnavailable, ValueError, OSError) as exc:
         raise SandboxRefused(f"could not make the sandbox's cgroup: {exc}") from exc
     info_read, info_write = os.pipe() if confined else (-1, -1)
+    seccomp = sandbox_seccomp.program_fd() if confined else None
+    passed = (info_write, seccomp) if seccomp is not None else (info_write,)
     try:
         line = command_line(
             argv,
@@ -292,6 +302,7 @@ async def run_sandboxed(
             limits=run_limits,
             bwrap=bwrap_binary(uid) if confined else None,
             info_fd=info_write if confined else None,
+            seccomp_fd=seccomp,
         )
         process = await asyncio.create_subprocess_exec(
             *(cgroup.join_prefix() if cgroup else []),
@@ -302,17 +313,19 @@ async def run_sandboxed(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-            pass_fds=(info_write,) if confined else (),
+            pass_fds=passed if confined else (),
         )
     except OSError as exc:
-        for fd in (info_read, info_write):
-            if fd >= 0:
+        for fd in (info_read, info_write, seccomp):
+            if fd is not None and fd >= 0:
                 os.close(fd)
         if cgroup:
             await asyncio.to_thread(cgroup.close)
         raise SandboxRefused(f"could not start {argv[0]!r}: {exc}") from exc
     if confined:
         os.close(info_write)
+    if seccomp is not None:
+        os.close(seccomp)
     sandbox = _Running(process, info_read if confined else None)
     memory_killed = False
     try:

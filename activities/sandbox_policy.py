@@ -378,7 +378,13 @@ def check_executable(
 
 
 def bwrap_args(
-    *, workspace: Path, cwd: Path, network: bool, settings: SandboxSettings, info_fd: int | None
+    *,
+    workspace: Path,
+    cwd: Path,
+    network: bool,
+    settings: SandboxSettings,
+    info_fd: int | None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """bwrap's options: fresh namespaces, read-only system, the workspace the only writable
     bind, a private /tmp, uid 65534 inside, dies with its parent, cannot nest namespaces."""
@@ -404,6 +410,8 @@ def bwrap_args(
     args += ["--bind", str(workspace), str(workspace), "--chdir", str(cwd)]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     return args
 
 
@@ -431,6 +439,7 @@ def command_line(
     limits: Limits,
     bwrap: str | None,
     info_fd: int | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The full argv to spawn. `uid` set: drop to it first (a root worker); `bwrap` None: the
     unconfined `none` mode (limits, no new privileges and the parent-death signal still apply)."""
@@ -442,7 +451,12 @@ def command_line(
     if bwrap is None:
         return [*setpriv, *prlimit, *argv]
     sandbox = bwrap_args(
-        workspace=workspace, cwd=cwd, network=network, settings=settings, info_fd=info_fd
+        workspace=workspace,
+        cwd=cwd,
+        network=network,
+        settings=settings,
+        info_fd=info_fd,
+        seccomp_fd=seccomp_fd,
     )
     return [*setpriv, *prlimit, bwrap, *sandbox, "--", *argv]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from activities import sandbox
+from activities import sandbox, sandbox_seccomp
 from activities.sandbox import (
     Limits,
     SandboxRefused,
@@ -494,3 +494,31 @@ async def test_an_explicit_cgroup_that_cannot_be_used_refuses_commands_naming_th
     unusable = replace(settings, cgroup=str(host_dir(0o755)))
     with pytest.raises(SandboxRefused, match="RECEIPT_SANDBOX_CGROUP"):
         await run(["true"], unusable)
+
+
+# --- the seccomp filter -------------------------------------------------------------------------
+
+# keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0), io_uring_setup, unshare and getpid,
+# each printed as `name result errno`.
+SYSCALLS = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for name, nr, args in [("keyctl", 250, (0, -3, 0)), ("io_uring_setup", 425, (1, 0)),
+                       ("unshare", 272, (0,)), ("getpid", 39, ())]:
+    ctypes.set_errno(0)
+    result = libc.syscall(nr, *args)
+    print(name, result, os.strerror(ctypes.get_errno()) if result < 0 else "ok")
+"""
+
+
+async def test_calls_into_unseparated_kernel_state_fail_with_eperm(
+    settings: SandboxSettings,
+) -> None:
+    if not sandbox_seccomp.available():
+        pytest.skip("SECCOMP TEST NOT RUN: no seccomp table for this machine's architecture")
+    result, output = await run([PYTHON, "-c", SYSCALLS], settings)
+    assert result.exit_code == 0, output
+    seen = {line.split()[0]: line for line in output.splitlines()}
+    for name in ("keyctl", "io_uring_setup", "unshare"):
+        assert seen[name] == f"{name} -1 Operation not permitted", output
+    assert seen["getpid"].endswith(" ok"), output

@@ -1,0 +1,127 @@
+"""The seccomp filter every sandboxed command runs under: system calls that reach kernel state the
+namespaces do not separate (keyrings, modules, the clock, swap, mounts, BPF, perf, io_uring,
+kexec, reboot, namespaces) fail with EPERM; everything else is allowed.
+
+It is a deny-list in the spirit of Docker's default profile (which also allows `ptrace` and
+`process_vm_*` on current kernels: a coding agent's debugger works on the sandbox's own
+processes). bwrap loads it (`--seccomp FD`) just before it execs the command, after its own
+setup, so bwrap itself is not filtered. The program is classic BPF built here, no libseccomp.
+Only x86_64 has a table: on another machine the sandbox runs without the filter and says so at
+start (`sandbox.ready` has `seccomp: null`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import struct
+
+# struct seccomp_data: int nr; u32 arch; ...
+_NR, _ARCH = 0, 4
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_RET_K = 0x06
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_RET_KILL_PROCESS = 0x80000000
+_X32_BIT = 0x40000000
+AUDIT_ARCH_X86_64 = 0xC000003E
+
+DENIED_X86_64: dict[str, int] = {
+    "uselib": 134,
+    "ustat": 136,
+    "sysfs": 139,
+    "pivot_root": 155,
+    "_sysctl": 156,
+    "acct": 163,
+    "settimeofday": 164,
+    "mount": 165,
+    "umount2": 166,
+    "swapon": 167,
+    "swapoff": 168,
+    "reboot": 169,
+    "sethostname": 170,
+    "setdomainname": 171,
+    "iopl": 172,
+    "ioperm": 173,
+    "create_module": 174,
+    "init_module": 175,
+    "delete_module": 176,
+    "get_kernel_syms": 177,
+    "query_module": 178,
+    "quotactl": 179,
+    "nfsservctl": 180,
+    "lookup_dcookie": 212,
+    "clock_settime": 227,
+    "kexec_load": 246,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "unshare": 272,
+    "perf_event_open": 298,
+    "name_to_handle_at": 303,
+    "open_by_handle_at": 304,
+    "clock_adjtime": 305,
+    "setns": 308,
+    "finit_module": 313,
+    "kexec_file_load": 320,
+    "bpf": 321,
+    "userfaultfd": 323,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
+}
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def program(denied: dict[str, int] = DENIED_X86_64) -> bytes:
+    """The filter as bytes of `struct sock_filter` (what `seccomp_export_bpf` writes): another
+    architecture or the x32 ABI is killed, a denied call gets EPERM, the rest is allowed."""
+    numbers = sorted(set(denied.values()))
+    n = len(numbers)
+    # Layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4..4+n-1 jeq nr; allow; errno; kill.
+    allow = 4 + n
+    deny, kill = allow + 1, allow + 2
+    code = [
+        _insn(_LD_W_ABS, 0, 0, _ARCH),
+        _insn(_JEQ_K, 0, kill - 2, AUDIT_ARCH_X86_64),
+        _insn(_LD_W_ABS, 0, 0, _NR),
+        _insn(_JGE_K, kill - 4, 0, _X32_BIT),
+    ]
+    for i, number in enumerate(numbers):
+        here = 4 + i
+        code.append(_insn(_JEQ_K, deny - here - 1, 0, number))
+    code += [
+        _insn(_RET_K, 0, 0, _RET_ALLOW),
+        _insn(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
+        _insn(_RET_K, 0, 0, _RET_KILL_PROCESS),
+    ]
+    return b"".join(code)
+
+
+def available() -> bool:
+    """Whether this machine has a table (x86_64)."""
+    return platform.machine() in ("x86_64", "AMD64")
+
+
+def program_fd() -> int | None:
+    """A file descriptor holding the program, positioned at its start, for `bwrap --seccomp`
+    (the caller passes it to the child and closes it); None where there is no table."""
+    if not available():
+        return None
+    fd = os.memfd_create("receipt-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, program())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
