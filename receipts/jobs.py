@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from receipts import streams
 from receipts.errors import InvariantError
+from receipts.streams import CamelModel, Receipt, StreamState, time_of
 
 LANES: tuple[str, ...] = ("chat", "collect", "steer", "follow_up")
 DEFAULT_LANE = "collect"
@@ -68,13 +68,7 @@ def lease_expired_message(attempts: int) -> str:
     return f"lease expired after {attempts} attempts"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        frozen=True, alias_generator=to_camel, populate_by_name=True, extra="forbid"
-    )
-
-
-class Lease(_Model):
+class Lease(CamelModel):
     """The active fence: one delivery (`workerId`) of one attempt, valid until `expiresAt`."""
 
     worker_id: str
@@ -84,7 +78,7 @@ class Lease(_Model):
     process: dict[str, Any] | None = None
 
 
-class Command(_Model):
+class Command(CamelModel):
     """A queue command recorded on the job stream; steer/follow_up stay pending until consumed."""
 
     command_id: str
@@ -103,8 +97,10 @@ class Command(_Model):
         return self.type != "abort" and self.consumed_attempt is None
 
 
-class Job(_Model):
+class Job(StreamState):
     """The folded state of one job (the `jobs` projection row stores exactly this)."""
+
+    TERMINAL = TERMINAL_STATUSES
 
     job_id: str
     agent_id: str
@@ -131,58 +127,13 @@ class Job(_Model):
     canceled_reason: str | None = None
     trace_id: str | None = None
     traceparent: str | None = None
-    created_at: datetime
-    updated_at: datetime
-    settled_at: datetime | None = None
     retry_of: str | None = None
     retried_as: str | None = None
-    seq: int = 0
-
-    @property
-    def terminal(self) -> bool:
-        """True once the job is completed, failed or canceled; nothing moves it after that."""
-        return self.status in TERMINAL_STATUSES
 
     @property
     def pending_commands(self) -> tuple[Command, ...]:
         """Steer/follow_up commands not yet consumed by the current attempt."""
         return tuple(c for c in self.commands if c.pending)
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the camelCase JSON form (the projection's `state` and the API's job)."""
-        return self.model_dump(mode="json", by_alias=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """One stored receipt. `seq` is 1-based and gapless per stream; `recorded_at` is database time."""
-
-    stream: str
-    seq: int
-    type: str
-    data: Mapping[str, Any]
-    recorded_at: datetime
-    position: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the camelCase JSON form used by the API and the event stream."""
-        return {
-            "stream": self.stream,
-            "seq": self.seq,
-            "type": self.type,
-            "data": dict(self.data),
-            "recordedAt": self.recorded_at.isoformat(),
-            "position": self.position,
-        }
-
-
-def _ms(data: Mapping[str, Any], key: str) -> datetime | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value
-    return datetime.fromisoformat(str(value))
 
 
 # Why a fenced write is refused (docs/design.md §4); the attempt's result statuses reuse the first four.
@@ -268,7 +219,7 @@ def _create(receipt: Receipt) -> Job:
         session_key=data.get("sessionKey"),
         singleton_mode=str(data.get("singletonMode") or "allow"),
         max_attempts=int(data.get("maxAttempts") or DEFAULT_MAX_ATTEMPTS),
-        available_at=_ms(data, "availableAt"),
+        available_at=time_of(data, "availableAt"),
         trace_id=data.get("traceId"),
         traceparent=data.get("traceparent"),
         retry_of=data.get("retryOf"),
@@ -324,7 +275,7 @@ def _changes(job: Job, receipt: Receipt, kind: str, data: Mapping[str, Any]) -> 
             "lease": Lease(
                 worker_id=str(data["workerId"]),
                 attempt=attempt,
-                expires_at=_ms(data, "expiresAt") or at,
+                expires_at=time_of(data, "expiresAt") or at,
                 leased_at=at,
                 process=data.get("process"),
             ),
@@ -428,7 +379,7 @@ def _heartbeat(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any
         return {}
     update: dict[str, Any] = {
         "worker_id": str(worker_id),
-        "expires_at": _ms(data, "expiresAt") or at,
+        "expires_at": time_of(data, "expiresAt") or at,
     }
     if data.get("startFence") and data.get("process") is not None:
         update["process"] = data["process"]
@@ -479,9 +430,7 @@ def retry_delay_ms(value: Any) -> int:
 
 def fold(receipts: Iterable[Receipt], job: Job | None = None) -> Job | None:
     """Fold receipts in order, starting from `job` (None: the empty stream)."""
-    for receipt in receipts:
-        job = apply(job, receipt)
-    return job
+    return streams.fold(apply, receipts, job)
 
 
 def lease_expired(job: Job, now: datetime) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from receipts.agent_jobs import model
+from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
@@ -268,9 +268,9 @@ async def _claim(tx: Tx, agent_job_id: str, agent_id: str, expect: str | None) -
     if expect is not None and job.status != expect:
         return None
     now = await tx.now()
-    if not model.claimable(job, now):
+    if not decisions.claimable(job, now):
         return None
-    decision = model.claim(job, now)
+    decision = decisions.claim(job, now)
     claimed = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
     await _enqueue_turn(tx, claimed, decision.queue_job_id)
     log.info(
@@ -323,14 +323,14 @@ async def settle_turn_in(tx: Tx, agent_job_id: str, *, retry_base_ms: int) -> Ag
     turn_job = await tx.job(job.queue_job_id)
     if turn_job is None or not turn_job.terminal:
         return None
-    report = model.TurnReport(
+    report = decisions.TurnReport(
         status=turn_job.status,
         started=turn_job.attempt > 0,
         result=turn_job.result,
         error=turn_job.error or turn_job.canceled_reason,
     )
     now = await tx.now()
-    decision = model.decide_settlement(job, report, now, retry_base_ms=retry_base_ms)
+    decision = decisions.decide_settlement(job, report, now, retry_base_ms=retry_base_ms)
     if decision.next_turn is not None:
         queue_id = model.queue_job_id(agent_job_id, job.attempt, decision.next_turn)
         settled = await append(
@@ -401,7 +401,7 @@ async def answer(
             tx, job, [Draft(model.ANSWERED, {"toolCallId": call_id, "answer": answer})]
         )
         if await running_count(tx, job.agent_id) < model.SLOTS_PER_AGENT:
-            decision = model.claim(job, await tx.now())
+            decision = decisions.claim(job, await tx.now())
             job = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
             await _enqueue_turn(tx, job, decision.queue_job_id)
     log.info(
@@ -422,7 +422,9 @@ async def cancel(store: Store, agent_job_id: str, *, reason: str) -> AgentJob:
         if job.terminal:
             raise AlreadyTerminal(f"agent job {agent_job_id!r} is {job.status}")
         if job.status in ("queued", "waiting_on_user"):
-            job = await append(tx, job, [Draft(model.TRANSITIONED, model.stop_data(job, reason))])
+            job = await append(
+                tx, job, [Draft(model.TRANSITIONED, decisions.stop_data(job, reason))]
+            )
         elif not job.cancel_requested:
             job = await append(tx, job, [Draft(model.CANCEL_REQUESTED, {"reason": reason})])
             await _abort_turn(tx, job, reason)
@@ -466,7 +468,7 @@ async def fail_overdue_input(
         if (now - job.updated_at).total_seconds() * 1000 < timeout_ms:
             return None
         return await append(
-            tx, job, [Draft(model.TRANSITIONED, model.input_timeout_data(job, timeout_ms))]
+            tx, job, [Draft(model.TRANSITIONED, decisions.input_timeout_data(job, timeout_ms))]
         )
 
 

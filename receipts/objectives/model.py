@@ -20,11 +20,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-from pydantic.alias_generators import to_camel
-
+from receipts import streams
 from receipts.errors import InvariantError
-from receipts.jobs import Receipt
+from receipts.streams import CamelModel, Receipt, StreamState
 
 STREAM_PREFIX = "objectives/"
 STATUSES: tuple[str, ...] = ("active", "completed", "failed", "canceled")
@@ -76,13 +74,7 @@ def run_job_id(objective_id: str) -> str:
     return f"objective:{objective_id}:run"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        frozen=True, alias_generator=to_camel, populate_by_name=True, extra="forbid"
-    )
-
-
-class TaskTry(_Model):
+class TaskTry(CamelModel):
     """One try of a task: its job and how it ended."""
 
     number: int
@@ -95,7 +87,7 @@ class TaskTry(_Model):
     error: str | None = None
 
 
-class TaskState(_Model):
+class TaskState(CamelModel):
     """A task of the graph, its phase, status and tries."""
 
     task_id: str
@@ -125,7 +117,7 @@ class TaskState(_Model):
         return self.tries[-1].job_id if self.tries else None
 
 
-class StepState(_Model):
+class StepState(CamelModel):
     """The validate or publish step."""
 
     name: str
@@ -137,8 +129,10 @@ class StepState(_Model):
     error: str | None = None
 
 
-class ObjectiveState(_Model):
+class ObjectiveState(StreamState):
     """The folded state of one objective (the `objectives` projection row stores exactly this)."""
+
+    TERMINAL = TERMINAL
 
     objective_id: str
     organization_id: str
@@ -164,15 +158,6 @@ class ObjectiveState(_Model):
     failed_step: str | None = None
     audit_job_id: str | None = None
     audit: dict[str, Any] | None = None
-    created_at: datetime
-    updated_at: datetime
-    settled_at: datetime | None = None
-    seq: int = 0
-
-    @property
-    def terminal(self) -> bool:
-        """True once completed, failed or canceled."""
-        return self.status in TERMINAL
 
     @property
     def control_pending(self) -> bool:
@@ -205,10 +190,6 @@ class ObjectiveState(_Model):
             if step is not None and step.status in TASK_ACTIVE and step.job_id:
                 jobs.append(step.job_id)
         return jobs
-
-    def to_json(self) -> dict[str, Any]:
-        """The camelCase JSON form (the projection's `state` and the API's view)."""
-        return self.model_dump(mode="json", by_alias=True)
 
 
 def _task_from(raw: Mapping[str, Any], phase: int) -> TaskState:
@@ -395,6 +376,4 @@ def _dt(value: Any) -> datetime | None:
 
 def fold(receipts: Iterable[Receipt], state: ObjectiveState | None = None) -> ObjectiveState | None:
     """Fold receipts in order from `state` (None: the empty stream)."""
-    for receipt in receipts:
-        state = apply(state, receipt)
-    return state
+    return streams.fold(apply, receipts, state)

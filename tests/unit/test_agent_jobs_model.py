@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from receipts.agent_jobs import model, protocol
-from receipts.agent_jobs.model import AgentJob, TurnReport
+from receipts.agent_jobs import decisions, model, protocol
+from receipts.agent_jobs.decisions import TurnReport
+from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentDefinition, RegistryError, parse_registry
 from receipts.errors import InvariantError
 from receipts.jobs import Receipt
@@ -74,7 +75,7 @@ def _move(job: AgentJob, data: dict[str, Any], at: datetime = T0) -> AgentJob:
 
 def running(job: AgentJob | None = None, at: datetime = T0) -> AgentJob:
     job = job or created()
-    return _move(job, model.claim(job, at).data, at)
+    return _move(job, decisions.claim(job, at).data, at)
 
 
 @pytest.mark.parametrize(("src", "dst"), list(itertools.product(model.STATUSES, repeat=2)))
@@ -107,13 +108,15 @@ def test_claims_number_queue_jobs_by_attempt_then_turn() -> None:
         "aj-1:attempt:1",
     )
     assert job.started_at == T0
-    waiting = _move(job, model.decide_settlement(job, done_report("needs_input"), T0).transition)  # type: ignore[arg-type]
+    waiting = _move(
+        job, decisions.decide_settlement(job, done_report("needs_input"), T0).transition
+    )  # type: ignore[arg-type]
     assert waiting.latest_status()["errorCode"] == "request_user_input"
-    assert not model.claimable(waiting, T0)
+    assert not decisions.claimable(waiting, T0)
     answered = model.apply(
         waiting, _receipt(waiting.seq + 1, model.ANSWERED, {"toolCallId": "c", "answer": 42})
     )
-    decision = model.claim(answered, T0)
+    decision = decisions.claim(answered, T0)
     assert decision.continuation and decision.queue_job_id == "aj-1:attempt:1:turn:2"
 
 
@@ -126,7 +129,7 @@ def done_report(kind: str, **fields: Any) -> TurnReport:
 
 def test_needs_input_waits_with_the_pending_tool_call() -> None:
     job = running()
-    settled = model.decide_settlement(job, done_report("needs_input"), T0)
+    settled = decisions.decide_settlement(job, done_report("needs_input"), T0)
     waiting = _move(job, settled.transition)  # type: ignore[arg-type]
     assert waiting.status == "waiting_on_user"
     assert waiting.latest_status() == {
@@ -143,7 +146,7 @@ def fail_until_decided(job: AgentJob, report: TurnReport) -> tuple[AgentJob, lis
     now = T0
     for _ in range(20):
         job = running(job, now) if job.status == "queued" else job
-        decision = model.decide_settlement(job, report, now)
+        decision = decisions.decide_settlement(job, report, now)
         assert decision.transition is not None
         job = _move(job, decision.transition, now)
         if job.status != "queued":
@@ -160,11 +163,11 @@ def test_no_sixth_attempt_and_delays_never_exceed_30_s() -> None:
     assert job.status == "failed" and job.attempt == 5
     assert delays == [30_000] * 4
     with pytest.raises(InvariantError, match="5 attempts"):
-        model.claim(job.model_copy(update={"status": "queued"}), T0)
+        decisions.claim(job.model_copy(update={"status": "queued"}), T0)
 
 
 def test_default_backoff_doubles_and_is_capped() -> None:
-    assert [model.retry_delay_ms(n) for n in (1, 2, 3, 5, 6, 9)] == [
+    assert [decisions.retry_delay_ms(n) for n in (1, 2, 3, 5, 6, 9)] == [
         1000,
         2000,
         4000,
@@ -172,13 +175,15 @@ def test_default_backoff_doubles_and_is_capped() -> None:
         30000,
         30000,
     ]
-    assert model.retry_delay_ms(1, -5) == 0
+    assert decisions.retry_delay_ms(1, -5) == 0
 
 
 def test_five_consecutive_turn_failures_fail_the_job() -> None:
     # Continuation turns fail inside one attempt: the attempt budget is not what stops them.
     job = running().model_copy(update={"consecutive_failures": 4})
-    decision = model.decide_settlement(job, TurnReport("failed", True, None, "lease expired"), T0)
+    decision = decisions.decide_settlement(
+        job, TurnReport("failed", True, None, "lease expired"), T0
+    )
     assert decision.transition is not None
     assert decision.transition["to"] == "failed"
     assert decision.transition["reason"] == "5 consecutive turn failures"
@@ -186,32 +191,34 @@ def test_five_consecutive_turn_failures_fail_the_job() -> None:
 
 def test_a_successful_turn_resets_consecutive_failures() -> None:
     job = running().model_copy(update={"consecutive_failures": 3})
-    decision = model.decide_settlement(job, done_report("needs_input"), T0)
+    decision = decisions.decide_settlement(job, done_report("needs_input"), T0)
     assert decision.transition is not None and decision.transition["consecutiveFailures"] == 0
 
 
 def test_non_retryable_failure_fails_at_once() -> None:
     job = running()
-    decision = model.decide_settlement(job, done_report("failed", error="x", retryable=False), T0)
+    decision = decisions.decide_settlement(
+        job, done_report("failed", error="x", retryable=False), T0
+    )
     assert decision.transition is not None and decision.transition["to"] == "failed"
 
 
 def test_quota_with_retry_at_refunds_and_waits_without_counting() -> None:
     job = running().model_copy(update={"consecutive_failures": 2})
     retry_at = T0 + timedelta(minutes=3)
-    decision = model.decide_settlement(
+    decision = decisions.decide_settlement(
         job, done_report("quota_exhausted", retryAt=retry_at.isoformat()), T0
     )
     queued = _move(job, decision.transition)  # type: ignore[arg-type]
     assert (queued.status, queued.attempt, queued.consecutive_failures) == ("queued", 0, 2)
     assert queued.available_at == retry_at
-    assert not model.claimable(queued, T0) and model.claimable(queued, retry_at)
-    again = model.claim(queued, retry_at)
+    assert not decisions.claimable(queued, T0) and decisions.claimable(queued, retry_at)
+    again = decisions.claim(queued, retry_at)
     assert again.data["attempt"] == 1 and again.queue_job_id == "aj-1:attempt:1:turn:2"
 
 
 def test_quota_without_retry_at_is_an_ordinary_failure() -> None:
-    decision = model.decide_settlement(running(), done_report("quota_exhausted"), T0)
+    decision = decisions.decide_settlement(running(), done_report("quota_exhausted"), T0)
     assert decision.transition is not None
     assert (
         decision.transition["reason"] == "retry" and decision.transition["consecutiveFailures"] == 1
@@ -220,11 +227,11 @@ def test_quota_without_retry_at_is_an_ordinary_failure() -> None:
 
 def test_an_unstarted_attempt_is_refunded_and_started_at_cleared_on_the_first() -> None:
     job = running()
-    decision = model.decide_settlement(job, TurnReport("canceled", False, None), T0)
+    decision = decisions.decide_settlement(job, TurnReport("canceled", False, None), T0)
     queued = _move(job, decision.transition)  # type: ignore[arg-type]
     assert (queued.status, queued.attempt, queued.started_at) == ("queued", 0, None)
     second = running(_move(running(queued), {"from": "running", "to": "queued", "attempt": 1}))
-    decision = model.decide_settlement(second, TurnReport("canceled", False, None), T0)
+    decision = decisions.decide_settlement(second, TurnReport("canceled", False, None), T0)
     assert decision.transition is not None and decision.transition["attempt"] == 1
     assert not decision.transition["clearStartedAt"]
 
@@ -232,12 +239,12 @@ def test_an_unstarted_attempt_is_refunded_and_started_at_cleared_on_the_first() 
 def test_cancel_requested_stops_whatever_the_turn_said() -> None:
     job = running()
     job = model.apply(job, _receipt(job.seq + 1, model.CANCEL_REQUESTED, {"reason": "op"}))
-    decision = model.decide_settlement(job, done_report("done", result=1), T0)
+    decision = decisions.decide_settlement(job, done_report("done", result=1), T0)
     assert decision.transition is not None and decision.transition["to"] == "stopped"
 
 
 def test_done_with_follow_ups_runs_the_next_turn() -> None:
-    decision = model.decide_settlement(running(), done_report("done", followUps=["more"]), T0)
+    decision = decisions.decide_settlement(running(), done_report("done", followUps=["more"]), T0)
     assert (
         decision.transition is None and decision.next_turn == 2 and decision.next_prompt == ["more"]
     )
@@ -246,7 +253,9 @@ def test_done_with_follow_ups_runs_the_next_turn() -> None:
 def test_wakeup_source_ids_differ_per_status_attempt_and_turn() -> None:
     assert model.wakeup_source_id("a", "waiting_on_user", 1, 2) == "a:waiting_on_user:1:2"
     job = running()
-    waiting = _move(job, model.decide_settlement(job, done_report("needs_input"), T0).transition)  # type: ignore[arg-type]
+    waiting = _move(
+        job, decisions.decide_settlement(job, done_report("needs_input"), T0).transition
+    )  # type: ignore[arg-type]
     data = model.wakeup_data(waiting)
     assert data["sourceId"] == "aj-1:waiting_on_user:1:1"
     assert data["replyRoute"] == {"binding": "slack", "channel": "c-1", "thread": "t-1"}

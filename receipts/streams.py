@@ -1,0 +1,92 @@
+"""Streams and their folded states: the stored receipt, the frozen camelCase model every folded
+state is made of, the state's common head (seq, times, terminal), and the fold. Pure: no I/O.
+
+A job (`receipts/jobs.py`), an objective (`receipts/objectives/model.py`) and an agent job
+(`receipts/agent_jobs/model.py`) are each a `StreamState` folded by its own `apply`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """One stored receipt. `seq` is 1-based and gapless per stream; `recorded_at` is database time."""
+
+    stream: str
+    seq: int
+    type: str
+    data: Mapping[str, Any]
+    recorded_at: datetime
+    position: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the camelCase JSON form used by the API and the event stream."""
+        return {
+            "stream": self.stream,
+            "seq": self.seq,
+            "type": self.type,
+            "data": dict(self.data),
+            "recordedAt": self.recorded_at.isoformat(),
+            "position": self.position,
+        }
+
+
+class CamelModel(BaseModel):
+    """A frozen pydantic model whose JSON form is camelCase and that takes no unknown field."""
+
+    model_config = ConfigDict(
+        frozen=True, alias_generator=to_camel, populate_by_name=True, extra="forbid"
+    )
+
+
+class StreamState(CamelModel):
+    """The folded state of one stream: its head `seq` (the last receipt folded), when its first
+    receipt was recorded, when a receipt last changed it and when it settled. A subclass names
+    its `status` field and the statuses in which it is settled (`TERMINAL`)."""
+
+    TERMINAL: ClassVar[frozenset[str]] = frozenset()
+    if TYPE_CHECKING:
+        status: str
+
+    seq: int = 0
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """True once the status is terminal: nothing moves the state after that."""
+        return self.status in self.TERMINAL
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the camelCase JSON form (the projection row's `state` and the API's view)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def time_of(data: Mapping[str, Any], key: str) -> datetime | None:
+    """The time under `key` in receipt data (a datetime, or ISO 8601 text), or None."""
+    value = data.get(key)
+    if value is None:
+        return None
+    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+
+
+def fold(
+    apply: Callable[[S | None, Receipt], S | None],
+    receipts: Iterable[Receipt],
+    state: S | None = None,
+) -> S | None:
+    """Fold receipts in order with `apply`, starting from `state` (None: the empty stream)."""
+    for receipt in receipts:
+        state = apply(state, receipt)
+    return state
