@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import weakref
@@ -29,7 +28,9 @@ from receipts.errors import (
 )
 from receipts.jobs import Job, Receipt
 from receipts.kinds import CONTRACTS
+from receipts.projections import JOBS
 from receipts.sql import migrations, query
+from receipts.streams import dumps
 
 log = logging.getLogger("receipts.store")
 
@@ -72,53 +73,12 @@ def translate_errors() -> Iterator[None]:
         raise StorageError(str(exc)) from exc
 
 
-def dumps(value: Any) -> str:
-    """Encode receipt data as JSON (datetimes as ISO 8601)."""
-    return json.dumps(value, separators=(",", ":"), default=_default, ensure_ascii=False)
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
 @dataclass(frozen=True, slots=True)
 class Draft:
     """A receipt about to be appended: its type and data; the store assigns seq and time."""
 
     type: str
     data: dict[str, Any]
-
-
-def _row_receipt(row: TupleRow) -> Receipt:
-    stream, seq, type_, data, recorded_at, position = row
-    return Receipt(stream, seq, type_, data, recorded_at, position)
-
-
-def projection_params(job: Job) -> dict[str, Any]:
-    """Return the `jobs` projection row of a folded job, as statement parameters."""
-    return {
-        "job_id": job.job_id,
-        "seq": job.seq,
-        "organization_id": job.organization_id,
-        "session_key": job.session_key,
-        "agent_id": job.agent_id,
-        "lane": job.lane,
-        "kind": job.kind,
-        "status": job.status,
-        "attempt": job.attempt,
-        "max_attempts": job.max_attempts,
-        "abort_requested": job.abort_requested,
-        "available_at": job.available_at,
-        "lease_expires_at": job.lease.expires_at if job.lease else None,
-        "last_heartbeat_at": job.last_heartbeat_at,
-        "created_at": job.created_at,
-        "updated_at": job.updated_at,
-        "state": Jsonb(job.to_json(), dumps=dumps),
-    }
 
 
 @dataclass
@@ -213,7 +173,7 @@ class Tx:
             }
             row = await self._one(query("append_job_heartbeat"), params)
         else:
-            params = projection_params(folded)
+            params = JOBS.row(folded)
             params.update(written)
             params["lease_ended"] = (
                 job is not None
@@ -291,7 +251,7 @@ class Tx:
         cur = await self.conn.execute(
             query("read_stream"), {"stream": stream, "after_seq": after_seq, "limit": 1_000_000}
         )
-        return [_row_receipt(row) for row in await cur.fetchall()]
+        return [Receipt.from_row(row) for row in await cur.fetchall()]
 
     async def _one(self, sql: str, params: dict[str, Any]) -> TupleRow:
         row = await self._maybe_one(sql, params)
@@ -433,7 +393,7 @@ class Store:
                     query("read_stream"),
                     {"stream": stream, "after_seq": after_seq, "limit": limit},
                 )
-                return [_row_receipt(r) for r in await cur.fetchall()]
+                return [Receipt.from_row(r) for r in await cur.fetchall()]
 
     async def read_all(self, after_position: int = 0, limit: int = 1_000) -> list[Receipt]:
         """Return receipts of every stream with `position > after_position`, in position order."""
@@ -442,7 +402,7 @@ class Store:
                 cur = await conn.execute(
                     query("read_all"), {"after_position": after_position, "limit": limit}
                 )
-                return [_row_receipt(r) for r in await cur.fetchall()]
+                return [Receipt.from_row(r) for r in await cur.fetchall()]
 
     async def fetch(
         self, name: str, params: dict[str, Any], *, prepare: bool | None = None

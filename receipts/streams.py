@@ -1,5 +1,6 @@
-"""Streams and their folded states: the stored receipt, the frozen camelCase model every folded
-state is made of, the state's common head (seq, times, terminal), and the fold. Pure: no I/O.
+"""Streams and their folded states: the stored receipt and its data's JSON, the frozen camelCase
+model every folded state is made of, the state's common head (seq, times, terminal), and the
+fold. Pure: no I/O.
 
 A job (`receipts/jobs.py`), an objective (`receipts/objectives/model.py`) and an agent job
 (`receipts/agent_jobs/model.py`) are each a `StreamState` folded by its own `apply`.
@@ -7,7 +8,8 @@ A job (`receipts/jobs.py`), an objective (`receipts/objectives/model.py`) and an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -29,6 +31,12 @@ class Receipt:
     recorded_at: datetime
     position: int = 0
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Receipt:
+        """The receipt of a row `(stream, seq, type, data, recorded_at, position)`."""
+        stream, seq, type_, data, recorded_at, position = row
+        return cls(stream, seq, type_, data, recorded_at, position)
+
     def to_json(self) -> dict[str, Any]:
         """Return the camelCase JSON form used by the API and the event stream."""
         return {
@@ -39,6 +47,19 @@ class Receipt:
             "recordedAt": self.recorded_at.isoformat(),
             "position": self.position,
         }
+
+
+def dumps(value: Any) -> str:
+    """Encode receipt data as JSON (datetimes as ISO 8601)."""
+    return json.dumps(value, separators=(",", ":"), default=_default, ensure_ascii=False)
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 class CamelModel(BaseModel):

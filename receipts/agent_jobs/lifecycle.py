@@ -11,15 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
 from receipts.jobs import Receipt
+from receipts.projections import AGENT_JOBS
 from receipts.sql import query
-from receipts.store import Draft, Store, Tx, dumps
+from receipts.store import Draft, Store, Tx
 
 log = logging.getLogger("receipts.agent_jobs")
 
@@ -47,29 +46,6 @@ class CreateRequest:
     workspace_template: str | None = None
     continued_from_job_id: str | None = None
     provider_binding: str | None = None
-
-
-def projection_params(job: AgentJob) -> dict[str, Any]:
-    """The `agent_jobs` projection row of a folded agent job, as statement parameters."""
-    return {
-        "agent_job_id": job.agent_job_id,
-        "seq": job.seq,
-        "organization_id": job.organization_id,
-        "agent_id": job.agent_id,
-        "owner_session_id": job.owner_session_id,
-        "source_tool_call_id": job.source_tool_call_id,
-        "status": job.status,
-        "attempt": job.attempt,
-        "turn": job.turn,
-        "consecutive_failures": job.consecutive_failures,
-        "available_at": job.available_at,
-        "answer_pending": job.answer_pending,
-        "cancel_requested": job.cancel_requested,
-        "queue_job_id": job.queue_job_id,
-        "created_at": job.created_at,
-        "updated_at": job.updated_at,
-        "state": Jsonb(job.to_json(), dumps=dumps),
-    }
 
 
 async def _row(tx: Tx, name: str, params: dict[str, Any]) -> Any:
@@ -119,7 +95,7 @@ async def append(tx: Tx, job: AgentJob | None, drafts: Sequence[Draft]) -> Agent
     session = model.session_stream(folded.owner_session_id)
     await tx.lock_streams([stream, session] if entered else [stream])
     await tx.append(stream, drafts, expected_seq=start)
-    await tx.conn.execute(query("agent_job_upsert"), projection_params(folded))
+    await AGENT_JOBS.put(tx, folded)
     for state in entered:
         await _wake(tx, state, session)
     return folded

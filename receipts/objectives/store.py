@@ -13,8 +13,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.jobs import Job, Receipt
 from receipts.kinds import CONTRACTS
@@ -25,8 +23,9 @@ from receipts.objectives.model import (
     objective_stream,
     session_key,
 )
+from receipts.projections import OBJECTIVES
 from receipts.sql import query
-from receipts.store import Draft, Store, Tx, dumps, translate_errors
+from receipts.store import Draft, Store, Tx, translate_errors
 
 log = logging.getLogger("receipts.objectives")
 
@@ -41,23 +40,6 @@ Decide = Callable[[ObjectiveState | None], Sequence[Draft]]
 # Told of every delivered control request with its outcome (created, steered, existing, none):
 # the role's metrics.
 on_control_delivered: list[Callable[[str], None]] = []
-
-
-def _params(state: ObjectiveState) -> dict[str, Any]:
-    return {
-        "objective_id": state.objective_id,
-        "organization_id": state.organization_id,
-        "seq": state.seq,
-        "status": state.status,
-        "phase": state.phase,
-        "title": state.title,
-        "control_requested_seq": state.control_requested_seq,
-        "control_delivered_seq": state.control_delivered_seq,
-        "reconciled_seq": state.reconciled_seq,
-        "created_at": state.created_at,
-        "updated_at": state.updated_at,
-        "state": Jsonb(state.to_json(), dumps=dumps),
-    }
 
 
 async def load(tx: Tx, objective_id: str) -> ObjectiveState | None:
@@ -89,7 +71,7 @@ async def update(
     receipts = await tx.append(stream, drafts, expected_seq=state.seq if state else 0)
     new = fold(receipts, state)
     assert new is not None
-    await tx.conn.execute(query("objective_upsert"), _params(new))
+    await OBJECTIVES.put(tx, new)
     return new, receipts
 
 

@@ -88,12 +88,6 @@ LIMIT %(limit)s;
 -- name: agent_jobs_running_by_agent
 SELECT agent_id, count(*) FROM agent_jobs WHERE status = 'running' GROUP BY agent_id;
 
--- name: agent_job_streams
-SELECT stream, seq, type, data, recorded_at, position
-FROM receipts
-WHERE stream LIKE 'agent-jobs/%%'
-ORDER BY stream, seq;
-
 -- name: agent_jobs_lock
 LOCK TABLE agent_jobs IN EXCLUSIVE MODE;
 

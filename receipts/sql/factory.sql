@@ -87,13 +87,6 @@ WHERE (%(all_organizations)s::boolean OR organization_id = %(caller_organization
 ORDER BY created_at DESC, objective_id DESC
 LIMIT %(limit)s;
 
--- name: read_objective_streams
--- Every objective stream, for `receipt rebuild-projections` only (never a periodic scan).
-SELECT stream, seq, type, data, recorded_at, position
-FROM receipts
-WHERE stream LIKE 'objectives/%%'
-ORDER BY stream, seq;
-
 -- name: objectives_lock
 LOCK TABLE objectives IN EXCLUSIVE MODE;
 

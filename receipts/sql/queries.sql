@@ -134,24 +134,33 @@ WHERE position > %(after_position)s
 ORDER BY position
 LIMIT %(limit)s;
 
--- name: read_job_streams
+-- name: read_streams
+-- Every stream of one kind (`jobs/`, `objectives/`, `agent-jobs/`), for `receipt
+-- rebuild-projections` only (never a periodic scan).
 SELECT stream, seq, type, data, recorded_at, position
 FROM receipts
-WHERE stream LIKE 'jobs/%%'
+WHERE starts_with(stream, %(prefix)s)
 ORDER BY stream, seq;
 
--- name: projection_rows
-SELECT job_id, seq, organization_id, session_key, agent_id, lane, kind, status, attempt,
-       max_attempts, abort_requested, available_at, lease_expires_at, last_heartbeat_at,
-       created_at, updated_at, state
-FROM jobs
-ORDER BY job_id;
+-- The projection tables' statements (receipts/projections.py): `<table>_lock` (a rebuild),
+-- `<table>_share_lock` (a verify), `<table>_clear`, `<table>_states` (each row's id and state).
 
--- name: projection_clear
+-- name: jobs_lock
+LOCK TABLE jobs IN EXCLUSIVE MODE;
+
+-- name: jobs_share_lock
+LOCK TABLE jobs IN SHARE MODE;
+
+-- name: jobs_states
+SELECT j.job_id, CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id;
+
+-- name: jobs_clear
 WITH leases AS (DELETE FROM job_leases)
 DELETE FROM jobs;
 
--- name: projection_insert
+-- name: jobs_insert
+-- A rebuilt row (`Tx.append_job` writes the live ones with `append_job`).
 INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
                   attempt, max_attempts, abort_requested, available_at, lease_expires_at,
                   last_heartbeat_at, created_at, updated_at, state)
@@ -171,16 +180,6 @@ LIMIT %(limit)s;
 
 -- name: migrated
 SELECT coalesce(max(version), 0) FROM schema_migrations;
-
--- name: projection_lock
-LOCK TABLE jobs IN EXCLUSIVE MODE;
-
--- name: projection_share_lock
-LOCK TABLE jobs IN SHARE MODE;
-
--- name: projection_states
-SELECT j.job_id, CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
-FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id;
 
 -- name: jobs_by_status
 -- Active jobs by status (jobs_active_status_idx): flat however many jobs have settled.
