@@ -8,7 +8,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -141,24 +141,12 @@ class Tx:
         """
         if not drafts:
             raise ValueError("append_job needs at least one receipt")
-        now = await self.now()
-        stream = jobmodel.job_stream(job_id)
-        start = job.seq if job else 0
-        receipts = [
-            Receipt(stream, start + i + 1, d.type, d.data, now) for i, d in enumerate(drafts)
-        ]
+        receipts = _numbered(
+            jobmodel.job_stream(job_id), job.seq if job else 0, drafts, await self.now()
+        )
         folded = jobmodel.fold(receipts, job)
         if folded is None:
             raise InvariantError(jobmodel.no_job_message(job_id))
-        written = {
-            "stream": stream,
-            "seqs": [r.seq for r in receipts],
-            "types": [r.type for r in receipts],
-            "datas": [dumps(r.data) for r in receipts],
-            "note": dumps(
-                {"stream": stream, "seq": receipts[-1].seq, "types": params_types(drafts)}
-            ),
-        }
         patch = jobmodel.lease_patch(job, folded)
         if patch is not None:
             # A plain heartbeat: the narrow lease row takes it; the jobs row and its indexes
@@ -169,25 +157,17 @@ class Tx:
                 "seq": folded.seq,
                 "lease_expires_at": folded.lease.expires_at,
                 "patch": Jsonb(patch, dumps=dumps),
-                **written,
             }
-            row = await self._one(query("append_job_heartbeat"), params)
+            stored = await self._insert("append_job_heartbeat", receipts, params)
         else:
             params = JOBS.row(folded)
-            params.update(written)
             params["lease_ended"] = (
                 job is not None
                 and job.status in jobmodel.LEASED_STATUSES
                 and folded.status not in jobmodel.LEASED_STATUSES
             )
             params["settled"] = folded.terminal and (job is None or not job.terminal)
-            row = await self._one(query("append_job"), params)
-        positions: list[int] = row[0]
-        stored = [
-            Receipt(r.stream, r.seq, r.type, r.data, r.recorded_at, p)
-            for r, p in zip(receipts, positions, strict=True)
-        ]
-        self.appended.extend(stored)
+            stored = await self._insert("append_job", receipts, params)
         if folded.kind in _RECONCILING_KINDS:
             # The objective outbox: the control request commits with this very receipt, or
             # neither does (the hook lives here, the one place every job receipt is written).
@@ -224,25 +204,25 @@ class Tx:
         head = (await self._one(query("stream_head"), {"stream": stream}))[0]
         if expected_seq is not None and head != expected_seq:
             raise ConflictError(f"{stream} is at seq {head}, expected {expected_seq}")
-        receipts = [
-            Receipt(stream, head + i + 1, d.type, d.data, now) for i, d in enumerate(drafts)
-        ]
-        row = await self._one(
-            query("append_stream"),
-            {
-                "stream": stream,
-                "seqs": [r.seq for r in receipts],
-                "types": [r.type for r in receipts],
-                "datas": [dumps(r.data) for r in receipts],
-                "note": dumps(
-                    {"stream": stream, "seq": receipts[-1].seq, "types": params_types(drafts)}
-                ),
-            },
-        )
-        stored = [
-            Receipt(r.stream, r.seq, r.type, r.data, r.recorded_at, p)
-            for r, p in zip(receipts, row[0], strict=True)
-        ]
+        return await self._insert("append_stream", _numbered(stream, head, drafts, now), {})
+
+    async def _insert(
+        self, name: str, receipts: list[Receipt], params: dict[str, Any]
+    ) -> list[Receipt]:
+        """Run the append statement `name` (each inserts the receipts of one stream and NOTIFYs
+        it; `params` are its other parameters). Returns the receipts as stored, with positions."""
+        stream = receipts[0].stream
+        types = [r.type for r in receipts]
+        params = {
+            **params,
+            "stream": stream,
+            "seqs": [r.seq for r in receipts],
+            "types": types,
+            "datas": [dumps(r.data) for r in receipts],
+            "note": dumps({"stream": stream, "seq": receipts[-1].seq, "types": types}),
+        }
+        positions: list[int] = (await self._one(query(name), params))[0]
+        stored = [replace(r, position=p) for r, p in zip(receipts, positions, strict=True)]
         self.appended.extend(stored)
         return stored
 
@@ -264,9 +244,9 @@ class Tx:
         return await cur.fetchone()
 
 
-def params_types(drafts: Sequence[Draft]) -> list[str]:
-    """Return the receipt types of a batch (carried in the NOTIFY payload)."""
-    return [d.type for d in drafts]
+def _numbered(stream: str, head: int, drafts: Sequence[Draft], now: datetime) -> list[Receipt]:
+    """The receipts `drafts` become on `stream` after seq `head`, recorded at `now`."""
+    return [Receipt(stream, head + i, d.type, d.data, now) for i, d in enumerate(drafts, 1)]
 
 
 # A connection back in the pool for less than this is handed out again without the pool's

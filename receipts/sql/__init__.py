@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from functools import cache
 from importlib import resources
 from typing import NamedTuple
@@ -17,11 +18,16 @@ class Migration(NamedTuple):
 
 
 _NAME = re.compile(r"^--\s*name:\s*(\S+)\s*$", re.MULTILINE)
+# A line `-- include: <name>` stands for that named statement (without its comment lines,
+# indented as the line is), so a part several statements share — the insert of an append's
+# receipts — is written once.
+_INCLUDE = re.compile(r"^([ \t]*)--\s*include:\s*(\S+)\s*$", re.MULTILINE)
 
 
 @cache
 def queries() -> dict[str, str]:
-    """Return the named statements of every `*.sql` file here, keyed by their `-- name:` line."""
+    """Return the named statements of every `*.sql` file here, keyed by their `-- name:` line,
+    with their `-- include:` lines replaced by the statements they name."""
     named: dict[str, str] = {}
     folder = resources.files(__package__)
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
@@ -32,7 +38,22 @@ def queries() -> dict[str, str]:
             if name in named:
                 raise ValueError(f"{entry.name} defines {name!r} a second time")
             named[name] = body.strip().rstrip(";")
-    return named
+    return expand_includes(named)
+
+
+def expand_includes(named: dict[str, str]) -> dict[str, str]:
+    """Return the statements with each `-- include: <name>` line replaced by the statement
+    `<name>`, its comment lines left out, indented as the line is (one level: an included
+    statement's own includes are not expanded). An unknown name raises `ValueError`."""
+
+    def included(line: re.Match[str]) -> str:
+        indent, name = line[1], line[2]
+        if name not in named:
+            raise ValueError(f"-- include: {name} names no statement")
+        lines = [text for text in named[name].splitlines() if not text.startswith("--")]
+        return textwrap.indent("\n".join(lines), indent)
+
+    return {name: _INCLUDE.sub(included, body) for name, body in named.items()}
 
 
 def query(name: str) -> str:

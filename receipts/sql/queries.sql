@@ -66,13 +66,18 @@ WHERE j.organization_id IS NOT DISTINCT FROM %(organization_id)s
 ORDER BY j.job_id
 FOR UPDATE OF j;
 
+-- name: insert_receipts
+-- The receipts of one append (`Tx._insert`: seqs numbered under the stream's lock or the job's
+-- row lock) at the database time. Every append statement includes it as its `inserted` CTE.
+INSERT INTO receipts (stream, seq, type, data, recorded_at)
+SELECT %(stream)s, u.seq, u.type, u.data, now()
+FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
+RETURNING position, seq;
+
 -- name: append_job
 -- Insert the job's new receipts and upsert its projection row in one statement, then NOTIFY.
 WITH inserted AS (
-    INSERT INTO receipts (stream, seq, type, data, recorded_at)
-    SELECT %(stream)s, u.seq, u.type, u.data, now()
-    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
-    RETURNING position, seq
+    -- include: insert_receipts
 ), projected AS (
     INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
                       attempt, max_attempts, abort_requested, available_at, lease_expires_at,
@@ -105,10 +110,7 @@ SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
 -- A heartbeat that changes only the lease's expiry, the last heartbeat time and the stream's
 -- head: insert its receipts and update the job's narrow lease row (HOT), not the jobs row.
 WITH inserted AS (
-    INSERT INTO receipts (stream, seq, type, data, recorded_at)
-    SELECT %(stream)s, u.seq, u.type, u.data, now()
-    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
-    RETURNING position, seq
+    -- include: insert_receipts
 ), leased AS (
     INSERT INTO job_leases (job_id, seq, expires_at, patch)
     VALUES (%(job_id)s, %(seq)s, %(lease_expires_at)s, %(patch)s)
@@ -194,10 +196,7 @@ SELECT coalesce(max(seq), 0) FROM receipts WHERE stream = %(stream)s;
 -- name: append_stream
 -- Insert receipts of one stream (seqs computed under the stream's lock), then NOTIFY its name.
 WITH inserted AS (
-    INSERT INTO receipts (stream, seq, type, data, recorded_at)
-    SELECT %(stream)s, u.seq, u.type, u.data, now()
-    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
-    RETURNING position, seq
+    -- include: insert_receipts
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted), pg_notify('receipts', %(note)s);
 
