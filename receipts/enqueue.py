@@ -335,30 +335,20 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
                 live.append(job)
         if request.singleton_mode == "cancel":
             for job in live:
-                draft = singleton_cancel_draft(job)
+                draft = stop_draft(job, SINGLETON_CANCEL_REASON, str(uuid.uuid4()))
                 job, _ = await tx.append_job(job.job_id, job, [draft])
                 affected.append(job)
         elif request.singleton_mode == "steer" and live:
             target = max(live, key=lambda j: (j.created_at, j.job_id))
             _check_command_caps(request, target)
-            steered, _ = await tx.append_job(
-                target.job_id,
-                target,
-                [
-                    Draft(
-                        "queue.command",
-                        {
-                            "commandId": job_id,
-                            "type": "steer",
-                            "lane": "steer",
-                            "payload": request.payload,
-                            "reason": None,
-                            "fromSessionKey": request.session_key,
-                            "fromEnqueue": True,
-                        },
-                    )
-                ],
+            steer = command_draft(
+                job_id,
+                "steer",
+                payload=request.payload,
+                fromSessionKey=request.session_key,
+                fromEnqueue=True,
             )
+            steered, _ = await tx.append_job(target.job_id, target, [steer])
             return EnqueueResult(steered, "steered", tuple(affected))
 
     now = await tx.now()
@@ -416,17 +406,24 @@ def expire_draft(job: Job) -> Draft:
     )
 
 
-def singleton_cancel_draft(job: Job) -> Draft:
-    """A queued job is canceled outright; a leased/running one is sent an abort command."""
+def command_draft(
+    command_id: str, type_: str, *, payload: Any = None, reason: str | None = None, **origin: Any
+) -> Draft:
+    """Return the `queue.command` receipt of a steer or follow_up (in the lane of its type) or
+    an abort; `origin` says where it came from (a steer absorbed at enqueue)."""
+    lane = None if type_ == "abort" else type_
+    data = {"commandId": command_id, "type": type_, "lane": lane, "payload": payload}
+    return Draft("queue.command", {**data, "reason": reason, **origin})
+
+
+def cancel_queued_draft(job: Job, reason: str | None) -> Draft:
+    """Return the `job.canceled` receipt of a job still queued: no worker holds it."""
+    return Draft("job.canceled", {"reason": reason, "attempt": job.attempt})
+
+
+def stop_draft(job: Job, reason: str, command_id: str) -> Draft:
+    """Stop a live job: a queued one is canceled outright; a leased or running one is sent an
+    abort command (`command_id`), which its worker honours."""
     if job.status == "queued":
-        return Draft("job.canceled", {"reason": SINGLETON_CANCEL_REASON, "attempt": job.attempt})
-    return Draft(
-        "queue.command",
-        {
-            "commandId": str(uuid.uuid4()),
-            "type": "abort",
-            "lane": None,
-            "payload": None,
-            "reason": SINGLETON_CANCEL_REASON,
-        },
-    )
+        return cancel_queued_draft(job, reason)
+    return command_draft(command_id, "abort", reason=reason)

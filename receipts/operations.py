@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from receipts import jobs as jobmodel
-from receipts.enqueue import expire_draft
+from receipts.enqueue import cancel_queued_draft, command_draft, expire_draft
 from receipts.errors import ConflictError
 from receipts.jobs import (
     COMMAND_TYPES,
@@ -70,6 +70,7 @@ class Outcome:
 
 Decision = list[Draft] | str | Outcome
 Decide = Callable[[Job | None, datetime], Decision]
+Write = Callable[[Job, datetime], Decision]
 
 
 def delivery_number(worker_id: str) -> int | None:
@@ -105,8 +106,38 @@ async def mutate(store: Store, job_id: str, decide: Decide) -> Outcome:
         return Outcome(SETTLEMENT_CONFLICT, await store.get_job(job_id))
 
 
-def _expires(now: datetime, lease_ms: int) -> str:
-    return (now + timedelta(milliseconds=lease_ms)).isoformat()
+async def _fenced(store: Store, job_id: str, worker_id: str, attempt: int, write: Write) -> Outcome:
+    """`mutate` under the fence: a writer that does not hold it (`fence_rejection`, with the
+    database clock) writes nothing; for one that does, `write` decides."""
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        rejection = fence_rejection(job, worker_id, attempt, now)
+        if rejection:
+            return rejection
+        assert job is not None
+        return write(job, now)
+
+    return await mutate(store, job_id, decide)
+
+
+async def _unsettled(store: Store, job_id: str, write: Write) -> Outcome:
+    """`mutate` for a write no delivery makes (no fence): a job that does not exist is
+    `not_found`, a settled one `terminal_state`; for any other, `write` decides."""
+
+    def decide(job: Job | None, now: datetime) -> Decision:
+        if job is None:
+            return NOT_FOUND
+        if job.terminal:
+            return TERMINAL_STATE
+        return write(job, now)
+
+    return await mutate(store, job_id, decide)
+
+
+def _lease_data(worker_id: str, attempt: int, now: datetime, lease_ms: int) -> dict[str, Any]:
+    """The delivery and attempt a lease or heartbeat is for, and the lease's new `expiresAt`."""
+    expires = now + timedelta(milliseconds=lease_ms)
+    return {"workerId": worker_id, "attempt": attempt, "expiresAt": expires.isoformat()}
 
 
 def _lease_decision(
@@ -135,12 +166,7 @@ def _lease_decision(
         return NOT_AVAILABLE
     # DELIVER, or ABORT: the worker leases and then honours the abort (the spec's order), so an
     # abort that raced a delivery is settled `canceled` by that delivery.
-    data: dict[str, Any] = {
-        "workerId": worker_id,
-        "attempt": attempt,
-        "expiresAt": _expires(now, lease_ms),
-        "leaseMs": lease_ms,
-    }
+    data = {**_lease_data(worker_id, attempt, now, lease_ms), "leaseMs": lease_ms}
     if process:
         data["process"] = process
     return [Draft("job.leased", data)]
@@ -166,11 +192,7 @@ def _heartbeat_decision(
         rejection = fence_rejection(job, worker_id, attempt, now)
     if rejection:
         return rejection
-    data: dict[str, Any] = {
-        "workerId": worker_id,
-        "attempt": attempt,
-        "expiresAt": _expires(now, lease_ms),
-    }
+    data = _lease_data(worker_id, attempt, now, lease_ms)
     if start_fence:
         data["startFence"] = True
         if process:
@@ -201,11 +223,7 @@ async def start_attempt(
             drafts = _lease_decision(job, now, attempt, worker_id, lease_ms, process)
             if not isinstance(drafts, list):
                 return drafts
-            first = {
-                "workerId": worker_id,
-                "attempt": attempt,
-                "expiresAt": _expires(now, lease_ms),
-            }
+            first = _lease_data(worker_id, attempt, now, lease_ms)
             return [*drafts, Draft("job.heartbeat", first)]
         held = job.lease is not None and (job.lease.worker_id, job.lease.attempt)
         if held == (worker_id, attempt):
@@ -268,29 +286,22 @@ async def progress(
     store: Store, job_id: str, *, worker_id: str, attempt: int, data: Any
 ) -> Outcome:
     """Record handler progress under the fence."""
-
-    def decide(job: Job | None, now: datetime) -> Decision:
-        rejection = fence_rejection(job, worker_id, attempt, now)
-        if rejection:
-            return rejection
-        body = {"workerId": worker_id, "attempt": attempt, "data": sanitize(data)}
-        return [Draft("job.progress", body)]
-
-    return await mutate(store, job_id, decide)
+    body = {"workerId": worker_id, "attempt": attempt, "data": sanitize(data)}
+    return await _fenced(
+        store, job_id, worker_id, attempt, lambda *_: [Draft("job.progress", body)]
+    )
 
 
 async def _settle(
     store: Store,
     job_id: str,
-    receipt_type: str,
-    *,
     worker_id: str,
     attempt: int,
     settlement_id: str | None,
-    fields: dict[str, Any],
+    settled: Draft,
 ) -> Outcome:
-    """The one settle path: under the fence (`settle_rejection`), append `receipt_type` with
-    the delivery, its attempt, its settlement id and `fields`; a retry that finds its own
+    """The one settle path: under the fence (`settle_rejection`), append `settled` with the
+    delivery, its attempt and its settlement id added to its data; a retry that finds its own
     settlement already committed reports success without a second receipt."""
     settlement = settlement_id or worker_id
 
@@ -301,8 +312,8 @@ async def _settle(
         assert job is not None
         if job.settlement_id == settlement:
             return Outcome(OK, job, already=True)
-        data = {"workerId": worker_id, "attempt": attempt, "settlementId": settlement, **fields}
-        return [Draft(receipt_type, data)]
+        fence = {"workerId": worker_id, "attempt": attempt, "settlementId": settlement}
+        return [Draft(settled.type, {**fence, **settled.data})]
 
     return await mutate(store, job_id, decide)
 
@@ -317,15 +328,8 @@ async def complete(
     settlement_id: str | None = None,
 ) -> Outcome:
     """Settle `completed` under the fence; a retry that finds its own settlement reports success."""
-    return await _settle(
-        store,
-        job_id,
-        "job.completed",
-        worker_id=worker_id,
-        attempt=attempt,
-        settlement_id=settlement_id,
-        fields={"result": sanitize(result)},
-    )
+    draft = Draft("job.completed", {"result": sanitize(result)})
+    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft)
 
 
 async def fail(
@@ -357,15 +361,8 @@ async def fail(
         fields["retryDelayMs"] = retry_delay_ms
     if result is not None:
         fields["result"] = sanitize(result)
-    return await _settle(
-        store,
-        job_id,
-        "job.failed",
-        worker_id=worker_id,
-        attempt=attempt,
-        settlement_id=settlement_id,
-        fields=fields,
-    )
+    draft = Draft("job.failed", fields)
+    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft)
 
 
 async def cancel(
@@ -378,30 +375,19 @@ async def cancel(
     settlement_id: str | None = None,
 ) -> Outcome:
     """Settle `canceled` under the fence (a worker honouring an abort)."""
-    return await _settle(
-        store,
-        job_id,
-        "job.canceled",
-        worker_id=worker_id,
-        attempt=attempt,
-        settlement_id=settlement_id,
-        fields={"reason": sanitize(reason)},
-    )
+    draft = Draft("job.canceled", {"reason": sanitize(reason)})
+    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft)
 
 
 async def cancel_queued(store: Store, job_id: str, *, reason: str | None) -> Outcome:
     """Cancel a job that is still queued (an abort honoured before any worker leased it)."""
 
-    def decide(job: Job | None, now: datetime) -> Decision:
-        if job is None:
-            return NOT_FOUND
-        if job.terminal:
-            return TERMINAL_STATE
+    def write(job: Job, now: datetime) -> Decision:
         if job.status != "queued":
             return NOT_QUEUED
-        return [Draft("job.canceled", {"reason": reason, "attempt": job.attempt})]
+        return [cancel_queued_draft(job, reason)]
 
-    return await mutate(store, job_id, decide)
+    return await _unsettled(store, job_id, write)
 
 
 async def fail_undeliverable(store: Store, job_id: str, *, error: str) -> Outcome:
@@ -411,11 +397,7 @@ async def fail_undeliverable(store: Store, job_id: str, *, error: str) -> Outcom
     with its active lease's own fence.
     """
 
-    def decide(job: Job | None, now: datetime) -> Decision:
-        if job is None:
-            return NOT_FOUND
-        if job.terminal:
-            return TERMINAL_STATE
+    def write(job: Job, now: datetime) -> Decision:
         worker_id = job.lease.worker_id if job.lease is not None else None
         data = {
             "workerId": worker_id,
@@ -426,17 +408,13 @@ async def fail_undeliverable(store: Store, job_id: str, *, error: str) -> Outcom
         }
         return [Draft("job.failed", data)]
 
-    return await mutate(store, job_id, decide)
+    return await _unsettled(store, job_id, write)
 
 
 async def fail_stale(store: Store, job_id: str, *, active_stale_ms: int, error: str) -> Outcome:
     """The driver's stale active lease: fail it (retryable) with the stale lease's own fence."""
 
-    def decide(job: Job | None, now: datetime) -> Decision:
-        if job is None:
-            return NOT_FOUND
-        if job.terminal:
-            return TERMINAL_STATE
+    def write(job: Job, now: datetime) -> Decision:
         if not jobmodel.stale_lease(job, now, active_stale_ms) or job.lease is None:
             return NOT_STALE
         data = {
@@ -448,22 +426,16 @@ async def fail_stale(store: Store, job_id: str, *, active_stale_ms: int, error: 
         }
         return [Draft("job.failed", data)]
 
-    return await mutate(store, job_id, decide)
+    return await _unsettled(store, job_id, write)
 
 
 async def expire_lease(store: Store, job_id: str) -> Outcome:
     """Append `job.lease_expired` only when the database clock has passed the lease's expiry."""
 
-    def decide(job: Job | None, now: datetime) -> Decision:
-        if job is None:
-            return NOT_FOUND
-        if job.terminal:
-            return TERMINAL_STATE
-        if not jobmodel.lease_expired(job, now):
-            return NOT_EXPIRED
-        return [expire_draft(job)]
+    def write(job: Job, now: datetime) -> Decision:
+        return [expire_draft(job)] if jobmodel.lease_expired(job, now) else NOT_EXPIRED
 
-    return await mutate(store, job_id, decide)
+    return await _unsettled(store, job_id, write)
 
 
 async def consume_command(
@@ -471,17 +443,13 @@ async def consume_command(
 ) -> Outcome:
     """Mark a pending steer/follow_up as consumed by this attempt, under the fence."""
 
-    def decide(job: Job | None, now: datetime) -> Decision:
-        rejection = fence_rejection(job, worker_id, attempt, now)
-        if rejection:
-            return rejection
-        assert job is not None
+    def write(job: Job, now: datetime) -> Decision:
         if not any(c.command_id == command_id and c.pending for c in job.commands):
             return NOT_PENDING
         data = {"commandId": command_id, "attempt": attempt, "workerId": worker_id}
         return [Draft("queue.command.consumed", data)]
 
-    return await mutate(store, job_id, decide)
+    return await _fenced(store, job_id, worker_id, attempt, write)
 
 
 async def add_command(
@@ -514,22 +482,11 @@ async def add_command(
             return TERMINAL_STATE
         if max_commands is not None and type != "abort" and len(job.commands) >= max_commands:
             return Outcome(TOO_MANY_COMMANDS, job)
-        data = {
-            "commandId": command,
-            "type": type,
-            "lane": None if type == "abort" else type,
-            "payload": payload,
-            "reason": reason,
-        }
-        drafts = [Draft("queue.command", data)]
+        drafts = [command_draft(command, type, payload=payload, reason=reason)]
         if type == "abort" and job.status == "queued":
             # Nothing runs it yet: cancel outright in the same transaction, as singleton
             # cancel does, instead of leaving it queued until some worker honours the abort.
-            drafts.append(
-                Draft(
-                    "job.canceled", {"reason": reason or "abort requested", "attempt": job.attempt}
-                )
-            )
+            drafts.append(cancel_queued_draft(job, reason or "abort requested"))
         return drafts
 
     return await mutate(store, job_id, decide)

@@ -13,7 +13,7 @@ from typing import Any
 
 from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.model import AgentJob
-from receipts.enqueue import EnqueueRequest, enqueue_in
+from receipts.enqueue import EnqueueRequest, enqueue_in, stop_draft
 from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
 from receipts.jobs import Receipt
 from receipts.projections import AGENT_JOBS
@@ -416,19 +416,7 @@ async def _abort_turn(tx: Tx, job: AgentJob, reason: str) -> None:
     turn_job = await tx.job_for_update(job.queue_job_id)
     if turn_job is None or turn_job.terminal:
         return  # already settled: its settlement writes `stopped`
-    if turn_job.status == "queued":
-        draft = Draft("job.canceled", {"reason": reason, "attempt": turn_job.attempt})
-    else:
-        draft = Draft(
-            "queue.command",
-            {
-                "commandId": f"cmd-{uuid.uuid4()}",
-                "type": "abort",
-                "lane": None,
-                "payload": None,
-                "reason": reason,
-            },
-        )
+    draft = stop_draft(turn_job, reason, f"cmd-{uuid.uuid4()}")
     await tx.append_job(turn_job.job_id, turn_job, [draft])
 
 
