@@ -63,15 +63,13 @@ async def job_for_update(tx: Tx, agent_job_id: str) -> AgentJob | None:
 
 async def get(store: Store, agent_job_id: str) -> AgentJob | None:
     """The agent job's folded state from the projection, or None."""
-    async with store.transaction() as tx:
-        row = await _row(tx, "agent_job_get", {"agent_job_id": agent_job_id})
+    row = await store.fetch_one("agent_job_get", {"agent_job_id": agent_job_id})
     return AgentJob.model_validate(row[0]) if row else None
 
 
 async def session_organization(store: Store, session_id: str) -> str | None:
     """The organization an owner session belongs to, or None when no agent job named it."""
-    async with store.transaction() as tx:
-        row = await _row(tx, "agent_session_get", {"session_id": session_id})
+    row = await store.fetch_one("agent_session_get", {"session_id": session_id})
     return str(row[0]) if row else None
 
 
@@ -439,46 +437,40 @@ async def fail_overdue_input(
 # --- scans ------------------------------------------------------------------------------------
 
 
-async def _ids(store: Store, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    async with store.transaction() as tx:
-        cur = await tx.conn.execute(query(name), params)
-        return [tuple(row) for row in await cur.fetchall()]
-
-
 async def ready(store: Store, limit: int = 200) -> list[tuple[str, str]]:
     """`(agentJobId, agentId)` of jobs waiting only for a slot, oldest first."""
-    return [(str(a), str(b)) for a, b in await _ids(store, "agent_jobs_ready", {"limit": limit})]
+    return [(str(a), str(b)) for a, b in await store.fetch("agent_jobs_ready", {"limit": limit})]
 
 
 async def settled_turns(store: Store, limit: int = 200) -> list[str]:
     """Running jobs whose turn's queue job is terminal."""
-    return [str(r[0]) for r in await _ids(store, "agent_jobs_settled_turns", {"limit": limit})]
+    return [str(r[0]) for r in await store.fetch("agent_jobs_settled_turns", {"limit": limit})]
 
 
 async def input_overdue(store: Store, timeout_ms: int, limit: int = 200) -> list[str]:
     """Waiting, unanswered jobs whose last change is older than `timeout_ms`."""
-    rows = await _ids(store, "agent_jobs_input_overdue", {"timeout_ms": timeout_ms, "limit": limit})
+    rows = await store.fetch("agent_jobs_input_overdue", {"timeout_ms": timeout_ms, "limit": limit})
     return [str(r[0]) for r in rows]
 
 
 async def next_available_at(store: Store) -> Any:
     """The soonest future `availableAt` of a queued job, or None."""
-    rows = await _ids(store, "agent_jobs_next_available_at", {})
+    rows = await store.fetch("agent_jobs_next_available_at", {})
     return rows[0][0] if rows else None
 
 
 async def list_jobs(store: Store, params: dict[str, Any]) -> list[AgentJob]:
     """A page of agent jobs, newest first (see the `agent_jobs_list` statement)."""
-    rows = await _ids(store, "agent_jobs_list", params)
+    rows = await store.fetch("agent_jobs_list", params)
     return [AgentJob.model_validate(r[0]) for r in rows]
 
 
 async def running_by_agent(store: Store) -> dict[str, int]:
     """Running agent jobs per agent id (the slots in use)."""
-    return {str(a): int(n) for a, n in await _ids(store, "agent_jobs_running_by_agent", {})}
+    return {str(a): int(n) for a, n in await store.fetch("agent_jobs_running_by_agent", {})}
 
 
 async def unposted_wakeups(store: Store, url: str, limit: int = 100) -> list[tuple[str, str, int]]:
     """`(sourceId, sessionId, sessionSeq)` of recent wakeups not yet posted to `url`."""
-    rows = await _ids(store, "agent_wakeups_unposted", {"url": url, "limit": limit})
+    rows = await store.fetch("agent_wakeups_unposted", {"url": url, "limit": limit})
     return [(str(a), str(b), int(c)) for a, b, c in rows]

@@ -128,15 +128,19 @@ def _step(value: Any, field: str) -> StepSpec | None:
     return StepSpec(_argv(value.get("command"), f"{field}.command"))
 
 
+def _object(raw: Any, field: str, noun: str, fields: tuple[str, ...], shape: str = "") -> None:
+    """Refuse (`InvalidInput`) what is not an object, or an object with a field not in `fields`
+    (the error names the first such field and lists the `noun`'s fields)."""
+    if not isinstance(raw, Mapping):
+        raise InvalidInput(field, f"{field} must be an object{shape}")
+    unknown = [name for name in raw if name not in fields]
+    if unknown:
+        raise InvalidInput(f"{field}.{unknown[0]}", f"unknown {noun} field {unknown[0]!r}", fields)
+
+
 def parse_task(raw: Any, field: str) -> TaskSpec:
     """Parse one task object; raise `InvalidInput` naming the field at fault."""
-    if not isinstance(raw, Mapping):
-        raise InvalidInput(field, f"{field} must be an object")
-    unknown = [name for name in raw if name not in TASK_FIELDS]
-    if unknown:
-        raise InvalidInput(
-            f"{field}.{unknown[0]}", f"unknown task field {unknown[0]!r}", TASK_FIELDS
-        )
+    _object(raw, field, "task", TASK_FIELDS)
     task_id = raw.get("taskId")
     if not isinstance(task_id, str) or not TASK_ID.match(task_id):
         raise InvalidInput(
@@ -294,13 +298,7 @@ def parse_objective(raw: Any, field: str = "objective") -> ObjectiveSpec:
 
     `tasks` may be absent (a planner supplies them); when present it must be a valid graph.
     """
-    if not isinstance(raw, Mapping):
-        raise InvalidInput(field, f"{field} must be an object {{title, goal, tasks?, ...}}")
-    unknown = [name for name in raw if name not in OBJECTIVE_FIELDS]
-    if unknown:
-        raise InvalidInput(
-            f"{field}.{unknown[0]}", f"unknown objective field {unknown[0]!r}", OBJECTIVE_FIELDS
-        )
+    _object(raw, field, "objective", OBJECTIVE_FIELDS, " {title, goal, tasks?, ...}")
     objective_id = raw.get("objectiveId")
     if objective_id is not None and (
         not isinstance(objective_id, str) or not OBJECTIVE_ID.match(objective_id)
