@@ -10,9 +10,19 @@ from urllib.parse import quote
 import click
 
 from receipts.agent_jobs.model import STATUSES
-from roles.cli.client import ApiClient, _api_options, _compact, _dump, _load_json, parse_sse
+from roles.cli.client import (
+    ApiClient,
+    _api_options,
+    _dump,
+    _echo_page,
+    _echo_receipt,
+    _load_json,
+    _outcome_lines,
+    _receipt_pages,
+    parse_sse,
+)
 
-EVENTS_PAGE = 1000
+TYPE_WIDTH = 26  # the longest agent-job receipt type
 
 
 def _path(agent_job_id: str, suffix: str = "") -> str:
@@ -38,11 +48,7 @@ def _summary(job: dict[str, Any]) -> list[str]:
         lines.append(f"waiting   {call['question']!r} (tool call {call['toolCallId']})")
     if job.get("cancelRequested"):
         lines.append(f"cancel    requested ({job.get('cancelReason')})")
-    if job.get("error"):
-        lines.append(f"error     {job['error']}")
-    if job.get("result") is not None:
-        lines.append(f"result    {_compact(job['result'])}")
-    return lines
+    return lines + _outcome_lines(job)
 
 
 def _show(job: dict[str, Any], as_json: bool) -> None:
@@ -171,15 +177,16 @@ def ls_command(
         raise click.UsageError("give --session (an owner session's jobs) or --console (admin)")
     with ApiClient(api_url, token) as client:
         page = client.call("GET", path, params=params)
-    if as_json:
-        click.echo(_dump(page))
-        return
-    for job in page["agentJobs"]:
-        click.echo(
+    _echo_page(
+        page,
+        "agentJobs",
+        lambda job: (
             f"{job['agentJobId']}  {job['status']:<15} {job['agentId']:<16} "
             f"attempt {job['attempt']} turn {job['turn']}  {job['createdAt']}"
-        )
-    if page.get("nextCursor"):
+        ),
+        as_json,
+    )
+    if page.get("nextCursor") and not as_json:
         click.echo(f"more: --cursor {page['nextCursor']}", err=True)
 
 
@@ -254,16 +261,6 @@ def cancel_command(
         click.echo(f"stop requested for {job['agentJobId']}: stopped when its live turn settles")
 
 
-def _print(receipt: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        click.echo(_compact(receipt))
-    else:
-        click.echo(
-            f"{receipt['seq']:>4}  {receipt['recordedAt']}  {receipt['type']:<26} "
-            f"{_compact(receipt['data'])}"
-        )
-
-
 @agent_jobs_group.command("events")
 @click.argument("agent_job_id", metavar="ID", required=False)
 @click.option("--session", "session_id", help="The owner session's stream (wakeups) instead.")
@@ -295,14 +292,9 @@ def events_command(
                         client.call("GET", path)  # raises the API's error
                     for event in parse_sse(response.iter_lines()):
                         if event.name == "message" and event.data:
-                            _print(json.loads(event.data), as_json)
+                            _echo_receipt(json.loads(event.data), as_json, TYPE_WIDTH)
                 return
         else:
             path = _path(str(agent_job_id), "/events")
-        while True:
-            page = client.call("GET", path, params={"after": after, "limit": EVENTS_PAGE})
-            for receipt in page["receipts"]:
-                _print(receipt, as_json)
-            if len(page["receipts"]) < EVENTS_PAGE:
-                return
-            after = page["lastSeq"]
+        for receipt in _receipt_pages(client, path, after):
+            _echo_receipt(receipt, as_json, TYPE_WIDTH)

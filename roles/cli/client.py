@@ -216,6 +216,48 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def _echo_receipt(receipt: dict[str, Any], as_json: bool, type_width: int = 22) -> None:
+    """Print a receipt: compact JSON with --json, else `seq  recordedAt  type  data`."""
+    if as_json:
+        click.echo(_compact(receipt))
+    else:
+        click.echo(
+            f"{receipt['seq']:>4}  {receipt['recordedAt']}  {receipt['type']:<{type_width}} "
+            f"{_compact(receipt['data'])}"
+        )
+
+
+def _receipt_pages(client: ApiClient, path: str, after: int) -> Iterator[dict[str, Any]]:
+    """Yield the receipts of an events endpoint (`path`) past seq `after`, page by page."""
+    while True:
+        page = client.call("GET", path, params={"after": after, "limit": EVENTS_PAGE})
+        yield from page["receipts"]
+        if len(page["receipts"]) < EVENTS_PAGE:
+            return
+        after = page["lastSeq"]
+
+
+def _echo_page(
+    page: dict[str, Any], key: str, line: Callable[[dict[str, Any]], str], as_json: bool
+) -> None:
+    """Print a page of a list: the whole document with --json, else one `line` per item."""
+    if as_json:
+        click.echo(_dump(page))
+        return
+    for item in page[key]:
+        click.echo(line(item))
+
+
+def _outcome_lines(view: dict[str, Any]) -> list[str]:
+    """The `error` and `result` lines of a job's or an agent job's summary (when it has them)."""
+    lines = []
+    if view.get("error"):
+        lines.append(f"error     {view['error']}")
+    if view.get("result") is not None:
+        lines.append(f"result    {_compact(view['result'])}")
+    return lines
+
+
 def _job_path(job_id: str, suffix: str = "") -> str:
     return f"/jobs/{quote(job_id, safe='')}{suffix}"
 
@@ -243,10 +285,7 @@ def _summary(job: dict[str, Any]) -> list[str]:
         lines.append(f"abort     requested ({job.get('abortReason') or 'no reason'})")
     if job.get("canceledReason"):
         lines.append(f"canceled  {job['canceledReason']}")
-    if job.get("error"):
-        lines.append(f"error     {job['error']}")
-    if job.get("result") is not None:
-        lines.append(f"result    {_compact(job['result'])}")
+    lines += _outcome_lines(job)
     if job.get("settledAt"):
         lines.append(f"settled   {job['settledAt']}")
     return lines

@@ -18,13 +18,14 @@ import click
 from receipts.jobs import LANES, SINGLETON_MODES, STATUSES
 from receipts.kinds import KINDS
 from roles.cli.client import (
-    EVENTS_PAGE,
     ApiClient,
     _api_options,
     _compact,
     _dump,
+    _echo_receipt,
     _job_path,
     _load_json,
+    _receipt_pages,
     _summary,
     _wait,
 )
@@ -197,16 +198,6 @@ def jobs_get(job_id: str, api_url: str, token: str | None, as_json: bool) -> Non
     click.echo(_dump(job) if as_json else "\n".join(_summary(job)))
 
 
-def _print_receipt(receipt: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        click.echo(_compact(receipt))
-    else:
-        click.echo(
-            f"{receipt['seq']:>4}  {receipt['recordedAt']}  {receipt['type']:<22} "
-            f"{_compact(receipt['data'])}"
-        )
-
-
 @jobs_group.command("events")
 @click.argument("job_id", metavar="ID")
 @click.option("--after", type=click.IntRange(min=0), default=0, help="Only receipts past this seq.")
@@ -219,19 +210,13 @@ def jobs_events(
 ) -> None:
     """Print a job's receipts in order (GET /jobs/ID/events); --json prints one per line."""
     with ApiClient(api_url, token) as client:
-        if follow:
-            for receipt in client.follow(job_id, after):
-                _print_receipt(receipt, as_json)
-            return
-        while True:
-            page = client.call(
-                "GET", _job_path(job_id, "/events"), params={"after": after, "limit": EVENTS_PAGE}
-            )
-            for receipt in page["receipts"]:
-                _print_receipt(receipt, as_json)
-            if len(page["receipts"]) < EVENTS_PAGE:
-                return
-            after = page["lastSeq"]
+        receipts = (
+            client.follow(job_id, after)
+            if follow
+            else _receipt_pages(client, _job_path(job_id, "/events"), after)
+        )
+        for receipt in receipts:
+            _echo_receipt(receipt, as_json)
 
 
 def _command(

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import click
 import yaml
 
-from roles.cli.client import ApiClient, ApiFailure, _api_options, _dump
+from roles.cli.client import ApiClient, ApiFailure, _api_options, _dump, _echo_page
 
 POLL_S = 0.5
 WAIT_EXIT = {"completed": 0, "failed": 1, "canceled": 1}
@@ -199,14 +199,15 @@ def objectives_ls(
         params["status"] = status
     with ApiClient(api_url, token) as client:
         page = client.call("GET", "/objectives", params=params)
-    if as_json:
-        click.echo(_dump(page))
-        return
-    for o in page["objectives"]:
-        click.echo(
+    _echo_page(
+        page,
+        "objectives",
+        lambda o: (
             f"{o['objectiveId']}  {o['status']:<9} phase {o['phase']}  "
             f"{o['completedTasks']}/{o['tasks']} tasks  {o['title']}"
-        )
+        ),
+        as_json,
+    )
 
 
 @objectives_group.command("get")
