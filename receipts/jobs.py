@@ -100,6 +100,8 @@ class Command(CamelModel):
 class Job(StreamState):
     """The folded state of one job (the `jobs` projection row stores exactly this)."""
 
+    STREAM_PREFIX = JOB_STREAM_PREFIX
+    ID_FIELD = "job_id"
     TERMINAL = TERMINAL_STATUSES
 
     job_id: str

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from psycopg.types.json import Jsonb
@@ -28,35 +30,35 @@ if TYPE_CHECKING:
 log = logging.getLogger("receipts.projections")
 
 S = TypeVar("S", bound=StreamState)
+_PARAMETER = re.compile(r"%\((\w+)\)s")
 
 
 @dataclass(frozen=True, slots=True)
 class Projection(Generic[S]):
-    """The table `table` of the folded states of the streams `<prefix><id>`, one row each.
+    """The table `table` of the folded states (`model`, folded by `fold`) of the streams
+    `<model.STREAM_PREFIX><id>`, one row each; a verify names a row `<noun><id>`.
 
-    A row's columns are the state's attributes named in `columns` (and what `extra` adds), with
-    the whole state as JSON in `state`. Its statements (receipts/sql/) are `write` (one row),
-    `<table>_lock` and `<table>_share_lock` (the table lock of a rebuild, of a verify),
-    `<table>_clear` and `<table>_states` (each row's `key` and state).
+    Its statements (receipts/sql/) are `write` (one row), `<table>_lock` and `<table>_share_lock`
+    (the table lock of a rebuild, of a verify), `<table>_clear` and `<table>_states` (each row's
+    id and state). The `write` statement names the row's columns: each of its parameters is the
+    state's attribute of that name (or what `extra` gives), `state` the whole state as JSON.
     """
 
     table: str
-    prefix: str
-    noun: str  # how a difference names a row: "<noun><key>: ..."
     model: type[S]
     fold: Callable[[Iterable[Receipt]], S | None]
-    key: str
-    columns: tuple[str, ...]
     write: str
+    noun: str = ""
     extra: Callable[[S], dict[str, Any]] | None = None
 
     def row(self, state: S) -> dict[str, Any]:
-        """Return the row of a folded state, as statement parameters."""
-        row = {column: getattr(state, column) for column in self.columns}
-        if self.extra is not None:
-            row.update(self.extra(state))
-        row["state"] = Jsonb(state.to_json(), dumps=dumps)
-        return row
+        """Return the row of a folded state, as the parameters of the `write` statement."""
+        given = self.extra(state) if self.extra is not None else {}
+        given["state"] = Jsonb(state.to_json(), dumps=dumps)
+        return {
+            name: given[name] if name in given else getattr(state, name)
+            for name in _parameters(self.write)
+        }
 
     async def put(self, tx: Tx, state: S) -> None:
         """Write the row of `state`, in the transaction that appended its receipts."""
@@ -64,13 +66,13 @@ class Projection(Generic[S]):
 
     async def fold_chain_in(self, conn: Any) -> dict[str, S]:
         """Fold every stream of this kind, read through `conn` (a caller's transaction)."""
-        cur = await conn.execute(query("read_streams"), {"prefix": self.prefix})
+        cur = await conn.execute(query("read_streams"), {"prefix": self.model.STREAM_PREFIX})
         rows = [Receipt.from_row(row) for row in await cur.fetchall()]
         folded: dict[str, S] = {}
         for _, receipts in itertools.groupby(rows, key=lambda r: r.stream):
             state = self.fold(receipts)
             if state is not None:
-                folded[getattr(state, self.key)] = state
+                folded[state.stream_id] = state
         return folded
 
     async def rebuild_in(self, conn: Any) -> int:
@@ -103,85 +105,23 @@ class Projection(Generic[S]):
         return [f"{self.noun}{key}: {problem}" for key, problem in sorted(problems)]
 
 
+@cache
+def _parameters(name: str) -> tuple[str, ...]:
+    """The parameters the statement `name` takes (outside its comments), in order, each once."""
+    code = [line for line in query(name).splitlines() if not line.lstrip().startswith("--")]
+    return tuple(dict.fromkeys(_PARAMETER.findall("\n".join(code))))
+
+
 def _lease_expires_at(job: Job) -> dict[str, Any]:
     return {"lease_expires_at": job.lease.expires_at if job.lease else None}
 
 
-JOBS = Projection(
-    table="jobs",
-    prefix=jobs.JOB_STREAM_PREFIX,
-    noun="",
-    model=Job,
-    fold=jobs.fold,
-    key="job_id",
-    columns=(
-        "job_id",
-        "seq",
-        "organization_id",
-        "session_key",
-        "agent_id",
-        "lane",
-        "kind",
-        "status",
-        "attempt",
-        "max_attempts",
-        "abort_requested",
-        "available_at",
-        "last_heartbeat_at",
-        "created_at",
-        "updated_at",
-    ),
-    write="jobs_insert",
-    extra=_lease_expires_at,
-)
+JOBS = Projection("jobs", Job, jobs.fold, "jobs_insert", extra=_lease_expires_at)
 OBJECTIVES = Projection(
-    table="objectives",
-    prefix=objective_model.STREAM_PREFIX,
-    noun="objective ",
-    model=ObjectiveState,
-    fold=objective_model.fold,
-    key="objective_id",
-    columns=(
-        "objective_id",
-        "organization_id",
-        "seq",
-        "status",
-        "phase",
-        "title",
-        "control_requested_seq",
-        "control_delivered_seq",
-        "reconciled_seq",
-        "created_at",
-        "updated_at",
-    ),
-    write="objective_upsert",
+    "objectives", ObjectiveState, objective_model.fold, "objective_upsert", noun="objective "
 )
 AGENT_JOBS = Projection(
-    table="agent_jobs",
-    prefix=agent_model.STREAM_PREFIX,
-    noun="agent job ",
-    model=AgentJob,
-    fold=agent_model.fold,
-    key="agent_job_id",
-    columns=(
-        "agent_job_id",
-        "seq",
-        "organization_id",
-        "agent_id",
-        "owner_session_id",
-        "source_tool_call_id",
-        "status",
-        "attempt",
-        "turn",
-        "consecutive_failures",
-        "available_at",
-        "answer_pending",
-        "cancel_requested",
-        "queue_job_id",
-        "created_at",
-        "updated_at",
-    ),
-    write="agent_job_upsert",
+    "agent_jobs", AgentJob, agent_model.fold, "agent_job_upsert", noun="agent job "
 )
 
 

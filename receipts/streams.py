@@ -71,11 +71,14 @@ class CamelModel(BaseModel):
 
 
 class StreamState(CamelModel):
-    """The folded state of one stream: its head `seq` (the last receipt folded), when its first
-    receipt was recorded, when a receipt last changed it and when it settled. A subclass names
-    its `status` field and the statuses in which it is settled (`TERMINAL`)."""
+    """The folded state of one stream `<STREAM_PREFIX><id>`: its head `seq` (the last receipt
+    folded), when its first receipt was recorded, when a receipt last changed it and when it
+    settled. A subclass names its stream prefix, the field holding the id (`ID_FIELD`), its
+    `status` field and the statuses in which it is settled (`TERMINAL`)."""
 
-    TERMINAL: ClassVar[frozenset[str]] = frozenset()
+    STREAM_PREFIX: ClassVar[str]
+    ID_FIELD: ClassVar[str]
+    TERMINAL: ClassVar[frozenset[str]]
     if TYPE_CHECKING:
         status: str
 
@@ -83,6 +86,11 @@ class StreamState(CamelModel):
     created_at: datetime
     updated_at: datetime
     settled_at: datetime | None = None
+
+    @property
+    def stream_id(self) -> str:
+        """The id in the stream's name."""
+        return str(getattr(self, self.ID_FIELD))
 
     @property
     def terminal(self) -> bool:

@@ -105,6 +105,8 @@ class PendingToolCall(CamelModel):
 class AgentJob(StreamState):
     """The folded state of one agent job (the `agent_jobs` projection stores exactly this)."""
 
+    STREAM_PREFIX = STREAM_PREFIX
+    ID_FIELD = "agent_job_id"
     TERMINAL = TERMINAL_STATUSES
 
     agent_job_id: str

@@ -132,6 +132,8 @@ class StepState(CamelModel):
 class ObjectiveState(StreamState):
     """The folded state of one objective (the `objectives` projection row stores exactly this)."""
 
+    STREAM_PREFIX = STREAM_PREFIX
+    ID_FIELD = "objective_id"
     TERMINAL = TERMINAL
 
     objective_id: str

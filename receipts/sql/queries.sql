@@ -79,13 +79,7 @@ RETURNING position, seq;
 WITH inserted AS (
     -- include: insert_receipts
 ), projected AS (
-    INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
-                      attempt, max_attempts, abort_requested, available_at, lease_expires_at,
-                      last_heartbeat_at, created_at, updated_at, state)
-    VALUES (%(job_id)s, %(seq)s, %(organization_id)s, %(session_key)s, %(agent_id)s, %(lane)s,
-            %(kind)s, %(status)s, %(attempt)s, %(max_attempts)s, %(abort_requested)s,
-            %(available_at)s, %(lease_expires_at)s, %(last_heartbeat_at)s, %(created_at)s,
-            %(updated_at)s, %(state)s)
+    -- include: jobs_insert
     ON CONFLICT (job_id) DO UPDATE SET
         seq = EXCLUDED.seq, status = EXCLUDED.status, attempt = EXCLUDED.attempt,
         abort_requested = EXCLUDED.abort_requested, available_at = EXCLUDED.available_at,
@@ -162,7 +156,8 @@ WITH leases AS (DELETE FROM job_leases)
 DELETE FROM jobs;
 
 -- name: jobs_insert
--- A rebuilt row (`Tx.append_job` writes the live ones with `append_job`).
+-- A job's projection row (receipts/projections.py `JOBS`): a rebuild inserts it, `append_job`
+-- upserts it.
 INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
                   attempt, max_attempts, abort_requested, available_at, lease_expires_at,
                   last_heartbeat_at, created_at, updated_at, state)

@@ -16,6 +16,8 @@ from roles.cli.client import (
     _dump,
     _echo_page,
     _echo_receipt,
+    _echo_view,
+    _given,
     _load_json,
     _outcome_lines,
     _receipt_pages,
@@ -49,10 +51,6 @@ def _summary(job: dict[str, Any]) -> list[str]:
     if job.get("cancelRequested"):
         lines.append(f"cancel    requested ({job.get('cancelReason')})")
     return lines + _outcome_lines(job)
-
-
-def _show(job: dict[str, Any], as_json: bool) -> None:
-    click.echo(_dump(job) if as_json else "\n".join(_summary(job)))
 
 
 @click.group("agent-jobs")
@@ -116,13 +114,12 @@ def create_command(
             with open(workspace_template[1:], encoding="utf-8") as handle:
                 workspace_template = handle.read()
         body["workspaceTemplate"] = workspace_template
-    for key, value in (
-        ("continuedFromJobId", continued_from),
-        ("providerBinding", provider_binding),
-        ("organizationId", organization_id),
-    ):
-        if value is not None:
-            body[key] = value
+    options = {
+        "continuedFromJobId": continued_from,
+        "providerBinding": provider_binding,
+        "organizationId": organization_id,
+    }
+    body.update(_given(options))
     with ApiClient(api_url, token) as client:
         created = client.call("POST", "/agent-jobs", json=body)
     if as_json:
@@ -156,17 +153,15 @@ def ls_command(
 ) -> None:
     """List an owner session's agent jobs (GET /sessions/ID/agent-jobs), or with --console
     every organization's (GET /console/agent-jobs), newest first."""
-    params = {
-        key: value
-        for key, value in (
-            ("status", status),
-            ("agentId", agent_id),
-            ("ownerSessionId", owner_session_id),
-            ("organizationId", organization_id),
-            ("cursor", cursor),
-        )
-        if value is not None
-    }
+    params = _given(
+        {
+            "status": status,
+            "agentId": agent_id,
+            "ownerSessionId": owner_session_id,
+            "organizationId": organization_id,
+            "cursor": cursor,
+        }
+    )
     params["limit"] = str(limit)
     if console:
         path = "/console/agent-jobs"
@@ -204,13 +199,13 @@ def get_command(
             if as_json:
                 click.echo(_dump(shown))
                 return
-            _show(shown["agentJob"], False)
+            _echo_view(shown["agentJob"], _summary, False)
             for turn in shown["turns"]:
                 click.echo(f"turn job  {turn['jobId']}  {turn['status']}")
             for wakeup in shown["wakeups"]:
                 click.echo(f"wakeup    {wakeup['data']['sourceId']}")
             return
-        _show(client.call("GET", _path(agent_job_id)), as_json)
+        _echo_view(client.call("GET", _path(agent_job_id)), _summary, as_json)
 
 
 @agent_jobs_group.command("answer")
@@ -229,9 +224,8 @@ def answer_command(
     as_json: bool,
 ) -> None:
     """Answer a job waiting for input (POST /agent-jobs/ID/input)."""
-    body: dict[str, Any] = {"answer": _load_json(answer, "ANSWER") if json_answer else answer}
-    if tool_call is not None:
-        body["toolCallId"] = tool_call
+    parsed = _load_json(answer, "ANSWER") if json_answer else answer
+    body = {"answer": parsed, **_given({"toolCallId": tool_call})}
     with ApiClient(api_url, token) as client:
         accepted = client.call("POST", _path(agent_job_id, "/input"), json=body)
     job = accepted["agentJob"]
@@ -249,7 +243,7 @@ def cancel_command(
     agent_job_id: str, reason: str | None, api_url: str, token: str | None, as_json: bool
 ) -> None:
     """Stop an agent job (admin tokens; a live turn finishes first)."""
-    body = {"reason": reason} if reason is not None else {}
+    body = _given({"reason": reason})
     with ApiClient(api_url, token) as client:
         accepted = client.call("POST", f"/console{_path(agent_job_id, '/cancel')}", json=body)
     job = accepted["agentJob"]

@@ -216,6 +216,18 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def _given(values: dict[str, Any]) -> dict[str, Any]:
+    """The values options gave (not None), for a request's body or query."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _echo_view(
+    view: dict[str, Any], lines: Callable[[dict[str, Any]], list[str]], as_json: bool
+) -> None:
+    """Print what the API answered: the document with --json, else its summary `lines`."""
+    click.echo(_dump(view) if as_json else "\n".join(lines(view)))
+
+
 def _echo_receipt(receipt: dict[str, Any], as_json: bool, type_width: int = 22) -> None:
     """Print a receipt: compact JSON with --json, else `seq  recordedAt  type  data`."""
     if as_json:
@@ -319,8 +331,5 @@ def _wait(client: ApiClient, job_id: str, as_json: bool) -> int:
     if live:
         click.echo(err=True)
     job = client.call("GET", _job_path(job_id))
-    if as_json:
-        click.echo(_dump(job))
-    else:
-        click.echo("\n".join(_summary(job)))
+    _echo_view(job, _summary, as_json)
     return 0 if job["status"] == "completed" else EXIT_NOT_COMPLETED

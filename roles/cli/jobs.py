@@ -23,6 +23,8 @@ from roles.cli.client import (
     _compact,
     _dump,
     _echo_receipt,
+    _echo_view,
+    _given,
     _job_path,
     _load_json,
     _receipt_pages,
@@ -92,16 +94,14 @@ def enqueue_command(
         payload = {**payload, "kind": kind}
     elif "kind" not in payload:
         raise click.UsageError("give --kind, or a `kind` in --payload")
-    body: dict[str, Any] = {"payload": payload}
-    for name, value in (
-        ("jobId", job_id),
-        ("lane", lane),
-        ("sessionKey", session_key),
-        ("singletonMode", singleton_mode),
-        ("maxAttempts", max_attempts),
-    ):
-        if value is not None:
-            body[name] = value
+    options = {
+        "jobId": job_id,
+        "lane": lane,
+        "sessionKey": session_key,
+        "singletonMode": singleton_mode,
+        "maxAttempts": max_attempts,
+    }
+    body = {"payload": payload, **_given(options)}
     with ApiClient(api_url, token) as client:
         accepted = client.call("POST", f"/agents/{quote(agent, safe='')}/jobs", json=body)
         job = accepted["job"]
@@ -155,16 +155,17 @@ def jobs_ls(
     as_json: bool,
 ) -> None:
     """List jobs, newest first (GET /jobs). Prints the next page's cursor on stderr."""
-    params = {
-        "status": status,
-        "agentId": agent_id,
-        "lane": lane,
-        "sessionKey": session_key,
-        "kind": kind,
-        "organizationId": organization_id,
-        "limit": limit,
-    }
-    query = {k: v for k, v in params.items() if v is not None}
+    query = _given(
+        {
+            "status": status,
+            "agentId": agent_id,
+            "lane": lane,
+            "sessionKey": session_key,
+            "kind": kind,
+            "organizationId": organization_id,
+            "limit": limit,
+        }
+    )
     if not as_json:
         click.echo(f"{'JOB ID':<38} {'AGENT':<16} {'KIND':<30} {'STATUS':<9} ATTEMPT  CREATED")
     with ApiClient(api_url, token) as client:
@@ -195,7 +196,7 @@ def jobs_get(job_id: str, api_url: str, token: str | None, as_json: bool) -> Non
     """Show a job: status, attempt, lease, route, pending commands, result (GET /jobs/ID)."""
     with ApiClient(api_url, token) as client:
         job = client.call("GET", _job_path(job_id))
-    click.echo(_dump(job) if as_json else "\n".join(_summary(job)))
+    _echo_view(job, _summary, as_json)
 
 
 @jobs_group.command("events")
@@ -222,11 +223,7 @@ def jobs_events(
 def _command(
     client: ApiClient, job_id: str, type_: str, payload: Any, reason: str | None, as_json: bool
 ) -> None:
-    body: dict[str, Any] = {"type": type_}
-    if payload is not None:
-        body["payload"] = payload
-    if reason is not None:
-        body["reason"] = reason
+    body = {"type": type_, **_given({"payload": payload, "reason": reason})}
     accepted = client.call("POST", _job_path(job_id, "/commands"), json=body)
     if as_json:
         click.echo(_dump(accepted))
@@ -322,17 +319,19 @@ def jobs_retry(
     """Retry a failed or canceled job (POST /jobs/ID/retry), or with no ID every one matching
     the filters that was never retried, at most --limit (POST /jobs/retry). A retry is a new job
     with the old one's payload and route; retrying again creates nothing new."""
-    bulk = {
-        "status": status,
-        "agentId": agent_id,
-        "kind": kind,
-        "lane": lane,
-        "error": error,
-        "organizationId": organization_id,
-    }
+    bulk = _given(
+        {
+            "status": status,
+            "agentId": agent_id,
+            "kind": kind,
+            "lane": lane,
+            "error": error,
+            "organizationId": organization_id,
+        }
+    )
     with ApiClient(api_url, token) as client:
         if job_id is not None:
-            if any(v is not None for v in bulk.values()):
+            if bulk:
                 raise click.UsageError("give a job ID or filters, not both")
             answer = client.call("POST", _job_path(job_id, "/retry"))
             if as_json:
@@ -341,8 +340,7 @@ def jobs_retry(
                 verb = "retried as" if answer["outcome"] == "retried" else "was already retried as"
                 click.echo(f"{job_id} {verb} {answer['retry']['jobId']}")
             return
-        body = {k: v for k, v in bulk.items() if v is not None}
-        answer = client.call("POST", "/jobs/retry", json={**body, "limit": limit})
+        answer = client.call("POST", "/jobs/retry", json={**bulk, "limit": limit})
     if as_json:
         click.echo(_dump(answer))
         return

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import click
 import yaml
 
-from roles.cli.client import ApiClient, ApiFailure, _api_options, _dump, _echo_page
+from roles.cli.client import ApiClient, ApiFailure, _api_options, _dump, _echo_page, _echo_view
 
 POLL_S = 0.5
 WAIT_EXIT = {"completed": 0, "failed": 1, "canceled": 1}
@@ -217,7 +217,7 @@ def objectives_get(objective_id: str, api_url: str, token: str | None, as_json: 
     """Show an objective: phase, and each task's status, try, elapsed time and last output."""
     with ApiClient(api_url, token) as client:
         view = client.call("GET", _path(objective_id))
-    click.echo(_dump(view) if as_json else "\n".join(task_lines(view)))
+    _echo_view(view, task_lines, as_json)
 
 
 @objectives_group.command("events")
