@@ -1,2 +1,2 @@
-"""Background agent jobs: the pure model (`model`), their transactions (`lifecycle`), the agents
-registry (`registry`) and the turn protocol (`protocol`)."""
+"""Background agent jobs: the pure model (`model`) and lifecycle decisions (`decisions`), their
+transactions (`lifecycle`), the agents registry (`registry`) and the turn protocol (`protocol`)."""
