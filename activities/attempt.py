@@ -111,8 +111,7 @@ class AttemptActivities:
         return {"workerId": worker_id, **process_identity(self.role)}
 
     async def _execute(self, attempt: AttemptInput, worker_id: str) -> AttemptResult:
-        job_id = attempt.job_id
-        fence = AttemptFence(self.store, job_id, attempt.attempt, worker_id)
+        fence = AttemptFence(self.store, attempt.job_id, attempt.attempt, worker_id)
         settle = Settlement(fence, self.hooks.on_settled)
         # One transaction: lease a queued job with its first heartbeat (→ running), or take a
         # redelivered attempt's lease over with a start-fence heartbeat.
@@ -124,28 +123,17 @@ class AttemptActivities:
         job = out.job
         if self.hooks.on_started:
             self.hooks.on_started(job)
-        log.info(
-            "attempt started",
-            extra={
-                "event": "attempt.started",
-                "jobId": job_id,
-                "attempt": attempt.attempt,
-                "workerId": worker_id,
-            },
-        )
+        _log(logging.INFO, "attempt started", "attempt.started", fence)
         if (ops.delivery_number(worker_id) or 1) > 1:
             # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
             # handed the attempt to this one, which took the lease over (start-fence).
             if self.hooks.on_redelivered:
                 self.hooks.on_redelivered(job)
-            log.warning(
+            _log(
+                logging.WARNING,
                 "attempt redelivered; lease taken over",
-                extra={
-                    "event": "attempt.redelivered",
-                    "jobId": job_id,
-                    "attempt": attempt.attempt,
-                    "workerId": worker_id,
-                },
+                "attempt.redelivered",
+                fence,
             )
         if job.abort_requested:
             return await settle.cancel(job.abort_reason)
@@ -184,15 +172,12 @@ class AttemptActivities:
                     await _cancel(handler_task)
                     return await settle.cancel(detail)
                 await _cancel(handler_task)
-                log.warning(
+                _log(
+                    logging.WARNING,
                     "attempt lost its lease; handler stopped",
-                    extra={
-                        "event": "attempt.lease_lost",
-                        "jobId": fence.job_id,
-                        "attempt": attempt.attempt,
-                        "workerId": fence.worker_id,
-                        "status": reason,
-                    },
+                    "attempt.lease_lost",
+                    fence,
+                    status=reason,
                 )
                 return AttemptResult(reason, worker_id=fence.worker_id, error=detail)
             await _cancel(handler_task)
@@ -255,6 +240,12 @@ class AttemptActivities:
                 if out.job is not None and out.job.abort_requested:
                     return "aborted", out.job.abort_reason
                 next_beat = time.monotonic() + interval
+
+
+def _log(level: int, message: str, event: str, fence: AttemptFence, **extra: Any) -> None:
+    """Log an attempt's `event`, naming its job, attempt and delivery."""
+    named = {"jobId": fence.job_id, "attempt": fence.attempt, "workerId": fence.worker_id}
+    log.log(level, message, extra={"event": event, **named, **extra})
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:

@@ -62,27 +62,12 @@ class AttemptFence:
         return await self._write("settle", ops.complete, result=result)
 
     async def fail(
-        self,
-        error: str,
-        *,
-        retryable: bool,
-        status: str | None = None,
-        result: Any = None,
-        retry_delay_ms: int | None = None,
-        refund_attempt: bool = False,
-        what: str = "settle",
+        self, error: str, *, retryable: bool, what: str = "settle", **options: Any
     ) -> ops.Outcome:
-        """Settle `failed` (requeued while retryable with attempts left, or when refunded)."""
-        return await self._write(
-            what,
-            ops.fail,
-            error=error,
-            retryable=retryable,
-            status=status,
-            result=result,
-            retry_delay_ms=retry_delay_ms,
-            refund_attempt=refund_attempt,
-        )
+        """Settle `failed`: requeued while retryable with attempts left (or with
+        `refund_attempt`), else terminal. `options` are `operations.fail`'s: `status`, `result`,
+        `retry_delay_ms`, `refund_attempt`."""
+        return await self._write(what, ops.fail, error=error, retryable=retryable, **options)
 
     async def cancel(self, reason: str | None) -> ops.Outcome:
         """Settle `canceled` (the attempt honoured an abort)."""
