@@ -17,7 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from roles.role import DEFAULT_CONCURRENCY, DEFAULT_GRACE_MS, ROLES, WORKER_QUEUES
+from roles.infra.settings import DEFAULT_CONCURRENCY, DEFAULT_GRACE_MS
+from roles.role import ROLES, WORKER_QUEUES
 from tests.deploy.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
