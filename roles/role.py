@@ -8,9 +8,10 @@
 - all: no worker. Any other name resolves to it, with a warning.
 
 Every role runs the queued redrive and the startup objective resume; worker-control and `all`
-also run the objective-control outbox redrive, retention and the queue-depth gauges. Every role
-but the api (which answers them itself) serves /metrics, /healthz and /readyz on its own port.
-The wiring lives in roles/delivery/serve.py (workers, loops) and roles/infra/ (the process).
+also run the objective-control outbox redrive, retention (with RECEIPT_RETENTION) and the
+queue-depth gauges. Every role but the api (which answers them itself) serves /metrics,
+/healthz and /readyz on its own port. The wiring lives in roles/delivery/serve.py (workers,
+loops) and roles/infra/ (the process).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ the effective values (`receipt config`, secrets masked).
 
 The concerns: `Settings` (database, Temporal, callbacks) and the timing and watchdog models in
 `receipts/settings.py`, `ApiSettings` (roles/api), `SandboxEnv` (activities/sandbox_policy.py),
-and here `ProcessSettings` (role, concurrency, drain, metrics, event loop, log format) and
-`LoopSettings` (the recovery loops' periods). Each reads the environment by its variables only.
+and here `ProcessSettings` (role, concurrency, drain, metrics, event loop, log format), with each
+role's defaults where it leaves one unset, and `LoopSettings` (the recovery loops' periods). Each
+reads the environment by its variables only.
 """
 
 from __future__ import annotations
