@@ -1,5 +1,5 @@
-# Over 400 lines: one attempt is one activity by design (fewer Temporal hops, docs/design.md §6).
-"""The attempt activity: lease (or start-fence), run the handler under heartbeats, settle fenced."""
+"""The attempt activity: lease (or start-fence), run the handler under heartbeats, then settle
+(`activities/settle.py`); every write goes through the attempt's fence (`activities/fence.py`)."""
 
 from __future__ import annotations
 
@@ -10,49 +10,32 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from opentelemetry import trace
 from temporalio import activity
 
-from activities.handlers import (
-    Handler,
-    HandlerContext,
-    HandlerError,
-    no_handler_message,
-)
-from activities.retry import with_storage_retry
+from activities.fence import AttemptFence
+from activities.handlers import Handler, HandlerContext, no_handler_message
+from activities.handlers.store import HandlerStore
+from activities.settle import REJECTED_STATUS, Settlement, rejected
 from receipts import deliveries
 from receipts import operations as ops
-from receipts.jobs import Job, job_stream, settle_rejection
+from receipts.jobs import Job, job_stream
 from receipts.listen import RECONNECTED, Listener
-from receipts.messages import COMPLETED, AttemptInput, AttemptResult
+from receipts.messages import AttemptInput, AttemptResult
 from receipts.store import Store
 from workflows.names import EXECUTE_ATTEMPT
 
 log = logging.getLogger("activities.attempt")
-_tracer = trace.get_tracer("receipt.attempt")
 
 ABORT_GRACE_S = 5.0
-SHUTDOWN_ERROR = "worker shutdown"
 # Temporal heartbeats: a quarter of the heartbeat timeout, at most this often and at least
 # this rarely (the SDK throttles what it sends to 0.8 × the timeout).
 TEMPORAL_BEATS_PER_TIMEOUT = 4
 TEMPORAL_BEAT_MIN_S, TEMPORAL_BEAT_MAX_S = 0.2, 5.0
-
-# The outcome of a rejected fenced write, as the attempt's result status.
-_REJECTED = {
-    ops.STALE_ATTEMPT: "stale_attempt",
-    ops.LEASE_LOST: "lease_lost",
-    ops.TERMINAL_STATE: "terminal_state",
-    ops.SETTLEMENT_CONFLICT: "settlement_conflict",
-    ops.NOT_QUEUED: "stale_attempt",
-    ops.NOT_AVAILABLE: "stale_attempt",
-    ops.NOT_FOUND: "stale_attempt",
-}
 
 
 def execution_timeout_message(timeout_ms: int) -> str:
@@ -128,78 +111,50 @@ class AttemptActivities:
         return {"workerId": worker_id, **process_identity(self.role)}
 
     async def _execute(self, attempt: AttemptInput, worker_id: str) -> AttemptResult:
-        job_id = attempt.job_id
+        fence = AttemptFence(self.store, attempt.job_id, attempt.attempt, worker_id)
+        settle = Settlement(fence, self.hooks.on_settled)
         # One transaction: lease a queued job with its first heartbeat (→ running), or take a
         # redelivered attempt's lease over with a start-fence heartbeat.
-        out = await with_storage_retry(
-            lambda: ops.start_attempt(
-                self.store,
-                job_id,
-                attempt=attempt.attempt,
-                worker_id=worker_id,
-                lease_ms=attempt.lease_ms,
-                process=process_identity(self.role),
-            ),
-            what="start attempt",
-        )
+        out = await fence.start(attempt.lease_ms, process_identity(self.role))
         if not out.ok or out.job is None:
             if out.status == ops.NOT_FOUND:
                 return AttemptResult("stale_attempt", error="job not found", worker_id=worker_id)
-            return _rejected(out.status, out.job, worker_id)
+            return rejected(out.status, out.job, worker_id)
         job = out.job
         if self.hooks.on_started:
             self.hooks.on_started(job)
-        log.info(
-            "attempt started",
-            extra={
-                "event": "attempt.started",
-                "jobId": job_id,
-                "attempt": attempt.attempt,
-                "workerId": worker_id,
-            },
-        )
+        _log(logging.INFO, "attempt started", "attempt.started", fence)
         if (ops.delivery_number(worker_id) or 1) > 1:
             # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
             # handed the attempt to this one, which took the lease over (start-fence).
             if self.hooks.on_redelivered:
                 self.hooks.on_redelivered(job)
-            log.warning(
+            _log(
+                logging.WARNING,
                 "attempt redelivered; lease taken over",
-                extra={
-                    "event": "attempt.redelivered",
-                    "jobId": job_id,
-                    "attempt": attempt.attempt,
-                    "workerId": worker_id,
-                },
+                "attempt.redelivered",
+                fence,
             )
         if job.abort_requested:
-            return await self._settle_cancel(attempt, worker_id, job.abort_reason)
-        return await self._run(attempt, worker_id, job)
+            return await settle.cancel(job.abort_reason)
+        return await self._run(attempt, settle, job)
 
-    async def _run(self, attempt: AttemptInput, worker_id: str, job: Job) -> AttemptResult:
-        job_id = attempt.job_id
+    async def _run(self, attempt: AttemptInput, settle: Settlement, job: Job) -> AttemptResult:
+        fence = settle.fence
         handler = self.handlers.get(job.agent_id)
         if handler is None:
-            return await self._settle_failure(
-                attempt,
-                worker_id,
-                no_handler_message(job.agent_id),
-                retryable=False,
-                status="failed",
-                result=None,
+            return await settle.failure(
+                no_handler_message(job.agent_id), retryable=False, status="failed", result=None
             )
         ctx = HandlerContext(
             job=job,
             attempt=attempt.attempt,
-            worker_id=worker_id,
-            progress=lambda data: self._progress(attempt, worker_id, data),
-            refresh=lambda: self.store.get_job(job_id),
-            consume=lambda command_id: self._consume(attempt, worker_id, command_id),
-            store=self.store,
+            worker_id=fence.worker_id,
+            store=HandlerStore(fence),
         )
         started = time.monotonic()
-        handler_task = asyncio.create_task(handler(ctx), name=f"handler:{worker_id}")
-        beat_task = asyncio.create_task(self._heartbeats(attempt, worker_id), name="heartbeats")
+        handler_task = asyncio.create_task(handler(ctx), name=f"handler:{fence.worker_id}")
+        beat_task = asyncio.create_task(self._heartbeats(attempt, fence), name="heartbeats")
         try:
             done, _ = await asyncio.wait(
                 {handler_task, beat_task},
@@ -207,9 +162,7 @@ class AttemptActivities:
                 return_when=asyncio.FIRST_COMPLETED,
             )
             if handler_task in done:
-                return await self._settle_handler(
-                    attempt, worker_id, handler_task, time.monotonic() - started
-                )
+                return await settle.handler_done(handler_task, time.monotonic() - started)
             if beat_task in done:
                 reason, detail = beat_task.result()
                 if reason == "aborted":
@@ -217,23 +170,18 @@ class AttemptActivities:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait({handler_task}, timeout=ABORT_GRACE_S)
                     await _cancel(handler_task)
-                    return await self._settle_cancel(attempt, worker_id, detail)
+                    return await settle.cancel(detail)
                 await _cancel(handler_task)
-                log.warning(
+                _log(
+                    logging.WARNING,
                     "attempt lost its lease; handler stopped",
-                    extra={
-                        "event": "attempt.lease_lost",
-                        "jobId": job_id,
-                        "attempt": attempt.attempt,
-                        "workerId": worker_id,
-                        "status": reason,
-                    },
+                    "attempt.lease_lost",
+                    fence,
+                    status=reason,
                 )
-                return AttemptResult(reason, worker_id=worker_id, error=detail)
+                return AttemptResult(reason, worker_id=fence.worker_id, error=detail)
             await _cancel(handler_task)
-            return await self._settle_failure(
-                attempt,
-                worker_id,
+            return await settle.failure(
                 execution_timeout_message(attempt.execution_timeout_ms),
                 retryable=True,
                 status="execution_timeout",
@@ -242,7 +190,7 @@ class AttemptActivities:
         except asyncio.CancelledError:
             await _cancel(handler_task)
             if activity.is_worker_shutdown():
-                await self._release(attempt, worker_id)
+                await settle.release()
             raise
         finally:
             await _cancel(beat_task)
@@ -250,13 +198,15 @@ class AttemptActivities:
                 "handler finished",
                 extra={
                     "event": "attempt.handler_done",
-                    "jobId": job_id,
+                    "jobId": fence.job_id,
                     "attempt": attempt.attempt,
                     "durationS": time.monotonic() - started,
                 },
             )
 
-    async def _heartbeats(self, attempt: AttemptInput, worker_id: str) -> tuple[str, str | None]:
+    async def _heartbeats(
+        self, attempt: AttemptInput, fence: AttemptFence
+    ) -> tuple[str, str | None]:
         """Append `job.heartbeat` at the lease's cadence until the fence is lost or an abort
         arrives (Temporal hears from the attempt more often: `_temporal_heartbeats`).
 
@@ -277,246 +227,25 @@ class AttemptActivities:
                     await asyncio.wait_for(wake.wait(), max(0.0, next_beat - time.monotonic()))
                 if wake.is_set():
                     wake.clear()
-                    job = await with_storage_retry(
-                        lambda: self.store.get_job(attempt.job_id), what="read job"
-                    )
+                    job = await fence.read()
                     if job is not None and job.abort_requested:
                         return "aborted", job.abort_reason
                     continue
                 lag = time.monotonic() - next_beat
                 if self.hooks.on_heartbeat_lag:
                     self.hooks.on_heartbeat_lag(lag)
-                out = await with_storage_retry(
-                    lambda: ops.heartbeat(
-                        self.store,
-                        attempt.job_id,
-                        worker_id=worker_id,
-                        attempt=attempt.attempt,
-                        lease_ms=attempt.lease_ms,
-                    ),
-                    what="heartbeat",
-                )
+                out = await fence.heartbeat(attempt.lease_ms)
                 if not out.ok:
-                    return _REJECTED.get(out.status, "lease_lost"), f"heartbeat {out.status}"
+                    return REJECTED_STATUS.get(out.status, "lease_lost"), f"heartbeat {out.status}"
                 if out.job is not None and out.job.abort_requested:
                     return "aborted", out.job.abort_reason
                 next_beat = time.monotonic() + interval
 
-    async def _progress(self, attempt: AttemptInput, worker_id: str, data: Any) -> bool:
-        out = await with_storage_retry(
-            lambda: ops.progress(
-                self.store,
-                attempt.job_id,
-                worker_id=worker_id,
-                attempt=attempt.attempt,
-                data=data,
-            ),
-            what="progress",
-        )
-        return out.ok
 
-    async def _consume(self, attempt: AttemptInput, worker_id: str, command_id: str) -> bool:
-        out = await with_storage_retry(
-            lambda: ops.consume_command(
-                self.store,
-                attempt.job_id,
-                worker_id=worker_id,
-                attempt=attempt.attempt,
-                command_id=command_id,
-            ),
-            what="consume command",
-        )
-        return out.ok
-
-    async def _settle_handler(
-        self, attempt: AttemptInput, worker_id: str, task: asyncio.Task[Any], handler_s: float
-    ) -> AttemptResult:
-        try:
-            value = task.result()
-        except HandlerError as exc:
-            return await self._settle_failure(
-                attempt,
-                worker_id,
-                str(exc),
-                retryable=exc.retryable,
-                status="failed",
-                result=exc.result,
-                handler_s=handler_s,
-                retry_delay_ms=exc.retry_delay_ms,
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a handler bug: retry it while attempts remain
-            log.exception(
-                "handler raised", extra={"event": "attempt.handler_error", "jobId": attempt.job_id}
-            )
-            return await self._settle_failure(
-                attempt,
-                worker_id,
-                f"{type(exc).__name__}: {exc}",
-                retryable=True,
-                status="failed",
-                result=None,
-                handler_s=handler_s,
-            )
-        reread = await with_storage_retry(
-            lambda: self.store.get_job_with_now(attempt.job_id), what="re-read"
-        )
-        latest = reread[0]
-        if latest is not None and latest.abort_requested and not latest.terminal:
-            return await self._settle_cancel(attempt, worker_id, latest.abort_reason, reread)
-        return await self._settle(
-            attempt,
-            worker_id,
-            COMPLETED,
-            lambda: ops.complete(
-                self.store,
-                attempt.job_id,
-                worker_id=worker_id,
-                attempt=attempt.attempt,
-                result=value,
-            ),
-            handler_s,
-            reread,
-        )
-
-    async def _settle_failure(
-        self,
-        attempt: AttemptInput,
-        worker_id: str,
-        error: str,
-        *,
-        retryable: bool,
-        status: str,
-        result: Any,
-        handler_s: float | None = None,
-        retry_delay_ms: int | None = None,
-    ) -> AttemptResult:
-        outcome = await self._settle(
-            attempt,
-            worker_id,
-            status,
-            lambda: ops.fail(
-                self.store,
-                attempt.job_id,
-                worker_id=worker_id,
-                attempt=attempt.attempt,
-                error=error,
-                retryable=retryable,
-                status=None if retryable else status,
-                result=result,
-                retry_delay_ms=retry_delay_ms,
-            ),
-            handler_s,
-        )
-        outcome.error = error
-        outcome.retryable = retryable
-        return outcome
-
-    async def _settle_cancel(
-        self,
-        attempt: AttemptInput,
-        worker_id: str,
-        reason: str | None,
-        reread: tuple[Job | None, datetime] | None = None,
-    ) -> AttemptResult:
-        return await self._settle(
-            attempt,
-            worker_id,
-            "canceled",
-            lambda: ops.cancel(
-                self.store,
-                attempt.job_id,
-                worker_id=worker_id,
-                attempt=attempt.attempt,
-                reason=reason,
-            ),
-            reread=reread,
-        )
-
-    async def _settle(
-        self,
-        attempt: AttemptInput,
-        worker_id: str,
-        status: str,
-        write: Callable[[], Awaitable[ops.Outcome]],
-        handler_s: float | None = None,
-        reread: tuple[Job | None, datetime] | None = None,
-    ) -> AttemptResult:
-        with _tracer.start_as_current_span(
-            "receipt.settle",
-            attributes={"receipt.job_id": attempt.job_id, "receipt.status": status},
-        ):
-            # Re-read first: a fence already lost (or a job already settled by someone else)
-            # ends the attempt without a write; a write refused after a clean re-read means a
-            # concurrent append won in between — a settlement conflict. The re-read applies
-            # the settle's own rule at the database clock, expiry included.
-            if reread is None:
-                reread = await with_storage_retry(
-                    lambda: self.store.get_job_with_now(attempt.job_id), what="re-read"
-                )
-            current, now = reread
-            before = settle_rejection(current, worker_id, attempt.attempt, now, worker_id)
-            out = (
-                ops.Outcome(before, current)
-                if before
-                else await with_storage_retry(write, what="settle")
-            )
-        job_status = out.job.status if out.job else ""
-        if out.ok:
-            result = AttemptResult(status, job_status=job_status, worker_id=worker_id)
-        elif before:
-            result = _rejected(out.status, out.job, worker_id)
-        else:
-            result = _rejected(ops.SETTLEMENT_CONFLICT, out.job, worker_id)
-            result.detail = {"refusedAs": out.status}
-        if self.hooks.on_settled:
-            self.hooks.on_settled(result.status, out.job, handler_s)
-        log.info(
-            "attempt settled",
-            extra={
-                "event": "attempt.settled",
-                "jobId": attempt.job_id,
-                "attempt": attempt.attempt,
-                "workerId": worker_id,
-                "status": result.status,
-                "jobStatus": job_status,
-            },
-        )
-        return result
-
-    async def _release(self, attempt: AttemptInput, worker_id: str) -> None:
-        """Graceful shutdown: give the job back without costing an attempt."""
-        out = await with_storage_retry(
-            lambda: ops.fail(
-                self.store,
-                attempt.job_id,
-                worker_id=worker_id,
-                attempt=attempt.attempt,
-                error=SHUTDOWN_ERROR,
-                retryable=True,
-                refund_attempt=True,
-            ),
-            what="release",
-        )
-        log.warning(
-            "job released at shutdown",
-            extra={
-                "event": "attempt.released",
-                "jobId": attempt.job_id,
-                "attempt": attempt.attempt,
-                "status": out.status,
-            },
-        )
-
-
-def _rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:
-    return AttemptResult(
-        _REJECTED.get(status, status),
-        job_status=job.status if job else "",
-        worker_id=worker_id,
-        error=f"rejected: {status}",
-    )
+def _log(level: int, message: str, event: str, fence: AttemptFence, **extra: Any) -> None:
+    """Log an attempt's `event`, naming its job, attempt and delivery."""
+    named = {"jobId": fence.job_id, "attempt": fence.attempt, "workerId": fence.worker_id}
+    log.log(level, message, extra={"event": event, **named, **extra})
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:

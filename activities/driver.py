@@ -68,6 +68,28 @@ def callback_headers(settings: Settings, message_id: str, body: bytes) -> dict[s
     return headers
 
 
+def callback_message_id(key: str) -> str:
+    """A callback's `webhook-id`: the same for every try of one post (`key` names the source,
+    the event and the URL), so a receiver can drop a repeat."""
+    return f"msg_{uuid.uuid5(uuid.NAMESPACE_URL, key).hex}"
+
+
+async def post_callback(
+    client: httpx.AsyncClient, settings: Settings, url: str, message_id: str, body: bytes
+) -> str | None:
+    """Post one callback body, signed; return None when the receiver took it (2xx), else why not."""
+    try:
+        response = await client.post(
+            url,
+            content=body,
+            headers=callback_headers(settings, message_id, body),
+            timeout=CALLBACK_TIMEOUT_S,
+        )
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if response.status_code < 300 else f"HTTP {response.status_code}"
+
+
 async def post_callbacks(
     store: Store,
     settings: Settings,
@@ -86,22 +108,11 @@ async def post_callbacks(
     for url in settings.callback_urls:
         if not await deliveries.claim_callback(store, job.job_id, event, url):
             continue
-        message_id = f"msg_{uuid.uuid5(uuid.NAMESPACE_URL, f'{job.job_id}:{event}:{url}').hex}"
-        error: str | None = None
+        message_id = callback_message_id(f"{job.job_id}:{event}:{url}")
         for attempt in range(1, CALLBACK_TRIES + 1):
-            try:
-                response = await client.post(
-                    url,
-                    content=body,
-                    headers=callback_headers(settings, message_id, body),
-                    timeout=CALLBACK_TIMEOUT_S,
-                )
-                if response.status_code < 300:
-                    error = None
-                    break
-                error = f"HTTP {response.status_code}"
-            except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {exc}"
+            error = await post_callback(client, settings, url, message_id, body)
+            if error is None:
+                break
             if attempt < CALLBACK_TRIES:
                 await asyncio.sleep(0.5 * attempt)
         status = "posted" if error is None else "failed"
@@ -190,35 +201,12 @@ class DriverActivities:
             # Delivery was lost after the lease: the receipt-level expiry requeues it (or
             # fails it past its attempts), exactly as the recovery scan would.
             expired = await ops.expire_lease(self.store, job_id)
-            log.warning(
-                "lease expired; delivery lost",
-                extra={
-                    "event": "job.lease_expired",
-                    "jobId": job_id,
-                    "attempt": job.attempt,
-                    "status": expired.status,
-                },
-            )
-            status = expired.job.status if expired.job else job.status
-            return DriverPlan(DriverAction.STALE_FAILED, job_status=status)
+            return _stale_failed(job, expired, "lease expired; delivery lost", "job.lease_expired")
         if plan.step is Step.STALE:
             out = await ops.fail_stale(
-                self.store,
-                job_id,
-                active_stale_ms=self.timing.active_stale_ms,
-                error=STALE_ERROR,
+                self.store, job_id, active_stale_ms=self.timing.active_stale_ms, error=STALE_ERROR
             )
-            log.warning(
-                "stale active lease failed",
-                extra={
-                    "event": "driver.stale_failed",
-                    "jobId": job_id,
-                    "attempt": job.attempt,
-                    "status": out.status,
-                },
-            )
-            status = out.job.status if out.job else job.status
-            return DriverPlan(DriverAction.STALE_FAILED, job_status=status)
+            return _stale_failed(job, out, "stale active lease failed", "driver.stale_failed")
         if plan.step is Step.ACTIVE:
             wait = _ms_until(plan.until, now, UNKNOWN_WAIT_MS)
             return DriverPlan(DriverAction.ACTIVE, job_status=job.status, wait_ms=wait + 500)
@@ -226,8 +214,7 @@ class DriverActivities:
             out = await ops.cancel_queued(
                 self.store, job_id, reason=job.abort_reason or ABORT_REASON
             )
-            status = out.job.status if out.job else job.status
-            return DriverPlan(DriverAction.ABORTED, job_status=status)
+            return DriverPlan(DriverAction.ABORTED, job_status=_status_after(out, job))
         if plan.step is Step.NOT_AVAILABLE:
             wait = _ms_until(plan.until, now, UNKNOWN_WAIT_MS)
             return DriverPlan(DriverAction.NOT_AVAILABLE, job_status=job.status, wait_ms=wait + 50)
@@ -240,6 +227,20 @@ class DriverActivities:
         if job is None:
             return 0
         return await post_callbacks(self.store, self.settings, self.http, job, request.event)
+
+
+def _status_after(out: ops.Outcome, job: Job) -> str:
+    """The job's status after a write (as read before it, when the write found no job)."""
+    return out.job.status if out.job else job.status
+
+
+def _stale_failed(job: Job, out: ops.Outcome, message: str, event: str) -> DriverPlan:
+    """The plan after a lost delivery's lease was expired or failed: look again."""
+    log.warning(
+        message,
+        extra={"event": event, "jobId": job.job_id, "attempt": job.attempt, "status": out.status},
+    )
+    return DriverPlan(DriverAction.STALE_FAILED, job_status=_status_after(out, job))
 
 
 def _ms_until(moment: datetime | None, now: datetime, unknown_ms: int) -> int:

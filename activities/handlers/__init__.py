@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from activities.handlers.store import HandlerStore
 from receipts.jobs import Command, Job
-from receipts.store import Store
 
 
 class HandlerError(Exception):
@@ -31,21 +31,19 @@ class HandlerError(Exception):
 
 @dataclass
 class HandlerContext:
-    """What a handler gets: the job, its payload, progress, pending commands and an abort signal.
+    """What a handler gets: the job, its payload, progress, pending commands, an abort signal
+    and `store`, the named operations it may use on the receipts (`activities/handlers/store.py`).
 
     `progress(data)` appends a fenced `job.progress`; `pending_commands()` lists the steer and
     follow_up commands not yet consumed (read from the receipts, never Temporal signals) and
-    `consume(command_id)` appends `queue.command.consumed`. `aborted` is set when an abort
-    command arrives; a handler should stop promptly — it is cancelled after a short grace.
+    `consume(command_id)` appends a fenced `queue.command.consumed`. `aborted` is set when an
+    abort command arrives; a handler should stop promptly — it is cancelled after a short grace.
     """
 
     job: Job
     attempt: int
     worker_id: str
-    progress: Callable[[Any], Awaitable[bool]]
-    refresh: Callable[[], Awaitable[Job | None]]
-    consume: Callable[[str], Awaitable[bool]]
-    store: Store
+    store: HandlerStore
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -53,9 +51,17 @@ class HandlerContext:
         """The job's payload."""
         return self.job.payload
 
+    async def progress(self, data: Any) -> bool:
+        """Append `job.progress` under the fence; False once the lease is lost."""
+        return await self.store.progress(data)
+
+    async def consume(self, command_id: str) -> bool:
+        """Mark a pending command consumed under the fence; False when refused."""
+        return await self.store.consume(command_id)
+
     async def pending_commands(self) -> tuple[Command, ...]:
         """Re-read the job and return its pending steer/follow_up commands."""
-        job = await self.refresh()
+        job = await self.store.own_job()
         if job is not None:
             self.job = job
         return self.job.pending_commands

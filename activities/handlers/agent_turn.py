@@ -21,7 +21,7 @@ from activities.sandbox import (
     run_sandboxed,
     workspace_name,
 )
-from receipts.agent_jobs import lifecycle, protocol
+from receipts.agent_jobs import protocol
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentDefinition, RegistryError, load_registry
 
@@ -64,7 +64,7 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     spec = ctx.payload.get("agentJob")
     if not isinstance(spec, dict) or not isinstance(spec.get("agentJobId"), str):
         raise HandlerError("payload.agentJob.agentJobId is required", retryable=False)
-    job = await lifecycle.get(ctx.store, spec["agentJobId"])
+    job = await ctx.store.agent_job(spec["agentJobId"])
     if job is None:
         raise HandlerError(f"no agent job {spec['agentJobId']!r}", retryable=False)
     try:

@@ -17,15 +17,15 @@ from typing import Any
 from activities.handlers import HandlerContext, HandlerError
 from activities.handlers.codex import run_task
 from receipts.errors import InvalidInput
-from receipts.jobs import Job, job_stream
+from receipts.jobs import Job
 from receipts.objectives import audit as objective_audit_summary
 from receipts.objectives import control
 from receipts.objectives import store as objectives
 from receipts.objectives import watchdog as objective_watchdog_rules
 from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_tasks
-from receipts.objectives.model import ObjectiveState, session_key
+from receipts.objectives.model import ObjectiveState
 from receipts.settings import FactoryEnv
-from receipts.store import Draft, translate_errors
+from receipts.store import Draft
 from receipts.timing import TimingSettings
 from receipts.watchdog import REASONS, WatchdogSettings
 
@@ -145,23 +145,20 @@ async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
         "publish": spec.publish.to_json() if spec.publish else None,
     }
     outcome = "created"
-    async with ctx.store.transaction() as tx:
 
-        def decide(state: ObjectiveState | None) -> list[Draft]:
-            nonlocal outcome
-            if state is not None:
-                if state.organization_id != organization_id:
-                    raise HandlerError(f"objectiveId {objective_id!r} is already in use")
-                outcome = "existing"
-                return []
-            return [
-                Draft("objective.created", created),
-                objectives.control_request("created", jobId=ctx.job.job_id),
-            ]
+    def decide(state: ObjectiveState | None) -> list[Draft]:
+        nonlocal outcome
+        if state is not None:
+            if state.organization_id != organization_id:
+                raise HandlerError(f"objectiveId {objective_id!r} is already in use")
+            outcome = "existing"
+            return []
+        return [
+            Draft("objective.created", created),
+            objectives.control_request("created", jobId=ctx.job.job_id),
+        ]
 
-        await objectives.update(tx, objective_id, decide)
-        if outcome == "created":
-            await objectives.deliver(tx, objective_id)
+    await ctx.store.update_objective(objective_id, decide, deliver_control=True)
     log.info(
         "objective created" if outcome == "created" else "objective already exists",
         extra={
@@ -180,35 +177,33 @@ async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:
     (running ones finish), and control is requested."""
     objective_id = _objective_id(ctx)
     phase = 0
-    async with ctx.store.transaction() as tx:
 
-        def decide(state: ObjectiveState | None) -> list[Draft]:
-            nonlocal phase
-            if state is None or state.organization_id != ctx.job.organization_id:
-                raise HandlerError(f"no objective {objective_id!r}", retryable=False)
-            if state.terminal:
-                raise HandlerError(f"objective {objective_id!r} is {state.status}", retryable=False)
-            taken = {t.task_id: t.phase for t in state.tasks}
-            try:
-                tasks = parse_tasks(ctx.payload.get("tasks"), "payload.tasks", taken)
-            except InvalidInput as exc:
-                raise HandlerError(exc.message, retryable=False) from exc
-            phase = state.phase + 1
-            return [
-                Draft(
-                    "objective.phase_added",
-                    {
-                        "phase": phase,
-                        "tasks": [t.to_json() for t in tasks],
-                        "reason": ctx.payload.get("reason"),
-                        "jobId": ctx.job.job_id,
-                    },
-                ),
-                objectives.control_request("phase_added", jobId=ctx.job.job_id),
-            ]
+    def decide(state: ObjectiveState | None) -> list[Draft]:
+        nonlocal phase
+        if state is None or state.organization_id != ctx.job.organization_id:
+            raise HandlerError(f"no objective {objective_id!r}", retryable=False)
+        if state.terminal:
+            raise HandlerError(f"objective {objective_id!r} is {state.status}", retryable=False)
+        taken = {t.task_id: t.phase for t in state.tasks}
+        try:
+            tasks = parse_tasks(ctx.payload.get("tasks"), "payload.tasks", taken)
+        except InvalidInput as exc:
+            raise HandlerError(exc.message, retryable=False) from exc
+        phase = state.phase + 1
+        return [
+            Draft(
+                "objective.phase_added",
+                {
+                    "phase": phase,
+                    "tasks": [t.to_json() for t in tasks],
+                    "reason": ctx.payload.get("reason"),
+                    "jobId": ctx.job.job_id,
+                },
+            ),
+            objectives.control_request("phase_added", jobId=ctx.job.job_id),
+        ]
 
-        await objectives.update(tx, objective_id, decide)
-        await objectives.deliver(tx, objective_id)
+    await ctx.store.update_objective(objective_id, decide, deliver_control=True)
     return {"objectiveId": objective_id, "phase": phase}
 
 
@@ -221,7 +216,7 @@ async def objective_control(ctx: HandlerContext) -> dict[str, Any]:
     objective_id = _objective_id(ctx)
     total = control.ReconcileResult()
     while True:
-        result = await control.reconcile(ctx.store, objective_id, ctx.job.kind)
+        result = await ctx.store.reconcile(objective_id, ctx.job.kind)
         total.passes += result.passes
         total.dispatched += result.dispatched
         total.recorded += result.recorded
@@ -231,7 +226,7 @@ async def objective_control(ctx: HandlerContext) -> dict[str, Any]:
         pending = await ctx.pending_commands()
         for command in pending:
             await ctx.consume(command.command_id)
-        state = await objectives.get(ctx.store, objective_id)
+        state = await ctx.store.objective(objective_id)
         if state is None or state.terminal or not state.needs_reconcile:
             break
         if ctx.aborted.is_set() or total.passes >= control.MAX_PASSES:
@@ -253,13 +248,10 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
     timed_out = False
     try:
         async with asyncio.timeout(settings.timeout_ms / 1000):
-            with translate_errors():
-                rows = await ctx.store.fetch("objectives_active", {"limit": settings.scan_limit})
-            states = [ObjectiveState.model_validate(row[0]) for row in rows]
-            now = rows[0][1] if rows else None
+            states, now = await ctx.store.active_objectives(settings.scan_limit)
             job_ids = [job_id for s in states for job_id in s.active_job_ids()]
-            jobs = await objectives.jobs_by_ids(ctx.store, job_ids)
-            controlled = await _active_control(ctx, states)
+            jobs = await ctx.store.jobs(job_ids)
+            controlled = await ctx.store.objectives_under_control(states)
             for state in states:
                 scanned += 1
                 assert now is not None
@@ -268,10 +260,7 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
                 )
                 if why is None:
                     continue
-                async with ctx.store.transaction() as tx:
-                    await objectives.request_control(
-                        tx, state.objective_id, "reconcile", watchdog=why
-                    )
+                await ctx.store.request_control(state.objective_id, "reconcile", watchdog=why)
                 counts[why] += 1
                 for observe in on_watchdog_fired:
                     observe(why)
@@ -299,33 +288,21 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
     }
 
 
-async def _active_control(ctx: HandlerContext, states: list[ObjectiveState]) -> set[str]:
-    if not states:
-        return set()
-    params = {
-        "organization_ids": [s.organization_id for s in states],
-        "session_keys": [session_key(s.objective_id) for s in states],
-    }
-    keys = {row[0] for row in await ctx.store.fetch("active_control_jobs", params)}
-    return {s.objective_id for s in states if session_key(s.objective_id) in keys}
-
-
 async def objective_audit(ctx: HandlerContext) -> dict[str, Any]:
     """Append `objective.audited`: tasks, tries, durations, failures and the job behind each."""
     objective_id = _objective_id(ctx)
-    state = await objectives.get(ctx.store, objective_id)
+    state = await ctx.store.objective(objective_id)
     if state is None:
         raise HandlerError(f"no objective {objective_id!r}", retryable=False)
-    jobs = await objectives.jobs_by_ids(ctx.store, objective_audit_summary.job_ids(state))
+    jobs = await ctx.store.jobs(objective_audit_summary.job_ids(state))
     summary = objective_audit_summary.summary(state, jobs)
-    async with ctx.store.transaction() as tx:
 
-        def decide(current: ObjectiveState | None) -> list[Draft]:
-            if current is None or current.audit is not None:
-                return []
-            return [Draft("objective.audited", {"summary": summary, "jobId": ctx.job.job_id})]
+    def decide(current: ObjectiveState | None) -> list[Draft]:
+        if current is None or current.audit is not None:
+            return []
+        return [Draft("objective.audited", {"summary": summary, "jobId": ctx.job.job_id})]
 
-        await objectives.update(tx, objective_id, decide)
+    await ctx.store.update_objective(objective_id, decide)
     return {"objectiveId": objective_id, "totals": summary["totals"]}
 
 
@@ -353,7 +330,7 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
     pending_line: str | None = None
     lines = 0
     while not ctx.aborted.is_set():
-        receipts = await ctx.store.read_stream(job_stream(job_id), after)
+        receipts = await ctx.store.job_receipts(job_id, after)
         job: Job | None = None
         for receipt in receipts:
             after = receipt.seq
@@ -380,7 +357,7 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
                 ),
             )
             pending_line, last_mirror = None, time.monotonic()
-        job = await ctx.store.get_job(job_id)
+        job = await ctx.store.job(job_id)
         if job is None:
             raise HandlerError(f"no job {job_id!r} to monitor", retryable=False)
         if job.terminal and after >= job.seq:
@@ -392,12 +369,9 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
 
 
 async def _mirror_settlement(ctx: HandlerContext, objective_id: str, job: Job) -> None:
-    async with ctx.store.transaction() as tx:
-        await objectives.update(
-            tx,
-            objective_id,
-            lambda s: control.settlement_drafts(s, {job.job_id: job}) if s else [],
-        )
+    await ctx.store.update_objective(
+        objective_id, lambda s: control.settlement_drafts(s, {job.job_id: job}) if s else []
+    )
 
 
 async def _mirror_started(
@@ -411,14 +385,12 @@ async def _mirror_started(
             return []
         return [Draft("objective.task.started", {"taskId": task_id, "try": number})]
 
-    async with ctx.store.transaction() as tx:
-        await objectives.update(tx, objective_id, decide)
+    await ctx.store.update_objective(objective_id, decide)
     return True
 
 
 async def _mirror(ctx: HandlerContext, objective_id: str, draft: Draft) -> None:
-    async with ctx.store.transaction() as tx:
-        await objectives.update(tx, objective_id, lambda s: [draft] if s is not None else [])
+    await ctx.store.update_objective(objective_id, lambda s: [draft] if s is not None else [])
 
 
 # --- tasks and steps in the objective's workspace ---------------------------------------------

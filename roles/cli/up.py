@@ -13,10 +13,10 @@ from roles.api.app import ApiSettings
 from roles.api.auth import LOCAL_TOKEN_FILE, ensure_local_admin_token
 from roles.infra.db import migrate_url, resolve_url
 from roles.infra.ports import wait_port
-from roles.infra.settings import ProcessSettings
+from roles.infra.settings import DEFAULT_METRICS_PORTS, ProcessSettings
 from roles.infra.supervisor import Supervised, say
 from roles.infra.temporal import temporal_argv
-from roles.role import DEFAULT_METRICS_PORTS, ROLES
+from roles.role import ROLES
 
 TEMPORAL_PORT, TEMPORAL_UI_PORT = 7233, 8233
 

@@ -7,13 +7,12 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 
 import httpx
 from prometheus_client import Counter, Gauge, Histogram
 
-from activities.driver import CALLBACK_TIMEOUT_S, callback_headers
+from activities.driver import callback_message_id, post_callback
 from receipts import deliveries
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import (
@@ -158,19 +157,8 @@ class AgentJobDispatcher:
                 body = dumps(
                     {"event": WAKEUP, "sessionId": session_id, "wakeup": found[0].to_json()}
                 ).encode()
-                message_id = f"msg_{uuid.uuid5(uuid.NAMESPACE_URL, f'{source_id}:{url}').hex}"
-                error: str | None = None
-                try:
-                    response = await http.post(
-                        url,
-                        content=body,
-                        headers=callback_headers(settings, message_id, body),
-                        timeout=CALLBACK_TIMEOUT_S,
-                    )
-                    if response.status_code >= 300:
-                        error = f"HTTP {response.status_code}"
-                except httpx.HTTPError as exc:
-                    error = f"{type(exc).__name__}: {exc}"
+                message_id = callback_message_id(f"{source_id}:{url}")
+                error = await post_callback(http, settings, url, message_id, body)
                 status = "posted" if error is None else "failed"
                 await deliveries.callback_result(self.store, source_id, WAKEUP, url, status, error)
                 WAKEUP_CALLBACKS.labels(status).inc()

@@ -37,6 +37,8 @@ from temporalio.client import Client
 
 from activities import sandbox
 from receipts.store import Store
+from roles.infra.process import Runtime
+from roles.infra.settings import metrics_host, metrics_port
 
 log = logging.getLogger("roles.infra.health")
 
@@ -230,3 +232,16 @@ def serve_health(host: str, port: int, state: HealthState) -> ThreadingHTTPServe
         extra={"event": "metrics.listening", "port": server.server_port},
     )
     return server
+
+
+def serve_role_health(
+    runtime: Runtime, task_queues: Sequence[str], stop: asyncio.Event, *, sandboxed: bool
+) -> None:
+    """Serve the role's endpoint on its metrics port and run its checker: ready while the pool
+    reaches PostgreSQL and Temporal sees this process poll `task_queues` (and, when `sandboxed`,
+    while the sandbox can confine commands here)."""
+    queues = [runtime.settings.queue(q) for q in task_queues]
+    extra = [sandbox_reason] if sandboxed else []
+    checker = HealthChecker(runtime.store, runtime.client, queues, stop, extra_checks=extra)
+    serve_health(metrics_host(), metrics_port(runtime.role), checker.state)
+    runtime.spawn(checker.run(), "health")

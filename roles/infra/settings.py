@@ -4,14 +4,16 @@ the effective values (`receipt config`, secrets masked).
 
 The concerns: `Settings` (database, Temporal, callbacks) and the timing and watchdog models in
 `receipts/settings.py`, `ApiSettings` (roles/api), `SandboxEnv` (activities/sandbox_policy.py),
-and here `ProcessSettings` (role, concurrency, drain, metrics, event loop, log format) and
-`LoopSettings` (the recovery loops' periods). Each reads the environment by its variables only.
+and here `ProcessSettings` (role, concurrency, drain, metrics, event loop, log format), with each
+role's defaults where it leaves one unset, and `LoopSettings` (the recovery loops' periods). Each
+reads the environment by its variables only.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -60,6 +62,42 @@ class ProcessSettings(EnvSettings):
     log_format: Annotated[Literal["json", "human"] | None, BeforeValidator(_lower)] = Field(
         default=None, alias="RECEIPT_LOG_FORMAT"
     )
+
+
+# A role's defaults, where the variables above are unset.
+# How many attempts each worker role runs at once (RECEIPT_RESONATE_EXECUTE_CONCURRENCY overrides).
+DEFAULT_CONCURRENCY = {"worker-chat": 16, "worker-codex": 4, "worker-control": 8}
+DEFAULT_GRACE_MS: int = ProcessSettings.model_fields["shutdown_grace_ms"].default
+DEFAULT_METRICS_PORTS = {
+    "all": 9470,
+    "api": 9475,  # the API serves /metrics on its own port; this one is for the SDK's (+100)
+    "driver": 9471,
+    "worker-chat": 9472,
+    "worker-codex": 9473,
+    "worker-control": 9474,
+}
+
+
+def execute_concurrency(role: str, env: dict[str, str] | None = None) -> int:
+    """The role's concurrent attempts: its default, or RECEIPT_RESONATE_EXECUTE_CONCURRENCY."""
+    override = ProcessSettings.load(env).execute_concurrency
+    return override if override is not None else DEFAULT_CONCURRENCY.get(role, 8)
+
+
+def shutdown_grace() -> timedelta:
+    """Grace for running handlers at SIGTERM (RECEIPT_SHUTDOWN_GRACE_MS, default 30 000)."""
+    return timedelta(milliseconds=ProcessSettings.load().shutdown_grace_ms)
+
+
+def metrics_port(role: str, env: dict[str, str] | None = None) -> int:
+    """The role's /metrics port: RECEIPT_METRICS_PORT, else the role's default (0 = any free)."""
+    port = ProcessSettings.load(env).metrics_port
+    return port if port is not None else DEFAULT_METRICS_PORTS.get(role, 9470)
+
+
+def metrics_host() -> str:
+    """The address the /metrics endpoints bind (RECEIPT_METRICS_HOST, default 127.0.0.1)."""
+    return ProcessSettings.load().metrics_host
 
 
 class LoopSettings(EnvSettings):

@@ -1,5 +1,5 @@
-"""Temporal plumbing: connect a client (TLS, mTLS, API key), register the search attributes, run
-the dev server."""
+"""Temporal plumbing: connect a client (TLS, mTLS, API key, tracing, SDK metrics), register the
+search attributes, run the dev server."""
 
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from pydantic_settings import SettingsConfigDict
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.envconfig import ClientConfig
+from temporalio.runtime import PrometheusConfig, TelemetryConfig
+from temporalio.runtime import Runtime as TemporalRuntime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from receipts.settings import ReceiptSettings, Settings
+from roles.infra.tracing import recording as tracing_recording
 from workflows.driver import SEARCH_ATTRIBUTES
 
 log = logging.getLogger("roles.infra.temporal")
@@ -143,6 +147,36 @@ def connect_config(
     elif tls_settings.api_key and "tls" not in config:
         config["tls"] = True
     return config
+
+
+async def connect_client(
+    settings: Settings, sdk_metrics: tuple[str, int], *, lazy: bool = False
+) -> Client:
+    """A role's Temporal client: `connect_config`'s server and credentials, the tracing
+    interceptor while spans are recorded, and the SDK's Prometheus metrics on `sdk_metrics`
+    (host, port; 0 picks a free port). `lazy` connects at the first call instead of now."""
+    host, port = sdk_metrics
+    try:
+        sdk_runtime: TemporalRuntime | None = TemporalRuntime(
+            telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"{host}:{port}"))
+        )
+    except Exception as exc:  # a taken port must not stop the role
+        log.warning(
+            "Temporal SDK metrics disabled: could not bind %s:%s",
+            host,
+            port,
+            extra={"event": "metrics.sdk_unavailable", "error": str(exc)},
+        )
+        sdk_runtime = None
+    return await Client.connect(
+        # Address, namespace, TLS/mTLS and API key (RECEIPT_TEMPORAL_*, or an envconfig profile).
+        **connect_config(settings),
+        # Spans cross Temporal only when they are recorded (roles/infra/tracing.py): otherwise
+        # the interceptor's per-call spans and headers are work nobody reads.
+        interceptors=[TracingInterceptor()] if tracing_recording() else [],
+        runtime=sdk_runtime,
+        lazy=lazy,
+    )
 
 
 def _tls_config(s: TemporalTLSSettings) -> TLSConfig | bool | None:

@@ -17,7 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from roles.role import DEFAULT_CONCURRENCY, DEFAULT_GRACE_MS, ROLES, WORKER_QUEUES
+from roles.infra.settings import DEFAULT_CONCURRENCY, DEFAULT_GRACE_MS
+from roles.role import ROLES, WORKER_QUEUES
 from tests.deploy.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -313,7 +314,7 @@ def test_the_scan_finds_names_built_from_a_prefix() -> None:
     assert "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT" in names
     assert "RECEIPT_TEMPORAL_TLS_CERT" in names  # a pydantic alias
     assert "CODEX_AGENT_ID" not in names  # in timing.py's __all__, not an environment variable
-    assert "RECEIPT_SANDBOX_MEMORY_MB" in names  # f"RECEIPT_SANDBOX_{name.upper()}" in a loop
+    assert "RECEIPT_SANDBOX_MEMORY_MB" in names  # an alias of the sandbox limits' settings
 
 
 def configured_names(objects: list[Obj]) -> tuple[set[str], set[str], set[str]]:

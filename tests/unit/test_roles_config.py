@@ -9,7 +9,8 @@ import pytest
 
 from receipts.watchdog import WatchdogSettings, watchdog_job_id
 from roles.delivery.loops import LoopHooks, Ticker
-from roles.role import ROLES, execute_concurrency, resolve_role
+from roles.infra.settings import execute_concurrency
+from roles.role import ROLES, resolve_role
 
 
 @pytest.mark.parametrize("name", ROLES)

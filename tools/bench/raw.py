@@ -134,7 +134,8 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
 
 
 if __name__ == "__main__":
-    from roles.role import event_loop_for, run_event_loop
+    from roles.infra.process import run_event_loop
+    from roles.role import event_loop_for
 
     # The event loop of the role each side stands for, so both pipelines run alike.
     role = "driver" if sys.argv[2] == "driver" else "worker-codex"

@@ -326,7 +326,7 @@ class Bench:
         import psycopg
         from temporalio.client import Client
 
-        from roles.role import execute_concurrency
+        from roles.infra.settings import execute_concurrency
         from tools.bench.e2e import EndToEnd
 
         assert self.processes is not None

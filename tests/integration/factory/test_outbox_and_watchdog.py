@@ -12,8 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from temporalio.client import Client
 
+from activities.fence import AttemptFence
 from activities.handlers import HandlerContext
 from activities.handlers.factory import objective_watchdog
+from activities.handlers.store import HandlerStore
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import StorageError
@@ -184,9 +186,6 @@ async def test_startup_resume_requests_control_for_a_quiet_active_objective(
 
 
 def handler_context(store: Store) -> HandlerContext:
-    async def nothing(*_: Any) -> Any:
-        return None
-
     job = Job.model_validate(
         {
             "jobId": "watchdog:test",
@@ -198,15 +197,9 @@ def handler_context(store: Store) -> HandlerContext:
             "updatedAt": "2026-01-01T00:00:00+00:00",
         }
     )
-    return HandlerContext(
-        job=job,
-        attempt=1,
-        worker_id="w",
-        progress=nothing,
-        refresh=nothing,
-        consume=nothing,
-        store=store,
-    )
+    # A watchdog job that was never enqueued: the handler only reads and writes objectives.
+    fence = AttemptFence(store, job.job_id, attempt=1, worker_id="w")
+    return HandlerContext(job=job, attempt=1, worker_id="w", store=HandlerStore(fence))
 
 
 async def backdate(db_url: str, objective_id: str, minutes: int) -> None:

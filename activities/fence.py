@@ -1,0 +1,84 @@
+"""One delivery of an attempt and the writes it makes to its job: each under the attempt's
+fence (`receipts/operations.py`), each retried through a storage outage."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from activities.retry import with_storage_retry
+from receipts import operations as ops
+from receipts.jobs import Job
+from receipts.store import Store
+
+
+@dataclass(frozen=True)
+class AttemptFence:
+    """Delivery `worker_id` of attempt `attempt` of job `job_id`. Every write names both, so the
+    store refuses it once another delivery or attempt holds the lease (docs/design.md, fences)."""
+
+    store: Store
+    job_id: str
+    attempt: int
+    worker_id: str
+
+    async def _write(
+        self, what: str, operation: Callable[..., Awaitable[ops.Outcome]], **fields: Any
+    ) -> ops.Outcome:
+        return await with_storage_retry(
+            lambda: operation(
+                self.store,
+                self.job_id,
+                worker_id=self.worker_id,
+                attempt=self.attempt,
+                **fields,
+            ),
+            what=what,
+        )
+
+    async def start(self, lease_ms: int, process: dict[str, Any]) -> ops.Outcome:
+        """Lease a queued job with its first heartbeat, or take a redelivered attempt's lease
+        over with a start-fence heartbeat (one transaction)."""
+        return await self._write(
+            "start attempt", ops.start_attempt, lease_ms=lease_ms, process=process
+        )
+
+    async def heartbeat(self, lease_ms: int) -> ops.Outcome:
+        """Append `job.heartbeat`: the lease runs `lease_ms` from the database clock."""
+        return await self._write("heartbeat", ops.heartbeat, lease_ms=lease_ms)
+
+    async def progress(self, data: Any) -> bool:
+        """Append `job.progress`; False when the fence refused it."""
+        return (await self._write("progress", ops.progress, data=data)).ok
+
+    async def consume(self, command_id: str) -> bool:
+        """Append `queue.command.consumed` for a pending command; False when refused."""
+        return (await self._write("consume command", ops.consume_command, command_id=command_id)).ok
+
+    async def complete(self, result: Any) -> ops.Outcome:
+        """Settle `completed` with the handler's result."""
+        return await self._write("settle", ops.complete, result=result)
+
+    async def fail(
+        self, error: str, *, retryable: bool, what: str = "settle", **options: Any
+    ) -> ops.Outcome:
+        """Settle `failed`: requeued while retryable with attempts left (or with
+        `refund_attempt`), else terminal. `options` are `operations.fail`'s: `status`, `result`,
+        `retry_delay_ms`, `refund_attempt`."""
+        return await self._write(what, ops.fail, error=error, retryable=retryable, **options)
+
+    async def cancel(self, reason: str | None) -> ops.Outcome:
+        """Settle `canceled` (the attempt honoured an abort)."""
+        return await self._write("settle", ops.cancel, reason=reason)
+
+    async def read(self) -> Job | None:
+        """The job as the projection holds it now."""
+        return await with_storage_retry(lambda: self.store.get_job(self.job_id), what="read job")
+
+    async def reread(self) -> tuple[Job | None, datetime]:
+        """The job and the database clock, for the settle's re-read."""
+        return await with_storage_retry(
+            lambda: self.store.get_job_with_now(self.job_id), what="re-read"
+        )

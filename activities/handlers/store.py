@@ -1,0 +1,108 @@
+"""What a handler may do to the receipts: named operations, not the store.
+
+Writes to the handler's own job (progress, consuming a command) go only through its attempt's
+fence, so a delivery that lost its lease writes nothing there. Objective writes are decided
+against the objective's current state under its stream lock (as every objective write is,
+`receipts/objectives/store.py`); everything else is a read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from activities.fence import AttemptFence
+from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs.model import AgentJob
+from receipts.jobs import Job, Receipt, job_stream
+from receipts.objectives import control
+from receipts.objectives import store as objectives
+from receipts.objectives.model import ObjectiveState, session_key
+
+
+class HandlerStore:
+    """The receipts one attempt's handler reads and writes, through its fence."""
+
+    def __init__(self, fence: AttemptFence) -> None:
+        self._fence = fence
+        self._store = fence.store
+
+    # --- the handler's own job, under the attempt's fence ------------------------------------
+
+    async def progress(self, data: Any) -> bool:
+        """Append `job.progress`; False once the fence refuses (the lease is lost)."""
+        return await self._fence.progress(data)
+
+    async def consume(self, command_id: str) -> bool:
+        """Append `queue.command.consumed`; False when refused or no longer pending."""
+        return await self._fence.consume(command_id)
+
+    async def own_job(self) -> Job | None:
+        """The handler's job as it is now (its pending commands, an abort)."""
+        return await self._store.get_job(self._fence.job_id)
+
+    # --- other jobs (reads) -------------------------------------------------------------------
+
+    async def job(self, job_id: str) -> Job | None:
+        """Another job's folded state, or None."""
+        return await self._store.get_job(job_id)
+
+    async def jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The jobs with these ids (absent ones are left out)."""
+        return await objectives.jobs_by_ids(self._store, job_ids)
+
+    async def job_receipts(self, job_id: str, after_seq: int) -> list[Receipt]:
+        """A job's receipts after `after_seq`, in order."""
+        return await self._store.read_stream(job_stream(job_id), after_seq)
+
+    # --- objectives ---------------------------------------------------------------------------
+
+    async def objective(self, objective_id: str) -> ObjectiveState | None:
+        """The objective's folded state, or None."""
+        return await objectives.get(self._store, objective_id)
+
+    async def active_objectives(self, limit: int) -> tuple[list[ObjectiveState], datetime | None]:
+        """Up to `limit` active objectives and the database clock (None when there are none)."""
+        rows = await self._store.fetch("objectives_active", {"limit": limit})
+        return [ObjectiveState.model_validate(row[0]) for row in rows], (
+            rows[0][1] if rows else None
+        )
+
+    async def objectives_under_control(self, states: Sequence[ObjectiveState]) -> set[str]:
+        """The ids of those objectives that have an active control job."""
+        if not states:
+            return set()
+        params = {
+            "organization_ids": [s.organization_id for s in states],
+            "session_keys": [session_key(s.objective_id) for s in states],
+        }
+        keys = {row[0] for row in await self._store.fetch("active_control_jobs", params)}
+        return {s.objective_id for s in states if session_key(s.objective_id) in keys}
+
+    async def update_objective(
+        self, objective_id: str, decide: objectives.Decide, *, deliver_control: bool = False
+    ) -> None:
+        """Append what `decide` chooses from the objective's current state, in one transaction;
+        with `deliver_control`, hand a control request it recorded to a control job in the same
+        transaction (`decide` chose nothing: nothing is delivered)."""
+        async with self._store.transaction() as tx:
+            _, written = await objectives.update(tx, objective_id, decide)
+            if written and deliver_control:
+                await objectives.deliver(tx, objective_id)
+
+    async def request_control(self, objective_id: str, reason: str, **detail: Any) -> None:
+        """Record a control request for the objective and deliver it (nothing when it does not
+        exist)."""
+        async with self._store.transaction() as tx:
+            await objectives.request_control(tx, objective_id, reason, **detail)
+
+    async def reconcile(self, objective_id: str, kind: str) -> control.ReconcileResult:
+        """Run control passes over the objective until one finds nothing to do."""
+        return await control.reconcile(self._store, objective_id, kind)
+
+    # --- agent jobs ---------------------------------------------------------------------------
+
+    async def agent_job(self, agent_job_id: str) -> AgentJob | None:
+        """The agent job's folded state, or None."""
+        return await lifecycle.get(self._store, agent_job_id)

@@ -1,0 +1,177 @@
+"""Settling an attempt: the handler's outcome (or an abort, a timeout, a shutdown) becomes one
+terminal or requeueing receipt, written under the attempt's fence after a re-read."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from opentelemetry import trace
+
+from activities.fence import AttemptFence
+from activities.handlers import HandlerError
+from receipts import operations as ops
+from receipts.jobs import Job, settle_rejection
+from receipts.messages import COMPLETED, AttemptResult
+
+log = logging.getLogger("activities.settle")
+_tracer = trace.get_tracer("receipt.attempt")
+
+SHUTDOWN_ERROR = "worker shutdown"
+
+# The outcome of a rejected fenced write, as the attempt's result status.
+REJECTED_STATUS = {
+    ops.STALE_ATTEMPT: "stale_attempt",
+    ops.LEASE_LOST: "lease_lost",
+    ops.TERMINAL_STATE: "terminal_state",
+    ops.SETTLEMENT_CONFLICT: "settlement_conflict",
+    ops.NOT_QUEUED: "stale_attempt",
+    ops.NOT_AVAILABLE: "stale_attempt",
+    ops.NOT_FOUND: "stale_attempt",
+}
+
+Reread = tuple[Job | None, datetime]
+OnSettled = Callable[[str, Job | None, float | None], None]
+
+
+def rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:
+    """The attempt's result when a fenced write was refused with `status`."""
+    return AttemptResult(
+        REJECTED_STATUS.get(status, status),
+        job_status=job.status if job else "",
+        worker_id=worker_id,
+        error=f"rejected: {status}",
+    )
+
+
+class Settlement:
+    """The ways one delivery of an attempt ends, each a fenced write through `fence`."""
+
+    def __init__(self, fence: AttemptFence, on_settled: OnSettled | None = None) -> None:
+        self.fence = fence
+        self.on_settled = on_settled
+
+    async def handler_done(self, task: asyncio.Task[Any], handler_s: float) -> AttemptResult:
+        """Settle what the finished handler `task` returned or raised. An abort that arrived
+        while it ran wins over its result."""
+        try:
+            value = task.result()
+        except HandlerError as exc:
+            return await self.failure(
+                str(exc),
+                retryable=exc.retryable,
+                status="failed",
+                result=exc.result,
+                handler_s=handler_s,
+                retry_delay_ms=exc.retry_delay_ms,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a handler bug: retry it while attempts remain
+            log.exception(
+                "handler raised",
+                extra={"event": "attempt.handler_error", "jobId": self.fence.job_id},
+            )
+            return await self.failure(
+                f"{type(exc).__name__}: {exc}",
+                retryable=True,
+                status="failed",
+                result=None,
+                handler_s=handler_s,
+            )
+        reread = await self.fence.reread()
+        latest = reread[0]
+        if latest is not None and latest.abort_requested and not latest.terminal:
+            return await self.cancel(latest.abort_reason, reread)
+        return await self._settle(COMPLETED, lambda: self.fence.complete(value), handler_s, reread)
+
+    async def failure(
+        self,
+        error: str,
+        *,
+        retryable: bool,
+        status: str,
+        result: Any,
+        handler_s: float | None = None,
+        retry_delay_ms: int | None = None,
+    ) -> AttemptResult:
+        """Settle `failed`: requeued while `retryable` with attempts left, else terminal with
+        `status` copied onto the job's result."""
+        outcome = await self._settle(
+            status,
+            lambda: self.fence.fail(
+                error,
+                retryable=retryable,
+                status=None if retryable else status,
+                result=result,
+                retry_delay_ms=retry_delay_ms,
+            ),
+            handler_s,
+        )
+        outcome.error = error
+        outcome.retryable = retryable
+        return outcome
+
+    async def cancel(self, reason: str | None, reread: Reread | None = None) -> AttemptResult:
+        """Settle `canceled`: the attempt honoured an abort."""
+        return await self._settle("canceled", lambda: self.fence.cancel(reason), reread=reread)
+
+    async def _settle(
+        self,
+        status: str,
+        write: Callable[[], Awaitable[ops.Outcome]],
+        handler_s: float | None = None,
+        reread: Reread | None = None,
+    ) -> AttemptResult:
+        fence = self.fence
+        with _tracer.start_as_current_span(
+            "receipt.settle",
+            attributes={"receipt.job_id": fence.job_id, "receipt.status": status},
+        ):
+            # Re-read first: a fence already lost (or a job already settled by someone else)
+            # ends the attempt without a write; a write refused after a clean re-read means a
+            # concurrent append won in between — a settlement conflict. The re-read applies
+            # the settle's own rule at the database clock, expiry included.
+            current, now = reread if reread is not None else await fence.reread()
+            before = settle_rejection(current, fence.worker_id, fence.attempt, now, fence.worker_id)
+            out = ops.Outcome(before, current) if before else await write()
+        job_status = out.job.status if out.job else ""
+        if out.ok:
+            result = AttemptResult(status, job_status=job_status, worker_id=fence.worker_id)
+        elif before:
+            result = rejected(out.status, out.job, fence.worker_id)
+        else:
+            result = rejected(ops.SETTLEMENT_CONFLICT, out.job, fence.worker_id)
+            result.detail = {"refusedAs": out.status}
+        if self.on_settled:
+            self.on_settled(result.status, out.job, handler_s)
+        log.info(
+            "attempt settled",
+            extra={
+                "event": "attempt.settled",
+                "jobId": fence.job_id,
+                "attempt": fence.attempt,
+                "workerId": fence.worker_id,
+                "status": result.status,
+                "jobStatus": job_status,
+            },
+        )
+        return result
+
+    async def release(self) -> None:
+        """Graceful shutdown: give the job back without costing an attempt."""
+        out = await self.fence.fail(
+            SHUTDOWN_ERROR, retryable=True, refund_attempt=True, what="release"
+        )
+        log.warning(
+            "job released at shutdown",
+            extra={
+                "event": "attempt.released",
+                "jobId": self.fence.job_id,
+                "attempt": self.fence.attempt,
+                "status": out.status,
+            },
+        )

@@ -1,0 +1,149 @@
+"""What the delivery roles run in their process: the recovery loops (every role), an attempt
+worker (worker-chat, worker-codex, worker-control) and the driver with its dispatchers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from temporalio.service import RPCError
+
+from activities import sandbox
+from activities.handlers import default_handlers
+from activities.watchdog import WatchdogActivities
+from receipts.watchdog import WatchdogSettings
+from roles.delivery.agent_jobs import AgentJobDispatcher
+from roles.delivery.dispatcher import Dispatcher
+from roles.delivery.loops import (
+    ObjectiveControlOutboxRedrive,
+    ObjectiveResume,
+    QueuedRedrive,
+    Ticker,
+    objective_control_outbox,
+    wake_on_control_requests,
+)
+from roles.delivery.retention import RetentionLoop
+from roles.delivery.runtime import attempt_worker, driver_worker
+from roles.delivery.starter import DriverStarter
+from roles.delivery.watchdog import ensure_watchdog_schedule
+from roles.infra.process import Runtime, run_until
+from roles.infra.settings import LoopSettings, execute_concurrency, shutdown_grace
+from roles.infra.temporal import ensure_search_attributes
+from workflows.watchdog import WatchdogTickWorkflow
+
+log = logging.getLogger("roles.delivery.serve")
+
+
+def _starter(runtime: Runtime, *, plan_first_run: bool = False) -> DriverStarter:
+    assert runtime.client is not None
+    return DriverStarter(
+        runtime.client,
+        runtime.store,
+        runtime.settings,
+        runtime.timing,
+        runtime.metrics.starter_hooks(),
+        plan_first_run=plan_first_run,
+    )
+
+
+def start_loops(runtime: Runtime, *, maintenance: bool, post_callbacks: bool) -> None:
+    """Start the queued redrive and the startup objective resume; with `maintenance`, also the
+    objective-control outbox redrive and, with RECEIPT_RETENTION, retention. Without
+    `post_callbacks` the redrive leaves lost callbacks to the roles that post them."""
+    hooks = runtime.metrics.loop_hooks()
+    http = runtime.http if post_callbacks else None
+    redrive = QueuedRedrive(
+        runtime.store, _starter(runtime), runtime.settings, http=http, hooks=hooks
+    )
+    runtime.spawn(
+        Ticker(
+            redrive.name,
+            redrive.run_once,
+            redrive.config.interval_ms,
+            redrive.config.startup_delay_ms,
+            hooks,
+        ).run(),
+        redrive.name,
+    )
+    resume = ObjectiveResume(runtime.store, hooks=hooks)
+    runtime.spawn(resume.run(LoopSettings.load().startup_settle_ms), resume.name)
+    if not maintenance:
+        return
+    pruner = RetentionLoop.from_settings(
+        runtime.store, runtime.settings.retention, runtime.metrics.retention_hooks()
+    )
+    if pruner is not None:
+        runtime.spawn(
+            Ticker(pruner.name, pruner.run_once, pruner.interval_ms, 0, hooks).run(),
+            pruner.name,
+        )
+    outbox = ObjectiveControlOutboxRedrive.from_env(objective_control_outbox(runtime.store), hooks)
+    wake = asyncio.Event()
+    runtime.spawn(wake_on_control_requests(runtime.listener, wake), "outbox-wake")
+    runtime.spawn(
+        Ticker(outbox.name, outbox.run_once, outbox.interval_ms, 0, hooks, wake).run(),
+        outbox.name,
+    )
+
+
+async def run_attempt_worker(
+    runtime: Runtime, queue: str, stop: asyncio.Event, *, watchdog: bool, sandboxed: bool
+) -> None:
+    """Run the attempt worker of `queue` until `stop`, then drain it. With `watchdog` it also
+    keeps the watchdog Schedule and runs its tick; with `sandboxed` (its jobs run commands) it
+    first logs how the sandbox confines them."""
+    assert runtime.client is not None
+    workflows: list[type] = []
+    activities = []
+    if watchdog:
+        workflows.append(WatchdogTickWorkflow)
+        activities.append(WatchdogActivities(runtime.store).enqueue_watchdog)
+        try:
+            await ensure_watchdog_schedule(
+                runtime.client, runtime.settings, WatchdogSettings.from_env()
+            )
+        except RPCError as exc:
+            log.error(
+                "could not create or update the watchdog schedule",
+                extra={"event": "watchdog.schedule_failed", "error": str(exc)},
+            )
+    if sandboxed:
+        await sandbox.announce()
+    worker = attempt_worker(
+        runtime.client,
+        runtime.store,
+        runtime.settings.queue(queue),
+        default_handlers(),
+        role=runtime.role,
+        listener=runtime.listener,
+        concurrency=execute_concurrency(runtime.role),
+        hooks=runtime.metrics.attempt_hooks(),
+        graceful_shutdown=shutdown_grace(),
+        workflows=workflows,
+        activities=activities,
+    )
+    await run_until(worker.run, worker.shutdown, stop)
+
+
+async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
+    """Run the driver worker until `stop`, with the dispatcher (which may plan first runs) and
+    the agent-job dispatcher beside it."""
+    assert runtime.client is not None
+    try:
+        await ensure_search_attributes(runtime.client, runtime.client.namespace)
+    except RPCError as exc:
+        log.warning(
+            "could not register the Receipt search attributes; register them once by hand "
+            "(README, 'Temporal UI')",
+            extra={"event": "temporal.search_attributes_failed", "error": str(exc)},
+        )
+    dispatcher = Dispatcher(runtime.store, runtime.listener, _starter(runtime, plan_first_run=True))
+    runtime.spawn(dispatcher.run(), "dispatcher")
+    agent_jobs = AgentJobDispatcher(
+        runtime.store, runtime.listener, callbacks=runtime.settings, http=runtime.http
+    )
+    runtime.spawn(agent_jobs.run(), "agent-jobs")
+    worker = driver_worker(
+        runtime.client, runtime.store, runtime.settings, runtime.timing, http=runtime.http
+    )
+    await run_until(worker.run, worker.shutdown, stop)
