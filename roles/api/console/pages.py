@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
@@ -24,8 +24,8 @@ from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
 from receipts.kinds import KINDS
 from receipts.settings import Settings
 from roles.api.admission import runs_commands
-from roles.api.app import decode_cursor, encode_cursor, receipt_events
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
+from roles.api.body import decode_cursor, encode_cursor
 from roles.api.console.session import (
     COOKIE,
     COOKIE_PATH,
@@ -36,8 +36,10 @@ from roles.api.console.session import (
     read_form,
     session_of,
 )
-from roles.api.deps import find_job
+from roles.api.deps import find_job, shown_id
+from roles.api.routes.jobs import followed_job
 from roles.api.schema import shown_job_id
+from roles.api.sse import parse_last_event_id, parse_seq, stream_response
 
 log = logging.getLogger("roles.api.console")
 
@@ -261,7 +263,7 @@ async def jobs_page(request: Request) -> HTMLResponse:
     found = [Job.model_validate(row[0]) for row in rows]
     page = found[:PAGE_SIZE]
     next_query = (
-        urlencode({**filters, "cursor": encode_cursor(page[-1])})
+        urlencode({**filters, "cursor": encode_cursor(page[-1].created_at, page[-1].job_id)})
         if len(found) > PAGE_SIZE
         else None
     )
@@ -281,29 +283,16 @@ async def jobs_page(request: Request) -> HTMLResponse:
 
 @router.get("/jobs/{jobId:path}/events")
 async def job_events(request: Request, jobId: str) -> Response:
-    """The job's receipts as a live event stream, authenticated by the console session."""
+    """The job's receipts as a live event stream, authenticated by the console session; it
+    counts against the session token's cap of open streams like any other."""
     session = session_of(request)
     job = await find_job(store_of(request), session.principal, jobId)
     if job is None:
         return Response("no such job", status_code=404)
-    api = request.app.state.api
-    if api.listener is None:
-        return Response("event streams are not available", status_code=503)
-    after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    if not after.isdigit() or len(after) > 12:
-        return Response("after must be a receipt seq", status_code=400)
-    return StreamingResponse(
-        receipt_events(
-            api.require_store(),
-            api.listener,
-            api.stopping,
-            job.job_id,
-            int(after),
-            keepalive_s=api.settings.sse_keepalive_ms / 1000,
-        ),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    after = parse_seq(request.query_params.get("after") or "0", "after")
+    resume = parse_last_event_id(request.headers.get("last-event-id"), after)
+    followed = followed_job(job, shown_id(session.principal, job))
+    return stream_response(request.app.state.api, session.principal.token_id, followed, resume)
 
 
 @router.get("/jobs/{jobId:path}")
