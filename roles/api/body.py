@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 from receipts.errors import InvalidInput
 from receipts.kinds import invalid_input
 from receipts.text import _BAD, check_clean_text
+from roles.api.auth import Principal
 from roles.api.errors import ApiError
 from roles.api.limits import LIMITED
 
@@ -210,6 +211,19 @@ def encode_cursor(created_at: datetime, key: str) -> str:
     `created_at` with id `key` (a job, an objective, an agent job)."""
     raw = json.dumps([created_at.isoformat(), key], separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def listing(caller: Principal, cursor: str | None, key: str) -> dict[str, Any]:
+    """The parameters every list query (`api_list_*`) takes besides its filters: what the
+    caller may see (its organization's, or all for admin) and where the page starts (after
+    `cursor`: `before_created_at`, `before_<key>`)."""
+    before_at, before_key = decode_cursor(cursor) if cursor else (None, None)
+    return {
+        "all_organizations": caller.admin,
+        "caller_organization_id": caller.organization_id,
+        "before_created_at": before_at,
+        f"before_{key}": before_key,
+    }
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:

@@ -19,13 +19,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 
-from fastapi import Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from receipts.errors import TransientStorageError
 from receipts.jobs import Receipt
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
+from roles.api.auth import Principal
 from roles.api.errors import ApiError, too_many
 from roles.api.limits import EVENT_STREAMS, LIMITED
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("roles.api.app")
 
 S = TypeVar("S")
+F = TypeVar("F", bound=Callable[..., Any])
 
 SSE_KEEPALIVE_S = 15.0
 SSE_RETRY_MS = 1000
@@ -42,34 +44,63 @@ SSE_PAGE = 1000
 MAX_EVENT_ID_DIGITS = 18
 """A receipt seq fits a PostgreSQL bigint; longer `Last-Event-ID` values are refused (not parsed)."""
 MAX_AFTER = 2**62
+STREAM_ERRORS = (401, 403, 404, 422, 429, 503)
+"""What a stream's route may answer besides 200 (a bad `Last-Event-ID` is 422, the caps 429)."""
 
 AfterSeq = Annotated[int, Query(ge=0, le=MAX_AFTER, description="Only receipts with seq > after")]
 PageLimit = Annotated[int, Query(ge=1, le=10_000, description="Receipts in one JSON page")]
-LAST_EVENT_ID_DOCUMENTED: dict[str, Any] = {
-    "parameters": [
-        {
-            "name": "Last-Event-ID",
-            "in": "header",
-            "required": False,
-            "description": "Resume after this seq (sent by EventSource on reconnect); "
-            "wins over `after`",
-            "schema": {"type": "string", "pattern": f"^[0-9]{{1,{MAX_EVENT_ID_DIGITS}}}$"},
-        }
-    ]
-}
-"""The `openapi_extra` of every route that serves a stream's receipts."""
 
 
-def events_documented(ending: str) -> dict[int | str, dict[str, Any]]:
-    """The 200 entry of a route serving a stream's receipts: JSON, or SSE ending as `ending`."""
-    return {
-        200: {
-            "description": "The receipts as JSON, or with `Accept: text/event-stream` a live "
-            "stream: one event per receipt (`id` = seq, `data` = the receipt), a "
-            f"`: keepalive` comment while idle; {ending}",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        }
+def events_route(
+    router: APIRouter, path: str, ending: str, *more_errors: int, **route: Any
+) -> Callable[[F], F]:
+    """Declare the GET route at `path` serving a stream's receipts: its answers (JSON, or SSE
+    ending as `ending`; the errors of every stream and `more_errors`), the `Last-Event-ID`
+    header and the `after` and `limit` queries (`Asked`)."""
+    # Imported here: roles.api.deps builds its state from this module's StreamGate.
+    from roles.api.deps import takes_query
+    from roles.api.schema import errors_documented
+
+    ok = {
+        "description": "The receipts as JSON, or with `Accept: text/event-stream` a live "
+        "stream: one event per receipt (`id` = seq, `data` = the receipt), a `: keepalive` "
+        f"comment while idle. {ending}",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
     }
+    last_event_id = {
+        "name": "Last-Event-ID",
+        "in": "header",
+        "required": False,
+        "description": "Resume after this seq (sent by EventSource on reconnect); wins over `after`",
+        "schema": {"type": "string", "pattern": f"^[0-9]{{1,{MAX_EVENT_ID_DIGITS}}}$"},
+    }
+    declare: Callable[[F], F] = router.get(
+        path,
+        responses={200: ok, **errors_documented(*STREAM_ERRORS, *more_errors)},
+        openapi_extra={"parameters": [last_event_id]},
+        dependencies=[takes_query("after", "limit")],
+        **route,
+    )
+    return declare
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptsAsked:
+    """What a request for a stream's receipts asks: live SSE or a JSON page, from which seq."""
+
+    request: Request
+    after: int
+    limit: int
+
+
+async def _receipts_asked(
+    request: Request, after: AfterSeq = 0, limit: PageLimit = 1000
+) -> ReceiptsAsked:
+    return ReceiptsAsked(request, after, limit)
+
+
+Asked = Annotated[ReceiptsAsked, Depends(_receipts_asked)]
+"""The dependency of a route serving a stream's receipts (its `after` and `limit` queries)."""
 
 
 def sse_receipt(receipt: Receipt, data: dict[str, Any] | None = None) -> str:
@@ -344,20 +375,18 @@ async def receipts_page(
 
 
 async def events_response(
-    request: Request,
+    asked: ReceiptsAsked,
     state: ApiState,
-    token_id: str,
+    caller: Principal,
     followed: Followed[S],
-    after: int,
-    limit: int,
     head: dict[str, Any],
 ) -> Response:
     """A stream's receipts past `after` (or `Last-Event-ID`, which wins): live SSE when the
     request asks for it, else one JSON page `{**head, receipts, lastSeq}`."""
-    resume = parse_last_event_id(request.headers.get("last-event-id"), after)
-    if wants_stream(request):
-        return stream_response(state, token_id, followed, resume)
+    resume = parse_last_event_id(asked.request.headers.get("last-event-id"), asked.after)
+    if wants_stream(asked.request):
+        return stream_response(state, caller.token_id, followed, resume)
     receipts, last_seq = await receipts_page(
-        state.require_store(), followed, resume, limit, state.settings.max_response_bytes
+        state.require_store(), followed, resume, asked.limit, state.settings.max_response_bytes
     )
     return JSONResponse({**head, "receipts": receipts, "lastSeq": last_seq})

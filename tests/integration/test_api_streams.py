@@ -21,7 +21,6 @@ from receipts import operations as ops
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.store import Store
-from roles.cli.client import SseEvent, parse_sse
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from tests.integration.api_support import (
     AS_A,
@@ -29,6 +28,7 @@ from tests.integration.api_support import (
     TOKENS,
     RunningApi,
     enqueue_body,
+    events,
     rid,
     running_api,
 )
@@ -137,18 +137,6 @@ MAKERS: dict[str, Callable[[httpx.AsyncClient, Store], Awaitable[str]]] = {
     "objectives": an_objective,
     "agent-jobs": an_agent_job,
 }
-
-
-async def events(response: httpx.Response) -> AsyncIterator[SseEvent]:
-    assert response.status_code == 200, await response.aread()
-    assert response.headers["content-type"].startswith("text/event-stream")
-    block: list[str] = []
-    async for line in response.aiter_lines():
-        block.append(line)
-        if line == "":
-            for event in parse_sse(block):
-                yield event
-            block = []
 
 
 async def opened(http: httpx.AsyncClient, path: str, headers: dict[str, str]) -> int:

@@ -25,11 +25,12 @@ from receipts.kinds import KINDS
 from receipts.settings import Settings
 from roles.api.admission import runs_commands
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
-from roles.api.body import decode_cursor, encode_cursor
+from roles.api.body import encode_cursor, listing
 from roles.api.console.session import (
     COOKIE,
     COOKIE_PATH,
     FormError,
+    PageMissing,
     Session,
     SignInRequired,
     need,
@@ -56,6 +57,8 @@ _templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+# Every page builds links with these.
+_templates.globals.update(quote=quote, urlencode=urlencode)
 
 
 def temporal_ui_url() -> str:
@@ -175,14 +178,13 @@ def _filters(request: Request) -> dict[str, str]:
     return {name: request.query_params[name] for name in FILTERS if request.query_params.get(name)}
 
 
-def _list_params(session: Session, filters: dict[str, str]) -> dict[str, Any]:
+def _list_params(session: Session, filters: dict[str, str], cursor: str | None) -> dict[str, Any]:
     def choice(name: str, allowed: tuple[str, ...]) -> str | None:
         value = filters.get(name)
         return value if value in allowed else None
 
     return {
-        "all_organizations": session.principal.admin,
-        "caller_organization_id": session.principal.organization_id,
+        **listing(session.principal, cursor, "job_id"),
         "organization_id": filters.get("organizationId") if session.principal.admin else None,
         "status": choice("status", STATUSES),
         "agent_id": filters.get("agentId"),
@@ -244,22 +246,12 @@ async def jobs_page(request: Request) -> HTMLResponse:
     session = session_of(request)
     store = store_of(request)
     filters = _filters(request)
-    params = _list_params(session, filters)
+    params = _list_params(session, filters, request.query_params.get("cursor"))
     counts = dict(
         (row[0], row[1])
         for row in await store.fetch("console_status_counts", {**params, "status": None})
     )
-    cursor = request.query_params.get("cursor")
-    before = decode_cursor(cursor) if cursor else (None, None)
-    rows = await store.fetch(
-        "api_list_jobs",
-        {
-            **params,
-            "before_created_at": before[0],
-            "before_job_id": before[1],
-            "limit": PAGE_SIZE + 1,
-        },
-    )
+    rows = await store.fetch("api_list_jobs", {**params, "limit": PAGE_SIZE + 1})
     found = [Job.model_validate(row[0]) for row in rows]
     page = found[:PAGE_SIZE]
     next_query = (
@@ -277,7 +269,6 @@ async def jobs_page(request: Request) -> HTMLResponse:
         lanes=LANES,
         kinds=KINDS,
         next_query=next_query,
-        quote=quote,
     )
 
 
@@ -316,7 +307,6 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         + urlencode({"query": f'ReceiptJobId="{job.job_id}"'}),
         notice=request.query_params.get("notice"),
         retryable=job.status in retries.RETRYABLE_STATUSES,
-        quote=quote,
     )
 
 
@@ -420,7 +410,6 @@ async def failed_page(request: Request) -> HTMLResponse:
         groups=groups,
         agent_id=request.query_params.get("agentId") or "",
         notice=request.query_params.get("notice"),
-        urlencode=urlencode,
     )
 
 
@@ -474,3 +463,11 @@ def install_console(app: FastAPI) -> None:
             extra={"event": "console.form_refused", "status": exc.status, "path": request.url.path},
         )
         return render("error.html", status=exc.status, session=None, message=exc.message)
+
+    @app.exception_handler(PageMissing)
+    async def page_missing(request: Request, exc: PageMissing) -> Response:
+        log.info(
+            "console page missing",
+            extra={"event": "console.page_missing", "path": request.url.path},
+        )
+        return render("missing.html", status=404, session=exc.session, what=exc.what)

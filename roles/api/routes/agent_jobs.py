@@ -17,19 +17,12 @@ from receipts.agent_jobs.requests import parse_answer, parse_create
 from receipts.errors import ConflictError, InvalidInput, NotFoundError
 from receipts.jobs import job_stream
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import choice, decode_cursor, encode_cursor
+from roles.api.body import choice, encode_cursor, listing
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.routes.sessions import visible_session
 from roles.api.schema import errors_documented
-from roles.api.sse import (
-    LAST_EVENT_ID_DOCUMENTED,
-    AfterSeq,
-    Followed,
-    PageLimit,
-    events_documented,
-    events_response,
-)
+from roles.api.sse import Asked, Followed, events_response, events_route
 
 router = APIRouter(tags=["agent-jobs"])
 
@@ -241,16 +234,12 @@ async def _list(
     limit: int,
     cursor: str | None,
 ) -> JSONResponse:
-    before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
     params = {
-        "all_organizations": caller.admin,
-        "caller_organization_id": caller.organization_id,
+        **listing(caller, cursor, "id"),
         "organization_id": organization_id,
         "status": choice(status, "status", agent_model.STATUSES),
         "agent_id": agent_id,
         "owner_session_id": owner_session_id,
-        "before_created_at": before_at,
-        "before_id": before_id,
         "limit": limit + 1,
     }
     found = await lifecycle.list_jobs(state.require_store(), params)
@@ -287,22 +276,11 @@ def followed_agent_job(agent_job_id: str) -> Followed[AgentJob]:
     return Followed(agent_model.stream_of(agent_job_id), fold=agent_model.apply, end=end)
 
 
-@router.get(
-    "/agent-jobs/{agentJobId}/events",
-    responses={
-        **events_documented("then `event: end` once the job is succeeded, failed or stopped."),
-        **errors_documented(401, 403, 404, 422, 429, 503),
-    },
-    openapi_extra=LAST_EVENT_ID_DOCUMENTED,
-    dependencies=[_takes_query("after", "limit")],
+@events_route(
+    router, "/agent-jobs/{agentJobId}/events", "It ends with `event: end` once the job is finished."
 )
 async def agent_job_events(
-    request: Request,
-    state: State,
-    caller: Caller,
-    agent_job_id: AgentJobId,
-    after: AfterSeq = 0,
-    limit: PageLimit = 1000,
+    asked: Asked, state: State, caller: Caller, agent_job_id: AgentJobId
 ) -> Response:
     """The receipts of `agent-jobs/<id>` after `after`; with `Accept: text/event-stream`, live
     until the job is finished."""
@@ -313,8 +291,7 @@ async def agent_job_events(
         "stream": agent_model.stream_of(job.agent_job_id),
         "status": job.status,
     }
-    followed = followed_agent_job(job.agent_job_id)
-    return await events_response(request, state, caller.token_id, followed, after, limit, head)
+    return await events_response(asked, state, caller, followed_agent_job(job.agent_job_id), head)
 
 
 @router.post(

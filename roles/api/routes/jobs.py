@@ -42,9 +42,9 @@ from roles.api.admission import (
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE
 from roles.api.body import (
     choice,
-    decode_cursor,
     encode_cursor,
     job_path,
+    listing,
     read_json_body,
     validated,
 )
@@ -72,15 +72,7 @@ from roles.api.schema import (
     json_body_documented,
     shown_receipt,
 )
-from roles.api.sse import (
-    LAST_EVENT_ID_DOCUMENTED,
-    AfterSeq,
-    Followed,
-    PageLimit,
-    events_documented,
-    events_response,
-    json_size,
-)
+from roles.api.sse import Asked, Followed, events_response, events_route, json_size
 from roles.infra.tracing import current_traceparent, trace_id_of
 
 log = logging.getLogger("roles.api.app")
@@ -252,18 +244,14 @@ async def list_jobs(
     continues it.
     """
     require_scope(caller, JOBS_READ)
-    before_created_at, before_job_id = decode_cursor(cursor) if cursor else (None, None)
     params = {
-        "all_organizations": caller.admin,
-        "caller_organization_id": caller.organization_id,
+        **listing(caller, cursor, "job_id"),
         "organization_id": organization_id,
         "status": choice(status, "status", STATUSES),
         "agent_id": agent_id,
         "lane": choice(lane, "lane", LANES),
         "session_key": session_key,
         "kind": choice(kind, "kind", KINDS),
-        "before_created_at": before_created_at,
-        "before_job_id": before_job_id,
         "limit": limit + 1,
     }
     found = await _list_jobs(state.require_store(), params)
@@ -297,24 +285,14 @@ def followed_job(job: Job, shown: str) -> Followed[Job]:
     )
 
 
-@router.get(
+@events_route(
+    router,
     "/jobs/{jobId:path}/events",
+    "It ends with `event: end` after the terminal receipt.",
+    409,
     response_model=EventsPage,
-    responses={
-        **events_documented("then `event: end` after the terminal receipt."),
-        **errors_documented(401, 403, 404, 409, 422, 429, 503),
-    },
-    openapi_extra=LAST_EVENT_ID_DOCUMENTED,
-    dependencies=[takes_query("after", "limit")],
 )
-async def job_events(
-    request: Request,
-    state: State,
-    caller: Caller,
-    job_id: JobId,
-    after: AfterSeq = 0,
-    limit: PageLimit = 1000,
-) -> Response:
+async def job_events(asked: Asked, state: State, caller: Caller, job_id: JobId) -> Response:
     """A job's receipts in order; with `Accept: text/event-stream`, live until terminal.
 
     A JSON page also ends before `RECEIPT_MAX_RESPONSE_BYTES` (at least one receipt); `lastSeq`
@@ -324,8 +302,7 @@ async def job_events(
     job = await visible_job(state, caller, job_id)
     shown = shown_id(caller, job)
     head = {"jobId": shown, "stream": jobmodel.job_stream(shown), "status": job.status}
-    followed = followed_job(job, shown)
-    return await events_response(request, state, caller.token_id, followed, after, limit, head)
+    return await events_response(asked, state, caller, followed_job(job, shown), head)
 
 
 @router.post(

@@ -22,19 +22,12 @@ from receipts.objectives.graph import OBJECTIVE_FIELDS, check_objective_id, pars
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream, run_job_id
 from receipts.store import Store, translate_errors
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import choice, decode_cursor, encode_cursor, read_json_body
+from roles.api.body import choice, encode_cursor, listing, read_json_body
 from roles.api.body import json_object as _object
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import errors_documented, job_view
-from roles.api.sse import (
-    LAST_EVENT_ID_DOCUMENTED,
-    AfterSeq,
-    Followed,
-    PageLimit,
-    events_documented,
-    events_response,
-)
+from roles.api.sse import Asked, Followed, events_response, events_route
 
 log = logging.getLogger("roles.api.routes.objectives")
 
@@ -167,14 +160,10 @@ async def list_objectives(
 ) -> JSONResponse:
     """The caller's objectives, newest first, one page at a time (keyset cursor)."""
     require_scope(caller, JOBS_READ)
-    before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
     params = {
-        "all_organizations": caller.admin,
-        "caller_organization_id": caller.organization_id,
+        **listing(caller, cursor, "objective_id"),
         "organization_id": organization_id,
         "status": choice(status, "status", STATUSES),
-        "before_created_at": before_at,
-        "before_objective_id": before_id,
         "limit": limit + 1,
     }
     with translate_errors():
@@ -234,28 +223,18 @@ def followed_objective(objective_id: str) -> Followed[ObjectiveState]:
     return Followed(objective_stream(objective_id), fold=objective_model.apply, end=end)
 
 
-@router.get(
+@events_route(
+    router,
     "/objectives/{objectiveId}/events",
-    responses={
-        **events_documented("then `event: end` once the objective is settled and audited."),
-        **errors_documented(401, 403, 404, 422, 429, 503),
-    },
-    openapi_extra=LAST_EVENT_ID_DOCUMENTED,
-    dependencies=[_takes_query("after", "limit")],
+    "It ends with `event: end` once settled and audited.",
 )
 async def get_objective_events(
-    request: Request,
-    state: State,
-    caller: Caller,
-    objective_id: ObjectiveId,
-    after: AfterSeq = 0,
-    limit: PageLimit = 1000,
+    asked: Asked, state: State, caller: Caller, objective_id: ObjectiveId
 ) -> Response:
     """The objective's receipts; with `Accept: text/event-stream`, live until it ends."""
     objective = await _visible(state, caller, objective_id)
     head = {"objectiveId": objective_id, "status": objective.status}
-    followed = followed_objective(objective_id)
-    return await events_response(request, state, caller.token_id, followed, after, limit, head)
+    return await events_response(asked, state, caller, followed_objective(objective_id), head)
 
 
 @router.post(

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path
 from fastapi.responses import Response
 
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import session_stream
 from roles.api.auth import JOBS_READ, Principal
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
-from roles.api.deps import takes_query as _takes_query
-from roles.api.schema import errors_documented
-from roles.api.sse import (
-    LAST_EVENT_ID_DOCUMENTED,
-    AfterSeq,
-    Followed,
-    PageLimit,
-    events_documented,
-    events_response,
-)
+from roles.api.sse import Asked, Followed, events_response, events_route
 
 router = APIRouter(tags=["sessions"])
 
@@ -36,22 +27,11 @@ async def visible_session(state: ApiState, caller: Principal, session_id: str) -
         raise ApiError(404, "not_found", f"no session {session_id!r}", field="sessionId")
 
 
-@router.get(
-    "/sessions/{sessionId}/events",
-    responses={
-        **events_documented("a session has no last receipt: the stream stays open."),
-        **errors_documented(401, 403, 404, 422, 429, 503),
-    },
-    openapi_extra=LAST_EVENT_ID_DOCUMENTED,
-    dependencies=[_takes_query("after", "limit")],
+@events_route(
+    router, "/sessions/{sessionId}/events", "A session has no last receipt: it stays open."
 )
 async def get_session_events(
-    request: Request,
-    state: State,
-    caller: Caller,
-    session_id: SessionId,
-    after: AfterSeq = 0,
-    limit: PageLimit = 1000,
+    asked: Asked, state: State, caller: Caller, session_id: SessionId
 ) -> Response:
     """The owner session's receipts (wakeups) in order; with `Accept: text/event-stream` a live,
     resumable stream (`Last-Event-ID`)."""
@@ -59,4 +39,4 @@ async def get_session_events(
     stream = session_stream(session_id)
     head = {"sessionId": session_id, "stream": stream}
     followed: Followed[None] = Followed(stream)
-    return await events_response(request, state, caller.token_id, followed, after, limit, head)
+    return await events_response(asked, state, caller, followed, head)
