@@ -3,16 +3,13 @@ owner session's events, over the HTTP API."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import quote
 
 import click
 
 from receipts.agent_jobs.model import STATUSES
-from roles.cli.client import ApiClient, _api_options, _compact, _dump, _load_json, parse_sse
-
-EVENTS_PAGE = 1000
+from roles.cli.client import ApiClient, _api_options, _compact, _dump, _load_json
 
 
 def _path(agent_job_id: str, suffix: str = "") -> str:
@@ -268,7 +265,11 @@ def _print(receipt: dict[str, Any], as_json: bool) -> None:
 @click.argument("agent_job_id", metavar="ID", required=False)
 @click.option("--session", "session_id", help="The owner session's stream (wakeups) instead.")
 @click.option("--after", type=click.IntRange(min=0), default=0, help="Only receipts past this seq.")
-@click.option("--follow", is_flag=True, help="With --session: stay connected, print live.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Stay connected, print live: until the job is finished (a session's: until interrupted).",
+)
 @_api_options
 def events_command(
     agent_job_id: str | None,
@@ -282,27 +283,11 @@ def events_command(
     """Print an agent job's receipts, or (--session) its owner session's wakeups."""
     if (agent_job_id is None) == (session_id is None):
         raise click.UsageError("give an agent job ID or --session, not both")
-    if follow and session_id is None:
-        raise click.UsageError("--follow needs --session")
+    if session_id is not None:
+        path, name = f"/sessions/{quote(session_id, safe='')}/events", f"session {session_id}"
+    else:
+        path, name = _path(str(agent_job_id), "/events"), f"agent job {agent_job_id}"
     with ApiClient(api_url, token) as client:
-        if session_id is not None:
-            path = f"/sessions/{quote(session_id, safe='')}/events"
-            if follow:
-                headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
-                with client.http.stream("GET", path, headers=headers, timeout=None) as response:
-                    if response.status_code != 200:
-                        response.read()
-                        client.call("GET", path)  # raises the API's error
-                    for event in parse_sse(response.iter_lines()):
-                        if event.name == "message" and event.data:
-                            _print(json.loads(event.data), as_json)
-                return
-        else:
-            path = _path(str(agent_job_id), "/events")
-        while True:
-            page = client.call("GET", path, params={"after": after, "limit": EVENTS_PAGE})
-            for receipt in page["receipts"]:
-                _print(receipt, as_json)
-            if len(page["receipts"]) < EVENTS_PAGE:
-                return
-            after = page["lastSeq"]
+        live = client.follow_events(path, after, name) if follow else client.receipts(path, after)
+        for receipt in live:
+            _print(receipt, as_json)

@@ -18,7 +18,6 @@ import click
 from receipts.jobs import LANES, SINGLETON_MODES, STATUSES
 from receipts.kinds import KINDS
 from roles.cli.client import (
-    EVENTS_PAGE,
     ApiClient,
     _api_options,
     _compact,
@@ -223,15 +222,8 @@ def jobs_events(
             for receipt in client.follow(job_id, after):
                 _print_receipt(receipt, as_json)
             return
-        while True:
-            page = client.call(
-                "GET", _job_path(job_id, "/events"), params={"after": after, "limit": EVENTS_PAGE}
-            )
-            for receipt in page["receipts"]:
-                _print_receipt(receipt, as_json)
-            if len(page["receipts"]) < EVENTS_PAGE:
-                return
-            after = page["lastSeq"]
+        for receipt in client.receipts(_job_path(job_id, "/events"), after):
+            _print_receipt(receipt, as_json)
 
 
 def _command(
