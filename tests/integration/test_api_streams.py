@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -25,8 +26,11 @@ from roles.delivery.agent_jobs import AgentJobDispatcher
 from tests.integration.api_support import (
     AS_A,
     AS_ADMIN,
+    ROOT,
+    TOKEN_A,
     TOKENS,
     RunningApi,
+    clean_env,
     enqueue_body,
     events,
     rid,
@@ -260,3 +264,23 @@ async def test_an_agent_job_stream_ends_once_the_job_is_stopped(
     assert end == {"agentJobId": agent_job_id, "status": "stopped"}
     stored = await store.read_stream(f"agent-jobs/{agent_job_id}")
     assert received == [r.type for r in stored]
+
+
+async def test_the_cli_prints_an_objectives_receipts_page_after_page(
+    api: RunningApi, http: httpx.AsyncClient, store: Store
+) -> None:
+    path = await an_objective(http, store)
+    objective_id = path.split("/")[2]
+    stored = await store.read_stream(f"objectives/{objective_id}")
+    cli = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "roles.cli.main", "objectives", "events", objective_id, "--json"),
+        cwd=ROOT,
+        env=clean_env({"RECEIPT_API_URL": api.url, "RECEIPT_API_TOKEN": TOKEN_A}),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0, err.decode()
+    seqs = [json.loads(line)["seq"] for line in out.decode().splitlines()]
+    assert seqs[: len(stored)] == [r.seq for r in stored]
+    assert seqs == list(range(1, len(seqs) + 1))
