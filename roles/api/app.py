@@ -47,7 +47,7 @@ from roles.api.docs import install_docs
 from roles.api.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
 from roles.api.schema import CommandBody, EnqueueBody
 from roles.api.settings import DEFAULT_MAX_BODY_BYTES, ApiSettings
-from roles.api.sse import SSE_KEEPALIVE_S, receipt_events, sse_end, sse_receipt
+from roles.api.sse import SSE_KEEPALIVE_S, sse_end, sse_receipt, stream_events
 from roles.infra.tracing import recording as tracing_recording
 
 __all__ = [
@@ -67,12 +67,12 @@ __all__ = [
     "encode_cursor",
     "error_response",
     "read_json_body",
-    "receipt_events",
     "routers",
     "run_api",
     "serve_api",
     "sse_end",
     "sse_receipt",
+    "stream_events",
 ]
 
 log = logging.getLogger("roles.api.app")

@@ -25,9 +25,9 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from receipts.errors import InvalidInput
-from receipts.jobs import Job
 from receipts.kinds import invalid_input
 from receipts.text import _BAD, check_clean_text
+from roles.api.auth import Principal
 from roles.api.errors import ApiError
 from roles.api.limits import LIMITED
 
@@ -206,21 +206,35 @@ def job_path(request: Request, job_id: str, suffix: str = "") -> str:
     return f"{root}/jobs/{quote(job_id, safe='')}{suffix}"
 
 
-def encode_cursor(job: Job) -> str:
-    """Return the opaque cursor that continues a list after `job` (newest first)."""
-    raw = json.dumps([job.created_at.isoformat(), job.job_id], separators=(",", ":"))
+def encode_cursor(created_at: datetime, key: str) -> str:
+    """Return the opaque cursor that continues a list (newest first) after the item created at
+    `created_at` with id `key` (a job, an objective, an agent job)."""
+    raw = json.dumps([created_at.isoformat(), key], separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
+def listing(caller: Principal, cursor: str | None, key: str) -> dict[str, Any]:
+    """The parameters every list query (`api_list_*`) takes besides its filters: what the
+    caller may see (its organization's, or all for admin) and where the page starts (after
+    `cursor`: `before_created_at`, `before_<key>`)."""
+    before_at, before_key = decode_cursor(cursor) if cursor else (None, None)
+    return {
+        "all_organizations": caller.admin,
+        "caller_organization_id": caller.organization_id,
+        "before_created_at": before_at,
+        f"before_{key}": before_key,
+    }
+
+
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """Return `(created_at, job_id)` of a cursor; raise `InvalidInput` for anything else."""
+    """Return `(created_at, key)` of a cursor; raise `InvalidInput` for anything else."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, job_id = json.loads(raw)
+        created_at, key = json.loads(raw)
         at = datetime.fromisoformat(created_at)
-        if not isinstance(job_id, str) or at.tzinfo is None:
+        if not isinstance(key, str) or at.tzinfo is None:
             raise ValueError(cursor)
-        check_clean_text(job_id, "cursor")
+        check_clean_text(key, "cursor")
     except (InvalidInput, ValueError, TypeError, binascii.Error, OverflowError) as exc:
         raise InvalidInput("cursor", "cursor is not one this API returned") from exc
-    return at, job_id
+    return at, key

@@ -1,8 +1,10 @@
-"""Server-sent events: a job's receipts, live until it is terminal, and the caps on open streams.
+"""A stream's receipts over HTTP: a JSON page, or live server-sent events behind the caps.
 
-Each stream subscribes to its own job stream's notices only (the listener routes them), counts
-against a per-token and an overall cap (429 beyond), and ends after a maximum lifetime; an
-EventSource then reconnects with `Last-Event-ID` and resumes where it left off.
+Every event stream the api serves (a job's, an objective's, an agent job's, an owner session's,
+and the console's view of a job) is `stream_events`, opened by `events_response`: it subscribes
+to its own stream's notices only (the listener routes them), counts against a per-token and an
+overall cap (429 beyond), sends keepalives, ends after a maximum lifetime, and resumes after a
+validated `Last-Event-ID` (an EventSource reconnects with it and misses nothing).
 """
 
 from __future__ import annotations
@@ -13,24 +15,92 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 
-from receipts import jobs as jobmodel
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
 from receipts.errors import TransientStorageError
-from receipts.jobs import Job, Receipt
+from receipts.jobs import Receipt
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
+from roles.api.auth import Principal
 from roles.api.errors import ApiError, too_many
 from roles.api.limits import EVENT_STREAMS, LIMITED
 
+if TYPE_CHECKING:
+    from roles.api.deps import ApiState
+
 log = logging.getLogger("roles.api.app")
+
+S = TypeVar("S")
+F = TypeVar("F", bound=Callable[..., Any])
 
 SSE_KEEPALIVE_S = 15.0
 SSE_RETRY_MS = 1000
 SSE_PAGE = 1000
 MAX_EVENT_ID_DIGITS = 18
 """A receipt seq fits a PostgreSQL bigint; longer `Last-Event-ID` values are refused (not parsed)."""
+MAX_AFTER = 2**62
+STREAM_ERRORS = (401, 403, 404, 422, 429, 503)
+"""What a stream's route may answer besides 200 (a bad `Last-Event-ID` is 422, the caps 429)."""
+
+AfterSeq = Annotated[int, Query(ge=0, le=MAX_AFTER, description="Only receipts with seq > after")]
+PageLimit = Annotated[int, Query(ge=1, le=10_000, description="Receipts in one JSON page")]
+
+
+def events_route(
+    router: APIRouter, path: str, ending: str, *more_errors: int, **route: Any
+) -> Callable[[F], F]:
+    """Declare the GET route at `path` serving a stream's receipts: its answers (JSON, or SSE
+    ending as `ending`; the errors of every stream and `more_errors`), the `Last-Event-ID`
+    header and the `after` and `limit` queries (`Asked`)."""
+    # Imported here: roles.api.deps builds its state from this module's StreamGate.
+    from roles.api.deps import takes_query
+    from roles.api.schema import errors_documented
+
+    ok = {
+        "description": "The receipts as JSON, or with `Accept: text/event-stream` a live "
+        "stream: one event per receipt (`id` = seq, `data` = the receipt), a `: keepalive` "
+        f"comment while idle. {ending}",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+    last_event_id = {
+        "name": "Last-Event-ID",
+        "in": "header",
+        "required": False,
+        "description": "Resume after this seq (sent by EventSource on reconnect); wins over `after`",
+        "schema": {"type": "string", "pattern": f"^[0-9]{{1,{MAX_EVENT_ID_DIGITS}}}$"},
+    }
+    declare: Callable[[F], F] = router.get(
+        path,
+        responses={200: ok, **errors_documented(*STREAM_ERRORS, *more_errors)},
+        openapi_extra={"parameters": [last_event_id]},
+        dependencies=[takes_query("after", "limit")],
+        **route,
+    )
+    return declare
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptsAsked:
+    """What a request for a stream's receipts asks: live SSE or a JSON page, from which seq."""
+
+    request: Request
+    after: int
+    limit: int
+
+
+async def _receipts_asked(
+    request: Request, after: AfterSeq = 0, limit: PageLimit = 1000
+) -> ReceiptsAsked:
+    return ReceiptsAsked(request, after, limit)
+
+
+Asked = Annotated[ReceiptsAsked, Depends(_receipts_asked)]
+"""The dependency of a route serving a stream's receipts (its `after` and `limit` queries)."""
 
 
 def sse_receipt(receipt: Receipt, data: dict[str, Any] | None = None) -> str:
@@ -39,10 +109,9 @@ def sse_receipt(receipt: Receipt, data: dict[str, Any] | None = None) -> str:
     return f"id: {receipt.seq}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
-def sse_end(job: Job, job_id: str | None = None) -> str:
-    """Return the closing event, sent after the receipt that made the job terminal."""
-    data = json.dumps({"jobId": job_id or job.job_id, "status": job.status}, separators=(",", ":"))
-    return f"event: end\ndata: {data}\n\n"
+def sse_end(data: dict[str, Any]) -> str:
+    """Return the closing event, sent once the followed thing is finished."""
+    return f"event: end\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 class StreamGate:
@@ -119,46 +188,66 @@ class StreamSlot:
         return iterator
 
 
-def parse_last_event_id(value: str | None, default: int) -> int:
-    """The seq to resume after: `Last-Event-ID` when given (a receipt seq), else `default`."""
-    if value is None:
-        return default
+def parse_seq(value: str, field: str) -> int:
+    """A receipt seq given as text (`Last-Event-ID`, a query), or 422 naming `field`."""
     text = value.strip()
     if not text.isascii() or not text.isdigit() or len(text) > MAX_EVENT_ID_DIGITS:
         raise ApiError(
             422,
             "invalid_input",
-            f"Last-Event-ID must be a receipt seq (0 to {MAX_EVENT_ID_DIGITS} digits)",
-            field="Last-Event-ID",
+            f"{field} must be a receipt seq (0 to {MAX_EVENT_ID_DIGITS} digits)",
+            field=field,
         )
     return int(text)
 
 
-async def receipt_events(
+def parse_last_event_id(value: str | None, default: int) -> int:
+    """The seq to resume after: `Last-Event-ID` when given (a receipt seq), else `default`."""
+    return default if value is None else parse_seq(value, "Last-Event-ID")
+
+
+@dataclass(frozen=True, slots=True)
+class Followed(Generic[S]):
+    """What a stream's reader needs to know of one kind of stream.
+
+    `stream` is read and its notices wake the reader. `fold` folds its receipts from seq 1 into
+    the state `end` looks at once the backlog is read: the `end` event's data when the followed
+    thing is finished, else None; without `fold` the stream never ends (a session's). `show`
+    maps a receipt's JSON to what the caller may see.
+    """
+
+    stream: str
+    fold: Callable[[S | None, Receipt], S | None] | None = None
+    end: Callable[[S], dict[str, Any] | None] | None = None
+    show: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def shown(self, receipt: Receipt) -> dict[str, Any]:
+        return self.show(receipt.to_json()) if self.show else receipt.to_json()
+
+
+async def stream_events(
     store: Store,
     listener: Listener,
     stopping: asyncio.Event,
-    job_id: str,
+    followed: Followed[S],
     after: int,
-    keepalive_s: float = SSE_KEEPALIVE_S,
     *,
+    keepalive_s: float = SSE_KEEPALIVE_S,
     max_lifetime_s: float | None = None,
-    shown_id: str | None = None,
-    redact: Any = None,
 ) -> AsyncIterator[str]:
-    """Yield a job's receipts with `seq > after` as SSE events, live, until it is terminal.
+    """Yield the receipts of `followed.stream` with `seq > after` as SSE events, live.
 
-    The subscription opens before the backlog is read, so no append falls between the two;
-    the state is folded from seq 1 (to know when the job turns terminal) and only receipts past
-    `after` are sent, each once, in order. A notice for the stream or a `RECONNECTED` marker
-    triggers a re-read from the last seq seen; the database is never polled. The stream ends
-    after the terminal receipt, when the server stops, after `max_lifetime_s`, or when the
-    database is lost (a client then reconnects with `Last-Event-ID`). `redact` maps a
-    receipt's JSON to what the caller may see; `shown_id` is the job id the caller knows.
+    The subscription opens before the backlog is read, so no append falls between the two.
+    A stream with a fold is read from seq 1 (to know when it is finished) and only receipts
+    past `after` are sent, each once, in order. A notice for the stream or a `RECONNECTED`
+    marker triggers a re-read from the last seq seen; the database is never polled. The stream
+    ends with `event: end` once everything is sent and the state is finished, or without it
+    when the server stops, after `max_lifetime_s`, or when the database is lost (a client
+    then reconnects with `Last-Event-ID`).
     """
-    stream = jobmodel.job_stream(job_id)
-    state: Job | None = None
-    folded = 0
+    stream = followed.stream
+    state: S | None = None
+    read = 0 if followed.fold else after
     ends_at = time.monotonic() + max_lifetime_s if max_lifetime_s else None
     async with listener.subscribe(stream) as notices:
         yield f"retry: {SSE_RETRY_MS}\n\n"
@@ -166,26 +255,28 @@ async def receipt_events(
         try:
             while True:
                 try:
-                    batch = await store.read_stream(stream, folded, SSE_PAGE)
+                    batch = await store.read_stream(stream, read, SSE_PAGE)
                 except TransientStorageError as exc:
                     log.warning(
                         "event stream lost the database",
-                        extra={"event": "api.sse_storage_lost", "jobId": job_id, "error": str(exc)},
+                        extra={
+                            "event": "api.sse_storage_lost",
+                            "stream": stream,
+                            "error": str(exc),
+                        },
                     )
                     return
                 for receipt in batch:
-                    state = jobmodel.apply(state, receipt)
-                    folded = receipt.seq
+                    if followed.fold:
+                        state = followed.fold(state, receipt)
+                    read = receipt.seq
                     if receipt.seq > after:
-                        data = redact(receipt.to_json()) if redact else None
-                        yield sse_receipt(receipt, data)
-                        if state is not None and state.terminal:
-                            yield sse_end(state, shown_id)
-                            return
+                        yield sse_receipt(receipt, followed.shown(receipt))
                 if len(batch) == SSE_PAGE:
                     continue
-                if state is not None and state.terminal:
-                    yield sse_end(state, shown_id)
+                end = followed.end(state) if followed.end and state is not None else None
+                if end is not None:
+                    yield sse_end(end)
                     return
                 while True:
                     wait_s = keepalive_s
@@ -194,7 +285,7 @@ async def receipt_events(
                         if left <= 0:
                             log.info(
                                 "event stream reached its maximum lifetime",
-                                extra={"event": "api.sse_lifetime", "jobId": job_id},
+                                extra={"event": "api.sse_lifetime", "stream": stream},
                             )
                             return
                         wait_s = min(wait_s, left)
@@ -203,7 +294,7 @@ async def receipt_events(
                         yield ": keepalive\n\n"
                     elif notice is _STOP:
                         return
-                    elif notice is RECONNECTED or (notice.stream == stream and notice.seq > folded):
+                    elif notice is RECONNECTED or (notice.stream == stream and notice.seq > read):
                         break
         finally:
             stop.cancel()
@@ -229,3 +320,73 @@ async def _next_notice(
     if stop in done:
         return _STOP
     return None
+
+
+def wants_stream(request: Request) -> bool:
+    """True when the request asks for server-sent events rather than a JSON page."""
+    return "text/event-stream" in request.headers.get("accept", "")
+
+
+def json_size(value: Any) -> int:
+    """The length of `value` as compact JSON (what the response byte cap counts)."""
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def stream_response(
+    state: ApiState, token_id: str, followed: Followed[S], after: int
+) -> StreamingResponse:
+    """The live stream of `followed` past `after`, holding one of `token_id`'s slots (429
+    when the token or the api is at its cap) for as long as it is open."""
+    if state.listener is None:
+        raise TransientStorageError("event streams are not available: the api is starting")
+    slot = state.streams.acquire(token_id)
+    events = stream_events(
+        state.require_store(),
+        state.listener,
+        state.stopping,
+        followed,
+        after,
+        keepalive_s=state.settings.sse_keepalive_ms / 1000,
+        max_lifetime_s=state.settings.sse_max_lifetime_s,
+    )
+    return StreamingResponse(
+        slot.held_by(events),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def receipts_page(
+    store: Store, followed: Followed[S], after: int, limit: int, max_bytes: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Up to `limit` receipts past `after` as the caller sees them, and the seq the next page
+    starts after. A page also ends before `max_bytes` (holding at least one receipt)."""
+    budget = max_bytes
+    shown: list[dict[str, Any]] = []
+    last_seq = after
+    for receipt in await store.read_stream(followed.stream, after, limit):
+        data = followed.shown(receipt)
+        budget -= json_size(data)
+        if shown and budget < 0:
+            break
+        shown.append(data)
+        last_seq = receipt.seq
+    return shown, last_seq
+
+
+async def events_response(
+    asked: ReceiptsAsked,
+    state: ApiState,
+    caller: Principal,
+    followed: Followed[S],
+    head: dict[str, Any],
+) -> Response:
+    """A stream's receipts past `after` (or `Last-Event-ID`, which wins): live SSE when the
+    request asks for it, else one JSON page `{**head, receipts, lastSeq}`."""
+    resume = parse_last_event_id(asked.request.headers.get("last-event-id"), asked.after)
+    if wants_stream(asked.request):
+        return stream_response(state, caller.token_id, followed, resume)
+    receipts, last_seq = await receipts_page(
+        state.require_store(), followed, resume, asked.limit, state.settings.max_response_bytes
+    )
+    return JSONResponse({**head, "receipts": receipts, "lastSeq": last_seq})

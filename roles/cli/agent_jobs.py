@@ -3,7 +3,6 @@ owner session's events, over the HTTP API."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import quote
 
@@ -20,8 +19,6 @@ from roles.cli.client import (
     _given,
     _load_json,
     _outcome_lines,
-    _receipt_pages,
-    parse_sse,
 )
 
 TYPE_WIDTH = 26  # the longest agent-job receipt type
@@ -259,7 +256,11 @@ def cancel_command(
 @click.argument("agent_job_id", metavar="ID", required=False)
 @click.option("--session", "session_id", help="The owner session's stream (wakeups) instead.")
 @click.option("--after", type=click.IntRange(min=0), default=0, help="Only receipts past this seq.")
-@click.option("--follow", is_flag=True, help="With --session: stay connected, print live.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Stay connected, print live: until the job is finished (a session's: until interrupted).",
+)
 @_api_options
 def events_command(
     agent_job_id: str | None,
@@ -273,22 +274,11 @@ def events_command(
     """Print an agent job's receipts, or (--session) its owner session's wakeups."""
     if (agent_job_id is None) == (session_id is None):
         raise click.UsageError("give an agent job ID or --session, not both")
-    if follow and session_id is None:
-        raise click.UsageError("--follow needs --session")
+    if session_id is not None:
+        path, name = f"/sessions/{quote(session_id, safe='')}/events", f"session {session_id}"
+    else:
+        path, name = _path(str(agent_job_id), "/events"), f"agent job {agent_job_id}"
     with ApiClient(api_url, token) as client:
-        if session_id is not None:
-            path = f"/sessions/{quote(session_id, safe='')}/events"
-            if follow:
-                headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
-                with client.http.stream("GET", path, headers=headers, timeout=None) as response:
-                    if response.status_code != 200:
-                        response.read()
-                        client.call("GET", path)  # raises the API's error
-                    for event in parse_sse(response.iter_lines()):
-                        if event.name == "message" and event.data:
-                            _echo_receipt(json.loads(event.data), as_json, TYPE_WIDTH)
-                return
-        else:
-            path = _path(str(agent_job_id), "/events")
-        for receipt in _receipt_pages(client, path, after):
+        live = client.follow_events(path, after, name) if follow else client.receipts(path, after)
+        for receipt in live:
             _echo_receipt(receipt, as_json, TYPE_WIDTH)

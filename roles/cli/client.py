@@ -130,18 +130,33 @@ class ApiClient:
             raise _failure(response)
         return response.json()
 
-    def follow(self, job_id: str, after: int = 0) -> Iterator[dict[str, Any]]:
-        """Yield the job's receipts past `after` from its live event stream until it is terminal.
+    def receipts(self, path: str, after: int = 0) -> Iterator[dict[str, Any]]:
+        """Yield a stream's receipts past `after` from its JSON pages (`GET …/events`), page after
+        page (a page may end early at the API's response byte cap) until one comes back empty."""
+        while True:
+            page = self.call("GET", path, params={"after": after, "limit": EVENTS_PAGE})
+            if not page["receipts"]:
+                return
+            yield from page["receipts"]
+            after = page["lastSeq"]
 
-        A dropped connection is resumed with `Last-Event-ID`, so no receipt is missed or repeated.
+    def follow(self, job_id: str, after: int = 0) -> Iterator[dict[str, Any]]:
+        """Yield the job's receipts past `after` from its live event stream until it is terminal."""
+        return self.follow_events(f"/jobs/{quote(job_id, safe='')}/events", after, job_id)
+
+    def follow_events(self, path: str, after: int, name: str) -> Iterator[dict[str, Any]]:
+        """Yield the receipts past `after` of the live event stream at `path` until its `end`
+        event (a session's stream has none: until interrupted).
+
+        A dropped connection, or a stream closed at the API's maximum lifetime, is resumed with
+        `Last-Event-ID`, so no receipt is missed or repeated.
         """
         last = after
         failures = 0
-        path = f"/jobs/{quote(job_id, safe='')}/events"
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S)
         while True:
             headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
-            problem = "the stream ended before the job did"
+            problem = f"the stream ended before {name} did"
             try:
                 with self.http.stream("GET", path, headers=headers, timeout=timeout) as response:
                     if response.status_code == 200:
@@ -165,7 +180,7 @@ class ApiClient:
             # Reconnect (resuming after `last`) with a growing delay, a bounded number of times.
             failures += 1
             if failures > RECONNECT_ATTEMPTS:
-                raise ApiFailure(f"lost the event stream of {job_id}: {problem}")
+                raise ApiFailure(f"lost the event stream of {name}: {problem}")
             time.sleep(min(0.25 * 2**failures, 5.0))
 
 
@@ -237,16 +252,6 @@ def _echo_receipt(receipt: dict[str, Any], as_json: bool, type_width: int = 22) 
             f"{receipt['seq']:>4}  {receipt['recordedAt']}  {receipt['type']:<{type_width}} "
             f"{_compact(receipt['data'])}"
         )
-
-
-def _receipt_pages(client: ApiClient, path: str, after: int) -> Iterator[dict[str, Any]]:
-    """Yield the receipts of an events endpoint (`path`) past seq `after`, page by page."""
-    while True:
-        page = client.call("GET", path, params={"after": after, "limit": EVENTS_PAGE})
-        yield from page["receipts"]
-        if len(page["receipts"]) < EVENTS_PAGE:
-            return
-        after = page["lastSeq"]
 
 
 def _echo_page(

@@ -27,7 +27,6 @@ from roles.cli.client import (
     _given,
     _job_path,
     _load_json,
-    _receipt_pages,
     _summary,
     _wait,
 )
@@ -214,7 +213,7 @@ def jobs_events(
         receipts = (
             client.follow(job_id, after)
             if follow
-            else _receipt_pages(client, _job_path(job_id, "/events"), after)
+            else client.receipts(_job_path(job_id, "/events"), after)
         )
         for receipt in receipts:
             _echo_receipt(receipt, as_json)

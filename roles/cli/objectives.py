@@ -226,13 +226,12 @@ def objectives_get(objective_id: str, api_url: str, token: str | None, as_json: 
 def objectives_events(objective_id: str, api_url: str, token: str | None, as_json: bool) -> None:
     """Print the objective's receipts."""
     with ApiClient(api_url, token) as client:
-        page = client.call("GET", _path(objective_id, "/events"), params={"limit": 10_000})
-    for receipt in page["receipts"]:
-        if as_json:
-            click.echo(json.dumps(receipt, ensure_ascii=False))
-        else:
-            data = json.dumps(receipt["data"], separators=(",", ":"), ensure_ascii=False)
-            click.echo(f"{receipt['seq']:>4} {receipt['type']:<30} {data[:160]}")
+        for receipt in client.receipts(_path(objective_id, "/events")):
+            if as_json:
+                click.echo(json.dumps(receipt, ensure_ascii=False))
+            else:
+                data = json.dumps(receipt["data"], separators=(",", ":"), ensure_ascii=False)
+                click.echo(f"{receipt['seq']:>4} {receipt['type']:<30} {data[:160]}")
 
 
 @objectives_group.command("cancel")

@@ -18,6 +18,7 @@ import httpx
 from receipts.enqueue import scoped_job_id
 from receipts.store import Store
 from roles.api.app import ApiSettings, create_app
+from roles.cli.client import SseEvent, parse_sse
 from roles.infra.ports import free_port
 from roles.infra.supervisor import Supervised
 from tests.integration.helpers import adhoc_objective_id
@@ -85,6 +86,19 @@ async def api_client(
         httpx.AsyncClient(transport=transport, base_url=base_url) as client,
     ):
         yield client
+
+
+async def events(response: httpx.Response) -> AsyncIterator[SseEvent]:
+    """The server-sent events of a streamed response (asserted to be a 200 event stream)."""
+    assert response.status_code == 200, await response.aread()
+    assert response.headers["content-type"].startswith("text/event-stream")
+    block: list[str] = []
+    async for line in response.aiter_lines():
+        block.append(line)
+        if line == "":
+            for event in parse_sse(block):
+                yield event
+            block = []
 
 
 def clean_env(extra: Mapping[str, str]) -> dict[str, str]:

@@ -17,8 +17,15 @@ import pytest
 
 from receipts import operations as ops
 from receipts.store import Store
-from roles.cli.client import SseEvent, parse_sse
-from tests.integration.api_support import AS_A, AS_B, RunningApi, enqueue_body, rid, running_api
+from tests.integration.api_support import (
+    AS_A,
+    AS_B,
+    RunningApi,
+    enqueue_body,
+    events,
+    rid,
+    running_api,
+)
 from tests.integration.helpers import types
 
 LEASE_MS = 60_000
@@ -35,18 +42,6 @@ def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
 async def client(api: RunningApi) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
         yield client
-
-
-async def events(response: httpx.Response) -> AsyncIterator[SseEvent]:
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/event-stream")
-    block: list[str] = []
-    async for line in response.aiter_lines():
-        block.append(line)
-        if line == "":
-            for event in parse_sse(block):
-                yield event
-            block = []
 
 
 async def enqueue(client: httpx.AsyncClient, **body: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,48 @@ def test_create_list_get_events_answer_cancel(api: RunningApi) -> None:
     assert stopped.returncode == 0 and f"stopped {agent_job_id}" in stopped.stdout
     wakeups = receipt(api, TOKEN_A, "events", "--session", session)
     assert wakeups.returncode == 0 and wakeups.stdout == ""  # stopped wakes nobody
+
+
+def test_events_follow_outlives_the_stream_lifetime_and_ends_with_the_job(
+    db_url: str, tmp_path: Path
+) -> None:
+    # Streams end after 1 s here: the CLI resumes with Last-Event-ID until the job's `end`.
+    with running_api(db_url, tmp_path, RECEIPT_SSE_MAX_LIFETIME_S="1") as short:
+        session = f"session-{uuid.uuid4().hex[:8]}"
+        created = receipt(
+            short,
+            TOKEN_A,
+            *("create", "writer", "--session", session, "--tool-call", "tc-1"),
+            *("--route", "slack/C1", "--prompt", "write the notes", "--json"),
+        )
+        assert created.returncode == 0, created.stderr
+        agent_job_id = json.loads(created.stdout)["agentJob"]["agentJobId"]
+        follower = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "roles.cli.main",
+                "agent-jobs",
+                "events",
+                agent_job_id,
+                "--follow",
+            ],
+            cwd=ROOT,
+            env=clean_env({"RECEIPT_API_URL": short.url, "RECEIPT_API_TOKEN": TOKEN_A}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(3.5)  # three lifetimes
+            assert follower.poll() is None, follower.communicate()
+            stopped = receipt(short, TOKEN_ADMIN, "cancel", agent_job_id)
+            assert stopped.returncode == 0, stopped.stderr
+            out, err = follower.communicate(timeout=30)
+        finally:
+            follower.kill()
+    assert follower.returncode == 0, err
+    # One line per receipt, each once and in order: created, then the stop.
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines] == [str(n) for n in range(1, len(lines) + 1)]
+    assert "agent_job.created" in lines[0] and "stopped" in lines[-1]

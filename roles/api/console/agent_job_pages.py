@@ -18,19 +18,15 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs import model as agent_model
-from receipts.agent_jobs.model import AgentJob
 from receipts.errors import NotFoundError
 from roles.api.auth import JOBS_WRITE
+from roles.api.body import listing
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
-from roles.api.console.session import FormError, Session, need, read_form, session_of
+from roles.api.console.session import FormError, form_of, session_of, visible
 
 log = logging.getLogger("roles.api.console")
 
 router = APIRouter(prefix="/console/agents", include_in_schema=False)
-
-
-def _visible(session: Session, job: AgentJob | None) -> AgentJob | None:
-    return job if job is not None and session.principal.sees(job.organization_id) else None
 
 
 def _page_url(agent_job_id: str, notice: str) -> str:
@@ -43,20 +39,15 @@ async def agent_jobs_page(request: Request) -> HTMLResponse:
     status = request.query_params.get("status") or None
     agent_id = request.query_params.get("agentId") or None
     store = store_of(request)
-    jobs = await lifecycle.list_jobs(
-        store,
-        {
-            "all_organizations": session.principal.admin,
-            "caller_organization_id": session.principal.organization_id,
-            "organization_id": None,
-            "status": status if status in agent_model.STATUSES else None,
-            "agent_id": agent_id,
-            "owner_session_id": request.query_params.get("ownerSessionId") or None,
-            "before_created_at": None,
-            "before_id": None,
-            "limit": PAGE_SIZE,
-        },
-    )
+    params = {
+        **listing(session.principal, None, "id"),
+        "organization_id": None,
+        "status": status if status in agent_model.STATUSES else None,
+        "agent_id": agent_id,
+        "owner_session_id": request.query_params.get("ownerSessionId") or None,
+        "limit": PAGE_SIZE,
+    }
+    jobs = await lifecycle.list_jobs(store, params)
     running = await lifecycle.running_by_agent(store) if session.principal.admin else {}
     return render(
         "agent_jobs.html",
@@ -67,7 +58,6 @@ async def agent_jobs_page(request: Request) -> HTMLResponse:
         agent_id=agent_id or "",
         running=sorted(running.items()),
         slots=agent_model.SLOTS_PER_AGENT,
-        quote=quote,
     )
 
 
@@ -75,9 +65,7 @@ async def agent_jobs_page(request: Request) -> HTMLResponse:
 async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
     session = session_of(request)
     store = store_of(request)
-    job = _visible(session, await lifecycle.get(store, agentJobId))
-    if job is None:
-        return render("missing.html", status=404, session=session, what=f"agent job {agentJobId}")
+    job = visible(session, await lifecycle.get(store, agentJobId), f"agent job {agentJobId}")
     turns: list[dict[str, Any]] = []
     for queue_id in job.queue_job_ids:
         turn_job = await store.get_job(queue_id)
@@ -110,18 +98,14 @@ async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
         timeline=timeline(receipts),
         input_text=json.dumps(job.input, ensure_ascii=False),
         notice=request.query_params.get("notice"),
-        quote=quote,
     )
 
 
 @router.post("/jobs/{agentJobId}/answer")
 async def agent_job_answer(request: Request, agentJobId: str) -> Response:
-    session = session_of(request)
-    fields = await read_form(request, session)
-    need(session, JOBS_WRITE)
+    session, fields = await form_of(request, JOBS_WRITE)
     store = store_of(request)
-    if _visible(session, await lifecycle.get(store, agentJobId)) is None:
-        raise FormError(404, f"no agent job {agentJobId!r}")
+    visible(session, await lifecycle.get(store, agentJobId), f"agent job {agentJobId}")
     text = fields.get("answer", "").strip()
     if not text:
         raise FormError(422, "the answer is empty")
@@ -139,12 +123,9 @@ async def agent_job_answer(request: Request, agentJobId: str) -> Response:
 
 @router.post("/jobs/{agentJobId}/cancel")
 async def agent_job_cancel(request: Request, agentJobId: str) -> Response:
-    session = session_of(request)
-    fields = await read_form(request, session)
-    need(session, JOBS_WRITE)
+    session, fields = await form_of(request, JOBS_WRITE)
     store = store_of(request)
-    if _visible(session, await lifecycle.get(store, agentJobId)) is None:
-        raise FormError(404, f"no agent job {agentJobId!r}")
+    visible(session, await lifecycle.get(store, agentJobId), f"agent job {agentJobId}")
     reason = fields.get("reason") or "canceled from the console"
     try:
         job = await lifecycle.cancel(store, agentJobId, reason=reason[:1000])

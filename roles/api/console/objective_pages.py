@@ -16,8 +16,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from receipts.objectives import store as objectives
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream
 from roles.api.auth import JOBS_WRITE
+from roles.api.body import listing
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
-from roles.api.console.session import FormError, Session, need, read_form, session_of
+from roles.api.console.session import form_of, session_of, visible
 
 log = logging.getLogger("roles.api.console")
 
@@ -36,12 +37,6 @@ class Node:
     job_id: str | None
     x: int
     y: int
-
-
-def _visible(session: Session, objective: ObjectiveState | None) -> ObjectiveState | None:
-    if objective is None or not session.principal.sees(objective.organization_id):
-        return None
-    return objective
 
 
 def layout(objective: ObjectiveState) -> tuple[list[Node], list[tuple[Node, Node]], int, int]:
@@ -102,6 +97,12 @@ def layout(objective: ObjectiveState) -> tuple[list[Node], list[tuple[Node, Node
     return list(nodes.values()), edges, max(width, NODE_W + 2 * MARGIN), height
 
 
+def drawing(objective: ObjectiveState) -> dict[str, Any]:
+    """What the page draws the graph from: the layout and the size of a node."""
+    nodes, edges, width, height = layout(objective)
+    return dict(nodes=nodes, edges=edges, width=width, height=height, node_w=NODE_W, node_h=NODE_H)
+
+
 def graph_state(objective: ObjectiveState) -> dict[str, Any]:
     """What the page's script refreshes: the objective's status and each node's status."""
     nodes, _, _, _ = layout(objective)
@@ -116,18 +117,13 @@ def graph_state(objective: ObjectiveState) -> dict[str, Any]:
 async def objectives_page(request: Request) -> HTMLResponse:
     session = session_of(request)
     status = request.query_params.get("status") or None
-    rows = await store_of(request).fetch(
-        "api_list_objectives",
-        {
-            "all_organizations": session.principal.admin,
-            "caller_organization_id": session.principal.organization_id,
-            "organization_id": None,
-            "status": status if status in STATUSES else None,
-            "before_created_at": None,
-            "before_objective_id": None,
-            "limit": PAGE_SIZE,
-        },
-    )
+    params = {
+        **listing(session.principal, None, "objective_id"),
+        "organization_id": None,
+        "status": status if status in STATUSES else None,
+        "limit": PAGE_SIZE,
+    }
+    rows = await store_of(request).fetch("api_list_objectives", params)
     found = [ObjectiveState.model_validate(row[0]) for row in rows]
     return render(
         "objectives.html",
@@ -135,7 +131,6 @@ async def objectives_page(request: Request) -> HTMLResponse:
         objectives=found,
         statuses=STATUSES,
         status_filter=status or "",
-        quote=quote,
     )
 
 
@@ -143,7 +138,7 @@ async def objectives_page(request: Request) -> HTMLResponse:
 async def objective_state(request: Request, objectiveId: str) -> Response:
     """The graph's live state, polled by the page (the console's session authenticates it)."""
     session = session_of(request)
-    objective = _visible(session, await objectives.get(store_of(request), objectiveId))
+    objective = session.sees(await objectives.get(store_of(request), objectiveId))
     if objective is None:
         return JSONResponse({"error": "not found"}, status_code=404)
     return JSONResponse(graph_state(objective), headers={"Cache-Control": "no-store"})
@@ -153,37 +148,27 @@ async def objective_state(request: Request, objectiveId: str) -> Response:
 async def objective_page(request: Request, objectiveId: str) -> HTMLResponse:
     session = session_of(request)
     store = store_of(request)
-    objective = _visible(session, await objectives.get(store, objectiveId))
-    if objective is None:
-        return render("missing.html", status=404, session=session, what=f"objective {objectiveId}")
-    nodes, edges, width, height = layout(objective)
+    objective = visible(
+        session, await objectives.get(store, objectiveId), f"objective {objectiveId}"
+    )
     receipts = await store.read_stream(objective_stream(objectiveId), 0, 2_000)
     return render(
         "objective.html",
         session=session,
         objective=objective,
-        nodes=nodes,
-        edges=edges,
-        width=width,
-        height=height,
-        node_w=NODE_W,
-        node_h=NODE_H,
+        **drawing(objective),
         audit=json.dumps(objective.audit, indent=2, ensure_ascii=False) if objective.audit else "",
         timeline=timeline(receipts),
         notice=request.query_params.get("notice"),
-        quote=quote,
     )
 
 
 @router.post("/{objectiveId}/cancel")
 async def objective_cancel(request: Request, objectiveId: str) -> Response:
-    session = session_of(request)
-    fields = await read_form(request, session)
-    need(session, JOBS_WRITE)
-    store = store_of(request)
-    if _visible(session, await objectives.get(store, objectiveId)) is None:
-        raise FormError(404, f"no objective {objectiveId!r}")
+    session, fields = await form_of(request, JOBS_WRITE)
     reason = (fields.get("reason") or "canceled from the console")[:1000]
+    store = store_of(request)
+    visible(session, await objectives.get(store, objectiveId), f"objective {objectiveId}")
     try:
         async with store.transaction() as tx:
             await objectives.request_cancel(tx, objectiveId, reason)

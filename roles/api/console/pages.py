@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
@@ -24,20 +24,23 @@ from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
 from receipts.kinds import KINDS
 from receipts.settings import Settings
 from roles.api.admission import runs_commands
-from roles.api.app import decode_cursor, encode_cursor, receipt_events
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
+from roles.api.body import encode_cursor, listing
 from roles.api.console.session import (
     COOKIE,
     COOKIE_PATH,
     FormError,
+    PageMissing,
     Session,
     SignInRequired,
     need,
     read_form,
     session_of,
 )
-from roles.api.deps import find_job
+from roles.api.deps import find_job, shown_id
+from roles.api.routes.jobs import followed_job
 from roles.api.schema import shown_job_id
+from roles.api.sse import parse_last_event_id, parse_seq, stream_response
 
 log = logging.getLogger("roles.api.console")
 
@@ -54,6 +57,8 @@ _templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+# Every page builds links with these.
+_templates.globals.update(quote=quote, urlencode=urlencode)
 
 
 def temporal_ui_url() -> str:
@@ -173,14 +178,13 @@ def _filters(request: Request) -> dict[str, str]:
     return {name: request.query_params[name] for name in FILTERS if request.query_params.get(name)}
 
 
-def _list_params(session: Session, filters: dict[str, str]) -> dict[str, Any]:
+def _list_params(session: Session, filters: dict[str, str], cursor: str | None) -> dict[str, Any]:
     def choice(name: str, allowed: tuple[str, ...]) -> str | None:
         value = filters.get(name)
         return value if value in allowed else None
 
     return {
-        "all_organizations": session.principal.admin,
-        "caller_organization_id": session.principal.organization_id,
+        **listing(session.principal, cursor, "job_id"),
         "organization_id": filters.get("organizationId") if session.principal.admin else None,
         "status": choice("status", STATUSES),
         "agent_id": filters.get("agentId"),
@@ -242,26 +246,16 @@ async def jobs_page(request: Request) -> HTMLResponse:
     session = session_of(request)
     store = store_of(request)
     filters = _filters(request)
-    params = _list_params(session, filters)
+    params = _list_params(session, filters, request.query_params.get("cursor"))
     counts = dict(
         (row[0], row[1])
         for row in await store.fetch("console_status_counts", {**params, "status": None})
     )
-    cursor = request.query_params.get("cursor")
-    before = decode_cursor(cursor) if cursor else (None, None)
-    rows = await store.fetch(
-        "api_list_jobs",
-        {
-            **params,
-            "before_created_at": before[0],
-            "before_job_id": before[1],
-            "limit": PAGE_SIZE + 1,
-        },
-    )
+    rows = await store.fetch("api_list_jobs", {**params, "limit": PAGE_SIZE + 1})
     found = [Job.model_validate(row[0]) for row in rows]
     page = found[:PAGE_SIZE]
     next_query = (
-        urlencode({**filters, "cursor": encode_cursor(page[-1])})
+        urlencode({**filters, "cursor": encode_cursor(page[-1].created_at, page[-1].job_id)})
         if len(found) > PAGE_SIZE
         else None
     )
@@ -275,35 +269,21 @@ async def jobs_page(request: Request) -> HTMLResponse:
         lanes=LANES,
         kinds=KINDS,
         next_query=next_query,
-        quote=quote,
     )
 
 
 @router.get("/jobs/{jobId:path}/events")
 async def job_events(request: Request, jobId: str) -> Response:
-    """The job's receipts as a live event stream, authenticated by the console session."""
+    """The job's receipts as a live event stream, authenticated by the console session; it
+    counts against the session token's cap of open streams like any other."""
     session = session_of(request)
     job = await find_job(store_of(request), session.principal, jobId)
     if job is None:
         return Response("no such job", status_code=404)
-    api = request.app.state.api
-    if api.listener is None:
-        return Response("event streams are not available", status_code=503)
-    after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    if not after.isdigit() or len(after) > 12:
-        return Response("after must be a receipt seq", status_code=400)
-    return StreamingResponse(
-        receipt_events(
-            api.require_store(),
-            api.listener,
-            api.stopping,
-            job.job_id,
-            int(after),
-            keepalive_s=api.settings.sse_keepalive_ms / 1000,
-        ),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    after = parse_seq(request.query_params.get("after") or "0", "after")
+    resume = parse_last_event_id(request.headers.get("last-event-id"), after)
+    followed = followed_job(job, shown_id(session.principal, job))
+    return stream_response(request.app.state.api, session.principal.token_id, followed, resume)
 
 
 @router.get("/jobs/{jobId:path}")
@@ -327,7 +307,6 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         + urlencode({"query": f'ReceiptJobId="{job.job_id}"'}),
         notice=request.query_params.get("notice"),
         retryable=job.status in retries.RETRYABLE_STATUSES,
-        quote=quote,
     )
 
 
@@ -431,7 +410,6 @@ async def failed_page(request: Request) -> HTMLResponse:
         groups=groups,
         agent_id=request.query_params.get("agentId") or "",
         notice=request.query_params.get("notice"),
-        urlencode=urlencode,
     )
 
 
@@ -485,3 +463,11 @@ def install_console(app: FastAPI) -> None:
             extra={"event": "console.form_refused", "status": exc.status, "path": request.url.path},
         )
         return render("error.html", status=exc.status, session=None, message=exc.message)
+
+    @app.exception_handler(PageMissing)
+    async def page_missing(request: Request, exc: PageMissing) -> Response:
+        log.info(
+            "console page missing",
+            extra={"event": "console.page_missing", "path": request.url.path},
+        )
+        return render("missing.html", status=404, session=exc.session, what=exc.what)

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 from urllib.parse import parse_qs
 
 from fastapi import Request
@@ -19,6 +20,16 @@ MAX_FORM_BYTES = 64 * 1024
 # In open mode (no tokens, loopback only) there is no token to derive the CSRF token from; one
 # secret per process signs the forms instead.
 _OPEN_SECRET = secrets.token_bytes(32)
+
+
+class Owned(Protocol):
+    """Something an organization owns (an objective, an agent job)."""
+
+    @property
+    def organization_id(self) -> str | None: ...
+
+
+T = TypeVar("T", bound=Owned)
 
 
 class SignInRequired(Exception):
@@ -41,6 +52,10 @@ class Session:
     principal: Principal
     csrf: str
     open_mode: bool = False
+
+    def sees(self, thing: T | None) -> T | None:
+        """`thing` when this operator may see it (its organization's, or any for admin)."""
+        return thing if thing is not None and self.principal.sees(thing.organization_id) else None
 
     @property
     def who(self) -> str:
@@ -95,3 +110,30 @@ async def read_form(request: Request, session: Session | None) -> dict[str, str]
     if session is not None and not hmac.compare_digest(fields.get("csrf", ""), session.csrf):
         raise FormError(403, "the form's CSRF token is missing or wrong: reload the page")
     return fields
+
+
+async def form_of(request: Request, scope: str) -> tuple[Session, dict[str, str]]:
+    """A console action's session and form fields: the form read and its CSRF token checked,
+    then `scope` required of the session's token (403)."""
+    session = session_of(request)
+    fields = await read_form(request, session)
+    need(session, scope)
+    return session, fields
+
+
+class PageMissing(Exception):
+    """A page or form names something that does not exist or the operator may not see: the
+    console answers its 404 page naming `what` (another organization's looks like none)."""
+
+    def __init__(self, session: Session, what: str) -> None:
+        super().__init__(what)
+        self.session = session
+        self.what = what
+
+
+def visible(session: Session, thing: T | None, what: str) -> T:
+    """`thing` when the operator may see it; else `PageMissing` naming `what`."""
+    found = session.sees(thing)
+    if found is None:
+        raise PageMissing(session, what)
+    return found

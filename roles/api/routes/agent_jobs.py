@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import base64
-import json
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs import model as agent_model
@@ -19,10 +17,12 @@ from receipts.agent_jobs.requests import parse_answer, parse_create
 from receipts.errors import ConflictError, InvalidInput, NotFoundError
 from receipts.jobs import job_stream
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import decode_cursor
+from roles.api.body import choice, encode_cursor, listing
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
+from roles.api.routes.sessions import visible_session
 from roles.api.schema import errors_documented
+from roles.api.sse import Asked, Followed, events_response, events_route
 
 router = APIRouter(tags=["agent-jobs"])
 
@@ -34,42 +34,38 @@ _ID = {"type": "string", "minLength": 1, "maxLength": 200}
 _OPTIONAL_ID = {"anyOf": [_ID, {"type": "null"}]}
 # The documented bodies are no stricter than the validation in receipts/agent_jobs/requests.py
 # (which also refuses blank strings and '/' in agentId and ownerSessionId).
+_REQUIRED_PROPERTIES: dict[str, Any] = {
+    "agentId": _ID,
+    "ownerSessionId": _ID,
+    "sourceActorEventId": _ID,
+    "sourceToolCallId": _ID,
+    "replyRoute": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["binding", "channel"],
+        "properties": {
+            "binding": {"type": "string", "minLength": 1},
+            "channel": {"type": "string", "minLength": 1},
+            "thread": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        },
+    },
+    "input": {
+        "type": "object",
+        "additionalProperties": False,
+        "minProperties": 1,
+        "maxProperties": 1,
+        "properties": {
+            "prompt": {"type": "string", "minLength": 1},
+            "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        },
+    },
+}
 CREATE_BODY = {
     "type": "object",
     "additionalProperties": False,
-    "required": [
-        "agentId",
-        "ownerSessionId",
-        "sourceActorEventId",
-        "sourceToolCallId",
-        "replyRoute",
-        "input",
-    ],
+    "required": list(_REQUIRED_PROPERTIES),
     "properties": {
-        "agentId": _ID,
-        "ownerSessionId": _ID,
-        "sourceActorEventId": _ID,
-        "sourceToolCallId": _ID,
-        "replyRoute": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["binding", "channel"],
-            "properties": {
-                "binding": {"type": "string", "minLength": 1},
-                "channel": {"type": "string", "minLength": 1},
-                "thread": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-            },
-        },
-        "input": {
-            "type": "object",
-            "additionalProperties": False,
-            "minProperties": 1,
-            "maxProperties": 1,
-            "properties": {
-                "prompt": {"type": "string", "minLength": 1},
-                "command": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-            },
-        },
+        **_REQUIRED_PROPERTIES,
         "workspaceTemplate": {"anyOf": [{"type": "string"}, {"type": "null"}]},
         "continuedFromJobId": _OPTIONAL_ID,
         "providerBinding": _OPTIONAL_ID,
@@ -223,10 +219,7 @@ async def list_session_agent_jobs(
 ) -> JSONResponse:
     """The owner session's agent jobs, newest first (keyset cursor). (A list of every job of
     an organization is the console's, for admin tokens.)"""
-    require_scope(caller, JOBS_READ)
-    owner = await lifecycle.session_organization(state.require_store(), session_id)
-    if owner is None or not caller.sees(owner):
-        raise ApiError(404, "not_found", f"no session {session_id!r}", field="sessionId")
+    await visible_session(state, caller, session_id)
     return await _list(request, state, caller, status, agent_id, session_id, None, limit, cursor)
 
 
@@ -241,36 +234,21 @@ async def _list(
     limit: int,
     cursor: str | None,
 ) -> JSONResponse:
-    if status is not None and status not in agent_model.STATUSES:
-        raise InvalidInput(
-            "status",
-            f"status must be one of: {', '.join(agent_model.STATUSES)}",
-            agent_model.STATUSES,
-        )
-    before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
     params = {
-        "all_organizations": caller.admin,
-        "caller_organization_id": caller.organization_id,
+        **listing(caller, cursor, "id"),
         "organization_id": organization_id,
-        "status": status,
+        "status": choice(status, "status", agent_model.STATUSES),
         "agent_id": agent_id,
         "owner_session_id": owner_session_id,
-        "before_created_at": before_at,
-        "before_id": before_id,
         "limit": limit + 1,
     }
     found = await lifecycle.list_jobs(state.require_store(), params)
     page = found[:limit]
-    next_cursor = _cursor(page[-1]) if len(found) > limit else None
+    last = page[-1] if len(found) > limit else None
+    next_cursor = encode_cursor(last.created_at, last.agent_job_id) if last else None
     return JSONResponse(
         {"agentJobs": [agent_job_view(j, request) for j in page], "nextCursor": next_cursor}
     )
-
-
-def _cursor(job: AgentJob) -> str:
-    """The opaque cursor after `job` (the same shape `decode_cursor` reads for jobs)."""
-    raw = json.dumps([job.created_at.isoformat(), job.agent_job_id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
 @router.get(
@@ -288,33 +266,32 @@ async def get_agent_job(
     )
 
 
-@router.get(
-    "/agent-jobs/{agentJobId}/events",
-    responses=errors_documented(401, 404, 422, 503),
-    dependencies=[_takes_query("after", "limit")],
+def followed_agent_job(agent_job_id: str) -> Followed[AgentJob]:
+    """An agent job's stream, ending once the job is `succeeded`, `failed` or `stopped` (a job
+    waiting on its user is not finished)."""
+
+    def end(job: AgentJob) -> dict[str, Any] | None:
+        return {"agentJobId": agent_job_id, "status": job.status} if job.terminal else None
+
+    return Followed(agent_model.stream_of(agent_job_id), fold=agent_model.apply, end=end)
+
+
+@events_route(
+    router, "/agent-jobs/{agentJobId}/events", "It ends with `event: end` once the job is finished."
 )
 async def agent_job_events(
-    state: State,
-    caller: Caller,
-    agent_job_id: AgentJobId,
-    after: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-) -> JSONResponse:
-    """The receipts of `agent-jobs/<id>` after `after`."""
+    asked: Asked, state: State, caller: Caller, agent_job_id: AgentJobId
+) -> Response:
+    """The receipts of `agent-jobs/<id>` after `after`; with `Accept: text/event-stream`, live
+    until the job is finished."""
     require_scope(caller, JOBS_READ)
     job = await visible_agent_job(state, caller, agent_job_id)
-    receipts = await state.require_store().read_stream(
-        agent_model.stream_of(job.agent_job_id), after, limit
-    )
-    return JSONResponse(
-        {
-            "agentJobId": job.agent_job_id,
-            "stream": agent_model.stream_of(job.agent_job_id),
-            "status": job.status,
-            "receipts": [r.to_json() for r in receipts],
-            "lastSeq": receipts[-1].seq if receipts else after,
-        }
-    )
+    head = {
+        "agentJobId": job.agent_job_id,
+        "stream": agent_model.stream_of(job.agent_job_id),
+        "status": job.status,
+    }
+    return await events_response(asked, state, caller, followed_agent_job(job.agent_job_id), head)
 
 
 @router.post(

@@ -12,13 +12,12 @@ and the workflows, and is what an admin token sees and names.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 
 from receipts import jobs as jobmodel
@@ -43,9 +42,9 @@ from roles.api.admission import (
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE
 from roles.api.body import (
     choice,
-    decode_cursor,
     encode_cursor,
     job_path,
+    listing,
     read_json_body,
     validated,
 )
@@ -73,7 +72,7 @@ from roles.api.schema import (
     json_body_documented,
     shown_receipt,
 )
-from roles.api.sse import parse_last_event_id, receipt_events
+from roles.api.sse import Asked, Followed, events_response, events_route, json_size
 from roles.infra.tracing import current_traceparent, trace_id_of
 
 log = logging.getLogger("roles.api.app")
@@ -215,10 +214,6 @@ async def _list_jobs(store: Store, params: dict[str, Any]) -> list[Job]:
         return [Job.model_validate(row[0]) for row in rows]
 
 
-def _json_size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":")))
-
-
 @router.get(
     "/jobs",
     response_model=JobList,
@@ -249,18 +244,14 @@ async def list_jobs(
     continues it.
     """
     require_scope(caller, JOBS_READ)
-    before_created_at, before_job_id = decode_cursor(cursor) if cursor else (None, None)
     params = {
-        "all_organizations": caller.admin,
-        "caller_organization_id": caller.organization_id,
+        **listing(caller, cursor, "job_id"),
         "organization_id": organization_id,
         "status": choice(status, "status", STATUSES),
         "agent_id": agent_id,
         "lane": choice(lane, "lane", LANES),
         "session_key": session_key,
         "kind": choice(kind, "kind", KINDS),
-        "before_created_at": before_created_at,
-        "before_job_id": before_job_id,
         "limit": limit + 1,
     }
     found = await _list_jobs(state.require_store(), params)
@@ -268,49 +259,40 @@ async def list_jobs(
     views: list[dict[str, Any]] = []
     for job in found[:limit]:
         view = job_view(job, shown_id(caller, job))
-        budget -= _json_size(view)
+        budget -= json_size(view)
         if views and budget < 0:
             break
         views.append(view)
-    more = len(found) > len(views)
-    next_cursor = encode_cursor(found[len(views) - 1]) if more and views else None
+    next_cursor = None
+    if views and len(found) > len(views):
+        last = found[len(views) - 1]
+        next_cursor = encode_cursor(last.created_at, last.job_id)
     return JSONResponse({"jobs": views, "nextCursor": next_cursor})
 
 
-@router.get(
+def followed_job(job: Job, shown: str) -> Followed[Job]:
+    """A job's stream as a caller who knows the job as `shown` follows it: receipts redacted
+    and named by `shown`, ending after the receipt that made the job terminal."""
+
+    def end(state: Job) -> dict[str, Any] | None:
+        return {"jobId": shown, "status": state.status} if state.terminal else None
+
+    return Followed(
+        jobmodel.job_stream(job.job_id),
+        fold=jobmodel.apply,
+        end=end,
+        show=lambda receipt: shown_receipt(receipt, job.job_id, shown),
+    )
+
+
+@events_route(
+    router,
     "/jobs/{jobId:path}/events",
+    "It ends with `event: end` after the terminal receipt.",
+    409,
     response_model=EventsPage,
-    responses={
-        200: {
-            "description": "The receipts as JSON, or with `Accept: text/event-stream` a live "
-            "stream: one event per receipt (`id` = seq, `data` = the receipt), then "
-            "`event: end` after the terminal receipt.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        },
-        **errors_documented(401, 403, 404, 409, 422, 429, 503),
-    },
-    openapi_extra={
-        "parameters": [
-            {
-                "name": "Last-Event-ID",
-                "in": "header",
-                "required": False,
-                "description": "Resume after this seq (sent by EventSource on reconnect); "
-                "wins over `after`",
-                "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
-            }
-        ]
-    },
-    dependencies=[takes_query("after", "limit")],
 )
-async def job_events(
-    request: Request,
-    state: State,
-    caller: Caller,
-    job_id: JobId,
-    after: Annotated[int, Query(ge=0, le=2**62, description="Only receipts with seq > after")] = 0,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-) -> Any:
+async def job_events(asked: Asked, state: State, caller: Caller, job_id: JobId) -> Response:
     """A job's receipts in order; with `Accept: text/event-stream`, live until terminal.
 
     A JSON page also ends before `RECEIPT_MAX_RESPONSE_BYTES` (at least one receipt); `lastSeq`
@@ -318,49 +300,9 @@ async def job_events(
     """
     require_scope(caller, JOBS_READ)
     job = await visible_job(state, caller, job_id)
-    resume = parse_last_event_id(request.headers.get("last-event-id"), after)
-    store = state.require_store()
     shown = shown_id(caller, job)
-    if "text/event-stream" in request.headers.get("accept", ""):
-        assert state.listener is not None
-        slot = state.streams.acquire(caller.token_id)
-        events = receipt_events(
-            store,
-            state.listener,
-            state.stopping,
-            job.job_id,
-            resume,
-            keepalive_s=state.settings.sse_keepalive_ms / 1000,
-            max_lifetime_s=state.settings.sse_max_lifetime_s,
-            shown_id=shown,
-            redact=lambda receipt: shown_receipt(receipt, job.job_id, shown),
-        )
-
-        return StreamingResponse(
-            slot.held_by(events),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    receipts = await store.read_stream(jobmodel.job_stream(job.job_id), resume, limit)
-    budget = state.settings.max_response_bytes
-    shown_receipts: list[dict[str, Any]] = []
-    last_seq = resume
-    for receipt in receipts:
-        data = shown_receipt(receipt.to_json(), job.job_id, shown)
-        budget -= _json_size(data)
-        if shown_receipts and budget < 0:
-            break
-        shown_receipts.append(data)
-        last_seq = receipt.seq
-    return JSONResponse(
-        {
-            "jobId": shown,
-            "stream": jobmodel.job_stream(shown),
-            "status": job.status,
-            "receipts": shown_receipts,
-            "lastSeq": last_seq,
-        }
-    )
+    head = {"jobId": shown, "stream": jobmodel.job_stream(shown), "status": job.status}
+    return await events_response(asked, state, caller, followed_job(job, shown), head)
 
 
 @router.post(
@@ -385,7 +327,7 @@ async def post_command(
         CommandBody,
         await read_json_body(request, settings.max_body_bytes, state.json_limits),
     )
-    size = _json_size(body.payload) + len(body.reason or "")
+    size = json_size(body.payload) + len(body.reason or "")
     if size > settings.max_command_bytes:
         LIMITED.labels("command_bytes").inc()
         raise InvalidInput(

@@ -6,39 +6,28 @@ organization's is 404); admin sees all.
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from receipts.enqueue import enqueue, parse_enqueue
-from receipts.errors import InvalidInput, TransientStorageError
-from receipts.listen import RECONNECTED
+from receipts.errors import InvalidInput
+from receipts.objectives import model as objective_model
 from receipts.objectives import store as objectives
 from receipts.objectives.graph import OBJECTIVE_FIELDS, check_objective_id, parse_objective
-from receipts.objectives.model import (
-    STATUSES,
-    ObjectiveState,
-    objective_stream,
-    run_job_id,
-)
+from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream, run_job_id
 from receipts.store import Store, translate_errors
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
+from roles.api.body import choice, encode_cursor, listing, read_json_body
 from roles.api.body import json_object as _object
-from roles.api.body import read_json_body
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import errors_documented, job_view
-from roles.api.sse import _STOP, SSE_PAGE, SSE_RETRY_MS, _next_notice
+from roles.api.sse import Asked, Followed, events_response, events_route
 
 log = logging.getLogger("roles.api.routes.objectives")
 
@@ -141,23 +130,6 @@ async def objectives_other_methods() -> None:
     raise ApiError(405, "method_not_allowed", "Method Not Allowed", headers={"Allow": "GET, POST"})
 
 
-def _cursor(state: ObjectiveState) -> str:
-    raw = json.dumps([state.created_at.isoformat(), state.objective_id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, objective_id = json.loads(raw)
-        at = datetime.fromisoformat(created_at)
-        if not isinstance(objective_id, str) or at.tzinfo is None:
-            raise ValueError(cursor)
-    except (ValueError, TypeError, binascii.Error) as exc:
-        raise InvalidInput("cursor", "cursor is not one this API returned") from exc
-    return at, objective_id
-
-
 def _summary(objective: ObjectiveState) -> dict[str, Any]:
     return {
         "objectiveId": objective.objective_id,
@@ -188,16 +160,10 @@ async def list_objectives(
 ) -> JSONResponse:
     """The caller's objectives, newest first, one page at a time (keyset cursor)."""
     require_scope(caller, JOBS_READ)
-    if status is not None and status not in STATUSES:
-        raise InvalidInput("status", f"status must be one of: {', '.join(STATUSES)}", STATUSES)
-    before_at, before_id = _decode_cursor(cursor) if cursor else (None, None)
     params = {
-        "all_organizations": caller.admin,
-        "caller_organization_id": caller.organization_id,
+        **listing(caller, cursor, "objective_id"),
         "organization_id": organization_id,
-        "status": status,
-        "before_created_at": before_at,
-        "before_objective_id": before_id,
+        "status": choice(status, "status", STATUSES),
         "limit": limit + 1,
     }
     with translate_errors():
@@ -207,7 +173,11 @@ async def list_objectives(
     return JSONResponse(
         {
             "objectives": [_summary(o) for o in page],
-            "nextCursor": _cursor(page[-1]) if len(found) > limit else None,
+            "nextCursor": (
+                encode_cursor(page[-1].created_at, page[-1].objective_id)
+                if len(found) > limit
+                else None
+            ),
         }
     )
 
@@ -241,86 +211,30 @@ async def get_objective(state: State, caller: Caller, objective_id: ObjectiveId)
     return JSONResponse(await objective_view(state.require_store(), objective))
 
 
-async def objective_events(state: ApiState, objective_id: str, after: int) -> AsyncIterator[str]:
-    """The objective's receipts past `after` as SSE, live, until it is terminal and audited
-    (or terminal with no audit to wait for)."""
-    store = state.require_store()
-    assert state.listener is not None
-    stream = objective_stream(objective_id)
-    last = after
-    async with state.listener.subscribe(stream) as notices:
-        yield f"retry: {SSE_RETRY_MS}\n\n"
-        stop = asyncio.ensure_future(state.stopping.wait())
-        try:
-            while True:
-                try:
-                    batch = await store.read_stream(stream, last, SSE_PAGE)
-                except TransientStorageError:
-                    return
-                for receipt in batch:
-                    last = receipt.seq
-                    data = json.dumps(receipt.to_json(), separators=(",", ":"))
-                    yield f"id: {receipt.seq}\ndata: {data}\n\n"
-                if len(batch) == SSE_PAGE:
-                    continue
-                current = await objectives.get(store, objective_id)
-                if (
-                    current is not None
-                    and current.terminal
-                    and (current.audit is not None or current.audit_job_id is None)
-                ):
-                    end = {"objectiveId": objective_id, "status": current.status}
-                    yield f"event: end\ndata: {json.dumps(end)}\n\n"
-                    return
-                while True:
-                    notice = await _next_notice(
-                        notices, stop, state.settings.sse_keepalive_ms / 1000
-                    )
-                    if notice is None:
-                        yield ": keepalive\n\n"
-                    elif notice is _STOP:
-                        return
-                    elif notice is RECONNECTED or (notice.stream == stream and notice.seq > last):
-                        break
-        finally:
-            stop.cancel()
+def followed_objective(objective_id: str) -> Followed[ObjectiveState]:
+    """An objective's stream, ending once it is settled and audited (or settled with no audit
+    to wait for: the audit is requested in the settling transaction)."""
+
+    def end(state: ObjectiveState) -> dict[str, Any] | None:
+        if state.terminal and (state.audit is not None or state.audit_job_id is None):
+            return {"objectiveId": objective_id, "status": state.status}
+        return None
+
+    return Followed(objective_stream(objective_id), fold=objective_model.apply, end=end)
 
 
-@router.get(
+@events_route(
+    router,
     "/objectives/{objectiveId}/events",
-    responses=errors_documented(401, 404, 422, 503),
-    dependencies=[_takes_query("after", "limit")],
+    "It ends with `event: end` once settled and audited.",
 )
 async def get_objective_events(
-    request: Request,
-    state: State,
-    caller: Caller,
-    objective_id: ObjectiveId,
-    after: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-) -> Any:
+    asked: Asked, state: State, caller: Caller, objective_id: ObjectiveId
+) -> Response:
     """The objective's receipts; with `Accept: text/event-stream`, live until it ends."""
     objective = await _visible(state, caller, objective_id)
-    last_event_id = request.headers.get("last-event-id")
-    if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
-            raise InvalidInput("Last-Event-ID", "Last-Event-ID must be a receipt seq (>= 0)")
-        after = int(last_event_id)
-    if "text/event-stream" in request.headers.get("accept", ""):
-        return StreamingResponse(
-            objective_events(state, objective_id, after),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    receipts = await state.require_store().read_stream(objective_stream(objective_id), after, limit)
-    return JSONResponse(
-        {
-            "objectiveId": objective_id,
-            "status": objective.status,
-            "receipts": [r.to_json() for r in receipts],
-            "lastSeq": receipts[-1].seq if receipts else after,
-        }
-    )
+    head = {"objectiveId": objective_id, "status": objective.status}
+    return await events_response(asked, state, caller, followed_objective(objective_id), head)
 
 
 @router.post(

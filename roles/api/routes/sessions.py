@@ -2,146 +2,41 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Path
+from fastapi.responses import Response
 
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import session_stream
-from receipts.errors import TransientStorageError
-from receipts.listen import RECONNECTED, Listener
-from receipts.store import Store
-from roles.api.auth import JOBS_READ
-from roles.api.deps import ApiError, Caller, State, require_scope
-from roles.api.deps import takes_query as _takes_query
-from roles.api.schema import errors_documented
-from roles.api.sse import (
-    _STOP,
-    SSE_PAGE,
-    SSE_RETRY_MS,
-    _next_notice,
-    parse_last_event_id,
-    sse_receipt,
-)
+from roles.api.auth import JOBS_READ, Principal
+from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
+from roles.api.sse import Asked, Followed, events_response, events_route
 
-log = logging.getLogger("roles.api.routes.sessions")
 router = APIRouter(tags=["sessions"])
 
 SessionId = Annotated[str, Path(alias="sessionId", description="The owner session id")]
 
 
-async def session_events(
-    store: Store,
-    listener: Listener,
-    stopping: asyncio.Event,
-    stream: str,
-    after: int,
-    keepalive_s: float,
-) -> AsyncIterator[str]:
-    """Yield a session stream's receipts past `after` as SSE events, live, until the client
-    leaves or the server stops (a session has no terminal receipt). Resumable: `id` is the seq.
-
-    The subscription opens before the backlog is read, so no append falls between the two.
-    """
-    last = after
-    async with listener.subscribe(stream) as notices:
-        yield f"retry: {SSE_RETRY_MS}\n\n"
-        stop = asyncio.ensure_future(stopping.wait())
-        try:
-            while True:
-                try:
-                    batch = await store.read_stream(stream, last, SSE_PAGE)
-                except TransientStorageError as exc:
-                    log.warning(
-                        "session stream lost the database",
-                        extra={
-                            "event": "api.sse_storage_lost",
-                            "stream": stream,
-                            "error": str(exc),
-                        },
-                    )
-                    return
-                for receipt in batch:
-                    last = receipt.seq
-                    yield sse_receipt(receipt)
-                if len(batch) == SSE_PAGE:
-                    continue
-                while True:
-                    notice = await _next_notice(notices, stop, keepalive_s)
-                    if notice is None:
-                        yield ": keepalive\n\n"
-                    elif notice is _STOP:
-                        return
-                    elif notice is RECONNECTED or (notice.stream == stream and notice.seq > last):
-                        break
-        finally:
-            stop.cancel()
-
-
-@router.get(
-    "/sessions/{sessionId}/events",
-    responses={
-        200: {
-            "description": "The session's receipts as JSON, or with `Accept: text/event-stream` "
-            "a live stream: one event per receipt (`id` = seq, `data` = the receipt).",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        },
-        **errors_documented(401, 404, 422, 503),
-    },
-    openapi_extra={
-        "parameters": [
-            {
-                "name": "Last-Event-ID",
-                "in": "header",
-                "required": False,
-                "description": "Resume after this seq; wins over `after`",
-                "schema": {"type": "integer", "minimum": 0},
-            }
-        ]
-    },
-    dependencies=[_takes_query("after", "limit")],
-)
-async def get_session_events(
-    request: Request,
-    state: State,
-    caller: Caller,
-    session_id: SessionId,
-    after: Annotated[int, Query(ge=0, description="Only receipts with seq > after")] = 0,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-) -> Any:
-    """The owner session's receipts (wakeups) in order; with `Accept: text/event-stream` a live,
-    resumable stream (`Last-Event-ID`)."""
+async def visible_session(state: ApiState, caller: Principal, session_id: str) -> None:
+    """Pass when the caller may read the owner session; another organization's (or one no
+    agent job named) is 404."""
     require_scope(caller, JOBS_READ)
-    store = state.require_store()
-    owner = await lifecycle.session_organization(store, session_id)
+    owner = await lifecycle.session_organization(state.require_store(), session_id)
     if owner is None or not caller.sees(owner):
         raise ApiError(404, "not_found", f"no session {session_id!r}", field="sessionId")
-    resume = parse_last_event_id(request.headers.get("last-event-id"), after)
+
+
+@events_route(
+    router, "/sessions/{sessionId}/events", "A session has no last receipt: it stays open."
+)
+async def get_session_events(
+    asked: Asked, state: State, caller: Caller, session_id: SessionId
+) -> Response:
+    """The owner session's receipts (wakeups) in order; with `Accept: text/event-stream` a live,
+    resumable stream (`Last-Event-ID`)."""
+    await visible_session(state, caller, session_id)
     stream = session_stream(session_id)
-    if "text/event-stream" in request.headers.get("accept", ""):
-        assert state.listener is not None
-        events = session_events(
-            store,
-            state.listener,
-            state.stopping,
-            stream,
-            resume,
-            keepalive_s=state.settings.sse_keepalive_ms / 1000,
-        )
-        return StreamingResponse(
-            events,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    receipts = await store.read_stream(stream, resume, limit)
-    body = {
-        "sessionId": session_id,
-        "stream": stream,
-        "receipts": [r.to_json() for r in receipts],
-        "lastSeq": receipts[-1].seq if receipts else resume,
-    }
-    return JSONResponse(body)
+    head = {"sessionId": session_id, "stream": stream}
+    followed: Followed[None] = Followed(stream)
+    return await events_response(asked, state, caller, followed, head)
