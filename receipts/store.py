@@ -28,7 +28,7 @@ from receipts.errors import (
     TransientStorageError,
 )
 from receipts.jobs import Job, Receipt
-from receipts.kinds import CONTRACTS
+from receipts.kinds import CONTRACTS, route
 from receipts.sql import migrations, query
 
 log = logging.getLogger("receipts.store")
@@ -118,6 +118,7 @@ def projection_params(job: Job) -> dict[str, Any]:
         "created_at": job.created_at,
         "updated_at": job.updated_at,
         "state": Jsonb(job.to_json(), dumps=dumps),
+        "worker_queue": route(job.agent_id, job.kind),
     }
 
 

@@ -76,21 +76,24 @@ WITH inserted AS (
 ), projected AS (
     INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
                       attempt, max_attempts, abort_requested, available_at, lease_expires_at,
-                      last_heartbeat_at, created_at, updated_at, state)
+                      last_heartbeat_at, created_at, updated_at, state, worker_queue)
     VALUES (%(job_id)s, %(seq)s, %(organization_id)s, %(session_key)s, %(agent_id)s, %(lane)s,
             %(kind)s, %(status)s, %(attempt)s, %(max_attempts)s, %(abort_requested)s,
             %(available_at)s, %(lease_expires_at)s, %(last_heartbeat_at)s, %(created_at)s,
-            %(updated_at)s, %(state)s)
+            %(updated_at)s, %(state)s, %(worker_queue)s)
     ON CONFLICT (job_id) DO UPDATE SET
         seq = EXCLUDED.seq, status = EXCLUDED.status, attempt = EXCLUDED.attempt,
         abort_requested = EXCLUDED.abort_requested, available_at = EXCLUDED.available_at,
         lease_expires_at = EXCLUDED.lease_expires_at,
         last_heartbeat_at = EXCLUDED.last_heartbeat_at, updated_at = EXCLUDED.updated_at,
-        state = EXCLUDED.state
+        state = EXCLUDED.state, worker_queue = EXCLUDED.worker_queue
     RETURNING 1
 ), lease_ended AS (
     -- The job left leased/running: its lease row has nothing more to say.
     DELETE FROM job_leases WHERE %(lease_ended)s AND job_id = %(job_id)s
+), slot_freed AS (
+    -- Settled now: its organization's dispatch slot is free for the next job (migration 0008).
+    DELETE FROM dispatch_slots WHERE %(settled)s AND job_id = %(job_id)s
 ), owed AS (
     -- Settled now: its terminal callbacks are owed until posted (callback_outbox).
     INSERT INTO callback_outbox (job_id, event)
@@ -143,7 +146,7 @@ ORDER BY stream, seq;
 -- name: projection_rows
 SELECT job_id, seq, organization_id, session_key, agent_id, lane, kind, status, attempt,
        max_attempts, abort_requested, available_at, lease_expires_at, last_heartbeat_at,
-       created_at, updated_at, state
+       created_at, updated_at, state, worker_queue
 FROM jobs
 ORDER BY job_id;
 
@@ -154,11 +157,11 @@ DELETE FROM jobs;
 -- name: projection_insert
 INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
                   attempt, max_attempts, abort_requested, available_at, lease_expires_at,
-                  last_heartbeat_at, created_at, updated_at, state)
+                  last_heartbeat_at, created_at, updated_at, state, worker_queue)
 VALUES (%(job_id)s, %(seq)s, %(organization_id)s, %(session_key)s, %(agent_id)s, %(lane)s,
         %(kind)s, %(status)s, %(attempt)s, %(max_attempts)s, %(abort_requested)s,
         %(available_at)s, %(lease_expires_at)s, %(last_heartbeat_at)s, %(created_at)s,
-        %(updated_at)s, %(state)s);
+        %(updated_at)s, %(state)s, %(worker_queue)s);
 
 -- name: expired_leases
 -- The leased set only (jobs_lease_idx); a heartbeat's newer expiry is on the lease row.
