@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
 from receipts.errors import InvariantError
@@ -85,17 +85,31 @@ class Lease(_Model):
 
 
 class Command(_Model):
-    """A queue command recorded on the job stream; steer/follow_up stay pending until consumed."""
+    """A queue command as the job's state keeps it: a reference to its `queue.command` receipt
+    (`seq` on the job's stream) with small metadata, never its payload, so a job's state stays
+    small however large its commands (issue 12). Whoever needs a payload reads the receipt
+    (receipts/commands.py). Steer/follow_up stay pending until consumed.
+
+    A state stored before references (`seq` None) may still carry `payload`: it is dropped on
+    read, and the receipt is found by `commandId`.
+    """
 
     command_id: str
     type: str
+    seq: int | None = None
     lane: str | None = None
-    payload: Any = None
     reason: str | None = None
     from_session_key: str | None = None
     from_enqueue: bool = False
     recorded_at: datetime
     consumed_attempt: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _without_payload(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "payload" in data:
+            return {k: v for k, v in data.items() if k != "payload"}
+        return data
 
     @property
     def pending(self) -> bool:
@@ -369,8 +383,8 @@ def _changes(job: Job, receipt: Receipt, kind: str, data: Mapping[str, Any]) -> 
         command = Command(
             command_id=str(data["commandId"]),
             type=str(data["type"]),
+            seq=receipt.seq,
             lane=data.get("lane"),
-            payload=data.get("payload"),
             reason=data.get("reason"),
             from_session_key=data.get("fromSessionKey"),
             from_enqueue=bool(data.get("fromEnqueue", False)),

@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from receipts.jobs import Command, Job
+from receipts.commands import QueuedCommand, with_payloads
+from receipts.jobs import Job
 from receipts.store import Store
 
 
@@ -53,12 +54,14 @@ class HandlerContext:
         """The job's payload."""
         return self.job.payload
 
-    async def pending_commands(self) -> tuple[Command, ...]:
-        """Re-read the job and return its pending steer/follow_up commands."""
+    async def pending_commands(self) -> tuple[QueuedCommand, ...]:
+        """Re-read the job and return its pending steer/follow_up commands in order, each with
+        its payload (the job's state keeps references; the payloads are read from the
+        commands' receipts)."""
         job = await self.refresh()
         if job is not None:
             self.job = job
-        return self.job.pending_commands
+        return await with_payloads(self.store, self.job.job_id, self.job.pending_commands)
 
 
 Handler = Callable[[HandlerContext], Coroutine[Any, Any, Any]]

@@ -57,6 +57,19 @@ WHERE r.type = 'queue.command' AND r.data ->> 'commandId' = %(command_id)s
 ORDER BY r.position
 LIMIT 1;
 
+-- name: command_payloads
+-- The payloads of a job's commands, by reference (receipts/commands.py): the `queue.command`
+-- receipts at `seqs` on the job's stream, and by `commandId` those a state folded before
+-- references kept without their seq (receipts_command_id_idx).
+SELECT r.seq, r.data ->> 'commandId', r.data -> 'payload'
+FROM receipts r
+WHERE r.stream = %(stream)s AND r.seq = ANY(%(seqs)s::integer[]) AND r.type = 'queue.command'
+UNION ALL
+SELECT r.seq, r.data ->> 'commandId', r.data -> 'payload'
+FROM receipts r
+WHERE r.type = 'queue.command' AND r.data ->> 'commandId' = ANY(%(command_ids)s::text[])
+  AND r.stream = %(stream)s;
+
 -- name: session_active_for_update
 SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
 FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
