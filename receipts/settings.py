@@ -193,12 +193,12 @@ DEFAULT_ORG_RUNNING_CAPS = "chat=12,codex=3,control=6"
 def group_caps(text: str) -> Mapping[str, int]:
     """`RECEIPT_ORG_MAX_RUNNING_PER_GROUP` as `{worker queue: cap}`: one whole number for every
     group (`4`), or `group=n` pairs (`codex=2,chat=8`; a group not named keeps its default); 0
-    is no cap. ValueError naming what it accepts otherwise."""
+    is no cap; blank is the default. ValueError naming what it accepts otherwise."""
     accepts = (
         "a whole number (0: no cap) or comma-separated group=number pairs, the groups being "
         + ", ".join(GROUP_QUEUES)
     )
-    text = text.strip()
+    text = text.strip() or DEFAULT_ORG_RUNNING_CAPS  # blank: unset
     if _WHOLE.fullmatch(text) and int(text) >= 0:
         return MappingProxyType(dict.fromkeys(GROUP_QUEUES.values(), int(text)))
     caps: dict[str, int] = {}
