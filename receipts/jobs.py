@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from receipts.errors import InvariantError
@@ -85,31 +85,20 @@ class Lease(_Model):
 
 
 class Command(_Model):
-    """A queue command as the job's state keeps it: a reference to its `queue.command` receipt
-    (`seq` on the job's stream) with small metadata, never its payload, so a job's state stays
-    small however large its commands (issue 12). Whoever needs a payload reads the receipt
-    (receipts/commands.py). Steer/follow_up stay pending until consumed.
-
-    A state stored before references (`seq` None) may still carry `payload`: it is dropped on
-    read, and the receipt is found by `commandId`.
-    """
+    """A queue command as the state keeps it: a reference to its `queue.command` receipt (`seq`)
+    and small metadata, never the payload (receipts/commands.py reads it; issue 12)."""
 
     command_id: str
     type: str
-    seq: int | None = None
+    seq: int | None = None  # None: stored before references; the receipt is found by its id
     lane: str | None = None
     reason: str | None = None
     from_session_key: str | None = None
     from_enqueue: bool = False
     recorded_at: datetime
     consumed_attempt: int | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _without_payload(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and "payload" in data:
-            return {k: v for k, v in data.items() if k != "payload"}
-        return data
+    # A state stored before references still reads: the `payload` it kept is dropped.
+    model_config = ConfigDict(extra="ignore")
 
     @property
     def pending(self) -> bool:
