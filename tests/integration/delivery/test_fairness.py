@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from typing import Any
 
 from temporalio.client import Client
@@ -19,7 +20,7 @@ from receipts import operations as ops
 from receipts.store import Store
 from roles.delivery.loops import QueuedRedrive, RedriveConfig
 from roles.delivery.starter import HELD_BACK
-from tests.integration.delivery.conftest import running_stack, wait_for_status
+from tests.integration.delivery.conftest import Stack, running_stack, wait_for_status
 from tests.integration.helpers import put
 
 CAP = 2
@@ -51,6 +52,20 @@ class LongJobs:
         finally:
             self.running[org] -= 1
         return {"ok": True}
+
+
+def starter_only(
+    client: Client, store: Store, db_url: str, caps: str
+) -> contextlib.AbstractAsyncContextManager[Stack]:
+    """A stack with no worker and no dispatcher: the test calls the starter and the redrive."""
+    return running_stack(
+        client,
+        store,
+        db_url,
+        queues=(),
+        dispatcher=False,
+        RECEIPT_ORG_MAX_RUNNING_PER_GROUP=caps,
+    )
 
 
 async def active_of(store: Store, job_ids: list[str]) -> int:
@@ -89,8 +104,10 @@ async def test_a_later_organization_starts_beside_a_backlog_that_holds_at_most_i
         assert sum(1 for j in queued if j.status == "queued") == BACKLOG - CAP
         assert await fairness.held_back(fresh_store, stack.settings) == BACKLOG - CAP
 
+        # No redrive runs in this stack and the rescan waits a minute: the dispatcher starts
+        # each held job when a job of org-a settles and gives its slot back.
         handler.release.set()
-        done = [await wait_for_status(fresh_store, i, timeout=60) for i in backlog]
+        done = [await wait_for_status(fresh_store, i, timeout=45) for i in backlog]
         await wait_for_status(fresh_store, late.job_id)
     assert [j.status for j in done] == ["completed"] * BACKLOG
     assert [j.attempt for j in done] == [1] * BACKLOG
@@ -102,14 +119,7 @@ async def test_a_later_organization_starts_beside_a_backlog_that_holds_at_most_i
 async def test_a_held_back_job_is_started_by_the_redrive_once_a_slot_is_given_back(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
-    async with running_stack(
-        client,
-        fresh_store,
-        fresh_db,
-        queues=(),
-        dispatcher=False,
-        RECEIPT_ORG_MAX_RUNNING_PER_GROUP=f"codex={CAP}",
-    ) as stack:
+    async with starter_only(client, fresh_store, fresh_db, f"codex={CAP}") as stack:
         jobs = [(await put(fresh_store, org="org-a")).job.job_id for _ in range(CAP + 2)]
         other = (await put(fresh_store, org="org-b")).job.job_id
         results = [await stack.starter.start(i) for i in [*jobs, other]]
@@ -137,14 +147,7 @@ async def test_a_held_back_job_is_started_by_the_redrive_once_a_slot_is_given_ba
 async def test_concurrent_starts_never_take_more_than_the_cap(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
-    async with running_stack(
-        client,
-        fresh_store,
-        fresh_db,
-        queues=(),
-        dispatcher=False,
-        RECEIPT_ORG_MAX_RUNNING_PER_GROUP=f"codex={CAP}",
-    ) as stack:
+    async with starter_only(client, fresh_store, fresh_db, f"codex={CAP}") as stack:
         jobs = [(await put(fresh_store, org="org-a")).job.job_id for _ in range(12)]
         results = await asyncio.gather(*(stack.starter.start(i) for i in jobs))
     assert sum(r.created for r in results) == CAP
@@ -154,14 +157,7 @@ async def test_concurrent_starts_never_take_more_than_the_cap(
 async def test_with_the_cap_off_every_job_is_started(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
-    async with running_stack(
-        client,
-        fresh_store,
-        fresh_db,
-        queues=(),
-        dispatcher=False,
-        RECEIPT_ORG_MAX_RUNNING_PER_GROUP="0",
-    ) as stack:
+    async with starter_only(client, fresh_store, fresh_db, "0") as stack:
         jobs = [(await put(fresh_store, org="org-a")).job.job_id for _ in range(5)]
         results = [await stack.starter.start(i) for i in jobs]
         assert not fairness.capped(stack.settings)
