@@ -67,7 +67,14 @@ WHERE q.held_back;
 
 -- name: dispatch_slots_held
 -- Under the lock of (organization, queue): the slots that organization's other active jobs
--- hold on the queue, and whether this job holds one.
+-- hold on the queue, and whether this job holds one. A slot whose job settled without giving it
+-- back (taken in the moment it settled) or is gone is removed here.
+WITH stale AS (
+    DELETE FROM dispatch_slots s
+    WHERE s.organization_id = %(organization_id)s AND s.worker_queue = %(worker_queue)s
+      AND NOT EXISTS (SELECT 1 FROM jobs a WHERE a.job_id = s.job_id
+                      AND a.status IN ('queued', 'leased', 'running'))
+)
 SELECT count(*) FILTER (WHERE s.job_id <> %(job_id)s),
        coalesce(bool_or(s.job_id = %(job_id)s), false)
 FROM dispatch_slots s JOIN jobs j ON j.job_id = s.job_id

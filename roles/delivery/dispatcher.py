@@ -18,6 +18,10 @@ from roles.delivery.starter import NOT_AVAILABLE, DriverStarter
 log = logging.getLogger("roles.delivery.dispatcher")
 
 MAX_IDLE_S = 60.0
+# The rescan for a delayed job runs this long after its `availableAt`: a timer may fire a hair
+# early, and a rescan that finds the job not yet due by the database clock would not find it
+# again (the next `next_available_at` no longer lists it) before the idle rescan.
+DUE_MARGIN_S = 0.05
 # Receipts that may settle a job, and so give back its organization's dispatch slot.
 SETTLING = frozenset({"job.completed", "job.failed", "job.canceled", "job.lease_expired"})
 # Put in the dispatcher's own queue when a job's start waits for its `availableAt`: look again
@@ -99,7 +103,7 @@ class Dispatcher:
         if soonest is None:
             return MAX_IDLE_S
         delay = (soonest - await self.store.now()).total_seconds()
-        return min(MAX_IDLE_S, max(0.05, delay))
+        return min(MAX_IDLE_S, max(0.05, delay + DUE_MARGIN_S))
 
     async def run(self) -> None:
         """Dispatch until cancelled."""

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from opentelemetry import trace
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -43,14 +43,12 @@ NOT_AVAILABLE = "not_available"
 
 @dataclass(frozen=True, slots=True)
 class StartResult:
-    """`created` when a driver was started; otherwise `reason` says why not (`until`: when a
-    job that is not available yet may be started)."""
+    """`created` when a driver was started; otherwise `reason` says why not."""
 
     created: bool
     reason: str | None = None
     workflow_id: str | None = None
     generation: int | None = None
-    until: datetime | None = None
 
 
 @dataclass
@@ -120,7 +118,7 @@ class DriverStarter:
         if plan.step is Step.NOT_AVAILABLE:
             # No driver waits out the delay holding a slot: the dispatcher starts the job when
             # the database clock reaches `availableAt` (the redrive at the latest).
-            return StartResult(False, NOT_AVAILABLE, until=plan.until)
+            return StartResult(False, NOT_AVAILABLE)
         share = fairness.share_of(job, self.settings) if plan.step is Step.DELIVER else None
         if share is not None:
             plan = await fairness.claim(self.store, job, now, *share)
