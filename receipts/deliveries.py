@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -64,12 +64,16 @@ async def _fetch(store: Store, name: str, params: dict[str, Any]) -> list[tuple[
         return await store.fetch(name, params)
 
 
-async def job_and_latest(store: Store, job_id: str) -> tuple[Job | None, LatestDelivery | None]:
-    """The job's folded state and its latest delivery generation, in one round trip."""
+async def job_and_latest(
+    store: Store, job_id: str
+) -> tuple[Job | None, LatestDelivery | None, datetime]:
+    """The job's folded state, its latest delivery generation and the database clock, in one
+    round trip."""
     rows = await _fetch(store, "delivery_job_and_latest", {"job_id": job_id})
-    state, generation, workflow_id = rows[0]
+    state, generation, workflow_id, now = rows[0]
     job = Job.model_validate(state) if state is not None else None
-    return job, (LatestDelivery(generation, workflow_id) if generation is not None else None)
+    latest = LatestDelivery(generation, workflow_id) if generation is not None else None
+    return job, latest, now
 
 
 async def record(store: Store, job_id: str, generation: int) -> None:
@@ -103,9 +107,17 @@ async def touch(store: Store, job_id: str) -> None:
     await _fetch(store, "delivery_touch", {"job_id": job_id})
 
 
-async def undelivered_queued(store: Store, limit: int = 500) -> list[str]:
-    """Return deliverable queued jobs never dispatched (oldest first)."""
-    return [r[0] for r in await _fetch(store, "undelivered_queued", {"limit": limit})]
+NO_CAPS: Mapping[str, Any] = {"queues": [], "caps": []}
+"""The scans' parameters when no organization's share of a queue is capped."""
+
+
+async def undelivered_queued(
+    store: Store, limit: int = 500, caps: Mapping[str, Any] = NO_CAPS
+) -> list[str]:
+    """Return deliverable queued jobs never dispatched and not held back by the per-queue
+    `caps` (receipts/fairness.py `caps`): each organization's oldest first, interleaved."""
+    params = {"limit": limit, **caps}
+    return [r[0] for r in await _fetch(store, "undelivered_queued", params)]
 
 
 async def next_available_at(store: Store) -> datetime | None:
@@ -115,13 +127,19 @@ async def next_available_at(store: Store) -> datetime | None:
 
 
 async def redrive_candidates(
-    store: Store, *, min_age_ms: int, cooldown_ms: int, limit: int = 200
+    store: Store,
+    *,
+    min_age_ms: int,
+    cooldown_ms: int,
+    limit: int = 200,
+    caps: Mapping[str, Any] = NO_CAPS,
 ) -> list[tuple[str, int, int]]:
-    """Return `(jobId, seq, attempt)` of queued jobs due for a redrive."""
+    """Return `(jobId, seq, attempt)` of queued jobs due for a redrive and not held back by
+    `caps`, organizations interleaved."""
     rows = await _fetch(
         store,
         "redrive_candidates",
-        {"min_age_ms": min_age_ms, "cooldown_ms": cooldown_ms, "limit": limit},
+        {"min_age_ms": min_age_ms, "cooldown_ms": cooldown_ms, "limit": limit, **caps},
     )
     return [(r[0], r[1], r[2]) for r in rows]
 

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from receipts import jobs as jobmodel
+from receipts.commands import payload_in
 from receipts.errors import ConflictError, InvalidInput
 from receipts.jobs import (
     DEFAULT_LANE,
@@ -121,12 +122,15 @@ def caller_job_id(job_id: str) -> str:
     return job_id.split(TENANT_SEPARATOR, 1)[0]
 
 
-def _same_request(existing: Job, request: EnqueueRequest, job_id: str) -> bool:
-    """True when a re-post asks for what the existing job (or absorbed steer) already is."""
+async def _same_request(tx: Tx, existing: Job, request: EnqueueRequest, job_id: str) -> bool:
+    """True when a re-post asks for what the existing job (or absorbed steer) already is. The
+    steer's payload is read from its receipt (the job's state keeps a reference)."""
     if existing.job_id == job_id:
         return existing.agent_id == request.agent_id and existing.payload == request.payload
     command = next((c for c in existing.commands if c.command_id == job_id), None)
-    return command is None or command.payload == request.payload
+    if command is None:
+        return True
+    return bool(await payload_in(tx, existing.job_id, command) == request.payload)
 
 
 # Temporal workflow ids are derived from job ids (`<jobId>:gen:<g>`, `<jobId>:attempt:<n>`), and
@@ -311,7 +315,7 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
         if existing is not None:
             if existing.organization_id != request.organization_id:
                 raise ConflictError("jobId already in use")
-            if not _same_request(existing, request, job_id):
+            if not await _same_request(tx, existing, request, job_id):
                 raise IdempotencyMismatch(
                     "jobId names a job enqueued with a different agent or payload; "
                     "use a new jobId for a different job"

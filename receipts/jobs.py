@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from pydantic import ConfigDict
 from pydantic.alias_generators import to_camel
 
 from receipts import streams
@@ -79,17 +80,20 @@ class Lease(CamelModel):
 
 
 class Command(CamelModel):
-    """A queue command recorded on the job stream; steer/follow_up stay pending until consumed."""
+    """A queue command as the state keeps it: a reference to its `queue.command` receipt (`seq`)
+    and small metadata, never the payload (receipts/commands.py reads it; issue 12)."""
 
     command_id: str
     type: str
+    seq: int | None = None  # None: stored before references; the receipt is found by its id
     lane: str | None = None
-    payload: Any = None
     reason: str | None = None
     from_session_key: str | None = None
     from_enqueue: bool = False
     recorded_at: datetime
     consumed_attempt: int | None = None
+    # A state stored before references still reads: the `payload` it kept is dropped.
+    model_config = ConfigDict(extra="ignore")
 
     @property
     def pending(self) -> bool:
@@ -322,8 +326,8 @@ def _changes(job: Job, receipt: Receipt, kind: str, data: Mapping[str, Any]) -> 
         command = Command(
             command_id=str(data["commandId"]),
             type=str(data["type"]),
+            seq=receipt.seq,
             lane=data.get("lane"),
-            payload=data.get("payload"),
             reason=data.get("reason"),
             from_session_key=data.get("fromSessionKey"),
             from_enqueue=bool(data.get("fromEnqueue", False)),

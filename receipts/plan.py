@@ -6,11 +6,18 @@ job is queued, deliverable and waiting for exactly that attempt. Pure: the calle
 (and the database clock) and act on the answer.
 
 The dispatcher's rescan (`undelivered_queued` in receipts/sql/delivery.sql) and the redrive's
-`redrive_candidates` select, in SQL, the jobs for which `next_step(job, now()).step` is
-`DELIVER` or `ABORT` — `status = 'queued'` and `available_at` null or reached — i.e.
-`needs_delivery`; `next_available_at` finds the earliest `NOT_AVAILABLE` one. The jobs
-projection keeps `status` and `available_at` as columns for these scans;
+`redrive_candidates` select, in SQL, the jobs for which `next_step(job, now(), slots=…).step`
+is `DELIVER` or `ABORT` — `status = 'queued'`, `available_at` null or reached, and a dispatch
+slot free for the job's organization on its worker queue — i.e. `needs_delivery`;
+`next_available_at` finds the earliest `NOT_AVAILABLE` one. The jobs projection keeps `status`,
+`available_at`, `organization_id` and `worker_queue` as columns for these scans;
 tests/integration/test_plan.py checks that the SQL and this function pick the same jobs.
+
+Fair dispatch (issue 12): an organization may hold at most `cap` dispatch slots per worker
+queue (`RECEIPT_ORG_MAX_RUNNING_PER_GROUP`). The starter asks with the slots the job's
+organization holds there (`Slots`) when it is about to start a delivery; a job that finds them
+all taken is `HELD`: it stays queued, and is started when one is given back (its job settled).
+The driver and the lease do not ask: a started delivery keeps its slot until its job settles.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ class Step(StrEnum):
     ACTIVE = "active"  # a live lease: its delivery owns the job until `until`
     ABORT = "abort"  # queued with an abort requested: cancel it (a worker that leases honours it)
     NOT_AVAILABLE = "not_available"  # queued, but not before `until` (`availableAt`)
+    HELD = "held"  # queued and deliverable, but its organization holds every slot it may
     DELIVER = "deliver"  # queued and deliverable: attempt `attempt` may lease it
 
 
@@ -54,6 +62,20 @@ class NextStep:
         return self.step in NEEDS_DELIVERY
 
 
+@dataclass(frozen=True, slots=True)
+class Slots:
+    """An organization's share of one worker queue: the dispatch slots its other jobs hold
+    there (`held`) and how many it may hold (`cap`; 0: no cap)."""
+
+    held: int
+    cap: int
+
+    @property
+    def full(self) -> bool:
+        """True when the organization may start no further job on that queue."""
+        return self.cap > 0 and self.held >= self.cap
+
+
 def available(job: Job, now: datetime | None) -> bool:
     """True when the job may be delivered: no `availableAt`, or the database clock `now` has
     reached it. Without a clock (`now` None) only a job with no `availableAt` is."""
@@ -63,14 +85,20 @@ def available(job: Job, now: datetime | None) -> bool:
 
 
 def next_step(
-    job: Job | None, now: datetime | None, active_stale_ms: int | None = None
+    job: Job | None,
+    now: datetime | None,
+    active_stale_ms: int | None = None,
+    slots: Slots | None = None,
 ) -> NextStep:
     """What happens next to `job` at the database clock `now`.
 
     Without `now` (a caller that did not read the clock) a lease is never judged expired or
     stale and a job with any `availableAt` is not deliverable: the answer errs towards waiting,
     and whoever acts on it re-checks under the job's row lock. Without `active_stale_ms` a lease
-    is never judged stale (only the driver applies the stale window).
+    is never judged stale (only the driver applies the stale window). Without `slots` a job is
+    never held back (only the starter, about to start a delivery, shares queues out); with
+    them, a deliverable job whose organization's slots are all taken is `HELD`. An abort is
+    never held: cancelling a queued job takes no worker.
     """
     if job is None:
         return NextStep(Step.MISSING)
@@ -89,4 +117,6 @@ def next_step(
         return NextStep(Step.ABORT, attempt)
     if not available(job, now):
         return NextStep(Step.NOT_AVAILABLE, attempt, job.available_at)
+    if slots is not None and slots.full:
+        return NextStep(Step.HELD, attempt)
     return NextStep(Step.DELIVER, attempt)

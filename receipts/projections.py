@@ -19,6 +19,7 @@ from receipts import jobs
 from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs.model import AgentJob
 from receipts.jobs import Job
+from receipts.kinds import route
 from receipts.objectives import model as objective_model
 from receipts.objectives.model import ObjectiveState
 from receipts.sql import query
@@ -112,11 +113,14 @@ def _parameters(name: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(_PARAMETER.findall("\n".join(code))))
 
 
-def _lease_expires_at(job: Job) -> dict[str, Any]:
-    return {"lease_expires_at": job.lease.expires_at if job.lease else None}
+def _job_columns(job: Job) -> dict[str, Any]:
+    return {
+        "lease_expires_at": job.lease.expires_at if job.lease else None,
+        "worker_queue": route(job.agent_id, job.kind),
+    }
 
 
-JOBS = Projection("jobs", Job, jobs.fold, "jobs_insert", extra=_lease_expires_at)
+JOBS = Projection("jobs", Job, jobs.fold, "jobs_insert", extra=_job_columns)
 OBJECTIVES = Projection(
     "objectives", ObjectiveState, objective_model.fold, "objective_upsert", noun="objective "
 )

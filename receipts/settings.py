@@ -13,12 +13,15 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from receipts.kinds import GROUP_QUEUES
 from receipts.timing import TimingSettings
 from receipts.watchdog import (
     DEFAULT_CRON,
@@ -181,6 +184,35 @@ def _given_only(on: bool) -> Iterator[None]:
         _GIVEN_ONLY.reset(token)
 
 
+# Three quarters of one worker's default slots per group (roles/role.py: chat 16, codex 4,
+# control 8): with the default deployment another organization always finds one free.
+DEFAULT_ORG_RUNNING_CAPS = "chat=12,codex=3,control=6"
+
+
+@cache
+def group_caps(text: str) -> Mapping[str, int]:
+    """`RECEIPT_ORG_MAX_RUNNING_PER_GROUP` as `{worker queue: cap}`: one whole number for every
+    group (`4`), or `group=n` pairs (`codex=2,chat=8`; a group not named keeps its default); 0
+    is no cap; blank is the default. ValueError naming what it accepts otherwise."""
+    accepts = (
+        "a whole number (0: no cap) or comma-separated group=number pairs, the groups being "
+        + ", ".join(GROUP_QUEUES)
+    )
+    text = text.strip() or DEFAULT_ORG_RUNNING_CAPS  # blank: unset
+    if _WHOLE.fullmatch(text) and int(text) >= 0:
+        return MappingProxyType(dict.fromkeys(GROUP_QUEUES.values(), int(text)))
+    caps: dict[str, int] = {}
+    if text != DEFAULT_ORG_RUNNING_CAPS:  # groups not named keep their default
+        caps.update(group_caps(DEFAULT_ORG_RUNNING_CAPS))
+    for pair in text.split(","):
+        group, _, number = pair.partition("=")
+        queue = GROUP_QUEUES.get(group.strip())
+        if queue is None or not _WHOLE.fullmatch(number.strip()) or int(number) < 0:
+            raise ValueError(accepts)
+        caps[queue] = int(number)
+    return MappingProxyType(caps)
+
+
 class Settings(ReceiptSettings):
     """Settings shared by every role; each field reads the environment variable in its alias."""
 
@@ -222,6 +254,23 @@ class Settings(ReceiptSettings):
     worker_lost_timeout_ms: int = Field(
         default=30_000, ge=1_000, le=3_600_000, alias="RECEIPT_WORKER_LOST_TIMEOUT_MS"
     )
+
+    # Fair dispatch (receipts/plan.py): the dispatch slots one organization may hold on each
+    # worker queue; its other deliverable jobs wait queued until one is given back.
+    org_max_running_per_group: str = Field(
+        default=DEFAULT_ORG_RUNNING_CAPS, alias="RECEIPT_ORG_MAX_RUNNING_PER_GROUP"
+    )
+
+    @field_validator("org_max_running_per_group")
+    @classmethod
+    def _group_caps(cls, value: str) -> str:
+        group_caps(value)
+        return value
+
+    def org_running_cap(self, queue: str) -> int:
+        """The dispatch slots one organization may hold on worker queue `queue` (unprefixed,
+        as `route` names it); 0: no cap."""
+        return group_caps(self.org_max_running_per_group).get(queue, 0)
 
     resonate_callback_url: str | None = Field(default=None, alias="RECEIPT_RESONATE_CALLBACK_URL")
     event_callback_url: str | None = Field(default=None, alias="RECEIPT_EVENT_CALLBACK_URL")

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from activities.handlers.store import HandlerStore
-from receipts.jobs import Command, Job
+from receipts.commands import QueuedCommand
+from receipts.jobs import Job
 
 
 class HandlerError(Exception):
@@ -59,12 +60,14 @@ class HandlerContext:
         """Mark a pending command consumed under the fence; False when refused."""
         return await self.store.consume(command_id)
 
-    async def pending_commands(self) -> tuple[Command, ...]:
-        """Re-read the job and return its pending steer/follow_up commands."""
+    async def pending_commands(self) -> tuple[QueuedCommand, ...]:
+        """Re-read the job and return its pending steer/follow_up commands in order, each with
+        its payload (the job's state keeps references; the payloads are read from the
+        commands' receipts)."""
         job = await self.store.own_job()
         if job is not None:
             self.job = job
-        return self.job.pending_commands
+        return await self.store.own_commands(self.job.pending_commands)
 
 
 Handler = Callable[[HandlerContext], Coroutine[Any, Any, Any]]

@@ -15,7 +15,8 @@ from typing import Any
 from activities.fence import AttemptFence
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import AgentJob
-from receipts.jobs import Job, Receipt, job_stream
+from receipts.commands import QueuedCommand, with_payloads
+from receipts.jobs import Command, Job, Receipt, job_stream
 from receipts.objectives import control
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, session_key
@@ -41,6 +42,11 @@ class HandlerStore:
     async def own_job(self) -> Job | None:
         """The handler's job as it is now (its pending commands, an abort)."""
         return await self._store.get_job(self._fence.job_id)
+
+    async def own_commands(self, refs: Sequence[Command]) -> tuple[QueuedCommand, ...]:
+        """The handler's job's commands `refs`, in order, each with its payload (the job's
+        state keeps references; the payloads are read from the commands' receipts)."""
+        return await with_payloads(self._store, self._fence.job_id, refs)
 
     # --- other jobs (reads) -------------------------------------------------------------------
 

@@ -4,7 +4,7 @@
 SELECT (SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
         FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
         WHERE j.job_id = %(job_id)s),
-       d.generation, d.workflow_id
+       d.generation, d.workflow_id, now()
 FROM (SELECT 1) AS one
 LEFT JOIN deliveries d ON d.job_id = %(job_id)s;
 
@@ -30,16 +30,16 @@ UPDATE deliveries SET dispatched_at = now() WHERE job_id = %(job_id)s;
 
 -- name: undelivered_queued
 -- Queued, deliverable jobs that have never been dispatched (the dispatcher's rescan): the jobs
--- for which receipts/plan.py `next_step(job, now())` is DELIVER or ABORT (`needs_delivery`).
+-- for which receipts/plan.py `next_step(job, now(), slots=…)` is DELIVER or ABORT
+-- (`needs_delivery`), organizations interleaved (dispatch_queue, migrations/0008).
 -- tests/integration/test_plan.py checks that this, `redrive_candidates` and
 -- `next_available_at` (the earliest NOT_AVAILABLE) agree with it.
 -- The delivery is probed per queued job (a LIMIT keeps the planner from hashing all
 -- `deliveries`, which holds a row for every job ever dispatched).
-SELECT j.job_id FROM jobs j
-WHERE j.status = 'queued'
-  AND (j.available_at IS NULL OR j.available_at <= now())
-  AND (SELECT 1 FROM deliveries d WHERE d.job_id = j.job_id LIMIT 1) IS NULL
-ORDER BY j.created_at
+SELECT q.job_id FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
+WHERE NOT q.held_back
+  AND (SELECT 1 FROM deliveries d WHERE d.job_id = q.job_id LIMIT 1) IS NULL
+ORDER BY q.share_rank, q.created_at
 LIMIT %(limit)s;
 
 -- name: next_available_at
@@ -50,16 +50,65 @@ WHERE j.status = 'queued' AND j.available_at > now()
 -- name: redrive_candidates
 -- Queued jobs older than the minimum age (by their latest receipt's database time) and not
 -- dispatched within the cooldown, among those `next_step` would deliver (as above).
-SELECT j.job_id, j.seq, j.attempt FROM jobs j
-LEFT JOIN LATERAL (SELECT dd.dispatched_at FROM deliveries dd WHERE dd.job_id = j.job_id
+SELECT q.job_id, q.seq, q.attempt FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
+LEFT JOIN LATERAL (SELECT dd.dispatched_at FROM deliveries dd WHERE dd.job_id = q.job_id
                    LIMIT 1) d ON true
-WHERE j.status = 'queued'
-  AND (j.available_at IS NULL OR j.available_at <= now())
-  AND j.updated_at <= now() - make_interval(secs => %(min_age_ms)s / 1000.0)
+WHERE NOT q.held_back
+  AND q.updated_at <= now() - make_interval(secs => %(min_age_ms)s / 1000.0)
   AND (d.dispatched_at IS NULL
        OR d.dispatched_at <= now() - make_interval(secs => %(cooldown_ms)s / 1000.0))
-ORDER BY j.updated_at
+ORDER BY q.share_rank, q.updated_at
 LIMIT %(limit)s;
+
+-- name: dispatch_held_back
+-- How many queued, deliverable jobs wait for a dispatch slot of their organization.
+SELECT count(*) FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
+WHERE q.held_back;
+
+-- name: dispatch_slots_held
+-- Under the lock of (organization, queue): the slots that organization's other active jobs
+-- hold on the queue, and whether this job holds one. A slot whose job settled without giving it
+-- back (taken in the moment it settled) or is gone is removed here.
+WITH stale AS (
+    DELETE FROM dispatch_slots s
+    WHERE s.organization_id = %(organization_id)s AND s.worker_queue = %(worker_queue)s
+      AND NOT EXISTS (SELECT 1 FROM jobs a WHERE a.job_id = s.job_id
+                      AND a.status IN ('queued', 'leased', 'running'))
+)
+SELECT count(*) FILTER (WHERE s.job_id <> %(job_id)s),
+       coalesce(bool_or(s.job_id = %(job_id)s), false)
+FROM dispatch_slots s JOIN jobs j ON j.job_id = s.job_id
+WHERE s.organization_id = %(organization_id)s AND s.worker_queue = %(worker_queue)s
+  AND j.status IN ('queued', 'leased', 'running');
+
+-- name: dispatch_slot_take
+INSERT INTO dispatch_slots (job_id, organization_id, worker_queue)
+VALUES (%(job_id)s, %(organization_id)s, %(worker_queue)s)
+ON CONFLICT (job_id) DO NOTHING;
+
+-- name: dispatch_freed
+-- The jobs a slot given back lets start: the oldest waiting jobs of the settled job's
+-- organization on its queue, as many as its slots free there (dispatch_queue's rule, for one
+-- share, through jobs_queued_share_idx).
+WITH share AS (
+    SELECT x.organization_id, x.worker_queue, c.cap,
+           (SELECT count(*) FROM dispatch_slots s JOIN jobs a ON a.job_id = s.job_id
+            WHERE s.organization_id = x.organization_id AND s.worker_queue = x.worker_queue
+              AND a.status IN ('queued', 'leased', 'running')) AS held
+    FROM jobs x
+    JOIN unnest(%(queues)s::text[], %(caps)s::integer[]) AS c(queue, cap)
+      ON c.queue = x.worker_queue
+    WHERE x.job_id = %(job_id)s AND x.organization_id IS NOT NULL AND c.cap > 0
+)
+SELECT w.job_id FROM share, LATERAL (
+    SELECT j.job_id FROM jobs j
+    WHERE j.organization_id = share.organization_id AND j.worker_queue = share.worker_queue
+      AND j.status = 'queued' AND (j.available_at IS NULL OR j.available_at <= now())
+      AND NOT j.abort_requested
+      AND NOT EXISTS (SELECT 1 FROM dispatch_slots s WHERE s.job_id = j.job_id)
+    ORDER BY j.created_at, j.job_id
+    LIMIT greatest(share.cap - share.held, 0)
+) w;
 
 -- name: callback_claim
 -- Claim the post; a claim that never posted (a crash between claim and post, or a failed post)

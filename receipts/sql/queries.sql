@@ -57,6 +57,19 @@ WHERE r.type = 'queue.command' AND r.data ->> 'commandId' = %(command_id)s
 ORDER BY r.position
 LIMIT 1;
 
+-- name: command_payloads
+-- The payloads of a job's commands, by reference (receipts/commands.py): the `queue.command`
+-- receipts at `seqs` on the job's stream, and by `commandId` those a state folded before
+-- references kept without their seq (receipts_command_id_idx).
+SELECT r.seq, r.data ->> 'commandId', r.data -> 'payload'
+FROM receipts r
+WHERE r.stream = %(stream)s AND r.seq = ANY(%(seqs)s::integer[]) AND r.type = 'queue.command'
+UNION ALL
+SELECT r.seq, r.data ->> 'commandId', r.data -> 'payload'
+FROM receipts r
+WHERE r.type = 'queue.command' AND r.data ->> 'commandId' = ANY(%(command_ids)s::text[])
+  AND r.stream = %(stream)s;
+
 -- name: session_active_for_update
 SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
 FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
@@ -85,11 +98,14 @@ WITH inserted AS (
         abort_requested = EXCLUDED.abort_requested, available_at = EXCLUDED.available_at,
         lease_expires_at = EXCLUDED.lease_expires_at,
         last_heartbeat_at = EXCLUDED.last_heartbeat_at, updated_at = EXCLUDED.updated_at,
-        state = EXCLUDED.state
+        state = EXCLUDED.state, worker_queue = EXCLUDED.worker_queue
     RETURNING 1
 ), lease_ended AS (
     -- The job left leased/running: its lease row has nothing more to say.
     DELETE FROM job_leases WHERE %(lease_ended)s AND job_id = %(job_id)s
+), slot_freed AS (
+    -- Settled now: its organization's dispatch slot is free for the next job (migration 0008).
+    DELETE FROM dispatch_slots WHERE %(settled)s AND job_id = %(job_id)s
 ), owed AS (
     -- Settled now: its terminal callbacks are owed until posted (callback_outbox).
     INSERT INTO callback_outbox (job_id, event)
@@ -160,11 +176,11 @@ DELETE FROM jobs;
 -- upserts it.
 INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
                   attempt, max_attempts, abort_requested, available_at, lease_expires_at,
-                  last_heartbeat_at, created_at, updated_at, state)
+                  last_heartbeat_at, created_at, updated_at, state, worker_queue)
 VALUES (%(job_id)s, %(seq)s, %(organization_id)s, %(session_key)s, %(agent_id)s, %(lane)s,
         %(kind)s, %(status)s, %(attempt)s, %(max_attempts)s, %(abort_requested)s,
         %(available_at)s, %(lease_expires_at)s, %(last_heartbeat_at)s, %(created_at)s,
-        %(updated_at)s, %(state)s);
+        %(updated_at)s, %(state)s, %(worker_queue)s);
 
 -- name: expired_leases
 -- The leased set only (jobs_lease_idx); a heartbeat's newer expiry is on the lease row.

@@ -5,17 +5,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from datetime import datetime
+from typing import Any
 
-from receipts import deliveries
+from receipts import deliveries, fairness
 from receipts.jobs import job_id_of
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
-from roles.delivery.starter import DriverStarter
+from roles.delivery.starter import NOT_AVAILABLE, DriverStarter
 
 log = logging.getLogger("roles.delivery.dispatcher")
 
 MAX_IDLE_S = 60.0
+# The rescan for a delayed job runs this long after its `availableAt`: a timer may fire a hair
+# early, and a rescan that finds the job not yet due by the database clock would not find it
+# again (the next `next_available_at` no longer lists it) before the idle rescan.
+DUE_MARGIN_S = 0.05
+# Receipts that may settle a job, and so give back its organization's dispatch slot.
+SETTLING = frozenset({"job.completed", "job.failed", "job.canceled", "job.lease_expired"})
+# Put in the dispatcher's own queue when a job's start waits for its `availableAt`: look again
+# at when the soonest delayed job is due.
+RETIME = Notice("", 0, ("retime",))
 
 
 class Dispatcher:
@@ -23,7 +34,10 @@ class Dispatcher:
 
     After every (re)attach of the LISTEN connection it rescans for deliverable queued jobs that
     were never dispatched, so a wake-up lost while reconnecting is not a lost job. Jobs enqueued
-    with a delay are dispatched when the database clock reaches their `availableAt`.
+    with a delay are dispatched when the database clock reaches their `availableAt`. Fair
+    dispatch: a job held back because its organization holds every slot it may on the job's
+    queue is started when a job of that organization settles there (`fairness.freed`); the
+    rescan and the redrive start it at the latest.
     """
 
     def __init__(
@@ -34,17 +48,20 @@ class Dispatcher:
         self.starter = starter
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._notices: asyncio.Queue[Notice] | None = None
 
     async def run_once(self) -> int:
-        """Dispatch every deliverable queued job that has never been dispatched; return the count."""
-        job_ids = await deliveries.undelivered_queued(self.store)
+        """Dispatch every deliverable queued job that has never been dispatched and is not held
+        back; return the count."""
+        caps = fairness.caps(self.starter.settings)
+        job_ids = await deliveries.undelivered_queued(self.store, caps=caps)
         await asyncio.gather(*(self._dispatch(job_id) for job_id in job_ids))
         return len(job_ids)
 
     async def _dispatch(self, job_id: str) -> None:
         async with self._slots:
             try:
-                await self.starter.start(job_id)
+                started = await self.starter.start(job_id)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # one job's failure must not stop the others
@@ -53,9 +70,31 @@ class Dispatcher:
                     "dispatch failed",
                     extra={"event": "dispatch.failed", "jobId": job_id, "error": str(exc)},
                 )
+                return
+        if started.reason == NOT_AVAILABLE and self._notices is not None:
+            with contextlib.suppress(asyncio.QueueFull):
+                self._notices.put_nowait(RETIME)
 
-    def _spawn(self, job_id: str) -> None:
-        task = asyncio.create_task(self._dispatch(job_id))
+    async def _refill(self, settled_job_id: str) -> None:
+        """Start the jobs a slot given back by `settled_job_id` lets through."""
+        try:
+            job_ids = await fairness.freed(self.store, settled_job_id, self.starter.settings)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the rescan and the redrive start them at the latest
+            log.warning(
+                "refill after a settled job failed",
+                extra={
+                    "event": "dispatch.refill_failed",
+                    "jobId": settled_job_id,
+                    "error": str(exc),
+                },
+            )
+            return
+        await asyncio.gather(*(self._dispatch(job_id) for job_id in job_ids))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -64,24 +103,33 @@ class Dispatcher:
         if soonest is None:
             return MAX_IDLE_S
         delay = (soonest - await self.store.now()).total_seconds()
-        return min(MAX_IDLE_S, max(0.05, delay))
+        return min(MAX_IDLE_S, max(0.05, delay + DUE_MARGIN_S))
 
     async def run(self) -> None:
         """Dispatch until cancelled."""
+        loop = asyncio.get_running_loop()
+        refills = fairness.capped(self.starter.settings)
         async with self.listener.subscribe() as queue:
+            self._notices = queue
             try:
                 await self.run_once()
-                timeout = await self._timeout()
+                deadline = loop.time() + await self._timeout()
                 while True:
                     notice: Notice | None = None
                     with contextlib.suppress(TimeoutError):
-                        notice = await asyncio.wait_for(queue.get(), timeout)
+                        notice = await asyncio.wait_for(
+                            queue.get(), max(0.0, deadline - loop.time())
+                        )
                     try:
                         if notice is None or notice is RECONNECTED:
                             await self.run_once()
-                            timeout = await self._timeout()
+                            deadline = loop.time() + await self._timeout()
+                        elif notice is RETIME:
+                            deadline = min(deadline, loop.time() + await self._timeout())
                         elif "job.enqueued" in notice.types:
-                            self._spawn(job_id_of(notice.stream))
+                            self._spawn(self._dispatch(job_id_of(notice.stream)))
+                        elif refills and SETTLING.intersection(notice.types):
+                            self._spawn(self._refill(job_id_of(notice.stream)))
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:  # the dispatcher outlives any one failing pass
@@ -90,5 +138,6 @@ class Dispatcher:
                             extra={"event": "dispatch.pass_failed", "error": str(exc)},
                         )
             finally:
+                self._notices = None
                 for task in list(self._tasks):
                     task.cancel()

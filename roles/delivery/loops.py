@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from activities.driver import post_callbacks
-from receipts import deliveries
+from receipts import deliveries, fairness
 from receipts import operations as ops
 from receipts.errors import ReceiptError
 from receipts.listen import RECONNECTED, Listener, Notice
@@ -134,6 +134,7 @@ class QueuedRedrive:
                 min_age_ms=self.config.min_age_ms,
                 cooldown_ms=self.config.cooldown_ms,
                 limit=self.config.batch,
+                caps=fairness.caps(self.settings),
             )
             for job_id, seq, attempt in candidates:
                 if not await deliveries.claim_redrive(self.store, job_id, seq, attempt):

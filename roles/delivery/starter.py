@@ -15,7 +15,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.driver import dispatch_plan
-from receipts import deliveries
+from receipts import deliveries, fairness
 from receipts import operations as ops
 from receipts.deliveries import (
     MAX_GENERATION,
@@ -37,6 +37,8 @@ log = logging.getLogger("roles.delivery.starter")
 _tracer = trace.get_tracer("receipt.starter")
 
 ACTIVE_DELIVERY = "active_delivery"
+HELD_BACK = "held_back"
+NOT_AVAILABLE = "not_available"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +53,11 @@ class StartResult:
 
 @dataclass
 class StarterHooks:
-    """Metric hooks: called with the outcome of every start (`created`, `active_delivery`, …)."""
+    """Metric hooks: called with the outcome of every start (`created`, `active_delivery`, …)
+    and with the worker queue of every job held back (fair dispatch)."""
 
     on_start: Callable[[str, int | None], None] | None = None
+    on_held: Callable[[str], None] | None = None
 
 
 class DriverStarter:
@@ -89,7 +93,10 @@ class DriverStarter:
 
         An open driver → `{created: False, reason: "active_delivery"}`; past 32
         generations the job is failed non-retryably with `delivery recovery exceeded 32
-        generations for <jobId>`.
+        generations for <jobId>`. A job whose organization holds every dispatch slot it may on
+        the job's worker queue → `held_back` (it stays queued: the dispatcher starts it when a
+        slot is given back, the redrive at the latest); a job not available yet →
+        `not_available` until its `availableAt`.
         """
         result = await self._start(job_id)
         if self.hooks.on_start:
@@ -97,7 +104,7 @@ class DriverStarter:
         return result
 
     async def _start(self, job_id: str) -> StartResult:
-        job, latest = await deliveries.job_and_latest(self.store, job_id)
+        job, latest, now = await deliveries.job_and_latest(self.store, job_id)
         if job is None:
             return StartResult(False, "missing")
         if job.terminal:
@@ -107,6 +114,17 @@ class DriverStarter:
             if await self._is_open(latest.workflow_id):
                 return StartResult(False, ACTIVE_DELIVERY, latest.workflow_id, latest.generation)
             generation = latest.generation + 1
+        plan = next_step(job, now)
+        if plan.step is Step.NOT_AVAILABLE:
+            # No driver waits out the delay holding a slot: the dispatcher starts the job when
+            # the database clock reaches `availableAt` (the redrive at the latest).
+            return StartResult(False, NOT_AVAILABLE)
+        share = fairness.share_of(job, self.settings) if plan.step is Step.DELIVER else None
+        if share is not None:
+            plan = await fairness.claim(self.store, job, now, *share)
+            if plan.step is Step.HELD:
+                self._held_back(job, *share)
+                return StartResult(False, HELD_BACK)
         timing = derive(job.agent_id, job.payload, self.timing)
         while True:
             if generation >= MAX_GENERATION:  # generations 0..31: 32 in all
@@ -161,6 +179,20 @@ class DriverStarter:
                 },
             )
             return StartResult(True, None, workflow_id, generation)
+
+    def _held_back(self, job: Job, queue: str, cap: int) -> None:
+        log.info(
+            "job held back: its organization holds every dispatch slot it may on the queue",
+            extra={
+                "event": "delivery.held_back",
+                "jobId": job.job_id,
+                "organizationId": job.organization_id,
+                "queue": queue,
+                "cap": cap,
+            },
+        )
+        if self.hooks.on_held:
+            self.hooks.on_held(queue)
 
     async def _start_driver(
         self, job: Job, workflow_id: str, generation: int, timing: JobTiming

@@ -11,12 +11,13 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from activities import retry, sandbox
 from activities.attempt import AttemptHooks
 from activities.handlers import factory as factory_handlers
-from receipts import deliveries
+from receipts import deliveries, fairness
 from receipts.jobs import ACTIVE_STATUSES, STATUSES, Job
 from receipts.kinds import AGENT_IDS, route, route_disagrees
 from receipts.objectives import control as objective_control
 from receipts.objectives import store as objectives
 from receipts.retention import PruneResult
+from receipts.settings import Settings
 from receipts.store import Store, translate_errors
 from roles.delivery.loops import LoopHooks, PassResult
 from roles.delivery.retention import RetentionHooks
@@ -84,6 +85,19 @@ class Metrics:
         self.active_delivery = Counter(
             "receipt_active_delivery_refusals",
             "Starts refused because a delivery is still open.",
+            registry=r,
+        )
+        self.held_back = Counter(
+            "receipt_jobs_held_back",
+            "Starts held back because the job's organization held every dispatch slot it may "
+            "on the worker queue (RECEIPT_ORG_MAX_RUNNING_PER_GROUP); the job stays queued.",
+            ["queue"],
+            registry=r,
+        )
+        self.waiting_for_slot = Gauge(
+            "receipt_jobs_waiting_for_slot",
+            "Queued, deliverable jobs held back for a dispatch slot of their organization now "
+            "(read by worker-control with the queue depth).",
             registry=r,
         )
         self.generation_advances = Counter(
@@ -248,7 +262,9 @@ class Metrics:
             if outcome == "created" and generation:
                 self.generation_advances.inc()
 
-        return StarterHooks(on_start=on_start)
+        return StarterHooks(
+            on_start=on_start, on_held=lambda queue: self.held_back.labels(queue).inc()
+        )
 
     def loop_hooks(self) -> LoopHooks:
         """Hooks for the recovery loops."""
@@ -279,18 +295,24 @@ class Metrics:
         )
         sandbox.on_memory_limit.append(self.sandbox_memory_kills.inc)
 
-    async def refresh_queue_depth(self, store: Store) -> None:
+    async def refresh_queue_depth(self, store: Store, settings: Settings | None = None) -> None:
         """Read active job counts by status from the projection into the gauge (a partial
-        index: its cost follows the active jobs, not the history)."""
+        index: its cost follows the active jobs, not the history), and with `settings` how
+        many of the queued ones wait for a dispatch slot."""
         with translate_errors():
             rows = await store.fetch("jobs_by_status", {})
             counts: dict[str, int] = {str(status): int(n) for status, n in rows}
         for status in ACTIVE_ORDER:
             self.queue_depth.labels(status).set(counts.get(status, 0))
+        if settings is not None and counts.get("queued") and fairness.capped(settings):
+            self.waiting_for_slot.set(await fairness.held_back(store, settings))
+        elif settings is not None:
+            self.waiting_for_slot.set(0)
 
     async def run_queue_depth(self, store: Store, interval_s: float = 5.0) -> None:
-        """Refresh the queue-depth gauge until cancelled."""
+        """Refresh the queue-depth gauges until cancelled (with this process's settings)."""
+        settings = Settings()
         while True:
             with contextlib.suppress(Exception):
-                await self.refresh_queue_depth(store)
+                await self.refresh_queue_depth(store, settings)
             await asyncio.sleep(interval_s)

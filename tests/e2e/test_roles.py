@@ -59,6 +59,8 @@ async def test_worker_death_every_job_settles_once_through_lease_expiry(
     procs = roles(
         CODEX_JOB_LEASE_MS=str(lease_ms),
         RECEIPT_RESONATE_EXECUTE_CONCURRENCY="60",
+        # Every job of one organization runs at once: no fair share of the worker to keep.
+        RECEIPT_ORG_MAX_RUNNING_PER_GROUP="0",
         # One delivery per attempt: a dead worker's attempt is not redelivered by Temporal, so
         # recovery goes through the receipts — the lease expires and the next attempt runs.
         RECEIPT_DELIVERIES_PER_ATTEMPT="1",

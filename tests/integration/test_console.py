@@ -6,7 +6,7 @@ import re
 
 import httpx
 
-from receipts import operations
+from receipts import commands, operations
 from receipts.store import Store
 from tests.integration.api_support import (
     AS_A,
@@ -112,7 +112,9 @@ async def test_actions_need_the_csrf_token_and_act_on_the_job(db_url: str, store
         )
         assert steer.status_code == 303 and "steer+appended" in steer.headers["location"]
         job = await store.get_job(rid(job_id))
-        assert job is not None and job.commands[-1].payload == {"message": "look at the logs"}
+        assert job is not None
+        [steered] = await commands.with_payloads(store, job.job_id, job.commands[-1:])
+        assert steered.payload == {"message": "look at the logs"}
         abort = await client.post(
             f"/console/jobs/{job_id}/command",
             **form({"csrf": csrf, "type": "abort", "reason": "operator"}),  # type: ignore[arg-type]

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from receipts import commands
 from receipts import operations as ops
-from receipts.enqueue import enqueue, parse_enqueue
+from receipts.enqueue import IdempotencyMismatch, enqueue, parse_enqueue
 from receipts.errors import ConflictError, InvalidInput
 from receipts.kinds import KINDS
 from receipts.store import Store
@@ -90,7 +91,8 @@ async def test_singleton_steer_returns_the_most_recent_active_job(store: Store) 
     command = result.job.commands[-1]
     assert (command.command_id, command.type, command.lane) == (steer_id, "steer", "steer")
     assert command.from_session_key == session and command.from_enqueue is True
-    assert command.payload["prompt"] == "also do this"
+    [read] = await commands.with_payloads(store, newest.job_id, [command])
+    assert read.payload["prompt"] == "also do this"
     assert await store.get_job(steer_id) is None
     # A retried steer-enqueue with the same jobId adds nothing and returns the steered job.
     again = await put(
@@ -101,6 +103,15 @@ async def test_singleton_steer_returns_the_most_recent_active_job(store: Store) 
         payload_extra={"prompt": "also do this"},
     )
     assert again.outcome == "steered" and again.job.job_id == newest.job_id
+    # The steer's payload is read from its receipt to tell a retry from another request.
+    with pytest.raises(IdempotencyMismatch):
+        await put(
+            store,
+            sessionKey=session,
+            singletonMode="steer",
+            jobId=steer_id,
+            payload_extra={"prompt": "something else"},
+        )
     assert await types(store, newest.job_id) == ["job.enqueued", "queue.command"]
 
 

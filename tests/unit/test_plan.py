@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from receipts.jobs import Job, Lease
-from receipts.plan import NEEDS_DELIVERY, Step, available, next_step
+from receipts.plan import NEEDS_DELIVERY, Slots, Step, available, next_step
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 EXPIRES = NOW + timedelta(minutes=5)
@@ -82,3 +82,20 @@ def test_deliverable_steps_and_availability() -> None:
     assert available(job(), None)
     assert not available(job(available_at=NOW), None)
     assert available(job(available_at=NOW), NOW)
+
+
+def test_a_deliverable_job_is_held_while_its_organization_holds_every_slot() -> None:
+    assert next_step(job(), NOW, slots=Slots(held=2, cap=2)).step is Step.HELD
+    assert next_step(job(), NOW, slots=Slots(held=1, cap=2)).step is Step.DELIVER
+    assert next_step(job(), NOW, slots=Slots(held=50, cap=0)).step is Step.DELIVER  # no cap
+    assert not next_step(job(), NOW, slots=Slots(2, 2)).needs_delivery
+
+
+def test_only_a_deliverable_job_is_held() -> None:
+    full = Slots(held=3, cap=3)
+    # An abort takes no worker; a delayed job waits for its time; a lease owns its slot.
+    assert next_step(job(abort_requested=True), NOW, slots=full).step is Step.ABORT
+    later = job(available_at=NOW + timedelta(seconds=1))
+    assert next_step(later, NOW, slots=full).step is Step.NOT_AVAILABLE
+    assert next_step(running(), NOW, slots=full).step is Step.ACTIVE
+    assert next_step(job(status="completed"), NOW, slots=full).step is Step.TERMINAL

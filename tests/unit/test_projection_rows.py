@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from receipts.jobs import Job, Lease
+from receipts.kinds import route
 from receipts.projections import AGENT_JOBS, JOBS, OBJECTIVES, _parameters
 from receipts.streams import StreamState
 
@@ -30,6 +31,7 @@ def test_a_job_row_has_every_column_of_the_statement_and_its_lease_expiry() -> N
     row = JOBS.row(job)
     assert list(row) == list(_parameters("jobs_insert"))
     assert row["lease_expires_at"] == lease.expires_at
+    assert row["worker_queue"] == route("codex", "factory.run")  # fair dispatch counts by it
     assert (row["job_id"], row["seq"], row["status"], row["attempt"]) == ("job-1", 2, "leased", 1)
     assert row["state"].obj == job.to_json()
     assert JOBS.row(job.model_copy(update={"lease": None}))["lease_expires_at"] is None
@@ -38,7 +40,11 @@ def test_a_job_row_has_every_column_of_the_statement_and_its_lease_expiry() -> N
 def test_every_projection_names_only_columns_its_state_has() -> None:
     for projection in (JOBS, OBJECTIVES, AGENT_JOBS):
         assert issubclass(projection.model, StreamState)
-        attributes = set(projection.model.model_fields) | {"state", "lease_expires_at"}
+        attributes = set(projection.model.model_fields) | {
+            "state",
+            "lease_expires_at",
+            "worker_queue",
+        }
         attributes |= {n for n in dir(projection.model) if not n.startswith("_")}
         assert set(_parameters(projection.write)) <= attributes, projection.table
         assert projection.model.ID_FIELD in projection.model.model_fields

@@ -1059,12 +1059,24 @@ def test_command_fields_are_recorded() -> None:
     assert cmd.command_id == "c1"
     assert cmd.type == "steer"
     assert cmd.lane == "steer"
-    assert cmd.payload == {"text": "go left"}
+    assert cmd.seq == 4  # a reference to its receipt: the payload stays there
+    assert "payload" not in job.to_json()["commands"][0]
     assert cmd.from_session_key == "session-1"
     assert cmd.from_enqueue is True
     assert cmd.recorded_at == at(4)
     assert cmd.consumed_attempt == 1
     assert cmd.pending is False
+
+
+def test_a_state_stored_with_command_payloads_still_reads_and_folds() -> None:
+    stored = state([*RUNNING, command("c1", "follow_up", payload={"n": 1})]).to_json()
+    del stored["commands"][0]["seq"]
+    stored["commands"][0]["payload"] = {"n": 1}  # as states were stored before references
+    job = Job.model_validate(stored)
+    assert [(c.command_id, c.seq) for c in job.pending_commands] == [("c1", None)]
+    job = fold(receipts([consumed("c1", W1, 1)], start=job.seq + 1), job)
+    assert job is not None and job.pending_commands == ()
+    assert job.commands[0].consumed_attempt == 1
 
 
 def test_abort_command_is_never_pending() -> None:

@@ -4,8 +4,9 @@ and the masked view `receipt config` prints."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from receipts.settings import SettingsError, TimingEnv, WatchdogEnv
+from receipts.settings import Settings, SettingsError, TimingEnv, WatchdogEnv
 from roles.infra.settings import LoopSettings, ProcessSettings, check, shown
 
 
@@ -94,3 +95,28 @@ def test_a_field_is_read_only_through_its_variable_never_its_python_name(
                 monkeypatch.setenv(name.upper(), "set-by-its-python-name")
     for _, model in concerns():
         assert load(model).model_dump() == defaults[model], model.__name__
+
+
+@pytest.mark.parametrize(
+    ("raw", "caps"),
+    [
+        (None, {"receipt-chat": 12, "receipt-codex": 3, "receipt-control": 6}),
+        ("5", {"receipt-chat": 5, "receipt-codex": 5, "receipt-control": 5}),
+        ("0", {"receipt-chat": 0, "receipt-codex": 0, "receipt-control": 0}),
+        # A group not named keeps its default; 0 turns one group's cap off.
+        (" codex=1 , chat=0", {"receipt-chat": 0, "receipt-codex": 1, "receipt-control": 6}),
+    ],
+)
+def test_the_per_group_cap_of_an_organizations_running_jobs(
+    raw: str | None, caps: dict[str, int]
+) -> None:
+    env = {} if raw is None else {"RECEIPT_ORG_MAX_RUNNING_PER_GROUP": raw}
+    settings = Settings(**env)
+    assert {queue: settings.org_running_cap(queue) for queue in caps} == caps
+
+
+@pytest.mark.parametrize("raw", ["-1", "1.5", "codex", "codex=", "gpu=2", "codex=-2", "codex=2,"])
+def test_a_bad_per_group_cap_names_what_it_accepts(raw: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        Settings(RECEIPT_ORG_MAX_RUNNING_PER_GROUP=raw)
+    assert "group=number pairs, the groups being chat, codex, control" in str(raised.value)

@@ -34,8 +34,10 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from receipts import fairness
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
+from receipts.settings import DEFAULT_ORG_RUNNING_CAPS, Settings
 from receipts.sql import query
 from receipts.store import Store
 from roles.infra.db import migrate_url
@@ -46,16 +48,25 @@ LEASE_MS = 600_000
 # Every query a loop or gauge runs on a timer, with the parameters it runs with, and the API list
 # filters that used to walk an organization's history. `objective_streams` is the Factory's
 # (replaced by its objectives table in that branch); it is measured while it exists.
+# The default shares of fair dispatch (RECEIPT_ORG_MAX_RUNNING_PER_GROUP).
+CAPS: dict[str, Any] = fairness.caps(
+    Settings(RECEIPT_ORG_MAX_RUNNING_PER_GROUP=DEFAULT_ORG_RUNNING_CAPS)
+)
 PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
     "jobs_by_status (queue-depth gauge, 5 s)": ("jobs_by_status", {}),
     "callbacks_owed (callback recovery, 15 s)": ("callbacks_owed", {"limit": 200}),
     "expired_leases (lease expiry, 15 s)": ("expired_leases", {"limit": 200}),
     "redrive_candidates (queued redrive, 15 s)": (
         "redrive_candidates",
-        {"min_age_ms": 30_000, "cooldown_ms": 15_000, "limit": 200},
+        {"min_age_ms": 30_000, "cooldown_ms": 15_000, "limit": 200, **CAPS},
     ),
-    "undelivered_queued (dispatcher rescan)": ("undelivered_queued", {"limit": 500}),
+    "undelivered_queued (dispatcher rescan)": ("undelivered_queued", {"limit": 500, **CAPS}),
     "next_available_at (dispatcher)": ("next_available_at", {}),
+    "dispatch_held_back (queue-depth gauge, 5 s)": ("dispatch_held_back", CAPS),
+    "dispatch_freed (dispatcher, each settled job)": (
+        "dispatch_freed",
+        {"job_id": "history-0", **CAPS},
+    ),
     "prune_victims, nothing due (retention, 60 s)": ("prune_victims", {"batch": 1_000}),
     "prune_agent_victims (retention, 60 s)": ("prune_agent_victims", {"batch": 1_000}),
     "objective_streams limit 200 (Factory outbox, 5 s)": ("objective_streams", {"limit": 200}),

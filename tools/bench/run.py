@@ -137,7 +137,11 @@ class Bench:
 
     def start_role(self, role: str, db_url: str, **extra: str) -> None:
         assert self.processes is not None
-        env = role_env(db_url, self.temporal_address, extra)
+        # One organization's throughput: fair dispatch across organizations would cap it at
+        # that organization's share of the worker (README, Security: limits).
+        env = role_env(
+            db_url, self.temporal_address, {"RECEIPT_ORG_MAX_RUNNING_PER_GROUP": "0", **extra}
+        )
         self.processes.start(role, [sys.executable, "-m", "roles.role", role], env)
 
     def start_api(self, db_url: str, **env: str) -> int:

@@ -1,0 +1,69 @@
+"""A job's commands with their payloads, read by reference.
+
+The folded state keeps each `queue.command` as a reference (receipts/jobs.py `Command`: its seq
+on the job's stream and small metadata), so a job with many large follow-ups stays a small row
+(issue 12). The handler that consumes commands, and the enqueue that compares a re-posted steer
+with the one it absorbed, read the payloads from the receipts themselves, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from receipts.jobs import Command, job_stream
+from receipts.sql import query
+from receipts.store import Store, Tx
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedCommand:
+    """A command with its payload: what a handler is handed."""
+
+    ref: Command
+    payload: Any
+
+    @property
+    def command_id(self) -> str:
+        """The command's id (what `consume` takes)."""
+        return self.ref.command_id
+
+    @property
+    def type(self) -> str:
+        """`steer`, `follow_up` or `abort`."""
+        return self.ref.type
+
+
+def _params(job_id: str, refs: Sequence[Command]) -> dict[str, Any]:
+    return {
+        "stream": job_stream(job_id),
+        "seqs": [c.seq for c in refs if c.seq is not None],
+        "command_ids": [c.command_id for c in refs if c.seq is None],
+    }
+
+
+def _joined(refs: Sequence[Command], rows: Sequence[Sequence[Any]]) -> tuple[QueuedCommand, ...]:
+    by_seq = {row[0]: row[2] for row in rows}
+    by_id = {row[1]: row[2] for row in rows}
+    return tuple(
+        QueuedCommand(c, by_seq.get(c.seq) if c.seq is not None else by_id.get(c.command_id))
+        for c in refs
+    )
+
+
+async def with_payloads(
+    store: Store, job_id: str, refs: Sequence[Command]
+) -> tuple[QueuedCommand, ...]:
+    """The commands `refs` of job `job_id`, in their order, each with its payload read from its
+    receipt (one round trip; none when there is nothing to read)."""
+    if not refs:
+        return ()
+    rows = await store.fetch("command_payloads", _params(job_id, refs))
+    return _joined(refs, rows)
+
+
+async def payload_in(tx: Tx, job_id: str, ref: Command) -> Any:
+    """The payload of one command of `job_id`, read inside a caller's transaction."""
+    cur = await tx.conn.execute(query("command_payloads"), _params(job_id, [ref]))
+    return _joined([ref], await cur.fetchall())[0].payload
