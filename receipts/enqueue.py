@@ -67,6 +67,9 @@ class EnqueueRequest:
     `RECEIPT_MAX_COMMANDS_PER_JOB`); None: no cap."""
     max_command_bytes: int | None = None
     """A steer singleton whose payload serialises to more is refused when it would be absorbed."""
+    new_job_id: bool = False
+    """`job_id` was made up for this request (a random uuid: the caller named no job), so no job
+    or absorbed steer can hold it yet: `enqueue` skips the jobId lock and lookup."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,9 +295,9 @@ def job_lock_key(job_id: str) -> str:
 async def enqueue(store: Store, request: EnqueueRequest) -> EnqueueResult:
     """Enqueue in one transaction, in docs/design.md §4's order.
 
-    1. jobId lookup: an existing job (or the job a steer with this id was absorbed into) is
-       returned unchanged; one owned by another organization raises `ConflictError`, one
-       enqueued with another agent or payload `IdempotencyMismatch`.
+    1. jobId lookup (unless the id is `new_job_id`): an existing job (or the job a steer with
+       this id was absorbed into) is returned unchanged; one owned by another organization
+       raises `ConflictError`, one enqueued with another agent or payload `IdempotencyMismatch`.
     2. the session-key lock; 3. expiry of stale leases on the session key; 4. the singleton
     scan; 5. append `job.enqueued`.
     """
@@ -305,7 +308,9 @@ async def enqueue(store: Store, request: EnqueueRequest) -> EnqueueResult:
 async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
     """Enqueue inside a caller's transaction (see `enqueue`)."""
     job_id = request.job_id
-    if job_id is not None:
+    if job_id is None:
+        job_id = str(uuid.uuid4())
+    elif not request.new_job_id:
         await tx.lock_key(job_lock_key(job_id))
         existing = await tx.job(job_id) or await tx.job_by_command(job_id)
         if existing is not None:
@@ -318,8 +323,6 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
                 )
             outcome = "existing" if existing.job_id == job_id else "steered"
             return EnqueueResult(existing, outcome)
-    else:
-        job_id = str(uuid.uuid4())
 
     affected: list[Job] = []
     if request.session_key is not None:

@@ -166,6 +166,7 @@ async def post_job(
     client_id = enqueue_request.job_id
     if client_id is None and idempotency_key is not None:
         client_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
+    new_job_id = client_id is None
     if client_id is None:
         client_id = str(uuid.uuid4())
     with _tracer.start_as_current_span(
@@ -174,6 +175,7 @@ async def post_job(
         enqueue_request = dataclasses.replace(
             enqueue_request,
             job_id=scoped_job_id(organization_id, client_id),
+            new_job_id=new_job_id,
             max_commands=settings.max_commands_per_job,
             max_command_bytes=settings.max_command_bytes,
             trace_id=trace_id_of(current_traceparent()),
