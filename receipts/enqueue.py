@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any
@@ -292,7 +292,9 @@ def job_lock_key(job_id: str) -> str:
     return f"job:{job_id}"
 
 
-async def enqueue(store: Store, request: EnqueueRequest) -> EnqueueResult:
+async def enqueue(
+    store: Store, request: EnqueueRequest, admit: Callable[[Tx], Awaitable[None]] | None = None
+) -> EnqueueResult:
     """Enqueue in one transaction, in docs/design.md §4's order.
 
     1. jobId lookup (unless the id is `new_job_id`): an existing job (or the job a steer with
@@ -300,8 +302,13 @@ async def enqueue(store: Store, request: EnqueueRequest) -> EnqueueResult:
        raises `ConflictError`, one enqueued with another agent or payload `IdempotencyMismatch`.
     2. the session-key lock; 3. expiry of stale leases on the session key; 4. the singleton
     scan; 5. append `job.enqueued`.
+
+    `admit`, when given, runs first in the same transaction (the API's per-organization caps,
+    on the connection the enqueue uses anyway); what it raises leaves nothing written.
     """
     async with store.transaction() as tx:
+        if admit is not None:
+            await admit(tx)
         return await enqueue_in(tx, request)
 
 

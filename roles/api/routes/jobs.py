@@ -12,6 +12,7 @@ and the workflows, and is what an admin token sees and names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import uuid
@@ -161,8 +162,9 @@ async def post_job(
     check_command_rights(caller, settings, agent_id, enqueue_request)
     check_gateway(settings, enqueue_request)
     enqueue_request = capped_timeout(settings, enqueue_request)
+    caps = None
     if organization_id is not None:
-        await check_org_caps(state, organization_id)
+        caps = functools.partial(check_org_caps, settings, organization_id)
     client_id = enqueue_request.job_id
     if client_id is None and idempotency_key is not None:
         client_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
@@ -181,7 +183,7 @@ async def post_job(
             trace_id=trace_id_of(current_traceparent()),
             traceparent=current_traceparent(),
         )
-        result = await enqueue(state.require_store(), enqueue_request)
+        result = await enqueue(state.require_store(), enqueue_request, admit=caps)
     job = result.job
     if state.metrics is not None:
         state.metrics.job_enqueued(job, result.outcome)
