@@ -68,10 +68,12 @@ FOR UPDATE OF j;
 
 -- name: append_job
 -- Insert the job's new receipts and upsert its projection row in one statement, then NOTIFY.
+-- The receipts' types and data travel as binary text arrays (the `b` placeholders): the text form
+-- of an array escapes every quote of every JSON document, client side, a regex substitution each.
 WITH inserted AS (
     INSERT INTO receipts (stream, seq, type, data, recorded_at)
     SELECT %(stream)s, u.seq, u.type, u.data, now()
-    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
+    FROM unnest(%(seqs)s::integer[], %(types)b::text[], %(datas)b::jsonb[]) AS u(seq, type, data)
     RETURNING position, seq
 ), projected AS (
     INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
@@ -107,7 +109,7 @@ SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
 WITH inserted AS (
     INSERT INTO receipts (stream, seq, type, data, recorded_at)
     SELECT %(stream)s, u.seq, u.type, u.data, now()
-    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
+    FROM unnest(%(seqs)s::integer[], %(types)b::text[], %(datas)b::jsonb[]) AS u(seq, type, data)
     RETURNING position, seq
 ), leased AS (
     INSERT INTO job_leases (job_id, seq, expires_at, patch)
@@ -197,7 +199,7 @@ SELECT coalesce(max(seq), 0) FROM receipts WHERE stream = %(stream)s;
 WITH inserted AS (
     INSERT INTO receipts (stream, seq, type, data, recorded_at)
     SELECT %(stream)s, u.seq, u.type, u.data, now()
-    FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
+    FROM unnest(%(seqs)s::integer[], %(types)b::text[], %(datas)b::jsonb[]) AS u(seq, type, data)
     RETURNING position, seq
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted), pg_notify('receipts', %(note)s);

@@ -158,8 +158,8 @@ async def test_the_migration_counts_the_jobs_already_there(fresh: tuple[Store, s
 
 async def test_the_queued_cap_refuses_posts_that_come_at_once(db_url: str) -> None:
     """The check reads the counters first in the enqueue's transaction, before its write
-    commits, so posts racing each other may each find room: the cap can be passed by at most the posts in flight, never more,
-    and once it is reached every further post is refused."""
+    commits, so posts racing each other may each find room: the cap can be passed by at most
+    the posts in flight, never more, and once it is reached every further post is refused."""
     org = new_id("org")
     cap, clients = 20, 8
     async with api_client(db_url, tokens=f"token-{org} {org}", org_max_queued=cap) as c:
