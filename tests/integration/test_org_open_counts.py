@@ -6,16 +6,13 @@ refuse an organization's posts beyond its cap when the posts come at once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 
 import psycopg
-import pytest
 
 from receipts import operations as ops
 from receipts.projections import rebuild
 from receipts.sql import migrations
 from receipts.store import Store
-from roles.infra.db import migrate_url
 from tests.integration.api_support import api_client, enqueue_body
 from tests.integration.helpers import new_id, put
 
@@ -50,15 +47,6 @@ async def open_counts(store: Store, org: str) -> tuple[int, int]:
     row = await store.fetch_one("api_org_open_jobs", {"organization_id": org})
     assert row is not None
     return int(row[0]), int(row[1])
-
-
-@pytest.fixture
-async def fresh(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
-    url = make_database()
-    await migrate_url(url)
-    store = await Store.open(url, min_size=2, max_size=20)
-    yield store, url
-    await store.close()
 
 
 async def test_the_counts_follow_every_status_change(store: Store, db_url: str) -> None:
