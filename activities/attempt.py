@@ -218,7 +218,9 @@ class AttemptActivities:
         wake = asyncio.Event()
         async with contextlib.AsyncExitStack() as stack:
             if self.listener is not None:
-                queue = await stack.enter_async_context(self.listener.subscribe())
+                # This job's notices only: the process's other appends wake no watcher.
+                stream = job_stream(attempt.job_id)
+                queue = await stack.enter_async_context(self.listener.subscribe(stream))
                 watcher = asyncio.create_task(_watch_commands(queue, attempt.job_id, wake))
                 stack.callback(watcher.cancel)
             next_beat = time.monotonic() + interval

@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any
@@ -68,6 +68,9 @@ class EnqueueRequest:
     `RECEIPT_MAX_COMMANDS_PER_JOB`); None: no cap."""
     max_command_bytes: int | None = None
     """A steer singleton whose payload serialises to more is refused when it would be absorbed."""
+    new_job_id: bool = False
+    """`job_id` was made up for this request (a random uuid: the caller named no job), so no job
+    or absorbed steer can hold it yet: `enqueue` skips the jobId lock and lookup."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,23 +296,32 @@ def job_lock_key(job_id: str) -> str:
     return f"job:{job_id}"
 
 
-async def enqueue(store: Store, request: EnqueueRequest) -> EnqueueResult:
+async def enqueue(
+    store: Store, request: EnqueueRequest, admit: Callable[[Tx], Awaitable[None]] | None = None
+) -> EnqueueResult:
     """Enqueue in one transaction, in docs/design.md §4's order.
 
-    1. jobId lookup: an existing job (or the job a steer with this id was absorbed into) is
-       returned unchanged; one owned by another organization raises `ConflictError`, one
-       enqueued with another agent or payload `IdempotencyMismatch`.
+    1. jobId lookup (unless the id is `new_job_id`): an existing job (or the job a steer with
+       this id was absorbed into) is returned unchanged; one owned by another organization
+       raises `ConflictError`, one enqueued with another agent or payload `IdempotencyMismatch`.
     2. the session-key lock; 3. expiry of stale leases on the session key; 4. the singleton
     scan; 5. append `job.enqueued`.
+
+    `admit`, when given, runs first in the same transaction (the API's per-organization caps,
+    on the connection the enqueue uses anyway); what it raises leaves nothing written.
     """
     async with store.transaction() as tx:
+        if admit is not None:
+            await admit(tx)
         return await enqueue_in(tx, request)
 
 
 async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
     """Enqueue inside a caller's transaction (see `enqueue`)."""
     job_id = request.job_id
-    if job_id is not None:
+    if job_id is None:
+        job_id = str(uuid.uuid4())
+    elif not request.new_job_id:
         await tx.lock_key(job_lock_key(job_id))
         existing = await tx.job(job_id) or await tx.job_by_command(job_id)
         if existing is not None:
@@ -322,8 +334,6 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
                 )
             outcome = "existing" if existing.job_id == job_id else "steered"
             return EnqueueResult(existing, outcome)
-    else:
-        job_id = str(uuid.uuid4())
 
     affected: list[Job] = []
     if request.session_key is not None:

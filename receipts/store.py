@@ -233,6 +233,10 @@ class Tx:
         )
         return [Receipt.from_row(row) for row in await cur.fetchall()]
 
+    async def fetch_one(self, name: str, params: dict[str, Any]) -> TupleRow | None:
+        """Run the named statement `name` (receipts/sql/) in this transaction; its first row."""
+        return await self._maybe_one(query(name), params)
+
     async def _one(self, sql: str, params: dict[str, Any]) -> TupleRow:
         row = await self._maybe_one(sql, params)
         if row is None:

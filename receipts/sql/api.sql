@@ -21,17 +21,11 @@ LIMIT %(limit)s;
 
 -- name: api_org_open_jobs
 -- An organization's queued jobs and its active ones (queued, leased, running), read before an
--- enqueue to apply the per-organization caps (jobs_org_open_idx, migration 0006). At most
--- `limit` (the larger cap + 1) rows are counted, so an enqueue's work is bounded by the caps
--- however deep the queue: below `limit` both counts are exact, at `limit` the active cap holds.
-SELECT count(*) FILTER (WHERE status = 'queued') AS queued, count(*) AS active
-FROM (
-    SELECT status
-    FROM jobs
-    WHERE organization_id = %(organization_id)s::text
-      AND status IN ('queued', 'leased', 'running')
-    LIMIT %(limit)s
-) AS open_jobs;
+-- enqueue to apply the per-organization caps: the sum of its counter slots (org_open_jobs,
+-- migration 0009), at most 16 rows however deep its queue.
+SELECT coalesce(sum(queued), 0)::bigint AS queued, coalesce(sum(active), 0)::bigint AS active
+FROM org_open_jobs
+WHERE organization_id = %(organization_id)s::text;
 
 -- name: api_jobs_by_caller_id
 -- The jobs an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an

@@ -82,9 +82,11 @@ FOR UPDATE OF j;
 -- name: insert_receipts
 -- The receipts of one append (`Tx._insert`: seqs numbered under the stream's lock or the job's
 -- row lock) at the database time. Every append statement includes it as its `inserted` CTE.
+-- The receipts' types and data travel as binary text arrays (the `b` placeholders): the text form
+-- of an array escapes every quote of every JSON document, client side, a regex substitution each.
 INSERT INTO receipts (stream, seq, type, data, recorded_at)
 SELECT %(stream)s, u.seq, u.type, u.data, now()
-FROM unnest(%(seqs)s::integer[], %(types)s::text[], %(datas)s::jsonb[]) AS u(seq, type, data)
+FROM unnest(%(seqs)s::integer[], %(types)b::text[], %(datas)b::jsonb[]) AS u(seq, type, data)
 RETURNING position, seq;
 
 -- name: append_job

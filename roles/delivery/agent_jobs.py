@@ -4,7 +4,6 @@ unanswered ones past the input timeout. Woken by notices, backed by a periodic r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -216,19 +215,26 @@ class AgentJobDispatcher:
         """Dispatch until cancelled (needs a listener)."""
         assert self.listener is not None
         async with self.listener.subscribe() as notices:
-            await self._pass()
             while True:
-                timeout = await self._timeout_or_default()
-                woke = False
-                with contextlib.suppress(TimeoutError):
-                    notice = await asyncio.wait_for(notices.get(), timeout)
-                    woke = self.wakes_on(notice)
-                    # Coalesce a burst of notices into one pass.
-                    while not notices.empty():
-                        woke = self.wakes_on(notices.get_nowait()) or woke
-                    if not woke:
-                        continue
                 await self._pass()
+                # The next pass is due at a deadline read once per pass: the notices of other
+                # work (every append of every job) neither query the database nor put it off.
+                deadline = time.monotonic() + await self._timeout_or_default()
+                await self._woken(notices, deadline)
+
+    async def _woken(self, notices: asyncio.Queue[Notice], deadline: float) -> None:
+        """Return at the first notice that `wakes_on` (a burst of them coalesced into one pass),
+        or at `deadline` (monotonic)."""
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                notice = await asyncio.wait_for(notices.get(), remaining)
+            except TimeoutError:
+                return
+            woke = self.wakes_on(notice)
+            while not notices.empty():
+                woke = self.wakes_on(notices.get_nowait()) or woke
+            if woke:
+                return
 
     async def _timeout_or_default(self) -> float:
         try:

@@ -22,11 +22,13 @@ from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.errors import ConflictError, InvariantError
+from receipts.listen import Listener
 from receipts.settings import Settings
 from receipts.sql import query
 from receipts.store import Draft, Store
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from tests.integration.delivery.receiver import Receiver
+from tests.integration.helpers import put
 
 RETRY_BASE_MS = 50
 
@@ -416,3 +418,39 @@ async def test_wakeups_are_posted_to_the_event_callback_once(store: Store) -> No
         assert body["event"] == "session.wakeup" and body["sessionId"] == job.owner_session_id
         assert body["wakeup"]["data"]["sourceId"] == f"{job.agent_job_id}:waiting_on_user:1:1"
         assert Receiver.verify(mine[0], b"s3cret")
+
+
+async def test_other_work_neither_queries_for_nor_puts_off_the_next_pass(
+    store: Store, db_url: str
+) -> None:
+    """Every append anywhere reaches the dispatcher as a notice. Those of other work (plain
+    jobs here, one every 20 ms) cost it nothing: the time of its next pass is read once per
+    pass, not once per notice, and the periodic pass still comes at its interval."""
+
+    class Counting(AgentJobDispatcher):
+        passes = 0
+        timeouts = 0
+
+        async def run_once(self) -> Any:
+            Counting.passes += 1
+            return await super().run_once()
+
+        async def _timeout(self) -> float:
+            Counting.timeouts += 1
+            return await super()._timeout()
+
+    listener = Listener(db_url)
+    listening = asyncio.create_task(listener.run())
+    await asyncio.wait_for(listener.connected.wait(), 10)
+    counting = Counting(store, listener, AgentJobSettings(redrive_interval_ms=300))
+    running = asyncio.create_task(counting.run())
+    try:
+        for _ in range(50):  # 1 s of other work
+            await put(store)
+            await asyncio.sleep(0.02)
+    finally:
+        running.cancel()
+        listening.cancel()
+        await asyncio.gather(running, listening, return_exceptions=True)
+    assert Counting.passes >= 3  # the first, then one every 300 ms
+    assert Counting.timeouts <= Counting.passes

@@ -523,6 +523,11 @@ async def test_an_idempotency_key_makes_an_id_less_post_retryable(
     assert first.json()["outcome"] == "created" and retry.json()["outcome"] == "existing"
     assert first.json()["job"]["jobId"] == retry.json()["job"]["jobId"]
     assert fresh.json()["job"]["jobId"] != first.json()["job"]["jobId"]
+    # The id made up for an id-less post is scoped like a named one: the organization reads the
+    # job by it, the chain holds it under the runtime id.
+    shown = fresh.json()["job"]["jobId"]
+    assert (await client.get(f"/jobs/{shown}", headers=AS_A)).json()["jobId"] == shown
+    assert (await client.get(f"/jobs/{rid(shown)}", headers=AS_ADMIN)).status_code == 200
 
 
 # --- finding 12: the rest ---------------------------------------------------------------------

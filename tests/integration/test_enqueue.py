@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -227,3 +228,21 @@ async def test_watchdog_kind_needs_no_auth_context(store: Store) -> None:
 async def test_unknown_agent_id_is_accepted(store: Store) -> None:
     job = (await put(store, agent="nobody-home")).job
     assert job.agent_id == "nobody-home" and job.status == "queued"
+
+
+async def test_a_made_up_id_skips_the_lookup_and_the_unique_key_still_guards(
+    store: Store,
+) -> None:
+    """The API makes up a random id for an id-less post (`new_job_id`): no lookup runs, so a
+    made-up id that named an existing job (it cannot, short of a uuid collision) would not
+    answer that job as `existing`; the chain's unique key refuses the write instead."""
+    request = parse_enqueue("codex", body())
+    made_up = dataclasses.replace(request, job_id=new_id(), new_job_id=True)
+    first = await enqueue(store, made_up)
+    assert first.outcome == "created" and first.job.job_id == made_up.job_id
+    with pytest.raises(ConflictError):
+        await enqueue(store, made_up)
+    assert await types(store, first.job.job_id) == ["job.enqueued"]
+    # Named by the caller, the same id is the idempotent re-post.
+    again = await enqueue(store, dataclasses.replace(made_up, new_job_id=False))
+    assert again.outcome == "existing" and again.job == first.job

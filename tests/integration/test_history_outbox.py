@@ -6,7 +6,6 @@ the job list)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
@@ -17,22 +16,13 @@ from receipts.errors import TransientStorageError
 from receipts.settings import Settings
 from receipts.store import Store
 from roles.delivery.loops import QueuedRedrive, RedriveConfig
-from roles.infra.db import migrate_url, open_store
+from roles.infra.db import open_store
 from tests.integration.api_support import AS_A, api_client
 from tests.integration.delivery.receiver import Receiver
 from tests.integration.helpers import put
 
 NOW = RedriveConfig(min_age_ms=0, cooldown_ms=0)
 CLOSED = "http://127.0.0.1:9/closed"  # nothing listens on the discard port
-
-
-@pytest.fixture
-async def fresh(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
-    url = make_database()
-    await migrate_url(url)
-    store = await Store.open(url, min_size=1, max_size=8)
-    yield store, url
-    await store.close()
 
 
 async def settled(store: Store, how: str) -> str:

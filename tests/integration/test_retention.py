@@ -8,7 +8,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +22,6 @@ from receipts.projections import verify
 from receipts.sql import query
 from receipts.store import Store
 from roles.delivery.retention import RetentionHooks, RetentionLoop
-from roles.infra.db import migrate_url
 from roles.infra.settings import SettingsError
 from roles.infra.settings import check as check_settings
 from tests.conftest import ROOT
@@ -45,15 +43,6 @@ TABLES: tuple[tuple[str, str, str], ...] = (
     ("activity_runs", "job_id", "{}"),
     ("job_leases", "job_id", "{}"),
 )
-
-
-@pytest.fixture
-async def fresh(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
-    url = make_database()
-    await migrate_url(url)
-    store = await Store.open(url, min_size=2, max_size=20)
-    yield store, url
-    await store.close()
 
 
 def backdate(url: str, job_ids: list[str]) -> None:

@@ -56,5 +56,10 @@ NOOP_PAYLOAD: dict[str, Any] = {
 }
 
 
+def noop_payload(organization_id: str) -> dict[str, Any]:
+    """The no-op payload, posted for `organization_id`."""
+    return {**NOOP_PAYLOAD, "authContext": {"userId": "bench", "organizationId": organization_id}}
+
+
 class BenchError(RuntimeError):
     """The bench could not finish a measurement (a process died, a run timed out)."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from receipts.sql import query
 from roles.infra.ports import free_port, wait_port
-from tools.bench.config import NOOP_PAYLOAD, BenchConfig, BenchError
+from tools.bench.config import NOOP_PAYLOAD, BenchConfig, BenchError, noop_payload
 from tools.bench.load import HttpConnection, closed_loop, post_request
 from tools.bench.processes import CpuMeter, Processes, role_env
 from tools.bench.profile import Profiler
@@ -144,23 +144,31 @@ class Bench:
         )
         self.processes.start(role, [sys.executable, "-m", "roles.role", role], env)
 
-    def start_api(self, db_url: str, **env: str) -> int:
-        """Start the api role on a free port; return the port."""
+    def start_api(self, db_url: str, fits: int = 0, **env: str) -> int:
+        """Start the api role on a free port; return the port.
+
+        It runs with production's caps on an organization's queued and active jobs (the
+        defaults of RECEIPT_ORG_MAX_QUEUED and RECEIPT_ORG_MAX_ACTIVE, raised only where one
+        organization must hold `fits` jobs at once), so each enqueue pays the check production
+        pays. The enqueue rate limit, an in-memory token bucket per organization, is off: its
+        default 50/s would measure the limit instead of the API.
+        """
+        from roles.api.settings import ApiSettings
+
         port = free_port()
-        # The bench measures throughput from one organization: the per-organization caps
-        # (README, Security: the API) would measure themselves instead.
-        unlimited = {
+        fields = ApiSettings.model_fields
+        limits = {
             "RECEIPT_ORG_ENQUEUE_RATE": "1e9",
             "RECEIPT_ORG_ENQUEUE_BURST": str(10**9),
-            "RECEIPT_ORG_MAX_QUEUED": str(10**9),
-            "RECEIPT_ORG_MAX_ACTIVE": str(10**9),
+            "RECEIPT_ORG_MAX_QUEUED": str(max(fields["org_max_queued"].default, fits)),
+            "RECEIPT_ORG_MAX_ACTIVE": str(max(fields["org_max_active"].default, fits)),
         }
         self.start_role(
             "api",
             db_url,
             RECEIPT_API_PORT=str(port),
             RECEIPT_API_HOST="127.0.0.1",
-            **{**unlimited, **env},
+            **{**limits, **env},
         )
         return port
 
@@ -246,6 +254,7 @@ class Bench:
     async def _api_phase(self) -> None:
         from receipts.enqueue import EnqueueRequest, enqueue
         from receipts.store import Store
+        from roles.api.settings import ApiSettings
 
         assert self.processes is not None
         cfg = self.config
@@ -253,7 +262,18 @@ class Bench:
         port = self.start_api(db_url)
         await self.wait_http(port, "api")
         store = await Store.open(db_url, min_size=max(cfg.api_concurrency), max_size=64)
-        raw_post = post_request("127.0.0.1", port, "/agents/codex/jobs", {"payload": NOOP_PAYLOAD})
+        # Nothing drains the queue in this part: the posts go round enough organizations that
+        # none holds more than half its queued cap by the end (README, Security: the API).
+        posts = min(100, cfg.api_requests) + cfg.repetitions * cfg.api_requests * len(
+            cfg.api_concurrency
+        )
+        organizations = -(-posts // (ApiSettings.model_fields["org_max_queued"].default // 2))
+        raw_posts = [
+            post_request(
+                "127.0.0.1", port, "/agents/codex/jobs", {"payload": noop_payload(f"bench-{n}")}
+            )
+            for n in range(organizations)
+        ]
         request = EnqueueRequest(
             agent_id="codex",
             payload=dict(NOOP_PAYLOAD),
@@ -269,11 +289,11 @@ class Bench:
                 free.put_nowait(conn)
             failures = 0
 
-            async def one(_: int) -> None:
+            async def one(i: int) -> None:
                 nonlocal failures
                 conn = await free.get()
                 try:
-                    status, _body = await conn.request(raw_post)
+                    status, _body = await conn.request(raw_posts[i % organizations])
                     failures += status != 202
                 finally:
                     free.put_nowait(conn)
@@ -338,7 +358,7 @@ class Bench:
         db_url = await self.create_database("e2e")
         concurrency = cfg.worker_concurrency or execute_concurrency("worker-codex", {})
         extra = {"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": str(concurrency)}
-        port = self.start_api(db_url, **extra)
+        port = self.start_api(db_url, fits=cfg.burn_jobs, **extra)
         self.start_role("driver", db_url, **extra)
         self.start_role("worker-codex", db_url, **extra)
         self.start_raw("driver", concurrency)

@@ -12,6 +12,7 @@ and the workflows, and is what an admin token sees and names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import uuid
 from typing import Annotated, Any
@@ -160,11 +161,13 @@ async def post_job(
     check_command_rights(caller, settings, agent_id, enqueue_request)
     check_gateway(settings, enqueue_request)
     enqueue_request = capped_timeout(settings, enqueue_request)
+    caps = None
     if organization_id is not None:
-        await check_org_caps(state, organization_id)
+        caps = functools.partial(check_org_caps, settings, organization_id)
     client_id = enqueue_request.job_id
     if client_id is None and idempotency_key is not None:
         client_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
+    new_job_id = client_id is None
     if client_id is None:
         client_id = str(uuid.uuid4())
     with _tracer.start_as_current_span(
@@ -173,12 +176,13 @@ async def post_job(
         enqueue_request = dataclasses.replace(
             enqueue_request,
             job_id=scoped_job_id(organization_id, client_id),
+            new_job_id=new_job_id,
             max_commands=settings.max_commands_per_job,
             max_command_bytes=settings.max_command_bytes,
             trace_id=trace_id_of(current_traceparent()),
             traceparent=current_traceparent(),
         )
-        result = await enqueue(state.require_store(), enqueue_request)
+        result = await enqueue(state.require_store(), enqueue_request, admit=caps)
     job = result.job
     if state.metrics is not None:
         state.metrics.job_enqueued(job, result.outcome)
