@@ -79,6 +79,8 @@ class _VariablesOnly(PydanticBaseSettingsSource):
         return self.env.get_field_value(field, field_name)
 
     def __call__(self) -> dict[str, Any]:
+        if _GIVEN_ONLY.get():  # `EnvSettings.load(env)`: the given mapping, not the environment
+            return {}
         named = {n for n, f in self.settings_cls.model_fields.items() if f.alias not in (None, n)}
         return {key: value for key, value in self.env().items() if key not in named}
 
@@ -110,18 +112,6 @@ class EnvSettings(ReceiptSettings):
     accepts: ClassVar[dict[str, str]] = {}
     accepts_any: ClassVar[str] = ""
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        if _GIVEN_ONLY.get():
-            return (init_settings,)
-        return (init_settings, _VariablesOnly(settings_cls, env_settings))
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> Self:

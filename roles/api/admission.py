@@ -92,21 +92,15 @@ async def check_org_caps(settings: ApiSettings, organization_id: str, tx: Tx) ->
     as the enqueue's `admit`, first in its transaction."""
     row = await tx.fetch_one("api_org_open_jobs", {"organization_id": organization_id})
     queued, active = (row[0], row[1]) if row else (0, 0)
-    if queued >= settings.org_max_queued:
-        LIMITED.labels("queued").inc()
-        log.warning(
-            "organization at its queued-jobs cap",
-            extra={"event": "api.org_cap", "cap": "queued", "organizationId": organization_id},
-        )
-        raise too_many(
-            f"the organization has {queued} queued jobs (RECEIPT_ORG_MAX_QUEUED)", RETRY_AFTER_S
-        )
-    if active >= settings.org_max_active:
-        LIMITED.labels("active").inc()
-        log.warning(
-            "organization at its active-jobs cap",
-            extra={"event": "api.org_cap", "cap": "active", "organizationId": organization_id},
-        )
-        raise too_many(
-            f"the organization has {active} active jobs (RECEIPT_ORG_MAX_ACTIVE)", RETRY_AFTER_S
-        )
+    for cap, held, limit, variable in (
+        ("queued", queued, settings.org_max_queued, "RECEIPT_ORG_MAX_QUEUED"),
+        ("active", active, settings.org_max_active, "RECEIPT_ORG_MAX_ACTIVE"),
+    ):
+        if held >= limit:
+            LIMITED.labels(cap).inc()
+            log.warning(
+                "organization at its %s-jobs cap",
+                cap,
+                extra={"event": "api.org_cap", "cap": cap, "organizationId": organization_id},
+            )
+            raise too_many(f"the organization has {held} {cap} jobs ({variable})", RETRY_AFTER_S)
