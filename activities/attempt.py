@@ -274,9 +274,11 @@ async def _temporal_heartbeats(timeout: timedelta | None, details: Any) -> None:
         TEMPORAL_BEAT_MAX_S,
         max(TEMPORAL_BEAT_MIN_S, timeout.total_seconds() / TEMPORAL_BEATS_PER_TIMEOUT),
     )
+    # The first beat after one interval, not at once: the timeout counts from the activity's
+    # start, and an attempt that ends sooner (most) costs Temporal no heartbeat at all.
     while True:
-        activity.heartbeat(details)
         await asyncio.sleep(interval)
+        activity.heartbeat(details)
 
 
 async def _watch_commands(queue: asyncio.Queue[Any], job_id: str, wake: asyncio.Event) -> None:

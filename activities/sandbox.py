@@ -37,18 +37,11 @@ from typing import Any
 from activities import sandbox_seccomp
 from activities.sandbox_cgroup import CgroupUnavailable, SandboxCgroup, plan_for
 from activities.sandbox_policy import (
-    ALLOWED_NAMES,
-    DEFAULT_PATH,
-    DEFAULT_UIDS,
-    ETC_ENTRIES,
-    FORBIDDEN_PREFIXES,
     GONE_TIMEOUT_S,
-    INSIDE_UID,
     MODES,
     PROBE_RETRY_S,
     READ_CHUNK,
     SANDBOX_SETTING,
-    SYSTEM_DIRS,
     TERM_GRACE_S,
     Limits,
     OutputSink,
@@ -56,58 +49,33 @@ from activities.sandbox_policy import (
     SandboxResult,
     SandboxSettings,
     StdinFeeder,
-    bwrap_args,
     bwrap_binary,
     check_executable,
     clean_env,
     command_line,
     job_workspace,
-    limit_args,
     objective_workspace,
     prepare_workspace,
     resolve_cwd,
-    uid_for,
     visible_roots,
     workspace_name,
 )
 
 log = logging.getLogger("activities.sandbox")
 
+# What the handlers take from here (the policy's names live in activities.sandbox_policy).
 __all__ = [
-    "ALLOWED_NAMES",
-    "DEFAULT_PATH",
-    "DEFAULT_UIDS",
-    "ETC_ENTRIES",
-    "FORBIDDEN_PREFIXES",
-    "GONE_TIMEOUT_S",
-    "INSIDE_UID",
-    "MODES",
-    "PROBE_RETRY_S",
-    "READ_CHUNK",
-    "SANDBOX_SETTING",
-    "SYSTEM_DIRS",
-    "TERM_GRACE_S",
     "Limits",
-    "OutputSink",
     "SandboxRefused",
     "SandboxResult",
     "SandboxSettings",
     "StdinFeeder",
     "announce",
-    "bwrap_args",
-    "bwrap_binary",
-    "check_executable",
-    "clean_env",
-    "command_line",
     "job_workspace",
-    "limit_args",
     "objective_workspace",
     "prepare_workspace",
     "probe",
-    "resolve_cwd",
     "run_sandboxed",
-    "uid_for",
-    "visible_roots",
     "workspace_name",
 ]
 
@@ -121,6 +89,7 @@ class _Probe:
 
 _probes: dict[SandboxSettings, _Probe] = {}
 
+_removing: set[asyncio.Task[None]] = set()
 on_memory_limit: list[Callable[[], None]] = []
 """Told of each sandbox the kernel killed at its cgroup's memory limit (the role's metrics)."""
 
@@ -333,8 +302,11 @@ async def run_sandboxed(
     finally:
         if cgroup:
             memory_killed = cgroup.memory_killed()
-            # Whatever outlived the namespace (only in `none` mode can anything) dies here.
-            await asyncio.shield(asyncio.to_thread(cgroup.close))
+            # Leftovers (only `none` mode can have any) die here; the rmdir, which may wait on
+            # the kernel, runs off the command's path.
+            await asyncio.shield(asyncio.to_thread(cgroup.kill_all))
+            _removing.add(removal := asyncio.create_task(asyncio.to_thread(cgroup.remove)))
+            removal.add_done_callback(_removing.discard)
     if memory_killed:
         log.warning(
             "a sandboxed command was killed at its memory limit (%d MiB)",

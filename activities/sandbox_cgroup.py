@@ -188,8 +188,8 @@ class SandboxCgroup:
                 found.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
         return found
 
-    def close(self) -> None:
-        """Kill whatever is left inside, then remove the cgroup (blocking; a few ms)."""
+    def kill_all(self) -> None:
+        """Kill whatever is left inside (blocking; nothing to do, and no wait, when it is empty)."""
         kill_file = self.directories[0] / "cgroup.kill"
         if self.plan.version == 2 and kill_file.exists():
             with contextlib.suppress(OSError):
@@ -197,11 +197,15 @@ class SandboxCgroup:
         for _ in range(KILL_ROUNDS):
             left = self.pids()
             if not left:
-                break
+                return
             for pid in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.01)
+
+    def remove(self) -> None:
+        """Remove the emptied cgroup (blocking: the kernel may keep it busy for a few ms after
+        its last process exits, so this retries)."""
         for directory in reversed(self.directories):
             for _ in range(KILL_ROUNDS):
                 try:
@@ -211,6 +215,16 @@ class SandboxCgroup:
                     break
                 except OSError:
                     time.sleep(0.01)
+        if any(d.exists() for d in self.directories):
+            log.warning(
+                "a sandbox cgroup could not be removed",
+                extra={"event": "sandbox.cgroup_left", "cgroup": str(self.directories[0])},
+            )
+
+    def close(self) -> None:
+        """Kill whatever is left inside, then remove the cgroup."""
+        self.kill_all()
+        self.remove()
 
 
 def plan_for(setting: str) -> CgroupPlan | None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.sandbox import (
+from activities.sandbox_policy import (
     INSIDE_UID,
     Limits,
     SandboxRefused,
