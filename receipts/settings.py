@@ -112,7 +112,6 @@ class EnvSettings(ReceiptSettings):
     accepts: ClassVar[dict[str, str]] = {}
     accepts_any: ClassVar[str] = ""
 
-
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> Self:
         """The settings from `env` (default: the environment); SettingsError on a bad value."""
