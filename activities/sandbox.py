@@ -107,18 +107,19 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
     the process's life, a failure re-probed after 30 s). Returns `(ok, message)`."""
     if settings.mode not in MODES:
         return False, f"{SANDBOX_SETTING} must be one of {', '.join(MODES)}, got {settings.mode!r}"
-    if settings.mode == "none":
-        return True, "unconfined"
-    if not sys.platform.startswith("linux"):
-        return False, _unavailable("bubblewrap needs Linux")
     cached = _probes.get(settings)
     if cached and (cached.ok or time.monotonic() - cached.at < PROBE_RETRY_S):
         return cached.ok, cached.message
-    try:
+    try:  # every mode: a run then finds its cgroup plan cached
         await asyncio.to_thread(plan_for, settings.cgroup)
     except (CgroupUnavailable, ValueError) as exc:
         _probes[settings] = _Probe(False, str(exc), time.monotonic())
         return False, str(exc)
+    if settings.mode == "none":
+        _probes[settings] = _Probe(True, "unconfined", time.monotonic())
+        return True, "unconfined"
+    if not sys.platform.startswith("linux"):
+        return False, _unavailable("bubblewrap needs Linux")
     workspace = settings.workspace_root / ".probe"
     seccomp = sandbox_seccomp.program_fd()
     try:
@@ -245,18 +246,18 @@ async def run_sandboxed(
     roots = visible_roots(workspace, settings) if confined else ("/",)
     check_executable(argv[0], cwd=work_dir, env=command_env, roots=roots)
     run_limits = limits or settings.limits
-    try:
-        plan = await asyncio.to_thread(plan_for, settings.cgroup)
-        cgroup = None
-        if plan is not None:
+    plan = plan_for(settings.cgroup)  # found by the probe above: a lookup
+    cgroup = None
+    if plan is not None:
+        try:
             cgroup = await asyncio.to_thread(
                 SandboxCgroup.create,
                 plan,
                 memory_mb=run_limits.memory_mb,
                 processes=run_limits.processes,
             )
-    except (CgroupUnavailable, ValueError, OSError) as exc:
-        raise SandboxRefused(f"could not make the sandbox's cgroup: {exc}") from exc
+        except OSError as exc:
+            raise SandboxRefused(f"could not make the sandbox's cgroup: {exc}") from exc
     info_read, info_write = os.pipe() if confined else (-1, -1)
     seccomp = sandbox_seccomp.program_fd() if confined else None
     passed = (info_write, seccomp) if seccomp is not None else (info_write,)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from temporalio.client import Client, ScheduleActionStartWorkflow
 from temporalio.service import RPCError
@@ -21,7 +19,7 @@ from receipts.objectives.model import ObjectiveState, objective_stream, session_
 from receipts.store import Store
 from roles.delivery.watchdog import SCHEDULE_ID
 from tests.e2e.roles_harness import RoleProcesses, wait_for
-from tests.integration.api_support import ROOT, clean_env, free_port
+from tests.integration.api_support import ROOT, clean_env, free_port, wait_healthz
 
 pytestmark = pytest.mark.e2e
 
@@ -57,19 +55,6 @@ async def wait_objective(store: Store, objective_id: str, timeout: float) -> Obj
         await asyncio.sleep(0.2)
 
 
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the api at {url} did not start")
-        time.sleep(0.2)
-
-
 async def test_receipt_objectives_run_completes_an_objective_file_through_its_audit(
     e2e_store: tuple[Store, str],
     roles: Callable[..., RoleProcesses],
@@ -85,7 +70,7 @@ async def test_receipt_objectives_run_completes_an_objective_file_through_its_au
     objective_file = tmp_path / "objective.yaml"
     objective_file.write_text(OBJECTIVE_YAML)
     try:
-        wait_http(url)
+        wait_healthz(url)
         cli = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "roles.cli.main", "objectives", "run", str(objective_file),
             "--wait", "--organization", "org-a",

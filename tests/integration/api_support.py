@@ -4,10 +4,12 @@ real `receipt api` process."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,18 +146,69 @@ def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
     process = supervised.start()
     api = RunningApi(f"http://127.0.0.1:{port}", log, process)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"receipt api exited {process.returncode}:\n{api.log_text()}")
-            try:
-                if httpx.get(f"{api.url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"receipt api did not start:\n{api.log_text()}")
-            time.sleep(0.1)
+        wait_healthz(api.url, 20.0, process, api.log_text)
         yield api
     finally:
         supervised.stop(15)
+
+
+def wait_healthz(
+    url: str,
+    timeout_s: float = 30.0,
+    process: subprocess.Popen[bytes] | None = None,
+    log: Callable[[], str] | None = None,
+) -> None:
+    """Wait until the api at `url` answers `/healthz`; raise (with its log) if `process` exits
+    first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"receipt api exited {process.returncode}:\n{log() if log else ''}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the api at {url} did not start:\n{log() if log else ''}")
+        time.sleep(0.1)
+
+
+class HealthProbe:
+    """Polls `/healthz` from a thread of its own; records each answer's latency."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as http:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                status = http.get(f"{self.url}/healthz").status_code
+                self.latencies.append(time.perf_counter() - started)
+                if status != 200:
+                    self.failures.append(str(status))
+                time.sleep(0.01)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    @property
+    def worst(self) -> float:
+        return max(self.latencies)
+
+    def summary(self) -> str:
+        ms = sorted(t * 1000 for t in self.latencies)
+        return (
+            f"/healthz over {len(ms)} probes: median {statistics.median(ms):.1f} ms, "
+            f"p95 {ms[int(len(ms) * 0.95)]:.1f} ms, worst {ms[-1]:.1f} ms"
+        )

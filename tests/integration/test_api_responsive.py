@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.api_support import TOKENS, RunningApi, enqueue_body, running_api
+from tests.integration.api_support import (
+    TOKENS,
+    HealthProbe,
+    RunningApi,
+    enqueue_body,
+    running_api,
+)
 
 STREAM_TOKENS = [f"token-streamer-{n:02d}-0123456789abcdef" for n in range(20)]
 ORG_TOKEN = "token-org-hog-0123456789abcdef"
@@ -27,42 +32,6 @@ AS_HOG = {"Authorization": f"Bearer {ORG_TOKEN}"}
 AS_NEIGHBOUR = {"Authorization": "Bearer token-org-b-0123456789abcdef"}
 HEALTHZ_MEDIAN_S = 0.050
 HEALTHZ_WORST_S = 1.0
-
-
-class HealthProbe:
-    """Polls `/healthz` from a thread of its own; records each answer's latency."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.latencies: list[float] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as http:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                status = http.get(f"{self.url}/healthz").status_code
-                self.latencies.append(time.perf_counter() - started)
-                if status != 200:
-                    self.failures.append(str(status))
-                time.sleep(0.01)
-
-    def __enter__(self) -> HealthProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def summary(self) -> str:
-        ms = sorted(t * 1000 for t in self.latencies)
-        return (
-            f"/healthz over {len(ms)} probes: median {statistics.median(ms):.1f} ms, "
-            f"p95 {ms[int(len(ms) * 0.95)]:.1f} ms, worst {ms[-1]:.1f} ms"
-        )
 
 
 @pytest.fixture(scope="module")

@@ -250,8 +250,10 @@ def escaping_script(needle: str) -> list[str]:
     return ["sh", "-c", f"setsid sleep {needle} </dev/null >/dev/null 2>&1 & sleep 60"]
 
 
-async def test_an_abort_leaves_no_process_behind(settings: SandboxSettings) -> None:
-    needle = f"61.{uuid.uuid4().int % 10**6:06d}"
+async def start_escaping(
+    settings: SandboxSettings, needle: str
+) -> tuple[asyncio.Task[SandboxResult], asyncio.Event]:
+    """Run `escaping_script(needle)` sandboxed until it is running; return it and its abort."""
     aborted = asyncio.Event()
     running = asyncio.create_task(
         run_sandboxed(
@@ -262,6 +264,12 @@ async def test_an_abort_leaves_no_process_behind(settings: SandboxSettings) -> N
         )
     )
     await wait_until_running(needle)
+    return running, aborted
+
+
+async def test_an_abort_leaves_no_process_behind(settings: SandboxSettings) -> None:
+    needle = f"61.{uuid.uuid4().int % 10**6:06d}"
+    running, aborted = await start_escaping(settings, needle)
     aborted.set()
     result = await asyncio.wait_for(running, 30)
     assert result == SandboxResult(None, aborted=True)
@@ -467,16 +475,7 @@ async def test_the_memory_limit_bounds_the_whole_sandbox_where_a_cgroup_can_be_m
 async def test_the_cgroup_holds_the_command_and_goes_with_it(settings: SandboxSettings) -> None:
     plan = cgroup_plan_or_skip(settings)
     needle = f"64.{uuid.uuid4().int % 10**6:06d}"
-    aborted = asyncio.Event()
-    running = asyncio.create_task(
-        run_sandboxed(
-            escaping_script(needle),
-            workspace=fresh_workspace(settings),
-            aborted=aborted,
-            settings=settings,
-        )
-    )
-    await wait_until_running(needle)
+    running, aborted = await start_escaping(settings, needle)
     # Everything of the sandbox, the grandchild that left its session too, is in its cgroup.
     pids = host_processes_running(needle)  # bwrap, the shell and the escaped sleep
     made = cgroups_of(pids[0], plan)
