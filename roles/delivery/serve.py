@@ -34,7 +34,9 @@ from workflows.watchdog import WatchdogTickWorkflow
 log = logging.getLogger("roles.delivery.serve")
 
 
-def _starter(runtime: Runtime, *, plan_first_run: bool = False) -> DriverStarter:
+def _starter(runtime: Runtime, *, beside_driver_worker: bool = False) -> DriverStarter:
+    """The starter of this process; `beside_driver_worker` when the process also runs the
+    driver worker on the same client: its starts may then plan the first run and be eager."""
     assert runtime.client is not None
     return DriverStarter(
         runtime.client,
@@ -42,7 +44,8 @@ def _starter(runtime: Runtime, *, plan_first_run: bool = False) -> DriverStarter
         runtime.settings,
         runtime.timing,
         runtime.metrics.starter_hooks(),
-        plan_first_run=plan_first_run,
+        plan_first_run=beside_driver_worker,
+        eager_start=beside_driver_worker,
     )
 
 
@@ -137,7 +140,9 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
             "(README, 'Temporal UI')",
             extra={"event": "temporal.search_attributes_failed", "error": str(exc)},
         )
-    dispatcher = Dispatcher(runtime.store, runtime.listener, _starter(runtime, plan_first_run=True))
+    dispatcher = Dispatcher(
+        runtime.store, runtime.listener, _starter(runtime, beside_driver_worker=True)
+    )
     runtime.spawn(dispatcher.run(), "dispatcher")
     agent_jobs = AgentJobDispatcher(
         runtime.store, runtime.listener, callbacks=runtime.settings, http=runtime.http

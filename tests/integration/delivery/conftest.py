@@ -98,8 +98,11 @@ async def running_stack(
     settings_obj = Settings(RECEIPT_TASK_QUEUE_PREFIX=f"t{uuid.uuid4().hex[:8]}-", **settings)
     timing = timing or TimingSettings()
     listener = Listener(db_url)
-    # As in the driver role: the dispatcher beside the driver worker plans first runs.
-    starter = DriverStarter(client, store, settings_obj, timing, plan_first_run=True)
+    # As in the driver role: the dispatcher beside the driver worker plans first runs and
+    # starts eagerly.
+    starter = DriverStarter(
+        client, store, settings_obj, timing, plan_first_run=True, eager_start=True
+    )
     stack = Stack(client, store, db_url, settings_obj, timing, starter, listener)
     if handlers is not None:
         stack.handlers = handlers

@@ -15,6 +15,7 @@ from receipts import operations as ops
 from receipts.deliveries import MAX_GENERATION, generation_exhausted_message
 from receipts.store import Store
 from receipts.timing import TimingSettings
+from roles.delivery.starter import DriverStarter
 from tests.integration.delivery.conftest import (
     attempt_results,
     driver_histories,
@@ -205,6 +206,30 @@ async def test_generations_advance_only_after_a_delivery_closes(
         assert description.status == WorkflowExecutionStatus.RUNNING
         attrs = description.typed_search_attributes
         assert {p.key.name: p.value for p in attrs}["ReceiptJobId"] == job.job_id
+
+
+async def test_a_starter_beside_the_driver_worker_starts_eagerly_and_one_without_plainly(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    async with running_stack(client, fresh_store, fresh_db, dispatcher=False) as stack:
+        beside = (await put(fresh_store, payload_extra=task("true"))).job
+        eager = await stack.starter.start(beside.job_id)
+        # Another client has no worker of its own: the start asks for no eager task.
+        other = await Client.connect(client.service_client.config.target_host)
+        alone = DriverStarter(other, fresh_store, stack.settings, stack.timing, eager_start=True)
+        plain_job = (await put(fresh_store, payload_extra=task("true"))).job
+        plain = await alone.start(plain_job.job_id)
+        done = [await wait_for_status(fresh_store, j.job_id) for j in (beside, plain_job)]
+    assert (eager.created, eager.eager) == (True, True)
+    assert (plain.created, plain.eager) == (True, False)
+    assert [job.status for job in done] == ["completed", "completed"]
+    for job in (beside, plain_job):
+        assert await types(fresh_store, job.job_id) == [
+            "job.enqueued",
+            "job.leased",
+            "job.heartbeat",
+            "job.completed",
+        ]
 
 
 async def test_the_thirty_third_generation_fails_the_job_with_the_exact_text(
