@@ -88,15 +88,29 @@ class Processes:
             self.stop(name)
 
 
-class CpuMeter:
-    """CPU seconds (user + system) of named processes; PostgreSQL counts its backends too."""
+# The suffix of the entry that counts what a process's reaped children spent: the commands a
+# worker ran in its sandbox (bwrap and its helpers included), which its own CPU leaves out.
+COMMANDS = " commands"
 
-    def __init__(self, pids: Mapping[str, int], with_children: Iterable[str] = ()) -> None:
+
+class CpuMeter:
+    """CPU seconds (user + system) of named processes; PostgreSQL and Temporal count their
+    live children too, and each process in `with_reaped` gets a `<name> commands` entry: the
+    CPU of the children it has waited for (the kernel adds it to the parent's children
+    times)."""
+
+    def __init__(
+        self,
+        pids: Mapping[str, int],
+        with_children: Iterable[str] = (),
+        with_reaped: Iterable[str] = (),
+    ) -> None:
         import psutil
 
         self._psutil = psutil
         self.pids = dict(pids)
         self.with_children = set(with_children)
+        self.with_reaped = set(with_reaped)
 
     def snapshot(self) -> dict[str, float]:
         psutil = self._psutil
@@ -113,6 +127,9 @@ class CpuMeter:
                         t = p.cpu_times()
                         total += t.user + t.system
                 out[name] = total
+                if name in self.with_reaped:
+                    t = proc.cpu_times()
+                    out[name + COMMANDS] = t.children_user + t.children_system
             except psutil.NoSuchProcess:
                 out[name] = 0.0
         return out
@@ -121,7 +138,7 @@ class CpuMeter:
     def per_item(
         before: Mapping[str, float], after: Mapping[str, float], items: int, names: Iterable[str]
     ) -> dict[str, float]:
-        wanted = set(names)
+        wanted = set(names) | {name + COMMANDS for name in names}
         return {
             k: 1000 * (after[k] - before.get(k, 0.0)) / max(1, items) for k in after if k in wanted
         }

@@ -206,7 +206,7 @@ class Bench:
             pids["postgres"] = self.postmaster_pid
         if "temporal" in self.processes.started:
             pids["temporal"] = self.processes.pid("temporal")
-        return CpuMeter(pids, with_children=("postgres", "temporal"))
+        return CpuMeter(pids, with_children=("postgres", "temporal"), with_reaped=("worker-codex",))
 
     def profile(self, names: Iterable[str], phase: str) -> None:
         """Attach py-spy to the named processes (with `--profile`)."""
