@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from activities import sandbox_seccomp
+from activities import sandbox_etc, sandbox_seccomp
 from activities.sandbox_cgroup import CgroupUnavailable, SandboxCgroup, plan_for
 from activities.sandbox_policy import (
+    ETC_ENTRIES,
     GONE_TIMEOUT_S,
     MODES,
     PROBE_RETRY_S,
@@ -258,6 +259,11 @@ async def run_sandboxed(
             )
         except OSError as exc:
             raise SandboxRefused(f"could not make the sandbox's cgroup: {exc}") from exc
+    etc = (
+        sandbox_etc.view_for(settings.workspace_root, ETC_ENTRIES, settings.ro_binds)
+        if confined
+        else None
+    )
     info_read, info_write = os.pipe() if confined else (-1, -1)
     seccomp = sandbox_seccomp.program_fd() if confined else None
     passed = (info_write, seccomp) if seccomp is not None else (info_write,)
@@ -273,6 +279,7 @@ async def run_sandboxed(
             bwrap=bwrap_binary(uid) if confined else None,
             info_fd=info_write if confined else None,
             seccomp_fd=seccomp,
+            etc_view=etc,
         )
         process = await asyncio.create_subprocess_exec(
             *(cgroup.join_prefix() if cgroup else []),

@@ -21,6 +21,8 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_settings import NoDecode
 
+from activities.sandbox_etc import EtcView
+from activities.sandbox_etc import bind_args as etc_bind_args
 from receipts.settings import EnvSettings, Whole
 
 log = logging.getLogger("activities.sandbox")
@@ -385,9 +387,12 @@ def bwrap_args(
     settings: SandboxSettings,
     info_fd: int | None,
     seccomp_fd: int | None = None,
+    etc_view: EtcView | None = None,
 ) -> list[str]:
     """bwrap's options: fresh namespaces, read-only system, the workspace the only writable
-    bind, a private /tmp, uid 65534 inside, dies with its parent, cannot nest namespaces."""
+    bind, a private /tmp, uid 65534 inside, dies with its parent, cannot nest namespaces.
+    With `etc_view` the allowed entries of /etc come from one copied view
+    (`activities/sandbox_etc.py`), else each is bound on its own."""
     args = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     args += ["--unshare-cgroup-try"]
     if not network:
@@ -399,8 +404,11 @@ def bwrap_args(
             args += ["--symlink", os.readlink(directory), directory]
         elif os.path.isdir(directory):
             args += ["--ro-bind", directory, directory]
-    for entry in ETC_ENTRIES:
-        args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
+    if etc_view is not None:
+        args += etc_bind_args(etc_view)
+    else:
+        for entry in ETC_ENTRIES:
+            args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
     for bind in settings.ro_binds:
         args += ["--ro-bind", bind, bind]
     # /tmp is memory: cap it at the file-size limit so it cannot take the host's RAM.
@@ -440,6 +448,7 @@ def command_line(
     bwrap: str | None,
     info_fd: int | None = None,
     seccomp_fd: int | None = None,
+    etc_view: EtcView | None = None,
 ) -> list[str]:
     """The full argv to spawn. `uid` set: drop to it first (a root worker); `bwrap` None: the
     unconfined `none` mode (limits, no new privileges and the parent-death signal still apply)."""
@@ -457,6 +466,7 @@ def command_line(
         settings=settings,
         info_fd=info_fd,
         seccomp_fd=seccomp_fd,
+        etc_view=etc_view,
     )
     return [*setpriv, *prlimit, bwrap, *sandbox, "--", *argv]
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from activities import sandbox, sandbox_seccomp
+from activities import sandbox, sandbox_etc, sandbox_seccomp
 from activities.sandbox import (
     Limits,
     SandboxRefused,
@@ -30,6 +31,7 @@ from activities.sandbox import (
     run_sandboxed,
 )
 from activities.sandbox_cgroup import CgroupPlan, own_cgroups, plan_for
+from activities.sandbox_policy import ETC_ENTRIES
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = "/usr/bin/python3"  # the system's: the project's virtualenv is not in the sandbox
@@ -177,6 +179,39 @@ async def test_files_outside_the_workspace_cannot_be_read(
     listed, output = await run(["ls", str(ROOT), "/root", "/home"], settings)
     assert listed.exit_code != 0
     assert "pyproject.toml" not in output
+
+
+def host_etc() -> tuple[list[str], dict[str, list[str]]]:
+    """The allowed /etc entries the host has, and each file's `cksum` (sum and size)."""
+    host = [e for e in ETC_ENTRIES if os.path.exists(f"/etc/{e}")]
+    sums = {
+        e: subprocess.run(
+            ["cksum", f"/etc/{e}"], capture_output=True, text=True, check=True
+        ).stdout.split()[:2]
+        for e in host
+        if not os.path.isdir(f"/etc/{e}")
+    }
+    return host, sums
+
+
+async def test_etc_shows_the_allowed_entries_as_the_host_has_them_and_cannot_be_written(
+    settings: SandboxSettings,
+) -> None:
+    """/etc is one copied view (`activities/sandbox_etc.py`) with the allowed directories bound
+    live on top: the command sees what separate binds of each entry showed, nothing more."""
+    host, sums = host_etc()
+    script = "ls -A /etc; echo ==; for f in " + " ".join(sums) + ' ; do cksum "/etc/$f"; done'
+    script += "; echo ==; ls -A /etc/ssl; echo ==; touch /etc/hosts /etc/new 2>&1 | wc -l"
+    result, output = await run(["sh", "-c", script], settings)
+    assert result.exit_code == 0, output
+    listing, inside_sums, ssl, refused = output.split("==\n")
+    assert sorted(listing.split()) == sorted(host)
+    for (name, expected), line in zip(sums.items(), inside_sums.splitlines(), strict=True):
+        assert line.split()[:2] == expected, name
+    assert sorted(ssl.split()) == sorted(await asyncio.to_thread(os.listdir, "/etc/ssl"))
+    assert refused.strip() == "2"  # both writes refused: a read-only view
+    view = sandbox_etc.view_for(settings.workspace_root, ETC_ENTRIES, settings.ro_binds)
+    assert view is not None and view.directory.parent.name == ".sandbox-etc"
 
 
 async def test_nothing_outside_the_workspace_can_be_written(settings: SandboxSettings) -> None:
