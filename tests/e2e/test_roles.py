@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from receipts import deliveries
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
 from roles.infra.ports import free_port, wait_port
@@ -209,6 +210,10 @@ async def test_each_role_exposes_its_metrics_after_a_known_workload(
             await wait_for(store, job.job_id, TERMINAL, 60)
         # Routed to receipt-chat, where no worker runs: it stays queued.
         waiting = (await put(store, agent="nobody-listens")).job
+        started_by = time.monotonic() + 30  # its driver is started (a loaded machine is slow)
+        while (await deliveries.job_and_latest(store, waiting.job_id))[1] is None:
+            assert time.monotonic() < started_by, "the waiting job's driver was never started"
+            await asyncio.sleep(0.1)
         await asyncio.sleep(5.5)  # one queue-depth refresh
         async with httpx.AsyncClient() as http:
             driver = (await http.get(f"http://127.0.0.1:{driver_port}/metrics")).text
@@ -219,7 +224,8 @@ async def test_each_role_exposes_its_metrics_after_a_known_workload(
         print(procs.logs())
         raise
     # Three settled jobs and the waiting one were each started once.
-    assert 'receipt_driver_starts_total{outcome="created"} 4.0' in driver
+    starts = [line for line in driver.splitlines() if line.startswith("receipt_driver_starts")]
+    assert 'receipt_driver_starts_total{outcome="created"} 4.0' in starts, starts
     assert 'receipt_jobs_settled_total{result_status="completed",status="completed"} 2.0' in worker
     assert 'receipt_jobs_settled_total{result_status="failed",status="failed"} 1.0' in worker
     assert 'receipt_attempts_started_total{agent="codex",queue="receipt-codex"} 3.0' in worker
