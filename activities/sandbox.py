@@ -135,6 +135,7 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
             limits=settings.limits,
             bwrap=bwrap_binary(uid),
             seccomp_fd=seccomp,
+            etc_view=await sandbox_etc.view_for(ETC_ENTRIES, settings.ro_binds),
         )
         process = await asyncio.create_subprocess_exec(
             *line,
@@ -180,6 +181,7 @@ async def announce(settings: SandboxSettings | None = None) -> bool:
     ok, message = await probe(settings)
     if ok:
         plan = plan_for(settings.cgroup)
+        etc = await sandbox_etc.view_for(ETC_ENTRIES, settings.ro_binds)
         log.info(
             "commands run in a bubblewrap sandbox; memory and processes bounded by %s",
             plan.describe() if plan else "per-process rlimits (no cgroup available)",
@@ -189,6 +191,7 @@ async def announce(settings: SandboxSettings | None = None) -> bool:
                 "egressAgents": sorted(settings.egress_agents),
                 "cgroup": plan.describe() if plan else None,
                 "seccomp": "deny-list" if sandbox_seccomp.available() else None,
+                "etcView": str(etc.directory) if etc else None,
             },
         )
     else:
@@ -259,11 +262,7 @@ async def run_sandboxed(
             )
         except OSError as exc:
             raise SandboxRefused(f"could not make the sandbox's cgroup: {exc}") from exc
-    etc = (
-        sandbox_etc.view_for(settings.workspace_root, ETC_ENTRIES, settings.ro_binds)
-        if confined
-        else None
-    )
+    etc = await sandbox_etc.view_for(ETC_ENTRIES, settings.ro_binds) if confined else None
     info_read, info_write = os.pipe() if confined else (-1, -1)
     seccomp = sandbox_seccomp.program_fd() if confined else None
     passed = (info_write, seccomp) if seccomp is not None else (info_write,)

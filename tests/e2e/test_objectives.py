@@ -89,7 +89,9 @@ async def test_receipt_objectives_run_completes_an_objective_file_through_its_au
     assert "objective cli-diamond completed phase 1" in text
     for task in ("a", "b", "c", "d"):
         assert any(line.split()[:3] == [task, "completed", "try"] for line in text.splitlines())
-    assert "audited: 4/4 tasks completed, 4 tries" in text
+    # Seen once (a loaded full suite, 2026-12-01): the CLI ended without this line and the
+    # cause was not found; the logs say which pass settled the objective, should it recur.
+    assert "audited: 4/4 tasks completed, 4 tries" in text, (text, procs.logs())
     lines = (workspaces / "cli-diamond" / "published.txt").read_text().split()
     assert lines[0] == "a" and sorted(lines[1:3]) == ["b", "c"] and lines[3] == "d"
 

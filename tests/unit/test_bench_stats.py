@@ -205,7 +205,7 @@ def test_the_cpu_meter_counts_a_process_s_reaped_commands_apart_from_itself() ->
 
     meter = CpuMeter({"me": os.getpid()}, with_reaped=("me",))
     before = meter.snapshot()
-    busy = "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"
+    busy = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"
     subprocess.run(["/bin/sh", "-c", busy], check=True)
     after = meter.snapshot()
     per_item = CpuMeter.per_item(before, after, 1, ("me",))
