@@ -16,8 +16,8 @@ Freshness: every command first compares a signature of the allowed entries (per 
 inode, size, mode, modification and change times, following symlinks as bwrap's bind does) with
 the one its view was copied from; any difference (an edit, a replaced file, `cp -p`, since the
 change time cannot be set back) makes a new view, written off the event loop. A view a running
-command may still use is left in place; the directory is removed when a later worker finds its
-process gone.
+command may still use is left in place; the worker removes the directory when it stops cleanly,
+and a later worker removes it when it finds the process gone.
 """
 
 from __future__ import annotations
@@ -123,6 +123,13 @@ class EtcViews:
         self._built = (sig, view)
         return view
 
+    def remove(self) -> None:
+        """Remove every view this process made (once no command can be using one)."""
+        with self._lock:
+            if self._home is not None:
+                shutil.rmtree(self._home, ignore_errors=True)
+            self._home, self._built = None, None
+
     def _write(self, sig: Signature) -> EtcView:
         if self._home is None:
             remove_orphans(Path(self.tmp or tempfile.gettempdir()))
@@ -193,3 +200,10 @@ async def view_for(entries: tuple[str, ...], ro_binds: Iterable[str]) -> EtcView
     if fresh:
         return view
     return await asyncio.to_thread(views.build)
+
+
+def remove_views() -> None:
+    """Remove this process's views: at a worker's clean stop, after it drained its commands."""
+    for views in _views.values():
+        views.remove()
+    _views.clear()

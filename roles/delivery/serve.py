@@ -8,7 +8,7 @@ import logging
 
 from temporalio.service import RPCError
 
-from activities import sandbox
+from activities import sandbox, sandbox_etc
 from activities.handlers import default_handlers
 from activities.watchdog import WatchdogActivities
 from receipts.watchdog import WatchdogSettings
@@ -94,7 +94,7 @@ async def run_attempt_worker(
 ) -> None:
     """Run the attempt worker of `queue` until `stop`, then drain it. With `watchdog` it also
     keeps the watchdog Schedule and runs its tick; with `sandboxed` (its jobs run commands) it
-    first logs how the sandbox confines them."""
+    first logs how the sandbox confines them, and at its clean stop removes its /etc views."""
     assert runtime.client is not None
     workflows: list[type] = []
     activities = []
@@ -126,6 +126,8 @@ async def run_attempt_worker(
         activities=activities,
     )
     await run_until(worker.run, worker.shutdown, stop)
+    if sandboxed:
+        sandbox_etc.remove_views()  # drained: no command has a view as its /etc any more
 
 
 async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:

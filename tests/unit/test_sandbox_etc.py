@@ -142,3 +142,15 @@ def test_a_gone_process_s_views_are_removed_and_a_live_one_s_kept(tmp_path: Path
     remove_orphans(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name])
     shutil.rmtree(alive)
+
+
+def test_a_clean_stop_removes_the_process_s_views(tmp_path: Path, etc: Path) -> None:
+    made = views(tmp_path, etc)
+    view = made.build()
+    assert view is not None and view.directory.is_dir()
+    made.remove()
+    assert not view.directory.parent.exists()
+    assert made.current() == (False, None)
+    again = made.build()  # a later command (none should come) gets a new home
+    assert again is not None and again.directory.is_dir()
+    made.remove()
