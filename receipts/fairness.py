@@ -11,6 +11,7 @@ slot is not ownership state: losing one loses no job, the redrive starts it agai
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -18,8 +19,9 @@ from receipts.jobs import Job
 from receipts.kinds import WORKER_QUEUES, route
 from receipts.plan import NextStep, Slots, Step, next_step
 from receipts.settings import Settings
-from receipts.sql import query
 from receipts.store import Store
+
+log = logging.getLogger("receipts.fairness")
 
 
 def caps(settings: Settings) -> dict[str, Any]:
@@ -49,20 +51,29 @@ async def claim(store: Store, job: Job, now: datetime, queue: str, cap: int) -> 
     every slot there; a job planned `DELIVER` takes a slot, kept until the job settles. A job
     that holds a slot already (its delivery is being started again) keeps it.
 
-    Under a transaction-scoped lock of (organization, queue), so two starters never both take
-    the last slot.
+    One statement (`dispatch_claim`, migrations/0010) under a transaction-scoped lock of
+    (organization, queue), so two starters never both take the last slot.
     """
     assert job.organization_id is not None
-    params = {"job_id": job.job_id, "organization_id": job.organization_id, "worker_queue": queue}
-    async with store.transaction() as tx:
-        await tx.lock_key(f"dispatch:{job.organization_id}:{queue}")
-        cur = await tx.conn.execute(query("dispatch_slots_held"), params)
-        row = await cur.fetchone()
-        held, mine = (int(row[0]), bool(row[1])) if row else (0, False)
-        plan = next_step(job, now, slots=None if mine else Slots(held, cap))
-        if plan.step is Step.DELIVER and not mine:
-            await tx.conn.execute(query("dispatch_slot_take"), params)
-        return plan
+    params = {
+        "job_id": job.job_id,
+        "organization_id": job.organization_id,
+        "worker_queue": queue,
+        "cap": cap,
+    }
+    row = await store.fetch_one("dispatch_claim", params)
+    assert row is not None
+    held, mine, took = int(row[0]), bool(row[1]), bool(row[2])
+    plan = next_step(job, now, slots=None if mine else Slots(held, cap))
+    if plan.step is Step.DELIVER and not (mine or took):
+        # The statement found the cap reached where the plan did not: they read one rule
+        # (`Slots.full`), so only a changed rule gets here. Start nothing without a slot.
+        log.error(
+            "the dispatch slot statement and the plan disagree; the job is held back",
+            extra={"event": "delivery.slot_rule_mismatch", "jobId": job.job_id, "held": held},
+        )
+        return next_step(job, now, slots=Slots(max(held, cap), cap))
+    return plan
 
 
 async def freed(store: Store, settled_job_id: str, settings: Settings) -> list[str]:

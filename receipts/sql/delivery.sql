@@ -65,26 +65,12 @@ LIMIT %(limit)s;
 SELECT count(*) FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
 WHERE q.held_back;
 
--- name: dispatch_slots_held
--- Under the lock of (organization, queue): the slots that organization's other active jobs
--- hold on the queue, and whether this job holds one. A slot whose job settled without giving it
--- back (taken in the moment it settled) or is gone is removed here.
-WITH stale AS (
-    DELETE FROM dispatch_slots s
-    WHERE s.organization_id = %(organization_id)s AND s.worker_queue = %(worker_queue)s
-      AND NOT EXISTS (SELECT 1 FROM jobs a WHERE a.job_id = s.job_id
-                      AND a.status IN ('queued', 'leased', 'running'))
-)
-SELECT count(*) FILTER (WHERE s.job_id <> %(job_id)s),
-       coalesce(bool_or(s.job_id = %(job_id)s), false)
-FROM dispatch_slots s JOIN jobs j ON j.job_id = s.job_id
-WHERE s.organization_id = %(organization_id)s AND s.worker_queue = %(worker_queue)s
-  AND j.status IN ('queued', 'leased', 'running');
-
--- name: dispatch_slot_take
-INSERT INTO dispatch_slots (job_id, organization_id, worker_queue)
-VALUES (%(job_id)s, %(organization_id)s, %(worker_queue)s)
-ON CONFLICT (job_id) DO NOTHING;
+-- name: dispatch_claim
+-- Under the lock of (organization, queue), in one statement (migrations/0010): the slots that
+-- organization's other active jobs hold on the queue, whether this job holds one, and whether
+-- one was taken for it now (when it held none and the cap was not reached).
+SELECT held, mine, took
+FROM dispatch_claim(%(job_id)s, %(organization_id)s, %(worker_queue)s, %(cap)s);
 
 -- name: dispatch_freed
 -- The jobs a slot given back lets start: the oldest waiting jobs of the settled job's
