@@ -135,7 +135,7 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
             limits=settings.limits,
             bwrap=bwrap_binary(uid),
             seccomp_fd=seccomp,
-            etc_view=await sandbox_etc.view_for(ETC_ENTRIES, settings.ro_binds),
+            etc_view=await _etc_view(settings),
         )
         process = await asyncio.create_subprocess_exec(
             *line,
@@ -156,6 +156,12 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
             os.close(seccomp)
     _probes[settings] = _Probe(ok, message, time.monotonic())
     return ok, message
+
+
+async def _etc_view(settings: SandboxSettings) -> sandbox_etc.EtcView | None:
+    """This process's copied /etc for its sandboxes (`activities/sandbox_etc.py`), or None:
+    each allowed entry is then bound on its own."""
+    return await sandbox_etc.view_for(ETC_ENTRIES, settings.ro_binds)
 
 
 async def announce(settings: SandboxSettings | None = None) -> bool:
@@ -181,7 +187,7 @@ async def announce(settings: SandboxSettings | None = None) -> bool:
     ok, message = await probe(settings)
     if ok:
         plan = plan_for(settings.cgroup)
-        etc = await sandbox_etc.view_for(ETC_ENTRIES, settings.ro_binds)
+        etc = await _etc_view(settings)
         log.info(
             "commands run in a bubblewrap sandbox; memory and processes bounded by %s",
             plan.describe() if plan else "per-process rlimits (no cgroup available)",
@@ -262,7 +268,7 @@ async def run_sandboxed(
             )
         except OSError as exc:
             raise SandboxRefused(f"could not make the sandbox's cgroup: {exc}") from exc
-    etc = await sandbox_etc.view_for(ETC_ENTRIES, settings.ro_binds) if confined else None
+    etc = await _etc_view(settings) if confined else None
     info_read, info_write = os.pipe() if confined else (-1, -1)
     seccomp = sandbox_seccomp.program_fd() if confined else None
     passed = (info_write, seccomp) if seccomp is not None else (info_write,)

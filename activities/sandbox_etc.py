@@ -104,13 +104,12 @@ class EtcViews:
         """Copy a view of the host's entries as they are now; None (logged) when it cannot be
         written. Blocking."""
         with self._lock:
-            fresh, view = self.current()
-            if fresh:  # another command built it meanwhile
-                return view
-            return self._build()
+            sig = signature(self.entries, self.etc)
+            if self._built is not None and self._built[0] == sig:
+                return self._built[1]  # another command built it meanwhile
+            return self._build(sig)
 
-    def _build(self) -> EtcView | None:
-        sig = signature(self.entries, self.etc)
+    def _build(self, sig: Signature) -> EtcView | None:
         try:
             view = self._write(sig)
         except OSError as exc:
@@ -160,8 +159,10 @@ def remove_orphans(tmp: Path) -> None:
     """Remove view directories of this user's processes that are gone (a SIGKILLed worker's)."""
     with contextlib.suppress(OSError):
         for entry in tmp.iterdir():
+            if not entry.name.startswith(PREFIX):
+                continue
             pid = entry.name.removeprefix(PREFIX).split("-", 1)[0]
-            if not entry.name.startswith(PREFIX) or not pid.isdigit():
+            if not pid.isdigit():
                 continue
             with contextlib.suppress(OSError):
                 info = entry.lstat()

@@ -11,17 +11,14 @@ slot is not ownership state: losing one loses no job, the redrive starts it agai
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 from typing import Any
 
 from receipts.jobs import Job
 from receipts.kinds import WORKER_QUEUES, route
-from receipts.plan import NextStep, Slots, Step, next_step
+from receipts.plan import NextStep, Slots, next_step
 from receipts.settings import Settings
 from receipts.store import Store
-
-log = logging.getLogger("receipts.fairness")
 
 
 def caps(settings: Settings) -> dict[str, Any]:
@@ -64,16 +61,9 @@ async def claim(store: Store, job: Job, now: datetime, queue: str, cap: int) -> 
     row = await store.fetch_one("dispatch_claim", params)
     assert row is not None
     held, mine, took = int(row[0]), bool(row[1]), bool(row[2])
-    plan = next_step(job, now, slots=None if mine else Slots(held, cap))
-    if plan.step is Step.DELIVER and not (mine or took):
-        # The statement found the cap reached where the plan did not: they read one rule
-        # (`Slots.full`), so only a changed rule gets here. Start nothing without a slot.
-        log.error(
-            "the dispatch slot statement and the plan disagree; the job is held back",
-            extra={"event": "delivery.slot_rule_mismatch", "jobId": job.job_id, "held": held},
-        )
-        return next_step(job, now, slots=Slots(max(held, cap), cap))
-    return plan
+    # The statement took a slot by the plan's own rule (`Slots.full`); a job left without one
+    # sees its organization's share as full, so it is held, never started without a slot.
+    return next_step(job, now, slots=None if mine or took else Slots(max(held, cap), cap))
 
 
 async def freed(store: Store, settled_job_id: str, settings: Settings) -> list[str]:

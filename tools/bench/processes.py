@@ -118,18 +118,16 @@ class CpuMeter:
         for name, pid in self.pids.items():
             try:
                 proc = psutil.Process(pid)
-                procs = [proc]
-                if name in self.with_children:
-                    procs += proc.children(recursive=True)
-                total = 0.0
-                for p in procs:
+                own = proc.cpu_times()
+                total = own.user + own.system
+                children = proc.children(recursive=True) if name in self.with_children else []
+                for p in children:
                     with contextlib.suppress(psutil.NoSuchProcess):
                         t = p.cpu_times()
                         total += t.user + t.system
                 out[name] = total
                 if name in self.with_reaped:
-                    t = proc.cpu_times()
-                    out[name + COMMANDS] = t.children_user + t.children_system
+                    out[name + COMMANDS] = own.children_user + own.children_system
             except psutil.NoSuchProcess:
                 out[name] = 0.0
         return out
