@@ -61,6 +61,7 @@ async def test_receipt_objectives_run_completes_an_objective_file_through_its_au
     tmp_path: Path,
     workspace_root: Path,
 ) -> None:
+    store, _ = e2e_store
     port = free_port()
     workspaces = workspace_root  # the session's (tests/conftest.py), passed on by the harness
     procs = roles(RECEIPT_API_PORT=str(port))
@@ -89,9 +90,13 @@ async def test_receipt_objectives_run_completes_an_objective_file_through_its_au
     assert "objective cli-diamond completed phase 1" in text
     for task in ("a", "b", "c", "d"):
         assert any(line.split()[:3] == [task, "completed", "try"] for line in text.splitlines())
-    # Seen once (a loaded full suite, 2026-12-01): the CLI ended without this line and the
-    # cause was not found; the logs say which pass settled the objective, should it recur.
-    assert "audited: 4/4 tasks completed, 4 tries" in text, (text, procs.logs())
+    if "audited: 4/4 tasks completed, 4 tries" not in text:
+        # Seen twice in loaded full suites (2026-12-01), never alone: the CLI ended without the
+        # line although the audit job ran. The objective's receipts say in which order its
+        # settle, audit request and audit landed (pytest.fail keeps the whole text).
+        stream = await store.read_stream(objective_stream("cli-diamond"))
+        receipts = "\n".join(f"{r.seq} {r.type} {r.recorded_at} {r.data}" for r in stream)
+        pytest.fail(f"no audit line; the CLI printed:\n{text}\nreceipts:\n{receipts}")
     lines = (workspaces / "cli-diamond" / "published.txt").read_text().split()
     assert lines[0] == "a" and sorted(lines[1:3]) == ["b", "c"] and lines[3] == "d"
 
