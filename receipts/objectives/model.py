@@ -265,6 +265,10 @@ def _changes(
         }
     if kind == "objective.reconciled":
         return {"reconciled_seq": max(state.reconciled_seq, int(data["throughSeq"]))}
+    # The audit is requested in the settling transaction, after `objective.settled`, and lands
+    # after it: both apply to a settled objective.
+    if kind == "objective.audit_requested":
+        return {"audit_job_id": data.get("auditJobId")}
     if kind == "objective.audited":
         return {"audit": dict(data.get("summary") or {})}
     if kind == "objective.task.progress":
@@ -333,8 +337,6 @@ def _changes(
         return {f"{step.name}_step": step}
     if kind == "objective.cancel_requested":
         return {"cancel_requested": True, "cancel_reason": data.get("reason")}
-    if kind == "objective.audit_requested":
-        return {"audit_job_id": data.get("auditJobId")}
     if kind == "objective.settled":
         return {
             "status": data["status"],

@@ -221,3 +221,23 @@ def test_a_superseded_phase_with_an_unstarted_or_stale_job_fires() -> None:
     assert rules.reason(state, healthy, True, NOW, LIMITS) is None
     stale = {"ja": running("ja", NOW - timedelta(minutes=20))}
     assert rules.reason(state, stale, True, NOW, LIMITS) == rules.SUPERSEDED_STALE
+
+
+def test_the_audit_requested_in_the_settling_transaction_is_kept_on_the_settled_objective() -> None:
+    """`_settle` appends `objective.settled`, then `objective.audit_requested`: the request
+    must fold onto the settled state, or readers (the CLI's --wait, the event stream's end)
+    take "no audit requested" for "nothing to wait for" and stop before the audit lands."""
+    tasks = [{"taskId": "a", "input": {"command": ["true"]}}]
+    settled = fold(
+        [
+            created(tasks),
+            receipt(2, "objective.settled", status="completed"),
+            receipt(3, "objective.audit_requested", auditJobId="objective:o:audit"),
+        ],
+        None,
+    )
+    assert settled is not None and settled.terminal
+    assert settled.audit_job_id == "objective:o:audit"
+    assert settled.audit is None  # requested, not yet done: a reader keeps waiting
+    audited = fold([receipt(4, "objective.audited", summary={"totals": {"tasks": 1}})], settled)
+    assert audited is not None and audited.audit == {"totals": {"tasks": 1}}
