@@ -91,9 +91,9 @@ async def test_receipt_objectives_run_completes_an_objective_file_through_its_au
     for task in ("a", "b", "c", "d"):
         assert any(line.split()[:3] == [task, "completed", "try"] for line in text.splitlines())
     if "audited: 4/4 tasks completed, 4 tries" not in text:
-        # Seen twice in loaded full suites (2026-12-01), never alone: the CLI ended without the
-        # line although the audit job ran. The objective's receipts say in which order its
-        # settle, audit request and audit landed (pytest.fail keeps the whole text).
+        # The objective's receipts say in which order its settle, audit request and audit
+        # landed (pytest.fail keeps the whole text); they found the reducer dropping the audit
+        # request on a settled objective, which let the CLI stop before the audit.
         stream = await store.read_stream(objective_stream("cli-diamond"))
         receipts = "\n".join(f"{r.seq} {r.type} {r.recorded_at} {r.data}" for r in stream)
         pytest.fail(f"no audit line; the CLI printed:\n{text}\nreceipts:\n{receipts}")
