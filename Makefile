@@ -44,7 +44,7 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/pytest
 
-# Speed against raw baselines (6–12 minutes; BENCH_ARGS=--quick for 2–3): docs/bench.md.
+# Speed against raw baselines (6–12 minutes; BENCH_ARGS=--quick for 2–3): tools/bench/README.md.
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench $(BENCH_ARGS)
 

@@ -1,7 +1,7 @@
 """The sandbox's /etc as one read-only bind of a copied view instead of one bind per entry.
 
 bwrap binding each allowed entry of /etc on its own costs two or three mount calls per entry,
-about a fifth of a `true` command's start (`docs/bench.md`). The allowed files every user may
+about a fifth of a `true` command's start (`tools/bench/README.md`). The allowed files every user may
 read are copied into a view directory, which the sandbox binds as its /etc; the allowed
 directories (certificates, the loader's configuration, alternatives) and any allowed file that
 is not world-readable are still bound from the host on top of it, at mount points the view

@@ -11,6 +11,17 @@ SELECT stream, type, extract(epoch FROM recorded_at)::float8 FROM receipts
 WHERE stream = ANY(%(streams)s) AND type = ANY(%(types)s)
 ORDER BY position;
 
+-- name: tooling_clock
+-- Bench: the database's clock, which stamps every receipt's recorded_at.
+SELECT extract(epoch FROM clock_timestamp())::float8;
+
+-- name: tooling_job_chain
+-- Bench (recovery): a job's chain with what a takeover is read from, in chain order.
+SELECT type, data->>'workerId', data @> '{"startFence": true}',
+       extract(epoch FROM recorded_at)::float8
+FROM receipts WHERE stream = %(stream)s
+ORDER BY seq;
+
 -- name: tooling_first_settlement_after
 -- Chaos: when the first job settled (or its lease expired) after a fault.
 SELECT min(recorded_at) FROM receipts

@@ -1,5 +1,5 @@
 """`python -m tools.bench` (`make bench`): Receipt's speed against raw baselines, on a stack of
-its own. docs/bench.md explains what is measured and quotes the tables of full runs.
+its own. tools/bench/README.md explains what is measured and quotes the tables of full runs.
 
 * **API enqueue**: `POST /agents/codex/jobs` against a real `api` role process at 1 and 16
   concurrent clients, against the raw PostgreSQL transaction an enqueue performs

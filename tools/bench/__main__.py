@@ -1,5 +1,5 @@
 """`python -m tools.bench`: run the bench, print the table, write `<output>/<stamp>.json` and
-`.png` (docs/bench.md)."""
+`.png` (tools/bench/README.md)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,12 @@ def run_cli(
 @click.option("--rate", "stream_rate", type=click.FloatRange(min=0.1), help="Stream jobs/s.")
 @click.option("--seconds", "stream_seconds", type=click.FloatRange(min=1), help="Stream length.")
 @click.option("--workers", "worker_concurrency", type=click.IntRange(1), help="Attempts at once.")
+@click.option(
+    "--recoveries",
+    type=click.IntRange(0),
+    help="SIGKILLs of worker-codex mid-command, each timed to the takeover and the settle "
+    "(default 1; 0 skips; about 35 s each).",
+)
 @click.option("--profile", is_flag=True, help="Record py-spy profiles of the roles.")
 @click.option("--part", type=click.Choice(["all", "api", "e2e"]), help="Measure one part only.")
 @click.option("--temporal-db", type=click.Choice(["file", "memory"]), help="Dev server store.")
@@ -103,8 +109,9 @@ def main(
     API enqueue at 1 and 16 clients against the raw enqueue transaction; end to end (a
     burn-down and a steady stream of no-op codex jobs) against two raw Temporal pipelines: one
     workflow per job running one activity on the worker queue (the targets' baseline), and one
-    starting a child workflow that runs it. Prints a table; writes the JSON report and a PNG
-    chart (docs/bench.md).
+    starting a child workflow that runs it; then recovery: worker-codex SIGKILLed while a job's
+    command runs, at the default leases, timed to the takeover and the settle. Prints a table;
+    writes the JSON report and a PNG chart (tools/bench/README.md).
     """
     sys.exit(run_cli(quick, output, database_url, click.echo, **sizes))
 

@@ -21,6 +21,8 @@ class BenchConfig:
     enqueue_concurrency: int = 16
     worker_concurrency: int | None = None
     warmup_jobs: int = 10
+    recoveries: int = 1  # SIGKILLs of worker-codex mid-command (tools/bench/recovery.py)
+    recovery_run_s: float = 2.0  # the killed job's command: `sleep 2`
     profile: bool = False
     part: str = "all"
     temporal_db: str = "memory"
@@ -47,6 +49,8 @@ TARGET_E2E_VS_CHILD = 1.6  # burn-down jobs/s against the raw child-workflow pip
 TARGET_SETTLED_P50 = 1.2  # enqueue→settled p50 of the steady stream against the raw activity
 TARGET_API_RATE = 0.5
 TARGET_API_P99_MS = 25.0
+# And kill → settled after a SIGKILLed worker ≤ the worker-lost timeout plus the job's own run
+# time: `Recovery.goal_s` (tools/bench/recovery.py).
 TERMINAL_TYPES = ("job.completed", "job.failed", "job.canceled")
 NOOP_PAYLOAD: dict[str, Any] = {
     "kind": "factory.task.run",

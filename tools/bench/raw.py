@@ -3,11 +3,16 @@
 TOOLING, NOT PRODUCT: these Temporal workflows exist only for `python -m tools.bench`; they are
 not in `workflows/`, not in the wheel and no role registers them.
 
-Two shapes, both started as one workflow per job on a driver task queue:
+Three shapes, each started as one workflow per job on a driver task queue:
 
 * **activity** (`BenchRawActivityPipelineWorkflow`): the workflow runs one no-op activity on the
   worker task queue — the shape a Temporal user writes by hand, and the shape the targets
   compare with (issue 11).
+* **sandboxed** (`BenchRawSandboxedPipelineWorkflow`): the same, but the activity runs `true`
+  in Receipt's command sandbox (`activities.sandbox.run_sandboxed`, worker-codex's settings, one
+  shared workspace as the bench's jobs share their objective's): the work a codex `true` job
+  does besides its receipts, so Receipt's ratio to it is what the receipts, fences and the
+  driver's bookkeeping cost.
 * **child** (`BenchRawPipelineWorkflow`): the workflow starts a child workflow on the worker
   task queue (`ParentClosePolicy.ABANDON`) that runs the no-op activity — the shape of a
   Receipt delivery with a `JobAttemptWorkflow` per attempt.
@@ -36,12 +41,19 @@ from temporalio.workflow import ParentClosePolicy
 
 PIPELINE_WORKFLOW = "BenchRawPipelineWorkflow"
 ACTIVITY_PIPELINE_WORKFLOW = "BenchRawActivityPipelineWorkflow"
+SANDBOXED_PIPELINE_WORKFLOW = "BenchRawSandboxedPipelineWorkflow"
 ATTEMPT_WORKFLOW = "BenchRawAttemptWorkflow"
 NOOP_ACTIVITY = "bench_noop"
+SANDBOXED_ACTIVITY = "bench_sandboxed_true"
+SANDBOXED = "sandboxed"
 DRIVER_QUEUE = "bench-raw-driver"
 WORKER_QUEUE = "bench-raw-worker"
 # The workflow each baseline side starts per job.
-PIPELINES = {"base": ACTIVITY_PIPELINE_WORKFLOW, "child": PIPELINE_WORKFLOW}
+PIPELINES = {
+    "base": ACTIVITY_PIPELINE_WORKFLOW,
+    "child": PIPELINE_WORKFLOW,
+    SANDBOXED: SANDBOXED_PIPELINE_WORKFLOW,
+}
 _TIMEOUT = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_attempts=2)
 
@@ -53,10 +65,36 @@ async def noop(job: dict[str, Any]) -> list[float]:
     return [started, time.time()]
 
 
-async def _run_noop(job: dict[str, Any], task_queue: str | None = None) -> list[float]:
-    """The no-op activity on `task_queue` (default: the calling workflow's own)."""
+@activity.defn(name=SANDBOXED_ACTIVITY)
+async def sandboxed_true(job: dict[str, Any]) -> list[float]:
+    """Run `true` in the command sandbox as a codex job's handler does (its settings read per
+    job, its output collected); return `[started, settled]` (epoch seconds)."""
+    from activities.sandbox import SandboxSettings, objective_workspace, run_sandboxed
+
+    started = time.time()
+    settings = SandboxSettings.from_env()
+    output: list[str] = []
+
+    async def collect(text: str) -> None:
+        output.append(text)
+
+    ended = await run_sandboxed(
+        ["true"],
+        workspace=objective_workspace("bench-raw", settings),
+        on_output=collect,
+        settings=settings,
+    )
+    if ended.exit_code != 0:
+        raise RuntimeError(f"sandboxed true exited {ended.exit_code}: {''.join(output)[-300:]}")
+    return [started, time.time()]
+
+
+async def _run_noop(
+    job: dict[str, Any], task_queue: str | None = None, name: str = NOOP_ACTIVITY
+) -> list[float]:
+    """The no-op (or `name`) activity on `task_queue` (default: the calling workflow's own)."""
     result: list[float] = await workflow.execute_activity(
-        NOOP_ACTIVITY,
+        name,
         job,
         task_queue=task_queue,
         start_to_close_timeout=_TIMEOUT,
@@ -72,6 +110,15 @@ class RawActivityPipelineWorkflow:
     @workflow.run
     async def run(self, job: dict[str, Any]) -> list[float]:
         return await _run_noop(job, job["workerQueue"])
+
+
+@workflow.defn(name=SANDBOXED_PIPELINE_WORKFLOW)
+class RawSandboxedPipelineWorkflow:
+    """One workflow per job: the sandboxed `true` activity on the worker task queue."""
+
+    @workflow.run
+    async def run(self, job: dict[str, Any]) -> list[float]:
+        return await _run_noop(job, job["workerQueue"], SANDBOXED_ACTIVITY)
 
 
 @workflow.defn(name=ATTEMPT_WORKFLOW)
@@ -100,7 +147,7 @@ class RawPipelineWorkflow:
 
 
 async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
-    """Run the `driver` or `worker` side of both raw pipelines until SIGTERM or SIGINT."""
+    """Run the `driver` or `worker` side of the raw pipelines until SIGTERM or SIGINT."""
     from temporalio.client import Client
     from temporalio.worker import Worker
 
@@ -111,15 +158,22 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
         worker = Worker(
             client,
             task_queue=prefix + DRIVER_QUEUE,
-            workflows=[RawPipelineWorkflow, RawActivityPipelineWorkflow],
+            workflows=[
+                RawPipelineWorkflow,
+                RawActivityPipelineWorkflow,
+                RawSandboxedPipelineWorkflow,
+            ],
             workflow_runner=WORKFLOW_RUNNER,
         )
     else:
+        from activities import sandbox
+
+        await sandbox.announce()  # as the worker roles do: probe once, log how commands run
         worker = Worker(
             client,
             task_queue=prefix + WORKER_QUEUE,
             workflows=[RawAttemptWorkflow],
-            activities=[noop],
+            activities=[noop, sandboxed_true],
             max_concurrent_activities=concurrency,
             workflow_runner=WORKFLOW_RUNNER,
         )
@@ -131,6 +185,10 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
     await stop.wait()
     await worker.shutdown()
     await running
+    if side != "driver":
+        from activities import sandbox_etc
+
+        sandbox_etc.remove_views()
 
 
 if __name__ == "__main__":

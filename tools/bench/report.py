@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench.config import TARGET_API_P99_MS
+from tools.bench.raw import SANDBOXED
 from tools.bench.results import CHILD, Pair, Run
 from tools.bench.stats import (
     Spread,
@@ -20,11 +21,16 @@ from tools.bench.stats import (
 
 _KEYS = ("p50", "p95", "p99")
 # What each side of an end-to-end scenario is called in the table and the chart.
-E2E_LABELS = {"ours": "Receipt", "base": "raw activity", CHILD: "raw child wf"}
+E2E_LABELS = {
+    "ours": "Receipt",
+    "base": "raw activity",
+    SANDBOXED: "raw act. + sandbox",
+    CHILD: "raw child wf",
+}
 
 
 def _row(label: str, *cells: str) -> str:
-    return f"  {label:<26}" + "".join(f"{c:<21}" for c in cells).rstrip()
+    return f"  {label:<26}" + "".join(f"{c:<20}" for c in cells).rstrip()
 
 
 def _cells(pair: Pair, sample: str | None = None, key: str = "") -> list[str]:
@@ -44,7 +50,7 @@ def _cells(pair: Pair, sample: str | None = None, key: str = "") -> list[str]:
 
 
 def render_table(report: Mapping[str, Any], pairs: Mapping[str, Pair]) -> str:
-    """The table `python -m tools.bench` prints (and docs/bench.md quotes)."""
+    """The table `python -m tools.bench` prints (and tools/bench/README.md quotes)."""
     cfg = report["config"]
     lines = [
         f"receipt bench ({cfg['mode']}, {report['stamp']}): median (min–max) of "
@@ -88,16 +94,42 @@ def render_table(report: Mapping[str, Any], pairs: Mapping[str, Pair]) -> str:
         for side in ("ours", *pair.sides()):
             label = ("API" if side == "ours" else "raw append") if api else E2E_LABELS[side]
             cpu = sorted(pair.cpu(side).items(), key=lambda kv: -kv[1].median)
-            parts = ", ".join(f"{k} {format_number(v.median)}" for k, v in cpu)
+            parts = ", ".join(f"{k} {format_number(v.median)}" for k, v in cpu if v.high > 0)
             lines.append(f"  CPU ms per {unit}, {label}: {parts}")
+    lines += recovery_lines(report["summary"].get("recovery", []))
     lines.append("")
     lines.append("Targets (read from the ratios, never asserted)")
     for row in report["summary"]["targets"]:
         value = Spread(row["value"], row["min"], row["max"], 0)
-        shown = format_ratio_spread(value) if row["unit"] == "×" else f"{format_spread(value)} ms"
+        unit = row["unit"]
+        shown = format_ratio_spread(value) if unit == "×" else f"{format_spread(value)} {unit}"
         verdict = format_target(row["value"], row["goal"], row["atLeast"], row["unit"])
         lines.append(f"  {row['target']:<38} {shown:<22} {verdict}")
     return "\n".join(lines)
+
+
+def recovery_lines(recoveries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The recovery block: each SIGKILL of worker-codex and what the job's chain says."""
+    if not recoveries:
+        return []
+    first = recoveries[0]
+    lines = [
+        "",
+        f"Recovery: worker-codex SIGKILLed {len(recoveries)}× mid-command (`sleep "
+        f"{first['run_s']:g}`, default leases) and started again at once",
+        _row("", "kill → takeover", "kill → settled", "settles", "attempt/delivery"),
+    ]
+    for i, r in enumerate(recoveries, 1):
+        lines.append(
+            _row(
+                f"kill {i}",
+                f"{r['takeover_s']:.1f} s",
+                f"{r['settled_s']:.1f} s",
+                f"{r['settles']} ({r['status']})",
+                str(r["taken_over_by"]).rsplit(":", 1)[-1],
+            )
+        )
+    return lines
 
 
 def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
@@ -111,7 +143,7 @@ def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(2, 2, figsize=(14, 9.5), dpi=110)
     ours_colour, base_colour = "#c2410c", "#1d4ed8"
-    colours = {"ours": ours_colour, "base": base_colour, CHILD: "#15803d"}
+    colours = {"ours": ours_colour, "base": base_colour, SANDBOXED: "#7c3aed", CHILD: "#15803d"}
 
     def cdf(ax: Any, values: Sequence[float], label: str, colour: str, style: str = "-") -> None:
         if not values:
@@ -136,6 +168,7 @@ def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
     ax.axvline(TARGET_API_P99_MS, color="grey", lw=0.8, ls="--")
     ax.text(TARGET_API_P99_MS, 0.03, " p99 target", color="grey", fontsize=8)
     ax.set_title("API enqueue: request latency (ms)")
+    ax.set_visible(any(name.startswith("api-") for name in pairs))  # not with --part e2e
     for name, ax in (("burn", axes[0][1]), ("stream", axes[1][0])):
         e2e = pairs.get(name)
         if e2e is None:

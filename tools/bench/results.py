@@ -3,7 +3,7 @@ read from their ratios (a report, never an assertion)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,7 @@ from tools.bench.config import (
     TARGET_E2E_VS_CHILD,
     TARGET_SETTLED_P50,
 )
+from tools.bench.recovery import Recovery
 from tools.bench.stats import Spread, latency_percentiles, paired_ratios, spread, target_met
 
 # The sides of an end-to-end scenario besides Receipt (`ours`): `base` is the raw activity
@@ -103,7 +104,7 @@ class Pair:
         return out
 
 
-def summary(pairs: Mapping[str, Pair]) -> dict[str, Any]:
+def summary(pairs: Mapping[str, Pair], recoveries: Sequence[Recovery] = ()) -> dict[str, Any]:
     """Medians with min–max, ratios and the targets, as JSON."""
 
     def s(value: Spread) -> dict[str, float]:
@@ -134,11 +135,15 @@ def summary(pairs: Mapping[str, Pair]) -> dict[str, Any]:
                     entry["latencyMs"][figure][label] = s(pair.latency(side, sample, key))
                     entry["latencyRatio"][figure][label] = s(pair.latency_ratio(sample, key, side))
         out[name] = entry
-    out["targets"] = target_rows(pairs)
+    if recoveries:
+        out["recovery"] = [r.to_json() for r in recoveries]
+    out["targets"] = target_rows(pairs, recoveries)
     return out
 
 
-def target_rows(pairs: Mapping[str, Pair]) -> list[dict[str, Any]]:
+def target_rows(
+    pairs: Mapping[str, Pair], recoveries: Sequence[Recovery] = ()
+) -> list[dict[str, Any]]:
     """The targets, each with the measured value (a median) and whether it is met."""
     rows: list[dict[str, Any]] = []
 
@@ -182,5 +187,13 @@ def target_rows(pairs: Mapping[str, Pair]) -> list[dict[str, Any]]:
             TARGET_API_P99_MS,
             False,
             "ms",
+        )
+    if recoveries:  # every kill of a run runs the same command, so one goal
+        add(
+            "kill → settled, worker SIGKILL",
+            spread(r.settled_s for r in recoveries),
+            recoveries[0].goal_s,
+            False,
+            "s",
         )
     return rows

@@ -28,6 +28,8 @@ from tools.bench.config import NOOP_PAYLOAD, BenchConfig, BenchError, noop_paylo
 from tools.bench.load import HttpConnection, closed_loop, post_request
 from tools.bench.processes import CpuMeter, Processes, role_env
 from tools.bench.profile import Profiler
+from tools.bench.raw import SANDBOXED
+from tools.bench.recovery import Recovery, measure_recovery
 from tools.bench.results import CHILD, Pair, Run, summary
 from tools.bench.stats import format_number, format_spread
 
@@ -62,6 +64,7 @@ class Bench:
     postmaster_pid: int | None = None
     started_at: float = 0.0
     profiler: Profiler | None = None
+    recoveries: list[Recovery] = field(default_factory=list)
 
     @property
     def log_dir(self) -> Path:
@@ -206,7 +209,9 @@ class Bench:
             pids["postgres"] = self.postmaster_pid
         if "temporal" in self.processes.started:
             pids["temporal"] = self.processes.pid("temporal")
-        return CpuMeter(pids, with_children=("postgres", "temporal"), with_reaped=("worker-codex",))
+        return CpuMeter(
+            pids, with_children=("postgres", "temporal"), with_reaped=("worker-codex", "raw-worker")
+        )
 
     def profile(self, names: Iterable[str], phase: str) -> None:
         """Attach py-spy to the named processes (with `--profile`)."""
@@ -368,7 +373,7 @@ class Bench:
         db = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
         names = ("api", "driver", "worker-codex", "raw-driver", "raw-worker")
         e2e = EndToEnd(self, client, db, port, self.meter(names))
-        sides = ("ours", "base", CHILD)
+        sides = ("ours", "base", SANDBOXED, CHILD)
         try:
             # Warm-up: also waits until every worker polls its task queue.
             for side in sides:
@@ -382,7 +387,8 @@ class Bench:
                 self.processes.check(*names)
             self.say(
                 f"[{self.elapsed()}] {burn.title}: {format_spread(burn.rate('ours'))} jobs/s "
-                f"vs raw activity {format_spread(burn.rate('base'))}/s, raw child wf "
+                f"vs raw activity {format_spread(burn.rate('base'))}/s, raw activity + sandbox "
+                f"{format_spread(burn.rate(SANDBOXED))}/s, raw child wf "
                 f"{format_spread(burn.rate(CHILD))}/s"
             )
             stream = Pair(
@@ -398,10 +404,20 @@ class Bench:
             self.say(
                 f"[{self.elapsed()}] {stream.title}: settled p50 "
                 f"{format_spread(stream.latency('ours', 'settled', 'p50'))} ms vs raw activity "
-                f"{format_spread(stream.latency('base', 'settled', 'p50'))} ms, raw child wf "
+                f"{format_spread(stream.latency('base', 'settled', 'p50'))} ms, raw activity + "
+                f"sandbox {format_spread(stream.latency(SANDBOXED, 'settled', 'p50'))} ms, raw "
+                "child wf "
                 f"{format_spread(stream.latency(CHILD, 'settled', 'p50'))} ms"
             )
             self.unprofile()
+            for _ in range(cfg.recoveries):  # last: it replaces the metered worker-codex
+                recovery = await measure_recovery(self, db, port, db_url, extra, cfg.recovery_run_s)
+                self.recoveries.append(recovery)
+                self.say(
+                    f"[{self.elapsed()}] recovery: worker SIGKILL → takeover "
+                    f"{recovery.takeover_s:.1f} s, settled {recovery.settled_s:.1f} s "
+                    f"(goal ≤ {recovery.goal_s:g} s), {recovery.settles} settle"
+                )
         finally:
             await db.close()
             for name in names:
@@ -421,6 +437,6 @@ class Bench:
             },
             "durationS": round(time.monotonic() - self.started_at, 1),
             "pairs": {name: pair.to_json() for name, pair in self.pairs.items()},
-            "summary": summary(self.pairs),
+            "summary": summary(self.pairs, self.recoveries),
             "profiles": self.profiles,
         }
