@@ -79,7 +79,7 @@ def run_cli(
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--quick", is_flag=True, help="Small sizes: 2–3 minutes instead of 6–12.")
+@click.option("--quick", is_flag=True, help="Small sizes: 3–5 minutes instead of 8–14.")
 @click.option("--repetitions", type=click.IntRange(1), help="Repetitions of every figure.")
 @click.option("--api-requests", type=click.IntRange(1), help="POSTs per API enqueue run.")
 @click.option("--burn-jobs", type=click.IntRange(1), help="Jobs of one burn-down run.")

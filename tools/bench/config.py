@@ -9,7 +9,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Sizes of one run. `quick()` takes 2–3 minutes, `full()` 6–12 (idle machine to loaded)."""
+    """Sizes of one run. `quick()` takes 3–5 minutes, `full()` 8–14 (idle machine to loaded)."""
 
     mode: str
     repetitions: int
