@@ -13,6 +13,7 @@ from opentelemetry import trace
 
 from activities.fence import AttemptFence
 from activities.handlers import HandlerError
+from activities.handlers.store import FenceLost
 from receipts import operations as ops
 from receipts.jobs import Job, settle_rejection
 from receipts.messages import COMPLETED, AttemptResult
@@ -70,6 +71,12 @@ class Settlement:
             )
         except asyncio.CancelledError:
             raise
+        except FenceLost as exc:
+            # An objective write was refused (logged there): the settle is refused the same way
+            # and the result says why; no handler bug to report.
+            return await self.failure(
+                str(exc), retryable=True, status="failed", result=None, handler_s=handler_s
+            )
         except Exception as exc:  # a handler bug: retry it while attempts remain
             log.exception(
                 "handler raised",

@@ -3,12 +3,16 @@
 Writes to the handler's own job (progress, consuming a command) go only through its attempt's
 fence, so a delivery that lost its lease writes nothing there. Objective writes are decided
 against the objective's current state under its stream lock (as every objective write is,
-`receipts/objectives/store.py`); everything else is a read.
+`receipts/objectives/store.py`), and in the same transaction the handler's job row is locked
+and its fence checked: a delivery that lost its lease (a stalled worker woken after Temporal
+redelivered its attempt) writes nothing to an objective either, and the fence cannot move
+before the write commits. Everything else is a read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,10 +20,22 @@ from activities.fence import AttemptFence
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import AgentJob
 from receipts.commands import QueuedCommand, with_payloads
-from receipts.jobs import Command, Job, Receipt, job_stream
+from receipts.jobs import Command, Job, Receipt, fence_rejection, job_stream
 from receipts.objectives import control
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, session_key
+from receipts.store import Tx
+
+log = logging.getLogger(__name__)
+
+# Called with the fence's refusal (`lease_lost`, `stale_attempt`, `terminal_state`,
+# `not_found`) each time an objective write is refused; the roles count them.
+on_objective_write_refused: list[Callable[[str], None]] = []
+
+
+class FenceLost(Exception):
+    """The handler's delivery no longer holds its attempt's fence: the objective write it asked
+    for was refused and nothing of its transaction was written."""
 
 
 class HandlerStore:
@@ -91,21 +107,49 @@ class HandlerStore:
     ) -> None:
         """Append what `decide` chooses from the objective's current state, in one transaction;
         with `deliver_control`, hand a control request it recorded to a control job in the same
-        transaction (`decide` chose nothing: nothing is delivered)."""
+        transaction (`decide` chose nothing: nothing is delivered). Raises FenceLost, writing
+        nothing, once the attempt's fence is lost."""
         async with self._store.transaction() as tx:
-            _, written = await objectives.update(tx, objective_id, decide)
+            _, written = await objectives.update(tx, objective_id, decide, self._holds_fence)
             if written and deliver_control:
                 await objectives.deliver(tx, objective_id)
 
     async def request_control(self, objective_id: str, reason: str, **detail: Any) -> None:
         """Record a control request for the objective and deliver it (nothing when it does not
-        exist)."""
+        exist). Raises FenceLost, writing nothing, once the attempt's fence is lost."""
         async with self._store.transaction() as tx:
-            await objectives.request_control(tx, objective_id, reason, **detail)
+            await objectives.request_control(
+                tx, objective_id, reason, guard=self._holds_fence, **detail
+            )
 
     async def reconcile(self, objective_id: str, kind: str) -> control.ReconcileResult:
-        """Run control passes over the objective until one finds nothing to do."""
-        return await control.reconcile(self._store, objective_id, kind)
+        """Run control passes over the objective until one finds nothing to do. Every
+        transaction of a pass that writes the objective holds the attempt's fence; the first
+        refused raises FenceLost and stops the passes."""
+        return await control.reconcile(self._store, objective_id, kind, self._holds_fence)
+
+    async def _holds_fence(self, tx: Tx) -> None:
+        """Lock the handler's job row for the rest of `tx` and raise FenceLost unless this
+        delivery still holds its attempt's fence. Called under the objective's stream lock:
+        objective first, then jobs, the order every objective transaction takes."""
+        fence = self._fence
+        job = await tx.job_for_update(fence.job_id)
+        rejection = fence_rejection(job, fence.worker_id, fence.attempt, await tx.now())
+        if rejection is None:
+            return
+        log.warning(
+            "objective write refused: the delivery no longer holds its attempt's fence",
+            extra={
+                "event": "attempt.objective_write_refused",
+                "jobId": fence.job_id,
+                "attempt": fence.attempt,
+                "workerId": fence.worker_id,
+                "status": rejection,
+            },
+        )
+        for hook in on_objective_write_refused:
+            hook(rejection)
+        raise FenceLost(f"objective write refused: {rejection}")
 
     # --- agent jobs ---------------------------------------------------------------------------
 

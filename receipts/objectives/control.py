@@ -204,7 +204,9 @@ def _request(
     )
 
 
-async def _dispatch_task(store: Store, state: ObjectiveState, task: TaskState) -> None:
+async def _dispatch_task(
+    store: Store, state: ObjectiveState, task: TaskState, guard: objectives.Guard | None
+) -> None:
     number = len(task.tries) + 1
     job_id = task_job_id(state.objective_id, task.task_id, number)
     async with store.transaction() as tx:
@@ -238,7 +240,7 @@ async def _dispatch_task(store: Store, state: ObjectiveState, task: TaskState) -
             data = {"taskId": task.task_id, "try": number, "jobId": job_id}
             return [Draft("objective.task.dispatched", data)]
 
-        await objectives.update(tx, state.objective_id, decide)
+        await objectives.update(tx, state.objective_id, decide, guard)
     for observe in on_task_dispatched:
         observe()
     log.info(
@@ -253,7 +255,9 @@ async def _dispatch_task(store: Store, state: ObjectiveState, task: TaskState) -
     )
 
 
-async def _dispatch_step(store: Store, state: ObjectiveState, name: str) -> None:
+async def _dispatch_step(
+    store: Store, state: ObjectiveState, name: str, guard: objectives.Guard | None
+) -> None:
     step = state.step(name)
     assert isinstance(step, StepState)
     job_id = step_job_id(state.objective_id, name)
@@ -273,10 +277,16 @@ async def _dispatch_step(store: Store, state: ObjectiveState, name: str) -> None
                 return []
             return [Draft("objective.step.dispatched", {"step": name, "jobId": job_id})]
 
-        await objectives.update(tx, state.objective_id, decide)
+        await objectives.update(tx, state.objective_id, decide, guard)
 
 
-async def _settle(store: Store, state: ObjectiveState, settle: dict[str, Any], kind: str) -> None:
+async def _settle(
+    store: Store,
+    state: ObjectiveState,
+    settle: dict[str, Any],
+    kind: str,
+    guard: objectives.Guard | None,
+) -> None:
     async with store.transaction() as tx:
         audit = None
         if CONTRACTS[kind].terminal_objective_audit:
@@ -306,7 +316,7 @@ async def _settle(store: Store, state: ObjectiveState, settle: dict[str, Any], k
                 drafts.append(Draft("objective.audit_requested", {"auditJobId": audit}))
             return drafts
 
-        await objectives.update(tx, state.objective_id, decide)
+        await objectives.update(tx, state.objective_id, decide, guard)
     for observe in on_objective_settled:
         observe(settle["status"])
     log.info(
@@ -321,10 +331,11 @@ async def _settle(store: Store, state: ObjectiveState, settle: dict[str, Any], k
 
 
 async def run_pass(
-    store: Store, objective_id: str, kind: str
+    store: Store, objective_id: str, kind: str, guard: objectives.Guard | None = None
 ) -> tuple[ObjectiveState | None, Plan]:
     """Read the objective and its jobs, plan one pass and carry it out. Returns the state the
-    pass was planned on and the plan."""
+    pass was planned on and the plan. `guard` runs in every transaction that writes the
+    objective (`objectives.update`)."""
     state = await objectives.get(store, objective_id)
     if state is None:
         return None, Plan()
@@ -337,15 +348,15 @@ async def run_pass(
             return settlement_drafts(current, jobs) if current is not None else []
 
         async with store.transaction() as tx:
-            await objectives.update(tx, objective_id, decide)
+            await objectives.update(tx, objective_id, decide, guard)
     for job_id, reason in decided.aborts:
         await ops.add_command(store, job_id, type="abort", reason=reason, check_organization=False)
     for task in decided.dispatch:
-        await _dispatch_task(store, state, task)
+        await _dispatch_task(store, state, task, guard)
     if decided.step:
-        await _dispatch_step(store, state, decided.step)
+        await _dispatch_step(store, state, decided.step, guard)
     if decided.settle:
-        await _settle(store, state, decided.settle, kind)
+        await _settle(store, state, decided.settle, kind, guard)
     return state, decided
 
 
@@ -386,13 +397,17 @@ class ReconcileResult:
 
 
 async def reconcile(
-    store: Store, objective_id: str, kind: str = "factory.objective.control"
+    store: Store,
+    objective_id: str,
+    kind: str = "factory.objective.control",
+    guard: objectives.Guard | None = None,
 ) -> ReconcileResult:
     """Run passes until one finds nothing to do, then record `objective.reconciled` through the
-    seq that quiet pass observed: every control request up to it is covered."""
+    seq that quiet pass observed: every control request up to it is covered. `guard` runs in
+    every transaction that writes the objective."""
     result = ReconcileResult()
     for _ in range(MAX_PASSES):
-        state, decided = await run_pass(store, objective_id, kind)
+        state, decided = await run_pass(store, objective_id, kind, guard)
         result.passes += 1
         if state is None:
             return result
@@ -405,7 +420,7 @@ async def reconcile(
             result.settled = decided.settle["status"]
         if decided.empty:
             async with store.transaction() as tx:
-                await objectives.update(tx, objective_id, _covered_through(state.seq))
+                await objectives.update(tx, objective_id, _covered_through(state.seq), guard)
             return result
     log.warning(
         "control passes did not settle down; the outbox will run another job",

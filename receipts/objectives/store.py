@@ -10,7 +10,7 @@ after the stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from receipts.enqueue import EnqueueRequest, enqueue_in
@@ -37,6 +37,10 @@ RECONCILING_KINDS: frozenset[str] = frozenset(
 )
 
 Decide = Callable[[ObjectiveState | None], Sequence[Draft]]
+# Run under the objective's stream lock before anything is decided; raises to refuse the whole
+# transaction. A handler's writes pass one that holds its attempt's fence
+# (`activities/handlers/store.py`), so a delivery that lost its lease writes nothing here either.
+Guard = Callable[[Tx], Awaitable[None]]
 # Told of every delivered control request with its outcome (created, steered, existing, none):
 # the role's metrics.
 on_control_delivered: list[Callable[[str], None]] = []
@@ -57,13 +61,16 @@ async def get(store: Store, objective_id: str) -> ObjectiveState | None:
 
 
 async def update(
-    tx: Tx, objective_id: str, decide: Decide
+    tx: Tx, objective_id: str, decide: Decide, guard: Guard | None = None
 ) -> tuple[ObjectiveState | None, list[Receipt]]:
     """Lock the objective's stream, let `decide` choose receipts from its current state, append
     them and update the projection, in the caller's transaction. Returns the new state and the
-    receipts written (none when `decide` chose none)."""
+    receipts written (none when `decide` chose none). `guard` runs once the stream is locked
+    and may refuse the transaction by raising."""
     stream = objective_stream(objective_id)
     await tx.lock_streams([stream])
+    if guard is not None:
+        await guard(tx)
     state = await load(tx, objective_id)
     drafts = list(decide(state))
     if not drafts:
@@ -81,7 +88,13 @@ def control_request(reason: str, **detail: Any) -> Draft:
 
 
 async def request_control(
-    tx: Tx, objective_id: str, reason: str, *, deliver_now: bool = True, **detail: Any
+    tx: Tx,
+    objective_id: str,
+    reason: str,
+    *,
+    deliver_now: bool = True,
+    guard: Guard | None = None,
+    **detail: Any,
 ) -> ObjectiveState | None:
     """Record a control request and, with `deliver_now`, hand it to a control job in the same
     transaction. Does nothing for an objective that does not exist."""
@@ -89,7 +102,7 @@ async def request_control(
     def decide(state: ObjectiveState | None) -> list[Draft]:
         return [control_request(reason, **detail)] if state is not None else []
 
-    state, _ = await update(tx, objective_id, decide)
+    state, _ = await update(tx, objective_id, decide, guard)
     if state is not None and deliver_now:
         state = await deliver(tx, objective_id)
     return state

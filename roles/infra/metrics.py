@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from activities import retry, sandbox
 from activities.attempt import AttemptHooks
 from activities.handlers import factory as factory_handlers
+from activities.handlers import store as handler_store
 from receipts import deliveries, fairness
 from receipts.jobs import ACTIVE_STATUSES, STATUSES, Job
 from receipts.kinds import AGENT_IDS, route, route_disagrees
@@ -202,6 +203,13 @@ class Metrics:
             "Sandboxed commands the kernel killed at their cgroup's memory limit.",
             registry=r,
         )
+        self.objective_writes_refused = Counter(
+            "receipt_objective_writes_refused",
+            "Objective writes a handler asked for after its delivery lost the attempt's fence "
+            "(nothing written), by the fence's refusal.",
+            ["reason"],
+            registry=r,
+        )
         self.callbacks = Counter(
             "receipt_callbacks",
             "Callback posts by event and outcome.",
@@ -294,6 +302,9 @@ class Metrics:
             lambda reason: self.factory_watchdog_fired.labels(reason).inc()
         )
         sandbox.on_memory_limit.append(self.sandbox_memory_kills.inc)
+        handler_store.on_objective_write_refused.append(
+            lambda reason: self.objective_writes_refused.labels(reason).inc()
+        )
 
     async def refresh_queue_depth(self, store: Store, settings: Settings | None = None) -> None:
         """Read active job counts by status from the projection into the gauge (a partial

@@ -1,13 +1,22 @@
-"""What a handler may write, against real PostgreSQL: its own job only under its attempt's fence."""
+"""What a handler may write, against real PostgreSQL: its own job, and objectives, only while its
+delivery holds its attempt's fence."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+import pytest
+
 from activities.fence import AttemptFence
 from activities.handlers import HandlerContext
-from activities.handlers.store import HandlerStore
+from activities.handlers import store as handler_store
+from activities.handlers.store import FenceLost, HandlerStore
 from receipts import operations as ops
-from receipts.store import Store
-from tests.integration.helpers import put, types
+from receipts.objectives import store as objectives
+from receipts.objectives.model import objective_stream
+from receipts.store import Draft, Store
+from tests.integration.helpers import new_id, put, types
 
 LEASE = 60_000
 
@@ -56,3 +65,83 @@ async def test_a_handler_whose_delivery_was_superseded_writes_nothing_to_its_job
     assert not await ctx.progress({"output": "late"})
     assert not await ctx.consume(pending.command_id)
     assert await types(store, job_id) == written
+
+
+async def objective(store: Store) -> str:
+    """A live objective with one pending task, written straight to its stream."""
+    objective_id = new_id("obj")
+    created = {
+        "objectiveId": objective_id,
+        "organizationId": "org-a",
+        "authContext": {"userId": "user-1", "organizationId": "org-a"},
+        "title": objective_id,
+        "goal": "test",
+        "tasks": [{"taskId": "t", "input": {"command": ["true"]}}],
+    }
+    async with store.transaction() as tx:
+        await objectives.update(tx, objective_id, lambda _: [Draft("objective.created", created)])
+    return objective_id
+
+
+def progress_line(objective_id: str) -> Any:
+    def decide(state: Any) -> list[Draft]:
+        line = {"taskId": "t", "try": 1, "jobId": "x", "lastLine": "late", "lines": 1}
+        return [Draft("objective.task.progress", line)] if state is not None else []
+
+    return decide
+
+
+async def test_a_superseded_delivery_writes_nothing_to_an_objective(
+    store: Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objective_id = await objective(store)
+    stale = await started(store, "j:attempt:1/1")
+    newer = AttemptFence(store, stale.job.job_id, attempt=1, worker_id="j:attempt:1/2")
+    assert (await newer.start(LEASE, {"role": "test"})).ok  # Temporal redelivered the attempt
+    refused: list[str] = []
+    monkeypatch.setattr(handler_store, "on_objective_write_refused", [refused.append])
+    written = [r.type for r in await store.read_stream(objective_stream(objective_id))]
+    with caplog.at_level(logging.WARNING, "activities.handlers.store"):
+        with pytest.raises(FenceLost, match="lease_lost"):
+            await stale.store.update_objective(objective_id, progress_line(objective_id))
+        with pytest.raises(FenceLost, match="lease_lost"):
+            await stale.store.request_control(objective_id, "reconcile")
+        # Control passes: the pass would dispatch the pending task (two jobs and a receipt).
+        with pytest.raises(FenceLost, match="lease_lost"):
+            await stale.store.reconcile(objective_id, "factory.objective.control")
+    assert [r.type for r in await store.read_stream(objective_stream(objective_id))] == written
+    state = await objectives.get(store, objective_id)
+    assert state is not None and state.task("t") is not None
+    assert state.task("t").status == "pending"  # type: ignore[union-attr]
+    assert refused == ["lease_lost"] * 3
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events.count("attempt.objective_write_refused") == 3
+
+
+async def test_the_delivery_that_holds_the_fence_writes_to_the_objective(store: Store) -> None:
+    objective_id = await objective(store)
+    stale = await started(store, "j:attempt:1/1")
+    newer = AttemptFence(store, stale.job.job_id, attempt=1, worker_id="j:attempt:1/2")
+    assert (await newer.start(LEASE, {"role": "test"})).ok
+    current = HandlerStore(newer)
+    await current.update_objective(objective_id, progress_line(objective_id))
+    await current.request_control(objective_id, "reconcile")
+    result = await current.reconcile(objective_id, "factory.objective.control")
+    assert result.dispatched == ["t"]
+    kinds = [r.type for r in await store.read_stream(objective_stream(objective_id))]
+    assert kinds[1:] == [
+        "objective.task.progress",
+        "objective.control_requested",
+        "objective.control_delivered",
+        "objective.task.dispatched",
+        "objective.reconciled",
+    ]
+
+
+async def test_a_settled_job_s_handler_writes_nothing_to_an_objective(store: Store) -> None:
+    objective_id = await objective(store)
+    ctx = await started(store, "j:attempt:1/1")
+    fence = AttemptFence(store, ctx.job.job_id, attempt=1, worker_id="j:attempt:1/1")
+    assert (await fence.complete({"done": True})).ok
+    with pytest.raises(FenceLost, match="terminal_state"):
+        await ctx.store.update_objective(objective_id, progress_line(objective_id))

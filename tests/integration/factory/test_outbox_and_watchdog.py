@@ -27,6 +27,7 @@ from roles.delivery.loops import ObjectiveResume
 from roles.infra.metrics import Metrics
 from tests.integration.delivery.conftest import running_stack
 from tests.integration.factory.conftest import AUTH, outbox_running, run_objective, wait_objective
+from tests.integration.helpers import put
 
 FAIL_REQUESTS = """
 CREATE FUNCTION refuse_control_requests() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -185,21 +186,15 @@ async def test_startup_resume_requests_control_for_a_quiet_active_objective(
     assert await resume.run_once() == 0
 
 
-def handler_context(store: Store) -> HandlerContext:
-    job = Job.model_validate(
-        {
-            "jobId": "watchdog:test",
-            "agentId": "factory-control",
-            "lane": "collect",
-            "kind": "factory.objective.watchdog",
-            "payload": {"kind": "factory.objective.watchdog"},
-            "createdAt": "2026-01-01T00:00:00+00:00",
-            "updatedAt": "2026-01-01T00:00:00+00:00",
-        }
+async def handler_context(store: Store) -> HandlerContext:
+    """The handler context of a started watchdog job: its objective writes hold its fence."""
+    job = (await put(store, "factory-control", kind="factory.objective.watchdog")).job
+    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
+    out = await fence.start(60_000, {"role": "test"})
+    assert out.ok and out.job is not None
+    return HandlerContext(
+        job=out.job, attempt=1, worker_id=fence.worker_id, store=HandlerStore(fence)
     )
-    # A watchdog job that was never enqueued: the handler only reads and writes objectives.
-    fence = AttemptFence(store, job.job_id, attempt=1, worker_id="w")
-    return HandlerContext(job=job, attempt=1, worker_id="w", store=HandlerStore(fence))
 
 
 async def backdate(db_url: str, objective_id: str, minutes: int) -> None:
@@ -230,11 +225,11 @@ async def test_the_watchdog_fires_for_quiet_objectives_within_its_scan_limit(
     metrics.wire_process_counters()
     # wd-3 was just written: inside the grace period, it must not fire.
     monkeypatch.setenv("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "1")
-    first = await objective_watchdog(handler_context(fresh_store))
+    first = await objective_watchdog(await handler_context(fresh_store))
     assert first["scanned"] == 1 and first["limit"] == 1
     assert first["reconciled"] == [{"objectiveId": "wd-1", "reason": "no_active_objective_work"}]
     monkeypatch.setenv("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "10")
-    second = await objective_watchdog(handler_context(fresh_store))
+    second = await objective_watchdog(await handler_context(fresh_store))
     # wd-1 now has an active control job: no reason; wd-2 fires; wd-3 is still in its grace.
     assert second["reconciled"] == [{"objectiveId": "wd-2", "reason": "no_active_objective_work"}]
     assert second["reasons"]["no_active_objective_work"] == 1
@@ -260,7 +255,7 @@ async def test_the_watchdog_stops_at_its_timeout(
             ("stream:" + objective_stream("wd-slow"),),
         )
         started = asyncio.get_running_loop().time()
-        result = await objective_watchdog(handler_context(fresh_store))
+        result = await objective_watchdog(await handler_context(fresh_store))
         waited = asyncio.get_running_loop().time() - started
     assert result["timedOut"] is True
     assert result["reconciled"] == []
