@@ -28,6 +28,9 @@ from receipts.timing import JobTiming, TimingSettings, derive
 from workflows.names import JOB_DRIVER_WORKFLOW, POST_CALLBACKS, PREPARE_DELIVERY
 
 log = logging.getLogger("activities.driver")
+# Called with (event, "posted" | "failed") for each URL's post, after its tries; the roles count
+# them (`receipt_callbacks_total`).
+on_callback_result: list[Callable[[str, str], None]] = []
 
 STALE_ERROR = "stale active job lost execution; retrying through driver"
 ABORT_REASON = "abort requested"
@@ -96,7 +99,6 @@ async def post_callbacks(
     client: httpx.AsyncClient,
     job: Job,
     event: str,
-    on_result: Callable[[str, bool], None] | None = None,
 ) -> int:
     """Post `{event, job}` to each distinct configured URL, once per URL (claimed in the database).
 
@@ -117,8 +119,8 @@ async def post_callbacks(
                 await asyncio.sleep(0.5 * attempt)
         status = "posted" if error is None else "failed"
         posted += error is None
-        if on_result:
-            on_result(event, error is None)
+        for hook in on_callback_result:
+            hook(event, status)
         await deliveries.callback_result(store, job.job_id, event, url, status, error)
         log.log(
             logging.INFO if error is None else logging.WARNING,

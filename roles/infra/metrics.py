@@ -8,6 +8,7 @@ import logging
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from activities import driver as driver_activities
 from activities import retry, sandbox
 from activities.attempt import AttemptHooks
 from activities.handlers import factory as factory_handlers
@@ -212,7 +213,7 @@ class Metrics:
         )
         self.callbacks = Counter(
             "receipt_callbacks",
-            "Callback posts by event and outcome.",
+            "Callback posts by event and outcome (posted, or failed after its tries), per URL.",
             ["event", "outcome"],
             registry=r,
         )
@@ -302,6 +303,9 @@ class Metrics:
             lambda reason: self.factory_watchdog_fired.labels(reason).inc()
         )
         sandbox.on_memory_limit.append(self.sandbox_memory_kills.inc)
+        driver_activities.on_callback_result.append(
+            lambda event, outcome: self.callbacks.labels(event, outcome).inc()
+        )
         handler_store.on_objective_write_refused.append(
             lambda reason: self.objective_writes_refused.labels(reason).inc()
         )

@@ -9,6 +9,7 @@ import json
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from receipts import deliveries
 from receipts import operations as ops
@@ -17,6 +18,7 @@ from receipts.settings import Settings
 from receipts.store import Store
 from roles.delivery.loops import QueuedRedrive, RedriveConfig
 from roles.infra.db import open_store
+from roles.infra.metrics import Metrics
 from tests.integration.api_support import AS_A, api_client
 from tests.integration.delivery.receiver import Receiver
 from tests.integration.helpers import put
@@ -47,6 +49,8 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
     assert sorted(owed) == sorted([(done, "completed"), (canceled, "canceled")])
     assert queued.job_id not in {job_id for job_id, _ in owed}
 
+    metrics = Metrics(CollectorRegistry())
+    metrics.wire_process_counters()
     async with Receiver() as receiver, httpx.AsyncClient() as http:
         both = Settings(
             RECEIPT_EVENT_CALLBACK_URL=receiver.url, RECEIPT_RESONATE_CALLBACK_URL=CLOSED
@@ -54,6 +58,9 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
         first = await QueuedRedrive(store, None, both, NOW, http=http).run_once()
         # Posted to the receiver; the closed URL failed, so both stay owed (due again later).
         assert first.callbacks == 2
+        for event in ("completed", "canceled"):  # counted per URL: one posted, one failed
+            for outcome in ("posted", "failed"):
+                assert metrics.callbacks.labels(event, outcome)._value.get() == 1
         assert await deliveries.callbacks_owed(store) == []
         posted = [json.loads(r.body) for r in receiver.requests]
         bodies = sorted((b["event"], b["job"]["jobId"]) for b in posted)
