@@ -6,8 +6,9 @@ It is a deny-list in the spirit of Docker's default profile (which also allows `
 `process_vm_*` on current kernels: a coding agent's debugger works on the sandbox's own
 processes). bwrap loads it (`--seccomp FD`) just before it execs the command, after its own
 setup, so bwrap itself is not filtered. The program is classic BPF built here, no libseccomp.
-Only x86_64 has a table: on another machine the sandbox runs without the filter and says so at
-start (`sandbox.ready` has `seccomp: null`).
+x86_64 and aarch64 have a table (aarch64's numbers are the kernel's generic ones,
+`include/uapi/asm-generic/unistd.h`, where the x86-only calls do not exist); on another machine
+the sandbox runs without the filter and says so at start (`sandbox.ready` has `seccomp: null`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _RET_ERRNO = 0x00050000
 _RET_KILL_PROCESS = 0x80000000
 _X32_BIT = 0x40000000
 AUDIT_ARCH_X86_64 = 0xC000003E
+AUDIT_ARCH_AARCH64 = 0xC00000B7  # EM_AARCH64 (183) | 64-bit | little-endian
 
 DENIED_X86_64: dict[str, int] = {
     "uselib": 134,
@@ -81,14 +83,68 @@ DENIED_X86_64: dict[str, int] = {
     "mount_setattr": 442,
 }
 
+# The same calls in the generic table arm64 uses. uselib, ustat, sysfs, _sysctl, iopl, ioperm,
+# create_module, get_kernel_syms and query_module have no number there: nothing to deny.
+DENIED_AARCH64: dict[str, int] = {
+    "lookup_dcookie": 18,
+    "umount2": 39,
+    "mount": 40,
+    "pivot_root": 41,
+    "nfsservctl": 42,
+    "quotactl": 60,
+    "acct": 89,
+    "unshare": 97,
+    "kexec_load": 104,
+    "init_module": 105,
+    "delete_module": 106,
+    "clock_settime": 112,
+    "reboot": 142,
+    "sethostname": 161,
+    "setdomainname": 162,
+    "settimeofday": 170,
+    "add_key": 217,
+    "request_key": 218,
+    "keyctl": 219,
+    "swapon": 224,
+    "swapoff": 225,
+    "perf_event_open": 241,
+    "name_to_handle_at": 264,
+    "open_by_handle_at": 265,
+    "clock_adjtime": 266,
+    "setns": 268,
+    "finit_module": 273,
+    "bpf": 280,
+    "userfaultfd": 282,
+    "kexec_file_load": 294,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
+}
+
+# platform.machine() → (the audit arch the filter admits, its deny-list).
+TABLES: dict[str, tuple[int, dict[str, int]]] = {
+    "x86_64": (AUDIT_ARCH_X86_64, DENIED_X86_64),
+    "AMD64": (AUDIT_ARCH_X86_64, DENIED_X86_64),
+    "aarch64": (AUDIT_ARCH_AARCH64, DENIED_AARCH64),
+    "arm64": (AUDIT_ARCH_AARCH64, DENIED_AARCH64),
+}
+
 
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def program(denied: dict[str, int] = DENIED_X86_64) -> bytes:
+def program(denied: dict[str, int] = DENIED_X86_64, arch: int = AUDIT_ARCH_X86_64) -> bytes:
     """The filter as bytes of `struct sock_filter` (what `seccomp_export_bpf` writes): another
-    architecture or the x32 ABI is killed, a denied call gets EPERM, the rest is allowed."""
+    architecture than `arch` (a 32-bit compat task) or the x32 ABI's numbers (none exist on
+    aarch64) is killed, a denied call gets EPERM, the rest is allowed."""
     numbers = sorted(set(denied.values()))
     n = len(numbers)
     # Layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4..4+n-1 jeq nr; allow; errno; kill.
@@ -96,7 +152,7 @@ def program(denied: dict[str, int] = DENIED_X86_64) -> bytes:
     deny, kill = allow + 1, allow + 2
     code = [
         _insn(_LD_W_ABS, 0, 0, _ARCH),
-        _insn(_JEQ_K, 0, kill - 2, AUDIT_ARCH_X86_64),
+        _insn(_JEQ_K, 0, kill - 2, arch),
         _insn(_LD_W_ABS, 0, 0, _NR),
         _insn(_JGE_K, kill - 4, 0, _X32_BIT),
     ]
@@ -112,16 +168,18 @@ def program(denied: dict[str, int] = DENIED_X86_64) -> bytes:
 
 
 def available() -> bool:
-    """Whether this machine has a table (x86_64)."""
-    return platform.machine() in ("x86_64", "AMD64")
+    """Whether this machine has a table (x86_64, aarch64)."""
+    return platform.machine() in TABLES
 
 
 def program_fd() -> int | None:
     """A file descriptor holding the program, positioned at its start, for `bwrap --seccomp`
     (the caller passes it to the child and closes it); None where there is no table."""
-    if not available():
+    table = TABLES.get(platform.machine())
+    if table is None:
         return None
+    arch, denied = table
     fd = os.memfd_create("receipt-seccomp", os.MFD_CLOEXEC)
-    os.write(fd, program())
+    os.write(fd, program(denied, arch))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import errno
+import os
 import struct
 
-from activities.sandbox_seccomp import AUDIT_ARCH_X86_64, DENIED_X86_64, program
+import pytest
+
+from activities import sandbox_seccomp
+from activities.sandbox_seccomp import (
+    AUDIT_ARCH_AARCH64,
+    AUDIT_ARCH_X86_64,
+    DENIED_AARCH64,
+    DENIED_X86_64,
+    program,
+)
 
 ALLOW, KILL = 0x7FFF0000, 0x80000000
 EPERM = 0x00050000 | errno.EPERM
@@ -43,3 +53,46 @@ def test_another_architecture_and_the_x32_abi_are_killed() -> None:
     code = program()
     assert run(code, 0, arch=0x40000003) == KILL  # i386
     assert run(code, 0x40000000 + 1) == KILL
+
+
+def test_aarch64_denies_the_same_calls_by_the_generic_numbers() -> None:
+    code = program(DENIED_AARCH64, AUDIT_ARCH_AARCH64)
+    assert all(run(code, nr, AUDIT_ARCH_AARCH64) == EPERM for nr in DENIED_AARCH64.values())
+    # read, write, openat, clone, execve, ptrace, getpid, clone3 in the generic table.
+    allowed = (63, 64, 56, 220, 221, 117, 172, 435)
+    assert all(run(code, nr, AUDIT_ARCH_AARCH64) == ALLOW for nr in allowed)
+    assert run(code, 40, AUDIT_ARCH_X86_64) == KILL  # an x86_64 filter's arch is not admitted
+    assert run(code, 21, 0x40000028) == KILL  # a 32-bit arm compat task
+    # Every call denied on x86_64 is denied here too, but those arm64 never had.
+    x86_only = {"uselib", "ustat", "sysfs", "_sysctl", "iopl", "ioperm", "create_module"}
+    x86_only |= {"get_kernel_syms", "query_module"}
+    assert set(DENIED_X86_64) - set(DENIED_AARCH64) == x86_only
+    assert set(DENIED_AARCH64) <= set(DENIED_X86_64)
+
+
+@pytest.mark.parametrize(
+    ("machine", "arch"),
+    [("x86_64", AUDIT_ARCH_X86_64), ("aarch64", AUDIT_ARCH_AARCH64), ("arm64", AUDIT_ARCH_AARCH64)],
+)
+def test_the_machine_picks_its_table(
+    monkeypatch: pytest.MonkeyPatch, machine: str, arch: int
+) -> None:
+    monkeypatch.setattr(sandbox_seccomp.platform, "machine", lambda: machine)
+    assert sandbox_seccomp.available()
+    fd = sandbox_seccomp.program_fd()
+    assert fd is not None
+    try:
+        loaded = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    assert run(loaded, 0, arch) in (ALLOW, EPERM)  # admitted: not killed
+    assert (
+        run(loaded, 0, AUDIT_ARCH_X86_64 if arch != AUDIT_ARCH_X86_64 else AUDIT_ARCH_AARCH64)
+        == KILL
+    )
+
+
+def test_a_machine_without_a_table_runs_without_a_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox_seccomp.platform, "machine", lambda: "riscv64")
+    assert not sandbox_seccomp.available()
+    assert sandbox_seccomp.program_fd() is None
