@@ -31,6 +31,20 @@ _X32_BIT = 0x40000000
 AUDIT_ARCH_X86_64 = 0xC000003E
 AUDIT_ARCH_AARCH64 = 0xC00000B7  # EM_AARCH64 (183) | 64-bit | little-endian
 
+# Calls added since Linux 5.1 have one number on every architecture.
+_UNIFIED: dict[str, int] = {
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
+}
+
 DENIED_X86_64: dict[str, int] = {
     "uselib": 134,
     "ustat": 136,
@@ -71,16 +85,7 @@ DENIED_X86_64: dict[str, int] = {
     "kexec_file_load": 320,
     "bpf": 321,
     "userfaultfd": 323,
-    "io_uring_setup": 425,
-    "io_uring_enter": 426,
-    "io_uring_register": 427,
-    "open_tree": 428,
-    "move_mount": 429,
-    "fsopen": 430,
-    "fsconfig": 431,
-    "fsmount": 432,
-    "fspick": 433,
-    "mount_setattr": 442,
+    **_UNIFIED,
 }
 
 # The same calls in the generic table arm64 uses. uselib, ustat, sysfs, _sysctl, iopl, ioperm,
@@ -116,16 +121,7 @@ DENIED_AARCH64: dict[str, int] = {
     "bpf": 280,
     "userfaultfd": 282,
     "kexec_file_load": 294,
-    "io_uring_setup": 425,
-    "io_uring_enter": 426,
-    "io_uring_register": 427,
-    "open_tree": 428,
-    "move_mount": 429,
-    "fsopen": 430,
-    "fsconfig": 431,
-    "fsmount": 432,
-    "fspick": 433,
-    "mount_setattr": 442,
+    **_UNIFIED,
 }
 
 # platform.machine() → (the audit arch the filter admits, its deny-list).
