@@ -6,7 +6,9 @@ against the objective's current state under its stream lock (as every objective 
 `receipts/objectives/store.py`), and in the same transaction the handler's job row is locked
 and its fence checked: a delivery that lost its lease (a stalled worker woken after Temporal
 redelivered its attempt) writes nothing to an objective either, and the fence cannot move
-before the write commits. Everything else is a read.
+before the write commits. The row is locked in the order every objective transaction takes
+(`receipts/objectives/store.py`): before the objective's stream, unless the job is one of the
+objective's control jobs, whose rows are locked after it. Everything else is a read.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from receipts.commands import QueuedCommand, with_payloads
 from receipts.jobs import Command, Job, Receipt, fence_rejection, job_stream
 from receipts.objectives import control
 from receipts.objectives import store as objectives
-from receipts.objectives.model import ObjectiveState, session_key
+from receipts.objectives.model import ObjectiveState, objective_stream, session_key
 from receipts.store import Tx
 
 log = logging.getLogger(__name__)
@@ -41,9 +43,10 @@ class FenceLost(Exception):
 class HandlerStore:
     """The receipts one attempt's handler reads and writes, through its fence."""
 
-    def __init__(self, fence: AttemptFence) -> None:
+    def __init__(self, fence: AttemptFence, session: str | None = None) -> None:
         self._fence = fence
         self._store = fence.store
+        self._session = session  # the job's session key: which lock order its guard takes
 
     # --- the handler's own job, under the attempt's fence ------------------------------------
 
@@ -128,10 +131,14 @@ class HandlerStore:
         refused raises FenceLost and stops the passes."""
         return await control.reconcile(self._store, objective_id, kind, self._holds_fence)
 
-    async def _holds_fence(self, tx: Tx) -> None:
+    async def _holds_fence(self, tx: Tx, objective_id: str) -> None:
         """Lock the handler's job row for the rest of `tx` and raise FenceLost unless this
-        delivery still holds its attempt's fence. Called under the objective's stream lock:
-        objective first, then jobs, the order every objective transaction takes."""
+        delivery still holds its attempt's fence. Runs before `objectives.update` locks the
+        objective's stream, so the row comes first, as when the job's own settle or lease
+        expiry asks for control on the objective; a control job of this objective (its session
+        key) takes the stream first, as `deliver` does before it locks control job rows."""
+        if self._session == session_key(objective_id):
+            await tx.lock_streams([objective_stream(objective_id)])
         fence = self._fence
         job = await tx.job_for_update(fence.job_id)
         rejection = fence_rejection(job, fence.worker_id, fence.attempt, await tx.now())

@@ -2,9 +2,11 @@
 control-request outbox and its delivery to a control job.
 
 Lock order (so that no two transactions wait on each other in a cycle): job rows first, then
-the objective's stream. The one exception, delivering a control request, takes the stream
-and then the objective's control session key and control job rows — locks no other path takes
-after the stream.
+the objective's stream — a job's settle or lease expiry that asks for control, a control pass
+enqueuing task jobs, a handler's write (its `guard` locks its own row first). The one
+exception is the objective's control jobs: delivering a control request takes the stream and
+then the control session key and the control job rows, and a control job's own guard takes
+the stream before its row. No other path locks a control job's row and then the stream.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ RECONCILING_KINDS: frozenset[str] = frozenset(
 )
 
 Decide = Callable[[ObjectiveState | None], Sequence[Draft]]
-# Run under the objective's stream lock before anything is decided; raises to refuse the whole
-# transaction. A handler's writes pass one that holds its attempt's fence
-# (`activities/handlers/store.py`), so a delivery that lost its lease writes nothing here either.
-Guard = Callable[[Tx], Awaitable[None]]
+# Run with the transaction and the objective's id before `update` locks the stream and decides;
+# raises to refuse the whole transaction. A handler's writes pass one that holds its attempt's
+# fence (`activities/handlers/store.py`), so a delivery that lost its lease writes nothing here.
+Guard = Callable[[Tx, str], Awaitable[None]]
 # Told of every delivered control request with its outcome (created, steered, existing, none):
 # the role's metrics.
 on_control_delivered: list[Callable[[str], None]] = []
@@ -65,12 +67,12 @@ async def update(
 ) -> tuple[ObjectiveState | None, list[Receipt]]:
     """Lock the objective's stream, let `decide` choose receipts from its current state, append
     them and update the projection, in the caller's transaction. Returns the new state and the
-    receipts written (none when `decide` chose none). `guard` runs once the stream is locked
-    and may refuse the transaction by raising."""
+    receipts written (none when `decide` chose none). `guard` runs first and may refuse the
+    transaction by raising."""
+    if guard is not None:
+        await guard(tx, objective_id)
     stream = objective_stream(objective_id)
     await tx.lock_streams([stream])
-    if guard is not None:
-        await guard(tx)
     state = await load(tx, objective_id)
     drafts = list(decide(state))
     if not drafts:

@@ -3,18 +3,21 @@ delivery holds its attempt's fence."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
+import psycopg
 import pytest
 
 from activities.fence import AttemptFence
 from activities.handlers import HandlerContext
 from activities.handlers import store as handler_store
 from activities.handlers.store import FenceLost, HandlerStore
+from activities.settle import Settlement
 from receipts import operations as ops
 from receipts.objectives import store as objectives
-from receipts.objectives.model import objective_stream
+from receipts.objectives.model import monitor_job_id, objective_stream, session_key, task_job_id
 from receipts.store import Draft, Store
 from tests.integration.helpers import new_id, put, types
 
@@ -113,6 +116,10 @@ async def test_a_superseded_delivery_writes_nothing_to_an_objective(
     state = await objectives.get(store, objective_id)
     assert state is not None and state.task("t") is not None
     assert state.task("t").status == "pending"  # type: ignore[union-attr]
+    # The pass's task and monitor jobs were enqueued in the refused transaction: rolled back.
+    tries = [task_job_id(objective_id, "t", 1), monitor_job_id(objective_id, "t", 1)]
+    assert await objectives.jobs_by_ids(store, tries) == {}
+    assert state.control_job_id is None  # the refused request delivered no control job
     assert refused == ["lease_lost"] * 3
     events = [getattr(r, "event", None) for r in caplog.records]
     assert events.count("attempt.objective_write_refused") == 3
@@ -128,6 +135,8 @@ async def test_the_delivery_that_holds_the_fence_writes_to_the_objective(store: 
     await current.request_control(objective_id, "reconcile")
     result = await current.reconcile(objective_id, "factory.objective.control")
     assert result.dispatched == ["t"]
+    tries = [task_job_id(objective_id, "t", 1), monitor_job_id(objective_id, "t", 1)]
+    assert sorted(await objectives.jobs_by_ids(store, tries)) == sorted(tries)
     kinds = [r.type for r in await store.read_stream(objective_stream(objective_id))]
     assert kinds[1:] == [
         "objective.task.progress",
@@ -145,3 +154,81 @@ async def test_a_settled_job_s_handler_writes_nothing_to_an_objective(store: Sto
     assert (await fence.complete({"done": True})).ok
     with pytest.raises(FenceLost, match="terminal_state"):
         await ctx.store.update_objective(objective_id, progress_line(objective_id))
+
+
+async def test_a_handler_s_write_waits_for_its_job_row_before_the_objective_stream(
+    store: Store, db_url: str
+) -> None:
+    """A task job's settle or lease expiry locks its row, then the objective's stream (it asks
+    for control). The handler's write takes them in the same order, so the two wait on each
+    other in turn; the other order is a deadlock PostgreSQL breaks by aborting one of them."""
+    objective_id = await objective(store)
+    job = (await put(store, payload_extra={"objectiveId": objective_id})).job
+    worker = f"{job.job_id}:attempt:1/1"
+    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=worker)
+    assert (await fence.start(LEASE, {"role": "test"})).ok
+    handler = HandlerStore(fence, job.session_key)
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR UPDATE", (job.job_id,))
+            writing = asyncio.create_task(
+                handler.update_objective(objective_id, progress_line(objective_id))
+            )
+            await asyncio.sleep(0.5)
+            assert not writing.done()  # waiting on the row, holding nothing of the objective
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                ("stream:" + objective_stream(objective_id),),
+            )
+        await asyncio.wait_for(writing, 10)
+    kinds = [r.type for r in await store.read_stream(objective_stream(objective_id))]
+    assert kinds[-1] == "objective.task.progress"
+
+
+async def test_a_control_job_checks_its_fence_after_the_objective_stream(store: Store) -> None:
+    """A control job's row is locked after the stream by `deliver`; its own guard keeps that
+    order, and a control request it delivers steers itself in the same transaction."""
+    objective_id = await objective(store)
+    async with store.transaction() as tx:
+        await objectives.request_control(tx, objective_id, "created")
+    state = await objectives.get(store, objective_id)
+    assert state is not None and state.control_job_id is not None
+    control = await store.get_job(state.control_job_id)
+    assert control is not None and control.session_key == session_key(objective_id)
+    worker = f"{control.job_id}:attempt:1/1"
+    fence = AttemptFence(store, control.job_id, attempt=1, worker_id=worker)
+    assert (await fence.start(LEASE, {"role": "test"})).ok
+    handler = HandlerStore(fence, control.session_key)
+    await handler.request_control(objective_id, "reconcile")
+    steered = await store.get_job(control.job_id)
+    assert steered is not None and len(steered.pending_commands) == 1
+    newer = AttemptFence(
+        store, control.job_id, attempt=1, worker_id=f"{control.job_id}:attempt:1/2"
+    )
+    assert (await newer.start(LEASE, {"role": "test"})).ok
+    written = [r.type for r in await store.read_stream(objective_stream(objective_id))]
+    with pytest.raises(FenceLost, match="lease_lost"):
+        await handler.request_control(objective_id, "reconcile")
+    assert [r.type for r in await store.read_stream(objective_stream(objective_id))] == written
+
+
+async def test_a_handler_ended_by_a_refused_objective_write_settles_nothing_and_is_no_bug(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    objective_id = await objective(store)
+    stale = await started(store, "j:attempt:1/1")
+    newer = AttemptFence(store, stale.job.job_id, attempt=1, worker_id="j:attempt:1/2")
+    assert (await newer.start(LEASE, {"role": "test"})).ok
+    handler = asyncio.create_task(
+        stale.store.update_objective(objective_id, progress_line(objective_id))
+    )
+    await asyncio.wait({handler})
+    assert isinstance(handler.exception(), FenceLost)
+    before = await types(store, stale.job.job_id)
+    fence = AttemptFence(store, stale.job.job_id, attempt=1, worker_id="j:attempt:1/1")
+    with caplog.at_level(logging.INFO):
+        result = await Settlement(fence).handler_done(handler, 0.1)
+    assert result.status == "lease_lost"
+    assert await types(store, stale.job.job_id) == before
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert "attempt.handler_error" not in events
