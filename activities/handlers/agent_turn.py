@@ -99,6 +99,8 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
         )
     except SandboxRefused as exc:
         return _failed(str(exc), retryable=False)
+    finally:
+        await turn.consumed()
     if ended.aborted:
         raise HandlerError("aborted", retryable=False)
     outcome = await turn.outcome(ended.exit_code)
@@ -119,6 +121,11 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     return outcome
 
 
+def _encoded(line: dict[str, Any]) -> bytes:
+    """One line of the turn's stdin protocol."""
+    return (json.dumps(line, separators=(",", ":")) + "\n").encode()
+
+
 def _failed(error: str, retryable: bool = True) -> dict[str, Any]:
     return {"outcome": "failed", "error": error, "retryable": retryable}
 
@@ -133,25 +140,38 @@ class _Turn:
         self.partial = ""
         self.unsent: list[str] = []
         self.last_sent = 0.0
+        self.consuming: list[asyncio.Future[bool]] = []
 
     async def feed(self, stdin: asyncio.StreamWriter) -> None:
-        """Write the request line, then hand each steer to the turn and consume it once."""
+        """Write the request line, then hand each steer to the turn and consume it once.
+
+        The feed is cancelled when the command ends, which may be right after a steer was
+        written: its `queue.command.consumed` is started in the same step as the write (no
+        await between them) and runs on to its end; `consumed()` waits for it before the turn
+        settles."""
         await self._write(stdin, self.request)
         while True:
             await asyncio.sleep(STEER_POLL_S)
             for command in await self.ctx.pending_commands():
                 if command.type != "steer":
                     continue
-                await self._write(stdin, protocol.steer_line(command.command_id, command.payload))
-                await self.ctx.consume(command.command_id)
+                stdin.write(_encoded(protocol.steer_line(command.command_id, command.payload)))
+                consume = asyncio.ensure_future(self.ctx.consume(command.command_id))
+                self.consuming.append(consume)
+                await stdin.drain()
+                await asyncio.shield(consume)
                 log.info(
                     "steer handed to the turn",
                     extra={"event": "agent_turn.steered", "commandId": command.command_id},
                 )
 
+    async def consumed(self) -> None:
+        """Wait for every steer handed to the turn to be consumed (or refused by the fence)."""
+        await asyncio.gather(*self.consuming, return_exceptions=True)
+
     @staticmethod
     async def _write(stdin: asyncio.StreamWriter, line: dict[str, Any]) -> None:
-        stdin.write((json.dumps(line, separators=(",", ":")) + "\n").encode())
+        stdin.write(_encoded(line))
         await stdin.drain()
 
     async def output(self, text: str) -> None:
