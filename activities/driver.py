@@ -119,9 +119,9 @@ async def post_callbacks(
                 await asyncio.sleep(0.5 * attempt)
         status = "posted" if error is None else "failed"
         posted += error is None
+        await deliveries.callback_result(store, job.job_id, event, url, status, error)
         for hook in on_callback_result:
             hook(event, status)
-        await deliveries.callback_result(store, job.job_id, event, url, status, error)
         log.log(
             logging.INFO if error is None else logging.WARNING,
             "callback %s",

@@ -107,9 +107,10 @@ def main(
     """Measure Receipt against raw baselines on a stack of its own (free ports, own data).
 
     API enqueue at 1 and 16 clients against the raw enqueue transaction; end to end (a
-    burn-down and a steady stream of no-op codex jobs) against two raw Temporal pipelines: one
-    workflow per job running one activity on the worker queue (the targets' baseline), and one
-    starting a child workflow that runs it; then recovery: worker-codex SIGKILLed while a job's
+    burn-down and a steady stream of no-op codex jobs) against three raw Temporal pipelines: one
+    workflow per job running one no-op activity on the worker queue (the targets' baseline),
+    the same running `true` in the sandbox, and one starting a child workflow that runs the
+    no-op activity; then recovery: worker-codex SIGKILLed while a job's
     command runs, at the default leases, timed to the takeover and the settle. Prints a table;
     writes the JSON report and a PNG chart (tools/bench/README.md).
     """

@@ -1,6 +1,6 @@
 -- Claiming a dispatch slot in one statement (receipts/fairness.py `claim`): the lock of
 -- (organization, queue), the stale slots' removal, the count and the take ran as a five-statement
--- transaction from the driver, about 1.2 ms of its CPU per started job (docs/bench.md). The
+-- transaction from the driver, about 1.2 ms of its CPU per started job (tools/bench/README.md). The
 -- function does the same under the same lock (`lock_key`'s hashing of the same key, so a starter
 -- of the previous build and one of this build still exclude each other); the statement's own
 -- transaction holds the lock until it returns.
