@@ -130,6 +130,9 @@ def test_targets_at_least_and_at_most() -> None:
     assert format_target(0.95, 0.9, True) == "met (target ≥ 0.90×)"
     assert format_target(1.5, 1.2, False) == "MISSED (target ≤ 1.20×)"
     assert format_target(30.0, 25.0, False, "ms") == "MISSED (target ≤ 25.0 ms)"
+    # A miss the two decimals hide (0.49995 shows as 0.50×) says by how much.
+    assert format_target(0.49995, 0.5, True) == "MISSED by 0.00005 (target ≥ 0.50×)"
+    assert format_target(1.2004, 1.2, False) == "MISSED by 0.0004 (target ≤ 1.20×)"
 
 
 def _run(rate: float, settled: list[float]) -> Run:

@@ -102,8 +102,11 @@ def target_met(value: float, target: float, at_least: bool) -> bool:
 
 
 def format_target(value: float, target: float, at_least: bool, unit: str = "×") -> str:
-    """`met` or `MISSED`, followed by the target, e.g. `met (target ≥ 0.90×)`."""
+    """`met` or `MISSED`, followed by the target, e.g. `met (target ≥ 0.90×)`; a ratio missed
+    by less than its two decimals show says by how much: `MISSED by 0.00005 (target ≥ 0.50×)`."""
     sign = "≥" if at_least else "≤"
     verdict = "met" if target_met(value, target, at_least) else "MISSED"
+    if verdict == "MISSED" and unit == "×" and f"{value:.2f}" == f"{target:.2f}":
+        verdict += " by " + f"{abs(value - target):.6f}".rstrip("0")
     shown = f"{target:.2f}×" if unit == "×" else f"{format_number(target)} {unit}"
     return f"{verdict} (target {sign} {shown})"
