@@ -7,8 +7,8 @@ and finally the jobs rows. A job is pruned whole or not at all. The cutoff is re
 database clock, so a prune ends even while jobs keep settling.
 
 Later layers hook in by adding a `PruneStep` (their rows keyed by the pruned job ids, deleted
-in the same transaction) — see docs/history.md for how objectives and agent jobs are to be
-pruned with their jobs, never half.
+in the same transaction). An agent job is pruned with its turns, never half; an objective's
+jobs are kept while it, or any job of it, is live (docs/history.md).
 """
 
 from __future__ import annotations

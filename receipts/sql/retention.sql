@@ -8,21 +8,39 @@ SELECT now() - make_interval(secs => %(older_than_s)s);
 -- A batch of terminal jobs settled before the cutoff (jobs_terminal_idx). Only terminal rows
 -- are locked, and a row another transaction holds (a late receipt on a settled job) is skipped,
 -- never waited for: a prune never holds or waits on a live job's lock. An agent job's turn
--- (kind agent_job.turn) goes only with its agent job (prune_agent_victims).
-SELECT job_id FROM jobs
-WHERE status IN ('completed', 'failed', 'canceled') AND updated_at < %(cutoff)s
-  AND kind <> 'agent_job.turn'
-ORDER BY updated_at, job_id
+-- (kind agent_job.turn) goes only with its agent job (prune_agent_victims). A job of an
+-- objective (`objective:<id>:…`) stays while that objective is active or any job of it is
+-- (its control passes and its audit read them).
+SELECT j.job_id FROM jobs j
+WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutoff)s
+  AND j.kind <> 'agent_job.turn'
+  AND NOT (j.job_id LIKE 'objective:%%' AND EXISTS (
+      SELECT 1 FROM objectives o
+      WHERE o.objective_id = j.state->'payload'->>'objectiveId'
+        AND (o.status = 'active' OR EXISTS (
+            SELECT 1 FROM jobs a
+            WHERE a.job_id >= 'objective:' || o.objective_id || ':'
+              AND a.job_id < 'objective:' || o.objective_id || ';'
+              AND a.status IN ('queued', 'leased', 'running')))))
+ORDER BY j.updated_at, j.job_id
 LIMIT %(batch)s
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF j SKIP LOCKED;
 
 -- name: prune_candidates
 -- The same jobs, read without locks, keyset-paginated on (updated_at, job_id) (dry run, export).
-SELECT job_id, updated_at FROM jobs
-WHERE status IN ('completed', 'failed', 'canceled') AND updated_at < %(cutoff)s
-  AND kind <> 'agent_job.turn'
-  AND (updated_at, job_id) > (%(after_updated_at)s, %(after_job_id)s)
-ORDER BY updated_at, job_id
+SELECT j.job_id, j.updated_at FROM jobs j
+WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutoff)s
+  AND j.kind <> 'agent_job.turn'
+  AND NOT (j.job_id LIKE 'objective:%%' AND EXISTS (
+      SELECT 1 FROM objectives o
+      WHERE o.objective_id = j.state->'payload'->>'objectiveId'
+        AND (o.status = 'active' OR EXISTS (
+            SELECT 1 FROM jobs a
+            WHERE a.job_id >= 'objective:' || o.objective_id || ':'
+              AND a.job_id < 'objective:' || o.objective_id || ';'
+              AND a.status IN ('queued', 'leased', 'running')))))
+  AND (j.updated_at, j.job_id) > (%(after_updated_at)s, %(after_job_id)s)
+ORDER BY j.updated_at, j.job_id
 LIMIT %(batch)s;
 
 -- name: prune_receipts

@@ -369,3 +369,55 @@ async def test_an_agent_job_is_pruned_with_its_turns_never_half(fresh: tuple[Sto
     assert await store.get_job(live_turn) is not None
     assert await store.read_stream(model.stream_of(stopped.agent_job_id)) != []
     assert (await retention.prune(store, MONTH)).removed == {}
+
+
+async def test_an_objective_keeps_its_settled_jobs_while_it_or_any_job_of_it_is_live(
+    fresh: tuple[Store, str],
+) -> None:
+    """An objective's control passes and its audit read its jobs: a settled task job past the
+    cutoff stays while the objective is active, and while any job of it (its audit) is live."""
+    from receipts.objectives import store as objectives
+    from receipts.objectives.model import audit_job_id, task_job_id
+    from receipts.store import Draft
+
+    store, url = fresh
+    objective_id = "ret-objective"
+    created = {
+        "objectiveId": objective_id,
+        "organizationId": "org-a",
+        "authContext": {"userId": "user-1", "organizationId": "org-a"},
+        "title": objective_id,
+        "goal": "test",
+        "tasks": [{"taskId": "t", "input": {"command": ["true"]}}],
+    }
+    async with store.transaction() as tx:
+        await objectives.update(tx, objective_id, lambda _: [Draft("objective.created", created)])
+
+    async def settled(job_id: str) -> str:
+        job = (await put(store, jobId=job_id, payload_extra={"objectiveId": objective_id})).job
+        worker = f"{job.job_id}:attempt:1/1"
+        await ops.start_attempt(store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
+        await ops.complete(store, job.job_id, worker_id=worker, attempt=1, result={})
+        return job.job_id
+
+    task = await settled(task_job_id(objective_id, "t", 1))
+    ordinary = (await finished(store, "completed")).job_id
+    backdate(url, [task, ordinary])
+    assert (await retention.prune(store, MONTH)).jobs == 1  # the ordinary job only
+    assert await store.get_job(ordinary) is None and await store.get_job(task) is not None
+
+    async with store.transaction() as tx:
+        await objectives.update(
+            tx, objective_id, lambda _: [Draft("objective.settled", {"status": "completed"})]
+        )
+    audit = (await put(store, jobId=audit_job_id(objective_id))).job  # queued: the audit is owed
+    assert (await retention.prune(store, MONTH, dry_run=True)).jobs == 0
+    assert (await retention.prune(store, MONTH)).jobs == 0
+    assert await store.get_job(task) is not None
+
+    await ops.cancel_queued(store, audit.job_id, reason="test")  # nothing of it is live now
+    backdate(url, [audit.job_id])
+    dry = await retention.prune(store, MONTH, dry_run=True)
+    result = await retention.prune(store, MONTH)
+    assert dry.removed == result.removed and result.jobs == 2
+    assert await store.get_job(task) is None and await store.get_job(audit.job_id) is None
