@@ -7,8 +7,9 @@ and finally the jobs rows. A job is pruned whole or not at all. The cutoff is re
 database clock, so a prune ends even while jobs keep settling.
 
 Later layers hook in by adding a `PruneStep` (their rows keyed by the pruned job ids, deleted
-in the same transaction). An agent job is pruned with its turns, never half; an objective's
-jobs are kept while it, or any job of it, is live (docs/history.md).
+in the same transaction). An agent job is pruned with its turns and an objective with its
+jobs, never half; an objective's jobs are kept while it, or any job of it, is live
+(docs/history.md).
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ AGENT_STEPS: list[PruneStep] = [
     PruneStep("agent_job_wakeups"),
     PruneStep("agent_jobs"),
 ]
+# A settled objective's own rows (by `%(objective_ids)s`), deleted in the batch that deletes
+# its jobs (`objective:<id>:…`), once none of them is live.
+OBJECTIVE_STEPS: list[PruneStep] = [
+    PruneStep("objective_receipts"),
+    PruneStep("objectives"),
+]
 
 
 @dataclass
@@ -110,7 +117,7 @@ class PruneResult:
     def summary(self) -> str:
         """One line: `jobs=3 receipts=18 ...` in step order."""
         names = [JOBS_STEP.name, *(s.name for s in PRUNE_STEPS)]
-        names += [s.name for s in AGENT_STEPS if s.name in self.removed]
+        names += [s.name for s in (*AGENT_STEPS, *OBJECTIVE_STEPS) if s.name in self.removed]
         return " ".join(f"{n}={self.removed.get(n, 0)}" for n in names)
 
 
@@ -133,8 +140,9 @@ async def cutoff_for(store: Store, older_than: timedelta) -> datetime:
 async def prune_batch(
     store: Store, cutoff: datetime, batch: int, steps: Sequence[PruneStep] | None = None
 ) -> dict[str, int]:
-    """Delete one batch of terminal jobs settled before `cutoff`, and of settled agent jobs with
-    their turns' queue jobs, whole; return rows per table (empty when nothing was left)."""
+    """Delete one batch of terminal jobs settled before `cutoff`, of settled agent jobs with
+    their turns' queue jobs, and of settled objectives with their jobs, each whole; return rows
+    per table (empty when nothing was left)."""
     removed: dict[str, int] = {}
     async with store.transaction() as tx:
         params = {"cutoff": cutoff, "batch": batch}
@@ -145,12 +153,20 @@ async def prune_batch(
         if agent_job_ids:
             cur = await tx.conn.execute(query("agent_turn_jobs"), {"agent_job_ids": agent_job_ids})
             job_ids += [row[0] for row in await cur.fetchall()]
+        cur = await tx.conn.execute(query("prune_objective_victims"), params)
+        objective_ids = [row[0] for row in await cur.fetchall()]
+        if objective_ids:
+            cur = await tx.conn.execute(query("objective_jobs"), {"objective_ids": objective_ids})
+            job_ids = sorted({*job_ids, *(row[0] for row in await cur.fetchall())})
         if job_ids:
             for step in [*(PRUNE_STEPS if steps is None else steps), JOBS_STEP]:
                 cur = await tx.conn.execute(step.delete, {"job_ids": job_ids})
                 removed[step.name] = cur.rowcount
         for step in AGENT_STEPS if agent_job_ids else []:
             cur = await tx.conn.execute(step.delete, {"agent_job_ids": agent_job_ids})
+            removed[step.name] = cur.rowcount
+        for step in OBJECTIVE_STEPS if objective_ids else []:
+            cur = await tx.conn.execute(step.delete, {"objective_ids": objective_ids})
             removed[step.name] = cur.rowcount
     return removed
 
@@ -215,6 +231,25 @@ async def prune(
                     cur = await tx.conn.execute(step.count, {"agent_job_ids": agent_job_ids})
                     row = await cur.fetchone()
                     result.add(step.name, int(row[0]) if row else 0)
+        async for objective_ids in candidates(
+            store, cutoff, batch, which="prune_objective_candidates"
+        ):
+            result.batches += 1
+            async with store.connection() as conn:
+                # Its jobs settled before the cutoff were counted with the job batches above.
+                cur = await conn.execute(
+                    query("objective_recent_jobs"),
+                    {"objective_ids": objective_ids, "cutoff": cutoff},
+                )
+                recent = [row[0] for row in await cur.fetchall()]
+                for step in [*PRUNE_STEPS, JOBS_STEP]:
+                    cur = await conn.execute(step.count, {"job_ids": recent})
+                    row = await cur.fetchone()
+                    result.add(step.name, int(row[0]) if row else 0)
+                for step in OBJECTIVE_STEPS:
+                    cur = await conn.execute(step.count, {"objective_ids": objective_ids})
+                    row = await cur.fetchone()
+                    result.add(step.name, int(row[0]) if row else 0)
         return result
     while max_batches is None or result.batches < max_batches:
         with translate_errors():
@@ -230,11 +265,40 @@ async def prune(
 async def export(
     store: Store, older_than: timedelta, *, batch: int = DEFAULT_BATCH
 ) -> AsyncIterator[dict[str, Any]]:
-    """Yield, one per job, what a prune would remove now: `{jobId, job, receipts}` (the job's
-    folded state and its whole chain), oldest settlement first."""
+    """Yield what a prune would remove now, one JSON object per line:
+
+    - `{jobId, job, receipts}` per job (its folded state and whole chain), oldest settlement
+      first;
+    - `{agentJobId, agentJob, receipts}` per settled agent job, each followed by its turns'
+      queue jobs (job lines);
+    - `{objectiveId, objective, receipts}` per settled objective, each followed by its jobs
+      settled after the cutoff (job lines; the older ones came with the jobs above).
+    """
     _check_batch(batch)
     cutoff = await cutoff_for(store, older_than)
     async for job_ids in candidates(store, cutoff, batch):
-        rows = await store.fetch("export_jobs", {"job_ids": job_ids})
-        for job_id, state, receipts in rows:
-            yield {"jobId": job_id, "job": state, "receipts": receipts}
+        async for line in _job_lines(store, job_ids):
+            yield line
+    async for agent_job_ids in candidates(store, cutoff, batch, which="prune_agent_candidates"):
+        rows = await store.fetch("export_agent_jobs", {"agent_job_ids": agent_job_ids})
+        for agent_job_id, state, receipts in rows:
+            yield {"agentJobId": agent_job_id, "agentJob": state, "receipts": receipts}
+            turns = await store.fetch("agent_turn_job_ids", {"agent_job_ids": [agent_job_id]})
+            async for line in _job_lines(store, [row[0] for row in turns]):
+                yield line
+    async for objective_ids in candidates(store, cutoff, batch, which="prune_objective_candidates"):
+        rows = await store.fetch("export_objectives", {"objective_ids": objective_ids})
+        for objective_id, state, receipts in rows:
+            yield {"objectiveId": objective_id, "objective": state, "receipts": receipts}
+            recent = await store.fetch(
+                "objective_recent_jobs", {"objective_ids": [objective_id], "cutoff": cutoff}
+            )
+            async for line in _job_lines(store, [row[0] for row in recent]):
+                yield line
+
+
+async def _job_lines(store: Store, job_ids: list[str]) -> AsyncIterator[dict[str, Any]]:
+    if not job_ids:
+        return
+    for job_id, state, receipts in await store.fetch("export_jobs", {"job_ids": job_ids}):
+        yield {"jobId": job_id, "job": state, "receipts": receipts}

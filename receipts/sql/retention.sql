@@ -175,6 +175,90 @@ FROM jobs j
 WHERE j.job_id = ANY (%(job_ids)s::text[])
 ORDER BY j.updated_at, j.job_id;
 
+-- name: export_agent_jobs
+-- The agent jobs of one export batch with their own chains (`agent-jobs/<id>`), in order.
+SELECT a.agent_job_id, a.state,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'stream', r.stream, 'seq', r.seq, 'type', r.type, 'data', r.data,
+                     'recordedAt', r.recorded_at, 'position', r.position) ORDER BY r.seq)
+                 FROM receipts r WHERE r.stream = 'agent-jobs/' || a.agent_job_id), '[]'::jsonb)
+FROM agent_jobs a
+WHERE a.agent_job_id = ANY (%(agent_job_ids)s::text[])
+ORDER BY a.updated_at, a.agent_job_id;
+
+-- name: agent_turn_job_ids
+-- Export: the queue jobs of these agent jobs' turns, unlocked.
+SELECT j.job_id FROM jobs j
+JOIN unnest(%(agent_job_ids)s::text[]) AS a(id)
+  ON j.job_id >= a.id || ':attempt:' AND j.job_id < a.id || ':attempt;'
+ORDER BY j.job_id;
+
+-- name: export_objectives
+-- The objectives of one export batch with their own chains (`objectives/<id>`), in order.
+SELECT o.objective_id, o.state,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'stream', r.stream, 'seq', r.seq, 'type', r.type, 'data', r.data,
+                     'recordedAt', r.recorded_at, 'position', r.position) ORDER BY r.seq)
+                 FROM receipts r WHERE r.stream = 'objectives/' || o.objective_id), '[]'::jsonb)
+FROM objectives o
+WHERE o.objective_id = ANY (%(objective_ids)s::text[])
+ORDER BY o.updated_at, o.objective_id;
+
 -- name: retention_try_lock
 -- Single flight across processes: the pass holds this transaction-scoped lock while it runs.
 SELECT pg_try_advisory_xact_lock(hashtextextended('receipt:retention', 0));
+
+-- name: prune_objective_victims
+-- A batch of settled objectives last changed before the cutoff none of whose jobs
+-- (`objective:<id>:…`, a range of the jobs key) is live (objectives_settled_idx).
+SELECT o.objective_id FROM objectives o
+WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
+  AND NOT EXISTS (SELECT 1 FROM jobs j
+                  WHERE j.job_id >= 'objective:' || o.objective_id || ':'
+                    AND j.job_id < 'objective:' || o.objective_id || ';'
+                    AND j.status IN ('queued', 'leased', 'running'))
+ORDER BY o.updated_at, o.objective_id
+LIMIT %(batch)s
+FOR UPDATE OF o SKIP LOCKED;
+
+-- name: prune_objective_candidates
+-- The same objectives without locks, keyset-paginated (dry run).
+SELECT o.objective_id, o.updated_at FROM objectives o
+WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
+  AND NOT EXISTS (SELECT 1 FROM jobs j
+                  WHERE j.job_id >= 'objective:' || o.objective_id || ':'
+                    AND j.job_id < 'objective:' || o.objective_id || ';'
+                    AND j.status IN ('queued', 'leased', 'running'))
+  AND (o.updated_at, o.objective_id) > (%(after_updated_at)s, %(after_job_id)s)
+ORDER BY o.updated_at, o.objective_id
+LIMIT %(batch)s;
+
+-- name: objective_jobs
+-- The jobs of these objectives (all settled: see prune_objective_victims), locked.
+SELECT j.job_id FROM jobs j
+JOIN unnest(%(objective_ids)s::text[]) AS o(id)
+  ON j.job_id >= 'objective:' || o.id || ':' AND j.job_id < 'objective:' || o.id || ';'
+ORDER BY j.job_id
+FOR UPDATE OF j;
+
+-- name: objective_recent_jobs
+-- Dry run: the jobs of these objectives settled at or after the cutoff (the older ones are the
+-- job batches' own).
+SELECT j.job_id FROM jobs j
+JOIN unnest(%(objective_ids)s::text[]) AS o(id)
+  ON j.job_id >= 'objective:' || o.id || ':' AND j.job_id < 'objective:' || o.id || ';'
+WHERE j.updated_at >= %(cutoff)s;
+
+-- name: prune_objective_receipts
+DELETE FROM receipts
+WHERE stream = ANY (SELECT 'objectives/' || id FROM unnest(%(objective_ids)s::text[]) AS v(id));
+
+-- name: count_objective_receipts
+SELECT count(*) FROM receipts
+WHERE stream = ANY (SELECT 'objectives/' || id FROM unnest(%(objective_ids)s::text[]) AS v(id));
+
+-- name: prune_objectives
+DELETE FROM objectives WHERE objective_id = ANY (%(objective_ids)s::text[]);
+
+-- name: count_objectives
+SELECT count(*) FROM objectives WHERE objective_id = ANY (%(objective_ids)s::text[]);

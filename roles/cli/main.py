@@ -90,7 +90,8 @@ def _older_than(value: str) -> timedelta:
 )
 def prune_command(older_than: str, dry_run: bool, batch: int) -> None:
     """Delete terminal jobs settled more than --older-than ago, with their receipts, deliveries,
-    callback and ledger rows, in batches that never lock a live job; print what was removed."""
+    callback and ledger rows, and settled agent jobs and objectives with their jobs and chains,
+    whole, in batches that never lock a live job; print what was removed."""
     age = _older_than(older_than)
 
     async def run() -> retention.PruneResult:
@@ -118,29 +119,35 @@ def prune_command(older_than: str, dry_run: bool, batch: int) -> None:
     help="File to write (default: standard output).",
 )
 def export_command(older_than: str, output: Path | None) -> None:
-    """Write what `receipt prune --older-than` would remove as JSON lines: one line per job,
-    {jobId, job, receipts}, oldest settlement first."""
+    """Write what `receipt prune --older-than` would remove as JSON lines: {jobId, job,
+    receipts} per job, oldest settlement first; then {agentJobId, agentJob, receipts} per
+    settled agent job and {objectiveId, objective, receipts} per settled objective, each
+    followed by the job lines of the jobs that go with it."""
     age = _older_than(older_than)
 
-    async def run(out: TextIO) -> int:
+    async def run(out: TextIO) -> None:
         url = resolve_url()
         await migrate_url(url)
         store = await open_store(url)
-        written = 0
         try:
             async for line in retention.export(store, age):
                 out.write(dumps(line) + "\n")
-                written += 1
+                kind = next(k for k in ("jobId", "agentJobId", "objectiveId") if k in line)
+                written[kind] += 1
         finally:
             await store.close()
-        return written
 
+    written = {"jobId": 0, "agentJobId": 0, "objectiveId": 0}
     if output is None:
-        count = asyncio.run(run(sys.stdout))
+        asyncio.run(run(sys.stdout))
     else:
         with output.open("w", encoding="utf-8") as out:
-            count = asyncio.run(run(out))
-    click.echo(f"exported {count} jobs", err=True)
+            asyncio.run(run(out))
+    click.echo(
+        f"exported {written['jobId']} jobs, {written['agentJobId']} agent jobs, "
+        f"{written['objectiveId']} objectives",
+        err=True,
+    )
 
 
 @main.command("up")

@@ -314,6 +314,7 @@ async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_p
     out = tmp_path / "old.jsonl"
     exported = receipt("export", "--older-than", "30d", "--output", str(out))
     assert exported.returncode == 0, exported.stderr
+    assert "exported 1 jobs, 0 agent jobs, 0 objectives" in exported.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["jobId"] for line in lines] == [old.job_id]
     assert lines[0]["job"]["status"] == "completed" and len(lines[0]["receipts"]) == old.seq
@@ -354,9 +355,16 @@ async def test_an_agent_job_is_pruned_with_its_turns_never_half(fresh: tuple[Sto
             "WHERE agent_job_id = ANY(%s)",
             ([done.agent_job_id, stopped.agent_job_id],),
         )
+    exported = [line async for line in retention.export(store, MONTH)]
     dry = await retention.prune(store, MONTH, dry_run=True)
     result = await retention.prune(store, MONTH)
     assert dry.removed == result.removed
+    # What goes is what was exported: the agent job with its chain, then its turn's queue job.
+    assert [line.get("agentJobId") or line.get("jobId") for line in exported] == [
+        done.agent_job_id,
+        turn,
+    ]
+    assert len(exported[0]["receipts"]) == result.removed["agent_job_receipts"]
     assert result.removed["jobs"] == 1 and result.removed["agent_jobs"] == 1
     assert result.removed["agent_job_receipts"] > 0 and result.removed["agent_job_wakeups"] == 1
     assert await store.get_job(turn) is None
@@ -371,11 +379,12 @@ async def test_an_agent_job_is_pruned_with_its_turns_never_half(fresh: tuple[Sto
     assert (await retention.prune(store, MONTH)).removed == {}
 
 
-async def test_an_objective_keeps_its_settled_jobs_while_it_or_any_job_of_it_is_live(
+async def test_an_objective_keeps_its_jobs_while_live_and_is_pruned_with_them_whole(
     fresh: tuple[Store, str],
 ) -> None:
     """An objective's control passes and its audit read its jobs: a settled task job past the
-    cutoff stays while the objective is active, and while any job of it (its audit) is live."""
+    cutoff stays while the objective is active, and while any job of it (its audit) is live;
+    a settled objective past the cutoff with nothing of it live goes with all its jobs."""
     from receipts.objectives import store as objectives
     from receipts.objectives.model import audit_job_id, task_job_id
     from receipts.store import Draft
@@ -416,8 +425,28 @@ async def test_an_objective_keeps_its_settled_jobs_while_it_or_any_job_of_it_is_
     assert await store.get_job(task) is not None
 
     await ops.cancel_queued(store, audit.job_id, reason="test")  # nothing of it is live now
-    backdate(url, [audit.job_id])
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            f"UPDATE objectives SET updated_at = updated_at - interval '{OLD}' "
+            "WHERE objective_id = %s",
+            (objective_id,),
+        )
+    # The objective goes whole: its stream and row, its old task job and its audit job, which
+    # settled just now (so only the objective's batch takes it), each counted once.
+    exported = [line async for line in retention.export(store, MONTH)]
     dry = await retention.prune(store, MONTH, dry_run=True)
     result = await retention.prune(store, MONTH)
-    assert dry.removed == result.removed and result.jobs == 2
+    assert dry.removed == result.removed
+    assert [line.get("jobId") or line.get("objectiveId") for line in exported] == [
+        task,
+        objective_id,
+        audit.job_id,
+    ]
+    assert len(exported[1]["receipts"]) == result.removed["objective_receipts"]
+    assert exported[1]["objective"]["status"] == "completed"
+    assert result.jobs == 2 and result.removed["objectives"] == 1
+    assert result.removed["objective_receipts"] >= 2  # created, settled, control requests
     assert await store.get_job(task) is None and await store.get_job(audit.job_id) is None
+    assert await objectives.get(store, objective_id) is None
+    assert await store.read_stream(f"objectives/{objective_id}") == []
+    assert (await retention.prune(store, MONTH)).removed == {}
