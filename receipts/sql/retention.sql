@@ -19,8 +19,8 @@ WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutof
       WHERE o.objective_id = j.state->'payload'->>'objectiveId'
         AND (o.status = 'active' OR EXISTS (
             SELECT 1 FROM jobs a
-            WHERE a.job_id >= 'objective:' || o.objective_id || ':'
-              AND a.job_id < 'objective:' || o.objective_id || ';'
+            WHERE a.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
+              AND a.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
               AND a.status IN ('queued', 'leased', 'running')))))
 ORDER BY j.updated_at, j.job_id
 LIMIT %(batch)s
@@ -36,8 +36,8 @@ WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutof
       WHERE o.objective_id = j.state->'payload'->>'objectiveId'
         AND (o.status = 'active' OR EXISTS (
             SELECT 1 FROM jobs a
-            WHERE a.job_id >= 'objective:' || o.objective_id || ':'
-              AND a.job_id < 'objective:' || o.objective_id || ';'
+            WHERE a.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
+              AND a.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
               AND a.status IN ('queued', 'leased', 'running')))))
   AND (j.updated_at, j.job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY j.updated_at, j.job_id
@@ -106,8 +106,8 @@ SELECT count(*) FROM jobs WHERE job_id = ANY (%(job_ids)s::text[]);
 SELECT a.agent_job_id FROM agent_jobs a
 WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff)s
   AND NOT EXISTS (SELECT 1 FROM jobs j
-                  WHERE j.job_id >= a.agent_job_id || ':attempt:'
-                    AND j.job_id < a.agent_job_id || ':attempt;'
+                  WHERE j.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
+                    AND j.job_id COLLATE "C" < a.agent_job_id || ':attempt;'
                     AND j.status IN ('queued', 'leased', 'running'))
 ORDER BY a.updated_at, a.agent_job_id
 LIMIT %(batch)s
@@ -118,8 +118,8 @@ FOR UPDATE OF a SKIP LOCKED;
 SELECT a.agent_job_id, a.updated_at FROM agent_jobs a
 WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff)s
   AND NOT EXISTS (SELECT 1 FROM jobs j
-                  WHERE j.job_id >= a.agent_job_id || ':attempt:'
-                    AND j.job_id < a.agent_job_id || ':attempt;'
+                  WHERE j.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
+                    AND j.job_id COLLATE "C" < a.agent_job_id || ':attempt;'
                     AND j.status IN ('queued', 'leased', 'running'))
   AND (a.updated_at, a.agent_job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY a.updated_at, a.agent_job_id
@@ -129,7 +129,7 @@ LIMIT %(batch)s;
 -- The queue jobs of these agent jobs' turns (all settled: see prune_agent_victims), locked.
 SELECT j.job_id FROM jobs j
 JOIN unnest(%(agent_job_ids)s::text[]) AS a(id)
-  ON j.job_id >= a.id || ':attempt:' AND j.job_id < a.id || ':attempt;'
+  ON j.job_id COLLATE "C" >= a.id || ':attempt:' AND j.job_id COLLATE "C" < a.id || ':attempt;'
 ORDER BY j.job_id
 FOR UPDATE OF j;
 
@@ -190,7 +190,7 @@ ORDER BY a.updated_at, a.agent_job_id;
 -- Export: the queue jobs of these agent jobs' turns, unlocked.
 SELECT j.job_id FROM jobs j
 JOIN unnest(%(agent_job_ids)s::text[]) AS a(id)
-  ON j.job_id >= a.id || ':attempt:' AND j.job_id < a.id || ':attempt;'
+  ON j.job_id COLLATE "C" >= a.id || ':attempt:' AND j.job_id COLLATE "C" < a.id || ':attempt;'
 ORDER BY j.job_id;
 
 -- name: export_objectives
@@ -214,8 +214,8 @@ SELECT pg_try_advisory_xact_lock(hashtextextended('receipt:retention', 0));
 SELECT o.objective_id FROM objectives o
 WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
   AND NOT EXISTS (SELECT 1 FROM jobs j
-                  WHERE j.job_id >= 'objective:' || o.objective_id || ':'
-                    AND j.job_id < 'objective:' || o.objective_id || ';'
+                  WHERE j.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
+                    AND j.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
                     AND j.status IN ('queued', 'leased', 'running'))
 ORDER BY o.updated_at, o.objective_id
 LIMIT %(batch)s
@@ -226,8 +226,8 @@ FOR UPDATE OF o SKIP LOCKED;
 SELECT o.objective_id, o.updated_at FROM objectives o
 WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
   AND NOT EXISTS (SELECT 1 FROM jobs j
-                  WHERE j.job_id >= 'objective:' || o.objective_id || ':'
-                    AND j.job_id < 'objective:' || o.objective_id || ';'
+                  WHERE j.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
+                    AND j.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
                     AND j.status IN ('queued', 'leased', 'running'))
   AND (o.updated_at, o.objective_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY o.updated_at, o.objective_id
@@ -237,7 +237,7 @@ LIMIT %(batch)s;
 -- The jobs of these objectives (all settled: see prune_objective_victims), locked.
 SELECT j.job_id FROM jobs j
 JOIN unnest(%(objective_ids)s::text[]) AS o(id)
-  ON j.job_id >= 'objective:' || o.id || ':' AND j.job_id < 'objective:' || o.id || ';'
+  ON j.job_id COLLATE "C" >= 'objective:' || o.id || ':' AND j.job_id COLLATE "C" < 'objective:' || o.id || ';'
 ORDER BY j.job_id
 FOR UPDATE OF j;
 
@@ -246,7 +246,7 @@ FOR UPDATE OF j;
 -- job batches' own).
 SELECT j.job_id FROM jobs j
 JOIN unnest(%(objective_ids)s::text[]) AS o(id)
-  ON j.job_id >= 'objective:' || o.id || ':' AND j.job_id < 'objective:' || o.id || ';'
+  ON j.job_id COLLATE "C" >= 'objective:' || o.id || ':' AND j.job_id COLLATE "C" < 'objective:' || o.id || ';'
 WHERE j.updated_at >= %(cutoff)s;
 
 -- name: prune_objective_receipts

@@ -8,11 +8,14 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from receipts import deliveries, retention
 from receipts import operations as ops
@@ -22,6 +25,7 @@ from receipts.projections import verify
 from receipts.sql import query
 from receipts.store import Store
 from roles.delivery.retention import RetentionHooks, RetentionLoop
+from roles.infra.db import migrate_url
 from roles.infra.settings import SettingsError
 from roles.infra.settings import check as check_settings
 from tests.conftest import ROOT
@@ -327,10 +331,13 @@ async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_p
 
 
 async def test_an_agent_job_is_pruned_with_its_turns_never_half(fresh: tuple[Store, str]) -> None:
+    await agent_job_scenario(*fresh)
+
+
+async def agent_job_scenario(store: Store, url: str) -> None:
     from receipts.agent_jobs import lifecycle, model
     from tests.integration.test_agent_jobs import current, dispatcher, play_turn, request
 
-    store, url = fresh
     agent = "agent-retention"
     done, _ = await lifecycle.create(store, request(agent))
     stopped, _ = await lifecycle.create(store, request(agent))
@@ -385,11 +392,14 @@ async def test_an_objective_keeps_its_jobs_while_live_and_is_pruned_with_them_wh
     """An objective's control passes and its audit read its jobs: a settled task job past the
     cutoff stays while the objective is active, and while any job of it (its audit) is live;
     a settled objective past the cutoff with nothing of it live goes with all its jobs."""
+    await objective_scenario(*fresh)
+
+
+async def objective_scenario(store: Store, url: str) -> None:
     from receipts.objectives import store as objectives
     from receipts.objectives.model import audit_job_id, task_job_id
     from receipts.store import Draft
 
-    store, url = fresh
     objective_id = "ret-objective"
     created = {
         "objectiveId": objective_id,
@@ -450,3 +460,48 @@ async def test_an_objective_keeps_its_jobs_while_live_and_is_pruned_with_them_wh
     assert await objectives.get(store, objective_id) is None
     assert await store.read_stream(f"objectives/{objective_id}") == []
     assert (await retention.prune(store, MONTH)).removed == {}
+
+
+@pytest.fixture
+async def linguistic(server_url: str) -> AsyncIterator[tuple[Store, str]]:
+    """A migrated database whose default collation is ICU's en-US, as many production servers
+    have (en_US.UTF-8): punctuation is ignored at its first level."""
+    name = f"receipt_test_icu_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        try:
+            conn.execute(
+                f'CREATE DATABASE "{name}" TEMPLATE template0 LOCALE_PROVIDER icu '
+                "ICU_LOCALE 'en-US' LOCALE 'C'".encode()
+            )
+        except psycopg.Error as exc:
+            pytest.skip(
+                "LINGUISTIC-COLLATION TEST NOT RUN: this server cannot create an ICU en-US "
+                f"database ({exc})"
+            )
+    url = make_conninfo(server_url, dbname=name)
+    try:
+        await migrate_url(url)
+        store = await Store.open(url, min_size=2, max_size=20)
+        try:
+            yield store, url
+        finally:
+            await store.close()
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+async def test_agent_jobs_and_objectives_are_pruned_whole_under_a_linguistic_collation(
+    linguistic: tuple[Store, str],
+) -> None:
+    """A job key range (`<agentJobId>:attempt:` … `:attempt;`, `objective:<id>:` … `;`) holds
+    only in byte order; under en-US it would miss the very jobs it names (a live turn unseen, an
+    objective's jobs never found), so retention compares `job_id COLLATE "C"`."""
+    store, url = linguistic
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT 'a1:attempt:1' >= 'a1:attempt:' AND 'a1:attempt:1' < 'a1:attempt;'"
+        ).fetchone()
+    assert row == (False,)  # the database's own collation breaks the range
+    await agent_job_scenario(store, url)
+    await objective_scenario(store, url)

@@ -69,6 +69,7 @@ PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "prune_victims, nothing due (retention, 60 s)": ("prune_victims", {"batch": 1_000}),
     "prune_agent_victims (retention, 60 s)": ("prune_agent_victims", {"batch": 1_000}),
+    "prune_objective_victims (retention, 60 s)": ("prune_objective_victims", {"batch": 1_000}),
     "objective_streams limit 200 (Factory outbox, 5 s)": ("objective_streams", {"limit": 200}),
 }
 ENQUEUE_VARIANTS: tuple[tuple[str, int, bool], ...] = (
