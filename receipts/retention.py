@@ -21,8 +21,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from receipts.errors import InvalidInput
+from receipts.jobs import ACTIVE_STATUSES
 from receipts.sql import query
-from receipts.store import Store, translate_errors
+from receipts.store import Store, Tx, translate_errors
 
 DEFAULT_BATCH = 1_000
 MAX_BATCH = 50_000
@@ -153,11 +154,8 @@ async def prune_batch(
         if agent_job_ids:
             cur = await tx.conn.execute(query("agent_turn_jobs"), {"agent_job_ids": agent_job_ids})
             job_ids += [row[0] for row in await cur.fetchall()]
-        cur = await tx.conn.execute(query("prune_objective_victims"), params)
-        objective_ids = [row[0] for row in await cur.fetchall()]
-        if objective_ids:
-            cur = await tx.conn.execute(query("objective_jobs"), {"objective_ids": objective_ids})
-            job_ids = sorted({*job_ids, *(row[0] for row in await cur.fetchall())})
+        objective_ids, objective_job_ids = await _objectives_to_prune(tx, params)
+        job_ids = sorted({*job_ids, *objective_job_ids})
         if job_ids:
             for step in [*(PRUNE_STEPS if steps is None else steps), JOBS_STEP]:
                 cur = await tx.conn.execute(step.delete, {"job_ids": job_ids})
@@ -169,6 +167,35 @@ async def prune_batch(
             cur = await tx.conn.execute(step.delete, {"objective_ids": objective_ids})
             removed[step.name] = cur.rowcount
     return removed
+
+
+async def _objectives_to_prune(tx: Tx, params: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The settled objectives this batch prunes, and all their jobs, locked.
+
+    Nothing is waited for: an objective whose stream a writer holds (a late control request),
+    one of whose job rows another transaction holds, or one a job of which turned live since
+    the victims were read is left for a later batch. Holding each stream's lock, the prune
+    cannot delete a chain under a writer's append, and no writer appends until it commits."""
+    cur = await tx.conn.execute(query("prune_objective_victims"), params)
+    objective_ids = [row[0] for row in await cur.fetchall()]
+    if not objective_ids:
+        return [], []
+    cur = await tx.conn.execute(
+        query("objective_streams_try_lock"), {"objective_ids": objective_ids}
+    )
+    locked = {row[0] for row in await cur.fetchall()}
+    objective_ids = [o for o in objective_ids if o in locked]
+    cur = await tx.conn.execute(query("objective_jobs"), {"objective_ids": objective_ids})
+    jobs_of: dict[str, list[str]] = {o: [] for o in objective_ids}
+    for objective_id, job_id, status in await cur.fetchall():
+        jobs_of[objective_id].append(job_id)
+        if status in ACTIVE_STATUSES:
+            locked.discard(objective_id)
+    wanted = [j for o in objective_ids if o in locked for j in jobs_of[o]]
+    cur = await tx.conn.execute(query("jobs_try_lock"), {"job_ids": wanted})
+    held = {row[0] for row in await cur.fetchall()}
+    kept = [o for o in objective_ids if o in locked and all(j in held for j in jobs_of[o])]
+    return kept, [j for o in kept for j in jobs_of[o]]
 
 
 async def candidates(

@@ -9,19 +9,16 @@ SELECT now() - make_interval(secs => %(older_than_s)s);
 -- are locked, and a row another transaction holds (a late receipt on a settled job) is skipped,
 -- never waited for: a prune never holds or waits on a live job's lock. An agent job's turn
 -- (kind agent_job.turn) goes only with its agent job (prune_agent_victims). A job of an
--- objective (`objective:<id>:…`) stays while that objective is active or any job of it is
--- (its control passes and its audit read them).
+-- objective (`objective:<id>:…`, of its organization, naming it) stays while that objective is
+-- active or any job of it is live (its control passes and its audit read them).
 SELECT j.job_id FROM jobs j
 WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutoff)s
   AND j.kind <> 'agent_job.turn'
   AND NOT (j.job_id LIKE 'objective:%%' AND EXISTS (
       SELECT 1 FROM objectives o
       WHERE o.objective_id = j.state->'payload'->>'objectiveId'
-        AND (o.status = 'active' OR EXISTS (
-            SELECT 1 FROM jobs a
-            WHERE a.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
-              AND a.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
-              AND a.status IN ('queued', 'leased', 'running')))))
+        AND o.organization_id = j.organization_id
+        AND (o.status = 'active' OR objective_has_live_job(o.objective_id, o.organization_id))))
 ORDER BY j.updated_at, j.job_id
 LIMIT %(batch)s
 FOR UPDATE OF j SKIP LOCKED;
@@ -34,11 +31,8 @@ WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutof
   AND NOT (j.job_id LIKE 'objective:%%' AND EXISTS (
       SELECT 1 FROM objectives o
       WHERE o.objective_id = j.state->'payload'->>'objectiveId'
-        AND (o.status = 'active' OR EXISTS (
-            SELECT 1 FROM jobs a
-            WHERE a.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
-              AND a.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
-              AND a.status IN ('queued', 'leased', 'running')))))
+        AND o.organization_id = j.organization_id
+        AND (o.status = 'active' OR objective_has_live_job(o.objective_id, o.organization_id))))
   AND (j.updated_at, j.job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY j.updated_at, j.job_id
 LIMIT %(batch)s;
@@ -209,14 +203,11 @@ ORDER BY o.updated_at, o.objective_id;
 SELECT pg_try_advisory_xact_lock(hashtextextended('receipt:retention', 0));
 
 -- name: prune_objective_victims
--- A batch of settled objectives last changed before the cutoff none of whose jobs
--- (`objective:<id>:…`, a range of the jobs key) is live (objectives_settled_idx).
+-- A batch of settled objectives last changed before the cutoff none of whose jobs is live
+-- (objectives_settled_idx, objective_has_live_job).
 SELECT o.objective_id FROM objectives o
 WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
-  AND NOT EXISTS (SELECT 1 FROM jobs j
-                  WHERE j.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
-                    AND j.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
-                    AND j.status IN ('queued', 'leased', 'running'))
+  AND NOT objective_has_live_job(o.objective_id, o.organization_id)
 ORDER BY o.updated_at, o.objective_id
 LIMIT %(batch)s
 FOR UPDATE OF o SKIP LOCKED;
@@ -225,29 +216,45 @@ FOR UPDATE OF o SKIP LOCKED;
 -- The same objectives without locks, keyset-paginated (dry run).
 SELECT o.objective_id, o.updated_at FROM objectives o
 WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
-  AND NOT EXISTS (SELECT 1 FROM jobs j
-                  WHERE j.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
-                    AND j.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
-                    AND j.status IN ('queued', 'leased', 'running'))
+  AND NOT objective_has_live_job(o.objective_id, o.organization_id)
   AND (o.updated_at, o.objective_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY o.updated_at, o.objective_id
 LIMIT %(batch)s;
 
 -- name: objective_jobs
--- The jobs of these objectives (all settled: see prune_objective_victims), locked.
-SELECT j.job_id FROM jobs j
-JOIN unnest(%(objective_ids)s::text[]) AS o(id)
-  ON j.job_id COLLATE "C" >= 'objective:' || o.id || ':' AND j.job_id COLLATE "C" < 'objective:' || o.id || ';'
-ORDER BY j.job_id
-FOR UPDATE OF j;
+-- The jobs of these objectives (see objective_has_live_job for which are an objective's), with
+-- their status, unlocked: the prune drops an objective one of whose jobs turned live.
+SELECT o.objective_id, j.job_id, j.status FROM objectives o
+JOIN jobs j
+  ON j.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
+ AND j.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
+ AND j.organization_id = o.organization_id
+ AND j.state -> 'payload' ->> 'objectiveId' = o.objective_id
+WHERE o.objective_id = ANY (%(objective_ids)s::text[])
+ORDER BY j.job_id;
 
 -- name: objective_recent_jobs
--- Dry run: the jobs of these objectives settled at or after the cutoff (the older ones are the
--- job batches' own).
-SELECT j.job_id FROM jobs j
-JOIN unnest(%(objective_ids)s::text[]) AS o(id)
-  ON j.job_id COLLATE "C" >= 'objective:' || o.id || ':' AND j.job_id COLLATE "C" < 'objective:' || o.id || ';'
-WHERE j.updated_at >= %(cutoff)s;
+-- Dry run and export: the jobs of these objectives settled at or after the cutoff (the older
+-- ones are the job batches' own).
+SELECT j.job_id FROM objectives o
+JOIN jobs j
+  ON j.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
+ AND j.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
+ AND j.organization_id = o.organization_id
+ AND j.state -> 'payload' ->> 'objectiveId' = o.objective_id
+WHERE o.objective_id = ANY (%(objective_ids)s::text[]) AND j.updated_at >= %(cutoff)s
+ORDER BY j.job_id;
+
+-- name: objective_streams_try_lock
+-- The streams of these objectives, each locked as its writers lock it (`lock_key`), without
+-- waiting: an objective whose stream a writer holds is left for a later batch.
+SELECT v.id FROM unnest(%(objective_ids)s::text[]) AS v(id)
+WHERE pg_try_advisory_xact_lock(hashtextextended('stream:objectives/' || v.id, 0));
+
+-- name: jobs_try_lock
+-- These jobs' rows, locked without waiting: the ones another transaction holds are left out.
+SELECT job_id FROM jobs WHERE job_id = ANY (%(job_ids)s::text[])
+FOR UPDATE SKIP LOCKED;
 
 -- name: prune_objective_receipts
 DELETE FROM receipts

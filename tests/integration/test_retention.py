@@ -429,36 +429,70 @@ async def objective_scenario(store: Store, url: str) -> None:
         await objectives.update(
             tx, objective_id, lambda _: [Draft("objective.settled", {"status": "completed"})]
         )
-    audit = (await put(store, jobId=audit_job_id(objective_id))).job  # queued: the audit is owed
+    # Queued: the audit is owed.
+    audit = (
+        await put(
+            store,
+            "factory-control",
+            kind="factory.objective.audit",
+            jobId=audit_job_id(objective_id),
+            payload_extra={"objectiveId": objective_id},
+        )
+    ).job
     assert (await retention.prune(store, MONTH, dry_run=True)).jobs == 0
     assert (await retention.prune(store, MONTH)).jobs == 0
     assert await store.get_job(task) is not None
 
-    await ops.cancel_queued(store, audit.job_id, reason="test")  # nothing of it is live now
+    # Past the cutoff while its audit is owed: the objective stays, whole.
     with psycopg.connect(url) as conn:
         conn.execute(
             f"UPDATE objectives SET updated_at = updated_at - interval '{OLD}' "
             "WHERE objective_id = %s",
             (objective_id,),
         )
-    # The objective goes whole: its stream and row, its old task job and its audit job, which
-    # settled just now (so only the objective's batch takes it), each counted once.
+    assert "objectives" not in (await retention.prune(store, MONTH)).removed
+    assert await objectives.get(store, objective_id) is not None
+    await ops.cancel_queued(store, audit.job_id, reason="test")  # nothing of it is live now
+    # Another organization's job under the objective's id prefix, naming it, is not one of its
+    # jobs: it neither keeps the objective nor goes with it.
+    foreign = (
+        await put(
+            store,
+            org="org-b",
+            jobId=f"objective:{objective_id}:x",
+            payload_extra={"objectiveId": objective_id},
+        )
+    ).job
+    assert foreign.job_id.startswith(f"objective:{objective_id}:x")
+    # A writer holding the objective's stream: the prune leaves the objective for a later one
+    # (its old task job, no longer kept, goes).
+    async with await psycopg.AsyncConnection.connect(url) as writer, writer.transaction():
+        await writer.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            (f"stream:objectives/{objective_id}",),
+        )
+        held = await retention.prune(store, MONTH)
+    assert "objectives" not in held.removed and held.jobs == 1
+    assert await store.get_job(task) is None
+    assert await objectives.get(store, objective_id) is not None
+    # Now the objective goes whole: its stream and row with its audit job, which settled just
+    # now (so only the objective's batch takes it), each counted once, and exported first.
     exported = [line async for line in retention.export(store, MONTH)]
     dry = await retention.prune(store, MONTH, dry_run=True)
     result = await retention.prune(store, MONTH)
     assert dry.removed == result.removed
     assert [line.get("jobId") or line.get("objectiveId") for line in exported] == [
-        task,
         objective_id,
         audit.job_id,
     ]
-    assert len(exported[1]["receipts"]) == result.removed["objective_receipts"]
-    assert exported[1]["objective"]["status"] == "completed"
-    assert result.jobs == 2 and result.removed["objectives"] == 1
+    assert len(exported[0]["receipts"]) == result.removed["objective_receipts"]
+    assert exported[0]["objective"]["status"] == "completed"
+    assert result.jobs == 1 and result.removed["objectives"] == 1
     assert result.removed["objective_receipts"] >= 2  # created, settled, control requests
-    assert await store.get_job(task) is None and await store.get_job(audit.job_id) is None
+    assert await store.get_job(audit.job_id) is None
     assert await objectives.get(store, objective_id) is None
     assert await store.read_stream(f"objectives/{objective_id}") == []
+    assert await store.get_job(foreign.job_id) is not None  # queued, and not the objective's
     assert (await retention.prune(store, MONTH)).removed == {}
 
 
