@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from receipts.enqueue import EnqueueResult, enqueue, parse_enqueue
-from receipts.store import Store
+from receipts.store import Draft, Store
 
 
 def new_id(prefix: str = "job") -> str:
@@ -41,3 +41,23 @@ async def put(store: Store, agent: str = "codex", **kwargs: Any) -> EnqueueResul
 
 async def types(store: Store, job_id: str) -> list[str]:
     return [r.type for r in await store.read_stream(f"jobs/{job_id}")]
+
+
+async def create_objective(
+    store: Store, objective_id: str, tasks: list[dict[str, Any]] | None = None, org: str = "org-a"
+) -> str:
+    """An objective written straight to its stream (no control requested); one pending task
+    `t` running `true` unless `tasks` says otherwise."""
+    from receipts.objectives import store as objectives
+
+    created = {
+        "objectiveId": objective_id,
+        "organizationId": org,
+        "authContext": auth(org),
+        "title": objective_id,
+        "goal": "test",
+        "tasks": tasks or [{"taskId": "t", "input": {"command": ["true"]}}],
+    }
+    async with store.transaction() as tx:
+        await objectives.update(tx, objective_id, lambda _: [Draft("objective.created", created)])
+    return objective_id

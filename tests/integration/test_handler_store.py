@@ -19,7 +19,7 @@ from receipts import operations as ops
 from receipts.objectives import store as objectives
 from receipts.objectives.model import monitor_job_id, objective_stream, session_key, task_job_id
 from receipts.store import Draft, Store
-from tests.integration.helpers import new_id, put, types
+from tests.integration.helpers import create_objective, new_id, put, types
 
 LEASE = 60_000
 
@@ -72,18 +72,7 @@ async def test_a_handler_whose_delivery_was_superseded_writes_nothing_to_its_job
 
 async def objective(store: Store) -> str:
     """A live objective with one pending task, written straight to its stream."""
-    objective_id = new_id("obj")
-    created = {
-        "objectiveId": objective_id,
-        "organizationId": "org-a",
-        "authContext": {"userId": "user-1", "organizationId": "org-a"},
-        "title": objective_id,
-        "goal": "test",
-        "tasks": [{"taskId": "t", "input": {"command": ["true"]}}],
-    }
-    async with store.transaction() as tx:
-        await objectives.update(tx, objective_id, lambda _: [Draft("objective.created", created)])
-    return objective_id
+    return await create_objective(store, new_id("obj"))
 
 
 def progress_line(objective_id: str) -> Any:

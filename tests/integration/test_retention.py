@@ -30,7 +30,7 @@ from roles.infra.settings import SettingsError
 from roles.infra.settings import check as check_settings
 from tests.conftest import ROOT
 from tests.integration.api_support import AS_ADMIN, api_client
-from tests.integration.helpers import put
+from tests.integration.helpers import create_objective, put
 from tools.bench.history import preload, run_template
 
 MONTH = timedelta(days=30)
@@ -400,17 +400,7 @@ async def objective_scenario(store: Store, url: str) -> None:
     from receipts.objectives.model import audit_job_id, task_job_id
     from receipts.store import Draft
 
-    objective_id = "ret-objective"
-    created = {
-        "objectiveId": objective_id,
-        "organizationId": "org-a",
-        "authContext": {"userId": "user-1", "organizationId": "org-a"},
-        "title": objective_id,
-        "goal": "test",
-        "tasks": [{"taskId": "t", "input": {"command": ["true"]}}],
-    }
-    async with store.transaction() as tx:
-        await objectives.update(tx, objective_id, lambda _: [Draft("objective.created", created)])
+    objective_id = await create_objective(store, "ret-objective")
 
     async def settled(job_id: str) -> str:
         job = (await put(store, jobId=job_id, payload_extra={"objectiveId": objective_id})).job

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 import pytest
@@ -22,12 +21,12 @@ from receipts.errors import StorageError
 from receipts.jobs import Job
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key
-from receipts.store import Draft, Store
+from receipts.store import Store
 from roles.delivery.loops import ObjectiveResume
 from roles.infra.metrics import Metrics
 from tests.integration.delivery.conftest import running_stack
 from tests.integration.factory.conftest import AUTH, outbox_running, run_objective, wait_objective
-from tests.integration.helpers import put
+from tests.integration.helpers import create_objective, put
 
 FAIL_REQUESTS = """
 CREATE FUNCTION refuse_control_requests() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -40,20 +39,6 @@ END $$;
 CREATE TRIGGER refuse_control_requests BEFORE INSERT ON receipts
   FOR EACH ROW EXECUTE FUNCTION refuse_control_requests();
 """
-
-
-async def create_objective(store: Store, objective_id: str, tasks: list[dict[str, Any]]) -> None:
-    """An objective written straight to its stream (no control requested)."""
-    created = {
-        "objectiveId": objective_id,
-        "organizationId": "org-a",
-        "authContext": AUTH,
-        "title": objective_id,
-        "goal": "test",
-        "tasks": tasks,
-    }
-    async with store.transaction() as tx:
-        await objectives.update(tx, objective_id, lambda _: [Draft("objective.created", created)])
 
 
 async def running_task_job(store: Store, objective_id: str) -> tuple[Job, str]:
