@@ -14,6 +14,7 @@ the sandbox runs without the filter and says so at start (`sandbox.ready` has `s
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import platform
 import struct
@@ -168,14 +169,20 @@ def available() -> bool:
     return platform.machine() in TABLES
 
 
+@functools.cache
+def _machine_program() -> bytes | None:
+    """This machine's program, built once per process; None where there is no table."""
+    table = TABLES.get(platform.machine())
+    return program(table[1], table[0]) if table is not None else None
+
+
 def program_fd() -> int | None:
     """A file descriptor holding the program, positioned at its start, for `bwrap --seccomp`
     (the caller passes it to the child and closes it); None where there is no table."""
-    table = TABLES.get(platform.machine())
-    if table is None:
+    code = _machine_program()
+    if code is None:
         return None
-    arch, denied = table
     fd = os.memfd_create("receipt-seccomp", os.MFD_CLOEXEC)
-    os.write(fd, program(denied, arch))
+    os.write(fd, code)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

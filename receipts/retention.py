@@ -18,7 +18,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from receipts.errors import InvalidInput
 from receipts.jobs import ACTIVE_STATUSES
@@ -177,25 +177,45 @@ async def _objectives_to_prune(tx: Tx, params: dict[str, Any]) -> tuple[list[str
     the victims were read is left for a later batch. Holding each stream's lock, the prune
     cannot delete a chain under a writer's append, and no writer appends until it commits."""
     cur = await tx.conn.execute(query("prune_objective_victims"), params)
-    objective_ids = [row[0] for row in await cur.fetchall()]
-    if not objective_ids:
+    victims = [row[0] for row in await cur.fetchall()]
+    if not victims:
         return [], []
-    cur = await tx.conn.execute(
-        query("objective_streams_try_lock"), {"objective_ids": objective_ids}
-    )
+    cur = await tx.conn.execute(query("objective_streams_try_lock"), {"objective_ids": victims})
     locked = {row[0] for row in await cur.fetchall()}
-    objective_ids = [o for o in objective_ids if o in locked]
-    cur = await tx.conn.execute(query("objective_jobs"), {"objective_ids": objective_ids})
-    jobs_of: dict[str, list[str]] = {o: [] for o in objective_ids}
-    for objective_id, job_id, status in await cur.fetchall():
-        jobs_of[objective_id].append(job_id)
-        if status in ACTIVE_STATUSES:
-            locked.discard(objective_id)
-    wanted = [j for o in objective_ids if o in locked for j in jobs_of[o]]
+    jobs_of = await _objective_jobs(tx.conn, [o for o in victims if o in locked])
+    quiet = [
+        o
+        for o in victims
+        if o in locked and all(j.status not in ACTIVE_STATUSES for j in jobs_of[o])
+    ]
+    wanted = [j.job_id for o in quiet for j in jobs_of[o]]
     cur = await tx.conn.execute(query("jobs_try_lock"), {"job_ids": wanted})
     held = {row[0] for row in await cur.fetchall()}
-    kept = [o for o in objective_ids if o in locked and all(j in held for j in jobs_of[o])]
-    return kept, [j for o in kept for j in jobs_of[o]]
+    kept = [o for o in quiet if all(j.job_id in held for j in jobs_of[o])]
+    return kept, [j.job_id for o in kept for j in jobs_of[o]]
+
+
+class _ObjectiveJob(NamedTuple):
+    job_id: str
+    status: str
+    updated_at: datetime
+
+
+async def _objective_jobs(
+    conn: Any, objective_ids: Sequence[str]
+) -> dict[str, list[_ObjectiveJob]]:
+    """Each objective's jobs, in job id order."""
+    jobs_of: dict[str, list[_ObjectiveJob]] = {o: [] for o in objective_ids}
+    if objective_ids:
+        cur = await conn.execute(query("objective_jobs"), {"objective_ids": list(objective_ids)})
+        for objective_id, *job in await cur.fetchall():
+            jobs_of[objective_id].append(_ObjectiveJob(*job))
+    return jobs_of
+
+
+def _settled_since(jobs: Sequence[_ObjectiveJob], cutoff: datetime) -> list[str]:
+    """The objective's jobs the job batches leave to it: those settled at or after the cutoff."""
+    return [j.job_id for j in jobs if j.updated_at >= cutoff]
 
 
 async def candidates(
@@ -264,11 +284,8 @@ async def prune(
             result.batches += 1
             async with store.connection() as conn:
                 # Its jobs settled before the cutoff were counted with the job batches above.
-                cur = await conn.execute(
-                    query("objective_recent_jobs"),
-                    {"objective_ids": objective_ids, "cutoff": cutoff},
-                )
-                recent = [row[0] for row in await cur.fetchall()]
+                jobs_of = await _objective_jobs(conn, objective_ids)
+                recent = [j for jobs in jobs_of.values() for j in _settled_since(jobs, cutoff)]
                 for step in [*PRUNE_STEPS, JOBS_STEP]:
                     cur = await conn.execute(step.count, {"job_ids": recent})
                     row = await cur.fetchone()
@@ -304,28 +321,40 @@ async def export(
     _check_batch(batch)
     cutoff = await cutoff_for(store, older_than)
     async for job_ids in candidates(store, cutoff, batch):
-        async for line in _job_lines(store, job_ids):
+        for line in (await _job_lines(store, job_ids)).values():
             yield line
     async for agent_job_ids in candidates(store, cutoff, batch, which="prune_agent_candidates"):
         rows = await store.fetch("export_agent_jobs", {"agent_job_ids": agent_job_ids})
+        turns_of: dict[str, list[str]] = {a: [] for a in agent_job_ids}
+        for agent_job_id, job_id in await store.fetch(
+            "agent_turn_job_ids", {"agent_job_ids": agent_job_ids}
+        ):
+            turns_of[agent_job_id].append(job_id)
+        lines = await _job_lines(store, [j for turns in turns_of.values() for j in turns])
         for agent_job_id, state, receipts in rows:
             yield {"agentJobId": agent_job_id, "agentJob": state, "receipts": receipts}
-            turns = await store.fetch("agent_turn_job_ids", {"agent_job_ids": [agent_job_id]})
-            async for line in _job_lines(store, [row[0] for row in turns]):
-                yield line
+            for job_id in turns_of[agent_job_id]:
+                if job_id in lines:  # not deleted since
+                    yield lines[job_id]
     async for objective_ids in candidates(store, cutoff, batch, which="prune_objective_candidates"):
         rows = await store.fetch("export_objectives", {"objective_ids": objective_ids})
+        async with store.connection() as conn:
+            jobs_of = await _objective_jobs(conn, objective_ids)
+        recent_of = {o: _settled_since(jobs, cutoff) for o, jobs in jobs_of.items()}
+        lines = await _job_lines(store, [j for recent in recent_of.values() for j in recent])
         for objective_id, state, receipts in rows:
             yield {"objectiveId": objective_id, "objective": state, "receipts": receipts}
-            recent = await store.fetch(
-                "objective_recent_jobs", {"objective_ids": [objective_id], "cutoff": cutoff}
-            )
-            async for line in _job_lines(store, [row[0] for row in recent]):
-                yield line
+            for job_id in recent_of[objective_id]:
+                if job_id in lines:  # not deleted since
+                    yield lines[job_id]
 
 
-async def _job_lines(store: Store, job_ids: list[str]) -> AsyncIterator[dict[str, Any]]:
+async def _job_lines(store: Store, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The export line of each of these jobs, by id (one query)."""
     if not job_ids:
-        return
-    for job_id, state, receipts in await store.fetch("export_jobs", {"job_ids": job_ids}):
-        yield {"jobId": job_id, "job": state, "receipts": receipts}
+        return {}
+    rows = await store.fetch("export_jobs", {"job_ids": job_ids})
+    return {
+        job_id: {"jobId": job_id, "job": state, "receipts": receipts}
+        for job_id, state, receipts in rows
+    }

@@ -181,8 +181,8 @@ WHERE a.agent_job_id = ANY (%(agent_job_ids)s::text[])
 ORDER BY a.updated_at, a.agent_job_id;
 
 -- name: agent_turn_job_ids
--- Export: the queue jobs of these agent jobs' turns, unlocked.
-SELECT j.job_id FROM jobs j
+-- Export: the queue jobs of these agent jobs' turns, unlocked, with their agent job.
+SELECT a.id, j.job_id FROM jobs j
 JOIN unnest(%(agent_job_ids)s::text[]) AS a(id)
   ON j.job_id COLLATE "C" >= a.id || ':attempt:' AND j.job_id COLLATE "C" < a.id || ':attempt;'
 ORDER BY j.job_id;
@@ -223,26 +223,16 @@ LIMIT %(batch)s;
 
 -- name: objective_jobs
 -- The jobs of these objectives (see objective_has_live_job for which are an objective's), with
--- their status, unlocked: the prune drops an objective one of whose jobs turned live.
-SELECT o.objective_id, j.job_id, j.status FROM objectives o
+-- their status and last change, unlocked: the prune drops an objective one of whose jobs turned
+-- live; the dry run and the export take the ones settled after the cutoff (the older ones are
+-- the job batches' own).
+SELECT o.objective_id, j.job_id, j.status, j.updated_at FROM objectives o
 JOIN jobs j
   ON j.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
  AND j.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
  AND j.organization_id = o.organization_id
  AND j.state -> 'payload' ->> 'objectiveId' = o.objective_id
 WHERE o.objective_id = ANY (%(objective_ids)s::text[])
-ORDER BY j.job_id;
-
--- name: objective_recent_jobs
--- Dry run and export: the jobs of these objectives settled at or after the cutoff (the older
--- ones are the job batches' own).
-SELECT j.job_id FROM objectives o
-JOIN jobs j
-  ON j.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
- AND j.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
- AND j.organization_id = o.organization_id
- AND j.state -> 'payload' ->> 'objectiveId' = o.objective_id
-WHERE o.objective_id = ANY (%(objective_ids)s::text[]) AND j.updated_at >= %(cutoff)s
 ORDER BY j.job_id;
 
 -- name: objective_streams_try_lock

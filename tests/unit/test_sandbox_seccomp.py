@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -70,14 +71,26 @@ def test_aarch64_denies_the_same_calls_by_the_generic_numbers() -> None:
     assert set(DENIED_AARCH64) <= set(DENIED_X86_64)
 
 
+@pytest.fixture
+def another_machine(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Pretend to run on another machine; the program, built once per process, is rebuilt."""
+
+    def pretend(machine: str) -> None:
+        monkeypatch.setattr(sandbox_seccomp.platform, "machine", lambda: machine)
+        sandbox_seccomp._machine_program.cache_clear()
+
+    yield pretend
+    sandbox_seccomp._machine_program.cache_clear()
+
+
 @pytest.mark.parametrize(
     ("machine", "arch"),
     [("x86_64", AUDIT_ARCH_X86_64), ("aarch64", AUDIT_ARCH_AARCH64), ("arm64", AUDIT_ARCH_AARCH64)],
 )
 def test_the_machine_picks_its_table(
-    monkeypatch: pytest.MonkeyPatch, machine: str, arch: int
+    another_machine: Callable[[str], None], machine: str, arch: int
 ) -> None:
-    monkeypatch.setattr(sandbox_seccomp.platform, "machine", lambda: machine)
+    another_machine(machine)
     assert sandbox_seccomp.available()
     fd = sandbox_seccomp.program_fd()
     assert fd is not None
@@ -92,7 +105,9 @@ def test_the_machine_picks_its_table(
     )
 
 
-def test_a_machine_without_a_table_runs_without_a_filter(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox_seccomp.platform, "machine", lambda: "riscv64")
+def test_a_machine_without_a_table_runs_without_a_filter(
+    another_machine: Callable[[str], None],
+) -> None:
+    another_machine("riscv64")
     assert not sandbox_seccomp.available()
     assert sandbox_seccomp.program_fd() is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,25 +67,36 @@ class Processes:
     def stop(self, name: str, grace_s: float = 15.0) -> None:
         """SIGTERM, SIGKILL after `grace_s`; then SIGKILL whatever the process had started
         (a handler's child left behind, by its PID as recorded before the stop)."""
-        import psutil
-
         process = self.started.pop(name, None)
-        if process is None or not process.running():
-            return
-        try:
-            descendants = psutil.Process(process.pid).children(recursive=True)
-        except psutil.Error:
-            descendants = []
-        process.stop(grace_s)
-        for child in descendants:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
+        if process is not None and process.running():
+            _with_descendants(process, lambda: process.stop(grace_s))
+
+    def kill(self, name: str) -> int:
+        """SIGKILL the process and everything it started at once, as a node kills a pod; return
+        the PID it had. Its name stays taken until it is started again."""
+        process = self.started[name]
+        _with_descendants(process, process.kill)
+        return process.pid
 
     def stop_all(self, last: Sequence[str] = ()) -> None:
         for name in [n for n in list(self.started) if n not in last]:
             self.stop(name)
         for name in last:
             self.stop(name)
+
+
+def _with_descendants(process: Supervised, end: Callable[[], None]) -> None:
+    """End `process` with `end`, then SIGKILL its descendants as recorded before."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    end()
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 # The suffix of the entry that counts what a process's reaped children spent: the commands a

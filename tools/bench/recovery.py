@@ -13,7 +13,6 @@ command's own run time; before issue 11 it was two receipt cadences, ~400 s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -86,8 +85,6 @@ async def measure_recovery(
     """Post a `sleep run_s` job, SIGKILL the worker-codex holding it (and its children) half a
     second into the command, start worker-codex again (with `env`), and read the chain once
     settled."""
-    import psutil
-
     assert bench.processes is not None
     payload = {**noop_payload("bench-recovery"), "task": {"command": ["sleep", f"{run_s:g}"]}}
     conn = HttpConnection("127.0.0.1", port)
@@ -102,17 +99,9 @@ async def measure_recovery(
     job_id = json.loads(body)["async"]["jobId"]
     await _wait_chain(db, job_id, lambda chain: any(e.type == "job.leased" for e in chain), 60)
     await asyncio.sleep(0.5)  # the command is running
-    worker = bench.processes.started[WORKER]
-    try:
-        children = psutil.Process(worker.pid).children(recursive=True)
-    except psutil.Error:
-        children = []
     killed_at = await _now(db)
-    worker.kill()
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    bench.say(f"recovery: SIGKILLed {WORKER} (pid {worker.pid}) mid-command; starting it again")
+    pid = bench.processes.kill(WORKER)
+    bench.say(f"recovery: SIGKILLed {WORKER} (pid {pid}) mid-command; starting it again")
     bench.start_role(WORKER, db_url, **env)
     chain = await _wait_chain(
         db, job_id, lambda c: any(e.type in TERMINAL_TYPES for e in c), WAIT_S + run_s
