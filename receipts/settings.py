@@ -114,7 +114,24 @@ class EnvSettings(ReceiptSettings):
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> Self:
-        """The settings from `env` (default: the environment); SettingsError on a bad value."""
+        """The settings from `env` (default: the environment); SettingsError on a bad value.
+
+        From the environment, the model last built is reused while every one of its variables
+        holds the same value: a handler reads its settings per job (the sandbox's, per command),
+        and pydantic-settings' sources cost about a millisecond a read. Models are frozen, so
+        sharing one is safe; a bad value is never kept, so it raises at every read."""
+        if env is None:
+            key = _environment_key(cls)
+            kept = _FROM_ENVIRONMENT.get(cls)
+            if kept is not None and kept[0] == key:
+                return kept[1]  # type: ignore[return-value]
+            loaded = cls._build(None)
+            _FROM_ENVIRONMENT[cls] = (key, loaded)
+            return loaded
+        return cls._build(env)
+
+    @classmethod
+    def _build(cls, env: Mapping[str, str] | None) -> Self:
         source = os.environ if env is None else env
         with _given_only(env is not None):
             given = {}
@@ -128,6 +145,23 @@ class EnvSettings(ReceiptSettings):
                     dict.fromkeys(cls.model_fields, cls.accepts_any) if cls.accepts_any else {}
                 )
                 raise settings_error(cls, exc, source, accepts | cls.accepts) from None
+
+
+# Per model, the settings last built from the process environment and the key they were built
+# under (`EnvSettings.load`).
+_FROM_ENVIRONMENT: dict[type[EnvSettings], tuple[tuple[tuple[str, str], ...], EnvSettings]] = {}
+
+
+@cache
+def _variable_names(model: type[BaseSettings]) -> frozenset[str]:
+    return frozenset(v.upper() for v in variables(model).values())
+
+
+def _environment_key(model: type[BaseSettings]) -> tuple[tuple[str, str], ...]:
+    """The process environment's variables a model reads, as written (pydantic-settings matches
+    their names in any case)."""
+    names = _variable_names(model)
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.upper() in names))
 
 
 def variables(model: type[BaseSettings]) -> dict[str, str]:

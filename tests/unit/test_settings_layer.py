@@ -120,3 +120,25 @@ def test_a_bad_per_group_cap_names_what_it_accepts(raw: str) -> None:
     with pytest.raises(ValidationError) as raised:
         Settings(RECEIPT_ORG_MAX_RUNNING_PER_GROUP=raw)
     assert "group=number pairs, the groups being chat, codex, control" in str(raised.value)
+
+
+def test_a_read_from_the_environment_is_reused_until_one_of_its_variables_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CODEX_JOB_LEASE_MS", "600000")
+    first = TimingEnv.load()
+    assert TimingEnv.load() is first  # nothing it reads changed: the same frozen model
+    monkeypatch.setenv("UNRELATED_VARIABLE", "x")
+    assert TimingEnv.load() is first
+    monkeypatch.setenv("CODEX_JOB_LEASE_MS", "700000")
+    assert TimingEnv.load().codex_job_lease_ms == 700000
+    # pydantic-settings reads a variable's name in any case; so does the reuse's key.
+    monkeypatch.delenv("CODEX_JOB_LEASE_MS")
+    monkeypatch.setenv("codex_job_lease_ms", "800000")
+    assert TimingEnv.load().codex_job_lease_ms == 800000
+    monkeypatch.setenv("codex_job_lease_ms", "soon")
+    for _ in range(2):  # a bad value is never kept: every read says so
+        with pytest.raises(SettingsError, match="CODEX_JOB_LEASE_MS must be"):
+            TimingEnv.load()
+    monkeypatch.delenv("codex_job_lease_ms")
+    assert TimingEnv.load().codex_job_lease_ms == 900_000
