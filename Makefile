@@ -44,7 +44,7 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/pytest
 
-# Speed against raw baselines (8–14 minutes; BENCH_ARGS=--quick for 3–5): tools/bench/README.md.
+# Speed against raw baselines (10–17 minutes; BENCH_ARGS=--quick for 4–6): tools/bench/README.md.
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench $(BENCH_ARGS)
 

@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tools.bench.profile import profile_summary
-from tools.bench.results import CHILD, Pair, Run, target_rows
+from tools.bench.report import render_table
+from tools.bench.results import BARE, BARE_SUBJECT, CHILD, Pair, Run, summary, target_rows
 from tools.bench.stats import (
     Spread,
     format_number,
@@ -196,3 +197,31 @@ def test_the_child_pipeline_is_a_second_baseline_with_its_own_ratio_and_target()
     assert rows["e2e jobs/s vs raw activity"]["goal"] == 0.9
     assert rows["e2e jobs/s vs raw child wf"]["value"] == pytest.approx(1.9)
     assert rows["e2e jobs/s vs raw child wf"]["met"] is True  # target ≥ 1.6×
+
+
+def test_the_no_op_job_is_read_against_the_same_raw_runs_with_targets_of_its_own() -> None:
+    burn = Pair("burn", "burn-down")
+    burn.ours = [_run(6.0, [10.0])]
+    burn.base = [_run(10.0, [5.0])]
+    burn.others[CHILD] = [_run(5.0, [20.0])]
+    # As the bench builds it: the `-bare` pair shares the raw runs of its scenario.
+    bare = Pair(f"burn-{BARE}", "burn-down", base=burn.base, subject=BARE_SUBJECT)
+    bare.others[CHILD] = burn.runs(CHILD)
+    bare.ours = [_run(8.0, [7.0])]
+    pairs = {"burn": burn, bare.name: bare}
+    rows = {row["target"]: row for row in target_rows(pairs)}
+    assert rows["e2e jobs/s vs raw activity"]["value"] == pytest.approx(0.6)
+    assert rows["e2e jobs/s vs raw activity, no-op"]["value"] == pytest.approx(0.8)
+    assert rows["e2e jobs/s vs raw child wf, no-op"]["value"] == pytest.approx(1.6)
+    assert rows["e2e jobs/s vs raw child wf, no-op"]["met"] is True
+    assert rows["e2e jobs/s vs raw activity, no-op"]["met"] is False
+    report = {
+        "config": {"mode": "quick", "repetitions": 1, "api_requests": 0},
+        "stamp": "t",
+        "machine": {"cpus": 2},
+        "durationS": 1.0,
+        "summary": summary(pairs),
+    }
+    table = render_table(report, pairs)
+    assert "End to end, burn-down: codex `true` vs raw Temporal pipelines" in table
+    assert f"End to end, burn-down: {BARE_SUBJECT} vs raw Temporal pipelines" in table

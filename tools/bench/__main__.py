@@ -79,7 +79,7 @@ def run_cli(
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--quick", is_flag=True, help="Small sizes: 3–5 minutes instead of 8–14.")
+@click.option("--quick", is_flag=True, help="Small sizes: 4–6 minutes instead of 10–17.")
 @click.option("--repetitions", type=click.IntRange(1), help="Repetitions of every figure.")
 @click.option("--api-requests", type=click.IntRange(1), help="POSTs per API enqueue run.")
 @click.option("--burn-jobs", type=click.IntRange(1), help="Jobs of one burn-down run.")
@@ -107,12 +107,13 @@ def main(
     """Measure Receipt against raw baselines on a stack of its own (free ports, own data).
 
     API enqueue at 1 and 16 clients against the raw enqueue transaction; end to end (a
-    burn-down and a steady stream of no-op codex jobs) against three raw Temporal pipelines: one
-    workflow per job running one no-op activity on the worker queue (the targets' baseline),
-    the same running `true` in the sandbox, and one starting a child workflow that runs the
-    no-op activity; then recovery: worker-codex SIGKILLed while a job's
-    command runs, at the default leases, timed to the takeover and the settle. Prints a table;
-    writes the JSON report and a PNG chart (tools/bench/README.md).
+    burn-down and a steady stream of codex jobs running `true`, and of no-op jobs: an agent with
+    no handler, on worker-chat) against three raw Temporal pipelines: one workflow per job
+    running one no-op activity on the worker queue (the targets' baseline), the same running
+    `true` in the sandbox, and one starting a child workflow that runs the no-op activity; then
+    recovery: worker-codex SIGKILLed while a job's command runs, at the default leases, timed
+    to the takeover and the settle. Prints a table; writes the JSON report and a PNG chart
+    (tools/bench/README.md).
     """
     sys.exit(run_cli(quick, output, database_url, click.echo, **sizes))
 

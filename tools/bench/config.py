@@ -1,5 +1,5 @@
 """What one bench run measures: the sizes of the quick and full presets, the targets it reads
-from the ratios (never asserted), the no-op job it enqueues."""
+from the ratios (never asserted), the jobs it enqueues (codex `true`, and the no-op job)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Sizes of one run. `quick()` takes 3–5 minutes, `full()` 8–14 (idle machine to loaded)."""
+    """Sizes of one run. `quick()` takes 4–6 minutes, `full()` 10–17 (idle machine to loaded)."""
 
     mode: str
     repetitions: int
@@ -52,7 +52,12 @@ TARGET_API_P99_MS = 25.0
 # And kill → settled after a SIGKILLed worker ≤ the worker-lost timeout plus the job's own run
 # time: `Recovery.goal_s` (tools/bench/recovery.py).
 TERMINAL_TYPES = ("job.completed", "job.failed", "job.canceled")
-NOOP_PAYLOAD: dict[str, Any] = {
+# Receipt's delivery with nothing to run: a job for an agent id without a handler is routed to
+# worker-chat, leased, and settled `failed` (`No handler for agent '<agentId>'`, the spec's
+# unknown-agent path) through the same transactions a completed job takes. It is the bench's
+# no-op: every durable step of a job, no handler work, no command.
+NO_HANDLER_AGENT = "bench-no-handler"
+TRUE_PAYLOAD: dict[str, Any] = {
     "kind": "factory.task.run",
     "authContext": {"userId": "bench", "organizationId": "bench"},
     "objectiveId": "bench",  # objective-scoped kinds need one (422 without)
@@ -60,9 +65,9 @@ NOOP_PAYLOAD: dict[str, Any] = {
 }
 
 
-def noop_payload(organization_id: str) -> dict[str, Any]:
-    """The no-op payload, posted for `organization_id`."""
-    return {**NOOP_PAYLOAD, "authContext": {"userId": "bench", "organizationId": organization_id}}
+def true_payload(organization_id: str) -> dict[str, Any]:
+    """The codex `true` payload, posted for `organization_id`."""
+    return {**TRUE_PAYLOAD, "authContext": {"userId": "bench", "organizationId": organization_id}}
 
 
 class BenchError(RuntimeError):

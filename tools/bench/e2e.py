@@ -1,7 +1,8 @@
-"""The end-to-end scenarios: no-op codex jobs through Receipt's api, driver and worker-codex
-roles, and one workflow per job through each raw pipeline (tools/bench/raw.py), as a burn-down
-(N at once) or a steady stream (a fixed rate). Receipt's times come from its receipts
-(`job.enqueued` → `job.leased` → the terminal one), the raw pipelines' from their activity."""
+"""The end-to-end scenarios: codex `true` jobs through Receipt's api, driver and worker-codex
+roles, no-op jobs (an agent with no handler) through the api, driver and worker-chat roles, and
+one workflow per job through each raw pipeline (tools/bench/raw.py), as a burn-down (N at once)
+or a steady stream (a fixed rate). Receipt's times come from its receipts (`job.enqueued` →
+`job.leased` → the terminal one), the raw pipelines' from their activity."""
 
 from __future__ import annotations
 
@@ -16,23 +17,25 @@ from typing import TYPE_CHECKING, Any
 
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.sql import query
-from tools.bench.config import NOOP_PAYLOAD, TERMINAL_TYPES, BenchError
+from tools.bench.config import NO_HANDLER_AGENT, TERMINAL_TYPES, TRUE_PAYLOAD, BenchError
 from tools.bench.load import HttpConnection, closed_loop, post_request
 from tools.bench.processes import CpuMeter
 from tools.bench.raw import DRIVER_QUEUE, PIPELINES, WORKER_QUEUE
-from tools.bench.results import Run
+from tools.bench.results import BARE, Run
 
 if TYPE_CHECKING:
     from tools.bench.run import Bench
 
 Schedule = Callable[[int], float] | None
 RECEIPT_PROCESSES = ("api", "driver", "worker-codex", "postgres", "temporal", "bench")
+BARE_PROCESSES = ("api", "driver", "worker-chat", "postgres", "temporal", "bench")
 RAW_PROCESSES = ("raw-driver", "raw-worker", "temporal", "bench")
 
 
 @dataclass
 class EndToEnd:
-    """Runs one scenario on one side: `ours` (Receipt) or a raw pipeline (`base`, `child`)."""
+    """Runs one scenario on one side: `ours` (Receipt, codex `true`), `bare` (Receipt, the no-op
+    job) or a raw pipeline (`base`, `sandboxed`, `child`)."""
 
     bench: Bench
     client: Any
@@ -52,21 +55,24 @@ class EndToEnd:
 
     async def _run(self, side: str, count: int, schedule: Schedule) -> Run:
         if side == "ours":
-            return await self._receipt_run(count, schedule)
+            return await self._receipt_run(count, schedule, "codex", RECEIPT_PROCESSES)
+        if side == BARE:
+            return await self._receipt_run(count, schedule, NO_HANDLER_AGENT, BARE_PROCESSES)
         return await self._raw_run(PIPELINES[side], count, schedule)
 
     # -- Receipt
 
-    def _post(self) -> bytes:
-        return post_request("127.0.0.1", self.port, "/agents/codex/jobs", {"payload": NOOP_PAYLOAD})
+    def _post(self, agent_id: str) -> bytes:
+        path = f"/agents/{agent_id}/jobs"
+        return post_request("127.0.0.1", self.port, path, {"payload": TRUE_PAYLOAD})
 
-    async def _enqueue_receipts(self, count: int, schedule: Schedule) -> list[str]:
+    async def _enqueue_receipts(self, count: int, schedule: Schedule, agent_id: str) -> list[str]:
         """POST `count` jobs: as fast as 16 clients go, or each at `schedule(i)` s from now."""
         job_ids: list[str | None] = [None] * count
         conns: asyncio.Queue[HttpConnection] = asyncio.Queue()
         for _ in range(self.bench.config.enqueue_concurrency):
             conns.put_nowait(HttpConnection("127.0.0.1", self.port))
-        raw = self._post()
+        raw = self._post(agent_id)
         started = time.perf_counter()
 
         async def one(i: int) -> None:
@@ -111,9 +117,11 @@ class EndToEnd:
             self.bench.processes.check()
             await asyncio.sleep(0.2)
 
-    async def _receipt_times(self, job_ids: Sequence[str]) -> tuple[dict[str, list[float]], int]:
+    async def _receipt_times(
+        self, job_ids: Sequence[str], expected: str
+    ) -> tuple[dict[str, list[float]], int]:
         """From the chain: enqueue→leased and enqueue→terminal (ms) of the settled jobs, and
-        how many of them did not complete."""
+        how many of them ended other than with the `expected` terminal receipt."""
         cur = await self.db.execute(
             query("tooling_job_milestones"),
             {
@@ -126,7 +134,7 @@ class EndToEnd:
         failed = 0
         for stream, type_, at in rows:
             kind = "terminal" if type_ in TERMINAL_TYPES else type_
-            if kind == "terminal" and (stream, kind) not in firsts and type_ != "job.completed":
+            if kind == "terminal" and (stream, kind) not in firsts and type_ != expected:
                 failed += 1
             firsts.setdefault((stream, kind), at)
         settled = [s for s, kind in firsts if kind == "terminal" and (s, "job.enqueued") in firsts]
@@ -136,15 +144,19 @@ class EndToEnd:
         )
         return times, failed
 
-    async def _receipt_run(self, count: int, schedule: Schedule) -> Run:
+    async def _receipt_run(
+        self, count: int, schedule: Schedule, agent_id: str, processes: Sequence[str]
+    ) -> Run:
         open_before = await self._running()
         before = self.meter.snapshot()
-        job_ids = await self._enqueue_receipts(count, schedule)
+        job_ids = await self._enqueue_receipts(count, schedule, agent_id)
         unsettled = await self._wait_receipts(job_ids, run_timeout(count))
         await self._quiesce(open_before)
         after = self.meter.snapshot()
-        times, failed = await self._receipt_times(job_ids)
-        return self._result(times, count, failed, unsettled, before, after, RECEIPT_PROCESSES)
+        # The no-op job ends `job.failed` (no handler), not retried: that is its settle.
+        expected = "job.failed" if agent_id == NO_HANDLER_AGENT else "job.completed"
+        times, failed = await self._receipt_times(job_ids, expected)
+        return self._result(times, count, failed, unsettled, before, after, processes)
 
     # -- the raw pipelines
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from receipts.sql import query
-from tools.bench.config import TERMINAL_TYPES, BenchError, noop_payload
+from tools.bench.config import TERMINAL_TYPES, BenchError, true_payload
 from tools.bench.load import HttpConnection, post_request
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ async def measure_recovery(
     second into the command, start worker-codex again (with `env`), and read the chain once
     settled."""
     assert bench.processes is not None
-    payload = {**noop_payload("bench-recovery"), "task": {"command": ["sleep", f"{run_s:g}"]}}
+    payload = {**true_payload("bench-recovery"), "task": {"command": ["sleep", f"{run_s:g}"]}}
     conn = HttpConnection("127.0.0.1", port)
     try:
         status, body = await conn.request(

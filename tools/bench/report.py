@@ -71,7 +71,7 @@ def render_table(report: Mapping[str, Any], pairs: Mapping[str, Pair]) -> str:
             rate_label = "requests/s"
             samples: tuple[tuple[str, str], ...] = (("request", "latency"),)
         else:
-            lines.append(f"End to end, {pair.title}: codex `true` vs raw Temporal pipelines")
+            lines.append(f"End to end, {pair.title}: {pair.subject} vs raw Temporal pipelines")
             header = ["Receipt"]
             for side in pair.sides():
                 header += [E2E_LABELS.get(side, side), "ratio"]
@@ -104,7 +104,7 @@ def render_table(report: Mapping[str, Any], pairs: Mapping[str, Pair]) -> str:
         unit = row["unit"]
         shown = format_ratio_spread(value) if unit == "×" else f"{format_spread(value)} {unit}"
         verdict = format_target(row["value"], row["goal"], row["atLeast"], row["unit"])
-        lines.append(f"  {row['target']:<38} {shown:<22} {verdict}")
+        lines.append(f"  {row['target']:<44} {shown:<22} {verdict}")
     return "\n".join(lines)
 
 

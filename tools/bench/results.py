@@ -20,6 +20,11 @@ from tools.bench.stats import Spread, latency_percentiles, paired_ratios, spread
 # The sides of an end-to-end scenario besides Receipt (`ours`): `base` is the raw activity
 # pipeline (the shape the targets compare with), `child` the raw child-workflow pipeline.
 CHILD = "child"
+# Receipt's no-op job (`config.NO_HANDLER_AGENT`): its runs are the `ours` of the scenario's
+# `<name>-bare` pair, whose `base` is the same raw activity runs.
+BARE = "bare"
+SUBJECT = "codex `true`"
+BARE_SUBJECT = "a job with no handler (no-op)"
 
 
 @dataclass
@@ -58,6 +63,8 @@ class Pair:
     ours: list[Run] = field(default_factory=list)
     base: list[Run] = field(default_factory=list)
     others: dict[str, list[Run]] = field(default_factory=dict)
+    # What Receipt ran in this scenario, as the table names it.
+    subject: str = SUBJECT
 
     def sides(self) -> list[str]:
         """`base` and the other baselines that have repetitions."""
@@ -96,6 +103,7 @@ class Pair:
     def to_json(self) -> dict[str, Any]:
         out = {
             "title": self.title,
+            "subject": self.subject,
             "receipt": [r.to_json() for r in self.ours],
             "baseline": [r.to_json() for r in self.base],
         }
@@ -116,6 +124,7 @@ def summary(pairs: Mapping[str, Pair], recoveries: Sequence[Recovery] = ()) -> d
             continue
         entry: dict[str, Any] = {
             "title": pair.title,
+            "subject": pair.subject,
             "rate": {"receipt": s(pair.rate("ours"))},
             "rateRatio": {},
             "latencyMs": {},
@@ -161,19 +170,26 @@ def target_rows(
             }
         )
 
-    burn = pairs.get("burn")
-    if burn is not None and burn.complete():
-        add("e2e jobs/s vs raw activity", burn.rate_ratio(), TARGET_E2E_VS_ACTIVITY, True)
-        if burn.runs(CHILD):
-            add("e2e jobs/s vs raw child wf", burn.rate_ratio(CHILD), TARGET_E2E_VS_CHILD, True)
-    stream = pairs.get("stream")
-    if stream is not None and stream.complete():
-        add(
-            "settled p50 vs raw activity (stream)",
-            stream.latency_ratio("settled", "p50"),
-            TARGET_SETTLED_P50,
-            False,
-        )
+    # The end-to-end targets, read for codex `true` and for the no-op job (`-bare`) alike.
+    for suffix, tag in (("", ""), (f"-{BARE}", ", no-op")):
+        burn = pairs.get(f"burn{suffix}")
+        if burn is not None and burn.complete():
+            add(f"e2e jobs/s vs raw activity{tag}", burn.rate_ratio(), TARGET_E2E_VS_ACTIVITY, True)
+            if burn.runs(CHILD):
+                add(
+                    f"e2e jobs/s vs raw child wf{tag}",
+                    burn.rate_ratio(CHILD),
+                    TARGET_E2E_VS_CHILD,
+                    True,
+                )
+        stream = pairs.get(f"stream{suffix}")
+        if stream is not None and stream.complete():
+            add(
+                f"settled p50 vs raw activity{tag} (stream)",
+                stream.latency_ratio("settled", "p50"),
+                TARGET_SETTLED_P50,
+                False,
+            )
     for name, pair in pairs.items():
         if name.startswith("api-") and pair.complete():
             clients = name.split("-", 1)[1]

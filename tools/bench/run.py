@@ -24,13 +24,13 @@ from typing import Any
 
 from receipts.sql import query
 from roles.infra.ports import free_port, wait_port
-from tools.bench.config import NOOP_PAYLOAD, BenchConfig, BenchError, noop_payload
+from tools.bench.config import TRUE_PAYLOAD, BenchConfig, BenchError, true_payload
 from tools.bench.load import HttpConnection, closed_loop, post_request
 from tools.bench.processes import CpuMeter, Processes, role_env
 from tools.bench.profile import Profiler
 from tools.bench.raw import SANDBOXED
 from tools.bench.recovery import Recovery, measure_recovery
-from tools.bench.results import CHILD, Pair, Run, summary
+from tools.bench.results import BARE, BARE_SUBJECT, CHILD, Pair, Run, summary
 from tools.bench.stats import format_number, format_spread
 
 
@@ -275,13 +275,13 @@ class Bench:
         organizations = -(-posts // (ApiSettings.model_fields["org_max_queued"].default // 2))
         raw_posts = [
             post_request(
-                "127.0.0.1", port, "/agents/codex/jobs", {"payload": noop_payload(f"bench-{n}")}
+                "127.0.0.1", port, "/agents/codex/jobs", {"payload": true_payload(f"bench-{n}")}
             )
             for n in range(organizations)
         ]
         request = EnqueueRequest(
             agent_id="codex",
-            payload=dict(NOOP_PAYLOAD),
+            payload=dict(TRUE_PAYLOAD),
             kind="factory.task.run",
             organization_id="bench",
         )
@@ -366,44 +366,48 @@ class Bench:
         port = self.start_api(db_url, fits=cfg.burn_jobs, **extra)
         self.start_role("driver", db_url, **extra)
         self.start_role("worker-codex", db_url, **extra)
+        # The no-op job's worker: the raw worker's event loop and slots, so the two compare alike.
+        self.start_role("worker-chat", db_url, **extra, RECEIPT_EVENT_LOOP="asyncio")
         self.start_raw("driver", concurrency)
         self.start_raw("worker", concurrency)
         await self.wait_http(port, "api")
         client = await Client.connect(self.temporal_address)
         db = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
-        names = ("api", "driver", "worker-codex", "raw-driver", "raw-worker")
+        names = ("api", "driver", "worker-codex", "worker-chat", "raw-driver", "raw-worker")
         e2e = EndToEnd(self, client, db, port, self.meter(names))
-        sides = ("ours", "base", SANDBOXED, CHILD)
+        sides = ("ours", BARE, "base", SANDBOXED, CHILD)
         try:
             # Warm-up: also waits until every worker polls its task queue.
             for side in sides:
                 await e2e.burn(side, cfg.warmup_jobs)
             self.profile(names, "e2e")
-            burn = Pair("burn", f"burn-down, {cfg.burn_jobs} jobs enqueued at once")
-            self.pairs[burn.name] = burn
+            burn = self._scenario("burn", f"burn-down, {cfg.burn_jobs} jobs enqueued at once")
             for rep in range(cfg.repetitions):
                 for side in order(rep, sides):
-                    burn.runs(side).append(await e2e.burn(side, cfg.burn_jobs))
+                    self._runs(burn, side).append(await e2e.burn(side, cfg.burn_jobs))
                 self.processes.check(*names)
+            bare = self.pairs[f"burn-{BARE}"]
             self.say(
                 f"[{self.elapsed()}] {burn.title}: {format_spread(burn.rate('ours'))} jobs/s "
-                f"vs raw activity {format_spread(burn.rate('base'))}/s, raw activity + sandbox "
+                f"(no-op {format_spread(bare.rate('ours'))}) vs raw activity "
+                f"{format_spread(burn.rate('base'))}/s, raw activity + sandbox "
                 f"{format_spread(burn.rate(SANDBOXED))}/s, raw child wf "
                 f"{format_spread(burn.rate(CHILD))}/s"
             )
-            stream = Pair(
+            stream = self._scenario(
                 "stream",
                 f"steady stream, {format_number(cfg.stream_rate)} jobs/s for "
                 f"{format_number(cfg.stream_seconds)} s",
             )
-            self.pairs[stream.name] = stream
             for rep in range(cfg.repetitions):
                 for side in order(rep, sides):
-                    stream.runs(side).append(await e2e.stream(side))
+                    self._runs(stream, side).append(await e2e.stream(side))
                 self.processes.check(*names)
+            bare = self.pairs[f"stream-{BARE}"]
             self.say(
                 f"[{self.elapsed()}] {stream.title}: settled p50 "
-                f"{format_spread(stream.latency('ours', 'settled', 'p50'))} ms vs raw activity "
+                f"{format_spread(stream.latency('ours', 'settled', 'p50'))} ms (no-op "
+                f"{format_spread(bare.latency('ours', 'settled', 'p50'))} ms) vs raw activity "
                 f"{format_spread(stream.latency('base', 'settled', 'p50'))} ms, raw activity + "
                 f"sandbox {format_spread(stream.latency(SANDBOXED, 'settled', 'p50'))} ms, raw "
                 "child wf "
@@ -422,6 +426,21 @@ class Bench:
             await db.close()
             for name in names:
                 self.processes.stop(name)
+
+    def _scenario(self, name: str, title: str) -> Pair:
+        """The scenario's pair for codex `true` and its `-bare` pair for the no-op job, which
+        compares with the same raw activity and child runs."""
+        pair = Pair(name, title)
+        pair.runs(SANDBOXED)  # the table's columns in this order: activity, sandboxed, child
+        bare = Pair(f"{name}-{BARE}", title, base=pair.base, subject=BARE_SUBJECT)
+        bare.others[CHILD] = pair.runs(CHILD)
+        self.pairs[pair.name] = pair
+        self.pairs[bare.name] = bare
+        return pair
+
+    def _runs(self, pair: Pair, side: str) -> list[Run]:
+        """Where a repetition of `side` goes: the no-op job's in the `-bare` pair."""
+        return self.pairs[f"{pair.name}-{BARE}"].ours if side == BARE else pair.runs(side)
 
     # -- report
 
