@@ -126,7 +126,8 @@ class EnvSettings(ReceiptSettings):
             if kept is not None and kept[0] == key:
                 return kept[1]  # type: ignore[return-value]
             loaded = cls._build(None)
-            _FROM_ENVIRONMENT[cls] = (key, loaded)
+            if _environment_key(cls) == key:  # kept only if nothing changed during the build
+                _FROM_ENVIRONMENT[cls] = (key, loaded)
             return loaded
         return cls._build(env)
 
@@ -154,14 +155,16 @@ _FROM_ENVIRONMENT: dict[type[EnvSettings], tuple[tuple[tuple[str, str], ...], En
 
 @cache
 def _variable_names(model: type[BaseSettings]) -> frozenset[str]:
-    return frozenset(v.upper() for v in variables(model).values())
+    return frozenset(v.lower() for v in variables(model).values())
 
 
 def _environment_key(model: type[BaseSettings]) -> tuple[tuple[str, str], ...]:
-    """The process environment's variables a model reads, as written (pydantic-settings matches
-    their names in any case)."""
+    """The process environment's variables a model reads, as written and in the environment's
+    order: pydantic-settings matches a name in any case (lowered) and the last of two spellings
+    wins. A model reads its variables by alias only (`_VariablesOnly`; no prefix, no validation
+    alias): a field read any other way would have to be part of this key."""
     names = _variable_names(model)
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.upper() in names))
+    return tuple((k, v) for k, v in os.environ.items() if k.lower() in names)
 
 
 def variables(model: type[BaseSettings]) -> dict[str, str]:

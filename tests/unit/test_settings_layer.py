@@ -142,3 +142,10 @@ def test_a_read_from_the_environment_is_reused_until_one_of_its_variables_change
             TimingEnv.load()
     monkeypatch.delenv("codex_job_lease_ms")
     assert TimingEnv.load().codex_job_lease_ms == 900_000
+    # Two spellings: the later one in the environment wins, for a fresh build and the reuse.
+    monkeypatch.setenv("codex_job_lease_ms", "600000")
+    monkeypatch.setenv("CODEX_JOB_LEASE_MS", "700000")
+    assert TimingEnv.load().codex_job_lease_ms == TimingEnv._build(None).codex_job_lease_ms
+    monkeypatch.delenv("codex_job_lease_ms")
+    monkeypatch.setenv("codex_job_lease_ms", "600000")  # now the later of the two
+    assert TimingEnv.load().codex_job_lease_ms == TimingEnv._build(None).codex_job_lease_ms
