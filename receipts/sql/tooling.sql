@@ -5,6 +5,11 @@
 -- Bench: how many of these jobs have settled.
 SELECT count(*) FROM jobs WHERE job_id = ANY(%(job_ids)s) AND status = ANY(%(statuses)s);
 
+-- name: tooling_other_errors
+-- Bench: how many of these settled jobs ended with an error other than the one expected.
+SELECT count(*) FROM jobs
+WHERE job_id = ANY(%(job_ids)s) AND status = 'failed' AND state->>'error' IS DISTINCT FROM %(error)s;
+
 -- name: tooling_job_milestones
 -- Bench: the enqueue, lease and settle receipts of these job streams, in chain order.
 SELECT stream, type, extract(epoch FROM recorded_at)::float8 FROM receipts

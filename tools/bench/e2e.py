@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from activities.handlers import no_handler_message
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.sql import query
 from tools.bench.config import NO_HANDLER_AGENT, TERMINAL_TYPES, TRUE_PAYLOAD, BenchError
@@ -153,10 +154,20 @@ class EndToEnd:
         unsettled = await self._wait_receipts(job_ids, run_timeout(count))
         await self._quiesce(open_before)
         after = self.meter.snapshot()
-        # The no-op job ends `job.failed` (no handler), not retried: that is its settle.
+        # The no-op job ends `job.failed` (no handler), not retried: that is its settle; one
+        # that failed for another reason is a failure.
         expected = "job.failed" if agent_id == NO_HANDLER_AGENT else "job.completed"
         times, failed = await self._receipt_times(job_ids, expected)
+        if agent_id == NO_HANDLER_AGENT:
+            failed += await self._other_errors(job_ids, no_handler_message(agent_id))
         return self._result(times, count, failed, unsettled, before, after, processes)
+
+    async def _other_errors(self, job_ids: Sequence[str], error: str) -> int:
+        cur = await self.db.execute(
+            query("tooling_other_errors"), {"job_ids": list(job_ids), "error": error}
+        )
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
 
     # -- the raw pipelines
 

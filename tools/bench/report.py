@@ -9,7 +9,7 @@ from typing import Any
 
 from tools.bench.config import TARGET_API_P99_MS
 from tools.bench.raw import SANDBOXED
-from tools.bench.results import CHILD, Pair, Run
+from tools.bench.results import BARE, CHILD, Pair, Run
 from tools.bench.stats import (
     Spread,
     format_number,
@@ -134,7 +134,8 @@ def recovery_lines(recoveries: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
     """A PNG: latency distributions (CDFs on a log time axis, every repetition pooled) for the
-    API and the two end-to-end scenarios, and the CPU each process spent per burn-down job."""
+    API and the two end-to-end scenarios (codex `true` and the no-op job), and the CPU each
+    process spent per burn-down job."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,6 +144,7 @@ def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(2, 2, figsize=(14, 9.5), dpi=110)
     ours_colour, base_colour = "#c2410c", "#1d4ed8"
+    bare_colour = "#ca8a04"
     colours = {"ours": ours_colour, "base": base_colour, SANDBOXED: "#7c3aed", CHILD: "#15803d"}
 
     def cdf(ax: Any, values: Sequence[float], label: str, colour: str, style: str = "-") -> None:
@@ -176,6 +178,10 @@ def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
             continue
         cdf(ax, pooled(e2e.ours, "settled"), "Receipt enqueue→settled", ours_colour)
         cdf(ax, pooled(e2e.ours, "started"), "Receipt enqueue→leased", ours_colour, "--")
+        bare = pairs.get(f"{name}-{BARE}")
+        if bare is not None:
+            cdf(ax, pooled(bare.ours, "settled"), "Receipt no-op enqueue→settled", bare_colour)
+            cdf(ax, pooled(bare.ours, "started"), "Receipt no-op enqueue→leased", bare_colour, "--")
         for side in e2e.sides():
             runs, label, colour = e2e.runs(side), E2E_LABELS[side], colours[side]
             cdf(ax, pooled(runs, "settled"), f"{label} start→activity end", colour)
@@ -202,17 +208,22 @@ def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
     if burn is not None and burn.complete():
         sides = ["ours", *burn.sides()]
         per_side = [burn.cpu(side) for side in sides]
+        labels = [E2E_LABELS[side] for side in sides]
+        bare = pairs.get(f"burn-{BARE}")
+        if bare is not None and bare.complete():
+            per_side.insert(1, bare.cpu("ours"))
+            labels[0:1] = ["Receipt, true", "Receipt no-op"]
         zero = Spread(0.0, 0.0, 0.0, 0)
         components = sorted(
             {k for cpu in per_side for k in cpu},
             key=lambda k: -max(cpu.get(k, zero).median for cpu in per_side),
         )
-        bottom = [0.0] * len(sides)
+        bottom = [0.0] * len(per_side)
         palette = plt.get_cmap("tab10")
         for i, name in enumerate(components):
             values = [cpu.get(name, zero).median for cpu in per_side]
             ax.bar(
-                [E2E_LABELS[side] for side in sides],
+                labels,
                 values,
                 bottom=bottom,
                 label=name,
@@ -222,6 +233,7 @@ def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         for x, total in enumerate(bottom):
             ax.text(x, total, f"{format_number(total)} ms", ha="center", va="bottom", fontsize=9)
+        ax.tick_params(axis="x", labelrotation=15)
         ax.set_title(f"CPU per job by process, {burn.title}")
         ax.set_ylabel("CPU milliseconds per job (median repetition)")
         ax.set_ylim(0, max(bottom) * 1.15 or 1)

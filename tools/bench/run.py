@@ -446,7 +446,7 @@ class Bench:
 
     def report(self) -> dict[str, Any]:
         return {
-            "version": 2,
+            "version": 3,  # 3: the `-bare` pairs (the no-op job) and each pair's `subject`
             "stamp": self.stamp,
             "config": asdict(self.config),
             "machine": {
