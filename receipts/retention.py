@@ -15,7 +15,7 @@ jobs, never half; an objective's jobs are kept while it, or any job of it, is li
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -331,22 +331,32 @@ async def export(
         ):
             turns_of[agent_job_id].append(job_id)
         lines = await _job_lines(store, [j for turns in turns_of.values() for j in turns])
-        for agent_job_id, state, receipts in rows:
-            yield {"agentJobId": agent_job_id, "agentJob": state, "receipts": receipts}
-            for job_id in turns_of[agent_job_id]:
-                if job_id in lines:  # not deleted since
-                    yield lines[job_id]
+        for line in _with_their_jobs(rows, ("agentJobId", "agentJob"), turns_of, lines):
+            yield line
     async for objective_ids in candidates(store, cutoff, batch, which="prune_objective_candidates"):
         rows = await store.fetch("export_objectives", {"objective_ids": objective_ids})
         async with store.connection() as conn:
             jobs_of = await _objective_jobs(conn, objective_ids)
         recent_of = {o: _settled_since(jobs, cutoff) for o, jobs in jobs_of.items()}
         lines = await _job_lines(store, [j for recent in recent_of.values() for j in recent])
-        for objective_id, state, receipts in rows:
-            yield {"objectiveId": objective_id, "objective": state, "receipts": receipts}
-            for job_id in recent_of[objective_id]:
-                if job_id in lines:  # not deleted since
-                    yield lines[job_id]
+        for line in _with_their_jobs(rows, ("objectiveId", "objective"), recent_of, lines):
+            yield line
+
+
+def _with_their_jobs(
+    rows: Iterable[Sequence[Any]],
+    keys: tuple[str, str],
+    jobs_of: Mapping[str, Sequence[str]],
+    lines: Mapping[str, dict[str, Any]],
+) -> Iterator[dict[str, Any]]:
+    """Each exported agent job or objective (`rows` of id, state, receipts, named by `keys`),
+    followed by the lines of its jobs that go with it and are still there."""
+    id_key, state_key = keys
+    for owner_id, state, receipts in rows:
+        yield {id_key: owner_id, state_key: state, "receipts": receipts}
+        for job_id in jobs_of[owner_id]:
+            if job_id in lines:  # not deleted since
+                yield lines[job_id]
 
 
 async def _job_lines(store: Store, job_ids: list[str]) -> dict[str, dict[str, Any]]:
