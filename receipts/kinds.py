@@ -25,13 +25,27 @@ NON_BLANK = r"\S"
 
 @dataclass(frozen=True, slots=True)
 class KindContract:
-    """What a payload kind declares: its worker group, durable workflow and behaviour flags."""
+    """What a payload kind declares (docs/rules.md J18 says what reads each field):
+
+    - `worker_group`: the group its contract names (routing may disagree, `route_disagrees`);
+    - `workflow`: its durable workflow; a job of a kind with one is recorded in the ledger's
+      `workflow_runs` under that name, the others are not (`deliveries.ledger_workflow`);
+    - `has_durable_activity`: its attempts are recorded in the ledger's `activity_runs`;
+    - `objective_scoped`: it belongs to the objective its payload names (the workspace is the
+      objective's, the id is scoped by organization like a job id);
+    - `objective_required`: it cannot run without one (`payload.objectiveId`, 422 without);
+    - `reconciles_objective`: its terminal receipt or expired lease requests objective control;
+    - `live_execution`: its output is watched live: objective control starts a task monitor
+      beside each such job it dispatches, mirroring its start, output and settlement;
+    - `terminal_objective_audit`: the objective it settles gets its audit requested.
+    """
 
     kind: str
     worker_group: str
     workflow: str | None
     has_durable_activity: bool
     objective_scoped: bool
+    objective_required: bool
     reconciles_objective: bool
     live_execution: bool
     terminal_objective_audit: bool
@@ -43,19 +57,22 @@ def _c(
     workflow: str | None,
     durable: bool = False,
     scoped: bool = True,
+    required: bool = True,
     reconcile: bool = False,
     live: bool = False,
     audit: bool = False,
 ) -> KindContract:
-    return KindContract(kind, group, workflow, durable, scoped, reconcile, live, audit)
+    return KindContract(kind, group, workflow, durable, scoped, required, reconcile, live, audit)
 
 
-# docs/design.md §5: one table, one module.
+# docs/design.md §5: one table, one module. `factory.run` creates its objective (an id is
+# assigned when the payload names none); `factory.task.run` also runs alone, in a workspace of
+# its own; the watchdog scans every objective and names none.
 CONTRACTS: Mapping[str, KindContract] = {
     c.kind: c
     for c in (
         _c("factory.dispatch", "control", "factory.dispatch"),
-        _c("factory.run", "control", "factory.run", reconcile=True),
+        _c("factory.run", "control", "factory.run", required=False, reconcile=True),
         _c(
             "factory.integration.publish", "codex", "factory.integration", reconcile=True, live=True
         ),
@@ -68,9 +85,17 @@ CONTRACTS: Mapping[str, KindContract] = {
         ),
         _c("factory.objective.audit", "control", None),
         _c("factory.objective.control", "control", "factory.objective", audit=True),
-        _c("factory.objective.watchdog", "control", None, scoped=False),
-        _c("factory.task.monitor", "control", None, live=True),
-        _c("factory.task.run", "codex", "factory.task", durable=True, reconcile=True, live=True),
+        _c("factory.objective.watchdog", "control", None, scoped=False, required=False),
+        _c("factory.task.monitor", "control", None),
+        _c(
+            "factory.task.run",
+            "codex",
+            "factory.task",
+            durable=True,
+            required=False,
+            reconcile=True,
+            live=True,
+        ),
     )
 }
 KINDS: tuple[str, ...] = tuple(CONTRACTS)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from receipts import jobs as jobmodel
-from receipts.enqueue import EnqueueRequest, enqueue_in, scoped_job_id
+from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.jobs import Job
 from receipts.store import Draft, Store, Tx
+from receipts.tenancy import scoped_id
 
 log = logging.getLogger("receipts.retry")
 
@@ -70,7 +71,7 @@ async def retry_in(
     if job.status not in RETRYABLE_STATUSES:
         return RetryOutcome(NOT_RETRYABLE, job)
     # Scoped like every organization's job id (DESIGN §4), so its organization can name it.
-    new_job_id = scoped_job_id(job.organization_id, f"retry-{uuid.uuid4()}")
+    new_job_id = scoped_id(job.organization_id, f"retry-{uuid.uuid4()}")
     created = await enqueue_in(tx, retry_request(job, new_job_id))
     old, _ = await tx.append_job(
         job_id, job, [Draft(jobmodel.RETRIED, {"retriedAs": created.job.job_id})]

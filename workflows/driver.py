@@ -18,6 +18,7 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from receipts.deliveries import attempt_workflow_id
     from receipts.jobs import TERMINAL_STATUSES
+    from receipts.tenancy import caller_id
     from receipts.messages import (
         AttemptInput,
         AttemptResult,
@@ -38,7 +39,8 @@ JOB_ID = SearchAttributeKey.for_keyword("ReceiptJobId")
 AGENT_ID = SearchAttributeKey.for_keyword("ReceiptAgentId")
 LANE = SearchAttributeKey.for_keyword("ReceiptLane")
 KIND = SearchAttributeKey.for_keyword("ReceiptKind")
-SEARCH_ATTRIBUTES = (JOB_ID, AGENT_ID, LANE, KIND)
+ORGANIZATION_ID = SearchAttributeKey.for_keyword("ReceiptOrganizationId")
+SEARCH_ATTRIBUTES = (JOB_ID, AGENT_ID, LANE, KIND, ORGANIZATION_ID)
 
 # Drivers recorded before this patch started each attempt as a `JobAttemptWorkflow` child; they
 # replay down that path. Remove the old path (and `JobAttemptWorkflow`) with `deprecate_patch`
@@ -63,16 +65,21 @@ RUN_END_MARGIN = timedelta(seconds=10)
 MIN_ATTEMPT_WINDOW = timedelta(seconds=10)
 
 
-def search_attributes(job_id: str, agent_id: str, lane: str, kind: str) -> TypedSearchAttributes:
-    """The four Receipt search attributes, so the Temporal UI finds every delivery of a job."""
-    return TypedSearchAttributes(
-        [
-            SearchAttributePair(JOB_ID, job_id),
-            SearchAttributePair(AGENT_ID, agent_id),
-            SearchAttributePair(LANE, lane),
-            SearchAttributePair(KIND, kind),
-        ]
-    )
+def search_attributes(
+    job_id: str, agent_id: str, lane: str, kind: str, organization_id: str | None = None
+) -> TypedSearchAttributes:
+    """The Receipt search attributes, so the Temporal UI finds every delivery of a job by the id
+    its caller chose: `ReceiptJobId` is that id (the workflow id is the runtime's,
+    `<id>~<organization tag>`) and `ReceiptOrganizationId` its organization."""
+    pairs = [
+        SearchAttributePair(JOB_ID, caller_id(job_id) if organization_id else job_id),
+        SearchAttributePair(AGENT_ID, agent_id),
+        SearchAttributePair(LANE, lane),
+        SearchAttributePair(KIND, kind),
+    ]
+    if organization_id:
+        pairs.append(SearchAttributePair(ORGANIZATION_ID, organization_id))
+    return TypedSearchAttributes(pairs)
 
 
 def attempt_activity_id(attempt: int) -> str:

@@ -13,14 +13,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from activities import workspaces
 from activities.handlers import HandlerContext, HandlerError
-from activities.sandbox import (
-    SandboxRefused,
-    SandboxSettings,
-    prepare_workspace,
-    run_sandboxed,
-    workspace_name,
-)
+from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
 from receipts.agent_jobs import protocol
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentDefinition, RegistryError, load_registry
@@ -30,20 +25,21 @@ log = logging.getLogger("activities.handlers.agent_turn")
 STEER_POLL_S = 0.25
 PROGRESS_INTERVAL_S = 0.5
 TAIL_LINES = 200
-WORKSPACES_DIR = ".agent-jobs"
 
 
 def workspace_of(job: AgentJob, settings: SandboxSettings) -> Path:
-    """The job's workspace, `RECEIPT_WORKSPACE_ROOT/.agent-jobs/<workspaceOwnerJobId>`: its
-    own, or that of the job it continues."""
-    return settings.workspace_root / WORKSPACES_DIR / workspace_name(job.workspace_owner_job_id)
+    """The job's workspace, `<root>/orgs/<organization>/agent-jobs/<workspaceOwnerJobId>`: its
+    own, or that of the job it continues (of the same organization: create checks it)."""
+    return workspaces.agent_job_workspace(job.organization_id, job.workspace_owner_job_id, settings)
 
 
 def initialise_workspace(job: AgentJob, agent: AgentDefinition, settings: SandboxSettings) -> Path:
-    """Create the workspace (owned by the sandbox's uid) and, on first initialisation only,
-    write AGENTS.md."""
+    """Create the workspace (owned by the sandbox's uid; one of the earlier layout is moved
+    into place) and, on first initialisation only, write AGENTS.md."""
     workspace = workspace_of(job, settings)
-    uid = prepare_workspace(workspace, settings)
+    legacy = workspaces.legacy_agent_job_workspace(job.workspace_owner_job_id, settings)
+    workspaces.adopt(legacy, workspace, settings)
+    uid = workspaces.prepare_workspace(workspace, settings)
     agents_md = workspace / "AGENTS.md"
     if not agents_md.exists():
         agents_md.write_text(

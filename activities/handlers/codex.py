@@ -9,15 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from activities import workspaces
 from activities.handlers import HandlerContext, HandlerError
-from activities.sandbox import (
-    SandboxRefused,
-    SandboxSettings,
-    StdinFeeder,
-    job_workspace,
-    objective_workspace,
-    run_sandboxed,
-)
+from activities.sandbox import SandboxRefused, SandboxSettings, StdinFeeder, run_sandboxed
+from receipts.tenancy import caller_id
 
 PROGRESS_INTERVAL_S = 0.5
 TAIL_LINES = 50
@@ -46,12 +41,26 @@ def _extra_env(task: Mapping[str, Any]) -> dict[str, str]:
     return dict(extra)
 
 
-def workspace_of(payload: Mapping[str, Any], job_id: str, settings: SandboxSettings) -> Path:
-    """The job's workspace: its objective's (`payload.objectiveId`) when it has one, else its own."""
-    objective_id = payload.get("objectiveId")
+async def workspace_of(ctx: HandlerContext, settings: SandboxSettings) -> Path:
+    """The job's workspace in its organization's tree (`activities/workspaces.py`): its
+    objective's when the payload names one (`payload.objectiveId`), else its own. A workspace
+    of the earlier layout is moved there first, once it is known to be the organization's: the
+    objective of that id exists and is the job's organization's (the handler's store sees no
+    other), or it is this very job's."""
+    organization = ctx.job.organization_id
+    objective_id = ctx.payload.get("objectiveId")
     if isinstance(objective_id, str) and objective_id:
-        return objective_workspace(objective_id, settings)
-    return job_workspace(job_id, settings)
+        workspace = workspaces.objective_workspace(organization, objective_id, settings)
+        earlier_id = caller_id(objective_id)
+        legacy = workspaces.legacy_objective_workspace(earlier_id, settings)
+        if legacy.is_dir() and await ctx.store.objective(earlier_id) is not None:
+            await asyncio.to_thread(workspaces.adopt, legacy, workspace, settings)
+        return workspace
+    workspace = workspaces.job_workspace(organization, ctx.job.job_id, settings)
+    legacy = workspaces.legacy_job_workspace(ctx.job.job_id, settings)
+    if legacy.is_dir():
+        await asyncio.to_thread(workspaces.adopt, legacy, workspace, settings)
+    return workspace
 
 
 class _Output:
@@ -134,7 +143,7 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
     try:
         ended = await run_sandboxed(
             argv,
-            workspace=workspace_of(ctx.payload, ctx.job.job_id, settings),
+            workspace=await workspace_of(ctx, settings),
             env=extra,
             cwd=cwd,
             network=ctx.job.agent_id in settings.egress_agents,

@@ -9,6 +9,9 @@ redelivered its attempt) writes nothing to an objective either, and the fence ca
 before the write commits. The row is locked in the order every objective transaction takes
 (`receipts/objectives/store.py`): before the objective's stream, unless the job is one of the
 objective's control jobs, whose rows are locked after it. Everything else is a read.
+
+The objectives and jobs a handler reads and writes are those of its job's organization: another
+organization's look exactly as if they did not exist, whatever id the payload names.
 """
 
 from __future__ import annotations
@@ -43,10 +46,16 @@ class FenceLost(Exception):
 class HandlerStore:
     """The receipts one attempt's handler reads and writes, through its fence."""
 
-    def __init__(self, fence: AttemptFence, session: str | None = None) -> None:
+    def __init__(
+        self, fence: AttemptFence, session: str | None = None, organization_id: str | None = None
+    ) -> None:
         self._fence = fence
         self._store = fence.store
         self._session = session  # the job's session key: which lock order its guard takes
+        # The job's organization: the objectives and jobs it reads and writes are its own (None:
+        # the runtime's own work, the watchdog's, which reads every organization's).
+        self._organization = organization_id
+        self._own_jobs: set[str] = set()
 
     # --- the handler's own job, under the attempt's fence ------------------------------------
 
@@ -69,23 +78,36 @@ class HandlerStore:
 
     # --- other jobs (reads) -------------------------------------------------------------------
 
+    def _sees(self, organization_id: str | None) -> bool:
+        return self._organization is None or organization_id == self._organization
+
     async def job(self, job_id: str) -> Job | None:
-        """Another job's folded state, or None."""
-        return await self._store.get_job(job_id)
+        """Another job of the handler's organization, or None (another organization's job is
+        treated as one that does not exist)."""
+        job = await self._store.get_job(job_id)
+        if job is None or not self._sees(job.organization_id):
+            return None
+        self._own_jobs.add(job_id)
+        return job
 
     async def jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
-        """The jobs with these ids (absent ones are left out)."""
-        return await objectives.jobs_by_ids(self._store, job_ids)
+        """The jobs of the handler's organization with these ids (others are left out)."""
+        found = await objectives.jobs_by_ids(self._store, job_ids)
+        return {i: j for i, j in found.items() if self._sees(j.organization_id)}
 
     async def job_receipts(self, job_id: str, after_seq: int) -> list[Receipt]:
-        """A job's receipts after `after_seq`, in order."""
+        """A job's receipts after `after_seq`, in order (none for another organization's)."""
+        if job_id not in self._own_jobs and await self.job(job_id) is None:
+            return []
         return await self._store.read_stream(job_stream(job_id), after_seq)
 
     # --- objectives ---------------------------------------------------------------------------
 
     async def objective(self, objective_id: str) -> ObjectiveState | None:
-        """The objective's folded state, or None."""
-        return await objectives.get(self._store, objective_id)
+        """The objective's folded state, or None (another organization's is treated as absent)."""
+        return objectives.of_organization(
+            await objectives.get(self._store, objective_id), self._organization
+        )
 
     async def active_objectives(self, limit: int) -> tuple[list[ObjectiveState], datetime | None]:
         """Up to `limit` active objectives and the database clock (None when there are none)."""
@@ -113,7 +135,9 @@ class HandlerStore:
         transaction (`decide` chose nothing: nothing is delivered). Raises FenceLost, writing
         nothing, once the attempt's fence is lost."""
         async with self._store.transaction() as tx:
-            _, written = await objectives.update(tx, objective_id, decide, self._holds_fence)
+            _, written = await objectives.update(
+                tx, objective_id, decide, self._holds_fence, organization_id=self._organization
+            )
             if written and deliver_control:
                 await objectives.deliver(tx, objective_id)
 
@@ -122,13 +146,21 @@ class HandlerStore:
         exist). Raises FenceLost, writing nothing, once the attempt's fence is lost."""
         async with self._store.transaction() as tx:
             await objectives.request_control(
-                tx, objective_id, reason, guard=self._holds_fence, **detail
+                tx,
+                objective_id,
+                reason,
+                guard=self._holds_fence,
+                organization_id=self._organization,
+                **detail,
             )
 
     async def reconcile(self, objective_id: str, kind: str) -> control.ReconcileResult:
         """Run control passes over the objective until one finds nothing to do. Every
         transaction of a pass that writes the objective holds the attempt's fence; the first
-        refused raises FenceLost and stops the passes."""
+        refused raises FenceLost and stops the passes. Another organization's objective is
+        treated as absent: no pass runs."""
+        if await self.objective(objective_id) is None:
+            return control.ReconcileResult()
         return await control.reconcile(self._store, objective_id, kind, self._holds_fence)
 
     async def _holds_fence(self, tx: Tx, objective_id: str) -> None:

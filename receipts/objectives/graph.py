@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from receipts.errors import InvalidInput
+from receipts.kinds import CONTRACTS, KindContract
 
-OBJECTIVE_ID = re.compile(r"^[A-Za-z0-9._@-]{1,100}$")
+OBJECTIVE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,99}$")
 TASK_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 EXECUTION_PATHS: tuple[str, ...] = ("local", "computer")
 DEFAULT_TASK_AGENT = "codex"
@@ -324,15 +325,17 @@ def check_objective_id(value: Any, field: str = "objectiveId") -> str:
     return value
 
 
-def scoped_payload(kind: str, payload: Mapping[str, Any], objective_scoped: bool) -> dict[str, Any]:
+def scoped_payload(kind: str, payload: Mapping[str, Any], contract: KindContract) -> dict[str, Any]:
     """Enforce the contract's objective scoping on an enqueue payload.
 
-    An objective-scoped kind needs `payload.objectiveId`. `factory.run` creates the objective,
-    so it may instead carry `payload.objective.objectiveId`, or none at all: then a new id is
+    A kind that cannot run without an objective (`objective_required`) needs
+    `payload.objectiveId`; a kind that may name one (`factory.task.run`) is checked when it does
+    and otherwise runs alone, in a workspace of its own. `factory.run` creates the objective, so
+    it may carry `payload.objective.objectiveId` instead, or none at all: then a new id is
     assigned here (and written into the payload) so that every later receipt can name it.
     """
     body = dict(payload)
-    if not objective_scoped:
+    if not contract.objective_scoped:
         return body
     objective_id = body.get("objectiveId")
     if kind == "factory.run" and objective_id is None:
@@ -341,8 +344,14 @@ def scoped_payload(kind: str, payload: Mapping[str, Any], objective_scoped: bool
         objective_id = inner_id if inner_id is not None else str(uuid.uuid4())
         body["objectiveId"] = objective_id
     if objective_id is None:
+        if not contract.objective_required:
+            return body
         raise InvalidInput(
-            "payload.objectiveId", f"payload.objectiveId is required for kind '{kind}'"
+            "payload.objectiveId",
+            f"payload.objectiveId is required for kind '{kind}' (it acts on an objective; "
+            "kinds that run without one: "
+            + ", ".join(k for k, c in CONTRACTS.items() if not c.objective_required)
+            + ")",
         )
     check_objective_id(objective_id, "payload.objectiveId")
     if kind == "factory.run":

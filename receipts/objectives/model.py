@@ -23,6 +23,7 @@ from typing import Any, Literal
 from receipts import streams
 from receipts.errors import InvariantError
 from receipts.streams import CamelModel, Receipt, StreamState
+from receipts.tenancy import derived_id
 
 STREAM_PREFIX = "objectives/"
 STATUSES: tuple[str, ...] = ("active", "completed", "failed", "canceled")
@@ -44,34 +45,40 @@ def session_key(objective_id: str) -> str:
     return f"objective:{objective_id}"
 
 
+# The jobs of an objective are named after it, `objective:<id>:…`; an objective id scoped by its
+# organization (`<id>~<tag>`, receipts/tenancy.py) keeps its tag at the end of each, so a job is
+# named by its organization as `objective:<id>:…` and retention finds an objective's jobs in the
+# range `objective:<id>:` up to `objective:<id>;` (migrations/0012).
+
+
 def task_job_id(objective_id: str, task_id: str, try_number: int) -> str:
     """The deterministic job id of one try of a task: a repeated dispatch creates nothing."""
-    return f"objective:{objective_id}:task:{task_id}:try:{try_number}"
+    return derived_id(objective_id, "objective:", f":task:{task_id}:try:{try_number}")
 
 
 def monitor_job_id(objective_id: str, task_id: str, try_number: int) -> str:
     """The job id of the monitor that mirrors one try of a task onto the objective stream."""
-    return f"objective:{objective_id}:task:{task_id}:try:{try_number}:monitor"
+    return derived_id(objective_id, "objective:", f":task:{task_id}:try:{try_number}:monitor")
 
 
 def step_job_id(objective_id: str, step: str) -> str:
     """The job id of the validate or publish step."""
-    return f"objective:{objective_id}:{step}"
+    return derived_id(objective_id, "objective:", f":{step}")
 
 
 def control_job_id(objective_id: str, request_seq: int) -> str:
     """The control job delivering the request at `request_seq` (redelivery adds nothing)."""
-    return f"objective:{objective_id}:control:{request_seq}"
+    return derived_id(objective_id, "objective:", f":control:{request_seq}")
 
 
 def audit_job_id(objective_id: str) -> str:
     """The objective's one audit job."""
-    return f"objective:{objective_id}:audit"
+    return derived_id(objective_id, "objective:", ":audit")
 
 
 def run_job_id(objective_id: str) -> str:
     """The `factory.run` job POST /objectives enqueues (a re-post returns the same job)."""
-    return f"objective:{objective_id}:run"
+    return derived_id(objective_id, "objective:", ":run")
 
 
 class TaskTry(CamelModel):

@@ -28,6 +28,7 @@ from receipts.objectives.model import (
 from receipts.projections import OBJECTIVES
 from receipts.sql import query
 from receipts.store import Draft, Store, Tx, translate_errors
+from receipts.tenancy import scoped_id
 
 log = logging.getLogger("receipts.objectives")
 
@@ -62,18 +63,50 @@ async def get(store: Store, objective_id: str) -> ObjectiveState | None:
     return ObjectiveState.model_validate(row[0]) if row else None
 
 
+async def runtime_id(
+    store: Store, organization_id: str | None, objective_id: str, *, existing: bool = True
+) -> str:
+    """The runtime's id of the objective `organization_id` calls `objective_id`: `<id>~<tag>`
+    (`receipts/tenancy.py`). With `existing`, an objective of that organization created before
+    ids were scoped, which kept its plain id, is found under it when no scoped one exists."""
+    scoped = scoped_id(organization_id, objective_id)
+    if organization_id is None or not existing or await get(store, scoped) is not None:
+        return scoped
+    earlier = await get(store, objective_id)
+    if earlier is not None and earlier.organization_id == organization_id:
+        return objective_id
+    return scoped
+
+
+def of_organization(
+    state: ObjectiveState | None, organization_id: str | None
+) -> ObjectiveState | None:
+    """`state` when it belongs to `organization_id` (None: the runtime's own work, such as the
+    watchdog's, which may act on every organization's objectives); None otherwise, so another
+    organization's objective is treated exactly as one that does not exist."""
+    if state is None or organization_id is None or state.organization_id == organization_id:
+        return state
+    return None
+
+
 async def update(
-    tx: Tx, objective_id: str, decide: Decide, guard: Guard | None = None
+    tx: Tx,
+    objective_id: str,
+    decide: Decide,
+    guard: Guard | None = None,
+    *,
+    organization_id: str | None = None,
 ) -> tuple[ObjectiveState | None, list[Receipt]]:
     """Lock the objective's stream, let `decide` choose receipts from its current state, append
     them and update the projection, in the caller's transaction. Returns the new state and the
     receipts written (none when `decide` chose none). `guard` runs first and may refuse the
-    transaction by raising."""
+    transaction by raising. With `organization_id`, another organization's objective is decided
+    on as absent (`of_organization`) and nothing is written to it."""
     if guard is not None:
         await guard(tx, objective_id)
     stream = objective_stream(objective_id)
     await tx.lock_streams([stream])
-    state = await load(tx, objective_id)
+    state = of_organization(await load(tx, objective_id), organization_id)
     drafts = list(decide(state))
     if not drafts:
         return state, []
@@ -96,15 +129,17 @@ async def request_control(
     *,
     deliver_now: bool = True,
     guard: Guard | None = None,
+    organization_id: str | None = None,
     **detail: Any,
 ) -> ObjectiveState | None:
     """Record a control request and, with `deliver_now`, hand it to a control job in the same
-    transaction. Does nothing for an objective that does not exist."""
+    transaction. Does nothing for an objective that does not exist (or, with `organization_id`,
+    belongs to another organization)."""
 
     def decide(state: ObjectiveState | None) -> list[Draft]:
         return [control_request(reason, **detail)] if state is not None else []
 
-    state, _ = await update(tx, objective_id, decide, guard)
+    state, _ = await update(tx, objective_id, decide, guard, organization_id=organization_id)
     if state is not None and deliver_now:
         state = await deliver(tx, objective_id)
     return state
@@ -181,8 +216,8 @@ def settles(prior: Job | None, job: Job, drafts: Sequence[Draft]) -> bool:
 async def request_on_settlement(tx: Tx, job: Job, drafts: Sequence[Draft]) -> None:
     """The contract flag "reconcile objective on terminal or expired lease": in the transaction
     that wrote the job's terminal receipt or `job.lease_expired`, record a control request on
-    its objective's stream (delivered by the outbox redrive). An objective that does not exist
-    gets nothing."""
+    its objective's stream (delivered by the outbox redrive). An objective that does not exist,
+    or is another organization's, gets nothing."""
     objective_id = job.payload.get("objectiveId")
     if not isinstance(objective_id, str):
         return
@@ -192,6 +227,7 @@ async def request_on_settlement(tx: Tx, job: Job, drafts: Sequence[Draft]) -> No
         objective_id,
         "lease_expired" if expired else "job_terminal",
         deliver_now=False,
+        organization_id=job.organization_id,
         jobId=job.job_id,
         jobStatus=job.status,
     )

@@ -222,14 +222,15 @@ ORDER BY o.updated_at, o.objective_id
 LIMIT %(batch)s;
 
 -- name: objective_jobs
--- The jobs of these objectives (see objective_has_live_job for which are an objective's), with
+-- The jobs of these objectives (see objective_has_live_job, migrations/0012, for which are an
+-- objective's: the range of its caller id, its organization, naming it), with
 -- their status and last change, unlocked: the prune drops an objective one of whose jobs turned
 -- live; the dry run and the export take the ones settled after the cutoff (the older ones are
 -- the job batches' own).
 SELECT o.objective_id, j.job_id, j.status, j.updated_at FROM objectives o
 JOIN jobs j
-  ON j.job_id COLLATE "C" >= 'objective:' || o.objective_id || ':'
- AND j.job_id COLLATE "C" < 'objective:' || o.objective_id || ';'
+  ON j.job_id COLLATE "C" >= 'objective:' || split_part(o.objective_id, '~', 1) || ':'
+ AND j.job_id COLLATE "C" < 'objective:' || split_part(o.objective_id, '~', 1) || ';'
  AND j.organization_id = o.organization_id
  AND j.state -> 'payload' ->> 'objectiveId' = o.objective_id
 WHERE o.objective_id = ANY (%(objective_ids)s::text[])

@@ -14,11 +14,11 @@ from typing import Annotated, Any, Protocol
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from receipts.enqueue import TENANT_SEPARATOR, scoped_job_id
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import Job
 from receipts.listen import Listener
 from receipts.store import Store, translate_errors
+from receipts.tenancy import TENANT_SEPARATOR, scoped_id
 from receipts.text import check_clean_text
 from roles.api.auth import OPEN, Principal, TokenTable, is_loopback
 from roles.api.body import JsonLimits, json_object, read_json_body, validated
@@ -198,7 +198,7 @@ def takes_query(*names: str) -> Any:
 
 def runtime_job_id(caller: Principal, job_id: str) -> str:
     """The runtime's id of the job the caller names `job_id` (admins name runtime ids)."""
-    return job_id if caller.admin else scoped_job_id(caller.organization_id, job_id)
+    return job_id if caller.admin else scoped_id(caller.organization_id, job_id)
 
 
 async def _jobs_by_caller_id(store: Store, job_id: str) -> list[Job]:

@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from receipts import jobs as jobmodel
-from receipts.enqueue import EnqueueBody, caller_job_id, choice_field
+from receipts.enqueue import EnqueueBody, choice_field
 from receipts.jobs import COMMAND_TYPES, LANES, SINGLETON_MODES, Command, Job
 from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, contract_queue, redact_payload, route
+from receipts.tenancy import caller_id, untagged
 
 __all__ = ["CommandBody", "EnqueueBody"]
 
@@ -196,22 +197,35 @@ def json_body_documented(model: str) -> dict[str, Any]:
     }
 
 
+def shown_payload(payload: Any, organization_id: str | None) -> Any:
+    """A payload as its caller sees it: `task.env` values redacted and, for an organization
+    (None: admin), the runtime's tag dropped from the objective it names."""
+    payload = redact_payload(payload)
+    if organization_id is not None and isinstance(payload, dict) and "objectiveId" in payload:
+        payload = {**payload, "objectiveId": untagged(payload["objectiveId"], organization_id)}
+    return payload
+
+
 def shown_receipt(
-    receipt: dict[str, Any], job_id: str | None = None, shown_id: str | None = None
+    receipt: dict[str, Any],
+    job_id: str | None = None,
+    shown_id: str | None = None,
+    organization_id: str | None = None,
 ) -> dict[str, Any]:
     """A receipt's JSON as the caller sees it: `task.env` values redacted (the enqueue receipt
     carries them) and, when the caller knows the job as `shown_id`, the runtime's `job_id`
-    replaced by it in `stream` and `data.jobId` (an organization never sees the tag)."""
+    replaced by it in `stream` and `data.jobId` (an organization never sees the tag), and the
+    objective its payload names shown as `organization_id` names it."""
     data = receipt.get("data")
     if isinstance(data, dict):
         if "payload" in data:
-            data = {**data, "payload": redact_payload(data["payload"])}
+            data = {**data, "payload": shown_payload(data["payload"], organization_id)}
         if shown_id is not None and data.get("jobId") == job_id:
             data = {**data, "jobId": shown_id}
         if shown_id is not None:
             for link in ("retryOf", "retriedAs"):
                 if isinstance(data.get(link), str):
-                    data = {**data, link: caller_job_id(data[link])}
+                    data = {**data, link: caller_id(data[link])}
         receipt = {**receipt, "data": data}
     if shown_id is not None and job_id is not None:
         receipt = {**receipt, "stream": jobmodel.job_stream(shown_id)}
@@ -232,7 +246,7 @@ def job_view(job: Job, shown_id: str | None = None) -> dict[str, Any]:
         {
             **dict(job),
             "job_id": shown_id if shown_id is not None else job.job_id,
-            "payload": redact_payload(job.payload),
+            "payload": shown_payload(job.payload, job.organization_id if shown_id else None),
             "stream": jobmodel.job_stream(shown_id if shown_id is not None else job.job_id),
             "route": task_queue,
             "contract_worker_group": contract.worker_group if contract else None,
@@ -249,11 +263,11 @@ def job_view(job: Job, shown_id: str | None = None) -> dict[str, Any]:
 def _linked_ids(job: Job) -> dict[str, str | None]:
     """A job's retry links as its organization names them."""
     return {
-        "retry_of": caller_job_id(job.retry_of) if job.retry_of else None,
-        "retried_as": caller_job_id(job.retried_as) if job.retried_as else None,
+        "retry_of": caller_id(job.retry_of) if job.retry_of else None,
+        "retried_as": caller_id(job.retried_as) if job.retried_as else None,
     }
 
 
 def shown_job_id(job: Job, organization_id: str | None) -> str:
     """The id a caller of `organization_id` (None: admin) knows the job by."""
-    return caller_job_id(job.job_id) if organization_id is not None else job.job_id
+    return caller_id(job.job_id) if organization_id is not None else job.job_id

@@ -221,7 +221,9 @@ class DriverStarter:
             task_queue=self.settings.queue(QUEUE_DRIVER),
             run_timeout=timedelta(milliseconds=timing.driver_timeout_ms),
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=search_attributes(job.job_id, job.agent_id, job.lane, job.kind),
+            search_attributes=search_attributes(
+                job.job_id, job.agent_id, job.lane, job.kind, job.organization_id
+            ),
             static_summary=f"deliver {job.agent_id} {job.kind} (generation {generation})",
             request_eager_start=self.eager_start,
         )

@@ -205,20 +205,21 @@ def _tls_config(s: TemporalTLSSettings) -> TLSConfig | bool | None:
 
 
 async def ensure_search_attributes(client: Client, namespace: str = "default") -> None:
-    """Register ReceiptJobId/AgentId/Lane/Kind as Keyword attributes (idempotent).
+    """Register the Receipt search attributes (`SEARCH_ATTRIBUTES`: ReceiptJobId, AgentId,
+    Lane, Kind, OrganizationId) as Keyword attributes, one at a time so that one registered by
+    an earlier version does not keep a newer one out (idempotent).
 
     On a production cluster an operator may register them once instead:
     `temporal operator search-attribute create --name ReceiptJobId --type Keyword` (and the
-    other three).
+    other four).
     """
-    request = AddSearchAttributesRequest(
-        search_attributes={
-            key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for key in SEARCH_ATTRIBUTES
-        },
-        namespace=namespace,
-    )
-    try:
-        await client.operator_service.add_search_attributes(request)
-    except RPCError as exc:
-        if exc.status != RPCStatusCode.ALREADY_EXISTS:
-            raise
+    for key in SEARCH_ATTRIBUTES:
+        request = AddSearchAttributesRequest(
+            search_attributes={key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD},
+            namespace=namespace,
+        )
+        try:
+            await client.operator_service.add_search_attributes(request)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.ALREADY_EXISTS:
+                raise

@@ -17,6 +17,7 @@ from receipts.jobs import TERMINAL_STATUSES
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key
 from receipts.store import Store
+from receipts.tenancy import scoped_id
 from roles.delivery.watchdog import SCHEDULE_ID
 from tests.e2e.roles_harness import RoleProcesses, wait_for
 from tests.integration.api_support import ROOT, clean_env, free_port, wait_healthz
@@ -86,18 +87,21 @@ async def test_receipt_objectives_run_completes_an_objective_file_through_its_au
         raise
     text = out.decode()
     assert cli.returncode == 0, (text, err.decode(), procs.logs())
-    assert "objective cli-diamond accepted (created)" in err.decode()
-    assert "objective cli-diamond completed phase 1" in text
+    # Open mode is admin, which names objectives by the runtime's ids (scoped by organization).
+    runtime = scoped_id("org-a", "cli-diamond")
+    assert f"objective {runtime} accepted (created)" in err.decode()
+    assert f"objective {runtime} completed phase 1" in text
     for task in ("a", "b", "c", "d"):
         assert any(line.split()[:3] == [task, "completed", "try"] for line in text.splitlines())
     if "audited: 4/4 tasks completed, 4 tries" not in text:
         # The objective's receipts say in which order its settle, audit request and audit
         # landed (pytest.fail keeps the whole text); they found the reducer dropping the audit
         # request on a settled objective, which let the CLI stop before the audit.
-        stream = await store.read_stream(objective_stream("cli-diamond"))
+        stream = await store.read_stream(objective_stream(runtime))
         receipts = "\n".join(f"{r.seq} {r.type} {r.recorded_at} {r.data}" for r in stream)
         pytest.fail(f"no audit line; the CLI printed:\n{text}\nreceipts:\n{receipts}")
-    lines = (workspaces / "cli-diamond" / "published.txt").read_text().split()
+    published = workspaces / "orgs" / "org-a" / "objectives" / "cli-diamond" / "published.txt"
+    lines = published.read_text().split()
     assert lines[0] == "a" and sorted(lines[1:3]) == ["b", "c"] and lines[3] == "d"
 
 

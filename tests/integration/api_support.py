@@ -17,8 +17,9 @@ from typing import Any
 
 import httpx
 
-from receipts.enqueue import scoped_job_id
+from receipts.kinds import CONTRACTS
 from receipts.store import Store
+from receipts.tenancy import scoped_id
 from roles.api.app import ApiSettings, create_app
 from roles.cli.client import SseEvent, parse_sse
 from roles.infra.ports import free_port
@@ -54,7 +55,7 @@ UNLIMITED_ENV = {
 
 def rid(job_id: str, org: str = "org-a") -> str:
     """The runtime's id of the job `org` names `job_id` (job ids are scoped by organization)."""
-    return scoped_job_id(org, job_id)
+    return scoped_id(org, job_id)
 
 
 def enqueue_body(
@@ -65,7 +66,7 @@ def enqueue_body(
         "kind": kind,
         "authContext": {"userId": "u-1", "organizationId": org},
     }
-    if kind != "factory.objective.watchdog":
+    if kind in CONTRACTS and CONTRACTS[kind].objective_required:
         payload["objectiveId"] = adhoc_objective_id(extra.get("jobId"))
     payload.update(extra.pop("payload_extra", {}))
     return {"payload": payload, **extra}

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from receipts.enqueue import EnqueueResult, enqueue, parse_enqueue
+from receipts.kinds import CONTRACTS
 from receipts.store import Draft, Store
 
 
@@ -15,9 +16,8 @@ def new_id(prefix: str = "job") -> str:
 
 
 def adhoc_objective_id(job_id: str | None) -> str:
-    """An objective id for a job of its own (objective-scoped kinds need one; 422 without), and
-    with it a workspace of its own. The same job id gets the same one, so a re-post of a job is
-    the same request (a different payload would be an idempotency mismatch)."""
+    """An objective id for a kind that cannot run without one (422 without). The same job id
+    gets the same one, so a re-post of a job is the same request."""
     if job_id is None:
         return new_id("adhoc")
     return "adhoc-" + hashlib.sha256(job_id.encode()).hexdigest()[:16]
@@ -29,7 +29,7 @@ def auth(org: str = "org-a", user: str = "user-1") -> dict[str, str]:
 
 def body(kind: str = "factory.task.run", org: str = "org-a", **extra: Any) -> dict[str, Any]:
     payload: dict[str, Any] = {"kind": kind, "authContext": auth(org)}
-    if kind != "factory.objective.watchdog":
+    if kind in CONTRACTS and CONTRACTS[kind].objective_required:
         payload["objectiveId"] = adhoc_objective_id(extra.get("jobId"))
     payload.update(extra.pop("payload_extra", {}))
     return {"payload": payload, **extra}

@@ -221,3 +221,47 @@ async def test_a_handler_ended_by_a_refused_objective_write_settles_nothing_and_
     assert await types(store, stale.job.job_id) == before
     events = [getattr(r, "event", None) for r in caplog.records]
     assert "attempt.handler_error" not in events
+
+
+async def test_another_organizations_objective_and_jobs_look_absent_to_a_handler(
+    store: Store,
+) -> None:
+    """A job of org-b naming org-a's objective (and org-a's jobs) reads none of them and writes
+    nothing to them, whatever ids its payload names (docs/design.md §9)."""
+    objective_id = await objective(store)  # org-a's
+    theirs = (await put(store)).job  # org-a's job
+    job = (await put(store, org="org-b", payload_extra={"objectiveId": objective_id})).job
+    worker = f"{job.job_id}:attempt:1/1"
+    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=worker)
+    assert (await fence.start(LEASE, {"role": "test"})).ok
+    handler = HandlerStore(fence, job.session_key, job.organization_id)
+    before = await store.read_stream(objective_stream(objective_id))
+    assert await handler.objective(objective_id) is None
+    assert await handler.job(theirs.job_id) is None
+    assert await handler.jobs([theirs.job_id]) == {}
+    assert await handler.job_receipts(theirs.job_id, 0) == []
+    await handler.update_objective(objective_id, progress_line(objective_id))
+    await handler.request_control(objective_id, "reconcile")
+    assert (await handler.reconcile(objective_id, "factory.objective.control")).passes == 0
+    assert await store.read_stream(objective_stream(objective_id)) == before
+    # The runtime's own work (no organization: the watchdog) reads every organization's.
+    system = HandlerStore(fence, None, None)
+    assert await system.objective(objective_id) is not None
+
+
+async def test_a_settled_job_of_another_organization_requests_no_control(store: Store) -> None:
+    """The outbox hook of a reconciling kind asks for control on the objective its payload
+    names only when that objective is the job's organization's."""
+    objective_id = await objective(store)  # org-a's
+    job = (await put(store, org="org-b", payload_extra={"objectiveId": objective_id})).job
+    before = await store.read_stream(objective_stream(objective_id))
+    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
+    assert (await fence.start(LEASE, {"role": "test"})).ok
+    assert (await fence.complete({"done": True})).ok
+    assert await store.read_stream(objective_stream(objective_id)) == before
+    own = (await put(store, payload_extra={"objectiveId": objective_id})).job  # org-a's
+    fence = AttemptFence(store, own.job_id, attempt=1, worker_id=f"{own.job_id}:attempt:1/1")
+    assert (await fence.start(LEASE, {"role": "test"})).ok
+    assert (await fence.complete({"done": True})).ok
+    after = await store.read_stream(objective_stream(objective_id))
+    assert [r.type for r in after[len(before) :]] == ["objective.control_requested"]

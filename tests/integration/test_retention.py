@@ -5,6 +5,7 @@ RECEIPT_RETENTION loop runs in one process at a time."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -19,20 +20,23 @@ from psycopg.conninfo import make_conninfo
 
 from receipts import deliveries, retention
 from receipts import operations as ops
+from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import InvalidInput, ReceiptError
 from receipts.jobs import Job
 from receipts.projections import verify
 from receipts.sql import query
 from receipts.store import Store
+from receipts.tenancy import scoped_id
 from roles.delivery.retention import RetentionHooks, RetentionLoop
 from roles.infra.db import migrate_url
 from roles.infra.settings import SettingsError
 from roles.infra.settings import check as check_settings
 from tests.conftest import ROOT
 from tests.integration.api_support import AS_ADMIN, api_client
-from tests.integration.helpers import create_objective, put
+from tests.integration.helpers import body, create_objective, put
 from tools.bench.history import preload, run_template
 
+AUDIT_KIND = "factory.objective.audit"
 MONTH = timedelta(days=30)
 OLD = "40 days"
 # (table, column holding the job's key, how the key is made from the job id)
@@ -393,17 +397,31 @@ async def test_an_objective_keeps_its_jobs_while_live_and_is_pruned_with_them_wh
     cutoff stays while the objective is active, and while any job of it (its audit) is live;
     a settled objective past the cutoff with nothing of it live goes with all its jobs."""
     await objective_scenario(*fresh)
+    # The same for an objective named as the API names one (scoped by organization, its jobs'
+    # ids tagged at their end: migrations/0012).
+    await objective_scenario(*fresh, scoped=True)
 
 
-async def objective_scenario(store: Store, url: str) -> None:
+async def put_named(
+    store: Store, job_id: str, objective_id: str, agent: str = "codex", **kwargs: Any
+) -> Job:
+    """`put` under runtime ids the API would make (`~` is no caller's): the job's and the
+    objective's its payload names."""
+    request = parse_enqueue(agent, body(**kwargs))
+    payload = {**request.payload, "objectiveId": objective_id}
+    return (await enqueue(store, dataclasses.replace(request, job_id=job_id, payload=payload))).job
+
+
+async def objective_scenario(store: Store, url: str, scoped: bool = False) -> None:
     from receipts.objectives import store as objectives
     from receipts.objectives.model import audit_job_id, task_job_id
     from receipts.store import Draft
 
-    objective_id = await create_objective(store, "ret-objective")
+    name = "ret-objective-scoped" if scoped else "ret-objective"
+    objective_id = await create_objective(store, scoped_id("org-a", name) if scoped else name)
 
     async def settled(job_id: str) -> str:
-        job = (await put(store, jobId=job_id, payload_extra={"objectiveId": objective_id})).job
+        job = await put_named(store, job_id, objective_id)
         worker = f"{job.job_id}:attempt:1/1"
         await ops.start_attempt(store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
         await ops.complete(store, job.job_id, worker_id=worker, attempt=1, result={})
@@ -420,15 +438,9 @@ async def objective_scenario(store: Store, url: str) -> None:
             tx, objective_id, lambda _: [Draft("objective.settled", {"status": "completed"})]
         )
     # Queued: the audit is owed.
-    audit = (
-        await put(
-            store,
-            "factory-control",
-            kind="factory.objective.audit",
-            jobId=audit_job_id(objective_id),
-            payload_extra={"objectiveId": objective_id},
-        )
-    ).job
+    audit = await put_named(
+        store, audit_job_id(objective_id), objective_id, "factory-control", kind=AUDIT_KIND
+    )
     assert (await retention.prune(store, MONTH, dry_run=True)).jobs == 0
     assert (await retention.prune(store, MONTH)).jobs == 0
     assert await store.get_job(task) is not None
@@ -445,15 +457,11 @@ async def objective_scenario(store: Store, url: str) -> None:
     await ops.cancel_queued(store, audit.job_id, reason="test")  # nothing of it is live now
     # Another organization's job under the objective's id prefix, naming it, is not one of its
     # jobs: it neither keeps the objective nor goes with it.
-    foreign = (
-        await put(
-            store,
-            org="org-b",
-            jobId=f"objective:{objective_id}:x",
-            payload_extra={"objectiveId": objective_id},
-        )
-    ).job
-    assert foreign.job_id.startswith(f"objective:{objective_id}:x")
+    foreign_id = f"objective:{name}:x"
+    foreign = await put_named(
+        store, scoped_id("org-b", foreign_id) if scoped else foreign_id, objective_id, org="org-b"
+    )
+    assert foreign.job_id.startswith(f"objective:{name}:x")
     # A writer holding the objective's stream: the prune leaves the objective for a later one
     # (its old task job, no longer kept, goes).
     async with await psycopg.AsyncConnection.connect(url) as writer, writer.transaction():

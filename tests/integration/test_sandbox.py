@@ -26,12 +26,12 @@ from activities.sandbox import (
     SandboxResult,
     SandboxSettings,
     announce,
-    job_workspace,
     probe,
     run_sandboxed,
 )
 from activities.sandbox_cgroup import CgroupPlan, own_cgroups, plan_for
 from activities.sandbox_policy import ETC_ENTRIES
+from activities.workspaces import job_workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = "/usr/bin/python3"  # the system's: the project's virtualenv is not in the sandbox
@@ -57,7 +57,7 @@ def host_dir(mode: int) -> Path:
 
 
 def fresh_workspace(settings: SandboxSettings) -> Path:
-    return job_workspace(f"sandbox-test-{uuid.uuid4().hex[:12]}", settings)
+    return job_workspace("sandbox-tests", f"sandbox-test-{uuid.uuid4().hex[:12]}", settings)
 
 
 async def run(
@@ -463,7 +463,7 @@ async def test_a_workspace_root_the_sandbox_uid_cannot_reach_is_refused_clearly(
         pytest.skip("only a root worker runs commands as another uid")
     moved = replace(settings, workspace_root=unreachable_root)
     with pytest.raises(SandboxRefused, match="RECEIPT_WORKSPACE_ROOT") as refused:
-        await run(["true"], moved, job_workspace("x", moved))
+        await run(["true"], moved, job_workspace("org-a", "x", moved))
     assert "not searchable" in str(refused.value)
     assert stat.S_IMODE(unreachable_root.parent.stat().st_mode) == 0o700  # left as it was
 

@@ -1423,13 +1423,16 @@ def test_route_disagrees(agent_id: str, kind: str, disagrees: bool) -> None:
 
 
 # kind: (workerGroup, workflow, durable activity, objective scoped, reconcile, live, audit)
-CONTRACT_TABLE: dict[str, tuple[str, str | None, bool, bool, bool, bool, bool]] = {
-    "factory.dispatch": ("control", "factory.dispatch", False, True, False, False, False),
-    "factory.run": ("control", "factory.run", False, True, True, False, False),
+# worker group, workflow, durable activity, objective scoped, objective required, reconcile on
+# terminal, live execution, terminal audit (docs/design.md §5).
+CONTRACT_TABLE: dict[str, tuple[str, str | None, bool, bool, bool, bool, bool, bool]] = {
+    "factory.dispatch": ("control", "factory.dispatch", False, True, True, False, False, False),
+    "factory.run": ("control", "factory.run", False, True, False, True, False, False),
     "factory.integration.publish": (
         "codex",
         "factory.integration",
         False,
+        True,
         True,
         True,
         True,
@@ -1442,13 +1445,23 @@ CONTRACT_TABLE: dict[str, tuple[str, str | None, bool, bool, bool, bool, bool]] 
         True,
         True,
         True,
+        True,
         False,
     ),
-    "factory.objective.audit": ("control", None, False, True, False, False, False),
-    "factory.objective.control": ("control", "factory.objective", False, True, False, False, True),
-    "factory.objective.watchdog": ("control", None, False, False, False, False, False),
-    "factory.task.monitor": ("control", None, False, True, False, True, False),
-    "factory.task.run": ("codex", "factory.task", True, True, True, True, False),
+    "factory.objective.audit": ("control", None, False, True, True, False, False, False),
+    "factory.objective.control": (
+        "control",
+        "factory.objective",
+        False,
+        True,
+        True,
+        False,
+        False,
+        True,
+    ),
+    "factory.objective.watchdog": ("control", None, False, False, False, False, False, False),
+    "factory.task.monitor": ("control", None, False, True, True, False, False, False),
+    "factory.task.run": ("codex", "factory.task", True, True, False, True, True, False),
 }
 
 
@@ -1466,6 +1479,7 @@ def test_contract_table_row(kind: str) -> None:
         c.workflow,
         c.has_durable_activity,
         c.objective_scoped,
+        c.objective_required,
         c.reconciles_objective,
         c.live_execution,
         c.terminal_objective_audit,

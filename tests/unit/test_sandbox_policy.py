@@ -13,11 +13,7 @@ from activities.sandbox_policy import (
     SandboxSettings,
     clean_env,
     command_line,
-    job_workspace,
     limit_args,
-    objective_workspace,
-    uid_for,
-    workspace_name,
 )
 from roles.cli.up import role_env
 
@@ -93,38 +89,6 @@ def test_settings_from_the_environment() -> None:
 def test_bad_settings_are_refused_by_name(env: dict[str, str], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         SandboxSettings.from_env(env)
-
-
-@pytest.mark.parametrize(
-    ("identifier", "kept"),
-    [
-        ("job-1", True),
-        ("org:a@b.c_d", True),
-        ("..", False),
-        ("a/b", False),
-        ("x\ny", False),
-        (".hidden", False),
-        ("", False),
-        ("a" * 201, False),
-    ],
-)
-def test_workspace_names_are_the_id_or_a_digest(identifier: str, kept: bool) -> None:
-    name = workspace_name(identifier)
-    assert (name == identifier) is kept
-    assert "/" not in name and name not in (".", "..") and name
-    if not kept:
-        assert name.startswith("%")
-
-
-def test_objective_and_job_workspaces_do_not_collide() -> None:
-    assert objective_workspace("o1", SETTINGS) == Path("/srv/ws/o1")
-    assert job_workspace("o1", SETTINGS) == Path("/srv/ws/.jobs/o1")
-
-
-def test_each_workspace_has_one_uid_in_the_range() -> None:
-    uids = {uid_for(Path(f"/srv/ws/w{i}"), SETTINGS) for i in range(200)}
-    assert uids <= set(range(50_000, 50_010)) and len(uids) > 1
-    assert uid_for(WORKSPACE, SETTINGS) == uid_for(Path(str(WORKSPACE)), SETTINGS)
 
 
 def line(**overrides: object) -> list[str]:

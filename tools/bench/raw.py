@@ -69,7 +69,8 @@ async def noop(job: dict[str, Any]) -> list[float]:
 async def sandboxed_true(job: dict[str, Any]) -> list[float]:
     """Run `true` in the command sandbox as a codex job's handler does (its settings read per
     job, its output collected); return `[started, settled]` (epoch seconds)."""
-    from activities.sandbox import SandboxSettings, objective_workspace, run_sandboxed
+    from activities.sandbox import SandboxSettings, run_sandboxed
+    from activities.workspaces import objective_workspace
 
     started = time.time()
     settings = SandboxSettings.from_env()
@@ -80,7 +81,7 @@ async def sandboxed_true(job: dict[str, Any]) -> list[float]:
 
     ended = await run_sandboxed(
         ["true"],
-        workspace=objective_workspace("bench-raw", settings),
+        workspace=objective_workspace("bench", "bench-raw", settings),
         on_output=collect,
         settings=settings,
     )

@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 
-from receipts.enqueue import scoped_job_id
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.objectives import audit as objective_audit
 from receipts.objectives import store as objectives
 from receipts.objectives.model import run_job_id
+from receipts.tenancy import scoped_id
 from tools.chaos.plan import job_mix
 from tools.chaos.state import Run
 
@@ -41,7 +41,7 @@ async def post(
             continue
         if response.status_code == 202:
             # The runtime's id: job ids are scoped by organization (`<id>~<tag>`).
-            runtime_id = scoped_job_id("chaos", job_id)
+            runtime_id = scoped_id("chaos", job_id)
             run.accepted[runtime_id] = shape
             return runtime_id
         run.refused[str(response.status_code)] += 1

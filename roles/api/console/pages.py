@@ -19,10 +19,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from receipts import jobs as jobmodel
 from receipts import operations
 from receipts import retry as retries
-from receipts.enqueue import caller_job_id
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
 from receipts.kinds import KINDS
 from receipts.settings import Settings
+from receipts.tenancy import caller_id
 from roles.api.admission import runs_commands
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
 from roles.api.body import encode_cursor, listing
@@ -76,7 +76,7 @@ def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
     an organization its own id, an admin the runtime's organization-scoped id."""
     session = context.get("session")
     admin = session is None or session.principal.admin
-    context.setdefault("shown", _runtime_id if admin else caller_job_id)
+    context.setdefault("shown", _runtime_id if admin else caller_id)
     html = _templates.get_template(name).render(**context)
     return HTMLResponse(
         html,
@@ -304,10 +304,23 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         last_seq=receipts[-1].seq if receipts else 0,
         command_types=COMMAND_TYPES,
         temporal_url=f"{temporal_ui_url()}/namespaces/{quote(temporal_namespace())}/workflows?"
-        + urlencode({"query": f'ReceiptJobId="{job.job_id}"'}),
+        + urlencode({"query": temporal_query(job)}),
         notice=request.query_params.get("notice"),
         retryable=job.status in retries.RETRYABLE_STATUSES,
     )
+
+
+def temporal_query(job: Job) -> str:
+    """The Temporal UI's search for every delivery of `job`: the id its caller chose and its
+    organization (the search attributes the starter sets, workflows/driver.py)."""
+
+    def literal(value: str) -> str:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    query = f"ReceiptJobId={literal(caller_id(job.job_id))}"
+    if job.organization_id:
+        query += f" AND ReceiptOrganizationId={literal(job.organization_id)}"
+    return query
 
 
 @router.post("/jobs/{jobId:path}/command")

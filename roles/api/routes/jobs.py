@@ -25,14 +25,16 @@ from receipts import jobs as jobmodel
 from receipts import operations
 from receipts.enqueue import (
     JOB_ID_PATTERN,
+    EnqueueRequest,
     enqueue,
     parse_enqueue,
-    scoped_job_id,
 )
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import LANES, STATUSES, Job
-from receipts.kinds import AGENT_IDS, KINDS, MAX_ID_LENGTH, NON_BLANK
+from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, MAX_ID_LENGTH, NON_BLANK
+from receipts.objectives import store as objectives
 from receipts.store import Store, translate_errors
+from receipts.tenancy import scoped_id
 from roles.api.admission import (
     capped_timeout,
     check_command_rights,
@@ -51,6 +53,7 @@ from roles.api.body import (
 )
 from roles.api.deps import (
     ApiError,
+    ApiState,
     Caller,
     JobId,
     State,
@@ -158,6 +161,7 @@ async def post_job(
             "payload.authContext.organizationId is not the token's organization",
             field="payload.authContext.organizationId",
         )
+    enqueue_request = await _scoped_objective(state, enqueue_request)
     check_command_rights(caller, settings, agent_id, enqueue_request)
     check_gateway(settings, enqueue_request)
     enqueue_request = capped_timeout(settings, enqueue_request)
@@ -175,7 +179,7 @@ async def post_job(
     ):
         enqueue_request = dataclasses.replace(
             enqueue_request,
-            job_id=scoped_job_id(organization_id, client_id),
+            job_id=scoped_id(organization_id, client_id),
             new_job_id=new_job_id,
             max_commands=settings.max_commands_per_job,
             max_command_bytes=settings.max_command_bytes,
@@ -208,6 +212,22 @@ async def post_job(
         },
     }
     return JSONResponse(content, status_code=202)
+
+
+async def _scoped_objective(state: ApiState, request: EnqueueRequest) -> EnqueueRequest:
+    """The request with `payload.objectiveId` as the runtime names the organization's objective
+    (`<id>~<tag>`, receipts/tenancy.py): an objective id, like a job id, names an objective of the
+    caller's organization only. A kind that acts on an existing objective also finds one of the
+    organization's created before ids were scoped (`objectives.runtime_id`)."""
+    objective_id = request.payload.get("objectiveId")
+    contract = CONTRACTS[request.kind]
+    if not isinstance(objective_id, str) or not contract.objective_scoped:
+        return request
+    existing = contract.objective_required and request.kind != "factory.run"
+    runtime = await objectives.runtime_id(
+        state.require_store(), request.organization_id, objective_id, existing=existing
+    )
+    return dataclasses.replace(request, payload={**request.payload, "objectiveId": runtime})
 
 
 async def _list_jobs(store: Store, params: dict[str, Any]) -> list[Job]:
@@ -285,7 +305,9 @@ def followed_job(job: Job, shown: str) -> Followed[Job]:
         jobmodel.job_stream(job.job_id),
         fold=jobmodel.apply,
         end=end,
-        show=lambda receipt: shown_receipt(receipt, job.job_id, shown),
+        show=lambda receipt: shown_receipt(
+            receipt, job.job_id, shown, job.organization_id if shown != job.job_id else None
+        ),
     )
 
 

@@ -6,6 +6,7 @@ organization's is 404); admin sees all.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import Annotated, Any
@@ -21,10 +22,11 @@ from receipts.objectives import store as objectives
 from receipts.objectives.graph import OBJECTIVE_FIELDS, check_objective_id, parse_objective
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream, run_job_id
 from receipts.store import Store, translate_errors
+from receipts.tenancy import scoped_id, untagged
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import choice, encode_cursor, listing, read_json_body
 from roles.api.body import json_object as _object
-from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
+from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_id
 from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import errors_documented, job_view
 from roles.api.sse import Asked, Followed, events_response, events_route
@@ -43,11 +45,24 @@ def _paths(request: Request, objective_id: str) -> dict[str, str]:
 
 
 async def _visible(state: ApiState, caller: Principal, objective_id: str) -> ObjectiveState:
+    """The objective the caller names `objective_id` (an organization names its own, as it does
+    its jobs; an admin names runtime ids); 404 for one it may not see."""
     require_scope(caller, JOBS_READ)
-    objective = await objectives.get(state.require_store(), objective_id)
+    store = state.require_store()
+    runtime = objective_id
+    if not caller.admin:
+        runtime = await objectives.runtime_id(store, caller.organization_id, objective_id)
+    objective = await objectives.get(store, runtime)
     if objective is None or not caller.sees(objective.organization_id):
         raise ApiError(404, "not_found", f"no objective {objective_id!r}", field="objectiveId")
     return objective
+
+
+def _shown(caller: Principal, view: Any) -> Any:
+    """A view as the caller sees it: an organization's ids without the runtime's tag."""
+    if caller.admin or caller.organization_id is None:
+        return view
+    return untagged(view, caller.organization_id)
 
 
 def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
@@ -90,10 +105,9 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
     spec = parse_objective(raw, "objective")
     objective_id = spec.objective_id or str(uuid.uuid4())
     raw["objectiveId"] = objective_id
-    enqueue_request = parse_enqueue(
+    parsed = parse_enqueue(
         "factory",
         {
-            "jobId": run_job_id(objective_id),
             "payload": {
                 "kind": "factory.run",
                 "objectiveId": objective_id,
@@ -102,18 +116,27 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
             },
         },
     )
+    # Scoped by organization as a job id is (receipts/tenancy.py): the run job is named after it.
+    runtime = scoped_id(parsed.organization_id, objective_id)
+    enqueue_request = dataclasses.replace(
+        parsed,
+        job_id=run_job_id(runtime),
+        payload={**parsed.payload, "objectiveId": runtime},
+    )
     result = await enqueue(state.require_store(), enqueue_request)
     log.info(
         "objective requested",
-        extra={"event": "api.objective_requested", "objectiveId": objective_id},
+        extra={"event": "api.objective_requested", "objectiveId": runtime},
     )
+    shown = runtime if caller.admin else objective_id
+    run_job = shown_id(caller, result.job)
     return JSONResponse(
         {
-            "objectiveId": objective_id,
+            "objectiveId": shown,
             "outcome": result.outcome,
-            "job": job_view(result.job),
-            "jobUrl": f"{request.scope.get('root_path', '')}/jobs/{quote(result.job.job_id, safe='')}",
-            **_paths(request, objective_id),
+            "job": job_view(result.job, None if caller.admin else run_job),
+            "jobUrl": f"{request.scope.get('root_path', '')}/jobs/{quote(run_job, safe='')}",
+            **_paths(request, shown),
         },
         status_code=202,
     )
@@ -172,7 +195,7 @@ async def list_objectives(
     page = found[:limit]
     return JSONResponse(
         {
-            "objectives": [_summary(o) for o in page],
+            "objectives": [_shown(caller, _summary(o)) for o in page],
             "nextCursor": (
                 encode_cursor(page[-1].created_at, page[-1].objective_id)
                 if len(found) > limit
@@ -208,19 +231,25 @@ async def objective_view(store: Store, objective: ObjectiveState) -> dict[str, A
 async def get_objective(state: State, caller: Caller, objective_id: ObjectiveId) -> JSONResponse:
     """The folded objective: phase, task graph, each task's status, tries and job."""
     objective = await _visible(state, caller, objective_id)
-    return JSONResponse(await objective_view(state.require_store(), objective))
+    return JSONResponse(_shown(caller, await objective_view(state.require_store(), objective)))
 
 
-def followed_objective(objective_id: str) -> Followed[ObjectiveState]:
+def followed_objective(
+    runtime_id: str, shown: str | None = None, caller: Principal | None = None
+) -> Followed[ObjectiveState]:
     """An objective's stream, ending once it is settled and audited (or settled with no audit
-    to wait for: the audit is requested in the settling transaction)."""
+    to wait for: the audit is requested in the settling transaction). Its receipts are shown as
+    `caller` sees them (an organization's ids without the tag), the objective as `shown`."""
 
     def end(state: ObjectiveState) -> dict[str, Any] | None:
         if state.terminal and (state.audit is not None or state.audit_job_id is None):
-            return {"objectiveId": objective_id, "status": state.status}
+            return {"objectiveId": shown or runtime_id, "status": state.status}
         return None
 
-    return Followed(objective_stream(objective_id), fold=objective_model.apply, end=end)
+    def show(receipt: dict[str, Any]) -> dict[str, Any]:
+        return _shown(caller, receipt) if caller is not None else receipt
+
+    return Followed(objective_stream(runtime_id), fold=objective_model.apply, end=end, show=show)
 
 
 @events_route(
@@ -234,7 +263,8 @@ async def get_objective_events(
     """The objective's receipts; with `Accept: text/event-stream`, live until it ends."""
     objective = await _visible(state, caller, objective_id)
     head = {"objectiveId": objective_id, "status": objective.status}
-    return await events_response(asked, state, caller, followed_objective(objective_id), head)
+    followed = followed_objective(objective.objective_id, objective_id, caller)
+    return await events_response(asked, state, caller, followed, head)
 
 
 @router.post(
@@ -248,7 +278,8 @@ async def cancel_objective(
 ) -> JSONResponse:
     """Cancel: control aborts the objective's running jobs and settles it `canceled` (202);
     409 when it is already settled."""
-    check_objective_id(objective_id)
+    if not caller.admin:  # an admin names runtime ids (`<id>~<tag>`)
+        check_objective_id(objective_id)
     raw = await request.body()
     body = (
         _object(await read_json_body(request, state.settings.max_body_bytes), CANCEL_FIELDS)
@@ -258,16 +289,16 @@ async def cancel_objective(
     reason = body.get("reason") or "canceled by request"
     if not isinstance(reason, str):
         raise InvalidInput("reason", "reason must be a string")
-    await _visible(state, caller, objective_id)
+    objective = await _visible(state, caller, objective_id)
     try:
         async with state.require_store().transaction() as tx:
-            updated = await objectives.request_cancel(tx, objective_id, reason)
+            updated = await objectives.request_cancel(tx, objective.objective_id, reason)
     except objectives.ObjectiveTerminal as exc:
         raise ApiError(409, "terminal_state", str(exc)) from exc
     assert updated is not None
     log.info(
         "objective cancel requested",
-        extra={"event": "api.objective_cancel", "objectiveId": objective_id},
+        extra={"event": "api.objective_cancel", "objectiveId": objective.objective_id},
     )
     return JSONResponse(
         {"objectiveId": objective_id, "status": updated.status, "cancelRequested": True},

@@ -29,6 +29,7 @@ from tests.integration.helpers import put
 
 ROOT = Path(__file__).resolve().parents[3]
 AGENT = ROOT / "tests" / "agents" / "scripted_agent.py"
+ORG = "org-a"
 
 
 def scripted_registry(path: Path) -> Path:
@@ -53,7 +54,7 @@ def agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The registry for this test; returns where agent-job workspaces are made."""
     registry = scripted_registry(tmp_path / "agents.yaml")
     monkeypatch.setenv("RECEIPT_AGENTS_FILE", str(registry))
-    return Path(os.environ["RECEIPT_WORKSPACE_ROOT"]).absolute() / ".agent-jobs"
+    return Path(os.environ["RECEIPT_WORKSPACE_ROOT"]).absolute() / "orgs" / ORG / "agent-jobs"
 
 
 @contextlib.asynccontextmanager
@@ -69,7 +70,7 @@ async def stack_with_dispatcher(client: Client, store: Store, db_url: str) -> As
 def request(prompt: str, **extra: Any) -> CreateRequest:
     values: dict[str, Any] = {
         "agent_id": "scripted",
-        "organization_id": "org-a",
+        "organization_id": ORG,
         "owner_session_id": f"session-{uuid.uuid4().hex[:8]}",
         "source_actor_event_id": "event-1",
         "source_tool_call_id": f"tool-{uuid.uuid4().hex[:8]}",

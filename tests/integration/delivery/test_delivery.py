@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from activities.handlers.codex import workspace_of
 from activities.sandbox import SandboxSettings
+from activities.workspaces import job_workspace
 from receipts import deliveries
 from receipts import operations as ops
 from receipts.deliveries import MAX_GENERATION, generation_exhausted_message
+from receipts.enqueue import enqueue, parse_enqueue
 from receipts.store import Store
+from receipts.tenancy import scoped_id
 from receipts.timing import TimingSettings
 from roles.delivery.starter import DriverStarter
 from tests.integration.delivery.conftest import (
@@ -23,7 +26,7 @@ from tests.integration.delivery.conftest import (
     wait_for_scheduled_attempt,
     wait_for_status,
 )
-from tests.integration.helpers import put, types
+from tests.integration.helpers import body, new_id, put, types
 
 SETTLED = ("job.completed", "job.failed", "job.canceled")
 SHORT = TimingSettings(codex_job_lease_ms=6_000, job_lease_ms=6_000)
@@ -246,22 +249,28 @@ async def test_the_thirty_third_generation_fails_the_job_with_the_exact_text(
     assert failed.error == f"delivery recovery exceeded 32 generations for {job.job_id}"
 
 
-async def test_every_delivery_is_found_by_job_id_in_temporal(
+async def test_every_delivery_is_found_by_the_callers_job_id_in_temporal(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
+    # The id the caller chose and its organization find the driver, whose workflow id is the
+    # runtime's (`<id>~<tag>`, as the API scopes it).
+    chosen = new_id("hello")
     async with running_stack(client, fresh_store, fresh_db):
-        job = (await put(fresh_store, payload_extra=task("true"))).job
+        request = parse_enqueue("codex", body(payload_extra=task("true")))
+        scoped = dataclasses.replace(request, job_id=scoped_id("org-a", chosen))
+        job = (await enqueue(fresh_store, scoped)).job
         await wait_for_status(fresh_store, job.job_id)
+        query = f"ReceiptJobId = '{chosen}' AND ReceiptOrganizationId = 'org-a'"
         found: set[str] = set()
         for _ in range(50):
-            found = {w.id async for w in client.list_workflows(f"ReceiptJobId = '{job.job_id}'")}
+            found = {w.id async for w in client.list_workflows(query)}
             if found:
                 break
             await asyncio.sleep(0.2)
         [history] = await driver_histories(client, job.job_id)
     # The one delivery is the driver; its attempt is an activity in the driver's history,
     # with a readable summary, on the routed worker queue.
-    assert found == {job.job_id}
+    assert found == {job.job_id} and job.job_id == scoped_id("org-a", chosen)
     [scheduled] = [
         e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
     ]
@@ -434,7 +443,7 @@ async def test_a_missing_command_fails_with_a_clear_error(
     assert first.error is not None
     assert first.error.startswith("could not start 'no-such-command-zz': not found on PATH")
     assert second.status == "failed"
-    workspace = workspace_of(relative.payload, relative.job_id, SandboxSettings.from_env())
+    workspace = job_workspace("org-a", relative.job_id, SandboxSettings.from_env())
     assert (
         second.error == f"could not start './nope.sh': no executable file at {workspace}/./nope.sh"
     )

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from activities.handlers.codex import workspace_of
 from activities.sandbox import SandboxSettings, probe
+from activities.workspaces import job_workspace
 from receipts import operations as ops
 from receipts.store import Store
 from tests.integration.delivery.conftest import running_stack, wait_for_status
@@ -47,7 +47,7 @@ async def test_a_job_running_env_and_reading_proc_sees_no_worker_secret(
     shown = done.result["outputTail"]
     receipts = await fresh_store.read_stream(f"jobs/{job.job_id}")
     shown += "".join(r.data["data"]["output"] for r in receipts if r.type == "job.progress")
-    assert f"HOME={workspace_of(job.payload, job.job_id, SandboxSettings.from_env())}" in shown
+    assert f"HOME={job_workspace('org-a', job.job_id, SandboxSettings.from_env())}" in shown
     assert marker not in shown
     assert "RECEIPT_" not in shown
 

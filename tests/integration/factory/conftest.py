@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from receipts.enqueue import enqueue, parse_enqueue
@@ -27,6 +28,11 @@ from tests.integration.delivery.conftest import (  # noqa: F401  (fixtures)
 )
 
 AUTH = {"userId": "u-1", "organizationId": "org-a"}
+
+
+def objective_dir(workspace_root: Path, objective_id: str, org: str = "org-a") -> Path:
+    """Where an objective's tasks run: its organization's tree (activities/workspaces.py)."""
+    return workspace_root / "orgs" / org / "objectives" / objective_id
 
 
 @contextlib.asynccontextmanager

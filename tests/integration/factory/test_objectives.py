@@ -13,7 +13,12 @@ from receipts.objectives import store as objectives
 from receipts.objectives.model import objective_stream
 from receipts.store import Store
 from tests.integration.delivery.conftest import running_stack, wait_for_status
-from tests.integration.factory.conftest import outbox_running, run_objective, wait_objective
+from tests.integration.factory.conftest import (
+    objective_dir,
+    outbox_running,
+    run_objective,
+    wait_objective,
+)
 
 HERE = Path(__file__).parent
 
@@ -49,7 +54,7 @@ async def test_a_diamond_runs_in_dependency_order_then_validate_and_publish(
         await run_objective(fresh_store, diamond("dia-1"))
         state = await wait_objective(fresh_store, "dia-1", audited=True)
     assert state.status == "completed", state.error
-    lines = (workspace_root / "dia-1" / "order.txt").read_text().split()
+    lines = (objective_dir(workspace_root, "dia-1") / "order.txt").read_text().split()
     assert lines[0] == "a" and sorted(lines[1:3]) == ["b", "c"]
     assert lines[3:] == ["d", "validate", "publish"]
     receipts = await stream(fresh_store, "dia-1")
@@ -229,8 +234,8 @@ async def test_a_new_phase_cancels_unstarted_tasks_and_lets_running_ones_finish(
         "later": (1, "canceled"),
         "next": (2, "completed"),
     }
-    assert (workspace_root / "phase-1" / "slow.txt").exists()
-    assert not (workspace_root / "phase-1" / "later.txt").exists()
+    assert (objective_dir(workspace_root, "phase-1") / "slow.txt").exists()
+    assert not (objective_dir(workspace_root, "phase-1") / "later.txt").exists()
 
 
 async def wait_objective_task(
@@ -298,6 +303,8 @@ async def test_a_prompt_task_runs_the_codex_command_with_the_prompt_on_stdin(
     assert unset.status == "failed"
     assert "RECEIPT_CODEX_COMMAND is not set" in (unset.error or "")
     assert done.status == "completed", done.error
-    assert (workspace_root / "prompt-2" / "prompt.txt").read_text() == "write the answer"
+    assert (
+        objective_dir(workspace_root, "prompt-2") / "prompt.txt"
+    ).read_text() == "write the answer"
     agent = done.task("agent")
     assert agent is not None and agent.last_output in (None, "write the answer")

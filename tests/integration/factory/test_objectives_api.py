@@ -5,6 +5,7 @@ from __future__ import annotations
 from receipts.objectives import store as objectives
 from receipts.objectives.model import objective_stream
 from receipts.store import Store
+from receipts.tenancy import scoped_id
 from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client
 from tests.integration.factory.test_outbox_and_watchdog import TASK, create_objective
 
@@ -84,3 +85,31 @@ async def test_post_enqueues_the_run_job_and_answers_with_the_objective_urls(
     assert accepted["job"]["jobId"] == "objective:ok-api:run"
     assert accepted["job"]["kind"] == "factory.run"
     assert again.json()["outcome"] == "existing"
+
+
+async def test_two_organizations_name_the_same_objective_id_and_get_two_objectives(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    # Objective ids are scoped by organization as job ids are: neither collides with nor
+    # probes the other's, and each organization sees its own under the id it chose.
+    async with api_client(fresh_db, store=fresh_store) as api:
+        for headers, title in ((AS_A, "a's"), (AS_B, "b's")):
+            body = {"objectiveId": "same", "title": title, "goal": "g", "tasks": TASK}
+            created = await api.post("/objectives", headers=headers, json=body)
+            assert created.status_code == 202, created.text
+            assert created.json()["outcome"] == "created"
+            assert created.json()["objectiveId"] == "same"
+            assert created.json()["job"]["jobId"] == "objective:same:run"
+        a_job = await api.get("/jobs/objective:same:run", headers=AS_A)
+        b_job = await api.get("/jobs/objective:same:run", headers=AS_B)
+        assert a_job.json()["payload"]["objective"]["title"] == "a's"
+        assert b_job.json()["payload"]["objective"]["title"] == "b's"
+        assert a_job.json()["payload"]["objectiveId"] == "same"  # the caller's id, no tag
+        admin = await api.get("/jobs?kind=factory.run", headers=AS_ADMIN)
+        runtime = {j["jobId"] for j in admin.json()["jobs"]}
+        assert runtime == {
+            scoped_id("org-a", "objective:same:run"),
+            scoped_id("org-b", "objective:same:run"),
+        }
+    a_run = await fresh_store.get_job(scoped_id("org-a", "objective:same:run"))
+    assert a_run is not None and a_run.payload["objectiveId"] == scoped_id("org-a", "same")

@@ -1,0 +1,171 @@
+"""Workspaces: where a job's commands run, one tree per organization (docs/design.md §9).
+
+    <root>/orgs/<organization>/objectives/<objectiveId>   an objective's tasks, validate, publish
+    <root>/orgs/<organization>/jobs/<jobId>               a standalone task (no objective)
+    <root>/orgs/<organization>/agent-jobs/<ownerJobId>    an agent job and the jobs continuing it
+
+`<root>` is `RECEIPT_WORKSPACE_ROOT`. The organization is the job's own (from its authContext,
+checked against the caller's token by the API), never an id the payload names, and the ids
+below it are the organization's own (`receipts/tenancy.py`: the runtime's tag dropped), so no
+id a job can send reaches another organization's tree. Every directory on the way is
+traversable but not listable by the sandbox's uids (0711), a workspace itself is 0700 and owned
+by its own uid, and the sandbox binds only the job's workspace: a command sees nothing else.
+
+Workspaces of an earlier layout (`<root>/<objectiveId>`, `<root>/.jobs/<jobId>`,
+`<root>/.agent-jobs/<ownerJobId>`) are moved into place the first time their owner runs again
+(`adopt`), once the caller has checked that the owner is the job's organization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+from activities.sandbox_policy import (
+    SAFE_NAME,
+    SandboxRefused,
+    SandboxSettings,
+    searchable_by_others,
+)
+from receipts.tenancy import caller_id
+
+log = logging.getLogger("activities.workspaces")
+
+ORGANIZATIONS_DIR = "orgs"
+OBJECTIVES_DIR = "objectives"
+JOBS_DIR = "jobs"
+AGENT_JOBS_DIR = "agent-jobs"
+DIRECTORY_MODE = 0o711  # traversable, not listable, by the sandbox's uids
+
+
+def workspace_name(identifier: str) -> str:
+    """A directory name for an id: the id itself when it is a safe name, else a digest."""
+    if SAFE_NAME.fullmatch(identifier) and identifier not in (".", ".."):
+        return identifier
+    return "%" + hashlib.sha256(identifier.encode()).hexdigest()[:40]
+
+
+def organization_root(organization_id: str | None, settings: SandboxSettings) -> Path:
+    """`<root>/orgs/<organization>`: every workspace of one organization is below it."""
+    if not organization_id:
+        raise SandboxRefused("a job without an organization runs no command (no workspace)")
+    return settings.workspace_root / ORGANIZATIONS_DIR / workspace_name(organization_id)
+
+
+def objective_workspace(
+    organization_id: str | None, objective_id: str, settings: SandboxSettings
+) -> Path:
+    """An objective's workspace, shared by its tasks, validate and publish."""
+    return (
+        organization_root(organization_id, settings)
+        / OBJECTIVES_DIR
+        / workspace_name(caller_id(objective_id))
+    )
+
+
+def job_workspace(organization_id: str | None, job_id: str, settings: SandboxSettings) -> Path:
+    """A standalone job's workspace (kept after the job)."""
+    return (
+        organization_root(organization_id, settings) / JOBS_DIR / workspace_name(caller_id(job_id))
+    )
+
+
+def agent_job_workspace(
+    organization_id: str | None, owner_job_id: str, settings: SandboxSettings
+) -> Path:
+    """An agent job's workspace: its own, or that of the job it continues (its owner)."""
+    return (
+        organization_root(organization_id, settings) / AGENT_JOBS_DIR / workspace_name(owner_job_id)
+    )
+
+
+def legacy_objective_workspace(objective_id: str, settings: SandboxSettings) -> Path:
+    """Where the earlier layout kept an objective's workspace: `<root>/<objectiveId>`."""
+    return settings.workspace_root / workspace_name(objective_id)
+
+
+def legacy_job_workspace(job_id: str, settings: SandboxSettings) -> Path:
+    """Where the earlier layout kept a standalone job's workspace: `<root>/.jobs/<jobId>`."""
+    return settings.workspace_root / ".jobs" / workspace_name(job_id)
+
+
+def legacy_agent_job_workspace(owner_job_id: str, settings: SandboxSettings) -> Path:
+    """Where the earlier layout kept an agent job's workspace: `<root>/.agent-jobs/<owner>`."""
+    return settings.workspace_root / ".agent-jobs" / workspace_name(owner_job_id)
+
+
+def uid_for(workspace: Path, settings: SandboxSettings) -> int:
+    """The host uid a root worker runs a workspace's commands as: one per workspace (so files
+    keep one owner across an objective's tasks), spread over `RECEIPT_SANDBOX_UIDS` so that
+    RLIMIT_NPROC, which counts per uid, counts one workspace's processes."""
+    first, last = settings.uids
+    digest = int.from_bytes(hashlib.sha256(str(workspace).encode()).digest()[:8], "big")
+    return first + digest % (last - first + 1)
+
+
+def _sandbox_uid(workspace: Path, settings: SandboxSettings) -> int | None:
+    return uid_for(workspace, settings) if os.geteuid() == 0 and settings.mode == "bwrap" else None
+
+
+def _make_parents(workspace: Path, settings: SandboxSettings, uid: int | None) -> None:
+    """Create the root and every directory between it and `workspace`, traversable but not
+    listable by others; refuse a workspace outside the root."""
+    root = settings.workspace_root
+    if not workspace.is_absolute() or root not in workspace.parents:
+        raise SandboxRefused(f"workspace {workspace} is not under RECEIPT_WORKSPACE_ROOT {root}")
+    if not root.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(DIRECTORY_MODE)
+    if uid is not None:
+        blocked = searchable_by_others(root)
+        if blocked is not None:
+            raise SandboxRefused(
+                f"RECEIPT_WORKSPACE_ROOT {root} is not reachable by the sandbox's uid: "
+                f"{blocked} is not searchable by other users; choose a directory every user "
+                "may traverse (e.g. /var/lib/receipt/workspaces)"
+            )
+    for parent in reversed(workspace.parents):
+        if root in parent.parents and not parent.exists():
+            parent.mkdir(exist_ok=True)
+            parent.chmod(DIRECTORY_MODE)
+
+
+def prepare_workspace(workspace: Path, settings: SandboxSettings) -> int | None:
+    """Create the workspace (and its parents, traversable but not listable by the sandbox
+    uids), owned by the sandbox's host uid when the worker is root. Returns that uid (None: the
+    worker is not root, and the sandbox maps the worker's own uid)."""
+    uid = _sandbox_uid(workspace, settings)
+    _make_parents(workspace, settings, uid)
+    workspace.mkdir(mode=0o700, exist_ok=True)
+    if uid is not None and workspace.stat().st_uid != uid:
+        os.chown(workspace, uid, uid)
+    return uid
+
+
+def adopt(legacy: Path, workspace: Path, settings: SandboxSettings) -> bool:
+    """Move a workspace of the earlier layout to its place in the organization's tree, unless
+    the new one exists already. The caller has checked that `legacy` belongs to the job's
+    organization. A root worker gives every file the new workspace's uid (the uid follows the
+    path). Returns True when something was moved."""
+    if workspace.exists() or not legacy.is_dir() or legacy.is_symlink():
+        return False
+    uid = _sandbox_uid(workspace, settings)
+    _make_parents(workspace, settings, uid)
+    legacy.rename(workspace)
+    if uid is not None:
+        _chown_tree(workspace, uid)
+    log.info(
+        "workspace moved into its organization's tree",
+        extra={"event": "workspace.adopted", "from": str(legacy), "to": str(workspace)},
+    )
+    return True
+
+
+def _chown_tree(top: Path, uid: int) -> None:
+    """Give `top` and everything below it (symlinks themselves, never their targets) to `uid`."""
+    os.lchown(top, uid, uid)
+    for directory, subdirs, files in os.walk(top):
+        for name in (*subdirs, *files):
+            os.lchown(os.path.join(directory, name), uid, uid)

@@ -1,0 +1,118 @@
+"""Workspaces: one tree per organization, names from ids, uids, and the earlier layout moved in."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from activities.sandbox_policy import SandboxRefused, SandboxSettings
+from activities.workspaces import (
+    adopt,
+    agent_job_workspace,
+    job_workspace,
+    legacy_objective_workspace,
+    objective_workspace,
+    prepare_workspace,
+    uid_for,
+    workspace_name,
+)
+from receipts.tenancy import scoped_id
+
+SETTINGS = SandboxSettings(workspace_root=Path("/srv/ws"), uids=(50_000, 50_009))
+
+
+@pytest.mark.parametrize(
+    ("identifier", "kept"),
+    [
+        ("job-1", True),
+        ("org:a@b.c_d", True),
+        ("..", False),
+        ("a/b", False),
+        ("x\ny", False),
+        (".hidden", False),
+        ("", False),
+        ("a" * 201, False),
+    ],
+)
+def test_workspace_names_are_the_id_or_a_digest(identifier: str, kept: bool) -> None:
+    name = workspace_name(identifier)
+    assert (name == identifier) is kept
+    assert "/" not in name and name not in (".", "..") and name
+    if not kept:
+        assert name.startswith("%")
+
+
+def test_every_workspace_is_in_its_organizations_tree_under_the_callers_id() -> None:
+    objective = scoped_id("org-a", "release")
+    assert objective_workspace("org-a", objective, SETTINGS) == Path(
+        "/srv/ws/orgs/org-a/objectives/release"
+    )
+    assert job_workspace("org-a", scoped_id("org-a", "build-1"), SETTINGS) == Path(
+        "/srv/ws/orgs/org-a/jobs/build-1"
+    )
+    assert agent_job_workspace("org-a", "7743f9a3", SETTINGS) == Path(
+        "/srv/ws/orgs/org-a/agent-jobs/7743f9a3"
+    )
+
+
+@pytest.mark.parametrize("named", ["release", "..", "../org-a", "../../org-a/objectives/release"])
+def test_two_organizations_never_share_a_workspace_whatever_id_one_names(named: str) -> None:
+    mine = objective_workspace("org-a", scoped_id("org-a", "release"), SETTINGS)
+    for workspace in (
+        objective_workspace("org-b", named, SETTINGS),
+        objective_workspace("org-b", scoped_id("org-a", "release"), SETTINGS),
+        job_workspace("org-b", named, SETTINGS),
+        agent_job_workspace("org-b", named, SETTINGS),
+    ):
+        assert workspace != mine
+        assert workspace.parent.parent == Path("/srv/ws/orgs/org-b")
+        assert ".." not in workspace.parts
+
+
+def test_organization_names_that_are_not_safe_are_digests() -> None:
+    for organization in ("..", "a/b", "orgs"):
+        root = objective_workspace(organization, "o1", SETTINGS).parent.parent
+        assert root.parent == Path("/srv/ws/orgs") and ".." not in root.parts
+
+
+def test_a_job_without_an_organization_gets_no_workspace() -> None:
+    with pytest.raises(SandboxRefused, match="without an organization"):
+        job_workspace(None, "watchdog:1", SETTINGS)
+
+
+def test_each_workspace_has_one_uid_in_the_range() -> None:
+    uids = {uid_for(Path(f"/srv/ws/w{i}"), SETTINGS) for i in range(200)}
+    assert uids <= set(range(50_000, 50_010)) and len(uids) > 1
+    workspace = Path("/srv/ws/orgs/a/jobs/j1")
+    assert uid_for(workspace, SETTINGS) == uid_for(Path(str(workspace)), SETTINGS)
+
+
+def test_an_earlier_workspace_is_moved_into_place_once(tmp_path: Path) -> None:
+    settings = SandboxSettings(mode="none", workspace_root=tmp_path / "ws")
+    legacy = legacy_objective_workspace("release", settings)
+    legacy.mkdir(parents=True)
+    (legacy / "secret.txt").write_text("kept")
+    target = objective_workspace("org-a", "release", settings)
+    assert adopt(legacy, target, settings)
+    assert (target / "secret.txt").read_text() == "kept" and not legacy.exists()
+    legacy.mkdir()
+    assert not adopt(legacy, target, settings)  # the new one exists: nothing moves again
+    assert (settings.workspace_root / "orgs").stat().st_mode & 0o777 == 0o711
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to the sandbox's uid")
+def test_a_moved_workspace_belongs_to_the_uid_of_its_new_path(workspace_root: Path) -> None:
+    root = workspace_root / f"unit-{uuid.uuid4().hex[:8]}"  # traversable by other uids
+    settings = SandboxSettings(workspace_root=root, uids=(50_000, 50_009))
+    legacy = legacy_objective_workspace("release", settings)
+    prepare_workspace(legacy, settings)
+    (legacy / "sub").mkdir()
+    (legacy / "sub" / "file").write_text("x")
+    target = objective_workspace("org-a", "release", settings)
+    assert adopt(legacy, target, settings)
+    uid = uid_for(target, settings)
+    owners = {p.lstat().st_uid for p in [target, *target.rglob("*")]}
+    assert owners == {uid}
