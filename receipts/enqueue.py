@@ -84,15 +84,14 @@ class EnqueueResult:
     job: Job
     outcome: str
     affected: tuple[Job, ...] = ()
+    idempotency_mismatch: bool = False
+    """A re-post named an existing job (or absorbed steer) with another agent or payload: the
+    existing one is returned unchanged, as for any re-post, and the caller is told."""
 
     @property
     def created(self) -> bool:
         """True when a new job was appended."""
         return self.outcome == "created"
-
-
-class IdempotencyMismatch(ConflictError):
-    """A re-post named an existing job (or absorbed steer) with a different agent or payload."""
 
 
 async def _same_request(tx: Tx, existing: Job, request: EnqueueRequest, job_id: str) -> bool:
@@ -272,8 +271,9 @@ async def enqueue(
     """Enqueue in one transaction, in docs/design.md §4's order.
 
     1. jobId lookup (unless the id is `new_job_id`): an existing job (or the job a steer with
-       this id was absorbed into) is returned unchanged; one owned by another organization
-       raises `ConflictError`, one enqueued with another agent or payload `IdempotencyMismatch`.
+       this id was absorbed into) is returned unchanged, as the specification says, even when
+       it was enqueued with another agent or payload (`idempotency_mismatch` says so); one
+       owned by another organization raises `ConflictError`.
     2. the session-key lock; 3. expiry of stale leases on the session key; 4. the singleton
     scan; 5. append `job.enqueued`.
 
@@ -297,13 +297,14 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
         if existing is not None:
             if existing.organization_id != request.organization_id:
                 raise ConflictError("jobId already in use")
-            if not await _same_request(tx, existing, request, job_id):
-                raise IdempotencyMismatch(
-                    "jobId names a job enqueued with a different agent or payload; "
-                    "use a new jobId for a different job"
+            mismatch = not await _same_request(tx, existing, request, job_id)
+            if mismatch:
+                log.info(
+                    "re-post with another agent or payload: the existing job is returned",
+                    extra={"event": "enqueue.idempotency_mismatch", "jobId": existing.job_id},
                 )
             outcome = "existing" if existing.job_id == job_id else "steered"
-            return EnqueueResult(existing, outcome)
+            return EnqueueResult(existing, outcome, idempotency_mismatch=mismatch)
 
     affected: list[Job] = []
     if request.session_key is not None:

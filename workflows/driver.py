@@ -18,7 +18,6 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from receipts.deliveries import attempt_workflow_id
     from receipts.jobs import TERMINAL_STATUSES
-    from receipts.tenancy import caller_id
     from receipts.messages import (
         AttemptInput,
         AttemptResult,
@@ -27,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         DriverInput,
         DriverPlan,
     )
+    from receipts.tenancy import caller_id
     from workflows.names import (
         EXECUTE_ATTEMPT,
         JOB_ATTEMPT_WORKFLOW,

@@ -49,7 +49,7 @@ __all__ = [
 class EnqueueObserver(Protocol):
     """Told of every accepted enqueue (the role's metrics)."""
 
-    def job_enqueued(self, job: Job, outcome: str) -> None: ...
+    def job_enqueued(self, job: Job, outcome: str, idempotency_mismatch: bool = False) -> None: ...
 
 
 @dataclass

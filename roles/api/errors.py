@@ -12,7 +12,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from receipts.enqueue import IdempotencyMismatch
 from receipts.errors import ConflictError, InvalidInput, TransientStorageError
 
 log = logging.getLogger("roles.api.app")
@@ -93,10 +92,6 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(
             ApiError(422, "invalid_input", exc.message, field=exc.field, allowed=exc.allowed)
         )
-
-    @app.exception_handler(IdempotencyMismatch)
-    async def mismatch(request: Request, exc: IdempotencyMismatch) -> JSONResponse:
-        return error_response(ApiError(409, "idempotency_mismatch", str(exc), field="jobId"))
 
     @app.exception_handler(ConflictError)
     async def conflict(request: Request, exc: ConflictError) -> JSONResponse:

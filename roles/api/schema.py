@@ -94,6 +94,11 @@ class AsyncInfo(_Doc):
     job_url: str
     events_url: str
     status: str
+    idempotency_mismatch: bool = Field(
+        default=False,
+        description="True when a re-post named an existing job with another agent or payload: "
+        "the existing job is returned unchanged, as for any re-post",
+    )
 
 
 class EnqueueAccepted(BaseModel):

@@ -104,6 +104,12 @@ def enqueue_command(
     with ApiClient(api_url, token) as client:
         accepted = client.call("POST", f"/agents/{quote(agent, safe='')}/jobs", json=body)
         job = accepted["job"]
+        if accepted["async"].get("idempotencyMismatch") and not as_json:
+            click.echo(
+                f"warning: job {job['jobId']} exists with another agent or payload; it is "
+                "returned unchanged (use a new --job-id for a different job)",
+                err=True,
+            )
         if not wait:
             if as_json:
                 click.echo(_dump(accepted))

@@ -52,6 +52,13 @@ class Metrics:
             ["lane", "kind", "agent", "outcome"],
             registry=r,
         )
+        self.idempotency_mismatches = Counter(
+            "receipt_jobs_idempotency_mismatches",
+            "Re-posts of an existing jobId with another agent or payload (the existing job is "
+            "returned unchanged, flagged async.idempotencyMismatch).",
+            ["agent"],
+            registry=r,
+        )
         self.settled = Counter(
             "receipt_jobs_settled",
             "Attempts settled, by job status and attempt result status.",
@@ -227,9 +234,12 @@ class Metrics:
 
         return RetentionHooks(on_pruned=on_pruned, on_skipped=self.retention_skipped.inc)
 
-    def job_enqueued(self, job: Job, outcome: str) -> None:
-        """Count an enqueue (and a route/contract disagreement when a job was created)."""
+    def job_enqueued(self, job: Job, outcome: str, idempotency_mismatch: bool = False) -> None:
+        """Count an enqueue (and a route/contract disagreement when a job was created, a re-post
+        with another agent or payload when it was one)."""
         self.enqueued.labels(job.lane, job.kind, agent_label(job.agent_id), outcome).inc()
+        if idempotency_mismatch:
+            self.idempotency_mismatches.labels(agent_label(job.agent_id)).inc()
         if outcome == "created" and route_disagrees(job.agent_id, job.kind):
             self.route_disagreements.labels(agent_label(job.agent_id), job.kind).inc()
 

@@ -419,10 +419,13 @@ async def test_invented_agent_ids_share_one_other_label(store: Store) -> None:
         invented.append((await put(store, agent=f"invented-{n}-{new_id()}", org="org-m")).job)
     for job in invented:
         metrics.job_enqueued(job, "created")
-    metrics.job_enqueued((await put(store, agent="codex", org="org-m")).job, "created")
+    codex = (await put(store, agent="codex", org="org-m")).job
+    metrics.job_enqueued(codex, "created")
+    metrics.job_enqueued(codex, "existing", idempotency_mismatch=True)
     text = generate_latest(registry).decode()
     assert "invented-" not in text
     assert 'agent="other"' in text and 'agent="codex"' in text
+    assert 'receipt_jobs_idempotency_mismatches_total{agent="codex"} 1.0' in text
 
 
 # --- findings 10, 11: ids are scoped by organization, well-formed, and watchdog ids the system's
@@ -468,17 +471,25 @@ async def test_only_the_system_creates_watchdog_jobs(client: httpx.AsyncClient) 
     assert assert_error(response, 422, "invalid_input")["field"] == "jobId"
 
 
-async def test_a_repost_with_another_payload_is_409_idempotency_mismatch(
+async def test_a_repost_with_another_payload_returns_the_existing_job_unchanged_and_says_so(
     client: httpx.AsyncClient, store: Store
 ) -> None:
+    """The spec: "An explicit jobId that already exists returns the existing job unchanged."
+    A re-post with another payload (or agent) is answered as any re-post, and flagged."""
     job_id = new_id()
     first = enqueue_body(jobId=job_id, payload_extra={"n": 1})
-    assert (await client.post("/agents/codex/jobs", json=first, headers=AS_A)).status_code == 202
+    created = await client.post("/agents/codex/jobs", json=first, headers=AS_A)
+    assert created.status_code == 202 and not created.json()["async"]["idempotencyMismatch"]
     same = await client.post("/agents/codex/jobs", json=first, headers=AS_A)
     assert same.status_code == 202 and same.json()["outcome"] == "existing"
+    assert same.json()["async"]["idempotencyMismatch"] is False
     changed = enqueue_body(jobId=job_id, payload_extra={"n": 2})
-    response = await client.post("/agents/codex/jobs", json=changed, headers=AS_A)
-    assert assert_error(response, 409, "idempotency_mismatch")["field"] == "jobId"
+    for agent in ("codex", "factory"):
+        response = await client.post(f"/agents/{agent}/jobs", json=changed, headers=AS_A)
+        assert response.status_code == 202, response.text
+        answer = response.json()
+        assert answer["outcome"] == "existing" and answer["async"]["idempotencyMismatch"] is True
+        assert answer["job"]["payload"]["n"] == 1 and answer["job"]["agentId"] == "codex"
     assert await types(store, rid(job_id)) == ["job.enqueued"]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from receipts import commands
 from receipts import operations as ops
-from receipts.enqueue import IdempotencyMismatch, enqueue, parse_enqueue
+from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import ConflictError, InvalidInput
 from receipts.kinds import KINDS
 from receipts.store import Store
@@ -104,15 +104,18 @@ async def test_singleton_steer_returns_the_most_recent_active_job(store: Store) 
         payload_extra={"prompt": "also do this"},
     )
     assert again.outcome == "steered" and again.job.job_id == newest.job_id
-    # The steer's payload is read from its receipt to tell a retry from another request.
-    with pytest.raises(IdempotencyMismatch):
-        await put(
-            store,
-            sessionKey=session,
-            singletonMode="steer",
-            jobId=steer_id,
-            payload_extra={"prompt": "something else"},
-        )
+    assert not again.idempotency_mismatch
+    # The steer's payload is read from its receipt to tell a retry from another request: the
+    # steered job is returned unchanged all the same, flagged.
+    other = await put(
+        store,
+        sessionKey=session,
+        singletonMode="steer",
+        jobId=steer_id,
+        payload_extra={"prompt": "something else"},
+    )
+    assert other.outcome == "steered" and other.idempotency_mismatch
+    assert other.job == again.job
     assert await types(store, newest.job_id) == ["job.enqueued", "queue.command"]
 
 

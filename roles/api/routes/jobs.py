@@ -189,7 +189,7 @@ async def post_job(
         result = await enqueue(state.require_store(), enqueue_request, admit=caps)
     job = result.job
     if state.metrics is not None:
-        state.metrics.job_enqueued(job, result.outcome)
+        state.metrics.job_enqueued(job, result.outcome, result.idempotency_mismatch)
     log.info(
         "job enqueued",
         extra={
@@ -209,6 +209,7 @@ async def post_job(
             "jobUrl": job_path(request, shown),
             "eventsUrl": job_path(request, shown, "/events"),
             "status": job.status,
+            "idempotencyMismatch": result.idempotency_mismatch,
         },
     }
     return JSONResponse(content, status_code=202)
