@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from receipts import operations as ops
 from receipts.jobs import LANES, SINGLETON_MODES
-from receipts.kinds import AGENT_IDS, KINDS, QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL
+from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL
 from receipts.store import Store, latest_schema_version
 from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body, rid
 from tests.integration.helpers import new_id, types
@@ -187,6 +187,39 @@ async def test_unknown_kind_is_422_naming_the_nine_and_writes_nothing(
     assert error["allowed"] == list(KINDS)
     assert all(kind in error["message"] for kind in KINDS)
     assert (await client.get(f"/jobs/{job_id}", headers=AS_A)).status_code == 404
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_each_kind_posted_as_the_spec_shapes_it_without_an_objective_id(
+    client: httpx.AsyncClient, kind: str
+) -> None:
+    """The spec requires `kind` and `authContext` only. A kind that acts on an objective cannot
+    run without one (422 naming the field, nothing written); `factory.run` is given a new
+    objective id; `factory.task.run` runs on its own; the watchdog names none."""
+    job_id = new_id()
+    payload: dict[str, Any] = {"kind": kind}
+    if kind != "factory.objective.watchdog":
+        payload["authContext"] = {"userId": "u-1", "organizationId": "org-a"}
+        if kind == "factory.run":
+            payload["objective"] = {"title": "t", "goal": "g", "tasks": []}
+        headers = AS_A
+    else:
+        headers = AS_ADMIN
+    agent = {"factory.run": "factory", "factory.task.run": "codex"}.get(kind, "factory-control")
+    response = await client.post(
+        f"/agents/{agent}/jobs", json={"jobId": job_id, "payload": payload}, headers=headers
+    )
+    if CONTRACTS[kind].objective_required:
+        error = assert_error(response, 422, "invalid_input", "payload.objectiveId")
+        assert kind in error["message"] and "factory.task.run" in error["message"]
+        assert (await client.get(f"/jobs/{job_id}", headers=headers)).status_code == 404
+        return
+    assert response.status_code == 202, response.text
+    shown = response.json()["job"]["payload"]
+    if kind == "factory.run":
+        assert isinstance(shown["objectiveId"], str) and "~" not in shown["objectiveId"]
+    else:
+        assert "objectiveId" not in shown
 
 
 @pytest.mark.parametrize("missing", ["userId", "organizationId"])
