@@ -243,7 +243,8 @@ def _failed_turn(
 
 
 def stop_data(job: AgentJob, reason: str) -> dict[str, Any]:
-    """The transition of a queued or waiting job straight to `stopped`."""
+    """The transition of a job straight to `stopped` (a cancel: from any status but a
+    terminal one)."""
     return {
         "from": job.status,
         "to": "stopped",

@@ -13,7 +13,7 @@ from typing import Any
 
 from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.model import AgentJob
-from receipts.enqueue import EnqueueRequest, enqueue_in, stop_draft
+from receipts.enqueue import EnqueueRequest, cancel_queued_draft, enqueue_in
 from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
 from receipts.jobs import Receipt
 from receipts.projections import AGENT_JOBS
@@ -386,36 +386,47 @@ async def answer(
 
 
 async def cancel(store: Store, agent_job_id: str, *, reason: str) -> AgentJob:
-    """Stop a queued or waiting job now; for a running one, request the stop and abort the live
-    turn's queue job (the job is `stopped` when that turn settles). Raises `NotFoundError`,
-    `AlreadyTerminal`."""
+    """Drive the job to `stopped` at once, whatever its status: its slot is free in the same
+    transaction. A live turn is not yanked out from under its worker: it finishes or fails on
+    its own, and every write its end would make to the job (a transition, a wakeup, the next
+    turn) is refused by the fence of `settle_turn_in` (the job is no longer `running` on that
+    turn). A turn whose queue job has not started yet is no live turn: it is canceled with the
+    job. Raises `NotFoundError`, `AlreadyTerminal`."""
     async with store.transaction() as tx:
         job = await job_for_update(tx, agent_job_id)
         if job is None:
             raise NotFoundError(f"no agent job {agent_job_id!r}")
         if job.terminal:
             raise AlreadyTerminal(f"agent job {agent_job_id!r} is {job.status}")
-        if job.status in ("queued", "waiting_on_user"):
-            job = await append(
-                tx, job, [Draft(model.TRANSITIONED, decisions.stop_data(job, reason))]
-            )
-        elif not job.cancel_requested:
-            job = await append(tx, job, [Draft(model.CANCEL_REQUESTED, {"reason": reason})])
-            await _abort_turn(tx, job, reason)
+        live_turn = None
+        if job.status == "running" and job.queue_job_id is not None:
+            live_turn = await _release_turn(tx, job.queue_job_id, reason)
+        data = decisions.stop_data(job, reason)
+        if live_turn is not None:
+            data["liveTurnJobId"] = live_turn
+        job = await append(tx, job, [Draft(model.TRANSITIONED, data)])
     log.info(
-        "agent job cancel",
-        extra={"event": "agent_job.cancel", "agentJobId": agent_job_id, "status": job.status},
+        "agent job stopped",
+        extra={
+            "event": "agent_job.cancel",
+            "agentJobId": agent_job_id,
+            "status": job.status,
+            "liveTurnJobId": live_turn,
+        },
     )
     return job
 
 
-async def _abort_turn(tx: Tx, job: AgentJob, reason: str) -> None:
-    assert job.queue_job_id is not None
-    turn_job = await tx.job_for_update(job.queue_job_id)
+async def _release_turn(tx: Tx, turn_job_id: str, reason: str) -> str | None:
+    """A stopped job's turn: canceled if its queue job is still queued (no worker holds it);
+    left to run if a worker does. Returns the id of a turn left running, else None."""
+    turn_job = await tx.job_for_update(turn_job_id)
     if turn_job is None or turn_job.terminal:
-        return  # already settled: its settlement writes `stopped`
-    draft = stop_draft(turn_job, reason, f"cmd-{uuid.uuid4()}")
-    await tx.append_job(turn_job.job_id, turn_job, [draft])
+        return None
+    if turn_job.status == "queued":
+        await tx.append_job(turn_job.job_id, turn_job, [cancel_queued_draft(turn_job, reason)])
+        return None
+    return turn_job.job_id
 
 
 async def fail_overdue_input(

@@ -239,17 +239,16 @@ def answer_command(
 def cancel_command(
     agent_job_id: str, reason: str | None, api_url: str, token: str | None, as_json: bool
 ) -> None:
-    """Stop an agent job (admin tokens; a live turn finishes first)."""
+    """Stop an agent job at once (admin tokens; a live turn is left to finish on its own, and
+    nothing it does afterwards reaches the job or its owner)."""
     body = _given({"reason": reason})
     with ApiClient(api_url, token) as client:
         accepted = client.call("POST", f"/console{_path(agent_job_id, '/cancel')}", json=body)
     job = accepted["agentJob"]
     if as_json:
         click.echo(_dump(accepted))
-    elif job["status"] == "stopped":
-        click.echo(f"stopped {job['agentJobId']}")
     else:
-        click.echo(f"stop requested for {job['agentJobId']}: stopped when its live turn settles")
+        click.echo(f"{job['status']} {job['agentJobId']}")
 
 
 @agent_jobs_group.command("events")

@@ -5,7 +5,8 @@ and prints one outcome as the last JSON line of stdout (the turn protocol, docs/
 Prompts: `done:<text>`; `ask:<question>` (needs_input on the first turn, done with the answer
 on the continuation); `fail` / `fail-hard` (retryable / not); `fail-delay:<ms>`; `crash` (exit 3,
 no outcome); `quota:<seconds>` (quota_exhausted with retryAt once, then done); `quota-bare`;
-`sleep:<seconds>` (then done); `steer` (wait for a steer line, then done with its payload);
+`sleep:<seconds>` (then done); `mark:<seconds>` (then writes
+`marker` in its workspace, then done); `steer` (wait for a steer line, then done with its payload);
 `agents-md` (done with the workspace's AGENTS.md); `whoami:<path>` (its uid, whether it
 sees <path>, its environment's names). A turn with follow-ups answers them.
 """
@@ -65,6 +66,10 @@ def main() -> int:
     elif mode == "sleep":
         time.sleep(float(arg))
         emit({"outcome": "done", "result": {"slept": float(arg)}})
+    elif mode == "mark":
+        time.sleep(float(arg))
+        Path("marker").write_text("the turn ran to its end")
+        emit({"outcome": "done", "result": {"marked": True}})
     elif mode == "steer":
         line = sys.stdin.readline()
         steer = json.loads(line) if line else None

@@ -289,7 +289,11 @@ async def test_an_unstarted_attempt_is_refunded(store: Store) -> None:
     assert again.queue_job_id == f"{job.agent_job_id}:attempt:1:turn:2"
 
 
-async def test_cancel_of_a_running_job_waits_for_its_turn(store: Store) -> None:
+async def test_cancel_of_a_running_job_stops_it_at_once_and_leaves_its_turn_alone(
+    store: Store,
+) -> None:
+    """Seed 004: cancel drives the job to `stopped` and does not yank a live worker out from
+    under a running turn; the turn finishes on its own, fenced: nothing of its end is written."""
     agent = f"agent-{uuid.uuid4().hex[:6]}"
     jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(4)]
     await dispatcher(store).run_once()
@@ -301,20 +305,29 @@ async def test_cancel_of_a_running_job_waits_for_its_turn(store: Store) -> None:
             store, first.queue_job_id, attempt=1, worker_id=worker, lease_ms=60_000
         )
     ).ok
-    canceled = await lifecycle.cancel(store, first.agent_job_id, reason="operator")
-    assert canceled.status == "running" and canceled.cancel_requested
+    stopped = await lifecycle.cancel(store, first.agent_job_id, reason="operator")
+    assert (stopped.status, stopped.error) == ("stopped", "operator")
+    chain = await store.read_stream(model.stream_of(first.agent_job_id))
+    assert chain[-1].data["liveTurnJobId"] == first.queue_job_id
     turn = await store.get_job(first.queue_job_id)
-    assert turn is not None and turn.abort_requested  # the live turn got an abort
-    assert (await dispatcher(store).run_once()).claimed == 0  # the slot is still held
-    assert (await current(store, jobs[3].agent_job_id)).status == "queued"
-    # The turn settles (the worker honoured the abort): stopped, no wakeup, the slot frees.
+    assert turn is not None and turn.status == "running" and not turn.abort_requested
+    # The slot is free at once: the fourth job is claimed while the turn still runs.
+    assert (await dispatcher(store).run_once()).claimed == 1
+    assert (await current(store, jobs[3].agent_job_id)).status == "running"
+    # The turn ends on its own, with an outcome that would succeed the job: nothing is written.
+    done = {"outcome": "done", "result": {"late": True}}
     assert (
-        await ops.cancel(store, first.queue_job_id, worker_id=worker, attempt=1, reason="operator")
+        await ops.complete(store, first.queue_job_id, worker_id=worker, attempt=1, result=done)
     ).ok
-    passed = await dispatcher(store).run_once()
-    assert (passed.settled, passed.claimed) == (1, 1)
-    assert (await current(store, first.agent_job_id)).status == "stopped"
+    assert (await dispatcher(store).run_once()).settled == 0
+    assert await store.read_stream(model.stream_of(first.agent_job_id)) == chain
     assert await session_wakeups(store, first.owner_session_id) == []
+    # A running job whose turn has not started yet: the turn is canceled with it.
+    second = await current(store, jobs[1].agent_job_id)
+    assert second.queue_job_id is not None
+    assert (await lifecycle.cancel(store, second.agent_job_id, reason="x")).status == "stopped"
+    unstarted = await store.get_job(second.queue_job_id)
+    assert unstarted is not None and unstarted.status == "canceled"
     # A queued job stops at once; a stopped one takes nothing more.
     queued = (await lifecycle.create(store, request(agent)))[0]
     assert (await lifecycle.cancel(store, queued.agent_job_id, reason="x")).status == "stopped"

@@ -134,5 +134,4 @@ async def agent_job_cancel(request: Request, agentJobId: str) -> Response:
     log.info(
         "console cancel", extra={"event": "console.agent_job_cancel", "agentJobId": agentJobId}
     )
-    notice = "stopped" if job.status == "stopped" else "stop requested; the live turn is aborting"
-    return RedirectResponse(_page_url(agentJobId, notice), status_code=303)
+    return RedirectResponse(_page_url(agentJobId, job.status), status_code=303)

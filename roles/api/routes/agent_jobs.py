@@ -398,8 +398,9 @@ async def console_show(
 async def console_cancel(
     request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
 ) -> JSONResponse:
-    """Drive the job to `stopped`. A live turn is not yanked: its queue job gets an abort and
-    the job is `stopped` when that turn settles (its slot held until then)."""
+    """Drive the job to `stopped` at once, its slot free. A live turn is not yanked out from
+    under its worker: it finishes or fails on its own, and nothing it does afterwards reaches
+    the job or its owner session (a turn not yet started is canceled with the job)."""
     _require_admin(caller)
     reason = "canceled by an operator"
     raw = await request.body()

@@ -58,8 +58,10 @@ def agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def stack_with_dispatcher(client: Client, store: Store, db_url: str) -> AsyncIterator[Stack]:
-    async with running_stack(client, store, db_url, queues=(QUEUE_CODEX,)) as stack:
+async def stack_with_dispatcher(
+    client: Client, store: Store, db_url: str, **env: str
+) -> AsyncIterator[Stack]:
+    async with running_stack(client, store, db_url, queues=(QUEUE_CODEX,), **env) as stack:
         dispatcher = AgentJobDispatcher(
             store, stack.listener, AgentJobSettings(redrive_interval_ms=1_000)
         )
@@ -187,21 +189,47 @@ async def test_failing_turns_use_the_budget_then_fail(
         assert len(retries) == 4 and all(r["retryDelayMs"] <= 30_000 for r in retries)
 
 
-async def test_operator_cancel_of_a_live_turn_stops_it_when_the_turn_settles(
+async def test_operator_cancel_stops_a_running_job_at_once_and_its_live_turn_ends_on_its_own(
     client: Client, fresh_store: Store, fresh_db: str, agents: Path
 ) -> None:
+    """Seed 004: the job is `stopped` within a second, its live turn is not killed (its marker
+    file appears), nothing is written to the job or its session after `stopped`, and another
+    job of the same agent takes the freed slot. (The organization's codex cap is raised: the
+    agent's slots are the subject here.)"""
     store = fresh_store
-    async with stack_with_dispatcher(client, store, fresh_db):
-        job, _ = await lifecycle.create(store, request("sleep:60"))
-        running = await wait_for(store, job.agent_job_id, "running")
+    async with stack_with_dispatcher(
+        client, store, fresh_db, RECEIPT_ORG_MAX_RUNNING_PER_GROUP="10"
+    ):
+        marking, _ = await lifecycle.create(store, request("mark:4"))
+        holders = [(await lifecycle.create(store, request("sleep:15")))[0] for _ in range(2)]
+        waiting, _ = await lifecycle.create(store, request("done:after"))
+        running = await wait_for(store, marking.agent_job_id, "running")
+        for holder in holders:
+            await wait_for(store, holder.agent_job_id, "running")
         assert running.queue_job_id is not None
         await wait_for_status(store, running.queue_job_id, ("running",))
-        await lifecycle.cancel(store, job.agent_job_id, reason="operator")
-        stopped = await wait_for(store, job.agent_job_id, "stopped", timeout=60)
-        turn = await store.get_job(running.queue_job_id)
-        assert turn is not None and turn.status == "canceled"
+        assert (await lifecycle.get(store, waiting.agent_job_id)).status == "queued"  # type: ignore[union-attr]
+        started = asyncio.get_running_loop().time()
+        await lifecycle.cancel(store, marking.agent_job_id, reason="operator")
+        stopped = await wait_for(store, marking.agent_job_id, "stopped", timeout=1)
+        assert asyncio.get_running_loop().time() - started < 1.0
         assert stopped.error == "operator"
-        assert await store.read_stream(model.session_stream(job.owner_session_id)) == []
+        chain = await store.read_stream(model.stream_of(marking.agent_job_id))
+        # The freed slot is taken by the agent's waiting job, which runs to its end.
+        done = await wait_for(store, waiting.agent_job_id, "succeeded", timeout=30)
+        assert done.result == {"text": "after", "turn": 1}
+        # The live turn ran to its end: its marker, its own job completed with its outcome.
+        turn = await wait_for_status(store, running.queue_job_id, ("completed",), timeout=30)
+        assert turn.result == {"outcome": "done", "result": {"marked": True}}
+        workspace = agents / marking.agent_job_id
+        assert (workspace / "marker").read_text() == "the turn ran to its end"
+        # A dispatcher pass after the turn settled (the running one was woken by it too)
+        # settles nothing of the stopped job: its fence holds.
+        await AgentJobDispatcher(store, None, AgentJobSettings()).run_once()
+        assert await store.read_stream(model.stream_of(marking.agent_job_id)) == chain
+        assert await store.read_stream(model.session_stream(marking.owner_session_id)) == []
+        for holder in holders:
+            await lifecycle.cancel(store, holder.agent_job_id, reason="done with the test")
 
 
 async def test_a_retryable_failure_with_retry_delay_is_not_delivered_before_it(
