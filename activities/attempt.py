@@ -151,10 +151,13 @@ class AttemptActivities:
             attempt=attempt.attempt,
             worker_id=fence.worker_id,
             store=HandlerStore(fence, job.session_key, job.organization_id),
+            deadline=asyncio.get_running_loop().time() + attempt.execution_timeout_ms / 1000,
         )
         started = time.monotonic()
         handler_task = asyncio.create_task(handler(ctx), name=f"handler:{fence.worker_id}")
-        beat_task = asyncio.create_task(self._heartbeats(attempt, fence), name="heartbeats")
+        beat_task = asyncio.create_task(
+            self._heartbeats(attempt, fence, ctx.commands_arrived), name="heartbeats"
+        )
         try:
             done, _ = await asyncio.wait(
                 {handler_task, beat_task},
@@ -205,14 +208,15 @@ class AttemptActivities:
             )
 
     async def _heartbeats(
-        self, attempt: AttemptInput, fence: AttemptFence
+        self, attempt: AttemptInput, fence: AttemptFence, arrived: asyncio.Event
     ) -> tuple[str, str | None]:
         """Append `job.heartbeat` at the lease's cadence until the fence is lost or an abort
         arrives (Temporal hears from the attempt more often: `_temporal_heartbeats`).
 
         Returns `(reason, detail)`: `("aborted", reason)` or a rejection status. An abort is
         noticed at the next heartbeat, or at once when this process's listener sees a command
-        appended to the job's stream.
+        appended to the job's stream (which also sets `arrived`, the handler's hint to read its
+        commands).
         """
         interval = attempt.heartbeat_ms / 1000
         wake = asyncio.Event()
@@ -221,7 +225,7 @@ class AttemptActivities:
                 # This job's notices only: the process's other appends wake no watcher.
                 stream = job_stream(attempt.job_id)
                 queue = await stack.enter_async_context(self.listener.subscribe(stream))
-                watcher = asyncio.create_task(_watch_commands(queue, attempt.job_id, wake))
+                watcher = asyncio.create_task(_watch_commands(queue, attempt.job_id, wake, arrived))
                 stack.callback(watcher.cancel)
             next_beat = time.monotonic() + interval
             while True:
@@ -281,9 +285,12 @@ async def _temporal_heartbeats(timeout: timedelta | None, details: Any) -> None:
         activity.heartbeat(details)
 
 
-async def _watch_commands(queue: asyncio.Queue[Any], job_id: str, wake: asyncio.Event) -> None:
+async def _watch_commands(
+    queue: asyncio.Queue[Any], job_id: str, wake: asyncio.Event, arrived: asyncio.Event
+) -> None:
     stream = job_stream(job_id)
     while True:
         notice = await queue.get()
         if notice is RECONNECTED or (notice.stream == stream and "queue.command" in notice.types):
             wake.set()
+            arrived.set()

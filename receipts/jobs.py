@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -12,7 +12,8 @@ from pydantic.alias_generators import to_camel
 
 from receipts import streams
 from receipts.errors import InvariantError
-from receipts.streams import CamelModel, Receipt, StreamState, time_of
+from receipts.kinds import unconsumed_reason
+from receipts.streams import CamelModel, Draft, Receipt, StreamState, time_of
 
 LANES: tuple[str, ...] = ("chat", "collect", "steer", "follow_up")
 DEFAULT_LANE = "collect"
@@ -39,6 +40,10 @@ RECEIPT_TYPES: tuple[str, ...] = (
 # no status (a terminal job never moves); it links the two jobs both ways (`retryOf` on the new
 # job's `job.enqueued`).
 RETRIED = "job.retried"
+# Beyond the spec's ten, too: a steer or follow_up the job ended without reading is settled
+# visibly, in the transaction of the receipt that ends the job and just before it (a job view
+# never shows a command pending forever). `reason` says why (receipts/kinds.py).
+UNCONSUMED = "queue.command.unconsumed"
 DEFAULT_MAX_ATTEMPTS = 2
 MIN_ATTEMPTS, MAX_ATTEMPTS = 1, 8
 SINGLETON_CANCEL_REASON = "singleton cancel"
@@ -92,13 +97,15 @@ class Command(CamelModel):
     from_enqueue: bool = False
     recorded_at: datetime
     consumed_attempt: int | None = None
+    unconsumed: str | None = None  # why the job ended without reading it
     # A state stored before references still reads: the `payload` it kept is dropped.
     model_config = ConfigDict(extra="ignore")
 
     @property
     def pending(self) -> bool:
-        """True while a steer/follow_up has not been consumed by a live attempt."""
-        return self.type != "abort" and self.consumed_attempt is None
+        """True while a steer/follow_up has not been consumed by a live attempt (nor settled
+        unconsumed when the job ended)."""
+        return self.type != "abort" and self.consumed_attempt is None and self.unconsumed is None
 
 
 class Job(StreamState):
@@ -352,6 +359,17 @@ def _changes(job: Job, receipt: Receipt, kind: str, data: Mapping[str, Any]) -> 
                 for c in job.commands
             )
         }
+    if kind == UNCONSUMED:
+        command_id = data.get("commandId")
+        if not any(c.command_id == command_id and c.pending for c in job.commands):
+            return {}
+        reason = str(data.get("reason") or "unread")
+        return {
+            "commands": tuple(
+                c.model_copy(update={"unconsumed": reason}) if c.command_id == command_id else c
+                for c in job.commands
+            )
+        }
     if kind == "job.lease_expired":
         if job.status not in LEASED_STATUSES or job.lease is None:
             return {}
@@ -425,6 +443,36 @@ def _failed(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any]:
         result = {**(result if isinstance(result, dict) else {}), "status": data["status"]}
     changes["result"] = result
     return changes
+
+
+def with_unconsumed(job: Job | None, drafts: Sequence[Draft]) -> list[Draft]:
+    """`drafts` with a `queue.command.unconsumed` receipt for every steer or follow_up still
+    pending when one of them ends the job, placed just before that one (the terminal receipt
+    stays the job's last). Drafts that end nothing come back as they are."""
+    if job is None or not job.pending_commands or job.terminal:
+        return list(drafts)
+    state: Job | None = job
+    for index, draft in enumerate(drafts):
+        receipt = Receipt(job_stream(job.job_id), 0, draft.type, draft.data, job.updated_at)
+        after = apply(state, receipt)
+        if after is not None and after.terminal:
+            assert state is not None
+            closing = [
+                Draft(
+                    UNCONSUMED,
+                    {
+                        "commandId": command.command_id,
+                        "type": command.type,
+                        "reason": unconsumed_reason(
+                            state.agent_id, state.kind, state.payload, command.type
+                        ),
+                    },
+                )
+                for command in state.pending_commands
+            ]
+            return [*drafts[:index], *closing, *drafts[index:]]
+        state = after
+    return list(drafts)
 
 
 def retry_delay_ms(value: Any) -> int:

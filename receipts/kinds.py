@@ -99,6 +99,58 @@ CONTRACTS: Mapping[str, KindContract] = {
     )
 }
 KINDS: tuple[str, ...] = tuple(CONTRACTS)
+
+# Which steer / follow_up commands each kind's handler reads (the API documents it, and a
+# command the job ends without reading is settled `queue.command.unconsumed` with the reason).
+# Objective control reads both as coalesced control requests; a command runs steers on its
+# stdin when its task asks for them (`steerable: true`); an agent turn hands steers to its
+# command and carries follow-ups to the next turn. The other kinds read none.
+TURN_KIND = "agent_job.turn"
+COMMANDS_READ: Mapping[str, frozenset[str]] = {
+    "factory.objective.control": frozenset({"steer", "follow_up"}),
+    "factory.task.run": frozenset({"steer"}),
+    "factory.integration.validate": frozenset({"steer"}),
+    "factory.integration.publish": frozenset({"steer"}),
+    TURN_KIND: frozenset({"steer", "follow_up"}),
+}
+STEERABLE_KINDS: frozenset[str] = frozenset(
+    {"factory.task.run", "factory.integration.validate", "factory.integration.publish"}
+)
+
+
+def steerable_task(payload: Mapping[str, Any]) -> bool:
+    """True when a command-running payload asks for steers on its command's stdin
+    (`task.steerable` of a task posted directly, `input.steerable` of an objective's)."""
+    for key in ("task", "input"):
+        part = payload.get(key)
+        if isinstance(part, Mapping) and part.get("steerable") is True:
+            return True
+    return False
+
+
+def unread_because(
+    agent_id: str, kind: str, payload: Mapping[str, Any], command: str
+) -> str | None:
+    """Why the handler of a job never reads a `command` (steer or follow_up), or None when it
+    does (an abort it always honours)."""
+    if command == "abort":
+        return None
+    if agent_id not in AGENT_IDS:
+        return f"no handler runs agent '{agent_id}': nothing reads its commands"
+    if command not in COMMANDS_READ.get(kind, frozenset()):
+        return f"{kind} jobs do not read {command} commands"
+    if kind in STEERABLE_KINDS and not steerable_task(payload):
+        return "the task's command does not take steers (its task does not set steerable: true)"
+    return None
+
+
+def unconsumed_reason(agent_id: str, kind: str, payload: Mapping[str, Any], command: str) -> str:
+    """Why a job ended with its `command` (steer or follow_up) unread."""
+    return unread_because(agent_id, kind, payload, command) or (
+        "the job ended before its handler read it"
+    )
+
+
 KINDS_WITHOUT_AUTH: frozenset[str] = frozenset({"factory.objective.watchdog"})
 
 AGENT_IDS: tuple[str, ...] = ("factory", "factory-control", "factory-monitor", "codex")

@@ -30,7 +30,7 @@ from receipts.jobs import Job, Receipt
 from receipts.kinds import CONTRACTS
 from receipts.projections import JOBS
 from receipts.sql import migrations, query
-from receipts.streams import dumps
+from receipts.streams import Draft, dumps
 
 log = logging.getLogger("receipts.store")
 
@@ -71,14 +71,6 @@ def translate_errors() -> Iterator[None]:
         if exc.sqlstate in _TRANSIENT_SQLSTATES:
             raise TransientStorageError(str(exc)) from exc
         raise StorageError(str(exc)) from exc
-
-
-@dataclass(frozen=True, slots=True)
-class Draft:
-    """A receipt about to be appended: its type and data; the store assigns seq and time."""
-
-    type: str
-    data: dict[str, Any]
 
 
 @dataclass
@@ -141,6 +133,8 @@ class Tx:
         """
         if not drafts:
             raise ValueError("append_job needs at least one receipt")
+        # Commands the job ends without reading are settled with the receipt that ends it.
+        drafts = jobmodel.with_unconsumed(job, drafts)
         receipts = _numbered(
             jobmodel.job_stream(job_id), job.seq if job else 0, drafts, await self.now()
         )

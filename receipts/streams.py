@@ -21,6 +21,14 @@ S = TypeVar("S")
 
 
 @dataclass(frozen=True, slots=True)
+class Draft:
+    """A receipt about to be appended: its type and data; the store assigns seq and time."""
+
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Receipt:
     """One stored receipt. `seq` is 1-based and gapless per stream; `recorded_at` is database time."""
 

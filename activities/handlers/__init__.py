@@ -37,8 +37,11 @@ class HandlerContext:
 
     `progress(data)` appends a fenced `job.progress`; `pending_commands()` lists the steer and
     follow_up commands not yet consumed (read from the receipts, never Temporal signals) and
-    `consume(command_id)` appends a fenced `queue.command.consumed`. `aborted` is set when an
-    abort command arrives; a handler should stop promptly — it is cancelled after a short grace.
+    `consume(command_id)` appends a fenced `queue.command.consumed`; `commands_arrived` is set
+    when the attempt hears a command appended to the job (a hint to look again: clear it, then
+    read). `aborted` is set when an abort command arrives; a handler should stop promptly — it
+    is cancelled after a short grace. `deadline` is the event-loop time of the attempt's
+    execution timeout (None: not known); a handler that outlives it is cancelled.
     """
 
     job: Job
@@ -46,6 +49,8 @@ class HandlerContext:
     worker_id: str
     store: HandlerStore
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    commands_arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    deadline: float | None = None
 
     @property
     def payload(self) -> dict[str, Any]:

@@ -4,8 +4,6 @@ workspace with the turn request on stdin, hand steers to it while it runs, and r
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
 import time
@@ -15,6 +13,7 @@ from typing import Any
 
 from activities import workspaces
 from activities.handlers import HandlerContext, HandlerError
+from activities.handlers.steering import StdinFeed, encoded
 from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
 from receipts.agent_jobs import protocol
 from receipts.agent_jobs.model import AgentJob
@@ -22,7 +21,6 @@ from receipts.agent_jobs.registry import AgentDefinition, RegistryError, load_re
 
 log = logging.getLogger("activities.handlers.agent_turn")
 
-STEER_POLL_S = 0.25
 PROGRESS_INTERVAL_S = 0.5
 TAIL_LINES = 200
 
@@ -81,7 +79,8 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
         turn=int(spec.get("turn", job.turn)),
         workspace=str(workspace),
     )
-    turn = _Turn(ctx, request)
+    turn = _Turn(ctx)
+    stdin = StdinFeed(ctx, encoded(request), steers=True)
     try:
         ended = await run_sandboxed(
             list(agent.command),
@@ -91,19 +90,20 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
             on_output=turn.output,
             aborted=ctx.aborted,
             settings=settings,
-            feed_stdin=turn.feed,
+            feed_stdin=stdin.feed,
         )
     except SandboxRefused as exc:
         return _failed(str(exc), retryable=False)
     finally:
-        await turn.consumed()
+        await stdin.consumed()
     if ended.aborted:
         raise HandlerError("aborted", retryable=False)
     outcome = await turn.outcome(ended.exit_code)
-    if outcome.get("outcome") == "done":
-        follow_ups = await _consume_follow_ups(ctx)
-        if follow_ups:
-            outcome["followUps"] = follow_ups
+    # Follow-ups sent while the turn ran reach the next turn whatever this one's outcome: the
+    # settlement carries them (receipts/agent_jobs/decisions.py).
+    follow_ups = await _consume_follow_ups(ctx)
+    if follow_ups:
+        outcome["followUps"] = follow_ups
     log.info(
         "agent turn finished",
         extra={
@@ -117,58 +117,19 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     return outcome
 
 
-def _encoded(line: dict[str, Any]) -> bytes:
-    """One line of the turn's stdin protocol."""
-    return (json.dumps(line, separators=(",", ":")) + "\n").encode()
-
-
 def _failed(error: str, retryable: bool = True) -> dict[str, Any]:
     return {"outcome": "failed", "error": error, "retryable": retryable}
 
 
 class _Turn:
-    """One running turn: its stdin (the request, then steers) and its output lines."""
+    """One running turn's output lines (its stdin is a `StdinFeed`)."""
 
-    def __init__(self, ctx: HandlerContext, request: dict[str, Any]) -> None:
+    def __init__(self, ctx: HandlerContext) -> None:
         self.ctx = ctx
-        self.request = request
         self.lines: deque[str] = deque(maxlen=TAIL_LINES)
         self.partial = ""
         self.unsent: list[str] = []
         self.last_sent = 0.0
-        self.consuming: list[asyncio.Future[bool]] = []
-
-    async def feed(self, stdin: asyncio.StreamWriter) -> None:
-        """Write the request line, then hand each steer to the turn and consume it once.
-
-        The feed is cancelled when the command ends, which may be right after a steer was
-        written: its `queue.command.consumed` is started in the same step as the write (no
-        await between them) and runs on to its end; `consumed()` waits for it before the turn
-        settles."""
-        await self._write(stdin, self.request)
-        while True:
-            await asyncio.sleep(STEER_POLL_S)
-            for command in await self.ctx.pending_commands():
-                if command.type != "steer":
-                    continue
-                stdin.write(_encoded(protocol.steer_line(command.command_id, command.payload)))
-                consume = asyncio.ensure_future(self.ctx.consume(command.command_id))
-                self.consuming.append(consume)
-                await stdin.drain()
-                await asyncio.shield(consume)
-                log.info(
-                    "steer handed to the turn",
-                    extra={"event": "agent_turn.steered", "commandId": command.command_id},
-                )
-
-    async def consumed(self) -> None:
-        """Wait for every steer handed to the turn to be consumed (or refused by the fence)."""
-        await asyncio.gather(*self.consuming, return_exceptions=True)
-
-    @staticmethod
-    async def _write(stdin: asyncio.StreamWriter, line: dict[str, Any]) -> None:
-        stdin.write(_encoded(line))
-        await stdin.drain()
 
     async def output(self, text: str) -> None:
         """Collect output lines (stdout and stderr), streamed as throttled `job.progress`."""

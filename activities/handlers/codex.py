@@ -11,7 +11,9 @@ from typing import Any
 
 from activities import workspaces
 from activities.handlers import HandlerContext, HandlerError
-from activities.sandbox import SandboxRefused, SandboxSettings, StdinFeeder, run_sandboxed
+from activities.handlers.steering import StdinFeed
+from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
+from receipts.kinds import steerable_task
 from receipts.tenancy import caller_id
 
 PROGRESS_INTERVAL_S = 0.5
@@ -101,21 +103,18 @@ class _Output:
         self.last_sent = time.monotonic()
 
 
-def _stdin_of(task: Mapping[str, Any]) -> StdinFeeder | None:
-    """`payload.task.stdin` (a string, e.g. an objective task's prompt) written to the
-    command's stdin and then closed; None: the command's stdin is /dev/null."""
+def _stdin_of(ctx: HandlerContext, task: Mapping[str, Any]) -> StdinFeed | None:
+    """The command's stdin: `payload.task.stdin` (a string, e.g. an objective task's prompt)
+    first, then, when the task is steerable (`steerable: true`), each steer as a JSON line,
+    consumed once (`activities/handlers/steering.py`); otherwise it is closed after the text.
+    None: no text and no steers, the command's stdin is /dev/null."""
     text = task.get("stdin")
-    if text is None:
-        return None
-    if not isinstance(text, str):
+    if text is not None and not isinstance(text, str):
         raise HandlerError("payload.task.stdin must be a string", retryable=False)
-
-    async def feed(writer: asyncio.StreamWriter) -> None:
-        writer.write(text.encode("utf-8"))
-        await writer.drain()
-        writer.close()
-
-    return feed
+    steers = steerable_task(ctx.payload)
+    if text is None and not steers:
+        return None
+    return StdinFeed(ctx, (text or "").encode("utf-8"), steers=steers)
 
 
 async def run_task(ctx: HandlerContext) -> dict[str, Any]:
@@ -123,8 +122,9 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
 
     It runs in the job's workspace (`payload.task.cwd` is relative to it) with a clean
     environment plus `payload.task.env`; the network is off unless the agent is in
-    `RECEIPT_SANDBOX_EGRESS_AGENTS`. Output is streamed as throttled `job.progress` receipts;
-    the result carries the exit code and the output tail. A non-zero exit fails the job,
+    `RECEIPT_SANDBOX_EGRESS_AGENTS`. Its stdin gets `payload.task.stdin`, and steers when the
+    task says `steerable: true`. Output is streamed as throttled `job.progress` receipts; the
+    result carries the exit code and the output tail. A non-zero exit fails the job,
     non-retryably unless the payload says `"retryable": true`. An abort kills the sandbox.
     """
     task = ctx.payload.get("task")
@@ -140,6 +140,7 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
     except ValueError as exc:
         raise HandlerError(f"sandbox settings are invalid: {exc}", retryable=False) from exc
     output = _Output(ctx)
+    stdin = _stdin_of(ctx, task)
     try:
         ended = await run_sandboxed(
             argv,
@@ -150,10 +151,13 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
             on_output=output.write,
             aborted=ctx.aborted,
             settings=settings,
-            feed_stdin=_stdin_of(task),
+            feed_stdin=stdin.feed if stdin is not None else None,
         )
     except SandboxRefused as exc:
         raise HandlerError(str(exc), retryable=False) from exc
+    finally:
+        if stdin is not None:
+            await stdin.consumed()
     if ended.aborted:
         raise HandlerError("aborted", retryable=False)
     output.end()

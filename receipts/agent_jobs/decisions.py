@@ -76,12 +76,14 @@ def claim(job: AgentJob, now: datetime) -> Claim:
 
 @dataclass(frozen=True, slots=True)
 class TurnReport:
-    """What the turn's queue job says: its status, whether it ever ran, and its result."""
+    """What the turn's queue job says: its status, whether it ever ran, its result, and the
+    follow-ups sent to it (those its handler read and those it ended without reading)."""
 
     status: str
     started: bool
     result: Any = None
     error: str | None = None
+    follow_ups: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +116,16 @@ def _outcome(report: TurnReport) -> Mapping[str, Any]:
 def decide_settlement(
     job: AgentJob, report: TurnReport, now: datetime, *, retry_base_ms: int = DEFAULT_RETRY_BASE_MS
 ) -> Settlement:
-    """Decide what the settled turn of a running job does (see docs/agent-jobs.md, Settlement)."""
-    base = {"from": "running", "attempt": job.attempt, "turn": job.turn}
+    """Decide what the settled turn of a running job does (see docs/agent-jobs.md, Settlement).
+
+    Follow-ups reach the next turn whatever this one's outcome: a turn that ran took the ones
+    it was given, so the ones sent to it are carried on; a turn that never started hands its
+    own on with them. Every transition out of `running` records what is carried
+    (`followUps`)."""
+    carried = list(report.follow_ups)
+    if not report.started:
+        carried = [*(job.follow_up or []), *carried]
+    base = {"from": "running", "attempt": job.attempt, "turn": job.turn, "followUps": carried}
     outcome = _outcome(report)
     kind = outcome.get("outcome")
     if job.cancel_requested:
@@ -144,9 +154,8 @@ def decide_settlement(
             }
         )
     if kind == "done":
-        follow_ups = outcome.get("followUps") or []
-        if follow_ups:
-            return Settlement(next_turn=job.turn + 1, next_prompt=list(follow_ups))
+        if carried:
+            return Settlement(next_turn=job.turn + 1, next_prompt=carried)
         return Settlement(
             {
                 **base,

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.model import AgentJob
+from receipts.commands import payload_in
 from receipts.enqueue import EnqueueRequest, cancel_queued_draft, enqueue_in
 from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
-from receipts.jobs import Receipt
+from receipts.jobs import Job, Receipt
 from receipts.projections import AGENT_JOBS
 from receipts.sql import query
 from receipts.store import Draft, Store, Tx
@@ -302,6 +303,7 @@ async def settle_turn_in(tx: Tx, agent_job_id: str, *, retry_base_ms: int) -> Ag
         started=turn_job.attempt > 0,
         result=turn_job.result,
         error=turn_job.error or turn_job.canceled_reason,
+        follow_ups=await _follow_ups_of(tx, turn_job),
     )
     now = await tx.now()
     decision = decisions.decide_settlement(job, report, now, retry_base_ms=retry_base_ms)
@@ -340,6 +342,18 @@ async def settle_turn_in(tx: Tx, agent_job_id: str, *, retry_base_ms: int) -> Ag
         },
     )
     return settled
+
+
+async def _follow_ups_of(tx: Tx, turn_job: Job) -> tuple[Any, ...]:
+    """The follow-ups sent to a settled turn, in order: those its handler read (in its
+    outcome, `followUps`) and those it ended without reading (a turn whose worker died, or
+    that never started), read from their receipts."""
+    read: list[Any] = []
+    result = turn_job.result if turn_job.status == "completed" else None
+    if isinstance(result, Mapping) and isinstance(result.get("followUps"), list):
+        read = list(result["followUps"])
+    unread = [c for c in turn_job.commands if c.type == "follow_up" and c.consumed_attempt is None]
+    return (*read, *[await payload_in(tx, turn_job.job_id, c) for c in unread])
 
 
 # --- answer, cancel, timeout ------------------------------------------------------------------

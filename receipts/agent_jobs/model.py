@@ -196,7 +196,7 @@ def apply(job: AgentJob | None, receipt: Receipt) -> AgentJob:
             "turn": int(data["turn"]),
             "queue_job_id": queue_id,
             "queue_job_ids": (*job.queue_job_ids, queue_id),
-            "follow_up": data.get("followUps"),
+            "follow_up": data.get("followUps") or None,
         }
     elif kind == ANSWERED:
         if job.status != "waiting_on_user" or job.answer is not None:
@@ -241,6 +241,8 @@ def _transitioned(job: AgentJob, data: Mapping[str, Any], at: datetime) -> dict[
         changes["answer"] = None
     if "error" in data:
         changes["error"] = data.get("error")
+    if "followUps" in data:
+        changes["follow_up"] = data.get("followUps") or None
     if to_status in TERMINAL_STATUSES:
         changes.update(settled_at=at, result=data.get("result"), pending_tool_call=None)
     return changes

@@ -44,14 +44,9 @@ def turn_request(
         request["command"] = job.input["command"]
     if job.answer is not None:
         request["answer"] = job.answer
-    if job.follow_up is not None:
+    if job.follow_up:
         request["followUps"] = job.follow_up
     return request
-
-
-def steer_line(command_id: str, payload: Any) -> dict[str, Any]:
-    """A steer handed to a running turn on stdin."""
-    return {"type": "steer", "commandId": command_id, "payload": payload}
 
 
 def _failed(error: str, retryable: bool = True) -> dict[str, Any]:

@@ -145,6 +145,10 @@ class CommandAccepted(_Doc):
     command_id: str
     job_id: str
     type: str
+    read_by_handler: bool = Field(
+        description="Whether this job's handler reads a command of this type (an abort always "
+        "stops it); one it does not is settled queue.command.unconsumed when the job ends"
+    )
     job: JobView
 
 

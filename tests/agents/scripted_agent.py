@@ -5,10 +5,10 @@ and prints one outcome as the last JSON line of stdout (the turn protocol, docs/
 Prompts: `done:<text>`; `ask:<question>` (needs_input on the first turn, done with the answer
 on the continuation); `fail` / `fail-hard` (retryable / not); `fail-delay:<ms>`; `crash` (exit 3,
 no outcome); `quota:<seconds>` (quota_exhausted with retryAt once, then done); `quota-bare`;
-`sleep:<seconds>` (then done); `mark:<seconds>` (then writes
-`marker` in its workspace, then done); `steer` (wait for a steer line, then done with its payload);
-`agents-md` (done with the workspace's AGENTS.md); `whoami:<path>` (its uid, whether it
-sees <path>, its environment's names). A turn with follow-ups answers them.
+`sleep:<seconds>` (then done); `mark:<seconds>` (then writes `marker` in its workspace, then
+done); `slow-ask:<seconds>` (then needs_input); `steer` (wait for a steer line, then done with
+its payload); `agents-md` (done with the workspace's AGENTS.md); `whoami:<path>` (its uid,
+whether it sees <path>, its environment's names). A turn with follow-ups answers them.
 """
 
 import json
@@ -66,6 +66,9 @@ def main() -> int:
     elif mode == "sleep":
         time.sleep(float(arg))
         emit({"outcome": "done", "result": {"slept": float(arg)}})
+    elif mode == "slow-ask":
+        time.sleep(float(arg))
+        emit({"outcome": "needs_input", "question": "go on?", "toolCallId": "call-slow"})
     elif mode == "mark":
         time.sleep(float(arg))
         Path("marker").write_text("the turn ran to its end")

@@ -114,6 +114,7 @@ async def test_enqueue_answers_202_with_the_job_and_where_to_follow_it(
         "jobUrl": f"/jobs/{job_id}",
         "eventsUrl": f"/jobs/{job_id}/events",
         "status": "queued",
+        "idempotencyMismatch": False,
     }
     assert await types(store, rid(job_id)) == ["job.enqueued"]
     assert (await client.get(body["async"]["jobUrl"], headers=AS_A)).json()["jobId"] == job_id
@@ -518,8 +519,11 @@ async def test_commands_are_appended_and_answer_202_with_the_command_id(
     assert job["abort_requested"] is True and job["abort_reason"] == "enough"
     # No worker held the queued job, so the abort canceled it in the same transaction.
     assert job["status"] == "canceled"
+    # The steer and the follow-up it never read are settled with the cancel, just before it.
     assert await types(store, rid(job_id)) == ["job.enqueued"] + ["queue.command"] * 3 + [
-        "job.canceled"
+        "queue.command.unconsumed",
+        "queue.command.unconsumed",
+        "job.canceled",
     ]
 
 

@@ -277,7 +277,10 @@ async def test_large_and_numerous_follow_ups_are_refused_and_abort_still_works(
         shown = (await client.get(f"/jobs/{job_id}", headers=AS_A)).json()
         assert len(shown["commands"]) == 6 and shown["status"] == "canceled"
     assert await types(store, rid(job_id)) == (
-        ["job.enqueued"] + ["queue.command"] * 6 + ["job.canceled"]
+        ["job.enqueued"]
+        + ["queue.command"] * 6
+        + ["queue.command.unconsumed"] * 5
+        + ["job.canceled"]
     )
 
 

@@ -353,8 +353,9 @@ async def agent_job_scenario(store: Store, url: str) -> None:
     assert finished_agent is not None and finished_agent.status == "succeeded"
     live_turn = (await current(store, stopped.agent_job_id)).queue_job_id
     assert live_turn is not None
-    # An operator's cancel of a running agent job waits for its live turn.
-    assert (await lifecycle.cancel(store, stopped.agent_job_id, reason="op")).status == "running"
+    # A running agent job whose turn settled (canceled while queued) but whose settlement the
+    # dispatcher has not applied yet: the agent job is not settled.
+    assert (await ops.cancel_queued(store, live_turn, reason="op")).ok
     assert turn is not None and (await store.get_job(turn)).status == "completed"  # type: ignore[union-attr]
 
     # The settled turn alone, past the cutoff, stays while its agent job is recent.
@@ -381,7 +382,7 @@ async def agent_job_scenario(store: Store, url: str) -> None:
     assert await store.get_job(turn) is None
     assert await lifecycle.get(store, done.agent_job_id) is None
     assert await store.read_stream(model.stream_of(done.agent_job_id)) == []
-    # The agent job not yet settled (its cancel waits for the turn's settlement) keeps its turn.
+    # The agent job not yet settled (its turn's settlement not yet applied) keeps its turn.
     assert (await current(store, stopped.agent_job_id)).status == "running"
     backdate(url, [live_turn])  # its turn, canceled while queued, is settled and old: it stays
     assert (await retention.prune(store, MONTH)).removed == {}

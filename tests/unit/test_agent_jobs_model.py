@@ -124,7 +124,7 @@ def done_report(kind: str, **fields: Any) -> TurnReport:
     result = {"outcome": kind, **fields}
     if kind == "needs_input":
         result.update(question="which?", toolCallId="call-1")
-    return TurnReport("completed", True, result)
+    return TurnReport("completed", True, result, follow_ups=tuple(fields.get("followUps", ())))
 
 
 def test_needs_input_waits_with_the_pending_tool_call() -> None:
@@ -248,6 +248,43 @@ def test_done_with_follow_ups_runs_the_next_turn() -> None:
     assert (
         decision.transition is None and decision.next_turn == 2 and decision.next_prompt == ["more"]
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "to"),
+    [
+        ("needs_input", {}, "waiting_on_user"),
+        ("failed", {"error": "flaky"}, "queued"),
+        ("quota_exhausted", {"retryAt": "2026-01-01T00:05:00+00:00"}, "queued"),
+        ("failed", {"error": "fatal", "retryable": False}, "failed"),
+    ],
+)
+def test_follow_ups_reach_the_next_turn_whatever_the_outcome(
+    kind: str, fields: dict[str, Any], to: str
+) -> None:
+    job = running()
+    report = done_report(kind, followUps=["also this"], **fields)
+    settled = decisions.decide_settlement(job, report, T0)
+    assert settled.transition is not None and settled.transition["to"] == to
+    after = _move(job, settled.transition)
+    assert after.follow_up == ["also this"]
+    if not after.terminal:
+        agent = AgentDefinition(id=job.agent_id, command=["true"])
+        request = protocol.turn_request(
+            after, agent, attempt=1, turn=after.turn + 1, workspace="/w"
+        )
+        assert request["followUps"] == ["also this"]
+
+
+def test_a_turn_that_ran_took_its_follow_ups_and_one_that_never_started_hands_them_on() -> None:
+    job = running().model_copy(update={"follow_up": ["earlier"]})
+    ran = decisions.decide_settlement(job, done_report("needs_input"), T0)
+    assert ran.transition is not None and ran.transition["followUps"] == []
+    assert _move(job, ran.transition).follow_up is None
+    unstarted = TurnReport("canceled", False, None, follow_ups=("late",))
+    refunded = decisions.decide_settlement(job, unstarted, T0)
+    assert refunded.transition is not None
+    assert _move(job, refunded.transition).follow_up == ["earlier", "late"]
 
 
 def test_wakeup_source_ids_differ_per_status_attempt_and_turn() -> None:

@@ -31,7 +31,7 @@ from receipts.enqueue import (
 )
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import LANES, STATUSES, Job
-from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, MAX_ID_LENGTH, NON_BLANK
+from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, MAX_ID_LENGTH, NON_BLANK, unread_because
 from receipts.objectives import store as objectives
 from receipts.store import Store, translate_errors
 from receipts.tenancy import scoped_id
@@ -346,7 +346,13 @@ async def post_command(
     """Append a steer, follow_up or abort command; 409 when the job is already terminal.
 
     A steer or follow_up is at most `RECEIPT_MAX_COMMAND_BYTES` and a job takes at most
-    `RECEIPT_MAX_COMMANDS_PER_JOB` of them (422 beyond); an abort is always taken.
+    `RECEIPT_MAX_COMMANDS_PER_JOB` of them (422 beyond); an abort is always taken and stops
+    any job. Which kinds read steer and follow_up: `factory.objective.control` both (as
+    control requests); `factory.task.run` and `factory.integration.*` steers, one JSON line
+    each on the command's stdin, when the task sets `steerable: true`; an agent job's turn
+    steers (on stdin) and follow-ups (its next turn); no other kind. `readByHandler` says
+    whether this job's handler reads this one; a command the job ends without reading is
+    settled by a `queue.command.unconsumed` receipt naming why, just before its terminal one.
     """
     require_scope(caller, JOBS_WRITE)
     settings = state.settings
@@ -410,6 +416,8 @@ async def post_command(
             "commandId": command_id,
             "jobId": job_id,
             "type": body.type,
+            "readByHandler": unread_because(target.agent_id, target.kind, target.payload, body.type)
+            is None,
             "job": job_view(outcome.job, shown_id(caller, outcome.job)),
         },
         status_code=202,

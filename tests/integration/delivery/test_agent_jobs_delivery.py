@@ -232,6 +232,34 @@ async def test_operator_cancel_stops_a_running_job_at_once_and_its_live_turn_end
             await lifecycle.cancel(store, holder.agent_job_id, reason="done with the test")
 
 
+async def test_a_follow_up_sent_to_a_turn_that_asks_reaches_the_next_turn(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path
+) -> None:
+    """A follow-up sent while a turn runs reaches the next turn whatever the turn's outcome:
+    here it asks (needs_input), and the continuation after the answer is handed it."""
+    store = fresh_store
+    async with stack_with_dispatcher(client, store, fresh_db):
+        job, _ = await lifecycle.create(store, request("slow-ask:2"))
+        running = await wait_for(store, job.agent_job_id, "running")
+        assert running.queue_job_id is not None
+        await wait_for_status(store, running.queue_job_id, ("running",))
+        sent = await ops.add_command(
+            store,
+            running.queue_job_id,
+            type="follow_up",
+            payload={"also": "check the tests"},
+            organization_id=ORG,
+        )
+        assert sent.ok
+        waiting = await wait_for(store, job.agent_job_id, "waiting_on_user")
+        assert waiting.follow_up == [{"also": "check the tests"}]
+        await lifecycle.answer(store, job.agent_job_id, answer="yes", tool_call_id="call-slow")
+        done = await wait_for(store, job.agent_job_id, "succeeded")
+    assert done.result == {"followUps": [{"also": "check the tests"}], "turn": 2}
+    turn = await store.get_job(running.queue_job_id)
+    assert turn is not None and [c.consumed_attempt for c in turn.commands] == [1]
+
+
 async def test_a_retryable_failure_with_retry_delay_is_not_delivered_before_it(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
