@@ -89,6 +89,7 @@ class AttemptActivities:
             activity_id=info.activity_id,
             attempt=info.attempt,
             job_id=attempt.job_id,
+            kind=attempt.kind,
             activity=EXECUTE_ATTEMPT,
             worker_id=worker_id,
         )

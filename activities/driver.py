@@ -180,17 +180,19 @@ class DriverActivities:
         abort requested on a queued job cancels it. The driver never leases.
         """
         info = activity.info()
-        row = deliveries.ledger_workflow(
-            self.store,
-            workflow_id=info.workflow_id or "",
-            run_id=info.workflow_run_id or "",
-            job_id=job_id,
-            workflow=JOB_DRIVER_WORKFLOW,
-            task_queue=info.task_queue,
-            status="running",
-        )
-        async with deliveries.written_beside(row):
-            return await with_storage_retry(lambda: self._plan(job_id), what="prepare delivery")
+        plan = await with_storage_retry(lambda: self._plan(job_id), what="prepare delivery")
+        if plan.kind:
+            await deliveries.ledger_workflow(
+                self.store,
+                workflow_id=info.workflow_id or "",
+                run_id=info.workflow_run_id or "",
+                job_id=job_id,
+                kind=plan.kind,
+                temporal_type=JOB_DRIVER_WORKFLOW,
+                task_queue=info.task_queue,
+                status="running",
+            )
+        return plan
 
     async def _plan(self, job_id: str) -> DriverPlan:
         job, now = await self.store.get_job_with_now(job_id)

@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from receipts.errors import StorageError
 from receipts.jobs import Job
+from receipts.kinds import CONTRACTS
 from receipts.store import Store, dumps, translate_errors
 
 log = logging.getLogger("receipts.deliveries")
@@ -214,12 +215,18 @@ async def ledger_workflow(
     workflow_id: str,
     run_id: str,
     job_id: str | None,
-    workflow: str,
+    kind: str,
+    temporal_type: str,
     task_queue: str,
     status: str,
     detail: Any = None,
 ) -> None:
-    """Best-effort: record a workflow run's status in the ledger."""
+    """Best-effort: record a delivery run of a job whose kind declares a durable workflow
+    (its contract's `workflow`), under that workflow's name; the kinds without one are not in
+    the workflow ledger (their runs are Temporal's history and their receipts)."""
+    contract = CONTRACTS.get(kind)
+    if contract is None or contract.workflow is None:
+        return
     await _ledger(
         store,
         "ledger_workflow",
@@ -227,10 +234,10 @@ async def ledger_workflow(
             "workflow_id": workflow_id,
             "run_id": run_id,
             "job_id": job_id,
-            "workflow": workflow,
+            "workflow": contract.workflow,
             "task_queue": task_queue,
             "status": status,
-            "detail": detail,
+            "detail": {"temporalType": temporal_type, **(detail or {})},
         },
     )
 
@@ -242,12 +249,17 @@ async def ledger_activity(
     activity_id: str,
     attempt: int,
     job_id: str | None,
+    kind: str,
     activity: str,
     worker_id: str | None,
     status: str,
     detail: Any = None,
 ) -> None:
-    """Best-effort: record an activity execution's status in the ledger."""
+    """Best-effort: record an attempt of a job whose kind declares a durable activity (its
+    contract's `has_durable_activity`) in the activity ledger; the others' are not."""
+    contract = CONTRACTS.get(kind)
+    if contract is None or not contract.has_durable_activity:
+        return
     await _ledger(
         store,
         "ledger_activity",

@@ -11,7 +11,8 @@ import json
 import logging
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from activities.handlers import HandlerContext, HandlerError
@@ -26,6 +27,7 @@ from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_task
 from receipts.objectives.model import ObjectiveState
 from receipts.settings import FactoryEnv
 from receipts.store import Draft
+from receipts.tenancy import derived_id
 from receipts.timing import TimingSettings
 from receipts.watchdog import REASONS, WatchdogSettings
 
@@ -35,6 +37,9 @@ PLANNER_ENV = "RECEIPT_FACTORY_PLANNER_COMMAND"
 CODEX_COMMAND_ENV = "RECEIPT_CODEX_COMMAND"
 MONITOR_POLL_S = 0.5
 MONITOR_PROGRESS_EVERY_S = 1.0
+# A monitor hands the watch on this long before its execution timeout (a quarter of the time
+# it had, when that is less).
+MONITOR_HANDOFF_MARGIN_S = 30.0
 # Told of each reconcile the watchdog requests, by reason (the role's metrics).
 on_watchdog_fired: list[Callable[[str], None]] = []
 
@@ -316,53 +321,117 @@ def _last_line(progress: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Watched:
+    """What a monitor mirrors: one try of a task, or the validate or publish step."""
+
+    job_id: str
+    task_id: str | None
+    number: Any
+    step: str | None
+
+    @classmethod
+    def of(cls, payload: Mapping[str, Any]) -> _Watched:
+        step = payload.get("step")
+        return cls(
+            job_id=str(payload.get("jobId")),
+            task_id=None if step else str(payload.get("taskId")),
+            number=payload.get("try"),
+            step=str(step) if step else None,
+        )
+
+    def started(self, state: ObjectiveState | None) -> list[Draft]:
+        """`objective.task.started` / `objective.step.started`, once the job runs."""
+        if state is None:
+            return []
+        if self.step is not None:
+            step = state.step(self.step)
+            if step is None or step.status != "dispatched" or step.job_id != self.job_id:
+                return []
+            return [Draft("objective.step.started", {"step": self.step, "jobId": self.job_id})]
+        task = state.task(self.task_id or "")
+        if task is None or task.status != "dispatched" or task.current is None:
+            return []
+        if task.current.number != self.number:
+            return []
+        return [Draft("objective.task.started", {"taskId": self.task_id, "try": self.number})]
+
+    def progress(self, line: str, lines: int) -> Draft:
+        """The job's last output line, mirrored."""
+        if self.step is not None:
+            data = {"step": self.step, "jobId": self.job_id, "lastLine": line, "lines": lines}
+            return Draft("objective.step.progress", data)
+        data = {
+            "taskId": self.task_id,
+            "try": self.number,
+            "jobId": self.job_id,
+            "lastLine": line,
+            "lines": lines,
+        }
+        return Draft("objective.task.progress", data)
+
+
 async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
-    """Follow one task try's job and mirror it onto the objective stream: `objective.task.started`
-    when it runs, `objective.task.progress` (its last output line, at most once a second) and
-    its settlement when it ends."""
+    """Follow one job of a live kind (a task's try, or validate or publish) and mirror it onto
+    the objective stream: started when it runs, its last output line (at most once a second)
+    and its settlement when it ends.
+
+    A job may run longer than one monitor attempt may (its execution timeout): shortly before
+    that timeout the monitor hands the watch on to a successor job, `<monitor id>:part:<k>`,
+    created under its attempt's fence, which goes on from the receipts already read, and
+    completes. A redelivered monitor whose successor exists ends at once."""
     objective_id = _objective_id(ctx)
-    job_id = str(ctx.payload.get("jobId"))
-    task_id = str(ctx.payload.get("taskId"))
-    number = ctx.payload.get("try")
-    after = 0
-    started = False
+    watched = _Watched.of(ctx.payload)
+    part = int(ctx.payload.get("part") or 1)
+    base = str(ctx.payload.get("baseJobId") or ctx.job.job_id)
+    successor = derived_id(base, "", f":part:{part + 1}")
+    if await ctx.store.job(successor) is not None:
+        return {"objectiveId": objective_id, "jobId": watched.job_id, "handedOffTo": successor}
+    after = int(ctx.payload.get("after") or 0)
+    started = bool(ctx.payload.get("started"))
+    lines = int(ctx.payload.get("lines") or 0)
     last_mirror = 0.0
     pending_line: str | None = None
-    lines = 0
+    loop = asyncio.get_running_loop()
+    hand_off_at = None
+    if ctx.deadline is not None:
+        budget = ctx.deadline - loop.time()
+        hand_off_at = ctx.deadline - min(MONITOR_HANDOFF_MARGIN_S, budget / 4)
     while not ctx.aborted.is_set():
-        receipts = await ctx.store.job_receipts(job_id, after)
-        job: Job | None = None
-        for receipt in receipts:
+        for receipt in await ctx.store.job_receipts(watched.job_id, after):
             after = receipt.seq
-            if receipt.type == "job.heartbeat":
-                started = started or await _mirror_started(ctx, objective_id, task_id, number)
+            if receipt.type == "job.heartbeat" and not started:
+                await ctx.store.update_objective(objective_id, watched.started)
+                started = True
             elif receipt.type == "job.progress":
                 data = receipt.data.get("data")
                 pending_line = _last_line(data) or pending_line
                 if isinstance(data, dict) and isinstance(data.get("lines"), int):
                     lines = data["lines"]
         if pending_line is not None and time.monotonic() - last_mirror >= MONITOR_PROGRESS_EVERY_S:
-            await _mirror(
-                ctx,
-                objective_id,
-                Draft(
-                    "objective.task.progress",
-                    {
-                        "taskId": task_id,
-                        "try": number,
-                        "jobId": job_id,
-                        "lastLine": pending_line,
-                        "lines": lines,
-                    },
-                ),
-            )
+            await _mirror(ctx, objective_id, watched.progress(pending_line, lines))
             pending_line, last_mirror = None, time.monotonic()
-        job = await ctx.store.job(job_id)
+        job = await ctx.store.job(watched.job_id)
         if job is None:
-            raise HandlerError(f"no job {job_id!r} to monitor", retryable=False)
+            raise HandlerError(f"no job {watched.job_id!r} to monitor", retryable=False)
         if job.terminal and after >= job.seq:
             await _mirror_settlement(ctx, objective_id, job)
-            return {"objectiveId": objective_id, "taskId": task_id, "jobStatus": job.status}
+            return {"objectiveId": objective_id, "jobId": job.job_id, "jobStatus": job.status}
+        if hand_off_at is not None and loop.time() >= hand_off_at:
+            if pending_line is not None:
+                await _mirror(ctx, objective_id, watched.progress(pending_line, lines))
+            carried = {"part": part + 1, "after": after, "started": started, "lines": lines}
+            await ctx.store.hand_off(successor, {**ctx.payload, "baseJobId": base, **carried})
+            log.info(
+                "monitor handed the watch on",
+                extra={
+                    "event": "factory.monitor_handed_off",
+                    "objectiveId": objective_id,
+                    "jobId": ctx.job.job_id,
+                    "successor": successor,
+                },
+            )
+            return {"objectiveId": objective_id, "jobId": job.job_id, "handedOffTo": successor}
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ctx.aborted.wait(), MONITOR_POLL_S)
     raise HandlerError("monitor aborted", retryable=False)
@@ -372,21 +441,6 @@ async def _mirror_settlement(ctx: HandlerContext, objective_id: str, job: Job) -
     await ctx.store.update_objective(
         objective_id, lambda s: control.settlement_drafts(s, {job.job_id: job}) if s else []
     )
-
-
-async def _mirror_started(
-    ctx: HandlerContext, objective_id: str, task_id: str, number: Any
-) -> bool:
-    def decide(state: ObjectiveState | None) -> list[Draft]:
-        task = state.task(task_id) if state else None
-        if task is None or task.status != "dispatched" or task.current is None:
-            return []
-        if task.current.number != number:
-            return []
-        return [Draft("objective.task.started", {"taskId": task_id, "try": number})]
-
-    await ctx.store.update_objective(objective_id, decide)
-    return True
 
 
 async def _mirror(ctx: HandlerContext, objective_id: str, draft: Draft) -> None:

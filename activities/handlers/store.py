@@ -25,6 +25,7 @@ from activities.fence import AttemptFence
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import AgentJob
 from receipts.commands import QueuedCommand, with_payloads
+from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.jobs import Command, Job, Receipt, fence_rejection, job_stream
 from receipts.objectives import control
 from receipts.objectives import store as objectives
@@ -171,13 +172,46 @@ class HandlerStore:
         key) takes the stream first, as `deliver` does before it locks control job rows."""
         if self._session == session_key(objective_id):
             await tx.lock_streams([objective_stream(objective_id)])
+        await self._check_fence(tx)
+
+    # --- handing the work on --------------------------------------------------------------
+
+    async def hand_off(self, job_id: str, payload: dict[str, Any]) -> Job:
+        """Enqueue the job that carries this one's work on (`job_id`, the same agent, kind,
+        organization and attempt budget, `payload`), in one transaction under the attempt's
+        fence: a delivery that lost its lease hands nothing on. An existing job of that id is
+        returned unchanged. Raises FenceLost when refused."""
+        own = self._fence
+        async with self._store.transaction() as tx:
+            job = await self._check_fence(tx)
+            result = await enqueue_in(
+                tx,
+                EnqueueRequest(
+                    agent_id=job.agent_id,
+                    payload=payload,
+                    kind=job.kind,
+                    organization_id=job.organization_id,
+                    job_id=job_id,
+                    max_attempts=job.max_attempts,
+                ),
+            )
+        log.info(
+            "work handed on to a new job",
+            extra={"event": "handler.handed_off", "jobId": own.job_id, "successor": job_id},
+        )
+        return result.job
+
+    async def _check_fence(self, tx: Tx) -> Job:
+        """Lock the handler's job row for the rest of `tx`; return it, or raise FenceLost (and
+        log and count the refusal) unless this delivery still holds its attempt's fence."""
         fence = self._fence
         job = await tx.job_for_update(fence.job_id)
         rejection = fence_rejection(job, fence.worker_id, fence.attempt, await tx.now())
         if rejection is None:
-            return
+            assert job is not None
+            return job
         log.warning(
-            "objective write refused: the delivery no longer holds its attempt's fence",
+            "handler write refused: the delivery no longer holds its attempt's fence",
             extra={
                 "event": "attempt.objective_write_refused",
                 "jobId": fence.job_id,
@@ -188,7 +222,7 @@ class HandlerStore:
         )
         for hook in on_objective_write_refused:
             hook(rejection)
-        raise FenceLost(f"objective write refused: {rejection}")
+        raise FenceLost(f"handler write refused: {rejection}")
 
     # --- agent jobs ---------------------------------------------------------------------------
 

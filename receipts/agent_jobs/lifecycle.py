@@ -17,6 +17,7 @@ from receipts.commands import payload_in
 from receipts.enqueue import EnqueueRequest, cancel_queued_draft, enqueue_in
 from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
 from receipts.jobs import Job, Receipt
+from receipts.kinds import route
 from receipts.projections import AGENT_JOBS
 from receipts.sql import query
 from receipts.store import Draft, Store, Tx
@@ -232,7 +233,13 @@ async def _enqueue_turn(tx: Tx, job: AgentJob, queue_id: str) -> None:
         raise InvariantError(f"turn queue job {queue_id} exists already")
 
 
-async def _claim(tx: Tx, agent_job_id: str, agent_id: str, expect: str | None) -> AgentJob | None:
+class _OrganizationAtCap(Exception):
+    """The turn could not take one of its organization's dispatch slots: the claim is undone."""
+
+
+async def _claim(
+    tx: Tx, agent_job_id: str, agent_id: str, expect: str | None, org_cap: int
+) -> AgentJob | None:
     # The order is fixed: the agent's slot lock, then the job row FOR UPDATE.
     await tx.lock_key(slot_lock_key(agent_id))
     if await running_count(tx, agent_id) >= model.SLOTS_PER_AGENT:
@@ -248,6 +255,11 @@ async def _claim(tx: Tx, agent_job_id: str, agent_id: str, expect: str | None) -
     decision = decisions.claim(job, now)
     claimed = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
     await _enqueue_turn(tx, claimed, decision.queue_job_id)
+    # The turn takes its organization's dispatch slot on the codex workers now (fair dispatch,
+    # receipts/fairness.py), or the claim is undone: a job never holds one of its agent's
+    # slots while its turn waits behind its organization's cap.
+    if not await _turn_slot(tx, claimed, decision.queue_job_id, org_cap):
+        raise _OrganizationAtCap(claimed.organization_id)
     log.info(
         "agent job claimed",
         extra={
@@ -262,22 +274,68 @@ async def _claim(tx: Tx, agent_job_id: str, agent_id: str, expect: str | None) -
     return claimed
 
 
-async def claim_attempt(store: Store, agent_job_id: str, agent_id: str) -> AgentJob | None:
-    """Claim a queued job for a new attempt if the agent has a free slot; None otherwise."""
-    async with store.transaction() as tx:
-        return await _claim(tx, agent_job_id, agent_id, "queued")
+async def _turn_slot(tx: Tx, job: AgentJob, turn_job_id: str, org_cap: int) -> bool:
+    """Take the organization's dispatch slot on the turn's worker queue for the turn's queue job
+    (`dispatch_claim`, the starter's own statement: the starter then finds it held); False when
+    the organization holds every one (`org_cap`; 0: no cap)."""
+    row = await tx.fetch_one(
+        "dispatch_claim",
+        {
+            "job_id": turn_job_id,
+            "organization_id": job.organization_id,
+            "worker_queue": route(model.TURN_AGENT_ID, model.TURN_KIND),
+            "cap": org_cap,
+        },
+    )
+    assert row is not None
+    return bool(row[1] or row[2])  # mine, or took one
 
 
-async def claim_continuation(store: Store, agent_job_id: str, agent_id: str) -> AgentJob | None:
-    """Claim an answered waiting job to continue if the agent has a free slot; None otherwise."""
-    async with store.transaction() as tx:
-        return await _claim(tx, agent_job_id, agent_id, "waiting_on_user")
+async def claim(
+    store: Store,
+    agent_job_id: str,
+    agent_id: str,
+    *,
+    org_cap: int = 0,
+    expect: str | None = None,
+) -> AgentJob | str:
+    """Claim a job waiting only for a slot — queued (a new attempt) or answered while waiting
+    (a continuation), or only the status `expect` — if its agent has a free slot and its
+    organization a free dispatch slot on the codex workers (`org_cap`, 0: none). Returns the
+    claimed job, or why not: `no_slot` (the agent's three are taken, or the job is not
+    claimable) or `organization_at_cap`."""
+    try:
+        async with store.transaction() as tx:
+            claimed = await _claim(tx, agent_job_id, agent_id, expect, org_cap)
+    except _OrganizationAtCap as exc:
+        log.info(
+            "agent job held: its organization's turns fill its share of the codex workers",
+            extra={
+                "event": "agent_job.held_back",
+                "agentJobId": agent_job_id,
+                "organizationId": str(exc),
+            },
+        )
+        return ORGANIZATION_AT_CAP
+    return claimed if claimed is not None else NO_SLOT
 
 
-async def claim_any(store: Store, agent_job_id: str, agent_id: str) -> AgentJob | None:
-    """`claim_attempt` or `claim_continuation`, whichever the job's status calls for."""
-    async with store.transaction() as tx:
-        return await _claim(tx, agent_job_id, agent_id, None)
+async def claim_attempt(
+    store: Store, agent_job_id: str, agent_id: str, *, org_cap: int = 0
+) -> AgentJob | str:
+    """The spec's first claim path: a queued job, for a new execution attempt (see `claim`)."""
+    return await claim(store, agent_job_id, agent_id, org_cap=org_cap, expect="queued")
+
+
+async def claim_continuation(
+    store: Store, agent_job_id: str, agent_id: str, *, org_cap: int = 0
+) -> AgentJob | str:
+    """The spec's second: an answered waiting job, to continue (see `claim`)."""
+    return await claim(store, agent_job_id, agent_id, org_cap=org_cap, expect="waiting_on_user")
+
+
+NO_SLOT = "no_slot"
+ORGANIZATION_AT_CAP = "organization_at_cap"
 
 
 # --- settlement -------------------------------------------------------------------------------
@@ -362,16 +420,16 @@ async def _follow_ups_of(tx: Tx, turn_job: Job) -> tuple[Any, ...]:
 async def answer(
     store: Store, agent_job_id: str, *, answer: Any, tool_call_id: str | None
 ) -> AgentJob:
-    """Record the answer of a waiting job and continue it at once if a slot is free.
+    """Record the answer of a waiting job; the dispatcher, woken by it, continues the job as
+    soon as its agent has a free slot and its organization a free dispatch slot (one claim
+    path, where both are known: `claim`).
 
     Raises `NotFoundError`, `NotWaiting` (not waiting, already answered, or another tool call).
     """
-    current = await get(store, agent_job_id)
-    if current is None:
-        raise NotFoundError(f"no agent job {agent_job_id!r}")
     async with store.transaction() as tx:
-        await tx.lock_key(slot_lock_key(current.agent_id))
         job = await job_for_update(tx, agent_job_id)
+        if job is None:
+            raise NotFoundError(f"no agent job {agent_job_id!r}")
         assert job is not None
         if job.status != "waiting_on_user" or job.answer is not None:
             raise NotWaiting(f"agent job {agent_job_id!r} is {job.status}, not waiting for input")
@@ -388,10 +446,6 @@ async def answer(
         job = await append(
             tx, job, [Draft(model.ANSWERED, {"toolCallId": call_id, "answer": answer})]
         )
-        if await running_count(tx, job.agent_id) < model.SLOTS_PER_AGENT:
-            decision = decisions.claim(job, await tx.now())
-            job = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
-            await _enqueue_turn(tx, job, decision.queue_job_id)
     log.info(
         "agent job answered",
         extra={"event": "agent_job.answered", "agentJobId": agent_job_id, "status": job.status},

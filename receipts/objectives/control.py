@@ -29,9 +29,10 @@ from receipts.objectives.model import (
     audit_job_id,
     monitor_job_id,
     step_job_id,
+    step_monitor_job_id,
     task_job_id,
 )
-from receipts.store import Draft, Store
+from receipts.store import Draft, Store, Tx
 
 log = logging.getLogger("receipts.objectives.control")
 
@@ -204,6 +205,25 @@ def _request(
     )
 
 
+async def _watch_live(
+    tx: Tx, state: ObjectiveState, kind: str, job_id: str, monitor_id: str, **what: Any
+) -> None:
+    """The contract's live-execution flag: a job of a live kind is watched while it runs by a
+    `factory.task.monitor` job beside it, enqueued in the transaction that dispatches it, which
+    mirrors its start, output and settlement onto the objective (`what`: its task and try, or
+    its step)."""
+    if not CONTRACTS[kind].live_execution:
+        return
+    payload = {
+        "kind": MONITOR_KIND,
+        "objectiveId": state.objective_id,
+        "jobId": job_id,
+        "authContext": state.auth_context,
+        **what,
+    }
+    await enqueue_in(tx, _request(state, "factory-monitor", MONITOR_KIND, monitor_id, payload))
+
+
 async def _dispatch_task(
     store: Store, state: ObjectiveState, task: TaskState, guard: objectives.Guard | None
 ) -> None:
@@ -214,23 +234,15 @@ async def _dispatch_task(
             tx,
             _request(state, task.agent_id, TASK_KIND, job_id, task_payload(state, task, number)),
         )
-        await enqueue_in(
+        await _watch_live(
             tx,
-            _request(
-                state,
-                "factory-monitor",
-                MONITOR_KIND,
-                monitor_job_id(state.objective_id, task.task_id, number),
-                {
-                    "kind": MONITOR_KIND,
-                    "objectiveId": state.objective_id,
-                    "taskId": task.task_id,
-                    "try": number,
-                    "jobId": job_id,
-                    "executionPath": task.execution_path,
-                    "authContext": state.auth_context,
-                },
-            ),
+            state,
+            TASK_KIND,
+            job_id,
+            monitor_job_id(state.objective_id, task.task_id, number),
+            taskId=task.task_id,
+            executionPath=task.execution_path,
+            **{"try": number},
         )
 
         def decide(current: ObjectiveState | None) -> list[Draft]:
@@ -270,6 +282,14 @@ async def _dispatch_step(
     }
     async with store.transaction() as tx:
         await enqueue_in(tx, _request(state, "codex", STEP_KINDS[name], job_id, payload))
+        await _watch_live(
+            tx,
+            state,
+            STEP_KINDS[name],
+            job_id,
+            step_monitor_job_id(state.objective_id, name),
+            step=name,
+        )
 
         def decide(current: ObjectiveState | None) -> list[Draft]:
             now = current.step(name) if current else None

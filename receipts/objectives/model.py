@@ -6,7 +6,8 @@ Receipt types (all on the objective's stream):
 - `objective.phase_added` — a new phase; pending tasks of earlier phases become `canceled`;
 - `objective.task.dispatched` / `.started` / `.progress` / `.settled` — one try of a task, run
   as the job `objective:<id>:task:<taskId>:try:<n>`;
-- `objective.step.dispatched` / `.settled` — the validate and publish steps;
+- `objective.step.dispatched` / `.started` / `.progress` / `.settled` — the validate and
+  publish steps;
 - `objective.control_requested` — the outbox: a control pass is owed; `objective.control_delivered`
   — the outbox handed it to a control job; `objective.reconciled` — a control pass covered every
   request up to `throughSeq`;
@@ -64,6 +65,11 @@ def monitor_job_id(objective_id: str, task_id: str, try_number: int) -> str:
 def step_job_id(objective_id: str, step: str) -> str:
     """The job id of the validate or publish step."""
     return derived_id(objective_id, "objective:", f":{step}")
+
+
+def step_monitor_job_id(objective_id: str, step: str) -> str:
+    """The job id of the monitor that mirrors the validate or publish step onto the objective."""
+    return derived_id(objective_id, "objective:", f":{step}:monitor")
 
 
 def control_job_id(objective_id: str, request_seq: int) -> str:
@@ -132,7 +138,10 @@ class StepState(CamelModel):
     status: TaskStatus = "pending"
     job_id: str | None = None
     dispatched_at: datetime | None = None
+    started_at: datetime | None = None
     settled_at: datetime | None = None
+    last_output: str | None = None
+    output_lines: int = 0
     error: str | None = None
 
 
@@ -321,6 +330,18 @@ def _changes(
         attempt = TaskTry(number=number, job_id=str(data["jobId"]), dispatched_at=at)
         task = task.model_copy(update={"status": "dispatched", "tries": (*task.tries, attempt)})
         return {"tasks": _replace_task(state, task)}
+    if kind in ("objective.step.started", "objective.step.progress"):
+        step = state.step(str(data.get("step")))
+        if step is None or step.status not in TASK_ACTIVE or step.job_id != data.get("jobId"):
+            return {}
+        if kind == "objective.step.started":
+            update: dict[str, Any] = {"status": "running", "started_at": at}
+        else:
+            update = {
+                "last_output": data.get("lastLine"),
+                "output_lines": int(data.get("lines") or step.output_lines),
+            }
+        return {f"{step.name}_step": step.model_copy(update=update)}
     if kind == "objective.task.started":
         task = state.task(str(data.get("taskId")))
         if task is None or task.status != "dispatched" or task.current is None:

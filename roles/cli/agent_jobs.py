@@ -229,7 +229,9 @@ def answer_command(
     if as_json:
         click.echo(_dump(accepted))
     else:
-        click.echo(f"answered {job['agentJobId']} ({job['status']})")
+        click.echo(
+            f"answered {job['agentJobId']} ({job['status']}; it continues when a slot is free)"
+        )
 
 
 @agent_jobs_group.command("cancel")

@@ -62,6 +62,7 @@ class DispatchPass:
     settled: int = 0
     claimed: int = 0
     no_slot: int = 0
+    held: int = 0  # the organization's turns fill its share of the codex workers
     timed_out: int = 0
     callbacks: int = 0
 
@@ -82,10 +83,16 @@ class AgentJobDispatcher:
         *,
         callbacks: Settings | None = None,
         http: httpx.AsyncClient | None = None,
+        org_cap: int = 0,
     ) -> None:
         self.store = store
         self.listener = listener
         self.settings = settings or AgentJobSettings()
+        # An organization's dispatch slots on the codex workers, where turns run
+        # (`RECEIPT_ORG_MAX_RUNNING_PER_GROUP`; 0: no cap): a job is claimed only when its turn
+        # can take one, so it never holds an agent slot while its turn waits for the cap.
+        self.org_cap = org_cap
+        self.holding = False  # the last pass held a job at its organization's cap
         # Wakeups are also posted to the event callback URLs when both are given.
         self.callbacks = callbacks
         self.http = http
@@ -114,15 +121,20 @@ class AgentJobDispatcher:
             if agent_id in full:
                 result.no_slot += 1
                 continue
-            claimed = await lifecycle.claim_any(self.store, agent_job_id, agent_id)
-            if claimed is not None:
+            claimed = await lifecycle.claim(
+                self.store, agent_job_id, agent_id, org_cap=self.org_cap
+            )
+            if not isinstance(claimed, str):
                 result.claimed += 1
+            elif claimed == lifecycle.ORGANIZATION_AT_CAP:
+                result.held += 1
             elif await self._agent_full(agent_id):
                 full.add(agent_id)
                 result.no_slot += 1
+        self.holding = result.held > 0
         if self.callbacks is not None and self.http is not None:
             result.callbacks = await self._post_wakeups(self.callbacks, self.http)
-        for action in ("settled", "claimed", "no_slot", "timed_out"):
+        for action in ("settled", "claimed", "no_slot", "held", "timed_out"):
             if count := getattr(result, action):
                 ACTIONS.labels(action).inc(count)
         for agent, running in (await lifecycle.running_by_agent(self.store)).items():
@@ -136,6 +148,7 @@ class AgentJobDispatcher:
                     "settled": result.settled,
                     "claimed": result.claimed,
                     "noSlot": result.no_slot,
+                    "held": result.held,
                     "timedOut": result.timed_out,
                 },
             )
@@ -186,17 +199,17 @@ class AgentJobDispatcher:
         delay = (soonest - await self.store.now()).total_seconds()
         return min(interval, MAX_IDLE_S, max(0.05, delay))
 
-    @staticmethod
-    def wakes_on(notice: Notice) -> bool:
+    def wakes_on(self, notice: Notice) -> bool:
         """A notice that may change what a pass would do: any agent-job append, or a terminal
-        receipt of a turn's queue job (its agent job's settlement is due)."""
+        receipt of a turn's queue job (its agent job's settlement is due); while a job is held
+        at its organization's cap, any job's terminal receipt (one may give a slot back)."""
         if notice is RECONNECTED or notice.stream.startswith(STREAM_PREFIX):
             return True
         if notice.stream.startswith(JOB_STREAM_PREFIX):
+            if not TURN_SETTLED_TYPES.intersection(notice.types):
+                return False
             job_id = notice.stream[len(JOB_STREAM_PREFIX) :]
-            return agent_job_id_of_queue_job(job_id) is not None and bool(
-                TURN_SETTLED_TYPES.intersection(notice.types)
-            )
+            return self.holding or agent_job_id_of_queue_job(job_id) is not None
         return False
 
     async def _pass(self) -> None:

@@ -11,6 +11,7 @@ from temporalio.service import RPCError
 from activities import sandbox, sandbox_etc
 from activities.handlers import default_handlers
 from activities.watchdog import WatchdogActivities
+from receipts.kinds import QUEUE_CODEX
 from receipts.watchdog import WatchdogSettings
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.dispatcher import Dispatcher
@@ -147,7 +148,11 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
     )
     runtime.spawn(dispatcher.run(), "dispatcher")
     agent_jobs = AgentJobDispatcher(
-        runtime.store, runtime.listener, callbacks=runtime.settings, http=runtime.http
+        runtime.store,
+        runtime.listener,
+        callbacks=runtime.settings,
+        http=runtime.http,
+        org_cap=runtime.settings.org_running_cap(QUEUE_CODEX),
     )
     runtime.spawn(agent_jobs.run(), "agent-jobs")
     worker = driver_worker(

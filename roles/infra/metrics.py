@@ -213,8 +213,8 @@ class Metrics:
         )
         self.objective_writes_refused = Counter(
             "receipt_objective_writes_refused",
-            "Objective writes a handler asked for after its delivery lost the attempt's fence "
-            "(nothing written), by the fence's refusal.",
+            "Objective writes (and monitor hand-offs) a handler asked for after its delivery lost "
+            "the attempt's fence (nothing written), by the fence's refusal.",
             ["reason"],
             registry=r,
         )

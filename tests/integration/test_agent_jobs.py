@@ -160,7 +160,7 @@ async def test_concurrent_claimers_never_exceed_three(store: Store) -> None:
     results = await asyncio.gather(
         *(lifecycle.claim_attempt(store, j.agent_job_id, agent) for j in jobs for _ in range(2))
     )
-    assert sum(r is not None for r in results) == 3
+    assert sum(isinstance(r, model.AgentJob) for r in results) == 3
     assert await chain_running(store, agent) == 3
     # And whole dispatcher passes racing each other.
     await asyncio.gather(*(dispatcher(store).run_once() for _ in range(4)))
@@ -203,6 +203,7 @@ async def test_wakeups_once_per_status_attempt_turn_in_the_transition(store: Sto
 
     # Answer, continue, succeed: a second wakeup with its own source id; stop gets none.
     await lifecycle.answer(store, job.agent_job_id, answer=1, tool_call_id=None)
+    await dispatcher(store).run_once()  # the continuation is claimed
     await play_turn(store, await current(store, job.agent_job_id), {"outcome": "done", "result": 2})
     await dispatcher(store).run_once()
     wakeups = await session_wakeups(store, job.owner_session_id)
@@ -467,3 +468,45 @@ async def test_other_work_neither_queries_for_nor_puts_off_the_next_pass(
         await asyncio.gather(running, listening, return_exceptions=True)
     assert Counting.passes >= 3  # the first, then one every 300 ms
     assert Counting.timeouts <= Counting.passes
+
+
+async def test_a_job_is_claimed_only_when_its_turn_can_take_its_organizations_codex_slot(
+    fresh: tuple[Store, str],
+) -> None:
+    """Slots and caps agree: a job never shows `running` holding one of its agent's slots while
+    its turn waits behind its organization's share of the codex workers
+    (`RECEIPT_ORG_MAX_RUNNING_PER_GROUP`); the claim takes that share for the turn, so the
+    starter finds it held, and it is given back when the turn settles."""
+    store, _ = fresh
+    from receipts import fairness
+    from receipts.kinds import QUEUE_CODEX
+
+    capped = AgentJobDispatcher(store, None, AgentJobSettings(), org_cap=1)
+    task = (await put(store, org="org-a", payload_extra={"task": {"command": ["true"]}})).job
+    taken = await fairness.claim(store, task, await store.now(), QUEUE_CODEX, 1)
+    assert taken.step.name == "DELIVER"  # the organization's one codex slot is the task's
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    held = await capped.run_once()
+    assert (held.claimed, held.held) == (0, 1)
+    assert (await current(store, job.agent_job_id)).status == "queued"  # no agent slot held
+    assert await lifecycle.running_by_agent(store) == {}
+    assert capped.holding  # any job's settlement now wakes the dispatcher
+    # The task settles and gives its slot back: the next pass claims the job, whose turn holds
+    # the organization's slot from the claim on.
+    worker = f"{task.job_id}:attempt:1/1"
+    assert (
+        await ops.start_attempt(store, task.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
+    ).ok
+    assert (await ops.complete(store, task.job_id, worker_id=worker, attempt=1, result={})).ok
+    claimed = await capped.run_once()
+    assert (claimed.claimed, claimed.held) == (1, 0) and not capped.holding
+    running = await current(store, job.agent_job_id)
+    assert running.status == "running" and running.queue_job_id is not None
+    turn = await store.get_job(running.queue_job_id)
+    assert turn is not None
+    mine = await fairness.claim(store, turn, await store.now(), QUEUE_CODEX, 1)
+    assert mine.step.name == "DELIVER"  # the starter finds the turn holding the slot
+    other = (await put(store, org="org-a", payload_extra={"task": {"command": ["true"]}})).job
+    blocked = await fairness.claim(store, other, await store.now(), QUEUE_CODEX, 1)
+    assert blocked.step.name == "HELD"

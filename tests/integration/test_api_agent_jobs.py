@@ -226,9 +226,12 @@ async def test_session_events_stream_wakeups_live_and_resume(api: RunningApi, st
             headers=AS_A,
         )
         assert answered.status_code == 202
-        assert answered.json()["agentJob"]["status"] == "running"
+        shown = answered.json()["agentJob"]
+        assert shown["status"] == "waiting_on_user" and shown["latestStatus"]["answered"]
 
-    # The continuation succeeds; a stream resumed after seq 1 starts at the second wakeup.
+    # The dispatcher continues it; the continuation succeeds; a stream resumed after seq 1
+    # starts at the second wakeup.
+    await dispatcher.run_once()
     continued = await lifecycle.get(store, job["agentJobId"])
     assert continued is not None and continued.queue_job_id is not None
     worker = f"{continued.queue_job_id}:attempt:1/1"

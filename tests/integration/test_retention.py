@@ -107,7 +107,8 @@ async def with_delivery_rows(store: Store, job_id: str) -> None:
         workflow_id=job_id,
         run_id="run-1",
         job_id=job_id,
-        workflow="driver",
+        kind="factory.task.run",
+        temporal_type="driver",
         task_queue="q",
         status="completed",
     )
@@ -117,6 +118,7 @@ async def with_delivery_rows(store: Store, job_id: str) -> None:
         activity_id="attempt:1",
         attempt=1,
         job_id=job_id,
+        kind="factory.task.run",
         activity="execute_attempt",
         worker_id="w",
         status="completed",

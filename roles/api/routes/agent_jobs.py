@@ -304,7 +304,9 @@ async def agent_job_events(
 async def answer_agent_job(
     request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
 ) -> JSONResponse:
-    """Answer a job waiting for input; it continues at once if its agent has a free slot."""
+    """Answer a job waiting for input (202, the job still `waiting_on_user`, `answered`); the
+    dispatcher continues it as soon as its agent has a free slot (and its organization a free
+    share of the codex workers)."""
     require_scope(caller, JOBS_WRITE)
     answer, tool_call_id = parse_answer(
         await read_json_body(request, state.settings.max_body_bytes)

@@ -362,25 +362,39 @@ async def test_a_receiver_that_is_down_does_not_change_the_outcome(
     ]
 
 
-async def test_ledger_rows_are_written_beside_the_receipts(
+async def test_ledger_rows_are_written_beside_the_receipts_as_the_kinds_contract_says(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
+    """`factory.task.run` declares a durable workflow (`factory.task`) and a durable activity:
+    its driver runs and its attempt are in the ledger under those names. `factory.run` declares
+    a workflow and no activity; `factory.objective.audit` neither."""
     import psycopg
 
     async with running_stack(client, fresh_store, fresh_db):
         job = (await put(fresh_store, payload_extra=task("true"))).job
-        await wait_for_status(fresh_store, job.job_id)
-    with psycopg.connect(fresh_db) as conn:
-        activities = conn.execute(
-            "SELECT activity, status, worker_id FROM activity_runs WHERE job_id = %s "
-            "ORDER BY updated_at",
-            (job.job_id,),
-        ).fetchall()
-        drivers = conn.execute(
-            "SELECT workflow, status FROM workflow_runs WHERE job_id = %s", (job.job_id,)
-        ).fetchall()
-    assert activities == [("execute_attempt", "completed", f"{job.job_id}:attempt:1/1")]
-    assert ("JobDriverWorkflow", "running") in drivers
+        run = (await put(fresh_store, "factory", kind="factory.run")).job
+        audit = (await put(fresh_store, "factory-control", kind="factory.objective.audit")).job
+        for settled in (job, run, audit):
+            await wait_for_status(fresh_store, settled.job_id)
+
+    def rows(sql: str, job_id: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(fresh_db) as conn:
+            return conn.execute(sql, (job_id,)).fetchall()
+
+    activity_sql = (
+        "SELECT activity, status, worker_id FROM activity_runs WHERE job_id = %s "
+        "ORDER BY updated_at"
+    )
+    workflow_sql = "SELECT workflow, status, detail FROM workflow_runs WHERE job_id = %s"
+    assert rows(activity_sql, job.job_id) == [
+        ("execute_attempt", "completed", f"{job.job_id}:attempt:1/1")
+    ]
+    assert ("factory.task", "running", {"temporalType": "JobDriverWorkflow"}) in rows(
+        workflow_sql, job.job_id
+    )
+    assert rows(activity_sql, run.job_id) == []
+    assert {r[0] for r in rows(workflow_sql, run.job_id)} == {"factory.run"}
+    assert rows(activity_sql, audit.job_id) == rows(workflow_sql, audit.job_id) == []
 
 
 async def test_a_failing_ledger_is_counted_and_never_fails_the_job(

@@ -10,8 +10,13 @@ import pytest
 from temporalio.client import Client
 
 from receipts.objectives import store as objectives
-from receipts.objectives.model import objective_stream
+from receipts.objectives.model import (
+    monitor_job_id,
+    objective_stream,
+    step_monitor_job_id,
+)
 from receipts.store import Store
+from receipts.timing import TimingSettings
 from tests.integration.delivery.conftest import running_stack, wait_for_status
 from tests.integration.factory.conftest import (
     objective_dir,
@@ -299,12 +304,81 @@ async def test_a_prompt_task_runs_the_codex_command_with_the_prompt_on_stdin(
         unset = await wait_objective(fresh_store, "prompt-1")
         monkeypatch.setenv("RECEIPT_CODEX_COMMAND", "tee prompt.txt")
         await run_objective(fresh_store, {**objective, "objectiveId": "prompt-2"})
-        done = await wait_objective(fresh_store, "prompt-2")
+        await wait_objective(fresh_store, "prompt-2")
+        # The task's monitor mirrors its output onto the objective; it may end after the
+        # objective settled (control records the settlement too).
+        await wait_for_status(fresh_store, monitor_job_id("prompt-2", "agent", 1))
+        done = await objectives.get(fresh_store, "prompt-2")
     assert unset.status == "failed"
+    assert done is not None
     assert "RECEIPT_CODEX_COMMAND is not set" in (unset.error or "")
     assert done.status == "completed", done.error
     assert (
         objective_dir(workspace_root, "prompt-2") / "prompt.txt"
     ).read_text() == "write the answer"
     agent = done.task("agent")
-    assert agent is not None and agent.last_output in (None, "write the answer")
+    assert agent is not None and agent.last_output == "write the answer"
+    assert agent.output_lines == 1
+
+
+async def test_every_live_job_is_watched_and_its_output_mirrored_steps_too(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    """The contract's live-execution flag: each job of a live kind control dispatches (a task
+    try, validate, publish) gets a monitor beside it mirroring its start and output."""
+    objective = {
+        "objectiveId": "live-1",
+        "title": "live",
+        "goal": "watch every live job",
+        "tasks": [{"taskId": "t", "input": {"command": ["sh", "-c", "echo task out"]}}],
+        "publish": {"command": ["sh", "-c", "echo publishing now; sleep 1"]},
+    }
+    async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
+        await run_objective(fresh_store, objective)
+        await wait_objective(fresh_store, "live-1")
+        monitors = [monitor_job_id("live-1", "t", 1), step_monitor_job_id("live-1", "publish")]
+        for monitor in monitors:
+            assert (await wait_for_status(fresh_store, monitor)).status == "completed"
+        state = await objectives.get(fresh_store, "live-1")
+    assert state is not None and state.status == "completed"
+    assert state.task("t").last_output == "task out"  # type: ignore[union-attr]
+    publish = state.publish_step
+    assert publish is not None and publish.last_output == "publishing now"
+    assert publish.started_at is not None and publish.status == "completed"
+    types = [r.type for r in await stream(fresh_store, "live-1")]
+    assert types.count("objective.step.started") == 1
+    assert "objective.step.progress" in types
+
+
+async def test_a_monitor_hands_the_watch_on_before_its_timeout_and_misses_nothing(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    """A task longer than a monitor's execution timeout is watched to its end: each monitor
+    part hands on to the next before its timeout (here a 6 s lease: 5 s), and the last line
+    and the settlement are mirrored once."""
+    script = "for i in 1 2 3 4 5 6 7 8 9 10 11; do echo line $i; sleep 1; done"
+    objective = {
+        "objectiveId": "long-1",
+        "title": "long",
+        "goal": "outlive one monitor",
+        "tasks": [{"taskId": "t", "input": {"command": ["sh", "-c", script]}}],
+    }
+    timing = TimingSettings(job_lease_ms=6_000)
+    async with (
+        running_stack(client, fresh_store, fresh_db, timing=timing) as stack,
+        outbox_running(stack),
+    ):
+        await run_objective(fresh_store, objective)
+        await wait_objective(fresh_store, "long-1", timeout=60)
+        first = monitor_job_id("long-1", "t", 1)
+        parts = [first, f"{first}:part:2", f"{first}:part:3"]
+        ended = [await wait_for_status(fresh_store, part, timeout=30) for part in parts]
+        state = await objectives.get(fresh_store, "long-1")
+    assert [job.status for job in ended] == ["completed"] * 3
+    assert ended[0].result["handedOffTo"] == parts[1]  # type: ignore[index]
+    assert ended[1].result["handedOffTo"] == parts[2]  # type: ignore[index]
+    assert ended[0].attempt == ended[1].attempt == 1  # no timeout, no redelivery
+    assert state is not None and state.task("t").last_output == "line 11"  # type: ignore[union-attr]
+    types = [r.type for r in await stream(fresh_store, "long-1")]
+    assert types.count("objective.task.started") == 1
+    assert types.count("objective.task.settled") == 1
