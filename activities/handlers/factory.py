@@ -15,8 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from activities import workspaces
 from activities.handlers import HandlerContext, HandlerError
 from activities.handlers.codex import run_task
+from activities.handlers.steering import StdinFeed
+from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
 from receipts.errors import InvalidInput
 from receipts.jobs import Job
 from receipts.objectives import audit as objective_audit_summary
@@ -35,6 +38,7 @@ log = logging.getLogger("activities.handlers.factory")
 
 PLANNER_ENV = "RECEIPT_FACTORY_PLANNER_COMMAND"
 CODEX_COMMAND_ENV = "RECEIPT_CODEX_COMMAND"
+PLANNER_OUTPUT_CHARS = 1_000_000  # a graph bigger than this is no graph to run
 MONITOR_POLL_S = 0.5
 MONITOR_PROGRESS_EVERY_S = 1.0
 # A monitor hands the watch on this long before its execution timeout (a quarter of the time
@@ -59,8 +63,10 @@ def _auth(ctx: HandlerContext) -> dict[str, Any]:
 # --- factory.run / factory.dispatch -----------------------------------------------------------
 
 
-async def _planner(spec: ObjectiveSpec) -> Any:
-    """Run RECEIPT_FACTORY_PLANNER_COMMAND with `{title, goal}` on stdin; return its JSON."""
+async def _planner(ctx: HandlerContext, spec: ObjectiveSpec) -> Any:
+    """Run RECEIPT_FACTORY_PLANNER_COMMAND in the command sandbox, in the objective's workspace,
+    with `{title, goal}` on stdin; return the JSON it prints (its whole output, or the last line
+    that is JSON: the sandbox merges stdout and stderr)."""
     factory_settings = FactoryEnv.load()
     command = factory_settings.planner_command.strip()
     if not command:
@@ -70,37 +76,59 @@ async def _planner(spec: ObjectiveSpec) -> Any:
             retryable=False,
         )
     timeout_ms = factory_settings.planner_timeout_ms
-    request = json.dumps({"title": spec.title, "goal": spec.goal}).encode()
+    request = json.dumps({"title": spec.title, "goal": spec.goal}).encode() + b"\n"
+    output: list[str] = []
+
+    async def collect(text: str) -> None:
+        if sum(map(len, output)) < PLANNER_OUTPUT_CHARS:
+            output.append(text)
+
     try:
-        process = await asyncio.create_subprocess_exec(
-            *shlex.split(command),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        settings = SandboxSettings.from_env()
+        workspace = workspaces.objective_workspace(
+            ctx.job.organization_id, _objective_id(ctx), settings
         )
-    except OSError as exc:
-        raise HandlerError(f"could not start the planner {command!r}: {exc}") from exc
-    try:
-        out, err = await asyncio.wait_for(process.communicate(request), timeout_ms / 1000)
+        async with asyncio.timeout(timeout_ms / 1000):
+            ended = await run_sandboxed(
+                shlex.split(command),
+                workspace=workspace,
+                network=ctx.job.agent_id in settings.egress_agents,
+                on_output=collect,
+                aborted=ctx.aborted,
+                settings=settings,
+                feed_stdin=StdinFeed(ctx, request, steers=False).feed,
+            )
     except TimeoutError:
-        process.kill()
-        await process.wait()
         raise HandlerError(f"the planner ran past {timeout_ms} ms", retryable=True) from None
-    if process.returncode != 0:
+    except (SandboxRefused, ValueError) as exc:
+        raise HandlerError(f"could not start the planner {command!r}: {exc}") from exc
+    text = "".join(output)
+    if ended.aborted:
+        raise HandlerError("aborted", retryable=False)
+    if ended.exit_code != 0:
         raise HandlerError(
-            f"the planner exited with status {process.returncode}: "
-            f"{err.decode(errors='replace')[-2000:]}",
-            retryable=False,
+            f"the planner exited with status {ended.exit_code}: {text[-2000:]}", retryable=False
         )
+    return _json_of(text)
+
+
+def _json_of(text: str) -> Any:
+    """The planner's JSON: its whole output, else its last line that parses."""
     try:
-        return json.loads(out)
-    except ValueError as exc:
-        raise HandlerError(f"the planner did not print JSON: {exc}", retryable=False) from exc
+        return json.loads(text)
+    except ValueError:
+        pass
+    for line in reversed(text.splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    raise HandlerError(f"the planner did not print JSON: {text[-500:]!r}", retryable=False)
 
 
-async def _planned(spec: ObjectiveSpec) -> ObjectiveSpec:
+async def _planned(ctx: HandlerContext, spec: ObjectiveSpec) -> ObjectiveSpec:
     """The spec with the planner's tasks (and validate/publish when the spec has none)."""
-    planned = await _planner(spec)
+    planned = await _planner(ctx, spec)
     raw: dict[str, Any] = {"title": spec.title, "goal": spec.goal}
     if isinstance(planned, list):
         raw["tasks"] = planned
@@ -134,7 +162,7 @@ async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
     objective_id = _objective_id(ctx)
     planned = spec.tasks is None
     if planned:
-        spec = await _planned(spec)
+        spec = await _planned(ctx, spec)
     assert spec.tasks is not None
     organization_id = ctx.job.organization_id or ""
     created: dict[str, Any] = {

@@ -68,8 +68,16 @@ def parse_registry(text: str, path: Path) -> Registry:
             raise RegistryError(f"{path}: agents[{index}].{where}: {first['msg']}") from exc
         if agent.id in agents:
             raise RegistryError(f"{path}: agent id {agent.id!r} appears twice")
-        agents[agent.id] = agent
+        agents[agent.id] = agent.model_copy(update={"command": _beside(agent.command, path)})
     return Registry(path, agents)
+
+
+def _beside(command: list[str], path: Path) -> list[str]:
+    """The command with each argument that starts with `./` taken from the registry file's
+    directory (an agent kept beside its registry; the sandbox must be let to read it:
+    `RECEIPT_SANDBOX_RO_BINDS`)."""
+    here = path.absolute().parent
+    return [str(here / part[2:]) if part.startswith("./") else part for part in command]
 
 
 def registry_path(env: Mapping[str, str] | None = None) -> Path | None:

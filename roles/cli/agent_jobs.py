@@ -3,6 +3,7 @@ owner session's events, over the HTTP API."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 from urllib.parse import quote
 
@@ -69,6 +70,8 @@ def agent_jobs_group() -> None:
 @click.option("--continued-from", help="Continue this agent job (and reuse its workspace).")
 @click.option("--provider-binding", help="The provider binding of the job's model turns.")
 @click.option("--organization-id", help="Organization (admin tokens only).")
+@click.option("--wait", is_flag=True, help="Wait until it asks for input or ends; print it then.")
+@click.option("--id-only", is_flag=True, help="Print only the job's id (for scripts).")
 @_api_options
 def create_command(
     agent_id: str,
@@ -82,11 +85,16 @@ def create_command(
     continued_from: str | None,
     provider_binding: str | None,
     organization_id: str | None,
+    wait: bool,
+    id_only: bool,
     api_url: str,
     token: str | None,
     as_json: bool,
 ) -> None:
-    """Create an agent job for AGENT_ID (POST /agent-jobs)."""
+    """Create an agent job for AGENT_ID (POST /agent-jobs).
+
+    With --wait, follow it until it waits for input or ends, then print it: exit status 0 when
+    it waits or succeeded, 1 when it failed or was stopped."""
     if (prompt is None) == (command_json is None):
         raise click.UsageError("give exactly one of --prompt and --command")
     parts = route.split("/", 2)
@@ -119,12 +127,35 @@ def create_command(
     body.update(_given(options))
     with ApiClient(api_url, token) as client:
         created = client.call("POST", "/agent-jobs", json=body)
-    if as_json:
-        click.echo(_dump(created))
-    else:
         job = created["agentJob"]
-        verb = "created" if created["created"] else "exists"
-        click.echo(f"{verb} {job['agentJobId']} ({job['status']})")
+        if id_only:
+            click.echo(job["agentJobId"])
+        elif as_json and not wait:
+            click.echo(_dump(created))
+        elif not as_json:
+            verb = "created" if created["created"] else "exists"
+            click.echo(f"{verb} {job['agentJobId']} ({job['status']})")
+        if wait:
+            sys.exit(_wait(client, job["agentJobId"], job["seq"], as_json, quiet=id_only))
+
+
+# An agent job stops to be looked at when it waits for its owner, or when it ends.
+RESTING = ("waiting_on_user", "succeeded", "failed", "stopped")
+
+
+def _wait(client: ApiClient, agent_job_id: str, after: int, as_json: bool, quiet: bool) -> int:
+    """Follow the job's receipts past `after` until it asks for input (unanswered) or ends;
+    print it (unless `quiet`) and return the exit status: 0 waiting or succeeded, 1 otherwise."""
+    job = client.call("GET", _path(agent_job_id))
+    resting = job["status"] in RESTING and not job.get("latestStatus", {}).get("answered")
+    if not resting:
+        for receipt in client.follow_events(_path(agent_job_id, "/events"), after, agent_job_id):
+            if receipt["type"] == "agent_job.transitioned" and receipt["data"]["to"] in RESTING:
+                break
+        job = client.call("GET", _path(agent_job_id))
+    if not quiet:
+        _echo_view(job, _summary, as_json)
+    return 0 if job["status"] in ("waiting_on_user", "succeeded") else 1
 
 
 @agent_jobs_group.command("ls")
@@ -210,28 +241,33 @@ def get_command(
 @click.argument("answer")
 @click.option("--tool-call", help="The pending tool call id being answered.")
 @click.option("--json-answer", is_flag=True, help="Parse ANSWER as JSON (default: a string).")
+@click.option("--wait", is_flag=True, help="Wait until it asks again or ends; print it then.")
 @_api_options
 def answer_command(
     agent_job_id: str,
     answer: str,
     tool_call: str | None,
     json_answer: bool,
+    wait: bool,
     api_url: str,
     token: str | None,
     as_json: bool,
 ) -> None:
-    """Answer a job waiting for input (POST /agent-jobs/ID/input)."""
+    """Answer a job waiting for input (POST /agent-jobs/ID/input). With --wait, follow it until
+    it asks again or ends (exit status as `create --wait`)."""
     parsed = _load_json(answer, "ANSWER") if json_answer else answer
     body = {"answer": parsed, **_given({"toolCallId": tool_call})}
     with ApiClient(api_url, token) as client:
         accepted = client.call("POST", _path(agent_job_id, "/input"), json=body)
-    job = accepted["agentJob"]
-    if as_json:
-        click.echo(_dump(accepted))
-    else:
-        click.echo(
-            f"answered {job['agentJobId']} ({job['status']}; it continues when a slot is free)"
-        )
+        job = accepted["agentJob"]
+        if as_json and not wait:
+            click.echo(_dump(accepted))
+        elif not as_json:
+            click.echo(
+                f"answered {job['agentJobId']} ({job['status']}; it continues when a slot is free)"
+            )
+        if wait:
+            sys.exit(_wait(client, job["agentJobId"], job["seq"], as_json, quiet=False))
 
 
 @agent_jobs_group.command("cancel")

@@ -19,6 +19,9 @@ from roles.infra.temporal import temporal_argv
 from roles.role import ROLES
 
 TEMPORAL_PORT, TEMPORAL_UI_PORT = 7233, 8233
+# The examples of a checkout: what `receipt up` starts with when nothing else is configured.
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+USERNS_SYSCTL = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
 
 # Secrets of the environment and the roles that use them; every other process starts without
 # them (worker-codex runs tenants' commands: it gets no API token and no callback secret).
@@ -45,6 +48,62 @@ async def _temporal(data_dir: Path, colour: bool) -> Supervised:
     server.start()
     await wait_port(TEMPORAL_PORT, exited=server.returncode, name="the Temporal dev server")
     return server
+
+
+def example_defaults(env: dict[str, str], examples: Path = EXAMPLES) -> list[str]:
+    """Fill in, where `env` sets none, the example agents registry, planner and coding agent of
+    the checkout (`examples/`), and let the command sandbox read that directory. Returns what it
+    set, for the start-up lines (nothing outside a checkout)."""
+    if not (examples / "agents.yaml").is_file():
+        return []
+    defaults = {
+        "RECEIPT_AGENTS_FILE": str(examples / "agents.yaml"),
+        "RECEIPT_FACTORY_PLANNER_COMMAND": f"python3 {examples / 'planner.py'}",
+        "RECEIPT_CODEX_COMMAND": f"python3 {examples / 'coding_agent.py'}",
+    }
+    chosen = [name for name, value in defaults.items() if not env.get(name)]
+    for name in chosen:
+        env[name] = defaults[name]
+    if chosen:
+        binds = [b for b in env.get("RECEIPT_SANDBOX_RO_BINDS", "").split(":") if b]
+        if str(examples) not in binds:
+            env["RECEIPT_SANDBOX_RO_BINDS"] = ":".join([*binds, str(examples)])
+    return chosen
+
+
+def userns_advice(sysctl: Path = USERNS_SYSCTL) -> str:
+    """What to do when bubblewrap cannot create namespaces: the fix for hosts whose AppArmor
+    restricts unprivileged user namespaces (Ubuntu 24.04+, Debian 13), else the general one."""
+    try:
+        restricted = sysctl.read_text().strip() == "1"
+    except OSError:
+        restricted = False
+    if restricted:
+        return (
+            "this host's AppArmor restricts unprivileged user namespaces "
+            f"({sysctl} is 1): allow them with "
+            "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (or an AppArmor "
+            "profile that gives bwrap the userns permission), then restart; codex jobs fail "
+            "until then"
+        )
+    return (
+        "allow unprivileged user namespaces (or run as root), or set "
+        "RECEIPT_CODEX_SANDBOX=none to run commands unconfined (trusted work only); codex jobs "
+        "fail until then"
+    )
+
+
+async def _check_sandbox(env: dict[str, str], colour: bool) -> None:
+    """Say at once, with the fix, when commands could not run in the sandbox here."""
+    from activities.sandbox import SandboxSettings, probe
+
+    try:
+        ok, message = await probe(SandboxSettings.from_env(env))
+    except ValueError as exc:
+        ok, message = False, str(exc)
+    if not ok:
+        say("up", f"WARNING: the command sandbox cannot run here: {message}", colour)
+        say("up", f"WARNING: {userns_advice()}", colour)
 
 
 async def up(settings: Settings | None = None) -> int:
@@ -78,6 +137,8 @@ async def up(settings: Settings | None = None) -> int:
         RECEIPT_LOG_FORMAT="human" if colour else env.get("RECEIPT_LOG_FORMAT", "json"),
         PYTHONUNBUFFERED="1",
     )
+    examples = example_defaults(env)
+    await _check_sandbox(env, colour)
     local_token = None
     if not env.get("RECEIPT_API_TOKENS") and not env.get("RECEIPT_API_TOKENS_FILE"):
         # Never open (issue 12): a random admin token under the data directory instead.
@@ -99,6 +160,14 @@ async def up(settings: Settings | None = None) -> int:
         else f"Temporal     {address}",
         f"Metrics      http://{host}:{port}/metrics (api, admin token); {metrics}",
         f"Data         {data_dir.resolve()}",
+        *(
+            [
+                f"Examples     {', '.join(examples)} from {EXAMPLES} (the demo agent `demo`, "
+                "a planner, a coding agent; README, 'Plug in a real coding agent')"
+            ]
+            if examples
+            else []
+        ),
         *(
             [
                 f"API token    admin, in {(data_dir / LOCAL_TOKEN_FILE).resolve()}: "

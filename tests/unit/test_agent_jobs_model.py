@@ -358,6 +358,31 @@ def test_registry_parses_and_names_the_bad_entry(tmp_path: Path) -> None:
         parse_registry("agents:\n  - id: w\n", tmp_path / "agents.yaml")
 
 
+def test_a_command_argument_starting_with_dot_slash_is_beside_the_registry(tmp_path: Path) -> None:
+    registry = parse_registry(
+        "agents:\n  - id: demo\n    command: [python3, ./agents/demo.py, ./x, .hidden, a/./b]\n",
+        tmp_path / "agents.yaml",
+    )
+    agent = registry.get("demo")
+    assert agent is not None
+    assert agent.command == [
+        "python3",
+        str(tmp_path / "agents" / "demo.py"),
+        str(tmp_path / "x"),
+        ".hidden",
+        "a/./b",
+    ]
+
+
+def test_the_example_registry_parses_and_its_demo_agent_is_beside_it() -> None:
+    from roles.cli.up import EXAMPLES
+
+    demo = parse_registry((EXAMPLES / "agents.yaml").read_text(), EXAMPLES / "agents.yaml").get(
+        "demo"
+    )
+    assert demo is not None and Path(demo.command[1]).is_file()
+
+
 # --- the queue's retry delay ------------------------------------------------------------------
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import sys
+import json
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -186,10 +188,18 @@ async def test_an_invalid_graph_fails_the_run_and_writes_no_objective(
     assert await stream(fresh_store, "bad-1") == []
 
 
-async def test_the_planner_supplies_the_tasks_when_there_are_none(
-    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+async def test_the_planner_runs_in_the_sandbox_and_supplies_the_tasks_when_there_are_none(
+    client: Client,
+    fresh_store: Store,
+    fresh_db: str,
+    workspace_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("RECEIPT_FACTORY_PLANNER_COMMAND", f"{sys.executable} {HERE / 'planner.py'}")
+    # The sandbox sees the system and the workspace, not this checkout: the system's python
+    # runs the planner's source, which notes whether it sees the checkout.
+    source = (HERE / "planner.py").read_text()
+    command = f"/usr/bin/python3 -c {shlex.quote(source)} {shlex.quote(str(HERE))}"
+    monkeypatch.setenv("RECEIPT_FACTORY_PLANNER_COMMAND", command)
     objective = {"objectiveId": "plan-1", "title": "planned", "goal": "hello-planner"}
     async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
         await run_objective(fresh_store, objective)
@@ -197,6 +207,11 @@ async def test_the_planner_supplies_the_tasks_when_there_are_none(
     assert state.status == "completed", state.error
     assert state.planned
     assert [t.task_id for t in state.tasks] == ["write", "check"]
+    workspace = objective_dir(workspace_root, "plan-1")
+    note = json.loads((workspace / "planned-by.json").read_text())
+    assert note["cwd"] == str(workspace) and note["sees"] is False
+    if os.geteuid() == 0:
+        assert note["uid"] != 0  # the sandbox's unprivileged uid, not the worker's
 
 
 async def test_a_new_phase_cancels_unstarted_tasks_and_lets_running_ones_finish(
