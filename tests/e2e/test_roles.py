@@ -250,3 +250,40 @@ async def test_each_role_exposes_its_metrics_after_a_known_workload(
     ):
         assert family in worker, family
     assert "temporal_" in sdk  # the SDK's own metrics
+
+
+async def test_every_role_runs_the_queued_redrive(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    """J45: the queued-job redrive runs in every process role (and `all`), its first pass
+    5 000 ms after start, then every interval (shortened here)."""
+    procs = roles(RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="500")
+    procs.env["RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED"] = "0"
+    urls: dict[str, str] = {}
+    for role in ("api", "driver", "worker-chat", "worker-codex", "worker-control", "all"):
+        port = free_port()  # the api serves /metrics on its own port (open mode: admin)
+        procs.env["RECEIPT_API_PORT" if role == "api" else "RECEIPT_METRICS_PORT"] = str(port)
+        urls[role] = f"http://127.0.0.1:{port}/metrics"
+        procs.start(role)
+    passes = 'receipt_loop_pass_seconds_count{loop="queued_redrive"}'
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + 45
+    try:
+        async with httpx.AsyncClient() as http:
+            while len(seen) < len(urls):
+                assert time.monotonic() < deadline, (
+                    f"no redrive pass yet in {set(urls) - set(seen)}"
+                )
+                for role, url in urls.items():
+                    try:
+                        text = (await http.get(url, timeout=2)).text
+                    except httpx.TransportError:
+                        continue
+                    for line in text.splitlines():
+                        if line.startswith(passes) and float(line.split()[-1]) >= 2:
+                            seen[role] = float(line.split()[-1])
+                await asyncio.sleep(0.5)
+    except BaseException:
+        print(procs.logs())
+        raise
+    assert set(seen) == set(urls)

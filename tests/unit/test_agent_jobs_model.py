@@ -166,6 +166,32 @@ def test_no_sixth_attempt_and_delays_never_exceed_30_s() -> None:
         decisions.claim(job.model_copy(update={"status": "queued"}), T0)
 
 
+def test_the_attempt_budget_alone_fails_the_fifth_attempt() -> None:
+    """A needs_input between failures resets the consecutive count, so the fifth attempt's
+    failure is the fourth consecutive one: the attempt budget, not the failure budget, ends
+    the job (B10)."""
+    failure = done_report("failed", error="boom")
+    job = running()  # attempt 1
+    job = _move(job, decisions.decide_settlement(job, failure, T0).transition)  # type: ignore[arg-type]
+    job = running(job.model_copy(update={"available_at": None}))  # attempt 2
+    asked = decisions.decide_settlement(job, done_report("needs_input"), T0)
+    job = _move(job, asked.transition)  # type: ignore[arg-type]
+    assert (job.status, job.consecutive_failures) == ("waiting_on_user", 0)
+    job = job.model_copy(update={"answer": {"toolCallId": "call-1", "answer": "go"}})
+    job = running(job)  # the continuation of attempt 2
+    reasons = []
+    while True:
+        decided = decisions.decide_settlement(job, failure, T0)
+        assert decided.transition is not None
+        job = _move(job, decided.transition)
+        reasons.append(decided.transition["reason"])
+        if job.terminal:
+            break
+        job = running(job.model_copy(update={"available_at": None}))
+    assert (job.status, job.attempt, job.consecutive_failures) == ("failed", 5, 4)
+    assert reasons == ["retry", "retry", "retry", "5 attempts used"]
+
+
 def test_default_backoff_doubles_and_is_capped() -> None:
     assert [decisions.retry_delay_ms(n) for n in (1, 2, 3, 5, 6, 9)] == [
         1000,

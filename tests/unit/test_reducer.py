@@ -1079,12 +1079,24 @@ def test_a_state_stored_with_command_payloads_still_reads_and_folds() -> None:
     assert job.commands[0].consumed_attempt == 1
 
 
-def test_abort_command_is_never_pending() -> None:
-    job = state([*QUEUED, command("a1", "abort", reason="user")])
-    (cmd,) = job.commands
-    assert cmd.lane is None
-    assert cmd.pending is False
-    assert job.pending_commands == ()
+def test_abort_command_is_never_pending_and_has_no_lane() -> None:
+    """J3: the command lanes are `steer` and `follow_up` only. The receipts are the ones the
+    production code writes (`receipts.enqueue.command_draft`), not this file's helper."""
+    from receipts.enqueue import command_draft
+
+    drafts = [
+        command_draft("a1", "abort", reason="user"),
+        command_draft("s1", "steer", payload={"say": "left"}),
+        command_draft("f1", "follow_up", payload="and then"),
+    ]
+    job = state([*RUNNING, *((d.type, d.data) for d in drafts)])
+    assert [(c.command_id, c.lane) for c in job.commands] == [
+        ("a1", None),
+        ("s1", "steer"),
+        ("f1", "follow_up"),
+    ]
+    assert [c.command_id for c in job.pending_commands] == ["s1", "f1"]
+    assert job.abort_requested and job.abort_reason == "user"
 
 
 def test_a_steer_is_never_lost_with_a_dead_worker() -> None:

@@ -7,6 +7,8 @@ import dataclasses
 import json
 from typing import Any
 
+import httpx
+import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.sandbox import SandboxSettings
@@ -336,13 +338,54 @@ async def test_callbacks_reach_the_receiver_with_token_and_signature(
         job = (await put(fresh_store, payload_extra=task("true"))).job
         await wait_for_status(fresh_store, job.job_id)
         await receiver.wait_for(2)
-    events = [json.loads(r.body)["event"] for r in receiver.requests]
+        failing = (await put(fresh_store, payload_extra=task("false"))).job
+        await wait_for_status(fresh_store, failing.job_id)
+        await receiver.wait_for(4)
+    posted = [json.loads(r.body) for r in receiver.requests]
+    events = [p["event"] for p in posted if p["job"]["jobId"] == job.job_id]
     assert events == ["dispatched", "completed"]
+    # The spec's fourth event: a failed job's callback says `failed`, with the job.
+    failed = [p for p in posted if p["job"]["jobId"] == failing.job_id]
+    assert [p["event"] for p in failed] == ["dispatched", "failed"]
+    assert failed[1]["job"]["status"] == "failed" and failed[1]["job"]["error"]
     completed = receiver.requests[1]
     assert json.loads(completed.body)["job"]["jobId"] == job.job_id
     assert json.loads(completed.body)["job"]["status"] == "completed"
     assert completed.headers["authorization"] == "Bearer s3cret"
     assert receiver.verify(completed, b"signing-key")
+
+
+async def test_a_callback_post_gives_up_at_its_5_s_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """J36: a receiver that takes the connection and never answers is given up on at the
+    callback timeout (5 s; shortened here to keep the test quick) with the reason, not awaited."""
+    from activities import driver as driver_activities
+    from receipts.settings import Settings
+
+    assert driver_activities.CALLBACK_TIMEOUT_S == 5.0
+    monkeypatch.setattr(driver_activities, "CALLBACK_TIMEOUT_S", 0.5)
+    stalled: list[asyncio.StreamWriter] = []
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        stalled.append(writer)
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient() as http:
+            started = asyncio.get_running_loop().time()
+            error = await driver_activities.post_callback(
+                http, Settings(), f"http://127.0.0.1:{port}/hook", "msg_1", b"{}"
+            )
+            took = asyncio.get_running_loop().time() - started
+    finally:
+        for writer in stalled:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert error is not None and error.startswith("ReadTimeout")
+    assert 0.4 < took < 3.0
 
 
 async def test_a_receiver_that_is_down_does_not_change_the_outcome(
