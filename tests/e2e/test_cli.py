@@ -146,8 +146,16 @@ async def test_enqueue_inspect_list_and_command_a_job(
     assert [json.loads(line)["type"] for line in events.out.splitlines()] == await types(
         store, rid(job_id)
     )
+    # 4 the abort, 5 and 6 the steer and the follow-up settled unread, 7 the cancel.
     later = await receipt(api, "jobs", "events", job_id, "--after", "3")
-    assert [line.split()[0] for line in later.out.splitlines()] == ["4", "5"]
+    rows = [line.split() for line in later.out.splitlines()]
+    assert [row[0] for row in rows] == ["4", "5", "6", "7"]
+    assert [row[2] for row in rows] == [
+        "queue.command",
+        "queue.command.unconsumed",
+        "queue.command.unconsumed",
+        "job.canceled",
+    ]
 
 
 async def settle(store: Store, job_id: str, *, complete: bool) -> None:

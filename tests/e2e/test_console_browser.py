@@ -210,8 +210,11 @@ async def test_answer_an_agent_jobs_question(
     await shot(page, "console-agent-job.png")
     await page.fill('textarea[name="answer"]', "yes, staging first")
     await page.get_by_role("button", name="Answer").click()
-    await expect(page.locator(".notice")).to_contain_text("answered; the job is running")
+    # The answer is recorded; the dispatcher continues the job when a slot is free.
+    await expect(page.locator(".notice")).to_contain_text("answered; the job is waiting_on_user")
+    answered = await current(store, job.agent_job_id)
+    assert answered.answer == {"toolCallId": "c-1", "answer": {"text": "yes, staging first"}}
+    await dispatcher(store).run_once()
+    await page.reload()
     await expect(page.locator("#status")).to_have_text("running")
-    resumed = await current(store, job.agent_job_id)
-    assert resumed.answer == {"toolCallId": "c-1", "answer": {"text": "yes, staging first"}}
     assert foreign == []

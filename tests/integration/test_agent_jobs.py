@@ -102,7 +102,11 @@ async def chain_running(store: Store, agent_id: str) -> int:
     return count
 
 
-async def test_four_jobs_three_run_one_waits_then_takes_a_freed_slot(store: Store) -> None:
+async def test_four_jobs_three_run_one_waits_then_takes_a_freed_slot(
+    fresh: tuple[Store, str],
+) -> None:
+    # A database of its own: a dispatcher pass claims every ready job, of any agent.
+    store, _ = fresh
     agent = f"agent-{uuid.uuid4().hex[:6]}"
     jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(4)]
     passed = await dispatcher(store).run_once()

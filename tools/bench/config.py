@@ -60,7 +60,6 @@ NO_HANDLER_AGENT = "bench-no-handler"
 TRUE_PAYLOAD: dict[str, Any] = {
     "kind": "factory.task.run",
     "authContext": {"userId": "bench", "organizationId": "bench"},
-    "objectiveId": "bench",  # objective-scoped kinds need one (422 without)
     "task": {"command": ["true"]},
 }
 

@@ -108,7 +108,6 @@ def enqueue_body(session_key: str | None = None, job_id: str | None = None) -> d
         "payload": {
             "kind": "factory.task.run",
             "authContext": {"userId": "u-1", "organizationId": ORG},
-            "objectiveId": "history",  # objective-scoped kinds need one (422 without)
             "command": ["true"],
         }
     }

@@ -28,7 +28,6 @@ async def post(
     payload = {
         "kind": "factory.task.run",
         "authContext": {"userId": "chaos", "organizationId": "chaos"},
-        "objectiveId": "chaos",  # objective-scoped kinds need one (422 without)
         **extra,
     }
     body = {"jobId": job_id, "maxAttempts": attempts, "payload": payload}
@@ -88,7 +87,8 @@ async def post_objective(http: httpx.AsyncClient, run: Run) -> None:
             await asyncio.sleep(0.5)
             continue
         if response.status_code == 202:
-            run.objectives.append(objective_id)
+            # The runtime's id: objective ids are scoped by organization as job ids are.
+            run.objectives.append(scoped_id("chaos", objective_id))
             return
         run.refused[f"objective {response.status_code}"] += 1
         await asyncio.sleep(0.5)
