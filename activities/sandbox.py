@@ -1,4 +1,3 @@
-# Over 400 lines: the run of one confined command (probe, spawn, stream, feed, kill whole).
 """Run one command confined: bubblewrap namespaces, a clean environment, rlimits, killed whole.
 
 Every command a job runs (task commands, validate/publish, agent turns) goes through

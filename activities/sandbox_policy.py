@@ -1,4 +1,3 @@
-# Over 400 lines: the whole confinement policy (settings, workspaces, env, cwd, command line).
 """The sandbox's policy, pure where it can be: settings and limits, workspaces and their uids,
 the clean environment, the allowed cwd and executable, and the command line (setpriv → prlimit →
 bwrap → argv). `activities.sandbox` runs what this builds; both are re-exported there."""

@@ -1,20 +1,26 @@
 """A job's commands with their payloads, read by reference.
 
 The folded state keeps each `queue.command` as a reference (receipts/jobs.py `Command`: its seq
-on the job's stream and small metadata), so a job with many large follow-ups stays a small row
-(issue 12). The handler that consumes commands, and the enqueue that compares a re-posted steer
-with the one it absorbed, read the payloads from the receipts themselves, here.
+on the job's stream and small metadata), so a job with many large follow-ups stays a small
+row. The handler that consumes commands, and the enqueue that compares a re-posted steer
+with the one it absorbed, read the payloads from the receipts themselves, here. And a command
+a job ends without reading is settled here (`with_unconsumed`, folded into the append that ends
+the job).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from receipts.jobs import Command, job_stream
+from receipts.jobs import UNCONSUMED, Command, Job, apply, job_stream
+from receipts.kinds import unconsumed_reason
 from receipts.sql import query
-from receipts.store import Store, Tx
+from receipts.streams import Draft, Receipt
+
+if TYPE_CHECKING:  # the store folds a job's appends with `with_unconsumed`
+    from receipts.store import Store, Tx
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +73,33 @@ async def payload_in(tx: Tx, job_id: str, ref: Command) -> Any:
     """The payload of one command of `job_id`, read inside a caller's transaction."""
     cur = await tx.conn.execute(query("command_payloads"), _params(job_id, [ref]))
     return _joined([ref], await cur.fetchall())[0].payload
+
+
+def with_unconsumed(job: Job | None, drafts: Sequence[Draft]) -> list[Draft]:
+    """`drafts` with a `queue.command.unconsumed` receipt for every steer or follow_up still
+    pending when one of them ends the job, placed just before that one (the terminal receipt
+    stays the job's last). Drafts that end nothing come back as they are."""
+    if job is None or not job.pending_commands or job.terminal:
+        return list(drafts)
+    state: Job | None = job
+    for index, draft in enumerate(drafts):
+        receipt = Receipt(job_stream(job.job_id), 0, draft.type, draft.data, job.updated_at)
+        after = apply(state, receipt)
+        if after is not None and after.terminal:
+            assert state is not None
+            closing = [
+                Draft(
+                    UNCONSUMED,
+                    {
+                        "commandId": command.command_id,
+                        "type": command.type,
+                        "reason": unconsumed_reason(
+                            state.agent_id, state.kind, state.payload, command.type
+                        ),
+                    },
+                )
+                for command in state.pending_commands
+            ]
+            return [*drafts[:index], *closing, *drafts[index:]]
+        state = after
+    return list(drafts)

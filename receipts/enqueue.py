@@ -1,4 +1,3 @@
-# Over 400 lines: the enqueue contract (body model, ids and their tenancy, idempotency, singleton modes).
 """Enqueue: validate a request, then in one transaction apply idempotency, singleton mode and append."""
 
 from __future__ import annotations
@@ -142,7 +141,7 @@ else:
     SingletonModeField = choice_field("singletonMode", SINGLETON_MODES)
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9._:@-]{1,200}$"
-"""Job ids a caller may choose (issue 12: a newline in an id made the job unreachable)."""
+"""Job ids a caller may choose (a newline in an id made the job unreachable)."""
 
 
 class EnqueueBody(BaseModel):
@@ -361,7 +360,7 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
 
 
 def _check_command_caps(request: EnqueueRequest, target: Job) -> None:
-    """Refuse a steer the target job could not hold (issue 12: commands pile up in its state)."""
+    """Refuse a steer the target job could not hold (commands pile up in its state)."""
     if request.max_commands is not None and len(target.commands) >= request.max_commands:
         raise InvalidInput(
             "singletonMode",

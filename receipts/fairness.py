@@ -1,4 +1,4 @@
-"""Fair dispatch across organizations: dispatch slots (issue 12; docs/design.md §6).
+"""Fair dispatch across organizations: dispatch slots (docs/design.md §6).
 
 One organization may hold at most `RECEIPT_ORG_MAX_RUNNING_PER_GROUP` dispatch slots per worker
 queue. The driver starter takes a slot when it starts an organization's job (`claim`), the

@@ -1,9 +1,8 @@
-# Over 400 lines: the whole job reducer (ten receipt types, fences, commands) is one pure fold.
 """The job model and its reducer: a job's state is a pure fold over the receipts of `jobs/<jobId>`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -12,8 +11,7 @@ from pydantic.alias_generators import to_camel
 
 from receipts import streams
 from receipts.errors import InvariantError
-from receipts.kinds import unconsumed_reason
-from receipts.streams import CamelModel, Draft, Receipt, StreamState, time_of
+from receipts.streams import CamelModel, Receipt, StreamState, time_of
 
 LANES: tuple[str, ...] = ("chat", "collect", "steer", "follow_up")
 DEFAULT_LANE = "collect"
@@ -86,7 +84,7 @@ class Lease(CamelModel):
 
 class Command(CamelModel):
     """A queue command as the state keeps it: a reference to its `queue.command` receipt (`seq`)
-    and small metadata, never the payload (receipts/commands.py reads it; issue 12)."""
+    and small metadata, never the payload (receipts/commands.py reads it)."""
 
     command_id: str
     type: str
@@ -443,36 +441,6 @@ def _failed(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any]:
         result = {**(result if isinstance(result, dict) else {}), "status": data["status"]}
     changes["result"] = result
     return changes
-
-
-def with_unconsumed(job: Job | None, drafts: Sequence[Draft]) -> list[Draft]:
-    """`drafts` with a `queue.command.unconsumed` receipt for every steer or follow_up still
-    pending when one of them ends the job, placed just before that one (the terminal receipt
-    stays the job's last). Drafts that end nothing come back as they are."""
-    if job is None or not job.pending_commands or job.terminal:
-        return list(drafts)
-    state: Job | None = job
-    for index, draft in enumerate(drafts):
-        receipt = Receipt(job_stream(job.job_id), 0, draft.type, draft.data, job.updated_at)
-        after = apply(state, receipt)
-        if after is not None and after.terminal:
-            assert state is not None
-            closing = [
-                Draft(
-                    UNCONSUMED,
-                    {
-                        "commandId": command.command_id,
-                        "type": command.type,
-                        "reason": unconsumed_reason(
-                            state.agent_id, state.kind, state.payload, command.type
-                        ),
-                    },
-                )
-                for command in state.pending_commands
-            ]
-            return [*drafts[:index], *closing, *drafts[index:]]
-        state = after
-    return list(drafts)
 
 
 def retry_delay_ms(value: Any) -> int:

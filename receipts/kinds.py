@@ -201,7 +201,7 @@ def route_disagrees(agent_id: str, kind: str) -> bool:
 class AuthContext(BaseModel):
     """Who the job acts for: `userId` and `organizationId` (non-blank), four optional strings.
 
-    A strict schema: any other key is refused (issue 12), so nothing unchecked rides along to
+    A strict schema: any other key is refused, so nothing unchecked rides along to
     the handlers. `receiptConnectGatewayUrl` is checked against the operator's allow-list by the
     API (`RECEIPT_GATEWAY_URL_ALLOWLIST`), not here: the domain does not know the deployment.
     """

@@ -1,4 +1,3 @@
-# Over 400 lines: every fenced job operation (lease, beat, progress, settle, expire, commands).
 """Fenced job operations used by delivery: lease, heartbeat, progress, settle, commands, expiry.
 
 Each operation is one transaction: lock the job's projection row, decide against the folded
@@ -469,7 +468,7 @@ async def add_command(
     An abort on a queued job also cancels it in the same transaction (no worker holds it).
     With `check_organization`, a job of another organization is reported `not_found`. A job
     already holding `max_commands` commands takes no steer or follow_up (`too_many_commands`):
-    its folded state keeps them all (issue 12); an abort is always taken.
+    its folded state keeps them all; an abort is always taken.
     """
     if type not in COMMAND_TYPES:
         raise ValueError(f"command type must be one of {COMMAND_TYPES}")

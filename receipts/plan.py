@@ -13,7 +13,7 @@ slot free for the job's organization on its worker queue — i.e. `needs_deliver
 `available_at`, `organization_id` and `worker_queue` as columns for these scans;
 tests/integration/test_plan.py checks that the SQL and this function pick the same jobs.
 
-Fair dispatch (issue 12): an organization may hold at most `cap` dispatch slots per worker
+Fair dispatch: an organization may hold at most `cap` dispatch slots per worker
 queue (`RECEIPT_ORG_MAX_RUNNING_PER_GROUP`). The starter asks with the slots the job's
 organization holds there (`Slots`) when it is about to start a delivery; a job that finds them
 all taken is `HELD`: it stays queued, and is started when one is given back (its job settled).

@@ -70,7 +70,7 @@ async def retry_in(
         return RetryOutcome(ALREADY, job, await tx.job(job.retried_as))
     if job.status not in RETRYABLE_STATUSES:
         return RetryOutcome(NOT_RETRYABLE, job)
-    # Scoped like every organization's job id (DESIGN §4), so its organization can name it.
+    # Scoped like every organization's job id (docs/design.md §4), so its organization can name it.
     new_job_id = scoped_id(job.organization_id, f"retry-{uuid.uuid4()}")
     created = await enqueue_in(tx, retry_request(job, new_job_id))
     old, _ = await tx.append_job(

@@ -1,4 +1,3 @@
-# Over 400 lines: the store's whole transaction API (appends, locks, reads, migrations).
 """The receipt store: fenced appends, stream reads and the jobs projection on PostgreSQL (psycopg 3)."""
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from receipts import jobs as jobmodel
+from receipts.commands import with_unconsumed
 from receipts.errors import (
     ConflictError,
     InvariantError,
@@ -36,7 +36,7 @@ log = logging.getLogger("receipts.store")
 
 T = TypeVar("T")
 NOTIFY_CHANNEL = "receipts"
-# Kinds whose contract says "reconcile objective on terminal or expired lease" (DESIGN §5).
+# Kinds whose contract says "reconcile objective on terminal or expired lease" (docs/design.md §5).
 _RECONCILING_KINDS = frozenset(k for k, c in CONTRACTS.items() if c.reconciles_objective)
 
 _TRANSIENT_SQLSTATES = {
@@ -134,7 +134,7 @@ class Tx:
         if not drafts:
             raise ValueError("append_job needs at least one receipt")
         # Commands the job ends without reading are settled with the receipt that ends it.
-        drafts = jobmodel.with_unconsumed(job, drafts)
+        drafts = with_unconsumed(job, drafts)
         receipts = _numbered(
             jobmodel.job_stream(job_id), job.seq if job else 0, drafts, await self.now()
         )

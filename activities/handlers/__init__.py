@@ -78,6 +78,14 @@ class HandlerContext:
 Handler = Callable[[HandlerContext], Coroutine[Any, Any, Any]]
 
 
+def objective_of(ctx: HandlerContext) -> str:
+    """The objective the job acts on (`payload.objectiveId`); the handler fails without one."""
+    value = ctx.payload.get("objectiveId")
+    if not isinstance(value, str):
+        raise HandlerError("payload.objectiveId is required", retryable=False)
+    return value
+
+
 def no_handler_message(agent_id: str) -> str:
     """The spec's error for an agent id without a registered handler."""
     return f"No handler for agent '{agent_id}'"
@@ -107,7 +115,7 @@ def default_handlers() -> dict[str, Handler]:
     audits them; `factory-monitor` mirrors a task's job onto its objective; `codex` runs tasks
     and the validate and publish steps.
     """
-    from activities.handlers import factory
+    from activities.handlers import factory, monitor
     from activities.handlers.agent_turn import run_agent_turn
 
     return {
@@ -124,7 +132,7 @@ def default_handlers() -> dict[str, Handler]:
             },
         ),
         "factory-monitor": kinds_handler(
-            "factory-monitor", {"factory.task.monitor": factory.task_monitor}
+            "factory-monitor", {"factory.task.monitor": monitor.task_monitor}
         ),
         "codex": kinds_handler(
             "codex",

@@ -1,27 +1,22 @@
-# Over 400 lines: the handlers of all nine Factory kinds, which share one objective store.
 """Factory handlers: objectives created (or planned), reconciled, watched, monitored, audited,
 and their tasks and steps run in the objective's workspace."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
 import shlex
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from activities import workspaces
-from activities.handlers import HandlerContext, HandlerError
+from activities.handlers import HandlerContext, HandlerError, objective_of
 from activities.handlers.codex import run_task
 from activities.handlers.steering import StdinFeed
 from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
 from receipts.errors import InvalidInput
-from receipts.jobs import Job
 from receipts.objectives import audit as objective_audit_summary
 from receipts.objectives import control
 from receipts.objectives import store as objectives
@@ -30,7 +25,6 @@ from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_task
 from receipts.objectives.model import ObjectiveState
 from receipts.settings import FactoryEnv
 from receipts.store import Draft
-from receipts.tenancy import derived_id
 from receipts.timing import TimingSettings
 from receipts.watchdog import REASONS, WatchdogSettings
 
@@ -39,20 +33,8 @@ log = logging.getLogger("activities.handlers.factory")
 PLANNER_ENV = "RECEIPT_FACTORY_PLANNER_COMMAND"
 CODEX_COMMAND_ENV = "RECEIPT_CODEX_COMMAND"
 PLANNER_OUTPUT_CHARS = 1_000_000  # a graph bigger than this is no graph to run
-MONITOR_POLL_S = 0.5
-MONITOR_PROGRESS_EVERY_S = 1.0
-# A monitor hands the watch on this long before its execution timeout (a quarter of the time
-# it had, when that is less).
-MONITOR_HANDOFF_MARGIN_S = 30.0
 # Told of each reconcile the watchdog requests, by reason (the role's metrics).
 on_watchdog_fired: list[Callable[[str], None]] = []
-
-
-def _objective_id(ctx: HandlerContext) -> str:
-    value = ctx.payload.get("objectiveId")
-    if not isinstance(value, str):
-        raise HandlerError("payload.objectiveId is required", retryable=False)
-    return value
 
 
 def _auth(ctx: HandlerContext) -> dict[str, Any]:
@@ -86,7 +68,7 @@ async def _planner(ctx: HandlerContext, spec: ObjectiveSpec) -> Any:
     try:
         settings = SandboxSettings.from_env()
         workspace = workspaces.objective_workspace(
-            ctx.job.organization_id, _objective_id(ctx), settings
+            ctx.job.organization_id, objective_of(ctx), settings
         )
         async with asyncio.timeout(timeout_ms / 1000):
             ended = await run_sandboxed(
@@ -159,7 +141,7 @@ async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
         spec = parse_objective(ctx.payload.get("objective"), "payload.objective")
     except InvalidInput as exc:
         raise HandlerError(exc.message, retryable=False) from exc
-    objective_id = _objective_id(ctx)
+    objective_id = objective_of(ctx)
     planned = spec.tasks is None
     if planned:
         spec = await _planned(ctx, spec)
@@ -208,7 +190,7 @@ async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
 async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:
     """Add a phase of tasks to a live objective: its earlier phases' pending tasks are canceled
     (running ones finish), and control is requested."""
-    objective_id = _objective_id(ctx)
+    objective_id = objective_of(ctx)
     phase = 0
 
     def decide(state: ObjectiveState | None) -> list[Draft]:
@@ -246,7 +228,7 @@ async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:
 async def objective_control(ctx: HandlerContext) -> dict[str, Any]:
     """Reconcile the objective until a pass finds nothing to do; steers that arrived meanwhile
     (coalesced control requests) are consumed, and answered by the passes they asked for."""
-    objective_id = _objective_id(ctx)
+    objective_id = objective_of(ctx)
     total = control.ReconcileResult()
     while True:
         result = await ctx.store.reconcile(objective_id, ctx.job.kind)
@@ -323,7 +305,7 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
 
 async def objective_audit(ctx: HandlerContext) -> dict[str, Any]:
     """Append `objective.audited`: tasks, tries, durations, failures and the job behind each."""
-    objective_id = _objective_id(ctx)
+    objective_id = objective_of(ctx)
     state = await ctx.store.objective(objective_id)
     if state is None:
         raise HandlerError(f"no objective {objective_id!r}", retryable=False)
@@ -337,142 +319,6 @@ async def objective_audit(ctx: HandlerContext) -> dict[str, Any]:
 
     await ctx.store.update_objective(objective_id, decide)
     return {"objectiveId": objective_id, "totals": summary["totals"]}
-
-
-# --- the task monitor -------------------------------------------------------------------------
-
-
-def _last_line(progress: Any) -> str | None:
-    if isinstance(progress, dict) and isinstance(progress.get("output"), str):
-        lines = [line for line in progress["output"].splitlines() if line.strip()]
-        return lines[-1][-500:] if lines else None
-    return None
-
-
-@dataclass(frozen=True)
-class _Watched:
-    """What a monitor mirrors: one try of a task, or the validate or publish step."""
-
-    job_id: str
-    task_id: str | None
-    number: Any
-    step: str | None
-
-    @classmethod
-    def of(cls, payload: Mapping[str, Any]) -> _Watched:
-        step = payload.get("step")
-        return cls(
-            job_id=str(payload.get("jobId")),
-            task_id=None if step else str(payload.get("taskId")),
-            number=payload.get("try"),
-            step=str(step) if step else None,
-        )
-
-    def started(self, state: ObjectiveState | None) -> list[Draft]:
-        """`objective.task.started` / `objective.step.started`, once the job runs."""
-        if state is None:
-            return []
-        if self.step is not None:
-            step = state.step(self.step)
-            if step is None or step.status != "dispatched" or step.job_id != self.job_id:
-                return []
-            return [Draft("objective.step.started", {"step": self.step, "jobId": self.job_id})]
-        task = state.task(self.task_id or "")
-        if task is None or task.status != "dispatched" or task.current is None:
-            return []
-        if task.current.number != self.number:
-            return []
-        return [Draft("objective.task.started", {"taskId": self.task_id, "try": self.number})]
-
-    def progress(self, line: str, lines: int) -> Draft:
-        """The job's last output line, mirrored."""
-        if self.step is not None:
-            data = {"step": self.step, "jobId": self.job_id, "lastLine": line, "lines": lines}
-            return Draft("objective.step.progress", data)
-        data = {
-            "taskId": self.task_id,
-            "try": self.number,
-            "jobId": self.job_id,
-            "lastLine": line,
-            "lines": lines,
-        }
-        return Draft("objective.task.progress", data)
-
-
-async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
-    """Follow one job of a live kind (a task's try, or validate or publish) and mirror it onto
-    the objective stream: started when it runs, its last output line (at most once a second)
-    and its settlement when it ends.
-
-    A job may run longer than one monitor attempt may (its execution timeout): shortly before
-    that timeout the monitor hands the watch on to a successor job, `<monitor id>:part:<k>`,
-    created under its attempt's fence, which goes on from the receipts already read, and
-    completes. A redelivered monitor whose successor exists ends at once."""
-    objective_id = _objective_id(ctx)
-    watched = _Watched.of(ctx.payload)
-    part = int(ctx.payload.get("part") or 1)
-    base = str(ctx.payload.get("baseJobId") or ctx.job.job_id)
-    successor = derived_id(base, "", f":part:{part + 1}")
-    if await ctx.store.job(successor) is not None:
-        return {"objectiveId": objective_id, "jobId": watched.job_id, "handedOffTo": successor}
-    after = int(ctx.payload.get("after") or 0)
-    started = bool(ctx.payload.get("started"))
-    lines = int(ctx.payload.get("lines") or 0)
-    last_mirror = 0.0
-    pending_line: str | None = None
-    loop = asyncio.get_running_loop()
-    hand_off_at = None
-    if ctx.deadline is not None:
-        budget = ctx.deadline - loop.time()
-        hand_off_at = ctx.deadline - min(MONITOR_HANDOFF_MARGIN_S, budget / 4)
-    while not ctx.aborted.is_set():
-        for receipt in await ctx.store.job_receipts(watched.job_id, after):
-            after = receipt.seq
-            if receipt.type == "job.heartbeat" and not started:
-                await ctx.store.update_objective(objective_id, watched.started)
-                started = True
-            elif receipt.type == "job.progress":
-                data = receipt.data.get("data")
-                pending_line = _last_line(data) or pending_line
-                if isinstance(data, dict) and isinstance(data.get("lines"), int):
-                    lines = data["lines"]
-        if pending_line is not None and time.monotonic() - last_mirror >= MONITOR_PROGRESS_EVERY_S:
-            await _mirror(ctx, objective_id, watched.progress(pending_line, lines))
-            pending_line, last_mirror = None, time.monotonic()
-        job = await ctx.store.job(watched.job_id)
-        if job is None:
-            raise HandlerError(f"no job {watched.job_id!r} to monitor", retryable=False)
-        if job.terminal and after >= job.seq:
-            await _mirror_settlement(ctx, objective_id, job)
-            return {"objectiveId": objective_id, "jobId": job.job_id, "jobStatus": job.status}
-        if hand_off_at is not None and loop.time() >= hand_off_at:
-            if pending_line is not None:
-                await _mirror(ctx, objective_id, watched.progress(pending_line, lines))
-            carried = {"part": part + 1, "after": after, "started": started, "lines": lines}
-            await ctx.store.hand_off(successor, {**ctx.payload, "baseJobId": base, **carried})
-            log.info(
-                "monitor handed the watch on",
-                extra={
-                    "event": "factory.monitor_handed_off",
-                    "objectiveId": objective_id,
-                    "jobId": ctx.job.job_id,
-                    "successor": successor,
-                },
-            )
-            return {"objectiveId": objective_id, "jobId": job.job_id, "handedOffTo": successor}
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ctx.aborted.wait(), MONITOR_POLL_S)
-    raise HandlerError("monitor aborted", retryable=False)
-
-
-async def _mirror_settlement(ctx: HandlerContext, objective_id: str, job: Job) -> None:
-    await ctx.store.update_objective(
-        objective_id, lambda s: control.settlement_drafts(s, {job.job_id: job}) if s else []
-    )
-
-
-async def _mirror(ctx: HandlerContext, objective_id: str, draft: Draft) -> None:
-    await ctx.store.update_objective(objective_id, lambda s: [draft] if s is not None else [])
 
 
 # --- tasks and steps in the objective's workspace ---------------------------------------------

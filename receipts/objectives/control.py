@@ -1,4 +1,3 @@
-# Over 400 lines: one reconciler, from any state to the next step, with its decisions spelled out.
 """Objective control: a reconciler safe to run any number of times, from any state.
 
 `plan` is pure: from the folded objective and the jobs of its active tries it decides what one

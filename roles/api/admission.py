@@ -1,4 +1,4 @@
-"""Admission of an enqueue beyond its body's validity (issue 12): who may run commands, the
+"""Admission of an enqueue beyond its body's validity: who may run commands, the
 operator's caps on `timeoutMs` and on each organization's queued and active jobs, and the
 allow-list of gateway URLs. Each refusal answers the one error shape, is logged and counted."""
 

@@ -1,4 +1,4 @@
-"""Reading request bodies and list cursors: bounded work per request (issue 12).
+"""Reading request bodies and list cursors: bounded work per request.
 
 A body is refused before anything looks at it when it is too large (413), not JSON (400), or
 not the shape any request can have (422): nested deeper than `max_json_depth`, more than

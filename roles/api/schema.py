@@ -74,7 +74,7 @@ class JobView(Job):
 
     `route` is the task queue it is delivered on (agent id first, kind second);
     `contractWorkerGroup`/`contractQueue` are what its kind's contract names. They can disagree
-    (DESIGN §5); both are shown. `agentHasHandler` is false for an agent id no worker handles.
+    (docs/design.md §5); both are shown. `agentHasHandler` is false for an agent id no worker handles.
     """
 
     stream: str
@@ -244,7 +244,7 @@ def shown_receipt(
 def job_view(job: Job, shown_id: str | None = None) -> dict[str, Any]:
     """Return the API's JSON form of a job (see `JobView`).
 
-    `shown_id` is the job id the caller knows (an organization's own id, DESIGN §4), shown in
+    `shown_id` is the job id the caller knows (an organization's own id, docs/design.md §4), shown in
     `jobId` and `stream` (the runtime's stream is `jobs/<runtime id>`). `task.env` values are
     redacted.
     """

@@ -34,7 +34,7 @@ class ApiSettings(ReceiptSettings):
     sse_keepalive_ms: int = Field(
         default=int(SSE_KEEPALIVE_S * 1000), ge=100, alias="RECEIPT_SSE_KEEPALIVE_MS"
     )
-    # --- bounded work per request (issue 12) ---
+    # --- bounded work per request ---
     max_json_nodes: int = Field(default=50_000, ge=1, alias="RECEIPT_MAX_JSON_NODES")
     max_json_key_chars: int = Field(default=256, ge=1, alias="RECEIPT_MAX_JSON_KEY_CHARS")
     max_json_depth: int = Field(default=64, ge=1, alias="RECEIPT_MAX_JSON_DEPTH")

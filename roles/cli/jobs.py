@@ -1,4 +1,3 @@
-# Over 400 lines: every job command of the `receipt` CLI (enqueue, ls, get, events, commands, retry, api).
 """The `receipt` commands on jobs over the HTTP API: `enqueue`, `jobs ls|get|events|steer|
 follow-up|abort|retry`, and `api` (serve it).
 

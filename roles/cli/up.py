@@ -141,7 +141,7 @@ async def up(settings: Settings | None = None) -> int:
     await _check_sandbox(env, colour)
     local_token = None
     if not env.get("RECEIPT_API_TOKENS") and not env.get("RECEIPT_API_TOKENS_FILE"):
-        # Never open (issue 12): a random admin token under the data directory instead.
+        # Never open: a random admin token under the data directory instead.
         local_token, tokens_file = ensure_local_admin_token(data_dir)
         env["RECEIPT_API_TOKENS_FILE"] = str(tokens_file.resolve())
     roles = [

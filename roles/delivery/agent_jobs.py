@@ -13,7 +13,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from activities.driver import callback_message_id, post_callback
 from receipts import deliveries
-from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs import claims, lifecycle
 from receipts.agent_jobs.model import (
     SLOTS_PER_AGENT,
     STREAM_PREFIX,
@@ -121,12 +121,10 @@ class AgentJobDispatcher:
             if agent_id in full:
                 result.no_slot += 1
                 continue
-            claimed = await lifecycle.claim(
-                self.store, agent_job_id, agent_id, org_cap=self.org_cap
-            )
+            claimed = await claims.claim(self.store, agent_job_id, agent_id, org_cap=self.org_cap)
             if not isinstance(claimed, str):
                 result.claimed += 1
-            elif claimed == lifecycle.ORGANIZATION_AT_CAP:
+            elif claimed == claims.ORGANIZATION_AT_CAP:
                 result.held += 1
             elif await self._agent_full(agent_id):
                 full.add(agent_id)
@@ -189,7 +187,7 @@ class AgentJobDispatcher:
 
     async def _agent_full(self, agent_id: str) -> bool:
         async with self.store.transaction() as tx:
-            return await lifecycle.running_count(tx, agent_id) >= SLOTS_PER_AGENT
+            return await claims.running_count(tx, agent_id) >= SLOTS_PER_AGENT
 
     async def _timeout(self) -> float:
         interval = self.settings.redrive_interval_ms / 1000

@@ -42,7 +42,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 
 def escape(text: str) -> str:
     """`text` with control characters (CR, LF, …) escaped, so a value a caller chose (a job id,
-    an agent id) cannot start a forged log line (issue 12)."""
+    an agent id) cannot start a forged log line."""
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 

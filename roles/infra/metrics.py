@@ -37,7 +37,7 @@ OTHER_AGENT = "other"
 
 def agent_label(agent_id: str) -> str:
     """The `agent` label of an agent id: one of the four, else `other` (a tenant chooses agent
-    ids, and each new label value is a new series on every scrape; issue 12)."""
+    ids, and each new label value is a new series on every scrape)."""
     return agent_id if agent_id in AGENT_IDS else OTHER_AGENT
 
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from receipts import operations as ops
-from receipts.agent_jobs import lifecycle, model, projection
+from receipts.agent_jobs import claims, lifecycle, model, projection
 from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings
@@ -162,7 +162,7 @@ async def test_concurrent_claimers_never_exceed_three(store: Store) -> None:
     jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(12)]
     # Every claim races every other one, each in its own transaction on its own connection.
     results = await asyncio.gather(
-        *(lifecycle.claim_attempt(store, j.agent_job_id, agent) for j in jobs for _ in range(2))
+        *(claims.claim_attempt(store, j.agent_job_id, agent) for j in jobs for _ in range(2))
     )
     assert sum(isinstance(r, model.AgentJob) for r in results) == 3
     assert await chain_running(store, agent) == 3

@@ -310,7 +310,7 @@ class HistoryResult:
                 if share is not None
                 else f"Heartbeats: {self.hot['heartbeats']}, no row updates counted."
             )
-        lines += ["", "Targets (issue 15):"]
+        lines += ["", "Targets:"]
         for label in ("enqueue 1 client", "enqueue 8 clients"):
             if label in self.empty:
                 r = self.enqueue_ratio.get(label, self.loaded[label] / self.empty[label])

@@ -7,7 +7,7 @@ Three shapes, each started as one workflow per job on a driver task queue:
 
 * **activity** (`BenchRawActivityPipelineWorkflow`): the workflow runs one no-op activity on the
   worker task queue — the shape a Temporal user writes by hand, and the shape the targets
-  compare with (issue 11).
+  compare with.
 * **sandboxed** (`BenchRawSandboxedPipelineWorkflow`): the same, but the activity runs `true`
   in Receipt's command sandbox (`activities.sandbox.run_sandboxed`, worker-codex's settings, one
   shared workspace as the bench's jobs share their objective's): the work a codex `true` job

@@ -7,7 +7,7 @@ Temporal finds the lost worker by the attempt activity's heartbeat timeout
 delivery takes the lease over through the start-fence and runs the command again. Measured on
 the receipts' clock (the database's): kill → the redelivery's start-fence heartbeat, and kill →
 the terminal receipt. The target is kill → settled ≤ the worker-lost timeout plus the
-command's own run time; before issue 11 it was two receipt cadences, ~400 s.
+command's own run time; when attempts were child workflows it was two receipt cadences, ~400 s.
 """
 
 from __future__ import annotations

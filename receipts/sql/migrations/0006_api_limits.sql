@@ -1,4 +1,4 @@
--- The per-organization caps on queued and active jobs (issue 12) count an organization's open
+-- The per-organization caps on queued and active jobs count an organization's open
 -- jobs at every enqueue; this partial index keeps that count off its finished history.
 CREATE INDEX IF NOT EXISTS jobs_org_open_idx
     ON jobs (organization_id, status)

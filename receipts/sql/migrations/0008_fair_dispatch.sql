@@ -1,4 +1,4 @@
--- Fair dispatch across organizations (issue 12; docs/design.md §6, receipts/plan.py).
+-- Fair dispatch across organizations (docs/design.md §6, receipts/plan.py).
 
 -- The worker queue a job is routed to (receipts/kinds.py `route`), written with the projection
 -- row so the dispatch scans can share each queue out by organization. Rows written before this

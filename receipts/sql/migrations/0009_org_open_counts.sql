@@ -1,4 +1,4 @@
--- The per-organization caps (issue 12, roles/api/admission.py) read an organization's open jobs
+-- The per-organization caps (roles/api/admission.py) read an organization's open jobs
 -- at every enqueue. Counting its jobs rows cost each enqueue time in proportion to the queue's
 -- depth (tools/bench/README.md, "Where the API's time went"); these counters make that read a sum of at
 -- most 16 rows. A trigger keeps them in the transaction that changes a job's status, whatever

@@ -1,4 +1,3 @@
-# Over 400 lines: every console page (jobs, job, failed work, sign-in) in one module, as landed.
 """Console pages: sign-in, jobs (list, one job with its live output and actions), failed work."""
 
 from __future__ import annotations

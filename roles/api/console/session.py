@@ -77,7 +77,7 @@ def session_of(request: Request) -> Session:
     """Return the request's console session, or raise `SignInRequired`."""
     tokens = request.app.state.api.tokens
     if tokens.open:
-        # A rebound DNS name or another origin must not reach an open console (issue 12).
+        # A rebound DNS name or another origin must not reach an open console.
         check_open_request(request, json_body=False)
         return Session(OPEN, csrf_for(None), open_mode=True)
     token = request.cookies.get(COOKIE)

@@ -1,4 +1,3 @@
-# Over 400 lines: every agent-job route with its body models and documented answers.
 """Agent-job routes: create, read, answer (organization tokens) and the admin console."""
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-# Over 400 lines: the whole jobs resource (enqueue, list, read, events, commands) with its documentation.
 """The jobs resource: enqueue, list, read, events (JSON or live SSE) and commands.
 
-(Over 400 lines: five routes with their OpenAPI documentation; admission checks live in
-`roles.api.admission`, body reading in `roles.api.body`, streams in `roles.api.sse`.)
+Admission checks live in `roles.api.admission`, body reading in `roles.api.body`, streams in
+`roles.api.sse`.
 
-Job ids are scoped by organization (DESIGN §4): an organization names its jobs by its own ids
+Job ids are scoped by organization (docs/design.md §4): an organization names its jobs by its own ids
 and sees them under those ids; the runtime's id (`<id>~<organization tag>`) names the stream
 and the workflows, and is what an admin token sees and names.
 """

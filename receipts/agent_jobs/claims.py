@@ -1,0 +1,133 @@
+"""Claims: an agent job waiting only for a slot is set running, its turn's queue job enqueued,
+in one transaction that takes, in this fixed order, the agent's slot lock and then the job row
+`FOR UPDATE` (the specification's two claim paths, a new attempt and a continuation), and the
+turn's share of its organization's codex workers (docs/agent-jobs.md, Slots)."""
+
+from __future__ import annotations
+
+import logging
+
+from receipts.agent_jobs import decisions, model
+from receipts.agent_jobs.lifecycle import append, enqueue_turn, job_for_update
+from receipts.agent_jobs.model import AgentJob
+from receipts.kinds import route
+from receipts.store import Draft, Store, Tx
+
+log = logging.getLogger("receipts.agent_jobs")
+
+
+def slot_lock_key(agent_id: str) -> str:
+    """The advisory-lock key of an agent's running slots."""
+    return f"agent-slots:{agent_id}"
+
+
+async def running_count(tx: Tx, agent_id: str) -> int:
+    """The agent's running jobs, counted from the projection (the caller holds its slot lock)."""
+    row = await tx.fetch_one("agent_slots_running", {"agent_id": agent_id})
+    assert row is not None
+    return int(row[0])
+
+
+class _OrganizationAtCap(Exception):
+    """The turn could not take one of its organization's dispatch slots: the claim is undone."""
+
+
+async def _claim(
+    tx: Tx, agent_job_id: str, agent_id: str, expect: str | None, org_cap: int
+) -> AgentJob | None:
+    # The order is fixed: the agent's slot lock, then the job row FOR UPDATE.
+    await tx.lock_key(slot_lock_key(agent_id))
+    if await running_count(tx, agent_id) >= model.SLOTS_PER_AGENT:
+        return None
+    job = await job_for_update(tx, agent_job_id)
+    if job is None or job.agent_id != agent_id:
+        return None
+    if expect is not None and job.status != expect:
+        return None
+    now = await tx.now()
+    if not decisions.claimable(job, now):
+        return None
+    decision = decisions.claim(job, now)
+    claimed = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
+    await enqueue_turn(tx, claimed, decision.queue_job_id)
+    # The turn takes its organization's dispatch slot on the codex workers now (fair dispatch,
+    # receipts/fairness.py), or the claim is undone: a job never holds one of its agent's
+    # slots while its turn waits behind its organization's cap.
+    if not await _turn_slot(tx, claimed, decision.queue_job_id, org_cap):
+        raise _OrganizationAtCap(claimed.organization_id)
+    log.info(
+        "agent job claimed",
+        extra={
+            "event": "agent_job.claimed",
+            "agentJobId": agent_job_id,
+            "agentId": agent_id,
+            "attempt": claimed.attempt,
+            "turn": claimed.turn,
+            "continuation": decision.continuation,
+        },
+    )
+    return claimed
+
+
+async def _turn_slot(tx: Tx, job: AgentJob, turn_job_id: str, org_cap: int) -> bool:
+    """Take the organization's dispatch slot on the turn's worker queue for the turn's queue job
+    (`dispatch_claim`, the starter's own statement: the starter then finds it held); False when
+    the organization holds every one (`org_cap`; 0: no cap)."""
+    row = await tx.fetch_one(
+        "dispatch_claim",
+        {
+            "job_id": turn_job_id,
+            "organization_id": job.organization_id,
+            "worker_queue": route(model.TURN_AGENT_ID, model.TURN_KIND),
+            "cap": org_cap,
+        },
+    )
+    assert row is not None
+    return bool(row[1] or row[2])  # mine, or took one
+
+
+async def claim(
+    store: Store,
+    agent_job_id: str,
+    agent_id: str,
+    *,
+    org_cap: int = 0,
+    expect: str | None = None,
+) -> AgentJob | str:
+    """Claim a job waiting only for a slot — queued (a new attempt) or answered while waiting
+    (a continuation), or only the status `expect` — if its agent has a free slot and its
+    organization a free dispatch slot on the codex workers (`org_cap`, 0: none). Returns the
+    claimed job, or why not: `no_slot` (the agent's three are taken, or the job is not
+    claimable) or `organization_at_cap`."""
+    try:
+        async with store.transaction() as tx:
+            claimed = await _claim(tx, agent_job_id, agent_id, expect, org_cap)
+    except _OrganizationAtCap as exc:
+        log.info(
+            "agent job held: its organization's turns fill its share of the codex workers",
+            extra={
+                "event": "agent_job.held_back",
+                "agentJobId": agent_job_id,
+                "organizationId": str(exc),
+            },
+        )
+        return ORGANIZATION_AT_CAP
+    return claimed if claimed is not None else NO_SLOT
+
+
+async def claim_attempt(
+    store: Store, agent_job_id: str, agent_id: str, *, org_cap: int = 0
+) -> AgentJob | str:
+    """The spec's first claim path: a queued job, for a new execution attempt (see `claim`)."""
+    return await claim(store, agent_job_id, agent_id, org_cap=org_cap, expect="queued")
+
+
+async def claim_continuation(
+    store: Store, agent_job_id: str, agent_id: str, *, org_cap: int = 0
+) -> AgentJob | str:
+    """The spec's second: an answered waiting job, to continue (see `claim`)."""
+    return await claim(store, agent_job_id, agent_id, org_cap=org_cap, expect="waiting_on_user")
+
+
+NO_SLOT = "no_slot"
+ORGANIZATION_AT_CAP = "organization_at_cap"
