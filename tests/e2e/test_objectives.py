@@ -27,6 +27,7 @@ pytestmark = pytest.mark.e2e
 ROLES = ("driver", "worker-chat", "worker-codex", "worker-control")
 # Lease 10 s: heartbeat every 3.3 s, Temporal redelivers after 6.7 s without one.
 TIMING = {
+    "RECEIPT_WORKER_LOST_TIMEOUT_MS": "3000",
     "CODEX_JOB_LEASE_MS": "10000",
     "JOB_LEASE_MS": "10000",
     "FACTORY_CONTROL_JOB_LEASE_MS": "10000",

@@ -29,9 +29,10 @@ from tests.integration.helpers import put
 pytestmark = pytest.mark.e2e
 
 ROLES = ("driver", *WORKER_QUEUES)
-# Lease 10 s: a delivery whose worker died is redelivered ~7 s later. Two attempts at once per
+# Lease 10 s: a delivery whose worker died is redelivered ~3 s later. Two attempts at once per
 # worker, so one process cannot swallow a batch; the watchdog Schedule stays off (no extra jobs).
 ENV = {
+    "RECEIPT_WORKER_LOST_TIMEOUT_MS": "3000",
     "CODEX_JOB_LEASE_MS": "10000",
     "JOB_LEASE_MS": "10000",
     "FACTORY_CONTROL_JOB_LEASE_MS": "10000",

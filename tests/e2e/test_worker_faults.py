@@ -20,8 +20,13 @@ from tests.integration.helpers import put
 pytestmark = pytest.mark.e2e
 
 SETTLE_TYPES = ("job.completed", "job.failed", "job.canceled")
-# Lease 10 s: heartbeat every 3.3 s, Temporal redelivers after 6.7 s without one.
-TIMING = {"CODEX_JOB_LEASE_MS": "10000", "JOB_LEASE_MS": "10000"}
+# Lease 10 s: heartbeat every 3.3 s; Temporal redelivers after 3 s without hearing from the
+# worker (its default, 30 s, is pinned by test_attempt_faults.py).
+TIMING = {
+    "CODEX_JOB_LEASE_MS": "10000",
+    "JOB_LEASE_MS": "10000",
+    "RECEIPT_WORKER_LOST_TIMEOUT_MS": "3000",
+}
 
 
 async def receipts_of(store: Store, job_id: str) -> list[Any]:

@@ -66,7 +66,7 @@ async def test_healthz_and_readyz(client: httpx.AsyncClient) -> None:
 
 
 async def test_readyz_is_503_on_a_database_that_is_not_migrated(make_database: Any) -> None:
-    url = make_database()
+    url = make_database(migrated=False)
     async with api_client(url) as client:
         response = await client.get("/readyz")
     assert_error(response, 503, "not_migrated")

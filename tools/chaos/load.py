@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from receipts.errors import ReceiptError
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.objectives import audit as objective_audit
 from receipts.objectives import store as objectives
@@ -153,7 +154,11 @@ async def drain(run: Run) -> list[str]:
     assert run.store is not None
     deadline = time.monotonic() + run.config.drain_timeout_s
     while time.monotonic() < deadline:
-        states = [await objectives.get(run.store, o) for o in run.objectives]
+        try:  # a fault (a database restart) may still be settling: ask again
+            states = [await objectives.get(run.store, o) for o in run.objectives]
+        except ReceiptError:
+            await asyncio.sleep(1)
+            continue
         if all(s is not None and s.terminal and s.audit is not None for s in states):
             break
         await asyncio.sleep(1)

@@ -62,8 +62,10 @@ async def stack_with_dispatcher(
     client: Client, store: Store, db_url: str, **env: str
 ) -> AsyncIterator[Stack]:
     async with running_stack(client, store, db_url, queues=(QUEUE_CODEX,), **env) as stack:
+        # Retries 100 ms, 200 ms, … apart instead of 1 s, 2 s, … (the doubling and the 30 s cap
+        # are the unit tests' subject).
         dispatcher = AgentJobDispatcher(
-            store, stack.listener, AgentJobSettings(redrive_interval_ms=1_000)
+            store, stack.listener, AgentJobSettings(redrive_interval_ms=1_000, retry_base_ms=100)
         )
         stack.tasks.append(asyncio.create_task(dispatcher.run()))
         yield stack
@@ -201,7 +203,7 @@ async def test_operator_cancel_stops_a_running_job_at_once_and_its_live_turn_end
         client, store, fresh_db, RECEIPT_ORG_MAX_RUNNING_PER_GROUP="10"
     ):
         marking, _ = await lifecycle.create(store, request("mark:4"))
-        holders = [(await lifecycle.create(store, request("sleep:15")))[0] for _ in range(2)]
+        holders = [(await lifecycle.create(store, request("sleep:6")))[0] for _ in range(2)]
         waiting, _ = await lifecycle.create(store, request("done:after"))
         running = await wait_for(store, marking.agent_job_id, "running")
         for holder in holders:
