@@ -151,6 +151,8 @@ def adopt(legacy: Path, workspace: Path, settings: SandboxSettings) -> bool:
     path). Returns True when something was moved."""
     if workspace.exists() or not legacy.is_dir() or legacy.is_symlink():
         return False
+    if legacy == settings.workspace_root / ORGANIZATIONS_DIR:
+        return False  # an earlier objective named `orgs`: its directory is every tree's root now
     uid = _sandbox_uid(workspace, settings)
     _make_parents(workspace, settings, uid)
     legacy.rename(workspace)

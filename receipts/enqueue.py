@@ -108,6 +108,10 @@ async def _same_request(tx: Tx, existing: Job, request: EnqueueRequest, job_id: 
 # stream names from `jobs/<jobId>`; a job id that looks like one of those is refused.
 RESERVED_ID_PARTS: tuple[str, ...] = (":gen:", ":attempt:", ":redrive:", "/")
 RESERVED_ID_PREFIX = "watchdog:"
+# The jobs of an objective are named after it (`objective:<id>:…`, receipts/objectives/model.py)
+# by the runtime alone: a caller who could choose such an id could be first to a job the
+# runtime is about to create (a re-post is answered with the existing job).
+OBJECTIVE_JOB_PREFIX = "objective:"
 
 
 def _one_of(name: str, allowed: tuple[str, ...], required: bool = False) -> Any:
@@ -189,6 +193,11 @@ def _check_job_id(job_id: str | None, kind: str, *, system: bool) -> None:
     ):
         raise InvalidInput(
             "jobId", f"jobId prefix {RESERVED_ID_PREFIX!r} is reserved for the objective watchdog"
+        )
+    if job_id.startswith(OBJECTIVE_JOB_PREFIX):
+        raise InvalidInput(
+            "jobId",
+            f"jobId prefix {OBJECTIVE_JOB_PREFIX!r} is reserved for the jobs of objectives",
         )
 
 

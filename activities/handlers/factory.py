@@ -159,21 +159,22 @@ async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
         "validate": spec.validate.to_json() if spec.validate else None,
         "publish": spec.publish.to_json() if spec.publish else None,
     }
-    outcome = "created"
+    outcome = ""  # stays empty: decide is not asked about another organization's objective
 
     def decide(state: ObjectiveState | None) -> list[Draft]:
         nonlocal outcome
         if state is not None:
-            if state.organization_id != organization_id:
-                raise HandlerError(f"objectiveId {objective_id!r} is already in use")
             outcome = "existing"
             return []
+        outcome = "created"
         return [
             Draft("objective.created", created),
             objectives.control_request("created", jobId=ctx.job.job_id),
         ]
 
     await ctx.store.update_objective(objective_id, decide, deliver_control=True)
+    if not outcome:
+        raise HandlerError(f"objectiveId {objective_id!r} is already in use", retryable=False)
     log.info(
         "objective created" if outcome == "created" else "objective already exists",
         extra={
@@ -195,7 +196,7 @@ async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:
 
     def decide(state: ObjectiveState | None) -> list[Draft]:
         nonlocal phase
-        if state is None or state.organization_id != ctx.job.organization_id:
+        if state is None:
             raise HandlerError(f"no objective {objective_id!r}", retryable=False)
         if state.terminal:
             raise HandlerError(f"objective {objective_id!r} is {state.status}", retryable=False)
@@ -218,7 +219,8 @@ async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:
             objectives.control_request("phase_added", jobId=ctx.job.job_id),
         ]
 
-    await ctx.store.update_objective(objective_id, decide, deliver_control=True)
+    if not await ctx.store.update_objective(objective_id, decide, deliver_control=True):
+        raise HandlerError(f"no objective {objective_id!r}", retryable=False)
     return {"objectiveId": objective_id, "phase": phase}
 
 
@@ -275,7 +277,11 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
                 )
                 if why is None:
                     continue
-                await ctx.store.request_control(state.objective_id, "reconcile", watchdog=why)
+                requested = await ctx.store.request_control(
+                    state.objective_id, "reconcile", watchdog=why
+                )
+                if not requested:  # gone meanwhile: nothing was written, nothing fired
+                    continue
                 counts[why] += 1
                 for observe in on_watchdog_fired:
                     observe(why)
@@ -325,8 +331,8 @@ async def objective_audit(ctx: HandlerContext) -> dict[str, Any]:
 
 
 async def _run_in_workspace(ctx: HandlerContext, task: dict[str, Any]) -> dict[str, Any]:
-    # The codex runner confines the command to the objective's workspace,
-    # RECEIPT_WORKSPACE_ROOT/<payload.objectiveId>, shared by its tasks, validate and publish.
+    # The codex runner confines the command to the objective's workspace in its organization's
+    # tree (activities/workspaces.py), shared by its tasks, validate and publish.
     payload = {**ctx.payload, "task": task}
     return await run_task(
         dataclasses.replace(ctx, job=ctx.job.model_copy(update={"payload": payload}))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from receipts.jobs import Job
 from receipts.objectives import control
 from receipts.objectives.model import ObjectiveState
 from receipts.store import Draft
-from receipts.tenancy import derived_id
+from receipts.tenancy import TENANT_SEPARATOR
 
 log = logging.getLogger("activities.handlers.monitor")
 
@@ -85,6 +86,20 @@ class _Watched:
         return Draft("objective.task.progress", data)
 
 
+_PART = re.compile(r"^(?P<base>.*):part:(?P<number>[0-9]+)$")
+
+
+def successor_id(job_id: str) -> str:
+    """The job a monitor hands the watch on to: `<id>:part:2` after `<id>`, `<id>:part:<k+1>`
+    after `<id>:part:<k>`. It is derived from the monitor's own id alone (never from its
+    payload), keeping its organization's tag at the end, so a monitor names no job of another
+    organization."""
+    head, sep, tag = job_id.partition(TENANT_SEPARATOR)
+    match = _PART.match(head)
+    base, number = (match["base"], int(match["number"])) if match else (head, 1)
+    return f"{base}:part:{number + 1}{sep}{tag}"
+
+
 async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
     """Follow one job of a live kind (a task's try, or validate or publish) and mirror it onto
     the objective stream: started when it runs, its last output line (at most once a second)
@@ -96,9 +111,7 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
     completes. A redelivered monitor whose successor exists ends at once."""
     objective_id = objective_of(ctx)
     watched = _Watched.of(ctx.payload)
-    part = int(ctx.payload.get("part") or 1)
-    base = str(ctx.payload.get("baseJobId") or ctx.job.job_id)
-    successor = derived_id(base, "", f":part:{part + 1}")
+    successor = successor_id(ctx.job.job_id)
     if await ctx.store.job(successor) is not None:
         return {"objectiveId": objective_id, "jobId": watched.job_id, "handedOffTo": successor}
     after = int(ctx.payload.get("after") or 0)
@@ -134,8 +147,8 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
         if hand_off_at is not None and loop.time() >= hand_off_at:
             if pending_line is not None:
                 await _mirror(ctx, objective_id, watched.progress(pending_line, lines))
-            carried = {"part": part + 1, "after": after, "started": started, "lines": lines}
-            await ctx.store.hand_off(successor, {**ctx.payload, "baseJobId": base, **carried})
+            carried = {"after": after, "started": started, "lines": lines}
+            await ctx.store.hand_off(successor, {**ctx.payload, **carried})
             log.info(
                 "monitor handed the watch on",
                 extra={

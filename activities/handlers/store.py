@@ -111,14 +111,15 @@ class HandlerStore:
         )
 
     async def active_objectives(self, limit: int) -> tuple[list[ObjectiveState], datetime | None]:
-        """Up to `limit` active objectives and the database clock (None when there are none)."""
+        """Up to `limit` active objectives (the handler's organization's only, when it has one)
+        and the database clock (None when there are none)."""
         rows = await self._store.fetch("objectives_active", {"limit": limit})
-        return [ObjectiveState.model_validate(row[0]) for row in rows], (
-            rows[0][1] if rows else None
-        )
+        states = [ObjectiveState.model_validate(row[0]) for row in rows]
+        return [s for s in states if self._sees(s.organization_id)], (rows[0][1] if rows else None)
 
     async def objectives_under_control(self, states: Sequence[ObjectiveState]) -> set[str]:
         """The ids of those objectives that have an active control job."""
+        states = [s for s in states if self._sees(s.organization_id)]
         if not states:
             return set()
         params = {
@@ -130,23 +131,26 @@ class HandlerStore:
 
     async def update_objective(
         self, objective_id: str, decide: objectives.Decide, *, deliver_control: bool = False
-    ) -> None:
+    ) -> bool:
         """Append what `decide` chooses from the objective's current state, in one transaction;
         with `deliver_control`, hand a control request it recorded to a control job in the same
-        transaction (`decide` chose nothing: nothing is delivered). Raises FenceLost, writing
-        nothing, once the attempt's fence is lost."""
+        transaction (`decide` chose nothing: nothing is delivered). Returns whether anything
+        was written: nothing is, and `decide` is not asked, for an objective of another
+        organization. Raises FenceLost, writing nothing, once the attempt's fence is lost."""
         async with self._store.transaction() as tx:
             _, written = await objectives.update(
                 tx, objective_id, decide, self._holds_fence, organization_id=self._organization
             )
             if written and deliver_control:
                 await objectives.deliver(tx, objective_id)
+        return bool(written)
 
-    async def request_control(self, objective_id: str, reason: str, **detail: Any) -> None:
-        """Record a control request for the objective and deliver it (nothing when it does not
-        exist). Raises FenceLost, writing nothing, once the attempt's fence is lost."""
+    async def request_control(self, objective_id: str, reason: str, **detail: Any) -> bool:
+        """Record a control request for the objective and deliver it; False, writing nothing,
+        when there is no such objective (of the handler's organization). Raises FenceLost,
+        writing nothing, once the attempt's fence is lost."""
         async with self._store.transaction() as tx:
-            await objectives.request_control(
+            state = await objectives.request_control(
                 tx,
                 objective_id,
                 reason,
@@ -154,6 +158,7 @@ class HandlerStore:
                 organization_id=self._organization,
                 **detail,
             )
+        return state is not None
 
     async def reconcile(self, objective_id: str, kind: str) -> control.ReconcileResult:
         """Run control passes over the objective until one finds nothing to do. Every

@@ -8,9 +8,15 @@ from __future__ import annotations
 import logging
 
 from receipts.agent_jobs import decisions, model
-from receipts.agent_jobs.lifecycle import append, enqueue_turn, job_for_update
+from receipts.agent_jobs.lifecycle import (
+    NO_SLOT,
+    ORGANIZATION_AT_CAP,
+    append,
+    enqueue_turn,
+    job_for_update,
+    take_turn_slot,
+)
 from receipts.agent_jobs.model import AgentJob
-from receipts.kinds import route
 from receipts.store import Draft, Store, Tx
 
 log = logging.getLogger("receipts.agent_jobs")
@@ -28,33 +34,37 @@ async def running_count(tx: Tx, agent_id: str) -> int:
     return int(row[0])
 
 
-class _OrganizationAtCap(Exception):
-    """The turn could not take one of its organization's dispatch slots: the claim is undone."""
-
-
 async def _claim(
     tx: Tx, agent_job_id: str, agent_id: str, expect: str | None, org_cap: int
-) -> AgentJob | None:
+) -> AgentJob | str:
     # The order is fixed: the agent's slot lock, then the job row FOR UPDATE.
     await tx.lock_key(slot_lock_key(agent_id))
     if await running_count(tx, agent_id) >= model.SLOTS_PER_AGENT:
-        return None
+        return NO_SLOT
     job = await job_for_update(tx, agent_job_id)
     if job is None or job.agent_id != agent_id:
-        return None
+        return NO_SLOT
     if expect is not None and job.status != expect:
-        return None
+        return NO_SLOT
     now = await tx.now()
     if not decisions.claimable(job, now):
-        return None
+        return NO_SLOT
     decision = decisions.claim(job, now)
+    # The turn takes its organization's dispatch slot on the codex workers first (fair
+    # dispatch, receipts/fairness.py), or nothing is written: a job never holds one of its
+    # agent's slots while its turn waits behind its organization's cap.
+    if not await take_turn_slot(tx, job, decision.queue_job_id, org_cap):
+        log.info(
+            "agent job held: its organization's jobs fill its share of the codex workers",
+            extra={
+                "event": "agent_job.held_back",
+                "agentJobId": agent_job_id,
+                "organizationId": job.organization_id,
+            },
+        )
+        return ORGANIZATION_AT_CAP
     claimed = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
     await enqueue_turn(tx, claimed, decision.queue_job_id)
-    # The turn takes its organization's dispatch slot on the codex workers now (fair dispatch,
-    # receipts/fairness.py), or the claim is undone: a job never holds one of its agent's
-    # slots while its turn waits behind its organization's cap.
-    if not await _turn_slot(tx, claimed, decision.queue_job_id, org_cap):
-        raise _OrganizationAtCap(claimed.organization_id)
     log.info(
         "agent job claimed",
         extra={
@@ -67,23 +77,6 @@ async def _claim(
         },
     )
     return claimed
-
-
-async def _turn_slot(tx: Tx, job: AgentJob, turn_job_id: str, org_cap: int) -> bool:
-    """Take the organization's dispatch slot on the turn's worker queue for the turn's queue job
-    (`dispatch_claim`, the starter's own statement: the starter then finds it held); False when
-    the organization holds every one (`org_cap`; 0: no cap)."""
-    row = await tx.fetch_one(
-        "dispatch_claim",
-        {
-            "job_id": turn_job_id,
-            "organization_id": job.organization_id,
-            "worker_queue": route(model.TURN_AGENT_ID, model.TURN_KIND),
-            "cap": org_cap,
-        },
-    )
-    assert row is not None
-    return bool(row[1] or row[2])  # mine, or took one
 
 
 async def claim(
@@ -99,20 +92,8 @@ async def claim(
     organization a free dispatch slot on the codex workers (`org_cap`, 0: none). Returns the
     claimed job, or why not: `no_slot` (the agent's three are taken, or the job is not
     claimable) or `organization_at_cap`."""
-    try:
-        async with store.transaction() as tx:
-            claimed = await _claim(tx, agent_job_id, agent_id, expect, org_cap)
-    except _OrganizationAtCap as exc:
-        log.info(
-            "agent job held: its organization's turns fill its share of the codex workers",
-            extra={
-                "event": "agent_job.held_back",
-                "agentJobId": agent_job_id,
-                "organizationId": str(exc),
-            },
-        )
-        return ORGANIZATION_AT_CAP
-    return claimed if claimed is not None else NO_SLOT
+    async with store.transaction() as tx:
+        return await _claim(tx, agent_job_id, agent_id, expect, org_cap)
 
 
 async def claim_attempt(
@@ -127,7 +108,3 @@ async def claim_continuation(
 ) -> AgentJob | str:
     """The spec's second: an answered waiting job, to continue (see `claim`)."""
     return await claim(store, agent_job_id, agent_id, org_cap=org_cap, expect="waiting_on_user")
-
-
-NO_SLOT = "no_slot"
-ORGANIZATION_AT_CAP = "organization_at_cap"

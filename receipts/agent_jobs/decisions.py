@@ -251,6 +251,23 @@ def _failed_turn(
     )
 
 
+def at_organization_cap(job: AgentJob, follow_ups: Any) -> dict[str, Any]:
+    """The transition of a running job whose next turn cannot take its organization's share of
+    the codex workers: back to `queued`, its attempt refunded (the claim that comes when a slot
+    frees runs the same attempt again, with the next turn) and its follow-ups carried."""
+    refunded = max(job.attempt - 1, 0)
+    return {
+        "from": "running",
+        "to": "queued",
+        "attempt": refunded,
+        "turn": job.turn,
+        "consecutiveFailures": job.consecutive_failures,
+        "refunded": True,
+        "reason": "organization_at_cap",
+        "followUps": list(follow_ups or []),
+    }
+
+
 def stop_data(job: AgentJob, reason: str) -> dict[str, Any]:
     """The transition of a job straight to `stopped` (a cancel: from any status but a
     terminal one)."""

@@ -16,6 +16,7 @@ from receipts.commands import payload_in
 from receipts.enqueue import EnqueueRequest, cancel_queued_draft, enqueue_in
 from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
 from receipts.jobs import Job, Receipt
+from receipts.kinds import TURN_KIND, route
 from receipts.projections import AGENT_JOBS
 from receipts.sql import query
 from receipts.store import Draft, Store, Tx
@@ -25,6 +26,11 @@ log = logging.getLogger("receipts.agent_jobs")
 
 class NotWaiting(ConflictError):
     """The job is not waiting for an answer (or has one already)."""
+
+
+class LiveTurnRunning(ConflictError):
+    """The job to continue was stopped while a turn ran, and that turn still runs in its
+    workspace."""
 
 
 class AlreadyTerminal(ConflictError):
@@ -167,6 +173,14 @@ async def create_in(tx: Tx, request: CreateRequest) -> tuple[AgentJob, bool]:
             raise InvalidInput(
                 "continuedFromJobId", f"no agent job {request.continued_from_job_id!r}"
             )
+        live = await tx.job(earlier.live_turn_job_id) if earlier.live_turn_job_id else None
+        if live is not None and not live.terminal:
+            # Stopped while a turn ran: that turn still works in the workspace this job would
+            # share; two turns never run in one workspace at once.
+            raise LiveTurnRunning(
+                f"agent job {earlier.agent_job_id!r} was stopped while its turn "
+                f"{live.job_id!r} ran, and that turn has not ended yet; continue it once it has"
+            )
         workspace_owner = earlier.workspace_owner_job_id
     data: dict[str, Any] = {
         "agentJobId": agent_job_id,
@@ -193,10 +207,31 @@ async def create_in(tx: Tx, request: CreateRequest) -> tuple[AgentJob, bool]:
 
 # --- turns ----------------------------------------------------------------------------------
 
+NO_SLOT = "no_slot"
+ORGANIZATION_AT_CAP = "organization_at_cap"
+
+
+async def take_turn_slot(tx: Tx, job: AgentJob, turn_job_id: str, org_cap: int) -> bool:
+    """Take the organization's dispatch slot on the turn's worker queue for the turn's queue job,
+    before the job is enqueued in the same transaction (`dispatch_claim`, the starter's own
+    statement: the starter then finds the slot held); False, taking nothing, when the
+    organization's jobs hold every one (`org_cap`; 0: no cap)."""
+    row = await tx.fetch_one(
+        "dispatch_claim",
+        {
+            "job_id": turn_job_id,
+            "organization_id": job.organization_id,
+            "worker_queue": route(model.TURN_AGENT_ID, TURN_KIND),
+            "cap": org_cap,
+        },
+    )
+    assert row is not None
+    return bool(row[1] or row[2])  # mine, or took one
+
 
 async def enqueue_turn(tx: Tx, job: AgentJob, queue_id: str) -> None:
     payload = {
-        "kind": model.TURN_KIND,
+        "kind": TURN_KIND,
         "authContext": {
             "userId": job.user_id or f"session:{job.owner_session_id}",
             "organizationId": job.organization_id,
@@ -210,7 +245,7 @@ async def enqueue_turn(tx: Tx, job: AgentJob, queue_id: str) -> None:
         EnqueueRequest(
             agent_id=model.TURN_AGENT_ID,
             payload=payload,
-            kind=model.TURN_KIND,
+            kind=TURN_KIND,
             organization_id=job.organization_id,
             job_id=queue_id,
             max_attempts=1,
@@ -223,15 +258,22 @@ async def enqueue_turn(tx: Tx, job: AgentJob, queue_id: str) -> None:
 # --- settlement -------------------------------------------------------------------------------
 
 
-async def settle_turn(store: Store, agent_job_id: str, *, retry_base_ms: int) -> AgentJob | None:
+async def settle_turn(
+    store: Store, agent_job_id: str, *, retry_base_ms: int, org_cap: int = 0
+) -> AgentJob | None:
     """Apply the settled turn of a running job (see `settle_turn_in`)."""
     async with store.transaction() as tx:
-        return await settle_turn_in(tx, agent_job_id, retry_base_ms=retry_base_ms)
+        return await settle_turn_in(tx, agent_job_id, retry_base_ms=retry_base_ms, org_cap=org_cap)
 
 
-async def settle_turn_in(tx: Tx, agent_job_id: str, *, retry_base_ms: int) -> AgentJob | None:
+async def settle_turn_in(
+    tx: Tx, agent_job_id: str, *, retry_base_ms: int, org_cap: int = 0
+) -> AgentJob | None:
     """If the job is running and its turn's queue job is terminal, write what the turn decided:
-    a transition (and its wakeup) or the next turn's queue job. None when nothing was due."""
+    a transition (and its wakeup) or the next turn's queue job. The next turn takes its
+    organization's codex slot as a claim does (`org_cap`); when it cannot, the job goes back to
+    `queued`, its attempt refunded and its follow-ups carried, rather than hold its agent's slot
+    while the turn waits. None when nothing was due."""
     job = await job_for_update(tx, agent_job_id)
     if job is None or job.status != "running" or job.queue_job_id is None:
         return None
@@ -247,8 +289,16 @@ async def settle_turn_in(tx: Tx, agent_job_id: str, *, retry_base_ms: int) -> Ag
     )
     now = await tx.now()
     decision = decisions.decide_settlement(job, report, now, retry_base_ms=retry_base_ms)
-    if decision.next_turn is not None:
-        queue_id = model.queue_job_id(agent_job_id, job.attempt, decision.next_turn)
+    queue_id = (
+        model.queue_job_id(agent_job_id, job.attempt, decision.next_turn)
+        if decision.next_turn is not None
+        else None
+    )
+    if queue_id is not None and not await take_turn_slot(tx, job, queue_id, org_cap):
+        held = decisions.at_organization_cap(job, decision.next_prompt)
+        settled = await append(tx, job, [Draft(model.TRANSITIONED, held)])
+        to = settled.status
+    elif decision.next_turn is not None and queue_id is not None:
         settled = await append(
             tx,
             job,

@@ -38,7 +38,6 @@ SLOTS_PER_AGENT = 3
 
 STREAM_PREFIX = "agent-jobs/"
 SESSION_STREAM_PREFIX = "sessions/"
-TURN_KIND = "agent_job.turn"
 TURN_AGENT_ID = "codex"
 
 CREATED = "agent_job.created"
@@ -135,6 +134,7 @@ class AgentJob(StreamState):
     follow_up: Any = None
     cancel_requested: bool = False
     cancel_reason: str | None = None
+    live_turn_job_id: str | None = None  # a stopped job's turn left to end on its own
     result: Any = None
     error: str | None = None
 
@@ -243,6 +243,8 @@ def _transitioned(job: AgentJob, data: Mapping[str, Any], at: datetime) -> dict[
         changes["error"] = data.get("error")
     if "followUps" in data:
         changes["follow_up"] = data.get("followUps") or None
+    if data.get("liveTurnJobId"):
+        changes["live_turn_job_id"] = str(data["liveTurnJobId"])
     if to_status in TERMINAL_STATUSES:
         changes.update(settled_at=at, result=data.get("result"), pending_tool_call=None)
     return changes

@@ -15,7 +15,8 @@ from typing import Any
 from receipts.errors import InvalidInput
 from receipts.kinds import CONTRACTS, KindContract
 
-OBJECTIVE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,99}$")
+# An objective id names a stream and a workspace directory: `.` and `..` are no names.
+OBJECTIVE_ID = re.compile(r"^(?!\.\.?$)[A-Za-z0-9._@-]{1,100}$")
 TASK_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 EXECUTION_PATHS: tuple[str, ...] = ("local", "computer")
 DEFAULT_TASK_AGENT = "codex"

@@ -100,13 +100,17 @@ async def update(
     """Lock the objective's stream, let `decide` choose receipts from its current state, append
     them and update the projection, in the caller's transaction. Returns the new state and the
     receipts written (none when `decide` chose none). `guard` runs first and may refuse the
-    transaction by raising. With `organization_id`, another organization's objective is decided
-    on as absent (`of_organization`) and nothing is written to it."""
+    transaction by raising. With `organization_id`, another organization's objective is left
+    alone: `decide` is not asked and nothing is written (the answer is as for one that does not
+    exist, `(None, [])`)."""
     if guard is not None:
         await guard(tx, objective_id)
     stream = objective_stream(objective_id)
     await tx.lock_streams([stream])
-    state = of_organization(await load(tx, objective_id), organization_id)
+    found = await load(tx, objective_id)
+    state = of_organization(found, organization_id)
+    if found is not None and state is None:
+        return None, []
     drafts = list(decide(state))
     if not drafts:
         return state, []

@@ -5,8 +5,8 @@ Tokens come from `RECEIPT_API_TOKENS_FILE` (a JSON document or one token per lin
 `RECEIPT_API_TOKENS` (the line format, entries separated by newlines or commas). Only SHA-256
 digests of the tokens are kept in memory, and no token is ever logged.
 
-Scopes (docs/design.md §9): `jobs:read` (read jobs and their events), `jobs:write` (enqueue, command),
-`commands:run` (enqueue a kind that runs commands on the codex workers, steer such a job),
+Scopes (README, "Security: the API"): `jobs:read` (read jobs and their events), `jobs:write`
+(enqueue, command), `commands:run` (enqueue a kind that runs commands on the codex workers, steer such a job),
 `admin` (every organization, `/metrics`). A token listed without scopes keeps what tokens could
 do before scopes existed: an organization token gets `jobs:read jobs:write commands:run`, a
 `*` token `admin`.

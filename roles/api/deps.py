@@ -109,7 +109,7 @@ def _origin_host(origin: str) -> str | None:
 
 
 def check_open_request(request: Request, *, json_body: bool = True) -> None:
-    """In open mode (no tokens), refuse what a web page could send (docs/design.md §9).
+    """In open mode (no tokens), refuse what a web page could send (README, "Open mode and `receipt up`").
 
     The caller of an open API is admin, so a page in the operator's browser must not be able to
     reach it: the `Host` must be a loopback name (DNS rebinding points a foreign name at

@@ -206,15 +206,6 @@ def json_body_documented(model: str) -> dict[str, Any]:
     }
 
 
-def shown_payload(payload: Any, organization_id: str | None) -> Any:
-    """A payload as its caller sees it: `task.env` values redacted and, for an organization
-    (None: admin), the runtime's tag dropped from the objective it names."""
-    payload = redact_payload(payload)
-    if organization_id is not None and isinstance(payload, dict) and "objectiveId" in payload:
-        payload = {**payload, "objectiveId": untagged(payload["objectiveId"], organization_id)}
-    return payload
-
-
 def shown_receipt(
     receipt: dict[str, Any],
     job_id: str | None = None,
@@ -223,12 +214,14 @@ def shown_receipt(
 ) -> dict[str, Any]:
     """A receipt's JSON as the caller sees it: `task.env` values redacted (the enqueue receipt
     carries them) and, when the caller knows the job as `shown_id`, the runtime's `job_id`
-    replaced by it in `stream` and `data.jobId` (an organization never sees the tag), and the
-    objective its payload names shown as `organization_id` names it."""
+    replaced by it in `stream` and `data.jobId`; for an organization (`organization_id`) the
+    runtime's tag is dropped from every id in the data (an organization never sees it)."""
     data = receipt.get("data")
     if isinstance(data, dict):
         if "payload" in data:
-            data = {**data, "payload": shown_payload(data["payload"], organization_id)}
+            data = {**data, "payload": redact_payload(data["payload"])}
+        if organization_id is not None:
+            data = untagged(data, organization_id)
         if shown_id is not None and data.get("jobId") == job_id:
             data = {**data, "jobId": shown_id}
         if shown_id is not None:
@@ -255,7 +248,7 @@ def job_view(job: Job, shown_id: str | None = None) -> dict[str, Any]:
         {
             **dict(job),
             "job_id": shown_id if shown_id is not None else job.job_id,
-            "payload": shown_payload(job.payload, job.organization_id if shown_id else None),
+            "payload": redact_payload(job.payload),
             "stream": jobmodel.job_stream(shown_id if shown_id is not None else job.job_id),
             "route": task_queue,
             "contract_worker_group": contract.worker_group if contract else None,
@@ -266,7 +259,12 @@ def job_view(job: Job, shown_id: str | None = None) -> dict[str, Any]:
             **(_linked_ids(job) if shown_id is not None else {}),
         }
     )
-    return view.to_json()
+    shown = view.to_json()
+    if shown_id not in (None, job.job_id) and job.organization_id is not None:
+        # An organization never sees the runtime's tag: not in the objective its payload names,
+        # the ids in its result, its error text (`receipts/tenancy.py`).
+        shown = untagged(shown, job.organization_id)
+    return shown
 
 
 def _linked_ids(job: Job) -> dict[str, str | None]:

@@ -103,7 +103,10 @@ class AgentJobDispatcher:
         result = DispatchPass()
         for agent_job_id in await lifecycle.settled_turns(self.store):
             settled = await lifecycle.settle_turn(
-                self.store, agent_job_id, retry_base_ms=self.settings.retry_base_ms
+                self.store,
+                agent_job_id,
+                retry_base_ms=self.settings.retry_base_ms,
+                org_cap=self.org_cap,
             )
             if settled is not None:
                 result.settled += 1
@@ -124,7 +127,7 @@ class AgentJobDispatcher:
             claimed = await claims.claim(self.store, agent_job_id, agent_id, org_cap=self.org_cap)
             if not isinstance(claimed, str):
                 result.claimed += 1
-            elif claimed == claims.ORGANIZATION_AT_CAP:
+            elif claimed == lifecycle.ORGANIZATION_AT_CAP:
                 result.held += 1
             elif await self._agent_full(agent_id):
                 full.add(agent_id)

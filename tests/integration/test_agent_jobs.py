@@ -316,6 +316,9 @@ async def test_cancel_of_a_running_job_stops_it_at_once_and_leaves_its_turn_alon
     assert chain[-1].data["liveTurnJobId"] == first.queue_job_id
     turn = await store.get_job(first.queue_job_id)
     assert turn is not None and turn.status == "running" and not turn.abort_requested
+    # While that turn runs, no job may continue the stopped one in its workspace.
+    with pytest.raises(lifecycle.LiveTurnRunning):
+        await lifecycle.create(store, request(agent, continued_from_job_id=first.agent_job_id))
     # The slot is free at once: the fourth job is claimed while the turn still runs.
     assert (await dispatcher(store).run_once()).claimed == 1
     assert (await current(store, jobs[3].agent_job_id)).status == "running"
@@ -327,6 +330,12 @@ async def test_cancel_of_a_running_job_stops_it_at_once_and_leaves_its_turn_alon
     assert (await dispatcher(store).run_once()).settled == 0
     assert await store.read_stream(model.stream_of(first.agent_job_id)) == chain
     assert await session_wakeups(store, first.owner_session_id) == []
+    # A job continuing the stopped one would share its workspace with the turn still running:
+    # refused until that turn has ended (here it has: it completed above).
+    continued, _ = await lifecycle.create(
+        store, request(agent, continued_from_job_id=first.agent_job_id)
+    )
+    assert continued.workspace_owner_job_id == first.agent_job_id
     # A running job whose turn has not started yet: the turn is canceled with it.
     second = await current(store, jobs[1].agent_job_id)
     assert second.queue_job_id is not None
@@ -514,3 +523,44 @@ async def test_a_job_is_claimed_only_when_its_turn_can_take_its_organizations_co
     other = (await put(store, org="org-a", payload_extra={"task": {"command": ["true"]}})).job
     blocked = await fairness.claim(store, other, await store.now(), QUEUE_CODEX, 1)
     assert blocked.step.name == "HELD"
+
+
+async def test_a_next_turn_that_cannot_take_its_organizations_slot_requeues_the_job(
+    fresh: tuple[Store, str],
+) -> None:
+    """A `done` turn with follow-ups continues in a next turn, which needs its organization's
+    share of the codex workers like a claimed one: without a free slot the job goes back to
+    `queued` (attempt refunded, follow-ups carried) instead of holding its agent's slot while
+    the turn waits, and runs the same attempt again once a slot frees."""
+    store, _ = fresh
+    from receipts import fairness
+    from receipts.kinds import QUEUE_CODEX
+
+    capped = AgentJobDispatcher(store, None, AgentJobSettings(), org_cap=1)
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    assert (await capped.run_once()).claimed == 1
+    running = await current(store, job.agent_job_id)
+    # Another codex job of the organization takes the slot the moment the turn gives it back.
+    await play_turn(store, running, {"outcome": "done", "result": 1, "followUps": ["more"]})
+    task = (await put(store, org="org-a", payload_extra={"task": {"command": ["true"]}})).job
+    assert (await fairness.claim(store, task, await store.now(), QUEUE_CODEX, 1)).step.name == (
+        "DELIVER"
+    )
+    held = await capped.run_once()
+    assert held.settled == 1
+    requeued = await current(store, job.agent_job_id)
+    assert (requeued.status, requeued.attempt, requeued.follow_up) == ("queued", 0, ["more"])
+    chain = await store.read_stream(model.stream_of(job.agent_job_id))
+    assert chain[-1].data["reason"] == "organization_at_cap"
+    assert await lifecycle.running_by_agent(store) == {}
+    # The task settles: the same attempt runs again, its turn handed the follow-up.
+    worker = f"{task.job_id}:attempt:1/1"
+    assert (
+        await ops.start_attempt(store, task.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
+    ).ok
+    assert (await ops.complete(store, task.job_id, worker_id=worker, attempt=1, result={})).ok
+    assert (await capped.run_once()).claimed == 1
+    again = await current(store, job.agent_job_id)
+    assert (again.status, again.attempt, again.turn) == ("running", 1, 2)
+    assert again.queue_job_id == f"{job.agent_job_id}:attempt:1:turn:2"

@@ -223,6 +223,22 @@ async def test_each_kind_posted_as_the_spec_shapes_it_without_an_objective_id(
         assert "objectiveId" not in shown
 
 
+async def test_the_watchdog_kind_is_the_runtimes_own(client: httpx.AsyncClient) -> None:
+    """It scans every organization's objectives: an organization's token may not post it, with
+    or without an authContext of its own."""
+    for payload in (
+        {"kind": "factory.objective.watchdog"},
+        {
+            "kind": "factory.objective.watchdog",
+            "authContext": {"userId": "u", "organizationId": "org-a"},
+        },
+    ):
+        response = await client.post(
+            "/agents/factory-control/jobs", json={"payload": payload}, headers=AS_A
+        )
+        assert_error(response, 403, "forbidden", "payload.kind")
+
+
 @pytest.mark.parametrize("missing", ["userId", "organizationId"])
 async def test_missing_auth_context_field_is_422_naming_it(
     client: httpx.AsyncClient, missing: str

@@ -240,9 +240,20 @@ async def test_another_organizations_objective_and_jobs_look_absent_to_a_handler
     assert await handler.job(theirs.job_id) is None
     assert await handler.jobs([theirs.job_id]) == {}
     assert await handler.job_receipts(theirs.job_id, 0) == []
-    await handler.update_objective(objective_id, progress_line(objective_id))
-    await handler.request_control(objective_id, "reconcile")
+    asked: list[Any] = []
+
+    def create_when_absent(state: Any) -> list[Draft]:  # as factory.run's decide does
+        asked.append(state)
+        return [Draft("objective.created", {"objectiveId": objective_id})] if state is None else []
+
+    assert not await handler.update_objective(objective_id, progress_line(objective_id))
+    assert not await handler.update_objective(objective_id, create_when_absent)
+    assert asked == []  # never asked: another organization's objective is left alone
+    assert not await handler.request_control(objective_id, "reconcile")
     assert (await handler.reconcile(objective_id, "factory.objective.control")).passes == 0
+    scanned, _ = await handler.active_objectives(2000)  # what a watchdog of org-b would see
+    assert objective_id not in {s.objective_id for s in scanned}
+    assert all(s.organization_id == "org-b" for s in scanned)
     assert await store.read_stream(objective_stream(objective_id)) == before
     # The runtime's own work (no organization: the watchdog) reads every organization's.
     system = HandlerStore(fence, None, None)

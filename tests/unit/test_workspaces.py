@@ -116,3 +116,14 @@ def test_a_moved_workspace_belongs_to_the_uid_of_its_new_path(workspace_root: Pa
     uid = uid_for(target, settings)
     owners = {p.lstat().st_uid for p in [target, *target.rglob("*")]}
     assert owners == {uid}
+
+
+def test_an_earlier_objective_named_orgs_is_never_moved_into_its_own_tree(tmp_path: Path) -> None:
+    settings = SandboxSettings(mode="none", workspace_root=tmp_path / "ws")
+    legacy = legacy_objective_workspace("orgs", settings)
+    assert legacy == settings.workspace_root / "orgs"  # the root of every organization's tree
+    legacy.mkdir(parents=True)
+    assert not adopt(legacy, objective_workspace("org-a", "orgs", settings), settings)
+    assert legacy.is_dir()
+    # `.jobs` and `.agent-jobs` were never objective directories: such ids were digests.
+    assert legacy_objective_workspace(".jobs", settings).name.startswith("%")

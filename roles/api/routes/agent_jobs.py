@@ -193,6 +193,8 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
     _check_agent(create.agent_id)
     try:
         job, created = await lifecycle.create(state.require_store(), create)
+    except lifecycle.LiveTurnRunning as exc:
+        raise ApiError(409, "live_turn_running", str(exc), field="continuedFromJobId") from exc
     except ConflictError as exc:
         raise ApiError(409, "conflict", str(exc), field="ownerSessionId") from exc
     return JSONResponse(

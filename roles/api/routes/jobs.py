@@ -30,7 +30,15 @@ from receipts.enqueue import (
 )
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import LANES, STATUSES, Job
-from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, MAX_ID_LENGTH, NON_BLANK, unread_because
+from receipts.kinds import (
+    AGENT_IDS,
+    CONTRACTS,
+    KINDS,
+    KINDS_WITHOUT_AUTH,
+    MAX_ID_LENGTH,
+    NON_BLANK,
+    unread_because,
+)
 from receipts.objectives import store as objectives
 from receipts.store import Store, translate_errors
 from receipts.tenancy import scoped_id
@@ -153,6 +161,15 @@ async def post_job(
             allowed=AGENT_IDS,
         )
     organization_id = enqueue_request.organization_id
+    if enqueue_request.kind in KINDS_WITHOUT_AUTH and not caller.admin:
+        # The watchdog scans every organization's objectives: the runtime's own kind.
+        raise ApiError(
+            403,
+            "forbidden",
+            f"{enqueue_request.kind} is the runtime's own kind (its Schedule enqueues it); "
+            "only an admin token may post it",
+            field="payload.kind",
+        )
     if not caller.admin and organization_id != caller.organization_id:
         raise ApiError(
             403,

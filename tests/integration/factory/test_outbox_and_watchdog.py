@@ -4,6 +4,7 @@ startup resume and the watchdog's scan."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 
 import psycopg
@@ -20,7 +21,7 @@ from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import StorageError
 from receipts.jobs import Job
 from receipts.objectives import store as objectives
-from receipts.objectives.model import ObjectiveState, objective_stream, session_key
+from receipts.objectives.model import ObjectiveState, objective_stream, session_key, task_job_id
 from receipts.store import Store
 from roles.delivery.loops import ObjectiveResume
 from roles.infra.metrics import Metrics
@@ -43,7 +44,6 @@ CREATE TRIGGER refuse_control_requests BEFORE INSERT ON receipts
 
 async def running_task_job(store: Store, objective_id: str) -> tuple[Job, str]:
     body = {
-        "jobId": f"objective:{objective_id}:task:t:try:1",
         "payload": {
             "kind": "factory.task.run",
             "objectiveId": objective_id,
@@ -51,7 +51,10 @@ async def running_task_job(store: Store, objective_id: str) -> tuple[Job, str]:
             "input": {"command": ["true"]},
         },
     }
-    job = (await enqueue(store, parse_enqueue("codex", body))).job
+    # The id the runtime gives the objective's task (callers may not choose `objective:` ids).
+    request = parse_enqueue("codex", body)
+    named = dataclasses.replace(request, job_id=task_job_id(objective_id, "t", 1))
+    job = (await enqueue(store, named)).job
     worker = f"{job.job_id}:attempt:1/1"
     out = await ops.start_attempt(store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
     assert out.ok
