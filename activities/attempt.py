@@ -18,8 +18,14 @@ from typing import Any
 from temporalio import activity
 
 from activities.fence import AttemptFence
-from activities.handlers import Handler, HandlerContext, no_handler_message
+from activities.handlers.context import (
+    Handler,
+    HandlerContext,
+    HandlerSettings,
+    no_handler_message,
+)
 from activities.handlers.store import HandlerStore
+from activities.names import EXECUTE_ATTEMPT
 from activities.settle import REJECTED_STATUS, Settlement, rejected
 from receipts import deliveries
 from receipts import operations as ops
@@ -27,7 +33,6 @@ from receipts.jobs import Job, job_stream
 from receipts.listen import RECONNECTED, Listener
 from receipts.messages import AttemptInput, AttemptResult
 from receipts.store import Store
-from workflows.names import EXECUTE_ATTEMPT
 
 log = logging.getLogger("activities.attempt")
 
@@ -59,19 +64,22 @@ def process_identity(role: str) -> dict[str, Any]:
 
 
 class AttemptActivities:
-    """Holds what the attempt activity needs: the store, the handler registry, the listener."""
+    """Holds what the attempt activity needs: the store, the handler registry and the settings
+    handed to every handler, the listener."""
 
     def __init__(
         self,
         store: Store,
         handlers: Mapping[str, Handler],
         *,
+        settings: HandlerSettings | None = None,
         role: str = "worker",
         listener: Listener | None = None,
         hooks: AttemptHooks | None = None,
     ) -> None:
         self.store = store
         self.handlers = handlers
+        self.settings = settings or HandlerSettings()
         self.role = role
         self.listener = listener
         self.hooks = hooks or AttemptHooks()
@@ -152,6 +160,7 @@ class AttemptActivities:
             attempt=attempt.attempt,
             worker_id=fence.worker_id,
             store=HandlerStore(fence, job.session_key, job.organization_id),
+            settings=self.settings,
             deadline=asyncio.get_running_loop().time() + attempt.execution_timeout_ms / 1000,
         )
         started = time.monotonic()

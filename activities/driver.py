@@ -15,6 +15,7 @@ from datetime import datetime
 import httpx
 from temporalio import activity
 
+from activities.names import JOB_DRIVER_WORKFLOW, POST_CALLBACKS, PREPARE_DELIVERY
 from activities.retry import with_storage_retry
 from receipts import deliveries
 from receipts import operations as ops
@@ -25,7 +26,6 @@ from receipts.plan import Step, next_step
 from receipts.settings import Settings
 from receipts.store import Store, dumps
 from receipts.timing import JobTiming, TimingSettings, derive
-from workflows.names import JOB_DRIVER_WORKFLOW, POST_CALLBACKS, PREPARE_DELIVERY
 
 log = logging.getLogger("activities.driver")
 # Called with (event, "posted" | "failed") for each URL's post, after its tries; the roles count

@@ -156,18 +156,9 @@ async def _etc_view(settings: SandboxSettings) -> sandbox_etc.EtcView | None:
     return await sandbox_etc.view_for(ETC_ENTRIES, settings.ro_binds)
 
 
-async def announce(settings: SandboxSettings | None = None) -> bool:
+async def announce(settings: SandboxSettings) -> bool:
     """Log how this worker confines commands (called once at start by roles that run them):
     a loud warning for `none`, an error when bwrap cannot work. Returns whether commands run."""
-    try:
-        settings = settings or SandboxSettings.from_env()
-    except ValueError as exc:
-        log.error(
-            "sandbox settings are invalid; every command will be refused: %s",
-            exc,
-            extra={"event": "sandbox.invalid_settings", "error": str(exc)},
-        )
-        return False
     if settings.mode == "none":
         log.warning(
             "!!! %s=none: commands run UNCONFINED, as this worker's user, with its files and "
@@ -210,7 +201,7 @@ async def run_sandboxed(
     limits: Limits | None = None,
     on_output: OutputSink | None = None,
     aborted: asyncio.Event | None = None,
-    settings: SandboxSettings | None = None,
+    settings: SandboxSettings,
     feed_stdin: StdinFeeder | None = None,
 ) -> SandboxResult:
     """Run `argv` confined in `workspace` and return how it ended.
@@ -232,7 +223,6 @@ async def run_sandboxed(
     grandchildren in their own sessions included (they share its PID namespace, which dies
     with its first process).
     """
-    settings = settings or SandboxSettings.from_env()
     if not argv or not all(isinstance(part, str) and "\0" not in part for part in argv):
         raise SandboxRefused("the command must be a non-empty list of strings (argv)")
     ok, message = await probe(settings)

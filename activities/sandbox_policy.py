@@ -12,16 +12,15 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BeforeValidator, Field
-from pydantic_settings import NoDecode
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from activities.sandbox_etc import EtcView
 from activities.sandbox_etc import bind_args as etc_bind_args
-from receipts.settings import EnvSettings, Whole
+from receipts.settings import ReceiptSettings, Whole
 
 log = logging.getLogger("activities.sandbox")
 
@@ -94,47 +93,6 @@ class Limits:
     open_files: int = 1024
 
 
-@dataclass(frozen=True)
-class SandboxSettings:
-    """How commands are confined (read from the environment; the README lists the settings)."""
-
-    mode: str = "bwrap"
-    workspace_root: Path = Path(".receipt/workspaces")
-    egress_agents: frozenset[str] = frozenset()
-    uids: tuple[int, int] = DEFAULT_UIDS
-    path: str = DEFAULT_PATH
-    ro_binds: tuple[str, ...] = ()
-    limits: Limits = field(default_factory=Limits)
-    lang: str = "C.UTF-8"
-    tz: str | None = None
-    cgroup: str = "auto"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> SandboxSettings:
-        """Read `RECEIPT_CODEX_SANDBOX`, `RECEIPT_WORKSPACE_ROOT`, `RECEIPT_SANDBOX_*` (default:
-        the process environment); SettingsError, a ValueError naming the variable, if bad."""
-        raw = SandboxEnv.load(env)
-        root = raw.workspace_root or Path(raw.data_dir or ".receipt") / "workspaces"
-        return cls(
-            mode=raw.mode,
-            workspace_root=root.absolute(),
-            egress_agents=frozenset(a.strip() for a in raw.egress_agents.split(",") if a.strip()),
-            uids=raw.uids,
-            path=raw.path or DEFAULT_PATH,
-            ro_binds=raw.ro_binds,
-            limits=Limits(
-                memory_mb=raw.memory_mb,
-                processes=raw.processes,
-                file_size_mb=raw.file_size_mb,
-                cpu_seconds=raw.cpu_seconds,
-                open_files=raw.open_files,
-            ),
-            lang=raw.lang or "C.UTF-8",
-            tz=raw.tz,
-            cgroup=raw.cgroup,
-        )
-
-
 def _uid_range(raw: Any) -> Any:
     if not isinstance(raw, str):
         return raw
@@ -163,8 +121,15 @@ def _cgroup_setting(value: str) -> str:
 _Positive = Annotated[Whole, Field(ge=1)]
 
 
-class SandboxEnv(EnvSettings):
-    """The command sandbox's variables as written (`SandboxSettings.from_env` builds on them)."""
+def _agent_ids(raw: Any) -> Any:
+    if isinstance(raw, str):
+        return frozenset(a.strip() for a in raw.split(",") if a.strip())
+    return raw
+
+
+class SandboxSettings(ReceiptSettings):
+    """How commands are confined (the README lists the settings). The workspaces' root is
+    `RECEIPT_WORKSPACE_ROOT`, else `<RECEIPT_DATA_DIR>/workspaces`, made absolute."""
 
     accepts: ClassVar[dict[str, str]] = {
         "mode": "'bwrap' or 'none' (any other value refuses every command)",
@@ -178,14 +143,18 @@ class SandboxEnv(EnvSettings):
     }
 
     mode: str = Field(default="bwrap", alias="RECEIPT_CODEX_SANDBOX")
-    data_dir: str | None = Field(default=None, alias="RECEIPT_DATA_DIR")
-    workspace_root: Path | None = Field(default=None, alias="RECEIPT_WORKSPACE_ROOT")
-    egress_agents: str = Field(default="", alias="RECEIPT_SANDBOX_EGRESS_AGENTS")
-    uids: Annotated[tuple[int, int], NoDecode, BeforeValidator(_uid_range)] = Field(
+    data_dir: Path = Field(default=Path(".receipt"), alias="RECEIPT_DATA_DIR")
+    workspace_root: Path = Field(
+        default=Path(".receipt/workspaces"), alias="RECEIPT_WORKSPACE_ROOT"
+    )
+    egress_agents: Annotated[frozenset[str], BeforeValidator(_agent_ids)] = Field(
+        default=frozenset(), alias="RECEIPT_SANDBOX_EGRESS_AGENTS"
+    )
+    uids: Annotated[tuple[int, int], BeforeValidator(_uid_range)] = Field(
         default=DEFAULT_UIDS, alias="RECEIPT_SANDBOX_UIDS"
     )
-    path: str | None = Field(default=None, alias="RECEIPT_SANDBOX_PATH")
-    ro_binds: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_absolute_dirs)] = Field(
+    path: str = Field(default=DEFAULT_PATH, alias="RECEIPT_SANDBOX_PATH")
+    ro_binds: Annotated[tuple[str, ...], BeforeValidator(_absolute_dirs)] = Field(
         default=(), alias="RECEIPT_SANDBOX_RO_BINDS"
     )
     memory_mb: _Positive = Field(default=Limits.memory_mb, alias="RECEIPT_SANDBOX_MEMORY_MB")
@@ -198,8 +167,34 @@ class SandboxEnv(EnvSettings):
     cgroup: Annotated[str, AfterValidator(_cgroup_setting)] = Field(
         default="auto", alias="RECEIPT_SANDBOX_CGROUP"
     )
-    lang: str | None = Field(default=None, alias="LANG")
+    # The worker's own locale and time zone, handed to commands.
+    lang: str = Field(default="C.UTF-8", alias="LANG")
     tz: str | None = Field(default=None, alias="TZ")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _root(cls, data: Any) -> Any:
+        """The workspaces' root: given, else beside the data directory; absolute."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        root = data.pop("RECEIPT_WORKSPACE_ROOT", None) or data.pop("workspace_root", None)
+        if not root:
+            data_dir = data.get("RECEIPT_DATA_DIR") or data.get("data_dir") or ".receipt"
+            root = Path(data_dir) / "workspaces"
+        data["workspace_root"] = Path(root).absolute()
+        return data
+
+    @property
+    def limits(self) -> Limits:
+        """The per-process limits of a command."""
+        return Limits(
+            memory_mb=self.memory_mb,
+            processes=self.processes,
+            file_size_mb=self.file_size_mb,
+            cpu_seconds=self.cpu_seconds,
+            open_files=self.open_files,
+        )
 
 
 @dataclass(frozen=True)

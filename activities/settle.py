@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry import trace
 
 from activities.fence import AttemptFence
-from activities.handlers import HandlerError
+from activities.handlers.context import HandlerError
 from activities.handlers.store import FenceLost
 from receipts import operations as ops
 from receipts.jobs import Job, settle_rejection

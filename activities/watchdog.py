@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from activities.names import ENQUEUE_WATCHDOG
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.store import Store
 from receipts.watchdog import WATCHDOG_AGENT, WATCHDOG_KIND, watchdog_job_id
-from workflows.names import ENQUEUE_WATCHDOG
 
 
 class WatchdogActivities:

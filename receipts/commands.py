@@ -10,17 +10,19 @@ the job).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from receipts.jobs import UNCONSUMED, Command, Job, apply, job_stream
 from receipts.kinds import unconsumed_reason
-from receipts.sql import query
 from receipts.streams import Draft, Receipt
 
-if TYPE_CHECKING:  # the store folds a job's appends with `with_unconsumed`
-    from receipts.store import Store, Tx
+
+class Reads(Protocol):
+    """What runs a named read: the store (a statement on its own) or an open transaction."""
+
+    async def fetch(self, name: str, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,20 +61,14 @@ def _joined(refs: Sequence[Command], rows: Sequence[Sequence[Any]]) -> tuple[Que
 
 
 async def with_payloads(
-    store: Store, job_id: str, refs: Sequence[Command]
+    reads: Reads, job_id: str, refs: Sequence[Command]
 ) -> tuple[QueuedCommand, ...]:
     """The commands `refs` of job `job_id`, in their order, each with its payload read from its
-    receipt (one round trip; none when there is nothing to read)."""
+    receipt (one round trip, on the store or in a caller's transaction; none when there is
+    nothing to read)."""
     if not refs:
         return ()
-    rows = await store.fetch("command_payloads", _params(job_id, refs))
-    return _joined(refs, rows)
-
-
-async def payload_in(tx: Tx, job_id: str, ref: Command) -> Any:
-    """The payload of one command of `job_id`, read inside a caller's transaction."""
-    cur = await tx.conn.execute(query("command_payloads"), _params(job_id, [ref]))
-    return _joined([ref], await cur.fetchall())[0].payload
+    return _joined(refs, await reads.fetch("command_payloads", _params(job_id, refs)))
 
 
 def with_unconsumed(job: Job | None, drafts: Sequence[Draft]) -> list[Draft]:

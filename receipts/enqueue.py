@@ -22,7 +22,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from receipts import jobs as jobmodel
-from receipts.commands import payload_in
+from receipts.commands import with_payloads
 from receipts.errors import ConflictError, InvalidInput
 from receipts.jobs import (
     DEFAULT_LANE,
@@ -34,8 +34,14 @@ from receipts.jobs import (
     SINGLETON_MODES,
     Job,
 )
-from receipts.kinds import CONTRACTS, MAX_ID_LENGTH, NON_BLANK, EnqueuePayload, invalid_input
-from receipts.objectives.graph import scoped_payload
+from receipts.kinds import (
+    CONTRACTS,
+    MAX_ID_LENGTH,
+    NON_BLANK,
+    EnqueuePayload,
+    invalid_input,
+    scoped_payload,
+)
 from receipts.store import Draft, Store, Tx
 from receipts.text import check_clean_text
 
@@ -101,7 +107,8 @@ async def _same_request(tx: Tx, existing: Job, request: EnqueueRequest, job_id: 
     command = next((c for c in existing.commands if c.command_id == job_id), None)
     if command is None:
         return True
-    return bool(await payload_in(tx, existing.job_id, command) == request.payload)
+    [read] = await with_payloads(tx, existing.job_id, [command])
+    return bool(read.payload == request.payload)
 
 
 # Temporal workflow ids are derived from job ids (`<jobId>:gen:<g>`, `<jobId>:attempt:<n>`), and

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -21,6 +23,8 @@ from receipts.errors import InvalidInput
 
 MAX_ID_LENGTH = 200
 NON_BLANK = r"\S"
+# An objective id as its caller names it: never `.` or `..` (it names a workspace folder).
+OBJECTIVE_ID = re.compile(r"^(?!\.\.?$)[A-Za-z0-9._@-]{1,100}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,3 +328,49 @@ def validate_payload(payload: Any) -> tuple[str, str | None]:
         raise error from None
     auth = checked.auth_context
     return checked.kind, auth.organization_id if auth is not None else None
+
+
+def check_objective_id(value: Any, field: str = "objectiveId") -> str:
+    """Return a valid objective id or raise `InvalidInput` naming `field`."""
+    if not isinstance(value, str) or not OBJECTIVE_ID.match(value):
+        raise InvalidInput(field, f"{field} must match {OBJECTIVE_ID.pattern}")
+    return value
+
+
+def scoped_payload(kind: str, payload: Mapping[str, Any], contract: KindContract) -> dict[str, Any]:
+    """Enforce the contract's objective scoping on an enqueue payload.
+
+    A kind that cannot run without an objective (`objective_required`) needs
+    `payload.objectiveId`; a kind that may name one (`factory.task.run`) is checked when it does
+    and otherwise runs alone, in a workspace of its own. `factory.run` creates the objective, so
+    it may carry `payload.objective.objectiveId` instead, or none at all: then a new id is
+    assigned here (and written into the payload) so that every later receipt can name it.
+    """
+    body = dict(payload)
+    if not contract.objective_scoped:
+        return body
+    objective_id = body.get("objectiveId")
+    if kind == "factory.run" and objective_id is None:
+        inner = body.get("objective")
+        inner_id = inner.get("objectiveId") if isinstance(inner, Mapping) else None
+        objective_id = inner_id if inner_id is not None else str(uuid.uuid4())
+        body["objectiveId"] = objective_id
+    if objective_id is None:
+        if not contract.objective_required:
+            return body
+        raise InvalidInput(
+            "payload.objectiveId",
+            f"payload.objectiveId is required for kind '{kind}' (it acts on an objective; "
+            "kinds that run without one: "
+            + ", ".join(k for k, c in CONTRACTS.items() if not c.objective_required)
+            + ")",
+        )
+    check_objective_id(objective_id, "payload.objectiveId")
+    if kind == "factory.run":
+        inner = body.get("objective")
+        if isinstance(inner, Mapping) and inner.get("objectiveId") not in (None, objective_id):
+            raise InvalidInput(
+                "payload.objective.objectiveId",
+                "payload.objective.objectiveId must equal payload.objectiveId",
+            )
+    return body

@@ -1,34 +1,37 @@
 """Projections are derived: each projection table holds the folded states of one kind of stream,
 is written only in the transaction of the receipts that change a row (`Tx.append_job` for a
 job, `Projection.put` for the others), and is rebuilt or verified from the chain here
-(`receipt rebuild-projections`)."""
+(`receipt rebuild-projections`). Each aggregate declares its own: `JOBS` here (the store writes
+it), `OBJECTIVES` in receipts/objectives/store.py, `AGENT_JOBS` in receipts/agent_jobs/projection.py;
+receipts/assembly.py lists them all."""
 
 from __future__ import annotations
 
 import itertools
-import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from psycopg.types.json import Jsonb
 
 from receipts import jobs
-from receipts.agent_jobs import model as agent_model
-from receipts.agent_jobs.model import AgentJob
 from receipts.jobs import Job
 from receipts.kinds import route
-from receipts.objectives import model as objective_model
-from receipts.objectives.model import ObjectiveState
 from receipts.sql import query
 from receipts.streams import Receipt, StreamState, dumps
 
-if TYPE_CHECKING:
-    from receipts.store import Store, Tx
 
-log = logging.getLogger("receipts.projections")
+class Tx(Protocol):
+    """What a projection needs of an open transaction (receipts/store.py `Tx`)."""
+
+    async def fetch(self, name: str, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]: ...
+
+    async def execute(self, name: str, params: Mapping[str, Any]) -> int: ...
+
+    async def execute_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None: ...
+
 
 S = TypeVar("S", bound=StreamState)
 _PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -63,12 +66,14 @@ class Projection(Generic[S]):
 
     async def put(self, tx: Tx, state: S) -> None:
         """Write the row of `state`, in the transaction that appended its receipts."""
-        await tx.conn.execute(query(self.write), self.row(state))
+        await tx.execute(self.write, self.row(state))
 
-    async def fold_chain_in(self, conn: Any) -> dict[str, S]:
-        """Fold every stream of this kind, read through `conn` (a caller's transaction)."""
-        cur = await conn.execute(query("read_streams"), {"prefix": self.model.STREAM_PREFIX})
-        rows = [Receipt.from_row(row) for row in await cur.fetchall()]
+    async def fold_chain_in(self, tx: Tx) -> dict[str, S]:
+        """Fold every stream of this kind, read in `tx`."""
+        rows = [
+            Receipt.from_row(row)
+            for row in await tx.fetch("read_streams", {"prefix": self.model.STREAM_PREFIX})
+        ]
         folded: dict[str, S] = {}
         for _, receipts in itertools.groupby(rows, key=lambda r: r.stream):
             state = self.fold(receipts)
@@ -76,22 +81,21 @@ class Projection(Generic[S]):
                 folded[state.stream_id] = state
         return folded
 
-    async def rebuild_in(self, conn: Any) -> int:
+    async def rebuild_in(self, tx: Tx) -> int:
         """Replace the table with the fold of the chain; appends wait on the table lock
         meanwhile, so the rows are the fold of a consistent chain. Returns the rows written."""
-        await conn.execute(query(f"{self.table}_lock"), {})
-        folded = await self.fold_chain_in(conn)
-        await conn.execute(query(f"{self.table}_clear"), {})
-        async with conn.cursor() as cur:
-            await cur.executemany(query(self.write), [self.row(s) for s in folded.values()])
+        await tx.execute(f"{self.table}_lock", {})
+        folded = await self.fold_chain_in(tx)
+        await tx.execute(f"{self.table}_clear", {})
+        await tx.execute_many(self.write, [self.row(s) for s in folded.values()])
         return len(folded)
 
-    async def verify_in(self, conn: Any) -> list[str]:
+    async def verify_in(self, tx: Tx) -> list[str]:
         """One line per row that is not the fold of its stream (or has no stream, or no row)."""
-        await conn.execute(query(f"{self.table}_share_lock"), {})
-        folded = await self.fold_chain_in(conn)
-        cur = await conn.execute(query(f"{self.table}_states"), {})
-        live = {row[0]: self.model.model_validate(row[1]) for row in await cur.fetchall()}
+        await tx.execute(f"{self.table}_share_lock", {})
+        folded = await self.fold_chain_in(tx)
+        rows = await tx.fetch(f"{self.table}_states", {})
+        live = {row[0]: self.model.model_validate(row[1]) for row in rows}
         problems = [
             (key, "in the projection but not in the chain") for key in live.keys() - folded.keys()
         ]
@@ -121,35 +125,3 @@ def _job_columns(job: Job) -> dict[str, Any]:
 
 
 JOBS = Projection("jobs", Job, jobs.fold, "jobs_insert", extra=_job_columns)
-OBJECTIVES = Projection(
-    "objectives", ObjectiveState, objective_model.fold, "objective_upsert", noun="objective "
-)
-AGENT_JOBS = Projection(
-    "agent_jobs", AgentJob, agent_model.fold, "agent_job_upsert", noun="agent job "
-)
-
-
-async def rebuild_tables(store: Store, *projections: Projection[Any]) -> dict[str, int]:
-    """Rebuild each projection from the chain, all in one transaction; return rows per table."""
-    async with store.transaction() as tx:
-        counts = {p.table: await p.rebuild_in(tx.conn) for p in projections}
-    log.info("projections rebuilt", extra={"event": "projections.rebuilt", **counts})
-    return counts
-
-
-async def verify_tables(store: Store, *projections: Projection[Any]) -> list[str]:
-    """Compare each live projection with the fold of the chain, in one transaction; return one
-    line per difference."""
-    async with store.transaction() as tx:
-        return [line for p in projections for line in await p.verify_in(tx.conn)]
-
-
-async def rebuild(store: Store) -> int:
-    """Replace the `jobs` and `objectives` projections with the fold of the chain, in one
-    transaction. Returns the number of jobs written."""
-    return (await rebuild_tables(store, JOBS, OBJECTIVES))["jobs"]
-
-
-async def verify(store: Store) -> list[str]:
-    """Compare the `jobs` and `objectives` projections with the fold of the chain."""
-    return await verify_tables(store, JOBS, OBJECTIVES)

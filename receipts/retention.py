@@ -14,7 +14,6 @@ jobs, never half; an objective's jobs are kept while it, or any job of it, is li
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -22,37 +21,10 @@ from typing import Any, NamedTuple
 
 from receipts.errors import InvalidInput
 from receipts.jobs import ACTIVE_STATUSES
-from receipts.sql import query
 from receipts.store import Store, Tx, translate_errors
 
 DEFAULT_BATCH = 1_000
 MAX_BATCH = 50_000
-
-_UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400, "w": 604_800}
-_DURATION = re.compile(r"(\d+)\s*([smhdw])")
-
-
-def parse_duration(text: str, *, name: str = "duration") -> timedelta | None:
-    """Parse `30d`, `12h`, `90m`, `1w2d`, `3600s`; `0` means "keep everything" (None).
-
-    Anything else raises `InvalidInput` naming `name` and the accepted forms.
-    """
-    raw = (text or "").strip().lower()
-    if raw in ("0", ""):
-        return None
-    pos, seconds = 0, 0
-    for match in _DURATION.finditer(raw):
-        if match.start() != pos:
-            break
-        seconds += int(match[1]) * _UNITS[match[2]]
-        pos = match.end()
-    if pos != len(raw) or seconds <= 0:
-        raise InvalidInput(
-            name,
-            f"{name} must be a duration such as 30d, 12h, 90m, 1w2d or 3600s "
-            f"(units s, m, h, d, w), or 0 to keep everything; got {text!r}",
-        )
-    return timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +36,11 @@ class PruneStep:
 
     @property
     def delete(self) -> str:
-        return query(f"prune_{self.name}")
+        return f"prune_{self.name}"
 
     @property
     def count(self) -> str:
-        return query(f"count_{self.name}")
+        return f"count_{self.name}"
 
 
 # In order; `jobs` is last (its rows are the ones locked for the batch).
@@ -128,6 +100,13 @@ def _check_batch(batch: int) -> int:
     return batch
 
 
+async def take_pass_lock(tx: Tx) -> bool:
+    """Take the prune's single-flight lock for the life of `tx`; False when another process's
+    pass holds it (nothing is waited for)."""
+    row = await tx.fetch_one("retention_try_lock", {})
+    return bool(row and row[0])
+
+
 async def cutoff_for(store: Store, older_than: timedelta) -> datetime:
     """The database clock minus `older_than`."""
     with translate_errors():
@@ -147,25 +126,20 @@ async def prune_batch(
     removed: dict[str, int] = {}
     async with store.transaction() as tx:
         params = {"cutoff": cutoff, "batch": batch}
-        cur = await tx.conn.execute(query("prune_victims"), params)
-        job_ids = [row[0] for row in await cur.fetchall()]
-        cur = await tx.conn.execute(query("prune_agent_victims"), params)
-        agent_job_ids = [row[0] for row in await cur.fetchall()]
+        job_ids = [row[0] for row in await tx.fetch("prune_victims", params)]
+        agent_job_ids = [row[0] for row in await tx.fetch("prune_agent_victims", params)]
         if agent_job_ids:
-            cur = await tx.conn.execute(query("agent_turn_jobs"), {"agent_job_ids": agent_job_ids})
-            job_ids += [row[0] for row in await cur.fetchall()]
+            turns = await tx.fetch("agent_turn_jobs", {"agent_job_ids": agent_job_ids})
+            job_ids += [row[0] for row in turns]
         objective_ids, objective_job_ids = await _objectives_to_prune(tx, params)
         job_ids = sorted({*job_ids, *objective_job_ids})
         if job_ids:
             for step in [*(PRUNE_STEPS if steps is None else steps), JOBS_STEP]:
-                cur = await tx.conn.execute(step.delete, {"job_ids": job_ids})
-                removed[step.name] = cur.rowcount
+                removed[step.name] = await tx.execute(step.delete, {"job_ids": job_ids})
         for step in AGENT_STEPS if agent_job_ids else []:
-            cur = await tx.conn.execute(step.delete, {"agent_job_ids": agent_job_ids})
-            removed[step.name] = cur.rowcount
+            removed[step.name] = await tx.execute(step.delete, {"agent_job_ids": agent_job_ids})
         for step in OBJECTIVE_STEPS if objective_ids else []:
-            cur = await tx.conn.execute(step.delete, {"objective_ids": objective_ids})
-            removed[step.name] = cur.rowcount
+            removed[step.name] = await tx.execute(step.delete, {"objective_ids": objective_ids})
     return removed
 
 
@@ -176,21 +150,19 @@ async def _objectives_to_prune(tx: Tx, params: dict[str, Any]) -> tuple[list[str
     one of whose job rows another transaction holds, or one a job of which turned live since
     the victims were read is left for a later batch. Holding each stream's lock, the prune
     cannot delete a chain under a writer's append, and no writer appends until it commits."""
-    cur = await tx.conn.execute(query("prune_objective_victims"), params)
-    victims = [row[0] for row in await cur.fetchall()]
+    victims = [row[0] for row in await tx.fetch("prune_objective_victims", params)]
     if not victims:
         return [], []
-    cur = await tx.conn.execute(query("objective_streams_try_lock"), {"objective_ids": victims})
-    locked = {row[0] for row in await cur.fetchall()}
-    jobs_of = await _objective_jobs(tx.conn, [o for o in victims if o in locked])
+    rows = await tx.fetch("objective_streams_try_lock", {"objective_ids": victims})
+    locked = {row[0] for row in rows}
+    jobs_of = await _objective_jobs(tx, [o for o in victims if o in locked])
     quiet = [
         o
         for o in victims
         if o in locked and all(j.status not in ACTIVE_STATUSES for j in jobs_of[o])
     ]
     wanted = [j.job_id for o in quiet for j in jobs_of[o]]
-    cur = await tx.conn.execute(query("jobs_try_lock"), {"job_ids": wanted})
-    held = {row[0] for row in await cur.fetchall()}
+    held = {row[0] for row in await tx.fetch("jobs_try_lock", {"job_ids": wanted})}
     kept = [o for o in quiet if all(j.job_id in held for j in jobs_of[o])]
     return kept, [j.job_id for o in kept for j in jobs_of[o]]
 
@@ -202,13 +174,13 @@ class _ObjectiveJob(NamedTuple):
 
 
 async def _objective_jobs(
-    conn: Any, objective_ids: Sequence[str]
+    reads: Store | Tx, objective_ids: Sequence[str]
 ) -> dict[str, list[_ObjectiveJob]]:
     """Each objective's jobs, in job id order."""
     jobs_of: dict[str, list[_ObjectiveJob]] = {o: [] for o in objective_ids}
     if objective_ids:
-        cur = await conn.execute(query("objective_jobs"), {"objective_ids": list(objective_ids)})
-        for objective_id, *job in await cur.fetchall():
+        rows = await reads.fetch("objective_jobs", {"objective_ids": list(objective_ids)})
+        for objective_id, *job in rows:
             jobs_of[objective_id].append(_ObjectiveJob(*job))
     return jobs_of
 
@@ -256,44 +228,27 @@ async def prune(
     if dry_run:
         async for job_ids in candidates(store, cutoff, batch):
             result.batches += 1
-            async with store.connection() as conn:
-                for step in [*PRUNE_STEPS, JOBS_STEP]:
-                    cur = await conn.execute(step.count, {"job_ids": job_ids})
-                    row = await cur.fetchone()
-                    result.add(step.name, int(row[0]) if row else 0)
+            async with store.transaction() as tx:
+                await _count(tx, result, [*PRUNE_STEPS, JOBS_STEP], {"job_ids": job_ids})
             if max_batches is not None and result.batches >= max_batches:
                 break
         async for agent_job_ids in candidates(store, cutoff, batch, which="prune_agent_candidates"):
             result.batches += 1
             async with store.transaction() as tx:
-                cur = await tx.conn.execute(
-                    query("agent_turn_jobs"), {"agent_job_ids": agent_job_ids}
-                )
-                turn_ids = [row[0] for row in await cur.fetchall()]
-                for step in [*PRUNE_STEPS, JOBS_STEP]:
-                    cur = await tx.conn.execute(step.count, {"job_ids": turn_ids})
-                    row = await cur.fetchone()
-                    result.add(step.name, int(row[0]) if row else 0)
-                for step in AGENT_STEPS:
-                    cur = await tx.conn.execute(step.count, {"agent_job_ids": agent_job_ids})
-                    row = await cur.fetchone()
-                    result.add(step.name, int(row[0]) if row else 0)
+                turns = await tx.fetch("agent_turn_jobs", {"agent_job_ids": agent_job_ids})
+                turn_ids = [row[0] for row in turns]
+                await _count(tx, result, [*PRUNE_STEPS, JOBS_STEP], {"job_ids": turn_ids})
+                await _count(tx, result, AGENT_STEPS, {"agent_job_ids": agent_job_ids})
         async for objective_ids in candidates(
             store, cutoff, batch, which="prune_objective_candidates"
         ):
             result.batches += 1
-            async with store.connection() as conn:
+            async with store.transaction() as tx:
                 # Its jobs settled before the cutoff were counted with the job batches above.
-                jobs_of = await _objective_jobs(conn, objective_ids)
+                jobs_of = await _objective_jobs(tx, objective_ids)
                 recent = [j for jobs in jobs_of.values() for j in _settled_since(jobs, cutoff)]
-                for step in [*PRUNE_STEPS, JOBS_STEP]:
-                    cur = await conn.execute(step.count, {"job_ids": recent})
-                    row = await cur.fetchone()
-                    result.add(step.name, int(row[0]) if row else 0)
-                for step in OBJECTIVE_STEPS:
-                    cur = await conn.execute(step.count, {"objective_ids": objective_ids})
-                    row = await cur.fetchone()
-                    result.add(step.name, int(row[0]) if row else 0)
+                await _count(tx, result, [*PRUNE_STEPS, JOBS_STEP], {"job_ids": recent})
+                await _count(tx, result, OBJECTIVE_STEPS, {"objective_ids": objective_ids})
         return result
     while max_batches is None or result.batches < max_batches:
         with translate_errors():
@@ -304,6 +259,15 @@ async def prune(
         for name, count in removed.items():
             result.add(name, count)
     return result
+
+
+async def _count(
+    tx: Tx, result: PruneResult, steps: Sequence[PruneStep], params: dict[str, Any]
+) -> None:
+    """Add to `result` what each of `steps` would delete for `params` (a dry run)."""
+    for step in steps:
+        row = await tx.fetch_one(step.count, params)
+        result.add(step.name, int(row[0]) if row else 0)
 
 
 async def export(
@@ -335,8 +299,7 @@ async def export(
             yield line
     async for objective_ids in candidates(store, cutoff, batch, which="prune_objective_candidates"):
         rows = await store.fetch("export_objectives", {"objective_ids": objective_ids})
-        async with store.connection() as conn:
-            jobs_of = await _objective_jobs(conn, objective_ids)
+        jobs_of = await _objective_jobs(store, objective_ids)
         recent_of = {o: _settled_since(jobs, cutoff) for o, jobs in jobs_of.items()}
         lines = await _job_lines(store, [j for recent in recent_of.values() for j in recent])
         for line in _with_their_jobs(rows, ("objectiveId", "objective"), recent_of, lines):

@@ -1,37 +1,34 @@
-"""Process settings read from the environment: one pydantic-settings model per concern, each
-field reading the variable named in its alias (the specification's names and defaults).
+"""The settings layer: how a concern's settings are declared, read and checked.
 
-A bad value is one `SettingsError` naming the variable, what it accepts and what it got; roles
-check every concern at start (`roles/infra/settings.py`) so a typo stops the process at once
-instead of deep in a loop. `receipt config` prints the effective values.
+Each concern declares one frozen model on `ReceiptSettings`, next to the code it configures,
+each field naming its environment variable in its alias (the specification's names and
+defaults): `Settings` here (database, Temporal, callbacks, fair dispatch) and `FactorySettings`,
+`TimingSettings` (receipts/timing.py), `WatchdogSettings` (receipts/watchdog.py),
+`AgentJobSettings` (receipts/agent_jobs/registry.py), `SandboxSettings`
+(activities/sandbox_policy.py), `ApiSettings` (roles/api/settings.py), `TemporalTLSSettings`
+(roles/infra/temporal.py), `ProcessSettings` and `LoopSettings` (roles/infra/settings.py).
+
+A model is built from a mapping of variables (`Model.load(env)`), never from the process
+environment itself: a process reads its environment once, at start, into one object of all its
+concerns (roles/infra/settings.py `RuntimeSettings`), checked there (one `SettingsError` naming
+every bad variable, what it accepts and what it got) and handed to what each concern
+configures. Building a model with no variables gives its defaults.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from receipts.durations import parse_duration
+from receipts.errors import InvalidInput
 from receipts.kinds import GROUP_QUEUES
-from receipts.timing import TimingSettings
-from receipts.watchdog import (
-    DEFAULT_CRON,
-    SCAN_LIMIT_DEFAULT,
-    SCAN_LIMIT_MAX,
-    SCAN_LIMIT_MIN,
-    TIMEOUT_DEFAULT_MS,
-    TIMEOUT_FLOOR_MS,
-    WatchdogSettings,
-)
 
 
 class SettingsError(ValueError):
@@ -43,7 +40,10 @@ _WHOLE = re.compile(r"[+-]?[0-9]+")
 
 def whole_number(value: Any) -> Any:
     """A base-10 integer written in ASCII digits (surrounding whitespace allowed): `12`, `+12`,
-    `007`. `1.5`, `1e3`, `1_000`, `0x10` and other digits are refused (ValueError)."""
+    `007`. `1.5`, `1e3`, `1_000`, `0x10` and other digits are refused (ValueError), and in code
+    anything but an int (a bool, a float)."""
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError("not a whole number")
     if isinstance(value, str):
         text = value.strip()
         if _WHOLE.fullmatch(text) is None:
@@ -62,132 +62,53 @@ def switch(value: Any) -> Any:
 Whole = Annotated[int, BeforeValidator(whole_number)]
 Switch = Annotated[bool, BeforeValidator(switch)]
 
-# Set while `EnvSettings.load` builds a model from a given mapping instead of the environment.
-_GIVEN_ONLY: ContextVar[bool] = ContextVar("receipt_settings_given_only", default=False)
 
+class ReceiptSettings(BaseModel):
+    """The base of every concern's settings: frozen, each field read from the variable in its
+    alias (or given by its Python name in code and tests)."""
 
-class _VariablesOnly(PydanticBaseSettingsSource):
-    """The environment, read only through each field's variable (its alias): pydantic-settings
-    would also read a field by its Python name, so a machine's `HOST`, `PORT` or `ROLE` would
-    set `host`, `port` or `role`."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: PydanticBaseSettingsSource) -> None:
-        super().__init__(settings_cls)
-        self.env = env
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self.env.get_field_value(field, field_name)
-
-    def __call__(self) -> dict[str, Any]:
-        if _GIVEN_ONLY.get():  # `EnvSettings.load(env)`: the given mapping, not the environment
-            return {}
-        named = {n for n, f in self.settings_cls.model_fields.items() if f.alias not in (None, n)}
-        return {key: value for key, value in self.env().items() if key not in named}
-
-
-class ReceiptSettings(BaseSettings):
-    """The base of every settings model: values come from the constructor, then from the
-    environment by variable name only (no `.env` file, no secrets directory)."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, _VariablesOnly(settings_cls, env_settings))
-
-
-class EnvSettings(ReceiptSettings):
-    """A concern's settings. `load(env)` reads `env` (default: the process environment); an
-    empty or blank variable counts as unset."""
-
-    model_config = SettingsConfigDict(
-        extra="ignore", populate_by_name=True, env_ignore_empty=True, frozen=True
-    )
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
     # What a value must be, as the error message says it: per field, else for every field.
     accepts: ClassVar[dict[str, str]] = {}
     accepts_any: ClassVar[str] = ""
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None) -> Self:
-        """The settings from `env` (default: the environment); SettingsError on a bad value.
-
-        From the environment, the model last built is reused while every one of its variables
-        holds the same value: a handler reads its settings per job (the sandbox's, per command),
-        and pydantic-settings' sources cost about a millisecond a read. Models are frozen, so
-        sharing one is safe; a bad value is never kept, so it raises at every read."""
-        if env is None:
-            key = _environment_key(cls)
-            kept = _FROM_ENVIRONMENT.get(cls)
-            if kept is not None and kept[0] == key:
-                return kept[1]  # type: ignore[return-value]
-            loaded = cls._build(None)
-            if _environment_key(cls) == key:  # kept only if nothing changed during the build
-                _FROM_ENVIRONMENT[cls] = (key, loaded)
-            return loaded
-        return cls._build(env)
-
-    @classmethod
-    def _build(cls, env: Mapping[str, str] | None) -> Self:
-        source = os.environ if env is None else env
-        with _given_only(env is not None):
-            given = {}
-            if env is not None:
-                wanted = set(variables(cls).values())
-                given = {k: v for k, v in env.items() if k in wanted and v.strip()}
-            try:
-                return cls(**given)
-            except ValidationError as exc:
-                accepts = (
-                    dict.fromkeys(cls.model_fields, cls.accepts_any) if cls.accepts_any else {}
-                )
-                raise settings_error(cls, exc, source, accepts | cls.accepts) from None
-
-
-# Per model, the settings last built from the process environment and the key they were built
-# under (`EnvSettings.load`).
-_FROM_ENVIRONMENT: dict[type[EnvSettings], tuple[tuple[tuple[str, str], ...], EnvSettings]] = {}
+    def load(cls, env: Mapping[str, str]) -> Self:
+        """The settings the variables in `env` give (by their exact names; an empty or blank
+        value counts as unset); `SettingsError` naming each bad variable."""
+        wanted = set(variables(cls).values())
+        given = {key: value for key, value in env.items() if key in wanted and value.strip()}
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            accepts = dict.fromkeys(cls.model_fields, cls.accepts_any) if cls.accepts_any else {}
+            raise settings_error(cls, exc, given, accepts | cls.accepts) from None
 
 
 @cache
-def _variable_names(model: type[BaseSettings]) -> frozenset[str]:
-    return frozenset(v.lower() for v in variables(model).values())
-
-
-def _environment_key(model: type[BaseSettings]) -> tuple[tuple[str, str], ...]:
-    """The process environment's variables a model reads, as written and in the environment's
-    order: pydantic-settings matches a name in any case (lowered) and the last of two spellings
-    wins. A model reads its variables by alias only (`_VariablesOnly`; no prefix, no validation
-    alias): a field read any other way would have to be part of this key."""
-    names = _variable_names(model)
-    return tuple((k, v) for k, v in os.environ.items() if k.lower() in names)
-
-
-def variables(model: type[BaseSettings]) -> dict[str, str]:
+def variables(model: type[BaseModel]) -> dict[str, str]:
     """`{field: variable}` of a settings model (the alias, else the field's name)."""
     return {name: f.alias or name for name, f in model.model_fields.items()}
 
 
 def settings_error(
-    model: type[BaseSettings],
+    model: type[BaseModel],
     exc: ValidationError,
-    source: Mapping[str, str] | None = None,
+    given: Mapping[str, str],
     accepts: Mapping[str, str] | None = None,
 ) -> SettingsError:
     """One message naming each bad variable, what it accepts and the value as written."""
-    source = os.environ if source is None else source
     named = variables(model)
     lines = []
     for error in exc.errors():
-        key = str(error["loc"][0]) if error["loc"] else ""
+        if not error["loc"]:  # a rule across several variables: its own message names them
+            lines.append(str(error["msg"]).removeprefix("Value error, "))
+            continue
+        key = str(error["loc"][0])
         name = next((n for n, v in named.items() if key in (n, v)), key)
         variable = named.get(name, key)
         allowed = (accepts or {}).get(name) or _accepts(error)
-        raw = source.get(variable, error.get("input"))
+        raw = given.get(variable, error.get("input"))
         lines.append(f"{variable} must be {allowed}, got {raw!r}")
     return SettingsError("; ".join(lines))
 
@@ -199,15 +120,6 @@ def _accepts(error: Any) -> str:
     for prefix in ("Input should be ", "Value error, "):
         message = message.removeprefix(prefix)
     return message[0].lower() + message[1:] if message else "valid"
-
-
-@contextmanager
-def _given_only(on: bool) -> Iterator[None]:
-    token = _GIVEN_ONLY.set(on)
-    try:
-        yield
-    finally:
-        _GIVEN_ONLY.reset(token)
 
 
 # Three quarters of one worker's default slots per group (roles/role.py: chat 16, codex 4,
@@ -240,9 +152,7 @@ def group_caps(text: str) -> Mapping[str, int]:
 
 
 class Settings(ReceiptSettings):
-    """Settings shared by every role; each field reads the environment variable in its alias."""
-
-    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+    """Settings shared by every role: the database, Temporal, callbacks, fair dispatch."""
 
     database_url: str | None = Field(default=None, alias="RECEIPT_DATABASE_URL")
     data_dir: Path = Field(default=Path(".receipt"), alias="RECEIPT_DATA_DIR")
@@ -259,9 +169,6 @@ class Settings(ReceiptSettings):
     @field_validator("retention")
     @classmethod
     def _retention_is_a_duration(cls, value: str) -> str:
-        from receipts.errors import InvalidInput
-        from receipts.retention import parse_duration
-
         try:
             parse_duration(value, name="RECEIPT_RETENTION")
         except InvalidInput as exc:
@@ -316,56 +223,7 @@ class Settings(ReceiptSettings):
         return list(dict.fromkeys(urls))
 
 
-class TimingEnv(EnvSettings):
-    """Leases, timeouts and heartbeats (receipts/timing.py derives every job's values)."""
-
-    accepts_any: ClassVar[str] = "a positive integer (milliseconds)"
-
-    job_lease_ms: Whole = Field(default=300_000, gt=0, alias="JOB_LEASE_MS")
-    factory_control_job_lease_ms: Whole = Field(
-        default=900_000, gt=0, alias="FACTORY_CONTROL_JOB_LEASE_MS"
-    )
-    codex_job_lease_ms: Whole = Field(default=900_000, gt=0, alias="CODEX_JOB_LEASE_MS")
-    factory_control_job_execution_timeout_ms: Whole | None = Field(
-        default=None, gt=0, alias="FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS"
-    )
-    active_stale_ms: Whole = Field(default=600_000, gt=0, alias="RECEIPT_RESONATE_ACTIVE_STALE_MS")
-    heartbeat_interval_ms: Whole | None = Field(
-        default=None, gt=0, alias="RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS"
-    )
-
-    def timing(self) -> TimingSettings:
-        return TimingSettings(**self.model_dump())
-
-
-class WatchdogEnv(EnvSettings):
-    """The Factory objective watchdog's schedule and scan."""
-
-    accepts: ClassVar[dict[str, str]] = {
-        "timeout_ms": "an integer (milliseconds)",
-        "scan_limit": "an integer",
-    }
-
-    enabled: Switch = Field(default=True, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED")
-    cron: str = Field(default=DEFAULT_CRON, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON")
-    timeout_ms: Whole = Field(
-        default=TIMEOUT_DEFAULT_MS, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TIMEOUT_MS"
-    )
-    scan_limit: Whole = Field(
-        default=SCAN_LIMIT_DEFAULT, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT"
-    )
-
-    def watchdog(self) -> WatchdogSettings:
-        """Timeout floored at 10 000, scan limit clamped to 1..2000."""
-        return WatchdogSettings(
-            enabled=self.enabled,
-            cron=self.cron.strip() or DEFAULT_CRON,
-            timeout_ms=max(TIMEOUT_FLOOR_MS, self.timeout_ms),
-            scan_limit=max(SCAN_LIMIT_MIN, min(SCAN_LIMIT_MAX, self.scan_limit)),
-        )
-
-
-class FactoryEnv(EnvSettings):
+class FactorySettings(ReceiptSettings):
     """The Factory's commands: the planner of objectives without tasks, and the coding-agent CLI
     a `prompt` task runs (docs/factory.md). Unset: none configured."""
 

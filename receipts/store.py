@@ -27,7 +27,6 @@ from receipts.errors import (
     TransientStorageError,
 )
 from receipts.jobs import Job, Receipt
-from receipts.kinds import CONTRACTS
 from receipts.projections import JOBS
 from receipts.sql import migrations, query
 from receipts.streams import Draft, dumps
@@ -36,8 +35,12 @@ log = logging.getLogger("receipts.store")
 
 T = TypeVar("T")
 NOTIFY_CHANNEL = "receipts"
-# Kinds whose contract says "reconcile objective on terminal or expired lease" (docs/design.md §5).
-_RECONCILING_KINDS = frozenset(k for k, c in CONTRACTS.items() if c.reconciles_objective)
+
+# What a layer above the store does in the very transaction of a job's append, given the job
+# before it (None for a new job), after it, and the receipts appended: the Factory's control
+# outbox (receipts/objectives/store.py `control_outbox`). The store knows no such layer; the
+# process registers its policies when it opens the store (receipts/assembly.py).
+SettlementPolicy = Callable[["Tx", Job | None, Job, Sequence[Draft]], Awaitable[None]]
 
 _TRANSIENT_SQLSTATES = {
     "40001",  # serialization_failure
@@ -75,9 +78,12 @@ def translate_errors() -> Iterator[None]:
 
 @dataclass
 class Tx:
-    """One open transaction. Every write of a job goes through `append_job` under its row lock."""
+    """One open transaction. Every write of a job goes through `append_job` under its row lock;
+    every other statement is a named one (receipts/sql/) run by `fetch`, `fetch_one`, `execute`
+    or `execute_many`. The connection is the transaction's own."""
 
-    conn: psycopg.AsyncConnection[TupleRow]
+    _conn: psycopg.AsyncConnection[TupleRow]
+    _policies: Sequence[SettlementPolicy] = ()
     _now: datetime | None = None
     appended: list[Receipt] = field(default_factory=list)
     _locked_streams: set[str] = field(default_factory=set)
@@ -91,11 +97,11 @@ class Tx:
 
     async def lock_key(self, key: str) -> None:
         """Take a transaction-scoped advisory lock on `key` (released at commit or rollback)."""
-        await self.conn.execute(query("lock_key"), {"key": key})
+        await self._conn.execute(query("lock_key"), {"key": key})
 
     async def job_for_update(self, job_id: str) -> Job | None:
         """Lock and return the job's projection row (None if the job does not exist)."""
-        cur = await self.conn.execute(query("job_for_update"), {"job_id": job_id})
+        cur = await self._conn.execute(query("job_for_update"), {"job_id": job_id})
         row = await cur.fetchone()
         if row is None:
             await self.now()
@@ -117,7 +123,7 @@ class Tx:
         self, organization_id: str | None, session_key: str
     ) -> list[Job]:
         """Lock (in jobId order) and return the active jobs on an organization's session key."""
-        cur = await self.conn.execute(
+        cur = await self._conn.execute(
             query("session_active_for_update"),
             {"organization_id": organization_id, "session_key": session_key},
         )
@@ -162,13 +168,10 @@ class Tx:
             )
             params["settled"] = folded.terminal and (job is None or not job.terminal)
             stored = await self._insert("append_job", receipts, params)
-        if folded.kind in _RECONCILING_KINDS:
-            # The objective outbox: the control request commits with this very receipt, or
-            # neither does (the hook lives here, the one place every job receipt is written).
-            from receipts.objectives import store as objectives
-
-            if objectives.settles(job, folded, drafts):
-                await objectives.request_on_settlement(self, folded, drafts)
+        for policy in self._policies:
+            # Here, the one place every job receipt is written: what a policy writes commits
+            # with these receipts, or neither does.
+            await policy(self, job, folded, drafts)
         return folded, stored
 
     async def lock_streams(self, streams: Sequence[str]) -> None:
@@ -222,23 +225,39 @@ class Tx:
 
     async def read_stream(self, stream: str, after_seq: int = 0) -> list[Receipt]:
         """Return a stream's receipts after `after_seq`, in seq order (within this transaction)."""
-        cur = await self.conn.execute(
+        cur = await self._conn.execute(
             query("read_stream"), {"stream": stream, "after_seq": after_seq, "limit": 1_000_000}
         )
         return [Receipt.from_row(row) for row in await cur.fetchall()]
 
-    async def fetch_one(self, name: str, params: dict[str, Any]) -> TupleRow | None:
+    async def fetch(self, name: str, params: Mapping[str, Any]) -> list[TupleRow]:
+        """Run the named statement `name` (receipts/sql/) in this transaction; its rows (none
+        for a statement that returns none)."""
+        cur = await self._conn.execute(query(name), params)
+        return list(await cur.fetchall()) if cur.description else []
+
+    async def fetch_one(self, name: str, params: Mapping[str, Any]) -> TupleRow | None:
         """Run the named statement `name` (receipts/sql/) in this transaction; its first row."""
         return await self._maybe_one(query(name), params)
 
-    async def _one(self, sql: str, params: dict[str, Any]) -> TupleRow:
+    async def execute(self, name: str, params: Mapping[str, Any]) -> int:
+        """Run the named statement `name` in this transaction; the rows it changed."""
+        cur = await self._conn.execute(query(name), params)
+        return cur.rowcount
+
+    async def execute_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run the named statement `name` once per parameter set in `rows`, in one batch."""
+        async with self._conn.cursor() as cur:
+            await cur.executemany(query(name), rows)
+
+    async def _one(self, sql: str, params: Mapping[str, Any]) -> TupleRow:
         row = await self._maybe_one(sql, params)
         if row is None:
             raise NotFoundError(f"statement returned no row: {sql.splitlines()[0]}")
         return row
 
-    async def _maybe_one(self, sql: str, params: dict[str, Any]) -> TupleRow | None:
-        cur = await self.conn.execute(sql, params)
+    async def _maybe_one(self, sql: str, params: Mapping[str, Any]) -> TupleRow | None:
+        cur = await self._conn.execute(sql, params)
         return await cur.fetchone()
 
 
@@ -287,8 +306,14 @@ class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
 class Store:
     """The receipt store over an async connection pool."""
 
-    def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]],
+        *,
+        policies: Sequence[SettlementPolicy],
+    ) -> None:
         self._pool = pool
+        self._policies = tuple(policies)
 
     @classmethod
     async def open(
@@ -300,8 +325,11 @@ class Store:
         open_timeout: float = 15.0,
         check_idle_s: float = CHECK_IDLE_S,
         session: Mapping[str, str] | None = None,
+        policies: Sequence[SettlementPolicy],
     ) -> Store:
-        """Open a pool on `url` and wait until it has a connection; returns the store.
+        """Open a pool on `url` and wait until it has a connection; returns the store, which
+        runs `policies` in every job append (`receipts.assembly.open_store` opens one with the
+        runtime's policies; a test of the bare store names none).
 
         A connection broken by a database restart is replaced, not handed out: the pool checks
         every connection idle for `check_idle_s` or longer (0: every checkout). Each new
@@ -326,7 +354,7 @@ class Store:
         )
         with translate_errors():
             await pool.open(wait=True, timeout=open_timeout)
-        return cls(pool)
+        return cls(pool, policies=policies)
 
     async def close(self) -> None:
         """Close the pool."""
@@ -337,7 +365,7 @@ class Store:
         """Open one transaction; it commits when the block ends, rolls back on an exception."""
         with translate_errors():
             async with self._pool.connection() as conn, conn.transaction():
-                yield Tx(conn)
+                yield Tx(conn, self._policies)
 
     async def in_transaction(self, work: Callable[[Tx], Awaitable[T]]) -> T:
         """Run `work` in one transaction and return its result."""
@@ -383,7 +411,7 @@ class Store:
                 return [Receipt.from_row(r) for r in await cur.fetchall()]
 
     async def fetch(
-        self, name: str, params: dict[str, Any], *, prepare: bool | None = None
+        self, name: str, params: Mapping[str, Any], *, prepare: bool | None = None
     ) -> list[TupleRow]:
         """Run the named statement `name` (receipts/sql/) on its own and return its rows (none
         for a statement that returns none). `prepare=False` keeps it from becoming a server-side
@@ -393,7 +421,7 @@ class Store:
                 cur = await conn.execute(query(name), params, prepare=prepare)
                 return list(await cur.fetchall()) if cur.description else []
 
-    async def fetch_one(self, name: str, params: dict[str, Any]) -> TupleRow | None:
+    async def fetch_one(self, name: str, params: Mapping[str, Any]) -> TupleRow | None:
         """Run the named statement `name` and return its first row, or None."""
         rows = await self.fetch(name, params)
         return rows[0] if rows else None
@@ -404,9 +432,8 @@ class Store:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
-        """A connection of its own, for work that must hold one across statements (a pass that
-        holds a transaction-scoped advisory lock while it works in batches); everything else
-        asks for a named operation. Errors are translated like every other store call."""
+        """A pooled connection itself, for tests and development tools that look at one (its
+        backend, its settings); the product asks for named operations. Errors are translated."""
         with translate_errors():
             async with self._pool.connection() as conn:
                 yield conn
@@ -422,10 +449,11 @@ class Store:
 
 
 async def migrate(conn: psycopg.AsyncConnection[TupleRow]) -> list[int]:
-    """Apply pending migrations in order, each in its own transaction; return those applied.
+    """Apply pending migrations in order, all in one transaction; return those applied.
 
-    Concurrent migrators serialise on a transaction-scoped advisory lock; every migration is
-    idempotent, so running this twice changes nothing.
+    Concurrent migrators serialise on that transaction's advisory lock, and a migration that
+    fails leaves none of this run's applied; every migration is idempotent, so running this
+    twice changes nothing.
     """
     applied: list[int] = []
     with translate_errors():

@@ -1,6 +1,6 @@
 """Job timing derivations: lease, execution timeout, heartbeat cadence and driver timeout.
 
-Everything here is pure (the environment is read by ``receipts.settings``). It implements the
+Everything here is pure: a process reads its variables once (``receipts.settings``). It implements the
 spec section "Leases, timeouts and heartbeats" (``receipt-jobs-lanes-and-durable-execution.md``)
 and docs/design.md; every configuration variable keeps its spec name and default.
 
@@ -38,7 +38,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pydantic import Field
+
+from receipts.settings import ReceiptSettings, Whole
 
 __all__ = [
     "CODEX_AGENT_ID",
@@ -80,46 +85,26 @@ HEARTBEAT_FLOOR_MS = 1_000
 DRIVER_TIMEOUT_MARGIN_MS = 60_000
 DRIVER_TIMEOUT_FLOOR_MS = 120_000
 
-_OPTIONAL_FIELDS = frozenset({"factory_control_job_execution_timeout_ms", "heartbeat_interval_ms"})
 
+class TimingSettings(ReceiptSettings):
+    """Leases, timeouts and heartbeats; each field reads the spec's variable and carries its
+    default. ``None`` for an optional override means "unset": the derived value is used
+    unchanged. Every value that is set must be a positive whole number."""
 
-@dataclass(frozen=True, slots=True)
-class TimingSettings:
-    """Timing configuration; each field is named after its env var and carries the spec default.
+    accepts_any: ClassVar[str] = "a positive integer (milliseconds)"
 
-    ``None`` for an optional override means "unset": the derived value is used unchanged.
-    Every value that is set must be a positive ``int``.
-    """
-
-    job_lease_ms: int = 300_000
-    factory_control_job_lease_ms: int = 900_000
-    codex_job_lease_ms: int = 900_000
-    factory_control_job_execution_timeout_ms: int | None = None
-    active_stale_ms: int = 600_000
-    heartbeat_interval_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        for field in fields(self):
-            value: object = getattr(self, field.name)
-            if value is None and field.name in _OPTIONAL_FIELDS:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(
-                    f"TimingSettings.{field.name} must be a positive int, got {value!r}"
-                )
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> TimingSettings:
-        """Read settings from ``env`` (default: the process environment) using the spec's
-        variable names, through the settings layer (``receipts.settings.TimingEnv``).
-
-        A variable that is missing, empty or whitespace-only is unset (the default applies). A
-        set value must be a base-10 integer greater than zero; anything else raises
-        ``ValueError`` naming the variable and the offending value.
-        """
-        from receipts.settings import TimingEnv  # the settings layer imports this module
-
-        return TimingEnv.load(env).timing()
+    job_lease_ms: Whole = Field(default=300_000, gt=0, alias="JOB_LEASE_MS")
+    factory_control_job_lease_ms: Whole = Field(
+        default=900_000, gt=0, alias="FACTORY_CONTROL_JOB_LEASE_MS"
+    )
+    codex_job_lease_ms: Whole = Field(default=900_000, gt=0, alias="CODEX_JOB_LEASE_MS")
+    factory_control_job_execution_timeout_ms: Whole | None = Field(
+        default=None, gt=0, alias="FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS"
+    )
+    active_stale_ms: Whole = Field(default=600_000, gt=0, alias="RECEIPT_RESONATE_ACTIVE_STALE_MS")
+    heartbeat_interval_ms: Whole | None = Field(
+        default=None, gt=0, alias="RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,13 @@
-"""Factory objective watchdog settings and scan (pure settings; the scan reads the store)."""
+"""The Factory objective watchdog's settings, names and bounds (its scan is
+receipts/objectives/watchdog.py, its tick activities/watchdog.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Annotated, ClassVar
+
+from pydantic import AfterValidator, Field
+
+from receipts.settings import ReceiptSettings, Switch, Whole
 
 DEFAULT_CRON = "* * * * *"
 TIMEOUT_DEFAULT_MS, TIMEOUT_FLOOR_MS = 60_000, 10_000
@@ -25,18 +29,30 @@ def watchdog_job_id(scheduled_time_iso: str) -> str:
     return f"watchdog:{scheduled_time_iso}"
 
 
-@dataclass(frozen=True)
-class WatchdogSettings:
-    """RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_{ENABLED,CRON,TIMEOUT_MS,SCAN_LIMIT}."""
+def _floored(value: int) -> int:
+    return max(TIMEOUT_FLOOR_MS, value)
 
-    enabled: bool = True
-    cron: str = DEFAULT_CRON
-    timeout_ms: int = TIMEOUT_DEFAULT_MS
-    scan_limit: int = SCAN_LIMIT_DEFAULT
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> WatchdogSettings:
-        """Read the watchdog settings; timeout floored at 10 000, limit clamped to 1..2000."""
-        from receipts.settings import WatchdogEnv  # the settings layer imports this module
+def _clamped(value: int) -> int:
+    return max(SCAN_LIMIT_MIN, min(SCAN_LIMIT_MAX, value))
 
-        return WatchdogEnv.load(env).watchdog()
+
+class WatchdogSettings(ReceiptSettings):
+    """The Factory objective watchdog's schedule and scan: the timeout floored at 10 000, the
+    scan limit clamped to 1..2000."""
+
+    accepts: ClassVar[dict[str, str]] = {
+        "timeout_ms": "an integer (milliseconds)",
+        "scan_limit": "an integer",
+    }
+
+    enabled: Switch = Field(default=True, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED")
+    cron: Annotated[str, AfterValidator(lambda v: v.strip() or DEFAULT_CRON)] = Field(
+        default=DEFAULT_CRON, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON"
+    )
+    timeout_ms: Annotated[Whole, AfterValidator(_floored)] = Field(
+        default=TIMEOUT_DEFAULT_MS, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TIMEOUT_MS"
+    )
+    scan_limit: Annotated[Whole, AfterValidator(_clamped)] = Field(
+        default=SCAN_LIMIT_DEFAULT, alias="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT"
+    )

@@ -26,7 +26,7 @@ from roles.delivery.serve import run_attempt_worker, run_driver, start_loops
 from roles.infra import logs
 from roles.infra.health import serve_role_health
 from roles.infra.process import freeze_startup_heap, open_runtime, run_until_signalled
-from roles.infra.settings import ProcessSettings, exit_on_bad_settings
+from roles.infra.settings import ProcessSettings, RuntimeSettings, load_or_exit
 from roles.infra.tracing import configure_tracing
 
 log = logging.getLogger("roles.role")
@@ -54,17 +54,16 @@ def resolve_role(value: str | None) -> tuple[str, bool]:
     return (name, True) if name in ROLES or name == ALL else (ALL, False)
 
 
-def event_loop_for(role: str) -> str:
+def event_loop_for(role: str, settings: ProcessSettings) -> str:
     """`uvloop` or `asyncio`: `RECEIPT_EVENT_LOOP` when set, else by role."""
-    chosen = ProcessSettings.load().event_loop
-    return chosen or ("asyncio" if role in SPAWNING_ROLES else "uvloop")
+    return settings.event_loop or ("asyncio" if role in SPAWNING_ROLES else "uvloop")
 
 
-async def run_role(requested: str | None, stop: asyncio.Event) -> None:
+async def run_role(requested: str | None, settings: RuntimeSettings, stop: asyncio.Event) -> None:
     """Run one role until `stop` is set: its workers, its loops, its metrics endpoint."""
     role, recognised = resolve_role(requested)
-    logs.configure(role)
-    configure_tracing(f"receipt-{role}")
+    logs.configure(role, settings.process.log_format)
+    configure_tracing(f"receipt-{role}", otlp=settings.process.otlp_endpoint is not None)
     if not recognised:
         log.warning(
             "RECEIPT_PROCESS_ROLE %r is not a role; running as 'all' (maintenance loops only, "
@@ -74,14 +73,16 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
             extra={"event": "role.unrecognised", "value": requested, "accepted": list(ROLES)},
         )
     # api and all only need Temporal for redrives: they start (and serve) without it.
-    runtime = await open_runtime(role, lazy_client=role in ("api", ALL))
+    runtime = await open_runtime(role, settings, lazy_client=role in ("api", ALL))
     try:
         if role != "api":
             queues = [WORKER_QUEUES[role]] if role in WORKER_QUEUES else []
             queues += [QUEUE_DRIVER] if role == "driver" else []
             serve_role_health(runtime, queues, stop, sandboxed=role in SPAWNING_ROLES)
         if role in MAINTENANCE_ROLES:
-            runtime.spawn(runtime.metrics.run_queue_depth(runtime.store), "queue-depth")
+            runtime.spawn(
+                runtime.metrics.run_queue_depth(runtime.store, settings.core), "queue-depth"
+            )
         maintenance, callbacks = role in MAINTENANCE_ROLES, role not in SPAWNING_ROLES
         start_loops(runtime, maintenance=maintenance, post_callbacks=callbacks)
         if role == "api":
@@ -97,7 +98,11 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
             await run_driver(runtime, stop)
         elif role == "api":
             await serve_api(
-                stop, store=runtime.store, listener=runtime.listener, metrics=runtime.metrics
+                stop,
+                settings,
+                store=runtime.store,
+                listener=runtime.listener,
+                metrics=runtime.metrics,
             )
         else:
             await stop.wait()
@@ -106,14 +111,15 @@ async def run_role(requested: str | None, stop: asyncio.Event) -> None:
         log.info("role stopped", extra={"event": "role.stop"})
 
 
-def main(requested: str | None = None) -> None:
-    """Process entry point: run the role named by the argument or RECEIPT_PROCESS_ROLE."""
-    exit_on_bad_settings(api=False)  # every concern; the api's below, for the api role only
-    requested = requested if requested is not None else ProcessSettings.load().role
+def main(requested: str | None = None, settings: RuntimeSettings | None = None) -> None:
+    """Process entry point: run the role named by the argument or RECEIPT_PROCESS_ROLE, with
+    `settings`, else the settings read (and checked) once, here."""
+    settings = settings or load_or_exit()
+    requested = requested if requested is not None else settings.process.role
     role = resolve_role(requested)[0]
-    if role == "api":
-        exit_on_bad_settings()
-    run_until_signalled(lambda stop: run_role(requested, stop), event_loop_for(role))
+    run_until_signalled(
+        lambda stop: run_role(requested, settings, stop), event_loop_for(role, settings.process)
+    )
 
 
 if __name__ == "__main__":

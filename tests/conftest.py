@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from receipts import assembly
 from receipts.store import Store
 from roles.infra.db import migrate_url
 
@@ -85,7 +86,7 @@ async def db_url(make_database: object) -> str:
 
 @pytest.fixture(scope="session")
 async def store(db_url: str) -> AsyncIterator[Store]:
-    store = await Store.open(db_url, min_size=2, max_size=30)
+    store = await assembly.open_store(db_url, min_size=2, max_size=30)
     yield store
     await store.close()
 
@@ -95,7 +96,7 @@ async def fresh(make_database: object) -> AsyncIterator[tuple[Store, str]]:
     """A store on a database of this test's own (migrated, empty), and its URL."""
     url = str(make_database())  # type: ignore[operator]
     await migrate_url(url)
-    store = await Store.open(url, min_size=2, max_size=20)
+    store = await assembly.open_store(url, min_size=2, max_size=20)
     yield store, url
     await store.close()
 

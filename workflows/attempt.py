@@ -15,8 +15,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.names import EXECUTE_ATTEMPT, JOB_ATTEMPT_WORKFLOW
     from receipts.messages import AttemptInput, AttemptResult
-    from workflows.names import EXECUTE_ATTEMPT, JOB_ATTEMPT_WORKFLOW
 
 # Time the activity may spend around the handler: lease/start-fence, re-read, settle retries.
 SETTLE_MARGIN = timedelta(seconds=30)

@@ -16,6 +16,13 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError, WorkflowAlr
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from activities.names import (
+        EXECUTE_ATTEMPT,
+        JOB_ATTEMPT_WORKFLOW,
+        JOB_DRIVER_WORKFLOW,
+        POST_CALLBACKS,
+        PREPARE_DELIVERY,
+    )
     from receipts.deliveries import attempt_workflow_id
     from receipts.jobs import TERMINAL_STATUSES
     from receipts.messages import (
@@ -27,13 +34,6 @@ with workflow.unsafe.imports_passed_through():
         DriverPlan,
     )
     from receipts.tenancy import caller_id
-    from workflows.names import (
-        EXECUTE_ATTEMPT,
-        JOB_ATTEMPT_WORKFLOW,
-        JOB_DRIVER_WORKFLOW,
-        POST_CALLBACKS,
-        PREPARE_DELIVERY,
-    )
 
 JOB_ID = SearchAttributeKey.for_keyword("ReceiptJobId")
 AGENT_ID = SearchAttributeKey.for_keyword("ReceiptAgentId")

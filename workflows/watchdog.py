@@ -8,7 +8,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.names import ENQUEUE_WATCHDOG, WATCHDOG_TICK_WORKFLOW
+    from activities.names import ENQUEUE_WATCHDOG, WATCHDOG_TICK_WORKFLOW
 
 SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from activities import workspaces
-from activities.handlers import HandlerContext, HandlerError
+from activities.handlers.context import HandlerContext, HandlerError
 from activities.handlers.steering import StdinFeed, encoded
 from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
 from receipts.agent_jobs import protocol
@@ -62,13 +62,13 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     if job is None:
         raise HandlerError(f"no agent job {spec['agentJobId']!r}", retryable=False)
     try:
-        agent = load_registry().get(job.agent_id)
+        agent = load_registry(ctx.settings.agent_jobs.agents_file).get(job.agent_id)
     except RegistryError as exc:
         return _failed(str(exc))
     if agent is None:
         return _failed(f"agent {job.agent_id!r} is not in the agents registry", retryable=False)
     try:
-        settings = SandboxSettings.from_env()
+        settings = ctx.settings.sandbox
         workspace = initialise_workspace(job, agent, settings)
     except (ValueError, SandboxRefused, OSError) as exc:
         return _failed(f"the workspace could not be prepared: {exc}")

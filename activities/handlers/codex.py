@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from activities import workspaces
-from activities.handlers import HandlerContext, HandlerError
+from activities.handlers.context import HandlerContext, HandlerError
 from activities.handlers.steering import StdinFeed
 from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
 from receipts.kinds import steerable_task
@@ -135,10 +135,7 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
     if cwd is not None and not isinstance(cwd, str):
         raise HandlerError("payload.task.cwd must be a string", retryable=False)
     extra = _extra_env(task)
-    try:
-        settings = SandboxSettings.from_env()
-    except ValueError as exc:
-        raise HandlerError(f"sandbox settings are invalid: {exc}", retryable=False) from exc
+    settings = ctx.settings.sandbox
     output = _Output(ctx)
     stdin = _stdin_of(ctx, task)
     try:

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from activities import workspaces
-from activities.handlers import HandlerContext, HandlerError, objective_of
 from activities.handlers.codex import run_task
+from activities.handlers.context import HandlerContext, HandlerError, objective_of
 from activities.handlers.steering import StdinFeed
-from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
+from activities.sandbox import SandboxRefused, run_sandboxed
 from receipts.errors import InvalidInput
 from receipts.objectives import audit as objective_audit_summary
 from receipts.objectives import control
@@ -23,10 +23,8 @@ from receipts.objectives import store as objectives
 from receipts.objectives import watchdog as objective_watchdog_rules
 from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_tasks
 from receipts.objectives.model import ObjectiveState
-from receipts.settings import FactoryEnv
 from receipts.store import Draft
-from receipts.timing import TimingSettings
-from receipts.watchdog import REASONS, WatchdogSettings
+from receipts.watchdog import REASONS
 
 log = logging.getLogger("activities.handlers.factory")
 
@@ -49,7 +47,7 @@ async def _planner(ctx: HandlerContext, spec: ObjectiveSpec) -> Any:
     """Run RECEIPT_FACTORY_PLANNER_COMMAND in the command sandbox, in the objective's workspace,
     with `{title, goal}` on stdin; return the JSON it prints (its whole output, or the last line
     that is JSON: the sandbox merges stdout and stderr)."""
-    factory_settings = FactoryEnv.load()
+    factory_settings = ctx.settings.factory
     command = factory_settings.planner_command.strip()
     if not command:
         raise HandlerError(
@@ -66,7 +64,7 @@ async def _planner(ctx: HandlerContext, spec: ObjectiveSpec) -> Any:
             output.append(text)
 
     try:
-        settings = SandboxSettings.from_env()
+        settings = ctx.settings.sandbox
         workspace = workspaces.objective_workspace(
             ctx.job.organization_id, objective_of(ctx), settings
         )
@@ -255,9 +253,9 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
     """Scan up to the scan limit of active objectives within the timeout; request control with
     reason `reconcile` for each that fires one of the three reasons. The result lists which
     objective fired which reason."""
-    settings = WatchdogSettings.from_env()
+    settings = ctx.settings.watchdog
     thresholds = objective_watchdog_rules.Thresholds(
-        active_stale_ms=TimingSettings.from_env().active_stale_ms
+        active_stale_ms=ctx.settings.timing.active_stale_ms
     )
     counts = dict.fromkeys(REASONS, 0)
     fired: list[dict[str, str]] = []
@@ -348,7 +346,7 @@ async def run_objective_task(ctx: HandlerContext) -> dict[str, Any]:
     if not isinstance(task_input, dict):
         raise HandlerError("payload.input must be {command: [argv]} or {prompt}", retryable=False)
     if "prompt" in task_input:
-        command = FactoryEnv.load().codex_command.strip()
+        command = ctx.settings.factory.codex_command.strip()
         if not command:
             raise HandlerError(
                 f"task {ctx.payload.get('taskId')!r} carries a prompt but {CODEX_COMMAND_ENV} "

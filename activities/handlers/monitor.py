@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from activities.handlers import HandlerContext, HandlerError, objective_of
+from activities.handlers.context import HandlerContext, HandlerError, objective_of
 from receipts.jobs import Job
 from receipts.objectives import control
 from receipts.objectives.model import ObjectiveState

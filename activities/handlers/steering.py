@@ -20,7 +20,7 @@ import json
 import logging
 from typing import Any
 
-from activities.handlers import HandlerContext
+from activities.handlers.context import HandlerContext
 
 log = logging.getLogger("activities.handlers.steering")
 

@@ -113,21 +113,14 @@ class HandlerStore:
     async def active_objectives(self, limit: int) -> tuple[list[ObjectiveState], datetime | None]:
         """Up to `limit` active objectives (the handler's organization's only, when it has one)
         and the database clock (None when there are none)."""
-        rows = await self._store.fetch("objectives_active", {"limit": limit})
-        states = [ObjectiveState.model_validate(row[0]) for row in rows]
-        return [s for s in states if self._sees(s.organization_id)], (rows[0][1] if rows else None)
+        states, now = await objectives.active(self._store, limit)
+        return [s for s in states if self._sees(s.organization_id)], now
 
     async def objectives_under_control(self, states: Sequence[ObjectiveState]) -> set[str]:
         """The ids of those objectives that have an active control job."""
-        states = [s for s in states if self._sees(s.organization_id)]
-        if not states:
-            return set()
-        params = {
-            "organization_ids": [s.organization_id for s in states],
-            "session_keys": [session_key(s.objective_id) for s in states],
-        }
-        keys = {row[0] for row in await self._store.fetch("active_control_jobs", params)}
-        return {s.objective_id for s in states if session_key(s.objective_id) in keys}
+        return await objectives.under_control(
+            self._store, [s for s in states if self._sees(s.organization_id)]
+        )
 
     async def update_objective(
         self, objective_id: str, decide: objectives.Decide, *, deliver_control: bool = False

@@ -12,13 +12,12 @@ from typing import Any
 
 from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.model import AgentJob
-from receipts.commands import payload_in
+from receipts.agent_jobs.projection import AGENT_JOBS
+from receipts.commands import with_payloads
 from receipts.enqueue import EnqueueRequest, cancel_queued_draft, enqueue_in
 from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
 from receipts.jobs import Job, Receipt
 from receipts.kinds import TURN_KIND, route
-from receipts.projections import AGENT_JOBS
-from receipts.sql import query
 from receipts.store import Draft, Store, Tx
 
 log = logging.getLogger("receipts.agent_jobs")
@@ -55,8 +54,7 @@ class CreateRequest:
 
 
 async def _row(tx: Tx, name: str, params: dict[str, Any]) -> Any:
-    cur = await tx.conn.execute(query(name), params)
-    return await cur.fetchone()
+    return await tx.fetch_one(name, params)
 
 
 async def job_for_update(tx: Tx, agent_job_id: str) -> AgentJob | None:
@@ -146,8 +144,8 @@ async def create(store: Store, request: CreateRequest) -> tuple[AgentJob, bool]:
 async def create_in(tx: Tx, request: CreateRequest) -> tuple[AgentJob, bool]:
     """`create` inside a caller's transaction."""
     await tx.lock_key(f"agent-session:{request.owner_session_id}")
-    await tx.conn.execute(
-        query("agent_session_claim"),
+    await tx.execute(
+        "agent_session_claim",
         {"session_id": request.owner_session_id, "organization_id": request.organization_id},
     )
     owner = await _row(tx, "agent_session_get", {"session_id": request.owner_session_id})
@@ -343,7 +341,7 @@ async def _follow_ups_of(tx: Tx, turn_job: Job) -> tuple[Any, ...]:
     if isinstance(result, Mapping) and isinstance(result.get("followUps"), list):
         read = list(result["followUps"])
     unread = [c for c in turn_job.commands if c.type == "follow_up" and c.consumed_attempt is None]
-    return (*read, *[await payload_in(tx, turn_job.job_id, c) for c in unread])
+    return (*read, *[c.payload for c in await with_payloads(tx, turn_job.job_id, unread)])
 
 
 # --- answer, cancel, timeout ------------------------------------------------------------------
@@ -443,45 +441,3 @@ async def fail_overdue_input(
         return await append(
             tx, job, [Draft(model.TRANSITIONED, decisions.input_timeout_data(job, timeout_ms))]
         )
-
-
-# --- scans ------------------------------------------------------------------------------------
-
-
-async def ready(store: Store, limit: int = 200) -> list[tuple[str, str]]:
-    """`(agentJobId, agentId)` of jobs waiting only for a slot, oldest first."""
-    return [(str(a), str(b)) for a, b in await store.fetch("agent_jobs_ready", {"limit": limit})]
-
-
-async def settled_turns(store: Store, limit: int = 200) -> list[str]:
-    """Running jobs whose turn's queue job is terminal."""
-    return [str(r[0]) for r in await store.fetch("agent_jobs_settled_turns", {"limit": limit})]
-
-
-async def input_overdue(store: Store, timeout_ms: int, limit: int = 200) -> list[str]:
-    """Waiting, unanswered jobs whose last change is older than `timeout_ms`."""
-    rows = await store.fetch("agent_jobs_input_overdue", {"timeout_ms": timeout_ms, "limit": limit})
-    return [str(r[0]) for r in rows]
-
-
-async def next_available_at(store: Store) -> Any:
-    """The soonest future `availableAt` of a queued job, or None."""
-    rows = await store.fetch("agent_jobs_next_available_at", {})
-    return rows[0][0] if rows else None
-
-
-async def list_jobs(store: Store, params: dict[str, Any]) -> list[AgentJob]:
-    """A page of agent jobs, newest first (see the `agent_jobs_list` statement)."""
-    rows = await store.fetch("agent_jobs_list", params)
-    return [AgentJob.model_validate(r[0]) for r in rows]
-
-
-async def running_by_agent(store: Store) -> dict[str, int]:
-    """Running agent jobs per agent id (the slots in use)."""
-    return {str(a): int(n) for a, n in await store.fetch("agent_jobs_running_by_agent", {})}
-
-
-async def unposted_wakeups(store: Store, url: str, limit: int = 100) -> list[tuple[str, str, int]]:
-    """`(sourceId, sessionId, sessionSeq)` of recent wakeups not yet posted to `url`."""
-    rows = await store.fetch("agent_wakeups_unposted", {"url": url, "limit": limit})
-    return [(str(a), str(b), int(c)) for a, b, c in rows]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +9,6 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_settings import SettingsConfigDict
 
 from receipts.settings import ReceiptSettings
 
@@ -80,15 +78,9 @@ def _beside(command: list[str], path: Path) -> list[str]:
     return [str(here / part[2:]) if part.startswith("./") else part for part in command]
 
 
-def registry_path(env: Mapping[str, str] | None = None) -> Path | None:
-    """The configured registry file, or None when `RECEIPT_AGENTS_FILE` is unset."""
-    value = (os.environ if env is None else env).get(AGENTS_FILE_ENV)
-    return Path(value) if value else None
-
-
-def load_registry(path: Path | None = None) -> Registry:
-    """Read the registry now (every call reads the file again)."""
-    path = path or registry_path()
+def load_registry(path: Path | None) -> Registry:
+    """Read the registry at `path` now (every call reads the file again); `RegistryError` when
+    none is configured (`RECEIPT_AGENTS_FILE`, `AgentJobSettings.agents_file`)."""
     if path is None:
         raise RegistryError(f"{AGENTS_FILE_ENV} is not set: no agents are registered")
     try:
@@ -99,10 +91,10 @@ def load_registry(path: Path | None = None) -> Registry:
 
 
 class AgentJobSettings(ReceiptSettings):
-    """Settings of the agent-job layer; each field reads the environment variable in its alias
-    (an empty value means the default, as the deployment's ConfigMap writes unset ones)."""
+    """Settings of the agent-job layer (an empty value means the default, as the deployment's
+    ConfigMap writes unset ones) and where the agents registry is."""
 
-    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True, env_ignore_empty=True)
+    agents_file: Path | None = Field(default=None, alias="RECEIPT_AGENTS_FILE")
 
     input_timeout_ms: int | None = Field(
         default=None, ge=1, alias="RECEIPT_AGENT_JOB_INPUT_TIMEOUT_MS"

@@ -7,16 +7,14 @@ or the dependencies form a cycle; the error names the ids at fault.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from receipts.errors import InvalidInput
-from receipts.kinds import CONTRACTS, KindContract
+from receipts.kinds import OBJECTIVE_ID
 
 # An objective id names a stream and a workspace directory: `.` and `..` are no names.
-OBJECTIVE_ID = re.compile(r"^(?!\.\.?$)[A-Za-z0-9._@-]{1,100}$")
 TASK_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 EXECUTION_PATHS: tuple[str, ...] = ("local", "computer")
 DEFAULT_TASK_AGENT = "codex"
@@ -282,19 +280,6 @@ def find_cycle(edges: Mapping[str, Sequence[str]]) -> list[str] | None:
     return None
 
 
-def topological_order(tasks: Sequence[TaskSpec]) -> list[str]:
-    """Task ids in an order where every task follows its dependencies (ties by given order)."""
-    done: list[str] = []
-    remaining = list(tasks)
-    while remaining:
-        ready = [t for t in remaining if all(d in done for d in t.depends_on)]
-        if not ready:
-            raise GraphError("tasks", "dependency cycle")
-        done.extend(t.task_id for t in ready)
-        remaining = [t for t in remaining if t.task_id not in done]
-    return done
-
-
 def parse_objective(raw: Any, field: str = "objective") -> ObjectiveSpec:
     """Parse an objective: `{objectiveId?, title, goal, tasks?, validate?, publish?}`.
 
@@ -317,49 +302,3 @@ def parse_objective(raw: Any, field: str = "objective") -> ObjectiveSpec:
         validate=_step(raw.get("validate"), f"{field}.validate"),
         publish=_step(raw.get("publish"), f"{field}.publish"),
     )
-
-
-def check_objective_id(value: Any, field: str = "objectiveId") -> str:
-    """Return a valid objective id or raise `InvalidInput` naming `field`."""
-    if not isinstance(value, str) or not OBJECTIVE_ID.match(value):
-        raise InvalidInput(field, f"{field} must match {OBJECTIVE_ID.pattern}")
-    return value
-
-
-def scoped_payload(kind: str, payload: Mapping[str, Any], contract: KindContract) -> dict[str, Any]:
-    """Enforce the contract's objective scoping on an enqueue payload.
-
-    A kind that cannot run without an objective (`objective_required`) needs
-    `payload.objectiveId`; a kind that may name one (`factory.task.run`) is checked when it does
-    and otherwise runs alone, in a workspace of its own. `factory.run` creates the objective, so
-    it may carry `payload.objective.objectiveId` instead, or none at all: then a new id is
-    assigned here (and written into the payload) so that every later receipt can name it.
-    """
-    body = dict(payload)
-    if not contract.objective_scoped:
-        return body
-    objective_id = body.get("objectiveId")
-    if kind == "factory.run" and objective_id is None:
-        inner = body.get("objective")
-        inner_id = inner.get("objectiveId") if isinstance(inner, Mapping) else None
-        objective_id = inner_id if inner_id is not None else str(uuid.uuid4())
-        body["objectiveId"] = objective_id
-    if objective_id is None:
-        if not contract.objective_required:
-            return body
-        raise InvalidInput(
-            "payload.objectiveId",
-            f"payload.objectiveId is required for kind '{kind}' (it acts on an objective; "
-            "kinds that run without one: "
-            + ", ".join(k for k, c in CONTRACTS.items() if not c.objective_required)
-            + ")",
-        )
-    check_objective_id(objective_id, "payload.objectiveId")
-    if kind == "factory.run":
-        inner = body.get("objective")
-        if isinstance(inner, Mapping) and inner.get("objectiveId") not in (None, objective_id):
-            raise InvalidInput(
-                "payload.objective.objectiveId",
-                "payload.objective.objectiveId must equal payload.objectiveId",
-            )
-    return body

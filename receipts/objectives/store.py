@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from receipts.enqueue import EnqueueRequest, enqueue_in
@@ -25,8 +26,8 @@ from receipts.objectives.model import (
     objective_stream,
     session_key,
 )
-from receipts.projections import OBJECTIVES
-from receipts.sql import query
+from receipts.projections import Projection
+from receipts.reads import Page, Position, Viewer, page, seen_by
 from receipts.store import Draft, Store, Tx, translate_errors
 from receipts.tenancy import scoped_id
 
@@ -49,10 +50,12 @@ Guard = Callable[[Tx, str], Awaitable[None]]
 on_control_delivered: list[Callable[[str], None]] = []
 
 
+OBJECTIVES = Projection("objectives", ObjectiveState, fold, "objective_upsert", noun="objective ")
+
+
 async def load(tx: Tx, objective_id: str) -> ObjectiveState | None:
     """The objective's folded state read inside `tx` (lock its stream first to keep it)."""
-    cur = await tx.conn.execute(query("objective_get"), {"objective_id": objective_id})
-    row = await cur.fetchone()
+    row = await tx.fetch_one("objective_get", {"objective_id": objective_id})
     return ObjectiveState.model_validate(row[0]) if row else None
 
 
@@ -210,22 +213,20 @@ async def deliver(tx: Tx, objective_id: str) -> ObjectiveState | None:
     return new
 
 
-def settles(prior: Job | None, job: Job, drafts: Sequence[Draft]) -> bool:
-    """True when this append made the job terminal or expired its lease."""
-    if job.terminal and (prior is None or not prior.terminal):
-        return True
-    return any(d.type == "job.lease_expired" for d in drafts)
-
-
-async def request_on_settlement(tx: Tx, job: Job, drafts: Sequence[Draft]) -> None:
-    """The contract flag "reconcile objective on terminal or expired lease": in the transaction
-    that wrote the job's terminal receipt or `job.lease_expired`, record a control request on
-    its objective's stream (delivered by the outbox redrive). An objective that does not exist,
-    or is another organization's, gets nothing."""
+async def control_outbox(tx: Tx, before: Job | None, job: Job, drafts: Sequence[Draft]) -> None:
+    """The store's settlement policy for the contract flag "reconcile objective on terminal or
+    expired lease": in the transaction that made a reconciling kind's job terminal or wrote its
+    `job.lease_expired`, record a control request on its objective's stream (delivered by the
+    outbox redrive). An objective that does not exist, or is another organization's, gets
+    nothing; so does a job of any other kind."""
+    if job.kind not in RECONCILING_KINDS:
+        return
+    expired = any(d.type == "job.lease_expired" for d in drafts)
+    if not expired and not (job.terminal and (before is None or not before.terminal)):
+        return
     objective_id = job.payload.get("objectiveId")
     if not isinstance(objective_id, str):
         return
-    expired = any(d.type == "job.lease_expired" for d in drafts)
     await request_control(
         tx,
         objective_id,
@@ -235,6 +236,53 @@ async def request_on_settlement(tx: Tx, job: Job, drafts: Sequence[Draft]) -> No
         jobId=job.job_id,
         jobStatus=job.status,
     )
+
+
+async def objectives_page(
+    store: Store,
+    viewer: Viewer,
+    *,
+    organization_id: str | None = None,
+    status: str | None = None,
+    after: Position | None,
+    limit: int,
+) -> Page[ObjectiveState]:
+    """A page of the objectives `viewer` may see, newest first (None filters match all)."""
+    params = {
+        **seen_by(viewer, after, "objective_id"),
+        "organization_id": organization_id,
+        "status": status,
+    }
+    states, more = await page(store, "api_list_objectives", params, limit)
+    return Page([ObjectiveState.model_validate(s) for s in states], more)
+
+
+async def active(store: Store, limit: int) -> tuple[list[ObjectiveState], datetime | None]:
+    """Up to `limit` active objectives, least recently changed first, and the database clock
+    (None when there are none)."""
+    with translate_errors():
+        rows = await store.fetch("objectives_active", {"limit": limit})
+    return [ObjectiveState.model_validate(row[0]) for row in rows], (rows[0][1] if rows else None)
+
+
+async def under_control(store: Store, states: Sequence[ObjectiveState]) -> set[str]:
+    """The ids of those objectives that have an active control job."""
+    if not states:
+        return set()
+    params = {
+        "organization_ids": [s.organization_id for s in states],
+        "session_keys": [session_key(s.objective_id) for s in states],
+    }
+    with translate_errors():
+        keys = {row[0] for row in await store.fetch("active_control_jobs", params)}
+    return {s.objective_id for s in states if session_key(s.objective_id) in keys}
+
+
+async def resume_candidates(store: Store, limit: int) -> list[str]:
+    """Active objectives with no control request outstanding and no active control job."""
+    with translate_errors():
+        rows = await store.fetch("objective_resume_candidates", {"limit": limit})
+    return [row[0] for row in rows]
 
 
 async def outbox_candidates(store: Store, limit: int) -> list[str]:

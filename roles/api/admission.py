@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from receipts import reads
 from receipts.enqueue import EnqueueRequest
 from receipts.errors import InvalidInput
 from receipts.kinds import QUEUE_CODEX, route
@@ -90,8 +91,7 @@ async def check_org_caps(settings: ApiSettings, organization_id: str, tx: Tx) ->
     """429 when the organization holds its cap of queued or of active jobs (its counters,
     kept with every status change: one read of at most 16 rows, however deep its queue). Runs
     as the enqueue's `admit`, first in its transaction."""
-    row = await tx.fetch_one("api_org_open_jobs", {"organization_id": organization_id})
-    queued, active = (row[0], row[1]) if row else (0, 0)
+    queued, active = await reads.organization_open_jobs(tx, organization_id)
     for cap, held, limit, variable in (
         ("queued", queued, settings.org_max_queued, "RECEIPT_ORG_MAX_QUEUED"),
         ("active", active, settings.org_max_active, "RECEIPT_ORG_MAX_ACTIVE"),

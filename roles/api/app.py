@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
@@ -29,51 +28,15 @@ from pydantic.json_schema import models_json_schema
 from receipts.listen import Listener
 from receipts.store import Store
 from roles.api.auth import check_open_bind, load_tokens
-from roles.api.body import (
-    MAX_JSON_DEPTH,
-    decode_cursor,
-    encode_cursor,
-    read_json_body,
-)
-from roles.api.deps import (
-    ApiState,
-    Caller,
-    EnqueueObserver,
-    JobId,
-    State,
-    clean_params,
-)
+from roles.api.console import install_console
+from roles.api.deps import ApiState, EnqueueObserver, clean_params
 from roles.api.docs import install_docs
-from roles.api.errors import RETRY_AFTER_S, ApiError, error_response, install_error_handlers
+from roles.api.errors import install_error_handlers
+from roles.api.routes import agent_jobs, health, jobs, objectives, retry, sessions
 from roles.api.schema import CommandBody, EnqueueBody
-from roles.api.settings import DEFAULT_MAX_BODY_BYTES, ApiSettings
-from roles.api.sse import SSE_KEEPALIVE_S, sse_end, sse_receipt, stream_events
+from roles.infra.db import migrate_url, open_store, resolve_url
+from roles.infra.settings import RuntimeSettings
 from roles.infra.tracing import recording as tracing_recording
-
-__all__ = [
-    "DEFAULT_MAX_BODY_BYTES",
-    "MAX_JSON_DEPTH",
-    "RETRY_AFTER_S",
-    "SSE_KEEPALIVE_S",
-    "ApiError",
-    "ApiSettings",
-    "ApiState",
-    "Caller",
-    "EnqueueObserver",
-    "JobId",
-    "State",
-    "create_app",
-    "decode_cursor",
-    "encode_cursor",
-    "error_response",
-    "read_json_body",
-    "routers",
-    "run_api",
-    "serve_api",
-    "sse_end",
-    "sse_receipt",
-    "stream_events",
-]
 
 log = logging.getLogger("roles.api.app")
 
@@ -81,12 +44,8 @@ log = logging.getLogger("roles.api.app")
 def routers() -> list[APIRouter]:
     """The resources' routers, in the order their routes are matched.
 
-    Imported here rather than at the top, so a routes module may import its names from this
-    module (`roles.api.deps` is the better home) without an import cycle. A new resource adds
-    its module's `router` to this list.
+    A new resource adds its module's `router` to this list.
     """
-    from roles.api.routes import agent_jobs, health, jobs, objectives, retry, sessions
-
     return [
         health.router,
         retry.router,
@@ -101,44 +60,47 @@ DOCUMENTED_BODIES = (EnqueueBody, CommandBody)
 
 
 def create_app(
-    settings: ApiSettings | None = None,
+    settings: RuntimeSettings | None = None,
     *,
     database_url: str | None = None,
     store: Store | None = None,
     listener: Listener | None = None,
     metrics: EnqueueObserver | None = None,
 ) -> FastAPI:
-    """Build the API.
+    """Build the API with the process's `settings` (all defaults when None).
 
     The lifespan opens a `Store` on `database_url` and runs a `Listener` for event streams,
     unless the caller passes its own `store` / running `listener` (it then owns them). Raises
     `TokenConfigError` when the tokens cannot be read, or when none are configured and the bind
     is not loopback.
     """
-    settings = settings or ApiSettings()
-    tokens = load_tokens(settings.tokens_file, settings.tokens)
-    runs_open = check_open_bind(tokens, settings.host)
-    api = ApiState(settings=settings, tokens=tokens, database_url=database_url, metrics=metrics)
+    settings = settings or RuntimeSettings()
+    tokens = load_tokens(settings.api.tokens_file, settings.api.tokens)
+    runs_open = check_open_bind(tokens, settings.api.host)
+    api = ApiState(
+        settings=settings.api,
+        tokens=tokens,
+        database_url=database_url,
+        metrics=metrics,
+        core=settings.core,
+        agent_jobs=settings.agent_jobs,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if runs_open:
             log.warning(
                 "no API tokens configured: the API is open to anyone who can reach "
-                f"{settings.host} (set RECEIPT_API_TOKENS_FILE or RECEIPT_API_TOKENS); it "
+                f"{settings.api.host} (set RECEIPT_API_TOKENS_FILE or RECEIPT_API_TOKENS); it "
                 "answers loopback Host names and JSON bodies only",
                 extra={"event": "api.open"},
             )
         api.stopping.clear()
         url = api.database_url
         if url is None:
-            from roles.infra.db import resolve_url
-
-            url = api.database_url = resolve_url()
+            url = api.database_url = resolve_url(settings.core)
         if store is None:
-            from roles.infra.db import open_store
-
-            api.store = await open_store(url, api=True)
+            api.store = await open_store(url, settings.core, api=True)
         else:
             api.store = store
         listening: asyncio.Task[None] | None = None
@@ -183,8 +145,6 @@ def create_app(
     )
     app.state.api = api
     install_error_handlers(app)
-    from roles.api.console.pages import install_console
-
     for router in routers():
         app.include_router(router)
     install_docs(app)
@@ -226,7 +186,7 @@ class _Server(uvicorn.Server):
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
-        # The role process owns SIGINT/SIGTERM (see `run_api` and roles.role).
+        # The role process owns SIGINT/SIGTERM (roles/role.py).
         yield
 
     async def shutdown(self, sockets: Any = None) -> None:
@@ -236,7 +196,7 @@ class _Server(uvicorn.Server):
 
 async def serve_api(
     stop: asyncio.Event,
-    settings: ApiSettings | None = None,
+    settings: RuntimeSettings,
     *,
     store: Store | None = None,
     listener: Listener | None = None,
@@ -250,18 +210,15 @@ async def serve_api(
     tokens are invalid, or missing on a non-loopback bind, and `RuntimeError` when the server
     did not start.
     """
-    from roles.infra.db import migrate_url, resolve_url
-
-    settings = settings or ApiSettings()
-    check_open_bind(load_tokens(settings.tokens_file, settings.tokens), settings.host)
-    url = resolve_url()
+    check_open_bind(load_tokens(settings.api.tokens_file, settings.api.tokens), settings.api.host)
+    url = resolve_url(settings.core)
     if store is None:
         await migrate_url(url)
     app = create_app(settings, database_url=url, store=store, listener=listener, metrics=metrics)
     config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
+        host=settings.api.host,
+        port=settings.api.port,
         lifespan="on",
         log_config=None,
         timeout_graceful_shutdown=10,
@@ -280,19 +237,3 @@ async def serve_api(
         watcher.cancel()
     if not server.started:
         raise RuntimeError("the api did not start (see the log above)")
-
-
-def run_api(settings: ApiSettings | None = None) -> None:
-    """Serve the API in this process until SIGINT or SIGTERM (the `receipt api` command)."""
-    from roles.infra import logs
-
-    logs.configure("api")
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await serve_api(stop, settings)
-
-    asyncio.run(main())

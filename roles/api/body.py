@@ -26,8 +26,8 @@ from pydantic import BaseModel, ValidationError
 
 from receipts.errors import InvalidInput
 from receipts.kinds import invalid_input
+from receipts.reads import Position
 from receipts.text import _BAD, check_clean_text
-from roles.api.auth import Principal
 from roles.api.errors import ApiError
 from roles.api.limits import LIMITED
 
@@ -213,21 +213,11 @@ def encode_cursor(created_at: datetime, key: str) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def listing(caller: Principal, cursor: str | None, key: str) -> dict[str, Any]:
-    """The parameters every list query (`api_list_*`) takes besides its filters: what the
-    caller may see (its organization's, or all for admin) and where the page starts (after
-    `cursor`: `before_created_at`, `before_<key>`)."""
-    before_at, before_key = decode_cursor(cursor) if cursor else (None, None)
-    return {
-        "all_organizations": caller.admin,
-        "caller_organization_id": caller.organization_id,
-        "before_created_at": before_at,
-        f"before_{key}": before_key,
-    }
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """Return `(created_at, key)` of a cursor; raise `InvalidInput` for anything else."""
+def decode_cursor(cursor: str | None) -> Position | None:
+    """Where the page `cursor` asks for starts (None: the first page); raise `InvalidInput`
+    for a cursor this API did not return."""
+    if cursor is None:
+        return None
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, key = json.loads(raw)
@@ -237,4 +227,4 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         check_clean_text(key, "cursor")
     except (InvalidInput, ValueError, TypeError, binascii.Error, OverflowError) as exc:
         raise InvalidInput("cursor", "cursor is not one this API returned") from exc
-    return at, key
+    return Position(at, key)

@@ -14,19 +14,20 @@ from typing import Annotated, Any, Protocol
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from receipts import reads
+from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import Job
 from receipts.listen import Listener
-from receipts.store import Store, translate_errors
-from receipts.tenancy import TENANT_SEPARATOR, scoped_id
+from receipts.settings import Settings
+from receipts.store import Store
 from receipts.text import check_clean_text
 from roles.api.auth import OPEN, Principal, TokenTable, is_loopback
 from roles.api.body import JsonLimits, json_object, read_json_body, validated
 from roles.api.errors import ApiError, too_many
-from roles.api.limits import OrgLimits
+from roles.api.limits import OrgLimits, StreamGate
 from roles.api.schema import shown_job_id
 from roles.api.settings import ApiSettings
-from roles.api.sse import StreamGate
 
 __all__ = [
     "ApiError",
@@ -54,8 +55,8 @@ class EnqueueObserver(Protocol):
 
 @dataclass
 class ApiState:
-    """What the routes share: settings, tokens, limits, and (between start and stop) store and
-    listener."""
+    """What the routes share: the settings of the concerns they use (the api's own, the shared
+    core, the agent jobs'), tokens, limits, and (between start and stop) store and listener."""
 
     settings: ApiSettings
     tokens: TokenTable
@@ -64,6 +65,8 @@ class ApiState:
     listener: Listener | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     metrics: EnqueueObserver | None = None
+    core: Settings = field(default_factory=Settings)
+    agent_jobs: AgentJobSettings = field(default_factory=AgentJobSettings)
     streams: StreamGate = field(init=False)
     org_limits: OrgLimits = field(init=False)
 
@@ -196,46 +199,14 @@ def takes_query(*names: str) -> Any:
     return Depends(check)
 
 
-def runtime_job_id(caller: Principal, job_id: str) -> str:
-    """The runtime's id of the job the caller names `job_id` (admins name runtime ids)."""
-    return job_id if caller.admin else scoped_id(caller.organization_id, job_id)
-
-
-async def _jobs_by_caller_id(store: Store, job_id: str) -> list[Job]:
-    with translate_errors():
-        rows = await store.fetch("api_jobs_by_caller_id", {"job_id": job_id})
-        return [Job.model_validate(row[0]) for row in rows]
-
-
 async def find_job(store: Store, caller: Principal, job_id: str) -> Job | None:
-    """The job `caller` names `job_id`, when it may see it; None otherwise.
-
-    An organization names its jobs by its own ids (scoped here) or by runtime ids (`<id>~<tag>`,
-    which the console links to); an admin by runtime ids, or by an organization's own id when
-    only one organization uses it (409 `ambiguous_job_id` when several do).
-    """
-    if TENANT_SEPARATOR in job_id:
-        job = await store.get_job(job_id)
-    else:
-        job = await store.get_job(runtime_job_id(caller, job_id))
-        if job is None and not caller.admin:
-            # Jobs the system creates for an organization (an agent job's turns, an objective's
-            # tasks) keep their untagged ids; the visibility check below still applies.
-            job = await store.get_job(job_id)
-        if job is None and caller.admin:
-            found = await _jobs_by_caller_id(store, job_id)
-            if len(found) > 1:
-                raise ApiError(
-                    409,
-                    "ambiguous_job_id",
-                    f"several organizations use job id {job_id!r}; name it by the id admin "
-                    f"views show ({job_id}{TENANT_SEPARATOR}<organization tag>)",
-                    field="jobId",
-                )
-            job = found[0] if found else None
-    if job is None or not caller.sees(job.organization_id):
-        return None
-    return job
+    """The job `caller` names `job_id`, when it may see it; None otherwise
+    (`receipts.reads.visible_job`; 409 `ambiguous_job_id` for an admin's id that several
+    organizations use)."""
+    try:
+        return await reads.visible_job(store, caller, job_id)
+    except reads.AmbiguousJobId as exc:
+        raise ApiError(409, "ambiguous_job_id", str(exc), field="jobId") from None
 
 
 async def visible_job(state: ApiState, caller: Principal, job_id: str) -> Job:

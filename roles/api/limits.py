@@ -1,17 +1,24 @@
-"""Per-organization enqueue limits of one api process: a token bucket per organization.
+"""The limits of one api process: a token bucket per organization for enqueues, and the caps
+on open event streams (overall and per token).
 
 The caps on queued and active jobs are read from the database at each enqueue (they hold across
-api processes); the rate is per process (an api behind N replicas admits up to N times it).
+api processes); the rate and the stream caps are per process (an api behind N replicas admits up
+to N times them).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
+from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge
+
+from roles.api.errors import too_many
 
 log = logging.getLogger("roles.api.app")
 
@@ -24,6 +31,8 @@ LIMITED = PromCounter(
 body_shape."""
 EVENT_STREAMS = Gauge("receipt_api_event_streams", "Event streams the api serves now.")
 
+SSE_RETRY_MS = 1000
+"""How long an event stream's client waits before it reconnects (the `retry:` of the stream)."""
 MAX_BUCKETS = 10_000
 """Buckets kept at most; a full table drops the fullest (idle) ones first."""
 
@@ -63,3 +72,77 @@ class OrgLimits:
                 del self._buckets[name]
         if len(self._buckets) >= MAX_BUCKETS:
             self._buckets.clear()
+
+
+class StreamGate:
+    """Counts open event streams, overall and per token; refuses one more with 429."""
+
+    def __init__(self, overall: int, per_token: int) -> None:
+        self.overall = overall
+        self.per_token = per_token
+        self.open: Counter[str] = Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.open.values())
+
+    def acquire(self, token_id: str) -> StreamSlot:
+        """Take one slot for `token_id`, or raise 429; the slot is given back by `release`."""
+        if self.open[token_id] >= self.per_token:
+            LIMITED.labels("streams_token").inc()
+            log.warning(
+                "event stream refused: the token's cap",
+                extra={"event": "api.sse_refused", "cap": "token", "tokenId": token_id},
+            )
+            raise too_many(
+                f"this token already has {self.per_token} open event streams "
+                "(RECEIPT_SSE_MAX_STREAMS_PER_CALLER)",
+                SSE_RETRY_MS / 1000,
+            )
+        if self.total >= self.overall:
+            LIMITED.labels("streams_total").inc()
+            log.warning(
+                "event stream refused: the api's cap",
+                extra={"event": "api.sse_refused", "cap": "total", "tokenId": token_id},
+            )
+            raise too_many(
+                f"the API already serves {self.overall} event streams (RECEIPT_SSE_MAX_STREAMS)",
+                SSE_RETRY_MS / 1000,
+            )
+        self.open[token_id] += 1
+        EVENT_STREAMS.inc()
+        return StreamSlot(self, token_id)
+
+    def _release(self, token_id: str) -> None:
+        EVENT_STREAMS.dec()
+        self.open[token_id] -= 1
+        if self.open[token_id] <= 0:
+            del self.open[token_id]
+
+
+class StreamSlot:
+    """One open stream's place in the gate; `release` is idempotent."""
+
+    def __init__(self, gate: StreamGate, token_id: str) -> None:
+        self._gate: StreamGate | None = gate
+        self.token_id = token_id
+
+    def release(self) -> None:
+        if self._gate is not None:
+            gate, self._gate = self._gate, None
+            gate._release(self.token_id)
+
+    def held_by(self, stream: AsyncIterator[str]) -> AsyncIterator[str]:
+        """`stream`, giving the slot back when it ends or is closed, and also when it is
+        dropped without ever being started (a client gone before the response began)."""
+
+        async def gated() -> AsyncIterator[str]:
+            try:
+                async for event in stream:
+                    yield event
+            finally:
+                self.release()
+
+        iterator = gated()
+        weakref.finalize(iterator, self.release)
+        return iterator

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path as FilePath
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import Field, field_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
 
 from receipts.settings import ReceiptSettings
 
@@ -20,8 +19,6 @@ class ApiSettings(ReceiptSettings):
 
     The limits are documented in the README's Security section.
     """
-
-    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
     host: str = Field(default="127.0.0.1", alias="RECEIPT_API_HOST")
     port: int = Field(default=8000, ge=0, le=65535, alias="RECEIPT_API_PORT")
@@ -56,10 +53,10 @@ class ApiSettings(ReceiptSettings):
     org_max_queued: int = Field(default=1000, ge=1, alias="RECEIPT_ORG_MAX_QUEUED")
     org_max_active: int = Field(default=2000, ge=1, alias="RECEIPT_ORG_MAX_ACTIVE")
     max_timeout_ms: int = Field(default=3_600_000, ge=1, alias="RECEIPT_MAX_TIMEOUT_MS")
-    org_executables: Annotated[dict[str, list[str]], NoDecode] = Field(
+    org_executables: dict[str, list[str]] = Field(
         default_factory=dict, alias="RECEIPT_ORG_EXECUTABLES"
     )
-    gateway_url_allowlist: Annotated[list[str], NoDecode] = Field(
+    gateway_url_allowlist: list[str] = Field(
         default_factory=list, alias="RECEIPT_GATEWAY_URL_ALLOWLIST"
     )
 

@@ -13,11 +13,9 @@ import asyncio
 import json
 import logging
 import time
-import weakref
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,11 +25,10 @@ from receipts.jobs import Receipt
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
 from roles.api.auth import Principal
-from roles.api.errors import ApiError, too_many
-from roles.api.limits import EVENT_STREAMS, LIMITED
-
-if TYPE_CHECKING:
-    from roles.api.deps import ApiState
+from roles.api.deps import ApiState, takes_query
+from roles.api.errors import ApiError
+from roles.api.limits import SSE_RETRY_MS
+from roles.api.schema import errors_documented
 
 log = logging.getLogger("roles.api.app")
 
@@ -39,7 +36,6 @@ S = TypeVar("S")
 F = TypeVar("F", bound=Callable[..., Any])
 
 SSE_KEEPALIVE_S = 15.0
-SSE_RETRY_MS = 1000
 SSE_PAGE = 1000
 MAX_EVENT_ID_DIGITS = 18
 """A receipt seq fits a PostgreSQL bigint; longer `Last-Event-ID` values are refused (not parsed)."""
@@ -57,10 +53,6 @@ def events_route(
     """Declare the GET route at `path` serving a stream's receipts: its answers (JSON, or SSE
     ending as `ending`; the errors of every stream and `more_errors`), the `Last-Event-ID`
     header and the `after` and `limit` queries (`Asked`)."""
-    # Imported here: roles.api.deps builds its state from this module's StreamGate.
-    from roles.api.deps import takes_query
-    from roles.api.schema import errors_documented
-
     ok = {
         "description": "The receipts as JSON, or with `Accept: text/event-stream` a live "
         "stream: one event per receipt (`id` = seq, `data` = the receipt), a `: keepalive` "
@@ -112,80 +104,6 @@ def sse_receipt(receipt: Receipt, data: dict[str, Any] | None = None) -> str:
 def sse_end(data: dict[str, Any]) -> str:
     """Return the closing event, sent once the followed thing is finished."""
     return f"event: end\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-class StreamGate:
-    """Counts open event streams, overall and per token; refuses one more with 429."""
-
-    def __init__(self, overall: int, per_token: int) -> None:
-        self.overall = overall
-        self.per_token = per_token
-        self.open: Counter[str] = Counter()
-
-    @property
-    def total(self) -> int:
-        return sum(self.open.values())
-
-    def acquire(self, token_id: str) -> StreamSlot:
-        """Take one slot for `token_id`, or raise 429; the slot is given back by `release`."""
-        if self.open[token_id] >= self.per_token:
-            LIMITED.labels("streams_token").inc()
-            log.warning(
-                "event stream refused: the token's cap",
-                extra={"event": "api.sse_refused", "cap": "token", "tokenId": token_id},
-            )
-            raise too_many(
-                f"this token already has {self.per_token} open event streams "
-                "(RECEIPT_SSE_MAX_STREAMS_PER_CALLER)",
-                SSE_RETRY_MS / 1000,
-            )
-        if self.total >= self.overall:
-            LIMITED.labels("streams_total").inc()
-            log.warning(
-                "event stream refused: the api's cap",
-                extra={"event": "api.sse_refused", "cap": "total", "tokenId": token_id},
-            )
-            raise too_many(
-                f"the API already serves {self.overall} event streams (RECEIPT_SSE_MAX_STREAMS)",
-                SSE_RETRY_MS / 1000,
-            )
-        self.open[token_id] += 1
-        EVENT_STREAMS.inc()
-        return StreamSlot(self, token_id)
-
-    def _release(self, token_id: str) -> None:
-        EVENT_STREAMS.dec()
-        self.open[token_id] -= 1
-        if self.open[token_id] <= 0:
-            del self.open[token_id]
-
-
-class StreamSlot:
-    """One open stream's place in the gate; `release` is idempotent."""
-
-    def __init__(self, gate: StreamGate, token_id: str) -> None:
-        self._gate: StreamGate | None = gate
-        self.token_id = token_id
-
-    def release(self) -> None:
-        if self._gate is not None:
-            gate, self._gate = self._gate, None
-            gate._release(self.token_id)
-
-    def held_by(self, stream: AsyncIterator[str]) -> AsyncIterator[str]:
-        """`stream`, giving the slot back when it ends or is closed, and also when it is
-        dropped without ever being started (a client gone before the response began)."""
-
-        async def gated() -> AsyncIterator[str]:
-            try:
-                async for event in stream:
-                    yield event
-            finally:
-                self.release()
-
-        iterator = gated()
-        weakref.finalize(iterator, self.release)
-        return iterator
 
 
 def parse_seq(value: str, field: str) -> int:

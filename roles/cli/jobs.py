@@ -374,24 +374,21 @@ def api_command(host: str | None, port: int | None) -> None:
     RECEIPT_MAX_BODY_BYTES; RECEIPT_STRICT_AGENT_IDS=1 refuses unknown agent ids. OpenAPI at
     /openapi.json, docs at /docs.
     """
-    import os
+    import dataclasses
 
-    from roles.api.app import ApiSettings
     from roles.api.auth import TokenConfigError, check_open_bind, load_tokens
-    from roles.infra.settings import exit_on_bad_settings
+    from roles.infra.settings import load_or_exit
     from roles.role import main as role_main
 
-    # The options override the variables the api role reads (ApiSettings: one definition).
-    if host is not None:
-        os.environ["RECEIPT_API_HOST"] = host
-    if port is not None:
-        os.environ["RECEIPT_API_PORT"] = str(port)
-    exit_on_bad_settings()
+    settings = load_or_exit()
+    # The options win over RECEIPT_API_HOST and RECEIPT_API_PORT.
+    given = {"host": host, "port": port}
+    api = settings.api.model_copy(update={k: v for k, v in given.items() if v is not None})
+    settings = dataclasses.replace(settings, api=api)
     try:
-        settings = ApiSettings()
-        tokens = load_tokens(settings.tokens_file, settings.tokens)
-        check_open_bind(tokens, settings.host)  # before touching the database
-        role_main("api")
+        tokens = load_tokens(api.tokens_file, api.tokens)
+        check_open_bind(tokens, api.host)  # before touching the database
+        role_main("api", settings)
     except TokenConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     except RuntimeError as exc:

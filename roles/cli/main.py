@@ -11,13 +11,18 @@ from typing import TextIO
 
 import click
 
-from receipts import retention
-from receipts.agent_jobs import projection as agent_job_projection
+from receipts import assembly, durations, retention
 from receipts.errors import InvalidInput
-from receipts.projections import rebuild, verify
 from receipts.settings import Settings
 from receipts.store import dumps
 from roles.infra.db import migrate_url, open_store, resolve_url
+
+
+def _core() -> Settings:
+    """The shared settings (database, Temporal), read and checked once for this command."""
+    from roles.infra.settings import load_or_exit
+
+    return load_or_exit().core
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -34,33 +39,33 @@ def main() -> None:
 @main.command("migrate")
 def migrate_command() -> None:
     """Apply pending schema migrations (idempotent) and print what was applied."""
-    applied = asyncio.run(migrate_url(resolve_url()))
+    applied = asyncio.run(migrate_url(resolve_url(_core())))
     click.echo(f"migrations applied: {applied or 'none (schema up to date)'}")
 
 
 @main.command("rebuild-projections")
 @click.option("--verify-only", is_flag=True, help="Only compare; print differences, write nothing.")
 def rebuild_projections_command(verify_only: bool) -> None:
-    """Rebuild the jobs and agent_jobs projections from the receipt chain (or verify them).
+    """Rebuild the jobs, objectives and agent_jobs projections from the receipt chain, in one
+    transaction (or verify them).
 
     Exits 1 when --verify-only finds a difference.
     """
 
     async def run() -> int:
-        url = resolve_url()
+        core = _core()
+        url = resolve_url(core)
         await migrate_url(url)
-        store = await open_store(url)
+        store = await open_store(url, core)
         try:
             if verify_only:
-                problems = await verify(store) + await agent_job_projection.verify(store)
+                problems = await assembly.verify(store)
                 for line in problems:
                     click.echo(line)
                 click.echo(f"projection differences: {len(problems)}")
                 return 1 if problems else 0
-            count = await rebuild(store)
-            click.echo(f"jobs projection rebuilt from the chain: {count} jobs")
-            count = await agent_job_projection.rebuild(store)
-            click.echo(f"agent_jobs projection rebuilt from the chain: {count} agent jobs")
+            for table, rows in (await assembly.rebuild(store)).items():
+                click.echo(f"{table} projection rebuilt from the chain: {rows} rows")
             return 0
         finally:
             await store.close()
@@ -70,7 +75,7 @@ def rebuild_projections_command(verify_only: bool) -> None:
 
 def _older_than(value: str) -> timedelta:
     try:
-        older_than = retention.parse_duration(value, name="--older-than")
+        older_than = durations.parse_duration(value, name="--older-than")
     except InvalidInput as exc:
         raise click.BadParameter(exc.message) from None
     if older_than is None:
@@ -95,9 +100,10 @@ def prune_command(older_than: str, dry_run: bool, batch: int) -> None:
     age = _older_than(older_than)
 
     async def run() -> retention.PruneResult:
-        url = resolve_url()
+        core = _core()
+        url = resolve_url(core)
         await migrate_url(url)
-        store = await open_store(url)
+        store = await open_store(url, core)
         try:
             return await retention.prune(store, age, batch=batch, dry_run=dry_run)
         finally:
@@ -126,9 +132,10 @@ def export_command(older_than: str, output: Path | None) -> None:
     age = _older_than(older_than)
 
     async def run(out: TextIO) -> None:
-        url = resolve_url()
+        core = _core()
+        url = resolve_url(core)
         await migrate_url(url)
-        store = await open_store(url)
+        store = await open_store(url, core)
         try:
             async for line in retention.export(store, age):
                 out.write(dumps(line) + "\n")
@@ -161,10 +168,9 @@ def up_command() -> None:
     persists under RECEIPT_DATA_DIR (default ./.receipt).
     """
     from roles.cli.up import up
-    from roles.infra.settings import exit_on_bad_settings
+    from roles.infra.settings import load_or_exit
 
-    exit_on_bad_settings()
-    sys.exit(asyncio.run(up(Settings())))
+    sys.exit(asyncio.run(up(load_or_exit())))
 
 
 @main.command("config")
@@ -174,17 +180,13 @@ def config_command() -> None:
 
     Exits 2, naming the variable and what it accepts, when a value is not valid.
     """
-    from roles.infra.settings import SettingsError, effective
+    from roles.infra.settings import effective, load_or_exit
 
-    try:
-        for title, rows in effective():
-            click.echo(f"# {title}")
-            for variable, value, is_set in rows:
-                click.echo(f"{variable}={value}" + ("" if is_set else "  (default)"))
-            click.echo("")
-    except SettingsError as exc:
-        click.echo(f"receipt: bad configuration: {exc}", err=True)
-        sys.exit(2)
+    for title, rows in effective(load_or_exit()):
+        click.echo(f"# {title}")
+        for variable, value, is_set in rows:
+            click.echo(f"{variable}={value}" + ("" if is_set else "  (default)"))
+        click.echo("")
 
 
 @main.command("role")

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 from pathlib import Path
 
-from receipts.settings import Settings
-from roles.api.app import ApiSettings
+from receipts.settings import SettingsError
 from roles.api.auth import LOCAL_TOKEN_FILE, ensure_local_admin_token
 from roles.infra.db import migrate_url, resolve_url
 from roles.infra.ports import wait_port
-from roles.infra.settings import DEFAULT_METRICS_PORTS, ProcessSettings
+from roles.infra.settings import DEFAULT_METRICS_PORTS, RuntimeSettings
 from roles.infra.supervisor import Supervised, say
 from roles.infra.temporal import temporal_argv
 from roles.role import ROLES
@@ -42,9 +40,9 @@ def role_env(role: str, env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if role in ROLE_SECRETS.get(k, (role,))}
 
 
-async def _temporal(data_dir: Path, colour: bool) -> Supervised:
+async def _temporal(data_dir: Path, env: dict[str, str], colour: bool) -> Supervised:
     argv = temporal_argv(data_dir / "temporal.sqlite", TEMPORAL_PORT, TEMPORAL_UI_PORT)
-    server = Supervised("temporal", argv, role_env("temporal", dict(os.environ)), colour)
+    server = Supervised("temporal", argv, role_env("temporal", env), colour)
     server.start()
     await wait_port(TEMPORAL_PORT, exited=server.returncode, name="the Temporal dev server")
     return server
@@ -98,39 +96,40 @@ async def _check_sandbox(env: dict[str, str], colour: bool) -> None:
     from activities.sandbox import SandboxSettings, probe
 
     try:
-        ok, message = await probe(SandboxSettings.from_env(env))
-    except ValueError as exc:
+        ok, message = await probe(SandboxSettings.load(env))
+    except SettingsError as exc:
         ok, message = False, str(exc)
     if not ok:
         say("up", f"WARNING: the command sandbox cannot run here: {message}", colour)
         say("up", f"WARNING: {userns_advice()}", colour)
 
 
-async def up(settings: Settings | None = None) -> int:
-    """Start everything and wait for Ctrl-C (or SIGTERM); return the exit status."""
-    settings = settings or Settings()
+async def up(settings: RuntimeSettings) -> int:
+    """Start everything and wait for Ctrl-C (or SIGTERM); return the exit status. The roles'
+    environment is the one `settings` were read from, with what `up` sets."""
+    core = settings.core
     colour = sys.stdout.isatty()
-    data_dir = settings.data_dir
+    data_dir = core.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
 
-    url = resolve_url(settings)
+    url = resolve_url(core)
     applied = await migrate_url(url)
     say(
         "up",
-        f"database ready ({'embedded' if not settings.database_url else 'configured'}); "
+        f"database ready ({'embedded' if not core.database_url else 'configured'}); "
         f"migrations applied: {applied or 'none needed'}",
         colour,
     )
     temporal: Supervised | None = None
-    address = settings.temporal_address
+    address = core.temporal_address
+    env = dict(settings.environment)
     if not address:
-        temporal = await _temporal(data_dir, colour)
+        temporal = await _temporal(data_dir, env, colour)
         address = f"127.0.0.1:{TEMPORAL_PORT}"
-    env = dict(os.environ)
     env.update(
         RECEIPT_DATABASE_URL=url,
         RECEIPT_TEMPORAL_ADDRESS=address,
@@ -149,8 +148,7 @@ async def up(settings: Settings | None = None) -> int:
         for role in ROLES
     ]
     keepers = [asyncio.create_task(r.keep_alive(stopping)) for r in roles]
-    api = ApiSettings()
-    host, port = api.host, api.port
+    host, port = settings.api.host, settings.api.port
     metrics = ", ".join(f"{r} :{p}" for r, p in DEFAULT_METRICS_PORTS.items() if r in ROLES)
     for line in (
         f"API          http://{host}:{port}   (docs: http://{host}:{port}/docs)",
@@ -182,7 +180,7 @@ async def up(settings: Settings | None = None) -> int:
         say("up", line, colour)
     await stopping.wait()
     say("up", "stopping: roles first (they finish or release held jobs), then Temporal", colour)
-    grace = ProcessSettings.load().shutdown_grace_ms / 1000 + 5
+    grace = settings.process.shutdown_grace_ms / 1000 + 5
     await asyncio.gather(*(r.stop_async(grace) for r in roles))
     for keeper in keepers:
         keeper.cancel()

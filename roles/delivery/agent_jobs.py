@@ -14,6 +14,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from activities.driver import callback_message_id, post_callback
 from receipts import deliveries
 from receipts.agent_jobs import claims, lifecycle
+from receipts.agent_jobs import reads as agent_reads
 from receipts.agent_jobs.model import (
     SLOTS_PER_AGENT,
     STREAM_PREFIX,
@@ -101,7 +102,7 @@ class AgentJobDispatcher:
         """One pass; each job in its own transaction, so one failure stops nothing else."""
         started = time.monotonic()
         result = DispatchPass()
-        for agent_job_id in await lifecycle.settled_turns(self.store):
+        for agent_job_id in await agent_reads.settled_turns(self.store):
             settled = await lifecycle.settle_turn(
                 self.store,
                 agent_job_id,
@@ -112,7 +113,7 @@ class AgentJobDispatcher:
                 result.settled += 1
                 SETTLED.labels(settled.status).inc()
         if self.settings.input_timeout_ms is not None:
-            for agent_job_id in await lifecycle.input_overdue(
+            for agent_job_id in await agent_reads.input_overdue(
                 self.store, self.settings.input_timeout_ms
             ):
                 if await lifecycle.fail_overdue_input(
@@ -120,7 +121,7 @@ class AgentJobDispatcher:
                 ):
                     result.timed_out += 1
         full: set[str] = set()
-        for agent_job_id, agent_id in await lifecycle.ready(self.store):
+        for agent_job_id, agent_id in await agent_reads.ready(self.store):
             if agent_id in full:
                 result.no_slot += 1
                 continue
@@ -138,7 +139,7 @@ class AgentJobDispatcher:
         for action in ("settled", "claimed", "no_slot", "held", "timed_out"):
             if count := getattr(result, action):
                 ACTIONS.labels(action).inc(count)
-        for agent, running in (await lifecycle.running_by_agent(self.store)).items():
+        for agent, running in (await agent_reads.running_by_agent(self.store)).items():
             RUNNING.labels(agent).set(running)
         PASSES.observe(time.monotonic() - started)
         if result.settled or result.claimed or result.timed_out:
@@ -161,7 +162,7 @@ class AgentJobDispatcher:
         5 times at most). A callback failure never changes a job."""
         posted = 0
         for url in settings.callback_urls:
-            for source_id, session_id, seq in await lifecycle.unposted_wakeups(self.store, url):
+            for source_id, session_id, seq in await agent_reads.unposted_wakeups(self.store, url):
                 if not await deliveries.claim_callback(self.store, source_id, WAKEUP, url):
                     continue
                 found = await self.store.read_stream(session_stream(session_id), seq - 1, 1)
@@ -194,7 +195,7 @@ class AgentJobDispatcher:
 
     async def _timeout(self) -> float:
         interval = self.settings.redrive_interval_ms / 1000
-        soonest = await lifecycle.next_available_at(self.store)
+        soonest = await agent_reads.next_available_at(self.store)
         if soonest is None:
             return min(interval, MAX_IDLE_S)
         delay = (soonest - await self.store.now()).total_seconds()

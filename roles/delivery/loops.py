@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -20,14 +19,14 @@ from typing import Any
 import httpx
 
 from activities.driver import post_callbacks
-from receipts import deliveries, fairness
+from receipts import deliveries, fairness, reads
 from receipts import operations as ops
 from receipts.errors import ReceiptError
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.objectives import store as objectives
 from receipts.objectives.model import STREAM_PREFIX as OBJECTIVE_STREAM_PREFIX
 from receipts.settings import Settings
-from receipts.store import Store, translate_errors
+from receipts.store import Store
 from roles.delivery.starter import DriverStarter
 from roles.infra.settings import LoopSettings
 
@@ -36,40 +35,11 @@ log = logging.getLogger("roles.delivery.loops")
 OUTBOX_BATCH = 200
 
 
-def env_ms(name: str, default: int, env: dict[str, str] | None = None) -> int:
-    """Read one millisecond variable by name; a non-integer or negative value is an error
-    naming it. (The loops' own variables are read by `roles.infra.settings.LoopSettings`.)"""
-    raw = (env if env is not None else os.environ).get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer number of milliseconds, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{name} must not be negative, got {raw!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class RedriveConfig:
-    """Queued-job redrive settings (the spec's names and defaults)."""
-
-    interval_ms: int = 15_000
-    startup_delay_ms: int = 5_000
-    min_age_ms: int = 30_000
-    cooldown_ms: int = 15_000
-    batch: int = 200
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> RedriveConfig:
-        """Read RECEIPT_RESONATE_QUEUED_REDRIVE_{INTERVAL,MIN_AGE,COOLDOWN}_MS."""
-        loops = LoopSettings.load(env)
-        return cls(
-            interval_ms=loops.redrive_interval_ms,
-            min_age_ms=loops.redrive_min_age_ms,
-            cooldown_ms=loops.redrive_cooldown_ms,
-        )
+# A redrive pass looks at this many jobs of each kind (expired leases, quiet deliveries, owed
+# callbacks); the first pass waits this long after start, so a process restarting beside a
+# running fleet does not redrive what the others are delivering.
+REDRIVE_BATCH = 200
+REDRIVE_STARTUP_DELAY_MS = 5_000
 
 
 @dataclass
@@ -101,14 +71,14 @@ class QueuedRedrive:
         store: Store,
         starter: DriverStarter | None,
         settings: Settings,
-        config: RedriveConfig | None = None,
+        loops: LoopSettings | None = None,
         http: httpx.AsyncClient | None = None,
         hooks: LoopHooks | None = None,
     ) -> None:
         self.store = store
         self.starter = starter
         self.settings = settings
-        self.config = config or RedriveConfig.from_env()
+        self.loops = loops or LoopSettings()
         self.http = http
         self.hooks = hooks or LoopHooks()
 
@@ -131,9 +101,9 @@ class QueuedRedrive:
         if self.starter is not None:
             candidates = await deliveries.redrive_candidates(
                 self.store,
-                min_age_ms=self.config.min_age_ms,
-                cooldown_ms=self.config.cooldown_ms,
-                limit=self.config.batch,
+                min_age_ms=self.loops.redrive_min_age_ms,
+                cooldown_ms=self.loops.redrive_cooldown_ms,
+                limit=REDRIVE_BATCH,
                 caps=fairness.caps(self.settings),
             )
             for job_id, seq, attempt in candidates:
@@ -171,9 +141,7 @@ class QueuedRedrive:
         return result
 
     async def _expired_leases(self) -> list[str]:
-        with translate_errors():
-            rows = await self.store.fetch("expired_leases", {"limit": self.config.batch})
-            return [row[0] for row in rows]
+        return await reads.expired_leases(self.store, REDRIVE_BATCH)
 
     async def _recover_callbacks(self) -> int:
         """Terminal states written outside a driver (singleton cancel, expiry past the budget,
@@ -186,7 +154,7 @@ class QueuedRedrive:
         if self.http is None:
             return 0
         posted = 0
-        for job_id, event in await deliveries.callbacks_owed(self.store, limit=self.config.batch):
+        for job_id, event in await deliveries.callbacks_owed(self.store, limit=REDRIVE_BATCH):
             job = await self.store.get_job(job_id)
             if job is not None:
                 posted += await post_callbacks(self.store, self.settings, self.http, job, event)
@@ -221,11 +189,13 @@ class ObjectiveControlOutboxRedrive:
         self.coalesced = 0
 
     @classmethod
-    def from_env(
-        cls, source: Callable[[], Coroutine[Any, Any, int]], hooks: LoopHooks | None = None
+    def of(
+        cls,
+        source: Callable[[], Coroutine[Any, Any, int]],
+        loops: LoopSettings,
+        hooks: LoopHooks | None = None,
     ) -> ObjectiveControlOutboxRedrive:
-        """Read RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_{INTERVAL,TIMEOUT}_MS."""
-        loops = LoopSettings.load()
+        """The outbox redrive at RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_{INTERVAL,TIMEOUT}_MS."""
         return cls(
             source,
             interval_ms=loops.outbox_interval_ms,
@@ -342,8 +312,7 @@ class ObjectiveResume:
     async def run_once(self) -> int:
         """Request (and deliver) control for each such objective; return how many."""
         started = time.monotonic()
-        rows = await self.store.fetch("objective_resume_candidates", {"limit": self.limit})
-        candidates = [row[0] for row in rows]
+        candidates = await objectives.resume_candidates(self.store, self.limit)
         resumed = 0
         for objective_id in candidates:
             async with self.store.transaction() as tx:

@@ -1,7 +1,7 @@
 """The retention loop (worker-control): `RECEIPT_RETENTION` runs `receipt prune` periodically.
 
-Single flight across processes: a pass first takes a transaction-scoped advisory lock on a
-connection of its own and holds that transaction open (idle, no snapshot kept) while its
+Single flight across processes: a pass first takes a transaction-scoped advisory lock in a
+transaction of its own and holds that transaction open (idle, no snapshot kept) while its
 batches run on other connections; a pass in another process that cannot take the lock does
 nothing. A process that dies mid-pass drops its connection and with it the lock. Behind a
 transaction-mode pooler the lock transaction pins one server connection, as any transaction does.
@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from receipts import retention
-from receipts.sql import query
+from receipts import durations, retention
 from receipts.store import Store, translate_errors
 from roles.infra.settings import LoopSettings
 
@@ -62,28 +61,27 @@ class RetentionLoop:
         cls,
         store: Store,
         retention_setting: str,
+        loops: LoopSettings,
         hooks: RetentionHooks | None = None,
     ) -> RetentionLoop | None:
         """The loop `RECEIPT_RETENTION` asks for (None for `0`: keep everything); its interval is
-        RECEIPT_RETENTION_INTERVAL_MS (default 60 000, `LoopSettings`). A bad value raises naming
-        the setting (the start check refuses it before: `Settings` validates it)."""
-        older_than = retention.parse_duration(retention_setting, name="RECEIPT_RETENTION")
+        RECEIPT_RETENTION_INTERVAL_MS (`LoopSettings`). A bad value raises naming the setting
+        (the start check refuses it before: `Settings` validates it)."""
+        older_than = durations.parse_duration(retention_setting, name="RECEIPT_RETENTION")
         if older_than is None:
             return None
         return cls(
             store,
             older_than,
-            interval_ms=LoopSettings.load().retention_interval_ms,
+            interval_ms=loops.retention_interval_ms,
             hooks=hooks,
         )
 
     async def run_once(self) -> retention.PruneResult | None:
         """One pass: prune if no other process is pruning (then None: this pass was skipped)."""
         with translate_errors():
-            async with self.store.connection() as lock_conn, lock_conn.transaction():
-                cur = await lock_conn.execute(query("retention_try_lock"), {})
-                row = await cur.fetchone()
-                if not (row and row[0]):
+            async with self.store.transaction() as lock:
+                if not await retention.take_pass_lock(lock):
                     log.debug(
                         "retention pass skipped: another process is pruning",
                         extra={"event": "retention.skipped"},

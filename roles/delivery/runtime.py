@@ -12,7 +12,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.attempt import AttemptActivities, AttemptHooks
 from activities.driver import DriverActivities
-from activities.handlers import Handler
+from activities.handlers.context import Handler, HandlerSettings
 from receipts.kinds import QUEUE_DRIVER
 from receipts.listen import Listener
 from receipts.settings import Settings
@@ -36,6 +36,7 @@ def attempt_worker(
     task_queue: str,
     handlers: Mapping[str, Handler],
     *,
+    settings: HandlerSettings | None = None,
     role: str = "worker",
     listener: Listener | None = None,
     concurrency: int = 16,
@@ -47,7 +48,9 @@ def attempt_worker(
     """A worker for one of receipt-chat/codex/control: the attempt activity (plus any
     role-specific `workflows`/`activities`, e.g. the watchdog tick). It also registers
     `JobAttemptWorkflow`, so attempt children started by an older driver drain."""
-    attempt = AttemptActivities(store, handlers, role=role, listener=listener, hooks=hooks)
+    attempt = AttemptActivities(
+        store, handlers, settings=settings, role=role, listener=listener, hooks=hooks
+    )
     return Worker(
         client,
         task_queue=task_queue,

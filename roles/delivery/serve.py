@@ -9,13 +9,13 @@ import logging
 from temporalio.service import RPCError
 
 from activities import sandbox, sandbox_etc
-from activities.handlers import default_handlers
+from activities.handlers.registry import default_handlers
 from activities.watchdog import WatchdogActivities
 from receipts.kinds import QUEUE_CODEX
-from receipts.watchdog import WatchdogSettings
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.dispatcher import Dispatcher
 from roles.delivery.loops import (
+    REDRIVE_STARTUP_DELAY_MS,
     ObjectiveControlOutboxRedrive,
     ObjectiveResume,
     QueuedRedrive,
@@ -28,7 +28,6 @@ from roles.delivery.runtime import attempt_worker, driver_worker
 from roles.delivery.starter import DriverStarter
 from roles.delivery.watchdog import ensure_watchdog_schedule
 from roles.infra.process import Runtime, run_until
-from roles.infra.settings import LoopSettings, execute_concurrency, shutdown_grace
 from roles.infra.temporal import ensure_search_attributes
 from workflows.watchdog import WatchdogTickWorkflow
 
@@ -42,8 +41,8 @@ def _starter(runtime: Runtime, *, beside_driver_worker: bool = False) -> DriverS
     return DriverStarter(
         runtime.client,
         runtime.store,
-        runtime.settings,
-        runtime.timing,
+        runtime.settings.core,
+        runtime.settings.timing,
         runtime.metrics.starter_hooks(),
         plan_first_run=beside_driver_worker,
         eager_start=beside_driver_worker,
@@ -56,32 +55,33 @@ def start_loops(runtime: Runtime, *, maintenance: bool, post_callbacks: bool) ->
     `post_callbacks` the redrive leaves lost callbacks to the roles that post them."""
     hooks = runtime.metrics.loop_hooks()
     http = runtime.http if post_callbacks else None
+    loops = runtime.settings.loops
     redrive = QueuedRedrive(
-        runtime.store, _starter(runtime), runtime.settings, http=http, hooks=hooks
+        runtime.store, _starter(runtime), runtime.settings.core, loops, http=http, hooks=hooks
     )
     runtime.spawn(
         Ticker(
             redrive.name,
             redrive.run_once,
-            redrive.config.interval_ms,
-            redrive.config.startup_delay_ms,
+            loops.redrive_interval_ms,
+            REDRIVE_STARTUP_DELAY_MS,
             hooks,
         ).run(),
         redrive.name,
     )
     resume = ObjectiveResume(runtime.store, hooks=hooks)
-    runtime.spawn(resume.run(LoopSettings.load().startup_settle_ms), resume.name)
+    runtime.spawn(resume.run(loops.startup_settle_ms), resume.name)
     if not maintenance:
         return
     pruner = RetentionLoop.from_settings(
-        runtime.store, runtime.settings.retention, runtime.metrics.retention_hooks()
+        runtime.store, runtime.settings.core.retention, loops, runtime.metrics.retention_hooks()
     )
     if pruner is not None:
         runtime.spawn(
             Ticker(pruner.name, pruner.run_once, pruner.interval_ms, 0, hooks).run(),
             pruner.name,
         )
-    outbox = ObjectiveControlOutboxRedrive.from_env(objective_control_outbox(runtime.store), hooks)
+    outbox = ObjectiveControlOutboxRedrive.of(objective_control_outbox(runtime.store), loops, hooks)
     wake = asyncio.Event()
     runtime.spawn(wake_on_control_requests(runtime.listener, wake), "outbox-wake")
     runtime.spawn(
@@ -104,7 +104,7 @@ async def run_attempt_worker(
         activities.append(WatchdogActivities(runtime.store).enqueue_watchdog)
         try:
             await ensure_watchdog_schedule(
-                runtime.client, runtime.settings, WatchdogSettings.from_env()
+                runtime.client, runtime.settings.core, runtime.settings.watchdog
             )
         except RPCError as exc:
             log.error(
@@ -112,21 +112,23 @@ async def run_attempt_worker(
                 extra={"event": "watchdog.schedule_failed", "error": str(exc)},
             )
     if sandboxed:
-        await sandbox.announce()
+        await sandbox.announce(runtime.settings.sandbox)
+    process = runtime.settings.process
     worker = attempt_worker(
         runtime.client,
         runtime.store,
-        runtime.settings.queue(queue),
+        runtime.settings.core.queue(queue),
         default_handlers(),
+        settings=runtime.settings.handlers,
         role=runtime.role,
         listener=runtime.listener,
-        concurrency=execute_concurrency(runtime.role),
+        concurrency=process.concurrency(runtime.role),
         hooks=runtime.metrics.attempt_hooks(),
-        graceful_shutdown=shutdown_grace(),
+        graceful_shutdown=process.grace,
         workflows=workflows,
         activities=activities,
     )
-    await run_until(worker.run, worker.shutdown, stop)
+    await run_until(worker.run, worker.shutdown, stop, process.grace)
     if sandboxed:
         sandbox_etc.remove_views()  # drained: no command has a view as its /etc any more
 
@@ -150,12 +152,17 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
     agent_jobs = AgentJobDispatcher(
         runtime.store,
         runtime.listener,
-        callbacks=runtime.settings,
+        settings=runtime.settings.agent_jobs,
+        callbacks=runtime.settings.core,
         http=runtime.http,
-        org_cap=runtime.settings.org_running_cap(QUEUE_CODEX),
+        org_cap=runtime.settings.core.org_running_cap(QUEUE_CODEX),
     )
     runtime.spawn(agent_jobs.run(), "agent-jobs")
     worker = driver_worker(
-        runtime.client, runtime.store, runtime.settings, runtime.timing, http=runtime.http
+        runtime.client,
+        runtime.store,
+        runtime.settings.core,
+        runtime.settings.timing,
+        http=runtime.http,
     )
-    await run_until(worker.run, worker.shutdown, stop)
+    await run_until(worker.run, worker.shutdown, stop, runtime.settings.process.grace)

@@ -15,6 +15,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.driver import dispatch_plan
+from activities.names import JOB_DRIVER_WORKFLOW
 from receipts import deliveries, fairness
 from receipts import operations as ops
 from receipts.deliveries import (
@@ -31,7 +32,6 @@ from receipts.store import Store
 from receipts.timing import JobTiming, TimingSettings, derive
 from roles.infra.tracing import attach_traceparent, detach
 from workflows.driver import search_attributes
-from workflows.names import JOB_DRIVER_WORKFLOW
 
 log = logging.getLogger("roles.delivery.starter")
 _tracer = trace.get_tracer("receipt.starter")

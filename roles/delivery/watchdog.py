@@ -18,10 +18,10 @@ from temporalio.client import (
     ScheduleUpdateInput,
 )
 
+from activities.names import WATCHDOG_TICK_WORKFLOW
 from receipts.kinds import QUEUE_CONTROL
 from receipts.settings import Settings
 from receipts.watchdog import WatchdogSettings
-from workflows.names import WATCHDOG_TICK_WORKFLOW
 
 log = logging.getLogger("roles.delivery.watchdog")
 

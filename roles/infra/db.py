@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import psycopg
 
+from receipts import assembly
 from receipts.settings import Settings
 from receipts.store import CHECK_IDLE_S, SESSION_SETTINGS, Store, migrate
 from roles.infra.embedded import database_url
 
 
-def resolve_url(settings: Settings | None = None) -> str:
+def resolve_url(settings: Settings) -> str:
     """Return `RECEIPT_DATABASE_URL`, or start the embedded server and return its URI."""
-    settings = settings or Settings()
     return database_url(settings.database_url, settings.data_dir)
 
 
@@ -25,7 +25,7 @@ async def migrate_url(url: str) -> list[int]:
 API_POOL_MAX = 20
 
 
-async def open_store(url: str, settings: Settings | None = None, *, api: bool = False) -> Store:
+async def open_store(url: str, settings: Settings, *, api: bool = False) -> Store:
     """Open a pooled store on `url` with the configured pool size.
 
     The api's pool (`api=True`) checks each connection before handing it out, so a fast
@@ -34,7 +34,6 @@ async def open_store(url: str, settings: Settings | None = None, *, api: bool = 
     skip the check for a connection back within a second: their callers retry a transient
     error.
     """
-    settings = settings or Settings()
     max_size = settings.pool_max_size
     if api and "pool_max_size" not in settings.model_fields_set:
         max_size = API_POOL_MAX
@@ -42,7 +41,7 @@ async def open_store(url: str, settings: Settings | None = None, *, api: bool = 
     if api:
         # A request never holds a connection past this, however large the history it filters.
         session["statement_timeout"] = str(settings.api_statement_timeout_ms)
-    return await Store.open(
+    return await assembly.open_store(
         url,
         min_size=settings.pool_min_size,
         max_size=max_size,

@@ -16,6 +16,8 @@ def embedded_database_url(data_dir: Path) -> str:
     The server keeps running while any process that asked for it is alive and stops after the
     last one exits; data persists in `data_dir/pgdata`.
     """
+    # The one write to the environment: the embedded server's library (platformdirs) finds its
+    # runtime directory only there, and a container often has none.
     runtime = Path(os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/runtime-{os.getuid()}"))
     runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
     pgdata = (data_dir / "pgdata").resolve()

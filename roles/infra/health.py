@@ -10,7 +10,7 @@ thread answers:
   `CHECK_TIMEOUT_S`), the role is not draining, and, for a role that runs a Temporal worker,
   Temporal lists this process (its client identity) among the pollers of each of its task
   queues (workflow and activity) with a poll within `POLL_FRESH_S`, and, for a role that runs
-  commands, the command sandbox can confine them here (`sandbox_reason`). Anything else is 503
+  commands, the command sandbox can confine them here (`sandbox_check`). Anything else is 503
   with a JSON body naming the failed check.
 
 A readiness change is logged (`health.ready` / `health.unready` with the reasons) and exported
@@ -38,7 +38,6 @@ from temporalio.client import Client
 from activities import sandbox
 from receipts.store import Store
 from roles.infra.process import Runtime
-from roles.infra.settings import metrics_host, metrics_port
 
 log = logging.getLogger("roles.infra.health")
 
@@ -165,16 +164,16 @@ class HealthChecker:
         return missing
 
 
-async def sandbox_reason() -> str | None:
-    """Why commands cannot run here (invalid sandbox settings, or bwrap unable to build its
-    namespaces: a pod without user namespaces), or None. A worker that would refuse every
-    command is not ready, so a rollout onto such nodes stalls instead of failing jobs."""
-    try:
-        settings = sandbox.SandboxSettings.from_env()
-    except ValueError as exc:
-        return f"sandbox: {exc}"
-    ok, message = await sandbox.probe(settings)
-    return None if ok else f"sandbox: {message}"
+def sandbox_check(settings: sandbox.SandboxSettings) -> Callable[[], Awaitable[str | None]]:
+    """The check of why commands cannot run here (bwrap unable to build its namespaces: a pod
+    without user namespaces), or None. A worker that would refuse every command is not ready,
+    so a rollout onto such nodes stalls instead of failing jobs."""
+
+    async def reason() -> str | None:
+        ok, message = await sandbox.probe(settings)
+        return None if ok else f"sandbox: {message}"
+
+    return reason
 
 
 def _handler(state: HealthState) -> type[BaseHTTPRequestHandler]:
@@ -240,8 +239,9 @@ def serve_role_health(
     """Serve the role's endpoint on its metrics port and run its checker: ready while the pool
     reaches PostgreSQL and Temporal sees this process poll `task_queues` (and, when `sandboxed`,
     while the sandbox can confine commands here)."""
-    queues = [runtime.settings.queue(q) for q in task_queues]
-    extra = [sandbox_reason] if sandboxed else []
+    queues = [runtime.settings.core.queue(q) for q in task_queues]
+    extra = [sandbox_check(runtime.settings.sandbox)] if sandboxed else []
     checker = HealthChecker(runtime.store, runtime.client, queues, stop, extra_checks=extra)
-    serve_health(metrics_host(), metrics_port(runtime.role), checker.state)
+    process = runtime.settings.process
+    serve_health(process.metrics_host, process.metrics_port_of(runtime.role), checker.state)
     runtime.spawn(checker.run(), "health")

@@ -9,8 +9,6 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from roles.infra.settings import ProcessSettings
-
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
@@ -72,16 +70,11 @@ class HumanFormatter(logging.Formatter):
         return line
 
 
-def configure(role: str, *, level: int = logging.INFO, json_logs: bool | None = None) -> None:
-    """Send logs to stderr: JSON unless stderr is a terminal.
-
-    `RECEIPT_LOG_FORMAT=json|human` (or `json_logs`) overrides the guess; `receipt up` asks its
-    role processes for human lines when it is itself attached to a terminal.
-    """
-    chosen = ProcessSettings.load().log_format
-    if json_logs is None and chosen is not None:
-        json_logs = chosen == "json"
-    use_json = (not sys.stderr.isatty()) if json_logs is None else json_logs
+def configure(role: str, log_format: str | None, *, level: int = logging.INFO) -> None:
+    """Send logs to stderr: JSON unless stderr is a terminal, or as `log_format` says (`json`
+    or `human`: RECEIPT_LOG_FORMAT; `receipt up` asks its role processes for human lines when
+    it is itself attached to a terminal)."""
+    use_json = not sys.stderr.isatty() if log_format is None else log_format == "json"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(role) if use_json else HumanFormatter(role))
     root = logging.getLogger()

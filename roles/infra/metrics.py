@@ -13,14 +13,14 @@ from activities import retry, sandbox
 from activities.attempt import AttemptHooks
 from activities.handlers import factory as factory_handlers
 from activities.handlers import store as handler_store
-from receipts import deliveries, fairness
+from receipts import deliveries, fairness, reads
 from receipts.jobs import ACTIVE_STATUSES, STATUSES, Job
 from receipts.kinds import AGENT_IDS, route, route_disagrees
 from receipts.objectives import control as objective_control
 from receipts.objectives import store as objectives
 from receipts.retention import PruneResult
 from receipts.settings import Settings
-from receipts.store import Store, translate_errors
+from receipts.store import Store
 from roles.delivery.loops import LoopHooks, PassResult
 from roles.delivery.retention import RetentionHooks
 from roles.delivery.starter import StarterHooks
@@ -324,9 +324,7 @@ class Metrics:
         """Read active job counts by status from the projection into the gauge (a partial
         index: its cost follows the active jobs, not the history), and with `settings` how
         many of the queued ones wait for a dispatch slot."""
-        with translate_errors():
-            rows = await store.fetch("jobs_by_status", {})
-            counts: dict[str, int] = {str(status): int(n) for status, n in rows}
+        counts = await reads.active_by_status(store)
         for status in ACTIVE_ORDER:
             self.queue_depth.labels(status).set(counts.get(status, 0))
         if settings is not None and counts.get("queued") and fairness.capped(settings):
@@ -334,9 +332,10 @@ class Metrics:
         elif settings is not None:
             self.waiting_for_slot.set(0)
 
-    async def run_queue_depth(self, store: Store, interval_s: float = 5.0) -> None:
-        """Refresh the queue-depth gauges until cancelled (with this process's settings)."""
-        settings = Settings()
+    async def run_queue_depth(
+        self, store: Store, settings: Settings, interval_s: float = 5.0
+    ) -> None:
+        """Refresh the queue-depth gauges until cancelled."""
         while True:
             with contextlib.suppress(Exception):
                 await self.refresh_queue_depth(store, settings)

@@ -12,18 +12,17 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import httpx
 from temporalio.client import Client
 
 from receipts.listen import Listener
-from receipts.settings import Settings
 from receipts.store import Store
-from receipts.timing import TimingSettings
 from roles.infra.db import migrate_url, open_store, resolve_url
 from roles.infra.metrics import Metrics
-from roles.infra.settings import metrics_host, metrics_port, shutdown_grace
+from roles.infra.settings import RuntimeSettings
 from roles.infra.temporal import connect_client
 
 log = logging.getLogger("roles.infra.process")
@@ -39,8 +38,7 @@ class Runtime:
     """What a role process holds; closed in reverse order at shutdown."""
 
     role: str
-    settings: Settings
-    timing: TimingSettings
+    settings: RuntimeSettings
     store: Store
     db_url: str
     listener: Listener
@@ -62,20 +60,18 @@ class Runtime:
         await self.store.close()
 
 
-async def open_runtime(role: str, *, lazy_client: bool) -> Runtime:
+async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: bool) -> Runtime:
     """Migrate the database and open what `role` holds: its pool (the api's own size for the
     api), its metrics, its listener (running) and a Temporal client whose SDK metrics serve on
     the role's metrics port + 100. `lazy_client` connects to Temporal at the first call."""
-    settings = Settings()
-    url = resolve_url(settings)
+    url = resolve_url(settings.core)
     await migrate_url(url)
-    store = await open_store(url, settings, api=role == "api")
+    store = await open_store(url, settings.core, api=role == "api")
     metrics = Metrics()
     metrics.wire_process_counters()
     runtime = Runtime(
         role,
         settings,
-        TimingSettings.from_env(),
         store,
         url,
         Listener(url),
@@ -83,9 +79,11 @@ async def open_runtime(role: str, *, lazy_client: bool) -> Runtime:
         httpx.AsyncClient(),
     )
     try:
-        port = metrics_port(role)
-        sdk_metrics = (metrics_host(), 0 if port == 0 else port + 100)
-        runtime.client = await connect_client(settings, sdk_metrics, lazy=lazy_client)
+        port = settings.process.metrics_port_of(role)
+        sdk_metrics = (settings.process.metrics_host, 0 if port == 0 else port + 100)
+        runtime.client = await connect_client(
+            settings.core, settings.temporal_tls, sdk_metrics, lazy=lazy_client
+        )
     except BaseException:
         await runtime.close()
         raise
@@ -110,6 +108,7 @@ async def run_until(
     run: Callable[[], Coroutine[Any, Any, None]],
     shutdown: Callable[[], Awaitable[None]],
     stop: asyncio.Event,
+    grace: timedelta,
 ) -> None:
     """Run a worker's `run` until it ends or `stop` is set; then `shutdown` drains it: no new
     work, running handlers get RECEIPT_SHUTDOWN_GRACE_MS."""
@@ -119,7 +118,7 @@ async def run_until(
     if stopping in done:
         log.info(
             "shutting down: taking no new work; running handlers get the grace period",
-            extra={"event": "role.draining", "graceS": shutdown_grace().total_seconds()},
+            extra={"event": "role.draining", "graceS": grace.total_seconds()},
         )
         await shutdown()
     stopping.cancel()

@@ -1,43 +1,48 @@
-"""The settings of a role process, one pydantic-settings model per concern, and the two things
-done with all of them: check them at start (one clear error naming the variable) and print
-the effective values (`receipt config`, secrets masked).
+"""A process's settings: one object of every concern's settings, read from the environment
+once, at start (the one place the product reads it), checked there (one clear error naming
+every bad variable), and printed by `receipt config` (secrets masked).
 
-The concerns: `Settings` (database, Temporal, callbacks) and the timing and watchdog models in
-`receipts/settings.py`, `ApiSettings` (roles/api), `SandboxEnv` (activities/sandbox_policy.py),
-and here `ProcessSettings` (role, concurrency, drain, metrics, event loop, log format), with each
-role's defaults where it leaves one unset, and `LoopSettings` (the recovery loops' periods). Each
-reads the environment by its variables only.
+The concerns and where each is declared: receipts/settings.py lists them. Here are the
+process's own, `ProcessSettings` (role, concurrency, drain, metrics, event loop, log format, with
+each role's defaults where it leaves one unset) and `LoopSettings` (the recovery loops' periods),
+and `RuntimeSettings`, all of them together: a role carries it on its runtime and the API on
+its state, and each part is handed to what it configures (`handlers` to every job's handler).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from pydantic import BeforeValidator, Field, ValidationError
-from pydantic_settings import BaseSettings
+from pydantic import BaseModel, BeforeValidator, Field
 
+from activities.handlers.context import HandlerSettings
+from activities.sandbox_policy import SandboxSettings
+from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.settings import (
-    EnvSettings,
-    FactoryEnv,
+    FactorySettings,
+    ReceiptSettings,
     Settings,
     SettingsError,
-    TimingEnv,
-    WatchdogEnv,
     Whole,
-    settings_error,
     variables,
 )
+from receipts.timing import TimingSettings
+from receipts.watchdog import WatchdogSettings
+from roles.api.settings import ApiSettings
+from roles.infra.temporal import TemporalTLSSettings
 
 
 def _lower(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
 
-class ProcessSettings(EnvSettings):
+class ProcessSettings(ReceiptSettings):
     """How a role process runs: which role, how many attempts at once, the drain, metrics,
     event loop and log format."""
 
@@ -62,6 +67,28 @@ class ProcessSettings(EnvSettings):
     log_format: Annotated[Literal["json", "human"] | None, BeforeValidator(_lower)] = Field(
         default=None, alias="RECEIPT_LOG_FORMAT"
     )
+    # Spans are exported over OTLP when this is set (the exporter reads it and the other
+    # OTEL_* variables itself); unset, none are recorded.
+    otlp_endpoint: str | None = Field(default=None, alias="OTEL_EXPORTER_OTLP_ENDPOINT")
+
+    def concurrency(self, role: str) -> int:
+        """The role's concurrent attempts: RECEIPT_RESONATE_EXECUTE_CONCURRENCY, else its
+        default."""
+        if self.execute_concurrency is not None:
+            return self.execute_concurrency
+        return DEFAULT_CONCURRENCY.get(role, 8)
+
+    @property
+    def grace(self) -> timedelta:
+        """Grace for running handlers at SIGTERM (RECEIPT_SHUTDOWN_GRACE_MS)."""
+        return timedelta(milliseconds=self.shutdown_grace_ms)
+
+    def metrics_port_of(self, role: str) -> int:
+        """The role's /metrics port: RECEIPT_METRICS_PORT, else the role's default (0: any
+        free one)."""
+        if self.metrics_port is not None:
+            return self.metrics_port
+        return DEFAULT_METRICS_PORTS.get(role, 9470)
 
 
 # A role's defaults, where the variables above are unset.
@@ -78,29 +105,7 @@ DEFAULT_METRICS_PORTS = {
 }
 
 
-def execute_concurrency(role: str, env: dict[str, str] | None = None) -> int:
-    """The role's concurrent attempts: its default, or RECEIPT_RESONATE_EXECUTE_CONCURRENCY."""
-    override = ProcessSettings.load(env).execute_concurrency
-    return override if override is not None else DEFAULT_CONCURRENCY.get(role, 8)
-
-
-def shutdown_grace() -> timedelta:
-    """Grace for running handlers at SIGTERM (RECEIPT_SHUTDOWN_GRACE_MS, default 30 000)."""
-    return timedelta(milliseconds=ProcessSettings.load().shutdown_grace_ms)
-
-
-def metrics_port(role: str, env: dict[str, str] | None = None) -> int:
-    """The role's /metrics port: RECEIPT_METRICS_PORT, else the role's default (0 = any free)."""
-    port = ProcessSettings.load(env).metrics_port
-    return port if port is not None else DEFAULT_METRICS_PORTS.get(role, 9470)
-
-
-def metrics_host() -> str:
-    """The address the /metrics endpoints bind (RECEIPT_METRICS_HOST, default 127.0.0.1)."""
-    return ProcessSettings.load().metrics_host
-
-
-class LoopSettings(EnvSettings):
+class LoopSettings(ReceiptSettings):
     """The recovery loops: queued redrive, startup objective resume, objective-control outbox,
     retention."""
 
@@ -127,54 +132,75 @@ class LoopSettings(EnvSettings):
     )
 
 
-def concerns() -> list[tuple[str, type[BaseSettings]]]:
-    """Every settings model, titled, in the order `receipt config` prints them."""
-    from activities.sandbox_policy import SandboxEnv
-    from receipts.agent_jobs.registry import AgentJobSettings
-    from roles.api.app import ApiSettings
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Every concern's settings of one process, read once (`load`)."""
 
-    return [
-        ("database, Temporal, callbacks", Settings),
-        ("api", ApiSettings),
-        ("role process", ProcessSettings),
-        ("leases, timeouts, heartbeats", TimingEnv),
-        ("recovery loops", LoopSettings),
-        ("objective watchdog", WatchdogEnv),
-        ("factory", FactoryEnv),
-        ("agent jobs", AgentJobSettings),
-        ("command sandbox", SandboxEnv),
-    ]
+    core: Settings = field(default_factory=Settings)
+    api: ApiSettings = field(default_factory=ApiSettings)
+    process: ProcessSettings = field(default_factory=ProcessSettings)
+    timing: TimingSettings = field(default_factory=TimingSettings)
+    loops: LoopSettings = field(default_factory=LoopSettings)
+    watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
+    factory: FactorySettings = field(default_factory=FactorySettings)
+    agent_jobs: AgentJobSettings = field(default_factory=AgentJobSettings)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    temporal_tls: TemporalTLSSettings = field(default_factory=TemporalTLSSettings)
+    # The variables it was read from (what `receipt config` marks as set).
+    environment: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def handlers(self) -> HandlerSettings:
+        """What every job's handler is handed."""
+        return HandlerSettings(
+            sandbox=self.sandbox,
+            factory=self.factory,
+            watchdog=self.watchdog,
+            timing=self.timing,
+            agent_jobs=self.agent_jobs,
+        )
 
 
-def load(model: type[BaseSettings]) -> BaseSettings:
-    """One concern from the environment; SettingsError (naming the variable) on a bad value."""
-    if issubclass(model, EnvSettings):
-        return model.load()
-    try:
-        return model()
-    except ValidationError as exc:
-        raise settings_error(model, exc) from None
+# Each concern, titled, in the order `receipt config` prints them.
+TITLES = {
+    "core": "database, Temporal, callbacks",
+    "api": "api",
+    "process": "role process",
+    "timing": "leases, timeouts, heartbeats",
+    "loops": "recovery loops",
+    "watchdog": "objective watchdog",
+    "factory": "factory",
+    "agent_jobs": "agent jobs",
+    "sandbox": "command sandbox",
+    "temporal_tls": "Temporal connection",
+}
 
 
-def check(*, api: bool = True) -> None:
-    """Load every concern (the api's only with `api`); raise one SettingsError listing every
-    bad variable."""
+def concerns() -> list[tuple[str, type[ReceiptSettings]]]:
+    """Every concern's name and model, in the order `receipt config` prints them."""
+    return [(f.name, f.default_factory) for f in fields(RuntimeSettings) if f.name in TITLES]  # type: ignore[misc]
+
+
+def load(env: Mapping[str, str] | None = None) -> RuntimeSettings:
+    """Every concern from `env` (default: this process's environment, read here and nowhere
+    else); one SettingsError naming every bad variable."""
+    environment = dict(os.environ if env is None else env)
+    loaded: dict[str, Any] = {}
     problems = []
-    for _, model in concerns():
-        if not api and model.__name__ == "ApiSettings":
-            continue
+    for name, model in concerns():
         try:
-            load(model)
+            loaded[name] = model.load(environment)
         except SettingsError as exc:
             problems.append(str(exc))
     if problems:
         raise SettingsError("; ".join(problems))
+    return RuntimeSettings(**loaded, environment=environment)
 
 
-def exit_on_bad_settings(*, api: bool = True) -> None:
-    """At a process's start: check every concern; on a bad value print it and exit 2."""
+def load_or_exit(env: Mapping[str, str] | None = None) -> RuntimeSettings:
+    """At a process's start: every concern, or on a bad value the error printed and exit 2."""
     try:
-        check(api=api)
+        return load(env)
     except SettingsError as exc:
         print(f"receipt: bad configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -202,14 +228,14 @@ def shown(variable: str, value: Any) -> str:
     return text
 
 
-def effective() -> Iterator[tuple[str, list[tuple[str, str, bool]]]]:
+def effective(settings: RuntimeSettings) -> Iterator[tuple[str, list[tuple[str, str, bool]]]]:
     """Per concern: `(variable, shown value, set in the environment)` of every field."""
-    import os
-
-    for title, model in concerns():
-        values = load(model)
+    for name, model in concerns():
+        values: BaseModel = getattr(settings, name)
         rows = []
-        for name, variable in variables(model).items():
-            value = getattr(values, name)
-            rows.append((variable, shown(variable, value), bool(os.environ.get(variable, ""))))
-        yield title, rows
+        for attribute, variable in variables(model).items():
+            value = getattr(values, attribute)
+            rows.append(
+                (variable, shown(variable, value), bool(settings.environment.get(variable, "")))
+            )
+        yield TITLES[name], rows

@@ -7,10 +7,9 @@ import logging
 import shutil
 import sysconfig
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, model_validator
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
@@ -91,11 +90,14 @@ def temporal_argv(db_file: Path | None, port: int, ui_port: int | None) -> list[
 class TemporalTLSSettings(ReceiptSettings):
     """How the roles reach a Temporal cluster beyond its address and namespace (in Settings).
 
-    Certificates and keys are PEM file paths (a mounted Secret), read when the role connects.
+    Certificates and keys are PEM file paths (a mounted Secret), read when the role connects;
+    at start a certificate without its key, or `RECEIPT_TEMPORAL_TLS=0` beside a certificate,
+    CA or server name, is refused (an empty value, a ConfigMap's placeholder, means unset).
     """
 
-    # An empty value (a ConfigMap's placeholder) means unset.
-    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True, env_ignore_empty=True)
+    accepts: ClassVar[dict[str, str]] = {
+        "tls": "on or off (1/0, true/false)",
+    }
 
     tls: bool | None = Field(default=None, alias="RECEIPT_TEMPORAL_TLS")
     tls_cert: Path | None = Field(default=None, alias="RECEIPT_TEMPORAL_TLS_CERT")
@@ -104,6 +106,11 @@ class TemporalTLSSettings(ReceiptSettings):
     tls_server_name: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_TLS_SERVER_NAME")
     api_key: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_API_KEY")
     profile: str | None = Field(default=None, alias="RECEIPT_TEMPORAL_PROFILE")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        _tls_mode(self)
+        return self
 
 
 class TemporalConfigError(ValueError):
@@ -117,9 +124,7 @@ def _read_pem(path: Path, variable: str) -> bytes:
         raise TemporalConfigError(f"{variable}: cannot read {path}: {exc.strerror}") from None
 
 
-def connect_config(
-    settings: Settings | None = None, tls_settings: TemporalTLSSettings | None = None
-) -> dict[str, Any]:
+def connect_config(settings: Settings, tls_settings: TemporalTLSSettings) -> dict[str, Any]:
     """Keyword arguments for `Client.connect`: target_host, namespace, tls, api_key.
 
     With `RECEIPT_TEMPORAL_PROFILE` set, temporalio's envconfig profile of that name (from
@@ -129,8 +134,6 @@ def connect_config(
     (Temporal Cloud's API keys need TLS); `RECEIPT_TEMPORAL_TLS=0` turns it off explicitly. The
     client certificate and key come together (mTLS) or not at all.
     """
-    settings = settings or Settings()
-    tls_settings = tls_settings or TemporalTLSSettings()
     config: dict[str, Any] = {}
     if tls_settings.profile:
         config.update(ClientConfig.load_client_connect_config(profile=tls_settings.profile))
@@ -150,7 +153,11 @@ def connect_config(
 
 
 async def connect_client(
-    settings: Settings, sdk_metrics: tuple[str, int], *, lazy: bool = False
+    settings: Settings,
+    tls_settings: TemporalTLSSettings,
+    sdk_metrics: tuple[str, int],
+    *,
+    lazy: bool = False,
 ) -> Client:
     """A role's Temporal client: `connect_config`'s server and credentials, the tracing
     interceptor while spans are recorded, and the SDK's Prometheus metrics on `sdk_metrics`
@@ -170,7 +177,7 @@ async def connect_client(
         sdk_runtime = None
     return await Client.connect(
         # Address, namespace, TLS/mTLS and API key (RECEIPT_TEMPORAL_*, or an envconfig profile).
-        **connect_config(settings),
+        **connect_config(settings, tls_settings),
         # Spans cross Temporal only when they are recorded (roles/infra/tracing.py): otherwise
         # the interceptor's per-call spans and headers are work nobody reads.
         interceptors=[TracingInterceptor()] if tracing_recording() else [],
@@ -179,8 +186,9 @@ async def connect_client(
     )
 
 
-def _tls_config(s: TemporalTLSSettings) -> TLSConfig | bool | None:
-    """The TLS the RECEIPT_TEMPORAL_TLS* variables ask for; None when they say nothing."""
+def _tls_mode(s: TemporalTLSSettings) -> bool | None:
+    """Whether the RECEIPT_TEMPORAL_TLS* variables ask for TLS (None: they say nothing);
+    TemporalConfigError for a combination that cannot work."""
     if (s.tls_cert is None) != (s.tls_key is None):
         raise TemporalConfigError(
             "RECEIPT_TEMPORAL_TLS_CERT and RECEIPT_TEMPORAL_TLS_KEY must be set together "
@@ -194,8 +202,14 @@ def _tls_config(s: TemporalTLSSettings) -> TLSConfig | bool | None:
                 "_SERVER_NAME; unset one or the other"
             )
         return False
-    if not configured:
-        return True if s.tls else None
+    return True if configured or s.tls else None
+
+
+def _tls_config(s: TemporalTLSSettings) -> TLSConfig | bool | None:
+    """The TLS the RECEIPT_TEMPORAL_TLS* variables ask for; None when they say nothing."""
+    mode = _tls_mode(s)
+    if not mode or not any(v is not None for v in (s.tls_cert, s.tls_ca, s.tls_server_name)):
+        return mode
     return TLSConfig(
         client_cert=_read_pem(s.tls_cert, "RECEIPT_TEMPORAL_TLS_CERT") if s.tls_cert else None,
         client_private_key=_read_pem(s.tls_key, "RECEIPT_TEMPORAL_TLS_KEY") if s.tls_key else None,

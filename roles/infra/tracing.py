@@ -13,7 +13,6 @@ spans per request that nobody would read cost the api a third of its throughput 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from opentelemetry import context, trace
@@ -48,12 +47,15 @@ class _RecordWhenConsumed(Sampler):
 _sampler = _RecordWhenConsumed()
 
 
-def configure_tracing(service: str, processor: SpanProcessor | None = None) -> TracerProvider:
+def configure_tracing(
+    service: str, *, otlp: bool = False, processor: SpanProcessor | None = None
+) -> TracerProvider:
     """Install the process's tracer provider (once); record spans and instrument psycopg
     once something consumes them.
 
-    `processor` lets a test attach an in-memory exporter; otherwise spans go to OTLP when the
-    endpoint is configured, and are not recorded when it is not.
+    `processor` lets a test attach an in-memory exporter; otherwise spans go to OTLP when `otlp`
+    (OTEL_EXPORTER_OTLP_ENDPOINT is set: the exporter reads the OTEL_* variables itself), and
+    are not recorded when it is not.
     """
     global _configured
     provider = trace.get_tracer_provider()
@@ -64,7 +66,7 @@ def configure_tracing(service: str, processor: SpanProcessor | None = None) -> T
         trace.set_tracer_provider(provider)
     if not _configured:
         _configured = True
-        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        if otlp:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             _consume(provider, BatchSpanProcessor(OTLPSpanExporter()))

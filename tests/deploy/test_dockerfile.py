@@ -200,9 +200,10 @@ for package in ("receipts", "activities", "workflows", "roles"):
     module = importlib.import_module(package)
     for info in pkgutil.walk_packages(module.__path__, package + "."):
         importlib.import_module(info.name)  # every one: the dev-only tools live in tools/
+from receipts.settings import Settings
 from roles.infra.db import resolve_url
 try:
-    resolve_url()
+    resolve_url(Settings())
 except RuntimeError as exc:
     print(exc)
 else:

@@ -399,15 +399,10 @@ def test_the_configmap_holds_the_spec_defaults() -> None:
 def test_the_roles_load_their_settings_from_the_rendered_configmap(
     overlay: tuple[str, list[Obj]],
 ) -> None:
-    """The values parse: the settings classes, the timing and loop readers accept them."""
-    from activities.sandbox import SandboxSettings
-    from receipts.settings import Settings
-    from receipts.timing import TimingSettings
-    from receipts.watchdog import WatchdogSettings
-    from roles.api.app import ApiSettings
-    from roles.delivery.loops import RedriveConfig, env_ms
-    from roles.infra.settings import check
-    from roles.infra.temporal import TemporalTLSSettings
+    """The values parse: every concern's settings load from them, as a role loads them at start,
+    and every duration the ConfigMap sets is a variable one of them reads (so it was checked)."""
+    from receipts.settings import variables
+    from roles.infra.settings import concerns, load
 
     _, objects = overlay
     env = dict(by_kind(objects, "ConfigMap")["receipt-config"]["data"])
@@ -420,20 +415,10 @@ def test_the_roles_load_their_settings_from_the_rendered_configmap(
     secret = by_kind(objects, "Secret").get("receipt-secrets")
     if secret:
         env.update(secret["stringData"])
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        Settings()
-        ApiSettings()
-        TemporalTLSSettings()
-        TimingSettings.from_env(env)
-        WatchdogSettings.from_env(env)
-        RedriveConfig.from_env(env)
-        SandboxSettings.from_env(env)
-        check()  # every concern at once, as a role checks them at start
-        for name, value in env.items():
-            if name.endswith("_MS") and value:
-                env_ms(name, 0, env)
+    load(env)
+    known = {name for _, model in concerns() for name in variables(model).values()}
+    durations = {name for name, value in env.items() if name.endswith("_MS") and value}
+    assert durations <= known, durations - known
 
 
 # --- network policies --------------------------------------------------------------------------

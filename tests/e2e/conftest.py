@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from receipts import assembly
 from receipts.store import Store
 from roles.infra.db import migrate_url
 from tests.e2e.roles_harness import RoleProcesses
@@ -17,7 +18,7 @@ from tests.e2e.roles_harness import RoleProcesses
 async def e2e_store(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
     url = make_database()
     await migrate_url(url)
-    store = await Store.open(url, min_size=1, max_size=5)
+    store = await assembly.open_store(url, min_size=1, max_size=5)
     yield store, url
     await store.close()
 

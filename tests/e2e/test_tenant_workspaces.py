@@ -3,6 +3,7 @@ they neither read nor write organization A's workspace (docs/design.md §9)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ MARKER = "a-secret-4d1f"
 
 @pytest.fixture(autouse=True)
 async def sandbox_available() -> None:
-    ok, message = await probe(SandboxSettings.from_env())
+    ok, message = await probe(SandboxSettings.load(os.environ))
     if not ok:
         pytest.skip(f"SANDBOX TESTS NOT RUN: bubblewrap cannot create namespaces here: {message}")
 

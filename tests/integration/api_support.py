@@ -20,9 +20,11 @@ import httpx
 from receipts.kinds import CONTRACTS
 from receipts.store import Store
 from receipts.tenancy import scoped_id
-from roles.api.app import ApiSettings, create_app
+from roles.api.app import create_app
+from roles.api.settings import ApiSettings
 from roles.cli.client import SseEvent, parse_sse
 from roles.infra.ports import free_port
+from roles.infra.settings import RuntimeSettings
 from roles.infra.supervisor import Supervised
 from tests.integration.helpers import adhoc_objective_id
 
@@ -82,7 +84,7 @@ async def api_client(
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The app in-process (lifespan running) behind an httpx client; app exceptions propagate."""
     values: dict[str, Any] = {"tokens": TOKENS, **UNLIMITED, **settings}
-    app = create_app(ApiSettings(**values), database_url=db_url, store=store)
+    app = create_app(RuntimeSettings(api=ApiSettings(**values)), database_url=db_url, store=store)
     transport = httpx.ASGITransport(app=app)
     async with (
         app.router.lifespan_context(app),

@@ -16,15 +16,16 @@ from typing import Any
 import httpx
 import pytest
 
+from receipts import assembly
 from receipts import operations as ops
-from receipts.agent_jobs import claims, lifecycle, model, projection
+from receipts.agent_jobs import claims, lifecycle, model
+from receipts.agent_jobs import reads as agent_reads
 from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.errors import ConflictError, InvariantError
 from receipts.listen import Listener
 from receipts.settings import Settings
-from receipts.sql import query
 from receipts.store import Draft, Store
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from tests.integration.delivery.receiver import Receiver
@@ -89,8 +90,8 @@ async def session_wakeups(store: Store, session_id: str) -> list[dict[str, Any]]
 
 async def chain_running(store: Store, agent_id: str) -> int:
     """Running jobs of an agent, folded from the receipt chain (not the projection)."""
-    async with store.transaction() as tx:
-        cur = await tx.conn.execute(
+    async with store.connection() as conn:
+        cur = await conn.execute(
             "SELECT agent_job_id FROM agent_jobs WHERE agent_id = %(a)s", {"a": agent_id}
         )
         ids = [row[0] for row in await cur.fetchall()]
@@ -219,8 +220,8 @@ async def test_wakeups_once_per_status_attempt_turn_in_the_transition(store: Sto
 
     # A replayed wakeup (the same source id again) is refused by the table's key, not duplicated.
     async with store.transaction() as tx:
-        cur = await tx.conn.execute(
-            query("agent_wakeup_record"),
+        changed = await tx.execute(
+            "agent_wakeup_record",
             {
                 "source_id": wakeups[1]["sourceId"],
                 "agent_job_id": job.agent_job_id,
@@ -228,7 +229,7 @@ async def test_wakeups_once_per_status_attempt_turn_in_the_transition(store: Sto
                 "session_seq": 99,
             },
         )
-        assert await cur.fetchone() is None
+    assert changed == 0
 
 
 async def test_no_sixth_attempt_and_bounded_retry_delays(store: Store) -> None:
@@ -408,18 +409,18 @@ async def test_the_projection_is_the_fold_of_the_chain_and_rebuilds(store: Store
     )
     await lifecycle.cancel(store, jobs[3].agent_job_id, reason="x")
     await dispatcher(store).run_once()
-    assert await projection.verify(store) == []
-    async with store.transaction() as tx:
-        await tx.conn.execute(
+    assert await assembly.verify(store) == []
+    async with store.connection() as conn:
+        await conn.execute(
             "UPDATE agent_jobs SET state = jsonb_set(state, '{turn}', '7') "
             "WHERE agent_job_id = %(id)s",
             {"id": jobs[1].agent_job_id},
         )
-    assert await projection.verify(store) == [
+    assert await assembly.verify(store) == [
         f"agent job {jobs[1].agent_job_id}: projection differs from the fold of its chain"
     ]
-    await projection.rebuild(store)
-    assert await projection.verify(store) == []
+    await assembly.rebuild(store)
+    assert await assembly.verify(store) == []
     assert (await current(store, jobs[1].agent_job_id)).turn == 1
 
 
@@ -503,7 +504,7 @@ async def test_a_job_is_claimed_only_when_its_turn_can_take_its_organizations_co
     held = await capped.run_once()
     assert (held.claimed, held.held) == (0, 1)
     assert (await current(store, job.agent_job_id)).status == "queued"  # no agent slot held
-    assert await lifecycle.running_by_agent(store) == {}
+    assert await agent_reads.running_by_agent(store) == {}
     assert capped.holding  # any job's settlement now wakes the dispatcher
     # The task settles and gives its slot back: the next pass claims the job, whose turn holds
     # the organization's slot from the claim on.
@@ -553,7 +554,7 @@ async def test_a_next_turn_that_cannot_take_its_organizations_slot_requeues_the_
     assert (requeued.status, requeued.attempt, requeued.follow_up) == ("queued", 0, ["more"])
     chain = await store.read_stream(model.stream_of(job.agent_job_id))
     assert chain[-1].data["reason"] == "organization_at_cap"
-    assert await lifecycle.running_by_agent(store) == {}
+    assert await agent_reads.running_by_agent(store) == {}
     # The task settles: the same attempt runs again, its turn handed the follow-up.
     worker = f"{task.job_id}:attempt:1/1"
     assert (

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from receipts import assembly
 from receipts import operations as ops
 from receipts.jobs import LANES, SINGLETON_MODES
 from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL
@@ -675,7 +676,7 @@ async def test_a_database_outage_is_503_with_retry_after(
         url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False, timeout=0.5
     )
     await pool.open(wait=True)
-    store = Store(pool)
+    store = Store(pool, policies=assembly.POLICIES)
     try:
         async with api_client(url, store=store) as client:
             job = (await post(client, enqueue_body())).json()["job"]
@@ -731,15 +732,20 @@ async def test_without_tokens_the_api_runs_open_on_loopback_and_warns(
 
 
 def test_without_tokens_the_api_refuses_a_non_loopback_bind() -> None:
-    from roles.api.app import ApiSettings, create_app
+    from roles.api.app import create_app
     from roles.api.auth import TokenConfigError
+    from roles.api.settings import ApiSettings
+    from roles.infra.settings import RuntimeSettings
+
+    def app(**api: str) -> None:
+        create_app(RuntimeSettings(api=ApiSettings(**api)))
 
     for host in ("0.0.0.0", "10.1.2.3", "::", "api.example.com"):
         with pytest.raises(TokenConfigError, match="refusing to serve"):
-            create_app(ApiSettings(host=host))
+            app(host=host)
     for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
-        create_app(ApiSettings(host=host))
-    create_app(ApiSettings(host="0.0.0.0", tokens="t org"))
+        app(host=host)
+    app(host="0.0.0.0", tokens="t org")
 
 
 async def test_error_bodies_are_json_objects(client: httpx.AsyncClient) -> None:

@@ -31,12 +31,14 @@ from schemathesis.specs.openapi.checks import (
     unsupported_method,
 )
 
-from roles.api.app import ApiSettings, create_app
+from roles.api.app import create_app
+from roles.api.settings import ApiSettings
+from roles.infra.settings import RuntimeSettings
 from tests.integration.api_support import AS_ADMIN, RunningApi, running_api
 
 # The schema the app publishes, built without a server (schemathesis' fixture-based loader does
 # not run on pytest 9); `test_the_server_publishes_this_schema` ties it to the real one.
-SCHEMA: dict[str, Any] = create_app(ApiSettings(tokens="t *")).openapi()
+SCHEMA: dict[str, Any] = create_app(RuntimeSettings(api=ApiSettings(tokens="t *"))).openapi()
 CHECKS = [
     not_a_server_error,
     status_code_conformance,

@@ -673,7 +673,7 @@ def test_a_crlf_in_a_job_id_cannot_forge_a_log_line() -> None:
 async def test_a_stream_slot_comes_back_even_if_the_stream_never_started() -> None:
     import gc
 
-    from roles.api.sse import StreamGate
+    from roles.api.limits import StreamGate
 
     async def events() -> AsyncIterator[str]:
         yield "id: 1\n\n"

@@ -276,7 +276,7 @@ async def test_an_idle_stream_sends_keepalive_comments(
 
 
 def test_the_keepalive_period_defaults_to_fifteen_seconds() -> None:
-    from roles.api.app import SSE_KEEPALIVE_S, ApiSettings
+    from roles.api.settings import SSE_KEEPALIVE_S, ApiSettings
 
     assert SSE_KEEPALIVE_S == 15.0
     assert ApiSettings().sse_keepalive_ms == 15_000

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from activities.fence import AttemptFence
-from activities.handlers import HandlerContext
 from activities.handlers import store as handler_store
+from activities.handlers.context import HandlerContext
 from activities.handlers.store import FenceLost, HandlerStore
 from activities.settle import Settlement
 from receipts import operations as ops

@@ -16,9 +16,11 @@ import pytest
 from temporalio import activity, workflow
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from activities.sandbox_policy import SandboxSettings
+from receipts import assembly
 from receipts.store import Store
 from roles.infra import health
-from roles.infra.health import HealthChecker, HealthState, sandbox_reason, serve_health
+from roles.infra.health import HealthChecker, HealthState, sandbox_check, serve_health
 
 
 @workflow.defn(name="HealthProbeWorkflow")
@@ -97,7 +99,7 @@ async def test_ready_only_while_the_worker_polls_and_not_while_draining(
 
 
 async def test_a_database_it_cannot_reach_makes_it_unready(db_url: str, temporal_env: Any) -> None:
-    store = await Store.open(db_url, min_size=1, max_size=1)
+    store = await assembly.open_store(db_url, min_size=1, max_size=1)
     await store.close()
     checker = HealthChecker(store, None, [], asyncio.Event())
     reasons = await checker.check_once()
@@ -138,9 +140,10 @@ def test_a_taken_port_is_logged_not_fatal() -> None:
 async def test_a_worker_that_would_refuse_every_command_is_not_ready(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    checker = HealthChecker(store, None, [], asyncio.Event(), extra_checks=[sandbox_reason])
-    monkeypatch.setenv("RECEIPT_CODEX_SANDBOX", "chroot")
-    reasons = await checker.check_once()
+    def checker(mode: str) -> HealthChecker:
+        check = sandbox_check(SandboxSettings(mode=mode))
+        return HealthChecker(store, None, [], asyncio.Event(), extra_checks=[check])
+
+    reasons = await checker("chroot").check_once()
     assert reasons == ["sandbox: RECEIPT_CODEX_SANDBOX must be one of bwrap, none, got 'chroot'"]
-    monkeypatch.setenv("RECEIPT_CODEX_SANDBOX", "none")
-    assert await checker.check_once() == []
+    assert await checker("none").check_once() == []

@@ -11,19 +11,20 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from receipts import deliveries
+from receipts import assembly, deliveries
 from receipts import operations as ops
 from receipts.errors import TransientStorageError
 from receipts.settings import Settings
 from receipts.store import Store
-from roles.delivery.loops import QueuedRedrive, RedriveConfig
+from roles.delivery.loops import QueuedRedrive
 from roles.infra.db import open_store
 from roles.infra.metrics import Metrics
+from roles.infra.settings import LoopSettings
 from tests.integration.api_support import AS_A, api_client
 from tests.integration.delivery.receiver import Receiver
 from tests.integration.helpers import put
 
-NOW = RedriveConfig(min_age_ms=0, cooldown_ms=0)
+NOW = LoopSettings(redrive_min_age_ms=0, redrive_cooldown_ms=0)
 CLOSED = "http://127.0.0.1:9/closed"  # nothing listens on the discard port
 
 
@@ -97,15 +98,17 @@ async def test_every_connection_runs_without_jit_and_the_api_with_a_statement_ti
             ).fetchone()
         assert row == ("200ms",)
         with pytest.raises(TransientStorageError):  # the api answers it with 503
-            async with api.transaction() as tx:
-                await tx.conn.execute("SELECT pg_sleep(2)")
+            async with api.connection() as conn:
+                await conn.execute("SELECT pg_sleep(2)")
     finally:
         await api.close()
 
 
 async def test_the_job_list_is_never_a_generic_prepared_plan(fresh: tuple[Store, str]) -> None:
     _, url = fresh
-    single = await Store.open(url, min_size=1, max_size=1)  # every request on one connection
+    single = await assembly.open_store(
+        url, min_size=1, max_size=1
+    )  # every request on one connection
     try:
         async with api_client(url, store=single) as client:
             for lane in ("steer", "chat") * 6:

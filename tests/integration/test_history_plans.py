@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from receipts import assembly
 from receipts import operations as ops
 from receipts.sql import query
 from receipts.store import Store
@@ -39,7 +40,7 @@ NOT_OURS = {"objective_streams"}
 async def loaded(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
     url = make_database()
     await migrate_url(url)
-    store = await Store.open(url, min_size=2, max_size=10)
+    store = await assembly.open_store(url, min_size=2, max_size=10)
     template = await run_template(store)
     await add_active(store, 40)
     await preload(store, template, FINISHED, age_s=3_600.0)
@@ -98,7 +99,7 @@ async def test_heartbeats_update_the_lease_row_hot_and_leave_the_jobs_row(
 ) -> None:
     url = make_database()
     await migrate_url(url)
-    store = await Store.open(url, min_size=1, max_size=4)
+    store = await assembly.open_store(url, min_size=1, max_size=4)
     try:
         job = (await put(store)).job
         worker = f"{job.job_id}:attempt:1/1"

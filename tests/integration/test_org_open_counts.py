@@ -9,8 +9,8 @@ import asyncio
 
 import psycopg
 
+from receipts import assembly
 from receipts import operations as ops
-from receipts.projections import rebuild
 from receipts.sql import migrations
 from receipts.store import Store
 from tests.integration.api_support import api_client, enqueue_body
@@ -113,7 +113,7 @@ async def test_a_projection_rebuild_and_retention_keep_the_counts(
     await ops.start_attempt(store, jobs[1].job_id, attempt=1, worker_id="w", lease_ms=60_000)
     await ops.complete(store, jobs[1].job_id, worker_id="w", attempt=1, result=None)
     assert await open_counts(store, org) == (3, 4)
-    await rebuild(store)
+    await assembly.rebuild(store)
     assert await open_counts(store, org) == (3, 4)
     with psycopg.connect(url) as conn:
         # A settled job's row goes (as retention deletes it): no count changes. An open job's

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from receipts import deliveries, fairness
+from receipts import assembly, deliveries, fairness
 from receipts import operations as ops
 from receipts.plan import Slots, Step, next_step
 from receipts.settings import Settings
@@ -22,7 +22,7 @@ async def store(make_database: Callable[[], str]) -> AsyncIterator[Store]:
     """A database of its own: the scans see only this test's jobs."""
     url = make_database()
     await migrate_url(url)
-    store = await Store.open(url, min_size=1, max_size=4)
+    store = await assembly.open_store(url, min_size=1, max_size=4)
     yield store
     await store.close()
 

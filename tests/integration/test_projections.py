@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from receipts import operations as ops
-from receipts.projections import rebuild, verify
+from receipts.assembly import rebuild, verify
 from receipts.store import Store
 from tests.integration.helpers import new_id, put
 
@@ -51,7 +51,7 @@ async def test_rebuilt_projection_equals_the_live_one_row_for_row(
     live = rows(db_url)
     assert live
     assert await verify(store) == []
-    count = await rebuild(store)
+    count = (await rebuild(store))["jobs"]
     assert count == len(live)
     assert rows(db_url) == live
 

@@ -18,19 +18,19 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from receipts import deliveries, retention
+from receipts import assembly, deliveries, durations, retention
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import InvalidInput, ReceiptError
 from receipts.jobs import Job
-from receipts.projections import verify
+from receipts.settings import SettingsError
 from receipts.sql import query
 from receipts.store import Store
 from receipts.tenancy import scoped_id
 from roles.delivery.retention import RetentionHooks, RetentionLoop
 from roles.infra.db import migrate_url
-from roles.infra.settings import SettingsError
-from roles.infra.settings import check as check_settings
+from roles.infra.settings import LoopSettings
+from roles.infra.settings import load as load_settings
 from tests.conftest import ROOT
 from tests.integration.api_support import AS_ADMIN, api_client
 from tests.integration.helpers import body, create_objective, put
@@ -169,7 +169,7 @@ async def test_prune_removes_exactly_the_old_terminal_jobs_with_every_row_of_the
     after = rows_of(url, old_ids + kept_ids)
     assert all(after[t][i] == 0 for t, _, _ in TABLES for i in old_ids)
     assert all(after[t][i] == before[t][i] for t, _, _ in TABLES for i in kept_ids)
-    assert await verify(store) == []
+    assert await assembly.verify(store) == []
 
     async with api_client(url, store=store) as client:  # an admin names runtime ids
         assert (await client.get(f"/jobs/{old[0].job_id}", headers=AS_ADMIN)).status_code == 404
@@ -237,14 +237,14 @@ async def test_a_prune_racing_live_enqueues_and_settlements_loses_nothing(
             "(SELECT 1 FROM jobs j WHERE j.job_id = d.job_id)"
         ).fetchone()
     assert orphans == (0,) and leftovers == (0,)
-    assert await verify(store) == []
+    assert await assembly.verify(store) == []
 
 
 async def test_the_retention_loop_runs_in_one_process_at_a_time(
     fresh: tuple[Store, str],
 ) -> None:
     store, url = fresh
-    other = await Store.open(url, min_size=1, max_size=5)  # another process's pool
+    other = await assembly.open_store(url, min_size=1, max_size=5)  # another process's pool
     skipped: list[str] = []
     try:
         template = await run_template(store)
@@ -283,23 +283,21 @@ async def test_the_retention_loop_runs_in_one_process_at_a_time(
         await other.close()
 
 
-def test_retention_setting_and_durations_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert retention.parse_duration("30d") == timedelta(days=30)
-    assert retention.parse_duration("1w2d12h") == timedelta(days=9, hours=12)
-    assert retention.parse_duration("0") is None
+def test_retention_setting_and_durations_are_checked() -> None:
+    assert durations.parse_duration("30d") == timedelta(days=30)
+    assert durations.parse_duration("1w2d12h") == timedelta(days=9, hours=12)
+    assert durations.parse_duration("0") is None
     for bad in ("30", "-1d", "30 days", "d", "1.5h"):
         with pytest.raises(InvalidInput) as caught:
-            retention.parse_duration(bad, name="RECEIPT_RETENTION")
+            durations.parse_duration(bad, name="RECEIPT_RETENTION")
         assert "RECEIPT_RETENTION" in caught.value.message and caught.value.field
     with pytest.raises(InvalidInput):
-        RetentionLoop.from_settings(None, "thirty days")  # type: ignore[arg-type]
+        RetentionLoop.from_settings(None, "thirty days", LoopSettings())  # type: ignore[arg-type]
     # The start check refuses it before any loop starts, naming the variable.
-    monkeypatch.setenv("RECEIPT_RETENTION", "thirty days")
     with pytest.raises(SettingsError, match="RECEIPT_RETENTION"):
-        check_settings(api=False)
-    monkeypatch.setenv("RECEIPT_RETENTION", "30d")
-    check_settings(api=False)
-    assert RetentionLoop.from_settings(None, "0") is None  # type: ignore[arg-type]
+        load_settings({"RECEIPT_RETENTION": "thirty days"})
+    assert load_settings({"RECEIPT_RETENTION": "30d"}).core.retention == "30d"
+    assert RetentionLoop.from_settings(None, "0", LoopSettings()) is None  # type: ignore[arg-type]
 
 
 async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_path: Any) -> None:
@@ -516,7 +514,7 @@ async def linguistic(server_url: str) -> AsyncIterator[tuple[Store, str]]:
     url = make_conninfo(server_url, dbname=name)
     try:
         await migrate_url(url)
-        store = await Store.open(url, min_size=2, max_size=20)
+        store = await assembly.open_store(url, min_size=2, max_size=20)
         try:
             yield store, url
         finally:

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ VENV_PYTHON = os.path.abspath(sys.executable)
 async def settings() -> SandboxSettings:
     """The environment's settings; the test is skipped, saying why, only when bwrap cannot
     create namespaces on this machine (the worker would then refuse every command)."""
-    configured = SandboxSettings.from_env()
+    configured = SandboxSettings.load(os.environ)
     ok, message = await probe(configured)
     if not ok:
         pytest.skip(f"SANDBOX TESTS NOT RUN: bubblewrap cannot create namespaces here: {message}")
@@ -58,6 +59,11 @@ def host_dir(mode: int) -> Path:
 
 def fresh_workspace(settings: SandboxSettings) -> Path:
     return job_workspace("sandbox-tests", f"sandbox-test-{uuid.uuid4().hex[:12]}", settings)
+
+
+def changed(settings: SandboxSettings, **fields: Any) -> SandboxSettings:
+    """`settings` with `fields` changed (validated as if loaded)."""
+    return SandboxSettings(**{**settings.model_dump(), **fields})
 
 
 async def run(
@@ -423,7 +429,7 @@ async def test_a_missing_or_invisible_program_is_refused_with_its_name(
 async def test_where_bwrap_cannot_build_the_sandbox_commands_are_refused_naming_the_setting(
     settings: SandboxSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    broken = replace(settings, ro_binds=(f"/nonexistent-{uuid.uuid4().hex}",))
+    broken = changed(settings, ro_binds=(f"/nonexistent-{uuid.uuid4().hex}",))
     with pytest.raises(SandboxRefused, match="RECEIPT_CODEX_SANDBOX=bwrap") as refused:
         await run(["true"], broken)
     assert "refused rather than run unconfined" in str(refused.value)
@@ -431,7 +437,7 @@ async def test_where_bwrap_cannot_build_the_sandbox_commands_are_refused_naming_
         assert await announce(broken) is False
     assert any(r.event == "sandbox.unavailable" for r in caplog.records)  # type: ignore[attr-defined]
     with pytest.raises(SandboxRefused, match="must be one of bwrap, none"):
-        await run(["true"], replace(settings, mode="off"))
+        await run(["true"], changed(settings, mode="off"))
 
 
 async def test_none_mode_runs_unconfined_but_with_the_clean_environment_and_says_so_loudly(
@@ -439,7 +445,7 @@ async def test_none_mode_runs_unconfined_but_with_the_clean_environment_and_says
     worker_secrets: dict[str, str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    unconfined = replace(settings, mode="none")
+    unconfined = changed(settings, mode="none")
     with caplog.at_level(logging.WARNING, logger="activities.sandbox"):
         assert await announce(unconfined) is True
     assert any("UNCONFINED" in r.getMessage() for r in caplog.records)
@@ -461,7 +467,7 @@ async def test_a_workspace_root_the_sandbox_uid_cannot_reach_is_refused_clearly(
 ) -> None:
     if os.geteuid() != 0:
         pytest.skip("only a root worker runs commands as another uid")
-    moved = replace(settings, workspace_root=unreachable_root)
+    moved = changed(settings, workspace_root=unreachable_root)
     with pytest.raises(SandboxRefused, match="RECEIPT_WORKSPACE_ROOT") as refused:
         await run(["true"], moved, job_workspace("org-a", "x", moved))
     assert "not searchable" in str(refused.value)
@@ -498,7 +504,7 @@ async def test_the_memory_limit_bounds_the_whole_sandbox_where_a_cgroup_can_be_m
     cgroup_plan_or_skip(settings)
     limits = replace(settings.limits, memory_mb=64)
     rlimits_only, output = await run(
-        ["sh", "-c", TWO_HOGS], replace(settings, cgroup="off"), limits=limits
+        ["sh", "-c", TWO_HOGS], changed(settings, cgroup="off"), limits=limits
     )
     assert (rlimits_only.exit_code, rlimits_only.memory_limit) == (0, False), output
     assert "survived" in output
@@ -533,7 +539,7 @@ async def test_the_cgroup_holds_the_command_and_goes_with_it(settings: SandboxSe
 async def test_an_explicit_cgroup_that_cannot_be_used_refuses_commands_naming_the_setting(
     settings: SandboxSettings,
 ) -> None:
-    unusable = replace(settings, cgroup=str(host_dir(0o755)))
+    unusable = changed(settings, cgroup=str(host_dir(0o755)))
     with pytest.raises(SandboxRefused, match="RECEIPT_SANDBOX_CGROUP"):
         await run(["true"], unusable)
 

@@ -7,6 +7,7 @@ import asyncio
 import psycopg
 import pytest
 
+from receipts import assembly
 from receipts.errors import ConflictError, InvariantError, TransientStorageError
 from receipts.store import (
     CHECK_IDLE_S,
@@ -97,7 +98,7 @@ async def test_migrations_are_idempotent(db_url: str) -> None:
 
 async def test_unreachable_database_is_a_transient_error() -> None:
     with pytest.raises(TransientStorageError):
-        await Store.open(
+        await assembly.open_store(
             "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1",
             min_size=1,
             max_size=1,
@@ -115,7 +116,7 @@ async def _kill_backends_of(store: Store, db_url: str) -> None:
 
 
 async def test_a_connection_idle_across_a_restart_is_checked_and_replaced(db_url: str) -> None:
-    store = await Store.open(db_url, min_size=1, max_size=1)
+    store = await assembly.open_store(db_url, min_size=1, max_size=1)
     try:
         await store.now()
         await _kill_backends_of(store, db_url)
@@ -128,7 +129,7 @@ async def test_a_connection_idle_across_a_restart_is_checked_and_replaced(db_url
 async def test_a_connection_broken_within_the_check_window_is_a_transient_error_once(
     db_url: str,
 ) -> None:
-    store = await Store.open(db_url, min_size=1, max_size=1)
+    store = await assembly.open_store(db_url, min_size=1, max_size=1)
     try:
         await store.now()
         await _kill_backends_of(store, db_url)
@@ -144,7 +145,7 @@ async def test_a_connection_broken_within_the_check_window_is_a_transient_error_
 async def test_a_store_that_checks_every_checkout_never_hands_out_a_broken_connection(
     db_url: str,
 ) -> None:
-    store = await Store.open(db_url, min_size=1, max_size=1, check_idle_s=0.0)
+    store = await assembly.open_store(db_url, min_size=1, max_size=1, check_idle_s=0.0)
     try:
         await store.now()
         await _kill_backends_of(store, db_url)
@@ -153,17 +154,13 @@ async def test_a_store_that_checks_every_checkout_never_hands_out_a_broken_conne
         await store.close()
 
 
-async def test_the_api_pool_is_larger_unless_the_size_is_set(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_the_api_pool_is_larger_unless_the_size_is_set(db_url: str) -> None:
+    from receipts.settings import Settings
     from roles.infra.db import API_POOL_MAX, open_store
 
-    monkeypatch.delenv("RECEIPT_DB_POOL_MAX", raising=False)
     sizes = []
-    for api, env in ((True, None), (False, None), (True, "5")):
-        if env is not None:
-            monkeypatch.setenv("RECEIPT_DB_POOL_MAX", env)
-        store = await open_store(db_url, api=api)
+    for api, env in ((True, {}), (False, {}), (True, {"RECEIPT_DB_POOL_MAX": "5"})):
+        store = await open_store(db_url, Settings.load(env), api=api)
         sizes.append((store._pool.max_size, store._pool.check_idle_s))
         await store.close()
     assert sizes == [(API_POOL_MAX, 0.0), (10, CHECK_IDLE_S), (5, 0.0)]

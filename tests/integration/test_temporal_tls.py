@@ -24,7 +24,14 @@ import pytest
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from roles.infra.temporal import connect_config
+from receipts.settings import Settings
+from roles.infra.temporal import TemporalTLSSettings, connect_config
+
+
+def config(**env: str) -> dict[str, Any]:
+    """`Client.connect`'s arguments from the variables `env`, as a role loads them."""
+    return connect_config(Settings.load(env), TemporalTLSSettings.load(env))
+
 
 SERVER_NAME = "temporal.receipt.test"
 
@@ -115,16 +122,18 @@ async def terminator(
 
 
 async def test_roles_connect_with_mtls_from_the_tls_variables(
-    terminator: tuple[int, Path, TlsTerminator], monkeypatch: pytest.MonkeyPatch
+    terminator: tuple[int, Path, TlsTerminator],
 ) -> None:
     port, pki, relay = terminator
-    monkeypatch.setenv("RECEIPT_TEMPORAL_ADDRESS", f"127.0.0.1:{port}")
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_CERT", str(pki / "client.pem"))
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_KEY", str(pki / "client-key.pem"))
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_CA", str(pki / "ca.pem"))
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_SERVER_NAME", SERVER_NAME)
-
-    client = await Client.connect(**connect_config())
+    client = await Client.connect(
+        **config(
+            RECEIPT_TEMPORAL_ADDRESS=f"127.0.0.1:{port}",
+            RECEIPT_TEMPORAL_TLS_CERT=str(pki / "client.pem"),
+            RECEIPT_TEMPORAL_TLS_KEY=str(pki / "client-key.pem"),
+            RECEIPT_TEMPORAL_TLS_CA=str(pki / "ca.pem"),
+            RECEIPT_TEMPORAL_TLS_SERVER_NAME=SERVER_NAME,
+        )
+    )
 
     info = await client.workflow_service.get_system_info(GetSystemInfoRequest())
     assert info.server_version
@@ -135,19 +144,19 @@ async def test_roles_connect_with_mtls_from_the_tls_variables(
 
 
 async def test_without_the_client_certificate_the_cluster_refuses(
-    terminator: tuple[int, Path, TlsTerminator], monkeypatch: pytest.MonkeyPatch
+    terminator: tuple[int, Path, TlsTerminator],
 ) -> None:
     port, pki, relay = terminator
-    monkeypatch.setenv("RECEIPT_TEMPORAL_ADDRESS", f"127.0.0.1:{port}")
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_CA", str(pki / "ca.pem"))
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_SERVER_NAME", SERVER_NAME)
-
+    address = f"127.0.0.1:{port}"
     with pytest.raises(RuntimeError):
-        await Client.connect(**connect_config())
+        await Client.connect(
+            **config(
+                RECEIPT_TEMPORAL_ADDRESS=address,
+                RECEIPT_TEMPORAL_TLS_CA=str(pki / "ca.pem"),
+                RECEIPT_TEMPORAL_TLS_SERVER_NAME=SERVER_NAME,
+            )
+        )
     # A plain (non-TLS) client cannot talk to it either.
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS", "0")
-    for name in ("RECEIPT_TEMPORAL_TLS_CA", "RECEIPT_TEMPORAL_TLS_SERVER_NAME"):
-        monkeypatch.delenv(name)
     with pytest.raises(RuntimeError):
-        await Client.connect(**connect_config())
+        await Client.connect(**config(RECEIPT_TEMPORAL_ADDRESS=address, RECEIPT_TEMPORAL_TLS="0"))
     assert relay.client_names == []

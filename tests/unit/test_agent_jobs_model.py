@@ -446,10 +446,10 @@ def test_a_retryable_queue_failure_with_retry_delay_requeues_with_available_at()
         assert failed.available_at == later + expected
 
 
-def test_empty_settings_mean_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_empty_settings_mean_their_defaults() -> None:
     from receipts.agent_jobs.registry import AgentJobSettings
 
-    monkeypatch.setenv("RECEIPT_AGENT_JOB_INPUT_TIMEOUT_MS", "")
-    monkeypatch.setenv("RECEIPT_AGENT_JOB_RETRY_BASE_MS", "250")
-    settings = AgentJobSettings()
+    settings = AgentJobSettings.load(
+        {"RECEIPT_AGENT_JOB_INPUT_TIMEOUT_MS": "", "RECEIPT_AGENT_JOB_RETRY_BASE_MS": "250"}
+    )
     assert (settings.input_timeout_ms, settings.retry_base_ms) == (None, 250)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.service import TLSConfig
 
-from receipts.settings import Settings
+from receipts.settings import Settings, SettingsError
 from roles.infra.temporal import (
     DEFAULT_ADDRESS,
     TemporalConfigError,
@@ -24,57 +25,58 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+def config(**env: str) -> dict[str, Any]:
+    """`connect_config` of the settings the variables `env` give (as a role loads them)."""
+    return connect_config(Settings.load(env), TemporalTLSSettings.load(env))
+
+
 def test_defaults_are_the_local_dev_server_without_tls() -> None:
-    assert connect_config() == {"target_host": DEFAULT_ADDRESS, "namespace": "default"}
+    assert config() == {"target_host": DEFAULT_ADDRESS, "namespace": "default"}
 
 
-def test_address_namespace_and_mtls_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_address_namespace_and_mtls_files(tmp_path: Path) -> None:
     for name in ("cert", "key", "ca"):
         (tmp_path / f"{name}.pem").write_bytes(f"PEM {name}".encode())
-    monkeypatch.setenv("RECEIPT_TEMPORAL_ADDRESS", "receipt.abcd.tmprl.cloud:7233")
-    monkeypatch.setenv("RECEIPT_TEMPORAL_NAMESPACE", "receipt.abcd")
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_CERT", str(tmp_path / "cert.pem"))
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_KEY", str(tmp_path / "key.pem"))
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_CA", str(tmp_path / "ca.pem"))
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS_SERVER_NAME", "temporal.internal")
+    connect = config(
+        RECEIPT_TEMPORAL_ADDRESS="receipt.abcd.tmprl.cloud:7233",
+        RECEIPT_TEMPORAL_NAMESPACE="receipt.abcd",
+        RECEIPT_TEMPORAL_TLS_CERT=str(tmp_path / "cert.pem"),
+        RECEIPT_TEMPORAL_TLS_KEY=str(tmp_path / "key.pem"),
+        RECEIPT_TEMPORAL_TLS_CA=str(tmp_path / "ca.pem"),
+        RECEIPT_TEMPORAL_TLS_SERVER_NAME="temporal.internal",
+    )
 
-    config = connect_config()
-
-    assert config["target_host"] == "receipt.abcd.tmprl.cloud:7233"
-    assert config["namespace"] == "receipt.abcd"
-    assert config["tls"] == TLSConfig(
+    assert connect["target_host"] == "receipt.abcd.tmprl.cloud:7233"
+    assert connect["namespace"] == "receipt.abcd"
+    assert connect["tls"] == TLSConfig(
         client_cert=b"PEM cert",
         client_private_key=b"PEM key",
         server_root_ca_cert=b"PEM ca",
         domain="temporal.internal",
     )
-    assert "api_key" not in config
+    assert "api_key" not in connect
 
 
-def test_an_api_key_turns_tls_on_with_system_roots(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RECEIPT_TEMPORAL_API_KEY", "k-123")
-    config = connect_config()
-    assert config["api_key"] == "k-123"
-    assert config["tls"] is True
+def test_an_api_key_turns_tls_on_with_system_roots() -> None:
+    connect = config(RECEIPT_TEMPORAL_API_KEY="k-123")
+    assert connect["api_key"] == "k-123"
+    assert connect["tls"] is True
 
 
-def test_tls_zero_turns_it_off_even_with_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RECEIPT_TEMPORAL_API_KEY", "k-123")
-    monkeypatch.setenv("RECEIPT_TEMPORAL_TLS", "0")
-    assert connect_config()["tls"] is False
+def test_tls_zero_turns_it_off_even_with_an_api_key() -> None:
+    assert config(RECEIPT_TEMPORAL_API_KEY="k-123", RECEIPT_TEMPORAL_TLS="0")["tls"] is False
 
 
-def test_empty_values_mean_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_empty_values_mean_unset() -> None:
     """The base ConfigMap lists every variable, the optional ones empty."""
-    for name in ("TLS", "TLS_CERT", "TLS_KEY", "TLS_CA", "TLS_SERVER_NAME", "API_KEY", "PROFILE"):
-        monkeypatch.setenv(f"RECEIPT_TEMPORAL_{name}", "")
-    assert connect_config() == {"target_host": DEFAULT_ADDRESS, "namespace": "default"}
+    names = ("TLS", "TLS_CERT", "TLS_KEY", "TLS_CA", "TLS_SERVER_NAME", "API_KEY", "PROFILE")
+    empty = {f"RECEIPT_TEMPORAL_{name}": "" for name in names}
+    assert config(**empty) == {"target_host": DEFAULT_ADDRESS, "namespace": "default"}
 
 
-def test_certificate_without_key_is_refused_naming_both(tmp_path: Path) -> None:
-    settings = TemporalTLSSettings(RECEIPT_TEMPORAL_TLS_CERT=tmp_path / "cert.pem")
-    with pytest.raises(TemporalConfigError, match=r"RECEIPT_TEMPORAL_TLS_CERT and .*_KEY"):
-        connect_config(Settings(), settings)
+def test_certificate_without_key_is_refused_at_start_naming_both(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"RECEIPT_TEMPORAL_TLS_CERT and .*_KEY"):
+        config(RECEIPT_TEMPORAL_TLS_CERT=str(tmp_path / "cert.pem"))
 
 
 def test_unreadable_certificate_names_the_variable(tmp_path: Path) -> None:
@@ -86,10 +88,9 @@ def test_unreadable_certificate_names_the_variable(tmp_path: Path) -> None:
         connect_config(Settings(), settings)
 
 
-def test_tls_off_contradicting_certificates_is_refused(tmp_path: Path) -> None:
-    settings = TemporalTLSSettings(RECEIPT_TEMPORAL_TLS=False, RECEIPT_TEMPORAL_TLS_CA=tmp_path)
-    with pytest.raises(TemporalConfigError, match="RECEIPT_TEMPORAL_TLS=0 contradicts"):
-        connect_config(Settings(), settings)
+def test_tls_off_contradicting_certificates_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="RECEIPT_TEMPORAL_TLS=0 contradicts"):
+        config(RECEIPT_TEMPORAL_TLS="0", RECEIPT_TEMPORAL_TLS_CA=str(tmp_path))
 
 
 def test_an_envconfig_profile_is_the_base_and_receipt_variables_win(
@@ -105,19 +106,20 @@ def test_an_envconfig_profile_is_the_base_and_receipt_variables_win(
         "[profile.prod.tls]\n"
         f'server_ca_cert_path = "{tmp_path / "ca.pem"}"\n'
     )
-    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(config_file))
-    monkeypatch.setenv("RECEIPT_TEMPORAL_PROFILE", "prod")
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(config_file))  # the SDK reads it
 
-    config = connect_config()
-    assert config["target_host"] == "prod.example:7233"
-    assert config["namespace"] == "prod-ns"
-    assert config["api_key"] == "profile-key"
-    assert isinstance(config["tls"], TLSConfig)
-    assert config["tls"].server_root_ca_cert == b"PEM profile ca"
+    connect = config(RECEIPT_TEMPORAL_PROFILE="prod")
+    assert connect["target_host"] == "prod.example:7233"
+    assert connect["namespace"] == "prod-ns"
+    assert connect["api_key"] == "profile-key"
+    assert isinstance(connect["tls"], TLSConfig)
+    assert connect["tls"].server_root_ca_cert == b"PEM profile ca"
 
-    monkeypatch.setenv("RECEIPT_TEMPORAL_NAMESPACE", "override-ns")
-    monkeypatch.setenv("RECEIPT_TEMPORAL_API_KEY", "override-key")
-    config = connect_config()
-    assert config["namespace"] == "override-ns"
-    assert config["api_key"] == "override-key"
-    assert config["target_host"] == "prod.example:7233"
+    connect = config(
+        RECEIPT_TEMPORAL_PROFILE="prod",
+        RECEIPT_TEMPORAL_NAMESPACE="override-ns",
+        RECEIPT_TEMPORAL_API_KEY="override-key",
+    )
+    assert connect["namespace"] == "override-ns"
+    assert connect["api_key"] == "override-key"
+    assert connect["target_host"] == "prod.example:7233"

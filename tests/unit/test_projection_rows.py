@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from receipts.agent_jobs.projection import AGENT_JOBS
 from receipts.jobs import Job, Lease
 from receipts.kinds import route
-from receipts.projections import AGENT_JOBS, JOBS, OBJECTIVES, _parameters
+from receipts.objectives.store import OBJECTIVES
+from receipts.projections import JOBS, _parameters
 from receipts.streams import StreamState
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

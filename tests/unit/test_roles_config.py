@@ -9,7 +9,7 @@ import pytest
 
 from receipts.watchdog import WatchdogSettings, watchdog_job_id
 from roles.delivery.loops import LoopHooks, Ticker
-from roles.infra.settings import execute_concurrency
+from roles.infra.settings import ProcessSettings
 from roles.role import ROLES, resolve_role
 
 
@@ -29,24 +29,27 @@ def test_anything_else_resolves_to_all_unrecognised(name: str | None) -> None:
 
 
 def test_concurrency_defaults_and_the_override() -> None:
-    assert execute_concurrency("worker-chat", {}) == 16
-    assert execute_concurrency("worker-codex", {}) == 4
-    assert execute_concurrency("worker-control", {}) == 8
-    override = {"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": "3"}
-    assert {execute_concurrency(r, override) for r in ROLES} == {3}
+    defaults = ProcessSettings.load({})
+    assert defaults.concurrency("worker-chat") == 16
+    assert defaults.concurrency("worker-codex") == 4
+    assert defaults.concurrency("worker-control") == 8
+    override = ProcessSettings.load({"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": "3"})
+    assert {override.concurrency(r) for r in ROLES} == {3}
     with pytest.raises(ValueError):
-        execute_concurrency("worker-chat", {"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": "0"})
+        ProcessSettings.load({"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": "0"})
 
 
 def test_watchdog_settings_defaults_floor_clamp_and_pause() -> None:
-    assert WatchdogSettings.from_env({}) == WatchdogSettings(True, "* * * * *", 60_000, 200)
+    assert WatchdogSettings.load({}) == WatchdogSettings(
+        enabled=True, cron="* * * * *", timeout_ms=60_000, scan_limit=200
+    )
     prefix = "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_"
-    low = WatchdogSettings.from_env({prefix + "TIMEOUT_MS": "500", prefix + "SCAN_LIMIT": "0"})
+    low = WatchdogSettings.load({prefix + "TIMEOUT_MS": "500", prefix + "SCAN_LIMIT": "0"})
     assert (low.timeout_ms, low.scan_limit) == (10_000, 1)
-    high = WatchdogSettings.from_env({prefix + "SCAN_LIMIT": "99999"})
+    high = WatchdogSettings.load({prefix + "SCAN_LIMIT": "99999"})
     assert high.scan_limit == 2_000
-    assert WatchdogSettings.from_env({prefix + "ENABLED": "0"}).enabled is False
-    assert WatchdogSettings.from_env({prefix + "CRON": "*/5 * * * *"}).cron == "*/5 * * * *"
+    assert WatchdogSettings.load({prefix + "ENABLED": "0"}).enabled is False
+    assert WatchdogSettings.load({prefix + "CRON": "*/5 * * * *"}).cron == "*/5 * * * *"
     assert watchdog_job_id("2026-01-01T00:01:00+00:00") == "watchdog:2026-01-01T00:01:00+00:00"
 
 
@@ -81,14 +84,14 @@ def test_a_file_backed_dev_server_uses_wal_and_normal_sync(tmp_path: Path) -> No
     assert "--headless" in argv and "history.transferProcessorMaxPollRPS=10000" in argv
 
 
-def test_event_loop_by_role_and_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_event_loop_by_role_and_the_override() -> None:
     from roles.role import event_loop_for
 
-    monkeypatch.delenv("RECEIPT_EVENT_LOOP", raising=False)
-    assert event_loop_for("worker-codex") == "asyncio"  # it spawns: vfork beats libuv's fork
+    unset = ProcessSettings.load({})
+    assert event_loop_for("worker-codex", unset) == "asyncio"  # it spawns: vfork beats fork
     for role in ("api", "driver", "worker-chat", "worker-control", "all"):
-        assert event_loop_for(role) == "uvloop"
-    monkeypatch.setenv("RECEIPT_EVENT_LOOP", "asyncio")
-    assert event_loop_for("api") == "asyncio"
-    monkeypatch.setenv("RECEIPT_EVENT_LOOP", "uvloop")
-    assert event_loop_for("worker-codex") == "uvloop"
+        assert event_loop_for(role, unset) == "uvloop"
+    chosen = ProcessSettings.load({"RECEIPT_EVENT_LOOP": " Asyncio "})
+    assert event_loop_for("api", chosen) == "asyncio"
+    chosen = ProcessSettings.load({"RECEIPT_EVENT_LOOP": "uvloop"})
+    assert event_loop_for("worker-codex", chosen) == "uvloop"

@@ -58,7 +58,7 @@ def test_keys_that_would_override_or_hijack_are_refused_by_name(key: str) -> Non
 
 
 def test_settings_from_the_environment() -> None:
-    settings = SandboxSettings.from_env(
+    settings = SandboxSettings.load(
         {
             "RECEIPT_WORKSPACE_ROOT": "/var/lib/receipt/ws",
             "RECEIPT_SANDBOX_EGRESS_AGENTS": "codex, factory",
@@ -73,8 +73,9 @@ def test_settings_from_the_environment() -> None:
     assert settings.uids == (60_000, 60_099)
     assert settings.ro_binds == ("/opt/tools", "/nix")
     assert settings.limits == Limits(processes=64)
-    default = SandboxSettings.from_env({"RECEIPT_DATA_DIR": "/data"})
+    default = SandboxSettings.load({"RECEIPT_DATA_DIR": "/data"})
     assert default.workspace_root == Path("/data/workspaces")
+    assert SandboxSettings().workspace_root == Path(".receipt/workspaces").absolute()
 
 
 @pytest.mark.parametrize(
@@ -88,7 +89,7 @@ def test_settings_from_the_environment() -> None:
 )
 def test_bad_settings_are_refused_by_name(env: dict[str, str], named: str) -> None:
     with pytest.raises(ValueError, match=named):
-        SandboxSettings.from_env(env)
+        SandboxSettings.load(env)
 
 
 def line(**overrides: object) -> list[str]:

@@ -1,13 +1,23 @@
 """The settings layer: one model per concern, the spec's names, one clear error per bad value,
-and the masked view `receipt config` prints."""
+the environment read once into one object, and the masked view `receipt config` prints."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from receipts.settings import Settings, SettingsError, TimingEnv, WatchdogEnv
-from roles.infra.settings import LoopSettings, ProcessSettings, check, shown
+from receipts.settings import Settings, SettingsError
+from receipts.timing import TimingSettings
+from receipts.watchdog import WatchdogSettings
+from roles.infra.settings import (
+    LoopSettings,
+    ProcessSettings,
+    RuntimeSettings,
+    concerns,
+    effective,
+    load,
+    shown,
+)
 
 
 @pytest.mark.parametrize(
@@ -20,8 +30,8 @@ from roles.infra.settings import LoopSettings, ProcessSettings, check, shown
         (ProcessSettings, "RECEIPT_RESONATE_EXECUTE_CONCURRENCY", "0", "a positive integer"),
         (LoopSettings, "RESONATE_STARTUP_SETTLE_MS", "-5", "milliseconds"),
         (LoopSettings, "RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS", "1.5", "milliseconds"),
-        (TimingEnv, "CODEX_JOB_LEASE_MS", "1_000", "a positive integer (milliseconds)"),
-        (WatchdogEnv, "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "many", "an integer"),
+        (TimingSettings, "CODEX_JOB_LEASE_MS", "1_000", "a positive integer (milliseconds)"),
+        (WatchdogSettings, "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "many", "an integer"),
     ],
 )
 def test_a_bad_value_names_the_variable_what_it_accepts_and_what_it_got(
@@ -48,12 +58,10 @@ def test_the_spec_names_and_defaults_and_blank_means_unset() -> None:
     )
 
 
-def test_check_reports_every_bad_variable_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RECEIPT_SHUTDOWN_GRACE_MS", "soon")
-    monkeypatch.setenv("JOB_LEASE_MS", "0")
-    monkeypatch.setenv("RECEIPT_DB_POOL_MAX", "none")
+def test_the_load_reports_every_bad_variable_at_once() -> None:
+    env = {"RECEIPT_SHUTDOWN_GRACE_MS": "soon", "JOB_LEASE_MS": "0", "RECEIPT_DB_POOL_MAX": "none"}
     with pytest.raises(SettingsError) as raised:
-        check(api=False)
+        load(env)
     message = str(raised.value)
     for variable, raw in (
         ("RECEIPT_SHUTDOWN_GRACE_MS", "soon"),
@@ -76,25 +84,45 @@ def test_secrets_and_a_database_password_are_masked() -> None:
     assert shown("RECEIPT_TEMPORAL_ADDRESS", "temporal:7233") == "temporal:7233"
 
 
-def test_check_also_reports_the_sandboxs_own_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RECEIPT_SANDBOX_UIDS", "many")
+def test_the_load_also_reports_the_sandboxs_and_temporals_settings() -> None:
     with pytest.raises(SettingsError, match="RECEIPT_SANDBOX_UIDS must be 'first-last'"):
-        check(api=False)
+        load({"RECEIPT_SANDBOX_UIDS": "many"})
+    with pytest.raises(SettingsError, match="RECEIPT_TEMPORAL_TLS_KEY must be set together"):
+        load({"RECEIPT_TEMPORAL_TLS_CERT": "/etc/tls/client.pem"})
+    with pytest.raises(SettingsError, match="RECEIPT_TEMPORAL_TLS=0 contradicts"):
+        load({"RECEIPT_TEMPORAL_TLS": "0", "RECEIPT_TEMPORAL_TLS_CA": "/etc/tls/ca.pem"})
 
 
-def test_a_field_is_read_only_through_its_variable_never_its_python_name(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from roles.infra.settings import concerns, load
+def test_a_field_is_read_only_through_its_variable_never_its_python_name() -> None:
+    # HOST, PORT, ROLE, PATH, TOKENS …: what a machine's environment may well hold.
+    env = {
+        name.upper(): "set-by-its-python-name"
+        for _, model in concerns()
+        for name, field in model.model_fields.items()
+        if field.alias and field.alias.upper() != name.upper()
+    }
+    assert env
+    assert load(env) == load({})
 
-    defaults = {model: load(model).model_dump() for _, model in concerns()}
-    for _, model in concerns():
-        for name, field in model.model_fields.items():
-            if field.alias and field.alias.upper() != name.upper():
-                # HOST, PORT, ROLE, PATH, TOKENS …: what a machine's environment may well hold.
-                monkeypatch.setenv(name.upper(), "set-by-its-python-name")
-    for _, model in concerns():
-        assert load(model).model_dump() == defaults[model], model.__name__
+
+def test_every_concern_is_one_part_of_the_one_object_and_printed_by_config() -> None:
+    settings = load({"RECEIPT_TEMPORAL_TLS": "1", "RECEIPT_API_PORT": "8123", "TZ": "UTC"})
+    assert isinstance(settings, RuntimeSettings)
+    assert settings.temporal_tls.tls is True and settings.api.port == 8123
+    assert settings.handlers.sandbox is settings.sandbox
+    printed = {
+        variable: (value, is_set)
+        for _, rows in effective(settings)
+        for variable, value, is_set in rows
+    }
+    assert printed["RECEIPT_TEMPORAL_TLS"] == ("True", True)
+    assert printed["RECEIPT_TEMPORAL_TLS_CERT"] == ("(unset)", False)
+    assert printed["RECEIPT_API_PORT"] == ("8123", True)
+    assert printed["RECEIPT_TEMPORAL_API_KEY"] == ("(unset)", False)
+    # Every field of every concern is printed.
+    assert len(printed) == sum(len(model.model_fields) for _, model in concerns()) - len(
+        {"RECEIPT_DATA_DIR"}
+    )
 
 
 @pytest.mark.parametrize(
@@ -122,30 +150,10 @@ def test_a_bad_per_group_cap_names_what_it_accepts(raw: str) -> None:
     assert "group=number pairs, the groups being chat, codex, control" in str(raised.value)
 
 
-def test_a_read_from_the_environment_is_reused_until_one_of_its_variables_changes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("CODEX_JOB_LEASE_MS", "600000")
-    first = TimingEnv.load()
-    assert TimingEnv.load() is first  # nothing it reads changed: the same frozen model
-    monkeypatch.setenv("UNRELATED_VARIABLE", "x")
-    assert TimingEnv.load() is first
-    monkeypatch.setenv("CODEX_JOB_LEASE_MS", "700000")
-    assert TimingEnv.load().codex_job_lease_ms == 700000
-    # pydantic-settings reads a variable's name in any case; so does the reuse's key.
-    monkeypatch.delenv("CODEX_JOB_LEASE_MS")
-    monkeypatch.setenv("codex_job_lease_ms", "800000")
-    assert TimingEnv.load().codex_job_lease_ms == 800000
-    monkeypatch.setenv("codex_job_lease_ms", "soon")
-    for _ in range(2):  # a bad value is never kept: every read says so
-        with pytest.raises(SettingsError, match="CODEX_JOB_LEASE_MS must be"):
-            TimingEnv.load()
-    monkeypatch.delenv("codex_job_lease_ms")
-    assert TimingEnv.load().codex_job_lease_ms == 900_000
-    # Two spellings: the later one in the environment wins, for a fresh build and the reuse.
-    monkeypatch.setenv("codex_job_lease_ms", "600000")
-    monkeypatch.setenv("CODEX_JOB_LEASE_MS", "700000")
-    assert TimingEnv.load().codex_job_lease_ms == TimingEnv._build(None).codex_job_lease_ms
-    monkeypatch.delenv("codex_job_lease_ms")
-    monkeypatch.setenv("codex_job_lease_ms", "600000")  # now the later of the two
-    assert TimingEnv.load().codex_job_lease_ms == TimingEnv._build(None).codex_job_lease_ms
+def test_a_variable_is_read_by_its_exact_name_and_a_model_is_frozen() -> None:
+    assert TimingSettings.load({"codex_job_lease_ms": "800000"}) == TimingSettings()
+    assert TimingSettings.load({"CODEX_JOB_LEASE_MS": "800000"}).codex_job_lease_ms == 800_000
+    with pytest.raises(ValidationError):
+        TimingSettings().job_lease_ms = 1  # type: ignore[misc]
+    # Built in code, a model is its defaults: nothing is read from the process environment.
+    assert TimingSettings() == TimingSettings.load({})

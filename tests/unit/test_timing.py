@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from receipts.timing import (
     JobTiming,
@@ -29,7 +30,7 @@ PLAIN = ("factory", {"kind": "factory.dispatch"})
 
 
 def settings(**overrides: Any) -> TimingSettings:
-    return dataclasses.replace(DEFAULTS, **overrides)
+    return TimingSettings(**overrides)
 
 
 # --------------------------------------------------------------------------------------------
@@ -38,7 +39,7 @@ def settings(**overrides: Any) -> TimingSettings:
 
 
 def test_settings_defaults_are_the_spec_defaults() -> None:
-    assert dataclasses.asdict(DEFAULTS) == {
+    assert DEFAULTS.model_dump() == {
         "job_lease_ms": 300_000,
         "factory_control_job_lease_ms": 900_000,
         "codex_job_lease_ms": 900_000,
@@ -49,7 +50,7 @@ def test_settings_defaults_are_the_spec_defaults() -> None:
 
 
 def test_settings_are_frozen() -> None:
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError):
         DEFAULTS.job_lease_ms = 1  # type: ignore[misc]
 
 
@@ -444,7 +445,7 @@ def test_job_timing_is_frozen() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# from_env
+# load: the variables of a process's environment
 # --------------------------------------------------------------------------------------------
 
 ENV_FIELDS = [
@@ -458,26 +459,33 @@ ENV_FIELDS = [
 ENV_VARS = [var for var, _ in ENV_FIELDS]
 
 
-def test_from_env_empty_is_defaults() -> None:
-    assert TimingSettings.from_env({}) == DEFAULTS
+def test_load_empty_is_defaults() -> None:
+    assert TimingSettings.load({}) == DEFAULTS
 
 
-def test_from_env_ignores_unrelated_variables() -> None:
+def test_load_ignores_unrelated_variables() -> None:
     env = {"RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS": "1", "job_lease_ms": "7", "PATH": "x"}
-    assert TimingSettings.from_env(env) == DEFAULTS
+    assert TimingSettings.load(env) == DEFAULTS
 
 
 @pytest.mark.parametrize(("var", "field"), ENV_FIELDS)
-def test_from_env_reads_each_variable_into_its_field(var: str, field: str) -> None:
-    loaded = TimingSettings.from_env({var: "12345"})
+def test_load_reads_each_variable_into_its_field(var: str, field: str) -> None:
+    loaded = TimingSettings.load({var: "12345"})
     assert getattr(loaded, field) == 12_345
     assert loaded == settings(**{field: 12_345})
 
 
-def test_from_env_reads_all_variables_together() -> None:
+def test_load_reads_all_variables_together() -> None:
     env = {var: str(1_000 + i) for i, var in enumerate(ENV_VARS)}
-    loaded = TimingSettings.from_env(env)
-    assert loaded == TimingSettings(1_000, 1_001, 1_002, 1_003, 1_004, 1_005)
+    loaded = TimingSettings.load(env)
+    assert loaded == TimingSettings(
+        job_lease_ms=1_000,
+        factory_control_job_lease_ms=1_001,
+        codex_job_lease_ms=1_002,
+        factory_control_job_execution_timeout_ms=1_003,
+        active_stale_ms=1_004,
+        heartbeat_interval_ms=1_005,
+    )
 
 
 @pytest.mark.parametrize(
@@ -489,13 +497,13 @@ def test_from_env_reads_all_variables_together() -> None:
         pytest.param("007", 7, id="leading-zeros"),
     ],
 )
-def test_from_env_accepts_integers(raw: str, expected: int) -> None:
-    assert TimingSettings.from_env({"JOB_LEASE_MS": raw}).job_lease_ms == expected
+def test_load_accepts_integers(raw: str, expected: int) -> None:
+    assert TimingSettings.load({"JOB_LEASE_MS": raw}).job_lease_ms == expected
 
 
 @pytest.mark.parametrize("raw", ["", "   "])
-def test_from_env_blank_is_unset(raw: str) -> None:
-    assert TimingSettings.from_env({var: raw for var in ENV_VARS}) == DEFAULTS
+def test_load_blank_is_unset(raw: str) -> None:
+    assert TimingSettings.load({var: raw for var in ENV_VARS}) == DEFAULTS
 
 
 BAD_VALUES = ["abc", "1.5", "1e3", "1_000", "0x10", "12ms", "0", "-1", "-0", "٣"]
@@ -503,17 +511,9 @@ BAD_VALUES = ["abc", "1.5", "1e3", "1_000", "0x10", "12ms", "0", "-1", "-0", "٣
 
 @pytest.mark.parametrize("var", ENV_VARS)
 @pytest.mark.parametrize("raw", BAD_VALUES)
-def test_from_env_rejects_bad_values_naming_variable_and_value(var: str, raw: str) -> None:
+def test_load_rejects_bad_values_naming_variable_and_value(var: str, raw: str) -> None:
     with pytest.raises(ValueError) as excinfo:
-        TimingSettings.from_env({var: raw})
+        TimingSettings.load({var: raw})
     message = str(excinfo.value)
     assert var in message
     assert repr(raw) in message
-
-
-def test_from_env_defaults_to_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ENV_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("JOB_LEASE_MS", "45000")
-    monkeypatch.setenv("RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS", "2000")
-    assert TimingSettings.from_env() == settings(job_lease_ms=45_000, heartbeat_interval_ms=2_000)

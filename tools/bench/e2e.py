@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from activities.handlers import no_handler_message
+from activities.handlers.context import no_handler_message
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.sql import query
 from tools.bench.config import NO_HANDLER_AGENT, TERMINAL_TYPES, TRUE_PAYLOAD, BenchError

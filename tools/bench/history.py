@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from receipts import fairness
+from receipts import assembly, fairness
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.settings import DEFAULT_ORG_RUNNING_CAPS, Settings
@@ -363,7 +363,7 @@ async def run(
         urls = {k: await _database(admin_url, n) for k, n in names.items()}
         running: dict[str, list[tuple[str, str]]] = {}
         for key, url in urls.items():
-            stores[key] = await Store.open(url, min_size=2, max_size=10)
+            stores[key] = await assembly.open_store(url, min_size=2, max_size=10)
             template = await run_template(stores[key])
             running[key] = await add_active(stores[key], active)
             if key == "loaded":

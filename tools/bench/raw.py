@@ -39,6 +39,8 @@ from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.workflow import ParentClosePolicy
 
+from roles.infra.settings import RuntimeSettings
+
 PIPELINE_WORKFLOW = "BenchRawPipelineWorkflow"
 ACTIVITY_PIPELINE_WORKFLOW = "BenchRawActivityPipelineWorkflow"
 SANDBOXED_PIPELINE_WORKFLOW = "BenchRawSandboxedPipelineWorkflow"
@@ -55,6 +57,8 @@ PIPELINES = {
     SANDBOXED: SANDBOXED_PIPELINE_WORKFLOW,
 }
 _TIMEOUT = timedelta(seconds=60)
+# This process's settings, read once at start (`__main__`).
+_SETTINGS = RuntimeSettings()
 _RETRY = RetryPolicy(maximum_attempts=2)
 
 
@@ -67,13 +71,13 @@ async def noop(job: dict[str, Any]) -> list[float]:
 
 @activity.defn(name=SANDBOXED_ACTIVITY)
 async def sandboxed_true(job: dict[str, Any]) -> list[float]:
-    """Run `true` in the command sandbox as a codex job's handler does (its settings read per
-    job, its output collected); return `[started, settled]` (epoch seconds)."""
-    from activities.sandbox import SandboxSettings, run_sandboxed
+    """Run `true` in the command sandbox as a codex job's handler does (with the settings its
+    process read at start, its output collected); return `[started, settled]` (epoch seconds)."""
+    from activities.sandbox import run_sandboxed
     from activities.workspaces import objective_workspace
 
     started = time.time()
-    settings = SandboxSettings.from_env()
+    settings = _SETTINGS.sandbox
     output: list[str] = []
 
     async def collect(text: str) -> None:
@@ -169,7 +173,9 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
     else:
         from activities import sandbox
 
-        await sandbox.announce()  # as the worker roles do: probe once, log how commands run
+        await sandbox.announce(
+            _SETTINGS.sandbox
+        )  # as the worker roles do: probe once, log how commands run
         worker = Worker(
             client,
             task_queue=prefix + WORKER_QUEUE,
@@ -194,11 +200,13 @@ async def serve(address: str, side: str, prefix: str, concurrency: int) -> None:
 
 if __name__ == "__main__":
     from roles.infra.process import run_event_loop
+    from roles.infra.settings import load_or_exit
     from roles.role import event_loop_for
 
+    _SETTINGS = load_or_exit()
     # The event loop of the role each side stands for, so both pipelines run alike.
     role = "driver" if sys.argv[2] == "driver" else "worker-codex"
     run_event_loop(
         serve(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 4),
-        event_loop_for(role),
+        event_loop_for(role, _SETTINGS.process),
     )

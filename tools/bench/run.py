@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from receipts import assembly
 from receipts.sql import query
 from roles.infra.ports import free_port, wait_port
 from tools.bench.config import TRUE_PAYLOAD, BenchConfig, BenchError, true_payload
@@ -258,7 +259,6 @@ class Bench:
 
     async def _api_phase(self) -> None:
         from receipts.enqueue import EnqueueRequest, enqueue
-        from receipts.store import Store
         from roles.api.settings import ApiSettings
 
         assert self.processes is not None
@@ -266,7 +266,7 @@ class Bench:
         db_url = await self.create_database("api")
         port = self.start_api(db_url)
         await self.wait_http(port, "api")
-        store = await Store.open(db_url, min_size=max(cfg.api_concurrency), max_size=64)
+        store = await assembly.open_store(db_url, min_size=max(cfg.api_concurrency), max_size=64)
         # Nothing drains the queue in this part: the posts go round enough organizations that
         # none holds more than half its queued cap by the end (README, Security: the API).
         posts = min(100, cfg.api_requests) + cfg.repetitions * cfg.api_requests * len(
@@ -355,13 +355,13 @@ class Bench:
         import psycopg
         from temporalio.client import Client
 
-        from roles.infra.settings import execute_concurrency
+        from roles.infra.settings import ProcessSettings
         from tools.bench.e2e import EndToEnd
 
         assert self.processes is not None
         cfg = self.config
         db_url = await self.create_database("e2e")
-        concurrency = cfg.worker_concurrency or execute_concurrency("worker-codex", {})
+        concurrency = cfg.worker_concurrency or ProcessSettings().concurrency("worker-codex")
         extra = {"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": str(concurrency)}
         port = self.start_api(db_url, fits=cfg.burn_jobs, **extra)
         self.start_role("driver", db_url, **extra)

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from receipts.assembly import verify
 from receipts.audit import audit_chain
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.objectives import store as objectives
 from receipts.objectives.model import objective_stream
-from receipts.projections import verify
 from receipts.sql import query
 from tools.chaos.load import objective_jobs
 from tools.chaos.state import Run

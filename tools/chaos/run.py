@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from receipts import assembly
 from receipts.settings import Settings
-from receipts.store import Store
 from roles.infra.db import migrate_url
 from roles.infra.embedded import embedded_database_url
 from roles.infra.ports import free_port, wait_port
@@ -112,7 +112,7 @@ async def chaos(config: ChaosConfig) -> int:
             first_backoff_s=0.5,
         )
         run.keepers.append(asyncio.create_task(run.roles[name].keep_alive(run.stopping)))
-    run.store = await Store.open(db_url, min_size=1, max_size=4)
+    run.store = await assembly.open_store(db_url, min_size=1, max_size=4)
     try:
         await wait_port(api_port, 60)
         async with httpx.AsyncClient() as http:

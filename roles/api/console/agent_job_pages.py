@@ -18,9 +18,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs import model as agent_model
+from receipts.agent_jobs import reads as agent_reads
 from receipts.errors import NotFoundError
 from roles.api.auth import JOBS_WRITE
-from roles.api.body import listing
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
 from roles.api.console.session import FormError, form_of, session_of, visible
 
@@ -39,16 +39,18 @@ async def agent_jobs_page(request: Request) -> HTMLResponse:
     status = request.query_params.get("status") or None
     agent_id = request.query_params.get("agentId") or None
     store = store_of(request)
-    params = {
-        **listing(session.principal, None, "id"),
-        "organization_id": None,
-        "status": status if status in agent_model.STATUSES else None,
-        "agent_id": agent_id,
-        "owner_session_id": request.query_params.get("ownerSessionId") or None,
-        "limit": PAGE_SIZE,
-    }
-    jobs = await lifecycle.list_jobs(store, params)
-    running = await lifecycle.running_by_agent(store) if session.principal.admin else {}
+    jobs = (
+        await agent_reads.jobs_page(
+            store,
+            session.principal,
+            status=status if status in agent_model.STATUSES else None,
+            agent_id=agent_id,
+            owner_session_id=request.query_params.get("ownerSessionId") or None,
+            after=None,
+            limit=PAGE_SIZE,
+        )
+    ).items
+    running = await agent_reads.running_by_agent(store) if session.principal.admin else {}
     return render(
         "agent_jobs.html",
         session=session,

@@ -16,7 +16,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from receipts.objectives import store as objectives
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream
 from roles.api.auth import JOBS_WRITE
-from roles.api.body import listing
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
 from roles.api.console.session import form_of, session_of, visible
 
@@ -117,14 +116,14 @@ def graph_state(objective: ObjectiveState) -> dict[str, Any]:
 async def objectives_page(request: Request) -> HTMLResponse:
     session = session_of(request)
     status = request.query_params.get("status") or None
-    params = {
-        **listing(session.principal, None, "objective_id"),
-        "organization_id": None,
-        "status": status if status in STATUSES else None,
-        "limit": PAGE_SIZE,
-    }
-    rows = await store_of(request).fetch("api_list_objectives", params)
-    found = [ObjectiveState.model_validate(row[0]) for row in rows]
+    page = await objectives.objectives_page(
+        store_of(request),
+        session.principal,
+        status=status if status in STATUSES else None,
+        after=None,
+        limit=PAGE_SIZE,
+    )
+    found = page.items
     return render(
         "objectives.html",
         session=session,

@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from receipts import jobs as jobmodel
-from receipts import operations
+from receipts import operations, reads
 from receipts import retry as retries
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
 from receipts.kinds import KINDS
@@ -24,14 +23,12 @@ from receipts.settings import Settings
 from receipts.tenancy import caller_id
 from roles.api.admission import runs_commands
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
-from roles.api.body import encode_cursor, listing
+from roles.api.body import decode_cursor, encode_cursor
 from roles.api.console.session import (
     COOKIE,
     COOKIE_PATH,
     FormError,
-    PageMissing,
     Session,
-    SignInRequired,
     need,
     read_form,
     session_of,
@@ -60,14 +57,11 @@ _templates = Environment(
 _templates.globals.update(quote=quote, urlencode=urlencode)
 
 
-def temporal_ui_url() -> str:
-    """The Temporal Web UI the job page links to (`RECEIPT_TEMPORAL_UI_URL`)."""
-    return Settings().temporal_ui_url.rstrip("/")
-
-
-def temporal_namespace() -> str:
-    """The Temporal namespace the drivers run in (`RECEIPT_TEMPORAL_NAMESPACE`)."""
-    return Settings().temporal_namespace
+def temporal_workflows_url(settings: Settings) -> str:
+    """The Temporal Web UI's list of the drivers' workflows (`RECEIPT_TEMPORAL_UI_URL`, in
+    `RECEIPT_TEMPORAL_NAMESPACE`), which the job page links to."""
+    ui = settings.temporal_ui_url.rstrip("/")
+    return f"{ui}/namespaces/{quote(settings.temporal_namespace)}/workflows"
 
 
 def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -177,20 +171,19 @@ def _filters(request: Request) -> dict[str, str]:
     return {name: request.query_params[name] for name in FILTERS if request.query_params.get(name)}
 
 
-def _list_params(session: Session, filters: dict[str, str], cursor: str | None) -> dict[str, Any]:
+def _job_filters(session: Session, filters: dict[str, str]) -> reads.JobFilters:
     def choice(name: str, allowed: tuple[str, ...]) -> str | None:
         value = filters.get(name)
         return value if value in allowed else None
 
-    return {
-        **listing(session.principal, cursor, "job_id"),
-        "organization_id": filters.get("organizationId") if session.principal.admin else None,
-        "status": choice("status", STATUSES),
-        "agent_id": filters.get("agentId"),
-        "lane": choice("lane", LANES),
-        "session_key": filters.get("sessionKey"),
-        "kind": choice("kind", KINDS),
-    }
+    return reads.JobFilters(
+        organization_id=filters.get("organizationId") if session.principal.admin else None,
+        status=choice("status", STATUSES),
+        agent_id=filters.get("agentId"),
+        lane=choice("lane", LANES),
+        session_key=filters.get("sessionKey"),
+        kind=choice("kind", KINDS),
+    )
 
 
 # --- sign-in ----------------------------------------------------------------------------------
@@ -245,17 +238,19 @@ async def jobs_page(request: Request) -> HTMLResponse:
     session = session_of(request)
     store = store_of(request)
     filters = _filters(request)
-    params = _list_params(session, filters, request.query_params.get("cursor"))
-    counts = dict(
-        (row[0], row[1])
-        for row in await store.fetch("console_status_counts", {**params, "status": None})
+    job_filters = _job_filters(session, filters)
+    counts = await reads.job_counts(store, session.principal, job_filters)
+    found = await reads.jobs_page(
+        store,
+        session.principal,
+        job_filters,
+        after=decode_cursor(request.query_params.get("cursor")),
+        limit=PAGE_SIZE,
     )
-    rows = await store.fetch("api_list_jobs", {**params, "limit": PAGE_SIZE + 1})
-    found = [Job.model_validate(row[0]) for row in rows]
-    page = found[:PAGE_SIZE]
+    page = found.items
     next_query = (
         urlencode({**filters, "cursor": encode_cursor(page[-1].created_at, page[-1].job_id)})
-        if len(found) > PAGE_SIZE
+        if found.more
         else None
     )
     return render(
@@ -302,7 +297,8 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         output=_progress_lines(receipts),
         last_seq=receipts[-1].seq if receipts else 0,
         command_types=COMMAND_TYPES,
-        temporal_url=f"{temporal_ui_url()}/namespaces/{quote(temporal_namespace())}/workflows?"
+        temporal_url=temporal_workflows_url(request.app.state.api.core)
+        + "?"
         + urlencode({"query": temporal_query(job)}),
         notice=request.query_params.get("notice"),
         retryable=job.status in retries.RETRYABLE_STATUSES,
@@ -403,19 +399,12 @@ async def job_retry(request: Request, jobId: str) -> Response:
 @router.get("/failed")
 async def failed_page(request: Request) -> HTMLResponse:
     session = session_of(request)
-    rows = await store_of(request).fetch(
-        "console_failed_groups",
-        {
-            "all_organizations": session.principal.admin,
-            "caller_organization_id": session.principal.organization_id,
-            "agent_id": request.query_params.get("agentId") or None,
-            "limit": FAILED_GROUPS,
-        },
+    groups = await reads.failed_groups(
+        store_of(request),
+        session.principal,
+        request.query_params.get("agentId") or None,
+        FAILED_GROUPS,
     )
-    groups = [
-        {"agent": agent, "error": error, "count": count, "latest": latest}
-        for agent, error, count, latest in rows
-    ]
     return render(
         "failed.html",
         session=session,
@@ -450,36 +439,3 @@ async def failed_retry(request: Request) -> Response:
 
 
 # --- wiring -----------------------------------------------------------------------------------
-
-
-def install_console(app: FastAPI) -> None:
-    """Serve the console's pages and assets, and turn its refusals into pages, not JSON."""
-    from roles.api.console.agent_job_pages import router as agent_job_router
-    from roles.api.console.objective_pages import router as objective_router
-
-    app.include_router(router)
-    app.include_router(agent_job_router)
-    app.include_router(objective_router)
-    app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
-
-    @app.exception_handler(SignInRequired)
-    async def sign_in(request: Request, exc: SignInRequired) -> Response:
-        if request.method == "GET" and not request.url.path.endswith("/events"):
-            return RedirectResponse("/console/login", status_code=303)
-        return Response("sign in at /console/login", status_code=401)
-
-    @app.exception_handler(FormError)
-    async def form_error(request: Request, exc: FormError) -> Response:
-        log.info(
-            "console form refused",
-            extra={"event": "console.form_refused", "status": exc.status, "path": request.url.path},
-        )
-        return render("error.html", status=exc.status, session=None, message=exc.message)
-
-    @app.exception_handler(PageMissing)
-    async def page_missing(request: Request, exc: PageMissing) -> Response:
-        log.info(
-            "console page missing",
-            extra={"event": "console.page_missing", "path": request.url.path},
-        )
-        return render("missing.html", status=404, session=exc.session, what=exc.what)

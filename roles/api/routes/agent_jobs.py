@@ -10,13 +10,14 @@ from fastapi.responses import JSONResponse, Response
 
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs import model as agent_model
+from receipts.agent_jobs import reads as agent_reads
 from receipts.agent_jobs.model import AgentJob
-from receipts.agent_jobs.registry import RegistryError, load_registry, registry_path
+from receipts.agent_jobs.registry import AgentJobSettings, RegistryError, load_registry
 from receipts.agent_jobs.requests import parse_answer, parse_create
 from receipts.errors import ConflictError, InvalidInput, NotFoundError
 from receipts.jobs import job_stream
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import choice, encode_cursor, listing
+from roles.api.body import choice, decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.routes.sessions import visible_session
@@ -142,12 +143,12 @@ def _require_admin(caller: Principal) -> None:
         raise ApiError(403, "forbidden", "the console needs an admin token")
 
 
-def _check_agent(agent_id: str) -> None:
+def _check_agent(settings: AgentJobSettings, agent_id: str) -> None:
     """Refuse an agent the registry does not know, when this process can read the registry."""
-    if registry_path() is None:
+    if settings.agents_file is None:
         return
     try:
-        registry = load_registry()
+        registry = load_registry(settings.agents_file)
     except RegistryError:
         return  # the turn reports a broken registry; creating the job writes nothing wrong
     if registry.get(agent_id) is None:
@@ -190,7 +191,7 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
         )
     assert organization_id is not None
     create = parse_create(body, organization_id)
-    _check_agent(create.agent_id)
+    _check_agent(state.agent_jobs, create.agent_id)
     try:
         job, created = await lifecycle.create(state.require_store(), create)
     except lifecycle.LiveTurnRunning as exc:
@@ -235,20 +236,20 @@ async def _list(
     limit: int,
     cursor: str | None,
 ) -> JSONResponse:
-    params = {
-        **listing(caller, cursor, "id"),
-        "organization_id": organization_id,
-        "status": choice(status, "status", agent_model.STATUSES),
-        "agent_id": agent_id,
-        "owner_session_id": owner_session_id,
-        "limit": limit + 1,
-    }
-    found = await lifecycle.list_jobs(state.require_store(), params)
-    page = found[:limit]
-    last = page[-1] if len(found) > limit else None
+    page = await agent_reads.jobs_page(
+        state.require_store(),
+        caller,
+        organization_id=organization_id,
+        status=choice(status, "status", agent_model.STATUSES),
+        agent_id=agent_id,
+        owner_session_id=owner_session_id,
+        after=decode_cursor(cursor),
+        limit=limit,
+    )
+    last = page.items[-1] if page.more else None
     next_cursor = encode_cursor(last.created_at, last.agent_job_id) if last else None
     return JSONResponse(
-        {"agentJobs": [agent_job_view(j, request) for j in page], "nextCursor": next_cursor}
+        {"agentJobs": [agent_job_view(j, request) for j in page.items], "nextCursor": next_cursor}
     )
 
 

@@ -8,9 +8,10 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from receipts import reads
 from receipts.errors import StorageError, TransientStorageError
 from receipts.sql import migrations
-from receipts.store import Store, translate_errors
+from receipts.store import Store
 from roles.api.auth import ADMIN
 from roles.api.deps import ApiError, Caller, State, require_scope
 from roles.api.errors import RETRY_AFTER_S
@@ -23,8 +24,7 @@ router = APIRouter()
 
 async def schema_ready(store: Store) -> int:
     """Return the schema version when every shipped migration is applied; raise ApiError if not."""
-    with translate_errors():
-        applied = {row[0] for row in await store.fetch("migrations_applied", {})}
+    applied = await reads.applied_migrations(store)
     missing = sorted({m.version for m in migrations()} - applied)
     if missing:
         raise ApiError(

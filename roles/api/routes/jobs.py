@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 
 from receipts import jobs as jobmodel
-from receipts import operations
+from receipts import operations, reads
 from receipts.enqueue import (
     JOB_ID_PATTERN,
     EnqueueRequest,
@@ -40,7 +40,6 @@ from receipts.kinds import (
     unread_because,
 )
 from receipts.objectives import store as objectives
-from receipts.store import Store, translate_errors
 from receipts.tenancy import scoped_id
 from roles.api.admission import (
     capped_timeout,
@@ -52,9 +51,9 @@ from roles.api.admission import (
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE
 from roles.api.body import (
     choice,
+    decode_cursor,
     encode_cursor,
     job_path,
-    listing,
     read_json_body,
     validated,
 )
@@ -247,14 +246,6 @@ async def _scoped_objective(state: ApiState, request: EnqueueRequest) -> Enqueue
     return dataclasses.replace(request, payload={**request.payload, "objectiveId": runtime})
 
 
-async def _list_jobs(store: Store, params: dict[str, Any]) -> list[Job]:
-    with translate_errors():
-        # Never a server-side prepared statement: its generic plan cannot use the filter
-        # indexes (a NULL filter matches all), and would walk the organization's history.
-        rows = await store.fetch("api_list_jobs", params, prepare=False)
-        return [Job.model_validate(row[0]) for row in rows]
-
-
 @router.get(
     "/jobs",
     response_model=JobList,
@@ -285,28 +276,28 @@ async def list_jobs(
     continues it.
     """
     require_scope(caller, JOBS_READ)
-    params = {
-        **listing(caller, cursor, "job_id"),
-        "organization_id": organization_id,
-        "status": choice(status, "status", STATUSES),
-        "agent_id": agent_id,
-        "lane": choice(lane, "lane", LANES),
-        "session_key": session_key,
-        "kind": choice(kind, "kind", KINDS),
-        "limit": limit + 1,
-    }
-    found = await _list_jobs(state.require_store(), params)
+    filters = reads.JobFilters(
+        organization_id=organization_id,
+        status=choice(status, "status", STATUSES),
+        agent_id=agent_id,
+        lane=choice(lane, "lane", LANES),
+        session_key=session_key,
+        kind=choice(kind, "kind", KINDS),
+    )
+    page = await reads.jobs_page(
+        state.require_store(), caller, filters, after=decode_cursor(cursor), limit=limit
+    )
     budget = state.settings.max_response_bytes
     views: list[dict[str, Any]] = []
-    for job in found[:limit]:
+    for job in page.items:
         view = job_view(job, shown_id(caller, job))
         budget -= json_size(view)
         if views and budget < 0:
             break
         views.append(view)
     next_cursor = None
-    if views and len(found) > len(views):
-        last = found[len(views) - 1]
+    if views and (page.more or len(page.items) > len(views)):
+        last = page.items[len(views) - 1]
         next_cursor = encode_cursor(last.created_at, last.job_id)
     return JSONResponse({"jobs": views, "nextCursor": next_cursor})
 

@@ -17,14 +17,15 @@ from fastapi.responses import JSONResponse, Response
 
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import InvalidInput
+from receipts.kinds import check_objective_id
 from receipts.objectives import model as objective_model
 from receipts.objectives import store as objectives
-from receipts.objectives.graph import OBJECTIVE_FIELDS, check_objective_id, parse_objective
+from receipts.objectives.graph import OBJECTIVE_FIELDS, parse_objective
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream, run_job_id
-from receipts.store import Store, translate_errors
+from receipts.store import Store
 from receipts.tenancy import scoped_id, untagged
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import choice, encode_cursor, listing, read_json_body
+from roles.api.body import choice, decode_cursor, encode_cursor, read_json_body
 from roles.api.body import json_object as _object
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_id
 from roles.api.deps import takes_query as _takes_query
@@ -183,24 +184,19 @@ async def list_objectives(
 ) -> JSONResponse:
     """The caller's objectives, newest first, one page at a time (keyset cursor)."""
     require_scope(caller, JOBS_READ)
-    params = {
-        **listing(caller, cursor, "objective_id"),
-        "organization_id": organization_id,
-        "status": choice(status, "status", STATUSES),
-        "limit": limit + 1,
-    }
-    with translate_errors():
-        rows = await state.require_store().fetch("api_list_objectives", params)
-        found = [ObjectiveState.model_validate(row[0]) for row in rows]
-    page = found[:limit]
+    page = await objectives.objectives_page(
+        state.require_store(),
+        caller,
+        organization_id=organization_id,
+        status=choice(status, "status", STATUSES),
+        after=decode_cursor(cursor),
+        limit=limit,
+    )
+    last = page.items[-1] if page.more else None
     return JSONResponse(
         {
-            "objectives": [_shown(caller, _summary(o)) for o in page],
-            "nextCursor": (
-                encode_cursor(page[-1].created_at, page[-1].objective_id)
-                if len(found) > limit
-                else None
-            ),
+            "objectives": [_shown(caller, _summary(o)) for o in page.items],
+            "nextCursor": encode_cursor(last.created_at, last.objective_id) if last else None,
         }
     )
 

@@ -14,7 +14,9 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.handlers import Handler, default_handlers
+from activities.handlers.context import Handler, HandlerSettings
+from activities.handlers.registry import default_handlers
+from receipts import assembly
 from receipts.jobs import Job
 from receipts.kinds import WORKER_QUEUES
 from receipts.listen import Listener
@@ -26,6 +28,7 @@ from roles.delivery.dispatcher import Dispatcher
 from roles.delivery.runtime import attempt_worker, driver_worker
 from roles.delivery.starter import DriverStarter
 from roles.infra.db import migrate_url
+from roles.infra.settings import load as load_settings
 
 
 @pytest.fixture
@@ -42,7 +45,7 @@ async def fresh_db(make_database: Callable[[], str]) -> str:
 
 @pytest.fixture
 async def fresh_store(fresh_db: str) -> AsyncIterator[Store]:
-    store = await Store.open(fresh_db, min_size=2, max_size=20)
+    store = await assembly.open_store(fresh_db, min_size=2, max_size=20)
     yield store
     await store.close()
 
@@ -61,6 +64,9 @@ class Stack:
     workers: dict[str, Worker] = field(default_factory=dict)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     handlers: Mapping[str, Handler] = field(default_factory=default_handlers)
+    # What its handlers are handed: read from this process's environment when the stack starts,
+    # as a worker role reads its own at start.
+    handler_settings: HandlerSettings = field(default_factory=lambda: load_settings().handlers)
 
     def queue(self, name: str) -> str:
         return self.settings.queue(name)
@@ -71,6 +77,7 @@ class Stack:
             self.store,
             self.queue(queue),
             self.handlers,
+            settings=self.handler_settings,
             listener=self.listener,
             concurrency=concurrency,
         )
@@ -92,6 +99,7 @@ async def running_stack(
     queues: tuple[str, ...] = WORKER_QUEUES,
     timing: TimingSettings | None = None,
     handlers: Mapping[str, Handler] | None = None,
+    handler_settings: HandlerSettings | None = None,
     dispatcher: bool = True,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
@@ -106,6 +114,8 @@ async def running_stack(
     stack = Stack(client, store, db_url, settings_obj, timing, starter, listener)
     if handlers is not None:
         stack.handlers = handlers
+    if handler_settings is not None:
+        stack.handler_settings = handler_settings
     stack.tasks.append(asyncio.create_task(listener.run()))
     await asyncio.wait_for(listener.connected.wait(), 10)
     driver = driver_worker(client, store, settings_obj, timing)

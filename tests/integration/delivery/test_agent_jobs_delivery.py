@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from activities.handlers import HandlerContext, HandlerError
+from activities.handlers.context import HandlerContext, HandlerError
 from receipts import operations as ops
 from receipts.agent_jobs import lifecycle, model
 from receipts.agent_jobs.lifecycle import CreateRequest

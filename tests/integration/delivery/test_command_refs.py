@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from temporalio.client import Client
 
-from activities.handlers import HandlerContext
+from activities.handlers.context import HandlerContext
 from receipts.store import Store
 from tests.integration.api_support import AS_A, api_client, enqueue_body, rid
 from tests.integration.delivery.conftest import running_stack, wait_for_status

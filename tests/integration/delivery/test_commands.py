@@ -5,6 +5,7 @@ reason, in the transaction that ends the job (`queue.command.unconsumed`)."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from tests.integration.helpers import put, types
 
 @pytest.fixture
 async def sandbox_available() -> None:
-    ok, message = await probe(SandboxSettings.from_env())
+    ok, message = await probe(SandboxSettings.load(os.environ))
     if not ok:
         pytest.skip(f"SANDBOX TESTS NOT RUN: bubblewrap cannot create namespaces here: {message}")
 

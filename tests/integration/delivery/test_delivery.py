@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 from typing import Any
 
 import httpx
@@ -500,7 +501,7 @@ async def test_a_missing_command_fails_with_a_clear_error(
     assert first.error is not None
     assert first.error.startswith("could not start 'no-such-command-zz': not found on PATH")
     assert second.status == "failed"
-    workspace = job_workspace("org-a", relative.job_id, SandboxSettings.from_env())
+    workspace = job_workspace("org-a", relative.job_id, SandboxSettings.load(os.environ))
     assert (
         second.error == f"could not start './nope.sh': no executable file at {workspace}/./nope.sh"
     )

@@ -14,19 +14,20 @@ from typing import Any
 
 from temporalio.client import Client
 
-from activities.handlers import HandlerContext
+from activities.handlers.context import HandlerContext
 from receipts import deliveries, fairness
 from receipts import operations as ops
 from receipts.store import Store
-from roles.delivery.loops import QueuedRedrive, RedriveConfig
+from roles.delivery.loops import QueuedRedrive
 from roles.delivery.starter import HELD_BACK
+from roles.infra.settings import LoopSettings
 from tests.integration.delivery.conftest import Stack, running_stack, wait_for_status
 from tests.integration.helpers import put
 
 CAP = 2
 SLOTS = 3  # the codex worker's attempts at once: more than one organization's cap
 BACKLOG = 8
-NOW = RedriveConfig(min_age_ms=0, cooldown_ms=0)
+NOW = LoopSettings(redrive_min_age_ms=0, redrive_cooldown_ms=0)
 
 
 class LongJobs:

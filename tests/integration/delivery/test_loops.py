@@ -15,9 +15,8 @@ from receipts.store import Store
 from roles.delivery.loops import (
     ObjectiveControlOutboxRedrive,
     QueuedRedrive,
-    RedriveConfig,
-    env_ms,
 )
+from roles.infra.settings import LoopSettings
 from tests.integration.delivery.conftest import (
     running_stack,
     wait_for_scheduled_attempt,
@@ -25,7 +24,7 @@ from tests.integration.delivery.conftest import (
 )
 from tests.integration.helpers import put, types
 
-NOW = RedriveConfig(min_age_ms=0, cooldown_ms=0)
+NOW = LoopSettings(redrive_min_age_ms=0, redrive_cooldown_ms=0)
 
 
 def task(*argv: str) -> dict[str, Any]:
@@ -70,13 +69,19 @@ async def test_redrive_respects_the_minimum_age_and_cooldown(
     async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
         job = (await put(fresh_store, payload_extra=task("true"))).job
         young = QueuedRedrive(
-            fresh_store, s.starter, s.settings, RedriveConfig(min_age_ms=60_000, cooldown_ms=0)
+            fresh_store,
+            s.starter,
+            s.settings,
+            LoopSettings(redrive_min_age_ms=60_000, redrive_cooldown_ms=0),
         )
         assert (await young.run_once()).redriven == 0
         first = QueuedRedrive(fresh_store, s.starter, s.settings, NOW)
         assert (await first.run_once()).redriven == 1
         cooling = QueuedRedrive(
-            fresh_store, s.starter, s.settings, RedriveConfig(min_age_ms=0, cooldown_ms=60_000)
+            fresh_store,
+            s.starter,
+            s.settings,
+            LoopSettings(redrive_min_age_ms=0, redrive_cooldown_ms=60_000),
         )
         assert (await cooling.run_once()).redriven == 0
         assert (await deliveries.job_and_latest(fresh_store, job.job_id))[1] is not None
@@ -135,20 +140,31 @@ async def _run(coro: Coroutine[Any, Any, int | None]) -> int | None:
 
 
 def test_loop_settings_use_the_spec_names_and_defaults() -> None:
-    assert RedriveConfig.from_env({}) == RedriveConfig(15_000, 5_000, 30_000, 15_000)
-    config = RedriveConfig.from_env(
+    import pytest
+
+    from receipts.settings import SettingsError
+
+    defaults = LoopSettings.load({})
+    assert (
+        defaults.redrive_interval_ms,
+        defaults.outbox_interval_ms,
+        defaults.redrive_min_age_ms,
+        defaults.redrive_cooldown_ms,
+    ) == (15_000, 5_000, 30_000, 15_000)
+    config = LoopSettings.load(
         {
             "RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS": "1000",
-            "RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS": "2000",
+            "RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS": " 2000 ",
             "RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS": "3000",
         }
     )
-    assert (config.interval_ms, config.min_age_ms, config.cooldown_ms) == (1000, 2000, 3000)
-    assert env_ms("X", 7, {"X": " 12 "}) == 12
-    import pytest
-
-    with pytest.raises(ValueError, match="X must be an integer"):
-        env_ms("X", 7, {"X": "soon"})
+    assert (config.redrive_interval_ms, config.redrive_min_age_ms) == (1000, 2000)
+    assert config.redrive_cooldown_ms == 3000
+    with pytest.raises(
+        SettingsError,
+        match="RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS must be a whole number of milliseconds",
+    ):
+        LoopSettings.load({"RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS": "soon"})
 
 
 async def test_a_redrive_that_finds_an_open_delivery_does_not_spend_its_key(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -19,7 +20,7 @@ from tests.integration.test_sandbox import host_processes_running, wait_until_ru
 
 @pytest.fixture(autouse=True)
 async def sandbox_available() -> None:
-    ok, message = await probe(SandboxSettings.from_env())
+    ok, message = await probe(SandboxSettings.load(os.environ))
     if not ok:
         pytest.skip(f"SANDBOX TESTS NOT RUN: bubblewrap cannot create namespaces here: {message}")
 
@@ -47,7 +48,7 @@ async def test_a_job_running_env_and_reading_proc_sees_no_worker_secret(
     shown = done.result["outputTail"]
     receipts = await fresh_store.read_stream(f"jobs/{job.job_id}")
     shown += "".join(r.data["data"]["output"] for r in receipts if r.type == "job.progress")
-    assert f"HOME={job_workspace('org-a', job.job_id, SandboxSettings.from_env())}" in shown
+    assert f"HOME={job_workspace('org-a', job.job_id, SandboxSettings.load(os.environ))}" in shown
     assert marker not in shown
     assert "RECEIPT_" not in shown
 

@@ -7,6 +7,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
+from receipts import assembly
 from receipts.store import Store
 from roles.infra.tracing import configure_tracing
 from tests.integration.api_support import AS_A, api_client, enqueue_body, rid
@@ -17,13 +18,13 @@ async def test_a_job_is_one_trace_from_the_api_through_workflows_to_settlement(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
     exporter = InMemorySpanExporter()
-    configure_tracing("receipt-test", SimpleSpanProcessor(exporter))
+    configure_tracing("receipt-test", processor=SimpleSpanProcessor(exporter))
     traced = await Client.connect(
         client.service_client.config.target_host, interceptors=[TracingInterceptor()]
     )
     body = enqueue_body(payload_extra={"task": {"command": ["true"]}})
     # Connections opened after tracing is configured carry the psycopg instrumentation.
-    store = await Store.open(fresh_db, min_size=1, max_size=10)
+    store = await assembly.open_store(fresh_db, min_size=1, max_size=10)
     async with (
         running_stack(traced, store, fresh_db),
         api_client(fresh_db, store=store) as api,

@@ -14,7 +14,7 @@ from roles.delivery.watchdog import ensure_watchdog_schedule
 
 async def test_enabled_0_creates_the_schedule_paused_and_1_resumes_it(client: Client) -> None:
     settings = Settings(RECEIPT_TASK_QUEUE_PREFIX=f"w{uuid.uuid4().hex[:8]}-")
-    off = WatchdogSettings.from_env({"RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED": "0"})
+    off = WatchdogSettings.load({"RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED": "0"})
     sid = await ensure_watchdog_schedule(client, settings, off)
     handle = client.get_schedule_handle(sid)
     try:
@@ -23,7 +23,7 @@ async def test_enabled_0_creates_the_schedule_paused_and_1_resumes_it(client: Cl
         assert "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED=0" in (paused.schedule.state.note or "")
         # The server keeps the cron as a calendar: every minute.
         assert paused.schedule.spec.calendars or paused.schedule.spec.cron_expressions
-        on = WatchdogSettings.from_env({})
+        on = WatchdogSettings.load({})
         assert await ensure_watchdog_schedule(client, settings, on) == sid  # the same one
         assert not (await handle.describe()).schedule.state.paused
     finally:

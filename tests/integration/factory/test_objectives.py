@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
+from receipts.kinds import QUEUE_CODEX
 from receipts.objectives import store as objectives
 from receipts.objectives.model import (
     monitor_job_id,
@@ -19,6 +20,7 @@ from receipts.objectives.model import (
 )
 from receipts.store import Store
 from receipts.timing import TimingSettings
+from roles.infra.settings import load as load_settings
 from tests.integration.delivery.conftest import running_stack, wait_for_status
 from tests.integration.factory.conftest import (
     objective_dir,
@@ -317,7 +319,11 @@ async def test_a_prompt_task_runs_the_codex_command_with_the_prompt_on_stdin(
     async with running_stack(client, fresh_store, fresh_db) as stack, outbox_running(stack):
         await run_objective(fresh_store, objective)
         unset = await wait_objective(fresh_store, "prompt-1")
+        # A codex worker started with the command set (a worker reads it at start).
         monkeypatch.setenv("RECEIPT_CODEX_COMMAND", "tee prompt.txt")
+        stack.handler_settings = load_settings().handlers
+        await stack.stop_worker(QUEUE_CODEX)
+        await stack.start_worker(QUEUE_CODEX)
         await run_objective(fresh_store, {**objective, "objectiveId": "prompt-2"})
         await wait_objective(fresh_store, "prompt-2")
         # The task's monitor mirrors its output onto the objective; it may end after the

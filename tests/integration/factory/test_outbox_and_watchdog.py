@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -13,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from temporalio.client import Client
 
 from activities.fence import AttemptFence
-from activities.handlers import HandlerContext
+from activities.handlers.context import HandlerContext, HandlerSettings
 from activities.handlers.factory import objective_watchdog
 from activities.handlers.store import HandlerStore
 from receipts import operations as ops
@@ -23,6 +24,7 @@ from receipts.jobs import Job
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key, task_job_id
 from receipts.store import Store
+from receipts.watchdog import WatchdogSettings
 from roles.delivery.loops import ObjectiveResume
 from roles.infra.metrics import Metrics
 from tests.integration.delivery.conftest import running_stack
@@ -174,14 +176,19 @@ async def test_startup_resume_requests_control_for_a_quiet_active_objective(
     assert await resume.run_once() == 0
 
 
-async def handler_context(store: Store) -> HandlerContext:
-    """The handler context of a started watchdog job: its objective writes hold its fence."""
+async def handler_context(store: Store, **watchdog: Any) -> HandlerContext:
+    """The handler context of a started watchdog job (its objective writes hold its fence),
+    with the watchdog settings `watchdog` (WatchdogSettings fields) where given."""
     job = (await put(store, "factory-control", kind="factory.objective.watchdog")).job
     fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
     out = await fence.start(60_000, {"role": "test"})
     assert out.ok and out.job is not None
     return HandlerContext(
-        job=out.job, attempt=1, worker_id=fence.worker_id, store=HandlerStore(fence)
+        job=out.job,
+        attempt=1,
+        worker_id=fence.worker_id,
+        store=HandlerStore(fence),
+        settings=HandlerSettings(watchdog=WatchdogSettings(**watchdog)),
     )
 
 
@@ -212,12 +219,10 @@ async def test_the_watchdog_fires_for_quiet_objectives_within_its_scan_limit(
     metrics = Metrics(CollectorRegistry())
     metrics.wire_process_counters()
     # wd-3 was just written: inside the grace period, it must not fire.
-    monkeypatch.setenv("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "1")
-    first = await objective_watchdog(await handler_context(fresh_store))
+    first = await objective_watchdog(await handler_context(fresh_store, scan_limit=1))
     assert first["scanned"] == 1 and first["limit"] == 1
     assert first["reconciled"] == [{"objectiveId": "wd-1", "reason": "no_active_objective_work"}]
-    monkeypatch.setenv("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT", "10")
-    second = await objective_watchdog(await handler_context(fresh_store))
+    second = await objective_watchdog(await handler_context(fresh_store, scan_limit=10))
     # wd-1 now has an active control job: no reason; wd-2 fires; wd-3 is still in its grace.
     assert second["reconciled"] == [{"objectiveId": "wd-2", "reason": "no_active_objective_work"}]
     assert second["reasons"]["no_active_objective_work"] == 1
@@ -235,7 +240,6 @@ async def test_the_watchdog_stops_at_its_timeout(
 ) -> None:
     await create_objective(fresh_store, "wd-slow", TASK)
     await backdate(fresh_db, "wd-slow", 5)
-    monkeypatch.setenv("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TIMEOUT_MS", "1")  # floored: 10 s
     async with await psycopg.AsyncConnection.connect(fresh_db) as conn, conn.transaction():
         # Another transaction holds the objective's stream: the watchdog's request waits on it.
         await conn.execute(
@@ -243,7 +247,8 @@ async def test_the_watchdog_stops_at_its_timeout(
             ("stream:" + objective_stream("wd-slow"),),
         )
         started = asyncio.get_running_loop().time()
-        result = await objective_watchdog(await handler_context(fresh_store))
+        # A 1 ms timeout is floored to 10 s.
+        result = await objective_watchdog(await handler_context(fresh_store, timeout_ms=1))
         waited = asyncio.get_running_loop().time() - started
     assert result["timedOut"] is True
     assert result["reconciled"] == []
@@ -255,7 +260,7 @@ async def test_the_watchdog_stops_at_its_timeout(
 async def test_the_objectives_projection_is_verified_and_rebuilt_from_the_chain(
     fresh_store: Store, fresh_db: str
 ) -> None:
-    from receipts.projections import rebuild, verify
+    from receipts.assembly import rebuild, verify
 
     await create_objective(fresh_store, "proj-1", TASK)
     async with fresh_store.transaction() as tx:

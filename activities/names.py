@@ -2,7 +2,8 @@
 
 Workflows schedule activities and start workflows by these names, and the definitions register
 under them (`@workflow.defn(name=...)`, `@activity.defn(name=...)`). A leaf module with no
-imports, so workflow code, activity code and the roles can all import it.
+imports, in the activities package (the lower of the two), so workflow code, activity code and
+the roles can all import it.
 """
 
 from __future__ import annotations

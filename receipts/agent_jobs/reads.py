@@ -1,0 +1,66 @@
+"""Reads of agent jobs: the dispatcher's and the recovery loops' scans, and the page every
+lister shares (the API, the console)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from receipts.agent_jobs.model import AgentJob
+from receipts.reads import Page, Position, Viewer, page, seen_by
+from receipts.store import Store
+
+
+async def ready(store: Store, limit: int = 200) -> list[tuple[str, str]]:
+    """`(agentJobId, agentId)` of jobs waiting only for a slot, oldest first."""
+    return [(str(a), str(b)) for a, b in await store.fetch("agent_jobs_ready", {"limit": limit})]
+
+
+async def settled_turns(store: Store, limit: int = 200) -> list[str]:
+    """Running jobs whose turn's queue job is terminal."""
+    return [str(r[0]) for r in await store.fetch("agent_jobs_settled_turns", {"limit": limit})]
+
+
+async def input_overdue(store: Store, timeout_ms: int, limit: int = 200) -> list[str]:
+    """Waiting, unanswered jobs whose last change is older than `timeout_ms`."""
+    rows = await store.fetch("agent_jobs_input_overdue", {"timeout_ms": timeout_ms, "limit": limit})
+    return [str(r[0]) for r in rows]
+
+
+async def next_available_at(store: Store) -> Any:
+    """The soonest future `availableAt` of a queued job, or None."""
+    rows = await store.fetch("agent_jobs_next_available_at", {})
+    return rows[0][0] if rows else None
+
+
+async def jobs_page(
+    store: Store,
+    viewer: Viewer,
+    *,
+    organization_id: str | None = None,
+    status: str | None = None,
+    agent_id: str | None = None,
+    owner_session_id: str | None = None,
+    after: Position | None,
+    limit: int,
+) -> Page[AgentJob]:
+    """A page of the agent jobs `viewer` may see, newest first (None filters match all)."""
+    params = {
+        **seen_by(viewer, after, "id"),
+        "organization_id": organization_id,
+        "status": status,
+        "agent_id": agent_id,
+        "owner_session_id": owner_session_id,
+    }
+    states, more = await page(store, "agent_jobs_list", params, limit)
+    return Page([AgentJob.model_validate(s) for s in states], more)
+
+
+async def running_by_agent(store: Store) -> dict[str, int]:
+    """Running agent jobs per agent id (the slots in use)."""
+    return {str(a): int(n) for a, n in await store.fetch("agent_jobs_running_by_agent", {})}
+
+
+async def unposted_wakeups(store: Store, url: str, limit: int = 100) -> list[tuple[str, str, int]]:
+    """`(sourceId, sessionId, sessionSeq)` of recent wakeups not yet posted to `url`."""
+    rows = await store.fetch("agent_wakeups_unposted", {"url": url, "limit": limit})
+    return [(str(a), str(b), int(c)) for a, b, c in rows]

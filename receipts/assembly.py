@@ -1,0 +1,62 @@
+"""The runtime's parts put together: the store's settlement policies and every projection.
+
+The store (receipts/store.py) knows streams, receipts, projections and transactions, and
+nothing of the layers above it; each aggregate declares its projection, and the Factory
+declares what it writes when a job settles. This module, above all of them, is the one place
+that lists them, for the processes to open the store with (`open_store`) and for `receipt
+rebuild-projections` (`rebuild`, `verify`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from receipts.agent_jobs.projection import AGENT_JOBS
+from receipts.objectives.store import OBJECTIVES, control_outbox
+from receipts.projections import JOBS, Projection
+from receipts.store import CHECK_IDLE_S, SettlementPolicy, Store
+
+log = logging.getLogger("receipts.assembly")
+
+# Run in every job append, in this order.
+POLICIES: tuple[SettlementPolicy, ...] = (control_outbox,)
+PROJECTIONS: tuple[Projection[Any], ...] = (JOBS, OBJECTIVES, AGENT_JOBS)
+
+
+async def open_store(
+    url: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    open_timeout: float = 15.0,
+    check_idle_s: float = CHECK_IDLE_S,
+    session: Mapping[str, str] | None = None,
+) -> Store:
+    """Open the store on `url` with the runtime's settlement policies (`Store.open`)."""
+    return await Store.open(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        open_timeout=open_timeout,
+        check_idle_s=check_idle_s,
+        session=session,
+        policies=POLICIES,
+    )
+
+
+async def rebuild(store: Store) -> dict[str, int]:
+    """Replace every projection with the fold of the chain, in one transaction (appends wait
+    on the table locks meanwhile). Returns the rows written per table."""
+    async with store.transaction() as tx:
+        counts = {p.table: await p.rebuild_in(tx) for p in PROJECTIONS}
+    log.info("projections rebuilt", extra={"event": "projections.rebuilt", **counts})
+    return counts
+
+
+async def verify(store: Store) -> list[str]:
+    """Compare every projection with the fold of the chain, in one transaction; one line per
+    difference."""
+    async with store.transaction() as tx:
+        return [line for p in PROJECTIONS for line in await p.verify_in(tx)]
