@@ -10,8 +10,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -24,14 +23,14 @@ from activities.handlers.context import (
     HandlerSettings,
     no_handler_message,
 )
-from activities.handlers.store import HandlerStore
+from activities.handlers.fenced import FencedReceipts
 from activities.names import EXECUTE_ATTEMPT
 from activities.settle import REJECTED_STATUS, Settlement, rejected
-from receipts import deliveries
+from receipts import deliveries, metrics
 from receipts import operations as ops
 from receipts.jobs import Job, job_stream
 from receipts.listen import RECONNECTED, Listener
-from receipts.messages import AttemptInput, AttemptResult
+from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
 from receipts.store import Store
 
 log = logging.getLogger("activities.attempt")
@@ -46,16 +45,6 @@ TEMPORAL_BEAT_MIN_S, TEMPORAL_BEAT_MAX_S = 0.2, 5.0
 def execution_timeout_message(timeout_ms: int) -> str:
     """The error of a handler that ran past its execution timeout."""
     return f"execution timed out after {timeout_ms} ms"
-
-
-@dataclass
-class AttemptHooks:
-    """Observation points for metrics (set by the role); each is optional."""
-
-    on_started: Callable[[Job], None] | None = None
-    on_settled: Callable[[str, Job | None, float | None], None] | None = None
-    on_heartbeat_lag: Callable[[float], None] | None = None
-    on_redelivered: Callable[[Job], None] | None = None
 
 
 def process_identity(role: str) -> dict[str, Any]:
@@ -75,14 +64,12 @@ class AttemptActivities:
         settings: HandlerSettings | None = None,
         role: str = "worker",
         listener: Listener | None = None,
-        hooks: AttemptHooks | None = None,
     ) -> None:
         self.store = store
         self.handlers = handlers
         self.settings = settings or HandlerSettings()
         self.role = role
         self.listener = listener
-        self.hooks = hooks or AttemptHooks()
 
     @activity.defn(name=EXECUTE_ATTEMPT)
     async def execute_attempt(self, attempt: AttemptInput) -> AttemptResult:
@@ -121,23 +108,27 @@ class AttemptActivities:
 
     async def _execute(self, attempt: AttemptInput, worker_id: str) -> AttemptResult:
         fence = AttemptFence(self.store, attempt.job_id, attempt.attempt, worker_id)
-        settle = Settlement(fence, self.hooks.on_settled)
+        settle = Settlement(fence)
         # One transaction: lease a queued job with its first heartbeat (→ running), or take a
         # redelivered attempt's lease over with a start-fence heartbeat.
         out = await fence.start(attempt.lease_ms, process_identity(self.role))
         if not out.ok or out.job is None:
             if out.status == ops.NOT_FOUND:
-                return AttemptResult("stale_attempt", error="job not found", worker_id=worker_id)
+                return AttemptResult(
+                    AttemptStatus.STALE_ATTEMPT, error="job not found", worker_id=worker_id
+                )
             return rejected(out.status, out.job, worker_id)
         job = out.job
-        if self.hooks.on_started:
-            self.hooks.on_started(job)
+        # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
+        # handed the attempt to this one, which took the lease over (start-fence).
+        redelivered = (ops.delivery_number(worker_id) or 1) > 1
+        metrics.attempt_started(job.agent_id, job.kind, redelivered)
+        if job.lease is not None:
+            metrics.ENQUEUE_TO_START.observe(
+                max(0.0, (job.lease.leased_at - job.created_at).total_seconds())
+            )
         _log(logging.INFO, "attempt started", "attempt.started", fence)
-        if (ops.delivery_number(worker_id) or 1) > 1:
-            # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
-            # handed the attempt to this one, which took the lease over (start-fence).
-            if self.hooks.on_redelivered:
-                self.hooks.on_redelivered(job)
+        if redelivered:
             _log(
                 logging.WARNING,
                 "attempt redelivered; lease taken over",
@@ -159,7 +150,7 @@ class AttemptActivities:
             job=job,
             attempt=attempt.attempt,
             worker_id=fence.worker_id,
-            store=HandlerStore(fence, job.session_key, job.organization_id),
+            receipts=FencedReceipts(fence, job.session_key, job.organization_id),
             settings=self.settings,
             deadline=asyncio.get_running_loop().time() + attempt.execution_timeout_ms / 1000,
         )
@@ -197,7 +188,7 @@ class AttemptActivities:
             return await settle.failure(
                 execution_timeout_message(attempt.execution_timeout_ms),
                 retryable=True,
-                status="execution_timeout",
+                status=AttemptStatus.EXECUTION_TIMEOUT,
                 result=None,
             )
         except asyncio.CancelledError:
@@ -247,12 +238,12 @@ class AttemptActivities:
                     if job is not None and job.abort_requested:
                         return "aborted", job.abort_reason
                     continue
-                lag = time.monotonic() - next_beat
-                if self.hooks.on_heartbeat_lag:
-                    self.hooks.on_heartbeat_lag(lag)
+                metrics.HEARTBEAT_LAG.observe(max(0.0, time.monotonic() - next_beat))
                 out = await fence.heartbeat(attempt.lease_ms)
                 if not out.ok:
-                    return REJECTED_STATUS.get(out.status, "lease_lost"), f"heartbeat {out.status}"
+                    return REJECTED_STATUS.get(
+                        out.status, AttemptStatus.LEASE_LOST
+                    ), f"heartbeat {out.status}"
                 if out.job is not None and out.job.abort_requested:
                     return "aborted", out.job.abort_reason
                 next_beat = time.monotonic() + interval

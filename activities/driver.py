@@ -9,15 +9,14 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from datetime import datetime
 
 import httpx
 from temporalio import activity
 
 from activities.names import JOB_DRIVER_WORKFLOW, POST_CALLBACKS, PREPARE_DELIVERY
-from activities.retry import with_storage_retry
-from receipts import deliveries
+from activities.storage_retry import with_storage_retry
+from receipts import deliveries, metrics
 from receipts import operations as ops
 from receipts.jobs import TERMINAL_STATUSES, Job
 from receipts.kinds import redact_payload, route
@@ -28,10 +27,6 @@ from receipts.store import Store, dumps
 from receipts.timing import JobTiming, TimingSettings, derive
 
 log = logging.getLogger("activities.driver")
-# Called with (event, "posted" | "failed") for each URL's post, after its tries; the roles count
-# them (`receipt_callbacks_total`).
-on_callback_result: list[Callable[[str, str], None]] = []
-
 STALE_ERROR = "stale active job lost execution; retrying through driver"
 ABORT_REASON = "abort requested"
 CALLBACK_TIMEOUT_S = 5.0
@@ -120,8 +115,7 @@ async def post_callbacks(
         status = "posted" if error is None else "failed"
         posted += error is None
         await deliveries.callback_result(store, job.job_id, event, url, status, error)
-        for hook in on_callback_result:
-            hook(event, status)
+        metrics.CALLBACKS.labels(event, status).inc()
         log.log(
             logging.INFO if error is None else logging.WARNING,
             "callback %s",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from activities.retry import with_storage_retry
+from activities.storage_retry import with_storage_retry
 from receipts import operations as ops
 from receipts.jobs import Job
 from receipts.store import Store

@@ -28,7 +28,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from activities.sandbox_policy import (
     visible_roots,
 )
 from activities.workspaces import prepare_workspace
+from receipts import metrics
 
 log = logging.getLogger("activities.sandbox")
 
@@ -83,8 +84,6 @@ class _Probe:
 _probes: dict[SandboxSettings, _Probe] = {}
 
 _removing: set[asyncio.Task[None]] = set()
-on_memory_limit: list[Callable[[], None]] = []
-"""Told of each sandbox the kernel killed at its cgroup's memory limit (the role's metrics)."""
 
 
 def _unavailable(detail: str) -> str:
@@ -308,8 +307,7 @@ async def run_sandboxed(
             run_limits.memory_mb,
             extra={"event": "sandbox.memory_limit", "memoryMb": run_limits.memory_mb},
         )
-        for hook in on_memory_limit:
-            hook()
+        metrics.SANDBOX_MEMORY_KILLS.inc()
         result = dataclasses.replace(result, memory_limit=True)
     return result
 

@@ -13,10 +13,11 @@ from opentelemetry import trace
 
 from activities.fence import AttemptFence
 from activities.handlers.context import HandlerError
-from activities.handlers.store import FenceLost
+from activities.handlers.fenced import FenceLost
+from receipts import metrics
 from receipts import operations as ops
 from receipts.jobs import Job, settle_rejection
-from receipts.messages import COMPLETED, AttemptResult
+from receipts.messages import COMPLETED, AttemptResult, AttemptStatus
 
 log = logging.getLogger("activities.settle")
 _tracer = trace.get_tracer("receipt.attempt")
@@ -25,17 +26,28 @@ SHUTDOWN_ERROR = "worker shutdown"
 
 # The outcome of a rejected fenced write, as the attempt's result status.
 REJECTED_STATUS = {
-    ops.STALE_ATTEMPT: "stale_attempt",
-    ops.LEASE_LOST: "lease_lost",
-    ops.TERMINAL_STATE: "terminal_state",
-    ops.SETTLEMENT_CONFLICT: "settlement_conflict",
-    ops.NOT_QUEUED: "stale_attempt",
-    ops.NOT_AVAILABLE: "stale_attempt",
-    ops.NOT_FOUND: "stale_attempt",
+    ops.STALE_ATTEMPT: AttemptStatus.STALE_ATTEMPT,
+    ops.LEASE_LOST: AttemptStatus.LEASE_LOST,
+    ops.TERMINAL_STATE: AttemptStatus.TERMINAL_STATE,
+    ops.SETTLEMENT_CONFLICT: AttemptStatus.SETTLEMENT_CONFLICT,
+    ops.NOT_QUEUED: AttemptStatus.STALE_ATTEMPT,
+    ops.NOT_AVAILABLE: AttemptStatus.STALE_ATTEMPT,
+    ops.NOT_FOUND: AttemptStatus.STALE_ATTEMPT,
 }
 
 Reread = tuple[Job | None, datetime]
-OnSettled = Callable[[str, Job | None, float | None], None]
+
+
+def _count(status: str, job: Job | None, handler_s: float | None) -> None:
+    """Count a settled delivery: by the job's and the attempt's status, the job's age at
+    settlement, the handler's run time."""
+    metrics.JOBS_SETTLED.labels(job.status if job else "", status).inc()
+    if job is not None and job.settled_at is not None:
+        metrics.ENQUEUE_TO_SETTLE.observe(
+            max(0.0, (job.settled_at - job.created_at).total_seconds())
+        )
+    if job is not None and handler_s is not None:
+        metrics.HANDLER_DURATION.labels(metrics.agent_label(job.agent_id)).observe(handler_s)
 
 
 def rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:
@@ -51,9 +63,8 @@ def rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:
 class Settlement:
     """The ways one delivery of an attempt ends, each a fenced write through `fence`."""
 
-    def __init__(self, fence: AttemptFence, on_settled: OnSettled | None = None) -> None:
+    def __init__(self, fence: AttemptFence) -> None:
         self.fence = fence
-        self.on_settled = on_settled
 
     async def handler_done(self, task: asyncio.Task[Any], handler_s: float) -> AttemptResult:
         """Settle what the finished handler `task` returned or raised. An abort that arrived
@@ -153,8 +164,7 @@ class Settlement:
         else:
             result = rejected(ops.SETTLEMENT_CONFLICT, out.job, fence.worker_id)
             result.detail = {"refusedAs": out.status}
-        if self.on_settled:
-            self.on_settled(result.status, out.job, handler_s)
+        _count(result.status, out.job, handler_s)
         log.info(
             "attempt settled",
             extra={

@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from receipts import metrics
 from receipts.errors import StorageError
 from receipts.jobs import Job
 from receipts.kinds import CONTRACTS
@@ -25,11 +26,6 @@ log = logging.getLogger("receipts.deliveries")
 
 MAX_GENERATION = 32
 """Deliveries per job: generations 0..31; starting the 33rd fails the job."""
-
-ledger_failures = 0
-"""Ledger writes that failed in this process (exported as a metric by the roles)."""
-
-on_ledger_failure: list[Callable[[str], None]] = []
 
 
 def driver_workflow_id(job_id: str, generation: int) -> str:
@@ -183,14 +179,11 @@ async def drop_owed_callbacks(store: Store) -> None:
 
 
 async def _ledger(store: Store, name: str, params: dict[str, Any]) -> None:
-    global ledger_failures
     params["detail"] = Jsonb(params.get("detail"), dumps=dumps)
     try:
         await _fetch(store, name, params)
     except StorageError as exc:
-        ledger_failures += 1
-        for hook in on_ledger_failure:
-            hook(name)
+        metrics.LEDGER_FAILURES.labels(name).inc()
         log.warning(
             "ledger write failed", extra={"event": "ledger.write_failed", "error": str(exc)}
         )

@@ -9,17 +9,24 @@ defined before the classes that name it.
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-# Result statuses of an attempt that did not complete (the spec's seven), plus `completed`.
-COMPLETED = "completed"
-ATTEMPT_STATUSES: tuple[str, ...] = (
-    "settlement_conflict",
-    "stale_attempt",
-    "lease_lost",
-    "terminal_state",
-    "canceled",
-    "execution_timeout",
-    "failed",
-)
+
+class AttemptStatus(StrEnum):
+    """How an attempt ended (`AttemptResult.status`): `completed`, or one of the spec's seven
+    statuses of an attempt that did not complete. Recorded in workflow histories: never rename
+    a value."""
+
+    COMPLETED = "completed"
+    SETTLEMENT_CONFLICT = "settlement_conflict"
+    STALE_ATTEMPT = "stale_attempt"
+    LEASE_LOST = "lease_lost"
+    TERMINAL_STATE = "terminal_state"
+    CANCELED = "canceled"
+    EXECUTION_TIMEOUT = "execution_timeout"
+    FAILED = "failed"
+
+
+COMPLETED = AttemptStatus.COMPLETED
+ATTEMPT_STATUSES: tuple[str, ...] = tuple(s.value for s in AttemptStatus if s is not COMPLETED)
 
 
 class DriverAction(StrEnum):

@@ -3,7 +3,7 @@
 Each concern declares one frozen model on `ReceiptSettings`, next to the code it configures,
 each field naming its environment variable in its alias (the specification's names and
 defaults): `Settings` here (database, Temporal, callbacks, fair dispatch) and `FactorySettings`,
-`TimingSettings` (receipts/timing.py), `WatchdogSettings` (receipts/watchdog.py),
+`TimingSettings` (receipts/timing.py), `WatchdogSettings` (receipts/objectives/watchdog.py),
 `AgentJobSettings` (receipts/agent_jobs/registry.py), `SandboxSettings`
 (activities/sandbox_policy.py), `ApiSettings` (roles/api/settings.py), `TemporalTLSSettings`
 (roles/infra/temporal.py), `ProcessSettings` and `LoopSettings` (roles/infra/settings.py).

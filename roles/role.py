@@ -25,6 +25,7 @@ from receipts.kinds import QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL, QUEUE_DRIVER
 from roles.delivery.serve import run_attempt_worker, run_driver, start_loops
 from roles.infra import logs
 from roles.infra.health import serve_role_health
+from roles.infra.metrics import run_queue_depth
 from roles.infra.process import freeze_startup_heap, open_runtime, run_until_signalled
 from roles.infra.settings import ProcessSettings, RuntimeSettings, load_or_exit
 from roles.infra.tracing import configure_tracing
@@ -80,9 +81,7 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
             queues += [QUEUE_DRIVER] if role == "driver" else []
             serve_role_health(runtime, queues, stop, sandboxed=role in SPAWNING_ROLES)
         if role in MAINTENANCE_ROLES:
-            runtime.spawn(
-                runtime.metrics.run_queue_depth(runtime.store, settings.core), "queue-depth"
-            )
+            runtime.spawn(run_queue_depth(runtime.store, settings.core), "queue-depth")
         maintenance, callbacks = role in MAINTENANCE_ROLES, role not in SPAWNING_ROLES
         start_loops(runtime, maintenance=maintenance, post_callbacks=callbacks)
         if role == "api":
@@ -97,13 +96,7 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
         elif role == "driver":
             await run_driver(runtime, stop)
         elif role == "api":
-            await serve_api(
-                stop,
-                settings,
-                store=runtime.store,
-                listener=runtime.listener,
-                metrics=runtime.metrics,
-            )
+            await serve_api(stop, settings, store=runtime.store, listener=runtime.listener)
         else:
             await stop.wait()
     finally:

@@ -16,11 +16,14 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.names import EXECUTE_ATTEMPT, JOB_ATTEMPT_WORKFLOW
-    from receipts.messages import AttemptInput, AttemptResult
+    from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
 
-# Time the activity may spend around the handler: lease/start-fence, re-read, settle retries.
+# Time the activity may spend around the handler: lease/start-fence, re-read, settle retries
+# (the driver's own margin, workflows/driver.py).
 SETTLE_MARGIN = timedelta(seconds=30)
-MIN_ATTEMPT_WINDOW = timedelta(hours=1)
+# The least a child attempt's every delivery together may take (its schedule-to-close timeout);
+# the driver's window for an attempt activity is its own `MIN_ATTEMPT_WINDOW`.
+CHILD_MIN_SCHEDULE_TO_CLOSE = timedelta(hours=1)
 
 
 @workflow.defn(name=JOB_ATTEMPT_WORKFLOW)
@@ -45,7 +48,7 @@ class JobAttemptWorkflow:
                 # No schedule-to-start bound: an attempt may wait for a worker to exist. The
                 # whole attempt is bounded, so a task lost inside Temporal cannot hold it open.
                 schedule_to_close_timeout=max(
-                    MIN_ATTEMPT_WINDOW,
+                    CHILD_MIN_SCHEDULE_TO_CLOSE,
                     (timedelta(milliseconds=attempt.lease_ms) + SETTLE_MARGIN)
                     * max(1, attempt.deliveries)
                     * 2,
@@ -64,7 +67,7 @@ class JobAttemptWorkflow:
             # driver or the recovery scan requeues the job with the next attempt.
             cause = exc.cause or exc
             return AttemptResult(
-                status="lease_lost",
+                status=AttemptStatus.LEASE_LOST,
                 error=f"deliveries exhausted: {cause}",
                 retryable=True,
             )

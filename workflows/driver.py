@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from receipts.messages import (
         AttemptInput,
         AttemptResult,
+        AttemptStatus,
         CallbackRequest,
         DriverAction,
         DriverInput,
@@ -185,7 +186,9 @@ class JobDriverWorkflow:
             # Every delivery died (or the window closed): the lease, if one was taken, stays
             # until it expires; the next run of this driver then requeues the job.
             return AttemptResult(
-                "lease_lost", error=f"deliveries exhausted: {exc.cause or exc}", retryable=True
+                AttemptStatus.LEASE_LOST,
+                error=f"deliveries exhausted: {exc.cause or exc}",
+                retryable=True,
             )
         return result
 
@@ -217,7 +220,7 @@ class JobDriverWorkflow:
             await workflow.sleep(timedelta(milliseconds=plan.heartbeat_ms))
             self._continue(request, plan)
         except ChildWorkflowError:
-            result = AttemptResult("lease_lost", error="attempt child did not complete")
+            result = AttemptResult(AttemptStatus.LEASE_LOST, error="attempt child did not complete")
         return result
 
     async def _prepare(self, request: DriverInput) -> DriverPlan:

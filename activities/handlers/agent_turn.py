@@ -58,7 +58,7 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     spec = ctx.payload.get("agentJob")
     if not isinstance(spec, dict) or not isinstance(spec.get("agentJobId"), str):
         raise HandlerError("payload.agentJob.agentJobId is required", retryable=False)
-    job = await ctx.store.agent_job(spec["agentJobId"])
+    job = await ctx.receipts.agent_job(spec["agentJobId"])
     if job is None:
         raise HandlerError(f"no agent job {spec['agentJobId']!r}", retryable=False)
     try:

@@ -55,7 +55,7 @@ async def workspace_of(ctx: HandlerContext, settings: SandboxSettings) -> Path:
         workspace = workspaces.objective_workspace(organization, objective_id, settings)
         earlier_id = caller_id(objective_id)
         legacy = workspaces.legacy_objective_workspace(earlier_id, settings)
-        if legacy.is_dir() and await ctx.store.objective(earlier_id) is not None:
+        if legacy.is_dir() and await ctx.receipts.objective(earlier_id) is not None:
             await asyncio.to_thread(workspaces.adopt, legacy, workspace, settings)
         return workspace
     workspace = workspaces.job_workspace(organization, ctx.job.job_id, settings)

@@ -8,14 +8,14 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from activities.handlers.store import HandlerStore
+from activities.handlers.fenced import FencedReceipts
 from activities.sandbox_policy import SandboxSettings
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.commands import QueuedCommand
 from receipts.jobs import Job
+from receipts.objectives.watchdog import WatchdogSettings
 from receipts.settings import FactorySettings
 from receipts.timing import TimingSettings
-from receipts.watchdog import WatchdogSettings
 
 
 class HandlerError(Exception):
@@ -51,7 +51,7 @@ class HandlerSettings:
 @dataclass
 class HandlerContext:
     """What a handler gets: the job, its payload, progress, pending commands, an abort signal
-    and `store`, the named operations it may use on the receipts (`activities/handlers/store.py`).
+    and `receipts`, the named operations it may use on the receipts (`activities/handlers/fenced.py`).
 
     `progress(data)` appends a fenced `job.progress`; `pending_commands()` lists the steer and
     follow_up commands not yet consumed (read from the receipts, never Temporal signals) and
@@ -66,7 +66,7 @@ class HandlerContext:
     job: Job
     attempt: int
     worker_id: str
-    store: HandlerStore
+    receipts: FencedReceipts
     settings: HandlerSettings = field(default_factory=HandlerSettings)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     commands_arrived: asyncio.Event = field(default_factory=asyncio.Event)
@@ -79,20 +79,20 @@ class HandlerContext:
 
     async def progress(self, data: Any) -> bool:
         """Append `job.progress` under the fence; False once the lease is lost."""
-        return await self.store.progress(data)
+        return await self.receipts.progress(data)
 
     async def consume(self, command_id: str) -> bool:
         """Mark a pending command consumed under the fence; False when refused."""
-        return await self.store.consume(command_id)
+        return await self.receipts.consume(command_id)
 
     async def pending_commands(self) -> tuple[QueuedCommand, ...]:
         """Re-read the job and return its pending steer/follow_up commands in order, each with
         its payload (the job's state keeps references; the payloads are read from the
         commands' receipts)."""
-        job = await self.store.own_job()
+        job = await self.receipts.own_job()
         if job is not None:
             self.job = job
-        return await self.store.own_commands(self.job.pending_commands)
+        return await self.receipts.own_commands(self.job.pending_commands)
 
 
 Handler = Callable[[HandlerContext], Coroutine[Any, Any, Any]]

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import logging
 import shlex
-from collections.abc import Callable
 from typing import Any
 
 from activities import workspaces
@@ -16,6 +15,7 @@ from activities.handlers.codex import run_task
 from activities.handlers.context import HandlerContext, HandlerError, objective_of
 from activities.handlers.steering import StdinFeed
 from activities.sandbox import SandboxRefused, run_sandboxed
+from receipts import metrics
 from receipts.errors import InvalidInput
 from receipts.objectives import audit as objective_audit_summary
 from receipts.objectives import control
@@ -23,16 +23,14 @@ from receipts.objectives import store as objectives
 from receipts.objectives import watchdog as objective_watchdog_rules
 from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_tasks
 from receipts.objectives.model import ObjectiveState
+from receipts.objectives.watchdog import REASONS
 from receipts.store import Draft
-from receipts.watchdog import REASONS
 
 log = logging.getLogger("activities.handlers.factory")
 
 PLANNER_ENV = "RECEIPT_FACTORY_PLANNER_COMMAND"
 CODEX_COMMAND_ENV = "RECEIPT_CODEX_COMMAND"
 PLANNER_OUTPUT_CHARS = 1_000_000  # a graph bigger than this is no graph to run
-# Told of each reconcile the watchdog requests, by reason (the role's metrics).
-on_watchdog_fired: list[Callable[[str], None]] = []
 
 
 def _auth(ctx: HandlerContext) -> dict[str, Any]:
@@ -170,7 +168,7 @@ async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
             objectives.control_request("created", jobId=ctx.job.job_id),
         ]
 
-    await ctx.store.update_objective(objective_id, decide, deliver_control=True)
+    await ctx.receipts.update_objective(objective_id, decide, deliver_control=True)
     if not outcome:
         raise HandlerError(f"objectiveId {objective_id!r} is already in use", retryable=False)
     log.info(
@@ -217,7 +215,7 @@ async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:
             objectives.control_request("phase_added", jobId=ctx.job.job_id),
         ]
 
-    if not await ctx.store.update_objective(objective_id, decide, deliver_control=True):
+    if not await ctx.receipts.update_objective(objective_id, decide, deliver_control=True):
         raise HandlerError(f"no objective {objective_id!r}", retryable=False)
     return {"objectiveId": objective_id, "phase": phase}
 
@@ -231,7 +229,7 @@ async def objective_control(ctx: HandlerContext) -> dict[str, Any]:
     objective_id = objective_of(ctx)
     total = control.ReconcileResult()
     while True:
-        result = await ctx.store.reconcile(objective_id, ctx.job.kind)
+        result = await ctx.receipts.reconcile(objective_id, ctx.job.kind)
         total.passes += result.passes
         total.dispatched += result.dispatched
         total.recorded += result.recorded
@@ -241,7 +239,7 @@ async def objective_control(ctx: HandlerContext) -> dict[str, Any]:
         pending = await ctx.pending_commands()
         for command in pending:
             await ctx.consume(command.command_id)
-        state = await ctx.store.objective(objective_id)
+        state = await ctx.receipts.objective(objective_id)
         if state is None or state.terminal or not state.needs_reconcile:
             break
         if ctx.aborted.is_set() or total.passes >= control.MAX_PASSES:
@@ -263,10 +261,10 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
     timed_out = False
     try:
         async with asyncio.timeout(settings.timeout_ms / 1000):
-            states, now = await ctx.store.active_objectives(settings.scan_limit)
+            states, now = await ctx.receipts.active_objectives(settings.scan_limit)
             job_ids = [job_id for s in states for job_id in s.active_job_ids()]
-            jobs = await ctx.store.jobs(job_ids)
-            controlled = await ctx.store.objectives_under_control(states)
+            jobs = await ctx.receipts.jobs(job_ids)
+            controlled = await ctx.receipts.objectives_under_control(states)
             for state in states:
                 scanned += 1
                 assert now is not None
@@ -275,14 +273,13 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
                 )
                 if why is None:
                     continue
-                requested = await ctx.store.request_control(
+                requested = await ctx.receipts.request_control(
                     state.objective_id, "reconcile", watchdog=why
                 )
                 if not requested:  # gone meanwhile: nothing was written, nothing fired
                     continue
                 counts[why] += 1
-                for observe in on_watchdog_fired:
-                    observe(why)
+                metrics.FACTORY_WATCHDOG_FIRED.labels(why).inc()
                 fired.append({"objectiveId": state.objective_id, "reason": why})
                 log.info(
                     "watchdog requested a reconcile",
@@ -310,10 +307,10 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
 async def objective_audit(ctx: HandlerContext) -> dict[str, Any]:
     """Append `objective.audited`: tasks, tries, durations, failures and the job behind each."""
     objective_id = objective_of(ctx)
-    state = await ctx.store.objective(objective_id)
+    state = await ctx.receipts.objective(objective_id)
     if state is None:
         raise HandlerError(f"no objective {objective_id!r}", retryable=False)
-    jobs = await ctx.store.jobs(objective_audit_summary.job_ids(state))
+    jobs = await ctx.receipts.jobs(objective_audit_summary.job_ids(state))
     summary = objective_audit_summary.summary(state, jobs)
 
     def decide(current: ObjectiveState | None) -> list[Draft]:
@@ -321,7 +318,7 @@ async def objective_audit(ctx: HandlerContext) -> dict[str, Any]:
             return []
         return [Draft("objective.audited", {"summary": summary, "jobId": ctx.job.job_id})]
 
-    await ctx.store.update_objective(objective_id, decide)
+    await ctx.receipts.update_objective(objective_id, decide)
     return {"objectiveId": objective_id, "totals": summary["totals"]}
 
 

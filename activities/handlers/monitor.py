@@ -112,7 +112,7 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
     objective_id = objective_of(ctx)
     watched = _Watched.of(ctx.payload)
     successor = successor_id(ctx.job.job_id)
-    if await ctx.store.job(successor) is not None:
+    if await ctx.receipts.job(successor) is not None:
         return {"objectiveId": objective_id, "jobId": watched.job_id, "handedOffTo": successor}
     after = int(ctx.payload.get("after") or 0)
     started = bool(ctx.payload.get("started"))
@@ -125,10 +125,10 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
         budget = ctx.deadline - loop.time()
         hand_off_at = ctx.deadline - min(MONITOR_HANDOFF_MARGIN_S, budget / 4)
     while not ctx.aborted.is_set():
-        for receipt in await ctx.store.job_receipts(watched.job_id, after):
+        for receipt in await ctx.receipts.job_receipts(watched.job_id, after):
             after = receipt.seq
             if receipt.type == "job.heartbeat" and not started:
-                await ctx.store.update_objective(objective_id, watched.started)
+                await ctx.receipts.update_objective(objective_id, watched.started)
                 started = True
             elif receipt.type == "job.progress":
                 data = receipt.data.get("data")
@@ -138,7 +138,7 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
         if pending_line is not None and time.monotonic() - last_mirror >= MONITOR_PROGRESS_EVERY_S:
             await _mirror(ctx, objective_id, watched.progress(pending_line, lines))
             pending_line, last_mirror = None, time.monotonic()
-        job = await ctx.store.job(watched.job_id)
+        job = await ctx.receipts.job(watched.job_id)
         if job is None:
             raise HandlerError(f"no job {watched.job_id!r} to monitor", retryable=False)
         if job.terminal and after >= job.seq:
@@ -148,7 +148,7 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
             if pending_line is not None:
                 await _mirror(ctx, objective_id, watched.progress(pending_line, lines))
             carried = {"after": after, "started": started, "lines": lines}
-            await ctx.store.hand_off(successor, {**ctx.payload, **carried})
+            await ctx.receipts.hand_off(successor, {**ctx.payload, **carried})
             log.info(
                 "monitor handed the watch on",
                 extra={
@@ -165,10 +165,10 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
 
 
 async def _mirror_settlement(ctx: HandlerContext, objective_id: str, job: Job) -> None:
-    await ctx.store.update_objective(
+    await ctx.receipts.update_objective(
         objective_id, lambda s: control.settlement_drafts(s, {job.job_id: job}) if s else []
     )
 
 
 async def _mirror(ctx: HandlerContext, objective_id: str, draft: Draft) -> None:
-    await ctx.store.update_objective(objective_id, lambda s: [draft] if s is not None else [])
+    await ctx.receipts.update_objective(objective_id, lambda s: [draft] if s is not None else [])

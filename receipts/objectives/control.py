@@ -10,10 +10,11 @@ objective receipt is re-decided under the stream's lock against the current stat
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from receipts import metrics
 from receipts import operations as ops
 from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.jobs import Job
@@ -41,9 +42,6 @@ AUDIT_KIND = "factory.objective.audit"
 STEP_KINDS = {"validate": "factory.integration.validate", "publish": "factory.integration.publish"}
 TASK_JOB_ATTEMPTS = 2  # deliveries lost to a dead worker; the task's own budget counts tries
 MAX_PASSES = 50
-# Observers (the role's metrics): a task try dispatched; an objective settled, by status.
-on_task_dispatched: list[Callable[[], None]] = []
-on_objective_settled: list[Callable[[str], None]] = []
 
 
 @dataclass(frozen=True)
@@ -252,8 +250,7 @@ async def _dispatch_task(
             return [Draft("objective.task.dispatched", data)]
 
         await objectives.update(tx, state.objective_id, decide, guard)
-    for observe in on_task_dispatched:
-        observe()
+    metrics.FACTORY_TASKS_DISPATCHED.inc()
     log.info(
         "task dispatched",
         extra={
@@ -336,8 +333,7 @@ async def _settle(
             return drafts
 
         await objectives.update(tx, state.objective_id, decide, guard)
-    for observe in on_objective_settled:
-        observe(settle["status"])
+    metrics.FACTORY_OBJECTIVES_SETTLED.labels(settle["status"]).inc()
     log.info(
         "objective settled",
         extra={

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from receipts import metrics
 from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.jobs import Job, Receipt
 from receipts.kinds import CONTRACTS
@@ -43,12 +44,8 @@ RECONCILING_KINDS: frozenset[str] = frozenset(
 Decide = Callable[[ObjectiveState | None], Sequence[Draft]]
 # Run with the transaction and the objective's id before `update` locks the stream and decides;
 # raises to refuse the whole transaction. A handler's writes pass one that holds its attempt's
-# fence (`activities/handlers/store.py`), so a delivery that lost its lease writes nothing here.
+# fence (`activities/handlers/fenced.py`), so a delivery that lost its lease writes nothing here.
 Guard = Callable[[Tx, str], Awaitable[None]]
-# Told of every delivered control request with its outcome (created, steered, existing, none):
-# the role's metrics.
-on_control_delivered: list[Callable[[str], None]] = []
-
 
 OBJECTIVES = Projection("objectives", ObjectiveState, fold, "objective_upsert", noun="objective ")
 
@@ -199,8 +196,7 @@ async def deliver(tx: Tx, objective_id: str) -> ObjectiveState | None:
             )
         ],
     )
-    for observe in on_control_delivered:
-        observe(outcome)
+    metrics.FACTORY_CONTROL_DELIVERIES.labels(outcome).inc()
     log.info(
         "objective control delivered",
         extra={

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from receipts import reads
+from receipts import metrics, reads
 from receipts.enqueue import EnqueueRequest
 from receipts.errors import InvalidInput
 from receipts.kinds import QUEUE_CODEX, route
@@ -15,7 +15,6 @@ from receipts.store import Tx
 from roles.api.auth import COMMANDS_RUN, Principal
 from roles.api.deps import ApiError, require_scope, too_many
 from roles.api.errors import RETRY_AFTER_S
-from roles.api.limits import LIMITED
 from roles.api.settings import ApiSettings
 
 log = logging.getLogger("roles.api.app")
@@ -97,7 +96,7 @@ async def check_org_caps(settings: ApiSettings, organization_id: str, tx: Tx) ->
         ("active", active, settings.org_max_active, "RECEIPT_ORG_MAX_ACTIVE"),
     ):
         if held >= limit:
-            LIMITED.labels(cap).inc()
+            metrics.API_LIMITED.labels(cap).inc()
             log.warning(
                 "organization at its %s-jobs cap",
                 cap,

@@ -29,7 +29,7 @@ from receipts.listen import Listener
 from receipts.store import Store
 from roles.api.auth import check_open_bind, load_tokens
 from roles.api.console import install_console
-from roles.api.deps import ApiState, EnqueueObserver, clean_params
+from roles.api.deps import ApiState, clean_params
 from roles.api.docs import install_docs
 from roles.api.errors import install_error_handlers
 from roles.api.routes import agent_jobs, health, jobs, objectives, retry, sessions
@@ -65,7 +65,6 @@ def create_app(
     database_url: str | None = None,
     store: Store | None = None,
     listener: Listener | None = None,
-    metrics: EnqueueObserver | None = None,
 ) -> FastAPI:
     """Build the API with the process's `settings` (all defaults when None).
 
@@ -81,7 +80,6 @@ def create_app(
         settings=settings.api,
         tokens=tokens,
         database_url=database_url,
-        metrics=metrics,
         core=settings.core,
         agent_jobs=settings.agent_jobs,
     )
@@ -200,7 +198,6 @@ async def serve_api(
     *,
     store: Store | None = None,
     listener: Listener | None = None,
-    metrics: EnqueueObserver | None = None,
 ) -> None:
     """Serve the API until `stop` is set.
 
@@ -214,7 +211,7 @@ async def serve_api(
     url = resolve_url(settings.core)
     if store is None:
         await migrate_url(url)
-    app = create_app(settings, database_url=url, store=store, listener=listener, metrics=metrics)
+    app = create_app(settings, database_url=url, store=store, listener=listener)
     config = uvicorn.Config(
         app,
         host=settings.api.host,

@@ -24,12 +24,12 @@ from urllib.parse import quote
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from receipts import metrics
 from receipts.errors import InvalidInput
 from receipts.kinds import invalid_input
 from receipts.reads import Position
 from receipts.text import _BAD, check_clean_text
 from roles.api.errors import ApiError
-from roles.api.limits import LIMITED
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -116,7 +116,7 @@ async def check_shape_yielding(value: Any, limits: JsonLimits) -> None:
         for _ in _walk(value, limits):
             await asyncio.sleep(0)
     except InvalidInput:
-        LIMITED.labels("body_shape").inc()
+        metrics.API_LIMITED.labels("body_shape").inc()
         raise
 
 

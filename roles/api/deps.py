@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -33,7 +33,6 @@ __all__ = [
     "ApiError",
     "ApiState",
     "Caller",
-    "EnqueueObserver",
     "InvalidInput",
     "JobId",
     "State",
@@ -47,12 +46,6 @@ __all__ = [
 ]
 
 
-class EnqueueObserver(Protocol):
-    """Told of every accepted enqueue (the role's metrics)."""
-
-    def job_enqueued(self, job: Job, outcome: str, idempotency_mismatch: bool = False) -> None: ...
-
-
 @dataclass
 class ApiState:
     """What the routes share: the settings of the concerns they use (the api's own, the shared
@@ -64,7 +57,6 @@ class ApiState:
     store: Store | None = None
     listener: Listener | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    metrics: EnqueueObserver | None = None
     core: Settings = field(default_factory=Settings)
     agent_jobs: AgentJobSettings = field(default_factory=AgentJobSettings)
     streams: StreamGate = field(init=False)

@@ -15,21 +15,11 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from prometheus_client import Counter as PromCounter
-from prometheus_client import Gauge
-
+from receipts import metrics
 from roles.api.errors import too_many
 
 log = logging.getLogger("roles.api.app")
 
-LIMITED = PromCounter(
-    "receipt_api_limited",
-    "Requests the api refused at one of its limits (README, Security), by limit.",
-    ["limit"],
-)
-"""Label values: rate, queued, active, streams_token, streams_total, commands, command_bytes,
-body_shape."""
-EVENT_STREAMS = Gauge("receipt_api_event_streams", "Event streams the api serves now.")
 
 SSE_RETRY_MS = 1000
 """How long an event stream's client waits before it reconnects (the `retry:` of the stream)."""
@@ -89,7 +79,7 @@ class StreamGate:
     def acquire(self, token_id: str) -> StreamSlot:
         """Take one slot for `token_id`, or raise 429; the slot is given back by `release`."""
         if self.open[token_id] >= self.per_token:
-            LIMITED.labels("streams_token").inc()
+            metrics.API_LIMITED.labels("streams_token").inc()
             log.warning(
                 "event stream refused: the token's cap",
                 extra={"event": "api.sse_refused", "cap": "token", "tokenId": token_id},
@@ -100,7 +90,7 @@ class StreamGate:
                 SSE_RETRY_MS / 1000,
             )
         if self.total >= self.overall:
-            LIMITED.labels("streams_total").inc()
+            metrics.API_LIMITED.labels("streams_total").inc()
             log.warning(
                 "event stream refused: the api's cap",
                 extra={"event": "api.sse_refused", "cap": "total", "tokenId": token_id},
@@ -110,11 +100,11 @@ class StreamGate:
                 SSE_RETRY_MS / 1000,
             )
         self.open[token_id] += 1
-        EVENT_STREAMS.inc()
+        metrics.API_EVENT_STREAMS.inc()
         return StreamSlot(self, token_id)
 
     def _release(self, token_id: str) -> None:
-        EVENT_STREAMS.dec()
+        metrics.API_EVENT_STREAMS.dec()
         self.open[token_id] -= 1
         if self.open[token_id] <= 0:
             del self.open[token_id]

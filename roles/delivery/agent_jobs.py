@@ -9,10 +9,9 @@ import time
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client import Counter, Gauge, Histogram
 
 from activities.driver import callback_message_id, post_callback
-from receipts import deliveries
+from receipts import deliveries, metrics
 from receipts.agent_jobs import claims, lifecycle
 from receipts.agent_jobs import reads as agent_reads
 from receipts.agent_jobs.model import (
@@ -31,27 +30,6 @@ from receipts.store import Store, dumps
 
 log = logging.getLogger("roles.delivery.agent_jobs")
 
-PASSES = Histogram(
-    "receipt_agent_job_dispatch_pass_seconds", "Agent-job dispatcher pass durations."
-)
-ACTIONS = Counter(
-    "receipt_agent_job_dispatch_actions",
-    "What agent-job dispatcher passes did (claimed, settled, input_timeout, no_slot).",
-    ["action"],
-)
-SETTLED = Counter(
-    "receipt_agent_job_turns_settled",
-    "Settled turns by the status the agent job moved to (running: a follow-up turn).",
-    ["status"],
-)
-WAKEUP_CALLBACKS = Counter(
-    "receipt_agent_job_wakeup_callbacks",
-    "Wakeup event callbacks by outcome (posted, failed).",
-    ["outcome"],
-)
-RUNNING = Gauge(
-    "receipt_agent_jobs_running", "Running agent jobs (slots in use) by agent.", ["agent"]
-)
 TURN_SETTLED_TYPES = frozenset({"job.completed", "job.failed", "job.canceled", "job.lease_expired"})
 MAX_IDLE_S = 60.0
 
@@ -111,7 +89,7 @@ class AgentJobDispatcher:
             )
             if settled is not None:
                 result.settled += 1
-                SETTLED.labels(settled.status).inc()
+                metrics.AGENT_JOB_TURNS_SETTLED.labels(settled.status).inc()
         if self.settings.input_timeout_ms is not None:
             for agent_job_id in await agent_reads.input_overdue(
                 self.store, self.settings.input_timeout_ms
@@ -138,10 +116,10 @@ class AgentJobDispatcher:
             result.callbacks = await self._post_wakeups(self.callbacks, self.http)
         for action in ("settled", "claimed", "no_slot", "held", "timed_out"):
             if count := getattr(result, action):
-                ACTIONS.labels(action).inc(count)
+                metrics.AGENT_JOB_ACTIONS.labels(action).inc(count)
         for agent, running in (await agent_reads.running_by_agent(self.store)).items():
-            RUNNING.labels(agent).set(running)
-        PASSES.observe(time.monotonic() - started)
+            metrics.AGENT_JOBS_RUNNING.labels(agent).set(running)
+        metrics.AGENT_JOB_PASSES.observe(time.monotonic() - started)
         if result.settled or result.claimed or result.timed_out:
             log.info(
                 "agent-job dispatch pass",
@@ -175,7 +153,7 @@ class AgentJobDispatcher:
                 error = await post_callback(http, settings, url, message_id, body)
                 status = "posted" if error is None else "failed"
                 await deliveries.callback_result(self.store, source_id, WAKEUP, url, status, error)
-                WAKEUP_CALLBACKS.labels(status).inc()
+                metrics.AGENT_JOB_WAKEUP_CALLBACKS.labels(status).inc()
                 posted += error is None
                 log.log(
                     logging.INFO if error is None else logging.WARNING,

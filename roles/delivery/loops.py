@@ -13,13 +13,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from activities.driver import post_callbacks
-from receipts import deliveries, fairness, reads
+from receipts import deliveries, fairness, metrics, reads
 from receipts import operations as ops
 from receipts.errors import ReceiptError
 from receipts.listen import RECONNECTED, Listener, Notice
@@ -52,15 +52,6 @@ class PassResult:
     callbacks: int = 0
 
 
-@dataclass
-class LoopHooks:
-    """Metric hooks: pass durations, slow passes, and what a pass did."""
-
-    on_pass: Callable[[str, float], None] | None = None
-    on_slow: Callable[[str], None] | None = None
-    on_redrive: Callable[[PassResult], None] | None = None
-
-
 class QueuedRedrive:
     """Expire passed leases, redrive queued jobs whose delivery went quiet, post lost callbacks."""
 
@@ -73,14 +64,12 @@ class QueuedRedrive:
         settings: Settings,
         loops: LoopSettings | None = None,
         http: httpx.AsyncClient | None = None,
-        hooks: LoopHooks | None = None,
     ) -> None:
         self.store = store
         self.starter = starter
         self.settings = settings
         self.loops = loops or LoopSettings()
         self.http = http
-        self.hooks = hooks or LoopHooks()
 
     async def run_once(self) -> PassResult:
         """One pass: expiry, then redrive, then the callback recovery path."""
@@ -136,8 +125,8 @@ class QueuedRedrive:
                     },
                 )
         result.callbacks = await self._recover_callbacks()
-        if self.hooks.on_redrive:
-            self.hooks.on_redrive(result)
+        metrics.LEASE_EXPIRATIONS.inc(result.expired)
+        metrics.REDRIVES.inc(result.redriven)
         return result
 
     async def _expired_leases(self) -> list[str]:
@@ -179,12 +168,10 @@ class ObjectiveControlOutboxRedrive:
         *,
         interval_ms: int = 5_000,
         timeout_ms: int = 15_000,
-        hooks: LoopHooks | None = None,
     ) -> None:
         self.source = source
         self.interval_ms = interval_ms
         self.timeout_ms = timeout_ms
-        self.hooks = hooks or LoopHooks()
         self._running: asyncio.Task[int] | None = None
         self.coalesced = 0
 
@@ -193,14 +180,12 @@ class ObjectiveControlOutboxRedrive:
         cls,
         source: Callable[[], Coroutine[Any, Any, int]],
         loops: LoopSettings,
-        hooks: LoopHooks | None = None,
     ) -> ObjectiveControlOutboxRedrive:
         """The outbox redrive at RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_{INTERVAL,TIMEOUT}_MS."""
         return cls(
             source,
             interval_ms=loops.outbox_interval_ms,
             timeout_ms=loops.outbox_timeout_ms,
-            hooks=hooks,
         )
 
     async def run_once(self) -> int | None:
@@ -219,11 +204,9 @@ class ObjectiveControlOutboxRedrive:
                     "timeoutMs": self.timeout_ms,
                 },
             )
-            if self.hooks.on_slow:
-                self.hooks.on_slow(self.name)
+            metrics.LOOP_SLOW.labels(self.name).inc()
             await asyncio.wait({self._running})
-        if self.hooks.on_pass:
-            self.hooks.on_pass(self.name, time.monotonic() - started)
+        metrics.LOOP_PASS.labels(self.name).observe(time.monotonic() - started)
         return self._running.result()
 
 
@@ -235,7 +218,6 @@ class Ticker:
     run_once: Callable[[], Awaitable[object]]
     interval_ms: int
     first_delay_ms: int = 0
-    hooks: LoopHooks = field(default_factory=LoopHooks)
     wake: asyncio.Event | None = None
 
     async def run(self) -> None:
@@ -254,8 +236,8 @@ class Ticker:
                     extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},
                 )
             elapsed = time.monotonic() - started
-            if self.hooks.on_pass and self.name != ObjectiveControlOutboxRedrive.name:
-                self.hooks.on_pass(self.name, elapsed)
+            if self.name != ObjectiveControlOutboxRedrive.name:  # it times its own passes
+                metrics.LOOP_PASS.labels(self.name).observe(elapsed)
             delay = max(0.0, self.interval_ms / 1000 - elapsed)
             if self.wake is None:
                 await asyncio.sleep(delay)
@@ -304,9 +286,8 @@ class ObjectiveResume:
 
     name = "objective_resume"
 
-    def __init__(self, store: Store, hooks: LoopHooks | None = None, limit: int = 2_000) -> None:
+    def __init__(self, store: Store, limit: int = 2_000) -> None:
         self.store = store
-        self.hooks = hooks or LoopHooks()
         self.limit = limit
 
     async def run_once(self) -> int:
@@ -322,8 +303,7 @@ class ObjectiveResume:
             "objective resume pass",
             extra={"event": "factory.objective_resume", "objectives": resumed},
         )
-        if self.hooks.on_pass:
-            self.hooks.on_pass(self.name, time.monotonic() - started)
+        metrics.LOOP_PASS.labels(self.name).observe(time.monotonic() - started)
         return resumed
 
     async def run(self, settle_ms: int) -> None:

@@ -10,11 +10,9 @@ transaction-mode pooler the lock transaction pins one server connection, as any 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 
-from receipts import durations, retention
+from receipts import durations, metrics, retention
 from receipts.store import Store, translate_errors
 from roles.infra.settings import LoopSettings
 
@@ -24,14 +22,6 @@ DEFAULT_INTERVAL_MS = 60_000
 # One pass removes at most this many batches; the next tick goes on (so a first pass over a
 # long history does not hold the single-flight lock for hours without a log line).
 MAX_BATCHES_PER_PASS = 100
-
-
-@dataclass
-class RetentionHooks:
-    """Metric hooks: jobs pruned per pass, and passes skipped because another process ran one."""
-
-    on_pruned: Callable[[retention.PruneResult], None] | None = None
-    on_skipped: Callable[[], None] | None = None
 
 
 class RetentionLoop:
@@ -47,14 +37,12 @@ class RetentionLoop:
         batch: int = retention.DEFAULT_BATCH,
         interval_ms: int = DEFAULT_INTERVAL_MS,
         max_batches: int = MAX_BATCHES_PER_PASS,
-        hooks: RetentionHooks | None = None,
     ) -> None:
         self.store = store
         self.older_than = older_than
         self.batch = batch
         self.interval_ms = interval_ms
         self.max_batches = max_batches
-        self.hooks = hooks or RetentionHooks()
 
     @classmethod
     def from_settings(
@@ -62,7 +50,6 @@ class RetentionLoop:
         store: Store,
         retention_setting: str,
         loops: LoopSettings,
-        hooks: RetentionHooks | None = None,
     ) -> RetentionLoop | None:
         """The loop `RECEIPT_RETENTION` asks for (None for `0`: keep everything); its interval is
         RECEIPT_RETENTION_INTERVAL_MS (`LoopSettings`). A bad value raises naming the setting
@@ -70,12 +57,7 @@ class RetentionLoop:
         older_than = durations.parse_duration(retention_setting, name="RECEIPT_RETENTION")
         if older_than is None:
             return None
-        return cls(
-            store,
-            older_than,
-            interval_ms=loops.retention_interval_ms,
-            hooks=hooks,
-        )
+        return cls(store, older_than, interval_ms=loops.retention_interval_ms)
 
     async def run_once(self) -> retention.PruneResult | None:
         """One pass: prune if no other process is pruning (then None: this pass was skipped)."""
@@ -86,8 +68,7 @@ class RetentionLoop:
                         "retention pass skipped: another process is pruning",
                         extra={"event": "retention.skipped"},
                     )
-                    if self.hooks.on_skipped:
-                        self.hooks.on_skipped()
+                    metrics.RETENTION_SKIPPED.inc()
                     return None
                 result = await retention.prune(
                     self.store, self.older_than, batch=self.batch, max_batches=self.max_batches
@@ -103,6 +84,6 @@ class RetentionLoop:
                 **{f"removed_{k}": v for k, v in result.removed.items()},
             },
         )
-        if self.hooks.on_pruned:
-            self.hooks.on_pruned(result)
+        for table, rows in result.removed.items():
+            metrics.RETENTION_PRUNED.labels(table).inc(rows)
         return result

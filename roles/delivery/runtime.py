@@ -10,7 +10,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.attempt import AttemptActivities, AttemptHooks
+from activities.attempt import AttemptActivities
 from activities.driver import DriverActivities
 from activities.handlers.context import Handler, HandlerSettings
 from receipts.kinds import QUEUE_DRIVER
@@ -40,7 +40,6 @@ def attempt_worker(
     role: str = "worker",
     listener: Listener | None = None,
     concurrency: int = 16,
-    hooks: AttemptHooks | None = None,
     graceful_shutdown: timedelta = DEFAULT_GRACE,
     workflows: Sequence[type] = (),
     activities: Sequence[Callable[..., Any]] = (),
@@ -48,9 +47,7 @@ def attempt_worker(
     """A worker for one of receipt-chat/codex/control: the attempt activity (plus any
     role-specific `workflows`/`activities`, e.g. the watchdog tick). It also registers
     `JobAttemptWorkflow`, so attempt children started by an older driver drain."""
-    attempt = AttemptActivities(
-        store, handlers, settings=settings, role=role, listener=listener, hooks=hooks
-    )
+    attempt = AttemptActivities(store, handlers, settings=settings, role=role, listener=listener)
     return Worker(
         client,
         task_queue=task_queue,

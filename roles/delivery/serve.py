@@ -10,7 +10,7 @@ from temporalio.service import RPCError
 
 from activities import sandbox, sandbox_etc
 from activities.handlers.registry import default_handlers
-from activities.watchdog import WatchdogActivities
+from activities.watchdog_tick import WatchdogActivities
 from receipts.kinds import QUEUE_CODEX
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.dispatcher import Dispatcher
@@ -26,10 +26,10 @@ from roles.delivery.loops import (
 from roles.delivery.retention import RetentionLoop
 from roles.delivery.runtime import attempt_worker, driver_worker
 from roles.delivery.starter import DriverStarter
-from roles.delivery.watchdog import ensure_watchdog_schedule
+from roles.delivery.watchdog_schedule import ensure_watchdog_schedule
 from roles.infra.process import Runtime, run_until
 from roles.infra.temporal import ensure_search_attributes
-from workflows.watchdog import WatchdogTickWorkflow
+from workflows.watchdog_tick import WatchdogTickWorkflow
 
 log = logging.getLogger("roles.delivery.serve")
 
@@ -43,7 +43,6 @@ def _starter(runtime: Runtime, *, beside_driver_worker: bool = False) -> DriverS
         runtime.store,
         runtime.settings.core,
         runtime.settings.timing,
-        runtime.metrics.starter_hooks(),
         plan_first_run=beside_driver_worker,
         eager_start=beside_driver_worker,
     )
@@ -53,11 +52,10 @@ def start_loops(runtime: Runtime, *, maintenance: bool, post_callbacks: bool) ->
     """Start the queued redrive and the startup objective resume; with `maintenance`, also the
     objective-control outbox redrive and, with RECEIPT_RETENTION, retention. Without
     `post_callbacks` the redrive leaves lost callbacks to the roles that post them."""
-    hooks = runtime.metrics.loop_hooks()
     http = runtime.http if post_callbacks else None
     loops = runtime.settings.loops
     redrive = QueuedRedrive(
-        runtime.store, _starter(runtime), runtime.settings.core, loops, http=http, hooks=hooks
+        runtime.store, _starter(runtime), runtime.settings.core, loops, http=http
     )
     runtime.spawn(
         Ticker(
@@ -65,27 +63,24 @@ def start_loops(runtime: Runtime, *, maintenance: bool, post_callbacks: bool) ->
             redrive.run_once,
             loops.redrive_interval_ms,
             REDRIVE_STARTUP_DELAY_MS,
-            hooks,
         ).run(),
         redrive.name,
     )
-    resume = ObjectiveResume(runtime.store, hooks=hooks)
+    resume = ObjectiveResume(runtime.store)
     runtime.spawn(resume.run(loops.startup_settle_ms), resume.name)
     if not maintenance:
         return
-    pruner = RetentionLoop.from_settings(
-        runtime.store, runtime.settings.core.retention, loops, runtime.metrics.retention_hooks()
-    )
+    pruner = RetentionLoop.from_settings(runtime.store, runtime.settings.core.retention, loops)
     if pruner is not None:
         runtime.spawn(
-            Ticker(pruner.name, pruner.run_once, pruner.interval_ms, 0, hooks).run(),
+            Ticker(pruner.name, pruner.run_once, pruner.interval_ms).run(),
             pruner.name,
         )
-    outbox = ObjectiveControlOutboxRedrive.of(objective_control_outbox(runtime.store), loops, hooks)
+    outbox = ObjectiveControlOutboxRedrive.of(objective_control_outbox(runtime.store), loops)
     wake = asyncio.Event()
     runtime.spawn(wake_on_control_requests(runtime.listener, wake), "outbox-wake")
     runtime.spawn(
-        Ticker(outbox.name, outbox.run_once, outbox.interval_ms, 0, hooks, wake).run(),
+        Ticker(outbox.name, outbox.run_once, outbox.interval_ms, wake=wake).run(),
         outbox.name,
     )
 
@@ -123,7 +118,6 @@ async def run_attempt_worker(
         role=runtime.role,
         listener=runtime.listener,
         concurrency=process.concurrency(runtime.role),
-        hooks=runtime.metrics.attempt_hooks(),
         graceful_shutdown=process.grace,
         workflows=workflows,
         activities=activities,

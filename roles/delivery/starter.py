@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -16,7 +15,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.driver import dispatch_plan
 from activities.names import JOB_DRIVER_WORKFLOW
-from receipts import deliveries, fairness
+from receipts import deliveries, fairness, metrics
 from receipts import operations as ops
 from receipts.deliveries import (
     MAX_GENERATION,
@@ -53,15 +52,6 @@ class StartResult:
     eager: bool = False
 
 
-@dataclass
-class StarterHooks:
-    """Metric hooks: called with the outcome of every start (`created`, `active_delivery`, …)
-    and with the worker queue of every job held back (fair dispatch)."""
-
-    on_start: Callable[[str, int | None], None] | None = None
-    on_held: Callable[[str], None] | None = None
-
-
 class DriverStarter:
     """Starts `JobDriverWorkflow` generation g+1 only when generation g's driver is closed.
 
@@ -76,7 +66,6 @@ class DriverStarter:
         store: Store,
         settings: Settings,
         timing: TimingSettings,
-        hooks: StarterHooks | None = None,
         *,
         plan_first_run: bool = False,
         eager_start: bool = False,
@@ -85,7 +74,6 @@ class DriverStarter:
         self.store = store
         self.settings = settings
         self.timing = timing
-        self.hooks = hooks or StarterHooks()
         # Only a starter in the process that also runs the driver workflow (its dispatcher)
         # may plan the first run: the plan's queue and timings must be the ones the driver's
         # own `prepare_delivery` would derive from the same settings.
@@ -108,8 +96,7 @@ class DriverStarter:
         `not_available` until its `availableAt`.
         """
         result = await self._start(job_id)
-        if self.hooks.on_start:
-            self.hooks.on_start(result.reason or "created", result.generation)
+        metrics.driver_started(result.reason or "created", result.generation)
         return result
 
     async def _start(self, job_id: str) -> StartResult:
@@ -202,8 +189,7 @@ class DriverStarter:
                 "cap": cap,
             },
         )
-        if self.hooks.on_held:
-            self.hooks.on_held(queue)
+        metrics.HELD_BACK.labels(queue).inc()
 
     async def _start_driver(
         self, job: Job, workflow_id: str, generation: int, timing: JobTiming

@@ -29,13 +29,14 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
 from activities import sandbox
+from receipts import metrics
 from receipts.store import Store
 from roles.infra.process import Runtime
 
@@ -48,20 +49,6 @@ LIVENESS_TIMEOUT_S = 30.0
 # when a poll starts, so an idle but healthy worker's poll can be that old.
 POLL_FRESH_S = 120.0
 POLLED_TYPES = (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
-
-_ready_gauge: Gauge | None = None
-
-
-def ready_gauge() -> Gauge:
-    """`receipt_role_ready`, registered by the first role that serves this endpoint (so the api,
-    which answers /readyz itself, exports no gauge that would always read 0)."""
-    global _ready_gauge
-    if _ready_gauge is None:
-        _ready_gauge = Gauge(
-            "receipt_role_ready",
-            "1 while the role's /readyz answers 200 (database reachable, Temporal worker polling).",
-        )
-    return _ready_gauge
 
 
 @dataclass
@@ -87,7 +74,7 @@ class HealthState:
             self.last_tick = time.monotonic()
             self.ready = not reasons
             self.reasons = reasons
-        ready_gauge().set(1 if not reasons else 0)
+        metrics.ROLE_READY.set(1 if not reasons else 0)
         if was and reasons:
             log.warning(
                 "role not ready: %s",

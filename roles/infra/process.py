@@ -1,4 +1,4 @@
-"""A role process's plumbing: what it holds (store, listener, metrics, Temporal client, its tasks),
+"""A role process's plumbing: what it holds (store, listener, Temporal client, its tasks),
 the start-up heap freeze, the drain at SIGTERM, the event loop and a clean exit."""
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from temporalio.client import Client
 from receipts.listen import Listener
 from receipts.store import Store
 from roles.infra.db import migrate_url, open_store, resolve_url
-from roles.infra.metrics import Metrics
 from roles.infra.settings import RuntimeSettings
 from roles.infra.temporal import connect_client
 
@@ -42,7 +41,6 @@ class Runtime:
     store: Store
     db_url: str
     listener: Listener
-    metrics: Metrics
     http: httpx.AsyncClient
     client: Client | None = None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -62,22 +60,12 @@ class Runtime:
 
 async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: bool) -> Runtime:
     """Migrate the database and open what `role` holds: its pool (the api's own size for the
-    api), its metrics, its listener (running) and a Temporal client whose SDK metrics serve on
+    api), its listener (running) and a Temporal client whose SDK metrics serve on
     the role's metrics port + 100. `lazy_client` connects to Temporal at the first call."""
     url = resolve_url(settings.core)
     await migrate_url(url)
     store = await open_store(url, settings.core, api=role == "api")
-    metrics = Metrics()
-    metrics.wire_process_counters()
-    runtime = Runtime(
-        role,
-        settings,
-        store,
-        url,
-        Listener(url),
-        metrics,
-        httpx.AsyncClient(),
-    )
+    runtime = Runtime(role, settings, store, url, Listener(url), httpx.AsyncClient())
     try:
         port = settings.process.metrics_port_of(role)
         sdk_metrics = (settings.process.metrics_host, 0 if port == 0 else port + 100)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, Field
 from activities.handlers.context import HandlerSettings
 from activities.sandbox_policy import SandboxSettings
 from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.objectives.watchdog import WatchdogSettings
 from receipts.settings import (
     FactorySettings,
     ReceiptSettings,
@@ -33,7 +34,6 @@ from receipts.settings import (
     variables,
 )
 from receipts.timing import TimingSettings
-from receipts.watchdog import WatchdogSettings
 from roles.api.settings import ApiSettings
 from roles.infra.temporal import TemporalTLSSettings
 

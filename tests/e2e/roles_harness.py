@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 from receipts.jobs import Job
 from receipts.store import Store
 from roles.infra.supervisor import Supervised
+from tests.eventually import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,11 +108,12 @@ async def wait_for(
     store: Store, job_id: str, statuses: tuple[str, ...], timeout: float = 60.0
 ) -> Job:
     """Poll until the job reaches one of `statuses`."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        job = await store.get_job(job_id)
-        if job is not None and job.status in statuses:
-            return job
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{job_id} stuck in {job and job.status}, wanted {statuses}")
-        await asyncio.sleep(0.1)
+    job = await eventually(
+        lambda: store.get_job(job_id),
+        lambda job: job is not None and job.status in statuses,
+        timeout=timeout,
+        every=0.1,
+        what=f"{job_id} reaching {statuses}",
+    )
+    assert job is not None
+    return job

@@ -22,6 +22,7 @@ from receipts.messages import CallbackRequest
 from receipts.store import Store
 from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.eventually import eventually
 from tests.integration.delivery.receiver import Receiver
 from tests.integration.helpers import put
 
@@ -44,13 +45,14 @@ async def holder_pid(store: Store, job_id: str) -> int:
 async def wait_for_receipt(
     store: Store, job_id: str, found: Callable[[Any], bool], timeout: float
 ) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        for receipt in await store.read_stream(f"jobs/{job_id}"):
-            if found(receipt):
-                return receipt
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no such receipt on {job_id} within {timeout} s")
+    receipts = await eventually(
+        lambda: store.read_stream(f"jobs/{job_id}"),
+        lambda receipts: any(found(r) for r in receipts),
+        timeout=timeout,
+        every=0.2,
+        what=f"such a receipt on {job_id}",
+    )
+    return next(r for r in receipts if found(r))
 
 
 def start_fence(receipt: Any) -> bool:

@@ -18,8 +18,9 @@ from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key
 from receipts.store import Store
 from receipts.tenancy import scoped_id
-from roles.delivery.watchdog import SCHEDULE_ID
+from roles.delivery.watchdog_schedule import SCHEDULE_ID
 from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.eventually import eventually
 from tests.integration.api_support import ROOT, clean_env, free_port, wait_healthz
 
 pytestmark = pytest.mark.e2e
@@ -47,14 +48,15 @@ publish: {command: [sh, -c, "cp log.txt published.txt"]}
 
 
 async def wait_objective(store: Store, objective_id: str, timeout: float) -> ObjectiveState:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        state = await objectives.get(store, objective_id)
-        if state is not None and state.terminal and state.audit is not None:
-            return state
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{objective_id} did not settle: {state}")
-        await asyncio.sleep(0.2)
+    state = await eventually(
+        lambda: objectives.get(store, objective_id),
+        lambda s: s is not None and s.terminal and s.audit is not None,
+        timeout=timeout,
+        every=0.2,
+        what=f"{objective_id} settling with its audit",
+    )
+    assert state is not None
+    return state
 
 
 async def test_receipt_objectives_run_completes_an_objective_file_through_its_audit(

@@ -24,6 +24,7 @@ from receipts.store import Store
 from roles.role import WORKER_QUEUES
 from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.eventually import eventually
 from tests.integration.helpers import put
 
 pytestmark = pytest.mark.e2e
@@ -64,16 +65,16 @@ def get(port: int, path: str) -> tuple[int, dict[str, Any] | str]:
 
 async def wait_ready(procs: RoleProcesses, names: list[str], timeout: float = 120) -> None:
     """Until every process answers /readyz 200 (it polls its task queues and reaches the database)."""
-    deadline = asyncio.get_running_loop().time() + timeout
     pending = set(names)
-    while pending:
+
+    async def not_ready() -> set[str]:
         for name in sorted(pending):
             port = health_port(procs, name)
             if port is not None and (await asyncio.to_thread(get, port, "/readyz"))[0] == 200:
                 pending.discard(name)
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not ready: {sorted(pending)}")
-        await asyncio.sleep(0.5)
+        return pending
+
+    await eventually(not_ready, lambda left: not left, timeout=timeout, every=0.5, what="ready")
 
 
 async def enqueue_batch(store: Store, codex_seconds: str) -> dict[str, list[Job]]:

@@ -100,8 +100,9 @@ async def test_healthz_stays_under_50_ms_while_the_hostile_requests_run(api: Run
             await asyncio.gather(*(hog(250) for _ in range(8)))
             assert len(statuses) == 2000 and set(statuses) == {202, 429}
             # The burst and what the rate refills while the flood runs, never past the queue
-            # cap (on a loaded machine the flood takes long enough to reach it).
-            assert 200 <= statuses.count(202) <= 1000
+            # cap by more than the 8 enqueues in flight at once (the cap reads the
+            # organization's counters without a lock; README, Security).
+            assert 200 <= statuses.count(202) <= 1000 + 8
 
             # 1 000 idle event streams (20 organizations × 50, each of its own job): all open,
             # the next one 429; enqueues go on beside them.

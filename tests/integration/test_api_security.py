@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 
 from receipts.jobs import Job
 from receipts.listen import RECONNECTED, Listener, Notice
@@ -413,22 +413,24 @@ async def test_metrics_need_an_admin_token(client: httpx.AsyncClient) -> None:
 
 
 async def test_invented_agent_ids_share_one_other_label(store: Store) -> None:
-    from roles.infra.metrics import Metrics
+    from prometheus_client import REGISTRY
 
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
+    from receipts import metrics
+
+    mismatches = "receipt_jobs_idempotency_mismatches_total"
+    before = metrics.value(mismatches, agent="codex")
     invented: list[Job] = []
     for n in range(300):
         invented.append((await put(store, agent=f"invented-{n}-{new_id()}", org="org-m")).job)
     for job in invented:
-        metrics.job_enqueued(job, "created")
+        metrics.job_enqueued(job.lane, job.kind, job.agent_id, "created")
     codex = (await put(store, agent="codex", org="org-m")).job
-    metrics.job_enqueued(codex, "created")
-    metrics.job_enqueued(codex, "existing", idempotency_mismatch=True)
-    text = generate_latest(registry).decode()
+    metrics.job_enqueued(codex.lane, codex.kind, codex.agent_id, "created")
+    metrics.job_enqueued(codex.lane, codex.kind, codex.agent_id, "existing", True)
+    text = generate_latest(REGISTRY).decode()
     assert "invented-" not in text
     assert 'agent="other"' in text and 'agent="codex"' in text
-    assert 'receipt_jobs_idempotency_mismatches_total{agent="codex"} 1.0' in text
+    assert metrics.value(mismatches, agent="codex") - before == 1
 
 
 # --- findings 10, 11: ids are scoped by organization, well-formed, and watchdog ids the system's

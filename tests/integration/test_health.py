@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -21,6 +20,7 @@ from receipts import assembly
 from receipts.store import Store
 from roles.infra import health
 from roles.infra.health import HealthChecker, HealthState, sandbox_check, serve_health
+from tests.eventually import eventually
 
 
 @workflow.defn(name="HealthProbeWorkflow")
@@ -45,12 +45,11 @@ def get(port: int, path: str) -> tuple[int, dict[str, Any] | str]:
 
 
 async def until_ready(checker: HealthChecker, timeout: float = 30) -> list[str]:
-    deadline = time.monotonic() + timeout
-    reasons = await checker.check_once()
-    while reasons and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-        reasons = await checker.check_once()
-    return reasons
+    """The checker's reasons once there are none (AssertionError with the last after
+    `timeout`)."""
+    return await eventually(
+        checker.check_once, lambda reasons: not reasons, timeout=timeout, every=0.2, what="ready"
+    )
 
 
 async def test_ready_only_while_the_worker_polls_and_not_while_draining(

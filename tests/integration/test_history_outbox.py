@@ -9,16 +9,14 @@ import json
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 
-from receipts import assembly, deliveries
+from receipts import assembly, deliveries, metrics
 from receipts import operations as ops
 from receipts.errors import TransientStorageError
 from receipts.settings import Settings
 from receipts.store import Store
 from roles.delivery.loops import QueuedRedrive
 from roles.infra.db import open_store
-from roles.infra.metrics import Metrics
 from roles.infra.settings import LoopSettings
 from tests.integration.api_support import AS_A, api_client
 from tests.integration.delivery.receiver import Receiver
@@ -50,8 +48,12 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
     assert sorted(owed) == sorted([(done, "completed"), (canceled, "canceled")])
     assert queued.job_id not in {job_id for job_id, _ in owed}
 
-    metrics = Metrics(CollectorRegistry())
-    metrics.wire_process_counters()
+    def counted(event: str, outcome: str) -> float:
+        return metrics.value("receipt_callbacks_total", event=event, outcome=outcome)
+
+    before = {
+        (e, o): counted(e, o) for e in ("completed", "canceled") for o in ("posted", "failed")
+    }
     async with Receiver() as receiver, httpx.AsyncClient() as http:
         both = Settings(
             RECEIPT_EVENT_CALLBACK_URL=receiver.url, RECEIPT_RESONATE_CALLBACK_URL=CLOSED
@@ -61,7 +63,7 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
         assert first.callbacks == 2
         for event in ("completed", "canceled"):  # counted per URL: one posted, one failed
             for outcome in ("posted", "failed"):
-                assert metrics.callbacks.labels(event, outcome)._value.get() == 1
+                assert counted(event, outcome) - before[event, outcome] == 1
         assert await deliveries.callbacks_owed(store) == []
         posted = [json.loads(r.body) for r in receiver.requests]
         bodies = sorted((b["event"], b["job"]["jobId"]) for b in posted)

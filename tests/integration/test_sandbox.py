@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from activities import sandbox, sandbox_etc, sandbox_seccomp
+from activities import sandbox_etc, sandbox_seccomp
 from activities.sandbox import (
     Limits,
     SandboxRefused,
@@ -33,6 +33,8 @@ from activities.sandbox import (
 from activities.sandbox_cgroup import CgroupPlan, own_cgroups, plan_for
 from activities.sandbox_policy import ETC_ENTRIES
 from activities.workspaces import job_workspace
+from receipts import metrics
+from tests.eventually import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = "/usr/bin/python3"  # the system's: the project's virtualenv is not in the sandbox
@@ -282,11 +284,10 @@ def host_processes_running(needle: str) -> list[int]:
 
 
 async def wait_until_running(needle: str) -> None:
-    for _ in range(200):
-        if host_processes_running(needle):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{needle} never started")
+    async def running() -> list[int]:
+        return host_processes_running(needle)
+
+    await eventually(running, timeout=10, what=f"{needle} starting")
 
 
 def escaping_script(needle: str) -> list[str]:
@@ -508,13 +509,10 @@ async def test_the_memory_limit_bounds_the_whole_sandbox_where_a_cgroup_can_be_m
     )
     assert (rlimits_only.exit_code, rlimits_only.memory_limit) == (0, False), output
     assert "survived" in output
-    told: list[bool] = []
-    sandbox.on_memory_limit.append(lambda: told.append(True))
-    try:
-        bounded, output = await run(["sh", "-c", TWO_HOGS], settings, limits=limits)
-    finally:
-        sandbox.on_memory_limit.pop()
-    assert bounded.memory_limit and told == [True], output
+    before = metrics.value("receipt_sandbox_memory_kills_total")
+    bounded, output = await run(["sh", "-c", TWO_HOGS], settings, limits=limits)
+    assert bounded.memory_limit, output
+    assert metrics.value("receipt_sandbox_memory_kills_total") - before == 1
 
 
 async def test_the_cgroup_holds_the_command_and_goes_with_it(settings: SandboxSettings) -> None:

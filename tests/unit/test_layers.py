@@ -180,3 +180,28 @@ def test_only_the_settings_layer_reads_the_environment() -> None:
         if (isinstance(node, ast.Attribute) and node.attr in {"environ", "getenv", "putenv"})
     ]
     assert wrong == []
+
+
+def test_every_metric_family_is_declared_in_one_module() -> None:
+    """One way to observe (docs/design.md §8): the families live in receipts/metrics.py and are
+    counted where an outcome is known; no module declares its own, and none keeps a list of
+    callbacks for another to append to."""
+    families = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
+    wrong = []
+    for name, tree in modules().items():
+        for node in ast.walk(tree):
+            if (
+                name != "receipts.metrics"
+                and isinstance(node, ast.ImportFrom)
+                and node.module == "prometheus_client"
+                and families & {alias.name for alias in node.names}
+            ):
+                wrong.append(f"{name}:{node.lineno} imports a metric family")
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and node.target.id.startswith("on_")
+                and isinstance(node.value, ast.List)
+            ):
+                wrong.append(f"{name}:{node.lineno} keeps callbacks in {node.target.id}")
+    assert wrong == []

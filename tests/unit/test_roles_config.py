@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from receipts.watchdog import WatchdogSettings, watchdog_job_id
-from roles.delivery.loops import LoopHooks, Ticker
+from receipts import metrics
+from receipts.objectives.watchdog import WatchdogSettings, watchdog_job_id
+from roles.delivery.loops import Ticker
 from roles.infra.settings import ProcessSettings
 from roles.role import ROLES, resolve_role
 
@@ -62,16 +63,17 @@ async def test_a_ticker_outlives_a_failing_pass() -> None:
         if calls == 1:
             raise KeyError("unexpected")
 
-    seen: list[str] = []
-    ticker = Ticker(
-        "t", flaky, interval_ms=10, hooks=LoopHooks(on_pass=lambda n, s: seen.append(n))
-    )
+    def passes() -> float:
+        return metrics.value("receipt_loop_pass_seconds_count", loop="t")
+
+    before = passes()
+    ticker = Ticker("t", flaky, interval_ms=10)
     task = asyncio.create_task(ticker.run())
     await asyncio.sleep(0.1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert calls >= 3 and len(seen) >= 3
+    assert calls >= 3 and passes() - before >= 3
 
 
 def test_a_file_backed_dev_server_uses_wal_and_normal_sync(tmp_path: Path) -> None:

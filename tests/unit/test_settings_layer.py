@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from receipts.objectives.watchdog import WatchdogSettings
 from receipts.settings import Settings, SettingsError
 from receipts.timing import TimingSettings
-from receipts.watchdog import WatchdogSettings
 from roles.infra.settings import (
     LoopSettings,
     ProcessSettings,

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from activities import retry
-from activities.retry import STORAGE_ATTEMPTS, STORAGE_BACKOFF_S, with_storage_retry
+from activities.storage_retry import STORAGE_ATTEMPTS, STORAGE_BACKOFF_S, with_storage_retry
+from receipts import metrics
 from receipts.errors import ConflictError, StorageError, TransientStorageError
 
 
@@ -50,12 +50,12 @@ async def test_transient_errors_are_retried_with_150_ms_times_the_attempt(
 
 
 async def test_the_fifth_transient_failure_propagates(sleeps: list[float]) -> None:
-    before = retry.retries_total
+    before = metrics.value("receipt_settlement_retries_total")
     calls, operation = failing([TransientStorageError("down")] * 5)
     with pytest.raises(TransientStorageError, match="down"):
         await with_storage_retry(operation)  # type: ignore[arg-type]
     assert len(calls) == 5 and len(sleeps) == 4
-    assert retry.retries_total - before == 4
+    assert metrics.value("receipt_settlement_retries_total") - before == 4
 
 
 @pytest.mark.parametrize("error", [ConflictError("duplicate"), StorageError("bad sql"), KeyError()])

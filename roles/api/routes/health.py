@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from receipts import reads
+from receipts import metrics, reads
 from receipts.errors import StorageError, TransientStorageError
 from receipts.sql import migrations
 from receipts.store import Store
@@ -37,7 +37,7 @@ async def schema_ready(store: Store) -> int:
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(caller: Caller) -> Response:
+async def exposition(caller: Caller) -> Response:
     """Prometheus metrics of the api process (text exposition format); an admin token only."""
     require_scope(caller, ADMIN)
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
@@ -51,11 +51,15 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=Ready, responses=errors_documented(503), tags=["health"])
 async def readyz(state: State) -> JSONResponse:
-    """The database is reachable and migrated to the version this code ships."""
+    """The database is reachable and migrated to the version this code ships (also the api's
+    `receipt_role_ready`)."""
+    metrics.ROLE_READY.set(0)
     try:
         version = await asyncio.wait_for(
             schema_ready(state.require_store()), timeout=READY_TIMEOUT_S
         )
+    except ApiError:
+        raise
     except (TimeoutError, StorageError) as exc:
         if isinstance(exc, TransientStorageError | TimeoutError):
             raise TransientStorageError(str(exc) or "database timeout") from exc
@@ -66,4 +70,5 @@ async def readyz(state: State) -> JSONResponse:
             "the database schema is not migrated; run `receipt migrate`",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         ) from exc
+    metrics.ROLE_READY.set(1)
     return JSONResponse({"status": "ready", "schemaVersion": version})

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 
 from receipts import jobs as jobmodel
-from receipts import operations, reads
+from receipts import metrics, operations, reads
 from receipts.enqueue import (
     JOB_ID_PATTERN,
     EnqueueRequest,
@@ -69,7 +69,6 @@ from roles.api.deps import (
     too_many,
     visible_job,
 )
-from roles.api.limits import LIMITED
 from roles.api.schema import (
     CommandAccepted,
     CommandBody,
@@ -141,7 +140,7 @@ async def post_job(
     settings = state.settings
     wait_s = state.org_limits.take(caller.organization_id or "*admin")
     if wait_s > 0:
-        LIMITED.labels("rate").inc()
+        metrics.API_LIMITED.labels("rate").inc()
         log.warning(
             "enqueue rate limited",
             extra={"event": "api.rate_limited", "organizationId": caller.organization_id},
@@ -203,8 +202,9 @@ async def post_job(
         )
         result = await enqueue(state.require_store(), enqueue_request, admit=caps)
     job = result.job
-    if state.metrics is not None:
-        state.metrics.job_enqueued(job, result.outcome, result.idempotency_mismatch)
+    metrics.job_enqueued(
+        job.lane, job.kind, job.agent_id, result.outcome, result.idempotency_mismatch
+    )
     log.info(
         "job enqueued",
         extra={
@@ -369,7 +369,7 @@ async def post_command(
     )
     size = json_size(body.payload) + len(body.reason or "")
     if size > settings.max_command_bytes:
-        LIMITED.labels("command_bytes").inc()
+        metrics.API_LIMITED.labels("command_bytes").inc()
         raise InvalidInput(
             "payload",
             f"a command's payload and reason hold at most {settings.max_command_bytes} bytes "
@@ -402,7 +402,7 @@ async def post_command(
             409, "terminal_state", f"job {job_id!r} is {status}; it takes no more commands"
         )
     if outcome.status == operations.TOO_MANY_COMMANDS:
-        LIMITED.labels("commands").inc()
+        metrics.API_LIMITED.labels("commands").inc()
         log.warning(
             "command refused: the job holds its cap of commands",
             extra={"event": "api.command_cap", "jobId": internal_id},

@@ -29,6 +29,7 @@ from roles.delivery.runtime import attempt_worker, driver_worker
 from roles.delivery.starter import DriverStarter
 from roles.infra.db import migrate_url
 from roles.infra.settings import load as load_settings
+from tests.eventually import eventually
 
 
 @pytest.fixture
@@ -143,14 +144,14 @@ async def wait_for_status(
     timeout: float = 30.0,
 ) -> Job:
     """Poll the projection until the job reaches one of `statuses` (test helper only)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        job = await store.get_job(job_id)
-        if job is not None and job.status in statuses:
-            return job
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"job {job_id} did not reach {statuses}: {job and job.status}")
-        await asyncio.sleep(0.05)
+    job = await eventually(
+        lambda: store.get_job(job_id),
+        lambda job: job is not None and job.status in statuses,
+        timeout=timeout,
+        what=f"job {job_id} reaching {statuses}",
+    )
+    assert job is not None
+    return job
 
 
 async def wait_for_scheduled_attempt(
@@ -158,16 +159,18 @@ async def wait_for_scheduled_attempt(
 ) -> None:
     """Wait until the driver `workflow_id` has scheduled the attempt activity `activity_id`."""
     handle = client.get_workflow_handle(workflow_id)
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+
+    async def pending() -> set[str]:
         description = await handle.describe()
-        if any(
-            a.activity_id == activity_id for a in description.raw_description.pending_activities
-        ):
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{workflow_id} never scheduled {activity_id}")
-        await asyncio.sleep(0.1)
+        return {a.activity_id for a in description.raw_description.pending_activities}
+
+    await eventually(
+        pending,
+        lambda ids: activity_id in ids,
+        timeout=timeout,
+        every=0.1,
+        what=f"{workflow_id} scheduling {activity_id}",
+    )
 
 
 async def driver_histories(client: Client, workflow_id: str, timeout: float = 20.0) -> list[Any]:

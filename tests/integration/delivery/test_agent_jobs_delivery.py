@@ -24,6 +24,7 @@ from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.kinds import QUEUE_CODEX
 from receipts.store import Store
 from roles.delivery.agent_jobs import AgentJobDispatcher
+from tests.eventually import eventually
 from tests.integration.delivery.conftest import Stack, running_stack, wait_for_status
 from tests.integration.helpers import put
 
@@ -88,14 +89,15 @@ def request(prompt: str, **extra: Any) -> CreateRequest:
 async def wait_for(
     store: Store, agent_job_id: str, *statuses: str, timeout: float = 60.0, turn: int | None = None
 ) -> AgentJob:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        job = await lifecycle.get(store, agent_job_id)
-        if job is not None and job.status in statuses and (turn is None or job.turn == turn):
-            return job
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{agent_job_id} did not reach {statuses}: {job and job.status}")
-        await asyncio.sleep(0.1)
+    job = await eventually(
+        lambda: lifecycle.get(store, agent_job_id),
+        lambda job: job is not None and job.status in statuses and turn in (None, job.turn),
+        timeout=timeout,
+        every=0.1,
+        what=f"{agent_job_id} reaching {statuses}",
+    )
+    assert job is not None
+    return job
 
 
 async def test_ask_answer_succeed_with_wakeups_and_one_agents_md(

@@ -9,7 +9,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from receipts import deliveries
+from receipts import deliveries, metrics
 from receipts import operations as ops
 from receipts.store import Store
 from roles.delivery.loops import (
@@ -117,19 +117,16 @@ async def test_outbox_redrive_is_single_flight_and_reports_a_slow_pass(caplog: A
         await gate.wait()
         return 3
 
-    slow: list[str] = []
-    from roles.delivery.loops import LoopHooks
-
-    loop = ObjectiveControlOutboxRedrive(
-        slow_source, interval_ms=10, timeout_ms=50, hooks=LoopHooks(on_slow=slow.append)
-    )
+    slow = ("receipt_loop_slow_passes_total", {"loop": "objective_control_outbox_redrive"})
+    slow_before = metrics.value(slow[0], **slow[1])
+    loop = ObjectiveControlOutboxRedrive(slow_source, interval_ms=10, timeout_ms=50)
     first: asyncio.Task[int | None] = asyncio.create_task(_run(loop.run_once()))
     await asyncio.sleep(0.1)
     assert await loop.run_once() is None  # a tick during the pass coalesces
     gate.set()
     assert await first == 3
     assert calls == 1 and loop.coalesced == 1
-    assert slow == ["objective_control_outbox_redrive"]
+    assert metrics.value(slow[0], **slow[1]) - slow_before == 1
     assert any(
         r.__dict__.get("event") == "factory.control_outbox_redrive_slow" for r in caplog.records
     )

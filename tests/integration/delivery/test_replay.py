@@ -15,7 +15,7 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from activities.watchdog import WatchdogActivities
+from activities.watchdog_tick import WatchdogActivities
 from receipts import operations as ops
 from receipts.kinds import QUEUE_CODEX
 from receipts.store import Store
@@ -24,7 +24,7 @@ from tests.integration.delivery.conftest import running_stack, wait_for_status
 from tests.integration.helpers import put
 from workflows.attempt import JobAttemptWorkflow
 from workflows.driver import JobDriverWorkflow
-from workflows.watchdog import WatchdogTickWorkflow
+from workflows.watchdog_tick import WatchdogTickWorkflow
 
 
 def task(*argv: str, **extra: Any) -> dict[str, Any]:

@@ -7,9 +7,9 @@ import uuid
 
 from temporalio.client import Client
 
+from receipts.objectives.watchdog import WatchdogSettings
 from receipts.settings import Settings
-from receipts.watchdog import WatchdogSettings
-from roles.delivery.watchdog import ensure_watchdog_schedule
+from roles.delivery.watchdog_schedule import ensure_watchdog_schedule
 
 
 async def test_enabled_0_creates_the_schedule_paused_and_1_resumes_it(client: Client) -> None:

@@ -19,6 +19,7 @@ from roles.delivery.loops import (
     objective_control_outbox,
     wake_on_control_requests,
 )
+from tests.eventually import eventually
 from tests.integration.delivery.conftest import (  # noqa: F401  (fixtures)
     Stack,
     client,
@@ -76,11 +77,12 @@ async def wait_objective(
     audited: bool = False,
 ) -> ObjectiveState:
     """Poll the projection until the objective reaches `done` (and its audit, if asked)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        state = await objectives.get(store, objective_id)
-        if state is not None and state.status in done and (not audited or state.audit):
-            return state
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"objective {objective_id} did not reach {done}: {state}")
-        await asyncio.sleep(0.1)
+    state = await eventually(
+        lambda: objectives.get(store, objective_id),
+        lambda s: s is not None and s.status in done and (not audited or bool(s.audit)),
+        timeout=timeout,
+        every=0.1,
+        what=f"objective {objective_id} reaching {done}",
+    )
+    assert state is not None
+    return state

@@ -14,6 +14,7 @@ from temporalio.client import Client
 from receipts.kinds import QUEUE_CODEX
 from receipts.objectives import store as objectives
 from receipts.objectives.model import (
+    ObjectiveState,
     monitor_job_id,
     objective_stream,
     step_monitor_job_id,
@@ -21,6 +22,7 @@ from receipts.objectives.model import (
 from receipts.store import Store
 from receipts.timing import TimingSettings
 from roles.infra.settings import load as load_settings
+from tests.eventually import eventually
 from tests.integration.delivery.conftest import running_stack, wait_for_status
 from tests.integration.factory.conftest import (
     objective_dir,
@@ -263,15 +265,15 @@ async def test_a_new_phase_cancels_unstarted_tasks_and_lets_running_ones_finish(
 async def wait_objective_task(
     store: Store, objective_id: str, task_id: str, statuses: tuple[str, ...]
 ) -> None:
-    import asyncio
-
-    for _ in range(600):
-        state = await objectives.get(store, objective_id)
+    def reached(state: ObjectiveState | None) -> bool:
         task = state.task(task_id) if state else None
-        if task is not None and task.status in statuses:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{objective_id}/{task_id} never reached {statuses}")
+        return task is not None and task.status in statuses
+
+    await eventually(
+        lambda: objectives.get(store, objective_id),
+        reached,
+        what=f"{objective_id}/{task_id} reaching {statuses}",
+    )
 
 
 async def test_cancel_aborts_the_running_task_and_settles_the_objective_canceled(

@@ -10,23 +10,22 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
 from temporalio.client import Client
 
 from activities.fence import AttemptFence
 from activities.handlers.context import HandlerContext, HandlerSettings
 from activities.handlers.factory import objective_watchdog
-from activities.handlers.store import HandlerStore
+from activities.handlers.fenced import FencedReceipts
+from receipts import metrics
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import StorageError
 from receipts.jobs import Job
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key, task_job_id
+from receipts.objectives.watchdog import WatchdogSettings
 from receipts.store import Store
-from receipts.watchdog import WatchdogSettings
 from roles.delivery.loops import ObjectiveResume
-from roles.infra.metrics import Metrics
 from tests.integration.delivery.conftest import running_stack
 from tests.integration.factory.conftest import AUTH, outbox_running, run_objective, wait_objective
 from tests.integration.helpers import create_objective, put
@@ -187,7 +186,7 @@ async def handler_context(store: Store, **watchdog: Any) -> HandlerContext:
         job=out.job,
         attempt=1,
         worker_id=fence.worker_id,
-        store=HandlerStore(fence),
+        receipts=FencedReceipts(fence),
         settings=HandlerSettings(watchdog=WatchdogSettings(**watchdog)),
     )
 
@@ -216,8 +215,9 @@ async def test_the_watchdog_fires_for_quiet_objectives_within_its_scan_limit(
         await create_objective(fresh_store, objective_id, TASK)
     await backdate(fresh_db, "wd-1", 5)
     await backdate(fresh_db, "wd-2", 4)
-    metrics = Metrics(CollectorRegistry())
-    metrics.wire_process_counters()
+    fired = ("receipt_factory_watchdog_fired_total", {"reason": "no_active_objective_work"})
+    delivered = ("receipt_factory_control_deliveries_total", {"outcome": "created"})
+    before = [metrics.value(name, **labels) for name, labels in (fired, delivered)]
     # wd-3 was just written: inside the grace period, it must not fire.
     first = await objective_watchdog(await handler_context(fresh_store, scan_limit=1))
     assert first["scanned"] == 1 and first["limit"] == 1
@@ -230,9 +230,8 @@ async def test_the_watchdog_fires_for_quiet_objectives_within_its_scan_limit(
     assert state is not None and state.last_control_reason == "reconcile"
     control = await fresh_store.get_job(state.control_job_id or "")
     assert control is not None and control.payload["reason"] == "reconcile"
-    fired = metrics.factory_watchdog_fired.labels("no_active_objective_work")
-    assert fired._value.get() == 2
-    assert metrics.factory_control_deliveries.labels("created")._value.get() == 2
+    after = [metrics.value(name, **labels) for name, labels in (fired, delivered)]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [2, 2]
 
 
 async def test_the_watchdog_stops_at_its_timeout(

@@ -6,8 +6,8 @@ from temporalio import activity
 
 from activities.names import ENQUEUE_WATCHDOG
 from receipts.enqueue import enqueue, parse_enqueue
+from receipts.objectives.watchdog import WATCHDOG_AGENT, WATCHDOG_KIND, watchdog_job_id
 from receipts.store import Store
-from receipts.watchdog import WATCHDOG_AGENT, WATCHDOG_KIND, watchdog_job_id
 
 
 class WatchdogActivities:

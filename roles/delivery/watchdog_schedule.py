@@ -20,10 +20,10 @@ from temporalio.client import (
 
 from activities.names import WATCHDOG_TICK_WORKFLOW
 from receipts.kinds import QUEUE_CONTROL
+from receipts.objectives.watchdog import WatchdogSettings
 from receipts.settings import Settings
-from receipts.watchdog import WatchdogSettings
 
-log = logging.getLogger("roles.delivery.watchdog")
+log = logging.getLogger("roles.delivery.watchdog_schedule")
 
 SCHEDULE_ID = "receipt-factory-objective-watchdog"
 

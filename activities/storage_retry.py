@@ -7,20 +7,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from receipts import metrics
 from receipts.errors import TransientStorageError
 
-log = logging.getLogger("activities.retry")
+log = logging.getLogger("activities.storage_retry")
 
 T = TypeVar("T")
 
 STORAGE_ATTEMPTS = 5
 STORAGE_BACKOFF_S = 0.150
-
-retries_total = 0
-"""Storage retries taken in this process."""
-
-on_retry: list[Callable[[], None]] = []
-"""Called once per retry (the metrics module registers here)."""
 
 
 async def with_storage_retry(
@@ -35,16 +30,13 @@ async def with_storage_retry(
     A constraint violation or any other error is not transient and propagates at once. A
     retried settle is safe: its settlement id makes an ambiguous earlier commit report success.
     """
-    global retries_total
     for attempt in range(1, attempts + 1):
         try:
             return await operation()
         except TransientStorageError as exc:
             if attempt == attempts:
                 raise
-            retries_total += 1
-            for hook in on_retry:
-                hook()
+            metrics.STORAGE_RETRIES.inc()
             log.warning(
                 "transient storage error; retrying",
                 extra={

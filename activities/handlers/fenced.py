@@ -17,11 +17,12 @@ organization's look exactly as if they did not exist, whatever id the payload na
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from activities.fence import AttemptFence
+from receipts import metrics
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import AgentJob
 from receipts.commands import QueuedCommand, with_payloads
@@ -34,17 +35,13 @@ from receipts.store import Tx
 
 log = logging.getLogger(__name__)
 
-# Called with the fence's refusal (`lease_lost`, `stale_attempt`, `terminal_state`,
-# `not_found`) each time an objective write is refused; the roles count them.
-on_objective_write_refused: list[Callable[[str], None]] = []
-
 
 class FenceLost(Exception):
     """The handler's delivery no longer holds its attempt's fence: the objective write it asked
     for was refused and nothing of its transaction was written."""
 
 
-class HandlerStore:
+class FencedReceipts:
     """The receipts one attempt's handler reads and writes, through its fence."""
 
     def __init__(
@@ -218,8 +215,7 @@ class HandlerStore:
                 "status": rejection,
             },
         )
-        for hook in on_objective_write_refused:
-            hook(rejection)
+        metrics.OBJECTIVE_WRITES_REFUSED.labels(rejection).inc()
         raise FenceLost(f"handler write refused: {rejection}")
 
     # --- agent jobs ---------------------------------------------------------------------------

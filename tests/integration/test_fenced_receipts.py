@@ -11,10 +11,10 @@ import psycopg
 import pytest
 
 from activities.fence import AttemptFence
-from activities.handlers import store as handler_store
 from activities.handlers.context import HandlerContext
-from activities.handlers.store import FenceLost, HandlerStore
+from activities.handlers.fenced import FencedReceipts, FenceLost
 from activities.settle import Settlement
+from receipts import metrics
 from receipts import operations as ops
 from receipts.objectives import store as objectives
 from receipts.objectives.model import monitor_job_id, objective_stream, session_key, task_job_id
@@ -30,7 +30,7 @@ async def started(store: Store, worker: str) -> HandlerContext:
     fence = AttemptFence(store, job.job_id, attempt=1, worker_id=worker)
     out = await fence.start(LEASE, {"role": "test"})
     assert out.ok and out.job is not None
-    return HandlerContext(job=out.job, attempt=1, worker_id=worker, store=HandlerStore(fence))
+    return HandlerContext(job=out.job, attempt=1, worker_id=worker, receipts=FencedReceipts(fence))
 
 
 async def test_a_handler_writes_progress_and_consumes_commands_while_it_holds_the_lease(
@@ -90,17 +90,17 @@ async def test_a_superseded_delivery_writes_nothing_to_an_objective(
     stale = await started(store, "j:attempt:1/1")
     newer = AttemptFence(store, stale.job.job_id, attempt=1, worker_id="j:attempt:1/2")
     assert (await newer.start(LEASE, {"role": "test"})).ok  # Temporal redelivered the attempt
-    refused: list[str] = []
-    monkeypatch.setattr(handler_store, "on_objective_write_refused", [refused.append])
+    refused = "receipt_objective_writes_refused_total"
+    before = metrics.value(refused, reason="lease_lost")
     written = [r.type for r in await store.read_stream(objective_stream(objective_id))]
-    with caplog.at_level(logging.WARNING, "activities.handlers.store"):
+    with caplog.at_level(logging.WARNING, "activities.handlers.fenced"):
         with pytest.raises(FenceLost, match="lease_lost"):
-            await stale.store.update_objective(objective_id, progress_line(objective_id))
+            await stale.receipts.update_objective(objective_id, progress_line(objective_id))
         with pytest.raises(FenceLost, match="lease_lost"):
-            await stale.store.request_control(objective_id, "reconcile")
+            await stale.receipts.request_control(objective_id, "reconcile")
         # Control passes: the pass would dispatch the pending task (two jobs and a receipt).
         with pytest.raises(FenceLost, match="lease_lost"):
-            await stale.store.reconcile(objective_id, "factory.objective.control")
+            await stale.receipts.reconcile(objective_id, "factory.objective.control")
     assert [r.type for r in await store.read_stream(objective_stream(objective_id))] == written
     state = await objectives.get(store, objective_id)
     assert state is not None and state.task("t") is not None
@@ -109,7 +109,7 @@ async def test_a_superseded_delivery_writes_nothing_to_an_objective(
     tries = [task_job_id(objective_id, "t", 1), monitor_job_id(objective_id, "t", 1)]
     assert await objectives.jobs_by_ids(store, tries) == {}
     assert state.control_job_id is None  # the refused request delivered no control job
-    assert refused == ["lease_lost"] * 3
+    assert metrics.value(refused, reason="lease_lost") - before == 3
     events = [getattr(r, "event", None) for r in caplog.records]
     assert events.count("attempt.objective_write_refused") == 3
 
@@ -119,7 +119,7 @@ async def test_the_delivery_that_holds_the_fence_writes_to_the_objective(store: 
     stale = await started(store, "j:attempt:1/1")
     newer = AttemptFence(store, stale.job.job_id, attempt=1, worker_id="j:attempt:1/2")
     assert (await newer.start(LEASE, {"role": "test"})).ok
-    current = HandlerStore(newer)
+    current = FencedReceipts(newer)
     await current.update_objective(objective_id, progress_line(objective_id))
     await current.request_control(objective_id, "reconcile")
     result = await current.reconcile(objective_id, "factory.objective.control")
@@ -142,7 +142,7 @@ async def test_a_settled_job_s_handler_writes_nothing_to_an_objective(store: Sto
     fence = AttemptFence(store, ctx.job.job_id, attempt=1, worker_id="j:attempt:1/1")
     assert (await fence.complete({"done": True})).ok
     with pytest.raises(FenceLost, match="terminal_state"):
-        await ctx.store.update_objective(objective_id, progress_line(objective_id))
+        await ctx.receipts.update_objective(objective_id, progress_line(objective_id))
 
 
 async def test_a_handler_s_write_waits_for_its_job_row_before_the_objective_stream(
@@ -156,7 +156,7 @@ async def test_a_handler_s_write_waits_for_its_job_row_before_the_objective_stre
     worker = f"{job.job_id}:attempt:1/1"
     fence = AttemptFence(store, job.job_id, attempt=1, worker_id=worker)
     assert (await fence.start(LEASE, {"role": "test"})).ok
-    handler = HandlerStore(fence, job.session_key)
+    handler = FencedReceipts(fence, job.session_key)
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
         async with conn.transaction():
             await conn.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR UPDATE", (job.job_id,))
@@ -187,7 +187,7 @@ async def test_a_control_job_checks_its_fence_after_the_objective_stream(store: 
     worker = f"{control.job_id}:attempt:1/1"
     fence = AttemptFence(store, control.job_id, attempt=1, worker_id=worker)
     assert (await fence.start(LEASE, {"role": "test"})).ok
-    handler = HandlerStore(fence, control.session_key)
+    handler = FencedReceipts(fence, control.session_key)
     await handler.request_control(objective_id, "reconcile")
     steered = await store.get_job(control.job_id)
     assert steered is not None and len(steered.pending_commands) == 1
@@ -209,7 +209,7 @@ async def test_a_handler_ended_by_a_refused_objective_write_settles_nothing_and_
     newer = AttemptFence(store, stale.job.job_id, attempt=1, worker_id="j:attempt:1/2")
     assert (await newer.start(LEASE, {"role": "test"})).ok
     handler = asyncio.create_task(
-        stale.store.update_objective(objective_id, progress_line(objective_id))
+        stale.receipts.update_objective(objective_id, progress_line(objective_id))
     )
     await asyncio.wait({handler})
     assert isinstance(handler.exception(), FenceLost)
@@ -234,7 +234,7 @@ async def test_another_organizations_objective_and_jobs_look_absent_to_a_handler
     worker = f"{job.job_id}:attempt:1/1"
     fence = AttemptFence(store, job.job_id, attempt=1, worker_id=worker)
     assert (await fence.start(LEASE, {"role": "test"})).ok
-    handler = HandlerStore(fence, job.session_key, job.organization_id)
+    handler = FencedReceipts(fence, job.session_key, job.organization_id)
     before = await store.read_stream(objective_stream(objective_id))
     assert await handler.objective(objective_id) is None
     assert await handler.job(theirs.job_id) is None
@@ -256,7 +256,7 @@ async def test_another_organizations_objective_and_jobs_look_absent_to_a_handler
     assert all(s.organization_id == "org-b" for s in scanned)
     assert await store.read_stream(objective_stream(objective_id)) == before
     # The runtime's own work (no organization: the watchdog) reads every organization's.
-    system = HandlerStore(fence, None, None)
+    system = FencedReceipts(fence, None, None)
     assert await system.objective(objective_id) is not None
 
 

@@ -1,0 +1,247 @@
+"""Every Prometheus family of every role, in one place: the one way Receipt is observed.
+
+The families are module-level, on prometheus_client's default registry, and each is counted
+where its outcome is known (the attempt counts its start and settle, the starter its outcome,
+a loop its pass): no callback lists, no hook objects handed down, no second registry. A role
+serves the registry on its metrics port (roles/infra/health.py), the api on `/metrics`; a
+family a process never counts shows zero (or, with labels, no series yet). Label values are bounded: a job's
+agent is one of the built-in agents or `other` (`agent_label`), never an id a tenant chose.
+
+Tests read a family's value before and after what they do (`value`), never a fresh registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+from receipts.kinds import AGENT_IDS, route, route_disagrees
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+OTHER_AGENT = "other"
+
+
+def agent_label(agent_id: str) -> str:
+    """The `agent` label of an agent id: one of the built-in agents, else `other` (a tenant
+    chooses agent ids, and each new label value is a new series on every scrape)."""
+    return agent_id if agent_id in AGENT_IDS else OTHER_AGENT
+
+
+def value(name: str, **labels: str) -> float:
+    """The current value of the sample `name` with `labels` (0 when it has none yet)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+# --- jobs: enqueue, attempts, settlement ---------------------------------------------------------
+
+JOBS_ENQUEUED = Counter(
+    "receipt_jobs_enqueued",
+    "Enqueue requests by outcome (created, existing, steered).",
+    ["lane", "kind", "agent", "outcome"],
+)
+IDEMPOTENCY_MISMATCHES = Counter(
+    "receipt_jobs_idempotency_mismatches",
+    "Re-posts of an existing jobId with another agent or payload (the existing job is returned "
+    "unchanged, flagged async.idempotencyMismatch).",
+    ["agent"],
+)
+ROUTE_DISAGREEMENTS = Counter(
+    "receipt_route_contract_disagreements",
+    "Enqueued jobs whose route and kind contract name different worker groups.",
+    ["agent", "kind"],
+)
+ATTEMPTS_STARTED = Counter(
+    "receipt_attempts_started", "Attempts that took a lease or a start-fence.", ["queue", "agent"]
+)
+REDELIVERIES = Counter(
+    "receipt_attempt_redeliveries",
+    "Attempts Temporal redelivered after losing their worker (start-fence takeovers).",
+    ["queue", "agent"],
+)
+JOBS_SETTLED = Counter(
+    "receipt_jobs_settled",
+    "Attempts settled, by job status and attempt result status.",
+    ["status", "result_status"],
+)
+HEARTBEAT_LAG = Histogram(
+    "receipt_heartbeat_lag_seconds",
+    "How late a heartbeat ran against its cadence.",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5),
+)
+HANDLER_DURATION = Histogram(
+    "receipt_handler_duration_seconds", "Handler run time by agent.", ["agent"],
+    buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+ENQUEUE_TO_START = Histogram(
+    "receipt_enqueue_to_start_seconds",
+    "Database time from job.enqueued to its lease.",
+    buckets=LATENCY_BUCKETS,
+)
+ENQUEUE_TO_SETTLE = Histogram(
+    "receipt_enqueue_to_settle_seconds",
+    "Database time from job.enqueued to its terminal receipt.",
+    buckets=LATENCY_BUCKETS,
+)
+STORAGE_RETRIES = Counter("receipt_settlement_retries", "Transient storage errors retried.")
+LEDGER_FAILURES = Counter(
+    "receipt_ledger_write_failures", "Best-effort ledger writes that failed.", ["table"]
+)
+CALLBACKS = Counter(
+    "receipt_callbacks",
+    "Callback posts by event and outcome (posted, or failed after its tries), per URL.",
+    ["event", "outcome"],
+)
+SANDBOX_MEMORY_KILLS = Counter(
+    "receipt_sandbox_memory_kills",
+    "Sandboxed commands the kernel killed at their cgroup's memory limit.",
+)
+
+# --- delivery: the starter and the queue -------------------------------------------------------
+
+DRIVER_STARTS = Counter(
+    "receipt_driver_starts", "Driver starter outcomes (created, active_delivery, ...).", ["outcome"]
+)
+ACTIVE_DELIVERY_REFUSALS = Counter(
+    "receipt_active_delivery_refusals", "Starts refused because a delivery is still open."
+)
+HELD_BACK = Counter(
+    "receipt_jobs_held_back",
+    "Starts held back because the job's organization held every dispatch slot it may on the "
+    "worker queue (RECEIPT_ORG_MAX_RUNNING_PER_GROUP); the job stays queued.",
+    ["queue"],
+)
+GENERATION_ADVANCES = Counter(
+    "receipt_generation_advances", "Deliveries started at a generation above 0."
+)
+QUEUE_DEPTH = Gauge(
+    "receipt_queue_depth",
+    "Active jobs by status (queued, leased, running; read from the projection by "
+    "worker-control). Settled jobs: receipt_jobs_settled.",
+    ["status"],
+)
+WAITING_FOR_SLOT = Gauge(
+    "receipt_jobs_waiting_for_slot",
+    "Queued, deliverable jobs held back for a dispatch slot of their organization now (read by "
+    "worker-control with the queue depth).",
+)
+
+# --- recovery loops and retention --------------------------------------------------------------
+
+LOOP_PASS = Histogram(
+    "receipt_loop_pass_seconds", "Recovery loop pass durations.", ["loop"],
+    buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+LOOP_SLOW = Counter(
+    "receipt_loop_slow_passes", "Loop passes over their observational deadline.", ["loop"]
+)
+LEASE_EXPIRATIONS = Counter(
+    "receipt_lease_expirations", "job.lease_expired receipts appended by the scan."
+)
+REDRIVES = Counter("receipt_redrive_dispatches", "Queued-job redrive dispatches.")
+RETENTION_PRUNED = Counter(
+    "receipt_retention_pruned_rows",
+    "Rows the retention loop deleted, by table (jobs: terminal jobs pruned).",
+    ["table"],
+)
+RETENTION_SKIPPED = Counter(
+    "receipt_retention_skipped_passes",
+    "Retention passes skipped because another process held the single-flight lock.",
+)
+
+# --- Factory -----------------------------------------------------------------------------------
+
+FACTORY_CONTROL_DELIVERIES = Counter(
+    "receipt_factory_control_deliveries",
+    "Objective control requests handed to a control job, by enqueue outcome.",
+    ["outcome"],
+)
+FACTORY_TASKS_DISPATCHED = Counter(
+    "receipt_factory_tasks_dispatched", "Task tries dispatched by objective control."
+)
+FACTORY_OBJECTIVES_SETTLED = Counter(
+    "receipt_factory_objectives_settled",
+    "Objectives settled by objective control, by status.",
+    ["status"],
+)
+FACTORY_WATCHDOG_FIRED = Counter(
+    "receipt_factory_watchdog_fired",
+    "Reconciles the objective watchdog requested, by reason.",
+    ["reason"],
+)
+OBJECTIVE_WRITES_REFUSED = Counter(
+    "receipt_objective_writes_refused",
+    "Objective writes (and monitor hand-offs) a handler asked for after its delivery lost the "
+    "attempt's fence (nothing written), by the fence's refusal.",
+    ["reason"],
+)
+
+# --- background agent jobs ---------------------------------------------------------------------
+
+AGENT_JOB_PASSES = Histogram(
+    "receipt_agent_job_dispatch_pass_seconds", "Agent-job dispatcher pass durations."
+)
+AGENT_JOB_ACTIONS = Counter(
+    "receipt_agent_job_dispatch_actions",
+    "What agent-job dispatcher passes did (claimed, settled, input_timeout, no_slot).",
+    ["action"],
+)
+AGENT_JOB_TURNS_SETTLED = Counter(
+    "receipt_agent_job_turns_settled",
+    "Settled turns by the status the agent job moved to (running: a follow-up turn).",
+    ["status"],
+)
+AGENT_JOB_WAKEUP_CALLBACKS = Counter(
+    "receipt_agent_job_wakeup_callbacks",
+    "Wakeup event callbacks by outcome (posted, failed).",
+    ["outcome"],
+)
+AGENT_JOBS_RUNNING = Gauge(
+    "receipt_agent_jobs_running", "Running agent jobs (slots in use) by agent.", ["agent"]
+)
+
+# --- the api and the role process --------------------------------------------------------------
+
+API_LIMITED = Counter(
+    "receipt_api_limited",
+    "Requests the api refused at one of its limits (README, Security), by limit: rate, queued, "
+    "active, streams_token, streams_total, commands, command_bytes, body_shape.",
+    ["limit"],
+)
+API_EVENT_STREAMS = Gauge("receipt_api_event_streams", "Event streams the api serves now.")
+ROLE_READY = Gauge(
+    "receipt_role_ready",
+    "1 while the role's /readyz answers 200 (database reachable, Temporal worker polling; the "
+    "api: database reachable and migrated).",
+)
+
+
+# --- what several families count together --------------------------------------------------------
+
+
+def job_enqueued(
+    lane: str, kind: str, agent_id: str, outcome: str, idempotency_mismatch: bool = False
+) -> None:
+    """An accepted enqueue; a created job whose route and contract disagree, and a re-post with
+    another agent or payload, are counted too."""
+    agent = agent_label(agent_id)
+    JOBS_ENQUEUED.labels(lane, kind, agent, outcome).inc()
+    if idempotency_mismatch:
+        IDEMPOTENCY_MISMATCHES.labels(agent).inc()
+    if outcome == "created" and route_disagrees(agent_id, kind):
+        ROUTE_DISAGREEMENTS.labels(agent, kind).inc()
+
+
+def attempt_started(agent_id: str, kind: str, redelivered: bool) -> None:
+    """An attempt took its lease or its start-fence (`redelivered`: a takeover)."""
+    labels = (route(agent_id, kind), agent_label(agent_id))
+    ATTEMPTS_STARTED.labels(*labels).inc()
+    if redelivered:
+        REDELIVERIES.labels(*labels).inc()
+
+
+def driver_started(outcome: str, generation: int | None) -> None:
+    """What one start of a job's driver did."""
+    DRIVER_STARTS.labels(outcome).inc()
+    if outcome == "active_delivery":
+        ACTIVE_DELIVERY_REFUSALS.inc()
+    if outcome == "created" and generation:
+        GENERATION_ADVANCES.inc()
