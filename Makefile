@@ -45,7 +45,7 @@ typecheck: $(STAMP)
 # than it computes, so four share the 2 cores of a CI machine; the slowest tests are listed.
 PYTEST_WORKERS ?= 4
 test: lint typecheck
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --durations=20
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=20
 
 # Speed against raw baselines (10–17 minutes; BENCH_ARGS=--quick for 4–6): tools/bench/README.md.
 bench: $(STAMP)

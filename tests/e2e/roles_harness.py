@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -96,6 +97,24 @@ class RoleProcesses:
             process.send(signal.SIGTERM)
         for process in self.supervised.values():
             process.stop(15)
+
+    def logged(self, name: str, events: set[str], **fields: object) -> list[dict[str, object]]:
+        """The JSON log records of process `name` (every run of it) whose `event` is one of
+        `events` and which carry `fields`."""
+        found = []
+        for path in sorted(self.log_dir.glob(f"{name}.*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                if not line.startswith("{"):
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("event") in events and all(
+                    record.get(k) == v for k, v in fields.items()
+                ):
+                    found.append(record)
+        return found
 
     def logs(self) -> str:
         return "\n".join(

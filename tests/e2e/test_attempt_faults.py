@@ -10,6 +10,7 @@ terminal callback once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 from collections.abc import Callable
@@ -53,6 +54,11 @@ async def wait_for_receipt(
         what=f"such a receipt on {job_id}",
     )
     return next(r for r in receipts if found(r))
+
+
+# What a woken delivery logs when its fence refuses it: its heartbeat (the lease is lost) or
+# its settlement.
+WOKEN_EVENTS = {"attempt.lease_lost", "attempt.settled"}
 
 
 def start_fence(receipt: Any) -> bool:
@@ -120,8 +126,14 @@ async def test_a_stopped_delivery_woken_after_its_redelivery_settled_writes_noth
         settled = await store.read_stream(f"jobs/{job.job_id}")
         procs.signal(stopped, signal.SIGCONT)
         # Woken: its handler's command has long finished, its heartbeat is due, and Temporal
-        # has timed it out; whatever it tries, the fence (or the re-read) refuses it.
-        await asyncio.sleep(8)
+        # has timed it out; whatever it tries, the fence (or the re-read) refuses it. Its log
+        # says when it tried (at most 8 s: a delivery Temporal cancelled may log neither).
+        with contextlib.suppress(AssertionError):
+            await eventually(
+                lambda: asyncio.to_thread(procs.logged, stopped, WOKEN_EVENTS, workerId=stopped_id),
+                timeout=8,
+                every=0.2,
+            )
         after = await store.read_stream(f"jobs/{job.job_id}")
     except BaseException:
         print(procs.logs())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import signal
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
 from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.eventually import eventually
 from tests.integration.helpers import put
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +62,19 @@ async def test_a_zombie_worker_is_superseded_and_every_later_write_of_it_is_reje
         superseded = await _wait_until_superseded(store, job.job_id, zombie_id, 90)
         procs.signal(zombie, signal.SIGCONT)
         done = await wait_for(store, job.job_id, tuple(TERMINAL_STATUSES), 90)
-        await asyncio.sleep(4)  # the zombie wakes up and tries its late writes
+        # The zombie wakes up and tries its late writes; its fence refuses them. Its log says
+        # when it tried (at most 4 s: a delivery Temporal cancelled may log neither).
+        with contextlib.suppress(AssertionError):
+            await eventually(
+                lambda: asyncio.to_thread(
+                    procs.logged,
+                    zombie,
+                    {"attempt.lease_lost", "attempt.settled"},
+                    workerId=zombie_id,
+                ),
+                timeout=4,
+                every=0.2,
+            )
     except BaseException:
         print(procs.logs())
         raise

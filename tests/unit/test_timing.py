@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from receipts.settings import SettingsError
 from receipts.timing import (
     JobTiming,
     TimingSettings,
@@ -47,6 +48,13 @@ def test_settings_defaults_are_the_spec_defaults() -> None:
         "active_stale_ms": 600_000,
         "heartbeat_interval_ms": None,
     }
+
+
+def test_load_takes_variable_names_only_and_blank_as_unset() -> None:
+    assert TimingSettings.load({"job_lease_ms": "9"}) == DEFAULTS  # a field's name is no variable
+    assert TimingSettings.load({"JOB_LEASE_MS": "  "}) == DEFAULTS
+    with pytest.raises(SettingsError, match="JOB_LEASE_MS must be"):
+        TimingSettings.load({"JOB_LEASE_MS": "1.5"})
 
 
 def test_settings_are_frozen() -> None:

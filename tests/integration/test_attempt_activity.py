@@ -1,0 +1,187 @@
+"""The attempt activity's matrix — lease, settle, failure, execution timeout, abort, takeover by
+a redelivery, a settled job — run by Temporal's `ActivityEnvironment` against real PostgreSQL,
+with handlers written here: no Temporal server, no worker, no sandbox. The full-stack delivery
+tests (tests/integration/delivery/) keep what needs the driver and a worker."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.attempt import AttemptActivities, execution_timeout_message
+from activities.handlers.context import Handler, HandlerContext, HandlerError
+from receipts import operations as ops
+from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
+from receipts.store import Store
+from tests.eventually import eventually
+from tests.integration.helpers import put, types
+
+LEASE_MS = 6_000
+
+
+def attempt_of(job_id: str, agent: str, attempt: int = 1, **changes: Any) -> AttemptInput:
+    """What the driver hands the activity for attempt `attempt` of `job_id`."""
+    base = AttemptInput(
+        job_id=job_id,
+        attempt=attempt,
+        agent_id=agent,
+        kind="factory.task.run",
+        lane="factory",
+        lease_ms=LEASE_MS,
+        execution_timeout_ms=5_000,
+        heartbeat_ms=LEASE_MS // 3,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+async def run(
+    store: Store, handlers: Mapping[str, Handler], attempt: AttemptInput, delivery: int = 1
+) -> AttemptResult:
+    """Delivery `delivery` of `attempt`, as Temporal would run it on a worker."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=delivery, activity_id=f"attempt:{delivery}")
+    activities = AttemptActivities(store, handlers, role="test")
+    return await env.run(activities.execute_attempt, attempt)
+
+
+async def job_of(store: Store, agent: str, **payload: Any) -> str:
+    return (await put(store, agent=agent, maxAttempts=2, payload_extra=payload)).job.job_id
+
+
+async def test_a_completed_handler_settles_the_job_with_its_result(store: Store) -> None:
+    async def handler(ctx: HandlerContext) -> dict[str, Any]:
+        await ctx.progress({"step": 1})
+        return {"answer": 42}
+
+    job_id = await job_of(store, "act-ok")
+    result = await run(store, {"act-ok": handler}, attempt_of(job_id, "act-ok"))
+    assert (result.status, result.job_status) == (AttemptStatus.COMPLETED, "completed")
+    job = await store.get_job(job_id)
+    assert job is not None and job.result == {"answer": 42}
+    assert await types(store, job_id) == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.progress",
+        "job.completed",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("retryable", "status", "job_status"),
+    [(True, AttemptStatus.FAILED, "queued"), (False, AttemptStatus.FAILED, "failed")],
+)
+async def test_a_failing_handler_requeues_only_when_retryable(
+    store: Store, retryable: bool, status: str, job_status: str
+) -> None:
+    async def handler(ctx: HandlerContext) -> None:
+        raise HandlerError("boom", retryable=retryable)
+
+    job_id = await job_of(store, "act-fail")
+    result = await run(store, {"act-fail": handler}, attempt_of(job_id, "act-fail"))
+    assert (result.status, result.job_status) == (status, job_status)
+    job = await store.get_job(job_id)
+    assert job is not None and job.error == "boom" and job.status == job_status
+
+
+async def test_an_agent_without_a_handler_fails_at_once(store: Store) -> None:
+    job_id = await job_of(store, "act-nobody")
+    result = await run(store, {}, attempt_of(job_id, "act-nobody"))
+    assert (result.status, result.job_status) == (AttemptStatus.FAILED, "failed")
+    job = await store.get_job(job_id)
+    assert job is not None and job.error == "No handler for agent 'act-nobody'"
+
+
+async def test_a_handler_past_its_execution_timeout_is_cancelled_and_fails_retryably(
+    store: Store,
+) -> None:
+    cancelled = asyncio.Event()
+
+    async def handler(ctx: HandlerContext) -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cancelled.set()
+
+    job_id = await job_of(store, "act-slow")
+    attempt = attempt_of(job_id, "act-slow", execution_timeout_ms=300)
+    result = await run(store, {"act-slow": handler}, attempt)
+    assert result.status == AttemptStatus.EXECUTION_TIMEOUT
+    assert cancelled.is_set()
+    job = await store.get_job(job_id)
+    assert job is not None and job.status == "queued"  # retryable: the next attempt runs
+    assert job.error == execution_timeout_message(300)
+
+
+async def test_an_abort_while_running_stops_the_handler_and_cancels_the_job(
+    store: Store,
+) -> None:
+    running, stopped = asyncio.Event(), asyncio.Event()
+
+    async def handler(ctx: HandlerContext) -> None:
+        running.set()
+        await ctx.aborted.wait()
+        stopped.set()
+
+    job_id = await job_of(store, "act-abort")
+    delivery = asyncio.create_task(
+        run(store, {"act-abort": handler}, attempt_of(job_id, "act-abort"))
+    )
+    await asyncio.wait_for(running.wait(), 10)
+    sent = await ops.add_command(
+        store, job_id, type="abort", reason="enough", organization_id="org-a"
+    )
+    assert sent.ok
+    result = await asyncio.wait_for(delivery, 30)
+    assert stopped.is_set()
+    assert (result.status, result.job_status) == (AttemptStatus.CANCELED, "canceled")
+
+
+async def test_a_redelivery_takes_the_lease_over_and_the_first_delivery_cannot_settle(
+    store: Store,
+) -> None:
+    release = asyncio.Event()
+    deliveries: list[str] = []
+
+    async def handler(ctx: HandlerContext) -> dict[str, str]:
+        deliveries.append(ctx.worker_id)
+        if len(deliveries) == 1:  # the first delivery: frozen until the second has settled
+            await release.wait()
+        return {"by": ctx.worker_id}
+
+    job_id = await job_of(store, "act-twice")
+    handlers = {"act-twice": handler}
+    first = asyncio.create_task(run(store, handlers, attempt_of(job_id, "act-twice"), 1))
+
+    async def started() -> list[str]:
+        return deliveries
+
+    await eventually(started, what="the first delivery running")
+    second = await run(store, handlers, attempt_of(job_id, "act-twice"), 2)
+    release.set()
+    stale = await asyncio.wait_for(first, 30)
+    assert second.status == AttemptStatus.COMPLETED
+    assert stale.status in (AttemptStatus.LEASE_LOST, AttemptStatus.TERMINAL_STATE)
+    job = await store.get_job(job_id)
+    assert job is not None and job.result == {"by": f"{job_id}:attempt:1/2"}
+    written = await types(store, job_id)
+    assert written.count("job.completed") == 1
+
+
+async def test_a_delivery_of_a_settled_job_runs_nothing(store: Store) -> None:
+    ran: list[str] = []
+
+    async def handler(ctx: HandlerContext) -> None:
+        ran.append(ctx.worker_id)
+
+    job_id = await job_of(store, "act-late")
+    handlers = {"act-late": handler}
+    assert (await run(store, handlers, attempt_of(job_id, "act-late"), 1)).status == "completed"
+    late = await run(store, handlers, attempt_of(job_id, "act-late"), 2)
+    assert late.status in (AttemptStatus.STALE_ATTEMPT, AttemptStatus.TERMINAL_STATE)
+    assert ran == [f"{job_id}:attempt:1/1"]
