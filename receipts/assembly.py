@@ -10,13 +10,12 @@ rebuild-projections` (`rebuild`, `verify`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from receipts.agent_jobs.projection import AGENT_JOBS
 from receipts.objectives.store import OBJECTIVES, control_outbox
 from receipts.projections import JOBS, Projection
-from receipts.store import CHECK_IDLE_S, SettlementPolicy, Store
+from receipts.store import SettlementPolicy, Store
 
 log = logging.getLogger("receipts.assembly")
 
@@ -25,25 +24,10 @@ POLICIES: tuple[SettlementPolicy, ...] = (control_outbox,)
 PROJECTIONS: tuple[Projection[Any], ...] = (JOBS, OBJECTIVES, AGENT_JOBS)
 
 
-async def open_store(
-    url: str,
-    *,
-    min_size: int = 1,
-    max_size: int = 10,
-    open_timeout: float = 15.0,
-    check_idle_s: float = CHECK_IDLE_S,
-    session: Mapping[str, str] | None = None,
-) -> Store:
-    """Open the store on `url` with the runtime's settlement policies (`Store.open`)."""
-    return await Store.open(
-        url,
-        min_size=min_size,
-        max_size=max_size,
-        open_timeout=open_timeout,
-        check_idle_s=check_idle_s,
-        session=session,
-        policies=POLICIES,
-    )
+async def open_store(url: str, **pool: Any) -> Store:
+    """Open the store on `url` with the runtime's settlement policies; `pool` (sizes, timeouts,
+    session settings) as `Store.open` takes it."""
+    return await Store.open(url, policies=POLICIES, **pool)
 
 
 async def rebuild(store: Store) -> dict[str, int]:

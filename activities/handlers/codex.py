@@ -47,7 +47,7 @@ async def workspace_of(ctx: HandlerContext, settings: SandboxSettings) -> Path:
     """The job's workspace in its organization's tree (`activities/workspaces.py`): its
     objective's when the payload names one (`payload.objectiveId`), else its own. A workspace
     of the earlier layout is moved there first, once it is known to be the organization's: the
-    objective of that id exists and is the job's organization's (the handler's store sees no
+    objective of that id exists and is the job's organization's (the handler's `ctx.receipts` sees no
     other), or it is this very job's."""
     organization = ctx.job.organization_id
     objective_id = ctx.payload.get("objectiveId")

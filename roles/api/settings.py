@@ -66,9 +66,18 @@ class ApiSettings(ReceiptSettings):
         # `{"org-a": ["git", "pytest"]}`: JSON in the variable, or a path to a JSON file.
         if isinstance(value, str):
             text = value.strip()
+            # Errors are ValueErrors, so the start check names the variable.
             if text and not text.startswith("{"):
-                text = FilePath(text).read_text(encoding="utf-8")
-            return json.loads(text) if text else {}
+                try:
+                    text = FilePath(text).read_text(encoding="utf-8")
+                except OSError as exc:
+                    raise ValueError(f"a readable JSON file ({exc.strerror})") from None
+            try:
+                return json.loads(text) if text else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f'a JSON object {{"<organization>": ["<executable>", ...]}} ({exc})'
+                ) from None
         return value
 
     @field_validator("gateway_url_allowlist", mode="before")

@@ -3,6 +3,8 @@ the environment read once into one object, and the masked view `receipt config` 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -157,3 +159,18 @@ def test_a_variable_is_read_by_its_exact_name_and_a_model_is_frozen() -> None:
         TimingSettings().job_lease_ms = 1  # type: ignore[misc]
     # Built in code, a model is its defaults: nothing is read from the process environment.
     assert TimingSettings() == TimingSettings.load({})
+
+
+def test_a_file_a_setting_names_is_read_at_start_and_a_bad_one_named(tmp_path: Path) -> None:
+    """Every process checks every concern at start: an executables file that cannot be read or
+    parsed stops it with the variable's line, never a traceback."""
+    allowed = tmp_path / "executables.json"
+    allowed.write_text('{"org-a": ["git", "pytest"]}')
+    assert load({"RECEIPT_ORG_EXECUTABLES": str(allowed)}).api.org_executables == {
+        "org-a": ["git", "pytest"]
+    }
+    missing = str(tmp_path / "missing.json")
+    with pytest.raises(SettingsError, match="RECEIPT_ORG_EXECUTABLES must be a readable JSON file"):
+        load({"RECEIPT_ORG_EXECUTABLES": missing})
+    with pytest.raises(SettingsError, match="RECEIPT_ORG_EXECUTABLES must be a JSON object"):
+        load({"RECEIPT_ORG_EXECUTABLES": "{bad"})

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,7 +26,6 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -405,12 +403,15 @@ async def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from roles.infra.settings import load_or_exit
+
     parser = argparse.ArgumentParser(prog="python -m tools.bench.history", description=__doc__)
     parser.add_argument("--jobs", type=int, default=1_000_000, help="finished jobs to preload")
     parser.add_argument("--active", type=int, default=2000, help="queued and running jobs each")
     parser.add_argument("--seconds", type=float, default=1.5, help="per enqueue slice")
     parser.add_argument("--rounds", type=int, default=5, help="heartbeats per running job")
-    parser.add_argument("--database-url", default=os.environ.get("RECEIPT_DATABASE_URL"))
+    core = load_or_exit().core  # this process's environment, read once
+    parser.add_argument("--database-url", default=core.database_url)
     parser.add_argument("--reps", type=int, default=6, help="enqueue slices per database")
     parser.add_argument("--json", action="store_true", help="print the result as JSON too")
     args = parser.parse_args(argv)
@@ -418,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     if not admin_url:
         from roles.infra.embedded import embedded_database_url
 
-        admin_url = embedded_database_url(Path(os.environ.get("RECEIPT_DATA_DIR", ".receipt")))
+        admin_url = embedded_database_url(core.data_dir)
     result = asyncio.run(
         run(admin_url, args.jobs, args.active, args.seconds, args.rounds, args.reps)
     )

@@ -355,13 +355,13 @@ class Bench:
         import psycopg
         from temporalio.client import Client
 
-        from roles.infra.settings import load_or_exit
+        from roles.infra.settings import ProcessSettings
         from tools.bench.e2e import EndToEnd
 
         assert self.processes is not None
         cfg = self.config
         db_url = await self.create_database("e2e")
-        concurrency = cfg.worker_concurrency or load_or_exit().process.concurrency("worker-codex")
+        concurrency = cfg.worker_concurrency or ProcessSettings().concurrency("worker-codex")
         extra = {"RECEIPT_RESONATE_EXECUTE_CONCURRENCY": str(concurrency)}
         port = self.start_api(db_url, fits=cfg.burn_jobs, **extra)
         self.start_role("driver", db_url, **extra)
