@@ -20,6 +20,7 @@ from roles.infra.supervisor import Supervised
 from roles.infra.temporal import temporal_argv, temporal_cli
 from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.eventually import eventually
 from tests.integration.helpers import put
 
 pytestmark = pytest.mark.e2e
@@ -214,16 +215,28 @@ async def test_each_role_exposes_its_metrics_after_a_known_workload(
             await wait_for(store, job.job_id, TERMINAL, 60)
         # Routed to receipt-chat, where no worker runs: it stays queued.
         waiting = (await put(store, agent="nobody-listens")).job
-        started_by = time.monotonic() + 30  # its driver is started (a loaded machine is slow)
-        while (await deliveries.job_and_latest(store, waiting.job_id))[1] is None:
-            assert time.monotonic() < started_by, "the waiting job's driver was never started"
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(5.5)  # one queue-depth refresh
+        await eventually(  # its driver is started (a loaded machine is slow)
+            lambda: deliveries.job_and_latest(store, waiting.job_id),
+            lambda found: found[1] is not None,
+            timeout=30,
+            every=0.1,
+            what="the waiting job's driver starting",
+        )
         async with httpx.AsyncClient() as http:
-            driver = (await http.get(f"http://127.0.0.1:{driver_port}/metrics")).text
-            worker = (await http.get(f"http://127.0.0.1:{worker_port}/metrics")).text
-            control = (await http.get(f"http://127.0.0.1:{control_port}/metrics")).text
-            sdk = (await http.get(f"http://127.0.0.1:{worker_port + 100}/metrics")).text
+
+            async def scrape(port: int) -> str:
+                return (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+
+            # worker-control refreshes the queue depth every 5 s.
+            control = await eventually(
+                lambda: scrape(control_port),
+                lambda text: 'receipt_queue_depth{status="queued"} 1.0' in text,
+                timeout=30,
+                every=0.5,
+                what="worker-control exporting the queued job",
+            )
+            driver, worker = await scrape(driver_port), await scrape(worker_port)
+            sdk = await scrape(worker_port + 100)
     except BaseException:
         print(procs.logs())
         raise
