@@ -330,12 +330,14 @@ def bwrap_args(
     else:
         for entry in ETC_ENTRIES:
             args += ["--ro-bind-try", f"/etc/{entry}", f"/etc/{entry}"]
-    for bind in settings.ro_binds:
-        args += ["--ro-bind", bind, bind]
     # /tmp is memory: cap it at the file-size limit so it cannot take the host's RAM.
     tmp_size = str(settings.limits.file_size_mb * 1024 * 1024)
     args += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_size, "--tmpfs", "/tmp"]
     args += ["--dir", "/var/tmp"]
+    # After /tmp: a directory the operator lets commands read may lie under it (a checkout in
+    # /tmp, whose examples `receipt up` binds), and a bind before the tmpfs would be hidden.
+    for bind in settings.ro_binds:
+        args += ["--ro-bind", bind, bind]
     args += ["--bind", str(workspace), str(workspace), "--chdir", str(cwd)]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]

@@ -427,6 +427,27 @@ async def test_a_missing_or_invisible_program_is_refused_with_its_name(
         await run([VENV_PYTHON, "-c", "print(1)"], settings)
 
 
+async def test_a_read_only_bind_under_tmp_is_readable_beside_the_private_tmp(
+    settings: SandboxSettings,
+) -> None:
+    """A checkout in /tmp: `receipt up` lets commands read its examples; /tmp itself stays the
+    command's own (memory), so nothing else of the host's /tmp shows."""
+    shared = host_dir(0o755)
+    (shared / "agent.py").write_text("print('from the examples')\n")
+    (shared / "agent.py").chmod(0o644)
+    neighbour = host_dir(0o755)
+    binds = changed(settings, ro_binds=(str(shared),))
+    result, output = await run(
+        ["sh", "-c", f"cat {shared}/agent.py; ls {neighbour} 2>&1; touch {shared}/x 2>&1; true"],
+        binds,
+    )
+    assert result.exit_code == 0, output
+    assert "print('from the examples')" in output
+    assert "No such file or directory" in output  # another host directory under /tmp
+    assert "Read-only file system" in output
+    assert not (shared / "x").exists()
+
+
 async def test_where_bwrap_cannot_build_the_sandbox_commands_are_refused_naming_the_setting(
     settings: SandboxSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
