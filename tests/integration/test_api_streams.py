@@ -1,4 +1,4 @@
-"""Every kind of event stream keeps the same rules (issue 12, item 5), from a real `receipt api`
+"""Every kind of event stream keeps the same rules (README, Security), from a real `receipt api`
 process on real PostgreSQL: a job's, an owner session's, an objective's and an agent job's
 stream are each capped per token (429 beyond), end after the maximum lifetime (sending
 keepalives until then), refuse a malformed `Last-Event-ID` naming the header, and resume

@@ -31,8 +31,8 @@ HISTORY_TABLES = {
     "workflow_runs",
     "activity_runs",
 }
-# The Factory's objective scan is replaced by its objectives table on that branch (issue 15,
-# first point); it is not this module's query.
+# The Factory's objective scan reads its objectives table (docs/design.md §10); it is not this
+# module's query.
 NOT_OURS = {"objective_streams"}
 
 

@@ -1,4 +1,5 @@
-"""Fair dispatch across organizations (issue 12): real PostgreSQL, real Temporal, real workers.
+"""Fair dispatch across organizations (RECEIPT_ORG_MAX_RUNNING_PER_GROUP): real PostgreSQL,
+real Temporal, real workers.
 
 One organization's backlog may not hold every slot of a worker queue: it holds at most
 RECEIPT_ORG_MAX_RUNNING_PER_GROUP dispatch slots there, another organization's job starts beside

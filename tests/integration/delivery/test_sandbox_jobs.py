@@ -1,4 +1,5 @@
-"""Codex jobs through the real stack, sandboxed: the findings of issue 12 (items 1-3) as jobs."""
+"""Codex jobs through the real stack, sandboxed: what the command sandbox promises (README,
+Security; docs/design.md §9), seen from jobs."""
 
 from __future__ import annotations
 
