@@ -118,6 +118,52 @@ class JobList(_Doc):
     next_cursor: str | None
 
 
+ObjectiveStatusName = Literal["active", "completed", "failed", "canceled"]
+
+
+class ObjectiveSummary(_Doc):
+    """One objective in a list: its status, phase and how many of its tasks completed."""
+
+    objective_id: str
+    organization_id: str
+    title: str
+    status: ObjectiveStatusName
+    phase: int
+    tasks: int
+    completed_tasks: int
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class ObjectiveList(_Doc):
+    """One page of objectives, newest first; pass `nextCursor` as `cursor` for the next page."""
+
+    objectives: list[ObjectiveSummary]
+    next_cursor: str | None
+
+
+class ObjectiveAccepted(_Doc):
+    """The answer to an objective's creation: its id, its `factory.run` job (new, or the existing
+    one for a re-post) and where to follow it."""
+
+    objective_id: str
+    outcome: Literal["created", "existing", "steered"]
+    job: JobView
+    job_url: str
+    objective_url: str
+    events_url: str
+    cancel_url: str
+
+
+class ObjectiveCancelAccepted(_Doc):
+    """A cancel was recorded: control aborts the objective's running jobs and settles it."""
+
+    objective_id: str
+    status: ObjectiveStatusName
+    cancel_requested: bool
+
+
 class ReceiptView(_Doc):
     """One receipt of a job's stream."""
 

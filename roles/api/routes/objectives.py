@@ -29,7 +29,13 @@ from roles.api.body import choice, decode_cursor, encode_cursor, read_json_body
 from roles.api.body import json_object as _object
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_id
 from roles.api.deps import takes_query as _takes_query
-from roles.api.schema import errors_documented, job_view
+from roles.api.schema import (
+    ObjectiveAccepted,
+    ObjectiveCancelAccepted,
+    ObjectiveList,
+    errors_documented,
+    job_view,
+)
 from roles.api.sse import Asked, Followed, events_response, events_route
 
 log = logging.getLogger("roles.api.routes.objectives")
@@ -91,6 +97,7 @@ def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
 @router.post(
     "/objectives",
     status_code=202,
+    response_model=ObjectiveAccepted,
     responses=errors_documented(400, 401, 403, 409, 413, 422, 503),
     dependencies=[_takes_query()],
 )
@@ -171,6 +178,7 @@ def _summary(objective: ObjectiveState) -> dict[str, Any]:
 
 @router.get(
     "/objectives",
+    response_model=ObjectiveList,
     responses=errors_documented(401, 422, 503),
     dependencies=[_takes_query("status", "organizationId", "limit", "cursor")],
 )
@@ -266,6 +274,7 @@ async def get_objective_events(
 @router.post(
     "/objectives/{objectiveId}/cancel",
     status_code=202,
+    response_model=ObjectiveCancelAccepted,
     responses=errors_documented(400, 401, 404, 409, 413, 422, 503),
     dependencies=[_takes_query()],
 )

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import httpx
+from jsonschema import Draft202012Validator
+
 from receipts.objectives import store as objectives
 from receipts.objectives.model import objective_stream
 from receipts.store import Store
 from receipts.tenancy import scoped_id
+from roles.api.app import create_app
+from roles.api.settings import ApiSettings
+from roles.infra.settings import RuntimeSettings
 from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client
 from tests.integration.factory.test_outbox_and_watchdog import TASK, create_objective
 
@@ -113,3 +119,41 @@ async def test_two_organizations_name_the_same_objective_id_and_get_two_objectiv
         }
     a_run = await fresh_store.get_job(scoped_id("org-a", "objective:same:run"))
     assert a_run is not None and a_run.payload["objectiveId"] == scoped_id("org-a", "same")
+
+
+def conforms(response: httpx.Response, path: str, method: str) -> None:
+    """The response's body matches the schema the OpenAPI document gives its status there."""
+    document = create_app(RuntimeSettings(api=ApiSettings(tokens="t *"))).openapi()
+    documented = document["paths"][path][method]["responses"][str(response.status_code)]
+    schema = documented["content"]["application/json"]["schema"]
+    assert "$ref" in schema, f"{method} {path} {response.status_code} names no schema"
+    validator = Draft202012Validator(
+        {**schema, "components": document["components"]},
+        format_checker=Draft202012Validator.FORMAT_CHECKER,
+    )
+    errors = [
+        f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(response.json())
+    ]
+    assert errors == [], (method, path, errors)
+
+
+async def test_the_objective_routes_answer_as_their_schemas_say(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    body = {"objectiveId": "doc-1", "title": "t", "goal": "g", "tasks": TASK}
+    async with api_client(fresh_db, store=fresh_store) as api:
+        for headers in (AS_A, AS_ADMIN):  # an organization's view and the runtime's
+            if headers is AS_ADMIN:
+                body = {**body, "authContext": {"userId": "u", "organizationId": "org-a"}}
+                body["objectiveId"] = "doc-2"
+            created = await api.post("/objectives", headers=headers, json=body)
+            assert created.status_code == 202, created.text
+            conforms(created, "/objectives", "post")
+        await create_objective(fresh_store, "doc-3", TASK)
+        for headers in (AS_A, AS_ADMIN):
+            listed = await api.get("/objectives", headers=headers)
+            assert listed.status_code == 200 and listed.json()["objectives"], listed.text
+            conforms(listed, "/objectives", "get")
+        canceled = await api.post("/objectives/doc-3/cancel", headers=AS_A, json={})
+        assert canceled.status_code == 202, canceled.text
+        conforms(canceled, "/objectives/{objectiveId}/cancel", "post")
