@@ -17,6 +17,7 @@ from receipts import jobs as jobmodel
 from receipts.enqueue import EnqueueBody, choice_field
 from receipts.jobs import COMMAND_TYPES, LANES, SINGLETON_MODES, Command, Job
 from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, contract_queue, redact_payload, route
+from receipts.objectives.model import ObjectiveState, TaskState
 from receipts.tenancy import caller_id, untagged
 
 __all__ = ["CommandBody", "EnqueueBody"]
@@ -154,6 +155,31 @@ class ObjectiveAccepted(_Doc):
     objective_url: str
     events_url: str
     cancel_url: str
+
+
+class ObjectiveTaskView(TaskState):
+    """A task as an objective's view shows it: its state, and its current try's job."""
+
+    current_job_id: str | None = Field(default=None, alias="jobId")
+    attempt: int = Field(description="Tries so far")
+    job_status: str | None = Field(default=None, description="The current try's job's status")
+
+
+class ObjectiveView(ObjectiveState):
+    """The folded objective: phase, task graph, each task's status, tries and job."""
+
+    tasks: tuple[ObjectiveTaskView, ...] = ()
+    stream: str
+
+
+class ObjectiveEventsPage(_Doc):
+    """An objective's receipts with `seq > after`, in order; `lastSeq` is where the next page
+    starts."""
+
+    objective_id: str
+    status: ObjectiveStatusName
+    receipts: list[ReceiptView]
+    last_seq: int
 
 
 class ObjectiveCancelAccepted(_Doc):

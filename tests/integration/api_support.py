@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from jsonschema import Draft202012Validator
 
 from receipts.kinds import CONTRACTS
 from receipts.store import Store
@@ -215,3 +216,19 @@ class HealthProbe:
             f"/healthz over {len(ms)} probes: median {statistics.median(ms):.1f} ms, "
             f"p95 {ms[int(len(ms) * 0.95)]:.1f} ms, worst {ms[-1]:.1f} ms"
         )
+
+
+def conforms(response: httpx.Response, path: str, method: str) -> None:
+    """The response's body matches the schema the OpenAPI document gives its status there."""
+    document = create_app(RuntimeSettings(api=ApiSettings(tokens="t *"))).openapi()
+    documented = document["paths"][path][method]["responses"][str(response.status_code)]
+    schema = documented["content"]["application/json"]["schema"]
+    assert "$ref" in schema, f"{method} {path} {response.status_code} names no schema"
+    validator = Draft202012Validator(
+        {**schema, "components": document["components"]},
+        format_checker=Draft202012Validator.FORMAT_CHECKER,
+    )
+    errors = [
+        f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(response.json())
+    ]
+    assert errors == [], (method, path, errors)

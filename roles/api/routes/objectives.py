@@ -32,7 +32,9 @@ from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import (
     ObjectiveAccepted,
     ObjectiveCancelAccepted,
+    ObjectiveEventsPage,
     ObjectiveList,
+    ObjectiveView,
     errors_documented,
     job_view,
 )
@@ -229,6 +231,7 @@ async def objective_view(store: Store, objective: ObjectiveState) -> dict[str, A
 
 @router.get(
     "/objectives/{objectiveId}",
+    response_model=ObjectiveView,
     responses=errors_documented(401, 404, 422, 503),
     dependencies=[_takes_query()],
 )
@@ -260,6 +263,7 @@ def followed_objective(
     router,
     "/objectives/{objectiveId}/events",
     "It ends with `event: end` once settled and audited.",
+    response_model=ObjectiveEventsPage,
 )
 async def get_objective_events(
     asked: Asked, state: State, caller: Caller, objective_id: ObjectiveId

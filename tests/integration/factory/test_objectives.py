@@ -23,6 +23,7 @@ from receipts.store import Store
 from receipts.timing import TimingSettings
 from roles.infra.settings import load as load_settings
 from tests.eventually import eventually
+from tests.integration.api_support import AS_ADMIN, api_client, conforms
 from tests.integration.delivery.conftest import running_stack, wait_for_status
 from tests.integration.factory.conftest import (
     objective_dir,
@@ -99,6 +100,12 @@ async def test_a_diamond_runs_in_dependency_order_then_validate_and_publish(
     for task in state.tasks:
         job = await fresh_store.get_job(task.job_id or "")
         assert job is not None and job.status == "completed"
+    # The settled, audited objective answers as its schema says (tries, steps, audit).
+    async with api_client(fresh_db, store=fresh_store) as api:
+        view = await api.get("/objectives/dia-1", headers=AS_ADMIN)
+        assert view.status_code == 200, view.text
+        assert [t["jobStatus"] for t in view.json()["tasks"]] == ["completed"] * 4
+        conforms(view, "/objectives/{objectiveId}", "get")
 
 
 async def test_a_failing_task_is_retried_within_its_budget(
