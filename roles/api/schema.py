@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from receipts import jobs as jobmodel
+from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import EnqueueBody, choice_field
 from receipts.jobs import COMMAND_TYPES, LANES, SINGLETON_MODES, Command, Job
 from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, contract_queue, redact_payload, route
@@ -180,6 +181,49 @@ class ObjectiveEventsPage(_Doc):
     status: ObjectiveStatusName
     receipts: list[ReceiptView]
     last_seq: int
+
+
+class LatestStatus(_Doc):
+    """The latest-status projection: `interrupted` / `request_user_input` while the job waits on
+    its user, else its status."""
+
+    state: str
+    error_code: str | None
+    pending_tool_call: dict[str, Any] | None
+    answered: bool | None = None
+
+
+class AgentJobLinks(_Doc):
+    """Where to read, follow and answer an agent job (`turnJob`: its current turn's queue job)."""
+
+    self_: str = Field(alias="self")
+    events: str
+    input: str
+    session_events: str
+    turn_job: str | None
+
+
+class AgentJobView(AgentJob):
+    """An agent job as the API shows it: its folded state, latest status, streams and links."""
+
+    latest: LatestStatus = Field(alias="latestStatus")  # `latest_status()` is the model's
+    stream: str
+    session_stream: str
+    links: AgentJobLinks | None = None
+
+
+class AgentJobAnswer(_Doc):
+    """An agent job after a create (201 new, 200 the existing one), an answer or a cancel."""
+
+    agent_job: AgentJobView
+    created: bool | None = None
+
+
+class AgentJobList(_Doc):
+    """One page of agent jobs; pass `nextCursor` as `cursor` for the next page."""
+
+    agent_jobs: list[AgentJobView]
+    next_cursor: str | None
 
 
 class ObjectiveCancelAccepted(_Doc):

@@ -18,7 +18,15 @@ from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.store import Store
 from roles.cli.client import parse_sse
 from roles.delivery.agent_jobs import AgentJobDispatcher
-from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, RunningApi, api_client, running_api
+from tests.integration.api_support import (
+    AS_A,
+    AS_ADMIN,
+    AS_B,
+    RunningApi,
+    api_client,
+    conforms,
+    running_api,
+)
 
 
 def body(**extra: Any) -> dict[str, Any]:
@@ -143,6 +151,30 @@ async def test_only_admin_tokens_reach_the_console(client: httpx.AsyncClient) ->
     assert canceled.status_code == 202 and canceled.json()["agentJob"]["status"] == "stopped"
     again = await client.post(f"/console/agent-jobs/{agent_job_id}/cancel", headers=AS_ADMIN)
     assert again.status_code == 409
+
+
+async def test_the_agent_job_routes_answer_as_their_schemas_say(client: httpx.AsyncClient) -> None:
+    sent = body()
+    created = await client.post("/agent-jobs", json=sent, headers=AS_A)
+    assert created.status_code == 201, created.text
+    conforms(created, "/agent-jobs", "post")
+    again = await client.post("/agent-jobs", json=sent, headers=AS_A)
+    assert again.status_code == 200
+    conforms(again, "/agent-jobs", "post")
+    job = created.json()["agentJob"]
+    shown = await client.get(f"/agent-jobs/{job['agentJobId']}", headers=AS_A)
+    conforms(shown, "/agent-jobs/{agentJobId}", "get")
+    session = await client.get(f"/sessions/{sent['ownerSessionId']}/agent-jobs", headers=AS_A)
+    conforms(session, "/sessions/{sessionId}/agent-jobs", "get")
+    listed = await client.get(
+        "/console/agent-jobs", params={"organizationId": "org-a", "limit": 2}, headers=AS_ADMIN
+    )
+    conforms(listed, "/console/agent-jobs", "get")
+    canceled = await client.post(
+        f"/console/agent-jobs/{job['agentJobId']}/cancel", json={}, headers=AS_ADMIN
+    )
+    assert canceled.status_code == 202, canceled.text
+    conforms(canceled, "/console/agent-jobs/{agentJobId}/cancel", "post")
 
 
 async def test_answering_a_job_that_does_not_wait_is_a_conflict(client: httpx.AsyncClient) -> None:

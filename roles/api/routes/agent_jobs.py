@@ -21,7 +21,7 @@ from roles.api.body import choice, decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.routes.sessions import visible_session
-from roles.api.schema import errors_documented
+from roles.api.schema import AgentJobAnswer, AgentJobList, AgentJobView, errors_documented
 from roles.api.sse import Asked, Followed, events_response, events_route
 
 router = APIRouter(tags=["agent-jobs"])
@@ -99,7 +99,7 @@ def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
 
 
 def _ok(code: int, text: str) -> dict[int | str, dict[str, Any]]:
-    return {code: {"description": text}}
+    return {code: {"description": text, "model": AgentJobAnswer}}
 
 
 def _path(request: Request, suffix: str) -> str:
@@ -158,6 +158,7 @@ def _check_agent(settings: AgentJobSettings, agent_id: str) -> None:
 
 @router.post(
     "/agent-jobs",
+    response_model=AgentJobAnswer,
     status_code=201,
     responses={
         **_ok(200, "A retried create: the job it made"),
@@ -206,6 +207,7 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
 
 @router.get(
     "/sessions/{sessionId}/agent-jobs",
+    response_model=AgentJobList,
     responses=errors_documented(401, 404, 422, 503),
     dependencies=[_takes_query("status", "agentId", "limit", "cursor")],
 )
@@ -255,6 +257,7 @@ async def _list(
 
 @router.get(
     "/agent-jobs/{agentJobId}",
+    response_model=AgentJobView,
     responses=errors_documented(401, 404, 422, 503),
     dependencies=[_takes_query()],
 )
@@ -298,6 +301,7 @@ async def agent_job_events(
 
 @router.post(
     "/agent-jobs/{agentJobId}/input",
+    response_model=AgentJobAnswer,
     status_code=202,
     responses=errors_documented(400, 401, 404, 409, 413, 422, 503),
     openapi_extra=_body(ANSWER_BODY),
@@ -330,6 +334,7 @@ async def answer_agent_job(
 
 @router.get(
     "/console/agent-jobs",
+    response_model=AgentJobList,
     responses=errors_documented(401, 403, 422, 503),
     dependencies=[_takes_query(*LIST_QUERY)],
 )
@@ -394,6 +399,7 @@ async def console_show(
 
 @router.post(
     "/console/agent-jobs/{agentJobId}/cancel",
+    response_model=AgentJobAnswer,
     status_code=202,
     responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
     openapi_extra=_body(CANCEL_BODY, required=False),
