@@ -255,6 +255,26 @@ class EventsPage(_Doc):
     last_seq: int
 
 
+class AgentJobEventsPage(_Doc):
+    """An agent job's receipts with `seq > after`, in order; `lastSeq` is where the next page
+    starts."""
+
+    agent_job_id: str
+    stream: str
+    status: str
+    receipts: list[ReceiptView]
+    last_seq: int
+
+
+class SessionEventsPage(_Doc):
+    """An owner session's receipts (its wakeups) with `seq > after`, in order."""
+
+    session_id: str
+    stream: str
+    receipts: list[ReceiptView]
+    last_seq: int
+
+
 class CommandAccepted(_Doc):
     """A command appended to a job's stream."""
 

@@ -166,6 +166,12 @@ async def test_the_agent_job_routes_answer_as_their_schemas_say(client: httpx.As
     conforms(shown, "/agent-jobs/{agentJobId}", "get")
     session = await client.get(f"/sessions/{sent['ownerSessionId']}/agent-jobs", headers=AS_A)
     conforms(session, "/sessions/{sessionId}/agent-jobs", "get")
+    events = await client.get(f"/agent-jobs/{job['agentJobId']}/events", headers=AS_A)
+    assert events.json()["receipts"], events.text
+    conforms(events, "/agent-jobs/{agentJobId}/events", "get")
+    wakeups = await client.get(f"/sessions/{sent['ownerSessionId']}/events", headers=AS_A)
+    assert wakeups.status_code == 200, wakeups.text
+    conforms(wakeups, "/sessions/{sessionId}/events", "get")
     listed = await client.get(
         "/console/agent-jobs", params={"organizationId": "org-a", "limit": 2}, headers=AS_ADMIN
     )

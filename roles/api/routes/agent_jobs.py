@@ -21,7 +21,13 @@ from roles.api.body import choice, decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.routes.sessions import visible_session
-from roles.api.schema import AgentJobAnswer, AgentJobList, AgentJobView, errors_documented
+from roles.api.schema import (
+    AgentJobAnswer,
+    AgentJobEventsPage,
+    AgentJobList,
+    AgentJobView,
+    errors_documented,
+)
 from roles.api.sse import Asked, Followed, events_response, events_route
 
 router = APIRouter(tags=["agent-jobs"])
@@ -282,7 +288,10 @@ def followed_agent_job(agent_job_id: str) -> Followed[AgentJob]:
 
 
 @events_route(
-    router, "/agent-jobs/{agentJobId}/events", "It ends with `event: end` once the job is finished."
+    router,
+    "/agent-jobs/{agentJobId}/events",
+    "It ends with `event: end` once the job is finished.",
+    response_model=AgentJobEventsPage,
 )
 async def agent_job_events(
     asked: Asked, state: State, caller: Caller, agent_job_id: AgentJobId

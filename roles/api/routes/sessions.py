@@ -11,6 +11,7 @@ from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import session_stream
 from roles.api.auth import JOBS_READ, Principal
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
+from roles.api.schema import SessionEventsPage
 from roles.api.sse import Asked, Followed, events_response, events_route
 
 router = APIRouter(tags=["sessions"])
@@ -28,7 +29,10 @@ async def visible_session(state: ApiState, caller: Principal, session_id: str) -
 
 
 @events_route(
-    router, "/sessions/{sessionId}/events", "A session has no last receipt: it stays open."
+    router,
+    "/sessions/{sessionId}/events",
+    "A session has no last receipt: it stays open.",
+    response_model=SessionEventsPage,
 )
 async def get_session_events(
     asked: Asked, state: State, caller: Caller, session_id: SessionId
