@@ -4,6 +4,7 @@ real `receipt api` process."""
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -87,9 +88,17 @@ async def api_client(
     values: dict[str, Any] = {"tokens": TOKENS, **UNLIMITED, **settings}
     app = create_app(RuntimeSettings(api=ApiSettings(**values)), database_url=db_url, store=store)
     transport = httpx.ASGITransport(app=app)
+    document = app.openapi()
+
+    async def documented(response: httpx.Response) -> None:
+        # Every JSON answer the API tests receive matches the published document.
+        await conforms_to(document, response)
+
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url=base_url) as client,
+        httpx.AsyncClient(
+            transport=transport, base_url=base_url, event_hooks={"response": [documented]}
+        ) as client,
     ):
         yield client
 
@@ -218,17 +227,55 @@ class HealthProbe:
         )
 
 
-def conforms(response: httpx.Response, path: str, method: str) -> None:
-    """The response's body matches the schema the OpenAPI document gives its status there."""
-    document = create_app(RuntimeSettings(api=ApiSettings(tokens="t *"))).openapi()
-    documented = document["paths"][path][method]["responses"][str(response.status_code)]
-    schema = documented["content"]["application/json"]["schema"]
-    assert "$ref" in schema, f"{method} {path} {response.status_code} names no schema"
+def _validate(document: dict[str, Any], schema: dict[str, Any], body: Any) -> list[str]:
     validator = Draft202012Validator(
         {**schema, "components": document["components"]},
         format_checker=Draft202012Validator.FORMAT_CHECKER,
     )
-    errors = [
-        f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(response.json())
-    ]
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(body)]
+
+
+def conforms(response: httpx.Response, path: str, method: str) -> None:
+    """The response's body matches the named schema the OpenAPI document gives its status at
+    `path` (the document's template) for `method`."""
+    document = create_app(RuntimeSettings(api=ApiSettings(tokens="t *"))).openapi()
+    documented = document["paths"][path][method]["responses"][str(response.status_code)]
+    schema = documented["content"]["application/json"]["schema"]
+    assert "$ref" in schema, f"{method} {path} {response.status_code} names no schema"
+    errors = _validate(document, schema, response.json())
     assert errors == [], (method, path, errors)
+
+
+def _template(document: dict[str, Any], path: str) -> str | None:
+    """The document's path template that `path` fills in (a job id may hold slashes), the one
+    with the most literal text when several do."""
+    found = []
+    for template in document["paths"]:
+        pattern = re.sub(
+            r"\\\{(\w+)\\\}",
+            lambda m: "(.+)" if m[1] == "jobId" else "([^/]+)",
+            re.escape(template),
+        )
+        if re.fullmatch(pattern, path):
+            found.append((len(re.sub(r"\{\w+\}", "", template)), template))
+    return max(found)[1] if found else None
+
+
+async def conforms_to(document: dict[str, Any], response: httpx.Response) -> None:
+    """A JSON answer of a documented route: its status is documented there, and its body
+    matches the schema documented for it (when there is one)."""
+    if not response.headers.get("content-type", "").startswith("application/json"):
+        return
+    method = response.request.method
+    template = _template(document, response.request.url.path)
+    if template is None or method.lower() not in document["paths"][template]:
+        return
+    answers = document["paths"][template][method.lower()]["responses"]
+    assert str(response.status_code) in answers, (method, template, response.status_code)
+    content = answers[str(response.status_code)].get("content", {})
+    schema = content.get("application/json", {}).get("schema")
+    if not schema:
+        return
+    await response.aread()
+    errors = _validate(document, schema, response.json())
+    assert errors == [], (method, template, response.status_code, errors)

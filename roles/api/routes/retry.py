@@ -134,7 +134,10 @@ def _validated(raw: Any) -> BulkRetryBody:
     "/jobs/{jobId:path}/retry",
     response_model=RetryAccepted,
     status_code=201,
-    responses=errors_documented(401, 403, 404, 409, 503),
+    responses={
+        200: {"model": RetryAccepted, "description": "An earlier retry had created it"},
+        **errors_documented(401, 403, 404, 409, 503),
+    },
 )
 async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse:
     """Retry a failed or canceled job: a new job with its payload and route (`retryOf`), and a
