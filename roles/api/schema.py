@@ -266,6 +266,26 @@ class AgentJobEventsPage(_Doc):
     last_seq: int
 
 
+class AgentJobTurn(_Doc):
+    """One turn of an agent job: its queue job and how it ended (None while it has not)."""
+
+    job_id: str
+    stream: str
+    status: str | None
+    result: Any = None
+    error: str | None
+
+
+class AgentJobDetail(_Doc):
+    """The console's view of an agent job: its state, its turns' queue jobs, the wakeups it
+    wrote to its owner session and its receipts."""
+
+    agent_job: AgentJobView
+    turns: list[AgentJobTurn]
+    wakeups: list[ReceiptView]
+    receipts: list[ReceiptView]
+
+
 class SessionEventsPage(_Doc):
     """An owner session's receipts (its wakeups) with `seq > after`, in order."""
 

@@ -176,6 +176,9 @@ async def test_the_agent_job_routes_answer_as_their_schemas_say(client: httpx.As
         "/console/agent-jobs", params={"organizationId": "org-a", "limit": 2}, headers=AS_ADMIN
     )
     conforms(listed, "/console/agent-jobs", "get")
+    detail = await client.get(f"/console/agent-jobs/{job['agentJobId']}", headers=AS_ADMIN)
+    assert detail.status_code == 200, detail.text
+    conforms(detail, "/console/agent-jobs/{agentJobId}", "get")
     canceled = await client.post(
         f"/console/agent-jobs/{job['agentJobId']}/cancel", json={}, headers=AS_ADMIN
     )

@@ -23,6 +23,7 @@ from roles.api.deps import takes_query as _takes_query
 from roles.api.routes.sessions import visible_session
 from roles.api.schema import (
     AgentJobAnswer,
+    AgentJobDetail,
     AgentJobEventsPage,
     AgentJobList,
     AgentJobView,
@@ -367,6 +368,7 @@ async def console_list(
 
 @router.get(
     "/console/agent-jobs/{agentJobId}",
+    response_model=AgentJobDetail,
     responses=errors_documented(401, 403, 404, 422, 503),
     dependencies=[_takes_query()],
 )
