@@ -122,11 +122,7 @@ class AttemptActivities:
         # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
         # handed the attempt to this one, which took the lease over (start-fence).
         redelivered = (ops.delivery_number(worker_id) or 1) > 1
-        metrics.attempt_started(job.agent_id, job.kind, redelivered)
-        if job.lease is not None:
-            metrics.ENQUEUE_TO_START.observe(
-                max(0.0, (job.lease.leased_at - job.created_at).total_seconds())
-            )
+        metrics.attempt_started(job, redelivered)
         _log(logging.INFO, "attempt started", "attempt.started", fence)
         if redelivered:
             _log(

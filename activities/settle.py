@@ -38,18 +38,6 @@ REJECTED_STATUS = {
 Reread = tuple[Job | None, datetime]
 
 
-def _count(status: str, job: Job | None, handler_s: float | None) -> None:
-    """Count a settled delivery: by the job's and the attempt's status, the job's age at
-    settlement, the handler's run time."""
-    metrics.JOBS_SETTLED.labels(job.status if job else "", status).inc()
-    if job is not None and job.settled_at is not None:
-        metrics.ENQUEUE_TO_SETTLE.observe(
-            max(0.0, (job.settled_at - job.created_at).total_seconds())
-        )
-    if job is not None and handler_s is not None:
-        metrics.HANDLER_DURATION.labels(metrics.agent_label(job.agent_id)).observe(handler_s)
-
-
 def rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:
     """The attempt's result when a fenced write was refused with `status`."""
     return AttemptResult(
@@ -164,7 +152,7 @@ class Settlement:
         else:
             result = rejected(ops.SETTLEMENT_CONFLICT, out.job, fence.worker_id)
             result.detail = {"refusedAs": out.status}
-        _count(result.status, out.job, handler_s)
+        metrics.attempt_settled(result.status, out.job, handler_s)
         log.info(
             "attempt settled",
             extra={

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
+from receipts.jobs import Job
 from receipts.kinds import AGENT_IDS, route, route_disagrees
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
@@ -230,12 +231,27 @@ def job_enqueued(
         ROUTE_DISAGREEMENTS.labels(agent, kind).inc()
 
 
-def attempt_started(agent_id: str, kind: str, redelivered: bool) -> None:
-    """An attempt took its lease or its start-fence (`redelivered`: a takeover)."""
-    labels = (route(agent_id, kind), agent_label(agent_id))
+def attempt_started(job: Job, redelivered: bool) -> None:
+    """An attempt took its lease or its start-fence (`redelivered`: a takeover), and how long
+    after its enqueue the job was leased."""
+    labels = (route(job.agent_id, job.kind), agent_label(job.agent_id))
     ATTEMPTS_STARTED.labels(*labels).inc()
     if redelivered:
         REDELIVERIES.labels(*labels).inc()
+    if job.lease is not None:
+        ENQUEUE_TO_START.observe(max(0.0, (job.lease.leased_at - job.created_at).total_seconds()))
+
+
+def attempt_settled(status: str, job: Job | None, handler_s: float | None) -> None:
+    """A delivery settled (or was refused) with `status`: by the job's and the attempt's status,
+    the job's age at settlement, the handler's run time."""
+    JOBS_SETTLED.labels(job.status if job else "", status).inc()
+    if job is None:
+        return
+    if job.settled_at is not None:
+        ENQUEUE_TO_SETTLE.observe(max(0.0, (job.settled_at - job.created_at).total_seconds()))
+    if handler_s is not None:
+        HANDLER_DURATION.labels(agent_label(job.agent_id)).observe(handler_s)
 
 
 def driver_started(outcome: str, generation: int | None) -> None:

@@ -18,7 +18,7 @@ from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import EnqueueBody, choice_field
 from receipts.jobs import COMMAND_TYPES, LANES, SINGLETON_MODES, Command, Job
 from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, contract_queue, redact_payload, route
-from receipts.objectives.model import ObjectiveState, TaskState
+from receipts.objectives.model import ObjectiveState, ObjectiveStatus, TaskState
 from receipts.tenancy import caller_id, untagged
 
 __all__ = ["CommandBody", "EnqueueBody"]
@@ -120,16 +120,13 @@ class JobList(_Doc):
     next_cursor: str | None
 
 
-ObjectiveStatusName = Literal["active", "completed", "failed", "canceled"]
-
-
 class ObjectiveSummary(_Doc):
     """One objective in a list: its status, phase and how many of its tasks completed."""
 
     objective_id: str
     organization_id: str
     title: str
-    status: ObjectiveStatusName
+    status: ObjectiveStatus
     phase: int
     tasks: int
     completed_tasks: int
@@ -178,7 +175,7 @@ class ObjectiveEventsPage(_Doc):
     starts."""
 
     objective_id: str
-    status: ObjectiveStatusName
+    status: ObjectiveStatus
     receipts: list[ReceiptView]
     last_seq: int
 
@@ -230,7 +227,7 @@ class ObjectiveCancelAccepted(_Doc):
     """A cancel was recorded: control aborts the objective's running jobs and settles it."""
 
     objective_id: str
-    status: ObjectiveStatusName
+    status: ObjectiveStatus
     cancel_requested: bool
 
 

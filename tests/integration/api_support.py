@@ -3,6 +3,7 @@ real `receipt api` process."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import statistics
@@ -235,10 +236,16 @@ def _validate(document: dict[str, Any], schema: dict[str, Any], body: Any) -> li
     return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(body)]
 
 
+@functools.cache
+def published() -> dict[str, Any]:
+    """The OpenAPI document the api publishes (its routes do not depend on the settings)."""
+    return create_app(RuntimeSettings(api=ApiSettings(tokens="t *"))).openapi()
+
+
 def conforms(response: httpx.Response, path: str, method: str) -> None:
     """The response's body matches the named schema the OpenAPI document gives its status at
     `path` (the document's template) for `method`."""
-    document = create_app(RuntimeSettings(api=ApiSettings(tokens="t *"))).openapi()
+    document = published()
     documented = document["paths"][path][method]["responses"][str(response.status_code)]
     schema = documented["content"]["application/json"]["schema"]
     assert "$ref" in schema, f"{method} {path} {response.status_code} names no schema"
