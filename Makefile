@@ -13,12 +13,15 @@ UV_COMPILE = $(LOCK_TOOL)/bin/uv pip compile pyproject.toml --generate-hashes --
 .PHONY: up test lint typecheck unit install clean chaos bench bench-history lock
 
 # Every dependency (the dev and local extras included) at the version and hashes of
-# requirements-dev.lock, then the project itself without resolving anything again.
-$(STAMP): pyproject.toml $(DEV_LOCK)
+# requirements-dev.lock, then the project itself without resolving anything again, and the
+# example agent of the handler SDK (examples/release-bot: its jobs run in `make up`'s stack,
+# and the tests run it).
+$(STAMP): pyproject.toml $(DEV_LOCK) examples/release-bot/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --require-hashes -r $(DEV_LOCK)
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m pip install --quiet --no-deps -e examples/release-bot
 	touch $(STAMP)
 
 # Regenerate the locks from pyproject.toml's ranges (uv in a venv of its own): requirements.lock

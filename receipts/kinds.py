@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Annotated, Any
 
 from pydantic import (
@@ -140,6 +142,8 @@ def unread_because(
     if command == "abort":
         return None
     if agent_id not in AGENT_IDS:
+        if agent_id in installed_agent_ids():
+            return None  # its handler reads them through `JobContext.commands()`
         return f"no handler runs agent '{agent_id}': nothing reads its commands"
     if command not in COMMANDS_READ.get(kind, frozenset()):
         return f"{kind} jobs do not read {command} commands"
@@ -158,6 +162,23 @@ def unconsumed_reason(agent_id: str, kind: str, payload: Mapping[str, Any], comm
 KINDS_WITHOUT_AUTH: frozenset[str] = frozenset({"factory.objective.watchdog"})
 
 AGENT_IDS: tuple[str, ...] = ("factory", "factory-control", "factory-monitor", "codex")
+# Handlers a team writes (`receipt_worker`) are installed as entry points of this group, each
+# named by its agent id.
+HANDLERS_ENTRY_POINTS = "receipt.handlers"
+
+
+@functools.cache
+def installed_agent_ids() -> frozenset[str]:
+    """The agent ids of the handlers installed through entry points, read from the installed
+    packages' metadata once per process (nothing is imported; the worker roles import them)."""
+    return frozenset(point.name for point in entry_points(group=HANDLERS_ENTRY_POINTS))
+
+
+def has_handler(agent_id: str) -> bool:
+    """True when a handler runs `agent_id`: a built-in one or one installed (a worker whose
+    installed handler fails to load is not ready, so its jobs wait for a worker that loaded it)."""
+    return agent_id in AGENT_IDS or agent_id in installed_agent_ids()
+
 
 QUEUE_DRIVER = "receipt-driver"
 QUEUE_CHAT = "receipt-chat"

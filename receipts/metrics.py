@@ -15,16 +15,17 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from receipts.jobs import Job
-from receipts.kinds import AGENT_IDS, route, route_disagrees
+from receipts.kinds import has_handler, route, route_disagrees
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 OTHER_AGENT = "other"
 
 
 def agent_label(agent_id: str) -> str:
-    """The `agent` label of an agent id: one of the built-in agents, else `other` (a tenant
-    chooses agent ids, and each new label value is a new series on every scrape)."""
-    return agent_id if agent_id in AGENT_IDS else OTHER_AGENT
+    """The `agent` label of an agent id: one with a handler (built in or installed by the
+    operator), else `other` (a tenant chooses agent ids, and each new label value is a new
+    series on every scrape)."""
+    return agent_id if has_handler(agent_id) else OTHER_AGENT
 
 
 def value(name: str, **labels: str) -> float:

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 
+from activities.handlers.sdk import HandlerConflict, Installed, load_installed
 from receipts.kinds import QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL, QUEUE_DRIVER
 from roles.delivery.serve import run_attempt_worker, run_driver, start_loops
 from roles.infra import logs
@@ -74,12 +75,19 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
             extra={"event": "role.unrecognised", "value": requested, "accepted": list(ROLES)},
         )
     # api and all only need Temporal for redrives: they start (and serve) without it.
+    installed = _installed_or_exit() if role in WORKER_QUEUES else Installed({}, {}, ())
     runtime = await open_runtime(role, settings, lazy_client=role in ("api", ALL))
     try:
         if role != "api":
             queues = [WORKER_QUEUES[role]] if role in WORKER_QUEUES else []
             queues += [QUEUE_DRIVER] if role == "driver" else []
-            serve_role_health(runtime, queues, stop, sandboxed=role in SPAWNING_ROLES)
+            serve_role_health(
+                runtime,
+                queues,
+                stop,
+                sandboxed=role in SPAWNING_ROLES,
+                handler_failures=installed.failures,
+            )
         if role in MAINTENANCE_ROLES:
             runtime.spawn(run_queue_depth(runtime.store, settings.core), "queue-depth")
         maintenance, callbacks = role in MAINTENANCE_ROLES, role not in SPAWNING_ROLES
@@ -91,7 +99,12 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
         if role in WORKER_QUEUES:
             control, sandboxed = role == "worker-control", role in SPAWNING_ROLES
             await run_attempt_worker(
-                runtime, WORKER_QUEUES[role], stop, watchdog=control, sandboxed=sandboxed
+                runtime,
+                WORKER_QUEUES[role],
+                stop,
+                watchdog=control,
+                sandboxed=sandboxed,
+                installed=installed,
             )
         elif role == "driver":
             await run_driver(runtime, stop)
@@ -102,6 +115,16 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
     finally:
         await runtime.close()
         log.info("role stopped", extra={"event": "role.stop"})
+
+
+def _installed_or_exit() -> Installed:
+    """The handlers installed as entry points; on two handlers of one agent id, the conflict
+    printed and exit 2 (a load failure only makes the worker unready: `run_attempt_worker`)."""
+    try:
+        return load_installed()
+    except HandlerConflict as exc:
+        print(f"receipt: handler conflict: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(requested: str | None = None, settings: RuntimeSettings | None = None) -> None:

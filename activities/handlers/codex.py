@@ -65,7 +65,7 @@ async def workspace_of(ctx: HandlerContext, settings: SandboxSettings) -> Path:
     return workspace
 
 
-class _Output:
+class ProgressOutput:
     """Lines of output: the last TAIL_LINES kept for the result, new ones sent as throttled
     `job.progress` receipts."""
 
@@ -136,7 +136,7 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
         raise HandlerError("payload.task.cwd must be a string", retryable=False)
     extra = _extra_env(task)
     settings = ctx.settings.sandbox
-    output = _Output(ctx)
+    output = ProgressOutput(ctx)
     stdin = _stdin_of(ctx, task)
     try:
         ended = await run_sandboxed(

@@ -17,7 +17,7 @@ from receipts import jobs as jobmodel
 from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import EnqueueBody, choice_field
 from receipts.jobs import COMMAND_TYPES, LANES, SINGLETON_MODES, Command, Job
-from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, contract_queue, redact_payload, route
+from receipts.kinds import CONTRACTS, KINDS, contract_queue, has_handler, redact_payload, route
 from receipts.objectives.model import ObjectiveState, ObjectiveStatus, TaskState
 from receipts.tenancy import caller_id, untagged
 
@@ -407,7 +407,7 @@ def job_view(job: Job, shown_id: str | None = None) -> dict[str, Any]:
             "contract_worker_group": contract.worker_group if contract else None,
             "contract_queue": expected,
             "route_matches_contract": expected is None or expected == task_queue,
-            "agent_has_handler": job.agent_id in AGENT_IDS,
+            "agent_has_handler": has_handler(job.agent_id),
             "pending": job.pending_commands,
             **(_linked_ids(job) if shown_id is not None else {}),
         }

@@ -10,6 +10,7 @@ from temporalio.service import RPCError
 
 from activities import sandbox, sandbox_etc
 from activities.handlers.registry import default_handlers
+from activities.handlers.sdk import Installed
 from activities.watchdog_tick import WatchdogActivities
 from receipts.kinds import QUEUE_CODEX
 from roles.delivery.agent_jobs import AgentJobDispatcher
@@ -86,12 +87,36 @@ def start_loops(runtime: Runtime, *, maintenance: bool, post_callbacks: bool) ->
 
 
 async def run_attempt_worker(
-    runtime: Runtime, queue: str, stop: asyncio.Event, *, watchdog: bool, sandboxed: bool
+    runtime: Runtime,
+    queue: str,
+    stop: asyncio.Event,
+    *,
+    watchdog: bool,
+    sandboxed: bool,
+    installed: Installed,
 ) -> None:
     """Run the attempt worker of `queue` until `stop`, then drain it. With `watchdog` it also
     keeps the watchdog Schedule and runs its tick; with `sandboxed` (its jobs run commands) it
-    first logs how the sandbox confines them, and at its clean stop removes its /etc views."""
+    first logs how the sandbox confines them, and at its clean stop removes its /etc views.
+
+    It runs the built-in handlers and the `installed` ones, and lists them; while an installed
+    handler failed to load it takes no attempts at all (it is not ready either), so the jobs of
+    that agent wait for a worker that loaded it instead of failing `No handler`."""
     assert runtime.client is not None
+    handlers = {**default_handlers(), **installed.handlers}
+    log.info(
+        "handlers: %s",
+        ", ".join(handlers),
+        extra={"event": "handlers.loaded", "installed": dict(installed.loaded)},
+    )
+    if installed.failures:
+        log.error(
+            "installed handlers failed to load; taking no attempts: %s",
+            "; ".join(installed.failures),
+            extra={"event": "handlers.load_failed", "failures": list(installed.failures)},
+        )
+        await stop.wait()
+        return
     workflows: list[type] = []
     activities = []
     if watchdog:
@@ -113,7 +138,7 @@ async def run_attempt_worker(
         runtime.client,
         runtime.store,
         runtime.settings.core.queue(queue),
-        default_handlers(),
+        handlers,
         settings=runtime.settings.handlers,
         role=runtime.role,
         listener=runtime.listener,

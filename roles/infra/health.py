@@ -163,6 +163,13 @@ def sandbox_check(settings: sandbox.SandboxSettings) -> Callable[[], Awaitable[s
     return reason
 
 
+def _fixed(reason: str) -> Callable[[], Awaitable[str | None]]:
+    async def check() -> str | None:
+        return reason
+
+    return check
+
+
 def _handler(state: HealthState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -221,13 +228,21 @@ def serve_health(host: str, port: int, state: HealthState) -> ThreadingHTTPServe
 
 
 def serve_role_health(
-    runtime: Runtime, task_queues: Sequence[str], stop: asyncio.Event, *, sandboxed: bool
+    runtime: Runtime,
+    task_queues: Sequence[str],
+    stop: asyncio.Event,
+    *,
+    sandboxed: bool,
+    handler_failures: Sequence[str] = (),
 ) -> None:
     """Serve the role's endpoint on its metrics port and run its checker: ready while the pool
     reaches PostgreSQL and Temporal sees this process poll `task_queues` (and, when `sandboxed`,
-    while the sandbox can confine commands here)."""
+    while the sandbox can confine commands here), never while an installed handler failed to
+    load (`handler_failures`)."""
     queues = [runtime.settings.core.queue(q) for q in task_queues]
     extra = [sandbox_check(runtime.settings.sandbox)] if sandboxed else []
+    if handler_failures:
+        extra.append(_fixed(f"handlers: {'; '.join(handler_failures)}"))
     checker = HealthChecker(runtime.store, runtime.client, queues, stop, extra_checks=extra)
     process = runtime.settings.process
     serve_health(process.metrics_host, process.metrics_port_of(runtime.role), checker.state)

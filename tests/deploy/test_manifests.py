@@ -207,7 +207,7 @@ def test_the_migration_job_runs_migrate_with_the_roles_image(
 # --- settings: the ConfigMap and Secret against what the code reads ----------------------------
 
 ENV_NAME = re.compile(r"^(RECEIPT|JOB|CODEX|FACTORY|RESONATE|OTEL)_[A-Z0-9_]*[A-Z0-9]$")
-SOURCE_PACKAGES = ("receipts", "activities", "workflows", "roles")
+SOURCE_PACKAGES = ("receipts", "receipt_worker", "activities", "workflows", "roles")
 # Modules that are not part of a deployed role: the HTTP CLI.
 NOT_DEPLOYED = {
     "roles/cli/client.py",

@@ -10,13 +10,14 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("receipts", "activities", "workflows", "roles")
+PRODUCT = ("receipts", "receipt_worker", "activities", "workflows", "roles")
 # What each top-level package may import of the others (docs/design.md §2).
 ALLOWED = {
     "receipts": set(),
-    "activities": {"receipts"},
+    "receipt_worker": {"receipts"},
+    "activities": {"receipts", "receipt_worker"},
     "workflows": {"activities", "receipts"},
-    "roles": {"workflows", "activities", "receipts"},
+    "roles": {"workflows", "activities", "receipts", "receipt_worker"},
 }
 # The aggregates above the job queue; the core of the receipts package imports neither.
 AGGREGATES = ("receipts.objectives", "receipts.agent_jobs")

@@ -37,6 +37,8 @@ from receipts.kinds import (
     KINDS_WITHOUT_AUTH,
     MAX_ID_LENGTH,
     NON_BLANK,
+    has_handler,
+    installed_agent_ids,
     unread_because,
 )
 from receipts.objectives import store as objectives
@@ -150,13 +152,14 @@ async def post_job(
         )
     body = await read_json_body(request, settings.max_body_bytes, state.json_limits)
     enqueue_request = parse_enqueue(agent_id, body, text_checked=True)
-    if settings.strict_agent_ids and agent_id not in AGENT_IDS:
+    if settings.strict_agent_ids and not has_handler(agent_id):
+        known = (*AGENT_IDS, *sorted(installed_agent_ids()))
         raise ApiError(
             404,
             "unknown_agent",
-            f"no handler for agent {agent_id!r}; agent ids: {', '.join(AGENT_IDS)}",
+            f"no handler for agent {agent_id!r}; agent ids: {', '.join(known)}",
             field="agentId",
-            allowed=AGENT_IDS,
+            allowed=known,
         )
     organization_id = enqueue_request.organization_id
     if enqueue_request.kind in KINDS_WITHOUT_AUTH and not caller.admin:

@@ -1,0 +1,219 @@
+"""The worker's side of `receipt_worker`: the `JobContext` a team's handler is given (over the
+attempt's fenced handler context), and the installed handlers, loaded at a worker's start and
+turned into handlers the attempt activity runs like the built-in ones.
+
+Handlers are installed as entry points of the group `receipt.handlers`, each named by the agent
+id it runs. A worker imports every one at start: one that fails to import, or is not a
+`@handler` of the agent id it is named by, is a load failure (the worker is not ready and takes
+no attempts); an agent id both built in and installed, or installed twice, is a conflict (the
+role does not start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from activities.handlers.codex import TAIL_CHARS, ProgressOutput, workspace_of
+from activities.handlers.context import (
+    Handler,
+    HandlerContext,
+    HandlerError,
+    unsupported_kind_message,
+)
+from activities.handlers.steering import StdinFeed
+from activities.sandbox import SandboxRefused, run_sandboxed
+from receipt_worker.sdk import AgentHandler, Command, Fail, JobContext, Retry, SandboxRun
+from receipts.kinds import AGENT_IDS, HANDLERS_ENTRY_POINTS
+from receipts.tenancy import caller_id
+
+PROGRESS_INTERVAL_S = 0.5
+COMMAND_POLL_S = 1.0
+_NOTHING = object()
+
+
+class HandlerConflict(Exception):
+    """Two handlers claim one agent id: the role cannot start."""
+
+
+class FencedJobContext(JobContext):
+    """A `JobContext` over the attempt's handler context: every write is fenced."""
+
+    def __init__(self, ctx: HandlerContext, declared: AgentHandler) -> None:
+        job = ctx.job
+        self.job_id = caller_id(job.job_id)
+        self.agent_id = job.agent_id
+        self.kind = job.kind
+        self.attempt = ctx.attempt
+        self.max_attempts = job.max_attempts
+        self.organization_id = job.organization_id
+        self.session_key = caller_id(job.session_key) if job.session_key else None
+        self._ctx = ctx
+        self._declared = declared
+        self._unsent: Any = _NOTHING
+        self._last_sent = -math.inf
+
+    @property
+    def payload(self) -> Mapping[str, Any]:
+        return self._ctx.payload
+
+    @property
+    def aborted(self) -> bool:
+        return self._ctx.aborted.is_set()
+
+    async def progress(self, data: Any) -> bool:
+        if time.monotonic() - self._last_sent < PROGRESS_INTERVAL_S:
+            self._unsent = data
+            return True
+        self._unsent = _NOTHING
+        self._last_sent = time.monotonic()
+        return await self._ctx.progress(data)
+
+    async def flush(self) -> None:
+        """Write the progress kept back by the rate limit, if any."""
+        if self._unsent is not _NOTHING:
+            data, self._unsent = self._unsent, _NOTHING
+            await self._ctx.progress(data)
+
+    async def commands(self, *, wait: bool = True) -> AsyncIterator[Command]:
+        arrived = self._ctx.commands_arrived
+        while True:
+            for command in await self._ctx.pending_commands():
+                if await self._ctx.consume(command.command_id):
+                    yield Command(command.command_id, command.type, command.payload)
+            if not wait or self.aborted:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), COMMAND_POLL_S)
+            arrived.clear()
+
+    async def run_sandboxed(
+        self,
+        argv: list[str],
+        *,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> SandboxRun:
+        if not self._declared.sandbox:
+            raise Fail(
+                f"handler {self._declared.name} runs no commands: declare it with "
+                "@handler(..., sandbox=True)"
+            )
+        ctx = self._ctx
+        settings = ctx.settings.sandbox
+        output = ProgressOutput(ctx)
+        feed = StdinFeed(ctx, stdin.encode("utf-8"), steers=False) if stdin is not None else None
+        try:
+            ended = await run_sandboxed(
+                list(argv),
+                workspace=await workspace_of(ctx, settings),
+                env=dict(env or {}),
+                cwd=cwd,
+                network=self.agent_id in settings.egress_agents,
+                on_output=output.write,
+                aborted=ctx.aborted,
+                settings=settings,
+                feed_stdin=feed.feed if feed is not None else None,
+            )
+        except SandboxRefused as exc:
+            raise Fail(str(exc)) from exc
+        if ended.aborted:
+            raise Fail("aborted")
+        output.end()
+        await output.flush()
+        tail = "".join(output.tail)[-TAIL_CHARS:]
+        return SandboxRun(ended.exit_code, tail, output.lines, ended.memory_limit)
+
+
+def as_handler(declared: AgentHandler) -> Handler:
+    """The attempt activity's handler for a `@handler`: the kinds it takes, `Retry` and `Fail`
+    as the failures they name, its return value (JSON) as the job's result."""
+
+    async def handle(ctx: HandlerContext) -> Any:
+        if ctx.job.kind not in declared.kinds:
+            raise HandlerError(
+                unsupported_kind_message(declared.agent_id, ctx.job.kind), retryable=False
+            )
+        job = FencedJobContext(ctx, declared)
+        try:
+            value = await declared(job)
+        except Retry as exc:
+            await job.flush()
+            raise HandlerError(str(exc), retryable=True, retry_delay_ms=exc.delay_ms) from exc
+        except Fail as exc:
+            await job.flush()
+            raise HandlerError(str(exc), retryable=exc.retryable, result=exc.result) from exc
+        await job.flush()
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise HandlerError(
+                f"the result of {declared.name} is not JSON: {exc}", retryable=False
+            ) from exc
+        return value
+
+    return handle
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The installed handlers a worker loaded (agent id → handler, with what each is), and
+    why the others could not be loaded."""
+
+    handlers: Mapping[str, Handler]
+    loaded: Mapping[str, str]
+    failures: tuple[str, ...]
+
+
+def _origin(point: EntryPoint) -> str:
+    dist = point.dist
+    named = f" of {dist.name} {dist.version}" if dist is not None else ""
+    return f"entry point {HANDLERS_ENTRY_POINTS} {point.name} = {point.value}{named}"
+
+
+def load_installed(points: Iterable[EntryPoint] | None = None) -> Installed:
+    """Import the handlers installed as entry points (`points`: those of the group). Raises
+    `HandlerConflict` when an agent id is built in and installed, or installed twice."""
+    points = list(entry_points(group=HANDLERS_ENTRY_POINTS) if points is None else points)
+    seen: dict[str, EntryPoint] = {}
+    for point in points:
+        if point.name in AGENT_IDS:
+            raise HandlerConflict(
+                f"agent id {point.name!r} is both built in (activities/handlers/registry.py) "
+                f"and installed ({_origin(point)})"
+            )
+        if point.name in seen and seen[point.name].value != point.value:
+            raise HandlerConflict(
+                f"agent id {point.name!r} is installed twice: {_origin(seen[point.name])} "
+                f"and {_origin(point)}"
+            )
+        seen[point.name] = point
+    handlers: dict[str, Handler] = {}
+    loaded: dict[str, str] = {}
+    failures: list[str] = []
+    for name, point in seen.items():
+        try:
+            declared = point.load()
+        except Exception as exc:
+            failures.append(f"{_origin(point)}: {type(exc).__name__}: {exc}")
+            continue
+        if not isinstance(declared, AgentHandler) or declared.agent_id != name:
+            what = (
+                f"a handler of agent {declared.agent_id!r}"
+                if isinstance(declared, AgentHandler)
+                else "not a @handler"
+            )
+            failures.append(f"{_origin(point)}: it is {what}")
+            continue
+        handlers[name] = as_handler(declared)
+        sandboxed = ", sandboxed" if declared.sandbox else ""
+        loaded[name] = f"{declared.name} (kinds {', '.join(declared.kinds)}{sandboxed})"
+    return Installed(handlers, loaded, tuple(failures))

@@ -1,0 +1,162 @@
+"""What a handler author writes against: `@handler`, the `JobContext` a handler is given, the
+`Command`s it reads, and `Retry` / `Fail` to end an attempt otherwise than with a result.
+
+This module holds the contract only; the worker's side of it (leases, fences, the sandbox) is
+`activities/handlers/sdk.py`.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from receipts.kinds import KINDS
+
+# An agent id a handler may take: it names an entry point and is a path segment of the API.
+AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+DEFAULT_KINDS: tuple[str, ...] = ("factory.task.run",)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A steer or follow_up sent to the job (`POST /jobs/{jobId}/commands`), already marked
+    consumed when the handler is handed it: each command reaches the handler once."""
+
+    command_id: str
+    type: str
+    payload: Any
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRun:
+    """How a command run by `JobContext.run_sandboxed` ended: its exit status (negative: killed
+    by that signal), the last lines of its output, and whether a process of it was killed at the
+    sandbox's memory limit."""
+
+    exit_code: int | None
+    output_tail: str
+    lines: int
+    memory_limit: bool = False
+
+
+class Retry(Exception):
+    """Raise to end this attempt and have the job attempted again (while attempts remain), not
+    before `delay_ms` (clamped to 30 s; None: at once)."""
+
+    def __init__(self, message: str = "retry requested", *, delay_ms: int | None = None) -> None:
+        if delay_ms is not None and delay_ms < 0:
+            raise ValueError("delay_ms must be at least 0")
+        super().__init__(message)
+        self.delay_ms = delay_ms
+
+
+class Fail(Exception):
+    """Raise to fail the job with `message` (and `result`); with `retryable=True` it is
+    attempted again while attempts remain, as `Retry` without a delay."""
+
+    def __init__(self, message: str, *, retryable: bool = False, result: Any = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.result = result
+
+
+class JobContext(abc.ABC):
+    """What a handler is given: its job, and the fenced operations it may use on it.
+
+    Every write goes through the attempt's fence: once the lease is lost (another delivery took
+    the attempt over), `progress` answers False and the handler is cancelled. An abort cancels
+    the handler after a short grace (`aborted` turns True first).
+    """
+
+    job_id: str
+    """The id the job's organization knows it by."""
+    agent_id: str
+    kind: str
+    attempt: int
+    max_attempts: int
+    organization_id: str | None
+    session_key: str | None
+
+    @property
+    @abc.abstractmethod
+    def payload(self) -> Mapping[str, Any]:
+        """The job's payload as enqueued (`kind`, `authContext` and the handler's own fields)."""
+
+    @property
+    @abc.abstractmethod
+    def aborted(self) -> bool:
+        """True once an abort has arrived: stop promptly (the handler is cancelled soon)."""
+
+    @abc.abstractmethod
+    async def progress(self, data: Any) -> bool:
+        """Record progress (a string or any JSON value) as a `job.progress` receipt. Receipts
+        are written at most every half second: a call in between is kept, the latest wins, and
+        the last is written before the job settles. False once the lease is lost."""
+
+    @abc.abstractmethod
+    def commands(self, *, wait: bool = True) -> AsyncIterator[Command]:
+        """The job's steer and follow_up commands, in order, each consumed once. With `wait`
+        it waits for more until the job is aborted; without, it ends when none is pending."""
+
+    @abc.abstractmethod
+    async def run_sandboxed(
+        self,
+        argv: list[str],
+        *,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> SandboxRun:
+        """Run `argv` in the command sandbox, in the job's workspace, its output streamed as
+        progress. Only a handler declared with `sandbox=True` may; the sandbox is the only
+        way a handler runs a command its tenant chose."""
+
+
+HandlerFunction = Callable[[JobContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class AgentHandler:
+    """A handler as `@handler` declares it: the agent id it runs, the payload kinds it takes,
+    whether it runs commands in the sandbox, and the function."""
+
+    agent_id: str
+    kinds: tuple[str, ...]
+    function: HandlerFunction
+    sandbox: bool = False
+
+    async def __call__(self, job: JobContext) -> Any:
+        return await self.function(job)
+
+    @property
+    def name(self) -> str:
+        """`module:qualname` of the function, for logs and errors."""
+        module = getattr(self.function, "__module__", "?")
+        return f"{module}:{getattr(self.function, '__qualname__', repr(self.function))}"
+
+
+def handler(
+    agent_id: str, *, kinds: Iterable[str] = DEFAULT_KINDS, sandbox: bool = False
+) -> Callable[[HandlerFunction], AgentHandler]:
+    """Declare `async def f(job: JobContext)` the handler of `agent_id` for `kinds` (payload
+    kinds; default `factory.task.run`). Its return value (JSON) is the job's result."""
+    if not AGENT_ID.match(agent_id):
+        raise ValueError(
+            f"agent id {agent_id!r}: 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    taken = tuple(dict.fromkeys(kinds))
+    unknown = [kind for kind in taken if kind not in KINDS]
+    if not taken or unknown:
+        raise ValueError(
+            f"kinds of {agent_id!r} must be payload kinds ({', '.join(KINDS)}); "
+            f"got {', '.join(unknown) or 'none'}"
+        )
+
+    def declare(function: HandlerFunction) -> AgentHandler:
+        return AgentHandler(agent_id, taken, function, sandbox)
+
+    return declare

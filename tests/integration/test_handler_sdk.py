@@ -1,0 +1,176 @@
+"""The handler SDK (`receipt_worker`) under the attempt activity, against real PostgreSQL: a
+`@handler` settles as the built-in handlers do — its result, `Retry` with its delay, `Fail`, an
+exception with its message, its progress rate-limited, its commands consumed once, an abort. The
+role-process tests (tests/e2e/test_handler_sdk.py) run the installed example through the api."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from activities.handlers.sdk import as_handler
+from receipt_worker import Command, Fail, JobContext, Retry, handler
+from receipts import operations as ops
+from receipts.messages import AttemptStatus
+from receipts.store import Store
+from tests.integration.helpers import types
+from tests.integration.test_attempt_activity import attempt_of, job_of, run
+
+
+async def delivered(store: Store, declared: Any, **payload: Any) -> tuple[str, Any]:
+    job_id = await job_of(store, declared.agent_id, **payload)
+    handlers = {declared.agent_id: as_handler(declared)}
+    return job_id, await run(store, handlers, attempt_of(job_id, declared.agent_id))
+
+
+async def test_a_handler_settles_with_its_result_and_its_last_progress(store: Store) -> None:
+    @handler("sdk-ok")
+    async def ok(job: JobContext) -> dict[str, Any]:
+        for step in range(5):  # within half a second: the first is written, the last is kept
+            await job.progress(f"step {step}")
+        return {"job": job.job_id, "attempt": job.attempt, "kind": job.kind, "n": job.payload["n"]}
+
+    job_id, result = await delivered(store, ok, n=3)
+    assert (result.status, result.job_status) == (AttemptStatus.COMPLETED, "completed")
+    job = await store.get_job(job_id)
+    assert job is not None
+    assert job.result == {"job": job_id, "attempt": 1, "kind": "factory.task.run", "n": 3}
+    receipts = await store.read_stream(f"jobs/{job_id}")
+    progress = [r.data["data"] for r in receipts if r.type == "job.progress"]
+    assert progress == ["step 0", "step 4"]
+    assert (await types(store, job_id))[-1] == "job.completed"
+
+
+async def test_retry_requeues_the_job_not_before_its_delay(store: Store) -> None:
+    @handler("sdk-retry")
+    async def later(job: JobContext) -> None:
+        raise Retry("the registry is busy", delay_ms=4000)
+
+    before = datetime.now(UTC)
+    job_id, result = await delivered(store, later)
+    assert (result.status, result.job_status) == (AttemptStatus.FAILED, "queued")
+    job = await store.get_job(job_id)
+    assert job is not None and job.error == "the registry is busy"
+    assert job.available_at is not None and job.available_at >= before + timedelta(seconds=4)
+
+
+async def test_fail_ends_the_job_with_its_message_and_result(store: Store) -> None:
+    @handler("sdk-fail")
+    async def refuse(job: JobContext) -> None:
+        raise Fail("payload.version is required", result={"hint": "1.4.0"})
+
+    job_id, result = await delivered(store, refuse)
+    assert (result.status, result.job_status) == (AttemptStatus.FAILED, "failed")
+    job = await store.get_job(job_id)
+    assert job is not None and job.error == "payload.version is required"
+    assert job.result is not None and job.result["hint"] == "1.4.0"
+
+
+async def test_an_exception_is_retried_then_fails_the_job_with_its_message(store: Store) -> None:
+    @handler("sdk-raise")
+    async def broken(job: JobContext) -> None:
+        raise ValueError(f"bad input on attempt {job.attempt}")
+
+    job_id, first = await delivered(store, broken)
+    assert first.job_status == "queued"  # a bug is retried while attempts remain (2 here)
+    handlers = {"sdk-raise": as_handler(broken)}
+    second = await run(store, handlers, attempt_of(job_id, "sdk-raise", attempt=2))
+    assert second.job_status == "failed"
+    job = await store.get_job(job_id)
+    assert job is not None and job.error == "ValueError: bad input on attempt 2"
+
+
+async def test_a_kind_the_handler_does_not_take_and_a_result_that_is_not_json_fail(
+    store: Store,
+) -> None:
+    @handler("sdk-kinds", kinds=["factory.integration.validate"])
+    async def other(job: JobContext) -> None:
+        raise AssertionError("never run")
+
+    job_id, _ = await delivered(store, other)
+    job = await store.get_job(job_id)
+    assert job is not None and job.status == "failed"
+    assert job.error == "agent 'sdk-kinds' does not run kind 'factory.task.run'"
+
+    @handler("sdk-json")
+    async def opaque(job: JobContext) -> object:
+        return object()
+
+    job_id, _ = await delivered(store, opaque)
+    job = await store.get_job(job_id)
+    assert job is not None and job.status == "failed"
+    assert job.error is not None and job.error.startswith("the result of ")
+
+
+async def test_commands_reach_the_handler_once_each_in_order(store: Store) -> None:
+    seen: list[Command] = []
+    asked = asyncio.Event()
+
+    @handler("sdk-steer")
+    async def steered(job: JobContext) -> list[str]:
+        asked.set()
+        async for command in job.commands():
+            seen.append(command)
+            if command.type == "follow_up":
+                break
+        async for command in job.commands(wait=False):  # nothing is handed twice
+            seen.append(command)
+        return [c.command_id for c in seen]
+
+    job_id = await job_of(store, "sdk-steer")
+    delivery = asyncio.create_task(
+        run(store, {"sdk-steer": as_handler(steered)}, attempt_of(job_id, "sdk-steer"))
+    )
+    await asyncio.wait_for(asked.wait(), 10)
+    for n, kind in enumerate(("steer", "steer", "follow_up")):
+        sent = await ops.add_command(
+            store, job_id, type=kind, payload={"n": n}, command_id=f"c{n}", organization_id="org-a"
+        )
+        assert sent.ok
+    result = await asyncio.wait_for(delivery, 30)
+    assert result.job_status == "completed"
+    assert [(c.command_id, c.type, c.payload) for c in seen] == [
+        ("c0", "steer", {"n": 0}),
+        ("c1", "steer", {"n": 1}),
+        ("c2", "follow_up", {"n": 2}),
+    ]
+    consumed = [
+        r for r in await store.read_stream(f"jobs/{job_id}") if r.type == "queue.command.consumed"
+    ]
+    assert sorted(r.data["commandId"] for r in consumed) == ["c0", "c1", "c2"]
+
+
+async def test_an_abort_cancels_the_handler(store: Store) -> None:
+    running = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    @handler("sdk-abort")
+    async def forever(job: JobContext) -> None:
+        running.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    job_id = await job_of(store, "sdk-abort")
+    delivery = asyncio.create_task(
+        run(store, {"sdk-abort": as_handler(forever)}, attempt_of(job_id, "sdk-abort"))
+    )
+    await asyncio.wait_for(running.wait(), 10)
+    assert (await ops.add_command(store, job_id, type="abort", organization_id="org-a")).ok
+    result = await asyncio.wait_for(delivery, 30)
+    assert cancelled.is_set()
+    assert (result.status, result.job_status) == (AttemptStatus.CANCELED, "canceled")
+
+
+async def test_a_handler_not_declared_sandboxed_runs_no_command(store: Store) -> None:
+    @handler("sdk-nosandbox")
+    async def sneaky(job: JobContext) -> None:
+        await job.run_sandboxed(["true"])
+
+    job_id, _ = await delivered(store, sneaky)
+    job = await store.get_job(job_id)
+    assert job is not None and job.status == "failed"
+    assert job.error is not None and "sandbox=True" in job.error
