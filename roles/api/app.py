@@ -23,6 +23,7 @@ from typing import Any
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from receipts.listen import Listener
@@ -31,8 +32,10 @@ from roles.api.auth import check_open_bind, load_tokens
 from roles.api.console import install_console
 from roles.api.deps import ApiState, clean_params
 from roles.api.docs import install_docs
+from roles.api.documented import DOCUMENTED
 from roles.api.errors import install_error_handlers
 from roles.api.routes import agent_jobs, health, jobs, objectives, retry, sessions
+from roles.api.routes.retry import BulkRetryBody
 from roles.api.schema import CommandBody, EnqueueBody
 from roles.infra.db import migrate_url, open_store, resolve_url
 from roles.infra.settings import RuntimeSettings
@@ -56,7 +59,12 @@ def routers() -> list[APIRouter]:
     ]
 
 
-DOCUMENTED_BODIES = (EnqueueBody, CommandBody)
+DOCUMENTED_BODIES: tuple[type[BaseModel], ...] = (
+    EnqueueBody,
+    CommandBody,
+    BulkRetryBody,
+    *DOCUMENTED,
+)
 
 
 def create_app(

@@ -349,11 +349,11 @@ def errors_documented(*codes: int) -> dict[int | str, dict[str, Any]]:
     return documented
 
 
-def json_body_documented(model: str) -> dict[str, Any]:
-    """Return the `openapi_extra` documenting a required JSON body of schema component `model`."""
+def json_body_documented(model: str, *, required: bool = True) -> dict[str, Any]:
+    """Return the `openapi_extra` documenting a JSON body of schema component `model`."""
     return {
         "requestBody": {
-            "required": True,
+            "required": required,
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}},
         }
     }

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
 from receipts.errors import TransientStorageError
 from receipts.jobs import Receipt
@@ -26,6 +27,7 @@ from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
 from roles.api.auth import Principal
 from roles.api.deps import ApiState, takes_query
+from roles.api.documented import sse_documented
 from roles.api.errors import ApiError
 from roles.api.limits import SSE_RETRY_MS
 from roles.api.schema import errors_documented
@@ -48,16 +50,21 @@ PageLimit = Annotated[int, Query(ge=1, le=10_000, description="Receipts in one J
 
 
 def events_route(
-    router: APIRouter, path: str, ending: str, *more_errors: int, **route: Any
+    router: APIRouter,
+    path: str,
+    ending: str,
+    *more_errors: int,
+    end: type[BaseModel] | None = None,
+    **route: Any,
 ) -> Callable[[F], F]:
     """Declare the GET route at `path` serving a stream's receipts: its answers (JSON, or SSE
-    ending as `ending`; the errors of every stream and `more_errors`), the `Last-Event-ID`
-    header and the `after` and `limit` queries (`Asked`)."""
+    ending as `ending` with an `end` event of that shape; the errors of every stream and
+    `more_errors`), the `Last-Event-ID` header and the `after` and `limit` queries (`Asked`)."""
     ok = {
         "description": "The receipts as JSON, or with `Accept: text/event-stream` a live "
         "stream: one event per receipt (`id` = seq, `data` = the receipt), a `: keepalive` "
         f"comment while idle. {ending}",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": sse_documented(end)},
     }
     last_event_id = {
         "name": "Last-Event-ID",

@@ -16,7 +16,15 @@ from psycopg_pool import AsyncConnectionPool
 from receipts import assembly
 from receipts import operations as ops
 from receipts.jobs import LANES, SINGLETON_MODES
-from receipts.kinds import AGENT_IDS, CONTRACTS, KINDS, QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL
+from receipts.kinds import (
+    AGENT_IDS,
+    CONTRACTS,
+    KINDS,
+    QUEUE_CHAT,
+    QUEUE_CODEX,
+    QUEUE_CONTROL,
+    installed_agent_ids,
+)
 from receipts.store import Store, latest_schema_version
 from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body, rid
 from tests.integration.helpers import new_id, types
@@ -169,14 +177,19 @@ async def test_an_unknown_agent_id_is_accepted_and_routed_to_chat(
     )
 
 
-async def test_strict_agent_ids_refuse_an_unknown_agent_with_404_naming_the_four(
+async def test_strict_agent_ids_refuse_an_unknown_agent_with_404_naming_the_known_ones(
     db_url: str,
 ) -> None:
+    """The four built-in agents, then the installed ones (the example's, in the test
+    environment)."""
     async with api_client(db_url, strict_agent_ids=True) as strict:
         response = await post(strict, enqueue_body(jobId=new_id()), agent="nobody")
         error = assert_error(response, 404, "unknown_agent", "agentId")
-        assert error["allowed"] == list(AGENT_IDS)
-        assert all(agent in error["message"] for agent in AGENT_IDS)
+        known = [*AGENT_IDS, *sorted(installed_agent_ids())]
+        assert "release-bot" in known
+        assert error["allowed"] == known
+        assert all(agent in error["message"] for agent in known)
+        assert (await post(strict, enqueue_body(), agent="release-bot")).status_code == 202
         assert (await post(strict, enqueue_body(), agent="factory")).status_code == 202
 
 

@@ -20,6 +20,7 @@ from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import choice, decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
+from roles.api.documented import AgentJobStreamEnd
 from roles.api.routes.sessions import visible_session
 from roles.api.schema import (
     AgentJobAnswer,
@@ -292,6 +293,7 @@ def followed_agent_job(agent_job_id: str) -> Followed[AgentJob]:
     router,
     "/agent-jobs/{agentJobId}/events",
     "It ends with `event: end` once the job is finished.",
+    end=AgentJobStreamEnd,
     response_model=AgentJobEventsPage,
 )
 async def agent_job_events(

@@ -71,6 +71,7 @@ from roles.api.deps import (
     too_many,
     visible_job,
 )
+from roles.api.documented import JobStreamEnd
 from roles.api.schema import (
     CommandAccepted,
     CommandBody,
@@ -327,6 +328,7 @@ def followed_job(job: Job, shown: str) -> Followed[Job]:
     "/jobs/{jobId:path}/events",
     "It ends with `event: end` after the terminal receipt.",
     409,
+    end=JobStreamEnd,
     response_model=EventsPage,
 )
 async def job_events(asked: Asked, state: State, caller: Caller, job_id: JobId) -> Response:

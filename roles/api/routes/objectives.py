@@ -29,6 +29,7 @@ from roles.api.body import choice, decode_cursor, encode_cursor, read_json_body
 from roles.api.body import json_object as _object
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_id
 from roles.api.deps import takes_query as _takes_query
+from roles.api.documented import ObjectiveStreamEnd
 from roles.api.schema import (
     ObjectiveAccepted,
     ObjectiveCancelAccepted,
@@ -37,6 +38,7 @@ from roles.api.schema import (
     ObjectiveView,
     errors_documented,
     job_view,
+    json_body_documented,
 )
 from roles.api.sse import Asked, Followed, events_response, events_route
 
@@ -102,6 +104,7 @@ def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
     response_model=ObjectiveAccepted,
     responses=errors_documented(400, 401, 403, 409, 413, 422, 503),
     dependencies=[_takes_query()],
+    openapi_extra=json_body_documented("ObjectiveBody"),
 )
 async def post_objective(request: Request, state: State, caller: Caller) -> JSONResponse:
     """Create an objective: validates the graph (422 naming the problem, nothing written) and
@@ -263,6 +266,7 @@ def followed_objective(
     router,
     "/objectives/{objectiveId}/events",
     "It ends with `event: end` once settled and audited.",
+    end=ObjectiveStreamEnd,
     response_model=ObjectiveEventsPage,
 )
 async def get_objective_events(
@@ -281,6 +285,7 @@ async def get_objective_events(
     response_model=ObjectiveCancelAccepted,
     responses=errors_documented(400, 401, 404, 409, 413, 422, 503),
     dependencies=[_takes_query()],
+    openapi_extra=json_body_documented("ObjectiveCancelBody", required=False),
 )
 async def cancel_objective(
     request: Request, state: State, caller: Caller, objective_id: ObjectiveId

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from receipts import retry as retries
@@ -15,6 +15,7 @@ from receipts.jobs import LANES
 from receipts.kinds import KINDS
 from roles.api.admission import runs_commands
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
+from roles.api.body import choice, validated
 from roles.api.deps import (
     ApiError,
     Caller,
@@ -25,7 +26,7 @@ from roles.api.deps import (
     shown_id,
     visible_job,
 )
-from roles.api.schema import JobView, errors_documented, job_view
+from roles.api.schema import JobView, errors_documented, job_view, json_body_documented
 
 log = logging.getLogger("roles.api.retry")
 
@@ -81,6 +82,7 @@ def _refusal(outcome: retries.RetryOutcome, job_id: str) -> ApiError:
     "/jobs/retry",
     response_model=BulkRetried,
     responses=errors_documented(400, 401, 403, 413, 415, 422, 503),
+    openapi_extra=json_body_documented("BulkRetryBody"),
 )
 async def retry_matching(request: Request, state: State, caller: Caller) -> JSONResponse:
     """Retry every failed (or canceled) job that matches the filter and was never retried, at
@@ -89,15 +91,9 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
     require_scope(caller, JOBS_WRITE)
     require_scope(caller, COMMANDS_RUN)
     raw = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
-    body = _validated(raw)
-    if body.lane is not None and body.lane not in LANES:
-        raise ApiError(
-            422, "invalid", f"lane must be one of: {', '.join(LANES)}", field="lane", allowed=LANES
-        )
-    if body.kind is not None and body.kind not in KINDS:
-        raise ApiError(
-            422, "invalid", f"kind must be one of: {', '.join(KINDS)}", field="kind", allowed=KINDS
-        )
+    body = validated(BulkRetryBody, raw)
+    choice(body.lane, "lane", LANES)
+    choice(body.kind, "kind", KINDS)
     outcomes = await retries.retry_matching(
         state.require_store(),
         {
@@ -121,22 +117,13 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
     return JSONResponse({"retried": retried, "count": len(retried)})
 
 
-def _validated(raw: Any) -> BulkRetryBody:
-    try:
-        return BulkRetryBody.model_validate(raw if raw is not None else {})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        raise ApiError(422, "invalid", f"{field}: {first['msg']}", field=field) from exc
-
-
 @router.post(
     "/jobs/{jobId:path}/retry",
     response_model=RetryAccepted,
     status_code=201,
     responses={
         200: {"model": RetryAccepted, "description": "An earlier retry had created it"},
-        **errors_documented(401, 403, 404, 409, 503),
+        **errors_documented(401, 403, 404, 409, 422, 503),
     },
 )
 async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse:
