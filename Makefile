@@ -10,7 +10,7 @@ LOCK_TOOL := .venv-lock
 UV_COMPILE = $(LOCK_TOOL)/bin/uv pip compile pyproject.toml --generate-hashes --universal \
 	--python-version 3.11 --custom-compile-command "make lock"
 
-.PHONY: up test lint typecheck unit install clean chaos bench bench-history lock
+.PHONY: up test lint typecheck unit install clean chaos bench bench-history lock client
 
 # Every dependency (the dev and local extras included) at the version and hashes of
 # requirements-dev.lock, then the project itself without resolving anything again, and the
@@ -33,6 +33,11 @@ lock:
 	$(UV_COMPILE) --extra dev --extra local --constraint $(LOCK) -o $(DEV_LOCK)
 
 install: $(STAMP)
+
+# The Python client's generated parts (clients/python): the API's OpenAPI document, its models
+# and the async client rewritten from the blocking one. A test fails while they are stale.
+client: $(STAMP)
+	$(BIN)/python -m tools.client_models
 
 up: $(STAMP)
 	$(BIN)/receipt up

@@ -170,7 +170,9 @@ def _openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
             [(model, "validation") for model in DOCUMENTED_BODIES],
             ref_template="#/components/schemas/{model}",
         )
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions["$defs"])
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(definitions["$defs"])
+        components.update(agent_jobs.NAMED_BODIES)
         app.openapi_schema = schema
         return schema
 

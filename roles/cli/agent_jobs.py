@@ -126,7 +126,7 @@ def create_command(
     }
     body.update(_given(options))
     with ApiClient(api_url, token) as client:
-        created = client.call("POST", "/agent-jobs", json=body)
+        created = client.request("POST", "/agent-jobs", json=body)
         job = created["agentJob"]
         if id_only:
             click.echo(job["agentJobId"])
@@ -146,13 +146,13 @@ RESTING = ("waiting_on_user", "succeeded", "failed", "stopped")
 def _wait(client: ApiClient, agent_job_id: str, after: int, as_json: bool, quiet: bool) -> int:
     """Follow the job's receipts past `after` until it asks for input (unanswered) or ends;
     print it (unless `quiet`) and return the exit status: 0 waiting or succeeded, 1 otherwise."""
-    job = client.call("GET", _path(agent_job_id))
+    job = client.request("GET", _path(agent_job_id))
     resting = job["status"] in RESTING and not job.get("latestStatus", {}).get("answered")
     if not resting:
-        for receipt in client.follow_events(_path(agent_job_id, "/events"), after, agent_job_id):
+        for receipt in client.follow_raw(_path(agent_job_id, "/events"), after, agent_job_id):
             if receipt["type"] == "agent_job.transitioned" and receipt["data"]["to"] in RESTING:
                 break
-        job = client.call("GET", _path(agent_job_id))
+        job = client.request("GET", _path(agent_job_id))
     if not quiet:
         _echo_view(job, _summary, as_json)
     return 0 if job["status"] in ("waiting_on_user", "succeeded") else 1
@@ -199,7 +199,7 @@ def ls_command(
     else:
         raise click.UsageError("give --session (an owner session's jobs) or --console (admin)")
     with ApiClient(api_url, token) as client:
-        page = client.call("GET", path, params=params)
+        page = client.request("GET", path, params=params)
     _echo_page(
         page,
         "agentJobs",
@@ -223,7 +223,7 @@ def get_command(
     """Show an agent job: status, attempt, turn, pending question, result."""
     with ApiClient(api_url, token) as client:
         if console:
-            shown = client.call("GET", f"/console{_path(agent_job_id)}")
+            shown = client.request("GET", f"/console{_path(agent_job_id)}")
             if as_json:
                 click.echo(_dump(shown))
                 return
@@ -233,7 +233,7 @@ def get_command(
             for wakeup in shown["wakeups"]:
                 click.echo(f"wakeup    {wakeup['data']['sourceId']}")
             return
-        _echo_view(client.call("GET", _path(agent_job_id)), _summary, as_json)
+        _echo_view(client.request("GET", _path(agent_job_id)), _summary, as_json)
 
 
 @agent_jobs_group.command("answer")
@@ -258,7 +258,7 @@ def answer_command(
     parsed = _load_json(answer, "ANSWER") if json_answer else answer
     body = {"answer": parsed, **_given({"toolCallId": tool_call})}
     with ApiClient(api_url, token) as client:
-        accepted = client.call("POST", _path(agent_job_id, "/input"), json=body)
+        accepted = client.request("POST", _path(agent_job_id, "/input"), json=body)
         job = accepted["agentJob"]
         if as_json and not wait:
             click.echo(_dump(accepted))
@@ -281,7 +281,7 @@ def cancel_command(
     nothing it does afterwards reaches the job or its owner)."""
     body = _given({"reason": reason})
     with ApiClient(api_url, token) as client:
-        accepted = client.call("POST", f"/console{_path(agent_job_id, '/cancel')}", json=body)
+        accepted = client.request("POST", f"/console{_path(agent_job_id, '/cancel')}", json=body)
     job = accepted["agentJob"]
     if as_json:
         click.echo(_dump(accepted))
@@ -316,6 +316,6 @@ def events_command(
     else:
         path, name = _path(str(agent_job_id), "/events"), f"agent job {agent_job_id}"
     with ApiClient(api_url, token) as client:
-        live = client.follow_events(path, after, name) if follow else client.receipts(path, after)
+        live = client.follow_raw(path, after, name) if follow else client.pages(path, after)
         for receipt in live:
             _echo_receipt(receipt, as_json, TYPE_WIDTH)

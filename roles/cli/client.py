@@ -1,4 +1,4 @@
-"""The CLI's HTTP client: the API client, its errors and exit statuses, server-sent events, and the
+"""The CLI's HTTP client: the API client (receipt-client's), its errors and exit statuses, and the
 options and output helpers the `receipt` commands over the API share (`roles/cli/jobs.py`,
 `objectives.py`, `agent_jobs.py`).
 
@@ -12,27 +12,21 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import click
-import httpx
 
+from receipt_client import Client, ReceiptError
+from receipt_client.settings import DEFAULT_URL as DEFAULT_API_URL
 from receipts import jobs as jobmodel
 from receipts.jobs import Job, Receipt
 
-DEFAULT_API_URL = "http://127.0.0.1:8000"
 EXIT_NOT_COMPLETED = 1
 EXIT_API_ERROR = 3
-REQUEST_TIMEOUT_S = 30.0
-STREAM_READ_TIMEOUT_S = 60.0  # the API sends a keepalive every 15 s
-RECONNECT_ATTEMPTS = 8
-EVENTS_PAGE = 1000
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,52 +38,6 @@ class ApiFailure(click.ClickException):
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.message}", err=True)
-
-
-def _failure(response: httpx.Response) -> ApiFailure:
-    try:
-        error = response.json()["error"]
-        text = f"{error['message']} ({response.status_code} {error['code']}"
-        if error.get("field"):
-            text += f", field {error['field']}"
-        text += ")"
-        allowed = error.get("allowed") or []
-        if allowed and not all(value in error["message"] for value in allowed):
-            text += f"; allowed: {', '.join(allowed)}"
-    except (ValueError, KeyError, TypeError):
-        text = f"HTTP {response.status_code}: {response.text[:200]}"
-    return ApiFailure(text)
-
-
-@dataclass(frozen=True, slots=True)
-class SseEvent:
-    """One server-sent event."""
-
-    name: str
-    data: str
-    id: str | None
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
-    """Parse `text/event-stream` lines into events (comments and `retry:` are skipped)."""
-    name, event_id = "message", None
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if data or name != "message":
-                yield SseEvent(name, "\n".join(data), event_id)
-            name, data, event_id = "message", [], None
-            continue
-        if line.startswith(":"):
-            continue
-        key, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if key == "data":
-            data.append(value)
-        elif key == "event":
-            name = value
-        elif key == "id":
-            event_id = value
 
 
 def receipt_of(body: dict[str, Any]) -> Receipt:
@@ -104,84 +52,29 @@ def receipt_of(body: dict[str, Any]) -> Receipt:
     )
 
 
-class ApiClient:
-    """A thin synchronous client of the Receipt API."""
+class ApiClient(Client):
+    """The commands' client: receipt-client's (`clients/python`), each refusal raised as
+    `ApiFailure` (exit status 3). The commands print the API's JSON as it came, so they use its
+    raw requests (`request`, `pages`, `follow_raw`), which its typed methods are built on."""
 
     def __init__(self, url: str, token: str | None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         # httpx logs every request at INFO; the commands print what matters themselves.
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=REQUEST_TIMEOUT_S)
+        super().__init__(url, token or "")
 
-    def __enter__(self) -> ApiClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.http.close()
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Send one request; return the decoded JSON or raise `ApiFailure`."""
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise ApiFailure(f"cannot reach the API at {self.url}: {exc}") from exc
-        if response.status_code >= 400:
-            raise _failure(response)
-        return response.json()
+            return super().request(method, path, **kwargs)
+        except ReceiptError as exc:
+            raise ApiFailure(str(exc)) from exc
 
-    def receipts(self, path: str, after: int = 0) -> Iterator[dict[str, Any]]:
-        """Yield a stream's receipts past `after` from its JSON pages (`GET …/events`), page after
-        page (a page may end early at the API's response byte cap) until one comes back empty."""
-        while True:
-            page = self.call("GET", path, params={"after": after, "limit": EVENTS_PAGE})
-            if not page["receipts"]:
-                return
-            yield from page["receipts"]
-            after = page["lastSeq"]
-
-    def follow(self, job_id: str, after: int = 0) -> Iterator[dict[str, Any]]:
-        """Yield the job's receipts past `after` from its live event stream until it is terminal."""
-        return self.follow_events(f"/jobs/{quote(job_id, safe='')}/events", after, job_id)
-
-    def follow_events(self, path: str, after: int, name: str) -> Iterator[dict[str, Any]]:
-        """Yield the receipts past `after` of the live event stream at `path` until its `end`
-        event (a session's stream has none: until interrupted).
-
-        A dropped connection, or a stream closed at the API's maximum lifetime, is resumed with
-        `Last-Event-ID`, so no receipt is missed or repeated.
-        """
-        last = after
-        failures = 0
-        timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S)
-        while True:
-            headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
-            problem = f"the stream ended before {name} did"
-            try:
-                with self.http.stream("GET", path, headers=headers, timeout=timeout) as response:
-                    if response.status_code == 200:
-                        failures = 0
-                        for event in parse_sse(response.iter_lines()):
-                            if event.name == "end":
-                                return
-                            if event.name != "message" or not event.data:
-                                continue
-                            receipt = json.loads(event.data)
-                            if receipt["seq"] > last:
-                                last = receipt["seq"]
-                                yield receipt
-                    else:
-                        response.read()
-                        if response.status_code != 503:
-                            raise _failure(response)
-                        problem = "the database is unavailable"
-            except httpx.TransportError as exc:
-                problem = str(exc) or type(exc).__name__
-            # Reconnect (resuming after `last`) with a growing delay, a bounded number of times.
-            failures += 1
-            if failures > RECONNECT_ATTEMPTS:
-                raise ApiFailure(f"lost the event stream of {name}: {problem}")
-            time.sleep(min(0.25 * 2**failures, 5.0))
+    def follow_raw(
+        self, path: str, after: int = 0, name: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        try:
+            yield from super().follow_raw(path, after, name)
+        except ReceiptError as exc:
+            raise ApiFailure(str(exc)) from exc
 
 
 def _api_options(command: F) -> F:
@@ -321,7 +214,7 @@ def _wait(client: ApiClient, job_id: str, as_json: bool) -> int:
     count = 0
     live = sys.stderr.isatty()
     shown = ""
-    for body in client.follow(job_id):
+    for body in client.follow_raw(_job_path(job_id, "/events"), 0, job_id):
         receipt = receipt_of(body)
         state = jobmodel.apply(state, receipt)
         count += 1
@@ -335,6 +228,6 @@ def _wait(client: ApiClient, job_id: str, as_json: bool) -> int:
         shown = state.status
     if live:
         click.echo(err=True)
-    job = client.call("GET", _job_path(job_id))
+    job = client.request("GET", _job_path(job_id))
     _echo_view(job, _summary, as_json)
     return 0 if job["status"] == "completed" else EXIT_NOT_COMPLETED

@@ -101,7 +101,7 @@ def enqueue_command(
     }
     body = {"payload": payload, **_given(options)}
     with ApiClient(api_url, token) as client:
-        accepted = client.call("POST", f"/agents/{quote(agent, safe='')}/jobs", json=body)
+        accepted = client.request("POST", f"/agents/{quote(agent, safe='')}/jobs", json=body)
         job = accepted["job"]
         if accepted["async"].get("idempotencyMismatch") and not as_json:
             click.echo(
@@ -174,7 +174,7 @@ def jobs_ls(
         click.echo(f"{'JOB ID':<38} {'AGENT':<16} {'KIND':<30} {'STATUS':<9} ATTEMPT  CREATED")
     with ApiClient(api_url, token) as client:
         while True:
-            page = client.call(
+            page = client.request(
                 "GET", "/jobs", params={**query, "cursor": cursor} if cursor else query
             )
             for job in page["jobs"]:
@@ -199,7 +199,7 @@ def jobs_ls(
 def jobs_get(job_id: str, api_url: str, token: str | None, as_json: bool) -> None:
     """Show a job: status, attempt, lease, route, pending commands, result (GET /jobs/ID)."""
     with ApiClient(api_url, token) as client:
-        job = client.call("GET", _job_path(job_id))
+        job = client.request("GET", _job_path(job_id))
     _echo_view(job, _summary, as_json)
 
 
@@ -216,9 +216,9 @@ def jobs_events(
     """Print a job's receipts in order (GET /jobs/ID/events); --json prints one per line."""
     with ApiClient(api_url, token) as client:
         receipts = (
-            client.follow(job_id, after)
+            client.follow_raw(_job_path(job_id, "/events"), after, job_id)
             if follow
-            else client.receipts(_job_path(job_id, "/events"), after)
+            else client.pages(_job_path(job_id, "/events"), after)
         )
         for receipt in receipts:
             _echo_receipt(receipt, as_json)
@@ -228,7 +228,7 @@ def _command(
     client: ApiClient, job_id: str, type_: str, payload: Any, reason: str | None, as_json: bool
 ) -> None:
     body = {"type": type_, **_given({"payload": payload, "reason": reason})}
-    accepted = client.call("POST", _job_path(job_id, "/commands"), json=body)
+    accepted = client.request("POST", _job_path(job_id, "/commands"), json=body)
     if as_json:
         click.echo(_dump(accepted))
     else:
@@ -337,14 +337,14 @@ def jobs_retry(
         if job_id is not None:
             if bulk:
                 raise click.UsageError("give a job ID or filters, not both")
-            answer = client.call("POST", _job_path(job_id, "/retry"))
+            answer = client.request("POST", _job_path(job_id, "/retry"))
             if as_json:
                 click.echo(_dump(answer))
             else:
                 verb = "retried as" if answer["outcome"] == "retried" else "was already retried as"
                 click.echo(f"{job_id} {verb} {answer['retry']['jobId']}")
             return
-        answer = client.call("POST", "/jobs/retry", json={**bulk, "limit": limit})
+        answer = client.request("POST", "/jobs/retry", json={**bulk, "limit": limit})
     if as_json:
         click.echo(_dump(answer))
         return

@@ -94,8 +94,8 @@ def _created(client: ApiClient, objective_id: str, run_job_id: str) -> dict[str,
         view: dict[str, Any] = response.json()
         return view
     if response.status_code != 404:
-        return client.call("GET", _path(objective_id))  # raises the API's error
-    job = client.call("GET", f"/jobs/{quote(run_job_id, safe='')}")
+        return client.request("GET", _path(objective_id))  # raises the API's error
+    job = client.request("GET", f"/jobs/{quote(run_job_id, safe='')}")
     if job["status"] in ("failed", "canceled"):
         raise ApiFailure(f"objective {objective_id} was not created: {job.get('error')}")
     return None
@@ -173,7 +173,7 @@ def objectives_run(
     if organization and "authContext" not in objective:
         objective["authContext"] = {"userId": user, "organizationId": organization}
     with ApiClient(api_url, token) as client:
-        accepted = client.call("POST", "/objectives", json=objective)
+        accepted = client.request("POST", "/objectives", json=objective)
         if as_json and not wait:
             click.echo(_dump(accepted))
             return
@@ -198,7 +198,7 @@ def objectives_ls(
     if status:
         params["status"] = status
     with ApiClient(api_url, token) as client:
-        page = client.call("GET", "/objectives", params=params)
+        page = client.request("GET", "/objectives", params=params)
     _echo_page(
         page,
         "objectives",
@@ -216,7 +216,7 @@ def objectives_ls(
 def objectives_get(objective_id: str, api_url: str, token: str | None, as_json: bool) -> None:
     """Show an objective: phase, and each task's status, try, elapsed time and last output."""
     with ApiClient(api_url, token) as client:
-        view = client.call("GET", _path(objective_id))
+        view = client.request("GET", _path(objective_id))
     _echo_view(view, task_lines, as_json)
 
 
@@ -226,7 +226,7 @@ def objectives_get(objective_id: str, api_url: str, token: str | None, as_json: 
 def objectives_events(objective_id: str, api_url: str, token: str | None, as_json: bool) -> None:
     """Print the objective's receipts."""
     with ApiClient(api_url, token) as client:
-        for receipt in client.receipts(_path(objective_id, "/events")):
+        for receipt in client.pages(_path(objective_id, "/events")):
             if as_json:
                 click.echo(json.dumps(receipt, ensure_ascii=False))
             else:
@@ -243,7 +243,7 @@ def objectives_cancel(
 ) -> None:
     """Cancel an objective: its running jobs are aborted and it settles `canceled`."""
     with ApiClient(api_url, token) as client:
-        answer = client.call(
+        answer = client.request(
             "POST", _path(objective_id, "/cancel"), json={"reason": reason} if reason else {}
         )
     click.echo(_dump(answer) if as_json else f"objective {objective_id}: cancel requested")

@@ -20,12 +20,12 @@ from typing import Any
 import httpx
 from jsonschema import Draft202012Validator
 
+from receipt_client.sse import SseEvent, parse_sse
 from receipts.kinds import CONTRACTS
 from receipts.store import Store
 from receipts.tenancy import scoped_id
 from roles.api.app import create_app
 from roles.api.settings import ApiSettings
-from roles.cli.client import SseEvent, parse_sse
 from roles.infra.ports import free_port
 from roles.infra.settings import RuntimeSettings
 from roles.infra.supervisor import Supervised

@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
+from receipt_client.sse import parse_sse
 from receipts import operations as ops
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.store import Store
-from roles.cli.client import parse_sse
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from tests.integration.api_support import (
     AS_A,

@@ -61,5 +61,7 @@ async def check(job: JobContext) -> dict[str, Any]:
         raise Fail("payload.check must be a non-empty list of strings (argv)")
     ran = await job.run_sandboxed(argv)
     if ran.exit_code != 0:
-        raise Fail(f"the check exited with status {ran.exit_code}", result={"tail": ran.output_tail})
+        raise Fail(
+            f"the check exited with status {ran.exit_code}", result={"tail": ran.output_tail}
+        )
     return {"passed": True, "tail": ran.output_tail}

@@ -29,6 +29,7 @@ from roles.api.schema import (
     AgentJobList,
     AgentJobView,
     errors_documented,
+    json_body_documented,
 )
 from roles.api.sse import Asked, Followed, events_response, events_route
 
@@ -96,14 +97,12 @@ CANCEL_BODY = {
     "properties": {"reason": {"type": "string", "maxLength": 1000}},
 }
 
-
-def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
-    return {
-        "requestBody": {
-            "required": required,
-            "content": {"application/json": {"schema": schema}},
-        }
-    }
+# Published as components of the OpenAPI document under these names (roles/api/app.py).
+NAMED_BODIES: dict[str, dict[str, Any]] = {
+    "AgentJobCreateBody": CREATE_BODY,
+    "AgentJobInputBody": ANSWER_BODY,
+    "AgentJobCancelBody": CANCEL_BODY,
+}
 
 
 def _ok(code: int, text: str) -> dict[int | str, dict[str, Any]]:
@@ -172,7 +171,7 @@ def _check_agent(settings: AgentJobSettings, agent_id: str) -> None:
         **_ok(200, "A retried create: the job it made"),
         **errors_documented(400, 401, 403, 409, 413, 422, 503),
     },
-    openapi_extra=_body(CREATE_BODY),
+    openapi_extra=json_body_documented("AgentJobCreateBody"),
 )
 async def create_agent_job(request: Request, state: State, caller: Caller) -> JSONResponse:
     """Create a background agent job for the token's organization (201; 200 for a retried
@@ -316,7 +315,7 @@ async def agent_job_events(
     response_model=AgentJobAnswer,
     status_code=202,
     responses=errors_documented(400, 401, 404, 409, 413, 422, 503),
-    openapi_extra=_body(ANSWER_BODY),
+    openapi_extra=json_body_documented("AgentJobInputBody"),
     dependencies=[_takes_query()],
 )
 async def answer_agent_job(
@@ -415,7 +414,7 @@ async def console_show(
     response_model=AgentJobAnswer,
     status_code=202,
     responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
-    openapi_extra=_body(CANCEL_BODY, required=False),
+    openapi_extra=json_body_documented("AgentJobCancelBody", required=False),
     dependencies=[_takes_query()],
 )
 async def console_cancel(

@@ -1,0 +1,117 @@
+"""Each API operation as a request description (`Call`): built once here, sent by `Client` and
+`AsyncClient` alike, so the two clients cannot drift apart."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel
+
+from receipt_client import models
+
+M = TypeVar("M", bound=BaseModel)
+
+NO_BODY: Any = object()
+"""The request has no body (a body of JSON null is `None`)."""
+
+
+@dataclass(frozen=True)
+class Call(Generic[M]):
+    """One request and the model its answer is read into."""
+
+    method: str
+    path: str
+    model: type[M]
+    params: Mapping[str, Any] | None = None
+    body: Any = NO_BODY
+    headers: Mapping[str, str] | None = None
+
+
+def segment(value: str) -> str:
+    """An id as one path segment (every reserved character escaped)."""
+    return quote(value, safe="")
+
+
+def job_path(job_id: str, suffix: str = "") -> str:
+    return f"/jobs/{segment(job_id)}{suffix}"
+
+
+def objective_path(objective_id: str, suffix: str = "") -> str:
+    return f"/objectives/{segment(objective_id)}{suffix}"
+
+
+def agent_job_path(agent_job_id: str, suffix: str = "") -> str:
+    return f"/agent-jobs/{segment(agent_job_id)}{suffix}"
+
+
+def session_path(session_id: str, suffix: str = "") -> str:
+    return f"/sessions/{segment(session_id)}{suffix}"
+
+
+def query(**values: Any) -> dict[str, Any]:
+    """The query parameters given (not None), by their API names."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def body_of(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def enqueue(
+    agent_id: str,
+    payload: Mapping[str, Any],
+    *,
+    job_id: str | None,
+    idempotency_key: str | None,
+    session_key: str | None,
+    lane: str | None,
+    singleton_mode: str | None,
+    max_attempts: int | None,
+    delay_ms: int | None,
+) -> Call[models.EnqueueAccepted]:
+    body = body_of(
+        {
+            "jobId": job_id,
+            "sessionKey": session_key,
+            "lane": lane,
+            "singletonMode": singleton_mode,
+            "maxAttempts": max_attempts,
+            "delayMs": delay_ms,
+            "payload": dict(payload),
+        }
+    )
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
+    return Call(
+        "POST",
+        f"/agents/{segment(agent_id)}/jobs",
+        models.EnqueueAccepted,
+        body=body,
+        headers=headers,
+    )
+
+
+def command(
+    job_id: str, type: str, payload: Any, reason: str | None
+) -> Call[models.CommandAccepted]:
+    body = body_of({"type": type, "payload": payload, "reason": reason})
+    return Call("POST", job_path(job_id, "/commands"), models.CommandAccepted, body=body)
+
+
+def objective_body(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
+    """An objective as a dict, or read from a JSON file."""
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    loaded = json.loads(Path(spec).read_text(encoding="utf-8"))
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{spec}: an objective is a JSON object")
+    return loaded
+
+
+def reason_body(reason: str | None) -> Any:
+    return {"reason": reason} if reason is not None else NO_BODY

@@ -1,0 +1,375 @@
+"""`AsyncClient`: the Receipt API from asyncio code. Generated from `sync.py` by `make client`
+(tools/client_models.py): do not edit by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Self
+
+import httpx
+
+from receipt_client import _calls as calls
+from receipt_client import models
+from receipt_client._calls import NO_BODY, Call, M
+from receipt_client.errors import ConnectionFailed, RateLimited, Unavailable, error_of
+from receipt_client.settings import PAGE, connection, stream_timeout
+from receipt_client.sse import RECONNECT_ATTEMPTS, parse_sse_async, reconnect_delay
+
+
+class AsyncClient:
+    """An asyncio client of the Receipt API.
+
+    `url` defaults to `RECEIPT_API_URL` (else http://127.0.0.1:8000), `token` to
+    `RECEIPT_API_TOKEN`. Every refusal raises a `ReceiptError` subclass carrying the API's
+    error (`NotFound`, `Conflict`, `InvalidInput`, `RateLimited`, …); an unreachable API raises
+    `ConnectionFailed`. Use it as an async context manager, or call `close()`.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url, headers = connection(url, token)
+        self.http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    # --- the raw requests every method is built on ----------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = NO_BODY,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Send one request; return its decoded JSON, or raise the API's refusal."""
+        body = {} if json is NO_BODY else {"json": json}
+        try:
+            response = await self.http.request(method, path, params=params, headers=headers, **body)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach the API at {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_of(response)
+        return response.json()
+
+    async def _send(self, call: Call[M]) -> M:
+        answer = await self.request(
+            call.method, call.path, params=call.params, json=call.body, headers=call.headers
+        )
+        return call.model.model_validate(answer)
+
+    async def pages(self, path: str, after: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """The receipts past `after` of the stream at `path` (`…/events`) as JSON, page after
+        page until one comes back empty."""
+        while True:
+            page = await self.request("GET", path, params={"after": after, "limit": PAGE})
+            if not page["receipts"]:
+                return
+            for receipt in page["receipts"]:
+                yield receipt
+            after = page["lastSeq"]
+
+    async def follow_raw(
+        self, path: str, after: int = 0, name: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The receipts past `after` of the live event stream at `path`, as JSON, until its
+        `end` event (a session's stream has none: until the caller stops).
+
+        A dropped connection, a stream closed at the API's maximum lifetime, a 503 or a 429 is
+        resumed with `Last-Event-ID`, so no receipt is missed or repeated; after
+        `RECONNECT_ATTEMPTS` failures in a row it raises `ConnectionFailed`."""
+        last, failures, problem = after, 0, ""
+        while True:
+            headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
+            problem = f"the stream ended before {name or path} did"
+            try:
+                async with self.http.stream(
+                    "GET", path, headers=headers, timeout=stream_timeout(self.http.timeout)
+                ) as response:
+                    if response.status_code == 200:
+                        failures = 0
+                        async for event in parse_sse_async(response.aiter_lines()):
+                            if event.name == "end":
+                                return
+                            if event.name == "message" and event.data:
+                                receipt = json.loads(event.data)
+                                if receipt["seq"] > last:
+                                    last = receipt["seq"]
+                                    yield receipt
+                    else:
+                        await response.aread()
+                        error = error_of(response)
+                        if not isinstance(error, Unavailable | RateLimited):
+                            raise error
+                        problem = str(error)
+            except httpx.TransportError as exc:
+                problem = str(exc) or type(exc).__name__
+            failures += 1
+            if failures > RECONNECT_ATTEMPTS:
+                raise ConnectionFailed(f"lost the event stream of {name or path}: {problem}")
+            await asyncio.sleep(reconnect_delay(failures))
+
+    # --- jobs -----------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        agent_id: str,
+        payload: Mapping[str, Any],
+        *,
+        job_id: str | None = None,
+        idempotency_key: str | None = None,
+        session_key: str | None = None,
+        lane: str | None = None,
+        singleton_mode: str | None = None,
+        max_attempts: int | None = None,
+        delay_ms: int | None = None,
+    ) -> models.EnqueueAccepted:
+        """Enqueue a job for `agent_id` (`POST /agents/{agentId}/jobs`). A `job_id` (or an
+        `idempotency_key`) makes a repeated call find the same job."""
+        return await self._send(
+            calls.enqueue(
+                agent_id,
+                payload,
+                job_id=job_id,
+                idempotency_key=idempotency_key,
+                session_key=session_key,
+                lane=lane,
+                singleton_mode=singleton_mode,
+                max_attempts=max_attempts,
+                delay_ms=delay_ms,
+            )
+        )
+
+    async def get_job(self, job_id: str) -> models.JobView:
+        return await self._send(Call("GET", calls.job_path(job_id), models.JobView))
+
+    async def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        agent_id: str | None = None,
+        lane: str | None = None,
+        kind: str | None = None,
+        session_key: str | None = None,
+        organization_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> models.JobList:
+        """One page of jobs, newest first; pass its `next_cursor` back for the next."""
+        params = calls.query(
+            status=status,
+            agentId=agent_id,
+            lane=lane,
+            kind=kind,
+            sessionKey=session_key,
+            organizationId=organization_id,
+            limit=limit,
+            cursor=cursor,
+        )
+        return await self._send(Call("GET", "/jobs", models.JobList, params=params))
+
+    async def iter_jobs(self, **filters: Any) -> AsyncIterator[models.JobView]:
+        """Every job matching `filters` (those of `list_jobs`), following the cursor."""
+        cursor = None
+        while True:
+            page = await self.list_jobs(**filters, cursor=cursor)
+            for job in page.jobs:
+                yield job
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def command(
+        self, job_id: str, type: str, payload: Any = None, *, reason: str | None = None
+    ) -> models.CommandAccepted:
+        """Send a `steer`, `follow_up` or `abort` command to a job that is not terminal."""
+        return await self._send(calls.command(job_id, type, payload, reason))
+
+    async def steer(self, job_id: str, payload: Any) -> models.CommandAccepted:
+        return await self.command(job_id, "steer", payload)
+
+    async def follow_up(self, job_id: str, payload: Any) -> models.CommandAccepted:
+        return await self.command(job_id, "follow_up", payload)
+
+    async def abort(self, job_id: str, reason: str | None = None) -> models.CommandAccepted:
+        return await self.command(job_id, "abort", reason=reason)
+
+    async def retry(self, job_id: str) -> models.RetryAccepted:
+        """Retry a failed or canceled job (a new job; a repeated call finds the same one)."""
+        return await self._send(
+            Call("POST", calls.job_path(job_id, "/retry"), models.RetryAccepted)
+        )
+
+    async def retry_matching(self, **filters: Any) -> models.BulkRetried:
+        """Retry the failed (or canceled) jobs matching `filters` (`BulkRetryBody`'s fields)."""
+        body = models.BulkRetryBody.model_validate(filters).model_dump(
+            by_alias=True, exclude_none=True
+        )
+        return await self._send(Call("POST", "/jobs/retry", models.BulkRetried, body=body))
+
+    async def job_events(
+        self, job_id: str, after: int = 0, limit: int | None = None
+    ) -> models.EventsPage:
+        params = calls.query(after=after, limit=limit)
+        return await self._send(
+            Call("GET", calls.job_path(job_id, "/events"), models.EventsPage, params=params)
+        )
+
+    async def receipts(self, job_id: str, after: int = 0) -> AsyncIterator[models.ReceiptView]:
+        """Every receipt of the job past `after`, from its JSON pages (no waiting)."""
+        async for body in self.pages(calls.job_path(job_id, "/events"), after):
+            yield models.ReceiptView.model_validate(body)
+
+    async def follow(self, job_id: str, after: int = 0) -> AsyncIterator[models.ReceiptView]:
+        """The job's receipts past `after` as they are written, until it is terminal."""
+        async for body in self.follow_raw(calls.job_path(job_id, "/events"), after, job_id):
+            yield models.ReceiptView.model_validate(body)
+
+    async def wait(self, job_id: str) -> models.JobView:
+        """Follow the job's event stream (resuming across disconnects) until it is terminal,
+        and return it."""
+        async for _ in self.follow_raw(calls.job_path(job_id, "/events"), 0, job_id):
+            pass
+        return await self.get_job(job_id)
+
+    # --- objectives -----------------------------------------------------------------------
+
+    async def create_objective(
+        self, spec: Mapping[str, Any] | str | os.PathLike[str]
+    ) -> models.ObjectiveAccepted:
+        """Create an objective from a dict or a JSON file (`ObjectiveBody`)."""
+        body = calls.objective_body(spec)
+        return await self._send(Call("POST", "/objectives", models.ObjectiveAccepted, body=body))
+
+    async def get_objective(self, objective_id: str) -> models.ObjectiveView:
+        return await self._send(
+            Call("GET", calls.objective_path(objective_id), models.ObjectiveView)
+        )
+
+    async def list_objectives(
+        self, *, status: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> models.ObjectiveList:
+        params = calls.query(status=status, limit=limit, cursor=cursor)
+        return await self._send(Call("GET", "/objectives", models.ObjectiveList, params=params))
+
+    async def objective_events(
+        self, objective_id: str, after: int = 0, limit: int | None = None
+    ) -> models.ObjectiveEventsPage:
+        path = calls.objective_path(objective_id, "/events")
+        params = calls.query(after=after, limit=limit)
+        return await self._send(Call("GET", path, models.ObjectiveEventsPage, params=params))
+
+    async def follow_objective(
+        self, objective_id: str, after: int = 0
+    ) -> AsyncIterator[models.ReceiptView]:
+        """The objective's receipts as they are written, until it is settled and audited."""
+        path = calls.objective_path(objective_id, "/events")
+        async for body in self.follow_raw(path, after, objective_id):
+            yield models.ReceiptView.model_validate(body)
+
+    async def cancel_objective(
+        self, objective_id: str, reason: str | None = None
+    ) -> models.ObjectiveCancelAccepted:
+        path = calls.objective_path(objective_id, "/cancel")
+        body = calls.reason_body(reason)
+        return await self._send(Call("POST", path, models.ObjectiveCancelAccepted, body=body))
+
+    async def wait_objective(self, objective_id: str) -> models.ObjectiveView:
+        """Follow the objective through its settlement and audit, and return it."""
+        async for _ in self.follow_raw(
+            calls.objective_path(objective_id, "/events"), 0, objective_id
+        ):
+            pass
+        return await self.get_objective(objective_id)
+
+    # --- background agent jobs ------------------------------------------------------------
+
+    async def create_agent_job(self, body: Mapping[str, Any]) -> models.AgentJobAnswer:
+        """Create a background agent job (`AgentJobCreateBody`); a repeated source tool call
+        finds the same job."""
+        return await self._send(Call("POST", "/agent-jobs", models.AgentJobAnswer, body=dict(body)))
+
+    async def get_agent_job(self, agent_job_id: str) -> models.AgentJobView:
+        return await self._send(
+            Call("GET", calls.agent_job_path(agent_job_id), models.AgentJobView)
+        )
+
+    async def answer_agent_job(
+        self, agent_job_id: str, answer: Any, *, tool_call_id: str | None = None
+    ) -> models.AgentJobAnswer:
+        """Answer the question of a job waiting on its user."""
+        body = calls.body_of({"answer": answer, "toolCallId": tool_call_id})
+        body.setdefault("answer", None)
+        path = calls.agent_job_path(agent_job_id, "/input")
+        return await self._send(Call("POST", path, models.AgentJobAnswer, body=body))
+
+    async def cancel_agent_job(
+        self, agent_job_id: str, reason: str | None = None
+    ) -> models.AgentJobAnswer:
+        path = f"/console{calls.agent_job_path(agent_job_id, '/cancel')}"
+        body = calls.reason_body(reason)
+        return await self._send(Call("POST", path, models.AgentJobAnswer, body=body))
+
+    async def agent_job_events(
+        self, agent_job_id: str, after: int = 0, limit: int | None = None
+    ) -> models.AgentJobEventsPage:
+        path = calls.agent_job_path(agent_job_id, "/events")
+        params = calls.query(after=after, limit=limit)
+        return await self._send(Call("GET", path, models.AgentJobEventsPage, params=params))
+
+    async def follow_agent_job(
+        self, agent_job_id: str, after: int = 0
+    ) -> AsyncIterator[models.ReceiptView]:
+        """The agent job's receipts as they are written, until it is finished."""
+        path = calls.agent_job_path(agent_job_id, "/events")
+        async for body in self.follow_raw(path, after, agent_job_id):
+            yield models.ReceiptView.model_validate(body)
+
+    async def session_agent_jobs(
+        self,
+        session_id: str,
+        *,
+        status: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> models.AgentJobList:
+        params = calls.query(status=status, limit=limit, cursor=cursor)
+        path = calls.session_path(session_id, "/agent-jobs")
+        return await self._send(Call("GET", path, models.AgentJobList, params=params))
+
+    # --- owner sessions -------------------------------------------------------------------
+
+    async def session_events(
+        self, session_id: str, after: int = 0, limit: int | None = None
+    ) -> models.SessionEventsPage:
+        params = calls.query(after=after, limit=limit)
+        path = calls.session_path(session_id, "/events")
+        return await self._send(Call("GET", path, models.SessionEventsPage, params=params))
+
+    async def follow_session(
+        self, session_id: str, after: int = 0
+    ) -> AsyncIterator[models.ReceiptView]:
+        """The session's wakeups as they are written (a session never ends: stop when done)."""
+        async for body in self.follow_raw(
+            calls.session_path(session_id, "/events"), after, session_id
+        ):
+            yield models.ReceiptView.model_validate(body)

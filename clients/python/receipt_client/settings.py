@@ -1,0 +1,26 @@
+"""Where the client connects and how: the defaults from the environment."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+PAGE = 1000
+STREAM_READ_TIMEOUT_S = 60.0  # the API sends a keepalive every 15 s
+
+
+def connection(url: str | None, token: str | None) -> tuple[str, dict[str, str]]:
+    """The base URL (`RECEIPT_API_URL`, else the default) and the headers (the bearer token,
+    `RECEIPT_API_TOKEN` by default)."""
+    base = (url or os.environ.get("RECEIPT_API_URL") or DEFAULT_URL).rstrip("/")
+    bearer = token if token is not None else os.environ.get("RECEIPT_API_TOKEN")
+    return base, {"Authorization": f"Bearer {bearer}"} if bearer else {}
+
+
+def stream_timeout(timeout: httpx.Timeout) -> httpx.Timeout:
+    """A stream's timeouts: the client's, with a read timeout past the API's keepalive."""
+    return httpx.Timeout(
+        timeout.connect, read=STREAM_READ_TIMEOUT_S, write=timeout.write, pool=timeout.pool
+    )

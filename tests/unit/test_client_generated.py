@@ -1,0 +1,45 @@
+"""The client package (clients/python) against the api it calls: its OpenAPI document, its
+models and its async client are what `make client` writes now, and it imports nothing of the
+server."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+from tools import client_models
+
+PACKAGE = Path(client_models.CLIENT) / "receipt_client"
+ALLOWED_IMPORTS = {"httpx", "pydantic", "receipt_client", "__future__"}
+
+
+def test_the_document_models_and_async_client_are_current() -> None:
+    """Fails when a route or schema changed without `make client` (or aio.py was edited by hand
+    instead of sync.py)."""
+    assert client_models.main(["--check"]) == 0
+
+
+def test_the_async_client_has_every_method_of_the_blocking_one() -> None:
+    def methods(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text())
+        (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+        return {n.name for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+    sync, aio = methods(PACKAGE / "sync.py"), methods(PACKAGE / "aio.py")
+    renamed = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
+    assert {renamed.get(name, name) for name in sync} == aio
+
+
+def test_the_client_imports_only_httpx_pydantic_and_the_standard_library() -> None:
+    stdlib = set(sys.stdlib_module_names)
+    for path in PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                assert top in stdlib or top in ALLOWED_IMPORTS, f"{path.name} imports {name}"

@@ -1,0 +1,177 @@
+"""Regenerate the Python client's models from the API's OpenAPI document (`make client`).
+
+Writes `clients/python/openapi.json` (the document the api publishes, for any other generator),
+`clients/python/receipt_client/models.py` (datamodel-code-generator's pydantic models of it) and
+`clients/python/receipt_client/aio.py` (`AsyncClient`, rewritten from `Client` in `sync.py`,
+so the two clients are one text). `--check` writes nothing and exits 1 when any differs from
+what it would write now (tests/unit/test_client_generated.py runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from roles.api.app import create_app
+from roles.api.settings import ApiSettings
+from roles.infra.settings import RuntimeSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENT = ROOT / "clients" / "python"
+DOCUMENT = CLIENT / "openapi.json"
+MODELS = CLIENT / "receipt_client" / "models.py"
+SYNC = CLIENT / "receipt_client" / "sync.py"
+ASYNC = CLIENT / "receipt_client" / "aio.py"
+HEADER = (
+    "# The API's schemas as pydantic models, generated from clients/python/openapi.json by\n"
+    "# `make client` (tools/client_models.py, datamodel-code-generator): do not edit by hand."
+)
+# Responses keep what a newer api adds (extra="allow"): a client never breaks on a new field.
+OPTIONS = (
+    "--input-file-type=openapi",
+    "--output-model-type=pydantic_v2.BaseModel",
+    "--target-python-version=3.11",
+    "--disable-timestamp",
+    "--use-standard-collections",
+    "--use-union-operator",
+    "--snake-case-field",
+    "--allow-population-by-field-name",
+    "--field-constraints",
+    "--enum-field-as-literal=all",
+    "--use-schema-description",
+    "--use-field-description",
+    "--use-double-quotes",
+    "--collapse-root-models",
+    "--extra-fields=allow",
+    "--formatters",
+    "ruff-format",
+)
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI document the api publishes (its routes do not depend on the settings)."""
+    settings = RuntimeSettings(api=ApiSettings.model_validate({"RECEIPT_API_TOKENS": "t *"}))
+    return create_app(settings).openapi()
+
+
+def document_text() -> str:
+    return json.dumps(document(), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def models_of(text: str) -> str:
+    """datamodel-code-generator's models of the document `text`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source, output = Path(tmp) / "openapi.json", Path(tmp) / "models.py"
+        source.write_text(text, encoding="utf-8")
+        codegen = Path(sysconfig.get_path("scripts")) / "datamodel-codegen"
+        subprocess.run(
+            [
+                str(codegen),
+                "--input",
+                str(source),
+                "--output",
+                str(output),
+                "--custom-file-header",
+                HEADER,
+                *OPTIONS,
+            ],
+            check=True,
+            capture_output=True,
+            cwd=tmp,
+        )
+        return output.read_text(encoding="utf-8")
+
+
+# `Client` → `AsyncClient`: each rule a regular expression and its replacement, applied in order.
+ASYNC_RULES: tuple[tuple[str, str], ...] = (
+    (
+        r'\A"""`Client`: the Receipt API from blocking code\.\n\n`aio\.py`.*?"""',
+        '"""`AsyncClient`: the Receipt API from asyncio code. Generated from `sync.py` by `make '
+        'client`\n(tools/client_models.py): do not edit by hand."""',
+    ),
+    (r"^import time$", "import asyncio"),
+    (r"\bIterator\[", "AsyncIterator["),
+    (r"import Iterator, Mapping", "import AsyncIterator, Mapping"),
+    (r"\bparse_sse\b", "parse_sse_async"),
+    (r"response\.iter_lines\(\)", "response.aiter_lines()"),
+    (r"class Client:", "class AsyncClient:"),
+    (r"A blocking client", "An asyncio client"),
+    (r"httpx\.BaseTransport", "httpx.AsyncBaseTransport"),
+    (r"httpx\.Client\(", "httpx.AsyncClient("),
+    (r"def __enter__\(self\)", "async def __aenter__(self)"),
+    (r"def __exit__\(", "async def __aexit__("),
+    (r"self\.http\.close\(\)", "await self.http.aclose()"),
+    (r"^(\s+)def (?!__init__|__aenter__|__aexit__)", r"\1async def "),
+    (
+        r"\bself\.(http\.request|request|_send|list_jobs|get_job|get_objective|command|close)\(",
+        r"await self.\1(",
+    ),
+    (r"^(\s+)for (\w+) in (self\.|parse_sse_async)", r"\1async for \2 in \3"),
+    (r"^(\s+)with self\.http\.stream\(", r"\1async with self.http.stream("),
+    (r"response\.read\(\)", "await response.aread()"),
+    (r"time\.sleep\(", "await asyncio.sleep("),
+    (r"Use it as a context manager", "Use it as an async context manager"),
+)
+
+
+def async_client(sync: str) -> str:
+    """`aio.py`: `sync.py` with every blocking call made awaitable."""
+    text = sync
+    for pattern, replacement in ASYNC_RULES:
+        text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE | re.DOTALL)
+        if not count:
+            raise SystemExit(f"tools/client_models.py: rule {pattern!r} matched nothing in sync.py")
+    return formatted(text, ASYNC)
+
+
+def formatted(text: str, path: Path) -> str:
+    """`text` as `ruff check --fix` and `ruff format` leave it at `path` (the repository's
+    settings: imports sorted, needless `noqa`s dropped)."""
+    ruff = str(Path(sysconfig.get_path("scripts")) / "ruff")
+    for command in (["check", "--fix-only", "--exit-zero", "--quiet"], ["format"]):
+        text = subprocess.run(
+            [ruff, *command, "--stdin-filename", str(path), "-"],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="Compare; write nothing.")
+    args = parser.parse_args(argv)
+    text = document_text()
+    wanted = {
+        DOCUMENT: text,
+        MODELS: formatted(models_of(text), MODELS),
+        ASYNC: async_client(SYNC.read_text(encoding="utf-8")),
+    }
+    if args.check:
+        stale = [
+            str(path.relative_to(ROOT))
+            for path, want in wanted.items()
+            if not path.exists() or path.read_text(encoding="utf-8") != want
+        ]
+        if stale:
+            print(f"stale: {', '.join(stale)} (run `make client`)", file=sys.stderr)
+            return 1
+        return 0
+    for path, want in wanted.items():
+        path.write_text(want, encoding="utf-8")
+        print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
