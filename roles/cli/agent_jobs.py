@@ -277,11 +277,11 @@ def answer_command(
 def cancel_command(
     agent_job_id: str, reason: str | None, api_url: str, token: str | None, as_json: bool
 ) -> None:
-    """Stop an agent job at once (admin tokens; a live turn is left to finish on its own, and
-    nothing it does afterwards reaches the job or its owner)."""
+    """Stop an agent job at once (a token of its organization, or an admin token; a live turn is
+    left to finish on its own, and nothing it does afterwards reaches the job or its owner)."""
     body = _given({"reason": reason})
     with ApiClient(api_url, token) as client:
-        accepted = client.request("POST", f"/console{_path(agent_job_id, '/cancel')}", json=body)
+        accepted = client.request("POST", _path(agent_job_id, "/cancel"), json=body)
     job = accepted["agentJob"]
     if as_json:
         click.echo(_dump(accepted))

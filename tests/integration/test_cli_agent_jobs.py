@@ -16,6 +16,7 @@ from tests.integration.api_support import (
     ROOT,
     TOKEN_A,
     TOKEN_ADMIN,
+    TOKEN_B,
     RunningApi,
     clean_env,
     running_api,
@@ -72,10 +73,12 @@ def test_create_list_get_events_answer_cancel(api: RunningApi) -> None:
     ]
     not_waiting = receipt(api, TOKEN_A, "answer", agent_job_id, "yes")
     assert not_waiting.returncode == 3 and "not_waiting" in not_waiting.stderr
-    refused = receipt(api, TOKEN_A, "cancel", agent_job_id)
-    assert refused.returncode == 3 and "admin" in refused.stderr
-    stopped = receipt(api, TOKEN_ADMIN, "cancel", agent_job_id, "--reason", "not needed")
+    foreign = receipt(api, TOKEN_B, "cancel", agent_job_id)  # another organization's
+    assert foreign.returncode == 3 and "404 not_found" in foreign.stderr
+    stopped = receipt(api, TOKEN_A, "cancel", agent_job_id, "--reason", "not needed")
     assert stopped.returncode == 0 and f"stopped {agent_job_id}" in stopped.stdout
+    again = receipt(api, TOKEN_ADMIN, "cancel", agent_job_id)
+    assert again.returncode == 3 and "terminal_state" in again.stderr
     wakeups = receipt(api, TOKEN_A, "events", "--session", session)
     assert wakeups.returncode == 0 and wakeups.stdout == ""  # stopped wakes nobody
 

@@ -317,7 +317,8 @@ class Client:
     def cancel_agent_job(
         self, agent_job_id: str, reason: str | None = None
     ) -> models.AgentJobAnswer:
-        path = f"/console{calls.agent_job_path(agent_job_id, '/cancel')}"
+        """Stop the job (a running turn finishes on its own, its outcome discarded)."""
+        path = calls.agent_job_path(agent_job_id, "/cancel")
         body = calls.reason_body(reason)
         return self._send(Call("POST", path, models.AgentJobAnswer, body=body))
 

@@ -420,11 +420,33 @@ async def console_show(
 async def console_cancel(
     request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
 ) -> JSONResponse:
-    """Drive the job to `stopped` at once, its slot free. A live turn is not yanked out from
-    under its worker: it finishes or fails on its own, and nothing it does afterwards reaches
-    the job or its owner session (a turn not yet started is canceled with the job)."""
+    """An operator's cancel (any organization's job): as `POST /agent-jobs/{agentJobId}/cancel`."""
     _require_admin(caller)
-    reason = "canceled by an operator"
+    return await _cancel(request, state, caller, agent_job_id, "canceled by an operator")
+
+
+@router.post(
+    "/agent-jobs/{agentJobId}/cancel",
+    response_model=AgentJobAnswer,
+    status_code=202,
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
+    openapi_extra=json_body_documented("AgentJobCancelBody", required=False),
+    dependencies=[_takes_query()],
+)
+async def cancel_agent_job(
+    request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
+) -> JSONResponse:
+    """Drive the job to `stopped` at once, its slot free (202; 409 when it is already finished).
+    A live turn is not yanked out from under its worker: it finishes or fails on its own, and
+    nothing it does afterwards reaches the job or its owner session (a turn not yet started is
+    canceled with the job)."""
+    require_scope(caller, JOBS_WRITE)
+    return await _cancel(request, state, caller, agent_job_id, "canceled by request")
+
+
+async def _cancel(
+    request: Request, state: State, caller: Principal, agent_job_id: str, reason: str
+) -> JSONResponse:
     raw = await request.body()
     if raw.strip():
         body = await read_json_body(request, state.settings.max_body_bytes)

@@ -1,0 +1,223 @@
+"""receipt-client (clients/python) against a real `receipt api` process and its database: every
+method of `Client` answers its model, `AsyncClient` the same, and each refusal is the exception
+of its status (401, 403, 404, 409, 413, 415, 422, 429) carrying the API's code and field.
+
+No worker runs here: the jobs are settled by an abort while queued. Jobs that run — the handler
+SDK, objectives through their audit, `wait()` across an api restart — are in
+tests/e2e/test_client_roles.py."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from receipt_client import (
+    AsyncClient,
+    Client,
+    Conflict,
+    ConnectionFailed,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    Unauthorized,
+    UnsupportedMediaType,
+    models,
+)
+from receipt_client.errors import error_of
+from receipts.kinds import KINDS
+from tests.integration.api_support import TOKEN_A, RunningApi, running_api
+from tests.integration.test_api_agent_jobs import body as agent_job_body
+
+
+def task(org: str = "org-a", **task: Any) -> dict[str, Any]:
+    return {
+        "kind": "factory.task.run",
+        "task": {"command": ["true"], **task},
+        "authContext": {"userId": "u", "organizationId": org},
+    }
+
+
+def new_id(prefix: str = "client") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApi]:
+    with running_api(db_url, Path(tmp_path_factory.mktemp("api"))) as api:
+        yield api
+
+
+@pytest.fixture
+def client(api: RunningApi) -> Iterator[Client]:
+    with Client(api.url, TOKEN_A) as client:
+        yield client
+
+
+def canceled_job(client: Client, **options: Any) -> str:
+    """A job enqueued and aborted while queued (canceled at once: no worker runs here)."""
+    job_id = new_id()
+    client.enqueue("codex", task(), job_id=job_id, **options)
+    client.abort(job_id, reason="not today")
+    return job_id
+
+
+def test_jobs_enqueue_read_list_command_and_wait(client: Client) -> None:
+    job_id = new_id()
+    accepted = client.enqueue("codex", task(), job_id=job_id, session_key=new_id("s"))
+    assert isinstance(accepted, models.EnqueueAccepted)
+    assert accepted.job.job_id == job_id and accepted.outcome == "created"
+    again = client.enqueue("codex", task(), job_id=job_id)
+    assert (again.outcome, again.job.job_id) == ("existing", job_id)
+    keyed = client.enqueue("codex", task(), idempotency_key="build-7")
+    assert client.enqueue("codex", task(), idempotency_key="build-7").job.job_id == keyed.job.job_id
+
+    job = client.get_job(job_id)
+    assert isinstance(job, models.JobView) and job.status == "queued" and job.agent_has_handler
+    steered = client.steer(job_id, {"hint": "look left"})
+    assert isinstance(steered, models.CommandAccepted) and steered.type == "steer"
+    assert client.follow_up(job_id, {"next": 1}).type == "follow_up"
+    assert [c.type for c in client.get_job(job_id).pending_commands] == ["steer", "follow_up"]
+
+    client.abort(job_id, reason="not today")
+    done = client.wait(job_id)
+    assert (done.status, done.canceled_reason) == ("canceled", "not today")
+    followed = [r.type for r in client.follow(job_id)]
+    assert followed[0] == "job.enqueued" and followed[-1] == "job.canceled"
+    assert [r.type for r in client.receipts(job_id)] == followed
+    page = client.job_events(job_id, after=1, limit=2)
+    assert isinstance(page, models.EventsPage) and [r.seq for r in page.receipts] == [2, 3]
+
+    listed = client.list_jobs(agent_id="codex", limit=1)
+    assert len(listed.jobs) == 1 and listed.next_cursor is not None
+    assert job_id in {j.job_id for j in client.iter_jobs(status="canceled", limit=2)}
+
+
+def test_retry_and_bulk_retry(client: Client) -> None:
+    job_id = canceled_job(client)
+    retried = client.retry(job_id)
+    assert isinstance(retried, models.RetryAccepted) and retried.outcome == "retried"
+    assert client.retry(job_id).outcome == "already_retried"
+    assert retried.retry.retry_of == job_id
+    bulk = client.retry_matching(status="canceled", agent_id="nobody-has-this")
+    assert isinstance(bulk, models.BulkRetried) and bulk.count == 0
+
+
+def test_objectives_create_list_read_and_cancel(client: Client, tmp_path: Path) -> None:
+    objective_id = new_id("objective")
+    spec = {
+        "objectiveId": objective_id,
+        "title": "client",
+        "goal": "a one-task graph",
+        "tasks": [{"taskId": "t", "input": {"command": ["true"]}}],
+    }
+    path = tmp_path / "objective.json"
+    path.write_text(json.dumps(spec))
+    accepted = client.create_objective(path)
+    assert isinstance(accepted, models.ObjectiveAccepted)
+    assert accepted.objective_id == objective_id
+    assert client.create_objective(spec).job.job_id == accepted.job.job_id  # a re-post
+    # No worker runs the objective's `factory.run` job here: the objective is not created yet.
+    with pytest.raises(NotFound) as missing:
+        client.get_objective(objective_id)
+    assert missing.value.code == "not_found"
+    assert isinstance(client.list_objectives(limit=5), models.ObjectiveList)
+    with pytest.raises(NotFound):
+        client.cancel_objective(objective_id, reason="changed my mind")
+    with pytest.raises(NotFound):
+        client.objective_events(objective_id)
+
+
+def test_agent_jobs_create_read_events_cancel_and_sessions(client: Client) -> None:
+    body = agent_job_body()
+    created = client.create_agent_job(body)
+    assert isinstance(created, models.AgentJobAnswer)
+    agent_job_id = created.agent_job.agent_job_id
+    again = client.create_agent_job(body)  # the same tool call
+    assert again.agent_job.agent_job_id == agent_job_id and again.created is False
+    view = client.get_agent_job(agent_job_id)
+    assert isinstance(view, models.AgentJobView) and view.status == "queued"
+    events = client.agent_job_events(agent_job_id)
+    assert [r.type for r in events.receipts] == ["agent_job.created"]
+    with pytest.raises(Conflict) as not_waiting:  # it asked nothing
+        client.answer_agent_job(agent_job_id, "yes")
+    assert not_waiting.value.status == 409
+    canceled = client.cancel_agent_job(agent_job_id, reason="not needed")
+    assert canceled.agent_job.status == "stopped"
+    assert [r.type for r in client.follow_agent_job(agent_job_id)][-1].startswith("agent_job.")
+    session = body["ownerSessionId"]
+    listed = client.session_agent_jobs(session)
+    assert [j.agent_job_id for j in listed.agent_jobs] == [agent_job_id]
+    assert isinstance(client.session_events(session), models.SessionEventsPage)
+
+
+def test_each_refusal_is_the_exception_of_its_status(api: RunningApi, client: Client) -> None:
+    with Client(api.url, "not-a-token") as stranger, pytest.raises(Unauthorized) as e401:
+        stranger.get_job("x")
+    with pytest.raises(Forbidden) as e403:
+        client.enqueue("codex", task(org="org-b"))
+    with pytest.raises(NotFound) as e404:
+        client.get_job(new_id())
+    with pytest.raises(Conflict) as e409:
+        client.steer(canceled_job(client), {"late": True})
+    with pytest.raises(PayloadTooLarge) as e413:
+        client.enqueue("codex", task(stdin="x" * (2 * 1024 * 1024)))
+    with pytest.raises(InvalidInput) as e422:
+        client.enqueue("codex", {**task(), "kind": "factory.nope"})
+    assert [e.value.status for e in (e401, e403, e404, e409, e413, e422)] == [
+        401,
+        403,
+        404,
+        409,
+        413,
+        422,
+    ]
+    assert (e404.value.code, e409.value.code) == ("not_found", "terminal_state")
+    assert (e422.value.field, e422.value.allowed) == ("payload.kind", list(KINDS))
+    assert "payload.kind" in str(e422.value) and "422 invalid_input" in str(e422.value)
+
+
+def test_a_limit_is_rate_limited_and_open_mode_takes_json_only(db_url: str, tmp_path: Path) -> None:
+    """An api without tokens (open mode, loopback) and with a one-job burst per organization."""
+    limited = {
+        "RECEIPT_API_TOKENS": "",
+        "RECEIPT_ORG_ENQUEUE_RATE": "0.01",
+        "RECEIPT_ORG_ENQUEUE_BURST": "1",
+    }
+    with running_api(db_url, tmp_path, **limited) as api, Client(api.url, "") as client:
+        client.enqueue("codex", task(org="org-limited"))
+        with pytest.raises(RateLimited) as e429:
+            client.enqueue("codex", task(org="org-limited"))
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        e415 = error_of(client.http.post("/agents/codex/jobs", content=b"kind=x", headers=form))
+    assert e429.value.status == 429 and e429.value.code == "too_many_requests"
+    assert e429.value.retry_after is not None and e429.value.retry_after >= 1
+    assert isinstance(e415, UnsupportedMediaType)
+    assert (e415.status, e415.code, e415.field) == (415, "unsupported_media_type", "Content-Type")
+
+
+def test_an_unreachable_api_is_a_connection_failure() -> None:
+    with Client("http://127.0.0.1:9", TOKEN_A) as client, pytest.raises(ConnectionFailed):
+        client.get_job("x")
+
+
+async def test_the_async_client_answers_the_same_models(api: RunningApi) -> None:
+    async with AsyncClient(api.url, TOKEN_A) as client:
+        job_id = new_id()
+        accepted = await client.enqueue("codex", task(), job_id=job_id)
+        assert isinstance(accepted, models.EnqueueAccepted) and accepted.outcome == "created"
+        await client.steer(job_id, "go")
+        await client.abort(job_id)
+        done = await client.wait(job_id)
+        assert done.status == "canceled" and done.pending_commands == []
+        assert [r.type async for r in client.follow(job_id)][-1] == "job.canceled"
+        jobs = [j.job_id async for j in client.iter_jobs(status="canceled", limit=3)]
+        assert job_id in jobs
+        with pytest.raises(NotFound):
+            await client.get_job(new_id())
