@@ -1,5 +1,7 @@
 """The README's quick start, as written: `make up` in a scratch checkout with nothing set, then
-every `sh` block of "From `make up` to a finished job", in order, in one shell.
+every `sh` block of "From `make up` to a finished job", in order, in one shell, then every
+`python` block of "Call Receipt from Python" and "Write your own agent" with the checkout's
+Python and the token the quick start exported.
 
 The scratch directory holds links to this checkout's virtualenv and Makefile inputs, so `make up`
 finds everything installed and starts the stack exactly as a newcomer's would: an embedded
@@ -33,20 +35,36 @@ UP_TIMEOUT_S = 180
 SCRIPT_TIMEOUT_S = 300
 
 
+PYTHON_SECTIONS = ("## Call Receipt from Python", "## Write your own agent")
+
+
+def blocks(readme: str, section: str, language: str) -> list[str]:
+    """The `language` blocks of `section`, in order."""
+    start = readme.index(section)
+    end = readme.index("\n## ", start + len(section))
+    return re.findall(rf"```{language}\n(.*?)```", readme[start:end], flags=re.DOTALL)
+
+
 def quick_start_blocks(readme: str) -> list[str]:
     """The `sh` blocks of the quick-start section, in order."""
-    start = readme.index(SECTION)
-    end = readme.index("\n## ", start + len(SECTION))
-    return re.findall(r"```sh\n(.*?)```", readme[start:end], flags=re.DOTALL)
+    return blocks(readme, SECTION, "sh")
+
+
+def python_blocks(readme: str) -> list[str]:
+    """The `python` blocks of the sections on the client and the handler SDK, in order."""
+    return [block for section in PYTHON_SECTIONS for block in blocks(readme, section, "python")]
 
 
 def test_the_quick_start_has_the_blocks_a_newcomer_runs() -> None:
-    blocks = quick_start_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
-    text = "\n".join(blocks)
-    assert len(blocks) >= 4
-    assert "$(cat .receipt/api-token)" in blocks[0]  # the token `make up` wrote
+    sh = quick_start_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    text = "\n".join(sh)
+    assert len(sh) >= 4
+    assert "$(cat .receipt/api-token)" in sh[0]  # the token `make up` wrote
     assert "ReceiptJobId='hello-1'" in text  # the id the caller chose finds the delivery
     assert "agent-jobs create demo" in text and "objectives run" in text
+    python = python_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(python) >= 4 and "from receipt_client import Client" in python[0]
+    assert any("@handler(" in block for block in python)
 
 
 def busy(port: int) -> bool:
@@ -132,8 +150,11 @@ def wait_until_up(process: subprocess.Popen[bytes], checkout: Path) -> None:
 def test_the_readme_quick_start_runs_as_written_against_make_up(
     checkout: Path, make_up: subprocess.Popen[bytes]
 ) -> None:
-    blocks = quick_start_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
-    script = "set -euo pipefail\n" + "\n".join(blocks)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    script = "set -euo pipefail\n" + "\n".join(quick_start_blocks(readme))
+    for n, block in enumerate(python_blocks(readme)):
+        (checkout / f"readme-{n}.py").write_text(block, encoding="utf-8")
+        script += f"\n.venv/bin/python readme-{n}.py"
     try:
         ran = subprocess.run(
             ["bash", "-c", script],
@@ -163,3 +184,8 @@ def test_the_readme_quick_start_runs_as_written_against_make_up(
     assert re.search(r"objective \S+ completed", out), out
     worked = list((workspaces / "objectives").glob("*/WORK.md"))
     assert len(worked) == 1 and "Group them by area" in worked[0].read_text()
+    # "Call Receipt from Python": the job ran, the unknown one was refused by its field.
+    assert "completed hello from python" in out and "refused: not_found jobId" in out
+    # "Write your own agent": the example agent released through its three steps.
+    released = next(line for line in out.splitlines() if "'released': '1.4.0'" in line)
+    assert released.startswith("completed {") and "'steps': ['build', 'tag', 'publish']" in released
