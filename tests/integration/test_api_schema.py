@@ -73,3 +73,26 @@ def test_the_api_conforms_to_its_schema_and_never_answers_500(case: Any, api: Ru
     # A generated job id never names a live job, so an event stream answers 404 at once; the
     # timeout only guards the run against a stream that would wait for receipts.
     case.call_and_validate(base_url=api.url, headers=AS_ADMIN, checks=CHECKS, timeout=10)
+
+
+def test_every_body_and_answer_names_its_schema_and_every_stream_its_events() -> None:
+    """What a generator needs (clients/python): no inline body or answer, and the events of
+    each `text/event-stream` answer named (`x-events`)."""
+    unnamed, streams = [], []
+    for path, operations in SCHEMA["paths"].items():
+        for method, operation in operations.items():
+            body = operation.get("requestBody", {}).get("content", {})
+            unnamed += [(method, path, "body") for c in body.values() if "$ref" not in c["schema"]]
+            for status, answer in operation["responses"].items():
+                for media, content in answer.get("content", {}).items():
+                    if media == "text/event-stream":
+                        streams.append((path, sorted(content["x-events"])))
+                    elif "$ref" not in content["schema"]:
+                        unnamed.append((method, path, status))
+    assert unnamed == []
+    assert sorted(streams) == [
+        ("/agent-jobs/{agentJobId}/events", ["end", "message"]),
+        ("/jobs/{jobId}/events", ["end", "message"]),
+        ("/objectives/{objectiveId}/events", ["end", "message"]),
+        ("/sessions/{sessionId}/events", ["message"]),
+    ]

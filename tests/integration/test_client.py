@@ -31,6 +31,7 @@ from receipt_client import (
     models,
 )
 from receipt_client.errors import error_of
+from receipt_client.sse import parse_sse
 from receipts.kinds import KINDS
 from tests.integration.api_support import TOKEN_A, RunningApi, running_api
 from tests.integration.test_api_agent_jobs import body as agent_job_body
@@ -221,3 +222,15 @@ async def test_the_async_client_answers_the_same_models(api: RunningApi) -> None
         assert job_id in jobs
         with pytest.raises(NotFound):
             await client.get_job(new_id())
+
+
+def test_a_job_stream_s_events_are_the_shapes_the_document_names(client: Client) -> None:
+    """Each `message` is a `ReceiptView`, the `end` a `JobStreamEnd` (`x-events`)."""
+    job_id = canceled_job(client)
+    headers = {"Accept": "text/event-stream"}
+    with client.http.stream("GET", f"/jobs/{job_id}/events", headers=headers) as response:
+        events = list(parse_sse(response.iter_lines()))
+    messages = [e for e in events if e.name == "message" and e.data]
+    assert [models.ReceiptView.model_validate_json(e.data).seq for e in messages] == [1, 2, 3]
+    (end,) = [e for e in events if e.name == "end"]
+    assert models.JobStreamEnd.model_validate_json(end.data).status == "canceled"
