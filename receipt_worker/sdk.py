@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass
 from typing import Any
 
-from receipts.kinds import KINDS
+from receipts.kinds import GROUP_QUEUES, KINDS
 
 # An agent id a handler may take: it names an entry point and is a path segment of the API.
 AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -121,12 +121,14 @@ HandlerFunction = Callable[[JobContext], Awaitable[Any]]
 @dataclass(frozen=True)
 class AgentHandler:
     """A handler as `@handler` declares it: the agent id it runs, the payload kinds it takes,
-    whether it runs commands in the sandbox, and the function."""
+    whether it runs commands in the sandbox, the worker group it runs on (None: where routing
+    sends its jobs), and the function."""
 
     agent_id: str
     kinds: tuple[str, ...]
     function: HandlerFunction
     sandbox: bool = False
+    group: str | None = None
 
     async def __call__(self, job: JobContext) -> Any:
         return await self.function(job)
@@ -139,10 +141,20 @@ class AgentHandler:
 
 
 def handler(
-    agent_id: str, *, kinds: Iterable[str] = DEFAULT_KINDS, sandbox: bool = False
+    agent_id: str,
+    *,
+    kinds: Iterable[str] = DEFAULT_KINDS,
+    sandbox: bool = False,
+    group: str | None = None,
 ) -> Callable[[HandlerFunction], AgentHandler]:
     """Declare `async def f(job: JobContext)` the handler of `agent_id` for `kinds` (payload
-    kinds; default `factory.task.run`). Its return value (JSON) is the job's result."""
+    kinds; default `factory.task.run`). Its return value (JSON) is the job's result. With
+    `group` (`chat`, `codex` or `control`) its jobs run on that worker group, whatever routing
+    would pick; install it in the entry-point group `receipt.handlers.<group>` then."""
+    if group is not None and group not in GROUP_QUEUES:
+        raise ValueError(
+            f"group of {agent_id!r} must be one of {', '.join(GROUP_QUEUES)}; got {group!r}"
+        )
     if not AGENT_ID.match(agent_id):
         raise ValueError(
             f"agent id {agent_id!r}: 1-100 letters, digits, '.', '_' or '-', "
@@ -157,6 +169,6 @@ def handler(
         )
 
     def declare(function: HandlerFunction) -> AgentHandler:
-        return AgentHandler(agent_id, taken, function, sandbox)
+        return AgentHandler(agent_id, taken, function, sandbox, group)
 
     return declare

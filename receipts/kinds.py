@@ -142,7 +142,7 @@ def unread_because(
     if command == "abort":
         return None
     if agent_id not in AGENT_IDS:
-        if agent_id in installed_agent_ids():
+        if agent_id in installed_handlers():
             return None  # its handler reads them through `JobContext.commands()`
         return f"no handler runs agent '{agent_id}': nothing reads its commands"
     if command not in COMMANDS_READ.get(kind, frozenset()):
@@ -162,24 +162,6 @@ def unconsumed_reason(agent_id: str, kind: str, payload: Mapping[str, Any], comm
 KINDS_WITHOUT_AUTH: frozenset[str] = frozenset({"factory.objective.watchdog"})
 
 AGENT_IDS: tuple[str, ...] = ("factory", "factory-control", "factory-monitor", "codex")
-# Handlers a team writes (`receipt_worker`) are installed as entry points of this group, each
-# named by its agent id.
-HANDLERS_ENTRY_POINTS = "receipt.handlers"
-
-
-@functools.cache
-def installed_agent_ids() -> frozenset[str]:
-    """The agent ids of the handlers installed through entry points, read from the installed
-    packages' metadata once per process (nothing is imported; the worker roles import them)."""
-    return frozenset(point.name for point in entry_points(group=HANDLERS_ENTRY_POINTS))
-
-
-def has_handler(agent_id: str) -> bool:
-    """True when a handler runs `agent_id`: a built-in one or one installed (a worker whose
-    installed handler fails to load is not ready, so its jobs wait for a worker that loaded it)."""
-    return agent_id in AGENT_IDS or agent_id in installed_agent_ids()
-
-
 QUEUE_DRIVER = "receipt-driver"
 QUEUE_CHAT = "receipt-chat"
 QUEUE_CODEX = "receipt-codex"
@@ -191,6 +173,40 @@ GROUP_QUEUES: Mapping[str, str] = {
     "control": QUEUE_CONTROL,
 }
 
+# Handlers a team writes (`receipt_worker`) are installed as entry points named by their agent
+# id: in this group to run where routing sends them, in `receipt.handlers.<group>` to run on
+# that worker group.
+HANDLERS_ENTRY_POINTS = "receipt.handlers"
+
+
+def handlers_entry_points(group: str | None) -> str:
+    """The entry-point group of the handlers that run on worker `group` (None: where routed)."""
+    return HANDLERS_ENTRY_POINTS if group is None else f"{HANDLERS_ENTRY_POINTS}.{group}"
+
+
+@functools.cache
+def installed_handlers() -> Mapping[str, str | None]:
+    """The agent ids of the handlers installed through entry points, each with the worker group
+    it names (None: routing picks), read from the installed packages' metadata once per process
+    (nothing is imported; the worker roles import them)."""
+    found: dict[str, str | None] = {}
+    for group in (None, *GROUP_QUEUES):
+        for point in entry_points(group=handlers_entry_points(group)):
+            found[point.name] = group if group is not None else found.get(point.name)
+    return found
+
+
+def installed_agent_ids() -> frozenset[str]:
+    """The agent ids of the installed handlers."""
+    return frozenset(installed_handlers())
+
+
+def has_handler(agent_id: str) -> bool:
+    """True when a handler runs `agent_id`: a built-in one or one installed (a worker whose
+    installed handler fails to load is not ready, so its jobs wait for a worker that loaded it)."""
+    return agent_id in AGENT_IDS or agent_id in installed_handlers()
+
+
 AUTH_FIELDS_REQUIRED: tuple[str, ...] = ("userId", "organizationId")
 AUTH_FIELDS_OPTIONAL: tuple[str, ...] = (
     "workspaceId",
@@ -201,7 +217,11 @@ AUTH_FIELDS_OPTIONAL: tuple[str, ...] = (
 
 
 def route(agent_id: str, kind: str) -> str:
-    """Return the task queue a job is delivered on: agent id first, kind second (the spec's four lines)."""
+    """Return the task queue a job is delivered on: agent id first, kind second (the spec's four
+    lines), except for an installed handler that names its worker group (never a built-in id)."""
+    named = installed_handlers().get(agent_id) if agent_id not in AGENT_IDS else None
+    if named is not None:
+        return GROUP_QUEUES[named]
     if agent_id == "codex":
         return QUEUE_CODEX
     if kind.startswith("factory.integration."):

@@ -2,11 +2,12 @@
 attempt's fenced handler context), and the installed handlers, loaded at a worker's start and
 turned into handlers the attempt activity runs like the built-in ones.
 
-Handlers are installed as entry points of the group `receipt.handlers`, each named by the agent
-id it runs. A worker imports every one at start: one that fails to import, or is not a
-`@handler` of the agent id it is named by, is a load failure (the worker is not ready and takes
-no attempts); an agent id both built in and installed, or installed twice, is a conflict (the
-role does not start).
+Handlers are installed as entry points named by the agent id they run, in the group
+`receipt.handlers` (they run where routing sends their jobs) or `receipt.handlers.<group>`
+(they run on that worker group). A worker imports every one at start: one that fails to import,
+is not a `@handler` of the agent id it is named by, or names another group than the one it is
+installed in, is a load failure (the worker is not ready and takes no attempts); an agent id
+both built in and installed, or installed twice, is a conflict (the role does not start).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from activities.handlers.context import (
 from activities.handlers.steering import StdinFeed
 from activities.sandbox import SandboxRefused, run_sandboxed
 from receipt_worker.sdk import AgentHandler, Command, Fail, JobContext, Retry, SandboxRun
-from receipts.kinds import AGENT_IDS, HANDLERS_ENTRY_POINTS
+from receipts.kinds import AGENT_IDS, GROUP_QUEUES, handlers_entry_points
 from receipts.tenancy import caller_id
 
 PROGRESS_INTERVAL_S = 0.5
@@ -176,13 +177,23 @@ class Installed:
 def _origin(point: EntryPoint) -> str:
     dist = point.dist
     named = f" of {dist.name} {dist.version}" if dist is not None else ""
-    return f"entry point {HANDLERS_ENTRY_POINTS} {point.name} = {point.value}{named}"
+    return f"entry point {point.group} {point.name} = {point.value}{named}"
+
+
+def installed_points() -> list[EntryPoint]:
+    """The entry points of every handler group, the routed one first."""
+    groups = (None, *GROUP_QUEUES)
+    return [p for group in groups for p in entry_points(group=handlers_entry_points(group))]
+
+
+def _group_of(point: EntryPoint) -> str | None:
+    return next((g for g in GROUP_QUEUES if point.group == handlers_entry_points(g)), None)
 
 
 def load_installed(points: Iterable[EntryPoint] | None = None) -> Installed:
-    """Import the handlers installed as entry points (`points`: those of the group). Raises
-    `HandlerConflict` when an agent id is built in and installed, or installed twice."""
-    points = list(entry_points(group=HANDLERS_ENTRY_POINTS) if points is None else points)
+    """Import the handlers installed as entry points (`points`: those of the handler groups).
+    Raises `HandlerConflict` when an agent id is built in and installed, or installed twice."""
+    points = installed_points() if points is None else list(points)
     seen: dict[str, EntryPoint] = {}
     for point in points:
         if point.name in AGENT_IDS:
@@ -190,7 +201,8 @@ def load_installed(points: Iterable[EntryPoint] | None = None) -> Installed:
                 f"agent id {point.name!r} is both built in (activities/handlers/registry.py) "
                 f"and installed ({_origin(point)})"
             )
-        if point.name in seen and seen[point.name].value != point.value:
+        earlier = seen.get(point.name)
+        if earlier is not None and (earlier.value, earlier.group) != (point.value, point.group):
             raise HandlerConflict(
                 f"agent id {point.name!r} is installed twice: {_origin(seen[point.name])} "
                 f"and {_origin(point)}"
@@ -213,7 +225,16 @@ def load_installed(points: Iterable[EntryPoint] | None = None) -> Installed:
             )
             failures.append(f"{_origin(point)}: it is {what}")
             continue
+        if declared.group != _group_of(point):
+            failures.append(
+                f"{_origin(point)}: it names the worker group {declared.group or '(routed)'}; "
+                f"install it in the entry-point group {handlers_entry_points(declared.group)}"
+            )
+            continue
         handlers[name] = as_handler(declared)
-        sandboxed = ", sandboxed" if declared.sandbox else ""
-        loaded[name] = f"{declared.name} (kinds {', '.join(declared.kinds)}{sandboxed})"
+        details = [f"kinds {', '.join(declared.kinds)}"]
+        details += ["sandboxed"] * declared.sandbox + [f"group {declared.group}"] * bool(
+            declared.group
+        )
+        loaded[name] = f"{declared.name} ({', '.join(details)})"
     return Installed(handlers, loaded, tuple(failures))

@@ -65,7 +65,7 @@ def at(receipt: models.ReceiptView) -> datetime:
 async def test_the_example_agent_runs_progresses_reads_a_steer_once_and_retries_later(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
-    procs, url = stack(roles, "driver", "worker-chat")
+    procs, url = stack(roles, "driver", "worker-chat", "worker-codex")
     try:
         async with AsyncClient(url, TOKEN_A) as client:
             payload = release(version="1.4.0", stepSeconds=1.5, registryBusyAttempts=1)
@@ -89,12 +89,13 @@ async def test_the_example_agent_runs_progresses_reads_a_steer_once_and_retries_
             # A handler that raises: retried, then failed with its message.
             await client.enqueue("release-bot", release(version="one"), job_id="release-bad")
             bad = await client.wait("release-bad")
-            # A handler that runs its command in the sandbox.
+            # A handler that runs its command in the sandbox, on the group it names (codex).
             await client.enqueue(
                 "release-check", release(check=["sh", "-c", "echo checked; exit 3"]),
                 job_id="check-1", max_attempts=1,
             )  # fmt: skip
             check = await client.wait("check-1")
+            check_leases = [r async for r in client.receipts("check-1") if r.type == "job.leased"]
     except BaseException:
         print(procs.logs())
         raise
@@ -123,6 +124,8 @@ async def test_the_example_agent_runs_progresses_reads_a_steer_once_and_retries_
     assert bad.status == "failed" and bad.attempt == 2
     assert bad.error == "ValueError: not a release version: 'one' (expected MAJOR.MINOR.PATCH)"
     assert check.status == "failed" and check.error == "the check exited with status 3"
+    assert check.route == "receipt-codex"
+    assert [r.data["process"]["role"] for r in check_leases] == ["worker-codex"]
     assert check.result is not None and "checked" in check.result["tail"]
     loaded = procs.logged("worker-chat", {"handlers.loaded"})
     assert loaded and set(loaded[0]["installed"]) >= {"release-bot", "release-check"}

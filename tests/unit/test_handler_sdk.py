@@ -8,7 +8,13 @@ import pytest
 
 from activities.handlers.sdk import HandlerConflict, load_installed
 from receipt_worker import AgentHandler, JobContext, handler
-from receipts.kinds import HANDLERS_ENTRY_POINTS
+from receipts.kinds import (
+    HANDLERS_ENTRY_POINTS,
+    QUEUE_CHAT,
+    QUEUE_CODEX,
+    installed_handlers,
+    route,
+)
 
 
 @handler("unit-bot", kinds=["factory.task.run", "factory.task.run"])
@@ -16,8 +22,13 @@ async def unit_bot(job: JobContext) -> None:
     """A handler for the loader to find."""
 
 
-def point(name: str, value: str) -> EntryPoint:
-    return EntryPoint(name, value, HANDLERS_ENTRY_POINTS)
+@handler("unit-runner", sandbox=True, group="codex")
+async def unit_runner(job: JobContext) -> None:
+    """A handler that names its worker group."""
+
+
+def point(name: str, value: str, group: str = HANDLERS_ENTRY_POINTS) -> EntryPoint:
+    return EntryPoint(name, value, group)
 
 
 def test_a_declaration_names_its_agent_kinds_and_sandbox() -> None:
@@ -73,3 +84,27 @@ def test_an_agent_id_built_in_and_installed_is_a_conflict_naming_both() -> None:
         load_installed([point("codex", "pkg:run")])
     with pytest.raises(HandlerConflict, match="installed twice"):
         load_installed([point("twice", "a:run"), point("twice", "b:run")])
+
+
+def test_a_group_is_one_of_the_three_and_is_installed_as_such() -> None:
+    with pytest.raises(ValueError, match="must be one of chat, codex, control; got 'gpu'"):
+        handler("bot", group="gpu")
+    codex = f"{HANDLERS_ENTRY_POINTS}.codex"
+    installed = load_installed([point("unit-runner", f"{__name__}:unit_runner", codex)])
+    assert installed.loaded == {
+        "unit-runner": f"{__name__}:unit_runner (kinds factory.task.run, sandboxed, group codex)"
+    }
+    misplaced = load_installed([point("unit-runner", f"{__name__}:unit_runner")])
+    assert misplaced.handlers == {}
+    assert "install it in the entry-point group receipt.handlers.codex" in misplaced.failures[0]
+    unnamed = load_installed([point("unit-bot", f"{__name__}:unit_bot", codex)])
+    assert "names the worker group (routed)" in unnamed.failures[0]
+
+
+def test_an_installed_handler_that_names_its_group_is_routed_there() -> None:
+    """The example package (examples/release-bot, installed by `make install`): release-check
+    names codex, release-bot leaves routing to the spec's rules."""
+    assert installed_handlers()["release-check"] == "codex"
+    assert route("release-check", "factory.task.run") == QUEUE_CODEX
+    assert route("release-bot", "factory.task.run") == QUEUE_CHAT
+    assert route("codex", "factory.task.run") == QUEUE_CODEX  # built-in ids keep their route

@@ -5,7 +5,8 @@ steer `{"note": "..."}` adds a line to the release notes and `{"skip": "<step>"}
 not yet started; each steer is read once. A registry that is busy makes it retry later.
 
 `release-check` runs the release's check command (`payload.check`, an argv chosen by the
-caller) in Receipt's command sandbox and fails the job when it fails.
+caller) in Receipt's command sandbox, on the worker group that runs commands (codex), and fails
+the job when it fails.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ async def release(job: JobContext) -> dict[str, Any]:
     return {"released": version, "steps": done, "notes": notes, "attempt": job.attempt}
 
 
-@handler("release-check", kinds=["factory.task.run"], sandbox=True)
+@handler("release-check", kinds=["factory.task.run"], sandbox=True, group="codex")
 async def check(job: JobContext) -> dict[str, Any]:
     """Run `payload.check` (argv) in the sandbox, in the job's workspace."""
     argv = job.payload.get("check")
