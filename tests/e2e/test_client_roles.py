@@ -207,17 +207,30 @@ async def test_a_worker_whose_installed_handler_fails_to_import_is_not_ready(
     assert logged and "broken_bot_gone" in logged[0]["failures"][0]
 
 
-async def test_async_wait_follows_a_job_across_an_api_restart(
+async def test_async_waits_follow_a_job_and_an_objective_across_an_api_restart(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
-    procs, url = stack(roles, "driver", "worker-chat")
+    """`wait()`, `follow()` and `wait_objective()` of one AsyncClient while the api is SIGKILLed
+    and restarted: each resumes with Last-Event-ID; the job's receipts arrive once each, the
+    objective is returned settled and audited."""
+    procs, url = stack(roles, "driver", "worker-chat", "worker-codex", "worker-control")
     steps = [f"step-{n}" for n in range(8)]
+    objective = {
+        "objectiveId": "restart-objective",
+        "title": "across a restart",
+        "goal": "two tasks, one after the other",
+        "tasks": [
+            {"taskId": "a", "input": {"command": ["sh", "-c", "sleep 2; echo a > a.txt"]}},
+            {"taskId": "b", "dependsOn": ["a"], "input": {"command": ["cat", "a.txt"]}},
+        ],
+    }
     try:
         async with AsyncClient(url, TOKEN_A) as client:
             await client.enqueue(
                 "release-bot", release(version="4.0.0", steps=steps, stepSeconds=1),
                 job_id="restart-1",
             )  # fmt: skip
+            accepted = await client.create_objective(objective)
             followed: list[models.ReceiptView] = []
 
             async def follow() -> None:
@@ -226,6 +239,7 @@ async def test_async_wait_follows_a_job_across_an_api_restart(
 
             following = asyncio.create_task(follow())
             waiting = asyncio.create_task(client.wait("restart-1"))
+            settling = asyncio.create_task(client.wait_objective(accepted))
             await eventually(
                 lambda: asyncio.sleep(0, followed),
                 lambda seen: any(r.type == "job.progress" for r in seen),
@@ -237,6 +251,7 @@ async def test_async_wait_follows_a_job_across_an_api_restart(
             procs.start("api")
             job = await asyncio.wait_for(waiting, 90)
             await asyncio.wait_for(following, 30)
+            settled = await asyncio.wait_for(settling, 120)
             written = [r async for r in client.receipts("restart-1")]
     except BaseException:
         print(procs.logs())
@@ -246,3 +261,9 @@ async def test_async_wait_follows_a_job_across_an_api_restart(
     assert [r.seq for r in followed] == [r.seq for r in written]  # none lost, none repeated
     assert [r.seq for r in written] == list(range(1, len(written) + 1))
     assert procs.restarts["api"] == 1
+    assert (settled.objective_id, settled.status) == ("restart-objective", "completed")
+    assert settled.audit is not None and settled.tasks is not None
+    assert [(t.task_id, t.status) for t in settled.tasks] == [
+        ("a", "completed"),
+        ("b", "completed"),
+    ]

@@ -34,13 +34,9 @@ class ReceiptError(Exception):
         self.retry_after = retry_after
 
     def __str__(self) -> str:
+        status = " ".join(str(part) for part in (self.status, self.code) if part)
         named = ", ".join(
-            part
-            for part in (
-                f"{self.status} {self.code}" if self.status else self.code or "",
-                f"field {self.field}" if self.field else "",
-            )
-            if part
+            part for part in (status, f"field {self.field}" * bool(self.field)) if part
         )
         text = f"{self.message} ({named})" if named else self.message
         if self.allowed and not all(value in self.message for value in self.allowed):
@@ -110,6 +106,11 @@ class Unavailable(ReceiptError):
 
 class ServerError(ReceiptError):
     """Any other 5xx."""
+
+
+class ObjectiveNotCreated(ReceiptError):
+    """The `factory.run` job of an objective failed (`code`: its status), so the objective will
+    never exist: an invalid planned graph, say."""
 
 
 class ConnectionFailed(ReceiptError):

@@ -16,7 +16,13 @@ import httpx
 from receipt_client import _calls as calls
 from receipt_client import models
 from receipt_client._calls import NO_BODY, Call, M
-from receipt_client.errors import ConnectionFailed, RateLimited, Unavailable, error_of
+from receipt_client.errors import (
+    ConnectionFailed,
+    ObjectiveNotCreated,
+    RateLimited,
+    Unavailable,
+    error_of,
+)
 from receipt_client.settings import PAGE, connection, stream_timeout
 from receipt_client.sse import RECONNECT_ATTEMPTS, parse_sse, reconnect_delay
 
@@ -289,8 +295,19 @@ class Client:
         body = calls.reason_body(reason)
         return self._send(Call("POST", path, models.ObjectiveCancelAccepted, body=body))
 
-    def wait_objective(self, objective_id: str) -> models.ObjectiveView:
-        """Follow the objective through its settlement and audit, and return it."""
+    def wait_objective(self, objective: str | models.ObjectiveAccepted) -> models.ObjectiveView:
+        """Follow an objective through its settlement and audit, and return it. Given what
+        `create_objective` answered, first wait for its `factory.run` job to create it (a planner
+        may take a while); `ObjectiveNotCreated` names that job's error when it failed."""
+        if isinstance(objective, str):
+            objective_id = objective
+        else:
+            objective_id = objective.objective_id
+            run = self.wait(objective.job.job_id)
+            if run.status != "completed":
+                raise ObjectiveNotCreated(
+                    f"objective {objective_id} was not created: {run.error}", code=run.status
+                )
         for _ in self.follow_raw(calls.objective_path(objective_id, "/events"), 0, objective_id):
             pass
         return self.get_objective(objective_id)

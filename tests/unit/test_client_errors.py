@@ -1,0 +1,80 @@
+"""receipt-client's reading of answers, over httpx's mock transport (the live api's answers are
+in tests/integration/test_client.py): each status its exception, an error body that is not the
+API's, and an objective whose run job failed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.encoders import jsonable_encoder
+
+from receipt_client import Client, ObjectiveNotCreated, ServerError, models
+from receipt_client.errors import BY_STATUS, ReceiptError, error_of
+from receipts.jobs import Job
+from roles.api.schema import job_view
+
+
+def refusal(status: int, **error: Any) -> httpx.Response:
+    body = {"error": {"code": "c", "message": "m", **error}}
+    return httpx.Response(status, json=body, headers={"Retry-After": "7"})
+
+
+@pytest.mark.parametrize("status", sorted(BY_STATUS))
+def test_each_documented_status_is_its_own_exception(status: int) -> None:
+    error = error_of(refusal(status, field="f"))
+    assert type(error) is BY_STATUS[status]
+    assert (error.status, error.code, error.field, error.retry_after) == (status, "c", "f", 7.0)
+
+
+def test_other_answers_are_server_errors_or_plain_ones_and_keep_their_text() -> None:
+    assert isinstance(error_of(httpx.Response(502, text="bad gateway")), ServerError)
+    teapot = error_of(httpx.Response(418, text="<html>teapot</html>"))
+    assert type(teapot) is ReceiptError and str(teapot) == "HTTP 418: <html>teapot</html> (418)"
+
+
+def test_the_message_names_status_code_field_and_the_choices_it_does_not_list() -> None:
+    error = error_of(refusal(422, message="lane is not one", field="lane", allowed=["a", "b"]))
+    assert str(error) == "lane is not one (422 c, field lane); allowed: a, b"
+    listed = error_of(refusal(422, message="lane must be a or b", allowed=["a", "b"]))
+    assert str(listed) == "lane must be a or b (422 c)"
+
+
+def test_waiting_for_an_objective_whose_run_job_failed_says_it_was_not_created() -> None:
+    now = datetime.now(UTC)
+    run = Job(
+        job_id="objective:o-1:run",
+        agent_id="factory",
+        lane="collect",
+        kind="factory.run",
+        payload={"kind": "factory.run"},
+        status="failed",
+        error="tasks[0].input must be exactly one of {command: [argv]} or {prompt}",
+        created_at=now,
+        updated_at=now,
+    )
+    view = jsonable_encoder(job_view(run))
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):  # the run job is already terminal
+            return httpx.Response(200, text='event: end\ndata: {"status": "failed"}\n\n')
+        return httpx.Response(200, json=view)
+
+    accepted = models.ObjectiveAccepted.model_validate(
+        {
+            "objectiveId": "o-1",
+            "outcome": "created",
+            "job": view,
+            "objectiveUrl": "/objectives/o-1",
+            "eventsUrl": "/objectives/o-1/events",
+            "cancelUrl": "/objectives/o-1/cancel",
+            "jobUrl": "/jobs/objective:o-1:run",
+        }
+    )
+    with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(ObjectiveNotCreated) as refused:
+            client.wait_objective(accepted)
+    assert refused.value.code == "failed"
+    assert refused.value.message == f"objective o-1 was not created: {run.error}"
