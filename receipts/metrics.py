@@ -208,6 +208,26 @@ API_LIMITED = Counter(
     "active, streams_token, streams_total, commands, command_bytes, body_shape.",
     ["limit"],
 )
+GATEWAY_CALLS = Counter(
+    "receipt_gateway_calls",
+    "Model calls through the AI gateway by binding, agent and the provider's answer status.",
+    ["binding", "agent", "status"],
+)
+GATEWAY_TOKENS = Counter(
+    "receipt_gateway_tokens",
+    "Tokens of model calls through the AI gateway by binding, agent and direction (in, out).",
+    ["binding", "agent", "direction"],
+)
+GATEWAY_QUOTA = Counter(
+    "receipt_gateway_quota_exhausted",
+    "Calls refused for quota with a known recovery time, by binding (the turn is delayed).",
+    ["binding"],
+)
+GATEWAY_CREDENTIALS_DEAD = Counter(
+    "receipt_gateway_credentials_dead",
+    "Credentials the provider refused (401/403) and the gateway stopped using, by binding.",
+    ["binding"],
+)
 API_EVENT_STREAMS = Gauge("receipt_api_event_streams", "Event streams the api serves now.")
 ROLE_READY = Gauge(
     "receipt_role_ready",

@@ -1,0 +1,379 @@
+"""The AI gateway: every model call of an agent turn goes through it, so provider keys never
+enter the sandbox and quota is seen by Receipt, not only by the command.
+
+It runs inside worker-codex, the role that runs turns (`roles/delivery/serve.py`), on a Unix
+socket the sandbox reaches and nothing else (`activities/sandbox_gateway.py`). A turn gets a
+`Grant`: a random token scoped to its queue job, attempt and provider binding, revoked when the
+turn ends. The gateway speaks the wire APIs agent CLIs use — OpenAI's Chat Completions and
+Responses, Anthropic's Messages, streaming or not — and forwards each call to the binding's
+provider with one of its credentials: the job's own (affinity) while it is usable, else the
+least busy. A credential the provider refuses for quota with a recovery time is rested until
+then and the call retried on another; when every one is resting the command gets the
+provider's 429 and the grant records when the pool recovers, which the turn settles as a
+placement delay. A credential refused as unauthorized is re-read from its file once, then
+dropped. Nothing of a prompt, an answer or a key is logged; errors are redacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from activities.gateway_providers import Credential, Provider
+from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
+from receipts import metrics
+
+log = logging.getLogger("activities.gateway")
+
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+MAX_JSON_ANSWER_BYTES = 4 * 1024 * 1024
+UPSTREAM_TIMEOUT = httpx.Timeout(30.0, read=300.0)
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/responses")
+ANTHROPIC_PATHS = ("/v1/messages",)
+PASSED_REQUEST_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
+PASSED_ANSWER_HEADERS = ("content-type", "retry-after", "x-request-id", "request-id")
+
+
+@dataclass
+class Grant:
+    """What one turn may call, and what its calls cost and met."""
+
+    token: str
+    job_id: str
+    attempt: int
+    agent_id: str
+    organization_id: str | None
+    binding: str
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    quota_until: datetime | None = None
+    dead_pool: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The turn's usage as its result carries it (an `agent_job.usage` receipt)."""
+        return {
+            "binding": self.binding,
+            "calls": self.calls,
+            "inputTokens": self.input_tokens,
+            "outputTokens": self.output_tokens,
+        }
+
+
+@dataclass
+class _CredentialState:
+    credential: Credential
+    slots: asyncio.Semaphore
+    resting_until: datetime | None = None
+    dead: bool = False
+    busy: int = 0
+
+    def usable(self, now: datetime) -> bool:
+        return not self.dead and (self.resting_until is None or self.resting_until <= now)
+
+
+@dataclass
+class _Pool:
+    provider: Provider
+    states: list[_CredentialState] = field(default_factory=list)
+    affinity: dict[str, int] = field(default_factory=dict)
+
+
+class Gateway:
+    """The gateway of one worker process: its providers, the grants of the turns it runs."""
+
+    def __init__(self, providers: Mapping[str, Provider], http: httpx.AsyncClient) -> None:
+        self.http = http
+        self.grants: dict[str, Grant] = {}
+        self.pools = {
+            binding: _Pool(
+                provider,
+                [
+                    _CredentialState(c, asyncio.Semaphore(c.max_concurrent))
+                    for c in provider.credentials
+                ],
+            )
+            for binding, provider in providers.items()
+        }
+        self.app = Starlette(
+            routes=[
+                Route(path, self._forward, methods=["POST"])
+                for path in (*OPENAI_PATHS, *ANTHROPIC_PATHS)
+            ]
+        )
+
+    # --- grants ----------------------------------------------------------------------------
+
+    def grant(
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        agent_id: str,
+        organization_id: str | None,
+        binding: str,
+    ) -> Grant:
+        """A token for one turn's calls through `binding`, valid until `revoke`."""
+        grant = Grant(
+            secrets.token_urlsafe(32), job_id, attempt, agent_id, organization_id, binding
+        )
+        self.grants[grant.token] = grant
+        return grant
+
+    def revoke(self, grant: Grant) -> None:
+        """End the turn's grant: its token opens nothing any more."""
+        self.grants.pop(grant.token, None)
+
+    # --- serving ---------------------------------------------------------------------------
+
+    async def serve(self, listening: socket.socket, stop: asyncio.Event) -> None:
+        """Serve on `listening` (`bind`) until `stop`."""
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+        server = _Server(config)
+        task = asyncio.create_task(server.serve(sockets=[listening]), name="gateway")
+        log.info(
+            "ai gateway serving",
+            extra={"event": "gateway.serving", "socket": listening.getsockname(),
+                   "bindings": sorted(self.pools)},
+        )  # fmt: skip
+        with contextlib.suppress(asyncio.CancelledError):
+            await stop.wait()
+        server.should_exit = True
+        await task
+
+    # --- one call --------------------------------------------------------------------------
+
+    async def _forward(self, request: Request) -> Response:
+        path = request.url.path
+        style = "anthropic" if path in ANTHROPIC_PATHS else "openai"
+        grant = self.grants.get(_token_of(request))
+        if grant is None:
+            return _error(style, 401, "authentication_error", "the turn's token is not valid")
+        pool = self.pools.get(grant.binding)
+        dead = f"no provider is configured for binding {grant.binding!r}" if pool is None else None
+        dead = dead or (pool.provider.dead if pool is not None else None)
+        if dead is not None or pool is None:
+            grant.dead_pool = dead
+            return _error(style, 503, "overloaded_error", dead or "")
+        if pool.provider.api != style:
+            return _error(
+                style, 404, "not_found_error", f"{grant.binding} speaks {pool.provider.api}"
+            )
+        body = await request.body()
+        if len(body) > MAX_REQUEST_BYTES:
+            return _error(style, 413, "request_too_large", "the request is too large")
+        headers = {k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS}
+        tried: set[int] = set()
+        while True:
+            now = datetime.now(UTC)
+            index = self._choose(pool, grant.job_id, now, tried)
+            if index is None:
+                return self._exhausted(pool, grant, style, now)
+            tried.add(index)
+            state = pool.states[index]
+            async with state.slots:
+                answer = await self._call(pool, state, grant, path, body, headers, style)
+            if answer is not None:
+                return answer
+
+    def _choose(self, pool: _Pool, job_id: str, now: datetime, tried: set[int]) -> int | None:
+        usable = [i for i, s in enumerate(pool.states) if s.usable(now) and i not in tried]
+        if not usable:
+            return None
+        preferred = pool.affinity.get(job_id)
+        if preferred not in usable:
+            start = int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % len(pool.states)
+            usable.sort(key=lambda i: (pool.states[i].busy, (i - start) % len(pool.states)))
+            preferred = usable[0]
+            pool.affinity[job_id] = preferred
+        return preferred
+
+    def _exhausted(self, pool: _Pool, grant: Grant, style: str, now: datetime) -> Response:
+        resting = [s.resting_until for s in pool.states if not s.dead and s.resting_until]
+        if not resting:
+            grant.dead_pool = f"every credential of {grant.binding!r} was refused"
+            return _error(style, 503, "overloaded_error", grant.dead_pool)
+        until = min(resting)
+        grant.quota_until = max(grant.quota_until or until, until)
+        metrics.GATEWAY_QUOTA.labels(grant.binding).inc()
+        log.warning(
+            "a turn's provider pool is exhausted until %s",
+            until.isoformat(),
+            extra={"event": "gateway.quota", "binding": grant.binding, "jobId": grant.job_id},
+        )
+        wait_s = max(1, int((until - now).total_seconds() + 0.999))
+        return _error(
+            style, 429, "rate_limit_error", f"quota exhausted until {until.isoformat()}", wait_s
+        )
+
+    async def _call(
+        self,
+        pool: _Pool,
+        state: _CredentialState,
+        grant: Grant,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        style: str,
+    ) -> Response | None:
+        """Send the call with `state`'s credential; None when it should go to another one."""
+        provider, credential = pool.provider, state.credential
+        url = provider.base_url + (path.removeprefix("/v1") if style == "openai" else path)
+        auth = (
+            {"authorization": f"Bearer {credential.key}"}
+            if style == "openai"
+            else {"x-api-key": str(credential.key)}
+        )
+        upstream_request = self.http.build_request(
+            "POST",
+            url,
+            content=body,
+            headers={**headers, **auth, "accept-encoding": "identity"},
+            timeout=UPSTREAM_TIMEOUT,
+        )
+        started = time.monotonic()
+        state.busy += 1
+        try:
+            upstream = await self.http.send(upstream_request, stream=True)
+        except httpx.HTTPError as exc:
+            state.busy -= 1
+            message = _redacted(f"the provider could not be reached: {exc}", credential)
+            self._count(grant, "unreachable", Usage())
+            return _error(style, 502, "api_error", message)
+        if upstream.status_code in (401, 403) or (
+            upstream.status_code == 429 and recovers_at(upstream.headers, datetime.now(UTC))
+        ):
+            await upstream.aread()
+            await upstream.aclose()
+            state.busy -= 1
+            self._set_aside(pool, state, upstream)
+            return None
+        grant.calls += 1
+        return StreamingResponse(
+            self._relay(upstream, state, grant, started),
+            status_code=upstream.status_code,
+            headers={
+                k: v for k, v in upstream.headers.items() if k.lower() in PASSED_ANSWER_HEADERS
+            },
+        )
+
+    def _set_aside(self, pool: _Pool, state: _CredentialState, upstream: httpx.Response) -> None:
+        binding, credential = pool.provider.id, state.credential.id
+        if upstream.status_code == 429:
+            state.resting_until = recovers_at(upstream.headers, datetime.now(UTC))
+            log.info(
+                "a credential rests until the provider's reset",
+                extra={"event": "gateway.credential_resting", "binding": binding,
+                       "credential": credential, "until": str(state.resting_until)},
+            )  # fmt: skip
+            return
+        state.dead = True
+        metrics.GATEWAY_CREDENTIALS_DEAD.labels(binding).inc()
+        log.warning(
+            "the provider refused a credential; it is not used again",
+            extra={"event": "gateway.credential_refused", "binding": binding,
+                   "credential": credential, "status": upstream.status_code},
+        )  # fmt: skip
+
+    async def _relay(
+        self, upstream: httpx.Response, state: _CredentialState, grant: Grant, started: float
+    ) -> AsyncIterator[bytes]:
+        streamed = "text/event-stream" in upstream.headers.get("content-type", "")
+        events = StreamUsage()
+        kept = bytearray()
+        try:
+            async for chunk in upstream.aiter_raw():
+                if streamed:
+                    events.feed(chunk)
+                elif len(kept) < MAX_JSON_ANSWER_BYTES:
+                    kept += chunk
+                yield chunk
+        finally:
+            await upstream.aclose()
+            state.busy -= 1
+            usage = events.usage if streamed else _json_usage(bytes(kept))
+            self._count(grant, str(upstream.status_code), usage, time.monotonic() - started)
+
+    def _count(self, grant: Grant, status: str, usage: Usage, duration_s: float = 0.0) -> None:
+        grant.input_tokens += usage.input_tokens
+        grant.output_tokens += usage.output_tokens
+        agent = metrics.agent_label(grant.agent_id)
+        metrics.GATEWAY_CALLS.labels(grant.binding, agent, status).inc()
+        metrics.GATEWAY_TOKENS.labels(grant.binding, agent, "in").inc(usage.input_tokens)
+        metrics.GATEWAY_TOKENS.labels(grant.binding, agent, "out").inc(usage.output_tokens)
+        log.info(
+            "model call",
+            extra={"event": "gateway.call", "binding": grant.binding, "jobId": grant.job_id,
+                   "status": status, "inputTokens": usage.input_tokens,
+                   "outputTokens": usage.output_tokens, "durationS": round(duration_s, 3)},
+        )  # fmt: skip
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers: the role process owns them."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(path: Path) -> socket.socket:
+    """The gateway's listening Unix socket at `path`, connectable by the sandbox's uid (a call
+    needs a turn's token all the same)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(str(path))
+    path.chmod(0o666)
+    listening.listen(128)
+    listening.setblocking(False)
+    return listening
+
+
+def _token_of(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key", "").strip()
+
+
+def _json_usage(body: bytes) -> Usage:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return Usage()
+    return usage_of(parsed) if isinstance(parsed, Mapping) else Usage()
+
+
+def _redacted(text: str, credential: Credential) -> str:
+    return text.replace(str(credential.key), "***") if credential.key else text
+
+
+def _error(
+    style: str, status: int, kind: str, message: str, retry_after: int | None = None
+) -> Response:
+    """An error as the provider of `style` shapes it, so the command's client reads it."""
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    if style == "anthropic":
+        body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": kind, "code": kind}}
+    return JSONResponse(body, status_code=status, headers=headers)

@@ -1,0 +1,134 @@
+"""The model providers the AI gateway forwards to (`RECEIPT_PROVIDERS_FILE`): each a binding id,
+its API style, base URL and pool of credentials. Parsed once by the process's settings
+(`roles/infra/settings.py`), which hands over the environment a credential may be read from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ApiStyle = Literal["openai", "anthropic"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class CredentialEntry(_Strict):
+    """One credential: its key from an environment variable or a file (never inline)."""
+
+    id: str = Field(min_length=1, max_length=100)
+    env: str | None = None
+    file: Path | None = None
+    max_concurrent: int = Field(default=8, ge=1, le=1000, alias="maxConcurrent")
+    disabled: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CredentialEntry:
+        if (self.env is None) == (self.file is None):
+            raise ValueError(f"credential {self.id!r}: give exactly one of env or file")
+        return self
+
+
+class ProviderEntry(_Strict):
+    """One binding: the provider's API style and base URL (OpenAI's with `/v1`, Anthropic's
+    without, as their SDKs take them) and its credentials."""
+
+    id: str = Field(min_length=1, max_length=200)
+    api: ApiStyle
+    base_url: str = Field(alias="baseUrl", pattern=r"^https?://")
+    disabled: bool = False
+    credentials: list[CredentialEntry] = Field(default_factory=list, max_length=100)
+
+
+class ProvidersFile(_Strict):
+    providers: list[ProviderEntry] = Field(default_factory=list)
+
+
+class Secret(str):
+    """A credential's key: a string that never shows itself in a repr or a log."""
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A usable credential of a pool."""
+
+    id: str
+    key: Secret
+    max_concurrent: int
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A binding as the gateway uses it: an empty or disabled one is a dead pool."""
+
+    id: str
+    api: ApiStyle
+    base_url: str
+    credentials: tuple[Credential, ...]
+    disabled: bool = False
+    unusable: tuple[str, ...] = ()
+
+    @property
+    def dead(self) -> str | None:
+        """Why no call can go through it (no recovery time), or None."""
+        if self.disabled:
+            return f"provider {self.id!r} is disabled"
+        if not self.credentials:
+            return f"provider {self.id!r} has no usable credential"
+        return None
+
+
+def load_providers(path: Path | None, env: Mapping[str, str]) -> dict[str, Provider]:
+    """The providers of `path` by binding id, each credential's key read from `env` or its file.
+    A credential whose key is missing is left out of its pool (named in `unusable`). Raises
+    ValueError naming the problem in the file."""
+    if path is None:
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        parsed = ProvidersFile.model_validate(raw)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{path}: {where}: {first['msg']}") from exc
+    found: dict[str, Provider] = {}
+    for entry in parsed.providers:
+        if entry.id in found:
+            raise ValueError(f"{path}: provider {entry.id!r} is listed twice")
+        usable, unusable = [], []
+        for credential in entry.credentials:
+            key = _key(credential, env)
+            if credential.disabled or not key:
+                unusable.append(credential.id)
+                continue
+            usable.append(Credential(credential.id, Secret(key), credential.max_concurrent))
+        found[entry.id] = Provider(
+            entry.id,
+            entry.api,
+            entry.base_url.rstrip("/"),
+            tuple(usable),
+            entry.disabled,
+            tuple(unusable),
+        )
+    return found
+
+
+def _key(credential: CredentialEntry, env: Mapping[str, str]) -> str:
+    if credential.env is not None:
+        return env.get(credential.env, "").strip()
+    assert credential.file is not None
+    try:
+        return credential.file.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""

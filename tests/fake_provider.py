@@ -1,0 +1,177 @@
+"""A model provider on loopback for the AI gateway's tests: OpenAI's Chat Completions and
+Responses and Anthropic's Messages, streaming or not, with the usage a real one reports.
+
+Every call is checked against the provider's keys (`keys`: key → behaviour): `ok` answers;
+`quota` answers 429 with `retry-after: quota_s`; anything else is 401. The Responses API follows
+a script an agent CLI can run: while no tool output is in the input it calls the shell tool
+(`exec_command`, the command `shell_command`), then it answers with a final message. Each call is
+recorded (path, the key it carried, whether it streamed), never its body's secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+USAGE_IN, USAGE_OUT = 11, 7
+
+
+@dataclass
+class Call:
+    path: str
+    key: str
+    stream: bool
+
+
+@dataclass
+class FakeProvider:
+    keys: dict[str, str]
+    shell_command: str = "echo hi > out.txt"
+    quota_s: int = 30
+    calls: list[Call] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def openai_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def running(provider: FakeProvider) -> Iterator[FakeProvider]:
+    """Serve `provider` on a free loopback port until the block ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(provider))
+    provider.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield provider
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet."""
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            auth = self.headers.get("authorization", "")
+            key = auth.removeprefix("Bearer ") if auth else self.headers.get("x-api-key", "")
+            stream = bool(body.get("stream"))
+            provider.calls.append(Call(self.path, key, stream))
+            behaviour = provider.keys.get(key)
+            if behaviour is None:
+                return self._json(401, {"error": {"message": "invalid key", "type": "auth"}})
+            if behaviour == "quota":
+                extra = {"retry-after": str(provider.quota_s)}
+                return self._json(429, {"error": {"message": "quota", "type": "rate"}}, extra)
+            if self.path == "/v1/chat/completions":
+                return self._chat(body, stream)
+            if self.path == "/v1/responses":
+                return self._responses(body)
+            if self.path == "/v1/messages":
+                return self._messages(stream)
+            return self._json(404, {"error": {"message": self.path}})
+
+        def _chat(self, body: dict[str, Any], stream: bool) -> None:
+            usage = {"prompt_tokens": USAGE_IN, "completion_tokens": USAGE_OUT}
+            if not stream:
+                message = {"role": "assistant", "content": "hello"}
+                return self._json(200, {"choices": [{"message": message}], "usage": usage})
+            self._events(
+                [
+                    {"choices": [{"delta": {"content": "hel"}}]},
+                    {"choices": [{"delta": {"content": "lo"}}]},
+                    {"choices": [], "usage": usage},
+                ],
+                done=True,
+            )
+
+        def _responses(self, body: dict[str, Any]) -> None:
+            items = body.get("input") or []
+            answered = any(str(i.get("type", "")).endswith("_call_output") for i in items)
+            if answered:
+                item: dict[str, Any] = {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": "msg_1",
+                    "content": [{"type": "output_text", "text": "Done: wrote out.txt"}],
+                }
+            else:
+                arguments = {"cmd": provider.shell_command, "login": False}
+                item = {
+                    "type": "function_call",
+                    "id": "fc_1",
+                    "call_id": "call_1",
+                    "name": "exec_command",
+                    "arguments": json.dumps(arguments),
+                }
+            usage = {
+                "input_tokens": USAGE_IN,
+                "input_tokens_details": None,
+                "output_tokens": USAGE_OUT,
+                "output_tokens_details": None,
+                "total_tokens": USAGE_IN + USAGE_OUT,
+            }
+            rid = f"resp_{int(answered)}"
+            self._events(
+                [
+                    {"type": "response.created", "response": {"id": rid}},
+                    {"type": "response.output_item.done", "output_index": 0, "item": item},
+                    {"type": "response.completed", "response": {"id": rid, "usage": usage}},
+                ]
+            )
+
+        def _messages(self, stream: bool) -> None:
+            if not stream:
+                usage = {"input_tokens": USAGE_IN, "output_tokens": USAGE_OUT}
+                content = [{"type": "text", "text": "hello"}]
+                return self._json(200, {"type": "message", "content": content, "usage": usage})
+            start = {"usage": {"input_tokens": USAGE_IN, "output_tokens": 1}}
+            delta = {"type": "text_delta", "text": "hello"}
+            self._events(
+                [
+                    {"type": "message_start", "message": start},
+                    {"type": "content_block_delta", "delta": delta},
+                    {"type": "message_delta", "usage": {"output_tokens": USAGE_OUT}},
+                    {"type": "message_stop"},
+                ]
+            )
+
+        def _json(self, status: int, body: Any, extra: dict[str, str] | None = None) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (extra or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _events(self, events: list[dict[str, Any]], done: bool = False) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            for event in events:
+                name = f"event: {event['type']}\n" if "type" in event else ""
+                self.wfile.write(f"{name}data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+            if done:
+                self.wfile.write(b"data: [DONE]\n\n")
+
+    return Handler

@@ -1,0 +1,171 @@
+"""The AI gateway on its Unix socket, forwarding to a fake provider on loopback: both API
+styles, streaming and not, the turn's token and nothing else, usage counted, quota turned into
+a recovery time, a refused credential dropped, a dead pool named."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from activities.gateway import Gateway, Grant, bind
+from activities.gateway_providers import Credential, Provider, Secret
+from tests.fake_provider import USAGE_IN, USAGE_OUT, FakeProvider, running
+
+
+def provider(binding: str, api: str, base_url: str, *keys: str) -> Provider:
+    credentials = tuple(Credential(f"c{n}", Secret(key), 4) for n, key in enumerate(keys))
+    return Provider(binding, api, base_url, credentials)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    with running(FakeProvider({"sk-good": "ok", "sk-quota": "quota", "sk-other": "ok"})) as fake:
+        yield fake
+
+
+@pytest.fixture
+async def gateway(fake: FakeProvider, tmp_path: Path) -> AsyncIterator[tuple[Gateway, Path]]:
+    providers = {
+        "openai-main": provider("openai-main", "openai", fake.openai_url, "sk-good"),
+        "anthropic-main": provider("anthropic-main", "anthropic", fake.anthropic_url, "sk-good"),
+        "openai-tight": provider("openai-tight", "openai", fake.openai_url, "sk-quota", "sk-other"),
+        "openai-spent": provider("openai-spent", "openai", fake.openai_url, "sk-quota"),
+        "openai-revoked": provider("openai-revoked", "openai", fake.openai_url, "sk-revoked"),
+        "openai-off": Provider("openai-off", "openai", fake.openai_url, ()),
+    }
+    async with httpx.AsyncClient() as http:
+        gateway = Gateway(providers, http)
+        socket_path = tmp_path / "gateway.sock"
+        stop = asyncio.Event()
+        serving = asyncio.create_task(gateway.serve(bind(socket_path), stop))
+        yield gateway, socket_path
+        stop.set()
+        await serving
+
+
+def turn(gateway: Gateway, binding: str, job: str = "job-1") -> Grant:
+    return gateway.grant(
+        job_id=job, attempt=1, agent_id="coder", organization_id="org-a", binding=binding
+    )
+
+
+def client(socket_path: Path) -> httpx.AsyncClient:
+    transport = httpx.AsyncHTTPTransport(uds=str(socket_path))
+    return httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=10)
+
+
+async def test_both_api_styles_are_forwarded_streaming_or_not_and_counted(
+    gateway: tuple[Gateway, Path], fake: FakeProvider
+) -> None:
+    gw, socket_path = gateway
+    openai, anthropic = turn(gw, "openai-main"), turn(gw, "anthropic-main")
+    bearer = {"Authorization": f"Bearer {openai.token}"}
+    keyed = {"x-api-key": anthropic.token, "anthropic-version": "2023-06-01"}
+    async with client(socket_path) as http:
+        chat = await http.post("/v1/chat/completions", json={"model": "m"}, headers=bearer)
+        streamed = await http.post(
+            "/v1/chat/completions", json={"model": "m", "stream": True}, headers=bearer
+        )
+        responses = await http.post(
+            "/v1/responses", json={"model": "m", "stream": True, "input": []}, headers=bearer
+        )
+        message = await http.post("/v1/messages", json={"model": "m"}, headers=keyed)
+        message_stream = await http.post(
+            "/v1/messages", json={"model": "m", "stream": True}, headers=keyed
+        )
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"] == "hello"
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+    assert '"exec_command"' in responses.text and "response.completed" in responses.text
+    assert message.json()["content"][0]["text"] == "hello"
+    assert "message_delta" in message_stream.text
+    # The provider saw the credential, never the turn's token; the turn saw neither key.
+    assert {c.key for c in fake.calls} == {"sk-good"}
+    assert [(c.path, c.stream) for c in fake.calls] == [
+        ("/v1/chat/completions", False),
+        ("/v1/chat/completions", True),
+        ("/v1/responses", True),
+        ("/v1/messages", False),
+        ("/v1/messages", True),
+    ]
+    assert openai.summary() == {
+        "binding": "openai-main",
+        "calls": 3,
+        "inputTokens": 3 * USAGE_IN,
+        "outputTokens": 3 * USAGE_OUT,
+    }
+    assert (anthropic.calls, anthropic.input_tokens, anthropic.output_tokens) == (
+        2,
+        2 * USAGE_IN,
+        2 * USAGE_OUT,
+    )
+
+
+async def test_a_token_opens_nothing_after_its_turn_and_never_another_binding(
+    gateway: tuple[Gateway, Path], fake: FakeProvider
+) -> None:
+    gw, socket_path = gateway
+    grant = turn(gw, "openai-main")
+    async with client(socket_path) as http:
+        wrong_style = await http.post("/v1/messages", json={}, headers={"x-api-key": grant.token})
+        gw.revoke(grant)
+        after = await http.post(
+            "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {grant.token}"}
+        )
+        stranger = await http.post(
+            "/v1/chat/completions", json={}, headers={"Authorization": "Bearer sk-good"}
+        )
+    assert wrong_style.status_code == 404
+    assert after.status_code == 401 and after.json()["error"]["type"] == "authentication_error"
+    assert stranger.status_code == 401  # a provider key is no token here
+    assert fake.calls == []
+
+
+async def test_quota_rests_a_credential_retries_on_another_and_names_the_recovery_time(
+    gateway: tuple[Gateway, Path], fake: FakeProvider
+) -> None:
+    gw, socket_path = gateway
+    tight, spent = turn(gw, "openai-tight", "job-2"), turn(gw, "openai-spent", "job-3")
+    before = datetime.now(UTC)
+    async with client(socket_path) as http:
+        # Two credentials: the one at quota rests, the call goes through on the other.
+        first = await http.post(
+            "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {tight.token}"}
+        )
+        # One credential at quota: the command gets the provider's 429 with when it recovers.
+        refused = await http.post(
+            "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {spent.token}"}
+        )
+    assert first.status_code == 200 and tight.quota_until is None
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 29
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert spent.quota_until is not None
+    assert before + timedelta(seconds=29) <= spent.quota_until <= before + timedelta(seconds=32)
+    assert spent.dead_pool is None
+
+
+async def test_a_refused_credential_and_an_empty_pool_are_a_dead_pool_without_recovery_time(
+    gateway: tuple[Gateway, Path], fake: FakeProvider
+) -> None:
+    gw, socket_path = gateway
+    revoked, off = turn(gw, "openai-revoked"), turn(gw, "openai-off")
+    unknown = turn(gw, "no-such-binding")
+    async with client(socket_path) as http:
+        answers = [
+            await http.post(
+                "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {g.token}"}
+            )
+            for g in (revoked, off, unknown)
+        ]
+    assert [a.status_code for a in answers] == [503, 503, 503]
+    assert revoked.dead_pool == "every credential of 'openai-revoked' was refused"
+    assert off.dead_pool == "provider 'openai-off' has no usable credential"
+    assert unknown.dead_pool == "no provider is configured for binding 'no-such-binding'"
+    assert all(g.quota_until is None for g in (revoked, off, unknown))
+    assert "sk-revoked" not in json.dumps([a.json() for a in answers])

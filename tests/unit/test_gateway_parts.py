@@ -1,0 +1,105 @@
+"""The AI gateway's pure parts: the providers file, the usage of answers, recovery times."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from activities.gateway_providers import load_providers
+from activities.gateway_usage import StreamUsage, recovers_at, usage_of
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+def test_a_providers_file_gives_pools_with_keys_from_env_or_files(tmp_path: Path) -> None:
+    key_file = tmp_path / "anthropic.key"
+    key_file.write_text("sk-ant-from-file\n")
+    path = tmp_path / "providers.yaml"
+    path.write_text(
+        f"""
+providers:
+  - id: openai-main
+    api: openai
+    baseUrl: https://api.openai.com/v1/
+    credentials:
+      - {{id: a, env: OPENAI_KEY_A, maxConcurrent: 2}}
+      - {{id: b, env: OPENAI_KEY_MISSING}}
+  - id: anthropic-main
+    api: anthropic
+    baseUrl: https://api.anthropic.com
+    credentials:
+      - {{id: f, file: {key_file}}}
+  - id: spare
+    api: openai
+    baseUrl: https://example.invalid/v1
+    disabled: true
+"""
+    )
+    providers = load_providers(path, {"OPENAI_KEY_A": "sk-a"})
+    main = providers["openai-main"]
+    assert main.base_url == "https://api.openai.com/v1"
+    assert [(c.id, c.key, c.max_concurrent) for c in main.credentials] == [("a", "sk-a", 2)]
+    assert main.unusable == ("b",) and main.dead is None
+    assert repr(main.credentials[0].key) == "Secret('***')"
+    assert providers["anthropic-main"].credentials[0].key == "sk-ant-from-file"
+    assert providers["spare"].dead == "provider 'spare' is disabled"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("providers: [{id: x, api: grpc, baseUrl: 'http://h'}]", "providers.0.api"),
+        ("providers: [{id: x, api: openai, baseUrl: 'ftp://h'}]", "providers.0.baseUrl"),
+        ("providers: [{id: x, api: openai, baseUrl: 'http://h', credentials: [{id: k}]}]",
+         "exactly one of env or file"),
+        ("providers: [{id: x, api: openai, baseUrl: 'http://h', key: sk-inline}]", "providers.0.key"),
+    ],
+)  # fmt: skip
+def test_a_bad_providers_file_is_refused_naming_the_field(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_providers(path, {})
+
+
+def test_usage_is_read_from_each_api_style() -> None:
+    chat = usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+    responses = usage_of(
+        {
+            "type": "response.completed",
+            "response": {"usage": {"input_tokens": 5, "output_tokens": 6}},
+        }
+    )
+    messages = usage_of({"usage": {"input_tokens": 7, "output_tokens": 8}})
+    assert [(u.input_tokens, u.output_tokens) for u in (chat, responses, messages)] == [
+        (3, 4), (5, 6), (7, 8),
+    ]  # fmt: skip
+    stream = StreamUsage()
+    for chunk in (
+        b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tok',
+        b'ens":9,"output_tokens":1}}}\n\ndata: {"type":"message_delta","usage":{"output_tokens":5}}',
+        b'\n\ndata: {"type":"message_delta","usage":{"output_tokens":12}}\n\ndata: [DONE]\n\n',
+    ):
+        stream.feed(chunk)
+    assert (stream.usage.input_tokens, stream.usage.output_tokens) == (9, 12)
+
+
+@pytest.mark.parametrize(
+    ("headers", "after"),
+    [
+        ({"retry-after": "30"}, timedelta(seconds=30)),
+        ({"retry-after": "Wed, 02 Dec 2026 12:05:00 GMT"}, timedelta(minutes=5)),
+        ({"x-ratelimit-reset-requests": "1m30s", "x-ratelimit-reset-tokens": "6ms"}, timedelta(seconds=90)),
+        ({"anthropic-ratelimit-tokens-reset": "2026-12-02T12:00:45Z"}, timedelta(seconds=45)),
+        ({}, None),
+        ({"retry-after": "soon"}, None),
+    ],
+)  # fmt: skip
+def test_the_recovery_time_of_a_quota_refusal(
+    headers: dict[str, str], after: timedelta | None
+) -> None:
+    assert recovers_at(headers, NOW) == (NOW + after if after is not None else None)
