@@ -23,6 +23,7 @@ import json
 import logging
 import secrets
 import socket
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -333,6 +334,13 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def socket_path() -> Path:
+    """A new private path for a gateway's socket, in a directory the sandbox's uid can enter."""
+    directory = Path(tempfile.mkdtemp(prefix="receipt-gateway-"))
+    directory.chmod(0o755)
+    return directory / "gateway.sock"
 
 
 def bind(path: Path) -> socket.socket:

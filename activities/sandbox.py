@@ -35,6 +35,7 @@ from typing import Any
 
 from activities import sandbox_etc, sandbox_seccomp
 from activities.sandbox_cgroup import CgroupUnavailable, SandboxCgroup, plan_for
+from activities.sandbox_gateway import Access
 from activities.sandbox_policy import (
     ETC_ENTRIES,
     GONE_TIMEOUT_S,
@@ -202,6 +203,7 @@ async def run_sandboxed(
     aborted: asyncio.Event | None = None,
     settings: SandboxSettings,
     feed_stdin: StdinFeeder | None = None,
+    gateway: Access | None = None,
 ) -> SandboxResult:
     """Run `argv` confined in `workspace` and return how it ended.
 
@@ -215,7 +217,9 @@ async def run_sandboxed(
     - `limits`: rlimits (default: the settings'); `on_output(text)`: stdout and stderr merged,
       decoded as UTF-8, in chunks as they arrive; `aborted`: when set, the sandbox is killed
       and the result says `aborted`; `feed_stdin(writer)`: runs beside the command with its
-      stdin (otherwise /dev/null), cancelled when it ends; an agent turn's request and steers.
+      stdin (otherwise /dev/null), cancelled when it ends; an agent turn's request and steers;
+      `gateway`: the command reaches the AI gateway through it, and no other network
+      (`activities/sandbox_gateway.py`).
 
     Raises SandboxRefused (never retryable) when the command cannot be started. Cancelling the
     call kills the sandbox too. It returns only once every process of the sandbox is gone,
@@ -266,6 +270,7 @@ async def run_sandboxed(
             info_fd=info_write if confined else None,
             seccomp_fd=seccomp,
             etc_view=etc,
+            gateway=gateway,
         )
         process = await asyncio.create_subprocess_exec(
             *(cgroup.join_prefix() if cgroup else []),

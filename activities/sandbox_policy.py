@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from activities.sandbox_etc import EtcView
 from activities.sandbox_etc import bind_args as etc_bind_args
+from activities.sandbox_gateway import Access
 from receipts.settings import ReceiptSettings, Whole
 
 log = logging.getLogger("activities.sandbox")
@@ -372,9 +373,16 @@ def command_line(
     info_fd: int | None = None,
     seccomp_fd: int | None = None,
     etc_view: EtcView | None = None,
+    gateway: Access | None = None,
 ) -> list[str]:
     """The full argv to spawn. `uid` set: drop to it first (a root worker); `bwrap` None: the
-    unconfined `none` mode (limits, no new privileges and the parent-death signal still apply)."""
+    unconfined `none` mode (limits, no new privileges and the parent-death signal still apply).
+    With `gateway` the command runs under the forwarder to the AI gateway's socket."""
+    if gateway is not None:
+        try:
+            argv = gateway.wrap(argv, confined=bwrap is not None, path=settings.path)
+        except ValueError as exc:
+            raise SandboxRefused(str(exc)) from exc
     setpriv = ["/usr/bin/setpriv"]
     if uid is not None:
         setpriv += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
@@ -391,6 +399,8 @@ def command_line(
         seccomp_fd=seccomp_fd,
         etc_view=etc_view,
     )
+    if gateway is not None:
+        sandbox = [*gateway.bind_args(), *sandbox]
     return [*setpriv, *prlimit, bwrap, *sandbox, "--", *argv]
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,7 +16,12 @@ import httpx
 import pytest
 
 from activities.gateway import Gateway, Grant, bind
+from activities.gateway import socket_path as gateway_socket_path
 from activities.gateway_providers import Credential, Provider, Secret
+from activities.sandbox import SandboxSettings, probe, run_sandboxed
+from activities.sandbox_gateway import Access
+from activities.workspaces import job_workspace
+from roles.infra.ports import free_port
 from tests.fake_provider import USAGE_IN, USAGE_OUT, FakeProvider, running
 
 
@@ -41,7 +48,7 @@ async def gateway(fake: FakeProvider, tmp_path: Path) -> AsyncIterator[tuple[Gat
     }
     async with httpx.AsyncClient() as http:
         gateway = Gateway(providers, http)
-        socket_path = tmp_path / "gateway.sock"
+        socket_path = gateway_socket_path()
         stop = asyncio.Event()
         serving = asyncio.create_task(gateway.serve(bind(socket_path), stop))
         yield gateway, socket_path
@@ -169,3 +176,80 @@ async def test_a_refused_credential_and_an_empty_pool_are_a_dead_pool_without_re
     assert unknown.dead_pool == "no provider is configured for binding 'no-such-binding'"
     assert all(g.quota_until is None for g in (revoked, off, unknown))
     assert "sk-revoked" not in json.dumps([a.json() for a in answers])
+
+
+# --- from inside the command sandbox ---------------------------------------------------------
+
+SANDBOXED_CALL = r"""
+import json, os, urllib.request
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    data=json.dumps({"model": "m"}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+             "Content-Type": "application/json"},
+)
+answer = json.load(urllib.request.urlopen(request, timeout=10))
+print("answer", answer["choices"][0]["message"]["content"])
+provider = "http://127.0.0.1:%s/v1/chat/completions" % os.environ["FAKE_PORT"]
+try:
+    urllib.request.urlopen(provider, timeout=3)
+except Exception as exc:
+    print("provider unreachable:", type(exc).__name__)
+key = ("sk-" + "good").encode()  # spelled apart: this script's own text is in /proc
+system = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/proc", "/sys", "/dev")
+found = ["env " + name for name, value in os.environ.items() if key.decode() in value]
+for root, dirs, files in os.walk("/"):
+    dirs[:] = [d for d in dirs if os.path.join(root, d) not in system]
+    for name in files:
+        path = os.path.join(root, name)
+        try:
+            with open(path, "rb") as handle:
+                if key in handle.read(1 << 20):
+                    found.append(path)
+        except OSError:
+            pass
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    for part in ("environ", "cmdline"):
+        try:
+            with open(f"/proc/{pid}/{part}", "rb") as handle:
+                if key in handle.read():
+                    found.append(f"/proc/{pid}/{part}")
+        except OSError:
+            pass
+print("keys found:", found)
+"""
+
+
+async def test_a_sandboxed_command_reaches_the_gateway_and_no_provider_key(
+    gateway: tuple[Gateway, Path], fake: FakeProvider
+) -> None:
+    """The command's only way out is the forwarder to the gateway's socket: it calls the model
+    with its turn's token, cannot reach the provider itself, and finds no key in its
+    environment, its files or its processes."""
+    settings = SandboxSettings.load(os.environ)
+    ok, message = await probe(settings)
+    if not ok:
+        pytest.skip(f"SANDBOX TESTS NOT RUN: {message}")
+    gw, socket_path = gateway
+    grant = turn(gw, "openai-main")
+    access = Access(socket_path, free_port())
+    workspace = job_workspace("gateway-tests", f"gateway-{uuid.uuid4().hex[:8]}", settings)
+    output: list[str] = []
+
+    async def collect(text: str) -> None:
+        output.append(text)
+
+    ended = await run_sandboxed(
+        ["/usr/bin/python3", "-c", SANDBOXED_CALL],
+        workspace=workspace,
+        env={**access.env(grant.token), "FAKE_PORT": str(fake.port)},
+        on_output=collect,
+        settings=settings,
+        gateway=access,
+    )
+    text = "".join(output)
+    assert ended.exit_code == 0, text
+    assert "answer hello" in text
+    assert "provider unreachable: URLError" in text
+    assert "keys found: []" in text
+    assert grant.calls == 1 and [c.key for c in fake.calls] == ["sk-good"]
