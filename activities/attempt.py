@@ -17,6 +17,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.fence import AttemptFence
+from activities.gateway import Gateway
 from activities.handlers.context import (
     Handler,
     HandlerContext,
@@ -54,7 +55,7 @@ def process_identity(role: str) -> dict[str, Any]:
 
 class AttemptActivities:
     """Holds what the attempt activity needs: the store, the handler registry and the settings
-    handed to every handler, the listener."""
+    handed to every handler, the listener, the process's AI gateway (if it runs one)."""
 
     def __init__(
         self,
@@ -64,12 +65,14 @@ class AttemptActivities:
         settings: HandlerSettings | None = None,
         role: str = "worker",
         listener: Listener | None = None,
+        gateway: Gateway | None = None,
     ) -> None:
         self.store = store
         self.handlers = handlers
         self.settings = settings or HandlerSettings()
         self.role = role
         self.listener = listener
+        self.gateway = gateway
 
     @activity.defn(name=EXECUTE_ATTEMPT)
     async def execute_attempt(self, attempt: AttemptInput) -> AttemptResult:
@@ -149,6 +152,7 @@ class AttemptActivities:
             receipts=FencedReceipts(fence, job.session_key, job.organization_id),
             settings=self.settings,
             deadline=asyncio.get_running_loop().time() + attempt.execution_timeout_ms / 1000,
+            gateway=self.gateway,
         )
         started = time.monotonic()
         handler_task = asyncio.create_task(handler(ctx), name=f"handler:{fence.worker_id}")

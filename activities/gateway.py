@@ -103,6 +103,7 @@ class Gateway:
 
     def __init__(self, providers: Mapping[str, Provider], http: httpx.AsyncClient) -> None:
         self.http = http
+        self.socket: Path | None = None  # where it serves, once it does
         self.grants: dict[str, Grant] = {}
         self.pools = {
             binding: _Pool(
@@ -149,6 +150,7 @@ class Gateway:
         """Serve on `listening` (`bind`) until `stop`."""
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
         server = _Server(config)
+        self.socket = Path(listening.getsockname())
         task = asyncio.create_task(server.serve(sockets=[listening]), name="gateway")
         log.info(
             "ai gateway serving",

@@ -12,7 +12,16 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from receipts.settings import ReceiptSettings
+
 ApiStyle = Literal["openai", "anthropic"]
+
+
+class GatewaySettings(ReceiptSettings):
+    """The AI gateway's configuration: the providers file (unset: no binding has a provider,
+    and a turn's model calls fail as a dead pool)."""
+
+    providers_file: Path | None = Field(default=None, alias="RECEIPT_PROVIDERS_FILE")
 
 
 class _Strict(BaseModel):

@@ -9,7 +9,9 @@ told the gateway's base URLs and its turn's token (`Access.env`); provider keys 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,3 +97,11 @@ class Access:
     def bind_args(self) -> list[str]:
         """bwrap's options that bind the gateway's socket directory into the sandbox."""
         return ["--ro-bind", str(self.socket.parent), SOCKET_DIR]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now: the forwarder's inside the sandbox (whose
+    loopback is its own, so any would do) or, unconfined, on the host."""
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -8,13 +8,16 @@ import logging
 import os
 import time
 from collections import deque
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from activities import workspaces
+from activities.gateway import Grant
 from activities.handlers.context import HandlerContext, HandlerError
 from activities.handlers.steering import StdinFeed, encoded
 from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
+from activities.sandbox_gateway import Access, free_port
 from receipts.agent_jobs import protocol
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentDefinition, RegistryError, load_registry
@@ -81,24 +84,33 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     )
     turn = _Turn(ctx)
     stdin = StdinFeed(ctx, encoded(request), steers=True)
+    env = {**agent.env, "AGENT_JOB_ID": job.agent_job_id}
+    grant, access = _model_access(ctx, job, agent)
+    if grant is not None and access is not None:
+        env.update(access.env(grant.token))
     try:
         ended = await run_sandboxed(
             list(agent.command),
             workspace=workspace,
-            env={**agent.env, "AGENT_JOB_ID": job.agent_job_id},
+            env=env,
             network=job.agent_id in settings.egress_agents,
             on_output=turn.output,
             aborted=ctx.aborted,
             settings=settings,
             feed_stdin=stdin.feed,
+            gateway=access,
         )
     except SandboxRefused as exc:
         return _failed(str(exc), retryable=False)
     finally:
         await stdin.consumed()
+        if grant is not None and ctx.gateway is not None:
+            ctx.gateway.revoke(grant)  # its token opens nothing once the command is gone
     if ended.aborted:
         raise HandlerError("aborted", retryable=False)
     outcome = await turn.outcome(ended.exit_code)
+    if grant is not None:
+        outcome = _as_the_gateway_saw(outcome, grant)
     # Follow-ups sent while the turn ran reach the next turn whatever this one's outcome: the
     # settlement carries them (receipts/agent_jobs/decisions.py).
     follow_ups = await _consume_follow_ups(ctx)
@@ -114,6 +126,42 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
             "exitCode": ended.exit_code,
         },
     )
+    return outcome
+
+
+def _model_access(
+    ctx: HandlerContext, job: AgentJob, agent: AgentDefinition
+) -> tuple[Grant | None, Access | None]:
+    """The turn's grant at the AI gateway for the binding the job saved at creation (an older
+    job without one: the agent's), and the command's way to it; none without a gateway or a
+    binding (the command then has no model access through Receipt)."""
+    binding = job.provider_binding or agent.provider_binding
+    gateway = ctx.gateway
+    if gateway is None or binding is None or gateway.socket is None:
+        return None, None
+    grant = gateway.grant(
+        job_id=ctx.job.job_id,
+        attempt=ctx.attempt,
+        agent_id=job.agent_id,
+        organization_id=job.organization_id,
+        binding=binding,
+    )
+    return grant, Access(gateway.socket, free_port())
+
+
+def _as_the_gateway_saw(outcome: dict[str, Any], grant: Grant) -> dict[str, Any]:
+    """The turn's outcome with what its model calls met: quota with a recovery time makes it
+    `quota_exhausted` until then whatever the command reported (unless it finished or asked its
+    user anyway); a dead pool is named in a failure; the calls' usage rides along."""
+    if grant.quota_until is not None and outcome["outcome"] in ("failed", "quota_exhausted"):
+        until = grant.quota_until
+        if isinstance(outcome.get("retryAt"), str):
+            until = max(until, datetime.fromisoformat(outcome["retryAt"]))
+        outcome = {"outcome": "quota_exhausted", "retryAt": until.isoformat()}
+    elif grant.dead_pool is not None and outcome["outcome"] == "failed":
+        outcome = {**outcome, "error": f"{outcome['error']}; model gateway: {grant.dead_pool}"}
+    if grant.calls:
+        outcome["usage"] = grant.summary()
     return outcome
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from activities.gateway import Gateway
 from activities.handlers.fenced import FencedReceipts
 from activities.sandbox_policy import SandboxSettings
 from receipts.agent_jobs.registry import AgentJobSettings
@@ -60,7 +61,8 @@ class HandlerContext:
     read). `aborted` is set when an abort command arrives; a handler should stop promptly — it
     is cancelled after a short grace. `deadline` is the event-loop time of the attempt's
     execution timeout (None: not known); a handler that outlives it is cancelled. `settings`
-    are its process's settings of what handlers run.
+    are its process's settings of what handlers run; `gateway` its process's AI gateway (the
+    roles that run agent turns have one).
     """
 
     job: Job
@@ -71,6 +73,7 @@ class HandlerContext:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     commands_arrived: asyncio.Event = field(default_factory=asyncio.Event)
     deadline: float | None = None
+    gateway: Gateway | None = None
 
     @property
     def payload(self) -> dict[str, Any]:

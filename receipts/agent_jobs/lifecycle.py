@@ -264,6 +264,23 @@ async def settle_turn(
         return await settle_turn_in(tx, agent_job_id, retry_base_ms=retry_base_ms, org_cap=org_cap)
 
 
+async def _record_usage(tx: Tx, job: AgentJob, turn_job: Job) -> AgentJob:
+    """The turn's model calls (its result's `usage`, from the AI gateway) as one summary
+    receipt on the job's chain, before what the turn decided."""
+    usage = turn_job.result.get("usage") if isinstance(turn_job.result, dict) else None
+    if not isinstance(usage, dict) or not usage.get("calls"):
+        return job
+    summary = {
+        "turn": job.turn,
+        "queueJobId": turn_job.job_id,
+        "agentId": job.agent_id,
+        "organizationId": job.organization_id,
+        "binding": usage.get("binding"),
+        **{name: int(usage.get(name) or 0) for name in model.USAGE_TOTALS},
+    }
+    return await append(tx, job, [Draft(model.USAGE, summary)])
+
+
 async def settle_turn_in(
     tx: Tx, agent_job_id: str, *, retry_base_ms: int, org_cap: int = 0
 ) -> AgentJob | None:
@@ -292,6 +309,7 @@ async def settle_turn_in(
         if decision.next_turn is not None
         else None
     )
+    job = await _record_usage(tx, job, turn_job)
     if queue_id is not None and not await take_turn_slot(tx, job, queue_id, org_cap):
         held = decisions.at_organization_cap(job, decision.next_prompt)
         settled = await append(tx, job, [Draft(model.TRANSITIONED, held)])

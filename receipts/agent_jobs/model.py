@@ -45,7 +45,17 @@ TRANSITIONED = "agent_job.transitioned"
 TURN_STARTED = "agent_job.turn_started"
 ANSWERED = "agent_job.answered"
 CANCEL_REQUESTED = "agent_job.cancel_requested"
-RECEIPT_TYPES: tuple[str, ...] = (CREATED, TRANSITIONED, TURN_STARTED, ANSWERED, CANCEL_REQUESTED)
+# A turn's model calls through the AI gateway: one summary per turn that made any.
+USAGE = "agent_job.usage"
+RECEIPT_TYPES: tuple[str, ...] = (
+    CREATED,
+    TRANSITIONED,
+    TURN_STARTED,
+    ANSWERED,
+    CANCEL_REQUESTED,
+    USAGE,
+)
+USAGE_TOTALS: tuple[str, ...] = ("calls", "inputTokens", "outputTokens")
 WAKEUP = "session.wakeup"
 
 
@@ -137,6 +147,8 @@ class AgentJob(StreamState):
     live_turn_job_id: str | None = None  # a stopped job's turn left to end on its own
     result: Any = None
     error: str | None = None
+    # Its turns' model calls through the AI gateway, summed: calls, inputTokens, outputTokens.
+    usage: dict[str, int] = {}
 
     @property
     def answer_pending(self) -> bool:
@@ -206,6 +218,12 @@ def apply(job: AgentJob | None, receipt: Receipt) -> AgentJob:
         if job.terminal:
             raise InvariantError(f"agent job {job.agent_job_id} is {job.status}")
         changes = {"cancel_requested": True, "cancel_reason": data.get("reason")}
+    elif kind == USAGE:
+        changes = {
+            "usage": {
+                name: job.usage.get(name, 0) + int(data.get(name) or 0) for name in USAGE_TOTALS
+            }
+        }
     elif kind == CREATED:
         raise InvariantError(f"agent job {job.agent_job_id} exists already")
     else:

@@ -12,6 +12,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.attempt import AttemptActivities
 from activities.driver import DriverActivities
+from activities.gateway import Gateway
 from activities.handlers.context import Handler, HandlerSettings
 from receipts.kinds import QUEUE_DRIVER
 from receipts.listen import Listener
@@ -43,11 +44,14 @@ def attempt_worker(
     graceful_shutdown: timedelta = DEFAULT_GRACE,
     workflows: Sequence[type] = (),
     activities: Sequence[Callable[..., Any]] = (),
+    gateway: Gateway | None = None,
 ) -> Worker:
     """A worker for one of receipt-chat/codex/control: the attempt activity (plus any
     role-specific `workflows`/`activities`, e.g. the watchdog tick). It also registers
     `JobAttemptWorkflow`, so attempt children started by an older driver drain."""
-    attempt = AttemptActivities(store, handlers, settings=settings, role=role, listener=listener)
+    attempt = AttemptActivities(
+        store, handlers, settings=settings, role=role, listener=listener, gateway=gateway
+    )
     return Worker(
         client,
         task_queue=task_queue,

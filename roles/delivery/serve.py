@@ -9,6 +9,7 @@ import logging
 from temporalio.service import RPCError
 
 from activities import sandbox, sandbox_etc
+from activities.gateway import Gateway, bind, socket_path
 from activities.handlers.registry import default_handlers
 from activities.handlers.sdk import Installed
 from activities.watchdog_tick import WatchdogActivities
@@ -97,7 +98,8 @@ async def run_attempt_worker(
 ) -> None:
     """Run the attempt worker of `queue` until `stop`, then drain it. With `watchdog` it also
     keeps the watchdog Schedule and runs its tick; with `sandboxed` (its jobs run commands) it
-    first logs how the sandbox confines them, and at its clean stop removes its /etc views.
+    first logs how the sandbox confines them, serves the AI gateway its agent turns call models
+    through (activities/gateway.py), and at its clean stop removes its /etc views.
 
     It runs the built-in handlers and the `installed` ones, and lists them; while an installed
     handler failed to load it takes no attempts at all (it is not ready either), so the jobs of
@@ -131,8 +133,12 @@ async def run_attempt_worker(
                 "could not create or update the watchdog schedule",
                 extra={"event": "watchdog.schedule_failed", "error": str(exc)},
             )
+    gateway, drained = None, asyncio.Event()
     if sandboxed:
         await sandbox.announce(runtime.settings.sandbox)
+        gateway = Gateway(runtime.settings.providers, runtime.http)
+        # Served until the worker has drained: a turn still running may still call its model.
+        runtime.spawn(gateway.serve(bind(socket_path()), drained), "gateway")
     process = runtime.settings.process
     worker = attempt_worker(
         runtime.client,
@@ -146,8 +152,10 @@ async def run_attempt_worker(
         graceful_shutdown=process.grace,
         workflows=workflows,
         activities=activities,
+        gateway=gateway,
     )
     await run_until(worker.run, worker.shutdown, stop, process.grace)
+    drained.set()
     if sandboxed:
         sandbox_etc.remove_views()  # drained: no command has a view as its /etc any more
 

@@ -21,6 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel, BeforeValidator, Field
 
+from activities.gateway_providers import GatewaySettings, Provider, load_providers
 from activities.handlers.context import HandlerSettings
 from activities.sandbox_policy import SandboxSettings
 from receipts.agent_jobs.registry import AgentJobSettings
@@ -145,7 +146,10 @@ class RuntimeSettings:
     factory: FactorySettings = field(default_factory=FactorySettings)
     agent_jobs: AgentJobSettings = field(default_factory=AgentJobSettings)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
     temporal_tls: TemporalTLSSettings = field(default_factory=TemporalTLSSettings)
+    # The AI gateway's providers, read from the providers file and the environment.
+    providers: Mapping[str, Provider] = field(default_factory=dict, compare=False, repr=False)
     # The variables it was read from (what `receipt config` marks as set).
     environment: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -172,6 +176,7 @@ TITLES = {
     "factory": "factory",
     "agent_jobs": "agent jobs",
     "sandbox": "command sandbox",
+    "gateway": "AI gateway",
     "temporal_tls": "Temporal connection",
 }
 
@@ -192,9 +197,15 @@ def load(env: Mapping[str, str] | None = None) -> RuntimeSettings:
             loaded[name] = model.load(environment)
         except SettingsError as exc:
             problems.append(str(exc))
+    providers: dict[str, Provider] = {}
+    if "gateway" in loaded:
+        try:
+            providers = load_providers(loaded["gateway"].providers_file, environment)
+        except ValueError as exc:
+            problems.append(f"RECEIPT_PROVIDERS_FILE: {exc}")
     if problems:
         raise SettingsError("; ".join(problems))
-    return RuntimeSettings(**loaded, environment=environment)
+    return RuntimeSettings(**loaded, providers=providers, environment=environment)
 
 
 def load_or_exit(env: Mapping[str, str] | None = None) -> RuntimeSettings:

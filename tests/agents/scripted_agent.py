@@ -6,9 +6,11 @@ Prompts: `done:<text>`; `ask:<question>` (needs_input on the first turn, done wi
 on the continuation); `fail` / `fail-hard` (retryable / not); `fail-delay:<ms>`; `crash` (exit 3,
 no outcome); `quota:<seconds>` (quota_exhausted with retryAt once, then done); `quota-bare`;
 `sleep:<seconds>` (then done); `mark:<seconds>` (then writes `marker` in its workspace, then
-done); `slow-ask:<seconds>` (then needs_input); `steer` (wait for a steer line, then done with
-its payload); `agents-md` (done with the workspace's AGENTS.md); `whoami:<path>` (its uid,
-whether it sees <path>, its environment's names). A turn with follow-ups answers them.
+done); `model:<n>` (n calls to its model through the AI gateway, then done with the answers; a
+refusal crashes it, exit 4, no outcome); `slow-ask:<seconds>` (then needs_input); `steer` (wait
+for a steer line, then done with its payload); `agents-md` (done with the workspace's
+AGENTS.md); `whoami:<path>` (its uid, whether it sees <path>, its environment's names). A
+turn with follow-ups answers them.
 """
 
 import json
@@ -88,6 +90,26 @@ def main() -> int:
                 "result": {"uid": os.getuid(), "sees": visible, "env": sorted(os.environ)},
             }
         )
+    elif mode == "model":
+        import os
+        import urllib.error
+        import urllib.request
+
+        answers = []
+        for _ in range(int(arg)):
+            call = urllib.request.Request(
+                os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+                data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+                headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                         "Content-Type": "application/json"},
+            )  # fmt: skip
+            try:
+                answer = json.load(urllib.request.urlopen(call, timeout=20))
+            except urllib.error.HTTPError as exc:
+                print(f"the model refused: {exc.code}", flush=True)
+                return 4
+            answers.append(answer["choices"][0]["message"]["content"])
+        emit({"outcome": "done", "result": {"answers": answers}})
     elif mode == "agents-md":
         emit({"outcome": "done", "result": {"agentsMd": Path("AGENTS.md").read_text()}})
     else:

@@ -215,6 +215,8 @@ NOT_DEPLOYED = {
 }  # (bench and chaos live in tools/, not scanned)
 # Read by the code, deliberately in neither the ConfigMap nor the Secret, with the reason.
 NOT_IN_CONFIG = {
+    "RECEIPT_PROVIDERS_FILE": "the AI gateway's providers (worker-codex): a file the operator "
+    "mounts with the Secret its credentials' keys come from (README, 'The AI gateway')",
     "RECEIPT_DATA_DIR": "the embedded PostgreSQL's data directory (the `local` extra only)",
     "RECEIPT_EVENT_LOOP": "its default differs per role (uvloop; asyncio for worker-codex)",
     "RECEIPT_API_TOKENS_FILE": "an alternative to RECEIPT_API_TOKENS (mount the Secret as a file)",

@@ -729,6 +729,7 @@ class AgentJobView(BaseModel):
     stream: str = Field(..., title="Stream")
     turn: int | None = Field(0, title="Turn")
     updated_at: AwareDatetime = Field(..., alias="updatedAt", title="Updatedat")
+    usage: dict[str, int] | None = Field({}, title="Usage")
     user_id: str | None = Field(None, alias="userId", title="Userid")
     workspace_owner_job_id: str = Field(
         ..., alias="workspaceOwnerJobId", title="Workspaceownerjobid"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -150,17 +151,20 @@ def _require_admin(caller: Principal) -> None:
         raise ApiError(403, "forbidden", "the console needs an admin token")
 
 
-def _check_agent(settings: AgentJobSettings, agent_id: str) -> None:
-    """Refuse an agent the registry does not know, when this process can read the registry."""
+def _check_agent(settings: AgentJobSettings, agent_id: str) -> str | None:
+    """Refuse an agent the registry does not know, when this process can read the registry;
+    return its provider binding (the job saves it, so every turn uses the one of its creation)."""
     if settings.agents_file is None:
-        return
+        return None
     try:
         registry = load_registry(settings.agents_file)
     except RegistryError:
-        return  # the turn reports a broken registry; creating the job writes nothing wrong
-    if registry.get(agent_id) is None:
+        return None  # the turn reports a broken registry; creating the job writes nothing wrong
+    agent = registry.get(agent_id)
+    if agent is None:
         known = tuple(sorted(registry.agents))
         raise InvalidInput("agentId", f"agentId {agent_id!r} is not in the agents registry", known)
+    return agent.provider_binding
 
 
 @router.post(
@@ -199,7 +203,9 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
         )
     assert organization_id is not None
     create = parse_create(body, organization_id)
-    _check_agent(state.agent_jobs, create.agent_id)
+    binding = _check_agent(state.agent_jobs, create.agent_id)
+    if create.provider_binding is None and binding is not None:
+        create = dataclasses.replace(create, provider_binding=binding)
     try:
         job, created = await lifecycle.create(state.require_store(), create)
     except lifecycle.LiveTurnRunning as exc:

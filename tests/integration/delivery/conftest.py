@@ -14,6 +14,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.gateway import Gateway
 from activities.handlers.context import Handler, HandlerSettings
 from activities.handlers.registry import default_handlers
 from receipts import assembly
@@ -68,6 +69,8 @@ class Stack:
     # What its handlers are handed: read from this process's environment when the stack starts,
     # as a worker role reads its own at start.
     handler_settings: HandlerSettings = field(default_factory=lambda: load_settings().handlers)
+    # The AI gateway the codex worker serves its turns, when the test runs one.
+    gateway: Gateway | None = None
 
     def queue(self, name: str) -> str:
         return self.settings.queue(name)
@@ -81,6 +84,7 @@ class Stack:
             settings=self.handler_settings,
             listener=self.listener,
             concurrency=concurrency,
+            gateway=self.gateway,
         )
         self.workers[queue] = worker
         self.tasks.append(asyncio.create_task(worker.run()))
@@ -102,6 +106,7 @@ async def running_stack(
     handlers: Mapping[str, Handler] | None = None,
     handler_settings: HandlerSettings | None = None,
     dispatcher: bool = True,
+    gateway: Gateway | None = None,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
     settings_obj = Settings(RECEIPT_TASK_QUEUE_PREFIX=f"t{uuid.uuid4().hex[:8]}-", **settings)
@@ -117,6 +122,7 @@ async def running_stack(
         stack.handlers = handlers
     if handler_settings is not None:
         stack.handler_settings = handler_settings
+    stack.gateway = gateway
     stack.tasks.append(asyncio.create_task(listener.run()))
     await asyncio.wait_for(listener.connected.wait(), 10)
     driver = driver_worker(client, store, settings_obj, timing)

@@ -1,0 +1,122 @@
+"""Agent-job turns calling their model through the AI gateway, on a real Temporal dev server
+and the real command sandbox, against a fake provider on loopback: the turn's usage summed on
+the job's chain, quota with a recovery time turned into a placement delay even though the
+command crashed, a dead pool taking the ordinary retry path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from temporalio.client import Client
+
+from activities.gateway import Gateway, bind, socket_path
+from activities.gateway_providers import Credential, Provider, Secret
+from receipts.agent_jobs import lifecycle, model
+from receipts.store import Store
+from tests.fake_provider import USAGE_IN, USAGE_OUT, FakeProvider, running
+from tests.integration.delivery.test_agent_jobs_delivery import (
+    agents,
+    request,
+    stack_with_dispatcher,
+    wait_for,
+)
+
+__all__ = ["agents"]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    with running(FakeProvider({"sk-test": "ok", "sk-spent": "quota"}, quota_s=3)) as fake:
+        yield fake
+
+
+@contextlib.asynccontextmanager
+async def gateway_for(*providers: Provider) -> AsyncIterator[Gateway]:
+    async with httpx.AsyncClient() as http:
+        gateway = Gateway({p.id: p for p in providers}, http)
+        stop = asyncio.Event()
+        serving = asyncio.create_task(gateway.serve(bind(socket_path()), stop))
+        try:
+            yield gateway
+        finally:
+            stop.set()
+            await serving
+
+
+def openai(binding: str, fake: FakeProvider, *keys: str) -> Provider:
+    credentials = tuple(Credential(f"c{n}", Secret(k), 4) for n, k in enumerate(keys))
+    return Provider(binding, "openai", fake.openai_url, credentials)
+
+
+async def test_a_turn_calls_its_model_through_the_gateway_and_its_usage_is_summed(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path, fake: FakeProvider
+) -> None:
+    store = fresh_store
+    async with (
+        gateway_for(openai("test-provider", fake, "sk-test")) as gateway,
+        stack_with_dispatcher(client, store, fresh_db, gateway=gateway),
+    ):
+        job, _ = await lifecycle.create(store, request("model:2", provider_binding="test-provider"))
+        done = await wait_for(store, job.agent_job_id, "succeeded", "failed")
+        receipts = await store.read_stream(model.stream_of(job.agent_job_id))
+    assert done.status == "succeeded", done.error
+    assert done.result == {"answers": ["hello", "hello"]}
+    usage = [r.data for r in receipts if r.type == model.USAGE]
+    assert len(usage) == 1
+    assert usage[0]["calls"] == 2 and usage[0]["binding"] == "test-provider"
+    assert (usage[0]["inputTokens"], usage[0]["outputTokens"]) == (2 * USAGE_IN, 2 * USAGE_OUT)
+    assert usage[0]["organizationId"] == "org-a" and usage[0]["agentId"] == "scripted"
+    assert done.usage == {"calls": 2, "inputTokens": 2 * USAGE_IN, "outputTokens": 2 * USAGE_OUT}
+    assert [c.key for c in fake.calls] == ["sk-test", "sk-test"]
+    assert gateway.grants == {}  # the turn's token was revoked when it ended
+
+
+async def test_quota_with_a_recovery_time_is_a_placement_delay_though_the_command_crashed(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path, fake: FakeProvider
+) -> None:
+    store = fresh_store
+    async with (
+        gateway_for(openai("test-provider", fake, "sk-spent")) as gateway,
+        stack_with_dispatcher(client, store, fresh_db, gateway=gateway),
+    ):
+        before = datetime.now(UTC)
+        job, _ = await lifecycle.create(store, request("model:1", provider_binding="test-provider"))
+        delayed = await wait_for(store, job.agent_job_id, "queued", turn=1)
+        fake.keys["sk-spent"] = "ok"  # the provider recovers at its reset
+        done = await wait_for(store, job.agent_job_id, "succeeded", "failed", timeout=60)
+        receipts = await store.read_stream(model.stream_of(job.agent_job_id))
+    transitions = [r for r in receipts if r.type == model.TRANSITIONED]
+    delay = next(r for r in transitions if r.data.get("reason") == "quota_delay")
+    assert delay.data["refunded"] is True and delay.data["attempt"] == 0
+    assert delayed.available_at is not None
+    assert before + timedelta(seconds=2) <= delayed.available_at <= before + timedelta(seconds=8)
+    restarted = [r for r in transitions if r.data["to"] == "running"]
+    assert len(restarted) == 2 and restarted[1].recorded_at >= delayed.available_at
+    assert done.status == "succeeded" and done.attempt == 1  # the delayed attempt was refunded
+
+
+async def test_a_dead_pool_takes_the_ordinary_retry_path_naming_it(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path, fake: FakeProvider
+) -> None:
+    store = fresh_store
+    empty = Provider("test-provider", "openai", fake.openai_url, ())
+    async with (
+        gateway_for(empty) as gateway,
+        stack_with_dispatcher(client, store, fresh_db, gateway=gateway),
+    ):
+        job, _ = await lifecycle.create(store, request("model:1", provider_binding="test-provider"))
+        await wait_for(store, job.agent_job_id, "queued", turn=1)
+        await lifecycle.cancel(store, job.agent_job_id, reason="enough")
+        receipts = await store.read_stream(model.stream_of(job.agent_job_id))
+    failure = next(r for r in receipts if r.type == model.TRANSITIONED and r.data["to"] == "queued")
+    assert failure.data.get("reason") != "quota_delay"
+    assert (
+        "model gateway: provider 'test-provider' has no usable credential" in failure.data["error"]
+    )
+    assert fake.calls == []
