@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,15 +21,18 @@ from activities.gateway import Gateway, bind, socket_path
 from activities.gateway_providers import Credential, Provider, Secret
 from receipts.agent_jobs import lifecycle, model
 from receipts.store import Store
+from tests import codex_cli
 from tests.fake_provider import USAGE_IN, USAGE_OUT, FakeProvider, running
 from tests.integration.delivery.test_agent_jobs_delivery import (
+    ORG,
+    ROOT,
     agents,
     request,
     stack_with_dispatcher,
     wait_for,
 )
 
-__all__ = ["agents"]
+__all__ = ["agents"]  # the registry fixture of the scripted agent, used by name
 
 
 @pytest.fixture
@@ -120,3 +125,58 @@ async def test_a_dead_pool_takes_the_ordinary_retry_path_naming_it(
         "model gateway: provider 'test-provider' has no usable credential" in failure.data["error"]
     )
     assert fake.calls == []
+
+
+# --- a real coding-agent CLI -------------------------------------------------------------------
+
+ADAPTER = ROOT / "examples" / "agents" / "codex_agent.py"
+
+
+async def test_the_codex_cli_runs_an_agent_job_in_the_sandbox_through_the_gateway(
+    client: Client,
+    fresh_store: Store,
+    fresh_db: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent `coder` is Codex behind the documented adapter (examples/agents/codex_agent.py):
+    the fake provider's first answer calls Codex's shell tool to write a file, its second
+    ends the turn. The job succeeds, the file is in its workspace, the usage is on its chain,
+    and the key the provider checks is nowhere the command could see."""
+    binary = await asyncio.to_thread(codex_cli.installed)
+    registry = tmp_path / "agents.yaml"
+    command = ["/usr/bin/python3", "-c", ADAPTER.read_text(encoding="utf-8")]
+    registry.write_text(
+        "agents:\n"
+        "  - id: coder\n"
+        f"    command: {json.dumps(command)}\n"
+        "    providerBinding: test-provider\n"
+        f"    env: {{CODEX_BIN: {json.dumps(str(binary))}, CODEX_TIMEOUT_S: '120'}}\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("RECEIPT_AGENTS_FILE", str(registry))
+    monkeypatch.setenv("RECEIPT_SANDBOX_RO_BINDS", str(codex_cli.HOME))
+    store = fresh_store
+    shell = "env > seen-env.txt; echo hi > out.txt"
+    with running(FakeProvider({"sk-test": "ok"}, shell_command=shell)) as fake:
+        async with (
+            gateway_for(openai("test-provider", fake, "sk-test")) as gateway,
+            stack_with_dispatcher(client, store, fresh_db, gateway=gateway),
+        ):
+            coder = request("Write hi into out.txt", agent_id="coder")
+            job, _ = await lifecycle.create(store, coder)
+            done = await wait_for(store, job.agent_job_id, "succeeded", "failed", timeout=120)
+            receipts = await store.read_stream(model.stream_of(job.agent_job_id))
+    workspace = Path(os.environ["RECEIPT_WORKSPACE_ROOT"]) / "orgs" / ORG / "agent-jobs"
+    workspace = workspace / job.agent_job_id
+    assert done.status == "succeeded", (done.error, done.result)
+    assert done.result["message"] == "Done: wrote out.txt"
+    assert (workspace / "out.txt").read_text() == "hi\n"
+    assert [c.path for c in fake.calls] == ["/v1/responses", "/v1/responses"]
+    assert all(c.key == "sk-test" and c.stream for c in fake.calls)
+    usage = [r.data for r in receipts if r.type == model.USAGE]
+    assert [(u["calls"], u["binding"]) for u in usage] == [(2, "test-provider")]
+    seen_env = (workspace / "seen-env.txt").read_text()
+    assert "OPENAI_API_KEY=" in seen_env and "sk-test" not in seen_env
+    leaked = [p for p in workspace.rglob("*") if p.is_file() and b"sk-test" in p.read_bytes()]
+    assert leaked == []
