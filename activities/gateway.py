@@ -51,6 +51,7 @@ OPENAI_PATHS = ("/v1/chat/completions", "/v1/responses")
 ANTHROPIC_PATHS = ("/v1/messages",)
 PASSED_REQUEST_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 PASSED_ANSWER_HEADERS = ("content-type", "retry-after", "x-request-id", "request-id")
+_REFRESHED = object()  # a refused credential's key was re-read: call with it again
 
 
 @dataclass
@@ -194,8 +195,10 @@ class Gateway:
             state = pool.states[index]
             async with state.slots:
                 answer = await self._call(pool, state, grant, path, body, headers, style)
-            if answer is not None:
+            if isinstance(answer, Response):
                 return answer
+            if answer is _REFRESHED:
+                tried.discard(index)  # its key changed in its file: once more with the new one
 
     def _choose(self, pool: _Pool, job_id: str, now: datetime, tried: set[int]) -> int | None:
         usable = [i for i, s in enumerate(pool.states) if s.usable(now) and i not in tried]
@@ -236,8 +239,9 @@ class Gateway:
         body: bytes,
         headers: dict[str, str],
         style: str,
-    ) -> Response | None:
-        """Send the call with `state`'s credential; None when it should go to another one."""
+    ) -> Response | object | None:
+        """Send the call with `state`'s credential; None when it should go to another one,
+        `_REFRESHED` when it should go to this one again (its key was re-read)."""
         provider, credential = pool.provider, state.credential
         url = provider.base_url + (path.removeprefix("/v1") if style == "openai" else path)
         auth = (
@@ -267,8 +271,7 @@ class Gateway:
             await upstream.aread()
             await upstream.aclose()
             state.busy -= 1
-            self._set_aside(pool, state, upstream)
-            return None
+            return self._set_aside(pool, state, upstream)
         grant.calls += 1
         return StreamingResponse(
             self._relay(upstream, state, grant, started),
@@ -278,7 +281,9 @@ class Gateway:
             },
         )
 
-    def _set_aside(self, pool: _Pool, state: _CredentialState, upstream: httpx.Response) -> None:
+    def _set_aside(
+        self, pool: _Pool, state: _CredentialState, upstream: httpx.Response
+    ) -> object | None:
         binding, credential = pool.provider.id, state.credential.id
         if upstream.status_code == 429:
             state.resting_until = recovers_at(upstream.headers, datetime.now(UTC))
@@ -287,7 +292,16 @@ class Gateway:
                 extra={"event": "gateway.credential_resting", "binding": binding,
                        "credential": credential, "until": str(state.resting_until)},
             )  # fmt: skip
-            return
+            return None
+        fresh = state.credential.reread()
+        if fresh is not None:
+            state.credential = fresh
+            log.info(
+                "a refused credential's key changed in its file; refreshed",
+                extra={"event": "gateway.credential_refreshed", "binding": binding,
+                       "credential": credential},
+            )  # fmt: skip
+            return _REFRESHED
         state.dead = True
         metrics.GATEWAY_CREDENTIALS_DEAD.labels(binding).inc()
         log.warning(
@@ -295,6 +309,7 @@ class Gateway:
             extra={"event": "gateway.credential_refused", "binding": binding,
                    "credential": credential, "status": upstream.status_code},
         )  # fmt: skip
+        return None
 
     async def _relay(
         self, upstream: httpx.Response, state: _CredentialState, grant: Grant, started: float

@@ -68,11 +68,24 @@ class Secret(str):
 
 @dataclass(frozen=True)
 class Credential:
-    """A usable credential of a pool."""
+    """A usable credential of a pool (`file`: where its key is read from, to refresh it)."""
 
     id: str
     key: Secret
     max_concurrent: int
+    file: Path | None = None
+
+    def reread(self) -> Credential | None:
+        """The credential with its key read again from its file, when that changed it."""
+        if self.file is None:
+            return None
+        try:
+            key = self.file.read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        if not key or key == self.key:
+            return None
+        return Credential(self.id, Secret(key), self.max_concurrent, self.file)
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,9 @@ def load_providers(path: Path | None, env: Mapping[str, str]) -> dict[str, Provi
             if credential.disabled or not key:
                 unusable.append(credential.id)
                 continue
-            usable.append(Credential(credential.id, Secret(key), credential.max_concurrent))
+            usable.append(
+                Credential(credential.id, Secret(key), credential.max_concurrent, credential.file)
+            )
         found[entry.id] = Provider(
             entry.id,
             entry.api,

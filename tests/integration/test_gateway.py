@@ -253,3 +253,33 @@ async def test_a_sandboxed_command_reaches_the_gateway_and_no_provider_key(
     assert "provider unreachable: URLError" in text
     assert "keys found: []" in text
     assert grant.calls == 1 and [c.key for c in fake.calls] == ["sk-good"]
+
+
+async def test_a_refused_key_is_re_read_from_its_file_and_the_call_goes_through(
+    fake: FakeProvider, tmp_path: Path
+) -> None:
+    """A rotated key: the file changed since the gateway read it; a 401 makes it read again."""
+    key_file = tmp_path / "openai.key"
+    key_file.write_text("sk-old-and-revoked\n")
+    rotated = Provider(
+        "rotated",
+        "openai",
+        fake.openai_url,
+        (Credential("file", Secret("sk-old-and-revoked"), 4, key_file),),
+    )
+    key_file.write_text("sk-good\n")  # rotated after the gateway read it
+    async with httpx.AsyncClient() as http:
+        gw = Gateway({"rotated": rotated}, http)
+        socket_path = gateway_socket_path()
+        stop = asyncio.Event()
+        serving = asyncio.create_task(gw.serve(bind(socket_path), stop))
+        grant = turn(gw, "rotated")
+        async with client(socket_path) as caller:
+            answer = await caller.post(
+                "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {grant.token}"}
+            )
+        stop.set()
+        await serving
+    assert answer.status_code == 200
+    assert [c.key for c in fake.calls] == ["sk-old-and-revoked", "sk-good"]
+    assert grant.dead_pool is None
