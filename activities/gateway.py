@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -25,7 +26,7 @@ import secrets
 import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,6 +52,9 @@ OPENAI_PATHS = ("/v1/chat/completions", "/v1/responses")
 ANTHROPIC_PATHS = ("/v1/messages",)
 PASSED_REQUEST_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 PASSED_ANSWER_HEADERS = ("content-type", "retry-after", "x-request-id", "request-id")
+MAX_CALLS_PER_GRANT = 8
+MAX_CONNECTIONS = 256
+SHORT_RESET_S = 2.0  # a credential free again this soon is waited for, once
 _REFRESHED = object()  # a refused credential's key was re-read: call with it again
 
 
@@ -69,6 +73,7 @@ class Grant:
     output_tokens: int = 0
     quota_until: datetime | None = None
     dead_pool: str | None = None
+    in_flight: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The turn's usage as its result carries it (an `agent_job.usage` receipt)."""
@@ -147,9 +152,21 @@ class Gateway:
 
     # --- serving ---------------------------------------------------------------------------
 
+    def listen(self, path: Path) -> socket.socket:
+        """Bind its socket at `path` (`bind`): from now on turns are given their way to it."""
+        listening = bind(path)
+        self.socket = path
+        return listening
+
     async def serve(self, listening: socket.socket, stop: asyncio.Event) -> None:
-        """Serve on `listening` (`bind`) until `stop`."""
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+        """Serve on `listening` (`listen`) until `stop`."""
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            limit_concurrency=MAX_CONNECTIONS,
+        )
         server = _Server(config)
         self.socket = Path(listening.getsockname())
         task = asyncio.create_task(server.serve(sockets=[listening]), name="gateway")
@@ -181,24 +198,67 @@ class Gateway:
             return _error(
                 style, 404, "not_found_error", f"{grant.binding} speaks {pool.provider.api}"
             )
-        body = await request.body()
-        if len(body) > MAX_REQUEST_BYTES:
+        if grant.in_flight >= MAX_CALLS_PER_GRANT:
+            message = f"a turn has at most {MAX_CALLS_PER_GRANT} model calls in flight"
+            return _error(style, 429, "rate_limit_error", message)
+        body = await _bounded_body(request)
+        if body is None:
             return _error(style, 413, "request_too_large", "the request is too large")
         headers = {k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS}
+        grant.in_flight += 1
+        relayed = False
+        try:
+            answer = await self._send_with_a_credential(pool, grant, path, body, headers, style)
+            relayed = isinstance(answer, _Relayed)
+            return answer
+        finally:
+            if not relayed:
+                grant.in_flight -= 1
+
+    async def _send_with_a_credential(
+        self,
+        pool: _Pool,
+        grant: Grant,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        style: str,
+    ) -> Response:
+        """The call on one credential after another: a resting one is skipped, a refused one
+        set aside; a reset a moment away is waited for once."""
         tried: set[int] = set()
+        waited = False
         while True:
             now = datetime.now(UTC)
             index = self._choose(pool, grant.job_id, now, tried)
             if index is None:
+                soon = self._next_reset(pool, now)
+                if soon is not None and soon <= SHORT_RESET_S and not waited:
+                    waited = True
+                    tried.clear()
+                    await asyncio.sleep(soon)
+                    continue
                 return self._exhausted(pool, grant, style, now)
             tried.add(index)
             state = pool.states[index]
-            async with state.slots:
+            await state.slots.acquire()
+            state.busy += 1
+            answer: Response | object | None = None
+            try:
                 answer = await self._call(pool, state, grant, path, body, headers, style)
+            finally:
+                if not isinstance(answer, _Relayed):  # a relayed answer frees them once sent
+                    state.busy -= 1
+                    state.slots.release()
             if isinstance(answer, Response):
                 return answer
             if answer is _REFRESHED:
                 tried.discard(index)  # its key changed in its file: once more with the new one
+
+    def _next_reset(self, pool: _Pool, now: datetime) -> float | None:
+        """Seconds until the first resting credential of `pool` may be used again."""
+        resting = [s.resting_until for s in pool.states if not s.dead and s.resting_until]
+        return max(0.0, (min(resting) - now).total_seconds()) if resting else None
 
     def _choose(self, pool: _Pool, job_id: str, now: datetime, tried: set[int]) -> int | None:
         usable = [i for i, s in enumerate(pool.states) if s.usable(now) and i not in tried]
@@ -241,7 +301,8 @@ class Gateway:
         style: str,
     ) -> Response | object | None:
         """Send the call with `state`'s credential; None when it should go to another one,
-        `_REFRESHED` when it should go to this one again (its key was re-read)."""
+        `_REFRESHED` when it should go to this one again (its key was re-read). A `_Relayed`
+        answer holds the credential's slot and the grant's call until its body is sent."""
         provider, credential = pool.provider, state.credential
         url = provider.base_url + (path.removeprefix("/v1") if style == "openai" else path)
         auth = (
@@ -257,42 +318,47 @@ class Gateway:
             timeout=UPSTREAM_TIMEOUT,
         )
         started = time.monotonic()
-        state.busy += 1
         try:
             upstream = await self.http.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
-            state.busy -= 1
             message = _redacted(f"the provider could not be reached: {exc}", credential)
             self._count(grant, "unreachable", Usage())
             return _error(style, 502, "api_error", message)
-        if upstream.status_code in (401, 403) or (
-            upstream.status_code == 429 and recovers_at(upstream.headers, datetime.now(UTC))
-        ):
-            await upstream.aread()
-            await upstream.aclose()
-            state.busy -= 1
-            return self._set_aside(pool, state, upstream)
-        grant.calls += 1
-        return StreamingResponse(
-            self._relay(upstream, state, grant, started),
-            status_code=upstream.status_code,
-            headers={
-                k: v for k, v in upstream.headers.items() if k.lower() in PASSED_ANSWER_HEADERS
-            },
-        )
+        relayed = False
+        try:
+            status = upstream.status_code
+            if status == 401 or (status == 429 and _recovery(upstream) is not None):
+                await upstream.aread()
+                return self._set_aside(pool, state, upstream, credential)
+            if status < 400:
+                grant.quota_until = None  # recovered: a later failure is the command's own
+            grant.calls += 1
+            relay = _Relay(upstream, started, functools.partial(self._count, grant))
+            answer = _Relayed(relay, state, grant)
+            relayed = True
+            return answer
+        finally:
+            if not relayed:
+                await upstream.aclose()
 
     def _set_aside(
-        self, pool: _Pool, state: _CredentialState, upstream: httpx.Response
+        self,
+        pool: _Pool,
+        state: _CredentialState,
+        upstream: httpx.Response,
+        used: Credential,
     ) -> object | None:
         binding, credential = pool.provider.id, state.credential.id
         if upstream.status_code == 429:
-            state.resting_until = recovers_at(upstream.headers, datetime.now(UTC))
+            state.resting_until = _recovery(upstream)
             log.info(
                 "a credential rests until the provider's reset",
                 extra={"event": "gateway.credential_resting", "binding": binding,
                        "credential": credential, "until": str(state.resting_until)},
             )  # fmt: skip
             return None
+        if state.credential is not used:  # another call refreshed it meanwhile
+            return _REFRESHED
         fresh = state.credential.reread()
         if fresh is not None:
             state.credential = fresh
@@ -305,30 +371,11 @@ class Gateway:
         state.dead = True
         metrics.GATEWAY_CREDENTIALS_DEAD.labels(binding).inc()
         log.warning(
-            "the provider refused a credential; it is not used again",
+            "the provider refused a credential as unauthorized; it is not used again",
             extra={"event": "gateway.credential_refused", "binding": binding,
                    "credential": credential, "status": upstream.status_code},
         )  # fmt: skip
         return None
-
-    async def _relay(
-        self, upstream: httpx.Response, state: _CredentialState, grant: Grant, started: float
-    ) -> AsyncIterator[bytes]:
-        streamed = "text/event-stream" in upstream.headers.get("content-type", "")
-        events = StreamUsage()
-        kept = bytearray()
-        try:
-            async for chunk in upstream.aiter_raw():
-                if streamed:
-                    events.feed(chunk)
-                elif len(kept) < MAX_JSON_ANSWER_BYTES:
-                    kept += chunk
-                yield chunk
-        finally:
-            await upstream.aclose()
-            state.busy -= 1
-            usage = events.usage if streamed else _json_usage(bytes(kept))
-            self._count(grant, str(upstream.status_code), usage, time.monotonic() - started)
 
     def _count(self, grant: Grant, status: str, usage: Usage, duration_s: float = 0.0) -> None:
         grant.input_tokens += usage.input_tokens
@@ -343,6 +390,65 @@ class Gateway:
                    "status": status, "inputTokens": usage.input_tokens,
                    "outputTokens": usage.output_tokens, "durationS": round(duration_s, 3)},
         )  # fmt: skip
+
+
+class _Relay:
+    """A provider's answer passed through as it comes, its usage read on the way."""
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        started: float,
+        done: Callable[[str, Usage, float], None],
+    ) -> None:
+        self.upstream = upstream
+        self.started = started
+        self.streamed = "text/event-stream" in upstream.headers.get("content-type", "")
+        self.events = StreamUsage()
+        self.kept = bytearray()
+        self.done = done
+        self.closed = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self.upstream.aiter_raw():
+            if self.streamed:
+                self.events.feed(chunk)
+            elif len(self.kept) < MAX_JSON_ANSWER_BYTES:
+                self.kept += chunk
+            yield chunk
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.upstream.aclose()
+        usage = self.events.usage if self.streamed else _json_usage(bytes(self.kept))
+        self.done(str(self.upstream.status_code), usage, time.monotonic() - self.started)
+
+
+class _Relayed(StreamingResponse):
+    """The relayed answer: the credential's slot and the grant's call are held until its body
+    is sent or the command hangs up, whichever comes first."""
+
+    def __init__(self, relay: _Relay, state: _CredentialState, grant: Grant) -> None:
+        upstream = relay.upstream
+        super().__init__(
+            relay.chunks(),
+            status_code=upstream.status_code,
+            headers={
+                k: v for k, v in upstream.headers.items() if k.lower() in PASSED_ANSWER_HEADERS
+            },
+        )
+        self.relay, self.state, self.grant = relay, state, grant
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.relay.close()
+            self.state.busy -= 1
+            self.state.slots.release()
+            self.grant.in_flight -= 1
 
 
 class _Server(uvicorn.Server):
@@ -371,6 +477,26 @@ def bind(path: Path) -> socket.socket:
     listening.listen(128)
     listening.setblocking(False)
     return listening
+
+
+async def _bounded_body(request: Request) -> bytes | None:
+    """The request's body, or None past MAX_REQUEST_BYTES (refused before it is read whole)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_REQUEST_BYTES:
+            return None
+    return bytes(body)
+
+
+def _recovery(upstream: httpx.Response) -> datetime | None:
+    try:
+        return recovers_at(upstream.headers, datetime.now(UTC))
+    except (OverflowError, ValueError):  # a reset too far to name: as none
+        return None
 
 
 def _token_of(request: Request) -> str:

@@ -53,10 +53,7 @@ child = subprocess.Popen(argv)
 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(sig, lambda n, _: child.send_signal(n))
 code = child.wait()
-if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
-    os.kill(os.getpid(), -code)
-os._exit(code)
+os._exit(128 - code if code < 0 else code)
 """
 
 

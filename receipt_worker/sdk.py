@@ -93,8 +93,9 @@ class JobContext(abc.ABC):
     @abc.abstractmethod
     async def progress(self, data: Any) -> bool:
         """Record progress (a string or any JSON value) as a `job.progress` receipt. Receipts
-        are written at most every half second: a call in between is kept, the latest wins, and
-        the last is written before the job settles. False once the lease is lost."""
+        are written at most every half second: a call in between is kept (and answers True),
+        the latest wins, and the last is written before the job settles. False when the
+        fence refused the write: the lease is lost and the handler is about to be cancelled."""
 
     @abc.abstractmethod
     def commands(self, *, wait: bool = True) -> AsyncIterator[Command]:

@@ -2,7 +2,8 @@
 Responses and Anthropic's Messages, streaming or not, with the usage a real one reports.
 
 Every call is checked against the provider's keys (`keys`: key → behaviour): `ok` answers;
-`quota` answers 429 with `retry-after: quota_s`; anything else is 401. The Responses API follows
+`quota` answers 429 with `retry-after: quota_s`; `forbidden` answers 403 (a model the key may not
+use); `slow` answers after `slow_s`; anything else is 401. The Responses API follows
 a script an agent CLI can run: while no tool output is in the input it calls the shell tool
 (`exec_command`, the command `shell_command`), then it answers with a final message. Each call is
 recorded (path, the key it carried, whether it streamed), never its body's secrets.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ class FakeProvider:
     keys: dict[str, str]
     shell_command: str = "echo hi > out.txt"
     quota_s: int = 30
+    slow_s: float = 1.0
     calls: list[Call] = field(default_factory=list)
     port: int = 0
 
@@ -78,6 +81,10 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             if behaviour == "quota":
                 extra = {"retry-after": str(provider.quota_s)}
                 return self._json(429, {"error": {"message": "quota", "type": "rate"}}, extra)
+            if behaviour == "forbidden":
+                return self._json(403, {"error": {"message": "not this model", "type": "perm"}})
+            if behaviour == "slow":
+                time.sleep(provider.slow_s)
             if self.path == "/v1/chat/completions":
                 return self._chat(body, stream)
             if self.path == "/v1/responses":

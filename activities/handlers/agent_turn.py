@@ -103,9 +103,9 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     except SandboxRefused as exc:
         return _failed(str(exc), retryable=False)
     finally:
-        await stdin.consumed()
         if grant is not None and ctx.gateway is not None:
             ctx.gateway.revoke(grant)  # its token opens nothing once the command is gone
+        await stdin.consumed()
     if ended.aborted:
         raise HandlerError("aborted", retryable=False)
     outcome = await turn.outcome(ended.exit_code)

@@ -67,6 +67,7 @@ def main() -> int:
             "exec", "--json", "--ephemeral", "--skip-git-repo-check",
             "--dangerously-bypass-approvals-and-sandbox",
             "-C", os.getcwd(),
+            "--",  # the prompt is the tenant's: never an option
             prompt_of(request),
         ],
         stdin=subprocess.DEVNULL,

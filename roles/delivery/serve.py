@@ -9,7 +9,7 @@ import logging
 from temporalio.service import RPCError
 
 from activities import sandbox, sandbox_etc
-from activities.gateway import Gateway, bind, socket_path
+from activities.gateway import Gateway, socket_path
 from activities.handlers.registry import default_handlers
 from activities.handlers.sdk import Installed
 from activities.watchdog_tick import WatchdogActivities
@@ -138,7 +138,7 @@ async def run_attempt_worker(
         await sandbox.announce(runtime.settings.sandbox)
         gateway = Gateway(runtime.settings.providers, runtime.http)
         # Served until the worker has drained: a turn still running may still call its model.
-        runtime.spawn(gateway.serve(bind(socket_path()), drained), "gateway")
+        runtime.spawn(gateway.serve(gateway.listen(socket_path()), drained), "gateway")
     process = runtime.settings.process
     worker = attempt_worker(
         runtime.client,

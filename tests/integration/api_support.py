@@ -21,6 +21,7 @@ import httpx
 from jsonschema import Draft202012Validator
 
 from receipt_client.sse import SseEvent, parse_sse
+from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.kinds import CONTRACTS
 from receipts.store import Store
 from receipts.tenancy import scoped_id
@@ -83,11 +84,15 @@ async def api_client(
     *,
     store: Store | None = None,
     base_url: str = "http://api.test",
+    agent_jobs: AgentJobSettings | None = None,
     **settings: Any,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The app in-process (lifespan running) behind an httpx client; app exceptions propagate."""
     values: dict[str, Any] = {"tokens": TOKENS, **UNLIMITED, **settings}
-    app = create_app(RuntimeSettings(api=ApiSettings(**values)), database_url=db_url, store=store)
+    runtime = RuntimeSettings(
+        api=ApiSettings(**values), agent_jobs=agent_jobs or AgentJobSettings()
+    )
+    app = create_app(runtime, database_url=db_url, store=store)
     transport = httpx.ASGITransport(app=app)
     document = app.openapi()
 

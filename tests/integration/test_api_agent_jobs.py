@@ -305,3 +305,32 @@ async def test_session_events_stream_wakeups_live_and_resume(api: RunningApi, st
                     break
     assert first is not None and first["seq"] == 2
     assert first["data"]["sourceId"] == f"{job['agentJobId']}:succeeded:1:2"
+
+
+async def test_a_create_saves_the_agents_binding_and_refuses_another(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A binding decides whose model keys a turn spends (the AI gateway): the job saves its
+    agent's, and a create naming another is refused with nothing written."""
+    registry = tmp_path / "agents.yaml"
+    registry.write_text(
+        "agents:\n"
+        "  - {id: coder, command: [python3, x.py], providerBinding: openai-main}\n"
+        "  - {id: plain, command: [python3, x.py]}\n"
+    )
+    settings = AgentJobSettings.model_validate({"RECEIPT_AGENTS_FILE": str(registry)})
+    async with api_client(db_url, agent_jobs=settings) as client:
+        saved = await create(client, AS_A, agentId="coder")
+        named = await create(client, AS_A, agentId="coder", providerBinding="openai-main")
+        other = await client.post(
+            "/agent-jobs", json=body(agentId="coder", providerBinding="someone-elses"), headers=AS_A
+        )
+        none = await client.post(
+            "/agent-jobs", json=body(agentId="plain", providerBinding="openai-main"), headers=AS_A
+        )
+        unknown = await client.post("/agent-jobs", json=body(agentId="ghost"), headers=AS_A)
+    assert saved["providerBinding"] == named["providerBinding"] == "openai-main"
+    assert other.status_code == 422 and other.json()["error"]["field"] == "providerBinding"
+    assert other.json()["error"]["allowed"] == ["openai-main"]
+    assert none.status_code == 422 and "it names none" in none.json()["error"]["message"]
+    assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "agentId"

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activities.gateway import Gateway, Grant, bind
+from activities.gateway import MAX_CALLS_PER_GRANT, Gateway, Grant, bind
 from activities.gateway import socket_path as gateway_socket_path
 from activities.gateway_providers import Credential, Provider, Secret
 from activities.sandbox import SandboxSettings, probe, run_sandboxed
@@ -32,7 +32,8 @@ def provider(binding: str, api: str, base_url: str, *keys: str) -> Provider:
 
 @pytest.fixture
 def fake() -> Iterator[FakeProvider]:
-    with running(FakeProvider({"sk-good": "ok", "sk-quota": "quota", "sk-other": "ok"})) as fake:
+    keys = {"sk-good": "ok", "sk-quota": "quota", "sk-other": "ok", "sk-no": "forbidden"}
+    with running(FakeProvider({**keys, "sk-slow": "slow"})) as fake:
         yield fake
 
 
@@ -45,6 +46,8 @@ async def gateway(fake: FakeProvider, tmp_path: Path) -> AsyncIterator[tuple[Gat
         "openai-spent": provider("openai-spent", "openai", fake.openai_url, "sk-quota"),
         "openai-revoked": provider("openai-revoked", "openai", fake.openai_url, "sk-revoked"),
         "openai-off": Provider("openai-off", "openai", fake.openai_url, ()),
+        "openai-forbidden": provider("openai-forbidden", "openai", fake.openai_url, "sk-no"),
+        "openai-slow": provider("openai-slow", "openai", fake.openai_url, "sk-slow"),
     }
     async with httpx.AsyncClient() as http:
         gateway = Gateway(providers, http)
@@ -221,11 +224,12 @@ print("keys found:", found)
 
 
 async def test_a_sandboxed_command_reaches_the_gateway_and_no_provider_key(
-    gateway: tuple[Gateway, Path], fake: FakeProvider
+    gateway: tuple[Gateway, Path], fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The command's only way out is the forwarder to the gateway's socket: it calls the model
     with its turn's token, cannot reach the provider itself, and finds no key in its
     environment, its files or its processes."""
+    monkeypatch.setenv("OPENAI_KEY_MAIN", "sk-good")  # the key where a worker keeps it
     settings = SandboxSettings.load(os.environ)
     ok, message = await probe(settings)
     if not ok:
@@ -283,3 +287,44 @@ async def test_a_refused_key_is_re_read_from_its_file_and_the_call_goes_through(
     assert answer.status_code == 200
     assert [c.key for c in fake.calls] == ["sk-old-and-revoked", "sk-good"]
     assert grant.dead_pool is None
+
+
+async def test_a_forbidden_call_fails_alone_and_a_turn_s_calls_in_flight_are_bounded(
+    gateway: tuple[Gateway, Path], fake: FakeProvider
+) -> None:
+    """A 403 (a model the key may not use) is the command's answer, the credential stays in
+    use; a turn cannot hold more than its share of the gateway's connections."""
+    gw, socket_path = gateway
+    forbidden, slow = turn(gw, "openai-forbidden"), turn(gw, "openai-slow")
+    async with client(socket_path) as http:
+        bearer = {"Authorization": f"Bearer {forbidden.token}"}
+        first = await http.post("/v1/chat/completions", json={}, headers=bearer)
+        second = await http.post("/v1/chat/completions", json={}, headers=bearer)
+        calls = [
+            http.post(
+                "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {slow.token}"}
+            )
+            for _ in range(MAX_CALLS_PER_GRANT + 2)
+        ]
+        answers = await asyncio.gather(*calls)
+    assert (first.status_code, second.status_code) == (403, 403)  # tried again: not dropped
+    assert forbidden.dead_pool is None
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200] * MAX_CALLS_PER_GRANT + [429, 429]
+    assert slow.in_flight == 0 and slow.quota_until is None  # a cap is no quota
+
+
+async def test_a_later_success_clears_the_quota_a_turn_met(
+    gateway: tuple[Gateway, Path], fake: FakeProvider
+) -> None:
+    gw, socket_path = gateway
+    grant = turn(gw, "openai-spent", "job-9")
+    bearer = {"Authorization": f"Bearer {grant.token}"}
+    async with client(socket_path) as http:
+        refused = await http.post("/v1/chat/completions", json={}, headers=bearer)
+        assert refused.status_code == 429 and grant.quota_until is not None
+        fake.keys["sk-quota"] = "ok"
+        for state in gw.pools["openai-spent"].states:
+            state.resting_until = None  # its reset came
+        later = await http.post("/v1/chat/completions", json={}, headers=bearer)
+    assert later.status_code == 200 and grant.quota_until is None

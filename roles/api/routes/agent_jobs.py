@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs import reads as agent_reads
+from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings, RegistryError, load_registry
 from receipts.agent_jobs.requests import parse_answer, parse_create
@@ -151,20 +152,31 @@ def _require_admin(caller: Principal) -> None:
         raise ApiError(403, "forbidden", "the console needs an admin token")
 
 
-def _check_agent(settings: AgentJobSettings, agent_id: str) -> str | None:
-    """Refuse an agent the registry does not know, when this process can read the registry;
-    return its provider binding (the job saves it, so every turn uses the one of its creation)."""
+def _checked_binding(settings: AgentJobSettings, create: CreateRequest) -> CreateRequest:
+    """Refuse an agent the registry does not know, when this process can read the registry, and
+    a provider binding other than the agent's (a binding decides whose model keys a turn
+    spends, so a tenant does not choose it); the create saves the agent's binding, which every
+    turn of the job then uses."""
     if settings.agents_file is None:
-        return None
+        return create
     try:
         registry = load_registry(settings.agents_file)
     except RegistryError:
-        return None  # the turn reports a broken registry; creating the job writes nothing wrong
-    agent = registry.get(agent_id)
+        return create  # the turn reports a broken registry; creating the job writes nothing wrong
+    agent = registry.get(create.agent_id)
     if agent is None:
         known = tuple(sorted(registry.agents))
-        raise InvalidInput("agentId", f"agentId {agent_id!r} is not in the agents registry", known)
-    return agent.provider_binding
+        raise InvalidInput(
+            "agentId", f"agentId {create.agent_id!r} is not in the agents registry", known
+        )
+    binding = agent.provider_binding
+    if create.provider_binding not in (None, binding):
+        raise InvalidInput(
+            "providerBinding",
+            f"providerBinding must be the agent's ({binding or 'it names none'})",
+            (binding,) if binding else (),
+        )
+    return dataclasses.replace(create, provider_binding=binding)
 
 
 @router.post(
@@ -202,10 +214,7 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
             field="organizationId",
         )
     assert organization_id is not None
-    create = parse_create(body, organization_id)
-    binding = _check_agent(state.agent_jobs, create.agent_id)
-    if create.provider_binding is None and binding is not None:
-        create = dataclasses.replace(create, provider_binding=binding)
+    create = _checked_binding(state.agent_jobs, parse_create(body, organization_id))
     try:
         job, created = await lifecycle.create(state.require_store(), create)
     except lifecycle.LiveTurnRunning as exc:

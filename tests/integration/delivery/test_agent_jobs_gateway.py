@@ -116,14 +116,14 @@ async def test_a_dead_pool_takes_the_ordinary_retry_path_naming_it(
         stack_with_dispatcher(client, store, fresh_db, gateway=gateway),
     ):
         job, _ = await lifecycle.create(store, request("model:1", provider_binding="test-provider"))
-        await wait_for(store, job.agent_job_id, "queued", turn=1)
-        await lifecycle.cancel(store, job.agent_job_id, reason="enough")
+        failed = await wait_for(store, job.agent_job_id, "failed", "succeeded", timeout=90)
         receipts = await store.read_stream(model.stream_of(job.agent_job_id))
-    failure = next(r for r in receipts if r.type == model.TRANSITIONED and r.data["to"] == "queued")
-    assert failure.data.get("reason") != "quota_delay"
-    assert (
-        "model gateway: provider 'test-provider' has no usable credential" in failure.data["error"]
-    )
+    # The ordinary path: each turn a counted, retried failure, until the budget is spent.
+    retried = [r for r in receipts if r.type == model.TRANSITIONED and r.data["to"] == "queued"]
+    assert retried and all(r.data.get("reason") != "quota_delay" for r in retried)
+    named = "model gateway: provider 'test-provider' has no usable credential"
+    assert named in retried[0].data["error"]
+    assert failed.status == "failed" and failed.attempt == 5
     assert fake.calls == []
 
 
