@@ -1,17 +1,20 @@
 """The AI gateway: every model call of an agent turn goes through it, so provider keys never
 enter the sandbox and quota is seen by Receipt, not only by the command.
 
-It runs inside worker-codex, the role that runs turns (`roles/delivery/serve.py`), on a Unix
-socket the sandbox reaches and nothing else (`activities/sandbox_gateway.py`). A turn gets a
-`Grant`: a random token scoped to its queue job, attempt and provider binding, revoked when the
-turn ends. The gateway speaks the wire APIs agent CLIs use — OpenAI's Chat Completions and
-Responses, Anthropic's Messages, streaming or not — and forwards each call to the binding's
-provider with one of its credentials: the job's own (affinity) while it is usable, else the
-least busy. A credential the provider refuses for quota with a recovery time is rested until
-then and the call retried on another; when every one is resting the command gets the
-provider's 429 and the grant records when the pool recovers, which the turn settles as a
-placement delay. A credential refused as unauthorized is re-read from its file once, then
-dropped. Nothing of a prompt, an answer or a key is logged; errors are redacted.
+It runs inside worker-codex, the role that runs turns (`roles/delivery/serve.py`). A turn gets
+a `Grant`: a random token scoped to its queue job, attempt and provider binding, and a Unix
+socket of its own, bound into that turn's sandbox only (`activities/sandbox_gateway.py`); the
+token opens nothing on another turn's socket, and both end when the turn does.
+
+The gateway speaks the wire APIs agent CLIs use — OpenAI's Chat Completions and Responses,
+Anthropic's Messages, streaming or not — and forwards each call to the binding's provider with
+one of its credentials: the job's own (affinity) while it is usable, else the least busy, each
+within its concurrency until the answer is sent. A credential the provider refuses for quota
+with a recovery time rests until then and the call is retried on another; when every one rests
+the command gets the provider's 429 and the grant records when the pool recovers, which the
+turn settles as a placement delay. A credential refused as unauthorized (401) is re-read from
+its file once, then dropped; a 403 fails the call alone. Nothing of a prompt, an answer or a
+key is logged; errors are redacted.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import hashlib
 import json
 import logging
 import secrets
+import shutil
 import socket
 import tempfile
 import time
@@ -74,6 +78,7 @@ class Grant:
     quota_until: datetime | None = None
     dead_pool: str | None = None
     in_flight: int = 0
+    socket: Path | None = None  # the turn's own way in (`Gateway.grant`)
 
     def summary(self) -> dict[str, Any]:
         """The turn's usage as its result carries it (an `agent_job.usage` receipt)."""
@@ -109,8 +114,8 @@ class Gateway:
 
     def __init__(self, providers: Mapping[str, Provider], http: httpx.AsyncClient) -> None:
         self.http = http
-        self.socket: Path | None = None  # where it serves, once it does
         self.grants: dict[str, Grant] = {}
+        self.serving: dict[str, tuple[_Server, asyncio.Task[None]]] = {}
         self.pools = {
             binding: _Pool(
                 provider,
@@ -121,11 +126,9 @@ class Gateway:
             )
             for binding, provider in providers.items()
         }
-        self.app = Starlette(
-            routes=[
-                Route(path, self._forward, methods=["POST"])
-                for path in (*OPENAI_PATHS, *ANTHROPIC_PATHS)
-            ]
+        log.info(
+            "ai gateway ready",
+            extra={"event": "gateway.ready", "bindings": sorted(self.pools)},
         )
 
     # --- grants ----------------------------------------------------------------------------
@@ -139,54 +142,60 @@ class Gateway:
         organization_id: str | None,
         binding: str,
     ) -> Grant:
-        """A token for one turn's calls through `binding`, valid until `revoke`."""
+        """A token for one turn's calls through `binding`, valid until `revoke`, and the socket
+        that turn alone reaches it on (bound into its sandbox only): a token is refused on any
+        other turn's socket, so a token that leaked serves no other job."""
         grant = Grant(
             secrets.token_urlsafe(32), job_id, attempt, agent_id, organization_id, binding
         )
-        self.grants[grant.token] = grant
-        return grant
-
-    def revoke(self, grant: Grant) -> None:
-        """End the turn's grant: its token opens nothing any more."""
-        self.grants.pop(grant.token, None)
-
-    # --- serving ---------------------------------------------------------------------------
-
-    def listen(self, path: Path) -> socket.socket:
-        """Bind its socket at `path` (`bind`): from now on turns are given their way to it."""
-        listening = bind(path)
-        self.socket = path
-        return listening
-
-    async def serve(self, listening: socket.socket, stop: asyncio.Event) -> None:
-        """Serve on `listening` (`listen`) until `stop`."""
+        grant.socket = socket_path()
+        listening = bind(grant.socket)
         config = uvicorn.Config(
-            self.app,
+            self._app_for(grant),
+            log_config=None,  # the role's logging stays as it is
             log_level="warning",
             access_log=False,
             lifespan="off",
             limit_concurrency=MAX_CONNECTIONS,
         )
         server = _Server(config)
-        self.socket = Path(listening.getsockname())
-        task = asyncio.create_task(server.serve(sockets=[listening]), name="gateway")
-        log.info(
-            "ai gateway serving",
-            extra={"event": "gateway.serving", "socket": listening.getsockname(),
-                   "bindings": sorted(self.pools)},
-        )  # fmt: skip
-        with contextlib.suppress(asyncio.CancelledError):
-            await stop.wait()
+        task = asyncio.create_task(server.serve(sockets=[listening]), name=f"gateway:{job_id}")
+        self.serving[grant.token] = (server, task)
+        self.grants[grant.token] = grant
+        return grant
+
+    def revoke(self, grant: Grant) -> None:
+        """End the turn's grant: its token opens nothing any more, its socket closes."""
+        self.grants.pop(grant.token, None)
+        served = self.serving.pop(grant.token, None)
+        if served is None:
+            return
+        server, task = served
         server.should_exit = True
-        await task
+        socket_dir = grant.socket.parent if grant.socket is not None else None
+        if socket_dir is not None:
+            task.add_done_callback(lambda _: shutil.rmtree(socket_dir, ignore_errors=True))
+
+    async def close(self) -> None:
+        """Revoke every grant and wait for their sockets to close."""
+        tasks = [task for _, task in self.serving.values()]
+        for grant in list(self.grants.values()):
+            self.revoke(grant)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _app_for(self, grant: Grant) -> Starlette:
+        async def endpoint(request: Request) -> Response:
+            return await self._forward(request, grant)
+
+        paths = (*OPENAI_PATHS, *ANTHROPIC_PATHS)
+        return Starlette(routes=[Route(path, endpoint, methods=["POST"]) for path in paths])
 
     # --- one call --------------------------------------------------------------------------
 
-    async def _forward(self, request: Request) -> Response:
+    async def _forward(self, request: Request, grant: Grant) -> Response:
         path = request.url.path
         style = "anthropic" if path in ANTHROPIC_PATHS else "openai"
-        grant = self.grants.get(_token_of(request))
-        if grant is None:
+        if _token_of(request) != grant.token or grant.token not in self.grants:
             return _error(style, 401, "authentication_error", "the turn's token is not valid")
         pool = self.pools.get(grant.binding)
         dead = f"no provider is configured for binding {grant.binding!r}" if pool is None else None

@@ -137,7 +137,7 @@ def _model_access(
     binding (the command then has no model access through Receipt)."""
     binding = job.provider_binding or agent.provider_binding
     gateway = ctx.gateway
-    if gateway is None or binding is None or gateway.socket is None:
+    if gateway is None or binding is None:
         return None, None
     grant = gateway.grant(
         job_id=ctx.job.job_id,
@@ -146,7 +146,8 @@ def _model_access(
         organization_id=job.organization_id,
         binding=binding,
     )
-    return grant, Access(gateway.socket, free_port())
+    assert grant.socket is not None
+    return grant, Access(grant.socket, free_port())
 
 
 def _as_the_gateway_saw(outcome: dict[str, Any], grant: Grant) -> dict[str, Any]:

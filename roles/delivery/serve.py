@@ -9,7 +9,7 @@ import logging
 from temporalio.service import RPCError
 
 from activities import sandbox, sandbox_etc
-from activities.gateway import Gateway, socket_path
+from activities.gateway import Gateway
 from activities.handlers.registry import default_handlers
 from activities.handlers.sdk import Installed
 from activities.watchdog_tick import WatchdogActivities
@@ -133,12 +133,10 @@ async def run_attempt_worker(
                 "could not create or update the watchdog schedule",
                 extra={"event": "watchdog.schedule_failed", "error": str(exc)},
             )
-    gateway, drained = None, asyncio.Event()
+    gateway = None
     if sandboxed:
         await sandbox.announce(runtime.settings.sandbox)
         gateway = Gateway(runtime.settings.providers, runtime.http)
-        # Served until the worker has drained: a turn still running may still call its model.
-        runtime.spawn(gateway.serve(gateway.listen(socket_path()), drained), "gateway")
     process = runtime.settings.process
     worker = attempt_worker(
         runtime.client,
@@ -155,7 +153,8 @@ async def run_attempt_worker(
         gateway=gateway,
     )
     await run_until(worker.run, worker.shutdown, stop, process.grace)
-    drained.set()
+    if gateway is not None:
+        await gateway.close()  # drained: no turn calls its model any more
     if sandboxed:
         sandbox_etc.remove_views()  # drained: no command has a view as its /etc any more
 

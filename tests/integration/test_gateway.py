@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activities.gateway import MAX_CALLS_PER_GRANT, Gateway, Grant, bind
-from activities.gateway import socket_path as gateway_socket_path
+from activities.gateway import MAX_CALLS_PER_GRANT, Gateway, Grant
 from activities.gateway_providers import Credential, Provider, Secret
 from activities.sandbox import SandboxSettings, probe, run_sandboxed
 from activities.sandbox_gateway import Access
@@ -38,7 +37,7 @@ def fake() -> Iterator[FakeProvider]:
 
 
 @pytest.fixture
-async def gateway(fake: FakeProvider, tmp_path: Path) -> AsyncIterator[tuple[Gateway, Path]]:
+async def gw(fake: FakeProvider) -> AsyncIterator[Gateway]:
     providers = {
         "openai-main": provider("openai-main", "openai", fake.openai_url, "sk-good"),
         "anthropic-main": provider("anthropic-main", "anthropic", fake.anthropic_url, "sk-good"),
@@ -51,12 +50,8 @@ async def gateway(fake: FakeProvider, tmp_path: Path) -> AsyncIterator[tuple[Gat
     }
     async with httpx.AsyncClient() as http:
         gateway = Gateway(providers, http)
-        socket_path = gateway_socket_path()
-        stop = asyncio.Event()
-        serving = asyncio.create_task(gateway.serve(bind(socket_path), stop))
-        yield gateway, socket_path
-        stop.set()
-        await serving
+        yield gateway
+        await gateway.close()
 
 
 def turn(gateway: Gateway, binding: str, job: str = "job-1") -> Grant:
@@ -65,30 +60,28 @@ def turn(gateway: Gateway, binding: str, job: str = "job-1") -> Grant:
     )
 
 
-def client(socket_path: Path) -> httpx.AsyncClient:
-    transport = httpx.AsyncHTTPTransport(uds=str(socket_path))
+def client(grant: Grant) -> httpx.AsyncClient:
+    """A client on the turn's own socket, as its sandbox reaches it."""
+    transport = httpx.AsyncHTTPTransport(uds=str(grant.socket))
     return httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=10)
 
 
+async def call(grant: Grant, path: str = "/v1/chat/completions", **body: object) -> httpx.Response:
+    """One call of the turn on its own socket, with its token."""
+    headers = {"Authorization": f"Bearer {grant.token}", "x-api-key": grant.token}
+    async with client(grant) as http:
+        return await http.post(path, json=body, headers=headers)
+
+
 async def test_both_api_styles_are_forwarded_streaming_or_not_and_counted(
-    gateway: tuple[Gateway, Path], fake: FakeProvider
+    gw: Gateway, fake: FakeProvider
 ) -> None:
-    gw, socket_path = gateway
     openai, anthropic = turn(gw, "openai-main"), turn(gw, "anthropic-main")
-    bearer = {"Authorization": f"Bearer {openai.token}"}
-    keyed = {"x-api-key": anthropic.token, "anthropic-version": "2023-06-01"}
-    async with client(socket_path) as http:
-        chat = await http.post("/v1/chat/completions", json={"model": "m"}, headers=bearer)
-        streamed = await http.post(
-            "/v1/chat/completions", json={"model": "m", "stream": True}, headers=bearer
-        )
-        responses = await http.post(
-            "/v1/responses", json={"model": "m", "stream": True, "input": []}, headers=bearer
-        )
-        message = await http.post("/v1/messages", json={"model": "m"}, headers=keyed)
-        message_stream = await http.post(
-            "/v1/messages", json={"model": "m", "stream": True}, headers=keyed
-        )
+    chat = await call(openai, model="m")
+    streamed = await call(openai, model="m", stream=True)
+    responses = await call(openai, "/v1/responses", model="m", stream=True, input=[])
+    message = await call(anthropic, "/v1/messages", model="m")
+    message_stream = await call(anthropic, "/v1/messages", model="m", stream=True)
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"] == "hello"
     assert streamed.headers["content-type"].startswith("text/event-stream")
     assert streamed.text.rstrip().endswith("data: [DONE]")
@@ -117,41 +110,43 @@ async def test_both_api_styles_are_forwarded_streaming_or_not_and_counted(
     )
 
 
-async def test_a_token_opens_nothing_after_its_turn_and_never_another_binding(
-    gateway: tuple[Gateway, Path], fake: FakeProvider
+async def test_a_token_opens_nothing_after_its_turn_nor_on_another_turn_s_socket(
+    gw: Gateway, fake: FakeProvider
 ) -> None:
-    gw, socket_path = gateway
-    grant = turn(gw, "openai-main")
-    async with client(socket_path) as http:
-        wrong_style = await http.post("/v1/messages", json={}, headers={"x-api-key": grant.token})
-        gw.revoke(grant)
-        after = await http.post(
-            "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {grant.token}"}
+    """A turn's token is good on its own socket only, and only until the turn ends; a provider
+    key is no token; a path of the other API style is not served."""
+    mine, theirs = turn(gw, "openai-main", "job-a"), turn(gw, "openai-main", "job-b")
+    wrong_style = await call(mine, "/v1/messages")
+    async with client(theirs) as http:  # job b's socket, job a's token
+        elsewhere = await http.post(
+            "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {mine.token}"}
         )
         stranger = await http.post(
             "/v1/chat/completions", json={}, headers={"Authorization": "Bearer sk-good"}
         )
+    socket_dir = mine.socket.parent if mine.socket else None
+    gw.revoke(mine)
+    async with client(theirs) as http:
+        after = await http.post(
+            "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {mine.token}"}
+        )
+    await asyncio.sleep(0.5)
     assert wrong_style.status_code == 404
-    assert after.status_code == 401 and after.json()["error"]["type"] == "authentication_error"
-    assert stranger.status_code == 401  # a provider key is no token here
+    assert (
+        elsewhere.status_code == 401 and elsewhere.json()["error"]["type"] == "authentication_error"
+    )
+    assert stranger.status_code == 401 and after.status_code == 401
+    assert socket_dir is not None and not socket_dir.exists()  # its way in is gone with it
     assert fake.calls == []
 
 
 async def test_quota_rests_a_credential_retries_on_another_and_names_the_recovery_time(
-    gateway: tuple[Gateway, Path], fake: FakeProvider
+    gw: Gateway, fake: FakeProvider
 ) -> None:
-    gw, socket_path = gateway
     tight, spent = turn(gw, "openai-tight", "job-2"), turn(gw, "openai-spent", "job-3")
     before = datetime.now(UTC)
-    async with client(socket_path) as http:
-        # Two credentials: the one at quota rests, the call goes through on the other.
-        first = await http.post(
-            "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {tight.token}"}
-        )
-        # One credential at quota: the command gets the provider's 429 with when it recovers.
-        refused = await http.post(
-            "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {spent.token}"}
-        )
+    first = await call(tight)  # two credentials: the one at quota rests, the other answers
+    refused = await call(spent)  # one, at quota: the provider's 429 with when it recovers
     assert first.status_code == 200 and tight.quota_until is None
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 29
     assert refused.json()["error"]["type"] == "rate_limit_error"
@@ -161,18 +156,11 @@ async def test_quota_rests_a_credential_retries_on_another_and_names_the_recover
 
 
 async def test_a_refused_credential_and_an_empty_pool_are_a_dead_pool_without_recovery_time(
-    gateway: tuple[Gateway, Path], fake: FakeProvider
+    gw: Gateway, fake: FakeProvider
 ) -> None:
-    gw, socket_path = gateway
     revoked, off = turn(gw, "openai-revoked"), turn(gw, "openai-off")
     unknown = turn(gw, "no-such-binding")
-    async with client(socket_path) as http:
-        answers = [
-            await http.post(
-                "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {g.token}"}
-            )
-            for g in (revoked, off, unknown)
-        ]
+    answers = [await call(g) for g in (revoked, off, unknown)]
     assert [a.status_code for a in answers] == [503, 503, 503]
     assert revoked.dead_pool == "every credential of 'openai-revoked' was refused"
     assert off.dead_pool == "provider 'openai-off' has no usable credential"
@@ -224,7 +212,7 @@ print("keys found:", found)
 
 
 async def test_a_sandboxed_command_reaches_the_gateway_and_no_provider_key(
-    gateway: tuple[Gateway, Path], fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
+    gw: Gateway, fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The command's only way out is the forwarder to the gateway's socket: it calls the model
     with its turn's token, cannot reach the provider itself, and finds no key in its
@@ -234,9 +222,9 @@ async def test_a_sandboxed_command_reaches_the_gateway_and_no_provider_key(
     ok, message = await probe(settings)
     if not ok:
         pytest.skip(f"SANDBOX TESTS NOT RUN: {message}")
-    gw, socket_path = gateway
     grant = turn(gw, "openai-main")
-    access = Access(socket_path, free_port())
+    assert grant.socket is not None
+    access = Access(grant.socket, free_port())
     workspace = job_workspace("gateway-tests", f"gateway-{uuid.uuid4().hex[:8]}", settings)
     output: list[str] = []
 
@@ -274,36 +262,25 @@ async def test_a_refused_key_is_re_read_from_its_file_and_the_call_goes_through(
     key_file.write_text("sk-good\n")  # rotated after the gateway read it
     async with httpx.AsyncClient() as http:
         gw = Gateway({"rotated": rotated}, http)
-        socket_path = gateway_socket_path()
-        stop = asyncio.Event()
-        serving = asyncio.create_task(gw.serve(bind(socket_path), stop))
         grant = turn(gw, "rotated")
-        async with client(socket_path) as caller:
-            answer = await caller.post(
-                "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {grant.token}"}
-            )
-        stop.set()
-        await serving
+        answer = await call(grant)
+        await gw.close()
     assert answer.status_code == 200
     assert [c.key for c in fake.calls] == ["sk-old-and-revoked", "sk-good"]
     assert grant.dead_pool is None
 
 
 async def test_a_forbidden_call_fails_alone_and_a_turn_s_calls_in_flight_are_bounded(
-    gateway: tuple[Gateway, Path], fake: FakeProvider
+    gw: Gateway, fake: FakeProvider
 ) -> None:
     """A 403 (a model the key may not use) is the command's answer, the credential stays in
     use; a turn cannot hold more than its share of the gateway's connections."""
-    gw, socket_path = gateway
     forbidden, slow = turn(gw, "openai-forbidden"), turn(gw, "openai-slow")
-    async with client(socket_path) as http:
-        bearer = {"Authorization": f"Bearer {forbidden.token}"}
-        first = await http.post("/v1/chat/completions", json={}, headers=bearer)
-        second = await http.post("/v1/chat/completions", json={}, headers=bearer)
+    first, second = await call(forbidden), await call(forbidden)
+    async with client(slow) as http:
+        bearer = {"Authorization": f"Bearer {slow.token}"}
         calls = [
-            http.post(
-                "/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {slow.token}"}
-            )
+            http.post("/v1/chat/completions", json={}, headers=bearer)
             for _ in range(MAX_CALLS_PER_GRANT + 2)
         ]
         answers = await asyncio.gather(*calls)
@@ -314,17 +291,12 @@ async def test_a_forbidden_call_fails_alone_and_a_turn_s_calls_in_flight_are_bou
     assert slow.in_flight == 0 and slow.quota_until is None  # a cap is no quota
 
 
-async def test_a_later_success_clears_the_quota_a_turn_met(
-    gateway: tuple[Gateway, Path], fake: FakeProvider
-) -> None:
-    gw, socket_path = gateway
+async def test_a_later_success_clears_the_quota_a_turn_met(gw: Gateway, fake: FakeProvider) -> None:
     grant = turn(gw, "openai-spent", "job-9")
-    bearer = {"Authorization": f"Bearer {grant.token}"}
-    async with client(socket_path) as http:
-        refused = await http.post("/v1/chat/completions", json={}, headers=bearer)
-        assert refused.status_code == 429 and grant.quota_until is not None
-        fake.keys["sk-quota"] = "ok"
-        for state in gw.pools["openai-spent"].states:
-            state.resting_until = None  # its reset came
-        later = await http.post("/v1/chat/completions", json={}, headers=bearer)
+    refused = await call(grant)
+    assert refused.status_code == 429 and grant.quota_until is not None
+    fake.keys["sk-quota"] = "ok"
+    for state in gw.pools["openai-spent"].states:
+        state.resting_until = None  # its reset came
+    later = await call(grant)
     assert later.status_code == 200 and grant.quota_until is None

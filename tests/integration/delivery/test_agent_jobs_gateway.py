@@ -17,7 +17,7 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from activities.gateway import Gateway, bind, socket_path
+from activities.gateway import Gateway
 from activities.gateway_providers import Credential, Provider, Secret
 from receipts.agent_jobs import lifecycle, model
 from receipts.store import Store
@@ -45,13 +45,10 @@ def fake() -> Iterator[FakeProvider]:
 async def gateway_for(*providers: Provider) -> AsyncIterator[Gateway]:
     async with httpx.AsyncClient() as http:
         gateway = Gateway({p.id: p for p in providers}, http)
-        stop = asyncio.Event()
-        serving = asyncio.create_task(gateway.serve(bind(socket_path()), stop))
         try:
             yield gateway
         finally:
-            stop.set()
-            await serving
+            await gateway.close()
 
 
 def openai(binding: str, fake: FakeProvider, *keys: str) -> Provider:
