@@ -6,7 +6,8 @@ job's workspace, its model calls through Receipt's AI gateway.
 In: the turn request on stdin (docs/agent-jobs.md); `CODEX_BIN`, the codex executable (install it
 where the sandbox sees it: a directory in RECEIPT_SANDBOX_RO_BINDS); `CODEX_MODEL` (default
 gpt-5.5); `OPENAI_BASE_URL` and `OPENAI_API_KEY`, the gateway's address and the turn's token,
-which Receipt sets (no provider key ever reaches the sandbox). Out: one outcome line — `done`
+which Receipt sets (no provider key ever reaches the sandbox). Out: what codex does, line by
+line, as the turn's progress, then one outcome line — `done`
 with codex's last message and usage, or `failed` with its error (a model refused for quota is
 `quota_exhausted`: Receipt's gateway knows until when).
 
@@ -18,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -61,7 +63,7 @@ def main() -> int:
                      "providerBinding)", "retryable": False})  # fmt: skip
     home = Path(".codex-home").absolute()
     configure(home)
-    ran = subprocess.run(
+    codex = subprocess.Popen(
         [
             os.environ.get("CODEX_BIN", "codex"),
             "exec", "--json", "--ephemeral", "--skip-git-repo-check",
@@ -71,13 +73,14 @@ def main() -> int:
             prompt_of(request),
         ],
         stdin=subprocess.DEVNULL,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=(stderr_file := tempfile.TemporaryFile(mode="w+")),
         text=True,
         env={**os.environ, "CODEX_HOME": str(home)},
-        timeout=float(os.environ.get("CODEX_TIMEOUT_S", "1200")),
     )  # fmt: skip
     messages, usage, errors = [], None, []
-    for line in ran.stdout.splitlines():
+    assert codex.stdout is not None
+    for line in codex.stdout:  # as codex writes them: the turn's progress
         try:
             event = json.loads(line)
         except ValueError:
@@ -85,16 +88,20 @@ def main() -> int:
         item = event.get("item") or {}
         if event.get("type") == "item.completed" and item.get("type") == "agent_message":
             messages.append(item.get("text", ""))
+            print(f"codex: {item.get('text', '')[:500]}", flush=True)
         elif event.get("type") == "turn.completed":
             usage = event.get("usage")
         elif event.get("type") in ("error", "turn.failed"):
             errors.append(json.dumps(event.get("error") or event.get("message") or event))
         elif event.get("type") == "item.completed" and item.get("type") == "command_execution":
             print(f"ran: {item.get('command')} (exit {item.get('exit_code')})", flush=True)
-    if ran.returncode == 0 and usage is not None:
+    returncode = codex.wait()
+    stderr_file.seek(0)
+    stderr = stderr_file.read()
+    if returncode == 0 and usage is not None:
         return emit({"outcome": "done", "result": {"message": messages[-1] if messages else "",
                                                     "usage": usage}})  # fmt: skip
-    error = "; ".join(errors) or ran.stderr[-2000:] or f"codex exited {ran.returncode}"
+    error = "; ".join(errors) or stderr[-2000:] or f"codex exited {returncode}"
     if "429" in error or "rate limit" in error.lower() or "quota" in error.lower():
         return emit({"outcome": "quota_exhausted"})  # the gateway knows until when
     return emit({"outcome": "failed", "error": f"codex: {error}"[:3000]})

@@ -148,7 +148,7 @@ async def test_the_codex_cli_runs_an_agent_job_in_the_sandbox_through_the_gatewa
         "  - id: coder\n"
         f"    command: {json.dumps(command)}\n"
         "    providerBinding: test-provider\n"
-        f"    env: {{CODEX_BIN: {json.dumps(str(binary))}, CODEX_TIMEOUT_S: '120'}}\n",
+        f"    env: {{CODEX_BIN: {json.dumps(str(binary))}}}\n",
         encoding="utf-8",
     )
     monkeypatch.setenv("RECEIPT_AGENTS_FILE", str(registry))
@@ -164,6 +164,7 @@ async def test_the_codex_cli_runs_an_agent_job_in_the_sandbox_through_the_gatewa
             job, _ = await lifecycle.create(store, coder)
             done = await wait_for(store, job.agent_job_id, "succeeded", "failed", timeout=120)
             receipts = await store.read_stream(model.stream_of(job.agent_job_id))
+            turn_receipts = await store.read_stream(f"jobs/{done.queue_job_ids[0]}")
     workspace = Path(os.environ["RECEIPT_WORKSPACE_ROOT"]) / "orgs" / ORG / "agent-jobs"
     workspace = workspace / job.agent_job_id
     assert done.status == "succeeded", (done.error, done.result)
@@ -173,6 +174,8 @@ async def test_the_codex_cli_runs_an_agent_job_in_the_sandbox_through_the_gatewa
     assert all(c.key == "sk-test" and c.stream for c in fake.calls)
     usage = [r.data for r in receipts if r.type == model.USAGE]
     assert [(u["calls"], u["binding"]) for u in usage] == [(2, "test-provider")]
+    progress = "".join(r.data["data"]["output"] for r in turn_receipts if r.type == "job.progress")
+    assert "bash -c 'env > seen-env.txt; echo hi > out.txt' (exit 0)" in progress
     seen_env = (workspace / "seen-env.txt").read_text()
     assert "OPENAI_API_KEY=" in seen_env and "sk-test" not in seen_env
     leaked = [p for p in workspace.rglob("*") if p.is_file() and b"sk-test" in p.read_bytes()]
