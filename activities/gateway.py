@@ -20,17 +20,13 @@ key is logged; errors are redacted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
-import json
 import logging
 import secrets
 import shutil
-import socket
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,22 +36,31 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
+from activities.gateway_http import (
+    Relay,
+    Relayed,
+    Server,
+    bind,
+    bounded_body,
+    error,
+    recovery,
+    redacted,
+    socket_path,
+    token_of,
+)
 from activities.gateway_providers import Credential, Provider
-from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
+from activities.gateway_usage import Usage
 from receipts import metrics
 
 log = logging.getLogger("activities.gateway")
 
-MAX_REQUEST_BYTES = 32 * 1024 * 1024
-MAX_JSON_ANSWER_BYTES = 4 * 1024 * 1024
 UPSTREAM_TIMEOUT = httpx.Timeout(30.0, read=300.0)
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/responses")
 ANTHROPIC_PATHS = ("/v1/messages",)
 PASSED_REQUEST_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
-PASSED_ANSWER_HEADERS = ("content-type", "retry-after", "x-request-id", "request-id")
 MAX_CALLS_PER_GRANT = 8
 MAX_CONNECTIONS = 256
 SHORT_RESET_S = 2.0  # a credential free again this soon is waited for, once
@@ -115,7 +120,7 @@ class Gateway:
     def __init__(self, providers: Mapping[str, Provider], http: httpx.AsyncClient) -> None:
         self.http = http
         self.grants: dict[str, Grant] = {}
-        self.serving: dict[str, tuple[_Server, asyncio.Task[None]]] = {}
+        self.serving: dict[str, tuple[Server, asyncio.Task[None]]] = {}
         self.pools = {
             binding: _Pool(
                 provider,
@@ -158,7 +163,7 @@ class Gateway:
             lifespan="off",
             limit_concurrency=MAX_CONNECTIONS,
         )
-        server = _Server(config)
+        server = Server(config)
         task = asyncio.create_task(server.serve(sockets=[listening]), name=f"gateway:{job_id}")
         self.serving[grant.token] = (server, task)
         self.grants[grant.token] = grant
@@ -195,30 +200,30 @@ class Gateway:
     async def _forward(self, request: Request, grant: Grant) -> Response:
         path = request.url.path
         style = "anthropic" if path in ANTHROPIC_PATHS else "openai"
-        if _token_of(request) != grant.token or grant.token not in self.grants:
-            return _error(style, 401, "authentication_error", "the turn's token is not valid")
+        if token_of(request) != grant.token or grant.token not in self.grants:
+            return error(style, 401, "authentication_error", "the turn's token is not valid")
         pool = self.pools.get(grant.binding)
         dead = f"no provider is configured for binding {grant.binding!r}" if pool is None else None
         dead = dead or (pool.provider.dead if pool is not None else None)
         if dead is not None or pool is None:
             grant.dead_pool = dead
-            return _error(style, 503, "overloaded_error", dead or "")
+            return error(style, 503, "overloaded_error", dead or "")
         if pool.provider.api != style:
-            return _error(
+            return error(
                 style, 404, "not_found_error", f"{grant.binding} speaks {pool.provider.api}"
             )
         if grant.in_flight >= MAX_CALLS_PER_GRANT:
             message = f"a turn has at most {MAX_CALLS_PER_GRANT} model calls in flight"
-            return _error(style, 429, "rate_limit_error", message)
-        body = await _bounded_body(request)
+            return error(style, 429, "rate_limit_error", message)
+        body = await bounded_body(request)
         if body is None:
-            return _error(style, 413, "request_too_large", "the request is too large")
+            return error(style, 413, "request_too_large", "the request is too large")
         headers = {k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS}
         grant.in_flight += 1
         relayed = False
         try:
             answer = await self._send_with_a_credential(pool, grant, path, body, headers, style)
-            relayed = isinstance(answer, _Relayed)
+            relayed = isinstance(answer, Relayed)
             return answer
         finally:
             if not relayed:
@@ -256,7 +261,7 @@ class Gateway:
             try:
                 answer = await self._call(pool, state, grant, path, body, headers, style)
             finally:
-                if not isinstance(answer, _Relayed):  # a relayed answer frees them once sent
+                if not isinstance(answer, Relayed):  # a relayed answer frees them once sent
                     state.busy -= 1
                     state.slots.release()
             if isinstance(answer, Response):
@@ -285,7 +290,7 @@ class Gateway:
         resting = [s.resting_until for s in pool.states if not s.dead and s.resting_until]
         if not resting:
             grant.dead_pool = f"every credential of {grant.binding!r} was refused"
-            return _error(style, 503, "overloaded_error", grant.dead_pool)
+            return error(style, 503, "overloaded_error", grant.dead_pool)
         until = min(resting)
         grant.quota_until = max(grant.quota_until or until, until)
         metrics.GATEWAY_QUOTA.labels(grant.binding).inc()
@@ -295,7 +300,7 @@ class Gateway:
             extra={"event": "gateway.quota", "binding": grant.binding, "jobId": grant.job_id},
         )
         wait_s = max(1, int((until - now).total_seconds() + 0.999))
-        return _error(
+        return error(
             style, 429, "rate_limit_error", f"quota exhausted until {until.isoformat()}", wait_s
         )
 
@@ -330,20 +335,20 @@ class Gateway:
         try:
             upstream = await self.http.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
-            message = _redacted(f"the provider could not be reached: {exc}", credential)
+            message = redacted(f"the provider could not be reached: {exc}", credential)
             self._count(grant, "unreachable", Usage())
-            return _error(style, 502, "api_error", message)
+            return error(style, 502, "api_error", message)
         relayed = False
         try:
             status = upstream.status_code
-            if status == 401 or (status == 429 and _recovery(upstream) is not None):
+            if status == 401 or (status == 429 and recovery(upstream) is not None):
                 await upstream.aread()
                 return self._set_aside(pool, state, upstream, credential)
             if status < 400:
                 grant.quota_until = None  # recovered: a later failure is the command's own
             grant.calls += 1
-            relay = _Relay(upstream, started, functools.partial(self._count, grant))
-            answer = _Relayed(relay, state, grant)
+            relay = Relay(upstream, started, functools.partial(self._count, grant))
+            answer = Relayed(relay, functools.partial(_release, state, grant))
             relayed = True
             return answer
         finally:
@@ -359,7 +364,7 @@ class Gateway:
     ) -> object | None:
         binding, credential = pool.provider.id, state.credential.id
         if upstream.status_code == 429:
-            state.resting_until = _recovery(upstream)
+            state.resting_until = recovery(upstream)
             log.info(
                 "a credential rests until the provider's reset",
                 extra={"event": "gateway.credential_resting", "binding": binding,
@@ -401,139 +406,8 @@ class Gateway:
         )  # fmt: skip
 
 
-class _Relay:
-    """A provider's answer passed through as it comes, its usage read on the way."""
-
-    def __init__(
-        self,
-        upstream: httpx.Response,
-        started: float,
-        done: Callable[[str, Usage, float], None],
-    ) -> None:
-        self.upstream = upstream
-        self.started = started
-        self.streamed = "text/event-stream" in upstream.headers.get("content-type", "")
-        self.events = StreamUsage()
-        self.kept = bytearray()
-        self.done = done
-        self.closed = False
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        async for chunk in self.upstream.aiter_raw():
-            if self.streamed:
-                self.events.feed(chunk)
-            elif len(self.kept) < MAX_JSON_ANSWER_BYTES:
-                self.kept += chunk
-            yield chunk
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        await self.upstream.aclose()
-        usage = self.events.usage if self.streamed else _json_usage(bytes(self.kept))
-        self.done(str(self.upstream.status_code), usage, time.monotonic() - self.started)
-
-
-class _Relayed(StreamingResponse):
-    """The relayed answer: the credential's slot and the grant's call are held until its body
-    is sent or the command hangs up, whichever comes first."""
-
-    def __init__(self, relay: _Relay, state: _CredentialState, grant: Grant) -> None:
-        upstream = relay.upstream
-        super().__init__(
-            relay.chunks(),
-            status_code=upstream.status_code,
-            headers={
-                k: v for k, v in upstream.headers.items() if k.lower() in PASSED_ANSWER_HEADERS
-            },
-        )
-        self.relay, self.state, self.grant = relay, state, grant
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.relay.close()
-            self.state.busy -= 1
-            self.state.slots.release()
-            self.grant.in_flight -= 1
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server without its signal handlers: the role process owns them."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def socket_path() -> Path:
-    """A new private path for a gateway's socket, in a directory the sandbox's uid can enter."""
-    directory = Path(tempfile.mkdtemp(prefix="receipt-gateway-"))
-    directory.chmod(0o755)
-    return directory / "gateway.sock"
-
-
-def bind(path: Path) -> socket.socket:
-    """The gateway's listening Unix socket at `path`, connectable by the sandbox's uid (a call
-    needs a turn's token all the same)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listening.bind(str(path))
-    path.chmod(0o666)
-    listening.listen(128)
-    listening.setblocking(False)
-    return listening
-
-
-async def _bounded_body(request: Request) -> bytes | None:
-    """The request's body, or None past MAX_REQUEST_BYTES (refused before it is read whole)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
-        return None
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_REQUEST_BYTES:
-            return None
-    return bytes(body)
-
-
-def _recovery(upstream: httpx.Response) -> datetime | None:
-    try:
-        return recovers_at(upstream.headers, datetime.now(UTC))
-    except (OverflowError, ValueError):  # a reset too far to name: as none
-        return None
-
-
-def _token_of(request: Request) -> str:
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.headers.get("x-api-key", "").strip()
-
-
-def _json_usage(body: bytes) -> Usage:
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return Usage()
-    return usage_of(parsed) if isinstance(parsed, Mapping) else Usage()
-
-
-def _redacted(text: str, credential: Credential) -> str:
-    return text.replace(str(credential.key), "***") if credential.key else text
-
-
-def _error(
-    style: str, status: int, kind: str, message: str, retry_after: int | None = None
-) -> Response:
-    """An error as the provider of `style` shapes it, so the command's client reads it."""
-    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
-    if style == "anthropic":
-        body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
-    else:
-        body = {"error": {"message": message, "type": kind, "code": kind}}
-    return JSONResponse(body, status_code=status, headers=headers)
+def _release(state: _CredentialState, grant: Grant) -> None:
+    """What a relayed answer held, freed once its body is sent."""
+    state.busy -= 1
+    state.slots.release()
+    grant.in_flight -= 1

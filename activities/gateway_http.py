@@ -1,0 +1,163 @@
+"""The AI gateway's HTTP plumbing: its sockets and server, a provider's answer relayed as it
+comes (its usage read on the way), bounded request bodies, tokens read from either API style's
+header, and errors shaped as each provider shapes them (`activities/gateway.py` decides)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from activities.gateway_providers import Credential
+from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
+
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+MAX_JSON_ANSWER_BYTES = 4 * 1024 * 1024
+PASSED_ANSWER_HEADERS = ("content-type", "retry-after", "x-request-id", "request-id")
+
+
+class Relay:
+    """A provider's answer passed through as it comes, its usage read on the way."""
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        started: float,
+        done: Callable[[str, Usage, float], None],
+    ) -> None:
+        self.upstream = upstream
+        self.started = started
+        self.streamed = "text/event-stream" in upstream.headers.get("content-type", "")
+        self.events = StreamUsage()
+        self.kept = bytearray()
+        self.done = done
+        self.closed = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self.upstream.aiter_raw():
+            if self.streamed:
+                self.events.feed(chunk)
+            elif len(self.kept) < MAX_JSON_ANSWER_BYTES:
+                self.kept += chunk
+            yield chunk
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.upstream.aclose()
+        usage = self.events.usage if self.streamed else json_usage(bytes(self.kept))
+        self.done(str(self.upstream.status_code), usage, time.monotonic() - self.started)
+
+
+class Relayed(StreamingResponse):
+    """The relayed answer: what it holds (a credential's slot, a turn's call) is released
+    (`release`) once its body is sent or the command hangs up, whichever comes first."""
+
+    def __init__(self, relay: Relay, release: Callable[[], None]) -> None:
+        upstream = relay.upstream
+        super().__init__(
+            relay.chunks(),
+            status_code=upstream.status_code,
+            headers={
+                k: v for k, v in upstream.headers.items() if k.lower() in PASSED_ANSWER_HEADERS
+            },
+        )
+        self.relay, self.release = relay, release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.relay.close()
+            self.release()
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers: the role process owns them."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def socket_path() -> Path:
+    """A new private path for a gateway's socket, in a directory the sandbox's uid can enter."""
+    directory = Path(tempfile.mkdtemp(prefix="receipt-gateway-"))
+    directory.chmod(0o755)
+    return directory / "gateway.sock"
+
+
+def bind(path: Path) -> socket.socket:
+    """The gateway's listening Unix socket at `path`, connectable by the sandbox's uid (a call
+    needs a turn's token all the same)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(str(path))
+    path.chmod(0o666)
+    listening.listen(128)
+    listening.setblocking(False)
+    return listening
+
+
+async def bounded_body(request: Request) -> bytes | None:
+    """The request's body, or None past MAX_REQUEST_BYTES (refused before it is read whole)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_REQUEST_BYTES:
+            return None
+    return bytes(body)
+
+
+def recovery(upstream: httpx.Response) -> datetime | None:
+    try:
+        return recovers_at(upstream.headers, datetime.now(UTC))
+    except (OverflowError, ValueError):  # a reset too far to name: as none
+        return None
+
+
+def token_of(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key", "").strip()
+
+
+def json_usage(body: bytes) -> Usage:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return Usage()
+    return usage_of(parsed) if isinstance(parsed, Mapping) else Usage()
+
+
+def redacted(text: str, credential: Credential) -> str:
+    return text.replace(str(credential.key), "***") if credential.key else text
+
+
+def error(
+    style: str, status: int, kind: str, message: str, retry_after: int | None = None
+) -> Response:
+    """An error as the provider of `style` shapes it, so the command's client reads it."""
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    if style == "anthropic":
+        body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": kind, "code": kind}}
+    return JSONResponse(body, status_code=status, headers=headers)
