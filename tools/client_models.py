@@ -1,7 +1,8 @@
 """Regenerate the Python client's models from the API's OpenAPI document (`make client`).
 
 Writes `clients/python/openapi.json` (the document the api publishes, for any other generator),
-`clients/python/receipt_client/models.py` (datamodel-code-generator's pydantic models of it) and
+`clients/python/receipt_client/models/` (datamodel-code-generator's pydantic models of it, in
+parts of about 400 lines) and
 `clients/python/receipt_client/aio.py` (`AsyncClient`, rewritten from `Client` in `sync.py`,
 so the two clients are one text). `--check` writes nothing and exits 1 when any differs from
 what it would write now (tests/unit/test_client_generated.py runs it).
@@ -10,6 +11,7 @@ what it would write now (tests/unit/test_client_generated.py runs it).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import subprocess
@@ -26,7 +28,8 @@ from roles.infra.settings import RuntimeSettings
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "clients" / "python"
 DOCUMENT = CLIENT / "openapi.json"
-MODELS = CLIENT / "receipt_client" / "models.py"
+MODELS = CLIENT / "receipt_client" / "models"
+SPLIT_LINES = 400
 SYNC = CLIENT / "receipt_client" / "sync.py"
 ASYNC = CLIENT / "receipt_client" / "aio.py"
 HEADER = (
@@ -147,6 +150,37 @@ def formatted(text: str, path: Path) -> str:
     return text
 
 
+def model_parts(text: str) -> dict[Path, str]:
+    """The generated models as a package of parts of about SPLIT_LINES lines each, cut between
+    top-level classes in the generator's order (a model names only models defined before it,
+    so each part imports the parts before it); `__init__.py` exports them all."""
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    first = next(node for node in tree.body if isinstance(node, ast.ClassDef))
+    header = "".join(lines[: first.lineno - 1]).rstrip() + "\n"
+    parts: list[list[str]] = [[]]
+    size = 0
+    for node in tree.body[tree.body.index(first) :]:
+        end = node.end_lineno or node.lineno
+        chunk = "".join(lines[node.lineno - 1 : end]).rstrip() + "\n"
+        if size + chunk.count("\n") > SPLIT_LINES and parts[-1]:
+            parts.append([])
+            size = 0
+        parts[-1].append(chunk)
+        size += chunk.count("\n") + 2
+    names = [f"_part{n + 1}" for n in range(len(parts))]
+    star = "from receipt_client.models.{} import *  # noqa: F403\n"
+    files: dict[Path, str] = {}
+    for n, chunks in enumerate(parts):
+        earlier = "".join(star.format(name) for name in names[:n])
+        path = MODELS / f"{names[n]}.py"
+        files[path] = formatted(header + earlier + "\n\n" + "\n\n".join(chunks), path)
+    exported = '"""The API\'s schemas as pydantic models: the parts of one generated module."""\n\n'
+    init = MODELS / "__init__.py"
+    files[init] = formatted(exported + "".join(star.format(name) for name in names), init)
+    return files
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="Compare; write nothing.")
@@ -154,19 +188,23 @@ def main(argv: list[str] | None = None) -> int:
     text = document_text()
     wanted = {
         DOCUMENT: text,
-        MODELS: formatted(models_of(text), MODELS),
+        **model_parts(formatted(models_of(text), MODELS / "generated.py")),
         ASYNC: async_client(SYNC.read_text(encoding="utf-8")),
     }
+    extra = sorted(set(MODELS.glob("*.py")) - set(wanted))
     if args.check:
         stale = [
             str(path.relative_to(ROOT))
             for path, want in wanted.items()
             if not path.exists() or path.read_text(encoding="utf-8") != want
-        ]
+        ] + [f"{path.relative_to(ROOT)} (not generated)" for path in extra]
         if stale:
             print(f"stale: {', '.join(stale)} (run `make client`)", file=sys.stderr)
             return 1
         return 0
+    MODELS.mkdir(exist_ok=True)
+    for path in extra:
+        path.unlink()
     for path, want in wanted.items():
         path.write_text(want, encoding="utf-8")
         print(f"wrote {path.relative_to(ROOT)}")

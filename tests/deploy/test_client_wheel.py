@@ -38,9 +38,11 @@ def test_the_client_wheel_installs_alone_in_a_fresh_venv(tmp_path: Path) -> None
     subprocess.run([*build, str(ROOT / "clients" / "python")], check=True, timeout=300)
     (wheel,) = dist.glob("receipt_client-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"receipt_client/models.py", "receipt_client/aio.py", "receipt_client/py.typed"} <= set(
-        names
-    )
+    assert {
+        "receipt_client/models/__init__.py",
+        "receipt_client/aio.py",
+        "receipt_client/py.typed",
+    } <= set(names)
     assert not [name for name in names if name.split("/")[0] in ("receipts", "roles")]
     fresh = tmp_path / "venv"
     venv.create(fresh, with_pip=True)
