@@ -14,6 +14,7 @@ from typing import Any
 
 from activities import workspaces
 from activities.gateway import Grant
+from activities.handlers.codex import PROGRESS_INTERVAL_S
 from activities.handlers.context import HandlerContext, HandlerError
 from activities.handlers.steering import StdinFeed, encoded
 from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
@@ -24,7 +25,6 @@ from receipts.agent_jobs.registry import AgentDefinition, RegistryError, load_re
 
 log = logging.getLogger("activities.handlers.agent_turn")
 
-PROGRESS_INTERVAL_S = 0.5
 TAIL_LINES = 200
 
 

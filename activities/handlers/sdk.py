@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from activities.handlers.codex import TAIL_CHARS, ProgressOutput, workspace_of
+from activities.handlers.codex import (
+    PROGRESS_INTERVAL_S,
+    TAIL_CHARS,
+    ProgressOutput,
+    workspace_of,
+)
 from activities.handlers.context import (
     Handler,
     HandlerContext,
@@ -35,7 +40,6 @@ from receipt_worker.sdk import AgentHandler, Command, Fail, JobContext, Retry, S
 from receipts.kinds import AGENT_IDS, GROUP_QUEUES, handlers_entry_points
 from receipts.tenancy import caller_id
 
-PROGRESS_INTERVAL_S = 0.5
 COMMAND_POLL_S = 1.0
 _NOTHING = object()
 
