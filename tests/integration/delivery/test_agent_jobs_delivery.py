@@ -196,7 +196,7 @@ async def test_failing_turns_use_the_budget_then_fail(
 async def test_operator_cancel_stops_a_running_job_at_once_and_its_live_turn_ends_on_its_own(
     client: Client, fresh_store: Store, fresh_db: str, agents: Path
 ) -> None:
-    """Seed 004: the job is `stopped` within a second, its live turn is not killed (its marker
+    """Seed 004: the job is `stopped` at once, its live turn is not killed (its marker
     file appears), nothing is written to the job or its session after `stopped`, and another
     job of the same agent takes the freed slot. (The organization's codex cap is raised: the
     agent's slots are the subject here.)"""
@@ -213,11 +213,13 @@ async def test_operator_cancel_stops_a_running_job_at_once_and_its_live_turn_end
         assert running.queue_job_id is not None
         await wait_for_status(store, running.queue_job_id, ("running",))
         assert (await lifecycle.get(store, waiting.agent_job_id)).status == "queued"  # type: ignore[union-attr]
-        started = asyncio.get_running_loop().time()
+        # At once: stopped in the cancel's own transaction, before the live turn ends (a wall
+        # clock bound measured the 2 shared cores more than the cancel: 1.3 s once in a run).
         await lifecycle.cancel(store, marking.agent_job_id, reason="operator")
-        stopped = await wait_for(store, marking.agent_job_id, "stopped", timeout=1)
-        assert asyncio.get_running_loop().time() - started < 1.0
+        stopped = await lifecycle.get(store, marking.agent_job_id)
+        assert stopped is not None and stopped.status == "stopped"
         assert stopped.error == "operator"
+        assert (await store.get_job(running.queue_job_id)).status == "running"  # type: ignore[union-attr]
         chain = await store.read_stream(model.stream_of(marking.agent_job_id))
         # The freed slot is taken by the agent's waiting job, which runs to its end.
         done = await wait_for(store, waiting.agent_job_id, "succeeded", timeout=30)
