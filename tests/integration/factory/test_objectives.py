@@ -384,22 +384,23 @@ async def test_a_monitor_hands_the_watch_on_before_its_timeout_and_misses_nothin
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
     """A task longer than a monitor's execution timeout is watched to its end: each monitor
-    part hands on to the next before its timeout (here a 6 s lease: 5 s, handing on after
-    3.75 s), and the last line and the settlement are mirrored once."""
-    script = "for i in 1 2 3 4 5 6 7 8 9; do echo line $i; sleep 1; done"
+    part hands on to the next a quarter of its execution timeout before it (here a 10 s lease:
+    a part lives about 7 s, over 2 s to spare; a 6 s lease left 1.25 s, which a full run on the
+    2 shared cores once overran), and the last line and the settlement are mirrored once."""
+    script = "for i in $(seq 1 15); do echo line $i; sleep 1; done"
     objective = {
         "objectiveId": "long-1",
         "title": "long",
         "goal": "outlive one monitor",
         "tasks": [{"taskId": "t", "input": {"command": ["sh", "-c", script]}}],
     }
-    timing = TimingSettings(job_lease_ms=6_000)
+    timing = TimingSettings(job_lease_ms=10_000)
     async with (
         running_stack(client, fresh_store, fresh_db, timing=timing) as stack,
         outbox_running(stack),
     ):
         await run_objective(fresh_store, objective)
-        await wait_objective(fresh_store, "long-1", timeout=60)
+        await wait_objective(fresh_store, "long-1", timeout=90)
         first = monitor_job_id("long-1", "t", 1)
         parts = [first, f"{first}:part:2", f"{first}:part:3"]
         ended = [await wait_for_status(fresh_store, part, timeout=30) for part in parts]
@@ -408,7 +409,7 @@ async def test_a_monitor_hands_the_watch_on_before_its_timeout_and_misses_nothin
     assert ended[0].result["handedOffTo"] == parts[1]  # type: ignore[index]
     assert ended[1].result["handedOffTo"] == parts[2]  # type: ignore[index]
     assert ended[0].attempt == ended[1].attempt == 1  # no timeout, no redelivery
-    assert state is not None and state.task("t").last_output == "line 9"  # type: ignore[union-attr]
+    assert state is not None and state.task("t").last_output == "line 15"  # type: ignore[union-attr]
     types = [r.type for r in await stream(fresh_store, "long-1")]
     assert types.count("objective.task.started") == 1
     assert types.count("objective.task.settled") == 1
