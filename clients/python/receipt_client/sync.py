@@ -85,6 +85,19 @@ class Client:
         )
         return call.model.model_validate(answer)
 
+    def _read_through_outages(self, call: Call[M]) -> M:
+        """`call` (a read), retried as a stream is across the api being away for a while (a
+        restart, a database outage answered 503)."""
+        failures = 0
+        while True:
+            try:
+                return self._send(call)
+            except (ConnectionFailed, Unavailable):
+                failures += 1
+                if failures > RECONNECT_ATTEMPTS:
+                    raise
+            time.sleep(reconnect_delay(failures))
+
     def pages(self, path: str, after: int = 0) -> Iterator[dict[str, Any]]:
         """The receipts past `after` of the stream at `path` (`…/events`) as JSON, page after
         page until one comes back empty."""
@@ -252,10 +265,10 @@ class Client:
 
     def wait(self, job_id: str) -> models.JobView:
         """Follow the job's event stream (resuming across disconnects) until it is terminal,
-        and return it."""
+        and return it (read again through an api restart too)."""
         for _ in self.follow_raw(calls.job_path(job_id, "/events"), 0, job_id):
             pass
-        return self.get_job(job_id)
+        return self._read_through_outages(Call("GET", calls.job_path(job_id), models.JobView))
 
     # --- objectives -----------------------------------------------------------------------
 
@@ -310,7 +323,8 @@ class Client:
                 )
         for _ in self.follow_raw(calls.objective_path(objective_id, "/events"), 0, objective_id):
             pass
-        return self.get_objective(objective_id)
+        path = calls.objective_path(objective_id)
+        return self._read_through_outages(Call("GET", path, models.ObjectiveView))
 
     # --- background agent jobs ------------------------------------------------------------
 
