@@ -113,6 +113,10 @@ class _Pool:
     states: list[_CredentialState] = field(default_factory=list)
     affinity: dict[str, int] = field(default_factory=dict)
 
+    def resting(self) -> list[datetime]:
+        """When each credential at rest for quota (not dropped) may be used again."""
+        return [s.resting_until for s in self.states if not s.dead and s.resting_until]
+
 
 class Gateway:
     """The gateway of one worker process: its providers, the grants of the turns it runs."""
@@ -271,7 +275,7 @@ class Gateway:
 
     def _next_reset(self, pool: _Pool, now: datetime) -> float | None:
         """Seconds until the first resting credential of `pool` may be used again."""
-        resting = [s.resting_until for s in pool.states if not s.dead and s.resting_until]
+        resting = pool.resting()
         return max(0.0, (min(resting) - now).total_seconds()) if resting else None
 
     def _choose(self, pool: _Pool, job_id: str, now: datetime, tried: set[int]) -> int | None:
@@ -287,7 +291,7 @@ class Gateway:
         return preferred
 
     def _exhausted(self, pool: _Pool, grant: Grant, style: str, now: datetime) -> Response:
-        resting = [s.resting_until for s in pool.states if not s.dead and s.resting_until]
+        resting = pool.resting()
         if not resting:
             grant.dead_pool = f"every credential of {grant.binding!r} was refused"
             return error(style, 503, "overloaded_error", grant.dead_pool)
