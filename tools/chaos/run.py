@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -115,6 +116,10 @@ async def chaos(config: ChaosConfig) -> int:
     run.store = await assembly.open_store(db_url, min_size=1, max_size=4)
     try:
         await wait_port(api_port, 60)
+        # The clock of the load and the fault plan starts when the stack is up: on a loaded
+        # machine the start alone may take longer than a short run's whole duration.
+        run.say("stack up; the load and the fault plan start now")
+        run.started = time.monotonic()
         async with httpx.AsyncClient() as http:
             run.poison = await post(
                 http, run, "poison", {"task": {"command": ["sh", "-c", "kill -9 $PPID"]}}, 2
