@@ -93,7 +93,11 @@ def run_cli(
     "(default 1; 0 skips; about 35 s each).",
 )
 @click.option("--profile", is_flag=True, help="Record py-spy profiles of the roles.")
-@click.option("--part", type=click.Choice(["all", "api", "e2e"]), help="Measure one part only.")
+@click.option(
+    "--part",
+    type=click.Choice(["all", "api", "e2e", "roundtrips"]),
+    help="Measure one part only (e2e includes the PostgreSQL round trips per no-op job).",
+)
 @click.option("--temporal-db", type=click.Choice(["file", "memory"]), help="Dev server store.")
 @click.option(
     "--output",

@@ -32,6 +32,7 @@ from tools.bench.profile import Profiler
 from tools.bench.raw import SANDBOXED
 from tools.bench.recovery import Recovery, measure_recovery
 from tools.bench.results import BARE, BARE_SUBJECT, CHILD, Pair, Run, summary
+from tools.bench.roundtrips import RoundTrips, measure_round_trips
 from tools.bench.stats import format_number, format_spread
 
 
@@ -66,6 +67,7 @@ class Bench:
     started_at: float = 0.0
     profiler: Profiler | None = None
     recoveries: list[Recovery] = field(default_factory=list)
+    round_trips: RoundTrips | None = None
 
     @property
     def log_dir(self) -> Path:
@@ -245,6 +247,10 @@ class Bench:
                 await self._api_phase()
             if self.config.part in ("all", "e2e"):
                 await self._e2e_phase()
+            if self.config.part in ("all", "e2e", "roundtrips"):
+                self.round_trips = await measure_round_trips(self)
+                for line in self.round_trips.lines():
+                    self.say(f"[{self.elapsed()}] {line}")
         finally:
             self.unprofile()
             self.processes.stop_all(last=("temporal",))
@@ -446,7 +452,7 @@ class Bench:
 
     def report(self) -> dict[str, Any]:
         return {
-            "version": 3,  # 3: the `-bare` pairs (the no-op job) and each pair's `subject`
+            "version": 4,  # 4: `roundTrips`; 3: the `-bare` pairs (the no-op job), `subject`
             "stamp": self.stamp,
             "config": asdict(self.config),
             "machine": {
@@ -458,4 +464,5 @@ class Bench:
             "pairs": {name: pair.to_json() for name, pair in self.pairs.items()},
             "summary": summary(self.pairs, self.recoveries),
             "profiles": self.profiles,
+            "roundTrips": self.round_trips.as_dict() if self.round_trips else None,
         }
