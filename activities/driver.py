@@ -23,7 +23,8 @@ from receipts.kinds import redact_payload, route
 from receipts.messages import CallbackRequest, DriverAction, DriverPlan
 from receipts.plan import Step, next_step
 from receipts.settings import Settings
-from receipts.store import Store, dumps
+from receipts.store import Store
+from receipts.streams import dumps
 from receipts.timing import JobTiming, TimingSettings, derive
 
 log = logging.getLogger("activities.driver")

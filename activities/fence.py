@@ -11,6 +11,7 @@ from typing import Any
 from activities.storage_retry import with_storage_retry
 from receipts import operations as ops
 from receipts.jobs import Job
+from receipts.mutate import Known
 from receipts.store import Store
 
 
@@ -57,9 +58,9 @@ class AttemptFence:
         """Append `queue.command.consumed` for a pending command; False when refused."""
         return (await self._write("consume command", ops.consume_command, command_id=command_id)).ok
 
-    async def complete(self, result: Any) -> ops.Outcome:
-        """Settle `completed` with the handler's result."""
-        return await self._write("settle", ops.complete, result=result)
+    async def complete(self, result: Any, known: Known | None = None) -> ops.Outcome:
+        """Settle `completed` with the handler's result (`known`: the re-read it decided on)."""
+        return await self._write("settle", ops.complete, result=result, known=known)
 
     async def fail(
         self, error: str, *, retryable: bool, what: str = "settle", **options: Any
@@ -69,9 +70,9 @@ class AttemptFence:
         `retry_delay_ms`, `refund_attempt`."""
         return await self._write(what, ops.fail, error=error, retryable=retryable, **options)
 
-    async def cancel(self, reason: str | None) -> ops.Outcome:
+    async def cancel(self, reason: str | None, known: Known | None = None) -> ops.Outcome:
         """Settle `canceled` (the attempt honoured an abort)."""
-        return await self._write("settle", ops.cancel, reason=reason)
+        return await self._write("settle", ops.cancel, reason=reason, known=known)
 
     async def read(self) -> Job | None:
         """The job as the projection holds it now."""

@@ -92,7 +92,9 @@ class Settlement:
         latest = reread[0]
         if latest is not None and latest.abort_requested and not latest.terminal:
             return await self.cancel(latest.abort_reason, reread)
-        return await self._settle(COMPLETED, lambda: self.fence.complete(value), handler_s, reread)
+        return await self._settle(
+            COMPLETED, lambda known: self.fence.complete(value, known), handler_s, reread
+        )
 
     async def failure(
         self,
@@ -108,12 +110,13 @@ class Settlement:
         `status` copied onto the job's result."""
         outcome = await self._settle(
             status,
-            lambda: self.fence.fail(
+            lambda known: self.fence.fail(
                 error,
                 retryable=retryable,
                 status=None if retryable else status,
                 result=result,
                 retry_delay_ms=retry_delay_ms,
+                known=known,
             ),
             handler_s,
         )
@@ -123,12 +126,14 @@ class Settlement:
 
     async def cancel(self, reason: str | None, reread: Reread | None = None) -> AttemptResult:
         """Settle `canceled`: the attempt honoured an abort."""
-        return await self._settle("canceled", lambda: self.fence.cancel(reason), reread=reread)
+        return await self._settle(
+            "canceled", lambda known: self.fence.cancel(reason, known), reread=reread
+        )
 
     async def _settle(
         self,
         status: str,
-        write: Callable[[], Awaitable[ops.Outcome]],
+        write: Callable[[Reread], Awaitable[ops.Outcome]],
         handler_s: float | None = None,
         reread: Reread | None = None,
     ) -> AttemptResult:
@@ -140,10 +145,12 @@ class Settlement:
             # Re-read first: a fence already lost (or a job already settled by someone else)
             # ends the attempt without a write; a write refused after a clean re-read means a
             # concurrent append won in between — a settlement conflict. The re-read applies
-            # the settle's own rule at the database clock, expiry included.
-            current, now = reread if reread is not None else await fence.reread()
+            # the settle's own rule at the database clock, expiry included, and the write is
+            # decided on it and guarded against it (receipts/guarded.py): one round trip.
+            reread = reread if reread is not None else await fence.reread()
+            current, now = reread
             before = settle_rejection(current, fence.worker_id, fence.attempt, now, fence.worker_id)
-            out = ops.Outcome(before, current) if before else await write()
+            out = ops.Outcome(before, current) if before else await write(reread)
         job_status = out.job.status if out.job else ""
         if out.ok:
             result = AttemptResult(status, job_status=job_status, worker_id=fence.worker_id)

@@ -13,14 +13,14 @@ import logging
 from typing import Any
 
 from receipts.agent_jobs.projection import AGENT_JOBS
-from receipts.objectives.store import OBJECTIVES, control_outbox
+from receipts.objectives.store import CONTROL_OUTBOX, OBJECTIVES
 from receipts.projections import JOBS, Projection
 from receipts.store import SettlementPolicy, Store
 
 log = logging.getLogger("receipts.assembly")
 
 # Run in every job append, in this order.
-POLICIES: tuple[SettlementPolicy, ...] = (control_outbox,)
+POLICIES: tuple[SettlementPolicy, ...] = (CONTROL_OUTBOX,)
 PROJECTIONS: tuple[Projection[Any], ...] = (JOBS, OBJECTIVES, AGENT_JOBS)
 
 

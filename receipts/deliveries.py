@@ -20,7 +20,8 @@ from receipts import metrics
 from receipts.errors import StorageError
 from receipts.jobs import Job
 from receipts.kinds import CONTRACTS
-from receipts.store import Store, dumps, translate_errors
+from receipts.store import Store, translate_errors
+from receipts.streams import dumps
 
 log = logging.getLogger("receipts.deliveries")
 

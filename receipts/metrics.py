@@ -84,6 +84,13 @@ ENQUEUE_TO_SETTLE = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 STORAGE_RETRIES = Counter("receipt_settlement_retries", "Transient storage errors retried.")
+GUARDED_REFUSALS = Counter(
+    "receipt_guarded_refusals",
+    "One-statement job appends refused because the job changed since it was read (then read "
+    "and decided again): `changed` (head moved or lease expired), `conflict` (a concurrent "
+    "append took the next seq).",
+    ["reason"],
+)
 LEDGER_FAILURES = Counter(
     "receipt_ledger_write_failures", "Best-effort ledger writes that failed.", ["table"]
 )

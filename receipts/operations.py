@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from receipts import jobs as jobmodel
 from receipts.enqueue import cancel_queued_draft, command_draft, expire_draft
-from receipts.errors import ConflictError
 from receipts.jobs import (
     COMMAND_TYPES,
     LEASE_LOST,
@@ -24,52 +21,25 @@ from receipts.jobs import (
     STALE_ATTEMPT,
     TERMINAL_STATE,
     Job,
-    Receipt,
     fence_rejection,
     settle_rejection,
 )
+from receipts.mutate import OK as OK
+from receipts.mutate import SETTLEMENT_CONFLICT as SETTLEMENT_CONFLICT
+from receipts.mutate import Decision, Known, Outcome, Write, mutate, mutate_guarded
 from receipts.plan import Step, next_step
 from receipts.store import Draft, Store
 from receipts.text import sanitize
 
 log = logging.getLogger("receipts.operations")
 
-OK = "ok"
-# Rejections of a fenced write (docs/design.md §4): STALE_ATTEMPT, LEASE_LOST, TERMINAL_STATE and
-# NOT_FOUND come with the fence rule (receipts/jobs.py `fence_rejection`, imported above); a
-# write refused because a concurrent append won is a settlement conflict.
-SETTLEMENT_CONFLICT = "settlement_conflict"
-# Other refusals.
+# Other refusals (beside `receipts.mutate`'s OK and SETTLEMENT_CONFLICT).
 NOT_QUEUED = "not_queued"
 NOT_AVAILABLE = "not_available"
 NOT_EXPIRED = "not_expired"
 NOT_STALE = "not_stale"
 NOT_PENDING = "not_pending"
 TOO_MANY_COMMANDS = "too_many_commands"
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """The result of an operation: `status` is `ok` or why nothing was written.
-
-    `already` is set when a settle found its own settlement already committed (an ambiguous
-    commit retried), so the caller reports success without a second receipt.
-    """
-
-    status: str
-    job: Job | None
-    receipts: tuple[Receipt, ...] = field(default=())
-    already: bool = False
-
-    @property
-    def ok(self) -> bool:
-        """True when the operation took effect (or had already, for a retried settle)."""
-        return self.status == OK
-
-
-Decision = list[Draft] | str | Outcome
-Decide = Callable[[Job | None, datetime], Decision]
-Write = Callable[[Job, datetime], Decision]
 
 
 def delivery_number(worker_id: str) -> int | None:
@@ -84,27 +54,6 @@ def newer_delivery(candidate: str, holder: str) -> bool:
     return new is None or old is None or new > old
 
 
-async def mutate(store: Store, job_id: str, decide: Decide) -> Outcome:
-    """Lock the job, let `decide` choose receipts (or a refusal), append them; one transaction.
-
-    A uniqueness conflict on `(stream, seq)` means a concurrent append won; the state is re-read
-    and reported as `settlement_conflict`.
-    """
-    try:
-        async with store.transaction() as tx:
-            job = await tx.job_for_update(job_id)
-            decision = decide(job, await tx.now())
-            if isinstance(decision, Outcome):
-                return decision
-            if isinstance(decision, str):
-                return Outcome(decision, job)
-            new, receipts = await tx.append_job(job_id, job, decision)
-            return Outcome(OK, new, tuple(receipts))
-    except ConflictError:
-        log.warning("append conflict", extra={"event": "job.append_conflict", "jobId": job_id})
-        return Outcome(SETTLEMENT_CONFLICT, await store.get_job(job_id))
-
-
 async def _fenced(store: Store, job_id: str, worker_id: str, attempt: int, write: Write) -> Outcome:
     """`mutate` under the fence: a writer that does not hold it (`fence_rejection`, with the
     database clock) writes nothing; for one that does, `write` decides."""
@@ -116,7 +65,7 @@ async def _fenced(store: Store, job_id: str, worker_id: str, attempt: int, write
         assert job is not None
         return write(job, now)
 
-    return await mutate(store, job_id, decide)
+    return await mutate_guarded(store, job_id, decide)
 
 
 async def _unsettled(store: Store, job_id: str, write: Write) -> Outcome:
@@ -233,7 +182,7 @@ async def start_attempt(
             return _heartbeat_decision(job, now, attempt, worker_id, lease_ms, False, None)
         return _heartbeat_decision(job, now, attempt, worker_id, lease_ms, True, process)
 
-    return await mutate(store, job_id, decide)
+    return await mutate_guarded(store, job_id, decide)
 
 
 async def lease(
@@ -254,7 +203,7 @@ async def lease(
     def decide(job: Job | None, now: datetime) -> Decision:
         return _lease_decision(job, now, attempt, worker_id, lease_ms, process)
 
-    return await mutate(store, job_id, decide)
+    return await mutate_guarded(store, job_id, decide)
 
 
 async def heartbeat(
@@ -278,7 +227,7 @@ async def heartbeat(
     def decide(job: Job | None, now: datetime) -> Decision:
         return _heartbeat_decision(job, now, attempt, worker_id, lease_ms, start_fence, process)
 
-    return await mutate(store, job_id, decide)
+    return await mutate_guarded(store, job_id, decide)
 
 
 async def progress(
@@ -298,10 +247,12 @@ async def _settle(
     attempt: int,
     settlement_id: str | None,
     settled: Draft,
+    known: Known | None = None,
 ) -> Outcome:
     """The one settle path: under the fence (`settle_rejection`), append `settled` with the
     delivery, its attempt and its settlement id added to its data; a retry that finds its own
-    settlement already committed reports success without a second receipt."""
+    settlement already committed reports success without a second receipt. `known`: the
+    worker's re-read (the job and the database clock), decided on and guarded against."""
     settlement = settlement_id or worker_id
 
     def decide(job: Job | None, now: datetime) -> Decision:
@@ -314,7 +265,7 @@ async def _settle(
         fence = {"workerId": worker_id, "attempt": attempt, "settlementId": settlement}
         return [Draft(settled.type, {**fence, **settled.data})]
 
-    return await mutate(store, job_id, decide)
+    return await mutate_guarded(store, job_id, decide, known)
 
 
 async def complete(
@@ -325,10 +276,11 @@ async def complete(
     attempt: int,
     result: Any = None,
     settlement_id: str | None = None,
+    known: Known | None = None,
 ) -> Outcome:
     """Settle `completed` under the fence; a retry that finds its own settlement reports success."""
     draft = Draft("job.completed", {"result": sanitize(result)})
-    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft)
+    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft, known)
 
 
 async def fail(
@@ -343,6 +295,7 @@ async def fail(
     refund_attempt: bool = False,
     result: Any = None,
     settlement_id: str | None = None,
+    known: Known | None = None,
     retry_delay_ms: int | None = None,
 ) -> Outcome:
     """Settle `failed` under the fence.
@@ -361,7 +314,7 @@ async def fail(
     if result is not None:
         fields["result"] = sanitize(result)
     draft = Draft("job.failed", fields)
-    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft)
+    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft, known)
 
 
 async def cancel(
@@ -372,10 +325,11 @@ async def cancel(
     attempt: int,
     reason: str | None,
     settlement_id: str | None = None,
+    known: Known | None = None,
 ) -> Outcome:
     """Settle `canceled` under the fence (a worker honouring an abort)."""
     draft = Draft("job.canceled", {"reason": sanitize(reason)})
-    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft)
+    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft, known)
 
 
 async def cancel_queued(store: Store, job_id: str, *, reason: str | None) -> Outcome:

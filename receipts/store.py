@@ -14,33 +14,38 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg.errors
 from psycopg.rows import TupleRow
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from receipts import jobs as jobmodel
-from receipts.commands import with_unconsumed
 from receipts.errors import (
     ConflictError,
-    InvariantError,
     NotFoundError,
     StorageError,
     TransientStorageError,
 )
+from receipts.job_append import insert_params, numbered, plan
 from receipts.jobs import Job, Receipt
-from receipts.projections import JOBS
 from receipts.sql import migrations, query
-from receipts.streams import Draft, dumps
+from receipts.streams import Draft
 
 log = logging.getLogger("receipts.store")
 
 T = TypeVar("T")
 NOTIFY_CHANNEL = "receipts"
 
-# What a layer above the store does in the very transaction of a job's append, given the job
-# before it (None for a new job), after it, and the receipts appended: the Factory's control
-# outbox (receipts/objectives/store.py `control_outbox`). The store knows no such layer; the
-# process registers its policies when it opens the store (receipts/assembly.py).
-SettlementPolicy = Callable[["Tx", Job | None, Job, Sequence[Draft]], Awaitable[None]]
+
+@dataclass(frozen=True)
+class SettlementPolicy:
+    """What a layer above the store does in the very transaction of a job's append, given the
+    job before it (None for a new job), after it, and the receipts appended: the Factory's
+    control outbox (receipts/objectives/store.py `CONTROL_OUTBOX`). `wants` says, without a
+    round trip, whether `write` has anything to do: an append no policy wants may be written as
+    one guarded statement outside a transaction (receipts/guarded.py). The store knows no such
+    layer; the process registers its policies when it opens the store (receipts/assembly.py)."""
+
+    wants: Callable[[Job | None, Job, Sequence[Draft]], bool]
+    write: Callable[[Tx, Job | None, Job, Sequence[Draft]], Awaitable[None]]
+
 
 _TRANSIENT_SQLSTATES = {
     "40001",  # serialization_failure
@@ -84,6 +89,7 @@ class Tx:
 
     _conn: psycopg.AsyncConnection[TupleRow]
     _policies: Sequence[SettlementPolicy] = ()
+    _owe_callbacks: bool = True
     _now: datetime | None = None
     appended: list[Receipt] = field(default_factory=list)
     _locked_streams: set[str] = field(default_factory=set)
@@ -137,42 +143,14 @@ class Tx:
         Returns the new state and the receipts written. The reducer runs here, so a draft it
         would refuse raises `InvariantError` before anything is written.
         """
-        if not drafts:
-            raise ValueError("append_job needs at least one receipt")
-        # Commands the job ends without reading are settled with the receipt that ends it.
-        drafts = with_unconsumed(job, drafts)
-        receipts = _numbered(
-            jobmodel.job_stream(job_id), job.seq if job else 0, drafts, await self.now()
-        )
-        folded = jobmodel.fold(receipts, job)
-        if folded is None:
-            raise InvariantError(jobmodel.no_job_message(job_id))
-        patch = jobmodel.lease_patch(job, folded)
-        if patch is not None:
-            # A plain heartbeat: the narrow lease row takes it; the jobs row and its indexes
-            # stay as they are (docs/history.md).
-            assert folded.lease is not None
-            params: dict[str, Any] = {
-                "job_id": job_id,
-                "seq": folded.seq,
-                "lease_expires_at": folded.lease.expires_at,
-                "patch": Jsonb(patch, dumps=dumps),
-            }
-            stored = await self._insert("append_job_heartbeat", receipts, params)
-        else:
-            params = JOBS.row(folded)
-            params["lease_ended"] = (
-                job is not None
-                and job.status in jobmodel.LEASED_STATUSES
-                and folded.status not in jobmodel.LEASED_STATUSES
-            )
-            params["settled"] = folded.terminal and (job is None or not job.terminal)
-            stored = await self._insert("append_job", receipts, params)
+        planned = plan(job_id, job, drafts, await self.now(), owe_callbacks=self._owe_callbacks)
+        stored = await self._insert(planned.statement, planned.receipts, planned.params)
         for policy in self._policies:
             # Here, the one place every job receipt is written: what a policy writes commits
             # with these receipts, or neither does.
-            await policy(self, job, folded, drafts)
-        return folded, stored
+            if policy.wants(job, planned.folded, planned.drafts):
+                await policy.write(self, job, planned.folded, planned.drafts)
+        return planned.folded, stored
 
     async def lock_streams(self, streams: Sequence[str]) -> None:
         """Lock streams for appending, in one global order (by name), so that two multi-stream
@@ -201,23 +179,14 @@ class Tx:
         head = (await self._one(query("stream_head"), {"stream": stream}))[0]
         if expected_seq is not None and head != expected_seq:
             raise ConflictError(f"{stream} is at seq {head}, expected {expected_seq}")
-        return await self._insert("append_stream", _numbered(stream, head, drafts, now), {})
+        return await self._insert("append_stream", numbered(stream, head, drafts, now), {})
 
     async def _insert(
         self, name: str, receipts: list[Receipt], params: dict[str, Any]
     ) -> list[Receipt]:
         """Run the append statement `name` (each inserts the receipts of one stream and NOTIFYs
         it; `params` are its other parameters). Returns the receipts as stored, with positions."""
-        stream = receipts[0].stream
-        types = [r.type for r in receipts]
-        params = {
-            **params,
-            "stream": stream,
-            "seqs": [r.seq for r in receipts],
-            "types": types,
-            "datas": [dumps(r.data) for r in receipts],
-            "note": dumps({"stream": stream, "seq": receipts[-1].seq, "types": types}),
-        }
+        params = insert_params(receipts, params)
         positions: list[int] = (await self._one(query(name), params))[0]
         stored = [replace(r, position=p) for r, p in zip(receipts, positions, strict=True)]
         self.appended.extend(stored)
@@ -259,11 +228,6 @@ class Tx:
     async def _maybe_one(self, sql: str, params: Mapping[str, Any]) -> TupleRow | None:
         cur = await self._conn.execute(sql, params)
         return await cur.fetchone()
-
-
-def _numbered(stream: str, head: int, drafts: Sequence[Draft], now: datetime) -> list[Receipt]:
-    """The receipts `drafts` become on `stream` after seq `head`, recorded at `now`."""
-    return [Receipt(stream, head + i, d.type, d.data, now) for i, d in enumerate(drafts, 1)]
 
 
 # A connection back in the pool for less than this is handed out again without the pool's
@@ -311,9 +275,11 @@ class Store:
         pool: AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]],
         *,
         policies: Sequence[SettlementPolicy],
+        owe_callbacks: bool = True,
     ) -> None:
         self._pool = pool
-        self._policies = tuple(policies)
+        self.policies = tuple(policies)
+        self.owe_callbacks = owe_callbacks
 
     @classmethod
     async def open(
@@ -326,6 +292,7 @@ class Store:
         check_idle_s: float = CHECK_IDLE_S,
         session: Mapping[str, str] | None = None,
         policies: Sequence[SettlementPolicy],
+        owe_callbacks: bool = True,
     ) -> Store:
         """Open a pool on `url` and wait until it has a connection; returns the store, which
         runs `policies` in every job append (`receipts.assembly.open_store` opens one with the
@@ -333,7 +300,9 @@ class Store:
 
         A connection broken by a database restart is replaced, not handed out: the pool checks
         every connection idle for `check_idle_s` or longer (0: every checkout). Each new
-        connection gets the settings in `session` (`SESSION_SETTINGS` unless given).
+        connection gets the settings in `session` (`SESSION_SETTINGS` unless given). With
+        `owe_callbacks` (a callback URL is configured) a job's settle leaves its terminal
+        callback owed in `callback_outbox`; without, no row is written for nobody to post.
         """
         settings = dict(SESSION_SETTINGS if session is None else session)
 
@@ -354,7 +323,7 @@ class Store:
         )
         with translate_errors():
             await pool.open(wait=True, timeout=open_timeout)
-        return cls(pool, policies=policies)
+        return cls(pool, policies=policies, owe_callbacks=owe_callbacks)
 
     async def close(self) -> None:
         """Close the pool."""
@@ -365,7 +334,7 @@ class Store:
         """Open one transaction; it commits when the block ends, rolls back on an exception."""
         with translate_errors():
             async with self._pool.connection() as conn, conn.transaction():
-                yield Tx(conn, self._policies)
+                yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
 
     async def in_transaction(self, work: Callable[[Tx], Awaitable[T]]) -> T:
         """Run `work` in one transaction and return its result."""

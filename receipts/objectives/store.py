@@ -29,7 +29,7 @@ from receipts.objectives.model import (
 )
 from receipts.projections import Projection
 from receipts.reads import Page, Position, Viewer, page, seen_by
-from receipts.store import Draft, Store, Tx, translate_errors
+from receipts.store import Draft, SettlementPolicy, Store, Tx, translate_errors
 from receipts.tenancy import scoped_id
 
 log = logging.getLogger("receipts.objectives")
@@ -209,29 +209,33 @@ async def deliver(tx: Tx, objective_id: str) -> ObjectiveState | None:
     return new
 
 
-async def control_outbox(tx: Tx, before: Job | None, job: Job, drafts: Sequence[Draft]) -> None:
-    """The store's settlement policy for the contract flag "reconcile objective on terminal or
-    expired lease": in the transaction that made a reconciling kind's job terminal or wrote its
-    `job.lease_expired`, record a control request on its objective's stream (delivered by the
-    outbox redrive). An objective that does not exist, or is another organization's, gets
-    nothing; so does a job of any other kind."""
-    if job.kind not in RECONCILING_KINDS:
-        return
+def _control_wanted(before: Job | None, job: Job, drafts: Sequence[Draft]) -> bool:
+    """A reconciling kind's job of an objective became terminal or had its lease expire."""
+    if job.kind not in RECONCILING_KINDS or not isinstance(job.payload.get("objectiveId"), str):
+        return False
     expired = any(d.type == "job.lease_expired" for d in drafts)
-    if not expired and not (job.terminal and (before is None or not before.terminal)):
-        return
-    objective_id = job.payload.get("objectiveId")
-    if not isinstance(objective_id, str):
-        return
+    return expired or (job.terminal and (before is None or not before.terminal))
+
+
+async def _control_write(tx: Tx, before: Job | None, job: Job, drafts: Sequence[Draft]) -> None:
+    expired = any(d.type == "job.lease_expired" for d in drafts)
     await request_control(
         tx,
-        objective_id,
+        str(job.payload["objectiveId"]),
         "lease_expired" if expired else "job_terminal",
         deliver_now=False,
         organization_id=job.organization_id,
         jobId=job.job_id,
         jobStatus=job.status,
     )
+
+
+# The store's settlement policy for the contract flag "reconcile objective on terminal or
+# expired lease": in the transaction that made a reconciling kind's job terminal or wrote its
+# `job.lease_expired`, record a control request on its objective's stream (delivered by the
+# outbox redrive). An objective that does not exist, or is another organization's, gets
+# nothing; so does a job of any other kind.
+CONTROL_OUTBOX = SettlementPolicy(wants=_control_wanted, write=_control_write)
 
 
 async def objectives_page(

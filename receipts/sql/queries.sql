@@ -109,9 +109,10 @@ WITH inserted AS (
     -- Settled now: its organization's dispatch slot is free for the next job (migration 0008).
     DELETE FROM dispatch_slots WHERE %(settled)s AND job_id = %(job_id)s
 ), owed AS (
-    -- Settled now: its terminal callbacks are owed until posted (callback_outbox).
+    -- Settled now, with a callback URL configured: its terminal callbacks are owed until
+    -- posted (callback_outbox).
     INSERT INTO callback_outbox (job_id, event)
-    SELECT %(job_id)s, %(status)s WHERE %(settled)s
+    SELECT %(job_id)s, %(status)s WHERE %(owed)s
     ON CONFLICT (job_id) DO NOTHING
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),

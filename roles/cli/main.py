@@ -14,7 +14,7 @@ import click
 from receipts import assembly, durations, retention
 from receipts.errors import InvalidInput
 from receipts.settings import Settings
-from receipts.store import dumps
+from receipts.streams import dumps
 from roles.infra.db import migrate_url, open_store, resolve_url
 
 

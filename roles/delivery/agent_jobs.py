@@ -26,7 +26,8 @@ from receipts.errors import ReceiptError
 from receipts.jobs import JOB_STREAM_PREFIX
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.settings import Settings
-from receipts.store import Store, dumps
+from receipts.store import Store
+from receipts.streams import dumps
 
 log = logging.getLogger("roles.delivery.agent_jobs")
 

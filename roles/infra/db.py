@@ -47,4 +47,5 @@ async def open_store(url: str, settings: Settings, *, api: bool = False) -> Stor
         max_size=max_size,
         check_idle_s=0.0 if api else CHECK_IDLE_S,
         session=session,
+        owe_callbacks=bool(settings.callback_urls),
     )
