@@ -95,14 +95,12 @@ class AttemptActivities:
             _temporal_heartbeats(info.heartbeat_timeout, self._beat_details(worker_id)),
             name=f"temporal-heartbeats:{worker_id}",
         )
+        ledger(status="started")  # queued to the bookkeeping writer: no round trip here
         try:
-            async with deliveries.written_beside(ledger(status="started")):
-                result = await self._execute(attempt, worker_id)
+            result = await self._execute(attempt, worker_id)
         finally:
             await _cancel(alive)
-        await ledger(
-            status=result.status, detail={"jobStatus": result.job_status, "error": result.error}
-        )
+        ledger(status=result.status, detail={"jobStatus": result.job_status, "error": result.error})
         return result
 
     def _beat_details(self, worker_id: str) -> dict[str, Any]:

@@ -177,7 +177,7 @@ class DriverActivities:
         info = activity.info()
         plan = await with_storage_retry(lambda: self._plan(job_id), what="prepare delivery")
         if plan.kind:
-            await deliveries.ledger_workflow(
+            deliveries.ledger_workflow(
                 self.store,
                 workflow_id=info.workflow_id or "",
                 run_id=info.workflow_run_id or "",

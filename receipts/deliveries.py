@@ -6,18 +6,15 @@ best-effort — a failure is logged and counted, never raised into a receipt app
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from receipts import metrics
-from receipts.errors import StorageError
+from receipts.bookkeeping import writer
 from receipts.jobs import Job
 from receipts.kinds import CONTRACTS
 from receipts.store import Store, translate_errors
@@ -74,10 +71,12 @@ async def job_and_latest(
     return job, latest, now
 
 
-async def record(store: Store, job_id: str, generation: int) -> None:
-    """Record that generation `generation` of the job's delivery was started."""
-    await _fetch(
-        store,
+def record(store: Store, job_id: str, generation: int) -> None:
+    """Record that generation `generation` of the job's delivery was started: queued to the
+    store's bookkeeping writer (receipts/bookkeeping.py), written within milliseconds. A record
+    lost with its process is the case the starter already handles (a closed but unrecorded
+    generation is stepped past)."""
+    writer(store).submit(
         "delivery_record",
         {
             "job_id": job_id,
@@ -179,31 +178,12 @@ async def drop_owed_callbacks(store: Store) -> None:
     await _fetch(store, "callbacks_owed_drop", {})
 
 
-async def _ledger(store: Store, name: str, params: dict[str, Any]) -> None:
+def _ledger(store: Store, name: str, params: dict[str, Any]) -> None:
     params["detail"] = Jsonb(params.get("detail"), dumps=dumps)
-    try:
-        await _fetch(store, name, params)
-    except StorageError as exc:
-        metrics.LEDGER_FAILURES.labels(name).inc()
-        log.warning(
-            "ledger write failed", extra={"event": "ledger.write_failed", "error": str(exc)}
-        )
+    writer(store).submit(name, params)
 
 
-@contextlib.asynccontextmanager
-async def written_beside(row: Awaitable[None]) -> AsyncIterator[None]:
-    """Write a best-effort ledger `row` while the block runs, not before it (no round trip
-    added to the block's path), and wait for it when the block ends, so that it never lands
-    after a row the caller writes next."""
-    task = asyncio.ensure_future(row)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(task)
-
-
-async def ledger_workflow(
+def ledger_workflow(
     store: Store,
     *,
     workflow_id: str,
@@ -215,13 +195,14 @@ async def ledger_workflow(
     status: str,
     detail: Any = None,
 ) -> None:
-    """Best-effort: record a delivery run of a job whose kind declares a durable workflow
-    (its contract's `workflow`), under that workflow's name; the kinds without one are not in
-    the workflow ledger (their runs are Temporal's history and their receipts)."""
+    """Best-effort, queued to the bookkeeping writer: record a delivery run of a job whose kind
+    declares a durable workflow (its contract's `workflow`), under that workflow's name; the
+    kinds without one are not in the workflow ledger (their runs are Temporal's history and
+    their receipts)."""
     contract = CONTRACTS.get(kind)
     if contract is None or contract.workflow is None:
         return
-    await _ledger(
+    _ledger(
         store,
         "ledger_workflow",
         {
@@ -236,7 +217,7 @@ async def ledger_workflow(
     )
 
 
-async def ledger_activity(
+def ledger_activity(
     store: Store,
     *,
     workflow_id: str,
@@ -249,12 +230,13 @@ async def ledger_activity(
     status: str,
     detail: Any = None,
 ) -> None:
-    """Best-effort: record an attempt of a job whose kind declares a durable activity (its
-    contract's `has_durable_activity`) in the activity ledger; the others' are not."""
+    """Best-effort, queued to the bookkeeping writer: record an attempt of a job whose kind
+    declares a durable activity (its contract's `has_durable_activity`) in the activity ledger;
+    the others' are not."""
     contract = CONTRACTS.get(kind)
     if contract is None or not contract.has_durable_activity:
         return
-    await _ledger(
+    _ledger(
         store,
         "ledger_activity",
         {

@@ -91,6 +91,11 @@ GUARDED_REFUSALS = Counter(
     "append took the next seq).",
     ["reason"],
 )
+BOOKKEEPING_BATCH = Histogram(
+    "receipt_bookkeeping_batch_rows",
+    "Rows per flush of a process's bookkeeping writer (ledger rows, generation records).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 500),
+)
 LEDGER_FAILURES = Counter(
     "receipt_ledger_write_failures", "Best-effort ledger writes that failed.", ["table"]
 )

@@ -280,6 +280,7 @@ class Store:
         self._pool = pool
         self.policies = tuple(policies)
         self.owe_callbacks = owe_callbacks
+        self._before_close: list[Callable[[], Awaitable[None]]] = []
 
     @classmethod
     async def open(
@@ -325,8 +326,17 @@ class Store:
             await pool.open(wait=True, timeout=open_timeout)
         return cls(pool, policies=policies, owe_callbacks=owe_callbacks)
 
+    def before_close(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Have `close` await `callback` first (a writer above the store flushing its rows)."""
+        self._before_close.append(callback)
+
     async def close(self) -> None:
-        """Close the pool."""
+        """Run the `before_close` callbacks, then close the pool."""
+        for callback in self._before_close:
+            try:
+                await callback()
+            except Exception:  # a writer's failure must not keep the pool open
+                log.exception("store close callback failed", extra={"event": "store.close_hook"})
         await self._pool.close()
 
     @asynccontextmanager

@@ -86,3 +86,7 @@ SELECT pg_database_size(current_database());
 -- name: tooling_vacuum_analyze
 -- History bench and tests: fresh statistics and visibility after a bulk load.
 VACUUM ANALYZE;
+
+-- name: tooling_activity_runs
+-- A job's rows in the activity ledger (tests of the bookkeeping writer).
+SELECT attempt, status FROM activity_runs WHERE job_id = %(job_id)s ORDER BY attempt;

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -145,26 +144,24 @@ class DriverStarter:
                     run_id, eager = await self._start_driver(job, workflow_id, generation, timing)
             except WorkflowAlreadyStartedError:
                 if await self._is_open(workflow_id):
-                    await deliveries.record(self.store, job_id, generation)
+                    deliveries.record(self.store, job_id, generation)
                     return StartResult(False, ACTIVE_DELIVERY, workflow_id, generation)
                 # Closed but unrecorded (the bookkeeping was lost): advance past it.
                 generation += 1
                 continue
             finally:
                 detach(token)
-            # The ledger row is best-effort and never raises; the generation record may.
-            await asyncio.gather(
-                deliveries.record(self.store, job_id, generation),
-                deliveries.ledger_workflow(
-                    self.store,
-                    workflow_id=workflow_id,
-                    run_id=run_id,
-                    job_id=job_id,
-                    kind=job.kind,
-                    temporal_type=JOB_DRIVER_WORKFLOW,
-                    task_queue=self.settings.queue(QUEUE_DRIVER),
-                    status="running",
-                ),
+            # Both rows are bookkeeping, queued to the process's writer (receipts/bookkeeping.py).
+            deliveries.record(self.store, job_id, generation)
+            deliveries.ledger_workflow(
+                self.store,
+                workflow_id=workflow_id,
+                run_id=run_id,
+                job_id=job_id,
+                kind=job.kind,
+                temporal_type=JOB_DRIVER_WORKFLOW,
+                task_queue=self.settings.queue(QUEUE_DRIVER),
+                status="running",
             )
             log.info(
                 "driver started",

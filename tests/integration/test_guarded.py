@@ -153,3 +153,17 @@ async def test_an_append_a_policy_wants_takes_the_transaction(store: Store) -> N
     assert done.ok
     objective = [r.type for r in await store.read_stream(f"objectives/{objective_id}")]
     assert objective[-1] == "objective.control_requested"
+
+
+async def test_no_callback_url_no_outbox_row(db_url: str, store: Store) -> None:
+    """A settle leaves its terminal callback owed only where a callback URL is configured
+    (`owe_callbacks`, from the core settings): otherwise no row is written for nobody to post."""
+    quiet = await Store.open(db_url, policies=(), owe_callbacks=False)
+    try:
+        for owing, via in ((True, store), (False, quiet)):
+            job_id = await running(via)
+            assert (await ops.complete(via, job_id, worker_id="w1", attempt=1)).ok
+            _, _, owed = await snapshot(store, job_id)
+            assert owed == (1 if owing else 0)
+    finally:
+        await quiet.close()

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from receipts import assembly, deliveries, durations, metrics, retention
+from receipts import assembly, bookkeeping, deliveries, durations, metrics, retention
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import InvalidInput, ReceiptError
@@ -99,10 +99,10 @@ async def finished(store: Store, how: str) -> Job:
 
 
 async def with_delivery_rows(store: Store, job_id: str) -> None:
-    await deliveries.record(store, job_id, 0)
+    deliveries.record(store, job_id, 0)
     await deliveries.claim_redrive(store, job_id, 1, 0)
     await deliveries.claim_callback(store, job_id, "completed", "http://127.0.0.1:9/cb")
-    await deliveries.ledger_workflow(
+    deliveries.ledger_workflow(
         store,
         workflow_id=job_id,
         run_id="run-1",
@@ -112,7 +112,7 @@ async def with_delivery_rows(store: Store, job_id: str) -> None:
         task_queue="q",
         status="completed",
     )
-    await deliveries.ledger_activity(
+    deliveries.ledger_activity(
         store,
         workflow_id=job_id,
         activity_id="attempt:1",
@@ -123,6 +123,7 @@ async def with_delivery_rows(store: Store, job_id: str) -> None:
         worker_id="w",
         status="completed",
     )
+    await bookkeeping.writer(store).flush()
 
 
 async def running(store: Store) -> Job:
