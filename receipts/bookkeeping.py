@@ -2,14 +2,15 @@
 describe deliveries — the workflow and activity ledgers and the driver's generation record.
 
 A caller queues a row (`submit`, no wait) and goes on; the writer sends what has queued, in the
-order it was queued, as one pipeline — one round trip for the batch — a few milliseconds later
-(`LINGER_S`, so the rows of one attempt's start and settle, or of a burst of jobs, travel
-together). Rows of one key keep their order (a ledger row's `started` is never written after its
-`completed`). The spec's rule for the ledger holds for every row: one that cannot be written is
-logged (`bookkeeping.write_failed`) and counted (`receipt_ledger_write_failures_total`) and
-dropped — the whole batch when the database cannot be reached, only the refused row otherwise
-(the batch is then written row by row) — and it never touches a receipt, which the job's own
-statements wrote already (docs/rules.md, X9).
+order it was queued, as one pipeline — one round trip for the batch — up to half a second later
+(`LINGER_S`), so the rows of an attempt's start and settle, and of the jobs around it, travel
+together; a generation record is written at once (`write_now`), with the rows queued before
+it, as the next dispatch of its job reads it. Rows of one key keep their order (a ledger row's
+`started` is never written after its `completed`). The spec's rule for the ledger holds for
+every row: one that cannot be written is logged (`bookkeeping.write_failed`) and counted
+(`receipt_ledger_write_failures_total`) and dropped — the whole batch when the database cannot
+be reached, only the refused row otherwise (the batch is then written row by row) — and it
+never touches a receipt, which the job's own statements wrote already (docs/rules.md, X9).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from receipts.store import Store
 
 log = logging.getLogger("receipts.bookkeeping")
 
-# How long the writer lets rows gather after the first one queues, and the most it sends at once.
-LINGER_S = 0.02
+# How long the writer lets ledger rows gather after the first one queues (nobody waits on
+# them: at a few jobs a second a batch holds several jobs' rows), and the most it sends at once.
+LINGER_S = 0.5
 MAX_BATCH = 500
 
 # The bookkeeping statements (receipts/sql/delivery.sql); failures are counted by statement.
@@ -50,17 +52,28 @@ class Bookkeeper:
         self._flushing = asyncio.Lock()
 
     def submit(self, statement: str, params: Mapping[str, Any]) -> None:
-        """Queue one row of a bookkeeping statement (`STATEMENTS`); written within `linger_s`."""
+        """Queue one row of a bookkeeping statement (`STATEMENTS`): written within `linger_s`,
+        with whatever queued meanwhile."""
+        self._queue(statement, params)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="bookkeeping-writer")
+
+    async def write_now(self, statement: str, params: Mapping[str, Any]) -> None:
+        """Write one row now — with every row queued before it, in the same round trip — and
+        return when it is written (or counted as lost): the generation record, which the next
+        dispatch of the job reads."""
+        self._queue(statement, params)
+        await self.flush()
+
+    def _queue(self, statement: str, params: Mapping[str, Any]) -> None:
         if statement not in STATEMENTS:
             raise ValueError(f"{statement} is not a bookkeeping statement")
-        self._rows.append((statement, params))
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first use, or a new event loop (a test's)
             self._loop, self._queued, self._flushing = loop, asyncio.Event(), asyncio.Lock()
             self._task = None
+        self._rows.append((statement, params))
         self._queued.set()
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="bookkeeping-writer")
 
     async def flush(self) -> None:
         """Write everything queued so far (in batches of `MAX_BATCH`), in queue order."""

@@ -71,12 +71,12 @@ async def job_and_latest(
     return job, latest, now
 
 
-def record(store: Store, job_id: str, generation: int) -> None:
-    """Record that generation `generation` of the job's delivery was started: queued to the
-    store's bookkeeping writer (receipts/bookkeeping.py), written within milliseconds. A record
-    lost with its process is the case the starter already handles (a closed but unrecorded
-    generation is stepped past)."""
-    writer(store).submit(
+async def record(store: Store, job_id: str, generation: int) -> None:
+    """Record that generation `generation` of the job's delivery was started, with the
+    bookkeeping rows queued before it in the same round trip (receipts/bookkeeping.py). A record
+    that cannot be written is counted and dropped: the starter steps past a closed but
+    unrecorded generation."""
+    await writer(store).write_now(
         "delivery_record",
         {
             "job_id": job_id,

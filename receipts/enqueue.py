@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 from receipts import jobs as jobmodel
 from receipts.commands import with_payloads
 from receipts.errors import ConflictError, InvalidInput
+from receipts.job_append import insert_params, plan
 from receipts.jobs import (
     DEFAULT_LANE,
     DEFAULT_MAX_ATTEMPTS,
@@ -280,8 +281,19 @@ def job_lock_key(job_id: str) -> str:
     return f"job:{job_id}"
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The per-organization caps an enqueue must fit (the API's): `refuse(queued, active)`
+    raises when the organization's open jobs do not leave room for one more."""
+
+    organization_id: str
+    max_queued: int
+    max_active: int
+    refuse: Callable[[int, int], None]
+
+
 async def enqueue(
-    store: Store, request: EnqueueRequest, admit: Callable[[Tx], Awaitable[None]] | None = None
+    store: Store, request: EnqueueRequest, admission: Admission | None = None
 ) -> EnqueueResult:
     """Enqueue in one transaction, in docs/design.md §4's order.
 
@@ -292,13 +304,84 @@ async def enqueue(
     2. the session-key lock; 3. expiry of stale leases on the session key; 4. the singleton
     scan; 5. append `job.enqueued`.
 
-    `admit`, when given, runs first in the same transaction (the API's per-organization caps,
-    on the connection the enqueue uses anyway); what it raises leaves nothing written.
+    `admission`, when given, is checked first (the API's per-organization caps); what it raises
+    leaves nothing written. A job with a new id and no session key has no lookup, lock or scan
+    to make: it is written by `enqueue_new`, without a transaction.
     """
+    if request.new_job_id and request.session_key is None and request.job_id is not None:
+        return await enqueue_new(store, request, admission)
+    return await _enqueue_locked(store, request, admission)
+
+
+async def _enqueue_locked(
+    store: Store, request: EnqueueRequest, admission: Admission | None
+) -> EnqueueResult:
     async with store.transaction() as tx:
-        if admit is not None:
-            await admit(tx)
+        if admission is not None:
+            row = await tx.fetch_one("enqueue_caps", {"organization_id": admission.organization_id})
+            assert row is not None
+            tx.clock_read(row[0])
+            admission.refuse(int(row[1]), int(row[2]))
         return await enqueue_in(tx, request)
+
+
+async def enqueue_new(
+    store: Store, request: EnqueueRequest, admission: Admission | None = None
+) -> EnqueueResult:
+    """A job with a new id and no session key, in two round trips and no transaction: one read
+    (the database clock and, with `admission`, the organization's open jobs), then one statement
+    that writes `job.enqueued` and the projection row only if the caps still hold at its own
+    time (receipts/sql/api.sql `enqueue_new`); else nothing was written, and it reads again."""
+    assert request.job_id is not None
+    organization_id = admission.organization_id if admission else None
+    async with store.session() as session:  # one checkout for the read and the write
+        for _ in range(3):
+            row = await session.fetch_one("enqueue_caps", {"organization_id": organization_id})
+            assert row is not None
+            now = row[0]
+            if admission is not None:
+                admission.refuse(int(row[1]), int(row[2]))
+            draft = Draft("job.enqueued", enqueued_data(request, request.job_id, now))
+            planned = plan(request.job_id, None, [draft], now, owe_callbacks=store.owe_callbacks)
+            if any(p.wants(None, planned.folded, planned.drafts) for p in store.policies):
+                break
+            params = {
+                **planned.params,
+                "recorded_at": now,
+                "cap_organization_id": organization_id,
+                "max_queued": admission.max_queued if admission else 1,
+                "max_active": admission.max_active if admission else 1,
+            }
+            written = await session.fetch_one(
+                "enqueue_new", insert_params(planned.receipts, params)
+            )
+            if written is not None and written[0] is not None:
+                return EnqueueResult(planned.folded, "created")
+    return await _enqueue_locked(store, request, admission)  # a policy wants it, or caps moved
+
+
+def enqueued_data(request: EnqueueRequest, job_id: str, now: datetime) -> dict[str, Any]:
+    """The `job.enqueued` receipt's data for `request`, at the database clock `now`."""
+    data: dict[str, Any] = {
+        "jobId": job_id,
+        "agentId": request.agent_id,
+        "lane": request.lane,
+        "kind": request.kind,
+        "payload": request.payload,
+        "organizationId": request.organization_id,
+        "sessionKey": request.session_key,
+        "singletonMode": request.singleton_mode,
+        "maxAttempts": request.max_attempts,
+    }
+    if request.delay_ms:
+        data["availableAt"] = (now + timedelta(milliseconds=request.delay_ms)).isoformat()
+    if request.trace_id:
+        data["traceId"] = request.trace_id
+    if request.traceparent:
+        data["traceparent"] = request.traceparent
+    if request.retry_of:
+        data["retryOf"] = request.retry_of
+    return data
 
 
 async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
@@ -351,26 +434,7 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
             steered, _ = await tx.append_job(target.job_id, target, [steer])
             return EnqueueResult(steered, "steered", tuple(affected))
 
-    now = await tx.now()
-    data: dict[str, Any] = {
-        "jobId": job_id,
-        "agentId": request.agent_id,
-        "lane": request.lane,
-        "kind": request.kind,
-        "payload": request.payload,
-        "organizationId": request.organization_id,
-        "sessionKey": request.session_key,
-        "singletonMode": request.singleton_mode,
-        "maxAttempts": request.max_attempts,
-    }
-    if request.delay_ms:
-        data["availableAt"] = (now + timedelta(milliseconds=request.delay_ms)).isoformat()
-    if request.trace_id:
-        data["traceId"] = request.trace_id
-    if request.traceparent:
-        data["traceparent"] = request.traceparent
-    if request.retry_of:
-        data["retryOf"] = request.retry_of
+    data = enqueued_data(request, job_id, await tx.now())
     job, _ = await tx.append_job(job_id, None, [Draft("job.enqueued", data)])
     return EnqueueResult(job, "created", tuple(affected))
 

@@ -23,7 +23,7 @@ from receipts import metrics
 from receipts.errors import ConflictError
 from receipts.job_append import insert_params, plan
 from receipts.jobs import Job, Receipt
-from receipts.store import Store
+from receipts.store import Store, Tx, translate_errors
 from receipts.streams import Draft
 
 log = logging.getLogger("receipts.guarded")
@@ -41,13 +41,15 @@ async def append_if_unchanged(
     now: datetime,
     *,
     lease_held: bool,
+    session: Tx | None = None,
 ) -> tuple[Job, list[Receipt]] | None:
     """Append `drafts` to `job` as read at the database clock `now`, in one statement: applied
     only while the job's head is `job.seq` and, with `lease_held`, its lease is unexpired.
 
     Returns the new state and the receipts as stored, or None when the job changed (nothing was
     written). Raises `NeedsTransaction` when a settlement policy wants the append, and what the
-    reducer raises for a draft it refuses.
+    reducer raises for a draft it refuses. `session`: the connection the job was read on
+    (`Store.session`), so the read and the write cost one checkout.
     """
     planned = plan(job_id, job, drafts, now, owe_callbacks=store.owe_callbacks)
     if any(p.wants(job, planned.folded, planned.drafts) for p in store.policies):
@@ -62,7 +64,8 @@ async def append_if_unchanged(
         },
     )
     try:
-        row = await store.fetch_one(f"{planned.statement}_guarded", params)
+        with translate_errors():
+            row = await (session or store).fetch_one(f"{planned.statement}_guarded", params)
     except ConflictError:
         # An append that committed after this statement's snapshot took the next seq.
         _refused(job_id, "conflict")

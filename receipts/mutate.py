@@ -84,23 +84,30 @@ async def mutate_guarded(
     guarded on that read (receipts/guarded.py). A refused write wrote nothing: read, decide and
     write again. An append a settlement policy wants, or a job that does not exist yet, takes
     the locked path."""
-    for _ in range(GUARDED_TRIES):
-        job, now = known if known is not None else await store.get_job_with_now(job_id)
-        known = None
-        decision = decide(job, now)
-        if isinstance(decision, Outcome):
-            return decision
-        if isinstance(decision, str):
-            return Outcome(decision, job)
-        if job is None:
-            break
-        try:
-            written = await append_if_unchanged(
-                store, job_id, job, decision, now, lease_held=job.status in LEASED_STATUSES
-            )
-        except NeedsTransaction:
-            break
-        if written is not None:
-            new, receipts = written
-            return Outcome(OK, new, tuple(receipts))
+    async with store.session() as session:
+        for _ in range(GUARDED_TRIES):
+            job, now = known if known is not None else await session.job_with_now(job_id)
+            known = None
+            decision = decide(job, now)
+            if isinstance(decision, Outcome):
+                return decision
+            if isinstance(decision, str):
+                return Outcome(decision, job)
+            if job is None:
+                break
+            try:
+                written = await append_if_unchanged(
+                    store,
+                    job_id,
+                    job,
+                    decision,
+                    now,
+                    lease_held=job.status in LEASED_STATUSES,
+                    session=session,
+                )
+            except NeedsTransaction:
+                break
+            if written is not None:
+                new, receipts = written
+                return Outcome(OK, new, tuple(receipts))
     return await mutate(store, job_id, decide)

@@ -13,7 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from receipts.errors import ReceiptError
 from receipts.jobs import Job
-from receipts.store import Store, Tx, translate_errors
+from receipts.store import Store, translate_errors
 from receipts.tenancy import TENANT_SEPARATOR, scoped_id
 
 T = TypeVar("T")
@@ -189,13 +189,6 @@ async def active_by_status(store: Store) -> dict[str, int]:
     with translate_errors():
         rows = await store.fetch("jobs_by_status", {})
     return {str(status): int(count) for status, count in rows}
-
-
-async def organization_open_jobs(tx: Tx, organization_id: str) -> tuple[int, int]:
-    """An organization's queued jobs and its active ones (queued, leased, running), from its
-    counters: one read of at most 16 rows however deep its queue."""
-    row = await tx.fetch_one("api_org_open_jobs", {"organization_id": organization_id})
-    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 async def applied_migrations(store: Store) -> set[int]:

@@ -101,6 +101,11 @@ class Tx:
             self._now = row[0]
         return self._now
 
+    def clock_read(self, now: datetime) -> None:
+        """The transaction's clock as a statement of it read it (`now()` is constant within a
+        transaction): `now` asks the database no more."""
+        self._now = now
+
     async def lock_key(self, key: str) -> None:
         """Take a transaction-scoped advisory lock on `key` (released at commit or rollback)."""
         await self._conn.execute(query("lock_key"), {"key": key})
@@ -114,6 +119,11 @@ class Tx:
             return None
         self._now = row[0]
         return Job.model_validate(row[1])
+
+    async def job_with_now(self, job_id: str) -> tuple[Job | None, datetime]:
+        """The job's folded state (or None) and the database clock, in one round trip."""
+        row = await self._one(query("job_get_with_now"), {"job_id": job_id})
+        return (Job.model_validate(row[1]) if row[1] is not None else None), row[0]
 
     async def job(self, job_id: str) -> Job | None:
         """Return the job without locking it."""
@@ -344,6 +354,15 @@ class Store:
         """Open one transaction; it commits when the block ends, rolls back on an exception."""
         with translate_errors():
             async with self._pool.connection() as conn, conn.transaction():
+                yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Tx]:
+        """One pooled connection and no transaction: each statement commits on its own. For the
+        read and the guarded write of a one-statement change (receipts/guarded.py), which hold
+        no lock between them: one checkout, so at most one pool check, for both."""
+        with translate_errors():
+            async with self._pool.connection() as conn:
                 yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
 
     async def in_transaction(self, work: Callable[[Tx], Awaitable[T]]) -> T:

@@ -19,13 +19,46 @@ ORDER BY j.created_at DESC, j.job_id DESC
 LIMIT %(limit)s;
 
 
--- name: api_org_open_jobs
--- An organization's queued jobs and its active ones (queued, leased, running), read before an
--- enqueue to apply the per-organization caps: the sum of its counter slots (org_open_jobs,
--- migration 0009), at most 16 rows however deep its queue.
-SELECT coalesce(sum(queued), 0)::bigint AS queued, coalesce(sum(active), 0)::bigint AS active
+-- name: enqueue_caps
+-- The database clock and an organization's queued jobs and its active ones (queued, leased,
+-- running), read before an enqueue to apply the per-organization caps: the sum of its counter
+-- slots (org_open_jobs, migration 0009), at most 16 rows however deep its queue. With no
+-- organization, the clock and zeros.
+SELECT now(), coalesce(sum(queued), 0)::bigint AS queued, coalesce(sum(active), 0)::bigint AS active
 FROM org_open_jobs
 WHERE organization_id = %(organization_id)s::text;
+
+-- name: enqueue_new
+-- A new job (a made-up id, no session key) in one statement outside a transaction
+-- (receipts/enqueue.py `enqueue_new`): its `job.enqueued` receipt, recorded at the clock the
+-- caller read and folded with, and its projection row, written only if the organization
+-- (`cap_organization_id`, none: no caps) still holds fewer than `max_queued` queued and
+-- `max_active` active jobs at this statement's time; else nothing, and the first column is NULL.
+WITH admitted AS (
+    SELECT 1 FROM org_open_jobs
+    WHERE organization_id = %(cap_organization_id)s::text
+    HAVING %(cap_organization_id)s::text IS NULL
+        OR (coalesce(sum(queued), 0) < %(max_queued)s AND coalesce(sum(active), 0) < %(max_active)s)
+), inserted AS (
+    INSERT INTO receipts (stream, seq, type, data, recorded_at)
+    SELECT %(stream)s, u.seq, u.type, u.data, %(recorded_at)s
+    FROM unnest(%(seqs)s::integer[], %(types)b::text[], %(datas)b::jsonb[]) AS u(seq, type, data)
+    WHERE EXISTS (SELECT 1 FROM admitted)
+    RETURNING position, seq
+), projected AS (
+    INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
+                      attempt, max_attempts, abort_requested, available_at, lease_expires_at,
+                      last_heartbeat_at, created_at, updated_at, state, worker_queue)
+    SELECT %(job_id)s, %(seq)s, %(organization_id)s, %(session_key)s, %(agent_id)s, %(lane)s,
+           %(kind)s, %(status)s, %(attempt)s, %(max_attempts)s, %(abort_requested)s,
+           %(available_at)s, %(lease_expires_at)s, %(last_heartbeat_at)s, %(created_at)s,
+           %(updated_at)s, %(state)s, %(worker_queue)s
+    WHERE EXISTS (SELECT 1 FROM admitted)
+    RETURNING 1
+)
+SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
+       (SELECT count(*) FROM projected),
+       (SELECT pg_notify('receipts', %(note)s) FROM admitted);
 
 -- name: api_jobs_by_caller_id
 -- The jobs an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an

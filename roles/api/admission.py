@@ -7,11 +7,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from receipts import metrics, reads
-from receipts.enqueue import EnqueueRequest
+from receipts import metrics
+from receipts.enqueue import Admission, EnqueueRequest
 from receipts.errors import InvalidInput
 from receipts.kinds import QUEUE_CODEX, route
-from receipts.store import Tx
 from roles.api.auth import COMMANDS_RUN, Principal
 from roles.api.deps import ApiError, require_scope, too_many
 from roles.api.errors import RETRY_AFTER_S
@@ -86,20 +85,25 @@ def check_gateway(settings: ApiSettings, request: EnqueueRequest) -> None:
         )
 
 
-async def check_org_caps(settings: ApiSettings, organization_id: str, tx: Tx) -> None:
-    """429 when the organization holds its cap of queued or of active jobs (its counters,
-    kept with every status change: one read of at most 16 rows, however deep its queue). Runs
-    as the enqueue's `admit`, first in its transaction."""
-    queued, active = await reads.organization_open_jobs(tx, organization_id)
-    for cap, held, limit, variable in (
-        ("queued", queued, settings.org_max_queued, "RECEIPT_ORG_MAX_QUEUED"),
-        ("active", active, settings.org_max_active, "RECEIPT_ORG_MAX_ACTIVE"),
-    ):
-        if held >= limit:
-            metrics.API_LIMITED.labels(cap).inc()
-            log.warning(
-                "organization at its %s-jobs cap",
-                cap,
-                extra={"event": "api.org_cap", "cap": cap, "organizationId": organization_id},
-            )
-            raise too_many(f"the organization has {held} {cap} jobs ({variable})", RETRY_AFTER_S)
+def org_caps(settings: ApiSettings, organization_id: str) -> Admission:
+    """The enqueue's admission: 429 when the organization holds its cap of queued or of active
+    jobs (its counters, kept with every status change: one read of at most 16 rows, however
+    deep its queue), checked on the enqueue's first read and again by its write."""
+
+    def refuse(queued: int, active: int) -> None:
+        for cap, held, limit, variable in (
+            ("queued", queued, settings.org_max_queued, "RECEIPT_ORG_MAX_QUEUED"),
+            ("active", active, settings.org_max_active, "RECEIPT_ORG_MAX_ACTIVE"),
+        ):
+            if held >= limit:
+                metrics.API_LIMITED.labels(cap).inc()
+                log.warning(
+                    "organization at its %s-jobs cap",
+                    cap,
+                    extra={"event": "api.org_cap", "cap": cap, "organizationId": organization_id},
+                )
+                raise too_many(
+                    f"the organization has {held} {cap} jobs ({variable})", RETRY_AFTER_S
+                )
+
+    return Admission(organization_id, settings.org_max_queued, settings.org_max_active, refuse)

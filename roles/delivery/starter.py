@@ -144,15 +144,15 @@ class DriverStarter:
                     run_id, eager = await self._start_driver(job, workflow_id, generation, timing)
             except WorkflowAlreadyStartedError:
                 if await self._is_open(workflow_id):
-                    deliveries.record(self.store, job_id, generation)
+                    await deliveries.record(self.store, job_id, generation)
                     return StartResult(False, ACTIVE_DELIVERY, workflow_id, generation)
                 # Closed but unrecorded (the bookkeeping was lost): advance past it.
                 generation += 1
                 continue
             finally:
                 detach(token)
-            # Both rows are bookkeeping, queued to the process's writer (receipts/bookkeeping.py).
-            deliveries.record(self.store, job_id, generation)
+            # Bookkeeping (receipts/bookkeeping.py): the ledger row is queued, and the generation
+            # record written at once with it, one round trip for both.
             deliveries.ledger_workflow(
                 self.store,
                 workflow_id=workflow_id,
@@ -163,6 +163,7 @@ class DriverStarter:
                 task_queue=self.settings.queue(QUEUE_DRIVER),
                 status="running",
             )
+            await deliveries.record(self.store, job_id, generation)
             log.info(
                 "driver started",
                 extra={

@@ -35,16 +35,13 @@ async def test_rows_are_queued_without_a_wait_and_written_in_their_order(store: 
     job_id = (await put(store)).job.job_id
     deliveries.ledger_activity(store, **activity_row(job_id, "started"))
     deliveries.ledger_activity(store, **activity_row(job_id, "completed"))
-    deliveries.record(store, job_id, 0)
     assert await ledger(store, job_id) == []  # nothing written yet: queued
-    for _ in range(100):  # within the writer's linger (20 ms) and a round trip
+    for _ in range(300):  # within the writer's linger (0.5 s for a ledger row) and a round trip
         if await ledger(store, job_id):
             break
         await asyncio.sleep(0.01)
     # `started` then `completed` on one key: the later row wins, as it was queued later.
     assert await ledger(store, job_id) == [(1, "completed")]
-    latest = await deliveries.job_and_latest(store, job_id)
-    assert latest[1] is not None and latest[1].generation == 0
 
 
 async def test_a_batch_is_one_round_trip(store: Store, db_url: str) -> None:
@@ -114,3 +111,23 @@ async def test_an_unreachable_database_drops_the_batch_without_raising(db_url: s
 async def test_only_bookkeeping_statements_are_queued(store: Store) -> None:
     with pytest.raises(ValueError, match="not a bookkeeping statement"):
         bookkeeping.Bookkeeper(store).submit("append_job", {})
+
+
+async def test_a_generation_record_is_written_at_once_with_the_rows_before_it(
+    store: Store,
+) -> None:
+    """A ledger row may wait (here an hour); a generation record is written when `record`
+    returns, and the ledger row queued before it in the same round trip."""
+    job_id = (await put(store)).job.job_id
+    writer = bookkeeping.writer(store)
+    writer.linger_s = 3600
+    try:
+        deliveries.ledger_activity(store, **activity_row(job_id, "started"))
+        await asyncio.sleep(0.1)
+        assert await ledger(store, job_id) == []  # lingering
+        await deliveries.record(store, job_id, 3)
+        assert await ledger(store, job_id) == [(1, "started")]
+        latest = await deliveries.job_and_latest(store, job_id)
+        assert latest[1] is not None and latest[1].generation == 3
+    finally:
+        writer.linger_s = bookkeeping.LINGER_S

@@ -44,9 +44,9 @@ def disagreeing(url: str) -> list[tuple[object, ...]]:
 
 async def open_counts(store: Store, org: str) -> tuple[int, int]:
     """(queued, active) as the API's cap check reads them."""
-    row = await store.fetch_one("api_org_open_jobs", {"organization_id": org})
+    row = await store.fetch_one("enqueue_caps", {"organization_id": org})
     assert row is not None
-    return int(row[0]), int(row[1])
+    return int(row[1]), int(row[2])
 
 
 async def test_the_counts_follow_every_status_change(store: Store, db_url: str) -> None:

@@ -99,7 +99,7 @@ async def finished(store: Store, how: str) -> Job:
 
 
 async def with_delivery_rows(store: Store, job_id: str) -> None:
-    deliveries.record(store, job_id, 0)
+    await deliveries.record(store, job_id, 0)
     await deliveries.claim_redrive(store, job_id, 1, 0)
     await deliveries.claim_callback(store, job_id, "completed", "http://127.0.0.1:9/cb")
     deliveries.ledger_workflow(

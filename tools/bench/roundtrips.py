@@ -3,11 +3,12 @@
 Each role of a small stack (api, driver, worker-chat) reaches the database through a loopback
 proxy of its own that relays bytes unchanged and counts, per role:
 
-* round trips — flights: a client→server burst that follows server→client bytes (or opens
-  the connection's exchange); a pipeline of statements sent at once is one flight, as it is one
-  wait on the network;
-* statements — the frontend's `Q` (simple query) and `E` (Execute: one per extended-protocol
-  statement, `BEGIN` and `COMMIT` included, pipelined or not) messages.
+* round trips — the points where the client waits for the server: the frontend's `Q` (a
+  simple query) and `S` (Sync) messages, each answered by one `ReadyForQuery`. A statement on
+  its own is one; a pipeline of statements (psycopg's pipeline mode) ends in one Sync and is
+  one, however its bytes are split on the wire;
+* statements — `Q` and `E` (Execute: one per extended-protocol statement, `BEGIN` and `COMMIT`
+  included, pipelined or not) messages.
 
 The background loops' traffic (redrive, retention, listeners) is measured first in an idle
 window and subtracted at its rate over the load's window; what is left, divided by the jobs
@@ -57,17 +58,13 @@ class Counts:
 
 @dataclass
 class _Flow:
-    """One connection's direction state and its frontend message parser."""
+    """One connection's frontend message parser."""
 
     counts: Counts
-    last_from_client: bool = False
     buffer: bytearray = field(default_factory=bytearray)
     started: bool = False  # past the startup message (which has no type byte)
 
     def client_bytes(self, data: bytes) -> None:
-        if not self.last_from_client:
-            self.counts.round_trips += 1
-        self.last_from_client = True
         self.buffer += data
         while True:
             if not self.started:
@@ -89,9 +86,8 @@ class _Flow:
             del self.buffer[: 1 + length]
             if kind in (b"Q", b"E"):
                 self.counts.statements += 1
-
-    def server_bytes(self) -> None:
-        self.last_from_client = False
+            if kind in (b"Q", b"S"):
+                self.counts.round_trips += 1
 
 
 class CountingProxy:
@@ -145,8 +141,6 @@ class CountingProxy:
                 while data := await src.read(65536):
                     if up:
                         flow.client_bytes(data)
-                    else:
-                        flow.server_bytes()
                     dst.write(data)
                     await dst.drain()
             with contextlib.suppress(OSError):

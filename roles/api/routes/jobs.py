@@ -11,7 +11,6 @@ and the workflows, and is what an admin token sees and names.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import uuid
 from typing import Annotated, Any
@@ -47,7 +46,7 @@ from roles.api.admission import (
     capped_timeout,
     check_command_rights,
     check_gateway,
-    check_org_caps,
+    org_caps,
     runs_commands,
 )
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE
@@ -183,9 +182,7 @@ async def post_job(
     check_command_rights(caller, settings, agent_id, enqueue_request)
     check_gateway(settings, enqueue_request)
     enqueue_request = capped_timeout(settings, enqueue_request)
-    caps = None
-    if organization_id is not None:
-        caps = functools.partial(check_org_caps, settings, organization_id)
+    caps = org_caps(settings, organization_id) if organization_id is not None else None
     client_id = enqueue_request.job_id
     if client_id is None and idempotency_key is not None:
         client_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
@@ -204,7 +201,7 @@ async def post_job(
             trace_id=trace_id_of(current_traceparent()),
             traceparent=current_traceparent(),
         )
-        result = await enqueue(state.require_store(), enqueue_request, admit=caps)
+        result = await enqueue(state.require_store(), enqueue_request, caps)
     job = result.job
     metrics.job_enqueued(
         job.lane, job.kind, job.agent_id, result.outcome, result.idempotency_mismatch

@@ -199,8 +199,7 @@ async def test_the_thirty_third_generation_fails_the_job_with_the_exact_text(
 ) -> None:
     async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as stack:
         job = (await put(fresh_store, payload_extra=task("true"))).job
-        deliveries.record(fresh_store, job.job_id, MAX_GENERATION - 1)  # the 32nd
-        await bookkeeping.writer(fresh_store).flush()
+        await deliveries.record(fresh_store, job.job_id, MAX_GENERATION - 1)  # the 32nd
         result = await stack.starter.start(job.job_id)
     assert (result.created, result.reason) == (False, "generations_exhausted")
     failed = await fresh_store.get_job(job.job_id)
@@ -377,7 +376,7 @@ async def test_ledger_rows_are_written_beside_the_receipts_as_the_kinds_contract
         audit = (await put(fresh_store, "factory-control", kind="factory.objective.audit")).job
         for settled in (job, run, audit):
             await wait_for_status(fresh_store, settled.job_id)
-        await bookkeeping.writer(fresh_store).flush()  # the rows queued last
+    await bookkeeping.writer(fresh_store).flush()  # the rows the stopped workers queued last
 
     def rows(sql: str, job_id: str) -> list[tuple[Any, ...]]:
         with psycopg.connect(fresh_db) as conn:
@@ -418,7 +417,7 @@ async def test_a_failing_ledger_is_counted_and_never_fails_the_job(
     async with running_stack(client, fresh_store, fresh_db):
         job = (await put(fresh_store, payload_extra=task("true"))).job
         done = await wait_for_status(fresh_store, job.job_id)
-        await bookkeeping.writer(fresh_store).flush()
+    await bookkeeping.writer(fresh_store).flush()  # the rows the stopped workers queued last
     assert done.status == "completed"
     assert failures() - before >= 3  # driver run, attempt start, attempt end
     # The generation record beside them in the batches was written row by row.
