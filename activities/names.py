@@ -9,7 +9,10 @@ the roles can all import it.
 from __future__ import annotations
 
 # Workflows.
-JOB_DRIVER_WORKFLOW = "JobDriverWorkflow"
+JOB_DRIVER_WORKFLOW = "JobDriver"
+# The driver type of builds before 2026-12-03 (with the `attempt-as-activity` patch marker in
+# every run): no longer started, still registered on the driver role so open runs finish.
+LEGACY_JOB_DRIVER_WORKFLOW = "JobDriverWorkflow"
 # The attempt child of builds before 2026-12: no longer started, still registered on the worker
 # roles so attempts started by an older driver drain (see workflows/attempt.py).
 JOB_ATTEMPT_WORKFLOW = "JobAttemptWorkflow"

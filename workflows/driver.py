@@ -1,4 +1,5 @@
-"""`JobDriverWorkflow`: carry one job to a worker, one attempt activity at a time. It never leases."""
+"""`JobDriver`: carry one job to a worker, one attempt activity at a time. It never leases.
+(`JobDriverWorkflow`, the type of earlier builds, stays registered for the runs still open.)"""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
         EXECUTE_ATTEMPT,
         JOB_ATTEMPT_WORKFLOW,
         JOB_DRIVER_WORKFLOW,
+        LEGACY_JOB_DRIVER_WORKFLOW,
         POST_CALLBACKS,
         PREPARE_DELIVERY,
     )
@@ -43,9 +45,9 @@ KIND = SearchAttributeKey.for_keyword("ReceiptKind")
 ORGANIZATION_ID = SearchAttributeKey.for_keyword("ReceiptOrganizationId")
 SEARCH_ATTRIBUTES = (JOB_ID, AGENT_ID, LANE, KIND, ORGANIZATION_ID)
 
-# Drivers recorded before this patch started each attempt as a `JobAttemptWorkflow` child; they
-# replay down that path. Remove the old path (and `JobAttemptWorkflow`) with `deprecate_patch`
-# once no such driver can be open (README, "Upgrading").
+# Drivers of the legacy type (`JobDriverWorkflow`) recorded before this patch started each
+# attempt as a `JobAttemptWorkflow` child and replay down that path; later ones took the patch.
+# `JobDriver`, which every dispatch starts now, has no such branch, so no marker per run.
 ATTEMPT_AS_ACTIVITY = "attempt-as-activity"
 CALLBACK_EVENTS = frozenset({"dispatched", *TERMINAL_STATUSES})
 # Patient enough to ride out a database restart (about a minute of retries).
@@ -102,8 +104,7 @@ def worker_lost_timeout(plan: DriverPlan) -> timedelta:
     return timedelta(milliseconds=min(lost_ms, two_cadences))
 
 
-@workflow.defn(name=JOB_DRIVER_WORKFLOW)
-class JobDriverWorkflow:
+class _Driver:
     """Read the job, fail a stale lease, honour an abort, run attempt `n`, post callbacks.
 
     The attempt is the `execute_attempt` activity on the job's routed task queue (activity id
@@ -114,8 +115,7 @@ class JobDriverWorkflow:
     stale and fails it, so nothing depends on a process remembering the job.
     """
 
-    @workflow.run
-    async def run(self, request: DriverInput) -> str:
+    async def _drive(self, request: DriverInput) -> str:
         # The first run may carry the starter's read of the job (a queued, deliverable job);
         # every other run reads it through `prepare_delivery`.
         plan = request.plan or await self._prepare(request)
@@ -151,14 +151,16 @@ class JobDriverWorkflow:
             heartbeat_ms=plan.heartbeat_ms,
             deliveries=request.deliveries,
         )
-        if workflow.patched(ATTEMPT_AS_ACTIVITY):
-            result = await self._attempt(plan, attempt)
-        else:
-            result = await self._attempt_child(request, plan, attempt)
+        result = await self._run_attempt(request, plan, attempt)
         if result.job_status in TERMINAL_STATUSES:
             await self._callback(request, result.job_status)
             return result.job_status
         self._continue(request, plan)
+
+    async def _run_attempt(
+        self, request: DriverInput, plan: DriverPlan, attempt: AttemptInput
+    ) -> AttemptResult:
+        return await self._attempt(plan, attempt)
 
     async def _attempt(self, plan: DriverPlan, attempt: AttemptInput) -> AttemptResult:
         """Run attempt `n` as the `execute_attempt` activity on the routed task queue."""
@@ -255,3 +257,33 @@ class JobDriverWorkflow:
             )
         except ActivityError:
             workflow.logger.warning("callback activity failed", extra={"jobId": request.job_id})
+
+
+@workflow.defn(name=JOB_DRIVER_WORKFLOW)
+class JobDriver(_Driver):
+    """The driver every dispatch starts: each attempt is the `execute_attempt` activity. No
+    patch marker and no `TemporalChangeVersion` search attribute in its history."""
+
+    @workflow.run
+    async def run(self, request: DriverInput) -> str:
+        return await self._drive(request)
+
+
+@workflow.defn(name=LEGACY_JOB_DRIVER_WORKFLOW)
+class JobDriverWorkflow(_Driver):
+    """The driver type of builds before `JobDriver`, registered so that its open runs finish
+    (they continue as new under this type): each attempt takes the `ATTEMPT_AS_ACTIVITY` patch
+    (the activity) unless its history was recorded before it (a `JobAttemptWorkflow` child).
+    Unregister it, with `JobAttemptWorkflow`, once no such driver can be open (README,
+    "Upgrading")."""
+
+    @workflow.run
+    async def run(self, request: DriverInput) -> str:
+        return await self._drive(request)
+
+    async def _run_attempt(
+        self, request: DriverInput, plan: DriverPlan, attempt: AttemptInput
+    ) -> AttemptResult:
+        if workflow.patched(ATTEMPT_AS_ACTIVITY):
+            return await self._attempt(plan, attempt)
+        return await self._attempt_child(request, plan, attempt)

@@ -20,7 +20,7 @@ from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import TimingSettings
 from workflows.attempt import JobAttemptWorkflow
-from workflows.driver import JobDriverWorkflow
+from workflows.driver import JobDriver, JobDriverWorkflow
 
 DEFAULT_GRACE = timedelta(seconds=30)
 # The workflows run without the SDK's sandbox: it re-imports and re-executes the workflow
@@ -75,7 +75,7 @@ def driver_worker(
     return Worker(
         client,
         task_queue=settings.queue(QUEUE_DRIVER),
-        workflows=[JobDriverWorkflow],
+        workflows=[JobDriver, JobDriverWorkflow],
         activities=[
             activities.prepare_delivery,
             activities.post_callbacks,

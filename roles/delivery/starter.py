@@ -52,7 +52,7 @@ class StartResult:
 
 
 class DriverStarter:
-    """Starts `JobDriverWorkflow` generation g+1 only when generation g's driver is closed.
+    """Starts `JobDriver` generation g+1 only when generation g's driver is closed.
 
     A driver carries its attempts as activities, so an open driver is an active delivery and a
     closed one has none left running that could settle for it (an attempt child left by an

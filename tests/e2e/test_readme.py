@@ -172,7 +172,7 @@ def test_the_readme_quick_start_runs_as_written_against_make_up(
     assert "hello from receipt" in out and "job.completed" in out
     assert "event: end" in out
     # Temporal found its delivery by the id the caller chose.
-    assert "hello-1~" in out and "JobDriverWorkflow" in out
+    assert "hello-1~" in out and "JobDriver" in out
     # The demo agent asked, was answered and succeeded; its owner heard both.
     assert "waiting_on_user" in out and "succeeded" in out
     assert out.count("session.wakeup") >= 2

@@ -390,7 +390,7 @@ async def test_ledger_rows_are_written_beside_the_receipts_as_the_kinds_contract
     assert rows(activity_sql, job.job_id) == [
         ("execute_attempt", "completed", f"{job.job_id}:attempt:1/1")
     ]
-    assert ("factory.task", "running", {"temporalType": "JobDriverWorkflow"}) in rows(
+    assert ("factory.task", "running", {"temporalType": "JobDriver"}) in rows(
         workflow_sql, job.job_id
     )
     assert rows(activity_sql, run.job_id) == []
@@ -489,7 +489,7 @@ async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
 
         async def drive(job_id: str, plan: Any) -> str:
             handle = await client.start_workflow(
-                "JobDriverWorkflow",
+                "JobDriver",
                 DriverInput(job_id=job_id, plan=plan),
                 id=job_id,
                 task_queue=stack.queue(QUEUE_DRIVER),

@@ -23,7 +23,7 @@ from roles.delivery.runtime import WORKFLOW_RUNNER
 from tests.integration.delivery.conftest import running_stack, wait_for_status
 from tests.integration.helpers import put
 from workflows.attempt import JobAttemptWorkflow
-from workflows.driver import JobDriverWorkflow
+from workflows.driver import JobDriver, JobDriverWorkflow
 from workflows.watchdog_tick import WatchdogTickWorkflow
 
 
@@ -50,7 +50,9 @@ def workflow_type(history: WorkflowHistory) -> str:
 
 
 async def replay_sandboxed(histories: list[WorkflowHistory]) -> None:
-    replayer = Replayer(workflows=[JobDriverWorkflow, JobAttemptWorkflow, WatchdogTickWorkflow])
+    replayer = Replayer(
+        workflows=[JobDriver, JobDriverWorkflow, JobAttemptWorkflow, WatchdogTickWorkflow]
+    )
     assert isinstance(replayer.config()["workflow_runner"], SandboxedWorkflowRunner)
     for history in histories:
         await replayer.replay_workflow(history)  # raises on any replay failure
@@ -96,10 +98,11 @@ async def test_delivery_histories_replay_under_the_sandbox(
     # The starter's read plans each first run; only the continued-as-new run of the retried
     # job reads the job itself (`prepare_delivery`, a local activity: one marker).
     assert sorted(markers(h, LOCAL_ACTIVITY_MARKER) for h in histories) == [0, 0, 0, 1]
-    # Every run that delivers an attempt takes the new path (one patch marker) and schedules
-    # `execute_attempt` itself: no attempt workflow any more.
-    assert [markers(h, PATCH_MARKER) for h in histories] == [1, 1, 1, 1]
-    assert {workflow_type(h) for h in histories} == {"JobDriverWorkflow"}
+    # Every run schedules `execute_attempt` itself, with no patch marker and no
+    # `TemporalChangeVersion` upsert (the `JobDriver` type has no branch to record).
+    assert [markers(h, PATCH_MARKER) for h in histories] == [0, 0, 0, 0]
+    assert [search_attribute_upserts(h) for h in histories] == [0, 0, 0, 0]
+    assert {workflow_type(h) for h in histories} == {"JobDriver"}
     assert all(attempt_activities(h) == 1 for h in histories)
     await replay_sandboxed(histories)
     record_to = os.environ.get("RECEIPT_RECORD_HISTORIES")
@@ -107,13 +110,19 @@ async def test_delivery_histories_replay_under_the_sandbox(
         names = {done.job_id: "completed", retried.job_id: "retried", aborted.job_id: "aborted"}
         for i, history in enumerate(histories):
             name = names[history.workflow_id]
-            path = Path(record_to) / f"activity-{name}-driver-{i}.json"
+            path = Path(record_to) / f"jobdriver-{name}-{i}.json"
             recorded = {"workflowId": history.workflow_id, "history": history.to_json_dict()}
             path.write_text(json.dumps(recorded, indent=1) + "\n")
 
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 PATCH_MARKER = "core_patch"
+
+
+def search_attribute_upserts(history: WorkflowHistory) -> int:
+    return sum(
+        e.HasField("upsert_workflow_search_attributes_event_attributes") for e in history.events
+    )
 
 
 def markers(history: WorkflowHistory, name: str) -> int:
@@ -163,28 +172,37 @@ async def test_a_watchdog_tick_history_replays_under_the_sandbox(
 # Histories recorded by earlier builds and by this one: a completed job, a retried one across a
 # continue-as-new, one aborted while running. The `*-attempt-*` and `*-driver-*` files were
 # recorded when each attempt was a `JobAttemptWorkflow` child; the `activity-*` files by the
-# build that made the attempt an activity of the driver (`RECEIPT_RECORD_HISTORIES=<dir>` on
-# the test above writes them). Workers of a later version must still replay them all, or
-# drivers open across a deploy would stall on a nondeterminism error until their run timeout:
-# a change that breaks this test needs `workflow.patched` (or a versioned task queue), not
-# new files.
+# build that made the attempt an activity of the `JobDriverWorkflow` driver (a patch marker per
+# run); the `jobdriver-*` files by the build that started `JobDriver`, the driver type without
+# the patch (`RECEIPT_RECORD_HISTORIES=<dir>` on the test above writes them). Workers of a
+# later version must still replay them all, or drivers open across a deploy would stall on a
+# nondeterminism error until their run timeout: a change that breaks this test needs
+# `workflow.patched` (or a new workflow type, or a versioned task queue), not new files.
 RECORDED = Path(__file__).parent / "histories"
 
 
 async def test_histories_recorded_by_this_and_earlier_versions_still_replay() -> None:
     files = sorted(RECORDED.glob("*.json"))
-    assert len(files) == 12
+    assert len(files) == 16
     histories = []
     for path in files:
         recorded = json.loads(path.read_text())
         histories.append(
             WorkflowHistory.from_json(recorded["workflowId"], json.dumps(recorded["history"]))
         )
-    assert {workflow_type(h) for h in histories} == {"JobDriverWorkflow", "JobAttemptWorkflow"}
+    assert {workflow_type(h) for h in histories} == {
+        "JobDriver",
+        "JobDriverWorkflow",
+        "JobAttemptWorkflow",
+    }
     drivers = [h for h in histories if workflow_type(h) == "JobDriverWorkflow"]
-    # Both shapes: four drivers that started attempt children, four that ran attempt activities.
+    # Both legacy shapes: four drivers that started attempt children, four that ran attempt
+    # activities (after the patch marker).
     assert sorted((attempt_children(h), attempt_activities(h)) for h in drivers) == [
         *[(0, 1)] * 4,
         *[(1, 0)] * 4,
     ]
+    assert sorted(markers(h, PATCH_MARKER) for h in drivers) == [0] * 4 + [1] * 4
+    current = [h for h in histories if workflow_type(h) == "JobDriver"]
+    assert [(attempt_activities(h), markers(h, PATCH_MARKER)) for h in current] == [(1, 0)] * 4
     await replay_sandboxed(histories)

@@ -48,8 +48,8 @@ async def test_a_job_is_one_trace_from_the_api_through_workflows_to_settlement(
     for expected in (
         "receipt.enqueue",
         "receipt.dispatch",
-        "StartWorkflow:JobDriverWorkflow",
-        "RunWorkflow:JobDriverWorkflow",
+        "StartWorkflow:JobDriver",
+        "RunWorkflow:JobDriver",
         "StartActivity:execute_attempt",
         "RunActivity:execute_attempt",
         "receipt.settle",
