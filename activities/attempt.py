@@ -124,7 +124,7 @@ class AttemptActivities:
         # handed the attempt to this one, which took the lease over (start-fence).
         redelivered = (ops.delivery_number(worker_id) or 1) > 1
         metrics.attempt_started(job, redelivered)
-        _log(logging.INFO, "attempt started", "attempt.started", fence)
+        _log(logging.DEBUG, "attempt started", "attempt.started", fence)  # settled: INFO
         if redelivered:
             _log(
                 logging.WARNING,
@@ -196,7 +196,7 @@ class AttemptActivities:
             raise
         finally:
             await _cancel(beat_task)
-            log.info(
+            log.debug(  # its duration is `receipt_handler_duration_seconds`; the settle is INFO
                 "handler finished",
                 extra={
                     "event": "attempt.handler_done",

@@ -64,7 +64,11 @@ def event_loop_for(role: str, settings: ProcessSettings) -> str:
 async def run_role(requested: str | None, settings: RuntimeSettings, stop: asyncio.Event) -> None:
     """Run one role until `stop` is set: its workers, its loops, its metrics endpoint."""
     role, recognised = resolve_role(requested)
-    logs.configure(role, settings.process.log_format)
+    logs.configure(
+        role,
+        settings.process.log_format,
+        level=logging.getLevelName(settings.process.log_level.upper()),
+    )
     configure_tracing(f"receipt-{role}", otlp=settings.process.otlp_endpoint is not None)
     if not recognised:
         log.warning(

@@ -164,7 +164,10 @@ class DriverStarter:
                 status="running",
             )
             await deliveries.record(self.store, job_id, generation)
-            log.info(
+            # A job's own story at INFO is two lines (`api.enqueued`, `attempt.settled`); a
+            # first start is DEBUG, a later generation (a redelivery) INFO.
+            log.log(
+                logging.INFO if generation else logging.DEBUG,
                 "driver started",
                 extra={
                     "event": "delivery.started",

@@ -45,7 +45,7 @@ def _lower(value: Any) -> Any:
 
 class ProcessSettings(ReceiptSettings):
     """How a role process runs: which role, how many attempts at once, the drain, metrics,
-    event loop and log format."""
+    event loop, log format and level."""
 
     accepts: ClassVar[dict[str, str]] = {
         "execute_concurrency": "a positive integer",
@@ -53,6 +53,7 @@ class ProcessSettings(ReceiptSettings):
         "metrics_port": "a port number (0..65535; 0 picks a free one)",
         "event_loop": "'uvloop' or 'asyncio'",
         "log_format": "'json' or 'human'",
+        "log_level": "'debug', 'info', 'warning' or 'error'",
     }
 
     role: str | None = Field(default=None, alias="RECEIPT_PROCESS_ROLE")
@@ -67,6 +68,9 @@ class ProcessSettings(ReceiptSettings):
     )
     log_format: Annotated[Literal["json", "human"] | None, BeforeValidator(_lower)] = Field(
         default=None, alias="RECEIPT_LOG_FORMAT"
+    )
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (
+        Field(default="info", alias="RECEIPT_LOG_LEVEL")
     )
     # Spans are exported over OTLP when this is set (the exporter reads it and the other
     # OTEL_* variables itself); unset, none are recorded.

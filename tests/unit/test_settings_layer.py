@@ -29,6 +29,7 @@ from roles.infra.settings import (
         (ProcessSettings, "RECEIPT_METRICS_PORT", "70000", "a port number"),
         (ProcessSettings, "RECEIPT_EVENT_LOOP", "trio", "'uvloop' or 'asyncio'"),
         (ProcessSettings, "RECEIPT_LOG_FORMAT", "xml", "'json' or 'human'"),
+        (ProcessSettings, "RECEIPT_LOG_LEVEL", "loud", "'debug', 'info', 'warning' or 'error'"),
         (ProcessSettings, "RECEIPT_RESONATE_EXECUTE_CONCURRENCY", "0", "a positive integer"),
         (LoopSettings, "RESONATE_STARTUP_SETTLE_MS", "-5", "milliseconds"),
         (LoopSettings, "RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS", "1.5", "milliseconds"),
