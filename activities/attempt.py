@@ -32,6 +32,7 @@ from receipts import operations as ops
 from receipts.jobs import Job, job_stream
 from receipts.listen import RECONNECTED, Listener
 from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
+from receipts.notices import COMMANDS
 from receipts.store import Store
 
 log = logging.getLogger("activities.attempt")
@@ -223,7 +224,9 @@ class AttemptActivities:
             if self.listener is not None:
                 # This job's notices only: the process's other appends wake no watcher.
                 stream = job_stream(attempt.job_id)
-                queue = await stack.enter_async_context(self.listener.subscribe(stream))
+                queue = await stack.enter_async_context(
+                    self.listener.subscribe(stream, channel=COMMANDS)
+                )
                 watcher = asyncio.create_task(_watch_commands(queue, attempt.job_id, wake, arrived))
                 stack.callback(watcher.cancel)
             next_beat = time.monotonic() + interval

@@ -13,6 +13,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from receipts import jobs as jobmodel
+from receipts import notices
 from receipts.commands import with_unconsumed
 from receipts.errors import InvariantError
 from receipts.jobs import Job, Receipt
@@ -84,7 +85,8 @@ def plan(
 
 def insert_params(receipts: Sequence[Receipt], params: dict[str, Any]) -> dict[str, Any]:
     """An append statement's parameters: `params`, and the receipts of its one stream (types
-    and data as binary text arrays) with the NOTIFY payload naming them."""
+    and data as binary text arrays) with the NOTIFY payload naming them and the channels it is
+    sent on (receipts/notices.py)."""
     stream = receipts[0].stream
     types = [r.type for r in receipts]
     return {
@@ -94,4 +96,5 @@ def insert_params(receipts: Sequence[Receipt], params: dict[str, Any]) -> dict[s
         "types": types,
         "datas": [dumps(r.data) for r in receipts],
         "note": dumps({"stream": stream, "seq": receipts[-1].seq, "types": types}),
+        "channels": notices.channels(stream, types),
     }

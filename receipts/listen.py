@@ -1,4 +1,10 @@
-"""One `LISTEN receipts` connection per process, fanned out to subscribers, reconnecting with backoff.
+"""One LISTEN connection per process, fanned out to subscribers, reconnecting with backoff.
+
+A subscriber names the channel of its concern (receipts/notices.py: dispatch, commands, agent
+jobs, objectives, or every stream) and, optionally, the one stream it follows. The connection
+LISTENs to the channels its subscribers name and to no other, and only while it has any: a
+process with no open event stream hears no `receipts_streams` notice, one with no subscriber
+holds no connection. A channel named for the first time reattaches the connection with it.
 
 A subscriber must not lose a wake-up while the connection is down: after every (re)connect each
 subscriber receives a `RECONNECTED` marker and rescans what it follows from the store.
@@ -9,18 +15,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+import time
+from asyncio import FIRST_COMPLETED
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
-from receipts.store import NOTIFY_CHANNEL
+from receipts.notices import STREAMS
 
 log = logging.getLogger("receipts.listen")
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
+# A channel with no subscriber for this long is dropped at the next reattach (the API's event
+# streams all closed; a worker's last attempt done): notices of it stop reaching the process.
+IDLE_CHANNEL_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,43 +65,77 @@ def next_backoff(current: float) -> float:
 class Listener:
     """Holds the process's LISTEN connection and delivers notices to subscriber queues."""
 
-    def __init__(self, url: str, *, queue_size: int = 10_000) -> None:
+    def __init__(self, url: str, *, queue_size: int = 10_000, always: Iterable[str] = ()) -> None:
+        """`always`: channels listened to from the start, with or without subscribers."""
         self.url = url
         self.queue_size = queue_size
-        self._subscribers: set[asyncio.Queue[Notice]] = set()
-        # Subscribers of one stream each (an event stream follows one job): a notice reaches
-        # only them, so idle streams cost nothing per append (1 000 open streams
-        # took an enqueue from 3.5 to 41 ms when every notice went to every one).
-        self._by_stream: dict[str, set[asyncio.Queue[Notice]]] = {}
+        self.always = frozenset(always)
+        # Per channel: subscribers of every notice on it, and subscribers of one stream each (an
+        # event stream follows one job): a notice reaches only them, so idle streams cost
+        # nothing per append (1 000 open streams took an enqueue from 3.5 to 41 ms when every
+        # notice went to every one).
+        self._subscribers: dict[str, set[asyncio.Queue[Notice]]] = {}
+        self._by_stream: dict[tuple[str, str], set[asyncio.Queue[Notice]]] = {}
+        self._listening: frozenset[str] = frozenset()
+        self._channels_changed = asyncio.Event()
+        self._idle_since: dict[str, float] = {}  # channels whose last subscriber left, and when
         self.connected = asyncio.Event()
         self.reconnects = 0
 
     @asynccontextmanager
-    async def subscribe(self, stream: str | None = None) -> AsyncIterator[asyncio.Queue[Notice]]:
-        """Yield a queue receiving notices (and `RECONNECTED` markers) until the block ends.
-
-        With `stream`, only that stream's notices (and every `RECONNECTED`); without, all.
-        """
+    async def subscribe(
+        self, stream: str | None = None, channel: str = STREAMS
+    ) -> AsyncIterator[asyncio.Queue[Notice]]:
+        """Yield a queue receiving the notices of `channel` (and `RECONNECTED` markers) until
+        the block ends. With `stream`, only that stream's notices (and every `RECONNECTED`)."""
         queue: asyncio.Queue[Notice] = asyncio.Queue(self.queue_size)
-        group = self._subscribers if stream is None else self._by_stream.setdefault(stream, set())
+        if stream is None:
+            group = self._subscribers.setdefault(channel, set())
+        else:
+            group = self._by_stream.setdefault((channel, stream), set())
         group.add(queue)
+        self._idle_since.pop(channel, None)
+        if channel not in self._listening:
+            self._channels_changed.set()  # the connection reattaches with this channel
         try:
             yield queue
         finally:
             group.discard(queue)
-            if stream is not None and not group:
-                self._by_stream.pop(stream, None)
+            if not group:
+                if stream is None:
+                    self._subscribers.pop(channel, None)
+                else:
+                    self._by_stream.pop((channel, stream), None)
+                if channel not in self.wanted():
+                    self._idle_since[channel] = time.monotonic()
 
     @property
     def subscriber_count(self) -> int:
         """Queues subscribed now (all-stream and per-stream)."""
-        return len(self._subscribers) + sum(len(g) for g in self._by_stream.values())
+        return sum(len(g) for g in self._subscribers.values()) + sum(
+            len(g) for g in self._by_stream.values()
+        )
 
-    def _publish(self, notice: Notice) -> None:
+    @property
+    def listening(self) -> frozenset[str]:
+        """The channels the connection LISTENs to (or is attaching with) now."""
+        return self._listening
+
+    def wanted(self) -> frozenset[str]:
+        """The channels some subscriber names now."""
+        return self.always | frozenset(self._subscribers) | frozenset(c for c, _ in self._by_stream)
+
+    def _publish(self, notice: Notice, channel: str | None = None) -> None:
         if notice is RECONNECTED:
-            targets = [*self._subscribers, *(q for g in self._by_stream.values() for q in g)]
+            targets = [
+                *(q for g in self._subscribers.values() for q in g),
+                *(q for g in self._by_stream.values() for q in g),
+            ]
         else:
-            targets = [*self._subscribers, *self._by_stream.get(notice.stream, ())]
+            targets = [
+                *self._subscribers.get(channel or STREAMS, ()),
+                *self._by_stream.get((channel or STREAMS, notice.stream), ()),
+            ]
         for queue in targets:
             try:
                 queue.put_nowait(notice)
@@ -100,20 +146,30 @@ class Listener:
                 queue.put_nowait(RECONNECTED)
 
     async def run(self) -> None:
-        """Listen until cancelled; reconnect with a 1 s → 30 s doubling backoff."""
+        """Listen until cancelled, to the channels subscribers name (none: no connection);
+        reattach when a new channel is named, and after a failure with a 1 s → 30 s doubling
+        backoff."""
         delay = 0.0
         while True:
+            self._channels_changed.clear()
+            channels = self.wanted()
+            if not channels:
+                await self._channels_changed.wait()
+                continue
+            self._listening = channels  # a subscriber of another channel makes it reattach
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}".encode())
+                    statement = "; ".join(f"LISTEN {c}" for c in sorted(channels))
+                    await conn.execute(statement.encode())
                     delay = 0.0
                     self.connected.set()
-                    log.info("listening", extra={"event": "listen.attached"})
+                    log.info(
+                        "listening",
+                        extra={"event": "listen.attached", "channels": sorted(channels)},
+                    )
                     self._publish(RECONNECTED)
-                    async for note in conn.notifies():
-                        notice = parse_notice(note.payload)
-                        if notice is not None:
-                            self._publish(notice)
+                    await self._relay(conn)
+                    # A channel was named that the connection does not LISTEN to: reattach.
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure: drop the connection and reattach
@@ -125,3 +181,41 @@ class Listener:
                     extra={"event": "listen.lost", "error": str(exc), "retryInS": delay},
                 )
                 await asyncio.sleep(delay)
+            finally:
+                self._listening = frozenset()
+
+    async def _relay(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Publish notices until a subscriber names a channel not listened to, or a channel has
+        had no subscriber for `IDLE_CHANNEL_S` (then return, to reattach with the channels
+        wanted now)."""
+
+        async def relay() -> None:
+            async for note in conn.notifies():
+                notice = parse_notice(note.payload)
+                if notice is not None:
+                    self._publish(notice, note.channel)
+
+        notes = asyncio.ensure_future(relay())
+        try:
+            while True:
+                changed = asyncio.ensure_future(self._channels_changed.wait())
+                done, _ = await asyncio.wait(
+                    {notes, changed}, timeout=IDLE_CHANNEL_S / 2, return_when=FIRST_COMPLETED
+                )
+                changed.cancel()
+                if notes in done:
+                    notes.result()  # the connection failed (raises), or ended
+                    raise ConnectionError("the LISTEN connection ended")
+                if changed in done or self._idle_channels():
+                    return
+        finally:
+            notes.cancel()
+            await asyncio.gather(notes, return_exceptions=True)
+
+    def _idle_channels(self) -> bool:
+        """True when a channel listened to has had no subscriber for `IDLE_CHANNEL_S`."""
+        now = time.monotonic()
+        return any(
+            now - self._idle_since.get(channel, now) >= IDLE_CHANNEL_S
+            for channel in self._listening - self.wanted()
+        )

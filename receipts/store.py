@@ -31,7 +31,6 @@ from receipts.streams import Draft
 log = logging.getLogger("receipts.store")
 
 T = TypeVar("T")
-NOTIFY_CHANNEL = "receipts"
 
 
 @dataclass(frozen=True)

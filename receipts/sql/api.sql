@@ -58,7 +58,8 @@ WITH admitted AS (
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM projected),
-       (SELECT pg_notify('receipts', %(note)s) FROM admitted);
+       (SELECT count(*) FROM (SELECT pg_notify(c, %(note)s) FROM unnest(%(channels)s::text[]) AS c
+                              WHERE EXISTS (SELECT 1 FROM admitted)) AS sent);
 
 -- name: api_jobs_by_caller_id
 -- The jobs an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an

@@ -51,7 +51,8 @@ WITH guard AS (
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM projected),
-       (SELECT pg_notify('receipts', %(note)s) FROM guard);
+       (SELECT count(*) FROM (SELECT pg_notify(c, %(note)s) FROM unnest(%(channels)s::text[]) AS c
+                              WHERE EXISTS (SELECT 1 FROM guard)) AS sent);
 
 -- name: append_job_heartbeat_guarded
 -- `append_job_heartbeat` under the guard: the receipts and the narrow lease row.
@@ -69,4 +70,5 @@ WITH guard AS (
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM leased),
-       (SELECT pg_notify('receipts', %(note)s) FROM guard);
+       (SELECT count(*) FROM (SELECT pg_notify(c, %(note)s) FROM unnest(%(channels)s::text[]) AS c
+                              WHERE EXISTS (SELECT 1 FROM guard)) AS sent);

@@ -117,7 +117,7 @@ WITH inserted AS (
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM projected),
-       pg_notify('receipts', %(note)s);
+       (SELECT count(*) FROM (SELECT pg_notify(c, %(note)s) FROM unnest(%(channels)s::text[]) AS c) AS sent);
 
 -- name: append_job_heartbeat
 -- A heartbeat that changes only the lease's expiry, the last heartbeat time and the stream's
@@ -133,7 +133,7 @@ WITH inserted AS (
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM leased),
-       pg_notify('receipts', %(note)s);
+       (SELECT count(*) FROM (SELECT pg_notify(c, %(note)s) FROM unnest(%(channels)s::text[]) AS c) AS sent);
 
 -- name: read_stream
 SELECT stream, seq, type, data, recorded_at, position
@@ -212,7 +212,8 @@ SELECT coalesce(max(seq), 0) FROM receipts WHERE stream = %(stream)s;
 WITH inserted AS (
     -- include: insert_receipts
 )
-SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted), pg_notify('receipts', %(note)s);
+SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
+       (SELECT count(*) FROM (SELECT pg_notify(c, %(note)s) FROM unnest(%(channels)s::text[]) AS c) AS sent);
 
 -- name: ping
 SELECT 1;

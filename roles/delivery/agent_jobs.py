@@ -25,6 +25,7 @@ from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.errors import ReceiptError
 from receipts.jobs import JOB_STREAM_PREFIX
 from receipts.listen import RECONNECTED, Listener, Notice
+from receipts.notices import AGENT_JOBS
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.streams import dumps
@@ -208,7 +209,7 @@ class AgentJobDispatcher:
     async def run(self) -> None:
         """Dispatch until cancelled (needs a listener)."""
         assert self.listener is not None
-        async with self.listener.subscribe() as notices:
+        async with self.listener.subscribe(channel=AGENT_JOBS) as notices:
             while True:
                 await self._pass()
                 # The next pass is due at a deadline read once per pass: the notices of other

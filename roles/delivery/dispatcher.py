@@ -9,7 +9,7 @@ from collections.abc import Coroutine
 from datetime import datetime
 from typing import Any
 
-from receipts import deliveries, fairness
+from receipts import deliveries, fairness, notices
 from receipts.jobs import job_id_of
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
@@ -109,7 +109,7 @@ class Dispatcher:
         """Dispatch until cancelled."""
         loop = asyncio.get_running_loop()
         refills = fairness.capped(self.starter.settings)
-        async with self.listener.subscribe() as queue:
+        async with self.listener.subscribe(channel=notices.DISPATCH) as queue:
             self._notices = queue
             try:
                 await self.run_once()

@@ -23,6 +23,7 @@ from receipts import deliveries, fairness, metrics, reads
 from receipts import operations as ops
 from receipts.errors import ReceiptError
 from receipts.listen import RECONNECTED, Listener, Notice
+from receipts.notices import OBJECTIVES
 from receipts.objectives import store as objectives
 from receipts.objectives.model import STREAM_PREFIX as OBJECTIVE_STREAM_PREFIX
 from receipts.settings import Settings
@@ -274,7 +275,7 @@ def is_control_request(notice: Notice) -> bool:
 async def wake_on_control_requests(listener: Listener, wake: asyncio.Event) -> None:
     """Set `wake` at every control request appended anywhere (and after a reconnect), so the
     outbox delivers within moments instead of at its next tick."""
-    async with listener.subscribe() as notices:
+    async with listener.subscribe(channel=OBJECTIVES) as notices:
         while True:
             if is_control_request(await notices.get()):
                 wake.set()

@@ -25,6 +25,7 @@ from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.errors import ConflictError, InvariantError
 from receipts.listen import Listener
+from receipts.notices import AGENT_JOBS
 from receipts.settings import Settings
 from receipts.store import Draft, Store
 from roles.delivery.agent_jobs import AgentJobDispatcher
@@ -467,7 +468,7 @@ async def test_other_work_neither_queries_for_nor_puts_off_the_next_pass(
             Counting.timeouts += 1
             return await super()._timeout()
 
-    listener = Listener(db_url)
+    listener = Listener(db_url, always=[AGENT_JOBS])
     listening = asyncio.create_task(listener.run())
     await asyncio.wait_for(listener.connected.wait(), 10)
     counting = Counting(store, listener, AgentJobSettings(redrive_interval_ms=300))

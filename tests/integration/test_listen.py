@@ -13,7 +13,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from receipts.listen import BACKOFF_MAX_S, RECONNECTED, Listener, Notice, next_backoff
-from receipts.store import NOTIFY_CHANNEL, Store
+from receipts.store import Store
 from tests.integration.helpers import put
 
 
@@ -41,8 +41,7 @@ async def test_a_dropped_listen_connection_reattaches_and_subscribers_rescan(
             async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
                 cur = await admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE application_name = 'listen-drop-test' AND query = %s",
-                    (f"LISTEN {NOTIFY_CHANNEL}",),
+                    " WHERE application_name = 'listen-drop-test' AND query LIKE 'LISTEN %%'",
                 )
                 assert [row[0] for row in await cur.fetchall()] == [True]
             # Reattached after the first backoff (1 s): every subscriber rescans.
@@ -66,3 +65,50 @@ def test_the_backoff_doubles_from_one_second_to_thirty() -> None:
         delay = next_backoff(delay)
         delays.append(delay)
     assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, BACKOFF_MAX_S, BACKOFF_MAX_S]
+
+
+async def test_channels_are_listened_to_on_demand_and_dropped_when_idle(
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No subscriber, no connection; a subscriber's channel attaches it; a notice reaches the
+    subscribers of its concern only; a second channel reattaches (every subscriber rescans);
+    a channel left without subscribers is dropped once idle."""
+    from receipts import listen
+    from receipts import operations as ops
+    from receipts.notices import COMMANDS, DISPATCH
+
+    monkeypatch.setattr(listen, "IDLE_CHANNEL_S", 0.4)
+    listener = Listener(db_url)
+    running = asyncio.create_task(listener.run())
+    try:
+        await asyncio.sleep(0.3)
+        assert not listener.connected.is_set() and listener.listening == frozenset()
+        async with listener.subscribe(channel=DISPATCH) as dispatch:
+            assert await next_notice(dispatch, "", 10) is RECONNECTED
+            assert listener.listening == {DISPATCH}
+            job = (await put(store)).job
+            stream = f"jobs/{job.job_id}"
+            assert (await next_notice(dispatch, stream, 10)).types == ("job.enqueued",)
+            async with listener.subscribe(stream, channel=COMMANDS) as commands:
+                assert await next_notice(commands, "", 10) is RECONNECTED
+                assert await next_notice(dispatch, "", 10) is RECONNECTED  # it rescans too
+                assert listener.listening == {DISPATCH, COMMANDS}
+                worker = f"{job.job_id}:attempt:1/1"
+                started = await ops.start_attempt(
+                    store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000
+                )
+                assert started.ok
+                added = await ops.add_command(
+                    store, job.job_id, type="steer", payload={"m": 1}, organization_id="org-a"
+                )
+                assert added.ok
+                assert "queue.command" in (await next_notice(commands, stream, 10)).types
+                # The lease and heartbeat were no dispatch concern; the command neither.
+                assert dispatch.empty()
+            # Idle for IDLE_CHANNEL_S: reattached with the dispatch channel alone.
+            assert await next_notice(dispatch, "", 10) is RECONNECTED
+            assert listener.listening == {DISPATCH}
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running

@@ -82,7 +82,7 @@ async def test_reducer_refusal_writes_nothing(store: Store) -> None:
 
 async def test_append_notifies_the_stream(store: Store, db_url: str) -> None:
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
-        await listener.execute("LISTEN receipts")
+        await listener.execute("LISTEN receipts_dispatch")
         result = await put(store)
         note = await asyncio.wait_for(anext(listener.notifies()), timeout=5)
     assert f'"stream":"jobs/{result.job.job_id}"' in note.payload

@@ -17,7 +17,7 @@ from temporalio.worker import Worker
 from activities.gateway import Gateway
 from activities.handlers.context import Handler, HandlerSettings
 from activities.handlers.registry import default_handlers
-from receipts import assembly
+from receipts import assembly, notices
 from receipts.jobs import Job
 from receipts.kinds import WORKER_QUEUES
 from receipts.listen import Listener
@@ -111,7 +111,7 @@ async def running_stack(
 ) -> AsyncIterator[Stack]:
     settings_obj = Settings(RECEIPT_TASK_QUEUE_PREFIX=f"t{uuid.uuid4().hex[:8]}-", **settings)
     timing = timing or TimingSettings()
-    listener = Listener(db_url)
+    listener = Listener(db_url, always=notices.ALL)  # attached before the test begins
     # As in the driver role: the dispatcher beside the driver worker plans first runs and
     # starts eagerly.
     starter = DriverStarter(
