@@ -75,6 +75,8 @@ def run_cli(
             busy = found["busy"][0][1] if found["busy"] else 0.0
             top = ", ".join(f"{k} {v:.0%}" for k, v in found["self"])
             say(f"  {name}: busy {busy:.0%} of samples; busy samples by package: {top}")
+            functions = ", ".join(f"{k} {v:.0%}" for k, v in found["functions"][:6])
+            say(f"    by function (self): {functions}")
     return 0
 
 

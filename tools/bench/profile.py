@@ -85,6 +85,13 @@ def _frame_package(frame: str) -> str:
     return path.split("/", 1)[0].removesuffix(".py")
 
 
+def _function(frame: str) -> str:
+    """A py-spy frame `name (path:line)` as `name (file)`: one function, whichever line ran."""
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    return f"{name} ({_frame_package(frame)}/{path.rsplit('/', 1)[-1]})" if path else name
+
+
 def profile_summary(
     collapsed: Iterable[str], limit: int = 12
 ) -> dict[str, list[tuple[str, float]]]:
@@ -92,10 +99,11 @@ def profile_summary(
 
     Samples whose innermost frame is an idle wait (the event loop's select, a thread pool's
     queue) are left out. Returns the `limit` largest shares of busy samples by package of the
-    innermost frame (`self`), by function including callees (`inclusive`), and the busy share
-    of all samples (`busy`).
+    innermost frame (`self`), by innermost function (`functions`: where the CPU itself went),
+    by function including callees (`inclusive`), and the busy share of all samples (`busy`).
     """
     by_package: dict[str, int] = {}
+    by_function: dict[str, int] = {}
     inclusive: dict[str, int] = {}
     busy = total = 0
     for line in collapsed:
@@ -110,6 +118,8 @@ def profile_summary(
         busy += count
         package = _frame_package(frames[-1])
         by_package[package] = by_package.get(package, 0) + count
+        function = _function(frames[-1])
+        by_function[function] = by_function.get(function, 0) + count
         for frame in set(frames):
             inclusive[frame] = inclusive.get(frame, 0) + count
 
@@ -120,5 +130,6 @@ def profile_summary(
     return {
         "busy": [("busy", busy / total if total else 0.0)],
         "self": ranked(by_package),
+        "functions": ranked(by_function),
         "inclusive": ranked(inclusive),
     }

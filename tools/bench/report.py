@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.bench.config import TARGET_API_P99_MS
 from tools.bench.raw import SANDBOXED
 from tools.bench.results import BARE, CHILD, Pair, Run
 from tools.bench.stats import (
@@ -167,8 +166,6 @@ def render_chart(pairs: Mapping[str, Pair], path: Path, title: str) -> None:
         style = ":" if clients == "1" else "-"
         cdf(ax, pooled(pair.ours, "request"), f"API, {clients} client(s)", ours_colour, style)
         cdf(ax, pooled(pair.base, "request"), f"raw append, {clients}", base_colour, style)
-    ax.axvline(TARGET_API_P99_MS, color="grey", lw=0.8, ls="--")
-    ax.text(TARGET_API_P99_MS, 0.03, " p99 target", color="grey", fontsize=8)
     ax.set_title("API enqueue: request latency (ms)")
     ax.set_visible(any(name.startswith("api-") for name in pairs))  # not with --part e2e
     for name, ax in (("burn", axes[0][1]), ("stream", axes[1][0])):

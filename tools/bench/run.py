@@ -462,7 +462,11 @@ class Bench:
             },
             "durationS": round(time.monotonic() - self.started_at, 1),
             "pairs": {name: pair.to_json() for name, pair in self.pairs.items()},
-            "summary": summary(self.pairs, self.recoveries),
+            "summary": summary(
+                self.pairs,
+                self.recoveries,
+                self.round_trips.total[0] if self.round_trips else None,
+            ),
             "profiles": self.profiles,
             "roundTrips": self.round_trips.as_dict() if self.round_trips else None,
         }
