@@ -169,6 +169,17 @@ class Tx:
                 await self.lock_key(f"stream:{stream}")
                 self._locked_streams.add(stream)
 
+    async def lock_stream_if(self, stream: str, name: str, params: Mapping[str, Any]) -> bool:
+        """Lock `stream` as `lock_streams` does, only if the named statement — which takes the
+        advisory lock on `key` for the row it finds — finds one; False (no lock) otherwise."""
+        if stream in self._locked_streams:
+            return True
+        row = await self._maybe_one(query(name), {**params, "key": f"stream:{stream}"})
+        if row is None:
+            return False
+        self._locked_streams.add(stream)
+        return True
+
     async def append(
         self, stream: str, drafts: Sequence[Draft], *, expected_seq: int | None = None
     ) -> list[Receipt]:
@@ -379,12 +390,8 @@ class Store:
 
     async def get_job_with_now(self, job_id: str) -> tuple[Job | None, datetime]:
         """Return the job's folded state (or None) and the database clock, in one round trip."""
-        with translate_errors():
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(query("job_get_with_now"), {"job_id": job_id})
-                row = await cur.fetchone()
-        assert row is not None
-        return (Job.model_validate(row[1]) if row[1] is not None else None), row[0]
+        async with self.session() as session:
+            return await session.job_with_now(job_id)
 
     async def read_stream(
         self, stream: str, after_seq: int = 0, limit: int = 10_000

@@ -96,17 +96,26 @@ async def update(
     guard: Guard | None = None,
     *,
     organization_id: str | None = None,
+    existing_only: bool = False,
 ) -> tuple[ObjectiveState | None, list[Receipt]]:
     """Lock the objective's stream, let `decide` choose receipts from its current state, append
     them and update the projection, in the caller's transaction. Returns the new state and the
     receipts written (none when `decide` chose none). `guard` runs first and may refuse the
     transaction by raising. With `organization_id`, another organization's objective is left
     alone: `decide` is not asked and nothing is written (the answer is as for one that does not
-    exist, `(None, [])`)."""
+    exist, `(None, [])`). With `existing_only`, an objective that does not exist is not locked
+    and `decide` is not asked (`(None, [])`): one round trip for a job's made-up objective id."""
     if guard is not None:
         await guard(tx, objective_id)
     stream = objective_stream(objective_id)
-    await tx.lock_streams([stream])
+    if existing_only:
+        exists = await tx.lock_stream_if(
+            stream, "objective_lock_if_exists", {"objective_id": objective_id}
+        )
+        if not exists:
+            return None, []
+    else:
+        await tx.lock_streams([stream])
     found = await load(tx, objective_id)
     state = of_organization(found, organization_id)
     if found is not None and state is None:
@@ -143,7 +152,9 @@ async def request_control(
     def decide(state: ObjectiveState | None) -> list[Draft]:
         return [control_request(reason, **detail)] if state is not None else []
 
-    state, _ = await update(tx, objective_id, decide, guard, organization_id=organization_id)
+    state, _ = await update(
+        tx, objective_id, decide, guard, organization_id=organization_id, existing_only=True
+    )
     if state is not None and deliver_now:
         state = await deliver(tx, objective_id)
     return state

@@ -4,6 +4,13 @@
 -- name: objective_get
 SELECT state FROM objectives WHERE objective_id = %(objective_id)s;
 
+-- name: objective_lock_if_exists
+-- The objective stream's lock (`key`, as `lock_key` takes it), taken only when the objective
+-- exists: one round trip, and a job naming an objective that does not exist (a standalone
+-- job's made-up id) waits on nobody's lock. Its state is read after, under the lock.
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
+FROM objectives WHERE objective_id = %(objective_id)s;
+
 -- name: objective_upsert
 -- Callers hold the objective stream's lock: the row always follows the stream's head.
 INSERT INTO objectives (

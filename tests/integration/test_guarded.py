@@ -167,3 +167,21 @@ async def test_no_callback_url_no_outbox_row(db_url: str, store: Store) -> None:
             assert owed == (1 if owing else 0)
     finally:
         await quiet.close()
+
+
+async def test_a_settle_naming_an_objective_that_does_not_exist_waits_on_no_lock(
+    store: Store,
+) -> None:
+    """The control outbox locks an objective's stream only when the objective exists: a job
+    whose `objectiveId` names none settles while another transaction holds that stream's lock."""
+    missing = new_id("no-such-objective")
+    job = (await put(store, payload_extra={"objectiveId": missing})).job
+    out = await ops.start_attempt(store, job.job_id, attempt=1, worker_id="w1", lease_ms=LEASE)
+    assert out.ok
+    async with store.transaction() as holder:
+        await holder.lock_key(f"stream:objectives/{missing}")
+        done = await asyncio.wait_for(
+            ops.complete(store, job.job_id, worker_id="w1", attempt=1), timeout=5
+        )
+    assert done.ok
+    assert await store.read_stream(f"objectives/{missing}") == []

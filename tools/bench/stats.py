@@ -108,5 +108,5 @@ def format_target(value: float, target: float, at_least: bool, unit: str = "×")
     verdict = "met" if target_met(value, target, at_least) else "MISSED"
     if verdict == "MISSED" and unit == "×" and f"{value:.2f}" == f"{target:.2f}":
         verdict += " by " + f"{abs(value - target):.6f}".rstrip("0")
-    shown = f"{target:.2f}×" if unit == "×" else f"{format_number(target)} {unit}"
+    shown = f"{target:.2f}×" if unit == "×" else f"{format_number(target)} {unit}".rstrip()
     return f"{verdict} (target {sign} {shown})"
