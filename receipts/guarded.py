@@ -6,7 +6,7 @@ its settle), decides under the fence, and the reducer folds the receipts in Pyth
 trips — one statement applies the plan only if the job's stream head is still the one read and,
 for a writer whose fence is a lease, that lease has not expired at the statement's clock. Nothing
 is written otherwise, and the caller reads and decides again: the write lands on exactly the
-state it was decided on, which is what the row lock guaranteed (docs/rules.md, R-guarded).
+state it was decided on, which is what the row lock guaranteed (docs/rules.md X8).
 
 An append a settlement policy wants (the Factory's control outbox) writes other streams in the
 same transaction, so it is not planned here: `NeedsTransaction` sends it to the locked path.

@@ -19,8 +19,8 @@ log = logging.getLogger("receipts.operations")
 
 OK = "ok"
 # Rejections of a fenced write (docs/design.md §4): STALE_ATTEMPT, LEASE_LOST, TERMINAL_STATE and
-# NOT_FOUND come with the fence rule (receipts/jobs.py `fence_rejection`, imported above); a
-# write refused because a concurrent append won is a settlement conflict.
+# NOT_FOUND come with the fence rule (receipts/jobs.py `fence_rejection`); a write refused
+# because a concurrent append won is a settlement conflict.
 SETTLEMENT_CONFLICT = "settlement_conflict"
 
 
