@@ -14,6 +14,7 @@ from receipts.jobs import TERMINAL_STATUSES
 from receipts.objectives import store as objectives
 from receipts.objectives.model import objective_stream
 from receipts.sql import query
+from tools.chaos.invariants import OBJECTIVE_INVARIANTS, objective_violations
 from tools.chaos.load import objective_jobs
 from tools.chaos.state import Run
 
@@ -121,24 +122,25 @@ async def audit(run: Run) -> Verdict:
 
 
 async def _objectives_settled(run: Run, verdict: Verdict) -> None:
-    """Every objective of the load settled and was audited, and dispatched no try twice. (An
-    objective may fail like any job: a task whose tries all lost their attempts to faults.)"""
+    """Every objective of the load settled and was audited, dispatched no try twice and no task
+    before its dependencies completed (tools/chaos/invariants.py). (An objective may fail like
+    any job: a task whose tries all lost their attempts to faults.)"""
     assert run.store is not None
     states = [await objectives.get(run.store, o) for o in run.objectives]
     settled = Counter(s.status if s else "missing" for s in states)
     audited = sum(1 for s in states if s is not None and s.audit is not None)
-    dispatched_twice = 0
+    broken: Counter[str] = Counter()
     for objective_id in run.objectives:
-        tries = [
-            (r.data["taskId"], r.data["try"])
-            for r in await run.store.read_stream(objective_stream(objective_id))
-            if r.type == "objective.task.dispatched"
-        ]
-        dispatched_twice += len(tries) - len(set(tries))
+        chain = await run.store.read_stream(objective_stream(objective_id))
+        found = objective_violations(chain)
+        for name in OBJECTIVE_INVARIANTS:
+            broken[name] += found.count(name)
     verdict.stuck += sum(1 for s in states if s is None or not s.terminal)
     terminal = sum(1 for s in states if s is not None and s.terminal)
     verdict.check(
-        terminal == len(states) and audited == len(states) and dispatched_twice == 0,
+        terminal == len(states) and audited == len(states),
         f"objectives settled and audited: {terminal}/{len(states)} (final: {dict(settled)}, "
-        f"audited {audited}, task tries dispatched twice {dispatched_twice})",
+        f"audited {audited})",
     )
+    for name in OBJECTIVE_INVARIANTS:
+        verdict.check(broken[name] == 0, f"{name}: {broken[name]}")
