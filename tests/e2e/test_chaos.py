@@ -4,6 +4,7 @@ invariant must keep holding. The soak itself is `make chaos` (600 s)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,8 @@ def test_a_short_seeded_chaos_smoke_keeps_every_invariant(tmp_path: Path) -> Non
     ):
         assert kind in run.stdout
     assert (tmp_path / "chaos.json").exists()
+    # The agent-job layer ran under the same faults, and its invariants were checked.
+    agent_jobs = re.search(r"agent jobs: (\d+) \(final", run.stdout)
+    assert agent_jobs is not None and int(agent_jobs.group(1)) > 0, run.stdout[-3000:]
+    for invariant in ("more than three running per agent: 0", "wakeups missing or doubled: 0"):
+        assert f"ok   {invariant}" in run.stdout

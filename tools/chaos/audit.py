@@ -14,6 +14,7 @@ from receipts.jobs import TERMINAL_STATUSES
 from receipts.objectives import store as objectives
 from receipts.objectives.model import objective_stream
 from receipts.sql import query
+from tools.chaos.agents import agent_job_lines, open_agent_jobs
 from tools.chaos.invariants import OBJECTIVE_INVARIANTS, objective_violations
 from tools.chaos.load import objective_jobs
 from tools.chaos.state import Run
@@ -113,6 +114,9 @@ async def audit(run: Run) -> Verdict:
             f"meanwhile",
         )
     await _objectives_settled(run, verdict)
+    for ok, line in await agent_job_lines(run):
+        verdict.check(ok, line)
+    verdict.stuck += len(await open_agent_jobs(run))
     problems = await verify(run.store)
     verdict.check(
         not problems,

@@ -18,6 +18,7 @@ from receipts.objectives import audit as objective_audit
 from receipts.objectives import store as objectives
 from receipts.objectives.model import run_job_id
 from receipts.tenancy import scoped_id
+from tools.chaos import agents
 from tools.chaos.plan import job_mix
 from tools.chaos.state import Run
 
@@ -133,6 +134,13 @@ async def load(run: Run, http: httpx.AsyncClient) -> None:
             objective = asyncio.create_task(post_objective(http, run))
             pending.add(objective)
             objective.add_done_callback(pending.discard)
+        if posted % agents.EVERY == 0:
+            session = f"chaos-session-{posted % agents.SESSIONS}"
+            agent_job = asyncio.create_task(
+                agents.post_agent_job(http, run, agents.prompt_of(rng), session)
+            )
+            pending.add(agent_job)
+            agent_job.add_done_callback(pending.discard)
         shape, extra, attempts = job_mix(rng)
 
         async def one(
@@ -160,6 +168,10 @@ async def drain(run: Run) -> list[str]:
             await asyncio.sleep(1)
             continue
         if all(s is not None and s.terminal and s.audit is not None for s in states):
+            break
+        await asyncio.sleep(1)
+    while time.monotonic() < deadline:  # the agent jobs: each terminal or waiting
+        if not await agents.open_agent_jobs(run):
             break
         await asyncio.sleep(1)
     open_jobs = list(run.accepted) + await objective_jobs(run)

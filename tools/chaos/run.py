@@ -23,6 +23,7 @@ from roles.infra.ports import free_port, wait_port
 from roles.infra.settings import load_or_exit
 from roles.infra.supervisor import Supervised
 from roles.infra.temporal import temporal_argv
+from tools.chaos import agents
 from tools.chaos.audit import Verdict, audit, recovery_times
 from tools.chaos.faults import inject_all, stop_postgres
 from tools.chaos.load import drain, load, post
@@ -79,6 +80,8 @@ async def chaos(config: ChaosConfig) -> int:
         f"127.0.0.1:{temporal_port}",
         api_port,
     )
+    # The scripted agent of the agent-job load (tools/chaos/agents.py).
+    env["RECEIPT_AGENTS_FILE"] = str(agents.write_registry(data_dir / "agents.yaml"))
     run = Run(config, data_dir, env, f"http://127.0.0.1:{api_port}", temporal_port, db_url, pgdata)
     run.faults = plan_faults(config)
     logs = data_dir / "logs"

@@ -35,6 +35,8 @@ class Run:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     keepers: list[asyncio.Task[None]] = field(default_factory=list)
     objectives: list[str] = field(default_factory=list)
+    agent_jobs: dict[str, str] = field(default_factory=dict)  # agent job id → its prompt
+    sessions: set[str] = field(default_factory=set)  # their owners' sessions
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
