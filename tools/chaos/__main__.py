@@ -31,7 +31,7 @@ from tools.chaos.run import chaos
     "faults",
     multiple=True,
     type=click.Choice(list(FAULT_KINDS)),
-    help="Inject only these kinds (repeatable; default: all five).",
+    help="Inject only these kinds (repeatable; default: all six).",
 )
 @click.option(
     "--per-kind",

@@ -19,6 +19,7 @@ import httpx
 
 from receipts.agent_jobs.model import TERMINAL_STATUSES, session_stream, stream_of
 from tools.chaos.invariants import AGENT_JOB_INVARIANTS, agent_job_violations
+from tools.chaos.plan import POST_TRIES
 from tools.chaos.state import Run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +70,7 @@ async def post_agent_job(http: httpx.AsyncClient, run: Run, prompt: str, session
         "replyRoute": {"binding": "chaos", "channel": "c"},
         "input": {"prompt": prompt},
     }
-    for _ in range(3):
+    for _ in range(POST_TRIES):
         try:
             response = await http.post(f"{run.api_url}/agent-jobs", json=body, timeout=10)
         except httpx.HTTPError as exc:

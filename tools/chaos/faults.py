@@ -30,9 +30,11 @@ async def _inject(run: Run, fault: Fault, rng: random.Random) -> None:
     if fault.kind == "kill_worker":
         fault.target = rng.choice(workers)
         run.roles[fault.target].send(signal.SIGKILL)
-    elif fault.kind == "kill_driver":
-        fault.target = "driver"
-        run.roles["driver"].send(signal.SIGKILL)
+    elif fault.kind in ("kill_driver", "kill_api"):
+        # The driver holds the dispatchers (jobs and agent jobs, mid-claim under load); the api
+        # is killed mid-request: a post whose answer is lost is retried with its id.
+        fault.target = fault.kind.removeprefix("kill_")
+        run.roles[fault.target].send(signal.SIGKILL)
     elif fault.kind == "stop_worker":
         fault.target = rng.choice(workers)
         role = run.roles[fault.target]

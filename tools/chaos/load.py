@@ -19,7 +19,7 @@ from receipts.objectives import store as objectives
 from receipts.objectives.model import run_job_id
 from receipts.tenancy import scoped_id
 from tools.chaos import agents
-from tools.chaos.plan import job_mix
+from tools.chaos.plan import POST_TRIES, job_mix
 from tools.chaos.state import Run
 
 
@@ -33,7 +33,7 @@ async def post(
         **extra,
     }
     body = {"jobId": job_id, "maxAttempts": attempts, "payload": payload}
-    for _ in range(3):  # a retried enqueue with the same jobId is idempotent
+    for _ in range(POST_TRIES):  # a retried enqueue with the same jobId is idempotent
         try:
             response = await http.post(f"{run.api_url}/agents/codex/jobs", json=body, timeout=10)
         except httpx.HTTPError as exc:
@@ -79,7 +79,7 @@ def objective_body(objective_id: str) -> dict[str, Any]:
 async def post_objective(http: httpx.AsyncClient, run: Run) -> None:
     """POST /objectives (a re-post of the same objectiveId returns the same run job)."""
     objective_id = f"chaos-{uuid.uuid4().hex[:12]}"
-    for _ in range(3):
+    for _ in range(POST_TRIES):
         try:
             response = await http.post(
                 f"{run.api_url}/objectives", json=objective_body(objective_id), timeout=10

@@ -11,11 +11,15 @@ from typing import Any
 FAULT_KINDS: tuple[str, ...] = (
     "kill_worker",
     "kill_driver",
+    "kill_api",
     "stop_worker",
     "restart_postgres",
     "restart_temporal",
 )
 LEASE_MS = 8_000
+# A post is tried this many times, half a second apart: an api killed by a fault is back within
+# them (a retried post names its job, so it is the same job).
+POST_TRIES = 12
 
 
 @dataclass
