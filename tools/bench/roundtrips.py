@@ -147,9 +147,10 @@ class CountingProxy:
                 dst.close()
 
         try:
-            await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
-        except asyncio.CancelledError:  # closed by `close()`: the stream's callback must not
-            pass  # find a cancelled handler task
+            # Cancelled by `close()`: end quietly, or the stream's callback finds a cancelled
+            # handler task and logs it.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
         finally:
             up_writer.close()
             writer.close()
