@@ -1,8 +1,9 @@
 """The chaos run's background agent jobs: more jobs than slots for one scripted agent (the tests'
 tests/agents/scripted_agent.py, run from a registry the run writes), each doing one of the
 lifecycle's paths — done, asks and is answered by the load, fails and retries to its budget,
-hits quota with a `retryAt`, is cancelled while running — and, after the drain, the agent-job
-invariants checked from the chains alone (tools/chaos/invariants.py)."""
+hits quota with a `retryAt`, is cancelled while running, is steered and sent a follow-up — and,
+after the drain, the agent-job invariants checked from the chains alone
+(tools/chaos/invariants.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -33,6 +35,7 @@ MIX = (
     ("fail-delay:300", 1),  # retryable every time: five attempts, then failed
     ("quota:1", 1),  # quota_exhausted with retryAt in 1 s once, then done
     ("sleep:6", 1),  # cancelled while running
+    ("steer:0.5", 1),  # its turn waits for a steer; a follow-up then brings a second turn
 )
 CANCEL_AFTER_S = 2.0
 # One agent job for every this many jobs of the load.
@@ -85,6 +88,8 @@ async def post_agent_job(http: httpx.AsyncClient, run: Run, prompt: str, session
                 await _answer(http, run, job_id)
             elif prompt.startswith("sleep:"):
                 await _cancel_later(http, run, job_id)
+            elif prompt.startswith("steer:"):
+                await _steer(http, run, job_id)
             return
         run.refused[f"agent-job {response.status_code}"] += 1
         await asyncio.sleep(0.5)
@@ -116,6 +121,31 @@ async def _answer(http: httpx.AsyncClient, run: Run, job_id: str) -> None:
                 if response.status_code in (200, 202):
                     return
         await asyncio.sleep(0.5)
+
+
+async def _steer(http: httpx.AsyncClient, run: Run, job_id: str) -> None:
+    """Once the job's turn runs, send its queue job a steer (the turn reads it on stdin) and a
+    follow-up (the next turn answers it)."""
+    deadline = time.monotonic() + run.config.drain_timeout_s
+    while time.monotonic() < deadline:
+        job = await _get(http, run, job_id)
+        if job is None or job.get("status") != "running" or not job.get("queueJobId"):
+            if job is not None and job.get("status") in TERMINAL_STATUSES:
+                return
+            await asyncio.sleep(0.5)
+            continue
+        turn_job = quote(str(job["queueJobId"]), safe="")
+        for kind in ("steer", "follow_up"):
+            body = {"type": kind, "payload": {"text": f"chaos {kind}"}}
+            with contextlib.suppress(httpx.HTTPError):
+                response = await http.post(
+                    f"{run.api_url}/jobs/{turn_job}/commands", json=body, timeout=10
+                )
+                if response.status_code == 202:
+                    run.agent_commands[kind] += 1
+                else:
+                    run.refused[f"agent-job {kind} {response.status_code}"] += 1
+        return
 
 
 async def _cancel_later(http: httpx.AsyncClient, run: Run, job_id: str) -> None:
@@ -162,7 +192,14 @@ async def agent_job_lines(run: Run) -> list[tuple[bool, str]]:
         moves = [str(r.data["to"]) for r in chain if r.type == "agent_job.transitioned"]
         final = moves[-1] if moves else "queued"
         finals[final] = finals.get(final, 0) + 1
-    lines = [(True, f"agent jobs: {len(chains)} (final: {finals}, wakeups {len(wakeups)})")]
+    commands = dict(run.agent_commands)
+    lines = [
+        (
+            True,
+            f"agent jobs: {len(chains)} (final: {finals}, wakeups {len(wakeups)}, "
+            f"commands to their turns {commands})",
+        )
+    ]
     for name in AGENT_JOB_INVARIANTS:
         shown = "; ".join(found.found.get(name, [])[:3])
         lines.append((found.count(name) == 0, f"{name}: {found.count(name)} {shown}".rstrip()))

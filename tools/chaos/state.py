@@ -37,6 +37,7 @@ class Run:
     objectives: list[str] = field(default_factory=list)
     agent_jobs: dict[str, str] = field(default_factory=dict)  # agent job id → its prompt
     sessions: set[str] = field(default_factory=set)  # their owners' sessions
+    agent_commands: Counter[str] = field(default_factory=Counter)  # steers, follow-ups accepted
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
