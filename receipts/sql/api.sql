@@ -34,17 +34,13 @@ WHERE organization_id = %(organization_id)s::text;
 -- caller read and folded with, and its projection row, written only if the organization
 -- (`cap_organization_id`, none: no caps) still holds fewer than `max_queued` queued and
 -- `max_active` active jobs at this statement's time; else nothing, and the first column is NULL.
-WITH admitted AS (
+WITH guard AS (
     SELECT 1 FROM org_open_jobs
     WHERE organization_id = %(cap_organization_id)s::text
     HAVING %(cap_organization_id)s::text IS NULL
         OR (coalesce(sum(queued), 0) < %(max_queued)s AND coalesce(sum(active), 0) < %(max_active)s)
 ), inserted AS (
-    INSERT INTO receipts (stream, seq, type, data, recorded_at)
-    SELECT %(stream)s, u.seq, u.type, u.data, %(recorded_at)s
-    FROM unnest(%(seqs)s::integer[], %(types)b::text[], %(datas)b::jsonb[]) AS u(seq, type, data)
-    WHERE EXISTS (SELECT 1 FROM admitted)
-    RETURNING position, seq
+    -- include: insert_receipts_guarded
 ), projected AS (
     INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
                       attempt, max_attempts, abort_requested, available_at, lease_expires_at,
@@ -53,13 +49,13 @@ WITH admitted AS (
            %(kind)s, %(status)s, %(attempt)s, %(max_attempts)s, %(abort_requested)s,
            %(available_at)s, %(lease_expires_at)s, %(last_heartbeat_at)s, %(created_at)s,
            %(updated_at)s, %(state)s, %(worker_queue)s
-    WHERE EXISTS (SELECT 1 FROM admitted)
+    WHERE EXISTS (SELECT 1 FROM guard)
     RETURNING 1
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM projected),
        (SELECT count(*) FROM (SELECT pg_notify(c, %(note)s) FROM unnest(%(channels)s::text[]) AS c
-                              WHERE EXISTS (SELECT 1 FROM admitted)) AS sent);
+                              WHERE EXISTS (SELECT 1 FROM guard)) AS sent);
 
 -- name: api_jobs_by_caller_id
 -- The jobs an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an

@@ -25,14 +25,13 @@ from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.errors import ReceiptError
 from receipts.jobs import JOB_STREAM_PREFIX
 from receipts.listen import RECONNECTED, Listener, Notice
-from receipts.notices import AGENT_JOBS
+from receipts.notices import AGENT_JOBS, SETTLED_TYPES
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.streams import dumps
 
 log = logging.getLogger("roles.delivery.agent_jobs")
 
-TURN_SETTLED_TYPES = frozenset({"job.completed", "job.failed", "job.canceled", "job.lease_expired"})
 MAX_IDLE_S = 60.0
 
 
@@ -188,7 +187,7 @@ class AgentJobDispatcher:
         if notice is RECONNECTED or notice.stream.startswith(STREAM_PREFIX):
             return True
         if notice.stream.startswith(JOB_STREAM_PREFIX):
-            if not TURN_SETTLED_TYPES.intersection(notice.types):
+            if not SETTLED_TYPES.intersection(notice.types):
                 return False
             job_id = notice.stream[len(JOB_STREAM_PREFIX) :]
             return self.holding or agent_job_id_of_queue_job(job_id) is not None

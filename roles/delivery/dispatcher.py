@@ -22,8 +22,6 @@ MAX_IDLE_S = 60.0
 # early, and a rescan that finds the job not yet due by the database clock would not find it
 # again (the next `next_available_at` no longer lists it) before the idle rescan.
 DUE_MARGIN_S = 0.05
-# Receipts that may settle a job, and so give back its organization's dispatch slot.
-SETTLING = frozenset({"job.completed", "job.failed", "job.canceled", "job.lease_expired"})
 # Put in the dispatcher's own queue when a job's start waits for its `availableAt`: look again
 # at when the soonest delayed job is due.
 RETIME = Notice("", 0, ("retime",))
@@ -128,7 +126,7 @@ class Dispatcher:
                             deadline = min(deadline, loop.time() + await self._timeout())
                         elif "job.enqueued" in notice.types:
                             self._spawn(self._dispatch(job_id_of(notice.stream)))
-                        elif refills and SETTLING.intersection(notice.types):
+                        elif refills and notices.SETTLED_TYPES.intersection(notice.types):
                             self._spawn(self._refill(job_id_of(notice.stream)))
                     except asyncio.CancelledError:
                         raise
