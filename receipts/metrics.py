@@ -132,6 +132,13 @@ QUEUE_DEPTH = Gauge(
     "worker-control). Settled jobs: receipt_jobs_settled.",
     ["status"],
 )
+QUEUE_OLDEST_AGE = Gauge(
+    "receipt_queue_oldest_age_seconds",
+    "Database-clock age of the oldest queued job that may be delivered now, by lane and worker "
+    "group (since it was enqueued, or since its availableAt for a delayed or backed-off job; 0 "
+    "with none queued; read from the projection by worker-control).",
+    ["lane", "group"],
+)
 WAITING_FOR_SLOT = Gauge(
     "receipt_jobs_waiting_for_slot",
     "Queued, deliverable jobs held back for a dispatch slot of their organization now (read by "
@@ -146,6 +153,11 @@ LOOP_PASS = Histogram(
 )  # fmt: skip
 LOOP_SLOW = Counter(
     "receipt_loop_slow_passes", "Loop passes over their observational deadline.", ["loop"]
+)
+LOOP_FAILED = Counter(
+    "receipt_loop_failed_passes",
+    "Loop passes that raised (logged loop.failed); the loop goes on at its next tick.",
+    ["loop"],
 )
 LEASE_EXPIRATIONS = Counter(
     "receipt_lease_expirations", "job.lease_expired receipts appended by the scan."
@@ -240,6 +252,19 @@ GATEWAY_CREDENTIALS_DEAD = Counter(
     "Credentials the provider refused (401/403) and the gateway stopped using, by binding.",
     ["binding"],
 )
+API_REQUESTS = Counter(
+    "receipt_api_requests",
+    "HTTP requests the api answered, by route template (`unmatched` for no route), method and "
+    "status code.",
+    ["route", "method", "status"],
+)
+API_REQUEST_DURATION = Histogram(
+    "receipt_api_request_duration_seconds",
+    "Time from a request's arrival to the end of its answer, by route template and method (an "
+    "event stream counts until it closes).",
+    ["route", "method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 API_EVENT_STREAMS = Gauge("receipt_api_event_streams", "Event streams the api serves now.")
 ROLE_READY = Gauge(
     "receipt_role_ready",
@@ -294,3 +319,10 @@ def driver_started(outcome: str, generation: int | None) -> None:
         ACTIVE_DELIVERY_REFUSALS.inc()
     if outcome == "created" and generation:
         GENERATION_ADVANCES.inc()
+
+
+CONSOLE_SESSIONS_REFUSED = Counter(
+    "receipt_console_sessions_refused",
+    "Console cookies refused, by reason: unknown (or signed out), expired, idle, revoked_token.",
+    ["reason"],
+)

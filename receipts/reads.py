@@ -191,6 +191,14 @@ async def active_by_status(store: Store) -> dict[str, int]:
     return {str(status): int(count) for status, count in rows}
 
 
+async def queued_oldest_age(store: Store) -> dict[tuple[str, str | None], float]:
+    """Seconds the oldest deliverable queued job of each (lane, worker queue) has waited, by
+    the database clock (flat however many have settled; a NULL queue: a row not yet routed)."""
+    with translate_errors():
+        rows = await store.fetch("queued_oldest_age", {})
+    return {(str(lane), queue): max(0.0, float(age)) for lane, queue, age in rows}
+
+
 async def applied_migrations(store: Store) -> set[int]:
     """The schema migrations applied to the database."""
     with translate_errors():

@@ -203,6 +203,17 @@ SELECT status, count(*) FROM jobs
 WHERE status IN ('queued', 'leased', 'running')
 GROUP BY status;
 
+-- name: queued_oldest_age
+-- The oldest queued job that may be delivered now, per lane and worker queue, as seconds by
+-- the database clock: waiting since its enqueue or since its availableAt (a delayed or
+-- backed-off job). Walks a partial index of active jobs only (jobs_queued_idx or
+-- jobs_active_status_idx), so its cost follows the queue, not the history.
+SELECT lane, worker_queue,
+       extract(epoch FROM now() - min(greatest(created_at, coalesce(available_at, created_at))))
+FROM jobs
+WHERE status = 'queued' AND (available_at IS NULL OR available_at <= now())
+GROUP BY lane, worker_queue;
+
 -- name: stream_head
 -- The last seq of any stream (its (stream, seq) index answers it); callers hold the stream's lock.
 SELECT coalesce(max(seq), 0) FROM receipts WHERE stream = %(stream)s;

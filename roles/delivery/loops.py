@@ -231,6 +231,7 @@ class Ticker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a loop must outlive any one failing pass
+                metrics.LOOP_FAILED.labels(self.name).inc()
                 log.warning(
                     "loop pass failed",
                     exc_info=not isinstance(exc, ReceiptError),
@@ -313,6 +314,7 @@ class ObjectiveResume:
         try:
             await self.run_once()
         except Exception as exc:  # logged; the process goes on
+            metrics.LOOP_FAILED.labels(self.name).inc()
             log.warning(
                 "objective resume failed",
                 extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},

@@ -1,5 +1,6 @@
-"""The gauges worker-control reads from the database: the queue's depth by status and the jobs
-held back for a dispatch slot of their organization. Every family is declared in
+"""The gauges worker-control reads from the database: the queue's depth by status, the age of the
+oldest queued job by lane and worker group, and the jobs held back for a dispatch slot of their
+organization. Every family is declared in
 receipts/metrics.py; a role serves them on its metrics port (roles/infra/health.py)."""
 
 from __future__ import annotations
@@ -8,11 +9,16 @@ import asyncio
 import contextlib
 
 from receipts import fairness, metrics, reads
-from receipts.jobs import ACTIVE_STATUSES, STATUSES
+from receipts.jobs import ACTIVE_STATUSES, LANES, STATUSES
+from receipts.kinds import GROUP_QUEUES
 from receipts.settings import Settings
 from receipts.store import Store
 
 ACTIVE_ORDER = tuple(s for s in STATUSES if s in ACTIVE_STATUSES)
+# The `group` label of a worker queue: its group's name; a queue no group names (a row written
+# before jobs were routed) is `other`, so the label keeps a fixed set of values.
+GROUP_OF_QUEUE = {queue: group for group, queue in GROUP_QUEUES.items()}
+OTHER_GROUP = "other"
 QUEUE_DEPTH_INTERVAL_S = 5.0
 
 
@@ -23,12 +29,25 @@ async def refresh_queue_depth(store: Store, settings: Settings | None = None) ->
     counts = await reads.active_by_status(store)
     for status in ACTIVE_ORDER:
         metrics.QUEUE_DEPTH.labels(status).set(counts.get(status, 0))
+    await refresh_oldest_age(store)
     if settings is None:
         return
     if counts.get("queued") and fairness.capped(settings):
         metrics.WAITING_FOR_SLOT.set(await fairness.held_back(store, settings))
     else:
         metrics.WAITING_FOR_SLOT.set(0)
+
+
+async def refresh_oldest_age(store: Store) -> None:
+    """Set the oldest-queued-age gauge of every lane and worker group: the database's answer,
+    0 where nothing waits (every series exists, so an alert sees a queue drain)."""
+    oldest: dict[tuple[str, str], float] = {}
+    for (lane, queue), age in (await reads.queued_oldest_age(store)).items():
+        key = (lane, GROUP_OF_QUEUE.get(queue or "", OTHER_GROUP))
+        oldest[key] = max(age, oldest.get(key, 0.0))
+    for lane in LANES:
+        for group in (*GROUP_QUEUES, OTHER_GROUP):
+            metrics.QUEUE_OLDEST_AGE.labels(lane, group).set(oldest.get((lane, group), 0.0))
 
 
 async def run_queue_depth(

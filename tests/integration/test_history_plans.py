@@ -94,6 +94,17 @@ async def test_queue_depth_counts_through_the_active_partial_index(
     assert any(index == "jobs_active_status_idx" for _, _, index in nodes), nodes
 
 
+async def test_the_oldest_queued_age_reads_the_queued_partial_index(
+    loaded: tuple[Store, str],
+) -> None:
+    _, url = loaded
+    nodes = plan_of(url, "queued_oldest_age", {})
+    # Either partial index of the active set will do; the planner picks by their sizes.
+    active_indexes = {"jobs_queued_idx", "jobs_active_status_idx"}
+    assert any(index in active_indexes for _, _, index in nodes), nodes
+    assert not [rel for node, rel, _ in nodes if node == "Seq Scan" and rel in HISTORY_TABLES]
+
+
 async def test_heartbeats_update_the_lease_row_hot_and_leave_the_jobs_row(
     make_database: Callable[[], str],
 ) -> None:

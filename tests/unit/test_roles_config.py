@@ -66,7 +66,10 @@ async def test_a_ticker_outlives_a_failing_pass() -> None:
     def passes() -> float:
         return metrics.value("receipt_loop_pass_seconds_count", loop="t")
 
-    before = passes()
+    def failed() -> float:
+        return metrics.value("receipt_loop_failed_passes_total", loop="t")
+
+    before, failed_before = passes(), failed()
     ticker = Ticker("t", flaky, interval_ms=10)
     task = asyncio.create_task(ticker.run())
     await asyncio.sleep(0.1)
@@ -74,6 +77,7 @@ async def test_a_ticker_outlives_a_failing_pass() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert calls >= 3 and passes() - before >= 3
+    assert failed() - failed_before == 1  # the one pass that raised, counted for the alert
 
 
 def test_a_file_backed_dev_server_uses_wal_and_normal_sync(tmp_path: Path) -> None:
