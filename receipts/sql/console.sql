@@ -37,3 +37,37 @@ WHERE status = %(status)s::text
   AND (%(error)s::text IS NULL OR state ->> 'error' = %(error)s::text)
 ORDER BY updated_at, job_id
 LIMIT %(limit)s;
+
+-- name: console_session_create
+-- A signed-in console session (migrations/0013): the digest of its cookie's id, its token's
+-- digest, its CSRF token, an absolute expiry `ttl_s` seconds from now.
+INSERT INTO console_sessions (session_digest, token_digest, csrf, expires_at)
+VALUES (%(session_digest)s, %(token_digest)s, %(csrf)s,
+        now() + make_interval(secs => %(ttl_s)s::double precision));
+
+-- name: console_session_use
+-- A session used by a request: its token's digest and CSRF token when it is neither past its
+-- expiry nor idle for `idle_s` seconds, and its idle clock restarted; no row otherwise.
+UPDATE console_sessions
+SET last_used_at = now()
+WHERE session_digest = %(session_digest)s
+  AND expires_at > now()
+  AND last_used_at > now() - make_interval(secs => %(idle_s)s::double precision)
+RETURNING token_digest, csrf;
+
+-- name: console_session_state
+-- Why a session was refused: 'expired', 'idle', or no row (unknown or signed out).
+SELECT CASE WHEN expires_at <= now() THEN 'expired' ELSE 'idle' END
+FROM console_sessions
+WHERE session_digest = %(session_digest)s;
+
+-- name: console_session_delete
+-- Sign-out, or a session found expired, idle or of a revoked token: the row is gone, so its
+-- cookie never works again.
+DELETE FROM console_sessions WHERE session_digest = %(session_digest)s;
+
+-- name: console_sessions_prune
+-- Every expired or idle session (at each sign-in), so the table holds live sessions only.
+DELETE FROM console_sessions
+WHERE expires_at <= now()
+   OR last_used_at <= now() - make_interval(secs => %(idle_s)s::double precision);

@@ -72,7 +72,8 @@ class _Entry:
     principal: Principal
 
 
-def _digest(token: str) -> bytes:
+def token_digest(token: str) -> bytes:
+    """The SHA-256 of `token`: all the token table keeps of it (and a console session)."""
     return hashlib.sha256(token.encode("utf-8")).digest()
 
 
@@ -83,7 +84,7 @@ class TokenTable:
         self._entries: list[_Entry] = []
         seen: set[bytes] = set()
         for token, principal in entries:
-            digest = _digest(token)
+            digest = token_digest(token)
             if digest in seen:
                 raise TokenConfigError("a token is configured twice")
             seen.add(digest)
@@ -112,7 +113,11 @@ class TokenTable:
         Every configured digest is compared with `hmac.compare_digest`, with no early exit, so the
         time taken says nothing about which token (or how much of one) matched.
         """
-        presented = _digest(token)
+        return self.authenticate_digest(token_digest(token))
+
+    def authenticate_digest(self, presented: bytes) -> Principal | None:
+        """Return the principal of the token whose SHA-256 is `presented`, or None (in constant
+        time, as `authenticate`): a console session names its token this way."""
         found: Principal | None = None
         for entry in self._entries:
             if hmac.compare_digest(entry.digest, presented):

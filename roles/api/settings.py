@@ -59,6 +59,13 @@ class ApiSettings(ReceiptSettings):
     gateway_url_allowlist: list[str] = Field(
         default_factory=list, alias="RECEIPT_GATEWAY_URL_ALLOWLIST"
     )
+    # --- console sessions (README, "Operator console") ---
+    console_session_ttl_s: float = Field(
+        default=12 * 3600.0, gt=0, alias="RECEIPT_CONSOLE_SESSION_TTL_S"
+    )
+    console_session_idle_s: float = Field(
+        default=30 * 60.0, gt=0, alias="RECEIPT_CONSOLE_SESSION_IDLE_S"
+    )
 
     @field_validator("org_executables", mode="before")
     @classmethod

@@ -79,6 +79,10 @@ async def signed_in_page(browser: Browser, api: RunningApi, foreign: list[str]) 
     await page.fill('input[name="token"]', TOKEN_A)
     await page.click('button[type="submit"]')
     await expect(page).to_have_url(f"{api.url}/console/jobs")
+    # The browser holds a session's id, never the token.
+    [cookie] = [c for c in await page.context.cookies() if c["name"] == "receipt_console"]
+    assert cookie["value"] != TOKEN_A and cookie.get("httpOnly") is True
+    assert cookie.get("sameSite") == "Strict"
     return page
 
 

@@ -1,10 +1,12 @@
 """The operator console at `/console`: server-rendered pages over the same store and operations
 as the JSON API, signed in by pasting a token once.
 
-Sign-in sets an HttpOnly, SameSite=Strict cookie holding the token (scoped to `/console`); the
-token's organization and admin flag apply to every page exactly as on the API. Every form carries
-a CSRF token derived from the session (an HMAC a page of another origin cannot compute, since it
-can read neither the cookie nor our pages). Every asset is served from this package: no CDN.
+Sign-in exchanges the token for a session stored in PostgreSQL (`session.py`) and sets an
+HttpOnly, SameSite=Strict cookie holding the session's random id, never the token (scoped to
+`/console`); the token's organization and admin flag apply to every page exactly as on the API.
+Every form carries the session's CSRF token (random per session, stored with it: a page of
+another origin can read neither the cookie nor our pages). Every asset is served from this
+package: no CDN.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def _page_url(agent_job_id: str, notice: str) -> str:
 
 @router.get("/jobs")
 async def agent_jobs_page(request: Request) -> HTMLResponse:
-    session = session_of(request)
+    session = await session_of(request)
     status = request.query_params.get("status") or None
     agent_id = request.query_params.get("agentId") or None
     store = store_of(request)
@@ -65,7 +65,7 @@ async def agent_jobs_page(request: Request) -> HTMLResponse:
 
 @router.get("/jobs/{agentJobId}")
 async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
-    session = session_of(request)
+    session = await session_of(request)
     store = store_of(request)
     job = visible(session, await lifecycle.get(store, agentJobId), f"agent job {agentJobId}")
     turns: list[dict[str, Any]] = []

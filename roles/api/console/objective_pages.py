@@ -114,7 +114,7 @@ def graph_state(objective: ObjectiveState) -> dict[str, Any]:
 
 @router.get("")
 async def objectives_page(request: Request) -> HTMLResponse:
-    session = session_of(request)
+    session = await session_of(request)
     status = request.query_params.get("status") or None
     page = await objectives.objectives_page(
         store_of(request),
@@ -136,7 +136,7 @@ async def objectives_page(request: Request) -> HTMLResponse:
 @router.get("/{objectiveId}/state")
 async def objective_state(request: Request, objectiveId: str) -> Response:
     """The graph's live state, polled by the page (the console's session authenticates it)."""
-    session = session_of(request)
+    session = await session_of(request)
     objective = session.sees(await objectives.get(store_of(request), objectiveId))
     if objective is None:
         return JSONResponse({"error": "not found"}, status_code=404)
@@ -145,7 +145,7 @@ async def objective_state(request: Request, objectiveId: str) -> Response:
 
 @router.get("/{objectiveId}")
 async def objective_page(request: Request, objectiveId: str) -> HTMLResponse:
-    session = session_of(request)
+    session = await session_of(request)
     store = store_of(request)
     objective = visible(
         session, await objectives.get(store, objectiveId), f"objective {objectiveId}"

@@ -29,9 +29,11 @@ from roles.api.console.session import (
     COOKIE_PATH,
     FormError,
     Session,
+    end_session,
     need,
     read_form,
     session_of,
+    start_session,
 )
 from roles.api.deps import find_job, shown_id
 from roles.api.routes.jobs import followed_job
@@ -209,13 +211,18 @@ async def login(request: Request) -> Response:
     if not token or tokens.authenticate(token) is None:
         log.info("console sign-in refused", extra={"event": "console.sign_in_refused"})
         return render("login.html", status=401, session=None, error="unknown token")
+    # The browser gets a session's random id, never the token (README, "Operator console").
+    session_id = await start_session(request, token)
     log.info("console sign-in", extra={"event": "console.sign_in"})
     response = RedirectResponse("/console/jobs", status_code=303)
     response.set_cookie(
         COOKIE,
-        token,
+        session_id,
+        max_age=int(request.app.state.api.settings.console_session_ttl_s),
         httponly=True,
         samesite="strict",
+        # https as uvicorn sees it: TLS to the api, or X-Forwarded-Proto from a proxy listed in
+        # FORWARDED_ALLOW_IPS (docs/operations.md, "The console behind TLS").
         secure=request.url.scheme == "https",
         path=COOKIE_PATH,
     )
@@ -224,7 +231,9 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    await read_form(request, session_of(request))
+    await read_form(request, await session_of(request))
+    await end_session(request)
+    log.info("console sign-out", extra={"event": "console.sign_out"})
     response = RedirectResponse("/console/login", status_code=303)
     response.delete_cookie(COOKIE, path=COOKIE_PATH)
     return response
@@ -235,7 +244,7 @@ async def logout(request: Request) -> Response:
 
 @router.get("/jobs")
 async def jobs_page(request: Request) -> HTMLResponse:
-    session = session_of(request)
+    session = await session_of(request)
     store = store_of(request)
     filters = _filters(request)
     job_filters = _job_filters(session, filters)
@@ -270,7 +279,7 @@ async def jobs_page(request: Request) -> HTMLResponse:
 async def job_events(request: Request, jobId: str) -> Response:
     """The job's receipts as a live event stream, authenticated by the console session; it
     counts against the session token's cap of open streams like any other."""
-    session = session_of(request)
+    session = await session_of(request)
     job = await find_job(store_of(request), session.principal, jobId)
     if job is None:
         return Response("no such job", status_code=404)
@@ -282,7 +291,7 @@ async def job_events(request: Request, jobId: str) -> Response:
 
 @router.get("/jobs/{jobId:path}")
 async def job_page(request: Request, jobId: str) -> HTMLResponse:
-    session = session_of(request)
+    session = await session_of(request)
     store = store_of(request)
     job = await find_job(store, session.principal, jobId)
     if job is None:
@@ -320,7 +329,7 @@ def temporal_query(job: Job) -> str:
 
 @router.post("/jobs/{jobId:path}/command")
 async def job_command(request: Request, jobId: str) -> Response:
-    session = session_of(request)
+    session = await session_of(request)
     fields = await read_form(request, session)
     command_type = fields.get("type", "")
     if command_type not in COMMAND_TYPES:
@@ -367,7 +376,7 @@ async def job_command(request: Request, jobId: str) -> Response:
 
 @router.post("/jobs/{jobId:path}/retry")
 async def job_retry(request: Request, jobId: str) -> Response:
-    session = session_of(request)
+    session = await session_of(request)
     await read_form(request, session)
     job = await find_job(store_of(request), session.principal, jobId)
     need(session, JOBS_WRITE)
@@ -398,7 +407,7 @@ async def job_retry(request: Request, jobId: str) -> Response:
 
 @router.get("/failed")
 async def failed_page(request: Request) -> HTMLResponse:
-    session = session_of(request)
+    session = await session_of(request)
     groups = await reads.failed_groups(
         store_of(request),
         session.principal,
@@ -416,7 +425,7 @@ async def failed_page(request: Request) -> HTMLResponse:
 
 @router.post("/failed/retry")
 async def failed_retry(request: Request) -> Response:
-    session = session_of(request)
+    session = await session_of(request)
     fields = await read_form(request, session)
     need(session, JOBS_WRITE)
     need(session, COMMANDS_RUN)

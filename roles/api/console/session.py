@@ -1,9 +1,11 @@
-"""Console sessions: the cookie, who it signs in as, and the CSRF token of its forms."""
+"""Console sessions: stored server-side, named by a random cookie; who they sign in as and the
+CSRF token of their forms."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -11,14 +13,17 @@ from urllib.parse import parse_qs
 
 from fastapi import Request
 
-from roles.api.auth import OPEN, Principal
+from receipts import metrics
+from roles.api.auth import OPEN, Principal, token_digest
 from roles.api.deps import check_open_request
+
+log = logging.getLogger("roles.api.console")
 
 COOKIE = "receipt_console"
 COOKIE_PATH = "/console"
 MAX_FORM_BYTES = 64 * 1024
-# In open mode (no tokens, loopback only) there is no token to derive the CSRF token from; one
-# secret per process signs the forms instead.
+# In open mode (no tokens, loopback only) there is no sign-in, so no session to hold a CSRF
+# token; one secret per process signs the forms instead.
 _OPEN_SECRET = secrets.token_bytes(32)
 
 
@@ -67,24 +72,91 @@ class Session:
         return f"organization {self.principal.organization_id}"
 
 
-def csrf_for(token: str | None) -> str:
-    """The CSRF token of a session: an HMAC of the session's token (or the open-mode secret)."""
-    key = _OPEN_SECRET if token is None else hashlib.sha256(token.encode()).digest()
-    return hmac.new(key, b"receipt-console-csrf", hashlib.sha256).hexdigest()
+def csrf_for_open_mode() -> str:
+    """The CSRF token of the open-mode console (no sign-in, so no session to hold one)."""
+    return hmac.new(_OPEN_SECRET, b"receipt-console-csrf", hashlib.sha256).hexdigest()
 
 
-def session_of(request: Request) -> Session:
-    """Return the request's console session, or raise `SignInRequired`."""
-    tokens = request.app.state.api.tokens
+def session_digest(session_id: str) -> bytes:
+    """What the database keeps of a session's id: its SHA-256 (a read of the table yields no
+    cookie that works)."""
+    return hashlib.sha256(session_id.encode("utf-8")).digest()
+
+
+async def start_session(request: Request, token: str) -> str:
+    """Store a new session of `token` (signed in already) and return its id, the cookie's value.
+
+    Expired and idle sessions are deleted first, so the table holds live sessions only without
+    a loop of its own."""
+    api = request.app.state.api
+    store = api.require_store()
+    session_id = secrets.token_urlsafe(32)
+    await store.fetch("console_sessions_prune", {"idle_s": api.settings.console_session_idle_s})
+    await store.fetch(
+        "console_session_create",
+        {
+            "session_digest": session_digest(session_id),
+            "token_digest": token_digest(token),
+            "csrf": secrets.token_hex(32),
+            "ttl_s": api.settings.console_session_ttl_s,
+        },
+    )
+    return session_id
+
+
+async def end_session(request: Request) -> None:
+    """Sign-out: delete the request's session row, so its cookie is refused from now on."""
+    session_id = request.cookies.get(COOKIE)
+    if session_id:
+        store = request.app.state.api.require_store()
+        await store.fetch("console_session_delete", {"session_digest": session_digest(session_id)})
+
+
+async def _refuse(request: Request, digest: bytes, reason: str) -> SignInRequired:
+    # The row of a refused cookie goes at once: an expired, idle or revoked session never
+    # comes back, and the table does not keep it until the next sign-in's prune.
+    if reason != "unknown":
+        await request.app.state.api.require_store().fetch(
+            "console_session_delete", {"session_digest": digest}
+        )
+    metrics.CONSOLE_SESSIONS_REFUSED.labels(reason).inc()
+    log.info(
+        "console session refused",
+        extra={"event": "console.session_refused", "reason": reason, "path": request.url.path},
+    )
+    return SignInRequired()
+
+
+async def session_of(request: Request) -> Session:
+    """Return the request's console session, or raise `SignInRequired`.
+
+    The cookie's id must name a stored session that is neither past its absolute expiry nor
+    idle past `RECEIPT_CONSOLE_SESSION_IDLE_S` (each use restarts that clock); the principal is
+    the one the configured tokens give the session's token now, so a token taken out of the
+    configuration ends its sessions at the api's next start."""
+    api = request.app.state.api
+    tokens = api.tokens
     if tokens.open:
         # A rebound DNS name or another origin must not reach an open console.
         check_open_request(request, json_body=False)
-        return Session(OPEN, csrf_for(None), open_mode=True)
-    token = request.cookies.get(COOKIE)
-    principal = tokens.authenticate(token) if token else None
-    if token is None or principal is None:
+        return Session(OPEN, csrf_for_open_mode(), open_mode=True)
+    session_id = request.cookies.get(COOKIE)
+    if not session_id:
         raise SignInRequired
-    return Session(principal, csrf_for(token))
+    digest = session_digest(session_id)
+    store = api.require_store()
+    row = await store.fetch_one(
+        "console_session_use",
+        {"session_digest": digest, "idle_s": api.settings.console_session_idle_s},
+    )
+    if row is None:
+        state = await store.fetch_one("console_session_state", {"session_digest": digest})
+        raise await _refuse(request, digest, state[0] if state else "unknown")
+    stored_token, csrf = row
+    principal = tokens.authenticate_digest(bytes(stored_token))
+    if principal is None:
+        raise await _refuse(request, digest, "revoked_token")
+    return Session(principal, csrf)
 
 
 def need(session: Session, scope: str) -> None:
@@ -115,7 +187,7 @@ async def read_form(request: Request, session: Session | None) -> dict[str, str]
 async def form_of(request: Request, scope: str) -> tuple[Session, dict[str, str]]:
     """A console action's session and form fields: the form read and its CSRF token checked,
     then `scope` required of the session's token (403)."""
-    session = session_of(request)
+    session = await session_of(request)
     fields = await read_form(request, session)
     need(session, scope)
     return session, fields
