@@ -60,17 +60,15 @@ class Runtime:
 
 async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: bool) -> Runtime:
     """Migrate the database and open what `role` holds: its pool (the api's own size for the
-    api), its listener (running) and a Temporal client whose SDK metrics serve on
-    the role's metrics port + 100. `lazy_client` connects to Temporal at the first call."""
+    api), its listener (running) and a Temporal client whose SDK metrics the role's
+    own `/metrics` serves. `lazy_client` connects to Temporal at the first call."""
     url = resolve_url(settings.core)
     await migrate_url(url)
     store = await open_store(url, settings.core, api=role == "api")
     runtime = Runtime(role, settings, store, url, Listener(url), httpx.AsyncClient())
     try:
-        port = settings.process.metrics_port_of(role)
-        sdk_metrics = (settings.process.metrics_host, 0 if port == 0 else port + 100)
         runtime.client = await connect_client(
-            settings.core, settings.temporal_tls, sdk_metrics, lazy=lazy_client
+            settings.core, settings.temporal_tls, lazy=lazy_client
         )
     except BaseException:
         await runtime.close()

@@ -15,11 +15,12 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.envconfig import ClientConfig
-from temporalio.runtime import PrometheusConfig, TelemetryConfig
 from temporalio.runtime import Runtime as TemporalRuntime
+from temporalio.runtime import TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from receipts.settings import ReceiptSettings, Settings
+from roles.infra.sdk_metrics import SDK_METRICS
 from roles.infra.tracing import recording as tracing_recording
 from workflows.driver import SEARCH_ATTRIBUTES
 
@@ -155,26 +156,14 @@ def connect_config(settings: Settings, tls_settings: TemporalTLSSettings) -> dic
 async def connect_client(
     settings: Settings,
     tls_settings: TemporalTLSSettings,
-    sdk_metrics: tuple[str, int],
     *,
     lazy: bool = False,
 ) -> Client:
     """A role's Temporal client: `connect_config`'s server and credentials, the tracing
-    interceptor while spans are recorded, and the SDK's Prometheus metrics on `sdk_metrics`
-    (host, port; 0 picks a free port). `lazy` connects at the first call instead of now."""
-    host, port = sdk_metrics
-    try:
-        sdk_runtime: TemporalRuntime | None = TemporalRuntime(
-            telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"{host}:{port}"))
-        )
-    except Exception as exc:  # a taken port must not stop the role
-        log.warning(
-            "Temporal SDK metrics disabled: could not bind %s:%s",
-            host,
-            port,
-            extra={"event": "metrics.sdk_unavailable", "error": str(exc)},
-        )
-        sdk_runtime = None
+    interceptor while spans are recorded, and the SDK's metrics recorded into a buffer that
+    the role's own `/metrics` exports (roles/infra/sdk_metrics.py). `lazy` connects at the
+    first call instead of now."""
+    sdk_runtime = TemporalRuntime(telemetry=TelemetryConfig(metrics=SDK_METRICS.buffer()))
     return await Client.connect(
         # Address, namespace, TLS/mTLS and API key (RECEIPT_TEMPORAL_*, or an envconfig profile).
         **connect_config(settings, tls_settings),

@@ -32,7 +32,6 @@ OVERLAYS = {
 # manifests promise to run on, and the newest the package knows.
 KUBERNETES_VERSIONS = ("1.30", kubernetes_validate.latest_version())
 METRICS_PORT = 9470
-SDK_METRICS_PORT = METRICS_PORT + 100
 API_PORT = 8000
 
 Obj = dict[str, Any]
@@ -467,7 +466,7 @@ def test_only_the_api_is_reachable_from_outside_the_namespace(
                 if not _peers_from_outside(rule):
                     continue
                 if pod == "receipt-api":
-                    assert _ports(rule) <= {API_PORT, METRICS_PORT, SDK_METRICS_PORT}
+                    assert _ports(rule) <= {API_PORT, METRICS_PORT}
                     continue
                 # Anything else admits only the monitoring namespace, only on metrics ports.
                 assert rule.get("from"), (pod, policy["metadata"]["name"])
@@ -476,7 +475,7 @@ def test_only_the_api_is_reachable_from_outside_the_namespace(
                     assert peer["namespaceSelector"] == {
                         "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
                     }
-                assert _ports(rule) <= {METRICS_PORT, SDK_METRICS_PORT}, pod
+                assert _ports(rule) == {METRICS_PORT}, pod
 
 
 PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")]
