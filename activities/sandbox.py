@@ -28,7 +28,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from activities.sandbox_policy import (
     ETC_ENTRIES,
     GONE_TIMEOUT_S,
     MODES,
+    OUTPUT_BURST_S,
     PROBE_RETRY_S,
     READ_CHUNK,
     SANDBOX_SETTING,
@@ -297,7 +298,9 @@ async def run_sandboxed(
     sandbox = _Running(process, info_read if confined else None)
     memory_killed = False
     try:
-        result = await _supervise(sandbox, confined, on_output, aborted, feed_stdin)
+        result = await _supervise(
+            sandbox, confined, on_output, aborted, feed_stdin, settings.output_bytes_per_s
+        )
     finally:
         if cgroup:
             memory_killed = cgroup.memory_killed()
@@ -323,10 +326,11 @@ async def _supervise(
     on_output: OutputSink | None,
     aborted: asyncio.Event | None,
     feed_stdin: StdinFeeder | None,
+    output_bytes_per_s: int,
 ) -> SandboxResult:
     """Stream the running sandbox's output until it ends or is aborted; leave nothing of it."""
     process = sandbox.process
-    pump = asyncio.create_task(_pump(process, on_output))
+    pump = asyncio.create_task(_pump(process, on_output, output_bytes_per_s))
     feeder = asyncio.create_task(_feed(process, feed_stdin)) if feed_stdin is not None else None
     waiters: set[asyncio.Future[Any]] = {pump}
     abort_wait = asyncio.create_task(aborted.wait()) if aborted is not None else None
@@ -362,18 +366,42 @@ async def _feed(process: asyncio.subprocess.Process, feed_stdin: StdinFeeder) ->
         await feed_stdin(process.stdin)
 
 
-async def _pump(process: asyncio.subprocess.Process, on_output: OutputSink | None) -> None:
+async def _pump(
+    process: asyncio.subprocess.Process, on_output: OutputSink | None, bytes_per_s: int
+) -> None:
     # Chunks, not lines: one line longer than the stream's buffer must neither break the pump
     # nor leave the command blocked on a full pipe.
     assert process.stdout is not None
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pace = OutputPace(bytes_per_s)
     while chunk := await process.stdout.read(READ_CHUNK):
         text = decoder.decode(chunk)
         if text and on_output is not None:
             await on_output(text)
+        if wait := pace.took(len(chunk)):
+            await asyncio.sleep(wait)
     tail = decoder.decode(b"", final=True)
     if tail and on_output is not None:
         await on_output(tail)
+
+
+class OutputPace:
+    """A token bucket over the bytes read from a command: `took(n)` returns how long to wait
+    before reading more (0.0 while the burst of OUTPUT_BURST_S seconds' worth lasts). While the
+    pump waits, the pipe fills and the command's writes block: it is slowed, not killed."""
+
+    def __init__(self, bytes_per_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = float(bytes_per_s)
+        self.burst = self.rate * OUTPUT_BURST_S
+        self.budget = self.burst
+        self.clock = clock
+        self.at = clock()
+
+    def took(self, size: int) -> float:
+        now = self.clock()
+        self.budget = min(self.burst, self.budget + (now - self.at) * self.rate) - size
+        self.at = now
+        return -self.budget / self.rate if self.budget < 0 else 0.0
 
 
 class _Running:

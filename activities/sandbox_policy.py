@@ -32,6 +32,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INSIDE_UID = 65534
 DEFAULT_UIDS = (50_000, 59_999)
 READ_CHUNK = 65_536
+DEFAULT_OUTPUT_BYTES_PER_S = 2 * 1024 * 1024
+OUTPUT_BURST_S = 4.0
 TERM_GRACE_S = 5.0
 GONE_TIMEOUT_S = 10.0
 PROBE_RETRY_S = 30.0
@@ -138,7 +140,14 @@ class SandboxSettings(ReceiptSettings):
         "ro_binds": "':'-separated absolute directories",
         "cgroup": "'auto', 'off' or an absolute path",
         **dict.fromkeys(
-            ("memory_mb", "processes", "file_size_mb", "cpu_seconds", "open_files"),
+            (
+                "memory_mb",
+                "processes",
+                "file_size_mb",
+                "cpu_seconds",
+                "open_files",
+                "output_bytes_per_s",
+            ),
             "a positive integer",
         ),
     }
@@ -165,6 +174,12 @@ class SandboxSettings(ReceiptSettings):
     )
     cpu_seconds: _Positive = Field(default=Limits.cpu_seconds, alias="RECEIPT_SANDBOX_CPU_SECONDS")
     open_files: _Positive = Field(default=Limits.open_files, alias="RECEIPT_SANDBOX_OPEN_FILES")
+    # A command printing faster than this is slowed to it (its writes block on the full pipe),
+    # after a burst of OUTPUT_BURST_S seconds' worth: one job's output cannot take a core of
+    # the worker that reads it.
+    output_bytes_per_s: _Positive = Field(
+        default=DEFAULT_OUTPUT_BYTES_PER_S, alias="RECEIPT_SANDBOX_OUTPUT_BYTES_PER_S"
+    )
     cgroup: Annotated[str, AfterValidator(_cgroup_setting)] = Field(
         default="auto", alias="RECEIPT_SANDBOX_CGROUP"
     )

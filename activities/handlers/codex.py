@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -66,40 +65,47 @@ async def workspace_of(ctx: HandlerContext, settings: SandboxSettings) -> Path:
 
 
 class ProgressOutput:
-    """Lines of output: the last TAIL_LINES kept for the result, new ones sent as throttled
-    `job.progress` receipts."""
+    """A command's output as it arrives: the last TAIL_CHARS characters kept for the result,
+    complete lines sent as throttled `job.progress` receipts (at most the last TAIL_CHARS of
+    what arrived since the last one). Memory and work stay bounded by TAIL_CHARS per chunk
+    whatever the command prints: a command printing without end costs a counted scan of each
+    chunk, never a string per line."""
 
     def __init__(self, ctx: HandlerContext) -> None:
         self.ctx = ctx
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.recent = ""  # the last TAIL_CHARS characters of the output
+        self.unsent = ""  # complete lines not sent yet (their last TAIL_CHARS)
+        self.partial = ""  # the line being written (its last TAIL_CHARS)
         self.lines = 0
-        self.partial = ""
-        self.unsent: list[str] = []
         self.last_sent = 0.0
 
     async def write(self, text: str) -> None:
-        *lines, partial = (self.partial + text).split("\n")
-        self.partial = partial[-TAIL_CHARS:]
-        for line in lines:
-            self._add(line[-TAIL_CHARS:] + "\n")
+        self.lines += text.count("\n")
+        self.recent = (self.recent + text[-TAIL_CHARS:])[-TAIL_CHARS:]
+        cut = text.rfind("\n")
+        if cut < 0:
+            self.partial = (self.partial + text)[-TAIL_CHARS:]
+        else:
+            complete = text[: cut + 1][-TAIL_CHARS:]
+            self.unsent = (self.unsent + self.partial + complete)[-TAIL_CHARS:]
+            self.partial = text[cut + 1 :][-TAIL_CHARS:]
         if time.monotonic() - self.last_sent >= PROGRESS_INTERVAL_S:
             await self.flush()
 
-    def _add(self, line: str) -> None:
-        self.tail.append(line)
-        self.unsent.append(line)
-        self.lines += 1
-
     def end(self) -> None:
         if self.partial:
-            self._add(self.partial)
+            self.unsent = (self.unsent + self.partial)[-TAIL_CHARS:]
+            self.lines += 1
             self.partial = ""
+
+    def tail(self) -> str:
+        """The output's last TAIL_LINES lines, at most TAIL_CHARS characters (the result's)."""
+        return "".join(self.recent.splitlines(keepends=True)[-TAIL_LINES:])[-TAIL_CHARS:]
 
     async def flush(self) -> None:
         if self.unsent:
-            data = {"output": "".join(self.unsent)[-TAIL_CHARS:], "lines": self.lines}
-            await self.ctx.progress(data)
-            self.unsent.clear()
+            await self.ctx.progress({"output": self.unsent, "lines": self.lines})
+            self.unsent = ""
         self.last_sent = time.monotonic()
 
 
@@ -161,7 +167,7 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
     await output.flush()
     result = {
         "exitCode": ended.exit_code,
-        "outputTail": "".join(output.tail)[-TAIL_CHARS:],
+        "outputTail": output.tail(),
         "lines": output.lines,
     }
     if ended.exit_code != 0 or ended.memory_limit:

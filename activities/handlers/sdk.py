@@ -24,7 +24,6 @@ from typing import Any
 
 from activities.handlers.codex import (
     PROGRESS_INTERVAL_S,
-    TAIL_CHARS,
     ProgressOutput,
     workspace_of,
 )
@@ -134,8 +133,7 @@ class FencedJobContext(JobContext):
             raise Fail("aborted")
         output.end()
         await output.flush()
-        tail = "".join(output.tail)[-TAIL_CHARS:]
-        return SandboxRun(ended.exit_code, tail, output.lines, ended.memory_limit)
+        return SandboxRun(ended.exit_code, output.tail(), output.lines, ended.memory_limit)
 
 
 def as_handler(declared: AgentHandler) -> Handler:

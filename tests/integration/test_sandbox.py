@@ -31,7 +31,7 @@ from activities.sandbox import (
     run_sandboxed,
 )
 from activities.sandbox_cgroup import CgroupPlan, own_cgroups, plan_for
-from activities.sandbox_policy import ETC_ENTRIES
+from activities.sandbox_policy import ETC_ENTRIES, OUTPUT_BURST_S, READ_CHUNK
 from activities.workspaces import job_workspace
 from receipts import metrics
 from tests.eventually import eventually
@@ -416,6 +416,37 @@ async def test_memory_file_size_and_cpu_limits_are_enforced(settings: SandboxSet
         run([PYTHON, "-c", "while True: pass"], settings, limits=limits), 120
     )
     assert spin.exit_code != 0  # SIGXCPU after a second of CPU
+
+
+async def test_a_command_printing_without_end_is_read_at_the_output_rate(
+    settings: SandboxSettings,
+) -> None:
+    # `yes` writes as fast as the pipe takes it (hundreds of MB/s): read at that pace, it took
+    # a whole core of the worker. Paced, the worker reads the burst and then the rate while the
+    # command's writes block, and it is aborted on time.
+    rate = 256 * 1024
+    paced = changed(settings, output_bytes_per_s=rate)
+    seen = 0
+
+    async def count(text: str) -> None:
+        nonlocal seen
+        seen += len(text)
+
+    aborted = asyncio.Event()
+    asyncio.get_running_loop().call_later(2.0, aborted.set)
+    result = await asyncio.wait_for(
+        run_sandboxed(
+            ["yes", "hostile"],
+            workspace=fresh_workspace(paced),
+            settings=paced,
+            on_output=count,
+            aborted=aborted,
+        ),
+        30,
+    )
+    assert result.aborted
+    # the burst, two seconds at the rate, and one chunk in flight
+    assert rate * OUTPUT_BURST_S <= seen <= rate * (OUTPUT_BURST_S + 2.5) + READ_CHUNK
 
 
 async def test_a_missing_or_invisible_program_is_refused_with_its_name(
