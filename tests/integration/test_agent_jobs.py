@@ -363,7 +363,9 @@ async def test_input_timeout_fails_a_waiting_job(store: Store) -> None:
     await dispatcher(store).run_once()
     await asyncio.sleep(0.3)
     timed = AgentJobDispatcher(store, None, AgentJobSettings(input_timeout_ms=200))
-    assert (await timed.run_once()).timed_out == 1
+    # At least this one: the pass sees every waiting job of the shared database, and another
+    # test's job left waiting past 200 ms times out in the same pass.
+    assert (await timed.run_once()).timed_out >= 1
     final = await current(store, job.agent_job_id)
     assert final.status == "failed" and "no answer within 200 ms" in (final.error or "")
     assert [w["status"] for w in await session_wakeups(store, job.owner_session_id)] == [
