@@ -13,7 +13,7 @@ from urllib.parse import parse_qs
 
 from fastapi import Request
 
-from receipts import metrics
+from receipts import console_sessions, metrics
 from roles.api.auth import OPEN, Principal, token_digest
 from roles.api.deps import check_open_request
 
@@ -77,48 +77,26 @@ def csrf_for_open_mode() -> str:
     return hmac.new(_OPEN_SECRET, b"receipt-console-csrf", hashlib.sha256).hexdigest()
 
 
-def session_digest(session_id: str) -> bytes:
-    """What the database keeps of a session's id: its SHA-256 (a read of the table yields no
-    cookie that works)."""
-    return hashlib.sha256(session_id.encode("utf-8")).digest()
-
-
 async def start_session(request: Request, token: str) -> str:
-    """Store a new session of `token` (signed in already) and return its id, the cookie's value.
-
-    Expired and idle sessions are deleted first, so the table holds live sessions only without
-    a loop of its own."""
+    """Store a new session of `token` (signed in already) and return its id, the cookie's
+    value (receipts/console_sessions.py)."""
     api = request.app.state.api
-    store = api.require_store()
-    session_id = secrets.token_urlsafe(32)
-    await store.fetch("console_sessions_prune", {"idle_s": api.settings.console_session_idle_s})
-    await store.fetch(
-        "console_session_create",
-        {
-            "session_digest": session_digest(session_id),
-            "token_digest": token_digest(token),
-            "csrf": secrets.token_hex(32),
-            "ttl_s": api.settings.console_session_ttl_s,
-        },
+    return await console_sessions.create(
+        api.require_store(),
+        token_digest(token),
+        ttl_s=api.settings.console_session_ttl_s,
+        idle_s=api.settings.console_session_idle_s,
     )
-    return session_id
 
 
 async def end_session(request: Request) -> None:
     """Sign-out: delete the request's session row, so its cookie is refused from now on."""
     session_id = request.cookies.get(COOKIE)
     if session_id:
-        store = request.app.state.api.require_store()
-        await store.fetch("console_session_delete", {"session_digest": session_digest(session_id)})
+        await console_sessions.delete(request.app.state.api.require_store(), session_id)
 
 
-async def _refuse(request: Request, digest: bytes, reason: str) -> SignInRequired:
-    # The row of a refused cookie goes at once: an expired, idle or revoked session never
-    # comes back, and the table does not keep it until the next sign-in's prune.
-    if reason != "unknown":
-        await request.app.state.api.require_store().fetch(
-            "console_session_delete", {"session_digest": digest}
-        )
+def _refused(request: Request, reason: str) -> SignInRequired:
     metrics.CONSOLE_SESSIONS_REFUSED.labels(reason).inc()
     log.info(
         "console session refused",
@@ -133,7 +111,8 @@ async def session_of(request: Request) -> Session:
     The cookie's id must name a stored session that is neither past its absolute expiry nor
     idle past `RECEIPT_CONSOLE_SESSION_IDLE_S` (each use restarts that clock); the principal is
     the one the configured tokens give the session's token now, so a token taken out of the
-    configuration ends its sessions at the api's next start."""
+    configuration ends its sessions at the api's next start. An ended session's row is
+    deleted when it is refused: it never comes back."""
     api = request.app.state.api
     tokens = api.tokens
     if tokens.open:
@@ -143,20 +122,17 @@ async def session_of(request: Request) -> Session:
     session_id = request.cookies.get(COOKIE)
     if not session_id:
         raise SignInRequired
-    digest = session_digest(session_id)
     store = api.require_store()
-    row = await store.fetch_one(
-        "console_session_use",
-        {"session_digest": digest, "idle_s": api.settings.console_session_idle_s},
+    found = await console_sessions.use(
+        store, session_id, idle_s=api.settings.console_session_idle_s
     )
-    if row is None:
-        state = await store.fetch_one("console_session_state", {"session_digest": digest})
-        raise await _refuse(request, digest, state[0] if state else "unknown")
-    stored_token, csrf = row
-    principal = tokens.authenticate_digest(bytes(stored_token))
+    if isinstance(found, str):
+        raise _refused(request, found)
+    principal = tokens.authenticate_digest(found.token_digest)
     if principal is None:
-        raise await _refuse(request, digest, "revoked_token")
-    return Session(principal, csrf)
+        await console_sessions.delete(store, session_id)
+        raise _refused(request, "revoked_token")
+    return Session(principal, found.csrf)
 
 
 def need(session: Session, scope: str) -> None:
