@@ -8,6 +8,7 @@ and makes sure nothing of it is left when it returns.
 The chain, outermost first (all exec, one process until bwrap forks):
 
     setpriv  --reuid U --regid U --clear-groups --no-new-privs --pdeathsig KILL   (U only as root)
+    nice     -n RECEIPT_SANDBOX_NICE                                               (unless 0)
     prlimit  --data --nproc --fsize --cpu --nofile                                 (the limits)
     bwrap    fresh user/PID/IPC/UTS/net namespaces, read-only system, the workspace writable
     argv

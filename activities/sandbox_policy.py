@@ -34,6 +34,7 @@ DEFAULT_UIDS = (50_000, 59_999)
 READ_CHUNK = 65_536
 DEFAULT_OUTPUT_BYTES_PER_S = 2 * 1024 * 1024
 OUTPUT_BURST_S = 4.0
+DEFAULT_NICE = 10
 TERM_GRACE_S = 5.0
 GONE_TIMEOUT_S = 10.0
 PROBE_RETRY_S = 30.0
@@ -139,6 +140,7 @@ class SandboxSettings(ReceiptSettings):
         "uids": "'first-last' (e.g. 50000-59999)",
         "ro_binds": "':'-separated absolute directories",
         "cgroup": "'auto', 'off' or an absolute path",
+        "nice": "an integer from 0 to 19",
         **dict.fromkeys(
             (
                 "memory_mb",
@@ -180,6 +182,9 @@ class SandboxSettings(ReceiptSettings):
     output_bytes_per_s: _Positive = Field(
         default=DEFAULT_OUTPUT_BYTES_PER_S, alias="RECEIPT_SANDBOX_OUTPUT_BYTES_PER_S"
     )
+    # Commands run at this niceness (0: the worker's own): a tenant's CPU-bound command yields
+    # the cores to the processes that heartbeat, settle and serve the api.
+    nice: int = Field(default=DEFAULT_NICE, ge=0, le=19, alias="RECEIPT_SANDBOX_NICE")
     cgroup: Annotated[str, AfterValidator(_cgroup_setting)] = Field(
         default="auto", alias="RECEIPT_SANDBOX_CGROUP"
     )
@@ -403,6 +408,8 @@ def command_line(
         setpriv += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     setpriv += ["--no-new-privs", "--pdeathsig=KILL", "--"]
     prlimit = ["/usr/bin/prlimit", *limit_args(limits), "--"]
+    if settings.nice:
+        prlimit = ["/usr/bin/nice", "-n", str(settings.nice), *prlimit]
     if bwrap is None:
         return [*setpriv, *prlimit, *argv]
     sandbox = bwrap_args(

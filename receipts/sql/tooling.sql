@@ -33,6 +33,15 @@ SELECT min(recorded_at) FROM receipts
 WHERE recorded_at > %(after)s
   AND type IN ('job.completed', 'job.failed', 'job.canceled', 'job.lease_expired');
 
+-- name: tooling_lock_key_held
+-- Chaos: whether some transaction holds the advisory lock of `key` now (taken by lock_key; a
+-- bigint key shows in pg_locks as classid = its high half, objid = its low half).
+SELECT EXISTS (
+  SELECT 1 FROM pg_locks
+  WHERE locktype = 'advisory' AND granted AND objsubid = 1
+    AND ((classid::bigint << 32) | objid::bigint) = hashtextextended(%(key)s, 0)
+);
+
 -- name: tooling_create_database
 -- Bench: a database of its own for one part of a run ({name} is an identifier, quoted by psycopg.sql).
 CREATE DATABASE {name};

@@ -14,6 +14,7 @@ from receipts.kinds import QUEUE_CODEX, route
 from roles.api.auth import COMMANDS_RUN, Principal
 from roles.api.deps import ApiError, require_scope, too_many
 from roles.api.errors import RETRY_AFTER_S
+from roles.api.limits import refusals
 from roles.api.settings import ApiSettings
 
 log = logging.getLogger("roles.api.app")
@@ -97,11 +98,17 @@ def org_caps(settings: ApiSettings, organization_id: str) -> Admission:
         ):
             if held >= limit:
                 metrics.API_LIMITED.labels(cap).inc()
-                log.warning(
-                    "organization at its %s-jobs cap",
-                    cap,
-                    extra={"event": "api.org_cap", "cap": cap, "organizationId": organization_id},
-                )
+                if (unlogged := refusals.due(cap, organization_id)) is not None:
+                    log.warning(
+                        "organization at its %s-jobs cap",
+                        cap,
+                        extra={
+                            "event": "api.org_cap",
+                            "cap": cap,
+                            "organizationId": organization_id,
+                            "unloggedSince": unlogged,
+                        },
+                    )
                 raise too_many(
                     f"the organization has {held} {cap} jobs ({variable})", RETRY_AFTER_S
                 )

@@ -25,6 +25,34 @@ SSE_RETRY_MS = 1000
 """How long an event stream's client waits before it reconnects (the `retry:` of the stream)."""
 MAX_BUCKETS = 10_000
 """Buckets kept at most; a full table drops the fullest (idle) ones first."""
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""A refusal of the same kind to the same caller is logged at most once per this interval (the
+counter counts each): a flood of refused requests must not become a flood of log lines."""
+
+
+class RefusalLog:
+    """`due(kind, who)`: None while a refusal of `kind` to `who` was logged in the last
+    REFUSAL_LOG_INTERVAL_S, else how many were refused unlogged since (0 the first time)."""
+
+    def __init__(self, interval_s: float = REFUSAL_LOG_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def due(self, kind: str, who: str) -> int | None:
+        now = time.monotonic()
+        key = (kind, who)
+        logged_at, unlogged = self._last.get(key, (float("-inf"), 0))
+        if now - logged_at < self.interval_s:
+            self._last[key] = (logged_at, unlogged + 1)
+            return None
+        if len(self._last) >= MAX_BUCKETS:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        return unlogged
+
+
+refusals = RefusalLog()
+"""The api process's refusal log: one per process, as the limits are."""
 
 
 @dataclass(slots=True)
@@ -80,10 +108,16 @@ class StreamGate:
         """Take one slot for `token_id`, or raise 429; the slot is given back by `release`."""
         if self.open[token_id] >= self.per_token:
             metrics.API_LIMITED.labels("streams_token").inc()
-            log.warning(
-                "event stream refused: the token's cap",
-                extra={"event": "api.sse_refused", "cap": "token", "tokenId": token_id},
-            )
+            if (unlogged := refusals.due("streams_token", token_id)) is not None:
+                log.warning(
+                    "event stream refused: the token's cap",
+                    extra={
+                        "event": "api.sse_refused",
+                        "cap": "token",
+                        "tokenId": token_id,
+                        "unloggedSince": unlogged,
+                    },
+                )
             raise too_many(
                 f"this token already has {self.per_token} open event streams "
                 "(RECEIPT_SSE_MAX_STREAMS_PER_CALLER)",
@@ -91,10 +125,16 @@ class StreamGate:
             )
         if self.total >= self.overall:
             metrics.API_LIMITED.labels("streams_total").inc()
-            log.warning(
-                "event stream refused: the api's cap",
-                extra={"event": "api.sse_refused", "cap": "total", "tokenId": token_id},
-            )
+            if (unlogged := refusals.due("streams_total", "")) is not None:
+                log.warning(
+                    "event stream refused: the api's cap",
+                    extra={
+                        "event": "api.sse_refused",
+                        "cap": "total",
+                        "tokenId": token_id,
+                        "unloggedSince": unlogged,
+                    },
+                )
             raise too_many(
                 f"the API already serves {self.overall} event streams (RECEIPT_SSE_MAX_STREAMS)",
                 SSE_RETRY_MS / 1000,

@@ -50,6 +50,7 @@ def test_a_short_seeded_chaos_smoke_keeps_every_invariant(tmp_path: Path) -> Non
     for kind in (
         "kill_worker",
         "kill_driver",
+        "kill_driver_claim",
         "kill_api",
         "stop_worker",
         "restart_postgres",

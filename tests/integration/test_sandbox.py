@@ -418,6 +418,11 @@ async def test_memory_file_size_and_cpu_limits_are_enforced(settings: SandboxSet
     assert spin.exit_code != 0  # SIGXCPU after a second of CPU
 
 
+async def test_commands_run_at_the_sandbox_niceness(settings: SandboxSettings) -> None:
+    result, output = await run(["nice"], changed(settings, nice=7))
+    assert (result.exit_code, output.strip()) == (0, "7")
+
+
 async def test_a_command_printing_without_end_is_read_at_the_output_rate(
     settings: SandboxSettings,
 ) -> None:

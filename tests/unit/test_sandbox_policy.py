@@ -117,9 +117,10 @@ def test_the_command_line_drops_to_the_uid_limits_then_confines() -> None:
         "--no-new-privs",
         "--pdeathsig=KILL",
     ]
-    assert argv[setpriv_end + 1] == "/usr/bin/prlimit"
+    assert argv[setpriv_end + 1 : setpriv_end + 4] == ["/usr/bin/nice", "-n", "10"]
+    assert argv[setpriv_end + 4] == "/usr/bin/prlimit"
     bwrap_at = argv.index("/opt/bwrap")
-    assert argv[setpriv_end + 2 : bwrap_at - 1] == limit_args(Limits())
+    assert argv[setpriv_end + 5 : bwrap_at - 1] == limit_args(Limits())
     options = argv[bwrap_at:]
     assert options[-3:] == ["--", "make", "test"]
     for flag in ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"):
@@ -131,6 +132,15 @@ def test_the_command_line_drops_to_the_uid_limits_then_confines() -> None:
     assert binds == [str(WORKSPACE)]  # the only writable bind
     assert options[options.index("--chdir") + 1] == str(WORKSPACE / "sub")
     assert options[options.index("--tmpfs") + 1] == "/tmp"
+
+
+def test_commands_run_niced_unless_the_setting_is_zero() -> None:
+    assert "/usr/bin/nice" not in line(settings=SETTINGS.model_copy(update={"nice": 0}))
+    assert line(settings=SETTINGS.model_copy(update={"nice": 19}))[7:10] == [
+        "/usr/bin/nice",
+        "-n",
+        "19",
+    ]
 
 
 def test_egress_shares_the_network_and_a_non_root_worker_keeps_its_uid() -> None:

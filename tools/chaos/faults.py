@@ -11,9 +11,19 @@ import signal
 from datetime import datetime
 from pathlib import Path
 
+import psycopg
+
+from receipts.agent_jobs.claims import slot_lock_key
+from receipts.sql import query
 from roles.infra.ports import wait_port
+from tools.chaos import agents
 from tools.chaos.plan import LEASE_MS, Fault
 from tools.chaos.state import Run
+
+# How long a claim-timed kill of the driver watches for the agent's slot lock, and how often it
+# looks: a claim's transaction lasts milliseconds, and the load claims one every few seconds.
+CLAIM_WATCH_S = 30.0
+CLAIM_POLL_S = 0.002
 
 
 async def _db_now(run: Run) -> datetime | None:
@@ -35,6 +45,19 @@ async def _inject(run: Run, fault: Fault, rng: random.Random) -> None:
         # is killed mid-request: a post whose answer is lost is retried with its id.
         fault.target = fault.kind.removeprefix("kill_")
         run.roles[fault.target].send(signal.SIGKILL)
+    elif fault.kind == "kill_driver_claim":
+        # The driver killed while its agent-job dispatcher holds the chaos agent's slot lock: a
+        # claim (or a turn's settle) is mid-transaction, and PostgreSQL must roll it back whole.
+        fault.target = "driver"
+        held = await _slot_lock_seen(run, slot_lock_key(agents.AGENT), CLAIM_WATCH_S)
+        run.roles["driver"].send(signal.SIGKILL)
+        fault.at_s = run.elapsed()
+        fault.at_db = await _db_now(run)
+        fault.detail = (
+            "while the agent-job dispatcher held the slot lock"
+            if held
+            else f"no slot lock seen in {CLAIM_WATCH_S:.0f} s: killed at random"
+        )
     elif fault.kind == "stop_worker":
         fault.target = rng.choice(workers)
         role = run.roles[fault.target]
@@ -54,7 +77,23 @@ async def _inject(run: Run, fault: Fault, rng: random.Random) -> None:
         await run.temporal.wait()
         run.temporal.start()
         await wait_port(run.temporal_port, exited=run.temporal.returncode, name="temporal")
-    run.say(f"fault {fault.kind} -> {fault.target} {fault.note}".rstrip())
+    run.say(f"fault {fault.kind} -> {fault.target} {fault.note or fault.detail}".rstrip())
+
+
+async def _slot_lock_seen(run: Run, key: str, within_s: float) -> bool:
+    """Poll pg_locks until a transaction holds the advisory lock of `key` (True), or give up."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    try:
+        async with await psycopg.AsyncConnection.connect(run.db_url, autocommit=True) as conn:
+            while asyncio.get_running_loop().time() < deadline:
+                cur = await conn.execute(query("tooling_lock_key_held"), {"key": key})
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    return True
+                await asyncio.sleep(CLAIM_POLL_S)
+    except psycopg.Error:
+        return False  # the database is restarting under another fault: kill at random
+    return False
 
 
 async def _restart_postgres(pgdata: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 FAULT_KINDS: tuple[str, ...] = (
     "kill_worker",
     "kill_driver",
+    "kill_driver_claim",
     "kill_api",
     "stop_worker",
     "restart_postgres",
@@ -46,7 +47,8 @@ class Fault:
     at_s: float | None = None
     at_db: datetime | None = None
     recovery_s: float | None = None
-    note: str = ""
+    note: str = ""  # why it was not injected (skipped, failed)
+    detail: str = ""  # what it hit, when it was injected
 
 
 def plan_faults(config: ChaosConfig) -> list[Fault]:

