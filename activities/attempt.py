@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from opentelemetry import trace
 from temporalio import activity
 
 from activities.fence import AttemptFence
@@ -34,8 +35,10 @@ from receipts.listen import RECONNECTED, Listener
 from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
 from receipts.notices import COMMANDS
 from receipts.store import Store
+from receipts.trace_context import job_trace
 
 log = logging.getLogger("activities.attempt")
+_tracer = trace.get_tracer("receipt.attempt")
 
 ABORT_GRACE_S = 5.0
 # Temporal heartbeats: a quarter of the heartbeat timeout, at most this often and at least
@@ -121,6 +124,25 @@ class AttemptActivities:
                 )
             return rejected(out.status, out.job, worker_id)
         job = out.job
+        # The rest of the attempt (handler, heartbeats, settle, their log lines) is one span in
+        # the job's trace: carried by Temporal's interceptor, or attached from the job.
+        with (
+            job_trace(job.traceparent),
+            _tracer.start_as_current_span(
+                "receipt.attempt",
+                attributes={
+                    "receipt.job_id": job.job_id,
+                    "receipt.attempt": attempt.attempt,
+                    "receipt.worker_id": worker_id,
+                },
+            ),
+        ):
+            return await self._started(attempt, settle, job, worker_id)
+
+    async def _started(
+        self, attempt: AttemptInput, settle: Settlement, job: Job, worker_id: str
+    ) -> AttemptResult:
+        fence = settle.fence
         # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
         # handed the attempt to this one, which took the lease over (start-fence).
         redelivered = (ops.delivery_number(worker_id) or 1) > 1

@@ -12,6 +12,7 @@ import uuid
 from datetime import datetime
 
 import httpx
+from opentelemetry import trace
 from temporalio import activity
 
 from activities.names import JOB_DRIVER_WORKFLOW, POST_CALLBACKS, PREPARE_DELIVERY
@@ -26,8 +27,10 @@ from receipts.settings import Settings
 from receipts.store import Store
 from receipts.streams import dumps
 from receipts.timing import JobTiming, TimingSettings, derive
+from receipts.trace_context import current_traceparent, job_trace
 
 log = logging.getLogger("activities.driver")
+_tracer = trace.get_tracer("receipt.driver")
 STALE_ERROR = "stale active job lost execution; retrying through driver"
 ABORT_REASON = "abort requested"
 CALLBACK_TIMEOUT_S = 5.0
@@ -53,8 +56,12 @@ def sign_webhook(secret: str, message_id: str, timestamp: int, body: bytes) -> s
 
 
 def callback_headers(settings: Settings, message_id: str, body: bytes) -> dict[str, str]:
-    """Headers of a callback post: JSON, optional bearer token, optional webhook signature."""
+    """Headers of a callback post: JSON, the current span's `traceparent` (the job's trace, so
+    the receiver's spans join it), optional bearer token, optional webhook signature."""
     headers = {"content-type": "application/json"}
+    traceparent = current_traceparent()
+    if traceparent:
+        headers["traceparent"] = traceparent
     if settings.callback_token:
         headers["authorization"] = f"Bearer {settings.callback_token}"
     if settings.callback_signing_secret:
@@ -107,27 +114,39 @@ async def post_callbacks(
         if not await deliveries.claim_callback(store, job.job_id, event, url):
             continue
         message_id = callback_message_id(f"{job.job_id}:{event}:{url}")
-        for attempt in range(1, CALLBACK_TRIES + 1):
-            error = await post_callback(client, settings, url, message_id, body)
-            if error is None:
-                break
-            if attempt < CALLBACK_TRIES:
-                await asyncio.sleep(0.5 * attempt)
-        status = "posted" if error is None else "failed"
-        posted += error is None
-        await deliveries.callback_result(store, job.job_id, event, url, status, error)
-        metrics.CALLBACKS.labels(event, status).inc()
-        log.log(
-            logging.INFO if error is None else logging.WARNING,
-            "callback %s",
-            status,
-            extra={
-                "event": "callback." + status,
-                "jobId": job.job_id,
-                "callbackEvent": event,
-                "error": error,
-            },
-        )
+        # In the job's trace (the driver's activity, or the recovery loop with the job's own
+        # traceparent): the post's `traceparent` names this span.
+        with (
+            job_trace(job.traceparent),
+            _tracer.start_as_current_span(
+                "receipt.callback",
+                kind=trace.SpanKind.CLIENT,
+                attributes={"receipt.job_id": job.job_id, "receipt.callback_event": event},
+            ) as span,
+        ):
+            for attempt in range(1, CALLBACK_TRIES + 1):
+                error = await post_callback(client, settings, url, message_id, body)
+                if error is None:
+                    break
+                if attempt < CALLBACK_TRIES:
+                    await asyncio.sleep(0.5 * attempt)
+            status = "posted" if error is None else "failed"
+            if error is not None:
+                span.set_status(trace.StatusCode.ERROR, error)
+            posted += error is None
+            await deliveries.callback_result(store, job.job_id, event, url, status, error)
+            metrics.CALLBACKS.labels(event, status).inc()
+            log.log(
+                logging.INFO if error is None else logging.WARNING,
+                "callback %s",
+                status,
+                extra={
+                    "event": "callback." + status,
+                    "jobId": job.job_id,
+                    "callbackEvent": event,
+                    "error": error,
+                },
+            )
     if event in TERMINAL_STATUSES:
         await deliveries.settle_owed_callback(store, job.job_id, settings.callback_urls)
     return posted
@@ -191,6 +210,11 @@ class DriverActivities:
 
     async def _plan(self, job_id: str) -> DriverPlan:
         job, now = await self.store.get_job_with_now(job_id)
+        # What the driver writes and logs about the job, in the job's trace.
+        with job_trace(job.traceparent if job else None):
+            return await self._decide(job_id, job, now)
+
+    async def _decide(self, job_id: str, job: Job | None, now: datetime) -> DriverPlan:
         plan = next_step(job, now, self.timing.active_stale_ms)
         if job is None or plan.step is Step.MISSING:
             return DriverPlan(DriverAction.MISSING)

@@ -45,6 +45,7 @@ from receipts.kinds import (
 )
 from receipts.store import Draft, Store, Tx
 from receipts.text import check_clean_text
+from receipts.trace_context import trace_id_of
 
 log = logging.getLogger("receipts.enqueue")
 
@@ -375,8 +376,10 @@ def enqueued_data(request: EnqueueRequest, job_id: str, now: datetime) -> dict[s
     }
     if request.delay_ms:
         data["availableAt"] = (now + timedelta(milliseconds=request.delay_ms)).isoformat()
-    if request.trace_id:
-        data["traceId"] = request.trace_id
+    # A request with a trace context only (an agent job's turn) names its trace by it.
+    trace_id = request.trace_id or trace_id_of(request.traceparent)
+    if trace_id:
+        data["traceId"] = trace_id
     if request.traceparent:
         data["traceparent"] = request.traceparent
     if request.retry_of:

@@ -51,6 +51,8 @@ class CreateRequest:
     workspace_template: str | None = None
     continued_from_job_id: str | None = None
     provider_binding: str | None = None
+    traceparent: str | None = None
+    """The W3C trace context of the create (the api's span): every turn's queue job joins it."""
 
 
 async def _row(tx: Tx, name: str, params: dict[str, Any]) -> Any:
@@ -195,6 +197,8 @@ async def create_in(tx: Tx, request: CreateRequest) -> tuple[AgentJob, bool]:
         "workspaceOwnerJobId": workspace_owner,
         "providerBinding": request.provider_binding,
     }
+    if request.traceparent:
+        data["traceparent"] = request.traceparent
     job = await append(tx, None, [Draft(model.CREATED, data)])
     log.info(
         "agent job created",
@@ -247,6 +251,7 @@ async def enqueue_turn(tx: Tx, job: AgentJob, queue_id: str) -> None:
             organization_id=job.organization_id,
             job_id=queue_id,
             max_attempts=1,
+            traceparent=job.traceparent,
         ),
     )
     if not result.created:

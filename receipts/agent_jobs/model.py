@@ -149,6 +149,8 @@ class AgentJob(StreamState):
     error: str | None = None
     # Its turns' model calls through the AI gateway, summed: calls, inputTokens, outputTokens.
     usage: dict[str, int] = {}
+    # The W3C trace context of its create: its turns' queue jobs join that trace.
+    traceparent: str | None = None
 
     @property
     def answer_pending(self) -> bool:
@@ -184,6 +186,7 @@ def _create(receipt: Receipt) -> AgentJob:
         continued_from_job_id=d.get("continuedFromJobId"),
         workspace_owner_job_id=str(d.get("workspaceOwnerJobId") or agent_job_id),
         provider_binding=d.get("providerBinding"),
+        traceparent=d.get("traceparent"),
         created_at=receipt.recorded_at,
         updated_at=receipt.recorded_at,
         seq=receipt.seq,

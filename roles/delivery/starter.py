@@ -28,7 +28,7 @@ from receipts.plan import Step, next_step
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import JobTiming, TimingSettings, derive
-from roles.infra.tracing import attach_traceparent, detach
+from roles.infra.tracing import attach_traceparent, detach, job_trace
 from workflows.driver import search_attributes
 
 log = logging.getLogger("roles.delivery.starter")
@@ -165,18 +165,20 @@ class DriverStarter:
             )
             await deliveries.record(self.store, job_id, generation)
             # A job's own story at INFO is two lines (`api.enqueued`, `attempt.settled`); a
-            # first start is DEBUG, a later generation (a redelivery) INFO.
-            log.log(
-                logging.INFO if generation else logging.DEBUG,
-                "driver started",
-                extra={
-                    "event": "delivery.started",
-                    "jobId": job_id,
-                    "workflowId": workflow_id,
-                    "generation": generation,
-                    "eager": eager,
-                },
-            )
+            # first start is DEBUG, a later generation (a redelivery) INFO. In the job's trace,
+            # as every line about a job (roles/infra/logs.py).
+            with job_trace(job.traceparent):
+                log.log(
+                    logging.INFO if generation else logging.DEBUG,
+                    "driver started",
+                    extra={
+                        "event": "delivery.started",
+                        "jobId": job_id,
+                        "workflowId": workflow_id,
+                        "generation": generation,
+                        "eager": eager,
+                    },
+                )
             return StartResult(True, None, workflow_id, generation, eager)
 
     def _held_back(self, job: Job, queue: str, cap: int) -> None:

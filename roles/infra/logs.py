@@ -9,11 +9,23 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from opentelemetry import trace
+
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
+def trace_fields() -> dict[str, str]:
+    """`trace_id` and `span_id` of the current span (hex, as W3C writes them), or none outside
+    a trace: a job's log lines name its trace, recorded or not (roles/infra/tracing.py)."""
+    span = trace.get_current_span().get_span_context()
+    if not span.is_valid:
+        return {}
+    return {"trace_id": f"{span.trace_id:032x}", "span_id": f"{span.span_id:016x}"}
+
+
 class JsonFormatter(logging.Formatter):
-    """Format a record as JSON: time, level, logger, message, role and every `extra` field."""
+    """Format a record as JSON: time, level, logger, message, role, every `extra` field, and the
+    current span's `trace_id` and `span_id`."""
 
     def __init__(self, role: str) -> None:
         super().__init__()
@@ -30,6 +42,7 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 body[key] = value
+        body.update(trace_fields())
         if record.exc_info:
             body["exc"] = self.formatException(record.exc_info)
         return json.dumps(body, default=str, ensure_ascii=False)

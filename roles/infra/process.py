@@ -23,6 +23,7 @@ from receipts.store import Store
 from roles.infra.db import migrate_url, open_store, resolve_url
 from roles.infra.settings import RuntimeSettings
 from roles.infra.temporal import connect_client
+from roles.infra.tracing import flush_spans
 
 log = logging.getLogger("roles.infra.process")
 
@@ -134,8 +135,10 @@ def _exit_without_finalizing() -> None:
 
     Everything the role owns is closed by now, but the Temporal SDK's Rust threads can still
     call into a finalizing interpreter and abort the process (`PyGILState_Release`, exit -6),
-    seen here once after a clean SIGTERM drain. Logs are flushed first.
+    seen here once after a clean SIGTERM drain. Logs and the spans not yet exported are
+    flushed first (`os._exit` runs no atexit hook, so the exporter's own flush never would).
     """
+    flush_spans()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

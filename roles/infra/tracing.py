@@ -1,9 +1,12 @@
-"""OpenTelemetry tracing: one trace from the enqueue request to the settlement.
+"""OpenTelemetry tracing: one trace per job, from the caller's `traceparent` to the callback.
 
 A tracer provider is always installed so trace ids exist and are recorded on `job.enqueued`;
-spans are exported over OTLP/HTTP only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Temporal's
-tracing interceptor carries the context through the driver and attempt workflows into the
-activities, and the psycopg instrumentation adds a span per SQL statement.
+spans are exported over OTLP/HTTP only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. The api's
+enqueue span is the child of the caller's `traceparent` (`caller_context`); Temporal's tracing
+interceptor carries the context through the driver and attempt workflows into the activities,
+and where it does not (a loop, spans not recorded) the job's stored `traceparent` is attached
+(receipts/trace_context.py); the psycopg instrumentation adds a span per SQL statement. A role
+flushes the spans it holds when it exits (`flush_spans`).
 
 While nothing consumes spans (no OTLP endpoint, no processor attached) spans are not recorded
 and psycopg is not instrumented: trace ids are still generated and propagated, but the 5–6
@@ -13,6 +16,8 @@ spans per request that nobody would read cost the api a third of its throughput 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import context, trace
@@ -21,6 +26,28 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+# A job's trace context, used below the roles too (activities: the attempt, the callbacks).
+from receipts.trace_context import (
+    attach_traceparent,
+    current_traceparent,
+    detach,
+    job_trace,
+    trace_id_of,
+)
+
+__all__ = [
+    "attach_traceparent",
+    "caller_context",
+    "caller_span",
+    "configure_tracing",
+    "current_traceparent",
+    "detach",
+    "flush_spans",
+    "job_trace",
+    "recording",
+    "trace_id_of",
+]
 
 log = logging.getLogger("roles.infra.tracing")
 
@@ -76,6 +103,14 @@ def configure_tracing(
     return provider
 
 
+def flush_spans(timeout_s: float = 5.0) -> None:
+    """Export the spans the batch processor still holds (at a role's exit), for at most
+    `timeout_s`; a stalled collector costs the exit that long, never more."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider) and _sampler.recording:
+        provider.force_flush(timeout_millis=int(timeout_s * 1000))
+
+
 def recording() -> bool:
     """Whether spans are recorded (an exporter or processor is attached)."""
     return _sampler.recording
@@ -90,29 +125,21 @@ def _consume(provider: TracerProvider, processor: SpanProcessor) -> None:
         PsycopgInstrumentor().instrument(tracer_provider=provider)
 
 
-def current_traceparent() -> str | None:
-    """The W3C `traceparent` of the current span, or None outside a recording span."""
-    carrier: dict[str, str] = {}
-    _propagator.inject(carrier)
-    return carrier.get("traceparent")
+def caller_context(headers: Mapping[str, str]) -> context.Context:
+    """The parent of a request's spans: the current context when a span is already current (the
+    framework's request span, itself the child of the caller's `traceparent`), else the
+    caller's `traceparent` header (a malformed one is ignored: a new trace starts), so a job
+    joins its caller's trace whether or not spans are recorded."""
+    if trace.get_current_span().get_span_context().is_valid:
+        return context.get_current()
+    traceparent = headers.get("traceparent")
+    return _propagator.extract({"traceparent": traceparent} if traceparent else {})
 
 
-def attach_traceparent(traceparent: str | None) -> object | None:
-    """Make `traceparent` the current context (returns a token for `detach`), or do nothing."""
-    if not traceparent:
-        return None
-    return context.attach(_propagator.extract({"traceparent": traceparent}))
-
-
-def detach(token: object | None) -> None:
-    """Undo `attach_traceparent`."""
-    if token is not None:
-        context.detach(token)  # type: ignore[arg-type]
-
-
-def trace_id_of(traceparent: str | None) -> str | None:
-    """The 32-hex trace id inside a `traceparent`."""
-    if not traceparent:
-        return None
-    parts = traceparent.split("-")
-    return parts[1] if len(parts) == 4 else None
+@contextmanager
+def caller_span(name: str, headers: Mapping[str, str], **attributes: str) -> Iterator[str | None]:
+    """A span of the api in the caller's trace (`caller_context`); yields its `traceparent`,
+    what a job, objective or agent job created under it records as its trace."""
+    tracer = trace.get_tracer("receipt.api")
+    with tracer.start_as_current_span(name, context=caller_context(headers), attributes=attributes):
+        yield current_traceparent()

@@ -34,6 +34,7 @@ from roles.api.schema import (
     json_body_documented,
 )
 from roles.api.sse import Asked, Followed, events_response, events_route
+from roles.infra.tracing import caller_span
 
 router = APIRouter(tags=["agent-jobs"])
 
@@ -118,6 +119,8 @@ def _path(request: Request, suffix: str) -> str:
 def agent_job_view(job: AgentJob, request: Request | None = None) -> dict[str, Any]:
     """The agent job as the API shows it: its folded state, latest status and links."""
     view = job.to_json()
+    # Its trace is its turns' (`traceId` on each turn's queue job), not a field of this view.
+    view.pop("traceparent", None)
     view["latestStatus"] = job.latest_status()
     view["stream"] = agent_model.stream_of(job.agent_job_id)
     view["sessionStream"] = agent_model.session_stream(job.owner_session_id)
@@ -215,12 +218,16 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
         )
     assert organization_id is not None
     create = _checked_binding(state.agent_jobs, parse_create(body, organization_id))
-    try:
-        job, created = await lifecycle.create(state.require_store(), create)
-    except lifecycle.LiveTurnRunning as exc:
-        raise ApiError(409, "live_turn_running", str(exc), field="continuedFromJobId") from exc
-    except ConflictError as exc:
-        raise ApiError(409, "conflict", str(exc), field="ownerSessionId") from exc
+    # The caller's `traceparent` is the parent of the trace its turns' queue jobs share.
+    with caller_span("receipt.agent_job.create", request.headers) as traceparent:
+        try:
+            job, created = await lifecycle.create(
+                state.require_store(), dataclasses.replace(create, traceparent=traceparent)
+            )
+        except lifecycle.LiveTurnRunning as exc:
+            raise ApiError(409, "live_turn_running", str(exc), field="continuedFromJobId") from exc
+        except ConflictError as exc:
+            raise ApiError(409, "conflict", str(exc), field="ownerSessionId") from exc
     return JSONResponse(
         {"agentJob": agent_job_view(job, request), "created": created},
         status_code=201 if created else 200,

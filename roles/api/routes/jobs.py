@@ -84,7 +84,7 @@ from roles.api.schema import (
     shown_receipt,
 )
 from roles.api.sse import Asked, Followed, events_response, events_route, json_size
-from roles.infra.tracing import current_traceparent, trace_id_of
+from roles.infra.tracing import caller_context, current_traceparent, trace_id_of
 
 log = logging.getLogger("roles.api.app")
 _tracer = trace.get_tracer("receipt.api")
@@ -189,32 +189,36 @@ async def post_job(
     new_job_id = client_id is None
     if client_id is None:
         client_id = str(uuid.uuid4())
+    # The caller's `traceparent` is the parent of the job's trace (README, "Traces").
     with _tracer.start_as_current_span(
-        "receipt.enqueue", attributes={"receipt.agent_id": agent_id}
+        "receipt.enqueue",
+        context=caller_context(request.headers),
+        attributes={"receipt.agent_id": agent_id},
     ):
+        traceparent = current_traceparent()
         enqueue_request = dataclasses.replace(
             enqueue_request,
             job_id=scoped_id(organization_id, client_id),
             new_job_id=new_job_id,
             max_commands=settings.max_commands_per_job,
             max_command_bytes=settings.max_command_bytes,
-            trace_id=trace_id_of(current_traceparent()),
-            traceparent=current_traceparent(),
+            trace_id=trace_id_of(traceparent),
+            traceparent=traceparent,
         )
         result = await enqueue(state.require_store(), enqueue_request, caps)
-    job = result.job
-    metrics.job_enqueued(
-        job.lane, job.kind, job.agent_id, result.outcome, result.idempotency_mismatch
-    )
-    log.info(
-        "job enqueued",
-        extra={
-            "event": "api.enqueued",
-            "jobId": job.job_id,
-            "agentId": job.agent_id,
-            "outcome": result.outcome,
-        },
-    )
+        job = result.job
+        metrics.job_enqueued(
+            job.lane, job.kind, job.agent_id, result.outcome, result.idempotency_mismatch
+        )
+        log.info(
+            "job enqueued",
+            extra={
+                "event": "api.enqueued",
+                "jobId": job.job_id,
+                "agentId": job.agent_id,
+                "outcome": result.outcome,
+            },
+        )
     shown = shown_id(caller, job)
     content = {
         "job": job_view(job, shown),

@@ -41,6 +41,7 @@ from roles.api.schema import (
     json_body_documented,
 )
 from roles.api.sse import Asked, Followed, events_response, events_route
+from roles.infra.tracing import caller_span, trace_id_of
 
 log = logging.getLogger("roles.api.routes.objectives")
 
@@ -136,11 +137,14 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
         job_id=run_job_id(runtime),
         payload={**parsed.payload, "objectiveId": runtime},
     )
-    result = await enqueue(state.require_store(), enqueue_request)
-    log.info(
-        "objective requested",
-        extra={"event": "api.objective_requested", "objectiveId": runtime},
-    )
+    # The caller's `traceparent` is the parent of the run job's trace.
+    with caller_span("receipt.enqueue", request.headers, **{"receipt.agent_id": "factory"}) as tp:
+        traced = dataclasses.replace(enqueue_request, trace_id=trace_id_of(tp), traceparent=tp)
+        result = await enqueue(state.require_store(), traced)
+        log.info(
+            "objective requested",
+            extra={"event": "api.objective_requested", "objectiveId": runtime},
+        )
     shown = runtime if caller.admin else objective_id
     run_job = shown_id(caller, result.job)
     return JSONResponse(
