@@ -72,21 +72,40 @@ def job_log_lines(procs: RoleProcesses, job_id: str) -> list[tuple[str, dict[str
     return lines
 
 
-async def test_a_job_posted_with_a_traceparent_is_one_trace_through_every_role(
-    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
-) -> None:
-    store, _ = e2e_store
+@dataclass
+class Run:
+    """One job posted with a caller's traceparent to real roles, run until settled, the roles
+    stopped: what the test then reads."""
+
+    trace_id: str
+    caller_span: str
+    job_id: str
+    trace_of_job: str | None
+    procs: RoleProcesses
+    collector: Receiver
+    callbacks: Receiver
+
+
+async def run_one_job(store: Store, roles: Callable[..., RoleProcesses], *, export: bool) -> Run:
+    """Post a job with a chosen traceparent to api, driver and worker-codex (exporting spans to
+    a receiver when `export`), wait for it to complete and its two callbacks (dispatched,
+    completed) to arrive, stop the roles."""
     trace_id, caller_span = secrets.token_hex(16), secrets.token_hex(8)
     async with Receiver() as collector, Receiver() as callbacks:
         port = free_port()
+        # Spans are exported every 60 s, so the roles hold this job's until they stop: each
+        # flushes them on its way out.
+        otlp = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url.removesuffix("/hook"),
+            "OTEL_BSP_SCHEDULE_DELAY": "60000",
+        }
         procs = roles(
             RECEIPT_API_PORT=str(port),
             RECEIPT_API_TOKENS=TOKENS,
             RECEIPT_EVENT_CALLBACK_URL=callbacks.url,
             RECEIPT_LOG_FORMAT="json",
             RECEIPT_LOG_LEVEL="debug",
-            OTEL_EXPORTER_OTLP_ENDPOINT=collector.url.removesuffix("/hook"),
-            OTEL_BSP_SCHEDULE_DELAY="60000",
+            **(otlp if export else {}),
         )
         for role in ("api", "driver", "worker-codex"):
             procs.start(role)
@@ -102,15 +121,37 @@ async def test_a_job_posted_with_a_traceparent_is_one_trace_through_every_role(
             assert answer.status_code == 202, answer.text
             job_id = rid(answer.json()["job"]["jobId"])
             done = await wait_for(store, job_id, ("completed",), 60)
-            # dispatched and completed
             await callbacks.wait_for(2)
         except BaseException:
             print(procs.logs())
             raise
-        # Spans are exported every 60 s, so the roles hold this job's until they stop: each
-        # flushes them on its way out (to the receiver on this loop: the stop waits in a thread).
+        # The roles flush to the receiver on this loop: the stop waits in a thread.
         await asyncio.to_thread(procs.stop_all)
-    assert done.trace_id == trace_id
+    return Run(trace_id, caller_span, job_id, done.trace_id, procs, collector, callbacks)
+
+
+def check_log_lines(run: Run, span_ids: set[str] | None) -> None:
+    """Every log line about the job, in every role, names its trace (and, when the spans were
+    exported, one of them)."""
+    lines = job_log_lines(run.procs, run.job_id)
+    files = {name.split(".")[0] for name, _ in lines}
+    assert {"api", "driver", "worker-codex"} <= files, files
+    events = {record.get("event") for _, record in lines}
+    assert {"api.enqueued", "attempt.started", "attempt.settled", "callback.posted"} <= events
+    for name, record in lines:
+        assert record.get("trace_id") == run.trace_id, (name, record)
+        span_id = str(record.get("span_id"))
+        assert len(span_id) == 16 and span_id != run.caller_span, (name, record)
+        assert span_ids is None or span_id in span_ids, (name, record)
+
+
+async def test_a_job_posted_with_a_traceparent_is_one_trace_through_every_role(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    run = await run_one_job(e2e_store[0], roles, export=True)
+    trace_id, caller_span = run.trace_id, run.caller_span
+    collector, callbacks = run.collector, run.callbacks
+    assert run.trace_of_job == trace_id
     spans = [s for s in spans_of(collector) if s.trace_id == trace_id]
     by_id = {s.span_id: s for s in spans}
     names = {(s.service, s.name) for s in spans}
@@ -146,12 +187,18 @@ async def test_a_job_posted_with_a_traceparent_is_one_trace_through_every_role(
     sent = [r.headers["traceparent"].split("-") for r in callbacks.requests]
     assert len(sent) == 2
     assert all(p[1] == trace_id and p[2] in callback_spans for p in sent), (sent, callback_spans)
-    # Every log line about the job, in every role, names the trace and a span of it.
-    lines = job_log_lines(procs, job_id)
-    files = {name.split(".")[0] for name, _ in lines}
-    assert {"api", "driver", "worker-codex"} <= files, files
-    events = {record.get("event") for _, record in lines}
-    assert {"api.enqueued", "attempt.started", "attempt.settled", "callback.posted"} <= events
-    for name, record in lines:
-        assert record.get("trace_id") == trace_id, (name, record)
-        assert record.get("span_id") in by_id, (name, record)
+    check_log_lines(run, set(by_id))
+
+
+async def test_without_an_exporter_the_job_still_carries_the_callers_trace_id(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    """Spans not recorded (no OTLP endpoint, Temporal's interceptor off): the job's stored
+    traceparent is attached where the work happens, so its trace id still reaches every log
+    line and the callbacks."""
+    run = await run_one_job(e2e_store[0], roles, export=False)
+    assert run.trace_of_job == run.trace_id
+    assert not run.collector.requests
+    sent = [r.headers["traceparent"].split("-") for r in run.callbacks.requests]
+    assert [p[1] for p in sent] == [run.trace_id, run.trace_id]
+    check_log_lines(run, None)
