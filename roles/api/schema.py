@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import SkipJsonSchema
 
 from receipts import jobs as jobmodel
 from receipts.agent_jobs.model import AgentJob
@@ -203,6 +204,8 @@ class AgentJobLinks(_Doc):
 class AgentJobView(AgentJob):
     """An agent job as the API shows it: its folded state, latest status, streams and links."""
 
+    # Kept with the state for its turns' queue jobs, not shown: their `traceId` is its trace.
+    traceparent: SkipJsonSchema[str | None] = Field(default=None, exclude=True)
     latest: LatestStatus = Field(alias="latestStatus")  # `latest_status()` is the model's
     stream: str
     session_stream: str
