@@ -64,6 +64,12 @@ JOBS_SETTLED = Counter(
     "Attempts settled, by job status and attempt result status.",
     ["status", "result_status"],
 )
+JOBS_FINISHED = Counter(
+    "receipt_jobs_finished",
+    "Jobs an attempt's settlement made terminal, by agent and terminal status (the failure "
+    "ratio by agent: failed over all).",
+    ["agent", "status"],
+)
 HEARTBEAT_LAG = Histogram(
     "receipt_heartbeat_lag_seconds",
     "How late a heartbeat ran against its cadence.",
@@ -308,6 +314,8 @@ def attempt_settled(status: str, job: Job | None, handler_s: float | None) -> No
         return
     if job.settled_at is not None:
         ENQUEUE_TO_SETTLE.observe(max(0.0, (job.settled_at - job.created_at).total_seconds()))
+        if status == job.status:  # this settlement ended the job (not a refusal after another)
+            JOBS_FINISHED.labels(agent_label(job.agent_id), job.status).inc()
     if handler_s is not None:
         HANDLER_DURATION.labels(agent_label(job.agent_id)).observe(handler_s)
 

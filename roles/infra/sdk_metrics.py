@@ -38,6 +38,70 @@ BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 6
 
 Labels = tuple[tuple[str, str], ...]
 
+# The families the SDK records (its core's metric names and kinds; Temporal's "SDK metrics"
+# reference). The exporter passes on whatever the SDK records; this list is what the dashboard
+# and the alert rules may name, and the role tests hold every family a real worker exports to it.
+SDK_FAMILIES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "temporal_request",
+            "temporal_request_failure",
+            "temporal_long_request",
+            "temporal_long_request_failure",
+            "temporal_worker_start",
+            "temporal_workflow_completed",
+            "temporal_workflow_failed",
+            "temporal_workflow_canceled",
+            "temporal_workflow_continue_as_new",
+            "temporal_workflow_task_queue_poll_succeed",
+            "temporal_workflow_task_queue_poll_empty",
+            "temporal_workflow_task_execution_failed",
+            "temporal_activity_task_received",
+            "temporal_activity_poll_no_task",
+            "temporal_activity_execution_failed",
+            "temporal_activity_execution_cancelled",
+            "temporal_local_activity_total",
+            "temporal_local_activity_execution_failed",
+            "temporal_local_activity_execution_cancelled",
+            "temporal_sticky_cache_hit",
+            "temporal_sticky_cache_miss",
+            "temporal_sticky_cache_total_forced_eviction",
+            "temporal_corrupted_signals",
+            "temporal_nexus_task_execution_failed",
+            "temporal_nexus_poll_no_task",
+        ),
+        "counter",
+    ),
+    **dict.fromkeys(
+        (
+            "temporal_num_pollers",
+            "temporal_worker_task_slots_available",
+            "temporal_worker_task_slots_used",
+            "temporal_sticky_cache_size",
+        ),
+        "gauge",
+    ),
+    **dict.fromkeys(
+        (
+            "temporal_request_latency",
+            "temporal_long_request_latency",
+            "temporal_workflow_endtoend_latency",
+            "temporal_workflow_task_schedule_to_start_latency",
+            "temporal_workflow_task_execution_latency",
+            "temporal_workflow_task_replay_latency",
+            "temporal_activity_schedule_to_start_latency",
+            "temporal_activity_execution_latency",
+            "temporal_activity_succeed_endtoend_latency",
+            "temporal_local_activity_execution_latency",
+            "temporal_local_activity_succeed_endtoend_latency",
+            "temporal_nexus_task_schedule_to_start_latency",
+            "temporal_nexus_task_execution_latency",
+            "temporal_nexus_task_endtoend_latency",
+        ),
+        "histogram",
+    ),
+}
+
 
 @dataclass
 class _Histogram:

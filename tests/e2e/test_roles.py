@@ -244,6 +244,8 @@ async def test_each_role_exposes_its_metrics_after_a_known_workload(
     assert 'receipt_driver_starts_total{outcome="created"} 4.0' in starts, starts
     assert 'receipt_jobs_settled_total{result_status="completed",status="completed"} 2.0' in worker
     assert 'receipt_jobs_settled_total{result_status="failed",status="failed"} 1.0' in worker
+    assert 'receipt_jobs_finished_total{agent="codex",status="completed"} 2.0' in worker
+    assert 'receipt_jobs_finished_total{agent="codex",status="failed"} 1.0' in worker
     assert 'receipt_attempts_started_total{agent="codex",queue="receipt-codex"} 3.0' in worker
     # Queue depth: active jobs only, exported by worker-control alone.
     assert (await store.get_job(waiting.job_id)).status == "queued"  # type: ignore[union-attr]
