@@ -17,9 +17,11 @@ LEGACY_JOB_DRIVER_WORKFLOW = "JobDriverWorkflow"
 # roles so attempts started by an older driver drain (see workflows/attempt.py).
 JOB_ATTEMPT_WORKFLOW = "JobAttemptWorkflow"
 WATCHDOG_TICK_WORKFLOW = "WatchdogTickWorkflow"
+SCHEDULE_FIRE_WORKFLOW = "ScheduleFireWorkflow"
 
 # Activities.
 EXECUTE_ATTEMPT = "execute_attempt"
 PREPARE_DELIVERY = "prepare_delivery"
 POST_CALLBACKS = "post_callbacks"
 ENQUEUE_WATCHDOG = "enqueue_watchdog"
+FIRE_SCHEDULE = "fire_schedule"

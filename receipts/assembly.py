@@ -15,13 +15,14 @@ from typing import Any
 from receipts.agent_jobs.projection import AGENT_JOBS
 from receipts.objectives.store import CONTROL_OUTBOX, OBJECTIVES
 from receipts.projections import JOBS, Projection
+from receipts.schedules.store import SCHEDULES
 from receipts.store import SettlementPolicy, Store
 
 log = logging.getLogger("receipts.assembly")
 
 # Run in every job append, in this order.
 POLICIES: tuple[SettlementPolicy, ...] = (CONTROL_OUTBOX,)
-PROJECTIONS: tuple[Projection[Any], ...] = (JOBS, OBJECTIVES, AGENT_JOBS)
+PROJECTIONS: tuple[Projection[Any], ...] = (JOBS, OBJECTIVES, AGENT_JOBS, SCHEDULES)
 
 
 async def open_store(url: str, **pool: Any) -> Store:

@@ -334,3 +334,21 @@ CONSOLE_SESSIONS_REFUSED = Counter(
     "Console cookies refused, by reason: unknown (or signed out), expired, idle, revoked_token.",
     ["reason"],
 )
+
+SCHEDULE_CHANGES = Counter(
+    "receipt_schedule_changes",
+    "Schedule definitions written, by action: created, changed (incl. pause, resume), deleted.",
+    ["action"],
+)
+SCHEDULE_FIRINGS = Counter(
+    "receipt_schedule_firings",
+    "Schedule firings, by outcome: enqueued, skipped (overlap), repeated (a doubled firing), "
+    "none (paused or deleted before the sync caught up).",
+    ["outcome"],
+)
+SCHEDULE_SYNCS = Counter(
+    "receipt_schedule_syncs",
+    "Temporal Schedules written by worker-control's schedule sync, by action: created, updated, "
+    "deleted, restored (Temporal had lost it), failed.",
+    ["action"],
+)

@@ -2,7 +2,8 @@
 is written only in the transaction of the receipts that change a row (`Tx.append_job` for a
 job, `Projection.put` for the others), and is rebuilt or verified from the chain here
 (`receipt rebuild-projections`). Each aggregate declares its own: `JOBS` here (the store writes
-it), `OBJECTIVES` in receipts/objectives/store.py, `AGENT_JOBS` in receipts/agent_jobs/projection.py;
+it), `OBJECTIVES` in receipts/objectives/store.py, `AGENT_JOBS` in receipts/agent_jobs/projection.py,
+`SCHEDULES` in receipts/schedules/store.py;
 receipts/assembly.py lists them all."""
 
 from __future__ import annotations

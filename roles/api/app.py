@@ -35,7 +35,7 @@ from roles.api.docs import install_docs
 from roles.api.documented import DOCUMENTED
 from roles.api.errors import install_error_handlers
 from roles.api.request_metrics import RequestMetrics
-from roles.api.routes import agent_jobs, health, jobs, objectives, retry, sessions
+from roles.api.routes import agent_jobs, health, jobs, objectives, retry, schedules, sessions
 from roles.api.routes.retry import BulkRetryBody
 from roles.api.schema import CommandBody, EnqueueBody
 from roles.infra.db import migrate_url, open_store, resolve_url
@@ -57,6 +57,7 @@ def routers() -> list[APIRouter]:
         agent_jobs.router,
         sessions.router,
         objectives.router,
+        schedules.router,
     ]
 
 

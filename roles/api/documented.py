@@ -83,6 +83,35 @@ class ObjectiveCancelBody(_Body):
     reason: str | None = None
 
 
+class ScheduleBody(_Body):
+    """`POST /schedules`: when it fires (a five-field `cron` in `timezone`, or an `interval` such
+    as `15m`), the enqueue body each firing posts to `agentId` (its job id is
+    `<scheduleId>:<fire time>`), and what a firing does while the previous job is still active."""
+
+    schedule_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._@-]{1,120}$")
+    cron: str | None = Field(default=None, examples=["*/15 * * * *", "0 9 * * mon-fri"])
+    interval: str | None = Field(default=None, pattern=r"^\d+[smhd]$", examples=["30s", "1h"])
+    timezone: str = Field(default="UTC", examples=["Europe/Paris"])
+    agent_id: str = Field(min_length=1)
+    job: dict[str, Any] = Field(description="The enqueue body (as POST /agents/{agentId}/jobs)")
+    overlap: Literal["skip", "allow", "cancel_previous"] = "skip"
+    paused: bool = False
+
+
+class SchedulePatchBody(_Body):
+    """`PATCH /schedules/{scheduleId}`: pause or resume it, or change when it fires or what;
+    a field left out keeps its value (`cron` and `interval` replace each other)."""
+
+    paused: bool | None = None
+    note: str | None = Field(default=None, max_length=1000)
+    cron: str | None = None
+    interval: str | None = Field(default=None, pattern=r"^\d+[smhd]$")
+    timezone: str | None = None
+    agent_id: str | None = Field(default=None, min_length=1)
+    job: dict[str, Any] | None = None
+    overlap: Literal["skip", "allow", "cancel_previous"] | None = None
+
+
 class JobStreamEnd(BaseModel):
     """The data of a job stream's `end` event: the job is terminal."""
 
@@ -107,6 +136,8 @@ class AgentJobStreamEnd(BaseModel):
 DOCUMENTED: tuple[type[BaseModel], ...] = (
     ObjectiveBody,
     ObjectiveCancelBody,
+    ScheduleBody,
+    SchedulePatchBody,
     JobStreamEnd,
     ObjectiveStreamEnd,
     AgentJobStreamEnd,

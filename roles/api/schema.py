@@ -20,6 +20,7 @@ from receipts.enqueue import EnqueueBody, choice_field
 from receipts.jobs import COMMAND_TYPES, LANES, SINGLETON_MODES, Command, Job
 from receipts.kinds import CONTRACTS, KINDS, contract_queue, has_handler, redact_payload, route
 from receipts.objectives.model import ObjectiveState, ObjectiveStatus, TaskState
+from receipts.schedules.model import Firing, ScheduleState
 from receipts.tenancy import caller_id, untagged
 
 __all__ = ["CommandBody", "EnqueueBody"]
@@ -143,6 +144,28 @@ class ObjectiveList(_Doc):
     next_cursor: str | None
 
 
+class ScheduleRun(Firing):
+    """One recent firing: its fire time, what it came to and its job's status now."""
+
+    job_status: Literal[jobmodel.STATUSES] | None = None  # type: ignore[valid-type]
+
+
+class ScheduleView(ScheduleState):
+    """A schedule: its definition, whether it is paused, its next fire times (none while paused)
+    and its last firings with their jobs."""
+
+    next_fire_times: list[datetime]
+    last_runs: list[ScheduleRun]
+    stream: str
+
+
+class ScheduleList(_Doc):
+    """One page of schedules, newest first; pass `nextCursor` as `cursor` for the next page."""
+
+    schedules: list[ScheduleView]
+    next_cursor: str | None
+
+
 class ObjectiveAccepted(_Doc):
     """The answer to an objective's creation: its id, its `factory.run` job (new, or the existing
     one for a re-post) and where to follow it."""
@@ -167,6 +190,8 @@ class ObjectiveTaskView(TaskState):
 class ObjectiveView(ObjectiveState):
     """The folded objective: phase, task graph, each task's status, tries and job."""
 
+    # Kept with the state for the jobs it enqueues, not shown: their `traceId` is its trace.
+    traceparent: SkipJsonSchema[str | None] = Field(default=None, exclude=True)
     tasks: tuple[ObjectiveTaskView, ...] = ()
     stream: str
 

@@ -53,6 +53,8 @@ class ApiSettings(ReceiptSettings):
     org_max_queued: int = Field(default=1000, ge=1, alias="RECEIPT_ORG_MAX_QUEUED")
     org_max_active: int = Field(default=2000, ge=1, alias="RECEIPT_ORG_MAX_ACTIVE")
     max_timeout_ms: int = Field(default=3_600_000, ge=1, alias="RECEIPT_MAX_TIMEOUT_MS")
+    org_max_schedules: int = Field(default=100, ge=1, alias="RECEIPT_ORG_MAX_SCHEDULES")
+    schedule_min_interval_s: int = Field(default=60, ge=1, alias="RECEIPT_SCHEDULE_MIN_INTERVAL_S")
     org_executables: dict[str, list[str]] = Field(
         default_factory=dict, alias="RECEIPT_ORG_EXECUTABLES"
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from temporalio.service import RPCError
 
@@ -12,6 +14,7 @@ from activities import sandbox, sandbox_etc
 from activities.gateway import Gateway
 from activities.handlers.registry import default_handlers
 from activities.handlers.sdk import Installed
+from activities.schedules import ScheduleActivities
 from activities.watchdog_tick import WatchdogActivities
 from receipts.kinds import QUEUE_CODEX
 from roles.delivery.agent_jobs import AgentJobDispatcher
@@ -27,10 +30,12 @@ from roles.delivery.loops import (
 )
 from roles.delivery.retention import RetentionLoop
 from roles.delivery.runtime import attempt_worker, driver_worker
+from roles.delivery.schedules import SYNC_INTERVAL_MS, ScheduleSync
 from roles.delivery.starter import DriverStarter
 from roles.delivery.watchdog_schedule import ensure_watchdog_schedule
 from roles.infra.process import Runtime, run_until
 from roles.infra.temporal import ensure_search_attributes
+from workflows.schedule_fire import ScheduleFireWorkflow
 from workflows.watchdog_tick import WatchdogTickWorkflow
 
 log = logging.getLogger("roles.delivery.serve")
@@ -97,7 +102,8 @@ async def run_attempt_worker(
     installed: Installed,
 ) -> None:
     """Run the attempt worker of `queue` until `stop`, then drain it. With `watchdog` it also
-    keeps the watchdog Schedule and runs its tick; with `sandboxed` (its jobs run commands) it
+    keeps the watchdog Schedule and runs its tick, and keeps the organizations' schedules in
+    Temporal and runs their firings; with `sandboxed` (its jobs run commands) it
     first logs how the sandbox confines them, serves the AI gateway its agent turns call models
     through (activities/gateway.py), and at its clean stop removes its /etc views.
 
@@ -120,10 +126,16 @@ async def run_attempt_worker(
         await stop.wait()
         return
     workflows: list[type] = []
-    activities = []
+    activities: list[Callable[..., Awaitable[Any]]] = []
     if watchdog:
         workflows.append(WatchdogTickWorkflow)
         activities.append(WatchdogActivities(runtime.store).enqueue_watchdog)
+        # The organizations' schedules: their firings, and the sync that keeps a Temporal
+        # Schedule per schedule (roles/delivery/schedules.py).
+        workflows.append(ScheduleFireWorkflow)
+        activities.append(ScheduleActivities(runtime.store).fire_schedule)
+        sync = ScheduleSync(runtime.client, runtime.store, runtime.settings.core)
+        runtime.spawn(Ticker(sync.name, sync.run_once, SYNC_INTERVAL_MS).run(), sync.name)
         try:
             await ensure_watchdog_schedule(
                 runtime.client, runtime.settings.core, runtime.settings.watchdog

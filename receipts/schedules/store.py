@@ -1,0 +1,390 @@
+"""Schedules' persistence: their definitions validated and appended to `schedules/<id>` with the
+projection row, each firing's job enqueued (idempotent by `<scheduleId>:<fire time>`), and what
+the Temporal sync reads and marks."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from receipts import metrics
+from receipts import operations as ops
+from receipts.enqueue import EnqueueRequest, enqueue_in, parse_enqueue
+from receipts.errors import ConflictError, InvalidInput
+from receipts.jobs import TERMINAL_STATUSES
+from receipts.kinds import CONTRACTS
+from receipts.objectives import store as objectives
+from receipts.projections import Projection
+from receipts.reads import Page, Position, Viewer, page, seen_by
+from receipts.schedules import cron
+from receipts.schedules.model import (
+    OVERLAPS,
+    ScheduleState,
+    definition_data,
+    fold,
+    schedule_stream,
+)
+from receipts.store import Draft, Store, Tx, translate_errors
+from receipts.tenancy import caller_id, scoped_id
+
+log = logging.getLogger("receipts.schedules")
+
+SCHEDULES = Projection("schedules", ScheduleState, fold, "schedule_upsert", noun="schedule ")
+NEXT_FIRE_TIMES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The operator's bounds on schedules: the shortest interval, and schedules per organization."""
+
+    min_interval_s: int = 60
+    max_per_organization: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Definition:
+    """A validated definition: when it fires, the job each firing enqueues, the overlap policy."""
+
+    cron: str | None
+    interval_s: int | None
+    timezone: str
+    agent_id: str
+    job: dict[str, Any]
+    overlap: str
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "cron": self.cron,
+            "intervalS": self.interval_s,
+            "timezone": self.timezone,
+            "agentId": self.agent_id,
+            "job": self.job,
+            "overlap": self.overlap,
+        }
+
+
+def fire_id(fire_time: datetime) -> str:
+    """The fire time in a job id: `20261204T171500Z`."""
+    return fire_time.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def job_id_of(caller_schedule_id: str, fire_time: datetime) -> str:
+    """The id (the organization's) of the job the firing at `fire_time` enqueues."""
+    return f"{caller_schedule_id}:{fire_id(fire_time)}"
+
+
+def validate(
+    fields: Mapping[str, Any], organization_id: str | None, limits: Limits, *, admin: bool
+) -> tuple[Definition, EnqueueRequest]:
+    """Validate a definition's fields (`cron` or `interval`, `timezone`, `agentId`, `job`,
+    `overlap`); raise InvalidInput naming the field. Returns it and the request a firing makes
+    (its job id a placeholder), for the caller's admission checks."""
+    has_cron, has_interval = fields.get("cron") is not None, fields.get("interval") is not None
+    if has_cron == has_interval:
+        raise InvalidInput("cron", "give exactly one of cron (e.g. '*/5 * * * *') and interval")
+    timezone = fields.get("timezone") or "UTC"
+    if not isinstance(timezone, str):
+        raise InvalidInput("timezone", "timezone must be an IANA time zone name (e.g. UTC)")
+    try:
+        cron.zone(timezone)
+    except cron.SpecError as exc:
+        raise InvalidInput("timezone", str(exc)) from None
+    interval_s = None
+    expression = fields.get("cron")
+    try:
+        if has_cron:
+            if not isinstance(expression, str):
+                raise cron.SpecError("cron must be a string")
+            cron.parse_cron(expression)
+            if not cron.next_times(
+                cron=expression,
+                interval_s=None,
+                timezone=timezone,
+                after=datetime.now(UTC),
+                count=1,
+            ):
+                raise cron.SpecError(f"{expression!r} matches no time in the next five years")
+        else:
+            interval = fields["interval"]
+            if not isinstance(interval, str):
+                raise cron.SpecError("interval must be a string such as '30s', '15m' or '1h'")
+            interval_s = cron.parse_interval(interval, limits.min_interval_s)
+    except cron.SpecError as exc:
+        raise InvalidInput("cron" if has_cron else "interval", str(exc)) from None
+    overlap = fields.get("overlap") or "skip"
+    if overlap not in OVERLAPS:
+        raise InvalidInput("overlap", f"overlap must be one of {', '.join(OVERLAPS)}", OVERLAPS)
+    agent_id = fields.get("agentId")
+    job = fields.get("job")
+    if not isinstance(job, Mapping):
+        raise InvalidInput("job", "job must be the enqueue body each firing posts (an object)")
+    if "jobId" in job:
+        raise InvalidInput("job.jobId", "job.jobId is set by each firing: <scheduleId>:<time>")
+    try:
+        request = parse_enqueue(agent_id if isinstance(agent_id, str) else "", job)
+    except InvalidInput as exc:
+        field = exc.field if exc.field == "agentId" else f"job.{exc.field}"
+        raise InvalidInput(field, exc.message, exc.allowed) from None
+    if not admin and request.organization_id != organization_id:
+        raise InvalidInput(
+            "job.payload.authContext.organizationId",
+            "job.payload.authContext.organizationId must be the token's organization",
+        )
+    definition = Definition(
+        cron=expression if has_cron else None,
+        interval_s=interval_s,
+        timezone=timezone,
+        agent_id=str(agent_id),
+        job=dict(job),
+        overlap=overlap,
+    )
+    return definition, request
+
+
+async def get(store: Store, schedule_id: str) -> ScheduleState | None:
+    """The schedule's folded state from the projection, or None."""
+    with translate_errors():
+        row = await store.fetch_one("schedule_get", {"schedule_id": schedule_id})
+    return ScheduleState.model_validate(row[0]) if row else None
+
+
+async def _load(tx: Tx, schedule_id: str) -> ScheduleState | None:
+    row = await tx.fetch_one("schedule_get", {"schedule_id": schedule_id})
+    return ScheduleState.model_validate(row[0]) if row else None
+
+
+async def _append(
+    tx: Tx, state: ScheduleState | None, stream: str, drafts: list[Draft]
+) -> ScheduleState:
+    receipts = await tx.append(stream, drafts, expected_seq=state.seq if state else 0)
+    new = fold(receipts, state)
+    assert new is not None
+    await SCHEDULES.put(tx, new)
+    return new
+
+
+async def create(
+    store: Store,
+    organization_id: str | None,
+    caller_schedule_id: str,
+    definition: Definition,
+    limits: Limits,
+    *,
+    paused: bool = False,
+) -> tuple[ScheduleState, bool]:
+    """Create the schedule and return it with `True`; a re-post of the same definition returns
+    it unchanged with `False`. Raises ConflictError for another definition under its id, or a
+    deleted schedule's id (ids are not reused: a firing's job id names the schedule), and
+    LimitReached when the organization holds its cap of schedules; nothing is written then."""
+    schedule_id = scoped_id(organization_id, caller_schedule_id)
+    stream = schedule_stream(schedule_id)
+
+    async def work(tx: Tx) -> tuple[ScheduleState, bool]:
+        await tx.lock_streams([stream])
+        existing = await _load(tx, schedule_id)
+        if existing is not None:
+            same = definition_data(existing) == definition.data()
+            if existing.terminal or not same:
+                raise ConflictError(
+                    f"schedule {caller_schedule_id} already exists"
+                    + (" (deleted: schedule ids are not reused)" if existing.terminal else "")
+                    + " with another definition" * (not existing.terminal)
+                )
+            return existing, False
+        row = await tx.fetch_one("schedules_live_count", {"organization_id": organization_id})
+        if row is not None and int(row[0]) >= limits.max_per_organization:
+            raise LimitReached(
+                f"the organization has {row[0]} schedules (RECEIPT_ORG_MAX_SCHEDULES)"
+            )
+        data = {
+            "scheduleId": schedule_id,
+            "callerScheduleId": caller_schedule_id,
+            "organizationId": organization_id,
+            "paused": paused,
+            **definition.data(),
+        }
+        return await _append(tx, None, stream, [Draft("schedule.created", data)]), True
+
+    with translate_errors():
+        state, created = await store.in_transaction(work)
+    if created:
+        metrics.SCHEDULE_CHANGES.labels("created").inc()
+        log.info(
+            "schedule created",
+            extra={"event": "schedule.created", "scheduleId": schedule_id},
+        )
+    return state, created
+
+
+class LimitReached(Exception):
+    """The organization holds its cap of schedules; nothing was written."""
+
+
+async def change(
+    store: Store,
+    schedule_id: str,
+    *,
+    definition: Definition | None = None,
+    paused: bool | None = None,
+    note: str = "",
+    delete: bool = False,
+) -> ScheduleState | None:
+    """Change, pause, resume or delete a schedule (None when it does not exist or was deleted).
+    Only what differs is recorded: a pause of a paused schedule writes nothing."""
+    stream = schedule_stream(schedule_id)
+
+    async def work(tx: Tx) -> ScheduleState | None:
+        await tx.lock_streams([stream])
+        state = await _load(tx, schedule_id)
+        if state is None or state.terminal:
+            return None
+        drafts: list[Draft] = []
+        if delete:
+            drafts.append(Draft("schedule.deleted", {}))
+        else:
+            if definition is not None and definition.data() != definition_data(state):
+                drafts.append(Draft("schedule.changed", definition.data()))
+            if paused is True and state.status != "paused":
+                drafts.append(Draft("schedule.paused", {"note": note}))
+            if paused is False and state.status == "paused":
+                drafts.append(Draft("schedule.resumed", {}))
+        if not drafts:
+            return state
+        return await _append(tx, state, stream, drafts)
+
+    with translate_errors():
+        state = await store.in_transaction(work)
+    if state is not None:
+        action = "deleted" if delete else "changed"
+        metrics.SCHEDULE_CHANGES.labels(action).inc()
+        log.info(
+            "schedule %s", action, extra={"event": f"schedule.{action}", "scheduleId": schedule_id}
+        )
+    return state
+
+
+async def schedules_page(
+    store: Store, viewer: Viewer, *, after: Position | None, limit: int
+) -> Page[ScheduleState]:
+    """A page of the schedules `viewer` may see (not deleted), newest first."""
+    params = seen_by(viewer, after, "schedule_id")
+    states, more = await page(store, "api_list_schedules", params, limit)
+    return Page([ScheduleState.model_validate(s) for s in states], more)
+
+
+async def firing_request(store: Store, state: ScheduleState, fire_time: datetime) -> EnqueueRequest:
+    """The enqueue the firing at `fire_time` makes: the stored body with the job id
+    `<scheduleId>:<fire time>`, scoped (job id and objective id) by the schedule's organization."""
+    body = {**state.job, "jobId": job_id_of(state.caller_schedule_id, fire_time)}
+    request = parse_enqueue(state.agent_id, body)
+    payload = request.payload
+    objective_id = payload.get("objectiveId")
+    contract = CONTRACTS[request.kind]
+    if isinstance(objective_id, str) and contract.objective_scoped:
+        existing = contract.objective_required and request.kind != "factory.run"
+        runtime = await objectives.runtime_id(
+            store, state.organization_id, objective_id, existing=existing
+        )
+        payload = {**payload, "objectiveId": runtime}
+    return dataclasses.replace(
+        request,
+        payload=payload,
+        organization_id=state.organization_id,
+        job_id=scoped_id(state.organization_id, str(body["jobId"])),
+    )
+
+
+async def fire(store: Store, schedule_id: str, fire_time: datetime) -> str:
+    """Enqueue the job of the firing at `fire_time` (Temporal's scheduled time) unless the
+    overlap policy says otherwise; return what it came to: `enqueued`, `skipped`, `repeated` (this
+    fire time was already handled: a doubled firing is one job) or `none` (the schedule is
+    paused, deleted or gone: Temporal fired before the sync caught up)."""
+    state = await get(store, schedule_id)
+    if state is None or state.status != "active":
+        return "none"
+    if state.firing_at(fire_time) is not None:
+        return "repeated"
+    previous = await store.get_job(state.last_job_id) if state.last_job_id else None
+    running = previous is not None and previous.status not in TERMINAL_STATUSES
+    canceled: str | None = None
+    if running and state.overlap == "cancel_previous" and previous is not None:
+        await ops.add_command(
+            store,
+            previous.job_id,
+            type="abort",
+            reason=f"schedule {state.caller_schedule_id} fired again at {fire_time.isoformat()}",
+            check_organization=False,
+            command_id=f"schedule:{schedule_id}:{fire_id(fire_time)}",
+        )
+        canceled = previous.job_id
+    request = await firing_request(store, state, fire_time)
+    stream = schedule_stream(schedule_id)
+
+    async def work(tx: Tx) -> str:
+        await tx.lock_streams([stream])
+        current = await _load(tx, schedule_id)
+        if current is None or current.status != "active":
+            return "none"
+        if current.firing_at(fire_time) is not None:
+            return "repeated"
+        at = fire_time.isoformat()
+        if running and current.overlap == "skip" and previous is not None:
+            draft = Draft("schedule.skipped", {"fireTime": at, "runningJobId": previous.job_id})
+            await _append(tx, current, stream, [draft])
+            return "skipped"
+        result = await enqueue_in(tx, request)
+        data: dict[str, Any] = {"fireTime": at, "jobId": result.job.job_id}
+        if canceled is not None:
+            data["canceledJobId"] = canceled
+        await _append(tx, current, stream, [Draft("schedule.fired", data)])
+        return "enqueued"
+
+    with translate_errors():
+        outcome = await store.in_transaction(work)
+    metrics.SCHEDULE_FIRINGS.labels(outcome).inc()
+    log.info(
+        "schedule fired: %s",
+        outcome,
+        extra={
+            "event": "schedule.fired",
+            "scheduleId": schedule_id,
+            "fireTime": fire_time.isoformat(),
+            "outcome": outcome,
+            "jobId": request.job_id if outcome == "enqueued" else None,
+        },
+    )
+    return outcome
+
+
+async def unsynced(store: Store, limit: int) -> list[tuple[ScheduleState, int]]:
+    """Schedules whose Temporal Schedule does not match yet, with the seq to mark once it does."""
+    with translate_errors():
+        rows = await store.fetch("schedules_unsynced", {"limit": limit})
+    return [(ScheduleState.model_validate(row[0]), int(row[1])) for row in rows]
+
+
+async def mark_synced(store: Store, schedule_id: str, seq: int) -> None:
+    async with store.transaction() as tx:
+        await tx.execute("schedule_synced", {"schedule_id": schedule_id, "seq": seq})
+
+
+async def live_ids(store: Store) -> set[str]:
+    """Every schedule Temporal should hold (active or paused)."""
+    with translate_errors():
+        rows = await store.fetch("schedules_live", {})
+    return {str(row[0]) for row in rows}
+
+
+async def resync(store: Store, schedule_ids: list[str]) -> None:
+    """Have the sync write these schedules to Temporal again (Temporal lost them)."""
+    async with store.transaction() as tx:
+        await tx.execute("schedules_resync", {"schedule_ids": schedule_ids})
+
+
+def shown_id(state: ScheduleState) -> str:
+    """The id the schedule's organization knows it by."""
+    return caller_id(state.schedule_id)

@@ -1,0 +1,63 @@
+-- Schedules (receipts/schedules/): the projection's statements, the API's page, the sync's.
+
+-- name: schedule_upsert
+-- The projection row of a folded schedule (keeps synced_seq: only the sync writes it).
+INSERT INTO schedules (schedule_id, seq, organization_id, status, definition_seq, created_at,
+                       updated_at, state)
+VALUES (%(schedule_id)s, %(seq)s, %(organization_id)s, %(status)s, %(definition_seq)s,
+        %(created_at)s, %(updated_at)s, %(state)s)
+ON CONFLICT (schedule_id) DO UPDATE
+SET seq = EXCLUDED.seq, status = EXCLUDED.status, definition_seq = EXCLUDED.definition_seq,
+    updated_at = EXCLUDED.updated_at, state = EXCLUDED.state;
+
+-- name: schedule_get
+SELECT state FROM schedules WHERE schedule_id = %(schedule_id)s;
+
+-- name: schedules_live_count
+-- An organization's schedules (deleted ones do not count), for its cap.
+SELECT count(*) FROM schedules
+WHERE organization_id IS NOT DISTINCT FROM %(organization_id)s::text AND status <> 'deleted';
+
+-- name: api_list_schedules
+-- One page of schedules (not deleted), newest first, keyset-paginated on (created_at, schedule_id).
+SELECT state
+FROM schedules
+WHERE status <> 'deleted'
+  AND (%(all_organizations)s::boolean OR organization_id = %(caller_organization_id)s::text)
+  AND (%(before_created_at)s::timestamptz IS NULL
+       OR (created_at, schedule_id)
+          < (%(before_created_at)s::timestamptz, %(before_schedule_id)s::text))
+ORDER BY created_at DESC, schedule_id DESC
+LIMIT %(limit)s;
+
+-- name: schedules_unsynced
+-- The schedules whose Temporal Schedule does not match their definition yet, oldest change first.
+SELECT state, definition_seq FROM schedules
+WHERE synced_seq < definition_seq
+ORDER BY updated_at
+LIMIT %(limit)s;
+
+-- name: schedule_synced
+-- The Temporal Schedule matches the definition up to `seq` (never moves backwards).
+UPDATE schedules SET synced_seq = %(seq)s
+WHERE schedule_id = %(schedule_id)s AND synced_seq < %(seq)s;
+
+-- name: schedules_live
+-- Every schedule Temporal should hold (active or paused), for the check that it still does.
+SELECT schedule_id FROM schedules WHERE status <> 'deleted';
+
+-- name: schedules_resync
+-- Temporal lost these schedules: write them again at the sync's next pass.
+UPDATE schedules SET synced_seq = 0 WHERE schedule_id = ANY(%(schedule_ids)s::text[]);
+
+-- name: schedules_lock
+LOCK TABLE schedules IN EXCLUSIVE MODE;
+
+-- name: schedules_share_lock
+LOCK TABLE schedules IN SHARE MODE;
+
+-- name: schedules_clear
+DELETE FROM schedules;
+
+-- name: schedules_states
+SELECT schedule_id, state FROM schedules;

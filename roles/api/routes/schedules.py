@@ -1,0 +1,242 @@
+"""Schedule routes: create, list, show, change (pause, resume, redefine) and delete the recurring
+jobs of an organization. Each firing enqueues `<scheduleId>:<fire time>` through the ordinary
+enqueue path (receipts/schedules/store.py); worker-control keeps a Temporal Schedule per schedule
+(roles/delivery/schedules.py).
+
+Tenant rules are the jobs': a caller sees and changes only its organization's schedules
+(another organization's is 404); admin sees all. Creating or changing one needs `jobs:write`,
+and `commands:run` when its job runs commands, as enqueueing that job would.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from receipts.enqueue import EnqueueRequest
+from receipts.errors import ConflictError
+from receipts.schedules import cron
+from receipts.schedules import store as schedules
+from receipts.schedules.model import ScheduleState, definition_data, schedule_stream
+from receipts.store import Store
+from receipts.tenancy import scoped_id, untagged
+from roles.api.admission import check_command_rights, check_gateway
+from roles.api.auth import JOBS_READ, JOBS_WRITE, Principal
+from roles.api.body import decode_cursor, encode_cursor, read_json_body, validated
+from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
+from roles.api.deps import takes_query as _takes_query
+from roles.api.documented import ScheduleBody, SchedulePatchBody
+from roles.api.errors import too_many
+from roles.api.schema import ScheduleList, ScheduleView, errors_documented, json_body_documented
+
+router = APIRouter(tags=["schedules"])
+ScheduleId = Annotated[str, Path(alias="scheduleId", description="The schedule id")]
+
+
+def _limits(state: ApiState) -> schedules.Limits:
+    settings = state.settings
+    return schedules.Limits(
+        min_interval_s=settings.schedule_min_interval_s,
+        max_per_organization=settings.org_max_schedules,
+    )
+
+
+def _admitted(
+    state: ApiState, caller: Principal, fields: dict[str, Any]
+) -> tuple[schedules.Definition, EnqueueRequest]:
+    """The definition, validated as its firings' enqueues would be (rights, gateway)."""
+    definition, request = schedules.validate(
+        fields, caller.organization_id, _limits(state), admin=caller.admin
+    )
+    check_command_rights(caller, state.settings, definition.agent_id, request)
+    check_gateway(state.settings, request)
+    return definition, request
+
+
+async def _visible(state: ApiState, caller: Principal, schedule_id: str) -> ScheduleState:
+    """The schedule the caller names `schedule_id` (an organization names its own; an admin
+    names runtime ids); 404 for one it may not see or that was deleted."""
+    require_scope(caller, JOBS_READ)
+    runtime = schedule_id if caller.admin else scoped_id(caller.organization_id, schedule_id)
+    schedule = await schedules.get(state.require_store(), runtime)
+    if schedule is None or schedule.terminal or not caller.sees(schedule.organization_id):
+        raise ApiError(404, "not_found", f"no schedule {schedule_id!r}", field="scheduleId")
+    return schedule
+
+
+async def schedule_view(store: Store, schedule: ScheduleState) -> dict[str, Any]:
+    """The schedule with its next fire times and its last firings' job statuses."""
+    view = schedule.to_json()
+    view["nextFireTimes"] = (
+        [
+            t.isoformat()
+            for t in cron.next_times(
+                cron=schedule.cron,
+                interval_s=schedule.interval_s,
+                timezone=schedule.timezone,
+                after=datetime.now(UTC),
+                count=schedules.NEXT_FIRE_TIMES,
+            )
+        ]
+        if schedule.status == "active"
+        else []
+    )
+    runs = []
+    for firing in view["recent"]:
+        job = await store.get_job(firing["jobId"]) if firing.get("jobId") else None
+        runs.append({**firing, "jobStatus": job.status if job else None})
+    view["lastRuns"] = runs
+    view["stream"] = schedule_stream(schedule.schedule_id)
+    return view
+
+
+def _shown(caller: Principal, view: Any) -> Any:
+    """A view as the caller sees it: an organization's ids without the runtime's tag."""
+    if caller.admin or caller.organization_id is None:
+        return view
+    return untagged(view, caller.organization_id)
+
+
+@router.post(
+    "/schedules",
+    status_code=201,
+    response_model=ScheduleView,
+    responses={
+        200: {"model": ScheduleView, "description": "The same definition, posted before"},
+        **errors_documented(400, 401, 403, 409, 413, 422, 429, 503),
+    },
+    dependencies=[_takes_query()],
+    openapi_extra=json_body_documented("ScheduleBody"),
+)
+async def post_schedule(request: Request, state: State, caller: Caller) -> JSONResponse:
+    """Create a schedule (201); a re-post of the same definition under its id answers 200 with
+    it, another definition 409. A cron expression, interval or time zone that cannot be used is
+    refused (422 naming the field and why), as is a job its firings could not enqueue."""
+    require_scope(caller, JOBS_WRITE)
+    body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
+    spec = validated(ScheduleBody, body)
+    definition, _ = _admitted(state, caller, body)
+    organization = caller.organization_id
+    if organization is None:
+        organization = (
+            (body["job"].get("payload") or {}).get("authContext", {}).get("organizationId")
+        )
+    try:
+        schedule, created = await schedules.create(
+            state.require_store(),
+            organization,
+            spec.schedule_id or f"sch-{uuid.uuid4().hex[:12]}",
+            definition,
+            _limits(state),
+            paused=spec.paused,
+        )
+    except schedules.LimitReached as exc:
+        raise too_many(str(exc), 60) from None
+    except ConflictError as exc:
+        raise ApiError(409, "conflict", str(exc), field="scheduleId") from None
+    view = _shown(caller, await schedule_view(state.require_store(), schedule))
+    return JSONResponse(view, status_code=201 if created else 200)
+
+
+@router.get(
+    "/schedules",
+    response_model=ScheduleList,
+    responses=errors_documented(401, 422, 503),
+    dependencies=[_takes_query("limit", "cursor")],
+)
+async def list_schedules(
+    state: State,
+    caller: Caller,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=1000)] = None,
+) -> JSONResponse:
+    """The caller's schedules, newest first, one page at a time (keyset cursor)."""
+    require_scope(caller, JOBS_READ)
+    store = state.require_store()
+    page = await schedules.schedules_page(store, caller, after=decode_cursor(cursor), limit=limit)
+    last = page.items[-1] if page.more else None
+    return JSONResponse(
+        {
+            "schedules": [_shown(caller, await schedule_view(store, s)) for s in page.items],
+            "nextCursor": encode_cursor(last.created_at, last.schedule_id) if last else None,
+        }
+    )
+
+
+@router.get(
+    "/schedules/{scheduleId}",
+    response_model=ScheduleView,
+    responses=errors_documented(401, 404, 422, 503),
+    dependencies=[_takes_query()],
+)
+async def get_schedule(state: State, caller: Caller, schedule_id: ScheduleId) -> JSONResponse:
+    """The schedule: definition, status, next fire times, last firings and their jobs."""
+    schedule = await _visible(state, caller, schedule_id)
+    return JSONResponse(_shown(caller, await schedule_view(state.require_store(), schedule)))
+
+
+@router.patch(
+    "/schedules/{scheduleId}",
+    response_model=ScheduleView,
+    responses=errors_documented(400, 401, 403, 404, 413, 422, 503),
+    dependencies=[_takes_query()],
+    openapi_extra=json_body_documented("SchedulePatchBody"),
+)
+async def patch_schedule(
+    request: Request, state: State, caller: Caller, schedule_id: ScheduleId
+) -> JSONResponse:
+    """Pause (`paused: true`, with an optional `note`), resume (`paused: false`) or change it;
+    only what differs is recorded. A changed definition is validated as at create."""
+    require_scope(caller, JOBS_WRITE)
+    body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
+    patch = validated(SchedulePatchBody, body)
+    schedule = await _visible(state, caller, schedule_id)
+    definition = None
+    changing = {k: v for k, v in body.items() if k not in ("paused", "note")}
+    if changing:
+        current = definition_data(schedule)
+        fields: dict[str, Any] = {
+            "cron": current["cron"],
+            "interval": f"{current['intervalS']}s" if current["intervalS"] else None,
+            "timezone": current["timezone"],
+            "agentId": current["agentId"],
+            "job": current["job"],
+            "overlap": current["overlap"],
+        }
+        if "cron" in changing:
+            fields["interval"] = None
+        if "interval" in changing:
+            fields["cron"] = None
+        fields.update(changing)
+        definition, _ = _admitted(state, caller, fields)
+    changed = await schedules.change(
+        state.require_store(),
+        schedule.schedule_id,
+        definition=definition,
+        paused=patch.paused,
+        note=patch.note or "",
+    )
+    if changed is None:
+        raise ApiError(404, "not_found", f"no schedule {schedule_id!r}", field="scheduleId")
+    return JSONResponse(_shown(caller, await schedule_view(state.require_store(), changed)))
+
+
+@router.delete(
+    "/schedules/{scheduleId}",
+    status_code=204,
+    responses=errors_documented(401, 403, 404, 422, 503),
+    dependencies=[_takes_query()],
+)
+async def delete_schedule(state: State, caller: Caller, schedule_id: ScheduleId) -> Response:
+    """Delete the schedule (204): it fires no more; the jobs it enqueued are left as they are.
+    Its id is not reused."""
+    require_scope(caller, JOBS_WRITE)
+    schedule = await _visible(state, caller, schedule_id)
+    deleted = await schedules.change(state.require_store(), schedule.schedule_id, delete=True)
+    if deleted is None:
+        raise ApiError(404, "not_found", f"no schedule {schedule_id!r}", field="scheduleId")
+    return Response(status_code=204)

@@ -1,0 +1,213 @@
+"""worker-control's schedule sync: one Temporal Schedule per schedule, kept in line with the
+schedule's receipts (the chain is the record; Temporal only fires).
+
+Each pass writes the schedules whose definition changed since Temporal last matched it (create,
+update, pause, resume, delete; `synced_seq < definition_seq`, a partial index) and, every
+LOST_CHECK_S, lists Temporal's schedules to restore any the receipts hold and Temporal lost (a
+server restarted without its database). A rebuilt projection starts every `synced_seq` at 0, so
+`receipt rebuild-projections` also writes every schedule to Temporal again.
+
+The cron expression goes to Temporal as calendar specs built from the same parse the API
+validated with (receipts/schedules/cron.py): a cron whose two day fields are both restricted is
+two calendars (either day matches), as cron means it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleCalendarSpec,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleRange,
+    ScheduleSpec,
+    ScheduleState,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.names import SCHEDULE_FIRE_WORKFLOW
+from receipts import metrics
+from receipts.kinds import QUEUE_CONTROL
+from receipts.schedules import cron
+from receipts.schedules import model as schedule_model
+from receipts.schedules import store as schedules
+from receipts.settings import Settings
+from receipts.store import Store
+
+log = logging.getLogger("roles.delivery.schedules")
+
+SYNC_INTERVAL_MS = 2_000
+BATCH = 100
+LOST_CHECK_S = 30.0
+# A Temporal that was down fires what it missed in the last minute, not a year of it.
+CATCHUP_WINDOW = timedelta(minutes=1)
+FIRE_TIMEOUT = timedelta(minutes=5)
+ID_PREFIX = "receipt-schedule-"
+
+
+def temporal_id(settings: Settings, schedule_id: str) -> str:
+    """The Temporal Schedule's id of a schedule (prefixed like the task queues)."""
+    return f"{settings.task_queue_prefix}{ID_PREFIX}{schedule_id}"
+
+
+def _ranges(values: tuple[int, ...] | frozenset[int]) -> list[ScheduleRange]:
+    return [ScheduleRange(v) for v in sorted(values)]
+
+
+def spec_of(state: schedule_model.ScheduleState) -> ScheduleSpec:
+    """When the schedule fires, as Temporal's spec."""
+    if state.cron is None:
+        return ScheduleSpec(
+            intervals=[ScheduleIntervalSpec(every=timedelta(seconds=state.interval_s or 0))]
+        )
+    parsed = cron.parse_cron(state.cron)
+    every_day, every_weekday = [ScheduleRange(1, 31)], [ScheduleRange(0, 6)]
+    days, weekdays = _ranges(parsed.days), _ranges(parsed.weekdays)
+    if parsed.any_day or parsed.any_weekday:
+        day_fields = [(days, weekdays)]
+    else:  # both restricted: either day matches
+        day_fields = [(days, every_weekday), (every_day, weekdays)]
+    calendars = [
+        ScheduleCalendarSpec(
+            second=[ScheduleRange(0)],
+            minute=_ranges(parsed.minutes),
+            hour=_ranges(parsed.hours),
+            month=_ranges(parsed.months),
+            day_of_month=in_month,
+            day_of_week=in_week,
+        )
+        for in_month, in_week in day_fields
+    ]
+    return ScheduleSpec(calendars=calendars, time_zone_name=state.timezone)
+
+
+def build(settings: Settings, state: schedule_model.ScheduleState) -> Schedule:
+    """The Temporal Schedule of a schedule: at each fire time, `ScheduleFireWorkflow` on the
+    control queue (every firing starts; the overlap policy is the receipts' to apply)."""
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            SCHEDULE_FIRE_WORKFLOW,
+            state.schedule_id,
+            id=temporal_id(settings, state.schedule_id) + "-fire",
+            task_queue=settings.queue(QUEUE_CONTROL),
+            execution_timeout=FIRE_TIMEOUT,
+        ),
+        spec=spec_of(state),
+        policy=SchedulePolicy(
+            overlap=ScheduleOverlapPolicy.ALLOW_ALL, catchup_window=CATCHUP_WINDOW
+        ),
+        state=ScheduleState(paused=state.status == "paused", note=state.note or ""),
+    )
+
+
+@dataclass
+class SyncPass:
+    """What one pass wrote."""
+
+    created: int = 0
+    updated: int = 0
+    deleted: int = 0
+    restored: int = 0
+    failed: int = 0
+
+
+class ScheduleSync:
+    """`run_once`: write the changed schedules to Temporal; every LOST_CHECK_S also restore the
+    ones Temporal lost."""
+
+    name = "schedule_sync"
+
+    def __init__(self, client: Client, store: Store, settings: Settings) -> None:
+        self.client = client
+        self.store = store
+        self.settings = settings
+        self.checked_at = float("-inf")
+
+    async def run_once(self) -> SyncPass:
+        result = SyncPass()
+        if time.monotonic() - self.checked_at >= LOST_CHECK_S:
+            result.restored = await self._restore_lost()
+            self.checked_at = time.monotonic()
+        for state, seq in await schedules.unsynced(self.store, BATCH):
+            try:
+                action = await self._write(state)
+            except RPCError as exc:
+                result.failed += 1
+                metrics.SCHEDULE_SYNCS.labels("failed").inc()
+                log.warning(
+                    "could not write a schedule to Temporal; the next pass tries again",
+                    extra={
+                        "event": "schedule.sync_failed",
+                        "scheduleId": state.schedule_id,
+                        "error": str(exc),
+                    },
+                )
+                continue
+            await schedules.mark_synced(self.store, state.schedule_id, seq)
+            setattr(result, action, getattr(result, action) + 1)
+            metrics.SCHEDULE_SYNCS.labels(action).inc()
+            log.info(
+                "schedule %s in Temporal",
+                action,
+                extra={"event": f"schedule.sync_{action}", "scheduleId": state.schedule_id},
+            )
+        return result
+
+    async def _write(self, state: schedule_model.ScheduleState) -> str:
+        sid = temporal_id(self.settings, state.schedule_id)
+        handle = self.client.get_schedule_handle(sid)
+        if state.terminal:
+            try:
+                await handle.delete()
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    raise
+            return "deleted"
+        wanted = build(self.settings, state)
+        try:
+            await self.client.create_schedule(sid, wanted)
+            return "created"
+        except ScheduleAlreadyRunningError:
+
+            def update(_: ScheduleUpdateInput) -> ScheduleUpdate:
+                return ScheduleUpdate(schedule=wanted)
+
+            await handle.update(update)
+            return "updated"
+
+    async def _restore_lost(self) -> int:
+        """Mark for writing again the schedules the receipts hold and Temporal does not."""
+        prefix = temporal_id(self.settings, "")
+        try:
+            held = {
+                listing.id.removeprefix(prefix)
+                async for listing in await self.client.list_schedules()
+                if listing.id.startswith(prefix)
+            }
+        except RPCError as exc:
+            log.warning(
+                "could not list Temporal's schedules",
+                extra={"event": "schedule.list_failed", "error": str(exc)},
+            )
+            return 0
+        lost = sorted(await schedules.live_ids(self.store) - held)
+        if lost:
+            await schedules.resync(self.store, lost)
+            metrics.SCHEDULE_SYNCS.labels("restored").inc(len(lost))
+            log.warning(
+                "Temporal had lost %d schedules; writing them again",
+                len(lost),
+                extra={"event": "schedule.restored", "scheduleIds": lost[:20]},
+            )
+        return len(lost)

@@ -1,0 +1,263 @@
+"""Schedules over the API and their firings against real PostgreSQL: clear refusals that write
+nothing, tenant isolation, pause/resume/change/delete as receipts, and what a firing does —
+`<scheduleId>:<fire time>` enqueued once however often it fires, the overlap policies, nothing
+while paused. The Temporal side (a real Schedule firing every few seconds, a Temporal restart)
+is tests/e2e/test_schedules_roles.py."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from receipts import operations as ops
+from receipts.schedules import store as schedules
+from receipts.schedules.model import schedule_stream
+from receipts.store import Store
+from receipts.tenancy import scoped_id
+from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body
+
+
+@pytest.fixture(scope="module")
+async def client(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(db_url, schedule_min_interval_s=2, org_max_schedules=50) as client:
+        yield client
+
+
+def new_schedule_id() -> str:
+    return f"sch-{uuid.uuid4().hex[:10]}"
+
+
+def body(org: str = "org-a", **extra: Any) -> dict[str, Any]:
+    job = enqueue_body(org, payload_extra={"task": {"command": ["true"]}})
+    return {
+        "scheduleId": new_schedule_id(),
+        "interval": "5s",
+        "agentId": "codex",
+        "job": job,
+        **extra,
+    }
+
+
+async def create(
+    client: httpx.AsyncClient, headers: dict[str, str] = AS_A, **extra: Any
+) -> dict[str, Any]:
+    response = await client.post("/schedules", json=body(**extra), headers=headers)
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+async def test_a_schedule_is_created_listed_shown_with_its_next_fire_times(
+    client: httpx.AsyncClient,
+) -> None:
+    made = await create(client, cron="*/15 * * * *", interval=None, timezone="Europe/Paris")
+    sid = made["scheduleId"]
+    assert "~" not in sid  # the organization sees its own id
+    assert made["status"] == "active" and made["overlap"] == "skip"
+    assert len(made["nextFireTimes"]) == 5
+    first = datetime.fromisoformat(made["nextFireTimes"][0])
+    assert first.minute % 15 == 0 and first > datetime.now(UTC)
+    shown = (await client.get(f"/schedules/{sid}", headers=AS_A)).json()
+    assert shown["cron"] == "*/15 * * * *" and shown["lastRuns"] == []
+    listed = (await client.get("/schedules?limit=200", headers=AS_A)).json()
+    assert sid in [s["scheduleId"] for s in listed["schedules"]]
+    # a re-post of the same definition is the same schedule; another definition is 409
+    again = await client.post(
+        "/schedules",
+        json={k: made[k] for k in ("scheduleId", "cron", "timezone", "agentId", "job")},
+        headers=AS_A,
+    )
+    assert again.status_code == 200, again.text
+    clash = await client.post("/schedules", json=body(scheduleId=sid), headers=AS_A)
+    assert clash.status_code == 409 and clash.json()["error"]["field"] == "scheduleId"
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "said"),
+    [
+        ({"cron": "61 * * * *", "interval": None}, "cron", "minute: 61 is out of range 0-59"),
+        ({"cron": "* * *", "interval": None}, "cron", "has 3 fields"),
+        ({"cron": "0 0 30 2 *", "interval": None}, "cron", "matches no time"),
+        ({"cron": "* * * * *"}, "cron", "exactly one of cron"),
+        ({"interval": None}, "cron", "exactly one of cron"),
+        ({"interval": "1s"}, "interval", "shorter than the shortest interval allowed, 2 s"),
+        ({"timezone": "Mars/Olympus"}, "timezone", "not an IANA time zone"),
+        ({"overlap": "queue"}, "overlap", "skip"),
+        ({"agentId": ""}, "agentId", ""),
+    ],
+)
+async def test_a_bad_definition_is_refused_naming_the_field_and_nothing_is_written(
+    client: httpx.AsyncClient, store: Store, change: dict[str, Any], field: str, said: str
+) -> None:
+    sent = {**body(), **change}
+    sent = {k: v for k, v in sent.items() if v is not None}
+    response = await client.post("/schedules", json=sent, headers=AS_A)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["field"] == field and said in error["message"], error
+    assert await schedules.get(store, scoped_id("org-a", sent["scheduleId"])) is None
+
+
+async def test_the_job_is_validated_as_its_enqueue_would_be(client: httpx.AsyncClient) -> None:
+    named = body()
+    named["job"]["jobId"] = "mine"
+    response = await client.post("/schedules", json=named, headers=AS_A)
+    assert response.status_code == 422 and response.json()["error"]["field"] == "job.jobId"
+    bad_kind = body()
+    bad_kind["job"]["payload"]["kind"] = "nope"
+    response = await client.post("/schedules", json=bad_kind, headers=AS_A)
+    assert response.status_code == 422
+    assert response.json()["error"]["field"] == "job.payload.kind"
+    foreign = body(org="org-b")
+    response = await client.post("/schedules", json=foreign, headers=AS_A)
+    assert response.status_code == 422
+    assert response.json()["error"]["field"] == "job.payload.authContext.organizationId"
+
+
+async def test_another_organization_can_neither_see_nor_change_it(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = (await create(client))["scheduleId"]
+    assert (await client.get(f"/schedules/{sid}", headers=AS_B)).status_code == 404
+    patched = await client.patch(f"/schedules/{sid}", json={"paused": True}, headers=AS_B)
+    assert patched.status_code == 404
+    assert (await client.delete(f"/schedules/{sid}", headers=AS_B)).status_code == 404
+    listed = (await client.get("/schedules?limit=200", headers=AS_B)).json()["schedules"]
+    assert sid not in [s["scheduleId"] for s in listed]
+    # an admin sees it under the runtime's id
+    admin_view = await client.get(f"/schedules/{scoped_id('org-a', sid)}", headers=AS_ADMIN)
+    assert admin_view.status_code == 200 and admin_view.json()["status"] == "active"
+
+
+async def test_pause_resume_change_and_delete_are_receipts(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    sid = (await create(client))["scheduleId"]
+    paused = await client.patch(
+        f"/schedules/{sid}", json={"paused": True, "note": "deploy"}, headers=AS_A
+    )
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["status"] == "paused" and paused.json()["nextFireTimes"] == []
+    # a pause of a paused schedule writes nothing
+    await client.patch(f"/schedules/{sid}", json={"paused": True}, headers=AS_A)
+    resumed = await client.patch(
+        f"/schedules/{sid}", json={"paused": False, "cron": "0 * * * *"}, headers=AS_A
+    )
+    assert resumed.json()["status"] == "active" and resumed.json()["cron"] == "0 * * * *"
+    assert resumed.json()["intervalS"] is None
+    bad = await client.patch(f"/schedules/{sid}", json={"cron": "0 25 * * *"}, headers=AS_A)
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "cron"
+    assert (await client.delete(f"/schedules/{sid}", headers=AS_A)).status_code == 204
+    assert (await client.get(f"/schedules/{sid}", headers=AS_A)).status_code == 404
+    chain = await store.read_stream(schedule_stream(scoped_id("org-a", sid)))
+    assert [r.type for r in chain] == [
+        "schedule.created",
+        "schedule.paused",
+        "schedule.changed",
+        "schedule.resumed",
+        "schedule.deleted",
+    ]
+    # a deleted schedule's id is not reused: its firings' job ids name it
+    reused = await client.post("/schedules", json=body(scheduleId=sid), headers=AS_A)
+    assert reused.status_code == 409
+
+
+async def test_an_organization_holds_at_most_its_cap_of_schedules(db_url: str) -> None:
+    async with api_client(db_url, org_max_schedules=2, schedule_min_interval_s=2) as capped:
+        org = f"org-cap-{uuid.uuid4().hex[:6]}"
+        admin_made = [
+            await capped.post("/schedules", json=body(org=org), headers=AS_ADMIN) for _ in range(3)
+        ]
+    assert [r.status_code for r in admin_made] == [201, 201, 429]
+    assert "RECEIPT_ORG_MAX_SCHEDULES" in admin_made[2].json()["error"]["message"]
+
+
+# --------------------------------------------------------------------------------- firings
+
+
+async def made(store: Store, overlap: str = "skip", command: list[str] | None = None) -> str:
+    job = enqueue_body("org-a", payload_extra={"task": {"command": command or ["true"]}})
+    definition, _ = schedules.validate(
+        {"interval": "5s", "agentId": "codex", "job": job, "overlap": overlap},
+        "org-a",
+        schedules.Limits(min_interval_s=1),
+        admin=False,
+    )
+    state, _ = await schedules.create(
+        store, "org-a", new_schedule_id(), definition, schedules.Limits()
+    )
+    return state.schedule_id
+
+
+T = datetime(2026, 12, 4, 17, 30, tzinfo=UTC)
+
+
+async def test_a_firing_enqueues_its_fire_times_job_once_however_often_it_fires(
+    store: Store,
+) -> None:
+    sid = await made(store)
+    assert await schedules.fire(store, sid, T) == "enqueued"
+    assert await schedules.fire(store, sid, T) == "repeated"  # a doubled firing
+    state = await schedules.get(store, sid)
+    assert state is not None and state.fired == 1
+    job_id = state.last_job_id
+    assert job_id == scoped_id("org-a", f"{state.caller_schedule_id}:20261204T173000Z")
+    job = await store.get_job(job_id)
+    assert job is not None and job.status == "queued" and job.organization_id == "org-a"
+    assert job.payload["task"] == {"command": ["true"]}
+
+
+async def test_skip_records_the_firing_while_the_previous_job_is_active(store: Store) -> None:
+    sid = await made(store, "skip")
+    assert await schedules.fire(store, sid, T) == "enqueued"
+    assert await schedules.fire(store, sid, T + timedelta(seconds=5)) == "skipped"
+    state = await schedules.get(store, sid)
+    assert state is not None and (state.fired, state.skipped) == (1, 1)
+    assert state.recent[0].running_job_id == state.last_job_id
+    # once the previous job is terminal, the next firing enqueues again
+    assert state.last_job_id is not None
+    await ops.cancel_queued(store, state.last_job_id, reason="done with it")
+    assert await schedules.fire(store, sid, T + timedelta(seconds=10)) == "enqueued"
+
+
+async def test_allow_enqueues_beside_and_cancel_previous_aborts_the_active_job(
+    store: Store,
+) -> None:
+    allow = await made(store, "allow")
+    assert await schedules.fire(store, allow, T) == "enqueued"
+    assert await schedules.fire(store, allow, T + timedelta(seconds=5)) == "enqueued"
+    cancel = await made(store, "cancel_previous")
+    assert await schedules.fire(store, cancel, T) == "enqueued"
+    first = (await schedules.get(store, cancel)).last_job_id  # type: ignore[union-attr]
+    assert await schedules.fire(store, cancel, T + timedelta(seconds=5)) == "enqueued"
+    state = await schedules.get(store, cancel)
+    assert state is not None and state.recent[0].canceled_job_id == first
+    previous = await store.get_job(first or "")
+    assert previous is not None and previous.status == "canceled"
+
+
+async def test_a_paused_or_deleted_schedule_fires_nothing(store: Store) -> None:
+    sid = await made(store)
+    await schedules.change(store, sid, paused=True)
+    assert await schedules.fire(store, sid, T) == "none"
+    await schedules.change(store, sid, paused=False)
+    assert await schedules.fire(store, sid, T) == "enqueued"
+    await schedules.change(store, sid, delete=True)
+    assert await schedules.fire(store, sid, T + timedelta(seconds=5)) == "none"
+    assert await schedules.fire(store, "sch-none~nothing", T) == "none"
+
+
+async def test_the_projection_rebuilds_from_the_chain_and_resyncs_every_schedule(
+    store: Store,
+) -> None:
+    sid = await made(store)
+    state = await schedules.get(store, sid)
+    assert state is not None
+    await schedules.mark_synced(store, sid, state.definition_seq)
+    assert sid not in [s.schedule_id for s, _ in await schedules.unsynced(store, 10_000)]
+    await schedules.resync(store, [sid])
+    assert sid in [s.schedule_id for s, _ in await schedules.unsynced(store, 10_000)]

@@ -1,0 +1,85 @@
+"""Schedules' cron expressions and intervals: what is refused and why, and the next fire times
+(time zones, daylight-saving changes, both day fields)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from receipts.schedules.cron import SpecError, next_times, parse_cron, parse_interval
+
+T0 = datetime(2026, 12, 4, 17, 3, 20, tzinfo=UTC)  # a Friday
+
+
+def times(expression: str, after: datetime = T0, tz: str = "UTC", count: int = 3) -> list[str]:
+    found = next_times(cron=expression, interval_s=None, timezone=tz, after=after, count=count)
+    return [t.strftime("%Y-%m-%d %H:%M") for t in found]
+
+
+@pytest.mark.parametrize(
+    ("expression", "said"),
+    [
+        ("* * * *", "has 4 fields"),
+        ("60 * * * *", "minute: 60 is out of range 0-59"),
+        ("* 24 * * *", "hour: 24 is out of range 0-23"),
+        ("* * 0 * *", "day of month: 0 is out of range 1-31"),
+        ("* * * 13 *", "month: 13 is out of range 1-12"),
+        ("* * * * 8", "day of week: 8 is out of range 0-7"),
+        ("*/0 * * * *", "minute: step '0' is not a positive number"),
+        ("5-1 * * * *", "minute: range '5-1' runs backwards"),
+        ("a * * * *", "minute: 'a' is not a value (0-59)"),
+        ("* * * foo *", "month: 'foo' is not a value (1-12 or jan-dec)"),
+        ("1,,2 * * * *", "minute: an empty list item"),
+    ],
+)
+def test_a_bad_cron_expression_is_refused_naming_the_field(expression: str, said: str) -> None:
+    with pytest.raises(SpecError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        parse_cron(expression)
+
+
+def test_steps_ranges_lists_names_and_macros() -> None:
+    assert times("*/15 * * * *") == ["2026-12-04 17:15", "2026-12-04 17:30", "2026-12-04 17:45"]
+    assert times("0 9-17/4 * * mon-fri") == [
+        "2026-12-07 09:00",
+        "2026-12-07 13:00",
+        "2026-12-07 17:00",
+    ]
+    assert times("30 6 1,15 jan *", count=2) == ["2027-01-01 06:30", "2027-01-15 06:30"]
+    assert times("@daily", count=1) == ["2026-12-05 00:00"]
+    assert times("0 0 * * 7", count=1) == times("0 0 * * sun", count=1) == ["2026-12-06 00:00"]
+
+
+def test_both_day_fields_restricted_match_either_day() -> None:
+    # the 13th, or any Friday
+    assert times("0 12 13 * fri", count=3) == [
+        "2026-12-11 12:00",
+        "2026-12-13 12:00",
+        "2026-12-18 12:00",
+    ]
+
+
+def test_a_time_zone_shifts_the_fire_times_and_dst_skips_a_missing_hour() -> None:
+    assert times("0 9 * * *", tz="Europe/Paris", count=1) == ["2026-12-05 08:00"]
+    # 2027-03-28 02:30 does not exist in Paris (clocks go 02:00 -> 03:00): that day has none.
+    after = datetime(2027, 3, 26, 12, 0, tzinfo=UTC)
+    assert times("30 2 * * *", after=after, tz="Europe/Paris", count=3) == [
+        "2027-03-27 01:30",
+        "2027-03-29 00:30",
+        "2027-03-30 00:30",
+    ]
+
+
+def test_an_impossible_date_matches_nothing() -> None:
+    assert times("0 0 30 2 *") == []
+
+
+def test_intervals_fire_on_multiples_since_the_epoch_and_have_a_floor() -> None:
+    found = next_times(cron=None, interval_s=300, timezone="UTC", after=T0, count=2)
+    assert [t.strftime("%H:%M:%S") for t in found] == ["17:05:00", "17:10:00"]
+    assert parse_interval("15m", 60) == 900
+    assert parse_interval("2h", 60) == 7200
+    with pytest.raises(SpecError, match="shorter than the shortest interval allowed, 60 s"):
+        parse_interval("30s", 60)
+    with pytest.raises(SpecError, match="is not an interval"):
+        parse_interval("5 minutes", 60)

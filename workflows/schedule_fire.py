@@ -1,0 +1,32 @@
+"""`ScheduleFireWorkflow`: what a schedule's Temporal Schedule starts at each fire time; one
+activity enqueues the firing's job (or records why not) through the receipts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+
+with workflow.unsafe.imports_passed_through():
+    from activities.names import FIRE_SCHEDULE, SCHEDULE_FIRE_WORKFLOW
+
+SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
+
+
+@workflow.defn(name=SCHEDULE_FIRE_WORKFLOW)
+class ScheduleFireWorkflow:
+    """Fire the schedule `schedule_id` (the runtime's id) at this run's scheduled time."""
+
+    @workflow.run
+    async def run(self, schedule_id: str) -> str:
+        scheduled = workflow.info().typed_search_attributes.get(SCHEDULED_START)
+        when = (scheduled or workflow.now()).replace(microsecond=0).isoformat()
+        outcome: str = await workflow.execute_activity(
+            FIRE_SCHEDULE,
+            args=[schedule_id, when],
+            result_type=str,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=10)),
+        )
+        return outcome
