@@ -155,6 +155,9 @@ async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
         "validate": spec.validate.to_json() if spec.validate else None,
         "publish": spec.publish.to_json() if spec.publish else None,
     }
+    if ctx.job.traceparent:
+        # The run job's trace (its caller's): the objective's every job joins it.
+        created["traceparent"] = ctx.job.traceparent
     outcome = ""  # stays empty: decide is not asked about another organization's objective
 
     def decide(state: ObjectiveState | None) -> list[Draft]:

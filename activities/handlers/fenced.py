@@ -188,6 +188,7 @@ class FencedReceipts:
                     organization_id=job.organization_id,
                     job_id=job_id,
                     max_attempts=job.max_attempts,
+                    traceparent=job.traceparent,  # the work goes on in its trace
                 ),
             )
         log.info(

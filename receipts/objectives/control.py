@@ -199,6 +199,7 @@ def _request(
         organization_id=state.organization_id,
         job_id=job_id,
         max_attempts=TASK_JOB_ATTEMPTS,
+        traceparent=state.traceparent,
     )
 
 
@@ -321,6 +322,7 @@ async def _settle(
                     organization_id=state.organization_id,
                     job_id=audit,
                     max_attempts=3,
+                    traceparent=state.traceparent,
                 ),
             )
 

@@ -176,6 +176,8 @@ class ObjectiveState(StreamState):
     failed_step: str | None = None
     audit_job_id: str | None = None
     audit: dict[str, Any] | None = None
+    # The W3C trace context of its run job (the caller's trace): every job it enqueues joins it.
+    traceparent: str | None = None
 
     @property
     def control_pending(self) -> bool:
@@ -254,6 +256,7 @@ def apply(state: ObjectiveState | None, receipt: Receipt) -> ObjectiveState:
             goal=data["goal"],
             planned=bool(data.get("planned", False)),
             run_job_id=data.get("runJobId"),
+            traceparent=data.get("traceparent"),
             tasks=tuple(_task_from(t, 1) for t in data["tasks"]),
             validate_step=_step_from("validate", data.get("validate")),
             publish_step=_step_from("publish", data.get("publish")),

@@ -193,6 +193,7 @@ async def deliver(tx: Tx, objective_id: str) -> ObjectiveState | None:
                 session_key=session_key(objective_id),
                 singleton_mode="steer",
                 max_attempts=CONTROL_MAX_ATTEMPTS,
+                traceparent=state.traceparent,
             ),
         )
         job_id, outcome = result.job.job_id, result.outcome

@@ -221,6 +221,8 @@ async def list_objectives(
 async def objective_view(store: Store, objective: ObjectiveState) -> dict[str, Any]:
     """The folded objective with each task's current job status."""
     view = objective.to_json()
+    # Its trace is its jobs' (`traceId` on each), not a field of this view.
+    view.pop("traceparent", None)
     job_ids = [t.job_id for t in objective.tasks if t.job_id]
     job_ids += [
         s.job_id for s in (objective.validate_step, objective.publish_step) if s and s.job_id
