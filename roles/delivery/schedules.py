@@ -3,9 +3,10 @@ schedule's receipts (the chain is the record; Temporal only fires).
 
 Each pass writes the schedules whose definition changed since Temporal last matched it (create,
 update, pause, resume, delete; `synced_seq < definition_seq`, a partial index) and, every
-LOST_CHECK_S, lists Temporal's schedules to restore any the receipts hold and Temporal lost (a
-server restarted without its database). A rebuilt projection starts every `synced_seq` at 0, so
-`receipt rebuild-projections` also writes every schedule to Temporal again.
+`RECEIPT_SCHEDULE_CHECK_INTERVAL_MS` (30 s), lists Temporal's schedules to restore any the
+receipts hold and Temporal lost (a server restarted without its database). A rebuilt
+projection starts every `synced_seq` at 0, so `receipt rebuild-projections` also writes every
+schedule to Temporal again.
 
 The cron expression goes to Temporal as calendar specs built from the same parse the API
 validated with (receipts/schedules/cron.py): a cron whose two day fields are both restricted is
@@ -49,7 +50,6 @@ log = logging.getLogger("roles.delivery.schedules")
 
 SYNC_INTERVAL_MS = 2_000
 BATCH = 100
-LOST_CHECK_S = 30.0
 # A Temporal that was down fires what it missed in the last minute, not a year of it.
 CATCHUP_WINDOW = timedelta(minutes=1)
 FIRE_TIMEOUT = timedelta(minutes=5)
@@ -123,20 +123,21 @@ class SyncPass:
 
 
 class ScheduleSync:
-    """`run_once`: write the changed schedules to Temporal; every LOST_CHECK_S also restore the
+    """`run_once`: write the changed schedules to Temporal; every `check_s` also restore the
     ones Temporal lost."""
 
     name = "schedule_sync"
 
-    def __init__(self, client: Client, store: Store, settings: Settings) -> None:
+    def __init__(self, client: Client, store: Store, settings: Settings, check_s: float) -> None:
         self.client = client
         self.store = store
         self.settings = settings
+        self.check_s = check_s
         self.checked_at = float("-inf")
 
     async def run_once(self) -> SyncPass:
         result = SyncPass()
-        if time.monotonic() - self.checked_at >= LOST_CHECK_S:
+        if time.monotonic() - self.checked_at >= self.check_s:
             result.restored = await self._restore_lost()
             self.checked_at = time.monotonic()
         for state, seq in await schedules.unsynced(self.store, BATCH):

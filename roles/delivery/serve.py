@@ -134,7 +134,12 @@ async def run_attempt_worker(
         # Schedule per schedule (roles/delivery/schedules.py).
         workflows.append(ScheduleFireWorkflow)
         activities.append(ScheduleActivities(runtime.store).fire_schedule)
-        sync = ScheduleSync(runtime.client, runtime.store, runtime.settings.core)
+        sync = ScheduleSync(
+            runtime.client,
+            runtime.store,
+            runtime.settings.core,
+            runtime.settings.loops.schedule_check_interval_ms / 1000,
+        )
         runtime.spawn(Ticker(sync.name, sync.run_once, SYNC_INTERVAL_MS).run(), sync.name)
         try:
             await ensure_watchdog_schedule(

@@ -112,7 +112,7 @@ DEFAULT_METRICS_PORTS = {
 
 class LoopSettings(ReceiptSettings):
     """The recovery loops: queued redrive, startup objective resume, objective-control outbox,
-    retention."""
+    retention, and how often the schedule sync checks that Temporal still holds every schedule."""
 
     accepts_any: ClassVar[str] = "a whole number of milliseconds (0 or more)"
 
@@ -134,6 +134,9 @@ class LoopSettings(ReceiptSettings):
     )
     retention_interval_ms: Whole = Field(
         default=60_000, ge=1, alias="RECEIPT_RETENTION_INTERVAL_MS"
+    )
+    schedule_check_interval_ms: Whole = Field(
+        default=30_000, ge=1, alias="RECEIPT_SCHEDULE_CHECK_INTERVAL_MS"
     )
 
 
