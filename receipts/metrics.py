@@ -352,3 +352,11 @@ SCHEDULE_SYNCS = Counter(
     "deleted, restored (Temporal had lost it), failed.",
     ["action"],
 )
+
+WEBHOOK_DELIVERIES = Counter(
+    "receipt_webhook_deliveries",
+    "Tries of per-organization webhook deliveries, by event and outcome: delivered, retried "
+    "(an error, an answer other than 2xx or an address the egress rules refuse: tried again), "
+    "failed (given up).",
+    ["event", "outcome"],
+)

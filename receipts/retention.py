@@ -50,6 +50,7 @@ PRUNE_STEPS: list[PruneStep] = [
     PruneStep("delivery_redrives"),
     PruneStep("callback_posts"),
     PruneStep("callback_outbox"),
+    PruneStep("webhook_deliveries"),
     PruneStep("workflow_runs"),
     PruneStep("activity_runs"),
     PruneStep("job_leases"),
@@ -60,6 +61,7 @@ JOBS_STEP = PruneStep("jobs")
 AGENT_STEPS: list[PruneStep] = [
     PruneStep("agent_job_receipts"),
     PruneStep("agent_wakeup_callbacks"),
+    PruneStep("agent_webhook_deliveries"),
     PruneStep("agent_job_wakeups"),
     PruneStep("agent_jobs"),
 ]
@@ -67,6 +69,7 @@ AGENT_STEPS: list[PruneStep] = [
 # its jobs (`objective:<id>:…`), once none of them is live.
 OBJECTIVE_STEPS: list[PruneStep] = [
     PruneStep("objective_receipts"),
+    PruneStep("objective_webhook_deliveries"),
     PruneStep("objectives"),
 ]
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from receipts import webhooks
 from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.projection import AGENT_JOBS
@@ -123,6 +124,15 @@ async def _wake(tx: Tx, job: AgentJob, session: str) -> None:
     )
     if recorded is None:
         raise ConflictError(f"wakeup {source_id} written concurrently")
+    # Owed to the organization's webhooks in this transaction: with the wakeup, or not at all.
+    await webhooks.owe(
+        tx,
+        job.organization_id,
+        webhooks.WAKEUP_EVENT,
+        event_key=source_id,
+        subject=job.agent_job_id,
+        data={"sessionId": job.owner_session_id, "wakeup": stored[0].to_json()},
+    )
     log.info(
         "owner session woken",
         extra={"event": "agent_job.wakeup", "agentJobId": job.agent_job_id, "sourceId": source_id},

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from receipts import metrics
+from receipts import metrics, webhooks
 from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.jobs import Job, Receipt
 from receipts.kinds import CONTRACTS
@@ -127,6 +127,16 @@ async def update(
     new = fold(receipts, state)
     assert new is not None
     await OBJECTIVES.put(tx, new)
+    if new.terminal and (state is None or not state.terminal):
+        # Settled now: owed to its organization's webhooks with the receipt that settles it.
+        await webhooks.owe(
+            tx,
+            new.organization_id,
+            webhooks.OBJECTIVE_EVENT,
+            event_key=new.objective_id,
+            subject=new.objective_id,
+            data={"objective": new.to_json()},
+        )
     return new, receipts
 
 

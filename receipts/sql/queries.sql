@@ -114,6 +114,10 @@ WITH inserted AS (
     INSERT INTO callback_outbox (job_id, event)
     SELECT %(job_id)s, %(status)s WHERE %(owed)s
     ON CONFLICT (job_id) DO NOTHING
+), hooked AS (
+    -- Settled now: a delivery owed to each of its organization's webhooks subscribed to
+    -- `job.<status>` (receipts/sql/webhooks.sql; none subscribed: nothing written).
+    -- include: webhook_owed_job
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM projected),

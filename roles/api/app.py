@@ -37,6 +37,7 @@ from roles.api.errors import install_error_handlers
 from roles.api.request_metrics import RequestMetrics
 from roles.api.routes import agent_jobs, health, jobs, objectives, retry, schedules, sessions
 from roles.api.routes.retry import BulkRetryBody
+from roles.api.routes.webhooks import router as webhooks_router
 from roles.api.schema import CommandBody, EnqueueBody
 from roles.infra.db import migrate_url, open_store, resolve_url
 from roles.infra.settings import RuntimeSettings
@@ -53,6 +54,7 @@ def routers() -> list[APIRouter]:
     return [
         health.router,
         retry.router,
+        webhooks_router,
         jobs.router,
         agent_jobs.router,
         sessions.router,
@@ -92,6 +94,7 @@ def create_app(
         database_url=database_url,
         core=settings.core,
         agent_jobs=settings.agent_jobs,
+        webhooks=settings.webhooks,
     )
 
     @asynccontextmanager

@@ -22,6 +22,7 @@ from receipts.listen import Listener
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.text import check_clean_text
+from receipts.webhooks import WebhookSettings
 from roles.api.auth import OPEN, Principal, TokenTable, is_loopback
 from roles.api.body import JsonLimits, json_object, read_json_body, validated
 from roles.api.errors import ApiError, too_many
@@ -59,6 +60,7 @@ class ApiState:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     core: Settings = field(default_factory=Settings)
     agent_jobs: AgentJobSettings = field(default_factory=AgentJobSettings)
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
     streams: StreamGate = field(init=False)
     org_limits: OrgLimits = field(init=False)
 

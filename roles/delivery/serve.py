@@ -33,6 +33,7 @@ from roles.delivery.runtime import attempt_worker, driver_worker
 from roles.delivery.schedules import SYNC_INTERVAL_MS, ScheduleSync
 from roles.delivery.starter import DriverStarter
 from roles.delivery.watchdog_schedule import ensure_watchdog_schedule
+from roles.delivery.webhooks import WebhookDeliverer
 from roles.infra.process import Runtime, run_until
 from roles.infra.temporal import ensure_search_attributes
 from workflows.schedule_fire import ScheduleFireWorkflow
@@ -201,6 +202,9 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
         org_cap=runtime.settings.core.org_running_cap(QUEUE_CODEX),
     )
     runtime.spawn(agent_jobs.run(), "agent-jobs")
+    # Per-organization webhooks, posted beside the global callbacks (roles/delivery/webhooks.py).
+    webhooks = WebhookDeliverer(runtime.store, runtime.settings.webhooks, runtime.http)
+    runtime.spawn(webhooks.run(), webhooks.name)
     worker = driver_worker(
         runtime.client,
         runtime.store,

@@ -35,6 +35,7 @@ from receipts.settings import (
     variables,
 )
 from receipts.timing import TimingSettings
+from receipts.webhooks import WebhookSettings
 from roles.api.settings import ApiSettings
 from roles.infra.temporal import TemporalTLSSettings
 
@@ -155,6 +156,7 @@ class RuntimeSettings:
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     temporal_tls: TemporalTLSSettings = field(default_factory=TemporalTLSSettings)
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
     # The AI gateway's providers, read from the providers file and the environment.
     providers: Mapping[str, Provider] = field(default_factory=dict, compare=False, repr=False)
     # The variables it was read from (what `receipt config` marks as set).
@@ -185,6 +187,7 @@ TITLES = {
     "sandbox": "command sandbox",
     "gateway": "AI gateway",
     "temporal_tls": "Temporal connection",
+    "webhooks": "per-organization webhooks",
 }
 
 

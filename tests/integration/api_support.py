@@ -25,6 +25,7 @@ from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.kinds import CONTRACTS
 from receipts.store import Store
 from receipts.tenancy import scoped_id
+from receipts.webhooks import WebhookSettings
 from roles.api.app import create_app
 from roles.api.settings import ApiSettings
 from roles.infra.ports import free_port
@@ -85,12 +86,15 @@ async def api_client(
     store: Store | None = None,
     base_url: str = "http://api.test",
     agent_jobs: AgentJobSettings | None = None,
+    webhooks: WebhookSettings | None = None,
     **settings: Any,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The app in-process (lifespan running) behind an httpx client; app exceptions propagate."""
     values: dict[str, Any] = {"tokens": TOKENS, **UNLIMITED, **settings}
     runtime = RuntimeSettings(
-        api=ApiSettings(**values), agent_jobs=agent_jobs or AgentJobSettings()
+        api=ApiSettings(**values),
+        agent_jobs=agent_jobs or AgentJobSettings(),
+        webhooks=webhooks or WebhookSettings(),
     )
     app = create_app(runtime, database_url=db_url, store=store)
     transport = httpx.ASGITransport(app=app)

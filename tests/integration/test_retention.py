@@ -47,6 +47,7 @@ TABLES: tuple[tuple[str, str, str], ...] = (
     ("delivery_redrives", "job_id", "{}"),
     ("callback_posts", "job_id", "{}"),
     ("callback_outbox", "job_id", "{}"),
+    ("webhook_deliveries", "subject", "{}"),
     ("workflow_runs", "job_id", "{}"),
     ("activity_runs", "job_id", "{}"),
     ("job_leases", "job_id", "{}"),

@@ -1,0 +1,139 @@
+"""Where an organization's webhook may post (SSRF): https to public addresses only, unless the
+operator allow-listed the host.
+
+A tenant chooses the URL, and the deliverer posts from inside the cluster, so the URL must not
+reach what only the cluster can: loopback, private networks, link-local (cloud metadata at
+169.254.169.254), CGNAT, multicast, unspecified, IPv6 unique-local and link-local addresses.
+The host is resolved and every address it resolves to is checked, at create (the API answers
+422 naming `url`) and again at each delivery, which then connects to the address it checked
+(the URL's host goes in the Host header and, over TLS, in SNI and the certificate check): a name
+that resolves elsewhere between the check and the connect (DNS rebinding) cannot redirect it.
+Redirects are not followed. Hosts on `RECEIPT_WEBHOOK_ALLOWED_HOSTS` are exempt (the operator's
+own receivers, plain http allowed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from receipts.webhooks import WebhookSettings
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# Ranges `is_private` and friends do not name in every Python version.
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_ULA = ipaddress.ip_network("fc00::/7")
+_LINK_LOCAL_V6 = ipaddress.ip_network("fe80::/10")
+_SITE_LOCAL_V6 = ipaddress.ip_network("fec0::/10")
+
+
+class EgressRefused(Exception):
+    """The URL may not be posted to; the message says why (it names `url`)."""
+
+
+def refused_reason(address: str | IPAddress) -> str | None:
+    """Why a webhook may not connect to `address` (`loopback`, `private`, …), or None for a
+    public address. An IPv4 address mapped into IPv6 is judged as the IPv4 address."""
+    ip = ipaddress.ip_address(address) if isinstance(address, str) else address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_unspecified:
+        return "unspecified"
+    if ip.is_loopback:
+        return "loopback"
+    if ip.is_link_local or ip in _LINK_LOCAL_V6:
+        return "link-local"
+    if ip.is_multicast:
+        return "multicast"
+    if ip in _CGNAT:
+        return "CGNAT"
+    if ip in _ULA:
+        return "unique-local"
+    if ip in _SITE_LOCAL_V6:
+        return "site-local"
+    if ip.is_private:
+        return "private"
+    if ip.is_reserved or not ip.is_global:
+        return "reserved"
+    return None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A URL cleared for posting; `address` is the checked address to connect to (None: the
+    host is allow-listed, connect as the URL says)."""
+
+    url: str
+    host: str
+    address: str | None = None
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """Every address `host` resolves to (an address literal: itself)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+async def check(url: str, settings: WebhookSettings) -> Target:
+    """Clear `url` for a post, or raise `EgressRefused` saying why."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise EgressRefused("url has no host")
+    if host in settings.hosts:
+        return Target(url, host)
+    if parts.scheme != "https":
+        raise EgressRefused(
+            "url must be https (plain http only to a host on RECEIPT_WEBHOOK_ALLOWED_HOSTS)"
+        )
+    port = parts.port or 443
+    try:
+        addresses = await resolve(host, port)
+    except (OSError, UnicodeError) as exc:
+        raise EgressRefused(f"url's host {host!r} does not resolve: {exc}") from None
+    if not addresses:
+        raise EgressRefused(f"url's host {host!r} does not resolve")
+    for address in addresses:
+        reason = refused_reason(address)
+        if reason is not None:
+            raise EgressRefused(
+                f"url's host {host!r} resolves to a {reason} address ({address}); a webhook "
+                "may reach public addresses only unless its host is on "
+                "RECEIPT_WEBHOOK_ALLOWED_HOSTS"
+            )
+    return Target(url, host, addresses[0])
+
+
+async def post(
+    client: httpx.AsyncClient,
+    target: Target,
+    headers: dict[str, str],
+    content: bytes,
+    timeout_s: float,
+) -> httpx.Response:
+    """POST `content` to the target, connecting to its checked address when it has one."""
+    if target.address is None:
+        return await client.post(
+            target.url, content=content, headers=headers, timeout=timeout_s, follow_redirects=False
+        )
+    parts = urlsplit(target.url)
+    ip = ipaddress.ip_address(target.address)
+    literal = f"[{ip}]" if isinstance(ip, ipaddress.IPv6Address) else str(ip)
+    netloc = f"{literal}:{parts.port}" if parts.port else literal
+    host_header = f"{target.host}:{parts.port}" if parts.port else target.host
+    request = client.build_request(
+        "POST",
+        urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, "")),
+        content=content,
+        headers={**headers, "host": host_header},
+        timeout=timeout_s,
+        # The TLS name (SNI and the certificate's check) is the URL's host, not the address.
+        extensions={"sni_hostname": target.host},
+    )
+    return await client.send(request, follow_redirects=False)

@@ -1,0 +1,196 @@
+"""The webhook deliverer: claims due per-organization webhook deliveries and posts them signed.
+
+It runs in the driver role, beside the global callbacks: the driver already posts to the
+outside world, is the one role every deployment runs, and holds no tenant's code (a worker runs
+commands; worker-control runs the Factory). Several drivers may run it at once: a claim locks
+its rows `SKIP LOCKED` and marks them claimed, so each try is made by one deliverer; a
+deliverer that dies lets its claims lapse and another tries them again (the same `webhook-id`,
+so a receiver drops a repeat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from activities import webhook_egress as egress
+from activities.driver import callback_message_id, sign_webhook
+from receipts import metrics
+from receipts import webhooks as hooks
+from receipts.store import Store
+from receipts.webhooks import Claimed, WebhookSettings
+
+log = logging.getLogger("roles.delivery.webhooks")
+
+
+@dataclass
+class DeliveryPass:
+    """What one pass's tries came to."""
+
+    claimed: int = 0
+    delivered: int = 0
+    retried: int = 0
+    failed: int = 0
+    lapsed: int = 0  # not recorded (the database failed): its claim lapses, it is tried again
+
+
+class WebhookDeliverer:
+    """`run_once` claims what is due (at most `org_in_flight` of one organization in flight,
+    `concurrency` in all) and posts it; `run` claims every poll interval while earlier posts are
+    still in flight, so a slow receiver holds up only its own organization's share."""
+
+    name = "webhook_deliverer"
+
+    def __init__(self, store: Store, settings: WebhookSettings, http: httpx.AsyncClient):
+        self.store = store
+        self.settings = settings
+        self.http = http
+        self._in_flight: set[asyncio.Task[str]] = set()
+
+    @property
+    def claim_ms(self) -> int:
+        """How long a claim holds: longer than a post can take (its DNS and its timeout)."""
+        return 2 * self.settings.timeout_ms + 5_000
+
+    async def _claim(self) -> list[Claimed]:
+        free = self.settings.concurrency - len(self._in_flight)
+        if free <= 0:
+            return []
+        return await hooks.claim(
+            self.store, limit=free, per_org=self.settings.org_in_flight, lease_ms=self.claim_ms
+        )
+
+    async def run_once(self) -> DeliveryPass:
+        """Claim what is due and post it; returns when every post of this pass is recorded."""
+        claimed = await self._claim()
+        outcomes = await asyncio.gather(*(self._try(d) for d in claimed))
+        result = DeliveryPass(claimed=len(claimed))
+        for outcome in outcomes:
+            setattr(result, outcome, getattr(result, outcome) + 1)
+        return result
+
+    async def run(self) -> None:
+        """Claim and post until cancelled; a failing claim is logged and tried at the next poll."""
+        interval = self.settings.poll_interval_ms / 1000
+        try:
+            while True:
+                try:
+                    for delivery in await self._claim():
+                        task = asyncio.create_task(self._try(delivery))
+                        self._in_flight.add(task)
+                        task.add_done_callback(self._in_flight.discard)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the loop outlives a failing claim
+                    metrics.LOOP_FAILED.labels(self.name).inc()
+                    log.warning(
+                        "webhook claim failed",
+                        extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},
+                    )
+                await asyncio.sleep(interval)
+        finally:
+            for task in self._in_flight:
+                task.cancel()
+
+    async def _try(self, delivery: Claimed) -> str:
+        try:
+            return await self._deliver(delivery)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one delivery's failure stops no other
+            log.warning(
+                "webhook try not recorded; its claim lapses and it is tried again",
+                exc_info=True,
+                extra={
+                    "event": "webhook.try_lost",
+                    "deliveryId": delivery.delivery_id,
+                    "error": str(exc),
+                },
+            )
+            return "lapsed"
+
+    async def _deliver(self, delivery: Claimed) -> str:
+        """One try of `delivery`, recorded; its outcome (`delivered`, `retried`, `failed`). A
+        failure to record it leaves the claim to lapse: the delivery is tried again."""
+        started = time.monotonic()
+        status_code: int | None = None
+        error: str | None = None
+        data = await hooks.event_data(self.store, delivery)
+        if data is None:
+            error = "the event's subject no longer exists"
+            return await self._record(delivery, "failed", None, error, started)
+        body = hooks.body(delivery, data)
+        message_id = callback_message_id(delivery.message_key)
+        timestamp = int(time.time())
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "Receipt-Webhooks/1",
+            "webhook-id": message_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign_webhook(delivery.secret, message_id, timestamp, body),
+        }
+        try:
+            target = await egress.check(delivery.url, self.settings)
+            response = await egress.post(
+                self.http, target, headers, body, self.settings.timeout_ms / 1000
+            )
+            status_code = response.status_code
+            if not 200 <= status_code < 300:
+                error = f"HTTP {status_code}"
+        except egress.EgressRefused as exc:
+            error = f"refused: {exc}"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        if error is None:
+            return await self._record(delivery, "delivered", status_code, None, started)
+        tries = delivery.tries + 1
+        age_ms = (delivery.now - delivery.created_at).total_seconds() * 1000
+        if hooks.gives_up(tries, age_ms, self.settings):
+            return await self._record(delivery, "failed", status_code, error, started)
+        wait = hooks.retry_delay_ms(tries, self.settings.retry_base_ms, self.settings.retry_max_ms)
+        # Never past the retry window: the last try is at its end at the latest.
+        wait = int(min(wait, max(self.settings.retry_for_ms - age_ms, 0)))
+        return await self._record(delivery, "retried", status_code, error, started, wait)
+
+    async def _record(
+        self,
+        delivery: Claimed,
+        outcome: str,
+        status_code: int | None,
+        error: str | None,
+        started: float,
+        retry_ms: int = 0,
+    ) -> str:
+        status = {"delivered": "delivered", "failed": "failed", "retried": "pending"}[outcome]
+        next_try = await hooks.record_try(
+            self.store,
+            delivery.delivery_id,
+            status=status,
+            status_code=status_code,
+            error=error,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            retry_ms=retry_ms,
+        )
+        event = delivery.event if delivery.event in hooks.EVENTS else hooks.TEST_EVENT
+        metrics.WEBHOOK_DELIVERIES.labels(event, outcome).inc()
+        log.log(
+            logging.INFO if outcome == "delivered" else logging.WARNING,
+            "webhook %s",
+            outcome,
+            extra={
+                "event": f"webhook.{outcome}",
+                "webhookId": delivery.webhook_id,
+                "deliveryId": delivery.delivery_id,
+                "organizationId": delivery.organization_id,
+                "webhookEvent": delivery.event,
+                "statusCode": status_code,
+                "tries": delivery.tries + 1,
+                "nextTryAt": next_try.isoformat() if next_try and outcome == "retried" else None,
+                "error": error,
+            },
+        )
+        return outcome

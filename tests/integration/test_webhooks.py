@@ -1,0 +1,447 @@
+"""Per-organization webhooks against real PostgreSQL and a real HTTP receiver on 127.0.0.1:
+subscriptions through the API, deliveries owed in the settle's own statement, posted signed
+(verified with the `standardwebhooks` package), retried after a 500, never across
+organizations, and the egress rules at create and at each delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from standardwebhooks.webhooks import Webhook as Verifier
+from standardwebhooks.webhooks import WebhookVerificationError
+
+from receipts import metrics, retention
+from receipts import operations as ops
+from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs.lifecycle import CreateRequest
+from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.guarded import append_if_unchanged
+from receipts.objectives import store as objectives
+from receipts.store import Draft, Store
+from receipts.tenancy import caller_id
+from receipts.webhooks import WebhookSettings
+from roles.delivery.agent_jobs import AgentJobDispatcher
+from roles.delivery.webhooks import WebhookDeliverer
+from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client
+from tests.integration.helpers import create_objective, new_id, put
+
+LEASE = 60_000
+# The receiver listens on loopback over plain http: the operator's allow-list admits it.
+ALLOWED = WebhookSettings(
+    allowed_hosts="127.0.0.1", retry_base_ms=200, retry_max_ms=400, poll_interval_ms=50
+)
+
+
+@dataclass
+class Post:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(self.body)
+        return parsed
+
+
+@dataclass
+class Receiver:
+    """An HTTP server on 127.0.0.1: records every POST per path and answers each path with the
+    statuses queued for it (200 once they run out)."""
+
+    posts: list[Post] = field(default_factory=list)
+    statuses: dict[str, list[int]] = field(default_factory=dict)
+    port: int = 0
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def at(self, path: str) -> list[Post]:
+        return [p for p in self.posts if p.path == path]
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = (await reader.readline()).decode().split()
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        path = request[1]
+        self.posts.append(Post(path, headers, body))
+        queued = self.statuses.get(path, [])
+        status = queued.pop(0) if queued else 200
+        writer.write(
+            f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
+        )
+        await writer.drain()
+        writer.close()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    found = Receiver()
+    server = await asyncio.start_server(found.handle, "127.0.0.1", 0)
+    found.port = server.sockets[0].getsockname()[1]
+    yield found
+    server.close()
+    await server.wait_closed()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+async def subscribe(
+    api: httpx.AsyncClient, headers: dict[str, str], url: str, events: list[str]
+) -> tuple[str, str]:
+    answer = await api.post("/webhooks", json={"url": url, "events": events}, headers=headers)
+    assert answer.status_code == 201, answer.text
+    created = answer.json()
+    assert created["secret"].startswith("whsec_")
+    return created["webhook"]["webhookId"], created["secret"]
+
+
+async def running(store: Store, org: str = "org-a") -> str:
+    job = (await put(store, org=org, maxAttempts=1)).job
+    assert job.organization_id == org
+    out = await ops.start_attempt(store, job.job_id, attempt=1, worker_id="w1", lease_ms=LEASE)
+    assert out.ok
+    return job.job_id
+
+
+async def completed(store: Store, org: str = "org-a") -> str:
+    job_id = await running(store, org)
+    assert (await ops.complete(store, job_id, worker_id="w1", attempt=1, result={"ok": 1})).ok
+    return job_id
+
+
+async def owed(store: Store, job_id: str) -> int:
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM webhook_deliveries WHERE subject = %s", (job_id,)
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def verify(post: Post, secret: str) -> dict[str, Any]:
+    verified: dict[str, Any] = Verifier(secret).verify(post.body, post.headers)
+    return verified
+
+
+async def test_a_receiver_gets_exactly_its_organizations_subscribed_events_signed(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        _, secret_a = await subscribe(
+            api, AS_A, receiver.url("/a"), ["job.completed", "job.failed"]
+        )
+        _, secret_b = await subscribe(api, AS_B, receiver.url("/b"), ["job.completed"])
+    done_a = await completed(store, "org-a")
+    failed_a = await running(store, "org-a")
+    assert (
+        await ops.fail(store, failed_a, worker_id="w1", attempt=1, error="boom", retryable=False)
+    ).ok
+    canceled_a = (await put(store, org="org-a")).job.job_id  # canceled: not subscribed
+    assert (await ops.cancel_queued(store, canceled_a, reason="no")).ok
+    done_b = await completed(store, "org-b")
+    before = metrics.value(
+        "receipt_webhook_deliveries_total", event="job.completed", outcome="delivered"
+    )
+
+    deliverer = WebhookDeliverer(store, ALLOWED, http)
+    result = await deliverer.run_once()
+    assert (result.claimed, result.delivered) == (3, 3)
+    assert (await deliverer.run_once()).claimed == 0  # delivered once
+
+    got_a = {
+        (b["type"], b["data"]["job"]["jobId"])
+        for b in map(lambda p: verify(p, secret_a), receiver.at("/a"))
+    }
+    assert got_a == {("job.completed", caller_id(done_a)), ("job.failed", caller_id(failed_a))}
+    got_b = [verify(p, secret_b) for p in receiver.at("/b")]
+    assert [(b["type"], b["data"]["job"]["jobId"]) for b in got_b] == [
+        ("job.completed", caller_id(done_b))
+    ]
+    # Neither receiver's secret verifies the other organization's posts, and no body carries
+    # the other organization's job.
+    for post in receiver.at("/b"):
+        with pytest.raises(WebhookVerificationError):
+            verify(post, secret_a)
+    assert all(caller_id(done_b) not in p.body.decode() for p in receiver.at("/a"))
+    assert len(receiver.posts) == 3
+    after = metrics.value(
+        "receipt_webhook_deliveries_total", event="job.completed", outcome="delivered"
+    )
+    assert after - before == 2
+
+
+async def test_a_500_is_retried_with_the_same_id_and_the_deliveries_show_it(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    store, url = fresh
+    receiver.statuses["/flaky"] = [500]
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        hook, secret = await subscribe(api, AS_A, receiver.url("/flaky"), ["job.completed"])
+        job_id = await completed(store)
+        deliverer = WebhookDeliverer(store, ALLOWED, http)
+        assert (await deliverer.run_once()).retried == 1
+
+        shown = (await api.get(f"/webhooks/{hook}/deliveries", headers=AS_A)).json()
+        [delivery] = shown["deliveries"]
+        assert delivery["status"] == "pending" and delivery["tries"] == 1
+        assert delivery["lastStatusCode"] == 500 and delivery["nextTryAt"] is not None
+        assert delivery["subject"] == caller_id(job_id)  # the organization's own id
+        assert delivery["attempts"][0]["statusCode"] == 500
+
+        deadline = time.monotonic() + 10
+        while (await deliverer.run_once()).delivered == 0:
+            assert time.monotonic() < deadline, "the retry never came"
+            await asyncio.sleep(0.05)
+        [delivery] = (await api.get(f"/webhooks/{hook}/deliveries", headers=AS_A)).json()[
+            "deliveries"
+        ]
+        assert delivery["status"] == "delivered" and delivery["tries"] == 2
+        assert delivery["nextTryAt"] is None and delivery["lastStatusCode"] == 200
+    first, second = receiver.at("/flaky")
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]
+    assert verify(second, secret)["data"]["job"]["status"] == "completed"
+
+
+async def test_a_delivery_gives_up_after_its_tries(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    store, url = fresh
+    settings = ALLOWED.model_copy(update={"max_tries": 2, "retry_base_ms": 1, "retry_max_ms": 1})
+    receiver.statuses["/dead"] = [503, 503, 503]
+    async with api_client(url, store=store, webhooks=settings) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/dead"), ["job.completed"])
+        await completed(store)
+        deliverer = WebhookDeliverer(store, settings, http)
+        assert (await deliverer.run_once()).retried == 1
+        await asyncio.sleep(0.05)
+        assert (await deliverer.run_once()).failed == 1
+        [delivery] = (await api.get(f"/webhooks/{hook}/deliveries", headers=AS_A)).json()[
+            "deliveries"
+        ]
+    assert delivery["status"] == "failed" and delivery["tries"] == 2
+    assert [a["statusCode"] for a in delivery["attempts"]] == [503, 503]
+    assert (await deliverer.run_once()).claimed == 0
+    assert len(receiver.at("/dead")) == 2
+
+
+async def test_a_refused_settle_writes_no_delivery_row(
+    fresh: tuple[Store, str], receiver: Receiver
+) -> None:
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        await subscribe(api, AS_A, receiver.url("/a"), ["job.completed"])
+    # The guarded statement: another append lands between the read and the settle.
+    job_id = await running(store)
+    job, now = await store.get_job_with_now(job_id)
+    assert job is not None
+    assert (await ops.progress(store, job_id, worker_id="w1", attempt=1, data={"p": 1})).ok
+    fence = {"workerId": "w1", "attempt": 1, "settlementId": "w1"}
+    settle = [Draft("job.completed", {**fence, "result": None})]
+    assert await append_if_unchanged(store, job_id, job, settle, now, lease_held=True) is None
+    assert await owed(store, job_id) == 0
+    # The locked transaction: the settle rolled back, its delivery with it.
+    with pytest.raises(RuntimeError):
+        async with store.transaction() as tx:
+            locked = await tx.job_for_update(job_id)
+            await tx.append_job(job_id, locked, settle)
+            assert await tx.fetch("count_webhook_deliveries", {"job_ids": [job_id]}) == [(1,)]
+            raise RuntimeError("rolled back")
+    assert await owed(store, job_id) == 0
+    # The settle that lands owes exactly one.
+    assert (await ops.complete(store, job_id, worker_id="w1", attempt=1)).ok
+    assert await owed(store, job_id) == 1
+    # A job of an organization without webhooks owes nothing.
+    assert await owed(store, await completed(store, "org-b")) == 0
+
+
+async def test_rotating_the_secret_makes_the_old_one_fail_the_next_delivery(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        hook, old = await subscribe(api, AS_A, receiver.url("/r"), ["job.completed"])
+        tested = await api.post(f"/webhooks/{hook}/test", headers=AS_A)
+        assert tested.status_code == 202
+        rotated = await api.post(f"/webhooks/{hook}/rotate-secret", headers=AS_A)
+        assert rotated.status_code == 200
+        new = rotated.json()["secret"]
+        assert new != old and rotated.json()["webhook"]["secretRotatedAt"] is not None
+        assert "secret" not in (await api.get(f"/webhooks/{hook}", headers=AS_A)).json()
+    await WebhookDeliverer(store, ALLOWED, http).run_once()
+    [post] = receiver.at("/r")
+    assert verify(post, new)["type"] == "webhook.test"
+    assert verify(post, new)["data"]["webhookId"] == hook
+    with pytest.raises(WebhookVerificationError):
+        verify(post, old)
+
+
+async def test_another_organization_sees_nothing_and_bad_input_writes_nothing(
+    fresh: tuple[Store, str], receiver: Receiver
+) -> None:
+    store, url = fresh
+    capped = ALLOWED.model_copy(update={"max_per_organization": 2})
+    async with api_client(url, store=store, webhooks=capped) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/a"), ["job.failed"])
+        for method, path in [
+            ("GET", f"/webhooks/{hook}"),
+            ("DELETE", f"/webhooks/{hook}"),
+            ("POST", f"/webhooks/{hook}/rotate-secret"),
+            ("POST", f"/webhooks/{hook}/test"),
+            ("GET", f"/webhooks/{hook}/deliveries"),
+        ]:
+            answer = await api.request(method, path, headers=AS_B)
+            assert answer.status_code == 404, (method, path)
+            assert answer.json()["error"]["field"] == "webhookId"
+        assert (await api.get("/webhooks", headers=AS_B)).json()["webhooks"] == []
+        assert [
+            w["webhookId"]
+            for w in (await api.get("/webhooks", headers=AS_ADMIN)).json()["webhooks"]
+        ] == [hook]
+
+        bad = await api.post(
+            "/webhooks", json={"url": receiver.url("/a"), "events": ["job.done"]}, headers=AS_A
+        )
+        assert bad.status_code == 422
+        assert bad.json()["error"]["field"] == "events[0]"
+        assert "objective.settled" in bad.json()["error"]["allowed"]
+
+        await subscribe(api, AS_A, receiver.url("/a2"), ["job.failed"])
+        third = await api.post(
+            "/webhooks", json={"url": receiver.url("/a3"), "events": ["job.failed"]}, headers=AS_A
+        )
+        assert third.status_code == 409 and third.json()["error"]["code"] == "too_many_webhooks"
+        page = (await api.get("/webhooks?limit=1", headers=AS_A)).json()
+        assert len(page["webhooks"]) == 1 and page["nextCursor"]
+        rest = (
+            await api.get(f"/webhooks?limit=1&cursor={page['nextCursor']}", headers=AS_A)
+        ).json()
+        assert len(rest["webhooks"]) == 1 and rest["nextCursor"] is None
+        assert {page["webhooks"][0]["webhookId"], rest["webhooks"][0]["webhookId"]} >= {hook}
+
+        assert (await api.delete(f"/webhooks/{hook}", headers=AS_A)).status_code == 204
+        assert (await api.get(f"/webhooks/{hook}", headers=AS_A)).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://localhost/hook", "loopback"),
+        ("https://127.0.0.1/hook", "loopback"),
+        ("https://10.0.0.7/hook", "private"),
+        ("https://169.254.169.254/latest/meta-data", "link-local"),
+        ("https://100.64.1.1/hook", "CGNAT"),
+        ("https://[::1]/hook", "loopback"),
+        ("https://[fd00::1]/hook", "unique-local"),
+        ("http://93.184.215.14/hook", "must be https"),
+    ],
+)
+async def test_a_url_reaching_a_private_address_is_refused_without_the_allow_list(
+    fresh: tuple[Store, str], url: str, why: str
+) -> None:
+    store, db = fresh
+    async with api_client(db, store=store) as api:
+        answer = await api.post(
+            "/webhooks", json={"url": url, "events": ["job.failed"]}, headers=AS_A
+        )
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"]["field"] == "url" and why in answer.json()["error"]["message"]
+        assert (await api.get("/webhooks", headers=AS_A)).json()["webhooks"] == []
+
+
+async def test_each_delivery_checks_the_address_again(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    """A host allowed when the webhook was made and refused now (the allow-list changed, or
+    the name resolves elsewhere): the deliverer posts nothing and records why."""
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/x"), ["job.completed"])
+        await completed(store)
+        strict = WebhookSettings(retry_base_ms=200, retry_max_ms=400)
+        assert (await WebhookDeliverer(store, strict, http).run_once()).retried == 1
+        [delivery] = (await api.get(f"/webhooks/{hook}/deliveries", headers=AS_A)).json()[
+            "deliveries"
+        ]
+    assert receiver.posts == []
+    assert delivery["lastStatusCode"] is None and "must be https" in delivery["lastError"]
+
+
+async def test_wakeups_and_settled_objectives_are_owed_with_their_receipts(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        _, secret = await subscribe(
+            api, AS_A, receiver.url("/w"), ["session.wakeup", "objective.settled"]
+        )
+    session = new_id("session")
+    job, _ = await lifecycle.create(
+        store,
+        CreateRequest(
+            agent_id="agent-w",
+            organization_id="org-a",
+            owner_session_id=session,
+            source_actor_event_id="e1",
+            source_tool_call_id=new_id("tool"),
+            reply_route={"binding": "slack", "channel": "C1", "thread": None},
+            input={"prompt": "work"},
+        ),
+    )
+    # Its first turn asks its user a question: the job waits, its owner session is woken.
+    dispatcher = AgentJobDispatcher(store, None, AgentJobSettings())
+    await dispatcher.run_once()
+    turn = (await lifecycle.get(store, job.agent_job_id)).queue_job_id  # type: ignore[union-attr]
+    assert turn is not None
+    worker = f"{turn}:attempt:1/1"
+    assert (await ops.start_attempt(store, turn, attempt=1, worker_id=worker, lease_ms=LEASE)).ok
+    question = {"outcome": "needs_input", "question": "q", "toolCallId": "c"}
+    assert (await ops.complete(store, turn, worker_id=worker, attempt=1, result=question)).ok
+    await dispatcher.run_once()
+    objective_id = new_id("obj")
+    await create_objective(store, objective_id)
+    async with store.transaction() as tx:
+        await objectives.update(
+            tx, objective_id, lambda _: [Draft("objective.settled", {"status": "completed"})]
+        )
+    await WebhookDeliverer(store, ALLOWED, http).run_once()
+    got = {b["type"]: b["data"] for b in (verify(p, secret) for p in receiver.at("/w"))}
+    assert set(got) == {"session.wakeup", "objective.settled"}
+    assert got["session.wakeup"]["sessionId"] == session
+    assert got["session.wakeup"]["wakeup"]["data"]["status"] == "waiting_on_user"
+    assert got["objective.settled"]["objective"]["status"] == "completed"
+
+
+async def test_retention_prunes_a_jobs_deliveries_with_it(
+    fresh: tuple[Store, str], receiver: Receiver
+) -> None:
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        await subscribe(api, AS_A, receiver.url("/p"), ["job.completed"])
+    job_id = await completed(store)
+    assert await owed(store, job_id) == 1
+    async with store.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET updated_at = updated_at - interval '40 days' WHERE job_id = %s",
+            (job_id,),
+        )
+    pruned = await retention.prune(store, timedelta(days=30))
+    assert pruned.removed["webhook_deliveries"] == 1
+    assert await owed(store, job_id) == 0
