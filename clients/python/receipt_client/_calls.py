@@ -115,3 +115,7 @@ def objective_body(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str
 
 def reason_body(reason: str | None) -> Any:
     return {"reason": reason} if reason is not None else NO_BODY
+
+
+def webhook_path(webhook_id: str, suffix: str = "") -> str:
+    return f"/webhooks/{segment(webhook_id)}{suffix}"

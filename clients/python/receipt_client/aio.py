@@ -75,6 +75,8 @@ class AsyncClient:
             raise ConnectionFailed(f"cannot reach the API at {self.url}: {exc}") from exc
         if response.status_code >= 400:
             raise error_of(response)
+        if response.status_code == 204:
+            return None  # a deletion answers no body
         return response.json()
 
     async def _send(self, call: Call[M]) -> M:
@@ -407,3 +409,44 @@ class AsyncClient:
             calls.session_path(session_id, "/events"), after, session_id
         ):
             yield models.ReceiptView.model_validate(body)
+
+    # --- per-organization webhooks --------------------------------------------------------
+
+    async def create_webhook(
+        self, url: str, events: list[str], *, description: str | None = None
+    ) -> models.WebhookCreated:
+        """Subscribe `url` to `events` of the token's organization; the answer's `secret`
+        (Standard Webhooks, `whsec_…`) is shown this once."""
+        body = calls.body_of({"url": url, "events": list(events), "description": description})
+        return await self._send(Call("POST", "/webhooks", models.WebhookCreated, body=body))
+
+    async def list_webhooks(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> models.WebhookList:
+        params = calls.query(limit=limit, cursor=cursor)
+        return await self._send(Call("GET", "/webhooks", models.WebhookList, params=params))
+
+    async def get_webhook(self, webhook_id: str) -> models.WebhookView:
+        return await self._send(Call("GET", calls.webhook_path(webhook_id), models.WebhookView))
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        """Unsubscribe: the deliveries it still owes are dropped with it."""
+        await self.request("DELETE", calls.webhook_path(webhook_id))
+
+    async def rotate_webhook_secret(self, webhook_id: str) -> models.WebhookCreated:
+        """A new signing secret (shown this once); the old one verifies no later post."""
+        path = calls.webhook_path(webhook_id, "/rotate-secret")
+        return await self._send(Call("POST", path, models.WebhookCreated))
+
+    async def test_webhook(self, webhook_id: str) -> models.WebhookTestAccepted:
+        """Have a `webhook.test` event delivered to the subscription."""
+        path = calls.webhook_path(webhook_id, "/test")
+        return await self._send(Call("POST", path, models.WebhookTestAccepted))
+
+    async def webhook_deliveries(
+        self, webhook_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> models.WebhookDeliveryList:
+        """The subscription's deliveries, newest first: status, tries, the next try."""
+        params = calls.query(limit=limit, cursor=cursor)
+        path = calls.webhook_path(webhook_id, "/deliveries")
+        return await self._send(Call("GET", path, models.WebhookDeliveryList, params=params))

@@ -77,6 +77,8 @@ class Client:
             raise ConnectionFailed(f"cannot reach the API at {self.url}: {exc}") from exc
         if response.status_code >= 400:
             raise error_of(response)
+        if response.status_code == 204:
+            return None  # a deletion answers no body
         return response.json()
 
     def _send(self, call: Call[M]) -> M:
@@ -391,3 +393,44 @@ class Client:
         """The session's wakeups as they are written (a session never ends: stop when done)."""
         for body in self.follow_raw(calls.session_path(session_id, "/events"), after, session_id):
             yield models.ReceiptView.model_validate(body)
+
+    # --- per-organization webhooks --------------------------------------------------------
+
+    def create_webhook(
+        self, url: str, events: list[str], *, description: str | None = None
+    ) -> models.WebhookCreated:
+        """Subscribe `url` to `events` of the token's organization; the answer's `secret`
+        (Standard Webhooks, `whsec_…`) is shown this once."""
+        body = calls.body_of({"url": url, "events": list(events), "description": description})
+        return self._send(Call("POST", "/webhooks", models.WebhookCreated, body=body))
+
+    def list_webhooks(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> models.WebhookList:
+        params = calls.query(limit=limit, cursor=cursor)
+        return self._send(Call("GET", "/webhooks", models.WebhookList, params=params))
+
+    def get_webhook(self, webhook_id: str) -> models.WebhookView:
+        return self._send(Call("GET", calls.webhook_path(webhook_id), models.WebhookView))
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        """Unsubscribe: the deliveries it still owes are dropped with it."""
+        self.request("DELETE", calls.webhook_path(webhook_id))
+
+    def rotate_webhook_secret(self, webhook_id: str) -> models.WebhookCreated:
+        """A new signing secret (shown this once); the old one verifies no later post."""
+        path = calls.webhook_path(webhook_id, "/rotate-secret")
+        return self._send(Call("POST", path, models.WebhookCreated))
+
+    def test_webhook(self, webhook_id: str) -> models.WebhookTestAccepted:
+        """Have a `webhook.test` event delivered to the subscription."""
+        path = calls.webhook_path(webhook_id, "/test")
+        return self._send(Call("POST", path, models.WebhookTestAccepted))
+
+    def webhook_deliveries(
+        self, webhook_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> models.WebhookDeliveryList:
+        """The subscription's deliveries, newest first: status, tries, the next try."""
+        params = calls.query(limit=limit, cursor=cursor)
+        path = calls.webhook_path(webhook_id, "/deliveries")
+        return self._send(Call("GET", path, models.WebhookDeliveryList, params=params))

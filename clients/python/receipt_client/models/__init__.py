@@ -3,3 +3,4 @@
 from receipt_client.models._part1 import *
 from receipt_client.models._part2 import *
 from receipt_client.models._part3 import *
+from receipt_client.models._part4 import *

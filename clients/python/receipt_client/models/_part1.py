@@ -366,6 +366,23 @@ class ErrorDetail(BaseModel):
     message: str = Field(..., title="Message")
 
 
+class Firing(BaseModel):
+    """
+    One fire time and what it came to: the job it enqueued, or why it enqueued none.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    canceled_job_id: str | None = Field(None, alias="canceledJobId", title="Canceledjobid")
+    fire_time: AwareDatetime = Field(..., alias="fireTime", title="Firetime")
+    job_id: str | None = Field(None, alias="jobId", title="Jobid")
+    outcome: Literal["enqueued", "skipped"] = Field(..., title="Outcome")
+    recorded_at: AwareDatetime = Field(..., alias="recordedAt", title="Recordedat")
+    running_job_id: str | None = Field(None, alias="runningJobId", title="Runningjobid")
+
+
 class Health(BaseModel):
     """
     The process is up.
@@ -376,18 +393,3 @@ class Health(BaseModel):
         populate_by_name=True,
     )
     status: Literal["ok"] = Field(..., title="Status")
-
-
-class JobStreamEnd(BaseModel):
-    """
-    The data of a job stream's `end` event: the job is terminal.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    job_id: str = Field(..., alias="jobId", title="Jobid")
-    status: Literal["queued", "leased", "running", "completed", "failed", "canceled"] = Field(
-        ..., title="Status"
-    )

@@ -8,6 +8,21 @@ from typing import Any, Literal
 from receipt_client.models._part1 import *
 
 
+class JobStreamEnd(BaseModel):
+    """
+    The data of a job stream's `end` event: the job is terminal.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    job_id: str = Field(..., alias="jobId", title="Jobid")
+    status: Literal["queued", "leased", "running", "completed", "failed", "canceled"] = Field(
+        ..., title="Status"
+    )
+
+
 class LatestStatus(BaseModel):
     """
     The latest-status projection: `interrupted` / `request_user_input` while the job waits on
@@ -178,6 +193,125 @@ class ReplyRouteModel(BaseModel):
     thread: str | None = Field(None, title="Thread")
 
 
+class Interval(RootModel[str]):
+    root: str = Field(None, examples=["30s", "1h"], pattern="^\\d+[smhd]$", title="Interval")
+
+
+class ScheduleId(RootModel[str]):
+    root: str = Field(None, pattern="^[A-Za-z0-9._@-]{1,120}$", title="Scheduleid")
+
+
+class ScheduleBody(BaseModel):
+    """
+    `POST /schedules`: when it fires (a five-field `cron` in `timezone`, or an `interval` such
+    as `15m`), the enqueue body each firing posts to `agentId` (its job id is
+    `<scheduleId>:<fire time>`), and what a firing does while the previous job is still active.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    agent_id: str = Field(..., alias="agentId", min_length=1, title="Agentid")
+    cron: str | None = Field(None, examples=["*/15 * * * *", "0 9 * * mon-fri"], title="Cron")
+    interval: Interval | None = Field(None, examples=["30s", "1h"], title="Interval")
+    job: dict[str, Any] = Field(..., title="Job")
+    """
+    The enqueue body (as POST /agents/{agentId}/jobs)
+    """
+    overlap: Literal["skip", "allow", "cancel_previous"] | None = Field("skip", title="Overlap")
+    paused: bool | None = Field(False, title="Paused")
+    schedule_id: ScheduleId | None = Field(None, alias="scheduleId", title="Scheduleid")
+    timezone: str | None = Field("UTC", examples=["Europe/Paris"], title="Timezone")
+
+
+class AgentId1(RootModel[str]):
+    root: str = Field(None, min_length=1, title="Agentid")
+
+
+class Interval1(RootModel[str]):
+    root: str = Field(None, pattern="^\\d+[smhd]$", title="Interval")
+
+
+class Note(RootModel[str]):
+    root: str = Field(None, max_length=1000, title="Note")
+
+
+class SchedulePatchBody(BaseModel):
+    """
+    `PATCH /schedules/{scheduleId}`: pause or resume it, or change when it fires or what;
+    a field left out keeps its value (`cron` and `interval` replace each other).
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    agent_id: AgentId1 | None = Field(None, alias="agentId", title="Agentid")
+    cron: str | None = Field(None, title="Cron")
+    interval: Interval1 | None = Field(None, title="Interval")
+    job: dict[str, Any] | None = Field(None, title="Job")
+    note: Note | None = Field(None, title="Note")
+    overlap: Literal["skip", "allow", "cancel_previous"] | None = Field(None, title="Overlap")
+    paused: bool | None = Field(None, title="Paused")
+    timezone: str | None = Field(None, title="Timezone")
+
+
+class ScheduleRun(BaseModel):
+    """
+    One recent firing: its fire time, what it came to and its job's status now.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    canceled_job_id: str | None = Field(None, alias="canceledJobId", title="Canceledjobid")
+    fire_time: AwareDatetime = Field(..., alias="fireTime", title="Firetime")
+    job_id: str | None = Field(None, alias="jobId", title="Jobid")
+    job_status: Literal["queued", "leased", "running", "completed", "failed", "canceled"] | None = (
+        Field(None, alias="jobStatus", title="Jobstatus")
+    )
+    outcome: Literal["enqueued", "skipped"] = Field(..., title="Outcome")
+    recorded_at: AwareDatetime = Field(..., alias="recordedAt", title="Recordedat")
+    running_job_id: str | None = Field(None, alias="runningJobId", title="Runningjobid")
+
+
+class ScheduleView(BaseModel):
+    """
+    A schedule: its definition, whether it is paused, its next fire times (none while paused)
+    and its last firings with their jobs.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    agent_id: str = Field(..., alias="agentId", title="Agentid")
+    caller_schedule_id: str = Field(..., alias="callerScheduleId", title="Callerscheduleid")
+    created_at: AwareDatetime = Field(..., alias="createdAt", title="Createdat")
+    cron: str | None = Field(None, title="Cron")
+    definition_seq: int = Field(..., alias="definitionSeq", title="Definitionseq")
+    fired: int | None = Field(0, title="Fired")
+    interval_s: int | None = Field(None, alias="intervalS", title="Intervals")
+    job: dict[str, Any] = Field(..., title="Job")
+    last_job_id: str | None = Field(None, alias="lastJobId", title="Lastjobid")
+    last_runs: list[ScheduleRun] = Field(..., alias="lastRuns", title="Lastruns")
+    next_fire_times: list[AwareDatetime] = Field(..., alias="nextFireTimes", title="Nextfiretimes")
+    note: str | None = Field("", title="Note")
+    organization_id: str | None = Field(..., alias="organizationId", title="Organizationid")
+    overlap: Literal["skip", "allow", "cancel_previous"] | None = Field("skip", title="Overlap")
+    recent: list[Firing] | None = Field([], title="Recent", validate_default=True)
+    schedule_id: str = Field(..., alias="scheduleId", title="Scheduleid")
+    seq: int | None = Field(0, title="Seq")
+    settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
+    skipped: int | None = Field(0, title="Skipped")
+    status: Literal["active", "paused", "deleted"] = Field(..., title="Status")
+    stream: str = Field(..., title="Stream")
+    timezone: str | None = Field("UTC", title="Timezone")
+    updated_at: AwareDatetime = Field(..., alias="updatedAt", title="Updatedat")
+
+
 class SessionEventsPage(BaseModel):
     """
     An owner session's receipts (its wakeups) with `seq > after`, in order.
@@ -255,156 +389,3 @@ class TaskBody(BaseModel):
     task_id: str = Field(..., alias="taskId", pattern="^[A-Za-z0-9._-]{1,64}$", title="Taskid")
     timeout_ms: TimeoutMs | None = Field(None, alias="timeoutMs", title="Timeoutms")
     title: Title | None = Field(None, title="Title")
-
-
-class TaskTry(BaseModel):
-    """
-    One try of a task: its job and how it ended.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    dispatched_at: AwareDatetime = Field(..., alias="dispatchedAt", title="Dispatchedat")
-    error: str | None = Field(None, title="Error")
-    job_attempts: int | None = Field(None, alias="jobAttempts", title="Jobattempts")
-    job_id: str = Field(..., alias="jobId", title="Jobid")
-    number: int = Field(..., title="Number")
-    settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
-    started_at: AwareDatetime | None = Field(None, alias="startedAt", title="Startedat")
-    status: (
-        Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] | None
-    ) = Field("dispatched", title="Status")
-
-
-class AgentJobEventsPage(BaseModel):
-    """
-    An agent job's receipts with `seq > after`, in order; `lastSeq` is where the next page
-    starts.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    agent_job_id: str = Field(..., alias="agentJobId", title="Agentjobid")
-    last_seq: int = Field(..., alias="lastSeq", title="Lastseq")
-    receipts: list[ReceiptView] = Field(..., title="Receipts")
-    status: str = Field(..., title="Status")
-    stream: str = Field(..., title="Stream")
-
-
-class AgentJobView(BaseModel):
-    """
-    An agent job as the API shows it: its folded state, latest status, streams and links.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    agent_id: str = Field(..., alias="agentId", title="Agentid")
-    agent_job_id: str = Field(..., alias="agentJobId", title="Agentjobid")
-    answer: dict[str, Any] | None = Field(None, title="Answer")
-    attempt: int | None = Field(0, title="Attempt")
-    available_at: AwareDatetime | None = Field(None, alias="availableAt", title="Availableat")
-    cancel_reason: str | None = Field(None, alias="cancelReason", title="Cancelreason")
-    cancel_requested: bool | None = Field(False, alias="cancelRequested", title="Cancelrequested")
-    consecutive_failures: int | None = Field(
-        0, alias="consecutiveFailures", title="Consecutivefailures"
-    )
-    continued_from_job_id: str | None = Field(
-        None, alias="continuedFromJobId", title="Continuedfromjobid"
-    )
-    created_at: AwareDatetime = Field(..., alias="createdAt", title="Createdat")
-    error: str | None = Field(None, title="Error")
-    follow_up: Any | None = Field(None, alias="followUp", title="Followup")
-    input: dict[str, Any] = Field(..., title="Input")
-    latest_status: LatestStatus = Field(..., alias="latestStatus")
-    links: AgentJobLinks | None = None
-    live_turn_job_id: str | None = Field(None, alias="liveTurnJobId", title="Liveturnjobid")
-    organization_id: str = Field(..., alias="organizationId", title="Organizationid")
-    owner_session_id: str = Field(..., alias="ownerSessionId", title="Ownersessionid")
-    pending_tool_call: PendingToolCall | None = Field(None, alias="pendingToolCall")
-    provider_binding: str | None = Field(None, alias="providerBinding", title="Providerbinding")
-    queue_job_id: str | None = Field(None, alias="queueJobId", title="Queuejobid")
-    queue_job_ids: list[str] | None = Field([], alias="queueJobIds", title="Queuejobids")
-    reply_route: ReplyRouteModel = Field(..., alias="replyRoute")
-    result: Any | None = Field(None, title="Result")
-    seq: int | None = Field(0, title="Seq")
-    session_stream: str = Field(..., alias="sessionStream", title="Sessionstream")
-    settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
-    source_actor_event_id: str = Field(..., alias="sourceActorEventId", title="Sourceactoreventid")
-    source_tool_call_id: str = Field(..., alias="sourceToolCallId", title="Sourcetoolcallid")
-    started_at: AwareDatetime | None = Field(None, alias="startedAt", title="Startedat")
-    status: (
-        Literal["queued", "running", "waiting_on_user", "succeeded", "failed", "stopped"] | None
-    ) = Field("queued", title="Status")
-    stream: str = Field(..., title="Stream")
-    turn: int | None = Field(0, title="Turn")
-    updated_at: AwareDatetime = Field(..., alias="updatedAt", title="Updatedat")
-    usage: dict[str, int] | None = Field({}, title="Usage")
-    user_id: str | None = Field(None, alias="userId", title="Userid")
-    workspace_owner_job_id: str = Field(
-        ..., alias="workspaceOwnerJobId", title="Workspaceownerjobid"
-    )
-    workspace_template: str | None = Field(
-        None, alias="workspaceTemplate", title="Workspacetemplate"
-    )
-
-
-class EnqueueBody(BaseModel):
-    """
-    An enqueue request. Unknown top-level fields are refused (422).
-
-    The same model validates the HTTP body and documents it (the API's OpenAPI schema).
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    delay_ms: DelayMs | None = Field(None, alias="delayMs", title="Delayms")
-    job_id: JobId | None = Field(None, alias="jobId", title="Jobid")
-    """
-    Idempotency key of the job, scoped to the caller's organization
-    """
-    lane: Literal["chat", "collect", "steer", "follow_up"] | None = Field(None, title="Lane")
-    max_attempts: int | None = Field(None, alias="maxAttempts", title="Maxattempts")
-    """
-    clamped to 1..8; default 2
-    """
-    payload: EnqueuePayload
-    session_key: SessionKey | None = Field(None, alias="sessionKey", title="Sessionkey")
-    singleton_mode: Literal["allow", "cancel", "steer"] | None = Field(
-        None, alias="singletonMode", title="Singletonmode"
-    )
-
-
-class ErrorBody(BaseModel):
-    """
-    The one error shape of the API.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    error: ErrorDetail
-
-
-class EventsPage(BaseModel):
-    """
-    A job's receipts with `seq > after`, in order; `lastSeq` is where the next page starts.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    job_id: str = Field(..., alias="jobId", title="Jobid")
-    last_seq: int = Field(..., alias="lastSeq", title="Lastseq")
-    receipts: list[ReceiptView] = Field(..., title="Receipts")
-    status: str = Field(..., title="Status")
-    stream: str = Field(..., title="Stream")

@@ -9,6 +9,215 @@ from receipt_client.models._part1 import *
 from receipt_client.models._part2 import *
 
 
+class TaskTry(BaseModel):
+    """
+    One try of a task: its job and how it ended.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    dispatched_at: AwareDatetime = Field(..., alias="dispatchedAt", title="Dispatchedat")
+    error: str | None = Field(None, title="Error")
+    job_attempts: int | None = Field(None, alias="jobAttempts", title="Jobattempts")
+    job_id: str = Field(..., alias="jobId", title="Jobid")
+    number: int = Field(..., title="Number")
+    settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
+    started_at: AwareDatetime | None = Field(None, alias="startedAt", title="Startedat")
+    status: (
+        Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] | None
+    ) = Field("dispatched", title="Status")
+
+
+class WebhookTestAccepted(BaseModel):
+    """
+    A `webhook.test` delivery was owed; `GET /webhooks/{id}/deliveries` shows how it went.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    delivery_id: str = Field(..., alias="deliveryId", title="Deliveryid")
+    webhook_id: str = Field(..., alias="webhookId", title="Webhookid")
+
+
+class WebhookTry(BaseModel):
+    """
+    One try of a delivery: when, the receiver's status code or the error, how long.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    at: AwareDatetime = Field(..., title="At")
+    duration_ms: int | None = Field(None, alias="durationMs", title="Durationms")
+    error: str | None = Field(None, title="Error")
+    status_code: int | None = Field(None, alias="statusCode", title="Statuscode")
+
+
+class WebhookView(BaseModel):
+    """
+    A subscription (its secret is never shown again after create or rotate).
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    created_at: AwareDatetime = Field(..., alias="createdAt", title="Createdat")
+    description: str | None = Field(None, title="Description")
+    events: list[
+        Literal[
+            "job.completed",
+            "job.failed",
+            "job.canceled",
+            "session.wakeup",
+            "objective.settled",
+        ]
+    ] = Field(..., title="Events")
+    organization_id: str = Field(..., alias="organizationId", title="Organizationid")
+    secret_rotated_at: AwareDatetime | None = Field(
+        None, alias="secretRotatedAt", title="Secretrotatedat"
+    )
+    url: str = Field(..., title="Url")
+    webhook_id: str = Field(..., alias="webhookId", title="Webhookid")
+
+
+class AgentJobEventsPage(BaseModel):
+    """
+    An agent job's receipts with `seq > after`, in order; `lastSeq` is where the next page
+    starts.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    agent_job_id: str = Field(..., alias="agentJobId", title="Agentjobid")
+    last_seq: int = Field(..., alias="lastSeq", title="Lastseq")
+    receipts: list[ReceiptView] = Field(..., title="Receipts")
+    status: str = Field(..., title="Status")
+    stream: str = Field(..., title="Stream")
+
+
+class AgentJobView(BaseModel):
+    """
+    An agent job as the API shows it: its folded state, latest status, streams and links.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    agent_id: str = Field(..., alias="agentId", title="Agentid")
+    agent_job_id: str = Field(..., alias="agentJobId", title="Agentjobid")
+    answer: dict[str, Any] | None = Field(None, title="Answer")
+    attempt: int | None = Field(0, title="Attempt")
+    available_at: AwareDatetime | None = Field(None, alias="availableAt", title="Availableat")
+    cancel_reason: str | None = Field(None, alias="cancelReason", title="Cancelreason")
+    cancel_requested: bool | None = Field(False, alias="cancelRequested", title="Cancelrequested")
+    consecutive_failures: int | None = Field(
+        0, alias="consecutiveFailures", title="Consecutivefailures"
+    )
+    continued_from_job_id: str | None = Field(
+        None, alias="continuedFromJobId", title="Continuedfromjobid"
+    )
+    created_at: AwareDatetime = Field(..., alias="createdAt", title="Createdat")
+    error: str | None = Field(None, title="Error")
+    follow_up: Any | None = Field(None, alias="followUp", title="Followup")
+    input: dict[str, Any] = Field(..., title="Input")
+    latest_status: LatestStatus = Field(..., alias="latestStatus")
+    links: AgentJobLinks | None = None
+    live_turn_job_id: str | None = Field(None, alias="liveTurnJobId", title="Liveturnjobid")
+    organization_id: str = Field(..., alias="organizationId", title="Organizationid")
+    owner_session_id: str = Field(..., alias="ownerSessionId", title="Ownersessionid")
+    pending_tool_call: PendingToolCall | None = Field(None, alias="pendingToolCall")
+    provider_binding: str | None = Field(None, alias="providerBinding", title="Providerbinding")
+    queue_job_id: str | None = Field(None, alias="queueJobId", title="Queuejobid")
+    queue_job_ids: list[str] | None = Field([], alias="queueJobIds", title="Queuejobids")
+    reply_route: ReplyRouteModel = Field(..., alias="replyRoute")
+    result: Any | None = Field(None, title="Result")
+    seq: int | None = Field(0, title="Seq")
+    session_stream: str = Field(..., alias="sessionStream", title="Sessionstream")
+    settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
+    source_actor_event_id: str = Field(..., alias="sourceActorEventId", title="Sourceactoreventid")
+    source_tool_call_id: str = Field(..., alias="sourceToolCallId", title="Sourcetoolcallid")
+    started_at: AwareDatetime | None = Field(None, alias="startedAt", title="Startedat")
+    status: (
+        Literal["queued", "running", "waiting_on_user", "succeeded", "failed", "stopped"] | None
+    ) = Field("queued", title="Status")
+    stream: str = Field(..., title="Stream")
+    turn: int | None = Field(0, title="Turn")
+    updated_at: AwareDatetime = Field(..., alias="updatedAt", title="Updatedat")
+    usage: dict[str, int] | None = Field({}, title="Usage")
+    user_id: str | None = Field(None, alias="userId", title="Userid")
+    workspace_owner_job_id: str = Field(
+        ..., alias="workspaceOwnerJobId", title="Workspaceownerjobid"
+    )
+    workspace_template: str | None = Field(
+        None, alias="workspaceTemplate", title="Workspacetemplate"
+    )
+
+
+class EnqueueBody(BaseModel):
+    """
+    An enqueue request. Unknown top-level fields are refused (422).
+
+    The same model validates the HTTP body and documents it (the API's OpenAPI schema).
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    delay_ms: DelayMs | None = Field(None, alias="delayMs", title="Delayms")
+    job_id: JobId | None = Field(None, alias="jobId", title="Jobid")
+    """
+    Idempotency key of the job, scoped to the caller's organization
+    """
+    lane: Literal["chat", "collect", "steer", "follow_up"] | None = Field(None, title="Lane")
+    max_attempts: int | None = Field(None, alias="maxAttempts", title="Maxattempts")
+    """
+    clamped to 1..8; default 2
+    """
+    payload: EnqueuePayload
+    session_key: SessionKey | None = Field(None, alias="sessionKey", title="Sessionkey")
+    singleton_mode: Literal["allow", "cancel", "steer"] | None = Field(
+        None, alias="singletonMode", title="Singletonmode"
+    )
+
+
+class ErrorBody(BaseModel):
+    """
+    The one error shape of the API.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    error: ErrorDetail
+
+
+class EventsPage(BaseModel):
+    """
+    A job's receipts with `seq > after`, in order; `lastSeq` is where the next page starts.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    job_id: str = Field(..., alias="jobId", title="Jobid")
+    last_seq: int = Field(..., alias="lastSeq", title="Lastseq")
+    receipts: list[ReceiptView] = Field(..., title="Receipts")
+    status: str = Field(..., title="Status")
+    stream: str = Field(..., title="Stream")
+
+
 class JobView(BaseModel):
     """
     A job as the API shows it: the folded state, its stream, routing and pending commands.
@@ -177,154 +386,3 @@ class ObjectiveTaskView(BaseModel):
     timeout_ms: int | None = Field(None, alias="timeoutMs", title="Timeoutms")
     title: str = Field(..., title="Title")
     tries: list[TaskTry] | None = Field([], title="Tries", validate_default=True)
-
-
-class ObjectiveView(BaseModel):
-    """
-    The folded objective: phase, task graph, each task's status, tries and job.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    audit: dict[str, Any] | None = Field(None, title="Audit")
-    audit_job_id: str | None = Field(None, alias="auditJobId", title="Auditjobid")
-    auth_context: dict[str, Any] = Field(..., alias="authContext", title="Authcontext")
-    cancel_reason: str | None = Field(None, alias="cancelReason", title="Cancelreason")
-    cancel_requested: bool | None = Field(False, alias="cancelRequested", title="Cancelrequested")
-    control_delivered_seq: int | None = Field(
-        0, alias="controlDeliveredSeq", title="Controldeliveredseq"
-    )
-    control_job_id: str | None = Field(None, alias="controlJobId", title="Controljobid")
-    control_requested_seq: int | None = Field(
-        0, alias="controlRequestedSeq", title="Controlrequestedseq"
-    )
-    created_at: AwareDatetime = Field(..., alias="createdAt", title="Createdat")
-    error: str | None = Field(None, title="Error")
-    failed_step: str | None = Field(None, alias="failedStep", title="Failedstep")
-    failed_task: str | None = Field(None, alias="failedTask", title="Failedtask")
-    goal: str = Field(..., title="Goal")
-    last_control_reason: str | None = Field(
-        None, alias="lastControlReason", title="Lastcontrolreason"
-    )
-    objective_id: str = Field(..., alias="objectiveId", title="Objectiveid")
-    organization_id: str = Field(..., alias="organizationId", title="Organizationid")
-    phase: int | None = Field(1, title="Phase")
-    planned: bool | None = Field(False, title="Planned")
-    publish_step: StepState | None = Field(None, alias="publishStep")
-    reconciled_seq: int | None = Field(0, alias="reconciledSeq", title="Reconciledseq")
-    run_job_id: str | None = Field(None, alias="runJobId", title="Runjobid")
-    seq: int | None = Field(0, title="Seq")
-    settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
-    status: Literal["active", "completed", "failed", "canceled"] | None = Field(
-        "active", title="Status"
-    )
-    stream: str = Field(..., title="Stream")
-    tasks: list[ObjectiveTaskView] | None = Field([], title="Tasks", validate_default=True)
-    title: str = Field(..., title="Title")
-    updated_at: AwareDatetime = Field(..., alias="updatedAt", title="Updatedat")
-    validate_step: StepState | None = Field(None, alias="validateStep")
-
-
-class RetryAccepted(BaseModel):
-    """
-    A retry: the job retried and the job its retry created (`outcome`: `retried`, or
-    `already_retried` when an earlier retry had created it).
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    job: JobView
-    outcome: Literal["retried", "already_retried"] = Field(..., title="Outcome")
-    retry: JobView
-
-
-class AgentJobAnswer(BaseModel):
-    """
-    An agent job after a create (201 new, 200 the existing one), an answer or a cancel.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    agent_job: AgentJobView = Field(..., alias="agentJob")
-    created: bool | None = Field(None, title="Created")
-
-
-class AgentJobDetail(BaseModel):
-    """
-    The console's view of an agent job: its state, its turns' queue jobs, the wakeups it
-    wrote to its owner session and its receipts.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    agent_job: AgentJobView = Field(..., alias="agentJob")
-    receipts: list[ReceiptView] = Field(..., title="Receipts")
-    turns: list[AgentJobTurn] = Field(..., title="Turns")
-    wakeups: list[ReceiptView] = Field(..., title="Wakeups")
-
-
-class AgentJobList(BaseModel):
-    """
-    One page of agent jobs; pass `nextCursor` as `cursor` for the next page.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    agent_jobs: list[AgentJobView] = Field(..., alias="agentJobs", title="Agentjobs")
-    next_cursor: str | None = Field(..., alias="nextCursor", title="Nextcursor")
-
-
-class CommandAccepted(BaseModel):
-    """
-    A command appended to a job's stream.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    command_id: str = Field(..., alias="commandId", title="Commandid")
-    job: JobView
-    job_id: str = Field(..., alias="jobId", title="Jobid")
-    read_by_handler: bool = Field(..., alias="readByHandler", title="Readbyhandler")
-    """
-    Whether this job's handler reads a command of this type (an abort always stops it); one it does not is settled queue.command.unconsumed when the job ends
-    """
-    type: str = Field(..., title="Type")
-
-
-class EnqueueAccepted(BaseModel):
-    """
-    The answer to an enqueue: the job (new, existing or steered) and where to follow it.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    async_: AsyncInfo = Field(..., alias="async")
-    job: JobView
-    outcome: Literal["created", "existing", "steered"] = Field(..., title="Outcome")
-
-
-class JobList(BaseModel):
-    """
-    One page of jobs, newest first; pass `nextCursor` as `cursor` for the next page.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    jobs: list[JobView] = Field(..., title="Jobs")
-    next_cursor: str | None = Field(..., alias="nextCursor", title="Nextcursor")
