@@ -214,5 +214,9 @@ from roles.cli.agent_jobs import agent_jobs_group  # noqa: E402 - joins the grou
 
 main.add_command(agent_jobs_group)
 
+from roles.cli.schedules import schedules_group  # noqa: E402 - joins the group defined above
+
+main.add_command(schedules_group)
+
 if __name__ == "__main__":
     main()

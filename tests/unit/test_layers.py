@@ -21,7 +21,9 @@ ALLOWED = {
 }
 # The aggregates above the job queue; the core of the receipts package imports neither.
 AGGREGATES = ("receipts.objectives", "receipts.agent_jobs")
-ABOVE_THE_AGGREGATES = {"receipts.assembly"}
+# Above them: the assembly of every projection, and a schedule's firing, which enqueues a job of
+# any kind as the API does (an objective's id scoped by its organization).
+ABOVE_THE_AGGREGATES = {"receipts.assembly", "receipts.schedules.store"}
 
 
 def _module(path: Path) -> str:

@@ -50,6 +50,10 @@ def agent_job_path(agent_job_id: str, suffix: str = "") -> str:
     return f"/agent-jobs/{segment(agent_job_id)}{suffix}"
 
 
+def schedule_path(schedule_id: str) -> str:
+    return f"/schedules/{segment(schedule_id)}"
+
+
 def session_path(session_id: str, suffix: str = "") -> str:
     return f"/sessions/{segment(session_id)}{suffix}"
 

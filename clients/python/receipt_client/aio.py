@@ -336,6 +336,41 @@ class AsyncClient:
         path = calls.objective_path(objective_id)
         return await self._read_through_outages(Call("GET", path, models.ObjectiveView))
 
+    # --- schedules --------------------------------------------------------------------------
+
+    async def create_schedule(self, body: Mapping[str, Any]) -> models.ScheduleView:
+        """Create a schedule (`ScheduleBody`: `cron` or `interval`, `agentId`, `job`, …); a
+        re-post of the same definition answers the schedule as it is."""
+        return await self._send(Call("POST", "/schedules", models.ScheduleView, body=dict(body)))
+
+    async def get_schedule(self, schedule_id: str) -> models.ScheduleView:
+        return await self._send(Call("GET", calls.schedule_path(schedule_id), models.ScheduleView))
+
+    async def list_schedules(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> models.ScheduleList:
+        params = calls.query(limit=limit, cursor=cursor)
+        return await self._send(Call("GET", "/schedules", models.ScheduleList, params=params))
+
+    async def update_schedule(self, schedule_id: str, **changes: Any) -> models.ScheduleView:
+        """Change a schedule (`SchedulePatchBody`, by API names: `cron`, `interval`, `job`, …)."""
+        path = calls.schedule_path(schedule_id)
+        return await self._send(
+            Call("PATCH", path, models.ScheduleView, body=calls.body_of(changes))
+        )
+
+    async def pause_schedule(
+        self, schedule_id: str, note: str | None = None
+    ) -> models.ScheduleView:
+        return self.update_schedule(schedule_id, paused=True, note=note)
+
+    async def resume_schedule(self, schedule_id: str) -> models.ScheduleView:
+        return self.update_schedule(schedule_id, paused=False)
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        """Delete a schedule: it fires no more (the jobs it enqueued are left as they are)."""
+        await self.request("DELETE", calls.schedule_path(schedule_id))
+
     # --- background agent jobs ------------------------------------------------------------
 
     async def create_agent_job(self, body: Mapping[str, Any]) -> models.AgentJobAnswer:

@@ -328,6 +328,37 @@ class Client:
         path = calls.objective_path(objective_id)
         return self._read_through_outages(Call("GET", path, models.ObjectiveView))
 
+    # --- schedules --------------------------------------------------------------------------
+
+    def create_schedule(self, body: Mapping[str, Any]) -> models.ScheduleView:
+        """Create a schedule (`ScheduleBody`: `cron` or `interval`, `agentId`, `job`, …); a
+        re-post of the same definition answers the schedule as it is."""
+        return self._send(Call("POST", "/schedules", models.ScheduleView, body=dict(body)))
+
+    def get_schedule(self, schedule_id: str) -> models.ScheduleView:
+        return self._send(Call("GET", calls.schedule_path(schedule_id), models.ScheduleView))
+
+    def list_schedules(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> models.ScheduleList:
+        params = calls.query(limit=limit, cursor=cursor)
+        return self._send(Call("GET", "/schedules", models.ScheduleList, params=params))
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> models.ScheduleView:
+        """Change a schedule (`SchedulePatchBody`, by API names: `cron`, `interval`, `job`, …)."""
+        path = calls.schedule_path(schedule_id)
+        return self._send(Call("PATCH", path, models.ScheduleView, body=calls.body_of(changes)))
+
+    def pause_schedule(self, schedule_id: str, note: str | None = None) -> models.ScheduleView:
+        return self.update_schedule(schedule_id, paused=True, note=note)
+
+    def resume_schedule(self, schedule_id: str) -> models.ScheduleView:
+        return self.update_schedule(schedule_id, paused=False)
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """Delete a schedule: it fires no more (the jobs it enqueued are left as they are)."""
+        self.request("DELETE", calls.schedule_path(schedule_id))
+
     # --- background agent jobs ------------------------------------------------------------
 
     def create_agent_job(self, body: Mapping[str, Any]) -> models.AgentJobAnswer:
