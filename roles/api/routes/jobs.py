@@ -71,6 +71,7 @@ from roles.api.deps import (
     visible_job,
 )
 from roles.api.documented import JobStreamEnd
+from roles.api.limits import refusals
 from roles.api.schema import (
     CommandAccepted,
     CommandBody,
@@ -143,10 +144,16 @@ async def post_job(
     wait_s = state.org_limits.take(caller.organization_id or "*admin")
     if wait_s > 0:
         metrics.API_LIMITED.labels("rate").inc()
-        log.warning(
-            "enqueue rate limited",
-            extra={"event": "api.rate_limited", "organizationId": caller.organization_id},
-        )
+        organization = caller.organization_id or "*admin"
+        if (unlogged := refusals.due("rate", organization)) is not None:
+            log.warning(
+                "enqueue rate limited",
+                extra={
+                    "event": "api.rate_limited",
+                    "organizationId": caller.organization_id,
+                    "unloggedSince": unlogged,
+                },
+            )
         raise too_many(
             "the organization's enqueue rate is exceeded (RECEIPT_ORG_ENQUEUE_RATE)", wait_s
         )
