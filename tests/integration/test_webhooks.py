@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +21,10 @@ import pytest
 from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
+from activities.webhook_egress import Target, post
+from receipt_client import Client
+from receipt_client.errors import InvalidInput as ClientInvalidInput
+from receipt_client.errors import NotFound
 from receipts import metrics, retention
 from receipts import operations as ops
 from receipts.agent_jobs import lifecycle
@@ -30,7 +37,7 @@ from receipts.tenancy import caller_id
 from receipts.webhooks import WebhookSettings
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.webhooks import WebhookDeliverer
-from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client
+from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, TOKEN_A, api_client, running_api
 from tests.integration.helpers import create_objective, new_id, put
 
 LEASE = 60_000
@@ -177,9 +184,9 @@ async def test_a_receiver_gets_exactly_its_organizations_subscribed_events_signe
     ]
     # Neither receiver's secret verifies the other organization's posts, and no body carries
     # the other organization's job.
-    for post in receiver.at("/b"):
+    for sent in receiver.at("/b"):
         with pytest.raises(WebhookVerificationError):
-            verify(post, secret_a)
+            verify(sent, secret_a)
     assert all(caller_id(done_b) not in p.body.decode() for p in receiver.at("/a"))
     assert len(receiver.posts) == 3
     after = metrics.value(
@@ -445,3 +452,91 @@ async def test_retention_prunes_a_jobs_deliveries_with_it(
     pruned = await retention.prune(store, timedelta(days=30))
     assert pruned.removed["webhook_deliveries"] == 1
     assert await owed(store, job_id) == 0
+
+
+def certificate(directory: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for `name` (openssl), and its key."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            f"subjectAltName=DNS:{name}",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_a_post_connects_to_the_checked_address_with_the_urls_tls_name(
+    tmp_path: Path,
+) -> None:
+    """The deliverer connects to the address it checked, not to whatever the name resolves to
+    at connect time: the URL's host travels as the Host header and the TLS server name, and the
+    certificate is verified against that name."""
+    name = "hooks.receipt.test"  # resolves nowhere: only the checked address can be reached
+    cert, key = certificate(tmp_path, name)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    names: list[str | None] = []
+    server_tls.sni_callback = lambda _sock, sni, _ctx: names.append(sni)  # type: ignore[assignment,return-value]
+    receiver = Receiver()
+    server = await asyncio.start_server(receiver.handle, "127.0.0.1", 0, ssl=server_tls)
+    port = server.sockets[0].getsockname()[1]
+    trusting = ssl.create_default_context(cafile=str(cert))
+    try:
+        async with httpx.AsyncClient(verify=trusting) as client:
+            target = Target(f"https://{name}:{port}/hook?x=1", name, "127.0.0.1")
+            answer = await post(client, target, {"content-type": "application/json"}, b"{}", 5)
+            assert answer.status_code == 200
+            # A name the certificate does not carry fails the TLS check: the name is checked.
+            wrong = Target(
+                f"https://other.receipt.test:{port}/hook", "other.receipt.test", "127.0.0.1"
+            )
+            with pytest.raises(httpx.ConnectError):
+                await post(client, wrong, {}, b"{}", 5)
+    finally:
+        server.close()
+        await server.wait_closed()
+    [posted] = receiver.posts
+    assert posted.path == "/hook?x=1" and posted.headers["host"] == f"{name}:{port}"
+    assert names[0] == name
+
+
+def test_the_client_manages_webhooks_against_a_real_api(make_database: Any, tmp_path: Path) -> None:
+    """`receipt-client` over HTTP to a `receipt api` process: every webhook call, its answers
+    read into the generated models, its refusals into the typed errors."""
+    url = make_database()
+    with (
+        running_api(url, tmp_path, RECEIPT_WEBHOOK_ALLOWED_HOSTS="127.0.0.1") as api,
+        Client(api.url, TOKEN_A) as client,
+    ):
+        created = client.create_webhook("http://127.0.0.1:9/hook", ["job.failed"], description="d")
+        assert created.secret.startswith("whsec_")
+        hook = created.webhook.webhook_id
+        assert client.get_webhook(hook).events == ["job.failed"]
+        assert [w.webhook_id for w in client.list_webhooks().webhooks] == [hook]
+        assert client.test_webhook(hook).webhook_id == hook
+        [delivery] = client.webhook_deliveries(hook).deliveries
+        assert (delivery.event, delivery.status, delivery.tries) == ("webhook.test", "pending", 0)
+        assert client.rotate_webhook_secret(hook).secret not in (created.secret, "")
+        with pytest.raises(ClientInvalidInput) as refused:
+            client.create_webhook("https://10.0.0.1/hook", ["job.failed"])
+        assert refused.value.field == "url"
+        client.delete_webhook(hook)
+        with pytest.raises(NotFound):
+            client.get_webhook(hook)
