@@ -315,10 +315,15 @@ class Claimed:
 
 
 async def claim(store: Store, *, limit: int, per_org: int, lease_ms: int) -> list[Claimed]:
-    """Claim up to `limit` due deliveries, at most `per_org` of one organization in flight."""
-    rows = await store.fetch(
-        "webhook_deliveries_claim", {"limit": limit, "per_org": per_org, "lease_ms": lease_ms}
-    )
+    """Claim up to `limit` due deliveries, at most `per_org` of one organization in flight.
+    Claims of every deliverer take turns (a transaction-scoped lock), so each counts what the
+    others have in flight: the cap holds across drivers."""
+    async with store.transaction() as tx:
+        await tx.lock_key("webhook-deliveries:claim")
+        rows = await tx.fetch(
+            "webhook_deliveries_claim",
+            {"limit": limit, "per_org": per_org, "lease_ms": lease_ms},
+        )
     return [Claimed(*row) for row in rows]
 
 

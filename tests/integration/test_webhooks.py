@@ -6,6 +6,7 @@ organizations, and the egress rules at create and at each delivery."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import subprocess
@@ -67,6 +68,9 @@ class Receiver:
     posts: list[Post] = field(default_factory=list)
     statuses: dict[str, list[int]] = field(default_factory=dict)
     port: int = 0
+    # Paths whose posts get no answer until this is set (a dead endpoint).
+    hang: set[str] = field(default_factory=set)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -83,6 +87,8 @@ class Receiver:
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         path = request[1]
         self.posts.append(Post(path, headers, body))
+        if path in self.hang:
+            await self.release.wait()
         queued = self.statuses.get(path, [])
         status = queued.pop(0) if queued else 200
         writer.write(
@@ -540,3 +546,34 @@ def test_the_client_manages_webhooks_against_a_real_api(make_database: Any, tmp_
         client.delete_webhook(hook)
         with pytest.raises(NotFound):
             client.get_webhook(hook)
+
+
+async def test_one_organizations_dead_endpoint_holds_up_no_other(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    """Organization A's endpoint never answers: at most `RECEIPT_WEBHOOK_ORG_IN_FLIGHT` of its
+    posts hang, across claims, while B's deliveries are claimed and delivered beside them."""
+    store, url = fresh
+    settings = ALLOWED.model_copy(update={"org_in_flight": 2, "timeout_ms": 30_000})
+    receiver.hang.add("/dead")
+    async with api_client(url, store=store, webhooks=settings) as api:
+        await subscribe(api, AS_A, receiver.url("/dead"), ["job.completed"])
+        await subscribe(api, AS_B, receiver.url("/alive"), ["job.completed"])
+    for _ in range(5):
+        await completed(store, "org-a")
+    deliverer = WebhookDeliverer(store, settings, http)
+    running_loop = asyncio.create_task(deliverer.run())
+    try:
+        await asyncio.sleep(0.3)  # A's first claims hang at its endpoint
+        for _ in range(3):
+            await completed(store, "org-b")
+        deadline = time.monotonic() + 10
+        while len(receiver.at("/alive")) < 3:
+            assert time.monotonic() < deadline, "B's deliveries waited behind A's dead endpoint"
+            await asyncio.sleep(0.05)
+        assert len(receiver.at("/dead")) == 2  # A's cap, however often the deliverer claimed
+    finally:
+        running_loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running_loop
+        receiver.release.set()
