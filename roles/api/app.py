@@ -37,6 +37,7 @@ from roles.api.errors import install_error_handlers
 from roles.api.request_metrics import RequestMetrics
 from roles.api.routes import agent_jobs, health, jobs, objectives, retry, schedules, sessions
 from roles.api.routes.retry import BulkRetryBody
+from roles.api.routes.webhooks import WebhookCreateBody
 from roles.api.routes.webhooks import router as webhooks_router
 from roles.api.schema import CommandBody, EnqueueBody
 from roles.infra.db import migrate_url, open_store, resolve_url
@@ -67,6 +68,7 @@ DOCUMENTED_BODIES: tuple[type[BaseModel], ...] = (
     EnqueueBody,
     CommandBody,
     BulkRetryBody,
+    WebhookCreateBody,
     *DOCUMENTED,
 )
 

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route
 
 from receipts.errors import ConflictError, InvalidInput, TransientStorageError
 
@@ -124,7 +125,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _STATUS_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code
-        return error_response(ApiError(exc.status_code, code, message, headers=exc.headers))
+        headers = exc.headers
+        if exc.status_code == 405:
+            # Starlette's `Allow` names the methods of the first route whose path matched; a
+            # path several routes serve (GET and DELETE /webhooks/{id}) allows all of theirs.
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed(request))}
+        return error_response(ApiError(exc.status_code, code, message, headers=headers))
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
@@ -135,3 +141,12 @@ def install_error_handlers(app: FastAPI) -> None:
             extra={"event": "api.unhandled", "path": request.url.path},
         )
         return error_response(ApiError(500, "internal", "internal error"))
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method a route serving the request's path takes."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= route.methods or set()
+    return sorted(methods)

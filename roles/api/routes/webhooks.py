@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from activities import webhook_egress as egress
 from receipts import webhooks as hooks
@@ -19,42 +20,30 @@ from roles.api.auth import JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
-from roles.api.schema import _Doc, errors_documented
+from roles.api.schema import _Doc, errors_documented, json_body_documented
 
 router = APIRouter(tags=["webhooks"])
 
 WebhookId = Annotated[str, Path(alias="webhookId", description="The webhook id")]
 EventName = Literal[hooks.EVENTS]  # type: ignore[valid-type]
 
-CREATE_BODY: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["url", "events"],
-    "properties": {
-        "url": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": hooks.MAX_URL_CHARS,
-            "description": "https (plain http only to a host on RECEIPT_WEBHOOK_ALLOWED_HOSTS); "
-            "its host must resolve to public addresses only",
-        },
-        "events": {
-            "type": "array",
-            "minItems": 1,
-            "items": {"type": "string", "enum": list(hooks.EVENTS)},
-        },
-        "description": {
-            "anyOf": [
-                {"type": "string", "maxLength": hooks.MAX_DESCRIPTION_CHARS},
-                {"type": "null"},
-            ]
-        },
-        "organizationId": {
-            "description": "Admin tokens only: the organization of the webhook",
-            "anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}],
-        },
-    },
-}
+
+class WebhookCreateBody(BaseModel):
+    """`POST /webhooks`: the URL to post to and the events it wants (validated by
+    `receipts.webhooks.parse_create`, which names the field at fault, and the egress rules)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    url: str = Field(
+        min_length=1,
+        max_length=hooks.MAX_URL_CHARS,
+        description="https (plain http only to a host on RECEIPT_WEBHOOK_ALLOWED_HOSTS); its host "
+        "must resolve to public addresses only",
+    )
+    events: list[EventName] = Field(min_length=1)
+    description: str | None = Field(default=None, max_length=hooks.MAX_DESCRIPTION_CHARS)
+    organization_id: str | None = Field(
+        default=None, min_length=1, description="Admin tokens only: the organization of the webhook"
+    )
 
 
 class WebhookView(_Doc):
@@ -159,12 +148,7 @@ def _organization(caller: Principal, body: dict[str, Any]) -> str:
     response_model=WebhookCreated,
     status_code=201,
     responses=errors_documented(400, 401, 403, 409, 413, 422, 503),
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": CREATE_BODY}},
-        }
-    },
+    openapi_extra=json_body_documented("WebhookCreateBody"),
     dependencies=[_takes_query()],
 )
 async def create_webhook(request: Request, state: State, caller: Caller) -> JSONResponse:

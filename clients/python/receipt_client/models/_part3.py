@@ -30,6 +30,49 @@ class TaskTry(BaseModel):
     ) = Field("dispatched", title="Status")
 
 
+class Description(RootModel[str]):
+    root: str = Field(None, max_length=500, title="Description")
+
+
+class OrganizationId2(RootModel[str]):
+    root: str = Field(None, min_length=1, title="Organizationid")
+    """
+    Admin tokens only: the organization of the webhook
+    """
+
+
+class WebhookCreateBody(BaseModel):
+    """
+    `POST /webhooks`: the URL to post to and the events it wants (validated by
+    `receipts.webhooks.parse_create`, which names the field at fault, and the egress rules).
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    description: Description | None = Field(None, title="Description")
+    events: list[
+        Literal[
+            "job.completed",
+            "job.failed",
+            "job.canceled",
+            "session.wakeup",
+            "objective.settled",
+        ]
+    ] = Field(..., min_length=1, title="Events")
+    organization_id: OrganizationId2 | None = Field(
+        None, alias="organizationId", title="Organizationid"
+    )
+    """
+    Admin tokens only: the organization of the webhook
+    """
+    url: str = Field(..., max_length=2000, min_length=1, title="Url")
+    """
+    https (plain http only to a host on RECEIPT_WEBHOOK_ALLOWED_HOSTS); its host must resolve to public addresses only
+    """
+
+
 class WebhookTestAccepted(BaseModel):
     """
     A `webhook.test` delivery was owed; `GET /webhooks/{id}/deliveries` shows how it went.
@@ -349,40 +392,3 @@ class ObjectiveList(BaseModel):
     )
     next_cursor: str | None = Field(..., alias="nextCursor", title="Nextcursor")
     objectives: list[ObjectiveSummary] = Field(..., title="Objectives")
-
-
-class ObjectiveTaskView(BaseModel):
-    """
-    A task as an objective's view shows it: its state, and its current try's job.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    agent_id: str = Field(..., alias="agentId", title="Agentid")
-    attempt: int = Field(..., title="Attempt")
-    """
-    Tries so far
-    """
-    canceled_reason: str | None = Field(None, alias="canceledReason", title="Canceledreason")
-    depends_on: list[str] | None = Field([], alias="dependsOn", title="Dependson")
-    error: str | None = Field(None, title="Error")
-    execution_path: str | None = Field("local", alias="executionPath", title="Executionpath")
-    input: dict[str, Any] = Field(..., title="Input")
-    job_id: str | None = Field(None, alias="jobId", title="Jobid")
-    job_status: str | None = Field(None, alias="jobStatus", title="Jobstatus")
-    """
-    The current try's job's status
-    """
-    last_output: str | None = Field(None, alias="lastOutput", title="Lastoutput")
-    max_attempts: int | None = Field(1, alias="maxAttempts", title="Maxattempts")
-    output_lines: int | None = Field(0, alias="outputLines", title="Outputlines")
-    phase: int | None = Field(1, title="Phase")
-    status: (
-        Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] | None
-    ) = Field("pending", title="Status")
-    task_id: str = Field(..., alias="taskId", title="Taskid")
-    timeout_ms: int | None = Field(None, alias="timeoutMs", title="Timeoutms")
-    title: str = Field(..., title="Title")
-    tries: list[TaskTry] | None = Field([], title="Tries", validate_default=True)

@@ -10,6 +10,43 @@ from receipt_client.models._part2 import *
 from receipt_client.models._part3 import *
 
 
+class ObjectiveTaskView(BaseModel):
+    """
+    A task as an objective's view shows it: its state, and its current try's job.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    agent_id: str = Field(..., alias="agentId", title="Agentid")
+    attempt: int = Field(..., title="Attempt")
+    """
+    Tries so far
+    """
+    canceled_reason: str | None = Field(None, alias="canceledReason", title="Canceledreason")
+    depends_on: list[str] | None = Field([], alias="dependsOn", title="Dependson")
+    error: str | None = Field(None, title="Error")
+    execution_path: str | None = Field("local", alias="executionPath", title="Executionpath")
+    input: dict[str, Any] = Field(..., title="Input")
+    job_id: str | None = Field(None, alias="jobId", title="Jobid")
+    job_status: str | None = Field(None, alias="jobStatus", title="Jobstatus")
+    """
+    The current try's job's status
+    """
+    last_output: str | None = Field(None, alias="lastOutput", title="Lastoutput")
+    max_attempts: int | None = Field(1, alias="maxAttempts", title="Maxattempts")
+    output_lines: int | None = Field(0, alias="outputLines", title="Outputlines")
+    phase: int | None = Field(1, title="Phase")
+    status: (
+        Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] | None
+    ) = Field("pending", title="Status")
+    task_id: str = Field(..., alias="taskId", title="Taskid")
+    timeout_ms: int | None = Field(None, alias="timeoutMs", title="Timeoutms")
+    title: str = Field(..., title="Title")
+    tries: list[TaskTry] | None = Field([], title="Tries", validate_default=True)
+
+
 class ObjectiveView(BaseModel):
     """
     The folded objective: phase, task graph, each task's status, tries and job.
