@@ -4,14 +4,15 @@ handlers that turn every failure (ours, pydantic's, Starlette's, the store's) in
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match, Route
 
 from receipts.errors import ConflictError, InvalidInput, TransientStorageError
 
@@ -129,7 +130,8 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             # Starlette's `Allow` names the methods of the first route whose path matched; a
             # path several routes serve (GET and DELETE /webhooks/{id}) allows all of theirs.
-            headers = {**(headers or {}), "Allow": ", ".join(_allowed(request))}
+            given = (headers or {}).get("Allow", "")
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed(request, given))}
         return error_response(ApiError(exc.status_code, code, message, headers=headers))
 
     @app.exception_handler(Exception)
@@ -143,10 +145,26 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(ApiError(500, "internal", "internal error"))
 
 
-def _allowed(request: Request) -> list[str]:
-    """Every method a route serving the request's path takes."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        if isinstance(route, Route) and route.matches(request.scope)[0] is not Match.NONE:
-            methods |= route.methods or set()
+_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+
+@cache
+def _template(path: str) -> re.Pattern[str]:
+    """A documented path (`/webhooks/{webhookId}`) as a pattern of the paths it serves."""
+    parts = re.split(r"(\{[^}]+\})", path)
+    return re.compile("".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts))
+
+
+def _allowed(request: Request, given: str) -> list[str]:
+    """Every method of every documented route serving the request's path, with those Starlette
+    named (`given`)."""
+    methods = {m.strip() for m in given.split(",") if m.strip()}
+    paths = request.app.openapi().get("paths", {})
+    matching = [path for path in paths if _template(path).fullmatch(request.url.path)]
+    # A path documented as it is (`/jobs/retry`) is that route's alone, not `/jobs/{jobId}`'s.
+    exact = [path for path in matching if "{" not in path]
+    for path in exact or matching:
+        methods |= {m.upper() for m in paths[path] if m in _METHODS}
+    if "GET" in methods:
+        methods.add("HEAD")
     return sorted(methods)
