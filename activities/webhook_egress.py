@@ -33,6 +33,10 @@ _LINK_LOCAL_V6 = ipaddress.ip_network("fe80::/10")
 _SITE_LOCAL_V6 = ipaddress.ip_network("fec0::/10")
 
 
+# A resolver that does not answer must not hold a create (or a delivery) for long.
+RESOLVE_TIMEOUT_S = 5.0
+
+
 class EgressRefused(Exception):
     """The URL may not be posted to; the message says why (it names `url`)."""
 
@@ -94,7 +98,11 @@ async def check(url: str, settings: WebhookSettings) -> Target:
         )
     port = parts.port or 443
     try:
-        addresses = await resolve(host, port)
+        addresses = await asyncio.wait_for(resolve(host, port), RESOLVE_TIMEOUT_S)
+    except TimeoutError:
+        raise EgressRefused(
+            f"url's host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s"
+        ) from None
     except (OSError, UnicodeError) as exc:
         raise EgressRefused(f"url's host {host!r} does not resolve: {exc}") from None
     if not addresses:
