@@ -113,7 +113,7 @@ ASYNC_RULES: tuple[tuple[str, str], ...] = (
     (r"self\.http\.close\(\)", "await self.http.aclose()"),
     (r"^(\s+)def (?!__init__|__aenter__|__aexit__)", r"\1async def "),
     (
-        r"\bself\.(http\.request|request|_send|list_jobs|get_job|get_objective|command|close|wait|_read_through_outages)\(",
+        r"\bself\.(http\.request|request|_send|list_jobs|get_job|get_objective|command|close|wait|_read_through_outages|update_schedule)\(",
         r"await self.\1(",
     ),
     (r"^(\s+)for (\w+) in (self\.|parse_sse_async)", r"\1async for \2 in \3"),

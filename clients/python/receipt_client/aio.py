@@ -362,10 +362,10 @@ class AsyncClient:
     async def pause_schedule(
         self, schedule_id: str, note: str | None = None
     ) -> models.ScheduleView:
-        return self.update_schedule(schedule_id, paused=True, note=note)
+        return await self.update_schedule(schedule_id, paused=True, note=note)
 
     async def resume_schedule(self, schedule_id: str) -> models.ScheduleView:
-        return self.update_schedule(schedule_id, paused=False)
+        return await self.update_schedule(schedule_id, paused=False)
 
     async def delete_schedule(self, schedule_id: str) -> None:
         """Delete a schedule: it fires no more (the jobs it enqueued are left as they are)."""
