@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from receipt_client import Client, NotFound
+from receipt_client import AsyncClient, Client, NotFound
 from tests.integration.api_support import (
     ROOT,
     TOKEN_A,
@@ -98,3 +98,15 @@ def test_the_client_manages_schedules(api: RunningApi) -> None:
         client.delete_schedule(sid)
         with pytest.raises(NotFound):
             client.get_schedule(sid)
+
+
+async def test_the_async_client_pauses_and_resumes(api: RunningApi) -> None:
+    sid = f"async-{uuid.uuid4().hex[:6]}"
+    job = enqueue_body("org-a", payload_extra={"task": {"command": ["true"]}})
+    async with AsyncClient(api.url, TOKEN_A) as client:
+        await client.create_schedule(
+            {"scheduleId": sid, "cron": "@daily", "agentId": "codex", "job": job}
+        )
+        assert (await client.pause_schedule(sid)).status == "paused"
+        assert (await client.resume_schedule(sid)).next_fire_times
+        await client.delete_schedule(sid)
