@@ -253,3 +253,40 @@ async def test_agent_job_pages_answer_the_question_and_cancel(db_url: str, store
     canceled = await current(store, other.agent_job_id)
     assert canceled.cancel_requested or canceled.status == "stopped"
     assert (await current(store, foreign.agent_job_id)).status == "running"
+
+
+async def test_the_schedules_page_lists_an_organizations_schedules_and_pauses_them(
+    db_url: str, store: Store
+) -> None:
+    sid = f"console-{new_id()}"
+    body = {
+        "scheduleId": sid,
+        "cron": "0 6 * * *",
+        "agentId": "codex",
+        "job": enqueue_body(payload_extra={"task": {"command": ["true"]}}),
+    }
+    async with api_client(db_url, store=store) as client:
+        assert (await client.post("/schedules", json=body, headers=AS_A)).status_code == 201
+        csrf = await sign_in(client, TOKEN_A)
+        page = await client.get("/console/schedules")
+        assert page.status_code == 200 and sid in page.text and "0 6 * * *" in page.text
+        runtime = rid(sid)
+        forged = await client.post(f"/console/schedules/{runtime}/pause", **form({}))  # type: ignore[arg-type]
+        assert forged.status_code == 403
+        paused = await client.post(
+            f"/console/schedules/{runtime}/pause",
+            **form({"csrf": csrf, "reason": "freeze"}),  # type: ignore[arg-type]
+        )
+        assert paused.status_code == 303 and "paused" in paused.headers["location"]
+        shown = await client.get(f"/schedules/{sid}", headers=AS_A)
+        assert shown.json()["status"] == "paused" and shown.json()["note"] == "freeze"
+        client.cookies.clear()
+        other = await sign_in(client, TOKEN_B)
+        assert sid not in (await client.get("/console/schedules")).text
+        foreign = await client.post(
+            f"/console/schedules/{runtime}/resume",
+            **form({"csrf": other}),  # type: ignore[arg-type]
+        )
+        assert foreign.status_code == 404
+        still = await client.get(f"/schedules/{sid}", headers=AS_A)
+        assert still.json()["status"] == "paused"

@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from roles.api.console import pages
 from roles.api.console.agent_job_pages import router as agent_job_router
 from roles.api.console.objective_pages import router as objective_router
+from roles.api.console.schedule_pages import router as schedule_router
 from roles.api.console.session import FormError, PageMissing, SignInRequired
 
 log = logging.getLogger("roles.api.console")
@@ -30,6 +31,7 @@ def install_console(app: FastAPI) -> None:
     app.include_router(pages.router)
     app.include_router(agent_job_router)
     app.include_router(objective_router)
+    app.include_router(schedule_router)
     app.mount("/console/static", StaticFiles(directory=pages.STATIC_DIR), name="console-static")
 
     @app.exception_handler(SignInRequired)

@@ -1,0 +1,70 @@
+"""Console pages of schedules: the organization's schedules with their next fire time and last
+run (its job linked), and pause / resume, each a CSRF-checked form recorded as a receipt."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from receipts.schedules import cron
+from receipts.schedules import store as schedules
+from receipts.schedules.model import ScheduleState
+from roles.api.auth import JOBS_WRITE
+from roles.api.console.pages import PAGE_SIZE, render, store_of
+from roles.api.console.session import form_of, session_of, visible
+
+log = logging.getLogger("roles.api.console")
+
+router = APIRouter(prefix="/console/schedules", include_in_schema=False)
+
+
+def next_fire(schedule: ScheduleState) -> str:
+    """The next fire time as the page shows it (`paused` while paused)."""
+    if schedule.status != "active":
+        return schedule.status
+    found = cron.next_times(
+        cron=schedule.cron,
+        interval_s=schedule.interval_s,
+        timezone=schedule.timezone,
+        after=datetime.now(UTC),
+        count=1,
+    )
+    return found[0].isoformat(timespec="seconds") if found else "never"
+
+
+@router.get("")
+async def schedules_page(request: Request) -> HTMLResponse:
+    session = await session_of(request)
+    page = await schedules.schedules_page(
+        store_of(request), session.principal, after=None, limit=PAGE_SIZE
+    )
+    return render(
+        "schedules.html",
+        session=session,
+        schedules=[(s, next_fire(s)) for s in page.items],
+        notice=request.query_params.get("notice"),
+    )
+
+
+@router.post("/{scheduleId}/{action}")
+async def schedule_action(request: Request, scheduleId: str, action: str) -> Response:
+    """Pause or resume a schedule (the API's PATCH, from a form)."""
+    session, fields = await form_of(request, JOBS_WRITE)
+    store = store_of(request)
+    schedule = visible(session, await schedules.get(store, scheduleId), f"schedule {scheduleId}")
+    if action not in ("pause", "resume"):
+        notice = f"unknown action {action!r}: pause or resume"
+    else:
+        note = (fields.get("reason") or "paused from the console")[:1000]
+        await schedules.change(store, schedule.schedule_id, paused=action == "pause", note=note)
+        notice = f"schedule {schedules.shown_id(schedule)}: {action}d"
+        log.info(
+            "console schedule %s",
+            action,
+            extra={"event": f"console.schedule_{action}", "scheduleId": schedule.schedule_id},
+        )
+    return RedirectResponse(f"/console/schedules?{urlencode({'notice': notice})}", 303)
