@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from receipts.kinds import QUEUE_DRIVER, WORKER_QUEUES
 from receipts.store import Store
 from roles.infra.ports import free_port
 from roles.infra.sdk_metrics import SDK_FAMILIES
@@ -139,6 +140,13 @@ async def test_prometheus_scrapes_every_role_sees_counters_move_and_fires_the_st
         families = {_family(r["metric"]["__name__"]) for r in sdk}
         assert {"temporal_long_request", "temporal_worker_task_slots_available"} <= families
         assert families <= set(SDK_FAMILIES), sorted(families - set(SDK_FAMILIES))
+        # Their labels stay bounded: task queues are the roles' own (prefixed) queues.
+        queues = await prometheus.query(
+            'count by (task_queue) ({__name__=~"temporal_.+", task_queue!=""})'
+        )
+        prefix = procs.env["RECEIPT_TASK_QUEUE_PREFIX"]
+        named = {r["metric"]["task_queue"] for r in queues}
+        assert named and {q.removeprefix(prefix) for q in named} <= {QUEUE_DRIVER, *WORKER_QUEUES}
         assert {r["metric"]["job"] for r in sdk} >= {
             "receipt-driver",
             "receipt-worker-codex",
