@@ -6,6 +6,8 @@ a loop its pass): no callback lists, no hook objects handed down, no second regi
 serves the registry on its metrics port (roles/infra/health.py), the api on `/metrics`; a
 family a process never counts shows zero (or, with labels, no series yet). Label values are bounded: a job's
 agent is one of the built-in agents or `other` (`agent_label`), never an id a tenant chose.
+The one other source on the same registry is the Temporal SDK's own `temporal_*` families,
+drained from its runtime (roles/infra/sdk_metrics.py).
 
 Tests read a family's value before and after what they do (`value`), never a fresh registry.
 """
