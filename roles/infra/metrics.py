@@ -23,13 +23,13 @@ QUEUE_DEPTH_INTERVAL_S = 5.0
 
 
 async def refresh_queue_depth(store: Store, settings: Settings | None = None) -> None:
-    """Read active job counts by status from the projection into the gauge (a partial index:
-    its cost follows the active jobs, not the history), and with `settings` how many of the
-    queued ones wait for a dispatch slot."""
+    """Read active job counts by status and the oldest queued job's age by lane and group from
+    the projection into their gauges (partial indexes: the cost follows the active jobs, not the
+    history), and with `settings` how many of the queued ones wait for a dispatch slot."""
     counts = await reads.active_by_status(store)
     for status in ACTIVE_ORDER:
         metrics.QUEUE_DEPTH.labels(status).set(counts.get(status, 0))
-    await refresh_oldest_age(store)
+    await refresh_oldest_age(store, queued=counts.get("queued", 0))
     if settings is None:
         return
     if counts.get("queued") and fairness.capped(settings):
@@ -38,11 +38,13 @@ async def refresh_queue_depth(store: Store, settings: Settings | None = None) ->
         metrics.WAITING_FOR_SLOT.set(0)
 
 
-async def refresh_oldest_age(store: Store) -> None:
+async def refresh_oldest_age(store: Store, queued: int) -> None:
     """Set the oldest-queued-age gauge of every lane and worker group: the database's answer,
-    0 where nothing waits (every series exists, so an alert sees a queue drain)."""
+    0 where nothing waits (every series exists, so an alert sees a queue drain). With nothing
+    `queued` (the depth just read) there is nothing to ask."""
+    ages = await reads.queued_oldest_age(store) if queued else {}
     oldest: dict[tuple[str, str], float] = {}
-    for (lane, queue), age in (await reads.queued_oldest_age(store)).items():
+    for (lane, queue), age in ages.items():
         key = (lane, GROUP_OF_QUEUE.get(queue or "", OTHER_GROUP))
         oldest[key] = max(age, oldest.get(key, 0.0))
     for lane in LANES:
