@@ -14,6 +14,7 @@ from tools.chaos.invariants import (
     OPEN_AT_END,
     SIXTH,
     SLOTS,
+    SLOTS_AT_END,
     TRANSITION,
     TRY_TWICE,
     WAKEUP_ONCE,
@@ -128,7 +129,7 @@ def test_a_sixth_attempt_and_a_job_left_running_are_caught() -> None:
     job.to("running", attempt=6).to("failed", attempt=6)
     assert check(job) == {SIXTH: 2}
     left = Chain("k").to("running")
-    assert check(left) == {OPEN_AT_END: 1}
+    assert check(left) == {OPEN_AT_END: 1, SLOTS_AT_END: 1}
     waiting = Chain("w").to("running").to("waiting_on_user")
     assert check(waiting) == {}
 

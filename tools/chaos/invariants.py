@@ -6,7 +6,8 @@ Agent jobs (receipts/agent_jobs/model.py): never more than `SLOTS_PER_AGENT` run
 at any commit (the transitions replayed in commit order, by position); every transition allowed
 by the table and from the status the job was in; exactly one `session.wakeup` per (job, status,
 attempt, turn) of a wakeup status, and none of any other; no attempt past `MAX_ATTEMPTS`; every
-job terminal or waiting on its user at the end, so every slot is free.
+job terminal or waiting on its user at the end, and every slot free (the same replay's running
+count per agent back at 0).
 
 Objectives (receipts/objectives/model.py): each task try dispatched once; a task dispatched only
 after every task it depends on settled `completed`.
@@ -53,7 +54,16 @@ WAKEUP_ONCE = "wakeups missing or doubled"
 WAKEUP_OTHER = "wakeups of a status that has none"
 SIXTH = "attempts past the fifth"
 OPEN_AT_END = "agent jobs neither terminal nor waiting at the end"
-AGENT_JOB_INVARIANTS = (SLOTS, TRANSITION, WAKEUP_ONCE, WAKEUP_OTHER, SIXTH, OPEN_AT_END)
+SLOTS_AT_END = "slots still held at the end"
+AGENT_JOB_INVARIANTS = (
+    SLOTS,
+    TRANSITION,
+    WAKEUP_ONCE,
+    WAKEUP_OTHER,
+    SIXTH,
+    OPEN_AT_END,
+    SLOTS_AT_END,
+)
 # And the objectives'.
 TRY_TWICE = "task tries dispatched twice"
 BEFORE_DEPENDENCY = "tasks dispatched before their dependencies completed"
@@ -115,6 +125,9 @@ def _check_slots(
         running[agent] += (to == "running") - (start == "running")
         if running[agent] > SLOTS_PER_AGENT:
             found.add(SLOTS, f"agent {agent}: {running[agent]} running at position {position}")
+    for agent, held in sorted(running.items()):
+        if held:
+            found.add(SLOTS_AT_END, f"agent {agent}: {held} running after the last commit")
 
 
 def _check_wakeups(
