@@ -15,10 +15,13 @@ from receipts.store import Store
 class ScheduleActivities:
     """Activities of the schedule firings (registered by the worker-control role)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, caps: schedules.Caps | None = None) -> None:
         self.store = store
+        self.caps = caps
 
     @activity.defn(name=FIRE_SCHEDULE)
     async def fire_schedule(self, schedule_id: str, fire_time: str) -> str:
         """Fire `schedule_id` at `fire_time` (ISO 8601); return what the firing came to."""
-        return await schedules.fire(self.store, schedule_id, datetime.fromisoformat(fire_time))
+        return await schedules.fire(
+            self.store, schedule_id, datetime.fromisoformat(fire_time), self.caps
+        )

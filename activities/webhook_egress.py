@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
@@ -35,6 +36,9 @@ _SITE_LOCAL_V6 = ipaddress.ip_network("fec0::/10")
 
 # A resolver that does not answer must not hold a create (or a delivery) for long.
 RESOLVE_TIMEOUT_S = 5.0
+MAX_ANSWER_BYTES = 4096  # of a receiver's answer, read and dropped
+
+log = logging.getLogger("activities.webhook_egress")
 
 
 class EgressRefused(Exception):
@@ -110,10 +114,16 @@ async def check(url: str, settings: WebhookSettings) -> Target:
     for address in addresses:
         reason = refused_reason(address)
         if reason is not None:
+            # The address is logged, never answered: a tenant must not map the cluster's
+            # names to its private addresses through the refusals.
+            log.warning(
+                "webhook url refused: its host resolves to a %s address",
+                reason,
+                extra={"event": "webhook.egress_refused", "host": host, "address": address},
+            )
             raise EgressRefused(
-                f"url's host {host!r} resolves to a {reason} address ({address}); a webhook "
-                "may reach public addresses only unless its host is on "
-                "RECEIPT_WEBHOOK_ALLOWED_HOSTS"
+                f"url's host {host!r} resolves to a {reason} address; a webhook may reach "
+                "public addresses only unless its host is on RECEIPT_WEBHOOK_ALLOWED_HOSTS"
             )
     return Target(url, host, addresses[0])
 
@@ -125,11 +135,14 @@ async def post(
     content: bytes,
     timeout_s: float,
 ) -> httpx.Response:
-    """POST `content` to the target, connecting to its checked address when it has one."""
+    """POST `content` to the target, connecting to its checked address when it has one. The
+    answer's body is read up to MAX_ANSWER_BYTES and dropped: a receiver cannot make the
+    deliverer hold more of it (the caller bounds the whole exchange in time)."""
     if target.address is None:
-        return await client.post(
-            target.url, content=content, headers=headers, timeout=timeout_s, follow_redirects=False
+        request = client.build_request(
+            "POST", target.url, content=content, headers=headers, timeout=timeout_s
         )
+        return await _sent(client, request)
     parts = urlsplit(target.url)
     ip = ipaddress.ip_address(target.address)
     literal = f"[{ip}]" if isinstance(ip, ipaddress.IPv6Address) else str(ip)
@@ -144,4 +157,17 @@ async def post(
         # The TLS name (SNI and the certificate's check) is the URL's host, not the address.
         extensions={"sni_hostname": target.host},
     )
-    return await client.send(request, follow_redirects=False)
+    return await _sent(client, request)
+
+
+async def _sent(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    response = await client.send(request, follow_redirects=False, stream=True)
+    try:
+        read = 0
+        async for chunk in response.aiter_raw():
+            read += len(chunk)
+            if read >= MAX_ANSWER_BYTES:
+                break
+    finally:
+        await response.aclose()
+    return response

@@ -344,8 +344,9 @@ SCHEDULE_CHANGES = Counter(
 )
 SCHEDULE_FIRINGS = Counter(
     "receipt_schedule_firings",
-    "Schedule firings, by outcome: enqueued, skipped (overlap), repeated (a doubled firing), "
-    "none (paused or deleted before the sync caught up).",
+    "Schedule firings, by outcome: enqueued, skipped (overlap), skipped_cap (the "
+    "organization's cap of open jobs), repeated (a doubled firing), none (paused or deleted "
+    "before the sync caught up).",
     ["outcome"],
 )
 SCHEDULE_SYNCS = Counter(

@@ -42,6 +42,7 @@ FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
 )
 _INTERVAL = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_INTERVAL_S = 366 * 86_400  # a year (and a leap day): what a cron expression can say
 SEARCH_DAYS = 366 * 5  # a cron that matches no day in five years matches none (30 feb)
 
 
@@ -141,6 +142,8 @@ def parse_interval(text: str, minimum_s: int) -> int:
     if not found:
         raise SpecError(f"{text!r} is not an interval: a number and s, m, h or d (e.g. 15m)")
     seconds = int(found[1]) * _UNIT_S[found[2]]
+    if seconds > MAX_INTERVAL_S:
+        raise SpecError(f"{text!r} is longer than the longest interval allowed, 366 days")
     if seconds < minimum_s:
         raise SpecError(f"{text!r} is shorter than the shortest interval allowed, {minimum_s} s")
     return seconds

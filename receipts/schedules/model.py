@@ -5,7 +5,8 @@ its `schedules/<id>` receipts.
 Receipts: `schedule.created` and `schedule.changed` (the definition), `schedule.paused`,
 `schedule.resumed`, `schedule.deleted` (terminal), `schedule.fired` (`fireTime`, `jobId`, and
 `canceledJobId` when the previous job was aborted for it) and `schedule.skipped` (`fireTime`,
-`runningJobId`: the previous job was still active and the overlap policy is `skip`).
+`reason`: `overlap` with `runningJobId`, the previous job still active under the policy `skip`,
+or `cap`, the organization holding its cap of queued or active jobs).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Firing(CamelModel):
     outcome: Literal["enqueued", "skipped"]
     job_id: str | None = None  # the runtime's id (scoped by organization)
     running_job_id: str | None = None  # skipped: the job still active
+    reason: str | None = None  # skipped: why (`overlap`, or the organization's `cap` of jobs)
     canceled_job_id: str | None = None  # cancel_previous: the job aborted for this one
     recorded_at: datetime
 
@@ -140,6 +142,7 @@ def apply(state: ScheduleState | None, receipt: Receipt) -> ScheduleState:
             job_id=data.get("jobId"),
             running_job_id=data.get("runningJobId"),
             canceled_job_id=data.get("canceledJobId"),
+            reason=data.get("reason") if not fired else None,
             recorded_at=at,
         )
         update["recent"] = (firing, *state.recent)[:RECENT_FIRINGS]

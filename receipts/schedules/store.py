@@ -195,6 +195,9 @@ async def create(
                     + " with another definition" * (not existing.terminal)
                 )
             return existing, False
+        # One organization's creates count one at a time: two racing for its last place
+        # cannot both take it.
+        await tx.lock_key(f"schedules:{organization_id or ''}")
         row = await tx.fetch_one("schedules_live_count", {"organization_id": organization_id})
         if row is not None and int(row[0]) >= limits.max_per_organization:
             raise LimitReached(
@@ -298,9 +301,22 @@ async def firing_request(store: Store, state: ScheduleState, fire_time: datetime
     )
 
 
-async def fire(store: Store, schedule_id: str, fire_time: datetime) -> str:
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """The organization's caps of open jobs a firing respects (the api's
+    `RECEIPT_ORG_MAX_QUEUED` and `RECEIPT_ORG_MAX_ACTIVE`)."""
+
+    max_queued: int
+    max_active: int
+
+
+async def fire(
+    store: Store, schedule_id: str, fire_time: datetime, caps: Caps | None = None
+) -> str:
     """Enqueue the job of the firing at `fire_time` (Temporal's scheduled time) unless the
-    overlap policy says otherwise; return what it came to: `enqueued`, `skipped`, `repeated` (this
+    overlap policy says otherwise or, with `caps`, the organization holds its cap of open jobs
+    (skipped, as a refused enqueue would be); return what it came to: `enqueued`, `skipped`
+    (`skipped_cap` for the caps), `repeated` (this
     fire time was already handled: a doubled firing is one job) or `none` (the schedule is
     paused, deleted or gone: Temporal fired before the sync caught up)."""
     state = await get(store, schedule_id)
@@ -332,12 +348,20 @@ async def fire(store: Store, schedule_id: str, fire_time: datetime) -> str:
         if current.firing_at(fire_time) is not None:
             return "repeated"
         at = fire_time.isoformat()
+        data: dict[str, Any]
         if running and current.overlap == "skip" and previous is not None:
-            draft = Draft("schedule.skipped", {"fireTime": at, "runningJobId": previous.job_id})
-            await _append(tx, current, stream, [draft])
+            data = {"fireTime": at, "reason": "overlap", "runningJobId": previous.job_id}
+            await _append(tx, current, stream, [Draft("schedule.skipped", data)])
             return "skipped"
+        if caps is not None and current.organization_id is not None:
+            row = await tx.fetch_one("enqueue_caps", {"organization_id": current.organization_id})
+            assert row is not None
+            if int(row[1]) >= caps.max_queued or int(row[2]) >= caps.max_active:
+                data = {"fireTime": at, "reason": "cap"}
+                await _append(tx, current, stream, [Draft("schedule.skipped", data)])
+                return "skipped_cap"
         result = await enqueue_in(tx, request)
-        data: dict[str, Any] = {"fireTime": at, "jobId": result.job.job_id}
+        data = {"fireTime": at, "jobId": result.job.job_id}
         if canceled is not None:
             data["canceledJobId"] = canceled
         await _append(tx, current, stream, [Draft("schedule.fired", data)])

@@ -119,6 +119,8 @@ UPDATE webhook_deliveries SET
         'durationMs', %(duration_ms)s::integer)),
     finished_at = CASE WHEN %(status)s = 'pending' THEN NULL ELSE now() END
 WHERE delivery_id = %(delivery_id)s
+  -- A late try (its claim lapsed and another finished it) never reopens a finished delivery.
+  AND status = 'pending'
 RETURNING next_try_at;
 
 -- name: webhook_job_state

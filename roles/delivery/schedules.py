@@ -50,6 +50,7 @@ log = logging.getLogger("roles.delivery.schedules")
 
 SYNC_INTERVAL_MS = 2_000
 BATCH = 100
+MAX_BACKOFF_S = 300.0  # a schedule Temporal keeps refusing is tried again at most this rarely
 # A Temporal that was down fires what it missed in the last minute, not a year of it.
 CATCHUP_WINDOW = timedelta(minutes=1)
 FIRE_TIMEOUT = timedelta(minutes=5)
@@ -134,27 +135,40 @@ class ScheduleSync:
         self.settings = settings
         self.check_s = check_s
         self.checked_at = float("-inf")
+        self.failures: dict[str, int] = {}  # schedule id → writes failed in a row
+        self.retry_at: dict[str, float] = {}  # schedule id → when to try it again
 
     async def run_once(self) -> SyncPass:
         result = SyncPass()
         if time.monotonic() - self.checked_at >= self.check_s:
             result.restored = await self._restore_lost()
             self.checked_at = time.monotonic()
+        now = time.monotonic()
         for state, seq in await schedules.unsynced(self.store, BATCH):
+            if self.retry_at.get(state.schedule_id, 0.0) > now:
+                continue  # it failed lately: the others go first, it waits its backoff
             try:
                 action = await self._write(state)
-            except RPCError as exc:
+            except Exception as exc:  # one schedule Temporal refuses stops no other's sync
+                failures = self.failures.get(state.schedule_id, 0) + 1
+                self.failures[state.schedule_id] = failures
+                self.retry_at[state.schedule_id] = now + min(
+                    MAX_BACKOFF_S, SYNC_INTERVAL_MS / 1000 * 2**failures
+                )
                 result.failed += 1
                 metrics.SCHEDULE_SYNCS.labels("failed").inc()
                 log.warning(
-                    "could not write a schedule to Temporal; the next pass tries again",
+                    "could not write a schedule to Temporal; trying again after a backoff",
                     extra={
                         "event": "schedule.sync_failed",
                         "scheduleId": state.schedule_id,
-                        "error": str(exc),
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "failures": failures,
                     },
                 )
                 continue
+            self.failures.pop(state.schedule_id, None)
+            self.retry_at.pop(state.schedule_id, None)
             await schedules.mark_synced(self.store, state.schedule_id, seq)
             setattr(result, action, getattr(result, action) + 1)
             metrics.SCHEDULE_SYNCS.labels(action).inc()

@@ -17,6 +17,7 @@ from activities.handlers.sdk import Installed
 from activities.schedules import ScheduleActivities
 from activities.watchdog_tick import WatchdogActivities
 from receipts.kinds import QUEUE_CODEX
+from receipts.schedules.store import Caps
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.dispatcher import Dispatcher
 from roles.delivery.loops import (
@@ -134,7 +135,8 @@ async def run_attempt_worker(
         # The organizations' schedules: their firings, and the sync that keeps a Temporal
         # Schedule per schedule (roles/delivery/schedules.py).
         workflows.append(ScheduleFireWorkflow)
-        activities.append(ScheduleActivities(runtime.store).fire_schedule)
+        caps = Caps(runtime.settings.api.org_max_queued, runtime.settings.api.org_max_active)
+        activities.append(ScheduleActivities(runtime.store, caps).fire_schedule)
         sync = ScheduleSync(
             runtime.client,
             runtime.store,

@@ -133,16 +133,21 @@ class WebhookDeliverer:
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign_webhook(delivery.secret, message_id, timestamp, body),
         }
+        timeout_s = self.settings.timeout_ms / 1000
         try:
             target = await egress.check(delivery.url, self.settings)
-            response = await egress.post(
-                self.http, target, headers, body, self.settings.timeout_ms / 1000
+            # The whole exchange within the timeout (httpx's bounds each read, so a receiver
+            # trickling a byte at a time would hold the post, and its organization's slot).
+            response = await asyncio.wait_for(
+                egress.post(self.http, target, headers, body, timeout_s), timeout_s
             )
             status_code = response.status_code
             if not 200 <= status_code < 300:
                 error = f"HTTP {status_code}"
         except egress.EgressRefused as exc:
             error = f"refused: {exc}"
+        except TimeoutError:
+            error = f"no answer within {timeout_s:g} s"
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
         if error is None:

@@ -22,6 +22,8 @@ def test_a_short_seeded_chaos_smoke_keeps_every_invariant(tmp_path: Path) -> Non
             sys.executable,
             "-m",
             "tools.chaos",
+            "--part",
+            "soak",
             "--duration",
             "20",
             "--rate",

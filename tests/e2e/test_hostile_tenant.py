@@ -51,7 +51,9 @@ async def test_a_hostile_tenant_is_refused_and_contained_while_another_is_served
     out = run.stdout
     assert run.returncode == 0, (out + run.stderr)[-6000:]
     summary = next(line for line in out.splitlines() if line.startswith("hostile: "))
-    assert summary.startswith("hostile: 5xx 0, tenant-a jobs unsettled 0"), summary
+    assert summary.startswith(
+        "hostile: 5xx 0, tenant-a jobs unsettled 0, tenant-a posts not admitted 0"
+    ), summary
     answers_b = re.search(r"tenant-b answers: \{(.*)\}", out)
     assert answers_b is not None, out[-3000:]
     for status in ("'202'", "'413'", "'429'", "'stream 200'", "'stream 429'"):

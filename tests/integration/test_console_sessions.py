@@ -123,7 +123,8 @@ async def test_sign_out_revokes_the_session_server_side(db_url: str, store: Stor
 async def test_the_absolute_expiry_ends_a_session_and_sign_in_prunes_old_ones(
     db_url: str, store: Store
 ) -> None:
-    async with api_client(db_url, store=store, console_session_ttl_s=1.0) as client:
+    # Seconds, not fractions: two sign-ins and a page must fit in the TTL on a loaded machine.
+    async with api_client(db_url, store=store, console_session_ttl_s=4.0) as client:
         await sign_in(client, TOKEN_A)
         used = client.cookies[COOKIE]
         client.cookies.clear()
@@ -133,7 +134,7 @@ async def test_the_absolute_expiry_ends_a_session_and_sign_in_prunes_old_ones(
         assert (
             await client.get("/console/jobs", headers={"Cookie": f"{COOKIE}={used}"})
         ).status_code == 200
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(4.5)
         before = refused("expired")
         late = await client.get("/console/jobs", headers={"Cookie": f"{COOKIE}={used}"})
         assert late.status_code == 303 and late.headers["location"] == "/console/login"
@@ -148,14 +149,14 @@ async def test_the_absolute_expiry_ends_a_session_and_sign_in_prunes_old_ones(
 async def test_the_idle_timeout_ends_a_session_each_use_restarts_it(
     db_url: str, store: Store
 ) -> None:
-    async with api_client(db_url, store=store, console_session_idle_s=1.0) as client:
+    async with api_client(db_url, store=store, console_session_idle_s=4.0) as client:
         await sign_in(client, TOKEN_A)
         cookie = client.cookies[COOKIE]
-        # Used every 0.6 s, the session outlives its 1 s idle timeout.
-        for _ in range(3):
-            await asyncio.sleep(0.6)
+        # Used every 1.5 s, the session outlives its 4 s idle timeout (2.5 s of slack a use).
+        for _ in range(4):
+            await asyncio.sleep(1.5)
             assert (await client.get("/console/jobs")).status_code == 200
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(4.5)
         before = refused("idle")
         idle = await client.get("/console/jobs")
         assert idle.status_code == 303 and idle.headers["location"] == "/console/login"

@@ -6,6 +6,7 @@ is tests/e2e/test_schedules_roles.py."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -261,3 +262,35 @@ async def test_the_projection_rebuilds_from_the_chain_and_resyncs_every_schedule
     assert sid not in [s.schedule_id for s, _ in await schedules.unsynced(store, 10_000)]
     await schedules.resync(store, [sid])
     assert sid in [s.schedule_id for s, _ in await schedules.unsynced(store, 10_000)]
+
+
+async def test_a_firing_past_the_organizations_cap_of_open_jobs_is_skipped(store: Store) -> None:
+    sid = await made(store, "allow")
+    full = schedules.Caps(max_queued=0, max_active=10**9)
+    assert await schedules.fire(store, sid, T, full) == "skipped_cap"
+    state = await schedules.get(store, sid)
+    assert state is not None and state.recent[0].reason == "cap" and state.fired == 0
+    room = schedules.Caps(max_queued=10**9, max_active=10**9)
+    assert await schedules.fire(store, sid, T + timedelta(seconds=5), room) == "enqueued"
+
+
+async def test_two_creates_racing_for_an_organizations_last_place_take_one(store: Store) -> None:
+    org = f"org-race-{uuid.uuid4().hex[:6]}"
+    job = enqueue_body(org, payload_extra={"task": {"command": ["true"]}})
+    definition, _ = schedules.validate(
+        {"interval": "5s", "agentId": "codex", "job": job},
+        org,
+        schedules.Limits(min_interval_s=1),
+        admin=False,
+    )
+    one = schedules.Limits(max_per_organization=1)
+
+    async def attempt(sid: str) -> bool:
+        try:
+            await schedules.create(store, org, sid, definition, one)
+        except schedules.LimitReached:
+            return False
+        return True
+
+    results = await asyncio.gather(*(attempt(new_schedule_id()) for _ in range(6)))
+    assert sorted(results) == [False] * 5 + [True]

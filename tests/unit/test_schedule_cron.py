@@ -83,3 +83,7 @@ def test_intervals_fire_on_multiples_since_the_epoch_and_have_a_floor() -> None:
         parse_interval("30s", 60)
     with pytest.raises(SpecError, match="is not an interval"):
         parse_interval("5 minutes", 60)
+    assert parse_interval("366d", 60) == 366 * 86_400
+    for huge in ("367d", "300000000000s", "100000000000000s"):
+        with pytest.raises(SpecError, match="longer than the longest interval allowed"):
+            parse_interval(huge, 60)

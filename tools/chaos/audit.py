@@ -141,10 +141,14 @@ async def _objectives_settled(run: Run, verdict: Verdict) -> None:
             broken[name] += found.count(name)
     verdict.stuck += sum(1 for s in states if s is None or not s.terminal)
     terminal = sum(1 for s in states if s is not None and s.terminal)
+    retried = sum(
+        1 for s in states if s is not None and any(len(task.tries) > 1 for task in s.tasks)
+    )
     verdict.check(
         terminal == len(states) and audited == len(states),
         f"objectives settled and audited: {terminal}/{len(states)} (final: {dict(settled)}, "
-        f"audited {audited})",
+        f"audited {audited}, a task retried in {retried}, cancel answers "
+        f"{dict(run.objective_cancels)})",
     )
     for name in OBJECTIVE_INVARIANTS:
         verdict.check(broken[name] == 0, f"{name}: {broken[name]}")

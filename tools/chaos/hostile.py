@@ -462,7 +462,8 @@ def _ms(seconds: float) -> str:
 
 
 def report(seen: Hostile, run: Run) -> bool:
-    """Print the comparison and B's answers; True unless a 5xx or an unsettled job of A's."""
+    """Print the comparison and B's answers; True unless a 5xx was answered, or a post of A's
+    was not admitted, or one of A's jobs did not settle."""
     quiet, flood = seen.quiet, seen.flood
     print("\nhostile tenant (same stack, same sitting):")
     for phase in (quiet, flood):
@@ -492,9 +493,13 @@ def report(seen: Hostile, run: Run) -> bool:
     for ok, line in checks:
         print(f"  {'ok  ' if ok else 'over'} target: {line}")
     lost = quiet.open_at_end + flood.open_at_end
-    failed = seen.server_errors > 0 or lost > 0 or not quiet.jobs or not flood.jobs
+    # Every post of A's must be admitted: a refusal, a timeout or a dropped connection is A hurt
+    # by B, not a sample left out of the ratio.
+    refused_a = sum(n for status, n in seen.answers_a.items() if status != "202")
+    failed = seen.server_errors > 0 or lost > 0 or refused_a > 0 or not quiet.jobs or not flood.jobs
     print(
         f"hostile: 5xx {seen.server_errors}, {ORG_A} jobs unsettled {lost}, "
+        f"{ORG_A} posts not admitted {refused_a}, "
         f"enqueue p99 {p99_ratio:.2f}×, settled p50 {p50_ratio:.2f}×"
     )
     return not failed

@@ -54,9 +54,19 @@ async def post(
 OBJECTIVE_EVERY = 25
 
 
-def objective_body(objective_id: str) -> dict[str, Any]:
+# Every this many objectives, one whose task `c` fails its first try (its budget retries it),
+# and one cancelled while it runs.
+RETRY_EVERY = 3
+CANCEL_EVERY = 4
+# `c` of a retrying objective: the first try leaves a mark and fails, the next finds it.
+FAIL_ONCE = "test -f c.tried || { touch c.tried; exit 1; }; echo c > c"
+
+
+def objective_body(objective_id: str, fail_once: bool = False) -> dict[str, Any]:
     """An objective of the load: `a`, then `b` and `c`, then validate (all short commands; each
-    task may take three tries, as a job the faults may cost both its attempts)."""
+    task may take three tries, as a job the faults may cost both its attempts). With
+    `fail_once`, `c` fails its first try and completes on the next."""
+    c_command = ["sh", "-c", FAIL_ONCE if fail_once else "echo c > c"]
     return {
         "objectiveId": objective_id,
         "title": "chaos objective",
@@ -69,21 +79,22 @@ def objective_body(objective_id: str) -> dict[str, Any]:
                 "taskId": "c",
                 "dependsOn": ["a"],
                 "maxAttempts": 3,
-                "input": {"command": ["sh", "-c", "echo c > c"]},
+                "input": {"command": c_command},
             },
         ],
         "validate": {"command": ["test", "-f", "c"]},
     }
 
 
-async def post_objective(http: httpx.AsyncClient, run: Run) -> None:
-    """POST /objectives (a re-post of the same objectiveId returns the same run job)."""
+async def post_objective(http: httpx.AsyncClient, run: Run, number: int) -> None:
+    """POST /objectives (a re-post of the same objectiveId returns the same run job); every
+    RETRY_EVERY-th has a task that needs its retry budget, every CANCEL_EVERY-th is cancelled
+    while it runs."""
     objective_id = f"chaos-{uuid.uuid4().hex[:12]}"
+    body = objective_body(objective_id, fail_once=number % RETRY_EVERY == 1)
     for _ in range(POST_TRIES):
         try:
-            response = await http.post(
-                f"{run.api_url}/objectives", json=objective_body(objective_id), timeout=10
-            )
+            response = await http.post(f"{run.api_url}/objectives", json=body, timeout=10)
         except httpx.HTTPError as exc:
             run.refused[type(exc).__name__] += 1
             await asyncio.sleep(0.5)
@@ -91,8 +102,26 @@ async def post_objective(http: httpx.AsyncClient, run: Run) -> None:
         if response.status_code == 202:
             # The runtime's id: objective ids are scoped by organization as job ids are.
             run.objectives.append(scoped_id("chaos", objective_id))
+            if number % CANCEL_EVERY == 2:
+                await _cancel_objective_later(http, run, objective_id)
             return
         run.refused[f"objective {response.status_code}"] += 1
+        await asyncio.sleep(0.5)
+
+
+async def _cancel_objective_later(http: httpx.AsyncClient, run: Run, objective_id: str) -> None:
+    """Cancel the objective once its first task has had time to start."""
+    await asyncio.sleep(3.0)
+    for _ in range(POST_TRIES):
+        with contextlib.suppress(httpx.HTTPError):
+            response = await http.post(
+                f"{run.api_url}/objectives/{objective_id}/cancel",
+                json={"reason": "chaos cancel"},
+                timeout=10,
+            )
+            if response.status_code < 500:
+                run.objective_cancels[str(response.status_code)] += 1
+                return
         await asyncio.sleep(0.5)
 
 
@@ -131,7 +160,8 @@ async def load(run: Run, http: httpx.AsyncClient) -> None:
     while run.elapsed() < run.config.duration_s:
         posted += 1
         if posted % OBJECTIVE_EVERY == 1:
-            objective = asyncio.create_task(post_objective(http, run))
+            number = posted // OBJECTIVE_EVERY
+            objective = asyncio.create_task(post_objective(http, run, number))
             pending.add(objective)
             objective.add_done_callback(pending.discard)
         if posted % agents.EVERY == 0:

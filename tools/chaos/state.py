@@ -35,6 +35,7 @@ class Run:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     keepers: list[asyncio.Task[None]] = field(default_factory=list)
     objectives: list[str] = field(default_factory=list)
+    objective_cancels: Counter[str] = field(default_factory=Counter)  # answers to cancel posts
     agent_jobs: dict[str, str] = field(default_factory=dict)  # agent job id → its prompt
     sessions: set[str] = field(default_factory=set)  # their owners' sessions
     agent_commands: Counter[str] = field(default_factory=Counter)  # steers, follow-ups accepted

@@ -60,8 +60,11 @@ async def schedule_action(request: Request, scheduleId: str, action: str) -> Res
         notice = f"unknown action {action!r}: pause or resume"
     else:
         note = (fields.get("reason") or "paused from the console")[:1000]
-        await schedules.change(store, schedule.schedule_id, paused=action == "pause", note=note)
-        notice = f"schedule {schedules.shown_id(schedule)}: {action}d"
+        changed = await schedules.change(
+            store, schedule.schedule_id, paused=action == "pause", note=note
+        )
+        shown = schedules.shown_id(schedule)
+        notice = f"schedule {shown}: {action}d" if changed else f"schedule {shown} is deleted"
         log.info(
             "console schedule %s",
             action,

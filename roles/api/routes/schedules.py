@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from receipts.enqueue import EnqueueRequest
 from receipts.errors import ConflictError
+from receipts.objectives import store as objectives
 from receipts.schedules import cron
 from receipts.schedules import store as schedules
 from receipts.schedules.model import ScheduleState, definition_data, schedule_stream
@@ -85,9 +86,11 @@ async def schedule_view(store: Store, schedule: ScheduleState) -> dict[str, Any]
         if schedule.status == "active"
         else []
     )
+    # One read for every recent firing's job (a page of schedules makes one per schedule).
+    jobs = await objectives.jobs_by_ids(store, [f.job_id for f in schedule.recent if f.job_id])
     runs = []
     for firing in view["recent"]:
-        job = await store.get_job(firing["jobId"]) if firing.get("jobId") else None
+        job = jobs.get(firing["jobId"]) if firing.get("jobId") else None
         runs.append({**firing, "jobStatus": job.status if job else None})
     view["lastRuns"] = runs
     view["stream"] = schedule_stream(schedule.schedule_id)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from activities import webhook_egress as egress
+from receipts import metrics
 from receipts import webhooks as hooks
 from receipts.errors import InvalidInput
 from receipts.tenancy import untagged
@@ -20,6 +21,7 @@ from roles.api.auth import JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
+from roles.api.errors import too_many
 from roles.api.schema import _Doc, errors_documented, json_body_documented
 
 router = APIRouter(tags=["webhooks"])
@@ -257,14 +259,21 @@ async def rotate_webhook_secret(
     "/webhooks/{webhookId}/test",
     response_model=WebhookTestAccepted,
     status_code=202,
-    responses=errors_documented(401, 403, 404, 422, 503),
+    responses=errors_documented(401, 403, 404, 422, 429, 503),
     dependencies=[_takes_query()],
 )
 async def test_webhook(state: State, caller: Caller, webhook_id: WebhookId) -> JSONResponse:
     """Owe the subscription a `webhook.test` event (202), delivered through the same outbox,
-    signing and retries as every other."""
+    signing and retries as every other. Each takes one of the organization's enqueue tokens
+    (`RECEIPT_ORG_ENQUEUE_RATE`, 429): a test is work for the deliverer as a job is."""
     require_scope(caller, JOBS_WRITE)
     webhook = await _visible(state, caller, webhook_id)
+    wait_s = state.org_limits.take(webhook.organization_id or "*admin")
+    if wait_s > 0:
+        metrics.API_LIMITED.labels("rate").inc()
+        raise too_many(
+            "the organization's enqueue rate is exceeded (RECEIPT_ORG_ENQUEUE_RATE)", wait_s
+        )
     delivery_id = await hooks.send_test(state.require_store(), webhook)
     return JSONResponse(
         {"webhookId": webhook.webhook_id, "deliveryId": str(delivery_id)}, status_code=202

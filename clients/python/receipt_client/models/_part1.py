@@ -379,6 +379,7 @@ class Firing(BaseModel):
     fire_time: AwareDatetime = Field(..., alias="fireTime", title="Firetime")
     job_id: str | None = Field(None, alias="jobId", title="Jobid")
     outcome: Literal["enqueued", "skipped"] = Field(..., title="Outcome")
+    reason: str | None = Field(None, title="Reason")
     recorded_at: AwareDatetime = Field(..., alias="recordedAt", title="Recordedat")
     running_job_id: str | None = Field(None, alias="runningJobId", title="Runningjobid")
 

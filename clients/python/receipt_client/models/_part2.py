@@ -273,6 +273,7 @@ class ScheduleRun(BaseModel):
         Field(None, alias="jobStatus", title="Jobstatus")
     )
     outcome: Literal["enqueued", "skipped"] = Field(..., title="Outcome")
+    reason: str | None = Field(None, title="Reason")
     recorded_at: AwareDatetime = Field(..., alias="recordedAt", title="Recordedat")
     running_job_id: str | None = Field(None, alias="runningJobId", title="Runningjobid")
 
