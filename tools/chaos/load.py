@@ -115,7 +115,8 @@ async def _cancel_objective_later(http: httpx.AsyncClient, run: Run, objective_i
     for _ in range(POST_TRIES):
         with contextlib.suppress(httpx.HTTPError):
             response = await http.post(
-                f"{run.api_url}/objectives/{objective_id}/cancel",
+                # The load runs open (an admin caller): it names the runtime's id.
+                f"{run.api_url}/objectives/{scoped_id('chaos', objective_id)}/cancel",
                 json={"reason": "chaos cancel"},
                 timeout=10,
             )
