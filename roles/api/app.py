@@ -34,6 +34,7 @@ from roles.api.deps import ApiState, clean_params
 from roles.api.docs import install_docs
 from roles.api.documented import DOCUMENTED
 from roles.api.errors import install_error_handlers
+from roles.api.gate import EnqueueGate
 from roles.api.request_metrics import RequestMetrics
 from roles.api.routes import agent_jobs, health, jobs, objectives, retry, schedules, sessions
 from roles.api.routes.retry import BulkRetryBody
@@ -159,6 +160,8 @@ def create_app(
     app.state.api = api
     install_error_handlers(app)
     # Around the router: it sees every answer, 404s and refusals included.
+    # Inside the metrics (the last added is the outermost): its refusals are counted too.
+    app.add_middleware(EnqueueGate)
     app.add_middleware(RequestMetrics)
     for router in routers():
         app.include_router(router)

@@ -139,17 +139,27 @@ def decode_json(raw: bytes) -> Any:
         raise ApiError(400, "malformed_json", f"malformed JSON: {exc}") from exc
 
 
-async def read_raw_body(request: Request, limit: int) -> bytes:
-    """Read the body, refusing it (413) as soon as `Content-Length` or the bytes exceed `limit`."""
-    too_large = ApiError(
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
         413, "body_too_large", f"the request body exceeds {limit} bytes (RECEIPT_MAX_BODY_BYTES)"
     )
+
+
+def check_declared_length(request: Request, limit: int) -> None:
+    """Refuse a body whose `Content-Length` exceeds `limit` (413) or is not a number (400),
+    before anything else is spent on the request (an enqueue checks it before its rate)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit() or len(declared) > 20:
             raise ApiError(400, "malformed_json", "Content-Length is not a number")
         if int(declared) > limit:
-            raise too_large
+            raise _too_large(limit)
+
+
+async def read_raw_body(request: Request, limit: int) -> bytes:
+    """Read the body, refusing it (413) as soon as `Content-Length` or the bytes exceed `limit`."""
+    check_declared_length(request, limit)
+    too_large = _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():

@@ -327,6 +327,54 @@ async def test_a_body_over_the_limit_is_413_by_content_length(client: httpx.Asyn
     assert (await client.get(f"/jobs/{body['jobId']}", headers=AS_A)).status_code == 404
 
 
+async def test_a_body_declared_too_large_is_413_before_it_spends_a_rate_token(
+    db_url: str,
+) -> None:
+    # One token and no refill: a refused body must not take it, whatever the flood sends.
+    async with api_client(
+        db_url, max_body_bytes=4096, org_enqueue_rate=1e-6, org_enqueue_burst=1
+    ) as limited:
+        big = enqueue_body(jobId=new_id(), payload_extra={"blob": "x" * 5000})
+        for _ in range(3):
+            assert_error(await post(limited, big), 413, "body_too_large")
+        assert (await post(limited, enqueue_body(jobId=new_id()))).status_code == 202
+        assert_error(await post(limited, enqueue_body(jobId=new_id())), 429, "too_many_requests")
+
+
+async def test_the_gate_refuses_a_flood_before_the_route_and_admits_each_token_once(
+    db_url: str,
+) -> None:
+    from receipts import metrics
+
+    def counted() -> float:
+        return metrics.API_REQUESTS.labels("/agents/{agentId}/jobs", "POST", "429")._value.get()
+
+    async with api_client(db_url, org_enqueue_rate=1e-6, org_enqueue_burst=2) as limited:
+        # Two tokens, two enqueues: the gate's take is the only one (no second in the route).
+        for _ in range(2):
+            assert (await post(limited, enqueue_body(jobId=new_id()))).status_code == 202
+        before = counted()
+        # The route would answer this one 422 (a query parameter it does not take); the gate
+        # refuses it first, without routing it.
+        refused = await limited.post(
+            "/agents/codex/jobs?bogus=1", json=enqueue_body(jobId=new_id()), headers=AS_A
+        )
+        assert_error(refused, 429, "too_many_requests")
+        assert int(refused.headers["retry-after"]) >= 1
+        assert counted() == before + 1
+        # Without a valid token the gate leaves the answer to the route.
+        unknown = await limited.post(
+            "/agents/codex/jobs",
+            json=enqueue_body(jobId=new_id()),
+            headers={"Authorization": "Bearer not-a-token"},
+        )
+        assert unknown.status_code == 401
+        # Another organization has tokens of its own.
+        assert (
+            await post(limited, enqueue_body("org-b", jobId=new_id()), headers=AS_B)
+        ).status_code == 202
+
+
 async def test_a_streamed_body_over_the_limit_is_413(client: httpx.AsyncClient) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         yield b'{"payload": {"kind": "factory.run", "blob": "'

@@ -51,6 +51,7 @@ from roles.api.admission import (
 )
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE
 from roles.api.body import (
+    check_declared_length,
     choice,
     decode_cursor,
     encode_cursor,
@@ -71,6 +72,7 @@ from roles.api.deps import (
     visible_job,
 )
 from roles.api.documented import JobStreamEnd
+from roles.api.gate import ADMITTED
 from roles.api.limits import refusals
 from roles.api.schema import (
     CommandAccepted,
@@ -141,7 +143,11 @@ async def post_job(
     also answers 202 with that job; `outcome` says which."""
     require_scope(caller, JOBS_WRITE)
     settings = state.settings
-    wait_s = state.org_limits.take(caller.organization_id or "*admin")
+    # A body declared too large is refused before it takes one of the organization's tokens.
+    check_declared_length(request, settings.max_body_bytes)
+    # The enqueue gate (roles/api/gate.py) took the token of a request it admitted.
+    admitted = getattr(request.state, ADMITTED, False)
+    wait_s = 0.0 if admitted else state.org_limits.take(caller.organization_id or "*admin")
     if wait_s > 0:
         metrics.API_LIMITED.labels("rate").inc()
         organization = caller.organization_id or "*admin"

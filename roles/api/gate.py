@@ -1,0 +1,98 @@
+"""The enqueue gate: an enqueue over its organization's rate is refused before the framework
+routes, resolves dependencies or reads the body.
+
+A pure ASGI middleware in front of `POST /agents/{agentId}/jobs`. It authenticates the bearer
+token (one SHA-256 and a dict lookup), and for a token that may enqueue (`jobs:write`) with a
+body not declared over `RECEIPT_MAX_BODY_BYTES`, it takes one of the organization's tokens
+(roles/api/limits.py `OrgLimits`): none left, it answers the 429 itself, in the API's one error
+shape with `Retry-After`; else it marks the request admitted and the route does not take again.
+Everything else (no token, an unknown one, a missing scope, a body declared too large, an API
+running open) passes through to the route, which answers as it always has.
+
+Why: a tenant flooding past its rate costs the one api process a full route per refusal
+(routing, dependencies, the error handler): measured by `make chaos`'s hostile tenant, 45 000
+refusals in 120 s put another organization's enqueue p99 at 4.5x its quiet value. Refused here,
+a refusal costs a fraction of that.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from types import SimpleNamespace
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from receipts import metrics
+from roles.api.auth import JOBS_WRITE
+from roles.api.errors import error_response, too_many
+from roles.api.limits import refusals
+
+log = logging.getLogger("roles.api.app")
+
+ENQUEUE_PATH = re.compile(r"^/agents/[^/]+/jobs$")
+ADMITTED = "enqueue_admitted"
+"""The request state's flag: the gate took this enqueue's token (the route takes none)."""
+# What the request metrics read as the answering route (roles/api/request_metrics.py).
+ENQUEUE_ROUTE = SimpleNamespace(path_format="/agents/{agentId}/jobs")
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class EnqueueGate:
+    """Refuse an enqueue over its organization's rate before the app routes it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or not ENQUEUE_PATH.match(scope["path"])
+        ):
+            await self.app(scope, receive, send)
+            return
+        state = scope["app"].state.api
+        if state.tokens.open:
+            await self.app(scope, receive, send)  # the route's own checks (Host, Origin) first
+            return
+        authorization = _header(scope, b"authorization") or ""
+        scheme, _, token = authorization.partition(" ")
+        principal = state.tokens.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        declared = _header(scope, b"content-length")
+        too_large = (
+            declared is not None
+            and declared.isdigit()
+            and len(declared) <= 20
+            and int(declared) > state.settings.max_body_bytes
+        )
+        if principal is None or not principal.can(JOBS_WRITE) or too_large:
+            await self.app(scope, receive, send)
+            return
+        organization = principal.organization_id or "*admin"
+        wait_s = state.org_limits.take(organization)
+        if wait_s <= 0:
+            scope.setdefault("state", {})[ADMITTED] = True
+            await self.app(scope, receive, send)
+            return
+        metrics.API_LIMITED.labels("rate").inc()
+        if (unlogged := refusals.due("rate", organization)) is not None:
+            log.warning(
+                "enqueue rate limited",
+                extra={
+                    "event": "api.rate_limited",
+                    "organizationId": principal.organization_id,
+                    "unloggedSince": unlogged,
+                },
+            )
+        scope["route"] = ENQUEUE_ROUTE
+        refused = too_many(
+            "the organization's enqueue rate is exceeded (RECEIPT_ORG_ENQUEUE_RATE)", wait_s
+        )
+        await error_response(refused)(scope, receive, send)
