@@ -84,6 +84,7 @@ class Hostile:
     bombs: dict[str, Counter[str]] = field(default_factory=dict)
     peak_rss_mib: Counter[str] = field(default_factory=Counter)
     output_rates: list[float] = field(default_factory=list)  # KiB/s read of each printer
+    cpu: dict[str, dict[str, float]] = field(default_factory=dict)  # phase → process → CPU s
 
     @property
     def server_errors(self) -> int:
@@ -178,6 +179,31 @@ async def tenant_a(
     await asyncio.gather(*pending)
 
 
+def raw_post(token: str, body: bytes) -> bytes:
+    """An enqueue of B's as HTTP/1.1 bytes (keep-alive)."""
+    head = (
+        "POST /agents/codex/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def raw_answer(reader: asyncio.StreamReader) -> int:
+    """Read one HTTP/1.1 answer (status line, headers, a Content-Length body); its status."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip())
+    if length:
+        await reader.readexactly(length)
+    return status
+
+
 async def _b_post(
     run: Run, http: httpx.AsyncClient, headers: dict[str, str], seen: Hostile, content: bytes
 ) -> httpx.Response | None:
@@ -211,10 +237,30 @@ async def tenant_b(
     stop = asyncio.Event()
 
     async def flood() -> None:
+        # Raw HTTP/1.1 on one kept-alive connection, as wrk would load it: an httpx client
+        # spends several times the CPU the api spends refusing its request, and on this
+        # machine the load shares the cores it measures.
+        port = int(run.api_url.rsplit(":", 1)[1])
         while time.monotonic() < deadline:
-            body = body_of(ORG_B, f"b-flood-{uuid.uuid4().hex[:12]}", ["true"])
-            await _b_post(run, http, headers, seen, json.dumps(body).encode())
-            await asyncio.sleep(FLOOD_PACE_S)
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError as exc:
+                seen.answers_b[type(exc).__name__] += 1
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                while time.monotonic() < deadline:
+                    body = json.dumps(
+                        body_of(ORG_B, f"b-flood-{uuid.uuid4().hex[:12]}", ["true"])
+                    ).encode()
+                    writer.write(raw_post(token, body))
+                    status = await raw_answer(reader)
+                    seen.answers_b[str(status)] += 1
+                    await asyncio.sleep(FLOOD_PACE_S)
+            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                seen.answers_b[type(exc).__name__] += 1
+            finally:
+                writer.close()
 
     async def bodies() -> None:
         while time.monotonic() < deadline:
@@ -305,6 +351,28 @@ async def settled_latencies(run: Run, phase: Phase, timeout_s: float) -> None:
             continue
         chain = await run.store.read_stream(f"jobs/{job_id}")
         phase.settled_s.append((chain[-1].recorded_at - chain[0].recorded_at).total_seconds())
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of `pid` and every process below it that is still running."""
+    total = 0.0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            total += _cpu_s(int(child))
+    return total
+
+
+def cpu_now(run: Run) -> dict[str, float]:
+    """CPU seconds so far of each role (with what it started), Temporal and this process (the
+    load, A's and B's clients both: it shares the machine's cores with the stack it measures)."""
+    taken = {name: _cpu_s(role.pid) for name, role in run.roles.items() if role.process}
+    if run.temporal is not None and run.temporal.process is not None:
+        taken["temporal"] = _cpu_s(run.temporal.pid)
+    times = os.times()
+    taken["load (this process)"] = times.user + times.system
+    return taken
 
 
 def _rss_kib(pid: int) -> int:
@@ -437,13 +505,17 @@ async def hostile(config: ChaosConfig, a_rate: float = 3.0) -> int:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
         async with httpx.AsyncClient(limits=limits) as http:
             run.say("stack up; the quiet phase starts")
+            before = cpu_now(run)
             await tenant_a(run, http, token_a, seen.quiet, seen, a_rate, config.duration_s)
+            seen.cpu["quiet"] = _spent(before, cpu_now(run))
             await settled_latencies(run, seen.quiet, 120)
             run.say(f"quiet phase settled; {ORG_B}'s flood starts beside {ORG_A}")
+            before = cpu_now(run)
             await asyncio.gather(
                 tenant_a(run, http, token_a, seen.flood, seen, a_rate, config.duration_s),
                 tenant_b(run, http, token_b, seen, config.duration_s, bomb_jobs),
             )
+            seen.cpu["flood"] = _spent(before, cpu_now(run))
             await settled_latencies(run, seen.flood, 120)
             await output_pace(run, http, token_b, seen, bomb_jobs.get("output", []))
             await bomb_outcomes(run, seen, bomb_jobs, 120)
@@ -455,6 +527,10 @@ async def hostile(config: ChaosConfig, a_rate: float = 3.0) -> int:
     if config.keep_dir is None and ok:
         shutil.rmtree(data_dir, ignore_errors=True)
     return 0 if ok else 1
+
+
+def _spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}
 
 
 def _ms(seconds: float) -> str:
@@ -483,6 +559,9 @@ def report(seen: Hostile, run: Run) -> bool:
     rates = ", ".join(f"{rate:.0f}" for rate in seen.output_rates)
     print(f"  {ORG_B}'s printers were read at KiB/s: {rates or 'none measured'}")
     print(f"  peak memory (MiB, a codex worker with its sandboxes): {dict(seen.peak_rss_mib)}")
+    for name, spent in seen.cpu.items():
+        shown = ", ".join(f"{role} {seconds:.1f}" for role, seconds in spent.items())
+        print(f"  CPU seconds of the {name} phase (2 cores x its length at most): {shown}")
     restarts = {name: role.restarts for name, role in run.roles.items() if role.restarts}
     print(f"  supervisor restarts: {restarts or 'none'}")
     checks = [
