@@ -17,18 +17,14 @@ a refusal costs a fraction of that.
 
 from __future__ import annotations
 
-import logging
 import re
 from types import SimpleNamespace
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from receipts import metrics
 from roles.api.auth import JOBS_WRITE
-from roles.api.errors import error_response, too_many
-from roles.api.limits import refusals
-
-log = logging.getLogger("roles.api.app")
+from roles.api.errors import error_response
+from roles.api.limits import rate_refused
 
 ENQUEUE_PATH = re.compile(r"^/agents/[^/]+/jobs$")
 ADMITTED = "enqueue_admitted"
@@ -81,18 +77,6 @@ class EnqueueGate:
             scope.setdefault("state", {})[ADMITTED] = True
             await self.app(scope, receive, send)
             return
-        metrics.API_LIMITED.labels("rate").inc()
-        if (unlogged := refusals.due("rate", organization)) is not None:
-            log.warning(
-                "enqueue rate limited",
-                extra={
-                    "event": "api.rate_limited",
-                    "organizationId": principal.organization_id,
-                    "unloggedSince": unlogged,
-                },
-            )
         scope["route"] = ENQUEUE_ROUTE
-        refused = too_many(
-            "the organization's enqueue rate is exceeded (RECEIPT_ORG_ENQUEUE_RATE)", wait_s
-        )
+        refused = rate_refused(principal.organization_id, wait_s)
         await error_response(refused)(scope, receive, send)

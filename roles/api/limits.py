@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from receipts import metrics
-from roles.api.errors import too_many
+from roles.api.errors import ApiError, too_many
 
 log = logging.getLogger("roles.api.app")
 
@@ -53,6 +53,24 @@ class RefusalLog:
 
 refusals = RefusalLog()
 """The api process's refusal log: one per process, as the limits are."""
+
+
+def rate_refused(organization_id: str | None, wait_s: float) -> ApiError:
+    """The 429 of work over its organization's enqueue rate (`wait_s` until a token): counted
+    every time, logged once per REFUSAL_LOG_INTERVAL_S per organization."""
+    metrics.API_LIMITED.labels("rate").inc()
+    if (unlogged := refusals.due("rate", organization_id or "*admin")) is not None:
+        log.warning(
+            "enqueue rate limited",
+            extra={
+                "event": "api.rate_limited",
+                "organizationId": organization_id,
+                "unloggedSince": unlogged,
+            },
+        )
+    return too_many(
+        "the organization's enqueue rate is exceeded (RECEIPT_ORG_ENQUEUE_RATE)", wait_s
+    )
 
 
 @dataclass(slots=True)

@@ -68,12 +68,11 @@ from roles.api.deps import (
     require_scope,
     shown_id,
     takes_query,
-    too_many,
     visible_job,
 )
 from roles.api.documented import JobStreamEnd
 from roles.api.gate import ADMITTED
-from roles.api.limits import refusals
+from roles.api.limits import rate_refused
 from roles.api.schema import (
     CommandAccepted,
     CommandBody,
@@ -149,20 +148,7 @@ async def post_job(
     admitted = getattr(request.state, ADMITTED, False)
     wait_s = 0.0 if admitted else state.org_limits.take(caller.organization_id or "*admin")
     if wait_s > 0:
-        metrics.API_LIMITED.labels("rate").inc()
-        organization = caller.organization_id or "*admin"
-        if (unlogged := refusals.due("rate", organization)) is not None:
-            log.warning(
-                "enqueue rate limited",
-                extra={
-                    "event": "api.rate_limited",
-                    "organizationId": caller.organization_id,
-                    "unloggedSince": unlogged,
-                },
-            )
-        raise too_many(
-            "the organization's enqueue rate is exceeded (RECEIPT_ORG_ENQUEUE_RATE)", wait_s
-        )
+        raise rate_refused(caller.organization_id, wait_s)
     body = await read_json_body(request, settings.max_body_bytes, state.json_limits)
     enqueue_request = parse_enqueue(agent_id, body, text_checked=True)
     if settings.strict_agent_ids and not has_handler(agent_id):

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from activities import webhook_egress as egress
-from receipts import metrics
 from receipts import webhooks as hooks
 from receipts.errors import InvalidInput
 from receipts.tenancy import untagged
@@ -21,7 +20,7 @@ from roles.api.auth import JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
-from roles.api.errors import too_many
+from roles.api.limits import rate_refused
 from roles.api.schema import _Doc, errors_documented, json_body_documented
 
 router = APIRouter(tags=["webhooks"])
@@ -270,10 +269,7 @@ async def test_webhook(state: State, caller: Caller, webhook_id: WebhookId) -> J
     webhook = await _visible(state, caller, webhook_id)
     wait_s = state.org_limits.take(webhook.organization_id or "*admin")
     if wait_s > 0:
-        metrics.API_LIMITED.labels("rate").inc()
-        raise too_many(
-            "the organization's enqueue rate is exceeded (RECEIPT_ORG_ENQUEUE_RATE)", wait_s
-        )
+        raise rate_refused(webhook.organization_id, wait_s)
     delivery_id = await hooks.send_test(state.require_store(), webhook)
     return JSONResponse(
         {"webhookId": webhook.webhook_id, "deliveryId": str(delivery_id)}, status_code=202
