@@ -294,3 +294,23 @@ async def test_two_creates_racing_for_an_organizations_last_place_take_one(store
 
     results = await asyncio.gather(*(attempt(new_schedule_id()) for _ in range(6)))
     assert sorted(results) == [False] * 5 + [True]
+
+
+async def test_resuming_needs_the_rights_its_firings_need(db_url: str) -> None:
+    full, enqueue_only = "token-org-a-full-0123456789", "token-org-a-nocmd-0123456789"
+    tokens = f"{full} org-a\n{enqueue_only} org-a jobs:read jobs:write"
+    as_full = {"Authorization": f"Bearer {full}"}
+    as_limited = {"Authorization": f"Bearer {enqueue_only}"}
+    async with api_client(db_url, tokens=tokens, schedule_min_interval_s=2) as limited:
+        sid = (await limited.post("/schedules", json=body(), headers=as_full)).json()["scheduleId"]
+        pause = await limited.patch(f"/schedules/{sid}", json={"paused": True}, headers=as_limited)
+        assert pause.status_code == 200  # pausing runs nothing
+        resume = await limited.patch(
+            f"/schedules/{sid}", json={"paused": False}, headers=as_limited
+        )
+        assert resume.status_code == 403 and "commands:run" in resume.json()["error"]["message"]
+        assert (await limited.get(f"/schedules/{sid}", headers=as_full)).json()[
+            "status"
+        ] == "paused"
+        resumed = await limited.patch(f"/schedules/{sid}", json={"paused": False}, headers=as_full)
+        assert resumed.status_code == 200 and resumed.json()["status"] == "active"

@@ -200,22 +200,25 @@ async def patch_schedule(
     schedule = await _visible(state, caller, schedule_id)
     definition = None
     changing = {k: v for k, v in body.items() if k not in ("paused", "note")}
+    current = definition_data(schedule)
+    fields: dict[str, Any] = {
+        "cron": current["cron"],
+        "interval": f"{current['intervalS']}s" if current["intervalS"] else None,
+        "timezone": current["timezone"],
+        "agentId": current["agentId"],
+        "job": current["job"],
+        "overlap": current["overlap"],
+    }
     if changing:
-        current = definition_data(schedule)
-        fields: dict[str, Any] = {
-            "cron": current["cron"],
-            "interval": f"{current['intervalS']}s" if current["intervalS"] else None,
-            "timezone": current["timezone"],
-            "agentId": current["agentId"],
-            "job": current["job"],
-            "overlap": current["overlap"],
-        }
         if "cron" in changing:
             fields["interval"] = None
         if "interval" in changing:
             fields["cron"] = None
         fields.update(changing)
         definition, _ = _admitted(state, caller, fields)
+    elif patch.paused is False and schedule.status == "paused":
+        # A resume starts firings again: the caller must hold what enqueueing them needs.
+        _admitted(state, caller, fields)
     changed = await schedules.change(
         state.require_store(),
         schedule.schedule_id,
