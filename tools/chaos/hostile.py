@@ -268,19 +268,22 @@ async def tenant_b(
             await _b_post(run, http, headers, seen, sized_body(ORG_B, MAX_BODY_BYTES + 1))
             await asyncio.sleep(BODY_EVERY_S)
 
+    async def bomb_round() -> None:
+        for kind, argv in BOMBS.items():
+            job_id = f"b-{kind}-{uuid.uuid4().hex[:8]}"
+            body = json.dumps(body_of(ORG_B, job_id, argv)).encode()
+            # B's own flood spends its rate: each command is posted again until admitted.
+            while time.monotonic() < deadline:
+                response = await _b_post(run, http, headers, seen, body)
+                if response is not None and response.status_code == 202:
+                    bomb_jobs.setdefault(kind, []).append(scoped_id(ORG_B, job_id))
+                    break
+                await asyncio.sleep(0.1)
+
     async def bombs() -> None:
         while time.monotonic() < deadline:
-            for kind, argv in BOMBS.items():
-                job_id = f"b-{kind}-{uuid.uuid4().hex[:8]}"
-                body = json.dumps(body_of(ORG_B, job_id, argv)).encode()
-                # B's own flood spends its rate: each command is posted again until admitted.
-                while time.monotonic() < deadline:
-                    response = await _b_post(run, http, headers, seen, body)
-                    if response is not None and response.status_code == 202:
-                        bomb_jobs.setdefault(kind, []).append(scoped_id(ORG_B, job_id))
-                        break
-                    await asyncio.sleep(0.1)
             await asyncio.sleep(BOMB_EVERY_S)
+            await bomb_round()
 
     async def hold_stream(url: str, opened: asyncio.Event) -> None:
         with contextlib.suppress(httpx.HTTPError):
@@ -295,15 +298,20 @@ async def tenant_b(
                     await stop.wait()
         opened.set()
 
-    async def streams() -> None:
-        # The streams follow one job of B's held queued for an hour (a job's stream is live
-        # until it settles), cancelled when the phase is over.
-        long_id = f"b-long-{uuid.uuid4().hex[:8]}"
-        body = body_of(ORG_B, long_id, ["true"]) | {"delayMs": 3_600_000}
+    # The streams follow one job of B's held queued for an hour (a job's stream is live until
+    # it settles), cancelled when the phase is over; posted before the flood, as the first
+    # round of commands is.
+    long_id = f"b-long-{uuid.uuid4().hex[:8]}"
+    long_body = body_of(ORG_B, long_id, ["true"]) | {"delayMs": 3_600_000}
+
+    async def post_long_job() -> None:
         response = None
         while (response is None or response.status_code == 429) and time.monotonic() < deadline:
-            response = await _b_post(run, http, headers, seen, json.dumps(body).encode())
-            await asyncio.sleep(0.2)
+            response = await _b_post(run, http, headers, seen, json.dumps(long_body).encode())
+            if response is None or response.status_code == 429:
+                await asyncio.sleep(0.2)
+
+    async def streams() -> None:
         url = f"{run.api_url}/jobs/{long_id}/events"
         holders = []
         for _ in range(STREAMS_PER_CALLER):
@@ -326,6 +334,10 @@ async def tenant_b(
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
         stop.set()
 
+    # The first round of commands goes in before the flood (from the burst B's rate allows):
+    # once six connections post without pause, a post of B's rarely finds a token.
+    await post_long_job()
+    await bomb_round()
     await asyncio.gather(
         clock(), streams(), bodies(), bombs(), *(flood() for _ in range(FLOOD_CLIENTS))
     )
