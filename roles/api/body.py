@@ -145,15 +145,21 @@ def _too_large(limit: int) -> ApiError:
     )
 
 
+def declared_length(declared: str | None) -> int | None:
+    """A `Content-Length` header's value as bytes; None when absent; -1 when not a number."""
+    if declared is None:
+        return None
+    return int(declared) if declared.isdigit() and len(declared) <= 20 else -1
+
+
 def check_declared_length(request: Request, limit: int) -> None:
     """Refuse a body whose `Content-Length` exceeds `limit` (413) or is not a number (400),
     before anything else is spent on the request (an enqueue checks it before its rate)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit() or len(declared) > 20:
-            raise ApiError(400, "malformed_json", "Content-Length is not a number")
-        if int(declared) > limit:
-            raise _too_large(limit)
+    length = declared_length(request.headers.get("content-length"))
+    if length == -1:
+        raise ApiError(400, "malformed_json", "Content-Length is not a number")
+    if length is not None and length > limit:
+        raise _too_large(limit)
 
 
 async def read_raw_body(request: Request, limit: int) -> bytes:

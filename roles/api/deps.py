@@ -21,11 +21,13 @@ from receipts.jobs import Job
 from receipts.listen import Listener
 from receipts.settings import Settings
 from receipts.store import Store
+from receipts.tenancy import untagged
 from receipts.text import check_clean_text
 from receipts.webhooks import WebhookSettings
 from roles.api.auth import OPEN, Principal, TokenTable, is_loopback
 from roles.api.body import JsonLimits, json_object, read_json_body, validated
 from roles.api.errors import ApiError, too_many
+from roles.api.gate import ADMITTED
 from roles.api.limits import OrgLimits, StreamGate
 from roles.api.schema import shown_job_id
 from roles.api.settings import ApiSettings
@@ -148,6 +150,9 @@ async def _caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
+    admitted = getattr(request.state, ADMITTED, None)
+    if isinstance(admitted, Principal):
+        return admitted  # the enqueue gate authenticated this request already
     state: ApiState = request.app.state.api
     tokens = state.tokens
     if tokens.open:
@@ -210,6 +215,13 @@ async def visible_job(state: ApiState, caller: Principal, job_id: str) -> Job:
     if job is None:
         raise ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
     return job
+
+
+def shown_view(caller: Principal, view: Any) -> Any:
+    """A view as the caller sees it: an organization's ids without the runtime's tag."""
+    if caller.admin or caller.organization_id is None:
+        return view
+    return untagged(view, caller.organization_id)
 
 
 def shown_id(caller: Principal, job: Job) -> str:

@@ -23,12 +23,14 @@ from types import SimpleNamespace
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from roles.api.auth import JOBS_WRITE
+from roles.api.body import declared_length
 from roles.api.errors import error_response
 from roles.api.limits import rate_refused
 
 ENQUEUE_PATH = re.compile(r"^/agents/[^/]+/jobs$")
 ADMITTED = "enqueue_admitted"
-"""The request state's flag: the gate took this enqueue's token (the route takes none)."""
+"""The request state's key of the principal the gate authenticated and took this enqueue's
+token for: the route takes no second token and the caller is not authenticated twice."""
 # What the request metrics read as the answering route (roles/api/request_metrics.py).
 ENQUEUE_ROUTE = SimpleNamespace(path_format="/agents/{agentId}/jobs")
 
@@ -61,20 +63,15 @@ class EnqueueGate:
         authorization = _header(scope, b"authorization") or ""
         scheme, _, token = authorization.partition(" ")
         principal = state.tokens.authenticate(token.strip()) if scheme.lower() == "bearer" else None
-        declared = _header(scope, b"content-length")
-        too_large = (
-            declared is not None
-            and declared.isdigit()
-            and len(declared) <= 20
-            and int(declared) > state.settings.max_body_bytes
-        )
+        length = declared_length(_header(scope, b"content-length"))
+        too_large = length is not None and length > state.settings.max_body_bytes
         if principal is None or not principal.can(JOBS_WRITE) or too_large:
             await self.app(scope, receive, send)
             return
         organization = principal.organization_id or "*admin"
         wait_s = state.org_limits.take(organization)
         if wait_s <= 0:
-            scope.setdefault("state", {})[ADMITTED] = True
+            scope.setdefault("state", {})[ADMITTED] = principal
             await self.app(scope, receive, send)
             return
         scope["route"] = ENQUEUE_ROUTE

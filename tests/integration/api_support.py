@@ -175,6 +175,19 @@ def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
         supervised.stop(15)
 
 
+def receipt_cli(api: RunningApi, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`receipt <args>` as a real subprocess against `api`, as `token`."""
+    return subprocess.run(
+        [sys.executable, "-m", "roles.cli.main", *args],
+        cwd=ROOT,
+        env=clean_env({"RECEIPT_API_URL": api.url, "RECEIPT_API_TOKEN": token}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def wait_healthz(
     url: str,
     timeout_s: float = 30.0,

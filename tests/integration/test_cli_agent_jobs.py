@@ -19,6 +19,7 @@ from tests.integration.api_support import (
     TOKEN_B,
     RunningApi,
     clean_env,
+    receipt_cli,
     running_api,
 )
 
@@ -30,15 +31,7 @@ def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
 
 
 def receipt(api: RunningApi, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "roles.cli.main", "agent-jobs", *args],
-        cwd=ROOT,
-        env=clean_env({"RECEIPT_API_URL": api.url, "RECEIPT_API_TOKEN": token}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return receipt_cli(api, token, "agent-jobs", *args)
 
 
 def test_create_list_get_events_answer_cancel(api: RunningApi) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +13,11 @@ import pytest
 
 from receipt_client import AsyncClient, Client, NotFound
 from tests.integration.api_support import (
-    ROOT,
     TOKEN_A,
     TOKEN_B,
     RunningApi,
-    clean_env,
     enqueue_body,
+    receipt_cli,
     running_api,
 )
 
@@ -33,15 +31,7 @@ def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
 
 
 def receipt(api: RunningApi, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "roles.cli.main", "schedules", *args],
-        cwd=ROOT,
-        env=clean_env({"RECEIPT_API_URL": api.url, "RECEIPT_API_TOKEN": token}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return receipt_cli(api, token, "schedules", *args)
 
 
 def test_create_list_get_pause_resume_delete(api: RunningApi) -> None:

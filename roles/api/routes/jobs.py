@@ -145,7 +145,7 @@ async def post_job(
     # A body declared too large is refused before it takes one of the organization's tokens.
     check_declared_length(request, settings.max_body_bytes)
     # The enqueue gate (roles/api/gate.py) took the token of a request it admitted.
-    admitted = getattr(request.state, ADMITTED, False)
+    admitted = getattr(request.state, ADMITTED, None) is not None
     wait_s = 0.0 if admitted else state.org_limits.take(caller.organization_id or "*admin")
     if wait_s > 0:
         raise rate_refused(caller.organization_id, wait_s)

@@ -23,11 +23,11 @@ from receipts.objectives import store as objectives
 from receipts.objectives.graph import OBJECTIVE_FIELDS, parse_objective
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream, run_job_id
 from receipts.store import Store
-from receipts.tenancy import scoped_id, untagged
+from receipts.tenancy import scoped_id
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import choice, decode_cursor, encode_cursor, read_json_body
 from roles.api.body import json_object as _object
-from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_id
+from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_id, shown_view
 from roles.api.deps import takes_query as _takes_query
 from roles.api.documented import ObjectiveStreamEnd
 from roles.api.schema import (
@@ -68,13 +68,6 @@ async def _visible(state: ApiState, caller: Principal, objective_id: str) -> Obj
     if objective is None or not caller.sees(objective.organization_id):
         raise ApiError(404, "not_found", f"no objective {objective_id!r}", field="objectiveId")
     return objective
-
-
-def _shown(caller: Principal, view: Any) -> Any:
-    """A view as the caller sees it: an organization's ids without the runtime's tag."""
-    if caller.admin or caller.organization_id is None:
-        return view
-    return untagged(view, caller.organization_id)
 
 
 def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
@@ -212,7 +205,7 @@ async def list_objectives(
     last = page.items[-1] if page.more else None
     return JSONResponse(
         {
-            "objectives": [_shown(caller, _summary(o)) for o in page.items],
+            "objectives": [shown_view(caller, _summary(o)) for o in page.items],
             "nextCursor": encode_cursor(last.created_at, last.objective_id) if last else None,
         }
     )
@@ -247,7 +240,7 @@ async def objective_view(store: Store, objective: ObjectiveState) -> dict[str, A
 async def get_objective(state: State, caller: Caller, objective_id: ObjectiveId) -> JSONResponse:
     """The folded objective: phase, task graph, each task's status, tries and job."""
     objective = await _visible(state, caller, objective_id)
-    return JSONResponse(_shown(caller, await objective_view(state.require_store(), objective)))
+    return JSONResponse(shown_view(caller, await objective_view(state.require_store(), objective)))
 
 
 def followed_objective(
@@ -263,7 +256,7 @@ def followed_objective(
         return None
 
     def show(receipt: dict[str, Any]) -> dict[str, Any]:
-        return _shown(caller, receipt) if caller is not None else receipt
+        return shown_view(caller, receipt) if caller is not None else receipt
 
     return Followed(objective_stream(runtime_id), fold=objective_model.apply, end=end, show=show)
 

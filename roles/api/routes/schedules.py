@@ -24,11 +24,11 @@ from receipts.schedules import cron
 from receipts.schedules import store as schedules
 from receipts.schedules.model import ScheduleState, definition_data, schedule_stream
 from receipts.store import Store
-from receipts.tenancy import scoped_id, untagged
+from receipts.tenancy import scoped_id
 from roles.api.admission import check_command_rights, check_gateway
 from roles.api.auth import JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import decode_cursor, encode_cursor, read_json_body, validated
-from roles.api.deps import ApiError, ApiState, Caller, State, require_scope
+from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_view
 from roles.api.deps import takes_query as _takes_query
 from roles.api.documented import ScheduleBody, SchedulePatchBody
 from roles.api.errors import too_many
@@ -97,13 +97,6 @@ async def schedule_view(store: Store, schedule: ScheduleState) -> dict[str, Any]
     return view
 
 
-def _shown(caller: Principal, view: Any) -> Any:
-    """A view as the caller sees it: an organization's ids without the runtime's tag."""
-    if caller.admin or caller.organization_id is None:
-        return view
-    return untagged(view, caller.organization_id)
-
-
 @router.post(
     "/schedules",
     status_code=201,
@@ -141,7 +134,7 @@ async def post_schedule(request: Request, state: State, caller: Caller) -> JSONR
         raise too_many(str(exc), 60) from None
     except ConflictError as exc:
         raise ApiError(409, "conflict", str(exc), field="scheduleId") from None
-    view = _shown(caller, await schedule_view(state.require_store(), schedule))
+    view = shown_view(caller, await schedule_view(state.require_store(), schedule))
     return JSONResponse(view, status_code=201 if created else 200)
 
 
@@ -164,7 +157,7 @@ async def list_schedules(
     last = page.items[-1] if page.more else None
     return JSONResponse(
         {
-            "schedules": [_shown(caller, await schedule_view(store, s)) for s in page.items],
+            "schedules": [shown_view(caller, await schedule_view(store, s)) for s in page.items],
             "nextCursor": encode_cursor(last.created_at, last.schedule_id) if last else None,
         }
     )
@@ -179,7 +172,7 @@ async def list_schedules(
 async def get_schedule(state: State, caller: Caller, schedule_id: ScheduleId) -> JSONResponse:
     """The schedule: definition, status, next fire times, last firings and their jobs."""
     schedule = await _visible(state, caller, schedule_id)
-    return JSONResponse(_shown(caller, await schedule_view(state.require_store(), schedule)))
+    return JSONResponse(shown_view(caller, await schedule_view(state.require_store(), schedule)))
 
 
 @router.patch(
@@ -228,7 +221,7 @@ async def patch_schedule(
     )
     if changed is None:
         raise ApiError(404, "not_found", f"no schedule {schedule_id!r}", field="scheduleId")
-    return JSONResponse(_shown(caller, await schedule_view(state.require_store(), changed)))
+    return JSONResponse(shown_view(caller, await schedule_view(state.require_store(), changed)))
 
 
 @router.delete(
