@@ -213,7 +213,11 @@ async def measure_round_trips(
     proxies = {role: CountingProxy(db_url) for role in ROLES}
     urls = {role: await proxy.start() for role, proxy in proxies.items()}
     names = {role: f"rt-{role}" for role in ROLES}
-    extra = {"RECEIPT_TASK_QUEUE_PREFIX": "rt-", "RECEIPT_ORG_MAX_RUNNING_PER_GROUP": "0"}
+    extra = {
+        "RECEIPT_TASK_QUEUE_PREFIX": "rt-",
+        "RECEIPT_ORG_MAX_RUNNING_PER_GROUP": "0",
+        **bench.config.role_settings(),
+    }
     port = 0
     try:
         for role in ROLES:
