@@ -86,18 +86,6 @@ async def record(store: Store, job_id: str, generation: int) -> None:
     )
 
 
-async def claim_first(store: Store, job_id: str) -> bool:
-    """Claim the job's first delivery (generation 0) before starting it; False when another
-    dispatcher already claimed or recorded one."""
-    params = {"job_id": job_id, "workflow_id": driver_workflow_id(job_id, 0)}
-    return bool(await _fetch(store, "delivery_claim_first", params))
-
-
-async def release_first(store: Store, job_id: str) -> None:
-    """Give back a first-delivery claim whose start failed."""
-    await _fetch(store, "delivery_release_first", {"job_id": job_id})
-
-
 async def claim_redrive(store: Store, job_id: str, observed_seq: int, attempt: int) -> bool:
     """Claim one observed queue state for redrive; False when another pass already did."""
     key = redrive_key(job_id, observed_seq, attempt)
@@ -121,15 +109,12 @@ NO_CAPS: Mapping[str, Any] = {"queues": [], "caps": []}
 
 
 async def undelivered_queued(
-    store: Store, limit: int = 500, caps: Mapping[str, Any] = NO_CAPS, queue: str | None = None
+    store: Store, limit: int = 500, caps: Mapping[str, Any] = NO_CAPS
 ) -> list[str]:
     """Return deliverable queued jobs never dispatched and not held back by the per-queue
-    `caps` (receipts/fairness.py `caps`): each organization's oldest first, interleaved; with
-    `queue`, only the jobs routed to that worker queue."""
-    if queue is None:
-        return [r[0] for r in await _fetch(store, "undelivered_queued", {"limit": limit, **caps})]
-    params = {"limit": limit, "queue": queue, **caps}
-    return [r[0] for r in await _fetch(store, "undelivered_queued_on", params)]
+    `caps` (receipts/fairness.py `caps`): each organization's oldest first, interleaved."""
+    params = {"limit": limit, **caps}
+    return [r[0] for r in await _fetch(store, "undelivered_queued", params)]
 
 
 async def next_available_at(store: Store) -> datetime | None:

@@ -96,5 +96,5 @@ def insert_params(receipts: Sequence[Receipt], params: dict[str, Any]) -> dict[s
         "types": types,
         "datas": [dumps(r.data) for r in receipts],
         "note": dumps({"stream": stream, "seq": receipts[-1].seq, "types": types}),
-        "channels": notices.channels(stream, types, params.get("worker_queue")),
+        "channels": notices.channels(stream, types),
     }

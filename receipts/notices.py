@@ -9,8 +9,6 @@ is the one place that routes them):
 * `receipts_streams` — every append: the API's event streams, each following one stream (the
   API LISTENs only while a stream is open);
 * `receipts_dispatch` — a job enqueued or settled (its slot free): the driver's dispatcher;
-  and `receipts_dispatch_<worker queue>` beside it, for the dispatcher a worker runs for its own
-  queue under `RECEIPT_DISPATCH_FROM_WORKERS` (`dispatch_channel`);
 * `receipts_commands` — a command appended to a job: the watcher of its running attempt;
 * `receipts_agent_jobs` — any agent-job append, and a job settled (a turn's queue job, or one
   that frees a slot an agent job waits for): the agent-job dispatcher;
@@ -35,21 +33,13 @@ OBJECTIVE_PREFIX = "objectives/"
 SETTLED_TYPES = frozenset({"job.completed", "job.failed", "job.canceled", "job.lease_expired"})
 
 
-def dispatch_channel(queue: str) -> str:
-    """The dispatch channel of one worker queue (unprefixed, as `route` names it)."""
-    return f"{DISPATCH}_{queue.replace('-', '_')}"
-
-
-def channels(stream: str, types: Sequence[str], queue: str | None = None) -> list[str]:
-    """The channels an append of `types` to `stream` is announced on (`STREAMS` always);
-    `queue`: the job's worker queue, when the append knows it."""
+def channels(stream: str, types: Sequence[str]) -> list[str]:
+    """The channels an append of `types` to `stream` is announced on (`STREAMS` always)."""
     out = [STREAMS]
     if stream.startswith(JOB_PREFIX):
         settled = not SETTLED_TYPES.isdisjoint(types)
         if settled or "job.enqueued" in types:
             out.append(DISPATCH)
-            if queue:
-                out.append(dispatch_channel(queue))
         if "queue.command" in types:
             out.append(COMMANDS)
         if settled:

@@ -182,12 +182,6 @@ class Settings(ReceiptSettings):
     deliveries_per_attempt: int = Field(
         default=2, ge=1, le=10, alias="RECEIPT_DELIVERIES_PER_ATTEMPT"
     )
-    # Each worker dispatches the jobs routed to its own queue and runs their drivers there, so a
-    # driver's attempt may come back to the same worker with the workflow task's answer
-    # (Temporal's eager activity execution) instead of through a task-queue poll; the driver
-    # role then dispatches nothing (its redrive, its own workflow worker and the agent-job
-    # dispatcher stay). Measured in tools/bench/README.md ("Dispatch from the workers").
-    dispatch_from_workers: bool = Field(default=False, alias="RECEIPT_DISPATCH_FROM_WORKERS")
     # How long Temporal waits for a heartbeat from a running attempt before it redelivers the
     # attempt to another worker (the attempt activity's heartbeat timeout).
     worker_lost_timeout_ms: int = Field(

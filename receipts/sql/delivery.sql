@@ -17,18 +17,6 @@ ON CONFLICT (job_id) DO UPDATE SET
                        THEN EXCLUDED.workflow_id ELSE deliveries.workflow_id END,
     dispatched_at = now();
 
--- name: delivery_claim_first
--- A worker's own dispatcher (RECEIPT_DISPATCH_FROM_WORKERS) claims a job's first delivery before
--- starting it: the replicas of a worker group all hear its enqueue, one starts it.
-INSERT INTO deliveries (job_id, generation, workflow_id)
-VALUES (%(job_id)s, 0, %(workflow_id)s)
-ON CONFLICT (job_id) DO NOTHING
-RETURNING job_id;
-
--- name: delivery_release_first
--- Give back a first-delivery claim whose start failed, so the next rescan finds the job.
-DELETE FROM deliveries WHERE job_id = %(job_id)s AND generation = 0 RETURNING job_id;
-
 -- name: redrive_claim
 INSERT INTO delivery_redrives (redrive_key, job_id) VALUES (%(redrive_key)s, %(job_id)s)
 ON CONFLICT (redrive_key) DO NOTHING
@@ -50,15 +38,6 @@ UPDATE deliveries SET dispatched_at = now() WHERE job_id = %(job_id)s;
 -- `deliveries`, which holds a row for every job ever dispatched).
 SELECT q.job_id FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
 WHERE NOT q.held_back
-  AND (SELECT 1 FROM deliveries d WHERE d.job_id = q.job_id LIMIT 1) IS NULL
-ORDER BY q.share_rank, q.created_at
-LIMIT %(limit)s;
-
--- name: undelivered_queued_on
--- `undelivered_queued` of one worker queue (a worker's own dispatcher,
--- RECEIPT_DISPATCH_FROM_WORKERS).
-SELECT q.job_id FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
-WHERE NOT q.held_back AND q.worker_queue = %(queue)s
   AND (SELECT 1 FROM deliveries d WHERE d.job_id = q.job_id LIMIT 1) IS NULL
 ORDER BY q.share_rank, q.created_at
 LIMIT %(limit)s;

@@ -36,24 +36,14 @@ class Dispatcher:
     dispatch: a job held back because its organization holds every slot it may on the job's
     queue is started when a job of that organization settles there (`fairness.freed`); the
     rescan and the redrive start it at the latest.
-
-    With `queue` (a worker's own dispatcher, `RECEIPT_DISPATCH_FROM_WORKERS`) it hears and
-    dispatches only the jobs routed to that worker queue (unprefixed, as `route` names it).
     """
 
     def __init__(
-        self,
-        store: Store,
-        listener: Listener,
-        starter: DriverStarter,
-        concurrency: int = 32,
-        *,
-        queue: str | None = None,
+        self, store: Store, listener: Listener, starter: DriverStarter, concurrency: int = 32
     ) -> None:
         self.store = store
         self.listener = listener
         self.starter = starter
-        self.queue = queue
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._notices: asyncio.Queue[Notice] | None = None
@@ -62,7 +52,7 @@ class Dispatcher:
         """Dispatch every deliverable queued job that has never been dispatched and is not held
         back; return the count."""
         caps = fairness.caps(self.starter.settings)
-        job_ids = await deliveries.undelivered_queued(self.store, caps=caps, queue=self.queue)
+        job_ids = await deliveries.undelivered_queued(self.store, caps=caps)
         await asyncio.gather(*(self._dispatch(job_id) for job_id in job_ids))
         return len(job_ids)
 
@@ -117,8 +107,7 @@ class Dispatcher:
         """Dispatch until cancelled."""
         loop = asyncio.get_running_loop()
         refills = fairness.capped(self.starter.settings)
-        channel = notices.DISPATCH if self.queue is None else notices.dispatch_channel(self.queue)
-        async with self.listener.subscribe(channel=channel) as queue:
+        async with self.listener.subscribe(channel=notices.DISPATCH) as queue:
             self._notices = queue
             try:
                 await self.run_once()

@@ -11,13 +11,12 @@ from typing import Any
 from temporalio.service import RPCError
 
 from activities import sandbox, sandbox_etc
-from activities.driver import DriverActivities
 from activities.gateway import Gateway
 from activities.handlers.registry import default_handlers
 from activities.handlers.sdk import Installed
 from activities.schedules import ScheduleActivities
 from activities.watchdog_tick import WatchdogActivities
-from receipts.kinds import QUEUE_CODEX, QUEUE_DRIVER
+from receipts.kinds import QUEUE_CODEX
 from receipts.schedules.store import Caps
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.dispatcher import Dispatcher
@@ -38,19 +37,15 @@ from roles.delivery.watchdog_schedule import ensure_watchdog_schedule
 from roles.delivery.webhooks import WebhookDeliverer
 from roles.infra.process import Runtime, run_until
 from roles.infra.temporal import ensure_search_attributes
-from workflows.driver import JobDriver
 from workflows.schedule_fire import ScheduleFireWorkflow
 from workflows.watchdog_tick import WatchdogTickWorkflow
 
 log = logging.getLogger("roles.delivery.serve")
 
 
-def _starter(
-    runtime: Runtime, *, beside_driver_worker: bool = False, driver_queue: str = QUEUE_DRIVER
-) -> DriverStarter:
+def _starter(runtime: Runtime, *, beside_driver_worker: bool = False) -> DriverStarter:
     """The starter of this process; `beside_driver_worker` when the process also runs the
-    driver worker of `driver_queue` on the same client: its starts may then plan the first run
-    and be eager."""
+    driver worker on the same client: its starts may then plan the first run and be eager."""
     assert runtime.client is not None
     return DriverStarter(
         runtime.client,
@@ -59,7 +54,6 @@ def _starter(
         runtime.settings.timing,
         plan_first_run=beside_driver_worker,
         eager_start=beside_driver_worker,
-        driver_queue=driver_queue,
     )
 
 
@@ -159,22 +153,6 @@ async def run_attempt_worker(
                 "could not create or update the watchdog schedule",
                 extra={"event": "watchdog.schedule_failed", "error": str(exc)},
             )
-    if runtime.settings.core.dispatch_from_workers:
-        # This worker dispatches its own queue's jobs and runs their drivers beside their
-        # attempts (RECEIPT_DISPATCH_FROM_WORKERS): the attempt a driver schedules on this
-        # queue may come back with the workflow task's answer (eager activity execution).
-        driver = DriverActivities(
-            runtime.store, runtime.settings.core, runtime.settings.timing, runtime.http
-        )
-        workflows.append(JobDriver)
-        activities.extend([driver.prepare_delivery, driver.post_callbacks])
-        dispatcher = Dispatcher(
-            runtime.store,
-            runtime.listener,
-            _starter(runtime, beside_driver_worker=True, driver_queue=queue),
-            queue=queue,
-        )
-        runtime.spawn(dispatcher.run(), "dispatcher")
     gateway = None
     if sandboxed:
         await sandbox.announce(runtime.settings.sandbox)
@@ -213,11 +191,10 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
             "(README, 'Temporal UI')",
             extra={"event": "temporal.search_attributes_failed", "error": str(exc)},
         )
-    if not runtime.settings.core.dispatch_from_workers:  # else each worker dispatches its own
-        dispatcher = Dispatcher(
-            runtime.store, runtime.listener, _starter(runtime, beside_driver_worker=True)
-        )
-        runtime.spawn(dispatcher.run(), "dispatcher")
+    dispatcher = Dispatcher(
+        runtime.store, runtime.listener, _starter(runtime, beside_driver_worker=True)
+    )
+    runtime.spawn(dispatcher.run(), "dispatcher")
     agent_jobs = AgentJobDispatcher(
         runtime.store,
         runtime.listener,

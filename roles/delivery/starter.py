@@ -35,7 +35,6 @@ log = logging.getLogger("roles.delivery.starter")
 _tracer = trace.get_tracer("receipt.starter")
 
 ACTIVE_DELIVERY = "active_delivery"
-CLAIMED = "claimed_elsewhere"
 HELD_BACK = "held_back"
 NOT_AVAILABLE = "not_available"
 
@@ -69,7 +68,6 @@ class DriverStarter:
         *,
         plan_first_run: bool = False,
         eager_start: bool = False,
-        driver_queue: str = QUEUE_DRIVER,
     ) -> None:
         self.client = client
         self.store = store
@@ -85,14 +83,6 @@ class DriverStarter:
         # for a plain start; a driver that dies holding an eager task delays it by the
         # workflow task timeout (10 s), as with any task it polled.
         self.eager_start = eager_start
-        # The task queue its drivers run on: receipt-driver, or under
-        # `RECEIPT_DISPATCH_FROM_WORKERS` the worker queue itself, so that the attempt the
-        # driver schedules there may come back to the same worker in the same response
-        # (Temporal's eager activity execution).
-        self.driver_queue = settings.queue(driver_queue)
-        # Every replica of a worker group hears its jobs' enqueues: such a starter claims a
-        # job's first delivery in the database before starting it, and one replica starts it.
-        self.claim_first = driver_queue != QUEUE_DRIVER
 
     async def start(self, job_id: str) -> StartResult:
         """Start the next delivery generation of a job, or say why nothing was started.
@@ -131,9 +121,6 @@ class DriverStarter:
                 self._held_back(job, *share)
                 return StartResult(False, HELD_BACK)
         timing = derive(job.agent_id, job.payload, self.timing)
-        claimed = self.claim_first and generation == 0 and latest is None
-        if claimed and not await deliveries.claim_first(self.store, job_id):
-            return StartResult(False, CLAIMED)
         while True:
             if generation >= MAX_GENERATION:  # generations 0..31: 32 in all
                 message = generation_exhausted_message(job_id)
@@ -156,17 +143,12 @@ class DriverStarter:
                 ):
                     run_id, eager = await self._start_driver(job, workflow_id, generation, timing)
             except WorkflowAlreadyStartedError:
-                claimed = False  # the record below names the generation actually open
                 if await self._is_open(workflow_id):
                     await deliveries.record(self.store, job_id, generation)
                     return StartResult(False, ACTIVE_DELIVERY, workflow_id, generation)
                 # Closed but unrecorded (the bookkeeping was lost): advance past it.
                 generation += 1
                 continue
-            except Exception:
-                if claimed:  # nothing started: the next rescan (or the redrive) finds the job
-                    await self._release(job_id)
-                raise
             finally:
                 detach(token)
             # Bookkeeping (receipts/bookkeeping.py): the ledger row is queued, and the generation
@@ -178,11 +160,10 @@ class DriverStarter:
                 job_id=job_id,
                 kind=job.kind,
                 temporal_type=JOB_DRIVER_WORKFLOW,
-                task_queue=self.driver_queue,
+                task_queue=self.settings.queue(QUEUE_DRIVER),
                 status="running",
             )
-            if not claimed:  # a claim is the record of generation 0 already
-                await deliveries.record(self.store, job_id, generation)
+            await deliveries.record(self.store, job_id, generation)
             # A job's own story at INFO is two lines (`api.enqueued`, `attempt.settled`); a
             # first start is DEBUG, a later generation (a redelivery) INFO. In the job's trace,
             # as every line about a job (roles/infra/logs.py).
@@ -199,19 +180,6 @@ class DriverStarter:
                     },
                 )
             return StartResult(True, None, workflow_id, generation, eager)
-
-    async def _release(self, job_id: str) -> None:
-        try:
-            await deliveries.release_first(self.store, job_id)
-        except Exception as exc:  # the redrive starts the job at the latest
-            log.warning(
-                "could not give back a first-delivery claim",
-                extra={
-                    "event": "delivery.claim_release_failed",
-                    "jobId": job_id,
-                    "error": str(exc),
-                },
-            )
 
     def _held_back(self, job: Job, queue: str, cap: int) -> None:
         log.info(
@@ -240,7 +208,7 @@ class DriverStarter:
                 plan=self._plan(job, timing),
             ),
             id=workflow_id,
-            task_queue=self.driver_queue,
+            task_queue=self.settings.queue(QUEUE_DRIVER),
             run_timeout=timedelta(milliseconds=timing.driver_timeout_ms),
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=search_attributes(

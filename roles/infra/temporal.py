@@ -27,14 +27,8 @@ from workflows.driver import SEARCH_ATTRIBUTES
 log = logging.getLogger("roles.infra.temporal")
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
-# Without the first every workflow task waits ~40 ms on the dev server (docs/design.md §6); the
-# second lets a worker that runs a driver take the attempt it schedules on its own queue in the
-# same response (eager activity execution, RECEIPT_DISPATCH_FROM_WORKERS; said explicitly, as a
-# production cluster must say it).
-DEV_SERVER_DYNAMIC_CONFIG = (
-    "history.transferProcessorMaxPollRPS=10000",
-    "system.enableActivityEagerExecution=true",
-)
+# Without it every workflow task waits ~40 ms on the dev server (docs/design.md §6).
+DEV_SERVER_DYNAMIC_CONFIG = ("history.transferProcessorMaxPollRPS=10000",)
 
 
 def temporal_cli() -> str:

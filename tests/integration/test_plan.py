@@ -57,9 +57,6 @@ async def test_the_rescan_sql_selects_exactly_the_jobs_the_plan_would_deliver(st
     ]
     wanted = {i for i in ids if steps[i].needs_delivery}
     assert set(await deliveries.undelivered_queued(store)) == wanted
-    # A worker's own dispatcher (RECEIPT_DISPATCH_FROM_WORKERS) sees its queue's share only.
-    assert set(await deliveries.undelivered_queued(store, queue="receipt-codex")) == wanted
-    assert await deliveries.undelivered_queued(store, queue="receipt-chat") == []
     candidates = await deliveries.redrive_candidates(store, min_age_ms=0, cooldown_ms=0)
     assert {job_id for job_id, _, _ in candidates} == wanted
     assert await deliveries.next_available_at(store) == steps[later.job_id].until
@@ -91,12 +88,6 @@ async def test_the_scans_share_each_queue_out_as_the_starter_would_oldest_first(
         caps = fairness.caps(settings)
         picked = await deliveries.undelivered_queued(store, caps=caps)
         assert set(picked) == wanted, cap
-        # Per queue (a worker's own dispatcher): the same rule, each queue's jobs only.
-        for queue in ("receipt-codex", "receipt-chat"):
-            own = await deliveries.undelivered_queued(store, caps=caps, queue=queue)
-            chat_queue = queue == "receipt-chat"
-            assert set(own) == {j for j in wanted if (j == chat.job_id) == chat_queue}, cap
-            assert [j for j in picked if j in own] == own, cap  # in the same order
         candidates = await deliveries.redrive_candidates(
             store, min_age_ms=0, cooldown_ms=0, caps=caps
         )

@@ -5,15 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from receipts.notices import (
-    AGENT_JOBS,
-    COMMANDS,
-    DISPATCH,
-    OBJECTIVES,
-    STREAMS,
-    channels,
-    dispatch_channel,
-)
+from receipts.notices import AGENT_JOBS, COMMANDS, DISPATCH, OBJECTIVES, STREAMS, channels
 
 
 @pytest.mark.parametrize(
@@ -38,18 +30,3 @@ def test_each_append_reaches_the_channels_of_its_concern(
     stream: str, types: list[str], expected: list[str]
 ) -> None:
     assert channels(stream, types) == expected
-
-
-def test_a_job_that_names_its_queue_also_reaches_that_queues_dispatcher() -> None:
-    own = dispatch_channel("receipt-chat")
-    assert own == "receipts_dispatch_receipt_chat"  # a plain identifier: LISTEN needs no quotes
-    assert channels("jobs/j", ["job.enqueued"], "receipt-chat") == [STREAMS, DISPATCH, own]
-    assert channels("jobs/j", ["job.completed"], "receipt-chat") == [
-        STREAMS,
-        DISPATCH,
-        own,
-        AGENT_JOBS,
-    ]
-    # Only dispatch concerns: a heartbeat or a command names no dispatcher, whatever its queue.
-    assert channels("jobs/j", ["job.heartbeat"], "receipt-chat") == [STREAMS]
-    assert channels("jobs/j", ["queue.command"], "receipt-chat") == [STREAMS, COMMANDS]

@@ -102,13 +102,6 @@ def run_cli(
 )
 @click.option("--temporal-db", type=click.Choice(["file", "memory"]), help="Dev server store.")
 @click.option(
-    "--dispatch-from-workers",
-    is_flag=True,
-    default=None,
-    help="Run every role with RECEIPT_DISPATCH_FROM_WORKERS: each worker dispatches its own "
-    "queue's jobs and runs their drivers (eager activity execution).",
-)
-@click.option(
     "--output",
     type=click.Path(path_type=Path),
     help="Where the JSON report and the chart go (default: <RECEIPT_DATA_DIR>/bench/results).",

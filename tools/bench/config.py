@@ -26,13 +26,6 @@ class BenchConfig:
     profile: bool = False
     part: str = "all"
     temporal_db: str = "memory"
-    # Every role with RECEIPT_DISPATCH_FROM_WORKERS (each worker dispatches its own queue's jobs
-    # and runs their drivers: eager activity execution).
-    dispatch_from_workers: bool = False
-
-    def role_settings(self) -> dict[str, str]:
-        """Settings every Receipt role of the run gets beside the bench's own."""
-        return {"RECEIPT_DISPATCH_FROM_WORKERS": "true"} if self.dispatch_from_workers else {}
 
     @classmethod
     def quick(cls) -> BenchConfig:

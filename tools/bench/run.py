@@ -147,13 +147,7 @@ class Bench:
         # One organization's throughput: fair dispatch across organizations would cap it at
         # that organization's share of the worker (README, Security: limits).
         env = role_env(
-            db_url,
-            self.temporal_address,
-            {
-                "RECEIPT_ORG_MAX_RUNNING_PER_GROUP": "0",
-                **self.config.role_settings(),
-                **extra,
-            },
+            db_url, self.temporal_address, {"RECEIPT_ORG_MAX_RUNNING_PER_GROUP": "0", **extra}
         )
         self.processes.start(role, [sys.executable, "-m", "roles.role", role], env)
 
