@@ -104,8 +104,16 @@ async def test_prometheus_scrapes_every_role_sees_counters_move_and_fires_the_st
         assert [(r["metric"], r["value"][1]) for r in enqueued] == [
             ({"agent": "codex", "outcome": "created"}, "2")
         ]
-        started = await prometheus.query(
-            'receipt_attempts_started_total{job="receipt-worker-codex",agent="codex"}'
+        # Each target is scraped on its own clock: the api's scrape above says nothing of
+        # worker-codex's, so wait for one that saw the first attempt start.
+        started = await eventually(
+            lambda: prometheus.query(
+                'receipt_attempts_started_total{job="receipt-worker-codex",agent="codex"}'
+            ),
+            lambda r: scalar(r) is not None,
+            timeout=15,
+            every=0.5,
+            what="worker-codex's attempts scraped",
         )
         assert scalar(started) == 1.0  # the second job is held back: no attempt yet
         # The stuck job: queued, deliverable, its organization's slot held. worker-control's
