@@ -27,7 +27,7 @@ from receipts.webhooks import WebhookSettings
 from roles.api.auth import OPEN, Principal, TokenTable, is_loopback
 from roles.api.body import JsonLimits, json_object, read_json_body, validated
 from roles.api.errors import ApiError, too_many
-from roles.api.gate import ADMITTED
+from roles.api.gate import admitted
 from roles.api.limits import OrgLimits, StreamGate
 from roles.api.schema import shown_job_id
 from roles.api.settings import ApiSettings
@@ -150,9 +150,8 @@ async def _caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    admitted = getattr(request.state, ADMITTED, None)
-    if isinstance(admitted, Principal):
-        return admitted  # the enqueue gate authenticated this request already
+    if (principal := admitted(request)) is not None:
+        return principal  # the enqueue gate authenticated this request already
     state: ApiState = request.app.state.api
     tokens = state.tokens
     if tokens.open:

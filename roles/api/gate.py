@@ -20,12 +20,13 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
+from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from roles.api.auth import JOBS_WRITE
+from roles.api.auth import JOBS_WRITE, Principal
 from roles.api.body import declared_length
-from roles.api.errors import error_response
-from roles.api.limits import rate_refused
+from roles.api.errors import ApiError, error_response
 
 ENQUEUE_PATH = re.compile(r"^/agents/[^/]+/jobs$")
 ADMITTED = "enqueue_admitted"
@@ -35,11 +36,10 @@ token for: the route takes no second token and the caller is not authenticated t
 ENQUEUE_ROUTE = SimpleNamespace(path_format="/agents/{agentId}/jobs")
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
+def admitted(request: Request) -> Principal | None:
+    """The principal the gate authenticated and took `request`'s enqueue token for, if it did."""
+    principal = getattr(request.state, ADMITTED, None)
+    return principal if isinstance(principal, Principal) else None
 
 
 class EnqueueGate:
@@ -60,20 +60,19 @@ class EnqueueGate:
         if state.tokens.open:
             await self.app(scope, receive, send)  # the route's own checks (Host, Origin) first
             return
-        authorization = _header(scope, b"authorization") or ""
-        scheme, _, token = authorization.partition(" ")
+        headers = Headers(scope=scope)
+        scheme, _, token = headers.get("authorization", "").partition(" ")
         principal = state.tokens.authenticate(token.strip()) if scheme.lower() == "bearer" else None
-        length = declared_length(_header(scope, b"content-length"))
+        length = declared_length(headers.get("content-length"))
         too_large = length is not None and length > state.settings.max_body_bytes
         if principal is None or not principal.can(JOBS_WRITE) or too_large:
             await self.app(scope, receive, send)
             return
-        organization = principal.organization_id or "*admin"
-        wait_s = state.org_limits.take(organization)
-        if wait_s <= 0:
-            scope.setdefault("state", {})[ADMITTED] = principal
-            await self.app(scope, receive, send)
+        try:
+            state.org_limits.admit(principal.organization_id)
+        except ApiError as refused:
+            scope["route"] = ENQUEUE_ROUTE
+            await error_response(refused)(scope, receive, send)
             return
-        scope["route"] = ENQUEUE_ROUTE
-        refused = rate_refused(principal.organization_id, wait_s)
-        await error_response(refused)(scope, receive, send)
+        scope.setdefault("state", {})[ADMITTED] = principal
+        await self.app(scope, receive, send)

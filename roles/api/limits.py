@@ -55,11 +55,15 @@ refusals = RefusalLog()
 """The api process's refusal log: one per process, as the limits are."""
 
 
-def rate_refused(organization_id: str | None, wait_s: float) -> ApiError:
+ADMIN_BUCKET = "*admin"
+"""The rate bucket (and refusal-log key) of work no organization owns: an admin token's."""
+
+
+def _rate_refused(organization_id: str | None, wait_s: float) -> ApiError:
     """The 429 of work over its organization's enqueue rate (`wait_s` until a token): counted
     every time, logged once per REFUSAL_LOG_INTERVAL_S per organization."""
     metrics.API_LIMITED.labels("rate").inc()
-    if (unlogged := refusals.due("rate", organization_id or "*admin")) is not None:
+    if (unlogged := refusals.due("rate", organization_id or ADMIN_BUCKET)) is not None:
         log.warning(
             "enqueue rate limited",
             extra={
@@ -80,7 +84,8 @@ class _Bucket:
 
 
 class OrgLimits:
-    """`take(org)` admits one enqueue or returns the seconds until one would be admitted."""
+    """`admit(organization_id)` takes one of the organization's enqueue tokens or raises the
+    429 (`take` returns the seconds until one would be admitted instead)."""
 
     def __init__(self, rate_per_s: float, burst: int) -> None:
         self.rate = rate_per_s
@@ -101,6 +106,13 @@ class OrgLimits:
             bucket.tokens -= 1.0
             return 0.0
         return (1.0 - bucket.tokens) / self.rate
+
+    def admit(self, organization_id: str | None) -> None:
+        """Take one enqueue token of `organization_id` (None: an admin's work), or raise the
+        rate's 429, counted and logged (`_rate_refused`)."""
+        wait_s = self.take(organization_id or ADMIN_BUCKET)
+        if wait_s > 0:
+            raise _rate_refused(organization_id, wait_s)
 
     def _forget_full(self, now: float) -> None:
         for name, bucket in list(self._buckets.items()):

@@ -16,6 +16,7 @@ from receipts import webhooks as hooks
 from receipts.store import Store
 from receipts.tenancy import caller_id
 from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.eventually import eventually
 from tests.integration.helpers import put
 from tests.integration.test_webhooks import Receiver
 
@@ -67,12 +68,13 @@ async def test_the_driver_delivers_a_jobs_event_to_its_organization_only(
     assert receiver.at("/b") == []  # organization B's receiver heard nothing of A's job
     # The deliverer records a try after its answer arrived: the receiver may see the second
     # post before the row says so.
-    deadline = time.monotonic() + 30
-    while True:
-        items, _ = await hooks.deliveries_page(store, a.webhook_id, None, 10)
-        if (items and items[0]["status"] != "pending") or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.1)
+    items, _ = await eventually(
+        lambda: hooks.deliveries_page(store, a.webhook_id, None, 10),
+        lambda page: bool(page[0]) and page[0][0]["status"] != "pending",
+        timeout=30,
+        every=0.1,
+        what="the delivery row recording its last try",
+    )
     assert [(d["status"], d["tries"], d["attempts"][0]["statusCode"]) for d in items] == [
         ("delivered", 2, 500)
     ]

@@ -28,6 +28,7 @@ import httpx
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.tenancy import scoped_id
 from roles.infra.ports import free_port, wait_port
+from tools.bench.processes import CpuMeter
 from tools.chaos.plan import ChaosConfig
 from tools.chaos.run import prepare_database, role_env, start_stack, stop_stack
 from tools.chaos.state import Run
@@ -58,6 +59,7 @@ FLOOD_CLIENTS = 6
 FLOOD_PACE_S = 0.01  # each flood client posts at most this often: the flood is bounded
 BODY_EVERY_S = 1.0  # B posts one maximum-size body and one over the cap per this many seconds
 MEMORY_SAMPLE_S = 0.5
+LOAD = "load (this process)"  # the CPU report's entry of the load's own process
 
 
 @dataclass
@@ -365,26 +367,16 @@ async def settled_latencies(run: Run, phase: Phase, timeout_s: float) -> None:
         phase.settled_s.append((chain[-1].recorded_at - chain[0].recorded_at).total_seconds())
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of `pid` and every process below it that is still running."""
-    total = 0.0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            total += _cpu_s(int(child))
-    return total
-
-
 def cpu_now(run: Run) -> dict[str, float]:
     """CPU seconds so far of each role (with what it started), Temporal and this process (the
-    load, A's and B's clients both: it shares the machine's cores with the stack it measures)."""
-    taken = {name: _cpu_s(role.pid) for name, role in run.roles.items() if role.process}
+    load, A's and B's clients both: it shares the machine's cores with the stack it measures;
+    its own children are the roles, counted apart)."""
+    pids = {name: role.pid for name, role in run.roles.items() if role.process}
     if run.temporal is not None and run.temporal.process is not None:
-        taken["temporal"] = _cpu_s(run.temporal.pid)
-    times = os.times()
-    taken["load (this process)"] = times.user + times.system
-    return taken
+        pids["temporal"] = run.temporal.pid
+    stack = list(pids)
+    pids[LOAD] = os.getpid()
+    return CpuMeter(pids, with_children=stack).snapshot()
 
 
 def _rss_kib(pid: int) -> int:

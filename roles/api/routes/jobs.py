@@ -71,8 +71,7 @@ from roles.api.deps import (
     visible_job,
 )
 from roles.api.documented import JobStreamEnd
-from roles.api.gate import ADMITTED
-from roles.api.limits import rate_refused
+from roles.api.gate import admitted
 from roles.api.schema import (
     CommandAccepted,
     CommandBody,
@@ -144,11 +143,8 @@ async def post_job(
     settings = state.settings
     # A body declared too large is refused before it takes one of the organization's tokens.
     check_declared_length(request, settings.max_body_bytes)
-    # The enqueue gate (roles/api/gate.py) took the token of a request it admitted.
-    admitted = getattr(request.state, ADMITTED, None) is not None
-    wait_s = 0.0 if admitted else state.org_limits.take(caller.organization_id or "*admin")
-    if wait_s > 0:
-        raise rate_refused(caller.organization_id, wait_s)
+    if admitted(request) is None:  # else the enqueue gate (roles/api/gate.py) took the token
+        state.org_limits.admit(caller.organization_id)
     body = await read_json_body(request, settings.max_body_bytes, state.json_limits)
     enqueue_request = parse_enqueue(agent_id, body, text_checked=True)
     if settings.strict_agent_ids and not has_handler(agent_id):
