@@ -161,7 +161,7 @@ def create_app(
     install_error_handlers(app)
     # Around the router: it sees every answer, 404s and refusals included.
     # Inside the metrics (the last added is the outermost): its refusals are counted too.
-    app.add_middleware(EnqueueGate)
+    app.add_middleware(EnqueueGate, serve=jobs.enqueue_front)
     app.add_middleware(RequestMetrics)
     for router in routers():
         app.include_router(router)

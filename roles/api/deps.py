@@ -41,6 +41,7 @@ __all__ = [
     "State",
     "json_object",
     "read_json_body",
+    "request_caller",
     "require_scope",
     "takes_query",
     "too_many",
@@ -146,10 +147,10 @@ def check_open_request(request: Request, *, json_body: bool = True) -> None:
             )
 
 
-async def _caller(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
+def request_caller(request: Request, token: str | None) -> Principal:
+    """Who sent `request`, with the bearer `token` it carries (None: none): the principal the
+    enqueue gate authenticated, the open API's admin (after `check_open_request`), or the
+    token's; 401 for a missing or unknown token."""
     if (principal := admitted(request)) is not None:
         return principal  # the enqueue gate authenticated this request already
     state: ApiState = request.app.state.api
@@ -158,12 +159,19 @@ async def _caller(
         check_open_request(request)
         return OPEN
     challenge = {"WWW-Authenticate": "Bearer"}
-    if credentials is None:
+    if token is None:
         raise ApiError(401, "unauthorized", "a bearer token is required", headers=challenge)
-    principal = tokens.authenticate(credentials.credentials)
+    principal = tokens.authenticate(token)
     if principal is None:
         raise ApiError(401, "unauthorized", "unknown bearer token", headers=challenge)
     return principal
+
+
+async def _caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    return request_caller(request, credentials.credentials if credentials else None)
 
 
 def require_scope(caller: Principal, scope: str) -> None:

@@ -82,37 +82,52 @@ def _field_of(location: Sequence[Any]) -> str:
     return ".".join(parts) or "request"
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Answer every failure with the one error shape; a bug answers 500 and is logged."""
+KNOWN_FAILURES: tuple[type[Exception], ...] = (
+    ApiError,
+    InvalidInput,
+    ConflictError,
+    TransientStorageError,
+)
+"""What a route raises on purpose; `known_answer` turns each into its answer."""
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+
+def known_answer(exc: Exception, path: str) -> JSONResponse:
+    """The answer to one of the `KNOWN_FAILURES` raised while answering `path`: the error as it
+    is, a bad input 422, a taken id 409, a database outage 503 with `Retry-After` (logged).
+
+    The app's exception handlers and the enqueue gate's answer (roles/api/gate.py) both use it.
+    """
+    if isinstance(exc, ApiError):
         return error_response(exc)
-
-    @app.exception_handler(InvalidInput)
-    async def invalid_input(request: Request, exc: InvalidInput) -> JSONResponse:
+    if isinstance(exc, InvalidInput):
         return error_response(
             ApiError(422, "invalid_input", exc.message, field=exc.field, allowed=exc.allowed)
         )
-
-    @app.exception_handler(ConflictError)
-    async def conflict(request: Request, exc: ConflictError) -> JSONResponse:
+    if isinstance(exc, ConflictError):
         return error_response(ApiError(409, "conflict", "jobId already in use"))
+    assert isinstance(exc, TransientStorageError), exc
+    log.warning(
+        "database unavailable",
+        extra={"event": "api.storage_unavailable", "path": path, "error": str(exc)},
+    )
+    return error_response(
+        ApiError(
+            503,
+            "storage_unavailable",
+            "the database is unavailable; retry later",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    )
 
-    @app.exception_handler(TransientStorageError)
-    async def outage(request: Request, exc: TransientStorageError) -> JSONResponse:
-        log.warning(
-            "database unavailable",
-            extra={"event": "api.storage_unavailable", "path": request.url.path, "error": str(exc)},
-        )
-        return error_response(
-            ApiError(
-                503,
-                "storage_unavailable",
-                "the database is unavailable; retry later",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
-        )
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every failure with the one error shape; a bug answers 500 and is logged."""
+
+    async def known(request: Request, exc: Exception) -> JSONResponse:
+        return known_answer(exc, request.url.path)
+
+    for failure in KNOWN_FAILURES:
+        app.add_exception_handler(failure, known)
 
     @app.exception_handler(RequestValidationError)
     async def validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -87,9 +87,11 @@ async def api_client(
     base_url: str = "http://api.test",
     agent_jobs: AgentJobSettings | None = None,
     webhooks: WebhookSettings | None = None,
+    overrides: Mapping[Callable[..., Any], Callable[..., Any]] | None = None,
     **settings: Any,
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """The app in-process (lifespan running) behind an httpx client; app exceptions propagate."""
+    """The app in-process (lifespan running) behind an httpx client; app exceptions propagate.
+    `overrides` replace FastAPI dependencies (`app.dependency_overrides`)."""
     values: dict[str, Any] = {"tokens": TOKENS, **UNLIMITED, **settings}
     runtime = RuntimeSettings(
         api=ApiSettings(**values),
@@ -97,6 +99,7 @@ async def api_client(
         webhooks=webhooks or WebhookSettings(),
     )
     app = create_app(runtime, database_url=db_url, store=store)
+    app.dependency_overrides.update(overrides or {})
     transport = httpx.ASGITransport(app=app)
     document = app.openapi()
 

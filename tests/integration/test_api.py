@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from fastapi import Request
 from psycopg_pool import AsyncConnectionPool
 
 from receipts import assembly
@@ -26,6 +27,7 @@ from receipts.kinds import (
     installed_agent_ids,
 )
 from receipts.store import Store, latest_schema_version
+from roles.api.deps import clean_params
 from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body, rid
 from tests.integration.helpers import new_id, types
 
@@ -373,6 +375,50 @@ async def test_the_gate_refuses_a_flood_before_the_route_and_admits_each_token_o
         assert (
             await post(limited, enqueue_body("org-b", jobId=new_id()), headers=AS_B)
         ).status_code == 202
+
+
+async def test_the_gate_answers_a_well_formed_enqueue_without_routing_it(db_url: str) -> None:
+    from receipts import metrics
+
+    routed: list[str] = []
+
+    async def counted_params(request: Request) -> None:
+        # Every request the router hands to a route resolves this app-wide dependency.
+        routed.append(request.url.path)
+        await clean_params(request)
+
+    def answered() -> float:
+        return metrics.API_REQUESTS.labels("/agents/{agentId}/jobs", "POST", "202")._value.get()
+
+    async with api_client(db_url, overrides={clean_params: counted_params}) as client:
+        before = answered()
+        assert (await post(client, enqueue_body(jobId=new_id()))).status_code == 202
+        keyed = await client.post(
+            "/agents/codex/jobs",
+            json=enqueue_body(),
+            headers={**AS_A, "Idempotency-Key": new_id()},
+        )
+        assert keyed.status_code == 202, keyed.text
+        # Failures a route raises on purpose answer as the app's handlers answer them.
+        assert_error(
+            await post(client, {"payload": {"kind": "nope"}}), 422, "invalid_input", "payload.kind"
+        )
+        assert_error(await post(client, enqueue_body("org-b")), 403, "forbidden")
+        assert routed == []
+        assert answered() == before + 2  # counted under the route's template, as routed ones
+        # A query, a key or an agent id the route's parameters refuse: the route answers.
+        assert_error(
+            await client.post("/agents/codex/jobs?x=1", json=enqueue_body(), headers=AS_A),
+            422,
+            "invalid_input",
+            "x",
+        )
+        bad_key = await client.post(
+            "/agents/codex/jobs", json=enqueue_body(), headers={**AS_A, "Idempotency-Key": "a b"}
+        )
+        assert_error(bad_key, 422, "invalid_input", "Idempotency-Key")
+        assert_error(await post(client, enqueue_body(), agent="a" * 201), 422, "invalid_input")
+        assert len(routed) == 3
 
 
 async def test_a_streamed_body_over_the_limit_is_413(client: httpx.AsyncClient) -> None:

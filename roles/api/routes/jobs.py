@@ -49,7 +49,7 @@ from roles.api.admission import (
     org_caps,
     runs_commands,
 )
-from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE
+from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
     check_declared_length,
     choice,
@@ -65,6 +65,7 @@ from roles.api.deps import (
     Caller,
     JobId,
     State,
+    request_caller,
     require_scope,
     shown_id,
     takes_query,
@@ -139,6 +140,29 @@ async def post_job(
 ) -> JSONResponse:
     """Enqueue a job (202). An idempotent re-post, or a `steer` absorbed into an active job,
     also answers 202 with that job; `outcome` says which."""
+    return await enqueue_post(request, state, caller, agent_id, idempotency_key)
+
+
+async def enqueue_front(
+    request: Request, agent_id: str, idempotency_key: str | None
+) -> JSONResponse:
+    """The enqueue as the enqueue gate answers a well-formed post (roles/api/gate.py `Serve`):
+    this route's code, with the caller found as its `Caller` dependency finds it."""
+    state: ApiState = request.app.state.api
+    caller = request_caller(request, None)  # the gate admitted the token, or the API is open
+    return await enqueue_post(request, state, caller, agent_id, idempotency_key)
+
+
+async def enqueue_post(
+    request: Request,
+    state: ApiState,
+    caller: Principal,
+    agent_id: str,
+    idempotency_key: str | None,
+) -> JSONResponse:
+    """The enqueue's answer, for a caller, path and header already validated: by this route's
+    parameters, or by the enqueue gate, which answers a well-formed post itself without the
+    router and the dependencies (roles/api/gate.py)."""
     require_scope(caller, JOBS_WRITE)
     settings = state.settings
     # A body declared too large is refused before it takes one of the organization's tokens.
