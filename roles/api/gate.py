@@ -2,9 +2,10 @@
 routes, resolves dependencies or reads the body, and a well-formed enqueue is answered without
 them.
 
-A pure ASGI middleware in front of `POST /agents/{agentId}/jobs`. It authenticates the bearer
-token (one SHA-256 and a dict lookup), and for a token that may enqueue (`jobs:write`) with a
-body not declared over `RECEIPT_MAX_BODY_BYTES`, it takes one of the organization's tokens
+A pure ASGI middleware in front of `POST /agents/{agentId}/jobs` (an app served under a root
+path leaves every request to the router). It authenticates the bearer token (one SHA-256 and a
+dict lookup), and for a token that may enqueue (`jobs:write`) with a body not declared over
+`RECEIPT_MAX_BODY_BYTES`, it takes one of the organization's tokens
 (roles/api/limits.py `OrgLimits`): none left, it answers the 429 itself, in the API's one error
 shape with `Retry-After`; else it marks the request admitted and the route does not take again.
 An API running open takes no token here: the enqueue's own checks (Host, Origin) come first.
@@ -76,7 +77,7 @@ def well_formed(scope: Scope, headers: Headers) -> tuple[str, str | None] | None
     except InvalidInput:
         return None
     key = headers.get("idempotency-key")
-    if key is not None and not _JOB_ID.match(key):
+    if key is not None and not _JOB_ID.fullmatch(key):  # `$` alone would let "k\n" through
         return None
     return agent_id, key
 
@@ -93,6 +94,7 @@ class EnqueueGate:
         if (
             scope["type"] != "http"
             or scope["method"] != "POST"
+            or scope.get("root_path")  # the router matches what is left of the path: its call
             or not ENQUEUE_PATH.match(scope["path"])
         ):
             await self.app(scope, receive, send)
@@ -112,7 +114,7 @@ class EnqueueGate:
             try:
                 state.org_limits.admit(principal.organization_id)
             except ApiError as refused:
-                scope["route"] = ENQUEUE_ROUTE
+                _route_matched(scope)
                 await error_response(refused)(scope, receive, send)
                 return
             scope.setdefault("state", {})[ADMITTED] = principal
@@ -120,11 +122,18 @@ class EnqueueGate:
         if parameters is None:
             await self.app(scope, receive, send)
             return
-        # As the router would: the route template for the request metrics and the request span.
-        scope["route"] = ENQUEUE_ROUTE
-        _route_selected(scope=scope, path=ENQUEUE_ROUTE.path_format)
+        _route_matched(scope)
+        request = Request(scope, receive)
         try:
-            response = await self.serve(Request(scope, receive), *parameters)
+            response = await self.serve(request, *parameters)
         except KNOWN_FAILURES as failure:
-            response = known_answer(failure, scope["path"])
+            response = known_answer(failure, request.url.path)
         await response(scope, receive, send)
+
+
+def _route_matched(scope: Scope) -> None:
+    """What the router records of the route it hands a request to: its template, for the request
+    metrics (roles/api/request_metrics.py) and for FastAPI's request span (`POST
+    /agents/{agentId}/jobs`, pinned by tests/e2e/test_job_trace.py)."""
+    scope["route"] = ENQUEUE_ROUTE
+    _route_selected(scope=scope, path=ENQUEUE_ROUTE.path_format)

@@ -420,6 +420,24 @@ async def test_the_gate_answers_a_well_formed_enqueue_without_routing_it(db_url:
         assert_error(await post(client, enqueue_body(), agent="a" * 201), 422, "invalid_input")
         assert len(routed) == 3
 
+    routed.clear()
+    # Open (no tokens, loopback): the gate answers too, the open API's own checks first.
+    async with api_client(
+        db_url,
+        tokens=None,
+        host="127.0.0.1",
+        base_url="http://127.0.0.1:8000",
+        overrides={clean_params: counted_params},
+    ) as open_api:
+        assert (await open_api.post("/agents/codex/jobs", json=enqueue_body())).status_code == 202
+        drive_by = await open_api.post(
+            "/agents/codex/jobs",
+            content=json.dumps(enqueue_body()),
+            headers={"Content-Type": "text/plain"},
+        )
+        assert_error(drive_by, 415, "unsupported_media_type", "Content-Type")
+        assert routed == []
+
 
 async def test_a_streamed_body_over_the_limit_is_413(client: httpx.AsyncClient) -> None:
     async def chunks() -> AsyncIterator[bytes]:
