@@ -95,6 +95,10 @@ class Stack:
         await worker.shutdown()
 
 
+WORKER_SHUTDOWN_S = 60.0
+"""How long the stack's teardown waits for each worker's shutdown (it takes well under a second)."""
+
+
 @contextlib.asynccontextmanager
 async def running_stack(
     client: Client,
@@ -132,15 +136,23 @@ async def running_stack(
         await stack.start_worker(queue)
     if dispatcher:
         stack.tasks.append(asyncio.create_task(Dispatcher(store, listener, starter).run()))
+    hung: list[str] = []
     try:
         yield stack
     finally:
-        for worker in list(stack.workers.values()):
-            with contextlib.suppress(Exception):
-                await worker.shutdown()
+        for name, worker in list(stack.workers.items()):
+            try:
+                await asyncio.wait_for(worker.shutdown(), WORKER_SHUTDOWN_S)
+            except TimeoutError:
+                hung.append(name)
+            except Exception:  # a worker that failed has nothing left to shut down
+                pass
         for task in stack.tasks:
             task.cancel()
         await asyncio.gather(*stack.tasks, return_exceptions=True)
+    # A shutdown that never ends once held a CI run for many minutes with nothing to show:
+    # bounded, it fails the test that met it, naming the worker.
+    assert not hung, f"workers not shut down within {WORKER_SHUTDOWN_S} s: {hung}"
 
 
 async def wait_for_status(

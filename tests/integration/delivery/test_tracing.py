@@ -1,9 +1,11 @@
-"""One trace from the enqueue request to the settlement (in-memory span exporter)."""
+"""Traces (in-memory span exporter): one trace from the enqueue request to the settlement, and
+the request span of each answer the enqueue gate gives."""
 
 from __future__ import annotations
 
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
@@ -62,3 +64,22 @@ async def test_a_job_is_one_trace_from_the_api_through_workflows_to_settlement(
         for s in spans
         if s is not settle
     )
+
+
+async def test_the_enqueue_gate_names_the_route_in_the_request_span_of_each_answer(
+    db_url: str,
+) -> None:
+    # The gate answers both of these itself (roles/api/gate.py): the enqueue, and the 429 of an
+    # organization out of tokens. FastAPI's request span names the route as the router would.
+    exporter = InMemorySpanExporter()
+    configure_tracing("receipt-test", processor=SimpleSpanProcessor(exporter))
+    async with api_client(db_url, org_enqueue_rate=1e-6, org_enqueue_burst=1) as limited:
+        for status in (202, 429):
+            response = await limited.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+            assert response.status_code == status, response.text
+    requests = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    assert [(s.name, (s.attributes or {}).get("http.response.status_code")) for s in requests] == [
+        ("POST /agents/{agentId}/jobs", 202),
+        ("POST /agents/{agentId}/jobs", 429),
+    ]
+    assert all((s.attributes or {}).get("http.route") == "/agents/{agentId}/jobs" for s in requests)
