@@ -53,7 +53,7 @@ ENQUEUE_ROUTE = SimpleNamespace(path_format="/agents/{agentId}/jobs")
 _NON_BLANK = re.compile(NON_BLANK)
 _JOB_ID = re.compile(JOB_ID_PATTERN)
 
-Serve = Callable[[Request, str, "str | None"], Awaitable[Response]]
+Serve = Callable[[Request, str, str | None], Awaitable[Response]]
 """The enqueue's answer for (request, agentId, Idempotency-Key) the gate found well-formed."""
 
 
@@ -100,7 +100,9 @@ class EnqueueGate:
             await self.app(scope, receive, send)
             return
         state = scope["app"].state.api
-        headers = Headers(scope=scope)
+        # One request for the gate and the enqueue it serves: its headers are parsed once.
+        request = Request(scope, receive)
+        headers = request.headers
         if not state.tokens.open:
             scheme, _, token = headers.get("authorization", "").partition(" ")
             principal = (
@@ -123,7 +125,6 @@ class EnqueueGate:
             await self.app(scope, receive, send)
             return
         _route_matched(scope)
-        request = Request(scope, receive)
         try:
             response = await self.serve(request, *parameters)
         except KNOWN_FAILURES as failure:
