@@ -104,6 +104,13 @@ BOOKKEEPING_BATCH = Histogram(
     "Rows per flush of a process's bookkeeping writer (ledger rows, generation records).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 500),
 )
+DB_CONNECTIONS_REPLACED = Counter(
+    "receipt_db_connections_replaced",
+    "Pooled database connections that failed the check at checkout and were replaced: checked "
+    "because idle past the check window (`idle`) or because the backend sent something while "
+    "the connection sat idle (`input`: a restart, a failover, a terminated backend).",
+    ["reason"],
+)
 LEDGER_FAILURES = Counter(
     "receipt_ledger_write_failures", "Best-effort ledger writes that failed.", ["table"]
 )

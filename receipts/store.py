@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import select
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -17,6 +18,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from receipts import jobs as jobmodel
+from receipts import metrics
 from receipts.errors import (
     ConflictError,
     NotFoundError,
@@ -250,12 +252,14 @@ class Tx:
         return await cur.fetchone()
 
 
-# A connection back in the pool for less than this is handed out again without the pool's
-# check (a round trip), unless the store asks to check every checkout. Under load connections
-# come back within milliseconds. A database restart that takes longer than this leaves every
-# pooled connection idle past it, so they are still checked and replaced; after a faster one
-# (a failover, a terminated backend) each broken connection fails once as a transient error —
-# the workers' storage retry and the recovery loops absorb that, so only the api checks always.
+# A connection back in the pool for less than this, with nothing sent to it since, is handed out
+# again without the pool's check (a round trip). Under load connections come back within
+# milliseconds. A backend that ends (a database restart or failover, `pg_terminate_backend`)
+# sends its FATAL error and closes the socket: the connection has input while idle, so it is
+# checked and replaced, whatever its idle time. Checked as well is every connection idle for
+# this long (a peer gone without a word is found by the round trip). What remains is a backend
+# that ends in the instant between the checkout and the first statement: that one fails once as
+# a transient error, as it would after a round-trip check.
 CHECK_IDLE_S = 1.0
 
 
@@ -265,16 +269,42 @@ CHECK_IDLE_S = 1.0
 SESSION_SETTINGS: Mapping[str, str] = {"jit": "off"}
 
 
-class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
-    """The psycopg pool, remembering when each connection came back (a `reset` callback would
-    do the same, but makes the pool return every connection through its background workers)."""
+def has_input(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
+    """Whether an idle connection's socket has something to read, or is gone: what a backend
+    that ended sent it (its FATAL error, the end of the stream). One poll, no round trip."""
+    if conn.closed:
+        return True
+    try:
+        fd = conn.fileno()
+    except psycopg.OperationalError:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
-    def __init__(self, *args: Any, check_idle_s: float = CHECK_IDLE_S, **kwargs: Any) -> None:
+
+class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
+    """The psycopg pool, remembering when each connection was made or came back (a `reset`
+    callback would do the latter, but makes the pool return every connection through its
+    background workers)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        check_idle_s: float = CHECK_IDLE_S,
+        configure: Callable[[psycopg.AsyncConnection[TupleRow]], Awaitable[None]],
+        **kwargs: Any,
+    ) -> None:
         self.check_idle_s = check_idle_s
         self._returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[TupleRow], float] = (
             weakref.WeakKeyDictionary()
         )
-        super().__init__(*args, check=self._check_if_idle, **kwargs)
+
+        async def made(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+            await configure(conn)
+            self._returned_at[conn] = time.monotonic()
+
+        super().__init__(*args, check=self._check_if_idle, configure=made, **kwargs)
 
     async def putconn(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         self._returned_at[conn] = time.monotonic()
@@ -282,9 +312,21 @@ class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
 
     async def _check_if_idle(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         returned = self._returned_at.get(conn)
-        if returned is not None and time.monotonic() - returned < self.check_idle_s:
+        if returned is None or time.monotonic() - returned >= self.check_idle_s:
+            reason = "idle"
+        elif has_input(conn):
+            reason = "input"
+        else:
             return
-        await AsyncConnectionPool.check_connection(conn)
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except Exception as exc:  # the pool discards it and hands out another
+            metrics.DB_CONNECTIONS_REPLACED.labels(reason).inc()
+            log.warning(
+                "a pooled connection failed its check and is replaced",
+                extra={"event": "store.connection_replaced", "reason": reason, "error": str(exc)},
+            )
+            raise
 
 
 class Store:
@@ -320,7 +362,8 @@ class Store:
         runtime's policies; a test of the bare store names none).
 
         A connection broken by a database restart is replaced, not handed out: the pool checks
-        every connection idle for `check_idle_s` or longer (0: every checkout). Each new
+        (one round trip) every connection idle for `check_idle_s` or longer (0: every checkout)
+        and every one whose backend sent it something while it sat idle (`CHECK_IDLE_S`). Each new
         connection gets the settings in `session` (`SESSION_SETTINGS` unless given). With
         `owe_callbacks` (a callback URL is configured) a job's settle leaves its terminal
         callback owed in `callback_outbox`; without, no row is written for nobody to post.

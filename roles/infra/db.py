@@ -6,7 +6,7 @@ import psycopg
 
 from receipts import assembly
 from receipts.settings import Settings
-from receipts.store import CHECK_IDLE_S, SESSION_SETTINGS, Store, migrate
+from receipts.store import SESSION_SETTINGS, Store, migrate
 from roles.infra.embedded import database_url
 
 
@@ -28,11 +28,11 @@ API_POOL_MAX = 20
 async def open_store(url: str, settings: Settings, *, api: bool = False) -> Store:
     """Open a pooled store on `url` with the configured pool size.
 
-    The api's pool (`api=True`) checks each connection before handing it out, so a fast
-    database restart never turns into a client's 503, and is larger unless
-    `RECEIPT_DB_POOL_MAX` is set (many requests at once, one transaction each). The other roles
-    skip the check for a connection back within a second: their callers retry a transient
-    error.
+    Every pool checks a connection before handing it out when its backend sent something
+    while it sat idle (a restart's or a failover's FATAL error, the socket's end) or when it
+    was idle a second or more (receipts/store.py `CHECK_IDLE_S`): a database restart does not
+    turn into a client's 503. The api's pool (`api=True`) is larger unless
+    `RECEIPT_DB_POOL_MAX` is set (many requests at once), and bounds each statement.
     """
     max_size = settings.pool_max_size
     if api and "pool_max_size" not in settings.model_fields_set:
@@ -45,7 +45,6 @@ async def open_store(url: str, settings: Settings, *, api: bool = False) -> Stor
         url,
         min_size=settings.pool_min_size,
         max_size=max_size,
-        check_idle_s=0.0 if api else CHECK_IDLE_S,
         session=session,
         owe_callbacks=bool(settings.callback_urls),
     )

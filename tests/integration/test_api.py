@@ -789,6 +789,32 @@ async def test_an_unknown_route_and_method_answer_in_the_error_shape(
 # --- outage -----------------------------------------------------------------------------------
 
 
+async def test_a_database_restart_between_requests_reaches_no_client(
+    make_database: Any, server_url: str
+) -> None:
+    # The api's pool skips the round-trip check for a connection back within CHECK_IDLE_S; a
+    # backend that ended meanwhile (a restart, a failover) left input on its idle connection,
+    # so that one is checked and replaced before any request gets it.
+    url = make_database()
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    async with api_client(url) as client:
+        job = (await post(client, enqueue_body())).json()["job"]
+        path = f"/jobs/{job['jobId']}"
+        await asyncio.gather(*(client.get(path, headers=AS_A) for _ in range(6)))
+        async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
+            ended = await (
+                await admin.execute(
+                    "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
+                    " WHERE datname = %s",
+                    (name,),
+                )
+            ).fetchone()
+        assert ended is not None and ended[0] >= 2
+        answers = await asyncio.gather(*(client.get(path, headers=AS_A) for _ in range(6)))
+        assert [a.status_code for a in answers] == [200] * 6
+        assert (await post(client, enqueue_body())).status_code == 202
+
+
 async def test_a_database_outage_is_503_with_retry_after(
     make_database: Any, server_url: str
 ) -> None:

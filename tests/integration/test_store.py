@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
-from receipts import assembly
+from receipts import assembly, metrics
 from receipts.errors import ConflictError, InvariantError, TransientStorageError
 from receipts.store import (
     CHECK_IDLE_S,
     Draft,
     Store,
+    has_input,
     latest_schema_version,
     migrate,
     schema_version,
@@ -107,12 +110,43 @@ async def test_unreachable_database_is_a_transient_error() -> None:
 
 
 async def _kill_backends_of(store: Store, db_url: str) -> None:
+    """End the store's pooled backend and wait until it is gone (as a restart ends them)."""
     pids = []
     async with store.connection() as conn:
         pids.append(conn.info.backend_pid)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
         for pid in pids:
-            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+
+
+class _Checks:
+    """Counts the pool's round-trip checks (the real check runs)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        check = AsyncConnectionPool.check_connection
+
+        async def counted(conn: psycopg.AsyncConnection[Any]) -> None:
+            self.count += 1
+            await check(conn)
+
+        monkeypatch.setattr(AsyncConnectionPool, "check_connection", staticmethod(counted))
+
+
+async def test_a_connection_back_within_the_window_is_handed_out_without_a_round_trip(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await assembly.open_store(db_url, min_size=1, max_size=1)
+    try:
+        await store.now()
+        checks = _Checks(monkeypatch)
+        for _ in range(5):
+            await store.now()
+        assert checks.count == 0
+        async with store.connection() as conn:
+            assert not has_input(conn)
+    finally:
+        await store.close()
 
 
 async def test_a_connection_idle_across_a_restart_is_checked_and_replaced(db_url: str) -> None:
@@ -121,33 +155,41 @@ async def test_a_connection_idle_across_a_restart_is_checked_and_replaced(db_url
         await store.now()
         await _kill_backends_of(store, db_url)
         await asyncio.sleep(CHECK_IDLE_S + 0.2)  # a restart takes longer than CHECK_IDLE_S
+        before = metrics.value("receipt_db_connections_replaced_total", reason="idle")
         assert await store.now() is not None
+        after = metrics.value("receipt_db_connections_replaced_total", reason="idle")
+        assert after == before + 1
     finally:
         await store.close()
 
 
-async def test_a_connection_broken_within_the_check_window_is_a_transient_error_once(
-    db_url: str,
+async def test_a_connection_whose_backend_ended_within_the_window_is_replaced_unseen(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = await assembly.open_store(db_url, min_size=1, max_size=1)
     try:
         await store.now()
-        await _kill_backends_of(store, db_url)
-        # Handed out unchecked: the caller sees a transient error (and retries) ...
-        with pytest.raises(TransientStorageError):
-            await store.now()
-        # ... and the broken connection is gone from the pool.
+        await _kill_backends_of(store, db_url)  # a fast restart: back within CHECK_IDLE_S
+        checks = _Checks(monkeypatch)
+        before = metrics.value("receipt_db_connections_replaced_total", reason="input")
+        # The ended backend's FATAL error is input on an idle connection: checked, replaced,
+        # and the caller sees no error.
         assert await store.now() is not None
+        assert metrics.value("receipt_db_connections_replaced_total", reason="input") == before + 1
+        assert checks.count == 1
     finally:
         await store.close()
 
 
 async def test_a_store_that_checks_every_checkout_never_hands_out_a_broken_connection(
-    db_url: str,
+    db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = await assembly.open_store(db_url, min_size=1, max_size=1, check_idle_s=0.0)
     try:
         await store.now()
+        checks = _Checks(monkeypatch)
+        await store.now()
+        assert checks.count == 1
         await _kill_backends_of(store, db_url)
         assert await store.now() is not None  # checked, replaced, no error
     finally:
@@ -163,7 +205,7 @@ async def test_the_api_pool_is_larger_unless_the_size_is_set(db_url: str) -> Non
         store = await open_store(db_url, Settings.load(env), api=api)
         sizes.append((store._pool.max_size, store._pool.check_idle_s))
         await store.close()
-    assert sizes == [(API_POOL_MAX, 0.0), (10, CHECK_IDLE_S), (5, 0.0)]
+    assert sizes == [(API_POOL_MAX, CHECK_IDLE_S), (10, CHECK_IDLE_S), (5, CHECK_IDLE_S)]
     assert API_POOL_MAX == 20
 
 
