@@ -41,6 +41,13 @@ log = logging.getLogger("activities.attempt")
 _tracer = trace.get_tracer("receipt.attempt")
 
 ABORT_GRACE_S = 5.0
+# A cancelled handler (an abort past its grace, a lost lease, the execution timeout, the
+# worker's shutdown) gets this long to end before the attempt goes on without it: a handler
+# that swallows its cancellation must not hold the attempt, its slot and the worker's shutdown
+# for ever. What it does after that is fenced out (the attempt has settled or let go).
+HANDLER_CANCEL_S = 5.0
+# Handlers that outlived their cancellation, kept referenced until they end.
+_abandoned: set[asyncio.Task[Any]] = set()
 # Temporal heartbeats: a quarter of the heartbeat timeout, at most this often and at least
 # this rarely (the SDK throttles what it sends to 0.8 × the timeout).
 TEMPORAL_BEATS_PER_TIMEOUT = 4
@@ -194,9 +201,9 @@ class AttemptActivities:
                     ctx.aborted.set()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait({handler_task}, timeout=ABORT_GRACE_S)
-                    await _cancel(handler_task)
+                    await _stop_handler(handler_task, job, fence)
                     return await settle.cancel(detail)
-                await _cancel(handler_task)
+                await _stop_handler(handler_task, job, fence)
                 _log(
                     logging.WARNING,
                     "attempt lost its lease; handler stopped",
@@ -205,7 +212,7 @@ class AttemptActivities:
                     status=reason,
                 )
                 return AttemptResult(reason, worker_id=fence.worker_id, error=detail)
-            await _cancel(handler_task)
+            await _stop_handler(handler_task, job, fence)
             return await settle.failure(
                 execution_timeout_message(attempt.execution_timeout_ms),
                 retryable=True,
@@ -213,7 +220,7 @@ class AttemptActivities:
                 result=None,
             )
         except asyncio.CancelledError:
-            await _cancel(handler_task)
+            await _stop_handler(handler_task, job, fence)
             if activity.is_worker_shutdown():
                 await settle.release()
             raise
@@ -278,14 +285,35 @@ def _log(level: int, message: str, event: str, fence: AttemptFence, **extra: Any
     log.log(level, message, extra={"event": event, **named, **extra})
 
 
-async def _cancel(task: asyncio.Task[Any]) -> None:
-    if task.done():
-        if not task.cancelled():
-            task.exception()  # retrieved: the caller has already settled on its outcome
+async def _cancel(task: asyncio.Task[Any], within: float | None = None) -> bool:
+    """Cancel `task` and wait until it ends, at most `within` seconds (None: however long it
+    takes); whether it ended. What it raised is retrieved: the caller has settled on its own."""
+    if not task.done():
+        task.cancel()
+        ended, _ = await asyncio.wait({task}, timeout=within)
+        if not ended:
+            return False
+    if not task.cancelled():
+        task.exception()
+    return True
+
+
+async def _stop_handler(task: asyncio.Task[Any], job: Job, fence: AttemptFence) -> None:
+    """Cancel the handler; one still running `HANDLER_CANCEL_S` later is left to end on its own
+    (logged `attempt.handler_abandoned`, counted): the attempt goes on without it."""
+    if await _cancel(task, HANDLER_CANCEL_S):
         return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    _abandoned.add(task)
+    task.add_done_callback(_abandoned.discard)
+    metrics.HANDLERS_ABANDONED.labels(metrics.agent_label(job.agent_id)).inc()
+    _log(
+        logging.ERROR,
+        f"the handler did not end within {HANDLER_CANCEL_S:g} s of its cancellation; the "
+        "attempt goes on without it (it swallows CancelledError?)",
+        "attempt.handler_abandoned",
+        fence,
+        agentId=job.agent_id,
+    )
 
 
 async def _temporal_heartbeats(timeout: timedelta | None, details: Any) -> None:

@@ -77,6 +77,12 @@ HEARTBEAT_LAG = Histogram(
     "How late a heartbeat ran against its cadence.",
     buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5),
 )
+HANDLERS_ABANDONED = Counter(
+    "receipt_handlers_abandoned",
+    "Handlers still running 5 s after the attempt cancelled them (an abort, a lost lease, the "
+    "execution timeout, the worker's shutdown): the attempt went on without them.",
+    ["agent"],
+)
 HANDLER_DURATION = Histogram(
     "receipt_handler_duration_seconds", "Handler run time by agent.", ["agent"],
     buckets=LATENCY_BUCKETS,

@@ -91,6 +91,17 @@ def freeze_startup_heap() -> None:
     )
 
 
+# What a worker's shutdown may take beyond the handlers' grace: the cancelled attempts' ends (a
+# handler gets activities/attempt.py `HANDLER_CANCEL_S`, then its release is written) and the
+# pollers'. Within the pods' termination grace (45 s against the default 30 s grace).
+SHUTDOWN_MARGIN = timedelta(seconds=10)
+EXIT_SHUTDOWN_STUCK = 1
+
+
+class ShutdownStuck(RuntimeError):
+    """A worker's shutdown did not end within the grace and `SHUTDOWN_MARGIN`."""
+
+
 async def run_until(
     run: Callable[[], Coroutine[Any, Any, None]],
     shutdown: Callable[[], Awaitable[None]],
@@ -98,7 +109,10 @@ async def run_until(
     grace: timedelta,
 ) -> None:
     """Run a worker's `run` until it ends or `stop` is set; then `shutdown` drains it: no new
-    work, running handlers get RECEIPT_SHUTDOWN_GRACE_MS."""
+    work, running handlers get RECEIPT_SHUTDOWN_GRACE_MS. A shutdown still going
+    `SHUTDOWN_MARGIN` after the grace raises `ShutdownStuck` (logged `role.shutdown_stuck`):
+    the process then exits without it, as a SIGKILL would end it, and what it held is
+    delivered again from the receipts."""
     running = asyncio.create_task(run())
     stopping = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -107,7 +121,16 @@ async def run_until(
             "shutting down: taking no new work; running handlers get the grace period",
             extra={"event": "role.draining", "graceS": grace.total_seconds()},
         )
-        await shutdown()
+        bound = (grace + SHUTDOWN_MARGIN).total_seconds()
+        try:
+            await asyncio.wait_for(shutdown(), bound)
+        except TimeoutError:
+            log.error(
+                f"the worker's shutdown did not end within {bound:g} s (the grace and "
+                f"{SHUTDOWN_MARGIN.total_seconds():g} s); exiting without it",
+                extra={"event": "role.shutdown_stuck", "waitedS": bound},
+            )
+            raise ShutdownStuck(f"shutdown still running after {bound:g} s") from None
     stopping.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
@@ -124,14 +147,18 @@ def run_until_signalled(
         running = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             running.add_signal_handler(sig, stop.set)
-        await main(stop)
+        try:
+            await main(stop)
+        except ShutdownStuck:
+            # Not through the loop's own end, which would wait on the stuck tasks.
+            _exit_without_finalizing(EXIT_SHUTDOWN_STUCK)
 
     run_event_loop(signalled(), loop)
     _exit_without_finalizing()
 
 
-def _exit_without_finalizing() -> None:
-    """Exit 0 after a clean stop without running interpreter finalization.
+def _exit_without_finalizing(code: int = 0) -> None:
+    """Exit with `code` (0: a clean stop) without running interpreter finalization.
 
     Everything the role owns is closed by now, but the Temporal SDK's Rust threads can still
     call into a finalizing interpreter and abort the process (`PyGILState_Release`, exit -6),
@@ -142,7 +169,7 @@ def _exit_without_finalizing() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _pidfd_works() -> bool:

@@ -6,6 +6,7 @@ tests (tests/integration/delivery/) keep what needs the driver and a worker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -13,8 +14,10 @@ from typing import Any
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from activities import attempt as attempt_module
 from activities.attempt import AttemptActivities, execution_timeout_message
 from activities.handlers.context import Handler, HandlerContext, HandlerError
+from receipts import metrics
 from receipts import operations as ops
 from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
 from receipts.store import Store
@@ -116,6 +119,38 @@ async def test_a_handler_past_its_execution_timeout_is_cancelled_and_fails_retry
     job = await store.get_job(job_id)
     assert job is not None and job.status == "queued"  # retryable: the next attempt runs
     assert job.error == execution_timeout_message(300)
+
+
+async def test_a_handler_that_swallows_its_cancellation_is_left_behind_and_the_attempt_settles(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(attempt_module, "HANDLER_CANCEL_S", 0.3)
+    release = asyncio.Event()
+
+    async def handler(ctx: HandlerContext) -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):  # a handler's bug
+                await asyncio.sleep(60)
+
+    job_id = await job_of(store, "act-stubborn")
+    attempt = attempt_of(job_id, "act-stubborn", execution_timeout_ms=300)
+    before = metrics.value("receipt_handlers_abandoned_total", agent="other")
+    # Without the bound the attempt waits on the handler for ever (and so would the worker's
+    # shutdown): 10 s is the test's own limit.
+    result = await asyncio.wait_for(run(store, {"act-stubborn": handler}, attempt), 10)
+    assert result.status == AttemptStatus.EXECUTION_TIMEOUT
+    assert metrics.value("receipt_handlers_abandoned_total", agent="other") == before + 1
+    job = await store.get_job(job_id)
+    assert job is not None and job.status == "queued"
+    assert len(attempt_module._abandoned) == 1
+    release.set()
+    (task,) = attempt_module._abandoned
+    task.cancel()
+
+    async def left() -> int:
+        return len(attempt_module._abandoned)
+
+    await eventually(left, lambda n: n == 0, timeout=5, what="the abandoned handler's end")
 
 
 async def test_an_abort_while_running_stops_the_handler_and_cancels_the_job(

@@ -1,0 +1,88 @@
+"""A role process's drain at SIGTERM: a worker's shutdown that never ends is bounded, logged,
+and ends the process with exit 1 (a real process, a real signal)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+
+import pytest
+
+from roles.infra import process
+from roles.infra.process import EXIT_SHUTDOWN_STUCK, ShutdownStuck, run_until
+
+
+async def _forever() -> None:
+    await asyncio.Event().wait()
+
+
+async def test_a_shutdown_that_ends_in_time_ends_the_run(caplog: pytest.LogCaptureFixture) -> None:
+    stop, drained = asyncio.Event(), asyncio.Event()
+
+    async def shutdown() -> None:
+        drained.set()
+
+    stop.set()
+    await asyncio.wait_for(run_until(drained.wait, shutdown, stop, timedelta(seconds=1)), 5)
+    assert "role.shutdown_stuck" not in {getattr(r, "event", None) for r in caplog.records}
+
+
+async def test_a_shutdown_past_the_grace_and_its_margin_raises_and_is_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(process, "SHUTDOWN_MARGIN", timedelta(seconds=0.2))
+    stop = asyncio.Event()
+    stop.set()
+    started = time.monotonic()
+    with pytest.raises(ShutdownStuck):
+        await asyncio.wait_for(run_until(_forever, _forever, stop, timedelta(seconds=0.1)), 5)
+    assert 0.3 <= time.monotonic() - started < 3
+    stuck = [r for r in caplog.records if getattr(r, "event", None) == "role.shutdown_stuck"]
+    assert len(stuck) == 1 and stuck[0].levelname == "ERROR"
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from datetime import timedelta
+    from roles.infra import logs, process
+
+    process.SHUTDOWN_MARGIN = timedelta(seconds=0.3)
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def main(stop: asyncio.Event) -> None:
+        logs.configure("test", "json")
+        print("ready", flush=True)
+        await process.run_until(forever, forever, stop, timedelta(seconds=0.2))
+
+    process.run_until_signalled(main, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_role_whose_shutdown_hangs_exits_1_after_sigterm(loop: str) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, loop],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            child.send_signal(signal.SIGTERM)
+            _, stderr = child.communicate(timeout=20)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    events = [json.loads(line).get("event") for line in stderr.splitlines() if line]
+    assert child.returncode == EXIT_SHUTDOWN_STUCK
+    assert events == ["role.draining", "role.shutdown_stuck"]
