@@ -84,6 +84,9 @@ class AttemptActivities:
         self.role = role
         self.listener = listener
         self.gateway = gateway
+        # Each agent's series from the start, at 0: an alert on its increase sees the first one.
+        for agent_id in (*handlers, metrics.OTHER_AGENT):
+            metrics.HANDLERS_ABANDONED.labels(metrics.agent_label(agent_id))
 
     @activity.defn(name=EXECUTE_ATTEMPT)
     async def execute_attempt(self, attempt: AttemptInput) -> AttemptResult:
@@ -304,7 +307,7 @@ async def _stop_handler(task: asyncio.Task[Any], job: Job, fence: AttemptFence) 
     if await _cancel(task, HANDLER_CANCEL_S):
         return
     _abandoned.add(task)
-    task.add_done_callback(_abandoned.discard)
+    task.add_done_callback(_forget_abandoned)
     metrics.HANDLERS_ABANDONED.labels(metrics.agent_label(job.agent_id)).inc()
     _log(
         logging.ERROR,
@@ -314,6 +317,16 @@ async def _stop_handler(task: asyncio.Task[Any], job: Job, fence: AttemptFence) 
         fence,
         agentId=job.agent_id,
     )
+
+
+def _forget_abandoned(task: asyncio.Task[Any]) -> None:
+    """An abandoned handler ended: drop it, and say what it raised (nobody else will)."""
+    _abandoned.discard(task)
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning(
+            "an abandoned handler ended with an error",
+            extra={"event": "attempt.abandoned_handler_error", "error": repr(exc)},
+        )
 
 
 async def _temporal_heartbeats(timeout: timedelta | None, details: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import select
 import time
@@ -252,14 +253,17 @@ class Tx:
         return await cur.fetchone()
 
 
-# A connection back in the pool for less than this, with nothing sent to it since, is handed out
-# again without the pool's check (a round trip). Under load connections come back within
+# The pool's check at checkout, in one place (README, "deliberate differences", says it to users).
+# A connection made or back in the pool less than this ago, with nothing sent to it since, is
+# handed out without the check (a round trip); under load connections come back within
 # milliseconds. A backend that ends (a database restart or failover, `pg_terminate_backend`)
-# sends its FATAL error and closes the socket: the connection has input while idle, so it is
-# checked and replaced, whatever its idle time. Checked as well is every connection idle for
-# this long (a peer gone without a word is found by the round trip). What remains is a backend
-# that ends in the instant between the checkout and the first statement: that one fails once as
-# a transient error, as it would after a round-trip check.
+# sends its FATAL error and closes the socket, so its connection has input while idle: it is
+# checked, fails, and is replaced, and the pool checks every other idle connection at once (the
+# others most likely ended with it), so a checkout waits about a second after a restart instead
+# of one backoff per dead connection. A connection idle this long or more is checked by round
+# trip whatever its socket says. What remains is a backend that ends in the instant between the
+# checkout and the first statement: that statement fails once as a transient error, as it
+# would after a round-trip check.
 CHECK_IDLE_S = 1.0
 
 
@@ -305,6 +309,7 @@ class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
             self._returned_at[conn] = time.monotonic()
 
         super().__init__(*args, check=self._check_if_idle, configure=made, **kwargs)
+        self._sweep: asyncio.Task[None] | None = None
 
     async def putconn(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         self._returned_at[conn] = time.monotonic()
@@ -326,7 +331,30 @@ class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
                 "a pooled connection failed its check and is replaced",
                 extra={"event": "store.connection_replaced", "reason": reason, "error": str(exc)},
             )
+            self._check_the_others()
             raise
+
+    def _check_the_others(self) -> None:
+        """Check every idle connection now, in the background (psycopg_pool's `check`: each
+        broken one is replaced): the checkout that found a dead one then finds a live one after
+        the pool's first backoff (about 1 s) instead of one backoff per dead connection (1, 2,
+        4, 8 s: past the 10 s pool timeout with five of them)."""
+        if self._sweep is None or self._sweep.done():
+            self._sweep = asyncio.create_task(self.check(), name="pool-check")
+            self._sweep.add_done_callback(_swept)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+        await super().close(timeout)
+
+
+def _swept(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning(
+            "checking the pool's idle connections failed",
+            extra={"event": "store.pool_check_failed", "error": str(exc)},
+        )
 
 
 class Store:
@@ -362,8 +390,9 @@ class Store:
         runtime's policies; a test of the bare store names none).
 
         A connection broken by a database restart is replaced, not handed out: the pool checks
-        (one round trip) every connection idle for `check_idle_s` or longer (0: every checkout)
-        and every one whose backend sent it something while it sat idle (`CHECK_IDLE_S`). Each new
+        (one round trip) every connection idle for `check_idle_s` or longer (0: every checkout),
+        and one idle for less when its backend sent it something meanwhile (`CHECK_IDLE_S`
+        says why). Each new
         connection gets the settings in `session` (`SESSION_SETTINGS` unless given). With
         `owe_callbacks` (a callback URL is configured) a job's settle leaves its terminal
         callback owed in `callback_outbox`; without, no row is written for nobody to post.

@@ -117,7 +117,7 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
         else:
             await stop.wait()
     finally:
-        await runtime.close()
+        await runtime.close_within()
         log.info("role stopped", extra={"event": "role.stop"})
 
 

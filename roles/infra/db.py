@@ -28,11 +28,9 @@ API_POOL_MAX = 20
 async def open_store(url: str, settings: Settings, *, api: bool = False) -> Store:
     """Open a pooled store on `url` with the configured pool size.
 
-    Every pool checks a connection before handing it out when its backend sent something
-    while it sat idle (a restart's or a failover's FATAL error, the socket's end) or when it
-    was idle a second or more (receipts/store.py `CHECK_IDLE_S`): a database restart does not
-    turn into a client's 503. The api's pool (`api=True`) is larger unless
-    `RECEIPT_DB_POOL_MAX` is set (many requests at once), and bounds each statement.
+    Every role's pool checks its connections alike (receipts/store.py `CHECK_IDLE_S`). The
+    api's pool (`api=True`) is larger unless `RECEIPT_DB_POOL_MAX` is set (many requests at
+    once), and bounds each statement.
     """
     max_size = settings.pool_max_size
     if api and "pool_max_size" not in settings.model_fields_set:

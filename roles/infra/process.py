@@ -32,6 +32,18 @@ log = logging.getLogger("roles.infra.process")
 # the api's p99 at 16 clients from ~90 ms to ~33 ms in `make bench`.
 GC_THRESHOLDS = (50_000, 20, 100)
 
+# What a worker's shutdown may take beyond the handlers' grace: the cancelled attempts' ends (a
+# handler gets activities/attempt.py `HANDLER_CANCEL_S`, then its release is written) and the
+# pollers'. A pod's termination grace must exceed the grace, this margin and `CLOSE_S` (45 s
+# against the default 30 s grace: deploy/README.md).
+SHUTDOWN_MARGIN = timedelta(seconds=10)
+EXIT_SHUTDOWN_STUCK = 1
+# What closing the runtime may take (its tasks, the bookkeeping writer's last flush, the pool),
+# and what the tasks still running after the role's main returned get once cancelled (a handler
+# an attempt left behind swallows its cancellation): neither keeps the process from exiting.
+CLOSE_S = 5.0
+TASKS_END_S = 2.0
+
 
 @dataclass
 class Runtime:
@@ -57,6 +69,17 @@ class Runtime:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await self.http.aclose()
         await self.store.close()
+
+    async def close_within(self, seconds: float = CLOSE_S) -> None:
+        """`close`, given up after `seconds` (logged `role.close_stuck`): a database that stops
+        answering must not hold the process past its pod's grace."""
+        try:
+            await asyncio.wait_for(self.close(), seconds)
+        except TimeoutError:
+            log.error(
+                f"closing the role's tasks and store took over {seconds:g} s; exiting without",
+                extra={"event": "role.close_stuck", "waitedS": seconds},
+            )
 
 
 async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: bool) -> Runtime:
@@ -89,13 +112,6 @@ def freeze_startup_heap() -> None:
         "start-up heap frozen",
         extra={"event": "role.heap_frozen", "frozen": gc.get_freeze_count()},
     )
-
-
-# What a worker's shutdown may take beyond the handlers' grace: the cancelled attempts' ends (a
-# handler gets activities/attempt.py `HANDLER_CANCEL_S`, then its release is written) and the
-# pollers'. Within the pods' termination grace (45 s against the default 30 s grace).
-SHUTDOWN_MARGIN = timedelta(seconds=10)
-EXIT_SHUTDOWN_STUCK = 1
 
 
 class ShutdownStuck(RuntimeError):
@@ -147,14 +163,33 @@ def run_until_signalled(
         running = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             running.add_signal_handler(sig, stop.set)
+        # The exits are taken here, not through the loop's own end, which would wait without
+        # a bound on every task still pending (a stuck shutdown, a handler left behind).
         try:
             await main(stop)
         except ShutdownStuck:
-            # Not through the loop's own end, which would wait on the stuck tasks.
             _exit_without_finalizing(EXIT_SHUTDOWN_STUCK)
+        await end_tasks(TASKS_END_S)
+        _exit_without_finalizing()
 
     run_event_loop(signalled(), loop)
-    _exit_without_finalizing()
+
+
+async def end_tasks(within: float) -> None:
+    """Cancel every other task of the loop and wait for them at most `within` seconds; the ones
+    still running are named (logged `role.tasks_left`) and left to the exit."""
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=within)
+    if pending:
+        log.warning(
+            "tasks still running at exit are left behind",
+            extra={"event": "role.tasks_left", "tasks": sorted(t.get_name() for t in pending)},
+        )
 
 
 def _exit_without_finalizing(code: int = 0) -> None:

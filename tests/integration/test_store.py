@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -20,6 +23,7 @@ from receipts.store import (
     migrate,
     schema_version,
 )
+from tests.eventually import eventually
 from tests.integration.helpers import new_id, put
 
 
@@ -109,11 +113,12 @@ async def test_unreachable_database_is_a_transient_error() -> None:
         )
 
 
-async def _kill_backends_of(store: Store, db_url: str) -> None:
-    """End the store's pooled backend and wait until it is gone (as a restart ends them)."""
-    pids = []
-    async with store.connection() as conn:
-        pids.append(conn.info.backend_pid)
+async def _kill_backends_of(store: Store, db_url: str, connections: int = 1) -> None:
+    """End the store's `connections` pooled backends (checked out at once, so each is another)
+    and wait until they are gone, as a restart ends them."""
+    async with contextlib.AsyncExitStack() as held:
+        conns = [await held.enter_async_context(store.connection()) for _ in range(connections)]
+        pids = [conn.info.backend_pid for conn in conns]
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
         for pid in pids:
             await admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
@@ -133,18 +138,65 @@ class _Checks:
         monkeypatch.setattr(AsyncConnectionPool, "check_connection", staticmethod(counted))
 
 
-async def test_a_connection_back_within_the_window_is_handed_out_without_a_round_trip(
+async def test_the_api_pool_hands_out_a_new_or_returned_connection_without_a_round_trip(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = await assembly.open_store(db_url, min_size=1, max_size=1)
+    from receipts.settings import Settings
+    from roles.infra.db import open_store
+
+    checks = _Checks(monkeypatch)
+    store = await open_store(db_url, Settings.load({"RECEIPT_DB_POOL_MIN": "1"}), api=True)
     try:
-        await store.now()
-        checks = _Checks(monkeypatch)
-        for _ in range(5):
+        for _ in range(5):  # the first checkout takes the connection just made
             await store.now()
         assert checks.count == 0
         async with store.connection() as conn:
             assert not has_input(conn)
+    finally:
+        await store.close()
+
+
+async def test_input_that_is_not_an_end_costs_a_round_trip_and_keeps_the_connection(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await assembly.open_store(db_url, min_size=1, max_size=1)
+    try:
+        async with store.connection() as listening:
+            await listening.execute("LISTEN receipt_test_harmless")
+            pid = listening.info.backend_pid
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as other:
+            await other.execute("NOTIFY receipt_test_harmless")
+        # Watched idle in the pool (a checkout would check it and read the notice).
+        await eventually(_has_input(listening), timeout=5, what="the notice on the idle socket")
+        checks = _Checks(monkeypatch)
+        replaced = metrics.value("receipt_db_connections_replaced_total", reason="input")
+        async with store.connection() as conn:
+            assert conn.info.backend_pid == pid
+            await conn.execute("UNLISTEN *")
+        assert checks.count == 1
+        assert metrics.value("receipt_db_connections_replaced_total", reason="input") == replaced
+    finally:
+        await store.close()
+
+
+def _has_input(conn: psycopg.AsyncConnection[Any]) -> Callable[[], Awaitable[bool]]:
+    async def read() -> bool:
+        return has_input(conn)
+
+    return read
+
+
+async def test_after_a_restart_one_checkout_waits_about_a_second_not_a_backoff_per_connection(
+    db_url: str,
+) -> None:
+    store = await assembly.open_store(db_url, min_size=6, max_size=6)
+    try:
+        await _kill_backends_of(store, db_url, connections=6)
+        started = time.monotonic()
+        # One dead connection found, the other five checked at once in the background: without
+        # that, five backoffs (1, 2, 4, 8 s) pass the pool's 10 s timeout (a 503 in the api).
+        assert await store.now() is not None
+        assert time.monotonic() - started < 5
     finally:
         await store.close()
 

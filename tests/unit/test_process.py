@@ -1,5 +1,7 @@
 """A role process's drain at SIGTERM: a worker's shutdown that never ends is bounded, logged,
-and ends the process with exit 1 (a real process, a real signal)."""
+and ends the process with exit 1; a task that swallows its cancellation (a handler an attempt
+left behind) does not keep a cleanly stopped process alive; closing the runtime is bounded
+(real processes, real signals)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ import sys
 import textwrap
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
 from roles.infra import process
-from roles.infra.process import EXIT_SHUTDOWN_STUCK, ShutdownStuck, run_until
+from roles.infra.process import EXIT_SHUTDOWN_STUCK, Runtime, ShutdownStuck, run_until
 
 
 async def _forever() -> None:
@@ -86,3 +89,56 @@ def test_a_role_whose_shutdown_hangs_exits_1_after_sigterm(loop: str) -> None:
     events = [json.loads(line).get("event") for line in stderr.splitlines() if line]
     assert child.returncode == EXIT_SHUTDOWN_STUCK
     assert events == ["role.draining", "role.shutdown_stuck"]
+
+
+LEFT_BEHIND = textwrap.dedent(
+    """
+    import asyncio, contextlib, sys
+    from roles.infra import logs, process
+
+    async def stubborn() -> None:
+        while True:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(60)
+
+    async def main(stop: asyncio.Event) -> None:
+        logs.configure("test", "json")
+        left = asyncio.create_task(stubborn(), name="stubborn-handler")
+        print("ready", flush=True)
+        await stop.wait()
+
+    process.run_until_signalled(main, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_task_that_swallows_its_cancellation_does_not_keep_a_stopped_role_alive(
+    loop: str,
+) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", LEFT_BEHIND, loop],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            child.send_signal(signal.SIGTERM)
+            _, stderr = child.communicate(timeout=20)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    records = [json.loads(line) for line in stderr.splitlines() if line]
+    assert child.returncode == 0
+    assert [(r.get("event"), r.get("tasks")) for r in records] == [
+        ("role.tasks_left", ["stubborn-handler"])
+    ]
+
+
+async def test_closing_the_runtime_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    runtime = SimpleNamespace(close=_forever)
+    started = time.monotonic()
+    await Runtime.close_within(runtime, 0.2)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 3
+    assert "role.close_stuck" in {getattr(r, "event", None) for r in caplog.records}
