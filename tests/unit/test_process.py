@@ -14,6 +14,7 @@ import textwrap
 import time
 from datetime import timedelta
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -71,10 +72,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_a_role_whose_shutdown_hangs_exits_1_after_sigterm(loop: str) -> None:
+def _stopped(script: str, loop: str) -> tuple[int, list[dict[str, Any]]]:
+    """Run `script` (it prints `ready`, then waits for its stop) on `loop`, SIGTERM it; its
+    exit status and the JSON log records it wrote."""
     with subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, loop],
+        [sys.executable, "-c", script, loop],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -86,9 +88,14 @@ def test_a_role_whose_shutdown_hangs_exits_1_after_sigterm(loop: str) -> None:
         finally:
             if child.poll() is None:
                 child.kill()
-    events = [json.loads(line).get("event") for line in stderr.splitlines() if line]
-    assert child.returncode == EXIT_SHUTDOWN_STUCK
-    assert events == ["role.draining", "role.shutdown_stuck"]
+    return child.returncode, [json.loads(line) for line in stderr.splitlines() if line]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_role_whose_shutdown_hangs_exits_1_after_sigterm(loop: str) -> None:
+    code, records = _stopped(SCRIPT, loop)
+    assert code == EXIT_SHUTDOWN_STUCK
+    assert [r.get("event") for r in records] == ["role.draining", "role.shutdown_stuck"]
 
 
 LEFT_BEHIND = textwrap.dedent(
@@ -116,21 +123,8 @@ LEFT_BEHIND = textwrap.dedent(
 def test_a_task_that_swallows_its_cancellation_does_not_keep_a_stopped_role_alive(
     loop: str,
 ) -> None:
-    with subprocess.Popen(
-        [sys.executable, "-c", LEFT_BEHIND, loop],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as child:
-        try:
-            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-            child.send_signal(signal.SIGTERM)
-            _, stderr = child.communicate(timeout=20)
-        finally:
-            if child.poll() is None:
-                child.kill()
-    records = [json.loads(line) for line in stderr.splitlines() if line]
-    assert child.returncode == 0
+    code, records = _stopped(LEFT_BEHIND, loop)
+    assert code == 0
     assert [(r.get("event"), r.get("tasks")) for r in records] == [
         ("role.tasks_left", ["stubborn-handler"])
     ]
