@@ -253,7 +253,8 @@ class Tx:
         return await cur.fetchone()
 
 
-# The pool's check at checkout, in one place (README, "deliberate differences", says it to users).
+# The pool's check at checkout, in one place (README's "Choices where the specification or the
+# design left room" says it to users).
 # A connection made or back in the pool less than this ago, with nothing sent to it since, is
 # handed out without the check (a round trip); under load connections come back within
 # milliseconds. A backend that ends (a database restart or failover, `pg_terminate_backend`)
