@@ -36,6 +36,7 @@ from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
 from receipts.notices import COMMANDS
 from receipts.store import Store
 from receipts.trace_context import job_trace
+from receipts.waits import within
 
 log = logging.getLogger("activities.attempt")
 _tracer = trace.get_tracer("receipt.attempt")
@@ -264,7 +265,7 @@ class AttemptActivities:
             next_beat = time.monotonic() + interval
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), max(0.0, next_beat - time.monotonic()))
+                    await within(wake.wait(), max(0.0, next_beat - time.monotonic()))
                 if wake.is_set():
                     wake.clear()
                     job = await fence.read()
@@ -288,12 +289,12 @@ def _log(level: int, message: str, event: str, fence: AttemptFence, **extra: Any
     log.log(level, message, extra={"event": event, **named, **extra})
 
 
-async def _cancel(task: asyncio.Task[Any], within: float | None = None) -> bool:
-    """Cancel `task` and wait until it ends, at most `within` seconds (None: however long it
+async def _cancel(task: asyncio.Task[Any], seconds: float | None = None) -> bool:
+    """Cancel `task` and wait until it ends, at most `seconds` (None: however long it
     takes); whether it ended. What it raised is retrieved: the caller has settled on its own."""
     if not task.done():
         task.cancel()
-        ended, _ = await asyncio.wait({task}, timeout=within)
+        ended, _ = await asyncio.wait({task}, timeout=seconds)
         if not ended:
             return False
     if not task.cancelled():

@@ -61,6 +61,7 @@ from activities.sandbox_policy import (
 )
 from activities.workspaces import prepare_workspace
 from receipts import metrics
+from receipts.waits import within
 
 log = logging.getLogger("activities.sandbox")
 
@@ -453,14 +454,14 @@ class _Running:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(self.inner_pid, signal.SIGKILL)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(self.process.wait()), TERM_GRACE_S)
+                    await within(asyncio.shield(self.process.wait()), TERM_GRACE_S)
             _signal_group(self.process.pid, signal.SIGKILL)
             await self.process.wait()
             await self.gone()
             return
         _signal_group(self.process.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.process.wait(), TERM_GRACE_S)
+            await within(self.process.wait(), TERM_GRACE_S)
         except TimeoutError:
             _signal_group(self.process.pid, signal.SIGKILL)
             await self.process.wait()
@@ -490,7 +491,7 @@ async def _exited(pid: int, timeout_s: float) -> None:
     loop.add_reader(pidfd, exited.set)
     try:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(exited.wait(), timeout_s)
+            await within(exited.wait(), timeout_s)
     finally:
         loop.remove_reader(pidfd)
         os.close(pidfd)

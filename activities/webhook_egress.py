@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from receipts.waits import within
 from receipts.webhooks import WebhookSettings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -102,7 +103,7 @@ async def check(url: str, settings: WebhookSettings) -> Target:
         )
     port = parts.port or 443
     try:
-        addresses = await asyncio.wait_for(resolve(host, port), RESOLVE_TIMEOUT_S)
+        addresses = await within(resolve(host, port), RESOLVE_TIMEOUT_S)
     except TimeoutError:
         raise EgressRefused(
             f"url's host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s"

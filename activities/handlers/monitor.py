@@ -19,6 +19,7 @@ from receipts.objectives import control
 from receipts.objectives.model import ObjectiveState
 from receipts.store import Draft
 from receipts.tenancy import TENANT_SEPARATOR
+from receipts.waits import within
 
 log = logging.getLogger("activities.handlers.monitor")
 
@@ -160,7 +161,7 @@ async def task_monitor(ctx: HandlerContext) -> dict[str, Any]:
             )
             return {"objectiveId": objective_id, "jobId": job.job_id, "handedOffTo": successor}
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ctx.aborted.wait(), MONITOR_POLL_S)
+            await within(ctx.aborted.wait(), MONITOR_POLL_S)
     raise HandlerError("monitor aborted", retryable=False)
 
 

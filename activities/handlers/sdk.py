@@ -12,7 +12,6 @@ both built in and installed, or installed twice, is a conflict (the role does no
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -38,6 +37,7 @@ from activities.sandbox import SandboxRefused, run_sandboxed
 from receipt_worker.sdk import AgentHandler, Command, Fail, JobContext, Retry, SandboxRun
 from receipts.kinds import AGENT_IDS, GROUP_QUEUES, handlers_entry_points
 from receipts.tenancy import caller_id
+from receipts.waits import within
 
 COMMAND_POLL_S = 1.0
 _NOTHING = object()
@@ -95,7 +95,7 @@ class FencedJobContext(JobContext):
             if not wait or self.aborted:
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), COMMAND_POLL_S)
+                await within(arrived.wait(), COMMAND_POLL_S)
             arrived.clear()
 
     async def run_sandboxed(

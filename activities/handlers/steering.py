@@ -21,6 +21,7 @@ import logging
 from typing import Any
 
 from activities.handlers.context import HandlerContext
+from receipts.waits import within
 
 log = logging.getLogger("activities.handlers.steering")
 
@@ -76,7 +77,7 @@ class StdinFeed:
     async def _next_look(self) -> None:
         arrived = self.ctx.commands_arrived
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(arrived.wait(), STEER_POLL_S)
+            await within(arrived.wait(), STEER_POLL_S)
         arrived.clear()
 
     async def consumed(self) -> None:

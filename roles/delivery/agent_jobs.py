@@ -29,6 +29,7 @@ from receipts.notices import AGENT_JOBS, SETTLED_TYPES
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.streams import dumps
+from receipts.waits import within
 
 log = logging.getLogger("roles.delivery.agent_jobs")
 
@@ -221,7 +222,7 @@ class AgentJobDispatcher:
         or at `deadline` (monotonic)."""
         while (remaining := deadline - time.monotonic()) > 0:
             try:
-                notice = await asyncio.wait_for(notices.get(), remaining)
+                notice = await within(notices.get(), remaining)
             except TimeoutError:
                 return
             woke = self.wakes_on(notice)

@@ -13,6 +13,7 @@ from receipts import deliveries, fairness, notices
 from receipts.jobs import job_id_of
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
+from receipts.waits import within
 from roles.delivery.starter import NOT_AVAILABLE, DriverStarter
 
 log = logging.getLogger("roles.delivery.dispatcher")
@@ -115,9 +116,7 @@ class Dispatcher:
                 while True:
                     notice: Notice | None = None
                     with contextlib.suppress(TimeoutError):
-                        notice = await asyncio.wait_for(
-                            queue.get(), max(0.0, deadline - loop.time())
-                        )
+                        notice = await within(queue.get(), max(0.0, deadline - loop.time()))
                     try:
                         if notice is None or notice is RECONNECTED:
                             await self.run_once()

@@ -28,6 +28,7 @@ from receipts.objectives import store as objectives
 from receipts.objectives.model import STREAM_PREFIX as OBJECTIVE_STREAM_PREFIX
 from receipts.settings import Settings
 from receipts.store import Store
+from receipts.waits import within
 from roles.delivery.starter import DriverStarter
 from roles.infra.settings import LoopSettings
 
@@ -245,7 +246,7 @@ class Ticker:
                 await asyncio.sleep(delay)
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), delay)
+                await within(self.wake.wait(), delay)
             self.wake.clear()
 
 

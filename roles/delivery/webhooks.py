@@ -22,6 +22,7 @@ from activities.driver import callback_message_id, sign_webhook
 from receipts import metrics
 from receipts import webhooks as hooks
 from receipts.store import Store
+from receipts.waits import within
 from receipts.webhooks import Claimed, WebhookSettings
 
 log = logging.getLogger("roles.delivery.webhooks")
@@ -138,7 +139,7 @@ class WebhookDeliverer:
             target = await egress.check(delivery.url, self.settings)
             # The whole exchange within the timeout (httpx's bounds each read, so a receiver
             # trickling a byte at a time would hold the post, and its organization's slot).
-            response = await asyncio.wait_for(
+            response = await within(
                 egress.post(self.http, target, headers, body, timeout_s), timeout_s
             )
             status_code = response.status_code

@@ -38,6 +38,7 @@ from temporalio.client import Client
 from activities import sandbox
 from receipts import metrics
 from receipts.store import Store
+from receipts.waits import within
 from roles.infra.process import Runtime
 
 log = logging.getLogger("roles.infra.health")
@@ -103,12 +104,12 @@ class HealthChecker:
             return ["draining: the role is shutting down"]
         reasons: list[str] = []
         try:
-            await asyncio.wait_for(self._ping_database(), CHECK_TIMEOUT_S)
+            await within(self._ping_database(), CHECK_TIMEOUT_S)
         except Exception as exc:
             reasons.append(f"database unreachable: {type(exc).__name__}: {exc}".rstrip(": "))
         if self.task_queues and self.client is not None:
             try:
-                reasons += await asyncio.wait_for(self._missing_pollers(), CHECK_TIMEOUT_S)
+                reasons += await within(self._missing_pollers(), CHECK_TIMEOUT_S)
             except Exception as exc:
                 reasons.append(f"temporal unreachable: {type(exc).__name__}: {exc}".rstrip(": "))
         for check in self.extra_checks:

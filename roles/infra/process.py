@@ -20,6 +20,7 @@ from temporalio.client import Client
 
 from receipts.listen import Listener
 from receipts.store import Store
+from receipts.waits import within
 from roles.infra.db import migrate_url, open_store, resolve_url
 from roles.infra.settings import RuntimeSettings
 from roles.infra.temporal import connect_client
@@ -74,7 +75,7 @@ class Runtime:
         """`close`, given up after `seconds` (logged `role.close_stuck`): a database that stops
         answering must not hold the process past its pod's grace."""
         try:
-            await asyncio.wait_for(self.close(), seconds)
+            await within(self.close(), seconds)
         except TimeoutError:
             log.error(
                 f"closing the role's tasks and store took over {seconds:g} s; exiting without",
@@ -139,7 +140,7 @@ async def run_until(
         )
         bound = (grace + SHUTDOWN_MARGIN).total_seconds()
         try:
-            await asyncio.wait_for(shutdown(), bound)
+            await within(shutdown(), bound)
         except TimeoutError:
             log.error(
                 f"the worker's shutdown did not end within {bound:g} s (the grace and "
@@ -175,8 +176,8 @@ def run_until_signalled(
     run_event_loop(signalled(), loop)
 
 
-async def end_tasks(within: float) -> None:
-    """Cancel every other task of the loop and wait for them at most `within` seconds; the ones
+async def end_tasks(seconds: float) -> None:
+    """Cancel every other task of the loop and wait for them at most `seconds`; the ones
     still running are named (logged `role.tasks_left`) and left to the exit."""
     current = asyncio.current_task()
     tasks = [task for task in asyncio.all_tasks() if task is not current]
@@ -184,7 +185,7 @@ async def end_tasks(within: float) -> None:
         task.cancel()
     if not tasks:
         return
-    _, pending = await asyncio.wait(tasks, timeout=within)
+    _, pending = await asyncio.wait(tasks, timeout=seconds)
     if pending:
         log.warning(
             "tasks still running at exit are left behind",

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from receipts.waits import within
+
 COLOURS = {
     "api": "\033[36m",
     "driver": "\033[35m",
@@ -145,7 +147,7 @@ class Supervised:
         self.send(signal.SIGCONT)
         self.send(signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.wait(), grace_s)
+            await within(self.wait(), grace_s)
         except TimeoutError:
             self.send(signal.SIGKILL)
             await self.wait()
@@ -169,5 +171,5 @@ class Supervised:
                 self.colour,
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
+                await within(stopping.wait(), delay)
             delay = min(BACKOFF_MAX_S, delay * 2)

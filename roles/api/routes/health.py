@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -12,6 +10,7 @@ from receipts import metrics, reads
 from receipts.errors import StorageError, TransientStorageError
 from receipts.sql import migrations
 from receipts.store import Store
+from receipts.waits import within
 from roles.api.auth import ADMIN
 from roles.api.deps import ApiError, Caller, State, require_scope
 from roles.api.errors import RETRY_AFTER_S
@@ -55,9 +54,7 @@ async def readyz(state: State) -> JSONResponse:
     `receipt_role_ready`)."""
     metrics.ROLE_READY.set(0)
     try:
-        version = await asyncio.wait_for(
-            schema_ready(state.require_store()), timeout=READY_TIMEOUT_S
-        )
+        version = await within(schema_ready(state.require_store()), READY_TIMEOUT_S)
     except ApiError:
         raise
     except (TimeoutError, StorageError) as exc:
