@@ -27,6 +27,7 @@ import httpx
 
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.tenancy import scoped_id
+from receipts.waits import within
 from roles.infra.ports import free_port, wait_port
 from tools.bench.processes import CpuMeter
 from tools.chaos.plan import ChaosConfig
@@ -400,7 +401,7 @@ async def sample_memory(run: Run, seen: Hostile, stop: asyncio.Event) -> None:
                     kib = _rss_kib(role.pid)
                     seen.peak_rss_mib[name] = max(seen.peak_rss_mib[name], kib // 1024)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), MEMORY_SAMPLE_S)
+            await within(stop.wait(), MEMORY_SAMPLE_S)
 
 
 async def output_pace(
