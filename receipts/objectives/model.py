@@ -303,6 +303,17 @@ def _changes(
         return {"tasks": _replace_task(state, task)}
     if kind == "objective.task.settled":
         return _task_settled(state, data, at)
+    if kind == "objective.step.progress":
+        # As a task's: also after the step settled (its monitor may mirror the last output after
+        # control recorded the settlement, as a loaded worker's monitor did in a CI run).
+        step = state.step(str(data.get("step")))
+        if step is None or step.job_id != data.get("jobId"):
+            return {}
+        update = {
+            "last_output": data.get("lastLine"),
+            "output_lines": int(data.get("lines") or step.output_lines),
+        }
+        return {f"{step.name}_step": step.model_copy(update=update)}
     if kind == "objective.step.settled":
         step = state.step(str(data.get("step")))
         if step is None or step.status not in TASK_ACTIVE or step.job_id != data.get("jobId"):
@@ -333,18 +344,13 @@ def _changes(
         attempt = TaskTry(number=number, job_id=str(data["jobId"]), dispatched_at=at)
         task = task.model_copy(update={"status": "dispatched", "tries": (*task.tries, attempt)})
         return {"tasks": _replace_task(state, task)}
-    if kind in ("objective.step.started", "objective.step.progress"):
+    if kind == "objective.step.started":
         step = state.step(str(data.get("step")))
         if step is None or step.status not in TASK_ACTIVE or step.job_id != data.get("jobId"):
             return {}
-        if kind == "objective.step.started":
-            update: dict[str, Any] = {"status": "running", "started_at": at}
-        else:
-            update = {
-                "last_output": data.get("lastLine"),
-                "output_lines": int(data.get("lines") or step.output_lines),
-            }
-        return {f"{step.name}_step": step.model_copy(update=update)}
+        return {
+            f"{step.name}_step": step.model_copy(update={"status": "running", "started_at": at})
+        }
     if kind == "objective.task.started":
         task = state.task(str(data.get("taskId")))
         if task is None or task.status != "dispatched" or task.current is None:

@@ -241,3 +241,22 @@ def test_the_audit_requested_in_the_settling_transaction_is_kept_on_the_settled_
     assert settled.audit is None  # requested, not yet done: a reader keeps waiting
     audited = fold([receipt(4, "objective.audited", summary={"totals": {"tasks": 1}})], settled)
     assert audited is not None and audited.audit == {"totals": {"tasks": 1}}
+
+
+def test_a_step_s_output_mirrored_after_it_and_the_objective_settled_is_kept() -> None:
+    # A loaded worker's step monitor may mirror the publish step's last line after control
+    # recorded the step's and the objective's settlement (seen in a CI run): kept, as a task's.
+    state = fold(
+        [
+            created([cmd("t")], publish={"command": ["sh", "-c", "echo out"]}),
+            receipt(2, "objective.step.dispatched", step="publish", jobId="pub-1"),
+            receipt(3, "objective.step.settled", step="publish", jobId="pub-1", status="completed"),
+            receipt(4, "objective.settled", status="completed"),
+            receipt(5, "objective.step.progress", step="publish", jobId="pub-1", lastLine="out"),
+            receipt(6, "objective.step.progress", step="publish", jobId="other", lastLine="no"),
+        ]
+    )
+    assert state is not None and state.status == "completed"
+    assert state.publish_step is not None
+    assert state.publish_step.status == "completed"
+    assert state.publish_step.last_output == "out"
