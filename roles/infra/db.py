@@ -28,7 +28,7 @@ API_POOL_MAX = 20
 async def open_store(url: str, settings: Settings, *, api: bool = False) -> Store:
     """Open a pooled store on `url` with the configured pool size.
 
-    Every role's pool checks its connections alike (receipts/store.py `CHECK_IDLE_S`). The
+    Every role's pool checks its connections alike (receipts/pool.py `CHECK_IDLE_S`). The
     api's pool (`api=True`) is larger unless `RECEIPT_DB_POOL_MAX` is set (many requests at
     once), and bounds each statement.
     """

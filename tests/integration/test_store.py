@@ -14,11 +14,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from receipts import assembly, metrics
 from receipts.errors import ConflictError, InvariantError, TransientStorageError
+from receipts.pool import CHECK_IDLE_S, has_input
 from receipts.store import (
-    CHECK_IDLE_S,
     Draft,
     Store,
-    has_input,
     latest_schema_version,
     migrate,
     schema_version,

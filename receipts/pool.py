@@ -1,0 +1,126 @@
+"""The store's connection pool: psycopg_pool's, checking a connection at checkout only when it
+may be broken (idle a while, or its backend sent it something), and every idle one at once after
+one was found dead. `receipts.store.Store.open` builds it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import select
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from receipts import metrics
+
+log = logging.getLogger("receipts.store")
+
+
+# The pool's check at checkout, in one place (README's "Choices where the specification or the
+# design left room" says it to users).
+# A connection made or back in the pool less than this ago, with nothing sent to it since, is
+# handed out without the check (a round trip); under load connections come back within
+# milliseconds. A backend that ends (a database restart or failover, `pg_terminate_backend`)
+# sends its FATAL error and closes the socket, so its connection has input while idle: it is
+# checked, fails, and is replaced, and the pool checks every other idle connection at once (the
+# others most likely ended with it), so a checkout waits about a second after a restart instead
+# of one backoff per dead connection. A connection idle this long or more is checked by round
+# trip whatever its socket says. What remains is a backend that ends in the instant between the
+# checkout and the first statement: that statement fails once as a transient error, as it
+# would after a round-trip check.
+CHECK_IDLE_S = 1.0
+
+
+# Every application connection: no JIT. Our statements are short index lookups whose cost
+# estimates can still cross jit_above_cost on a large table, where compiling costs more (tens of
+# milliseconds) than the statement.
+SESSION_SETTINGS: Mapping[str, str] = {"jit": "off"}
+
+
+def has_input(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
+    """Whether an idle connection's socket has something to read, or is gone: what a backend
+    that ended sent it (its FATAL error, the end of the stream). One poll, no round trip."""
+    if conn.closed:
+        return True
+    try:
+        fd = conn.fileno()
+    except psycopg.OperationalError:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
+    """The psycopg pool, remembering when each connection was made or came back (a `reset`
+    callback would do the latter, but makes the pool return every connection through its
+    background workers)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        check_idle_s: float = CHECK_IDLE_S,
+        configure: Callable[[psycopg.AsyncConnection[TupleRow]], Awaitable[None]],
+        **kwargs: Any,
+    ) -> None:
+        self.check_idle_s = check_idle_s
+        self._returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[TupleRow], float] = (
+            weakref.WeakKeyDictionary()
+        )
+
+        async def made(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+            await configure(conn)
+            self._returned_at[conn] = time.monotonic()
+
+        super().__init__(*args, check=self._check_if_idle, configure=made, **kwargs)
+        self._sweep: asyncio.Task[None] | None = None
+
+    async def putconn(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        self._returned_at[conn] = time.monotonic()
+        await super().putconn(conn)
+
+    async def _check_if_idle(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        returned = self._returned_at.get(conn)
+        if returned is None or time.monotonic() - returned >= self.check_idle_s:
+            reason = "idle"
+        elif has_input(conn):
+            reason = "input"
+        else:
+            return
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except Exception as exc:  # the pool discards it and hands out another
+            metrics.DB_CONNECTIONS_REPLACED.labels(reason).inc()
+            log.warning(
+                "a pooled connection failed its check and is replaced",
+                extra={"event": "store.connection_replaced", "reason": reason, "error": str(exc)},
+            )
+            self._check_the_others()
+            raise
+
+    def _check_the_others(self) -> None:
+        """Check every idle connection now, in the background (psycopg_pool's `check`: each
+        broken one is replaced): the checkout that found a dead one then finds a live one after
+        the pool's first backoff (about 1 s) instead of one backoff per dead connection (1, 2,
+        4, 8 s: past the 10 s pool timeout with five of them)."""
+        if self._sweep is None or self._sweep.done():
+            self._sweep = asyncio.create_task(self.check(), name="pool-check")
+            self._sweep.add_done_callback(_swept)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+        await super().close(timeout)
+
+
+def _swept(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning(
+            "checking the pool's idle connections failed",
+            extra={"event": "store.pool_check_failed", "error": str(exc)},
+        )
