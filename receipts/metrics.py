@@ -110,6 +110,19 @@ BOOKKEEPING_BATCH = Histogram(
     "Rows per flush of a process's bookkeeping writer (ledger rows, generation records).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 500),
 )
+ENQUEUE_BATCH = Histogram(
+    "receipt_enqueue_batch_jobs",
+    "New jobs per write of the api's group commit (receipts/enqueue_batch.py): 1 for a post "
+    "written alone, more for the posts that arrived while one was being written.",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
+ENQUEUE_BATCH_ALONE = Counter(
+    "receipt_enqueue_batch_alone",
+    "Jobs of a batched write enqueued alone after all: their organization's caps moved since "
+    "the read (`caps`), a settlement policy wants the append (`policy`), or the batch's "
+    "statement failed (`error`; logged enqueue.batch_failed).",
+    ["reason"],
+)
 DB_CONNECTIONS_REPLACED = Counter(
     "receipt_db_connections_replaced",
     "Pooled database connections that failed the check at checkout and were replaced: checked "

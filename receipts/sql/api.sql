@@ -57,6 +57,73 @@ SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM (SELECT pg_notify(c, %(note)s) FROM unnest(%(channels)s::text[]) AS c
                               WHERE EXISTS (SELECT 1 FROM guard)) AS sent);
 
+-- name: enqueue_caps_many
+-- `enqueue_caps` for a batch of new jobs (receipts/enqueue_batch.py): the database clock, and for
+-- each organization named in `organization_ids` its queued and its active jobs, as three arrays
+-- in the order of the organizations. One row, whatever the batch (no organization: empty arrays).
+SELECT now(), coalesce(array_agg(held.organization_id), '{}'),
+       coalesce(array_agg(held.queued), '{}'), coalesce(array_agg(held.active), '{}')
+FROM (SELECT named.organization_id, coalesce(sum(c.queued), 0)::bigint AS queued,
+             coalesce(sum(c.active), 0)::bigint AS active
+      FROM unnest(%(organization_ids)s::text[]) AS named(organization_id)
+      LEFT JOIN org_open_jobs c ON c.organization_id = named.organization_id
+      GROUP BY named.organization_id) AS held;
+
+-- name: enqueue_new_many
+-- `enqueue_new` for a batch of new jobs (made-up ids, no session key; receipts/enqueue_batch.py),
+-- one row per job in the parallel arrays: each job's `job.enqueued` receipt at the clock the
+-- caller read and folded with, and its projection row. An organization's jobs are written only
+-- if all of them fit its caps at this statement's time (fewer than `max_queued` queued and
+-- `max_active` active jobs once they are added); else none of them, and the caller takes them
+-- one by one. The first column lists the jobs written.
+WITH batch AS (
+    SELECT * FROM unnest(
+        %(job_ids)s::text[], %(seqs)s::integer[], %(organization_ids)s::text[],
+        %(session_keys)s::text[], %(agent_ids)s::text[], %(lanes)s::text[], %(kinds)s::text[],
+        %(statuses)s::text[], %(attempts)s::integer[], %(max_attempts)s::integer[],
+        %(abort_requested)s::boolean[], %(available_ats)s::timestamptz[],
+        %(lease_expires_ats)s::timestamptz[], %(last_heartbeat_ats)s::timestamptz[],
+        %(created_ats)s::timestamptz[], %(updated_ats)s::timestamptz[], %(states)s::jsonb[],
+        %(worker_queues)s::text[], %(streams)s::text[], %(datas)s::jsonb[], %(notes)s::text[],
+        %(cap_organization_ids)s::text[], %(max_queued)s::bigint[], %(max_active)s::bigint[]
+    ) AS b(job_id, seq, organization_id, session_key, agent_id, lane, kind, status, attempt,
+           max_attempts, abort_requested, available_at, lease_expires_at, last_heartbeat_at,
+           created_at, updated_at, state, worker_queue, stream, data, note,
+           cap_organization_id, max_queued, max_active)
+), wanted AS (
+    SELECT cap_organization_id, count(*) AS jobs, min(max_queued) AS max_queued,
+           min(max_active) AS max_active
+    FROM batch WHERE cap_organization_id IS NOT NULL
+    GROUP BY cap_organization_id
+), refused AS (
+    SELECT w.cap_organization_id
+    FROM wanted w
+    CROSS JOIN LATERAL (SELECT coalesce(sum(queued), 0) AS queued, coalesce(sum(active), 0) AS active
+                        FROM org_open_jobs WHERE organization_id = w.cap_organization_id) AS held
+    WHERE held.queued + w.jobs > w.max_queued OR held.active + w.jobs > w.max_active
+), admitted AS (
+    SELECT * FROM batch
+    WHERE cap_organization_id IS NULL
+       OR cap_organization_id NOT IN (SELECT cap_organization_id FROM refused)
+), inserted AS (
+    INSERT INTO receipts (stream, seq, type, data, recorded_at)
+    SELECT stream, seq, 'job.enqueued', data, %(recorded_at)s FROM admitted
+    RETURNING 1
+), projected AS (
+    INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
+                      attempt, max_attempts, abort_requested, available_at, lease_expires_at,
+                      last_heartbeat_at, created_at, updated_at, state, worker_queue)
+    SELECT job_id, seq, organization_id, session_key, agent_id, lane, kind, status, attempt,
+           max_attempts, abort_requested, available_at, lease_expires_at, last_heartbeat_at,
+           created_at, updated_at, state, worker_queue
+    FROM admitted
+    RETURNING job_id
+)
+SELECT (SELECT array_agg(job_id) FROM projected),
+       (SELECT count(*) FROM inserted),
+       (SELECT count(*) FROM (SELECT pg_notify(c, a.note)
+                              FROM admitted a, unnest(%(channels)s::text[]) AS c) AS sent);
+
 -- name: api_jobs_by_caller_id
 -- The jobs an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an
 -- unscoped id): two rows are enough to tell "one" from "ambiguous" (jobs_caller_id_idx, 0006).

@@ -26,6 +26,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from receipts.enqueue_batch import EnqueueBatcher
 from receipts.listen import Listener
 from receipts.store import Store
 from roles.api.auth import check_open_bind, load_tokens
@@ -117,6 +118,7 @@ def create_app(
             api.store = await open_store(url, settings.core, api=True)
         else:
             api.store = store
+        api.enqueuer = EnqueueBatcher(api.store)
         listening: asyncio.Task[None] | None = None
         if listener is None:
             api.listener = Listener(url)
@@ -135,6 +137,7 @@ def create_app(
             if store is None:
                 await api.store.close()
             api.store = None
+            api.enqueuer = None
 
     app = FastAPI(
         title="Receipt API",

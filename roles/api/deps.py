@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from receipts import reads
 from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.enqueue_batch import EnqueueBatcher
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import Job
 from receipts.listen import Listener
@@ -59,6 +60,8 @@ class ApiState:
     tokens: TokenTable
     database_url: str | None
     store: Store | None = None
+    enqueuer: EnqueueBatcher | None = None
+    """The group commit of new jobs over `store` (receipts/enqueue_batch.py), while it is open."""
     listener: Listener | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     core: Settings = field(default_factory=Settings)
@@ -81,6 +84,11 @@ class ApiState:
         if self.store is None:
             raise TransientStorageError("the store is not open")
         return self.store
+
+    def require_enqueuer(self) -> EnqueueBatcher:
+        if self.enqueuer is None:
+            raise TransientStorageError("the store is not open")
+        return self.enqueuer
 
 
 # The route dependencies are `async def` although they never await: FastAPI runs a sync

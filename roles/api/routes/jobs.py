@@ -21,12 +21,7 @@ from opentelemetry import trace
 
 from receipts import jobs as jobmodel
 from receipts import metrics, operations, reads
-from receipts.enqueue import (
-    JOB_ID_PATTERN,
-    EnqueueRequest,
-    enqueue,
-    parse_enqueue,
-)
+from receipts.enqueue import JOB_ID_PATTERN, EnqueueRequest, parse_enqueue
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import LANES, STATUSES, Job
 from receipts.kinds import (
@@ -224,7 +219,7 @@ async def enqueue_post(
             trace_id=trace_id_of(traceparent),
             traceparent=traceparent,
         )
-        result = await enqueue(state.require_store(), enqueue_request, caps)
+        result = await state.require_enqueuer().enqueue(enqueue_request, caps)
         job = result.job
         metrics.job_enqueued(
             job.lane, job.kind, job.agent_id, result.outcome, result.idempotency_mismatch

@@ -1,0 +1,269 @@
+"""Group commit of new jobs: enqueues of new jobs that arrive while one is being written are
+written together, by one read and one statement, as a database's group commit writes the
+transactions that arrived during the last flush.
+
+Only a new job with a made-up id and no session key is batched (`enqueue_new`'s case: no
+lookup, lock or scan): it depends on no other job, so writing several in one statement changes
+nothing any of them sees. An enqueue that arrives with nothing in flight is written alone, in
+its caller's task (`enqueue_new`), so a lone client pays nothing for the batching; the ones
+that arrive meanwhile wait, and are written together when it ends, at most `MAX_BATCH` to a
+statement. Each waiter gets exactly what `enqueue_new` would have given it: its job, or the
+error its own caps or its own write raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from receipts import metrics, notices
+from receipts.enqueue import (
+    Admission,
+    EnqueueRequest,
+    EnqueueResult,
+    enqueue,
+    enqueue_new,
+    enqueued_data,
+)
+from receipts.errors import TransientStorageError
+from receipts.job_append import JobAppend, plan
+from receipts.store import Draft, Store
+from receipts.streams import dumps
+
+log = logging.getLogger("receipts.enqueue")
+
+MAX_BATCH = 64
+"""The most new jobs one statement writes (bounded work per statement; more wait their turn)."""
+
+# The projection columns `enqueue_new_many` takes, one array each (receipts/sql/api.sql).
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("job_ids", "job_id"),
+    ("seqs", "seq"),
+    ("organization_ids", "organization_id"),
+    ("session_keys", "session_key"),
+    ("agent_ids", "agent_id"),
+    ("lanes", "lane"),
+    ("kinds", "kind"),
+    ("statuses", "status"),
+    ("attempts", "attempt"),
+    ("max_attempts", "max_attempts"),
+    ("abort_requested", "abort_requested"),
+    ("available_ats", "available_at"),
+    ("lease_expires_ats", "lease_expires_at"),
+    ("last_heartbeat_ats", "last_heartbeat_at"),
+    ("created_ats", "created_at"),
+    ("updated_ats", "updated_at"),
+    ("worker_queues", "worker_queue"),
+)
+
+Outcome = EnqueueResult | Exception
+
+
+def _stopped() -> TransientStorageError:
+    """A waiter's answer when the flush is cancelled (the process is ending): a 503, retried."""
+    return TransientStorageError("the api stopped while the enqueue was being written; retry it")
+
+
+def batchable(request: EnqueueRequest) -> bool:
+    """True for the enqueues `enqueue_new` writes: a made-up id and no session key."""
+    return request.new_job_id and request.session_key is None and request.job_id is not None
+
+
+async def enqueue_new_many(
+    store: Store, items: Sequence[tuple[EnqueueRequest, Admission | None]]
+) -> list[Outcome]:
+    """Write new jobs (each `batchable`) in one read and one statement; one outcome per item,
+    in order: its `EnqueueResult`, or the exception its enqueue raised (a refusal of its
+    organization's caps). The read gives the clock and each organization's open jobs; a job is
+    refused when its organization has no room left once the batch's earlier jobs are counted,
+    as one after the other would be. The statement writes an organization's jobs only if they
+    all still fit at its own time; a job it did not write (the caps moved), or that a
+    settlement policy wants, is then enqueued alone (`enqueue`: read again, refuse or write)."""
+    organizations = sorted({a.organization_id for _, a in items if a is not None})
+    outcomes: list[Outcome | None] = [None] * len(items)
+    planned: dict[int, JobAppend] = {}
+    async with store.session() as session:
+        row = await session.fetch_one("enqueue_caps_many", {"organization_ids": organizations})
+        assert row is not None
+        now: datetime = row[0]
+        held = {org: [int(q), int(a)] for org, q, a in zip(row[1], row[2], row[3], strict=True)}
+        for i, (request, admission) in enumerate(items):
+            assert batchable(request) and request.job_id is not None
+            if admission is not None:
+                counts = held[admission.organization_id]
+                try:
+                    admission.refuse(counts[0], counts[1])
+                except Exception as refused:  # the caps' own error, the caller's to raise
+                    outcomes[i] = refused
+                    continue
+                counts[0] += 1
+                counts[1] += 1
+            draft = Draft("job.enqueued", enqueued_data(request, request.job_id, now))
+            append = plan(request.job_id, None, [draft], now, owe_callbacks=store.owe_callbacks)
+            if not any(p.wants(None, append.folded, append.drafts) for p in store.policies):
+                planned[i] = append
+        written: set[str] = set()
+        if planned:
+            params = _many_params([(planned[i], items[i][1]) for i in sorted(planned)], now)
+            result = await session.fetch_one("enqueue_new_many", params)
+            assert result is not None
+            written = set(result[0] or ())
+    for i, append in planned.items():
+        if append.job_id in written:
+            outcomes[i] = EnqueueResult(append.folded, "created")
+    alone = [i for i, outcome in enumerate(outcomes) if outcome is None]
+    for reason, count in (
+        ("caps", sum(i in planned for i in alone)),
+        ("policy", sum(i not in planned for i in alone)),
+    ):
+        if count:
+            metrics.ENQUEUE_BATCH_ALONE.labels(reason).inc(count)
+    for i in alone:  # rare: caps that moved since the read, or a policy's append
+        try:
+            outcomes[i] = await enqueue(store, items[i][0], items[i][1])
+        except Exception as error:
+            outcomes[i] = error
+    answered: list[Outcome] = []
+    for outcome in outcomes:
+        assert outcome is not None  # each item was written, refused, or enqueued alone
+        answered.append(outcome)
+    return answered
+
+
+def _many_params(
+    appends: Sequence[tuple[JobAppend, Admission | None]], now: datetime
+) -> dict[str, Any]:
+    """`enqueue_new_many`'s parameters: one array per column, one element per job."""
+    params: dict[str, Any] = {name: [] for name, _ in _COLUMNS}
+    states: list[str] = []
+    streams: list[str] = []
+    datas: list[str] = []
+    notes: list[str] = []
+    caps: list[str | None] = []
+    max_queued: list[int] = []
+    max_active: list[int] = []
+    for append, admission in appends:
+        [receipt] = append.receipts
+        assert receipt.type == "job.enqueued"
+        for name, column in _COLUMNS:
+            params[name].append(append.params[column])
+        states.append(dumps(append.params["state"].obj))
+        streams.append(receipt.stream)
+        datas.append(dumps(receipt.data))
+        notes.append(dumps({"stream": receipt.stream, "seq": receipt.seq, "types": [receipt.type]}))
+        caps.append(admission.organization_id if admission else None)
+        max_queued.append(admission.max_queued if admission else 1)
+        max_active.append(admission.max_active if admission else 1)
+    first = appends[0][0].receipts[0]
+    return {
+        **params,
+        "states": states,
+        "streams": streams,
+        "datas": datas,
+        "notes": notes,
+        "cap_organization_ids": caps,
+        "max_queued": max_queued,
+        "max_active": max_active,
+        "recorded_at": now,
+        "channels": notices.channels(first.stream, [first.type]),
+    }
+
+
+@dataclass
+class _Waiting:
+    request: EnqueueRequest
+    admission: Admission | None
+    future: asyncio.Future[EnqueueResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def settle(self, outcome: Outcome) -> None:
+        if self.future.done():  # its caller was cancelled: what was written stays written
+            return
+        if isinstance(outcome, Exception):
+            self.future.set_exception(outcome)
+        else:
+            self.future.set_result(outcome)
+
+
+class EnqueueBatcher:
+    """Enqueue through a group commit of new jobs (this module's docstring): one per process,
+    on one event loop."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._waiting: list[_Waiting] = []
+        self._busy = False
+        self._flushing: asyncio.Task[None] | None = None
+
+    async def enqueue(
+        self, request: EnqueueRequest, admission: Admission | None = None
+    ) -> EnqueueResult:
+        """Enqueue `request` (receipts/enqueue.py `enqueue`); a new job may be written in one
+        statement with the new jobs of other callers waiting meanwhile."""
+        if not batchable(request):
+            return await enqueue(self._store, request, admission)
+        if not self._busy:
+            self._busy = True
+            metrics.ENQUEUE_BATCH.observe(1)
+            try:
+                return await enqueue_new(self._store, request, admission)
+            finally:
+                self._busy = False
+                self._flush_waiting()
+        waiting = _Waiting(request, admission)
+        self._waiting.append(waiting)
+        return await waiting.future
+
+    def _flush_waiting(self) -> None:
+        if self._waiting and not self._busy:
+            self._busy = True
+            self._flushing = asyncio.get_running_loop().create_task(
+                self._flush(), name="enqueue-batch"
+            )
+
+    async def _flush(self) -> None:
+        batch: list[_Waiting] = []
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
+                await self._write(batch)
+                batch = []
+        finally:
+            # Cancelled (the loop is closing): no waiter is left without an answer.
+            for waiting in (*batch, *self._waiting):
+                waiting.settle(_stopped())
+            self._waiting = []
+            self._busy = False
+            self._flushing = None
+
+    async def _write(self, batch: list[_Waiting]) -> None:
+        batch = [w for w in batch if not w.future.done()]  # a caller gone before: not written
+        if not batch:
+            return
+        metrics.ENQUEUE_BATCH.observe(len(batch))
+        outcomes: Sequence[Outcome | BaseException]
+        try:
+            outcomes = await enqueue_new_many(
+                self._store, [(w.request, w.admission) for w in batch]
+            )
+        except Exception as error:
+            # Nothing of the batch was written (one statement): each is enqueued alone, so
+            # each gets the answer it would have had without the batch.
+            log.warning(
+                "batched enqueue failed; enqueueing its jobs one by one",
+                extra={"event": "enqueue.batch_failed", "jobs": len(batch), "error": repr(error)},
+            )
+            metrics.ENQUEUE_BATCH_ALONE.labels("error").inc(len(batch))
+            outcomes = await asyncio.gather(
+                *(enqueue_new(self._store, w.request, w.admission) for w in batch),
+                return_exceptions=True,
+            )
+        for waiting, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                outcome = _stopped()
+            waiting.settle(outcome)
