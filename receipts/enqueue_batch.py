@@ -7,18 +7,22 @@ lookup, lock or scan): it depends on no other job, so writing several in one sta
 nothing any of them sees. An enqueue that arrives with nothing in flight is written alone, in
 its caller's task (`enqueue_new`), so a lone client pays nothing for the batching; the ones
 that arrive meanwhile wait, and are written together when it ends, at most `MAX_BATCH` to a
-statement. Each waiter gets exactly what `enqueue_new` would have given it: its job, or the
-error its own caps or its own write raised.
+statement. Each waiter gets what `enqueue_new` would have given it: its job, or the error its
+own caps or its own write raised (the jobs of one batch share the clock read). The batch's
+statements run in a span of their own, `receipt.enqueue_batch`, linked from each caller's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from opentelemetry import trace
 
 from receipts import metrics, notices
 from receipts.enqueue import (
@@ -29,15 +33,19 @@ from receipts.enqueue import (
     enqueue_new,
     enqueued_data,
 )
-from receipts.errors import TransientStorageError
+from receipts.errors import StorageError, TransientStorageError
 from receipts.job_append import JobAppend, plan
 from receipts.store import Draft, Store
 from receipts.streams import dumps
 
 log = logging.getLogger("receipts.enqueue")
+_tracer = trace.get_tracer("receipt.enqueue")
 
 MAX_BATCH = 64
 """The most new jobs one statement writes (bounded work per statement; more wait their turn)."""
+
+TRIES = 3
+"""Reads and statements for a batch's jobs whose caps moved, as `enqueue_new` makes for one."""
 
 # The projection columns `enqueue_new_many` takes, one array each (receipts/sql/api.sql).
 _COLUMNS: tuple[tuple[str, str], ...] = (
@@ -77,21 +85,74 @@ async def enqueue_new_many(
     store: Store, items: Sequence[tuple[EnqueueRequest, Admission | None]]
 ) -> list[Outcome]:
     """Write new jobs (each `batchable`) in one read and one statement; one outcome per item,
-    in order: its `EnqueueResult`, or the exception its enqueue raised (a refusal of its
-    organization's caps). The read gives the clock and each organization's open jobs; a job is
-    refused when its organization has no room left once the batch's earlier jobs are counted,
-    as one after the other would be. The statement writes an organization's jobs only if they
-    all still fit at its own time; a job it did not write (the caps moved), or that a
-    settlement policy wants, is then enqueued alone (`enqueue`: read again, refuse or write)."""
-    organizations = sorted({a.organization_id for _, a in items if a is not None})
+    in order: its `EnqueueResult`, or the exception its enqueue raised. It raises nothing of
+    its own.
+
+    The read gives the clock and each organization's open jobs; a job is refused (its caps'
+    own error) when its organization has no room left once the batch's earlier jobs are
+    counted, as one after the other would be. The statement writes an organization's jobs only
+    if they all still fit at its own time; those it did not write (the caps moved) are read and
+    written again, `TRIES` times in all, then enqueued alone (`enqueue`: read, refuse or
+    write), as are the jobs a settlement policy wants. A statement that fails wrote nothing:
+    its jobs are enqueued alone, one after another (`enqueue.batch_failed`); a transient
+    failure (a lost connection: the statement may have committed) is each one's answer, as
+    it would have been alone (the api's 503 with Retry-After)."""
     outcomes: list[Outcome | None] = [None] * len(items)
+    pending = list(range(len(items)))
+    alone: list[tuple[int, str]] = []
+    for _ in range(TRIES):
+        try:
+            pending, wanted = await _write_once(store, items, pending, outcomes)
+        except TransientStorageError as error:
+            for i in pending:
+                if outcomes[i] is None:
+                    outcomes[i] = error
+            pending = []
+            break
+        except StorageError as error:
+            log.warning(
+                "batched enqueue failed; enqueueing its jobs one by one",
+                extra={"event": "enqueue.batch_failed", "jobs": len(pending), "error": repr(error)},
+            )
+            alone += [(i, "error") for i in pending if outcomes[i] is None]
+            pending = []
+            break
+        alone += [(i, "policy") for i in wanted]
+        if not pending:
+            break
+    alone += [(i, "caps") for i in pending]
+    for i, reason in alone:  # rare: a policy's append, moving caps, a failed statement
+        metrics.ENQUEUE_BATCH_ALONE.labels(reason).inc()
+        try:
+            outcomes[i] = await enqueue(store, items[i][0], items[i][1])
+        except Exception as error:
+            outcomes[i] = error
+    answered: list[Outcome] = []
+    for outcome in outcomes:
+        assert outcome is not None  # each item was written, refused, or enqueued alone
+        answered.append(outcome)
+    return answered
+
+
+async def _write_once(
+    store: Store,
+    items: Sequence[tuple[EnqueueRequest, Admission | None]],
+    pending: list[int],
+    outcomes: list[Outcome | None],
+) -> tuple[list[int], list[int]]:
+    """Read, refuse and write the `pending` items once, filling `outcomes` of those refused or
+    written. Returns the items the statement did not write (their caps moved) and those a
+    settlement policy wants (the locked path's)."""
+    organizations = sorted({a.organization_id for i in pending if (a := items[i][1]) is not None})
     planned: dict[int, JobAppend] = {}
+    wanted: list[int] = []
     async with store.session() as session:
         row = await session.fetch_one("enqueue_caps_many", {"organization_ids": organizations})
         assert row is not None
         now: datetime = row[0]
         held = {org: [int(q), int(a)] for org, q, a in zip(row[1], row[2], row[3], strict=True)}
-        for i, (request, admission) in enumerate(items):
+        for i in pending:
+            request, admission = items[i]
             assert batchable(request) and request.job_id is not None
             if admission is not None:
                 counts = held[admission.organization_id]
@@ -104,40 +165,30 @@ async def enqueue_new_many(
                 counts[1] += 1
             draft = Draft("job.enqueued", enqueued_data(request, request.job_id, now))
             append = plan(request.job_id, None, [draft], now, owe_callbacks=store.owe_callbacks)
-            if not any(p.wants(None, append.folded, append.drafts) for p in store.policies):
+            if any(p.wants(None, append.folded, append.drafts) for p in store.policies):
+                wanted.append(i)
+            else:
                 planned[i] = append
-        written: set[str] = set()
-        if planned:
-            params = _many_params([(planned[i], items[i][1]) for i in sorted(planned)], now)
-            result = await session.fetch_one("enqueue_new_many", params)
-            assert result is not None
-            written = set(result[0] or ())
+        if not planned:
+            return [], wanted
+        params = _many_params([(planned[i], items[i][1]) for i in planned], now)
+        result = await session.fetch_one("enqueue_new_many", params)
+        assert result is not None
+        written = set(result[0] or ())
     for i, append in planned.items():
         if append.job_id in written:
             outcomes[i] = EnqueueResult(append.folded, "created")
-    alone = [i for i, outcome in enumerate(outcomes) if outcome is None]
-    for reason, count in (
-        ("caps", sum(i in planned for i in alone)),
-        ("policy", sum(i not in planned for i in alone)),
-    ):
-        if count:
-            metrics.ENQUEUE_BATCH_ALONE.labels(reason).inc(count)
-    for i in alone:  # rare: caps that moved since the read, or a policy's append
-        try:
-            outcomes[i] = await enqueue(store, items[i][0], items[i][1])
-        except Exception as error:
-            outcomes[i] = error
-    answered: list[Outcome] = []
-    for outcome in outcomes:
-        assert outcome is not None  # each item was written, refused, or enqueued alone
-        answered.append(outcome)
-    return answered
+    return [i for i in planned if outcomes[i] is None], wanted
 
 
 def _many_params(
     appends: Sequence[tuple[JobAppend, Admission | None]], now: datetime
 ) -> dict[str, Any]:
-    """`enqueue_new_many`'s parameters: one array per column, one element per job."""
+    """`enqueue_new_many`'s parameters: one array per column, one element per job, in
+    organization order. Each job's insert locks its organization's counter row of the
+    backend's slot (migration 0009) until the statement commits: batches of other api processes
+    on the same slot lock them in the same order, so they cannot deadlock."""
+    appends = sorted(appends, key=lambda pair: pair[0].params["organization_id"] or "")
     params: dict[str, Any] = {name: [] for name, _ in _COLUMNS}
     states: list[str] = []
     streams: list[str] = []
@@ -179,6 +230,9 @@ class _Waiting:
     admission: Admission | None
     future: asyncio.Future[EnqueueResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    span: trace.SpanContext = field(
+        default_factory=lambda: trace.get_current_span().get_span_context()
     )
 
     def settle(self, outcome: Outcome) -> None:
@@ -222,8 +276,9 @@ class EnqueueBatcher:
     def _flush_waiting(self) -> None:
         if self._waiting and not self._busy:
             self._busy = True
+            # A context of its own: the flush is no part of the request that started it.
             self._flushing = asyncio.get_running_loop().create_task(
-                self._flush(), name="enqueue-batch"
+                self._flush(), name="enqueue-batch", context=contextvars.Context()
             )
 
     async def _flush(self) -> None:
@@ -234,7 +289,9 @@ class EnqueueBatcher:
                 await self._write(batch)
                 batch = []
         finally:
-            # Cancelled (the loop is closing): no waiter is left without an answer.
+            # Cancelled (the loop is closing): no waiter is left without an answer. A batch
+            # cancelled after its statement committed is answered so too, though written: its
+            # ids were made up, so a retry is a new job, as after a reply lost alone.
             for waiting in (*batch, *self._waiting):
                 waiting.settle(_stopped())
             self._waiting = []
@@ -246,24 +303,17 @@ class EnqueueBatcher:
         if not batch:
             return
         metrics.ENQUEUE_BATCH.observe(len(batch))
-        outcomes: Sequence[Outcome | BaseException]
-        try:
-            outcomes = await enqueue_new_many(
-                self._store, [(w.request, w.admission) for w in batch]
-            )
-        except Exception as error:
-            # Nothing of the batch was written (one statement): each is enqueued alone, so
-            # each gets the answer it would have had without the batch.
-            log.warning(
-                "batched enqueue failed; enqueueing its jobs one by one",
-                extra={"event": "enqueue.batch_failed", "jobs": len(batch), "error": repr(error)},
-            )
-            metrics.ENQUEUE_BATCH_ALONE.labels("error").inc(len(batch))
-            outcomes = await asyncio.gather(
-                *(enqueue_new(self._store, w.request, w.admission) for w in batch),
-                return_exceptions=True,
-            )
+        # The batch's statements are spans of their own, linked from each caller's trace.
+        links = [trace.Link(w.span) for w in batch if w.span.is_valid]
+        with _tracer.start_as_current_span(
+            "receipt.enqueue_batch", links=links, attributes={"receipt.jobs": len(batch)}
+        ):
+            outcomes: list[Outcome]
+            try:
+                outcomes = await enqueue_new_many(
+                    self._store, [(w.request, w.admission) for w in batch]
+                )
+            except Exception as error:  # a bug of ours: every caller is answered with it
+                outcomes = [error] * len(batch)
         for waiting, outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
-                outcome = _stopped()
             waiting.settle(outcome)

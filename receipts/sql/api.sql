@@ -73,9 +73,11 @@ FROM (SELECT named.organization_id, coalesce(sum(c.queued), 0)::bigint AS queued
 -- `enqueue_new` for a batch of new jobs (made-up ids, no session key; receipts/enqueue_batch.py),
 -- one row per job in the parallel arrays: each job's `job.enqueued` receipt at the clock the
 -- caller read and folded with, and its projection row. An organization's jobs are written only
--- if all of them fit its caps at this statement's time (fewer than `max_queued` queued and
--- `max_active` active jobs once they are added); else none of them, and the caller takes them
--- one by one. The first column lists the jobs written.
+-- if all of them fit its caps at this statement's time (no more than `max_queued` queued and
+-- `max_active` active jobs once they are added); else none of them, and the caller reads and
+-- decides again. The rows are inserted in the arrays' order (the caller's: by organization,
+-- so that the counter rows the inserts lock are locked in one order). The first column lists
+-- the jobs written.
 WITH batch AS (
     SELECT * FROM unnest(
         %(job_ids)s::text[], %(seqs)s::integer[], %(organization_ids)s::text[],
@@ -86,10 +88,11 @@ WITH batch AS (
         %(created_ats)s::timestamptz[], %(updated_ats)s::timestamptz[], %(states)s::jsonb[],
         %(worker_queues)s::text[], %(streams)s::text[], %(datas)s::jsonb[], %(notes)s::text[],
         %(cap_organization_ids)s::text[], %(max_queued)s::bigint[], %(max_active)s::bigint[]
-    ) AS b(job_id, seq, organization_id, session_key, agent_id, lane, kind, status, attempt,
+    ) WITH ORDINALITY
+      AS b(job_id, seq, organization_id, session_key, agent_id, lane, kind, status, attempt,
            max_attempts, abort_requested, available_at, lease_expires_at, last_heartbeat_at,
            created_at, updated_at, state, worker_queue, stream, data, note,
-           cap_organization_id, max_queued, max_active)
+           cap_organization_id, max_queued, max_active, ordinal)
 ), wanted AS (
     SELECT cap_organization_id, count(*) AS jobs, min(max_queued) AS max_queued,
            min(max_active) AS max_active
@@ -107,7 +110,7 @@ WITH batch AS (
        OR cap_organization_id NOT IN (SELECT cap_organization_id FROM refused)
 ), inserted AS (
     INSERT INTO receipts (stream, seq, type, data, recorded_at)
-    SELECT stream, seq, 'job.enqueued', data, %(recorded_at)s FROM admitted
+    SELECT stream, seq, 'job.enqueued', data, %(recorded_at)s FROM admitted ORDER BY ordinal
     RETURNING 1
 ), projected AS (
     INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
@@ -117,6 +120,7 @@ WITH batch AS (
            max_attempts, abort_requested, available_at, lease_expires_at, last_heartbeat_at,
            created_at, updated_at, state, worker_queue
     FROM admitted
+    ORDER BY ordinal
     RETURNING job_id
 )
 SELECT (SELECT array_agg(job_id) FROM projected),

@@ -8,17 +8,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 
-from receipts import metrics, notices
-from receipts.enqueue import Admission, parse_enqueue
-from receipts.enqueue_batch import EnqueueBatcher, enqueue_new_many
-from receipts.errors import ConflictError
+from receipts import assembly, metrics, notices
+from receipts.enqueue import Admission, enqueue_new, enqueued_data, parse_enqueue
+from receipts.enqueue_batch import EnqueueBatcher, _many_params, enqueue_new_many
+from receipts.errors import ConflictError, TransientStorageError
+from receipts.job_append import plan
 from receipts.jobs import fold
-from receipts.store import Store
+from receipts.sql import query
+from receipts.store import Draft, Store
 from tests.integration.api_support import AS_A, api_client, enqueue_body
 from tests.integration.helpers import body, new_id, types
 from tests.integration.test_enqueue_new import fresh, open_jobs
@@ -77,6 +82,32 @@ async def test_a_batch_writes_each_job_as_its_enqueue_alone_would(
     )
 
 
+async def test_a_batch_writes_the_rows_enqueue_new_writes(store: Store, db_url: str) -> None:
+    org = new_id("org")
+    alone, batched = fresh(org, delayMs=1_000), fresh(org, delayMs=1_000)
+    assert alone.job_id is not None and batched.job_id is not None
+    await enqueue_new(store, alone, capped(org))
+    await enqueue_new_many(store, [(batched, capped(org)), (fresh(org), capped(org))])
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        rows = []
+        for job_id in (alone.job_id, batched.job_id):
+            cur = await conn.execute(
+                "SELECT row_to_json(j)::text, (SELECT row_to_json(r)::text FROM receipts r"
+                " WHERE r.stream = 'jobs/' || j.job_id) FROM jobs j WHERE j.job_id = %s",
+                [job_id],
+            )
+            [(job_row, receipt_row)] = await cur.fetchall()
+            rows.append(_normalised(f"{job_row} {receipt_row}", job_id))
+    assert rows[0] == rows[1]
+
+
+def _normalised(text: str, job_id: str) -> str:
+    """`text` without what differs between two jobs enqueued alike: ids, times, positions."""
+    text = text.replace(job_id, "<job>")
+    text = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+(\+00:00|Z)?", "<time>", text)
+    return re.sub(r'"position":\d+', '"position":<n>', text)
+
+
 async def _notes(conn: psycopg.AsyncConnection[Any], count: int) -> Any:
     async with asyncio.timeout(5):
         async for note in conn.notifies():
@@ -132,6 +163,92 @@ async def test_caps_that_moved_after_the_read_send_their_organization_s_jobs_alo
     assert metrics.value("receipt_enqueue_batch_alone_total", reason="caps") == alone + 2
     assert await open_jobs(store, org) == (4, 4)
     assert await open_jobs(store, neighbour) == (1, 1)
+
+
+async def _on_one_slot(db_url: str, count: int) -> list[psycopg.AsyncConnection[Any]]:
+    """`count` connections whose backends add to one counter slot (pg_backend_pid() % 16,
+    migration 0009), as the backends of several api processes may."""
+    found: list[psycopg.AsyncConnection[Any]] = []
+    for _ in range(64 * count):
+        conn = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+        if not found or conn.info.backend_pid % 16 == found[0].info.backend_pid % 16:
+            found.append(conn)
+            if len(found) == count:
+                return found
+        else:
+            await conn.close()
+    raise AssertionError("no backends on one slot")
+
+
+async def test_batches_of_api_processes_on_one_counter_slot_never_deadlock(
+    db_url: str,
+) -> None:
+    # Each job's insert locks its organization's counter row of its backend's slot until the
+    # statement commits; a batch naming several organizations locks several. Batches of api
+    # processes whose backends share a slot would deadlock on them locked in arrival order (71
+    # of 600 such statements did, a second each); `_many_params` orders them by organization.
+    conns = await _on_one_slot(db_url, 4)
+    organizations = [new_id("org") for _ in range(8)]
+    draw = random.Random(7)
+    now = datetime.now(UTC)
+
+    def batch() -> dict[str, Any]:
+        appends = []
+        for org in draw.choices(organizations, k=draw.randint(2, 16)):
+            request = fresh(org)
+            assert request.job_id is not None
+            draft = Draft("job.enqueued", enqueued_data(request, request.job_id, now))
+            append = plan(request.job_id, None, [draft], now, owe_callbacks=False)
+            appends.append((append, capped(org, 10**6, 10**6)))
+        return _many_params(appends, now)
+
+    async def run(conn: psycopg.AsyncConnection[Any], batches: list[dict[str, Any]]) -> int:
+        deadlocks = 0
+        for params in batches:
+            try:
+                await conn.execute(query("enqueue_new_many"), params)
+            except psycopg.errors.DeadlockDetected:
+                deadlocks += 1
+        return deadlocks
+
+    try:
+        work = [[batch() for _ in range(100)] for _ in conns]
+        deadlocks = await asyncio.gather(*(run(c, w) for c, w in zip(conns, work, strict=True)))
+    finally:
+        for conn in conns:
+            await conn.close()
+    assert deadlocks == [0] * len(conns)
+
+
+async def test_a_batch_that_fails_transiently_answers_each_caller_with_it(
+    store: Store, db_url: str
+) -> None:
+    # A lost connection may have come after the commit: the jobs were written, and enqueueing
+    # them again would answer 409 for a job the caller has. Each is answered as alone (503).
+    org = new_id("org")
+    requests = [fresh(org) for _ in range(3)]
+    async with await psycopg.AsyncConnection.connect(db_url) as holder:
+        # The counter row the batch's inserts update is held, and the batch's statement runs
+        # out of time waiting for it: a transient failure (57014, the api's statement_timeout).
+        await holder.execute(
+            "INSERT INTO org_open_jobs (organization_id, slot) "
+            "SELECT %s, s FROM generate_series(0, 15) AS s",
+            [org],
+        )
+        limited = await assembly.open_store(
+            db_url, min_size=1, max_size=1, session={"statement_timeout": "300"}
+        )
+        try:
+            alone = metrics.value("receipt_enqueue_batch_alone_total", reason="error")
+            outcomes = await enqueue_new_many(limited, [(r, capped(org)) for r in requests])
+        finally:
+            await limited.close()
+        await holder.rollback()
+    assert [type(o) for o in outcomes] == [TransientStorageError] * 3
+    assert metrics.value("receipt_enqueue_batch_alone_total", reason="error") == alone
+    for request in requests:
+        assert request.job_id is not None
+        assert await store.get_job(request.job_id) is None
 
 
 async def test_concurrent_enqueues_are_written_together_and_a_lone_one_alone(
@@ -233,7 +350,9 @@ async def test_concurrent_posts_are_written_together_each_answered_with_its_job(
     assert writes < metrics.value("receipt_enqueue_batch_jobs_count") < writes + 16
 
 
-async def test_concurrent_posts_hold_an_organization_s_cap_exactly(db_url: str) -> None:
+async def test_concurrent_posts_to_one_api_process_hold_an_organization_s_cap_exactly(
+    db_url: str,
+) -> None:
     org = new_id("org")
     as_org = {"Authorization": f"Bearer token-{org}"}
     async with api_client(db_url, tokens=f"token-{org} {org}", org_max_queued=5) as client:
