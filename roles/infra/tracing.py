@@ -16,9 +16,8 @@ spans per request that nobody would read cost the api a third of its throughput 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from opentelemetry import context, trace
 from opentelemetry.sdk.resources import Resource
@@ -26,6 +25,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import Attributes
 
 # A job's trace context, used below the roles too (activities: the attempt, the callbacks).
 from receipts.trace_context import (
@@ -62,10 +62,24 @@ class _RecordWhenConsumed(Sampler):
     def __init__(self) -> None:
         self.recording = False
 
-    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
-        if self.recording:
-            return SamplingResult(Decision.RECORD_AND_SAMPLE)
-        return SamplingResult(Decision.DROP)
+    def should_sample(
+        self,
+        parent_context: context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: trace.SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[trace.Link] | None = None,
+        trace_state: trace.TraceState | None = None,
+    ) -> SamplingResult:
+        if not self.recording:
+            return SamplingResult(Decision.DROP)
+        # A recorded span starts with the attributes the sampler hands back (the SDK takes
+        # them from here, not from the call): the span's own, and its parent's trace state.
+        parent = trace.get_current_span(parent_context).get_span_context()
+        return SamplingResult(
+            Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state if parent.is_valid else None
+        )
 
     def get_description(self) -> str:
         return "RecordWhenConsumed"

@@ -26,7 +26,9 @@ def test_unconsumed_spans_are_not_recorded_but_carry_a_trace_id() -> None:
     assert trace_id == f"{span.get_span_context().trace_id:032x}"
 
     sampler.recording = True
-    with tracer.start_as_current_span("kept") as span:
+    with tracer.start_as_current_span("kept", attributes={"receipt.job_id": "job-1"}) as span:
         assert span.is_recording()
     assert [s.name for s in exporter.get_finished_spans()] == ["kept"]
+    # A recorded span keeps the attributes it was started with (the sampler hands them back).
+    assert dict(exporter.get_finished_spans()[0].attributes or {}) == {"receipt.job_id": "job-1"}
     assert trace.get_current_span() is trace.INVALID_SPAN

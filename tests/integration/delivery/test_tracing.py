@@ -1,7 +1,9 @@
-"""Traces (in-memory span exporter): one trace from the enqueue request to the settlement, and
-the request span of each answer the enqueue gate gives."""
+"""Traces (in-memory span exporter): one trace from the enqueue request to the settlement, the
+request span of each answer the enqueue gate gives, and the span of a batch of posts' writes."""
 
 from __future__ import annotations
+
+import asyncio
 
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -83,3 +85,36 @@ async def test_the_enqueue_gate_names_the_route_in_the_request_span_of_each_answ
         ("POST /agents/{agentId}/jobs", 429),
     ]
     assert all((s.attributes or {}).get("http.route") == "/agents/{agentId}/jobs" for s in requests)
+
+
+async def test_posts_written_together_link_the_batch_s_span_which_holds_its_sql(
+    fresh_db: str,
+) -> None:
+    # Concurrent posts' jobs are written by one statement (receipts/enqueue_batch.py): its SQL
+    # is the child of a `receipt.enqueue_batch` span linked from each post written in it, not
+    # of some other post's span that ended meanwhile.
+    exporter = InMemorySpanExporter()
+    configure_tracing("receipt-test", processor=SimpleSpanProcessor(exporter))
+    store = await assembly.open_store(fresh_db, min_size=1, max_size=10)  # instrumented
+    async with api_client(fresh_db, store=store) as api:
+        posts = await asyncio.gather(
+            *(api.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A) for _ in range(8))
+        )
+    await store.close()
+    assert [p.status_code for p in posts] == [202] * 8
+    spans = exporter.get_finished_spans()
+    posted = {s.context.span_id for s in spans if s.name == "receipt.enqueue" and s.context}
+    batches = [s for s in spans if s.name == "receipt.enqueue_batch"]
+    assert batches
+    linked = [link.context.span_id for batch in batches for link in batch.links]
+    assert len(linked) == sum(int((b.attributes or {})["receipt.jobs"]) for b in batches)
+    assert set(linked) <= posted and len(set(linked)) == len(linked)
+    for batch in batches:
+        assert batch.context is not None and batch.parent is None  # a trace of its own
+        sql = [
+            s for s in spans if s.parent is not None and s.parent.span_id == batch.context.span_id
+        ]
+        statements = [str((s.attributes or {}).get("db.statement", "")) for s in sql]
+        assert len(statements) == 2, statements  # the batch's read and its statement
+        assert "`enqueue_caps` for a batch" in statements[0]
+        assert "`enqueue_new` for a batch" in statements[1]
