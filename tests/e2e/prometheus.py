@@ -16,6 +16,7 @@ import yaml
 
 from roles.infra.ports import free_port, wait_port
 from roles.infra.supervisor import Supervised
+from tests.eventually import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "receipt-rules.yaml"
@@ -93,6 +94,14 @@ class Prometheus:
         )
         started = self.process.start()
         await wait_port(self.port, 30, exited=started.poll, name="prometheus")
+        # It listens before it is ready (storage and rules loading) and answers its API 503
+        # meanwhile: a query then was a failed test on a loaded machine.
+        await eventually(self._ready, timeout=30, every=0.1, what="prometheus ready (/-/ready)")
+
+    async def _ready(self) -> bool:
+        async with httpx.AsyncClient() as http:
+            answer = await http.get(f"{self.url}/-/ready", timeout=5)
+        return answer.status_code == 200
 
     def stop(self) -> None:
         if self.process is not None:
