@@ -250,6 +250,8 @@ class EnqueueBatcher:
 
     def __init__(self, store: Store) -> None:
         self._store = store
+        for reason in ("caps", "policy", "error"):  # at 0 from the start: alerts see the first
+            metrics.ENQUEUE_BATCH_ALONE.labels(reason)
         self._waiting: list[_Waiting] = []
         self._busy = False
         self._flushing: asyncio.Task[None] | None = None

@@ -255,6 +255,14 @@ async def test_concurrent_enqueues_are_written_together_and_a_lone_one_alone(
     store: Store,
 ) -> None:
     batcher = EnqueueBatcher(store)
+    # Each fallback's series exists from the start, at 0 if nothing fell back (an alert's
+    # increase() sees the first; deploy/prometheus/receipt-rules.yaml).
+    for reason in ("caps", "policy", "error"):
+        labels = {"reason": reason}
+        assert (
+            metrics.REGISTRY.get_sample_value("receipt_enqueue_batch_alone_total", labels)
+            is not None
+        )
     org = new_id("org")
     writes = metrics.value("receipt_enqueue_batch_jobs_count")
     jobs = metrics.value("receipt_enqueue_batch_jobs_sum")
