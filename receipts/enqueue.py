@@ -24,7 +24,7 @@ from pydantic.alias_generators import to_camel
 from receipts import jobs as jobmodel
 from receipts.commands import with_payloads
 from receipts.errors import ConflictError, InvalidInput
-from receipts.job_append import insert_params, plan
+from receipts.job_append import JobAppend, insert_params, plan
 from receipts.jobs import (
     DEFAULT_LANE,
     DEFAULT_MAX_ATTEMPTS,
@@ -50,6 +50,10 @@ from receipts.trace_context import trace_id_of
 log = logging.getLogger("receipts.enqueue")
 
 MAX_DELAY_MS = 7 * 24 * 3600 * 1000
+
+NEW_JOB_TRIES = 3
+"""Reads and statements a new job's write makes while its caps move in between, before it
+takes the locked path (`enqueue_new`; receipts/enqueue_batch.py likewise for a batch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,29 +340,43 @@ async def enqueue_new(
     assert request.job_id is not None
     organization_id = admission.organization_id if admission else None
     async with store.session() as session:  # one checkout for the read and the write
-        for _ in range(3):
+        for _ in range(NEW_JOB_TRIES):
             row = await session.fetch_one("enqueue_caps", {"organization_id": organization_id})
             assert row is not None
             now = row[0]
             if admission is not None:
                 admission.refuse(int(row[1]), int(row[2]))
-            draft = Draft("job.enqueued", enqueued_data(request, request.job_id, now))
-            planned = plan(request.job_id, None, [draft], now, owe_callbacks=store.owe_callbacks)
-            if any(p.wants(None, planned.folded, planned.drafts) for p in store.policies):
+            planned = plan_new(store, request, now)
+            if planned is None:
                 break
-            params = {
-                **planned.params,
-                "recorded_at": now,
-                "cap_organization_id": organization_id,
-                "max_queued": admission.max_queued if admission else 1,
-                "max_active": admission.max_active if admission else 1,
-            }
+            params = {**planned.params, "recorded_at": now, **cap_params(admission)}
             written = await session.fetch_one(
                 "enqueue_new", insert_params(planned.receipts, params)
             )
             if written is not None and written[0] is not None:
                 return EnqueueResult(planned.folded, "created")
     return await _enqueue_locked(store, request, admission)  # a policy wants it, or caps moved
+
+
+def plan_new(store: Store, request: EnqueueRequest, now: datetime) -> JobAppend | None:
+    """The append of `request`'s new job (its `job.enqueued` receipt, folded) at the database
+    clock `now`; None when a settlement policy wants it (it then takes the transaction)."""
+    assert request.job_id is not None
+    draft = Draft("job.enqueued", enqueued_data(request, request.job_id, now))
+    planned = plan(request.job_id, None, [draft], now, owe_callbacks=store.owe_callbacks)
+    if any(p.wants(None, planned.folded, planned.drafts) for p in store.policies):
+        return None
+    return planned
+
+
+def cap_params(admission: Admission | None) -> dict[str, Any]:
+    """The caps a new job's statement checks again at its own time (none without `admission`:
+    no organization to count)."""
+    return {
+        "cap_organization_id": admission.organization_id if admission else None,
+        "max_queued": admission.max_queued if admission else 1,
+        "max_active": admission.max_active if admission else 1,
+    }
 
 
 def enqueued_data(request: EnqueueRequest, job_id: str, now: datetime) -> dict[str, Any]:

@@ -24,18 +24,20 @@ from typing import Any
 
 from opentelemetry import trace
 
-from receipts import metrics, notices
+from receipts import metrics
 from receipts.enqueue import (
+    NEW_JOB_TRIES,
     Admission,
     EnqueueRequest,
     EnqueueResult,
+    cap_params,
     enqueue,
     enqueue_new,
-    enqueued_data,
+    plan_new,
 )
 from receipts.errors import StorageError, TransientStorageError
-from receipts.job_append import JobAppend, plan
-from receipts.store import Draft, Store
+from receipts.job_append import JobAppend, insert_params
+from receipts.store import Store
 from receipts.streams import dumps
 
 log = logging.getLogger("receipts.enqueue")
@@ -44,28 +46,25 @@ _tracer = trace.get_tracer("receipt.enqueue")
 MAX_BATCH = 64
 """The most new jobs one statement writes (bounded work per statement; more wait their turn)."""
 
-TRIES = 3
-"""Reads and statements for a batch's jobs whose caps moved, as `enqueue_new` makes for one."""
-
 # The projection columns `enqueue_new_many` takes, one array each (receipts/sql/api.sql).
-_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("job_ids", "job_id"),
-    ("seqs", "seq"),
-    ("organization_ids", "organization_id"),
-    ("session_keys", "session_key"),
-    ("agent_ids", "agent_id"),
-    ("lanes", "lane"),
-    ("kinds", "kind"),
-    ("statuses", "status"),
-    ("attempts", "attempt"),
-    ("max_attempts", "max_attempts"),
-    ("abort_requested", "abort_requested"),
-    ("available_ats", "available_at"),
-    ("lease_expires_ats", "lease_expires_at"),
-    ("last_heartbeat_ats", "last_heartbeat_at"),
-    ("created_ats", "created_at"),
-    ("updated_ats", "updated_at"),
-    ("worker_queues", "worker_queue"),
+_COLUMNS: tuple[str, ...] = (
+    "job_id",
+    "seq",
+    "organization_id",
+    "session_key",
+    "agent_id",
+    "lane",
+    "kind",
+    "status",
+    "attempt",
+    "max_attempts",
+    "abort_requested",
+    "available_at",
+    "lease_expires_at",
+    "last_heartbeat_at",
+    "created_at",
+    "updated_at",
+    "worker_queue",
 )
 
 Outcome = EnqueueResult | Exception
@@ -92,7 +91,7 @@ async def enqueue_new_many(
     own error) when its organization has no room left once the batch's earlier jobs are
     counted, as one after the other would be. The statement writes an organization's jobs only
     if they all still fit at its own time; those it did not write (the caps moved) are read and
-    written again, `TRIES` times in all, then enqueued alone (`enqueue`: read, refuse or
+    written again, `NEW_JOB_TRIES` times in all, then enqueued alone (`enqueue`: read, refuse or
     write), as are the jobs a settlement policy wants. A statement that fails wrote nothing:
     its jobs are enqueued alone, one after another (`enqueue.batch_failed`); a transient
     failure (a lost connection: the statement may have committed) is each one's answer, as
@@ -100,7 +99,7 @@ async def enqueue_new_many(
     outcomes: list[Outcome | None] = [None] * len(items)
     pending = list(range(len(items)))
     alone: list[tuple[int, str]] = []
-    for _ in range(TRIES):
+    for _ in range(NEW_JOB_TRIES):
         try:
             pending, wanted = await _write_once(store, items, pending, outcomes)
         except TransientStorageError as error:
@@ -163,9 +162,8 @@ async def _write_once(
                     continue
                 counts[0] += 1
                 counts[1] += 1
-            draft = Draft("job.enqueued", enqueued_data(request, request.job_id, now))
-            append = plan(request.job_id, None, [draft], now, owe_callbacks=store.owe_callbacks)
-            if any(p.wants(None, append.folded, append.drafts) for p in store.policies):
+            append = plan_new(store, request, now)
+            if append is None:
                 wanted.append(i)
             else:
                 planned[i] = append
@@ -189,38 +187,18 @@ def _many_params(
     backend's slot (migration 0009) until the statement commits: batches of other api processes
     on the same slot lock them in the same order, so they cannot deadlock."""
     appends = sorted(appends, key=lambda pair: pair[0].params["organization_id"] or "")
-    params: dict[str, Any] = {name: [] for name, _ in _COLUMNS}
-    states: list[str] = []
-    streams: list[str] = []
-    datas: list[str] = []
-    notes: list[str] = []
-    caps: list[str | None] = []
-    max_queued: list[int] = []
-    max_active: list[int] = []
-    for append, admission in appends:
-        [receipt] = append.receipts
-        assert receipt.type == "job.enqueued"
-        for name, column in _COLUMNS:
-            params[name].append(append.params[column])
-        states.append(dumps(append.params["state"].obj))
-        streams.append(receipt.stream)
-        datas.append(dumps(receipt.data))
-        notes.append(dumps({"stream": receipt.stream, "seq": receipt.seq, "types": [receipt.type]}))
-        caps.append(admission.organization_id if admission else None)
-        max_queued.append(admission.max_queued if admission else 1)
-        max_active.append(admission.max_active if admission else 1)
-    first = appends[0][0].receipts[0]
+    assert all(len(append.receipts) == 1 for append, _ in appends)  # its `job.enqueued`
+    receipts = [insert_params(append.receipts, {}) for append, _ in appends]
+    caps = [cap_params(admission) for _, admission in appends]
     return {
-        **params,
-        "states": states,
-        "streams": streams,
-        "datas": datas,
-        "notes": notes,
-        "cap_organization_ids": caps,
-        "max_queued": max_queued,
-        "max_active": max_active,
+        **{column: [append.params[column] for append, _ in appends] for column in _COLUMNS},
+        **{name: [cap[name] for cap in caps] for name in caps[0]},
+        "state": [dumps(append.params["state"].obj) for append, _ in appends],
+        "stream": [receipt["stream"] for receipt in receipts],
+        "data": [receipt["datas"][0] for receipt in receipts],
+        "note": [receipt["note"] for receipt in receipts],
         "recorded_at": now,
-        "channels": notices.channels(first.stream, [first.type]),
+        "channels": receipts[0]["channels"],
     }
 
 

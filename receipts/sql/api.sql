@@ -71,7 +71,7 @@ FROM (SELECT named.organization_id, coalesce(sum(c.queued), 0)::bigint AS queued
 
 -- name: enqueue_new_many
 -- `enqueue_new` for a batch of new jobs (made-up ids, no session key; receipts/enqueue_batch.py),
--- one row per job in the parallel arrays: each job's `job.enqueued` receipt at the clock the
+-- one row per job in the parallel arrays (each named as its column): each job's `job.enqueued` receipt at the clock the
 -- caller read and folded with, and its projection row. An organization's jobs are written only
 -- if all of them fit its caps at this statement's time (no more than `max_queued` queued and
 -- `max_active` active jobs once they are added); else none of them, and the caller reads and
@@ -80,14 +80,14 @@ FROM (SELECT named.organization_id, coalesce(sum(c.queued), 0)::bigint AS queued
 -- the jobs written.
 WITH batch AS (
     SELECT * FROM unnest(
-        %(job_ids)s::text[], %(seqs)s::integer[], %(organization_ids)s::text[],
-        %(session_keys)s::text[], %(agent_ids)s::text[], %(lanes)s::text[], %(kinds)s::text[],
-        %(statuses)s::text[], %(attempts)s::integer[], %(max_attempts)s::integer[],
-        %(abort_requested)s::boolean[], %(available_ats)s::timestamptz[],
-        %(lease_expires_ats)s::timestamptz[], %(last_heartbeat_ats)s::timestamptz[],
-        %(created_ats)s::timestamptz[], %(updated_ats)s::timestamptz[], %(states)s::jsonb[],
-        %(worker_queues)s::text[], %(streams)s::text[], %(datas)s::jsonb[], %(notes)s::text[],
-        %(cap_organization_ids)s::text[], %(max_queued)s::bigint[], %(max_active)s::bigint[]
+        %(job_id)s::text[], %(seq)s::integer[], %(organization_id)s::text[],
+        %(session_key)s::text[], %(agent_id)s::text[], %(lane)s::text[], %(kind)s::text[],
+        %(status)s::text[], %(attempt)s::integer[], %(max_attempts)s::integer[],
+        %(abort_requested)s::boolean[], %(available_at)s::timestamptz[],
+        %(lease_expires_at)s::timestamptz[], %(last_heartbeat_at)s::timestamptz[],
+        %(created_at)s::timestamptz[], %(updated_at)s::timestamptz[], %(state)s::jsonb[],
+        %(worker_queue)s::text[], %(stream)s::text[], %(data)s::jsonb[], %(note)s::text[],
+        %(cap_organization_id)s::text[], %(max_queued)s::bigint[], %(max_active)s::bigint[]
     ) WITH ORDINALITY
       AS b(job_id, seq, organization_id, session_key, agent_id, lane, kind, status, attempt,
            max_attempts, abort_requested, available_at, lease_expires_at, last_heartbeat_at,
