@@ -309,8 +309,9 @@ async def enqueue(
     2. the session-key lock; 3. expiry of stale leases on the session key; 4. the singleton
     scan; 5. append `job.enqueued`.
 
-    `admission`, when given, is checked first (the API's per-organization caps); what it raises
-    leaves nothing written. A job with a new id and no session key has no lookup, lock or scan
+    `admission`, when given, is checked before a job is created (the API's per-organization
+    caps), after the lookup and the steer, which create none; what it raises leaves nothing
+    written. A job with a new id and no session key has no lookup, lock or scan
     to make: it is written by `enqueue_new`, without a transaction.
     """
     if request.new_job_id and request.session_key is None and request.job_id is not None:
@@ -322,12 +323,7 @@ async def _enqueue_locked(
     store: Store, request: EnqueueRequest, admission: Admission | None
 ) -> EnqueueResult:
     async with store.transaction() as tx:
-        if admission is not None:
-            row = await tx.fetch_one("enqueue_caps", {"organization_id": admission.organization_id})
-            assert row is not None
-            tx.clock_read(row[0])
-            admission.refuse(int(row[1]), int(row[2]))
-        return await enqueue_in(tx, request)
+        return await enqueue_in(tx, request, admission)
 
 
 async def enqueue_new(
@@ -405,8 +401,12 @@ def enqueued_data(request: EnqueueRequest, job_id: str, now: datetime) -> dict[s
     return data
 
 
-async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
-    """Enqueue inside a caller's transaction (see `enqueue`)."""
+async def enqueue_in(
+    tx: Tx, request: EnqueueRequest, admission: Admission | None = None
+) -> EnqueueResult:
+    """Enqueue inside a caller's transaction (see `enqueue`). `admission` is checked only where a
+    job would be created: a re-post of an existing id and a steer absorbed into a live job create
+    none, so an organization at its cap still gets them (the specification's safe retry)."""
     job_id = request.job_id
     if job_id is None:
         job_id = str(uuid.uuid4())
@@ -455,6 +455,12 @@ async def enqueue_in(tx: Tx, request: EnqueueRequest) -> EnqueueResult:
             steered, _ = await tx.append_job(target.job_id, target, [steer])
             return EnqueueResult(steered, "steered", tuple(affected))
 
+    if admission is not None:
+        # After a singleton cancel, whose appends count here: a refusal rolls them back too.
+        row = await tx.fetch_one("enqueue_caps", {"organization_id": admission.organization_id})
+        assert row is not None
+        tx.clock_read(row[0])
+        admission.refuse(int(row[1]), int(row[2]))
     data = enqueued_data(request, job_id, await tx.now())
     job, _ = await tx.append_job(job_id, None, [Draft("job.enqueued", data)])
     return EnqueueResult(job, "created", tuple(affected))

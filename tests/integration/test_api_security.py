@@ -393,6 +393,50 @@ async def test_an_organization_is_capped_on_queued_jobs_and_rate_and_timeout(
         assert int(limited.headers["retry-after"]) >= 1
 
 
+async def test_an_organization_at_its_cap_still_gets_its_existing_job_and_its_steers(
+    db_url: str, store: Store
+) -> None:
+    """The spec: re-posting an enqueue with the same jobId "never creates a second job", so it is
+    safely retryable; a caps refusal is for a job that would be created, not for a re-post (nor a
+    steer, which creates none). A singleton cancel frees the place of the job it cancels."""
+    org = new_id("org")
+    tokens = f"token-{org} {org}"
+    as_org = {"Authorization": f"Bearer token-{org}"}
+    session = new_id("session")
+    first = enqueue_body(org=org, jobId=new_id(), sessionKey=session)
+    async with api_client(db_url, tokens=tokens, org_max_queued=1) as c:
+        created = await c.post("/agents/codex/jobs", json=first, headers=as_org)
+        assert created.status_code == 202 and created.json()["outcome"] == "created"
+        job_id = created.json()["job"]["jobId"]
+        again = await c.post("/agents/codex/jobs", json=first, headers=as_org)
+        assert again.status_code == 202, again.text
+        assert again.json()["outcome"] == "existing" and again.json()["job"]["jobId"] == job_id
+        keyed = {**as_org, "Idempotency-Key": new_id("key")}
+        another = enqueue_body(org=org)
+        refused = await c.post("/agents/codex/jobs", json=another, headers=keyed)
+        assert "RECEIPT_ORG_MAX_QUEUED" in assert_error(refused, 429, "too_many_requests")[
+            "message"
+        ]
+        steer = enqueue_body(org=org, sessionKey=session, singletonMode="steer")
+        steered = await c.post("/agents/codex/jobs", json=steer, headers=as_org)
+        assert steered.status_code == 202, steered.text
+        assert steered.json()["outcome"] == "steered"
+        assert steered.json()["job"]["jobId"] == job_id
+        # A cancel mode post replaces the queued job: one queued before, one after.
+        cancel = enqueue_body(org=org, sessionKey=session, singletonMode="cancel")
+        replaced = await c.post("/agents/codex/jobs", json=cancel, headers=as_org)
+        assert replaced.status_code == 202, replaced.text
+        assert replaced.json()["outcome"] == "created"
+    assert await types(store, rid(job_id, org)) == [
+        "job.enqueued",
+        "queue.command",
+        "queue.command.unconsumed",
+        "job.canceled",
+    ]
+    new_job = rid(replaced.json()["job"]["jobId"], org)
+    assert await types(store, new_job) == ["job.enqueued"]
+
+
 # --- finding 9: /metrics open and labelled by tenants ----------------------------------------
 
 
