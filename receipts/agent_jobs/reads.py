@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from receipts.agent_jobs.model import AgentJob
+from receipts.agent_jobs.model import SLOTS_PER_AGENT, AgentJob
 from receipts.reads import Page, Position, Viewer, page, seen_by
 from receipts.store import Store
 
 
 async def ready(store: Store, limit: int = 200) -> list[tuple[str, str]]:
-    """`(agentJobId, agentId)` of jobs waiting only for a slot, oldest first."""
-    return [(str(a), str(b)) for a, b in await store.fetch("agent_jobs_ready", {"limit": limit})]
+    """`(agentJobId, agentId)` of jobs waiting only for a slot, oldest first: of each agent with
+    free slots, each organization's oldest, as many as those slots (none of a full agent)."""
+    params = {"limit": limit, "slots": SLOTS_PER_AGENT}
+    return [(str(a), str(b)) for a, b in await store.fetch("agent_jobs_ready", params)]
 
 
 async def settled_turns(store: Store, limit: int = 200) -> list[str]:

@@ -49,10 +49,21 @@ RETURNING source_id;
 SELECT 1 FROM agent_job_wakeups WHERE source_id = %(source_id)s;
 
 -- name: agent_jobs_ready
--- Agent jobs waiting only for a slot, oldest first, with their agents.
-SELECT agent_job_id, agent_id FROM agent_jobs
-WHERE (status = 'queued' AND (available_at IS NULL OR available_at <= now()))
-   OR (status = 'waiting_on_user' AND answer_pending)
+-- Agent jobs waiting only for a slot, oldest first, with their agents: of each agent, each
+-- organization's oldest, as many as the agent has free running slots (`slots` less its running
+-- jobs). So neither an agent whose slots are full nor one organization held at its cap hides
+-- the jobs behind them past the limit: a backlog of one agent never starves another.
+WITH running AS (
+    SELECT agent_id, count(*) AS n FROM agent_jobs WHERE status = 'running' GROUP BY agent_id
+), ready AS (
+    SELECT a.agent_job_id, a.agent_id, a.updated_at, %(slots)s - coalesce(r.n, 0) AS free,
+           row_number() OVER (PARTITION BY a.agent_id, a.organization_id
+                              ORDER BY a.updated_at, a.agent_job_id) AS rank
+    FROM agent_jobs a LEFT JOIN running r ON r.agent_id = a.agent_id
+    WHERE (a.status = 'queued' AND (a.available_at IS NULL OR a.available_at <= now()))
+       OR (a.status = 'waiting_on_user' AND a.answer_pending)
+)
+SELECT agent_job_id, agent_id FROM ready WHERE rank <= free
 ORDER BY updated_at, agent_job_id
 LIMIT %(limit)s;
 

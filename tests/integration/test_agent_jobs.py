@@ -159,6 +159,26 @@ async def test_four_jobs_three_run_one_waits_then_takes_a_freed_slot(
     assert (await current(store, jobs[1].agent_job_id)).status == "succeeded"
 
 
+async def test_a_backlog_of_one_agent_never_hides_another_agents_jobs(
+    fresh: tuple[Store, str],
+) -> None:
+    """Slots are per agent: a job whose agent has a free slot is claimed in the next pass, however
+    many older jobs of another agent wait (more than a pass reads: 200)."""
+    store, _ = fresh
+    busy, idle = f"agent-{uuid.uuid4().hex[:6]}", f"agent-{uuid.uuid4().hex[:6]}"
+    for _ in range(205):
+        await lifecycle.create(store, request(busy))
+    late, _ = await lifecycle.create(store, request(idle))
+    passed = await dispatcher(store).run_once()
+    assert passed.claimed == 4
+    assert (await current(store, late.agent_job_id)).status == "running"
+    assert await agent_reads.running_by_agent(store) == {busy: 3, idle: 1}
+    # A full agent's jobs are not read again and again: the next pass has nothing to try.
+    again = await dispatcher(store).run_once()
+    assert (again.claimed, again.no_slot) == (0, 0)
+    assert await agent_reads.ready(store) == []  # 202 queued, behind a full agent
+
+
 async def test_concurrent_claimers_never_exceed_three(store: Store) -> None:
     agent = f"agent-{uuid.uuid4().hex[:6]}"
     jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(12)]

@@ -414,9 +414,9 @@ async def test_an_organization_at_its_cap_still_gets_its_existing_job_and_its_st
         keyed = {**as_org, "Idempotency-Key": new_id("key")}
         another = enqueue_body(org=org)
         refused = await c.post("/agents/codex/jobs", json=another, headers=keyed)
-        assert "RECEIPT_ORG_MAX_QUEUED" in assert_error(refused, 429, "too_many_requests")[
-            "message"
-        ]
+        assert (
+            "RECEIPT_ORG_MAX_QUEUED" in assert_error(refused, 429, "too_many_requests")["message"]
+        )
         steer = enqueue_body(org=org, sessionKey=session, singletonMode="steer")
         steered = await c.post("/agents/codex/jobs", json=steer, headers=as_org)
         assert steered.status_code == 202, steered.text
