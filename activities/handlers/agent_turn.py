@@ -26,6 +26,8 @@ from receipts.agent_jobs.registry import AgentDefinition, RegistryError, load_re
 log = logging.getLogger("activities.handlers.agent_turn")
 
 TAIL_LINES = 200
+# The failure a `quota_exhausted` the model gateway did not see becomes (retryable, counted).
+UNSEEN_QUOTA = "the command reported quota_exhausted, but the model gateway saw no quota"
 
 
 def workspace_of(job: AgentJob, settings: SandboxSettings) -> Path:
@@ -108,9 +110,7 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
         await stdin.consumed()
     if ended.aborted:
         raise HandlerError("aborted", retryable=False)
-    outcome = await turn.outcome(ended.exit_code)
-    if grant is not None:
-        outcome = _as_the_gateway_saw(outcome, grant)
+    outcome = _as_the_gateway_saw(await turn.outcome(ended.exit_code), grant)
     # Follow-ups sent while the turn ran reach the next turn whatever this one's outcome: the
     # settlement carries them (receipts/agent_jobs/decisions.py).
     follow_ups = await _consume_follow_ups(ctx)
@@ -150,16 +150,25 @@ def _model_access(
     return grant, Access(grant.socket, free_port())
 
 
-def _as_the_gateway_saw(outcome: dict[str, Any], grant: Grant) -> dict[str, Any]:
-    """The turn's outcome with what its model calls met: quota with a recovery time makes it
-    `quota_exhausted` until then whatever the command reported (unless it finished or asked its
-    user anyway); a dead pool is named in a failure; the calls' usage rides along."""
-    if grant.quota_until is not None and outcome["outcome"] in ("failed", "quota_exhausted"):
-        until = grant.quota_until
+def _as_the_gateway_saw(outcome: dict[str, Any], grant: Grant | None) -> dict[str, Any]:
+    """The turn's outcome with what its model calls met (`grant`: none without the gateway).
+
+    Quota with a recovery time makes it `quota_exhausted` until then whatever the command
+    reported (unless it finished or asked its user anyway). Only that is a placement delay, with
+    its attempt refunded (the specification: "AIGateway quota exhaustion with a known pool
+    recovery time"): a `quota_exhausted` the gateway did not see — the command's word alone —
+    is an ordinary failure, so no command can requeue its job for ever at no cost to its budget.
+    A dead pool is named in a failure; the calls' usage rides along."""
+    quota_until = grant.quota_until if grant is not None else None
+    if quota_until is not None and outcome["outcome"] in ("failed", "quota_exhausted"):
         if isinstance(outcome.get("retryAt"), str):
-            until = max(until, datetime.fromisoformat(outcome["retryAt"]))
-        outcome = {"outcome": "quota_exhausted", "retryAt": until.isoformat()}
-    elif grant.dead_pool is not None and outcome["outcome"] == "failed":
+            quota_until = max(quota_until, datetime.fromisoformat(outcome["retryAt"]))
+        outcome = {"outcome": "quota_exhausted", "retryAt": quota_until.isoformat()}
+    elif outcome["outcome"] == "quota_exhausted":
+        outcome = _failed(UNSEEN_QUOTA)
+    if grant is None:
+        return outcome
+    if grant.dead_pool is not None and outcome["outcome"] == "failed":
         outcome = {**outcome, "error": f"{outcome['error']}; model gateway: {grant.dead_pool}"}
     if grant.calls:
         outcome["usage"] = grant.summary()

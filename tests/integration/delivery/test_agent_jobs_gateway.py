@@ -19,6 +19,7 @@ from temporalio.client import Client
 
 from activities.gateway import Gateway
 from activities.gateway_providers import Credential, Provider, Secret
+from activities.handlers.agent_turn import UNSEEN_QUOTA
 from receipts.agent_jobs import lifecycle, model
 from receipts.store import Store
 from tests import codex_cli
@@ -122,6 +123,29 @@ async def test_a_dead_pool_takes_the_ordinary_retry_path_naming_it(
     assert named in retried[0].data["error"]
     assert failed.status == "failed" and failed.attempt == 5
     assert fake.calls == []
+
+
+async def test_a_quota_the_gateway_did_not_see_is_an_ordinary_counted_failure(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path, fake: FakeProvider
+) -> None:
+    """Only the gateway's quota, with its recovery time, refunds an attempt: a command that
+    reports `quota_exhausted` itself (here with a `retryAt` already past, which would requeue it
+    at once for ever) spends an attempt like any failure."""
+    store = fresh_store
+    async with (
+        gateway_for(openai("test-provider", fake, "sk-test")) as gateway,
+        stack_with_dispatcher(client, store, fresh_db, gateway=gateway),
+    ):
+        job, _ = await lifecycle.create(
+            store, request("quota:-60", provider_binding="test-provider")
+        )
+        done = await wait_for(store, job.agent_job_id, "succeeded", "failed", timeout=60)
+        receipts = await store.read_stream(model.stream_of(job.agent_job_id))
+    retried = [r for r in receipts if r.type == model.TRANSITIONED and r.data["to"] == "queued"]
+    assert len(retried) == 1 and retried[0].data.get("reason") != "quota_delay"
+    assert retried[0].data["error"] == UNSEEN_QUOTA
+    assert "refunded" not in retried[0].data
+    assert done.status == "succeeded" and done.attempt == 2  # the failure was counted
 
 
 # --- a real coding-agent CLI -------------------------------------------------------------------
