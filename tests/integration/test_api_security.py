@@ -176,6 +176,27 @@ def test_a_hostile_body_is_refused_while_healthz_keeps_answering(
     assert probe.worst < HEALTHZ_BOUND_S
 
 
+async def test_a_cancel_reads_no_more_body_than_the_limit(db_url: str) -> None:
+    """A cancel's body may be left out, but one that is sent is read under the body limit like
+    any other: a stream of blanks is refused (413) after the limit, not read to its end."""
+    sent: list[int] = []
+
+    async def blanks() -> AsyncIterator[bytes]:
+        for n in range(64):
+            sent.append(n)
+            yield b" " * 1024
+
+    async with api_client(db_url, max_body_bytes=4096) as c:
+        for path in ("/agent-jobs/nope/cancel", "/objectives/nope/cancel"):
+            sent.clear()
+            response = await c.post(path, content=blanks(), headers=AS_A)
+            assert_error(response, 413, "body_too_large")
+            assert len(sent) <= 6, (path, len(sent))
+            # Blank or left out, the body is optional: then the job is looked for.
+            missing = await c.post(path, content=b"  \n", headers=AS_A)
+            assert missing.status_code == 404
+
+
 def test_the_body_limits_name_what_was_exceeded() -> None:
     from receipts.errors import InvalidInput
     from roles.api.body import JsonLimits, check_shape

@@ -19,7 +19,7 @@ from receipts.agent_jobs.requests import parse_answer, parse_create
 from receipts.errors import ConflictError, InvalidInput, NotFoundError
 from receipts.jobs import job_stream
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import choice, decode_cursor, encode_cursor
+from roles.api.body import choice, decode_cursor, encode_cursor, read_optional_json_body
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.documented import AgentJobStreamEnd
@@ -469,9 +469,8 @@ async def cancel_agent_job(
 async def _cancel(
     request: Request, state: State, caller: Principal, agent_job_id: str, reason: str
 ) -> JSONResponse:
-    raw = await request.body()
-    if raw.strip():
-        body = await read_json_body(request, state.settings.max_body_bytes)
+    body = await read_optional_json_body(request, state.settings.max_body_bytes)
+    if body is not None:
         if not isinstance(body, dict) or set(body) - {"reason"}:
             raise InvalidInput("body", "the body may only carry 'reason'", ("reason",))
         given = body.get("reason")

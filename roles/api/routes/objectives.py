@@ -25,7 +25,13 @@ from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream
 from receipts.store import Store
 from receipts.tenancy import scoped_id
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import choice, decode_cursor, encode_cursor, read_json_body
+from roles.api.body import (
+    choice,
+    decode_cursor,
+    encode_cursor,
+    read_json_body,
+    read_optional_json_body,
+)
 from roles.api.body import json_object as _object
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_id, shown_view
 from roles.api.deps import takes_query as _takes_query
@@ -293,12 +299,8 @@ async def cancel_objective(
     409 when it is already settled."""
     if not caller.admin:  # an admin names runtime ids (`<id>~<tag>`)
         check_objective_id(objective_id)
-    raw = await request.body()
-    body = (
-        _object(await read_json_body(request, state.settings.max_body_bytes), CANCEL_FIELDS)
-        if raw.strip()
-        else {}
-    )
+    given = await read_optional_json_body(request, state.settings.max_body_bytes)
+    body = _object(given, CANCEL_FIELDS) if given is not None else {}
     reason = body.get("reason") or "canceled by request"
     if not isinstance(reason, str):
         raise InvalidInput("reason", "reason must be a string")
