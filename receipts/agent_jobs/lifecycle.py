@@ -29,8 +29,8 @@ class NotWaiting(ConflictError):
 
 
 class LiveTurnRunning(ConflictError):
-    """The job to continue was stopped while a turn ran, and that turn still runs in its
-    workspace."""
+    """A job of the workspace a continuation would share has not finished, or was stopped while
+    a turn ran and that turn still runs there."""
 
 
 class AlreadyTerminal(ConflictError):
@@ -183,15 +183,8 @@ async def create_in(tx: Tx, request: CreateRequest) -> tuple[AgentJob, bool]:
             raise InvalidInput(
                 "continuedFromJobId", f"no agent job {request.continued_from_job_id!r}"
             )
-        live = await tx.job(earlier.live_turn_job_id) if earlier.live_turn_job_id else None
-        if live is not None and not live.terminal:
-            # Stopped while a turn ran: that turn still works in the workspace this job would
-            # share; two turns never run in one workspace at once.
-            raise LiveTurnRunning(
-                f"agent job {earlier.agent_job_id!r} was stopped while its turn "
-                f"{live.job_id!r} ran, and that turn has not ended yet; continue it once it has"
-            )
         workspace_owner = earlier.workspace_owner_job_id
+        await _workspace_free(tx, workspace_owner)
     data: dict[str, Any] = {
         "agentJobId": agent_job_id,
         "agentId": request.agent_id,
@@ -215,6 +208,27 @@ async def create_in(tx: Tx, request: CreateRequest) -> tuple[AgentJob, bool]:
         extra={"event": "agent_job.created", "agentJobId": agent_job_id, "agentId": job.agent_id},
     )
     return job, True
+
+
+async def _workspace_free(tx: Tx, workspace_owner: str) -> None:
+    """Raise `LiveTurnRunning` unless every job working in the workspace of `workspace_owner` has
+    finished and has no turn still running: a continuation hands the workspace forward, and two
+    turns never run in one workspace at once. Under the workspace's lock, so two continuations
+    racing for it are one created and one refused."""
+    await tx.lock_key(f"agent-workspace:{workspace_owner}")
+    busy = await _row(tx, "agent_jobs_workspace_busy", {"workspace_owner": workspace_owner})
+    if busy is None:
+        return
+    agent_job_id, status, live_turn = busy
+    if live_turn is not None:
+        raise LiveTurnRunning(
+            f"agent job {agent_job_id!r} was stopped while its turn {live_turn!r} ran, and "
+            "that turn has not ended yet; continue it once it has"
+        )
+    raise LiveTurnRunning(
+        f"agent job {agent_job_id!r} works in this workspace and has not finished (status "
+        f"{status}); continue it once it has"
+    )
 
 
 # --- turns ----------------------------------------------------------------------------------

@@ -6,6 +6,19 @@ SELECT now(), state FROM agent_jobs WHERE agent_job_id = %(agent_job_id)s FOR UP
 -- name: agent_job_get
 SELECT state FROM agent_jobs WHERE agent_job_id = %(agent_job_id)s;
 
+-- name: agent_jobs_workspace_busy
+-- A job working in the workspace of `workspace_owner` (its owner or a job continuing it) that
+-- is unfinished, or finished with a turn still running (a job stopped mid-turn): the first one,
+-- with its status and that turn. None: the workspace is free to continue.
+SELECT a.agent_job_id, a.status, t.job_id
+FROM agent_jobs a
+LEFT JOIN jobs t ON t.job_id = a.state->>'liveTurnJobId'
+                AND t.status NOT IN ('completed', 'failed', 'canceled')
+WHERE a.state->>'workspaceOwnerJobId' = %(workspace_owner)s
+  AND (a.status NOT IN ('succeeded', 'failed', 'stopped') OR t.job_id IS NOT NULL)
+ORDER BY a.created_at
+LIMIT 1;
+
 -- name: agent_job_by_source
 SELECT state FROM agent_jobs
 WHERE organization_id = %(organization_id)s AND owner_session_id = %(owner_session_id)s

@@ -404,9 +404,43 @@ async def test_sessions_belong_to_one_organization_and_creates_are_idempotent(st
         await lifecycle.create(
             store, request(agent, organization_id="org-b", owner_session_id=first.owner_session_id)
         )
-    # A continued job reuses the workspace of the job it continues.
+    # A continued job reuses the workspace of the job it continues, once that one has finished.
+    with pytest.raises(lifecycle.LiveTurnRunning, match="has not finished \\(status queued\\)"):
+        await lifecycle.create(store, request(agent, continued_from_job_id=job.agent_job_id))
+    await lifecycle.cancel(store, job.agent_job_id, reason="handed on")
     follow = await lifecycle.create(store, request(agent, continued_from_job_id=job.agent_job_id))
     assert follow[0].workspace_owner_job_id == job.agent_job_id
+
+
+async def test_one_workspace_is_handed_forward_to_one_job_at_a_time(store: Store) -> None:
+    """Two turns never run in one workspace: a continuation is refused while any job of the
+    workspace (the one it continues, or another continuing it) is unfinished, and of continuations
+    racing for a finished job's workspace exactly one is created."""
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    first, _ = await lifecycle.create(store, request(agent))
+    await lifecycle.cancel(store, first.agent_job_id, reason="done with it")
+    racing = await asyncio.gather(
+        *(
+            lifecycle.create(store, request(agent, continued_from_job_id=first.agent_job_id))
+            for _ in range(4)
+        ),
+        return_exceptions=True,
+    )
+    created = [r for r in racing if isinstance(r, tuple)]
+    assert len(created) == 1
+    assert all(isinstance(r, lifecycle.LiveTurnRunning) for r in racing if r not in created)
+    second = created[0][0]
+    # Continuing the first again, or the second, is refused while the second is unfinished.
+    for earlier in (first, second):
+        with pytest.raises(lifecycle.LiveTurnRunning, match=second.agent_job_id):
+            await lifecycle.create(
+                store, request(agent, continued_from_job_id=earlier.agent_job_id)
+            )
+    await lifecycle.cancel(store, second.agent_job_id, reason="done with it too")
+    third, _ = await lifecycle.create(
+        store, request(agent, continued_from_job_id=second.agent_job_id)
+    )
+    assert third.workspace_owner_job_id == first.agent_job_id
 
 
 async def test_a_refused_transition_writes_nothing(store: Store) -> None:
