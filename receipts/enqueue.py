@@ -81,6 +81,9 @@ class EnqueueRequest:
     new_job_id: bool = False
     """`job_id` was made up for this request (a random uuid: the caller named no job), so no job
     or absorbed steer can hold it yet: `enqueue` skips the jobId lock and lookup."""
+    objective_id_assigned: bool = False
+    """`payload.objectiveId` was assigned here (a `factory.run` that named none): a re-post of
+    the same body is the same request whatever id its job was given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +112,10 @@ async def _same_request(tx: Tx, existing: Job, request: EnqueueRequest, job_id: 
     """True when a re-post asks for what the existing job (or absorbed steer) already is. The
     steer's payload is read from its receipt (the job's state keeps a reference)."""
     if existing.job_id == job_id:
-        return existing.agent_id == request.agent_id and existing.payload == request.payload
+        payload = request.payload
+        if request.objective_id_assigned and "objectiveId" in existing.payload:
+            payload = {**payload, "objectiveId": existing.payload["objectiveId"]}
+        return existing.agent_id == request.agent_id and existing.payload == payload
     command = next((c for c in existing.commands if c.command_id == job_id), None)
     if command is None:
         return True
@@ -262,6 +268,7 @@ def parse_enqueue(
     max_attempts = parsed.max_attempts
     # The contract's objective scoping: a kind that acts on an objective names it (422 without).
     payload = scoped_payload(kind, body["payload"], CONTRACTS[kind])
+    assigned = "objectiveId" in payload and "objectiveId" not in body["payload"]
     return EnqueueRequest(
         agent_id=agent_id,
         payload=payload,
@@ -273,6 +280,7 @@ def parse_enqueue(
         singleton_mode=parsed.singleton_mode or "allow",
         max_attempts=clamp_attempts(DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts),
         delay_ms=parsed.delay_ms or 0,
+        objective_id_assigned=assigned,
     )
 
 

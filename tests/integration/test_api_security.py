@@ -563,6 +563,24 @@ async def test_a_repost_with_another_payload_returns_the_existing_job_unchanged_
     assert await types(store, rid(job_id)) == ["job.enqueued"]
 
 
+async def test_a_repost_of_a_factory_run_whose_objective_id_was_assigned_is_the_same_request(
+    client: httpx.AsyncClient,
+) -> None:
+    """A `factory.run` naming no objective is given an id at each parse: the re-post of the same
+    body is the same request (no mismatch flagged), one with another payload still is not."""
+    job_id = new_id()
+    body = enqueue_body(kind="factory.run", jobId=job_id, payload_extra={"goal": "g"})
+    first = await client.post("/agents/factory/jobs", json=body, headers=AS_A)
+    assert first.status_code == 202, first.text
+    again = await client.post("/agents/factory/jobs", json=body, headers=AS_A)
+    assert again.json()["outcome"] == "existing"
+    assert again.json()["async"]["idempotencyMismatch"] is False
+    assert again.json()["job"]["payload"] == first.json()["job"]["payload"]
+    other = enqueue_body(kind="factory.run", jobId=job_id, payload_extra={"goal": "h"})
+    changed = await client.post("/agents/factory/jobs", json=other, headers=AS_A)
+    assert changed.json()["async"]["idempotencyMismatch"] is True
+
+
 async def test_an_idempotency_key_makes_an_id_less_post_retryable(
     client: httpx.AsyncClient,
 ) -> None:
