@@ -222,6 +222,11 @@ FACTORY_OBJECTIVES_SETTLED = Counter(
     "Objectives settled by objective control, by status.",
     ["status"],
 )
+FACTORY_CONTROL_STALE_PLANS = Counter(
+    "receipt_factory_control_stale_plans",
+    "Control passes whose write found the objective moved on since they read it (a phase added,"
+    " another pass): rolled back, planned again.",
+)
 FACTORY_WATCHDOG_FIRED = Counter(
     "receipt_factory_watchdog_fired",
     "Reconciles the objective watchdog requested, by reason.",

@@ -128,16 +128,24 @@ def plan(state: ObjectiveState, jobs: Mapping[str, Job]) -> Plan:
             return Plan(aborts=_aborts(active, "objective canceled"))
         reason = state.cancel_reason or "canceled"
         return Plan(settle={"status": "canceled", "error": reason})
-    failed = next((t for t in state.phase_tasks if t.status == "failed"), None)
-    if failed is not None:
-        tries = len(failed.tries)
+    # A task of the phase failed out of its budget, or its job was canceled from outside (an
+    # abort posted to it): the objective cannot complete. Its other jobs are aborted, and it
+    # settles `failed` once none runs, so every task is terminal (and recorded) when it does.
+    stopped = next((t for t in state.phase_tasks if t.status in ("failed", "canceled")), None)
+    if stopped is not None:
+        if active:
+            return Plan(aborts=_aborts(active, f"task {stopped.task_id} {stopped.status}"))
+        tries = len(stopped.tries)
+        ended = (
+            f"failed after {tries} {'try' if tries == 1 else 'tries'}"
+            if stopped.status == "failed"
+            else "was canceled"
+        )
         return Plan(
-            aborts=_aborts(active, f"task {failed.task_id} failed"),
             settle={
                 "status": "failed",
-                "error": f"task {failed.task_id!r} failed after {tries} "
-                f"{'try' if tries == 1 else 'tries'}: {failed.error}",
-                "failedTask": failed.task_id,
+                "error": f"task {stopped.task_id!r} {ended}: {stopped.error}",
+                "failedTask": stopped.task_id,
             },
         )
     for name in STEPS:
@@ -247,10 +255,12 @@ async def _dispatch_task(
             now = current.task(task.task_id) if current else None
             if now is None or now.status != "pending" or len(now.tries) + 1 != number:
                 return []
+            if current is not None and now.phase != current.phase:
+                return []  # superseded since the pass read it
             data = {"taskId": task.task_id, "try": number, "jobId": job_id}
             return [Draft("objective.task.dispatched", data)]
 
-        await objectives.update(tx, state.objective_id, decide, guard)
+        await _recorded(tx, state.objective_id, decide, guard)
     metrics.FACTORY_TASKS_DISPATCHED.inc()
     log.info(
         "task dispatched",
@@ -290,11 +300,26 @@ async def _dispatch_step(
 
         def decide(current: ObjectiveState | None) -> list[Draft]:
             now = current.step(name) if current else None
-            if now is None or now.status != "pending":
+            if now is None or now.status != "pending" or plan(current, {}).step != name:
                 return []
             return [Draft("objective.step.dispatched", {"step": name, "jobId": job_id})]
 
-        await objectives.update(tx, state.objective_id, decide, guard)
+        await _recorded(tx, state.objective_id, decide, guard)
+
+
+class _Moved(Exception):
+    """The objective moved on since the pass read it: what the pass enqueued is rolled back."""
+
+
+async def _recorded(
+    tx: Tx, objective_id: str, decide: objectives.Decide, guard: objectives.Guard | None
+) -> None:
+    """Record what `decide` chooses under the objective's lock; when it chooses nothing (the
+    objective moved on since the pass read it: a new phase, another pass), roll back the whole
+    transaction, so no job is left running for a task or step the objective no longer owes."""
+    _, written = await objectives.update(tx, objective_id, decide, guard)
+    if not written:
+        raise _Moved(objective_id)
 
 
 async def _settle(
@@ -303,6 +328,7 @@ async def _settle(
     settle: dict[str, Any],
     kind: str,
     guard: objectives.Guard | None,
+    jobs: Mapping[str, Job],
 ) -> None:
     async with store.transaction() as tx:
         audit = None
@@ -327,14 +353,16 @@ async def _settle(
             )
 
         def decide(current: ObjectiveState | None) -> list[Draft]:
-            if current is None or current.terminal:
+            # Re-decided on the objective as it is now: a phase added (or anything else that
+            # changes the decision) since the pass read it leaves it to the next pass.
+            if current is None or plan(current, jobs).settle != settle:
                 return []
             drafts = [Draft("objective.settled", settle)]
             if audit:
                 drafts.append(Draft("objective.audit_requested", {"auditJobId": audit}))
             return drafts
 
-        await objectives.update(tx, state.objective_id, decide, guard)
+        await _recorded(tx, state.objective_id, decide, guard)
     metrics.FACTORY_OBJECTIVES_SETTLED.labels(settle["status"]).inc()
     log.info(
         "objective settled",
@@ -368,12 +396,20 @@ async def run_pass(
             await objectives.update(tx, objective_id, decide, guard)
     for job_id, reason in decided.aborts:
         await ops.add_command(store, job_id, type="abort", reason=reason, check_organization=False)
-    for task in decided.dispatch:
-        await _dispatch_task(store, state, task, guard)
-    if decided.step:
-        await _dispatch_step(store, state, decided.step, guard)
-    if decided.settle:
-        await _settle(store, state, decided.settle, kind, guard)
+    try:
+        for task in decided.dispatch:
+            await _dispatch_task(store, state, task, guard)
+        if decided.step:
+            await _dispatch_step(store, state, decided.step, guard)
+        if decided.settle:
+            await _settle(store, state, decided.settle, kind, guard, jobs)
+    except _Moved:
+        # Nothing of this write stands; the next pass plans on the objective as it is now.
+        metrics.FACTORY_CONTROL_STALE_PLANS.inc()
+        log.info(
+            "the objective moved on while a control pass wrote; planning again",
+            extra={"event": "factory.control_plan_stale", "objectiveId": objective_id},
+        )
     return state, decided
 
 

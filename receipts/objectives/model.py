@@ -405,8 +405,13 @@ def _task_settled(state: ObjectiveState, data: Mapping[str, Any], at: datetime) 
         started_at=task.current.started_at or _dt(data.get("startedAt")),
     )
     status: TaskStatus = outcome
-    if outcome == "failed" and number < task.max_attempts and not state.terminal:
-        status = "pending"  # retried within the task's own budget
+    if (
+        outcome == "failed"
+        and number < task.max_attempts
+        and not state.terminal
+        and task.phase == state.phase
+    ):
+        status = "pending"  # retried within the task's own budget (a superseded one is not)
     task = task.model_copy(update={"status": status, "tries": tries, "error": data.get("error")})
     return {"tasks": _replace_task(state, task)}
 

@@ -819,6 +819,10 @@ async def test_steering_retrying_and_agent_jobs_need_the_scopes_of_what_they_run
         }
         agent_job = await c.post("/agent-jobs", json=create, headers=as_writer)
         assert "commands:run" in assert_error(agent_job, 403, "forbidden")["message"]
+        # Cancelling is a write, of an objective as of a job or an agent job.
+        for path in ("/objectives/some-objective/cancel", "/agent-jobs/some-job/cancel"):
+            refused = await c.post(path, headers=as_reader)
+            assert "jobs:write" in assert_error(refused, 403, "forbidden")["message"]
         assert_error(
             await c.get("/sessions/s-1/events", headers={"Authorization": "Bearer none"}),
             401,

@@ -162,6 +162,66 @@ def test_a_failed_try_within_budget_goes_back_to_pending() -> None:
     assert settle is not None and settle["failedTask"] == "a"
 
 
+def test_a_failed_task_aborts_its_siblings_and_settles_once_none_runs() -> None:
+    """The objective settles when all its tasks are terminal: a task out of budget aborts the
+    running ones and the objective settles `failed` once they have ended (and been recorded)."""
+    state = fold(
+        [
+            created([cmd("a"), cmd("b")]),
+            receipt(2, "objective.task.dispatched", taskId="a", jobId="ja", **{"try": 1}),
+            receipt(3, "objective.task.dispatched", taskId="b", jobId="jb", **{"try": 1}),
+            receipt(4, "objective.task.settled", taskId="a", jobId="ja", status="failed",
+                    error="exit 4", **{"try": 1}),
+        ]
+    )  # fmt: skip
+    assert state is not None
+    waiting = control.plan(state, {"jb": job("jb", "running")})
+    assert waiting.aborts == (("jb", "task a failed"),) and waiting.settle is None
+    asked = job("jb", "running", abortRequested=True)
+    assert control.plan(state, {"jb": asked}).empty  # the abort is out: wait for the job
+    ended = control.plan(state, {"jb": job("jb", "canceled")})
+    assert [d.type for d in ended.records] == ["objective.task.settled"]
+    state = fold([receipt(5, ended.records[0].type, **ended.records[0].data)], state)
+    assert state is not None
+    settle = control.plan(state, {}).settle
+    assert settle is not None and settle["failedTask"] == "a"
+    assert settle["error"] == "task 'a' failed after 1 try: exit 4"
+
+
+def test_a_task_whose_job_was_canceled_from_outside_fails_the_objective() -> None:
+    """An abort posted to a task's job cancels it: the objective cannot complete, and settles
+    `failed` naming the task instead of waiting for ever (the watchdog asking again each minute)."""
+    state = fold(
+        [
+            created([cmd("a"), cmd("b", "a")]),
+            receipt(2, "objective.task.dispatched", taskId="a", jobId="ja", **{"try": 1}),
+            receipt(3, "objective.task.settled", taskId="a", jobId="ja", status="canceled",
+                    error="stop it", **{"try": 1}),
+        ]
+    )  # fmt: skip
+    assert state is not None and state.task("a").status == "canceled"  # type: ignore[union-attr]
+    settle = control.plan(state, {}).settle
+    assert settle == {
+        "status": "failed",
+        "error": "task 'a' was canceled: stop it",
+        "failedTask": "a",
+    }
+
+
+def test_a_superseded_task_that_fails_within_its_budget_is_not_retried() -> None:
+    state = fold(
+        [
+            created([cmd("x", maxAttempts=2)]),
+            receipt(2, "objective.task.dispatched", taskId="x", jobId="jx", **{"try": 1}),
+            receipt(3, "objective.phase_added", phase=2, tasks=parse_json([cmd("z")])),
+            receipt(4, "objective.task.settled", taskId="x", jobId="jx", status="failed",
+                    **{"try": 1}),
+        ]
+    )  # fmt: skip
+    assert state is not None and state.task("x").status == "failed"  # type: ignore[union-attr]
+    assert [t.task_id for t in control.plan(state, {}).dispatch] == ["z"]
+
+
 def running(job_id: str, at: datetime, status: str = "running") -> Job:
     lease = Lease(worker_id="w", attempt=1, expires_at=at + timedelta(hours=1), leased_at=at)
     return job(

@@ -288,7 +288,7 @@ async def get_objective_events(
     "/objectives/{objectiveId}/cancel",
     status_code=202,
     response_model=ObjectiveCancelAccepted,
-    responses=errors_documented(400, 401, 404, 409, 413, 422, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("ObjectiveCancelBody", required=False),
 )
@@ -297,6 +297,7 @@ async def cancel_objective(
 ) -> JSONResponse:
     """Cancel: control aborts the objective's running jobs and settles it `canceled` (202);
     409 when it is already settled."""
+    require_scope(caller, JOBS_WRITE)
     if not caller.admin:  # an admin names runtime ids (`<id>~<tag>`)
         check_objective_id(objective_id)
     given = await read_optional_json_body(request, state.settings.max_body_bytes)

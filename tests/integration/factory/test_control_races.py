@@ -1,0 +1,93 @@
+"""Objective control against a write that lands between its read and its own write (a phase
+added by `factory.dispatch` on worker-chat while control runs on worker-control): the pass writes
+nothing planned on the state it read, and the next one plans on the objective as it is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from receipts import metrics
+from receipts.objectives import control
+from receipts.objectives import store as objectives
+from receipts.objectives.graph import parse_tasks
+from receipts.objectives.model import task_job_id
+from receipts.store import Draft, Store, Tx
+from tests.integration.helpers import create_objective
+
+CONTROL = "factory.objective.control"
+
+
+def adding_a_phase_first(store: Store, task_id: str) -> objectives.Guard:
+    """A guard that, the first time the pass writes the objective, commits `objective.phase_added`
+    (phase 2, one task `task_id`) from another transaction, just before the pass's own write
+    takes the stream's lock."""
+    added = False
+
+    async def guard(tx: Tx, objective_id: str) -> None:
+        nonlocal added
+        if added:
+            return
+        added = True
+
+        def phase(current: Any) -> list[Draft]:
+            taken = {t.task_id: t.phase for t in current.tasks}
+            tasks = parse_tasks([{"taskId": task_id, "input": {"command": ["true"]}}], "t", taken)
+            data = {"phase": current.phase + 1, "tasks": [t.to_json() for t in tasks]}
+            return [Draft("objective.phase_added", data)]
+
+        async with store.transaction() as other:
+            await objectives.update(other, objective_id, phase)
+
+    return guard
+
+
+async def test_a_dispatch_planned_before_a_new_phase_leaves_no_job_behind(
+    fresh_store: Store,
+) -> None:
+    store = fresh_store
+    await create_objective(store, "race-d", [{"taskId": "x", "input": {"command": ["true"]}}])
+    stale = metrics.value("receipt_factory_control_stale_plans_total")
+    state, decided = await control.run_pass(
+        store, "race-d", CONTROL, adding_a_phase_first(store, "z")
+    )
+    assert state is not None and [t.task_id for t in decided.dispatch] == ["x"]
+    # x was superseded before its dispatch was recorded: its job is rolled back with it.
+    assert await store.get_job(task_job_id("race-d", "x", 1)) is None
+    now = await objectives.get(store, "race-d")
+    assert now is not None and now.phase == 2
+    assert now.task("x").status == "canceled"  # type: ignore[union-attr]
+    assert metrics.value("receipt_factory_control_stale_plans_total") == stale + 1
+    # The next pass plans on the objective as it is: phase 2's task.
+    _, again = await control.run_pass(store, "race-d", CONTROL)
+    assert [t.task_id for t in again.dispatch] == ["z"]
+    assert await store.get_job(task_job_id("race-d", "z", 1)) is not None
+
+
+async def test_a_settle_planned_before_a_new_phase_leaves_the_objective_open(
+    fresh_store: Store,
+) -> None:
+    store = fresh_store
+    await create_objective(store, "race-s", [{"taskId": "x", "input": {"command": ["true"]}}])
+    job_id = task_job_id("race-s", "x", 1)
+    async with store.transaction() as tx:
+        await objectives.update(
+            tx,
+            "race-s",
+            lambda _: [
+                Draft("objective.task.dispatched", {"taskId": "x", "try": 1, "jobId": job_id}),
+                Draft(
+                    "objective.task.settled",
+                    {"taskId": "x", "try": 1, "jobId": job_id, "status": "completed"},
+                ),
+            ],
+        )
+    state, decided = await control.run_pass(
+        store, "race-s", CONTROL, adding_a_phase_first(store, "z")
+    )
+    assert state is not None and decided.settle == {"status": "completed"}
+    now = await objectives.get(store, "race-s")
+    assert now is not None and now.status == "active" and now.phase == 2
+    assert now.task("z").status == "pending"  # type: ignore[union-attr]
+    # Its next pass runs phase 2 instead of the objective ending with it never started.
+    _, again = await control.run_pass(store, "race-s", CONTROL)
+    assert [t.task_id for t in again.dispatch] == ["z"]
