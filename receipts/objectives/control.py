@@ -300,7 +300,9 @@ async def _dispatch_step(
 
         def decide(current: ObjectiveState | None) -> list[Draft]:
             now = current.step(name) if current else None
-            if now is None or now.status != "pending" or plan(current, {}).step != name:
+            if current is None or now is None or now.status != "pending":
+                return []
+            if plan(current, {}).step != name:  # a step no longer due (a phase added)
                 return []
             return [Draft("objective.step.dispatched", {"step": name, "jobId": job_id})]
 
