@@ -153,7 +153,10 @@ async def post(
         "POST",
         urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, "")),
         content=content,
-        headers={**headers, "host": host_header},
+        # `connection: close`: the client pools connections by address, not by TLS name, so a
+        # connection kept for one host would carry the next post to another host at the same
+        # address without that host's certificate ever being checked. None is kept.
+        headers={**headers, "host": host_header, "connection": "close"},
         timeout=timeout_s,
         # The TLS name (SNI and the certificate's check) is the URL's host, not the address.
         extensions={"sni_hostname": target.host},

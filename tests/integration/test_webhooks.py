@@ -523,6 +523,43 @@ async def test_a_post_connects_to_the_checked_address_with_the_urls_tls_name(
     assert names[0] == name
 
 
+async def test_a_connection_made_for_one_host_never_carries_anothers_post(tmp_path: Path) -> None:
+    """Two webhook hosts at one address, a receiver that keeps connections open, a certificate
+    for the first only: the second's post is not sent over the first's TLS connection (where
+    its certificate would never be checked): it makes its own, and fails the TLS check."""
+    cert, key = certificate(tmp_path, "a.receipt.test")
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    bodies: list[bytes] = []
+
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline():
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            bodies.append(await reader.readexactly(length))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(keep_alive, "127.0.0.1", 0, ssl=server_tls)
+    port = server.sockets[0].getsockname()[1]
+    trusting = ssl.create_default_context(cafile=str(cert))
+    try:
+        async with httpx.AsyncClient(verify=trusting) as client:
+            first = Target(f"https://a.receipt.test:{port}/a", "a.receipt.test", "127.0.0.1")
+            assert (await post(client, first, {}, b"org A", 5)).status_code == 200
+            other = Target(f"https://b.receipt.test:{port}/b", "b.receipt.test", "127.0.0.1")
+            with pytest.raises(httpx.ConnectError):
+                await post(client, other, {}, b"org B", 5)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert bodies == [b"org A"]
+
+
 def test_the_client_manages_webhooks_against_a_real_api(make_database: Any, tmp_path: Path) -> None:
     """`receipt-client` over HTTP to a `receipt api` process: every webhook call, its answers
     read into the generated models, its refusals into the typed errors."""
