@@ -290,3 +290,40 @@ async def test_the_schedules_page_lists_an_organizations_schedules_and_pauses_th
         assert foreign.status_code == 404
         still = await client.get(f"/schedules/{sid}", headers=AS_A)
         assert still.json()["status"] == "paused"
+
+
+async def test_the_console_resumes_a_schedule_only_for_who_may_run_its_commands(
+    db_url: str, store: Store
+) -> None:
+    """As the API's PATCH: a resume starts firings again, so a session whose token lacks
+    `commands:run` cannot resume a schedule whose jobs run commands."""
+    sid = f"console-{new_id()}"
+    body = {
+        "scheduleId": sid,
+        "cron": "0 6 * * *",
+        "agentId": "codex",
+        "job": enqueue_body(payload_extra={"task": {"command": ["true"]}}),
+        "paused": True,
+    }
+    tokens = "write-tok org-a jobs:read jobs:write\nrun-tok org-a jobs:read jobs:write commands:run"
+    async with api_client(db_url, store=store, tokens=tokens) as client:
+        runner = {"Authorization": "Bearer run-tok"}
+        created = await client.post("/schedules", json=body, headers=runner)
+        assert created.status_code == 201, created.text
+        csrf = await sign_in(client, "write-tok")
+        refused = await client.post(
+            f"/console/schedules/{rid(sid)}/resume",
+            **form({"csrf": csrf}),  # type: ignore[arg-type]
+        )
+        assert refused.status_code == 303 and "not+resumed" in refused.headers["location"]
+        assert "commands%3Arun" in refused.headers["location"]
+        shown = await client.get(f"/schedules/{sid}", headers=runner)
+        assert shown.json()["status"] == "paused"
+        client.cookies.clear()
+        csrf = await sign_in(client, "run-tok")
+        resumed = await client.post(
+            f"/console/schedules/{rid(sid)}/resume",
+            **form({"csrf": csrf}),  # type: ignore[arg-type]
+        )
+        assert resumed.status_code == 303 and "resumed" in resumed.headers["location"]
+        assert (await client.get(f"/schedules/{sid}", headers=runner)).json()["status"] == "active"

@@ -10,12 +10,15 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from receipts.errors import InvalidInput
 from receipts.schedules import cron
 from receipts.schedules import store as schedules
 from receipts.schedules.model import ScheduleState
 from roles.api.auth import JOBS_WRITE
 from roles.api.console.pages import PAGE_SIZE, render, store_of
 from roles.api.console.session import form_of, session_of, visible
+from roles.api.errors import ApiError
+from roles.api.routes.schedules import admitted, current_fields
 
 log = logging.getLogger("roles.api.console")
 
@@ -56,8 +59,18 @@ async def schedule_action(request: Request, scheduleId: str, action: str) -> Res
     session, fields = await form_of(request, JOBS_WRITE)
     store = store_of(request)
     schedule = visible(session, await schedules.get(store, scheduleId), f"schedule {scheduleId}")
+    refused = None
+    if action == "resume" and schedule.status == "paused":
+        # A resume starts firings again: the caller must hold what enqueueing them needs, as
+        # for the API's PATCH (`commands:run` for a schedule whose jobs run commands).
+        try:
+            admitted(request.app.state.api, session.principal, current_fields(schedule))
+        except (ApiError, InvalidInput) as exc:
+            refused = exc.message
     if action not in ("pause", "resume"):
         notice = f"unknown action {action!r}: pause or resume"
+    elif refused is not None:
+        notice = f"schedule {schedules.shown_id(schedule)} not resumed: {refused}"
     else:
         note = (fields.get("reason") or "paused from the console")[:1000]
         changed = await schedules.change(

@@ -46,7 +46,7 @@ def _limits(state: ApiState) -> schedules.Limits:
     )
 
 
-def _admitted(
+def admitted(
     state: ApiState, caller: Principal, fields: dict[str, Any]
 ) -> tuple[schedules.Definition, EnqueueRequest]:
     """The definition, validated as its firings' enqueues would be (rights, gateway)."""
@@ -56,6 +56,19 @@ def _admitted(
     check_command_rights(caller, state.settings, definition.agent_id, request)
     check_gateway(state.settings, request)
     return definition, request
+
+
+def current_fields(schedule: ScheduleState) -> dict[str, Any]:
+    """The schedule's definition as a create's body would give it (what a change starts from)."""
+    current = definition_data(schedule)
+    return {
+        "cron": current["cron"],
+        "interval": f"{current['intervalS']}s" if current["intervalS"] else None,
+        "timezone": current["timezone"],
+        "agentId": current["agentId"],
+        "job": current["job"],
+        "overlap": current["overlap"],
+    }
 
 
 async def _visible(state: ApiState, caller: Principal, schedule_id: str) -> ScheduleState:
@@ -115,7 +128,7 @@ async def post_schedule(request: Request, state: State, caller: Caller) -> JSONR
     require_scope(caller, JOBS_WRITE)
     body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     spec = validated(ScheduleBody, body)
-    definition, _ = _admitted(state, caller, body)
+    definition, _ = admitted(state, caller, body)
     organization = caller.organization_id
     if organization is None:
         organization = (
@@ -193,25 +206,17 @@ async def patch_schedule(
     schedule = await _visible(state, caller, schedule_id)
     definition = None
     changing = {k: v for k, v in body.items() if k not in ("paused", "note")}
-    current = definition_data(schedule)
-    fields: dict[str, Any] = {
-        "cron": current["cron"],
-        "interval": f"{current['intervalS']}s" if current["intervalS"] else None,
-        "timezone": current["timezone"],
-        "agentId": current["agentId"],
-        "job": current["job"],
-        "overlap": current["overlap"],
-    }
+    fields = current_fields(schedule)
     if changing:
         if "cron" in changing:
             fields["interval"] = None
         if "interval" in changing:
             fields["cron"] = None
         fields.update(changing)
-        definition, _ = _admitted(state, caller, fields)
+        definition, _ = admitted(state, caller, fields)
     elif patch.paused is False and schedule.status == "paused":
         # A resume starts firings again: the caller must hold what enqueueing them needs.
-        _admitted(state, caller, fields)
+        admitted(state, caller, fields)
     changed = await schedules.change(
         state.require_store(),
         schedule.schedule_id,
