@@ -119,6 +119,25 @@ async def test_the_job_is_validated_as_its_enqueue_would_be(client: httpx.AsyncC
     assert response.json()["error"]["field"] == "job.payload.authContext.organizationId"
 
 
+async def test_reads_show_a_jobs_environment_by_its_names_only(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    """As every read of a job: `task.env` values may be secrets, a schedule's reads redact them
+    (its firings still pass them: the stored definition keeps them)."""
+    secret = {"task": {"command": ["true"], "env": {"API_TOKEN": "s3cret-value"}}}
+    made = await create(client, job=enqueue_body("org-a", payload_extra=secret))
+    sid = made["scheduleId"]
+    shown = (await client.get(f"/schedules/{sid}", headers=AS_A)).json()
+    listed = (await client.get("/schedules?limit=200", headers=AS_A)).json()["schedules"]
+    views = [made, shown, next(s for s in listed if s["scheduleId"] == sid)]
+    for view in views:
+        assert view["job"]["payload"]["task"]["env"] == {"API_TOKEN": "[redacted]"}
+    stored = await schedules.get(store, scoped_id("org-a", sid))
+    assert (
+        stored is not None and stored.job["payload"]["task"]["env"]["API_TOKEN"] == "s3cret-value"
+    )
+
+
 async def test_another_organization_can_neither_see_nor_change_it(
     client: httpx.AsyncClient,
 ) -> None:

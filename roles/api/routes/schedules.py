@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from receipts.enqueue import EnqueueRequest
 from receipts.errors import ConflictError
+from receipts.kinds import redact_payload
 from receipts.objectives import store as objectives
 from receipts.schedules import cron
 from receipts.schedules import store as schedules
@@ -85,6 +86,10 @@ async def _visible(state: ApiState, caller: Principal, schedule_id: str) -> Sche
 async def schedule_view(store: Store, schedule: ScheduleState) -> dict[str, Any]:
     """The schedule with its next fire times and its last firings' job statuses."""
     view = schedule.to_json()
+    job = view.get("job")
+    if isinstance(job, dict) and "payload" in job:
+        # The firings' `task.env` values may be secrets: names only, as every read of a job.
+        view["job"] = {**job, "payload": redact_payload(job["payload"])}
     view["nextFireTimes"] = (
         [
             t.isoformat()
