@@ -40,7 +40,11 @@ FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
     ("month", 1, 12, MONTHS),
     ("day of week", 0, 7, DAYS),
 )
-_INTERVAL = re.compile(r"^(\d+)(s|m|h|d)$")
+# ASCII digits only (`str.isdigit` and `\d` take `²` and other scripts' digits, which `int`
+# refuses), and a cron value or step of at most four: no number is handed to `int` at any
+# length (an interval past twelve digits is refused as too long before it is).
+_INTERVAL = re.compile(r"^([0-9]+)(s|m|h|d)$")
+_NUMBER = re.compile(r"^[0-9]{1,4}$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_INTERVAL_S = 366 * 86_400  # a year (and a leap day): what a cron expression can say
 SEARCH_DAYS = 366 * 5  # a cron that matches no day in five years matches none (30 feb)
@@ -76,7 +80,7 @@ def _value(text: str, field: str, low: int, high: int, names: tuple[str, ...]) -
     lowered = text.lower()
     if lowered in names:
         return low + names.index(lowered)
-    if not text.isdigit():
+    if not _NUMBER.match(text):
         allowed = f"{low}-{high}" + (f" or {names[0]}-{names[-1]}" if names else "")
         raise SpecError(f"{field}: {text!r} is not a value ({allowed})")
     value = int(text)
@@ -93,7 +97,7 @@ def _field(text: str, field: str, low: int, high: int, names: tuple[str, ...]) -
         span, _, step_text = part.partition("/")
         step = 1
         if step_text:
-            if not step_text.isdigit() or int(step_text) < 1:
+            if not _NUMBER.match(step_text) or int(step_text) < 1:
                 raise SpecError(f"{field}: step {step_text!r} is not a positive number")
             step = int(step_text)
         if span == "*":
@@ -141,7 +145,7 @@ def parse_interval(text: str, minimum_s: int) -> int:
     found = _INTERVAL.match(text.strip())
     if not found:
         raise SpecError(f"{text!r} is not an interval: a number and s, m, h or d (e.g. 15m)")
-    seconds = int(found[1]) * _UNIT_S[found[2]]
+    seconds = int(found[1]) * _UNIT_S[found[2]] if len(found[1]) <= 12 else MAX_INTERVAL_S + 1
     if seconds > MAX_INTERVAL_S:
         raise SpecError(f"{text!r} is longer than the longest interval allowed, 366 days")
     if seconds < minimum_s:

@@ -31,11 +31,27 @@ def times(expression: str, after: datetime = T0, tz: str = "UTC", count: int = 3
         ("a * * * *", "minute: 'a' is not a value (0-59)"),
         ("* * * foo *", "month: 'foo' is not a value (1-12 or jan-dec)"),
         ("1,,2 * * * *", "minute: an empty list item"),
+        # Digits of other scripts and numbers of any length are refused as values, not a 500.
+        ("\u00b2 * * * *", "minute: '\u00b2' is not a value (0-59)"),
+        ("*/\u00b2 * * * *", "minute: step '\u00b2' is not a positive number"),
+        ("1" * 5000 + " * * * *", "is not a value (0-59)"),
+        ("*/" + "9" * 5000 + " * * * *", "is not a positive number"),
     ],
 )
 def test_a_bad_cron_expression_is_refused_naming_the_field(expression: str, said: str) -> None:
     with pytest.raises(SpecError, match=said.replace("(", r"\(").replace(")", r"\)")):
         parse_cron(expression)
+
+
+@pytest.mark.parametrize("text", ["\u00b2m", "0x10s", "1.5h"])
+def test_an_interval_of_any_other_shape_is_refused_as_one(text: str) -> None:
+    with pytest.raises(SpecError, match="is not an interval"):
+        parse_interval(text, 1)
+
+
+def test_an_interval_of_five_thousand_digits_is_too_long_not_a_500() -> None:
+    with pytest.raises(SpecError, match="longer than the longest interval allowed"):
+        parse_interval("1" * 5000 + "s", 1)
 
 
 def test_steps_ranges_lists_names_and_macros() -> None:
