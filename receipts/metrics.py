@@ -376,7 +376,8 @@ SCHEDULE_CHANGES = Counter(
 SCHEDULE_FIRINGS = Counter(
     "receipt_schedule_firings",
     "Schedule firings, by outcome: enqueued, skipped (overlap), skipped_cap (the "
-    "organization's cap of open jobs), repeated (a doubled firing), none (paused or deleted "
+    "organization's cap of open jobs), repeated (a doubled firing, or an hour a DST change "
+    "repeats), off_schedule (a time the definition no longer fires), none (paused or deleted "
     "before the sync caught up).",
     ["outcome"],
 )

@@ -7,7 +7,8 @@ A cron expression is `minute hour day-of-month month day-of-week` in the schedul
 day names `sun`…`sat` (0 and 7 are Sunday), and `@hourly`, `@daily`, `@weekly`, `@monthly`,
 `@yearly`. When both day fields are restricted a day matching either fires, as cron does. A
 local time that a daylight-saving change skips does not fire that day; one that occurs twice
-fires once, at its first occurrence.
+is shown at its first occurrence, and fires once (Temporal fires one occurrence or both; the
+firing of the second is `repeated`: receipts/schedules/store.py `fire`).
 
 An interval fires at the multiples of its length since the Unix epoch (as Temporal's interval
 spec with no offset does), whatever the time zone.

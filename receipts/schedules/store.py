@@ -5,15 +5,15 @@ the Temporal sync reads and marks."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from receipts import metrics
-from receipts import operations as ops
-from receipts.enqueue import EnqueueRequest, enqueue_in, parse_enqueue
+from receipts.enqueue import EnqueueRequest, enqueue_in, parse_enqueue, stop_draft
 from receipts.errors import ConflictError, InvalidInput
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.kinds import CONTRACTS
@@ -35,6 +35,12 @@ log = logging.getLogger("receipts.schedules")
 
 SCHEDULES = Projection("schedules", ScheduleState, fold, "schedule_upsert", noun="schedule ")
 NEXT_FIRE_TIMES = 5
+# Fire times of a cron read to find its closest two: two days of a every-minute cron.
+CRON_GAP_SAMPLE = 2 * 24 * 60 + 1
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Firings this close with the same local time are one: an hour a DST change repeats (at most
+# an hour, in every zone there is).
+REPEATED_HOUR_WINDOW = timedelta(hours=3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +106,23 @@ def validate(
             if not isinstance(expression, str):
                 raise cron.SpecError("cron must be a string")
             cron.parse_cron(expression)
-            if not cron.next_times(
+            coming = cron.next_times(
                 cron=expression,
                 interval_s=None,
                 timezone=timezone,
                 after=datetime.now(UTC),
-                count=1,
-            ):
+                count=CRON_GAP_SAMPLE,
+            )
+            if not coming:
                 raise cron.SpecError(f"{expression!r} matches no time in the next five years")
+            # The floor holds for a cron as for an interval: its closest two firings (a day's
+            # pattern repeats, so two days of them show it) are at least the shortest interval.
+            gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(coming)]
+            if gaps and min(gaps) < limits.min_interval_s:
+                raise cron.SpecError(
+                    f"{expression!r} fires {min(gaps):g} s apart at its closest, shorter than "
+                    f"the shortest interval allowed, {limits.min_interval_s} s"
+                )
         else:
             interval = fields["interval"]
             if not isinstance(interval, str):
@@ -301,6 +316,41 @@ async def firing_request(store: Store, state: ScheduleState, fire_time: datetime
     )
 
 
+def _owed(state: ScheduleState, fire_time: datetime) -> bool:
+    """Whether the definition as it is now fires at `fire_time`: its local time in the schedule's
+    zone matches the cron (either occurrence of an hour a DST change repeats), or it is a
+    multiple of the interval since the epoch. A firing of an earlier definition, which Temporal
+    may still hold until the sync reaches it, is not."""
+    if state.interval_s is not None:
+        return (fire_time - EPOCH).total_seconds() % state.interval_s == 0
+    if state.cron is None:
+        return False
+    local = fire_time.astimezone(cron.zone(state.timezone))
+    parsed = cron.parse_cron(state.cron)
+    return (
+        local.second == 0
+        and local.microsecond == 0
+        and local.minute in parsed.minutes
+        and local.hour in parsed.hours
+        and parsed.matches_day(local.date())
+    )
+
+
+def _repeated_wall_time(state: ScheduleState, fire_time: datetime) -> bool:
+    """Whether a recent firing of this cron schedule had the same local time within a few
+    hours: the second occurrence of an hour the fall-back repeats, which Temporal fires again
+    and the schedule fires once (README, *Schedules*)."""
+    if state.cron is None:
+        return False
+    tz = cron.zone(state.timezone)
+    wall = fire_time.astimezone(tz).replace(tzinfo=None)
+    return any(
+        abs(f.fire_time - fire_time) <= REPEATED_HOUR_WINDOW
+        and f.fire_time.astimezone(tz).replace(tzinfo=None) == wall
+        for f in state.recent
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Caps:
     """The organization's caps of open jobs a firing respects (the api's
@@ -316,27 +366,20 @@ async def fire(
     """Enqueue the job of the firing at `fire_time` (Temporal's scheduled time) unless the
     overlap policy says otherwise or, with `caps`, the organization holds its cap of open jobs
     (skipped, as a refused enqueue would be); return what it came to: `enqueued`, `skipped`
-    (`skipped_cap` for the caps), `repeated` (this
-    fire time was already handled: a doubled firing is one job) or `none` (the schedule is
-    paused, deleted or gone: Temporal fired before the sync caught up)."""
+    (`skipped_cap` for the caps), `repeated` (this fire time, or this local time of a repeated
+    hour, was already handled: a doubled firing is one job), `off_schedule` (the definition as it
+    is now does not fire then: Temporal still had an earlier one) or `none` (the schedule is
+    paused, deleted or gone: Temporal fired before the sync caught up).
+
+    Everything is decided under the schedule's stream lock on the schedule as it is then: the
+    previous job's state (two firings at once see each other), and a `cancel_previous` abort is
+    written in the same transaction as the firing it makes room for, so a skipped firing aborts
+    nothing."""
     state = await get(store, schedule_id)
     if state is None or state.status != "active":
         return "none"
     if state.firing_at(fire_time) is not None:
         return "repeated"
-    previous = await store.get_job(state.last_job_id) if state.last_job_id else None
-    running = previous is not None and previous.status not in TERMINAL_STATUSES
-    canceled: str | None = None
-    if running and state.overlap == "cancel_previous" and previous is not None:
-        await ops.add_command(
-            store,
-            previous.job_id,
-            type="abort",
-            reason=f"schedule {state.caller_schedule_id} fired again at {fire_time.isoformat()}",
-            check_organization=False,
-            command_id=f"schedule:{schedule_id}:{fire_id(fire_time)}",
-        )
-        canceled = previous.job_id
     request = await firing_request(store, state, fire_time)
     stream = schedule_stream(schedule_id)
 
@@ -345,8 +388,12 @@ async def fire(
         current = await _load(tx, schedule_id)
         if current is None or current.status != "active":
             return "none"
-        if current.firing_at(fire_time) is not None:
+        if current.firing_at(fire_time) is not None or _repeated_wall_time(current, fire_time):
             return "repeated"
+        if not _owed(current, fire_time):
+            return "off_schedule"
+        previous = await tx.job_for_update(current.last_job_id) if current.last_job_id else None
+        running = previous is not None and previous.status not in TERMINAL_STATUSES
         at = fire_time.isoformat()
         data: dict[str, Any]
         if running and current.overlap == "skip" and previous is not None:
@@ -360,6 +407,14 @@ async def fire(
                 data = {"fireTime": at, "reason": "cap"}
                 await _append(tx, current, stream, [Draft("schedule.skipped", data)])
                 return "skipped_cap"
+        canceled: str | None = None
+        if running and current.overlap == "cancel_previous" and previous is not None:
+            reason = f"schedule {current.caller_schedule_id} fired again at {at}"
+            command_id = f"schedule:{schedule_id}:{fire_id(fire_time)}"
+            await tx.append_job(
+                previous.job_id, previous, [stop_draft(previous, reason, command_id)]
+            )
+            canceled = previous.job_id
         result = await enqueue_in(tx, request)
         data = {"fireTime": at, "jobId": result.job.job_id}
         if canceled is not None:

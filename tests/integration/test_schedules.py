@@ -103,6 +103,31 @@ async def test_a_bad_definition_is_refused_naming_the_field_and_nothing_is_writt
     assert await schedules.get(store, scoped_id("org-a", sent["scheduleId"])) is None
 
 
+def test_the_shortest_interval_bounds_a_cron_too() -> None:
+    """`RECEIPT_SCHEDULE_MIN_INTERVAL_S` is a floor on how often a schedule fires, however it
+    says when: a cron whose closest two firings are nearer is refused naming the field."""
+    from receipts.errors import InvalidInput
+
+    hourly = schedules.Limits(min_interval_s=3600)
+    job = enqueue_body(payload_extra={"task": {"command": ["true"]}})
+
+    def check(expression: str) -> None:
+        fields = {"cron": expression, "agentId": "codex", "job": job}
+        schedules.validate(fields, "org-a", hourly, admin=False)
+
+    check("0 * * * *")
+    check("15 6 * * mon")
+    for dense, gap in [
+        ("* * * * *", "60 s"),
+        ("0,30 * * * *", "1800 s"),
+        ("0,59 0,23 * * *", "60 s"),
+    ]:
+        with pytest.raises(InvalidInput) as refused:
+            check(dense)
+        assert refused.value.field == "cron"
+        assert f"fires {gap} apart at its closest" in refused.value.message
+
+
 async def test_the_job_is_validated_as_its_enqueue_would_be(client: httpx.AsyncClient) -> None:
     named = body()
     named["job"]["jobId"] = "mine"
@@ -199,10 +224,12 @@ async def test_an_organization_holds_at_most_its_cap_of_schedules(db_url: str) -
 # --------------------------------------------------------------------------------- firings
 
 
-async def made(store: Store, overlap: str = "skip", command: list[str] | None = None) -> str:
+async def made(
+    store: Store, overlap: str = "skip", command: list[str] | None = None, **when: str
+) -> str:
     job = enqueue_body("org-a", payload_extra={"task": {"command": command or ["true"]}})
     definition, _ = schedules.validate(
-        {"interval": "5s", "agentId": "codex", "job": job, "overlap": overlap},
+        {**(when or {"interval": "5s"}), "agentId": "codex", "job": job, "overlap": overlap},
         "org-a",
         schedules.Limits(min_interval_s=1),
         admin=False,
@@ -258,6 +285,64 @@ async def test_allow_enqueues_beside_and_cancel_previous_aborts_the_active_job(
     assert state is not None and state.recent[0].canceled_job_id == first
     previous = await store.get_job(first or "")
     assert previous is not None and previous.status == "canceled"
+
+
+async def test_skip_holds_when_firings_arrive_together(store: Store) -> None:
+    """Temporal catching up after an outage (or firings retried together): under `skip`, the
+    firings see each other, whatever order they commit in: one job, the others skipped."""
+    sid = await made(store, "skip")
+    outcomes = await asyncio.gather(
+        *(schedules.fire(store, sid, T + timedelta(seconds=5 * n)) for n in range(4))
+    )
+    assert sorted(outcomes) == ["enqueued", "skipped", "skipped", "skipped"]
+    state = await schedules.get(store, sid)
+    assert state is not None and (state.fired, state.skipped) == (1, 3)
+
+
+async def test_cancel_previous_aborts_nothing_for_a_firing_it_does_not_make(store: Store) -> None:
+    sid = await made(store, "cancel_previous")
+    assert await schedules.fire(store, sid, T) == "enqueued"
+    first = (await schedules.get(store, sid)).last_job_id  # type: ignore[union-attr]
+    full = schedules.Caps(max_queued=0, max_active=10**9)
+    assert await schedules.fire(store, sid, T + timedelta(seconds=5), full) == "skipped_cap"
+    previous = await store.get_job(first or "")
+    assert previous is not None and previous.status == "queued" and not previous.commands
+
+
+async def test_a_firing_the_definition_does_not_make_is_not_enqueued(store: Store) -> None:
+    """Temporal holds the old timing until the sync reaches it: a firing of the old definition
+    after an edit enqueues nothing (and records nothing)."""
+    sid = await made(store, cron="0 3 * * *", timezone="UTC")
+    assert await schedules.fire(store, sid, datetime(2026, 12, 4, 14, 0, tzinfo=UTC)) == (
+        "off_schedule"
+    )
+    assert await schedules.fire(store, sid, datetime(2026, 12, 5, 3, 0, tzinfo=UTC)) == "enqueued"
+    every = await made(store, interval="5s")
+    assert await schedules.fire(store, every, T + timedelta(seconds=2)) == "off_schedule"
+    state = await schedules.get(store, sid)
+    assert state is not None and (state.fired, state.skipped) == (1, 0)
+
+
+async def test_an_hour_the_fall_back_repeats_fires_once(store: Store) -> None:
+    """`30 1 * * *` in New York: 01:30 happens twice on 2026-11-01 (05:30Z and 06:30Z), and
+    Temporal fires at both: one job. In Paris Temporal fires 02:30 at its second occurrence
+    only (01:30Z on 2026-10-25): that one is the day's firing."""
+    york = await made(store, "allow", cron="30 1 * * *", timezone="America/New_York")
+    assert await schedules.fire(store, york, datetime(2026, 11, 1, 5, 30, tzinfo=UTC)) == (
+        "enqueued"
+    )
+    assert await schedules.fire(store, york, datetime(2026, 11, 1, 6, 30, tzinfo=UTC)) == (
+        "repeated"
+    )
+    assert await schedules.fire(store, york, datetime(2026, 11, 2, 6, 30, tzinfo=UTC)) == (
+        "enqueued"
+    )
+    paris = await made(store, "allow", cron="30 2 * * *", timezone="Europe/Paris")
+    assert await schedules.fire(store, paris, datetime(2026, 10, 25, 1, 30, tzinfo=UTC)) == (
+        "enqueued"
+    )
+    state = await schedules.get(store, york)
+    assert state is not None and state.fired == 2
 
 
 async def test_a_paused_or_deleted_schedule_fires_nothing(store: Store) -> None:
