@@ -250,9 +250,14 @@ async def change(
     paused: bool | None = None,
     note: str = "",
     delete: bool = False,
+    based_on: int | None = None,
 ) -> ScheduleState | None:
     """Change, pause, resume or delete a schedule (None when it does not exist or was deleted).
-    Only what differs is recorded: a pause of a paused schedule writes nothing."""
+    Only what differs is recorded: a pause of a paused schedule writes nothing.
+
+    `based_on`: the `definition_seq` of the schedule the new `definition` was made from (a
+    PATCH merges its fields onto what it read); when the definition changed since, nothing is
+    written and `DefinitionMoved` is raised, so two changes at once never lose one."""
     stream = schedule_stream(schedule_id)
 
     async def work(tx: Tx) -> ScheduleState | None:
@@ -260,6 +265,8 @@ async def change(
         state = await _load(tx, schedule_id)
         if state is None or state.terminal:
             return None
+        if definition is not None and based_on is not None and state.definition_seq != based_on:
+            raise DefinitionMoved(schedule_id)
         drafts: list[Draft] = []
         if delete:
             drafts.append(Draft("schedule.deleted", {}))
@@ -314,6 +321,10 @@ async def firing_request(store: Store, state: ScheduleState, fire_time: datetime
         organization_id=state.organization_id,
         job_id=scoped_id(state.organization_id, str(body["jobId"])),
     )
+
+
+class DefinitionMoved(ConflictError):
+    """The schedule's definition changed since the change was made from it: read it again."""
 
 
 def _owed(state: ScheduleState, fire_time: datetime) -> bool:

@@ -211,6 +211,20 @@ async def test_pause_resume_change_and_delete_are_receipts(
     assert reused.status_code == 409
 
 
+async def test_two_changes_at_once_are_both_kept(client: httpx.AsyncClient) -> None:
+    """Each PATCH merges its fields onto the schedule as it is when it writes: one sent beside
+    another is not overwritten by the other's copy of the rest."""
+    for _ in range(5):
+        sid = (await create(client))["scheduleId"]
+        answers = await asyncio.gather(
+            client.patch(f"/schedules/{sid}", json={"overlap": "allow"}, headers=AS_A),
+            client.patch(f"/schedules/{sid}", json={"interval": "2h"}, headers=AS_A),
+        )
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+        shown = (await client.get(f"/schedules/{sid}", headers=AS_A)).json()
+        assert (shown["overlap"], shown["intervalS"]) == ("allow", 7200)
+
+
 async def test_an_organization_holds_at_most_its_cap_of_schedules(db_url: str) -> None:
     async with api_client(db_url, org_max_schedules=2, schedule_min_interval_s=2) as capped:
         org = f"org-cap-{uuid.uuid4().hex[:6]}"

@@ -59,6 +59,9 @@ def admitted(
     return definition, request
 
 
+PATCH_TRIES = 3
+
+
 def current_fields(schedule: ScheduleState) -> dict[str, Any]:
     """The schedule's definition as a create's body would give it (what a change starts from)."""
     current = definition_data(schedule)
@@ -196,7 +199,7 @@ async def get_schedule(state: State, caller: Caller, schedule_id: ScheduleId) ->
 @router.patch(
     "/schedules/{scheduleId}",
     response_model=ScheduleView,
-    responses=errors_documented(400, 401, 403, 404, 413, 422, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("SchedulePatchBody"),
 )
@@ -208,27 +211,41 @@ async def patch_schedule(
     require_scope(caller, JOBS_WRITE)
     body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     patch = validated(SchedulePatchBody, body)
-    schedule = await _visible(state, caller, schedule_id)
-    definition = None
     changing = {k: v for k, v in body.items() if k not in ("paused", "note")}
-    fields = current_fields(schedule)
-    if changing:
-        if "cron" in changing:
-            fields["interval"] = None
-        if "interval" in changing:
-            fields["cron"] = None
-        fields.update(changing)
-        definition, _ = admitted(state, caller, fields)
-    elif patch.paused is False and schedule.status == "paused":
-        # A resume starts firings again: the caller must hold what enqueueing them needs.
-        admitted(state, caller, fields)
-    changed = await schedules.change(
-        state.require_store(),
-        schedule.schedule_id,
-        definition=definition,
-        paused=patch.paused,
-        note=patch.note or "",
-    )
+    for tries_left in reversed(range(PATCH_TRIES)):
+        # The fields are merged onto the schedule as read; a change landing in between makes
+        # the write refuse, and the merge is made again on the schedule as it is then.
+        schedule = await _visible(state, caller, schedule_id)
+        definition = None
+        fields = current_fields(schedule)
+        if changing:
+            if "cron" in changing:
+                fields["interval"] = None
+            if "interval" in changing:
+                fields["cron"] = None
+            fields.update(changing)
+            definition, _ = admitted(state, caller, fields)
+        elif patch.paused is False and schedule.status == "paused":
+            # A resume starts firings again: the caller must hold what enqueueing them needs.
+            admitted(state, caller, fields)
+        try:
+            changed = await schedules.change(
+                state.require_store(),
+                schedule.schedule_id,
+                definition=definition,
+                paused=patch.paused,
+                note=patch.note or "",
+                based_on=schedule.definition_seq,
+            )
+            break
+        except schedules.DefinitionMoved as exc:
+            if not tries_left:
+                raise ApiError(
+                    409,
+                    "conflict",
+                    "the schedule kept changing while this change was made; send it again",
+                    field="scheduleId",
+                ) from exc
     if changed is None:
         raise ApiError(404, "not_found", f"no schedule {schedule_id!r}", field="scheduleId")
     return JSONResponse(shown_view(caller, await schedule_view(state.require_store(), changed)))
