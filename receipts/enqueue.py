@@ -23,7 +23,7 @@ from pydantic.alias_generators import to_camel
 
 from receipts import jobs as jobmodel
 from receipts.commands import with_payloads
-from receipts.errors import ConflictError, InvalidInput
+from receipts.errors import ConflictError, InvalidInput, NotPermitted
 from receipts.job_append import JobAppend, insert_params, plan
 from receipts.jobs import (
     DEFAULT_LANE,
@@ -41,6 +41,7 @@ from receipts.kinds import (
     NON_BLANK,
     EnqueuePayload,
     invalid_input,
+    runs_commands,
     scoped_payload,
 )
 from receipts.store import Draft, Store, Tx
@@ -81,6 +82,9 @@ class EnqueueRequest:
     new_job_id: bool = False
     """`job_id` was made up for this request (a random uuid: the caller named no job), so no job
     or absorbed steer can hold it yet: `enqueue` skips the jobId lock and lookup."""
+    may_steer_commands: bool = True
+    """A steer singleton may be absorbed into a job that runs commands (the API's caller holds
+    `commands:run`); False: such an absorption is refused (`NotPermitted`)."""
     objective_id_assigned: bool = False
     """`payload.objectiveId` was assigned here (a `factory.run` that named none): a re-post of
     the same body is the same request whatever id its job was given."""
@@ -452,6 +456,14 @@ async def enqueue_in(
                 affected.append(job)
         elif request.singleton_mode == "steer" and live:
             target = max(live, key=lambda j: (j.created_at, j.job_id))
+            if not request.may_steer_commands and runs_commands(target.agent_id, target.kind):
+                # What a steer carries reaches the command (a steerable task reads it on stdin):
+                # as `POST /jobs/{id}/commands`, it needs the right to run commands.
+                raise NotPermitted(
+                    "singletonMode",
+                    "the session's active job runs commands: a steer absorbed into it needs "
+                    "commands:run",
+                )
             _check_command_caps(request, target)
             steer = command_draft(
                 job_id,

@@ -27,6 +27,11 @@ class InvalidInput(ReceiptError):
         self.allowed = list(allowed) if allowed is not None else None
 
 
+class NotPermitted(InvalidInput):
+    """The caller may not do this (it lacks the scope `message` names); nothing was written.
+    Answered 403 by the API (an `InvalidInput` elsewhere)."""
+
+
 class StorageError(ReceiptError):
     """The database refused or failed a statement."""
 

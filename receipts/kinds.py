@@ -337,6 +337,18 @@ def invalid_input(exc: ValidationError, prefix: str = "") -> InvalidInput:
 REDACTED = "[redacted]"
 
 
+# Kinds that run no command themselves but make the tasks (and steps) that do: a
+# `factory.run` plans an objective's tasks, a `factory.dispatch` adds a phase of them.
+TASK_MAKING_KINDS = frozenset({"factory.run", "factory.dispatch"})
+
+
+def runs_commands(agent_id: str, kind: str) -> bool:
+    """True when a job of `agent_id` and `kind` runs commands (it is routed to the codex
+    workers) or makes the tasks that do: enqueueing, steering or retrying it needs the API's
+    `commands:run`."""
+    return route(agent_id, kind) == QUEUE_CODEX or kind in TASK_MAKING_KINDS
+
+
 def redact_payload(payload: Any) -> Any:
     """`payload` with the values of `task.env` replaced by `[redacted]`.
 

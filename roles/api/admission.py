@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from receipts import metrics
 from receipts.enqueue import Admission, EnqueueRequest
 from receipts.errors import InvalidInput
-from receipts.kinds import QUEUE_CODEX, route
+from receipts.kinds import runs_commands
 from roles.api.auth import COMMANDS_RUN, Principal
 from roles.api.deps import ApiError, require_scope, too_many
 from roles.api.errors import RETRY_AFTER_S
@@ -19,36 +20,78 @@ from roles.api.settings import ApiSettings
 
 log = logging.getLogger("roles.api.app")
 
+__all__ = ["runs_commands"]  # receipts/kinds.py's, as the routes import it from here
 
-def runs_commands(agent_id: str, kind: str) -> bool:
-    """True when a job of `agent_id` and `kind` runs commands (it is routed to the codex workers):
-    enqueueing, steering or retrying it needs `commands:run`."""
-    return route(agent_id, kind) == QUEUE_CODEX
+
+def objective_commands(objective: Any, field: str) -> list[tuple[str, Any]]:
+    """`(field, argv)` of every command an objective's body names: its tasks' `input.command`,
+    `validate.command` and `publish.command` (a prompt task runs the operator's codex command)."""
+    if not isinstance(objective, dict):
+        return []
+    return [
+        *task_commands(objective.get("tasks"), f"{field}.tasks"),
+        *(
+            (f"{field}.{step}.command", objective[step].get("command"))
+            for step in ("validate", "publish")
+            if isinstance(objective.get(step), dict)
+        ),
+    ]
+
+
+def task_commands(tasks: Any, field: str) -> list[tuple[str, Any]]:
+    """`(field, argv)` of the tasks of a list that name a command."""
+    if not isinstance(tasks, list):
+        return []
+    return [
+        (f"{field}[{n}].input.command", task["input"].get("command"))
+        for n, task in enumerate(tasks)
+        if isinstance(task, dict)
+        and isinstance(task.get("input"), dict)
+        and "command" in task["input"]
+    ]
+
+
+def _commands(request: EnqueueRequest) -> list[tuple[str, Any]]:
+    payload = request.payload
+    if request.kind == "factory.run":
+        return objective_commands(payload.get("objective"), "payload.objective")
+    if request.kind == "factory.dispatch":
+        return task_commands(payload.get("tasks"), "payload.tasks")
+    task = payload.get("task")
+    return [("payload.task.command", task.get("command") if isinstance(task, dict) else None)]
 
 
 def check_command_rights(
     caller: Principal, settings: ApiSettings, agent_id: str, request: EnqueueRequest
 ) -> None:
-    """A kind routed to the codex workers runs a command: `commands:run`, and when the
-    organization has an allow-list (`RECEIPT_ORG_EXECUTABLES`), an executable on it."""
+    """A kind that runs commands, or makes the tasks that do, needs `commands:run`, and when the
+    organization has an allow-list (`RECEIPT_ORG_EXECUTABLES`), every command an executable on
+    it (a codex job without one is refused)."""
     if not runs_commands(agent_id, request.kind):
         return
     require_scope(caller, COMMANDS_RUN)
-    allowed = settings.org_executables.get(request.organization_id or "")
+    check_executables(settings, request.organization_id, _commands(request))
+
+
+def check_executables(
+    settings: ApiSettings, organization_id: str | None, commands: list[tuple[str, Any]]
+) -> None:
+    """403 naming the field unless each command's program is on the organization's allow-list
+    (none: anything)."""
+    allowed = settings.org_executables.get(organization_id or "")
     if allowed is None:
         return
-    task = request.payload.get("task")
-    command = task.get("command") if isinstance(task, dict) else None
-    program = command[0] if isinstance(command, list) and command else None
-    if not isinstance(program, str) or program not in allowed:
-        raise ApiError(
-            403,
-            "forbidden",
-            f"payload.task.command[0] must be one of this organization's executables: "
-            f"{', '.join(allowed)}",
-            field="payload.task.command",
-            allowed=allowed,
-        )
+    for field, command in commands:
+        program = command[0] if isinstance(command, list) and command else None
+        if not isinstance(program, str) or program not in allowed:
+            raise ApiError(
+                403,
+                "forbidden",
+                f"{field}[0] must be one of this organization's executables: "
+                f"{', '.join(allowed)}",
+                field=field,
+                allowed=allowed,
+            )
 
 
 def capped_timeout(settings: ApiSettings, request: EnqueueRequest) -> EnqueueRequest:

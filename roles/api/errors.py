@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from receipts.errors import ConflictError, InvalidInput, TransientStorageError
+from receipts.errors import ConflictError, InvalidInput, NotPermitted, TransientStorageError
 
 log = logging.getLogger("roles.api.app")
 
@@ -99,6 +99,8 @@ def known_answer(exc: Exception, path: str) -> JSONResponse:
     """
     if isinstance(exc, ApiError):
         return error_response(exc)
+    if isinstance(exc, NotPermitted):
+        return error_response(ApiError(403, "forbidden", exc.message, field=exc.field))
     if isinstance(exc, InvalidInput):
         return error_response(
             ApiError(422, "invalid_input", exc.message, field=exc.field, allowed=exc.allowed)

@@ -725,13 +725,30 @@ async def test_scoped_tokens_and_the_executable_allow_list(db_url: str) -> None:
         )
         no_run = await c.post("/agents/codex/jobs", json=codex("git", "status"), headers=as_writer)
         assert "commands:run" in assert_error(no_run, 403, "forbidden")["message"]
-        # A kind that runs no command needs no commands:run.
-        control = await c.post(
-            "/agents/factory-control/jobs",
-            json=enqueue_body(kind="factory.run"),
-            headers=as_writer,
-        )
-        assert control.status_code == 202
+        # A kind that runs no command needs no commands:run (a job of an agent with no handler).
+        chat = await c.post("/agents/helper/jobs", json=enqueue_body(), headers=as_writer)
+        assert chat.status_code == 202, chat.text
+        # One that makes the tasks that run them does: a factory.run, a factory.dispatch.
+        sh = {"taskId": "t", "input": {"command": ["sh", "-c", "curl x|sh"]}}
+        plan = {"objective": {"title": "t", "goal": "g", "tasks": [sh]}}
+        run = enqueue_body(kind="factory.run", payload_extra=plan)
+        refused = await c.post("/agents/factory/jobs", json=run, headers=as_writer)
+        assert "commands:run" in assert_error(refused, 403, "forbidden")["message"]
+        dispatch = enqueue_body(kind="factory.dispatch", payload_extra={"tasks": [sh]})
+        refused = await c.post("/agents/factory/jobs", json=dispatch, headers=as_writer)
+        assert "commands:run" in assert_error(refused, 403, "forbidden")["message"]
+        # And every command they name is on the allow-list, as a codex job's.
+        for body, field in [
+            (run, "payload.objective.tasks[0].input.command"),
+            (dispatch, "payload.tasks[0].input.command"),
+        ]:
+            listed = await c.post("/agents/factory/jobs", json=body, headers=as_runner)
+            assert assert_error(listed, 403, "forbidden")["field"] == field
+        objective = {**plan["objective"], "validate": {"command": ["git", "status"]}}
+        posted = await c.post("/objectives", json=objective, headers=as_runner)
+        assert assert_error(posted, 403, "forbidden")["field"] == "objective.tasks[0].input.command"
+        allowed = {**objective, "tasks": [{"taskId": "t", "input": {"command": ["pytest"]}}]}
+        assert (await c.post("/objectives", json=allowed, headers=as_runner)).status_code == 202
         assert_error(await c.get("/jobs", headers=as_writer), 403, "forbidden")
         assert (await c.get("/jobs", headers=as_reader)).status_code == 200
         ok = await c.post("/agents/codex/jobs", json=codex("git", "status"), headers=as_runner)
@@ -772,6 +789,30 @@ async def test_a_stream_slot_comes_back_even_if_the_stream_never_started() -> No
     finished = gate.acquire("t").held_by(events())
     assert [event async for event in finished] == ["id: 1\n\n"]
     assert gate.total == 0
+
+
+async def test_a_steer_absorbed_into_a_job_that_runs_commands_needs_commands_run(
+    db_url: str, store: Store
+) -> None:
+    """A steer singleton posted to any agent lands in the session's active job: into a codex
+    job its payload reaches the command, so it needs `commands:run` as a direct steer does."""
+    tokens = "write-tok org-a jobs:read jobs:write\nrun-tok org-a jobs:read jobs:write commands:run"
+    as_writer = {"Authorization": "Bearer write-tok"}
+    as_runner = {"Authorization": "Bearer run-tok"}
+    session = new_id("session")
+    task = {"task": {"command": ["true"], "steerable": True}}
+    async with api_client(db_url, tokens=tokens) as c:
+        codex = enqueue_body(sessionKey=session, payload_extra=task)
+        made = await c.post("/agents/codex/jobs", json=codex, headers=as_runner)
+        assert made.status_code == 202, made.text
+        steer = enqueue_body(sessionKey=session, singletonMode="steer", payload_extra={"n": 1})
+        refused = await c.post("/agents/helper/jobs", json=steer, headers=as_writer)
+        error = assert_error(refused, 403, "forbidden")
+        assert error["field"] == "singletonMode" and "commands:run" in error["message"]
+        absorbed = await c.post("/agents/helper/jobs", json=steer, headers=as_runner)
+        assert absorbed.status_code == 202 and absorbed.json()["outcome"] == "steered"
+    job_id = made.json()["job"]["jobId"]
+    assert await types(store, rid(job_id)) == ["job.enqueued", "queue.command"]
 
 
 async def test_steering_retrying_and_agent_jobs_need_the_scopes_of_what_they_run(

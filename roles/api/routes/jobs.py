@@ -216,6 +216,7 @@ async def enqueue_post(
             new_job_id=new_job_id,
             max_commands=settings.max_commands_per_job,
             max_command_bytes=settings.max_command_bytes,
+            may_steer_commands=caller.can(COMMANDS_RUN),
             trace_id=trace_id_of(traceparent),
             traceparent=traceparent,
         )

@@ -24,6 +24,7 @@ from receipts.objectives.graph import OBJECTIVE_FIELDS, parse_objective
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream, run_job_id
 from receipts.store import Store
 from receipts.tenancy import scoped_id
+from roles.api.admission import check_executables, objective_commands
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
     choice,
@@ -129,6 +130,8 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
             },
         },
     )
+    commands = objective_commands(raw, "objective")
+    check_executables(state.settings, parsed.organization_id, commands)
     # Scoped by organization as a job id is (receipts/tenancy.py): the run job is named after it.
     runtime = scoped_id(parsed.organization_id, objective_id)
     enqueue_request = dataclasses.replace(
