@@ -87,8 +87,7 @@ def check_executables(
             raise ApiError(
                 403,
                 "forbidden",
-                f"{field}[0] must be one of this organization's executables: "
-                f"{', '.join(allowed)}",
+                f"{field}[0] must be one of this organization's executables: {', '.join(allowed)}",
                 field=field,
                 allowed=allowed,
             )
