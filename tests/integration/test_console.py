@@ -115,6 +115,14 @@ async def test_actions_need_the_csrf_token_and_act_on_the_job(db_url: str, store
         assert job is not None
         [steered] = await commands.with_payloads(store, job.job_id, job.commands[-1:])
         assert steered.payload == {"message": "look at the logs"}
+        # The payload is held to the API's limits on a JSON body, whatever its depth.
+        for depth in (900, 5000):
+            deep = await client.post(
+                f"/console/jobs/{job_id}/command",
+                **form({"csrf": csrf, "type": "steer", "payload": "[" * depth + "]" * depth}),  # type: ignore[arg-type]
+            )
+            assert deep.status_code == 422 and "deep" in deep.text
+        assert len((await store.get_job(rid(job_id))).commands) == 1  # type: ignore[union-attr]
         abort = await client.post(
             f"/console/jobs/{job_id}/command",
             **form({"csrf": csrf, "type": "abort", "reason": "operator"}),  # type: ignore[arg-type]

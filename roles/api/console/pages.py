@@ -17,13 +17,14 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from receipts import jobs as jobmodel
 from receipts import operations, reads
 from receipts import retry as retries
+from receipts.errors import InvalidInput
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
 from receipts.kinds import KINDS
 from receipts.settings import Settings
 from receipts.tenancy import caller_id
 from roles.api.admission import runs_commands
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
-from roles.api.body import decode_cursor, encode_cursor
+from roles.api.body import check_shape, decode_cursor, encode_cursor
 from roles.api.console.session import (
     COOKIE,
     COOKIE_PATH,
@@ -339,8 +340,14 @@ async def job_command(request: Request, jobId: str) -> Response:
     if command_type != "abort" and text:
         try:
             payload = json.loads(text)
+        except RecursionError:  # deeper than the parser goes: far past the depth limit
+            raise FormError(422, "the payload is nested deeper than the API allows") from None
         except ValueError:
             payload = {"message": text}
+        try:  # the API's limits on a JSON body (depth, size, text), as a POST of it has
+            check_shape(payload, request.app.state.api.json_limits)
+        except InvalidInput as exc:
+            raise FormError(422, f"payload: {exc.message}") from None
     job = await find_job(store_of(request), session.principal, jobId)
     need(session, JOBS_WRITE)
     if job is not None and command_type != "abort" and runs_commands(job.agent_id, job.kind):
