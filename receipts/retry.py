@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from receipts import jobs as jobmodel
-from receipts.enqueue import EnqueueRequest, enqueue_in
+from receipts.enqueue import Admission, EnqueueRequest, enqueue_in
 from receipts.jobs import Job
 from receipts.store import Draft, Store, Tx
 from receipts.tenancy import scoped_id
@@ -60,9 +60,15 @@ def retry_request(job: Job, new_job_id: str) -> EnqueueRequest:
 
 
 async def retry_in(
-    tx: Tx, job_id: str, *, organization_id: str | None, admin: bool
+    tx: Tx,
+    job_id: str,
+    *,
+    organization_id: str | None,
+    admin: bool,
+    admission: Admission | None = None,
 ) -> RetryOutcome:
-    """Retry `job_id` inside a caller's transaction (see the module docstring)."""
+    """Retry `job_id` inside a caller's transaction (see the module docstring). `admission`:
+    the caps the new job must fit (what it raises leaves nothing written)."""
     job = await tx.job_for_update(job_id)
     if job is None or not (admin or job.organization_id == organization_id):
         return RetryOutcome(NOT_FOUND)
@@ -72,7 +78,7 @@ async def retry_in(
         return RetryOutcome(NOT_RETRYABLE, job)
     # Scoped like every organization's job id (docs/design.md §4), so its organization can name it.
     new_job_id = scoped_id(job.organization_id, f"retry-{uuid.uuid4()}")
-    created = await enqueue_in(tx, retry_request(job, new_job_id))
+    created = await enqueue_in(tx, retry_request(job, new_job_id), admission)
     old, _ = await tx.append_job(
         job_id, job, [Draft(jobmodel.RETRIED, {"retriedAs": created.job.job_id})]
     )
@@ -80,11 +86,18 @@ async def retry_in(
 
 
 async def retry(
-    store: Store, job_id: str, *, organization_id: str | None, admin: bool
+    store: Store,
+    job_id: str,
+    *,
+    organization_id: str | None,
+    admin: bool,
+    admission: Admission | None = None,
 ) -> RetryOutcome:
     """Retry one job in its own transaction; logs the outcome."""
     async with store.transaction() as tx:
-        outcome = await retry_in(tx, job_id, organization_id=organization_id, admin=admin)
+        outcome = await retry_in(
+            tx, job_id, organization_id=organization_id, admin=admin, admission=admission
+        )
     if outcome.status == RETRIED and outcome.retry is not None:
         log.info(
             "job retried",
@@ -94,12 +107,20 @@ async def retry(
 
 
 async def retry_matching(
-    store: Store, filters: dict[str, Any], *, organization_id: str | None, admin: bool, limit: int
+    store: Store,
+    filters: dict[str, Any],
+    *,
+    organization_id: str | None,
+    admin: bool,
+    limit: int,
+    admission: Admission | None = None,
 ) -> list[RetryOutcome]:
     """Retry up to `limit` (≤ MAX_BULK) jobs that match `filters` and were never retried.
 
     Each job is retried in a transaction of its own, so one refusal does not undo the others;
     jobs already retried are not selected, so running the same bulk retry twice creates nothing.
+    What `admission` raises (the organization's caps reached) stops the run there: the retries
+    made stand, and running it again goes on from them.
     """
     rows = await store.fetch(
         "retry_candidates",
@@ -114,5 +135,8 @@ async def retry_matching(
         },
     )
     return [
-        await retry(store, row[0], organization_id=organization_id, admin=admin) for row in rows
+        await retry(
+            store, row[0], organization_id=organization_id, admin=admin, admission=admission
+        )
+        for row in rows
     ]

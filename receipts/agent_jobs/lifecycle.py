@@ -16,7 +16,13 @@ from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.projection import AGENT_JOBS
 from receipts.commands import with_payloads
 from receipts.enqueue import EnqueueRequest, cancel_queued_draft, enqueue_in
-from receipts.errors import ConflictError, InvalidInput, InvariantError, NotFoundError
+from receipts.errors import (
+    ConflictError,
+    InvalidInput,
+    InvariantError,
+    NotFoundError,
+    ReceiptError,
+)
 from receipts.jobs import Job, Receipt
 from receipts.kinds import TURN_KIND, route
 from receipts.store import Draft, Store, Tx
@@ -142,18 +148,28 @@ async def _wake(tx: Tx, job: AgentJob, session: str) -> None:
 # --- create -----------------------------------------------------------------------------------
 
 
-async def create(store: Store, request: CreateRequest) -> tuple[AgentJob, bool]:
+class AtCap(ReceiptError):
+    """The organization holds its cap of unfinished agent jobs: nothing was created."""
+
+
+async def create(
+    store: Store, request: CreateRequest, max_open: int | None = None
+) -> tuple[AgentJob, bool]:
     """Create the agent job (queued); returns `(job, created)`.
 
     The owner session is bound to the request's organization on first use (another
     organization naming it raises `ConflictError`). A retried create for the same
-    `(organization, ownerSessionId, sourceToolCallId)` returns the job it made.
+    `(organization, ownerSessionId, sourceToolCallId)` returns the job it made. With
+    `max_open`, an organization that holds that many unfinished agent jobs gets `AtCap`
+    (a retried create still gets its job).
     """
     async with store.transaction() as tx:
-        return await create_in(tx, request)
+        return await create_in(tx, request, max_open)
 
 
-async def create_in(tx: Tx, request: CreateRequest) -> tuple[AgentJob, bool]:
+async def create_in(
+    tx: Tx, request: CreateRequest, max_open: int | None = None
+) -> tuple[AgentJob, bool]:
     """`create` inside a caller's transaction."""
     await tx.lock_key(f"agent-session:{request.owner_session_id}")
     await tx.execute(
@@ -174,6 +190,13 @@ async def create_in(tx: Tx, request: CreateRequest) -> tuple[AgentJob, bool]:
     )
     if existing is not None:
         return AgentJob.model_validate(existing[0]), False
+    if max_open is not None:
+        params = {"organization_id": request.organization_id, "cap": max_open}
+        held = await _row(tx, "agent_jobs_open_count", params)
+        if held is not None and int(held[0]) >= max_open:
+            raise AtCap(
+                f"the organization has {held[0]} unfinished agent jobs (RECEIPT_ORG_MAX_QUEUED)"
+            )
     agent_job_id = str(uuid.uuid4())
     workspace_owner = agent_job_id
     if request.continued_from_job_id is not None:

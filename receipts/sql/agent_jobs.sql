@@ -6,6 +6,15 @@ SELECT now(), state FROM agent_jobs WHERE agent_job_id = %(agent_job_id)s FOR UP
 -- name: agent_job_get
 SELECT state FROM agent_jobs WHERE agent_job_id = %(agent_job_id)s;
 
+-- name: agent_jobs_open_count
+-- An organization's unfinished agent jobs, counted up to `cap` (bounded work however many).
+SELECT count(*) FROM (
+    SELECT 1 FROM agent_jobs
+    WHERE organization_id = %(organization_id)s
+      AND status IN ('queued', 'running', 'waiting_on_user')
+    LIMIT %(cap)s
+) AS held;
+
 -- name: agent_jobs_workspace_busy
 -- A job working in the workspace of `workspace_owner` (its owner or a job continuing it) that
 -- is unfinished, or finished with a turn still running (a job stopped mid-turn): the first one,

@@ -458,6 +458,70 @@ async def test_an_organization_at_its_cap_still_gets_its_existing_job_and_its_st
     assert await types(store, new_job) == ["job.enqueued"]
 
 
+def agent_job_body() -> dict[str, Any]:
+    return {
+        "agentId": "helper",
+        "ownerSessionId": new_id("session"),
+        "sourceActorEventId": "event-1",
+        "sourceToolCallId": new_id("tool"),
+        "replyRoute": {"binding": "slack", "channel": "C1"},
+        "input": {"prompt": "go"},
+    }
+
+
+async def test_every_way_to_make_jobs_takes_the_organizations_rate_and_caps(
+    db_url: str, store: Store
+) -> None:
+    """An objective, an agent job and a retry make work as an enqueue does: each takes one of
+    the organization's enqueue tokens, and what they create counts against its caps."""
+    from receipts import operations
+
+    org = new_id("org")
+    tokens = f"token-{org} {org}"
+    as_org = {"Authorization": f"Bearer token-{org}"}
+    objective = {"title": "t", "goal": "g", "tasks": [{"taskId": "t", "input": {"prompt": "p"}}]}
+    async with api_client(db_url, tokens=tokens, org_enqueue_rate=1e-6, org_enqueue_burst=2) as c:
+        made = [
+            await c.post("/agents/codex/jobs", json=enqueue_body(org=org), headers=as_org)
+            for _ in range(2)
+        ]
+        assert [m.status_code for m in made] == [202, 202]
+        for path, body in [
+            ("/objectives", objective),
+            ("/agent-jobs", agent_job_body()),
+            ("/jobs/retry", {"agentId": "codex"}),
+            (f"/jobs/{made[0].json()['job']['jobId']}/retry", None),
+        ]:
+            limited = await c.post(path, json=body, headers=as_org)
+            assert (
+                "RECEIPT_ORG_ENQUEUE_RATE"
+                in assert_error(limited, 429, "too_many_requests")["message"]
+            ), path
+    # Two queued jobs: at a cap of two, nothing more is created whichever way it is asked for.
+    failed = rid(made[0].json()["job"]["jobId"], org)
+    assert (await operations.fail_undeliverable(store, failed, error="x")).ok  # one queued now
+    async with api_client(db_url, tokens=tokens, org_max_queued=2) as c:
+        retried = await c.post(f"/jobs/{made[0].json()['job']['jobId']}/retry", headers=as_org)
+        assert retried.status_code == 201, retried.text  # back to two queued
+        refused = await c.post("/objectives", json=objective, headers=as_org)
+        assert (
+            "RECEIPT_ORG_MAX_QUEUED" in assert_error(refused, 429, "too_many_requests")["message"]
+        )
+        other = rid(made[1].json()["job"]["jobId"], org)
+        assert (await operations.fail_undeliverable(store, other, error="x")).ok
+        again = await c.post("/jobs/retry", json={"agentId": "codex"}, headers=as_org)
+        assert again.status_code == 200 and again.json()["count"] == 1  # one place was free
+        # Agent jobs count their own unfinished ones against the same cap.
+        agent_jobs = [
+            await c.post("/agent-jobs", json=agent_job_body(), headers=as_org) for _ in range(3)
+        ]
+        assert [a.status_code for a in agent_jobs[:2]] == [201, 201]
+        assert (
+            "unfinished agent jobs"
+            in assert_error(agent_jobs[2], 429, "too_many_requests")["message"]
+        )
+
+
 # --- finding 9: /metrics open and labelled by tenants ----------------------------------------
 
 

@@ -20,9 +20,18 @@ from receipts.errors import ConflictError, InvalidInput, NotFoundError
 from receipts.jobs import job_stream
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import choice, decode_cursor, encode_cursor, read_optional_json_body
-from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
+from roles.api.deps import (
+    ApiError,
+    ApiState,
+    Caller,
+    State,
+    read_json_body,
+    require_scope,
+    too_many,
+)
 from roles.api.deps import takes_query as _takes_query
 from roles.api.documented import AgentJobStreamEnd
+from roles.api.errors import RETRY_AFTER_S
 from roles.api.routes.sessions import visible_session
 from roles.api.schema import (
     AgentJobAnswer,
@@ -188,7 +197,7 @@ def _checked_binding(settings: AgentJobSettings, create: CreateRequest) -> Creat
     status_code=201,
     responses={
         **_ok(200, "A retried create: the job it made"),
-        **errors_documented(400, 401, 403, 409, 413, 422, 503),
+        **errors_documented(400, 401, 403, 409, 413, 422, 429, 503),
     },
     openapi_extra=json_body_documented("AgentJobCreateBody"),
 )
@@ -198,6 +207,7 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
     commands on the codex workers: the token needs `jobs:write` and `commands:run`."""
     require_scope(caller, JOBS_WRITE)
     require_scope(caller, COMMANDS_RUN)
+    state.org_limits.admit(caller.organization_id)  # as an enqueue: the organization's rate
     body = await read_json_body(request, state.settings.max_body_bytes)
     if not isinstance(body, dict):
         raise InvalidInput("body", "the request body must be a JSON object")
@@ -222,8 +232,12 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
     with caller_span("receipt.agent_job.create", request.headers) as traceparent:
         try:
             job, created = await lifecycle.create(
-                state.require_store(), dataclasses.replace(create, traceparent=traceparent)
+                state.require_store(),
+                dataclasses.replace(create, traceparent=traceparent),
+                max_open=None if caller.admin else state.settings.org_max_queued,
             )
+        except lifecycle.AtCap as exc:
+            raise too_many(str(exc), RETRY_AFTER_S) from exc
         except lifecycle.LiveTurnRunning as exc:
             raise ApiError(409, "live_turn_running", str(exc), field="continuedFromJobId") from exc
         except ConflictError as exc:

@@ -24,7 +24,7 @@ from receipts.objectives.graph import OBJECTIVE_FIELDS, parse_objective
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream, run_job_id
 from receipts.store import Store
 from receipts.tenancy import scoped_id
-from roles.api.admission import check_executables, objective_commands
+from roles.api.admission import check_executables, objective_commands, org_caps
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
     choice,
@@ -103,7 +103,7 @@ def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
     "/objectives",
     status_code=202,
     response_model=ObjectiveAccepted,
-    responses=errors_documented(400, 401, 403, 409, 413, 422, 503),
+    responses=errors_documented(400, 401, 403, 409, 413, 422, 429, 503),
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("ObjectiveBody"),
 )
@@ -113,6 +113,7 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
     the token needs `jobs:write` and `commands:run`."""
     require_scope(caller, JOBS_WRITE)
     require_scope(caller, COMMANDS_RUN)
+    state.org_limits.admit(caller.organization_id)  # an enqueue: the organization's rate
     body = _object(await read_json_body(request, state.settings.max_body_bytes), CREATE_FIELDS)
     auth = _auth_context(body, caller)
     raw = {k: v for k, v in body.items() if k != "authContext"}
@@ -142,7 +143,8 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
     # The caller's `traceparent` is the parent of the run job's trace.
     with caller_span("receipt.enqueue", request.headers, **{"receipt.agent_id": "factory"}) as tp:
         traced = dataclasses.replace(enqueue_request, trace_id=trace_id_of(tp), traceparent=tp)
-        result = await enqueue(state.require_store(), traced)
+        caps = org_caps(state.settings, parsed.organization_id) if parsed.organization_id else None
+        result = await enqueue(state.require_store(), traced, caps)
         log.info(
             "objective requested",
             extra={"event": "api.objective_requested", "objectiveId": runtime},

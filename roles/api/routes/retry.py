@@ -11,10 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from receipts import retry as retries
+from receipts.enqueue import Admission
 from receipts.jobs import LANES
 from receipts.kinds import KINDS
-from roles.api.admission import runs_commands
-from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
+from roles.api.admission import org_caps, runs_commands
+from roles.api.auth import COMMANDS_RUN, JOBS_WRITE, Principal
 from roles.api.body import choice, validated
 from roles.api.deps import (
     ApiError,
@@ -65,6 +66,14 @@ class BulkRetried(BaseModel):
     count: int
 
 
+def _caps(state: State, caller: Principal) -> Admission | None:
+    """An organization's retries count against its caps of queued and active jobs, as its
+    enqueues do (an admin's, across organizations, are the operator's own)."""
+    if caller.admin or caller.organization_id is None:
+        return None
+    return org_caps(state.settings, caller.organization_id)
+
+
 def _refusal(outcome: retries.RetryOutcome, job_id: str) -> ApiError:
     if outcome.status == retries.NOT_FOUND:
         return ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
@@ -81,7 +90,7 @@ def _refusal(outcome: retries.RetryOutcome, job_id: str) -> ApiError:
 @router.post(
     "/jobs/retry",
     response_model=BulkRetried,
-    responses=errors_documented(400, 401, 403, 413, 415, 422, 503),
+    responses=errors_documented(400, 401, 403, 413, 415, 422, 429, 503),
     openapi_extra=json_body_documented("BulkRetryBody"),
 )
 async def retry_matching(request: Request, state: State, caller: Caller) -> JSONResponse:
@@ -94,6 +103,7 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
     body = validated(BulkRetryBody, raw)
     choice(body.lane, "lane", LANES)
     choice(body.kind, "kind", KINDS)
+    state.org_limits.admit(caller.organization_id)
     outcomes = await retries.retry_matching(
         state.require_store(),
         {
@@ -107,6 +117,7 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
         organization_id=caller.organization_id,
         admin=caller.admin,
         limit=body.limit,
+        admission=_caps(state, caller),
     )
     retried = [
         {"jobId": shown_id(caller, o.job), "retryJobId": shown_id(caller, o.retry)}
@@ -123,7 +134,7 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
     status_code=201,
     responses={
         200: {"model": RetryAccepted, "description": "An earlier retry had created it"},
-        **errors_documented(401, 403, 404, 409, 422, 503),
+        **errors_documented(401, 403, 404, 409, 422, 429, 503),
     },
 )
 async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse:
@@ -134,11 +145,13 @@ async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse
     job = await visible_job(state, caller, job_id)
     if runs_commands(job.agent_id, job.kind):
         require_scope(caller, COMMANDS_RUN)
+    state.org_limits.admit(caller.organization_id)
     outcome = await retries.retry(
         state.require_store(),
         job.job_id,
         organization_id=caller.organization_id,
         admin=caller.admin,
+        admission=_caps(state, caller),
     )
     if outcome.status not in (retries.RETRIED, retries.ALREADY) or outcome.retry is None:
         raise _refusal(outcome, job_id)
