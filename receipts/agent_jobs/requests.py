@@ -10,6 +10,7 @@ from receipts.errors import InvalidInput
 from receipts.text import check_clean_text
 
 MAX_ID_LENGTH = 200
+MAX_ROUTE_LENGTH = 1000
 MAX_TEMPLATE_CHARS = 64 * 1024
 MAX_PROMPT_CHARS = 256 * 1024
 CREATE_FIELDS: tuple[str, ...] = (
@@ -64,6 +65,13 @@ def parse_create(body: Any, organization_id: str) -> CreateRequest:
             )
     if route.get("thread") is not None and not isinstance(route["thread"], str):
         raise InvalidInput("replyRoute.thread", "replyRoute.thread must be a string")
+    for name in ("binding", "channel", "thread"):
+        # The route rides in every wakeup and every read of the job: a name, not a payload.
+        if len(route.get(name) or "") > MAX_ROUTE_LENGTH:
+            raise InvalidInput(
+                f"replyRoute.{name}",
+                f"replyRoute.{name} must be at most {MAX_ROUTE_LENGTH} characters",
+            )
     given = _fields(body.get("input"), "input", INPUT_FIELDS)
     if len(given) != 1:
         raise InvalidInput(

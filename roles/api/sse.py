@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -255,6 +255,19 @@ def wants_stream(request: Request) -> bool:
 def json_size(value: Any) -> int:
     """The length of `value` as compact JSON (what the response byte cap counts)."""
     return len(json.dumps(value, separators=(",", ":")))
+
+
+def within_budget(views: Iterable[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The views, in order, until the next would take the page past `budget` bytes of JSON
+    (`RECEIPT_MAX_RESPONSE_BYTES`); at least one. A list whose items hold large fields ends its
+    page early, and its cursor continues after the last item shown."""
+    kept: list[dict[str, Any]] = []
+    for view in views:
+        budget -= json_size(view)
+        if kept and budget < 0:
+            break
+        kept.append(view)
+    return kept
 
 
 def stream_response(

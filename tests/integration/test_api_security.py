@@ -365,6 +365,54 @@ async def test_list_and_event_pages_stop_at_the_response_byte_cap(db_url: str) -
         assert rest["receipts"][0]["seq"] == first["lastSeq"] + 1
 
 
+async def test_agent_job_and_schedule_lists_stop_at_the_response_byte_cap_too(
+    db_url: str,
+) -> None:
+    """Every list pages by bytes as well as by count: items with large fields (a long prompt,
+    a schedule's job) end a page early and its cursor goes on after the last one shown."""
+    session = new_id("session")
+    blob = "z" * 1500
+    async with api_client(db_url, max_response_bytes=4096, schedule_min_interval_s=1) as client:
+        made_jobs, made_schedules = [], []
+        for _ in range(5):
+            body = {**agent_job_body(), "ownerSessionId": session, "input": {"prompt": blob}}
+            made = await client.post("/agent-jobs", json=body, headers=AS_A)
+            assert made.status_code == 201, made.text
+            made_jobs.append(made.json()["agentJob"]["agentJobId"])
+            schedule = {
+                "scheduleId": new_id("sch"),
+                "interval": "1h",
+                "agentId": "codex",
+                "job": enqueue_body(payload_extra={"task": {"command": ["true"]}, "blob": blob}),
+            }
+            created = await client.post("/schedules", json=schedule, headers=AS_A)
+            assert created.status_code == 201, created.text
+            made_schedules.append(created.json()["scheduleId"])
+        for path, key, id_key, made in [
+            (f"/sessions/{session}/agent-jobs", "agentJobs", "agentJobId", made_jobs),
+            ("/schedules", "schedules", "scheduleId", made_schedules),
+        ]:
+            seen: list[str] = []
+            cursor: str | None = None
+            pages = 0
+            while True:
+                params = {"limit": "50", **({"cursor": cursor} if cursor else {})}
+                response = await client.get(path, params=params, headers=AS_A)
+                assert response.status_code == 200, response.text
+                assert len(response.content) <= 4096 + 3000  # one item may pass it alone
+                page = response.json()
+                seen += [item[id_key] for item in page[key]]
+                pages += 1
+                cursor = page["nextCursor"]
+                if cursor is None:
+                    break
+            assert [i for i in seen if i in made] == made[::-1] and pages > 1, path
+        too_long = {**agent_job_body(), "replyRoute": {"binding": "b", "channel": "c" * 1001}}
+        refused = await client.post("/agent-jobs", json=too_long, headers=AS_A)
+        assert refused.status_code == 422
+        assert refused.json()["error"]["field"] == "replyRoute.channel"
+
+
 # --- finding 8: no per-organization limits ----------------------------------------------------
 
 

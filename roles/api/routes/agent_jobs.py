@@ -42,7 +42,7 @@ from roles.api.schema import (
     errors_documented,
     json_body_documented,
 )
-from roles.api.sse import Asked, Followed, events_response, events_route
+from roles.api.sse import Asked, Followed, events_response, events_route, within_budget
 from roles.infra.tracing import caller_span
 
 router = APIRouter(tags=["agent-jobs"])
@@ -291,11 +291,12 @@ async def _list(
         after=decode_cursor(cursor),
         limit=limit,
     )
-    last = page.items[-1] if page.more else None
-    next_cursor = encode_cursor(last.created_at, last.agent_job_id) if last else None
-    return JSONResponse(
-        {"agentJobs": [agent_job_view(j, request) for j in page.items], "nextCursor": next_cursor}
+    views = within_budget(
+        (agent_job_view(j, request) for j in page.items), state.settings.max_response_bytes
     )
+    last = page.items[len(views) - 1] if page.more or len(views) < len(page.items) else None
+    next_cursor = encode_cursor(last.created_at, last.agent_job_id) if last else None
+    return JSONResponse({"agentJobs": views, "nextCursor": next_cursor})
 
 
 @router.get(

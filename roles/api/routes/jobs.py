@@ -80,7 +80,14 @@ from roles.api.schema import (
     json_body_documented,
     shown_receipt,
 )
-from roles.api.sse import Asked, Followed, events_response, events_route, json_size
+from roles.api.sse import (
+    Asked,
+    Followed,
+    events_response,
+    events_route,
+    json_size,
+    within_budget,
+)
 from roles.infra.tracing import caller_context, current_traceparent, trace_id_of
 
 log = logging.getLogger("roles.api.app")
@@ -307,14 +314,10 @@ async def list_jobs(
     page = await reads.jobs_page(
         state.require_store(), caller, filters, after=decode_cursor(cursor), limit=limit
     )
-    budget = state.settings.max_response_bytes
-    views: list[dict[str, Any]] = []
-    for job in page.items:
-        view = job_view(job, shown_id(caller, job))
-        budget -= json_size(view)
-        if views and budget < 0:
-            break
-        views.append(view)
+    views = within_budget(
+        (job_view(job, shown_id(caller, job)) for job in page.items),
+        state.settings.max_response_bytes,
+    )
     next_cursor = None
     if views and (page.more or len(page.items) > len(views)):
         last = page.items[len(views) - 1]

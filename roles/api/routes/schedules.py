@@ -34,6 +34,7 @@ from roles.api.deps import takes_query as _takes_query
 from roles.api.documented import ScheduleBody, SchedulePatchBody
 from roles.api.errors import too_many
 from roles.api.schema import ScheduleList, ScheduleView, errors_documented, json_body_documented
+from roles.api.sse import within_budget
 
 router = APIRouter(tags=["schedules"])
 ScheduleId = Annotated[str, Path(alias="scheduleId", description="The schedule id")]
@@ -175,10 +176,14 @@ async def list_schedules(
     require_scope(caller, JOBS_READ)
     store = state.require_store()
     page = await schedules.schedules_page(store, caller, after=decode_cursor(cursor), limit=limit)
-    last = page.items[-1] if page.more else None
+    views = within_budget(
+        [shown_view(caller, await schedule_view(store, s)) for s in page.items],
+        state.settings.max_response_bytes,
+    )
+    last = page.items[len(views) - 1] if page.more or len(views) < len(page.items) else None
     return JSONResponse(
         {
-            "schedules": [shown_view(caller, await schedule_view(store, s)) for s in page.items],
+            "schedules": views,
             "nextCursor": encode_cursor(last.created_at, last.schedule_id) if last else None,
         }
     )
