@@ -12,6 +12,15 @@ with workflow.unsafe.imports_passed_through():
     from activities.names import FIRE_SCHEDULE, SCHEDULE_FIRE_WORKFLOW
 
 SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
+# A firing is retried through a database outage this long (a restart, a failover), then lost:
+# Temporal shows the run failed. Time-bounded, not count-bounded: ten quick tries were gone in
+# about two minutes.
+FIRE_PATIENCE = timedelta(minutes=30)
+FIRE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=0,
+)
 
 
 @workflow.defn(name=SCHEDULE_FIRE_WORKFLOW)
@@ -27,6 +36,7 @@ class ScheduleFireWorkflow:
             args=[schedule_id, when],
             result_type=str,
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=10)),
+            schedule_to_close_timeout=FIRE_PATIENCE,
+            retry_policy=FIRE_RETRY,
         )
         return outcome
