@@ -33,6 +33,11 @@ _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _ULA = ipaddress.ip_network("fc00::/7")
 _LINK_LOCAL_V6 = ipaddress.ip_network("fe80::/10")
 _SITE_LOCAL_V6 = ipaddress.ip_network("fec0::/10")
+# IETF protocol assignments (192.0.0.192 is a cloud's metadata service): not every Python's
+# tables call the whole block non-global.
+_PROTOCOL_ASSIGNMENTS = ipaddress.ip_network("192.0.0.0/24")
+# NAT64's well-known prefix: the last 32 bits are the IPv4 address a translator reaches.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
 # A resolver that does not answer must not hold a create (or a delivery) for long.
@@ -50,8 +55,13 @@ def refused_reason(address: str | IPAddress) -> str | None:
     """Why a webhook may not connect to `address` (`loopback`, `private`, …), or None for a
     public address. An IPv4 address mapped into IPv6 is judged as the IPv4 address."""
     ip = ipaddress.ip_address(address) if isinstance(address, str) else address
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        # An IPv6 address that carries an IPv4 one (mapped, 6to4, Teredo's client, NAT64)
+        # reaches that address: it is judged as it.
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif (embedded := _embedded_ipv4(ip)) is not None and refused_reason(embedded):
+            return refused_reason(embedded)
     if ip.is_unspecified:
         return "unspecified"
     if ip.is_loopback:
@@ -62,6 +72,8 @@ def refused_reason(address: str | IPAddress) -> str | None:
         return "multicast"
     if ip in _CGNAT:
         return "CGNAT"
+    if ip in _PROTOCOL_ASSIGNMENTS:
+        return "reserved"
     if ip in _ULA:
         return "unique-local"
     if ip in _SITE_LOCAL_V6:
@@ -70,6 +82,16 @@ def refused_reason(address: str | IPAddress) -> str | None:
         return "private"
     if ip.is_reserved or not ip.is_global:
         return "reserved"
+    return None
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]  # the client's address (the server's is public by design)
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return None
 
 

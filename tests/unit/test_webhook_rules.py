@@ -44,6 +44,11 @@ from receipts.webhooks import (
         ("::ffff:10.0.0.1", "private"),
         ("240.0.0.1", "private"),  # reserved (Python counts it private)
         ("192.0.2.10", "private"),  # TEST-NET-1: documentation, never a receiver
+        ("192.0.0.192", "reserved"),  # a cloud's metadata service, in the IETF's block
+        ("2002:7f00:1::", "loopback"),  # 6to4 carrying 127.0.0.1
+        ("2002:a9fe:a9fe::1", "link-local"),  # 6to4 carrying 169.254.169.254
+        ("64:ff9b::a00:1", "private"),  # NAT64 of 10.0.0.1
+        ("2001:0:4136:e378:8000:63bf:f5ff:fffe", "private"),  # Teredo, client 10.0.0.1
     ],
 )
 def test_addresses_a_webhook_may_not_reach(address: str, reason: str) -> None:
