@@ -86,6 +86,13 @@ async def session_organization(store: Store, session_id: str) -> str | None:
     return str(row[0]) if row else None
 
 
+async def sessions_named(store: Store, session_id: str) -> list[str]:
+    """The runtime ids of the owner sessions an admin may mean by `session_id` (a runtime id,
+    or an organization's own id): at most two, enough to tell one from ambiguous."""
+    rows = await store.fetch("agent_sessions_by_caller_id", {"session_id": session_id})
+    return [str(row[0]) for row in rows]
+
+
 async def append(tx: Tx, job: AgentJob | None, drafts: Sequence[Draft]) -> AgentJob:
     """Fold `drafts` onto `job` (row locked by the caller), append them to `agent-jobs/<id>`,
     update the projection, and append the owner's wakeup when the job entered a wakeup status.

@@ -61,6 +61,14 @@ ON CONFLICT (session_id) DO NOTHING;
 -- name: agent_session_get
 SELECT organization_id FROM agent_sessions WHERE session_id = %(session_id)s;
 
+-- name: agent_sessions_by_caller_id
+-- The sessions an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an
+-- unscoped id): two rows tell "one" from "ambiguous" (agent_sessions_caller_id_idx, 0017).
+SELECT session_id FROM agent_sessions
+WHERE split_part(session_id, '~', 1) = %(session_id)s::text
+ORDER BY session_id
+LIMIT 2;
+
 -- name: agent_wakeup_record
 INSERT INTO agent_job_wakeups (source_id, agent_job_id, session_id, session_seq)
 VALUES (%(source_id)s, %(agent_job_id)s, %(session_id)s, %(session_seq)s)

@@ -17,6 +17,7 @@ from receipts import operations as ops
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.store import Store
+from receipts.tenancy import scoped_id
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from tests.integration.api_support import (
     AS_A,
@@ -101,9 +102,11 @@ async def test_bad_input_names_the_field_and_writes_nothing(
     assert listed.status_code in (404, 422)
 
 
-async def test_another_organization_cannot_see_answer_or_reuse_a_session(
+async def test_another_organization_cannot_see_answer_or_take_a_session(
     client: httpx.AsyncClient, store: Store
 ) -> None:
+    """Owner session ids are scoped by organization as job ids are: another organization naming
+    the same id gets a session of its own, so it can neither take one nor learn it exists."""
     job = await create(client, AS_A)
     agent_job_id, session = job["agentJobId"], job["ownerSessionId"]
     for path in (f"/agent-jobs/{agent_job_id}", f"/agent-jobs/{agent_job_id}/events"):
@@ -117,10 +120,27 @@ async def test_another_organization_cannot_see_answer_or_reuse_a_session(
     assert (await client.get(f"/sessions/{session}/agent-jobs", headers=AS_B)).status_code == 404
     listed = (await client.get(f"/sessions/{session}/agent-jobs", headers=AS_A)).json()
     assert [j["agentJobId"] for j in listed["agentJobs"]] == [agent_job_id]
-    taken = await client.post("/agent-jobs", json=body(ownerSessionId=session), headers=AS_B)
-    assert taken.status_code == 409 and taken.json()["error"]["field"] == "ownerSessionId"
+    own = await client.post("/agent-jobs", json=body(ownerSessionId=session), headers=AS_B)
+    assert own.status_code == 201, own.text
+    assert own.json()["agentJob"]["ownerSessionId"] == session
+    theirs = (await client.get(f"/sessions/{session}/agent-jobs", headers=AS_B)).json()
+    assert [j["agentJobId"] for j in theirs["agentJobs"]] == [own.json()["agentJob"]["agentJobId"]]
+    listed = (await client.get(f"/sessions/{session}/agent-jobs", headers=AS_A)).json()
+    assert [j["agentJobId"] for j in listed["agentJobs"]] == [agent_job_id]
+    # Each sees its session by the id it chose; the runtime holds two.
+    shown = (await client.get(f"/agent-jobs/{agent_job_id}", headers=AS_A)).json()
+    assert shown["ownerSessionId"] == session and "~" not in shown["sessionStream"]
+    stored = await lifecycle.get(store, agent_job_id)
+    assert stored is not None and stored.owner_session_id == scoped_id("org-a", session)
     forged = await client.post("/agent-jobs", json=body(organizationId="org-a"), headers=AS_B)
     assert forged.status_code == 403
+    # An admin names runtime ids, or an organization's own id while one organization has it.
+    both = await client.get(f"/sessions/{session}/events", headers=AS_ADMIN)
+    assert both.status_code == 409 and both.json()["error"]["code"] == "ambiguous_session_id"
+    runtime = scoped_id("org-a", session)
+    assert (await client.get(f"/sessions/{runtime}/events", headers=AS_ADMIN)).status_code == 200
+    alone = (await create(client, AS_A))["ownerSessionId"]
+    assert (await client.get(f"/sessions/{alone}/agent-jobs", headers=AS_ADMIN)).status_code == 200
 
 
 async def test_only_admin_tokens_reach_the_console(client: httpx.AsyncClient) -> None:

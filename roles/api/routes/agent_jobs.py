@@ -27,12 +27,13 @@ from roles.api.deps import (
     State,
     read_json_body,
     require_scope,
+    shown_view,
     too_many,
 )
 from roles.api.deps import takes_query as _takes_query
 from roles.api.documented import AgentJobStreamEnd
 from roles.api.errors import RETRY_AFTER_S
-from roles.api.routes.sessions import visible_session
+from roles.api.routes.sessions import runtime_session_id, visible_session
 from roles.api.schema import (
     AgentJobAnswer,
     AgentJobDetail,
@@ -125,8 +126,11 @@ def _path(request: Request, suffix: str) -> str:
     return f"{request.scope.get('root_path', '')}{suffix}"
 
 
-def agent_job_view(job: AgentJob, request: Request | None = None) -> dict[str, Any]:
-    """The agent job as the API shows it: its folded state, latest status and links."""
+def agent_job_view(
+    job: AgentJob, request: Request | None = None, caller: Principal | None = None
+) -> dict[str, Any]:
+    """The agent job as the API shows it: its folded state, latest status and links; to an
+    organization, its owner session by the id it chose (the runtime scopes it)."""
     view = job.to_json()
     # Its trace is its turns' (`traceId` on each turn's queue job), not a field of this view.
     view.pop("traceparent", None)
@@ -148,7 +152,7 @@ def agent_job_view(job: AgentJob, request: Request | None = None) -> dict[str, A
                 else None
             ),
         }
-    return view
+    return shown_view(caller, view) if caller is not None else view
 
 
 async def visible_agent_job(state: ApiState, caller: Principal, agent_job_id: str) -> AgentJob:
@@ -228,6 +232,10 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
         )
     assert organization_id is not None
     create = _checked_binding(state.agent_jobs, parse_create(body, organization_id))
+    session = await runtime_session_id(
+        state.require_store(), organization_id, create.owner_session_id
+    )
+    create = dataclasses.replace(create, owner_session_id=session)
     # The caller's `traceparent` is the parent of the trace its turns' queue jobs share.
     with caller_span("receipt.agent_job.create", request.headers) as traceparent:
         try:
@@ -243,7 +251,7 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
         except ConflictError as exc:
             raise ApiError(409, "conflict", str(exc), field="ownerSessionId") from exc
     return JSONResponse(
-        {"agentJob": agent_job_view(job, request), "created": created},
+        {"agentJob": agent_job_view(job, request, caller), "created": created},
         status_code=201 if created else 200,
     )
 
@@ -251,7 +259,7 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
 @router.get(
     "/sessions/{sessionId}/agent-jobs",
     response_model=AgentJobList,
-    responses=errors_documented(401, 404, 422, 503),
+    responses=errors_documented(401, 404, 409, 422, 503),
     dependencies=[_takes_query("status", "agentId", "limit", "cursor")],
 )
 async def list_session_agent_jobs(
@@ -266,8 +274,8 @@ async def list_session_agent_jobs(
 ) -> JSONResponse:
     """The owner session's agent jobs, newest first (keyset cursor). (A list of every job of
     an organization is the console's, for admin tokens.)"""
-    await visible_session(state, caller, session_id)
-    return await _list(request, state, caller, status, agent_id, session_id, None, limit, cursor)
+    runtime = await visible_session(state, caller, session_id)
+    return await _list(request, state, caller, status, agent_id, runtime, None, limit, cursor)
 
 
 async def _list(
@@ -292,7 +300,8 @@ async def _list(
         limit=limit,
     )
     views = within_budget(
-        (agent_job_view(j, request) for j in page.items), state.settings.max_response_bytes
+        (agent_job_view(j, request, caller) for j in page.items),
+        state.settings.max_response_bytes,
     )
     last = page.items[len(views) - 1] if page.more or len(views) < len(page.items) else None
     next_cursor = encode_cursor(last.created_at, last.agent_job_id) if last else None
@@ -311,18 +320,24 @@ async def get_agent_job(
     """The agent job: status, attempt, turn, latest status (pending tool call while waiting)."""
     require_scope(caller, JOBS_READ)
     return JSONResponse(
-        agent_job_view(await visible_agent_job(state, caller, agent_job_id), request)
+        agent_job_view(await visible_agent_job(state, caller, agent_job_id), request, caller)
     )
 
 
-def followed_agent_job(agent_job_id: str) -> Followed[AgentJob]:
+def followed_agent_job(agent_job_id: str, caller: Principal) -> Followed[AgentJob]:
     """An agent job's stream, ending once the job is `succeeded`, `failed` or `stopped` (a job
-    waiting on its user is not finished)."""
+    waiting on its user is not finished); its receipts as the caller sees them (an
+    organization's session ids as it chose them)."""
 
     def end(job: AgentJob) -> dict[str, Any] | None:
         return {"agentJobId": agent_job_id, "status": job.status} if job.terminal else None
 
-    return Followed(agent_model.stream_of(agent_job_id), fold=agent_model.apply, end=end)
+    return Followed(
+        agent_model.stream_of(agent_job_id),
+        fold=agent_model.apply,
+        end=end,
+        show=lambda receipt: shown_view(caller, receipt),
+    )
 
 
 @events_route(
@@ -344,7 +359,8 @@ async def agent_job_events(
         "stream": agent_model.stream_of(job.agent_job_id),
         "status": job.status,
     }
-    return await events_response(asked, state, caller, followed_agent_job(job.agent_job_id), head)
+    followed = followed_agent_job(job.agent_job_id, caller)
+    return await events_response(asked, state, caller, followed, head)
 
 
 @router.post(
@@ -374,7 +390,7 @@ async def answer_agent_job(
         raise ApiError(409, "not_waiting", str(exc)) from exc
     except NotFoundError as exc:
         raise ApiError(404, "not_found", str(exc), field="agentJobId") from exc
-    return JSONResponse({"agentJob": agent_job_view(job, request)}, status_code=202)
+    return JSONResponse({"agentJob": agent_job_view(job, request, caller)}, status_code=202)
 
 
 # --- the operator console (admin tokens only) -------------------------------------------------
@@ -438,7 +454,7 @@ async def console_show(
     receipts = await store.read_stream(agent_model.stream_of(job.agent_job_id))
     return JSONResponse(
         {
-            "agentJob": agent_job_view(job, request),
+            "agentJob": agent_job_view(job, request, caller),
             "turns": turns,
             "wakeups": wakeups,
             "receipts": [r.to_json() for r in receipts],
@@ -500,4 +516,4 @@ async def _cancel(
         raise ApiError(409, "terminal_state", str(exc)) from exc
     except NotFoundError as exc:
         raise ApiError(404, "not_found", str(exc), field="agentJobId") from exc
-    return JSONResponse({"agentJob": agent_job_view(job, request)}, status_code=202)
+    return JSONResponse({"agentJob": agent_job_view(job, request, caller)}, status_code=202)
