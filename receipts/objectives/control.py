@@ -131,7 +131,10 @@ def plan(state: ObjectiveState, jobs: Mapping[str, Job]) -> Plan:
     # A task of the phase failed out of its budget, or its job was canceled from outside (an
     # abort posted to it): the objective cannot complete. Its other jobs are aborted, and it
     # settles `failed` once none runs, so every task is terminal (and recorded) when it does.
-    stopped = next((t for t in state.phase_tasks if t.status in ("failed", "canceled")), None)
+    # The failed task is the cause; canceled ones may be siblings its failure aborted.
+    stopped = next((t for t in state.phase_tasks if t.status == "failed"), None) or next(
+        (t for t in state.phase_tasks if t.status == "canceled"), None
+    )
     if stopped is not None:
         if active:
             return Plan(aborts=_aborts(active, f"task {stopped.task_id} {stopped.status}"))

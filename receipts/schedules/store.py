@@ -9,7 +9,7 @@ import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from receipts import metrics
@@ -38,9 +38,6 @@ NEXT_FIRE_TIMES = 5
 # Fire times of a cron read to find its closest two: two days of a every-minute cron.
 CRON_GAP_SAMPLE = 2 * 24 * 60 + 1
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# Firings this close with the same local time are one: an hour a DST change repeats (at most
-# an hour, in every zone there is).
-REPEATED_HOUR_WINDOW = timedelta(hours=3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,19 +344,37 @@ def _owed(state: ScheduleState, fire_time: datetime) -> bool:
     )
 
 
-def _repeated_wall_time(state: ScheduleState, fire_time: datetime) -> bool:
-    """Whether a recent firing of this cron schedule had the same local time within a few
-    hours: the second occurrence of an hour the fall-back repeats, which Temporal fires again
-    and the schedule fires once (README, *Schedules*)."""
+def _other_occurrence(state: ScheduleState, fire_time: datetime) -> datetime | None:
+    """For a cron schedule, the other instant of `fire_time`'s local time when a fall-back
+    repeats that hour (the first occurrence of the second, or the second of the first); None
+    for a local time that occurs once."""
     if state.cron is None:
-        return False
+        return None
     tz = cron.zone(state.timezone)
-    wall = fire_time.astimezone(tz).replace(tzinfo=None)
-    return any(
-        abs(f.fire_time - fire_time) <= REPEATED_HOUR_WINDOW
-        and f.fire_time.astimezone(tz).replace(tzinfo=None) == wall
-        for f in state.recent
+    local = fire_time.astimezone(tz)
+    wall = local.replace(tzinfo=None)
+    first, second = wall.replace(tzinfo=tz, fold=0), wall.replace(tzinfo=tz, fold=1)
+    if first.utcoffset() == second.utcoffset():
+        return None
+    other = second if local.fold == 0 else first
+    return other.astimezone(UTC)
+
+
+async def _repeated_wall_time(tx: Tx, state: ScheduleState, fire_time: datetime) -> bool:
+    """Whether the other occurrence of `fire_time`'s local time (an hour the fall-back repeats,
+    which Temporal fires twice) was fired already: the schedule fires that local time once
+    (README, *Schedules*). Read from the stream's record, not only the recent firings: a cron
+    firing often in that hour has more than the projection keeps."""
+    other = _other_occurrence(state, fire_time)
+    if other is None:
+        return False
+    if state.firing_at(other) is not None:
+        return True
+    row = await tx.fetch_one(
+        "schedule_firing_recorded",
+        {"stream": schedule_stream(state.schedule_id), "fire_time": other.isoformat()},
     )
+    return row is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +414,9 @@ async def fire(
         current = await _load(tx, schedule_id)
         if current is None or current.status != "active":
             return "none"
-        if current.firing_at(fire_time) is not None or _repeated_wall_time(current, fire_time):
+        if current.firing_at(fire_time) is not None:
+            return "repeated"
+        if await _repeated_wall_time(tx, current, fire_time):
             return "repeated"
         if not _owed(current, fire_time):
             return "off_schedule"
@@ -414,7 +431,13 @@ async def fire(
         if caps is not None and current.organization_id is not None:
             row = await tx.fetch_one("enqueue_caps", {"organization_id": current.organization_id})
             assert row is not None
-            if int(row[1]) >= caps.max_queued or int(row[2]) >= caps.max_active:
+            queued, active = int(row[1]), int(row[2])
+            replaced = running and current.overlap == "cancel_previous"
+            if replaced and previous is not None and previous.status == "queued":
+                # Canceled with this firing (below): its place is the new job's, as a singleton
+                # cancel's is (a leased or running one holds its place until it ends).
+                queued, active = queued - 1, active - 1
+            if queued >= caps.max_queued or active >= caps.max_active:
                 data = {"fireTime": at, "reason": "cap"}
                 await _append(tx, current, stream, [Draft("schedule.skipped", data)])
                 return "skipped_cap"

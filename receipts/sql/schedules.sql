@@ -61,3 +61,11 @@ DELETE FROM schedules;
 
 -- name: schedules_states
 SELECT schedule_id, state FROM schedules;
+
+-- name: schedule_firing_recorded
+-- Whether the schedule's stream records a firing (or a skip) of `fire_time` (an ISO time as the
+-- firing wrote it): asked only for the other occurrence of an hour a DST fall-back repeats.
+SELECT 1 FROM receipts
+WHERE stream = %(stream)s AND type IN ('schedule.fired', 'schedule.skipped')
+  AND data->>'fireTime' = %(fire_time)s
+LIMIT 1;

@@ -57,6 +57,15 @@ def _commands(request: EnqueueRequest) -> list[tuple[str, Any]]:
         return objective_commands(payload.get("objective"), "payload.objective")
     if request.kind == "factory.dispatch":
         return task_commands(payload.get("tasks"), "payload.tasks")
+    # What the codex handlers run (activities/handlers/factory.py): `input.command` when the
+    # payload has an `input` (a prompt runs the operator's RECEIPT_CODEX_COMMAND), else
+    # `task.command`. A payload that names neither is refused under an allow-list.
+    given = payload.get("input")
+    if isinstance(given, dict) and "prompt" in given and "command" not in given:
+        return []
+    if given is not None:
+        command = given.get("command") if isinstance(given, dict) else None
+        return [("payload.input.command", command)]
     task = payload.get("task")
     return [("payload.task.command", task.get("command") if isinstance(task, dict) else None)]
 

@@ -45,6 +45,7 @@ from receipts.schedules import model as schedule_model
 from receipts.schedules import store as schedules
 from receipts.settings import Settings
 from receipts.store import Store
+from workflows.schedule_fire import FIRE_PATIENCE
 
 log = logging.getLogger("roles.delivery.schedules")
 
@@ -53,7 +54,8 @@ BATCH = 100
 MAX_BACKOFF_S = 300.0  # a schedule Temporal keeps refusing is tried again at most this rarely
 # A Temporal that was down fires what it missed in the last minute, not a year of it.
 CATCHUP_WINDOW = timedelta(minutes=1)
-FIRE_TIMEOUT = timedelta(minutes=5)
+# A firing's run outlives its activity's patience through a database outage (FIRE_PATIENCE).
+FIRE_TIMEOUT = FIRE_PATIENCE + timedelta(minutes=5)
 ID_PREFIX = "receipt-schedule-"
 
 

@@ -870,6 +870,18 @@ async def test_scoped_tokens_and_the_executable_allow_list(db_url: str) -> None:
         )
         error = assert_error(curl, 403, "forbidden")
         assert error["field"] == "payload.task.command" and error["allowed"] == ["git", "pytest"]
+        # The command a handler runs is the one checked: `input.command` wins over `task`.
+        hidden = enqueue_body(
+            payload_extra={"task": {"command": ["git"]}, "input": {"command": ["curl", "x"]}}
+        )
+        refused = await c.post("/agents/codex/jobs", json=hidden, headers=as_runner)
+        assert assert_error(refused, 403, "forbidden")["field"] == "payload.input.command"
+        step = enqueue_body(
+            kind="factory.integration.validate",
+            payload_extra={"input": {"command": ["curl", "x"]}, "step": "validate"},
+        )
+        refused = await c.post("/agents/codex/jobs", json=step, headers=as_runner)
+        assert assert_error(refused, 403, "forbidden")["field"] == "payload.input.command"
 
 
 def test_a_crlf_in_a_job_id_cannot_forge_a_log_line() -> None:

@@ -22,6 +22,7 @@ from receipts import operations as ops
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.store import Store
+from receipts.tenancy import scoped_id
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from tests.integration.api_support import (
     AS_A,
@@ -115,7 +116,7 @@ async def a_session(http: httpx.AsyncClient, store: Store) -> str:
         )
         assert done.ok
     await dispatcher.run_once()
-    assert len(await store.read_stream(f"sessions/{session}")) == 2
+    assert len(await store.read_stream(f"sessions/{scoped_id('org-a', session)}")) == 2
     return f"/sessions/{session}/events"
 
 

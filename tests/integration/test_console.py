@@ -139,6 +139,39 @@ async def test_actions_need_the_csrf_token_and_act_on_the_job(db_url: str, store
         assert f"retry of {job_id}" in new_page.text and "Retry of" in new_page.text
 
 
+async def test_console_retries_take_the_organizations_rate_and_caps(
+    db_url: str, store: Store
+) -> None:
+    """As the API's retries: an organization's console retries take its enqueue tokens and count
+    against its caps; a refusal is said on the page, nothing is created."""
+    org = f"org-{new_id()}"
+    tokens = f"token-{org} {org}"
+    as_org = {"Authorization": f"Bearer token-{org}"}
+    async with api_client(
+        db_url, store=store, tokens=tokens, org_enqueue_rate=1e-6, org_enqueue_burst=3
+    ) as client:
+        ids = []
+        for _ in range(2):
+            posted = await client.post("/agents/codex/jobs", json=enqueue_body(org), headers=as_org)
+            ids.append(posted.json()["job"]["jobId"])
+            assert (await operations.fail_undeliverable(store, rid(ids[-1], org), error="x")).ok
+        csrf = await sign_in(client, f"token-{org}")
+        first = await client.post(
+            f"/console/jobs/{ids[0]}/retry",
+            **form({"csrf": csrf}),  # type: ignore[arg-type]
+        )
+        assert first.status_code == 303 and "retry+of" in first.headers["location"]
+        second = await client.post(
+            f"/console/jobs/{ids[1]}/retry",
+            **form({"csrf": csrf}),  # type: ignore[arg-type]
+        )
+        assert "RECEIPT_ORG_ENQUEUE_RATE" in second.headers["location"]
+        bulk = await client.post("/console/failed/retry", **form({"csrf": csrf}))  # type: ignore[arg-type]
+        assert "RECEIPT_ORG_ENQUEUE_RATE" in bulk.headers["location"]
+    job = await store.get_job(rid(ids[1], org))
+    assert job is not None and job.retried_as is None
+
+
 async def test_job_page_shows_timeline_attempts_output_and_the_temporal_link(
     db_url: str, store: Store
 ) -> None:

@@ -239,18 +239,20 @@ async def test_an_organization_holds_at_most_its_cap_of_schedules(db_url: str) -
 
 
 async def made(
-    store: Store, overlap: str = "skip", command: list[str] | None = None, **when: str
+    store: Store,
+    overlap: str = "skip",
+    command: list[str] | None = None,
+    org: str = "org-a",
+    **when: str,
 ) -> str:
-    job = enqueue_body("org-a", payload_extra={"task": {"command": command or ["true"]}})
+    job = enqueue_body(org, payload_extra={"task": {"command": command or ["true"]}})
     definition, _ = schedules.validate(
         {**(when or {"interval": "5s"}), "agentId": "codex", "job": job, "overlap": overlap},
-        "org-a",
+        org,
         schedules.Limits(min_interval_s=1),
         admin=False,
     )
-    state, _ = await schedules.create(
-        store, "org-a", new_schedule_id(), definition, schedules.Limits()
-    )
+    state, _ = await schedules.create(store, org, new_schedule_id(), definition, schedules.Limits())
     return state.schedule_id
 
 
@@ -313,14 +315,26 @@ async def test_skip_holds_when_firings_arrive_together(store: Store) -> None:
     assert state is not None and (state.fired, state.skipped) == (1, 3)
 
 
+async def queued_of(store: Store, organization_id: str) -> int:
+    row = await store.fetch_one("enqueue_caps", {"organization_id": organization_id})
+    assert row is not None
+    return int(row[1])
+
+
 async def test_cancel_previous_aborts_nothing_for_a_firing_it_does_not_make(store: Store) -> None:
-    sid = await made(store, "cancel_previous")
+    org = f"org-{uuid.uuid4().hex[:8]}"  # its own counts: other tests enqueue beside it
+    sid = await made(store, "cancel_previous", org=org)
     assert await schedules.fire(store, sid, T) == "enqueued"
     first = (await schedules.get(store, sid)).last_job_id  # type: ignore[union-attr]
     full = schedules.Caps(max_queued=0, max_active=10**9)
     assert await schedules.fire(store, sid, T + timedelta(seconds=5), full) == "skipped_cap"
     previous = await store.get_job(first or "")
     assert previous is not None and previous.status == "queued" and not previous.commands
+    # At a cap it holds with its own queued job, a firing replaces that job: its place frees.
+    own = schedules.Caps(max_queued=await queued_of(store, org), max_active=10**9)
+    assert await schedules.fire(store, sid, T + timedelta(seconds=10), own) == "enqueued"
+    replaced = await store.get_job(first or "")
+    assert replaced is not None and replaced.status == "canceled"
 
 
 async def test_a_firing_the_definition_does_not_make_is_not_enqueued(store: Store) -> None:
@@ -357,6 +371,14 @@ async def test_an_hour_the_fall_back_repeats_fires_once(store: Store) -> None:
     )
     state = await schedules.get(store, york)
     assert state is not None and state.fired == 2
+    # More firings in that hour than the projection keeps: each second occurrence still repeats.
+    often = await made(store, "allow", cron="*/5 1 * * *", timezone="America/New_York")
+    hour = datetime(2026, 11, 1, 5, 0, tzinfo=UTC)
+    for n in range(12):
+        assert await schedules.fire(store, often, hour + timedelta(minutes=5 * n)) == "enqueued"
+    for n in range(12):
+        again = hour + timedelta(hours=1, minutes=5 * n)
+        assert await schedules.fire(store, often, again) == "repeated", again
 
 
 async def test_a_paused_or_deleted_schedule_fires_nothing(store: Store) -> None:
@@ -432,3 +454,10 @@ async def test_resuming_needs_the_rights_its_firings_need(db_url: str) -> None:
         ] == "paused"
         resumed = await limited.patch(f"/schedules/{sid}", json={"paused": False}, headers=as_full)
         assert resumed.status_code == 200 and resumed.json()["status"] == "active"
+        # A schedule of steers, to any agent, may land in a job that runs commands.
+        steer = enqueue_body("org-a", sessionKey="s-1", singletonMode="steer")
+        steers = body(agentId="helper", job=steer)
+        refused = await limited.post("/schedules", json=steers, headers=as_limited)
+        assert refused.status_code == 403
+        assert refused.json()["error"]["field"] == "job.singletonMode"
+        assert (await limited.post("/schedules", json=steers, headers=as_full)).status_code == 201

@@ -188,6 +188,23 @@ def test_a_failed_task_aborts_its_siblings_and_settles_once_none_runs() -> None:
     assert settle["error"] == "task 'a' failed after 1 try: exit 4"
 
 
+def test_the_task_that_failed_is_named_not_a_sibling_its_failure_aborted() -> None:
+    state = fold(
+        [
+            created([cmd("a"), cmd("b")]),
+            receipt(2, "objective.task.dispatched", taskId="a", jobId="ja", **{"try": 1}),
+            receipt(3, "objective.task.dispatched", taskId="b", jobId="jb", **{"try": 1}),
+            receipt(4, "objective.task.settled", taskId="b", jobId="jb", status="failed",
+                    error="exit 4", **{"try": 1}),
+            receipt(5, "objective.task.settled", taskId="a", jobId="ja", status="canceled",
+                    error="task b failed", **{"try": 1}),
+        ]
+    )  # fmt: skip
+    assert state is not None
+    settle = control.plan(state, {}).settle
+    assert settle is not None and settle["failedTask"] == "b"
+
+
 def test_a_task_whose_job_was_canceled_from_outside_fails_the_objective() -> None:
     """An abort posted to a task's job cancels it: the objective cannot complete, and settles
     `failed` naming the task instead of waiting for ever (the watchdog asking again each minute)."""

@@ -83,7 +83,8 @@ async def post_agent_job(http: httpx.AsyncClient, run: Run, prompt: str, session
         if response.status_code in (200, 201):
             job_id = str(response.json()["agentJob"]["agentJobId"])
             run.agent_jobs[job_id] = prompt
-            run.sessions.add(session)
+            # The runtime's id of the session (scoped by organization), as an admin sees it.
+            run.sessions.add(str(response.json()["agentJob"]["ownerSessionId"]))
             if prompt.startswith("ask:"):
                 await _answer(http, run, job_id)
             elif prompt.startswith("sleep:"):

@@ -17,13 +17,14 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from receipts import jobs as jobmodel
 from receipts import operations, reads
 from receipts import retry as retries
+from receipts.enqueue import Admission
 from receipts.errors import InvalidInput
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
 from receipts.kinds import KINDS
 from receipts.settings import Settings
 from receipts.tenancy import caller_id
-from roles.api.admission import runs_commands
-from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
+from roles.api.admission import org_caps, runs_commands
+from roles.api.auth import COMMANDS_RUN, JOBS_WRITE, Principal
 from roles.api.body import check_shape, decode_cursor, encode_cursor
 from roles.api.console.session import (
     COOKIE,
@@ -36,7 +37,7 @@ from roles.api.console.session import (
     session_of,
     start_session,
 )
-from roles.api.deps import find_job, shown_id
+from roles.api.deps import ApiError, find_job, shown_id
 from roles.api.routes.jobs import followed_job
 from roles.api.schema import shown_job_id
 from roles.api.sse import parse_last_event_id, parse_seq, stream_response
@@ -389,12 +390,16 @@ async def job_retry(request: Request, jobId: str) -> Response:
     need(session, JOBS_WRITE)
     if job is not None and runs_commands(job.agent_id, job.kind):
         need(session, COMMANDS_RUN)
-    outcome = await retries.retry(
-        store_of(request),
-        job.job_id if job is not None else jobId,
-        organization_id=session.principal.organization_id,
-        admin=session.principal.admin,
-    )
+    try:
+        outcome = await retries.retry(
+            store_of(request),
+            job.job_id if job is not None else jobId,
+            organization_id=session.principal.organization_id,
+            admin=session.principal.admin,
+            admission=_admission(request, session.principal),
+        )
+    except ApiError as exc:  # the organization's rate or caps
+        outcome = retries.RetryOutcome(exc.message)
     if outcome.retry is None:
         notice = f"not retried: {outcome.status}"
         return RedirectResponse(
@@ -436,22 +441,36 @@ async def failed_retry(request: Request) -> Response:
     fields = await read_form(request, session)
     need(session, JOBS_WRITE)
     need(session, COMMANDS_RUN)
-    outcomes = await retries.retry_matching(
-        store_of(request),
-        {
-            "status": "failed",
-            "agent_id": fields.get("agentId") or None,
-            "error": fields.get("error"),
-        },
-        organization_id=session.principal.organization_id,
-        admin=session.principal.admin,
-        limit=retries.MAX_BULK,
-    )
+    stopped = ""
+    try:
+        outcomes = await retries.retry_matching(
+            store_of(request),
+            {
+                "status": "failed",
+                "agent_id": fields.get("agentId") or None,
+                "error": fields.get("error"),
+            },
+            organization_id=session.principal.organization_id,
+            admin=session.principal.admin,
+            limit=retries.MAX_BULK,
+            admission=_admission(request, session.principal),
+        )
+    except ApiError as exc:  # the organization's rate or caps: the retries made stand
+        outcomes, stopped = [], f"; stopped: {exc.message}"
     created = sum(1 for o in outcomes if o.status == retries.RETRIED)
     log.info("console bulk retry", extra={"event": "console.bulk_retry", "count": created})
-    return RedirectResponse(
-        f"/console/failed?{urlencode({'notice': f'{created} job(s) retried'})}", status_code=303
-    )
+    notice = f"{created} job(s) retried{stopped}" if created or not stopped else stopped[2:]
+    return RedirectResponse(f"/console/failed?{urlencode({'notice': notice})}", status_code=303)
+
+
+def _admission(request: Request, principal: Principal) -> Admission | None:
+    """An organization's retries from the console take its rate and count against its caps, as
+    the API's do (an admin's are the operator's own); a refusal raises the API's 429."""
+    if principal.admin or principal.organization_id is None:
+        return None
+    state = request.app.state.api
+    state.org_limits.admit(principal.organization_id)
+    return org_caps(state.settings, principal.organization_id)
 
 
 # --- wiring -----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from receipts.schedules.model import ScheduleState, definition_data, schedule_st
 from receipts.store import Store
 from receipts.tenancy import scoped_id
 from roles.api.admission import check_command_rights, check_gateway
-from roles.api.auth import JOBS_READ, JOBS_WRITE, Principal
+from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import decode_cursor, encode_cursor, read_json_body, validated
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_view
 from roles.api.deps import takes_query as _takes_query
@@ -56,6 +56,15 @@ def admitted(
         fields, caller.organization_id, _limits(state), admin=caller.admin
     )
     check_command_rights(caller, state.settings, definition.agent_id, request)
+    if request.singleton_mode == "steer" and not caller.can(COMMANDS_RUN):
+        # Each firing's steer lands in the session's active job, which may run commands: as a
+        # steer posted directly, it needs the right to run them.
+        raise ApiError(
+            403,
+            "forbidden",
+            "a schedule of steers may steer a job that runs commands: it needs commands:run",
+            field="job.singletonMode",
+        )
     check_gateway(state.settings, request)
     return definition, request
 
