@@ -43,18 +43,31 @@ def initialise_workspace(job: AgentJob, agent: AgentDefinition, settings: Sandbo
     legacy = workspaces.legacy_agent_job_workspace(job.workspace_owner_job_id, settings)
     workspaces.adopt(legacy, workspace, settings)
     uid = workspaces.prepare_workspace(workspace, settings)
-    agents_md = workspace / "AGENTS.md"
-    if not agents_md.exists():
-        agents_md.write_text(
-            protocol.compose_agents_md(job, agent, str(workspace)), encoding="utf-8"
-        )
-        if uid is not None:
-            os.chown(agents_md, uid, uid)
+    text = protocol.compose_agents_md(job, agent, str(workspace))
+    if _create_file(workspace / "AGENTS.md", text.encode("utf-8"), uid):
         log.info(
             "agent workspace initialised",
             extra={"event": "agent_turn.workspace_initialised", "agentJobId": job.agent_job_id},
         )
     return workspace
+
+
+def _create_file(path: Path, content: bytes, uid: int | None) -> bool:
+    """Create `path` with `content` (owned by `uid`) unless something is there already; whether
+    it was created. The workspace is the commands': whatever they left at `path` — a file, or a
+    symbolic link to anywhere on the host — is never followed nor written through (O_EXCL with
+    O_CREAT refuses an existing name, a dangling link included; the owner is set on the open
+    file, not by name)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as file:
+        file.write(content)
+        if uid is not None:
+            os.fchown(file.fileno(), uid, uid)
+    return True
 
 
 async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
