@@ -166,6 +166,10 @@ class Gateway:
             access_log=False,
             lifespan="off",
             limit_concurrency=MAX_CONNECTIONS,
+            # h11 bounds a request's head (16 KiB; httptools, uvicorn's default when installed,
+            # buffers headers without limit, before the token is even read): the turn's command
+            # cannot grow the worker's memory by sending them.
+            http="h11",
         )
         server = Server(config)
         task = asyncio.create_task(server.serve(sockets=[listening]), name=f"gateway:{job_id}")
@@ -219,13 +223,17 @@ class Gateway:
         if grant.in_flight >= MAX_CALLS_PER_GRANT:
             message = f"a turn has at most {MAX_CALLS_PER_GRANT} model calls in flight"
             return error(style, 429, "rate_limit_error", message)
-        body = await bounded_body(request)
-        if body is None:
-            return error(style, 413, "request_too_large", "the request is too large")
-        headers = {k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS}
+        # Counted from before its body is read: a body still arriving is a call in flight too
+        # (so a turn cannot hold more bodies in the worker's memory, nor calls at the provider).
         grant.in_flight += 1
         relayed = False
         try:
+            body = await bounded_body(request)
+            if body is None:
+                return error(style, 413, "request_too_large", "the request is too large")
+            headers = {
+                k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS
+            }
             answer = await self._send_with_a_credential(pool, grant, path, body, headers, style)
             relayed = isinstance(answer, Relayed)
             return answer

@@ -291,6 +291,70 @@ async def test_a_forbidden_call_fails_alone_and_a_turn_s_calls_in_flight_are_bou
     assert slow.in_flight == 0 and slow.quota_until is None  # a cap is no quota
 
 
+async def raw_request(
+    grant: Grant, head: bytes, body: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A request written by hand on the turn's socket (its head, and as much body as given)."""
+    reader, writer = await asyncio.open_unix_connection(str(grant.socket))
+    writer.write(head + body)
+    await writer.drain()
+    return reader, writer
+
+
+async def test_bodies_still_arriving_count_as_calls_in_flight(gw: Gateway) -> None:
+    """A call is counted from its first byte, not once its body is read: a turn that opens
+    calls and never finishes their bodies holds neither more than its share of calls nor more
+    bodies in the worker's memory."""
+    grant = turn(gw, "openai-main")
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        f"Authorization: Bearer {grant.token}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000000\r\n\r\n"
+    ).encode()
+    held = [await raw_request(grant, head, b"{") for _ in range(MAX_CALLS_PER_GRANT)]
+    try:
+        for _ in range(100):
+            if grant.in_flight == MAX_CALLS_PER_GRANT:
+                break
+            await asyncio.sleep(0.02)
+        assert grant.in_flight == MAX_CALLS_PER_GRANT
+        refused = await call(grant, model="gpt-test", messages=[])
+        assert refused.status_code == 429
+    finally:
+        for _, writer in held:
+            writer.close()
+    for _ in range(100):
+        if grant.in_flight == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert grant.in_flight == 0  # a body that never came is a call that ended
+
+
+async def test_a_request_head_is_bounded_before_its_token_is_read(gw: Gateway) -> None:
+    """Headers are read before the token is looked at: their size is bounded (h11's limit), so
+    a command cannot grow the worker's memory by sending megabytes of them."""
+    grant = turn(gw, "openai-main")
+    pad = ("X-Pad: " + "a" * 8000 + "\r\n").encode()
+    start = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+    reader, writer = await raw_request(grant, start)
+    try:
+        for _ in range(512):  # 4 MiB of headers, then the end of the head
+            writer.write(pad)
+            await writer.drain()
+        writer.write(b"\r\n")
+        await writer.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the gateway stopped reading: refused before the head ended
+    try:
+        answer = await asyncio.wait_for(reader.read(200), 10)
+    except (BrokenPipeError, ConnectionResetError):
+        answer = b""  # closed on it
+    finally:
+        writer.close()
+    # Refused for its size, not read whole and then refused for its missing token (401).
+    assert not answer.startswith((b"HTTP/1.1 401", b"HTTP/1.1 2")), answer
+
+
 async def test_a_later_success_clears_the_quota_a_turn_met(gw: Gateway, fake: FakeProvider) -> None:
     grant = turn(gw, "openai-spent", "job-9")
     refused = await call(grant)
