@@ -46,18 +46,28 @@ class Retry(Exception):
     """Raise to end this attempt and have the job attempted again (while attempts remain), not
     before `delay_ms` (clamped to 30 s; None: at once)."""
 
-    def __init__(self, message: str = "retry requested", *, delay_ms: int | None = None) -> None:
-        if delay_ms is not None and delay_ms < 0:
-            raise ValueError("delay_ms must be at least 0")
+    def __init__(
+        self, message: str = "retry requested", *, delay_ms: int | float | None = None
+    ) -> None:
+        if delay_ms is not None and (isinstance(delay_ms, bool) or not delay_ms >= 0):
+            raise ValueError("delay_ms must be a number of milliseconds, at least 0")
         super().__init__(message)
-        self.delay_ms = delay_ms
+        # Whole milliseconds: a float delay (5000.0) is that delay, not none at all.
+        self.delay_ms = None if delay_ms is None else int(delay_ms)
 
 
 class Fail(Exception):
-    """Raise to fail the job with `message` (and `result`); with `retryable=True` it is
-    attempted again while attempts remain, as `Retry` without a delay."""
+    """Raise to fail the job with `message` (and `result`, an object: its fields are the job's
+    result beside `status`); with `retryable=True` it is attempted again while attempts remain,
+    as `Retry` without a delay."""
 
-    def __init__(self, message: str, *, retryable: bool = False, result: Any = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool = False, result: dict[str, Any] | None = None
+    ) -> None:
+        if result is not None and not isinstance(result, dict):
+            # The job's result on a failure is an object with its `status`: a list or a string
+            # would be dropped for `{status}` alone, so it is refused where it is made.
+            raise TypeError("Fail(result=...) must be a dict (the failed job's result fields)")
         super().__init__(message)
         self.retryable = retryable
         self.result = result

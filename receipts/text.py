@@ -7,6 +7,7 @@ does it walk again to name the field at fault (a path per node made a 1 MiB body
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -75,7 +76,11 @@ def check_clean_text(value: Any, field: str) -> None:
 
 
 def sanitize(value: Any) -> Any:
-    """Return `value` with NUL and lone surrogates replaced by U+FFFD, bytes decoded as UTF-8."""
+    """Return `value` with NUL and lone surrogates replaced by U+FFFD, bytes decoded as UTF-8,
+    and a non-finite number (NaN, ±Infinity: Python's json writes them, `jsonb` refuses them, so
+    a settle would fail and be retried for ever) as null, as JSON.stringify writes it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, bytes):
         value = value.decode("utf-8", errors="replace")
     if isinstance(value, str):

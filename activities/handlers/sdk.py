@@ -12,6 +12,7 @@ both built in and installed, or installed twice, is a conflict (the role does no
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -154,6 +155,13 @@ def as_handler(declared: AgentHandler) -> Handler:
         except Fail as exc:
             await job.flush()
             raise HandlerError(str(exc), retryable=exc.retryable, result=exc.result) from exc
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The last progress held back by the rate limit is written before the job settles,
+            # however the handler ended (its bug is then reported as such).
+            await job.flush()
+            raise
         await job.flush()
         try:
             json.dumps(value)

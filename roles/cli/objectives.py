@@ -11,11 +11,21 @@ from typing import Any
 from urllib.parse import quote
 
 import click
+import httpx
 import yaml
 
 from roles.cli.client import ApiClient, ApiFailure, _api_options, _dump, _echo_page, _echo_view
 
 POLL_S = 0.5
+# How long `--wait` follows an objective through an API it cannot reach (a restart), before it
+# exits 3 (an API error), never 1 (which says the objective failed).
+UNREACHABLE_S = 60.0
+
+
+class _Unreachable(Exception):
+    """The API did not answer (a connection refused or dropped, a timeout)."""
+
+
 WAIT_EXIT = {"completed": 0, "failed": 1, "canceled": 1}
 
 
@@ -89,7 +99,10 @@ def _created(client: ApiClient, objective_id: str, run_job_id: str) -> dict[str,
     Raises `ApiFailure` naming the run job's error when that job failed (an invalid planned
     graph, an id taken by another organization): no objective will ever exist.
     """
-    response = client.http.get(_path(objective_id))
+    try:
+        response = client.http.get(_path(objective_id))
+    except httpx.TransportError as exc:  # the API restarting: followed through, for a while
+        raise _Unreachable(str(exc)) from exc
     if response.status_code == 200:
         view: dict[str, Any] = response.json()
         return view
@@ -108,8 +121,19 @@ def follow(client: ApiClient, objective_id: str, as_json: bool, run_job_id: str)
     """
     live = sys.stdout.isatty() and not as_json
     shown: list[str] = []
+    unreachable_since: float | None = None
     while True:
-        view = _created(client, objective_id, run_job_id)
+        try:
+            view = _created(client, objective_id, run_job_id)
+        except _Unreachable as exc:
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > UNREACHABLE_S:
+                raise ApiFailure(
+                    f"the API could not be reached for {UNREACHABLE_S:g} s: {exc}"
+                ) from exc
+            time.sleep(POLL_S)
+            continue
+        unreachable_since = None
         if view is None:
             time.sleep(POLL_S)
             continue

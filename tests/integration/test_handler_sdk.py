@@ -54,6 +54,41 @@ async def test_retry_requeues_the_job_not_before_its_delay(store: Store) -> None
     assert job is not None and job.error == "the registry is busy"
     assert job.available_at is not None and job.available_at >= before + timedelta(seconds=4)
 
+    @handler("sdk-retry-float")
+    async def later_float(job: JobContext) -> None:
+        raise Retry("the registry is busy", delay_ms=4000.0)  # a float is that delay too
+
+    before = datetime.now(UTC)
+    job_id, _ = await delivered(store, later_float)
+    job = await store.get_job(job_id)
+    assert job is not None and job.available_at is not None
+    assert job.available_at >= before + timedelta(seconds=4)
+
+
+async def test_progress_held_back_is_written_however_the_handler_ends(store: Store) -> None:
+    @handler("sdk-crash")
+    async def crash(job: JobContext) -> None:
+        await job.progress("first")
+        await job.progress("last before the crash")  # within the rate limit: held back
+        raise ValueError("boom")
+
+    job_id, result = await delivered(store, crash)
+    assert result.job_status == "queued"
+    receipts = await store.read_stream(f"jobs/{job_id}")
+    progress = [r.data["data"] for r in receipts if r.type == "job.progress"]
+    assert progress == ["first", "last before the crash"]
+
+
+def test_fail_takes_a_result_object_only() -> None:
+    """A failed job's result is an object beside its `status`: anything else would be dropped,
+    so it is refused where it is made."""
+    import pytest
+
+    with pytest.raises(TypeError, match="must be a dict"):
+        Fail("bad", result=["line 1", "line 2"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 0"):
+        Retry("later", delay_ms=-1)
+
 
 async def test_fail_ends_the_job_with_its_message_and_result(store: Store) -> None:
     @handler("sdk-fail")

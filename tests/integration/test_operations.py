@@ -35,6 +35,20 @@ async def test_happy_path_receipt_sequence(store: Store) -> None:
     ]
 
 
+async def test_a_non_finite_number_a_handler_hands_back_is_written_as_null(store: Store) -> None:
+    """NaN and ±Infinity (Python's json writes them; jsonb refuses them): a progress or a result
+    holding one is written with null in its place, not refused by the database at every
+    delivery, the handler run again each time."""
+    job_id = await leased(store)
+    progress = {"eta": float("inf"), "steps": [1.5, float("-inf")]}
+    assert (await ops.progress(store, job_id, worker_id="w1", attempt=1, data=progress)).ok
+    result = {"ratio": float("nan"), "n": 2}
+    done = await ops.complete(store, job_id, worker_id="w1", attempt=1, result=result)
+    assert done.ok and done.job is not None and done.job.result == {"ratio": None, "n": 2}
+    stored = await store.read_stream(f"jobs/{job_id}")
+    assert stored[-2].data["data"] == {"eta": None, "steps": [1.5, None]}
+
+
 async def test_lease_sets_expiry_from_the_database_clock(store: Store) -> None:
     job = (await put(store)).job
     before = await store.now()

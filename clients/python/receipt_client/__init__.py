@@ -4,7 +4,7 @@
 
     with Client() as receipt:  # RECEIPT_API_URL, RECEIPT_API_TOKEN
         accepted = receipt.enqueue("codex", payload, job_id="build-1")
-        job = receipt.wait(accepted.job_id)
+        job = receipt.wait(accepted.job.job_id)
 
 Answers are the pydantic models of `receipt_client.models`, generated from the API's OpenAPI
 document; refusals raise the `ReceiptError` subclass of their status.
