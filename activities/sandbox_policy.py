@@ -354,12 +354,16 @@ def bwrap_args(
     # /tmp is memory: cap it at the file-size limit so it cannot take the host's RAM.
     tmp_size = str(settings.limits.file_size_mb * 1024 * 1024)
     args += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_size, "--tmpfs", "/tmp"]
-    args += ["--dir", "/var/tmp"]
+    # Every other place a command could write memory is capped the same way (/dev/shm of
+    # `--dev`, /var/tmp), and the root itself is made read-only below once every mount point
+    # on it exists: without that, / and those two were tmpfs of half the host's RAM each.
+    args += ["--size", tmp_size, "--tmpfs", "/dev/shm", "--size", tmp_size, "--tmpfs", "/var/tmp"]
     # After /tmp: a directory the operator lets commands read may lie under it (a checkout in
     # /tmp, whose examples `receipt up` binds), and a bind before the tmpfs would be hidden.
     for bind in settings.ro_binds:
         args += ["--ro-bind", bind, bind]
     args += ["--bind", str(workspace), str(workspace), "--chdir", str(cwd)]
+    args += ["--remount-ro", "/"]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
     if seccomp_fd is not None:

@@ -244,6 +244,22 @@ async def test_nothing_outside_the_workspace_can_be_written(settings: SandboxSet
         shutil.rmtree(writable, ignore_errors=True)
 
 
+async def test_every_place_a_command_can_write_memory_is_capped(settings: SandboxSettings) -> None:
+    """/tmp, /var/tmp and /dev/shm are tmpfs of the file-size limit each, and the root is
+    read-only: files kept under the per-file limit cannot add up to the host's RAM there."""
+    small = changed(settings, file_size_mb=1)
+    script = (
+        "for d in /tmp /var/tmp /dev/shm; do"
+        " for n in 1 2 3; do head -c 600000 /dev/zero > $d/f$n 2>/dev/null || echo full $d $n;"
+        " done; done; echo x > /at-the-root 2>/dev/null || echo read-only root"
+    )
+    _, output = await run(["sh", "-c", script], small)
+    lines = output.split("\n")
+    for directory in ("/tmp", "/var/tmp", "/dev/shm"):
+        assert f"full {directory} 2" in lines, output  # 1.2 MB does not fit in 1 MiB
+    assert "read-only root" in lines, output
+
+
 CONNECT = """
 import socket, sys
 try:
