@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import json
 import logging
 import secrets
 import shutil
@@ -62,6 +63,7 @@ OPENAI_PATHS = ("/v1/chat/completions", "/v1/responses")
 ANTHROPIC_PATHS = ("/v1/messages",)
 PASSED_REQUEST_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 MAX_CALLS_PER_GRANT = 8
+MODEL_READ_BYTES = 1024 * 1024  # a body read for the model it names (most are far smaller)
 MAX_CONNECTIONS = 256
 SHORT_RESET_S = 2.0  # a credential free again this soon is waited for, once
 _REFRESHED = object()  # a refused credential's key was re-read: call with it again
@@ -99,12 +101,21 @@ class Grant:
 class _CredentialState:
     credential: Credential
     slots: asyncio.Semaphore
-    resting_until: datetime | None = None
+    resting_until: datetime | None = None  # every model (the call named none)
+    # Providers limit rates per model: a 429 for one model rests the credential for it alone,
+    # so one tenant's model at its limit does not refuse another tenant's other model.
+    resting_models: dict[str, datetime] = field(default_factory=dict)
     dead: bool = False
     busy: int = 0
 
-    def usable(self, now: datetime) -> bool:
-        return not self.dead and (self.resting_until is None or self.resting_until <= now)
+    def until(self, model: str | None) -> datetime | None:
+        """When the credential may be used again for `model` (None: now)."""
+        times = [t for t in (self.resting_until, self.resting_models.get(model or "")) if t]
+        return max(times) if times else None
+
+    def usable(self, now: datetime, model: str | None = None) -> bool:
+        until = self.until(model)
+        return not self.dead and (until is None or until <= now)
 
 
 @dataclass
@@ -113,9 +124,9 @@ class _Pool:
     states: list[_CredentialState] = field(default_factory=list)
     affinity: dict[str, int] = field(default_factory=dict)
 
-    def resting(self) -> list[datetime]:
-        """When each credential at rest for quota (not dropped) may be used again."""
-        return [s.resting_until for s in self.states if not s.dead and s.resting_until]
+    def resting(self, model: str | None = None) -> list[datetime]:
+        """When each credential at rest for quota for `model` (not dropped) may be used again."""
+        return [t for s in self.states if not s.dead and (t := s.until(model)) is not None]
 
 
 class Gateway:
@@ -234,7 +245,9 @@ class Gateway:
             headers = {
                 k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS
             }
-            answer = await self._send_with_a_credential(pool, grant, path, body, headers, style)
+            answer = await self._send_with_a_credential(
+                pool, grant, path, body, headers, style, model_of(body)
+            )
             relayed = isinstance(answer, Relayed)
             return answer
         finally:
@@ -249,29 +262,30 @@ class Gateway:
         body: bytes,
         headers: dict[str, str],
         style: str,
+        model: str | None = None,
     ) -> Response:
-        """The call on one credential after another: a resting one is skipped, a refused one
-        set aside; a reset a moment away is waited for once."""
+        """The call on one credential after another: a resting one (for `model`) is skipped, a
+        refused one set aside; a reset a moment away is waited for once."""
         tried: set[int] = set()
         waited = False
         while True:
             now = datetime.now(UTC)
-            index = self._choose(pool, grant.job_id, now, tried)
+            index = self._choose(pool, grant.job_id, now, tried, model)
             if index is None:
-                soon = self._next_reset(pool, now)
+                soon = self._next_reset(pool, now, model)
                 if soon is not None and soon <= SHORT_RESET_S and not waited:
                     waited = True
                     tried.clear()
                     await asyncio.sleep(soon)
                     continue
-                return self._exhausted(pool, grant, style, now)
+                return self._exhausted(pool, grant, style, now, model)
             tried.add(index)
             state = pool.states[index]
             await state.slots.acquire()
             state.busy += 1
             answer: Response | object | None = None
             try:
-                answer = await self._call(pool, state, grant, path, body, headers, style)
+                answer = await self._call(pool, state, grant, path, body, headers, style, model)
             finally:
                 if not isinstance(answer, Relayed):  # a relayed answer frees them once sent
                     state.busy -= 1
@@ -281,13 +295,15 @@ class Gateway:
             if answer is _REFRESHED:
                 tried.discard(index)  # its key changed in its file: once more with the new one
 
-    def _next_reset(self, pool: _Pool, now: datetime) -> float | None:
+    def _next_reset(self, pool: _Pool, now: datetime, model: str | None) -> float | None:
         """Seconds until the first resting credential of `pool` may be used again."""
-        resting = pool.resting()
+        resting = pool.resting(model)
         return max(0.0, (min(resting) - now).total_seconds()) if resting else None
 
-    def _choose(self, pool: _Pool, job_id: str, now: datetime, tried: set[int]) -> int | None:
-        usable = [i for i, s in enumerate(pool.states) if s.usable(now) and i not in tried]
+    def _choose(
+        self, pool: _Pool, job_id: str, now: datetime, tried: set[int], model: str | None
+    ) -> int | None:
+        usable = [i for i, s in enumerate(pool.states) if s.usable(now, model) and i not in tried]
         if not usable:
             return None
         preferred = pool.affinity.get(job_id)
@@ -298,8 +314,10 @@ class Gateway:
             pool.affinity[job_id] = preferred
         return preferred
 
-    def _exhausted(self, pool: _Pool, grant: Grant, style: str, now: datetime) -> Response:
-        resting = pool.resting()
+    def _exhausted(
+        self, pool: _Pool, grant: Grant, style: str, now: datetime, model: str | None
+    ) -> Response:
+        resting = pool.resting(model)
         if not resting:
             grant.dead_pool = f"every credential of {grant.binding!r} was refused"
             return error(style, 503, "overloaded_error", grant.dead_pool)
@@ -325,6 +343,7 @@ class Gateway:
         body: bytes,
         headers: dict[str, str],
         style: str,
+        model: str | None = None,
     ) -> Response | object | None:
         """Send the call with `state`'s credential; None when it should go to another one,
         `_REFRESHED` when it should go to this one again (its key was re-read). A `_Relayed`
@@ -355,7 +374,7 @@ class Gateway:
             status = upstream.status_code
             if status == 401 or (status == 429 and recovery(upstream) is not None):
                 await upstream.aread()
-                return self._set_aside(pool, state, upstream, credential)
+                return self._set_aside(pool, state, upstream, credential, model)
             if status < 400:
                 grant.quota_until = None  # recovered: a later failure is the command's own
             grant.calls += 1
@@ -373,14 +392,19 @@ class Gateway:
         state: _CredentialState,
         upstream: httpx.Response,
         used: Credential,
+        model: str | None = None,
     ) -> object | None:
         binding, credential = pool.provider.id, state.credential.id
         if upstream.status_code == 429:
-            state.resting_until = recovery(upstream)
+            until = recovery(upstream)
+            if model is not None and until is not None:
+                state.resting_models[model] = until
+            elif model is None:
+                state.resting_until = until
             log.info(
                 "a credential rests until the provider's reset",
                 extra={"event": "gateway.credential_resting", "binding": binding,
-                       "credential": credential, "until": str(state.resting_until)},
+                       "credential": credential, "model": model, "until": str(until)},
             )  # fmt: skip
             return None
         if state.credential is not used:  # another call refreshed it meanwhile
@@ -416,6 +440,18 @@ class Gateway:
                    "status": status, "inputTokens": usage.input_tokens,
                    "outputTokens": usage.output_tokens, "durationS": round(duration_s, 3)},
         )  # fmt: skip
+
+
+def model_of(body: bytes) -> str | None:
+    """The model a call names (`model` of its JSON body, both APIs), or None: a body too large
+    to read for it here, or none named (a 429 then rests the credential for every model)."""
+    if len(body) > MODEL_READ_BYTES:
+        return None
+    try:
+        named = json.loads(body).get("model")
+    except (ValueError, AttributeError):
+        return None
+    return named if isinstance(named, str) and 0 < len(named) <= 200 else None
 
 
 def _release(state: _CredentialState, grant: Grant) -> None:

@@ -36,6 +36,8 @@ class FakeProvider:
     shell_command: str = "echo hi > out.txt"
     quota_s: int = 30
     slow_s: float = 1.0
+    # Models at their rate limit for every key (a provider limits rates per model): 429.
+    limited_models: set[str] = field(default_factory=set)
     calls: list[Call] = field(default_factory=list)
     port: int = 0
 
@@ -78,7 +80,7 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             behaviour = provider.keys.get(key)
             if behaviour is None:
                 return self._json(401, {"error": {"message": "invalid key", "type": "auth"}})
-            if behaviour == "quota":
+            if behaviour == "quota" or body.get("model") in provider.limited_models:
                 extra = {"retry-after": str(provider.quota_s)}
                 return self._json(429, {"error": {"message": "quota", "type": "rate"}}, extra)
             if behaviour == "forbidden":

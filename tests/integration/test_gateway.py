@@ -291,6 +291,32 @@ async def test_a_forbidden_call_fails_alone_and_a_turn_s_calls_in_flight_are_bou
     assert slow.in_flight == 0 and slow.quota_until is None  # a cap is no quota
 
 
+async def test_a_model_at_its_limit_rests_a_credential_for_that_model_only(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """Providers limit rates per model: one organization's calls to a model at its limit must
+    not make another organization's calls to another model wait (they shared the credential's
+    rest before)."""
+    fake.limited_models.add("tiny-preview")
+    try:
+        one = turn(gw, "openai-main", "job-a")
+        limited = await call(one, model="tiny-preview", messages=[])
+        assert limited.status_code == 429 and one.quota_until is not None
+        other = gw.grant(
+            job_id="job-b", attempt=1, agent_id="coder", organization_id="org-b",
+            binding="openai-main",
+        )  # fmt: skip
+        served = await call(other, model="gpt-test", messages=[])
+        assert served.status_code == 200, served.text
+        assert other.quota_until is None
+        again = await call(other, model="tiny-preview", messages=[])
+        assert again.status_code == 429  # that model rests, without a call to the provider
+    finally:
+        fake.limited_models.clear()
+        for state in gw.pools["openai-main"].states:
+            state.resting_models.clear()
+
+
 async def raw_request(
     grant: Grant, head: bytes, body: bytes = b""
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
