@@ -305,11 +305,18 @@ def check_executable(
     roots = tuple(roots)
     if "/" in argv0:
         path = os.path.normpath(os.path.join(cwd, argv0))
+        # Outside the sandbox first, whether or not it exists: the answer must not tell the
+        # tenant what files the host has where its commands cannot look.
+        if not _inside(path, roots):
+            raise SandboxRefused(
+                f"could not start {argv0!r}: {path} is outside the sandbox (it sees the "
+                "workspace, the system directories and RECEIPT_SANDBOX_RO_BINDS)"
+            )
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise SandboxRefused(
                 f"could not start {argv0!r}: no executable file at {os.path.join(cwd, argv0)}"
             )
-        if not (_inside(path, roots) and _inside(os.path.realpath(path), roots)):
+        if not _inside(os.path.realpath(path), roots):  # a link inside pointing out
             raise SandboxRefused(
                 f"could not start {argv0!r}: {path} is outside the sandbox (it sees the "
                 "workspace, the system directories and RECEIPT_SANDBOX_RO_BINDS)"

@@ -50,6 +50,9 @@ def _id(body: Mapping[str, Any], name: str, *, required: bool = True) -> str | N
         )
     if "/" in value and name in ("ownerSessionId", "agentId"):
         raise InvalidInput(name, f"{name} must not contain '/' (it names a stream)")
+    if "~" in value and name == "ownerSessionId":
+        # The runtime scopes a session id by organization as `<id>~<tag>` (as job ids).
+        raise InvalidInput(name, f"{name} must not contain '~'")
     return value
 
 

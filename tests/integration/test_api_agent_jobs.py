@@ -82,6 +82,7 @@ async def test_create_shows_the_job_and_a_retry_returns_it(client: httpx.AsyncCl
     [
         ({"agentId": ""}, "agentId"),
         ({"ownerSessionId": None}, "ownerSessionId"),
+        ({"ownerSessionId": "s~0123456789abcdef"}, "ownerSessionId"),  # the runtime's form
         ({"replyRoute": {"binding": "slack"}}, "replyRoute.channel"),
         ({"input": {"prompt": "a", "command": ["b"]}}, "input"),
         ({"input": {"command": "not a list"}}, "input.command"),

@@ -477,6 +477,10 @@ async def test_a_missing_or_invisible_program_is_refused_with_its_name(
         await run(["no-such-program-zz"], settings)
     with pytest.raises(SandboxRefused, match="outside the sandbox"):
         await run([VENV_PYTHON, "-c", "print(1)"], settings)
+    # A host path outside answers alike whether or not a file is there: no existence oracle.
+    for host_path in ("/root/.bashrc", f"/root/no-such-{uuid.uuid4().hex}"):
+        with pytest.raises(SandboxRefused, match="outside the sandbox"):
+            await run([host_path], settings)
 
 
 async def test_a_read_only_bind_under_tmp_is_readable_beside_the_private_tmp(
