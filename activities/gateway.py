@@ -24,6 +24,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import secrets
 import shutil
 import time
@@ -64,6 +65,8 @@ ANTHROPIC_PATHS = ("/v1/messages",)
 PASSED_REQUEST_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 MAX_CALLS_PER_GRANT = 8
 MODEL_READ_BYTES = 1024 * 1024  # a body read for the model it names (most are far smaller)
+MODEL_SEARCH_BYTES = 64 * 1024  # of a larger one, searched for it
+_MODEL_FIELD = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
 MAX_CONNECTIONS = 256
 SHORT_RESET_S = 2.0  # a credential free again this soon is waited for, once
 _REFRESHED = object()  # a refused credential's key was re-read: call with it again
@@ -82,10 +85,25 @@ class Grant:
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    quota_until: datetime | None = None
+    quota_until: datetime | None = None  # the earliest recovery of the quota still met
     dead_pool: str | None = None
     in_flight: int = 0
     socket: Path | None = None  # the turn's own way in (`Gateway.grant`)
+    # The quota met per model ("" for calls naming none): a call served on one model does not
+    # clear the quota another met (a client that uses two models met it on its main one).
+    quota_models: dict[str, datetime] = field(default_factory=dict)
+
+    def met_quota(self, model: str | None, until: datetime) -> None:
+        key = model or ""
+        self.quota_models[key] = max(self.quota_models.get(key, until), until)
+        self.quota_until = min(self.quota_models.values())
+
+    def served(self, model: str | None) -> None:
+        """A call on `model` was answered: the quota it met, if any, has passed."""
+        self.quota_models.pop(model or "", None)
+        if model is None:
+            self.quota_models.clear()  # a call naming no model passed every rest
+        self.quota_until = min(self.quota_models.values()) if self.quota_models else None
 
     def summary(self) -> dict[str, Any]:
         """The turn's usage as its result carries it (an `agent_job.usage` receipt)."""
@@ -322,7 +340,7 @@ class Gateway:
             grant.dead_pool = f"every credential of {grant.binding!r} was refused"
             return error(style, 503, "overloaded_error", grant.dead_pool)
         until = min(resting)
-        grant.quota_until = max(grant.quota_until or until, until)
+        grant.met_quota(model, until)
         metrics.GATEWAY_QUOTA.labels(grant.binding).inc()
         log.warning(
             "a turn's provider pool is exhausted until %s",
@@ -376,7 +394,7 @@ class Gateway:
                 await upstream.aread()
                 return self._set_aside(pool, state, upstream, credential, model)
             if status < 400:
-                grant.quota_until = None  # recovered: a later failure is the command's own
+                grant.served(model)  # recovered: a later failure is the command's own
             grant.calls += 1
             relay = Relay(upstream, started, functools.partial(self._count, grant))
             answer = Relayed(relay, functools.partial(_release, state, grant))
@@ -398,6 +416,9 @@ class Gateway:
         if upstream.status_code == 429:
             until = recovery(upstream)
             if model is not None and until is not None:
+                now = datetime.now(UTC)
+                for name in [m for m, t in state.resting_models.items() if t <= now]:
+                    del state.resting_models[name]  # past: the map holds only rests to come
                 state.resting_models[model] = until
             elif model is None:
                 state.resting_until = until
@@ -443,13 +464,16 @@ class Gateway:
 
 
 def model_of(body: bytes) -> str | None:
-    """The model a call names (`model` of its JSON body, both APIs), or None: a body too large
-    to read for it here, or none named (a 429 then rests the credential for every model)."""
+    """The model a call names (`model` of its JSON body, both APIs), or None when it names none
+    (a 429 then rests the credential for every model). A body past MODEL_READ_BYTES is searched
+    for its first top-level-looking `"model": "…"` in its first MODEL_SEARCH_BYTES instead of
+    parsed (clients write it first; a quoted "model" inside a string is escaped, never matched)."""
     if len(body) > MODEL_READ_BYTES:
-        return None
+        found = _MODEL_FIELD.search(body, 0, MODEL_SEARCH_BYTES)
+        return found.group(1).decode("utf-8", "replace") if found else None
     try:
         named = json.loads(body).get("model")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     return named if isinstance(named, str) and 0 < len(named) <= 200 else None
 

@@ -307,7 +307,10 @@ def check_executable(
         path = os.path.normpath(os.path.join(cwd, argv0))
         # Outside the sandbox first, whether or not it exists: the answer must not tell the
         # tenant what files the host has where its commands cannot look.
-        if not _inside(path, roots):
+        # Outside the sandbox first — by its path and by where its links lead — whether or not
+        # a file is there: the answer must not tell the tenant what the host has where its
+        # commands cannot look (a link in the workspace to a host path included).
+        if not (_inside(path, roots) and _inside(os.path.realpath(path), roots)):
             raise SandboxRefused(
                 f"could not start {argv0!r}: {path} is outside the sandbox (it sees the "
                 "workspace, the system directories and RECEIPT_SANDBOX_RO_BINDS)"
@@ -315,11 +318,6 @@ def check_executable(
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise SandboxRefused(
                 f"could not start {argv0!r}: no executable file at {os.path.join(cwd, argv0)}"
-            )
-        if not _inside(os.path.realpath(path), roots):  # a link inside pointing out
-            raise SandboxRefused(
-                f"could not start {argv0!r}: {path} is outside the sandbox (it sees the "
-                "workspace, the system directories and RECEIPT_SANDBOX_RO_BINDS)"
             )
         return
     search = env.get("PATH", DEFAULT_PATH)

@@ -49,8 +49,10 @@ class Retry(Exception):
     def __init__(
         self, message: str = "retry requested", *, delay_ms: int | float | None = None
     ) -> None:
-        if delay_ms is not None and (isinstance(delay_ms, bool) or not delay_ms >= 0):
-            raise ValueError("delay_ms must be a number of milliseconds, at least 0")
+        if delay_ms is not None and (
+            isinstance(delay_ms, bool) or not 0 <= delay_ms < float("inf")
+        ):
+            raise ValueError("delay_ms must be a finite number of milliseconds, at least 0")
         super().__init__(message)
         # Whole milliseconds: a float delay (5000.0) is that delay, not none at all.
         self.delay_ms = None if delay_ms is None else int(delay_ms)

@@ -159,8 +159,9 @@ def as_handler(declared: AgentHandler) -> Handler:
             raise
         except Exception:
             # The last progress held back by the rate limit is written before the job settles,
-            # however the handler ended (its bug is then reported as such).
-            await job.flush()
+            # however the handler ended; the handler's own error is the one reported.
+            with contextlib.suppress(Exception):
+                await job.flush()
             raise
         await job.flush()
         try:

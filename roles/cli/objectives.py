@@ -103,6 +103,8 @@ def _created(client: ApiClient, objective_id: str, run_job_id: str) -> dict[str,
         response = client.http.get(_path(objective_id))
     except httpx.TransportError as exc:  # the API restarting: followed through, for a while
         raise _Unreachable(str(exc)) from exc
+    if response.status_code in (502, 503, 504):  # its database or a proxy in front: the same
+        raise _Unreachable(f"the API answered {response.status_code}")
     if response.status_code == 200:
         view: dict[str, Any] = response.json()
         return view

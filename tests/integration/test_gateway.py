@@ -311,10 +311,31 @@ async def test_a_model_at_its_limit_rests_a_credential_for_that_model_only(
         assert other.quota_until is None
         again = await call(other, model="tiny-preview", messages=[])
         assert again.status_code == 429  # that model rests, without a call to the provider
+        # A turn that uses two models keeps the quota its main one met when the other is served.
+        served = await call(one, model="gpt-test", messages=[])
+        assert served.status_code == 200 and one.quota_until is not None
+        # A body too large to parse for its model is searched for it: still that model's rest.
+        large = await call(other, model="tiny-preview", messages=[{"content": "x" * 1_200_000}])
+        assert large.status_code == 429
+        third = gw.grant(
+            job_id="job-c", attempt=1, agent_id="coder", organization_id="org-c",
+            binding="openai-main",
+        )  # fmt: skip
+        assert (await call(third, model="gpt-test", messages=[])).status_code == 200
     finally:
         fake.limited_models.clear()
         for state in gw.pools["openai-main"].states:
             state.resting_models.clear()
+
+
+async def test_a_body_nested_past_the_parser_is_the_provider_s_to_refuse(gw: Gateway) -> None:
+    """Reading a call's model must not fail the gateway on a body too deep to parse."""
+    grant = turn(gw, "openai-main")
+    headers = {"Authorization": f"Bearer {grant.token}", "Content-Type": "application/json"}
+    async with client(grant) as http:
+        answer = await http.post("/v1/chat/completions", content=b"[" * 100_000, headers=headers)
+    assert answer.status_code != 500
+    assert grant.in_flight == 0
 
 
 async def raw_request(

@@ -86,8 +86,9 @@ def test_fail_takes_a_result_object_only() -> None:
 
     with pytest.raises(TypeError, match="must be a dict"):
         Fail("bad", result=["line 1", "line 2"])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="at least 0"):
-        Retry("later", delay_ms=-1)
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="at least 0"):
+            Retry("later", delay_ms=bad)
 
 
 async def test_fail_ends_the_job_with_its_message_and_result(store: Store) -> None:

@@ -481,6 +481,14 @@ async def test_a_missing_or_invisible_program_is_refused_with_its_name(
     for host_path in ("/root/.bashrc", f"/root/no-such-{uuid.uuid4().hex}"):
         with pytest.raises(SandboxRefused, match="outside the sandbox"):
             await run([host_path], settings)
+    # Nor through a link in the workspace to a host path, there or not.
+    workspace = fresh_workspace(settings)
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "there").symlink_to(VENV_PYTHON)
+    (workspace / "missing").symlink_to(f"/root/no-such-{uuid.uuid4().hex}")
+    for link in ("./there", "./missing"):
+        with pytest.raises(SandboxRefused, match="outside the sandbox"):
+            await run([link], settings, workspace)
 
 
 async def test_a_read_only_bind_under_tmp_is_readable_beside_the_private_tmp(
