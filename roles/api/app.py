@@ -36,6 +36,7 @@ from roles.api.docs import install_docs
 from roles.api.documented import DOCUMENTED
 from roles.api.errors import install_error_handlers
 from roles.api.gate import EnqueueGate
+from roles.api.http_protocol import http_protocol
 from roles.api.request_metrics import RequestMetrics
 from roles.api.routes import agent_jobs, health, jobs, objectives, retry, schedules, sessions
 from roles.api.routes.retry import BulkRetryBody
@@ -245,6 +246,7 @@ async def serve_api(
         log_config=None,
         timeout_graceful_shutdown=10,
         server_header=False,
+        http=http_protocol(),  # httptools with a bound on a request's head
     )
     server = _Server(config, app.state.api.stopping)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import stat
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -195,6 +196,29 @@ async def test_a_cancel_reads_no_more_body_than_the_limit(db_url: str) -> None:
             # Blank or left out, the body is optional: then the job is looked for.
             missing = await c.post(path, content=b"  \n", headers=AS_A)
             assert missing.status_code == 404
+
+
+def test_a_request_head_is_bounded_before_any_token_is_read(api: RunningApi) -> None:
+    """Headers are parsed before anything looks at the token: a client without one must not
+    make the api hold megabytes of them (httptools sets no limit; the api bounds the head at
+    64 KiB). An ordinary long header (a cookie, a traceparent) is still taken."""
+    host, port = api.url.removeprefix("http://").rsplit(":", 1)
+    pad = b"X-Pad: " + b"a" * 8000 + b"\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"GET /jobs HTTP/1.1\r\nHost: localhost\r\n")
+        sent = 0
+        try:
+            for _ in range(1024):  # 8 MiB of headers, unless the api stops reading first
+                conn.sendall(pad)
+                sent += len(pad)
+            conn.sendall(b"\r\n")
+            answer = conn.recv(100)
+        except OSError:
+            answer = b""  # closed on it
+    assert not answer.startswith(b"HTTP/1.1 401"), (answer, sent)  # refused before auth
+    assert answer.startswith(b"HTTP/1.1 400") or sent < 8 * 1024 * 1024
+    ordinary = httpx.get(f"{api.url}/jobs", headers={"X-Long": "b" * 10_000, **AS_A})
+    assert ordinary.status_code == 200
 
 
 def test_the_body_limits_name_what_was_exceeded() -> None:
