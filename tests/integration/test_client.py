@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from receipt_client import (
@@ -201,6 +202,32 @@ def test_a_limit_is_rate_limited_and_open_mode_takes_json_only(db_url: str, tmp_
     assert e429.value.retry_after is not None and e429.value.retry_after >= 1
     assert isinstance(e415, UnsupportedMediaType)
     assert (e415.status, e415.code, e415.field) == (415, "unsupported_media_type", "Content-Type")
+
+
+def test_a_stream_the_api_keeps_refusing_ends_in_its_own_refusal(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the token's cap of open streams, `follow` tries again (not before the API's
+    Retry-After) and, refused each time, raises the API's 429 as `RateLimited` — not a
+    `ConnectionFailed` that says the stream was lost."""
+    from receipt_client import sync
+
+    monkeypatch.setattr(sync, "RECONNECT_ATTEMPTS", 1)
+    slept: list[float] = []
+    capped = {"RECEIPT_SSE_MAX_STREAMS_PER_CALLER": "1"}
+    with running_api(db_url, tmp_path, **capped) as api, Client(api.url, TOKEN_A) as client:
+        job = client.enqueue("codex", task()).job.job_id
+        headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {TOKEN_A}"}
+        with httpx.stream("GET", f"{api.url}/jobs/{job}/events", headers=headers, timeout=10):
+            monkeypatch.setattr(sync.time, "sleep", slept.append)  # the waits follow makes
+            with pytest.raises(RateLimited) as refused:
+                list(client.follow(job))
+            monkeypatch.undo()
+    assert refused.value.status == 429 and "RECEIPT_SSE_MAX_STREAMS_PER_CALLER" in str(
+        refused.value
+    )
+    retry_after = refused.value.retry_after
+    assert slept and retry_after is not None and min(slept) >= retry_after
 
 
 def test_an_unreachable_api_is_a_connection_failure() -> None:

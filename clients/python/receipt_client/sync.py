@@ -20,6 +20,7 @@ from receipt_client.errors import (
     ConnectionFailed,
     ObjectiveNotCreated,
     RateLimited,
+    ReceiptError,
     Unavailable,
     error_of,
 )
@@ -118,10 +119,14 @@ class Client:
         `end` event (a session's stream has none: until the caller stops).
 
         A dropped connection, a stream closed at the API's maximum lifetime, a 503 or a 429 is
-        resumed with `Last-Event-ID`, so no receipt is missed or repeated; after
-        `RECONNECT_ATTEMPTS` failures in a row it raises `ConnectionFailed`."""
+        resumed with `Last-Event-ID` (not before the `Retry-After` the API named), so no receipt
+        is missed or repeated; after `RECONNECT_ATTEMPTS` failures in a row it raises the API's
+        last 429 or 503 (`RateLimited`, `Unavailable`) if the last try was refused so, else
+        `ConnectionFailed`."""
         last, failures, problem = after, 0, ""
+        refused: ReceiptError | None = None  # the API's last 429 or 503, if it answered one
         while True:
+            refused_now: ReceiptError | None = None
             headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
             problem = f"the stream ended before {name or path} did"
             try:
@@ -143,13 +148,19 @@ class Client:
                         error = error_of(response)
                         if not isinstance(error, Unavailable | RateLimited):
                             raise error
-                        problem = str(error)
+                        problem, refused_now = str(error), error
             except httpx.TransportError as exc:
                 problem = str(exc) or type(exc).__name__
+            refused = refused_now
             failures += 1
             if failures > RECONNECT_ATTEMPTS:
+                if refused is not None:
+                    raise refused  # the API's own answer (e.g. its cap of open streams)
                 raise ConnectionFailed(f"lost the event stream of {name or path}: {problem}")
-            time.sleep(reconnect_delay(failures))
+            wait = reconnect_delay(failures)
+            if refused is not None and refused.retry_after:
+                wait = max(wait, refused.retry_after)  # as the API asked
+            time.sleep(wait)
 
     # --- jobs -----------------------------------------------------------------------------
 
