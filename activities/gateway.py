@@ -85,7 +85,6 @@ class Grant:
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    quota_until: datetime | None = None  # the earliest recovery of the quota still met
     dead_pool: str | None = None
     in_flight: int = 0
     socket: Path | None = None  # the turn's own way in (`Gateway.grant`)
@@ -96,14 +95,17 @@ class Grant:
     def met_quota(self, model: str | None, until: datetime) -> None:
         key = model or ""
         self.quota_models[key] = max(self.quota_models.get(key, until), until)
-        self.quota_until = min(self.quota_models.values())
 
     def served(self, model: str | None) -> None:
         """A call on `model` was answered: the quota it met, if any, has passed."""
         self.quota_models.pop(model or "", None)
         if model is None:
             self.quota_models.clear()  # a call naming no model passed every rest
-        self.quota_until = min(self.quota_models.values()) if self.quota_models else None
+
+    @property
+    def quota_until(self) -> datetime | None:
+        """The earliest recovery of the quota the turn still meets (None: none)."""
+        return min(self.quota_models.values(), default=None)
 
     def summary(self) -> dict[str, Any]:
         """The turn's usage as its result carries it (an `agent_job.usage` receipt)."""
@@ -415,7 +417,7 @@ class Gateway:
         binding, credential = pool.provider.id, state.credential.id
         if upstream.status_code == 429:
             until = recovery(upstream)
-            if model is not None and until is not None:
+            if model is not None and until is not None:  # `_call` sends a 429 with one only
                 now = datetime.now(UTC)
                 for name in [m for m, t in state.resting_models.items() if t <= now]:
                     del state.resting_models[name]  # past: the map holds only rests to come

@@ -305,8 +305,6 @@ def check_executable(
     roots = tuple(roots)
     if "/" in argv0:
         path = os.path.normpath(os.path.join(cwd, argv0))
-        # Outside the sandbox first, whether or not it exists: the answer must not tell the
-        # tenant what files the host has where its commands cannot look.
         # Outside the sandbox first — by its path and by where its links lead — whether or not
         # a file is there: the answer must not tell the tenant what the host has where its
         # commands cannot look (a link in the workspace to a host path included).

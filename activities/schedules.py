@@ -1,5 +1,5 @@
 """The schedule firing's activity: enqueue the firing's job through the receipts
-(receipts/schedules/store.py `fire`), idempotent by its fire time."""
+(receipts/schedules/firing.py `fire`), idempotent by its fire time."""
 
 from __future__ import annotations
 
@@ -8,20 +8,20 @@ from datetime import datetime
 from temporalio import activity
 
 from activities.names import FIRE_SCHEDULE
-from receipts.schedules import store as schedules
+from receipts.schedules import firing
 from receipts.store import Store
 
 
 class ScheduleActivities:
     """Activities of the schedule firings (registered by the worker-control role)."""
 
-    def __init__(self, store: Store, caps: schedules.Caps | None = None) -> None:
+    def __init__(self, store: Store, caps: firing.Caps | None = None) -> None:
         self.store = store
         self.caps = caps
 
     @activity.defn(name=FIRE_SCHEDULE)
     async def fire_schedule(self, schedule_id: str, fire_time: str) -> str:
         """Fire `schedule_id` at `fire_time` (ISO 8601); return what the firing came to."""
-        return await schedules.fire(
+        return await firing.fire(
             self.store, schedule_id, datetime.fromisoformat(fire_time), self.caps
         )

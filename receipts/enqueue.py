@@ -1,93 +1,36 @@
-"""Enqueue: validate a request, then in one transaction apply idempotency, singleton mode and append."""
+"""Enqueue: in one transaction apply idempotency, singleton mode and append (the request is
+validated by receipts/enqueue_request.py, whose names this module also answers to)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any
-
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StrictInt,
-    ValidationError,
-    WithJsonSchema,
-)
-from pydantic.alias_generators import to_camel
+from typing import Any
 
 from receipts import jobs as jobmodel
 from receipts.commands import with_payloads
+from receipts.enqueue_request import JOB_ID_PATTERN as JOB_ID_PATTERN
+from receipts.enqueue_request import EnqueueBody as EnqueueBody
+from receipts.enqueue_request import EnqueueRequest as EnqueueRequest
+from receipts.enqueue_request import choice_field as choice_field
+from receipts.enqueue_request import parse_enqueue as parse_enqueue
 from receipts.errors import ConflictError, InvalidInput, NotPermitted
 from receipts.job_append import JobAppend, insert_params, plan
-from receipts.jobs import (
-    DEFAULT_LANE,
-    DEFAULT_MAX_ATTEMPTS,
-    LANES,
-    MAX_ATTEMPTS,
-    MIN_ATTEMPTS,
-    SINGLETON_CANCEL_REASON,
-    SINGLETON_MODES,
-    Job,
-)
-from receipts.kinds import (
-    CONTRACTS,
-    MAX_ID_LENGTH,
-    NON_BLANK,
-    EnqueuePayload,
-    invalid_input,
-    runs_commands,
-    scoped_payload,
-)
+from receipts.jobs import SINGLETON_CANCEL_REASON, Job
+from receipts.kinds import runs_commands
 from receipts.store import Draft, Store, Tx
-from receipts.text import check_clean_text
 from receipts.trace_context import trace_id_of
 
 log = logging.getLogger("receipts.enqueue")
 
-MAX_DELAY_MS = 7 * 24 * 3600 * 1000
 
 NEW_JOB_TRIES = 3
 """Reads and statements a new job's write makes while its caps move in between, before it
 takes the locked path (`enqueue_new`; receipts/enqueue_batch.py likewise for a batch)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EnqueueRequest:
-    """A validated enqueue: everything `enqueue` needs, already checked."""
-
-    agent_id: str
-    payload: dict[str, Any]
-    kind: str
-    organization_id: str | None
-    job_id: str | None = None
-    lane: str = DEFAULT_LANE
-    session_key: str | None = None
-    singleton_mode: str = "allow"
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    delay_ms: int = 0
-    trace_id: str | None = None
-    traceparent: str | None = None
-    retry_of: str | None = None
-    max_commands: int | None = None
-    """A steer singleton absorbed into a job holding this many commands is refused (the API's
-    `RECEIPT_MAX_COMMANDS_PER_JOB`); None: no cap."""
-    max_command_bytes: int | None = None
-    """A steer singleton whose payload serialises to more is refused when it would be absorbed."""
-    new_job_id: bool = False
-    """`job_id` was made up for this request (a random uuid: the caller named no job), so no job
-    or absorbed steer can hold it yet: `enqueue` skips the jobId lock and lookup."""
-    may_steer_commands: bool = True
-    """A steer singleton may be absorbed into a job that runs commands (the API's caller holds
-    `commands:run`); False: such an absorption is refused (`NotPermitted`)."""
-    objective_id_assigned: bool = False
-    """`payload.objectiveId` was assigned here (a `factory.run` that named none): a re-post of
-    the same body is the same request whatever id its job was given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,167 +68,6 @@ async def _same_request(tx: Tx, existing: Job, request: EnqueueRequest, job_id: 
         return True
     [read] = await with_payloads(tx, existing.job_id, [command])
     return bool(read.payload == request.payload)
-
-
-# Temporal workflow ids are derived from job ids (`<jobId>:gen:<g>`, `<jobId>:attempt:<n>`), and
-# stream names from `jobs/<jobId>`; a job id that looks like one of those is refused.
-RESERVED_ID_PARTS: tuple[str, ...] = (":gen:", ":attempt:", ":redrive:", "/")
-RESERVED_ID_PREFIX = "watchdog:"
-# The jobs of an objective are named after it (`objective:<id>:…`, receipts/objectives/model.py)
-# by the runtime alone: a caller who could choose such an id could be first to a job the
-# runtime is about to create (a re-post is answered with the existing job).
-OBJECTIVE_JOB_PREFIX = "objective:"
-
-
-def _one_of(name: str, allowed: tuple[str, ...], required: bool = False) -> Any:
-    """A before-validator: `value` is one of `allowed` (or None unless `required`), else 422
-    naming them."""
-
-    def check(value: Any) -> Any:
-        if (value is not None or required) and (not isinstance(value, str) or value not in allowed):
-            raise InvalidInput(
-                name, f"{name} must be one of: {', '.join(allowed)} (got {value!r})", allowed
-            )
-        return value
-
-    return BeforeValidator(check)
-
-
-def choice_field(name: str, allowed: tuple[str, ...], *, required: bool = False) -> Any:
-    """A string field holding one of `allowed` (422 naming them), documented as an enum."""
-    return Annotated[
-        str if required else str | None,
-        _one_of(name, allowed, required),
-        WithJsonSchema({"type": "string", "enum": list(allowed)}),
-    ]
-
-
-if TYPE_CHECKING:
-    LaneField = str | None
-    SingletonModeField = str | None
-else:
-    LaneField = choice_field("lane", LANES)
-    SingletonModeField = choice_field("singletonMode", SINGLETON_MODES)
-
-JOB_ID_PATTERN = r"^[A-Za-z0-9._:@-]{1,200}$"
-"""Job ids a caller may choose (a newline in an id made the job unreachable)."""
-
-
-class EnqueueBody(BaseModel):
-    """An enqueue request. Unknown top-level fields are refused (422).
-
-    The same model validates the HTTP body and documents it (the API's OpenAPI schema).
-    """
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=False, extra="forbid", frozen=True
-    )
-
-    job_id: str | None = Field(
-        default=None,
-        pattern=JOB_ID_PATTERN,
-        description="Idempotency key of the job, scoped to the caller's organization",
-    )
-    lane: LaneField = None
-    session_key: str | None = Field(default=None, max_length=MAX_ID_LENGTH, pattern=NON_BLANK)
-    singleton_mode: SingletonModeField = None
-    max_attempts: StrictInt | None = Field(
-        default=None,
-        description=f"clamped to {MIN_ATTEMPTS}..{MAX_ATTEMPTS}; default {DEFAULT_MAX_ATTEMPTS}",
-    )
-    delay_ms: StrictInt | None = Field(default=None, ge=0, le=MAX_DELAY_MS)
-    payload: EnqueuePayload
-
-
-ENQUEUE_FIELDS: tuple[str, ...] = tuple(
-    f.alias or name for name, f in EnqueueBody.model_fields.items()
-)
-
-
-def _check_job_id(job_id: str | None, kind: str, *, system: bool) -> None:
-    if job_id is None:
-        return
-    for part in RESERVED_ID_PARTS:
-        if part in job_id:
-            raise InvalidInput(
-                "jobId",
-                f"jobId must not contain {part!r} (reserved for delivery ids and stream names)",
-            )
-    if job_id.startswith(RESERVED_ID_PREFIX) and not (
-        system and kind == "factory.objective.watchdog"
-    ):
-        raise InvalidInput(
-            "jobId", f"jobId prefix {RESERVED_ID_PREFIX!r} is reserved for the objective watchdog"
-        )
-    if job_id.startswith(OBJECTIVE_JOB_PREFIX):
-        raise InvalidInput(
-            "jobId",
-            f"jobId prefix {OBJECTIVE_JOB_PREFIX!r} is reserved for the jobs of objectives",
-        )
-
-
-def clamp_attempts(value: int) -> int:
-    """Clamp `maxAttempts` to the spec's range 1..8."""
-    return max(MIN_ATTEMPTS, min(MAX_ATTEMPTS, value))
-
-
-def parse_enqueue(
-    agent_id: str,
-    body: Mapping[str, Any],
-    *,
-    system: bool = False,
-    text_checked: bool = False,
-) -> EnqueueRequest:
-    """Validate an enqueue body for `agent_id`; raise `InvalidInput` naming the field at fault.
-
-    `system` is the runtime's own enqueue (the watchdog tick): its `watchdog:<time>` ids are
-    the only ones outside `JOB_ID_PATTERN`. `text_checked` says the caller already refused NUL
-    and lone surrogates in the whole body (the API does it once, when it reads the body).
-    """
-    if not isinstance(agent_id, str) or not agent_id.strip() or len(agent_id) > MAX_ID_LENGTH:
-        raise InvalidInput(
-            "agentId", f"agentId must be a non-empty string of at most {MAX_ID_LENGTH} characters"
-        )
-    if not isinstance(body, Mapping):
-        raise InvalidInput("body", "the request body must be a JSON object")
-    if not text_checked:
-        check_clean_text(body, "")
-    check_clean_text(agent_id, "agentId")
-    job_id = body.get("jobId")
-    if system and isinstance(job_id, str) and job_id.startswith(RESERVED_ID_PREFIX):
-        body = {k: v for k, v in body.items() if k != "jobId"}
-    else:
-        job_id = None
-    try:
-        parsed = EnqueueBody.model_validate(body)
-    except ValidationError as exc:
-        error = invalid_input(exc)
-        if error.message.startswith("unknown field") and "." not in error.field:
-            error.allowed = list(ENQUEUE_FIELDS)
-        if error.field == "jobId":
-            error.message = "jobId must be 1 to 200 characters of letters, digits and . _ : @ -"
-        raise error from None
-    job_id = job_id if job_id is not None else parsed.job_id
-    kind = parsed.payload.kind
-    auth = parsed.payload.auth_context
-    _check_job_id(job_id, kind, system=system)
-    max_attempts = parsed.max_attempts
-    # The contract's objective scoping: a kind that acts on an objective names it (422 without).
-    payload = scoped_payload(kind, body["payload"], CONTRACTS[kind])
-    assigned = "objectiveId" in payload and "objectiveId" not in body["payload"]
-    return EnqueueRequest(
-        agent_id=agent_id,
-        payload=payload,
-        kind=kind,
-        organization_id=auth.organization_id if auth is not None else None,
-        job_id=job_id,
-        lane=parsed.lane or DEFAULT_LANE,
-        session_key=parsed.session_key,
-        singleton_mode=parsed.singleton_mode or "allow",
-        max_attempts=clamp_attempts(DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts),
-        delay_ms=parsed.delay_ms or 0,
-        objective_id_assigned=assigned,
-    )
 
 
 def session_lock_key(organization_id: str | None, session_key: str) -> str:

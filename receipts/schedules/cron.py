@@ -8,7 +8,7 @@ day names `sun`…`sat` (0 and 7 are Sunday), and `@hourly`, `@daily`, `@weekly`
 `@yearly`. When both day fields are restricted a day matching either fires, as cron does. A
 local time that a daylight-saving change skips does not fire that day; one that occurs twice
 is shown at its first occurrence, and fires once (Temporal fires one occurrence or both; the
-firing of the second is `repeated`: receipts/schedules/store.py `fire`).
+firing of the second is `repeated`: receipts/schedules/firing.py `fire`).
 
 An interval fires at the multiples of its length since the Unix epoch (as Temporal's interval
 spec with no offset does), whatever the time zone.

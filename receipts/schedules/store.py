@@ -1,10 +1,8 @@
 """Schedules' persistence: their definitions validated and appended to `schedules/<id>` with the
-projection row, each firing's job enqueued (idempotent by `<scheduleId>:<fire time>`), and what
-the Temporal sync reads and marks."""
+projection row, and what the Temporal sync reads and marks (a firing's job: firing.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 from collections.abc import Mapping
@@ -13,11 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from receipts import metrics
-from receipts.enqueue import EnqueueRequest, enqueue_in, parse_enqueue, stop_draft
+from receipts.enqueue import EnqueueRequest, parse_enqueue
 from receipts.errors import ConflictError, InvalidInput
-from receipts.jobs import TERMINAL_STATUSES
-from receipts.kinds import CONTRACTS
-from receipts.objectives import store as objectives
 from receipts.projections import Projection
 from receipts.reads import Page, Position, Viewer, page, seen_by
 from receipts.schedules import cron
@@ -37,7 +32,6 @@ SCHEDULES = Projection("schedules", ScheduleState, fold, "schedule_upsert", noun
 NEXT_FIRE_TIMES = 5
 # Fire times of a cron read to find its closest two: two days of a every-minute cron.
 CRON_GAP_SAMPLE = 2 * 24 * 60 + 1
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,14 +158,16 @@ async def get(store: Store, schedule_id: str) -> ScheduleState | None:
     return ScheduleState.model_validate(row[0]) if row else None
 
 
-async def _load(tx: Tx, schedule_id: str) -> ScheduleState | None:
+async def load(tx: Tx, schedule_id: str) -> ScheduleState | None:
+    """The schedule as its projection row holds it, in the caller's transaction."""
     row = await tx.fetch_one("schedule_get", {"schedule_id": schedule_id})
     return ScheduleState.model_validate(row[0]) if row else None
 
 
-async def _append(
+async def append(
     tx: Tx, state: ScheduleState | None, stream: str, drafts: list[Draft]
 ) -> ScheduleState:
+    """Append `drafts` to the schedule's stream (as of `state`) and write its projection row."""
     receipts = await tx.append(stream, drafts, expected_seq=state.seq if state else 0)
     new = fold(receipts, state)
     assert new is not None
@@ -197,7 +193,7 @@ async def create(
 
     async def work(tx: Tx) -> tuple[ScheduleState, bool]:
         await tx.lock_streams([stream])
-        existing = await _load(tx, schedule_id)
+        existing = await load(tx, schedule_id)
         if existing is not None:
             same = definition_data(existing) == definition.data()
             if existing.terminal or not same:
@@ -222,7 +218,7 @@ async def create(
             "paused": paused,
             **definition.data(),
         }
-        return await _append(tx, None, stream, [Draft("schedule.created", data)]), True
+        return await append(tx, None, stream, [Draft("schedule.created", data)]), True
 
     with translate_errors():
         state, created = await store.in_transaction(work)
@@ -237,6 +233,10 @@ async def create(
 
 class LimitReached(Exception):
     """The organization holds its cap of schedules; nothing was written."""
+
+
+class DefinitionMoved(ConflictError):
+    """The schedule's definition changed since the change was made from it: read it again."""
 
 
 async def change(
@@ -259,7 +259,7 @@ async def change(
 
     async def work(tx: Tx) -> ScheduleState | None:
         await tx.lock_streams([stream])
-        state = await _load(tx, schedule_id)
+        state = await load(tx, schedule_id)
         if state is None or state.terminal:
             return None
         if definition is not None and based_on is not None and state.definition_seq != based_on:
@@ -276,7 +276,7 @@ async def change(
                 drafts.append(Draft("schedule.resumed", {}))
         if not drafts:
             return state
-        return await _append(tx, state, stream, drafts)
+        return await append(tx, state, stream, drafts)
 
     with translate_errors():
         state = await store.in_transaction(work)
@@ -296,181 +296,6 @@ async def schedules_page(
     params = seen_by(viewer, after, "schedule_id")
     states, more = await page(store, "api_list_schedules", params, limit)
     return Page([ScheduleState.model_validate(s) for s in states], more)
-
-
-async def firing_request(store: Store, state: ScheduleState, fire_time: datetime) -> EnqueueRequest:
-    """The enqueue the firing at `fire_time` makes: the stored body with the job id
-    `<scheduleId>:<fire time>`, scoped (job id and objective id) by the schedule's organization."""
-    body = {**state.job, "jobId": job_id_of(state.caller_schedule_id, fire_time)}
-    request = parse_enqueue(state.agent_id, body)
-    payload = request.payload
-    objective_id = payload.get("objectiveId")
-    contract = CONTRACTS[request.kind]
-    if isinstance(objective_id, str) and contract.objective_scoped:
-        existing = contract.objective_required and request.kind != "factory.run"
-        runtime = await objectives.runtime_id(
-            store, state.organization_id, objective_id, existing=existing
-        )
-        payload = {**payload, "objectiveId": runtime}
-    return dataclasses.replace(
-        request,
-        payload=payload,
-        organization_id=state.organization_id,
-        job_id=scoped_id(state.organization_id, str(body["jobId"])),
-    )
-
-
-class DefinitionMoved(ConflictError):
-    """The schedule's definition changed since the change was made from it: read it again."""
-
-
-def _owed(state: ScheduleState, fire_time: datetime) -> bool:
-    """Whether the definition as it is now fires at `fire_time`: its local time in the schedule's
-    zone matches the cron (either occurrence of an hour a DST change repeats), or it is a
-    multiple of the interval since the epoch. A firing of an earlier definition, which Temporal
-    may still hold until the sync reaches it, is not."""
-    if state.interval_s is not None:
-        return (fire_time - EPOCH).total_seconds() % state.interval_s == 0
-    if state.cron is None:
-        return False
-    local = fire_time.astimezone(cron.zone(state.timezone))
-    parsed = cron.parse_cron(state.cron)
-    return (
-        local.second == 0
-        and local.microsecond == 0
-        and local.minute in parsed.minutes
-        and local.hour in parsed.hours
-        and parsed.matches_day(local.date())
-    )
-
-
-def _other_occurrence(state: ScheduleState, fire_time: datetime) -> datetime | None:
-    """For a cron schedule, the other instant of `fire_time`'s local time when a fall-back
-    repeats that hour (the first occurrence of the second, or the second of the first); None
-    for a local time that occurs once."""
-    if state.cron is None:
-        return None
-    tz = cron.zone(state.timezone)
-    local = fire_time.astimezone(tz)
-    wall = local.replace(tzinfo=None)
-    first, second = wall.replace(tzinfo=tz, fold=0), wall.replace(tzinfo=tz, fold=1)
-    if first.utcoffset() == second.utcoffset():
-        return None
-    other = second if local.fold == 0 else first
-    return other.astimezone(UTC)
-
-
-async def _repeated_wall_time(tx: Tx, state: ScheduleState, fire_time: datetime) -> bool:
-    """Whether the other occurrence of `fire_time`'s local time (an hour the fall-back repeats,
-    which Temporal fires twice) was fired already: the schedule fires that local time once
-    (README, *Schedules*). Read from the stream's record, not only the recent firings: a cron
-    firing often in that hour has more than the projection keeps."""
-    other = _other_occurrence(state, fire_time)
-    if other is None:
-        return False
-    if state.firing_at(other) is not None:
-        return True
-    row = await tx.fetch_one(
-        "schedule_firing_recorded",
-        {"stream": schedule_stream(state.schedule_id), "fire_time": other.isoformat()},
-    )
-    return row is not None
-
-
-@dataclass(frozen=True, slots=True)
-class Caps:
-    """The organization's caps of open jobs a firing respects (the api's
-    `RECEIPT_ORG_MAX_QUEUED` and `RECEIPT_ORG_MAX_ACTIVE`)."""
-
-    max_queued: int
-    max_active: int
-
-
-async def fire(
-    store: Store, schedule_id: str, fire_time: datetime, caps: Caps | None = None
-) -> str:
-    """Enqueue the job of the firing at `fire_time` (Temporal's scheduled time) unless the
-    overlap policy says otherwise or, with `caps`, the organization holds its cap of open jobs
-    (skipped, as a refused enqueue would be); return what it came to: `enqueued`, `skipped`
-    (`skipped_cap` for the caps), `repeated` (this fire time, or this local time of a repeated
-    hour, was already handled: a doubled firing is one job), `off_schedule` (the definition as it
-    is now does not fire then: Temporal still had an earlier one) or `none` (the schedule is
-    paused, deleted or gone: Temporal fired before the sync caught up).
-
-    Everything is decided under the schedule's stream lock on the schedule as it is then: the
-    previous job's state (two firings at once see each other), and a `cancel_previous` abort is
-    written in the same transaction as the firing it makes room for, so a skipped firing aborts
-    nothing."""
-    state = await get(store, schedule_id)
-    if state is None or state.status != "active":
-        return "none"
-    if state.firing_at(fire_time) is not None:
-        return "repeated"
-    request = await firing_request(store, state, fire_time)
-    stream = schedule_stream(schedule_id)
-
-    async def work(tx: Tx) -> str:
-        await tx.lock_streams([stream])
-        current = await _load(tx, schedule_id)
-        if current is None or current.status != "active":
-            return "none"
-        if current.firing_at(fire_time) is not None:
-            return "repeated"
-        if await _repeated_wall_time(tx, current, fire_time):
-            return "repeated"
-        if not _owed(current, fire_time):
-            return "off_schedule"
-        previous = await tx.job_for_update(current.last_job_id) if current.last_job_id else None
-        running = previous is not None and previous.status not in TERMINAL_STATUSES
-        at = fire_time.isoformat()
-        data: dict[str, Any]
-        if running and current.overlap == "skip" and previous is not None:
-            data = {"fireTime": at, "reason": "overlap", "runningJobId": previous.job_id}
-            await _append(tx, current, stream, [Draft("schedule.skipped", data)])
-            return "skipped"
-        if caps is not None and current.organization_id is not None:
-            row = await tx.fetch_one("enqueue_caps", {"organization_id": current.organization_id})
-            assert row is not None
-            queued, active = int(row[1]), int(row[2])
-            replaced = running and current.overlap == "cancel_previous"
-            if replaced and previous is not None and previous.status == "queued":
-                # Canceled with this firing (below): its place is the new job's, as a singleton
-                # cancel's is (a leased or running one holds its place until it ends).
-                queued, active = queued - 1, active - 1
-            if queued >= caps.max_queued or active >= caps.max_active:
-                data = {"fireTime": at, "reason": "cap"}
-                await _append(tx, current, stream, [Draft("schedule.skipped", data)])
-                return "skipped_cap"
-        canceled: str | None = None
-        if running and current.overlap == "cancel_previous" and previous is not None:
-            reason = f"schedule {current.caller_schedule_id} fired again at {at}"
-            command_id = f"schedule:{schedule_id}:{fire_id(fire_time)}"
-            await tx.append_job(
-                previous.job_id, previous, [stop_draft(previous, reason, command_id)]
-            )
-            canceled = previous.job_id
-        result = await enqueue_in(tx, request)
-        data = {"fireTime": at, "jobId": result.job.job_id}
-        if canceled is not None:
-            data["canceledJobId"] = canceled
-        await _append(tx, current, stream, [Draft("schedule.fired", data)])
-        return "enqueued"
-
-    with translate_errors():
-        outcome = await store.in_transaction(work)
-    metrics.SCHEDULE_FIRINGS.labels(outcome).inc()
-    log.info(
-        "schedule fired: %s",
-        outcome,
-        extra={
-            "event": "schedule.fired",
-            "scheduleId": schedule_id,
-            "fireTime": fire_time.isoformat(),
-            "outcome": outcome,
-            "jobId": request.job_id if outcome == "enqueued" else None,
-        },
-    )
-    return outcome
 
 
 async def unsynced(store: Store, limit: int) -> list[tuple[ScheduleState, int]]:

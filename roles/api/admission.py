@@ -20,8 +20,6 @@ from roles.api.settings import ApiSettings
 
 log = logging.getLogger("roles.api.app")
 
-__all__ = ["runs_commands"]  # receipts/kinds.py's, as the routes import it from here
-
 
 def objective_commands(objective: Any, field: str) -> list[tuple[str, Any]]:
     """`(field, argv)` of every command an objective's body names: its tasks' `input.command`,
@@ -165,3 +163,11 @@ def org_caps(settings: ApiSettings, organization_id: str) -> Admission:
                 )
 
     return Admission(organization_id, settings.org_max_queued, settings.org_max_active, refuse)
+
+
+def caller_caps(settings: ApiSettings, caller: Principal) -> Admission | None:
+    """The caps a caller's new jobs count against: its organization's (an admin's work, across
+    organizations, is the operator's own: none)."""
+    if caller.admin or caller.organization_id is None:
+        return None
+    return org_caps(settings, caller.organization_id)

@@ -38,7 +38,16 @@ from roles.api.errors import install_error_handlers
 from roles.api.gate import EnqueueGate
 from roles.api.http_protocol import http_protocol
 from roles.api.request_metrics import RequestMetrics
-from roles.api.routes import agent_jobs, health, jobs, objectives, retry, schedules, sessions
+from roles.api.routes import (
+    agent_jobs,
+    agent_jobs_console,
+    health,
+    jobs,
+    objectives,
+    retry,
+    schedules,
+    sessions,
+)
 from roles.api.routes.retry import BulkRetryBody
 from roles.api.routes.webhooks import WebhookCreateBody
 from roles.api.routes.webhooks import router as webhooks_router
@@ -61,6 +70,7 @@ def routers() -> list[APIRouter]:
         webhooks_router,
         jobs.router,
         agent_jobs.router,
+        agent_jobs_console.router,
         sessions.router,
         objectives.router,
         schedules.router,

@@ -181,7 +181,11 @@ async def read_json_body(request: Request, limit: int, limits: JsonLimits | None
 
     Text is checked here, once per request: callers pass `text_checked=True` on.
     """
-    body = decode_json(await read_raw_body(request, limit))
+    return await _checked_json(await read_raw_body(request, limit), limits)
+
+
+async def _checked_json(raw: bytes, limits: JsonLimits | None) -> Any:
+    body = decode_json(raw)
     await check_shape_yielding(body, limits or JsonLimits())
     return body
 
@@ -192,11 +196,7 @@ async def read_optional_json_body(
     """`read_json_body` for a route whose body may be left out: None for an empty (or blank)
     one. Read under the same limit: a body of blanks is still bytes to read."""
     raw = await read_raw_body(request, limit)
-    if not raw.strip():
-        return None
-    body = decode_json(raw)
-    await check_shape_yielding(body, limits or JsonLimits())
-    return body
+    return await _checked_json(raw, limits) if raw.strip() else None
 
 
 def json_object(body: Any, allowed: tuple[str, ...]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import httpx
 
 from activities.driver import callback_message_id, post_callback
 from receipts import deliveries, metrics
-from receipts.agent_jobs import claims, lifecycle
+from receipts.agent_jobs import claims, interventions, lifecycle
 from receipts.agent_jobs import reads as agent_reads
 from receipts.agent_jobs.model import (
     SLOTS_PER_AGENT,
@@ -96,7 +96,7 @@ class AgentJobDispatcher:
             for agent_job_id in await agent_reads.input_overdue(
                 self.store, self.settings.input_timeout_ms
             ):
-                if await lifecycle.fail_overdue_input(
+                if await interventions.fail_overdue_input(
                     self.store, agent_job_id, timeout_ms=self.settings.input_timeout_ms
                 ):
                     result.timed_out += 1

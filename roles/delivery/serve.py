@@ -17,7 +17,7 @@ from activities.handlers.sdk import Installed
 from activities.schedules import ScheduleActivities
 from activities.watchdog_tick import WatchdogActivities
 from receipts.kinds import QUEUE_CODEX
-from receipts.schedules.store import Caps
+from receipts.schedules.firing import Caps
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.dispatcher import Dispatcher
 from roles.delivery.loops import (

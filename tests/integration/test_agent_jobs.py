@@ -18,7 +18,7 @@ import pytest
 
 from receipts import assembly
 from receipts import operations as ops
-from receipts.agent_jobs import claims, lifecycle, model
+from receipts.agent_jobs import claims, interventions, lifecycle, model
 from receipts.agent_jobs import reads as agent_reads
 from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.model import AgentJob
@@ -142,7 +142,7 @@ async def test_four_jobs_three_run_one_waits_then_takes_a_freed_slot(
     assert await chain_running(store, agent) == 3
 
     # The answer arrives while every slot is taken: recorded, not running.
-    answered = await lifecycle.answer(
+    answered = await interventions.answer(
         store, waiting.agent_job_id, answer="B", tool_call_id="call-1"
     )
     assert answered.status == "waiting_on_user" and answered.answer_pending
@@ -228,7 +228,7 @@ async def test_wakeups_once_per_status_attempt_turn_in_the_transition(store: Sto
     assert chain[-1].recorded_at == session[0].recorded_at
 
     # Answer, continue, succeed: a second wakeup with its own source id; stop gets none.
-    await lifecycle.answer(store, job.agent_job_id, answer=1, tool_call_id=None)
+    await interventions.answer(store, job.agent_job_id, answer=1, tool_call_id=None)
     await dispatcher(store).run_once()  # the continuation is claimed
     await play_turn(store, await current(store, job.agent_job_id), {"outcome": "done", "result": 2})
     await dispatcher(store).run_once()
@@ -332,7 +332,7 @@ async def test_cancel_of_a_running_job_stops_it_at_once_and_leaves_its_turn_alon
             store, first.queue_job_id, attempt=1, worker_id=worker, lease_ms=60_000
         )
     ).ok
-    stopped = await lifecycle.cancel(store, first.agent_job_id, reason="operator")
+    stopped = await interventions.cancel(store, first.agent_job_id, reason="operator")
     assert (stopped.status, stopped.error) == ("stopped", "operator")
     chain = await store.read_stream(model.stream_of(first.agent_job_id))
     assert chain[-1].data["liveTurnJobId"] == first.queue_job_id
@@ -361,14 +361,14 @@ async def test_cancel_of_a_running_job_stops_it_at_once_and_leaves_its_turn_alon
     # A running job whose turn has not started yet: the turn is canceled with it.
     second = await current(store, jobs[1].agent_job_id)
     assert second.queue_job_id is not None
-    assert (await lifecycle.cancel(store, second.agent_job_id, reason="x")).status == "stopped"
+    assert (await interventions.cancel(store, second.agent_job_id, reason="x")).status == "stopped"
     unstarted = await store.get_job(second.queue_job_id)
     assert unstarted is not None and unstarted.status == "canceled"
     # A queued job stops at once; a stopped one takes nothing more.
     queued = (await lifecycle.create(store, request(agent)))[0]
-    assert (await lifecycle.cancel(store, queued.agent_job_id, reason="x")).status == "stopped"
-    with pytest.raises(lifecycle.AlreadyTerminal):
-        await lifecycle.cancel(store, queued.agent_job_id, reason="again")
+    assert (await interventions.cancel(store, queued.agent_job_id, reason="x")).status == "stopped"
+    with pytest.raises(interventions.AlreadyTerminal):
+        await interventions.cancel(store, queued.agent_job_id, reason="again")
 
 
 async def test_input_timeout_fails_a_waiting_job(store: Store) -> None:
@@ -407,7 +407,7 @@ async def test_sessions_belong_to_one_organization_and_creates_are_idempotent(st
     # A continued job reuses the workspace of the job it continues, once that one has finished.
     with pytest.raises(lifecycle.LiveTurnRunning, match="has not finished \\(status queued\\)"):
         await lifecycle.create(store, request(agent, continued_from_job_id=job.agent_job_id))
-    await lifecycle.cancel(store, job.agent_job_id, reason="handed on")
+    await interventions.cancel(store, job.agent_job_id, reason="handed on")
     follow = await lifecycle.create(store, request(agent, continued_from_job_id=job.agent_job_id))
     assert follow[0].workspace_owner_job_id == job.agent_job_id
 
@@ -418,7 +418,7 @@ async def test_one_workspace_is_handed_forward_to_one_job_at_a_time(store: Store
     racing for a finished job's workspace exactly one is created."""
     agent = f"agent-{uuid.uuid4().hex[:6]}"
     first, _ = await lifecycle.create(store, request(agent))
-    await lifecycle.cancel(store, first.agent_job_id, reason="done with it")
+    await interventions.cancel(store, first.agent_job_id, reason="done with it")
     racing = await asyncio.gather(
         *(
             lifecycle.create(store, request(agent, continued_from_job_id=first.agent_job_id))
@@ -436,7 +436,7 @@ async def test_one_workspace_is_handed_forward_to_one_job_at_a_time(store: Store
             await lifecycle.create(
                 store, request(agent, continued_from_job_id=earlier.agent_job_id)
             )
-    await lifecycle.cancel(store, second.agent_job_id, reason="done with it too")
+    await interventions.cancel(store, second.agent_job_id, reason="done with it too")
     third, _ = await lifecycle.create(
         store, request(agent, continued_from_job_id=second.agent_job_id)
     )
@@ -464,7 +464,7 @@ async def test_the_projection_is_the_fold_of_the_chain_and_rebuilds(store: Store
         await current(store, jobs[0].agent_job_id),
         {"outcome": "needs_input", "question": "q", "toolCallId": "c"},
     )
-    await lifecycle.cancel(store, jobs[3].agent_job_id, reason="x")
+    await interventions.cancel(store, jobs[3].agent_job_id, reason="x")
     await dispatcher(store).run_once()
     assert await assembly.verify(store) == []
     async with store.connection() as conn:

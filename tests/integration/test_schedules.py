@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from receipts import operations as ops
+from receipts.schedules import firing
 from receipts.schedules import store as schedules
 from receipts.schedules.model import schedule_stream
 from receipts.store import Store
@@ -263,8 +264,8 @@ async def test_a_firing_enqueues_its_fire_times_job_once_however_often_it_fires(
     store: Store,
 ) -> None:
     sid = await made(store)
-    assert await schedules.fire(store, sid, T) == "enqueued"
-    assert await schedules.fire(store, sid, T) == "repeated"  # a doubled firing
+    assert await firing.fire(store, sid, T) == "enqueued"
+    assert await firing.fire(store, sid, T) == "repeated"  # a doubled firing
     state = await schedules.get(store, sid)
     assert state is not None and state.fired == 1
     job_id = state.last_job_id
@@ -276,27 +277,27 @@ async def test_a_firing_enqueues_its_fire_times_job_once_however_often_it_fires(
 
 async def test_skip_records_the_firing_while_the_previous_job_is_active(store: Store) -> None:
     sid = await made(store, "skip")
-    assert await schedules.fire(store, sid, T) == "enqueued"
-    assert await schedules.fire(store, sid, T + timedelta(seconds=5)) == "skipped"
+    assert await firing.fire(store, sid, T) == "enqueued"
+    assert await firing.fire(store, sid, T + timedelta(seconds=5)) == "skipped"
     state = await schedules.get(store, sid)
     assert state is not None and (state.fired, state.skipped) == (1, 1)
     assert state.recent[0].running_job_id == state.last_job_id
     # once the previous job is terminal, the next firing enqueues again
     assert state.last_job_id is not None
     await ops.cancel_queued(store, state.last_job_id, reason="done with it")
-    assert await schedules.fire(store, sid, T + timedelta(seconds=10)) == "enqueued"
+    assert await firing.fire(store, sid, T + timedelta(seconds=10)) == "enqueued"
 
 
 async def test_allow_enqueues_beside_and_cancel_previous_aborts_the_active_job(
     store: Store,
 ) -> None:
     allow = await made(store, "allow")
-    assert await schedules.fire(store, allow, T) == "enqueued"
-    assert await schedules.fire(store, allow, T + timedelta(seconds=5)) == "enqueued"
+    assert await firing.fire(store, allow, T) == "enqueued"
+    assert await firing.fire(store, allow, T + timedelta(seconds=5)) == "enqueued"
     cancel = await made(store, "cancel_previous")
-    assert await schedules.fire(store, cancel, T) == "enqueued"
+    assert await firing.fire(store, cancel, T) == "enqueued"
     first = (await schedules.get(store, cancel)).last_job_id  # type: ignore[union-attr]
-    assert await schedules.fire(store, cancel, T + timedelta(seconds=5)) == "enqueued"
+    assert await firing.fire(store, cancel, T + timedelta(seconds=5)) == "enqueued"
     state = await schedules.get(store, cancel)
     assert state is not None and state.recent[0].canceled_job_id == first
     previous = await store.get_job(first or "")
@@ -308,7 +309,7 @@ async def test_skip_holds_when_firings_arrive_together(store: Store) -> None:
     firings see each other, whatever order they commit in: one job, the others skipped."""
     sid = await made(store, "skip")
     outcomes = await asyncio.gather(
-        *(schedules.fire(store, sid, T + timedelta(seconds=5 * n)) for n in range(4))
+        *(firing.fire(store, sid, T + timedelta(seconds=5 * n)) for n in range(4))
     )
     assert sorted(outcomes) == ["enqueued", "skipped", "skipped", "skipped"]
     state = await schedules.get(store, sid)
@@ -324,15 +325,15 @@ async def queued_of(store: Store, organization_id: str) -> int:
 async def test_cancel_previous_aborts_nothing_for_a_firing_it_does_not_make(store: Store) -> None:
     org = f"org-{uuid.uuid4().hex[:8]}"  # its own counts: other tests enqueue beside it
     sid = await made(store, "cancel_previous", org=org)
-    assert await schedules.fire(store, sid, T) == "enqueued"
+    assert await firing.fire(store, sid, T) == "enqueued"
     first = (await schedules.get(store, sid)).last_job_id  # type: ignore[union-attr]
-    full = schedules.Caps(max_queued=0, max_active=10**9)
-    assert await schedules.fire(store, sid, T + timedelta(seconds=5), full) == "skipped_cap"
+    full = firing.Caps(max_queued=0, max_active=10**9)
+    assert await firing.fire(store, sid, T + timedelta(seconds=5), full) == "skipped_cap"
     previous = await store.get_job(first or "")
     assert previous is not None and previous.status == "queued" and not previous.commands
     # At a cap it holds with its own queued job, a firing replaces that job: its place frees.
-    own = schedules.Caps(max_queued=await queued_of(store, org), max_active=10**9)
-    assert await schedules.fire(store, sid, T + timedelta(seconds=10), own) == "enqueued"
+    own = firing.Caps(max_queued=await queued_of(store, org), max_active=10**9)
+    assert await firing.fire(store, sid, T + timedelta(seconds=10), own) == "enqueued"
     replaced = await store.get_job(first or "")
     assert replaced is not None and replaced.status == "canceled"
 
@@ -341,12 +342,12 @@ async def test_a_firing_the_definition_does_not_make_is_not_enqueued(store: Stor
     """Temporal holds the old timing until the sync reaches it: a firing of the old definition
     after an edit enqueues nothing (and records nothing)."""
     sid = await made(store, cron="0 3 * * *", timezone="UTC")
-    assert await schedules.fire(store, sid, datetime(2026, 12, 4, 14, 0, tzinfo=UTC)) == (
+    assert await firing.fire(store, sid, datetime(2026, 12, 4, 14, 0, tzinfo=UTC)) == (
         "off_schedule"
     )
-    assert await schedules.fire(store, sid, datetime(2026, 12, 5, 3, 0, tzinfo=UTC)) == "enqueued"
+    assert await firing.fire(store, sid, datetime(2026, 12, 5, 3, 0, tzinfo=UTC)) == "enqueued"
     every = await made(store, interval="5s")
-    assert await schedules.fire(store, every, T + timedelta(seconds=2)) == "off_schedule"
+    assert await firing.fire(store, every, T + timedelta(seconds=2)) == "off_schedule"
     state = await schedules.get(store, sid)
     assert state is not None and (state.fired, state.skipped) == (1, 0)
 
@@ -356,17 +357,11 @@ async def test_an_hour_the_fall_back_repeats_fires_once(store: Store) -> None:
     Temporal fires at both: one job. In Paris Temporal fires 02:30 at its second occurrence
     only (01:30Z on 2026-10-25): that one is the day's firing."""
     york = await made(store, "allow", cron="30 1 * * *", timezone="America/New_York")
-    assert await schedules.fire(store, york, datetime(2026, 11, 1, 5, 30, tzinfo=UTC)) == (
-        "enqueued"
-    )
-    assert await schedules.fire(store, york, datetime(2026, 11, 1, 6, 30, tzinfo=UTC)) == (
-        "repeated"
-    )
-    assert await schedules.fire(store, york, datetime(2026, 11, 2, 6, 30, tzinfo=UTC)) == (
-        "enqueued"
-    )
+    assert await firing.fire(store, york, datetime(2026, 11, 1, 5, 30, tzinfo=UTC)) == ("enqueued")
+    assert await firing.fire(store, york, datetime(2026, 11, 1, 6, 30, tzinfo=UTC)) == ("repeated")
+    assert await firing.fire(store, york, datetime(2026, 11, 2, 6, 30, tzinfo=UTC)) == ("enqueued")
     paris = await made(store, "allow", cron="30 2 * * *", timezone="Europe/Paris")
-    assert await schedules.fire(store, paris, datetime(2026, 10, 25, 1, 30, tzinfo=UTC)) == (
+    assert await firing.fire(store, paris, datetime(2026, 10, 25, 1, 30, tzinfo=UTC)) == (
         "enqueued"
     )
     state = await schedules.get(store, york)
@@ -375,21 +370,21 @@ async def test_an_hour_the_fall_back_repeats_fires_once(store: Store) -> None:
     often = await made(store, "allow", cron="*/5 1 * * *", timezone="America/New_York")
     hour = datetime(2026, 11, 1, 5, 0, tzinfo=UTC)
     for n in range(12):
-        assert await schedules.fire(store, often, hour + timedelta(minutes=5 * n)) == "enqueued"
+        assert await firing.fire(store, often, hour + timedelta(minutes=5 * n)) == "enqueued"
     for n in range(12):
         again = hour + timedelta(hours=1, minutes=5 * n)
-        assert await schedules.fire(store, often, again) == "repeated", again
+        assert await firing.fire(store, often, again) == "repeated", again
 
 
 async def test_a_paused_or_deleted_schedule_fires_nothing(store: Store) -> None:
     sid = await made(store)
     await schedules.change(store, sid, paused=True)
-    assert await schedules.fire(store, sid, T) == "none"
+    assert await firing.fire(store, sid, T) == "none"
     await schedules.change(store, sid, paused=False)
-    assert await schedules.fire(store, sid, T) == "enqueued"
+    assert await firing.fire(store, sid, T) == "enqueued"
     await schedules.change(store, sid, delete=True)
-    assert await schedules.fire(store, sid, T + timedelta(seconds=5)) == "none"
-    assert await schedules.fire(store, "sch-none~nothing", T) == "none"
+    assert await firing.fire(store, sid, T + timedelta(seconds=5)) == "none"
+    assert await firing.fire(store, "sch-none~nothing", T) == "none"
 
 
 async def test_the_projection_rebuilds_from_the_chain_and_resyncs_every_schedule(
@@ -406,12 +401,12 @@ async def test_the_projection_rebuilds_from_the_chain_and_resyncs_every_schedule
 
 async def test_a_firing_past_the_organizations_cap_of_open_jobs_is_skipped(store: Store) -> None:
     sid = await made(store, "allow")
-    full = schedules.Caps(max_queued=0, max_active=10**9)
-    assert await schedules.fire(store, sid, T, full) == "skipped_cap"
+    full = firing.Caps(max_queued=0, max_active=10**9)
+    assert await firing.fire(store, sid, T, full) == "skipped_cap"
     state = await schedules.get(store, sid)
     assert state is not None and state.recent[0].reason == "cap" and state.fired == 0
-    room = schedules.Caps(max_queued=10**9, max_active=10**9)
-    assert await schedules.fire(store, sid, T + timedelta(seconds=5), room) == "enqueued"
+    room = firing.Caps(max_queued=10**9, max_active=10**9)
+    assert await firing.fire(store, sid, T + timedelta(seconds=5), room) == "enqueued"
 
 
 async def test_two_creates_racing_for_an_organizations_last_place_take_one(store: Store) -> None:

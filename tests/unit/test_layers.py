@@ -23,7 +23,10 @@ ALLOWED = {
 AGGREGATES = ("receipts.objectives", "receipts.agent_jobs")
 # Above them: the assembly of every projection, and a schedule's firing, which enqueues a job of
 # any kind as the API does (an objective's id scoped by its organization).
-ABOVE_THE_AGGREGATES = {"receipts.assembly", "receipts.schedules.store"}
+ABOVE_THE_AGGREGATES = {
+    "receipts.assembly",
+    "receipts.schedules.firing",
+}
 
 
 def _module(path: Path) -> str:

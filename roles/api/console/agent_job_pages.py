@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs import interventions, lifecycle
 from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs import reads as agent_reads
 from receipts.errors import NotFoundError
@@ -112,10 +112,10 @@ async def agent_job_answer(request: Request, agentJobId: str) -> Response:
     if not text:
         raise FormError(422, "the answer is empty")
     try:
-        job = await lifecycle.answer(
+        job = await interventions.answer(
             store, agentJobId, answer={"text": text}, tool_call_id=fields.get("toolCallId") or None
         )
-    except (lifecycle.NotWaiting, NotFoundError) as exc:
+    except (interventions.NotWaiting, NotFoundError) as exc:
         return RedirectResponse(_page_url(agentJobId, f"not answered: {exc}"), status_code=303)
     log.info(
         "console answer", extra={"event": "console.agent_job_answered", "agentJobId": agentJobId}
@@ -130,8 +130,8 @@ async def agent_job_cancel(request: Request, agentJobId: str) -> Response:
     visible(session, await lifecycle.get(store, agentJobId), f"agent job {agentJobId}")
     reason = fields.get("reason") or "canceled from the console"
     try:
-        job = await lifecycle.cancel(store, agentJobId, reason=reason[:1000])
-    except lifecycle.AlreadyTerminal as exc:
+        job = await interventions.cancel(store, agentJobId, reason=reason[:1000])
+    except interventions.AlreadyTerminal as exc:
         return RedirectResponse(_page_url(agentJobId, f"not canceled: {exc}"), status_code=303)
     log.info(
         "console cancel", extra={"event": "console.agent_job_cancel", "agentJobId": agentJobId}

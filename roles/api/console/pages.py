@@ -20,10 +20,10 @@ from receipts import retry as retries
 from receipts.enqueue import Admission
 from receipts.errors import InvalidInput
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
-from receipts.kinds import KINDS
+from receipts.kinds import KINDS, runs_commands
 from receipts.settings import Settings
 from receipts.tenancy import caller_id
-from roles.api.admission import org_caps, runs_commands
+from roles.api.admission import caller_caps
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE, Principal
 from roles.api.body import check_shape, decode_cursor, encode_cursor
 from roles.api.console.session import (
@@ -466,11 +466,11 @@ async def failed_retry(request: Request) -> Response:
 def _admission(request: Request, principal: Principal) -> Admission | None:
     """An organization's retries from the console take its rate and count against its caps, as
     the API's do (an admin's are the operator's own); a refusal raises the API's 429."""
-    if principal.admin or principal.organization_id is None:
-        return None
     state = request.app.state.api
-    state.org_limits.admit(principal.organization_id)
-    return org_caps(state.settings, principal.organization_id)
+    caps = caller_caps(state.settings, principal)
+    if caps is not None:
+        state.org_limits.admit(principal.organization_id)
+    return caps
 
 
 # --- wiring -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs import interventions, lifecycle
 from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs import reads as agent_reads
 from receipts.agent_jobs.lifecycle import CreateRequest
@@ -17,7 +17,6 @@ from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings, RegistryError, load_registry
 from receipts.agent_jobs.requests import parse_answer, parse_create
 from receipts.errors import ConflictError, InvalidInput, NotFoundError
-from receipts.jobs import job_stream
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import choice, decode_cursor, encode_cursor, read_optional_json_body
 from roles.api.deps import (
@@ -36,7 +35,6 @@ from roles.api.errors import RETRY_AFTER_S
 from roles.api.routes.sessions import runtime_session_id, visible_session
 from roles.api.schema import (
     AgentJobAnswer,
-    AgentJobDetail,
     AgentJobEventsPage,
     AgentJobList,
     AgentJobView,
@@ -163,7 +161,7 @@ async def visible_agent_job(state: ApiState, caller: Principal, agent_job_id: st
     return job
 
 
-def _require_admin(caller: Principal) -> None:
+def require_admin(caller: Principal) -> None:
     if not caller.admin:
         raise ApiError(403, "forbidden", "the console needs an admin token")
 
@@ -275,10 +273,12 @@ async def list_session_agent_jobs(
     """The owner session's agent jobs, newest first (keyset cursor). (A list of every job of
     an organization is the console's, for admin tokens.)"""
     runtime = await visible_session(state, caller, session_id)
-    return await _list(request, state, caller, status, agent_id, runtime, None, limit, cursor)
+    return await agent_jobs_page(
+        request, state, caller, status, agent_id, runtime, None, limit, cursor
+    )
 
 
-async def _list(
+async def agent_jobs_page(
     request: Request,
     state: ApiState,
     caller: Principal,
@@ -383,99 +383,14 @@ async def answer_agent_job(
     )
     await visible_agent_job(state, caller, agent_job_id)
     try:
-        job = await lifecycle.answer(
+        job = await interventions.answer(
             state.require_store(), agent_job_id, answer=answer, tool_call_id=tool_call_id
         )
-    except lifecycle.NotWaiting as exc:
+    except interventions.NotWaiting as exc:
         raise ApiError(409, "not_waiting", str(exc)) from exc
     except NotFoundError as exc:
         raise ApiError(404, "not_found", str(exc), field="agentJobId") from exc
     return JSONResponse({"agentJob": agent_job_view(job, request, caller)}, status_code=202)
-
-
-# --- the operator console (admin tokens only) -------------------------------------------------
-
-
-@router.get(
-    "/console/agent-jobs",
-    response_model=AgentJobList,
-    responses=errors_documented(401, 403, 422, 503),
-    dependencies=[_takes_query(*LIST_QUERY)],
-)
-async def console_list(
-    request: Request,
-    state: State,
-    caller: Caller,
-    status: Annotated[str | None, STATUS_QUERY] = None,
-    agent_id: Annotated[str | None, Query(alias="agentId", max_length=200)] = None,
-    owner_session_id: Annotated[str | None, Query(alias="ownerSessionId", max_length=200)] = None,
-    organization_id: Annotated[str | None, Query(alias="organizationId", max_length=200)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=1000)] = None,
-) -> JSONResponse:
-    """Every organization's agent jobs, newest first, with filters and a cursor."""
-    _require_admin(caller)
-    return await _list(
-        request, state, caller, status, agent_id, owner_session_id, organization_id, limit, cursor
-    )
-
-
-@router.get(
-    "/console/agent-jobs/{agentJobId}",
-    response_model=AgentJobDetail,
-    responses=errors_documented(401, 403, 404, 422, 503),
-    dependencies=[_takes_query()],
-)
-async def console_show(
-    request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
-) -> JSONResponse:
-    """State, attempts (the turns' queue jobs), latest status, wakeups and the receipts."""
-    _require_admin(caller)
-    job = await visible_agent_job(state, caller, agent_job_id)
-    store = state.require_store()
-    turns = []
-    for queue_id in job.queue_job_ids:
-        turn_job = await store.get_job(queue_id)
-        turns.append(
-            {
-                "jobId": queue_id,
-                "stream": job_stream(queue_id),
-                "status": turn_job.status if turn_job else None,
-                "result": turn_job.result if turn_job else None,
-                "error": turn_job.error if turn_job else None,
-            }
-        )
-    session = await store.read_stream(agent_model.session_stream(job.owner_session_id))
-    wakeups = [
-        r.to_json()
-        for r in session
-        if r.type == agent_model.WAKEUP and r.data.get("agentJobId") == job.agent_job_id
-    ]
-    receipts = await store.read_stream(agent_model.stream_of(job.agent_job_id))
-    return JSONResponse(
-        {
-            "agentJob": agent_job_view(job, request, caller),
-            "turns": turns,
-            "wakeups": wakeups,
-            "receipts": [r.to_json() for r in receipts],
-        }
-    )
-
-
-@router.post(
-    "/console/agent-jobs/{agentJobId}/cancel",
-    response_model=AgentJobAnswer,
-    status_code=202,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
-    openapi_extra=json_body_documented("AgentJobCancelBody", required=False),
-    dependencies=[_takes_query()],
-)
-async def console_cancel(
-    request: Request, state: State, caller: Caller, agent_job_id: AgentJobId
-) -> JSONResponse:
-    """An operator's cancel (any organization's job): as `POST /agent-jobs/{agentJobId}/cancel`."""
-    _require_admin(caller)
-    return await _cancel(request, state, caller, agent_job_id, "canceled by an operator")
 
 
 @router.post(
@@ -494,10 +409,10 @@ async def cancel_agent_job(
     nothing it does afterwards reaches the job or its owner session (a turn not yet started is
     canceled with the job)."""
     require_scope(caller, JOBS_WRITE)
-    return await _cancel(request, state, caller, agent_job_id, "canceled by request")
+    return await cancel_answer(request, state, caller, agent_job_id, "canceled by request")
 
 
-async def _cancel(
+async def cancel_answer(
     request: Request, state: State, caller: Principal, agent_job_id: str, reason: str
 ) -> JSONResponse:
     body = await read_optional_json_body(request, state.settings.max_body_bytes)
@@ -511,8 +426,8 @@ async def _cancel(
             reason = given
     await visible_agent_job(state, caller, agent_job_id)
     try:
-        job = await lifecycle.cancel(state.require_store(), agent_job_id, reason=reason)
-    except lifecycle.AlreadyTerminal as exc:
+        job = await interventions.cancel(state.require_store(), agent_job_id, reason=reason)
+    except interventions.AlreadyTerminal as exc:
         raise ApiError(409, "terminal_state", str(exc)) from exc
     except NotFoundError as exc:
         raise ApiError(404, "not_found", str(exc), field="agentJobId") from exc

@@ -33,6 +33,7 @@ from receipts.kinds import (
     NON_BLANK,
     has_handler,
     installed_agent_ids,
+    runs_commands,
     unread_because,
 )
 from receipts.objectives import store as objectives
@@ -42,7 +43,6 @@ from roles.api.admission import (
     check_command_rights,
     check_gateway,
     org_caps,
-    runs_commands,
 )
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (

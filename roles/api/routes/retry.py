@@ -11,11 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from receipts import retry as retries
-from receipts.enqueue import Admission
 from receipts.jobs import LANES
-from receipts.kinds import KINDS
-from roles.api.admission import org_caps, runs_commands
-from roles.api.auth import COMMANDS_RUN, JOBS_WRITE, Principal
+from receipts.kinds import KINDS, runs_commands
+from roles.api.admission import caller_caps
+from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
 from roles.api.body import choice, validated
 from roles.api.deps import (
     ApiError,
@@ -66,14 +65,6 @@ class BulkRetried(BaseModel):
     count: int
 
 
-def _caps(state: State, caller: Principal) -> Admission | None:
-    """An organization's retries count against its caps of queued and active jobs, as its
-    enqueues do (an admin's, across organizations, are the operator's own)."""
-    if caller.admin or caller.organization_id is None:
-        return None
-    return org_caps(state.settings, caller.organization_id)
-
-
 def _refusal(outcome: retries.RetryOutcome, job_id: str) -> ApiError:
     if outcome.status == retries.NOT_FOUND:
         return ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
@@ -117,7 +108,7 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
         organization_id=caller.organization_id,
         admin=caller.admin,
         limit=body.limit,
-        admission=_caps(state, caller),
+        admission=caller_caps(state.settings, caller),
     )
     retried = [
         {"jobId": shown_id(caller, o.job), "retryJobId": shown_id(caller, o.retry)}
@@ -151,7 +142,7 @@ async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse
         job.job_id,
         organization_id=caller.organization_id,
         admin=caller.admin,
-        admission=_caps(state, caller),
+        admission=caller_caps(state.settings, caller),
     )
     if outcome.status not in (retries.RETRIED, retries.ALREADY) or outcome.retry is None:
         raise _refusal(outcome, job_id)

@@ -37,9 +37,12 @@ async def visible_session(state: ApiState, caller: Principal, session_id: str) -
     require_scope(caller, JOBS_READ)
     store = state.require_store()
     runtime = session_id
+    owner = await lifecycle.session_organization(store, session_id)
     if not caller.admin and caller.organization_id is not None:
-        runtime = await runtime_session_id(store, caller.organization_id, session_id)
-    elif await lifecycle.session_organization(store, session_id) is None:
+        if owner != caller.organization_id:  # not one it named before ids were scoped
+            runtime = scoped_id(caller.organization_id, session_id)
+            owner = await lifecycle.session_organization(store, runtime)
+    elif owner is None:
         # An admin may name a session by an organization's own id, when one organization has it.
         named = await lifecycle.sessions_named(store, session_id)
         if len(named) > 1:
@@ -50,8 +53,9 @@ async def visible_session(state: ApiState, caller: Principal, session_id: str) -
                 "id (<id>~<tag>)",
                 field="sessionId",
             )
-        runtime = named[0] if named else session_id
-    owner = await lifecycle.session_organization(store, runtime)
+        if named:
+            runtime = named[0]
+            owner = await lifecycle.session_organization(store, runtime)
     if owner is None or not caller.sees(owner):
         raise ApiError(404, "not_found", f"no session {session_id!r}", field="sessionId")
     return runtime

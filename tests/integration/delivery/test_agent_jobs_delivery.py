@@ -17,7 +17,7 @@ from temporalio.client import Client
 
 from activities.handlers.context import HandlerContext, HandlerError
 from receipts import operations as ops
-from receipts.agent_jobs import lifecycle, model
+from receipts.agent_jobs import interventions, lifecycle, model
 from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings
@@ -115,7 +115,7 @@ async def test_ask_answer_succeed_with_wakeups_and_one_agents_md(
         assert agents_md.startswith("# Project\nUse main.")
         assert "Patient and exact." in agents_md and "## Job Guidance" in agents_md
 
-        await lifecycle.answer(store, job.agent_job_id, answer="release", tool_call_id="call-1")
+        await interventions.answer(store, job.agent_job_id, answer="release", tool_call_id="call-1")
         done = await wait_for(store, job.agent_job_id, "succeeded")
         assert done.result == {"answer": {"toolCallId": "call-1", "answer": "release"}}
         assert (done.attempt, done.turn) == (1, 2)
@@ -215,7 +215,7 @@ async def test_operator_cancel_stops_a_running_job_at_once_and_its_live_turn_end
         assert (await lifecycle.get(store, waiting.agent_job_id)).status == "queued"  # type: ignore[union-attr]
         # At once: stopped in the cancel's own transaction, before the live turn ends (a wall
         # clock bound measured the 2 shared cores more than the cancel: 1.3 s once in a run).
-        await lifecycle.cancel(store, marking.agent_job_id, reason="operator")
+        await interventions.cancel(store, marking.agent_job_id, reason="operator")
         stopped = await lifecycle.get(store, marking.agent_job_id)
         assert stopped is not None and stopped.status == "stopped"
         assert stopped.error == "operator"
@@ -235,7 +235,7 @@ async def test_operator_cancel_stops_a_running_job_at_once_and_its_live_turn_end
         assert await store.read_stream(model.stream_of(marking.agent_job_id)) == chain
         assert await store.read_stream(model.session_stream(marking.owner_session_id)) == []
         for holder in holders:
-            await lifecycle.cancel(store, holder.agent_job_id, reason="done with the test")
+            await interventions.cancel(store, holder.agent_job_id, reason="done with the test")
 
 
 async def test_a_follow_up_sent_to_a_turn_that_asks_reaches_the_next_turn(
@@ -259,7 +259,7 @@ async def test_a_follow_up_sent_to_a_turn_that_asks_reaches_the_next_turn(
         assert sent.ok
         waiting = await wait_for(store, job.agent_job_id, "waiting_on_user")
         assert waiting.follow_up == [{"also": "check the tests"}]
-        await lifecycle.answer(store, job.agent_job_id, answer="yes", tool_call_id="call-slow")
+        await interventions.answer(store, job.agent_job_id, answer="yes", tool_call_id="call-slow")
         done = await wait_for(store, job.agent_job_id, "succeeded")
     assert done.result == {"followUps": [{"also": "check the tests"}], "turn": 2}
     turn = await store.get_job(running.queue_job_id)

@@ -1,0 +1,121 @@
+"""What reaches an agent job from outside its turns: its owner's answer, a cancel (its owner's or
+an operator's), the input timeout. Each a transition under the job's row lock, as the turns'
+(receipts/agent_jobs/lifecycle.py)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from receipts.agent_jobs import decisions, model
+from receipts.agent_jobs.lifecycle import append, job_for_update
+from receipts.agent_jobs.model import AgentJob
+from receipts.enqueue import cancel_queued_draft
+from receipts.errors import ConflictError, NotFoundError
+from receipts.store import Draft, Store, Tx
+
+log = logging.getLogger("receipts.agent_jobs")
+
+
+class NotWaiting(ConflictError):
+    """The job is not waiting for an answer (or has one already)."""
+
+
+class AlreadyTerminal(ConflictError):
+    """The job is succeeded, failed or stopped: it takes nothing more."""
+
+
+async def answer(
+    store: Store, agent_job_id: str, *, answer: Any, tool_call_id: str | None
+) -> AgentJob:
+    """Record the answer of a waiting job; the dispatcher, woken by it, continues the job as
+    soon as its agent has a free slot and its organization a free dispatch slot (one claim
+    path, where both are known: `claim`).
+
+    Raises `NotFoundError`, `NotWaiting` (not waiting, already answered, or another tool call).
+    """
+    async with store.transaction() as tx:
+        job = await job_for_update(tx, agent_job_id)
+        if job is None:
+            raise NotFoundError(f"no agent job {agent_job_id!r}")
+        assert job is not None
+        if job.status != "waiting_on_user" or job.answer is not None:
+            raise NotWaiting(f"agent job {agent_job_id!r} is {job.status}, not waiting for input")
+        pending = job.pending_tool_call
+        if (
+            tool_call_id is not None
+            and pending is not None
+            and tool_call_id != pending.tool_call_id
+        ):
+            raise NotWaiting(
+                f"agent job {agent_job_id!r} waits for tool call {pending.tool_call_id!r}"
+            )
+        call_id = tool_call_id or (pending.tool_call_id if pending else None)
+        job = await append(
+            tx, job, [Draft(model.ANSWERED, {"toolCallId": call_id, "answer": answer})]
+        )
+    log.info(
+        "agent job answered",
+        extra={"event": "agent_job.answered", "agentJobId": agent_job_id, "status": job.status},
+    )
+    return job
+
+
+async def cancel(store: Store, agent_job_id: str, *, reason: str) -> AgentJob:
+    """Drive the job to `stopped` at once, whatever its status: its slot is free in the same
+    transaction. A live turn is not yanked out from under its worker: it finishes or fails on
+    its own, and every write its end would make to the job (a transition, a wakeup, the next
+    turn) is refused by the fence of `settle_turn_in` (the job is no longer `running` on that
+    turn). A turn whose queue job has not started yet is no live turn: it is canceled with the
+    job. Raises `NotFoundError`, `AlreadyTerminal`."""
+    async with store.transaction() as tx:
+        job = await job_for_update(tx, agent_job_id)
+        if job is None:
+            raise NotFoundError(f"no agent job {agent_job_id!r}")
+        if job.terminal:
+            raise AlreadyTerminal(f"agent job {agent_job_id!r} is {job.status}")
+        live_turn = None
+        if job.status == "running" and job.queue_job_id is not None:
+            live_turn = await _release_turn(tx, job.queue_job_id, reason)
+        data = decisions.stop_data(job, reason)
+        if live_turn is not None:
+            data["liveTurnJobId"] = live_turn
+        job = await append(tx, job, [Draft(model.TRANSITIONED, data)])
+    log.info(
+        "agent job stopped",
+        extra={
+            "event": "agent_job.cancel",
+            "agentJobId": agent_job_id,
+            "status": job.status,
+            "liveTurnJobId": live_turn,
+        },
+    )
+    return job
+
+
+async def _release_turn(tx: Tx, turn_job_id: str, reason: str) -> str | None:
+    """A stopped job's turn: canceled if its queue job is still queued (no worker holds it);
+    left to run if a worker does. Returns the id of a turn left running, else None."""
+    turn_job = await tx.job_for_update(turn_job_id)
+    if turn_job is None or turn_job.terminal:
+        return None
+    if turn_job.status == "queued":
+        await tx.append_job(turn_job.job_id, turn_job, [cancel_queued_draft(turn_job, reason)])
+        return None
+    return turn_job.job_id
+
+
+async def fail_overdue_input(
+    store: Store, agent_job_id: str, *, timeout_ms: int
+) -> AgentJob | None:
+    """Fail a job that waited for input past `timeout_ms` (re-checked under its row lock)."""
+    async with store.transaction() as tx:
+        job = await job_for_update(tx, agent_job_id)
+        if job is None or job.status != "waiting_on_user" or job.answer is not None:
+            return None
+        now = await tx.now()
+        if (now - job.updated_at).total_seconds() * 1000 < timeout_ms:
+            return None
+        return await append(
+            tx, job, [Draft(model.TRANSITIONED, decisions.input_timeout_data(job, timeout_ms))]
+        )
