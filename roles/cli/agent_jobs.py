@@ -209,8 +209,6 @@ def ls_command(
         ),
         as_json,
     )
-    if page.get("nextCursor") and not as_json:
-        click.echo(f"more: --cursor {page['nextCursor']}", err=True)
 
 
 @agent_jobs_group.command("get")

@@ -150,12 +150,15 @@ def _echo_receipt(receipt: dict[str, Any], as_json: bool, type_width: int = 22) 
 def _echo_page(
     page: dict[str, Any], key: str, line: Callable[[dict[str, Any]], str], as_json: bool
 ) -> None:
-    """Print a page of a list: the whole document with --json, else one `line` per item."""
+    """Print a page of a list: the whole document with --json, else one `line` per item and,
+    when there is a next page, how to ask for it (on stderr)."""
     if as_json:
         click.echo(_dump(page))
         return
     for item in page[key]:
         click.echo(line(item))
+    if page.get("nextCursor"):
+        click.echo(f"more: --cursor {page['nextCursor']}", err=True)
 
 
 def _outcome_lines(view: dict[str, Any]) -> list[str]:

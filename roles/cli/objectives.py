@@ -215,14 +215,22 @@ def objectives_run(
 @objectives_group.command("ls")
 @click.option("--status", type=click.Choice(["active", "completed", "failed", "canceled"]))
 @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option("--cursor", help="Continue from a previous page's next cursor.")
 @_api_options
 def objectives_ls(
-    status: str | None, limit: int, api_url: str, token: str | None, as_json: bool
+    status: str | None,
+    limit: int,
+    cursor: str | None,
+    api_url: str,
+    token: str | None,
+    as_json: bool,
 ) -> None:
-    """List objectives, newest first."""
+    """List objectives, newest first. Prints the next page's cursor on stderr."""
     params: dict[str, Any] = {"limit": limit}
     if status:
         params["status"] = status
+    if cursor:
+        params["cursor"] = cursor
     with ApiClient(api_url, token) as client:
         page = client.request("GET", "/objectives", params=params)
     _echo_page(

@@ -101,11 +101,17 @@ def schedules_create(
 
 @schedules_group.command("ls")
 @click.option("--limit", type=click.IntRange(1, 200), default=50, show_default=True)
+@click.option("--cursor", help="Continue from a previous page's next cursor.")
 @_api_options
-def schedules_ls(limit: int, api_url: str, token: str | None, as_json: bool) -> None:
-    """List schedules, newest first."""
+def schedules_ls(
+    limit: int, cursor: str | None, api_url: str, token: str | None, as_json: bool
+) -> None:
+    """List schedules, newest first. Prints the next page's cursor on stderr."""
+    params: dict[str, Any] = {"limit": limit}
+    if cursor:
+        params["cursor"] = cursor
     with ApiClient(api_url, token) as client:
-        page = client.request("GET", "/schedules", params={"limit": limit})
+        page = client.request("GET", "/schedules", params=params)
     _echo_page(
         page,
         "schedules",

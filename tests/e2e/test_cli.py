@@ -270,6 +270,9 @@ def test_usage_errors_exit_2() -> None:
         (["jobs", "ls"], ["--status", "--agent-id", "--cursor", "RECEIPT_API_TOKEN"]),
         (["jobs", "events"], ["--follow", "--after", "--json"]),
         (["jobs", "abort"], ["--reason"]),
+        (["objectives", "ls"], ["--status", "--limit", "--cursor"]),
+        (["schedules", "ls"], ["--limit", "--cursor"]),
+        (["agent-jobs", "ls"], ["--session", "--agent-id", "--cursor"]),
         (["api"], ["RECEIPT_API_HOST", "RECEIPT_API_TOKENS_FILE", "RECEIPT_MAX_BODY_BYTES"]),
     ],
 )

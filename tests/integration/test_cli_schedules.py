@@ -71,6 +71,38 @@ def test_create_list_get_pause_resume_delete(api: RunningApi) -> None:
     assert receipt(api, TOKEN_A, "get", sid).returncode != 0
 
 
+def test_ls_pages_through_every_schedule_with_its_cursor(api: RunningApi) -> None:
+    job = json.dumps(enqueue_body("org-b", payload_extra={"task": {"command": ["true"]}}))
+    made = {f"paged-{uuid.uuid4().hex[:6]}" for _ in range(3)}
+    for sid in made:
+        created = receipt(
+            api,
+            TOKEN_B,
+            "create",
+            "--id",
+            sid,
+            "--interval",
+            "1h",
+            "--agent",
+            "codex",
+            "--job",
+            job,
+        )
+        assert created.returncode == 0, created.stderr
+    seen: list[str] = []
+    args = ["ls", "--limit", "2"]
+    for _ in range(20):
+        page = receipt(api, TOKEN_B, *args)
+        assert page.returncode == 0, page.stderr
+        seen += [line.split()[0] for line in page.stdout.splitlines()]
+        more = [line for line in page.stderr.splitlines() if line.startswith("more: --cursor ")]
+        if not more:
+            break
+        args = ["ls", "--limit", "2", "--cursor", more[0].removeprefix("more: --cursor ")]
+    assert len(seen) == len(set(seen)), seen  # no schedule twice across pages
+    assert made <= set(seen), (made, seen)
+
+
 def test_the_client_manages_schedules(api: RunningApi) -> None:
     sid = f"hourly-{uuid.uuid4().hex[:6]}"
     job = enqueue_body("org-a", payload_extra={"task": {"command": ["true"]}})

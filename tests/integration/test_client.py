@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from receipt_client import (
     AsyncClient,
@@ -125,6 +126,12 @@ def test_objectives_create_list_read_and_cancel(client: Client, tmp_path: Path) 
     assert isinstance(accepted, models.ObjectiveAccepted)
     assert accepted.objective_id == objective_id
     assert client.create_objective(spec).job.job_id == accepted.job.job_id  # a re-post
+    as_yaml = tmp_path / "objective.yaml"  # as `receipt objectives run` reads it
+    as_yaml.write_text(yaml.safe_dump(spec))
+    assert client.create_objective(as_yaml).job.job_id == accepted.job.job_id
+    as_yaml.write_text("- a list\n- not an objective\n")
+    with pytest.raises(ValueError, match="one object"):
+        client.create_objective(as_yaml)
     # No worker runs the objective's `factory.run` job here: the objective is not created yet.
     with pytest.raises(NotFound) as missing:
         client.get_objective(objective_id)
@@ -156,6 +163,9 @@ def test_agent_jobs_create_read_events_cancel_and_sessions(client: Client) -> No
     session = body["ownerSessionId"]
     listed = client.session_agent_jobs(session)
     assert [j.agent_job_id for j in listed.agent_jobs] == [agent_job_id]
+    mine = client.session_agent_jobs(session, agent_id=body["agentId"])
+    assert [j.agent_job_id for j in mine.agent_jobs] == [agent_job_id]
+    assert client.session_agent_jobs(session, agent_id="another-agent").agent_jobs == []
     assert isinstance(client.session_events(session), models.SessionEventsPage)
 
 

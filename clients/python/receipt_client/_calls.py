@@ -108,12 +108,25 @@ def command(
 
 
 def objective_body(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
-    """An objective as a dict, or read from a JSON file."""
+    """An objective as a dict, or read from a file: YAML (`.yaml`/`.yml`, with PyYAML: the
+    `yaml` extra) or JSON, as `receipt objectives run` reads it."""
     if isinstance(spec, Mapping):
         return dict(spec)
-    loaded = json.loads(Path(spec).read_text(encoding="utf-8"))
+    path = Path(spec)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ValueError(
+                f"{spec}: reading YAML needs PyYAML (pip install 'receipt-client[yaml]'); "
+                "or pass the objective as a dict or a JSON file"
+            ) from None
+        loaded = yaml.safe_load(text)
+    else:
+        loaded = json.loads(text)
     if not isinstance(loaded, dict):
-        raise ValueError(f"{spec}: an objective is a JSON object")
+        raise ValueError(f"{spec}: an objective is one object (a mapping)")
     return loaded
 
 

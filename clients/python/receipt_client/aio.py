@@ -288,7 +288,8 @@ class AsyncClient:
     async def create_objective(
         self, spec: Mapping[str, Any] | str | os.PathLike[str]
     ) -> models.ObjectiveAccepted:
-        """Create an objective from a dict or a JSON file (`ObjectiveBody`)."""
+        """Create an objective (`ObjectiveBody`) from a dict or a file: JSON, or YAML
+        (`.yaml`/`.yml`; needs PyYAML, the `yaml` extra)."""
         body = calls.objective_body(spec)
         return await self._send(Call("POST", "/objectives", models.ObjectiveAccepted, body=body))
 
@@ -431,10 +432,12 @@ class AsyncClient:
         session_id: str,
         *,
         status: str | None = None,
+        agent_id: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> models.AgentJobList:
-        params = calls.query(status=status, limit=limit, cursor=cursor)
+        """The owner session's agent jobs, newest first (`GET /sessions/{id}/agent-jobs`)."""
+        params = calls.query(status=status, agentId=agent_id, limit=limit, cursor=cursor)
         path = calls.session_path(session_id, "/agent-jobs")
         return await self._send(Call("GET", path, models.AgentJobList, params=params))
 
