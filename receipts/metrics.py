@@ -227,6 +227,11 @@ FACTORY_CONTROL_STALE_PLANS = Counter(
     "Control passes whose write found the objective moved on since they read it (a phase added,"
     " another pass): rolled back, planned again.",
 )
+FACTORY_PLANS_REFUSED = Counter(
+    "receipt_factory_plans_refused",
+    "Planner graphs refused because a command they name is off the organization's allow-list "
+    "(RECEIPT_ORG_EXECUTABLES): the factory.run job fails, no objective is written.",
+)
 FACTORY_WATCHDOG_FIRED = Counter(
     "receipt_factory_watchdog_fired",
     "Reconciles the objective watchdog requested, by reason.",

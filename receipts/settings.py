@@ -28,6 +28,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from receipts.durations import parse_duration
 from receipts.errors import InvalidInput
+from receipts.executables import parse_allow_lists
 from receipts.kinds import GROUP_QUEUES
 
 
@@ -234,3 +235,13 @@ class FactorySettings(ReceiptSettings):
         default=120_000, gt=0, alias="RECEIPT_FACTORY_PLANNER_TIMEOUT_MS"
     )
     codex_command: str = Field(default="", alias="RECEIPT_CODEX_COMMAND")
+    # The organizations' allow-lists of executables, as the api reads them: the tasks a planner
+    # writes are held to them too (receipts/executables.py).
+    org_executables: dict[str, list[str]] = Field(
+        default_factory=dict, alias="RECEIPT_ORG_EXECUTABLES"
+    )
+
+    @field_validator("org_executables", mode="before")
+    @classmethod
+    def _executables(cls, value: Any) -> Any:
+        return parse_allow_lists(value)

@@ -17,6 +17,7 @@ from activities.handlers.steering import StdinFeed
 from activities.sandbox import SandboxRefused, run_sandboxed
 from receipts import metrics
 from receipts.errors import InvalidInput
+from receipts.executables import first_refused, objective_commands
 from receipts.objectives import audit as objective_audit_summary
 from receipts.objectives import control
 from receipts.objectives import store as objectives
@@ -116,6 +117,19 @@ async def _planned(ctx: HandlerContext, spec: ObjectiveSpec) -> ObjectiveSpec:
         raw["tasks"] = planned
     if "tasks" not in raw:
         raise HandlerError("the planner's graph has no 'tasks'", retryable=False)
+    allowed = ctx.settings.factory.org_executables.get(ctx.job.organization_id or "")
+    refused = first_refused(allowed, objective_commands(raw, "planner"))
+    if refused is not None:
+        # The planner read the tenant's goal: a task it writes is held to the organization's
+        # list as a task the request names would be.
+        field, message = refused
+        metrics.FACTORY_PLANS_REFUSED.inc()
+        log.warning(
+            "the planner wrote a command off the organization's allow-list: %s",
+            message,
+            extra={"event": "factory.planner_refused", "field": field},
+        )
+        raise HandlerError(f"the planner's graph is refused: {message}", retryable=False)
     try:
         graph = parse_objective(raw, "planner")
     except InvalidInput as exc:

@@ -11,6 +11,7 @@ from typing import Any
 from receipts import metrics
 from receipts.enqueue import Admission, EnqueueRequest
 from receipts.errors import InvalidInput
+from receipts.executables import first_refused, objective_commands, task_commands
 from receipts.kinds import runs_commands
 from roles.api.auth import COMMANDS_RUN, Principal
 from roles.api.deps import ApiError, require_scope, too_many
@@ -19,34 +20,6 @@ from roles.api.limits import refusals
 from roles.api.settings import ApiSettings
 
 log = logging.getLogger("roles.api.app")
-
-
-def objective_commands(objective: Any, field: str) -> list[tuple[str, Any]]:
-    """`(field, argv)` of every command an objective's body names: its tasks' `input.command`,
-    `validate.command` and `publish.command` (a prompt task runs the operator's codex command)."""
-    if not isinstance(objective, dict):
-        return []
-    return [
-        *task_commands(objective.get("tasks"), f"{field}.tasks"),
-        *(
-            (f"{field}.{step}.command", objective[step].get("command"))
-            for step in ("validate", "publish")
-            if isinstance(objective.get(step), dict)
-        ),
-    ]
-
-
-def task_commands(tasks: Any, field: str) -> list[tuple[str, Any]]:
-    """`(field, argv)` of the tasks of a list that name a command."""
-    if not isinstance(tasks, list):
-        return []
-    return [
-        (f"{field}[{n}].input.command", task["input"].get("command"))
-        for n, task in enumerate(tasks)
-        if isinstance(task, dict)
-        and isinstance(task.get("input"), dict)
-        and "command" in task["input"]
-    ]
 
 
 def _commands(request: EnqueueRequest) -> list[tuple[str, Any]]:
@@ -86,18 +59,10 @@ def check_executables(
     """403 naming the field unless each command's program is on the organization's allow-list
     (none: anything)."""
     allowed = settings.org_executables.get(organization_id or "")
-    if allowed is None:
-        return
-    for field, command in commands:
-        program = command[0] if isinstance(command, list) and command else None
-        if not isinstance(program, str) or program not in allowed:
-            raise ApiError(
-                403,
-                "forbidden",
-                f"{field}[0] must be one of this organization's executables: {', '.join(allowed)}",
-                field=field,
-                allowed=allowed,
-            )
+    refused = first_refused(allowed, commands)
+    if refused is not None:
+        field, message = refused
+        raise ApiError(403, "forbidden", message, field=field, allowed=allowed)
 
 
 def capped_timeout(settings: ApiSettings, request: EnqueueRequest) -> EnqueueRequest:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path as FilePath
 from typing import Any
 
 from pydantic import Field, field_validator
 
+from receipts.executables import parse_allow_lists
 from receipts.settings import ReceiptSettings
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -72,22 +72,7 @@ class ApiSettings(ReceiptSettings):
     @field_validator("org_executables", mode="before")
     @classmethod
     def _executables(cls, value: Any) -> Any:
-        # `{"org-a": ["git", "pytest"]}`: JSON in the variable, or a path to a JSON file.
-        if isinstance(value, str):
-            text = value.strip()
-            # Errors are ValueErrors, so the start check names the variable.
-            if text and not text.startswith("{"):
-                try:
-                    text = FilePath(text).read_text(encoding="utf-8")
-                except OSError as exc:
-                    raise ValueError(f"a readable JSON file ({exc.strerror})") from None
-            try:
-                return json.loads(text) if text else {}
-            except json.JSONDecodeError as exc:
-                raise ValueError(
-                    f'a JSON object {{"<organization>": ["<executable>", ...]}} ({exc})'
-                ) from None
-        return value
+        return parse_allow_lists(value)
 
     @field_validator("gateway_url_allowlist", mode="before")
     @classmethod

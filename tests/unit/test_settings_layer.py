@@ -122,9 +122,9 @@ def test_every_concern_is_one_part_of_the_one_object_and_printed_by_config() -> 
     assert printed["RECEIPT_TEMPORAL_TLS_CERT"] == ("(unset)", False)
     assert printed["RECEIPT_API_PORT"] == ("8123", True)
     assert printed["RECEIPT_TEMPORAL_API_KEY"] == ("(unset)", False)
-    # Every field of every concern is printed.
+    # Every field of every concern is printed, once: two concerns read each of these.
     assert len(printed) == sum(len(model.model_fields) for _, model in concerns()) - len(
-        {"RECEIPT_DATA_DIR"}
+        {"RECEIPT_DATA_DIR", "RECEIPT_ORG_EXECUTABLES"}
     )
 
 
@@ -167,9 +167,10 @@ def test_a_file_a_setting_names_is_read_at_start_and_a_bad_one_named(tmp_path: P
     parsed stops it with the variable's line, never a traceback."""
     allowed = tmp_path / "executables.json"
     allowed.write_text('{"org-a": ["git", "pytest"]}')
-    assert load({"RECEIPT_ORG_EXECUTABLES": str(allowed)}).api.org_executables == {
-        "org-a": ["git", "pytest"]
-    }
+    loaded = load({"RECEIPT_ORG_EXECUTABLES": str(allowed)})
+    assert loaded.api.org_executables == {"org-a": ["git", "pytest"]}
+    # The Factory's worker holds a planner's tasks to the same lists.
+    assert loaded.factory.org_executables == loaded.api.org_executables
     missing = str(tmp_path / "missing.json")
     with pytest.raises(SettingsError, match="RECEIPT_ORG_EXECUTABLES must be a readable JSON file"):
         load({"RECEIPT_ORG_EXECUTABLES": missing})

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import InvalidInput
+from receipts.executables import objective_commands
 from receipts.kinds import check_objective_id
 from receipts.objectives import model as objective_model
 from receipts.objectives import store as objectives
@@ -24,7 +25,7 @@ from receipts.objectives.graph import OBJECTIVE_FIELDS, parse_objective
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream, run_job_id
 from receipts.store import Store
 from receipts.tenancy import scoped_id
-from roles.api.admission import check_executables, objective_commands, org_caps
+from roles.api.admission import check_executables, org_caps
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
     choice,

@@ -225,6 +225,27 @@ async def test_the_planner_runs_in_the_sandbox_and_supplies_the_tasks_when_there
         assert note["uid"] != 0  # the sandbox's unprivileged uid, not the worker's
 
 
+async def test_a_planned_task_off_the_organizations_allow_list_fails_the_run(
+    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The planner read the tenant's goal, so what it writes is held to the organization's list
+    # as a request's own tasks are: it writes `sh` and `grep`, the list has only `grep`.
+    source = (HERE / "planner.py").read_text()
+    monkeypatch.setenv(
+        "RECEIPT_FACTORY_PLANNER_COMMAND", f"/usr/bin/python3 -c {shlex.quote(source)}"
+    )
+    monkeypatch.setenv("RECEIPT_ORG_EXECUTABLES", json.dumps({"org-a": ["grep"]}))
+    objective = {"objectiveId": "plan-off-list", "title": "planned", "goal": "hello"}
+    async with running_stack(client, fresh_store, fresh_db, queues=("receipt-chat",)):
+        job = await run_objective(fresh_store, objective)
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "failed" and done.attempt == 1
+    assert "the planner's graph is refused: planner.tasks[0].input.command[0] must be one of" in (
+        done.error or ""
+    ), done.error
+    assert await objectives.get(fresh_store, "plan-off-list") is None
+
+
 async def test_a_new_phase_cancels_unstarted_tasks_and_lets_running_ones_finish(
     client: Client, fresh_store: Store, fresh_db: str, workspace_root: Path
 ) -> None:

@@ -1,0 +1,74 @@
+"""Each organization's allow-list of executables (`RECEIPT_ORG_EXECUTABLES`): which commands a
+request or a planner's graph names, and whether each program is on the list. The api checks a
+request's commands; the Factory's worker checks the tasks a planner writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SETTING = "RECEIPT_ORG_EXECUTABLES"
+
+
+def parse_allow_lists(value: Any) -> Any:
+    """`{"org-a": ["git", "pytest"]}`: JSON in the variable, or a path to a JSON file. Errors
+    are ValueErrors, so that the settings' message names the variable."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text and not text.startswith("{"):
+        try:
+            text = Path(text).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"a readable JSON file ({exc.strerror})") from None
+    try:
+        return json.loads(text) if text else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f'a JSON object {{"<organization>": ["<executable>", ...]}} ({exc})'
+        ) from None
+
+
+def objective_commands(objective: Any, field: str) -> list[tuple[str, Any]]:
+    """`(field, argv)` of every command an objective's body names: its tasks' `input.command`,
+    `validate.command` and `publish.command` (a prompt task runs the operator's codex command)."""
+    if not isinstance(objective, dict):
+        return []
+    return [
+        *task_commands(objective.get("tasks"), f"{field}.tasks"),
+        *(
+            (f"{field}.{step}.command", objective[step].get("command"))
+            for step in ("validate", "publish")
+            if isinstance(objective.get(step), dict)
+        ),
+    ]
+
+
+def task_commands(tasks: Any, field: str) -> list[tuple[str, Any]]:
+    """`(field, argv)` of the tasks of a list that name a command."""
+    if not isinstance(tasks, list):
+        return []
+    return [
+        (f"{field}[{n}].input.command", task["input"].get("command"))
+        for n, task in enumerate(tasks)
+        if isinstance(task, dict)
+        and isinstance(task.get("input"), dict)
+        and "command" in task["input"]
+    ]
+
+
+def first_refused(
+    allowed: list[str] | None, commands: list[tuple[str, Any]]
+) -> tuple[str, str] | None:
+    """`(field, message)` of the first command whose program is not on `allowed` (None: no
+    list, anything runs), or None when every one is."""
+    if allowed is None:
+        return None
+    for field, command in commands:
+        program = command[0] if isinstance(command, list) and command else None
+        if not isinstance(program, str) or program not in allowed:
+            return field, (
+                f"{field}[0] must be one of this organization's executables: {', '.join(allowed)}"
+            )
+    return None
