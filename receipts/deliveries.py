@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
 
@@ -86,11 +86,18 @@ async def record(store: Store, job_id: str, generation: int) -> None:
     )
 
 
-async def claim_redrive(store: Store, job_id: str, observed_seq: int, attempt: int) -> bool:
-    """Claim one observed queue state for redrive; False when another pass already did."""
+async def claim_redrive(
+    store: Store, job_id: str, observed_seq: int, attempt: int, *, cooldown_ms: int
+) -> Literal["first", "again"] | None:
+    """Claim one observed queue state for redrive: "first", or "again" for a state claimed
+    before whose delivery was lost (its claim older than `cooldown_ms`); None when another
+    pass claimed it within the cooldown."""
     key = redrive_key(job_id, observed_seq, attempt)
-    rows = await _fetch(store, "redrive_claim", {"redrive_key": key, "job_id": job_id})
-    return bool(rows)
+    params = {"redrive_key": key, "job_id": job_id, "cooldown_ms": cooldown_ms}
+    rows = await _fetch(store, "redrive_claim", params)
+    if not rows:
+        return None
+    return "again" if rows[0][0] else "first"
 
 
 async def release_redrive(store: Store, job_id: str, observed_seq: int, attempt: int) -> None:

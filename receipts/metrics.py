@@ -197,6 +197,11 @@ LEASE_EXPIRATIONS = Counter(
     "receipt_lease_expirations", "job.lease_expired receipts appended by the scan."
 )
 REDRIVES = Counter("receipt_redrive_dispatches", "Queued-job redrive dispatches.")
+REDRIVES_AGAIN = Counter(
+    "receipt_redrive_again",
+    "Redrives of a queue state already redriven once whose delivery closed with the job unchanged "
+    "(Temporal lost it, or the claiming process died before starting it).",
+)
 RETENTION_PRUNED = Counter(
     "receipt_retention_pruned_rows",
     "Rows the retention loop deleted, by table (jobs: terminal jobs pruned).",

@@ -18,9 +18,15 @@ ON CONFLICT (job_id) DO UPDATE SET
     dispatched_at = now();
 
 -- name: redrive_claim
+-- One observed queue state, claimed by one pass; a key claimed longer ago than the cooldown is
+-- claimed again: the delivery it started closed with the job unchanged (Temporal lost it, or
+-- the claiming process died before starting it), and nothing else would deliver that state.
+-- Within the cooldown concurrent passes still deliver it once; the starter refuses a second
+-- driver while one is open.
 INSERT INTO delivery_redrives (redrive_key, job_id) VALUES (%(redrive_key)s, %(job_id)s)
-ON CONFLICT (redrive_key) DO NOTHING
-RETURNING redrive_key;
+ON CONFLICT (redrive_key) DO UPDATE SET created_at = now()
+WHERE delivery_redrives.created_at <= now() - make_interval(secs => %(cooldown_ms)s / 1000.0)
+RETURNING xmax <> 0 AS again;  -- an update of the old claim, not an insert
 
 -- name: redrive_release
 DELETE FROM delivery_redrives WHERE redrive_key = %(redrive_key)s;

@@ -98,7 +98,10 @@ class QueuedRedrive:
                 caps=fairness.caps(self.settings),
             )
             for job_id, seq, attempt in candidates:
-                if not await deliveries.claim_redrive(self.store, job_id, seq, attempt):
+                claimed = await deliveries.claim_redrive(
+                    self.store, job_id, seq, attempt, cooldown_ms=self.loops.redrive_cooldown_ms
+                )
+                if not claimed:
                     result.skipped += 1
                     continue
                 try:
@@ -116,13 +119,18 @@ class QueuedRedrive:
                     result.skipped += 1
                     continue
                 result.redriven += 1
-                log.info(
-                    "queued job redriven",
+                if claimed == "again":
+                    metrics.REDRIVES_AGAIN.inc()
+                log.log(
+                    logging.WARNING if claimed == "again" else logging.INFO,
+                    "queued job redriven"
+                    + (": its earlier redrive's delivery was lost" if claimed == "again" else ""),
                     extra={
                         "event": "redrive.dispatched",
                         "jobId": job_id,
                         "redriveKey": deliveries.redrive_key(job_id, seq, attempt),
-                        "created": started.created,
+                        "again": claimed == "again",
+                        "driverCreated": started.created,
                         "reason": started.reason,
                     },
                 )

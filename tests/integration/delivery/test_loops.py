@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
+import pytest
 from temporalio.client import Client
 
 from receipts import deliveries, metrics
@@ -49,14 +51,17 @@ async def test_two_concurrent_passes_expire_a_dead_lease_once(
 
 
 async def test_two_concurrent_passes_dispatch_one_observed_queue_state_once(
-    client: Client, fresh_store: Store, fresh_db: str
+    client: Client, fresh_store: Store, fresh_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="roles.delivery.loops")  # as roles log in production
     async with running_stack(client, fresh_store, fresh_db, dispatcher=False) as s:
         job = (await put(fresh_store, payload_extra=task("true"))).job
         passes = [QueuedRedrive(fresh_store, s.starter, s.settings, NOW) for _ in range(3)]
         results = await asyncio.gather(*(p.run_once() for p in passes))
         assert sum(r.redriven for r in results) == 1
         assert sum(r.skipped for r in results) == 2
+        (logged,) = [r for r in caplog.records if getattr(r, "event", "") == "redrive.dispatched"]
+        assert logged.jobId == job.job_id and logged.driverCreated is True  # type: ignore[attr-defined]
         done = await wait_for_status(fresh_store, job.job_id)
     assert done.status == "completed"
     latest = (await deliveries.job_and_latest(fresh_store, job.job_id))[1]
@@ -137,8 +142,6 @@ async def _run(coro: Coroutine[Any, Any, int | None]) -> int | None:
 
 
 def test_loop_settings_use_the_spec_names_and_defaults() -> None:
-    import pytest
-
     from receipts.settings import SettingsError
 
     defaults = LoopSettings.load({})
@@ -183,6 +186,41 @@ async def test_a_redrive_that_finds_an_open_delivery_does_not_spend_its_key(
         await s.start_worker("receipt-codex")
         done = await wait_for_status(fresh_store, job.job_id)
     assert done.status == "completed"
+
+
+async def test_a_state_whose_redriven_delivery_is_lost_again_is_redriven_after_the_cooldown(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    """A redrive key is one pass's claim for a cooldown, not for ever: the same observed queue
+    state whose redriven delivery was lost too (Temporal lost it again, or the claiming process
+    died before starting it) is delivered by a later pass, never left queued."""
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
+        job = (await put(fresh_store, payload_extra=task("true"))).job
+        redrive = QueuedRedrive(fresh_store, s.starter, s.settings, NOW)
+        for generation in (0, 1):  # delivered, then lost: twice on one observed state
+            assert (await redrive.run_once()).redriven == 1
+            await wait_for_scheduled_attempt(client, job.job_id, "attempt:1")
+            latest = (await deliveries.job_and_latest(fresh_store, job.job_id))[1]
+            assert latest is not None and latest.generation == generation
+            await client.get_workflow_handle(latest.workflow_id).terminate("test: lost")
+        # A pass that claimed the state and died before starting anything.
+        state = await fresh_store.get_job(job.job_id)
+        assert state is not None and state.status == "queued"
+        cooling = LoopSettings(redrive_min_age_ms=0, redrive_cooldown_ms=60_000)
+        assert not await deliveries.claim_redrive(
+            fresh_store, job.job_id, state.seq, state.attempt, cooldown_ms=60_000
+        )  # within the cooldown the key is the other pass's
+        assert (
+            await QueuedRedrive(fresh_store, s.starter, s.settings, cooling).run_once()
+        ).redriven == 0
+        again_before = metrics.REDRIVES_AGAIN._value.get()
+        assert (await redrive.run_once()).redriven == 1  # past it: delivered again
+        assert metrics.REDRIVES_AGAIN._value.get() == again_before + 1
+        await s.start_worker("receipt-codex")
+        done = await wait_for_status(fresh_store, job.job_id)
+    assert done.status == "completed"
+    latest = (await deliveries.job_and_latest(fresh_store, job.job_id))[1]
+    assert latest is not None and latest.generation == 2
 
 
 async def test_a_terminal_state_written_outside_a_driver_gets_its_callback_once(
