@@ -151,7 +151,8 @@ async def _objectives_to_prune(tx: Tx, params: dict[str, Any]) -> tuple[list[str
 
     Nothing is waited for: an objective whose stream a writer holds (a late control request),
     one of whose job rows another transaction holds, or one a job of which turned live since
-    the victims were read is left for a later batch. Holding each stream's lock, the prune
+    the victims were read is left for a later batch, as is one a job of which still owes a
+    callback or a webhook delivery. Holding each stream's lock, the prune
     cannot delete a chain under a writer's append, and no writer appends until it commits."""
     victims = [row[0] for row in await tx.fetch("prune_objective_victims", params)]
     if not victims:
@@ -165,8 +166,9 @@ async def _objectives_to_prune(tx: Tx, params: dict[str, Any]) -> tuple[list[str
         if o in locked and all(j.status not in ACTIVE_STATUSES for j in jobs_of[o])
     ]
     wanted = [j.job_id for o in quiet for j in jobs_of[o]]
+    owing = {row[0] for row in await tx.fetch("jobs_owing_deliveries", {"job_ids": wanted})}
     held = {row[0] for row in await tx.fetch("jobs_try_lock", {"job_ids": wanted})}
-    kept = [o for o in quiet if all(j.job_id in held for j in jobs_of[o])]
+    kept = [o for o in quiet if all(j.job_id in held and j.job_id not in owing for j in jobs_of[o])]
     return kept, [j.job_id for o in kept for j in jobs_of[o]]
 
 

@@ -10,7 +10,10 @@ SELECT now() - make_interval(secs => %(older_than_s)s);
 -- never waited for: a prune never holds or waits on a live job's lock. An agent job's turn
 -- (kind agent_job.turn) goes only with its agent job (prune_agent_victims). A job of an
 -- objective (`objective:<id>:…`, of its organization, naming it) stays while that objective is
--- active or any job of it is live (its control passes and its audit read them).
+-- active or any job of it is live (its control passes and its audit read them). A job that
+-- still owes a callback (its callback_outbox row) or a webhook delivery (pending) stays until
+-- it is posted or given up: a retention shorter than the webhooks' retry window, or a receiver
+-- down for longer than it, must not drop what is owed.
 SELECT j.job_id FROM jobs j
 WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutoff)s
   AND j.kind <> 'agent_job.turn'
@@ -19,6 +22,9 @@ WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutof
       WHERE o.objective_id = j.state->'payload'->>'objectiveId'
         AND o.organization_id = j.organization_id
         AND (o.status = 'active' OR objective_has_live_job(o.objective_id, o.organization_id))))
+  AND NOT EXISTS (SELECT 1 FROM callback_outbox c WHERE c.job_id = j.job_id)
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
+                  WHERE w.subject = j.job_id AND w.status = 'pending')
 ORDER BY j.updated_at, j.job_id
 LIMIT %(batch)s
 FOR UPDATE OF j SKIP LOCKED;
@@ -33,6 +39,9 @@ WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutof
       WHERE o.objective_id = j.state->'payload'->>'objectiveId'
         AND o.organization_id = j.organization_id
         AND (o.status = 'active' OR objective_has_live_job(o.objective_id, o.organization_id))))
+  AND NOT EXISTS (SELECT 1 FROM callback_outbox c WHERE c.job_id = j.job_id)
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
+                  WHERE w.subject = j.job_id AND w.status = 'pending')
   AND (j.updated_at, j.job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY j.updated_at, j.job_id
 LIMIT %(batch)s;
@@ -103,6 +112,8 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
                   WHERE j.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
                     AND j.job_id COLLATE "C" < a.agent_job_id || ':attempt;'
                     AND j.status IN ('queued', 'leased', 'running'))
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
+                  WHERE w.subject = a.agent_job_id AND w.status = 'pending')
 ORDER BY a.updated_at, a.agent_job_id
 LIMIT %(batch)s
 FOR UPDATE OF a SKIP LOCKED;
@@ -115,6 +126,8 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
                   WHERE j.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
                     AND j.job_id COLLATE "C" < a.agent_job_id || ':attempt;'
                     AND j.status IN ('queued', 'leased', 'running'))
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
+                  WHERE w.subject = a.agent_job_id AND w.status = 'pending')
   AND (a.updated_at, a.agent_job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY a.updated_at, a.agent_job_id
 LIMIT %(batch)s;
@@ -208,6 +221,8 @@ SELECT pg_try_advisory_xact_lock(hashtextextended('receipt:retention', 0));
 SELECT o.objective_id FROM objectives o
 WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
   AND NOT objective_has_live_job(o.objective_id, o.organization_id)
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
+                  WHERE w.subject = o.objective_id AND w.status = 'pending')
 ORDER BY o.updated_at, o.objective_id
 LIMIT %(batch)s
 FOR UPDATE OF o SKIP LOCKED;
@@ -217,6 +232,8 @@ FOR UPDATE OF o SKIP LOCKED;
 SELECT o.objective_id, o.updated_at FROM objectives o
 WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
   AND NOT objective_has_live_job(o.objective_id, o.organization_id)
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
+                  WHERE w.subject = o.objective_id AND w.status = 'pending')
   AND (o.updated_at, o.objective_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY o.updated_at, o.objective_id
 LIMIT %(batch)s;
@@ -260,3 +277,11 @@ DELETE FROM objectives WHERE objective_id = ANY (%(objective_ids)s::text[]);
 
 -- name: count_objectives
 SELECT count(*) FROM objectives WHERE objective_id = ANY (%(objective_ids)s::text[]);
+
+-- name: jobs_owing_deliveries
+-- Which of these jobs still owe a callback or a webhook delivery (an objective's jobs go with it
+-- only once none does).
+SELECT job_id FROM callback_outbox WHERE job_id = ANY (%(job_ids)s::text[])
+UNION
+SELECT subject FROM webhook_deliveries
+WHERE subject = ANY (%(job_ids)s::text[]) AND status = 'pending';

@@ -130,7 +130,7 @@ FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
 WHERE j.job_id = %(job_id)s;
 
 -- Retention (receipts/retention.py): a pruned job's, agent job's or objective's deliveries go
--- with it, finished or not (there is nothing left to post about).
+-- with it. None of them is pending then: retention keeps a subject while one is (retention.sql).
 
 -- name: prune_webhook_deliveries
 DELETE FROM webhook_deliveries WHERE subject = ANY (%(job_ids)s::text[]);

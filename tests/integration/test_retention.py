@@ -101,7 +101,7 @@ async def finished(store: Store, how: str) -> Job:
 
 async def with_delivery_rows(store: Store, job_id: str) -> None:
     await deliveries.record(store, job_id, 0)
-    await deliveries.claim_redrive(store, job_id, 1, 0)
+    await deliveries.claim_redrive(store, job_id, 1, 0, cooldown_ms=0)
     await deliveries.claim_callback(store, job_id, "completed", "http://127.0.0.1:9/cb")
     deliveries.ledger_workflow(
         store,
@@ -125,6 +125,15 @@ async def with_delivery_rows(store: Store, job_id: str) -> None:
         status="completed",
     )
     await bookkeeping.writer(store).flush()
+    await callback_posted(store, job_id)
+
+
+async def callback_posted(store: Store, job_id: str) -> None:
+    """The job's terminal callback was posted (or no URL is configured): nothing is owed, as
+    the redrive leaves it (a settle writes the outbox row; retention keeps a job while it is
+    there)."""
+    async with store.connection() as conn:
+        await conn.execute("DELETE FROM callback_outbox WHERE job_id = %s", (job_id,))
 
 
 async def running(store: Store) -> Job:
@@ -181,6 +190,27 @@ async def test_prune_removes_exactly_the_old_terminal_jobs_with_every_row_of_the
     again = await retention.prune(store, MONTH, batch=2)
     assert again.jobs == 0 and sum(again.removed.values()) == 0
     assert rows_of(url, old_ids + kept_ids) == after
+
+
+async def test_a_job_that_still_owes_its_callback_is_kept_until_it_is_posted(
+    fresh: tuple[Store, str],
+) -> None:
+    store, url = fresh
+    owing, settled = [await finished(store, "completed") for _ in range(2)]
+    backdate(url, [owing.job_id, settled.job_id])
+    with psycopg.connect(url) as conn:  # a callback URL was down for longer than the retention
+        conn.execute(
+            "INSERT INTO callback_outbox (job_id, event) VALUES (%s, 'completed')", (owing.job_id,)
+        )
+    dry = await retention.prune(store, MONTH, dry_run=True)
+    result = await retention.prune(store, MONTH)
+    assert dry.jobs == result.jobs == 1
+    assert await store.get_job(settled.job_id) is None
+    assert await store.get_job(owing.job_id) is not None
+    with psycopg.connect(url) as conn:  # posted (or given up): the outbox row is gone
+        conn.execute("DELETE FROM callback_outbox WHERE job_id = %s", (owing.job_id,))
+    assert (await retention.prune(store, MONTH)).jobs == 1
+    assert await store.get_job(owing.job_id) is None
 
 
 async def test_a_prune_racing_live_enqueues_and_settlements_loses_nothing(
@@ -426,6 +456,7 @@ async def objective_scenario(store: Store, url: str, scoped: bool = False) -> No
         worker = f"{job.job_id}:attempt:1/1"
         await ops.start_attempt(store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
         await ops.complete(store, job.job_id, worker_id=worker, attempt=1, result={})
+        await callback_posted(store, job.job_id)
         return job.job_id
 
     task = await settled(task_job_id(objective_id, "t", 1))
@@ -456,6 +487,7 @@ async def objective_scenario(store: Store, url: str, scoped: bool = False) -> No
     assert "objectives" not in (await retention.prune(store, MONTH)).removed
     assert await objectives.get(store, objective_id) is not None
     await ops.cancel_queued(store, audit.job_id, reason="test")  # nothing of it is live now
+    await callback_posted(store, audit.job_id)
     # Another organization's job under the objective's id prefix, naming it, is not one of its
     # jobs: it neither keeps the objective nor goes with it.
     foreign_id = f"objective:{name}:x"
@@ -474,6 +506,17 @@ async def objective_scenario(store: Store, url: str, scoped: bool = False) -> No
     assert "objectives" not in held.removed and held.jobs == 1
     assert await store.get_job(task) is None
     assert await objectives.get(store, objective_id) is not None
+    # A job of it still owes its callback: the objective stays, whole, until it is posted.
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "INSERT INTO callback_outbox (job_id, event) VALUES (%s, 'canceled')",
+            (audit.job_id,),
+        )
+    owing = await retention.prune(store, MONTH)
+    assert "objectives" not in owing.removed and owing.jobs == 0
+    assert await store.get_job(audit.job_id) is not None
+    with psycopg.connect(url) as conn:
+        conn.execute("DELETE FROM callback_outbox WHERE job_id = %s", (audit.job_id,))
     # Now the objective goes whole: its stream and row with its audit job, which settled just
     # now (so only the objective's batch takes it), each counted once, and exported first.
     exported = [line async for line in retention.export(store, MONTH)]

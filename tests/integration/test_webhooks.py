@@ -442,9 +442,11 @@ async def test_wakeups_and_settled_objectives_are_owed_with_their_receipts(
     assert got["objective.settled"]["objective"]["status"] == "completed"
 
 
-async def test_retention_prunes_a_jobs_deliveries_with_it(
+async def test_retention_keeps_a_job_while_its_delivery_is_owed_then_prunes_them_together(
     fresh: tuple[Store, str], receiver: Receiver
 ) -> None:
+    """A retention shorter than the webhooks' retry window (or a receiver down for longer than
+    it) must not drop a delivery still owed: the job stays until it is delivered or given up."""
     store, url = fresh
     async with api_client(url, store=store, webhooks=ALLOWED) as api:
         await subscribe(api, AS_A, receiver.url("/p"), ["job.completed"])
@@ -455,8 +457,21 @@ async def test_retention_prunes_a_jobs_deliveries_with_it(
             "UPDATE jobs SET updated_at = updated_at - interval '40 days' WHERE job_id = %s",
             (job_id,),
         )
+        # No callback URL is configured: the redrive drops the settle's outbox row.
+        await conn.execute("DELETE FROM callback_outbox WHERE job_id = %s", (job_id,))
+    dry = await retention.prune(store, timedelta(days=30), dry_run=True)
+    kept = await retention.prune(store, timedelta(days=30))
+    assert dry.jobs == kept.jobs == 0 and await owed(store, job_id) == 1
+    assert await store.get_job(job_id) is not None
+    async with store.connection() as conn:  # its deliverer gave up (or delivered)
+        await conn.execute(
+            "UPDATE webhook_deliveries SET status = 'failed', finished_at = now() "
+            "WHERE subject = %s",
+            (job_id,),
+        )
+
     pruned = await retention.prune(store, timedelta(days=30))
-    assert pruned.removed["webhook_deliveries"] == 1
+    assert pruned.jobs == 1 and pruned.removed["webhook_deliveries"] == 1
     assert await owed(store, job_id) == 0
 
 
