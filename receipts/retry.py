@@ -16,6 +16,7 @@ from typing import Any
 from receipts import jobs as jobmodel
 from receipts.enqueue import Admission, EnqueueRequest, enqueue_in
 from receipts.jobs import Job
+from receipts.kinds import TURN_KIND
 from receipts.store import Draft, Store, Tx
 from receipts.tenancy import scoped_id
 
@@ -29,6 +30,7 @@ RETRIED = "retried"  # a new job was created
 ALREADY = "already_retried"  # an earlier retry's job is returned
 NOT_FOUND = "not_found"
 NOT_RETRYABLE = "not_retryable"  # the job is active or completed
+AGENT_TURN = "agent_job_turn"  # a turn of an agent job: its agent job retries it, not a caller
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,11 @@ async def retry_in(
         return RetryOutcome(ALREADY, job, await tx.job(job.retried_as))
     if job.status not in RETRYABLE_STATUSES:
         return RetryOutcome(NOT_RETRYABLE, job)
+    if job.kind == TURN_KIND:
+        # Run again outside its agent job, a turn would repeat its command in the workspace
+        # while every write its end makes is refused (the agent job is not running on it), and
+        # no retention path would ever take it: the agent job's own attempts retry its turns.
+        return RetryOutcome(AGENT_TURN, job)
     # Scoped like every organization's job id (docs/design.md §4), so its organization can name it.
     new_job_id = scoped_id(job.organization_id, f"retry-{uuid.uuid4()}")
     created = await enqueue_in(tx, retry_request(job, new_job_id), admission)

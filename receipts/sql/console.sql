@@ -25,11 +25,13 @@ ORDER BY count(*) DESC, max(updated_at) DESC
 LIMIT %(limit)s;
 
 -- name: retry_candidates
--- Settled jobs matching a bulk retry's filter that were never retried, oldest first.
+-- Settled jobs matching a bulk retry's filter that were never retried, oldest first (no agent
+-- job's turn).
 SELECT job_id
 FROM jobs
 WHERE status = %(status)s::text
   AND state ->> 'retriedAs' IS NULL
+  AND kind <> 'agent_job.turn'  -- an agent job retries its own turns (receipts/retry.py)
   AND (%(organization_id)s::text IS NULL OR organization_id = %(organization_id)s::text)
   AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s::text)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from receipts import operations
+from receipts.agent_jobs.model import TURN_AGENT_ID
+from receipts.enqueue import EnqueueRequest, enqueue
+from receipts.kinds import TURN_KIND
 from receipts.store import Store
 from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body, rid
 from tests.integration.helpers import new_id, types
@@ -74,6 +77,38 @@ async def test_retry_refuses_active_and_completed_jobs_and_other_organizations(
         assert foreign.status_code == unknown.status_code == 404
         assert foreign.json()["error"]["code"] == unknown.json()["error"]["code"]
     assert "job.retried" not in await types(store, rid(failed_id))
+
+
+async def test_an_agent_jobs_turn_is_not_retried_one_by_one(db_url: str, store: Store) -> None:
+    """Run again outside its agent job, a turn would repeat its command while its end is
+    refused, and no retention path would take it: only its agent job retries it."""
+    turn_id = f"{new_id('agent-job')}:attempt:1"
+    turn = EnqueueRequest(
+        agent_id=TURN_AGENT_ID,
+        payload={
+            "kind": TURN_KIND,
+            "authContext": {"userId": "u-1", "organizationId": "org-a"},
+            "agentJob": {"agentJobId": turn_id.split(":")[0], "attempt": 1, "turn": 1},
+        },
+        kind=TURN_KIND,
+        organization_id="org-a",
+        job_id=rid(turn_id),
+        max_attempts=1,
+    )
+    await enqueue(store, turn)
+    error = f"lost {turn_id}"
+    assert (await operations.fail_undeliverable(store, rid(turn_id), error=error)).ok
+    async with api_client(db_url, store=store) as client:
+        refused = await client.post(f"/jobs/{turn_id}/retry", headers=AS_A)
+        bulk = await client.post(
+            "/jobs/retry", json={"status": "failed", "error": error}, headers=AS_A
+        )
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "not_retryable"
+    assert "a turn of an agent job" in refused.json()["error"]["message"]
+    assert bulk.status_code == 200, bulk.text
+    assert bulk.json()["count"] == 0
+    assert "job.retried" not in await types(store, rid(turn_id))
 
 
 async def test_bulk_retry_is_bounded_filtered_and_idempotent(db_url: str, store: Store) -> None:

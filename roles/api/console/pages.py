@@ -20,7 +20,7 @@ from receipts import retry as retries
 from receipts.enqueue import Admission
 from receipts.errors import InvalidInput
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
-from receipts.kinds import KINDS, runs_commands
+from receipts.kinds import KINDS, TURN_KIND, runs_commands
 from receipts.settings import Settings
 from receipts.tenancy import caller_id
 from roles.api.admission import caller_caps
@@ -312,7 +312,7 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         + "?"
         + urlencode({"query": temporal_query(job)}),
         notice=request.query_params.get("notice"),
-        retryable=job.status in retries.RETRYABLE_STATUSES,
+        retryable=job.status in retries.RETRYABLE_STATUSES and job.kind != TURN_KIND,
     )
 
 

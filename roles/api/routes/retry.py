@@ -68,6 +68,13 @@ class BulkRetried(BaseModel):
 def _refusal(outcome: retries.RetryOutcome, job_id: str) -> ApiError:
     if outcome.status == retries.NOT_FOUND:
         return ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
+    if outcome.status == retries.AGENT_TURN:
+        return ApiError(
+            409,
+            "not_retryable",
+            f"job {job_id!r} is a turn of an agent job: its agent job retries its turns "
+            "(POST /agent-jobs to run it again), not one by one",
+        )
     status = outcome.job.status if outcome.job else "active"
     return ApiError(
         409,
