@@ -17,7 +17,7 @@ from receipts.jobs import TERMINAL_STATUSES
 from receipts.kinds import CONTRACTS
 from receipts.objectives import store as objectives
 from receipts.schedules import cron
-from receipts.schedules.model import ScheduleState, schedule_stream
+from receipts.schedules.model import RECENT_FIRINGS, ScheduleState, schedule_stream
 from receipts.schedules.store import append, fire_id, get, job_id_of, load
 from receipts.store import Draft, Store, Tx, translate_errors
 from receipts.tenancy import scoped_id
@@ -95,11 +95,24 @@ async def _repeated_wall_time(tx: Tx, state: ScheduleState, fire_time: datetime)
         return False
     if state.firing_at(other) is not None:
         return True
+    return await _recorded(tx, state, other)
+
+
+async def _recorded(tx: Tx, state: ScheduleState, fire_time: datetime) -> bool:
+    """Whether the schedule's stream records a firing (or a skip) of `fire_time`."""
     row = await tx.fetch_one(
         "schedule_firing_recorded",
-        {"stream": schedule_stream(state.schedule_id), "fire_time": other.isoformat()},
+        {"stream": schedule_stream(state.schedule_id), "fire_time": fire_time.isoformat()},
     )
     return row is not None
+
+
+async def _handled_late(tx: Tx, state: ScheduleState, fire_time: datetime) -> bool:
+    """Whether a firing older than every recent one the projection keeps (Temporal delivering
+    it late, after an outage) was handled already: only then is the stream read."""
+    if len(state.recent) < RECENT_FIRINGS or fire_time >= min(f.fire_time for f in state.recent):
+        return False
+    return await _recorded(tx, state, fire_time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +155,8 @@ async def fire(
         if current.firing_at(fire_time) is not None:
             return "repeated"
         if await _repeated_wall_time(tx, current, fire_time):
+            return "repeated"
+        if await _handled_late(tx, current, fire_time):
             return "repeated"
         if not _owed(current, fire_time):
             return "off_schedule"

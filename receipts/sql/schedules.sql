@@ -64,7 +64,8 @@ SELECT schedule_id, state FROM schedules;
 
 -- name: schedule_firing_recorded
 -- Whether the schedule's stream records a firing (or a skip) of `fire_time` (an ISO time as the
--- firing wrote it): asked only for the other occurrence of an hour a DST fall-back repeats.
+-- firing wrote it): asked only for the other occurrence of an hour a DST fall-back repeats, and
+-- for a firing older than every recent one the projection keeps (delivered late).
 SELECT 1 FROM receipts
 WHERE stream = %(stream)s AND type IN ('schedule.fired', 'schedule.skipped')
   AND data->>'fireTime' = %(fire_time)s

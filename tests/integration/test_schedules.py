@@ -275,6 +275,26 @@ async def test_a_firing_enqueues_its_fire_times_job_once_however_often_it_fires(
     assert job.payload["task"] == {"command": ["true"]}
 
 
+async def test_a_late_firing_is_handled_once_and_leaves_the_last_job_the_newest(
+    store: Store,
+) -> None:
+    """Temporal may deliver a firing late (its fire activity retries through a database outage
+    for up to 30 minutes): one older than every recent firing the projection keeps is still
+    recognised as handled, and a late one enqueued does not make its job the last one, the job
+    the overlap policy asks after."""
+    sid = await made(store, "allow")
+    times = [T + timedelta(seconds=5 * n) for n in range(12)]
+    for at in times:
+        assert await firing.fire(store, sid, at) == "enqueued"
+    newest = (await schedules.get(store, sid)).last_job_id  # type: ignore[union-attr]
+    assert await firing.fire(store, sid, times[0]) == "repeated"  # past the 10 recent ones
+    late = T - timedelta(seconds=5)  # never fired: Temporal delivers it now
+    assert await firing.fire(store, sid, late) == "enqueued"
+    state = await schedules.get(store, sid)
+    assert state is not None and state.fired == 13
+    assert state.last_job_id == newest
+
+
 async def test_skip_records_the_firing_while_the_previous_job_is_active(store: Store) -> None:
     sid = await made(store, "skip")
     assert await firing.fire(store, sid, T) == "enqueued"
