@@ -25,7 +25,7 @@ from activities.handlers.sdk import HandlerConflict, Installed, load_installed
 from receipts.kinds import QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL, QUEUE_DRIVER
 from roles.delivery.serve import run_attempt_worker, run_driver, start_loops
 from roles.infra import logs
-from roles.infra.health import serve_role_health
+from roles.infra.health import serve_metrics, serve_role_health
 from roles.infra.metrics import run_queue_depth
 from roles.infra.process import freeze_startup_heap, open_runtime, run_until_signalled
 from roles.infra.settings import ProcessSettings, RuntimeSettings, load_or_exit
@@ -82,6 +82,8 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
     installed = _installed_or_exit() if role in WORKER_QUEUES else Installed({}, {}, ())
     runtime = await open_runtime(role, settings, lazy_client=role in ("api", ALL))
     try:
+        if role == "api" and settings.process.metrics_port is not None:
+            serve_metrics(settings.process.metrics_host, settings.process.metrics_port)
         if role != "api":
             queues = [WORKER_QUEUES[role]] if role in WORKER_QUEUES else []
             queues += [QUEUE_DRIVER] if role == "driver" else []

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest, start_http_server
 from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -226,6 +226,29 @@ def serve_health(host: str, port: int, state: HealthState) -> ThreadingHTTPServe
         extra={"event": "metrics.listening", "port": server.server_port},
     )
     return server
+
+
+def serve_metrics(host: str, port: int) -> bool:
+    """Serve /metrics alone on a daemon thread, without a token: the api's scrape port when
+    RECEIPT_METRICS_PORT is set (its own /metrics, on the API's port, needs an admin token, which
+    a scraper should not hold). A taken port is logged; returns whether it serves."""
+    try:
+        start_http_server(port, addr=host, registry=REGISTRY)
+    except OSError as exc:
+        log.warning(
+            "metrics endpoint disabled: %s:%s is taken (set RECEIPT_METRICS_PORT)",
+            host,
+            port,
+            extra={"event": "metrics.unavailable", "port": port, "error": str(exc)},
+        )
+        return False
+    log.info(
+        "metrics on http://%s:%s/metrics",
+        host,
+        port,
+        extra={"event": "metrics.listening", "port": port},
+    )
+    return True
 
 
 def serve_role_health(

@@ -124,11 +124,12 @@ def test_every_role_has_a_deployment_with_probes_limits_and_security(
             get = container[probe]["httpGet"]
             assert get["path"] == path, (role, probe)
             assert ports[get["port"]] == port, (role, probe)
-        if role != "api":
-            assert int(config["RECEIPT_METRICS_PORT"]) == port
+        # Every pod, the api's too, is scraped on the port named `metrics` (RECEIPT_METRICS_PORT):
+        # the PodMonitor's and the annotations' port; the api's own /metrics needs an admin token.
+        assert ports["metrics"] == int(config["RECEIPT_METRICS_PORT"]) == METRICS_PORT, role
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true"
-        assert int(annotations["prometheus.io/port"]) == port
+        assert int(annotations["prometheus.io/port"]) == METRICS_PORT
         assert annotations["prometheus.io/path"] == "/metrics"
 
         for kind in ("requests", "limits"):

@@ -129,11 +129,19 @@ def test_every_alert_the_operator_needs_is_unit_tested() -> None:
 
 def test_the_prometheus_rule_carries_the_same_rules() -> None:
     objects = render(MONITORING)
-    assert [o["kind"] for o in objects] == ["PrometheusRule"]
+    assert [o["kind"] for o in objects] == ["PrometheusRule", "PodMonitor"]
     assert objects[0] == prometheus_rule(), (
         "deploy/k8s/monitoring/prometheusrule.yaml differs from deploy/prometheus/"
         "receipt-rules.yaml: run `.venv/bin/python -m tests.deploy.test_prometheus_rules`"
     )
+    # The PodMonitor names the job as the rules expect it (`receipt-<role>`), from every pod's
+    # `metrics` port (tests/deploy/test_manifests.py holds each role's).
+    (endpoint,) = objects[1]["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics"
+    (job,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+    assert job["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_component"]
+    assert job["replacement"] == "receipt-$1"
+    assert objects[1]["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/part-of": "receipt"}
     # Kept out of the base: the base must render and apply without the Operator's CRD.
     base = (ROOT / "deploy" / "k8s" / "base" / "kustomization.yaml").read_text()
     assert "monitoring" not in base

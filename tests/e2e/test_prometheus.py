@@ -39,11 +39,13 @@ async def test_prometheus_scrapes_every_role_sees_counters_move_and_fires_the_st
         RECEIPT_ORG_MAX_RUNNING_PER_GROUP="1",
         RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED="0",
     )
+    # Each role is scraped on its RECEIPT_METRICS_PORT, the api too (as the PodMonitor does):
+    # there /metrics needs no token, while the API's own port answers the requests.
     ports = {role: free_port() for role in ROLES}
+    api_port = free_port()
+    procs.env["RECEIPT_API_PORT"] = str(api_port)
     for role in ROLES:
-        procs.env["RECEIPT_API_PORT" if role == "api" else "RECEIPT_METRICS_PORT"] = str(
-            ports[role]
-        )
+        procs.env["RECEIPT_METRICS_PORT"] = str(ports[role])
         procs.start(role)
     prometheus = Prometheus(
         tmp_path / "prometheus",
@@ -51,7 +53,7 @@ async def test_prometheus_scrapes_every_role_sees_counters_move_and_fires_the_st
         rules_with(STUCK),
     )
     await prometheus.start()
-    api = f"http://127.0.0.1:{ports['api']}"
+    api = f"http://127.0.0.1:{api_port}"
     try:
         # Every role up, then ready (the workers once Temporal lists their polls).
         await eventually(
