@@ -89,7 +89,9 @@ HANDLER_DURATION = Histogram(
 )  # fmt: skip
 ENQUEUE_TO_START = Histogram(
     "receipt_enqueue_to_start_seconds",
-    "Database time from job.enqueued to its lease.",
+    "Database time from a job's due time (its job.enqueued, or its availableAt when later) to "
+    "its first attempt's lease: the wait for a worker, not a delay the job asked for nor a "
+    "retry's backoff or earlier attempts.",
     buckets=LATENCY_BUCKETS,
 )
 ENQUEUE_TO_SETTLE = Histogram(
@@ -339,14 +341,15 @@ def job_enqueued(
 
 
 def attempt_started(job: Job, redelivered: bool) -> None:
-    """An attempt took its lease or its start-fence (`redelivered`: a takeover), and how long
-    after its enqueue the job was leased."""
+    """An attempt took its lease or its start-fence (`redelivered`: a takeover), and, for a
+    first attempt, how long after it was due the job was leased."""
     labels = (route(job.agent_id, job.kind), agent_label(job.agent_id))
     ATTEMPTS_STARTED.labels(*labels).inc()
     if redelivered:
         REDELIVERIES.labels(*labels).inc()
-    if job.lease is not None:
-        ENQUEUE_TO_START.observe(max(0.0, (job.lease.leased_at - job.created_at).total_seconds()))
+    if job.lease is not None and job.attempt == 1:
+        due = max(job.created_at, job.available_at or job.created_at)
+        ENQUEUE_TO_START.observe(max(0.0, (job.lease.leased_at - due).total_seconds()))
 
 
 def attempt_settled(status: str, job: Job | None, handler_s: float | None) -> None:

@@ -28,7 +28,7 @@ from roles.infra import logs
 from roles.infra.health import serve_metrics, serve_role_health
 from roles.infra.metrics import run_queue_depth
 from roles.infra.process import freeze_startup_heap, open_runtime, run_until_signalled
-from roles.infra.settings import ProcessSettings, RuntimeSettings, load_or_exit
+from roles.infra.settings import CALLBACK_ROLES, ProcessSettings, RuntimeSettings, load_or_exit
 from roles.infra.tracing import configure_tracing
 
 log = logging.getLogger("roles.role")
@@ -45,8 +45,7 @@ WORKER_QUEUES = {
 MAINTENANCE_ROLES = ("worker-control", ALL)
 # Roles whose jobs run commands. They stay on asyncio's loop: CPython spawns with vfork(),
 # libuv (uvloop) with fork(), which in a worker's large process tripled a `true` job's settle
-# time in `make bench` (started→settled 4 → 13 ms). They post no callbacks (the other roles
-# recover them), so `receipt up` gives them no callback secrets.
+# time in `make bench` (started→settled 4 → 13 ms).
 SPAWNING_ROLES = ("worker-codex",)
 
 
@@ -96,7 +95,7 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
             )
         if role in MAINTENANCE_ROLES:
             runtime.spawn(run_queue_depth(runtime.store, settings.core), "queue-depth")
-        maintenance, callbacks = role in MAINTENANCE_ROLES, role not in SPAWNING_ROLES
+        maintenance, callbacks = role in MAINTENANCE_ROLES, role in CALLBACK_ROLES
         start_loops(runtime, maintenance=maintenance, post_callbacks=callbacks)
         if role == "api":
             from roles.api.app import serve_api  # imported before the heap is frozen

@@ -11,7 +11,7 @@ from receipts.settings import SettingsError
 from roles.api.auth import LOCAL_TOKEN_FILE, ensure_local_admin_token
 from roles.infra.db import migrate_url, resolve_url
 from roles.infra.ports import wait_port
-from roles.infra.settings import DEFAULT_METRICS_PORTS, RuntimeSettings
+from roles.infra.settings import CALLBACK_ROLES, DEFAULT_METRICS_PORTS, RuntimeSettings
 from roles.infra.supervisor import Supervised, say
 from roles.infra.temporal import temporal_argv
 from roles.role import ROLES
@@ -22,8 +22,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 USERNS_SYSCTL = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
 
 # Secrets of the environment and the roles that use them; every other process starts without
-# them (worker-codex runs tenants' commands: it gets no API token and no callback secret).
-CALLBACK_ROLES = ("api", "driver", "worker-chat", "worker-control")
+# them (worker-codex runs tenants' commands: it gets no API token and no callback secret; only
+# the driver posts callbacks: CALLBACK_ROLES).
 ROLE_SECRETS: dict[str, tuple[str, ...]] = {
     "RECEIPT_API_TOKENS": ("api",),
     "RECEIPT_API_TOKENS_FILE": ("api",),

@@ -101,6 +101,10 @@ class ProcessSettings(ReceiptSettings):
 # How many attempts each worker role runs at once (RECEIPT_RESONATE_EXECUTE_CONCURRENCY overrides).
 DEFAULT_CONCURRENCY = {"worker-chat": 16, "worker-codex": 4, "worker-control": 8}
 DEFAULT_GRACE_MS: int = ProcessSettings.model_fields["shutdown_grace_ms"].default
+# The roles that post callbacks, webhooks and wakeups to URLs outside (and recover lost ones):
+# the only ones whose pods may reach public addresses (deploy/k8s NetworkPolicy
+# receipt-driver-callbacks) and that hold the callback secrets.
+CALLBACK_ROLES: tuple[str, ...] = ("driver", "all")
 DEFAULT_METRICS_PORTS = {
     "all": 9470,
     "api": 9475,  # the API serves /metrics on its own port; this one is for the SDK's (+100)

@@ -184,4 +184,7 @@ def test_receipt_up_gives_each_role_only_the_secrets_it_uses() -> None:
     assert api["RECEIPT_API_TOKENS"] == "admin-token" and "RECEIPT_API_TOKEN" not in api
     driver = role_env("driver", ENV)
     assert "RECEIPT_API_TOKENS" not in driver and driver["RECEIPT_CALLBACK_SIGNING_SECRET"]
+    for role in ("api", "worker-chat", "worker-control"):  # only the driver posts callbacks
+        assert "RECEIPT_CALLBACK_SIGNING_SECRET" not in role_env(role, ENV), role
+        assert "RECEIPT_CALLBACK_TOKEN" not in role_env(role, ENV), role
     assert role_env("temporal", ENV) == {"PATH": "/usr/bin"}

@@ -1,0 +1,47 @@
+"""`receipt_enqueue_to_start_seconds` is the wait for a worker: from a job's due time (its
+enqueue, or the availableAt it asked for) to its first lease — never the delay a job asked for,
+nor a retry's backoff and earlier attempts (the start-latency alert reads it)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from receipts import metrics
+from receipts.jobs import Job, Receipt, fold, job_stream
+from tests.unit.test_reducer import JOB_ID, T0, W1, W2, enqueued, failed, leased
+
+
+def folded(*events: tuple[str, dict[str, object]], seconds: list[int]) -> Job:
+    receipts = [
+        Receipt(job_stream(JOB_ID), n + 1, kind, dict(data), T0 + timedelta(seconds=s))
+        for n, ((kind, data), s) in enumerate(zip(events, seconds, strict=True))
+    ]
+    job = fold(receipts)
+    assert job is not None
+    return job
+
+
+def observed(job: Job) -> float:
+    before = metrics.ENQUEUE_TO_START._sum.get()
+    metrics.attempt_started(job, redelivered=False)
+    return metrics.ENQUEUE_TO_START._sum.get() - before
+
+
+def test_the_wait_runs_from_the_due_time_to_the_first_lease() -> None:
+    prompt = folded(enqueued(), leased(W1, 1), seconds=[0, 4])
+    assert observed(prompt) == 4.0
+    due_later = (T0 + timedelta(seconds=90)).isoformat()
+    delayed = folded(enqueued(availableAt=due_later), leased(W1, 1), seconds=[0, 92])
+    assert observed(delayed) == 2.0  # not the 90 s the job asked to wait
+
+
+def test_a_later_attempt_is_not_counted() -> None:
+    retried = folded(
+        enqueued(),
+        leased(W1, 1),
+        failed(W1, 1, error="boom", retryable=True),
+        leased(W2, 2),
+        seconds=[0, 1, 60, 300],
+    )
+    assert retried.attempt == 2
+    assert observed(retried) == 0.0
