@@ -377,7 +377,8 @@ def driver_started(outcome: str, generation: int | None) -> None:
 
 CONSOLE_SESSIONS_REFUSED = Counter(
     "receipt_console_sessions_refused",
-    "Console cookies refused, by reason: unknown (or signed out), expired, idle, revoked_token.",
+    "Console cookies refused, by reason: unknown (or signed out), expired, idle, revoked_token;"
+    " and sign-ins another site posted (cross_site_sign_in).",
     ["reason"],
 )
 

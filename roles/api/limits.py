@@ -107,6 +107,14 @@ class OrgLimits:
             return 0.0
         return (1.0 - bucket.tokens) / self.rate
 
+    def wait(self, key: str) -> float:
+        """The seconds until `key` would be admitted (0.0: now), taking nothing."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return 0.0
+        tokens = min(self.burst, bucket.tokens + (time.monotonic() - bucket.at) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
     def admit(self, organization_id: str | None) -> None:
         """Take one enqueue token of `organization_id` (None: an admin's work), or raise the
         rate's 429, counted and logged (`_rate_refused`)."""

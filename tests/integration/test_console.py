@@ -368,3 +368,72 @@ async def test_the_console_resumes_a_schedule_only_for_who_may_run_its_commands(
         )
         assert resumed.status_code == 303 and "resumed" in resumed.headers["location"]
         assert (await client.get(f"/schedules/{sid}", headers=runner)).json()["status"] == "active"
+
+
+async def test_a_token_that_cannot_read_jobs_reads_nothing_in_the_console(
+    db_url: str, store: Store
+) -> None:
+    """As the API's reads: an enqueue-only token (a CI producer's) cannot sign in, and a session
+    of it (signed in before its scopes were narrowed) is refused every page and stream."""
+    from receipts import console_sessions
+    from roles.api.auth import token_digest
+
+    tokens = f"{TOKEN_A} org-a\nwrite-only org-a jobs:write"
+    async with api_client(db_url, store=store, tokens=tokens) as client:
+        refused = await client.post("/console/login", **form({"token": "write-only"}))  # type: ignore[arg-type]
+        assert refused.status_code == 401 and "jobs:read" in refused.text
+        assert "set-cookie" not in refused.headers
+        old = await console_sessions.create(
+            store, token_digest("write-only"), ttl_s=3600, idle_s=600
+        )
+        client.cookies.set("receipt_console", old, path="/console")
+        job_id = new_id()
+        posted = await client.post(
+            "/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A
+        )
+        assert posted.status_code == 202, posted.text
+        for path in ("/console/jobs", f"/console/jobs/{rid(job_id)}", "/console/failed"):
+            page = await client.get(path)
+            assert page.status_code == 403 and "jobs:read" in page.text, path
+            assert job_id not in page.text, path
+
+
+async def test_a_sign_in_another_site_posted_is_refused_and_tries_are_bounded(
+    db_url: str, store: Store
+) -> None:
+    """Login CSRF: a page elsewhere that posts a token of the attacker's must not sign the
+    operator in as the attacker's organization; and guessing tokens costs time."""
+    from roles.api.console import session as console_session
+
+    async with api_client(db_url, store=store) as client:
+        for headers in (
+            {"Sec-Fetch-Site": "cross-site"},
+            {"Sec-Fetch-Site": "same-site"},
+            {"Origin": "http://evil.example"},
+            {"Origin": "null"},
+        ):
+            answer = await client.post(
+                "/console/login",
+                content=f"token={TOKEN_B}",
+                headers={"Content-Type": "application/x-www-form-urlencoded", **headers},
+            )
+            assert answer.status_code == 403, (headers, answer.text)
+            assert "set-cookie" not in answer.headers, headers
+        own = await client.post(
+            "/console/login",
+            content=f"token={TOKEN_A}",
+            headers={
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Sec-Fetch-Site": "same-origin",
+                "Origin": "http://test",
+            },
+        )
+        assert own.status_code == 303, own.text
+        console_session._sign_ins._buckets.clear()  # this test's own budget of tries
+        wrong = [
+            (await client.post("/console/login", **form({"token": f"guess-{n}"}))).status_code  # type: ignore[arg-type]
+            for n in range(console_session.SIGN_IN_BURST + 2)
+        ]
+        assert wrong[: console_session.SIGN_IN_BURST] == [401] * console_session.SIGN_IN_BURST
+        assert wrong[console_session.SIGN_IN_BURST :] == [429, 429]
+        console_session._sign_ins._buckets.clear()

@@ -24,20 +24,23 @@ from receipts.kinds import KINDS, TURN_KIND, runs_commands
 from receipts.settings import Settings
 from receipts.tenancy import caller_id
 from roles.api.admission import caller_caps
-from roles.api.auth import COMMANDS_RUN, JOBS_WRITE, Principal
+from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import check_shape, decode_cursor, encode_cursor
 from roles.api.console.session import (
     COOKIE,
     COOKIE_PATH,
     FormError,
     Session,
+    check_sign_in,
     end_session,
     need,
     read_form,
     session_of,
+    sign_in_refused,
     start_session,
 )
 from roles.api.deps import ApiError, find_job, shown_id
+from roles.api.limits import refusals
 from roles.api.routes.jobs import followed_job
 from roles.api.schema import shown_job_id
 from roles.api.sse import parse_last_event_id, parse_seq, stream_response
@@ -205,14 +208,20 @@ async def login_page(request: Request) -> HTMLResponse:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
+    tokens = request.app.state.api.tokens
+    if not tokens.open:
+        check_sign_in(request)
     fields = await read_form(request, None)
     token = fields.get("token", "").strip()
-    tokens = request.app.state.api.tokens
     if tokens.open:
         return RedirectResponse("/console/jobs", status_code=303)
-    if not token or tokens.authenticate(token) is None:
-        log.info("console sign-in refused", extra={"event": "console.sign_in_refused"})
-        return render("login.html", status=401, session=None, error="unknown token")
+    principal = tokens.authenticate(token) if token else None
+    if principal is None or not principal.can(JOBS_READ):
+        reason = "unknown token" if principal is None else f"the token lacks {JOBS_READ!r}"
+        sign_in_refused(request)
+        if refusals.due("console_sign_in_refused", "all") is not None:
+            log.info("console sign-in refused", extra={"event": "console.sign_in_refused"})
+        return render("login.html", status=401, session=None, error=reason)
     # The browser gets a session's random id, never the token (README, "Operator console").
     session_id = await start_session(request, token)
     log.info("console sign-in", extra={"event": "console.sign_in"})

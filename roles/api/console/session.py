@@ -9,13 +9,14 @@ import logging
 import secrets
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import Request
 
 from receipts import console_sessions, metrics
-from roles.api.auth import OPEN, Principal, token_digest
+from roles.api.auth import JOBS_READ, OPEN, Principal, token_digest
 from roles.api.deps import check_open_request
+from roles.api.limits import OrgLimits, refusals
 
 log = logging.getLogger("roles.api.console")
 
@@ -25,6 +26,11 @@ MAX_FORM_BYTES = 64 * 1024
 # In open mode (no tokens, loopback only) there is no sign-in, so no session to hold a CSRF
 # token; one secret per process signs the forms instead.
 _OPEN_SECRET = secrets.token_bytes(32)
+# Refused sign-ins per client address: 10 at once, then one every 6 s (a guessed token costs
+# the guesser time, an operator who mistyped a few does not notice). Per api process.
+SIGN_IN_RATE_PER_S = 1 / 6
+SIGN_IN_BURST = 10
+_sign_ins = OrgLimits(SIGN_IN_RATE_PER_S, SIGN_IN_BURST)
 
 
 class Owned(Protocol):
@@ -132,7 +138,50 @@ async def session_of(request: Request) -> Session:
     if principal is None:
         await console_sessions.delete(store, session_id)
         raise _refused(request, "revoked_token")
+    if not principal.can(JOBS_READ):
+        # Every page shows jobs: a token the API would not let read them reads nothing here.
+        raise FormError(403, f"this token lacks the {JOBS_READ!r} scope the console reads with")
     return Session(principal, found.csrf)
+
+
+def check_sign_in(request: Request) -> None:
+    """Refuse a sign-in another site's page made (login CSRF: it would sign the operator in as
+    the attacker's organization) and one from a client past its budget of refused sign-ins
+    (guessing tokens)."""
+    site = request.headers.get("sec-fetch-site")
+    origin = request.headers.get("origin")
+    if site is not None:
+        foreign = site not in ("same-origin", "none")
+    else:  # an older browser: its Origin names the page that posted
+        foreign = origin is not None and (
+            origin == "null"
+            or urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()
+        )
+    if foreign:
+        metrics.CONSOLE_SESSIONS_REFUSED.labels("cross_site_sign_in").inc()
+        log.warning(
+            "console sign-in from another site refused",
+            extra={"event": "console.sign_in_refused", "reason": "cross_site", "origin": origin},
+        )
+        raise FormError(403, "sign in from the console's own page")
+    wait_s = _sign_ins.wait(_client(request))
+    if wait_s > 0:
+        metrics.API_LIMITED.labels("console_sign_in").inc()
+        if (unlogged := refusals.due("console_sign_in", _client(request))) is not None:
+            log.warning(
+                "console sign-in rate limited",
+                extra={"event": "console.sign_in_limited", "unloggedSince": unlogged},
+            )
+        raise FormError(429, f"too many refused sign-ins from this address: wait {wait_s:.0f} s")
+
+
+def sign_in_refused(request: Request) -> None:
+    """Count a refused sign-in against its client's budget (`check_sign_in`)."""
+    _sign_ins.take(_client(request))
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
 
 
 def need(session: Session, scope: str) -> None:
