@@ -219,7 +219,8 @@ WHERE status = 'queued' AND (available_at IS NULL OR available_at <= now())
 GROUP BY lane, worker_queue;
 
 -- name: stream_head
--- The last seq of any stream (its (stream, seq) index answers it); callers hold the stream's lock.
+-- The last seq of any stream (its (stream, seq) index answers it); writers hold the stream's
+-- lock (the console's job page reads it unlocked, to show the newest receipts).
 SELECT coalesce(max(seq), 0) FROM receipts WHERE stream = %(stream)s;
 
 -- name: append_stream

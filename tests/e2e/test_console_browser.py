@@ -224,3 +224,30 @@ async def test_answer_an_agent_jobs_question(
     await page.reload()
     await expect(page.locator("#status")).to_have_text("running")
     assert foreign == []
+
+
+async def test_a_runaway_jobs_page_stays_bounded_and_answers(
+    api: RunningApi, store: Store, browser: Browser
+) -> None:
+    """A job that writes thousands of receipts while its page is open: the page keeps its last
+    2 000 timeline rows (one change of the page per frame, not one layout per receipt) and
+    answers throughout, so its Abort stays in reach."""
+    job_id = await enqueue(api, "codex")
+    worker = f"{job_id}:attempt:1/1"
+    assert (
+        await operations.lease(store, rid(job_id), attempt=1, worker_id=worker, lease_ms=600_000)
+    ).ok
+    page = await signed_in_page(browser, api, [])
+    await page.goto(f"{api.url}/console/jobs/{job_id}")
+    await expect(page.locator("#status")).to_have_text("leased")
+    await page.wait_for_timeout(300)  # the event stream connects
+    for n in range(2_500):
+        await operations.progress(
+            store, rid(job_id), worker_id=worker, attempt=1, data={"lines": [f"burst {n}"]}
+        )
+    await expect(page.locator("#output")).to_contain_text("burst 2499", timeout=30_000)
+    answered = await asyncio.wait_for(page.evaluate("document.readyState"), timeout=5)
+    assert answered == "complete"
+    rows = await page.locator("#timeline tr").count()
+    assert 0 < rows <= 2_000, rows
+    await expect(page.get_by_role("button", name="Abort")).to_be_enabled()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import httpx
+import pytest
 
 from receipts import commands, operations
 from receipts.store import Store
@@ -192,6 +193,33 @@ async def test_job_page_shows_timeline_attempts_output_and_the_temporal_link(
     assert "job.leased" in page.text and f"{worker} · attempt 1" in page.text
     assert "ReceiptJobId" in page.text and "/namespaces/default/workflows?" in page.text
     assert 'data-live="yes"' in page.text
+
+
+async def test_a_long_jobs_page_shows_its_newest_receipts_and_streams_from_there(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runaway job's page shows where it is now, not its first receipts: the stream then
+    replays only what came after them (20 000 receipts froze a browser for minutes)."""
+    from roles.api.console import pages
+
+    monkeypatch.setattr(pages, "TIMELINE_LIMIT", 10)
+    job_id = new_id()
+    async with api_client(db_url, store=store) as client:
+        await client.post("/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A)
+        worker = f"{job_id}:attempt:1/1"
+        assert (
+            await operations.lease(store, rid(job_id), attempt=1, worker_id=worker, lease_ms=60_000)
+        ).ok
+        for n in range(30):
+            await operations.progress(
+                store, rid(job_id), worker_id=worker, attempt=1, data={"lines": [f"line {n}"]}
+            )
+        await sign_in(client, TOKEN_A)
+        page = await client.get(f"/console/jobs/{job_id}")
+    assert page.status_code == 200
+    head = len(await store.read_stream(f"jobs/{rid(job_id)}"))
+    assert "line 29" in page.text and "line 0\n" not in page.text
+    assert f"/events?after={head}" in page.text  # the stream goes on from the newest
 
 
 async def test_failed_work_groups_by_agent_and_error_and_retries_a_group(

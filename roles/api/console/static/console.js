@@ -12,19 +12,24 @@ function progressLines(data) {
   return [text(data)];
 }
 
+// What a live job page keeps: a runaway job's output must not grow the page without end nor
+// hold the browser's main thread (its Abort button with it).
+const OUTPUT_LINES = 5000;
+const TIMELINE_ROWS = 2000;
+
 function followJob(output) {
   const timeline = document.getElementById("timeline");
   const status = document.getElementById("status");
   const source = new EventSource(output.dataset.events);
   let previous = timeline.dataset.lastAt ? new Date(timeline.dataset.lastAt) : null;
-  source.onmessage = (message) => {
-    const receipt = JSON.parse(message.data);
-    if (receipt.type === "job.progress") {
-      for (const line of progressLines(receipt.data.data)) output.append(line + "\n");
-      output.scrollTop = output.scrollHeight;
-    }
+  let lines = output.textContent.split("\n");
+  if (lines[lines.length - 1] === "") lines.pop();
+  let pending = [];
+  let scheduled = false;
+
+  const row = (receipt) => {
     const at = new Date(receipt.recordedAt);
-    const row = document.createElement("tr");
+    const tr = document.createElement("tr");
     const fence = receipt.data.workerId || receipt.data.attempt != null
       ? `${receipt.data.workerId || "—"} · attempt ${receipt.data.attempt}` : "";
     const cells = [receipt.seq, receipt.type, receipt.recordedAt,
@@ -39,9 +44,41 @@ function followJob(output) {
       } else {
         cell.textContent = String(value);
       }
-      row.append(cell);
+      tr.append(cell);
     });
-    timeline.append(row);
+    return tr;
+  };
+
+  // Everything that arrived since the last frame, in one change of the page per frame.
+  let grew = false;
+  const flush = () => {
+    scheduled = false;
+    const rows = document.createDocumentFragment();
+    for (const receipt of pending) rows.append(row(receipt));
+    pending = [];
+    if (grew) {
+      grew = false;
+      if (lines.length > OUTPUT_LINES) lines = lines.slice(-OUTPUT_LINES);
+      output.textContent = lines.join("\n") + "\n";
+      output.scrollTop = output.scrollHeight;
+    }
+    timeline.append(rows);
+    while (timeline.rows.length > TIMELINE_ROWS) timeline.deleteRow(0);
+  };
+
+  source.onmessage = (message) => {
+    const receipt = JSON.parse(message.data);
+    if (receipt.type === "job.progress") {
+      lines.push(...progressLines(receipt.data.data));
+      if (lines.length > 2 * OUTPUT_LINES) lines = lines.slice(-OUTPUT_LINES);
+      grew = true;
+    }
+    pending.push(receipt);
+    if (pending.length > 2 * TIMELINE_ROWS) pending = pending.slice(-TIMELINE_ROWS);
+    if (!scheduled) {
+      scheduled = true;
+      requestAnimationFrame(flush);
+    }
   };
   source.addEventListener("end", (event) => {
     const end = JSON.parse(event.data);
