@@ -75,8 +75,10 @@ def enqueue_command(
 ) -> None:
     """Enqueue a job for AGENT and print it (POST /agents/AGENT/jobs).
 
-    Agent ids with handlers: factory, factory-control, factory-monitor, codex; any other id is
-    accepted and its job fails with "No handler for agent" (unless the API is strict).
+    Agent ids with handlers: the four built in (factory, factory-control, factory-monitor,
+    codex) and those installed with the handler SDK (`receipt.handlers` entry points); any
+    other id is accepted and its job fails with "No handler for agent" (unless the API is
+    strict).
 
     Exit status: 0 accepted (with --wait: completed); 1 with --wait, the job failed or was
     canceled; 2 usage error; 3 the API refused the request or could not be reached.

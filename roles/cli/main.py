@@ -46,8 +46,8 @@ def migrate_command() -> None:
 @main.command("rebuild-projections")
 @click.option("--verify-only", is_flag=True, help="Only compare; print differences, write nothing.")
 def rebuild_projections_command(verify_only: bool) -> None:
-    """Rebuild the jobs, objectives and agent_jobs projections from the receipt chain, in one
-    transaction (or verify them).
+    """Rebuild the jobs, objectives, agent_jobs and schedules projections from the receipt
+    chain, in one transaction (or verify them).
 
     Exits 1 when --verify-only finds a difference.
     """

@@ -179,6 +179,38 @@ async def test_a_backlog_of_one_agent_never_hides_another_agents_jobs(
     assert await agent_reads.ready(store) == []  # 202 queued, behind a full agent
 
 
+async def test_a_live_delivery_to_the_owner_session_is_not_a_steer_of_its_job(
+    fresh: tuple[Store, str],
+) -> None:
+    """The spec: the dispatch path treats steer events separately, so a live delivery to the
+    session is not mistaken for a job steer. A turn's queue job has no session key: a steer-lane
+    job posted on the owner session's id (to the turn's own agent) is a job of its own, and the
+    running turn receives nothing; only a command to the turn's queue job steers it."""
+    store, _ = fresh
+    created, _ = await lifecycle.create(store, request(f"agent-{uuid.uuid4().hex[:6]}"))
+    assert (await dispatcher(store).run_once()).claimed == 1
+    job = await current(store, created.agent_job_id)
+    assert job.status == "running" and job.queue_job_id is not None
+    turn = await store.get_job(job.queue_job_id)
+    assert turn is not None and turn.session_key is None
+    worker = f"{job.queue_job_id}:attempt:1/1"
+    assert (
+        await ops.start_attempt(
+            store, job.queue_job_id, attempt=1, worker_id=worker, lease_ms=60_000
+        )
+    ).ok
+    delivered = await put(
+        store,
+        agent="codex",
+        lane="steer",
+        sessionKey=job.owner_session_id,
+        singletonMode="steer",
+    )
+    assert delivered.created and delivered.job.job_id != job.queue_job_id
+    after = await store.get_job(job.queue_job_id)
+    assert after is not None and after.commands == () and after.pending_commands == ()
+
+
 async def test_concurrent_claimers_never_exceed_three(store: Store) -> None:
     agent = f"agent-{uuid.uuid4().hex[:6]}"
     jobs = [(await lifecycle.create(store, request(agent)))[0] for _ in range(12)]

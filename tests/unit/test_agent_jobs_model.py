@@ -373,6 +373,21 @@ def test_agents_md_is_template_then_context_then_job_guidance() -> None:
     assert "- Agent job: aj-1" in text
 
 
+def test_a_job_has_no_account_field_nor_account_slot() -> None:
+    """The spec: the AI gateway owns credential selection; the Job has no account field or
+    account concurrency slot (its only slots are its agent's three)."""
+    assert not [name for name in AgentJob.model_fields if "account" in name.lower()]
+
+
+def test_job_guidance_teaches_the_turn_cost_model_and_the_wait_contract() -> None:
+    """The spec: the Job Guidance template teaches the turn-cost model and the long-blocking-wait
+    contract for subagent coordination."""
+    guidance = protocol.job_guidance()
+    assert "Each turn costs a worker slot (three per agent)" in guidance  # the turn-cost model
+    assert "Do not block waiting on subagents or long external work" in guidance  # the contract
+    assert "let the next turn pick it up" in guidance
+
+
 def test_registry_parses_and_names_the_bad_entry(tmp_path: Path) -> None:
     registry = parse_registry(
         "agents:\n  - id: writer\n    command: [python3, a.py]\n    providerBinding: p1\n",

@@ -301,6 +301,20 @@ def test_vocabularies_are_the_spec_ones() -> None:
     assert jobs.TERMINAL_STATUSES == {"completed", "failed", "canceled"}
 
 
+def test_the_attempt_result_statuses_are_the_spec_seven() -> None:
+    from receipts.messages import ATTEMPT_STATUSES
+
+    assert ATTEMPT_STATUSES == SPEC_RESULT_STATUSES
+
+
+def test_exactly_four_agent_ids_have_built_in_handlers() -> None:
+    from activities.handlers.registry import default_handlers
+    from receipts.kinds import AGENT_IDS
+
+    assert AGENT_IDS == ("factory", "factory-control", "factory-monitor", "codex")
+    assert set(default_handlers()) == set(AGENT_IDS)
+
+
 # --------------------------------------------------------------------------------------------
 # job.enqueued
 # --------------------------------------------------------------------------------------------
