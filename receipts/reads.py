@@ -14,6 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from receipts.errors import ReceiptError
 from receipts.jobs import Job
 from receipts.store import Store, translate_errors
+from receipts.streams import Receipt
 from receipts.tenancy import TENANT_SEPARATOR, scoped_id
 
 T = TypeVar("T")
@@ -175,6 +176,14 @@ async def visible_job(store: Store, viewer: Viewer, job_id: str) -> Job | None:
     if job is None or not sees(viewer, job.organization_id):
         return None
     return job
+
+
+async def stream_tail(store: Store, stream: str, limit: int) -> list[Receipt]:
+    """The newest `limit` receipts of `stream`, in order (a runaway job's page starts there)."""
+    with translate_errors():
+        row = await store.fetch_one("stream_head", {"stream": stream})
+    head = int(row[0]) if row else 0
+    return await store.read_stream(stream, max(0, head - limit), limit)
 
 
 async def expired_leases(store: Store, limit: int) -> list[str]:

@@ -309,10 +309,7 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         return render("missing.html", status=404, session=session, what=f"job {jobId}")
     # The newest receipts (a runaway job's thousands of progress lines must not hold its page,
     # and its Abort, in the past); the live stream goes on from the last of them.
-    stream = jobmodel.job_stream(job.job_id)
-    head = await store.fetch_one("stream_head", {"stream": stream})
-    after = max(0, (head[0] if head else 0) - TIMELINE_LIMIT)
-    receipts = await store.read_stream(stream, after, TIMELINE_LIMIT)
+    receipts = await reads.stream_tail(store, jobmodel.job_stream(job.job_id), TIMELINE_LIMIT)
     return render(
         "job.html",
         session=session,
