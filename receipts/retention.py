@@ -9,7 +9,8 @@ database clock, so a prune ends even while jobs keep settling.
 Later layers hook in by adding a `PruneStep` (their rows keyed by the pruned job ids, deleted
 in the same transaction). An agent job is pruned with its turns and an objective with its
 jobs, never half; an objective's jobs are kept while it, or any job of it, is live
-(docs/history.md).
+(docs/history.md). A schedule's stream loses its old firing receipts, never its definitions
+(`receipts/schedules/compaction.py`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from typing import Any, NamedTuple
 
 from receipts.errors import InvalidInput
 from receipts.jobs import ACTIVE_STATUSES
+from receipts.schedules import compaction
 from receipts.store import Store, Tx, translate_errors
 
 DEFAULT_BATCH = 1_000
+SCHEDULE_RECEIPTS = "schedule_receipts"  # old firings compacted (receipts/schedules/compaction.py)
 MAX_BATCH = 50_000
 
 
@@ -94,6 +97,7 @@ class PruneResult:
         """One line: `jobs=3 receipts=18 ...` in step order."""
         names = [JOBS_STEP.name, *(s.name for s in PRUNE_STEPS)]
         names += [s.name for s in (*AGENT_STEPS, *OBJECTIVE_STEPS) if s.name in self.removed]
+        names += [SCHEDULE_RECEIPTS] if SCHEDULE_RECEIPTS in self.removed else []
         return " ".join(f"{n}={self.removed.get(n, 0)}" for n in names)
 
 
@@ -231,6 +235,7 @@ async def prune(
     cutoff = await cutoff_for(store, older_than)
     result = PruneResult(cutoff=cutoff, dry_run=dry_run)
     if dry_run:
+        await _compact_schedules(store, result, older_than, batch, max_batches)
         async for job_ids in candidates(store, cutoff, batch):
             result.batches += 1
             async with store.transaction() as tx:
@@ -263,7 +268,30 @@ async def prune(
         result.batches += 1
         for name, count in removed.items():
             result.add(name, count)
+    await _compact_schedules(store, result, older_than, batch, max_batches)
     return result
+
+
+async def _compact_schedules(
+    store: Store,
+    result: PruneResult,
+    older_than: timedelta,
+    batch: int,
+    max_batches: int | None,
+) -> None:
+    """Schedules' old firing receipts (`receipts/schedules/compaction.py`), in batches of
+    schedules, after the jobs; a dry run counts one batch's."""
+    assert result.cutoff is not None
+    cutoff = compaction.cutoff_of(result.cutoff, result.cutoff + older_than)
+    schedules_per_batch = max(1, batch // 100)
+    while max_batches is None or result.batches < max_batches:
+        done = await compaction.compact(store, cutoff, schedules_per_batch, dry_run=result.dry_run)
+        if not done.schedules:
+            return
+        result.batches += 1
+        result.add(SCHEDULE_RECEIPTS, done.receipts)
+        if result.dry_run:
+            return
 
 
 async def _count(

@@ -6,7 +6,9 @@ Receipts: `schedule.created` and `schedule.changed` (the definition), `schedule.
 `schedule.resumed`, `schedule.deleted` (terminal), `schedule.fired` (`fireTime`, `jobId`, and
 `canceledJobId` when the previous job was aborted for it) and `schedule.skipped` (`fireTime`,
 `reason`: `overlap` with `runningJobId`, the previous job still active under the policy `skip`,
-or `cap`, the organization holding its cap of queued or active jobs).
+or `cap`, the organization holding its cap of queued or active jobs); `schedule.compacted`
+(`fired`, `skipped`, `lastJobId`: the totals when retention deleted older firings,
+receipts/schedules/compaction.py).
 """
 
 from __future__ import annotations
@@ -119,6 +121,17 @@ def apply(state: ScheduleState | None, receipt: Receipt) -> ScheduleState:
             updated_at=at,
             seq=seq,
             **_definition(data),
+        )
+    if receipt.type == "schedule.compacted":
+        # Retention deleted older firings: the totals as they stood (a rebuild folds the
+        # firings that are left, then these), whatever the schedule's status.
+        return state.model_copy(
+            update={
+                "seq": seq,
+                "fired": data["fired"],
+                "skipped": data["skipped"],
+                "last_job_id": data.get("lastJobId"),
+            }
         )
     update: dict[str, Any] = {"seq": seq, "updated_at": at}
     if state.terminal:

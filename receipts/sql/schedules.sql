@@ -70,3 +70,48 @@ SELECT 1 FROM receipts
 WHERE stream = %(stream)s AND type IN ('schedule.fired', 'schedule.skipped')
   AND data->>'fireTime' = %(fire_time)s
 LIMIT 1;
+
+-- Compaction (receipts/schedules/compaction.py): a schedule's firing receipts (and earlier
+-- compactions) recorded before the cutoff and older than its newest %(keep)s firings; the
+-- definitions and the head are never among them.
+
+-- name: schedule_compaction_candidates
+SELECT s.schedule_id FROM schedules s
+WHERE EXISTS (
+    SELECT 1 FROM receipts r
+    WHERE r.stream = 'schedules/' || s.schedule_id
+      AND r.type IN ('schedule.fired', 'schedule.skipped', 'schedule.compacted')
+      AND r.recorded_at < %(cutoff)s
+      AND r.seq < coalesce((SELECT k.seq FROM receipts k
+                            WHERE k.stream = r.stream
+                              AND k.type IN ('schedule.fired', 'schedule.skipped')
+                            ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0))
+ORDER BY s.schedule_id
+LIMIT %(batch)s;
+
+-- name: schedule_compaction_delete
+DELETE FROM receipts
+WHERE stream = %(stream)s AND seq IN (
+    SELECT r.seq FROM receipts r
+    WHERE r.stream = %(stream)s
+      AND r.type IN ('schedule.fired', 'schedule.skipped', 'schedule.compacted')
+      AND r.recorded_at < %(cutoff)s
+      AND r.seq < coalesce((SELECT k.seq FROM receipts k
+                            WHERE k.stream = %(stream)s
+                              AND k.type IN ('schedule.fired', 'schedule.skipped')
+                            ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0)
+    ORDER BY r.seq
+    LIMIT %(limit)s)
+RETURNING seq;
+
+-- name: schedule_compaction_count
+SELECT count(*) FROM (
+    SELECT 1 FROM receipts r
+    WHERE r.stream = %(stream)s
+      AND r.type IN ('schedule.fired', 'schedule.skipped', 'schedule.compacted')
+      AND r.recorded_at < %(cutoff)s
+      AND r.seq < coalesce((SELECT k.seq FROM receipts k
+                            WHERE k.stream = %(stream)s
+                              AND k.type IN ('schedule.fired', 'schedule.skipped')
+                            ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0)
+    LIMIT %(limit)s) AS due;

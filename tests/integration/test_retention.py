@@ -581,3 +581,101 @@ async def test_agent_jobs_and_objectives_are_pruned_whole_under_a_linguistic_col
     assert row == (False,)  # the database's own collation breaks the range
     await agent_job_scenario(store, url)
     await objective_scenario(store, url)
+
+
+async def test_a_schedules_old_firings_are_compacted_and_its_fold_stays_the_projection(
+    fresh: tuple[Store, str],
+) -> None:
+    """A per-minute schedule writes half a million firing receipts a year: retention deletes
+    those past the cutoff but the newest ten (and its definitions), and one `schedule.compacted`
+    keeps the totals, so the projection is still the fold of what is left."""
+    from receipts.schedules import compaction, firing
+    from receipts.schedules import store as schedules
+    from tests.integration.test_schedules import T, made
+
+    store, url = fresh
+    sid = await made(store, "allow")
+    stream = f"schedules/{sid}"
+
+    async def backdate_stream() -> None:
+        """As if written 40 days ago: the chain's times, then the projection folded from it."""
+        with psycopg.connect(url) as conn:
+            conn.execute(
+                f"UPDATE receipts SET recorded_at = recorded_at - interval '{OLD}' "
+                "WHERE stream = %s",
+                (stream,),
+            )
+        await assembly.rebuild(store)
+
+    for n in range(30):
+        assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
+    before = await schedules.get(store, sid)
+    assert before is not None and before.fired == 30
+    young = await retention.prune(store, MONTH)  # all of it recorded just now
+    assert young.removed.get(retention.SCHEDULE_RECEIPTS) is None
+    await backdate_stream()
+    before = await schedules.get(store, sid)
+    assert before is not None
+    dry = await retention.prune(store, MONTH, dry_run=True)
+    assert dry.removed[retention.SCHEDULE_RECEIPTS] == 20
+    assert len(await store.read_stream(stream)) == 31  # a dry run writes nothing
+    result = await retention.prune(store, MONTH)
+    assert result.removed[retention.SCHEDULE_RECEIPTS] == 20
+    kept = [r.type for r in await store.read_stream(stream)]
+    assert kept == ["schedule.created"] + ["schedule.fired"] * 10 + [compaction.COMPACTED]
+    after = await schedules.get(store, sid)
+    assert after is not None
+    assert (after.fired, after.last_job_id, after.recent) == (30, before.last_job_id, before.recent)
+    assert await assembly.verify(store) == []  # the fold of what is left is the projection
+    assert (await retention.prune(store, MONTH)).removed.get(retention.SCHEDULE_RECEIPTS) is None
+
+    # Later firings, compacted again: the five oldest kept ones go; the earlier compaction,
+    # newer than the tenth newest firing, stays until later firings pass it.
+    for n in range(30, 35):
+        assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
+    await backdate_stream()
+    again = await retention.prune(store, MONTH)
+    assert again.removed[retention.SCHEDULE_RECEIPTS] == 5
+    fired5 = ["schedule.fired"] * 5
+    kept = [r.type for r in await store.read_stream(stream)]
+    assert kept == [
+        "schedule.created",
+        *fired5,
+        compaction.COMPACTED,
+        *fired5,
+        compaction.COMPACTED,
+    ]
+    for n in range(35, 45):
+        assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
+    await backdate_stream()
+    assert (await retention.prune(store, MONTH)).removed[retention.SCHEDULE_RECEIPTS] == 12
+    kept = [r.type for r in await store.read_stream(stream)]
+    assert kept == ["schedule.created"] + ["schedule.fired"] * 10 + [compaction.COMPACTED]
+    final = await schedules.get(store, sid)
+    assert final is not None and final.fired == 45
+    assert await assembly.verify(store) == []
+    # A firing still goes on the stream's head after the gaps.
+    assert await firing.fire(store, sid, T + timedelta(seconds=5 * 45)) == "enqueued"
+    assert (await schedules.get(store, sid)).fired == 46  # type: ignore[union-attr]
+
+
+async def test_a_schedules_firings_of_the_last_two_days_are_kept_whatever_the_retention(
+    fresh: tuple[Store, str],
+) -> None:
+    """A firing Temporal delivers late, or the other occurrence of a repeated hour, is looked
+    up in the stream: a retention of an hour leaves the last two days' firings."""
+    from receipts.schedules import firing
+    from tests.integration.test_schedules import T, made
+
+    store, url = fresh
+    sid = await made(store, "allow")
+    for n in range(15):
+        assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "UPDATE receipts SET recorded_at = recorded_at - interval '1 day' WHERE stream = %s",
+            (f"schedules/{sid}",),
+        )
+    hour = await retention.prune(store, timedelta(hours=1))
+    assert hour.removed.get(retention.SCHEDULE_RECEIPTS) is None
+    assert len(await store.read_stream(f"schedules/{sid}")) == 16
