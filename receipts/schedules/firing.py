@@ -108,9 +108,11 @@ async def _recorded(tx: Tx, state: ScheduleState, fire_time: datetime) -> bool:
 
 
 async def _handled_late(tx: Tx, state: ScheduleState, fire_time: datetime) -> bool:
-    """Whether a firing older than every recent one the projection keeps (Temporal delivering
-    it late, after an outage) was handled already: only then is the stream read."""
-    if len(state.recent) < RECENT_FIRINGS or fire_time >= min(f.fire_time for f in state.recent):
+    """Whether a firing not among the recent ones the projection keeps, and older than the
+    newest of them (Temporal delivering it late, after an outage), was handled already: only
+    then is the stream read. `recent` holds the last firings recorded, not the latest fire
+    times, so a late firing can push a newer one out of it."""
+    if len(state.recent) < RECENT_FIRINGS or fire_time >= max(f.fire_time for f in state.recent):
         return False
     return await _recorded(tx, state, fire_time)
 

@@ -159,13 +159,10 @@ def apply(state: ScheduleState | None, receipt: Receipt) -> ScheduleState:
             recorded_at=at,
         )
         update["recent"] = (firing, *state.recent)[:RECENT_FIRINGS]
-        # A firing delivered late (older than one already recorded) does not make its job the
-        # last one: the overlap policy asks after the newest fire time's job.
-        late = any(f.fire_time > firing.fire_time for f in state.recent)
         if fired:
-            update["fired"] = state.fired + 1
-            if not late:
-                update["last_job_id"] = data.get("jobId")
+            # Even delivered late: the overlap policy was checked against the previous job
+            # before it was enqueued, so its job is the one that runs now.
+            update.update(fired=state.fired + 1, last_job_id=data.get("jobId"))
         else:
             update["skipped"] = state.skipped + 1
     else:

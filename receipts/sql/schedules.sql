@@ -72,7 +72,7 @@ WHERE stream = %(stream)s AND type IN ('schedule.fired', 'schedule.skipped')
 LIMIT 1;
 
 -- Compaction (receipts/schedules/compaction.py): a schedule's firing receipts (and earlier
--- compactions) recorded before the cutoff and older than its newest %(keep)s firings; the
+-- compactions) recorded before the cutoff and older than its newest `keep` firings; the
 -- definitions and the head are never among them.
 
 -- name: schedule_compaction_candidates

@@ -279,20 +279,34 @@ async def test_a_late_firing_is_handled_once_and_leaves_the_last_job_the_newest(
     store: Store,
 ) -> None:
     """Temporal may deliver a firing late (its fire activity retries through a database outage
-    for up to 30 minutes): one older than every recent firing the projection keeps is still
-    recognised as handled, and a late one enqueued does not make its job the last one, the job
-    the overlap policy asks after."""
+    for up to 30 minutes): one the recent firings the projection keeps no longer hold is still
+    recognised as handled, and a late one enqueued is the job that runs now, the one the
+    overlap policy asks after next."""
     sid = await made(store, "allow")
     times = [T + timedelta(seconds=5 * n) for n in range(12)]
     for at in times:
         assert await firing.fire(store, sid, at) == "enqueued"
-    newest = (await schedules.get(store, sid)).last_job_id  # type: ignore[union-attr]
     assert await firing.fire(store, sid, times[0]) == "repeated"  # past the 10 recent ones
     late = T - timedelta(seconds=5)  # never fired: Temporal delivers it now
     assert await firing.fire(store, sid, late) == "enqueued"
     state = await schedules.get(store, sid)
     assert state is not None and state.fired == 13
-    assert state.last_job_id == newest
+    assert state.last_job_id is not None and state.last_job_id.startswith(
+        f"{state.caller_schedule_id}:20261204T172955Z"
+    )
+    # The late firing pushed times[2] out of the recent ten: delivered again, still one job.
+    assert state.firing_at(times[2]) is None
+    assert await firing.fire(store, sid, times[2]) == "repeated"
+
+
+async def test_a_late_firing_is_the_job_skip_then_asks_after(store: Store) -> None:
+    sid = await made(store, "skip")
+    assert await firing.fire(store, sid, T) == "enqueued"
+    first = (await schedules.get(store, sid)).last_job_id  # type: ignore[union-attr]
+    assert first is not None
+    await ops.cancel_queued(store, first, reason="done with it")
+    assert await firing.fire(store, sid, T - timedelta(seconds=5)) == "enqueued"  # late
+    assert await firing.fire(store, sid, T + timedelta(seconds=5)) == "skipped"  # it runs
 
 
 async def test_skip_records_the_firing_while_the_previous_job_is_active(store: Store) -> None:

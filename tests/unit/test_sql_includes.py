@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from receipts.sql import expand_includes, queries, query
@@ -31,3 +33,17 @@ def test_every_append_inserts_its_receipts_with_the_one_shared_statement() -> No
     for name in ("append_job", "append_job_heartbeat", "append_stream"):
         assert f"WITH inserted AS (\n{insert}\n)" in query(name)
     assert not [name for name, body in queries().items() if "-- include:" in body]
+
+
+def test_no_comment_of_a_statement_names_a_parameter() -> None:
+    """psycopg reads `%(name)s` in a statement's comments as a parameter too: a comment that
+    names one (the lines between two statements belong to the first) makes every call of that
+    statement fail with 'query parameter missing'."""
+    placeholder = re.compile(r"%\(\w+\)s")
+    found = [
+        (name, line.strip())
+        for name, body in queries().items()
+        for line in body.splitlines()
+        if line.lstrip().startswith("--") and placeholder.search(line)
+    ]
+    assert found == []
