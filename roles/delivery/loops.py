@@ -41,6 +41,8 @@ OUTBOX_BATCH = 200
 # callbacks); the first pass waits this long after start, so a process restarting beside a
 # running fleet does not redrive what the others are delivering.
 REDRIVE_BATCH = 200
+# Batches of owed callbacks one pass goes through at most (a backlog drains over passes).
+CALLBACK_BATCHES = 10
 REDRIVE_STARTUP_DELAY_MS = 5_000
 
 
@@ -153,11 +155,15 @@ class QueuedRedrive:
         if self.http is None:
             return 0
         posted = 0
-        for job_id, event in await deliveries.callbacks_owed(self.store, limit=REDRIVE_BATCH):
-            job = await self.store.get_job(job_id)
-            if job is not None:
-                posted += await post_callbacks(self.store, self.settings, self.http, job, event)
-            await deliveries.settle_owed_callback(self.store, job_id, urls)
+        for _ in range(CALLBACK_BATCHES):  # a full batch: more are due, go on (bounded)
+            owed = await deliveries.callbacks_owed(self.store, limit=REDRIVE_BATCH)
+            for job_id, event in owed:
+                job = await self.store.get_job(job_id)
+                if job is not None:
+                    posted += await post_callbacks(self.store, self.settings, self.http, job, event)
+                await deliveries.settle_owed_callback(self.store, job_id, urls)
+            if len(owed) < REDRIVE_BATCH:
+                break
         return posted
 
 

@@ -312,6 +312,33 @@ async def test_callbacks_reach_the_receiver_with_token_and_signature(
     assert receiver.verify(completed, b"signing-key")
 
 
+async def test_the_driver_that_posts_a_terminal_callback_empties_its_outbox_row(
+    fresh_store: Store,
+) -> None:
+    """A settle leaves the job's terminal callback owed (its callback_outbox row); the driver's
+    post of it empties the row, so the recovery pass, which only the driver runs, meets only
+    the callbacks no driver posted, not every job of a busy system."""
+    from activities.driver import DriverActivities
+    from receipts.messages import CallbackRequest
+    from receipts.settings import Settings
+    from tests.integration.delivery.receiver import Receiver
+
+    job = (await put(fresh_store)).job
+    worker = f"{job.job_id}:attempt:1/1"
+    await ops.start_attempt(fresh_store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
+    done = await ops.complete(fresh_store, job.job_id, worker_id=worker, attempt=1, result={})
+    assert done.ok
+    owed = await deliveries.callbacks_owed(fresh_store, limit=10)
+    assert (job.job_id, "completed") in owed
+    async with Receiver() as receiver, httpx.AsyncClient() as http:
+        settings = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)  # type: ignore[call-arg]
+        driver = DriverActivities(fresh_store, settings, TimingSettings(), http)
+        assert await driver.post_callbacks(CallbackRequest(job.job_id, "dispatched")) == 1
+        assert (job.job_id, "completed") in await deliveries.callbacks_owed(fresh_store, limit=10)
+        assert await driver.post_callbacks(CallbackRequest(job.job_id, "completed")) == 1
+    assert (job.job_id, "completed") not in await deliveries.callbacks_owed(fresh_store, limit=10)
+
+
 async def test_a_callback_post_gives_up_at_its_5_s_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

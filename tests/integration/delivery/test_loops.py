@@ -256,3 +256,34 @@ async def test_a_terminal_state_written_outside_a_driver_gets_its_callback_once(
     assert sum(r.callbacks for r in results) == 1
     bodies = [json.loads(r.body) for r in receiver.requests]
     assert [(b["event"], b["job"]["jobId"]) for b in bodies] == [("canceled", job.job_id)]
+
+
+async def test_one_recovery_pass_goes_through_more_than_one_batch_of_owed_callbacks(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    """Only the driver recovers callbacks: a pass that finds a full batch due goes on to the
+    next (bounded), so a backlog drains faster than 200 per interval."""
+    import httpx
+    import psycopg
+
+    from roles.delivery.loops import REDRIVE_BATCH
+
+    owed = REDRIVE_BATCH + 50
+    with psycopg.connect(fresh_db) as conn:  # owed rows whose posts will fail (no such job)
+        conn.execute(
+            "INSERT INTO callback_outbox (job_id, event) "
+            "SELECT 'gone-' || n, 'completed' FROM generate_series(1, %s) AS n",
+            (owed,),
+        )
+    async with running_stack(
+        client,
+        fresh_store,
+        fresh_db,
+        queues=(),
+        dispatcher=False,
+        RECEIPT_EVENT_CALLBACK_URL="http://127.0.0.1:9/down",
+    ) as s:
+        async with httpx.AsyncClient() as http:
+            await QueuedRedrive(fresh_store, None, s.settings, NOW, http=http).run_once()
+    # Every row was looked at in the one pass (each moved 30 s on): none is due now.
+    assert await deliveries.callbacks_owed(fresh_store, limit=owed) == []
