@@ -347,7 +347,7 @@ def attempt_started(job: Job, redelivered: bool) -> None:
     ATTEMPTS_STARTED.labels(*labels).inc()
     if redelivered:
         REDELIVERIES.labels(*labels).inc()
-    if job.lease is not None and job.attempt == 1:
+    if job.lease is not None and job.attempt == 1 and not redelivered:
         due = max(job.created_at, job.available_at or job.created_at)
         ENQUEUE_TO_START.observe(max(0.0, (job.lease.leased_at - due).total_seconds()))
 

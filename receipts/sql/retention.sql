@@ -114,6 +114,15 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
                     AND j.status IN ('queued', 'leased', 'running'))
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
                   WHERE w.subject = a.agent_job_id AND w.status = 'pending')
+  -- nor while a turn's queue job owes its callback or a webhook delivery (pending rows of the
+  -- organization: webhook_deliveries_due_idx)
+  AND NOT EXISTS (SELECT 1 FROM callback_outbox o
+                  WHERE o.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
+                    AND o.job_id COLLATE "C" < a.agent_job_id || ':attempt;')
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
+                  WHERE w.organization_id = a.organization_id AND w.status = 'pending'
+                    AND w.subject COLLATE "C" >= a.agent_job_id || ':attempt:'
+                    AND w.subject COLLATE "C" < a.agent_job_id || ':attempt;')
 ORDER BY a.updated_at, a.agent_job_id
 LIMIT %(batch)s
 FOR UPDATE OF a SKIP LOCKED;
@@ -128,6 +137,15 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
                     AND j.status IN ('queued', 'leased', 'running'))
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
                   WHERE w.subject = a.agent_job_id AND w.status = 'pending')
+  -- nor while a turn's queue job owes its callback or a webhook delivery (pending rows of the
+  -- organization: webhook_deliveries_due_idx)
+  AND NOT EXISTS (SELECT 1 FROM callback_outbox o
+                  WHERE o.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
+                    AND o.job_id COLLATE "C" < a.agent_job_id || ':attempt;')
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
+                  WHERE w.organization_id = a.organization_id AND w.status = 'pending'
+                    AND w.subject COLLATE "C" >= a.agent_job_id || ':attempt:'
+                    AND w.subject COLLATE "C" < a.agent_job_id || ':attempt;')
   AND (a.updated_at, a.agent_job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY a.updated_at, a.agent_job_id
 LIMIT %(batch)s;

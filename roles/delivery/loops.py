@@ -238,6 +238,9 @@ class Ticker:
 
     async def run(self) -> None:
         """Tick until cancelled."""
+        # The failure series exists at 0 from the start: `increase()` then sees the first
+        # failure (a series born at 1 hides it, and the alerts count one failure short).
+        metrics.LOOP_FAILED.labels(self.name)
         await asyncio.sleep(self.first_delay_ms / 1000)
         while True:
             started = time.monotonic()

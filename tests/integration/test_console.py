@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import httpx
@@ -424,6 +425,12 @@ async def test_a_token_that_cannot_read_jobs_reads_nothing_in_the_console(
             page = await client.get(path)
             assert page.status_code == 403 and "jobs:read" in page.text, path
             assert job_id not in page.text, path
+        # It can still sign out (its session's row is deleted).
+        csrf = await console_sessions.use(store, old, idle_s=600)
+        assert not isinstance(csrf, str)
+        out = await client.post("/console/logout", **form({"csrf": csrf.csrf}))  # type: ignore[arg-type]
+        assert out.status_code == 303
+        assert await console_sessions.use(store, old, idle_s=600) == "unknown"
 
 
 async def test_a_sign_in_another_site_posted_is_refused_and_tries_are_bounded(
@@ -464,4 +471,15 @@ async def test_a_sign_in_another_site_posted_is_refused_and_tries_are_bounded(
         ]
         assert wrong[: console_session.SIGN_IN_BURST] == [401] * console_session.SIGN_IN_BURST
         assert wrong[console_session.SIGN_IN_BURST :] == [429, 429]
+        console_session._sign_ins._buckets.clear()
+        # Tries at once are counted as they are: the budget is checked and spent with no await
+        # between, after each body is read.
+        at_once = await asyncio.gather(
+            *(
+                client.post("/console/login", **form({"token": f"guess-{n}"}))  # type: ignore[arg-type]
+                for n in range(3 * console_session.SIGN_IN_BURST)
+            )
+        )
+        statuses = sorted(answer.status_code for answer in at_once)
+        assert statuses.count(401) == console_session.SIGN_IN_BURST, statuses
         console_session._sign_ins._buckets.clear()

@@ -397,6 +397,16 @@ async def agent_job_scenario(store: Store, url: str) -> None:
             "WHERE agent_job_id = ANY(%s)",
             ([done.agent_job_id, stopped.agent_job_id],),
         )
+    # While its turn's queue job still owes its callback, the agent job stays, whole.
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "INSERT INTO callback_outbox (job_id, event) VALUES (%s, 'completed') "
+            "ON CONFLICT (job_id) DO NOTHING",
+            (turn,),
+        )
+    owing = await retention.prune(store, MONTH)
+    assert "agent_jobs" not in owing.removed and await store.get_job(turn) is not None
+    await callback_posted(store, turn)
     exported = [line async for line in retention.export(store, MONTH)]
     dry = await retention.prune(store, MONTH, dry_run=True)
     result = await retention.prune(store, MONTH)

@@ -209,12 +209,13 @@ async def login_page(request: Request) -> HTMLResponse:
 @router.post("/login")
 async def login(request: Request) -> Response:
     tokens = request.app.state.api.tokens
-    if not tokens.open:
-        check_sign_in(request)
     fields = await read_form(request, None)
-    token = fields.get("token", "").strip()
     if tokens.open:
         return RedirectResponse("/console/jobs", status_code=303)
+    # After the body is read: from here to the refusal's count nothing awaits, so concurrent
+    # tries cannot all pass the budget's check before any is counted.
+    check_sign_in(request)
+    token = fields.get("token", "").strip()
     principal = tokens.authenticate(token) if token else None
     if principal is None or not principal.can(JOBS_READ):
         reason = "unknown token" if principal is None else f"the token lacks {JOBS_READ!r}"
@@ -242,7 +243,7 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    await read_form(request, await session_of(request))
+    await read_form(request, await session_of(request, reading=False))
     await end_session(request)
     log.info("console sign-out", extra={"event": "console.sign_out"})
     response = RedirectResponse("/console/login", status_code=303)

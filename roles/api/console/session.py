@@ -111,14 +111,15 @@ def _refused(request: Request, reason: str) -> SignInRequired:
     return SignInRequired()
 
 
-async def session_of(request: Request) -> Session:
+async def session_of(request: Request, *, reading: bool = True) -> Session:
     """Return the request's console session, or raise `SignInRequired`.
 
     The cookie's id must name a stored session that is neither past its absolute expiry nor
     idle past `RECEIPT_CONSOLE_SESSION_IDLE_S` (each use restarts that clock); the principal is
     the one the configured tokens give the session's token now, so a token taken out of the
     configuration ends its sessions at the api's next start. An ended session's row is
-    deleted when it is refused: it never comes back."""
+    deleted when it is refused: it never comes back. `reading` (every page): its token must
+    hold `jobs:read` (sign-out need not)."""
     api = request.app.state.api
     tokens = api.tokens
     if tokens.open:
@@ -138,7 +139,7 @@ async def session_of(request: Request) -> Session:
     if principal is None:
         await console_sessions.delete(store, session_id)
         raise _refused(request, "revoked_token")
-    if not principal.can(JOBS_READ):
+    if reading and not principal.can(JOBS_READ):
         # Every page shows jobs: a token the API would not let read them reads nothing here.
         raise FormError(403, f"this token lacks the {JOBS_READ!r} scope the console reads with")
     return Session(principal, found.csrf)
