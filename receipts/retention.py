@@ -60,11 +60,13 @@ PRUNE_STEPS: list[PruneStep] = [
 ]
 JOBS_STEP = PruneStep("jobs")
 # A settled agent job's own rows (by `%(agent_job_ids)s`), deleted in the batch that deletes its
-# turns' queue jobs; its owner session's stream stays (it belongs to the session).
+# turns' queue jobs; its owner session's stream stays (it belongs to the session) but for the
+# wakeups it wrote there, the stream's head kept.
 AGENT_STEPS: list[PruneStep] = [
     PruneStep("agent_job_receipts"),
     PruneStep("agent_wakeup_callbacks"),
     PruneStep("agent_webhook_deliveries"),
+    PruneStep("agent_session_receipts"),  # before the wakeup rows that name them
     PruneStep("agent_job_wakeups"),
     PruneStep("agent_jobs"),
 ]

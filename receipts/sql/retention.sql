@@ -177,6 +177,22 @@ SELECT count(*) FROM callback_posts
 WHERE job_id IN (SELECT source_id FROM agent_job_wakeups
                  WHERE agent_job_id = ANY (%(agent_job_ids)s::text[]));
 
+-- name: prune_agent_session_receipts
+-- The wakeups these agent jobs wrote on their owners' session streams (the session stays), but
+-- a stream's head: a seq is never used twice, so a client that read up to it and resumes after
+-- it misses no later wakeup.
+DELETE FROM receipts r
+USING agent_job_wakeups w
+WHERE w.agent_job_id = ANY (%(agent_job_ids)s::text[])
+  AND r.stream = 'sessions/' || w.session_id AND r.seq = w.session_seq
+  AND r.seq < (SELECT max(h.seq) FROM receipts h WHERE h.stream = r.stream);
+
+-- name: count_agent_session_receipts
+SELECT count(*) FROM receipts r
+JOIN agent_job_wakeups w ON r.stream = 'sessions/' || w.session_id AND r.seq = w.session_seq
+WHERE w.agent_job_id = ANY (%(agent_job_ids)s::text[])
+  AND r.seq < (SELECT max(h.seq) FROM receipts h WHERE h.stream = r.stream);
+
 -- name: prune_agent_job_wakeups
 DELETE FROM agent_job_wakeups WHERE agent_job_id = ANY (%(agent_job_ids)s::text[]);
 

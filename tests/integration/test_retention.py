@@ -689,3 +689,46 @@ async def test_a_schedules_firings_of_the_last_two_days_are_kept_whatever_the_re
     hour = await retention.prune(store, timedelta(hours=1))
     assert hour.removed.get(retention.SCHEDULE_RECEIPTS) is None
     assert len(await store.read_stream(f"schedules/{sid}")) == 16
+
+
+async def test_a_pruned_agent_jobs_wakeups_leave_its_owners_session_but_the_head(
+    fresh: tuple[Store, str],
+) -> None:
+    """An owner session's stream gets a wakeup per agent job that ends: they go with their
+    agent jobs, but the stream's head stays, so no seq is ever used twice (a client that read
+    up to it and resumes after it misses no later wakeup)."""
+    from receipts.agent_jobs import lifecycle, model
+    from tests.integration.test_agent_jobs import current, dispatcher, play_turn, request
+
+    store, url = fresh
+    session = f"session-{uuid.uuid4().hex[:8]}"
+    ids = []
+    for _ in range(2):
+        created, _ = await lifecycle.create(store, request("agent-wake", owner_session_id=session))
+        ids.append(created.agent_job_id)
+    await dispatcher(store).run_once()
+    for agent_job_id in ids:
+        running_job = await current(store, agent_job_id)
+        await play_turn(store, running_job, {"outcome": "done", "result": 1})
+        settled = await lifecycle.settle_turn(store, agent_job_id, retry_base_ms=10)
+        assert settled is not None and settled.status == "succeeded"
+        await callback_posted(store, running_job.queue_job_id or "")
+    stream = model.session_stream(session)
+    assert [r.seq for r in await store.read_stream(stream)] == [1, 2]
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            f"UPDATE agent_jobs SET updated_at = updated_at - interval '{OLD}' "
+            "WHERE agent_job_id = ANY(%s)",
+            (ids,),
+        )
+    dry = await retention.prune(store, MONTH, dry_run=True)
+    result = await retention.prune(store, MONTH)
+    assert dry.removed["agent_session_receipts"] == result.removed["agent_session_receipts"] == 1
+    assert result.removed["agent_jobs"] == 2
+    assert [r.seq for r in await store.read_stream(stream)] == [2]  # the head stays
+    # The session's next wakeup takes the next seq, not a used one.
+    later, _ = await lifecycle.create(store, request("agent-wake", owner_session_id=session))
+    await dispatcher(store).run_once()
+    await play_turn(store, await current(store, later.agent_job_id), {"outcome": "done"})
+    await lifecycle.settle_turn(store, later.agent_job_id, retry_base_ms=10)
+    assert [r.seq for r in await store.read_stream(stream)] == [2, 3]
