@@ -148,16 +148,17 @@ class AttemptActivities:
                 },
             ),
         ):
-            return await self._started(attempt, settle, job, worker_id)
+            leased = any(r.type == "job.leased" for r in out.receipts)
+            return await self._started(attempt, settle, job, worker_id, leased)
 
     async def _started(
-        self, attempt: AttemptInput, settle: Settlement, job: Job, worker_id: str
+        self, attempt: AttemptInput, settle: Settlement, job: Job, worker_id: str, leased: bool
     ) -> AttemptResult:
         fence = settle.fence
         # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
         # handed the attempt to this one, which took the lease over (start-fence).
         redelivered = (ops.delivery_number(worker_id) or 1) > 1
-        metrics.attempt_started(job, redelivered)
+        metrics.attempt_started(job, redelivered, leased=leased)
         _log(logging.DEBUG, "attempt started", "attempt.started", fence)  # settled: INFO
         if redelivered:
             _log(

@@ -340,14 +340,15 @@ def job_enqueued(
         ROUTE_DISAGREEMENTS.labels(agent, kind).inc()
 
 
-def attempt_started(job: Job, redelivered: bool) -> None:
-    """An attempt took its lease or its start-fence (`redelivered`: a takeover), and, for a
-    first attempt, how long after it was due the job was leased."""
+def attempt_started(job: Job, redelivered: bool, *, leased: bool = True) -> None:
+    """An attempt took its lease or its start-fence (`redelivered`: a later delivery), and, when
+    this start leased the job's first attempt (`leased`: it wrote `job.leased`, not a takeover
+    of a lease an earlier delivery took), how long after it was due the job was leased."""
     labels = (route(job.agent_id, job.kind), agent_label(job.agent_id))
     ATTEMPTS_STARTED.labels(*labels).inc()
     if redelivered:
         REDELIVERIES.labels(*labels).inc()
-    if job.lease is not None and job.attempt == 1 and not redelivered:
+    if job.lease is not None and job.attempt == 1 and leased:
         due = max(job.created_at, job.available_at or job.created_at)
         ENQUEUE_TO_START.observe(max(0.0, (job.lease.leased_at - due).total_seconds()))
 

@@ -257,7 +257,14 @@ async def prune(
             result.batches += 1
             async with store.transaction() as tx:
                 # Its jobs settled before the cutoff were counted with the job batches above.
+                # One a job of which still owes a delivery is kept, as the prune keeps it.
                 jobs_of = await _objective_jobs(tx, objective_ids)
+                every = [j.job_id for jobs in jobs_of.values() for j in jobs]
+                owing = {r[0] for r in await tx.fetch("jobs_owing_deliveries", {"job_ids": every})}
+                objective_ids = [
+                    o for o in objective_ids if not any(j.job_id in owing for j in jobs_of[o])
+                ]
+                jobs_of = {o: jobs_of[o] for o in objective_ids}
                 recent = [j for jobs in jobs_of.values() for j in _settled_since(jobs, cutoff)]
                 await _count(tx, result, [*PRUNE_STEPS, JOBS_STEP], {"job_ids": recent})
                 await _count(tx, result, OBJECTIVE_STEPS, {"objective_ids": objective_ids})
@@ -282,18 +289,22 @@ async def _compact_schedules(
     max_batches: int | None,
 ) -> None:
     """Schedules' old firing receipts (`receipts/schedules/compaction.py`), in batches of
-    schedules, after the jobs; a dry run counts one batch's."""
+    schedules in id order (each batch after the last one's), after the jobs; a dry run counts
+    what each would delete."""
     assert result.cutoff is not None
     cutoff = compaction.cutoff_of(result.cutoff, result.cutoff + older_than)
     schedules_per_batch = max(1, batch // 100)
+    after = ""
     while max_batches is None or result.batches < max_batches:
-        done = await compaction.compact(store, cutoff, schedules_per_batch, dry_run=result.dry_run)
-        if not done.schedules:
+        done = await compaction.compact(
+            store, cutoff, schedules_per_batch, after=after, dry_run=result.dry_run
+        )
+        if done.last is None:
             return
+        after = done.last
         result.batches += 1
-        result.add(SCHEDULE_RECEIPTS, done.receipts)
-        if result.dry_run:
-            return
+        if done.receipts:
+            result.add(SCHEDULE_RECEIPTS, done.receipts)
 
 
 async def _count(

@@ -187,7 +187,7 @@ class Tx:
         Takes the stream's lock if the caller has not (`lock_streams` first when one transaction
         appends to several). `expected_seq` is the optimistic version: the stream's last seq the
         caller folded; a different head raises `ConflictError` and nothing is written. Returns
-        the receipts as stored (gapless seqs from the head, positions, the database time).
+        the receipts as stored (consecutive seqs after the head, positions, the database time).
         """
         if not drafts:
             raise ValueError("append needs at least one receipt")

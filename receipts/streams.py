@@ -30,7 +30,9 @@ class Draft:
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
-    """One stored receipt. `seq` is 1-based and gapless per stream; `recorded_at` is database time."""
+    """One stored receipt. `seq` is 1-based and increases by one per append of a stream;
+    retention may delete old receipts of a schedule's or an owner session's stream, never its
+    head, so a seq is never used twice. `recorded_at` is database time."""
 
     stream: str
     seq: int

@@ -27,10 +27,12 @@ COMPACTED = "schedule.compacted"
 
 @dataclass(frozen=True, slots=True)
 class Compacted:
-    """What one batch did: schedules compacted and receipts deleted."""
+    """What one batch did: schedules compacted, receipts deleted, and the last schedule it
+    looked at (the next batch starts after it; None: no schedule left)."""
 
     schedules: int = 0
     receipts: int = 0
+    last: str | None = None
 
 
 def cutoff_of(cutoff: datetime, now: datetime) -> datetime:
@@ -38,18 +40,19 @@ def cutoff_of(cutoff: datetime, now: datetime) -> datetime:
     return min(cutoff, now - MIN_AGE)
 
 
-async def candidates(store: Store, cutoff: datetime, batch: int) -> list[str]:
-    """Schedules with firing receipts a compaction at `cutoff` would delete."""
+async def candidates(store: Store, cutoff: datetime, batch: int, after: str = "") -> list[str]:
+    """Schedules after `after` (in id order) with firing receipts a compaction at `cutoff`
+    would delete."""
     with translate_errors():
         rows = await store.fetch(
             "schedule_compaction_candidates",
-            {"cutoff": cutoff, "keep": RECENT_FIRINGS, "batch": batch},
+            {"cutoff": cutoff, "keep": RECENT_FIRINGS, "batch": batch, "after": after},
         )
     return [row[0] for row in rows]
 
 
 async def compact_in(tx: Tx, schedule_id: str, cutoff: datetime, *, dry_run: bool = False) -> int:
-    """Delete the schedule's old firing receipts and earlier compactions and append one
+    """Delete the schedule's old firing receipts and its earlier compactions and append one
     `schedule.compacted` with the totals as they stand (the fold sets them); return how many
     receipts went (would go, with `dry_run`)."""
     stream = schedule_stream(schedule_id)
@@ -60,23 +63,31 @@ async def compact_in(tx: Tx, schedule_id: str, cutoff: datetime, *, dry_run: boo
     params = {"stream": stream, "cutoff": cutoff, "keep": RECENT_FIRINGS, "limit": MAX_ROWS}
     if dry_run:
         row = await tx.fetch_one("schedule_compaction_count", params)
-        return int(row[0]) if row else 0
+        return int(row[0]) + int(row[1]) if row and row[0] else 0
     deleted = len(await tx.fetch("schedule_compaction_delete", params))
-    if deleted:
-        totals = {"fired": state.fired, "skipped": state.skipped, "lastJobId": state.last_job_id}
-        await append(tx, state, stream, [Draft(COMPACTED, totals)])
+    if not deleted:
+        return 0
+    deleted += len(await tx.fetch("schedule_compaction_drop_compacted", {"stream": stream}))
+    totals = {
+        "fired": state.fired,
+        "skipped": state.skipped,
+        "lastJobId": state.last_job_id,
+        "latestFireTime": state.latest_fire_time.isoformat() if state.latest_fire_time else None,
+    }
+    await append(tx, state, stream, [Draft(COMPACTED, totals)])
     return deleted
 
 
 async def compact(
-    store: Store, cutoff: datetime, batch: int, *, dry_run: bool = False
+    store: Store, cutoff: datetime, batch: int, *, after: str = "", dry_run: bool = False
 ) -> Compacted:
-    """One batch: up to `batch` schedules, each in its own transaction."""
-    done = Compacted()
-    for schedule_id in await candidates(store, cutoff, batch):
+    """One batch: up to `batch` schedules after `after`, each in its own transaction."""
+    schedules = receipts = 0
+    found = await candidates(store, cutoff, batch, after)
+    for schedule_id in found:
         with translate_errors():
             async with store.transaction() as tx:
                 deleted = await compact_in(tx, schedule_id, cutoff, dry_run=dry_run)
         if deleted:
-            done = Compacted(done.schedules + 1, done.receipts + deleted)
-    return done
+            schedules, receipts = schedules + 1, receipts + deleted
+    return Compacted(schedules, receipts, found[-1] if found else None)

@@ -17,7 +17,7 @@ from receipts.jobs import TERMINAL_STATUSES
 from receipts.kinds import CONTRACTS
 from receipts.objectives import store as objectives
 from receipts.schedules import cron
-from receipts.schedules.model import RECENT_FIRINGS, ScheduleState, schedule_stream
+from receipts.schedules.model import ScheduleState, schedule_stream
 from receipts.schedules.store import append, fire_id, get, job_id_of, load
 from receipts.store import Draft, Store, Tx, translate_errors
 from receipts.tenancy import scoped_id
@@ -108,11 +108,14 @@ async def _recorded(tx: Tx, state: ScheduleState, fire_time: datetime) -> bool:
 
 
 async def _handled_late(tx: Tx, state: ScheduleState, fire_time: datetime) -> bool:
-    """Whether a firing not among the recent ones the projection keeps, and older than the
-    newest of them (Temporal delivering it late, after an outage), was handled already: only
-    then is the stream read. `recent` holds the last firings recorded, not the latest fire
-    times, so a late firing can push a newer one out of it."""
-    if len(state.recent) < RECENT_FIRINGS or fire_time >= max(f.fire_time for f in state.recent):
+    """Whether a firing the recent ones the projection keeps do not hold (Temporal delivering
+    it late, after an outage, in any order) was handled already. The stream is read only when
+    it could be: a fire time after the latest ever recorded is new, and while every firing so
+    far is among the recent ones, one not there is new too."""
+    latest = state.latest_fire_time
+    if latest is not None and fire_time > latest:
+        return False
+    if state.fired + state.skipped <= len(state.recent):
         return False
     return await _recorded(tx, state, fire_time)
 

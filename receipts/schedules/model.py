@@ -75,6 +75,9 @@ class ScheduleState(StreamState):
     skipped: int = 0
     last_job_id: str | None = None
     recent: tuple[Firing, ...] = ()
+    # The latest fire time ever recorded: a firing after it is new without reading the stream
+    # (None in a row written before it was kept: then the stream is read).
+    latest_fire_time: datetime | None = None
 
     def firing_at(self, fire_time: datetime) -> Firing | None:
         """The recorded firing of `fire_time`, if it is among the recent ones."""
@@ -125,12 +128,14 @@ def apply(state: ScheduleState | None, receipt: Receipt) -> ScheduleState:
     if receipt.type == "schedule.compacted":
         # Retention deleted older firings: the totals as they stood (a rebuild folds the
         # firings that are left, then these), whatever the schedule's status.
+        latest = data.get("latestFireTime")
         return state.model_copy(
             update={
                 "seq": seq,
                 "fired": data["fired"],
                 "skipped": data["skipped"],
                 "last_job_id": data.get("lastJobId"),
+                "latest_fire_time": datetime.fromisoformat(latest) if latest else None,
             }
         )
     update: dict[str, Any] = {"seq": seq, "updated_at": at}
@@ -159,6 +164,8 @@ def apply(state: ScheduleState | None, receipt: Receipt) -> ScheduleState:
             recorded_at=at,
         )
         update["recent"] = (firing, *state.recent)[:RECENT_FIRINGS]
+        latest = state.latest_fire_time
+        update["latest_fire_time"] = max(latest, firing.fire_time) if latest else firing.fire_time
         if fired:
             # Even delivered late: the overlap policy was checked against the previous job
             # before it was enqueued, so its job is the one that runs now.

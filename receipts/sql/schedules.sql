@@ -71,21 +71,25 @@ WHERE stream = %(stream)s AND type IN ('schedule.fired', 'schedule.skipped')
   AND data->>'fireTime' = %(fire_time)s
 LIMIT 1;
 
--- Compaction (receipts/schedules/compaction.py): a schedule's firing receipts (and earlier
--- compactions) recorded before the cutoff and older than its newest `keep` firings; the
--- definitions and the head are never among them.
+-- Compaction (receipts/schedules/compaction.py): a schedule's firing receipts recorded before the
+-- cutoff and older than its newest `keep` firings; the definitions and the head are never
+-- among them. Earlier compactions go with each new one (superseded by its totals).
 
 -- name: schedule_compaction_candidates
+-- Schedules after `after` (keyset) whose oldest firing receipt is due: it is read from the
+-- stream's start (definitions, then firings), the boundary from its head.
 SELECT s.schedule_id FROM schedules s
-WHERE EXISTS (
-    SELECT 1 FROM receipts r
+CROSS JOIN LATERAL (
+    SELECT r.seq, r.recorded_at FROM receipts r
     WHERE r.stream = 'schedules/' || s.schedule_id
-      AND r.type IN ('schedule.fired', 'schedule.skipped', 'schedule.compacted')
-      AND r.recorded_at < %(cutoff)s
-      AND r.seq < coalesce((SELECT k.seq FROM receipts k
-                            WHERE k.stream = r.stream
-                              AND k.type IN ('schedule.fired', 'schedule.skipped')
-                            ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0))
+      AND r.type IN ('schedule.fired', 'schedule.skipped')
+    ORDER BY r.seq LIMIT 1) oldest
+WHERE s.schedule_id > %(after)s
+  AND oldest.recorded_at < %(cutoff)s
+  AND oldest.seq < coalesce((SELECT k.seq FROM receipts k
+                             WHERE k.stream = 'schedules/' || s.schedule_id
+                               AND k.type IN ('schedule.fired', 'schedule.skipped')
+                             ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0)
 ORDER BY s.schedule_id
 LIMIT %(batch)s;
 
@@ -94,7 +98,7 @@ DELETE FROM receipts
 WHERE stream = %(stream)s AND seq IN (
     SELECT r.seq FROM receipts r
     WHERE r.stream = %(stream)s
-      AND r.type IN ('schedule.fired', 'schedule.skipped', 'schedule.compacted')
+      AND r.type IN ('schedule.fired', 'schedule.skipped')
       AND r.recorded_at < %(cutoff)s
       AND r.seq < coalesce((SELECT k.seq FROM receipts k
                             WHERE k.stream = %(stream)s
@@ -104,14 +108,21 @@ WHERE stream = %(stream)s AND seq IN (
     LIMIT %(limit)s)
 RETURNING seq;
 
+-- name: schedule_compaction_drop_compacted
+-- The earlier compactions: the one appended with this deletion holds the totals.
+DELETE FROM receipts
+WHERE stream = %(stream)s AND type = 'schedule.compacted'
+RETURNING seq;
+
 -- name: schedule_compaction_count
-SELECT count(*) FROM (
-    SELECT 1 FROM receipts r
-    WHERE r.stream = %(stream)s
-      AND r.type IN ('schedule.fired', 'schedule.skipped', 'schedule.compacted')
-      AND r.recorded_at < %(cutoff)s
-      AND r.seq < coalesce((SELECT k.seq FROM receipts k
-                            WHERE k.stream = %(stream)s
-                              AND k.type IN ('schedule.fired', 'schedule.skipped')
-                            ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0)
-    LIMIT %(limit)s) AS due;
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM receipts r
+            WHERE r.stream = %(stream)s
+              AND r.type IN ('schedule.fired', 'schedule.skipped')
+              AND r.recorded_at < %(cutoff)s
+              AND r.seq < coalesce((SELECT k.seq FROM receipts k
+                                    WHERE k.stream = %(stream)s
+                                      AND k.type IN ('schedule.fired', 'schedule.skipped')
+                                    ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0)
+            LIMIT %(limit)s) AS due),
+       (SELECT count(*) FROM receipts WHERE stream = %(stream)s AND type = 'schedule.compacted');

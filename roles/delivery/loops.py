@@ -148,11 +148,11 @@ class QueuedRedrive:
         """Terminal states written outside a driver (singleton cancel, expiry past the budget,
         a driver that timed out) still get their terminal callback, once per URL. The owed
         posts are the callback outbox, written when the job settled and emptied when posted."""
+        if self.http is None:  # not a role that posts callbacks (CALLBACK_ROLES)
+            return 0
         urls = self.settings.callback_urls
         if not urls:
             await deliveries.drop_owed_callbacks(self.store)
-            return 0
-        if self.http is None:
             return 0
         posted = 0
         for _ in range(CALLBACK_BATCHES):  # a full batch: more are due, go on (bounded)

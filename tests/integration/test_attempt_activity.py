@@ -64,8 +64,14 @@ async def test_a_completed_handler_settles_the_job_with_its_result(store: Store)
         return {"answer": 42}
 
     job_id = await job_of(store, "act-ok")
+    waits = (
+        metrics.ENQUEUE_TO_START._sum.get(),
+        sum(b.get() for b in metrics.ENQUEUE_TO_START._buckets),
+    )
     result = await run(store, {"act-ok": handler}, attempt_of(job_id, "act-ok"))
     assert (result.status, result.job_status) == (AttemptStatus.COMPLETED, "completed")
+    # Its first lease is one sample of the wait for a worker.
+    assert sum(b.get() for b in metrics.ENQUEUE_TO_START._buckets) == waits[1] + 1
     job = await store.get_job(job_id)
     assert job is not None and job.result == {"answer": 42}
     assert await types(store, job_id) == [

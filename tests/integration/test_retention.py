@@ -522,8 +522,10 @@ async def objective_scenario(store: Store, url: str, scoped: bool = False) -> No
             "INSERT INTO callback_outbox (job_id, event) VALUES (%s, 'canceled')",
             (audit.job_id,),
         )
+    owing_dry = await retention.prune(store, MONTH, dry_run=True)
     owing = await retention.prune(store, MONTH)
     assert "objectives" not in owing.removed and owing.jobs == 0
+    assert owing_dry.removed.get("objectives", 0) == 0 and owing_dry.jobs == 0  # as the prune
     assert await store.get_job(audit.job_id) is not None
     with psycopg.connect(url) as conn:
         conn.execute("DELETE FROM callback_outbox WHERE job_id = %s", (audit.job_id,))
@@ -639,28 +641,29 @@ async def test_a_schedules_old_firings_are_compacted_and_its_fold_stays_the_proj
     assert await assembly.verify(store) == []  # the fold of what is left is the projection
     assert (await retention.prune(store, MONTH)).removed.get(retention.SCHEDULE_RECEIPTS) is None
 
-    # Later firings, compacted again: the five oldest kept ones go; the earlier compaction,
-    # newer than the tenth newest firing, stays until later firings pass it.
+    # Later firings, compacted again: the five oldest kept ones go, and the earlier compaction
+    # with them (the new one holds the totals): one compaction receipt at most.
     for n in range(30, 35):
         assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
     await backdate_stream()
     again = await retention.prune(store, MONTH)
-    assert again.removed[retention.SCHEDULE_RECEIPTS] == 5
-    fired5 = ["schedule.fired"] * 5
+    assert again.removed[retention.SCHEDULE_RECEIPTS] == 6
     kept = [r.type for r in await store.read_stream(stream)]
-    assert kept == [
-        "schedule.created",
-        *fired5,
-        compaction.COMPACTED,
-        *fired5,
-        compaction.COMPACTED,
-    ]
+    assert kept == ["schedule.created"] + ["schedule.fired"] * 10 + [compaction.COMPACTED]
     for n in range(35, 45):
         assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
     await backdate_stream()
-    assert (await retention.prune(store, MONTH)).removed[retention.SCHEDULE_RECEIPTS] == 12
+    assert (await retention.prune(store, MONTH)).removed[retention.SCHEDULE_RECEIPTS] == 11
     kept = [r.type for r in await store.read_stream(stream)]
     assert kept == ["schedule.created"] + ["schedule.fired"] * 10 + [compaction.COMPACTED]
+    # No firing since, all of it past every cutoff: a compaction alone is no work, so passes
+    # neither delete nor append (no compaction receipts piling up).
+    await backdate_stream()
+    for _ in range(3):
+        assert (await retention.prune(store, MONTH)).removed.get(
+            retention.SCHEDULE_RECEIPTS
+        ) is None
+    assert [r.type for r in await store.read_stream(stream)] == kept
     final = await schedules.get(store, sid)
     assert final is not None and final.fired == 45
     assert await assembly.verify(store) == []
@@ -732,3 +735,29 @@ async def test_a_pruned_agent_jobs_wakeups_leave_its_owners_session_but_the_head
     await play_turn(store, await current(store, later.agent_job_id), {"outcome": "done"})
     await lifecycle.settle_turn(store, later.agent_job_id, retry_base_ms=10)
     assert [r.seq for r in await store.read_stream(stream)] == [2, 3]
+
+
+async def test_a_dry_run_counts_every_schedules_compaction_as_the_prune_deletes(
+    fresh: tuple[Store, str],
+) -> None:
+    """More schedules than one batch takes (10 at the default batch): the dry run goes through
+    every batch, as the prune does, and counts what it then deletes."""
+    from receipts.schedules import firing
+    from tests.integration.test_schedules import T, made
+
+    store, url = fresh
+    sids = [await made(store, "allow") for _ in range(12)]
+    for sid in sids:
+        for n in range(11):
+            assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            f"UPDATE receipts SET recorded_at = recorded_at - interval '{OLD}' "
+            "WHERE stream LIKE 'schedules/%%'"
+        )
+    await assembly.rebuild(store)
+    dry = await retention.prune(store, MONTH, dry_run=True)
+    result = await retention.prune(store, MONTH)
+    assert dry.removed[retention.SCHEDULE_RECEIPTS] == 12  # one old firing each
+    assert result.removed[retention.SCHEDULE_RECEIPTS] == 12
+    assert await assembly.verify(store) == []

@@ -299,6 +299,23 @@ async def test_a_late_firing_is_handled_once_and_leaves_the_last_job_the_newest(
     assert await firing.fire(store, sid, times[2]) == "repeated"
 
 
+async def test_a_redelivered_firing_is_one_job_whatever_order_firings_were_recorded_in(
+    store: Store,
+) -> None:
+    """After an outage retried firings commit in any order: the newest fire time, recorded
+    first and then pushed out of the recent ten by older ones, is still one job when Temporal
+    delivers it again."""
+    sid = await made(store, "allow")
+    newest = T + timedelta(seconds=5 * 29)
+    assert await firing.fire(store, sid, newest) == "enqueued"
+    for n in range(10):
+        assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
+    state = await schedules.get(store, sid)
+    assert state is not None and state.firing_at(newest) is None
+    assert await firing.fire(store, sid, newest) == "repeated"
+    assert (await schedules.get(store, sid)).fired == 11  # type: ignore[union-attr]
+
+
 async def test_a_late_firing_is_the_job_skip_then_asks_after(store: Store) -> None:
     sid = await made(store, "skip")
     assert await firing.fire(store, sid, T) == "enqueued"

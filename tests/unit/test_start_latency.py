@@ -21,9 +21,9 @@ def folded(*events: tuple[str, dict[str, object]], seconds: list[int]) -> Job:
     return job
 
 
-def observed(job: Job, redelivered: bool = False) -> float:
+def observed(job: Job, redelivered: bool = False, leased: bool = True) -> float:
     before = metrics.ENQUEUE_TO_START._sum.get()
-    metrics.attempt_started(job, redelivered=redelivered)
+    metrics.attempt_started(job, redelivered=redelivered, leased=leased)
     return metrics.ENQUEUE_TO_START._sum.get() - before
 
 
@@ -33,7 +33,9 @@ def test_the_wait_runs_from_the_due_time_to_the_first_lease() -> None:
     due_later = (T0 + timedelta(seconds=90)).isoformat()
     delayed = folded(enqueued(availableAt=due_later), leased(W1, 1), seconds=[0, 92])
     assert observed(delayed) == 2.0  # not the 90 s the job asked to wait
-    assert observed(delayed, redelivered=True) == 0.0  # a takeover: the same lease, once
+    assert observed(delayed, redelivered=True, leased=False) == 0.0  # a takeover: once
+    # A later delivery that leased the job (the first one was lost before its lease): counted.
+    assert observed(delayed, redelivered=True, leased=True) == 2.0
 
 
 def test_a_later_attempt_is_not_counted() -> None:

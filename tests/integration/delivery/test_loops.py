@@ -287,3 +287,18 @@ async def test_one_recovery_pass_goes_through_more_than_one_batch_of_owed_callba
             await QueuedRedrive(fresh_store, None, s.settings, NOW, http=http).run_once()
     # Every row was looked at in the one pass (each moved 30 s on): none is due now.
     assert await deliveries.callbacks_owed(fresh_store, limit=owed) == []
+
+
+async def test_a_role_that_posts_no_callbacks_leaves_the_owed_ones_alone(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    """A role outside CALLBACK_ROLES (no HTTP client) with no callback URL of its own must not
+    drop what the driver, configured with one, owes."""
+    import psycopg
+
+    with psycopg.connect(fresh_db) as conn:
+        conn.execute("INSERT INTO callback_outbox (job_id, event) VALUES ('owed-1', 'completed')")
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
+        assert not s.settings.callback_urls
+        await QueuedRedrive(fresh_store, None, s.settings, NOW, http=None).run_once()
+    assert await deliveries.callbacks_owed(fresh_store, limit=10) == [("owed-1", "completed")]

@@ -298,6 +298,9 @@ class ScheduleView(BaseModel):
     job: dict[str, Any] = Field(..., title="Job")
     last_job_id: str | None = Field(None, alias="lastJobId", title="Lastjobid")
     last_runs: list[ScheduleRun] = Field(..., alias="lastRuns", title="Lastruns")
+    latest_fire_time: AwareDatetime | None = Field(
+        None, alias="latestFireTime", title="Latestfiretime"
+    )
     next_fire_times: list[AwareDatetime] = Field(..., alias="nextFireTimes", title="Nextfiretimes")
     note: str | None = Field("", title="Note")
     organization_id: str | None = Field(..., alias="organizationId", title="Organizationid")
