@@ -81,7 +81,9 @@ async def test_without_callback_urls_nothing_stays_owed(fresh: tuple[Store, str]
     store, _ = fresh
     await settled(store, "completed")
     assert len(await deliveries.callbacks_owed(store)) == 1
-    await QueuedRedrive(store, None, Settings(), NOW).run_once()
+    # The driver's pass (the roles that post callbacks hold an HTTP client) drops them.
+    async with httpx.AsyncClient() as http:
+        await QueuedRedrive(store, None, Settings(), NOW, http=http).run_once()
     assert await deliveries.callbacks_owed(store) == []
 
 
