@@ -148,7 +148,13 @@ class AttemptActivities:
                 },
             ),
         ):
-            leased = any(r.type == "job.leased" for r in out.receipts)
+            # This start leased the job (not a takeover): it wrote job.leased, or a retry of its
+            # ambiguous commit found the lease and its first heartbeat of one instant.
+            leased = any(r.type == "job.leased" for r in out.receipts) or (
+                out.already
+                and job.lease is not None
+                and job.last_heartbeat_at == job.lease.leased_at
+            )
             return await self._started(attempt, settle, job, worker_id, leased)
 
     async def _started(

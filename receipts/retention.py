@@ -87,6 +87,9 @@ class PruneResult:
     batches: int = 0
     removed: dict[str, int] = field(default_factory=dict)
     dry_run: bool = False
+    # The last schedule compacted (the next pass starts after it; "" once every one was
+    # looked at): passes bounded by `max_batches` take turns through the schedules.
+    schedules_after: str = ""
 
     @property
     def jobs(self) -> int:
@@ -230,12 +233,15 @@ async def prune(
     batch: int = DEFAULT_BATCH,
     dry_run: bool = False,
     max_batches: int | None = None,
+    schedules_after: str = "",
 ) -> PruneResult:
     """Prune terminal jobs settled more than `older_than` ago (database clock), batch by batch,
-    until none is left (or `max_batches` ran). A dry run counts the same rows, writes nothing."""
+    until none is left (or `max_batches` ran). A dry run counts the same rows, writes nothing.
+    Schedules are compacted in id order from after `schedules_after` (a loop passes the last
+    pass's `schedules_after`, so bounded passes reach every schedule in turn)."""
     _check_batch(batch)
     cutoff = await cutoff_for(store, older_than)
-    result = PruneResult(cutoff=cutoff, dry_run=dry_run)
+    result = PruneResult(cutoff=cutoff, dry_run=dry_run, schedules_after=schedules_after)
     if dry_run:
         await _compact_schedules(store, result, older_than, batch, max_batches)
         async for job_ids in candidates(store, cutoff, batch):
@@ -294,14 +300,14 @@ async def _compact_schedules(
     assert result.cutoff is not None
     cutoff = compaction.cutoff_of(result.cutoff, result.cutoff + older_than)
     schedules_per_batch = max(1, batch // 100)
-    after = ""
     while max_batches is None or result.batches < max_batches:
         done = await compaction.compact(
-            store, cutoff, schedules_per_batch, after=after, dry_run=result.dry_run
+            store, cutoff, schedules_per_batch, after=result.schedules_after, dry_run=result.dry_run
         )
         if done.last is None:
+            result.schedules_after = ""  # every schedule looked at: the next pass starts over
             return
-        after = done.last
+        result.schedules_after = done.last
         result.batches += 1
         if done.receipts:
             result.add(SCHEDULE_RECEIPTS, done.receipts)

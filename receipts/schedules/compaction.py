@@ -67,15 +67,17 @@ async def compact_in(tx: Tx, schedule_id: str, cutoff: datetime, *, dry_run: boo
     deleted = len(await tx.fetch("schedule_compaction_delete", params))
     if not deleted:
         return 0
-    deleted += len(await tx.fetch("schedule_compaction_drop_compacted", {"stream": stream}))
     totals = {
         "fired": state.fired,
         "skipped": state.skipped,
         "lastJobId": state.last_job_id,
         "latestFireTime": state.latest_fire_time.isoformat() if state.latest_fire_time else None,
     }
-    await append(tx, state, stream, [Draft(COMPACTED, totals)])
-    return deleted
+    # Appended first: the earlier compactions it supersedes are then all below it, so the
+    # stream's head is never deleted (an earlier one may have been the head).
+    new = await append(tx, state, stream, [Draft(COMPACTED, totals)])
+    earlier = {"stream": stream, "below": new.seq}
+    return deleted + len(await tx.fetch("schedule_compaction_drop_compacted", earlier))
 
 
 async def compact(

@@ -165,7 +165,11 @@ def apply(state: ScheduleState | None, receipt: Receipt) -> ScheduleState:
         )
         update["recent"] = (firing, *state.recent)[:RECENT_FIRINGS]
         latest = state.latest_fire_time
-        update["latest_fire_time"] = max(latest, firing.fire_time) if latest else firing.fire_time
+        if latest is not None:
+            update["latest_fire_time"] = max(latest, firing.fire_time)
+        elif state.fired + state.skipped == 0:
+            update["latest_fire_time"] = firing.fire_time
+        # else unknown (a row folded before it was kept): it stays so until a rebuild refolds it
         if fired:
             # Even delivered late: the overlap policy was checked against the previous job
             # before it was enqueued, so its job is the one that runs now.

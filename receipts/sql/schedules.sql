@@ -109,9 +109,9 @@ WHERE stream = %(stream)s AND seq IN (
 RETURNING seq;
 
 -- name: schedule_compaction_drop_compacted
--- The earlier compactions: the one appended with this deletion holds the totals.
+-- The earlier compactions, below the one just appended (which holds the totals, at the head).
 DELETE FROM receipts
-WHERE stream = %(stream)s AND type = 'schedule.compacted'
+WHERE stream = %(stream)s AND type = 'schedule.compacted' AND seq < %(below)s
 RETURNING seq;
 
 -- name: schedule_compaction_count

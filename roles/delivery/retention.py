@@ -43,6 +43,7 @@ class RetentionLoop:
         self.batch = batch
         self.interval_ms = interval_ms
         self.max_batches = max_batches
+        self._schedules_after = ""  # where the last pass left the schedules' compaction
 
     @classmethod
     def from_settings(
@@ -71,8 +72,13 @@ class RetentionLoop:
                     metrics.RETENTION_SKIPPED.inc()
                     return None
                 result = await retention.prune(
-                    self.store, self.older_than, batch=self.batch, max_batches=self.max_batches
+                    self.store,
+                    self.older_than,
+                    batch=self.batch,
+                    max_batches=self.max_batches,
+                    schedules_after=self._schedules_after,
                 )
+                self._schedules_after = result.schedules_after
         log.log(
             logging.INFO if result.jobs else logging.DEBUG,
             "retention pass: %s",

@@ -761,3 +761,70 @@ async def test_a_dry_run_counts_every_schedules_compaction_as_the_prune_deletes(
     assert dry.removed[retention.SCHEDULE_RECEIPTS] == 12  # one old firing each
     assert result.removed[retention.SCHEDULE_RECEIPTS] == 12
     assert await assembly.verify(store) == []
+
+
+async def test_capped_compactions_of_a_quiet_schedule_leave_the_head_and_one_compaction(
+    fresh: tuple[Store, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog larger than one compaction's cap, on a schedule that fires no more: each pass
+    appends its compaction before dropping the earlier one, which was the stream's head."""
+    from receipts.schedules import compaction, firing
+    from tests.integration.test_schedules import T, made
+
+    monkeypatch.setattr(compaction, "MAX_ROWS", 5)
+    store, url = fresh
+    sid = await made(store, "allow")
+    stream = f"schedules/{sid}"
+    for n in range(30):
+        assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            f"UPDATE receipts SET recorded_at = recorded_at - interval '{OLD}' WHERE stream = %s",
+            (stream,),
+        )
+    await assembly.rebuild(store)
+    removed = [
+        (await retention.prune(store, MONTH)).removed.get(retention.SCHEDULE_RECEIPTS)
+        for _ in range(5)
+    ]
+    assert removed == [5, 6, 6, 6, None]  # 5 firings each, then the compaction before
+    kept = [r.type for r in await store.read_stream(stream)]
+    assert kept == ["schedule.created"] + ["schedule.fired"] * 10 + [compaction.COMPACTED]
+    assert await assembly.verify(store) == []
+    state = await schedules_get(store, sid)
+    assert state.fired == 30
+
+
+async def schedules_get(store: Store, sid: str) -> Any:
+    from receipts.schedules import store as schedules
+
+    state = await schedules.get(store, sid)
+    assert state is not None
+    return state
+
+
+async def test_bounded_passes_take_turns_through_the_schedules(fresh: tuple[Store, str]) -> None:
+    """Each pass compacts as many schedules as its batches allow and the next goes on after
+    the last: a schedule late in id order is reached, not starved by earlier busy ones."""
+    from receipts.schedules import firing
+    from tests.integration.test_schedules import T, made
+
+    store, url = fresh
+    sids = sorted([await made(store, "allow") for _ in range(3)])
+    for sid in sids:
+        for n in range(11):
+            assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            f"UPDATE receipts SET recorded_at = recorded_at - interval '{OLD}' "
+            "WHERE stream LIKE 'schedules/%%'"
+        )
+    await assembly.rebuild(store)
+    after, reached = "", []
+    for _ in range(3):  # one schedule per batch (batch 100), one batch per pass
+        result = await retention.prune(
+            store, MONTH, batch=100, max_batches=1, schedules_after=after
+        )
+        after = result.schedules_after
+        reached.append(after)
+    assert reached == sids

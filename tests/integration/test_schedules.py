@@ -316,6 +316,29 @@ async def test_a_redelivered_firing_is_one_job_whatever_order_firings_were_recor
     assert (await schedules.get(store, sid)).fired == 11  # type: ignore[union-attr]
 
 
+async def test_a_row_folded_before_the_latest_fire_time_was_kept_still_fires_once(
+    store: Store, db_url: str
+) -> None:
+    """A projection row written before `latestFireTime` existed: the stream is read for any
+    fire time not among the recent ones (a late firing must not make the newest look new)."""
+    import psycopg
+
+    sid = await made(store, "allow")
+    newest = T + timedelta(seconds=5 * 29)
+    assert await firing.fire(store, sid, newest) == "enqueued"
+    for n in range(10):
+        assert await firing.fire(store, sid, T + timedelta(seconds=5 * n)) == "enqueued"
+    with psycopg.connect(db_url) as conn:  # as an older version wrote it
+        conn.execute(
+            "UPDATE schedules SET state = state - 'latestFireTime' WHERE schedule_id = %s", (sid,)
+        )
+    assert await firing.fire(store, sid, T - timedelta(seconds=5)) == "enqueued"  # a late one
+    state = await schedules.get(store, sid)
+    assert state is not None and state.latest_fire_time is None  # unknown until a rebuild
+    assert await firing.fire(store, sid, newest) == "repeated"
+    assert (await schedules.get(store, sid)).fired == 12  # type: ignore[union-attr]
+
+
 async def test_a_late_firing_is_the_job_skip_then_asks_after(store: Store) -> None:
     sid = await made(store, "skip")
     assert await firing.fire(store, sid, T) == "enqueued"
