@@ -317,12 +317,14 @@ async def test_a_redelivered_firing_is_one_job_whatever_order_firings_were_recor
 
 
 async def test_a_row_folded_before_the_latest_fire_time_was_kept_still_fires_once(
-    store: Store, db_url: str
+    fresh: tuple[Store, str],
 ) -> None:
     """A projection row written before `latestFireTime` existed: the stream is read for any
-    fire time not among the recent ones (a late firing must not make the newest look new)."""
+    fire time not among the recent ones (a late firing must not make the newest look new).
+    A database of its own: the row it alters differs from its chain until a rebuild."""
     import psycopg
 
+    store, db_url = fresh
     sid = await made(store, "allow")
     newest = T + timedelta(seconds=5 * 29)
     assert await firing.fire(store, sid, newest) == "enqueued"
