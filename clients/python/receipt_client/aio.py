@@ -288,8 +288,7 @@ class AsyncClient:
     async def create_objective(
         self, spec: Mapping[str, Any] | str | os.PathLike[str]
     ) -> models.ObjectiveAccepted:
-        """Create an objective (`ObjectiveBody`) from a dict or a file: JSON, or YAML
-        (`.yaml`/`.yml`; needs PyYAML, the `yaml` extra)."""
+        """Create an objective (`ObjectiveBody`) from a dict or a JSON or YAML file."""
         body = calls.objective_body(spec)
         return await self._send(Call("POST", "/objectives", models.ObjectiveAccepted, body=body))
 
