@@ -483,3 +483,23 @@ async def test_a_sign_in_another_site_posted_is_refused_and_tries_are_bounded(
         statuses = sorted(answer.status_code for answer in at_once)
         assert statuses.count(401) == console_session.SIGN_IN_BURST, statuses
         console_session._sign_ins._buckets.clear()
+
+
+async def test_a_notice_shows_only_from_the_sessions_own_action(db_url: str, store: Store) -> None:
+    """A link from elsewhere cannot put its words on an operator's page: the notice an action
+    redirects with carries a tag only the operator's session makes."""
+    job_id = new_id()
+    phishing = "session expired: re-enter your admin token at https://evil.example/login"
+    async with api_client(db_url, store=store) as client:
+        await client.post("/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A)
+        csrf = await sign_in(client, TOKEN_A)
+        for query in ({"notice": phishing}, {"notice": phishing, "ns": "0" * 32}):
+            page = await client.get(f"/console/jobs/{job_id}", params=query)
+            assert page.status_code == 200 and "evil.example" not in page.text, query
+        acted = await client.post(
+            f"/console/jobs/{job_id}/command",
+            **form({"csrf": csrf, "type": "abort", "reason": "stop"}),  # type: ignore[arg-type]
+        )
+        assert acted.status_code == 303
+        shown = await client.get(acted.headers["location"])
+    assert "abort appended" in shown.text

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -22,15 +22,23 @@ from receipts.agent_jobs import reads as agent_reads
 from receipts.errors import NotFoundError
 from roles.api.auth import JOBS_WRITE
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
-from roles.api.console.session import FormError, form_of, session_of, visible
+from roles.api.console.session import (
+    FormError,
+    Session,
+    form_of,
+    notice_of,
+    notice_query,
+    session_of,
+    visible,
+)
 
 log = logging.getLogger("roles.api.console")
 
 router = APIRouter(prefix="/console/agents", include_in_schema=False)
 
 
-def _page_url(agent_job_id: str, notice: str) -> str:
-    return f"/console/agents/jobs/{quote(agent_job_id, safe='')}?{urlencode({'notice': notice})}"
+def _page_url(session: Session, agent_job_id: str, notice: str) -> str:
+    return f"/console/agents/jobs/{quote(agent_job_id, safe='')}?{notice_query(session, notice)}"
 
 
 @router.get("/jobs")
@@ -99,7 +107,7 @@ async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
         wakeups=wakeups,
         timeline=timeline(receipts),
         input_text=json.dumps(job.input, ensure_ascii=False),
-        notice=request.query_params.get("notice"),
+        notice=notice_of(request, session),
     )
 
 
@@ -116,11 +124,15 @@ async def agent_job_answer(request: Request, agentJobId: str) -> Response:
             store, agentJobId, answer={"text": text}, tool_call_id=fields.get("toolCallId") or None
         )
     except (interventions.NotWaiting, NotFoundError) as exc:
-        return RedirectResponse(_page_url(agentJobId, f"not answered: {exc}"), status_code=303)
+        return RedirectResponse(
+            _page_url(session, agentJobId, f"not answered: {exc}"), status_code=303
+        )
     log.info(
         "console answer", extra={"event": "console.agent_job_answered", "agentJobId": agentJobId}
     )
-    return RedirectResponse(_page_url(agentJobId, f"answered; the job is {job.status}"), 303)
+    return RedirectResponse(
+        _page_url(session, agentJobId, f"answered; the job is {job.status}"), 303
+    )
 
 
 @router.post("/jobs/{agentJobId}/cancel")
@@ -132,8 +144,10 @@ async def agent_job_cancel(request: Request, agentJobId: str) -> Response:
     try:
         job = await interventions.cancel(store, agentJobId, reason=reason[:1000])
     except interventions.AlreadyTerminal as exc:
-        return RedirectResponse(_page_url(agentJobId, f"not canceled: {exc}"), status_code=303)
+        return RedirectResponse(
+            _page_url(session, agentJobId, f"not canceled: {exc}"), status_code=303
+        )
     log.info(
         "console cancel", extra={"event": "console.agent_job_cancel", "agentJobId": agentJobId}
     )
-    return RedirectResponse(_page_url(agentJobId, job.status), status_code=303)
+    return RedirectResponse(_page_url(session, agentJobId, job.status), status_code=303)

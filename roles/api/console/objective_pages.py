@@ -8,7 +8,7 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -17,7 +17,7 @@ from receipts.objectives import store as objectives
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream
 from roles.api.auth import JOBS_WRITE
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
-from roles.api.console.session import form_of, session_of, visible
+from roles.api.console.session import form_of, notice_of, notice_query, session_of, visible
 
 log = logging.getLogger("roles.api.console")
 
@@ -158,7 +158,7 @@ async def objective_page(request: Request, objectiveId: str) -> HTMLResponse:
         **drawing(objective),
         audit=json.dumps(objective.audit, indent=2, ensure_ascii=False) if objective.audit else "",
         timeline=timeline(receipts),
-        notice=request.query_params.get("notice"),
+        notice=notice_of(request, session),
     )
 
 
@@ -176,5 +176,5 @@ async def objective_cancel(request: Request, objectiveId: str) -> Response:
         notice = f"not canceled: {exc}"
     log.info("console objective cancel", extra={"event": "console.objective_cancel"})
     return RedirectResponse(
-        f"/console/objectives/{quote(objectiveId, safe='')}?{urlencode({'notice': notice})}", 303
+        f"/console/objectives/{quote(objectiveId, safe='')}?{notice_query(session, notice)}", 303
     )

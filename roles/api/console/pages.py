@@ -34,6 +34,8 @@ from roles.api.console.session import (
     check_sign_in,
     end_session,
     need,
+    notice_of,
+    notice_query,
     read_form,
     session_of,
     sign_in_refused,
@@ -323,7 +325,7 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         temporal_url=temporal_workflows_url(request.app.state.api.core)
         + "?"
         + urlencode({"query": temporal_query(job)}),
-        notice=request.query_params.get("notice"),
+        notice=notice_of(request, session),
         retryable=job.status in retries.RETRYABLE_STATUSES and job.kind != TURN_KIND,
     )
 
@@ -390,7 +392,7 @@ async def job_command(request: Request, jobId: str) -> Response:
         f"{command_type} appended" if outcome.ok else f"{command_type} refused: {outcome.status}"
     )
     return RedirectResponse(
-        f"/console/jobs/{quote(jobId, safe='')}?{urlencode({'notice': notice})}", status_code=303
+        f"/console/jobs/{quote(jobId, safe='')}?{notice_query(session, notice)}", status_code=303
     )
 
 
@@ -415,13 +417,13 @@ async def job_retry(request: Request, jobId: str) -> Response:
     if outcome.retry is None:
         notice = f"not retried: {outcome.status}"
         return RedirectResponse(
-            f"/console/jobs/{quote(jobId, safe='')}?{urlencode({'notice': notice})}",
+            f"/console/jobs/{quote(jobId, safe='')}?{notice_query(session, notice)}",
             status_code=303,
         )
     shown = shown_job_id(job, session.principal.organization_id) if job is not None else jobId
     notice = f"retry of {shown}"
     return RedirectResponse(
-        f"/console/jobs/{quote(outcome.retry.job_id, safe='')}?{urlencode({'notice': notice})}",
+        f"/console/jobs/{quote(outcome.retry.job_id, safe='')}?{notice_query(session, notice)}",
         status_code=303,
     )
 
@@ -443,7 +445,7 @@ async def failed_page(request: Request) -> HTMLResponse:
         session=session,
         groups=groups,
         agent_id=request.query_params.get("agentId") or "",
-        notice=request.query_params.get("notice"),
+        notice=notice_of(request, session),
     )
 
 
@@ -472,7 +474,7 @@ async def failed_retry(request: Request) -> Response:
     created = sum(1 for o in outcomes if o.status == retries.RETRIED)
     log.info("console bulk retry", extra={"event": "console.bulk_retry", "count": created})
     notice = f"{created} job(s) retried{stopped}" if created or not stopped else stopped[2:]
-    return RedirectResponse(f"/console/failed?{urlencode({'notice': notice})}", status_code=303)
+    return RedirectResponse(f"/console/failed?{notice_query(session, notice)}", status_code=303)
 
 
 def _admission(request: Request, principal: Principal) -> Admission | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -16,7 +15,7 @@ from receipts.schedules import store as schedules
 from receipts.schedules.model import ScheduleState
 from roles.api.auth import JOBS_WRITE
 from roles.api.console.pages import PAGE_SIZE, render, store_of
-from roles.api.console.session import form_of, session_of, visible
+from roles.api.console.session import form_of, notice_of, notice_query, session_of, visible
 from roles.api.errors import ApiError
 from roles.api.routes.schedules import admitted, current_fields
 
@@ -49,7 +48,7 @@ async def schedules_page(request: Request) -> HTMLResponse:
         "schedules.html",
         session=session,
         schedules=[(s, next_fire(s)) for s in page.items],
-        notice=request.query_params.get("notice"),
+        notice=notice_of(request, session),
     )
 
 
@@ -83,4 +82,4 @@ async def schedule_action(request: Request, scheduleId: str, action: str) -> Res
             action,
             extra={"event": f"console.schedule_{action}", "scheduleId": schedule.schedule_id},
         )
-    return RedirectResponse(f"/console/schedules?{urlencode({'notice': notice})}", 303)
+    return RedirectResponse(f"/console/schedules?{notice_query(session, notice)}", 303)

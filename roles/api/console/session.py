@@ -9,7 +9,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from fastapi import Request
 
@@ -183,6 +183,26 @@ def sign_in_refused(request: Request) -> None:
 
 def _client(request: Request) -> str:
     return request.client.host if request.client else "unknown"
+
+
+def notice_query(session: Session, text: str) -> str:
+    """The query of a page's notice after an action: `notice=<text>&ns=<tag>`. A page shows a
+    notice only with the tag its own session makes, so a link from elsewhere cannot put its
+    words on an operator's page ("session expired: enter your token at ...")."""
+    return urlencode({"notice": text, "ns": _notice_tag(session, text)})
+
+
+def notice_of(request: Request, session: Session) -> str | None:
+    """The page's notice, when its tag is this session's (else none is shown)."""
+    text, tag = request.query_params.get("notice"), request.query_params.get("ns")
+    if text is None or tag is None:
+        return None
+    return text if hmac.compare_digest(tag, _notice_tag(session, text)) else None
+
+
+def _notice_tag(session: Session, text: str) -> str:
+    key = session.csrf.encode()
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def need(session: Session, scope: str) -> None:
