@@ -496,6 +496,8 @@ async def test_a_notice_shows_only_from_the_sessions_own_action(db_url: str, sto
         for query in ({"notice": phishing}, {"notice": phishing, "ns": "0" * 32}):
             page = await client.get(f"/console/jobs/{job_id}", params=query)
             assert page.status_code == 200 and "evil.example" not in page.text, query
+        login = await client.get("/console/login", params={"error": phishing})
+        assert "evil.example" not in login.text
         acted = await client.post(
             f"/console/jobs/{job_id}/command",
             **form({"csrf": csrf, "type": "abort", "reason": "stop"}),  # type: ignore[arg-type]

@@ -205,7 +205,7 @@ async def console_root() -> RedirectResponse:
 
 @router.get("/login")
 async def login_page(request: Request) -> HTMLResponse:
-    return render("login.html", session=None, error=request.query_params.get("error"))
+    return render("login.html", session=None, error=None)  # no text of a link is shown
 
 
 @router.post("/login")
