@@ -181,9 +181,8 @@ async def visible_job(store: Store, viewer: Viewer, job_id: str) -> Job | None:
 async def stream_tail(store: Store, stream: str, limit: int) -> list[Receipt]:
     """The newest `limit` receipts of `stream`, in order (a runaway job's page starts there)."""
     with translate_errors():
-        row = await store.fetch_one("stream_head", {"stream": stream})
-    head = int(row[0]) if row else 0
-    return await store.read_stream(stream, max(0, head - limit), limit)
+        rows = await store.fetch("read_stream_tail", {"stream": stream, "limit": limit})
+    return [Receipt.from_row(row) for row in rows]
 
 
 async def expired_leases(store: Store, limit: int) -> list[str]:

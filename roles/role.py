@@ -25,7 +25,7 @@ from activities.handlers.sdk import HandlerConflict, Installed, load_installed
 from receipts.kinds import QUEUE_CHAT, QUEUE_CODEX, QUEUE_CONTROL, QUEUE_DRIVER
 from roles.delivery.serve import run_attempt_worker, run_driver, start_loops
 from roles.infra import logs
-from roles.infra.health import serve_metrics, serve_role_health
+from roles.infra.health import serve_health, serve_role_health
 from roles.infra.metrics import run_queue_depth
 from roles.infra.process import freeze_startup_heap, open_runtime, run_until_signalled
 from roles.infra.settings import CALLBACK_ROLES, ProcessSettings, RuntimeSettings, load_or_exit
@@ -82,7 +82,7 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
     runtime = await open_runtime(role, settings, lazy_client=role in ("api", ALL))
     try:
         if role == "api" and settings.process.metrics_port is not None:
-            serve_metrics(settings.process.metrics_host, settings.process.metrics_port)
+            serve_health(settings.process.metrics_host, settings.process.metrics_port, None)
         if role != "api":
             queues = [WORKER_QUEUES[role]] if role in WORKER_QUEUES else []
             queues += [QUEUE_DRIVER] if role == "driver" else []

@@ -146,6 +146,16 @@ WHERE stream = %(stream)s AND seq > %(after_seq)s
 ORDER BY seq
 LIMIT %(limit)s;
 
+-- name: read_stream_tail
+-- The stream's newest `limit` receipts, in order.
+SELECT * FROM (
+    SELECT stream, seq, type, data, recorded_at, position
+    FROM receipts
+    WHERE stream = %(stream)s
+    ORDER BY seq DESC
+    LIMIT %(limit)s) AS newest
+ORDER BY seq;
+
 -- name: read_all
 SELECT stream, seq, type, data, recorded_at, position
 FROM receipts
@@ -219,8 +229,7 @@ WHERE status = 'queued' AND (available_at IS NULL OR available_at <= now())
 GROUP BY lane, worker_queue;
 
 -- name: stream_head
--- The last seq of any stream (its (stream, seq) index answers it); writers hold the stream's
--- lock (the console's job page reads it unlocked, to show the newest receipts).
+-- The last seq of any stream (its (stream, seq) index answers it); callers hold the stream's lock.
 SELECT coalesce(max(seq), 0) FROM receipts WHERE stream = %(stream)s;
 
 -- name: append_stream

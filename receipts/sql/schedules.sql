@@ -93,19 +93,24 @@ WHERE s.schedule_id > %(after)s
 ORDER BY s.schedule_id
 LIMIT %(batch)s;
 
+-- name: schedule_compaction_due
+-- The seqs a compaction deletes, oldest first, at most `limit` (included by the two below).
+SELECT r.seq FROM receipts r
+WHERE r.stream = %(stream)s
+  AND r.type IN ('schedule.fired', 'schedule.skipped')
+  AND r.recorded_at < %(cutoff)s
+  AND r.seq < coalesce((SELECT k.seq FROM receipts k
+                        WHERE k.stream = %(stream)s
+                          AND k.type IN ('schedule.fired', 'schedule.skipped')
+                        ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0)
+ORDER BY r.seq
+LIMIT %(limit)s
+
 -- name: schedule_compaction_delete
 DELETE FROM receipts
 WHERE stream = %(stream)s AND seq IN (
-    SELECT r.seq FROM receipts r
-    WHERE r.stream = %(stream)s
-      AND r.type IN ('schedule.fired', 'schedule.skipped')
-      AND r.recorded_at < %(cutoff)s
-      AND r.seq < coalesce((SELECT k.seq FROM receipts k
-                            WHERE k.stream = %(stream)s
-                              AND k.type IN ('schedule.fired', 'schedule.skipped')
-                            ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0)
-    ORDER BY r.seq
-    LIMIT %(limit)s)
+    -- include: schedule_compaction_due
+)
 RETURNING seq;
 
 -- name: schedule_compaction_drop_compacted
@@ -116,13 +121,6 @@ RETURNING seq;
 
 -- name: schedule_compaction_count
 SELECT (SELECT count(*) FROM (
-            SELECT 1 FROM receipts r
-            WHERE r.stream = %(stream)s
-              AND r.type IN ('schedule.fired', 'schedule.skipped')
-              AND r.recorded_at < %(cutoff)s
-              AND r.seq < coalesce((SELECT k.seq FROM receipts k
-                                    WHERE k.stream = %(stream)s
-                                      AND k.type IN ('schedule.fired', 'schedule.skipped')
-                                    ORDER BY k.seq DESC OFFSET (%(keep)s - 1) LIMIT 1), 0)
-            LIMIT %(limit)s) AS due),
+            -- include: schedule_compaction_due
+        ) AS due),
        (SELECT count(*) FROM receipts WHERE stream = %(stream)s AND type = 'schedule.compacted');

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -171,12 +171,14 @@ def _fixed(reason: str) -> Callable[[], Awaitable[str | None]]:
     return check
 
 
-def _handler(state: HealthState) -> type[BaseHTTPRequestHandler]:
+def _handler(state: HealthState | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            elif state is None:  # metrics only: the api answers its health on its own port
+                self._json(404, {"error": "not found: /metrics"})
             elif path == "/healthz":
                 live = state.live()
                 self._json(200 if live else 503, {"status": "ok" if live else "stalled"})
@@ -205,8 +207,10 @@ def _handler(state: HealthState) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve_health(host: str, port: int, state: HealthState) -> ThreadingHTTPServer | None:
-    """Serve /metrics, /healthz and /readyz on a daemon thread; a taken port is logged."""
+def serve_health(host: str, port: int, state: HealthState | None) -> ThreadingHTTPServer | None:
+    """Serve /metrics, /healthz and /readyz on a daemon thread; a taken port is logged. Without
+    a `state`, /metrics alone: the api's scrape port when RECEIPT_METRICS_PORT is set (its own
+    /metrics, on the API's port, needs an admin token, which a scraper should not hold)."""
     try:
         server = ThreadingHTTPServer((host, port), _handler(state))
     except OSError as exc:
@@ -220,35 +224,13 @@ def serve_health(host: str, port: int, state: HealthState) -> ThreadingHTTPServe
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="health-http", daemon=True).start()
     log.info(
-        "metrics on http://%s:%s/metrics (and /healthz, /readyz)",
+        "metrics on http://%s:%s/metrics%s",
         host,
         server.server_port,
+        "" if state is None else " (and /healthz, /readyz)",
         extra={"event": "metrics.listening", "port": server.server_port},
     )
     return server
-
-
-def serve_metrics(host: str, port: int) -> bool:
-    """Serve /metrics alone on a daemon thread, without a token: the api's scrape port when
-    RECEIPT_METRICS_PORT is set (its own /metrics, on the API's port, needs an admin token, which
-    a scraper should not hold). A taken port is logged; returns whether it serves."""
-    try:
-        start_http_server(port, addr=host, registry=REGISTRY)
-    except OSError as exc:
-        log.warning(
-            "metrics endpoint disabled: %s:%s is taken (set RECEIPT_METRICS_PORT)",
-            host,
-            port,
-            extra={"event": "metrics.unavailable", "port": port, "error": str(exc)},
-        )
-        return False
-    log.info(
-        "metrics on http://%s:%s/metrics",
-        host,
-        port,
-        extra={"event": "metrics.listening", "port": port},
-    )
-    return True
 
 
 def serve_role_health(

@@ -141,6 +141,11 @@ async def _run(coro: Coroutine[Any, Any, int | None]) -> int | None:
     return await coro
 
 
+def test_the_redrive_key_is_the_specs() -> None:
+    """The spec's queued-redrive dispatch key: `<jobId>:redrive:<observedSeq>:<attempt>`."""
+    assert deliveries.redrive_key("job-1", 3, 1) == "job-1:redrive:3:1"
+
+
 def test_loop_settings_use_the_spec_names_and_defaults() -> None:
     from receipts.settings import SettingsError
 
