@@ -317,6 +317,11 @@ API_REQUEST_DURATION = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 API_EVENT_STREAMS = Gauge("receipt_api_event_streams", "Event streams the api serves now.")
+API_REFUSALS_HELD = Gauge(
+    "receipt_api_refusals_held",
+    "Enqueues over their organization's rate the api holds now before it answers 429 "
+    "(RECEIPT_RATE_REFUSAL_HOLD_MS, at most RECEIPT_RATE_REFUSALS_HELD_MAX).",
+)
 ROLE_READY = Gauge(
     "receipt_role_ready",
     "1 while the role's /readyz answers 200 (database reachable, Temporal worker polling; the "

@@ -73,7 +73,12 @@ class ApiState:
     def __post_init__(self) -> None:
         s = self.settings
         self.streams = StreamGate(s.sse_max_streams, s.sse_max_streams_per_token)
-        self.org_limits = OrgLimits(s.org_enqueue_rate, s.org_enqueue_burst)
+        self.org_limits = OrgLimits(
+            s.org_enqueue_rate,
+            s.org_enqueue_burst,
+            hold_s=s.rate_refusal_hold_ms / 1000,
+            max_held=s.rate_refusals_held_max,
+        )
 
     @property
     def json_limits(self) -> JsonLimits:

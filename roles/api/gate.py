@@ -114,7 +114,7 @@ class EnqueueGate:
                 await self.app(scope, receive, send)
                 return
             try:
-                state.org_limits.admit(principal.organization_id)
+                await state.org_limits.admit_paced(principal.organization_id)
             except ApiError as refused:
                 _route_matched(scope)
                 await error_response(refused)(scope, receive, send)

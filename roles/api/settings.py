@@ -50,6 +50,10 @@ class ApiSettings(ReceiptSettings):
     # --- per-organization limits ---
     org_enqueue_rate: float = Field(default=50.0, gt=0, alias="RECEIPT_ORG_ENQUEUE_RATE")
     org_enqueue_burst: int = Field(default=200, ge=1, alias="RECEIPT_ORG_ENQUEUE_BURST")
+    rate_refusal_hold_ms: int = Field(
+        default=1000, ge=0, le=60_000, alias="RECEIPT_RATE_REFUSAL_HOLD_MS"
+    )
+    rate_refusals_held_max: int = Field(default=1000, ge=0, alias="RECEIPT_RATE_REFUSALS_HELD_MAX")
     org_max_queued: int = Field(default=1000, ge=1, alias="RECEIPT_ORG_MAX_QUEUED")
     org_max_active: int = Field(default=2000, ge=1, alias="RECEIPT_ORG_MAX_ACTIVE")
     max_timeout_ms: int = Field(default=3_600_000, ge=1, alias="RECEIPT_MAX_TIMEOUT_MS")

@@ -45,18 +45,21 @@ AS_ADMIN = {"Authorization": f"Bearer {TOKEN_ADMIN}"}
 
 
 # The session's database collects every module's jobs of org-a: the API tests run without the
-# per-organization caps unless a test sets them (test_api_security.py does).
+# per-organization caps unless a test sets them (test_api_security.py does), and a refusal over
+# the rate is answered at once unless a test holds it (the hold only delays the same 429).
 UNLIMITED: dict[str, Any] = {
     "org_max_queued": 10**9,
     "org_max_active": 10**9,
     "org_enqueue_rate": 1e9,
     "org_enqueue_burst": 10**9,
+    "rate_refusal_hold_ms": 0,
 }
 UNLIMITED_ENV = {
     "RECEIPT_ORG_MAX_QUEUED": str(10**9),
     "RECEIPT_ORG_MAX_ACTIVE": str(10**9),
     "RECEIPT_ORG_ENQUEUE_RATE": "1e9",
     "RECEIPT_ORG_ENQUEUE_BURST": str(10**9),
+    "RECEIPT_RATE_REFUSAL_HOLD_MS": "0",
 }
 
 

@@ -52,6 +52,7 @@ def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
         RECEIPT_ORG_MAX_QUEUED="1000",
         RECEIPT_ORG_ENQUEUE_RATE="50",
         RECEIPT_ORG_ENQUEUE_BURST="200",
+        RECEIPT_RATE_REFUSAL_HOLD_MS="1000",
         RECEIPT_SSE_MAX_STREAMS="1000",
         RECEIPT_SSE_MAX_STREAMS_PER_CALLER="50",
     ) as api:

@@ -486,6 +486,48 @@ async def test_an_organization_is_capped_on_queued_jobs_and_rate_and_timeout(
         assert int(limited.headers["retry-after"]) >= 1
 
 
+async def test_a_refusal_over_the_rate_is_held_until_the_next_token_and_holds_are_bounded(
+    db_url: str,
+) -> None:
+    """A flood client that posts again the moment it is refused is answered no faster than its
+    organization's next token (not hundreds of refusals a second on the event loop every
+    organization shares), at most RECEIPT_RATE_REFUSALS_HELD_MAX at once: past that a refusal
+    is answered at once. A held refusal takes no token: the next post after it is admitted."""
+    from receipts import metrics
+
+    org = new_id("org")
+    tokens = f"token-{org} {org}"
+    as_org = {"Authorization": f"Bearer token-{org}"}
+    held = metrics.API_REFUSALS_HELD
+    settings = {"rate_refusal_hold_ms": 60_000, "rate_refusals_held_max": 2}
+    async with api_client(
+        db_url, tokens=tokens, org_enqueue_rate=0.5, org_enqueue_burst=1, **settings
+    ) as c:
+
+        async def post() -> httpx.Response:
+            return await c.post("/agents/codex/jobs", json=enqueue_body(org=org), headers=as_org)
+
+        assert (await post()).status_code == 202  # the burst; the next token is due in 2 s
+        started = time.monotonic()
+        posts = [asyncio.create_task(post()) for _ in range(5)]
+        answered, holding = await asyncio.wait(posts, timeout=1.0)
+        # Two held (the cap), three refused at once; the held two are still unanswered.
+        assert (len(answered), len(holding), held._value.get()) == (3, 2, 2)
+        for refused in answered:
+            assert (
+                "RECEIPT_ORG_ENQUEUE_RATE"
+                in assert_error(refused.result(), 429, "too_many_requests")["message"]
+            )
+        await asyncio.gather(*holding)
+        waited = time.monotonic() - started
+        assert held._value.get() == 0
+        for refused in holding:
+            assert refused.result().status_code == 429
+        # Held until the next token was due (2 s after the burst), not the hold's 60 s cap.
+        assert 1.5 <= waited < 30, waited
+        assert (await post()).status_code == 202  # the held refusals took no token
+
+
 async def test_an_organization_at_its_cap_still_gets_its_existing_job_and_its_steers(
     db_url: str, store: Store
 ) -> None:

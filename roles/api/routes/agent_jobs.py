@@ -209,7 +209,8 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
     commands on the codex workers: the token needs `jobs:write` and `commands:run`."""
     require_scope(caller, JOBS_WRITE)
     require_scope(caller, COMMANDS_RUN)
-    state.org_limits.admit(caller.organization_id)  # as an enqueue: the organization's rate
+    # As an enqueue: the organization's rate.
+    await state.org_limits.admit_paced(caller.organization_id)
     body = await read_json_body(request, state.settings.max_body_bytes)
     if not isinstance(body, dict):
         raise InvalidInput("body", "the request body must be a JSON object")

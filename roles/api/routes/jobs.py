@@ -170,7 +170,7 @@ async def enqueue_post(
     # A body declared too large is refused before it takes one of the organization's tokens.
     check_declared_length(request, settings.max_body_bytes)
     if admitted(request) is None:  # else the enqueue gate (roles/api/gate.py) took the token
-        state.org_limits.admit(caller.organization_id)
+        await state.org_limits.admit_paced(caller.organization_id)
     body = await read_json_body(request, settings.max_body_bytes, state.json_limits)
     enqueue_request = parse_enqueue(agent_id, body, text_checked=True)
     if settings.strict_agent_ids and not has_handler(agent_id):

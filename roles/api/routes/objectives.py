@@ -114,7 +114,8 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
     the token needs `jobs:write` and `commands:run`."""
     require_scope(caller, JOBS_WRITE)
     require_scope(caller, COMMANDS_RUN)
-    state.org_limits.admit(caller.organization_id)  # an enqueue: the organization's rate
+    # An enqueue: the organization's rate.
+    await state.org_limits.admit_paced(caller.organization_id)
     body = _object(await read_json_body(request, state.settings.max_body_bytes), CREATE_FIELDS)
     auth = _auth_context(body, caller)
     raw = {k: v for k, v in body.items() if k != "authContext"}

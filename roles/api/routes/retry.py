@@ -101,7 +101,7 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
     body = validated(BulkRetryBody, raw)
     choice(body.lane, "lane", LANES)
     choice(body.kind, "kind", KINDS)
-    state.org_limits.admit(caller.organization_id)
+    await state.org_limits.admit_paced(caller.organization_id)
     outcomes = await retries.retry_matching(
         state.require_store(),
         {
@@ -143,7 +143,7 @@ async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse
     job = await visible_job(state, caller, job_id)
     if runs_commands(job.agent_id, job.kind):
         require_scope(caller, COMMANDS_RUN)
-    state.org_limits.admit(caller.organization_id)
+    await state.org_limits.admit_paced(caller.organization_id)
     outcome = await retries.retry(
         state.require_store(),
         job.job_id,

@@ -266,7 +266,7 @@ async def test_webhook(state: State, caller: Caller, webhook_id: WebhookId) -> J
     (`RECEIPT_ORG_ENQUEUE_RATE`, 429): a test is work for the deliverer as a job is."""
     require_scope(caller, JOBS_WRITE)
     webhook = await _visible(state, caller, webhook_id)
-    state.org_limits.admit(webhook.organization_id)
+    await state.org_limits.admit_paced(webhook.organization_id)
     delivery_id = await hooks.send_test(state.require_store(), webhook)
     return JSONResponse(
         {"webhookId": webhook.webhook_id, "deliveryId": str(delivery_id)}, status_code=202
