@@ -8,6 +8,7 @@ This module holds the contract only; the worker's side of it (leases, fences, th
 from __future__ import annotations
 
 import abc
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -70,6 +71,11 @@ class Fail(Exception):
             # The job's result on a failure is an object with its `status`: a list or a string
             # would be dropped for `{status}` alone, so it is refused where it is made.
             raise TypeError("Fail(result=...) must be a dict (the failed job's result fields)")
+        if result is not None:
+            try:
+                json.dumps(result)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"Fail(result=...) must be JSON: {exc}") from exc
         super().__init__(message)
         self.retryable = retryable
         self.result = result
@@ -106,8 +112,9 @@ class JobContext(abc.ABC):
     async def progress(self, data: Any) -> bool:
         """Record progress (a string or any JSON value) as a `job.progress` receipt. Receipts
         are written at most every half second: a call in between is kept (and answers True),
-        the latest wins, and the last is written before the job settles. False when the
-        fence refused the write: the lease is lost and the handler is about to be cancelled."""
+        the latest wins, and the last is written before the job settles, however the handler
+        ends. False when the fence refused the write: the lease is lost and the handler is
+        about to be cancelled. `data` that is not JSON raises TypeError at the call."""
 
     @abc.abstractmethod
     def commands(self, *, wait: bool = True) -> AsyncIterator[Command]:

@@ -83,6 +83,12 @@ HANDLERS_ABANDONED = Counter(
     "execution timeout, the worker's shutdown): the attempt went on without them.",
     ["agent"],
 )
+HANDLER_PROGRESS_UNWRITTEN = Counter(
+    "receipt_handler_progress_unwritten",
+    "Progress an installed handler's rate limit kept back that could not be written when the "
+    "handler ended (the job settles as the handler ended regardless), by agent.",
+    ["agent"],
+)
 HANDLER_DURATION = Histogram(
     "receipt_handler_duration_seconds", "Handler run time by agent.", ["agent"],
     buckets=LATENCY_BUCKETS,

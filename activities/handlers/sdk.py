@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -36,12 +37,17 @@ from activities.handlers.context import (
 from activities.handlers.steering import StdinFeed
 from activities.sandbox import SandboxRefused, run_sandboxed
 from receipt_worker.sdk import AgentHandler, Command, Fail, JobContext, Retry, SandboxRun
+from receipts import metrics
 from receipts.kinds import AGENT_IDS, GROUP_QUEUES, handlers_entry_points
 from receipts.tenancy import caller_id
 from receipts.waits import within
 
 COMMAND_POLL_S = 1.0
+KEPT_PROGRESS_WRITE_S = 5.0
+"""How long the progress kept back is given to be written when the handler ends."""
 _NOTHING = object()
+
+log = logging.getLogger(__name__)
 
 
 class HandlerConflict(Exception):
@@ -74,6 +80,9 @@ class FencedJobContext(JobContext):
         return self._ctx.aborted.is_set()
 
     async def progress(self, data: Any) -> bool:
+        # Refused at the call whether it is written now or kept back: kept, it would fail only
+        # when the handler ends, in place of the handler's own outcome.
+        _check_json(data, "progress data")
         if time.monotonic() - self._last_sent < PROGRESS_INTERVAL_S:
             self._unsent = data
             return True
@@ -86,6 +95,20 @@ class FencedJobContext(JobContext):
         if self._unsent is not _NOTHING:
             data, self._unsent = self._unsent, _NOTHING
             await self._ctx.progress(data)
+
+    async def write_kept(self) -> None:
+        """`flush` however the handler ended (its result, `Retry`, `Fail`, an exception, the
+        execution timeout, an abort): a failure to write is logged and counted, never the
+        job's outcome in place of the handler's."""
+        try:
+            await within(self.flush(), KEPT_PROGRESS_WRITE_S)
+        except Exception:
+            metrics.HANDLER_PROGRESS_UNWRITTEN.labels(metrics.agent_label(self.agent_id)).inc()
+            log.warning(
+                "the progress a handler's rate limit kept back was not written",
+                exc_info=True,
+                extra={"event": "handler.progress_unwritten", "jobId": self.job_id},
+            )
 
     async def commands(self, *, wait: bool = True) -> AsyncIterator[Command]:
         arrived = self._ctx.commands_arrived
@@ -150,20 +173,21 @@ def as_handler(declared: AgentHandler) -> Handler:
         try:
             value = await declared(job)
         except Retry as exc:
-            await job.flush()
+            await job.write_kept()
             raise HandlerError(str(exc), retryable=True, retry_delay_ms=exc.delay_ms) from exc
         except Fail as exc:
-            await job.flush()
-            raise HandlerError(str(exc), retryable=exc.retryable, result=exc.result) from exc
+            await job.write_kept()
+            raise _failed(exc) from exc
         except asyncio.CancelledError:
+            # Cancelled by the execution timeout or an abort the fence still holds (after a lost
+            # lease the fenced write is refused): the last progress says where it stopped.
+            await job.write_kept()
             raise
         except Exception:
-            # The last progress held back by the rate limit is written before the job settles,
-            # however the handler ended; the handler's own error is the one reported.
-            with contextlib.suppress(Exception):
-                await job.flush()
+            # The handler's own error is the one reported.
+            await job.write_kept()
             raise
-        await job.flush()
+        await job.write_kept()
         try:
             json.dumps(value)
         except (TypeError, ValueError) as exc:
@@ -173,6 +197,23 @@ def as_handler(declared: AgentHandler) -> Handler:
         return value
 
     return handle
+
+
+def _check_json(value: Any, what: str) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{what} is not JSON: {exc}") from exc
+
+
+def _failed(exc: Fail) -> HandlerError:
+    """The failure a `Fail` names; a result that is not JSON (changed after `Fail` checked it)
+    is dropped, and the message says so, rather than failing the settle."""
+    try:
+        _check_json(exc.result, "its result")
+    except TypeError as refused:
+        return HandlerError(f"{exc} ({refused}; dropped)", retryable=exc.retryable)
+    return HandlerError(str(exc), retryable=exc.retryable, result=exc.result)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from activities.attempt import execution_timeout_message
 from activities.handlers.sdk import as_handler
 from receipt_worker import Command, Fail, JobContext, Retry, handler
 from receipts import operations as ops
@@ -86,6 +87,8 @@ def test_fail_takes_a_result_object_only() -> None:
 
     with pytest.raises(TypeError, match="must be a dict"):
         Fail("bad", result=["line 1", "line 2"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be JSON"):
+        Fail("bad", result={"error": ValueError("x")})
     for bad in (-1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="at least 0"):
             Retry("later", delay_ms=bad)
@@ -101,6 +104,72 @@ async def test_fail_ends_the_job_with_its_message_and_result(store: Store) -> No
     job = await store.get_job(job_id)
     assert job is not None and job.error == "payload.version is required"
     assert job.result is not None and job.result["hint"] == "1.4.0"
+
+
+async def test_a_fail_whose_result_is_no_longer_json_still_fails_the_job(store: Store) -> None:
+    """A result changed after `Fail` checked it is dropped, and the message says so: the job
+    ends as the handler asked (it failed the settle and left the job running before)."""
+
+    @handler("sdk-fail-opaque")
+    async def refuse(job: JobContext) -> None:
+        failure = Fail("payload.version is required", result={})
+        assert failure.result is not None
+        failure.result["when"] = object()
+        raise failure
+
+    job_id, result = await delivered(store, refuse)
+    assert (result.status, result.job_status) == (AttemptStatus.FAILED, "failed")
+    job = await store.get_job(job_id)
+    assert job is not None and job.error is not None
+    assert job.error.startswith("payload.version is required (its result is not JSON")
+
+
+async def test_progress_that_is_not_json_is_refused_at_the_call_even_when_kept_back(
+    store: Store,
+) -> None:
+    """Kept back by the rate limit, data that is not JSON failed only when the handler ended,
+    in place of its result; now the call raises, whichever way it would have gone."""
+    refused: list[str] = []
+
+    @handler("sdk-progress-opaque")
+    async def reports(job: JobContext) -> dict[str, Any]:
+        await job.progress("a")  # written
+        for data in (object(), {"at": object()}):  # the second within the rate limit: kept
+            try:
+                await job.progress(data)
+            except TypeError as exc:
+                refused.append(str(exc))
+        await job.progress("b")  # kept, written at the end
+        return {"done": True}
+
+    job_id, result = await delivered(store, reports)
+    assert (result.status, result.job_status) == (AttemptStatus.COMPLETED, "completed")
+    assert len(refused) == 2 and all(r.startswith("progress data is not JSON") for r in refused)
+    receipts = await store.read_stream(f"jobs/{job_id}")
+    assert [r.data["data"] for r in receipts if r.type == "job.progress"] == ["a", "b"]
+
+
+async def test_progress_kept_back_is_written_when_the_execution_timeout_cancels(
+    store: Store,
+) -> None:
+    """The last progress of a handler that hangs says where it stopped: written when the
+    execution timeout cancels it (it was dropped before)."""
+
+    @handler("sdk-hang")
+    async def hangs(job: JobContext) -> None:
+        await job.progress("starting")
+        await job.progress("stuck at step 7")  # within the rate limit: kept
+        await asyncio.sleep(3600)
+
+    job_id = await job_of(store, "sdk-hang")
+    handlers = {"sdk-hang": as_handler(hangs)}
+    result = await run(store, handlers, attempt_of(job_id, "sdk-hang", execution_timeout_ms=800))
+    assert result.job_status == "queued"
+    job = await store.get_job(job_id)
+    assert job is not None and job.error == execution_timeout_message(800)
+    receipts = await store.read_stream(f"jobs/{job_id}")
+    progress = [r.data["data"] for r in receipts if r.type == "job.progress"]
+    assert progress == ["starting", "stuck at step 7"]
 
 
 async def test_an_exception_is_retried_then_fails_the_job_with_its_message(store: Store) -> None:

@@ -108,3 +108,47 @@ def test_an_installed_handler_that_names_its_group_is_routed_there() -> None:
     assert route("release-check", "factory.task.run") == QUEUE_CODEX
     assert route("release-bot", "factory.task.run") == QUEUE_CHAT
     assert route("codex", "factory.task.run") == QUEUE_CODEX  # built-in ids keep their route
+
+
+async def test_a_failure_to_write_kept_progress_never_replaces_the_handlers_outcome() -> None:
+    """The kept-back progress is written when the handler ends; when that write fails (the
+    database gone, say) the job still ends as the handler said — here its `Fail`, not retryable
+    — and the failure is counted (it replaced the `Fail` with a retried error before)."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from activities.handlers.context import HandlerError
+    from activities.handlers.sdk import as_handler
+    from receipt_worker import Fail
+    from receipts import metrics
+
+    written: list[Any] = []
+
+    async def progress(data: Any) -> bool:
+        if written:
+            raise ConnectionError("the database is gone")
+        written.append(data)
+        return True
+
+    job = SimpleNamespace(
+        job_id="unit-job",
+        agent_id="unit-writer",
+        kind="factory.task.run",
+        max_attempts=3,
+        organization_id="org-a",
+        session_key=None,
+    )
+    ctx = SimpleNamespace(job=job, attempt=1, progress=progress)
+
+    @handler("unit-writer")
+    async def writer(job: JobContext) -> None:
+        await job.progress("first")
+        await job.progress("kept")  # within the rate limit: written when the handler ends
+        raise Fail("payload.version is required")
+
+    unwritten = metrics.HANDLER_PROGRESS_UNWRITTEN.labels(metrics.agent_label("unit-writer"))
+    before = unwritten._value.get()
+    with pytest.raises(HandlerError) as failed:
+        await as_handler(writer)(ctx)  # type: ignore[arg-type]
+    assert (str(failed.value), failed.value.retryable) == ("payload.version is required", False)
+    assert written == ["first"] and unwritten._value.get() == before + 1
