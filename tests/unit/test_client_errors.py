@@ -78,3 +78,38 @@ def test_waiting_for_an_objective_whose_run_job_failed_says_it_was_not_created()
             client.wait_objective(accepted)
     assert refused.value.code == "failed"
     assert refused.value.message == f"objective o-1 was not created: {run.error}"
+
+
+def test_wait_reads_the_job_again_through_a_503_not_before_its_retry_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the stream's `end`, `wait` reads the job; a 503 then (the database away) is read
+    again not before the `Retry-After` the API named (it waited its own 0.5, 1 s before)."""
+    from receipt_client import sync
+
+    now = datetime.now(UTC)
+    done = Job(
+        job_id="j-1",
+        agent_id="codex",
+        lane="factory",
+        kind="factory.task.run",
+        payload={"kind": "factory.task.run"},
+        status="completed",
+        created_at=now,
+        updated_at=now,
+    )
+    reads: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            return httpx.Response(200, text='event: end\ndata: {"status": "completed"}\n\n')
+        reads.append(request.url.path)
+        if len(reads) <= 2:
+            return refusal(503)  # Retry-After: 7
+        return httpx.Response(200, json=jsonable_encoder(job_view(done)))
+
+    slept: list[float] = []
+    monkeypatch.setattr(sync.time, "sleep", slept.append)
+    with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        assert client.wait("j-1").status == "completed"
+    assert len(reads) == 3 and slept == [7.0, 7.0]

@@ -87,17 +87,17 @@ class AsyncClient:
         return call.model.model_validate(answer)
 
     async def _read_through_outages(self, call: Call[M]) -> M:
-        """`call` (a read), retried as a stream is across the api being away for a while (a
-        restart, a database outage answered 503)."""
+        """`call` (a read), retried across the api being away (a restart, a 503) as a stream is."""
         failures = 0
         while True:
             try:
                 return await self._send(call)
-            except (ConnectionFailed, Unavailable):
+            except (ConnectionFailed, Unavailable) as exc:
                 failures += 1
                 if failures > RECONNECT_ATTEMPTS:
                     raise
-            await asyncio.sleep(reconnect_delay(failures))
+                wait = max(reconnect_delay(failures), exc.retry_after or 0)
+            await asyncio.sleep(wait)  # not before the Retry-After the API named
 
     async def pages(self, path: str, after: int = 0) -> AsyncIterator[dict[str, Any]]:
         """The receipts past `after` of the stream at `path` (`…/events`) as JSON, page after
