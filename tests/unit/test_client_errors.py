@@ -4,6 +4,7 @@ API's, and an objective whose run job failed."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -113,3 +114,30 @@ def test_wait_reads_the_job_again_through_a_503_not_before_its_retry_after(
     with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
         assert client.wait("j-1").status == "completed"
     assert len(reads) == 3 and slept == [7.0, 7.0]
+
+
+def test_a_request_model_is_sent_by_the_apis_names() -> None:
+    """`create_schedule`, `create_objective` take their model as well as a dict: it is sent by
+    the API's names, unset fields left out (a model was sent as `{'agent_id': ...,
+    'interval': Interval(...)}`, which failed to encode)."""
+    sent: list[Any] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(500, text="stop here")
+
+    schedule = models.ScheduleBody.model_validate(
+        {"agentId": "codex", "interval": "5m", "job": {"payload": {"kind": "factory.task.run"}}}
+    )
+    objective = models.ObjectiveBody(title="t", goal="g")
+    with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        for create, body in (
+            (client.create_schedule, schedule),
+            (client.create_objective, objective),
+        ):
+            with pytest.raises(ServerError):
+                create(body)  # type: ignore[operator]
+    assert sent == [
+        {"agentId": "codex", "interval": "5m", "job": {"payload": {"kind": "factory.task.run"}}},
+        {"title": "t", "goal": "g"},
+    ]

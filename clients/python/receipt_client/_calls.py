@@ -63,6 +63,18 @@ def query(**values: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
+Body = Mapping[str, Any] | BaseModel
+"""A request body: a dict by the API's names, or its model (`models.ScheduleBody`, …)."""
+
+
+def request_body(body: Body) -> dict[str, Any]:
+    """`body` as the API reads it: a model by its API names, the fields not given left out (the
+    API's defaults apply)."""
+    if isinstance(body, BaseModel):
+        return body.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+    return dict(body)
+
+
 def body_of(values: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
@@ -107,11 +119,11 @@ def command(
     return Call("POST", job_path(job_id, "/commands"), models.CommandAccepted, body=body)
 
 
-def objective_body(spec: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
-    """An objective as a dict, or read from a file: YAML (`.yaml`/`.yml`, with PyYAML: the
-    `yaml` extra) or JSON, as `receipt objectives run` reads it."""
-    if isinstance(spec, Mapping):
-        return dict(spec)
+def objective_body(spec: Body | str | os.PathLike[str]) -> dict[str, Any]:
+    """An objective as a dict or its model, or read from a file: YAML (`.yaml`/`.yml`, with
+    PyYAML: the `yaml` extra) or JSON, as `receipt objectives run` reads it."""
+    if isinstance(spec, Mapping | BaseModel):
+        return request_body(spec)
     path = Path(spec)
     text = path.read_text(encoding="utf-8")
     if path.suffix in (".yaml", ".yml"):

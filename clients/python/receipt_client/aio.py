@@ -286,9 +286,9 @@ class AsyncClient:
     # --- objectives -----------------------------------------------------------------------
 
     async def create_objective(
-        self, spec: Mapping[str, Any] | str | os.PathLike[str]
+        self, spec: calls.Body | str | os.PathLike[str]
     ) -> models.ObjectiveAccepted:
-        """Create an objective (`ObjectiveBody`) from a dict or a JSON or YAML file."""
+        """Create an objective (`ObjectiveBody`, or a dict) or read it from a JSON/YAML file."""
         body = calls.objective_body(spec)
         return await self._send(Call("POST", "/objectives", models.ObjectiveAccepted, body=body))
 
@@ -349,10 +349,10 @@ class AsyncClient:
 
     # --- schedules --------------------------------------------------------------------------
 
-    async def create_schedule(self, body: Mapping[str, Any]) -> models.ScheduleView:
-        """Create a schedule (`ScheduleBody`: `cron` or `interval`, `agentId`, `job`, …); a
-        re-post of the same definition answers the schedule as it is."""
-        return await self._send(Call("POST", "/schedules", models.ScheduleView, body=dict(body)))
+    async def create_schedule(self, body: calls.Body) -> models.ScheduleView:
+        """Create a schedule (`ScheduleBody`); a re-post of its definition answers it as it is."""
+        body = calls.request_body(body)
+        return await self._send(Call("POST", "/schedules", models.ScheduleView, body=body))
 
     async def get_schedule(self, schedule_id: str) -> models.ScheduleView:
         return await self._send(Call("GET", calls.schedule_path(schedule_id), models.ScheduleView))
@@ -384,10 +384,10 @@ class AsyncClient:
 
     # --- background agent jobs ------------------------------------------------------------
 
-    async def create_agent_job(self, body: Mapping[str, Any]) -> models.AgentJobAnswer:
-        """Create a background agent job (`AgentJobCreateBody`); a repeated source tool call
-        finds the same job."""
-        return await self._send(Call("POST", "/agent-jobs", models.AgentJobAnswer, body=dict(body)))
+    async def create_agent_job(self, body: calls.Body) -> models.AgentJobAnswer:
+        """Create a background agent job (`AgentJobCreateBody`); a repeated tool call finds it."""
+        body = calls.request_body(body)
+        return await self._send(Call("POST", "/agent-jobs", models.AgentJobAnswer, body=body))
 
     async def get_agent_job(self, agent_job_id: str) -> models.AgentJobView:
         return await self._send(

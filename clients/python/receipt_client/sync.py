@@ -286,9 +286,9 @@ class Client:
     # --- objectives -----------------------------------------------------------------------
 
     def create_objective(
-        self, spec: Mapping[str, Any] | str | os.PathLike[str]
+        self, spec: calls.Body | str | os.PathLike[str]
     ) -> models.ObjectiveAccepted:
-        """Create an objective (`ObjectiveBody`) from a dict or a JSON or YAML file."""
+        """Create an objective (`ObjectiveBody`, or a dict) or read it from a JSON/YAML file."""
         body = calls.objective_body(spec)
         return self._send(Call("POST", "/objectives", models.ObjectiveAccepted, body=body))
 
@@ -341,10 +341,10 @@ class Client:
 
     # --- schedules --------------------------------------------------------------------------
 
-    def create_schedule(self, body: Mapping[str, Any]) -> models.ScheduleView:
-        """Create a schedule (`ScheduleBody`: `cron` or `interval`, `agentId`, `job`, …); a
-        re-post of the same definition answers the schedule as it is."""
-        return self._send(Call("POST", "/schedules", models.ScheduleView, body=dict(body)))
+    def create_schedule(self, body: calls.Body) -> models.ScheduleView:
+        """Create a schedule (`ScheduleBody`); a re-post of its definition answers it as it is."""
+        body = calls.request_body(body)
+        return self._send(Call("POST", "/schedules", models.ScheduleView, body=body))
 
     def get_schedule(self, schedule_id: str) -> models.ScheduleView:
         return self._send(Call("GET", calls.schedule_path(schedule_id), models.ScheduleView))
@@ -372,10 +372,10 @@ class Client:
 
     # --- background agent jobs ------------------------------------------------------------
 
-    def create_agent_job(self, body: Mapping[str, Any]) -> models.AgentJobAnswer:
-        """Create a background agent job (`AgentJobCreateBody`); a repeated source tool call
-        finds the same job."""
-        return self._send(Call("POST", "/agent-jobs", models.AgentJobAnswer, body=dict(body)))
+    def create_agent_job(self, body: calls.Body) -> models.AgentJobAnswer:
+        """Create a background agent job (`AgentJobCreateBody`); a repeated tool call finds it."""
+        body = calls.request_body(body)
+        return self._send(Call("POST", "/agent-jobs", models.AgentJobAnswer, body=body))
 
     def get_agent_job(self, agent_job_id: str) -> models.AgentJobView:
         return self._send(Call("GET", calls.agent_job_path(agent_job_id), models.AgentJobView))
