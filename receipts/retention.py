@@ -129,21 +129,66 @@ async def cutoff_for(store: Store, older_than: timedelta) -> datetime:
     return row[0]
 
 
+Key = tuple[datetime, str]
+"""A place in a prune's order: (updated_at, id)."""
+START: Key = (datetime.min.replace(tzinfo=UTC), "")
+
+
+@dataclass
+class Resume:
+    """Where a pass's next batch starts, for each kind of victim: after the last one the last
+    batch took. What a batch passes over (an objective a job of which owes a delivery, one
+    whose stream a writer holds) is looked at again by the next pass, not by every batch after
+    it: a batch's work is its own victims, and what is kept back cannot take a whole batch's
+    place and end the pass before the victims after it."""
+
+    jobs: Key = START
+    agent_jobs: Key = START
+    objectives: Key = START
+    looked_at: int = 0
+    """Victims read so far, of every kind."""
+
+    async def victims(self, tx: Tx, kind: str, params: dict[str, Any]) -> list[str]:
+        """The next batch of `kind` (`jobs`, `agent_jobs`, `objectives`), locked; the place
+        moves past them."""
+        after = getattr(self, kind)
+        rows = await tx.fetch(
+            VICTIMS[kind], {**params, "after_updated_at": after[0], "after_job_id": after[1]}
+        )
+        if rows:
+            setattr(self, kind, (rows[-1][1], rows[-1][0]))
+            self.looked_at += len(rows)
+        return [row[0] for row in rows]
+
+
+VICTIMS = {
+    "jobs": "prune_victims",
+    "agent_jobs": "prune_agent_victims",
+    "objectives": "prune_objective_victims",
+}
+
+
 async def prune_batch(
-    store: Store, cutoff: datetime, batch: int, steps: Sequence[PruneStep] | None = None
+    store: Store,
+    cutoff: datetime,
+    batch: int,
+    steps: Sequence[PruneStep] | None = None,
+    resume: Resume | None = None,
 ) -> dict[str, int]:
     """Delete one batch of terminal jobs settled before `cutoff`, of settled agent jobs with
-    their turns' queue jobs, and of settled objectives with their jobs, each whole; return rows
-    per table (empty when nothing was left)."""
+    their turns' queue jobs, and of settled objectives with their jobs, each whole, from where
+    `resume` says (the start without one) and moving it on; return rows per table (empty when
+    nothing was left)."""
     removed: dict[str, int] = {}
+    resume = resume or Resume()
     async with store.transaction() as tx:
         params = {"cutoff": cutoff, "batch": batch}
-        job_ids = [row[0] for row in await tx.fetch("prune_victims", params)]
-        agent_job_ids = [row[0] for row in await tx.fetch("prune_agent_victims", params)]
+        job_ids = await resume.victims(tx, "jobs", params)
+        agent_job_ids = await resume.victims(tx, "agent_jobs", params)
         if agent_job_ids:
             turns = await tx.fetch("agent_turn_jobs", {"agent_job_ids": agent_job_ids})
             job_ids += [row[0] for row in turns]
-        objective_ids, objective_job_ids = await _objectives_to_prune(tx, params)
+        objective_ids, objective_job_ids = await _objectives_to_prune(tx, params, resume)
         job_ids = sorted({*job_ids, *objective_job_ids})
         if job_ids:
             for step in [*(PRUNE_STEPS if steps is None else steps), JOBS_STEP]:
@@ -155,15 +200,17 @@ async def prune_batch(
     return removed
 
 
-async def _objectives_to_prune(tx: Tx, params: dict[str, Any]) -> tuple[list[str], list[str]]:
+async def _objectives_to_prune(
+    tx: Tx, params: dict[str, Any], resume: Resume
+) -> tuple[list[str], list[str]]:
     """The settled objectives this batch prunes, and all their jobs, locked.
 
     Nothing is waited for: an objective whose stream a writer holds (a late control request),
     one of whose job rows another transaction holds, or one a job of which turned live since
-    the victims were read is left for a later batch, as is one a job of which still owes a
+    the victims were read is left for the next pass, as is one a job of which still owes a
     callback or a webhook delivery. Holding each stream's lock, the prune
     cannot delete a chain under a writer's append, and no writer appends until it commits."""
-    victims = [row[0] for row in await tx.fetch("prune_objective_victims", params)]
+    victims = await resume.victims(tx, "objectives", params)
     if not victims:
         return [], []
     rows = await tx.fetch("objective_streams_try_lock", {"objective_ids": victims})
@@ -209,7 +256,7 @@ async def candidates(
 ) -> AsyncIterator[list[str]]:
     """Yield the ids of the jobs (or with `which="prune_agent_candidates"`, the agent jobs) a
     prune at `cutoff` would remove, `batch` at a time, unlocked."""
-    after: tuple[Any, str] = (datetime.min.replace(tzinfo=UTC), "")
+    after: Key = START
     while True:
         rows = await store.fetch(
             which,
@@ -275,11 +322,13 @@ async def prune(
                 await _count(tx, result, [*PRUNE_STEPS, JOBS_STEP], {"job_ids": recent})
                 await _count(tx, result, OBJECTIVE_STEPS, {"objective_ids": objective_ids})
         return result
+    resume = Resume()
     while max_batches is None or result.batches < max_batches:
         with translate_errors():
-            removed = await prune_batch(store, cutoff, batch)
-        if not removed:
-            break
+            looked_at = resume.looked_at
+            removed = await prune_batch(store, cutoff, batch, resume=resume)
+        if not removed and resume.looked_at == looked_at:
+            break  # nothing left past the places: a batch that only passed over goes on
         result.batches += 1
         for name, count in removed.items():
             result.add(name, count)

@@ -13,8 +13,10 @@ SELECT now() - make_interval(secs => %(older_than_s)s);
 -- active or any job of it is live (its control passes and its audit read them). A job that
 -- still owes a callback (its callback_outbox row) or a webhook delivery (pending) stays until
 -- it is posted or given up: a retention shorter than the webhooks' retry window, or a receiver
--- down for longer than it, must not drop what is owed.
-SELECT j.job_id FROM jobs j
+-- down for longer than it, must not drop what is owed. A pass's batch starts after the last
+-- batch's last victim (`after_*`): what a pass keeps back is looked at once a pass, not by
+-- every batch after it.
+SELECT j.job_id, j.updated_at FROM jobs j
 WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutoff)s
   AND j.kind <> 'agent_job.turn'
   AND NOT (j.job_id LIKE 'objective:%%' AND EXISTS (
@@ -25,6 +27,7 @@ WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutof
   AND NOT EXISTS (SELECT 1 FROM callback_outbox c WHERE c.job_id = j.job_id)
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
                   WHERE w.subject = j.job_id AND w.status = 'pending')
+  AND (j.updated_at, j.job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY j.updated_at, j.job_id
 LIMIT %(batch)s
 FOR UPDATE OF j SKIP LOCKED;
@@ -106,7 +109,8 @@ SELECT count(*) FROM jobs WHERE job_id = ANY (%(job_ids)s::text[]);
 -- A batch of settled agent jobs (succeeded, failed, stopped) last changed before the cutoff whose
 -- turns' queue jobs (`<agentJobId>:attempt:<n>[:turn:<t>]`, a range of the jobs key) are all
 -- settled too: an operator's stop leaves a live turn running, and its agent job waits for it.
-SELECT a.agent_job_id FROM agent_jobs a
+-- After the last batch's last victim, as prune_victims.
+SELECT a.agent_job_id, a.updated_at FROM agent_jobs a
 WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff)s
   AND NOT EXISTS (SELECT 1 FROM jobs j
                   WHERE j.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
@@ -123,6 +127,7 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
                   WHERE w.organization_id = a.organization_id AND w.status = 'pending'
                     AND w.subject COLLATE "C" >= a.agent_job_id || ':attempt:'
                     AND w.subject COLLATE "C" < a.agent_job_id || ':attempt;')
+  AND (a.updated_at, a.agent_job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY a.updated_at, a.agent_job_id
 LIMIT %(batch)s
 FOR UPDATE OF a SKIP LOCKED;
@@ -251,12 +256,14 @@ SELECT pg_try_advisory_xact_lock(hashtextextended('receipt:retention', 0));
 
 -- name: prune_objective_victims
 -- A batch of settled objectives last changed before the cutoff none of whose jobs is live
--- (objectives_settled_idx, objective_has_live_job).
-SELECT o.objective_id FROM objectives o
+-- (objectives_settled_idx, objective_has_live_job), after the last batch's last one (as
+-- prune_victims: one the batch then keeps back, a job of it owing a delivery, is passed over).
+SELECT o.objective_id, o.updated_at FROM objectives o
 WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
   AND NOT objective_has_live_job(o.objective_id, o.organization_id)
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
                   WHERE w.subject = o.objective_id AND w.status = 'pending')
+  AND (o.updated_at, o.objective_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY o.updated_at, o.objective_id
 LIMIT %(batch)s
 FOR UPDATE OF o SKIP LOCKED;

@@ -828,3 +828,40 @@ async def test_bounded_passes_take_turns_through_the_schedules(fresh: tuple[Stor
         after = result.schedules_after
         reached.append(after)
     assert reached == sids
+
+
+async def test_a_pass_goes_on_past_what_it_keeps_back(fresh: tuple[Store, str]) -> None:
+    """A batch starts after the last one's victims, so what a pass keeps back (an objective a
+    job of which owes its callback, here the whole batch) is looked at once a pass, and the
+    ones after it are still reached: with batches of one, the owing objective took every
+    batch and the settled one after it was never pruned."""
+    from receipts.objectives import store as objectives
+    from receipts.objectives.model import task_job_id
+    from receipts.store import Draft
+
+    store, url = fresh
+    owing_id = await create_objective(store, "ret-owes")
+    quiet_id = await create_objective(store, "ret-quiet")
+    owed = await put_named(store, task_job_id(owing_id, "t", 1), owing_id)
+    await ops.cancel_queued(store, owed.job_id, reason="test")
+    for objective_id in (owing_id, quiet_id):
+        async with store.transaction() as tx:
+            await objectives.update(
+                tx, objective_id, lambda _: [Draft("objective.settled", {"status": "canceled"})]
+            )
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "INSERT INTO callback_outbox (job_id, event) VALUES (%s, 'canceled') "
+            "ON CONFLICT DO NOTHING",
+            (owed.job_id,),
+        )
+        for objective_id, age in ((owing_id, "41 days"), (quiet_id, OLD)):  # the owing first
+            conn.execute(
+                f"UPDATE objectives SET updated_at = now() - interval '{age}' "
+                "WHERE objective_id = %s",
+                (objective_id,),
+            )
+    pruned = await retention.prune(store, MONTH, batch=1)
+    assert pruned.removed.get("objectives") == 1
+    assert await objectives.get(store, quiet_id) is None
+    assert await objectives.get(store, owing_id) is not None
