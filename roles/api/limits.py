@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from receipts import metrics
+from receipts.refusal_log import RefusalLog
 from roles.api.errors import ApiError, too_many
 
 log = logging.getLogger("roles.api.app")
@@ -26,31 +27,6 @@ SSE_RETRY_MS = 1000
 """How long an event stream's client waits before it reconnects (the `retry:` of the stream)."""
 MAX_BUCKETS = 10_000
 """Buckets kept at most; a full table drops the fullest (idle) ones first."""
-REFUSAL_LOG_INTERVAL_S = 10.0
-"""A refusal of the same kind to the same caller is logged at most once per this interval (the
-counter counts each): a flood of refused requests must not become a flood of log lines."""
-
-
-class RefusalLog:
-    """`due(kind, who)`: None while a refusal of `kind` to `who` was logged in the last
-    REFUSAL_LOG_INTERVAL_S, else how many were refused unlogged since (0 the first time)."""
-
-    def __init__(self, interval_s: float = REFUSAL_LOG_INTERVAL_S) -> None:
-        self.interval_s = interval_s
-        self._last: dict[tuple[str, str], tuple[float, int]] = {}
-
-    def due(self, kind: str, who: str) -> int | None:
-        now = time.monotonic()
-        key = (kind, who)
-        logged_at, unlogged = self._last.get(key, (float("-inf"), 0))
-        if now - logged_at < self.interval_s:
-            self._last[key] = (logged_at, unlogged + 1)
-            return None
-        if len(self._last) >= MAX_BUCKETS:
-            self._last.clear()
-        self._last[key] = (now, 0)
-        return unlogged
-
 
 refusals = RefusalLog()
 """The api process's refusal log: one per process, as the limits are."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from roles.api.limits import RefusalLog
+from receipts.refusal_log import RefusalLog
 
 
 def test_a_refusal_is_logged_once_per_interval_with_the_count_left_unlogged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr("roles.api.limits.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("receipts.refusal_log.time.monotonic", lambda: now[0])
     refusals = RefusalLog(interval_s=10)
     assert refusals.due("rate", "org-b") == 0
     assert [refusals.due("rate", "org-b") for _ in range(500)] == [None] * 500
