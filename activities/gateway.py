@@ -13,15 +13,15 @@ within its concurrency until the answer is sent. A credential the provider refus
 with a recovery time rests until then and the call is retried on another; when every one rests
 the command gets the provider's 429 and the grant records when the pool recovers, which the
 turn settles as a placement delay. A credential refused as unauthorized (401) is re-read from
-its file once, then dropped; a 403 fails the call alone. Nothing of a prompt, an answer or a
-key is logged; errors are redacted.
+its file once; the refusal then fails the call on it alone (it goes on to the next), and drops
+the credential for ten minutes only by the rule of `activities/gateway_pool.py`; a 403 fails
+the call alone. Nothing of a prompt, an answer or a key is logged; errors are redacted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import json
 import logging
 import re
@@ -53,15 +53,15 @@ from activities.gateway_http import (
     socket_path,
     token_of,
 )
+from activities.gateway_pool import ANTHROPIC_PATHS, OPENAI_PATHS, CredentialState, Pool
 from activities.gateway_providers import Credential, Provider
 from activities.gateway_usage import Usage
 from receipts import metrics
+from receipts.refusal_log import RefusalLog
 
 log = logging.getLogger("activities.gateway")
 
 UPSTREAM_TIMEOUT = httpx.Timeout(30.0, read=300.0)
-OPENAI_PATHS = ("/v1/chat/completions", "/v1/responses")
-ANTHROPIC_PATHS = ("/v1/messages",)
 PASSED_REQUEST_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 MAX_CALLS_PER_GRANT = 8
 MODEL_READ_BYTES = 1024 * 1024  # a body read for the model it names (most are far smaller)
@@ -117,50 +117,19 @@ class Grant:
         }
 
 
-@dataclass
-class _CredentialState:
-    credential: Credential
-    slots: asyncio.Semaphore
-    resting_until: datetime | None = None  # every model (the call named none)
-    # Providers limit rates per model: a 429 for one model rests the credential for it alone,
-    # so one tenant's model at its limit does not refuse another tenant's other model.
-    resting_models: dict[str, datetime] = field(default_factory=dict)
-    dead: bool = False
-    busy: int = 0
-
-    def until(self, model: str | None) -> datetime | None:
-        """When the credential may be used again for `model` (None: now)."""
-        times = [t for t in (self.resting_until, self.resting_models.get(model or "")) if t]
-        return max(times) if times else None
-
-    def usable(self, now: datetime, model: str | None = None) -> bool:
-        until = self.until(model)
-        return not self.dead and (until is None or until <= now)
-
-
-@dataclass
-class _Pool:
-    provider: Provider
-    states: list[_CredentialState] = field(default_factory=list)
-    affinity: dict[str, int] = field(default_factory=dict)
-
-    def resting(self, model: str | None = None) -> list[datetime]:
-        """When each credential at rest for quota for `model` (not dropped) may be used again."""
-        return [t for s in self.states if not s.dead and (t := s.until(model)) is not None]
-
-
 class Gateway:
     """The gateway of one worker process: its providers, the grants of the turns it runs."""
 
     def __init__(self, providers: Mapping[str, Provider], http: httpx.AsyncClient) -> None:
         self.http = http
         self.grants: dict[str, Grant] = {}
+        self.refusal_log = RefusalLog()  # a flood of refusals is counted, logged once in a while
         self.serving: dict[str, tuple[Server, asyncio.Task[None]]] = {}
         self.pools = {
-            binding: _Pool(
+            binding: Pool(
                 provider,
                 [
-                    _CredentialState(c, asyncio.Semaphore(c.max_concurrent))
+                    CredentialState(c, asyncio.Semaphore(c.max_concurrent))
                     for c in provider.credentials
                 ],
             )
@@ -276,7 +245,7 @@ class Gateway:
 
     async def _send_with_a_credential(
         self,
-        pool: _Pool,
+        pool: Pool,
         grant: Grant,
         path: str,
         body: bytes,
@@ -290,9 +259,9 @@ class Gateway:
         waited = False
         while True:
             now = datetime.now(UTC)
-            index = self._choose(pool, grant.job_id, now, tried, model)
+            index = pool.choose(grant.job_id, now, tried, model)
             if index is None:
-                soon = self._next_reset(pool, now, model)
+                soon = pool.next_reset(now, model)
                 if soon is not None and soon <= SHORT_RESET_S and not waited:
                     waited = True
                     tried.clear()
@@ -315,29 +284,10 @@ class Gateway:
             if answer is _REFRESHED:
                 tried.discard(index)  # its key changed in its file: once more with the new one
 
-    def _next_reset(self, pool: _Pool, now: datetime, model: str | None) -> float | None:
-        """Seconds until the first resting credential of `pool` may be used again."""
-        resting = pool.resting(model)
-        return max(0.0, (min(resting) - now).total_seconds()) if resting else None
-
-    def _choose(
-        self, pool: _Pool, job_id: str, now: datetime, tried: set[int], model: str | None
-    ) -> int | None:
-        usable = [i for i, s in enumerate(pool.states) if s.usable(now, model) and i not in tried]
-        if not usable:
-            return None
-        preferred = pool.affinity.get(job_id)
-        if preferred not in usable:
-            start = int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % len(pool.states)
-            usable.sort(key=lambda i: (pool.states[i].busy, (i - start) % len(pool.states)))
-            preferred = usable[0]
-            pool.affinity[job_id] = preferred
-        return preferred
-
     def _exhausted(
-        self, pool: _Pool, grant: Grant, style: str, now: datetime, model: str | None
+        self, pool: Pool, grant: Grant, style: str, now: datetime, model: str | None
     ) -> Response:
-        resting = pool.resting(model)
+        resting = pool.resting(now, model)
         if not resting:
             grant.dead_pool = f"every credential of {grant.binding!r} was refused"
             return error(style, 503, "overloaded_error", grant.dead_pool)
@@ -356,8 +306,8 @@ class Gateway:
 
     async def _call(
         self,
-        pool: _Pool,
-        state: _CredentialState,
+        pool: Pool,
+        state: CredentialState,
         grant: Grant,
         path: str,
         body: bytes,
@@ -394,7 +344,8 @@ class Gateway:
             status = upstream.status_code
             if status == 401 or (status == 429 and recovery(upstream) is not None):
                 await upstream.aread()
-                return self._set_aside(pool, state, upstream, credential, model)
+                return self._set_aside(pool, state, upstream, credential, (grant, path, model))
+            state.answered()
             if status < 400:
                 grant.served(model)  # recovered: a later failure is the command's own
             grant.calls += 1
@@ -408,22 +359,20 @@ class Gateway:
 
     def _set_aside(
         self,
-        pool: _Pool,
-        state: _CredentialState,
+        pool: Pool,
+        state: CredentialState,
         upstream: httpx.Response,
         used: Credential,
-        model: str | None = None,
+        call: tuple[Grant, str, str | None],
     ) -> object | None:
+        """A 429 with a recovery time rests `state` for the call's model; a 401 re-reads its key
+        once, else fails the call on it and may drop it (`activities/gateway_pool.py`)."""
+        (grant, path, model), now = call, datetime.now(UTC)
         binding, credential = pool.provider.id, state.credential.id
         if upstream.status_code == 429:
-            until = recovery(upstream)
-            if model is not None and until is not None:  # `_call` sends a 429 with one only
-                now = datetime.now(UTC)
-                for name in [m for m, t in state.resting_models.items() if t <= now]:
-                    del state.resting_models[name]  # past: the map holds only rests to come
-                state.resting_models[model] = until
-            elif model is None:
-                state.resting_until = until
+            state.answered()  # refused for quota: the key authenticates
+            if (until := recovery(upstream)) is not None:  # `_call` sets aside such a 429 only
+                state.rest(model, until, now)
             log.info(
                 "a credential rests until the provider's reset",
                 extra={"event": "gateway.credential_resting", "binding": binding,
@@ -435,19 +384,29 @@ class Gateway:
         fresh = state.credential.reread()
         if fresh is not None:
             state.credential = fresh
+            state.answered()  # a new key: the old one's refusals are not its own
             log.info(
                 "a refused credential's key changed in its file; refreshed",
                 extra={"event": "gateway.credential_refreshed", "binding": binding,
                        "credential": credential},
             )  # fmt: skip
             return _REFRESHED
-        state.dead = True
-        metrics.GATEWAY_CREDENTIALS_DEAD.labels(binding).inc()
-        log.warning(
-            "the provider refused a credential as unauthorized; it is not used again",
-            extra={"event": "gateway.credential_refused", "binding": binding,
-                   "credential": credential, "status": upstream.status_code},
-        )  # fmt: skip
+        metrics.GATEWAY_UNAUTHORIZED.labels(binding, path).inc()
+        if state.refused(path, grant.organization_id, now):
+            metrics.GATEWAY_CREDENTIALS_DEAD.labels(binding).inc()
+            log.warning(
+                "the provider refused a credential as unauthorized on every path, for several "
+                "organizations; it is not used until %s",
+                str(state.dropped_until),
+                extra={"event": "gateway.credential_dropped", "binding": binding,
+                       "credential": credential},
+            )  # fmt: skip
+        elif self.refusal_log.due("unauthorized", f"{binding}:{credential}:{path}") is not None:
+            log.info(
+                "the provider refused a credential as unauthorized for one call",
+                extra={"event": "gateway.credential_refused", "binding": binding,
+                       "credential": credential, "path": path, "jobId": grant.job_id},
+            )  # fmt: skip
         return None
 
     def _count(self, grant: Grant, status: str, usage: Usage, duration_s: float = 0.0) -> None:
@@ -480,7 +439,7 @@ def model_of(body: bytes) -> str | None:
     return named if isinstance(named, str) and 0 < len(named) <= 200 else None
 
 
-def _release(state: _CredentialState, grant: Grant) -> None:
+def _release(state: CredentialState, grant: Grant) -> None:
     """What a relayed answer held, freed once its body is sent."""
     state.busy -= 1
     state.slots.release()

@@ -306,8 +306,16 @@ GATEWAY_QUOTA = Counter(
 )
 GATEWAY_CREDENTIALS_DEAD = Counter(
     "receipt_gateway_credentials_dead",
-    "Credentials the provider refused (401/403) and the gateway stopped using, by binding.",
+    "Credentials the gateway dropped for 10 minutes, by binding: the provider refused them as "
+    "unauthorized (401) on every path of their API, for calls of two organizations or more, "
+    "with no other answer in between (a 403 never drops one).",
     ["binding"],
+)
+GATEWAY_UNAUTHORIZED = Counter(
+    "receipt_gateway_unauthorized",
+    "Calls the provider refused as unauthorized (401) on one credential, by binding and path "
+    "(the call goes on to the next credential; the key file was re-read first).",
+    ["binding", "path"],
 )
 API_REQUESTS = Counter(
     "receipt_api_requests",

@@ -3,7 +3,8 @@ Responses and Anthropic's Messages, streaming or not, with the usage a real one 
 
 Every call is checked against the provider's keys (`keys`: key → behaviour): `ok` answers;
 `quota` answers 429 with `retry-after: quota_s`; `forbidden` answers 403 (a model the key may not
-use); `slow` answers after `slow_s`; anything else is 401. The Responses API follows
+use); `slow` answers after `slow_s`; `chat-only` answers 401 on `/v1/responses` (a restricted key
+without that endpoint's scope) and as `ok` elsewhere; anything else is 401. The Responses API follows
 a script an agent CLI can run: while no tool output is in the input it calls the shell tool
 (`exec_command`, the command `shell_command`), then it answers with a final message. Each call is
 recorded (path, the key it carried, whether it streamed), never its body's secrets.
@@ -78,7 +79,7 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             stream = bool(body.get("stream"))
             provider.calls.append(Call(self.path, key, stream))
             behaviour = provider.keys.get(key)
-            if behaviour is None:
+            if behaviour is None or (behaviour == "chat-only" and self.path == "/v1/responses"):
                 return self._json(401, {"error": {"message": "invalid key", "type": "auth"}})
             if behaviour == "quota" or body.get("model") in provider.limited_models:
                 extra = {"retry-after": str(provider.quota_s)}

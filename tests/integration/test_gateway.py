@@ -32,7 +32,7 @@ def provider(binding: str, api: str, base_url: str, *keys: str) -> Provider:
 @pytest.fixture
 def fake() -> Iterator[FakeProvider]:
     keys = {"sk-good": "ok", "sk-quota": "quota", "sk-other": "ok", "sk-no": "forbidden"}
-    with running(FakeProvider({**keys, "sk-slow": "slow"})) as fake:
+    with running(FakeProvider({**keys, "sk-slow": "slow", "sk-chat": "chat-only"})) as fake:
         yield fake
 
 
@@ -47,6 +47,7 @@ async def gw(fake: FakeProvider) -> AsyncIterator[Gateway]:
         "openai-off": Provider("openai-off", "openai", fake.openai_url, ()),
         "openai-forbidden": provider("openai-forbidden", "openai", fake.openai_url, "sk-no"),
         "openai-slow": provider("openai-slow", "openai", fake.openai_url, "sk-slow"),
+        "openai-chat": provider("openai-chat", "openai", fake.openai_url, "sk-chat"),
     }
     async with httpx.AsyncClient() as http:
         gateway = Gateway(providers, http)
@@ -54,9 +55,9 @@ async def gw(fake: FakeProvider) -> AsyncIterator[Gateway]:
         await gateway.close()
 
 
-def turn(gateway: Gateway, binding: str, job: str = "job-1") -> Grant:
+def turn(gateway: Gateway, binding: str, job: str = "job-1", org: str = "org-a") -> Grant:
     return gateway.grant(
-        job_id=job, attempt=1, agent_id="coder", organization_id="org-a", binding=binding
+        job_id=job, attempt=1, agent_id="coder", organization_id=org, binding=binding
     )
 
 
@@ -167,6 +168,36 @@ async def test_a_refused_credential_and_an_empty_pool_are_a_dead_pool_without_re
     assert unknown.dead_pool == "no provider is configured for binding 'no-such-binding'"
     assert all(g.quota_until is None for g in (revoked, off, unknown))
     assert "sk-revoked" not in json.dumps([a.json() for a in answers])
+
+
+async def test_a_401_on_one_path_fails_that_call_and_leaves_the_credential_to_the_others(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """A restricted key refused (401) on /v1/responses serves chat still: a tenant calling the
+    path its key lacks fails its own call, and another tenant's chat is answered (the credential
+    was dropped for every call and every tenant, until the process restarted, before)."""
+    hostile = turn(gw, "openai-chat", "job-h", org="org-h")
+    refused = [await call(hostile, "/v1/responses", model="m", input=[]) for _ in range(3)]
+    victim = turn(gw, "openai-chat", "job-v", org="org-v")
+    served = await call(victim, model="m", messages=[])
+    assert [r.status_code for r in refused] == [503, 503, 503]
+    assert served.status_code == 200, served.text
+    assert victim.dead_pool is None
+    # Refused on every path of its API for two organizations: a revoked key, dropped.
+    [state] = gw.pools["openai-chat"].states
+    del fake.keys["sk-chat"]
+    assert (await call(victim, model="m", messages=[])).status_code == 503
+    assert (await call(victim, "/v1/responses", model="m", input=[])).status_code == 503
+    assert state.dropped_until is None  # one organization's calls alone never drop it
+    await call(hostile, "/v1/responses", model="m", input=[])
+    assert state.dropped_until is not None
+    before = len(fake.calls)
+    assert (await call(victim, model="m", messages=[])).status_code == 503
+    assert len(fake.calls) == before  # dropped: not sent
+    # Ten minutes later it is tried again (a key restored, a refusal misattributed).
+    fake.keys["sk-chat"] = "chat-only"
+    state.dropped_until = datetime.now(UTC) - timedelta(seconds=1)
+    assert (await call(victim, model="m", messages=[])).status_code == 200
 
 
 # --- from inside the command sandbox ---------------------------------------------------------

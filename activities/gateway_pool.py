@@ -1,0 +1,112 @@
+"""The AI gateway's credential pools: which credential of a binding may take a call now (not
+resting for the call's model, not dropped), which one a job prefers, and what a refusal by the
+provider does to a credential (`activities/gateway.py` sends the calls).
+
+A 429 with a recovery time rests the credential for the call's model until then. A 401 fails the
+call on that credential alone: OpenAI answers 401 for a restricted key that lacks the scope of
+one endpoint (`/v1/responses` while chat is allowed), and a tenant chooses its path and headers,
+so one refusal says nothing of the key's other calls. The credential is dropped — for every call,
+for DROP_COOLDOWN_S, then tried again — only when, with no other answer from it in between, the
+provider refused it on every path its API serves and for calls of at least two organizations (a
+tenant cannot make a working path answer 401, nor count for a second organization)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from activities.gateway_providers import Credential, Provider
+
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/responses")
+ANTHROPIC_PATHS = ("/v1/messages",)
+DROP_COOLDOWN_S = 600.0  # a dropped credential is tried again this long after (a key restored)
+DROP_ORGANIZATIONS = 2  # organizations whose calls it was refused for before it is dropped
+
+
+@dataclass
+class CredentialState:
+    """One credential of a pool as the gateway uses it now."""
+
+    credential: Credential
+    slots: asyncio.Semaphore
+    resting_until: datetime | None = None  # every model (the call named none)
+    # Providers limit rates per model: a 429 for one model rests the credential for it alone,
+    # so one tenant's model at its limit does not refuse another tenant's other model.
+    resting_models: dict[str, datetime] = field(default_factory=dict)
+    dropped_until: datetime | None = None
+    # The 401s since its last other answer: on which paths, for which organizations.
+    refused_paths: set[str] = field(default_factory=set)
+    refused_for: set[str] = field(default_factory=set)
+    busy: int = 0
+
+    def until(self, model: str | None) -> datetime | None:
+        """When the credential may be used again for `model` (None: now)."""
+        times = [t for t in (self.resting_until, self.resting_models.get(model or "")) if t]
+        return max(times) if times else None
+
+    def dropped(self, now: datetime) -> bool:
+        return self.dropped_until is not None and self.dropped_until > now
+
+    def usable(self, now: datetime, model: str | None = None) -> bool:
+        until = self.until(model)
+        return not self.dropped(now) and (until is None or until <= now)
+
+    def rest(self, model: str | None, until: datetime, now: datetime) -> None:
+        """The provider refused it for quota on `model` (None: every model) until `until`."""
+        if model is None:
+            self.resting_until = until
+            return
+        for name in [m for m, t in self.resting_models.items() if t <= now]:
+            del self.resting_models[name]  # past: the map holds only rests to come
+        self.resting_models[model] = until
+
+    def answered(self) -> None:
+        """The provider answered it otherwise than 401: the key authenticates."""
+        self.refused_paths.clear()
+        self.refused_for.clear()
+
+    def refused(self, path: str, organization: str | None, now: datetime) -> bool:
+        """The provider refused it (401) for a call on `path` of `organization`; True when that
+        drops it (the rule of this module's docstring)."""
+        self.refused_paths.add(path)
+        self.refused_for.add(organization or "")
+        every_path = OPENAI_PATHS if path in OPENAI_PATHS else ANTHROPIC_PATHS
+        if self.refused_paths < set(every_path) or len(self.refused_for) < DROP_ORGANIZATIONS:
+            return False
+        self.dropped_until = now + timedelta(seconds=DROP_COOLDOWN_S)
+        self.answered()  # back from its rest, it must be refused all over again to drop again
+        return True
+
+
+@dataclass
+class Pool:
+    """A binding's provider and its credentials, with the credential each job last used."""
+
+    provider: Provider
+    states: list[CredentialState] = field(default_factory=list)
+    affinity: dict[str, int] = field(default_factory=dict)
+
+    def resting(self, now: datetime, model: str | None = None) -> list[datetime]:
+        """When each credential at rest for quota for `model` (not dropped) may be used again."""
+        return [t for s in self.states if not s.dropped(now) and (t := s.until(model)) is not None]
+
+    def next_reset(self, now: datetime, model: str | None) -> float | None:
+        """Seconds until the first resting credential may be used again (None: none rests)."""
+        resting = self.resting(now, model)
+        return max(0.0, (min(resting) - now).total_seconds()) if resting else None
+
+    def choose(self, job_id: str, now: datetime, tried: set[int], model: str | None) -> int | None:
+        """The credential for a call of `job_id`: the job's own while usable, else the least
+        busy (ties from a place its id picks); None when no untried one is usable."""
+        usable = [i for i, s in enumerate(self.states) if s.usable(now, model) and i not in tried]
+        if not usable:
+            return None
+        preferred = self.affinity.get(job_id)
+        if preferred not in usable:
+            start = int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % len(self.states)
+            usable.sort(key=lambda i: (self.states[i].busy, (i - start) % len(self.states)))
+            preferred = usable[0]
+            self.affinity[job_id] = preferred
+        return preferred
