@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
-import re
 import secrets
 import shutil
 import time
@@ -42,16 +40,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from activities.gateway_http import (
+    MAX_BODY_VALUES,
     Relay,
     Relayed,
     Server,
     bind,
     bounded_body,
     error,
+    model_of,
     recovery,
     redacted,
     socket_path,
     token_of,
+    too_many_values,
 )
 from activities.gateway_pool import ANTHROPIC_PATHS, OPENAI_PATHS, CredentialState, Pool
 from activities.gateway_providers import Credential, Provider
@@ -64,9 +65,6 @@ log = logging.getLogger("activities.gateway")
 UPSTREAM_TIMEOUT = httpx.Timeout(30.0, read=300.0)
 PASSED_REQUEST_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 MAX_CALLS_PER_GRANT = 8
-MODEL_READ_BYTES = 1024 * 1024  # a body read for the model it names (most are far smaller)
-MODEL_SEARCH_BYTES = 64 * 1024  # of a larger one, searched for it
-_MODEL_FIELD = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
 MAX_CONNECTIONS = 256
 SHORT_RESET_S = 2.0  # a credential free again this soon is waited for, once
 _REFRESHED = object()  # a refused credential's key was re-read: call with it again
@@ -88,19 +86,16 @@ class Grant:
     dead_pool: str | None = None
     in_flight: int = 0
     socket: Path | None = None  # the turn's own way in (`Gateway.grant`)
-    # The quota met per model ("" for calls naming none): a call served on one model does not
-    # clear the quota another met (a client that uses two models met it on its main one).
+    # The quota met per model: a call served on one model does not clear the quota another met
+    # (a client that uses two models met it on its main one).
     quota_models: dict[str, datetime] = field(default_factory=dict)
 
-    def met_quota(self, model: str | None, until: datetime) -> None:
-        key = model or ""
-        self.quota_models[key] = max(self.quota_models.get(key, until), until)
+    def met_quota(self, model: str, until: datetime) -> None:
+        self.quota_models[model] = max(self.quota_models.get(model, until), until)
 
-    def served(self, model: str | None) -> None:
+    def served(self, model: str) -> None:
         """A call on `model` was answered: the quota it met, if any, has passed."""
-        self.quota_models.pop(model or "", None)
-        if model is None:
-            self.quota_models.clear()  # a call naming no model passed every rest
+        self.quota_models.pop(model, None)
 
     @property
     def quota_until(self) -> datetime | None:
@@ -231,11 +226,19 @@ class Gateway:
             body = await bounded_body(request)
             if body is None:
                 return error(style, 413, "request_too_large", "the request is too large")
+            if too_many_values(body):
+                message = f"a request holds at most {MAX_BODY_VALUES} JSON values"
+                return error(style, 413, "request_too_large", message)
+            # The model decides which rest a 429 puts a credential to (per model): a call must
+            # name it where the provider reads it, the body's top level.
+            if (model := model_of(body)) is None:
+                message = "the body must be a JSON object with a top-level string `model`"
+                return error(style, 400, "invalid_request_error", message)
             headers = {
                 k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS
             }
             answer = await self._send_with_a_credential(
-                pool, grant, path, body, headers, style, model_of(body)
+                pool, grant, path, body, headers, style, model
             )
             relayed = isinstance(answer, Relayed)
             return answer
@@ -251,7 +254,7 @@ class Gateway:
         body: bytes,
         headers: dict[str, str],
         style: str,
-        model: str | None = None,
+        model: str,
     ) -> Response:
         """The call on one credential after another: a resting one (for `model`) is skipped, a
         refused one set aside; a reset a moment away is waited for once."""
@@ -285,7 +288,7 @@ class Gateway:
                 tried.discard(index)  # its key changed in its file: once more with the new one
 
     def _exhausted(
-        self, pool: Pool, grant: Grant, style: str, now: datetime, model: str | None
+        self, pool: Pool, grant: Grant, style: str, now: datetime, model: str
     ) -> Response:
         resting = pool.resting(now, model)
         if not resting:
@@ -313,7 +316,7 @@ class Gateway:
         body: bytes,
         headers: dict[str, str],
         style: str,
-        model: str | None = None,
+        model: str,
     ) -> Response | object | None:
         """Send the call with `state`'s credential; None when it should go to another one,
         `_REFRESHED` when it should go to this one again (its key was re-read). A `_Relayed`
@@ -363,7 +366,7 @@ class Gateway:
         state: CredentialState,
         upstream: httpx.Response,
         used: Credential,
-        call: tuple[Grant, str, str | None],
+        call: tuple[Grant, str, str],
     ) -> object | None:
         """A 429 with a recovery time rests `state` for the call's model; a 401 re-reads its key
         once, else fails the call on it and may drop it (`activities/gateway_pool.py`)."""
@@ -422,21 +425,6 @@ class Gateway:
                    "status": status, "inputTokens": usage.input_tokens,
                    "outputTokens": usage.output_tokens, "durationS": round(duration_s, 3)},
         )  # fmt: skip
-
-
-def model_of(body: bytes) -> str | None:
-    """The model a call names (`model` of its JSON body, both APIs), or None when it names none
-    (a 429 then rests the credential for every model). A body past MODEL_READ_BYTES is searched
-    for its first top-level-looking `"model": "…"` in its first MODEL_SEARCH_BYTES instead of
-    parsed (clients write it first; a quoted "model" inside a string is escaped, never matched)."""
-    if len(body) > MODEL_READ_BYTES:
-        found = _MODEL_FIELD.search(body, 0, MODEL_SEARCH_BYTES)
-        return found.group(1).decode("utf-8", "replace") if found else None
-    try:
-        named = json.loads(body).get("model")
-    except (ValueError, AttributeError, RecursionError):
-        return None
-    return named if isinstance(named, str) and 0 < len(named) <= 200 else None
 
 
 def _release(state: CredentialState, grant: Grant) -> None:

@@ -12,10 +12,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import uvicorn
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -24,6 +25,7 @@ from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
 
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 MAX_JSON_ANSWER_BYTES = 4 * 1024 * 1024
+MAX_BODY_VALUES = 1_000_000  # JSON values a body may hold (its model is read by parsing it)
 PASSED_ANSWER_HEADERS = ("content-type", "retry-after", "x-request-id", "request-id")
 
 
@@ -123,6 +125,31 @@ async def bounded_body(request: Request) -> bytes | None:
         if len(body) > MAX_REQUEST_BYTES:
             return None
     return bytes(body)
+
+
+class _Named(BaseModel):
+    """A call's body as the gateway reads it (pydantic-core's parser: nothing else is kept)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+
+def model_of(body: bytes) -> str | None:
+    """The model a call names: the top-level `model` of its JSON body (both APIs), as the
+    provider reads it (the last one if named twice; never one nested deeper), or None when the
+    body is no JSON object naming one."""
+    try:
+        return _Named.model_validate_json(body).model
+    except ValidationError:
+        return None
+
+
+def too_many_values(body: bytes) -> bool:
+    """Whether the body may hold more than MAX_BODY_VALUES JSON values (counted from its `{`, `[`
+    and `,`, those in strings too): parsing one of 32 MiB of empty objects took seconds and
+    hundreds of MiB, far past any model call's body (a long context is a few MiB of text)."""
+    count = body.count(b",")
+    return count > MAX_BODY_VALUES or count + body.count(b"{") + body.count(b"[") > MAX_BODY_VALUES
 
 
 def recovery(upstream: httpx.Response) -> datetime | None:

@@ -31,9 +31,9 @@ class CredentialState:
 
     credential: Credential
     slots: asyncio.Semaphore
-    resting_until: datetime | None = None  # every model (the call named none)
     # Providers limit rates per model: a 429 for one model rests the credential for it alone,
-    # so one tenant's model at its limit does not refuse another tenant's other model.
+    # so one tenant's model at its limit does not refuse another tenant's other model (a call
+    # names its model at its body's top level, or is refused: `gateway_http.model_of`).
     resting_models: dict[str, datetime] = field(default_factory=dict)
     dropped_until: datetime | None = None
     # The 401s since its last other answer: on which paths, for which organizations.
@@ -41,23 +41,19 @@ class CredentialState:
     refused_for: set[str] = field(default_factory=set)
     busy: int = 0
 
-    def until(self, model: str | None) -> datetime | None:
+    def until(self, model: str) -> datetime | None:
         """When the credential may be used again for `model` (None: now)."""
-        times = [t for t in (self.resting_until, self.resting_models.get(model or "")) if t]
-        return max(times) if times else None
+        return self.resting_models.get(model)
 
     def dropped(self, now: datetime) -> bool:
         return self.dropped_until is not None and self.dropped_until > now
 
-    def usable(self, now: datetime, model: str | None = None) -> bool:
+    def usable(self, now: datetime, model: str) -> bool:
         until = self.until(model)
         return not self.dropped(now) and (until is None or until <= now)
 
-    def rest(self, model: str | None, until: datetime, now: datetime) -> None:
-        """The provider refused it for quota on `model` (None: every model) until `until`."""
-        if model is None:
-            self.resting_until = until
-            return
+    def rest(self, model: str, until: datetime, now: datetime) -> None:
+        """The provider refused it for quota on `model` until `until`."""
         for name in [m for m, t in self.resting_models.items() if t <= now]:
             del self.resting_models[name]  # past: the map holds only rests to come
         self.resting_models[model] = until
@@ -88,16 +84,16 @@ class Pool:
     states: list[CredentialState] = field(default_factory=list)
     affinity: dict[str, int] = field(default_factory=dict)
 
-    def resting(self, now: datetime, model: str | None = None) -> list[datetime]:
+    def resting(self, now: datetime, model: str) -> list[datetime]:
         """When each credential at rest for quota for `model` (not dropped) may be used again."""
         return [t for s in self.states if not s.dropped(now) and (t := s.until(model)) is not None]
 
-    def next_reset(self, now: datetime, model: str | None) -> float | None:
+    def next_reset(self, now: datetime, model: str) -> float | None:
         """Seconds until the first resting credential may be used again (None: none rests)."""
         resting = self.resting(now, model)
         return max(0.0, (min(resting) - now).total_seconds()) if resting else None
 
-    def choose(self, job_id: str, now: datetime, tried: set[int], model: str | None) -> int | None:
+    def choose(self, job_id: str, now: datetime, tried: set[int], model: str) -> int | None:
         """The credential for a call of `job_id`: the job's own while usable, else the least
         busy (ties from a place its id picks); None when no untried one is usable."""
         usable = [i for i, s in enumerate(self.states) if s.usable(now, model) and i not in tried]

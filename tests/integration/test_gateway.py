@@ -68,10 +68,10 @@ def client(grant: Grant) -> httpx.AsyncClient:
 
 
 async def call(grant: Grant, path: str = "/v1/chat/completions", **body: object) -> httpx.Response:
-    """One call of the turn on its own socket, with its token."""
+    """One call of the turn on its own socket, with its token (on model `m` unless named)."""
     headers = {"Authorization": f"Bearer {grant.token}", "x-api-key": grant.token}
     async with client(grant) as http:
-        return await http.post(path, json=body, headers=headers)
+        return await http.post(path, json={"model": "m", **body}, headers=headers)
 
 
 async def test_both_api_styles_are_forwarded_streaming_or_not_and_counted(
@@ -311,7 +311,7 @@ async def test_a_forbidden_call_fails_alone_and_a_turn_s_calls_in_flight_are_bou
     async with client(slow) as http:
         bearer = {"Authorization": f"Bearer {slow.token}"}
         calls = [
-            http.post("/v1/chat/completions", json={}, headers=bearer)
+            http.post("/v1/chat/completions", json={"model": "m"}, headers=bearer)
             for _ in range(MAX_CALLS_PER_GRANT + 2)
         ]
         answers = await asyncio.gather(*calls)
@@ -345,7 +345,7 @@ async def test_a_model_at_its_limit_rests_a_credential_for_that_model_only(
         # A turn that uses two models keeps the quota its main one met when the other is served.
         served = await call(one, model="gpt-test", messages=[])
         assert served.status_code == 200 and one.quota_until is not None
-        # A body too large to parse for its model is searched for it: still that model's rest.
+        # A large body is read for its model all the same: still that model's rest.
         large = await call(other, model="tiny-preview", messages=[{"content": "x" * 1_200_000}])
         assert large.status_code == 429
         third = gw.grant(
@@ -359,14 +359,53 @@ async def test_a_model_at_its_limit_rests_a_credential_for_that_model_only(
             state.resting_models.clear()
 
 
-async def test_a_body_nested_past_the_parser_is_the_provider_s_to_refuse(gw: Gateway) -> None:
+async def test_a_body_nested_past_the_parser_is_refused_as_naming_no_model(gw: Gateway) -> None:
     """Reading a call's model must not fail the gateway on a body too deep to parse."""
     grant = turn(gw, "openai-main")
     headers = {"Authorization": f"Bearer {grant.token}", "Content-Type": "application/json"}
     async with client(grant) as http:
         answer = await http.post("/v1/chat/completions", content=b"[" * 100_000, headers=headers)
-    assert answer.status_code != 500
+    assert answer.status_code == 400
     assert grant.in_flight == 0
+
+
+async def post_raw(grant: Grant, body: bytes, path: str = "/v1/chat/completions") -> httpx.Response:
+    headers = {"Authorization": f"Bearer {grant.token}", "Content-Type": "application/json"}
+    async with client(grant) as http:
+        return await http.post(path, content=body, headers=headers)
+
+
+async def test_a_call_s_model_is_its_body_s_top_level_one_else_the_call_is_refused(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """A 429 rests a credential for the model the call names at its body's top level. Of a body
+    over 1 MiB only the first 64 KiB were searched, for the first `"model"` at any depth: a
+    model written after the messages rested the credential for every model, and a nested one
+    (in metadata) rested the model it named — either way a tenant at its own model's limit made
+    another tenant's model wait. A body naming no model is refused: it never rests every one."""
+    fake.limited_models.add("tiny-preview")
+    hostile = turn(gw, "openai-main", "job-h", org="org-h")
+    victim = turn(gw, "openai-main", "job-v", org="org-v")
+    long = [{"role": "user", "content": "x" * 1_200_000}]
+    try:
+        late = {"messages": long, "model": "tiny-preview"}
+        assert (await post_raw(hostile, json.dumps(late).encode())).status_code == 429
+        assert (await call(victim, model="gpt-test", messages=[])).status_code == 200
+        nested = {"metadata": {"model": "gpt-test"}, "messages": long, "model": "tiny-preview"}
+        assert (await post_raw(hostile, json.dumps(nested).encode())).status_code == 429
+        assert (await call(victim, model="gpt-test", messages=[])).status_code == 200
+        assert victim.quota_until is None
+        sent = len(fake.calls)
+        for body in ({"messages": long}, {"metadata": {"model": "gpt-test"}}, {"model": 5}, []):
+            refused = await post_raw(hostile, json.dumps(body).encode())
+            assert refused.status_code == 400, refused.text
+            assert "`model`" in refused.json()["error"]["message"]
+        assert len(fake.calls) == sent  # refused before the provider
+        assert (await call(victim, model="gpt-test", messages=[])).status_code == 200
+    finally:
+        fake.limited_models.clear()
+        for state in gw.pools["openai-main"].states:
+            state.resting_models.clear()
 
 
 async def raw_request(
@@ -439,6 +478,6 @@ async def test_a_later_success_clears_the_quota_a_turn_met(gw: Gateway, fake: Fa
     assert refused.status_code == 429 and grant.quota_until is not None
     fake.keys["sk-quota"] = "ok"
     for state in gw.pools["openai-spent"].states:
-        state.resting_until = None  # its reset came
+        state.resting_models.clear()  # its reset came
     later = await call(grant)
     assert later.status_code == 200 and grant.quota_until is None

@@ -1,12 +1,15 @@
-"""The AI gateway's pure parts: the providers file, the usage of answers, recovery times."""
+"""The AI gateway's pure parts: the providers file, the usage of answers, recovery times, the
+model a call names."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from activities.gateway_http import model_of, too_many_values
 from activities.gateway_providers import load_providers
 from activities.gateway_usage import StreamUsage, recovers_at, usage_of
 
@@ -103,3 +106,14 @@ def test_the_recovery_time_of_a_quota_refusal(
     headers: dict[str, str], after: timedelta | None
 ) -> None:
     assert recovers_at(headers, NOW) == (NOW + after if after is not None else None)
+
+
+def test_a_call_s_model_is_the_top_level_one_of_its_body() -> None:
+    long = "x" * 100_000  # past the 64 KiB a large body was once searched in
+    assert model_of(json.dumps({"messages": [long], "model": "a"}).encode()) == "a"
+    assert model_of(b'{"metadata": {"model": "b"}, "model": "a"}') == "a"
+    assert model_of(b'{"model": "b", "model": "a"}') == "a"  # the last, as a JSON parser reads it
+    for body in (b'{"metadata": {"model": "b"}}', b'{"model": 5}', b'{"model": ""}', b"[]", b"{"):
+        assert model_of(body) is None
+    assert too_many_values(b"[" + b"{}," * 1_000_000 + b"{}]")
+    assert not too_many_values(json.dumps({"model": "a", "input": [long] * 300}).encode())
