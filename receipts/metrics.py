@@ -289,6 +289,11 @@ API_LIMITED = Counter(
     "active, streams_token, streams_total, commands, command_bytes, body_shape.",
     ["limit"],
 )
+API_REGISTRY_UNREADABLE = Counter(
+    "receipt_api_agents_registry_unreadable",
+    "Agent-job creates naming a providerBinding refused 503 because the api could not read the "
+    "agents registry (RECEIPT_AGENTS_FILE) to check it.",
+)
 GATEWAY_CALLS = Counter(
     "receipt_gateway_calls",
     "Model calls through the AI gateway by binding, agent and the provider's answer status.",

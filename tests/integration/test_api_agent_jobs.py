@@ -355,3 +355,26 @@ async def test_a_create_saves_the_agents_binding_and_refuses_another(
     assert other.json()["error"]["allowed"] == ["openai-main"]
     assert none.status_code == 422 and "it names none" in none.json()["error"]["message"]
     assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "agentId"
+
+
+async def test_a_binding_the_api_cannot_check_is_refused(db_url: str, tmp_path: Path) -> None:
+    """The worker uses the binding a job saved as it is: an api that cannot read the agents
+    registry must not save a tenant's own choice of whose keys its turns spend (it did). No
+    registry here: 422 naming providerBinding; one configured but unreadable: 503, retry. A
+    create naming none is taken (its turns use the agent's)."""
+    async with api_client(db_url, agent_jobs=AgentJobSettings()) as client:
+        unset = await client.post(
+            "/agent-jobs", json=body(agentId="coder", providerBinding="someone-elses"), headers=AS_A
+        )
+        plain = await create(client, AS_A, agentId="coder")
+    missing = AgentJobSettings.model_validate({"RECEIPT_AGENTS_FILE": str(tmp_path / "none.yaml")})
+    async with api_client(db_url, agent_jobs=missing) as client:
+        unreadable = await client.post(
+            "/agent-jobs", json=body(agentId="coder", providerBinding="someone-elses"), headers=AS_A
+        )
+    assert unset.status_code == 422, unset.text
+    assert unset.json()["error"]["field"] == "providerBinding"
+    assert plain["providerBinding"] is None
+    assert unreadable.status_code == 503, unreadable.text
+    assert unreadable.json()["error"]["code"] == "registry_unavailable"
+    assert int(unreadable.headers["retry-after"]) >= 1

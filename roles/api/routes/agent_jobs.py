@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from receipts import metrics
 from receipts.agent_jobs import interventions, lifecycle
 from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs import reads as agent_reads
@@ -45,6 +47,7 @@ from roles.api.sse import Asked, Followed, events_response, events_route, within
 from roles.infra.tracing import caller_span
 
 router = APIRouter(tags=["agent-jobs"])
+log = logging.getLogger("roles.api.app")
 
 AgentJobId = Annotated[str, Path(alias="agentJobId", description="The agent job id")]
 LIST_QUERY = ("status", "agentId", "ownerSessionId", "organizationId", "limit", "cursor")
@@ -170,13 +173,36 @@ def _checked_binding(settings: AgentJobSettings, create: CreateRequest) -> Creat
     """Refuse an agent the registry does not know, when this process can read the registry, and
     a provider binding other than the agent's (a binding decides whose model keys a turn
     spends, so a tenant does not choose it); the create saves the agent's binding, which every
-    turn of the job then uses."""
+    turn of the job then uses. A create naming a binding the api cannot check is refused (the
+    worker uses a saved binding as it is): 422 when no registry is configured here (name none:
+    the turn takes the agent's), 503 while the configured one cannot be read."""
+    named = create.provider_binding
     if settings.agents_file is None:
+        if named is not None:
+            raise InvalidInput(
+                "providerBinding",
+                "providerBinding can be named only where the api reads the agents registry "
+                "(RECEIPT_AGENTS_FILE is not set here); name none and each turn uses the agent's",
+                (),
+            )
         return create
     try:
         registry = load_registry(settings.agents_file)
-    except RegistryError:
-        return create  # the turn reports a broken registry; creating the job writes nothing wrong
+    except RegistryError as exc:
+        if named is None:
+            return create  # the turn reports a broken registry; the job saves no binding
+        metrics.API_REGISTRY_UNREADABLE.inc()
+        log.warning(
+            "an agent job naming a provider binding was refused: the agents registry is unreadable",
+            extra={"event": "api.agents_registry_unreadable", "error": str(exc)},
+        )
+        raise ApiError(
+            503,
+            "registry_unavailable",
+            "the agents registry cannot be read to check providerBinding; retry later",
+            field="providerBinding",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from exc
     agent = registry.get(create.agent_id)
     if agent is None:
         known = tuple(sorted(registry.agents))
@@ -184,7 +210,7 @@ def _checked_binding(settings: AgentJobSettings, create: CreateRequest) -> Creat
             "agentId", f"agentId {create.agent_id!r} is not in the agents registry", known
         )
     binding = agent.provider_binding
-    if create.provider_binding not in (None, binding):
+    if named not in (None, binding):
         raise InvalidInput(
             "providerBinding",
             f"providerBinding must be the agent's ({binding or 'it names none'})",
@@ -199,7 +225,12 @@ def _checked_binding(settings: AgentJobSettings, create: CreateRequest) -> Creat
     status_code=201,
     responses={
         **_ok(200, "A retried create: the job it made"),
-        **errors_documented(400, 401, 403, 409, 413, 422, 429, 503),
+        **errors_documented(400, 401, 403, 409, 413, 422, 429),
+        503: {
+            **errors_documented(503)[503],
+            "description": "Database unavailable, or (a create naming `providerBinding`) the "
+            "agents registry unreadable; retry after `Retry-After` seconds",
+        },
     },
     openapi_extra=json_body_documented("AgentJobCreateBody"),
 )
