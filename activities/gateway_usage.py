@@ -26,7 +26,7 @@ RESET_HEADERS = (
 
 @dataclass
 class Usage:
-    """Tokens in and out of one call."""
+    """Tokens in and out of one call (in: Anthropic's prompt-cache writes and reads too)."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -40,9 +40,13 @@ def usage_of(body: Mapping[str, Any]) -> Usage:
         usage = response.get("usage") if isinstance(response, Mapping) else None
     if not isinstance(usage, Mapping):
         return Usage()
-    tokens_in = usage.get("input_tokens", usage.get("prompt_tokens", 0))
+    tokens_in = _int(usage.get("input_tokens", usage.get("prompt_tokens", 0)))
+    # Anthropic counts the prompt cache's writes and reads apart from `input_tokens`; they are
+    # input all the same (OpenAI's `prompt_tokens` and `input_tokens` include cached ones).
+    for cached in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+        tokens_in += _int(usage.get(cached, 0))
     tokens_out = usage.get("output_tokens", usage.get("completion_tokens", 0))
-    return Usage(_int(tokens_in), _int(tokens_out))
+    return Usage(tokens_in, _int(tokens_out))
 
 
 class StreamUsage:

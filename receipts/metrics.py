@@ -301,7 +301,8 @@ GATEWAY_CALLS = Counter(
 )
 GATEWAY_TOKENS = Counter(
     "receipt_gateway_tokens",
-    "Tokens of model calls through the AI gateway by binding, agent and direction (in, out).",
+    "Tokens of model calls through the AI gateway by binding, agent and direction (in, out; in "
+    "counts Anthropic's prompt-cache writes and reads).",
     ["binding", "agent", "direction"],
 )
 GATEWAY_QUOTA = Counter(

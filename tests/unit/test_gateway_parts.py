@@ -117,3 +117,22 @@ def test_a_call_s_model_is_the_top_level_one_of_its_body() -> None:
         assert model_of(body) is None
     assert too_many_values(b"[" + b"{}," * 1_000_000 + b"{}]")
     assert not too_many_values(json.dumps({"model": "a", "input": [long] * 300}).encode())
+
+
+def test_anthropic_s_prompt_cache_tokens_are_input_tokens() -> None:
+    """Messages counts cache writes and reads apart from `input_tokens` (they were dropped: a
+    turn of mostly cached context reported a few input tokens)."""
+    cached = {"input_tokens": 3, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 40}
+    assert usage_of({"usage": {**cached, "output_tokens": 8}}).input_tokens == 143
+    stream = StreamUsage()
+    start = {"type": "message_start", "message": {"usage": {**cached, "output_tokens": 1}}}
+    delta = {"type": "message_delta", "usage": {"output_tokens": 9}}
+    stream.feed(f"data: {json.dumps(start)}\n\ndata: {json.dumps(delta)}\n\n".encode())
+    assert (stream.usage.input_tokens, stream.usage.output_tokens) == (143, 9)
+    # OpenAI's cached tokens are part of prompt_tokens already: not counted twice.
+    chat = {
+        "prompt_tokens": 50,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 40},
+    }
+    assert usage_of({"usage": chat}).input_tokens == 50
