@@ -115,8 +115,9 @@ class WebhookDeliverer:
             return "lapsed"
 
     async def _deliver(self, delivery: Claimed) -> str:
-        """One try of `delivery`, recorded; its outcome (`delivered`, `retried`, `failed`). A
-        failure to record it leaves the claim to lapse: the delivery is tried again."""
+        """One try of `delivery`, recorded; its outcome (`delivered`, `retried`, `failed`).
+        Whatever the check or the post raises is a failed try; only a failure to read or record
+        it leaves the claim to lapse: the delivery is tried again."""
         started = time.monotonic()
         status_code: int | None = None
         error: str | None = None
@@ -151,6 +152,20 @@ class WebhookDeliverer:
             error = f"no answer within {timeout_s:g} s"
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            # Anything else the check or the post raises (a URL httpx cannot send) is a failed
+            # try too: recorded, backed off and given up in time. Left to lapse, the claim would
+            # come back every claim_ms forever, and retention would keep its job.
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "webhook try raised",
+                exc_info=True,
+                extra={
+                    "event": "webhook.try_raised",
+                    "deliveryId": delivery.delivery_id,
+                    "error": error,
+                },
+            )
         if error is None:
             return await self._record(delivery, "delivered", status_code, None, started)
         tries = delivery.tries + 1

@@ -22,12 +22,14 @@ import pytest
 from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
+from activities import webhook_egress as egress
 from activities.webhook_egress import Target, post
 from receipt_client import Client
 from receipt_client.errors import InvalidInput as ClientInvalidInput
 from receipt_client.errors import NotFound
 from receipts import metrics, retention
 from receipts import operations as ops
+from receipts import webhooks as hooks
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.registry import AgentJobSettings
@@ -573,6 +575,49 @@ async def test_a_connection_made_for_one_host_never_carries_anothers_post(tmp_pa
         server.close()
         await server.wait_closed()
     assert bodies == [b"org A"]
+
+
+async def test_whatever_a_post_raises_is_a_failed_try_that_gives_up(
+    fresh: tuple[Store, str],
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exception the deliverer does not expect from the check or the post is recorded as a
+    try (its error, a backoff) and given up after the tries, not left to lapse and come back
+    forever; only a failure to record the try lets the claim lapse."""
+    store, url = fresh
+    settings = ALLOWED.model_copy(update={"max_tries": 2, "retry_base_ms": 1, "retry_max_ms": 1})
+
+    async def broken(*args: Any, **kwargs: Any) -> httpx.Response:
+        return "ü".encode("ascii")  # type: ignore[return-value]  # raises UnicodeEncodeError
+
+    async with api_client(url, store=store, webhooks=settings) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/x"), ["job.completed"])
+        await completed(store)
+        monkeypatch.setattr(egress, "post", broken)
+        deliverer = WebhookDeliverer(store, settings, http)
+        assert (await deliverer.run_once()).retried == 1
+        [delivery] = (await api.get(f"/webhooks/{hook}/deliveries", headers=AS_A)).json()[
+            "deliveries"
+        ]
+        assert delivery["status"] == "pending" and delivery["tries"] == 1
+        assert delivery["lastError"].startswith("UnicodeEncodeError: ")
+        await asyncio.sleep(0.05)
+        assert (await deliverer.run_once()).failed == 1
+        [delivery] = (await api.get(f"/webhooks/{hook}/deliveries", headers=AS_A)).json()[
+            "deliveries"
+        ]
+    assert delivery["status"] == "failed" and delivery["tries"] == 2
+    assert (await deliverer.run_once()).claimed == 0
+    assert receiver.posts == []
+
+    async def unrecorded(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the database is away")
+
+    await completed(store)
+    monkeypatch.setattr(hooks, "record_try", unrecorded)
+    assert (await deliverer.run_once()).lapsed == 1
 
 
 def test_the_client_manages_webhooks_against_a_real_api(make_database: Any, tmp_path: Path) -> None:
