@@ -6,10 +6,10 @@ reach what only the cluster can: loopback, private networks, link-local (cloud m
 169.254.169.254), CGNAT, multicast, unspecified, IPv6 unique-local and link-local addresses.
 The host is resolved and every address it resolves to is checked, at create (the API answers
 422 naming `url`) and again at each delivery, which then connects to the address it checked
-(the URL's host goes in the Host header and, over TLS, in SNI and the certificate check): a name
-that resolves elsewhere between the check and the connect (DNS rebinding) cannot redirect it.
-Redirects are not followed. Hosts on `RECEIPT_WEBHOOK_ALLOWED_HOSTS` are exempt (the operator's
-own receivers, plain http allowed).
+(the URL's host, an internationalised name in its IDNA form, goes in the Host header and, over
+TLS, in SNI and the certificate check): a name that resolves elsewhere between the check and the
+connect (DNS rebinding) cannot redirect it. Redirects are not followed. Hosts on
+`RECEIPT_WEBHOOK_ALLOWED_HOSTS` are exempt (the operator's own receivers, plain http allowed).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from receipts.waits import within
-from receipts.webhooks import WebhookSettings
+from receipts.webhooks import WebhookSettings, ascii_url
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -112,7 +112,12 @@ async def resolve(host: str, port: int) -> list[str]:
 
 
 async def check(url: str, settings: WebhookSettings) -> Target:
-    """Clear `url` for a post, or raise `EgressRefused` saying why."""
+    """Clear `url` for a post, or raise `EgressRefused` saying why. An internationalised host
+    is judged, and posted to, in its IDNA form (a webhook stored before create normalised it)."""
+    try:
+        url = ascii_url(url)
+    except ValueError as exc:
+        raise EgressRefused(f"url's host is not a valid internationalised name: {exc}") from None
     parts = urlsplit(url)
     host = (parts.hostname or "").lower()
     if not host:

@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
+import idna
 from psycopg.types.json import Jsonb
 from pydantic import Field
 
@@ -71,10 +72,44 @@ class WebhookSettings(ReceiptSettings):
 
     @property
     def hosts(self) -> frozenset[str]:
-        """The allow-listed hosts, lower case, without brackets."""
+        """The allow-listed hosts, lower case, without brackets, an internationalised name in
+        its IDNA form (as a webhook's URL is stored: `ascii_url`)."""
         return frozenset(
-            h.strip().lower().strip("[]") for h in self.allowed_hosts.split(",") if h.strip()
+            _listed(h.strip().lower().strip("[]"))
+            for h in self.allowed_hosts.split(",")
+            if h.strip()
         )
+
+
+def _listed(host: str) -> str:
+    try:
+        return ascii_host(host)
+    except ValueError:
+        return host  # no URL's host can be it: it matches nothing
+
+
+def ascii_host(host: str) -> str:
+    """`host` as DNS, the Host header and TLS carry it: an internationalised name in its IDNA
+    (punycode) form, `bücher.example` -> `xn--bcher-kva.example` (UTS 46 mapping, as browsers
+    do); an ASCII host as it is. ValueError for a name IDNA cannot encode."""
+    if host.isascii():
+        return host
+    try:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except idna.IDNAError as exc:
+        raise ValueError(str(exc) or type(exc).__name__) from None
+
+
+def ascii_url(url: str) -> str:
+    """`url` with its host as `ascii_host` gives it (the rest as written; httpx encodes a
+    non-ASCII path or query itself). ValueError for a host IDNA cannot encode."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host.isascii():
+        return url
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = ascii_host(host) + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc}" if userinfo else netloc))
 
 
 def retry_delay_ms(tries: int, base_ms: int, max_ms: int, rng: random.Random | None = None) -> int:
@@ -159,6 +194,13 @@ def parse_create(body: Any) -> WebhookCreate:
         raise InvalidInput("url", "url must not carry credentials (the secret signs each post)")
     if any(c.isspace() or ord(c) < 32 for c in url):
         raise InvalidInput("url", "url must not contain whitespace or control characters")
+    try:
+        # Stored, checked and posted to in the form DNS, the Host header and TLS carry.
+        url = ascii_url(url)
+    except ValueError as exc:
+        raise InvalidInput(
+            "url", f"url's host {parts.hostname!r} is not a valid internationalised name: {exc}"
+        ) from None
     events = body.get("events")
     if not isinstance(events, list) or not events:
         raise InvalidInput("events", "events must be a non-empty list of event names", EVENTS)

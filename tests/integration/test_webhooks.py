@@ -577,6 +577,75 @@ async def test_a_connection_made_for_one_host_never_carries_anothers_post(tmp_pa
     assert bodies == [b"org A"]
 
 
+IDN = "bücher.example"
+IDN_ASCII = "xn--bcher-kva.example"
+
+
+async def test_an_internationalised_host_is_stored_in_its_idna_form_or_refused(
+    fresh: tuple[Store, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A non-ASCII host is what DNS, the Host header and TLS cannot carry as written: the
+    subscription stores its IDNA form; a name IDNA cannot encode is refused naming `url`."""
+
+    async def public(host: str, port: int) -> list[str]:
+        return ["93.184.215.14"]
+
+    monkeypatch.setattr(egress, "resolve", public)
+    store, db = fresh
+    async with api_client(db, store=store) as api:
+        hook, _ = await subscribe(api, AS_A, "https://BÜCHER.example/hook?q=1", ["job.failed"])
+        shown = (await api.get(f"/webhooks/{hook}", headers=AS_A)).json()
+        assert shown["url"] == f"https://{IDN_ASCII}/hook?q=1"
+        for bad in (f"https://-{IDN}/hook", f"https://{'ü' * 64}.example/hook"):
+            answer = await api.post(
+                "/webhooks", json={"url": bad, "events": ["job.failed"]}, headers=AS_A
+            )
+            assert answer.status_code == 422, answer.text
+            assert answer.json()["error"]["field"] == "url"
+            assert "internationalised" in answer.json()["error"]["message"]
+    assert [w.url for w in (await hooks.page(store, "org-a", None, 10))[0]] == [
+        f"https://{IDN_ASCII}/hook?q=1"
+    ]
+
+
+async def test_a_webhook_at_an_internationalised_host_is_delivered(
+    fresh: tuple[Store, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`https://bücher.example:<port>/hook`, its name resolving to a receiver on loopback
+    (which the egress rules are told here is public): the post carries the IDNA name in the Host
+    header and SNI, and the certificate is checked against it. Posted as written, the Host
+    header cannot be encoded and no try was ever made."""
+
+    async def loopback(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    monkeypatch.setattr(egress, "resolve", loopback)
+    monkeypatch.setattr(egress, "refused_reason", lambda address: None)
+    cert, key = certificate(tmp_path, IDN_ASCII)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    names: list[str | None] = []
+    server_tls.sni_callback = lambda _sock, sni, _ctx: names.append(sni)  # type: ignore[assignment,return-value]
+    receiver = Receiver()
+    server = await asyncio.start_server(receiver.handle, "127.0.0.1", 0, ssl=server_tls)
+    port = server.sockets[0].getsockname()[1]
+    store, db = fresh
+    settings = WebhookSettings(retry_base_ms=1, retry_max_ms=1)
+    try:
+        async with api_client(db, store=store, webhooks=settings) as api:
+            _, secret = await subscribe(api, AS_A, f"https://{IDN}:{port}/hook", ["job.completed"])
+        await completed(store)
+        trusting = ssl.create_default_context(cafile=str(cert))
+        async with httpx.AsyncClient(verify=trusting) as client:
+            assert (await WebhookDeliverer(store, settings, client).run_once()).delivered == 1
+    finally:
+        server.close()
+        await server.wait_closed()
+    [posted] = receiver.posts
+    assert posted.headers["host"] == f"{IDN_ASCII}:{port}" and names == [IDN_ASCII]
+    assert verify(posted, secret)["type"] == "job.completed"
+
+
 async def test_whatever_a_post_raises_is_a_failed_try_that_gives_up(
     fresh: tuple[Store, str],
     receiver: Receiver,
