@@ -5,7 +5,7 @@ objective scoping), with the reserved shapes of job ids refused."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
@@ -233,3 +233,14 @@ def parse_enqueue(
         delay_ms=parsed.delay_ms or 0,
         objective_id_assigned=assigned,
     )
+
+
+def cap_timeout(request: EnqueueRequest, max_timeout_ms: int) -> EnqueueRequest:
+    """The request with `payload.timeoutMs` clamped to `max_timeout_ms` (the operator's
+    `RECEIPT_MAX_TIMEOUT_MS`, applied by the api's enqueue and a schedule's firing alike)."""
+    timeout = request.payload.get("timeoutMs")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        return request
+    if timeout <= max_timeout_ms:
+        return request
+    return replace(request, payload={**request.payload, "timeoutMs": max_timeout_ms})

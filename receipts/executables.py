@@ -5,8 +5,14 @@ request's commands; the Factory's worker checks the tasks a planner writes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from receipts.kinds import runs_commands
+
+if TYPE_CHECKING:
+    from receipts.enqueue_request import EnqueueRequest
 
 SETTING = "RECEIPT_ORG_EXECUTABLES"
 
@@ -72,3 +78,34 @@ def first_refused(
                 f"{field}[0] must be one of this organization's executables: {', '.join(allowed)}"
             )
     return None
+
+
+def request_commands(request: EnqueueRequest) -> list[tuple[str, Any]]:
+    """`(field, argv)` of every command an enqueue names: an objective's (`factory.run`), a
+    dispatch's tasks, else what the codex handlers run (activities/handlers/factory.py):
+    `input.command` when the payload has an `input` (a prompt runs the operator's
+    RECEIPT_CODEX_COMMAND), else `task.command`. A payload that names neither is refused under
+    an allow-list."""
+    payload = request.payload
+    if request.kind == "factory.run":
+        return objective_commands(payload.get("objective"), "payload.objective")
+    if request.kind == "factory.dispatch":
+        return task_commands(payload.get("tasks"), "payload.tasks")
+    given = payload.get("input")
+    if isinstance(given, dict) and "prompt" in given and "command" not in given:
+        return []
+    if given is not None:
+        command = given.get("command") if isinstance(given, dict) else None
+        return [("payload.input.command", command)]
+    task = payload.get("task")
+    return [("payload.task.command", task.get("command") if isinstance(task, dict) else None)]
+
+
+def refused_request(
+    allow_lists: Mapping[str, list[str]], agent_id: str, request: EnqueueRequest
+) -> tuple[str, str] | None:
+    """`(field, message)` when `request` runs a command whose program is off its organization's
+    allow-list; None when it runs none, the organization has no list, or every one is on it."""
+    if not runs_commands(agent_id, request.kind):
+        return None
+    return first_refused(allow_lists.get(request.organization_id or ""), request_commands(request))

@@ -56,7 +56,7 @@ async def load(tx: Tx, objective_id: str) -> ObjectiveState | None:
     return ObjectiveState.model_validate(row[0]) if row else None
 
 
-async def get(store: Store, objective_id: str) -> ObjectiveState | None:
+async def get(store: Store | Tx, objective_id: str) -> ObjectiveState | None:
     """The objective's folded state from the projection, or None."""
     with translate_errors():
         row = await store.fetch_one("objective_get", {"objective_id": objective_id})
@@ -64,7 +64,7 @@ async def get(store: Store, objective_id: str) -> ObjectiveState | None:
 
 
 async def runtime_id(
-    store: Store, organization_id: str | None, objective_id: str, *, existing: bool = True
+    store: Store | Tx, organization_id: str | None, objective_id: str, *, existing: bool = True
 ) -> str:
     """The runtime's id of the objective `organization_id` calls `objective_id`: `<id>~<tag>`
     (`receipts/tenancy.py`). With `existing`, an objective of that organization created before

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from receipts import metrics
 from receipts.enqueue import EnqueueRequest, enqueue_in, parse_enqueue, stop_draft
+from receipts.enqueue_request import cap_timeout
+from receipts.executables import refused_request
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.kinds import CONTRACTS
 from receipts.objectives import store as objectives
@@ -27,7 +30,9 @@ log = logging.getLogger("receipts.schedules")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-async def firing_request(store: Store, state: ScheduleState, fire_time: datetime) -> EnqueueRequest:
+async def firing_request(
+    reads: Store | Tx, state: ScheduleState, fire_time: datetime
+) -> EnqueueRequest:
     """The enqueue the firing at `fire_time` makes: the stored body with the job id
     `<scheduleId>:<fire time>`, scoped (job id and objective id) by the schedule's organization."""
     body = {**state.job, "jobId": job_id_of(state.caller_schedule_id, fire_time)}
@@ -38,7 +43,7 @@ async def firing_request(store: Store, state: ScheduleState, fire_time: datetime
     if isinstance(objective_id, str) and contract.objective_scoped:
         existing = contract.objective_required and request.kind != "factory.run"
         runtime = await objectives.runtime_id(
-            store, state.organization_id, objective_id, existing=existing
+            reads, state.organization_id, objective_id, existing=existing
         )
         payload = {**payload, "objectiveId": runtime}
     return dataclasses.replace(
@@ -122,11 +127,17 @@ async def _handled_late(tx: Tx, state: ScheduleState, fire_time: datetime) -> bo
 
 @dataclass(frozen=True, slots=True)
 class Caps:
-    """The organization's caps of open jobs a firing respects (the api's
-    `RECEIPT_ORG_MAX_QUEUED` and `RECEIPT_ORG_MAX_ACTIVE`)."""
+    """What the api holds a direct enqueue to and a firing is held to as well, read by the role
+    that fires (worker-control) from the api's settings: the organization's caps of open jobs
+    (`RECEIPT_ORG_MAX_QUEUED`, `RECEIPT_ORG_MAX_ACTIVE`), the cap on `timeoutMs`
+    (`RECEIPT_MAX_TIMEOUT_MS`; None: none) and the organizations' allow-lists of executables
+    (`RECEIPT_ORG_EXECUTABLES`), checked again at each firing: a list tightened after the
+    schedule was made stops its firings."""
 
     max_queued: int
     max_active: int
+    max_timeout_ms: int | None = None
+    executables: Mapping[str, list[str]] = field(default_factory=dict)
 
 
 async def fire(
@@ -134,11 +145,13 @@ async def fire(
 ) -> str:
     """Enqueue the job of the firing at `fire_time` (Temporal's scheduled time) unless the
     overlap policy says otherwise or, with `caps`, the organization holds its cap of open jobs
-    (skipped, as a refused enqueue would be); return what it came to: `enqueued`, `skipped`
-    (`skipped_cap` for the caps), `repeated` (this fire time, or this local time of a repeated
-    hour, was already handled: a doubled firing is one job), `off_schedule` (the definition as it
-    is now does not fire then: Temporal still had an earlier one) or `none` (the schedule is
-    paused, deleted or gone: Temporal fired before the sync caught up).
+    or the job runs a program off the organization's allow-list (skipped, as a refused enqueue
+    would be; its `timeoutMs` is capped as an enqueue's is); return what it came to:
+    `enqueued`, `skipped` (`skipped_cap` for the caps, `skipped_executables` for the list),
+    `repeated` (this fire time, or this local time of a repeated hour, was already handled: a
+    doubled firing is one job), `off_schedule` (the definition as it is now does not fire then:
+    Temporal still had an earlier one) or `none` (the schedule is paused, deleted or gone:
+    Temporal fired before the sync caught up).
 
     Everything is decided under the schedule's stream lock on the schedule as it is then: the
     previous job's state (two firings at once see each other), and a `cancel_previous` abort is
@@ -150,7 +163,10 @@ async def fire(
     if state.firing_at(fire_time) is not None:
         return "repeated"
     request = await firing_request(store, state, fire_time)
+    if caps is not None and caps.max_timeout_ms is not None:
+        request = cap_timeout(request, caps.max_timeout_ms)
     stream = schedule_stream(schedule_id)
+    refusal: dict[str, str] = {}
 
     async def work(tx: Tx) -> str:
         await tx.lock_streams([stream])
@@ -165,10 +181,18 @@ async def fire(
             return "repeated"
         if not _owed(current, fire_time):
             return "off_schedule"
-        previous = await tx.job_for_update(current.last_job_id) if current.last_job_id else None
-        running = previous is not None and previous.status not in TERMINAL_STATUSES
         at = fire_time.isoformat()
         data: dict[str, Any]
+        refused = refused_request(caps.executables, request.agent_id, request) if caps else None
+        if refused is not None:
+            # The allow-list as it is now, not as it was at create: a program taken off it
+            # stops the schedule's firings as it stops a direct enqueue (which answers 403).
+            refusal["field"], refusal["message"] = refused
+            data = {"fireTime": at, "reason": "executables", **refusal}
+            await append(tx, current, stream, [Draft("schedule.skipped", data)])
+            return "skipped_executables"
+        previous = await tx.job_for_update(current.last_job_id) if current.last_job_id else None
+        running = previous is not None and previous.status not in TERMINAL_STATUSES
         if running and current.overlap == "skip" and previous is not None:
             data = {"fireTime": at, "reason": "overlap", "runningJobId": previous.job_id}
             await append(tx, current, stream, [Draft("schedule.skipped", data)])
@@ -204,6 +228,18 @@ async def fire(
     with translate_errors():
         outcome = await store.in_transaction(work)
     metrics.SCHEDULE_FIRINGS.labels(outcome).inc()
+    if refusal:
+        log.warning(
+            "schedule firing refused: %s",
+            refusal["message"],
+            extra={
+                "event": "schedule.executables_refused",
+                "scheduleId": schedule_id,
+                "organizationId": state.organization_id,
+                "fireTime": fire_time.isoformat(),
+                "field": refusal["field"],
+            },
+        )
     log.info(
         "schedule fired: %s",
         outcome,

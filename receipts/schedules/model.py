@@ -6,7 +6,8 @@ Receipts: `schedule.created` and `schedule.changed` (the definition), `schedule.
 `schedule.resumed`, `schedule.deleted` (terminal), `schedule.fired` (`fireTime`, `jobId`, and
 `canceledJobId` when the previous job was aborted for it) and `schedule.skipped` (`fireTime`,
 `reason`: `overlap` with `runningJobId`, the previous job still active under the policy `skip`,
-or `cap`, the organization holding its cap of queued or active jobs); `schedule.compacted`
+`cap`, the organization holding its cap of queued or active jobs, or `executables` with `field`
+and `message`, a program off the organization's allow-list); `schedule.compacted`
 (`fired`, `skipped`, `lastJobId`: the totals when retention deleted older firings,
 receipts/schedules/compaction.py).
 """
@@ -47,7 +48,7 @@ class Firing(CamelModel):
     outcome: Literal["enqueued", "skipped"]
     job_id: str | None = None  # the runtime's id (scoped by organization)
     running_job_id: str | None = None  # skipped: the job still active
-    reason: str | None = None  # skipped: why (`overlap`, or the organization's `cap` of jobs)
+    reason: str | None = None  # skipped: why (`overlap`, `cap` of jobs, `executables`)
     canceled_job_id: str | None = None  # cancel_previous: the job aborted for this one
     recorded_at: datetime
 

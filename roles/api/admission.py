@@ -4,14 +4,14 @@ allow-list of gateway URLs. Each refusal answers the one error shape, is logged 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
 from receipts import metrics
 from receipts.enqueue import Admission, EnqueueRequest
+from receipts.enqueue_request import cap_timeout
 from receipts.errors import InvalidInput
-from receipts.executables import first_refused, objective_commands, task_commands
+from receipts.executables import first_refused, request_commands
 from receipts.kinds import runs_commands
 from roles.api.auth import COMMANDS_RUN, Principal
 from roles.api.deps import ApiError, require_scope, too_many
@@ -20,25 +20,6 @@ from roles.api.limits import refusals
 from roles.api.settings import ApiSettings
 
 log = logging.getLogger("roles.api.app")
-
-
-def _commands(request: EnqueueRequest) -> list[tuple[str, Any]]:
-    payload = request.payload
-    if request.kind == "factory.run":
-        return objective_commands(payload.get("objective"), "payload.objective")
-    if request.kind == "factory.dispatch":
-        return task_commands(payload.get("tasks"), "payload.tasks")
-    # What the codex handlers run (activities/handlers/factory.py): `input.command` when the
-    # payload has an `input` (a prompt runs the operator's RECEIPT_CODEX_COMMAND), else
-    # `task.command`. A payload that names neither is refused under an allow-list.
-    given = payload.get("input")
-    if isinstance(given, dict) and "prompt" in given and "command" not in given:
-        return []
-    if given is not None:
-        command = given.get("command") if isinstance(given, dict) else None
-        return [("payload.input.command", command)]
-    task = payload.get("task")
-    return [("payload.task.command", task.get("command") if isinstance(task, dict) else None)]
 
 
 def check_command_rights(
@@ -50,7 +31,7 @@ def check_command_rights(
     if not runs_commands(agent_id, request.kind):
         return
     require_scope(caller, COMMANDS_RUN)
-    check_executables(settings, request.organization_id, _commands(request))
+    check_executables(settings, request.organization_id, request_commands(request))
 
 
 def check_executables(
@@ -68,13 +49,7 @@ def check_executables(
 def capped_timeout(settings: ApiSettings, request: EnqueueRequest) -> EnqueueRequest:
     """The request with `payload.timeoutMs` clamped to the operator's cap
     (`RECEIPT_MAX_TIMEOUT_MS`): a job cannot ask to hold a worker slot for longer."""
-    timeout = request.payload.get("timeoutMs")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        return request
-    if timeout <= settings.max_timeout_ms:
-        return request
-    payload = {**request.payload, "timeoutMs": settings.max_timeout_ms}
-    return dataclasses.replace(request, payload=payload)
+    return cap_timeout(request, settings.max_timeout_ms)
 
 
 def _under(url: str, prefix: str) -> bool:

@@ -33,7 +33,11 @@ def schedule_lines(view: dict[str, Any]) -> list[str]:
     if view.get("nextFireTimes"):
         lines.append("next: " + ", ".join(view["nextFireTimes"][:3]))
     for run in view.get("lastRuns") or []:
-        job = run.get("jobId") or f"(skipped: {run.get('runningJobId')} still active)"
+        job = run.get("jobId") or (
+            f"(skipped: {run['runningJobId']} still active)"
+            if run.get("runningJobId")
+            else f"(skipped: {run.get('reason')})"
+        )
         status = f" {run['jobStatus']}" if run.get("jobStatus") else ""
         lines.append(f"  {run['fireTime']}  {run['outcome']:<8} {job}{status}")
     return lines

@@ -135,7 +135,14 @@ async def run_attempt_worker(
         # The organizations' schedules: their firings, and the sync that keeps a Temporal
         # Schedule per schedule (roles/delivery/schedules.py).
         workflows.append(ScheduleFireWorkflow)
-        caps = Caps(runtime.settings.api.org_max_queued, runtime.settings.api.org_max_active)
+        # A firing is held to the api's limits on a direct enqueue (the same variables).
+        api = runtime.settings.api
+        caps = Caps(
+            api.org_max_queued,
+            api.org_max_active,
+            max_timeout_ms=api.max_timeout_ms,
+            executables=api.org_executables,
+        )
         activities.append(ScheduleActivities(runtime.store, caps).fire_schedule)
         sync = ScheduleSync(
             runtime.client,

@@ -7,6 +7,7 @@ is tests/e2e/test_schedules_roles.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from receipts import metrics
 from receipts import operations as ops
 from receipts.schedules import firing
 from receipts.schedules import store as schedules
@@ -244,9 +246,13 @@ async def made(
     overlap: str = "skip",
     command: list[str] | None = None,
     org: str = "org-a",
+    timeout_ms: int | None = None,
     **when: str,
 ) -> str:
-    job = enqueue_body(org, payload_extra={"task": {"command": command or ["true"]}})
+    extra: dict[str, Any] = {"task": {"command": command or ["true"]}}
+    if timeout_ms is not None:
+        extra["timeoutMs"] = timeout_ms
+    job = enqueue_body(org, payload_extra=extra)
     definition, _ = schedules.validate(
         {**(when or {"interval": "5s"}), "agentId": "codex", "job": job, "overlap": overlap},
         org,
@@ -483,6 +489,40 @@ async def test_a_firing_past_the_organizations_cap_of_open_jobs_is_skipped(store
     assert state is not None and state.recent[0].reason == "cap" and state.fired == 0
     room = firing.Caps(max_queued=10**9, max_active=10**9)
     assert await firing.fire(store, sid, T + timedelta(seconds=5), room) == "enqueued"
+
+
+async def test_a_firing_is_held_to_the_timeout_cap_and_the_allow_list_as_they_are_now(
+    store: Store,
+) -> None:
+    """A firing is held to what the api holds a direct enqueue to: `timeoutMs` clamped to
+    `RECEIPT_MAX_TIMEOUT_MS`, and the organization's allow-list of executables as it is when it
+    fires — a program taken off the list after the schedule was made stops its firings, each
+    recorded skipped with the reason and counted."""
+    sid = await made(store, "allow", command=["git", "status"], timeout_ms=7_200_000)
+    on_list = firing.Caps(10**9, 10**9, max_timeout_ms=60_000, executables={"org-a": ["git"]})
+    assert await firing.fire(store, sid, T, on_list) == "enqueued"
+    state = await schedules.get(store, sid)
+    assert state is not None and state.last_job_id is not None
+    job = await store.get_job(state.last_job_id)
+    assert job is not None and job.payload["timeoutMs"] == 60_000
+
+    before = metrics.value("receipt_schedule_firings_total", outcome="skipped_executables")
+    tightened = dataclasses.replace(on_list, executables={"org-a": ["pytest"]})
+    later = T + timedelta(seconds=5)
+    assert await firing.fire(store, sid, later, tightened) == "skipped_executables"
+    state = await schedules.get(store, sid)
+    assert state is not None and (state.fired, state.skipped) == (1, 1)
+    skipped = state.firing_at(later)
+    assert skipped is not None and skipped.reason == "executables" and skipped.job_id is None
+    assert (
+        await store.get_job(scoped_id("org-a", f"{state.caller_schedule_id}:20261204T173005Z"))
+        is None
+    )
+    after = metrics.value("receipt_schedule_firings_total", outcome="skipped_executables")
+    assert after - before == 1
+    # Another organization's list does not hold this one's firings.
+    elsewhere = dataclasses.replace(on_list, executables={"org-b": ["pytest"]})
+    assert await firing.fire(store, sid, T + timedelta(seconds=10), elsewhere) == "enqueued"
 
 
 async def test_two_creates_racing_for_an_organizations_last_place_take_one(store: Store) -> None:
