@@ -153,8 +153,9 @@ async def fire(
     Temporal still had an earlier one) or `none` (the schedule is paused, deleted or gone:
     Temporal fired before the sync caught up).
 
-    Everything is decided under the schedule's stream lock on the schedule as it is then: the
-    previous job's state (two firings at once see each other), and a `cancel_previous` abort is
+    Everything is decided under the schedule's stream lock on the schedule as it is then (the
+    read before it only answers `none` and `repeated` without a transaction): the job it
+    enqueues, the previous job's state (two firings at once see each other), and a `cancel_previous` abort is
     written in the same transaction as the firing it makes room for, so a skipped firing aborts
     nothing."""
     state = await get(store, schedule_id)
@@ -162,11 +163,9 @@ async def fire(
         return "none"
     if state.firing_at(fire_time) is not None:
         return "repeated"
-    request = await firing_request(store, state, fire_time)
-    if caps is not None and caps.max_timeout_ms is not None:
-        request = cap_timeout(request, caps.max_timeout_ms)
     stream = schedule_stream(schedule_id)
     refusal: dict[str, str] = {}
+    enqueued: dict[str, str] = {}
 
     async def work(tx: Tx) -> str:
         await tx.lock_streams([stream])
@@ -181,6 +180,11 @@ async def fire(
             return "repeated"
         if not _owed(current, fire_time):
             return "off_schedule"
+        # The job is built from the definition read under the lock, never from the read before
+        # it: a change of `job` or `agentId` committed in between fires as changed.
+        request = await firing_request(tx, current, fire_time)
+        if caps is not None and caps.max_timeout_ms is not None:
+            request = cap_timeout(request, caps.max_timeout_ms)
         at = fire_time.isoformat()
         data: dict[str, Any]
         refused = refused_request(caps.executables, request.agent_id, request) if caps else None
@@ -219,6 +223,7 @@ async def fire(
             )
             canceled = previous.job_id
         result = await enqueue_in(tx, request)
+        enqueued["jobId"] = result.job.job_id
         data = {"fireTime": at, "jobId": result.job.job_id}
         if canceled is not None:
             data["canceledJobId"] = canceled
@@ -248,7 +253,7 @@ async def fire(
             "scheduleId": schedule_id,
             "fireTime": fire_time.isoformat(),
             "outcome": outcome,
-            "jobId": request.job_id if outcome == "enqueued" else None,
+            "jobId": enqueued.get("jobId") if outcome == "enqueued" else None,
         },
     )
     return outcome

@@ -525,6 +525,34 @@ async def test_a_firing_is_held_to_the_timeout_cap_and_the_allow_list_as_they_ar
     assert await firing.fire(store, sid, T + timedelta(seconds=10), elsewhere) == "enqueued"
 
 
+async def test_a_change_committed_before_the_lock_fires_as_changed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change of the job committing between a firing's first read and its lock (here: right
+    after that read) fires the new job, not the old body under the new definition."""
+    sid = await made(store, "allow", command=["echo", "old"])
+    job = enqueue_body("org-a", payload_extra={"task": {"command": ["echo", "new"]}})
+    new, _ = schedules.validate(
+        {"interval": "5s", "agentId": "codex", "job": job},
+        "org-a",
+        schedules.Limits(min_interval_s=1),
+        admin=False,
+    )
+    read = schedules.get
+
+    async def read_then_changed(reads: Store, schedule_id: str) -> Any:
+        state = await read(reads, schedule_id)
+        assert await schedules.change(store, schedule_id, definition=new) is not None
+        return state
+
+    monkeypatch.setattr(firing, "get", read_then_changed)
+    assert await firing.fire(store, sid, T) == "enqueued"
+    state = await schedules.get(store, sid)
+    assert state is not None and state.last_job_id is not None
+    fired = await store.get_job(state.last_job_id)
+    assert fired is not None and fired.payload["task"] == {"command": ["echo", "new"]}
+
+
 async def test_two_creates_racing_for_an_organizations_last_place_take_one(store: Store) -> None:
     org = f"org-race-{uuid.uuid4().hex[:6]}"
     job = enqueue_body(org, payload_extra={"task": {"command": ["true"]}})
