@@ -23,7 +23,14 @@ from receipts.schedules import store as schedules
 from receipts.schedules.model import schedule_stream
 from receipts.store import Store
 from receipts.tenancy import scoped_id
-from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body
+from tests.integration.api_support import (
+    AS_A,
+    AS_ADMIN,
+    AS_B,
+    api_client,
+    enqueue_body,
+    published,
+)
 
 
 @pytest.fixture(scope="module")
@@ -551,6 +558,23 @@ async def test_a_change_committed_before_the_lock_fires_as_changed(
     assert state is not None and state.last_job_id is not None
     fired = await store.get_job(state.last_job_id)
     assert fired is not None and fired.payload["task"] == {"command": ["echo", "new"]}
+
+
+async def test_the_reads_refuse_a_token_without_jobs_read_as_documented(db_url: str) -> None:
+    """`GET /schedules` and `GET /schedules/{id}` answer 403 to a token without `jobs:read`,
+    and say so in the document (every answer the API tests receive is checked against it),
+    as every other schedule and webhook route does."""
+    writer = "token-org-a-writer-0123456789"
+    as_writer = {"Authorization": f"Bearer {writer}"}
+    async with api_client(db_url, tokens=f"{writer} org-a jobs:write") as api:
+        for path in ("/schedules", f"/schedules/{new_schedule_id()}"):
+            answer = await api.get(path, headers=as_writer)
+            assert answer.status_code == 403, (path, answer.text)
+            assert "jobs:read" in answer.json()["error"]["message"]
+    for path, operations in published()["paths"].items():
+        if path.startswith(("/schedules", "/webhooks")):
+            for method, operation in operations.items():
+                assert "403" in operation["responses"], (method, path)
 
 
 async def test_two_creates_racing_for_an_organizations_last_place_take_one(store: Store) -> None:

@@ -172,7 +172,7 @@ async def post_schedule(request: Request, state: State, caller: Caller) -> JSONR
 @router.get(
     "/schedules",
     response_model=ScheduleList,
-    responses=errors_documented(401, 422, 503),
+    responses=errors_documented(401, 403, 422, 503),
     dependencies=[_takes_query("limit", "cursor")],
 )
 async def list_schedules(
@@ -201,7 +201,7 @@ async def list_schedules(
 @router.get(
     "/schedules/{scheduleId}",
     response_model=ScheduleView,
-    responses=errors_documented(401, 404, 422, 503),
+    responses=errors_documented(401, 403, 404, 422, 503),
     dependencies=[_takes_query()],
 )
 async def get_schedule(state: State, caller: Caller, schedule_id: ScheduleId) -> JSONResponse:
