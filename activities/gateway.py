@@ -41,6 +41,7 @@ from starlette.routing import Route
 
 from activities.gateway_http import (
     MAX_BODY_VALUES,
+    MAX_REQUEST_BYTES,
     Relay,
     Relayed,
     Server,
@@ -195,8 +196,38 @@ class Gateway:
         async def endpoint(request: Request) -> Response:
             return await self._forward(request, grant)
 
+        async def unknown(request: Request, exc: Exception) -> Response:
+            # A path or method the gateway does not serve, answered as the binding's provider
+            # shapes an error (Starlette's own answer is plain text), counted and logged.
+            pool = self.pools.get(grant.binding)
+            style = pool.provider.api if pool is not None else "openai"
+            status = getattr(exc, "status_code", 404)
+            allowed = ", ".join(f"POST {p}" for p in (*OPENAI_PATHS, *ANTHROPIC_PATHS))
+            message = (
+                f"{request.method} {request.url.path} is not served; the gateway serves {allowed}"
+            )
+            kind = "not_found_error" if status == 404 else "invalid_request_error"
+            return self._refused(grant, "unknown_path", error(style, status, kind, message))
+
         paths = (*OPENAI_PATHS, *ANTHROPIC_PATHS)
-        return Starlette(routes=[Route(path, endpoint, methods=["POST"]) for path in paths])
+        return Starlette(
+            routes=[Route(path, endpoint, methods=["POST"]) for path in paths],
+            exception_handlers={404: unknown, 405: unknown},
+        )
+
+    def _refused(self, grant: Grant, reason: str, answer: Response) -> Response:
+        """`answer`, a refusal of the gateway's own (not the provider's): counted by reason
+        (`receipt_gateway_refused_total`), logged once per 10 s per turn and reason."""
+        metrics.GATEWAY_REFUSED.labels(grant.binding, reason).inc()
+        if (unlogged := self.refusal_log.due(f"refused:{reason}", grant.job_id)) is not None:
+            log.warning(
+                "the gateway refused a call: %s",
+                reason,
+                extra={"event": "gateway.refused", "binding": grant.binding,
+                       "jobId": grant.job_id, "reason": reason, "status": answer.status_code,
+                       "unloggedSince": unlogged},
+            )  # fmt: skip
+        return answer
 
     # --- one call --------------------------------------------------------------------------
 
@@ -204,20 +235,22 @@ class Gateway:
         path = request.url.path
         style = "anthropic" if path in ANTHROPIC_PATHS else "openai"
         if token_of(request) != grant.token or grant.token not in self.grants:
-            return error(style, 401, "authentication_error", "the turn's token is not valid")
+            answer = error(style, 401, "authentication_error", "the turn's token is not valid")
+            return self._refused(grant, "token", answer)
         pool = self.pools.get(grant.binding)
         dead = f"no provider is configured for binding {grant.binding!r}" if pool is None else None
         dead = dead or (pool.provider.dead if pool is not None else None)
         if dead is not None or pool is None:
             grant.dead_pool = dead
-            return error(style, 503, "overloaded_error", dead or "")
-        if pool.provider.api != style:
-            return error(
-                style, 404, "not_found_error", f"{grant.binding} speaks {pool.provider.api}"
+            return self._refused(
+                grant, "no_pool", error(style, 503, "overloaded_error", dead or "")
             )
+        if pool.provider.api != style:
+            message = f"{grant.binding} speaks {pool.provider.api}"
+            return self._refused(grant, "wrong_api", error(style, 404, "not_found_error", message))
         if grant.in_flight >= MAX_CALLS_PER_GRANT:
             message = f"a turn has at most {MAX_CALLS_PER_GRANT} model calls in flight"
-            return error(style, 429, "rate_limit_error", message)
+            return self._refused(grant, "in_flight", error(style, 429, "rate_limit_error", message))
         # Counted from before its body is read: a body still arriving is a call in flight too
         # (so a turn cannot hold more bodies in the worker's memory, nor calls at the provider).
         grant.in_flight += 1
@@ -225,15 +258,22 @@ class Gateway:
         try:
             body = await bounded_body(request)
             if body is None:
-                return error(style, 413, "request_too_large", "the request is too large")
+                message = f"a request is at most {MAX_REQUEST_BYTES} bytes"
+                return self._refused(
+                    grant, "too_large", error(style, 413, "request_too_large", message)
+                )
             if too_many_values(body):
                 message = f"a request holds at most {MAX_BODY_VALUES} JSON values"
-                return error(style, 413, "request_too_large", message)
+                return self._refused(
+                    grant, "too_many_values", error(style, 413, "request_too_large", message)
+                )
             # The model decides which rest a 429 puts a credential to (per model): a call must
             # name it where the provider reads it, the body's top level.
             if (model := model_of(body)) is None:
                 message = "the body must be a JSON object with a top-level string `model`"
-                return error(style, 400, "invalid_request_error", message)
+                return self._refused(
+                    grant, "no_model", error(style, 400, "invalid_request_error", message)
+                )
             headers = {
                 k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS
             }
@@ -293,7 +333,8 @@ class Gateway:
         resting = pool.resting(now, model)
         if not resting:
             grant.dead_pool = f"every credential of {grant.binding!r} was refused"
-            return error(style, 503, "overloaded_error", grant.dead_pool)
+            answer = error(style, 503, "overloaded_error", grant.dead_pool)
+            return self._refused(grant, "no_credential", answer)
         until = min(resting)
         grant.met_quota(model, until)
         metrics.GATEWAY_QUOTA.labels(grant.binding).inc()

@@ -317,6 +317,13 @@ GATEWAY_CREDENTIALS_DEAD = Counter(
     "with no other answer in between (a 403 never drops one).",
     ["binding"],
 )
+GATEWAY_REFUSED = Counter(
+    "receipt_gateway_refused",
+    "Calls the AI gateway refused itself, by binding and reason: token (not the turn's), "
+    "no_pool (no usable provider), no_credential (every one refused), wrong_api, in_flight "
+    "(8 per turn), too_large, too_many_values, no_model, unknown_path.",
+    ["binding", "reason"],
+)
 GATEWAY_UNAUTHORIZED = Counter(
     "receipt_gateway_unauthorized",
     "Calls the provider refused as unauthorized (401) on one credential, by binding and path "

@@ -481,3 +481,44 @@ async def test_a_later_success_clears_the_quota_a_turn_met(gw: Gateway, fake: Fa
         state.resting_models.clear()  # its reset came
     later = await call(grant)
     assert later.status_code == 200 and grant.quota_until is None
+
+
+async def test_the_gateway_s_own_refusals_are_counted_logged_and_shaped_as_the_provider_s(
+    gw: Gateway, fake: FakeProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A forged token, a path or method the gateway does not serve, a body naming no model:
+    each refused in the provider's error shape (an unknown path was Starlette's plain text),
+    counted by reason in receipt_gateway_refused_total and logged (`gateway.refused`) — a forged
+    token is what an operator wants to see; a flood of them is one line per 10 s per turn."""
+    from receipts import metrics
+
+    def refused(reason: str) -> float:
+        return metrics.GATEWAY_REFUSED.labels("openai-main", reason)._value.get()
+
+    before = {r: refused(r) for r in ("token", "unknown_path", "no_model")}
+    grant = turn(gw, "openai-main", "job-refused")
+    async with client(grant) as http:
+        forged = [
+            await http.post("/v1/chat/completions", json={}, headers={"Authorization": "Bearer x"})
+            for _ in range(3)
+        ]
+        unknown = await http.post(
+            "/v1/embeddings",
+            json={"model": "m"},
+            headers={"Authorization": f"Bearer {grant.token}"},
+        )
+        wrong_method = await http.get("/v1/chat/completions")
+    no_model = await call(grant, model=None)
+    assert [f.status_code for f in forged] == [401] * 3
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+    assert "POST /v1/chat/completions" in unknown.json()["error"]["message"]
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+    assert no_model.status_code == 400
+    assert (refused("token"), refused("unknown_path"), refused("no_model")) == (
+        before["token"] + 3,
+        before["unknown_path"] + 2,
+        before["no_model"] + 1,
+    )
+    logged = [r for r in caplog.records if getattr(r, "event", None) == "gateway.refused"]
+    assert [getattr(r, "reason", None) for r in logged] == ["token", "unknown_path", "no_model"]
+    assert fake.calls == []
