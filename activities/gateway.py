@@ -47,8 +47,8 @@ from activities.gateway_http import (
     Server,
     bind,
     bounded_body,
+    call_of,
     error,
-    model_of,
     recovery,
     redacted,
     socket_path,
@@ -269,11 +269,20 @@ class Gateway:
                 )
             # The model decides which rest a 429 puts a credential to (per model): a call must
             # name it where the provider reads it, the body's top level.
-            if (model := model_of(body)) is None:
+            if (named := call_of(body)) is None:
                 message = "the body must be a JSON object with a top-level string `model`"
                 return self._refused(
                     grant, "no_model", error(style, 400, "invalid_request_error", message)
                 )
+            if (remote := named.network_tools) and not pool.provider.network_tools:
+                message = (
+                    f"binding {grant.binding!r} does not take tools that reach the network from "
+                    f"the provider ({', '.join(remote)}): the command's sandbox has no network"
+                )
+                return self._refused(
+                    grant, "network_tools", error(style, 400, "invalid_request_error", message)
+                )
+            model = named.model
             headers = {
                 k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS
             }

@@ -127,21 +127,45 @@ async def bounded_body(request: Request) -> bytes | None:
     return bytes(body)
 
 
-class _Named(BaseModel):
-    """A call's body as the gateway reads it (pydantic-core's parser: nothing else is kept)."""
+class CallBody(BaseModel):
+    """A call's body as the gateway reads it (pydantic-core's parser: nothing else is kept):
+    the model it names, and the tools and MCP servers it asks the provider for."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
     model: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    tools: Any = None
+    mcp_servers: Any = None
+
+    @property
+    def network_tools(self) -> list[str]:
+        """What the call asks the provider to reach the network with from its side: remote MCP
+        servers (OpenAI's `mcp` tool, Anthropic's `mcp_servers` and `mcp_*` tools), web search
+        and web fetch (`web_search*`, `web_fetch*`); a function tool runs in the command."""
+        named = ["mcp_servers"] if self.mcp_servers else []
+        for tool in self.tools if isinstance(self.tools, list) else []:
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if isinstance(kind, str) and kind.startswith(NETWORK_TOOL_PREFIXES):
+                named.append(kind)
+        return named
+
+
+NETWORK_TOOL_PREFIXES = ("mcp", "web_search", "web_fetch")
+
+
+def call_of(body: bytes) -> CallBody | None:
+    """The call a body makes: its top-level `model` (both APIs), as the provider reads it (the
+    last one if named twice; never one nested deeper), and its tools; None when the body is no
+    JSON object naming a model."""
+    try:
+        return CallBody.model_validate_json(body)
+    except ValidationError:
+        return None
 
 
 def model_of(body: bytes) -> str | None:
-    """The model a call names: the top-level `model` of its JSON body (both APIs), as the
-    provider reads it (the last one if named twice; never one nested deeper), or None when the
-    body is no JSON object naming one."""
-    try:
-        return _Named.model_validate_json(body).model
-    except ValidationError:
-        return None
+    """The model a call names (`call_of`), or None."""
+    call = call_of(body)
+    return call.model if call is not None else None
 
 
 def too_many_values(body: bytes) -> bool:

@@ -52,6 +52,7 @@ class ProviderEntry(_Strict):
     api: ApiStyle
     base_url: str = Field(alias="baseUrl", pattern=r"^https?://")
     disabled: bool = False
+    network_tools: bool = Field(default=False, alias="networkTools")
     credentials: list[CredentialEntry] = Field(default_factory=list, max_length=100)
 
 
@@ -98,6 +99,10 @@ class Provider:
     credentials: tuple[Credential, ...]
     disabled: bool = False
     unusable: tuple[str, ...] = ()
+    network_tools: bool = False
+    """Whether a call may ask the provider for tools that reach the network from its side
+    (remote MCP servers, web search and fetch): off, the gateway refuses them, since a command
+    whose sandbox has no network could send its workspace anywhere through them."""
 
     @property
     def dead(self) -> str | None:
@@ -144,6 +149,7 @@ def load_providers(path: Path | None, env: Mapping[str, str]) -> dict[str, Provi
             tuple(usable),
             entry.disabled,
             tuple(unusable),
+            entry.network_tools,
         )
     return found
 

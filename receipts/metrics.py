@@ -321,7 +321,7 @@ GATEWAY_REFUSED = Counter(
     "receipt_gateway_refused",
     "Calls the AI gateway refused itself, by binding and reason: token (not the turn's), "
     "no_pool (no usable provider), no_credential (every one refused), wrong_api, in_flight "
-    "(8 per turn), too_large, too_many_values, no_model, unknown_path.",
+    "(8 per turn), too_large, too_many_values, no_model, network_tools, unknown_path.",
     ["binding", "reason"],
 )
 GATEWAY_UNAUTHORIZED = Counter(

@@ -5,6 +5,7 @@ a recovery time, a refused credential dropped, a dead pool named."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import uuid
@@ -48,6 +49,9 @@ async def gw(fake: FakeProvider) -> AsyncIterator[Gateway]:
         "openai-forbidden": provider("openai-forbidden", "openai", fake.openai_url, "sk-no"),
         "openai-slow": provider("openai-slow", "openai", fake.openai_url, "sk-slow"),
         "openai-chat": provider("openai-chat", "openai", fake.openai_url, "sk-chat"),
+        "openai-tools": dataclasses.replace(
+            provider("openai-tools", "openai", fake.openai_url, "sk-good"), network_tools=True
+        ),
     }
     async with httpx.AsyncClient() as http:
         gateway = Gateway(providers, http)
@@ -522,3 +526,41 @@ async def test_the_gateway_s_own_refusals_are_counted_logged_and_shaped_as_the_p
     logged = [r for r in caplog.records if getattr(r, "event", None) == "gateway.refused"]
     assert [getattr(r, "reason", None) for r in logged] == ["token", "unknown_path", "no_model"]
     assert fake.calls == []
+
+
+async def test_tools_that_reach_the_network_from_the_provider_are_refused_unless_allowed(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """The command's sandbox has no network, but a remote MCP server, web search or web fetch
+    run by the provider would reach any host with what the command puts in its call: refused
+    (400 naming them) unless the binding allows them (`networkTools`); a function tool, which
+    the command runs itself, goes through."""
+    openai, anthropic = turn(gw, "openai-main", "job-t1"), turn(gw, "anthropic-main", "job-t2")
+    function = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    mcp = [{"type": "mcp", "server_label": "x", "server_url": "https://attacker.example/mcp"}]
+    assert (await call(openai, "/v1/responses", input=[], tools=function)).status_code == 200
+    refused = [
+        await call(openai, "/v1/responses", input=[], tools=mcp),
+        await call(openai, "/v1/responses", input=[], tools=[{"type": "web_search_preview"}]),
+        await call(
+            anthropic,
+            "/v1/messages",
+            max_tokens=10,
+            messages=[{"role": "user", "content": "hi"}],
+            mcp_servers=[{"type": "url", "url": "https://attacker.example/mcp", "name": "x"}],
+        ),
+        await call(
+            anthropic,
+            "/v1/messages",
+            max_tokens=10,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[{"type": "web_fetch_20250910", "name": "web_fetch"}],
+        ),
+    ]
+    assert [r.status_code for r in refused] == [400] * 4
+    messages = [r.json()["error"]["message"] for r in refused]
+    assert "(mcp)" in messages[0] and "(web_search_preview)" in messages[1]
+    assert "(mcp_servers)" in messages[2] and "(web_fetch_20250910)" in messages[3]
+    assert len(fake.calls) == 1  # only the function tool's call reached the provider
+    allowed = turn(gw, "openai-tools", "job-t3")
+    assert (await call(allowed, "/v1/responses", input=[], tools=mcp)).status_code == 200
