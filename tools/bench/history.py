@@ -32,7 +32,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from receipts import assembly, fairness
+from receipts import assembly, fairness, retention
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.settings import DEFAULT_ORG_RUNNING_CAPS, Settings
@@ -50,6 +50,12 @@ LEASE_MS = 600_000
 CAPS: dict[str, Any] = fairness.caps(
     Settings(RECEIPT_ORG_MAX_RUNNING_PER_GROUP=DEFAULT_ORG_RUNNING_CAPS)
 )
+# A retention pass's first batch (receipts/retention.py `Resume`): from the start of each order.
+PASS_START: dict[str, Any] = {
+    "batch": 1_000,
+    "after_updated_at": retention.START[0],
+    "after_job_id": retention.START[1],
+}
 PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
     "jobs_by_status (queue-depth gauge, 5 s)": ("jobs_by_status", {}),
     "callbacks_owed (callback recovery, 15 s)": ("callbacks_owed", {"limit": 200}),
@@ -65,9 +71,9 @@ PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
         "dispatch_freed",
         {"job_id": "history-0", **CAPS},
     ),
-    "prune_victims, nothing due (retention, 60 s)": ("prune_victims", {"batch": 1_000}),
-    "prune_agent_victims (retention, 60 s)": ("prune_agent_victims", {"batch": 1_000}),
-    "prune_objective_victims (retention, 60 s)": ("prune_objective_victims", {"batch": 1_000}),
+    "prune_victims, nothing due (retention, 60 s)": ("prune_victims", PASS_START),
+    "prune_agent_victims (retention, 60 s)": ("prune_agent_victims", PASS_START),
+    "prune_objective_victims (retention, 60 s)": ("prune_objective_victims", PASS_START),
     "objective_streams limit 200 (Factory outbox, 5 s)": ("objective_streams", {"limit": 200}),
 }
 ENQUEUE_VARIANTS: tuple[tuple[str, int, bool], ...] = (
