@@ -21,16 +21,14 @@ the call alone. Nothing of a prompt, an answer or a key is logged; errors are re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
 
 import httpx
 import uvicorn
@@ -39,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from activities.gateway_grant import Grant
 from activities.gateway_http import (
     MAX_BODY_VALUES,
     MAX_REQUEST_BYTES,
@@ -54,12 +53,14 @@ from activities.gateway_http import (
     socket_path,
     token_of,
     too_many_values,
+    without_network_tools,
 )
 from activities.gateway_pool import ANTHROPIC_PATHS, OPENAI_PATHS, CredentialState, Pool
 from activities.gateway_providers import Credential, Provider
 from activities.gateway_usage import Usage
 from receipts import metrics
 from receipts.refusal_log import RefusalLog
+from receipts.waits import within
 
 log = logging.getLogger("activities.gateway")
 
@@ -68,49 +69,8 @@ PASSED_REQUEST_HEADERS = ("content-type", "accept", "anthropic-version", "anthro
 MAX_CALLS_PER_GRANT = 8
 MAX_CONNECTIONS = 256
 SHORT_RESET_S = 2.0  # a credential free again this soon is waited for, once
+DRAIN_S = 10.0  # a turn's calls still in flight when its command ends are waited for this long
 _REFRESHED = object()  # a refused credential's key was re-read: call with it again
-
-
-@dataclass
-class Grant:
-    """What one turn may call, and what its calls cost and met."""
-
-    token: str
-    job_id: str
-    attempt: int
-    agent_id: str
-    organization_id: str | None
-    binding: str
-    calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    dead_pool: str | None = None
-    in_flight: int = 0
-    socket: Path | None = None  # the turn's own way in (`Gateway.grant`)
-    # The quota met per model: a call served on one model does not clear the quota another met
-    # (a client that uses two models met it on its main one).
-    quota_models: dict[str, datetime] = field(default_factory=dict)
-
-    def met_quota(self, model: str, until: datetime) -> None:
-        self.quota_models[model] = max(self.quota_models.get(model, until), until)
-
-    def served(self, model: str) -> None:
-        """A call on `model` was answered: the quota it met, if any, has passed."""
-        self.quota_models.pop(model, None)
-
-    @property
-    def quota_until(self) -> datetime | None:
-        """The earliest recovery of the quota the turn still meets (None: none)."""
-        return min(self.quota_models.values(), default=None)
-
-    def summary(self) -> dict[str, Any]:
-        """The turn's usage as its result carries it (an `agent_job.usage` receipt)."""
-        return {
-            "binding": self.binding,
-            "calls": self.calls,
-            "inputTokens": self.input_tokens,
-            "outputTokens": self.output_tokens,
-        }
 
 
 class Gateway:
@@ -176,6 +136,8 @@ class Gateway:
     def revoke(self, grant: Grant) -> None:
         """End the turn's grant: its token opens nothing any more, its socket closes."""
         self.grants.pop(grant.token, None)
+        if (pool := self.pools.get(grant.binding)) is not None:
+            pool.affinity.pop(grant.job_id, None)  # the turn's: kept for it alone
         served = self.serving.pop(grant.token, None)
         if served is None:
             return
@@ -184,6 +146,23 @@ class Gateway:
         socket_dir = grant.socket.parent if grant.socket is not None else None
         if socket_dir is not None:
             task.add_done_callback(lambda _: shutil.rmtree(socket_dir, ignore_errors=True))
+
+    async def drain(self, grant: Grant, timeout_s: float = DRAIN_S) -> None:
+        """End the turn's grant (`revoke`: no new call), then wait up to `timeout_s` for its
+        calls still in flight, so that what they cost is in its usage before the turn settles
+        (a call the command left running when it exited is still billed). One still running
+        then is logged and counted: its usage is not in the turn's."""
+        self.revoke(grant)
+        with contextlib.suppress(TimeoutError):
+            await within(grant.idle.wait(), timeout_s)
+        if grant.in_flight > 0:
+            metrics.GATEWAY_USAGE_UNSETTLED.labels(grant.binding).inc(grant.in_flight)
+            log.warning(
+                "a turn's model calls were still running when it settled; their usage is not in "
+                "its summary",
+                extra={"event": "gateway.usage_unsettled", "binding": grant.binding,
+                       "jobId": grant.job_id, "inFlight": grant.in_flight},
+            )  # fmt: skip
 
     async def close(self) -> None:
         """Revoke every grant and wait for their sockets to close."""
@@ -214,6 +193,18 @@ class Gateway:
             routes=[Route(path, endpoint, methods=["POST"]) for path in paths],
             exception_handlers={404: unknown, 405: unknown},
         )
+
+    def _removed(self, grant: Grant, families: list[str]) -> None:
+        """Network tools taken out of a call: counted by family, logged once per 10 s per turn."""
+        for family in families:
+            metrics.GATEWAY_TOOLS_REMOVED.labels(grant.binding, family).inc()
+        if self.refusal_log.due("tools_removed", grant.job_id) is not None:
+            log.info(
+                "network tools taken out of a model call: %s",
+                ", ".join(sorted(set(families))),
+                extra={"event": "gateway.tools_removed", "binding": grant.binding,
+                       "jobId": grant.job_id, "tools": sorted(set(families))},
+            )  # fmt: skip
 
     def _refused(self, grant: Grant, reason: str, answer: Response) -> Response:
         """`answer`, a refusal of the gateway's own (not the provider's): counted by reason
@@ -253,7 +244,7 @@ class Gateway:
             return self._refused(grant, "in_flight", error(style, 429, "rate_limit_error", message))
         # Counted from before its body is read: a body still arriving is a call in flight too
         # (so a turn cannot hold more bodies in the worker's memory, nor calls at the provider).
-        grant.in_flight += 1
+        grant.call_began()
         relayed = False
         try:
             body = await bounded_body(request)
@@ -275,13 +266,11 @@ class Gateway:
                     grant, "no_model", error(style, 400, "invalid_request_error", message)
                 )
             if (remote := named.network_tools) and not pool.provider.network_tools:
-                message = (
-                    f"binding {grant.binding!r} does not take tools that reach the network from "
-                    f"the provider ({', '.join(remote)}): the command's sandbox has no network"
-                )
-                return self._refused(
-                    grant, "network_tools", error(style, 400, "invalid_request_error", message)
-                )
+                # The command's sandbox has no network; a provider-run MCP client or fetcher
+                # would carry what the command wrote to any host. Agent CLIs offer web search
+                # by default, so the tools are taken out rather than the call refused.
+                body = without_network_tools(body)
+                self._removed(grant, remote)
             model = named.model
             headers = {
                 k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS
@@ -293,7 +282,7 @@ class Gateway:
             return answer
         finally:
             if not relayed:
-                grant.in_flight -= 1
+                grant.call_ended()
 
     async def _send_with_a_credential(
         self,
@@ -481,4 +470,4 @@ def _release(state: CredentialState, grant: Grant) -> None:
     """What a relayed answer held, freed once its body is sent."""
     state.busy -= 1
     state.slots.release()
-    grant.in_flight -= 1
+    grant.call_ended()

@@ -142,14 +142,31 @@ class CallBody(BaseModel):
         servers (OpenAI's `mcp` tool, Anthropic's `mcp_servers` and `mcp_*` tools), web search
         and web fetch (`web_search*`, `web_fetch*`); a function tool runs in the command."""
         named = ["mcp_servers"] if self.mcp_servers else []
-        for tool in self.tools if isinstance(self.tools, list) else []:
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if isinstance(kind, str) and kind.startswith(NETWORK_TOOL_PREFIXES):
-                named.append(kind)
-        return named
+        tools = self.tools if isinstance(self.tools, list) else []
+        return named + [family for tool in tools if (family := network_family(tool))]
 
 
 NETWORK_TOOL_PREFIXES = ("mcp", "web_search", "web_fetch")
+
+
+def network_family(tool: Any) -> str | None:
+    """The family (`mcp`, `web_search`, `web_fetch`) of a tool the provider would run against
+    the network, None for any other (a function tool runs in the command)."""
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if not isinstance(kind, str):
+        return None
+    return next((p for p in NETWORK_TOOL_PREFIXES if kind.startswith(p)), None)
+
+
+def without_network_tools(body: bytes) -> bytes:
+    """`body` with its network tools and `mcp_servers` taken out (a `tools` left empty goes
+    too); the rest as it was, read and written as JSON."""
+    parsed = json.loads(body)
+    parsed.pop("mcp_servers", None)
+    tools = [t for t in parsed.pop("tools", None) or [] if network_family(t) is None]
+    if tools:
+        parsed["tools"] = tools
+    return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def call_of(body: bytes) -> CallBody | None:

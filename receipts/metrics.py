@@ -321,8 +321,21 @@ GATEWAY_REFUSED = Counter(
     "receipt_gateway_refused",
     "Calls the AI gateway refused itself, by binding and reason: token (not the turn's), "
     "no_pool (no usable provider), no_credential (every one refused), wrong_api, in_flight "
-    "(8 per turn), too_large, too_many_values, no_model, network_tools, unknown_path.",
+    "(8 per turn), too_large, too_many_values, no_model, unknown_path.",
     ["binding", "reason"],
+)
+GATEWAY_TOOLS_REMOVED = Counter(
+    "receipt_gateway_tools_removed",
+    "Tools the provider would run against the network (mcp, web_search, web_fetch, "
+    "mcp_servers) taken out of model calls on a binding without networkTools, by binding and "
+    "family.",
+    ["binding", "family"],
+)
+GATEWAY_USAGE_UNSETTLED = Counter(
+    "receipt_gateway_usage_unsettled",
+    "Model calls still running 10 s after their turn's command ended, by binding: billed by "
+    "the provider, not in the turn's usage (they are in receipt_gateway_tokens when they end).",
+    ["binding"],
 )
 GATEWAY_UNAUTHORIZED = Counter(
     "receipt_gateway_unauthorized",

@@ -29,6 +29,8 @@ class Call:
     path: str
     key: str
     stream: bool
+    # What the call asked the provider to run (tools' types, `mcp_servers` when given).
+    tools: tuple[str, ...] = ()
 
 
 @dataclass
@@ -77,7 +79,9 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             auth = self.headers.get("authorization", "")
             key = auth.removeprefix("Bearer ") if auth else self.headers.get("x-api-key", "")
             stream = bool(body.get("stream"))
-            provider.calls.append(Call(self.path, key, stream))
+            tools = tuple(str(t.get("type")) for t in body.get("tools") or [])
+            tools += ("mcp_servers",) if "mcp_servers" in body else ()
+            provider.calls.append(Call(self.path, key, stream, tools))
             behaviour = provider.keys.get(key)
             if behaviour is None or (behaviour == "chat-only" and self.path == "/v1/responses"):
                 return self._json(401, {"error": {"message": "invalid key", "type": "auth"}})

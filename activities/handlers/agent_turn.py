@@ -119,7 +119,9 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
         return _failed(str(exc), retryable=False)
     finally:
         if grant is not None and ctx.gateway is not None:
-            ctx.gateway.revoke(grant)  # its token opens nothing once the command is gone
+            # Its token opens nothing once the command is gone; the calls it left running are
+            # waited for (a while), so that what they cost is in the turn's usage.
+            await ctx.gateway.drain(grant)
         await stdin.consumed()
     if ended.aborted:
         raise HandlerError("aborted", retryable=False)

@@ -528,39 +528,75 @@ async def test_the_gateway_s_own_refusals_are_counted_logged_and_shaped_as_the_p
     assert fake.calls == []
 
 
-async def test_tools_that_reach_the_network_from_the_provider_are_refused_unless_allowed(
+async def test_tools_that_reach_the_network_from_the_provider_are_taken_out_unless_allowed(
     gw: Gateway, fake: FakeProvider
 ) -> None:
     """The command's sandbox has no network, but a remote MCP server, web search or web fetch
-    run by the provider would reach any host with what the command puts in its call: refused
-    (400 naming them) unless the binding allows them (`networkTools`); a function tool, which
-    the command runs itself, goes through."""
+    run by the provider would reach any host with what the command puts in its call: taken out
+    of the call (agent CLIs offer web search by default, so the call is not refused), counted by
+    family, unless the binding allows them (`networkTools`); a function tool stays."""
+    from receipts import metrics
+
+    def removed(binding: str, family: str) -> float:
+        return metrics.GATEWAY_TOOLS_REMOVED.labels(binding, family)._value.get()
+
+    before = removed("openai-main", "mcp"), removed("anthropic-main", "mcp_servers")
     openai, anthropic = turn(gw, "openai-main", "job-t1"), turn(gw, "anthropic-main", "job-t2")
-    function = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    mcp = [{"type": "mcp", "server_label": "x", "server_url": "https://attacker.example/mcp"}]
-    assert (await call(openai, "/v1/responses", input=[], tools=function)).status_code == 200
-    refused = [
-        await call(openai, "/v1/responses", input=[], tools=mcp),
-        await call(openai, "/v1/responses", input=[], tools=[{"type": "web_search_preview"}]),
+    function = {"type": "function", "name": "f", "parameters": {}}
+    mcp = {"type": "mcp", "server_label": "x", "server_url": "https://attacker.example/mcp"}
+    answers = [
+        await call(openai, "/v1/responses", input=[], tools=[function, mcp]),
+        await call(openai, "/v1/responses", input=[], tools=[{"type": "web_search"}]),
         await call(
             anthropic,
             "/v1/messages",
             max_tokens=10,
             messages=[{"role": "user", "content": "hi"}],
             mcp_servers=[{"type": "url", "url": "https://attacker.example/mcp", "name": "x"}],
-        ),
-        await call(
-            anthropic,
-            "/v1/messages",
-            max_tokens=10,
-            messages=[{"role": "user", "content": "hi"}],
             tools=[{"type": "web_fetch_20250910", "name": "web_fetch"}],
         ),
     ]
-    assert [r.status_code for r in refused] == [400] * 4
-    messages = [r.json()["error"]["message"] for r in refused]
-    assert "(mcp)" in messages[0] and "(web_search_preview)" in messages[1]
-    assert "(mcp_servers)" in messages[2] and "(web_fetch_20250910)" in messages[3]
-    assert len(fake.calls) == 1  # only the function tool's call reached the provider
+    assert [a.status_code for a in answers] == [200] * 3
+    assert [c.tools for c in fake.calls] == [("function",), (), ()]  # what reached the provider
+    assert removed("openai-main", "mcp") == before[0] + 1
+    assert removed("anthropic-main", "mcp_servers") == before[1] + 1
     allowed = turn(gw, "openai-tools", "job-t3")
-    assert (await call(allowed, "/v1/responses", input=[], tools=mcp)).status_code == 200
+    assert (await call(allowed, "/v1/responses", input=[], tools=[mcp])).status_code == 200
+    assert fake.calls[-1].tools == ("mcp",)
+
+
+async def test_a_call_the_command_left_running_is_in_the_turn_s_usage(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """A command that gives up on a slow call and exits leaves it running at the provider,
+    billed: the turn's end waits for it (`drain`), so its cost is in the turn's usage (it was
+    counted after the summary went into the result: calls 0). One still running past the wait
+    is counted as unsettled."""
+    from receipts import metrics
+
+    fake.slow_s = 1.5
+    grant = turn(gw, "openai-slow", "job-drain")
+    headers = {"Authorization": f"Bearer {grant.token}"}
+    async with client(grant) as http:
+        with pytest.raises(httpx.ReadTimeout):  # the command's client gives up, and exits
+            await http.post(
+                "/v1/chat/completions", json={"model": "m"}, headers=headers, timeout=0.3
+            )
+    assert grant.calls == 0 and grant.in_flight == 1
+    await gw.drain(grant)
+    assert (grant.calls, grant.input_tokens, grant.output_tokens) == (1, USAGE_IN, USAGE_OUT)
+    assert gw.pools["openai-slow"].affinity == {}  # the turn's credential affinity went with it
+
+    unsettled = metrics.GATEWAY_USAGE_UNSETTLED.labels("openai-slow")
+    before = unsettled._value.get()
+    late = turn(gw, "openai-slow", "job-drain-late")
+    async with client(late) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(
+                "/v1/chat/completions",
+                json={"model": "m"},
+                headers={"Authorization": f"Bearer {late.token}"},
+                timeout=0.3,
+            )
+    await gw.drain(late, timeout_s=0.1)
+    assert late.calls == 0 and unsettled._value.get() == before + 1

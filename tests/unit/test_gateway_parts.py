@@ -136,3 +136,24 @@ def test_anthropic_s_prompt_cache_tokens_are_input_tokens() -> None:
         "prompt_tokens_details": {"cached_tokens": 40},
     }
     assert usage_of({"usage": chat}).input_tokens == 50
+
+
+def test_network_tools_are_taken_out_and_the_rest_kept() -> None:
+    from activities.gateway_http import call_of, without_network_tools
+
+    body = {
+        "model": "m",
+        "input": [{"role": "user", "content": "é"}],
+        "tools": [{"type": "function", "name": "f"}, {"type": "web_search"}, {"type": "mcp"}],
+        "mcp_servers": [{"url": "https://x.example"}],
+    }
+    named = call_of(json.dumps(body).encode())
+    assert named is not None and named.network_tools == ["mcp_servers", "web_search", "mcp"]
+    kept = json.loads(without_network_tools(json.dumps(body).encode()))
+    assert kept == {
+        "model": "m",
+        "input": [{"role": "user", "content": "é"}],
+        "tools": [{"type": "function", "name": "f"}],
+    }
+    only = json.loads(without_network_tools(b'{"model": "m", "tools": [{"type": "web_fetch_1"}]}'))
+    assert only == {"model": "m"}  # an empty tools list goes too

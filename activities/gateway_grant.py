@@ -1,0 +1,65 @@
+"""A turn's grant at the AI gateway (`activities/gateway.py`): what it may call, what its calls
+cost and met, and the calls it has in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Grant:
+    """What one turn may call, and what its calls cost and met."""
+
+    token: str
+    job_id: str
+    attempt: int
+    agent_id: str
+    organization_id: str | None
+    binding: str
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    dead_pool: str | None = None
+    in_flight: int = 0
+    socket: Path | None = None  # the turn's own way in (`Gateway.grant`)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while nothing is in flight
+    # The quota met per model: a call served on one model does not clear the quota another met
+    # (a client that uses two models met it on its main one).
+    quota_models: dict[str, datetime] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def call_began(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
+
+    def call_ended(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight <= 0:
+            self.idle.set()
+
+    def met_quota(self, model: str, until: datetime) -> None:
+        self.quota_models[model] = max(self.quota_models.get(model, until), until)
+
+    def served(self, model: str) -> None:
+        """A call on `model` was answered: the quota it met, if any, has passed."""
+        self.quota_models.pop(model, None)
+
+    @property
+    def quota_until(self) -> datetime | None:
+        """The earliest recovery of the quota the turn still meets (None: none)."""
+        return min(self.quota_models.values(), default=None)
+
+    def summary(self) -> dict[str, Any]:
+        """The turn's usage as its result carries it (an `agent_job.usage` receipt)."""
+        return {
+            "binding": self.binding,
+            "calls": self.calls,
+            "inputTokens": self.input_tokens,
+            "outputTokens": self.output_tokens,
+        }
