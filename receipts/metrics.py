@@ -352,7 +352,8 @@ API_REQUESTS = Counter(
 API_REQUEST_DURATION = Histogram(
     "receipt_api_request_duration_seconds",
     "Time from a request's arrival to the end of its answer, by route template and method (an "
-    "event stream counts until it closes).",
+    "event stream counts until it closes; a 429 is left out: a refusal over the rate is held "
+    "until the organization's next token, up to RECEIPT_RATE_REFUSAL_HOLD_MS).",
     ["route", "method"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )

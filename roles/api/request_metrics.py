@@ -61,6 +61,7 @@ class RequestMetrics:
             method = scope["method"] if scope["method"] in METHODS else OTHER_METHOD
             route = route_template(scope)
             metrics.API_REQUESTS.labels(route, method, str(status)).inc()
-            metrics.API_REQUEST_DURATION.labels(route, method).observe(
-                time.perf_counter() - started
-            )
+            if status != 429:  # a refusal over the rate is held (roles/api/limits.py): no latency
+                metrics.API_REQUEST_DURATION.labels(route, method).observe(
+                    time.perf_counter() - started
+                )

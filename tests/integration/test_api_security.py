@@ -492,13 +492,16 @@ async def test_a_refusal_over_the_rate_is_held_until_the_next_token_and_holds_ar
     """A flood client that posts again the moment it is refused is answered no faster than its
     organization's next token (not hundreds of refusals a second on the event loop every
     organization shares), at most RECEIPT_RATE_REFUSALS_HELD_MAX at once: past that a refusal
-    is answered at once. A held refusal takes no token: the next post after it is admitted."""
+    is answered at once. A held refusal takes no token: the next post after it is admitted, and
+    it is not timed as the route's latency."""
     from receipts import metrics
 
     org = new_id("org")
     tokens = f"token-{org} {org}"
     as_org = {"Authorization": f"Bearer token-{org}"}
     held = metrics.API_REFUSALS_HELD
+    timed = metrics.API_REQUEST_DURATION.labels("/agents/{agentId}/jobs", "POST")
+    timed_before = sum(b.get() for b in timed._buckets)
     settings = {"rate_refusal_hold_ms": 60_000, "rate_refusals_held_max": 2}
     async with api_client(
         db_url, tokens=tokens, org_enqueue_rate=0.5, org_enqueue_burst=1, **settings
@@ -526,6 +529,9 @@ async def test_a_refusal_over_the_rate_is_held_until_the_next_token_and_holds_ar
         # Held until the next token was due (2 s after the burst), not the hold's 60 s cap.
         assert 1.5 <= waited < 30, waited
         assert (await post()).status_code == 202  # the held refusals took no token
+    # The two admitted posts are timed; the five refusals (two held 2 s) are not the route's
+    # latency: counted in receipt_api_requests_total only.
+    assert sum(b.get() for b in timed._buckets) == timed_before + 2
 
 
 async def test_an_organization_at_its_cap_still_gets_its_existing_job_and_its_steers(
