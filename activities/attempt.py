@@ -88,6 +88,7 @@ class AttemptActivities:
         # Each agent's series from the start, at 0: an alert on its increase sees the first one.
         for agent_id in (*handlers, metrics.OTHER_AGENT):
             metrics.HANDLERS_ABANDONED.labels(metrics.agent_label(agent_id))
+            metrics.HANDLER_PROGRESS_UNWRITTEN.labels(metrics.agent_label(agent_id))
 
     @activity.defn(name=EXECUTE_ATTEMPT)
     async def execute_attempt(self, attempt: AttemptInput) -> AttemptResult:

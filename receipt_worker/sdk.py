@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from receipts.kinds import GROUP_QUEUES, KINDS
+from receipts.text import sanitize
 
 # An agent id a handler may take: it names an entry point and is a path segment of the API.
 AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -73,7 +74,7 @@ class Fail(Exception):
             raise TypeError("Fail(result=...) must be a dict (the failed job's result fields)")
         if result is not None:
             try:
-                json.dumps(result)
+                json.dumps(sanitize(result))  # as the store writes it: bytes decoded, ...
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"Fail(result=...) must be JSON: {exc}") from exc
         super().__init__(message)

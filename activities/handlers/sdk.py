@@ -40,11 +40,13 @@ from receipt_worker.sdk import AgentHandler, Command, Fail, JobContext, Retry, S
 from receipts import metrics
 from receipts.kinds import AGENT_IDS, GROUP_QUEUES, handlers_entry_points
 from receipts.tenancy import caller_id
+from receipts.text import sanitize
 from receipts.waits import within
 
 COMMAND_POLL_S = 1.0
-KEPT_PROGRESS_WRITE_S = 5.0
-"""How long the progress kept back is given to be written when the handler ends."""
+KEPT_PROGRESS_WRITE_S = 2.0
+"""How long the progress kept back is given to be written when the handler ends: well inside
+the 5 s a cancelled handler has before it is abandoned (activities/attempt.py)."""
 _NOTHING = object()
 
 log = logging.getLogger(__name__)
@@ -189,19 +191,19 @@ def as_handler(declared: AgentHandler) -> Handler:
             raise
         await job.write_kept()
         try:
-            json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise HandlerError(
-                f"the result of {declared.name} is not JSON: {exc}", retryable=False
-            ) from exc
+            _check_json(value, f"the result of {declared.name}")
+        except TypeError as exc:
+            raise HandlerError(str(exc), retryable=False) from exc
         return value
 
     return handle
 
 
 def _check_json(value: Any, what: str) -> None:
+    """Refuse what the store cannot write: JSON once sanitized as a write is (bytes decoded,
+    keys made strings, NaN as null: receipts/text.py `sanitize`)."""
     try:
-        json.dumps(value)
+        json.dumps(sanitize(value))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} is not JSON: {exc}") from exc
 

@@ -89,6 +89,8 @@ def test_fail_takes_a_result_object_only() -> None:
         Fail("bad", result=["line 1", "line 2"])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="must be JSON"):
         Fail("bad", result={"error": ValueError("x")})
+    # What the store writes after sanitizing is JSON: bytes (decoded), a key that is no string.
+    assert Fail("ok", result={"stdout": b"out", 1: "one"}).result == {"stdout": b"out", 1: "one"}
     for bad in (-1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="at least 0"):
             Retry("later", delay_ms=bad)
