@@ -300,6 +300,7 @@ class Gateway:
         waited = False
         while True:
             now = datetime.now(UTC)
+            pool.called_by(grant.organization_id)
             index = pool.choose(grant.job_id, now, tried, model)
             if index is None:
                 soon = pool.next_reset(now, model)
@@ -434,7 +435,7 @@ class Gateway:
             )  # fmt: skip
             return _REFRESHED
         metrics.GATEWAY_UNAUTHORIZED.labels(binding, path).inc()
-        if state.refused(path, grant.organization_id, now):
+        if state.refused(path, grant.organization_id, now, len(pool.callers)):
             metrics.GATEWAY_CREDENTIALS_DEAD.labels(binding).inc()
             log.warning(
                 "the provider refused a credential as unauthorized on every path, for several "

@@ -8,7 +8,9 @@ one endpoint (`/v1/responses` while chat is allowed), and a tenant chooses its p
 so one refusal says nothing of the key's other calls. The credential is dropped — for every call,
 for DROP_COOLDOWN_S, then tried again — only when, with no other answer from it in between, the
 provider refused it on every path its API serves and for calls of at least two organizations (a
-tenant cannot make a working path answer 401, nor count for a second organization)."""
+tenant cannot make a working path answer 401, nor count for a second organization) — or of the
+one organization that has called the binding, when only one has (a single-tenant install, or
+an open API, where two would never be met and a revoked key would stay in the pool)."""
 
 from __future__ import annotations
 
@@ -63,13 +65,17 @@ class CredentialState:
         self.refused_paths.clear()
         self.refused_for.clear()
 
-    def refused(self, path: str, organization: str | None, now: datetime) -> bool:
-        """The provider refused it (401) for a call on `path` of `organization`; True when that
-        drops it (the rule of this module's docstring)."""
+    def refused(
+        self, path: str, organization: str | None, now: datetime, organizations: int
+    ) -> bool:
+        """The provider refused it (401) for a call on `path` of `organization`, on a binding
+        `organizations` organizations have called; True when that drops it (the rule of this
+        module's docstring)."""
         self.refused_paths.add(path)
         self.refused_for.add(organization or "")
         every_path = OPENAI_PATHS if path in OPENAI_PATHS else ANTHROPIC_PATHS
-        if self.refused_paths < set(every_path) or len(self.refused_for) < DROP_ORGANIZATIONS:
+        needed = max(1, min(DROP_ORGANIZATIONS, organizations))
+        if self.refused_paths < set(every_path) or len(self.refused_for) < needed:
             return False
         self.dropped_until = now + timedelta(seconds=DROP_COOLDOWN_S)
         self.answered()  # back from its rest, it must be refused all over again to drop again
@@ -83,6 +89,12 @@ class Pool:
     provider: Provider
     states: list[CredentialState] = field(default_factory=list)
     affinity: dict[str, int] = field(default_factory=dict)
+    # The organizations that have called it, up to DROP_ORGANIZATIONS (all a drop asks for).
+    callers: set[str] = field(default_factory=set)
+
+    def called_by(self, organization: str | None) -> None:
+        if len(self.callers) < DROP_ORGANIZATIONS:
+            self.callers.add(organization or "")
 
     def resting(self, now: datetime, model: str) -> list[datetime]:
         """When each credential at rest for quota for `model` (not dropped) may be used again."""

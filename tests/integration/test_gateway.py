@@ -204,6 +204,23 @@ async def test_a_401_on_one_path_fails_that_call_and_leaves_the_credential_to_th
     assert (await call(victim, model="m", messages=[])).status_code == 200
 
 
+async def test_a_revoked_key_is_dropped_where_one_organization_calls_the_binding(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """A single-tenant install (or an open API: every call of one organization) never meets two
+    organizations: a key refused on every path of its API is dropped on its one caller's calls
+    (it stayed in the pool, the least busy and so chosen first, each call paying the refusal
+    and a key-file read, and receipt_gateway_credentials_dead never rose)."""
+    alone = turn(gw, "openai-chat", "job-alone")
+    assert (await call(alone, model="m", messages=[])).status_code == 200
+    [state] = gw.pools["openai-chat"].states
+    del fake.keys["sk-chat"]
+    assert (await call(alone, model="m", messages=[])).status_code == 503
+    assert state.dropped_until is None  # one path: a restricted key may lack it
+    assert (await call(alone, "/v1/responses", model="m", input=[])).status_code == 503
+    assert state.dropped_until is not None
+
+
 # --- from inside the command sandbox ---------------------------------------------------------
 
 SANDBOXED_CALL = r"""
