@@ -27,7 +27,7 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 import httpx
@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from activities.gateway_grant import Grant
+from activities.gateway_grant import MAX_GRANT_BODY_BYTES, Grant
 from activities.gateway_http import (
     MAX_BODY_VALUES,
     MAX_REQUEST_BYTES,
@@ -246,10 +246,22 @@ class Gateway:
         # (so a turn cannot hold more bodies in the worker's memory, nor calls at the provider).
         grant.call_began()
         relayed = False
+        taken = 0
+
+        def take(size: int) -> bool:
+            nonlocal taken
+            if not grant.take_body(size):
+                return False
+            taken += size
+            return True
+
         try:
-            body = await bounded_body(request)
+            body = await bounded_body(request, take)
             if body is None:
-                message = f"a request is at most {MAX_REQUEST_BYTES} bytes"
+                message = (
+                    f"a request is at most {MAX_REQUEST_BYTES} bytes, and a turn's calls in "
+                    f"flight hold at most {MAX_GRANT_BODY_BYTES} together"
+                )
                 return self._refused(
                     grant, "too_large", error(style, 413, "request_too_large", message)
                 )
@@ -278,10 +290,13 @@ class Gateway:
             answer = await self._send_with_a_credential(
                 pool, grant, path, body, headers, style, model
             )
-            relayed = isinstance(answer, Relayed)
+            if isinstance(answer, Relayed):  # its body is held until the answer is sent
+                answer.release = functools.partial(_give_back, answer.release, grant, taken)
+                relayed = True
             return answer
         finally:
             if not relayed:
+                grant.body_bytes -= taken
                 grant.call_ended()
 
     async def _send_with_a_credential(
@@ -465,6 +480,11 @@ class Gateway:
                    "status": status, "inputTokens": usage.input_tokens,
                    "outputTokens": usage.output_tokens, "durationS": round(duration_s, 3)},
         )  # fmt: skip
+
+
+def _give_back(release: Callable[[], None], grant: Grant, body_bytes: int) -> None:
+    grant.body_bytes -= body_bytes
+    release()
 
 
 def _release(state: CredentialState, grant: Grant) -> None:

@@ -9,6 +9,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+MAX_GRANT_BODY_BYTES = 64 * 1024 * 1024
+"""The bodies of a turn's calls in flight, together (each at most 32 MiB, 8 in flight): a
+worker runs several turns, and each body is held until its answer is sent."""
+
 
 @dataclass
 class Grant:
@@ -27,12 +31,21 @@ class Grant:
     in_flight: int = 0
     socket: Path | None = None  # the turn's own way in (`Gateway.grant`)
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while nothing is in flight
+    body_bytes: int = 0  # of the bodies of its calls in flight, held until each answer is sent
     # The quota met per model: a call served on one model does not clear the quota another met
     # (a client that uses two models met it on its main one).
     quota_models: dict[str, datetime] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    def take_body(self, size: int) -> bool:
+        """Hold `size` more bytes of the turn's bodies in flight, unless that passes
+        MAX_GRANT_BODY_BYTES."""
+        if self.body_bytes + size > MAX_GRANT_BODY_BYTES:
+            return False
+        self.body_bytes += size
+        return True
 
     def call_began(self) -> None:
         self.in_flight += 1

@@ -114,13 +114,16 @@ def bind(path: Path) -> socket.socket:
     return listening
 
 
-async def bounded_body(request: Request) -> bytes | None:
-    """The request's body, or None past MAX_REQUEST_BYTES (refused before it is read whole)."""
+async def bounded_body(request: Request, take: Callable[[int], bool]) -> bytes | None:
+    """The request's body, or None past MAX_REQUEST_BYTES or once `take` (asked for each chunk's
+    bytes as it arrives: the turn's budget) refuses (refused before it is read whole)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
         return None
     body = bytearray()
     async for chunk in request.stream():
+        if not take(len(chunk)):
+            return None
         body += chunk
         if len(body) > MAX_REQUEST_BYTES:
             return None

@@ -617,3 +617,24 @@ async def test_a_call_the_command_left_running_is_in_the_turn_s_usage(
             )
     await gw.drain(late, timeout_s=0.1)
     assert late.calls == 0 and unsettled._value.get() == before + 1
+
+
+async def test_a_turn_s_bodies_in_flight_are_bounded_together(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """Each body may be 32 MiB and a turn has 8 calls in flight, each body held until its answer
+    is sent: 256 MiB a turn, several turns a worker (an OOM kill takes every tenant's turn on
+    it). Together a turn's bodies in flight hold at most 64 MiB: past that a call is 413, and
+    what each held is given back when it ends."""
+    from activities.gateway_grant import MAX_GRANT_BODY_BYTES
+
+    fake.slow_s = 1.0
+    grant = turn(gw, "openai-slow", "job-bodies")
+    pad = "x" * (MAX_GRANT_BODY_BYTES // 3 + 1024)
+    answers = await asyncio.gather(*(call(grant, messages=[], pad=pad) for _ in range(3)))
+    statuses = sorted(a.status_code for a in answers)
+    assert 413 in statuses and 200 in statuses, statuses
+    refused = next(a for a in answers if a.status_code == 413)
+    assert f"at most {MAX_GRANT_BODY_BYTES} together" in refused.json()["error"]["message"]
+    assert grant.body_bytes == 0 and grant.in_flight == 0
+    assert (await call(grant, messages=[], pad=pad)).status_code == 200  # given back
