@@ -25,6 +25,7 @@ from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
 
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 MAX_JSON_ANSWER_BYTES = 4 * 1024 * 1024
+ANSWER_TAIL_BYTES = 64 * 1024
 MAX_BODY_VALUES = 1_000_000  # JSON values a body may hold (its model is read by parsing it)
 PASSED_ANSWER_HEADERS = ("content-type", "retry-after", "x-request-id", "request-id")
 
@@ -43,6 +44,7 @@ class Relay:
         self.streamed = "text/event-stream" in upstream.headers.get("content-type", "")
         self.events = StreamUsage()
         self.kept = bytearray()
+        self.tail = b""  # the answer's last bytes: its usage, where the kept head is cut off
         self.done = done
         self.closed = False
 
@@ -50,8 +52,10 @@ class Relay:
         async for chunk in self.upstream.aiter_raw():
             if self.streamed:
                 self.events.feed(chunk)
-            elif len(self.kept) < MAX_JSON_ANSWER_BYTES:
-                self.kept += chunk
+            else:
+                if len(self.kept) < MAX_JSON_ANSWER_BYTES:
+                    self.kept += chunk
+                self.tail = (self.tail + chunk)[-ANSWER_TAIL_BYTES:]
             yield chunk
 
     async def close(self) -> None:
@@ -59,7 +63,7 @@ class Relay:
             return
         self.closed = True
         await self.upstream.aclose()
-        usage = self.events.usage if self.streamed else json_usage(bytes(self.kept))
+        usage = self.events.usage if self.streamed else json_usage(bytes(self.kept), self.tail)
         self.done(str(self.upstream.status_code), usage, time.monotonic() - self.started)
 
 
@@ -210,12 +214,28 @@ def token_of(request: Request) -> str:
     return request.headers.get("x-api-key", "").strip()
 
 
-def json_usage(body: bytes) -> Usage:
+def json_usage(body: bytes, tail: bytes = b"") -> Usage:
+    """The tokens of a JSON answer: from the whole of it when `body` (its first
+    MAX_JSON_ANSWER_BYTES) is all of it, else from the last `"usage"` object of its `tail`
+    (all three APIs write usage after the content, so a long answer's usage is at its end)."""
     try:
         parsed = json.loads(body)
     except ValueError:
-        return Usage()
+        return _tail_usage(tail)
     return usage_of(parsed) if isinstance(parsed, Mapping) else Usage()
+
+
+def _tail_usage(tail: bytes) -> Usage:
+    text = tail.decode("utf-8", errors="replace")
+    at = text.rfind('"usage"')
+    start = text.find("{", at) if at >= 0 else -1
+    if start < 0:
+        return Usage()
+    try:
+        usage, _ = json.JSONDecoder().raw_decode(text, start)
+    except ValueError:
+        return Usage()
+    return usage_of({"usage": usage}) if isinstance(usage, Mapping) else Usage()
 
 
 def redacted(text: str, credential: Credential) -> str:

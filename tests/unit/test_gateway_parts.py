@@ -11,7 +11,7 @@ import pytest
 
 from activities.gateway_http import model_of, too_many_values
 from activities.gateway_providers import load_providers
-from activities.gateway_usage import StreamUsage, recovers_at, usage_of
+from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -157,3 +157,18 @@ def test_network_tools_are_taken_out_and_the_rest_kept() -> None:
     }
     only = json.loads(without_network_tools(b'{"model": "m", "tools": [{"type": "web_fetch_1"}]}'))
     assert only == {"model": "m"}  # an empty tools list goes too
+
+
+def test_a_json_answer_past_what_is_kept_has_its_usage_read_from_its_end() -> None:
+    """An answer longer than the 4 MiB kept of it (n=128 choices: 5 MB) was read as 0 tokens;
+    its usage, written after the content, is read from its last bytes."""
+    from activities.gateway_http import MAX_JSON_ANSWER_BYTES, json_usage
+
+    usage = {"prompt_tokens": 1200, "completion_tokens": 640, "total_tokens": 1840}
+    answer = json.dumps(
+        {"choices": [{"message": {"content": "x" * MAX_JSON_ANSWER_BYTES}}], "usage": usage}
+    ).encode()
+    head, tail = answer[:MAX_JSON_ANSWER_BYTES], answer[-64 * 1024 :]
+    assert json_usage(head, tail) == Usage(1200, 640)
+    assert json_usage(head, b'..."content": "a \\"usage\\" word"}') == Usage()  # none there
+    assert json_usage(json.dumps({"usage": usage}).encode()) == Usage(1200, 640)  # whole
