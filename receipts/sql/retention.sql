@@ -8,7 +8,8 @@ SELECT now() - make_interval(secs => %(older_than_s)s);
 -- A batch of terminal jobs settled before the cutoff (jobs_terminal_idx). Only terminal rows
 -- are locked, and a row another transaction holds (a late receipt on a settled job) is skipped,
 -- never waited for: a prune never holds or waits on a live job's lock. An agent job's turn
--- (kind agent_job.turn) goes only with its agent job (prune_agent_victims). A job of an
+-- (kind agent_job.turn) goes only with its agent job (prune_agent_victims); a retry's copy of
+-- one (`retryOf`, made before turns were refused a retry) is no agent job's, so goes as a job. A job of an
 -- objective (`objective:<id>:…`, of its organization, naming it) stays while that objective is
 -- active or any job of it is live (its control passes and its audit read them). A job that
 -- still owes a callback (its callback_outbox row) or a webhook delivery (pending) stays until
@@ -18,7 +19,7 @@ SELECT now() - make_interval(secs => %(older_than_s)s);
 -- every batch after it.
 SELECT j.job_id, j.updated_at FROM jobs j
 WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutoff)s
-  AND j.kind <> 'agent_job.turn'
+  AND (j.kind <> 'agent_job.turn' OR j.state ->> 'retryOf' IS NOT NULL)
   AND NOT (j.job_id LIKE 'objective:%%' AND EXISTS (
       SELECT 1 FROM objectives o
       WHERE o.objective_id = j.state->'payload'->>'objectiveId'
@@ -36,7 +37,7 @@ FOR UPDATE OF j SKIP LOCKED;
 -- The same jobs, read without locks, keyset-paginated on (updated_at, job_id) (dry run, export).
 SELECT j.job_id, j.updated_at FROM jobs j
 WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutoff)s
-  AND j.kind <> 'agent_job.turn'
+  AND (j.kind <> 'agent_job.turn' OR j.state ->> 'retryOf' IS NOT NULL)
   AND NOT (j.job_id LIKE 'objective:%%' AND EXISTS (
       SELECT 1 FROM objectives o
       WHERE o.objective_id = j.state->'payload'->>'objectiveId'

@@ -865,3 +865,26 @@ async def test_a_pass_goes_on_past_what_it_keeps_back(fresh: tuple[Store, str]) 
     assert pruned.removed.get("objectives") == 1
     assert await objectives.get(store, quiet_id) is None
     assert await objectives.get(store, owing_id) is not None
+
+
+async def test_a_retry_copy_of_a_turn_is_pruned_as_a_job(fresh: tuple[Store, str]) -> None:
+    """A turn's retry copy (`retry-<uuid>`, made before turns were refused a retry) lies in no
+    agent job's range of ids, so no agent job's prune takes it; as a job it was passed over for
+    its kind: kept for ever. It goes as any job does now; an agent job's own turn still does
+    not (it goes with its agent job)."""
+    from receipts.kinds import TURN_KIND
+    from receipts.retry import retry_request
+
+    store, url = fresh
+    request = dataclasses.replace(parse_enqueue("codex", body()), kind=TURN_KIND)
+    turn = await enqueue(store, dataclasses.replace(request, job_id="aj-1:attempt:1"))
+    assert turn.job.kind == TURN_KIND
+    copy = await enqueue(store, retry_request(turn.job, "retry-0f6c"))
+    for job_id in (turn.job.job_id, copy.job.job_id):
+        await ops.cancel_queued(store, job_id, reason="test")
+        await callback_posted(store, job_id)
+    backdate(url, [turn.job.job_id, copy.job.job_id])
+    pruned = await retention.prune(store, MONTH)
+    assert pruned.jobs == 1
+    assert await store.get_job(copy.job.job_id) is None
+    assert await store.get_job(turn.job.job_id) is not None
