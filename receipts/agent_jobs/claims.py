@@ -1,5 +1,6 @@
 """Claims: an agent job waiting only for a slot is set running, its turn's queue job enqueued,
-in one transaction that takes, in this fixed order, the agent's slot lock and then the job row
+in one transaction that takes, in this fixed order, the slot lock of the agent in the job's
+organization (three slots each) and then the job row
 `FOR UPDATE` (the specification's two claim paths, a new attempt and a continuation), and the
 turn's share of its organization's codex workers (docs/agent-jobs.md, Slots)."""
 
@@ -22,14 +23,18 @@ from receipts.store import Draft, Store, Tx
 log = logging.getLogger("receipts.agent_jobs")
 
 
-def slot_lock_key(agent_id: str) -> str:
-    """The advisory-lock key of an agent's running slots."""
-    return f"agent-slots:{agent_id}"
+def slot_lock_key(agent_id: str, organization_id: str | None) -> str:
+    """The advisory-lock key of an agent's running slots in an organization: agents are the
+    deployment's (the registry), and each organization's use of one has its three slots, so
+    one tenant's long jobs never hold another's (docs/agent-jobs.md, Slots)."""
+    return f"agent-slots:{organization_id or ''}:{agent_id}"
 
 
-async def running_count(tx: Tx, agent_id: str) -> int:
-    """The agent's running jobs, counted from the projection (the caller holds its slot lock)."""
-    row = await tx.fetch_one("agent_slots_running", {"agent_id": agent_id})
+async def running_count(tx: Tx, agent_id: str, organization_id: str | None) -> int:
+    """The agent's running jobs of the organization, counted from the projection (the caller
+    holds their slot lock)."""
+    params = {"agent_id": agent_id, "organization_id": organization_id}
+    row = await tx.fetch_one("agent_slots_running", params)
     assert row is not None
     return int(row[0])
 
@@ -37,9 +42,14 @@ async def running_count(tx: Tx, agent_id: str) -> int:
 async def _claim(
     tx: Tx, agent_job_id: str, agent_id: str, expect: str | None, org_cap: int
 ) -> AgentJob | str:
-    # The order is fixed: the agent's slot lock, then the job row FOR UPDATE.
-    await tx.lock_key(slot_lock_key(agent_id))
-    if await running_count(tx, agent_id) >= model.SLOTS_PER_AGENT:
+    # Its organization, read first without a lock (a job's organization never changes), names
+    # the slots; then the order is fixed: their slot lock, then the job row FOR UPDATE.
+    row = await tx.fetch_one("agent_job_organization", {"agent_job_id": agent_job_id})
+    if row is None:
+        return NO_SLOT
+    organization_id = row[0]
+    await tx.lock_key(slot_lock_key(agent_id, organization_id))
+    if await running_count(tx, agent_id, organization_id) >= model.SLOTS_PER_AGENT:
         return NO_SLOT
     job = await job_for_update(tx, agent_job_id)
     if job is None or job.agent_id != agent_id:

@@ -10,11 +10,11 @@ from receipts.reads import Page, Position, Viewer, page, seen_by
 from receipts.store import Store
 
 
-async def ready(store: Store, limit: int = 200) -> list[tuple[str, str]]:
-    """`(agentJobId, agentId)` of jobs waiting only for a slot, oldest first: of each agent with
-    free slots, each organization's oldest, as many as those slots (none of a full agent)."""
+async def ready(store: Store, limit: int = 200) -> list[tuple[str, str, str | None]]:
+    """`(agentJobId, agentId, organizationId)` of jobs waiting only for a slot, oldest first: of
+    each agent in each organization with free slots, the oldest, as many as those slots."""
     params = {"limit": limit, "slots": SLOTS_PER_AGENT}
-    return [(str(a), str(b)) for a, b in await store.fetch("agent_jobs_ready", params)]
+    return [(str(a), str(b), c) for a, b, c in await store.fetch("agent_jobs_ready", params)]
 
 
 async def settled_turns(store: Store, limit: int = 200) -> list[str]:

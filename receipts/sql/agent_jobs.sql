@@ -50,8 +50,14 @@ ON CONFLICT (agent_job_id) DO UPDATE SET
     updated_at = EXCLUDED.updated_at, state = EXCLUDED.state;
 
 -- name: agent_slots_running
--- Occupancy, derived: the agent's running jobs (the caller holds the agent's slot lock).
-SELECT count(*) FROM agent_jobs WHERE agent_id = %(agent_id)s AND status = 'running';
+-- Occupancy, derived: the agent's running jobs of one organization (the caller holds their slot
+-- lock; agent_jobs_running_idx).
+SELECT count(*) FROM agent_jobs
+WHERE agent_id = %(agent_id)s AND status = 'running'
+  AND organization_id IS NOT DISTINCT FROM %(organization_id)s;
+
+-- name: agent_job_organization
+SELECT organization_id FROM agent_jobs WHERE agent_job_id = %(agent_job_id)s;
 
 -- name: agent_session_claim
 INSERT INTO agent_sessions (session_id, organization_id)
@@ -79,21 +85,24 @@ RETURNING source_id;
 SELECT 1 FROM agent_job_wakeups WHERE source_id = %(source_id)s;
 
 -- name: agent_jobs_ready
--- Agent jobs waiting only for a slot, oldest first, with their agents: of each agent, each
--- organization's oldest, as many as the agent has free running slots (`slots` less its running
--- jobs). So neither an agent whose slots are full nor one organization held at its cap hides
--- the jobs behind them past the limit: a backlog of one agent never starves another.
+-- Agent jobs waiting only for a slot, oldest first, with their agents and organizations: of each
+-- agent in each organization, the oldest, as many as its free running slots (`slots` less its
+-- running jobs). So neither full slots nor one organization held at its cap hides the jobs
+-- behind them past the limit: a backlog of one agent or organization never starves another.
 WITH running AS (
-    SELECT agent_id, count(*) AS n FROM agent_jobs WHERE status = 'running' GROUP BY agent_id
+    SELECT agent_id, organization_id, count(*) AS n FROM agent_jobs WHERE status = 'running'
+    GROUP BY agent_id, organization_id
 ), ready AS (
-    SELECT a.agent_job_id, a.agent_id, a.updated_at, %(slots)s - coalesce(r.n, 0) AS free,
+    SELECT a.agent_job_id, a.agent_id, a.organization_id, a.updated_at,
+           %(slots)s - coalesce(r.n, 0) AS free,
            row_number() OVER (PARTITION BY a.agent_id, a.organization_id
                               ORDER BY a.updated_at, a.agent_job_id) AS rank
-    FROM agent_jobs a LEFT JOIN running r ON r.agent_id = a.agent_id
+    FROM agent_jobs a LEFT JOIN running r
+      ON r.agent_id = a.agent_id AND r.organization_id IS NOT DISTINCT FROM a.organization_id
     WHERE (a.status = 'queued' AND (a.available_at IS NULL OR a.available_at <= now()))
        OR (a.status = 'waiting_on_user' AND a.answer_pending)
 )
-SELECT agent_job_id, agent_id FROM ready WHERE rank <= free
+SELECT agent_job_id, agent_id, organization_id FROM ready WHERE rank <= free
 ORDER BY updated_at, agent_job_id
 LIMIT %(limit)s;
 

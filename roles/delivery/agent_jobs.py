@@ -100,9 +100,10 @@ class AgentJobDispatcher:
                     self.store, agent_job_id, timeout_ms=self.settings.input_timeout_ms
                 ):
                     result.timed_out += 1
-        full: set[str] = set()
-        for agent_job_id, agent_id in await agent_reads.ready(self.store):
-            if agent_id in full:
+        full: set[tuple[str, str | None]] = set()
+        for agent_job_id, agent_id, organization_id in await agent_reads.ready(self.store):
+            slots = (agent_id, organization_id)
+            if slots in full:
                 result.no_slot += 1
                 continue
             claimed = await claims.claim(self.store, agent_job_id, agent_id, org_cap=self.org_cap)
@@ -110,8 +111,8 @@ class AgentJobDispatcher:
                 result.claimed += 1
             elif claimed == lifecycle.ORGANIZATION_AT_CAP:
                 result.held += 1
-            elif await self._agent_full(agent_id):
-                full.add(agent_id)
+            elif await self._slots_full(*slots):
+                full.add(slots)
                 result.no_slot += 1
         self.holding = result.held > 0
         if self.callbacks is not None and self.http is not None:
@@ -169,9 +170,9 @@ class AgentJobDispatcher:
                 )
         return posted
 
-    async def _agent_full(self, agent_id: str) -> bool:
+    async def _slots_full(self, agent_id: str, organization_id: str | None) -> bool:
         async with self.store.transaction() as tx:
-            return await claims.running_count(tx, agent_id) >= SLOTS_PER_AGENT
+            return await claims.running_count(tx, agent_id, organization_id) >= SLOTS_PER_AGENT
 
     async def _timeout(self) -> float:
         interval = self.settings.redrive_interval_ms / 1000

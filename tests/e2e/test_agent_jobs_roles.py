@@ -86,7 +86,7 @@ async def test_two_driver_processes_never_run_more_than_three(
         assert rounds >= 10
         assert claimed >= 3 + rounds // 2  # freed slots were claimed again, many times
         async with store.transaction() as tx:
-            assert await claims.running_count(tx, agent) == 3
+            assert await claims.running_count(tx, agent, "org-a") == 3
     except BaseException:
         print(procs.logs())
         raise
@@ -134,7 +134,7 @@ async def test_killed_workers_mid_turn_leave_every_slot_free_once_jobs_settle(
             await asyncio.sleep(0.2)
         assert [s.status for s in states if s is not None] == ["succeeded"] * 4
         async with store.transaction() as tx:
-            assert await claims.running_count(tx, "scripted") == 0
+            assert await claims.running_count(tx, "scripted", "org-a") == 0
         most, _ = await max_running_in_the_chain(store)
         assert most <= 3
     except BaseException:

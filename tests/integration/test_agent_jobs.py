@@ -179,6 +179,28 @@ async def test_a_backlog_of_one_agent_never_hides_another_agents_jobs(
     assert await agent_reads.ready(store) == []  # 202 queued, behind a full agent
 
 
+async def test_each_organization_has_its_three_slots_of_an_agent(
+    fresh: tuple[Store, str],
+) -> None:
+    """Agents are the deployment's (one registry); each organization's use of one has its three
+    slots: one tenant's three long jobs held the agent's only three, and another tenant's job
+    waited queued for as long as they ran."""
+    store, _ = fresh
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    for _ in range(4):
+        await lifecycle.create(store, request(agent))
+    first = await dispatcher(store).run_once()
+    assert first.claimed == 3  # org-a's three; its fourth waits
+    other, _ = await lifecycle.create(store, request(agent, organization_id="org-b"))
+    second = await dispatcher(store).run_once()
+    assert second.claimed == 1
+    assert (await current(store, other.agent_job_id)).status == "running"
+    async with store.transaction() as tx:
+        assert await claims.running_count(tx, agent, "org-a") == 3
+        assert await claims.running_count(tx, agent, "org-b") == 1
+    assert await agent_reads.running_by_agent(store) == {agent: 4}
+
+
 async def test_a_live_delivery_to_the_owner_session_is_not_a_steer_of_its_job(
     fresh: tuple[Store, str],
 ) -> None:

@@ -49,7 +49,9 @@ async def _inject(run: Run, fault: Fault, rng: random.Random) -> None:
         # The driver killed while its agent-job dispatcher holds the chaos agent's slot lock: a
         # claim (or a turn's settle) is mid-transaction, and PostgreSQL must roll it back whole.
         fault.target = "driver"
-        held = await _slot_lock_seen(run, slot_lock_key(agents.AGENT), CLAIM_WATCH_S)
+        held = await _slot_lock_seen(
+            run, slot_lock_key(agents.AGENT, agents.ORGANIZATION), CLAIM_WATCH_S
+        )
         run.roles["driver"].send(signal.SIGKILL)
         fault.at_s = run.elapsed()
         fault.at_db = await _db_now(run)
