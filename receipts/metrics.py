@@ -264,7 +264,8 @@ AGENT_JOB_PASSES = Histogram(
 )
 AGENT_JOB_ACTIONS = Counter(
     "receipt_agent_job_dispatch_actions",
-    "What agent-job dispatcher passes did (claimed, settled, input_timeout, no_slot).",
+    "What agent-job dispatcher passes did (claimed, settled, timed_out, no_slot, held; failed: "
+    "a job's step raised, logged, the pass went on).",
     ["action"],
 )
 AGENT_JOB_TURNS_SETTLED = Counter(

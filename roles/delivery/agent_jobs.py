@@ -4,8 +4,11 @@ unanswered ones past the input timeout. Woken by notices, backed by a periodic r
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -34,6 +37,8 @@ from receipts.waits import within
 log = logging.getLogger("roles.delivery.agent_jobs")
 
 MAX_IDLE_S = 60.0
+WAKEUP_POSTS_AT_ONCE = 8
+WAKEUP_POST_WAIT_S = 1.0
 
 
 @dataclass
@@ -46,6 +51,7 @@ class DispatchPass:
     held: int = 0  # the organization's turns fill its share of the codex workers
     timed_out: int = 0
     callbacks: int = 0
+    failed: int = 0  # jobs whose step raised (logged; the pass went on)
 
 
 class AgentJobDispatcher:
@@ -77,47 +83,53 @@ class AgentJobDispatcher:
         # Wakeups are also posted to the event callback URLs when both are given.
         self.callbacks = callbacks
         self.http = http
+        self._posting: dict[tuple[str, str], asyncio.Task[bool]] = {}
+        self._posts_at_once = asyncio.Semaphore(WAKEUP_POSTS_AT_ONCE)
 
     async def run_once(self) -> DispatchPass:
-        """One pass; each job in its own transaction, so one failure stops nothing else."""
+        """One pass; each job in its own transaction, and a job whose step fails is logged and
+        counted (`failed`) and passed over, so one failure stops nothing else."""
         started = time.monotonic()
         result = DispatchPass()
         for agent_job_id in await agent_reads.settled_turns(self.store):
-            settled = await lifecycle.settle_turn(
-                self.store,
-                agent_job_id,
-                retry_base_ms=self.settings.retry_base_ms,
-                org_cap=self.org_cap,
-            )
-            if settled is not None:
-                result.settled += 1
-                metrics.AGENT_JOB_TURNS_SETTLED.labels(settled.status).inc()
-        if self.settings.input_timeout_ms is not None:
-            for agent_job_id in await agent_reads.input_overdue(
-                self.store, self.settings.input_timeout_ms
-            ):
-                if await interventions.fail_overdue_input(
-                    self.store, agent_job_id, timeout_ms=self.settings.input_timeout_ms
-                ):
-                    result.timed_out += 1
+            async with self._each(result, agent_job_id, "settle"):
+                settled = await lifecycle.settle_turn(
+                    self.store,
+                    agent_job_id,
+                    retry_base_ms=self.settings.retry_base_ms,
+                    org_cap=self.org_cap,
+                )
+                if settled is not None:
+                    result.settled += 1
+                    metrics.AGENT_JOB_TURNS_SETTLED.labels(settled.status).inc()
+        if (timeout_ms := self.settings.input_timeout_ms) is not None:
+            for agent_job_id in await agent_reads.input_overdue(self.store, timeout_ms):
+                async with self._each(result, agent_job_id, "input_timeout"):
+                    if await interventions.fail_overdue_input(
+                        self.store, agent_job_id, timeout_ms=timeout_ms
+                    ):
+                        result.timed_out += 1
         full: set[tuple[str, str | None]] = set()
         for agent_job_id, agent_id, organization_id in await agent_reads.ready(self.store):
             slots = (agent_id, organization_id)
             if slots in full:
                 result.no_slot += 1
                 continue
-            claimed = await claims.claim(self.store, agent_job_id, agent_id, org_cap=self.org_cap)
-            if not isinstance(claimed, str):
-                result.claimed += 1
-            elif claimed == lifecycle.ORGANIZATION_AT_CAP:
-                result.held += 1
-            elif await self._slots_full(*slots):
-                full.add(slots)
-                result.no_slot += 1
+            async with self._each(result, agent_job_id, "claim"):
+                claimed = await claims.claim(
+                    self.store, agent_job_id, agent_id, org_cap=self.org_cap
+                )
+                if not isinstance(claimed, str):
+                    result.claimed += 1
+                elif claimed == lifecycle.ORGANIZATION_AT_CAP:
+                    result.held += 1
+                elif await self._slots_full(*slots):
+                    full.add(slots)
+                    result.no_slot += 1
         self.holding = result.held > 0
         if self.callbacks is not None and self.http is not None:
             result.callbacks = await self._post_wakeups(self.callbacks, self.http)
-        for action in ("settled", "claimed", "no_slot", "held", "timed_out"):
+        for action in ("settled", "claimed", "no_slot", "held", "timed_out", "failed"):
             if count := getattr(result, action):
                 metrics.AGENT_JOB_ACTIONS.labels(action).inc(count)
         for agent, running in (await agent_reads.running_by_agent(self.store)).items():
@@ -137,38 +149,90 @@ class AgentJobDispatcher:
             )
         return result
 
+    @contextlib.asynccontextmanager
+    async def _each(
+        self, result: DispatchPass, agent_job_id: str, step: str
+    ) -> AsyncIterator[None]:
+        """One job's step of a pass: what it raises is logged and counted, and the pass goes on
+        (a job that fails every time must not hold back every other tenant's claims)."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            result.failed += 1
+            log.warning(
+                "agent-job dispatch step failed; the pass goes on",
+                exc_info=not isinstance(exc, ReceiptError),
+                extra={"event": "agent_job.dispatch_step_failed", "agentJobId": agent_job_id,
+                       "step": step, "error": str(exc)},
+            )  # fmt: skip
+
     async def _post_wakeups(self, settings: Settings, http: httpx.AsyncClient) -> int:
         """Post `{event: "session.wakeup", sessionId, wakeup}` once per wakeup and URL (claimed
         in `callback_posts`, as job callbacks are; a failed post is tried again by a later pass,
-        5 times at most). A callback failure never changes a job."""
-        posted = 0
+        5 times at most). A callback failure never changes a job.
+
+        The posts run beside the passes, WAKEUP_POSTS_AT_ONCE at a time: a pass waits for them
+        at most WAKEUP_POST_WAIT_S (what it returns counts those posted by then). Posted one by
+        one inside the pass, a receiver that never answers held every pass 5 s per wakeup (100
+        per URL): no claim, settlement or input timeout for any tenant meanwhile."""
+        started: list[asyncio.Task[bool]] = []
         for url in settings.callback_urls:
             for source_id, session_id, seq in await agent_reads.unposted_wakeups(self.store, url):
-                if not await deliveries.claim_callback(self.store, source_id, WAKEUP, url):
-                    continue
-                found = await self.store.read_stream(session_stream(session_id), seq - 1, 1)
-                if not found or found[0].type != WAKEUP:
-                    continue
-                body = dumps(
-                    {"event": WAKEUP, "sessionId": session_id, "wakeup": found[0].to_json()}
-                ).encode()
-                message_id = callback_message_id(f"{source_id}:{url}")
-                error = await post_callback(http, settings, url, message_id, body)
-                status = "posted" if error is None else "failed"
-                await deliveries.callback_result(self.store, source_id, WAKEUP, url, status, error)
-                metrics.AGENT_JOB_WAKEUP_CALLBACKS.labels(status).inc()
-                posted += error is None
-                log.log(
-                    logging.INFO if error is None else logging.WARNING,
-                    "wakeup callback %s",
-                    status,
-                    extra={
-                        "event": "agent_job.wakeup_callback",
-                        "sourceId": source_id,
-                        "error": error,
-                    },
+                key = (source_id, url)
+                if key in self._posting:
+                    continue  # still being posted by an earlier pass
+                task = asyncio.create_task(
+                    self._post_wakeup(settings, http, url, source_id, session_id, seq)
                 )
-        return posted
+                self._posting[key] = task
+                task.add_done_callback(functools.partial(self._posted, key))
+                started.append(task)
+        if not started:
+            return 0
+        done, _ = await asyncio.wait(started, timeout=WAKEUP_POST_WAIT_S)
+        return sum(1 for t in done if not t.cancelled() and t.exception() is None and t.result())
+
+    async def _post_wakeup(
+        self,
+        settings: Settings,
+        http: httpx.AsyncClient,
+        url: str,
+        source_id: str,
+        session_id: str,
+        seq: int,
+    ) -> bool:
+        async with self._posts_at_once:
+            if not await deliveries.claim_callback(self.store, source_id, WAKEUP, url):
+                return False
+            found = await self.store.read_stream(session_stream(session_id), seq - 1, 1)
+            if not found or found[0].type != WAKEUP:
+                return False
+            body = dumps(
+                {"event": WAKEUP, "sessionId": session_id, "wakeup": found[0].to_json()}
+            ).encode()
+            message_id = callback_message_id(f"{source_id}:{url}")
+            error = await post_callback(http, settings, url, message_id, body)
+            status = "posted" if error is None else "failed"
+            await deliveries.callback_result(self.store, source_id, WAKEUP, url, status, error)
+        metrics.AGENT_JOB_WAKEUP_CALLBACKS.labels(status).inc()
+        log.log(
+            logging.INFO if error is None else logging.WARNING,
+            "wakeup callback %s",
+            status,
+            extra={"event": "agent_job.wakeup_callback", "sourceId": source_id, "error": error},
+        )
+        return error is None
+
+    def _posted(self, key: tuple[str, str], _: asyncio.Task[bool]) -> None:
+        self._posting.pop(key, None)
+
+    async def close(self) -> None:
+        """Stop the wakeup posts still running (each claimed post is tried again later)."""
+        for task in list(self._posting.values()):
+            task.cancel()
+        await asyncio.gather(*self._posting.values(), return_exceptions=True)
 
     async def _slots_full(self, agent_id: str, organization_id: str | None) -> bool:
         async with self.store.transaction() as tx:
@@ -210,13 +274,17 @@ class AgentJobDispatcher:
     async def run(self) -> None:
         """Dispatch until cancelled (needs a listener)."""
         assert self.listener is not None
-        async with self.listener.subscribe(channel=AGENT_JOBS) as notices:
-            while True:
-                await self._pass()
-                # The next pass is due at a deadline read once per pass: the notices of other
-                # work (every append of every job) neither query the database nor put it off.
-                deadline = time.monotonic() + await self._timeout_or_default()
-                await self._woken(notices, deadline)
+        try:
+            async with self.listener.subscribe(channel=AGENT_JOBS) as notices:
+                while True:
+                    await self._pass()
+                    # The next pass is due at a deadline read once per pass: the notices of
+                    # other work (every append of every job) neither query the database nor put
+                    # it off.
+                    deadline = time.monotonic() + await self._timeout_or_default()
+                    await self._woken(notices, deadline)
+        finally:
+            await self.close()
 
     async def _woken(self, notices: asyncio.Queue[Notice], deadline: float) -> None:
         """Return at the first notice that `wakes_on` (a burst of them coalesced into one pass),

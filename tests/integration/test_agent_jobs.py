@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -557,6 +558,45 @@ async def test_wakeups_are_posted_to_the_event_callback_once(store: Store) -> No
         assert body["event"] == "session.wakeup" and body["sessionId"] == job.owner_session_id
         assert body["wakeup"]["data"]["sourceId"] == f"{job.agent_job_id}:waiting_on_user:1:1"
         assert Receiver.verify(mine[0], b"s3cret")
+
+
+async def test_a_wakeup_receiver_that_never_answers_holds_back_no_pass(
+    fresh: tuple[Store, str],
+) -> None:
+    """Wakeups were posted one by one inside the pass, 5 s each: a receiver that accepts and
+    never answers held every pass (three wakeups: 15 s) and with it every tenant's claims. The
+    posts run beside the pass, which waits for them a second at most; a job waiting behind them
+    is claimed at once, and the posts still running stop with the dispatcher."""
+    store, _ = fresh
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # never answers
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    asking = [(await lifecycle.create(store, request(agent)))[0] for _ in range(3)]
+    await dispatcher(store).run_once()
+    for job in asking:
+        await play_turn(
+            store,
+            await current(store, job.agent_job_id),
+            {"outcome": "needs_input", "question": "q", "toolCallId": "c"},
+        )
+    late, _ = await lifecycle.create(store, request(agent))  # a slot is free again
+    async with server, httpx.AsyncClient() as http:
+        settings = Settings(RECEIPT_EVENT_CALLBACK_URL=f"http://127.0.0.1:{port}/hook")
+        posting = AgentJobDispatcher(store, None, AgentJobSettings(), callbacks=settings, http=http)
+        started = time.monotonic()
+        passed = await posting.run_once()
+        took = time.monotonic() - started
+        assert passed.claimed == 1 and passed.callbacks == 0
+        assert took < 4.0, took  # 15 s and more before
+        assert (await current(store, late.agent_job_id)).status == "running"
+        again = await posting.run_once()  # the posts in flight are not started twice
+        assert again.callbacks == 0 and len(posting._posting) == 3
+        await posting.close()
+        assert posting._posting == {}
 
 
 async def test_other_work_neither_queries_for_nor_puts_off_the_next_pass(
