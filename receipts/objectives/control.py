@@ -255,10 +255,12 @@ async def _dispatch_task(
         )
 
         def decide(current: ObjectiveState | None) -> list[Draft]:
-            now = current.task(task.task_id) if current else None
+            if current is None or current.terminal or current.cancel_requested:
+                return []  # settled or being cancelled since the pass read it
+            now = current.task(task.task_id)
             if now is None or now.status != "pending" or len(now.tries) + 1 != number:
                 return []
-            if current is not None and now.phase != current.phase:
+            if now.phase != current.phase:
                 return []  # superseded since the pass read it
             data = {"taskId": task.task_id, "try": number, "jobId": job_id}
             return [Draft("objective.task.dispatched", data)]

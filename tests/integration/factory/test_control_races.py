@@ -91,3 +91,44 @@ async def test_a_settle_planned_before_a_new_phase_leaves_the_objective_open(
     # Its next pass runs phase 2 instead of the objective ending with it never started.
     _, again = await control.run_pass(store, "race-s", CONTROL)
     assert [t.task_id for t in again.dispatch] == ["z"]
+
+
+def cancelling_first(store: Store) -> objectives.Guard:
+    """A guard that, the first time the pass writes the objective, commits its cancel request
+    (as `POST /objectives/{id}/cancel` does) from another transaction, just before the pass's
+    own write takes the stream's lock."""
+    cancelled = False
+
+    async def guard(tx: Tx, objective_id: str) -> None:
+        nonlocal cancelled
+        if cancelled:
+            return
+        cancelled = True
+        async with store.transaction() as other:
+            await objectives.update(
+                other,
+                objective_id,
+                lambda _: [Draft("objective.cancel_requested", {"reason": "stop"})],
+            )
+
+    return guard
+
+
+async def test_a_dispatch_planned_before_a_cancel_leaves_no_job_behind(
+    fresh_store: Store,
+) -> None:
+    """A task's dispatch was re-decided under the lock on its task alone: planned before a
+    cancel, it was recorded and its job enqueued after the cancel (and onto an objective that
+    another pass had settled `canceled`, a job nothing would ever abort). It writes nothing now;
+    the next pass plans the cancel."""
+    store = fresh_store
+    await create_objective(store, "race-c", [{"taskId": "x", "input": {"command": ["true"]}}])
+    state, decided = await control.run_pass(store, "race-c", CONTROL, cancelling_first(store))
+    assert state is not None and [t.task_id for t in decided.dispatch] == ["x"]
+    assert await store.get_job(task_job_id("race-c", "x", 1)) is None
+    now = await objectives.get(store, "race-c")
+    assert now is not None and now.cancel_requested
+    assert now.task("x").status == "pending"  # type: ignore[union-attr]
+    _, again = await control.run_pass(store, "race-c", CONTROL)
+    assert again.dispatch == () and again.settle is not None  # settles canceled
+    assert await store.get_job(task_job_id("race-c", "x", 1)) is None
