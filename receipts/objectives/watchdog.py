@@ -110,7 +110,13 @@ def reason(
         job = jobs.get(task.job_id or "")
         if job is None or job.terminal:
             continue
-        if job.status == "queued" or jobmodel.stale_lease(job, now, thresholds.active_stale_ms):
+        # The spec: sandboxed execution is stale only after 15 minutes, superseded or not.
+        stale_ms = (
+            thresholds.computer_stale_ms
+            if task.execution_path == "computer"
+            else thresholds.active_stale_ms
+        )
+        if job.status == "queued" or jobmodel.stale_lease(job, now, stale_ms):
             return SUPERSEDED_STALE
     quiet_since = max([state.updated_at, *(job.updated_at for job in active)])
     quiet = now - quiet_since

@@ -300,6 +300,20 @@ def test_a_superseded_phase_with_an_unstarted_or_stale_job_fires() -> None:
     assert rules.reason(state, stale, True, NOW, LIMITS) == rules.SUPERSEDED_STALE
 
 
+def test_a_superseded_computer_try_is_stale_only_after_15_minutes() -> None:
+    """The spec: sandboxed execution is stale only after 15 minutes — a superseded try's too
+    (it fired at the local threshold, 10 minutes)."""
+    state = dispatched([cmd("a", executionPath="computer")])
+    state = fold(
+        [receipt(3, "objective.phase_added", NOW, phase=2, tasks=parse_json([cmd("n")]))], state
+    )
+    assert state is not None
+    quiet = {"ja": running("ja", NOW - timedelta(minutes=11))}
+    assert rules.reason(state, quiet, True, NOW, LIMITS) is None  # 11 < 15 minutes
+    stale = {"ja": running("ja", NOW - timedelta(minutes=16))}
+    assert rules.reason(state, stale, True, NOW, LIMITS) == rules.SUPERSEDED_STALE
+
+
 def test_the_audit_requested_in_the_settling_transaction_is_kept_on_the_settled_objective() -> None:
     """`_settle` appends `objective.settled`, then `objective.audit_requested`: the request
     must fold onto the settled state, or readers (the CLI's --wait, the event stream's end)
