@@ -345,19 +345,23 @@ class ObjectiveTerminal(Exception):
 async def request_cancel(tx: Tx, objective_id: str, reason: str) -> ObjectiveState | None:
     """Record a cancel request and hand control to a control job (which aborts the running
     jobs and settles the objective `canceled`). Raises `ObjectiveTerminal` when it is already
-    settled; returns None when there is no such objective."""
+    settled; returns None when there is no such objective. A cancel already requested is
+    answered as it stands, nothing written again: repeated, each wrote three receipts and a
+    command to the control job, past its cap of commands."""
 
     def decide(current: ObjectiveState | None) -> list[Draft]:
         if current is None:
             return []
         if current.terminal:
             raise ObjectiveTerminal(current)
+        if current.cancel_requested:
+            return []
         return [
             Draft("objective.cancel_requested", {"reason": reason}),
             control_request("cancel"),
         ]
 
-    state, _ = await update(tx, objective_id, decide)
-    if state is None:
-        return None
+    state, written = await update(tx, objective_id, decide)
+    if state is None or not written:
+        return state
     return await deliver(tx, objective_id)

@@ -242,7 +242,7 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
     require_scope(caller, COMMANDS_RUN)
     # As an enqueue: the organization's rate.
     await state.org_limits.admit_paced(caller.organization_id)
-    body = await read_json_body(request, state.settings.max_body_bytes)
+    body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     if not isinstance(body, dict):
         raise InvalidInput("body", "the request body must be a JSON object")
     organization_id = caller.organization_id
@@ -411,7 +411,7 @@ async def answer_agent_job(
     share of the codex workers)."""
     require_scope(caller, JOBS_WRITE)
     answer, tool_call_id = parse_answer(
-        await read_json_body(request, state.settings.max_body_bytes)
+        await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     )
     await visible_agent_job(state, caller, agent_job_id)
     try:

@@ -116,7 +116,8 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
     require_scope(caller, COMMANDS_RUN)
     # An enqueue: the organization's rate.
     await state.org_limits.admit_paced(caller.organization_id)
-    body = _object(await read_json_body(request, state.settings.max_body_bytes), CREATE_FIELDS)
+    raw = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
+    body = _object(raw, CREATE_FIELDS)
     auth = _auth_context(body, caller)
     raw = {k: v for k, v in body.items() if k != "authContext"}
     spec = parse_objective(raw, "objective")
@@ -307,17 +308,25 @@ async def cancel_objective(
     require_scope(caller, JOBS_WRITE)
     if not caller.admin:  # an admin names runtime ids (`<id>~<tag>`)
         check_objective_id(objective_id)
-    given = await read_optional_json_body(request, state.settings.max_body_bytes)
+    given = await read_optional_json_body(request, state.settings.max_body_bytes, state.json_limits)
     body = _object(given, CANCEL_FIELDS) if given is not None else {}
     reason = body.get("reason") or "canceled by request"
     if not isinstance(reason, str):
         raise InvalidInput("reason", "reason must be a string")
+    if len(reason.encode()) > state.settings.max_command_bytes:
+        raise InvalidInput(
+            "reason",
+            f"reason must be at most {state.settings.max_command_bytes} bytes "
+            "(RECEIPT_MAX_COMMAND_BYTES)",
+        )
     objective = await _visible(state, caller, objective_id)
     try:
         async with state.require_store().transaction() as tx:
             updated = await objectives.request_cancel(tx, objective.objective_id, reason)
     except objectives.ObjectiveTerminal as exc:
-        raise ApiError(409, "terminal_state", str(exc)) from exc
+        # The caller's own id in the message, not the runtime's (`<id>~<tag>`).
+        message = f"objective {objective_id!r} is {exc.state.status}"
+        raise ApiError(409, "terminal_state", message) from exc
     assert updated is not None
     log.info(
         "objective cancel requested",

@@ -143,3 +143,53 @@ async def test_the_objective_routes_answer_as_their_schemas_say(
         canceled = await api.post("/objectives/doc-3/cancel", headers=AS_A, json={})
         assert canceled.status_code == 202, canceled.text
         conforms(canceled, "/objectives/{objectiveId}/cancel", "post")
+
+
+async def test_a_cancel_is_written_once_bounded_and_refused_in_the_callers_own_words(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    """A repeated cancel is answered 202 as the objective stands, nothing written again (150
+    cancels wrote 450 receipts and 149 commands to the control job, past its cap of 100); a
+    reason past RECEIPT_MAX_COMMAND_BYTES is 422; the 409 on a settled objective names it by
+    the caller's id, not the runtime's `<id>~<tag>`."""
+    from receipts.store import Draft
+
+    runtime_id = scoped_id("org-a", "c409")
+    await create_objective(fresh_store, runtime_id, TASK)
+    async with api_client(fresh_db, store=fresh_store, max_command_bytes=64) as api:
+        long = await api.post("/objectives/c409/cancel", headers=AS_A, json={"reason": "x" * 65})
+        assert long.status_code == 422 and long.json()["error"]["field"] == "reason"
+        first = await api.post("/objectives/c409/cancel", headers=AS_A, json={"reason": "no"})
+        assert first.status_code == 202, first.text
+        written = await fresh_store.read_stream(objective_stream(runtime_id))
+        state = await objectives.get(fresh_store, runtime_id)
+        assert state is not None and state.control_job_id is not None
+        control = await fresh_store.get_job(state.control_job_id)
+        assert control is not None
+        for _ in range(5):
+            again = await api.post("/objectives/c409/cancel", headers=AS_A, json={"reason": "no"})
+            assert again.status_code == 202
+        assert await fresh_store.read_stream(objective_stream(runtime_id)) == written
+        after = await fresh_store.get_job(state.control_job_id)
+        assert after is not None and after.commands == control.commands
+        async with fresh_store.transaction() as tx:
+            await objectives.update(
+                tx, runtime_id, lambda _: [Draft("objective.settled", {"status": "canceled"})]
+            )
+        settled = await api.post("/objectives/c409/cancel", headers=AS_A, json={})
+    assert settled.status_code == 409
+    assert settled.json()["error"]["message"] == "objective 'c409' is canceled"
+
+
+async def test_objective_and_agent_job_bodies_are_read_under_the_configured_json_limits(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    """RECEIPT_MAX_JSON_DEPTH (and the other JSON limits) held for jobs, schedules and retries;
+    the objective and agent-job routes read their bodies under the defaults."""
+    nested = {"title": "t", "goal": "g", "tasks": [{"taskId": "t", "input": {"prompt": "p"}}]}
+    async with api_client(fresh_db, store=fresh_store, max_json_depth=3) as api:
+        objective = await api.post("/objectives", headers=AS_A, json=nested)
+        agent_job = await api.post("/agent-jobs", headers=AS_A, json={"a": {"b": {"c": {}}}})
+    for refused in (objective, agent_job):
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["message"] == "the JSON body nests deeper than 3 levels"
