@@ -39,6 +39,16 @@ def test_a_task_id_of_an_earlier_phase_is_refused() -> None:
         parse_tasks([cmd("a")], taken={"a": 1})
 
 
+def test_an_objective_holds_at_most_a_thousand_tasks_over_its_phases() -> None:
+    """Each list is at most 200 tasks, but phases kept adding lists without a bound: 8 001
+    tasks, a 34.5 MB state rewritten at every receipt."""
+    earlier = {f"t{n}": 1 + n // 200 for n in range(900)}
+    assert len(parse_tasks([cmd(f"u{n}") for n in range(100)], "payload.tasks", earlier)) == 100
+    with pytest.raises(InvalidInput, match="at most 1000 tasks over all its phases") as caught:
+        parse_tasks([cmd(f"u{n}") for n in range(101)], "payload.tasks", earlier)
+    assert caught.value.field == "payload.tasks"
+
+
 def test_find_cycle_finds_none_in_a_diamond() -> None:
     assert find_cycle({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]}) is None
     assert find_cycle({"a": ["a"]}) == ["a", "a"]
