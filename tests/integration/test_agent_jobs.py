@@ -569,8 +569,14 @@ async def test_a_wakeup_receiver_that_never_answers_holds_back_no_pass(
     is claimed at once, and the posts still running stop with the dispatcher."""
     store, _ = fresh
 
+    handlers: set[asyncio.Task[Any]] = set()
+
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()  # never answers
+        handlers.add(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await reader.read()  # never answers; returns when the client hangs up
+        finally:
+            writer.close()
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -597,6 +603,9 @@ async def test_a_wakeup_receiver_that_never_answers_holds_back_no_pass(
         assert again.callbacks == 0 and len(posting._posting) == 3
         await posting.close()
         assert posting._posting == {}
+    for handler in handlers:
+        handler.cancel()
+    await asyncio.gather(*handlers, return_exceptions=True)
 
 
 async def test_other_work_neither_queries_for_nor_puts_off_the_next_pass(
