@@ -235,6 +235,11 @@ FACTORY_OBJECTIVES_SETTLED = Counter(
     "Objectives settled by objective control, by status.",
     ["status"],
 )
+FACTORY_AUDITS_RECOVERED = Counter(
+    "receipt_factory_audits_recovered",
+    "Settled objectives audited by the outbox redrive because their audit job ended (failed "
+    "its attempts, or aborted) without auditing them.",
+)
 FACTORY_CONTROL_STALE_PLANS = Counter(
     "receipt_factory_control_stale_plans",
     "Control passes whose write found the objective moved on since they read it (a phase added,"

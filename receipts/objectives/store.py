@@ -20,6 +20,7 @@ from receipts import metrics, webhooks
 from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.jobs import Job, Receipt
 from receipts.kinds import CONTRACTS
+from receipts.objectives import audit
 from receipts.objectives.model import (
     ObjectiveState,
     control_job_id,
@@ -323,6 +324,46 @@ async def redrive_outbox(store: Store, limit: int = 200) -> int:
         if after is not None and before is not None and after.seq != before.seq:
             delivered += 1
     return delivered
+
+
+async def recover_lost_audits(store: Store, limit: int = 50) -> int:
+    """Audit the settled objectives whose audit job ended without auditing them (it failed its
+    attempts, or was aborted): the audit is a pure summary of the objective and its jobs, so it
+    is written here as the job would have written it. Without it an objective stayed unaudited
+    for good, and its event stream and `receipt objectives run --wait` never ended. Returns how
+    many were audited."""
+    recovered = 0
+    for objective_id, job_status in await store.fetch("objectives_audit_lost", {"limit": limit}):
+        state = await get(store, objective_id)
+        if state is None or state.audit is not None:
+            continue
+        summary = audit.summary(state, await jobs_by_ids(store, audit.job_ids(state)))
+        data = {
+            "summary": summary,
+            "jobId": state.audit_job_id,
+            "recovered": f"its audit job ended {job_status} without auditing",
+        }
+
+        async with store.transaction() as tx:
+            _, written = await update(tx, objective_id, _audited(data))
+        if written:
+            recovered += 1
+            metrics.FACTORY_AUDITS_RECOVERED.inc()
+            log.warning(
+                "an objective's audit job ended without auditing it; audited by the redrive",
+                extra={"event": "factory.audit_recovered", "objectiveId": objective_id,
+                       "auditJobStatus": job_status},
+            )  # fmt: skip
+    return recovered
+
+
+def _audited(data: dict[str, Any]) -> Decide:
+    def decide(current: ObjectiveState | None) -> list[Draft]:
+        if current is None or current.audit is not None:
+            return []
+        return [Draft("objective.audited", data)]
+
+    return decide
 
 
 async def jobs_by_ids(store: Store, job_ids: Sequence[str]) -> dict[str, Job]:

@@ -49,6 +49,17 @@ WHERE o.control_pending
 ORDER BY o.updated_at
 LIMIT %(limit)s;
 
+-- name: objectives_audit_lost
+-- Settled objectives whose audit job ended without auditing them (failed its attempts, or
+-- aborted): no audit job will come again (objectives_audit_owed_idx, then each one's job).
+SELECT o.objective_id, j.status
+FROM objectives o JOIN jobs j ON j.job_id = o.state ->> 'auditJobId'
+WHERE o.status <> 'active' AND o.state ->> 'auditJobId' IS NOT NULL
+  AND o.state ->> 'audit' IS NULL
+  AND j.status IN ('failed', 'canceled')
+ORDER BY o.updated_at, o.objective_id
+LIMIT %(limit)s;
+
 -- name: objectives_active
 -- The oldest-updated active objectives first (the watchdog and the resume pass).
 SELECT state, now() FROM objectives

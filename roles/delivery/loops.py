@@ -269,7 +269,8 @@ class Ticker:
 
 def objective_control_outbox(store: Store) -> Callable[[], Coroutine[Any, Any, int]]:
     """The outbox scan: deliver every objective's control requests not yet handed to a control
-    job (or handed to one that ended without covering them). Returns how many it delivered."""
+    job (or handed to one that ended without covering them), and audit the settled objectives
+    whose audit job ended without auditing them. Returns how many requests it delivered."""
 
     async def scan() -> int:
         delivered = await objectives.redrive_outbox(store, OUTBOX_BATCH)
@@ -278,6 +279,8 @@ def objective_control_outbox(store: Store) -> Callable[[], Coroutine[Any, Any, i
                 "objective control requests delivered",
                 extra={"event": "factory.control_outbox_redriven", "count": delivered},
             )
+        # And the audits no audit job will write any more (it ended without one).
+        await objectives.recover_lost_audits(store)
         return delivered
 
     return scan

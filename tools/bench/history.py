@@ -75,6 +75,7 @@ PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
     "prune_agent_victims (retention, 60 s)": ("prune_agent_victims", PASS_START),
     "prune_objective_victims (retention, 60 s)": ("prune_objective_victims", PASS_START),
     "objective_streams limit 200 (Factory outbox, 5 s)": ("objective_streams", {"limit": 200}),
+    "objectives_audit_lost (Factory outbox, 5 s)": ("objectives_audit_lost", {"limit": 50}),
 }
 ENQUEUE_VARIANTS: tuple[tuple[str, int, bool], ...] = (
     ("enqueue 1 client", 1, False),

@@ -132,3 +132,36 @@ async def test_a_dispatch_planned_before_a_cancel_leaves_no_job_behind(
     _, again = await control.run_pass(store, "race-c", CONTROL)
     assert again.dispatch == () and again.settle is not None  # settles canceled
     assert await store.get_job(task_job_id("race-c", "x", 1)) is None
+
+
+async def test_an_objective_whose_audit_job_ended_without_auditing_is_audited_by_the_redrive(
+    fresh_store: Store,
+) -> None:
+    """The audit job is enqueued once, in the settling transaction: aborted, or out of its
+    attempts, it left the objective unaudited for good, and its event stream (and `--wait`)
+    never ended. The outbox redrive audits it as the job would have, once."""
+    from receipts import operations as ops
+    from receipts.objectives.model import audit_job_id
+    from roles.api.routes.objectives import followed_objective
+
+    store = fresh_store
+    await create_objective(store, "lost-a", [{"taskId": "x", "input": {"command": ["true"]}}])
+    async with store.transaction() as tx:
+        await objectives.request_cancel(tx, "lost-a", "stop")
+    await control.run_pass(store, "lost-a", CONTROL)
+    settled = await objectives.get(store, "lost-a")
+    assert settled is not None and settled.status == "canceled"
+    assert settled.audit_job_id == audit_job_id("lost-a") and settled.audit is None
+    assert (await ops.cancel_queued(store, audit_job_id("lost-a"), reason="tenant")).ok
+    recovered = metrics.value("receipt_factory_audits_recovered_total")
+    assert followed_objective("lost-a").end(settled) is None  # the stream waits for the audit
+    assert await objectives.recover_lost_audits(store) == 1
+    audited = await objectives.get(store, "lost-a")
+    assert audited is not None and audited.audit is not None
+    assert audited.audit["totals"]["tasks"] == 1
+    assert followed_objective("lost-a").end(audited) == {
+        "objectiveId": "lost-a",
+        "status": "canceled",
+    }
+    assert metrics.value("receipt_factory_audits_recovered_total") == recovered + 1
+    assert await objectives.recover_lost_audits(store) == 0  # once
