@@ -32,6 +32,9 @@ async def answer(
     soon as its agent has a free slot and its organization a free dispatch slot (one claim
     path, where both are known: `claim`).
 
+    The same answer again, while the job still waits for its slot, is answered as it stands
+    (a client retrying a reply it lost); another is refused.
+
     Raises `NotFoundError`, `NotWaiting` (not waiting, already answered, or another tool call).
     """
     async with store.transaction() as tx:
@@ -39,9 +42,14 @@ async def answer(
         if job is None:
             raise NotFoundError(f"no agent job {agent_job_id!r}")
         assert job is not None
-        if job.status != "waiting_on_user" or job.answer is not None:
-            raise NotWaiting(f"agent job {agent_job_id!r} is {job.status}, not waiting for input")
         pending = job.pending_tool_call
+        if job.status == "waiting_on_user" and job.answer is not None:
+            call_id = tool_call_id or (pending.tool_call_id if pending else None)
+            if job.answer == {"toolCallId": call_id, "answer": answer}:
+                return job  # the same answer again (a client retrying a lost reply): as it was
+            raise NotWaiting(f"agent job {agent_job_id!r} is already answered")
+        if job.status != "waiting_on_user":
+            raise NotWaiting(f"agent job {agent_job_id!r} is {job.status}, not waiting for input")
         if (
             tool_call_id is not None
             and pending is not None

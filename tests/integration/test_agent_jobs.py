@@ -148,6 +148,17 @@ async def test_four_jobs_three_run_one_waits_then_takes_a_freed_slot(
     )
     assert answered.status == "waiting_on_user" and answered.answer_pending
     assert (await dispatcher(store).run_once()).claimed == 0
+    # The same answer again (a client retrying a reply it lost) is answered as it stands,
+    # nothing written; another is refused as already answered (it read "is waiting_on_user,
+    # not waiting for input").
+    chain = await store.read_stream(model.stream_of(waiting.agent_job_id))
+    again = await interventions.answer(
+        store, waiting.agent_job_id, answer="B", tool_call_id="call-1"
+    )
+    assert again.answer == answered.answer
+    assert await store.read_stream(model.stream_of(waiting.agent_job_id)) == chain
+    with pytest.raises(interventions.NotWaiting, match="is already answered"):
+        await interventions.answer(store, waiting.agent_job_id, answer="C", tool_call_id="call-1")
 
     # A slot frees: the answered job continues (turn 2 of attempt 1).
     await play_turn(store, states[1], {"outcome": "done", "result": "ok"})
