@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from receipts.agent_jobs.model import SLOTS_PER_AGENT, AgentJob
+from receipts.jobs import Receipt
 from receipts.reads import Page, Position, Viewer, page, seen_by
 from receipts.store import Store
 
@@ -66,3 +67,9 @@ async def unposted_wakeups(store: Store, url: str, limit: int = 100) -> list[tup
     """`(sourceId, sessionId, sessionSeq)` of recent wakeups not yet posted to `url`."""
     rows = await store.fetch("agent_wakeups_unposted", {"url": url, "limit": limit})
     return [(str(a), str(b), int(c)) for a, b, c in rows]
+
+
+async def wakeups_of(store: Store, agent_job_id: str) -> list[Receipt]:
+    """The job's `session.wakeup` receipts on its owner's session stream, in order."""
+    rows = await store.fetch("agent_job_wakeup_receipts", {"agent_job_id": agent_job_id})
+    return [Receipt.from_row(row) for row in rows]

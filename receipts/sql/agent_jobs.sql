@@ -161,3 +161,12 @@ WHERE w.created_at >= now() - interval '1 day'
                          OR c.posted_at >= now() - interval '30 seconds'))
 ORDER BY w.created_at
 LIMIT %(limit)s;
+
+-- name: agent_job_wakeup_receipts
+-- One agent job's wakeups on its owner's session stream, by the rows that name them
+-- (agent_job_wakeups_job_idx), not by reading the session's whole stream.
+SELECT r.stream, r.seq, r.type, r.data, r.recorded_at, r.position
+FROM agent_job_wakeups w
+JOIN receipts r ON r.stream = 'sessions/' || w.session_id AND r.seq = w.session_seq
+WHERE w.agent_job_id = %(agent_job_id)s
+ORDER BY r.seq;

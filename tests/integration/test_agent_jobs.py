@@ -619,6 +619,29 @@ async def test_a_wakeup_receiver_that_never_answers_holds_back_no_pass(
     await asyncio.gather(*handlers, return_exceptions=True)
 
 
+async def test_a_jobs_wakeups_are_read_by_their_rows_not_by_its_sessions_stream(
+    store: Store,
+) -> None:
+    """The console's job detail read the owner's whole session stream (one read: 10 000
+    receipts) and filtered it: a long-lived session's newer jobs showed no wakeups. They are
+    read by the wakeup rows that name them: this job's, not another's of the same session."""
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    session = f"session-{uuid.uuid4().hex[:8]}"
+    mine, _ = await lifecycle.create(store, request(agent, owner_session_id=session))
+    other, _ = await lifecycle.create(store, request(agent, owner_session_id=session))
+    await dispatcher(store).run_once()
+    for job in (mine, other):
+        await play_turn(
+            store,
+            await current(store, job.agent_job_id),
+            {"outcome": "needs_input", "question": "q", "toolCallId": "c"},
+        )
+    await dispatcher(store).run_once()
+    [wakeup] = await agent_reads.wakeups_of(store, mine.agent_job_id)
+    assert wakeup.type == model.WAKEUP and wakeup.data["agentJobId"] == mine.agent_job_id
+    assert wakeup.stream == model.session_stream(mine.owner_session_id)
+
+
 async def test_other_work_neither_queries_for_nor_puts_off_the_next_pass(
     store: Store, db_url: str
 ) -> None:

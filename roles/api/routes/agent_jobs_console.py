@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from receipts.agent_jobs import model as agent_model
+from receipts.agent_jobs import reads as agent_reads
 from receipts.jobs import job_stream
 from roles.api.deps import Caller, State
 from roles.api.deps import takes_query as _takes_query
@@ -83,12 +84,9 @@ async def console_show(
                 "error": turn_job.error if turn_job else None,
             }
         )
-    session = await store.read_stream(agent_model.session_stream(job.owner_session_id))
-    wakeups = [
-        r.to_json()
-        for r in session
-        if r.type == agent_model.WAKEUP and r.data.get("agentJobId") == job.agent_job_id
-    ]
+    # By the wakeup rows: a long-lived session's stream (a Slack channel's) holds far more than
+    # one read of it, and a newer job's wakeups fell past it.
+    wakeups = [r.to_json() for r in await agent_reads.wakeups_of(store, job.agent_job_id)]
     receipts = await store.read_stream(agent_model.stream_of(job.agent_job_id))
     return JSONResponse(
         {
