@@ -278,7 +278,8 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
     timed_out = False
     try:
         async with asyncio.timeout(settings.timeout_ms / 1000):
-            states, now = await ctx.receipts.active_objectives(settings.scan_limit)
+            tick = objective_watchdog_rules.tick_of(ctx.job.job_id)
+            states, now = await ctx.receipts.active_objectives(settings.scan_limit, tick)
             job_ids = [job_id for s in states for job_id in s.active_job_ids()]
             jobs = await ctx.receipts.jobs(job_ids)
             controlled = await ctx.receipts.objectives_under_control(states)

@@ -107,10 +107,13 @@ class FencedReceipts:
             await objectives.get(self._store, objective_id), self._organization
         )
 
-    async def active_objectives(self, limit: int) -> tuple[list[ObjectiveState], datetime | None]:
-        """Up to `limit` active objectives (the handler's organization's only, when it has one)
-        and the database clock (None when there are none)."""
-        states, now = await objectives.active(self._store, limit)
+    async def active_objectives(
+        self, limit: int, tick: int = 0
+    ) -> tuple[list[ObjectiveState], datetime | None]:
+        """Up to `limit` active objectives, tick `tick`'s window of them (`objectives.active`;
+        the handler's organization's only, when it has one) and the database clock (None when
+        there are none)."""
+        states, now = await objectives.active(self._store, limit, tick)
         return [s for s in states if self._sees(s.organization_id)], now
 
     async def objectives_under_control(self, states: Sequence[ObjectiveState]) -> set[str]:

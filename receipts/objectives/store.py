@@ -280,11 +280,19 @@ async def objectives_page(
     return Page([ObjectiveState.model_validate(s) for s in states], more)
 
 
-async def active(store: Store, limit: int) -> tuple[list[ObjectiveState], datetime | None]:
+async def active(
+    store: Store, limit: int, tick: int = 0
+) -> tuple[list[ObjectiveState], datetime | None]:
     """Up to `limit` active objectives, least recently changed first, and the database clock
-    (None when there are none)."""
+    (None when there are none). With more than `limit` active, tick `tick` reads window
+    `tick` modulo their number of windows: the oldest window alone was read every tick, and a
+    healthy objective quietly running a long task (never changed, so always among the oldest)
+    kept an objective stuck behind the limit from ever being looked at."""
     with translate_errors():
-        rows = await store.fetch("objectives_active", {"limit": limit})
+        count = await store.fetch("objectives_active_count", {})
+        windows = max(1, -(-int(count[0][0]) // limit))
+        params = {"limit": limit, "offset": (tick % windows) * limit}
+        rows = await store.fetch("objectives_active", params)
     return [ObjectiveState.model_validate(row[0]) for row in rows], (rows[0][1] if rows else None)
 
 

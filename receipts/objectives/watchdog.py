@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, Field
@@ -36,6 +36,18 @@ SANDBOX_STALE_MS = 15 * 60 * 1000
 def watchdog_job_id(scheduled_time_iso: str) -> str:
     """`watchdog:<scheduledTime>`: one job per schedule tick, so a retried tick adds nothing."""
     return f"watchdog:{scheduled_time_iso}"
+
+
+def tick_of(job_id: str) -> int:
+    """The minute of the tick a watchdog job is (`watchdog:<scheduledTime>`), counted from the
+    epoch: which window of the active objectives it reads. 0 for any other id."""
+    try:
+        scheduled = datetime.fromisoformat(job_id.removeprefix("watchdog:"))
+    except ValueError:
+        return 0
+    if scheduled.tzinfo is None:
+        scheduled = scheduled.replace(tzinfo=UTC)
+    return int(scheduled.timestamp() // 60)
 
 
 def _floored(value: int) -> int:

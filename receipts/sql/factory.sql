@@ -61,11 +61,15 @@ ORDER BY o.updated_at, o.objective_id
 LIMIT %(limit)s;
 
 -- name: objectives_active
--- The oldest-updated active objectives first (the watchdog and the resume pass).
+-- Active objectives, the oldest-updated first, a window of them (the watchdog: each tick the
+-- next window, `offset`; objectives_active_idx).
 SELECT state, now() FROM objectives
 WHERE status = 'active'
 ORDER BY updated_at, objective_id
-LIMIT %(limit)s;
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: objectives_active_count
+SELECT count(*) FROM objectives WHERE status = 'active';
 
 -- name: objective_resume_candidates
 -- Active objectives with no request outstanding and no active control job.

@@ -165,3 +165,26 @@ async def test_an_objective_whose_audit_job_ended_without_auditing_is_audited_by
     }
     assert metrics.value("receipt_factory_audits_recovered_total") == recovered + 1
     assert await objectives.recover_lost_audits(store) == 0  # once
+
+
+async def test_each_watchdog_tick_reads_the_next_window_of_active_objectives(
+    fresh_store: Store,
+) -> None:
+    """The watchdog reads at most its scan limit of active objectives, oldest first: a healthy
+    objective quietly running a long task never changes, so it stayed among the oldest and an
+    objective behind the limit was never looked at (scan limit 1: three ticks read the same
+    one). Each tick (the minute of its schedule) reads the next window."""
+    from receipts.objectives.watchdog import tick_of
+
+    store = fresh_store
+    for name in ("win-a", "win-b", "win-c"):
+        await create_objective(store, name, [{"taskId": "x", "input": {"command": ["true"]}}])
+    seen = []
+    for tick in range(6):
+        states, now = await objectives.active(store, 1, tick)
+        assert now is not None and len(states) == 1
+        seen.append(states[0].objective_id)
+    assert seen[:3] == ["win-a", "win-b", "win-c"] and seen[3:] == seen[:3]
+    everything, _ = await objectives.active(store, 200, tick_of("watchdog:2026-12-06T09:51:00Z"))
+    assert [s.objective_id for s in everything] == ["win-a", "win-b", "win-c"]
+    assert tick_of("watchdog:1970-01-01T00:03:00Z") == 3 and tick_of("manual-1") == 0
