@@ -169,6 +169,10 @@ def plan(state: ObjectiveState, jobs: Mapping[str, Job]) -> Plan:
         if (job := jobs.get(task.job_id or "")) and job.status == "queued"
         if not job.abort_requested
     )
+    # A step still running (a phase added meanwhile) ends before the new phase's tasks run in
+    # its workspace; its end makes it due again (it covered the earlier phases only).
+    if any((step := state.step(name)) and step.status in TASK_ACTIVE for name in STEPS):
+        return Plan(aborts=superseded)
     to_dispatch = ready(state)
     if superseded or to_dispatch:
         return Plan(aborts=superseded, dispatch=to_dispatch)
@@ -284,7 +288,7 @@ async def _dispatch_step(
 ) -> None:
     step = state.step(name)
     assert isinstance(step, StepState)
-    job_id = step_job_id(state.objective_id, name)
+    job_id = step_job_id(state.objective_id, name, state.phase)
     payload = {
         "kind": STEP_KINDS[name],
         "objectiveId": state.objective_id,
@@ -299,7 +303,7 @@ async def _dispatch_step(
             state,
             STEP_KINDS[name],
             job_id,
-            step_monitor_job_id(state.objective_id, name),
+            step_monitor_job_id(state.objective_id, name, state.phase),
             step=name,
         )
 
@@ -309,7 +313,8 @@ async def _dispatch_step(
                 return []
             if plan(current, {}).step != name:  # a step no longer due (a phase added)
                 return []
-            return [Draft("objective.step.dispatched", {"step": name, "jobId": job_id})]
+            data = {"step": name, "jobId": job_id, "phase": current.phase}
+            return [Draft("objective.step.dispatched", data)]
 
         await _recorded(tx, state.objective_id, decide, guard)
 

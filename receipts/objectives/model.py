@@ -62,14 +62,19 @@ def monitor_job_id(objective_id: str, task_id: str, try_number: int) -> str:
     return derived_id(objective_id, "objective:", f":task:{task_id}:try:{try_number}:monitor")
 
 
-def step_job_id(objective_id: str, step: str) -> str:
-    """The job id of the validate or publish step."""
-    return derived_id(objective_id, "objective:", f":{step}")
+def _step_suffix(step: str, phase: int) -> str:
+    # A step runs again after a phase is added (it must cover the new tasks): a job of its own.
+    return f":{step}" if phase <= 1 else f":{step}:phase:{phase}"
 
 
-def step_monitor_job_id(objective_id: str, step: str) -> str:
+def step_job_id(objective_id: str, step: str, phase: int = 1) -> str:
+    """The job id of the validate or publish step run for `phase`."""
+    return derived_id(objective_id, "objective:", _step_suffix(step, phase))
+
+
+def step_monitor_job_id(objective_id: str, step: str, phase: int = 1) -> str:
     """The job id of the monitor that mirrors the validate or publish step onto the objective."""
-    return derived_id(objective_id, "objective:", f":{step}:monitor")
+    return derived_id(objective_id, "objective:", f"{_step_suffix(step, phase)}:monitor")
 
 
 def control_job_id(objective_id: str, request_seq: int) -> str:
@@ -143,6 +148,11 @@ class StepState(CamelModel):
     last_output: str | None = None
     output_lines: int = 0
     error: str | None = None
+    phase: int | None = None  # the phase it was dispatched for (None: written before it was)
+
+    def again(self) -> StepState:
+        """The step to run again, for a phase added after it ran or was dispatched."""
+        return StepState(name=self.name, command=self.command)
 
 
 class ObjectiveState(StreamState):
@@ -321,6 +331,8 @@ def _changes(
         step = step.model_copy(
             update={"status": data["status"], "settled_at": at, "error": data.get("error")}
         )
+        if step.status == "completed" and step.phase is not None and step.phase < state.phase:
+            step = step.again()  # it covered an earlier phase: it runs again after the new one
         return {f"{step.name}_step": step}
     if state.terminal:
         return {}
@@ -335,7 +347,14 @@ def _changes(
             for t in state.tasks
         )
         added = tuple(_task_from(t, phase) for t in data["tasks"])
-        return {"phase": phase, "tasks": superseded + added}
+        # Validate and publish come last: one that completed covered the earlier phases only,
+        # so it runs again after the new one (one still running runs again once it ends).
+        steps = {
+            f"{step.name}_step": step.again()
+            for name in STEPS
+            if (step := state.step(name)) is not None and step.status == "completed"
+        }
+        return {"phase": phase, "tasks": superseded + added, **steps}
     if kind == "objective.task.dispatched":
         task = state.task(str(data.get("taskId")))
         number = int(data["try"])
@@ -368,9 +387,8 @@ def _changes(
         step = state.step(str(data.get("step")))
         if step is None or step.status != "pending":
             return {}
-        step = step.model_copy(
-            update={"status": "dispatched", "job_id": data["jobId"], "dispatched_at": at}
-        )
+        update = {"status": "dispatched", "job_id": data["jobId"], "dispatched_at": at}
+        step = step.model_copy(update={**update, "phase": data.get("phase")})
         return {f"{step.name}_step": step}
     if kind == "objective.cancel_requested":
         return {"cancel_requested": True, "cancel_reason": data.get("reason")}

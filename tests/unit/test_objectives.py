@@ -12,7 +12,7 @@ from receipts.jobs import Job, Lease, Receipt
 from receipts.objectives import control
 from receipts.objectives import watchdog as rules
 from receipts.objectives.graph import GraphError, find_cycle, parse_objective, parse_tasks
-from receipts.objectives.model import ObjectiveState, fold
+from receipts.objectives.model import ObjectiveState, fold, step_job_id
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -145,6 +145,59 @@ def test_the_plan_dispatches_ready_tasks_then_records_then_steps_then_settles() 
         state,
     )
     assert state is not None and control.plan(state, {}).settle == {"status": "completed"}
+
+
+def _validated_then(*later: Receipt) -> ObjectiveState:
+    """Task `a` completed, validate dispatched for phase 1, then `later`."""
+    state = fold(
+        [
+            created([cmd("a")], validate={"command": ["v"]}, publish={"command": ["p"]}),
+            receipt(2, "objective.task.dispatched", taskId="a", jobId="ja", **{"try": 1}),
+            receipt(3, "objective.task.settled", taskId="a", jobId="ja", status="completed",
+                    **{"try": 1}),
+            receipt(4, "objective.step.dispatched", step="validate", jobId="jv", phase=1),
+            *later,
+        ]
+    )  # fmt: skip
+    assert state is not None
+    return state
+
+
+PHASE_2 = {"phase": 2, "tasks": parse_json([cmd("b")])}
+
+
+def test_validate_and_publish_run_again_after_a_phase_added_once_they_ran() -> None:
+    """Validate and publish are last: after a phase is added, one that completed covered the
+    earlier tasks only (validate completed, then phase 2: only publish ran, validate never
+    covered task b; publish completed, then phase 3: settled with nothing checked after it)."""
+    done = receipt(5, "objective.step.settled", step="validate", jobId="jv", status="completed")
+    state = _validated_then(done, receipt(6, "objective.phase_added", **PHASE_2))
+    validate = state.step("validate")
+    assert validate is not None and (validate.status, validate.job_id) == ("pending", None)
+    assert [t.task_id for t in control.plan(state, {}).dispatch] == ["b"]
+    state = fold(
+        [
+            receipt(7, "objective.task.dispatched", taskId="b", jobId="jb", **{"try": 1}),
+            receipt(8, "objective.task.settled", taskId="b", jobId="jb", status="completed",
+                    **{"try": 1}),
+        ],
+        state,
+    )  # fmt: skip
+    assert state is not None and control.plan(state, {}).step == "validate"
+    assert step_job_id("o", "validate", state.phase) == "objective:o:validate:phase:2"
+    assert step_job_id("o", "validate") == "objective:o:validate"  # phase 1: as it always was
+
+
+def test_a_phase_added_while_validate_runs_waits_for_it_then_validates_again() -> None:
+    """A new phase's tasks ran in the workspace while validate ran there; now they wait for it,
+    and validate, which covered the earlier phase only, is due again after them."""
+    state = _validated_then(receipt(5, "objective.phase_added", **PHASE_2))
+    assert control.plan(state, {}).empty  # validate still runs: nothing dispatched beside it
+    done = receipt(6, "objective.step.settled", step="validate", jobId="jv", status="completed")
+    state = fold([done], state)  # type: ignore[assignment]
+    validate = state.step("validate")
+    assert validate is not None and validate.status == "pending"
+    assert [t.task_id for t in control.plan(state, {}).dispatch] == ["b"]
 
 
 def test_a_failed_try_within_budget_goes_back_to_pending() -> None:

@@ -359,6 +359,7 @@ class StepState(BaseModel):
     last_output: str | None = Field(None, alias="lastOutput", title="Lastoutput")
     name: str = Field(..., title="Name")
     output_lines: int | None = Field(0, alias="outputLines", title="Outputlines")
+    phase: int | None = Field(None, title="Phase")
     settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
     started_at: AwareDatetime | None = Field(None, alias="startedAt", title="Startedat")
     status: (
