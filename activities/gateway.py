@@ -48,6 +48,7 @@ from activities.gateway_http import (
     bounded_body,
     call_of,
     error,
+    may_hide_tools,
     recovery,
     redacted,
     socket_path,
@@ -277,12 +278,15 @@ class Gateway:
                 return self._refused(
                     grant, "no_model", error(style, 400, "invalid_request_error", message)
                 )
-            if (remote := named.network_tools) and not pool.provider.network_tools:
+            if not pool.provider.network_tools:
                 # The command's sandbox has no network; a provider-run MCP client or fetcher
                 # would carry what the command wrote to any host. Agent CLIs offer web search
-                # by default, so the tools are taken out rather than the call refused.
-                body = without_network_tools(body)
-                self._removed(grant, remote)
+                # by default, so the tools are taken out rather than the call refused; a body
+                # naming such a key twice is written again from its parse, whatever it names.
+                if (remote := named.network_tools) or may_hide_tools(body):
+                    body = without_network_tools(body)
+                if remote:
+                    self._removed(grant, remote)
             model = named.model
             headers = {
                 k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS

@@ -142,13 +142,16 @@ class CallBody(BaseModel):
     model: Annotated[str, StringConstraints(min_length=1, max_length=200)]
     tools: Any = None
     mcp_servers: Any = None
+    web_search_options: Any = None
 
     @property
     def network_tools(self) -> list[str]:
         """What the call asks the provider to reach the network with from its side: remote MCP
         servers (OpenAI's `mcp` tool, Anthropic's `mcp_servers` and `mcp_*` tools), web search
-        and web fetch (`web_search*`, `web_fetch*`); a function tool runs in the command."""
+        (`web_search*` tools, Chat Completions' `web_search_options`) and web fetch
+        (`web_fetch*`); a function tool runs in the command."""
         named = ["mcp_servers"] if self.mcp_servers else []
+        named += ["web_search_options"] if self.web_search_options is not None else []
         tools = self.tools if isinstance(self.tools, list) else []
         return named + [family for tool in tools if (family := network_family(tool))]
 
@@ -165,11 +168,21 @@ def network_family(tool: Any) -> str | None:
     return next((p for p in NETWORK_TOOL_PREFIXES if kind.startswith(p)), None)
 
 
+def may_hide_tools(body: bytes) -> bool:
+    """Whether a body names a key that can carry network tools more than once (JSON allows
+    duplicates: the gateway reads the last, a provider might read another), so it is written
+    again from its parse before it is forwarded."""
+    return any(
+        body.count(key) > 1 for key in (b'"tools"', b'"mcp_servers"', b'"web_search_options"')
+    )
+
+
 def without_network_tools(body: bytes) -> bytes:
     """`body` with its network tools and `mcp_servers` taken out (a `tools` left empty goes
     too); the rest as it was, read and written as JSON."""
     parsed = json.loads(body)
     parsed.pop("mcp_servers", None)
+    parsed.pop("web_search_options", None)
     tools = [t for t in parsed.pop("tools", None) or [] if network_family(t) is None]
     if tools:
         parsed["tools"] = tools

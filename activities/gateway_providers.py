@@ -101,8 +101,9 @@ class Provider:
     unusable: tuple[str, ...] = ()
     network_tools: bool = False
     """Whether a call may ask the provider for tools that reach the network from its side
-    (remote MCP servers, web search and fetch): off, the gateway refuses them, since a command
-    whose sandbox has no network could send its workspace anywhere through them."""
+    (remote MCP servers, web search and fetch): off, the gateway takes them out of the call,
+    since a command whose sandbox has no network could send its workspace anywhere through
+    them."""
 
     @property
     def dead(self) -> str | None:

@@ -240,6 +240,10 @@ FACTORY_AUDITS_RECOVERED = Counter(
     "Settled objectives audited by the outbox redrive because their audit job ended (failed "
     "its attempts, or aborted) without auditing them.",
 )
+FACTORY_AUDITS_UNRECOVERED = Counter(
+    "receipt_factory_audits_unrecovered",
+    "Lost audits the outbox redrive could not write (logged; the others went on).",
+)
 FACTORY_CONTROL_STALE_PLANS = Counter(
     "receipt_factory_control_stale_plans",
     "Control passes whose write found the objective moved on since they read it (a phase added,"

@@ -342,18 +342,17 @@ async def recover_lost_audits(store: Store, limit: int = 50) -> int:
     many were audited."""
     recovered = 0
     for objective_id, job_status in await store.fetch("objectives_audit_lost", {"limit": limit}):
-        state = await get(store, objective_id)
-        if state is None or state.audit is not None:
+        try:
+            written = await _recover_audit(store, objective_id, job_status)
+        except Exception as exc:  # one that cannot be audited must not stop the others
+            metrics.FACTORY_AUDITS_UNRECOVERED.inc()
+            log.warning(
+                "a lost audit could not be written; the others go on",
+                exc_info=True,
+                extra={"event": "factory.audit_recovery_failed", "objectiveId": objective_id,
+                       "error": str(exc)},
+            )  # fmt: skip
             continue
-        summary = audit.summary(state, await jobs_by_ids(store, audit.job_ids(state)))
-        data = {
-            "summary": summary,
-            "jobId": state.audit_job_id,
-            "recovered": f"its audit job ended {job_status} without auditing",
-        }
-
-        async with store.transaction() as tx:
-            _, written = await update(tx, objective_id, _audited(data))
         if written:
             recovered += 1
             metrics.FACTORY_AUDITS_RECOVERED.inc()
@@ -363,6 +362,21 @@ async def recover_lost_audits(store: Store, limit: int = 50) -> int:
                        "auditJobStatus": job_status},
             )  # fmt: skip
     return recovered
+
+
+async def _recover_audit(store: Store, objective_id: str, job_status: str) -> bool:
+    state = await get(store, objective_id)
+    if state is None or state.audit is not None:
+        return False
+    summary = audit.summary(state, await jobs_by_ids(store, audit.job_ids(state)))
+    data = {
+        "summary": summary,
+        "jobId": state.audit_job_id,
+        "recovered": f"its audit job ended {job_status} without auditing",
+    }
+    async with store.transaction() as tx:
+        _, written = await update(tx, objective_id, _audited(data))
+    return bool(written)
 
 
 def _audited(data: dict[str, Any]) -> Decide:

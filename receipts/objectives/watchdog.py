@@ -6,9 +6,10 @@ activities/watchdog_tick.py, and the scan that acts on the decision is the
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, Field
@@ -39,15 +40,11 @@ def watchdog_job_id(scheduled_time_iso: str) -> str:
 
 
 def tick_of(job_id: str) -> int:
-    """The minute of the tick a watchdog job is (`watchdog:<scheduledTime>`), counted from the
-    epoch: which window of the active objectives it reads. 0 for any other id."""
-    try:
-        scheduled = datetime.fromisoformat(job_id.removeprefix("watchdog:"))
-    except ValueError:
-        return 0
-    if scheduled.tzinfo is None:
-        scheduled = scheduled.replace(tzinfo=UTC)
-    return int(scheduled.timestamp() // 60)
+    """Which window of the active objectives a watchdog job reads (`objectives.active`): a hash
+    of its id (`watchdog:<scheduledTime>`), so a retried tick reads the same one and, whatever
+    the cron, every window is read over the ticks (the schedule's minute modulo the number of
+    windows left windows unread for ever under a cron of every k minutes)."""
+    return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big")
 
 
 def _floored(value: int) -> int:

@@ -98,7 +98,8 @@ WITH running AS (
            row_number() OVER (PARTITION BY a.agent_id, a.organization_id
                               ORDER BY a.updated_at, a.agent_job_id) AS rank
     FROM agent_jobs a LEFT JOIN running r
-      ON r.agent_id = a.agent_id AND r.organization_id IS NOT DISTINCT FROM a.organization_id
+      ON r.agent_id = a.agent_id
+     AND coalesce(r.organization_id, '') = coalesce(a.organization_id, '')
     WHERE (a.status = 'queued' AND (a.available_at IS NULL OR a.available_at <= now()))
        OR (a.status = 'waiting_on_user' AND a.answer_pending)
 )

@@ -203,19 +203,24 @@ class AgentJobDispatcher:
         session_id: str,
         seq: int,
     ) -> bool:
-        async with self._posts_at_once:
-            if not await deliveries.claim_callback(self.store, source_id, WAKEUP, url):
-                return False
-            found = await self.store.read_stream(session_stream(session_id), seq - 1, 1)
-            if not found or found[0].type != WAKEUP:
-                return False
-            body = dumps(
-                {"event": WAKEUP, "sessionId": session_id, "wakeup": found[0].to_json()}
-            ).encode()
-            message_id = callback_message_id(f"{source_id}:{url}")
-            error = await post_callback(http, settings, url, message_id, body)
-            status = "posted" if error is None else "failed"
-            await deliveries.callback_result(self.store, source_id, WAKEUP, url, status, error)
+        try:
+            async with self._posts_at_once:
+                if not await deliveries.claim_callback(self.store, source_id, WAKEUP, url):
+                    return False
+                found = await self.store.read_stream(session_stream(session_id), seq - 1, 1)
+                if not found or found[0].type != WAKEUP:
+                    return False
+                body = dumps(
+                    {"event": WAKEUP, "sessionId": session_id, "wakeup": found[0].to_json()}
+                ).encode()
+                message_id = callback_message_id(f"{source_id}:{url}")
+                error = await post_callback(http, settings, url, message_id, body)
+                status = "posted" if error is None else "failed"
+                await deliveries.callback_result(self.store, source_id, WAKEUP, url, status, error)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the database away: the claimed post is tried again later
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
         metrics.AGENT_JOB_WAKEUP_CALLBACKS.labels(status).inc()
         log.log(
             logging.INFO if error is None else logging.WARNING,

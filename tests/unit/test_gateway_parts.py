@@ -172,3 +172,20 @@ def test_a_json_answer_past_what_is_kept_has_its_usage_read_from_its_end() -> No
     assert json_usage(head, tail) == Usage(1200, 640)
     assert json_usage(head, b'..."content": "a \\"usage\\" word"}') == Usage()  # none there
     assert json_usage(json.dumps({"usage": usage}).encode()) == Usage(1200, 640)  # whole
+
+
+def test_chat_search_options_and_a_duplicated_tools_key_are_taken_out_too() -> None:
+    """Chat Completions searches the web on the provider's side with `web_search_options` (not
+    a tool); a body naming `tools` twice read as the last by the gateway might be read as the
+    first by a provider: both are written again without them."""
+    from activities.gateway_http import call_of, may_hide_tools, without_network_tools
+
+    search = b'{"model": "m", "messages": [], "web_search_options": {}}'
+    named = call_of(search)
+    assert named is not None and named.network_tools == ["web_search_options"]
+    assert json.loads(without_network_tools(search)) == {"model": "m", "messages": []}
+    twice = b'{"model": "m", "tools": [{"type": "mcp", "server_url": "x"}], "tools": []}'
+    named = call_of(twice)
+    assert named is not None and named.network_tools == [] and may_hide_tools(twice)
+    assert json.loads(without_network_tools(twice)) == {"model": "m"}
+    assert not may_hide_tools(b'{"model": "m", "tools": [{"type": "function"}]}')
