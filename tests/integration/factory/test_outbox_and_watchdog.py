@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +24,7 @@ from receipts.errors import StorageError
 from receipts.jobs import Job
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key, task_job_id
-from receipts.objectives.watchdog import WatchdogSettings
+from receipts.objectives.watchdog import WatchdogSettings, tick_of
 from receipts.store import Store
 from roles.delivery.loops import ObjectiveResume
 from tests.integration.delivery.conftest import running_stack
@@ -175,10 +176,13 @@ async def test_startup_resume_requests_control_for_a_quiet_active_objective(
     assert await resume.run_once() == 0
 
 
-async def handler_context(store: Store, **watchdog: Any) -> HandlerContext:
+async def handler_context(
+    store: Store, job_id: str | None = None, **watchdog: Any
+) -> HandlerContext:
     """The handler context of a started watchdog job (its objective writes hold its fence),
     with the watchdog settings `watchdog` (WatchdogSettings fields) where given."""
-    job = (await put(store, "factory-control", kind="factory.objective.watchdog")).job
+    named = {"jobId": job_id} if job_id is not None else {}
+    job = (await put(store, "factory-control", kind="factory.objective.watchdog", **named)).job
     fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
     out = await fence.start(60_000, {"role": "test"})
     assert out.ok and out.job is not None
@@ -218,8 +222,12 @@ async def test_the_watchdog_fires_for_quiet_objectives_within_its_scan_limit(
     fired = ("receipt_factory_watchdog_fired_total", {"reason": "no_active_objective_work"})
     delivered = ("receipt_factory_control_deliveries_total", {"outcome": "created"})
     before = [metrics.value(name, **labels) for name, labels in (fired, delivered)]
-    # wd-3 was just written: inside the grace period, it must not fire.
-    first = await objective_watchdog(await handler_context(fresh_store, scan_limit=1))
+    # wd-3 was just written: inside the grace period, it must not fire. With three windows of
+    # one, a tick reads the window its id hashes to: this one's is the first (the oldest, wd-1).
+    tick = next(f"tick-{n}" for n in itertools.count() if tick_of(f"tick-{n}") % 3 == 0)
+    ticking = await handler_context(fresh_store, tick, scan_limit=1)
+    assert ticking.job.job_id == tick
+    first = await objective_watchdog(ticking)
     assert first["scanned"] == 1 and first["limit"] == 1
     assert first["reconciled"] == [{"objectiveId": "wd-1", "reason": "no_active_objective_work"}]
     second = await objective_watchdog(await handler_context(fresh_store, scan_limit=10))
