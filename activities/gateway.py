@@ -317,9 +317,9 @@ class Gateway:
         refused one set aside; a reset a moment away is waited for once."""
         tried: set[int] = set()
         waited = False
+        pool.called_by(grant.organization_id)
         while True:
             now = datetime.now(UTC)
-            pool.called_by(grant.organization_id)
             index = pool.choose(grant.job_id, now, tried, model)
             if index is None:
                 soon = pool.next_reset(now, model)

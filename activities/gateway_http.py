@@ -44,7 +44,7 @@ class Relay:
         self.streamed = "text/event-stream" in upstream.headers.get("content-type", "")
         self.events = StreamUsage()
         self.kept = bytearray()
-        self.tail = b""  # the answer's last bytes: its usage, where the kept head is cut off
+        self.tail = b""  # the last bytes past the kept head: its usage, where the head is cut off
         self.done = done
         self.closed = False
 
@@ -55,7 +55,8 @@ class Relay:
             else:
                 if len(self.kept) < MAX_JSON_ANSWER_BYTES:
                     self.kept += chunk
-                self.tail = (self.tail + chunk)[-ANSWER_TAIL_BYTES:]
+                else:  # past the kept head only: its last bytes, where its usage is
+                    self.tail = (self.tail + chunk)[-ANSWER_TAIL_BYTES:]
             yield chunk
 
     async def close(self) -> None:
@@ -63,7 +64,11 @@ class Relay:
             return
         self.closed = True
         await self.upstream.aclose()
-        usage = self.events.usage if self.streamed else json_usage(bytes(self.kept), self.tail)
+        if self.streamed:
+            usage = self.events.usage
+        else:
+            tail = (bytes(self.kept[-ANSWER_TAIL_BYTES:]) + self.tail)[-ANSWER_TAIL_BYTES:]
+            usage = json_usage(bytes(self.kept), tail)
         self.done(str(self.upstream.status_code), usage, time.monotonic() - self.started)
 
 
@@ -197,12 +202,6 @@ def call_of(body: bytes) -> CallBody | None:
         return CallBody.model_validate_json(body)
     except ValidationError:
         return None
-
-
-def model_of(body: bytes) -> str | None:
-    """The model a call names (`call_of`), or None."""
-    call = call_of(body)
-    return call.model if call is not None else None
 
 
 def too_many_values(body: bytes) -> bool:

@@ -35,7 +35,7 @@ class CredentialState:
     slots: asyncio.Semaphore
     # Providers limit rates per model: a 429 for one model rests the credential for it alone,
     # so one tenant's model at its limit does not refuse another tenant's other model (a call
-    # names its model at its body's top level, or is refused: `gateway_http.model_of`).
+    # names its model at its body's top level, or is refused: `gateway_http.call_of`).
     resting_models: dict[str, datetime] = field(default_factory=dict)
     dropped_until: datetime | None = None
     # The 401s since its last other answer: on which paths, for which organizations.

@@ -103,7 +103,6 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     grant, access = _model_access(ctx, job, agent)
     if grant is not None and access is not None:
         env.update(access.env(grant.token))
-    drained = False
     try:
         ended = await run_sandboxed(
             list(agent.command),
@@ -119,14 +118,14 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
         if grant is not None and ctx.gateway is not None and not ended.aborted:
             # The command ended: its token opens nothing any more, and the calls it left running
             # are waited for (a while), so that what they cost is in the turn's usage.
-            drained = True
             await ctx.gateway.drain(grant)
     except SandboxRefused as exc:
         return _failed(str(exc), retryable=False)
     finally:
-        if grant is not None and ctx.gateway is not None and not drained:
-            # Cancelled or aborted (no usage summary): revoked at once, nothing waited for (the
-            # attempt gives a cancelled handler 5 s before it counts it abandoned).
+        if grant is not None and ctx.gateway is not None:
+            # Revoked however the turn ended (idempotent after a drain); a cancelled or aborted
+            # one waits for nothing (the attempt gives a cancelled handler 5 s before it counts
+            # it abandoned, and it writes no usage summary).
             ctx.gateway.revoke(grant)
         await stdin.consumed()
     if ended.aborted:

@@ -39,20 +39,37 @@ async def running_count(tx: Tx, agent_id: str, organization_id: str | None) -> i
     return int(row[0])
 
 
+class _Unread:
+    """The job's organization, not given: `_claim` reads it."""
+
+
+UNREAD = _Unread()
+
+
 async def _claim(
-    tx: Tx, agent_job_id: str, agent_id: str, expect: str | None, org_cap: int
+    tx: Tx,
+    agent_job_id: str,
+    agent_id: str,
+    expect: str | None,
+    org_cap: int,
+    organization_id: str | _Unread | None,
 ) -> AgentJob | str:
-    # Its organization, read first without a lock (a job's organization never changes), names
-    # the slots; then the order is fixed: their slot lock, then the job row FOR UPDATE.
-    row = await tx.fetch_one("agent_job_organization", {"agent_job_id": agent_job_id})
-    if row is None:
-        return NO_SLOT
-    organization_id = row[0]
-    await tx.lock_key(slot_lock_key(agent_id, organization_id))
-    if await running_count(tx, agent_id, organization_id) >= model.SLOTS_PER_AGENT:
+    # Its organization (as the dispatcher's read gave it, else read here without a lock: a
+    # job's organization never changes) names the slots; then the order is fixed: their slot
+    # lock, then the job row FOR UPDATE.
+    org: str | None
+    if isinstance(organization_id, _Unread):
+        row = await tx.fetch_one("agent_job_organization", {"agent_job_id": agent_job_id})
+        if row is None:
+            return NO_SLOT
+        org = row[0]
+    else:
+        org = organization_id
+    await tx.lock_key(slot_lock_key(agent_id, org))
+    if await running_count(tx, agent_id, org) >= model.SLOTS_PER_AGENT:
         return NO_SLOT
     job = await job_for_update(tx, agent_job_id)
-    if job is None or job.agent_id != agent_id:
+    if job is None or job.agent_id != agent_id or job.organization_id != org:
         return NO_SLOT
     if expect is not None and job.status != expect:
         return NO_SLOT
@@ -96,14 +113,16 @@ async def claim(
     *,
     org_cap: int = 0,
     expect: str | None = None,
+    organization_id: str | _Unread | None = UNREAD,
 ) -> AgentJob | str:
     """Claim a job waiting only for a slot — queued (a new attempt) or answered while waiting
     (a continuation), or only the status `expect` — if its agent has a free slot and its
     organization a free dispatch slot on the codex workers (`org_cap`, 0: none). Returns the
     claimed job, or why not: `no_slot` (the agent's three are taken, or the job is not
-    claimable) or `organization_at_cap`."""
+    claimable) or `organization_at_cap`. `organization_id`: the job's, when the caller read it
+    (the dispatcher's ready list), else read here."""
     async with store.transaction() as tx:
-        return await _claim(tx, agent_job_id, agent_id, expect, org_cap)
+        return await _claim(tx, agent_job_id, agent_id, expect, org_cap, organization_id)
 
 
 async def claim_attempt(

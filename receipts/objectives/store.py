@@ -289,10 +289,7 @@ async def active(
     healthy objective quietly running a long task (never changed, so always among the oldest)
     kept an objective stuck behind the limit from ever being looked at."""
     with translate_errors():
-        count = await store.fetch("objectives_active_count", {})
-        windows = max(1, -(-int(count[0][0]) // limit))
-        params = {"limit": limit, "offset": (tick % windows) * limit}
-        rows = await store.fetch("objectives_active", params)
+        rows = await store.fetch("objectives_active", {"limit": limit, "tick": tick})
     return [ObjectiveState.model_validate(row[0]) for row in rows], (rows[0][1] if rows else None)
 
 

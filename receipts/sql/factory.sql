@@ -61,15 +61,15 @@ ORDER BY o.updated_at, o.objective_id
 LIMIT %(limit)s;
 
 -- name: objectives_active
--- Active objectives, the oldest-updated first, a window of them (the watchdog: each tick the
--- next window, `offset`; objectives_active_idx).
+-- Active objectives, the oldest-updated first, a window of `limit` of them: window `tick`
+-- modulo their number of windows (the watchdog's tick; objectives_active_idx), in one read.
 SELECT state, now() FROM objectives
 WHERE status = 'active'
 ORDER BY updated_at, objective_id
-LIMIT %(limit)s OFFSET %(offset)s;
-
--- name: objectives_active_count
-SELECT count(*) FROM objectives WHERE status = 'active';
+LIMIT %(limit)s
+OFFSET (SELECT (mod(%(tick)s::numeric, greatest(1, ceil(count(*)::numeric / %(limit)s)))
+                * %(limit)s)::bigint
+        FROM objectives WHERE status = 'active');
 
 -- name: objective_resume_candidates
 -- Active objectives with no request outstanding and no active control job.

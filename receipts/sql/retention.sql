@@ -17,20 +17,7 @@ SELECT now() - make_interval(secs => %(older_than_s)s);
 -- down for longer than it, must not drop what is owed. A pass's batch starts after the last
 -- batch's last victim (`after_*`): what a pass keeps back is looked at once a pass, not by
 -- every batch after it.
-SELECT j.job_id, j.updated_at FROM jobs j
-WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutoff)s
-  AND (j.kind <> 'agent_job.turn' OR j.state ->> 'retryOf' IS NOT NULL)
-  AND NOT (j.job_id LIKE 'objective:%%' AND EXISTS (
-      SELECT 1 FROM objectives o
-      WHERE o.objective_id = j.state->'payload'->>'objectiveId'
-        AND o.organization_id = j.organization_id
-        AND (o.status = 'active' OR objective_has_live_job(o.objective_id, o.organization_id))))
-  AND NOT EXISTS (SELECT 1 FROM callback_outbox c WHERE c.job_id = j.job_id)
-  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
-                  WHERE w.subject = j.job_id AND w.status = 'pending')
-  AND (j.updated_at, j.job_id) > (%(after_updated_at)s, %(after_job_id)s)
-ORDER BY j.updated_at, j.job_id
-LIMIT %(batch)s
+-- include: prune_candidates
 FOR UPDATE OF j SKIP LOCKED;
 
 -- name: prune_candidates
@@ -111,26 +98,7 @@ SELECT count(*) FROM jobs WHERE job_id = ANY (%(job_ids)s::text[]);
 -- turns' queue jobs (`<agentJobId>:attempt:<n>[:turn:<t>]`, a range of the jobs key) are all
 -- settled too: an operator's stop leaves a live turn running, and its agent job waits for it.
 -- After the last batch's last victim, as prune_victims.
-SELECT a.agent_job_id, a.updated_at FROM agent_jobs a
-WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff)s
-  AND NOT EXISTS (SELECT 1 FROM jobs j
-                  WHERE j.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
-                    AND j.job_id COLLATE "C" < a.agent_job_id || ':attempt;'
-                    AND j.status IN ('queued', 'leased', 'running'))
-  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
-                  WHERE w.subject = a.agent_job_id AND w.status = 'pending')
-  -- nor while a turn's queue job owes its callback or a webhook delivery (pending rows of the
-  -- organization: webhook_deliveries_due_idx)
-  AND NOT EXISTS (SELECT 1 FROM callback_outbox o
-                  WHERE o.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
-                    AND o.job_id COLLATE "C" < a.agent_job_id || ':attempt;')
-  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
-                  WHERE w.organization_id = a.organization_id AND w.status = 'pending'
-                    AND w.subject COLLATE "C" >= a.agent_job_id || ':attempt:'
-                    AND w.subject COLLATE "C" < a.agent_job_id || ':attempt;')
-  AND (a.updated_at, a.agent_job_id) > (%(after_updated_at)s, %(after_job_id)s)
-ORDER BY a.updated_at, a.agent_job_id
-LIMIT %(batch)s
+-- include: prune_agent_candidates
 FOR UPDATE OF a SKIP LOCKED;
 
 -- name: prune_agent_candidates
@@ -259,14 +227,7 @@ SELECT pg_try_advisory_xact_lock(hashtextextended('receipt:retention', 0));
 -- A batch of settled objectives last changed before the cutoff none of whose jobs is live
 -- (objectives_settled_idx, objective_has_live_job), after the last batch's last one (as
 -- prune_victims: one the batch then keeps back, a job of it owing a delivery, is passed over).
-SELECT o.objective_id, o.updated_at FROM objectives o
-WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
-  AND NOT objective_has_live_job(o.objective_id, o.organization_id)
-  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
-                  WHERE w.subject = o.objective_id AND w.status = 'pending')
-  AND (o.updated_at, o.objective_id) > (%(after_updated_at)s, %(after_job_id)s)
-ORDER BY o.updated_at, o.objective_id
-LIMIT %(batch)s
+-- include: prune_objective_candidates
 FOR UPDATE OF o SKIP LOCKED;
 
 -- name: prune_objective_candidates

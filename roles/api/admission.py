@@ -9,7 +9,6 @@ from typing import Any
 
 from receipts import metrics
 from receipts.enqueue import Admission, EnqueueRequest
-from receipts.enqueue_request import cap_timeout
 from receipts.errors import InvalidInput
 from receipts.executables import first_refused, request_commands
 from receipts.kinds import runs_commands
@@ -44,12 +43,6 @@ def check_executables(
     if refused is not None:
         field, message = refused
         raise ApiError(403, "forbidden", message, field=field, allowed=allowed)
-
-
-def capped_timeout(settings: ApiSettings, request: EnqueueRequest) -> EnqueueRequest:
-    """The request with `payload.timeoutMs` clamped to the operator's cap
-    (`RECEIPT_MAX_TIMEOUT_MS`): a job cannot ask to hold a worker slot for longer."""
-    return cap_timeout(request, settings.max_timeout_ms)
 
 
 def _under(url: str, prefix: str) -> bool:

@@ -117,7 +117,11 @@ class AgentJobDispatcher:
                 continue
             async with self._each(result, agent_job_id, "claim"):
                 claimed = await claims.claim(
-                    self.store, agent_job_id, agent_id, org_cap=self.org_cap
+                    self.store,
+                    agent_job_id,
+                    agent_id,
+                    org_cap=self.org_cap,
+                    organization_id=organization_id,
                 )
                 if not isinstance(claimed, str):
                     result.claimed += 1

@@ -259,6 +259,30 @@ async def test_concurrent_claimers_never_exceed_three(store: Store) -> None:
     assert await chain_running(store, agent) == 3
 
 
+async def test_concurrent_claimers_of_two_organizations_never_exceed_three_each(
+    store: Store,
+) -> None:
+    """The spec's slot lock, then the job row, under a lock per agent and organization: claims
+    of two organizations' jobs for one agent race each other (each twice, each on its own
+    connection, and whole passes too) and each organization runs exactly three — one's claims
+    neither take the other's slots nor wait its lock out."""
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    jobs = [
+        (await lifecycle.create(store, request(agent, organization_id=org)))[0]
+        for org in ("org-a", "org-b")
+        for _ in range(6)
+    ]
+    results = await asyncio.gather(
+        *(claims.claim_attempt(store, j.agent_job_id, agent) for j in jobs for _ in range(2))
+    )
+    assert sum(isinstance(r, model.AgentJob) for r in results) == 6
+    await asyncio.gather(*(dispatcher(store).run_once() for _ in range(4)))
+    async with store.transaction() as tx:
+        for org in ("org-a", "org-b"):
+            assert await claims.running_count(tx, agent, org) == 3
+    assert await chain_running(store, agent) == 6
+
+
 async def test_wakeups_once_per_status_attempt_turn_in_the_transition(store: Store) -> None:
     agent = f"agent-{uuid.uuid4().hex[:6]}"
     job, _ = await lifecycle.create(store, request(agent))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.gateway_http import model_of, too_many_values
+from activities.gateway_http import call_of, too_many_values
 from activities.gateway_providers import load_providers
 from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
 
@@ -106,6 +106,12 @@ def test_the_recovery_time_of_a_quota_refusal(
     headers: dict[str, str], after: timedelta | None
 ) -> None:
     assert recovers_at(headers, NOW) == (NOW + after if after is not None else None)
+
+
+def model_of(body: bytes) -> str | None:
+    """The model a call names, as the gateway reads it (`call_of`), or None."""
+    call = call_of(body)
+    return call.model if call is not None else None
 
 
 def test_a_call_s_model_is_the_top_level_one_of_its_body() -> None:

@@ -22,6 +22,7 @@ from opentelemetry import trace
 from receipts import jobs as jobmodel
 from receipts import metrics, operations, reads
 from receipts.enqueue import JOB_ID_PATTERN, EnqueueRequest, parse_enqueue
+from receipts.enqueue_request import cap_timeout
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import LANES, STATUSES, Job
 from receipts.kinds import (
@@ -39,7 +40,6 @@ from receipts.kinds import (
 from receipts.objectives import store as objectives
 from receipts.tenancy import scoped_id
 from roles.api.admission import (
-    capped_timeout,
     check_command_rights,
     check_gateway,
     org_caps,
@@ -202,7 +202,8 @@ async def enqueue_post(
     enqueue_request = await _scoped_objective(state, enqueue_request)
     check_command_rights(caller, settings, agent_id, enqueue_request)
     check_gateway(settings, enqueue_request)
-    enqueue_request = capped_timeout(settings, enqueue_request)
+    # `timeoutMs` clamped to the operator's cap: a job cannot hold a worker slot for longer.
+    enqueue_request = cap_timeout(enqueue_request, settings.max_timeout_ms)
     caps = org_caps(settings, organization_id) if organization_id is not None else None
     client_id = enqueue_request.job_id
     if client_id is None and idempotency_key is not None:
