@@ -91,6 +91,20 @@ class Admission:
     refuse: Callable[[int, int], None]
 
 
+@dataclass(frozen=True, slots=True)
+class OrgCaps:
+    """An organization's caps of open jobs (`RECEIPT_ORG_MAX_QUEUED`, `RECEIPT_ORG_MAX_ACTIVE`)
+    as the runtime's own fan-out is held to them (objective control's task dispatch), where
+    the api's `Admission` refuses a request."""
+
+    max_queued: int
+    max_active: int
+
+    def room(self, queued: int, active: int) -> int:
+        """How many more open jobs the organization may have, holding `queued` and `active`."""
+        return min(self.max_queued - queued, self.max_active - active)
+
+
 async def enqueue(
     store: Store, request: EnqueueRequest, admission: Admission | None = None
 ) -> EnqueueResult:

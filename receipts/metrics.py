@@ -230,6 +230,12 @@ FACTORY_CONTROL_DELIVERIES = Counter(
 FACTORY_TASKS_DISPATCHED = Counter(
     "receipt_factory_tasks_dispatched", "Task tries dispatched by objective control."
 )
+FACTORY_TASKS_HELD = Counter(
+    "receipt_factory_tasks_held",
+    "Ready tasks objective control left pending because their organization held its caps of "
+    "open jobs (RECEIPT_ORG_MAX_QUEUED, RECEIPT_ORG_MAX_ACTIVE), counted at each pass that held "
+    "them; logged factory.tasks_held.",
+)
 FACTORY_OBJECTIVES_SETTLED = Counter(
     "receipt_factory_objectives_settled",
     "Objectives settled by objective control, by status.",

@@ -13,6 +13,7 @@ from activities.handlers.fenced import FencedReceipts
 from activities.sandbox_policy import SandboxSettings
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.commands import QueuedCommand
+from receipts.enqueue import OrgCaps
 from receipts.jobs import Job
 from receipts.objectives.watchdog import WatchdogSettings
 from receipts.settings import FactorySettings
@@ -47,6 +48,9 @@ class HandlerSettings:
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
     timing: TimingSettings = field(default_factory=TimingSettings)
     agent_jobs: AgentJobSettings = field(default_factory=AgentJobSettings)
+    # The organizations' caps of open jobs as the api reads them: objective control's task
+    # dispatch is held to them (None: not held).
+    org_caps: OrgCaps | None = None
 
 
 @dataclass

@@ -246,9 +246,10 @@ async def objective_control(ctx: HandlerContext) -> dict[str, Any]:
     objective_id = objective_of(ctx)
     total = control.ReconcileResult()
     while True:
-        result = await ctx.receipts.reconcile(objective_id, ctx.job.kind)
+        result = await ctx.receipts.reconcile(objective_id, ctx.job.kind, ctx.settings.org_caps)
         total.passes += result.passes
         total.dispatched += result.dispatched
+        total.held = result.held
         total.recorded += result.recorded
         total.aborted += result.aborted
         total.steps += result.steps

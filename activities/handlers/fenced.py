@@ -26,7 +26,7 @@ from receipts import metrics
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import AgentJob
 from receipts.commands import QueuedCommand, with_payloads
-from receipts.enqueue import EnqueueRequest, enqueue_in
+from receipts.enqueue import EnqueueRequest, OrgCaps, enqueue_in
 from receipts.jobs import Command, Job, Receipt, fence_rejection, job_stream
 from receipts.objectives import control
 from receipts.objectives import store as objectives
@@ -153,14 +153,17 @@ class FencedReceipts:
             )
         return state is not None
 
-    async def reconcile(self, objective_id: str, kind: str) -> control.ReconcileResult:
-        """Run control passes over the objective until one finds nothing to do. Every
-        transaction of a pass that writes the objective holds the attempt's fence; the first
-        refused raises FenceLost and stops the passes. Another organization's objective is
-        treated as absent: no pass runs."""
+    async def reconcile(
+        self, objective_id: str, kind: str, caps: OrgCaps | None = None
+    ) -> control.ReconcileResult:
+        """Run control passes over the objective until one finds nothing to do, its task
+        dispatch held to the organization's `caps` of open jobs. Every transaction of a pass
+        that writes the objective holds the attempt's fence; the first refused raises FenceLost
+        and stops the passes. Another organization's objective is treated as absent: no pass
+        runs."""
         if await self.objective(objective_id) is None:
             return control.ReconcileResult()
-        return await control.reconcile(self._store, objective_id, kind, self._holds_fence)
+        return await control.reconcile(self._store, objective_id, kind, self._holds_fence, caps)
 
     async def _holds_fence(self, tx: Tx, objective_id: str) -> None:
         """Lock the handler's job row for the rest of `tx` and raise FenceLost unless this

@@ -1,28 +1,31 @@
 """Objective control: a reconciler safe to run any number of times, from any state.
 
-`plan` is pure: from the folded objective and the jobs of its active tries it decides what one
-pass does — record settlements, abort jobs, dispatch ready tasks, run validate then publish,
-settle the objective. `reconcile` runs passes until one finds nothing to do. Every write is
-idempotent: job ids are deterministic (a repeated dispatch returns the existing job) and each
-objective receipt is re-decided under the stream's lock against the current state.
+`plan` (receipts/objectives/decide.py) is pure: from the folded objective and the jobs of its
+active tries it decides what one pass does. `run_pass` carries one out; `reconcile` runs passes
+until one finds nothing to do. Every write is idempotent: job ids are deterministic (a repeated
+dispatch returns the existing job) and each objective receipt is re-decided under the stream's
+lock against the current state. A task's dispatch is held, as an enqueue would be refused,
+while the organization holds its caps of open jobs (`OrgCaps`): it stays pending, and a later
+pass dispatches it (one of the objective's jobs ending, or the watchdog's pass when none is
+left).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from receipts import metrics
 from receipts import operations as ops
-from receipts.enqueue import EnqueueRequest, enqueue_in
+from receipts.enqueue import EnqueueRequest, OrgCaps, enqueue_in
 from receipts.jobs import Job
 from receipts.kinds import CONTRACTS
 from receipts.objectives import store as objectives
+from receipts.objectives.decide import Plan, plan, settlement_drafts
 from receipts.objectives.model import (
-    STEPS,
-    TASK_ACTIVE,
     ObjectiveState,
     StepState,
     TaskState,
@@ -42,150 +45,6 @@ AUDIT_KIND = "factory.objective.audit"
 STEP_KINDS = {"validate": "factory.integration.validate", "publish": "factory.integration.publish"}
 TASK_JOB_ATTEMPTS = 2  # deliveries lost to a dead worker; the task's own budget counts tries
 MAX_PASSES = 50
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one control pass does, in this order."""
-
-    records: tuple[Draft, ...] = ()
-    aborts: tuple[tuple[str, str], ...] = ()
-    dispatch: tuple[TaskState, ...] = ()
-    step: str | None = None
-    settle: dict[str, Any] | None = None
-
-    @property
-    def empty(self) -> bool:
-        """True when the pass has nothing to do."""
-        return not (self.records or self.aborts or self.dispatch or self.step or self.settle)
-
-
-def settlement_drafts(state: ObjectiveState, jobs: Mapping[str, Job]) -> list[Draft]:
-    """Settlement receipts for tries and steps whose job is terminal but not yet recorded."""
-    drafts: list[Draft] = []
-    for task in state.tasks:
-        job = jobs.get(task.job_id or "")
-        if task.status in TASK_ACTIVE and task.current is not None and job and job.terminal:
-            drafts.append(
-                Draft(
-                    "objective.task.settled",
-                    {
-                        "taskId": task.task_id,
-                        "try": task.current.number,
-                        "jobId": job.job_id,
-                        "status": job.status,
-                        "error": job.error or job.canceled_reason,
-                        "jobAttempts": job.attempt,
-                    },
-                )
-            )
-    for name in STEPS:
-        step = state.step(name)
-        job = jobs.get(step.job_id or "") if step else None
-        if step is not None and step.status in TASK_ACTIVE and job and job.terminal:
-            drafts.append(
-                Draft(
-                    "objective.step.settled",
-                    {
-                        "step": name,
-                        "jobId": job.job_id,
-                        "status": job.status,
-                        "error": job.error or job.canceled_reason,
-                    },
-                )
-            )
-    return drafts
-
-
-def _active_jobs(state: ObjectiveState, jobs: Mapping[str, Job]) -> list[Job]:
-    return [
-        job for job_id in state.active_job_ids() if (job := jobs.get(job_id)) and not job.terminal
-    ]
-
-
-def _aborts(active: Sequence[Job], reason: str) -> tuple[tuple[str, str], ...]:
-    return tuple((job.job_id, reason) for job in active if not job.abort_requested)
-
-
-def ready(state: ObjectiveState) -> tuple[TaskState, ...]:
-    """Pending tasks of the current phase whose dependencies all completed."""
-    done = {t.task_id for t in state.tasks if t.status == "completed"}
-    return tuple(
-        t for t in state.phase_tasks if t.status == "pending" and set(t.depends_on) <= done
-    )
-
-
-def plan(state: ObjectiveState, jobs: Mapping[str, Job]) -> Plan:
-    """Decide one pass from the objective and the jobs of its active tries (pure)."""
-    if state.terminal:
-        return Plan()
-    records = settlement_drafts(state, jobs)
-    if records:
-        return Plan(records=tuple(records))
-    active = _active_jobs(state, jobs)
-    if state.cancel_requested:
-        if active:
-            return Plan(aborts=_aborts(active, "objective canceled"))
-        reason = state.cancel_reason or "canceled"
-        return Plan(settle={"status": "canceled", "error": reason})
-    # A task of the phase failed out of its budget, or its job was canceled from outside (an
-    # abort posted to it): the objective cannot complete. Its other jobs are aborted, and it
-    # settles `failed` once none runs, so every task is terminal (and recorded) when it does.
-    # The failed task is the cause; canceled ones may be siblings its failure aborted.
-    stopped = next((t for t in state.phase_tasks if t.status == "failed"), None) or next(
-        (t for t in state.phase_tasks if t.status == "canceled"), None
-    )
-    if stopped is not None:
-        if active:
-            return Plan(aborts=_aborts(active, f"task {stopped.task_id} {stopped.status}"))
-        tries = len(stopped.tries)
-        ended = (
-            f"failed after {tries} {'try' if tries == 1 else 'tries'}"
-            if stopped.status == "failed"
-            else "was canceled"
-        )
-        return Plan(
-            settle={
-                "status": "failed",
-                "error": f"task {stopped.task_id!r} {ended}: {stopped.error}",
-                "failedTask": stopped.task_id,
-            },
-        )
-    for name in STEPS:
-        step = state.step(name)
-        if step is not None and step.status in ("failed", "canceled"):
-            return Plan(
-                settle={
-                    "status": "failed",
-                    "error": f"{name} step {step.status}: {step.error}",
-                    "failedStep": name,
-                }
-            )
-    # Superseded phases: a try whose job has not started is canceled; running ones finish.
-    superseded = tuple(
-        (job.job_id, "superseded by a new phase")
-        for task in state.tasks
-        if task.phase < state.phase and task.status in TASK_ACTIVE
-        if (job := jobs.get(task.job_id or "")) and job.status == "queued"
-        if not job.abort_requested
-    )
-    # A step still running (a phase added meanwhile) ends before the new phase's tasks run in
-    # its workspace; its end makes it due again (it covered the earlier phases only).
-    if any((step := state.step(name)) and step.status in TASK_ACTIVE for name in STEPS):
-        return Plan(aborts=superseded)
-    to_dispatch = ready(state)
-    if superseded or to_dispatch:
-        return Plan(aborts=superseded, dispatch=to_dispatch)
-    phase_done = all(t.status == "completed" for t in state.phase_tasks)
-    older_running = any(t.status in TASK_ACTIVE for t in state.tasks if t.phase < state.phase)
-    if not phase_done or older_running:
-        return Plan()
-    for name in STEPS:
-        step = state.step(name)
-        if step is None or step.status == "completed":
-            continue
-        return Plan(step=name) if step.status == "pending" else Plan()
-    return Plan(settle={"status": "completed"})
 
 
 def task_payload(state: ObjectiveState, task: TaskState, number: int) -> dict[str, Any]:
@@ -237,12 +96,34 @@ async def _watch_live(
     await enqueue_in(tx, _request(state, "factory-monitor", MONITOR_KIND, monitor_id, payload))
 
 
+class _Held(Exception):
+    """The organization holds its caps of open jobs: a task's dispatch waits for room."""
+
+
+async def _hold(tx: Tx, state: ObjectiveState, caps: OrgCaps | None) -> None:
+    """Raise `_Held` unless the organization's open jobs leave room for a task's try and its
+    monitor (read from its counters, as an enqueue's caps are: dispatches of one organization
+    committing at the same moment may pass a cap by at most their number)."""
+    if caps is None or state.organization_id is None:
+        return
+    row = await tx.fetch_one("enqueue_caps", {"organization_id": state.organization_id})
+    assert row is not None
+    need = 2 if CONTRACTS[TASK_KIND].live_execution else 1
+    if caps.room(int(row[1]), int(row[2])) < need:
+        raise _Held(int(row[1]), int(row[2]))
+
+
 async def _dispatch_task(
-    store: Store, state: ObjectiveState, task: TaskState, guard: objectives.Guard | None
+    store: Store,
+    state: ObjectiveState,
+    task: TaskState,
+    guard: objectives.Guard | None,
+    caps: OrgCaps | None,
 ) -> None:
     number = len(task.tries) + 1
     job_id = task_job_id(state.objective_id, task.task_id, number)
     async with store.transaction() as tx:
+        await _hold(tx, state, caps)
         await enqueue_in(
             tx,
             _request(state, task.agent_id, TASK_KIND, job_id, task_payload(state, task, number)),
@@ -388,11 +269,16 @@ async def _settle(
 
 
 async def run_pass(
-    store: Store, objective_id: str, kind: str, guard: objectives.Guard | None = None
+    store: Store,
+    objective_id: str,
+    kind: str,
+    guard: objectives.Guard | None = None,
+    caps: OrgCaps | None = None,
 ) -> tuple[ObjectiveState | None, Plan]:
     """Read the objective and its jobs, plan one pass and carry it out. Returns the state the
-    pass was planned on and the plan. `guard` runs in every transaction that writes the
-    objective (`objectives.update`)."""
+    pass was planned on and the plan as carried out: ready tasks the organization's `caps` held
+    are in `held`, not in `dispatch` (a pass that only held tasks did nothing). `guard` runs in
+    every transaction that writes the objective (`objectives.update`)."""
     state = await objectives.get(store, objective_id)
     if state is None:
         return None, Plan()
@@ -409,8 +295,12 @@ async def run_pass(
     for job_id, reason in decided.aborts:
         await ops.add_command(store, job_id, type="abort", reason=reason, check_organization=False)
     try:
-        for task in decided.dispatch:
-            await _dispatch_task(store, state, task, guard)
+        for number, task in enumerate(decided.dispatch):
+            try:
+                await _dispatch_task(store, state, task, guard, caps)
+            except _Held as held:
+                decided = _held(state, decided, number, *held.args)
+                break
         if decided.step:
             await _dispatch_step(store, state, decided.step, guard)
         if decided.settle:
@@ -423,6 +313,25 @@ async def run_pass(
             extra={"event": "factory.control_plan_stale", "objectiveId": objective_id},
         )
     return state, decided
+
+
+def _held(state: ObjectiveState, decided: Plan, dispatched: int, queued: int, active: int) -> Plan:
+    """The pass's plan once the organization's caps held its dispatch after `dispatched` tasks:
+    the rest stay pending for a later pass."""
+    held = tuple(task.task_id for task in decided.dispatch[dispatched:])
+    metrics.FACTORY_TASKS_HELD.inc(len(held))
+    log.info(
+        "task dispatch held: the organization holds its caps of open jobs",
+        extra={
+            "event": "factory.tasks_held",
+            "objectiveId": state.objective_id,
+            "organizationId": state.organization_id,
+            "held": len(held),
+            "queued": queued,
+            "active": active,
+        },
+    )
+    return dataclasses.replace(decided, dispatch=decided.dispatch[:dispatched], held=held)
 
 
 def _covered_through(observed: int) -> objectives.Decide:
@@ -444,6 +353,7 @@ class ReconcileResult:
 
     passes: int = 0
     dispatched: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
     recorded: int = 0
     aborted: list[str] = field(default_factory=list)
     settled: str | None = None
@@ -454,6 +364,7 @@ class ReconcileResult:
         return {
             "passes": self.passes,
             "dispatched": self.dispatched,
+            "held": self.held,
             "recorded": self.recorded,
             "aborted": self.aborted,
             "steps": self.steps,
@@ -466,19 +377,22 @@ async def reconcile(
     objective_id: str,
     kind: str = "factory.objective.control",
     guard: objectives.Guard | None = None,
+    caps: OrgCaps | None = None,
 ) -> ReconcileResult:
     """Run passes until one finds nothing to do, then record `objective.reconciled` through the
-    seq that quiet pass observed: every control request up to it is covered. `guard` runs in
-    every transaction that writes the objective."""
+    seq that quiet pass observed: every control request up to it is covered (tasks the
+    organization's `caps` held are left to a later pass: `held`, the last pass's). `guard` runs
+    in every transaction that writes the objective."""
     result = ReconcileResult()
     for _ in range(MAX_PASSES):
-        state, decided = await run_pass(store, objective_id, kind, guard)
+        state, decided = await run_pass(store, objective_id, kind, guard, caps)
         result.passes += 1
         if state is None:
             return result
         result.recorded += len(decided.records)
         result.aborted += [job_id for job_id, _ in decided.aborts]
         result.dispatched += [t.task_id for t in decided.dispatch]
+        result.held = list(decided.held)
         if decided.step:
             result.steps.append(decided.step)
         if decided.settle:

@@ -25,6 +25,7 @@ from activities.gateway_providers import GatewaySettings, Provider, load_provide
 from activities.handlers.context import HandlerSettings
 from activities.sandbox_policy import SandboxSettings
 from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.enqueue import OrgCaps
 from receipts.objectives.watchdog import WatchdogSettings
 from receipts.settings import (
     FactorySettings,
@@ -175,6 +176,7 @@ class RuntimeSettings:
             watchdog=self.watchdog,
             timing=self.timing,
             agent_jobs=self.agent_jobs,
+            org_caps=OrgCaps(self.api.org_max_queued, self.api.org_max_active),
         )
 
 

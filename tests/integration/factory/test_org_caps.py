@@ -1,0 +1,108 @@
+"""Objective control's fan-out is held to the organization's caps of open jobs, as an enqueue is:
+a ready task its organization has no room for stays pending, and a later pass dispatches it once
+room is made. A task's try is watched by a monitor, so each dispatch takes two places."""
+
+from __future__ import annotations
+
+from activities.fence import AttemptFence
+from activities.handlers.context import HandlerContext, HandlerSettings
+from activities.handlers.factory import objective_control
+from activities.handlers.fenced import FencedReceipts
+from receipts import metrics
+from receipts import operations as ops
+from receipts.enqueue import EnqueueRequest, OrgCaps, enqueue
+from receipts.objectives import control
+from receipts.objectives import store as objectives
+from receipts.objectives.model import monitor_job_id, task_job_id
+from receipts.store import Store
+from roles.infra.settings import load
+from tests.integration.helpers import create_objective, put
+
+CONTROL = "factory.objective.control"
+TASKS = [{"taskId": f"t{n}", "input": {"command": ["true"]}} for n in range(4)]
+
+
+async def plain_job(store: Store, job_id: str, org: str) -> None:
+    request = EnqueueRequest(
+        agent_id="codex", payload={}, kind="codex.run", organization_id=org, job_id=job_id
+    )
+    await enqueue(store, request)
+
+
+async def test_dispatch_stops_at_the_caps_and_a_later_pass_dispatches_the_rest(
+    fresh_store: Store,
+) -> None:
+    store = fresh_store
+    await plain_job(store, "other-1", "org-c")
+    await plain_job(store, "other-2", "org-c")
+    await plain_job(store, "elsewhere", "org-d")  # another organization's: not counted
+    await create_objective(store, "capped", TASKS, org="org-c")
+    caps = OrgCaps(max_queued=5, max_active=100)
+    held_before = metrics.value("receipt_factory_tasks_held_total")
+
+    # Two queued jobs leave room for three: one try and its monitor, not a second pair.
+    result = await control.reconcile(store, "capped", CONTROL, caps=caps)
+    assert result.dispatched == ["t0"]
+    assert result.held == ["t1", "t2", "t3"]
+    assert result.passes == 2  # the pass that only held tasks was the quiet one
+    assert await store.get_job(task_job_id("capped", "t1", 1)) is None
+    assert await store.get_job(monitor_job_id("capped", "t1", 1)) is None
+    state = await objectives.get(store, "capped")
+    assert state is not None
+    assert [t.status for t in state.tasks] == ["dispatched", "pending", "pending", "pending"]
+    assert metrics.value("receipt_factory_tasks_held_total") == held_before + 3 + 3
+
+    # Room is made (the organization's other jobs end): the next pass dispatches up to it.
+    for job_id in ("other-1", "other-2"):
+        await ops.cancel_queued(store, job_id, reason="done")
+    again = await control.reconcile(store, "capped", CONTROL, caps=caps)
+    assert again.dispatched == ["t1"]
+    assert again.held == ["t2", "t3"]
+
+    # Without caps (a runtime that reads none) every ready task is dispatched.
+    rest = await control.reconcile(store, "capped", CONTROL)
+    assert rest.dispatched == ["t2", "t3"] and rest.held == []
+
+
+async def test_the_active_cap_holds_as_the_queued_one_does(fresh_store: Store) -> None:
+    store = fresh_store
+    await plain_job(store, "busy", "org-e")
+    await create_objective(store, "active-capped", TASKS[:2], org="org-e")
+    result = await control.reconcile(
+        store, "active-capped", CONTROL, caps=OrgCaps(max_queued=100, max_active=2)
+    )
+    assert result.dispatched == [] and result.held == ["t0", "t1"]
+    state = await objectives.get(store, "active-capped")
+    assert state is not None and state.status == "active"
+    assert all(t.status == "pending" for t in state.tasks)
+
+
+async def test_the_control_handler_holds_dispatch_to_its_process_caps(fresh_store: Store) -> None:
+    """The worker's control jobs are handed the caps its process read (`HandlerSettings`), the
+    api's variables (roles/infra/settings.py)."""
+    store = fresh_store
+    await create_objective(store, "handled", TASKS[:3], org="org-f")
+    job = (
+        await put(
+            store,
+            "factory-control",
+            kind=CONTROL,
+            org="org-f",
+            payload_extra={"objectiveId": "handled"},
+        )
+    ).job
+    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
+    out = await fence.start(60_000, {"role": "test"})
+    assert out.ok and out.job is not None
+    caps = load({"RECEIPT_ORG_MAX_QUEUED": "5"}).handlers.org_caps
+    assert caps == OrgCaps(max_queued=5, max_active=2000)
+    ctx = HandlerContext(
+        job=out.job,
+        attempt=1,
+        worker_id=fence.worker_id,
+        receipts=FencedReceipts(fence, out.job.session_key, "org-f"),
+        settings=HandlerSettings(org_caps=caps),
+    )
+    # Its own job is one of the five: two tries with their monitors fill the rest.
+    result = await objective_control(ctx)
+    assert result["dispatched"] == ["t0", "t1"] and result["held"] == ["t2"]
