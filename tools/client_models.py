@@ -2,10 +2,10 @@
 
 Writes `clients/python/openapi.json` (the document the api publishes, for any other generator),
 `clients/python/receipt_client/models/` (datamodel-code-generator's pydantic models of it, in
-parts of about 400 lines) and
-`clients/python/receipt_client/aio.py` (`AsyncClient`, rewritten from `Client` in `sync.py`,
-so the two clients are one text). `--check` writes nothing and exits 1 when any differs from
-what it would write now (tests/unit/test_client_generated.py runs it).
+parts of about 400 lines), and `clients/python/receipt_client/aio.py` and `_aio_base.py`
+(`AsyncClient` and its transport, rewritten from `Client` in `sync.py` and `_sync_base.py`, so
+the two clients are one text). `--check` writes nothing and exits 1 when any differs from what
+it would write now (tests/unit/test_client_generated.py runs it).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ MODELS = CLIENT / "receipt_client" / "models"
 SPLIT_LINES = 400
 SYNC = CLIENT / "receipt_client" / "sync.py"
 ASYNC = CLIENT / "receipt_client" / "aio.py"
+SYNC_BASE = CLIENT / "receipt_client" / "_sync_base.py"
+ASYNC_BASE = CLIENT / "receipt_client" / "_aio_base.py"
 HEADER = (
     "# The API's schemas as pydantic models, generated from clients/python/openapi.json by\n"
     "# `make client` (tools/client_models.py, datamodel-code-generator): do not edit by hand."
@@ -92,19 +94,31 @@ def models_of(text: str) -> str:
         return output.read_text(encoding="utf-8")
 
 
-# `Client` → `AsyncClient`: each rule a regular expression and its replacement, applied in order.
-ASYNC_RULES: tuple[tuple[str, str], ...] = (
-    (
-        r'\A"""`Client`: the Receipt API from blocking code\.\n\n`aio\.py`.*?"""',
+# The blocking modules the asyncio ones are rewritten from, and each one's docstring.
+ASYNC_OF: dict[Path, tuple[Path, str]] = {
+    SYNC_BASE: (
+        ASYNC_BASE,
+        '"""`AsyncBaseClient`: the transport under `AsyncClient`. Generated from `_sync_base.py` '
+        'by\n`make client` (tools/client_models.py): do not edit by hand."""',
+    ),
+    SYNC: (
+        ASYNC,
         '"""`AsyncClient`: the Receipt API from asyncio code. Generated from `sync.py` by `make '
         'client`\n(tools/client_models.py): do not edit by hand."""',
     ),
+}
+# `Client` → `AsyncClient`: each rule a regular expression and its replacement, applied in order
+# to each module of ASYNC_OF; each must match in one of them at least.
+ASYNC_RULES: tuple[tuple[str, str], ...] = (
+    (r'\A""".*?"""', "DOCSTRING"),
     (r"^import time$", "import asyncio"),
+    (r"\bBaseClient\b", "AsyncBaseClient"),
+    (r"receipt_client\._sync_base\b", "receipt_client._aio_base"),
     (r"\bIterator\[", "AsyncIterator["),
     (r"import Iterator, Mapping", "import AsyncIterator, Mapping"),
     (r"\bparse_sse\b", "parse_sse_async"),
     (r"response\.iter_lines\(\)", "response.aiter_lines()"),
-    (r"class Client:", "class AsyncClient:"),
+    (r"class Client\(", "class AsyncClient("),
     (r"A blocking client", "An asyncio client"),
     (r"httpx\.BaseTransport", "httpx.AsyncBaseTransport"),
     (r"httpx\.Client\(", "httpx.AsyncClient("),
@@ -113,7 +127,7 @@ ASYNC_RULES: tuple[tuple[str, str], ...] = (
     (r"self\.http\.close\(\)", "await self.http.aclose()"),
     (r"^(\s+)def (?!__init__|__aenter__|__aexit__)", r"\1async def "),
     (
-        r"\bself\.(http\.request|request|_send|list_jobs|get_job|get_objective|command|close|wait|_read_through_outages|update_schedule)\(",
+        r"\bself\.(http\.request|request|_send|list_jobs|list_objectives|get_job|get_objective|command|close|wait|_read_through_outages|update_schedule)\(",
         r"await self.\1(",
     ),
     (r"^(\s+)for (\w+) in (self\.|parse_sse_async)", r"\1async for \2 in \3"),
@@ -124,14 +138,21 @@ ASYNC_RULES: tuple[tuple[str, str], ...] = (
 )
 
 
-def async_client(sync: str) -> str:
-    """`aio.py`: `sync.py` with every blocking call made awaitable."""
-    text = sync
+def async_clients() -> dict[Path, str]:
+    """The asyncio modules: each blocking one of ASYNC_OF with every blocking call made
+    awaitable."""
+    texts = {source: source.read_text(encoding="utf-8") for source in ASYNC_OF}
     for pattern, replacement in ASYNC_RULES:
-        text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE | re.DOTALL)
-        if not count:
-            raise SystemExit(f"tools/client_models.py: rule {pattern!r} matched nothing in sync.py")
-    return formatted(text, ASYNC)
+        matched = 0
+        for source, text in texts.items():
+            wanted = ASYNC_OF[source][1] if replacement == "DOCSTRING" else replacement
+            texts[source], count = re.subn(pattern, wanted, text, flags=re.MULTILINE | re.DOTALL)
+            matched += count
+        if not matched:
+            raise SystemExit(f"tools/client_models.py: rule {pattern!r} matched nothing")
+    return {
+        ASYNC_OF[source][0]: formatted(text, ASYNC_OF[source][0]) for source, text in texts.items()
+    }
 
 
 def formatted(text: str, path: Path) -> str:
@@ -189,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {
         DOCUMENT: text,
         **model_parts(formatted(models_of(text), MODELS / "generated.py")),
-        ASYNC: async_client(SYNC.read_text(encoding="utf-8")),
+        **async_clients(),
     }
     extra = sorted(set(MODELS.glob("*.py")) - set(wanted))
     if args.check:

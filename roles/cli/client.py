@@ -21,6 +21,7 @@ from urllib.parse import quote
 import click
 
 from receipt_client import Client, ReceiptError
+from receipt_client.deadline import NEVER, Deadline
 from receipt_client.settings import DEFAULT_URL as DEFAULT_API_URL
 from receipts import jobs as jobmodel
 from receipts.jobs import Job, Receipt
@@ -69,10 +70,10 @@ class ApiClient(Client):
             raise ApiFailure(str(exc)) from exc
 
     def follow_raw(
-        self, path: str, after: int = 0, name: str | None = None
+        self, path: str, after: int = 0, name: str | None = None, deadline: Deadline = NEVER
     ) -> Iterator[dict[str, Any]]:
         try:
-            yield from super().follow_raw(path, after, name)
+            yield from super().follow_raw(path, after, name, deadline)
         except ReceiptError as exc:
             raise ApiFailure(str(exc)) from exc
 

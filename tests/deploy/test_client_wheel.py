@@ -41,6 +41,7 @@ def test_the_client_wheel_installs_alone_in_a_fresh_venv(tmp_path: Path) -> None
     assert {
         "receipt_client/models/__init__.py",
         "receipt_client/aio.py",
+        "receipt_client/_aio_base.py",
         "receipt_client/py.typed",
     } <= set(names)
     assert not [name for name in names if name.split("/")[0] in ("receipts", "roles")]

@@ -30,12 +30,13 @@ from receipt_client import (
     RateLimited,
     Unauthorized,
     UnsupportedMediaType,
+    WaitTimedOut,
     models,
 )
 from receipt_client.errors import error_of
 from receipt_client.sse import parse_sse
 from receipts.kinds import KINDS
-from tests.integration.api_support import TOKEN_A, RunningApi, running_api
+from tests.integration.api_support import TOKEN_A, TOKEN_ADMIN, RunningApi, running_api
 from tests.integration.test_api_agent_jobs import body as agent_job_body
 
 
@@ -100,6 +101,23 @@ def test_jobs_enqueue_read_list_command_and_wait(client: Client) -> None:
     listed = client.list_jobs(agent_id="codex", limit=1)
     assert len(listed.jobs) == 1 and listed.next_cursor is not None
     assert job_id in {j.job_id for j in client.iter_jobs(status="canceled", limit=2)}
+    # A listing resumed from a page's cursor goes on after it: nothing again, nothing skipped.
+    every = [j.job_id for j in client.iter_jobs(agent_id="codex", limit=2)]
+    resumed = [j.job_id for j in client.iter_jobs(listed.next_cursor, agent_id="codex", limit=2)]
+    assert [listed.jobs[0].job_id, *resumed] == every
+
+
+def test_wait_gives_up_at_its_timeout_and_the_job_goes_on(client: Client) -> None:
+    job_id = new_id()
+    client.enqueue("codex", task(), job_id=job_id)  # no worker here: it stays queued
+    with pytest.raises(WaitTimedOut, match=f"job {job_id} did not end in time") as timed_out:
+        client.wait(job_id, timeout=1.0)
+    assert isinstance(timed_out.value, TimeoutError)
+    assert client.get_job(job_id).status == "queued"
+    with pytest.raises(WaitTimedOut):
+        client.wait_objective(new_id("objective"), timeout=0)
+    client.abort(job_id)
+    assert client.wait(job_id, timeout=30).status == "canceled"
 
 
 def test_retry_and_bulk_retry(client: Client) -> None:
@@ -137,6 +155,9 @@ def test_objectives_create_list_read_and_cancel(client: Client, tmp_path: Path) 
         client.get_objective(objective_id)
     assert missing.value.code == "not_found"
     assert isinstance(client.list_objectives(limit=5), models.ObjectiveList)
+    assert list(client.iter_objectives(status="active", limit=5)) == []
+    with Client(client.url, TOKEN_ADMIN) as admin:  # an admin token names the organization
+        assert admin.list_objectives(organization_id="org-a", limit=5).objectives == []
     with pytest.raises(NotFound):
         client.cancel_objective(objective_id, reason="changed my mind")
     with pytest.raises(NotFound):
@@ -220,7 +241,7 @@ def test_a_stream_the_api_keeps_refusing_ends_in_its_own_refusal(
     """At the token's cap of open streams, `follow` tries again (not before the API's
     Retry-After) and, refused each time, raises the API's 429 as `RateLimited` — not a
     `ConnectionFailed` that says the stream was lost."""
-    from receipt_client import sync
+    from receipt_client import _sync_base as sync
 
     monkeypatch.setattr(sync, "RECONNECT_ATTEMPTS", 1)
     slept: list[float] = []
@@ -251,8 +272,10 @@ async def test_the_async_client_answers_the_same_models(api: RunningApi) -> None
         accepted = await client.enqueue("codex", task(), job_id=job_id)
         assert isinstance(accepted, models.EnqueueAccepted) and accepted.outcome == "created"
         await client.steer(job_id, "go")
+        with pytest.raises(WaitTimedOut):
+            await client.wait(job_id, timeout=0.5)
         await client.abort(job_id)
-        done = await client.wait(job_id)
+        done = await client.wait(job_id, timeout=30)
         assert done.status == "canceled" and done.pending_commands == []
         assert [r.type async for r in client.follow(job_id)][-1] == "job.canceled"
         jobs = [j.job_id async for j in client.iter_jobs(status="canceled", limit=3)]

@@ -86,7 +86,7 @@ def test_wait_reads_the_job_again_through_a_503_not_before_its_retry_after(
 ) -> None:
     """After the stream's `end`, `wait` reads the job; a 503 then (the database away) is read
     again not before the `Retry-After` the API named (it waited its own 0.5, 1 s before)."""
-    from receipt_client import sync
+    from receipt_client import _sync_base as sync
 
     now = datetime.now(UTC)
     done = Job(
@@ -141,3 +141,44 @@ def test_a_request_model_is_sent_by_the_apis_names() -> None:
         {"agentId": "codex", "interval": "5m", "job": {"payload": {"kind": "factory.task.run"}}},
         {"title": "t", "goal": "g"},
     ]
+
+
+def test_a_success_whose_body_is_not_json_is_a_server_error_naming_the_request() -> None:
+    """Another service at the URL (a proxy's sign-in page) answers 200 with HTML: the client
+    raises its `ServerError`, not a JSON decoding traceback (the CLI exits 3 on it)."""
+    page = httpx.MockTransport(
+        lambda _: httpx.Response(
+            200, text="<html>sign in</html>", headers={"content-type": "text/html"}
+        )
+    )
+    with Client("http://proxy.test", "t", transport=page) as client:
+        with pytest.raises(ServerError) as refused:
+            client.get_job("j-1")
+    assert refused.value.status == 200
+    assert "GET /jobs/j-1 with a body that is not JSON (text/html)" in str(refused.value)
+
+
+def test_a_deadline_cuts_a_read_that_would_end_past_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream's read timeout ends by the deadline; a connection opened with a longer one is
+    resumed once the deadline is nearer than it (by more than SLACK_S)."""
+    from receipt_client import WaitTimedOut
+    from receipt_client import deadline as deadlines
+
+    now = [1000.0]
+    monkeypatch.setattr(deadlines.time, "monotonic", lambda: now[0])
+    assert deadlines.NEVER.read_timeout() == deadlines.STREAM_READ_TIMEOUT_S
+    assert not deadlines.NEVER.cuts(60.0)
+    deadlines.NEVER.allows(10**9)
+    far = deadlines.Deadline.after(100, "job j")
+    assert far.read_timeout() == deadlines.STREAM_READ_TIMEOUT_S and not far.cuts(60.0)
+    now[0] += 45  # 55 s left: a read of 60 could end 5 s past it
+    assert far.cuts(60.0) and far.read_timeout() == 55.0
+    now[0] += 0.5  # within the slack of the read opened with 55
+    assert not far.cuts(55.0)
+    far.allows(54.0)
+    with pytest.raises(WaitTimedOut, match="job j did not end in time") as timed_out:
+        far.allows(55.0, cause=ConnectionError("down"))
+    assert isinstance(timed_out.value, TimeoutError)
+    assert isinstance(timed_out.value.__cause__, ConnectionError)
+    now[0] += 60
+    assert far.left() == 0.0 and far.read_timeout() == 0.01

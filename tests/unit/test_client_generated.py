@@ -26,9 +26,10 @@ def test_the_async_client_has_every_method_of_the_blocking_one() -> None:
         (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef)]
         return {n.name for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
 
-    sync, aio = methods(PACKAGE / "sync.py"), methods(PACKAGE / "aio.py")
     renamed = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
-    assert {renamed.get(name, name) for name in sync} == aio
+    for blocking, asyncio in (("sync.py", "aio.py"), ("_sync_base.py", "_aio_base.py")):
+        sync, aio = methods(PACKAGE / blocking), methods(PACKAGE / asyncio)
+        assert {renamed.get(name, name) for name in sync} == aio
 
 
 def test_the_client_imports_only_httpx_pydantic_and_the_standard_library() -> None:

@@ -27,6 +27,7 @@ from receipt_client.errors import (
     Unauthorized,
     Unavailable,
     UnsupportedMediaType,
+    WaitTimedOut,
 )
 from receipt_client.sync import Client
 
@@ -47,5 +48,6 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "UnsupportedMediaType",
+    "WaitTimedOut",
     "models",
 ]

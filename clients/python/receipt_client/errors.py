@@ -159,3 +159,8 @@ def _seconds(value: str | None) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
+
+
+class WaitTimedOut(ReceiptError, TimeoutError):
+    """A wait (`wait`, `wait_objective`) gave up at its `timeout`: what it waited for has not
+    ended, and goes on (wait again to go on waiting)."""

@@ -19,8 +19,7 @@ def connection(url: str | None, token: str | None) -> tuple[str, dict[str, str]]
     return base, {"Authorization": f"Bearer {bearer}"} if bearer else {}
 
 
-def stream_timeout(timeout: httpx.Timeout) -> httpx.Timeout:
-    """A stream's timeouts: the client's, with a read timeout past the API's keepalive."""
-    return httpx.Timeout(
-        timeout.connect, read=STREAM_READ_TIMEOUT_S, write=timeout.write, pool=timeout.pool
-    )
+def stream_timeout(timeout: httpx.Timeout, read: float = STREAM_READ_TIMEOUT_S) -> httpx.Timeout:
+    """A stream's timeouts: the client's, with a read timeout of `read` (by default past the
+    API's keepalive)."""
+    return httpx.Timeout(timeout.connect, read=read, write=timeout.write, pool=timeout.pool)

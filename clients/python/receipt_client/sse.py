@@ -7,6 +7,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 
 RECONNECT_ATTEMPTS = 8
+KEEPALIVE = "keepalive"  # the name `parse_sse` gives a comment line when asked for them
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +25,7 @@ class _Parser:
     event_id: str | None = None
     data: list[str] = field(default_factory=list)
 
-    def feed(self, line: str) -> SseEvent | None:
+    def feed(self, line: str, keepalives: bool = False) -> SseEvent | None:
         if line == "":
             event = None
             if self.data or self.name != "message":
@@ -32,7 +33,7 @@ class _Parser:
             self.name, self.event_id, self.data = "message", None, []
             return event
         if line.startswith(":"):
-            return None
+            return SseEvent(KEEPALIVE, line[1:].strip(), None) if keepalives else None
         key, _, value = line.partition(":")
         value = value.removeprefix(" ")
         if key == "data":
@@ -44,20 +45,23 @@ class _Parser:
         return None
 
 
-def parse_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
-    """Events of `text/event-stream` lines (comments and `retry:` skipped)."""
+def parse_sse(lines: Iterable[str], keepalives: bool = False) -> Iterator[SseEvent]:
+    """Events of `text/event-stream` lines (`retry:` skipped; comments, the API's keepalives,
+    skipped too unless `keepalives`: then each is an event named `KEEPALIVE`)."""
     parser = _Parser()
     for line in lines:
-        event = parser.feed(line)
+        event = parser.feed(line, keepalives)
         if event is not None:
             yield event
 
 
-async def parse_sse_async(lines: AsyncIterable[str]) -> AsyncIterator[SseEvent]:
+async def parse_sse_async(
+    lines: AsyncIterable[str], keepalives: bool = False
+) -> AsyncIterator[SseEvent]:
     """`parse_sse` over an async iterable of lines."""
     parser = _Parser()
     async for line in lines:
-        event = parser.feed(line)
+        event = parser.feed(line, keepalives)
         if event is not None:
             yield event
 

@@ -5,30 +5,21 @@ change the two clients here."""
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from collections.abc import Iterator, Mapping
-from typing import Any, Self
-
-import httpx
+from typing import Any
 
 from receipt_client import _calls as calls
 from receipt_client import models
-from receipt_client._calls import NO_BODY, Call, M
+from receipt_client._calls import Call
+from receipt_client._sync_base import BaseClient
+from receipt_client.deadline import Deadline
 from receipt_client.errors import (
-    ConnectionFailed,
     ObjectiveNotCreated,
-    RateLimited,
-    ReceiptError,
-    Unavailable,
-    error_of,
 )
-from receipt_client.settings import PAGE, connection, stream_timeout
-from receipt_client.sse import RECONNECT_ATTEMPTS, parse_sse, reconnect_delay
 
 
-class Client:
+class Client(BaseClient):
     """A blocking client of the Receipt API.
 
     `url` defaults to `RECEIPT_API_URL` (else http://127.0.0.1:8000), `token` to
@@ -36,131 +27,6 @@ class Client:
     error (`NotFound`, `Conflict`, `InvalidInput`, `RateLimited`, …); an unreachable API raises
     `ConnectionFailed`. Use it as a context manager, or call `close()`.
     """
-
-    def __init__(
-        self,
-        url: str | None = None,
-        token: str | None = None,
-        *,
-        timeout: float = 30.0,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self.url, headers = connection(url, token)
-        self.http = httpx.Client(
-            base_url=self.url, headers=headers, timeout=timeout, transport=transport
-        )
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.http.close()
-
-    # --- the raw requests every method is built on ----------------------------------------
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, Any] | None = None,
-        json: Any = NO_BODY,
-        headers: Mapping[str, str] | None = None,
-    ) -> Any:
-        """Send one request; return its decoded JSON, or raise the API's refusal."""
-        body = {} if json is NO_BODY else {"json": json}
-        try:
-            response = self.http.request(method, path, params=params, headers=headers, **body)
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"cannot reach the API at {self.url}: {exc}") from exc
-        if response.status_code >= 400:
-            raise error_of(response)
-        if response.status_code == 204:
-            return None  # a deletion answers no body
-        return response.json()
-
-    def _send(self, call: Call[M]) -> M:
-        answer = self.request(
-            call.method, call.path, params=call.params, json=call.body, headers=call.headers
-        )
-        return call.model.model_validate(answer)
-
-    def _read_through_outages(self, call: Call[M]) -> M:
-        """`call` (a read), retried across the api being away (a restart, a 503) as a stream is."""
-        failures = 0
-        while True:
-            try:
-                return self._send(call)
-            except (ConnectionFailed, Unavailable) as exc:
-                failures += 1
-                if failures > RECONNECT_ATTEMPTS:
-                    raise
-                wait = max(reconnect_delay(failures), exc.retry_after or 0)
-            time.sleep(wait)  # not before the Retry-After the API named
-
-    def pages(self, path: str, after: int = 0) -> Iterator[dict[str, Any]]:
-        """The receipts past `after` of the stream at `path` (`…/events`) as JSON, page after
-        page until one comes back empty."""
-        while True:
-            page = self.request("GET", path, params={"after": after, "limit": PAGE})
-            if not page["receipts"]:
-                return
-            for receipt in page["receipts"]:  # noqa: UP028 (no `yield from` in aio.py)
-                yield receipt
-            after = page["lastSeq"]
-
-    def follow_raw(
-        self, path: str, after: int = 0, name: str | None = None
-    ) -> Iterator[dict[str, Any]]:
-        """The receipts past `after` of the live event stream at `path`, as JSON, until its
-        `end` event (a session's stream has none: until the caller stops).
-
-        A dropped connection, a stream closed at the API's maximum lifetime, a 503 or a 429 is
-        resumed with `Last-Event-ID` (not before the `Retry-After` the API named), so no receipt
-        is missed or repeated; after `RECONNECT_ATTEMPTS` failures in a row it raises the API's
-        last 429 or 503 (`RateLimited`, `Unavailable`) if the last try was refused so, else
-        `ConnectionFailed`."""
-        last, failures, problem = after, 0, ""
-        refused: ReceiptError | None = None  # the API's last 429 or 503, if it answered one
-        while True:
-            refused_now: ReceiptError | None = None
-            headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
-            problem = f"the stream ended before {name or path} did"
-            try:
-                with self.http.stream(
-                    "GET", path, headers=headers, timeout=stream_timeout(self.http.timeout)
-                ) as response:
-                    if response.status_code == 200:
-                        failures = 0
-                        for event in parse_sse(response.iter_lines()):
-                            if event.name == "end":
-                                return
-                            if event.name == "message" and event.data:
-                                receipt = json.loads(event.data)
-                                if receipt["seq"] > last:
-                                    last = receipt["seq"]
-                                    yield receipt
-                    else:
-                        response.read()
-                        error = error_of(response)
-                        if not isinstance(error, Unavailable | RateLimited):
-                            raise error
-                        problem, refused_now = str(error), error
-            except httpx.TransportError as exc:
-                problem = str(exc) or type(exc).__name__
-            refused = refused_now
-            failures += 1
-            if failures > RECONNECT_ATTEMPTS:
-                if refused is not None:
-                    raise refused  # the API's own answer (e.g. its cap of open streams)
-                raise ConnectionFailed(f"lost the event stream of {name or path}: {problem}")
-            wait = reconnect_delay(failures)
-            if refused is not None and refused.retry_after:
-                wait = max(wait, refused.retry_after)  # as the API asked
-            time.sleep(wait)
 
     # --- jobs -----------------------------------------------------------------------------
 
@@ -221,9 +87,9 @@ class Client:
         )
         return self._send(Call("GET", "/jobs", models.JobList, params=params))
 
-    def iter_jobs(self, **filters: Any) -> Iterator[models.JobView]:
-        """Every job matching `filters` (those of `list_jobs`), following the cursor."""
-        cursor = None
+    def iter_jobs(self, cursor: str | None = None, **filters: Any) -> Iterator[models.JobView]:
+        """Every job matching `filters` (those of `list_jobs`), following the cursor from
+        `cursor` (a page's `next_cursor`: resume where an earlier listing stopped)."""
         while True:
             page = self.list_jobs(**filters, cursor=cursor)
             for job in page.jobs:  # noqa: UP028 (no `yield from` in aio.py)
@@ -276,12 +142,15 @@ class Client:
         for body in self.follow_raw(calls.job_path(job_id, "/events"), after, job_id):
             yield models.ReceiptView.model_validate(body)
 
-    def wait(self, job_id: str) -> models.JobView:
+    def wait(self, job_id: str, timeout: float | None = None) -> models.JobView:
         """Follow the job's event stream (resuming across disconnects) until it is terminal,
-        and return it (read again through an api restart too)."""
-        for _ in self.follow_raw(calls.job_path(job_id, "/events"), 0, job_id):
+        and return it (read again through an api restart too). `timeout` (seconds): raise
+        `WaitTimedOut` if it has not ended by then (the job goes on)."""
+        deadline = Deadline.after(timeout, f"job {job_id}")
+        for _ in self.follow_raw(calls.job_path(job_id, "/events"), 0, job_id, deadline):
             pass
-        return self._read_through_outages(Call("GET", calls.job_path(job_id), models.JobView))
+        path = calls.job_path(job_id)
+        return self._read_through_outages(Call("GET", path, models.JobView), deadline)
 
     # --- objectives -----------------------------------------------------------------------
 
@@ -296,10 +165,32 @@ class Client:
         return self._send(Call("GET", calls.objective_path(objective_id), models.ObjectiveView))
 
     def list_objectives(
-        self, *, status: str | None = None, limit: int | None = None, cursor: str | None = None
+        self,
+        *,
+        status: str | None = None,
+        organization_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
     ) -> models.ObjectiveList:
-        params = calls.query(status=status, limit=limit, cursor=cursor)
+        """One page of objectives, newest first; pass its `next_cursor` back for the next
+        (`organization_id`: an admin token's choice of organization)."""
+        params = calls.query(
+            status=status, organizationId=organization_id, limit=limit, cursor=cursor
+        )
         return self._send(Call("GET", "/objectives", models.ObjectiveList, params=params))
+
+    def iter_objectives(
+        self, cursor: str | None = None, **filters: Any
+    ) -> Iterator[models.ObjectiveSummary]:
+        """Every objective matching `filters` (those of `list_objectives`), following the
+        cursor from `cursor`."""
+        while True:
+            page = self.list_objectives(**filters, cursor=cursor)
+            for objective in page.objectives:  # noqa: UP028 (no `yield from` in aio.py)
+                yield objective
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     def objective_events(
         self, objective_id: str, after: int = 0, limit: int | None = None
@@ -321,23 +212,25 @@ class Client:
         body = calls.reason_body(reason)
         return self._send(Call("POST", path, models.ObjectiveCancelAccepted, body=body))
 
-    def wait_objective(self, objective: str | models.ObjectiveAccepted) -> models.ObjectiveView:
+    def wait_objective(
+        self, objective: str | models.ObjectiveAccepted, timeout: float | None = None
+    ) -> models.ObjectiveView:
         """Follow an objective through its settlement and audit, and return it. Given what
         `create_objective` answered, first wait for its `factory.run` job to create it (a planner
-        may take a while); `ObjectiveNotCreated` names that job's error when it failed."""
-        if isinstance(objective, str):
-            objective_id = objective
-        else:
-            objective_id = objective.objective_id
-            run = self.wait(objective.job.job_id)
+        may take a while); `ObjectiveNotCreated` names that job's error when it failed.
+        `timeout` (seconds, the whole wait): raise `WaitTimedOut` if it has not ended by then."""
+        objective_id = objective if isinstance(objective, str) else objective.objective_id
+        deadline = Deadline.after(timeout, f"objective {objective_id}")
+        if not isinstance(objective, str):
+            run = self.wait(objective.job.job_id, deadline.left())
             if run.status != "completed":
                 raise ObjectiveNotCreated(
                     f"objective {objective_id} was not created: {run.error}", code=run.status
                 )
-        for _ in self.follow_raw(calls.objective_path(objective_id, "/events"), 0, objective_id):
-            pass
         path = calls.objective_path(objective_id)
-        return self._read_through_outages(Call("GET", path, models.ObjectiveView))
+        for _ in self.follow_raw(f"{path}/events", 0, objective_id, deadline):
+            pass
+        return self._read_through_outages(Call("GET", path, models.ObjectiveView), deadline)
 
     # --- schedules --------------------------------------------------------------------------
 

@@ -1,0 +1,175 @@
+"""`AsyncBaseClient`: the transport under `AsyncClient`. Generated from `_sync_base.py` by
+`make client` (tools/client_models.py): do not edit by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Self
+
+import httpx
+
+from receipt_client._calls import NO_BODY, Call, M
+from receipt_client.deadline import NEVER, Deadline
+from receipt_client.errors import (
+    ConnectionFailed,
+    RateLimited,
+    ReceiptError,
+    ServerError,
+    Unavailable,
+    error_of,
+)
+from receipt_client.settings import PAGE, connection, stream_timeout
+from receipt_client.sse import RECONNECT_ATTEMPTS, parse_sse_async, reconnect_delay
+
+
+class AsyncBaseClient:
+    """A client's connection to the API: `url` defaults to `RECEIPT_API_URL` (else
+    http://127.0.0.1:8000), `token` to `RECEIPT_API_TOKEN`."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url, headers = connection(url, token)
+        self.http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    # --- the raw requests every method is built on ----------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = NO_BODY,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Send one request; return its decoded JSON, or raise the API's refusal."""
+        body = {} if json is NO_BODY else {"json": json}
+        try:
+            response = await self.http.request(method, path, params=params, headers=headers, **body)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach the API at {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_of(response)
+        if response.status_code == 204:
+            return None  # a deletion answers no body
+        try:
+            return response.json()
+        except ValueError as exc:  # not the API (a proxy's page, another service at the URL)
+            raise ServerError(
+                f"{self.url} answered {method} {path} with a body that is not JSON "
+                f"({response.headers.get('content-type') or 'no content type'})",
+                status=response.status_code,
+            ) from exc
+
+    async def _send(self, call: Call[M]) -> M:
+        answer = await self.request(
+            call.method, call.path, params=call.params, json=call.body, headers=call.headers
+        )
+        return call.model.model_validate(answer)
+
+    async def _read_through_outages(self, call: Call[M], deadline: Deadline = NEVER) -> M:
+        """`call` (a read), retried across the api being away (a restart, a 503) as a stream is,
+        until `deadline` (then `WaitTimedOut`)."""
+        failures = 0
+        while True:
+            try:
+                return await self._send(call)
+            except (ConnectionFailed, Unavailable) as exc:
+                failures += 1
+                if failures > RECONNECT_ATTEMPTS:
+                    raise
+                wait = max(reconnect_delay(failures), exc.retry_after or 0)
+                deadline.allows(wait, exc)
+            await asyncio.sleep(wait)  # not before the Retry-After the API named
+
+    async def pages(self, path: str, after: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """The receipts past `after` of the stream at `path` (`…/events`) as JSON, page after
+        page until one comes back empty."""
+        while True:
+            page = await self.request("GET", path, params={"after": after, "limit": PAGE})
+            if not page["receipts"]:
+                return
+            for receipt in page["receipts"]:
+                yield receipt
+            after = page["lastSeq"]
+
+    async def follow_raw(
+        self, path: str, after: int = 0, name: str | None = None, deadline: Deadline = NEVER
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The receipts past `after` of the live event stream at `path`, as JSON, until its
+        `end` event (a session's stream has none: until the caller stops), or `WaitTimedOut`
+        at `deadline`.
+
+        A dropped connection, a stream closed at the API's maximum lifetime, a 503 or a 429 is
+        resumed with `Last-Event-ID` (not before the `Retry-After` the API named), so no receipt
+        is missed or repeated; after `RECONNECT_ATTEMPTS` failures in a row it raises the API's
+        last 429 or 503 (`RateLimited`, `Unavailable`) if the last try was refused so, else
+        `ConnectionFailed`. A read never waits past `deadline`: a connection whose read timeout
+        would outlast it is resumed with a shorter one."""
+        last, failures, problem = after, 0, ""
+        refused: ReceiptError | None = None  # the API's last 429 or 503, if it answered one
+        while True:
+            deadline.allows(0)
+            refused_now: ReceiptError | None = None
+            headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
+            problem = f"the stream ended before {name or path} did"
+            read = deadline.read_timeout()
+            shortened = False
+            try:
+                async with self.http.stream(
+                    "GET", path, headers=headers, timeout=stream_timeout(self.http.timeout, read)
+                ) as response:
+                    if response.status_code == 200:
+                        failures = 0
+                        async for event in parse_sse_async(response.aiter_lines(), keepalives=True):
+                            if event.name == "end":
+                                return
+                            if event.name == "message" and event.data:
+                                receipt = json.loads(event.data)
+                                if receipt["seq"] > last:
+                                    last = receipt["seq"]
+                                    yield receipt
+                            if deadline.cuts(read):
+                                shortened = True
+                                break
+                    else:
+                        await response.aread()
+                        error = error_of(response)
+                        if not isinstance(error, Unavailable | RateLimited):
+                            raise error
+                        problem, refused_now = str(error), error
+            except httpx.TransportError as exc:
+                problem = str(exc) or type(exc).__name__
+            if shortened:
+                continue  # resumed with a read timeout that ends by the deadline
+            deadline.allows(0)  # a read that timed out at the deadline is not a failure
+            refused = refused_now
+            failures += 1
+            if failures > RECONNECT_ATTEMPTS:
+                if refused is not None:
+                    raise refused  # the API's own answer (e.g. its cap of open streams)
+                raise ConnectionFailed(f"lost the event stream of {name or path}: {problem}")
+            wait = reconnect_delay(failures)
+            if refused is not None and refused.retry_after:
+                wait = max(wait, refused.retry_after)  # as the API asked
+            deadline.allows(wait, refused)
+            await asyncio.sleep(wait)
