@@ -9,7 +9,10 @@ from datetime import timedelta
 from receipts.errors import InvalidInput
 
 _UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400, "w": 604_800}
-_DURATION = re.compile(r"(\d+)\s*([smhdw])")
+# The longest duration taken: a hundred years (a longer one is no later cutoff a database or
+# `datetime` can hold).
+MAX_SECONDS = 100 * 365 * 86_400
+_DURATION = re.compile(r"(\d{1,15})\s*([smhdw])")
 
 
 def parse_duration(text: str, *, name: str = "duration") -> timedelta | None:
@@ -26,10 +29,10 @@ def parse_duration(text: str, *, name: str = "duration") -> timedelta | None:
             break
         seconds += int(match[1]) * _UNITS[match[2]]
         pos = match.end()
-    if pos != len(raw) or seconds <= 0:
+    if pos != len(raw) or seconds <= 0 or seconds > MAX_SECONDS:
         raise InvalidInput(
             name,
             f"{name} must be a duration such as 30d, 12h, 90m, 1w2d or 3600s "
-            f"(units s, m, h, d, w), or 0 to keep everything; got {text!r}",
+            f"(units s, m, h, d, w) of at most 100 years, or 0 to keep everything; got {text!r}",
         )
     return timedelta(seconds=seconds)

@@ -58,9 +58,11 @@ async def jobs_page(
     return Page([AgentJob.model_validate(s) for s in states], more)
 
 
-async def running_by_agent(store: Store) -> dict[str, int]:
-    """Running agent jobs per agent id (the slots in use)."""
-    return {str(a): int(n) for a, n in await store.fetch("agent_jobs_running_by_agent", {})}
+async def running_by_agent(store: Store) -> list[tuple[str, str, int]]:
+    """`(organizationId, agentId, running)` for each agent of an organization with a running
+    job: the slots in use (three per agent in each organization)."""
+    rows = await store.fetch("agent_jobs_running_by_agent", {})
+    return [(str(org or ""), str(agent), int(n)) for org, agent, n in rows]
 
 
 async def unposted_wakeups(store: Store, url: str, limit: int = 100) -> list[tuple[str, str, int]]:

@@ -137,7 +137,9 @@ ORDER BY created_at DESC, agent_job_id DESC
 LIMIT %(limit)s;
 
 -- name: agent_jobs_running_by_agent
-SELECT agent_id, count(*) FROM agent_jobs WHERE status = 'running' GROUP BY agent_id;
+-- The slots in use: running jobs per agent of each organization (the slot lock's scope).
+SELECT organization_id, agent_id, count(*) FROM agent_jobs WHERE status = 'running'
+GROUP BY organization_id, agent_id ORDER BY organization_id, agent_id;
 
 -- name: agent_jobs_lock
 LOCK TABLE agent_jobs IN EXCLUSIVE MODE;

@@ -13,11 +13,13 @@ WHERE (%(all_organizations)s::boolean OR organization_id = %(caller_organization
 GROUP BY status;
 
 -- name: console_failed_groups
--- Failed jobs not yet retried, grouped by agent and error, largest group first.
+-- Failed jobs not yet retried, grouped by agent and error, largest group first (no agent job's
+-- turn: its job retries its own turns, so a group of them could never be retried here).
 SELECT agent_id, coalesce(state ->> 'error', ''), count(*), max(updated_at)
 FROM jobs
 WHERE status = 'failed'
   AND state ->> 'retriedAs' IS NULL
+  AND kind <> 'agent_job.turn'
   AND (%(all_organizations)s::boolean OR organization_id = %(caller_organization_id)s::text)
   AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s::text)
 GROUP BY agent_id, coalesce(state ->> 'error', '')

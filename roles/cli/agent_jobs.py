@@ -4,6 +4,7 @@ owner session's events, over the HTTP API."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -116,8 +117,13 @@ def create_command(
     }
     if workspace_template is not None:
         if workspace_template.startswith("@"):
-            with open(workspace_template[1:], encoding="utf-8") as handle:
-                workspace_template = handle.read()
+            try:
+                workspace_template = Path(workspace_template[1:]).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise click.BadParameter(
+                    f"cannot read {workspace_template[1:]}: {exc.strerror}",
+                    param_hint="--workspace-template",
+                ) from exc
         body["workspaceTemplate"] = workspace_template
     options = {
         "continuedFromJobId": continued_from,

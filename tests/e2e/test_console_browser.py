@@ -219,7 +219,7 @@ async def test_answer_an_agent_jobs_question(
     # The answer is recorded; the dispatcher continues the job when a slot is free.
     await expect(page.locator(".notice")).to_contain_text("answered; the job is waiting_on_user")
     answered = await current(store, job.agent_job_id)
-    assert answered.answer == {"toolCallId": "c-1", "answer": {"text": "yes, staging first"}}
+    assert answered.answer == {"toolCallId": "c-1", "answer": "yes, staging first"}
     await dispatcher(store).run_once()
     await page.reload()
     await expect(page.locator("#status")).to_have_text("running")

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from receipts import assembly
+from receipts import assembly, metrics
 from receipts import operations as ops
 from receipts.agent_jobs import claims, interventions, lifecycle, model
 from receipts.agent_jobs import reads as agent_reads
@@ -184,7 +184,7 @@ async def test_a_backlog_of_one_agent_never_hides_another_agents_jobs(
     passed = await dispatcher(store).run_once()
     assert passed.claimed == 4
     assert (await current(store, late.agent_job_id)).status == "running"
-    assert await agent_reads.running_by_agent(store) == {busy: 3, idle: 1}
+    assert {a: n for _, a, n in await agent_reads.running_by_agent(store)} == {busy: 3, idle: 1}
     # A full agent's jobs are not read again and again: the next pass has nothing to try.
     again = await dispatcher(store).run_once()
     assert (again.claimed, again.no_slot) == (0, 0)
@@ -210,7 +210,7 @@ async def test_each_organization_has_its_three_slots_of_an_agent(
     async with store.transaction() as tx:
         assert await claims.running_count(tx, agent, "org-a") == 3
         assert await claims.running_count(tx, agent, "org-b") == 1
-    assert await agent_reads.running_by_agent(store) == {agent: 4}
+    assert await agent_reads.running_by_agent(store) == [("org-a", agent, 3), ("org-b", agent, 1)]
 
 
 async def test_a_live_delivery_to_the_owner_session_is_not_a_steer_of_its_job(
@@ -722,7 +722,7 @@ async def test_a_job_is_claimed_only_when_its_turn_can_take_its_organizations_co
     held = await capped.run_once()
     assert (held.claimed, held.held) == (0, 1)
     assert (await current(store, job.agent_job_id)).status == "queued"  # no agent slot held
-    assert await agent_reads.running_by_agent(store) == {}
+    assert await agent_reads.running_by_agent(store) == []
     assert capped.holding  # any job's settlement now wakes the dispatcher
     # The task settles and gives its slot back: the next pass claims the job, whose turn holds
     # the organization's slot from the claim on.
@@ -759,6 +759,7 @@ async def test_a_next_turn_that_cannot_take_its_organizations_slot_requeues_the_
     agent = f"agent-{uuid.uuid4().hex[:6]}"
     job, _ = await lifecycle.create(store, request(agent))
     assert (await capped.run_once()).claimed == 1
+    assert metrics.value("receipt_agent_jobs_running", agent=agent) == 1
     running = await current(store, job.agent_job_id)
     # Another codex job of the organization takes the slot the moment the turn gives it back.
     await play_turn(store, running, {"outcome": "done", "result": 1, "followUps": ["more"]})
@@ -772,7 +773,8 @@ async def test_a_next_turn_that_cannot_take_its_organizations_slot_requeues_the_
     assert (requeued.status, requeued.attempt, requeued.follow_up) == ("queued", 0, ["more"])
     chain = await store.read_stream(model.stream_of(job.agent_job_id))
     assert chain[-1].data["reason"] == "organization_at_cap"
-    assert await agent_reads.running_by_agent(store) == {}
+    assert await agent_reads.running_by_agent(store) == []
+    assert metrics.value("receipt_agent_jobs_running", agent=agent) == 0  # not its last count
     # The task settles: the same attempt runs again, its turn handed the follow-up.
     worker = f"{task.job_id}:attempt:1/1"
     assert (

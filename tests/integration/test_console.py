@@ -9,6 +9,8 @@ import httpx
 import pytest
 
 from receipts import commands, operations
+from receipts.enqueue import EnqueueRequest, enqueue
+from receipts.kinds import TURN_KIND
 from receipts.store import Store
 from tests.integration.api_support import (
     AS_A,
@@ -236,6 +238,12 @@ async def test_failed_work_groups_by_agent_and_error_and_retries_a_group(
             )
             await operations.fail_undeliverable(store, rid(job_id), error=error)
             ids.append(job_id)
+        # An agent job's turn that failed alike is its job's to retry: not in a group here.
+        turn = EnqueueRequest(
+            agent_id=agent, payload={}, kind=TURN_KIND, organization_id="org-a", job_id=new_id()
+        )
+        await enqueue(store, turn)
+        await operations.fail_undeliverable(store, str(turn.job_id), error="disk full")
         csrf = await sign_in(client, TOKEN_A)
         page = await client.get("/console/failed", params={"agentId": agent})
         assert (
@@ -309,7 +317,8 @@ async def test_agent_job_pages_answer_the_question_and_cancel(db_url: str, store
         )
         assert answered.status_code == 303 and "answered" in answered.headers["location"]
         resumed = await current(store, asking.agent_job_id)
-        assert resumed.answer == {"toolCallId": "call-7", "answer": {"text": "main"}}
+        # The text as typed, as `receipt agent-jobs answer` and the API send it.
+        assert resumed.answer == {"toolCallId": "call-7", "answer": "main"}
         stopped = await client.post(
             f"/console/agents/jobs/{other.agent_job_id}/cancel",
             **form({"csrf": csrf, "reason": "not needed"}),  # type: ignore[arg-type]
@@ -323,6 +332,79 @@ async def test_agent_job_pages_answer_the_question_and_cancel(db_url: str, store
     canceled = await current(store, other.agent_job_id)
     assert canceled.cancel_requested or canceled.status == "stopped"
     assert (await current(store, foreign.agent_job_id)).status == "running"
+    async with api_client(db_url, store=store) as client:
+        await sign_in(client, TOKEN_ADMIN)
+        listed = await client.get("/console/agents/jobs", params={"agentId": agent})
+    # The slots are each organization's three, counted apart.
+    running = re.findall(r"<span>(\S+) · (\S+) <b>(\d)/3</b> running", listed.text)
+    assert ("org-b", agent, "1") in running
+
+
+async def test_an_agent_jobs_wakeups_show_however_long_its_owners_session(
+    db_url: str, store: Store
+) -> None:
+    """The page finds a job's wakeups by index: a session with 10 000 receipts before them (the
+    console read the session's stream, and only its first 10 000) still shows them."""
+    import psycopg
+
+    from receipts.agent_jobs import lifecycle
+    from tests.integration.test_agent_jobs import current, dispatcher, play_turn, request
+
+    owner = f"session-{new_id()}"
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO receipts (stream, seq, type, data) SELECT %s, n, 'session.note', "
+            "'{}'::jsonb FROM generate_series(1, 10000) n",
+            (f"sessions/{owner}",),
+        )
+    job, _ = await lifecycle.create(store, request(f"agent-{new_id()}", owner_session_id=owner))
+    await dispatcher(store).run_once()
+    await play_turn(
+        store,
+        await current(store, job.agent_job_id),
+        {"outcome": "needs_input", "question": "Which branch?", "toolCallId": "call-1"},
+    )
+    await dispatcher(store).run_once()
+    async with api_client(db_url, store=store) as client:
+        await sign_in(client, TOKEN_A)
+        page = await client.get(f"/console/agents/jobs/{job.agent_job_id}")
+    assert f"{job.agent_job_id}:waiting_on_user:1:1" in page.text
+    assert "10001" in page.text  # its seq on the session
+
+
+async def test_the_lists_page_back_to_their_oldest_row(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objectives, agent jobs and schedules list PAGE_SIZE rows and link the older ones (an
+    organization may hold 100 schedules; the console showed its newest 50 and no more)."""
+    from receipts.agent_jobs import lifecycle
+    from roles.api.console import agent_job_pages, objective_pages
+    from tests.integration.helpers import create_objective
+    from tests.integration.test_agent_jobs import request
+
+    monkeypatch.setattr(objective_pages, "PAGE_SIZE", 2)
+    monkeypatch.setattr(agent_job_pages, "PAGE_SIZE", 2)
+    prefix = new_id("paged")
+    made = [await create_objective(store, f"{prefix}-{n}") for n in range(3)]
+    agent = f"agent-{new_id()}"
+    agent_jobs = [(await lifecycle.create(store, request(agent)))[0].agent_job_id for _ in range(3)]
+    async with api_client(db_url, store=store) as client:
+        await sign_in(client, TOKEN_A)
+        for path, params, ids in (
+            ("/console/objectives", {}, made),
+            ("/console/agents/jobs", {"agentId": agent}, agent_jobs),
+        ):
+            seen: list[str] = []
+            page = await client.get(path, params=params)
+            for _ in range(10):
+                seen += [i for i in ids if i in page.text and i not in seen]
+                older = re.search(r'<a href="\?([^"]+)" rel="next">Older', page.text)
+                if older is None:
+                    break
+                page = await client.get(path + "?" + older.group(1).replace("&amp;", "&"))
+            assert set(ids) <= set(seen), (path, seen)
+        mangled = await client.get("/console/objectives", params={"cursor": "not-a-cursor"})
+    assert mangled.status_code == 200 and made[-1] in mangled.text  # the newest page
 
 
 async def test_the_schedules_page_lists_an_organizations_schedules_and_pauses_them(

@@ -317,7 +317,7 @@ def test_retention_setting_and_durations_are_checked() -> None:
     assert durations.parse_duration("30d") == timedelta(days=30)
     assert durations.parse_duration("1w2d12h") == timedelta(days=9, hours=12)
     assert durations.parse_duration("0") is None
-    for bad in ("30", "-1d", "30 days", "d", "1.5h"):
+    for bad in ("30", "-1d", "30 days", "d", "1.5h", "36501d", "9" * 5000 + "d"):
         with pytest.raises(InvalidInput) as caught:
             durations.parse_duration(bad, name="RECEIPT_RETENTION")
         assert "RECEIPT_RETENTION" in caught.value.message and caught.value.field
@@ -362,6 +362,30 @@ async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_p
     assert done.returncode == 0 and f"removed jobs=1 receipts={old.seq} " in done.stdout
     assert await store.get_job(old.job_id) is None
     assert await store.get_job(new.job_id) is not None
+
+    # A database it cannot reach: one line and exit status 3 (1 is what --verify-only found),
+    # and a failed export leaves the file it would have replaced as it was.
+    env["RECEIPT_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:9/none"
+    out.write_text('{"archived": 1}\n')
+    for args in (
+        ("rebuild-projections", "--verify-only"),
+        ("migrate",),
+        ("prune", "--older-than", "30d"),
+        ("export", "--older-than", "30d", "-o", str(out)),
+    ):
+        down = receipt(*args)
+        assert down.returncode == 3, (args, down.stderr)
+        assert (
+            down.stderr.startswith("receipt: the database failed: ")
+            and "Traceback" not in down.stderr
+        )
+    assert out.read_text() == '{"archived": 1}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["old.jsonl"]  # no partial file left
+    nowhere = receipt("export", "--older-than", "30d", "-o", str(tmp_path / "no" / "x.jsonl"))
+    assert nowhere.returncode == 1 and "Traceback" not in nowhere.stderr
+    assert "Could not open file" in nowhere.stderr or "No such file" in nowhere.stderr
+    endless = receipt("prune", "--older-than", "99999999999d")
+    assert endless.returncode == 2 and "at most 100 years" in endless.stderr
 
 
 async def test_an_agent_job_is_pruned_with_its_turns_never_half(fresh: tuple[Store, str]) -> None:

@@ -22,6 +22,7 @@ from receipts.agent_jobs import reads as agent_reads
 from receipts.errors import NotFoundError
 from roles.api.auth import JOBS_WRITE
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
+from roles.api.console.paging import older_query, page_start
 from roles.api.console.session import (
     FormError,
     Session,
@@ -45,20 +46,22 @@ def _page_url(session: Session, agent_job_id: str, notice: str) -> str:
 async def agent_jobs_page(request: Request) -> HTMLResponse:
     session = await session_of(request)
     status = request.query_params.get("status") or None
+    status = status if status in agent_model.STATUSES else None
     agent_id = request.query_params.get("agentId") or None
+    owner = request.query_params.get("ownerSessionId") or None
     store = store_of(request)
-    jobs = (
-        await agent_reads.jobs_page(
-            store,
-            session.principal,
-            status=status if status in agent_model.STATUSES else None,
-            agent_id=agent_id,
-            owner_session_id=request.query_params.get("ownerSessionId") or None,
-            after=None,
-            limit=PAGE_SIZE,
-        )
-    ).items
-    running = await agent_reads.running_by_agent(store) if session.principal.admin else {}
+    page = await agent_reads.jobs_page(
+        store,
+        session.principal,
+        status=status,
+        agent_id=agent_id,
+        owner_session_id=owner,
+        after=page_start(request),
+        limit=PAGE_SIZE,
+    )
+    jobs = page.items
+    filters = {"status": status, "agentId": agent_id, "ownerSessionId": owner}
+    running = await agent_reads.running_by_agent(store) if session.principal.admin else []
     return render(
         "agent_jobs.html",
         session=session,
@@ -66,8 +69,13 @@ async def agent_jobs_page(request: Request) -> HTMLResponse:
         statuses=agent_model.STATUSES,
         status_filter=status or "",
         agent_id=agent_id or "",
-        running=sorted(running.items()),
+        running=running,
         slots=agent_model.SLOTS_PER_AGENT,
+        next_query=older_query(
+            {name: value for name, value in filters.items() if value},
+            page,
+            lambda job: (job.created_at, job.agent_job_id),
+        ),
     )
 
 
@@ -86,7 +94,7 @@ async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
                 "error": (turn_job.error if turn_job else None) or "",
             }
         )
-    session_receipts = await store.read_stream(agent_model.session_stream(job.owner_session_id))
+    # The job's own wakeups, by index (a long-lived session's stream is not read whole).
     wakeups = [
         {
             "seq": r.seq,
@@ -94,8 +102,7 @@ async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
             "status": r.data.get("status"),
             "source": r.data.get("sourceId"),
         }
-        for r in session_receipts
-        if r.type == agent_model.WAKEUP and r.data.get("agentJobId") == job.agent_job_id
+        for r in await agent_reads.wakeups_of(store, job.agent_job_id)
     ]
     receipts = await store.read_stream(agent_model.stream_of(job.agent_job_id))
     return render(
@@ -121,7 +128,7 @@ async def agent_job_answer(request: Request, agentJobId: str) -> Response:
         raise FormError(422, "the answer is empty")
     try:
         job = await interventions.answer(
-            store, agentJobId, answer={"text": text}, tool_call_id=fields.get("toolCallId") or None
+            store, agentJobId, answer=text, tool_call_id=fields.get("toolCallId") or None
         )
     except (interventions.NotWaiting, NotFoundError) as exc:
         return RedirectResponse(

@@ -13,10 +13,12 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from receipts import reads
 from receipts.objectives import store as objectives
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream
 from roles.api.auth import JOBS_WRITE
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
+from roles.api.console.paging import older_query, page_start
 from roles.api.console.session import form_of, notice_of, notice_query, session_of, visible
 
 log = logging.getLogger("roles.api.console")
@@ -116,11 +118,12 @@ def graph_state(objective: ObjectiveState) -> dict[str, Any]:
 async def objectives_page(request: Request) -> HTMLResponse:
     session = await session_of(request)
     status = request.query_params.get("status") or None
+    status = status if status in STATUSES else None
     page = await objectives.objectives_page(
         store_of(request),
         session.principal,
-        status=status if status in STATUSES else None,
-        after=None,
+        status=status,
+        after=page_start(request),
         limit=PAGE_SIZE,
     )
     found = page.items
@@ -130,6 +133,9 @@ async def objectives_page(request: Request) -> HTMLResponse:
         objectives=found,
         statuses=STATUSES,
         status_filter=status or "",
+        next_query=older_query(
+            {"status": status} if status else {}, page, lambda o: (o.created_at, o.objective_id)
+        ),
     )
 
 
@@ -150,7 +156,9 @@ async def objective_page(request: Request, objectiveId: str) -> HTMLResponse:
     objective = visible(
         session, await objectives.get(store, objectiveId), f"objective {objectiveId}"
     )
-    receipts = await store.read_stream(objective_stream(objectiveId), 0, 2_000)
+    # The newest: a long-running task's mirrored progress would push its settlement, cancel
+    # and audit past the oldest 2 000.
+    receipts = await reads.stream_tail(store, objective_stream(objectiveId), 2_000)
     return render(
         "objective.html",
         session=session,

@@ -25,7 +25,8 @@ from receipts.settings import Settings
 from receipts.tenancy import caller_id
 from roles.api.admission import caller_caps
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import check_shape, decode_cursor, encode_cursor
+from roles.api.body import check_shape
+from roles.api.console.paging import older_query, page_start
 from roles.api.console.session import (
     COOKIE,
     COOKIE_PATH,
@@ -267,15 +268,11 @@ async def jobs_page(request: Request) -> HTMLResponse:
         store,
         session.principal,
         job_filters,
-        after=decode_cursor(request.query_params.get("cursor")),
+        after=page_start(request),
         limit=PAGE_SIZE,
     )
     page = found.items
-    next_query = (
-        urlencode({**filters, "cursor": encode_cursor(page[-1].created_at, page[-1].job_id)})
-        if found.more
-        else None
-    )
+    next_query = older_query(filters, found, lambda job: (job.created_at, job.job_id))
     return render(
         "jobs.html",
         session=session,

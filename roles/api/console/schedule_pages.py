@@ -15,6 +15,7 @@ from receipts.schedules import store as schedules
 from receipts.schedules.model import ScheduleState
 from roles.api.auth import JOBS_WRITE
 from roles.api.console.pages import PAGE_SIZE, render, store_of
+from roles.api.console.paging import older_query, page_start
 from roles.api.console.session import form_of, notice_of, notice_query, session_of, visible
 from roles.api.errors import ApiError
 from roles.api.routes.schedules import admitted, current_fields
@@ -42,13 +43,14 @@ def next_fire(schedule: ScheduleState) -> str:
 async def schedules_page(request: Request) -> HTMLResponse:
     session = await session_of(request)
     page = await schedules.schedules_page(
-        store_of(request), session.principal, after=None, limit=PAGE_SIZE
+        store_of(request), session.principal, after=page_start(request), limit=PAGE_SIZE
     )
     return render(
         "schedules.html",
         session=session,
         schedules=[(s, next_fire(s)) for s in page.items],
         notice=notice_of(request, session),
+        next_query=older_query({}, page, lambda s: (s.created_at, s.schedule_id)),
     )
 
 
