@@ -66,6 +66,12 @@ async def claim(store: Store, job: Job, now: datetime, queue: str, cap: int) -> 
     return next_step(job, now, slots=None if mine or took else Slots(max(held, cap), cap))
 
 
+async def release(store: Store, job_id: str) -> bool:
+    """Give back the slot a queued job took for a start that failed (`dispatch_release`);
+    whether it held one."""
+    return bool(await store.fetch("dispatch_release", {"job_id": job_id}))
+
+
 async def freed(store: Store, settled_job_id: str, settings: Settings) -> list[str]:
     """The jobs a slot given back by `settled_job_id` lets start: its organization's oldest
     waiting jobs on its queue, as many as it has slots free there (none without a cap)."""

@@ -205,6 +205,11 @@ LEASE_EXPIRATIONS = Counter(
     "receipt_lease_expirations", "job.lease_expired receipts appended by the scan."
 )
 REDRIVES = Counter("receipt_redrive_dispatches", "Queued-job redrive dispatches.")
+REDRIVE_FAILURES = Counter(
+    "receipt_redrive_failures",
+    "Queued-job redrives whose start failed (logged redrive.failed with the job id; the pass "
+    "goes on, and a later one tries the job again).",
+)
 REDRIVES_AGAIN = Counter(
     "receipt_redrive_again",
     "Redrives of a queue state already redriven once whose delivery closed with the job unchanged "

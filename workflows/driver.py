@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import NoReturn
 
@@ -68,20 +69,45 @@ RUN_END_MARGIN = timedelta(seconds=10)
 MIN_ATTEMPT_WINDOW = timedelta(seconds=10)
 
 
+# How much of a tenant's free text (an agent id, an organization id) Temporal is shown, counted
+# as Temporal counts it: JSON-escaped, where a character outside ASCII is up to 12 bytes. A
+# keyword search attribute over 2 048 such bytes is refused, and with it the driver's start (a
+# 200-character agent id of emoji is 2 400); a summary is bounded too. Within this, any id of
+# ASCII the API accepts (at most 200 characters) is shown whole.
+SEARCHABLE_BYTES = 1_024
+SUMMARY_BYTES = 256
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text`, cut to its longest prefix whose JSON-escaped form is at most `limit` bytes (what
+    Temporal shows of it; the receipts keep it whole)."""
+    if len(json.dumps(text)) <= limit:
+        return text
+    size, end = 2, 0  # the quotes
+    for end, char in enumerate(text):  # noqa: B007 (end is read after the loop)
+        size += len(json.dumps(char)) - 2
+        if size > limit - 6:  # room for the "…" (\u2026 escaped)
+            break
+    return text[:end] + "…"
+
+
 def search_attributes(
     job_id: str, agent_id: str, lane: str, kind: str, organization_id: str | None = None
 ) -> TypedSearchAttributes:
     """The Receipt search attributes, so the Temporal UI finds every delivery of a job by the id
     its caller chose: `ReceiptJobId` is that id (the workflow id is the runtime's,
-    `<id>~<organization tag>`) and `ReceiptOrganizationId` its organization."""
+    `<id>~<organization tag>`) and `ReceiptOrganizationId` its organization. Free text is
+    `bounded` to what Temporal takes."""
     pairs = [
         SearchAttributePair(JOB_ID, caller_id(job_id) if organization_id else job_id),
-        SearchAttributePair(AGENT_ID, agent_id),
+        SearchAttributePair(AGENT_ID, bounded(agent_id, SEARCHABLE_BYTES)),
         SearchAttributePair(LANE, lane),
         SearchAttributePair(KIND, kind),
     ]
     if organization_id:
-        pairs.append(SearchAttributePair(ORGANIZATION_ID, organization_id))
+        pairs.append(
+            SearchAttributePair(ORGANIZATION_ID, bounded(organization_id, SEARCHABLE_BYTES))
+        )
     return TypedSearchAttributes(pairs)
 
 
@@ -92,7 +118,7 @@ def attempt_activity_id(attempt: int) -> str:
 
 def attempt_summary(plan: DriverPlan) -> str:
     """What the Temporal UI shows for an attempt: `<agentId> <kind> attempt <n>`."""
-    return f"{plan.agent_id} {plan.kind} attempt {plan.attempt}"
+    return f"{bounded(plan.agent_id, SUMMARY_BYTES)} {plan.kind} attempt {plan.attempt}"
 
 
 def worker_lost_timeout(plan: DriverPlan) -> timedelta:

@@ -78,6 +78,14 @@ WHERE q.held_back;
 SELECT held, mine, took
 FROM dispatch_claim(%(job_id)s, %(organization_id)s, %(worker_queue)s, %(cap)s);
 
+-- name: dispatch_release
+-- The slot of a job still queued whose start failed (nothing delivers it): given back. A job a
+-- delivery holds (leased, running) keeps its slot until it settles.
+DELETE FROM dispatch_slots s
+USING jobs j
+WHERE s.job_id = %(job_id)s AND j.job_id = s.job_id AND j.status = 'queued'
+RETURNING s.job_id;
+
 -- name: dispatch_freed
 -- The jobs a slot given back lets start: the oldest waiting jobs of the settled job's
 -- organization on its queue, as many as its slots free there (dispatch_queue's rule, for one

@@ -54,6 +54,7 @@ class PassResult:
     redriven: int = 0
     skipped: int = 0
     callbacks: int = 0
+    failed: int = 0
 
 
 class QueuedRedrive:
@@ -108,10 +109,20 @@ class QueuedRedrive:
                     continue
                 try:
                     started = await self.starter.start(job_id)
-                except Exception:
-                    # Nothing was delivered: give the observed state back to the next pass.
+                except Exception as exc:
+                    # Nothing was delivered: give the observed state back to the next pass, and
+                    # go on with the others (one job Temporal refuses must not end every pass
+                    # before the jobs after it, and the callbacks owed).
                     await deliveries.release_redrive(self.store, job_id, seq, attempt)
-                    raise
+                    result.failed += 1
+                    metrics.REDRIVE_FAILURES.inc()
+                    log.error(
+                        "queued job redrive failed: %s",
+                        exc,
+                        extra={"event": "redrive.failed", "jobId": job_id},
+                        exc_info=True,
+                    )
+                    continue
                 if not started.created:
                     # An open delivery (or none possible): the key must not be spent, or this
                     # queue state could never be redriven once that delivery closes. Its cooldown

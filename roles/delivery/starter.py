@@ -29,7 +29,7 @@ from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import JobTiming, TimingSettings, derive
 from roles.infra.tracing import attach_traceparent, detach, job_trace
-from workflows.driver import search_attributes
+from workflows.driver import SUMMARY_BYTES, bounded, search_attributes
 
 log = logging.getLogger("roles.delivery.starter")
 _tracer = trace.get_tracer("receipt.starter")
@@ -149,6 +149,12 @@ class DriverStarter:
                 # Closed but unrecorded (the bookkeeping was lost): advance past it.
                 generation += 1
                 continue
+            except Exception:
+                # Nothing was started: a slot taken for this start is given back (the job takes
+                # one again when a start succeeds), not held by a job nothing delivers.
+                if share is not None:
+                    await fairness.release(self.store, job_id)
+                raise
             finally:
                 detach(token)
             # Bookkeeping (receipts/bookkeeping.py): the ledger row is queued, and the generation
@@ -214,7 +220,10 @@ class DriverStarter:
             search_attributes=search_attributes(
                 job.job_id, job.agent_id, job.lane, job.kind, job.organization_id
             ),
-            static_summary=f"deliver {job.agent_id} {job.kind} (generation {generation})",
+            static_summary=(
+                f"deliver {bounded(job.agent_id, SUMMARY_BYTES)} {job.kind} "
+                f"(generation {generation})"
+            ),
             request_eager_start=self.eager_start,
         )
         return handle.result_run_id or "", _eagerly_started(handle)

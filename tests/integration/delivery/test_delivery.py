@@ -30,6 +30,7 @@ from tests.integration.delivery.conftest import (
     wait_for_status,
 )
 from tests.integration.helpers import body, new_id, put, types
+from workflows.driver import AGENT_ID
 
 SETTLED = ("job.completed", "job.failed", "job.canceled")
 
@@ -102,6 +103,22 @@ async def test_unknown_agent_fails_without_retry_on_the_chat_queue(
         done = await wait_for_status(fresh_store, job.job_id)
     assert (done.status, done.error, done.attempt) == ("failed", "No handler for agent 'nobody'", 1)
     assert done.result == {"status": "failed"}
+
+
+async def test_an_agent_id_temporal_could_not_index_whole_is_delivered_all_the_same(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    """200 emoji are an agent id the API takes (200 characters) but 2 400 bytes as Temporal counts
+    a search attribute (its limit 2 048): the start was refused, so the job stayed queued for
+    ever. Temporal is shown a bounded prefix; the job keeps its id and meets the spec's end."""
+    agent = "\U0001f600" * 200
+    async with running_stack(client, fresh_store, fresh_db, queues=("receipt-chat",)):
+        job = (await put(fresh_store, agent=agent)).job
+        done = await wait_for_status(fresh_store, job.job_id)
+        handle = client.get_workflow_handle(job.job_id)
+        shown = (await handle.describe()).typed_search_attributes.get(AGENT_ID)
+    assert (done.status, done.error) == ("failed", f"No handler for agent '{agent}'")
+    assert shown is not None and agent.startswith(shown[:-1]) and shown.endswith("\u2026")
 
 
 async def test_a_kind_an_agent_does_not_run_fails_naming_both(

@@ -13,14 +13,16 @@ import collections
 import contextlib
 from typing import Any
 
+import psycopg
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.handlers.context import HandlerContext
-from receipts import deliveries, fairness
+from receipts import deliveries, fairness, metrics
 from receipts import operations as ops
 from receipts.store import Store
 from roles.delivery.loops import QueuedRedrive
-from roles.delivery.starter import HELD_BACK
+from roles.delivery.starter import HELD_BACK, DriverStarter
 from roles.infra.settings import LoopSettings
 from tests.integration.delivery.conftest import Stack, running_stack, wait_for_status
 from tests.integration.helpers import put
@@ -182,3 +184,43 @@ async def test_a_delayed_job_waits_without_a_driver_and_is_dispatched_when_due(
     receipts = await fresh_store.read_stream(f"jobs/{job.job_id}")
     leased = next(r for r in receipts if r.type == "job.leased")
     assert leased.recorded_at >= job.available_at
+
+
+class RefusingStarter(DriverStarter):
+    """A starter whose Temporal refuses one job's start (as it refused a search attribute over
+    its size limit): the fault is injected at the one call, everything else is real."""
+
+    def __init__(self, starter: DriverStarter, refused: str) -> None:
+        super().__init__(starter.client, starter.store, starter.settings, starter.timing)
+        self.refused = refused
+
+    async def _start_driver(self, job: Any, *args: Any) -> tuple[str, bool]:
+        if job.job_id == self.refused:
+            raise RPCError(
+                "search attribute value size exceeds limit", RPCStatusCode.INVALID_ARGUMENT, b""
+            )
+        return await super()._start_driver(job, *args)
+
+
+async def test_a_job_temporal_refuses_neither_stops_the_redrive_nor_keeps_a_slot(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    """One job whose start Temporal refuses ended every redrive pass before the jobs after it
+    (and the callbacks owed), and kept the organization's dispatch slot it took for the start."""
+    async with starter_only(client, fresh_store, fresh_db, "codex=3") as stack:
+        refused = (await put(fresh_store, org="org-a")).job.job_id
+        others = [(await put(fresh_store, org="org-a")).job.job_id for _ in range(2)]
+        failures = metrics.value("receipt_redrive_failures_total")
+        refusing = RefusingStarter(stack.starter, refused)
+        result = await QueuedRedrive(fresh_store, refusing, stack.settings, NOW).run_once()
+        assert (result.failed, result.redriven) == (1, 2)  # the jobs after it were started
+        assert metrics.value("receipt_redrive_failures_total") == failures + 1
+        async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+            cur = await conn.execute("SELECT job_id FROM dispatch_slots")
+            holders = {row[0] for row in await cur.fetchall()}
+        assert holders == set(others)  # the refused job's slot was given back
+        # Temporal takes it now: the next pass starts it in the slot it gave back.
+        again = await QueuedRedrive(fresh_store, stack.starter, stack.settings, NOW).run_once()
+        assert (again.failed, again.redriven) == (0, 1)
+        latest = (await deliveries.job_and_latest(fresh_store, refused))[1]
+        assert latest is not None and latest.generation == 0
