@@ -200,11 +200,7 @@ class AttemptActivities:
             self._heartbeats(attempt, fence, ctx.commands_arrived), name="heartbeats"
         )
         try:
-            done, _ = await asyncio.wait(
-                {handler_task, beat_task},
-                timeout=attempt.execution_timeout_ms / 1000,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            done = await _wait_out(handler_task, beat_task, ctx.deadline, fence)
             if handler_task in done:
                 return await settle.handler_done(handler_task, time.monotonic() - started)
             if beat_task in done:
@@ -289,6 +285,70 @@ class AttemptActivities:
                 if out.job is not None and out.job.abort_requested:
                     return "aborted", out.job.abort_reason
                 next_beat = time.monotonic() + interval
+
+
+async def _wait_out(
+    handler: asyncio.Task[Any],
+    beats: asyncio.Task[Any],
+    deadline: float | None,
+    fence: AttemptFence,
+) -> set[asyncio.Task[Any]]:
+    """Wait for the handler or the heartbeats to end, at most until the execution `deadline`
+    (event-loop time); what ended.
+
+    Temporal cancelling the activity for any reason but this worker's shutdown does not stop
+    the attempt: the delivery still holds the job's lease under its fence. The driver's window
+    closed (an attempt that waited long for a worker, or a redelivery, starts late in it) or its
+    run ended: the handler runs on to its end or its execution timeout and settles under the
+    fence as ever, and the driver's next run waits for the job on its receipts (a live lease),
+    its stale-lease rule covering this worker's death. Cancelling the handler there instead
+    left the job leased to nobody until its lease expired, and cost it an attempt."""
+    loop = asyncio.get_running_loop()
+    # Once detached, the worker's shutdown is watched for itself (Temporal cancels an activity
+    # once): it releases the job as a cancelled attempt's shutdown does.
+    shutdown: asyncio.Task[None] | None = None
+    try:
+        while True:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            watched = {handler, beats} | ({shutdown} if shutdown else set())
+            try:
+                done, _ = await asyncio.wait(
+                    watched, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+            except asyncio.CancelledError:
+                if activity.is_worker_shutdown():
+                    raise
+                current = asyncio.current_task()
+                assert current is not None
+                current.uncancel()  # the rest of the attempt runs as if never cancelled
+                if shutdown is None:
+                    shutdown = asyncio.create_task(activity.wait_for_worker_shutdown())
+                    reason = _cancel_reason(activity.cancellation_details())
+                    metrics.ATTEMPTS_DETACHED.labels(reason).inc()
+                    _log(
+                        logging.WARNING,
+                        "Temporal cancelled the attempt; it runs on under its lease",
+                        "attempt.detached",
+                        fence,
+                        reason=reason,
+                    )
+                continue
+            if shutdown is not None and shutdown in done:
+                raise asyncio.CancelledError  # the worker stops: released by the caller
+            return done
+    finally:
+        if shutdown is not None:
+            await _cancel(shutdown)
+
+
+def _cancel_reason(details: activity.ActivityCancellationDetails | None) -> str:
+    """Why Temporal cancelled an activity, as a metric label."""
+    if details is None:
+        return "unknown"
+    for reason in ("timed_out", "not_found", "cancel_requested", "paused", "reset"):
+        if getattr(details, reason):
+            return reason
+    return "unknown"
 
 
 def _log(level: int, message: str, event: str, fence: AttemptFence, **extra: Any) -> None:

@@ -205,6 +205,13 @@ LEASE_EXPIRATIONS = Counter(
     "receipt_lease_expirations", "job.lease_expired receipts appended by the scan."
 )
 REDRIVES = Counter("receipt_redrive_dispatches", "Queued-job redrive dispatches.")
+ATTEMPTS_DETACHED = Counter(
+    "receipt_attempts_detached",
+    "Attempts Temporal cancelled (the driver's window closed, its run ended) that ran on under "
+    "their lease and settled through the fence; by Temporal's reason (not_found: the activity "
+    "timed out or its driver's run ended). Logged attempt.detached.",
+    ["reason"],
+)
 REDRIVE_FAILURES = Counter(
     "receipt_redrive_failures",
     "Queued-job redrives whose start failed (logged redrive.failed with the job id; the pass "
