@@ -205,6 +205,11 @@ LEASE_EXPIRATIONS = Counter(
     "receipt_lease_expirations", "job.lease_expired receipts appended by the scan."
 )
 REDRIVES = Counter("receipt_redrive_dispatches", "Queued-job redrive dispatches.")
+CALLBACK_RECOVERIES_FAILED = Counter(
+    "receipt_callback_recoveries_failed",
+    "Owed callbacks the redrive pass could not recover (logged callback.recovery_failed; the "
+    "others went on, and the row is looked at again).",
+)
 ATTEMPTS_DETACHED = Counter(
     "receipt_attempts_detached",
     "Attempts Temporal cancelled (the driver's window closed, its run ended) that ran on under "

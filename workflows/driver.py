@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.common import (
@@ -51,6 +51,10 @@ SEARCH_ATTRIBUTES = (JOB_ID, AGENT_ID, LANE, KIND, ORGANIZATION_ID)
 # `JobDriver`, which every dispatch starts now, has no such branch, so no marker per run.
 ATTEMPT_AS_ACTIVITY = "attempt-as-activity"
 CALLBACK_EVENTS = frozenset({"dispatched", *TERMINAL_STATUSES})
+# Drivers recorded before it posted `dispatched` before scheduling the attempt and replay that
+# way; later ones post it beside the attempt. Only a driver that posts callbacks asks, so a
+# deployment without callback URLs records no marker.
+DISPATCHED_BESIDE_ATTEMPT = "dispatched-beside-attempt"
 # Patient enough to ride out a database restart (about a minute of retries).
 PREPARE_RETRY = RetryPolicy(
     maximum_attempts=12,
@@ -163,8 +167,14 @@ class _Driver:
         if plan.action != DriverAction.DISPATCH:
             return str(plan.action)
 
+        dispatched: workflow.ActivityHandle[Any] | None = None
         if not request.dispatched_posted:
-            await self._callback(request, "dispatched")
+            if request.callbacks and workflow.patched(DISPATCHED_BESIDE_ATTEMPT):
+                # Posted beside the attempt, not before it: a receiver that never answers
+                # (three tries of 5 s) no longer delays every job's start.
+                dispatched = self._start_callback(request, "dispatched")
+            else:
+                await self._callback(request, "dispatched")
             request.dispatched_posted = True
         attempt = AttemptInput(
             job_id=request.job_id,
@@ -178,6 +188,8 @@ class _Driver:
             deliveries=request.deliveries,
         )
         result = await self._run_attempt(request, plan, attempt)
+        if dispatched is not None:  # before the terminal callback, or the next run
+            await self._callback_done(request, dispatched)
         if result.job_status in TERMINAL_STATUSES:
             await self._callback(request, result.job_status)
             return result.job_status
@@ -274,13 +286,21 @@ class _Driver:
     async def _callback(self, request: DriverInput, event: str) -> None:
         if not request.callbacks or event not in CALLBACK_EVENTS:
             return
+        await self._callback_done(request, self._start_callback(request, event))
+
+    def _start_callback(self, request: DriverInput, event: str) -> workflow.ActivityHandle[Any]:
+        return workflow.start_activity(
+            POST_CALLBACKS,
+            CallbackRequest(request.job_id, event),
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=CALLBACK_RETRY,
+        )
+
+    async def _callback_done(
+        self, request: DriverInput, callback: workflow.ActivityHandle[Any]
+    ) -> None:
         try:
-            await workflow.execute_activity(
-                POST_CALLBACKS,
-                CallbackRequest(request.job_id, event),
-                start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=CALLBACK_RETRY,
-            )
+            await callback
         except ActivityError:
             workflow.logger.warning("callback activity failed", extra={"jobId": request.job_id})
 

@@ -41,8 +41,13 @@ OUTBOX_BATCH = 200
 # callbacks); the first pass waits this long after start, so a process restarting beside a
 # running fleet does not redrive what the others are delivering.
 REDRIVE_BATCH = 200
-# Batches of owed callbacks one pass goes through at most (a backlog drains over passes).
+# Batches of owed callbacks one pass goes through at most (a backlog drains over passes), and
+# how: posted this many at a time, none started once the pass has spent its budget on them (a
+# receiver that never answers costs each post its three tries of 5 s, and the pass's lease
+# expiry and redrive wait for it).
 CALLBACK_BATCHES = 10
+CALLBACK_POSTS_AT_ONCE = 8
+CALLBACK_PASS_BUDGET_S = 10.0
 REDRIVE_STARTUP_DELAY_MS = 5_000
 
 
@@ -165,15 +170,35 @@ class QueuedRedrive:
         if not urls:
             await deliveries.drop_owed_callbacks(self.store)
             return 0
+        http = self.http
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + CALLBACK_PASS_BUDGET_S
+        at_once = asyncio.Semaphore(CALLBACK_POSTS_AT_ONCE)
+
+        async def recover(job_id: str, event: str) -> int:
+            async with at_once:
+                if loop.time() > ends:
+                    return 0  # still owed: the next pass
+                try:
+                    job = await self.store.get_job(job_id)
+                    posted = 0
+                    if job is not None:
+                        posted = await post_callbacks(self.store, self.settings, http, job, event)
+                    await deliveries.settle_owed_callback(self.store, job_id, urls)
+                    return posted
+                except Exception:
+                    metrics.CALLBACK_RECOVERIES_FAILED.inc()
+                    log.exception(
+                        "owed callback not recovered",
+                        extra={"event": "callback.recovery_failed", "jobId": job_id},
+                    )
+                    return 0
+
         posted = 0
         for _ in range(CALLBACK_BATCHES):  # a full batch: more are due, go on (bounded)
             owed = await deliveries.callbacks_owed(self.store, limit=REDRIVE_BATCH)
-            for job_id, event in owed:
-                job = await self.store.get_job(job_id)
-                if job is not None:
-                    posted += await post_callbacks(self.store, self.settings, self.http, job, event)
-                await deliveries.settle_owed_callback(self.store, job_id, urls)
-            if len(owed) < REDRIVE_BATCH:
+            posted += sum(await asyncio.gather(*(recover(*row) for row in owed)))
+            if len(owed) < REDRIVE_BATCH or loop.time() > ends:
                 break
         return posted
 

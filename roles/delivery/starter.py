@@ -232,9 +232,9 @@ class DriverStarter:
         """The first run's plan when this starter may plan and the job just read is plainly
         deliverable (queued, no abort, no `availableAt`); otherwise None, and the driver reads
         the job itself. The attempt's lease re-checks all of it under the fence, so a plan gone
-        stale in between is refused there, never acted on. Not with callbacks: the driver posts
-        `dispatched` before the attempt, and only its own read keeps that callback from
-        announcing a job settled in between."""
+        stale in between is refused there, never acted on. Not with callbacks: their driver
+        reads the job itself first, so no `dispatched` post is made for a job that read found
+        settled."""
         if not self.plan_first_run or self.settings.callback_urls:
             return None
         # No clock was read: a job with any `availableAt` is left to the driver's own read.

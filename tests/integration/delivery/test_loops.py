@@ -294,6 +294,50 @@ async def test_one_recovery_pass_goes_through_more_than_one_batch_of_owed_callba
     assert await deliveries.callbacks_owed(fresh_store, limit=owed) == []
 
 
+async def test_a_receiver_that_never_answers_holds_a_pass_for_its_budget_not_for_every_post(
+    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Owed callbacks were posted one after another in the pass that also expires leases and
+    redrives jobs: to a receiver that accepts and never answers, each cost its tries of 5 s, so
+    200 of them held that pass (and its lease expiry and redrive) for hours. They go 8 at a time
+    now, and none is started once the pass has spent its budget: the rest wait for the next."""
+    import httpx
+
+    from activities import driver as driver_activities
+    from roles.delivery import loops
+
+    monkeypatch.setattr(driver_activities, "CALLBACK_TRIES", 1)  # one 5 s timeout per post
+    monkeypatch.setattr(loops, "CALLBACK_PASS_BUDGET_S", 1.0)
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepted, never answered
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    try:
+        async with running_stack(
+            client, fresh_store, fresh_db, queues=(), dispatcher=False,
+            RECEIPT_EVENT_CALLBACK_URL=url,
+        ) as s:  # fmt: skip
+            jobs = [(await put(fresh_store)).job for _ in range(20)]
+            for job in jobs:  # settled outside a driver: each owes its terminal callback
+                await ops.cancel_queued(fresh_store, job.job_id, reason="test")
+            assert len(await deliveries.callbacks_owed(fresh_store, limit=50)) == 20
+            async with httpx.AsyncClient() as http:
+                redrive = QueuedRedrive(fresh_store, None, s.settings, NOW, http=http)
+                # Twenty posts one after another: 100 s. Eight at once, then the budget: 5 s.
+                await asyncio.wait_for(redrive.run_once(), 30)
+            left = await deliveries.callbacks_owed(fresh_store, limit=50)
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert len(held) == 8  # the first eight were posted; none was started past the budget
+    assert len(left) == 20 - 8  # the others are owed to the next pass
+
+
 async def test_a_role_that_posts_no_callbacks_leaves_the_owed_ones_alone(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:

@@ -115,6 +115,30 @@ async def test_delivery_histories_replay_under_the_sandbox(
             path.write_text(json.dumps(recorded, indent=1) + "\n")
 
 
+async def test_a_driver_that_posts_callbacks_replays_with_its_one_patch(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    """With callback URLs the driver posts `dispatched` beside the attempt, behind the
+    `dispatched-beside-attempt` patch (drivers recorded before it posted it first): one marker,
+    and the history replays under the sandbox."""
+    from tests.integration.delivery.receiver import Receiver
+
+    async with (
+        Receiver() as receiver,
+        running_stack(
+            client, fresh_store, fresh_db, queues=(QUEUE_CODEX,),
+            RECEIPT_EVENT_CALLBACK_URL=receiver.url,
+        ),
+    ):  # fmt: skip
+        job = (await put(fresh_store, agent="codex", payload_extra=task("true"))).job
+        assert (await wait_for_status(fresh_store, job.job_id)).status == "completed"
+        await receiver.wait_for(2)
+        (history,) = await closed_histories(client, f"ReceiptJobId = '{job.job_id}'", 1)
+    assert markers(history, PATCH_MARKER) == 1
+    assert attempt_activities(history) == 1
+    await replay_sandboxed([history])
+
+
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 PATCH_MARKER = "core_patch"
 
