@@ -89,6 +89,8 @@ class AttemptActivities:
         for agent_id in (*handlers, metrics.OTHER_AGENT):
             metrics.HANDLERS_ABANDONED.labels(metrics.agent_label(agent_id))
             metrics.HANDLER_PROGRESS_UNWRITTEN.labels(metrics.agent_label(agent_id))
+            for status in ("completed", "failed", "canceled"):
+                metrics.JOBS_FINISHED.labels(metrics.agent_label(agent_id), status)
 
     @activity.defn(name=EXECUTE_ATTEMPT)
     async def execute_attempt(self, attempt: AttemptInput) -> AttemptResult:

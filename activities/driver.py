@@ -185,6 +185,9 @@ class DriverActivities:
         self.settings = settings
         self.timing = timing
         self.http = client or httpx.AsyncClient()
+        if settings.callback_urls:  # each event's failures from 0: an alert sees the first
+            for event in ("dispatched", *TERMINAL_STATUSES):
+                metrics.CALLBACKS.labels(event, "failed")
 
     @activity.defn(name=PREPARE_DELIVERY)
     async def prepare_delivery(self, job_id: str) -> DriverPlan:

@@ -226,6 +226,8 @@ class ObjectiveControlOutboxRedrive:
         self.timeout_ms = timeout_ms
         self._running: asyncio.Task[int] | None = None
         self.coalesced = 0
+        # From 0, as the failures are (Ticker): `increase()` sees the first slow pass.
+        metrics.LOOP_SLOW.labels(self.name)
 
     @classmethod
     def of(

@@ -77,6 +77,7 @@ class WebhookDeliverer:
     async def run(self) -> None:
         """Claim and post until cancelled; a failing claim is logged and tried at the next poll."""
         interval = self.settings.poll_interval_ms / 1000
+        metrics.LOOP_FAILED.labels(self.name)  # from 0: an alert's increase() sees the first
         try:
             while True:
                 try:

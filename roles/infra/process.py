@@ -35,8 +35,8 @@ GC_THRESHOLDS = (50_000, 20, 100)
 
 # What a worker's shutdown may take beyond the handlers' grace: the cancelled attempts' ends (a
 # handler gets activities/attempt.py `HANDLER_CANCEL_S`, then its release is written) and the
-# pollers'. A pod's termination grace must exceed the grace, this margin and `CLOSE_S` (45 s
-# against the default 30 s grace: deploy/README.md).
+# pollers'. A pod's termination grace must exceed the grace, this margin, `CLOSE_S` and
+# `TASKS_END_S` (50 s against the default 30 s grace: deploy/README.md).
 SHUTDOWN_MARGIN = timedelta(seconds=10)
 EXIT_SHUTDOWN_STUCK = 1
 # What closing the runtime may take (its tasks, the bookkeeping writer's last flush, the pool),

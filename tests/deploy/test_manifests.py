@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from roles.infra.process import CLOSE_S, SHUTDOWN_MARGIN, TASKS_END_S
 from roles.infra.settings import CALLBACK_ROLES, DEFAULT_CONCURRENCY, DEFAULT_GRACE_MS
 from roles.role import ROLES, WORKER_QUEUES
 from tests.deploy.render import render
@@ -135,8 +136,41 @@ def test_every_role_has_a_deployment_with_probes_limits_and_security(
         for kind in ("requests", "limits"):
             assert set(container["resources"][kind]) == {"cpu", "memory"}, (role, kind)
 
-        assert pod["terminationGracePeriodSeconds"] > grace_s, role
+        # Past the whole of a stuck shutdown: the grace, the margin, the close, the tasks' end
+        # (Kubernetes must not SIGKILL the process while it writes its releases).
+        stuck_s = grace_s + SHUTDOWN_MARGIN.total_seconds() + CLOSE_S + TASKS_END_S
+        assert pod["terminationGracePeriodSeconds"] > stuck_s, role
         assert_restricted(pod, container, role)
+
+
+def mebibytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (`512Mi`, `7Gi`) in MiB."""
+    units = {"Mi": 1, "Gi": 1024}
+    return int(quantity[:-2]) * units[quantity[-2:]]
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_worker_codex_holds_its_commands_memory_within_its_own(overlay: str) -> None:
+    """Its concurrent commands, each at the sandbox's memory limit, and the worker fit the pod's
+    memory limit: 4 commands of 4 096 MiB in a 2 GiB pod let one command within its limit take
+    the pod (the kubelet kills the container, the worker and its other jobs with it)."""
+    objects = render(OVERLAYS[overlay])
+    config = next(
+        o for o in objects if o["kind"] == "ConfigMap" and "RECEIPT_SANDBOX_MEMORY_MB" in o["data"]
+    )
+    deployment = next(
+        o
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("worker-codex")
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    limit = mebibytes(container["resources"]["limits"]["memory"])
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    concurrency = int(
+        env.get("RECEIPT_RESONATE_EXECUTE_CONCURRENCY") or DEFAULT_CONCURRENCY["worker-codex"]
+    )
+    commands = int(config["data"]["RECEIPT_SANDBOX_MEMORY_MB"]) * concurrency
+    assert commands + 1024 <= limit, (overlay, commands, limit)
 
 
 def assert_restricted(pod: Obj, container: Obj, name: str) -> None:
