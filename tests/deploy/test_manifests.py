@@ -143,6 +143,41 @@ def test_every_role_has_a_deployment_with_probes_limits_and_security(
         assert_restricted(pod, container, role)
 
 
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_workspaces_are_one_volume_wherever_worker_codex_runs_more_than_one_pod(
+    overlay: str,
+) -> None:
+    """An objective's tasks, validate and publish share its workspace, and an agent job's
+    continuation its owner's, on whichever pod takes each: with more than one worker-codex pod,
+    /workspace must be one ReadWriteMany claim they all mount (an emptyDir per pod left task b on
+    another pod without task a's files), and worker-chat's planner mounts the same."""
+    objects = render(OVERLAYS[overlay])
+    ceilings = {
+        o["spec"]["scaleTargetRef"]["name"]: o["spec"]["maxReplicas"]
+        for o in objects
+        if o["kind"] == "HorizontalPodAutoscaler"
+    }
+    claims = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PersistentVolumeClaim"}
+
+    def workspace(role: str) -> tuple[int, Obj]:
+        name = f"receipt-{role}"
+        deployment = next(
+            o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == name
+        )
+        pods = max(deployment["spec"].get("replicas", 1), ceilings.get(name, 1))
+        volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        (volume,) = [v for v in volumes if v["name"] == "workspace"]
+        return pods, volume
+
+    pods, codex = workspace("worker-codex")
+    if pods == 1 and "emptyDir" in codex:
+        return
+    claim = codex.get("persistentVolumeClaim", {}).get("claimName")
+    assert claim in claims, (overlay, codex)
+    assert claims[claim]["spec"]["accessModes"] == ["ReadWriteMany"], (overlay, claim)
+    assert workspace("worker-chat")[1] == codex, overlay
+
+
 def mebibytes(quantity: str) -> int:
     """A Kubernetes memory quantity (`512Mi`, `7Gi`) in MiB."""
     units = {"Mi": 1, "Gi": 1024}
@@ -206,7 +241,13 @@ def test_every_role_has_a_pdb_and_every_worker_an_hpa(overlay: tuple[str, list[O
             target = hpa["spec"]["scaleTargetRef"]
             assert (target["kind"], target["name"]) == ("Deployment", f"receipt-{role}")
             assert hpa["spec"]["minReplicas"] <= deployment["spec"]["replicas"]
-            assert hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+            volumes = pod_spec(deployment)["volumes"]
+            per_pod = any(v["name"] == "workspace" and "emptyDir" in v for v in volumes)
+            if role == "worker-codex" and per_pod:
+                # A workspace per pod: one pod, until one volume is shared (the test below).
+                assert hpa["spec"]["maxReplicas"] == 1, role
+            else:
+                assert hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"], role
             env = {e["name"]: e.get("value") for e in pod_spec(deployment)["containers"][0]["env"]}
             assert int(env["RECEIPT_RESONATE_EXECUTE_CONCURRENCY"]) == DEFAULT_CONCURRENCY[role]
     assert set(hpas) == {f"receipt-{role}" for role in WORKER_QUEUES}
