@@ -100,9 +100,20 @@ async def jobs_page(
     return Page([Job.model_validate(s) for s in states], more)
 
 
+# How many jobs the console's counts and failed groups read at most: the newest (the most
+# recently failed); a history past it is counted as that many.
+CONSOLE_WINDOW = 10_000
+
+
 async def job_counts(store: Store, viewer: Viewer, filters: JobFilters) -> dict[str, int]:
-    """Jobs per status under `filters` (its status ignored), of those `viewer` may see."""
-    params = {**seen_by(viewer, None, "job_id"), **filters.params(), "status": None}
+    """Jobs per status under `filters` (its status ignored), of those `viewer` may see: of
+    the newest `CONSOLE_WINDOW` (their sum is that when there are more)."""
+    params = {
+        **seen_by(viewer, None, "job_id"),
+        **filters.params(),
+        "status": None,
+        "window": CONSOLE_WINDOW,
+    }
     with translate_errors():
         rows = await store.fetch("console_status_counts", params)
     return {str(status): int(count) for status, count in rows}
@@ -121,8 +132,14 @@ class FailedGroup:
 async def failed_groups(
     store: Store, viewer: Viewer, agent_id: str | None, limit: int
 ) -> list[FailedGroup]:
-    """The largest groups of failed jobs `viewer` may see, largest first."""
-    params = {**seen_by(viewer, None, "job_id"), "agent_id": agent_id, "limit": limit}
+    """The largest groups of failed jobs `viewer` may see, largest first, among the
+    `CONSOLE_WINDOW` most recently failed."""
+    params = {
+        **seen_by(viewer, None, "job_id"),
+        "agent_id": agent_id,
+        "limit": limit,
+        "window": CONSOLE_WINDOW,
+    }
     with translate_errors():
         rows = await store.fetch("console_failed_groups", params)
     return [FailedGroup(*row) for row in rows]

@@ -1,27 +1,38 @@
 -- Statements of retries and the operator console (receipts/retry.py, roles/api/console/).
 
 -- name: console_status_counts
--- Jobs per status under the console's filters (the same visibility rule as api_list_jobs).
+-- Jobs per status under the console's filters (the same visibility rule as api_list_jobs), of
+-- the newest `window` of them (jobs_list_idx, jobs_created_idx): bounded work per page however
+-- long the history retention keeps (a count of every job read them all on each load).
 SELECT status, count(*)
-FROM jobs
-WHERE (%(all_organizations)s::boolean OR organization_id = %(caller_organization_id)s::text)
-  AND (%(organization_id)s::text IS NULL OR organization_id = %(organization_id)s::text)
-  AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s::text)
-  AND (%(lane)s::text IS NULL OR lane = %(lane)s::text)
-  AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s::text)
-  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+FROM (
+    SELECT status FROM jobs
+    WHERE (%(all_organizations)s::boolean OR organization_id = %(caller_organization_id)s::text)
+      AND (%(organization_id)s::text IS NULL OR organization_id = %(organization_id)s::text)
+      AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s::text)
+      AND (%(lane)s::text IS NULL OR lane = %(lane)s::text)
+      AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s::text)
+      AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+    ORDER BY created_at DESC, job_id DESC
+    LIMIT %(window)s
+) newest
 GROUP BY status;
 
 -- name: console_failed_groups
 -- Failed jobs not yet retried, grouped by agent and error, largest group first (no agent job's
 -- turn: its job retries its own turns, so a group of them could never be retried here).
+-- Of the `window` most recently failed (jobs_status_updated_idx): bounded work per page.
 SELECT agent_id, coalesce(state ->> 'error', ''), count(*), max(updated_at)
-FROM jobs
-WHERE status = 'failed'
-  AND state ->> 'retriedAs' IS NULL
-  AND kind <> 'agent_job.turn'
-  AND (%(all_organizations)s::boolean OR organization_id = %(caller_organization_id)s::text)
-  AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s::text)
+FROM (
+    SELECT agent_id, state, updated_at FROM jobs
+    WHERE status = 'failed'
+      AND state ->> 'retriedAs' IS NULL
+      AND kind <> 'agent_job.turn'
+      AND (%(all_organizations)s::boolean OR organization_id = %(caller_organization_id)s::text)
+      AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s::text)
+    ORDER BY updated_at DESC
+    LIMIT %(window)s
+) newest
 GROUP BY agent_id, coalesce(state ->> 'error', '')
 ORDER BY count(*) DESC, max(updated_at) DESC
 LIMIT %(limit)s;

@@ -260,6 +260,30 @@ async def test_failed_work_groups_by_agent_and_error_and_retries_a_group(
     assert "job.retried" not in await types(store, rid(ids[2]))
 
 
+async def test_counts_and_failed_groups_read_a_bounded_window_of_the_history(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jobs page counted every job of the history on each load, and failed work grouped every
+    failed job (a parallel scan of the table: 0.2 s at a million settled jobs, a timeout at some
+    tens of millions): both read the newest window now, and the page says so when it is full."""
+    from receipts import reads
+
+    monkeypatch.setattr(reads, "CONSOLE_WINDOW", 2)
+    agent = f"agent-{new_id()}"
+    async with api_client(db_url, store=store) as client:
+        for _ in range(3):
+            job_id = new_id()
+            await client.post(
+                f"/agents/{agent}/jobs", json=enqueue_body(jobId=job_id), headers=AS_A
+            )
+            await operations.fail_undeliverable(store, rid(job_id), error="disk full")
+        await sign_in(client, TOKEN_A)
+        jobs = await client.get("/console/jobs", params={"agentId": agent})
+        failed = await client.get("/console/failed", params={"agentId": agent})
+    assert re.search(r"failed <b>2</b>", jobs.text) and "of the newest 2" in jobs.text
+    assert "Retry all 2" in failed.text and "of the 2 that failed last" in failed.text
+
+
 async def test_docs_are_served_from_installed_assets(db_url: str, store: Store) -> None:
     async with api_client(db_url, store=store) as client:
         docs = await client.get("/docs")

@@ -278,6 +278,8 @@ async def jobs_page(request: Request) -> HTMLResponse:
         session=session,
         jobs=page,
         counts=[(status, counts.get(status, 0)) for status in STATUSES],
+        counted=sum(counts.values()),
+        window=reads.CONSOLE_WINDOW,
         filters=filters,
         statuses=STATUSES,
         lanes=LANES,
@@ -441,6 +443,7 @@ async def failed_page(request: Request) -> HTMLResponse:
         "failed.html",
         session=session,
         groups=groups,
+        window=reads.CONSOLE_WINDOW,
         agent_id=request.query_params.get("agentId") or "",
         notice=notice_of(request, session),
     )
