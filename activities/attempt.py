@@ -53,6 +53,9 @@ _abandoned: set[asyncio.Task[Any]] = set()
 # this rarely (the SDK throttles what it sends to 0.8 × the timeout).
 TEMPORAL_BEATS_PER_TIMEOUT = 4
 TEMPORAL_BEAT_MIN_S, TEMPORAL_BEAT_MAX_S = 0.2, 5.0
+# How often a detached attempt (Temporal cancelled it; it runs on under its lease) looks for a
+# redelivery that took its lease over.
+TAKEOVER_CHECK_S = 2.0
 
 
 def execution_timeout_message(timeout_ms: int) -> str:
@@ -110,16 +113,78 @@ class AttemptActivities:
             worker_id=worker_id,
         )
         alive = asyncio.create_task(
-            _temporal_heartbeats(info.heartbeat_timeout, self._beat_details(worker_id)),
+            temporal_heartbeats(info.heartbeat_timeout, self._beat_details(worker_id)),
             name=f"temporal-heartbeats:{worker_id}",
         )
         ledger(status="started")  # queued to the bookkeeping writer: no round trip here
         try:
-            result = await self._execute(attempt, worker_id)
+            result = await self._detachable(attempt, worker_id)
         finally:
             await _cancel(alive)
         ledger(status=result.status, detail={"jobStatus": result.job_status, "error": result.error})
         return result
+
+    async def _detachable(self, attempt: AttemptInput, worker_id: str) -> AttemptResult:
+        """The attempt (`_execute`), which Temporal's cancelling it does not stop unless this
+        worker shuts down.
+
+        The activity's cancellation for any other reason (`not_found`: its schedule-to-close,
+        the driver's window, closed, or the driver's run ended; an attempt that waited long for
+        a worker, or a redelivery, starts late in it) leaves the delivery holding the job's
+        lease: the attempt runs on to its end or its execution timeout and settles through the
+        fence, and the driver's next run waits for it on the receipts (a live lease; its stale
+        rule covers this worker's death). Cancelling the handler there left the job leased to
+        nobody until its lease expired, and cost it an attempt; a cancellation that came during
+        the lease or the settle did the same. Detached, the attempt still ends at once when
+        this worker shuts down (the job is released, as a shut-down attempt is) or when another
+        delivery takes the lease over (Temporal redelivered it: looked for every
+        `TAKEOVER_CHECK_S`, so two handlers never run on for a lease cadence)."""
+        running = asyncio.create_task(
+            self._execute(attempt, worker_id), name=f"attempt:{worker_id}"
+        )
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            if activity.is_worker_shutdown():
+                await _cancel(running)  # its own shutdown path releases the job
+                raise
+        current = asyncio.current_task()
+        assert current is not None
+        current.uncancel()  # the rest of the attempt runs as if never cancelled
+        fence = AttemptFence(self.store, attempt.job_id, attempt.attempt, worker_id)
+        reason = _cancel_reason(activity.cancellation_details())
+        metrics.ATTEMPTS_DETACHED.labels(reason).inc()
+        _log(
+            logging.WARNING,
+            "Temporal cancelled the attempt; it runs on under its lease",
+            "attempt.detached",
+            fence,
+            reason=reason,
+        )
+        shutdown = asyncio.create_task(activity.wait_for_worker_shutdown())
+        taken = asyncio.create_task(_until_taken_over(fence))
+        try:
+            done, _ = await asyncio.wait(
+                {running, shutdown, taken}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if running in done:
+                return running.result()
+            await _cancel(running)  # stops the handler; at shutdown, releases the job
+            if shutdown in done:
+                raise asyncio.CancelledError
+            _log(
+                logging.WARNING,
+                "another delivery took the detached attempt over; handler stopped",
+                "attempt.lease_lost",
+                fence,
+                status=AttemptStatus.LEASE_LOST,
+            )
+            return AttemptResult(
+                AttemptStatus.LEASE_LOST, worker_id=worker_id, error="taken over by a redelivery"
+            )
+        finally:
+            await _cancel(shutdown)
+            await _cancel(taken)
 
     def _beat_details(self, worker_id: str) -> dict[str, Any]:
         """What the Temporal UI shows as the attempt's last heartbeat: which delivery, where."""
@@ -202,7 +267,7 @@ class AttemptActivities:
             self._heartbeats(attempt, fence, ctx.commands_arrived), name="heartbeats"
         )
         try:
-            done = await _wait_out(handler_task, beat_task, ctx.deadline, fence)
+            done = await _wait_out(handler_task, beat_task, ctx.deadline)
             if handler_task in done:
                 return await settle.handler_done(handler_task, time.monotonic() - started)
             if beat_task in done:
@@ -290,57 +355,26 @@ class AttemptActivities:
 
 
 async def _wait_out(
-    handler: asyncio.Task[Any],
-    beats: asyncio.Task[Any],
-    deadline: float | None,
-    fence: AttemptFence,
+    handler: asyncio.Task[Any], beats: asyncio.Task[Any], deadline: float | None
 ) -> set[asyncio.Task[Any]]:
     """Wait for the handler or the heartbeats to end, at most until the execution `deadline`
-    (event-loop time); what ended.
+    (event-loop time); what ended."""
+    left = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
+    done, _ = await asyncio.wait(
+        {handler, beats}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+    )
+    return done
 
-    Temporal cancelling the activity for any reason but this worker's shutdown does not stop
-    the attempt: the delivery still holds the job's lease under its fence. The driver's window
-    closed (an attempt that waited long for a worker, or a redelivery, starts late in it) or its
-    run ended: the handler runs on to its end or its execution timeout and settles under the
-    fence as ever, and the driver's next run waits for the job on its receipts (a live lease),
-    its stale-lease rule covering this worker's death. Cancelling the handler there instead
-    left the job leased to nobody until its lease expired, and cost it an attempt."""
-    loop = asyncio.get_running_loop()
-    # Once detached, the worker's shutdown is watched for itself (Temporal cancels an activity
-    # once): it releases the job as a cancelled attempt's shutdown does.
-    shutdown: asyncio.Task[None] | None = None
-    try:
-        while True:
-            left = None if deadline is None else max(0.0, deadline - loop.time())
-            watched = {handler, beats} | ({shutdown} if shutdown else set())
-            try:
-                done, _ = await asyncio.wait(
-                    watched, timeout=left, return_when=asyncio.FIRST_COMPLETED
-                )
-            except asyncio.CancelledError:
-                if activity.is_worker_shutdown():
-                    raise
-                current = asyncio.current_task()
-                assert current is not None
-                current.uncancel()  # the rest of the attempt runs as if never cancelled
-                if shutdown is None:
-                    shutdown = asyncio.create_task(activity.wait_for_worker_shutdown())
-                    reason = _cancel_reason(activity.cancellation_details())
-                    metrics.ATTEMPTS_DETACHED.labels(reason).inc()
-                    _log(
-                        logging.WARNING,
-                        "Temporal cancelled the attempt; it runs on under its lease",
-                        "attempt.detached",
-                        fence,
-                        reason=reason,
-                    )
-                continue
-            if shutdown is not None and shutdown in done:
-                raise asyncio.CancelledError  # the worker stops: released by the caller
-            return done
-    finally:
-        if shutdown is not None:
-            await _cancel(shutdown)
+
+async def _until_taken_over(fence: AttemptFence) -> None:
+    """Return once the job's lease is no longer this delivery's (a detached attempt's check:
+    Temporal redelivered the attempt to another worker, which took the lease over and may have
+    settled the job since)."""
+    while True:
+        await asyncio.sleep(TAKEOVER_CHECK_S)
+        job = await fence.read()
+        if job is None or job.lease is None or job.lease.worker_id != fence.worker_id:
+            return
 
 
 def _cancel_reason(details: activity.ActivityCancellationDetails | None) -> str:
@@ -400,7 +434,7 @@ def _forget_abandoned(task: asyncio.Task[Any]) -> None:
         )
 
 
-async def _temporal_heartbeats(timeout: timedelta | None, details: Any) -> None:
+async def temporal_heartbeats(timeout: timedelta | None, details: Any) -> None:
     """Tell Temporal the attempt's worker is alive, every few seconds, until cancelled.
 
     Decoupled from the `job.heartbeat` receipts (which keep the lease's cadence): Temporal

@@ -21,6 +21,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from activities.sandbox_etc import EtcView
 from activities.sandbox_etc import bind_args as etc_bind_args
 from activities.sandbox_gateway import Access
+from receipts.durations import parse_duration
+from receipts.errors import InvalidInput
 from receipts.settings import ReceiptSettings, Whole
 
 log = logging.getLogger("activities.sandbox")
@@ -125,6 +127,14 @@ def _cgroup_setting(value: str) -> str:
 _Positive = Annotated[Whole, Field(ge=1)]
 
 
+def _duration(value: str) -> str:
+    try:
+        parse_duration(value, name="RECEIPT_WORKSPACE_RETENTION")
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+    return value
+
+
 def _agent_ids(raw: Any) -> Any:
     if isinstance(raw, str):
         return frozenset(a.strip() for a in raw.split(",") if a.strip())
@@ -158,6 +168,11 @@ class SandboxSettings(ReceiptSettings):
     data_dir: Path = Field(default=Path(".receipt"), alias="RECEIPT_DATA_DIR")
     workspace_root: Path = Field(
         default=Path(".receipt/workspaces"), alias="RECEIPT_WORKSPACE_ROOT"
+    )
+    # A workspace nothing has used for this long, whose owner (job, objective, agent job) is no
+    # longer active, is removed by worker-codex (activities/workspace_sweep.py; "0" keeps them).
+    workspace_retention: Annotated[str, AfterValidator(_duration)] = Field(
+        default="0", alias="RECEIPT_WORKSPACE_RETENTION"
     )
     egress_agents: Annotated[frozenset[str], BeforeValidator(_agent_ids)] = Field(
         default=frozenset(), alias="RECEIPT_SANDBOX_EGRESS_AGENTS"

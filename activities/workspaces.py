@@ -134,11 +134,13 @@ def _make_parents(workspace: Path, settings: SandboxSettings, uid: int | None) -
 
 def prepare_workspace(workspace: Path, settings: SandboxSettings) -> int | None:
     """Create the workspace (and its parents, traversable but not listable by the sandbox
-    uids), owned by the sandbox's host uid when the worker is root. Returns that uid (None: the
-    worker is not root, and the sandbox maps the worker's own uid)."""
+    uids), owned by the sandbox's host uid when the worker is root, and mark it used now (its
+    modification time). Returns that uid (None: the worker is not root, and the sandbox maps
+    the worker's own uid)."""
     uid = _sandbox_uid(workspace, settings)
     _make_parents(workspace, settings, uid)
     workspace.mkdir(mode=0o700, exist_ok=True)
+    os.utime(workspace)  # used now: the sweep keeps it (activities/workspace_sweep.py)
     if uid is not None and workspace.stat().st_uid != uid:
         os.chown(workspace, uid, uid)
     return uid

@@ -205,6 +205,16 @@ LEASE_EXPIRATIONS = Counter(
     "receipt_lease_expirations", "job.lease_expired receipts appended by the scan."
 )
 REDRIVES = Counter("receipt_redrive_dispatches", "Queued-job redrive dispatches.")
+WORKSPACES_REMOVED = Counter(
+    "receipt_workspaces_removed",
+    "Workspaces worker-codex removed (RECEIPT_WORKSPACE_RETENTION): idle past it with no active "
+    "owner, or the leftover of an interrupted removal. Logged workspace.removed.",
+    ["reason"],
+)
+WORKSPACE_REMOVALS_FAILED = Counter(
+    "receipt_workspace_removals_failed",
+    "Workspaces the sweep could not remove (logged workspace.remove_failed; tried next pass).",
+)
 CALLBACK_RECOVERIES_FAILED = Counter(
     "receipt_callback_recoveries_failed",
     "Owed callbacks the redrive pass could not recover (logged callback.recovery_failed; the "
@@ -213,8 +223,9 @@ CALLBACK_RECOVERIES_FAILED = Counter(
 ATTEMPTS_DETACHED = Counter(
     "receipt_attempts_detached",
     "Attempts Temporal cancelled (the driver's window closed, its run ended) that ran on under "
-    "their lease and settled through the fence; by Temporal's reason (not_found: the activity "
-    "timed out or its driver's run ended). Logged attempt.detached.",
+    "their lease to settle through the fence, unless a redelivery took the lease over (then "
+    "stopped); by Temporal's reason (not_found: the activity timed out, its driver's run ended, "
+    "or it was redelivered). Logged attempt.detached.",
     ["reason"],
 )
 REDRIVE_FAILURES = Counter(

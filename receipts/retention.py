@@ -432,3 +432,12 @@ async def _job_lines(store: Store, job_ids: list[str]) -> dict[str, dict[str, An
         job_id: {"jobId": job_id, "job": state, "receipts": receipts}
         for job_id, state, receipts in rows
     }
+
+
+async def workspace_owners_active(store: Store) -> list[tuple[str, str, str]]:
+    """`(organizationId, kind, ownerId)` of every owner whose workspace may be in use (the
+    workspace sweep's, activities/workspace_sweep.py): an unsettled job (`jobs`), an active
+    objective (`objectives`), an unfinished agent job or one with a turn still running, by its
+    workspace owner (`agent-jobs`)."""
+    rows = await store.fetch("workspace_owners_active", {})
+    return [(str(org), str(kind), str(owner)) for org, kind, owner in rows]

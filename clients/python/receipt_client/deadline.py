@@ -11,7 +11,8 @@ from receipt_client.settings import STREAM_READ_TIMEOUT_S
 
 # How far past the deadline a read of the event stream may end: a connection whose read timeout
 # would outlast the deadline by more is resumed with a shorter one (at most one reconnection
-# per SLACK_S, and only when a line arrives: the API sends a keepalive every 15 s).
+# per SLACK_S, and only when a line arrives: the API sends a keepalive every 15 s). A read is
+# given at least that long too, so a wait of 0 still reads a terminal job's stream to its end.
 SLACK_S = 1.0
 
 
@@ -42,11 +43,12 @@ class Deadline:
             raise WaitTimedOut(f"{self.what} did not end in time; it goes on") from cause
 
     def read_timeout(self) -> float:
-        """A stream's read timeout that ends by the deadline (past the API's keepalive else)."""
+        """A stream's read timeout that ends by the deadline, within SLACK_S (past the API's
+        keepalive without one)."""
         left = self.left()
-        return (
-            STREAM_READ_TIMEOUT_S if left is None else max(min(left, STREAM_READ_TIMEOUT_S), 0.01)
-        )
+        if left is None:
+            return STREAM_READ_TIMEOUT_S
+        return max(min(left, STREAM_READ_TIMEOUT_S), SLACK_S)
 
     def cuts(self, read: float) -> bool:
         """True when a read of up to `read` seconds started now could end more than `SLACK_S`

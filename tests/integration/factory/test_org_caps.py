@@ -66,7 +66,10 @@ async def test_dispatch_stops_at_the_caps_and_a_later_pass_dispatches_the_rest(
 
 async def test_the_active_cap_holds_as_the_queued_one_does(fresh_store: Store) -> None:
     store = fresh_store
+    # Two open jobs: one stands for the control job that runs the pass in production (the pass
+    # does not count its own), the other holds the organization's last active place.
     await plain_job(store, "busy", "org-e")
+    await plain_job(store, "busier", "org-e")
     await create_objective(store, "active-capped", TASKS[:2], org="org-e")
     result = await control.reconcile(
         store, "active-capped", CONTROL, caps=OrgCaps(max_queued=100, max_active=2)
@@ -103,6 +106,20 @@ async def test_the_control_handler_holds_dispatch_to_its_process_caps(fresh_stor
         receipts=FencedReceipts(fence, out.job.session_key, "org-f"),
         settings=HandlerSettings(org_caps=caps),
     )
-    # Its own job is one of the five: two tries with their monitors fill the rest.
+    # Five queued places (the running control job is not one): two tries with their monitors,
+    # and the third waits.
     result = await objective_control(ctx)
     assert result["dispatched"] == ["t0", "t1"] and result["held"] == ["t2"]
+
+
+async def test_caps_too_small_for_a_try_and_its_monitor_still_let_one_through(
+    fresh_store: Store,
+) -> None:
+    """A try and its monitor take two places: under `RECEIPT_ORG_MAX_QUEUED=1` no dispatch ever
+    fitted, and the objective waited for ever. An organization with no other open job gets one."""
+    store = fresh_store
+    await create_objective(store, "tiny", TASKS[:2], org="org-g")
+    first = await control.reconcile(
+        store, "tiny", CONTROL, caps=OrgCaps(max_queued=1, max_active=1)
+    )
+    assert first.dispatched == ["t0"] and first.held == ["t1"]

@@ -1,0 +1,85 @@
+"""Workspace retention (RECEIPT_WORKSPACE_RETENTION): a workspace nothing has used for the
+retention whose owner is no longer active is removed; one in use, or whose owner is active
+however long it has been quiet, is kept. Workspaces were kept for ever: a worker's volume filled
+with every standalone task's and settled objective's files until the kubelet evicted the pod."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from activities.sandbox_policy import SandboxSettings
+from activities.workspace_sweep import WorkspaceSweeper
+from activities.workspaces import (
+    agent_job_workspace,
+    job_workspace,
+    objective_workspace,
+    prepare_workspace,
+)
+from receipts import metrics
+from receipts import operations as ops
+from receipts.agent_jobs import lifecycle
+from receipts.store import Store
+from tests.integration.helpers import create_objective, put
+from tests.integration.test_agent_jobs import request
+
+DAY = 86_400
+
+
+def made(path: Path, days_idle: float) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "output.txt").write_text("kept until removed")
+    then = time.time() - days_idle * DAY
+    os.utime(path, (then, then))
+    return path
+
+
+async def test_idle_workspaces_of_owners_no_longer_active_are_removed(
+    fresh: tuple[Store, str], tmp_path: Path
+) -> None:
+    store, _ = fresh
+    settings = SandboxSettings(workspace_root=tmp_path, mode="none")
+    running = (await put(store, org="org-a")).job  # queued: active
+    settled = (await put(store, org="org-a")).job
+    await ops.cancel_queued(store, settled.job_id, reason="done")
+    recent = (await put(store, org="org-a")).job
+    await ops.cancel_queued(store, recent.job_id, reason="done")
+    await create_objective(store, "live-objective", org="org-a")  # active
+    waiting, _ = await lifecycle.create(store, request("agent-sweep"))  # queued: unfinished
+
+    keep = [
+        made(job_workspace("org-a", running.job_id, settings), 30),
+        made(job_workspace("org-a", recent.job_id, settings), 1),  # used within the retention
+        made(objective_workspace("org-a", "live-objective", settings), 30),
+        made(agent_job_workspace("org-a", waiting.workspace_owner_job_id, settings), 30),
+    ]
+    gone = [
+        made(job_workspace("org-a", settled.job_id, settings), 30),
+        made(objective_workspace("org-b", "long-gone", settings), 30),  # no such owner now
+        made(tmp_path / "orgs" / "org-a" / "jobs" / ".x.removing-0123abcd", 0),  # interrupted
+    ]
+    removed = metrics.value("receipt_workspaces_removed_total", reason="idle")
+    sweeper = WorkspaceSweeper(store, settings, timedelta(days=7))
+    assert await sweeper.run_once() == 3
+    assert [p.exists() for p in keep] == [True] * 4
+    assert [p.exists() for p in gone] == [False] * 3
+    assert metrics.value("receipt_workspaces_removed_total", reason="idle") == removed + 2
+    assert await sweeper.run_once() == 0
+
+    # A command starting in a workspace marks it used: the sweep keeps it from then on.
+    reused = made(job_workspace("org-a", "reused", settings), 30)
+    prepare_workspace(reused, settings)
+    assert await sweeper.run_once() == 0 and reused.exists()
+
+
+def test_the_retention_is_a_duration_and_zero_keeps_them() -> None:
+    import pytest
+
+    from receipts.settings import SettingsError
+
+    assert SandboxSettings.load({}).workspace_retention == "0"
+    assert SandboxSettings.load({"RECEIPT_WORKSPACE_RETENTION": "7d"}).workspace_retention == "7d"
+    with pytest.raises(SettingsError, match="RECEIPT_WORKSPACE_RETENTION"):
+        SandboxSettings.load({"RECEIPT_WORKSPACE_RETENTION": "a week"})
