@@ -315,7 +315,7 @@ class AttemptActivities:
         self, attempt: AttemptInput, fence: AttemptFence, arrived: asyncio.Event
     ) -> tuple[str, str | None]:
         """Append `job.heartbeat` at the lease's cadence until the fence is lost or an abort
-        arrives (Temporal hears from the attempt more often: `_temporal_heartbeats`).
+        arrives (Temporal hears from the attempt more often: `temporal_heartbeats`).
 
         Returns `(reason, detail)`: `("aborted", reason)` or a rejection status. An abort is
         noticed at the next heartbeat, or at once when this process's listener sees a command
@@ -367,14 +367,31 @@ async def _wait_out(
 
 
 async def _until_taken_over(fence: AttemptFence) -> None:
-    """Return once the job's lease is no longer this delivery's (a detached attempt's check:
-    Temporal redelivered the attempt to another worker, which took the lease over and may have
-    settled the job since)."""
+    """Return once the job is plainly no longer this delivery's (a detached attempt's check:
+    Temporal redelivered the attempt to another worker, which took the lease over, and maybe
+    settled the job since): another delivery holds its lease, or it is settled at two looks in
+    a row (the attempt's own settle ends the attempt between them) or gone. A read that fails
+    (the database away) answers nothing: looked at again."""
+    settled_before = False
     while True:
         await asyncio.sleep(TAKEOVER_CHECK_S)
-        job = await fence.read()
-        if job is None or job.lease is None or job.lease.worker_id != fence.worker_id:
+        try:
+            job = await fence.read()
+        except Exception as exc:
+            log.warning(
+                "a detached attempt could not read its job: %s",
+                exc,
+                extra={"event": "attempt.detached_read_failed", "jobId": fence.job_id},
+            )
+            continue
+        if job is None:
             return
+        if job.lease is not None and job.lease.worker_id != fence.worker_id:
+            return
+        settled = job.terminal
+        if settled and settled_before:
+            return
+        settled_before = settled
 
 
 def _cancel_reason(details: activity.ActivityCancellationDetails | None) -> str:

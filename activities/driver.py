@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -16,7 +15,6 @@ import httpx
 from opentelemetry import trace
 from temporalio import activity
 
-from activities.attempt import temporal_heartbeats
 from activities.names import JOB_DRIVER_WORKFLOW, POST_CALLBACKS, PREPARE_DELIVERY
 from activities.storage_retry import with_storage_retry
 from receipts import deliveries, metrics
@@ -251,20 +249,10 @@ class DriverActivities:
     @activity.defn(name=POST_CALLBACKS)
     async def post_callbacks(self, request: CallbackRequest) -> int:
         """Post the job's callback for `request.event` to every configured URL, once per URL."""
-        # Temporal hears from it while it posts (tries of 5 s): a driver that dies mid-post has
-        # its callback tried again within the heartbeat timeout, not its 60 s start-to-close
-        # (the driver waits for `dispatched` before it posts the terminal one).
-        timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
-        alive = asyncio.create_task(temporal_heartbeats(timeout, None))
-        try:
-            job = await with_storage_retry(lambda: self.store.get_job(request.job_id), what="read")
-            if job is None:
-                return 0
-            return await post_callbacks(self.store, self.settings, self.http, job, request.event)
-        finally:
-            alive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await alive
+        job = await with_storage_retry(lambda: self.store.get_job(request.job_id), what="read")
+        if job is None:
+            return 0
+        return await post_callbacks(self.store, self.settings, self.http, job, request.event)
 
 
 def _status_after(out: ops.Outcome, job: Job) -> str:

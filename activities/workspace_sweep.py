@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections import defaultdict
@@ -89,6 +91,7 @@ class WorkspaceSweeper:
                 path.rename(moved)
             else:
                 moved = path
+            _unlock(moved)
             shutil.rmtree(moved)
         except FileNotFoundError:
             return False  # another worker's pass (a shared volume) took it first
@@ -114,22 +117,37 @@ class WorkspaceSweeper:
 
 def stale(root: Path, active: Active, cutoff: float) -> list[Path]:
     """The workspaces under `root` (`<root>/<organization>/<kind>/<name>`) last used before
-    `cutoff` (a time.time()) and not `active`, oldest first, with the leftovers of interrupted
-    removals."""
+    `cutoff` (a time.time()) and not `active`, oldest first, then the leftovers of interrupted
+    removals (last: a leftover that keeps failing never takes an idle workspace's turn)."""
     found: list[tuple[float, Path]] = []
     for organization in _directories(root):
         for kind in KINDS:
             in_use = active.get((organization.name, kind), set())
             for entry in _directories(organization / kind):
                 if entry.name.startswith(".") and REMOVING in entry.name:
-                    found.append((0.0, entry))
+                    found.append((math.inf, entry))
                     continue
                 if entry.name in in_use:
                     continue
-                modified = entry.stat(follow_symlinks=False).st_mtime
+                try:
+                    modified = entry.stat(follow_symlinks=False).st_mtime
+                except FileNotFoundError:
+                    continue  # another worker's pass (a shared volume) moved it just now
                 if modified < cutoff:
                     found.append((modified, entry))
     return [path for _, path in sorted(found)]
+
+
+def _unlock(top: Path) -> None:
+    """Give the worker back every directory of a workspace about to be deleted: a command may
+    have taken the permissions off one (`chmod 000`), which would leave it undeletable. The
+    workspace is idle and renamed aside: no command of it runs. Symlinks are never followed."""
+    os.chmod(top, stat.S_IRWXU)
+    for directory, subdirectories, _ in os.walk(top):
+        for name in subdirectories:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                os.chmod(path, stat.S_IRWXU)
 
 
 def _directories(path: Path) -> list[Path]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from temporalio import workflow
 from temporalio.common import (
@@ -48,15 +48,9 @@ SEARCH_ATTRIBUTES = (JOB_ID, AGENT_ID, LANE, KIND, ORGANIZATION_ID)
 
 # Drivers of the legacy type (`JobDriverWorkflow`) recorded before this patch started each
 # attempt as a `JobAttemptWorkflow` child and replay down that path; later ones took the patch.
-# `JobDriver`, which every dispatch starts now, has no such branch: without callback URLs no
-# marker per run (with them, `DISPATCHED_BESIDE_ATTEMPT`'s, once per job).
+# `JobDriver`, which every dispatch starts now, has no such branch, so no marker per run.
 ATTEMPT_AS_ACTIVITY = "attempt-as-activity"
 CALLBACK_EVENTS = frozenset({"dispatched", *TERMINAL_STATUSES})
-# Drivers recorded before it posted `dispatched` before scheduling the attempt and replay that
-# way; later ones post it beside the attempt. Only a driver that posts callbacks asks (its
-# first run, once), so a deployment without callback URLs records no marker. Deprecate it
-# (`deprecate_patch`) once no driver that started before it can be open (README, "Upgrading").
-DISPATCHED_BESIDE_ATTEMPT = "dispatched-beside-attempt"
 # Patient enough to ride out a database restart (about a minute of retries).
 PREPARE_RETRY = RetryPolicy(
     maximum_attempts=12,
@@ -67,8 +61,6 @@ PREPARE_RETRY = RetryPolicy(
 # driver then fails, and the redrive starts the next generation from the receipts.
 PREPARE_SCHEDULE_TO_CLOSE = timedelta(minutes=3)
 CALLBACK_RETRY = RetryPolicy(maximum_attempts=2, initial_interval=timedelta(seconds=1))
-# A callback activity whose driver died mid-post is tried again this soon (it heartbeats).
-CALLBACK_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # Time the attempt may spend around the handler: lease/start-fence, re-read, settle retries.
 SETTLE_MARGIN = timedelta(seconds=30)
 # The attempt ends this long before the driver's run would time out, so the driver itself sees
@@ -171,14 +163,8 @@ class _Driver:
         if plan.action != DriverAction.DISPATCH:
             return str(plan.action)
 
-        dispatched: workflow.ActivityHandle[Any] | None = None
         if not request.dispatched_posted:
-            if request.callbacks and workflow.patched(DISPATCHED_BESIDE_ATTEMPT):
-                # Posted beside the attempt, not before it: a receiver that never answers
-                # (three tries of 5 s) no longer delays every job's start.
-                dispatched = self._start_callback(request, "dispatched")
-            else:
-                await self._callback(request, "dispatched")
+            await self._callback(request, "dispatched")
             request.dispatched_posted = True
         attempt = AttemptInput(
             job_id=request.job_id,
@@ -192,8 +178,6 @@ class _Driver:
             deliveries=request.deliveries,
         )
         result = await self._run_attempt(request, plan, attempt)
-        if dispatched is not None:  # before the terminal callback, or the next run
-            await self._callback_done(request, dispatched)
         if result.job_status in TERMINAL_STATUSES:
             await self._callback(request, result.job_status)
             return result.job_status
@@ -291,22 +275,13 @@ class _Driver:
     async def _callback(self, request: DriverInput, event: str) -> None:
         if not request.callbacks or event not in CALLBACK_EVENTS:
             return
-        await self._callback_done(request, self._start_callback(request, event))
-
-    def _start_callback(self, request: DriverInput, event: str) -> workflow.ActivityHandle[Any]:
-        return workflow.start_activity(
-            POST_CALLBACKS,
-            CallbackRequest(request.job_id, event),
-            start_to_close_timeout=timedelta(seconds=60),
-            heartbeat_timeout=CALLBACK_HEARTBEAT_TIMEOUT,
-            retry_policy=CALLBACK_RETRY,
-        )
-
-    async def _callback_done(
-        self, request: DriverInput, callback: workflow.ActivityHandle[Any]
-    ) -> None:
         try:
-            await callback
+            await workflow.execute_activity(
+                POST_CALLBACKS,
+                CallbackRequest(request.job_id, event),
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=CALLBACK_RETRY,
+            )
         except ActivityError:
             workflow.logger.warning("callback activity failed", extra={"jobId": request.job_id})
 
@@ -314,8 +289,7 @@ class _Driver:
 @workflow.defn(name=JOB_DRIVER_WORKFLOW)
 class JobDriver(_Driver):
     """The driver every dispatch starts: each attempt is the `execute_attempt` activity. No
-    patch marker and no `TemporalChangeVersion` search attribute in its history, but where
-    callback URLs are set: `DISPATCHED_BESIDE_ATTEMPT`'s, in a job's first run."""
+    patch marker and no `TemporalChangeVersion` search attribute in its history."""
 
     @workflow.run
     async def run(self, request: DriverInput) -> str:

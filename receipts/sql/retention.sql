@@ -296,6 +296,11 @@ WHERE subject = ANY (%(job_ids)s::text[]) AND status = 'pending';
 SELECT organization_id, 'jobs', job_id FROM jobs
 WHERE status IN ('queued', 'leased', 'running') AND organization_id IS NOT NULL
 UNION ALL
+-- A task naming an objective works in its workspace, whether or not the objective is active.
+SELECT organization_id, 'objectives', state -> 'payload' ->> 'objectiveId' FROM jobs
+WHERE status IN ('queued', 'leased', 'running') AND organization_id IS NOT NULL
+  AND state -> 'payload' ->> 'objectiveId' IS NOT NULL
+UNION ALL
 SELECT organization_id, 'objectives', objective_id FROM objectives WHERE status = 'active'
 UNION ALL
 SELECT a.organization_id, 'agent-jobs', coalesce(a.state ->> 'workspaceOwnerJobId', a.agent_job_id)

@@ -19,6 +19,10 @@ from roles.delivery.starter import NOT_AVAILABLE, DriverStarter
 log = logging.getLogger("roles.delivery.dispatcher")
 
 MAX_IDLE_S = 60.0
+# Undelivered queued jobs one batch of a rescan reads; a full batch that started something is
+# followed by another at once, up to RESCAN_ROUNDS.
+RESCAN_BATCH = 500
+RESCAN_ROUNDS = 20
 # The rescan for a delayed job runs this long after its `availableAt`: a timer may fire a hair
 # early, and a rescan that finds the job not yet due by the database clock would not find it
 # again (the next `next_available_at` no longer lists it) before the idle rescan.
@@ -46,18 +50,33 @@ class Dispatcher:
         self.listener = listener
         self.starter = starter
         self._slots = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._notices: asyncio.Queue[Notice] | None = None
 
     async def run_once(self) -> int:
         """Dispatch every deliverable queued job that has never been dispatched and is not held
         back; return the count."""
-        caps = fairness.caps(self.starter.settings)
-        job_ids = await deliveries.undelivered_queued(self.store, caps=caps)
-        await asyncio.gather(*(self._dispatch(job_id) for job_id in job_ids))
-        return len(job_ids)
+        return (await self._scan())[0]
 
-    async def _dispatch(self, job_id: str) -> None:
+    async def _scan(self) -> tuple[int, int]:
+        """One batch of the rescan: the jobs it found, and the drivers it started."""
+        caps = fairness.caps(self.starter.settings)
+        job_ids = await deliveries.undelivered_queued(self.store, limit=RESCAN_BATCH, caps=caps)
+        started = await asyncio.gather(*(self._dispatch(job_id) for job_id in job_ids))
+        return len(job_ids), sum(started)
+
+    async def _rescan(self) -> float:
+        """Rescan while a batch comes back full and started something, at most RESCAN_ROUNDS
+        batches (a backlog left by an outage drains at the starter's pace, not a batch a minute;
+        a batch none of which could start waits for the next rescan); the time to it."""
+        for _ in range(RESCAN_ROUNDS):
+            found, started = await self._scan()
+            if found < RESCAN_BATCH or not started:
+                break
+        return await self._timeout()
+
+    async def _dispatch(self, job_id: str) -> bool:
+        """Start the job's delivery; whether a driver was started."""
         async with self._slots:
             try:
                 started = await self.starter.start(job_id)
@@ -69,10 +88,11 @@ class Dispatcher:
                     "dispatch failed",
                     extra={"event": "dispatch.failed", "jobId": job_id, "error": str(exc)},
                 )
-                return
+                return False
         if started.reason == NOT_AVAILABLE and self._notices is not None:
             with contextlib.suppress(asyncio.QueueFull):
                 self._notices.put_nowait(RETIME)
+        return started.created
 
     async def _refill(self, settled_job_id: str) -> None:
         """Start the jobs a slot given back by `settled_job_id` lets through."""
@@ -92,7 +112,7 @@ class Dispatcher:
             return
         await asyncio.gather(*(self._dispatch(job_id) for job_id in job_ids))
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -111,16 +131,14 @@ class Dispatcher:
         async with self.listener.subscribe(channel=notices.DISPATCH) as queue:
             self._notices = queue
             try:
-                await self.run_once()
-                deadline = loop.time() + await self._timeout()
+                deadline = loop.time() + await self._rescan()
                 while True:
                     notice: Notice | None = None
                     with contextlib.suppress(TimeoutError):
                         notice = await within(queue.get(), max(0.0, deadline - loop.time()))
                     try:
                         if notice is None or notice is RECONNECTED:
-                            await self.run_once()
-                            deadline = loop.time() + await self._timeout()
+                            deadline = loop.time() + await self._rescan()
                         elif notice is RETIME:
                             deadline = min(deadline, loop.time() + await self._timeout())
                         elif "job.enqueued" in notice.types:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -197,7 +198,12 @@ def _sweep_workspaces(runtime: Runtime) -> None:
     if retention is None:
         return
     sweeper = WorkspaceSweeper(runtime.store, settings, retention)
-    runtime.spawn(Ticker(sweeper.name, sweeper.run_once, SWEEP_INTERVAL_MS).run(), sweeper.name)
+    # The first pass at a random point of the interval: pods sharing one volume, started
+    # together by a rollout, do not all sweep at once.
+    first = random.randrange(SWEEP_INTERVAL_MS)
+    runtime.spawn(
+        Ticker(sweeper.name, sweeper.run_once, SWEEP_INTERVAL_MS, first).run(), sweeper.name
+    )
 
 
 async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:

@@ -48,12 +48,16 @@ async def test_idle_workspaces_of_owners_no_longer_active_are_removed(
     await ops.cancel_queued(store, recent.job_id, reason="done")
     await create_objective(store, "live-objective", org="org-a")  # active
     waiting, _ = await lifecycle.create(store, request("agent-sweep"))  # queued: unfinished
+    # A task naming an objective that is not active (settled, or never created) works in its
+    # workspace all the same while it runs.
+    await put(store, org="org-a", payload_extra={"objectiveId": "settled-objective"})
 
     keep = [
         made(job_workspace("org-a", running.job_id, settings), 30),
         made(job_workspace("org-a", recent.job_id, settings), 1),  # used within the retention
         made(objective_workspace("org-a", "live-objective", settings), 30),
         made(agent_job_workspace("org-a", waiting.workspace_owner_job_id, settings), 30),
+        made(objective_workspace("org-a", "settled-objective", settings), 30),
     ]
     gone = [
         made(job_workspace("org-a", settled.job_id, settings), 30),
@@ -63,7 +67,7 @@ async def test_idle_workspaces_of_owners_no_longer_active_are_removed(
     removed = metrics.value("receipt_workspaces_removed_total", reason="idle")
     sweeper = WorkspaceSweeper(store, settings, timedelta(days=7))
     assert await sweeper.run_once() == 3
-    assert [p.exists() for p in keep] == [True] * 4
+    assert [p.exists() for p in keep] == [True] * 5
     assert [p.exists() for p in gone] == [False] * 3
     assert metrics.value("receipt_workspaces_removed_total", reason="idle") == removed + 2
     assert await sweeper.run_once() == 0

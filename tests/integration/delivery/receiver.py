@@ -19,15 +19,10 @@ class Received:
 class Receiver:
     """Accepts POSTs on 127.0.0.1 and records them."""
 
-    def __init__(self, hold: bool = False) -> None:
+    def __init__(self) -> None:
         self.requests: list[Received] = []
         self._server: asyncio.Server | None = None
         self._arrived = asyncio.Condition()
-        # With `hold`, a post is read and recorded at once but answered only once `answer` is
-        # set (a receiver that is slow to answer, or never does).
-        self.answer = asyncio.Event()
-        if not hold:
-            self.answer.set()
 
     @property
     def url(self) -> str:
@@ -53,13 +48,12 @@ class Receiver:
             name, _, value = line.decode().partition(":")
             headers[name.strip().lower()] = value.strip()
         body = await reader.readexactly(int(headers.get("content-length", "0")))
-        async with self._arrived:
-            self.requests.append(Received(headers, body))
-            self._arrived.notify_all()
-        await self.answer.wait()
         writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
         await writer.drain()
         writer.close()
+        async with self._arrived:
+            self.requests.append(Received(headers, body))
+            self._arrived.notify_all()
 
     async def wait_for(self, count: int, timeout: float = 20) -> None:
         async with self._arrived:

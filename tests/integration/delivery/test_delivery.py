@@ -389,31 +389,6 @@ async def test_a_callback_post_gives_up_at_its_5_s_timeout(
     assert 0.4 < took < 3.0
 
 
-async def test_a_receiver_slow_to_answer_does_not_hold_the_jobs_start(
-    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The driver posted `dispatched` and only then scheduled the attempt: a receiver that
-    accepts and does not answer held every job's start for its tries of 5 s (here, 60). The post
-    goes beside the attempt; the terminal one still follows it."""
-    from activities import driver as driver_activities
-    from tests.integration.delivery.receiver import Receiver
-
-    monkeypatch.setattr(driver_activities, "CALLBACK_TIMEOUT_S", 60.0)
-    async with (
-        Receiver(hold=True) as receiver,
-        running_stack(client, fresh_store, fresh_db, RECEIPT_EVENT_CALLBACK_URL=receiver.url),
-    ):
-        job = (await put(fresh_store, payload_extra=task("true"))).job
-        done = await wait_for_status(fresh_store, job.job_id, timeout=30)
-        await receiver.wait_for(1)
-        assert [json.loads(r.body)["event"] for r in receiver.requests] == ["dispatched"]
-        receiver.answer.set()  # the dispatched post is answered: the completed one follows
-        await receiver.wait_for(2)
-    assert done.status == "completed"
-    events = [json.loads(r.body)["event"] for r in receiver.requests]
-    assert events == ["dispatched", "completed"]
-
-
 async def test_a_receiver_that_is_down_does_not_change_the_outcome(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:

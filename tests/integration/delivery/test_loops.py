@@ -351,3 +351,23 @@ async def test_a_role_that_posts_no_callbacks_leaves_the_owed_ones_alone(
         assert not s.settings.callback_urls
         await QueuedRedrive(fresh_store, None, s.settings, NOW, http=None).run_once()
     assert await deliveries.callbacks_owed(fresh_store, limit=10) == [("owed-1", "completed")]
+
+
+async def test_a_rescan_goes_on_while_its_batches_come_back_full(
+    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog of never-dispatched jobs (left by a driver outage) drained one batch of 500 a
+    minute, the idle rescan's pace: a full batch that started something is followed by the next."""
+    from roles.delivery import dispatcher as dispatching
+
+    monkeypatch.setattr(dispatching, "RESCAN_BATCH", 2)
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
+        # Five organizations: none is held back by its share of the codex workers.
+        jobs = [
+            (await put(fresh_store, org=f"org-{n}", payload_extra=task("true"))).job
+            for n in range(5)
+        ]
+        rescanning = dispatching.Dispatcher(fresh_store, s.listener, s.starter)
+        await rescanning._rescan()
+        latest = [(await deliveries.job_and_latest(fresh_store, j.job_id))[1] for j in jobs]
+    assert all(record is not None and record.generation == 0 for record in latest)
