@@ -164,9 +164,13 @@ class AttemptActivities:
         shutdown = asyncio.create_task(activity.wait_for_worker_shutdown())
         taken = asyncio.create_task(_until_taken_over(fence))
         try:
-            done, _ = await asyncio.wait(
-                {running, shutdown, taken}, return_when=asyncio.FIRST_COMPLETED
-            )
+            try:
+                done, _ = await asyncio.wait(
+                    {running, shutdown, taken}, return_when=asyncio.FIRST_COMPLETED
+                )
+            except asyncio.CancelledError:  # cancelled again (the worker's shutdown past its grace)
+                await _cancel(running)  # stops the handler; at shutdown, releases the job
+                raise
             if running in done:
                 return running.result()
             await _cancel(running)  # stops the handler; at shutdown, releases the job
