@@ -611,3 +611,24 @@ async def test_a_notice_shows_only_from_the_sessions_own_action(db_url: str, sto
         assert acted.status_code == 303
         shown = await client.get(acted.headers["location"])
     assert "abort appended" in shown.text
+
+
+async def test_an_admins_job_id_two_organizations_use_is_answered_as_a_page(
+    db_url: str, store: Store
+) -> None:
+    """An admin naming a job by an id two organizations use got the API's JSON 409 in the
+    console: it is the console's error page now, saying why."""
+    job_id = new_id()
+    async with api_client(db_url, store=store) as client:
+        for token in (TOKEN_A, TOKEN_B):
+            posted = await client.post(
+                "/agents/codex/jobs",
+                json=enqueue_body(jobId=job_id, org="org-b" if token == TOKEN_B else "org-a"),
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert posted.status_code == 202, posted.text
+        await sign_in(client, TOKEN_ADMIN)
+        page = await client.get(f"/console/jobs/{job_id}")
+    assert page.status_code == 409
+    assert page.headers["content-type"].startswith("text/html")
+    assert job_id in page.text
