@@ -182,3 +182,44 @@ def test_a_deadline_cuts_a_read_that_would_end_past_it(monkeypatch: pytest.Monke
     assert isinstance(timed_out.value.__cause__, ConnectionError)
     now[0] += 60
     assert far.left() == 0.0 and far.read_timeout() == deadlines.SLACK_S
+
+
+async def test_a_wait_s_last_read_ends_by_its_deadline_too() -> None:
+    """The stream ended (its `end` event), then the job is read again: that read took the
+    client's own 30 s timeout, so a wait could run 30 s past its deadline. It ends by it now.
+    The API here is a loopback fake that answers the stream and never the read."""
+    import asyncio
+
+    from receipt_client import AsyncClient, WaitTimedOut
+
+    handling: set[asyncio.Task[object]] = set()
+
+    async def fake_api(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handling.add(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            request = await reader.readline()
+            while (await reader.readline()) not in (b"\r\n", b""):
+                pass
+            if b"/events" in request:
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"connection: close\r\n\r\nevent: end\ndata: {}\n\n"
+                )
+                await writer.drain()
+            else:
+                await asyncio.sleep(60)  # the read is never answered
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(fake_api, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with AsyncClient(url, "t", timeout=30) as client:
+            with pytest.raises(WaitTimedOut):
+                await asyncio.wait_for(client.wait("j-1", timeout=1.5), 10)
+    finally:
+        server.close()
+        for task in handling:
+            task.cancel()
+        await asyncio.gather(*handling, return_exceptions=True)
+        await server.wait_closed()

@@ -50,6 +50,12 @@ class Deadline:
             return STREAM_READ_TIMEOUT_S
         return max(min(left, STREAM_READ_TIMEOUT_S), SLACK_S)
 
+    def request_timeout(self) -> float | None:
+        """A plain request's timeout that ends by the deadline, within SLACK_S (None: the
+        client's own)."""
+        left = self.left()
+        return None if left is None else max(left, SLACK_S)
+
     def cuts(self, read: float) -> bool:
         """True when a read of up to `read` seconds started now could end more than `SLACK_S`
         past the deadline."""

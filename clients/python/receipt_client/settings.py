@@ -21,5 +21,6 @@ def connection(url: str | None, token: str | None) -> tuple[str, dict[str, str]]
 
 def stream_timeout(timeout: httpx.Timeout, read: float = STREAM_READ_TIMEOUT_S) -> httpx.Timeout:
     """A stream's timeouts: the client's, with a read timeout of `read` (by default past the
-    API's keepalive)."""
-    return httpx.Timeout(timeout.connect, read=read, write=timeout.write, pool=timeout.pool)
+    API's keepalive), which the connect's never outlasts."""
+    connect = read if timeout.connect is None else min(timeout.connect, read)
+    return httpx.Timeout(connect, read=read, write=timeout.write, pool=timeout.pool)
