@@ -13,9 +13,11 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+import psycopg
+from psycopg_pool import PoolTimeout
 from temporalio.client import Client
 
 from receipts.listen import Listener
@@ -44,6 +46,10 @@ EXIT_SHUTDOWN_STUCK = 1
 # an attempt left behind swallows its cancellation): neither keeps the process from exiting.
 CLOSE_S = 5.0
 TASKS_END_S = 2.0
+# How long a role's start waits for a database that refuses it (down, out of connections),
+# trying again after 0.5 s, doubling to 5 s; past it, the role exits (and is restarted).
+DB_START_PATIENCE_S = 60.0
+DB_START_FIRST_WAIT_S, DB_START_MAX_WAIT_S = 0.5, 5.0
 
 
 @dataclass
@@ -88,8 +94,8 @@ async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: boo
     api), its listener (running) and a Temporal client whose SDK metrics the role's
     own `/metrics` serves. `lazy_client` connects to Temporal at the first call."""
     url = resolve_url(settings.core)
-    await migrate_url(url)
-    store = await open_store(url, settings.core, api=role == "api")
+    await patiently(lambda: migrate_url(url), "migrate")
+    store = await patiently(lambda: open_store(url, settings.core, api=role == "api"), "pool")
     runtime = Runtime(role, settings, store, url, Listener(url), httpx.AsyncClient())
     try:
         runtime.client = await connect_client(
@@ -100,6 +106,34 @@ async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: boo
         raise
     runtime.spawn(runtime.listener.run(), "listener")
     return runtime
+
+
+T = TypeVar("T")
+
+
+async def patiently(
+    start: Callable[[], Awaitable[T]], what: str, patience_s: float = DB_START_PATIENCE_S
+) -> T:
+    """`start()`, tried again while the database refuses it (down, failing over, out of
+    connections) for up to `patience_s`, each refusal logged `role.database_waiting`: a role
+    that starts a moment before its database is ready waits instead of exiting at once."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + patience_s
+    delay = DB_START_FIRST_WAIT_S
+    while True:
+        try:
+            return await start()
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            if loop.time() + delay > ends:
+                raise
+            log.warning(
+                "the database refused the role's start (%s); trying again in %.1f s",
+                what,
+                delay,
+                extra={"event": "role.database_waiting", "step": what, "error": str(exc)},
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, DB_START_MAX_WAIT_S)
 
 
 def freeze_startup_heap() -> None:

@@ -136,3 +136,30 @@ async def test_closing_the_runtime_is_bounded(caplog: pytest.LogCaptureFixture) 
     await Runtime.close_within(runtime, 0.2)  # type: ignore[arg-type]
     assert time.monotonic() - started < 3
     assert "role.close_stuck" in {getattr(r, "event", None) for r in caplog.records}
+
+
+async def test_a_role_waits_for_a_database_that_refuses_its_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role whose database refused its first connection (down a moment, out of connections:
+    `too many clients`) exited at once; it tries again, logged, for up to its patience."""
+    import psycopg
+
+    monkeypatch.setattr(process, "DB_START_FIRST_WAIT_S", 0.01)
+    tries: list[int] = []
+
+    async def refused_twice() -> str:
+        tries.append(1)
+        if len(tries) < 3:
+            raise psycopg.OperationalError("FATAL:  sorry, too many clients already")
+        return "migrated"
+
+    assert await process.patiently(refused_twice, "migrate") == "migrated"
+    waited = [r for r in caplog.records if getattr(r, "event", "") == "role.database_waiting"]
+    assert len(tries) == 3 and len(waited) == 2
+
+    async def always_refused() -> str:
+        raise psycopg.OperationalError("connection refused")
+
+    with pytest.raises(psycopg.OperationalError):  # past its patience: the role exits
+        await process.patiently(always_refused, "migrate", patience_s=0.05)
