@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
+# The two layers' families, declared beside them: importing this module declares every one.
+from receipts.agent_jobs import metrics as agent_jobs  # noqa: F401
 from receipts.jobs import Job
 from receipts.kinds import has_handler, route, route_disagrees
+from receipts.objectives import metrics as objectives  # noqa: F401
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 OTHER_AGENT = "other"
@@ -246,83 +249,6 @@ RETENTION_PRUNED = Counter(
 RETENTION_SKIPPED = Counter(
     "receipt_retention_skipped_passes",
     "Retention passes skipped because another process held the single-flight lock.",
-)
-
-# --- Factory -----------------------------------------------------------------------------------
-
-FACTORY_CONTROL_DELIVERIES = Counter(
-    "receipt_factory_control_deliveries",
-    "Objective control requests handed to a control job, by enqueue outcome.",
-    ["outcome"],
-)
-FACTORY_TASKS_DISPATCHED = Counter(
-    "receipt_factory_tasks_dispatched", "Task tries dispatched by objective control."
-)
-FACTORY_TASKS_HELD = Counter(
-    "receipt_factory_tasks_held",
-    "Ready tasks objective control left pending because their organization held its caps of "
-    "open jobs (RECEIPT_ORG_MAX_QUEUED, RECEIPT_ORG_MAX_ACTIVE), counted at each pass that held "
-    "them; logged factory.tasks_held.",
-)
-FACTORY_OBJECTIVES_SETTLED = Counter(
-    "receipt_factory_objectives_settled",
-    "Objectives settled by objective control, by status.",
-    ["status"],
-)
-FACTORY_AUDITS_RECOVERED = Counter(
-    "receipt_factory_audits_recovered",
-    "Settled objectives audited by the outbox redrive because their audit job ended (failed "
-    "its attempts, or aborted) without auditing them.",
-)
-FACTORY_AUDITS_UNRECOVERED = Counter(
-    "receipt_factory_audits_unrecovered",
-    "Lost audits the outbox redrive could not write (logged; the others went on).",
-)
-FACTORY_CONTROL_STALE_PLANS = Counter(
-    "receipt_factory_control_stale_plans",
-    "Control passes whose write found the objective moved on since they read it (a phase added,"
-    " another pass): rolled back, planned again.",
-)
-FACTORY_PLANS_REFUSED = Counter(
-    "receipt_factory_plans_refused",
-    "Planner graphs refused because a command they name is off the organization's allow-list "
-    "(RECEIPT_ORG_EXECUTABLES): the factory.run job fails, no objective is written.",
-)
-FACTORY_WATCHDOG_FIRED = Counter(
-    "receipt_factory_watchdog_fired",
-    "Reconciles the objective watchdog requested, by reason.",
-    ["reason"],
-)
-OBJECTIVE_WRITES_REFUSED = Counter(
-    "receipt_objective_writes_refused",
-    "Objective writes (and monitor hand-offs) a handler asked for after its delivery lost the "
-    "attempt's fence (nothing written), by the fence's refusal.",
-    ["reason"],
-)
-
-# --- background agent jobs ---------------------------------------------------------------------
-
-AGENT_JOB_PASSES = Histogram(
-    "receipt_agent_job_dispatch_pass_seconds", "Agent-job dispatcher pass durations."
-)
-AGENT_JOB_ACTIONS = Counter(
-    "receipt_agent_job_dispatch_actions",
-    "What agent-job dispatcher passes did (claimed, settled, timed_out, no_slot, held; failed: "
-    "a job's step raised, logged, the pass went on).",
-    ["action"],
-)
-AGENT_JOB_TURNS_SETTLED = Counter(
-    "receipt_agent_job_turns_settled",
-    "Settled turns by the status the agent job moved to (running: a follow-up turn).",
-    ["status"],
-)
-AGENT_JOB_WAKEUP_CALLBACKS = Counter(
-    "receipt_agent_job_wakeup_callbacks",
-    "Wakeup event callbacks by outcome (posted, failed).",
-    ["outcome"],
-)
-AGENT_JOBS_RUNNING = Gauge(
-    "receipt_agent_jobs_running", "Running agent jobs (slots in use) by agent.", ["agent"]
 )
 
 # --- the api and the role process --------------------------------------------------------------

@@ -15,11 +15,11 @@ from activities.handlers.codex import run_task
 from activities.handlers.context import HandlerContext, HandlerError, objective_of
 from activities.handlers.steering import StdinFeed
 from activities.sandbox import SandboxRefused, run_sandboxed
-from receipts import metrics
 from receipts.errors import InvalidInput
 from receipts.executables import first_refused, objective_commands
 from receipts.objectives import audit as objective_audit_summary
 from receipts.objectives import control
+from receipts.objectives import metrics as factory_metrics
 from receipts.objectives import store as objectives
 from receipts.objectives import watchdog as objective_watchdog_rules
 from receipts.objectives.graph import ObjectiveSpec, parse_objective, parse_tasks
@@ -123,7 +123,7 @@ async def _planned(ctx: HandlerContext, spec: ObjectiveSpec) -> ObjectiveSpec:
         # The planner read the tenant's goal: a task it writes is held to the organization's
         # list as a task the request names would be.
         field, message = refused
-        metrics.FACTORY_PLANS_REFUSED.inc()
+        factory_metrics.FACTORY_PLANS_REFUSED.inc()
         log.warning(
             "the planner wrote a command off the organization's allow-list: %s",
             message,
@@ -298,7 +298,7 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
                 if not requested:  # gone meanwhile: nothing was written, nothing fired
                     continue
                 counts[why] += 1
-                metrics.FACTORY_WATCHDOG_FIRED.labels(why).inc()
+                factory_metrics.FACTORY_WATCHDOG_FIRED.labels(why).inc()
                 fired.append({"objectiveId": state.objective_id, "reason": why})
                 log.info(
                     "watchdog requested a reconcile",

@@ -22,13 +22,13 @@ from datetime import datetime
 from typing import Any
 
 from activities.fence import AttemptFence
-from receipts import metrics
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.model import AgentJob
 from receipts.commands import QueuedCommand, with_payloads
 from receipts.enqueue import EnqueueRequest, OrgCaps, enqueue_in
 from receipts.jobs import Command, Job, Receipt, fence_rejection, job_stream
 from receipts.objectives import control
+from receipts.objectives import metrics as factory_metrics
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key
 from receipts.store import Tx
@@ -222,7 +222,7 @@ class FencedReceipts:
                 "status": rejection,
             },
         )
-        metrics.OBJECTIVE_WRITES_REFUSED.labels(rejection).inc()
+        factory_metrics.OBJECTIVE_WRITES_REFUSED.labels(rejection).inc()
         raise FenceLost(f"handler write refused: {rejection}")
 
     # --- agent jobs ---------------------------------------------------------------------------

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from receipts import metrics
 from receipts import operations as ops
 from receipts.enqueue import EnqueueRequest, OrgCaps, enqueue_in
 from receipts.jobs import Job
 from receipts.kinds import CONTRACTS
+from receipts.objectives import metrics as factory_metrics
 from receipts.objectives import store as objectives
 from receipts.objectives.decide import Plan, plan, settlement_drafts
 from receipts.objectives.model import (
@@ -155,7 +155,7 @@ async def _dispatch_task(
             return [Draft("objective.task.dispatched", data)]
 
         await _recorded(tx, state.objective_id, decide, guard)
-    metrics.FACTORY_TASKS_DISPATCHED.inc()
+    factory_metrics.FACTORY_TASKS_DISPATCHED.inc()
     log.info(
         "task dispatched",
         extra={
@@ -260,7 +260,7 @@ async def _settle(
             return drafts
 
         await _recorded(tx, state.objective_id, decide, guard)
-    metrics.FACTORY_OBJECTIVES_SETTLED.labels(settle["status"]).inc()
+    factory_metrics.FACTORY_OBJECTIVES_SETTLED.labels(settle["status"]).inc()
     log.info(
         "objective settled",
         extra={
@@ -311,7 +311,7 @@ async def run_pass(
             await _settle(store, state, decided.settle, kind, guard, jobs)
     except _Moved:
         # Nothing of this write stands; the next pass plans on the objective as it is now.
-        metrics.FACTORY_CONTROL_STALE_PLANS.inc()
+        factory_metrics.FACTORY_CONTROL_STALE_PLANS.inc()
         log.info(
             "the objective moved on while a control pass wrote; planning again",
             extra={"event": "factory.control_plan_stale", "objectiveId": objective_id},
@@ -323,7 +323,7 @@ def _held(state: ObjectiveState, decided: Plan, dispatched: int, queued: int, ac
     """The pass's plan once the organization's caps held its dispatch after `dispatched` tasks:
     the rest stay pending for a later pass."""
     held = tuple(task.task_id for task in decided.dispatch[dispatched:])
-    metrics.FACTORY_TASKS_HELD.inc(len(held))
+    factory_metrics.FACTORY_TASKS_HELD.inc(len(held))
     log.info(
         "task dispatch held: the organization holds its caps of open jobs",
         extra={

@@ -16,11 +16,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from receipts import metrics, webhooks
+from receipts import webhooks
 from receipts.enqueue import EnqueueRequest, enqueue_in
 from receipts.jobs import Job, Receipt
 from receipts.kinds import CONTRACTS
 from receipts.objectives import audit
+from receipts.objectives import metrics as factory_metrics
 from receipts.objectives.model import (
     ObjectiveState,
     control_job_id,
@@ -219,7 +220,7 @@ async def deliver(tx: Tx, objective_id: str) -> ObjectiveState | None:
             )
         ],
     )
-    metrics.FACTORY_CONTROL_DELIVERIES.labels(outcome).inc()
+    factory_metrics.FACTORY_CONTROL_DELIVERIES.labels(outcome).inc()
     log.info(
         "objective control delivered",
         extra={
@@ -342,7 +343,7 @@ async def recover_lost_audits(store: Store, limit: int = 50) -> int:
         try:
             written = await _recover_audit(store, objective_id, job_status)
         except Exception as exc:  # one that cannot be audited must not stop the others
-            metrics.FACTORY_AUDITS_UNRECOVERED.inc()
+            factory_metrics.FACTORY_AUDITS_UNRECOVERED.inc()
             log.warning(
                 "a lost audit could not be written; the others go on",
                 exc_info=True,
@@ -352,7 +353,7 @@ async def recover_lost_audits(store: Store, limit: int = 50) -> int:
             continue
         if written:
             recovered += 1
-            metrics.FACTORY_AUDITS_RECOVERED.inc()
+            factory_metrics.FACTORY_AUDITS_RECOVERED.inc()
             log.warning(
                 "an objective's audit job ended without auditing it; audited by the redrive",
                 extra={"event": "factory.audit_recovered", "objectiveId": objective_id,

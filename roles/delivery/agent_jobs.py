@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import httpx
 
 from activities.driver import callback_message_id, post_callback
-from receipts import deliveries, metrics
+from receipts import deliveries
 from receipts.agent_jobs import claims, interventions, lifecycle
+from receipts.agent_jobs import metrics as agent_metrics
 from receipts.agent_jobs import reads as agent_reads
 from receipts.agent_jobs.model import (
     SLOTS_PER_AGENT,
@@ -102,7 +103,7 @@ class AgentJobDispatcher:
                 )
                 if settled is not None:
                     result.settled += 1
-                    metrics.AGENT_JOB_TURNS_SETTLED.labels(settled.status).inc()
+                    agent_metrics.AGENT_JOB_TURNS_SETTLED.labels(settled.status).inc()
         if (timeout_ms := self.settings.input_timeout_ms) is not None:
             for agent_job_id in await agent_reads.input_overdue(self.store, timeout_ms):
                 async with self._each(result, agent_job_id, "input_timeout"):
@@ -136,9 +137,9 @@ class AgentJobDispatcher:
             result.callbacks = await self._post_wakeups(self.callbacks, self.http)
         for action in ("settled", "claimed", "no_slot", "held", "timed_out", "failed"):
             if count := getattr(result, action):
-                metrics.AGENT_JOB_ACTIONS.labels(action).inc(count)
+                agent_metrics.AGENT_JOB_ACTIONS.labels(action).inc(count)
         await self._gauge_running()
-        metrics.AGENT_JOB_PASSES.observe(time.monotonic() - started)
+        agent_metrics.AGENT_JOB_PASSES.observe(time.monotonic() - started)
         if result.settled or result.claimed or result.timed_out:
             log.info(
                 "agent-job dispatch pass",
@@ -160,7 +161,7 @@ class AgentJobDispatcher:
         for _, agent, count in await agent_reads.running_by_agent(self.store):
             running[agent] = running.get(agent, 0) + count
         for agent, count in running.items():
-            metrics.AGENT_JOBS_RUNNING.labels(agent).set(count)
+            agent_metrics.AGENT_JOBS_RUNNING.labels(agent).set(count)
         self._gauged = {agent for agent, count in running.items() if count}
 
     @contextlib.asynccontextmanager
@@ -235,7 +236,7 @@ class AgentJobDispatcher:
             raise
         except Exception as exc:  # the database away: the claimed post is tried again later
             status, error = "failed", f"{type(exc).__name__}: {exc}"
-        metrics.AGENT_JOB_WAKEUP_CALLBACKS.labels(status).inc()
+        agent_metrics.AGENT_JOB_WAKEUP_CALLBACKS.labels(status).inc()
         log.log(
             logging.INFO if error is None else logging.WARNING,
             "wakeup callback %s",

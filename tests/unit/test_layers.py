@@ -188,16 +188,19 @@ def test_only_the_settings_layer_reads_the_environment() -> None:
     assert wrong == []
 
 
-def test_every_metric_family_is_declared_in_one_module() -> None:
-    """One way to observe (docs/design.md §8): the families live in receipts/metrics.py and are
-    counted where an outcome is known; no module declares its own, and none keeps a list of
-    callbacks for another to append to."""
+METRICS_MODULES = {"receipts.metrics", "receipts.objectives.metrics", "receipts.agent_jobs.metrics"}
+
+
+def test_every_metric_family_is_declared_in_the_metrics_modules() -> None:
+    """One way to observe (docs/design.md §8): the families live in receipts/metrics.py and the
+    two layers' metrics modules, and are counted where an outcome is known; no other module
+    declares its own, and none keeps a list of callbacks for another to append to."""
     families = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
     wrong = []
     for name, tree in modules().items():
         for node in ast.walk(tree):
             if (
-                name != "receipts.metrics"
+                name not in METRICS_MODULES
                 and isinstance(node, ast.ImportFrom)
                 and node.module == "prometheus_client"
                 and families & {alias.name for alias in node.names}

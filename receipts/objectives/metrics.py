@@ -1,0 +1,56 @@
+"""The Factory's Prometheus metrics (objective control, its outbox, audits, the watchdog); the
+runtime's own are receipts/metrics.py."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+FACTORY_CONTROL_DELIVERIES = Counter(
+    "receipt_factory_control_deliveries",
+    "Objective control requests handed to a control job, by enqueue outcome.",
+    ["outcome"],
+)
+FACTORY_TASKS_DISPATCHED = Counter(
+    "receipt_factory_tasks_dispatched", "Task tries dispatched by objective control."
+)
+FACTORY_TASKS_HELD = Counter(
+    "receipt_factory_tasks_held",
+    "Ready tasks objective control left pending because their organization held its caps of "
+    "open jobs (RECEIPT_ORG_MAX_QUEUED, RECEIPT_ORG_MAX_ACTIVE), counted at each pass that held "
+    "them; logged factory.tasks_held.",
+)
+FACTORY_OBJECTIVES_SETTLED = Counter(
+    "receipt_factory_objectives_settled",
+    "Objectives settled by objective control, by status.",
+    ["status"],
+)
+FACTORY_AUDITS_RECOVERED = Counter(
+    "receipt_factory_audits_recovered",
+    "Settled objectives audited by the outbox redrive because their audit job ended (failed "
+    "its attempts, or aborted) without auditing them.",
+)
+FACTORY_AUDITS_UNRECOVERED = Counter(
+    "receipt_factory_audits_unrecovered",
+    "Lost audits the outbox redrive could not write (logged; the others went on).",
+)
+FACTORY_CONTROL_STALE_PLANS = Counter(
+    "receipt_factory_control_stale_plans",
+    "Control passes whose write found the objective moved on since they read it (a phase added,"
+    " another pass): rolled back, planned again.",
+)
+FACTORY_PLANS_REFUSED = Counter(
+    "receipt_factory_plans_refused",
+    "Planner graphs refused because a command they name is off the organization's allow-list "
+    "(RECEIPT_ORG_EXECUTABLES): the factory.run job fails, no objective is written.",
+)
+FACTORY_WATCHDOG_FIRED = Counter(
+    "receipt_factory_watchdog_fired",
+    "Reconciles the objective watchdog requested, by reason.",
+    ["reason"],
+)
+OBJECTIVE_WRITES_REFUSED = Counter(
+    "receipt_objective_writes_refused",
+    "Objective writes (and monitor hand-offs) a handler asked for after its delivery lost the "
+    "attempt's fence (nothing written), by the fence's refusal.",
+    ["reason"],
+)
