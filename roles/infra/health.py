@@ -35,6 +35,9 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
+# Every role serves every family, the layers' too (declared beside them: docs/design.md §8).
+import receipts.agent_jobs.metrics
+import receipts.objectives.metrics  # noqa: F401
 from activities import sandbox
 from receipts import metrics
 from receipts.store import Store

@@ -9,7 +9,9 @@ import re
 
 from prometheus_client import REGISTRY
 
-import receipts.metrics  # noqa: F401 — declares the families on the default registry
+import receipts.agent_jobs.metrics
+import receipts.metrics
+import receipts.objectives.metrics  # noqa: F401
 from roles.infra.sdk_metrics import SDK_FAMILIES
 
 SUFFIXES = {
