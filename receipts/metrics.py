@@ -16,11 +16,8 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-# The two layers' families, declared beside them: importing this module declares every one.
-from receipts.agent_jobs import metrics as agent_jobs  # noqa: F401
 from receipts.jobs import Job
 from receipts.kinds import has_handler, route, route_disagrees
-from receipts.objectives import metrics as objectives  # noqa: F401
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 OTHER_AGENT = "other"
