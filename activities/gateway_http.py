@@ -74,7 +74,13 @@ class Relay:
 
 class Relayed(StreamingResponse):
     """The relayed answer: what it holds (a credential's slot, a turn's call) is released
-    (`release`) once its body is sent or the command hangs up, whichever comes first."""
+    (`release`) once its body is sent, or for a stream once the command hangs up.
+
+    A JSON answer is read whole even when the command hung up before it came: the provider
+    finishes and bills it either way, and its usage is in its body (the hang-up used to cut the
+    read short and leave the call's cost out of the turn's usage). A stream is closed at the
+    hang-up (the provider stops generating); what it cost past its last usage event is not known.
+    """
 
     def __init__(self, relay: Relay, release: Callable[[], None]) -> None:
         upstream = relay.upstream
@@ -89,7 +95,10 @@ class Relayed(StreamingResponse):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            if self.relay.streamed:
+                await super().__call__(scope, receive, send)
+            else:  # not watching for the hang-up: a send after it is dropped by the server
+                await self.stream_response(send)
         finally:
             await self.relay.close()
             self.release()

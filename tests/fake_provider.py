@@ -3,8 +3,9 @@ Responses and Anthropic's Messages, streaming or not, with the usage a real one 
 
 Every call is checked against the provider's keys (`keys`: key → behaviour): `ok` answers;
 `quota` answers 429 with `retry-after: quota_s`; `forbidden` answers 403 (a model the key may not
-use); `slow` answers after `slow_s`; `chat-only` answers 401 on `/v1/responses` (a restricted key
-without that endpoint's scope) and as `ok` elsewhere; anything else is 401. The Responses API follows
+use); `slow` answers after `slow_s` (a JSON body `slow_body_s` after its headers); `chat-only`
+answers 401 on `/v1/responses` (a restricted key without that endpoint's scope) and as `ok`
+elsewhere; anything else is 401. The Responses API follows
 a script an agent CLI can run: while no tool output is in the input it calls the shell tool
 (`exec_command`, the command `shell_command`), then it answers with a final message. Each call is
 recorded (path, the key it carried, whether it streamed), never its body's secrets.
@@ -39,6 +40,7 @@ class FakeProvider:
     shell_command: str = "echo hi > out.txt"
     quota_s: int = 30
     slow_s: float = 1.0
+    slow_body_s: float = 0.0
     # Models at their rate limit for every key (a provider limits rates per model): 429.
     limited_models: set[str] = field(default_factory=set)
     calls: list[Call] = field(default_factory=list)
@@ -70,6 +72,7 @@ def running(provider: FakeProvider) -> Iterator[FakeProvider]:
 def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        body_after_s = 0.0  # a pause between an answer's headers and its body
 
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet."""
@@ -92,6 +95,7 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 return self._json(403, {"error": {"message": "not this model", "type": "perm"}})
             if behaviour == "slow":
                 time.sleep(provider.slow_s)
+                self.body_after_s = provider.slow_body_s
             if self.path == "/v1/chat/completions":
                 return self._chat(body, stream)
             if self.path == "/v1/responses":
@@ -173,6 +177,8 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             for name, value in (extra or {}).items():
                 self.send_header(name, value)
             self.end_headers()
+            self.wfile.flush()
+            time.sleep(self.body_after_s)
             self.wfile.write(data)
 
         def _events(self, events: list[dict[str, Any]], done: bool = False) -> None:

@@ -591,7 +591,7 @@ async def test_a_call_the_command_left_running_is_in_the_turn_s_usage(
     is counted as unsettled."""
     from receipts import metrics
 
-    fake.slow_s = 1.5
+    fake.slow_s, fake.slow_body_s = 1.5, 0.3  # its body comes well after the hang-up is known
     grant = turn(gw, "openai-slow", "job-drain")
     headers = {"Authorization": f"Bearer {grant.token}"}
     async with client(grant) as http:
