@@ -6,9 +6,11 @@ import asyncio
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,6 +19,7 @@ from psycopg.conninfo import make_conninfo
 from receipts import assembly
 from receipts.store import Store
 from roles.infra.db import migrate_url
+from roles.infra.process import patiently
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,27 +55,50 @@ def server_url() -> str:
     return admin_url()
 
 
+# Four pytest workers' role processes share the server's max_connections (100 on CI's): a
+# moment when every one is taken is waited out, as a role's start waits it out
+# (`roles.infra.process.patiently`), instead of failing a test's setup.
+CONNECT_PATIENCE_S = 60.0
+
+
+def admin_connect(url: str) -> psycopg.Connection[Any]:
+    """An autocommit connection to `url`, tried again while the server has none to spare."""
+    ends = time.monotonic() + CONNECT_PATIENCE_S
+    while True:
+        try:
+            return psycopg.connect(url, autocommit=True)
+        except psycopg.OperationalError as exc:
+            if "too many clients" not in str(exc) or time.monotonic() > ends:
+                raise
+            time.sleep(0.5)
+
+
+async def migrate_patiently(url: str) -> None:
+    """`migrate_url`, waiting out a server with no connection to spare."""
+    await patiently(lambda: migrate_url(url), "migrate", CONNECT_PATIENCE_S)
+
+
 @pytest.fixture(scope="session")
 def make_database(server_url: str) -> Iterator[object]:
     """A factory of fresh, migrated databases: each a copy of one template migrated once per
     session (`CREATE DATABASE … TEMPLATE`: a file copy, not every migration again). Every one,
     the template too, is dropped at the end of the session."""
     template = f"receipt_template_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
+    with admin_connect(server_url) as conn:
         conn.execute(f'CREATE DATABASE "{template}"'.encode())
-    asyncio.run(migrate_url(make_conninfo(server_url, dbname=template)))
+    asyncio.run(migrate_patiently(make_conninfo(server_url, dbname=template)))
     created: list[str] = [template]
 
     def create(migrated: bool = True) -> str:
         name = f"receipt_test_{uuid.uuid4().hex[:12]}"
         copy = f' TEMPLATE "{template}"' if migrated else ""
-        with psycopg.connect(server_url, autocommit=True) as conn:
+        with admin_connect(server_url) as conn:
             conn.execute(f'CREATE DATABASE "{name}"{copy}'.encode())
         created.append(name)
         return make_conninfo(server_url, dbname=name)
 
     yield create
-    with psycopg.connect(server_url, autocommit=True) as conn:
+    with admin_connect(server_url) as conn:
         for name in reversed(created):
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
@@ -80,13 +106,13 @@ def make_database(server_url: str) -> Iterator[object]:
 @pytest.fixture(scope="session")
 async def db_url(make_database: object) -> str:
     url = make_database()  # type: ignore[operator]
-    await migrate_url(url)
+    await migrate_patiently(url)
     return str(url)
 
 
 @pytest.fixture(scope="session")
 async def store(db_url: str) -> AsyncIterator[Store]:
-    store = await assembly.open_store(db_url, min_size=2, max_size=30)
+    store = await assembly.open_store(db_url, min_size=2, max_size=10)
     yield store
     await store.close()
 
@@ -95,7 +121,7 @@ async def store(db_url: str) -> AsyncIterator[Store]:
 async def fresh(make_database: object) -> AsyncIterator[tuple[Store, str]]:
     """A store on a database of this test's own (migrated, empty), and its URL."""
     url = str(make_database())  # type: ignore[operator]
-    await migrate_url(url)
+    await migrate_patiently(url)
     store = await assembly.open_store(url, min_size=2, max_size=20)
     yield store, url
     await store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receipts import assembly
 from receipts.settings import Settings
@@ -13,6 +14,15 @@ from roles.infra.embedded import database_url
 def resolve_url(settings: Settings) -> str:
     """Return `RECEIPT_DATABASE_URL`, or start the embedded server and return its URI."""
     return database_url(settings.database_url, settings.data_dir)
+
+
+def named(url: str, role: str) -> str:
+    """`url` naming its connections `receipt-<role>` (`application_name`, what
+    `pg_stat_activity` shows), unless it names them itself: an operator sees which role holds
+    which connection."""
+    if "application_name" in conninfo_to_dict(url):
+        return url
+    return make_conninfo(url, application_name=f"receipt-{role}")
 
 
 async def migrate_url(url: str) -> list[int]:

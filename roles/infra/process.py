@@ -23,7 +23,7 @@ from temporalio.client import Client
 from receipts.listen import Listener
 from receipts.store import Store
 from receipts.waits import within
-from roles.infra.db import migrate_url, open_store, resolve_url
+from roles.infra.db import migrate_url, named, open_store, resolve_url
 from roles.infra.settings import RuntimeSettings
 from roles.infra.temporal import connect_client
 from roles.infra.tracing import flush_spans
@@ -93,7 +93,7 @@ async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: boo
     """Migrate the database and open what `role` holds: its pool (the api's own size for the
     api), its listener (running) and a Temporal client whose SDK metrics the role's
     own `/metrics` serves. `lazy_client` connects to Temporal at the first call."""
-    url = resolve_url(settings.core)
+    url = named(resolve_url(settings.core), role)
     await patiently(lambda: migrate_url(url), "migrate")
     store = await patiently(lambda: open_store(url, settings.core, api=role == "api"), "pool")
     runtime = Runtime(role, settings, store, url, Listener(url), httpx.AsyncClient())

@@ -10,14 +10,14 @@ import pytest
 
 from receipts import assembly
 from receipts.store import Store
-from roles.infra.db import migrate_url
+from tests.conftest import migrate_patiently
 from tests.e2e.roles_harness import RoleProcesses
 
 
 @pytest.fixture
 async def e2e_store(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
     url = make_database()
-    await migrate_url(url)
+    await migrate_patiently(url)
     store = await assembly.open_store(url, min_size=1, max_size=5)
     yield store, url
     await store.close()

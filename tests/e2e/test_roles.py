@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from receipts import deliveries
@@ -236,9 +237,17 @@ async def test_each_role_exposes_its_metrics_after_a_known_workload(
                 what="worker-control exporting the queued job",
             )
             driver, worker = await scrape(driver_port), await scrape(worker_port)
+        async with await psycopg.AsyncConnection.connect(e2e_store[1]) as conn:
+            cursor = await conn.execute(
+                "SELECT DISTINCT application_name FROM pg_stat_activity"
+                " WHERE datname = current_database()"
+            )
+            names = {row[0] for row in await cursor.fetchall()}
     except BaseException:
         print(procs.logs())
         raise
+    # Each role's connections carry its name (what an operator reads in pg_stat_activity).
+    assert {"receipt-driver", "receipt-worker-codex", "receipt-worker-control"} <= names, names
     # Three settled jobs and the waiting one were each started once.
     starts = [line for line in driver.splitlines() if line.startswith("receipt_driver_starts")]
     assert 'receipt_driver_starts_total{outcome="created"} 4.0' in starts, starts

@@ -163,3 +163,17 @@ async def test_a_role_waits_for_a_database_that_refuses_its_start(
 
     with pytest.raises(psycopg.OperationalError):  # past its patience: the role exits
         await process.patiently(always_refused, "migrate", patience_s=0.05)
+
+
+def test_a_role_names_its_connections_unless_the_url_does() -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from roles.infra.db import named
+
+    url = "postgresql://postgres@127.0.0.1:5432/receipt?sslmode=disable"
+    assert conninfo_to_dict(named(url, "api")) == {
+        **conninfo_to_dict(url),
+        "application_name": "receipt-api",
+    }
+    own = "postgresql://postgres@db/receipt?application_name=ours"
+    assert named(own, "driver") == own
