@@ -8,6 +8,7 @@ This module holds the contract only; the worker's side of it (leases, fences, th
 from __future__ import annotations
 
 import abc
+import inspect
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -25,7 +26,9 @@ DEFAULT_KINDS: tuple[str, ...] = ("factory.task.run",)
 @dataclass(frozen=True, slots=True)
 class Command:
     """A steer or follow_up sent to the job (`POST /jobs/{jobId}/commands`), already marked
-    consumed when the handler is handed it: each command reaches the handler once."""
+    consumed when the handler is handed it: each reaches one attempt once. An attempt that does
+    not complete (`Retry`, a failure that is retried, a lost lease) gives back what it consumed:
+    the next attempt reads those commands again."""
 
     command_id: str
     type: str
@@ -118,6 +121,12 @@ class JobContext(abc.ABC):
         about to be cancelled. `data` that is not JSON raises TypeError at the call."""
 
     @abc.abstractmethod
+    def time_left(self) -> float | None:
+        """Seconds until the attempt's execution timeout cancels the handler (None: not known).
+        An installed handler has the job's lease less a second (`JOB_LEASE_MS`, 300 s by
+        default) however the job's `timeoutMs` reads: split longer work into jobs, or `Retry`."""
+
+    @abc.abstractmethod
     def commands(self, *, wait: bool = True) -> AsyncIterator[Command]:
         """The job's steer and follow_up commands, in order, each consumed once. With `wait`
         it waits for more until the job is aborted; without, it ends when none is pending."""
@@ -131,9 +140,12 @@ class JobContext(abc.ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> SandboxRun:
-        """Run `argv` in the command sandbox, in the job's workspace, its output streamed as
-        progress. Only a handler declared with `sandbox=True` may; the sandbox is the only
-        way a handler runs a command its tenant chose."""
+        """Run `argv` (a list of strings) in the command sandbox, in the job's workspace, its
+        output streamed as progress. Only a handler declared with `sandbox=True` may; the
+        sandbox is the only way a handler runs a command its tenant chose, and its program is
+        held to the organization's allow-list of executables (`RECEIPT_ORG_EXECUTABLES`) as a
+        command a request names is. An argv, `env` or `stdin` it cannot run, or a program off
+        the list, raises `Fail`."""
 
 
 HandlerFunction = Callable[[JobContext], Awaitable[Any]]
@@ -171,7 +183,15 @@ def handler(
     """Declare `async def f(job: JobContext)` the handler of `agent_id` for `kinds` (payload
     kinds; default `factory.task.run`). Its return value (JSON) is the job's result. With
     `group` (`chat`, `codex` or `control`) its jobs run on that worker group, whatever routing
-    would pick; install it in the entry-point group `receipt.handlers.<group>` then."""
+    would pick; install it in the entry-point group `receipt.handlers.<group>` then. A handler
+    that runs commands (`sandbox=True`) runs where the sandbox is: `group="codex"`."""
+    if isinstance(kinds, str):
+        raise ValueError(f"kinds of {agent_id!r} must be a list of payload kinds, not a string")
+    if sandbox and group != "codex":
+        raise ValueError(
+            f"handler {agent_id!r} runs commands (sandbox=True): it runs on worker-codex, where "
+            "the sandbox is; add group='codex'"
+        )
     if group is not None and group not in GROUP_QUEUES:
         raise ValueError(
             f"group of {agent_id!r} must be one of {', '.join(GROUP_QUEUES)}; got {group!r}"
@@ -190,6 +210,21 @@ def handler(
         )
 
     def declare(function: HandlerFunction) -> AgentHandler:
+        if not _is_async(function):
+            # A plain function would run on the worker's event loop (no heartbeat meanwhile),
+            # its side effects done, before awaiting its result failed: refused where declared.
+            raise TypeError(
+                f"@handler({agent_id!r}) declares an `async def` function; "
+                f"{getattr(function, '__qualname__', function)!r} is not one (run blocking "
+                "work with `await asyncio.to_thread(...)` inside it)"
+            )
         return AgentHandler(agent_id, taken, function, sandbox, group)
 
     return declare
+
+
+def _is_async(function: Any) -> bool:
+    """An `async def` function, or an object whose `__call__` is one."""
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        type(function).__call__
+    )

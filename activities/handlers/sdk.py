@@ -38,6 +38,7 @@ from activities.handlers.steering import StdinFeed
 from activities.sandbox import SandboxRefused, run_sandboxed
 from receipt_worker.sdk import AgentHandler, Command, Fail, JobContext, Retry, SandboxRun
 from receipts import metrics
+from receipts.executables import first_refused
 from receipts.kinds import AGENT_IDS, GROUP_QUEUES, handlers_entry_points
 from receipts.tenancy import caller_id
 from receipts.text import sanitize
@@ -47,6 +48,10 @@ COMMAND_POLL_S = 1.0
 KEPT_PROGRESS_WRITE_S = 2.0
 """How long the progress kept back is given to be written when the handler ends: well inside
 the 5 s a cancelled handler has before it is abandoned (activities/attempt.py)."""
+MAX_PROGRESS_BYTES = 64 * 1024
+MAX_RESULT_BYTES = 1024 * 1024
+"""What a handler's progress (a receipt every half second at most) and its result (the job's
+row, every read of it and its event stream) may weigh as JSON: a request body's default cap."""
 _NOTHING = object()
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,7 @@ class FencedJobContext(JobContext):
         self._declared = declared
         self._unsent: Any = _NOTHING
         self._last_sent = -math.inf
+        self._later: asyncio.Task[None] | None = None
 
     @property
     def payload(self) -> Mapping[str, Any]:
@@ -81,19 +87,50 @@ class FencedJobContext(JobContext):
     def aborted(self) -> bool:
         return self._ctx.aborted.is_set()
 
+    def time_left(self) -> float | None:
+        deadline = self._ctx.deadline
+        return None if deadline is None else deadline - asyncio.get_running_loop().time()
+
     async def progress(self, data: Any) -> bool:
         # Refused at the call whether it is written now or kept back: kept, it would fail only
         # when the handler ends, in place of the handler's own outcome.
-        _check_json(data, "progress data")
+        _check_json(data, "progress data", MAX_PROGRESS_BYTES)
         if time.monotonic() - self._last_sent < PROGRESS_INTERVAL_S:
+            # Kept back, and written when the half second is up (not only at the handler's next
+            # call, which a long step may not make for minutes).
             self._unsent = data
+            if self._later is None or self._later.done():
+                self._later = asyncio.create_task(self._write_later(), name="handler-progress")
             return True
         self._unsent = _NOTHING
         self._last_sent = time.monotonic()
         return await self._ctx.progress(data)
 
+    async def _write_later(self) -> None:
+        """Write what is kept back once the rate limit lets it, the latest kept meanwhile too."""
+        while self._unsent is not _NOTHING:
+            wait = self._last_sent + PROGRESS_INTERVAL_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            data, self._unsent = self._unsent, _NOTHING
+            self._last_sent = time.monotonic()
+            try:
+                await self._ctx.progress(data)
+            except asyncio.CancelledError:
+                if self._unsent is _NOTHING:
+                    self._unsent = data  # the handler's end writes it (`write_kept`)
+                raise
+            except Exception:
+                self._unwritten()
+                return
+
     async def flush(self) -> None:
         """Write the progress kept back by the rate limit, if any."""
+        if self._later is not None and not self._later.done():
+            self._later.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._later
         if self._unsent is not _NOTHING:
             data, self._unsent = self._unsent, _NOTHING
             await self._ctx.progress(data)
@@ -105,12 +142,15 @@ class FencedJobContext(JobContext):
         try:
             await within(self.flush(), KEPT_PROGRESS_WRITE_S)
         except Exception:
-            metrics.HANDLER_PROGRESS_UNWRITTEN.labels(metrics.agent_label(self.agent_id)).inc()
-            log.warning(
-                "the progress a handler's rate limit kept back was not written",
-                exc_info=True,
-                extra={"event": "handler.progress_unwritten", "jobId": self.job_id},
-            )
+            self._unwritten()
+
+    def _unwritten(self) -> None:
+        metrics.HANDLER_PROGRESS_UNWRITTEN.labels(metrics.agent_label(self.agent_id)).inc()
+        log.warning(
+            "the progress a handler's rate limit kept back was not written",
+            exc_info=True,
+            extra={"event": "handler.progress_unwritten", "jobId": self.job_id},
+        )
 
     async def commands(self, *, wait: bool = True) -> AsyncIterator[Command]:
         arrived = self._ctx.commands_arrived
@@ -137,7 +177,12 @@ class FencedJobContext(JobContext):
                 f"handler {self._declared.name} runs no commands: declare it with "
                 "@handler(..., sandbox=True)"
             )
+        _check_command(argv, stdin, env, cwd)
         ctx = self._ctx
+        allowed = ctx.settings.factory.org_executables.get(ctx.job.organization_id or "")
+        refused = first_refused(allowed, [("argv", list(argv))])
+        if refused is not None:  # the handler chose it, maybe from the tenant's payload
+            raise Fail(refused[1])
         settings = ctx.settings.sandbox
         output = ProgressOutput(ctx)
         feed = StdinFeed(ctx, stdin.encode("utf-8"), steers=False) if stdin is not None else None
@@ -174,6 +219,12 @@ def as_handler(declared: AgentHandler) -> Handler:
         job = FencedJobContext(ctx, declared)
         try:
             value = await declared(job)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # `sys.exit` (argparse on bad input, click) would end the worker's event loop and
+            # every attempt it runs: the handler's failure only, retried as an exception is.
+            await job.write_kept()
+            message = f"{type(exc).__name__}: {exc} (a handler may not end its worker)"
+            raise HandlerError(message, retryable=True) from None
         except Retry as exc:
             await job.write_kept()
             raise HandlerError(str(exc), retryable=True, retry_delay_ms=exc.delay_ms) from exc
@@ -191,7 +242,7 @@ def as_handler(declared: AgentHandler) -> Handler:
             raise
         await job.write_kept()
         try:
-            _check_json(value, f"the result of {declared.name}")
+            _check_json(value, f"the result of {declared.name}", MAX_RESULT_BYTES)
         except TypeError as exc:
             raise HandlerError(str(exc), retryable=False) from exc
         return value
@@ -199,20 +250,40 @@ def as_handler(declared: AgentHandler) -> Handler:
     return handle
 
 
-def _check_json(value: Any, what: str) -> None:
-    """Refuse what the store cannot write: JSON once sanitized as a write is (bytes decoded,
-    keys made strings, NaN as null: receipts/text.py `sanitize`)."""
+def _check_json(value: Any, what: str, limit: int) -> None:
+    """Refuse what the store cannot write, or should not: JSON once sanitized as a write is
+    (bytes decoded, keys made strings, NaN as null: receipts/text.py `sanitize`), at most
+    `limit` bytes."""
     try:
-        json.dumps(sanitize(value))
-    except (TypeError, ValueError) as exc:
+        size = len(json.dumps(sanitize(value)).encode())
+    except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(f"{what} is not JSON: {exc}") from exc
+    if size > limit:
+        raise TypeError(f"{what} is {size} bytes of JSON; at most {limit} are kept")
+
+
+def _check_command(argv: Any, stdin: Any, env: Any, cwd: Any) -> None:
+    """`run_sandboxed`'s arguments as it can run them, else `Fail` naming the one it cannot."""
+    if isinstance(argv, str) or not isinstance(argv, (list, tuple)) or not argv:
+        raise Fail("run_sandboxed(argv): a non-empty list of strings (no shell), not a string")
+    if not all(isinstance(part, str) for part in argv):
+        raise Fail("run_sandboxed(argv): every part must be a string")
+    if stdin is not None and not isinstance(stdin, str):
+        raise Fail("run_sandboxed(stdin=...): a string")
+    if env is not None and not (
+        isinstance(env, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise Fail("run_sandboxed(env=...): a mapping of strings to strings")
+    if cwd is not None and not isinstance(cwd, str):
+        raise Fail("run_sandboxed(cwd=...): a path relative to the job's workspace")
 
 
 def _failed(exc: Fail) -> HandlerError:
     """The failure a `Fail` names; a result that is not JSON (changed after `Fail` checked it)
-    is dropped, and the message says so, rather than failing the settle."""
+    or too large is dropped, and the message says so, rather than failing the settle."""
     try:
-        _check_json(exc.result, "its result")
+        _check_json(exc.result, "its result", MAX_RESULT_BYTES)
     except TypeError as refused:
         return HandlerError(f"{exc} ({refused}; dropped)", retryable=exc.retryable)
     return HandlerError(str(exc), retryable=exc.retryable, result=exc.result)

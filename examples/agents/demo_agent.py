@@ -7,6 +7,7 @@ job's workspace, follow-ups included, and is done. Standard library only.
 """
 
 import json
+import os
 import select
 import sys
 import time
@@ -18,26 +19,54 @@ def say(outcome: dict) -> None:
     print(json.dumps(outcome), flush=True)
 
 
-def steers(seconds: float) -> list:
+class Lines:
+    """stdin's lines, read from the descriptor into a buffer of its own: `select` sees only what
+    the descriptor holds, so lines `sys.stdin` had already buffered (a steer that came with the
+    request line, or two steers in one read) would never be seen."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.closed = False
+
+    def next(self, timeout: float | None) -> str | None:
+        """The next line, waiting up to `timeout` seconds (None: for ever); None when none."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buffer and not self.closed:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            ready, _, _ = select.select([0], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(0, 65536)
+            self.buffer += chunk
+            self.closed = not chunk
+        if b"\n" not in self.buffer:
+            line, self.buffer = self.buffer, b""
+            return line.decode() or None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode()
+
+
+def steers(stdin: Lines, seconds: float) -> list:
     """The steer lines that arrive on stdin within `seconds` (one JSON object each)."""
     found = []
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([sys.stdin], [], [], left)
-        if not ready:
+        line = stdin.next(left)
+        if line is None:
             break
-        line = sys.stdin.readline()
-        if not line:
-            break
-        found.append(json.loads(line).get("payload"))
+        if line.strip():
+            found.append(json.loads(line).get("payload"))
     return found
 
 
 def main() -> int:
-    request = json.loads(sys.stdin.readline())
+    stdin = Lines()
+    request = json.loads(stdin.next(None) or "{}")
     prompt = request.get("prompt") or "(no prompt)"
     print(f"turn {request['turn']} of attempt {request['attempt']}: {prompt}", flush=True)
-    steered = steers(1.0)
+    steered = steers(stdin, 1.0)
     for steer in steered:
         print(f"steered: {json.dumps(steer)}", flush=True)
     answer = request.get("answer")

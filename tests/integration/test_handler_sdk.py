@@ -1,13 +1,16 @@
 """The handler SDK (`receipt_worker`) under the attempt activity, against real PostgreSQL: a
 `@handler` settles as the built-in handlers do — its result, `Retry` with its delay, `Fail`, an
 exception with its message, its progress rate-limited, its commands consumed once, an abort. The
-role-process tests (tests/e2e/test_handler_sdk.py) run the installed example through the api."""
+role-process tests (tests/e2e/test_client_roles.py) run the installed example through the api."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from temporalio.testing import ActivityEnvironment
 
 from activities.attempt import execution_timeout_message
 from activities.handlers.sdk import as_handler
@@ -281,3 +284,127 @@ async def test_a_handler_not_declared_sandboxed_runs_no_command(store: Store) ->
     job = await store.get_job(job_id)
     assert job is not None and job.status == "failed"
     assert job.error is not None and "sandbox=True" in job.error
+
+
+async def test_a_handler_that_calls_sys_exit_fails_its_attempt_not_the_worker(
+    store: Store,
+) -> None:
+    """`sys.exit` in a handler (argparse on bad input does it) ended the worker's event loop and
+    every attempt it ran; it is the handler's failure now, retried as an exception is."""
+    import argparse
+
+    @handler("sdk-exit")
+    async def exits(job: JobContext) -> None:
+        parser = argparse.ArgumentParser(prog="release", exit_on_error=False)
+        parser.add_argument("version")
+        parser.parse_args([])  # no version: argparse prints its usage and exits 2
+
+    beside = asyncio.create_task(asyncio.sleep(0.2, result="still running"))
+    job_id, result = await delivered(store, exits)
+    assert (result.status, result.job_status) == (AttemptStatus.FAILED, "queued")
+    job = await store.get_job(job_id)
+    assert job is not None and job.error is not None
+    assert job.error.startswith("SystemExit: 2") and "may not end its worker" in job.error
+    assert await beside == "still running"
+
+
+async def test_progress_kept_back_is_written_when_the_half_second_is_up(store: Store) -> None:
+    """Progress held back by the rate limit is written once the limit lets it, not only at the
+    handler's next call or its end: a long step shows where it is while it runs."""
+    in_step, looked = asyncio.Event(), asyncio.Event()
+
+    @handler("sdk-long-step")
+    async def long_step(job: JobContext) -> None:
+        await job.progress("download")
+        await job.progress("process")  # within the rate limit: kept
+        in_step.set()
+        await looked.wait()  # a long step, no call meanwhile
+
+    job_id = await job_of(store, "sdk-long-step")
+    handlers = {"sdk-long-step": as_handler(long_step)}
+    delivery = asyncio.create_task(run(store, handlers, attempt_of(job_id, "sdk-long-step")))
+    await asyncio.wait_for(in_step.wait(), 30)
+    await asyncio.sleep(1.2)
+    receipts = await store.read_stream(f"jobs/{job_id}")
+    looked.set()
+    assert (await asyncio.wait_for(delivery, 30)).job_status == "completed"
+    assert [r.data["data"] for r in receipts if r.type == "job.progress"] == ["download", "process"]
+
+
+async def test_a_handler_knows_the_time_it_has_left(store: Store) -> None:
+    @handler("sdk-time-left")
+    async def left(job: JobContext) -> float | None:
+        return job.time_left()
+
+    job_id = await job_of(store, "sdk-time-left")
+    handlers = {"sdk-time-left": as_handler(left)}
+    await run(store, handlers, attempt_of(job_id, "sdk-time-left", execution_timeout_ms=4000))
+    job = await store.get_job(job_id)
+    assert job is not None and isinstance(job.result, float)
+    assert 2.0 < job.result <= 4.0, job.result
+
+
+async def test_progress_and_results_are_bounded(store: Store) -> None:
+    """A handler's progress (a receipt every half second) and result (the job's row, every read
+    of it) had no bound but PostgreSQL's: 64 KiB of progress is refused at the call, a result
+    over 1 MiB fails the job, not retried."""
+    refused: list[str] = []
+
+    @handler("sdk-heavy")
+    async def heavy(job: JobContext) -> str:
+        try:
+            await job.progress("x" * 70_000)
+        except TypeError as exc:
+            refused.append(str(exc))
+        return "y" * (1024 * 1024 + 1)
+
+    job_id, result = await delivered(store, heavy)
+    assert refused == ["progress data is 70002 bytes of JSON; at most 65536 are kept"]
+    assert result.job_status == "failed"
+    job = await store.get_job(job_id)
+    assert job is not None and job.error is not None and "at most 1048576 are kept" in job.error
+    receipts = await store.read_stream(f"jobs/{job_id}")
+    assert [r for r in receipts if r.type == "job.progress"] == []
+
+
+async def test_a_sandboxed_handler_s_command_is_checked_before_it_runs(store: Store) -> None:
+    """What a handler passes `run_sandboxed` it can run or fails the job naming why (a string
+    argv was split into characters, a non-string env raised a retried TypeError), and its
+    program is held to the organization's allow-list as a command a request names is (the
+    list was checked on `payload.task.command` only, which a handler need not read)."""
+    from activities.attempt import AttemptActivities
+    from activities.handlers.context import HandlerSettings
+    from receipts.settings import FactorySettings
+
+    calls: list[dict[str, Any]] = [
+        {"argv": "echo hi"},
+        {"argv": ["echo", 1]},
+        {"argv": ["echo"], "env": {"N": 1}},
+        {"argv": ["echo"], "stdin": 5},
+        {"argv": ["curl", "https://example.com"]},
+    ]
+
+    @handler("sdk-runner", sandbox=True, group="codex")
+    async def runner(job: JobContext) -> None:
+        call = dict(job.payload["call"])
+        await job.run_sandboxed(call.pop("argv"), **call)
+
+    settings = HandlerSettings(factory=FactorySettings(org_executables={"org-a": ["pytest"]}))
+    errors = []
+    for call in calls:
+        job_id = await job_of(store, "sdk-runner", call=call)
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, attempt=1, activity_id="attempt:1")
+        activities = AttemptActivities(store, {"sdk-runner": as_handler(runner)}, settings=settings)
+        result = await env.run(activities.execute_attempt, attempt_of(job_id, "sdk-runner"))
+        assert result.job_status == "failed", call  # not retried: the handler's own mistake
+        job = await store.get_job(job_id)
+        assert job is not None
+        errors.append(job.error)
+    assert errors == [
+        "run_sandboxed(argv): a non-empty list of strings (no shell), not a string",
+        "run_sandboxed(argv): every part must be a string",
+        "run_sandboxed(env=...): a mapping of strings to strings",
+        "run_sandboxed(stdin=...): a string",
+        "argv[0] must be one of this organization's executables: pytest",
+    ]

@@ -424,6 +424,32 @@ def test_the_example_registry_parses_and_its_demo_agent_is_beside_it() -> None:
     assert demo is not None and Path(demo.command[1]).is_file()
 
 
+def test_the_demo_agent_reads_every_steer_however_its_lines_arrive(tmp_path: Path) -> None:
+    """Steers written with the request line (as the turn's feed writes pending ones), or two in
+    one write, were left in Python's stdin buffer where `select` never saw them: lost, though
+    the runtime had marked them consumed."""
+    import json
+    import subprocess
+    import sys
+
+    from roles.cli.up import EXAMPLES
+
+    request = {"turn": 1, "attempt": 1, "prompt": "p"}
+    lines = [request, {"payload": {"n": 1}}, {"payload": {"n": 2}}]
+    ran = subprocess.run(
+        [sys.executable, str(EXAMPLES / "agents" / "demo_agent.py")],
+        input="".join(json.dumps(line) + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+        check=True,
+    )
+    steered = [line for line in ran.stdout.splitlines() if line.startswith("steered:")]
+    assert steered == ['steered: {"n": 1}', 'steered: {"n": 2}'], ran.stdout
+    assert json.loads(ran.stdout.splitlines()[-1])["outcome"] == "needs_input"
+
+
 # --- the queue's retry delay ------------------------------------------------------------------
 
 

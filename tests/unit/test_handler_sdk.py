@@ -152,3 +152,48 @@ async def test_a_failure_to_write_kept_progress_never_replaces_the_handlers_outc
         await as_handler(writer)(ctx)  # type: ignore[arg-type]
     assert (str(failed.value), failed.value.retryable) == ("payload.version is required", False)
     assert written == ["first"] and unwritten._value.get() == before + 1
+
+
+def test_a_declaration_it_cannot_run_is_refused_where_it_is_made() -> None:
+    """A plain function (it ran its side effects, then awaiting its result failed, retried), a
+    string of kinds (refused letter by letter), a sandboxed handler off worker-codex (it ran
+    commands where no sandbox is, with no `commands:run` needed to enqueue it)."""
+
+    def plain(job: JobContext) -> dict[str, str]:
+        return {}
+
+    with pytest.raises(TypeError, match=r"async def.*asyncio.to_thread"):
+        handler("unit-plain")(plain)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="a list of payload kinds, not a string"):
+        handler("unit-kinds", kinds="factory.task.run")
+    with pytest.raises(ValueError, match="add group='codex'"):
+        handler("unit-sandboxed", sandbox=True)
+    with pytest.raises(ValueError, match="add group='codex'"):
+        handler("unit-sandboxed", sandbox=True, group="chat")
+
+    class Callable:
+        async def __call__(self, job: JobContext) -> None:
+            """An object whose call is a coroutine function is a handler too."""
+
+    assert handler("unit-callable")(Callable()).agent_id == "unit-callable"
+
+
+def test_an_installed_handler_s_commands_are_held_to_the_list_where_it_runs_them() -> None:
+    """Under an organization's allow-list, an enqueue of an installed sandboxed handler was
+    checked on `payload.task.command`, which the handler need not read: refused for lacking it,
+    or admitted by a decoy while the argv the handler reads ran unchecked. The handler's argv is
+    checked when it runs it (tests/integration/test_handler_sdk.py), not at the enqueue."""
+    from receipts.enqueue_request import parse_enqueue
+    from receipts.executables import refused_request
+
+    lists = {"org-a": ["pytest"]}
+    auth = {"userId": "u-1", "organizationId": "org-a"}
+    check = {"kind": "factory.task.run", "authContext": auth, "check": ["pytest", "-q"]}
+    assert installed_handlers()["release-check"] == "codex"
+    assert (
+        refused_request(lists, "release-check", parse_enqueue("release-check", {"payload": check}))
+        is None
+    )
+    codex = {"kind": "factory.task.run", "authContext": auth, "task": {"command": ["curl"]}}
+    refused = refused_request(lists, "codex", parse_enqueue("codex", {"payload": codex}))
+    assert refused is not None and refused[0] == "payload.task.command"
