@@ -247,6 +247,11 @@ RETENTION_SKIPPED = Counter(
     "receipt_retention_skipped_passes",
     "Retention passes skipped because another process held the single-flight lock.",
 )
+RETENTION_BEHIND = Counter(
+    "receipt_retention_behind_passes",
+    "Retention passes that stopped at their batch budget with more to prune: retention is "
+    "falling behind what settles.",
+)
 
 # --- the api and the role process --------------------------------------------------------------
 

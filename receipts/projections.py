@@ -43,10 +43,10 @@ class Projection(Generic[S]):
     """The table `table` of the folded states (`model`, folded by `fold`) of the streams
     `<model.STREAM_PREFIX><id>`, one row each; a verify names a row `<noun><id>`.
 
-    Its statements (receipts/sql/) are `write` (one row), `<table>_lock` and `<table>_share_lock`
-    (the table lock of a rebuild, of a verify), `<table>_clear` and `<table>_states` (each row's
-    id and state). The `write` statement names the row's columns: each of its parameters is the
-    state's attribute of that name (or what `extra` gives), `state` the whole state as JSON.
+    Its statements (receipts/sql/) are `write` (one row), `<table>_lock` (the table lock of a
+    rebuild), `<table>_clear` and `<table>_states` (each row's id and state). The `write`
+    statement names the row's columns: each of its parameters is the state's attribute of that
+    name (or what `extra` gives), `state` the whole state as JSON.
     """
 
     table: str
@@ -92,8 +92,8 @@ class Projection(Generic[S]):
         return len(folded)
 
     async def verify_in(self, tx: Tx) -> list[str]:
-        """One line per row that is not the fold of its stream (or has no stream, or no row)."""
-        await tx.execute(f"{self.table}_share_lock", {})
+        """One line per row that is not the fold of its stream (or has no stream, or no row);
+        `tx` reads one snapshot (`receipts.assembly.verify`)."""
         folded = await self.fold_chain_in(tx)
         rows = await tx.fetch(f"{self.table}_states", {})
         live = {row[0]: self.model.model_validate(row[1]) for row in rows}

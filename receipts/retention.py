@@ -84,6 +84,7 @@ class PruneResult:
     """What a prune removed (or, in a dry run, would remove): rows per table, batches run."""
 
     cutoff: datetime | None = None
+    now: datetime | None = None  # the database clock when it started
     batches: int = 0
     removed: dict[str, int] = field(default_factory=dict)
     dry_run: bool = False
@@ -119,14 +120,18 @@ async def take_pass_lock(tx: Tx) -> bool:
     return bool(row and row[0])
 
 
-async def cutoff_for(store: Store, older_than: timedelta) -> datetime:
-    """The database clock minus `older_than`."""
+Age = timedelta | datetime
+"""What a prune or an export takes: an age (settled before the database clock minus it) or the
+cutoff itself — an export's, so that the prune after it removes exactly what it archived."""
+
+
+async def cutoff_for(store: Store, older_than: Age) -> tuple[datetime, datetime]:
+    """`(cutoff, now)` by the database clock: now minus an age, or the time given."""
     with translate_errors():
-        row = await store.fetch_one(
-            "retention_cutoff", {"older_than_s": older_than.total_seconds()}
-        )
+        row = await store.fetch_one("retention_cutoff", {"older_than_s": 0})
     assert row is not None
-    return row[0]
+    now: datetime = row[0]
+    return (older_than if isinstance(older_than, datetime) else now - older_than), now
 
 
 Key = tuple[datetime, str]
@@ -275,22 +280,23 @@ async def candidates(
 
 async def prune(
     store: Store,
-    older_than: timedelta,
+    older_than: Age,
     *,
     batch: int = DEFAULT_BATCH,
     dry_run: bool = False,
     max_batches: int | None = None,
     schedules_after: str = "",
 ) -> PruneResult:
-    """Prune terminal jobs settled more than `older_than` ago (database clock), batch by batch,
-    until none is left (or `max_batches` ran). A dry run counts the same rows, writes nothing.
-    Schedules are compacted in id order from after `schedules_after` (a loop passes the last
-    pass's `schedules_after`, so bounded passes reach every schedule in turn)."""
+    """Prune terminal jobs settled more than `older_than` ago (database clock; or before it, a
+    time), batch by batch, until none is left (or `max_batches` ran). A dry run counts the same
+    rows, writes nothing. Schedules are compacted in id order from after `schedules_after` (a
+    loop passes the last pass's `schedules_after`, so bounded passes reach every schedule in
+    turn)."""
     _check_batch(batch)
-    cutoff = await cutoff_for(store, older_than)
-    result = PruneResult(cutoff=cutoff, dry_run=dry_run, schedules_after=schedules_after)
+    cutoff, now = await cutoff_for(store, older_than)
+    result = PruneResult(cutoff=cutoff, now=now, dry_run=dry_run, schedules_after=schedules_after)
     if dry_run:
-        await _compact_schedules(store, result, older_than, batch, max_batches)
+        await _compact_schedules(store, result, batch, max_batches)
         async for job_ids in candidates(store, cutoff, batch):
             result.batches += 1
             async with store.transaction() as tx:
@@ -332,22 +338,18 @@ async def prune(
         result.batches += 1
         for name, count in removed.items():
             result.add(name, count)
-    await _compact_schedules(store, result, older_than, batch, max_batches)
+    await _compact_schedules(store, result, batch, max_batches)
     return result
 
 
 async def _compact_schedules(
-    store: Store,
-    result: PruneResult,
-    older_than: timedelta,
-    batch: int,
-    max_batches: int | None,
+    store: Store, result: PruneResult, batch: int, max_batches: int | None
 ) -> None:
     """Schedules' old firing receipts (`receipts/schedules/compaction.py`), in batches of
     schedules in id order (each batch after the last one's), after the jobs; a dry run counts
     what each would delete."""
-    assert result.cutoff is not None
-    cutoff = compaction.cutoff_of(result.cutoff, result.cutoff + older_than)
+    assert result.cutoff is not None and result.now is not None
+    cutoff = compaction.cutoff_of(result.cutoff, result.now)
     schedules_per_batch = max(1, batch // 100)
     while max_batches is None or result.batches < max_batches:
         done = await compaction.compact(
@@ -372,9 +374,14 @@ async def _count(
 
 
 async def export(
-    store: Store, older_than: timedelta, *, batch: int = DEFAULT_BATCH
+    store: Store,
+    older_than: Age,
+    *,
+    batch: int = DEFAULT_BATCH,
+    cutoff_seen: list[datetime] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
-    """Yield what a prune would remove now, one JSON object per line:
+    """Yield what a prune would remove now, one JSON object per line (the cutoff it took is
+    appended to `cutoff_seen` first: `prune` given that time removes what was exported):
 
     - `{jobId, job, receipts}` per job (its folded state and whole chain), oldest settlement
       first;
@@ -384,7 +391,9 @@ async def export(
       settled after the cutoff (job lines; the older ones came with the jobs above).
     """
     _check_batch(batch)
-    cutoff = await cutoff_for(store, older_than)
+    cutoff, _ = await cutoff_for(store, older_than)
+    if cutoff_seen is not None:
+        cutoff_seen.append(cutoff)
     async for job_ids in candidates(store, cutoff, batch):
         for line in (await _job_lines(store, job_ids)).values():
             yield line

@@ -447,8 +447,12 @@ async def migrate(conn: psycopg.AsyncConnection[TupleRow]) -> list[int]:
 
 
 async def schema_version(conn: psycopg.AsyncConnection[TupleRow]) -> int:
-    """Return the highest applied migration version (0 when none)."""
+    """Return the highest applied migration version (0 when none, or never migrated)."""
     with translate_errors():
+        cur = await conn.execute(query("migrations_exist"), {})
+        exists = await cur.fetchone()
+        if not (exists and exists[0]):
+            return 0
         cur = await conn.execute(query("migrated"), {})
         row = await cur.fetchone()
     return int(row[0]) if row else 0

@@ -53,8 +53,9 @@ OBJECTIVES = Projection("objectives", ObjectiveState, fold, "objective_upsert", 
 
 
 async def load(tx: Tx, objective_id: str) -> ObjectiveState | None:
-    """The objective's folded state read inside `tx` (lock its stream first to keep it)."""
-    row = await tx.fetch_one("objective_get", {"objective_id": objective_id})
+    """The objective's folded state read inside `tx` to write after it: its row locked, so a
+    projection rebuild waits for the write (lock its stream first)."""
+    row = await tx.fetch_one("objective_get_for_update", {"objective_id": objective_id})
     return ObjectiveState.model_validate(row[0]) if row else None
 
 
@@ -325,7 +326,7 @@ async def redrive_outbox(store: Store, limit: int = 200) -> int:
     delivered = 0
     for objective_id in await outbox_candidates(store, limit):
         async with store.transaction() as tx:
-            before = await load(tx, objective_id)
+            before = await get(tx, objective_id)  # unlocked: `deliver` locks the stream first
             after = await deliver(tx, objective_id)
         if after is not None and before is not None and after.seq != before.seq:
             delivered += 1

@@ -159,8 +159,10 @@ async def get(store: Store, schedule_id: str) -> ScheduleState | None:
 
 
 async def load(tx: Tx, schedule_id: str) -> ScheduleState | None:
-    """The schedule as its projection row holds it, in the caller's transaction."""
-    row = await tx.fetch_one("schedule_get", {"schedule_id": schedule_id})
+    """The schedule as its projection row holds it, read in the caller's transaction to write
+    after it: its row locked, so a projection rebuild waits for the write (lock its stream
+    first)."""
+    row = await tx.fetch_one("schedule_get_for_update", {"schedule_id": schedule_id})
     return ScheduleState.model_validate(row[0]) if row else None
 
 

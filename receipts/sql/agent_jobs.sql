@@ -144,9 +144,6 @@ GROUP BY organization_id, agent_id ORDER BY organization_id, agent_id;
 -- name: agent_jobs_lock
 LOCK TABLE agent_jobs IN EXCLUSIVE MODE;
 
--- name: agent_jobs_share_lock
-LOCK TABLE agent_jobs IN SHARE MODE;
-
 -- name: agent_jobs_clear
 DELETE FROM agent_jobs;
 

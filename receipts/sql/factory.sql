@@ -4,6 +4,11 @@
 -- name: objective_get
 SELECT state FROM objectives WHERE objective_id = %(objective_id)s;
 
+-- name: objective_get_for_update
+-- A writer's read, under its stream lock: the row lock waits out a rebuild's table lock (a plain
+-- read does not, and a writer that read before the rebuild wrote its stale state back after it).
+SELECT state FROM objectives WHERE objective_id = %(objective_id)s FOR NO KEY UPDATE;
+
 -- name: objective_lock_if_exists
 -- The objective stream's lock (`key`, as `lock_key` takes it), taken only when the objective
 -- exists: one round trip, and a job naming an objective that does not exist (a standalone
@@ -111,9 +116,6 @@ LIMIT %(limit)s;
 
 -- name: objectives_lock
 LOCK TABLE objectives IN EXCLUSIVE MODE;
-
--- name: objectives_share_lock
-LOCK TABLE objectives IN SHARE MODE;
 
 -- name: objectives_clear
 DELETE FROM objectives;

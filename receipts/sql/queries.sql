@@ -172,13 +172,10 @@ WHERE starts_with(stream, %(prefix)s)
 ORDER BY stream, seq;
 
 -- The projection tables' statements (receipts/projections.py): `<table>_lock` (a rebuild),
--- `<table>_share_lock` (a verify), `<table>_clear`, `<table>_states` (each row's id and state).
+-- `<table>_clear`, `<table>_states` (each row's id and state).
 
 -- name: jobs_lock
 LOCK TABLE jobs IN EXCLUSIVE MODE;
-
--- name: jobs_share_lock
-LOCK TABLE jobs IN SHARE MODE;
 
 -- name: jobs_states
 SELECT j.job_id, CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
@@ -207,6 +204,9 @@ WHERE j.status IN ('leased', 'running')
   AND coalesce(l.expires_at, j.lease_expires_at) < now()
 ORDER BY coalesce(l.expires_at, j.lease_expires_at)
 LIMIT %(limit)s;
+
+-- name: migrations_exist
+SELECT to_regclass('schema_migrations') IS NOT NULL;
 
 -- name: migrated
 SELECT coalesce(max(version), 0) FROM schema_migrations;
@@ -242,3 +242,8 @@ SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
 
 -- name: ping
 SELECT 1;
+
+-- name: snapshot_read_only
+-- A verify's transaction: one snapshot of the chain and the projections, no lock (a share lock
+-- stopped every enqueue and settle for the whole verify, and heartbeats passed it anyway).
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;

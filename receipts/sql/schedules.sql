@@ -13,6 +13,10 @@ SET seq = EXCLUDED.seq, status = EXCLUDED.status, definition_seq = EXCLUDED.defi
 -- name: schedule_get
 SELECT state FROM schedules WHERE schedule_id = %(schedule_id)s;
 
+-- name: schedule_get_for_update
+-- A writer's read, under its stream lock (as objective_get_for_update: a rebuild waits for it).
+SELECT state FROM schedules WHERE schedule_id = %(schedule_id)s FOR NO KEY UPDATE;
+
 -- name: schedules_live_count
 -- An organization's schedules (deleted ones do not count), for its cap.
 SELECT count(*) FROM schedules
@@ -52,9 +56,6 @@ UPDATE schedules SET synced_seq = 0 WHERE schedule_id = ANY(%(schedule_ids)s::te
 
 -- name: schedules_lock
 LOCK TABLE schedules IN EXCLUSIVE MODE;
-
--- name: schedules_share_lock
-LOCK TABLE schedules IN SHARE MODE;
 
 -- name: schedules_clear
 DELETE FROM schedules;

@@ -7,7 +7,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import ParamSpec, TextIO
 
@@ -19,7 +19,7 @@ from receipts import assembly, durations, retention
 from receipts.errors import InvalidInput, StorageError
 from receipts.settings import Settings
 from receipts.streams import dumps
-from roles.infra.db import migrate_url, open_store, resolve_url
+from roles.infra.db import migrate_url, open_store, resolve_url, schema_behind
 
 P = ParamSpec("P")
 
@@ -88,7 +88,7 @@ def rebuild_projections_command(verify_only: bool) -> None:
     async def run() -> int:
         core = _core()
         url = resolve_url(core)
-        await migrate_url(url)
+        await _prepare(url, writes=not verify_only)
         store = await open_store(url, core)
         try:
             if verify_only:
@@ -106,18 +106,54 @@ def rebuild_projections_command(verify_only: bool) -> None:
     sys.exit(asyncio.run(run()))
 
 
-def _older_than(value: str) -> timedelta:
+async def _prepare(url: str, *, writes: bool) -> None:
+    """Migrate before a command that writes; before one that writes nothing, only check that
+    the schema is this code's (a usage error, exit 2, when it is behind)."""
+    if writes:
+        await migrate_url(url)
+    elif (behind := await schema_behind(url)) is not None:
+        raise click.UsageError(behind)
+
+
+def _cutoff(older_than: str | None, before: datetime | None) -> retention.Age:
+    """`--older-than` (an age) or `--before` (a time in the past), exactly one."""
+    if (older_than is None) == (before is None):
+        raise click.UsageError("give --older-than (e.g. 30d) or --before (an export's cutoff)")
+    if before is not None:
+        if before.tzinfo is None:
+            raise click.BadParameter(
+                "give a time zone, e.g. 2026-11-01T00:00:00+00:00", param_hint="--before"
+            )
+        if before > datetime.now(UTC):
+            raise click.BadParameter("must be in the past", param_hint="--before")
+        return before
+    assert older_than is not None
     try:
-        older_than = durations.parse_duration(value, name="--older-than")
+        age = durations.parse_duration(older_than, name="--older-than")
     except InvalidInput as exc:
         raise click.BadParameter(exc.message) from None
-    if older_than is None:
+    if age is None:
         raise click.BadParameter("0 keeps everything: give a duration such as 30d")
-    return older_than
+    return age
+
+
+_OLDER_THAN = click.option(
+    "--older-than",
+    "older_than",
+    default=None,
+    help="Settled more than this ago: e.g. 30d, 12h, 90m, 1w2d.",
+)
+_BEFORE = click.option(
+    "--before",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S%z"]),
+    default=None,
+    help="Settled before this time (ISO 8601 with its zone): the cutoff an export printed.",
+)
 
 
 @main.command("prune")
-@click.option("--older-than", "older_than", required=True, help="e.g. 30d, 12h, 90m, 1w2d.")
+@_OLDER_THAN
+@_BEFORE
 @click.option("--dry-run", is_flag=True, help="Count what would be removed; delete nothing.")
 @click.option(
     "--batch",
@@ -127,16 +163,20 @@ def _older_than(value: str) -> timedelta:
     help="Jobs per transaction.",
 )
 @_database_command
-def prune_command(older_than: str, dry_run: bool, batch: int) -> None:
-    """Delete terminal jobs settled more than --older-than ago, with their receipts, deliveries,
-    callback and ledger rows, and settled agent jobs and objectives with their jobs and chains,
-    whole, in batches that never lock a live job; print what was removed."""
-    age = _older_than(older_than)
+def prune_command(
+    older_than: str | None, before: datetime | None, dry_run: bool, batch: int
+) -> None:
+    """Delete terminal jobs settled more than --older-than ago (or before --before), with their
+    receipts, deliveries, callback and ledger rows, and settled agent jobs and objectives with
+    their jobs and chains, whole, in batches that never lock a live job; compact schedules' old
+    firing receipts; print what was removed. After `receipt export`, give --before the cutoff it
+    printed: an age read again later would remove what settled meanwhile, unarchived."""
+    age = _cutoff(older_than, before)
 
     async def run() -> retention.PruneResult:
         core = _core()
         url = resolve_url(core)
-        await migrate_url(url)
+        await _prepare(url, writes=not dry_run)
         store = await open_store(url, core)
         try:
             return await retention.prune(store, age, batch=batch, dry_run=dry_run)
@@ -150,7 +190,8 @@ def prune_command(older_than: str, dry_run: bool, batch: int) -> None:
 
 
 @main.command("export")
-@click.option("--older-than", "older_than", required=True, help="e.g. 30d, 12h, 90m, 1w2d.")
+@_OLDER_THAN
+@_BEFORE
 @click.option(
     "--output",
     "-o",
@@ -159,20 +200,22 @@ def prune_command(older_than: str, dry_run: bool, batch: int) -> None:
     help="File to write (default: standard output); written whole or not at all.",
 )
 @_database_command
-def export_command(older_than: str, output: Path | None) -> None:
-    """Write what `receipt prune --older-than` would remove as JSON lines: {jobId, job,
-    receipts} per job, oldest settlement first; then {agentJobId, agentJob, receipts} per
-    settled agent job and {objectiveId, objective, receipts} per settled objective, each
-    followed by the job lines of the jobs that go with it."""
-    age = _older_than(older_than)
+def export_command(older_than: str | None, before: datetime | None, output: Path | None) -> None:
+    """Write what `receipt prune` would remove as JSON lines: {jobId, job, receipts} per job,
+    oldest settlement first; then {agentJobId, agentJob, receipts} per settled agent job and
+    {objectiveId, objective, receipts} per settled objective, each followed by the job lines of
+    the jobs that go with it. It prints its cutoff, and the prune that removes what it wrote:
+    `receipt prune --before <cutoff>`."""
+    age = _cutoff(older_than, before)
+    cutoff: list[datetime] = []
 
     async def run(out: TextIO) -> None:
         core = _core()
         url = resolve_url(core)
-        await migrate_url(url)
+        await _prepare(url, writes=False)
         store = await open_store(url, core)
         try:
-            async for line in retention.export(store, age):
+            async for line in retention.export(store, age, cutoff_seen=cutoff):
                 out.write(dumps(line) + "\n")
                 kind = next(k for k in ("jobId", "agentJobId", "objectiveId") if k in line)
                 written[kind] += 1
@@ -194,9 +237,11 @@ def export_command(older_than: str, output: Path | None) -> None:
             raise click.FileError(str(output), exc.strerror or str(exc)) from None
         finally:
             partial.unlink(missing_ok=True)
+    settled = cutoff[0].isoformat() if cutoff else "-"
     click.echo(
-        f"exported {written['jobId']} jobs, {written['agentJobId']} agent jobs, "
-        f"{written['objectiveId']} objectives",
+        f"settled before {settled}: exported {written['jobId']} jobs, "
+        f"{written['agentJobId']} agent jobs, {written['objectiveId']} objectives; prune what it "
+        f"wrote with: receipt prune --before {settled}",
         err=True,
     )
 

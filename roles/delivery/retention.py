@@ -79,8 +79,15 @@ class RetentionLoop:
                     schedules_after=self._schedules_after,
                 )
                 self._schedules_after = result.schedules_after
+        if result.batches >= self.max_batches:
+            metrics.RETENTION_BEHIND.inc()
+            log.warning(
+                "a retention pass stopped at its budget of %d batches with more to prune",
+                self.max_batches,
+                extra={"event": "retention.behind", "batches": result.batches},
+            )
         log.log(
-            logging.INFO if result.jobs else logging.DEBUG,
+            logging.INFO if result.removed else logging.DEBUG,
             "retention pass: %s",
             result.summary(),
             extra={

@@ -7,7 +7,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receipts import assembly
 from receipts.settings import Settings
-from receipts.store import SESSION_SETTINGS, Store, migrate
+from receipts.store import SESSION_SETTINGS, Store, latest_schema_version, migrate, schema_version
 from roles.infra.embedded import database_url
 
 
@@ -29,6 +29,20 @@ async def migrate_url(url: str) -> list[int]:
     """Apply pending migrations on `url`; return the versions applied."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         return await migrate(conn)
+
+
+async def schema_behind(url: str) -> str | None:
+    """Why `url`'s schema is too old for this code (a migration it ships is not applied), or
+    None: what a command that writes nothing checks instead of migrating."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        version = await schema_version(conn)
+    latest = latest_schema_version()
+    if version >= latest:
+        return None
+    return (
+        f"the database's schema is at version {version}, this code's at {latest}: "
+        "run `receipt migrate` first (this command writes nothing, migrations included)"
+    )
 
 
 # The api's pool when RECEIPT_DB_POOL_MAX is not set (the other roles: 10).

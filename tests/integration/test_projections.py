@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from typing import Any
@@ -92,3 +93,36 @@ def test_cli_rebuild_and_verify(db_url: str) -> None:
     )
     assert rebuild_run.returncode == 0, rebuild_run.stderr
     assert "jobs projection rebuilt from the chain" in rebuild_run.stdout
+
+
+async def test_a_verify_takes_no_lock_and_reads_one_snapshot(fresh: tuple[Store, str]) -> None:
+    """`--verify-only` took a share lock on `jobs`: every enqueue and settle waited for the
+    whole verify (65 s at 360 000 receipts), while a heartbeat passed it and showed up as a
+    difference. It reads one snapshot now: a writer holding the table goes on, the verify too."""
+    store, url = fresh
+    job = (await put(store)).job
+    with psycopg.connect(url) as writer, writer.transaction():
+        writer.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")  # an enqueue, not yet committed
+        assert await asyncio.wait_for(verify(store), 10) == []
+    assert await store.get_job(job.job_id) is not None
+
+
+async def test_a_rebuild_waits_for_a_writer_that_read_its_row(fresh: tuple[Store, str]) -> None:
+    """An objective's or a schedule's writer read its row with a plain SELECT under its stream
+    lock, which a rebuild's table lock does not wait for: a writer that read before the rebuild
+    wrote its stale state back after it (verify: 'projection differs'). Its read locks the row:
+    the rebuild waits for its write."""
+    from receipts.objectives import store as objectives
+    from receipts.objectives.model import objective_stream
+    from tests.integration.helpers import create_objective
+
+    store, _ = fresh
+    objective_id = await create_objective(store, "o-rebuild")
+    async with store.transaction() as tx:
+        await tx.lock_streams([objective_stream(objective_id)])
+        assert await objectives.load(tx, objective_id) is not None
+        rebuilding = asyncio.create_task(rebuild(store))
+        await asyncio.sleep(1.0)
+        assert not rebuilding.done()  # it waits on the writer's row lock
+    assert (await asyncio.wait_for(rebuilding, 30))["objectives"] == 1
+    assert await verify(store) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -309,6 +310,14 @@ async def test_the_retention_loop_runs_in_one_process_at_a_time(
             assert remaining() == 6
         done = await second.run_once()
         assert done is not None and done.jobs == 5
+
+        # A pass that stops at its budget with more to prune says retention is falling behind.
+        await preload(store, template, 3, age_s=45 * 86_400.0)
+        behind_before = metrics.value("receipt_retention_behind_passes_total")
+        short = RetentionLoop(store, MONTH, batch=1, max_batches=2)
+        assert (await short.run_once()).jobs == 2  # type: ignore[union-attr]
+        assert metrics.value("receipt_retention_behind_passes_total") - behind_before == 1
+        assert (await short.run_once()).jobs == 1  # type: ignore[union-attr]
     finally:
         await other.close()
 
@@ -352,7 +361,7 @@ async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_p
     out = tmp_path / "old.jsonl"
     exported = receipt("export", "--older-than", "30d", "--output", str(out))
     assert exported.returncode == 0, exported.stderr
-    assert "exported 1 jobs, 0 agent jobs, 0 objectives" in exported.stderr
+    assert "exported 1 jobs, 0 agent jobs, 0 objectives; prune" in exported.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["jobId"] for line in lines] == [old.job_id]
     assert lines[0]["job"]["status"] == "completed" and len(lines[0]["receipts"]) == old.seq
@@ -386,6 +395,75 @@ async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_p
     assert "Could not open file" in nowhere.stderr or "No such file" in nowhere.stderr
     endless = receipt("prune", "--older-than", "99999999999d")
     assert endless.returncode == 2 and "at most 100 years" in endless.stderr
+
+
+async def test_a_prune_before_an_exports_cutoff_removes_only_what_it_archived(
+    fresh: tuple[Store, str], tmp_path: Any, make_database: Any
+) -> None:
+    """`export` then `prune` each took its own cutoff: what settled between the two was removed
+    and in no archive. The export prints its cutoff and the prune that removes what it wrote;
+    `--before` takes it. A command that writes nothing no longer migrates the database."""
+    store, url = fresh
+    old = await finished(store, "completed")
+    between = await finished(store, "completed")
+    backdate(url, [old.job_id])
+    env = {"RECEIPT_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
+
+    def receipt(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", "from roles.cli.main import main; main()", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+
+    out = tmp_path / "archive.jsonl"
+    exported = receipt("export", "--older-than", "30d", "-o", str(out))
+    assert exported.returncode == 0, exported.stderr
+    found = re.search(r"settled before (\S+): exported 1 jobs", exported.stderr)
+    assert found is not None, exported.stderr
+    cutoff_text = found[1]
+    assert f"prune what it wrote with: receipt prune --before {cutoff_text}" in exported.stderr
+    # `between` settles just after the export's cutoff: an age read again a moment later takes it.
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "UPDATE jobs SET updated_at = %s::timestamptz + interval '1 second' WHERE job_id = %s",
+            (cutoff_text, between.job_id),
+        )
+    await asyncio.sleep(1.5)
+    again = receipt("prune", "--older-than", "30d", "--dry-run")
+    assert again.returncode == 0 and "would remove jobs=2 " in again.stdout, again.stdout
+    pruned = receipt("prune", "--before", cutoff_text)
+    assert pruned.returncode == 0 and "removed jobs=1 " in pruned.stdout, pruned.stderr
+    assert [json.loads(line)["jobId"] for line in out.read_text().splitlines()] == [old.job_id]
+    assert await store.get_job(old.job_id) is None
+    assert await store.get_job(between.job_id) is not None
+
+    for args, message in (
+        (("prune",), "give --older-than"),
+        (("prune", "--older-than", "30d", "--before", cutoff_text), "give --older-than"),
+        (("export", "--before", "2999-01-01T00:00:00+00:00"), "must be in the past"),
+        (("prune", "--before", "2026-01-01T00:00:00"), "--before"),
+    ):
+        refused = receipt(*args)
+        assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
+
+    # An unmigrated database: the commands that write nothing say so and leave it as it was.
+    env["RECEIPT_DATABASE_URL"] = make_database(migrated=False)
+    for args in (
+        ("export", "--older-than", "30d", "-o", str(tmp_path / "x.jsonl")),
+        ("prune", "--older-than", "30d", "--dry-run"),
+        ("rebuild-projections", "--verify-only"),
+    ):
+        behind = receipt(*args)
+        assert behind.returncode == 2 and "run `receipt migrate` first" in behind.stderr, args
+    with psycopg.connect(env["RECEIPT_DATABASE_URL"]) as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+        ).fetchone()
+    assert tables == (0,)
 
 
 async def test_an_agent_job_is_pruned_with_its_turns_never_half(fresh: tuple[Store, str]) -> None:

@@ -17,10 +17,16 @@ class Received:
 
 
 class Receiver:
-    """Accepts POSTs on 127.0.0.1 and records them."""
+    """Accepts POSTs on 127.0.0.1 and records them.
+
+    Its port is an ephemeral one that another test may have probed a moment ago (a `port_open`
+    check, a `/healthz` poll of a server that was to bind it): only a POST is a callback;
+    anything else is answered 404 and kept in `strays`, and a wait that times out says what
+    did arrive."""
 
     def __init__(self) -> None:
         self.requests: list[Received] = []
+        self.strays: list[bytes] = []
         self._server: asyncio.Server | None = None
         self._arrived = asyncio.Condition()
 
@@ -42,24 +48,38 @@ class Receiver:
         await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readline()
+        request_line = await reader.readline()
         headers: dict[str, str] = {}
         while (line := await reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode().partition(":")
             headers[name.strip().lower()] = value.strip()
         body = await reader.readexactly(int(headers.get("content-length", "0")))
-        writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+        posted = request_line.startswith(b"POST ")
+        writer.write(
+            b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
+            if posted
+            else b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
         await writer.drain()
         writer.close()
+        if not posted:
+            self.strays.append(request_line)
+            return
         async with self._arrived:
             self.requests.append(Received(headers, body))
             self._arrived.notify_all()
 
     async def wait_for(self, count: int, timeout: float = 20) -> None:
-        async with self._arrived:
-            await asyncio.wait_for(
-                self._arrived.wait_for(lambda: len(self.requests) >= count), timeout
-            )
+        try:
+            async with self._arrived:
+                await asyncio.wait_for(
+                    self._arrived.wait_for(lambda: len(self.requests) >= count), timeout
+                )
+        except TimeoutError:
+            got = [r.body[:120] for r in self.requests]
+            raise AssertionError(
+                f"{count} posts not received within {timeout} s; got {got}, strays {self.strays}"
+            ) from None
 
     @staticmethod
     def verify(request: Received, key: bytes) -> bool:
