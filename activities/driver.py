@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -96,6 +97,20 @@ async def post_callback(
     return None if response.status_code < 300 else f"HTTP {response.status_code}"
 
 
+async def _post_tries(
+    client: httpx.AsyncClient, settings: Settings, url: str, message_id: str, body: bytes
+) -> str | None:
+    """Post up to CALLBACK_TRIES times; the last error, or None once posted."""
+    error: str | None = None
+    for attempt in range(1, CALLBACK_TRIES + 1):
+        error = await post_callback(client, settings, url, message_id, body)
+        if error is None:
+            return None
+        if attempt < CALLBACK_TRIES:
+            await asyncio.sleep(0.5 * attempt)
+    return error
+
+
 async def post_callbacks(
     store: Store,
     settings: Settings,
@@ -124,12 +139,17 @@ async def post_callbacks(
                 attributes={"receipt.job_id": job.job_id, "receipt.callback_event": event},
             ) as span,
         ):
-            for attempt in range(1, CALLBACK_TRIES + 1):
-                error = await post_callback(client, settings, url, message_id, body)
-                if error is None:
-                    break
-                if attempt < CALLBACK_TRIES:
-                    await asyncio.sleep(0.5 * attempt)
+            try:
+                error = await _post_tries(client, settings, url, message_id, body)
+            except BaseException:
+                # Cut off before its result (the activity cancelled: a driver stopping): the
+                # claim is given back, so the activity's retry posts it rather than skipping a
+                # claim younger than 30 s — a `dispatched` nothing else would ever post. The
+                # receiver may get it twice then; the message id is the same.
+                with contextlib.suppress(Exception):
+                    await deliveries.release_callback(store, job.job_id, event, url)
+                metrics.CALLBACKS.labels(event, "released").inc()
+                raise
             status = "posted" if error is None else "failed"
             if error is not None:
                 span.set_status(trace.StatusCode.ERROR, error)

@@ -154,6 +154,11 @@ async def claim_callback(store: Store, job_id: str, event: str, url: str) -> boo
     return bool(rows)
 
 
+async def release_callback(store: Store, job_id: str, event: str, url: str) -> None:
+    """Give back a claim whose post was cut off before its result: claimable again at once."""
+    await _fetch(store, "callback_release", {"job_id": job_id, "event": event, "url": url})
+
+
 async def callback_result(
     store: Store, job_id: str, event: str, url: str, status: str, error: str | None
 ) -> None:

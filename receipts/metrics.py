@@ -143,7 +143,8 @@ LEDGER_FAILURES = Counter(
 )
 CALLBACKS = Counter(
     "receipt_callbacks",
-    "Callback posts by event and outcome (posted, or failed after its tries), per URL.",
+    "Callback posts by event and outcome (posted, failed after its tries, or released: cut off "
+    "before its result and claimable again at once), per URL.",
     ["event", "outcome"],
 )
 SANDBOX_MEMORY_KILLS = Counter(

@@ -119,6 +119,12 @@ WHERE callback_posts.status <> 'posted' AND callback_posts.attempts < 5
   AND callback_posts.posted_at < now() - interval '30 seconds'
 RETURNING job_id;
 
+-- name: callback_release
+-- A claim whose post was cut off (its activity cancelled, its try failing before a result): it
+-- may be claimed again at once, so the activity's retry posts it instead of skipping it.
+UPDATE callback_posts SET posted_at = now() - interval '31 seconds'
+WHERE job_id = %(job_id)s AND event = %(event)s AND url = %(url)s AND status = 'pending';
+
 -- name: callback_result
 UPDATE callback_posts SET status = %(status)s, attempts = attempts + 1,
     last_error = %(last_error)s, posted_at = now()

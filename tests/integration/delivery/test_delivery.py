@@ -581,3 +581,40 @@ async def test_a_stale_plan_from_the_starter_is_refused_at_the_lease(
     ]
     done = await fresh_store.get_job(moved.job_id)
     assert done is not None and (done.status, done.attempt) == ("completed", 2)
+
+
+async def test_a_callback_post_cut_off_by_a_cancellation_is_posted_by_the_retry(
+    fresh_store: Store,
+) -> None:
+    """A driver that stops cancels its callback activity mid-post: the claim stayed, the
+    activity's retry a second later found it younger than 30 s and skipped it, and the
+    `dispatched` callback was never posted (nothing else posts one). The cut-off claim is given
+    back: the retry posts it."""
+    from activities.driver import post_callbacks
+    from receipts.settings import Settings
+
+    job = (await put(fresh_store)).job
+    first, posts = asyncio.Event(), []
+
+    async def receiver(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        if not first.is_set():
+            first.set()  # the first post is taken and never answered
+            await asyncio.sleep(3600)
+        posts.append(request.split(b"\r\n", 1)[0])
+        writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(receiver, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    settings = Settings(RECEIPT_EVENT_CALLBACK_URL=url)  # type: ignore[call-arg]
+    async with server, httpx.AsyncClient() as http:
+        cut = asyncio.create_task(post_callbacks(fresh_store, settings, http, job, "dispatched"))
+        await asyncio.wait_for(first.wait(), 10)
+        cut.cancel()  # the activity cancelled mid-post
+        with pytest.raises(asyncio.CancelledError):
+            await cut
+        # The activity's retry, a second later, well inside the 30 s a claim is held.
+        assert await post_callbacks(fresh_store, settings, http, job, "dispatched") == 1
+    assert posts == [b"POST /hook HTTP/1.1"]
