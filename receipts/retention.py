@@ -26,6 +26,11 @@ from receipts.schedules import compaction
 from receipts.store import Store, Tx, translate_errors
 
 DEFAULT_BATCH = 1_000
+JOBS_PER_OWNER = 100
+"""An agent job or an objective goes whole, with all its jobs and its chain (an objective's
+progress mirror writes up to a receipt a second while a task runs): a batch takes one of them
+for each JOBS_PER_OWNER jobs it may take (at least one), not `batch` of them, so one batch's
+transaction stays near the size `--batch` names."""
 SCHEDULE_RECEIPTS = "schedule_receipts"  # old firings compacted (receipts/schedules/compaction.py)
 MAX_BATCH = 50_000
 
@@ -188,12 +193,13 @@ async def prune_batch(
     resume = resume or Resume()
     async with store.transaction() as tx:
         params = {"cutoff": cutoff, "batch": batch}
+        owners = {**params, "batch": owners_per_batch(batch)}
         job_ids = await resume.victims(tx, "jobs", params)
-        agent_job_ids = await resume.victims(tx, "agent_jobs", params)
+        agent_job_ids = await resume.victims(tx, "agent_jobs", owners)
         if agent_job_ids:
             turns = await tx.fetch("agent_turn_jobs", {"agent_job_ids": agent_job_ids})
             job_ids += [row[0] for row in turns]
-        objective_ids, objective_job_ids = await _objectives_to_prune(tx, params, resume)
+        objective_ids, objective_job_ids = await _objectives_to_prune(tx, owners, resume)
         job_ids = sorted({*job_ids, *objective_job_ids})
         if job_ids:
             for step in [*(PRUNE_STEPS if steps is None else steps), JOBS_STEP]:
@@ -203,6 +209,11 @@ async def prune_batch(
         for step in OBJECTIVE_STEPS if objective_ids else []:
             removed[step.name] = await tx.execute(step.delete, {"objective_ids": objective_ids})
     return removed
+
+
+def owners_per_batch(batch: int) -> int:
+    """The agent jobs, or the objectives, a batch of `batch` jobs takes (JOBS_PER_OWNER)."""
+    return max(1, batch // JOBS_PER_OWNER)
 
 
 async def _objectives_to_prune(
@@ -303,7 +314,10 @@ async def prune(
                 await _count(tx, result, [*PRUNE_STEPS, JOBS_STEP], {"job_ids": job_ids})
             if max_batches is not None and result.batches >= max_batches:
                 break
-        async for agent_job_ids in candidates(store, cutoff, batch, which="prune_agent_candidates"):
+        owners = owners_per_batch(batch)
+        async for agent_job_ids in candidates(
+            store, cutoff, owners, which="prune_agent_candidates"
+        ):
             result.batches += 1
             async with store.transaction() as tx:
                 turns = await tx.fetch("agent_turn_jobs", {"agent_job_ids": agent_job_ids})
@@ -311,7 +325,7 @@ async def prune(
                 await _count(tx, result, [*PRUNE_STEPS, JOBS_STEP], {"job_ids": turn_ids})
                 await _count(tx, result, AGENT_STEPS, {"agent_job_ids": agent_job_ids})
         async for objective_ids in candidates(
-            store, cutoff, batch, which="prune_objective_candidates"
+            store, cutoff, owners, which="prune_objective_candidates"
         ):
             result.batches += 1
             async with store.transaction() as tx:
@@ -397,7 +411,8 @@ async def export(
     async for job_ids in candidates(store, cutoff, batch):
         for line in (await _job_lines(store, job_ids)).values():
             yield line
-    async for agent_job_ids in candidates(store, cutoff, batch, which="prune_agent_candidates"):
+    owners = owners_per_batch(batch)
+    async for agent_job_ids in candidates(store, cutoff, owners, which="prune_agent_candidates"):
         rows = await store.fetch("export_agent_jobs", {"agent_job_ids": agent_job_ids})
         turns_of: dict[str, list[str]] = {a: [] for a in agent_job_ids}
         for agent_job_id, job_id in await store.fetch(
@@ -407,7 +422,9 @@ async def export(
         lines = await _job_lines(store, [j for turns in turns_of.values() for j in turns])
         for line in _with_their_jobs(rows, ("agentJobId", "agentJob"), turns_of, lines):
             yield line
-    async for objective_ids in candidates(store, cutoff, batch, which="prune_objective_candidates"):
+    async for objective_ids in candidates(
+        store, cutoff, owners, which="prune_objective_candidates"
+    ):
         rows = await store.fetch("export_objectives", {"objective_ids": objective_ids})
         jobs_of = await _objective_jobs(store, objective_ids)
         recent_of = {o: _settled_since(jobs, cutoff) for o, jobs in jobs_of.items()}

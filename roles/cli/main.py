@@ -160,7 +160,7 @@ _BEFORE = click.option(
     type=click.IntRange(1, retention.MAX_BATCH),
     default=retention.DEFAULT_BATCH,
     show_default=True,
-    help="Jobs per transaction.",
+    help="Jobs per transaction (an agent job or an objective, whole, per 100 of them).",
 )
 @_database_command
 def prune_command(

@@ -990,3 +990,27 @@ async def test_a_retry_copy_of_a_turn_is_pruned_as_a_job(fresh: tuple[Store, str
     assert pruned.jobs == 1
     assert await store.get_job(copy.job.job_id) is None
     assert await store.get_job(turn.job.job_id) is not None
+
+
+async def test_a_batch_takes_one_objective_per_hundred_jobs_it_may_take(
+    fresh: tuple[Store, str],
+) -> None:
+    """An objective goes whole with its chain (a long task's progress mirror writes tens of
+    thousands of receipts): a batch of `--batch` jobs took `--batch` objectives, one
+    transaction of hundreds of thousands of rows. It takes one per 100 jobs now."""
+    from receipts.objectives import store as objectives
+    from receipts.store import Draft
+
+    store, url = fresh
+    ids = [await create_objective(store, f"ret-batch-{n}") for n in range(3)]
+    for objective_id in ids:
+        async with store.transaction() as tx:
+            await objectives.update(
+                tx, objective_id, lambda _: [Draft("objective.settled", {"status": "failed"})]
+            )
+    with psycopg.connect(url) as conn:
+        conn.execute(f"UPDATE objectives SET updated_at = updated_at - interval '{OLD}'")
+    cutoff, _ = await retention.cutoff_for(store, MONTH)
+    assert (await retention.prune_batch(store, cutoff, 100)).get("objectives") == 1
+    assert (await retention.prune_batch(store, cutoff, 250)).get("objectives") == 2
+    assert [await objectives.get(store, o) for o in ids] == [None, None, None]
