@@ -32,7 +32,7 @@ WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutof
         AND (o.status = 'active' OR objective_has_live_job(o.objective_id, o.organization_id))))
   AND NOT EXISTS (SELECT 1 FROM callback_outbox c WHERE c.job_id = j.job_id)
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
-                  WHERE w.subject = j.job_id AND w.status = 'pending')
+                  WHERE w.subject = j.job_id AND w.status = 'pending' AND w.event LIKE 'job.%%')
   AND (j.updated_at, j.job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY j.updated_at, j.job_id
 LIMIT %(batch)s;
@@ -110,7 +110,8 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
                     AND j.job_id COLLATE "C" < a.agent_job_id || ':attempt;'
                     AND j.status IN ('queued', 'leased', 'running'))
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
-                  WHERE w.subject = a.agent_job_id AND w.status = 'pending')
+                  WHERE w.subject = a.agent_job_id AND w.status = 'pending'
+                    AND w.event = 'session.wakeup')
   -- nor while a turn's queue job owes its callback or a webhook delivery (pending rows of the
   -- organization: webhook_deliveries_due_idx)
   AND NOT EXISTS (SELECT 1 FROM callback_outbox o
@@ -236,7 +237,8 @@ SELECT o.objective_id, o.updated_at FROM objectives o
 WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
   AND NOT objective_has_live_job(o.objective_id, o.organization_id)
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
-                  WHERE w.subject = o.objective_id AND w.status = 'pending')
+                  WHERE w.subject = o.objective_id AND w.status = 'pending'
+                    AND w.event = 'objective.settled')
   AND (o.updated_at, o.objective_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY o.updated_at, o.objective_id
 LIMIT %(batch)s;
@@ -287,7 +289,7 @@ SELECT count(*) FROM objectives WHERE objective_id = ANY (%(objective_ids)s::tex
 SELECT job_id FROM callback_outbox WHERE job_id = ANY (%(job_ids)s::text[])
 UNION
 SELECT subject FROM webhook_deliveries
-WHERE subject = ANY (%(job_ids)s::text[]) AND status = 'pending';
+WHERE subject = ANY (%(job_ids)s::text[]) AND status = 'pending' AND event LIKE 'job.%%';
 
 -- name: workspace_owners_active
 -- Whose workspaces may be in use (activities/workspace_sweep.py): per organization, its

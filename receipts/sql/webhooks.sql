@@ -131,21 +131,29 @@ WHERE j.job_id = %(job_id)s;
 
 -- Retention (receipts/retention.py): a pruned job's, agent job's or objective's deliveries go
 -- with it. None of them is pending then: retention keeps a subject while one is (retention.sql).
+-- A job and an objective of one organization may share a runtime id (`<id>~<tag>`): each
+-- statement names its subject's events too, so neither takes the other's deliveries.
 
 -- name: prune_webhook_deliveries
-DELETE FROM webhook_deliveries WHERE subject = ANY (%(job_ids)s::text[]);
+DELETE FROM webhook_deliveries
+WHERE subject = ANY (%(job_ids)s::text[]) AND event LIKE 'job.%%';
 
 -- name: count_webhook_deliveries
-SELECT count(*) FROM webhook_deliveries WHERE subject = ANY (%(job_ids)s::text[]);
+SELECT count(*) FROM webhook_deliveries
+WHERE subject = ANY (%(job_ids)s::text[]) AND event LIKE 'job.%%';
 
 -- name: prune_agent_webhook_deliveries
-DELETE FROM webhook_deliveries WHERE subject = ANY (%(agent_job_ids)s::text[]);
+DELETE FROM webhook_deliveries
+WHERE subject = ANY (%(agent_job_ids)s::text[]) AND event = 'session.wakeup';
 
 -- name: count_agent_webhook_deliveries
-SELECT count(*) FROM webhook_deliveries WHERE subject = ANY (%(agent_job_ids)s::text[]);
+SELECT count(*) FROM webhook_deliveries
+WHERE subject = ANY (%(agent_job_ids)s::text[]) AND event = 'session.wakeup';
 
 -- name: prune_objective_webhook_deliveries
-DELETE FROM webhook_deliveries WHERE subject = ANY (%(objective_ids)s::text[]);
+DELETE FROM webhook_deliveries
+WHERE subject = ANY (%(objective_ids)s::text[]) AND event = 'objective.settled';
 
 -- name: count_objective_webhook_deliveries
-SELECT count(*) FROM webhook_deliveries WHERE subject = ANY (%(objective_ids)s::text[]);
+SELECT count(*) FROM webhook_deliveries
+WHERE subject = ANY (%(objective_ids)s::text[]) AND event = 'objective.settled';
