@@ -103,8 +103,17 @@ def choice_field(name: str, allowed: tuple[str, ...], *, required: bool = False)
     return Annotated[
         str if required else str | None,
         _one_of(name, allowed, required),
-        WithJsonSchema({"type": "string", "enum": list(allowed)}),
+        WithJsonSchema(
+            {"type": "string", "enum": list(allowed)}
+            if required
+            else {"anyOf": [{"type": "string", "enum": list(allowed)}, {"type": "null"}]}
+        ),
     ]
+
+
+def _whole(value: Any) -> Any:
+    """A JSON number with no fraction (`2.0`) is that integer: JSON does not tell them apart."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 if TYPE_CHECKING:
@@ -136,7 +145,7 @@ class EnqueueBody(BaseModel):
     lane: LaneField = None
     session_key: str | None = Field(default=None, max_length=MAX_ID_LENGTH, pattern=NON_BLANK)
     singleton_mode: SingletonModeField = None
-    max_attempts: StrictInt | None = Field(
+    max_attempts: Annotated[StrictInt | None, BeforeValidator(_whole)] = Field(
         default=None,
         description=f"clamped to {MIN_ATTEMPTS}..{MAX_ATTEMPTS}; default {DEFAULT_MAX_ATTEMPTS}",
     )

@@ -351,8 +351,8 @@ _ERROR_TEXT = {
     401: "Missing or unknown bearer token",
     403: "The token lacks the scope, or its organization may not act for the body's",
     404: "Unknown job (or agent id, in strict mode); another organization's job looks the same",
-    409: "Conflict: a command on a terminal job, a jobId re-posted with another payload, or "
-    "(admin) an organization's id that several organizations use",
+    409: "Conflict: a command on a terminal job, or (admin) an organization's id that several "
+    "organizations use (a re-posted jobId, whatever its payload, answers 202 with the job)",
     413: "Body larger than RECEIPT_MAX_BODY_BYTES",
     415: "Open mode takes JSON bodies only (Content-Type: application/json)",
     422: "Invalid input; `field` names the field and `allowed` its accepted values",

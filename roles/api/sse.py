@@ -120,7 +120,7 @@ def parse_seq(value: str, field: str) -> int:
         raise ApiError(
             422,
             "invalid_input",
-            f"{field} must be a receipt seq (0 to {MAX_EVENT_ID_DIGITS} digits)",
+            f"{field} must be a receipt seq (1 to {MAX_EVENT_ID_DIGITS} digits)",
             field=field,
         )
     return int(text)

@@ -97,6 +97,18 @@ async def test_openapi_schema_and_docs_are_published(client: httpx.AsyncClient) 
     } <= set(schema["paths"])
     kinds = schema["components"]["schemas"]["EnqueuePayload"]["properties"]["kind"]["enum"]
     assert kinds == list(KINDS)
+    # Optional choices may be null, as the API takes them (a validator of the document refused
+    # the specification's own body with `"lane": null` before).
+    body = schema["components"]["schemas"]["EnqueueBody"]["properties"]
+    for name in ("lane", "singletonMode"):
+        assert {"type": "null"} in body[name]["anyOf"], body[name]
+    # Every route that checks a scope documents its 403.
+    for path, method in (
+        ("/agent-jobs/{agentJobId}", "get"),
+        ("/sessions/{sessionId}/agent-jobs", "get"),
+        ("/agent-jobs/{agentJobId}/input", "post"),
+    ):
+        assert "403" in schema["paths"][path][method]["responses"], path
     docs = await client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 

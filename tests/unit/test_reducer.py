@@ -1692,6 +1692,9 @@ MAX_ATTEMPTS_TABLE = [
     pytest.param({"maxAttempts": 8}, 8, id="8"),
     pytest.param({"maxAttempts": 9}, 8, id="9-clamped-8"),
     pytest.param({"maxAttempts": 10**9}, 8, id="huge-clamped-8"),
+    # JSON does not tell 2 from 2.0: a number with no fraction is that integer, clamped alike.
+    pytest.param({"maxAttempts": 2.0}, 2, id="2.0-is-2"),
+    pytest.param({"maxAttempts": 9.0}, 8, id="9.0-clamped-8"),
 ]
 
 
@@ -1700,7 +1703,7 @@ def test_parse_enqueue_max_attempts(extra: dict[str, Any], expected: int) -> Non
     assert parse_enqueue("factory", body(**extra)).max_attempts == expected
 
 
-@pytest.mark.parametrize("value", ["two", "2", 2.5, 2.0, True, False, [2], {"n": 2}])
+@pytest.mark.parametrize("value", ["two", "2", 2.5, float("nan"), True, False, [2], {"n": 2}])
 def test_parse_enqueue_rejects_non_integer_max_attempts(value: Any) -> None:
     with pytest.raises(InvalidInput) as raised:
         parse_enqueue("factory", body(maxAttempts=value))

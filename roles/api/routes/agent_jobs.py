@@ -289,7 +289,7 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
 @router.get(
     "/sessions/{sessionId}/agent-jobs",
     response_model=AgentJobList,
-    responses=errors_documented(401, 404, 409, 422, 503),
+    responses=errors_documented(401, 403, 404, 409, 422, 503),
     dependencies=[_takes_query("status", "agentId", "limit", "cursor")],
 )
 async def list_session_agent_jobs(
@@ -343,7 +343,7 @@ async def agent_jobs_page(
 @router.get(
     "/agent-jobs/{agentJobId}",
     response_model=AgentJobView,
-    responses=errors_documented(401, 404, 422, 503),
+    responses=errors_documented(401, 403, 404, 422, 503),
     dependencies=[_takes_query()],
 )
 async def get_agent_job(
@@ -399,7 +399,7 @@ async def agent_job_events(
     "/agent-jobs/{agentJobId}/input",
     response_model=AgentJobAnswer,
     status_code=202,
-    responses=errors_documented(400, 401, 404, 409, 413, 422, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
     openapi_extra=json_body_documented("AgentJobInputBody"),
     dependencies=[_takes_query()],
 )
