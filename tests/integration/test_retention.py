@@ -339,6 +339,18 @@ def test_retention_setting_and_durations_are_checked() -> None:
     assert RetentionLoop.from_settings(None, "0", LoopSettings()) is None  # type: ignore[arg-type]
 
 
+def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`receipt ARGS` in a process of its own, with `env` (read when it runs)."""
+    return subprocess.run(
+        [sys.executable, "-c", "from roles.cli.main import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
 async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_path: Any) -> None:
     store, url = fresh
     old = await finished(store, "completed")
@@ -347,14 +359,7 @@ async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_p
     env = {"RECEIPT_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
 
     def receipt(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", "from roles.cli.main import main; main()", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+        return run_cli(env, *args)
 
     bad = receipt("prune", "--older-than", "thirty")
     assert bad.returncode == 2 and "--older-than" in bad.stderr
@@ -410,14 +415,7 @@ async def test_a_prune_before_an_exports_cutoff_removes_only_what_it_archived(
     env = {"RECEIPT_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
 
     def receipt(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", "from roles.cli.main import main; main()", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+        return run_cli(env, *args)
 
     out = tmp_path / "archive.jsonl"
     exported = receipt("export", "--older-than", "30d", "-o", str(out))
