@@ -419,7 +419,7 @@ SCHEDULE_FIRINGS = Counter(
 SCHEDULE_SYNCS = Counter(
     "receipt_schedule_syncs",
     "Temporal Schedules written by worker-control's schedule sync, by action: created, updated, "
-    "deleted, restored (Temporal had lost it), failed.",
+    "deleted, restored (Temporal had lost it), failed; skipped: a pass another replica held.",
     ["action"],
 )
 

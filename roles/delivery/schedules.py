@@ -141,6 +141,19 @@ class ScheduleSync:
         self.retry_at: dict[str, float] = {}  # schedule id → when to try it again
 
     async def run_once(self) -> SyncPass:
+        """One pass, by one replica at a time: two writing at once could leave a schedule's
+        older state in Temporal after the newer was written and marked synced."""
+        async with self.store.transaction() as lock:
+            if not await schedules.take_sync_lock(lock):
+                metrics.SCHEDULE_SYNCS.labels("skipped").inc()
+                log.debug(
+                    "schedule sync pass skipped: another process is syncing",
+                    extra={"event": "schedule.sync_skipped"},
+                )
+                return SyncPass()
+            return await self._pass()
+
+    async def _pass(self) -> SyncPass:
         result = SyncPass()
         if time.monotonic() - self.checked_at >= self.check_s:
             result.restored = await self._restore_lost()

@@ -624,3 +624,32 @@ async def test_resuming_needs_the_rights_its_firings_need(db_url: str) -> None:
         assert refused.status_code == 403
         assert refused.json()["error"]["field"] == "job.singletonMode"
         assert (await limited.post("/schedules", json=steers, headers=as_full)).status_code == 201
+
+
+async def test_the_schedule_sync_runs_in_one_replica_at_a_time(
+    fresh: tuple[Store, str], temporal_env: Any
+) -> None:
+    """Two worker-control replicas synced at once: a slow one wrote a schedule's older state to
+    Temporal after the other had written and marked the newer (resumed in the receipts, paused
+    in Temporal, for good). A pass takes a single-flight lock; another replica's pass skips."""
+    import psycopg
+
+    from receipts.settings import Settings
+    from receipts.sql import query
+    from roles.delivery.schedules import ScheduleSync, temporal_id
+
+    store, url = fresh
+    settings = Settings(RECEIPT_TASK_QUEUE_PREFIX=f"s{uuid.uuid4().hex[:8]}-")  # type: ignore[call-arg]
+    sync = ScheduleSync(temporal_env.client, store, settings, check_s=3600)
+    schedule_id = await made(store)
+    skipped = metrics.SCHEDULE_SYNCS.labels("skipped")
+    before = skipped._value.get()
+    with psycopg.connect(url) as other, other.transaction():
+        other.execute(query("schedule_sync_try_lock").encode())  # another replica's pass
+        held = await sync.run_once()
+        assert (held.created, held.failed) == (0, 0)
+        assert skipped._value.get() == before + 1
+        assert [s.schedule_id for s, _ in await schedules.unsynced(store, 10)] == [schedule_id]
+    done = await sync.run_once()
+    assert done.created == 1 and await schedules.unsynced(store, 10) == []
+    await temporal_env.client.get_schedule_handle(temporal_id(settings, schedule_id)).delete()
