@@ -430,3 +430,9 @@ WEBHOOK_DELIVERIES = Counter(
     "failed (given up).",
     ["event", "outcome"],
 )
+WEBHOOK_CHANGES = Counter(
+    "receipt_webhook_changes",
+    "Changes to organizations' webhook subscriptions through the API, by action: created, "
+    "deleted, secret_rotated, tested.",
+    ["action"],
+)

@@ -60,7 +60,9 @@ class WebhookSettings(ReceiptSettings):
     max_per_organization: Whole = Field(default=20, ge=1, alias="RECEIPT_WEBHOOK_MAX_PER_ORG")
     # A delivery is tried until it is this old or has had this many tries, then it failed.
     retry_for_ms: Whole = Field(default=86_400_000, ge=1, alias="RECEIPT_WEBHOOK_RETRY_FOR_MS")
-    max_tries: Whole = Field(default=25, ge=1, alias="RECEIPT_WEBHOOK_MAX_TRIES")
+    # Enough that the window ends a delivery, not its tries: 25 tries of full-jitter backoff
+    # capped at 1 h took about 8 h, not the 24 h of `retry_for_ms`; 70 take about 30 h.
+    max_tries: Whole = Field(default=70, ge=1, alias="RECEIPT_WEBHOOK_MAX_TRIES")
     retry_base_ms: Whole = Field(default=5_000, ge=1, alias="RECEIPT_WEBHOOK_RETRY_BASE_MS")
     retry_max_ms: Whole = Field(default=3_600_000, ge=1, alias="RECEIPT_WEBHOOK_RETRY_MAX_MS")
     # Posts of one organization in flight at once (every deliverer together), and of one

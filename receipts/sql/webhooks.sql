@@ -76,13 +76,16 @@ LIMIT %(limit)s;
 -- The deliverer's claim: for each organization with a subscription, its soonest due rows, as
 -- many as its in-flight cap leaves (rows another deliverer claimed and has not finished count
 -- against it), locked SKIP LOCKED and marked claimed until `lease_ms` from now (a deliverer
--- that dies lets its claims lapse). At most `limit` in all. One organization's backlog takes
--- only its own share, so another's deliveries are claimed in the same pass.
+-- that dies lets its claims lapse). At most `limit` in all, taken round-robin across the
+-- organizations (each one's first, then each one's second, …, ties in random order): one
+-- organization's backlog takes only its own share, and however many organizations have one,
+-- none is left out (a plain LIMIT over the organizations in the planner's order served the
+-- same first few every pass).
 WITH orgs AS (
     SELECT DISTINCT organization_id FROM webhooks
-), picked AS (
-    SELECT p.delivery_id FROM orgs, LATERAL (
-        SELECT d.delivery_id FROM webhook_deliveries d
+), due AS (
+    SELECT orgs.organization_id, p.delivery_id, p.next_try_at FROM orgs, LATERAL (
+        SELECT d.delivery_id, d.next_try_at FROM webhook_deliveries d
         WHERE d.organization_id = orgs.organization_id AND d.status = 'pending'
           AND d.next_try_at <= now()
         ORDER BY d.next_try_at, d.delivery_id
@@ -92,6 +95,10 @@ WITH orgs AS (
               AND f.claimed_until > now()), 0)
         FOR UPDATE OF d SKIP LOCKED
     ) p
+), picked AS (
+    SELECT delivery_id FROM due
+    ORDER BY row_number() OVER (PARTITION BY organization_id ORDER BY next_try_at, delivery_id),
+             random()
     LIMIT %(limit)s
 )
 UPDATE webhook_deliveries d SET

@@ -122,6 +122,12 @@ class WebhookDeliverer:
         started = time.monotonic()
         status_code: int | None = None
         error: str | None = None
+        age_ms = (delivery.now - delivery.created_at).total_seconds() * 1000
+        if age_ms >= self.settings.retry_for_ms:
+            # Owed past the retry window (it waited behind its organization's backlog at a dead
+            # endpoint): failed unposted, not posted days late, and its job may be pruned.
+            error = "expired: not delivered within RECEIPT_WEBHOOK_RETRY_FOR_MS"
+            return await self._record(delivery, "failed", None, error, started)
         data = await hooks.event_data(self.store, delivery)
         if data is None:
             error = "the event's subject no longer exists"
@@ -170,7 +176,6 @@ class WebhookDeliverer:
         if error is None:
             return await self._record(delivery, "delivered", status_code, None, started)
         tries = delivery.tries + 1
-        age_ms = (delivery.now - delivery.created_at).total_seconds() * 1000
         if hooks.gives_up(tries, age_ms, self.settings):
             return await self._record(delivery, "failed", status_code, error, started)
         wait = hooks.retry_delay_ms(tries, self.settings.retry_base_ms, self.settings.retry_max_ms)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
@@ -257,6 +258,29 @@ async def test_a_delivery_gives_up_after_its_tries(
     assert len(receiver.at("/dead")) == 2
 
 
+async def test_a_delivery_owed_past_its_window_is_failed_unposted(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    """A delivery that waited past RECEIPT_WEBHOOK_RETRY_FOR_MS (behind its organization's
+    backlog at a dead endpoint) was still posted, days late, and kept its job from retention
+    until then. It is failed without a post."""
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/late"), ["job.completed"])
+        await completed(store)
+        async with store.connection() as conn:
+            await conn.execute(
+                "UPDATE webhook_deliveries SET created_at = now() - interval '25 hours'"
+            )
+        assert (await WebhookDeliverer(store, ALLOWED, http).run_once()).failed == 1
+        [delivery] = (await api.get(f"/webhooks/{hook}/deliveries", headers=AS_A)).json()[
+            "deliveries"
+        ]
+    assert delivery["status"] == "failed"
+    assert delivery["lastError"].startswith("expired: not delivered within")
+    assert receiver.at("/late") == []
+
+
 async def test_a_refused_settle_writes_no_delivery_row(
     fresh: tuple[Store, str], receiver: Receiver
 ) -> None:
@@ -287,12 +311,20 @@ async def test_a_refused_settle_writes_no_delivery_row(
     assert await owed(store, await completed(store, "org-b")) == 0
 
 
+ACTIONS = ("created", "tested", "secret_rotated", "deleted")
+
+
 async def test_rotating_the_secret_makes_the_old_one_fail_the_next_delivery(
-    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+    fresh: tuple[Store, str],
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     store, url = fresh
+    caplog.set_level("INFO", logger="roles.api.webhooks")
+    changes = {a: metrics.value("receipt_webhook_changes_total", action=a) for a in ACTIONS}
     async with api_client(url, store=store, webhooks=ALLOWED) as api:
-        hook, old = await subscribe(api, AS_A, receiver.url("/r"), ["job.completed"])
+        hook, old = await subscribe(api, AS_A, receiver.url("/r?token=t0ken"), ["job.completed"])
         tested = await api.post(f"/webhooks/{hook}/test", headers=AS_A)
         assert tested.status_code == 202
         rotated = await api.post(f"/webhooks/{hook}/rotate-secret", headers=AS_A)
@@ -300,8 +332,18 @@ async def test_rotating_the_secret_makes_the_old_one_fail_the_next_delivery(
         new = rotated.json()["secret"]
         assert new != old and rotated.json()["webhook"]["secretRotatedAt"] is not None
         assert "secret" not in (await api.get(f"/webhooks/{hook}", headers=AS_A)).json()
-    await WebhookDeliverer(store, ALLOWED, http).run_once()
-    [post] = receiver.at("/r")
+        await WebhookDeliverer(store, ALLOWED, http).run_once()
+        assert (await api.delete(f"/webhooks/{hook}", headers=AS_A)).status_code == 204
+    # Where an organization's events go, and when its secret changed, leave a trace (no secret,
+    # no URL beyond its host: a receiver's URL may carry its own token).
+    for action in ACTIONS:
+        assert metrics.value("receipt_webhook_changes_total", action=action) == changes[action] + 1
+    logged = [r.__dict__ for r in caplog.records]
+    logged = [r for r in logged if str(r.get("event", "")).startswith("webhook.")]
+    assert [r["event"] for r in logged][:4] == [f"webhook.{a}" for a in ACTIONS]
+    assert all(r["webhookId"] == hook for r in logged[:4])
+    assert "t0ken" not in caplog.text and new not in caplog.text and old not in caplog.text
+    [post] = receiver.at("/r?token=t0ken")
     assert verify(post, new)["type"] == "webhook.test"
     assert verify(post, new)["data"]["webhookId"] == hook
     with pytest.raises(WebhookVerificationError):
@@ -759,3 +801,36 @@ async def test_one_organizations_dead_endpoint_holds_up_no_other(
         with contextlib.suppress(asyncio.CancelledError):
             await running_loop
         receiver.release.set()
+
+
+async def test_claims_go_round_the_organizations_however_many_have_a_backlog(
+    fresh: tuple[Store, str],
+) -> None:
+    """Claims walked the organizations in the planner's order under one LIMIT: once enough of
+    them had a backlog at a dead endpoint (8 per driver: 32 ÷ 4), every organization after them
+    was never claimed. A claim takes each organization's first due delivery, then each one's
+    second, and so on: ten organizations, a limit of 32, four each in flight — every one gets
+    three or four."""
+    store, url = fresh
+    orgs = [f"org-{n:02d}" for n in range(10)]
+    with psycopg.connect(url, autocommit=True) as conn:
+        for org in orgs:
+            conn.execute(
+                "INSERT INTO webhooks (webhook_id, organization_id, url, events, secret) "
+                "VALUES (%s, %s, 'https://example.com/h', '{job.completed}', 's')",
+                (f"wh-{org}", org),
+            )
+            for n in range(6):
+                conn.execute(
+                    "INSERT INTO webhook_deliveries (webhook_id, organization_id, event, "
+                    "event_key, subject) VALUES (%s, %s, 'job.completed', %s, %s)",
+                    (f"wh-{org}", org, f"k{n}", f"j{n}"),
+                )
+    for _ in range(3):
+        claimed = await hooks.claim(store, limit=32, per_org=4, lease_ms=60_000)
+        per_org = {org: sum(c.organization_id == org for c in claimed) for org in orgs}
+        assert len(claimed) == 32 and set(per_org.values()) <= {3, 4}, per_org
+        with psycopg.connect(
+            url, autocommit=True
+        ) as conn:  # their posts end: the next claim starts afresh
+            conn.execute("UPDATE webhook_deliveries SET claimed_until = NULL, next_try_at = now()")

@@ -3,8 +3,10 @@ test event, and see the deliveries (README, "Webhooks")."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -12,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from activities import webhook_egress as egress
+from receipts import metrics
 from receipts import webhooks as hooks
 from receipts.errors import InvalidInput
 from receipts.tenancy import untagged
@@ -21,6 +24,25 @@ from roles.api.body import decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import _Doc, errors_documented, json_body_documented
+
+log = logging.getLogger("roles.api.webhooks")
+
+
+def _changed(action: str, webhook: Webhook, **extra: object) -> None:
+    """Where an organization's events go, and when its secret changed, leave a trace: a log
+    line and `receipt_webhook_changes_total{action}` (never the secret)."""
+    metrics.WEBHOOK_CHANGES.labels(action).inc()
+    log.info(
+        "webhook %s",
+        action.replace("_", " "),
+        extra={
+            "event": f"webhook.{action}",
+            "webhookId": webhook.webhook_id,
+            "organizationId": webhook.organization_id,
+            **extra,
+        },
+    )
+
 
 router = APIRouter(tags=["webhooks"])
 
@@ -175,6 +197,8 @@ async def create_webhook(request: Request, state: State, caller: Caller) -> JSON
         )
     except hooks.TooManyWebhooks as exc:
         raise ApiError(409, "too_many_webhooks", str(exc)) from exc
+    # The receiver's host only: a URL may carry its own token in its path or query.
+    _changed("created", webhook, host=urlsplit(webhook.url).hostname, events=webhook.events)
     return JSONResponse({"webhook": _view(webhook), "secret": secret}, status_code=201)
 
 
@@ -226,9 +250,10 @@ async def get_webhook(state: State, caller: Caller, webhook_id: WebhookId) -> JS
 async def delete_webhook(state: State, caller: Caller, webhook_id: WebhookId) -> Response:
     """Unsubscribe (204): deliveries it still owes are dropped with it."""
     require_scope(caller, JOBS_WRITE)
-    await _visible(state, caller, webhook_id)
+    webhook = await _visible(state, caller, webhook_id)
     if not await hooks.delete(state.require_store(), webhook_id):
         raise ApiError(404, "not_found", f"no webhook {webhook_id!r}", field="webhookId")
+    _changed("deleted", webhook)
     return Response(status_code=204)
 
 
@@ -250,6 +275,7 @@ async def rotate_webhook_secret(
     if rotated is None:
         raise ApiError(404, "not_found", f"no webhook {webhook_id!r}", field="webhookId")
     webhook, secret = rotated
+    _changed("secret_rotated", webhook)
     return JSONResponse({"webhook": _view(webhook), "secret": secret})
 
 
@@ -268,6 +294,7 @@ async def test_webhook(state: State, caller: Caller, webhook_id: WebhookId) -> J
     webhook = await _visible(state, caller, webhook_id)
     await state.org_limits.admit_paced(webhook.organization_id)
     delivery_id = await hooks.send_test(state.require_store(), webhook)
+    _changed("tested", webhook, deliveryId=str(delivery_id))
     return JSONResponse(
         {"webhookId": webhook.webhook_id, "deliveryId": str(delivery_id)}, status_code=202
     )
