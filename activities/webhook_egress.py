@@ -175,7 +175,8 @@ async def post(
     ip = ipaddress.ip_address(target.address)
     literal = f"[{ip}]" if isinstance(ip, ipaddress.IPv6Address) else str(ip)
     netloc = f"{literal}:{parts.port}" if parts.port else literal
-    host_header = f"{target.host}:{parts.port}" if parts.port else target.host
+    named = f"[{target.host}]" if ":" in target.host else target.host  # an IPv6 literal
+    host_header = f"{named}:{parts.port}" if parts.port else named
     request = client.build_request(
         "POST",
         urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, "")),

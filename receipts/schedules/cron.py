@@ -154,12 +154,23 @@ def parse_interval(text: str, minimum_s: int) -> int:
     return seconds
 
 
+# Names a zone database answers that are not zones a schedule can mean: `localtime` is the
+# zone of whichever host reads it (the api, worker-control and Temporal could disagree), and
+# `posix/…`, `right/…` (leap seconds), `posixrules` and `Factory` are the database's own
+# variants, which Temporal's server may not know: its schedule would never be written.
+_NOT_ZONES = ("localtime", "posixrules", "Factory")
+_NOT_ZONE_PREFIXES = ("posix/", "right/")
+
+
 def zone(name: str) -> ZoneInfo:
     """The IANA time zone `name`, or SpecError."""
+    message = f"{name!r} is not an IANA time zone (e.g. UTC, Europe/Paris)"
+    if name in _NOT_ZONES or name.startswith(_NOT_ZONE_PREFIXES):
+        raise SpecError(message)
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise SpecError(f"{name!r} is not an IANA time zone (e.g. UTC, Europe/Paris)") from exc
+        raise SpecError(message) from exc
 
 
 def cron_times(cron: Cron, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:

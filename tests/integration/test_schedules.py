@@ -653,3 +653,21 @@ async def test_the_schedule_sync_runs_in_one_replica_at_a_time(
     done = await sync.run_once()
     assert done.created == 1 and await schedules.unsynced(store, 10) == []
     await temporal_env.client.get_schedule_handle(temporal_id(settings, schedule_id)).delete()
+
+
+async def test_schedule_changes_take_the_organizations_enqueue_tokens(db_url: str) -> None:
+    """Creating, changing and deleting schedules took no token: one tenant's create-delete
+    churn (1 000 pairs in 5 s) put a thousand rows ahead of every other organization's in the
+    schedule sync. Each change takes one of the organization's enqueue tokens (429 past them)."""
+    async with api_client(
+        db_url, schedule_min_interval_s=2, org_enqueue_rate=1e-6, org_enqueue_burst=3
+    ) as limited:
+        made = await create(limited)
+        schedule_id = made["scheduleId"]
+        paused = await limited.patch(
+            f"/schedules/{schedule_id}", json={"paused": True}, headers=AS_A
+        )
+        assert paused.status_code == 200
+        assert (await limited.delete(f"/schedules/{schedule_id}", headers=AS_A)).status_code == 204
+        refused = await limited.post("/schedules", json=body(), headers=AS_A)
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1

@@ -834,3 +834,23 @@ async def test_claims_go_round_the_organizations_however_many_have_a_backlog(
             url, autocommit=True
         ) as conn:  # their posts end: the next claim starts afresh
             conn.execute("UPDATE webhook_deliveries SET claimed_until = NULL, next_try_at = now()")
+
+
+async def test_an_ipv6_literal_receiver_gets_a_bracketed_host_header() -> None:
+    """The Host header of a post to `http://[2001:db8::1]:8443/…` was `2001:db8::1:8443`, which
+    receivers refuse; it is bracketed as the URL writes it."""
+    receiver = Receiver()
+    try:
+        server = await asyncio.start_server(receiver.handle, "::1", 0)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient() as client:
+            target = Target(f"http://[::1]:{port}/h", "::1", "::1")
+            assert (await post(client, target, {}, b"{}", 5)).status_code == 200
+    finally:
+        server.close()
+        await server.wait_closed()
+    [posted] = receiver.posts
+    assert posted.headers["host"] == f"[::1]:{port}"

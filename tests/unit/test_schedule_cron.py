@@ -103,3 +103,17 @@ def test_intervals_fire_on_multiples_since_the_epoch_and_have_a_floor() -> None:
     for huge in ("367d", "300000000000s", "100000000000000s"):
         with pytest.raises(SpecError, match="longer than the longest interval allowed"):
             parse_interval(huge, 60)
+
+
+@pytest.mark.parametrize(
+    "name", ["localtime", "posixrules", "Factory", "posix/Europe/Paris", "right/UTC", "Mars/Base"]
+)
+def test_a_zone_no_schedule_can_mean_is_refused(name: str) -> None:
+    """The zone database answers `localtime` (the reading host's own zone: the api, the sync
+    and Temporal could disagree) and its `posix/`, `right/` variants, which Temporal's server
+    may not know — the schedule was accepted and then never written to Temporal."""
+    from receipts.schedules.cron import SpecError, zone
+
+    with pytest.raises(SpecError, match="is not an IANA time zone"):
+        zone(name)
+    assert zone("Europe/Paris").key == "Europe/Paris"

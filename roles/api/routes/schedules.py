@@ -152,6 +152,10 @@ async def post_schedule(request: Request, state: State, caller: Caller) -> JSONR
         organization = (
             (body["job"].get("payload") or {}).get("authContext", {}).get("organizationId")
         )
+    # Each change is work for the schedule sync, as a job is for the workers: it takes one of
+    # the organization's enqueue tokens (429), or one tenant's create-delete churn holds every
+    # other organization's schedules back from Temporal.
+    await state.org_limits.admit_paced(organization)
     try:
         schedule, created = await schedules.create(
             state.require_store(),
@@ -225,6 +229,7 @@ async def patch_schedule(
     require_scope(caller, JOBS_WRITE)
     body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     patch = validated(SchedulePatchBody, body)
+    await state.org_limits.admit_paced((await _visible(state, caller, schedule_id)).organization_id)
     changing = {k: v for k, v in body.items() if k not in ("paused", "note")}
     for tries_left in reversed(range(PATCH_TRIES)):
         # The fields are merged onto the schedule as read; a change landing in between makes
@@ -276,6 +281,7 @@ async def delete_schedule(state: State, caller: Caller, schedule_id: ScheduleId)
     Its id is not reused."""
     require_scope(caller, JOBS_WRITE)
     schedule = await _visible(state, caller, schedule_id)
+    await state.org_limits.admit_paced(schedule.organization_id)
     deleted = await schedules.change(state.require_store(), schedule.schedule_id, delete=True)
     if deleted is None:
         raise ApiError(404, "not_found", f"no schedule {schedule_id!r}", field="scheduleId")
