@@ -15,6 +15,7 @@ from typing import Any
 from receipts import metrics
 from receipts.enqueue import EnqueueRequest, enqueue_in, parse_enqueue, stop_draft
 from receipts.enqueue_request import cap_timeout
+from receipts.errors import InvalidInput
 from receipts.executables import refused_request
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.kinds import CONTRACTS
@@ -138,6 +139,11 @@ class Caps:
     max_active: int
     max_timeout_ms: int | None = None
     executables: Mapping[str, list[str]] = field(default_factory=dict)
+    # A steer firing (`singletonMode: steer`) into the session's active job is held to the
+    # per-job command caps (`RECEIPT_MAX_COMMANDS_PER_JOB`, `RECEIPT_MAX_COMMAND_BYTES`) as a
+    # direct steer is: one that would not fit is recorded skipped (`commands`).
+    max_commands: int | None = None
+    max_command_bytes: int | None = None
 
 
 async def fire(
@@ -185,6 +191,10 @@ async def fire(
         request = await firing_request(tx, current, fire_time)
         if caps is not None and caps.max_timeout_ms is not None:
             request = cap_timeout(request, caps.max_timeout_ms)
+        if caps is not None:
+            request = dataclasses.replace(
+                request, max_commands=caps.max_commands, max_command_bytes=caps.max_command_bytes
+            )
         at = fire_time.isoformat()
         data: dict[str, Any]
         refused = refused_request(caps.executables, request.agent_id, request) if caps else None
@@ -222,7 +232,15 @@ async def fire(
                 previous.job_id, previous, [stop_draft(previous, reason, command_id)]
             )
             canceled = previous.job_id
-        result = await enqueue_in(tx, request)
+        try:
+            result = await enqueue_in(tx, request)
+        except InvalidInput as exc:
+            # A steer the session's active job could not hold (its command caps): recorded, as
+            # a direct steer is answered 422, instead of a firing retried for ever.
+            refusal["field"], refusal["message"] = exc.field, exc.message
+            data = {"fireTime": at, "reason": "commands", **refusal}
+            await append(tx, current, stream, [Draft("schedule.skipped", data)])
+            return "skipped_commands"
         enqueued["jobId"] = result.job.job_id
         data = {"fireTime": at, "jobId": result.job.job_id}
         if canceled is not None:

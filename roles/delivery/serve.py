@@ -145,6 +145,8 @@ async def run_attempt_worker(
             api.org_max_active,
             max_timeout_ms=api.max_timeout_ms,
             executables=api.org_executables,
+            max_commands=api.max_commands_per_job,
+            max_command_bytes=api.max_command_bytes,
         )
         activities.append(ScheduleActivities(runtime.store, caps).fire_schedule)
         sync = ScheduleSync(

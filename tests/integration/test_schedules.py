@@ -671,3 +671,35 @@ async def test_schedule_changes_take_the_organizations_enqueue_tokens(db_url: st
         assert (await limited.delete(f"/schedules/{schedule_id}", headers=AS_A)).status_code == 204
         refused = await limited.post("/schedules", json=body(), headers=AS_A)
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+
+
+async def test_a_steer_firing_is_held_to_the_jobs_command_caps(store: Store) -> None:
+    """A schedule of steers (`singletonMode: steer`) added one command to the session's active
+    job at each firing, past RECEIPT_MAX_COMMANDS_PER_JOB, which a direct steer is held to. A
+    firing the job cannot hold is recorded skipped (`commands`)."""
+    org = "org-a"
+    job = enqueue_body(
+        org,
+        payload_extra={"task": {"command": ["true"]}},
+        sessionKey=f"steered-{uuid.uuid4().hex[:8]}",
+        singletonMode="steer",
+    )
+    definition, _ = schedules.validate(
+        {"interval": "5s", "agentId": "codex", "job": job, "overlap": "allow"},
+        org,
+        schedules.Limits(min_interval_s=1),
+        admin=False,
+    )
+    state, _ = await schedules.create(store, org, new_schedule_id(), definition, schedules.Limits())
+    caps = firing.Caps(max_queued=100, max_active=100, max_commands=2)
+    outcomes = [
+        await firing.fire(store, state.schedule_id, T + timedelta(seconds=5 * n), caps)
+        for n in range(4)
+    ]
+    assert outcomes == ["enqueued", "enqueued", "enqueued", "skipped_commands"]
+    fired = await schedules.get(store, state.schedule_id)
+    assert fired is not None and fired.last_job_id is not None
+    active = await store.get_job(fired.last_job_id)
+    assert active is not None and len(active.commands) == 2
+    skipped = [r for r in await store.read_stream(schedule_stream(state.schedule_id))]
+    assert skipped[-1].type == "schedule.skipped" and skipped[-1].data["reason"] == "commands"
