@@ -159,7 +159,10 @@ class ScheduleSync:
             result.restored = await self._restore_lost()
             self.checked_at = time.monotonic()
         now = time.monotonic()
-        for state, seq in await schedules.unsynced(self.store, BATCH):
+        # The read reaches past the ones waiting out a backoff: a batch of schedules Temporal
+        # keeps refusing would otherwise fill every read, and no other schedule be synced.
+        waiting = sum(1 for at in self.retry_at.values() if at > now)
+        for state, seq in await schedules.unsynced(self.store, BATCH + waiting):
             if self.retry_at.get(state.schedule_id, 0.0) > now:
                 continue  # it failed lately: the others go first, it waits its backoff
             try:

@@ -703,3 +703,36 @@ async def test_a_steer_firing_is_held_to_the_jobs_command_caps(store: Store) -> 
     assert active is not None and len(active.commands) == 2
     skipped = [r for r in await store.read_stream(schedule_stream(state.schedule_id))]
     assert skipped[-1].type == "schedule.skipped" and skipped[-1].data["reason"] == "commands"
+
+
+async def test_schedules_temporal_refuses_do_not_hold_back_the_others(
+    fresh: tuple[Store, str], temporal_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync read its batch (100) of the oldest unsynced schedules and passed over those
+    waiting out a backoff: a batch of schedules Temporal kept refusing (one organization's cap
+    is 100) filled every read, and no other schedule reached Temporal. The read reaches past
+    them."""
+    import psycopg
+
+    from receipts.settings import Settings
+    from roles.delivery import schedules as sync_module
+    from roles.delivery.schedules import ScheduleSync, temporal_id
+
+    monkeypatch.setattr(sync_module, "BATCH", 2)
+    store, url = fresh
+    settings = Settings(RECEIPT_TASK_QUEUE_PREFIX=f"s{uuid.uuid4().hex[:8]}-")  # type: ignore[call-arg]
+    sync = ScheduleSync(temporal_env.client, store, settings, check_s=3600)
+    broken = [await made(store, cron="*/5 * * * *") for _ in range(2)]
+    good = await made(store)
+    with psycopg.connect(url, autocommit=True) as conn:  # a zone no build of it can use
+        conn.execute(
+            "UPDATE schedules SET state = jsonb_set(state, '{timezone}', '\"Mars/Base\"') "
+            "WHERE schedule_id = ANY(%s)",
+            (broken,),
+        )
+    first = await sync.run_once()
+    assert (first.created, first.failed) == (0, 2)  # the oldest two, refused: their backoff
+    second = await sync.run_once()
+    assert second.created == 1
+    assert [s.schedule_id for s, _ in await schedules.unsynced(store, 10)] == broken
+    await temporal_env.client.get_schedule_handle(temporal_id(settings, good)).delete()
