@@ -422,14 +422,17 @@ async def test_a_monitor_hands_the_watch_on_before_its_timeout_and_misses_nothin
     ):
         await run_objective(fresh_store, objective)
         await wait_objective(fresh_store, "long-1", timeout=90)
+        # The parts the watch took: each hands on to the next until the task ended (how many
+        # depends on when the first started on a loaded machine: two or three for 15 s).
         first = monitor_job_id("long-1", "t", 1)
-        parts = [first, f"{first}:part:2", f"{first}:part:3"]
-        ended = [await wait_for_status(fresh_store, part, timeout=30) for part in parts]
+        ended = [await wait_for_status(fresh_store, first, timeout=30)]
+        while (handed := (ended[-1].result or {}).get("handedOffTo")) is not None:
+            assert handed == f"{first}:part:{len(ended) + 1}"
+            ended.append(await wait_for_status(fresh_store, handed, timeout=30))
         state = await objectives.get(fresh_store, "long-1")
-    assert [job.status for job in ended] == ["completed"] * 3
-    assert ended[0].result["handedOffTo"] == parts[1]  # type: ignore[index]
-    assert ended[1].result["handedOffTo"] == parts[2]  # type: ignore[index]
-    assert ended[0].attempt == ended[1].attempt == 1  # no timeout, no redelivery
+    assert len(ended) >= 2  # the task outlived one monitor's execution timeout
+    assert [job.status for job in ended] == ["completed"] * len(ended)
+    assert all(job.attempt == 1 for job in ended)  # no timeout, no redelivery
     assert state is not None and state.task("t").last_output == "line 15"  # type: ignore[union-attr]
     types = [r.type for r in await stream(fresh_store, "long-1")]
     assert types.count("objective.task.started") == 1
