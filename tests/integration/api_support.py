@@ -154,28 +154,40 @@ class RunningApi:
 
 @contextmanager
 def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
-    """Start `python -m roles.cli.main api` on a free port; wait until /healthz answers; stop it."""
-    port = free_port()
-    log = log_dir / f"api-{port}.log"
-    settings = {
-        "RECEIPT_DATABASE_URL": db_url,
-        "RECEIPT_API_HOST": "127.0.0.1",
-        "RECEIPT_API_PORT": str(port),
-        "RECEIPT_API_TOKENS": TOKENS,
-        **UNLIMITED_ENV,
-        **env,
-    }
-    supervised = Supervised(
-        "api",
-        [sys.executable, "-m", "roles.cli.main", "api"],
-        clean_env(settings),
-        log_file=log,
-        cwd=ROOT,
-    )
-    process = supervised.start()
-    api = RunningApi(f"http://127.0.0.1:{port}", log, process)
+    """Start `python -m roles.cli.main api` on a free port; wait until /healthz answers; stop it.
+
+    The port is free when it is picked, not when the api binds it: another test process may take
+    it in between (CI met it: "address already in use", a module's fixture failed). Such a start
+    is tried again on another port, up to three times."""
+    for tries_left in reversed(range(3)):
+        port = free_port()
+        log = log_dir / f"api-{port}.log"
+        settings = {
+            "RECEIPT_DATABASE_URL": db_url,
+            "RECEIPT_API_HOST": "127.0.0.1",
+            "RECEIPT_API_PORT": str(port),
+            "RECEIPT_API_TOKENS": TOKENS,
+            **UNLIMITED_ENV,
+            **env,
+        }
+        supervised = Supervised(
+            "api",
+            [sys.executable, "-m", "roles.cli.main", "api"],
+            clean_env(settings),
+            log_file=log,
+            cwd=ROOT,
+        )
+        process = supervised.start()
+        api = RunningApi(f"http://127.0.0.1:{port}", log, process)
+        try:
+            wait_healthz(api.url, 20.0, process, api.log_text)
+        except RuntimeError:
+            supervised.stop(15)
+            if tries_left and "address already in use" in api.log_text():
+                continue
+            raise
+        break
     try:
-        wait_healthz(api.url, 20.0, process, api.log_text)
         yield api
     finally:
         supervised.stop(15)
