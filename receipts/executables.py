@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from receipts.kinds import installed_agent_ids, runs_commands
+from receipts.kinds import installed_handlers, runs_commands
 
 if TYPE_CHECKING:
     from receipts.enqueue_request import EnqueueRequest
@@ -87,7 +87,7 @@ def request_commands(request: EnqueueRequest) -> list[tuple[str, Any]]:
     RECEIPT_CODEX_COMMAND), else `task.command`. A payload that names neither is refused under
     an allow-list. An installed handler names none here: it chooses its own argv, held to the
     list when it runs it (`JobContext.run_sandboxed`), from whatever field it reads."""
-    if request.agent_id in installed_agent_ids():
+    if request.agent_id in installed_handlers():
         return []
     payload = request.payload
     if request.kind == "factory.run":

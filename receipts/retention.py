@@ -118,11 +118,13 @@ def _check_batch(batch: int) -> int:
     return batch
 
 
+PASS_LOCK_KEY = "receipt:retention"
+
+
 async def take_pass_lock(tx: Tx) -> bool:
     """Take the prune's single-flight lock for the life of `tx`; False when another process's
     pass holds it (nothing is waited for)."""
-    row = await tx.fetch_one("retention_try_lock", {})
-    return bool(row and row[0])
+    return await tx.try_lock_key(PASS_LOCK_KEY)
 
 
 Age = timedelta | datetime
@@ -132,10 +134,7 @@ cutoff itself — an export's, so that the prune after it removes exactly what i
 
 async def cutoff_for(store: Store, older_than: Age) -> tuple[datetime, datetime]:
     """`(cutoff, now)` by the database clock: now minus an age, or the time given."""
-    with translate_errors():
-        row = await store.fetch_one("retention_cutoff", {"older_than_s": 0})
-    assert row is not None
-    now: datetime = row[0]
+    now = await store.now()
     return (older_than if isinstance(older_than, datetime) else now - older_than), now
 
 
@@ -392,10 +391,9 @@ async def export(
     older_than: Age,
     *,
     batch: int = DEFAULT_BATCH,
-    cutoff_seen: list[datetime] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
-    """Yield what a prune would remove now, one JSON object per line (the cutoff it took is
-    appended to `cutoff_seen` first: `prune` given that time removes what was exported):
+    """Yield what a prune would remove now, one JSON object per line (given the cutoff as a
+    time, `cutoff_for`'s, a `prune` given the same removes what was exported):
 
     - `{jobId, job, receipts}` per job (its folded state and whole chain), oldest settlement
       first;
@@ -406,8 +404,6 @@ async def export(
     """
     _check_batch(batch)
     cutoff, _ = await cutoff_for(store, older_than)
-    if cutoff_seen is not None:
-        cutoff_seen.append(cutoff)
     async for job_ids in candidates(store, cutoff, batch):
         for line in (await _job_lines(store, job_ids)).values():
             yield line

@@ -108,6 +108,13 @@ class Tx:
         """Take a transaction-scoped advisory lock on `key` (released at commit or rollback)."""
         await self._conn.execute(query("lock_key"), {"key": key})
 
+    async def try_lock_key(self, key: str) -> bool:
+        """`lock_key` without waiting: True when taken, False when another transaction holds it
+        (a single-flight pass across processes skips then)."""
+        cur = await self._conn.execute(query("try_lock_key"), {"key": key})
+        row = await cur.fetchone()
+        return bool(row and row[0])
+
     async def job_for_update(self, job_id: str) -> Job | None:
         """Lock and return the job's projection row (None if the job does not exist)."""
         cur = await self._conn.execute(query("job_for_update"), {"job_id": job_id})

@@ -307,12 +307,6 @@ async def unsynced(store: Store, limit: int) -> list[tuple[ScheduleState, int]]:
     return [(ScheduleState.model_validate(row[0]), int(row[1])) for row in rows]
 
 
-async def take_sync_lock(tx: Tx) -> bool:
-    """The schedule sync's single-flight lock, held until `tx` ends; False: another holds it."""
-    row = await tx.fetch_one("schedule_sync_try_lock", {})
-    return bool(row and row[0])
-
-
 async def mark_synced(store: Store, schedule_id: str, seq: int) -> None:
     async with store.transaction() as tx:
         await tx.execute("schedule_synced", {"schedule_id": schedule_id, "seq": seq})

@@ -28,6 +28,10 @@ FROM unnest(%(names)s::text[], %(values)s::text[]) AS u(name, value);
 -- name: lock_key
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
+-- name: try_lock_key
+-- The same lock, not waited for: true when taken (a single-flight pass), false when held.
+SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
 -- A job's folded state is its projection row's `state`, overlaid with its lease row's `patch`
 -- when a heartbeat wrote that after the row (migrations/0007_history.sql). Every read of a job's
 -- state goes through this overlay.

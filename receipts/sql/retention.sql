@@ -220,10 +220,6 @@ FROM objectives o
 WHERE o.objective_id = ANY (%(objective_ids)s::text[])
 ORDER BY o.updated_at, o.objective_id;
 
--- name: retention_try_lock
--- Single flight across processes: the pass holds this transaction-scoped lock while it runs.
-SELECT pg_try_advisory_xact_lock(hashtextextended('receipt:retention', 0));
-
 -- name: prune_objective_victims
 -- A batch of settled objectives last changed before the cutoff none of whose jobs is live
 -- (objectives_settled_idx, objective_has_live_job), after the last batch's last one (as

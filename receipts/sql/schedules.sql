@@ -125,8 +125,3 @@ SELECT (SELECT count(*) FROM (
             -- include: schedule_compaction_due
         ) AS due),
        (SELECT count(*) FROM receipts WHERE stream = %(stream)s AND type = 'schedule.compacted');
-
--- name: schedule_sync_try_lock
--- Single flight across worker-control replicas: a pass holds this transaction-scoped lock while
--- it writes to Temporal (two at once could write a schedule's older state after the newer).
-SELECT pg_try_advisory_xact_lock(hashtextextended('receipt:schedule-sync', 0));

@@ -207,37 +207,39 @@ def export_command(older_than: str | None, before: datetime | None, output: Path
     the jobs that go with it. It prints its cutoff, and the prune that removes what it wrote:
     `receipt prune --before <cutoff>`."""
     age = _cutoff(older_than, before)
-    cutoff: list[datetime] = []
 
-    async def run(out: TextIO) -> None:
+    async def run(out: TextIO) -> datetime:
+        """Write the lines; return the cutoff they were read at (the prune's `--before`)."""
         core = _core()
         url = resolve_url(core)
         await _prepare(url, writes=False)
         store = await open_store(url, core)
         try:
-            async for line in retention.export(store, age, cutoff_seen=cutoff):
+            cutoff, _ = await retention.cutoff_for(store, age)
+            async for line in retention.export(store, cutoff):
                 out.write(dumps(line) + "\n")
                 kind = next(k for k in ("jobId", "agentJobId", "objectiveId") if k in line)
                 written[kind] += 1
         finally:
             await store.close()
+        return cutoff
 
     written = {"jobId": 0, "agentJobId": 0, "objectiveId": 0}
     if output is None:
-        asyncio.run(run(sys.stdout))
+        cutoff = asyncio.run(run(sys.stdout))
     else:
         # Written beside it and moved into place only whole: a failed export leaves the file
         # there (an earlier archive) as it was.
         partial = output.with_name(f".{output.name}.partial")
         try:
             with partial.open("w", encoding="utf-8") as out:
-                asyncio.run(run(out))
+                cutoff = asyncio.run(run(out))
             partial.replace(output)
         except OSError as exc:
             raise click.FileError(str(output), exc.strerror or str(exc)) from None
         finally:
             partial.unlink(missing_ok=True)
-    settled = cutoff[0].isoformat() if cutoff else "-"
+    settled = cutoff.isoformat()
     click.echo(
         f"settled before {settled}: exported {written['jobId']} jobs, "
         f"{written['agentJobId']} agent jobs, {written['objectiveId']} objectives; prune what it "

@@ -51,6 +51,8 @@ log = logging.getLogger("roles.delivery.schedules")
 
 SYNC_INTERVAL_MS = 2_000
 BATCH = 100
+# The sync's single-flight lock across worker-control replicas (`Tx.try_lock_key`).
+SYNC_LOCK_KEY = "receipt:schedule-sync"
 MAX_BACKOFF_S = 300.0  # a schedule Temporal keeps refusing is tried again at most this rarely
 # A Temporal that was down fires what it missed in the last minute, not a year of it.
 CATCHUP_WINDOW = timedelta(minutes=1)
@@ -144,7 +146,7 @@ class ScheduleSync:
         """One pass, by one replica at a time: two writing at once could leave a schedule's
         older state in Temporal after the newer was written and marked synced."""
         async with self.store.transaction() as lock:
-            if not await schedules.take_sync_lock(lock):
+            if not await lock.try_lock_key(SYNC_LOCK_KEY):
                 metrics.SCHEDULE_SYNCS.labels("skipped").inc()
                 log.debug(
                     "schedule sync pass skipped: another process is syncing",

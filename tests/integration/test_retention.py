@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import re
 import subprocess
@@ -305,7 +306,7 @@ async def test_the_retention_loop_runs_in_one_process_at_a_time(
         # A lock held by any other backend also makes a pass skip, and nothing is deleted.
         await preload(store, template, 5, age_s=45 * 86_400.0)
         with psycopg.connect(url) as holder, holder.transaction():
-            holder.execute(query("retention_try_lock").encode())
+            holder.execute(query("lock_key").encode(), {"key": retention.PASS_LOCK_KEY})
             assert await first.run_once() is None
             assert remaining() == 6
         done = await second.run_once()
@@ -357,9 +358,7 @@ async def test_receipt_prune_and_export_commands(fresh: tuple[Store, str], tmp_p
     new = await finished(store, "failed")
     backdate(url, [old.job_id])
     env = {"RECEIPT_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
-
-    def receipt(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(env, *args)
+    receipt = functools.partial(run_cli, env)  # env as it reads when each runs
 
     bad = receipt("prune", "--older-than", "thirty")
     assert bad.returncode == 2 and "--older-than" in bad.stderr
@@ -413,9 +412,7 @@ async def test_a_prune_before_an_exports_cutoff_removes_only_what_it_archived(
     between = await finished(store, "completed")
     backdate(url, [old.job_id])
     env = {"RECEIPT_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
-
-    def receipt(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(env, *args)
+    receipt = functools.partial(run_cli, env)  # env as it reads when each runs
 
     out = tmp_path / "archive.jsonl"
     exported = receipt("export", "--older-than", "30d", "-o", str(out))

@@ -636,7 +636,7 @@ async def test_the_schedule_sync_runs_in_one_replica_at_a_time(
 
     from receipts.settings import Settings
     from receipts.sql import query
-    from roles.delivery.schedules import ScheduleSync, temporal_id
+    from roles.delivery.schedules import SYNC_LOCK_KEY, ScheduleSync, temporal_id
 
     store, url = fresh
     settings = Settings(RECEIPT_TASK_QUEUE_PREFIX=f"s{uuid.uuid4().hex[:8]}-")  # type: ignore[call-arg]
@@ -645,7 +645,7 @@ async def test_the_schedule_sync_runs_in_one_replica_at_a_time(
     skipped = metrics.SCHEDULE_SYNCS.labels("skipped")
     before = skipped._value.get()
     with psycopg.connect(url) as other, other.transaction():
-        other.execute(query("schedule_sync_try_lock").encode())  # another replica's pass
+        other.execute(query("lock_key").encode(), {"key": SYNC_LOCK_KEY})  # another's pass
         held = await sync.run_once()
         assert (held.created, held.failed) == (0, 0)
         assert skipped._value.get() == before + 1

@@ -1655,6 +1655,12 @@ def test_parse_enqueue_accepts_the_four_lanes(lane: str) -> None:
     assert parse_enqueue("factory", body(lane=lane)).lane == lane
 
 
+def test_parse_enqueue_singleton_mode_none_is_allow() -> None:
+    """The spec's `singletonMode` defaults to `allow`: written null (as the OpenAPI document
+    allows it) too."""
+    assert parse_enqueue("factory", body(singletonMode=None)).singleton_mode == "allow"
+
+
 def test_parse_enqueue_lane_none_is_the_default() -> None:
     assert parse_enqueue("factory", body(lane=None)).lane == "collect"
 

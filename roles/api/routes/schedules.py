@@ -229,12 +229,13 @@ async def patch_schedule(
     require_scope(caller, JOBS_WRITE)
     body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     patch = validated(SchedulePatchBody, body)
-    await state.org_limits.admit_paced((await _visible(state, caller, schedule_id)).organization_id)
     changing = {k: v for k, v in body.items() if k not in ("paused", "note")}
     for tries_left in reversed(range(PATCH_TRIES)):
         # The fields are merged onto the schedule as read; a change landing in between makes
         # the write refuse, and the merge is made again on the schedule as it is then.
         schedule = await _visible(state, caller, schedule_id)
+        if tries_left == PATCH_TRIES - 1:  # the change takes one token, however many reads
+            await state.org_limits.admit_paced(schedule.organization_id)
         definition = None
         fields = current_fields(schedule)
         if changing:
