@@ -465,6 +465,25 @@ async def schema_version(conn: psycopg.AsyncConnection[TupleRow]) -> int:
     return int(row[0]) if row else 0
 
 
+async def missing_migrations(conn: psycopg.AsyncConnection[TupleRow]) -> list[int]:
+    """The versions of the migrations this code ships that the database has not applied, in
+    order (every one when it was never migrated): what `/readyz` and a command that writes
+    nothing refuse on."""
+    with translate_errors():
+        cur = await conn.execute(query("migrations_exist"), {})
+        exists = await cur.fetchone()
+        applied: set[int] = set()
+        if exists and exists[0]:
+            cur = await conn.execute(query("migrations_applied"), {})
+            applied = {int(row[0]) for row in await cur.fetchall()}
+    return unapplied(applied)
+
+
+def unapplied(applied: set[int]) -> list[int]:
+    """The shipped migrations' versions not in `applied`, in order."""
+    return sorted({m.version for m in migrations()} - applied)
+
+
 def latest_schema_version() -> int:
     """Return the version of the newest migration this code ships."""
     return max(m.version for m in migrations())

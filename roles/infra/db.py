@@ -7,7 +7,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receipts import assembly
 from receipts.settings import Settings
-from receipts.store import SESSION_SETTINGS, Store, latest_schema_version, migrate, schema_version
+from receipts.store import SESSION_SETTINGS, Store, migrate, missing_migrations
 from roles.infra.embedded import database_url
 
 
@@ -33,14 +33,14 @@ async def migrate_url(url: str) -> list[int]:
 
 async def schema_behind(url: str) -> str | None:
     """Why `url`'s schema is too old for this code (a migration it ships is not applied), or
-    None: what a command that writes nothing checks instead of migrating."""
+    None: what a command that writes nothing checks instead of migrating. The same test as
+    `/readyz`'s: every shipped migration applied, not merely the newest."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        version = await schema_version(conn)
-    latest = latest_schema_version()
-    if version >= latest:
+        missing = await missing_migrations(conn)
+    if not missing:
         return None
     return (
-        f"the database's schema is at version {version}, this code's at {latest}: "
+        f"migrations not applied: {missing}; "
         "run `receipt migrate` first (this command writes nothing, migrations included)"
     )
 

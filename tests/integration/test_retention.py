@@ -460,6 +460,15 @@ async def test_a_prune_before_an_exports_cutoff_removes_only_what_it_archived(
         ).fetchone()
     assert tables == (0,)
 
+    # A database whose newest migration is applied but an earlier one is not: the same refusal
+    # as /readyz's (the newest version alone does not make a schema this code's).
+    env["RECEIPT_DATABASE_URL"] = make_database()
+    with psycopg.connect(env["RECEIPT_DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("DELETE FROM schema_migrations WHERE version = 2")
+    behind = receipt("prune", "--older-than", "30d", "--dry-run")
+    assert behind.returncode == 2, behind.stdout
+    assert "migrations not applied: [2]" in behind.stderr, behind.stderr
+
 
 async def test_an_agent_job_is_pruned_with_its_turns_never_half(fresh: tuple[Store, str]) -> None:
     await agent_job_scenario(*fresh)

@@ -8,8 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from receipts import metrics, reads
 from receipts.errors import StorageError, TransientStorageError
-from receipts.sql import migrations
-from receipts.store import Store
+from receipts.store import Store, unapplied
 from receipts.waits import within
 from roles.api.auth import ADMIN
 from roles.api.deps import ApiError, Caller, State, require_scope
@@ -24,7 +23,7 @@ router = APIRouter()
 async def schema_ready(store: Store) -> int:
     """Return the schema version when every shipped migration is applied; raise ApiError if not."""
     applied = await reads.applied_migrations(store)
-    missing = sorted({m.version for m in migrations()} - applied)
+    missing = unapplied(applied)
     if missing:
         raise ApiError(
             503,
