@@ -247,12 +247,13 @@ async def change(
     *,
     definition: Definition | None = None,
     paused: bool | None = None,
-    note: str = "",
+    note: str | None = None,
     delete: bool = False,
     based_on: int | None = None,
 ) -> ScheduleState | None:
     """Change, pause, resume or delete a schedule (None when it does not exist or was deleted).
-    Only what differs is recorded: a pause of a paused schedule writes nothing.
+    Only what differs is recorded: a pause of a paused schedule writes nothing unless it
+    brings a new `note` (None keeps the note).
 
     `based_on`: the `definition_seq` of the schedule the new `definition` was made from (a
     PATCH merges its fields onto what it read); when the definition changed since, nothing is
@@ -273,7 +274,9 @@ async def change(
             if definition is not None and definition.data() != definition_data(state):
                 drafts.append(Draft("schedule.changed", definition.data()))
             if paused is True and state.status != "paused":
-                drafts.append(Draft("schedule.paused", {"note": note}))
+                drafts.append(Draft("schedule.paused", {"note": note or ""}))
+            elif paused is True and note is not None and note != state.note:
+                drafts.append(Draft("schedule.paused", {"note": note}))  # a new reason
             if paused is False and state.status == "paused":
                 drafts.append(Draft("schedule.resumed", {}))
         if not drafts:

@@ -197,8 +197,17 @@ async def test_pause_resume_change_and_delete_are_receipts(
     )
     assert paused.status_code == 200, paused.text
     assert paused.json()["status"] == "paused" and paused.json()["nextFireTimes"] == []
-    # a pause of a paused schedule writes nothing
-    await client.patch(f"/schedules/{sid}", json={"paused": True}, headers=AS_A)
+    # a pause of a paused schedule writes nothing, and keeps its note
+    again = await client.patch(f"/schedules/{sid}", json={"paused": True}, headers=AS_A)
+    assert again.json()["note"] == "deploy"
+    # a note alone would change nothing: refused naming the field
+    alone = await client.patch(f"/schedules/{sid}", json={"note": "why"}, headers=AS_A)
+    assert alone.status_code == 422 and alone.json()["error"]["field"] == "note", alone.text
+    # a new note for a paused schedule is a new reason, recorded
+    reason = await client.patch(
+        f"/schedules/{sid}", json={"paused": True, "note": "incident"}, headers=AS_A
+    )
+    assert reason.json()["note"] == "incident"
     resumed = await client.patch(
         f"/schedules/{sid}", json={"paused": False, "cron": "0 * * * *"}, headers=AS_A
     )
@@ -212,10 +221,12 @@ async def test_pause_resume_change_and_delete_are_receipts(
     assert [r.type for r in chain] == [
         "schedule.created",
         "schedule.paused",
+        "schedule.paused",
         "schedule.changed",
         "schedule.resumed",
         "schedule.deleted",
     ]
+    assert chain[2].data == {"note": "incident"}
     # a deleted schedule's id is not reused: its firings' job ids name it
     reused = await client.post("/schedules", json=body(scheduleId=sid), headers=AS_A)
     assert reused.status_code == 409
@@ -241,7 +252,9 @@ async def test_an_organization_holds_at_most_its_cap_of_schedules(db_url: str) -
         admin_made = [
             await capped.post("/schedules", json=body(org=org), headers=AS_ADMIN) for _ in range(3)
         ]
-    assert [r.status_code for r in admin_made] == [201, 201, 429]
+    assert [r.status_code for r in admin_made] == [201, 201, 409]
+    assert admin_made[2].json()["error"]["code"] == "too_many_schedules"
+    assert "Retry-After" not in admin_made[2].headers
     assert "RECEIPT_ORG_MAX_SCHEDULES" in admin_made[2].json()["error"]["message"]
 
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from receipts.enqueue import EnqueueRequest
-from receipts.errors import ConflictError
+from receipts.errors import ConflictError, InvalidInput
 from receipts.kinds import redact_payload
 from receipts.objectives import store as objectives
 from receipts.schedules import cron
@@ -32,7 +32,6 @@ from roles.api.body import decode_cursor, encode_cursor, read_json_body, validat
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_view
 from roles.api.deps import takes_query as _takes_query
 from roles.api.documented import ScheduleBody, SchedulePatchBody
-from roles.api.errors import too_many
 from roles.api.schema import ScheduleList, ScheduleView, errors_documented, json_body_documented
 from roles.api.sse import within_budget
 
@@ -166,7 +165,8 @@ async def post_schedule(request: Request, state: State, caller: Caller) -> JSONR
             paused=spec.paused,
         )
     except schedules.LimitReached as exc:
-        raise too_many(str(exc), 60) from None
+        # Waiting does not free a place (a deletion does): 409, as the webhook cap answers.
+        raise ApiError(409, "too_many_schedules", str(exc)) from None
     except ConflictError as exc:
         raise ApiError(409, "conflict", str(exc), field="scheduleId") from None
     view = shown_view(caller, await schedule_view(state.require_store(), schedule))
@@ -224,11 +224,15 @@ async def get_schedule(state: State, caller: Caller, schedule_id: ScheduleId) ->
 async def patch_schedule(
     request: Request, state: State, caller: Caller, schedule_id: ScheduleId
 ) -> JSONResponse:
-    """Pause (`paused: true`, with an optional `note`), resume (`paused: false`) or change it;
-    only what differs is recorded. A changed definition is validated as at create."""
+    """Pause (`paused: true`, with an optional `note`; a paused one's note is replaced), resume
+    (`paused: false`) or change it; only what differs is recorded. A changed definition is
+    validated as at create."""
     require_scope(caller, JOBS_WRITE)
     body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     patch = validated(SchedulePatchBody, body)
+    if patch.note is not None and patch.paused is not True:
+        # A note says why a schedule is paused; alone it would change nothing and answer 200.
+        raise InvalidInput("note", "note goes with paused: true (it says why it is paused)")
     changing = {k: v for k, v in body.items() if k not in ("paused", "note")}
     for tries_left in reversed(range(PATCH_TRIES)):
         # The fields are merged onto the schedule as read; a change landing in between makes
@@ -254,7 +258,7 @@ async def patch_schedule(
                 schedule.schedule_id,
                 definition=definition,
                 paused=patch.paused,
-                note=patch.note or "",
+                note=patch.note,
                 based_on=schedule.definition_seq,
             )
             break
