@@ -41,10 +41,11 @@ def objective_commands(objective: Any, field: str) -> list[tuple[str, Any]]:
     `validate.command` and `publish.command` (a prompt task runs the operator's codex command)."""
     if not isinstance(objective, dict):
         return []
+    prefix = f"{field}." if field else ""  # "": the objective is the request's body
     return [
-        *task_commands(objective.get("tasks"), f"{field}.tasks"),
+        *task_commands(objective.get("tasks"), f"{prefix}tasks"),
         *(
-            (f"{field}.{step}.command", objective[step].get("command"))
+            (f"{prefix}{step}.command", objective[step].get("command"))
             for step in ("validate", "publish")
             if isinstance(objective.get(step), dict)
         ),

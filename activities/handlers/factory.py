@@ -127,7 +127,11 @@ async def _planned(ctx: HandlerContext, spec: ObjectiveSpec) -> ObjectiveSpec:
         log.warning(
             "the planner wrote a command off the organization's allow-list: %s",
             message,
-            extra={"event": "factory.planner_refused", "field": field},
+            extra={
+                "event": "factory.planner_refused",
+                "field": field,
+                "objectiveId": ctx.payload.get("objectiveId"),
+            },
         )
         raise HandlerError(f"the planner's graph is refused: {message}", retryable=False)
     try:
@@ -234,6 +238,11 @@ async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:
 
     if not await ctx.receipts.update_objective(objective_id, decide, deliver_control=True):
         raise HandlerError(f"no objective {objective_id!r}", retryable=False)
+    factory_metrics.FACTORY_PHASES_ADDED.inc()
+    log.info(
+        "phase added",
+        extra={"event": "factory.phase_added", "objectiveId": objective_id, "phase": phase},
+    )
     return {"objectiveId": objective_id, "phase": phase}
 
 
@@ -310,6 +319,7 @@ async def objective_watchdog(ctx: HandlerContext) -> dict[str, Any]:
                 )
     except TimeoutError:
         timed_out = True
+        factory_metrics.FACTORY_WATCHDOG_TIMEOUTS.inc()
         log.warning(
             "watchdog scan ran out of time",
             extra={"event": "factory.watchdog_timeout", "scanned": scanned},
@@ -329,15 +339,36 @@ async def objective_audit(ctx: HandlerContext) -> dict[str, Any]:
     state = await ctx.receipts.objective(objective_id)
     if state is None:
         raise HandlerError(f"no objective {objective_id!r}", retryable=False)
+    if not state.terminal:
+        # Its one audit is of the settled objective: one written earlier (an audit job posted
+        # or retried by hand) would take its place and the settled one would never be written.
+        factory_metrics.FACTORY_AUDITS_REFUSED.inc()
+        log.warning(
+            "audit job refused: its objective is not settled",
+            extra={
+                "event": "factory.audit_refused",
+                "objectiveId": objective_id,
+                "status": state.status,
+            },
+        )
+        raise HandlerError(
+            f"objective {objective_id!r} is {state.status}: it is audited once settled",
+            retryable=False,
+        )
     jobs = await ctx.receipts.jobs(objective_audit_summary.job_ids(state))
     summary = objective_audit_summary.summary(state, jobs)
 
     def decide(current: ObjectiveState | None) -> list[Draft]:
-        if current is None or current.audit is not None:
+        if current is None or current.audit is not None or not current.terminal:
             return []
         return [Draft("objective.audited", {"summary": summary, "jobId": ctx.job.job_id})]
 
-    await ctx.receipts.update_objective(objective_id, decide)
+    if await ctx.receipts.update_objective(objective_id, decide):
+        factory_metrics.FACTORY_AUDITS_WRITTEN.inc()
+        log.info(
+            "objective audited",
+            extra={"event": "factory.objective_audited", "objectiveId": objective_id},
+        )
     return {"objectiveId": objective_id, "totals": summary["totals"]}
 
 

@@ -196,12 +196,25 @@ async def _dispatch_step(
             now = current.step(name) if current else None
             if current is None or now is None or now.status != "pending":
                 return []
+            if current.phase != state.phase:  # its job id names the phase the pass read
+                return []
             if plan(current, {}).step != name:  # a step no longer due (a phase added)
                 return []
             data = {"step": name, "jobId": job_id, "phase": current.phase}
             return [Draft("objective.step.dispatched", data)]
 
         await _recorded(tx, state.objective_id, decide, guard)
+    factory_metrics.FACTORY_STEPS_DISPATCHED.labels(name).inc()
+    log.info(
+        "step dispatched",
+        extra={
+            "event": "factory.step_dispatched",
+            "objectiveId": state.objective_id,
+            "step": name,
+            "phase": state.phase,
+            "jobId": job_id,
+        },
+    )
 
 
 class _Moved(Exception):
@@ -227,6 +240,7 @@ async def _settle(
     guard: objectives.Guard | None,
     jobs: Mapping[str, Job],
 ) -> None:
+    read_active = set(state.active_job_ids())
     async with store.transaction() as tx:
         audit = None
         if CONTRACTS[kind].terminal_objective_audit:
@@ -251,8 +265,12 @@ async def _settle(
 
         def decide(current: ObjectiveState | None) -> list[Draft]:
             # Re-decided on the objective as it is now: a phase added (or anything else that
-            # changes the decision) since the pass read it leaves it to the next pass.
-            if current is None or plan(current, jobs).settle != settle:
+            # changes the decision) since the pass read it leaves it to the next pass. A try or
+            # step dispatched since then (by another pass) has no job in `jobs`, so `plan` would
+            # not see it running: the objective would settle and leave that job running.
+            if current is None or not set(current.active_job_ids()) <= read_active:
+                return []
+            if plan(current, jobs).settle != settle:
                 return []
             drafts = [Draft("objective.settled", settle)]
             if audit:
@@ -298,6 +316,18 @@ async def run_pass(
             await objectives.update(tx, objective_id, decide, guard)
     for job_id, reason in decided.aborts:
         await ops.add_command(store, job_id, type="abort", reason=reason, check_organization=False)
+        why = _abort_why(reason)
+        factory_metrics.FACTORY_ABORTS.labels(why).inc()
+        log.info(
+            "control aborted a job of the objective: %s",
+            reason,
+            extra={
+                "event": "factory.job_aborted",
+                "objectiveId": objective_id,
+                "jobId": job_id,
+                "why": why,
+            },
+        )
     try:
         for number, task in enumerate(decided.dispatch):
             try:
@@ -317,6 +347,15 @@ async def run_pass(
             extra={"event": "factory.control_plan_stale", "objectiveId": objective_id},
         )
     return state, decided
+
+
+def _abort_why(reason: str) -> str:
+    """The metric's label for a plan's abort reason (`decide.plan` writes them)."""
+    if reason == "objective canceled":
+        return "canceled"
+    if reason.startswith("superseded"):
+        return "superseded"
+    return "task_stopped"
 
 
 def _held(state: ObjectiveState, decided: Plan, dispatched: int, queued: int, active: int) -> Plan:
@@ -405,6 +444,7 @@ async def reconcile(
             async with store.transaction() as tx:
                 await objectives.update(tx, objective_id, _covered_through(state.seq), guard)
             return result
+    factory_metrics.FACTORY_CONTROL_PASSES_EXHAUSTED.inc()
     log.warning(
         "control passes did not settle down; the outbox will run another job",
         extra={"event": "factory.control_passes_exhausted", "objectiveId": objective_id},

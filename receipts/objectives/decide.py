@@ -56,17 +56,17 @@ def settlement_drafts(state: ObjectiveState, jobs: Mapping[str, Job]) -> list[Dr
         step = state.step(name)
         job = jobs.get(step.job_id or "") if step else None
         if step is not None and step.status in TASK_ACTIVE and job and job.terminal:
-            drafts.append(
-                Draft(
-                    "objective.step.settled",
-                    {
-                        "step": name,
-                        "jobId": job.job_id,
-                        "status": job.status,
-                        "error": job.error or job.canceled_reason,
-                    },
-                )
-            )
+            data: dict[str, Any] = {
+                "step": name,
+                "jobId": job.job_id,
+                "status": job.status,
+                "error": job.error or job.canceled_reason,
+            }
+            if job.status != "completed" and step.phase is not None and step.phase < state.phase:
+                # It ran for an earlier phase (one added meanwhile, a fix perhaps): its failure
+                # fails no phase; it is due again after the new one, as a completed run is.
+                data["again"] = True
+            drafts.append(Draft("objective.step.settled", data))
     return drafts
 
 

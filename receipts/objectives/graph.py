@@ -135,10 +135,11 @@ def _object(raw: Any, field: str, noun: str, fields: tuple[str, ...], shape: str
     """Refuse (`InvalidInput`) what is not an object, or an object with a field not in `fields`
     (the error names the first such field and lists the `noun`'s fields)."""
     if not isinstance(raw, Mapping):
-        raise InvalidInput(field, f"{field} must be an object{shape}")
+        raise InvalidInput(field or "body", f"{field or 'the body'} must be an object{shape}")
     unknown = [name for name in raw if name not in fields]
     if unknown:
-        raise InvalidInput(f"{field}.{unknown[0]}", f"unknown {noun} field {unknown[0]!r}", fields)
+        named = under(field, unknown[0])
+        raise InvalidInput(named, f"unknown {noun} field {unknown[0]!r}", fields)
 
 
 def parse_task(raw: Any, field: str) -> TaskSpec:
@@ -293,21 +294,26 @@ def parse_objective(raw: Any, field: str = "objective") -> ObjectiveSpec:
     """Parse an objective: `{objectiveId?, title, goal, tasks?, validate?, publish?}`.
 
     `tasks` may be absent (a planner supplies them); when present it must be a valid graph.
+    Errors name its fields under `field` (`""`: the objective is the request's body).
     """
     _object(raw, field, "objective", OBJECTIVE_FIELDS, " {title, goal, tasks?, ...}")
     objective_id = raw.get("objectiveId")
     if objective_id is not None and (
         not isinstance(objective_id, str) or not OBJECTIVE_ID.match(objective_id)
     ):
-        raise InvalidInput(
-            f"{field}.objectiveId", f"{field}.objectiveId must match {OBJECTIVE_ID.pattern}"
-        )
+        named = under(field, "objectiveId")
+        raise InvalidInput(named, f"{named} must match {OBJECTIVE_ID.pattern}")
     tasks_raw = raw.get("tasks")
     return ObjectiveSpec(
         objective_id=objective_id,
-        title=_text(raw.get("title"), f"{field}.title"),
-        goal=_text(raw.get("goal"), f"{field}.goal"),
-        tasks=None if tasks_raw is None else parse_tasks(tasks_raw, f"{field}.tasks"),
-        validate=_step(raw.get("validate"), f"{field}.validate"),
-        publish=_step(raw.get("publish"), f"{field}.publish"),
+        title=_text(raw.get("title"), under(field, "title")),
+        goal=_text(raw.get("goal"), under(field, "goal")),
+        tasks=None if tasks_raw is None else parse_tasks(tasks_raw, under(field, "tasks")),
+        validate=_step(raw.get("validate"), under(field, "validate")),
+        publish=_step(raw.get("publish"), under(field, "publish")),
     )
+
+
+def under(field: str, name: str) -> str:
+    """The name of `field`'s member `name` in an error (`name` alone when `field` is the body)."""
+    return f"{field}.{name}" if field else name

@@ -24,6 +24,37 @@ FACTORY_OBJECTIVES_SETTLED = Counter(
     "Objectives settled by objective control, by status.",
     ["status"],
 )
+FACTORY_STEPS_DISPATCHED = Counter(
+    "receipt_factory_steps_dispatched",
+    "Validate and publish runs dispatched by objective control, by step.",
+    ["step"],
+)
+FACTORY_ABORTS = Counter(
+    "receipt_factory_aborts",
+    "Aborts objective control posted to an objective's jobs, by why: the objective canceled, a "
+    "task of its phase failed or was canceled, a queued try superseded by a new phase.",
+    ["why"],
+)
+FACTORY_PHASES_ADDED = Counter(
+    "receipt_factory_phases_added", "Phases of tasks factory.dispatch added to live objectives."
+)
+FACTORY_AUDITS_WRITTEN = Counter(
+    "receipt_factory_audits_written",
+    "Settled objectives audited by their audit job (the redrive's are counted apart).",
+)
+FACTORY_AUDITS_REFUSED = Counter(
+    "receipt_factory_audits_refused",
+    "Audit jobs refused because their objective was not settled (posted or retried by hand): "
+    "nothing written, the settled objective's audit keeps its place.",
+)
+FACTORY_CONTROL_PASSES_EXHAUSTED = Counter(
+    "receipt_factory_control_passes_exhausted",
+    "Control jobs whose passes did not settle down (another control job follows from the outbox).",
+)
+FACTORY_WATCHDOG_TIMEOUTS = Counter(
+    "receipt_factory_watchdog_timeouts",
+    "Watchdog scans that ran out of time before reading their whole window.",
+)
 FACTORY_AUDITS_RECOVERED = Counter(
     "receipt_factory_audits_recovered",
     "Settled objectives audited by the outbox redrive because their audit job ended (failed "

@@ -331,8 +331,11 @@ def _changes(
         step = step.model_copy(
             update={"status": data["status"], "settled_at": at, "error": data.get("error")}
         )
-        if step.status == "completed" and step.phase is not None and step.phase < state.phase:
-            step = step.again()  # it covered an earlier phase: it runs again after the new one
+        earlier = step.phase is not None and step.phase < state.phase
+        if earlier and (step.status == "completed" or data.get("again")):
+            # It covered an earlier phase: it runs again after the new one. A failed or
+            # canceled run says so (`again`, since 2026-12-06); older chains fold as they did.
+            step = step.again()
         return {f"{step.name}_step": step}
     if state.terminal:
         return {}

@@ -44,10 +44,14 @@ async def types(store: Store, job_id: str) -> list[str]:
 
 
 async def create_objective(
-    store: Store, objective_id: str, tasks: list[dict[str, Any]] | None = None, org: str = "org-a"
+    store: Store,
+    objective_id: str,
+    tasks: list[dict[str, Any]] | None = None,
+    org: str = "org-a",
+    **fields: Any,
 ) -> str:
     """An objective written straight to its stream (no control requested); one pending task
-    `t` running `true` unless `tasks` says otherwise."""
+    `t` running `true` unless `tasks` says otherwise; `fields` (`validate`, `publish`) beside."""
     from receipts.objectives import store as objectives
 
     created = {
@@ -57,6 +61,7 @@ async def create_objective(
         "title": objective_id,
         "goal": "test",
         "tasks": tasks or [{"taskId": "t", "input": {"command": ["true"]}}],
+        **fields,
     }
     async with store.transaction() as tx:
         await objectives.update(tx, objective_id, lambda _: [Draft("objective.created", created)])

@@ -930,7 +930,8 @@ async def test_scoped_tokens_and_the_executable_allow_list(db_url: str) -> None:
             assert assert_error(listed, 403, "forbidden")["field"] == field
         objective = {**plan["objective"], "validate": {"command": ["git", "status"]}}
         posted = await c.post("/objectives", json=objective, headers=as_runner)
-        assert assert_error(posted, 403, "forbidden")["field"] == "objective.tasks[0].input.command"
+        # the body is the objective: its fields are named as the caller sent them
+        assert assert_error(posted, 403, "forbidden")["field"] == "tasks[0].input.command"
         allowed = {**objective, "tasks": [{"taskId": "t", "input": {"command": ["pytest"]}}]}
         assert (await c.post("/objectives", json=allowed, headers=as_runner)).status_code == 202
         assert_error(await c.get("/jobs", headers=as_writer), 403, "forbidden")

@@ -200,6 +200,29 @@ def test_a_phase_added_while_validate_runs_waits_for_it_then_validates_again() -
     assert [t.task_id for t in control.plan(state, {}).dispatch] == ["b"]
 
 
+def test_a_validate_that_fails_after_a_phase_was_added_runs_again_after_it() -> None:
+    """The usual fix phase: validate failed on phase 1's code while `factory.dispatch` added a
+    phase to fix it. Its failure covered phase 1 only: the objective does not fail; the new
+    phase runs, then validate again. Control's record says so (`again`); a chain recorded
+    before that folds as it did."""
+    state = _validated_then(receipt(5, "objective.phase_added", **PHASE_2))
+    drafts = control.plan(state, {"jv": job("jv", "failed", error="tests failed")}).records
+    assert [(d.type, d.data.get("again")) for d in drafts] == [("objective.step.settled", True)]
+    failed = receipt(6, "objective.step.settled", **drafts[0].data)
+    state = fold([failed], state)  # type: ignore[assignment]
+    validate = state.step("validate")
+    assert validate is not None and validate.status == "pending"
+    decided = control.plan(state, {})
+    assert decided.settle is None and [t.task_id for t in decided.dispatch] == ["b"]
+    # Recorded before 2026-12-06 (no `again`): it failed the objective then, and still folds so.
+    old = receipt(6, "objective.step.settled", step="validate", jobId="jv", status="failed")
+    older = fold([old], _validated_then(receipt(5, "objective.phase_added", **PHASE_2)))
+    assert older is not None and older.step("validate").status == "failed"  # type: ignore[union-attr]
+    # In the phase it ran for, a failed validate fails the objective, as it always did.
+    same_phase = control.plan(_validated_then(), {"jv": job("jv", "failed", error="x")})
+    assert "again" not in same_phase.records[0].data
+
+
 def test_a_failed_try_within_budget_goes_back_to_pending() -> None:
     state = fold(
         [

@@ -120,7 +120,7 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
     body = _object(raw, CREATE_FIELDS)
     auth = _auth_context(body, caller)
     raw = {k: v for k, v in body.items() if k != "authContext"}
-    spec = parse_objective(raw, "objective")
+    spec = parse_objective(raw, "")  # the body is the objective: errors name its fields
     objective_id = spec.objective_id or str(uuid.uuid4())
     raw["objectiveId"] = objective_id
     parsed = parse_enqueue(
@@ -134,7 +134,7 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
             },
         },
     )
-    commands = objective_commands(raw, "objective")
+    commands = objective_commands(raw, "")
     check_executables(state.settings, parsed.organization_id, commands)
     # Scoped by organization as a job id is (receipts/tenancy.py): the run job is named after it.
     runtime = scoped_id(parsed.organization_id, objective_id)

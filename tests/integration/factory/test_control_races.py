@@ -6,13 +6,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from activities.fence import AttemptFence
+from activities.handlers.context import HandlerContext, HandlerError
+from activities.handlers.factory import objective_audit
+from activities.handlers.fenced import FencedReceipts
 from receipts import metrics
 from receipts.objectives import control
 from receipts.objectives import store as objectives
 from receipts.objectives.graph import parse_tasks
-from receipts.objectives.model import task_job_id
+from receipts.objectives.model import ObjectiveState, step_job_id, task_job_id
 from receipts.store import Draft, Store, Tx
-from tests.integration.helpers import create_objective
+from tests.integration.helpers import create_objective, put
 
 CONTROL = "factory.objective.control"
 
@@ -192,3 +198,139 @@ async def test_each_watchdog_tick_reads_the_next_window_of_active_objectives(
     every_3_minutes = [f"watchdog:2026-12-06T{h:02d}:{m:02d}:00Z" for h in range(4) for m in (0, 3)]
     assert tick_of(every_3_minutes[0]) == tick_of(every_3_minutes[0])
     assert {tick_of(t) % 3 for t in every_3_minutes} == {0, 1, 2}
+
+
+def settled(task_id: str, job_id: str, status: str) -> list[Draft]:
+    """A try of `task_id` dispatched as `job_id` and recorded `status`."""
+    return [
+        Draft("objective.task.dispatched", {"taskId": task_id, "try": 1, "jobId": job_id}),
+        Draft(
+            "objective.task.settled",
+            {"taskId": task_id, "try": 1, "jobId": job_id, "status": status, "error": "x"},
+        ),
+    ]
+
+
+async def test_a_settle_planned_before_another_pass_dispatched_a_task_aborts_it_first(
+    fresh_store: Store,
+) -> None:
+    """A second control pass (a control job posted or retried by hand beside the singleton one)
+    dispatched `c` after this pass read the objective: the pass's plan, `failed` with nothing
+    running, must not settle it and leave c's job running unrecorded."""
+    store = fresh_store
+    oid = "race-f"
+    tasks = [
+        {"taskId": "a", "input": {"command": ["true"]}, "maxAttempts": 1},
+        {"taskId": "d", "input": {"command": ["true"]}},
+        {"taskId": "c", "input": {"command": ["true"]}, "dependsOn": ["d"]},
+    ]
+    await create_objective(store, oid, tasks)
+    async with store.transaction() as tx:
+        await objectives.update(
+            tx,
+            oid,
+            lambda _: [
+                *settled("d", task_job_id(oid, "d", 1), "completed"),
+                *settled("a", task_job_id(oid, "a", 1), "failed"),
+            ],
+        )
+    dispatched = False
+
+    async def another_pass_dispatches_c(tx: Tx, objective_id: str) -> None:
+        nonlocal dispatched
+        if dispatched:
+            return
+        dispatched = True
+        read = await objectives.get(store, objective_id)
+        assert read is not None and read.task("c") is not None
+        await control._dispatch_task(store, read, read.task("c"), None, None)  # type: ignore[arg-type]
+
+    state, decided = await control.run_pass(store, oid, CONTROL, another_pass_dispatches_c)
+    assert state is not None and decided.settle is not None and decided.settle["status"] == "failed"
+    now = await objectives.get(store, oid)
+    assert now is not None and now.status == "active", now.status
+    c_job = task_job_id(oid, "c", 1)
+    assert now.task("c").status == "dispatched"  # type: ignore[union-attr]
+    # The next pass sees c running: it aborts it, then settles once it is recorded.
+    _, again = await control.run_pass(store, oid, CONTROL)
+    assert [job_id for job_id, _ in again.aborts] == [c_job]
+    assert again.settle is None
+
+
+async def test_a_step_planned_in_an_earlier_phase_is_not_dispatched_in_a_later_one(
+    fresh_store: Store,
+) -> None:
+    """The pass read phase 1 with validate due; meanwhile validate ran for phase 1, a phase was
+    added and its task completed, so validate is due again. The stale pass's job id names phase
+    1 (a completed job): recorded for phase 2, the objective would complete unvalidated."""
+    store = fresh_store
+    oid = "race-v"
+    await create_objective(store, oid, validate={"command": ["true"]})
+    async with store.transaction() as tx:
+        await objectives.update(
+            tx, oid, lambda _: settled("t", task_job_id(oid, "t", 1), "completed")
+        )
+    v1 = step_job_id(oid, "validate", 1)
+    moved = False
+
+    async def validate_ran_and_a_phase_came(tx: Tx, objective_id: str) -> None:
+        nonlocal moved
+        if moved:
+            return
+        moved = True
+
+        def phase_two(current: Any) -> list[Draft]:
+            taken = {t.task_id: t.phase for t in current.tasks}
+            tasks = parse_tasks([{"taskId": "z", "input": {"command": ["true"]}}], "t", taken)
+            return [
+                Draft("objective.step.dispatched", {"step": "validate", "jobId": v1, "phase": 1}),
+                Draft(
+                    "objective.step.settled",
+                    {"step": "validate", "jobId": v1, "status": "completed", "error": None},
+                ),
+                Draft("objective.phase_added", {"phase": 2, "tasks": [t.to_json() for t in tasks]}),
+                *settled("z", task_job_id(oid, "z", 1), "completed"),
+            ]
+
+        async with store.transaction() as other:
+            await objectives.update(other, objective_id, phase_two)
+
+    state, decided = await control.run_pass(store, oid, CONTROL, validate_ran_and_a_phase_came)
+    assert state is not None and state.phase == 1 and decided.step == "validate"
+    now = await objectives.get(store, oid)
+    assert now is not None and now.phase == 2 and now.validate_step is not None
+    assert now.validate_step.status == "pending", now.validate_step
+    # The next pass dispatches phase 2's validate, a job of its own.
+    _, again = await control.run_pass(store, oid, CONTROL)
+    assert again.step == "validate"
+    now = await objectives.get(store, oid)
+    assert now is not None and now.validate_step is not None
+    assert now.validate_step.job_id == step_job_id(oid, "validate", 2)
+
+
+async def test_an_audit_job_of_an_objective_not_settled_writes_nothing(
+    fresh_store: Store,
+) -> None:
+    """Its one audit is of the settled objective: an audit job posted (or retried) while it is
+    active would take the audit's place, and the settled one would never be written."""
+    store = fresh_store
+    await create_objective(store, "early-audit")
+    job = (
+        await put(
+            store,
+            "factory-control",
+            kind="factory.objective.audit",
+            payload_extra={"objectiveId": "early-audit"},
+        )
+    ).job
+    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
+    started = await fence.start(60_000, {"role": "test"})
+    assert started.ok and started.job is not None
+    ctx = HandlerContext(
+        job=started.job, attempt=1, worker_id=fence.worker_id, receipts=FencedReceipts(fence)
+    )
+    with pytest.raises(HandlerError, match="audited once settled") as refused:
+        await objective_audit(ctx)
+    assert refused.value.retryable is False
+    now = await objectives.get(store, "early-audit")
+    assert isinstance(now, ObjectiveState) and now.audit is None
