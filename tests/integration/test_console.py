@@ -198,6 +198,28 @@ async def test_job_page_shows_timeline_attempts_output_and_the_temporal_link(
     assert 'data-live="yes"' in page.text
 
 
+async def test_the_job_page_shows_task_env_names_never_their_values(
+    db_url: str, store: Store
+) -> None:
+    """The API redacts `task.env` values from every read; the console's timeline printed the
+    enqueue receipt's payload whole, secrets included, to any reader of the organization."""
+    secret = "hunter2-" + new_id()
+    task = {"command": ["true"], "env": {"API_KEY": secret}}
+    async with api_client(db_url, store=store) as client:
+        posted = await client.post(
+            "/agents/codex/jobs", json=enqueue_body(payload_extra={"task": task}), headers=AS_A
+        )
+        job_id = posted.json()["job"]["jobId"]
+        await sign_in(client, TOKEN_A)
+        page = await client.get(f"/console/jobs/{job_id}")
+        await sign_in(client, TOKEN_ADMIN)
+        admin_page = await client.get(f"/console/jobs/{rid(job_id)}")
+    assert page.status_code == 200 and "job.enqueued" in page.text
+    assert "API_KEY" in page.text and secret not in page.text
+    assert admin_page.status_code == 200, admin_page.text
+    assert "API_KEY" in admin_page.text and secret not in admin_page.text
+
+
 async def test_a_long_jobs_page_shows_its_newest_receipts_and_streams_from_there(
     db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -112,7 +112,7 @@ async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
         latest=job.latest_status(),
         turns=turns,
         wakeups=wakeups,
-        timeline=timeline(receipts),
+        timeline=timeline(receipts, session.principal),
         input_text=json.dumps(job.input, ensure_ascii=False),
         notice=notice_of(request, session),
     )

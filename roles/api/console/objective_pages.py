@@ -165,7 +165,7 @@ async def objective_page(request: Request, objectiveId: str) -> HTMLResponse:
         objective=objective,
         **drawing(objective),
         audit=json.dumps(objective.audit, indent=2, ensure_ascii=False) if objective.audit else "",
-        timeline=timeline(receipts),
+        timeline=timeline(receipts, session.principal),
         notice=notice_of(request, session),
     )
 

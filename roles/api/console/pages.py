@@ -46,7 +46,7 @@ from roles.api.console.session import (
 from roles.api.deps import ApiError, shown_id
 from roles.api.limits import refusals
 from roles.api.routes.jobs import followed_job
-from roles.api.schema import shown_job_id
+from roles.api.schema import shown_job_id, shown_receipt
 from roles.api.sse import parse_last_event_id, parse_seq, stream_response
 
 log = logging.getLogger("roles.api.console")
@@ -113,11 +113,15 @@ def _fence(data: Any) -> str:
     return f"{worker or '—'} · attempt {attempt}"
 
 
-def timeline(receipts: list[Receipt]) -> list[dict[str, Any]]:
-    """The job page's rows: type, time, milliseconds since the previous receipt, the fence."""
+def timeline(receipts: list[Receipt], viewer: Principal) -> list[dict[str, Any]]:
+    """The job page's rows: type, time, milliseconds since the previous receipt, the fence; the
+    data as the API shows it to `viewer` (`task.env` values redacted, an organization's tag
+    dropped from its ids)."""
     rows: list[dict[str, Any]] = []
     previous: datetime | None = None
+    organization_id = None if viewer.admin else viewer.organization_id
     for receipt in receipts:
+        data = shown_receipt({"data": receipt.data}, organization_id=organization_id)["data"]
         delta = (receipt.recorded_at - previous).total_seconds() * 1000 if previous else None
         previous = receipt.recorded_at
         rows.append(
@@ -126,8 +130,8 @@ def timeline(receipts: list[Receipt]) -> list[dict[str, Any]]:
                 "type": receipt.type,
                 "at": receipt.recorded_at.isoformat(timespec="milliseconds"),
                 "delta": f"+{delta:,.0f} ms" if delta is not None else "",
-                "fence": _fence(receipt.data),
-                "data": json.dumps(receipt.data, ensure_ascii=False)[:400],
+                "fence": _fence(data),
+                "data": json.dumps(data, ensure_ascii=False)[:400],
             }
         )
     return rows
@@ -325,7 +329,7 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         "job.html",
         session=session,
         job=job,
-        timeline=timeline(receipts),
+        timeline=timeline(receipts, session.principal),
         attempts=attempts(receipts),
         output=_progress_lines(receipts),
         last_seq=receipts[-1].seq if receipts else 0,
