@@ -118,16 +118,17 @@ def decide_settlement(
 ) -> Settlement:
     """Decide what the settled turn of a running job does (see docs/agent-jobs.md, Settlement).
 
-    Follow-ups reach the next turn whatever this one's outcome: a turn that ran took the ones
-    it was given, so the ones sent to it are carried on; a turn that never started hands its
-    own on with them. Every transition out of `running` records what is carried
-    (`followUps`)."""
-    carried = list(report.follow_ups)
-    if not report.started:
-        carried = [*(job.follow_up or []), *carried]
-    base = {"from": "running", "attempt": job.attempt, "turn": job.turn, "followUps": carried}
+    Follow-ups reach the next turn whatever this one's outcome: a turn that ended its work
+    (`done`, `needs_input`) took the ones it was given, so the ones sent to it are carried on;
+    a turn that never started, or did not end its work (it failed, its worker died, it met a
+    quota), hands its own on with them. Every transition out of `running` records what is
+    carried (`followUps`)."""
     outcome = _outcome(report)
     kind = outcome.get("outcome")
+    carried = list(report.follow_ups)
+    if not report.started or kind not in ("done", "needs_input"):
+        carried = [*(job.follow_up or []), *carried]
+    base = {"from": "running", "attempt": job.attempt, "turn": job.turn, "followUps": carried}
     if job.cancel_requested:
         return Settlement(
             {

@@ -402,11 +402,17 @@ async def settle_turn_in(
 
 async def _follow_ups_of(tx: Tx, turn_job: Job) -> tuple[Any, ...]:
     """The follow-ups sent to a settled turn, in order: those its handler read (in its
-    outcome, `followUps`) and those it ended without reading (a turn whose worker died, or
-    that never started), read from their receipts."""
+    outcome, `followUps`) and those it ended without reading (a turn that never started), read
+    from their receipts. A turn that left no outcome (its worker died, it failed) hands on every
+    one sent to it, those it had read too: what it did with them is lost with it."""
     read: list[Any] = []
-    result = turn_job.result if turn_job.status == "completed" else None
+    completed = turn_job.status == "completed"
+    result = turn_job.result if completed else None
     if isinstance(result, Mapping) and isinstance(result.get("followUps"), list):
         read = list(result["followUps"])
-    unread = [c for c in turn_job.commands if c.type == "follow_up" and c.consumed_attempt is None]
+    unread = [
+        c
+        for c in turn_job.commands
+        if c.type == "follow_up" and (c.consumed_attempt is None or not completed)
+    ]
     return (*read, *[c.payload for c in await with_payloads(tx, turn_job.job_id, unread)])

@@ -785,3 +785,43 @@ async def test_a_next_turn_that_cannot_take_its_organizations_slot_requeues_the_
     again = await current(store, job.agent_job_id)
     assert (again.status, again.attempt, again.turn) == ("running", 1, 2)
     assert again.queue_job_id == f"{job.agent_job_id}:attempt:1:turn:2"
+
+
+@pytest.mark.parametrize("ending", ["failed", "lease_expired"])
+async def test_a_follow_up_a_turn_read_before_its_worker_died_reaches_the_next_turn(
+    store: Store, ending: str
+) -> None:
+    """A turn read its follow-up (consumed) and its worker died before the turn ended: no
+    outcome records it, and being consumed it was not among the unread ones either — lost."""
+    job, _ = await lifecycle.create(store, request(f"agent-{uuid.uuid4().hex[:6]}"))
+    agent_dispatcher = dispatcher(store)
+    await agent_dispatcher.run_once()
+    job = await current(store, job.agent_job_id)
+    turn = job.queue_job_id
+    assert turn is not None
+    worker = f"{turn}:attempt:1/1"
+    lease_ms = 60_000 if ending == "failed" else 200
+    assert (await ops.start_attempt(store, turn, attempt=1, worker_id=worker, lease_ms=lease_ms)).ok
+    added = await ops.add_command(
+        store,
+        turn,
+        type="follow_up",
+        payload={"msg": "also do X"},
+        organization_id="org-a",
+        command_id="fu-1",
+    )
+    assert added.ok, added.status
+    read = await ops.consume_command(store, turn, worker_id=worker, attempt=1, command_id="fu-1")
+    assert read.ok
+    if ending == "failed":
+        died = await ops.fail(
+            store, turn, worker_id=worker, attempt=1, error="lost", retryable=True
+        )
+        assert died.ok, died.status
+    else:
+        await asyncio.sleep(0.4)
+        assert (await ops.expire_lease(store, turn)).ok
+    await agent_dispatcher.run_once()
+    chain = await store.read_stream(model.stream_of(job.agent_job_id))
+    moved = [r.data for r in chain if r.type == model.TRANSITIONED][-1]
+    assert moved["to"] == "queued" and moved["followUps"] == [{"msg": "also do X"}], moved

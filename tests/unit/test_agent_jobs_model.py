@@ -313,6 +313,26 @@ def test_a_turn_that_ran_took_its_follow_ups_and_one_that_never_started_hands_th
     assert _move(job, refunded.transition).follow_up == ["earlier", "late"]
 
 
+@pytest.mark.parametrize(
+    "report",
+    [
+        done_report("failed", error="flaky"),
+        done_report("quota_exhausted", retryAt="2026-01-01T00:05:00+00:00"),
+        TurnReport("failed", True, None, error="worker lost"),  # its worker died: no outcome
+    ],
+    ids=["failed", "quota", "died"],
+)
+def test_a_turn_that_did_not_end_its_work_hands_on_the_follow_ups_it_was_given(
+    report: TurnReport,
+) -> None:
+    """The follow-ups a turn was given at its start (carried from a retry, a quota delay, an
+    answer) were lost when that turn failed, met a quota or died: the next one never saw them."""
+    job = running().model_copy(update={"follow_up": ["earlier"]})
+    settled = decisions.decide_settlement(job, report, T0)
+    assert settled.transition is not None and settled.transition["to"] == "queued"
+    assert _move(job, settled.transition).follow_up == ["earlier"]
+
+
 def test_wakeup_source_ids_differ_per_status_attempt_and_turn() -> None:
     assert model.wakeup_source_id("a", "waiting_on_user", 1, 2) == "a:waiting_on_user:1:2"
     job = running()
