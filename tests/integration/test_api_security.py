@@ -909,6 +909,9 @@ async def test_scoped_tokens_and_the_executable_allow_list(db_url: str) -> None:
         )
         no_run = await c.post("/agents/codex/jobs", json=codex("git", "status"), headers=as_writer)
         assert "commands:run" in assert_error(no_run, 403, "forbidden")["message"]
+        # An agent job's answer is the input of a turn that runs its command: as a follow-up.
+        answer = await c.post("/agent-jobs/aj-x/input", json={"answer": "y"}, headers=as_writer)
+        assert "commands:run" in assert_error(answer, 403, "forbidden")["message"]
         # A kind that runs no command needs no commands:run (a job of an agent with no handler).
         chat = await c.post("/agents/helper/jobs", json=enqueue_body(), headers=as_writer)
         assert chat.status_code == 202, chat.text

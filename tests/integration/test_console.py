@@ -17,6 +17,7 @@ from tests.integration.api_support import (
     TOKEN_A,
     TOKEN_ADMIN,
     TOKEN_B,
+    TOKENS,
     api_client,
     enqueue_body,
     rid,
@@ -174,6 +175,40 @@ async def test_console_retries_take_the_organizations_rate_and_caps(
         assert "RECEIPT_ORG_ENQUEUE_RATE" in bulk.headers["location"]
     job = await store.get_job(rid(ids[1], org))
     assert job is not None and job.retried_as is None
+
+
+async def test_malformed_forms_and_links_are_refused_not_failed(db_url: str, store: Store) -> None:
+    """A CSRF token or notice tag that is not ASCII, and a NUL in a field, were 500s (hmac's
+    str comparison raised; PostgreSQL refused the NUL): a 403, a page without the notice, a
+    422 as the API answers."""
+    job_id = new_id()
+    async with api_client(db_url, store=store) as client:
+        await client.post("/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A)
+        csrf = await sign_in(client, TOKEN_A)
+        forged = await client.post("/console/logout", **form({"csrf": "é"}))  # type: ignore[arg-type]
+        assert forged.status_code == 403 and "CSRF" in forged.text
+        linked = await client.get("/console/failed", params={"notice": "hi", "ns": "é"})
+        assert linked.status_code == 200 and 'class="notice"' not in linked.text
+        nul = await client.post(
+            f"/console/jobs/{job_id}/command",
+            **form({"csrf": csrf, "type": "abort", "reason": "x\x00y"}),  # type: ignore[arg-type]
+        )
+        assert nul.status_code == 422 and "NUL" in nul.text
+        assert "queue.command" not in await types(store, rid(job_id))
+
+
+async def test_answering_an_agent_job_in_the_console_needs_commands_run(
+    db_url: str, store: Store
+) -> None:
+    """The answer is the input of a turn that runs the agent's command, as a follow-up is."""
+    tokens = f"{TOKENS}\nwrite-tok-0123456789abcdef org-a jobs:read jobs:write"
+    async with api_client(db_url, store=store, tokens=tokens) as client:
+        csrf = await sign_in(client, "write-tok-0123456789abcdef")
+        answered = await client.post(
+            "/console/agents/jobs/aj-x/answer",
+            **form({"csrf": csrf, "answer": "main"}),  # type: ignore[arg-type]
+        )
+    assert answered.status_code == 403 and "commands:run" in answered.text
 
 
 async def test_job_page_shows_timeline_attempts_output_and_the_temporal_link(
@@ -488,6 +523,33 @@ async def test_the_schedules_page_lists_an_organizations_schedules_and_pauses_th
         assert foreign.status_code == 404
         still = await client.get(f"/schedules/{sid}", headers=AS_A)
         assert still.json()["status"] == "paused"
+
+
+async def test_a_console_pause_takes_one_of_the_organizations_enqueue_tokens(
+    db_url: str, store: Store
+) -> None:
+    """Each change is work for the schedule sync, as the API's PATCH: past its organization's
+    burst, a console pause is refused with the rate's notice and writes nothing."""
+    sid = f"console-{new_id()}"
+    body = {
+        "scheduleId": sid,
+        "interval": "1h",
+        "agentId": "codex",
+        "job": enqueue_body(payload_extra={"task": {"command": ["true"]}}),
+    }
+    limited = {"org_enqueue_rate": 0.001, "org_enqueue_burst": 1}
+    async with api_client(db_url, store=store, **limited) as client:
+        assert (await client.post("/schedules", json=body, headers=AS_A)).status_code == 201
+        csrf = await sign_in(client, TOKEN_A)
+        paused = await client.post(
+            f"/console/schedules/{rid(sid)}/pause",
+            **form({"csrf": csrf}),  # type: ignore[arg-type]
+        )
+        assert paused.status_code == 303 and "not+paused" in paused.headers["location"], (
+            paused.headers["location"]
+        )
+        shown = await client.get(f"/schedules/{sid}", headers=AS_A)
+    assert shown.json()["status"] == "active"
 
 
 async def test_the_console_resumes_a_schedule_only_for_who_may_run_its_commands(

@@ -246,6 +246,24 @@ async def test_two_changes_at_once_are_both_kept(client: httpx.AsyncClient) -> N
         assert (shown["overlap"], shown["intervalS"]) == ("allow", 7200)
 
 
+async def test_an_organization_may_not_schedule_the_runtimes_own_kind(
+    client: httpx.AsyncClient,
+) -> None:
+    """A post of `factory.objective.watchdog` is 403 for an organization: its schedule was
+    201, and each firing scanned every organization's active objectives."""
+    watchdog = enqueue_body("org-a")
+    watchdog["payload"]["kind"] = "factory.objective.watchdog"
+    refused = await client.post(
+        "/schedules",
+        json=body(agentId="factory-control", job=watchdog, interval="60s"),
+        headers=AS_A,
+    )
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["field"] == "job.payload.kind"
+    listed = (await client.get("/schedules", headers=AS_A)).json()["schedules"]
+    assert all(s["job"]["payload"]["kind"] != "factory.objective.watchdog" for s in listed)
+
+
 async def test_an_organization_holds_at_most_its_cap_of_schedules(db_url: str) -> None:
     async with api_client(db_url, org_max_schedules=2, schedule_min_interval_s=2) as capped:
         org = f"org-cap-{uuid.uuid4().hex[:6]}"

@@ -20,13 +20,14 @@ from receipts.agent_jobs import interventions, lifecycle
 from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs import reads as agent_reads
 from receipts.errors import NotFoundError
-from roles.api.auth import JOBS_WRITE
+from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
 from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
 from roles.api.console.paging import older_query, page_start
 from roles.api.console.session import (
     FormError,
     Session,
     form_of,
+    need,
     notice_of,
     notice_query,
     session_of,
@@ -121,6 +122,7 @@ async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
 @router.post("/jobs/{agentJobId}/answer")
 async def agent_job_answer(request: Request, agentJobId: str) -> Response:
     session, fields = await form_of(request, JOBS_WRITE)
+    need(session, COMMANDS_RUN)  # the answer is the input of a turn that runs commands
     store = store_of(request)
     visible(session, await lifecycle.get(store, agentJobId), f"agent job {agentJobId}")
     text = fields.get("answer", "").strip()

@@ -68,10 +68,17 @@ async def schedule_action(request: Request, scheduleId: str, action: str) -> Res
             admitted(request.app.state.api, session.principal, current_fields(schedule))
         except (ApiError, InvalidInput) as exc:
             refused = exc.message
+    if refused is None and action in ("pause", "resume"):
+        # Each change is work for the schedule sync: one of the organization's enqueue tokens,
+        # as the API's PATCH takes.
+        try:
+            request.app.state.api.org_limits.admit(schedule.organization_id)
+        except ApiError as exc:
+            refused = exc.message
     if action not in ("pause", "resume"):
         notice = f"unknown action {action!r}: pause or resume"
     elif refused is not None:
-        notice = f"schedule {schedules.shown_id(schedule)} not resumed: {refused}"
+        notice = f"schedule {schedules.shown_id(schedule)} not {action}d: {refused}"
     else:
         note = (fields.get("reason") or "paused from the console")[:1000]
         changed = await schedules.change(

@@ -14,6 +14,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from fastapi import Request
 
 from receipts import console_sessions, metrics
+from receipts.errors import InvalidInput
+from receipts.text import check_clean_text
 from roles.api.auth import JOBS_READ, OPEN, Principal, token_digest
 from roles.api.deps import check_open_request
 from roles.api.limits import OrgLimits, refusals
@@ -197,7 +199,7 @@ def notice_of(request: Request, session: Session) -> str | None:
     text, tag = request.query_params.get("notice"), request.query_params.get("ns")
     if text is None or tag is None:
         return None
-    return text if hmac.compare_digest(tag, _notice_tag(session, text)) else None
+    return text if hmac.compare_digest(tag.encode(), _notice_tag(session, text).encode()) else None
 
 
 def _notice_tag(session: Session, text: str) -> str:
@@ -225,8 +227,14 @@ async def read_form(request: Request, session: Session | None) -> dict[str, str]
         fields = {k: v[-1] for k, v in parse_qs(body.decode(), keep_blank_values=True).items()}
     except UnicodeDecodeError as exc:
         raise FormError(400, "the form is not UTF-8") from exc
-    if session is not None and not hmac.compare_digest(fields.get("csrf", ""), session.csrf):
+    # Bytes, not str: compare_digest refuses a str that is not ASCII (a 500, not a 403).
+    given = fields.get("csrf", "").encode()
+    if session is not None and not hmac.compare_digest(given, session.csrf.encode()):
         raise FormError(403, "the form's CSRF token is missing or wrong: reload the page")
+    try:
+        check_clean_text(fields, "")
+    except InvalidInput as exc:  # PostgreSQL stores no NUL: refused as the API refuses it
+        raise FormError(422, exc.message) from exc
     return fields
 
 

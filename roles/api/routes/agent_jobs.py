@@ -408,8 +408,10 @@ async def answer_agent_job(
 ) -> JSONResponse:
     """Answer a job waiting for input (202, the job still `waiting_on_user`, `answered`); the
     dispatcher continues it as soon as its agent has a free slot (and its organization a free
-    share of the codex workers)."""
+    share of the codex workers). The answer is the input of a turn that runs the agent's
+    command: the token needs `commands:run`, as a follow-up to the turn does."""
     require_scope(caller, JOBS_WRITE)
+    require_scope(caller, COMMANDS_RUN)
     answer, tool_call_id = parse_answer(
         await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     )

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from receipts.enqueue import EnqueueRequest
 from receipts.errors import ConflictError, InvalidInput
-from receipts.kinds import redact_payload
+from receipts.kinds import KINDS_WITHOUT_AUTH, redact_payload
 from receipts.objectives import store as objectives
 from receipts.schedules import cron
 from receipts.schedules import store as schedules
@@ -54,6 +54,14 @@ def admitted(
     definition, request = schedules.validate(
         fields, caller.organization_id, _limits(state), admin=caller.admin
     )
+    if request.kind in KINDS_WITHOUT_AUTH and not caller.admin:
+        # As a post of it: the watchdog scans every organization's objectives.
+        raise ApiError(
+            403,
+            "forbidden",
+            f"{request.kind} is the runtime's own kind: only an admin token may schedule it",
+            field="job.payload.kind",
+        )
     check_command_rights(caller, state.settings, definition.agent_id, request)
     if request.singleton_mode == "steer" and not caller.can(COMMANDS_RUN):
         # Each firing's steer lands in the session's active job, which may run commands: as a
