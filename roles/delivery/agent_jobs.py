@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 
 from activities.driver import callback_message_id, post_callback
-from receipts import deliveries
+from receipts import deliveries, metrics
 from receipts.agent_jobs import claims, interventions, lifecycle
 from receipts.agent_jobs import metrics as agent_metrics
 from receipts.agent_jobs import reads as agent_reads
@@ -38,6 +38,7 @@ from receipts.waits import within
 log = logging.getLogger("roles.delivery.agent_jobs")
 
 MAX_IDLE_S = 60.0
+AGENT_JOB_DISPATCHER_LOOP = "agent_job_dispatcher"  # the `loop` label of its failed passes
 WAKEUP_POSTS_AT_ONCE = 8
 WAKEUP_POST_WAIT_S = 1.0
 
@@ -133,11 +134,12 @@ class AgentJobDispatcher:
                     full.add(slots)
                     result.no_slot += 1
         self.holding = result.held > 0
-        if self.callbacks is not None and self.http is not None:
-            result.callbacks = await self._post_wakeups(self.callbacks, self.http)
+        # Counted before the wakeups are posted: a failure there keeps what was committed.
         for action in ("settled", "claimed", "no_slot", "held", "timed_out", "failed"):
             if count := getattr(result, action):
                 agent_metrics.AGENT_JOB_ACTIONS.labels(action).inc(count)
+        if self.callbacks is not None and self.http is not None:
+            result.callbacks = await self._post_wakeups(self.callbacks, self.http)
         await self._gauge_running()
         agent_metrics.AGENT_JOB_PASSES.observe(time.monotonic() - started)
         if result.settled or result.claimed or result.timed_out:
@@ -285,6 +287,7 @@ class AgentJobDispatcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the dispatcher outlives any failing pass; the next one retries
+            metrics.LOOP_FAILED.labels(AGENT_JOB_DISPATCHER_LOOP).inc()
             log.warning(
                 "agent-job dispatch pass failed",
                 exc_info=not isinstance(exc, ReceiptError),
@@ -294,6 +297,7 @@ class AgentJobDispatcher:
     async def run(self) -> None:
         """Dispatch until cancelled (needs a listener)."""
         assert self.listener is not None
+        metrics.LOOP_FAILED.labels(AGENT_JOB_DISPATCHER_LOOP)  # from 0, for the alert's increase()
         try:
             async with self.listener.subscribe(channel=AGENT_JOBS) as notices:
                 while True:

@@ -9,7 +9,7 @@ from collections.abc import Coroutine
 from datetime import datetime
 from typing import Any
 
-from receipts import deliveries, fairness, notices
+from receipts import deliveries, fairness, metrics, notices
 from receipts.jobs import job_id_of
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
@@ -19,6 +19,8 @@ from roles.delivery.starter import NOT_AVAILABLE, DriverStarter
 log = logging.getLogger("roles.delivery.dispatcher")
 
 MAX_IDLE_S = 60.0
+# The `loop` label of a failed dispatcher pass (a refill, a notice's handling).
+DISPATCHER_LOOP = "dispatcher"
 # Undelivered queued jobs one batch of a rescan reads; a full batch that started something is
 # followed by another at once, up to RESCAN_ROUNDS.
 RESCAN_BATCH = 500
@@ -101,6 +103,7 @@ class Dispatcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the rescan and the redrive start them at the latest
+            metrics.LOOP_FAILED.labels(DISPATCHER_LOOP).inc()
             log.warning(
                 "refill after a settled job failed",
                 extra={
@@ -128,6 +131,7 @@ class Dispatcher:
         """Dispatch until cancelled."""
         loop = asyncio.get_running_loop()
         refills = fairness.capped(self.starter.settings)
+        metrics.LOOP_FAILED.labels(DISPATCHER_LOOP)  # from 0: an alert's increase() sees the first
         async with self.listener.subscribe(channel=notices.DISPATCH) as queue:
             self._notices = queue
             try:
@@ -148,6 +152,7 @@ class Dispatcher:
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:  # the dispatcher outlives any one failing pass
+                        metrics.LOOP_FAILED.labels(DISPATCHER_LOOP).inc()
                         log.warning(
                             "dispatcher pass failed",
                             extra={"event": "dispatch.pass_failed", "error": str(exc)},

@@ -88,6 +88,7 @@ class QueuedRedrive:
             out = await ops.expire_lease(self.store, job_id)
             if out.ok:
                 result.expired += 1
+                metrics.LEASE_EXPIRATIONS.inc()  # here: a later failure of the pass keeps it
                 log.warning(
                     "lease expired",
                     extra={
@@ -137,6 +138,7 @@ class QueuedRedrive:
                     result.skipped += 1
                     continue
                 result.redriven += 1
+                metrics.REDRIVES.inc()  # here: a later failure of the pass keeps the count
                 if claimed == "again":
                     metrics.REDRIVES_AGAIN.inc()
                 log.log(
@@ -153,8 +155,6 @@ class QueuedRedrive:
                     },
                 )
         result.callbacks = await self._recover_callbacks()
-        metrics.LEASE_EXPIRATIONS.inc(result.expired)
-        metrics.REDRIVES.inc(result.redriven)
         return result
 
     async def _expired_leases(self) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -94,7 +95,13 @@ class DriverStarter:
         slot is given back, the redrive at the latest); a job not available yet →
         `not_available` until its `availableAt`.
         """
-        result = await self._start(job_id)
+        try:
+            result = await self._start(job_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            metrics.driver_started("failed", None)  # the caller logs it; the redrive retries
+            raise
         metrics.driver_started(result.reason or "created", result.generation)
         return result
 

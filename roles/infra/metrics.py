@@ -6,9 +6,10 @@ receipts/metrics.py; a role serves them on its metrics port (roles/infra/health.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 
 from receipts import fairness, metrics, reads
+from receipts.errors import ReceiptError
 from receipts.jobs import ACTIVE_STATUSES, LANES, STATUSES
 from receipts.kinds import GROUP_QUEUES
 from receipts.settings import Settings
@@ -20,6 +21,9 @@ ACTIVE_ORDER = tuple(s for s in STATUSES if s in ACTIVE_STATUSES)
 GROUP_OF_QUEUE = {queue: group for group, queue in GROUP_QUEUES.items()}
 OTHER_GROUP = "other"
 QUEUE_DEPTH_INTERVAL_S = 5.0
+QUEUE_DEPTH_LOOP = "queue_depth"
+
+log = logging.getLogger("roles.infra.metrics")
 
 
 async def refresh_queue_depth(store: Store, settings: Settings | None = None) -> None:
@@ -55,8 +59,20 @@ async def refresh_oldest_age(store: Store, queued: int) -> None:
 async def run_queue_depth(
     store: Store, settings: Settings, interval_s: float = QUEUE_DEPTH_INTERVAL_S
 ) -> None:
-    """Refresh the queue-depth gauges until cancelled (a failed read waits for the next)."""
+    """Refresh the queue-depth gauges until cancelled. A failed read waits for the next, and
+    is logged (`loop.failed`) and counted (`receipt_loop_failed_passes{loop="queue_depth"}`):
+    its gauges keep their last values meanwhile, and the queue alerts read them."""
+    metrics.LOOP_FAILED.labels(QUEUE_DEPTH_LOOP)  # from 0: an alert's increase() sees the first
     while True:
-        with contextlib.suppress(Exception):
+        try:
             await refresh_queue_depth(store, settings)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the gauges must outlive any one failing read
+            metrics.LOOP_FAILED.labels(QUEUE_DEPTH_LOOP).inc()
+            log.warning(
+                "queue-depth refresh failed; the gauges keep their last values",
+                exc_info=not isinstance(exc, ReceiptError),
+                extra={"event": "loop.failed", "loop": QUEUE_DEPTH_LOOP, "error": str(exc)},
+            )
         await asyncio.sleep(interval_s)

@@ -38,7 +38,7 @@ GC_THRESHOLDS = (50_000, 20, 100)
 # What a worker's shutdown may take beyond the handlers' grace: the cancelled attempts' ends (a
 # handler gets activities/attempt.py `HANDLER_CANCEL_S`, then its release is written) and the
 # pollers'. A pod's termination grace must exceed the grace, this margin, `CLOSE_S` and
-# `TASKS_END_S` (50 s against the default 30 s grace: deploy/README.md).
+# `TASKS_END_S` and `SPANS_FLUSH_S` (55 s against the default 30 s grace: deploy/README.md).
 SHUTDOWN_MARGIN = timedelta(seconds=10)
 EXIT_SHUTDOWN_STUCK = 1
 # What closing the runtime may take (its tasks, the bookkeeping writer's last flush, the pool),
@@ -46,6 +46,8 @@ EXIT_SHUTDOWN_STUCK = 1
 # an attempt left behind swallows its cancellation): neither keeps the process from exiting.
 CLOSE_S = 5.0
 TASKS_END_S = 2.0
+# The exit's flush of the spans not yet exported (an OTLP collector that does not answer).
+SPANS_FLUSH_S = 5.0
 # How long a role's start waits for a database that refuses it (down, out of connections),
 # trying again after 0.5 s, doubling to 5 s; past it, the role exits (and is restarted).
 DB_START_PATIENCE_S = 60.0
@@ -235,7 +237,7 @@ def _exit_without_finalizing(code: int = 0) -> None:
     seen here once after a clean SIGTERM drain. Logs and the spans not yet exported are
     flushed first (`os._exit` runs no atexit hook, so the exporter's own flush never would).
     """
-    flush_spans()
+    flush_spans(SPANS_FLUSH_S)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

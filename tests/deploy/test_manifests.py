@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from roles.infra.process import CLOSE_S, SHUTDOWN_MARGIN, TASKS_END_S
+from roles.infra.process import CLOSE_S, SHUTDOWN_MARGIN, SPANS_FLUSH_S, TASKS_END_S
 from roles.infra.settings import CALLBACK_ROLES, DEFAULT_CONCURRENCY, DEFAULT_GRACE_MS
 from roles.role import ROLES, WORKER_QUEUES
 from tests.deploy.render import render
@@ -136,9 +136,10 @@ def test_every_role_has_a_deployment_with_probes_limits_and_security(
         for kind in ("requests", "limits"):
             assert set(container["resources"][kind]) == {"cpu", "memory"}, (role, kind)
 
-        # Past the whole of a stuck shutdown: the grace, the margin, the close, the tasks' end
-        # (Kubernetes must not SIGKILL the process while it writes its releases).
-        stuck_s = grace_s + SHUTDOWN_MARGIN.total_seconds() + CLOSE_S + TASKS_END_S
+        # Past the whole of a stuck shutdown: the grace, the margin, the close, the tasks' end,
+        # the spans' flush (Kubernetes must not SIGKILL the process while it writes its
+        # releases, or its last spans and logs).
+        stuck_s = grace_s + SHUTDOWN_MARGIN.total_seconds() + CLOSE_S + TASKS_END_S + SPANS_FLUSH_S
         assert pod["terminationGracePeriodSeconds"] > stuck_s, role
         assert_restricted(pod, container, role)
 
@@ -206,6 +207,25 @@ def test_worker_codex_holds_its_commands_memory_within_its_own(overlay: str) -> 
     )
     commands = int(config["data"]["RECEIPT_SANDBOX_MEMORY_MB"]) * concurrency
     assert commands + 1024 <= limit, (overlay, commands, limit)
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_worker_chat_holds_its_planners_memory_within_its_own(overlay: str) -> None:
+    """worker-chat runs the objective planner in the sandbox: at the ConfigMap's 1536 MB (sized
+    for worker-codex), one planner within its limit could take a 768 MiB pod and its 16 running
+    attempts. Its own limit, and the worker (256 MiB, its request), fit the pod."""
+    objects = render(OVERLAYS[overlay])
+    deployment = next(
+        o
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("worker-chat")
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    resources = container["resources"]
+    command = int(env["RECEIPT_SANDBOX_MEMORY_MB"])
+    worker = mebibytes(resources["requests"]["memory"])
+    assert command + worker <= mebibytes(resources["limits"]["memory"]), (overlay, command)
 
 
 def assert_restricted(pod: Obj, container: Obj, name: str) -> None:
@@ -298,8 +318,14 @@ NOT_IN_CONFIG = {
     "RECEIPT_API_TOKEN": "the `receipt` CLI's own token (roles/cli/up.py names it to withhold it)",
     "RECEIPT_ORGANIZATION_ID": "the `receipt objectives run` CLI's default organization",
 }
-# Set in each Deployment's env because the value differs per role.
-PER_ROLE = {"RECEIPT_PROCESS_ROLE", "RECEIPT_DB_POOL_MAX", "RECEIPT_RESONATE_EXECUTE_CONCURRENCY"}
+# Set in each Deployment's env because the value differs per role (worker-chat's sandbox memory
+# overrides the ConfigMap's, sized for worker-codex).
+PER_ROLE = {
+    "RECEIPT_PROCESS_ROLE",
+    "RECEIPT_DB_POOL_MAX",
+    "RECEIPT_RESONATE_EXECUTE_CONCURRENCY",
+    "RECEIPT_SANDBOX_MEMORY_MB",
+}
 # In the ConfigMap, read by libpq rather than by our code.
 READ_BY_LIBPQ = {"PGSSLMODE", "PGSSLROOTCERT"}
 

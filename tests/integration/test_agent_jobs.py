@@ -825,3 +825,20 @@ async def test_a_follow_up_a_turn_read_before_its_worker_died_reaches_the_next_t
     chain = await store.read_stream(model.stream_of(job.agent_job_id))
     moved = [r.data for r in chain if r.type == model.TRANSITIONED][-1]
     assert moved["to"] == "queued" and moved["followUps"] == [{"msg": "also do X"}], moved
+
+
+async def test_a_failed_dispatch_pass_is_counted(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that raised was logged only: `receipt_loop_failed_passes{loop=…}` counts it, so
+    ReceiptRecoveryLoopFailing sees a dispatcher that keeps failing."""
+    agent_dispatcher = dispatcher(store)
+
+    async def database_away() -> Any:
+        raise RuntimeError("database away")
+
+    monkeypatch.setattr(agent_dispatcher, "run_once", database_away)
+    before = metrics.value("receipt_loop_failed_passes_total", loop="agent_job_dispatcher")
+    await agent_dispatcher._pass()
+    after = metrics.value("receipt_loop_failed_passes_total", loop="agent_job_dispatcher")
+    assert after == before + 1

@@ -4,11 +4,19 @@ drains."""
 
 from __future__ import annotations
 
-from receipts import metrics
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+
+from receipts import metrics, reads
 from receipts import operations as ops
+from receipts.errors import StorageError
 from receipts.jobs import LANES
+from receipts.settings import Settings
 from receipts.store import Store
-from roles.infra.metrics import OTHER_GROUP, refresh_queue_depth
+from roles.infra.metrics import OTHER_GROUP, refresh_queue_depth, run_queue_depth
 from tests.eventually import eventually
 from tests.integration.helpers import put
 
@@ -44,3 +52,35 @@ async def test_the_oldest_queued_age_by_lane_and_group(fresh: tuple[Store, str])
     await ops.cancel_queued(store, waiting.job_id, reason="test")
     await refresh_queue_depth(store)
     assert oldest("collect", "codex") == 0.0
+
+
+async def test_a_failed_refresh_is_logged_and_counted(
+    fresh: tuple[Store, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gauges the queue alerts read keep their last values while the refresh fails: it was
+    suppressed whole, with no log and no metric, so a stuck queue could page no one."""
+    store, _ = fresh
+
+    async def database_away(*_: Any) -> Any:
+        raise StorageError("database away")
+
+    monkeypatch.setattr(reads, "active_by_status", database_away)
+    before = metrics.value("receipt_loop_failed_passes_total", loop="queue_depth")
+
+    async def failures() -> float:
+        return metrics.value("receipt_loop_failed_passes_total", loop="queue_depth")
+
+    refreshing = asyncio.create_task(run_queue_depth(store, Settings(), interval_s=0.01))
+    try:
+        await eventually(
+            failures,
+            lambda n: n >= before + 2,
+            timeout=10,
+            what="two failed refreshes counted",
+        )
+    finally:
+        refreshing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await refreshing
+    failed = [r for r in caplog.records if getattr(r, "event", None) == "loop.failed"]
+    assert failed and failed[0].loop == "queue_depth"  # type: ignore[attr-defined]

@@ -371,3 +371,44 @@ async def test_a_rescan_goes_on_while_its_batches_come_back_full(
         await rescanning._rescan()
         latest = [(await deliveries.job_and_latest(fresh_store, j.job_id))[1] for j in jobs]
     assert all(record is not None and record.generation == 0 for record in latest)
+
+
+async def test_a_pass_that_fails_after_expiring_leases_still_counts_them(
+    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The expiries and redrives of a pass were counted at its end: a failure after them (the
+    callback recovery) lost their counts, and ReceiptLeaseExpiries read fewer than happened."""
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
+        jobs = [(await put(fresh_store, maxAttempts=2)).job for _ in range(3)]
+        for job in jobs:
+            leased = await ops.lease(fresh_store, job.job_id, attempt=1, worker_id="d", lease_ms=1)
+            assert leased.ok
+        await asyncio.sleep(0.05)
+        redrive = QueuedRedrive(fresh_store, None, s.settings, NOW)
+
+        async def callbacks_away() -> int:
+            raise RuntimeError("callback recovery failed")
+
+        monkeypatch.setattr(redrive, "_recover_callbacks", callbacks_away)
+        before = metrics.value("receipt_lease_expirations_total")
+        with pytest.raises(RuntimeError):
+            await redrive.run_once()
+    assert metrics.value("receipt_lease_expirations_total") == before + 3
+
+
+async def test_a_driver_start_that_fails_is_counted(
+    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that raised (Temporal away, a database error) was logged by its caller and
+    counted nowhere: `receipt_driver_starts{outcome="failed"}`."""
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
+        job = (await put(fresh_store)).job
+
+        async def temporal_away(job_id: str) -> Any:
+            raise RuntimeError("temporal away")
+
+        monkeypatch.setattr(s.starter, "_start", temporal_away)
+        before = metrics.value("receipt_driver_starts_total", outcome="failed")
+        with pytest.raises(RuntimeError):
+            await s.starter.start(job.job_id)
+    assert metrics.value("receipt_driver_starts_total", outcome="failed") == before + 1
