@@ -59,6 +59,13 @@ async def use(store: Store, session_id: str, *, idle_s: float) -> StoredSession 
     return str(state[0])
 
 
+async def live(store: Store, session_id: str) -> bool:
+    """Whether the session `session_id` names still stands (not signed out, not expired): what
+    an open event stream of the console asks while it streams."""
+    row = await store.fetch_one("console_session_live", {"session_digest": digest_of(session_id)})
+    return row is not None
+
+
 async def delete(store: Store, session_id: str) -> None:
     """End the session `session_id` names (sign-out, or its token revoked): its cookie is
     refused from now on."""

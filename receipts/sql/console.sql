@@ -70,6 +70,12 @@ WHERE session_digest = %(session_digest)s
   AND last_used_at > now() - make_interval(secs => %(idle_s)s::double precision)
 RETURNING token_digest, csrf;
 
+-- name: console_session_live
+-- Whether a session still stands (signed in, not past its expiry), read by an open console
+-- event stream; its idle clock is not restarted (a stream is not the operator using the page).
+SELECT 1 FROM console_sessions
+WHERE session_digest = %(session_digest)s AND expires_at > now();
+
 -- name: console_session_state
 -- Why a session was refused: 'expired', 'idle', or no row (unknown or signed out).
 SELECT CASE WHEN expires_at <= now() THEN 'expired' ELSE 'idle' END

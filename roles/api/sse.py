@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -159,6 +159,7 @@ async def stream_events(
     *,
     keepalive_s: float = SSE_KEEPALIVE_S,
     max_lifetime_s: float | None = None,
+    alive: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[str]:
     """Yield the receipts of `followed.stream` with `seq > after` as SSE events, live.
 
@@ -168,7 +169,9 @@ async def stream_events(
     marker triggers a re-read from the last seq seen; the database is never polled. The stream
     ends with `event: end` once everything is sent and the state is finished, or without it
     when the server stops, after `max_lifetime_s`, or when the database is lost (a client
-    then reconnects with `Last-Event-ID`).
+    then reconnects with `Last-Event-ID`). `alive` (a console session's) is asked before each
+    batch of receipts is sent and at each keepalive: once it says no, or cannot tell, the
+    stream ends (a signed-out or expired session streams nothing more).
     """
     stream = followed.stream
     state: S | None = None
@@ -191,6 +194,9 @@ async def stream_events(
                         },
                     )
                     return
+                if alive is not None and batch and batch[-1].seq > after:
+                    if not await _still(alive, stream):
+                        return
                 for receipt in batch:
                     if followed.fold:
                         state = followed.fold(state, receipt)
@@ -216,6 +222,8 @@ async def stream_events(
                         wait_s = min(wait_s, left)
                     notice = await _next_notice(notices, stop, wait_s)
                     if notice is None:
+                        if alive is not None and not await _still(alive, stream):
+                            return
                         yield ": keepalive\n\n"
                     elif notice is _STOP:
                         return
@@ -226,6 +234,20 @@ async def stream_events(
 
 
 _STOP = Notice("", -1, ())
+
+
+async def _still(alive: Callable[[], Awaitable[bool]], stream: str) -> bool:
+    """Whether the session a stream serves still stands (a database that cannot tell: no)."""
+    try:
+        standing = await alive()
+    except TransientStorageError:
+        standing = False
+    if not standing:
+        log.info(
+            "event stream ended: its session was signed out or expired",
+            extra={"event": "api.sse_session_ended", "stream": stream},
+        )
+    return standing
 
 
 async def _next_notice(
@@ -271,10 +293,15 @@ def within_budget(views: Iterable[dict[str, Any]], budget: int) -> list[dict[str
 
 
 def stream_response(
-    state: ApiState, token_id: str, followed: Followed[S], after: int
+    state: ApiState,
+    token_id: str,
+    followed: Followed[S],
+    after: int,
+    alive: Callable[[], Awaitable[bool]] | None = None,
 ) -> StreamingResponse:
     """The live stream of `followed` past `after`, holding one of `token_id`'s slots (429
-    when the token or the api is at its cap) for as long as it is open."""
+    when the token or the api is at its cap) for as long as it is open; while `alive` says
+    so, when given (`stream_events`)."""
     if state.listener is None:
         raise TransientStorageError("event streams are not available: the api is starting")
     slot = state.streams.acquire(token_id)
@@ -286,6 +313,7 @@ def stream_response(
         after,
         keepalive_s=state.settings.sse_keepalive_ms / 1000,
         max_lifetime_s=state.settings.sse_max_lifetime_s,
+        alive=alive,
     )
     return StreamingResponse(
         slot.held_by(events),

@@ -285,3 +285,45 @@ async def test_the_cli_prints_an_objectives_receipts_page_after_page(
     seqs = [json.loads(line)["seq"] for line in out.decode().splitlines()]
     assert seqs[: len(stored)] == [r.seq for r in stored]
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_a_console_stream_ends_when_its_session_is_signed_out(
+    api: RunningApi, store: Store
+) -> None:
+    """The session was checked once, when the stream opened: a stream opened with a cookie
+    (a stolen copy too) went on past sign-out, receiving what the job appended, until its
+    lifetime ran out. Now what arrives after sign-out is not sent: the stream ends."""
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as console:
+        signed_in = await console.post(
+            "/console/login",
+            content=f"token={TOKEN_A}",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert signed_in.status_code == 303, signed_in.text
+        path = await a_job(console, store)  # seq 1 enqueued, seq 2 leased
+        job_id = path.split("/")[2]
+        page = await console.get(f"/console/jobs/{job_id}")
+        csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        seqs: list[str] = []
+        async with console.stream("GET", f"/console/jobs/{job_id}/events", headers=STREAM) as live:
+            received = events(live)
+            while "2" not in seqs:
+                seqs.append((await asyncio.wait_for(anext(received), 20)).id or "")
+            signed_out = await console.post(
+                "/console/logout",
+                content=f"csrf={csrf}",
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+            )
+            assert signed_out.status_code == 303
+            worker = f"{job_id}:attempt:1/1"
+            progressed = await ops.progress(
+                store, rid(job_id), worker_id=worker, attempt=1, data={"lines": ["after"]}
+            )
+            assert progressed.ok
+
+            async def the_rest() -> list[str]:
+                return [event.id or "" async for event in received]
+
+            rest = await asyncio.wait_for(the_rest(), 20)
+    assert seqs == ["1", "2"]
+    assert rest == [], rest  # seq 3, the progress after sign-out, was not sent

@@ -39,6 +39,7 @@ from roles.api.console.session import (
     notice_of,
     notice_query,
     read_form,
+    session_alive,
     session_of,
     sign_in_refused,
     start_session,
@@ -306,13 +307,17 @@ async def job_events(request: Request, jobId: str) -> Response:
     """The job's receipts as a live event stream, authenticated by the console session; it
     counts against the session token's cap of open streams like any other."""
     session = await session_of(request)
-    job = await _find_job(store_of(request), session.principal, jobId)
+    store = store_of(request)
+    job = await _find_job(store, session.principal, jobId)
     if job is None:
         return Response("no such job", status_code=404)
     after = parse_seq(request.query_params.get("after") or "0", "after")
     resume = parse_last_event_id(request.headers.get("last-event-id"), after)
     followed = followed_job(job, shown_id(session.principal, job))
-    return stream_response(request.app.state.api, session.principal.token_id, followed, resume)
+    state = request.app.state.api
+    return stream_response(
+        state, session.principal.token_id, followed, resume, alive=session_alive(request, store)
+    )
 
 
 @router.get("/jobs/{jobId:path}")

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -15,6 +16,7 @@ from fastapi import Request
 
 from receipts import console_sessions, metrics
 from receipts.errors import InvalidInput
+from receipts.store import Store
 from receipts.text import check_clean_text
 from roles.api.auth import JOBS_READ, OPEN, Principal, token_digest
 from roles.api.deps import check_open_request
@@ -145,6 +147,20 @@ async def session_of(request: Request, *, reading: bool = True) -> Session:
         # Every page shows jobs: a token the API would not let read them reads nothing here.
         raise FormError(403, f"this token lacks the {JOBS_READ!r} scope the console reads with")
     return Session(principal, found.csrf)
+
+
+def session_alive(request: Request, store: Store) -> Callable[[], Awaitable[bool]] | None:
+    """What an open console stream asks while it streams: whether the cookie's session still
+    stands (signed out or expired, the stream ends; the README's promise that a copy of the
+    cookie no longer works holds for a stream opened with it too). None in open mode."""
+    session_id = request.cookies.get(COOKIE)
+    if session_id is None:
+        return None
+
+    async def alive() -> bool:
+        return await console_sessions.live(store, session_id)
+
+    return alive
 
 
 def check_sign_in(request: Request) -> None:
