@@ -84,6 +84,9 @@ class TurnReport:
     result: Any = None
     error: str | None = None
     follow_ups: tuple[Any, ...] = ()
+    # An earlier turn of the job ended its work (`done`, `needs_input`: a continuation after an
+    # answer, a follow-up's turn): a refund of this one keeps `startedAt`, the job did start.
+    earlier_turn_ran: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +152,7 @@ def decide_settlement(
                 "attempt": refunded,
                 "consecutiveFailures": job.consecutive_failures,
                 "refunded": True,
-                "clearStartedAt": refunded == 0,
+                "clearStartedAt": refunded == 0 and not report.earlier_turn_ran,
                 "reason": "unstarted",
                 "error": report.error,
             }
@@ -193,7 +196,7 @@ def decide_settlement(
                 "availableAt": max(retry_at, now).isoformat(),
                 "refunded": True,
                 # A placement delay: the attempt never got its model turn, as an unstarted one.
-                "clearStartedAt": refunded == 0,
+                "clearStartedAt": refunded == 0 and not report.earlier_turn_ran,
                 "reason": "quota_delay",
                 "error": "quota exhausted",
             }

@@ -351,6 +351,7 @@ async def settle_turn_in(
         result=turn_job.result,
         error=turn_job.error or turn_job.canceled_reason,
         follow_ups=await _follow_ups_of(tx, turn_job),
+        earlier_turn_ran=await _earlier_turn_ran(tx, job),
     )
     now = await tx.now()
     decision = decisions.decide_settlement(job, report, now, retry_base_ms=retry_base_ms)
@@ -398,6 +399,16 @@ async def settle_turn_in(
         },
     )
     return settled
+
+
+async def _earlier_turn_ran(tx: Tx, job: model.AgentJob) -> bool:
+    """Whether a turn before the live one ended its work (`done`, `needs_input`): the job ran,
+    whatever its live turn does (one that met a quota or never started says nothing of it)."""
+    earlier = list(job.queue_job_ids[:-1])
+    if not earlier or job.started_at is None:
+        return False
+    row = await tx.fetch_one("agent_job_turns_ran", {"job_ids": earlier})
+    return bool(row and row[0])
 
 
 async def _follow_ups_of(tx: Tx, turn_job: Job) -> tuple[Any, ...]:

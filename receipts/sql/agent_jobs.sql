@@ -147,6 +147,15 @@ LOCK TABLE agent_jobs IN EXCLUSIVE MODE;
 -- name: agent_jobs_clear
 DELETE FROM agent_jobs;
 
+-- name: agent_job_turns_ran
+-- Whether any of an agent job's earlier turns ended its work (completed with the outcome `done`
+-- or `needs_input`: the agent ran): a refund of its live turn then keeps the job's startedAt.
+SELECT EXISTS (
+    SELECT 1 FROM jobs
+    WHERE job_id = ANY(%(job_ids)s) AND status = 'completed'
+      AND state -> 'result' ->> 'outcome' IN ('done', 'needs_input')
+);
+
 -- name: agent_jobs_states
 SELECT agent_job_id, state FROM agent_jobs;
 

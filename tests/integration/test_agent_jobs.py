@@ -842,3 +842,24 @@ async def test_a_failed_dispatch_pass_is_counted(
     await agent_dispatcher._pass()
     after = metrics.value("receipt_loop_failed_passes_total", loop="agent_job_dispatcher")
     assert after == before + 1
+
+
+async def test_a_quota_delay_after_a_turn_that_ran_keeps_the_jobs_start(store: Store) -> None:
+    """Turn 1 asked, the answer's turn met a quota delay: the attempt is refunded, but the
+    job ran; it showed `attempt 0, startedAt None`, as if it never had."""
+    job, _ = await lifecycle.create(store, request(f"agent-{uuid.uuid4().hex[:6]}"))
+    await dispatcher(store).run_once()
+    asked = {"outcome": "needs_input", "question": "which?", "toolCallId": "c1"}
+    await play_turn(store, await current(store, job.agent_job_id), asked)
+    await dispatcher(store).run_once()
+    await interventions.answer(store, job.agent_job_id, answer="main", tool_call_id="c1")
+    await dispatcher(store).run_once()
+    continued = await current(store, job.agent_job_id)
+    assert continued.status == "running" and continued.turn == 2
+    started_at = continued.started_at
+    retry_at = (await store.now() + timedelta(seconds=60)).isoformat()
+    await play_turn(store, continued, {"outcome": "quota_exhausted", "retryAt": retry_at})
+    await dispatcher(store).run_once()
+    delayed = await current(store, job.agent_job_id)
+    assert (delayed.status, delayed.attempt) == ("queued", 0)
+    assert delayed.started_at == started_at and started_at is not None

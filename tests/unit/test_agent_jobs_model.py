@@ -333,6 +333,25 @@ def test_a_turn_that_did_not_end_its_work_hands_on_the_follow_ups_it_was_given(
     assert _move(job, settled.transition).follow_up == ["earlier"]
 
 
+def test_a_refunded_turn_after_one_that_ran_keeps_the_jobs_start() -> None:
+    """Turn 1 asked a question; the answer's turn met a quota delay: the attempt is refunded
+    (a placement delay), but the job did start: startedAt stays (the spec clears it so that
+    an attempt that never started looks fresh, which this job is not)."""
+    job = running()
+    quota = TurnReport(
+        "completed",
+        True,
+        {"outcome": "quota_exhausted", "retryAt": "2026-01-01T00:05:00+00:00"},
+        earlier_turn_ran=True,
+    )
+    settled = decisions.decide_settlement(job, quota, T0)
+    assert settled.transition is not None and settled.transition["attempt"] == 0
+    assert not settled.transition["clearStartedAt"]
+    assert _move(job, settled.transition).started_at is not None
+    unstarted = TurnReport("canceled", False, None, earlier_turn_ran=True)
+    assert not decisions.decide_settlement(job, unstarted, T0).transition["clearStartedAt"]  # type: ignore[index]
+
+
 def test_wakeup_source_ids_differ_per_status_attempt_and_turn() -> None:
     assert model.wakeup_source_id("a", "waiting_on_user", 1, 2) == "a:waiting_on_user:1:2"
     job = running()
