@@ -82,14 +82,16 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     try:
         agent = load_registry(ctx.settings.agent_jobs.agents_file).get(job.agent_id)
     except RegistryError as exc:
-        return _failed(str(exc))
+        return _ended_early(ctx, job, str(exc))
     if agent is None:
-        return _failed(f"agent {job.agent_id!r} is not in the agents registry", retryable=False)
+        return _ended_early(
+            ctx, job, f"agent {job.agent_id!r} is not in the agents registry", retryable=False
+        )
     try:
         settings = ctx.settings.sandbox
         workspace = initialise_workspace(job, agent, settings)
     except (ValueError, SandboxRefused, OSError) as exc:
-        return _failed(f"the workspace could not be prepared: {exc}")
+        return _ended_early(ctx, job, f"the workspace could not be prepared: {exc}")
     request = protocol.turn_request(
         job,
         agent,
@@ -120,7 +122,7 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
             # are waited for (a while), so that what they cost is in the turn's usage.
             await ctx.gateway.drain(grant)
     except SandboxRefused as exc:
-        return _failed(str(exc), retryable=False)
+        return _ended_early(ctx, job, str(exc), retryable=False)
     finally:
         if grant is not None and ctx.gateway is not None:
             # Revoked however the turn ended (idempotent after a drain); a cancelled or aborted
@@ -193,6 +195,26 @@ def _as_the_gateway_saw(outcome: dict[str, Any], grant: Grant | None) -> dict[st
     if grant.calls:
         outcome["usage"] = grant.summary()
     return outcome
+
+
+def _ended_early(
+    ctx: HandlerContext, job: AgentJob, error: str, *, retryable: bool = True
+) -> dict[str, Any]:
+    """A turn that failed before its command ran (the registry, the agent, the workspace, the
+    sandbox): logged as every turn's outcome is, with why."""
+    log.warning(
+        "agent turn failed before its command ran: %s",
+        error,
+        extra={
+            "event": "agent_turn.outcome",
+            "agentJobId": job.agent_job_id,
+            "jobId": ctx.job.job_id,
+            "outcome": "failed",
+            "error": error,
+            "retryable": retryable,
+        },
+    )
+    return _failed(error, retryable)
 
 
 def _failed(error: str, retryable: bool = True) -> dict[str, Any]:

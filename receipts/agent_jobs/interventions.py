@@ -9,6 +9,7 @@ from typing import Any
 
 from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.lifecycle import append, job_for_update
+from receipts.agent_jobs.metrics import AGENT_JOB_EVENTS
 from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import cancel_queued_draft
 from receipts.errors import ConflictError, NotFoundError
@@ -62,6 +63,7 @@ async def answer(
         job = await append(
             tx, job, [Draft(model.ANSWERED, {"toolCallId": call_id, "answer": answer})]
         )
+    AGENT_JOB_EVENTS.labels("answered").inc()
     log.info(
         "agent job answered",
         extra={"event": "agent_job.answered", "agentJobId": agent_job_id, "status": job.status},
@@ -89,6 +91,7 @@ async def cancel(store: Store, agent_job_id: str, *, reason: str) -> AgentJob:
         if live_turn is not None:
             data["liveTurnJobId"] = live_turn
         job = await append(tx, job, [Draft(model.TRANSITIONED, data)])
+    AGENT_JOB_EVENTS.labels("canceled").inc()
     log.info(
         "agent job stopped",
         extra={
@@ -124,6 +127,16 @@ async def fail_overdue_input(
         now = await tx.now()
         if (now - job.updated_at).total_seconds() * 1000 < timeout_ms:
             return None
-        return await append(
+        failed = await append(
             tx, job, [Draft(model.TRANSITIONED, decisions.input_timeout_data(job, timeout_ms))]
         )
+    AGENT_JOB_EVENTS.labels("input_timeout").inc()
+    log.info(
+        "agent job failed waiting for its owner's answer",
+        extra={
+            "event": "agent_job.input_timeout",
+            "agentJobId": agent_job_id,
+            "timeoutMs": timeout_ms,
+        },
+    )
+    return failed

@@ -12,6 +12,7 @@ from typing import Any
 
 from receipts import webhooks
 from receipts.agent_jobs import decisions, model
+from receipts.agent_jobs.metrics import AGENT_JOB_EVENTS
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.projection import AGENT_JOBS
 from receipts.commands import with_payloads
@@ -137,6 +138,7 @@ async def _wake(tx: Tx, job: AgentJob, session: str) -> None:
         subject=job.agent_job_id,
         data={"sessionId": job.owner_session_id, "wakeup": stored[0].to_json()},
     )
+    AGENT_JOB_EVENTS.labels("wakeup").inc()
     log.info(
         "owner session woken",
         extra={"event": "agent_job.wakeup", "agentJobId": job.agent_job_id, "sourceId": source_id},
@@ -224,6 +226,7 @@ async def create_in(
     if request.traceparent:
         data["traceparent"] = request.traceparent
     job = await append(tx, None, [Draft(model.CREATED, data)])
+    AGENT_JOB_EVENTS.labels("created").inc()
     log.info(
         "agent job created",
         extra={"event": "agent_job.created", "agentJobId": agent_job_id, "agentId": job.agent_id},

@@ -24,6 +24,12 @@ AGENT_JOB_WAKEUP_CALLBACKS = Counter(
     "Wakeup event callbacks by outcome (posted, failed).",
     ["outcome"],
 )
+AGENT_JOB_EVENTS = Counter(
+    "receipt_agent_job_events",
+    "Agent-job events by kind: created, answered, canceled, input_timeout (failed waiting for "
+    "its owner's answer), wakeup (its owner's session woken).",
+    ["event"],
+)
 AGENT_JOBS_RUNNING = Gauge(
     "receipt_agent_jobs_running", "Running agent jobs (slots in use) by agent.", ["agent"]
 )

@@ -461,9 +461,15 @@ async def test_cancel_of_a_running_job_stops_it_at_once_and_leaves_its_turn_alon
         await interventions.cancel(store, queued.agent_job_id, reason="again")
 
 
+def event_count(event: str) -> float:
+    return metrics.value("receipt_agent_job_events_total", event=event)
+
+
 async def test_input_timeout_fails_a_waiting_job(store: Store) -> None:
     agent = f"agent-{uuid.uuid4().hex[:6]}"
+    before = {e: event_count(e) for e in ("created", "wakeup", "input_timeout")}
     job, _ = await lifecycle.create(store, request(agent))
+    assert event_count("created") == before["created"] + 1
     await dispatcher(store).run_once()
     await play_turn(
         store,
@@ -482,6 +488,9 @@ async def test_input_timeout_fails_a_waiting_job(store: Store) -> None:
         "waiting_on_user",
         "failed",
     ]
+    # Counted, each (a timeout logged agent_job.input_timeout too: it logged nothing).
+    assert event_count("input_timeout") >= before["input_timeout"] + 1
+    assert event_count("wakeup") >= before["wakeup"] + 2
 
 
 async def test_sessions_belong_to_one_organization_and_creates_are_idempotent(store: Store) -> None:
@@ -863,3 +872,35 @@ async def test_a_quota_delay_after_a_turn_that_ran_keeps_the_jobs_start(store: S
     delayed = await current(store, job.agent_job_id)
     assert (delayed.status, delayed.attempt) == ("queued", 0)
     assert delayed.started_at == started_at and started_at is not None
+
+
+async def test_a_turn_that_fails_before_its_command_runs_logs_its_outcome(
+    store: Store, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A missing agents registry (or agent, workspace, sandbox refusal) failed the turn with
+    no log line at all: only a turn whose command ran logged `agent_turn.outcome`."""
+    from activities.fence import AttemptFence
+    from activities.handlers.agent_turn import run_agent_turn
+    from activities.handlers.context import HandlerContext, HandlerSettings
+    from activities.handlers.fenced import FencedReceipts
+
+    job, _ = await lifecycle.create(store, request(f"agent-{uuid.uuid4().hex[:6]}"))
+    await dispatcher(store).run_once()
+    turn = (await current(store, job.agent_job_id)).queue_job_id
+    assert turn is not None
+    fence = AttemptFence(store, turn, attempt=1, worker_id=f"{turn}:attempt:1/1")
+    started = await fence.start(60_000, {"role": "test"})
+    assert started.ok and started.job is not None
+    missing = AgentJobSettings(RECEIPT_AGENTS_FILE=str(tmp_path / "no-agents.yaml"))
+    ctx = HandlerContext(
+        job=started.job,
+        attempt=1,
+        worker_id=fence.worker_id,
+        receipts=FencedReceipts(fence),
+        settings=HandlerSettings(agent_jobs=missing),
+    )
+    outcome = await run_agent_turn(ctx)
+    assert outcome["outcome"] == "failed"
+    logged = [r for r in caplog.records if getattr(r, "event", None) == "agent_turn.outcome"]
+    assert logged and logged[0].agentJobId == job.agent_job_id  # type: ignore[attr-defined]
+    assert logged[0].error == outcome["error"]  # type: ignore[attr-defined]
