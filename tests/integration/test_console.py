@@ -351,6 +351,33 @@ async def test_docs_are_served_from_installed_assets(db_url: str, store: Store) 
             assert asset.status_code == 200 and len(asset.content) > 200, source
 
 
+async def test_agent_job_pages_name_an_organizations_sessions_as_the_api_does(
+    db_url: str, store: Store
+) -> None:
+    """The console showed an organization its owner sessions' runtime ids (`<id>~<tag>`) and
+    its `ownerSessionId` filter, given the id the API shows, listed nothing."""
+    session = f"slack-{new_id()}"
+    body = {
+        "agentId": f"agent-{new_id()}",
+        "ownerSessionId": session,
+        "sourceActorEventId": "e",
+        "sourceToolCallId": f"t-{new_id()}",
+        "replyRoute": {"binding": "slack", "channel": "C1"},
+        "input": {"prompt": "x"},
+    }
+    async with api_client(db_url, store=store) as client:
+        made = await client.post("/agent-jobs", json=body, headers=AS_A)
+        assert made.status_code == 201, made.text
+        agent_job_id = made.json()["agentJob"]["agentJobId"]
+        assert made.json()["agentJob"]["ownerSessionId"] == session
+        await sign_in(client, TOKEN_A)
+        listed = await client.get("/console/agents/jobs", params={"ownerSessionId": session})
+        page = await client.get(f"/console/agents/jobs/{agent_job_id}")
+    assert agent_job_id in listed.text
+    for text in (listed.text, page.text):
+        assert session in text and f"{session}~" not in text
+
+
 async def test_agent_job_pages_answer_the_question_and_cancel(db_url: str, store: Store) -> None:
     from receipts.agent_jobs import lifecycle
     from tests.integration.test_agent_jobs import current, dispatcher, play_turn, request

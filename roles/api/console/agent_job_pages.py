@@ -33,6 +33,7 @@ from roles.api.console.session import (
     session_of,
     visible,
 )
+from roles.api.routes.sessions import runtime_session_id
 
 log = logging.getLogger("roles.api.console")
 
@@ -51,12 +52,18 @@ async def agent_jobs_page(request: Request) -> HTMLResponse:
     agent_id = request.query_params.get("agentId") or None
     owner = request.query_params.get("ownerSessionId") or None
     store = store_of(request)
+    organization_id = session.principal.organization_id
     page = await agent_reads.jobs_page(
         store,
         session.principal,
         status=status,
         agent_id=agent_id,
-        owner_session_id=owner,
+        # An organization names its sessions as the API shows them (the runtime's id is tagged).
+        owner_session_id=(
+            await runtime_session_id(store, organization_id, owner)
+            if owner and not session.principal.admin and organization_id
+            else owner
+        ),
         after=page_start(request),
         limit=PAGE_SIZE,
     )
