@@ -15,9 +15,11 @@ from urllib.parse import quote
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import InvalidInput
 from receipts.executables import objective_commands
+from receipts.jobs import Job
 from receipts.kinds import check_objective_id
 from receipts.objectives import model as objective_model
 from receipts.objectives import store as objectives
@@ -66,16 +68,34 @@ def _paths(request: Request, objective_id: str) -> dict[str, str]:
 
 async def _visible(state: ApiState, caller: Principal, objective_id: str) -> ObjectiveState:
     """The objective the caller names `objective_id` (an organization names its own, as it does
-    its jobs; an admin names runtime ids); 404 for one it may not see."""
+    its jobs; an admin names runtime ids); 404 for one it may not see, saying so when its run
+    job has not created it (yet)."""
     require_scope(caller, JOBS_READ)
     store = state.require_store()
-    runtime = objective_id
-    if not caller.admin:
-        runtime = await objectives.runtime_id(store, caller.organization_id, objective_id)
+    runtime = await _runtime(store, caller, objective_id)
     objective = await objectives.get(store, runtime)
     if objective is None or not caller.sees(objective.organization_id):
-        raise ApiError(404, "not_found", f"no objective {objective_id!r}", field="objectiveId")
+        message = f"no objective {objective_id!r}"
+        run = await _run_job(store, caller, runtime) if objective is None else None
+        if run is not None:
+            ended = "ended" if run.terminal else "is"
+            message += f" yet: its run job {shown_id(caller, run)!r} {ended} {run.status}" + (
+                " without creating it" if run.terminal else ", and creates it when it runs"
+            )
+        raise ApiError(404, "not_found", message, field="objectiveId")
     return objective
+
+
+async def _runtime(store: Store, caller: Principal, objective_id: str) -> str:
+    if caller.admin:  # an admin names runtime ids (`<id>~<tag>`)
+        return objective_id
+    return await objectives.runtime_id(store, caller.organization_id, objective_id)
+
+
+async def _run_job(store: Store, caller: Principal, runtime: str) -> Job | None:
+    """The `factory.run` job of the objective `runtime` names, when the caller may see it."""
+    run = await store.get_job(run_job_id(runtime))
+    return run if run is not None and caller.sees(run.organization_id) else None
 
 
 def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
@@ -304,7 +324,8 @@ async def cancel_objective(
     request: Request, state: State, caller: Caller, objective_id: ObjectiveId
 ) -> JSONResponse:
     """Cancel: control aborts the objective's running jobs and settles it `canceled` (202);
-    409 when it is already settled."""
+    409 when it is already settled. Before its run job has created it, the run job is aborted
+    (202: `canceled` when it was still waiting, else `active` until the cancel lands)."""
     require_scope(caller, JOBS_WRITE)
     if not caller.admin:  # an admin names runtime ids (`<id>~<tag>`)
         check_objective_id(objective_id)
@@ -319,9 +340,39 @@ async def cancel_objective(
             f"reason must be at most {state.settings.max_command_bytes} bytes "
             "(RECEIPT_MAX_COMMAND_BYTES)",
         )
+    store = state.require_store()
+    runtime = await _runtime(store, caller, objective_id)
+    if (await objectives.get(store, runtime)) is None and (
+        run := await _run_job(store, caller, runtime)
+    ) is not None:
+        # Not created yet: its run job is aborted (canceled at once while it waits, its
+        # planner stopped while it runs); one that creates it meanwhile cancels it itself
+        # (activities/handlers/factory.py), and a creation that committed before this abort is
+        # found below and canceled as any objective.
+        if not run.terminal:
+            await ops.add_command(
+                store, run.job_id, type="abort", reason=reason, check_organization=False
+            )
+        if (await objectives.get(store, runtime)) is None:
+            aborted = await store.get_job(run.job_id)
+            if aborted is not None and aborted.status in (
+                "queued",
+                "leased",
+                "running",
+                "canceled",
+            ):
+                log.info(
+                    "objective cancel requested before it was created: its run job aborted",
+                    extra={"event": "api.objective_cancel", "objectiveId": runtime},
+                )
+                status = "canceled" if aborted.status == "canceled" else "active"
+                return JSONResponse(
+                    {"objectiveId": objective_id, "status": status, "cancelRequested": True},
+                    status_code=202,
+                )
     objective = await _visible(state, caller, objective_id)
     try:
-        async with state.require_store().transaction() as tx:
+        async with store.transaction() as tx:
             updated = await objectives.request_cancel(tx, objective.objective_id, reason)
     except objectives.ObjectiveTerminal as exc:
         # The caller's own id in the message, not the runtime's (`<id>~<tag>`).

@@ -21,6 +21,7 @@ from receipts.store import Draft, Store, Tx
 from tests.integration.helpers import create_objective, put
 
 CONTROL = "factory.objective.control"
+TASK_LIST = [{"taskId": "t", "input": {"command": ["true"]}}]
 
 
 def adding_a_phase_first(store: Store, task_id: str) -> objectives.Guard:
@@ -334,3 +335,41 @@ async def test_an_audit_job_of_an_objective_not_settled_writes_nothing(
     assert refused.value.retryable is False
     now = await objectives.get(store, "early-audit")
     assert isinstance(now, ObjectiveState) and now.audit is None
+
+
+async def test_a_run_job_aborted_as_it_creates_the_objective_cancels_it(
+    fresh_store: Store,
+) -> None:
+    """The api found no objective to cancel and aborted its run job, which was creating it: the
+    objective it creates carries the cancel (else the cancel was lost and it ran anyway)."""
+    import dataclasses
+
+    from activities.handlers.factory import factory_run
+    from receipts import operations as ops
+    from receipts.enqueue import enqueue, parse_enqueue
+    from receipts.objectives.model import run_job_id
+    from tests.integration.helpers import body
+
+    store = fresh_store
+    objective = {"objectiveId": "abort-run", "title": "t", "goal": "g", "tasks": TASK_LIST}
+    parsed = parse_enqueue(
+        "factory",
+        body(
+            kind="factory.run", payload_extra={"objectiveId": "abort-run", "objective": objective}
+        ),
+    )
+    run = (await enqueue(store, dataclasses.replace(parsed, job_id=run_job_id("abort-run")))).job
+    fence = AttemptFence(store, run.job_id, attempt=1, worker_id=f"{run.job_id}:attempt:1/1")
+    started = await fence.start(60_000, {"role": "test"})
+    assert started.ok and started.job is not None
+    aborted = await ops.add_command(
+        store, run.job_id, type="abort", reason="changed my mind", check_organization=False
+    )
+    assert aborted.ok
+    ctx = HandlerContext(
+        job=started.job, attempt=1, worker_id=fence.worker_id, receipts=FencedReceipts(fence)
+    )
+    await factory_run(ctx)
+    created = await objectives.get(store, "abort-run")
+    assert created is not None and created.cancel_requested
+    assert created.cancel_reason == "changed my mind"

@@ -193,3 +193,30 @@ async def test_objective_and_agent_job_bodies_are_read_under_the_configured_json
     for refused in (objective, agent_job):
         assert refused.status_code == 422, refused.text
         assert refused.json()["error"]["message"] == "the JSON body nests deeper than 3 levels"
+
+
+async def test_the_urls_post_answers_work_before_the_run_job_created_the_objective(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    """Right after the 202, `objectiveUrl` and `cancelUrl` answered a bare 404 until the run
+    job had run: the caller could not cancel, and the objective then ran anyway. The read says
+    why it is not there; the cancel aborts the run job (canceled at once while it waits)."""
+    body = {"objectiveId": "early", "title": "t", "goal": "g", "tasks": TASK}
+    async with api_client(fresh_db, store=fresh_store) as api:
+        accepted = (await api.post("/objectives", headers=AS_A, json=body)).json()
+        early = await api.get(accepted["objectiveUrl"], headers=AS_A)
+        assert early.status_code == 404
+        message = early.json()["error"]["message"]
+        assert "its run job 'objective:early:run' is queued" in message, message
+        canceled = await api.post(accepted["cancelUrl"], headers=AS_A, json={"reason": "no"})
+        assert canceled.status_code == 202, canceled.text
+        assert canceled.json() == {
+            "objectiveId": "early",
+            "status": "canceled",
+            "cancelRequested": True,
+        }
+        later = await api.get(accepted["objectiveUrl"], headers=AS_A)
+    assert "ended canceled without creating it" in later.json()["error"]["message"]
+    run = await fresh_store.get_job(scoped_id("org-a", "objective:early:run"))
+    assert run is not None and run.status == "canceled"
+    assert await objectives.get(fresh_store, scoped_id("org-a", "early")) is None
