@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from receipts.jobs import Job
-from receipts.objectives.model import STEPS, ObjectiveState
+from receipts.objectives.model import STEPS, ObjectiveState, step_job_id
 
 
 def _ms(start: datetime | None, end: datetime | None) -> int | None:
@@ -35,7 +35,11 @@ def summary(state: ObjectiveState, jobs: Mapping[str, Job]) -> dict[str, Any]:
     for task in state.tasks:
         tries = []
         for attempt in task.tries:
-            line = {"try": attempt.number, "jobId": attempt.job_id, "status": attempt.status}
+            line: dict[str, Any] = {
+                "try": attempt.number,
+                "jobId": attempt.job_id,
+                "status": attempt.status,
+            }
             line.update(_job_line(jobs.get(attempt.job_id)))
             if attempt.started_at and attempt.settled_at:
                 line["runMs"] = _ms(attempt.started_at, attempt.settled_at)
@@ -68,6 +72,14 @@ def summary(state: ObjectiveState, jobs: Mapping[str, Job]) -> dict[str, Any]:
             continue
         line = {"step": name, "status": step.status, "jobId": step.job_id}
         line.update(_job_line(jobs.get(step.job_id or "")))
+        # Every run of it, one per phase it ran for: a phase added after a validate or publish
+        # ran makes it run again, and the fold keeps the last run only (a publish of phase 1
+        # did its work all the same).
+        line["runs"] = [
+            {"phase": phase, "jobId": job_id, **_job_line(job)}
+            for phase, job_id in _step_runs(state, name)
+            if (job := jobs.get(job_id)) is not None
+        ]
         steps.append(line)
         if step.status == "failed":
             failures.append({"step": name, "jobId": step.job_id, "error": line.get("error")})
@@ -90,8 +102,22 @@ def summary(state: ObjectiveState, jobs: Mapping[str, Job]) -> dict[str, Any]:
     }
 
 
+def _step_runs(state: ObjectiveState, name: str) -> list[tuple[int, str]]:
+    """(phase, job id) of each run the step may have had: its job ids name their phase."""
+    return [
+        (phase, step_job_id(state.objective_id, name, phase)) for phase in range(1, state.phase + 1)
+    ]
+
+
 def job_ids(state: ObjectiveState) -> list[str]:
-    """Every job the objective dispatched (each try and each step)."""
+    """Every job the objective dispatched (each try, each step's run of every phase)."""
     ids = [attempt.job_id for task in state.tasks for attempt in task.tries]
     ids += [s.job_id for name in STEPS if (s := state.step(name)) and s.job_id]
+    ids += [
+        job_id
+        for name in STEPS
+        if state.step(name) is not None
+        for _, job_id in _step_runs(state, name)
+        if job_id not in ids
+    ]
     return ids

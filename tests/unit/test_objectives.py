@@ -9,7 +9,7 @@ import pytest
 
 from receipts.errors import InvalidInput
 from receipts.jobs import Job, Lease, Receipt
-from receipts.objectives import control
+from receipts.objectives import audit, control
 from receipts.objectives import watchdog as rules
 from receipts.objectives.graph import GraphError, find_cycle, parse_objective, parse_tasks
 from receipts.objectives.model import ObjectiveState, fold, step_job_id
@@ -221,6 +221,22 @@ def test_a_validate_that_fails_after_a_phase_was_added_runs_again_after_it() -> 
     # In the phase it ran for, a failed validate fails the objective, as it always did.
     same_phase = control.plan(_validated_then(), {"jv": job("jv", "failed", error="x")})
     assert "again" not in same_phase.records[0].data
+
+
+def test_the_audit_lists_every_run_of_a_step_one_per_phase() -> None:
+    """Validate completed for phase 1, then a phase was added: the fold keeps the step's next
+    run only, and the audit left the first out (a publish of phase 1 did its work all the
+    same). Each run's job id names its phase: the audit reads them all."""
+    done = receipt(5, "objective.step.settled", step="validate", jobId="jv", status="completed")
+    state = _validated_then(done, receipt(6, "objective.phase_added", **PHASE_2))
+    first, second = step_job_id("o", "validate", 1), step_job_id("o", "validate", 2)
+    assert first in audit.job_ids(state) and second in audit.job_ids(state)
+    jobs = {first: job(first, "completed"), "ja": job("ja", "completed")}
+    (validate, _) = audit.summary(state, jobs)["steps"]
+    assert validate["status"] == "pending"
+    assert [(r["phase"], r["jobId"], r["jobStatus"]) for r in validate["runs"]] == [
+        (1, first, "completed")
+    ]
 
 
 def test_a_failed_try_within_budget_goes_back_to_pending() -> None:
