@@ -163,8 +163,11 @@ def test_objectives_create_list_read_and_cancel(client: Client, tmp_path: Path) 
     with Client(client.url, TOKEN_ADMIN) as admin:  # an admin token names the organization
         chosen = admin.list_objectives(organization_id="org-b", limit=5).objectives
         assert all(o.organization_id == "org-b" for o in chosen)
-    with pytest.raises(NotFound):
-        client.cancel_objective(objective_id, reason="changed my mind")
+    # A cancel before the run job created it aborts the run job (canceled while it waits).
+    canceled = client.cancel_objective(objective_id, reason="changed my mind")
+    assert canceled.status == "canceled" and canceled.cancel_requested
+    with pytest.raises(NotFound, match="ended canceled without creating it"):
+        client.get_objective(objective_id)
     with pytest.raises(NotFound):
         client.objective_events(objective_id)
 
