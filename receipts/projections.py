@@ -55,6 +55,12 @@ class Projection(Generic[S]):
     write: str
     noun: str = ""
     extra: Callable[[S], dict[str, Any]] | None = None
+    # A table written by more than `put` (the jobs' one-statement writes compute their columns
+    # apart from `state`): `<table>_rows` gives each row's id, whether a newer lease row holds
+    # its lease (`patched`), and these columns, which a verify compares with the fold's row;
+    # `patched` rows skip `stale_when_patched` (the heartbeat's columns, kept on the lease row).
+    columns: tuple[str, ...] = ()
+    stale_when_patched: frozenset[str] = frozenset()
 
     def row(self, state: S) -> dict[str, Any]:
         """Return the row of a folded state, as the parameters of the `write` statement."""
@@ -108,7 +114,28 @@ class Projection(Generic[S]):
             for key in folded.keys() & live.keys()
             if folded[key] != live[key]
         ]
+        if self.columns:
+            problems += self._column_problems(await tx.fetch(f"{self.table}_rows", {}), folded)
         return [f"{self.noun}{key}: {problem}" for key, problem in sorted(problems)]
+
+    def _column_problems(
+        self, rows: Sequence[Sequence[Any]], folded: Mapping[str, S]
+    ) -> list[tuple[str, str]]:
+        """The columns of each row (`<table>_rows`) that are not the fold's row's."""
+        problems: list[tuple[str, str]] = []
+        for key, patched, *values in rows:
+            state = folded.get(key)
+            if state is None:
+                continue  # reported above: in the projection but not in the chain
+            expected = self.row(state)
+            for name, value in zip(self.columns, values, strict=True):
+                if patched and name in self.stale_when_patched:
+                    continue
+                if value != expected[name]:
+                    problems.append(
+                        (key, f"column {name} is {value!r}, the fold's {expected[name]!r}")
+                    )
+        return problems
 
 
 @cache
@@ -125,4 +152,29 @@ def _job_columns(job: Job) -> dict[str, Any]:
     }
 
 
-JOBS = Projection("jobs", Job, jobs.fold, "jobs_insert", extra=_job_columns)
+JOBS = Projection(
+    "jobs",
+    Job,
+    jobs.fold,
+    "jobs_insert",
+    extra=_job_columns,
+    columns=(
+        "seq",
+        "organization_id",
+        "session_key",
+        "agent_id",
+        "lane",
+        "kind",
+        "status",
+        "attempt",
+        "max_attempts",
+        "abort_requested",
+        "available_at",
+        "lease_expires_at",
+        "last_heartbeat_at",
+        "created_at",
+        "updated_at",
+        "worker_queue",
+    ),
+    stale_when_patched=frozenset({"seq", "updated_at", "last_heartbeat_at"}),
+)

@@ -185,6 +185,17 @@ LOCK TABLE jobs IN EXCLUSIVE MODE;
 SELECT j.job_id, CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
 FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id;
 
+-- name: jobs_rows
+-- Each job row's columns beside its state, in the order of receipts/projections.py `JOBS.columns`
+-- (a verify compares them with the fold's row): `patched` when a newer lease row holds the lease
+-- (a heartbeat), whose expiry is then the lease row's.
+SELECT j.job_id, coalesce(l.seq > j.seq, false), j.seq, j.organization_id, j.session_key,
+       j.agent_id, j.lane, j.kind, j.status, j.attempt, j.max_attempts, j.abort_requested,
+       j.available_at,
+       CASE WHEN l.seq > j.seq THEN l.expires_at ELSE j.lease_expires_at END,
+       j.last_heartbeat_at, j.created_at, j.updated_at, j.worker_queue
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id;
+
 -- name: jobs_clear
 WITH leases AS (DELETE FROM job_leases)
 DELETE FROM jobs;

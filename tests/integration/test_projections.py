@@ -71,6 +71,23 @@ async def test_verify_reports_a_tampered_projection(store: Store, db_url: str) -
     assert await verify(store) == []
 
 
+async def test_verify_reports_a_row_whose_columns_left_its_state(store: Store, db_url: str) -> None:
+    """The one-statement writes compute a job row's columns apart from its `state`: a column
+    that disagrees (what the dispatcher and the leases read) was invisible to a verify that
+    compared the state only. A heartbeat's row (its lease on the lease row) is no difference."""
+    job = (await put(store)).job
+    beating = (await put(store)).job
+    await ops.lease(store, beating.job_id, attempt=1, worker_id="w", lease_ms=60_000)
+    await ops.heartbeat(store, beating.job_id, worker_id="w", attempt=1, lease_ms=60_000)
+    assert await verify(store) == []
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE jobs SET status = 'completed' WHERE job_id = %s", (job.job_id,))
+    problems = await verify(store)
+    assert problems == [f"{job.job_id}: column status is 'completed', the fold's 'queued'"]
+    await rebuild(store)
+    assert await verify(store) == []
+
+
 def test_cli_rebuild_and_verify(db_url: str) -> None:
     env = {"RECEIPT_DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"}
     verify_run = subprocess.run(

@@ -182,7 +182,12 @@ async def test_prune_removes_exactly_the_old_terminal_jobs_with_every_row_of_the
     after = rows_of(url, old_ids + kept_ids)
     assert all(after[t][i] == 0 for t, _, _ in TABLES for i in old_ids)
     assert all(after[t][i] == before[t][i] for t, _, _ in TABLES for i in kept_ids)
-    assert await assembly.verify(store) == []
+    # The projection is the fold of what is left, but for the column this test backdated on the
+    # two kept jobs (a verify compares the columns too).
+    tampered = {old_queued.job_id, old_running.job_id}
+    differences = await assembly.verify(store)
+    assert {d.split(":", 1)[0] for d in differences} <= tampered, differences
+    assert all(": column updated_at is " in d for d in differences), differences
 
     async with api_client(url, store=store) as client:  # an admin names runtime ids
         assert (await client.get(f"/jobs/{old[0].job_id}", headers=AS_ADMIN)).status_code == 404
