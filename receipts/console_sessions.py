@@ -59,10 +59,12 @@ async def use(store: Store, session_id: str, *, idle_s: float) -> StoredSession 
     return str(state[0])
 
 
-async def live(store: Store, session_id: str) -> bool:
-    """Whether the session `session_id` names still stands (not signed out, not expired): what
-    an open event stream of the console asks while it streams."""
-    row = await store.fetch_one("console_session_live", {"session_digest": digest_of(session_id)})
+async def live(store: Store, session_id: str, *, idle_s: float) -> bool:
+    """Whether the session `session_id` names still stands (not signed out, neither expired nor
+    idle `idle_s`): what an open event stream of the console asks while it streams."""
+    row = await store.fetch_one(
+        "console_session_live", {"session_digest": digest_of(session_id), "idle_s": idle_s}
+    )
     return row is not None
 
 

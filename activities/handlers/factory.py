@@ -192,8 +192,6 @@ async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
     await ctx.receipts.update_objective(objective_id, decide, deliver_control=True)
     if not outcome:
         raise HandlerError(f"objectiveId {objective_id!r} is already in use", retryable=False)
-    if outcome == "created":
-        await _cancel_if_asked_before(ctx, objective_id)
     log.info(
         "objective created" if outcome == "created" else "objective already exists",
         extra={
@@ -205,31 +203,6 @@ async def factory_run(ctx: HandlerContext) -> dict[str, Any]:
         },
     )
     return {"objectiveId": objective_id, "outcome": outcome, "tasks": len(spec.tasks)}
-
-
-async def _cancel_if_asked_before(ctx: HandlerContext, objective_id: str) -> None:
-    """A cancel posted before the objective existed aborted this run job (the api found no
-    objective to cancel): an abort that landed while the run job created it is honoured on the
-    objective it created, read after that creation committed, so no cancel is lost between the
-    api's read and this one."""
-    own = await ctx.receipts.own_job()
-    if own is None or not own.abort_requested:
-        return
-
-    def decide(state: ObjectiveState | None) -> list[Draft]:
-        if state is None or state.terminal or state.cancel_requested:
-            return []
-        reason = own.abort_reason or "canceled before it was created"
-        return [
-            Draft("objective.cancel_requested", {"reason": reason}),
-            objectives.control_request("cancel"),
-        ]
-
-    if await ctx.receipts.update_objective(objective_id, decide, deliver_control=True):
-        log.info(
-            "objective canceled as it was created: its run job was aborted",
-            extra={"event": "factory.objective_cancel_early", "objectiveId": objective_id},
-        )
 
 
 async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:

@@ -304,6 +304,8 @@ async def run_pass(
     state = await objectives.get(store, objective_id)
     if state is None:
         return None, Plan()
+    if state.run_job_id and not (state.terminal or state.cancel_requested):
+        state = await _cancel_if_run_aborted(store, state, guard)
     jobs = await objectives.jobs_by_ids(store, state.active_job_ids())
     decided = plan(state, jobs)
     if decided.records:
@@ -315,7 +317,11 @@ async def run_pass(
         async with store.transaction() as tx:
             await objectives.update(tx, objective_id, decide, guard)
     for job_id, reason in decided.aborts:
-        await ops.add_command(store, job_id, type="abort", reason=reason, check_organization=False)
+        posted = await ops.add_command(
+            store, job_id, type="abort", reason=reason, check_organization=False
+        )
+        if not posted.ok:
+            continue  # settled since the pass read it: nothing aborted
         why = _abort_why(reason)
         factory_metrics.FACTORY_ABORTS.labels(why).inc()
         log.info(
@@ -347,6 +353,34 @@ async def run_pass(
             extra={"event": "factory.control_plan_stale", "objectiveId": objective_id},
         )
     return state, decided
+
+
+async def _cancel_if_run_aborted(
+    store: Store, state: ObjectiveState, guard: objectives.Guard | None
+) -> ObjectiveState:
+    """A cancel posted before the objective existed aborted its run job (the api found no
+    objective to cancel): the objective that run job created anyway is canceled here, by the
+    control pass its creation requested in the same transaction, so no worker dying between the
+    creation and anything after it loses the cancel."""
+    assert state.run_job_id is not None
+    run = await store.get_job(state.run_job_id)
+    if run is None or not run.abort_requested:
+        return state
+    reason = run.abort_reason or "canceled before it was created"
+
+    def decide(current: ObjectiveState | None) -> list[Draft]:
+        if current is None or current.terminal or current.cancel_requested:
+            return []
+        return [Draft("objective.cancel_requested", {"reason": reason})]
+
+    async with store.transaction() as tx:
+        now, written = await objectives.update(tx, state.objective_id, decide, guard)
+    if written:
+        log.info(
+            "objective canceled: its run job was aborted before it created it",
+            extra={"event": "factory.objective_cancel_early", "objectiveId": state.objective_id},
+        )
+    return now if now is not None else state
 
 
 def _abort_why(reason: str) -> str:

@@ -71,10 +71,13 @@ WHERE session_digest = %(session_digest)s
 RETURNING token_digest, csrf;
 
 -- name: console_session_live
--- Whether a session still stands (signed in, not past its expiry), read by an open console
--- event stream; its idle clock is not restarted (a stream is not the operator using the page).
+-- Whether a session still stands (signed in, neither past its expiry nor idle for `idle_s`
+-- seconds), read by an open console event stream; its idle clock is not restarted (a stream is
+-- not the operator using the page).
 SELECT 1 FROM console_sessions
-WHERE session_digest = %(session_digest)s AND expires_at > now();
+WHERE session_digest = %(session_digest)s
+  AND expires_at > now()
+  AND last_used_at > now() - make_interval(secs => %(idle_s)s::double precision);
 
 -- name: console_session_state
 -- Why a session was refused: 'expired', 'idle', or no row (unknown or signed out).

@@ -6,6 +6,9 @@ import hashlib
 import uuid
 from typing import Any
 
+from activities.fence import AttemptFence
+from activities.handlers.context import HandlerContext, HandlerSettings
+from activities.handlers.fenced import FencedReceipts
 from receipts.enqueue import EnqueueResult, enqueue, parse_enqueue
 from receipts.kinds import CONTRACTS
 from receipts.store import Draft, Store
@@ -66,3 +69,20 @@ async def create_objective(
     async with store.transaction() as tx:
         await objectives.update(tx, objective_id, lambda _: [Draft("objective.created", created)])
     return objective_id
+
+
+async def started_context(
+    store: Store, job_id: str, settings: HandlerSettings | None = None
+) -> HandlerContext:
+    """The handler context of attempt 1 of `job_id`, started under its fence as a worker starts
+    it (its writes hold that fence)."""
+    fence = AttemptFence(store, job_id, attempt=1, worker_id=f"{job_id}:attempt:1/1")
+    started = await fence.start(60_000, {"role": "test"})
+    assert started.ok and started.job is not None
+    return HandlerContext(
+        job=started.job,
+        attempt=1,
+        worker_id=fence.worker_id,
+        receipts=FencedReceipts(fence),
+        settings=settings or HandlerSettings(),
+    )

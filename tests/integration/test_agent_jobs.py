@@ -879,26 +879,16 @@ async def test_a_turn_that_fails_before_its_command_runs_logs_its_outcome(
 ) -> None:
     """A missing agents registry (or agent, workspace, sandbox refusal) failed the turn with
     no log line at all: only a turn whose command ran logged `agent_turn.outcome`."""
-    from activities.fence import AttemptFence
     from activities.handlers.agent_turn import run_agent_turn
-    from activities.handlers.context import HandlerContext, HandlerSettings
-    from activities.handlers.fenced import FencedReceipts
+    from activities.handlers.context import HandlerSettings
+    from tests.integration.helpers import started_context
 
     job, _ = await lifecycle.create(store, request(f"agent-{uuid.uuid4().hex[:6]}"))
     await dispatcher(store).run_once()
     turn = (await current(store, job.agent_job_id)).queue_job_id
     assert turn is not None
-    fence = AttemptFence(store, turn, attempt=1, worker_id=f"{turn}:attempt:1/1")
-    started = await fence.start(60_000, {"role": "test"})
-    assert started.ok and started.job is not None
     missing = AgentJobSettings(RECEIPT_AGENTS_FILE=str(tmp_path / "no-agents.yaml"))
-    ctx = HandlerContext(
-        job=started.job,
-        attempt=1,
-        worker_id=fence.worker_id,
-        receipts=FencedReceipts(fence),
-        settings=HandlerSettings(agent_jobs=missing),
-    )
+    ctx = await started_context(store, turn, HandlerSettings(agent_jobs=missing))
     outcome = await run_agent_turn(ctx)
     assert outcome["outcome"] == "failed"
     logged = [r for r in caplog.records if getattr(r, "event", None) == "agent_turn.outcome"]

@@ -540,6 +540,14 @@ async def test_the_schedules_page_lists_an_organizations_schedules_and_pauses_th
         assert paused.status_code == 303 and "paused" in paused.headers["location"]
         shown = await client.get(f"/schedules/{sid}", headers=AS_A)
         assert shown.json()["status"] == "paused" and shown.json()["note"] == "freeze"
+        # Paused again from a stale page, no reason typed: the note stays.
+        again = await client.post(
+            f"/console/schedules/{runtime}/pause",
+            **form({"csrf": csrf}),  # type: ignore[arg-type]
+        )
+        assert again.status_code == 303
+        kept = await client.get(f"/schedules/{sid}", headers=AS_A)
+        assert kept.json()["note"] == "freeze"
         client.cookies.clear()
         other = await sign_in(client, TOKEN_B)
         assert sid not in (await client.get("/console/schedules")).text

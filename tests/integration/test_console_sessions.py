@@ -202,3 +202,40 @@ def test_a_session_survives_an_api_restart_works_on_another_api_and_ends_with_it
             "SELECT 1 FROM console_sessions WHERE session_digest = %s", (digest,)
         ).fetchone()
     assert row is None
+
+
+async def test_an_open_streams_session_check_sees_sign_out_expiry_and_idleness(
+    store: Store,
+) -> None:
+    """What a console stream asks while it streams: a session signed out, past its expiry, or
+    idle past RECEIPT_CONSOLE_SESSION_IDLE_S no longer stands (the stream ran on past an idle
+    session's end, up to its hour); asking does not restart the idle clock."""
+    from receipts import console_sessions
+
+    digest = hashlib.sha256(b"a token").digest()
+    standing = await console_sessions.create(store, digest, ttl_s=3600, idle_s=1800)
+    assert await console_sessions.live(store, standing, idle_s=1800)
+    idle = await console_sessions.create(store, digest, ttl_s=3600, idle_s=1800)
+    expired = await console_sessions.create(store, digest, ttl_s=3600, idle_s=1800)
+    signed_out = await console_sessions.create(store, digest, ttl_s=3600, idle_s=1800)
+    async with store.connection() as conn:
+        await conn.execute(
+            "UPDATE console_sessions SET last_used_at = now() - interval '31 minutes' "
+            "WHERE session_digest = %s",
+            (hashlib.sha256(idle.encode()).digest(),),
+        )
+        await conn.execute(
+            "UPDATE console_sessions SET expires_at = now() - interval '1 second' "
+            "WHERE session_digest = %s",
+            (hashlib.sha256(expired.encode()).digest(),),
+        )
+    await console_sessions.delete(store, signed_out)
+    for ended in (idle, expired, signed_out):
+        assert not await console_sessions.live(store, ended, idle_s=1800)
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT last_used_at < now() - interval '30 minutes' FROM console_sessions "
+            "WHERE session_digest = %s",
+            (hashlib.sha256(idle.encode()).digest(),),
+        )
+        assert await cur.fetchone() == (True,)  # the check restarted no idle clock

@@ -80,7 +80,9 @@ async def schedule_action(request: Request, scheduleId: str, action: str) -> Res
     elif refused is not None:
         notice = f"schedule {schedules.shown_id(schedule)} not {action}d: {refused}"
     else:
-        note = (fields.get("reason") or "paused from the console")[:1000]
+        reason = (fields.get("reason") or "")[:1000]
+        # A pause of a paused schedule keeps its note unless a reason is typed.
+        note = reason or (None if schedule.status == "paused" else "paused from the console")
         changed = await schedules.change(
             store, schedule.schedule_id, paused=action == "pause", note=note
         )

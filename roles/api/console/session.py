@@ -151,14 +151,15 @@ async def session_of(request: Request, *, reading: bool = True) -> Session:
 
 def session_alive(request: Request, store: Store) -> Callable[[], Awaitable[bool]] | None:
     """What an open console stream asks while it streams: whether the cookie's session still
-    stands (signed out or expired, the stream ends; the README's promise that a copy of the
-    cookie no longer works holds for a stream opened with it too). None in open mode."""
+    stands (signed out, expired or idle, the stream ends; the README's promise that a copy of
+    the cookie no longer works holds for a stream opened with it too). None in open mode."""
     session_id = request.cookies.get(COOKIE)
     if session_id is None:
         return None
+    idle_s = request.app.state.api.settings.console_session_idle_s
 
     async def alive() -> bool:
-        return await console_sessions.live(store, session_id)
+        return await console_sessions.live(store, session_id, idle_s=idle_s)
 
     return alive
 

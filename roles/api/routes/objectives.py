@@ -66,11 +66,15 @@ def _paths(request: Request, objective_id: str) -> dict[str, str]:
     return {"objectiveUrl": base, "eventsUrl": f"{base}/events", "cancelUrl": f"{base}/cancel"}
 
 
-async def _visible(state: ApiState, caller: Principal, objective_id: str) -> ObjectiveState:
+async def _visible(
+    state: ApiState, caller: Principal, objective_id: str, *, reading: bool = True
+) -> ObjectiveState:
     """The objective the caller names `objective_id` (an organization names its own, as it does
     its jobs; an admin names runtime ids); 404 for one it may not see, saying so when its run
-    job has not created it (yet)."""
-    require_scope(caller, JOBS_READ)
+    job has not created it (yet). `reading`: the caller must hold `jobs:read` (a cancel needs
+    `jobs:write` only, as a job's commands do)."""
+    if reading:
+        require_scope(caller, JOBS_READ)
     store = state.require_store()
     runtime = await _runtime(store, caller, objective_id)
     objective = await objectives.get(store, runtime)
@@ -215,7 +219,7 @@ def _summary(objective: ObjectiveState) -> dict[str, Any]:
 @router.get(
     "/objectives",
     response_model=ObjectiveList,
-    responses=errors_documented(401, 422, 503),
+    responses=errors_documented(401, 403, 422, 503),
     dependencies=[_takes_query("status", "organizationId", "limit", "cursor")],
 )
 async def list_objectives(
@@ -268,7 +272,7 @@ async def objective_view(store: Store, objective: ObjectiveState) -> dict[str, A
 @router.get(
     "/objectives/{objectiveId}",
     response_model=ObjectiveView,
-    responses=errors_documented(401, 404, 422, 503),
+    responses=errors_documented(401, 403, 404, 422, 503),
     dependencies=[_takes_query()],
 )
 async def get_objective(state: State, caller: Caller, objective_id: ObjectiveId) -> JSONResponse:
@@ -346,10 +350,10 @@ async def cancel_objective(
         run := await _run_job(store, caller, runtime)
     ) is not None:
         # Not created yet: its run job is aborted (canceled at once while it waits, its
-        # planner stopped while it runs); one that creates it meanwhile cancels it itself
-        # (activities/handlers/factory.py), and a creation that committed before this abort is
-        # found below and canceled as any objective.
-        if not run.terminal:
+        # planner stopped while it runs); an objective it creates meanwhile is canceled by the
+        # control pass its creation requests (receipts/objectives/control.py), and a creation
+        # that committed before this abort is found below and canceled as any objective.
+        if not run.terminal and not run.abort_requested:
             await ops.add_command(
                 store, run.job_id, type="abort", reason=reason, check_organization=False
             )
@@ -370,7 +374,7 @@ async def cancel_objective(
                     {"objectiveId": objective_id, "status": status, "cancelRequested": True},
                     status_code=202,
                 )
-    objective = await _visible(state, caller, objective_id)
+    objective = await _visible(state, caller, objective_id, reading=False)
     try:
         async with store.transaction() as tx:
             updated = await objectives.request_cancel(tx, objective.objective_id, reason)

@@ -4,48 +4,61 @@ nothing planned on the state it read, and the next one plans on the objective as
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from activities.fence import AttemptFence
-from activities.handlers.context import HandlerContext, HandlerError
+from activities.handlers.context import HandlerError
 from activities.handlers.factory import objective_audit
-from activities.handlers.fenced import FencedReceipts
 from receipts import metrics
 from receipts.objectives import control
 from receipts.objectives import store as objectives
 from receipts.objectives.graph import parse_tasks
 from receipts.objectives.model import ObjectiveState, step_job_id, task_job_id
 from receipts.store import Draft, Store, Tx
-from tests.integration.helpers import create_objective, put
+from tests.integration.helpers import create_objective, put, started_context
 
 CONTROL = "factory.objective.control"
 TASK_LIST = [{"taskId": "t", "input": {"command": ["true"]}}]
 
 
-def adding_a_phase_first(store: Store, task_id: str) -> objectives.Guard:
-    """A guard that, the first time the pass writes the objective, commits `objective.phase_added`
-    (phase 2, one task `task_id`) from another transaction, just before the pass's own write
-    takes the stream's lock."""
-    added = False
+def first_write(action: Callable[[str], Awaitable[object]]) -> objectives.Guard:
+    """A guard that, the first time the pass writes the objective, runs `action(objective_id)`
+    (another writer, in its own transactions), just before the pass's own write takes the
+    stream's lock."""
+    done = False
 
     async def guard(tx: Tx, objective_id: str) -> None:
-        nonlocal added
-        if added:
-            return
-        added = True
-
-        def phase(current: Any) -> list[Draft]:
-            taken = {t.task_id: t.phase for t in current.tasks}
-            tasks = parse_tasks([{"taskId": task_id, "input": {"command": ["true"]}}], "t", taken)
-            data = {"phase": current.phase + 1, "tasks": [t.to_json() for t in tasks]}
-            return [Draft("objective.phase_added", data)]
-
-        async with store.transaction() as other:
-            await objectives.update(other, objective_id, phase)
+        nonlocal done
+        if not done:
+            done = True
+            await action(objective_id)
 
     return guard
+
+
+def committing_first(store: Store, decide: objectives.Decide) -> objectives.Guard:
+    """`first_write` of a write of the objective that `decide` chooses."""
+
+    async def commit(objective_id: str) -> None:
+        async with store.transaction() as other:
+            await objectives.update(other, objective_id, decide)
+
+    return first_write(commit)
+
+
+def adding_a_phase_first(store: Store, task_id: str) -> objectives.Guard:
+    """A guard committing `objective.phase_added` (the next phase, one task `task_id`) before
+    the pass's first write."""
+
+    def phase(current: Any) -> list[Draft]:
+        taken = {t.task_id: t.phase for t in current.tasks}
+        tasks = parse_tasks([{"taskId": task_id, "input": {"command": ["true"]}}], "t", taken)
+        data = {"phase": current.phase + 1, "tasks": [t.to_json() for t in tasks]}
+        return [Draft("objective.phase_added", data)]
+
+    return committing_first(store, phase)
 
 
 async def test_a_dispatch_planned_before_a_new_phase_leaves_no_job_behind(
@@ -101,24 +114,11 @@ async def test_a_settle_planned_before_a_new_phase_leaves_the_objective_open(
 
 
 def cancelling_first(store: Store) -> objectives.Guard:
-    """A guard that, the first time the pass writes the objective, commits its cancel request
-    (as `POST /objectives/{id}/cancel` does) from another transaction, just before the pass's
-    own write takes the stream's lock."""
-    cancelled = False
-
-    async def guard(tx: Tx, objective_id: str) -> None:
-        nonlocal cancelled
-        if cancelled:
-            return
-        cancelled = True
-        async with store.transaction() as other:
-            await objectives.update(
-                other,
-                objective_id,
-                lambda _: [Draft("objective.cancel_requested", {"reason": "stop"})],
-            )
-
-    return guard
+    """A guard committing the objective's cancel request (as `POST /objectives/{id}/cancel`
+    does) before the pass's first write."""
+    return committing_first(
+        store, lambda _: [Draft("objective.cancel_requested", {"reason": "stop"})]
+    )
 
 
 async def test_a_dispatch_planned_before_a_cancel_leaves_no_job_behind(
@@ -235,18 +235,14 @@ async def test_a_settle_planned_before_another_pass_dispatched_a_task_aborts_it_
                 *settled("a", task_job_id(oid, "a", 1), "failed"),
             ],
         )
-    dispatched = False
 
-    async def another_pass_dispatches_c(tx: Tx, objective_id: str) -> None:
-        nonlocal dispatched
-        if dispatched:
-            return
-        dispatched = True
+    async def another_pass_dispatches_c(objective_id: str) -> None:
         read = await objectives.get(store, objective_id)
         assert read is not None and read.task("c") is not None
         await control._dispatch_task(store, read, read.task("c"), None, None)  # type: ignore[arg-type]
 
-    state, decided = await control.run_pass(store, oid, CONTROL, another_pass_dispatches_c)
+    guard = first_write(another_pass_dispatches_c)
+    state, decided = await control.run_pass(store, oid, CONTROL, guard)
     assert state is not None and decided.settle is not None and decided.settle["status"] == "failed"
     now = await objectives.get(store, oid)
     assert now is not None and now.status == "active", now.status
@@ -272,31 +268,22 @@ async def test_a_step_planned_in_an_earlier_phase_is_not_dispatched_in_a_later_o
             tx, oid, lambda _: settled("t", task_job_id(oid, "t", 1), "completed")
         )
     v1 = step_job_id(oid, "validate", 1)
-    moved = False
 
-    async def validate_ran_and_a_phase_came(tx: Tx, objective_id: str) -> None:
-        nonlocal moved
-        if moved:
-            return
-        moved = True
+    def validate_ran_and_a_phase_came(current: Any) -> list[Draft]:
+        taken = {t.task_id: t.phase for t in current.tasks}
+        tasks = parse_tasks([{"taskId": "z", "input": {"command": ["true"]}}], "t", taken)
+        return [
+            Draft("objective.step.dispatched", {"step": "validate", "jobId": v1, "phase": 1}),
+            Draft(
+                "objective.step.settled",
+                {"step": "validate", "jobId": v1, "status": "completed", "error": None},
+            ),
+            Draft("objective.phase_added", {"phase": 2, "tasks": [t.to_json() for t in tasks]}),
+            *settled("z", task_job_id(oid, "z", 1), "completed"),
+        ]
 
-        def phase_two(current: Any) -> list[Draft]:
-            taken = {t.task_id: t.phase for t in current.tasks}
-            tasks = parse_tasks([{"taskId": "z", "input": {"command": ["true"]}}], "t", taken)
-            return [
-                Draft("objective.step.dispatched", {"step": "validate", "jobId": v1, "phase": 1}),
-                Draft(
-                    "objective.step.settled",
-                    {"step": "validate", "jobId": v1, "status": "completed", "error": None},
-                ),
-                Draft("objective.phase_added", {"phase": 2, "tasks": [t.to_json() for t in tasks]}),
-                *settled("z", task_job_id(oid, "z", 1), "completed"),
-            ]
-
-        async with store.transaction() as other:
-            await objectives.update(other, objective_id, phase_two)
-
-    state, decided = await control.run_pass(store, oid, CONTROL, validate_ran_and_a_phase_came)
+    guard = committing_first(store, validate_ran_and_a_phase_came)
+    state, decided = await control.run_pass(store, oid, CONTROL, guard)
     assert state is not None and state.phase == 1 and decided.step == "validate"
     now = await objectives.get(store, oid)
     assert now is not None and now.phase == 2 and now.validate_step is not None
@@ -324,12 +311,7 @@ async def test_an_audit_job_of_an_objective_not_settled_writes_nothing(
             payload_extra={"objectiveId": "early-audit"},
         )
     ).job
-    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
-    started = await fence.start(60_000, {"role": "test"})
-    assert started.ok and started.job is not None
-    ctx = HandlerContext(
-        job=started.job, attempt=1, worker_id=fence.worker_id, receipts=FencedReceipts(fence)
-    )
+    ctx = await started_context(store, job.job_id)
     with pytest.raises(HandlerError, match="audited once settled") as refused:
         await objective_audit(ctx)
     assert refused.value.retryable is False
@@ -340,8 +322,10 @@ async def test_an_audit_job_of_an_objective_not_settled_writes_nothing(
 async def test_a_run_job_aborted_as_it_creates_the_objective_cancels_it(
     fresh_store: Store,
 ) -> None:
-    """The api found no objective to cancel and aborted its run job, which was creating it: the
-    objective it creates carries the cancel (else the cancel was lost and it ran anyway)."""
+    """The api found no objective to cancel and aborted its run job, which was creating it:
+    the objective it creates is canceled by the control pass its creation requested, in the
+    same transaction (the cancel was lost and it ran anyway; a handler honouring it after the
+    creation lost it when its worker died in between)."""
     import dataclasses
 
     from activities.handlers.factory import factory_run
@@ -359,17 +343,20 @@ async def test_a_run_job_aborted_as_it_creates_the_objective_cancels_it(
         ),
     )
     run = (await enqueue(store, dataclasses.replace(parsed, job_id=run_job_id("abort-run")))).job
-    fence = AttemptFence(store, run.job_id, attempt=1, worker_id=f"{run.job_id}:attempt:1/1")
-    started = await fence.start(60_000, {"role": "test"})
-    assert started.ok and started.job is not None
+    ctx = await started_context(store, run.job_id)
     aborted = await ops.add_command(
         store, run.job_id, type="abort", reason="changed my mind", check_organization=False
     )
     assert aborted.ok
-    ctx = HandlerContext(
-        job=started.job, attempt=1, worker_id=fence.worker_id, receipts=FencedReceipts(fence)
-    )
-    await factory_run(ctx)
+    await factory_run(ctx)  # its worker may die now: what follows is control's
     created = await objectives.get(store, "abort-run")
-    assert created is not None and created.cancel_requested
-    assert created.cancel_reason == "changed my mind"
+    assert created is not None and created.needs_reconcile and not created.cancel_requested
+    state, decided = await control.run_pass(store, "abort-run", CONTROL)
+    assert state is not None and state.cancel_requested
+    assert state.cancel_reason == "changed my mind"
+    assert decided.dispatch == () and decided.settle == {
+        "status": "canceled",
+        "error": "changed my mind",
+    }
+    settled = await objectives.get(store, "abort-run")
+    assert settled is not None and settled.status == "canceled"

@@ -220,3 +220,19 @@ async def test_the_urls_post_answers_work_before_the_run_job_created_the_objecti
     run = await fresh_store.get_job(scoped_id("org-a", "objective:early:run"))
     assert run is not None and run.status == "canceled"
     assert await objectives.get(fresh_store, scoped_id("org-a", "early")) is None
+
+
+async def test_a_cancel_needs_jobs_write_only_before_and_after_the_objective_exists(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    """As the README's scopes table says (and as a job's commands): a created objective's
+    cancel asked for `jobs:read` too (403), its run job's did not."""
+    from tests.integration.api_support import TOKENS
+
+    await create_objective(fresh_store, scoped_id("org-a", "w-only"), TASK)
+    tokens = f"{TOKENS}\nwrite-only-tok-0123456789ab org-a jobs:write"
+    as_writer = {"Authorization": "Bearer write-only-tok-0123456789ab"}
+    async with api_client(fresh_db, store=fresh_store, tokens=tokens) as api:
+        canceled = await api.post("/objectives/w-only/cancel", headers=as_writer, json={})
+        assert canceled.status_code == 202, canceled.text
+        assert (await api.get("/objectives/w-only", headers=as_writer)).status_code == 403

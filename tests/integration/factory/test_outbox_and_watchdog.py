@@ -13,10 +13,8 @@ import psycopg
 import pytest
 from temporalio.client import Client
 
-from activities.fence import AttemptFence
 from activities.handlers.context import HandlerContext, HandlerSettings
 from activities.handlers.factory import objective_watchdog
-from activities.handlers.fenced import FencedReceipts
 from receipts import metrics
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
@@ -29,7 +27,7 @@ from receipts.store import Store
 from roles.delivery.loops import ObjectiveResume
 from tests.integration.delivery.conftest import running_stack
 from tests.integration.factory.conftest import AUTH, outbox_running, run_objective, wait_objective
-from tests.integration.helpers import create_objective, put
+from tests.integration.helpers import create_objective, put, started_context
 
 FAIL_REQUESTS = """
 CREATE FUNCTION refuse_control_requests() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -183,16 +181,8 @@ async def handler_context(
     with the watchdog settings `watchdog` (WatchdogSettings fields) where given."""
     named = {"jobId": job_id} if job_id is not None else {}
     job = (await put(store, "factory-control", kind="factory.objective.watchdog", **named)).job
-    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
-    out = await fence.start(60_000, {"role": "test"})
-    assert out.ok and out.job is not None
-    return HandlerContext(
-        job=out.job,
-        attempt=1,
-        worker_id=fence.worker_id,
-        receipts=FencedReceipts(fence),
-        settings=HandlerSettings(watchdog=WatchdogSettings(**watchdog)),
-    )
+    settings = HandlerSettings(watchdog=WatchdogSettings(**watchdog))
+    return await started_context(store, job.job_id, settings)
 
 
 async def backdate(db_url: str, objective_id: str, minutes: int) -> None:
