@@ -25,8 +25,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
-import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -36,16 +34,15 @@ from typing import Any
 
 from activities import sandbox_etc, sandbox_seccomp
 from activities.sandbox_cgroup import CgroupUnavailable, SandboxCgroup, plan_for
+from activities.sandbox_env import chain_env, clean_env, environment_args_fd
 from activities.sandbox_gateway import Access
 from activities.sandbox_policy import (
     ETC_ENTRIES,
-    GONE_TIMEOUT_S,
     MODES,
     OUTPUT_BURST_S,
     PROBE_RETRY_S,
     READ_CHUNK,
     SANDBOX_SETTING,
-    TERM_GRACE_S,
     Limits,
     OutputSink,
     SandboxRefused,
@@ -54,14 +51,13 @@ from activities.sandbox_policy import (
     StdinFeeder,
     bwrap_binary,
     check_executable,
-    clean_env,
     command_line,
     resolve_cwd,
     visible_roots,
 )
+from activities.sandbox_process import Running
 from activities.workspaces import prepare_workspace
 from receipts import metrics
-from receipts.waits import within
 
 log = logging.getLogger("activities.sandbox")
 
@@ -259,7 +255,11 @@ async def run_sandboxed(
     etc = await _etc_view(settings) if confined else None
     info_read, info_write = os.pipe() if confined else (-1, -1)
     seccomp = sandbox_seccomp.program_fd() if confined else None
-    passed = (info_write, seccomp) if seccomp is not None else (info_write,)
+    # The command's environment reaches the command only (bwrap sets it from this descriptor):
+    # the start-up chain before it (the cgroup join's shell and setpriv as root, nice, prlimit)
+    # runs with PATH alone, so no LOCPATH or GCONV_PATH of the tenant's steers it.
+    env_args = environment_args_fd(command_env) if confined else None
+    passed = tuple(fd for fd in (info_write, seccomp, env_args) if fd is not None)
     try:
         line = command_line(
             argv,
@@ -274,12 +274,14 @@ async def run_sandboxed(
             seccomp_fd=seccomp,
             etc_view=etc,
             gateway=gateway,
+            env_fd=env_args,
+            env=None if confined else command_env,
         )
         process = await asyncio.create_subprocess_exec(
             *(cgroup.join_prefix() if cgroup else []),
             *line,
             cwd=work_dir,
-            env=command_env,
+            env=chain_env(settings),
             stdin=asyncio.subprocess.PIPE if feed_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -287,7 +289,7 @@ async def run_sandboxed(
             pass_fds=passed if confined else (),
         )
     except OSError as exc:
-        for fd in (info_read, info_write, seccomp):
+        for fd in (info_read, info_write, seccomp, env_args):
             if fd is not None and fd >= 0:
                 os.close(fd)
         if cgroup:
@@ -295,9 +297,10 @@ async def run_sandboxed(
         raise SandboxRefused(f"could not start {argv[0]!r}: {exc}") from exc
     if confined:
         os.close(info_write)
-    if seccomp is not None:
-        os.close(seccomp)
-    sandbox = _Running(process, info_read if confined else None)
+    for fd in (seccomp, env_args):
+        if fd is not None:
+            os.close(fd)
+    sandbox = Running(process, info_read if confined else None)
     memory_killed = False
     try:
         result = await _supervise(
@@ -323,7 +326,7 @@ async def run_sandboxed(
 
 
 async def _supervise(
-    sandbox: _Running,
+    sandbox: Running,
     confined: bool,
     on_output: OutputSink | None,
     aborted: asyncio.Event | None,
@@ -404,94 +407,3 @@ class OutputPace:
         self.budget = min(self.burst, self.budget + (now - self.at) * self.rate) - size
         self.at = now
         return -self.budget / self.rate if self.budget < 0 else 0.0
-
-
-class _Running:
-    """A spawned sandbox: the outer process and, from bwrap's --info-fd, the host pid of the
-    PID namespace's first process (when it dies, the kernel kills everything in the namespace)."""
-
-    def __init__(self, process: asyncio.subprocess.Process, info_fd: int | None) -> None:
-        self.process = process
-        self.info_fd = info_fd
-        self.inner_pid: int | None = None
-        self.finished = info_fd is None
-
-    def _read_inner_pid(self) -> None:
-        if self.info_fd is None or self.inner_pid is not None:
-            return
-        # bwrap writes {"child-pid": N} right after cloning, before the command runs, and
-        # closes the pipe; a bwrap that failed earlier closed it empty.
-        os.set_blocking(self.info_fd, True)
-        data = b""
-        with contextlib.suppress(OSError):
-            # Up to the object's end, not EOF: the command may hold the pipe open.
-            while b"}" not in data and (chunk := os.read(self.info_fd, 4096)):
-                data += chunk
-        found = re.search(rb'"child-pid"\s*:\s*(\d+)', data)
-        self.inner_pid = int(found[1]) if found else None
-
-    async def gone(self) -> None:
-        """Wait until the namespace's first process (and so every process in it) is gone."""
-        if self.info_fd is not None:
-            await asyncio.to_thread(self._read_inner_pid)
-        if self.inner_pid is not None:
-            await _exited(self.inner_pid, GONE_TIMEOUT_S)
-        self.finished = True
-
-    async def kill(self, confined: bool) -> None:
-        """Kill the whole sandbox: SIGKILL its namespace's first process (which takes every
-        process of the PID namespace with it), so that bwrap, our child, reaps it and exits;
-        bwrap itself is SIGKILLed only if it does not. Unconfined: SIGTERM the process group,
-        then SIGKILL it after a grace; processes that left the group are not reached."""
-        if confined:
-            if self.info_fd is not None and self.process.returncode is None:
-                # The info pipe is written before the command runs: read it without blocking
-                # the loop for long (bwrap has forked by the time we can abort).
-                await asyncio.to_thread(self._read_inner_pid)
-            if self.inner_pid is not None:
-                # Killing bwrap first would orphan that process to whatever reaps orphans (a
-                # worker that is PID 1 in its container never would: a zombie per abort).
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(self.inner_pid, signal.SIGKILL)
-                with contextlib.suppress(TimeoutError):
-                    await within(asyncio.shield(self.process.wait()), TERM_GRACE_S)
-            _signal_group(self.process.pid, signal.SIGKILL)
-            await self.process.wait()
-            await self.gone()
-            return
-        _signal_group(self.process.pid, signal.SIGTERM)
-        try:
-            await within(self.process.wait(), TERM_GRACE_S)
-        except TimeoutError:
-            _signal_group(self.process.pid, signal.SIGKILL)
-            await self.process.wait()
-        self.finished = True
-
-    def close(self) -> None:
-        if self.info_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.info_fd)
-            self.info_fd = None
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-async def _exited(pid: int, timeout_s: float) -> None:
-    """Wait (at most `timeout_s`) until `pid`, not our child, has exited: its pidfd turns
-    readable then. The first process of a PID namespace exits only after every other one."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    loop = asyncio.get_running_loop()
-    exited = asyncio.Event()
-    loop.add_reader(pidfd, exited.set)
-    try:
-        with contextlib.suppress(TimeoutError):
-            await within(exited.wait(), timeout_s)
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)

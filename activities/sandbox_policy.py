@@ -1,5 +1,5 @@
 """The sandbox's policy, pure where it can be: settings and limits, workspaces and their uids,
-the clean environment, the allowed cwd and executable, and the command line (setpriv → prlimit →
+the allowed cwd and executable, and the command line (setpriv → prlimit →
 bwrap → argv). `activities.sandbox` runs what this builds; both are re-exported there."""
 
 from __future__ import annotations
@@ -40,11 +40,6 @@ DEFAULT_NICE = 10
 TERM_GRACE_S = 5.0
 GONE_TIMEOUT_S = 10.0
 PROBE_RETRY_S = 30.0
-
-# The environment a command starts from; the payload's env may add to it, never override it.
-ALLOWED_NAMES = ("PATH", "HOME", "LANG", "TZ")
-FORBIDDEN_PREFIXES = ("LD_", "PYTHON", "RECEIPT_")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # System directories bound read-only (a symlink on the host, as with merged /usr, stays one).
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -251,31 +246,6 @@ StdinFeeder = Callable[[asyncio.StreamWriter], Awaitable[None]]
 # --------------------------------------------------------------------------- pure policy parts
 
 
-def clean_env(
-    extra: Mapping[str, str] | None, *, workspace: Path, settings: SandboxSettings
-) -> dict[str, str]:
-    """The command's whole environment: PATH, HOME (= the workspace), LANG, TZ, plus `extra`.
-
-    Raises SandboxRefused naming the first key of `extra` that would override the allow-list or
-    starts with LD_, PYTHON or RECEIPT_ (loader, interpreter and Receipt settings stay ours).
-    """
-    env = {"PATH": settings.path, "HOME": str(workspace), "LANG": settings.lang}
-    if settings.tz:
-        env["TZ"] = settings.tz
-    for key, value in (extra or {}).items():
-        if key in ALLOWED_NAMES:
-            raise SandboxRefused(f"payload.task.env may not set {key!r} (the sandbox sets it)")
-        if key.upper().startswith(FORBIDDEN_PREFIXES):
-            raise SandboxRefused(
-                f"payload.task.env may not set {key!r}: names starting with "
-                f"{', '.join(FORBIDDEN_PREFIXES)} are refused"
-            )
-        if not _ENV_NAME.fullmatch(key) or "\0" in value:
-            raise SandboxRefused(f"payload.task.env has an invalid name or value at {key!r}")
-        env[key] = value
-    return env
-
-
 def resolve_cwd(workspace: Path, cwd: str | None) -> Path:
     """The command's working directory: `cwd` relative to the workspace (default: its root).
 
@@ -416,10 +386,14 @@ def command_line(
     seccomp_fd: int | None = None,
     etc_view: EtcView | None = None,
     gateway: Access | None = None,
+    env_fd: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The full argv to spawn. `uid` set: drop to it first (a root worker); `bwrap` None: the
     unconfined `none` mode (limits, no new privileges and the parent-death signal still apply).
-    With `gateway` the command runs under the forwarder to the AI gateway's socket."""
+    With `gateway` the command runs under the forwarder to the AI gateway's socket. The
+    command's environment is set for it alone, never for the chain before it: by bwrap from
+    `env_fd` (`activities/sandbox_env.py`), or in `none` mode by `env -i` with `env`."""
     if gateway is not None:
         try:
             argv = gateway.wrap(argv, confined=bwrap is not None, path=settings.path)
@@ -433,7 +407,8 @@ def command_line(
     if settings.nice:
         prlimit = ["/usr/bin/nice", "-n", str(settings.nice), *prlimit]
     if bwrap is None:
-        return [*setpriv, *prlimit, *argv]
+        pairs = [f"{key}={value}" for key, value in (env or {}).items()]
+        return [*setpriv, *prlimit, "/usr/bin/env", "-i", "--", *pairs, *argv]
     sandbox = bwrap_args(
         workspace=workspace,
         cwd=cwd,
@@ -445,6 +420,8 @@ def command_line(
     )
     if gateway is not None:
         sandbox = [*gateway.bind_args(), *sandbox]
+    if env_fd is not None:
+        sandbox = ["--args", str(env_fd), *sandbox]
     return [*setpriv, *prlimit, bwrap, *sandbox, "--", *argv]
 
 

@@ -660,3 +660,31 @@ async def test_calls_into_unseparated_kernel_state_fail_with_eperm(
     for name in ("keyctl", "io_uring_setup", "unshare"):
         assert seen[name] == f"{name} -1 Operation not permitted", output
     assert seen["getpid"].endswith(" ok"), output
+
+
+async def test_the_tenants_locale_variables_reach_the_command_not_the_chain_before_it(
+    settings: SandboxSettings,
+) -> None:
+    """setpriv (root on a root worker), nice and prlimit ran with the command's environment: a
+    LOCPATH naming a FIFO the job made in its workspace hung root's setpriv in its open, past
+    the attempt's abort. The chain runs with PATH alone; the command still gets every variable."""
+    workspace = fresh_workspace(settings)
+    locale = "xx_YY.ISO-8859-15"
+    made, _ = await run(
+        ["/bin/sh", "-c", f"mkdir -p loc/{locale} && mkfifo loc/{locale}/LC_IDENTIFICATION"],
+        settings,
+        workspace,
+    )
+    assert made.exit_code == 0
+    env = {"LOCPATH": str(workspace / "loc"), "LC_ALL": locale, "GCONV_PATH": str(workspace)}
+    started = time.monotonic()
+    # dash reads no locale (env(1) would open the FIFO itself, in the sandbox: its own hang).
+    show = 'for v in LOCPATH LC_ALL HOME PATH; do eval "echo $v=\\$$v"; done'
+    result, output = await asyncio.wait_for(
+        run(["/bin/sh", "-c", show], settings, workspace, env=env), 30
+    )
+    assert result.exit_code == 0, output
+    assert time.monotonic() - started < 20
+    shown = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+    assert shown["LOCPATH"] == env["LOCPATH"] and shown["LC_ALL"] == locale
+    assert shown["HOME"] == str(workspace) and shown["PATH"] == settings.path

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from activities.sandbox_env import chain_env, clean_env, environment_args
 from activities.sandbox_policy import (
     INSIDE_UID,
     Limits,
     SandboxRefused,
     SandboxSettings,
-    clean_env,
     command_line,
     limit_args,
 )
@@ -153,6 +153,25 @@ def test_none_mode_keeps_limits_and_no_new_privileges_but_no_bwrap() -> None:
     assert argv[-2:] == ["make", "test"]
     assert "/usr/bin/prlimit" in argv and "--no-new-privs" in argv
     assert not any("bwrap" in part or part.startswith("--unshare") for part in argv)
+
+
+def test_the_commands_environment_is_set_for_it_alone() -> None:
+    """setpriv (root on a root worker), nice and prlimit read the locale variables: a tenant's
+    LOCPATH or GCONV_PATH reached them. The chain runs with PATH alone; bwrap sets the
+    command's environment from a descriptor (`--args`), `none` mode with `env -i` after them."""
+    env = clean_env({"LOCPATH": "/srv/ws/.jobs/j1/loc"}, workspace=WORKSPACE, settings=SETTINGS)
+    assert chain_env(SETTINGS) == {"PATH": SETTINGS.path}
+    confined = line(env_fd=9)
+    bwrap_at = confined.index("/opt/bwrap")
+    assert confined[bwrap_at + 1 : bwrap_at + 3] == ["--args", "9"]
+    assert not any("LOCPATH" in part for part in confined)  # off the command line
+    assert environment_args(env).split(b"\0")[:3] == [b"--clearenv", b"--setenv", b"PATH"]
+    assert b"LOCPATH\0/srv/ws/.jobs/j1/loc\0" in environment_args(env)
+    unconfined = line(bwrap=None, uid=None, env=env)
+    env_at = unconfined.index("/usr/bin/env")
+    assert unconfined.index("/usr/bin/prlimit") < env_at
+    assert unconfined[env_at + 1 : env_at + 3] == ["-i", "--"]
+    assert "LOCPATH=/srv/ws/.jobs/j1/loc" in unconfined[env_at:]
 
 
 def test_limits_are_soft_and_hard_rlimits() -> None:
