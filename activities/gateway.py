@@ -46,6 +46,7 @@ from activities.gateway_http import (
     Server,
     bind,
     bounded_body,
+    bounded_h11,
     call_of,
     error,
     may_hide_tools,
@@ -123,10 +124,9 @@ class Gateway:
             access_log=False,
             lifespan="off",
             limit_concurrency=MAX_CONNECTIONS,
-            # h11 bounds a request's head (16 KiB; httptools, uvicorn's default when installed,
-            # buffers headers without limit, before the token is even read): the turn's command
-            # cannot grow the worker's memory by sending them.
-            http="h11",
+            # h11 bounds a request's head (16 KiB; httptools buffers headers without limit),
+            # and MAX_CONNECTIONS open at once (idle ones took every descriptor of the worker).
+            http=bounded_h11(MAX_CONNECTIONS, lambda: self._refused(grant, "connections", None)),
         )
         server = Server(config)
         task = asyncio.create_task(server.serve(sockets=[listening]), name=f"gateway:{job_id}")
@@ -207,9 +207,11 @@ class Gateway:
                        "jobId": grant.job_id, "tools": sorted(set(families))},
             )  # fmt: skip
 
-    def _refused(self, grant: Grant, reason: str, answer: Response) -> Response:
-        """`answer`, a refusal of the gateway's own (not the provider's): counted by reason
-        (`receipt_gateway_refused_total`), logged once per 10 s per turn and reason."""
+    def _refused(self, grant: Grant, reason: str, answer: Response | None) -> Response:
+        """`answer`, a refusal of the gateway's own (not the provider's; None: a connection
+        closed as it was made): counted by reason (`receipt_gateway_refused_total`), logged
+        once per 10 s per turn and reason."""
+        answer = answer or Response(status_code=503)
         metrics.GATEWAY_REFUSED.labels(grant.binding, reason).inc()
         if (unlogged := self.refusal_log.due(f"refused:{reason}", grant.job_id)) is not None:
             log.warning(

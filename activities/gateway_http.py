@@ -4,6 +4,7 @@ header, and errors shaped as each provider shapes them (`activities/gateway.py` 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -19,6 +20,7 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from activities.gateway_providers import Credential
 from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
@@ -28,6 +30,34 @@ MAX_JSON_ANSWER_BYTES = 4 * 1024 * 1024
 ANSWER_TAIL_BYTES = 64 * 1024
 MAX_BODY_VALUES = 1_000_000  # JSON values a body may hold (its model is read by parsing it)
 PASSED_ANSWER_HEADERS = ("content-type", "retry-after", "x-request-id", "request-id")
+
+
+def bounded_h11(max_open: int, refused: Callable[[], object]) -> type[H11Protocol]:
+    """uvicorn's h11 protocol holding at most `max_open` connections open at once: the next is
+    closed as it is made (`refused()` called). `limit_concurrency` bounds the requests being
+    served, not the connections: a turn's command opening connections and sending nothing held
+    one descriptor each, until the worker had none left for any other job."""
+
+    class BoundedH11(H11Protocol):
+        turned_away = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if len(self.connections) >= max_open:
+                self.turned_away = True
+                refused()
+                transport.abort()
+                return
+            super().connection_made(transport)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self.turned_away:
+                super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if not self.turned_away:
+                super().data_received(data)
+
+    return BoundedH11
 
 
 class Relay:

@@ -16,11 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activities.gateway import MAX_CALLS_PER_GRANT, Gateway, Grant
+from activities.gateway import MAX_CALLS_PER_GRANT, MAX_CONNECTIONS, Gateway, Grant
 from activities.gateway_providers import Credential, Provider, Secret
 from activities.sandbox import SandboxSettings, probe, run_sandboxed
 from activities.sandbox_gateway import Access
 from activities.workspaces import job_workspace
+from receipts import metrics
 from roles.infra.ports import free_port
 from tests.fake_provider import USAGE_IN, USAGE_OUT, FakeProvider, running
 
@@ -638,3 +639,40 @@ async def test_a_turn_s_bodies_in_flight_are_bounded_together(
     assert f"at most {MAX_GRANT_BODY_BYTES} together" in refused.json()["error"]["message"]
     assert grant.body_bytes == 0 and grant.in_flight == 0
     assert (await call(grant, messages=[], pad=pad)).status_code == 200  # given back
+
+
+async def test_a_turn_holds_at_most_its_bound_of_connections_open(gw: Gateway) -> None:
+    """`limit_concurrency` bounds the requests being served, not the connections: a command
+    opening connections and sending nothing held a descriptor each, until the worker had none
+    left for any other job's sandbox or grant. Past the bound a connection is closed as made
+    (counted); the turn's own calls and another turn's go on."""
+    grant = turn(gw, "openai-main")
+    before = metrics.value(
+        "receipt_gateway_refused_total", binding="openai-main", reason="connections"
+    )
+    held: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            _, writer = await asyncio.open_unix_connection(str(grant.socket))
+            held.append(writer)
+        await asyncio.sleep(0.2)  # every one made on the server's side
+        descriptors = len(os.listdir("/proc/self/fd"))
+        extra: list[asyncio.StreamWriter] = []
+        for _ in range(50):
+            reader, writer = await asyncio.open_unix_connection(str(grant.socket))
+            extra.append(writer)
+            assert await asyncio.wait_for(reader.read(1), 5) == b""  # closed as made
+        for writer in extra:
+            writer.close()
+        await asyncio.sleep(0.2)
+        assert len(os.listdir("/proc/self/fd")) <= descriptors + 10
+        refused = metrics.value(
+            "receipt_gateway_refused_total", binding="openai-main", reason="connections"
+        )
+        assert refused == before + 50
+        assert (await call(turn(gw, "openai-main", job="job-2"))).status_code == 200
+    finally:
+        for writer in held:
+            writer.close()
+    await asyncio.sleep(0.2)
+    assert (await call(grant)).status_code == 200
