@@ -26,6 +26,13 @@ from receipts.agent_jobs.registry import AgentDefinition, RegistryError, load_re
 log = logging.getLogger("activities.handlers.agent_turn")
 
 TAIL_LINES = 200
+# A line is kept up to 1 MiB (an outcome line longer than that is cut, so it is no outcome: as a
+# handler's result, at most 1 MiB), the lines kept at most 4 MiB together, and the output not
+# yet sent as progress at most PROGRESS_CHARS: a command printing without newlines held all of
+# it, its every chunk re-joined and re-split (64 MiB took 32 s of the event loop).
+MAX_LINE_CHARS = 1024 * 1024
+MAX_HELD_CHARS = 4 * MAX_LINE_CHARS
+PROGRESS_CHARS = 8_000
 # The failure a `quota_exhausted` the model gateway did not see becomes (retryable, counted).
 UNSEEN_QUOTA = "the command reported quota_exhausted, but the model gateway saw no quota"
 
@@ -226,31 +233,53 @@ class _Turn:
 
     def __init__(self, ctx: HandlerContext) -> None:
         self.ctx = ctx
-        self.lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self.lines: deque[str] = deque()
+        self.held = 0  # characters in `lines`
         self.partial = ""
-        self.unsent: list[str] = []
+        self.unsent: deque[str] = deque()
+        self.unsent_chars = 0
         self.last_sent = 0.0
 
     async def output(self, text: str) -> None:
-        """Collect output lines (stdout and stderr), streamed as throttled `job.progress`."""
-        *complete, self.partial = (self.partial + text).split("\n")
+        """Collect output lines (stdout and stderr), streamed as throttled `job.progress`;
+        bounded (MAX_LINE_CHARS, MAX_HELD_CHARS, PROGRESS_CHARS) however much is printed."""
+        *complete, rest = text.split("\n")
+        if complete:
+            complete[0] = self._grown(complete[0])
+            self.partial = ""
+        self.partial = self._grown(rest)
         for line in complete:
-            self.lines.append(line)
-            self.unsent.append(line)
+            self._keep(line[:MAX_LINE_CHARS])
         if time.monotonic() - self.last_sent >= PROGRESS_INTERVAL_S:
             await self._flush()
 
+    def _grown(self, piece: str) -> str:
+        """The line being read, `piece` added while it is under MAX_LINE_CHARS."""
+        if len(self.partial) >= MAX_LINE_CHARS:
+            return self.partial
+        return (self.partial + piece)[:MAX_LINE_CHARS]
+
+    def _keep(self, line: str) -> None:
+        self.lines.append(line)
+        self.held += len(line)
+        while len(self.lines) > TAIL_LINES or (self.held > MAX_HELD_CHARS and len(self.lines) > 1):
+            self.held -= len(self.lines.popleft())
+        self.unsent.append(line[-PROGRESS_CHARS:])
+        self.unsent_chars += len(self.unsent[-1])
+        while self.unsent_chars > PROGRESS_CHARS and len(self.unsent) > 1:
+            self.unsent_chars -= len(self.unsent.popleft())
+
     async def _flush(self) -> None:
         if self.unsent:
-            await self.ctx.progress({"output": "\n".join(self.unsent)[-8_000:]})
+            await self.ctx.progress({"output": "\n".join(self.unsent)[-PROGRESS_CHARS:]})
             self.unsent.clear()
+            self.unsent_chars = 0
         self.last_sent = time.monotonic()
 
     async def outcome(self, exit_code: int | None) -> dict[str, Any]:
         """The outcome: the last JSON line with `outcome` (see `protocol.parse_outcome`)."""
         if self.partial:
-            self.lines.append(self.partial)
-            self.unsent.append(self.partial)
+            self._keep(self.partial)
             self.partial = ""
         await self._flush()
         outcome = protocol.parse_outcome(self.lines, exit_code)

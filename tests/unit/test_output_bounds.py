@@ -73,3 +73,24 @@ async def test_progress_carries_complete_lines_and_the_tail_is_the_last_lines() 
     long_line = "x" * (3 * TAIL_CHARS)
     await output.write(long_line + "\n")
     assert output.tail() == ("x" * (TAIL_CHARS - 1)) + "\n"
+
+
+async def test_an_agent_turns_output_is_bounded_however_it_is_printed() -> None:
+    """A turn's command printing without newlines was held whole, and each chunk re-joined and
+    re-split with all of it (64 MiB took 32 s of the event loop): a line is kept up to
+    MAX_LINE_CHARS, the lines kept up to MAX_HELD_CHARS, the unsent progress up to its tail.
+    The outcome line after it is still read."""
+    from activities.handlers import agent_turn
+
+    turn = agent_turn._Turn(Progress())  # type: ignore[arg-type]
+    chunk = "x" * 65_536
+    for _ in range(1024):  # 64 MiB on one line
+        await turn.output(chunk)
+        assert len(turn.partial) <= agent_turn.MAX_LINE_CHARS
+    lines = ("y" * 100_000 + "\n") * 100  # 10 MB of long lines
+    await turn.output(lines)
+    assert turn.held <= agent_turn.MAX_HELD_CHARS + agent_turn.MAX_LINE_CHARS
+    assert turn.unsent_chars <= 2 * agent_turn.PROGRESS_CHARS
+    await turn.output('{"outcome": "done", "result": 1}\n')
+    assert (await turn.outcome(0))["outcome"] == "done"
+    assert sum(len(line) for line in turn.lines) == turn.held <= agent_turn.MAX_HELD_CHARS
