@@ -355,7 +355,7 @@ async def objective_audit(ctx: HandlerContext) -> dict[str, Any]:
             f"objective {objective_id!r} is {state.status}: it is audited once settled",
             retryable=False,
         )
-    jobs = await ctx.receipts.jobs(objective_audit_summary.job_ids(state))
+    jobs = await ctx.receipts.jobs(objective_audit_summary.jobs_to_read(state))
     summary = objective_audit_summary.summary(state, jobs)
 
     def decide(current: ObjectiveState | None) -> list[Draft]:

@@ -110,9 +110,16 @@ def _step_runs(state: ObjectiveState, name: str) -> list[tuple[int, str]]:
 
 
 def job_ids(state: ObjectiveState) -> list[str]:
-    """Every job the objective dispatched (each try, each step's run of every phase)."""
+    """Every job the objective dispatched that its fold names (each try, each step's last run)."""
     ids = [attempt.job_id for task in state.tasks for attempt in task.tries]
     ids += [s.job_id for name in STEPS if (s := state.step(name)) and s.job_id]
+    return ids
+
+
+def jobs_to_read(state: ObjectiveState) -> list[str]:
+    """The jobs a summary reads: `job_ids`, and the job id each step would have had in every
+    phase (those that exist are its earlier runs; the fold keeps the last one only)."""
+    ids = job_ids(state)
     ids += [
         job_id
         for name in STEPS

@@ -367,7 +367,7 @@ async def _recover_audit(store: Store, objective_id: str, job_status: str) -> bo
     state = await get(store, objective_id)
     if state is None or state.audit is not None:
         return False
-    summary = audit.summary(state, await jobs_by_ids(store, audit.job_ids(state)))
+    summary = audit.summary(state, await jobs_by_ids(store, audit.jobs_to_read(state)))
     data = {
         "summary": summary,
         "jobId": state.audit_job_id,
