@@ -170,9 +170,13 @@ async def announce(settings: SandboxSettings) -> bool:
     if ok:
         plan = plan_for(settings.cgroup)
         etc = await _etc_view(settings)
-        log.info(
+        log.log(
+            logging.INFO if plan else logging.WARNING,
             "commands run in a bubblewrap sandbox; memory and processes bounded by %s",
-            plan.describe() if plan else "per-process rlimits (no cgroup available)",
+            plan.describe()
+            if plan
+            else "per-process rlimits only (no cgroup available): shared memory and /dev/shm "
+            "are not bounded, and workspaces whose uids collide share a process count",
             extra={
                 "event": "sandbox.ready",
                 "workspaceRoot": str(settings.workspace_root),
@@ -268,7 +272,9 @@ async def run_sandboxed(
             network=network,
             settings=settings,
             uid=uid,
-            limits=run_limits,
+            # With a cgroup, pids.max bounds this sandbox alone; the uid's RLIMIT_NPROC, shared
+            # by the workspaces whose uids collide, is only a far bound (NPROC_UNDER_CGROUP).
+            limits=run_limits if cgroup is None else run_limits.under_cgroup(),
             bwrap=bwrap_binary(uid) if confined else None,
             info_fd=info_write if confined else None,
             seccomp_fd=seccomp,

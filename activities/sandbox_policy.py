@@ -5,6 +5,7 @@ bwrap → argv). `activities.sandbox` runs what this builds; both are re-exporte
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -40,6 +41,8 @@ DEFAULT_NICE = 10
 TERM_GRACE_S = 5.0
 GONE_TIMEOUT_S = 10.0
 PROBE_RETRY_S = 30.0
+# RLIMIT_NPROC of a sandbox in a cgroup, in `processes`: a far bound, the cgroup counts its own.
+NPROC_UNDER_CGROUP = 16
 
 # System directories bound read-only (a symlink on the host, as with merged /usr, stays one).
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -83,8 +86,10 @@ class Limits:
     """Per-process limits of a sandboxed command (rlimits, inherited by everything it starts).
 
     `processes` counts every process of the sandbox's host uid (one per workspace when the worker
-    runs as root, the worker's own uid otherwise); `memory_mb` is RLIMIT_DATA (heap and private
-    mappings, not reserved address space, so runtimes that reserve large ranges still start).
+    runs as root, the worker's own uid otherwise; workspaces whose uids collide share it unless a
+    cgroup counts each sandbox: `under_cgroup`); `memory_mb` is RLIMIT_DATA (heap and private
+    mappings, not reserved address space, so runtimes that reserve large ranges still start;
+    shared mappings are not counted: only a cgroup bounds them).
     """
 
     memory_mb: int = 4096
@@ -92,6 +97,12 @@ class Limits:
     file_size_mb: int = 1024
     cpu_seconds: int = 3600
     open_files: int = 1024
+
+    def under_cgroup(self) -> Limits:
+        """The rlimits of a sandbox in a cgroup of its own, whose `pids.max` is `processes`:
+        RLIMIT_NPROC counts per host uid, and workspaces whose uids collide (a hash over
+        `RECEIPT_SANDBOX_UIDS`) would share it — one tenant's processes refused another's."""
+        return dataclasses.replace(self, processes=self.processes * NPROC_UNDER_CGROUP)
 
 
 def _uid_range(raw: Any) -> Any:

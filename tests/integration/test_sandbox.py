@@ -33,7 +33,7 @@ from activities.sandbox import (
 )
 from activities.sandbox_cgroup import CgroupPlan, own_cgroups, plan_for
 from activities.sandbox_policy import ETC_ENTRIES, OUTPUT_BURST_S, READ_CHUNK
-from activities.workspaces import job_workspace
+from activities.workspaces import job_workspace, uid_for
 from receipts import metrics
 from tests.eventually import eventually
 
@@ -688,3 +688,45 @@ async def test_the_tenants_locale_variables_reach_the_command_not_the_chain_befo
     shown = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
     assert shown["LOCPATH"] == env["LOCPATH"] and shown["LC_ALL"] == locale
     assert shown["HOME"] == str(workspace) and shown["PATH"] == settings.path
+
+
+async def test_workspaces_whose_uids_collide_do_not_share_a_process_count(
+    settings: SandboxSettings,
+) -> None:
+    """RLIMIT_NPROC counts per host uid, and uids are a hash of the workspace's path over
+    RECEIPT_SANDBOX_UIDS: another organization's workspace on the same uid was refused a
+    process while this one held its count. In a cgroup, pids.max counts each sandbox alone."""
+    cgroup_plan_or_skip(settings)
+    if os.geteuid() != 0:
+        pytest.skip("only a root worker drops to a uid per workspace")
+    a = job_workspace("org-a", f"uid-a-{uuid.uuid4().hex[:8]}", settings)
+    target = uid_for(a, settings)
+    b = next(
+        w
+        for n in range(1_000_000)
+        if uid_for(w := job_workspace("org-b", f"uid-b-{n}", settings), settings) == target
+    )
+    limits = replace(settings.limits, processes=24)
+    needle = f"77.{uuid.uuid4().int % 10**6:06d}"
+    aborted = asyncio.Event()
+    holding = asyncio.create_task(
+        run_sandboxed(
+            ["/bin/sh", "-c", f"for i in $(seq 20); do sleep {needle} & done; wait"],
+            workspace=a,
+            aborted=aborted,
+            settings=settings,
+            limits=limits,
+        )
+    )
+    try:
+        await eventually(
+            lambda: asyncio.sleep(0, len(host_processes_running(needle))),
+            lambda n: n >= 20,
+            timeout=20,
+            what="twenty processes held by org-a's sandbox",
+        )
+        other, output = await run(["/bin/true"], settings, b, limits=limits)
+        assert other.exit_code == 0, output
+    finally:
+        aborted.set()
+        await asyncio.wait_for(holding, 30)
