@@ -37,6 +37,7 @@ from receipts.enqueue import (
 )
 from receipts.errors import StorageError, TransientStorageError
 from receipts.job_append import JobAppend, insert_params
+from receipts.projections import JOBS
 from receipts.store import Store
 from receipts.streams import dumps
 
@@ -46,26 +47,9 @@ _tracer = trace.get_tracer("receipt.enqueue")
 MAX_BATCH = 64
 """The most new jobs one statement writes (bounded work per statement; more wait their turn)."""
 
-# The projection columns `enqueue_new_many` takes, one array each (receipts/sql/api.sql).
-_COLUMNS: tuple[str, ...] = (
-    "job_id",
-    "seq",
-    "organization_id",
-    "session_key",
-    "agent_id",
-    "lane",
-    "kind",
-    "status",
-    "attempt",
-    "max_attempts",
-    "abort_requested",
-    "available_at",
-    "lease_expires_at",
-    "last_heartbeat_at",
-    "created_at",
-    "updated_at",
-    "worker_queue",
-)
+# The projection columns `enqueue_new_many` takes, one array each (receipts/sql/api.sql): the
+# row's id, then the columns a verify compares (`state` goes with the receipts).
+_COLUMNS: tuple[str, ...] = ("job_id", *JOBS.columns)
 
 Outcome = EnqueueResult | Exception
 
