@@ -100,7 +100,9 @@ class AttemptActivities:
         """Lease or start-fence, check abort, run the handler racing heartbeats and the
         execution timeout, then settle under the fence. Returns the attempt's result status."""
         info = activity.info()
-        worker_id = f"{attempt.job_id}:attempt:{attempt.attempt}/{info.attempt}"
+        worker_id = ops.delivery_id(
+            attempt.job_id, attempt.attempt, info.workflow_run_id or "", info.attempt
+        )
         ledger = functools.partial(
             deliveries.ledger_activity,
             self.store,

@@ -42,8 +42,18 @@ NOT_PENDING = "not_pending"
 TOO_MANY_COMMANDS = "too_many_commands"
 
 
+def delivery_id(job_id: str, attempt: int, run_id: str, delivery: int) -> str:
+    """The worker id of delivery `delivery` (Temporal's attempt of the activity) of attempt
+    `attempt`, scheduled by the driver run `run_id`: `<jobId>:attempt:<n>.<run>/<k>`. A refunded
+    attempt (a worker's shutdown release) is scheduled again under the same number by a new
+    driver run, whose deliveries count from 1 again: without the run in it, a delivery taken
+    over in the old run held the fence of the new run's first one, and settled its job."""
+    return f"{job_id}:attempt:{attempt}.{run_id[:12]}/{delivery}"
+
+
 def delivery_number(worker_id: str) -> int | None:
-    """The Temporal delivery `k` in a worker id `<jobId>:attempt:<n>/<k>`, if it has that shape."""
+    """The Temporal delivery `k` in a worker id `<jobId>:attempt:<n>.<run>/<k>` (or the older
+    `<jobId>:attempt:<n>/<k>`), if it has that shape."""
     _, slash, tail = worker_id.rpartition("/")
     return int(tail) if slash and tail.isdigit() else None
 

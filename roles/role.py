@@ -132,12 +132,28 @@ def _installed_or_exit() -> Installed:
         raise SystemExit(2) from None
 
 
+def _api_tokens_or_exit(settings: RuntimeSettings) -> None:
+    """The api's tokens, read and checked before anything starts (a malformed entry, or no
+    token on a non-loopback bind): on a bad one, one line and exit 2, as any bad setting."""
+    from roles.api.auth import TokenConfigError, check_open_bind, load_tokens
+
+    try:
+        check_open_bind(
+            load_tokens(settings.api.tokens_file, settings.api.tokens), settings.api.host
+        )
+    except TokenConfigError as exc:
+        print(f"receipt: bad configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def main(requested: str | None = None, settings: RuntimeSettings | None = None) -> None:
     """Process entry point: run the role named by the argument or RECEIPT_PROCESS_ROLE, with
     `settings`, else the settings read (and checked) once, here."""
     settings = settings or load_or_exit()
     requested = requested if requested is not None else settings.process.role
     role = resolve_role(requested)[0]
+    if role == "api":
+        _api_tokens_or_exit(settings)
     run_until_signalled(
         lambda stop: run_role(requested, settings, stop), event_loop_for(role, settings.process)
     )

@@ -136,3 +136,10 @@ async def wait_for(
     )
     assert job is not None
     return job
+
+
+async def holder_id(store: Store, job_id: str) -> str:
+    """The worker id of the delivery holding the running job's lease."""
+    job = await wait_for(store, job_id, ("running",), 60)
+    assert job.lease is not None
+    return job.lease.worker_id

@@ -22,7 +22,7 @@ from receipts.jobs import TERMINAL_STATUSES
 from receipts.messages import CallbackRequest
 from receipts.store import Store
 from tests.e2e.conftest import task
-from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.e2e.roles_harness import RoleProcesses, holder_id, wait_for
 from tests.eventually import eventually
 from tests.integration.delivery.receiver import Receiver
 from tests.integration.helpers import put
@@ -88,20 +88,18 @@ async def test_a_sigkilled_worker_is_redelivered_within_the_worker_lost_timeout_
     redelivered_s = (takeover.recorded_at - killed_at).total_seconds()
     print(f"worker SIGKILL → redelivered attempt took the lease over in {redelivered_s:.1f} s")
     assert redelivered_s <= REDELIVERY_WAIT_S
-    assert takeover.data["workerId"] == f"{job.job_id}:attempt:1/2"
+    redelivery = takeover.data["workerId"]  # delivery 2 of attempt 1 (operations.delivery_id)
+    assert redelivery.startswith(f"{job.job_id}:attempt:1.") and redelivery.endswith("/2")
     assert (done.status, done.attempt) == ("completed", 1)
     kinds = [r.type for r in await store.read_stream(f"jobs/{job.job_id}")]
     assert kinds.count("job.leased") == 1 and "job.lease_expired" not in kinds
     assert sum(k in SETTLE_TYPES for k in kinds) == 1
     receipts = await store.read_stream(f"jobs/{job.job_id}")
-    assert receipts[-1].data["workerId"] == f"{job.job_id}:attempt:1/2"
+    assert receipts[-1].data["workerId"] == redelivery
     # The surviving worker says what happened (log event; `receipt_attempt_redeliveries`).
     survivor = "worker-codex-2" if victim == "worker-codex-1" else "worker-codex-1"
     log = (procs.log_dir / f"{survivor}.0.log").read_text()
-    assert any(
-        '"attempt.redelivered"' in line and f"{job.job_id}:attempt:1/2" in line
-        for line in log.splitlines()
-    )
+    assert any('"attempt.redelivered"' in line and redelivery in line for line in log.splitlines())
 
 
 async def test_a_stopped_delivery_woken_after_its_redelivery_settled_writes_nothing(
@@ -120,7 +118,7 @@ async def test_a_stopped_delivery_woken_after_its_redelivery_settled_writes_noth
         job = (await put(store, payload_extra=task("sleep", "4"))).job
         stopped = procs.name_of(await holder_pid(store, job.job_id))
         assert stopped is not None
-        stopped_id = f"{job.job_id}:attempt:1/1"
+        stopped_id = await holder_id(store, job.job_id)  # delivery 1 of attempt 1
         procs.signal(stopped, signal.SIGSTOP)
         done = await wait_for(store, job.job_id, TERMINAL, 120)
         settled = await store.read_stream(f"jobs/{job.job_id}")

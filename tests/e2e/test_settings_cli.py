@@ -66,6 +66,20 @@ def test_a_bad_value_stops_config_and_a_role_at_once_naming_the_variable() -> No
     assert "RECEIPT_EVENT_LOOP must be 'uvloop' or 'asyncio', got 'trio'" in up.stderr
 
 
+def test_bad_api_tokens_stop_the_api_role_and_receipt_api_with_one_line() -> None:
+    """A malformed RECEIPT_API_TOKENS (or none on a non-loopback bind) stopped `receipt role
+    api` with a traceback and `receipt api` with exit 1: exit 2 and one line, as any setting."""
+    for argv, env in (
+        (["roles.role", "api"], {"RECEIPT_API_TOKENS": "garbage"}),
+        (["roles.cli.main", "api"], {"RECEIPT_API_TOKENS": "garbage"}),
+        (["roles.cli.main", "api", "--host", "0.0.0.0"], {}),
+    ):
+        done = run(argv, **env)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert done.stderr.startswith("receipt: bad configuration: "), (argv, done.stderr)
+        assert "Traceback" not in done.stderr
+
+
 async def test_receipt_api_is_the_api_role_with_its_tracing(
     db_url: str, store: Store, tmp_path: Path
 ) -> None:

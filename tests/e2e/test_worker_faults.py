@@ -15,7 +15,7 @@ import pytest
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
 from tests.e2e.conftest import task
-from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.e2e.roles_harness import RoleProcesses, holder_id, wait_for
 from tests.eventually import eventually
 from tests.integration.helpers import put
 
@@ -53,7 +53,7 @@ async def test_a_zombie_worker_is_superseded_and_every_later_write_of_it_is_reje
         job = (await put(store, payload_extra=task("sleep", "5"))).job
         zombie = procs.name_of(await holder(store, job.job_id))
         assert zombie is not None
-        zombie_id = f"{job.job_id}:attempt:1/1"
+        zombie_id = await holder_id(store, job.job_id)  # delivery 1 of attempt 1
         procs.signal(zombie, signal.SIGSTOP)
         # Cut off from Temporal (no activity heartbeats) but not from PostgreSQL. Temporal
         # redelivers the attempt (a start-fence heartbeat takes the lease over) or, when the

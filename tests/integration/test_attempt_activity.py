@@ -44,12 +44,18 @@ def attempt_of(job_id: str, agent: str, attempt: int = 1, **changes: Any) -> Att
     return dataclasses.replace(base, **changes)
 
 
+RUN = "driver-run-1"
+
+
 async def run(
     store: Store, handlers: Mapping[str, Handler], attempt: AttemptInput, delivery: int = 1
 ) -> AttemptResult:
-    """Delivery `delivery` of `attempt`, as Temporal would run it on a worker."""
+    """Delivery `delivery` of `attempt`, as Temporal would run it on a worker (for the driver
+    run `RUN`)."""
     env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, attempt=delivery, activity_id=f"attempt:{delivery}")
+    env.info = dataclasses.replace(
+        env.info, attempt=delivery, activity_id=f"attempt:{delivery}", workflow_run_id=RUN
+    )
     activities = AttemptActivities(store, handlers, role="test")
     return await env.run(activities.execute_attempt, attempt)
 
@@ -227,7 +233,7 @@ async def test_a_redelivery_takes_the_lease_over_and_the_first_delivery_cannot_s
     assert second.status == AttemptStatus.COMPLETED
     assert stale.status in (AttemptStatus.LEASE_LOST, AttemptStatus.TERMINAL_STATE)
     job = await store.get_job(job_id)
-    assert job is not None and job.result == {"by": f"{job_id}:attempt:1/2"}
+    assert job is not None and job.result == {"by": ops.delivery_id(job_id, 1, RUN, 2)}
     written = await types(store, job_id)
     assert written.count("job.completed") == 1
 
@@ -243,4 +249,45 @@ async def test_a_delivery_of_a_settled_job_runs_nothing(store: Store) -> None:
     assert (await run(store, handlers, attempt_of(job_id, "act-late"), 1)).status == "completed"
     late = await run(store, handlers, attempt_of(job_id, "act-late"), 2)
     assert late.status in (AttemptStatus.STALE_ATTEMPT, AttemptStatus.TERMINAL_STATE)
-    assert ran == [f"{job_id}:attempt:1/1"]
+    assert ran == [ops.delivery_id(job_id, 1, RUN, 1)]
+
+
+async def test_a_delivery_taken_over_holds_no_fence_of_a_refunded_attempts_next_run(
+    store: Store,
+) -> None:
+    """Delivery 1 of attempt 1 froze, delivery 2 took the lease over, then released it at its
+    worker's shutdown (attempt refunded); the driver's next run scheduled attempt 1 again, its
+    first delivery numbered 1 again. With the same worker id as the frozen one, every write of
+    the frozen delivery was accepted as the new one's and it settled the job. The run is in the
+    id: the frozen delivery is refused."""
+    job_id = await job_of(store, "act-refunded")
+    frozen = ops.delivery_id(job_id, 1, "run-a", 1)
+    taker = ops.delivery_id(job_id, 1, "run-a", 2)
+    fresh = ops.delivery_id(job_id, 1, "run-b", 1)
+    assert len({frozen, taker, fresh}) == 3
+    assert (
+        await ops.start_attempt(store, job_id, attempt=1, worker_id=frozen, lease_ms=LEASE_MS)
+    ).ok
+    assert (
+        await ops.start_attempt(store, job_id, attempt=1, worker_id=taker, lease_ms=LEASE_MS)
+    ).ok
+    released = await ops.fail(
+        store,
+        job_id,
+        worker_id=taker,
+        attempt=1,
+        error="worker shutdown",
+        retryable=True,
+        refund_attempt=True,
+    )
+    assert released.ok and released.job is not None
+    assert (released.job.status, released.job.attempt) == ("queued", 0)
+    assert (
+        await ops.start_attempt(store, job_id, attempt=1, worker_id=fresh, lease_ms=LEASE_MS)
+    ).ok
+    beat = await ops.heartbeat(store, job_id, worker_id=frozen, attempt=1, lease_ms=LEASE_MS)
+    assert beat.status == "lease_lost"
+    late = await ops.complete(store, job_id, worker_id=frozen, attempt=1, result={"by": "a"})
+    assert late.status == "lease_lost"
+    done = await ops.complete(store, job_id, worker_id=fresh, attempt=1, result={"by": "b"})
+    assert done.ok and done.job is not None and done.job.result == {"by": "b"}
