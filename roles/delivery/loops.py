@@ -81,6 +81,13 @@ class QueuedRedrive:
         self.loops = loops or LoopSettings()
         self.http = http
 
+    def ticker(self) -> Ticker:
+        """The loop that runs it: every `redrive_interval_ms`, the first pass
+        REDRIVE_STARTUP_DELAY_MS after start (the spec's 15 000 and 5 000 ms)."""
+        return Ticker(
+            self.name, self.run_once, self.loops.redrive_interval_ms, REDRIVE_STARTUP_DELAY_MS
+        )
+
     async def run_once(self) -> PassResult:
         """One pass: expiry, then redrive, then the callback recovery path."""
         result = PassResult()

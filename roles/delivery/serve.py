@@ -24,7 +24,6 @@ from receipts.schedules.firing import Caps
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.dispatcher import Dispatcher
 from roles.delivery.loops import (
-    REDRIVE_STARTUP_DELAY_MS,
     ObjectiveControlOutboxRedrive,
     ObjectiveResume,
     QueuedRedrive,
@@ -69,15 +68,7 @@ def start_loops(runtime: Runtime, *, maintenance: bool, post_callbacks: bool) ->
     redrive = QueuedRedrive(
         runtime.store, _starter(runtime), runtime.settings.core, loops, http=http
     )
-    runtime.spawn(
-        Ticker(
-            redrive.name,
-            redrive.run_once,
-            loops.redrive_interval_ms,
-            REDRIVE_STARTUP_DELAY_MS,
-        ).run(),
-        redrive.name,
-    )
+    runtime.spawn(redrive.ticker().run(), redrive.name)
     resume = ObjectiveResume(runtime.store)
     runtime.spawn(resume.run(loops.startup_settle_ms), resume.name)
     if not maintenance:

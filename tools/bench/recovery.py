@@ -41,7 +41,7 @@ class Recovery:
     settled_s: float  # kill → the terminal receipt
     status: str  # the terminal receipt's type
     settles: int  # terminal receipts on the chain: exactly one is the rule
-    taken_over_by: str  # the workerId that took the lease over (`<jobId>:attempt:<n>/<k>`)
+    taken_over_by: str  # the workerId that took the lease over (`<jobId>:attempt:<n>.<run>/<k>`)
 
     @property
     def goal_s(self) -> float:

@@ -82,13 +82,19 @@ async def test_redrive_respects_the_minimum_age_and_cooldown(
         assert (await young.run_once()).redriven == 0
         first = QueuedRedrive(fresh_store, s.starter, s.settings, NOW)
         assert (await first.run_once()).redriven == 1
+        # Its delivery went quiet for good: an open driver would make any pass start nothing
+        # (active_delivery), whatever its cooldown, so the driver is ended first.
+        await client.get_workflow_handle(job.job_id).terminate("a delivery that went quiet")
         cooling = QueuedRedrive(
             fresh_store,
             s.starter,
             s.settings,
             LoopSettings(redrive_min_age_ms=0, redrive_cooldown_ms=60_000),
         )
-        assert (await cooling.run_once()).redriven == 0
+        assert (await cooling.run_once()).redriven == 0  # within the cooldown
+        assert (
+            await QueuedRedrive(fresh_store, s.starter, s.settings, NOW).run_once()
+        ).redriven == 1
         assert (await deliveries.job_and_latest(fresh_store, job.job_id))[1] is not None
 
 
@@ -412,3 +418,14 @@ async def test_a_driver_start_that_fails_is_counted(
         with pytest.raises(RuntimeError):
             await s.starter.start(job.job_id)
     assert metrics.value("receipt_driver_starts_total", outcome="failed") == before + 1
+
+
+def test_the_redrive_makes_its_first_pass_5_s_after_start() -> None:
+    """The spec's queued redrive first runs 5 000 ms after its role starts, then every
+    15 000 ms (J45): the loop every role starts (`serve.start_loops`) is `ticker()`."""
+    from receipts.settings import Settings
+
+    redrive = QueuedRedrive(None, None, Settings())  # type: ignore[arg-type]
+    ticker = redrive.ticker()
+    assert (ticker.first_delay_ms, ticker.interval_ms) == (5_000, 15_000)
+    assert ticker.name == "queued_redrive"
