@@ -151,8 +151,17 @@ class BaseClient:
                     "GET", path, headers=headers, timeout=stream_timeout(self.http.timeout, read)
                 ) as response:
                     if response.status_code == 200:
-                        failures = 0
+                        kind = response.headers.get("content-type", "")
+                        if not kind.startswith("text/event-stream"):
+                            # A proxy's or a login page: not the API, and no reconnect mends it.
+                            response.read()
+                            raise ServerError(
+                                f"{self.url} answered GET {path} with "
+                                f"{kind or 'no content type'}, not an event stream",
+                                status=200,
+                            )
                         for event in parse_sse(response.iter_lines(), keepalives=True):
+                            failures = 0  # only a stream that sends something is a success
                             if event.name == "end":
                                 return
                             if event.name == "message" and event.data:
