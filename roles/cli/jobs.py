@@ -9,6 +9,7 @@ be reached.
 from __future__ import annotations
 
 import sys
+import uuid
 from typing import Any
 from urllib.parse import quote
 
@@ -18,6 +19,7 @@ from receipts.jobs import LANES, SINGLETON_MODES, STATUSES
 from receipts.kinds import KINDS
 from roles.cli.client import (
     ApiClient,
+    ApiFailure,
     _api_options,
     _compact,
     _dump,
@@ -46,6 +48,12 @@ from roles.cli.client import (
     "{userId, organizationId} for every kind but factory.objective.watchdog.",
 )
 @click.option("--job-id", help="Idempotency key: re-posting the same id returns the same job.")
+@click.option(
+    "--idempotency-key",
+    metavar="KEY",
+    help="Without --job-id: the Idempotency-Key the post carries (default: a new one, printed "
+    "if the API does not answer in time, so the same post can be sent again safely).",
+)
 @click.option("--lane", type=click.Choice(LANES), help="Lane (default collect).")
 @click.option("--session-key", help="Session key the singleton mode acts on.")
 @click.option(
@@ -64,6 +72,7 @@ def enqueue_command(
     kind: str | None,
     payload_source: str | None,
     job_id: str | None,
+    idempotency_key: str | None,
     lane: str | None,
     session_key: str | None,
     singleton_mode: str | None,
@@ -102,8 +111,21 @@ def enqueue_command(
         "maxAttempts": max_attempts,
     }
     body = {"payload": payload, **_given(options)}
+    if job_id is not None and idempotency_key is not None:
+        raise click.UsageError("give --job-id or --idempotency-key, not both")
+    # An id-less post carries a key of its own: one the API did not answer in time can be sent
+    # again, and finds the job it made instead of making a second.
+    key = None if job_id is not None else (idempotency_key or str(uuid.uuid4()))
+    headers = {"Idempotency-Key": key} if key else None
     with ApiClient(api_url, token) as client:
-        accepted = client.request("POST", f"/agents/{quote(agent, safe='')}/jobs", json=body)
+        try:
+            accepted = client.request(
+                "POST", f"/agents/{quote(agent, safe='')}/jobs", json=body, headers=headers
+            )
+        except ApiFailure as exc:
+            if key is not None and "may have been applied" in str(exc):
+                raise ApiFailure(f"{exc}; repeat it with --idempotency-key {key}") from exc
+            raise
         job = accepted["job"]
         if accepted["async"].get("idempotencyMismatch") and not as_json:
             click.echo(

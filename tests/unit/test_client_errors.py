@@ -17,7 +17,6 @@ from receipt_client.errors import BY_STATUS, ReceiptError, error_of
 from receipts.jobs import Job
 from roles.api.schema import job_view
 
-
 EVENT_STREAM = {"content-type": "text/event-stream"}
 
 
@@ -248,3 +247,53 @@ def test_following_a_url_that_answers_no_event_stream_fails_at_once() -> None:
         with pytest.raises(ServerError, match="not an event stream"):
             list(client.follow("job-1"))
     assert len(tries) == 1
+
+
+def test_a_post_with_no_answer_in_time_may_have_been_applied() -> None:
+    """A read timeout after a POST was sent said 'cannot reach the API': it may have been
+    applied, and only the same job id or Idempotency-Key can be sent again safely."""
+    from receipt_client import ConnectionFailed
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(ConnectionFailed, match="may have been applied"):
+            client.request("POST", "/agents/codex/jobs", json={})
+        with pytest.raises(ConnectionFailed, match="no answer from the API") as read:
+            client.request("GET", "/jobs/j-1")
+    assert "may have been applied" not in str(read.value)
+
+
+def test_the_cli_posts_an_id_less_job_with_a_key_it_names_when_no_answer_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`receipt enqueue` without --job-id posted no Idempotency-Key: after a timeout a second run
+    made a second job. It sends a key, and names it when the API does not answer in time."""
+    from click.testing import CliRunner
+
+    from roles.cli import client as cli_client
+    from roles.cli import jobs as cli_jobs
+
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    class Offline(cli_client.ApiClient):
+        def __init__(self, url: str, token: str | None) -> None:
+            Client.__init__(self, url, token or "", transport=httpx.MockTransport(answer))
+
+    monkeypatch.setattr(cli_jobs, "ApiClient", Offline)
+    ran = CliRunner().invoke(
+        cli_jobs.enqueue_command, ["codex", "--kind", "factory.task.run", "--api-url", "http://a"]
+    )
+    assert ran.exit_code == 3, ran.output
+    key = sent[0].headers["Idempotency-Key"]
+    assert key and f"repeat it with --idempotency-key {key}" in ran.output
+    again = CliRunner().invoke(
+        cli_jobs.enqueue_command,
+        ["codex", "--kind", "factory.task.run", "--api-url", "http://a", "--idempotency-key", key],
+    )
+    assert again.exit_code == 3 and sent[1].headers["Idempotency-Key"] == key
