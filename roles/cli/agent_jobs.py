@@ -187,6 +187,8 @@ def ls_command(
 ) -> None:
     """List an owner session's agent jobs (GET /sessions/ID/agent-jobs), or with --console
     every organization's (GET /console/agent-jobs), newest first."""
+    if organization_id is not None and not console:
+        raise click.UsageError("--organization-id goes with --console (an admin's listing)")
     params = _given(
         {
             "status": status,

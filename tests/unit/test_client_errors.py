@@ -297,3 +297,14 @@ def test_the_cli_posts_an_id_less_job_with_a_key_it_names_when_no_answer_comes(
         ["codex", "--kind", "factory.task.run", "--api-url", "http://a", "--idempotency-key", key],
     )
     assert again.exit_code == 3 and sent[1].headers["Idempotency-Key"] == key
+
+
+def test_the_cli_refuses_an_organization_filter_without_console() -> None:
+    """`agent-jobs ls --session S --organization-id O` sent organizationId to a route that takes
+    none: a 422 reported as the API's refusal (exit 3) for a usage mistake (exit 2)."""
+    from click.testing import CliRunner
+
+    from roles.cli.agent_jobs import ls_command
+
+    ran = CliRunner().invoke(ls_command, ["--session", "s-1", "--organization-id", "org-a"])
+    assert ran.exit_code == 2 and "--organization-id goes with --console" in ran.output
