@@ -1,15 +1,16 @@
 """Workspace retention: worker-codex removes a workspace nothing has used for
 `RECEIPT_WORKSPACE_RETENTION` whose owner is no longer active ("0", the default, keeps them all).
 
-A workspace is used when a command or an agent turn starts in it (`prepare_workspace` sets its
-modification time), and its owner is active while the database says so: an unsettled job (a
-standalone task's workspace), an active objective (its tasks, validate and publish), an
-unfinished agent job or one whose turn still runs (its workspace owner's, which continuations
-share). A workspace older than that and owned by none of them is renamed out of the way first
-(`.<name>.removing-<hex>`, which a command starting just then cannot reach: it makes a fresh
-one) and then deleted; a removal a crash interrupted is finished by the next pass. Each pass
-removes at most `REMOVALS_PER_PASS`. An agent job continued after its workspace was removed
-starts in a fresh one.
+A workspace is used when a command or an agent turn starts in it (`prepare_workspace` sets the
+time of its marker, `.<name>.used` beside it, which no command reaches), and its owner is active
+while the database says so: an unsettled job (a standalone task's workspace), an active
+objective (its tasks, validate and publish), an unfinished agent job or one whose turn still
+runs (its workspace owner's, which continuations share). A workspace older than that and owned
+by none of them is renamed out of the way first (`.<name>.removing-<hex>`, which a command
+starting just then cannot reach: it makes a fresh one) and then deleted with its marker; a
+removal a crash interrupted is finished by the next pass. Each pass removes at most
+`REMOVALS_PER_PASS`. An agent job continued after its workspace was removed starts in a fresh
+one.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from activities.workspaces import (
     JOBS_DIR,
     OBJECTIVES_DIR,
     ORGANIZATIONS_DIR,
+    last_used,
+    used_marker,
     workspace_name,
 )
 from receipts import metrics, retention
@@ -83,7 +86,7 @@ class WorkspaceSweeper:
         idle_s = None
         try:
             if not leftover:
-                modified = path.stat().st_mtime
+                modified = last_used(path)
                 if modified >= cutoff:
                     return False  # used since the scan
                 idle_s = round(time.time() - modified)
@@ -93,6 +96,8 @@ class WorkspaceSweeper:
                 moved = path
             _unlock(moved)
             shutil.rmtree(moved)
+            if not leftover:
+                used_marker(path).unlink(missing_ok=True)
         except FileNotFoundError:
             return False  # another worker's pass (a shared volume) took it first
         except OSError as exc:
@@ -130,7 +135,7 @@ def stale(root: Path, active: Active, cutoff: float) -> list[Path]:
                 if entry.name in in_use:
                     continue
                 try:
-                    modified = entry.stat(follow_symlinks=False).st_mtime
+                    modified = last_used(entry)
                 except FileNotFoundError:
                     continue  # another worker's pass (a shared volume) moved it just now
                 if modified < cutoff:

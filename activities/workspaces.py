@@ -132,15 +132,33 @@ def _make_parents(workspace: Path, settings: SandboxSettings, uid: int | None) -
             parent.chmod(DIRECTORY_MODE)
 
 
+def used_marker(workspace: Path) -> Path:
+    """The file whose modification time says when `workspace` was last used: beside it, in its
+    parent, which no command reaches (the workspace's own time is the command's to set: a
+    `touch -d 2099-01-01 .` kept an idle workspace from the sweep for good)."""
+    return workspace.with_name(f".{workspace.name}.used")
+
+
+def last_used(workspace: Path) -> float:
+    """When `workspace` was last used (a time.time()): its marker's time, else (one made before
+    markers) its own."""
+    try:
+        return used_marker(workspace).stat().st_mtime
+    except FileNotFoundError:
+        return workspace.stat(follow_symlinks=False).st_mtime
+
+
 def prepare_workspace(workspace: Path, settings: SandboxSettings) -> int | None:
     """Create the workspace (and its parents, traversable but not listable by the sandbox
     uids), owned by the sandbox's host uid when the worker is root, and mark it used now (its
-    modification time). Returns that uid (None: the worker is not root, and the sandbox maps
-    the worker's own uid)."""
+    marker's modification time). Returns that uid (None: the worker is not root, and the
+    sandbox maps the worker's own uid)."""
     uid = _sandbox_uid(workspace, settings)
     _make_parents(workspace, settings, uid)
     workspace.mkdir(mode=0o700, exist_ok=True)
-    os.utime(workspace)  # used now: the sweep keeps it (activities/workspace_sweep.py)
+    marker = used_marker(workspace)
+    marker.touch(mode=0o600)
+    os.utime(marker)  # used now: the sweep keeps it (activities/workspace_sweep.py)
     if uid is not None and workspace.stat().st_uid != uid:
         os.chown(workspace, uid, uid)
     return uid

@@ -17,6 +17,7 @@ from activities.workspaces import (
     job_workspace,
     objective_workspace,
     prepare_workspace,
+    used_marker,
 )
 from receipts import metrics
 from receipts import operations as ops
@@ -87,3 +88,25 @@ def test_the_retention_is_a_duration_and_zero_keeps_them() -> None:
     assert SandboxSettings.load({"RECEIPT_WORKSPACE_RETENTION": "7d"}).workspace_retention == "7d"
     with pytest.raises(SettingsError, match="RECEIPT_WORKSPACE_RETENTION"):
         SandboxSettings.load({"RECEIPT_WORKSPACE_RETENTION": "a week"})
+
+
+async def test_a_command_cannot_keep_its_idle_workspace_from_the_sweep(
+    fresh: tuple[Store, str], tmp_path: Path
+) -> None:
+    """The sweep read the workspace's own modification time, which its command sets (`touch -d
+    2099-01-01 .`): an idle workspace of a settled job was kept for good. It reads the marker
+    beside it, which no command reaches, and removes the marker with it."""
+    store, _ = fresh
+    settings = SandboxSettings(workspace_root=tmp_path, mode="none")
+    settled = (await put(store, org="org-a")).job
+    await ops.cancel_queued(store, settled.job_id, reason="done")
+    workspace = job_workspace("org-a", settled.job_id, settings)
+    prepare_workspace(workspace, settings)  # a command started in it
+    marker = used_marker(workspace)
+    long_ago = time.time() - 30 * DAY
+    os.utime(marker, (long_ago, long_ago))  # ... 30 days ago
+    future = time.time() + 3650 * DAY
+    os.utime(workspace, (future, future))  # what the command set its directory's time to
+    sweeper = WorkspaceSweeper(store, settings, timedelta(days=7))
+    assert await sweeper.run_once() == 1
+    assert not workspace.exists() and not marker.exists()
