@@ -21,8 +21,9 @@ from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs import reads as agent_reads
 from receipts.errors import NotFoundError
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
-from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
+from roles.api.console.pages import PAGE_SIZE, render, store_of
 from roles.api.console.paging import older_query, page_start
+from roles.api.console.receipt_rows import timeline
 from roles.api.console.session import (
     FormError,
     Session,

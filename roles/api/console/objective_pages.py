@@ -17,8 +17,9 @@ from receipts import reads
 from receipts.objectives import store as objectives
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream
 from roles.api.auth import JOBS_WRITE
-from roles.api.console.pages import PAGE_SIZE, render, store_of, timeline
+from roles.api.console.pages import PAGE_SIZE, render, store_of
 from roles.api.console.paging import older_query, page_start
+from roles.api.console.receipt_rows import timeline
 from roles.api.console.session import form_of, notice_of, notice_query, session_of, visible
 
 log = logging.getLogger("roles.api.console")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -19,7 +18,7 @@ from receipts import operations, reads
 from receipts import retry as retries
 from receipts.enqueue import Admission
 from receipts.errors import InvalidInput
-from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job, Receipt
+from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job
 from receipts.kinds import KINDS, TURN_KIND, runs_commands
 from receipts.settings import Settings
 from receipts.store import Store
@@ -28,6 +27,7 @@ from roles.api.admission import caller_caps
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import check_shape
 from roles.api.console.paging import older_query, page_start
+from roles.api.console.receipt_rows import attempts, progress_lines, timeline
 from roles.api.console.session import (
     COOKIE,
     COOKIE_PATH,
@@ -47,7 +47,7 @@ from roles.api.console.session import (
 from roles.api.deps import ApiError, shown_id
 from roles.api.limits import refusals
 from roles.api.routes.jobs import followed_job
-from roles.api.schema import shown_job_id, shown_receipt
+from roles.api.schema import shown_job_id
 from roles.api.sse import parse_last_event_id, parse_seq, stream_response
 
 log = logging.getLogger("roles.api.console")
@@ -103,84 +103,6 @@ def _runtime_id(job_id: str) -> str:
 
 def store_of(request: Request) -> Any:
     return request.app.state.api.require_store()
-
-
-def _fence(data: Any) -> str:
-    if not isinstance(data, dict):
-        return ""
-    worker, attempt = data.get("workerId"), data.get("attempt")
-    if worker is None and attempt is None:
-        return ""
-    return f"{worker or '—'} · attempt {attempt}"
-
-
-def timeline(receipts: list[Receipt], viewer: Principal) -> list[dict[str, Any]]:
-    """The job page's rows: type, time, milliseconds since the previous receipt, the fence; the
-    data as the API shows it to `viewer` (`task.env` values redacted, an organization's tag
-    dropped from its ids)."""
-    rows: list[dict[str, Any]] = []
-    previous: datetime | None = None
-    organization_id = None if viewer.admin else viewer.organization_id
-    for receipt in receipts:
-        data = shown_receipt({"data": receipt.data}, organization_id=organization_id)["data"]
-        delta = (receipt.recorded_at - previous).total_seconds() * 1000 if previous else None
-        previous = receipt.recorded_at
-        rows.append(
-            {
-                "seq": receipt.seq,
-                "type": receipt.type,
-                "at": receipt.recorded_at.isoformat(timespec="milliseconds"),
-                "delta": f"+{delta:,.0f} ms" if delta is not None else "",
-                "fence": _fence(data),
-                "data": json.dumps(data, ensure_ascii=False)[:400],
-            }
-        )
-    return rows
-
-
-def attempts(receipts: list[Receipt]) -> list[dict[str, Any]]:
-    """Each attempt: the deliveries (worker ids) that held it, their process, and how it ended."""
-    by_attempt: dict[int, dict[str, Any]] = {}
-    for receipt in receipts:
-        data = receipt.data
-        attempt = data.get("attempt") if isinstance(data, dict) else None
-        if not isinstance(attempt, int) or attempt < 1:
-            continue
-        entry = by_attempt.setdefault(
-            attempt, {"attempt": attempt, "workers": [], "outcome": "", "started": ""}
-        )
-        worker = data.get("workerId")
-        leases = receipt.type == "job.leased" or data.get("startFence")
-        if leases and worker and worker not in entry["workers"]:
-            entry["workers"].append(worker)
-            process = data.get("process") or {}
-            if process:
-                where = " ".join(str(process.get(k, "")) for k in ("role", "host", "pid"))
-                entry["workers"][-1] = f"{worker} ({where.strip()})"
-        if receipt.type == "job.leased":
-            entry["started"] = receipt.recorded_at.isoformat(timespec="seconds")
-        if receipt.type in ("job.completed", "job.failed", "job.canceled", "job.lease_expired"):
-            entry["outcome"] = receipt.type.removeprefix("job.") + (
-                f": {data.get('error')}" if data.get("error") else ""
-            )
-    return [by_attempt[k] for k in sorted(by_attempt)]
-
-
-def _progress_lines(receipts: list[Receipt]) -> list[str]:
-    lines: list[str] = []
-    for receipt in receipts:
-        if receipt.type == "job.progress":
-            lines.extend(progress_text(receipt.data.get("data")))
-    return lines[-500:]
-
-
-def progress_text(data: Any) -> list[str]:
-    """The lines a `job.progress` receipt shows in the live output."""
-    if isinstance(data, dict) and isinstance(data.get("lines"), list):
-        return [str(line) for line in data["lines"]]
-    if isinstance(data, dict) and isinstance(data.get("line"), str):
-        return [data["line"]]
-    return [json.dumps(data, ensure_ascii=False)]
 
 
 async def _find_job(store: Store, principal: Principal, job_id: str) -> Job | None:
@@ -336,7 +258,7 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         job=job,
         timeline=timeline(receipts, session.principal),
         attempts=attempts(receipts),
-        output=_progress_lines(receipts),
+        output=progress_lines(receipts),
         last_seq=receipts[-1].seq if receipts else 0,
         command_types=COMMAND_TYPES,
         temporal_url=temporal_workflows_url(request.app.state.api.core)
