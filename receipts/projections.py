@@ -8,9 +8,8 @@ receipts/assembly.py lists them all."""
 
 from __future__ import annotations
 
-import itertools
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Generic, Protocol, TypeVar
@@ -29,12 +28,16 @@ class Tx(Protocol):
 
     async def fetch(self, name: str, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]: ...
 
+    def stream(self, name: str, params: Mapping[str, Any]) -> AsyncIterator[Sequence[Any]]: ...
+
     async def execute(self, name: str, params: Mapping[str, Any]) -> int: ...
 
     async def execute_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None: ...
 
 
 S = TypeVar("S", bound=StreamState)
+FOLD_BATCH = 500
+"""Streams a rebuild or a verify folds, then writes or compares, at a time."""
 _PARAMETER = re.compile(r"%\((\w+)\)s")
 
 
@@ -44,7 +47,8 @@ class Projection(Generic[S]):
     `<model.STREAM_PREFIX><id>`, one row each; a verify names a row `<noun><id>`.
 
     Its statements (receipts/sql/) are `write` (one row), `<table>_lock` (the table lock of a
-    rebuild), `<table>_clear` and `<table>_states` (each row's id and state). The `write`
+    rebuild), `<table>_clear`, `<table>_states` (the id and state of each row of `keys`) and
+    `<table>_unchained` (the ids of rows whose stream holds no receipt). The `write`
     statement names the row's columns: each of its parameters is the state's attribute of that
     name (or what `extra` gives), `state` the whole state as JSON.
     """
@@ -75,47 +79,72 @@ class Projection(Generic[S]):
         """Write the row of `state`, in the transaction that appended its receipts."""
         await tx.execute(self.write, self.row(state))
 
-    async def fold_chain_in(self, tx: Tx) -> dict[str, S]:
-        """Fold every stream of this kind, read in `tx`."""
-        rows = [
-            Receipt.from_row(row)
-            for row in await tx.fetch("read_streams", {"prefix": self.model.STREAM_PREFIX})
-        ]
+    async def folded_batches(self, tx: Tx) -> AsyncIterator[tuple[list[str], dict[str, S]]]:
+        """The chain of this kind read in `tx` and folded `FOLD_BATCH` streams at a time: each
+        batch's stream ids (one that folds to nothing included) and their folded states. The
+        receipts come from a server-side cursor, so however long the chain, one page of it and
+        one batch of states are held."""
+        prefix = self.model.STREAM_PREFIX
+        ids: list[str] = []
         folded: dict[str, S] = {}
-        for _, receipts in itertools.groupby(rows, key=lambda r: r.stream):
-            state = self.fold(receipts)
-            if state is not None:
-                folded[state.stream_id] = state
-        return folded
+        chain: list[Receipt] = []
+        async for row in tx.stream("read_streams", {"prefix": prefix}):
+            receipt = Receipt.from_row(row)
+            if chain and receipt.stream != chain[0].stream:
+                self._fold_into(chain, ids, folded)
+                chain = []
+                if len(ids) >= FOLD_BATCH:
+                    yield ids, folded
+                    ids, folded = [], {}
+            chain.append(receipt)
+        if chain:
+            self._fold_into(chain, ids, folded)
+        if ids:
+            yield ids, folded
+
+    def _fold_into(self, chain: list[Receipt], ids: list[str], folded: dict[str, S]) -> None:
+        ids.append(chain[0].stream.removeprefix(self.model.STREAM_PREFIX))
+        state = self.fold(chain)
+        if state is not None:
+            folded[state.stream_id] = state
 
     async def rebuild_in(self, tx: Tx) -> int:
         """Replace the table with the fold of the chain; appends wait on the table lock
         meanwhile, so the rows are the fold of a consistent chain. Returns the rows written."""
         await tx.execute(f"{self.table}_lock", {})
-        folded = await self.fold_chain_in(tx)
         await tx.execute(f"{self.table}_clear", {})
-        await tx.execute_many(self.write, [self.row(s) for s in folded.values()])
-        return len(folded)
+        written = 0
+        async for _, folded in self.folded_batches(tx):
+            await tx.execute_many(self.write, [self.row(s) for s in folded.values()])
+            written += len(folded)
+        return written
 
     async def verify_in(self, tx: Tx) -> list[str]:
         """One line per row that is not the fold of its stream (or has no stream, or no row);
-        `tx` reads one snapshot (`receipts.assembly.verify`)."""
-        folded = await self.fold_chain_in(tx)
-        rows = await tx.fetch(f"{self.table}_states", {})
-        live = {row[0]: self.model.model_validate(row[1]) for row in rows}
-        problems = [
-            (key, "in the projection but not in the chain") for key in live.keys() - folded.keys()
-        ]
-        problems += [
-            (key, "in the chain but not in the projection") for key in folded.keys() - live.keys()
-        ]
-        problems += [
-            (key, "projection differs from the fold of its chain")
-            for key in folded.keys() & live.keys()
-            if folded[key] != live[key]
-        ]
-        if self.columns:
-            problems += self._column_problems(await tx.fetch(f"{self.table}_rows", {}), folded)
+        `tx` reads one snapshot (`receipts.assembly.verify`). Compared a batch of streams at a
+        time, then the rows whose stream holds no receipt."""
+        problems: list[tuple[str, str]] = []
+        async for ids, folded in self.folded_batches(tx):
+            rows = await tx.fetch(f"{self.table}_states", {"keys": ids})
+            live = {row[0]: self.model.model_validate(row[1]) for row in rows}
+            problems += [
+                (key, "in the projection but not in the chain")
+                for key in live.keys() - folded.keys()
+            ]
+            problems += [
+                (key, "in the chain but not in the projection")
+                for key in folded.keys() - live.keys()
+            ]
+            problems += [
+                (key, "projection differs from the fold of its chain")
+                for key in folded.keys() & live.keys()
+                if folded[key] != live[key]
+            ]
+            if self.columns:
+                rows = await tx.fetch(f"{self.table}_rows", {"keys": ids})
+                problems += self._column_problems(rows, folded)
+        unchained = await tx.fetch(f"{self.table}_unchained", {"prefix": self.model.STREAM_PREFIX})
+        problems += [(row[0], "in the projection but not in the chain") for row in unchained]
         return [f"{self.noun}{key}: {problem}" for key, problem in sorted(problems)]
 
     def _column_problems(

@@ -231,6 +231,14 @@ class Tx:
         cur = await self._conn.execute(query(name), params)
         return list(await cur.fetchall()) if cur.description else []
 
+    async def stream(self, name: str, params: Mapping[str, Any]) -> AsyncIterator[TupleRow]:
+        """The rows of the named statement `name`, fetched a page at a time from a server-side
+        cursor: however many there are, this transaction holds one page."""
+        async with self._conn.cursor(name=f"receipt_{name}") as cur:
+            await cur.execute(query(name), params)
+            async for row in cur:
+                yield row
+
     async def fetch_one(self, name: str, params: Mapping[str, Any]) -> TupleRow | None:
         """Run the named statement `name` (receipts/sql/) in this transaction; its first row."""
         return await self._maybe_one(query(name), params)

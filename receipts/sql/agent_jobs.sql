@@ -157,7 +157,11 @@ SELECT EXISTS (
 );
 
 -- name: agent_jobs_states
-SELECT agent_job_id, state FROM agent_jobs;
+SELECT agent_job_id, state FROM agent_jobs WHERE agent_job_id = ANY(%(keys)s::text[]);
+
+-- name: agent_jobs_unchained
+SELECT agent_job_id FROM agent_jobs t
+WHERE NOT EXISTS (SELECT 1 FROM receipts r WHERE r.stream = %(prefix)s || t.agent_job_id);
 
 -- name: agent_wakeups_unposted
 -- Wakeups of the last day whose event callback to a URL is neither posted, given up (5 tries)

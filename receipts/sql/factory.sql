@@ -121,4 +121,8 @@ LOCK TABLE objectives IN EXCLUSIVE MODE;
 DELETE FROM objectives;
 
 -- name: objectives_states
-SELECT objective_id, state FROM objectives;
+SELECT objective_id, state FROM objectives WHERE objective_id = ANY(%(keys)s::text[]);
+
+-- name: objectives_unchained
+SELECT objective_id FROM objectives t
+WHERE NOT EXISTS (SELECT 1 FROM receipts r WHERE r.stream = %(prefix)s || t.objective_id);

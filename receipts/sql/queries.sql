@@ -176,14 +176,20 @@ WHERE starts_with(stream, %(prefix)s)
 ORDER BY stream, seq;
 
 -- The projection tables' statements (receipts/projections.py): `<table>_lock` (a rebuild),
--- `<table>_clear`, `<table>_states` (each row's id and state).
+-- `<table>_clear`, `<table>_states` (the id and state of each row of `keys`: a batch of a
+-- verify), `<table>_unchained` (the ids of rows whose stream holds no receipt).
 
 -- name: jobs_lock
 LOCK TABLE jobs IN EXCLUSIVE MODE;
 
 -- name: jobs_states
 SELECT j.job_id, CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
-FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id;
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+WHERE j.job_id = ANY(%(keys)s::text[]);
+
+-- name: jobs_unchained
+SELECT j.job_id FROM jobs j
+WHERE NOT EXISTS (SELECT 1 FROM receipts r WHERE r.stream = %(prefix)s || j.job_id);
 
 -- name: jobs_rows
 -- Each job row's columns beside its state, in the order of receipts/projections.py `JOBS.columns`
@@ -194,7 +200,8 @@ SELECT j.job_id, coalesce(l.seq > j.seq, false), j.seq, j.organization_id, j.ses
        j.available_at,
        CASE WHEN l.seq > j.seq THEN l.expires_at ELSE j.lease_expires_at END,
        j.last_heartbeat_at, j.created_at, j.updated_at, j.worker_queue
-FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id;
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+WHERE j.job_id = ANY(%(keys)s::text[]);
 
 -- name: jobs_clear
 WITH leases AS (DELETE FROM job_leases)

@@ -61,7 +61,11 @@ LOCK TABLE schedules IN EXCLUSIVE MODE;
 DELETE FROM schedules;
 
 -- name: schedules_states
-SELECT schedule_id, state FROM schedules;
+SELECT schedule_id, state FROM schedules WHERE schedule_id = ANY(%(keys)s::text[]);
+
+-- name: schedules_unchained
+SELECT schedule_id FROM schedules t
+WHERE NOT EXISTS (SELECT 1 FROM receipts r WHERE r.stream = %(prefix)s || t.schedule_id);
 
 -- name: schedule_firing_recorded
 -- Whether the schedule's stream records a firing (or a skip) of `fire_time` (an ISO time as the
