@@ -84,17 +84,28 @@ def callback_message_id(key: str) -> str:
 async def post_callback(
     client: httpx.AsyncClient, settings: Settings, url: str, message_id: str, body: bytes
 ) -> str | None:
-    """Post one callback body, signed; return None when the receiver took it (2xx), else why not."""
+    """Post one callback body, signed; return None when the receiver took it (2xx), else why not.
+
+    The timeout bounds the whole exchange (httpx's bounds each read: a receiver answering a byte
+    at a time would hold the post, and a recovery pass awaiting it, for ever); the answer's body
+    is never read (its status is all a callback needs, and a body could be any size)."""
     try:
-        response = await client.post(
-            url,
-            content=body,
-            headers=callback_headers(settings, message_id, body),
-            timeout=CALLBACK_TIMEOUT_S,
-        )
+        async with (
+            asyncio.timeout(CALLBACK_TIMEOUT_S),
+            client.stream(
+                "POST",
+                url,
+                content=body,
+                headers=callback_headers(settings, message_id, body),
+                timeout=CALLBACK_TIMEOUT_S,
+            ) as response,
+        ):
+            status = response.status_code
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"
-    return None if response.status_code < 300 else f"HTTP {response.status_code}"
+    except TimeoutError:
+        return f"TimeoutError: no answer within {CALLBACK_TIMEOUT_S:g} s"
+    return None if status < 300 else f"HTTP {status}"
 
 
 async def _post_tries(

@@ -77,6 +77,24 @@ async def test_create_shows_the_job_and_a_retry_returns_it(client: httpx.AsyncCl
     assert shown.status_code == 200 and shown.json()["stream"] == f"agent-jobs/{job['agentJobId']}"
 
 
+async def test_a_job_records_the_turn_it_was_handed_off_from(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    """B2: the owner session, the source actor event and the source tool call are recorded (in
+    the created receipt) and shown, so the hand-off stays reconstructable."""
+    sent = body(sourceActorEventId=f"event-{uuid.uuid4().hex[:8]}")
+    job = (await client.post("/agent-jobs", json=sent, headers=AS_A)).json()["agentJob"]
+    shown = (await client.get(f"/agent-jobs/{job['agentJobId']}", headers=AS_A)).json()
+    handed = (sent["ownerSessionId"], sent["sourceActorEventId"], sent["sourceToolCallId"])
+    for view in (job, shown):
+        assert (view["ownerSessionId"], view["sourceActorEventId"], view["sourceToolCallId"]) == (
+            handed
+        )
+    [created] = await store.read_stream(f"agent-jobs/{job['agentJobId']}")
+    assert created.data["sourceActorEventId"] == sent["sourceActorEventId"]
+    assert created.data["sourceToolCallId"] == sent["sourceToolCallId"]
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

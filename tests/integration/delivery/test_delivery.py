@@ -410,8 +410,45 @@ async def test_a_callback_post_gives_up_at_its_5_s_timeout(
             writer.close()
         server.close()
         await server.wait_closed()
-    assert error is not None and error.startswith("ReadTimeout")
+    assert error is not None and error.startswith(("ReadTimeout", "TimeoutError"))
     assert 0.4 < took < 3.0
+
+
+async def test_a_receiver_that_dribbles_its_answer_is_given_up_at_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The 5 s bound the whole post, not each read: a receiver sending its answer a byte at a
+    time, each well within the timeout, held the post (and the recovery pass awaiting it)."""
+    from activities import driver as driver_activities
+    from receipts.settings import Settings
+
+    monkeypatch.setattr(driver_activities, "CALLBACK_TIMEOUT_S", 0.5)
+    writers: list[asyncio.StreamWriter] = []
+
+    async def dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok":
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.2)
+        writer.close()
+
+    server = await asyncio.start_server(dribble, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient() as http:
+            started = asyncio.get_running_loop().time()
+            error = await driver_activities.post_callback(
+                http, Settings(), f"http://127.0.0.1:{port}/hook", "msg_1", b"{}"
+            )
+            took = asyncio.get_running_loop().time() - started
+    finally:
+        for writer in writers:
+            writer.close()
+        server.close()
+    assert error == "TimeoutError: no answer within 0.5 s"
+    assert took < 1.5
 
 
 async def test_a_receiver_that_is_down_does_not_change_the_outcome(
