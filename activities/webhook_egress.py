@@ -15,14 +15,19 @@ connect (DNS rebinding) cannot redirect it. Redirects are not followed. Hosts on
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import ipaddress
 import logging
 import socket
+import threading
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from receipts import metrics
 from receipts.waits import within
 from receipts.webhooks import WebhookSettings, ascii_url
 
@@ -42,6 +47,8 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 # A resolver that does not answer must not hold a create (or a delivery) for long.
 RESOLVE_TIMEOUT_S = 5.0
+RESOLVER_THREADS = 64
+LOOKUPS_PER_OWNER = 4
 MAX_ANSWER_BYTES = 4096  # of a receiver's answer, read and dropped
 
 log = logging.getLogger("activities.webhook_egress")
@@ -105,15 +112,76 @@ class Target:
     address: str | None = None
 
 
-async def resolve(host: str, port: int) -> list[str]:
-    """Every address `host` resolves to (an address literal: itself)."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+class _Lookups:
+    """Name lookups on threads of their own, not the event loop's default executor (a handful
+    of threads, shared with psycopg's connects): a lookup the caller gave up on at
+    RESOLVE_TIMEOUT_S keeps its thread until the system resolver gives up, often far later. One
+    lookup per host at a time, however many deliveries ask for it, and at most
+    LOOKUPS_PER_OWNER hosts of one organization still resolving: a tenant whose hosts' DNS never
+    answers holds a few threads, not every organization's lookups."""
+
+    def __init__(self) -> None:
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            RESOLVER_THREADS, thread_name_prefix="webhook-dns"
+        )
+        self._running: dict[tuple[str, int], concurrent.futures.Future[list[Any]]] = {}
+        self._owners: dict[str, set[tuple[str, int]]] = {}
+        # Reentrant: a lookup that ends at once calls `_ended` inside `start`.
+        self._lock = threading.RLock()
+
+    def start(
+        self, host: str, port: int, owner: str | None
+    ) -> concurrent.futures.Future[list[Any]]:
+        key = (host, port)
+        with self._lock:
+            held = self._owners.setdefault(owner, set()) if owner is not None else None
+            lookup = self._running.get(key)
+            if lookup is None:
+                if held is not None and len(held) >= LOOKUPS_PER_OWNER:
+                    metrics.WEBHOOK_LOOKUPS_REFUSED.inc()
+                    raise EgressRefused(
+                        f"{len(held)} of this organization's webhook hosts are still "
+                        f"resolving; {host!r} is tried again later"
+                    )
+                call = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+                lookup = self._running[key] = self._threads.submit(call)
+                lookup.add_done_callback(functools.partial(self._ended, key))
+            if held is not None and key in self._running:
+                held.add(key)
+            return lookup
+
+    def _ended(self, key: tuple[str, int], _: concurrent.futures.Future[list[Any]]) -> None:
+        with self._lock:  # on the lookup's thread
+            self._running.pop(key, None)
+            for owner, held in list(self._owners.items()):
+                held.discard(key)
+                if not held:
+                    del self._owners[owner]
+
+
+_lookups = _Lookups()
+
+
+async def resolve(host: str, port: int, owner: str | None = None) -> list[str]:
+    """Every address `host` resolves to (an address literal: itself); `owner` (an organization)
+    counts against its lookups still running (`_Lookups`)."""
+    waiting = asyncio.wrap_future(_lookups.start(host, port, owner))
+    waiting.add_done_callback(_retrieved)
+    # Shielded: a caller that gives up does not cancel the lookup other callers share.
+    infos = await asyncio.shield(waiting)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-async def check(url: str, settings: WebhookSettings) -> Target:
+def _retrieved(waiting: asyncio.Future[list[Any]]) -> None:
+    """Read a lookup's failure, so one no caller waited for any more is not logged as lost."""
+    if not waiting.cancelled():
+        waiting.exception()
+
+
+async def check(url: str, settings: WebhookSettings, owner: str | None = None) -> Target:
     """Clear `url` for a post, or raise `EgressRefused` saying why. An internationalised host
-    is judged, and posted to, in its IDNA form (a webhook stored before create normalised it)."""
+    is judged, and posted to, in its IDNA form (a webhook stored before create normalised it).
+    `owner`, the organization whose webhook it is, bounds its lookups still running."""
     try:
         url = ascii_url(url)
     except ValueError as exc:
@@ -130,7 +198,7 @@ async def check(url: str, settings: WebhookSettings) -> Target:
         )
     port = parts.port or 443
     try:
-        addresses = await within(resolve(host, port), RESOLVE_TIMEOUT_S)
+        addresses = await within(resolve(host, port, owner), RESOLVE_TIMEOUT_S)
     except TimeoutError:
         raise EgressRefused(
             f"url's host {host!r} did not resolve within {RESOLVE_TIMEOUT_S:g} s"

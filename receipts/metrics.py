@@ -429,8 +429,15 @@ WEBHOOK_DELIVERIES = Counter(
     "receipt_webhook_deliveries",
     "Tries of per-organization webhook deliveries, by event and outcome: delivered, retried "
     "(an error, an answer other than 2xx or an address the egress rules refuse: tried again), "
-    "failed (given up).",
+    "failed (given up), lapsed (posted or not, its record failed: its claim lapses and it is "
+    "tried again).",
     ["event", "outcome"],
+)
+WEBHOOK_LOOKUPS_REFUSED = Counter(
+    "receipt_webhook_lookups_refused",
+    "Webhook host lookups refused because the organization already had "
+    "activities/webhook_egress.py LOOKUPS_PER_OWNER hosts still resolving (a host whose DNS "
+    "does not answer): the try is retried later.",
 )
 WEBHOOK_CHANGES = Counter(
     "receipt_webhook_changes",

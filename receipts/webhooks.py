@@ -43,6 +43,9 @@ TEST_EVENT = "webhook.test"
 MAX_URL_CHARS = 2_000
 MAX_DESCRIPTION_CHARS = 500
 SECRET_BYTES = 32
+# A try's error as recorded (`lastError` and its entry in `attempts`): the exception's text is
+# partly the receiver's (a bad head line of its answer, up to 16 KB), so it is cut to this.
+MAX_ERROR_CHARS = 500
 DELIVERY_STATUSES: tuple[str, ...] = ("pending", "delivered", "failed")
 
 
@@ -382,6 +385,8 @@ async def record_try(
     retry_ms: int = 0,
 ) -> datetime | None:
     """Record one try: `delivered`, `failed` (given up) or `pending` (again in `retry_ms`)."""
+    if error is not None and len(error) > MAX_ERROR_CHARS:
+        error = error[: MAX_ERROR_CHARS - 1] + "…"
     row = await store.fetch_one(
         "webhook_delivery_record",
         {

@@ -26,6 +26,10 @@ from receipts.waits import within
 from receipts.webhooks import Claimed, WebhookSettings
 
 log = logging.getLogger("roles.delivery.webhooks")
+# How late past the retry window a delivery's last try may be posted: the backoff cuts the last
+# wait to end at the window, so that try is claimed just after it. Later than this, it waited
+# behind a backlog, and is failed unposted (`expired`).
+LAST_TRY_GRACE_MS = 60_000
 
 
 @dataclass
@@ -104,6 +108,8 @@ class WebhookDeliverer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one delivery's failure stops no other
+            event = delivery.event if delivery.event in hooks.EVENTS else hooks.TEST_EVENT
+            metrics.WEBHOOK_DELIVERIES.labels(event, "lapsed").inc()
             log.warning(
                 "webhook try not recorded; its claim lapses and it is tried again",
                 exc_info=True,
@@ -123,9 +129,10 @@ class WebhookDeliverer:
         status_code: int | None = None
         error: str | None = None
         age_ms = (delivery.now - delivery.created_at).total_seconds() * 1000
-        if age_ms >= self.settings.retry_for_ms:
+        if age_ms >= self.settings.retry_for_ms + LAST_TRY_GRACE_MS:
             # Owed past the retry window (it waited behind its organization's backlog at a dead
-            # endpoint): failed unposted, not posted days late, and its job may be pruned.
+            # endpoint): failed unposted, not posted days late, and its job may be pruned. The
+            # try the backoff put at the window's end is posted (within the grace).
             error = "expired: not delivered within RECEIPT_WEBHOOK_RETRY_FOR_MS"
             return await self._record(delivery, "failed", None, error, started)
         data = await hooks.event_data(self.store, delivery)
@@ -144,7 +151,7 @@ class WebhookDeliverer:
         }
         timeout_s = self.settings.timeout_ms / 1000
         try:
-            target = await egress.check(delivery.url, self.settings)
+            target = await egress.check(delivery.url, self.settings, delivery.organization_id)
             # The whole exchange within the timeout (httpx's bounds each read, so a receiver
             # trickling a byte at a time would hold the post, and its organization's slot).
             response = await within(

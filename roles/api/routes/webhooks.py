@@ -185,7 +185,7 @@ async def create_webhook(request: Request, state: State, caller: Caller) -> JSON
     organization_id = _organization(caller, body)
     parsed = hooks.parse_create(body)
     try:
-        await egress.check(parsed.url, state.webhooks)
+        await egress.check(parsed.url, state.webhooks, organization_id)
     except egress.EgressRefused as exc:
         raise InvalidInput("url", str(exc)) from None
     try:
