@@ -31,6 +31,11 @@ JOBS_PER_OWNER = 100
 progress mirror writes up to a receipt a second while a task runs): a batch takes one of them
 for each JOBS_PER_OWNER jobs it may take (at least one), not `batch` of them, so one batch's
 transaction stays near the size `--batch` names."""
+CHAIN_RECEIPTS_PER_JOB = 10
+"""A batch of `batch` jobs takes settled objectives while their chains (`objectives.seq`: an
+objective's progress mirror writes up to a receipt a second per running task) hold at most
+`batch * CHAIN_RECEIPTS_PER_JOB` receipts together, and always the first: an objective goes
+whole, but one long chain is not deleted beside nine others in one transaction."""
 SCHEDULE_RECEIPTS = "schedule_receipts"  # old firings compacted (receipts/schedules/compaction.py)
 MAX_BATCH = 50_000
 
@@ -157,13 +162,25 @@ class Resume:
     looked_at: int = 0
     """Victims read so far, of every kind."""
 
-    async def victims(self, tx: Tx, kind: str, params: dict[str, Any]) -> list[str]:
+    async def victims(
+        self, tx: Tx, kind: str, params: dict[str, Any], chain_budget: int | None = None
+    ) -> list[str]:
         """The next batch of `kind` (`jobs`, `agent_jobs`, `objectives`), locked; the place
-        moves past them."""
+        moves past them. With `chain_budget`, the rows' third column (a chain's length) is
+        summed and the batch ends before the row that would pass it (the first is always
+        taken); the rows after it are looked at by the next batch."""
         after = getattr(self, kind)
         rows = await tx.fetch(
             VICTIMS[kind], {**params, "after_updated_at": after[0], "after_job_id": after[1]}
         )
+        if rows and chain_budget is not None:
+            taken, total = 0, 0
+            for row in rows:
+                total += int(row[2])
+                if taken and total > chain_budget:
+                    break
+                taken += 1
+            rows = rows[:taken]
         if rows:
             setattr(self, kind, (rows[-1][1], rows[-1][0]))
             self.looked_at += len(rows)
@@ -183,6 +200,7 @@ async def prune_batch(
     batch: int,
     steps: Sequence[PruneStep] | None = None,
     resume: Resume | None = None,
+    callback_urls: Sequence[str] = (),
 ) -> dict[str, int]:
     """Delete one batch of terminal jobs settled before `cutoff`, of settled agent jobs with
     their turns' queue jobs, and of settled objectives with their jobs, each whole, from where
@@ -191,8 +209,8 @@ async def prune_batch(
     removed: dict[str, int] = {}
     resume = resume or Resume()
     async with store.transaction() as tx:
-        params = {"cutoff": cutoff, "batch": batch}
-        owners = {**params, "batch": owners_per_batch(batch)}
+        params = {"cutoff": cutoff, "batch": batch, "callback_urls": list(callback_urls)}
+        owners = {**params, "batch": owners_per_batch(batch), "jobs_batch": batch}
         job_ids = await resume.victims(tx, "jobs", params)
         agent_job_ids = await resume.victims(tx, "agent_jobs", owners)
         if agent_job_ids:
@@ -225,7 +243,9 @@ async def _objectives_to_prune(
     the victims were read is left for the next pass, as is one a job of which still owes a
     callback or a webhook delivery. Holding each stream's lock, the prune
     cannot delete a chain under a writer's append, and no writer appends until it commits."""
-    victims = await resume.victims(tx, "objectives", params)
+    victims = await resume.victims(
+        tx, "objectives", params, chain_budget=params["jobs_batch"] * CHAIN_RECEIPTS_PER_JOB
+    )
     if not victims:
         return [], []
     rows = await tx.fetch("objective_streams_try_lock", {"objective_ids": victims})
@@ -267,7 +287,12 @@ def _settled_since(jobs: Sequence[_ObjectiveJob], cutoff: datetime) -> list[str]
 
 
 async def candidates(
-    store: Store, cutoff: datetime, batch: int, *, which: str = "prune_candidates"
+    store: Store,
+    cutoff: datetime,
+    batch: int,
+    *,
+    which: str = "prune_candidates",
+    callback_urls: Sequence[str] = (),
 ) -> AsyncIterator[list[str]]:
     """Yield the ids of the jobs (or with `which="prune_agent_candidates"`, the agent jobs) a
     prune at `cutoff` would remove, `batch` at a time, unlocked."""
@@ -278,6 +303,7 @@ async def candidates(
             {
                 "cutoff": cutoff,
                 "batch": batch,
+                "callback_urls": list(callback_urls),
                 "after_updated_at": after[0],
                 "after_job_id": after[1],
             },
@@ -296,6 +322,7 @@ async def prune(
     dry_run: bool = False,
     max_batches: int | None = None,
     schedules_after: str = "",
+    callback_urls: Sequence[str] = (),
 ) -> PruneResult:
     """Prune terminal jobs settled more than `older_than` ago (database clock; or before it, a
     time), batch by batch, until none is left (or `max_batches` ran). A dry run counts the same
@@ -315,7 +342,7 @@ async def prune(
                 break
         owners = owners_per_batch(batch)
         async for agent_job_ids in candidates(
-            store, cutoff, owners, which="prune_agent_candidates"
+            store, cutoff, owners, which="prune_agent_candidates", callback_urls=callback_urls
         ):
             result.batches += 1
             async with store.transaction() as tx:
@@ -345,7 +372,9 @@ async def prune(
     while max_batches is None or result.batches < max_batches:
         with translate_errors():
             looked_at = resume.looked_at
-            removed = await prune_batch(store, cutoff, batch, resume=resume)
+            removed = await prune_batch(
+                store, cutoff, batch, resume=resume, callback_urls=callback_urls
+            )
         if not removed and resume.looked_at == looked_at:
             break  # nothing left past the places: a batch that only passed over goes on
         result.batches += 1
@@ -391,6 +420,7 @@ async def export(
     older_than: Age,
     *,
     batch: int = DEFAULT_BATCH,
+    callback_urls: Sequence[str] = (),
 ) -> AsyncIterator[dict[str, Any]]:
     """Yield what a prune would remove now, one JSON object per line (given the cutoff as a
     time, `cutoff_for`'s, a `prune` given the same removes what was exported):
@@ -408,7 +438,9 @@ async def export(
         for line in (await _job_lines(store, job_ids)).values():
             yield line
     owners = owners_per_batch(batch)
-    async for agent_job_ids in candidates(store, cutoff, owners, which="prune_agent_candidates"):
+    async for agent_job_ids in candidates(
+        store, cutoff, owners, which="prune_agent_candidates", callback_urls=callback_urls
+    ):
         rows = await store.fetch("export_agent_jobs", {"agent_job_ids": agent_job_ids})
         turns_of: dict[str, list[str]] = {a: [] for a in agent_job_ids}
         for agent_job_id, job_id in await store.fetch(

@@ -121,6 +121,17 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
                   WHERE w.organization_id = a.organization_id AND w.status = 'pending'
                     AND w.subject COLLATE "C" >= a.agent_job_id || ':attempt:'
                     AND w.subject COLLATE "C" < a.agent_job_id || ':attempt;')
+  -- nor while a wakeup of it still owes its event callback to a configured URL: the wakeup
+  -- redrive (agent_wakeups_unposted) posts the wakeups of the last day not yet posted to it or
+  -- given up (no URL configured: nothing is owed)
+  AND NOT EXISTS (SELECT 1 FROM agent_job_wakeups k
+                  CROSS JOIN unnest(%(callback_urls)s::text[]) AS u(url)
+                  WHERE k.agent_job_id = a.agent_job_id
+                    AND k.created_at >= now() - interval '1 day'
+                    AND NOT EXISTS (SELECT 1 FROM callback_posts c
+                                    WHERE c.job_id = k.source_id AND c.event = 'session.wakeup'
+                                      AND c.url = u.url
+                                      AND (c.status = 'posted' OR c.attempts >= 5)))
   AND (a.updated_at, a.agent_job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY a.updated_at, a.agent_job_id
 LIMIT %(batch)s;
@@ -229,7 +240,7 @@ FOR UPDATE OF o SKIP LOCKED;
 
 -- name: prune_objective_candidates
 -- The same objectives without locks, keyset-paginated (dry run).
-SELECT o.objective_id, o.updated_at FROM objectives o
+SELECT o.objective_id, o.updated_at, o.seq FROM objectives o
 WHERE o.status IN ('completed', 'failed', 'canceled') AND o.updated_at < %(cutoff)s
   AND NOT objective_has_live_job(o.objective_id, o.organization_id)
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
@@ -244,13 +255,18 @@ LIMIT %(batch)s;
 -- objective's: the range of its caller id, its organization, naming it), with
 -- their status and last change, unlocked: the prune drops an objective one of whose jobs turned
 -- live; the dry run and the export take the ones settled after the cutoff (the older ones are
--- the job batches' own).
+-- the job batches' own). Each objective's range is read through jobs_id_bytewise_idx, one
+-- objective at a time (`OFFSET 0` keeps the planner from flattening the lateral read into a
+-- hash join over every job ever run; the organization is a filter, not a second index).
 SELECT o.objective_id, j.job_id, j.status, j.updated_at FROM objectives o
-JOIN jobs j
-  ON j.job_id COLLATE "C" >= 'objective:' || split_part(o.objective_id, '~', 1) || ':'
- AND j.job_id COLLATE "C" < 'objective:' || split_part(o.objective_id, '~', 1) || ';'
- AND j.organization_id = o.organization_id
- AND j.state -> 'payload' ->> 'objectiveId' = o.objective_id
+CROSS JOIN LATERAL (
+    SELECT j.job_id, j.status, j.updated_at FROM jobs j
+    WHERE j.job_id COLLATE "C" >= 'objective:' || split_part(o.objective_id, '~', 1) || ':'
+      AND j.job_id COLLATE "C" < 'objective:' || split_part(o.objective_id, '~', 1) || ';'
+      AND (j.organization_id = o.organization_id) IS TRUE
+      AND j.state -> 'payload' ->> 'objectiveId' = o.objective_id
+    OFFSET 0
+) j
 WHERE o.objective_id = ANY (%(objective_ids)s::text[])
 ORDER BY j.job_id;
 

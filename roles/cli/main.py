@@ -179,7 +179,9 @@ def prune_command(
         await _prepare(url, writes=not dry_run)
         store = await open_store(url, core)
         try:
-            return await retention.prune(store, age, batch=batch, dry_run=dry_run)
+            return await retention.prune(
+                store, age, batch=batch, dry_run=dry_run, callback_urls=core.callback_urls
+            )
         finally:
             await store.close()
 
@@ -216,7 +218,7 @@ def export_command(older_than: str | None, before: datetime | None, output: Path
         store = await open_store(url, core)
         try:
             cutoff, _ = await retention.cutoff_for(store, age)
-            async for line in retention.export(store, cutoff):
+            async for line in retention.export(store, cutoff, callback_urls=core.callback_urls):
                 out.write(dumps(line) + "\n")
                 kind = next(k for k in ("jobId", "agentJobId", "objectiveId") if k in line)
                 written[kind] += 1

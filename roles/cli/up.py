@@ -11,7 +11,12 @@ from receipts.settings import SettingsError
 from roles.api.auth import LOCAL_TOKEN_FILE, ensure_local_admin_token
 from roles.infra.db import migrate_url, resolve_url
 from roles.infra.ports import wait_port
-from roles.infra.settings import CALLBACK_ROLES, DEFAULT_METRICS_PORTS, RuntimeSettings
+from roles.infra.settings import (
+    CALLBACK_ROLES,
+    DEFAULT_METRICS_PORTS,
+    ProcessSettings,
+    RuntimeSettings,
+)
 from roles.infra.supervisor import Supervised, say
 from roles.infra.temporal import temporal_argv
 from roles.role import ROLES
@@ -38,6 +43,17 @@ def role_env(role: str, env: dict[str, str]) -> dict[str, str]:
     if role == "temporal":
         return {k: v for k, v in env.items() if not k.startswith("RECEIPT_")}
     return {k: v for k, v in env.items() if role in ROLE_SECRETS.get(k, (role,))}
+
+
+def metrics_ports(process: ProcessSettings) -> str:
+    """The roles' own /metrics ports, as the start-up lines name them: the api serves its
+    /metrics on its API port (a port of its own only with RECEIPT_METRICS_PORT), and with
+    RECEIPT_METRICS_PORT set every role takes that port (0: any free one)."""
+    roles = [r for r in DEFAULT_METRICS_PORTS if r in ROLES and r != "api"]
+    if process.metrics_port is not None:
+        port = process.metrics_port or "any free port"
+        return f"{', '.join(roles)} and api on RECEIPT_METRICS_PORT ({port})"
+    return ", ".join(f"{r} :{DEFAULT_METRICS_PORTS[r]}" for r in roles)
 
 
 async def _temporal(data_dir: Path, env: dict[str, str], colour: bool) -> Supervised:
@@ -149,7 +165,7 @@ async def up(settings: RuntimeSettings) -> int:
     ]
     keepers = [asyncio.create_task(r.keep_alive(stopping)) for r in roles]
     host, port = settings.api.host, settings.api.port
-    metrics = ", ".join(f"{r} :{p}" for r, p in DEFAULT_METRICS_PORTS.items() if r in ROLES)
+    metrics = metrics_ports(settings.process)
     for line in (
         f"API          http://{host}:{port}   (docs: http://{host}:{port}/docs)",
         f"Console      http://{host}:{port}/console (sign in with the API token below)",

@@ -10,6 +10,7 @@ transaction-mode pooler the lock transaction pins one server connection, as any 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 
 from receipts import durations, metrics, retention
@@ -37,12 +38,14 @@ class RetentionLoop:
         batch: int = retention.DEFAULT_BATCH,
         interval_ms: int = DEFAULT_INTERVAL_MS,
         max_batches: int = MAX_BATCHES_PER_PASS,
+        callback_urls: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.older_than = older_than
         self.batch = batch
         self.interval_ms = interval_ms
         self.max_batches = max_batches
+        self.callback_urls = list(callback_urls)  # a wakeup owing a post to one keeps its job
         self._schedules_after = ""  # where the last pass left the schedules' compaction
 
     @classmethod
@@ -51,6 +54,7 @@ class RetentionLoop:
         store: Store,
         retention_setting: str,
         loops: LoopSettings,
+        callback_urls: Sequence[str] = (),
     ) -> RetentionLoop | None:
         """The loop `RECEIPT_RETENTION` asks for (None for `0`: keep everything); its interval is
         RECEIPT_RETENTION_INTERVAL_MS (`LoopSettings`). A bad value raises naming the setting
@@ -58,7 +62,9 @@ class RetentionLoop:
         older_than = durations.parse_duration(retention_setting, name="RECEIPT_RETENTION")
         if older_than is None:
             return None
-        return cls(store, older_than, interval_ms=loops.retention_interval_ms)
+        return cls(
+            store, older_than, interval_ms=loops.retention_interval_ms, callback_urls=callback_urls
+        )
 
     async def run_once(self) -> retention.PruneResult | None:
         """One pass: prune if no other process is pruning (then None: this pass was skipped)."""
@@ -77,6 +83,7 @@ class RetentionLoop:
                     batch=self.batch,
                     max_batches=self.max_batches,
                     schedules_after=self._schedules_after,
+                    callback_urls=self.callback_urls,
                 )
                 self._schedules_after = result.schedules_after
         if result.batches >= self.max_batches:

@@ -73,7 +73,10 @@ def start_loops(runtime: Runtime, *, maintenance: bool, post_callbacks: bool) ->
     runtime.spawn(resume.run(loops.startup_settle_ms), resume.name)
     if not maintenance:
         return
-    pruner = RetentionLoop.from_settings(runtime.store, runtime.settings.core.retention, loops)
+    core = runtime.settings.core
+    pruner = RetentionLoop.from_settings(
+        runtime.store, core.retention, loops, callback_urls=core.callback_urls
+    )
     if pruner is not None:
         runtime.spawn(
             Ticker(pruner.name, pruner.run_once, pruner.interval_ms).run(),

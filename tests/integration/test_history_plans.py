@@ -140,3 +140,25 @@ async def test_heartbeats_update_the_lease_row_hot_and_leave_the_jobs_row(
     updates, hot = stats["job_leases"]
     assert updates == 39 and hot >= 0.9 * updates
     assert leases == (0,)  # the settlement ended the lease
+
+
+async def test_a_prune_reads_an_objectives_jobs_by_their_key_range(
+    loaded: tuple[Store, str],
+) -> None:
+    """`objective_jobs` (every retention batch that takes objectives, the dry run, the export)
+    finds each objective's jobs through its key range (jobs_id_bytewise_idx), not by a scan of
+    every job ever run."""
+    _, url = loaded
+    ids = [f"plan-o{n}~t" for n in range(10)]
+    with psycopg.connect(url, autocommit=True) as conn:
+        for objective_id in ids:
+            conn.execute(
+                "INSERT INTO objectives (objective_id, organization_id, seq, status, phase, title,"
+                " created_at, updated_at, state) VALUES (%s, 'org-a', 1, 'completed', 1, 't',"
+                " now(), now(), '{}') ON CONFLICT DO NOTHING",
+                (objective_id,),
+            )
+        conn.execute("ANALYZE objectives")
+    plan = plan_of(url, "objective_jobs", {"objective_ids": ids})
+    assert not [s for s in plan if s[0] == "Seq Scan" and s[1] == "jobs"], plan
+    assert ("Index Scan", "jobs", "jobs_id_bytewise_idx") in plan, plan

@@ -1023,3 +1023,68 @@ async def test_a_batch_takes_one_objective_per_hundred_jobs_it_may_take(
     assert (await retention.prune_batch(store, cutoff, 100)).get("objectives") == 1
     assert (await retention.prune_batch(store, cutoff, 250)).get("objectives") == 2
     assert [await objectives.get(store, o) for o in ids] == [None, None, None]
+
+
+async def test_an_agent_job_whose_wakeup_callback_is_still_owed_is_kept(
+    fresh: tuple[Store, str],
+) -> None:
+    """A wakeup's event callback (RECEIPT_RESONATE_CALLBACK_URL / RECEIPT_EVENT_CALLBACK_URL) is
+    tried again by later passes while it is neither posted nor given up, as a job's terminal
+    callback is: retention keeps the agent job (and so its wakeup rows) until then, as it keeps a
+    job whose callback_outbox row is there."""
+    from receipts.agent_jobs import lifecycle, reads
+    from tests.integration.test_agent_jobs import current, dispatcher, play_turn, request
+
+    store, url = fresh
+    created, _ = await lifecycle.create(store, request("agent-owed"))
+    await dispatcher(store).run_once()
+    running_job = await current(store, created.agent_job_id)
+    await play_turn(store, running_job, {"outcome": "done", "result": 1})
+    settled = await lifecycle.settle_turn(store, created.agent_job_id, retry_base_ms=10)
+    assert settled is not None and settled.status == "succeeded"
+    await callback_posted(store, running_job.queue_job_id or "")
+    receiver = "http://127.0.0.1:9/down"
+    # The receiver has been down for 15 minutes; RECEIPT_RETENTION=10m.
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "UPDATE agent_jobs SET updated_at = updated_at - interval '15 minutes' "
+            "WHERE agent_job_id = %s",
+            (created.agent_job_id,),
+        )
+        conn.execute(
+            "UPDATE jobs SET updated_at = updated_at - interval '15 minutes' WHERE job_id = %s",
+            (running_job.queue_job_id,),
+        )
+    owed = await reads.unposted_wakeups(store, receiver, 50)
+    assert owed, "the settled job's wakeup is owed to the receiver"
+    await retention.prune(store, timedelta(minutes=10), callback_urls=[receiver])
+    assert await lifecycle.get(store, created.agent_job_id) is not None
+    assert await reads.unposted_wakeups(store, receiver, 50) == owed
+
+
+async def test_a_batch_takes_no_more_objective_chain_than_its_size_allows(
+    fresh: tuple[Store, str],
+) -> None:
+    """`--batch` bounds a batch's transaction: a settled objective goes whole, but a batch takes
+    a second one only while their chains (the progress mirror writes up to a receipt a second
+    per running task) stay within the batch's budget of receipts."""
+    store, url = fresh
+    ids = [f"long-{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
+    with psycopg.connect(url) as conn:
+        for objective_id in ids:
+            conn.execute(
+                "INSERT INTO objectives (objective_id, organization_id, seq, status, phase, title,"
+                " created_at, updated_at, state) VALUES (%s, 'org-a', 20000, 'completed', 1, 't',"
+                " now() - interval '41 days', now() - interval '40 days', '{}')",
+                (objective_id,),
+            )
+            conn.execute(
+                "INSERT INTO receipts (stream, seq, type, data) SELECT %s, s,"
+                " 'objective.task_progress', '{}' FROM generate_series(1, 20000) s",
+                (f"objectives/{objective_id}",),
+            )
+    first = await retention.prune(store, MONTH, batch=1000, max_batches=1)
+    assert first.removed.get("objectives") == 1, first.removed
+    assert first.removed["objective_receipts"] == 20_000
+    rest = await retention.prune(store, MONTH, batch=1000)
+    assert rest.removed["objectives"] == 2  # the others go in later batches, each whole

@@ -33,3 +33,15 @@ def test_a_host_whose_apparmor_restricts_user_namespaces_is_told_the_fix(tmp_pat
     sysctl.write_text("0\n")
     assert "apparmor" not in userns_advice(sysctl).lower()
     assert "RECEIPT_CODEX_SANDBOX=none" in userns_advice(tmp_path / "absent")
+
+
+def test_the_start_up_lines_name_only_the_metrics_ports_that_are_served() -> None:
+    """README's `make up` lines: the api's /metrics is on its API port (no port 9475 is served
+    unless RECEIPT_METRICS_PORT is set), the four other roles on 9471-9474."""
+    from roles.cli.up import metrics_ports
+    from roles.infra.settings import ProcessSettings
+
+    line = metrics_ports(ProcessSettings())
+    assert line == "driver :9471, worker-chat :9472, worker-codex :9473, worker-control :9474"
+    chosen = metrics_ports(ProcessSettings.model_validate({"RECEIPT_METRICS_PORT": "0"}))
+    assert ":947" not in chosen and "RECEIPT_METRICS_PORT" in chosen
