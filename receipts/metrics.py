@@ -415,7 +415,8 @@ SCHEDULE_FIRINGS = Counter(
     "RECEIPT_ORG_EXECUTABLES), skipped_commands (a steer the session's active job could not "
     "hold), repeated (a doubled firing, or an hour a DST change "
     "repeats), off_schedule (a time the definition no longer fires), none (paused or deleted "
-    "before the sync caught up).",
+    "before the sync caught up), error (a try that raised, the database away: Temporal tries "
+    "it again for 30 minutes, then the firing is lost).",
     ["outcome"],
 )
 SCHEDULE_SYNCS = Counter(

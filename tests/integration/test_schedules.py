@@ -767,3 +767,26 @@ async def test_schedules_temporal_refuses_do_not_hold_back_the_others(
     assert second.created == 1
     assert [s.schedule_id for s, _ in await schedules.unsynced(store, 10)] == broken
     await temporal_env.client.get_schedule_handle(temporal_id(settings, good)).delete()
+
+
+async def test_a_firing_that_raises_is_logged_and_counted(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A try of the fire activity that raised (the database away) was visible only in Temporal,
+    and a firing lost after its 30 minutes of tries left no count: each is logged
+    `schedule.fire_failed` and counted `error`, and raises for Temporal to try again."""
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.schedules import ScheduleActivities
+    from receipts import assembly
+
+    away = await assembly.open_store(db_url, min_size=1, max_size=1)
+    await away.close()  # every read of it fails
+    before = metrics.value("receipt_schedule_firings_total", outcome="error")
+    with pytest.raises(Exception):  # noqa: B017 (whatever the closed pool raises)
+        await ActivityEnvironment().run(
+            ScheduleActivities(away).fire_schedule, "s-away", "2026-12-06T10:00:00+00:00"
+        )
+    assert metrics.value("receipt_schedule_firings_total", outcome="error") == before + 1
+    [failed] = [r for r in caplog.records if getattr(r, "event", "") == "schedule.fire_failed"]
+    assert (failed.scheduleId, getattr(failed, "try")) == ("s-away", 1)
