@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import random
@@ -30,37 +29,32 @@ from receipts.tenancy import scoped_id
 from receipts.waits import within
 from roles.infra.ports import free_port, wait_port
 from tools.bench.processes import CpuMeter
+from tools.chaos.hostile_b import (
+    BOMBS,
+    MAX_BODY_BYTES,
+    ORG_B,
+    OUTPUT_LINE,
+    STREAMS_PER_CALLER,
+    body_of,
+    start_tenant_b,
+)
 from tools.chaos.plan import ChaosConfig
 from tools.chaos.run import prepare_database, role_env, start_stack, stop_stack
 from tools.chaos.state import Run
 
-ORG_A, ORG_B = "tenant-a", "tenant-b"
+ORG_A = "tenant-a"
 # The limits of the hostile stack: low enough that B reaches each of them within a short phase.
 ENQUEUE_RATE, ENQUEUE_BURST = 5, 10  # per organization (A's steady rate stays below it)
 MAX_QUEUED = 150  # per organization: B's flood also fills its queue
-MAX_BODY_BYTES = 256 * 1024
-STREAMS_PER_CALLER = 20
 SANDBOX = {
     "RECEIPT_SANDBOX_PROCESSES": "64",
     "RECEIPT_SANDBOX_FILE_SIZE_MB": "16",
     "RECEIPT_SANDBOX_CPU_SECONDS": "3",
     "RECEIPT_SANDBOX_MEMORY_MB": "256",
 }
-OUTPUT_LINE = "hostile tenant output"
-# B's commands, each against one limit: what it does, and the argv.
-BOMBS: dict[str, list[str]] = {
-    "fork": ["sh", "-c", "f() { f | f & }; f; sleep 4"],
-    "file_size": ["sh", "-c", "head -c 1073741824 /dev/zero > big"],
-    "cpu": ["sh", "-c", "while :; do :; done"],
-    "output": ["yes", OUTPUT_LINE],
-    "memory": ["python3", "-c", "b = bytearray(1 << 30)"],
-}
-BOMB_EVERY_S = 8.0  # B starts each kind of command once per this many seconds
-FLOOD_CLIENTS = 6
-FLOOD_PACE_S = 0.01  # each flood client posts at most this often: the flood is bounded
-BODY_EVERY_S = 1.0  # B posts one maximum-size body and one over the cap per this many seconds
 MEMORY_SAMPLE_S = 0.5
-LOAD = "load (this process)"  # the CPU report's entry of the load's own process
+LOAD = "load (A's client)"  # the CPU report's entry of this process
+LOAD_B = "load (B, its own process)"
 
 
 @dataclass
@@ -105,29 +99,6 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
-
-
-def body_of(org: str, job_id: str, command: list[str], **payload: Any) -> dict[str, Any]:
-    return {
-        "jobId": job_id,
-        "maxAttempts": 1,
-        "payload": {
-            "kind": "factory.task.run",
-            "authContext": {"userId": "hostile", "organizationId": org},
-            "task": {"command": command},
-            **payload,
-        },
-    }
-
-
-def sized_body(org: str, size: int) -> bytes:
-    """An enqueue body of exactly `size` bytes (a padded note in the payload)."""
-    body = body_of(org, f"b-big-{uuid.uuid4().hex[:12]}", ["true"], note="")
-    bare = len(json.dumps(body).encode())
-    body["payload"]["note"] = "x" * (size - bare)
-    encoded = json.dumps(body).encode()
-    assert len(encoded) == size
-    return encoded
 
 
 def a_command(rng: random.Random) -> list[str]:
@@ -182,170 +153,6 @@ async def tenant_a(
     await asyncio.gather(*pending)
 
 
-def raw_post(token: str, body: bytes) -> bytes:
-    """An enqueue of B's as HTTP/1.1 bytes (keep-alive)."""
-    head = (
-        "POST /agents/codex/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-async def raw_answer(reader: asyncio.StreamReader) -> int:
-    """Read one HTTP/1.1 answer (status line, headers, a Content-Length body); its status."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    length = 0
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        if name.strip().lower() == "content-length":
-            length = int(value.strip())
-    if length:
-        await reader.readexactly(length)
-    return status
-
-
-async def _b_post(
-    run: Run, http: httpx.AsyncClient, headers: dict[str, str], seen: Hostile, content: bytes
-) -> httpx.Response | None:
-    try:
-        response = await http.post(
-            f"{run.api_url}/agents/codex/jobs",
-            content=content,
-            headers=headers | {"Content-Type": "application/json"},
-            timeout=30,
-        )
-    except httpx.HTTPError as exc:
-        seen.answers_b[type(exc).__name__] += 1
-        return None
-    seen.answers_b[str(response.status_code)] += 1
-    return response
-
-
-async def tenant_b(
-    run: Run,
-    http: httpx.AsyncClient,
-    token: str,
-    seen: Hostile,
-    duration_s: float,
-    bomb_jobs: dict[str, list[str]],
-) -> None:
-    """B's flood for `duration_s`: enqueues past its rate, the most event streams its token may
-    hold (and one more), bodies at and past the cap, and a command against each sandbox limit
-    every BOMB_EVERY_S."""
-    headers = {"Authorization": f"Bearer {token}"}
-    deadline = time.monotonic() + duration_s
-    stop = asyncio.Event()
-
-    async def flood() -> None:
-        # Raw HTTP/1.1 on one kept-alive connection, as wrk would load it: an httpx client
-        # spends several times the CPU the api spends refusing its request, and on this
-        # machine the load shares the cores it measures.
-        port = int(run.api_url.rsplit(":", 1)[1])
-        while time.monotonic() < deadline:
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError as exc:
-                seen.answers_b[type(exc).__name__] += 1
-                await asyncio.sleep(0.5)
-                continue
-            try:
-                while time.monotonic() < deadline:
-                    body = json.dumps(
-                        body_of(ORG_B, f"b-flood-{uuid.uuid4().hex[:12]}", ["true"])
-                    ).encode()
-                    writer.write(raw_post(token, body))
-                    status = await raw_answer(reader)
-                    seen.answers_b[str(status)] += 1
-                    await asyncio.sleep(FLOOD_PACE_S)
-            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-                seen.answers_b[type(exc).__name__] += 1
-            finally:
-                writer.close()
-
-    async def bodies() -> None:
-        while time.monotonic() < deadline:
-            await _b_post(run, http, headers, seen, sized_body(ORG_B, MAX_BODY_BYTES))
-            await _b_post(run, http, headers, seen, sized_body(ORG_B, MAX_BODY_BYTES + 1))
-            await asyncio.sleep(BODY_EVERY_S)
-
-    async def bomb_round() -> None:
-        for kind, argv in BOMBS.items():
-            job_id = f"b-{kind}-{uuid.uuid4().hex[:8]}"
-            body = json.dumps(body_of(ORG_B, job_id, argv)).encode()
-            # B's own flood spends its rate: each command is posted again until admitted.
-            while time.monotonic() < deadline:
-                response = await _b_post(run, http, headers, seen, body)
-                if response is not None and response.status_code == 202:
-                    bomb_jobs.setdefault(kind, []).append(scoped_id(ORG_B, job_id))
-                    break
-                await asyncio.sleep(0.1)
-
-    async def bombs() -> None:
-        while time.monotonic() < deadline:
-            await asyncio.sleep(BOMB_EVERY_S)
-            await bomb_round()
-
-    async def hold_stream(url: str, opened: asyncio.Event) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            async with http.stream(
-                "GET", url, headers=headers | {"Accept": "text/event-stream"}, timeout=None
-            ) as response:
-                seen.answers_b[f"stream {response.status_code}"] += 1
-                if response.status_code == 200:
-                    seen.streams_held += 1
-                opened.set()
-                if response.status_code == 200:
-                    await stop.wait()
-        opened.set()
-
-    # The streams follow one job of B's held queued for an hour (a job's stream is live until
-    # it settles), cancelled when the phase is over; posted before the flood, as the first
-    # round of commands is.
-    long_id = f"b-long-{uuid.uuid4().hex[:8]}"
-    long_body = body_of(ORG_B, long_id, ["true"]) | {"delayMs": 3_600_000}
-
-    async def post_long_job() -> None:
-        response = None
-        while (response is None or response.status_code == 429) and time.monotonic() < deadline:
-            response = await _b_post(run, http, headers, seen, json.dumps(long_body).encode())
-            if response is None or response.status_code == 429:
-                await asyncio.sleep(0.2)
-
-    async def streams() -> None:
-        url = f"{run.api_url}/jobs/{long_id}/events"
-        holders = []
-        for _ in range(STREAMS_PER_CALLER):
-            opened = asyncio.Event()
-            holders.append(asyncio.create_task(hold_stream(url, opened)))
-            await opened.wait()
-        refused = await http.get(url, headers=headers | {"Accept": "text/event-stream"})
-        seen.answers_b[f"stream {refused.status_code}"] += 1
-        said = refused.json()["error"]["message"] if refused.status_code == 429 else refused.text
-        seen.stream_refusal = f"{refused.status_code} {said[:200]}"
-        await stop.wait()
-        await asyncio.gather(*holders, return_exceptions=True)
-        await http.post(
-            f"{run.api_url}/jobs/{long_id}/commands",
-            json={"type": "abort", "reason": "hostile run over"},
-            headers=headers,
-        )
-
-    async def clock() -> None:
-        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-        stop.set()
-
-    # The first round of commands goes in before the flood (from the burst B's rate allows):
-    # once six connections post without pause, a post of B's rarely finds a token.
-    await post_long_job()
-    await bomb_round()
-    await asyncio.gather(
-        clock(), streams(), bodies(), bombs(), *(flood() for _ in range(FLOOD_CLIENTS))
-    )
-
-
 async def settled_latencies(run: Run, phase: Phase, timeout_s: float) -> None:
     """Wait for A's jobs of `phase` to settle; their enqueue → settled times from the chain."""
     assert run.store is not None
@@ -369,9 +176,9 @@ async def settled_latencies(run: Run, phase: Phase, timeout_s: float) -> None:
 
 
 def cpu_now(run: Run) -> dict[str, float]:
-    """CPU seconds so far of each role (with what it started), Temporal and this process (the
-    load, A's and B's clients both: it shares the machine's cores with the stack it measures;
-    its own children are the roles, counted apart)."""
+    """CPU seconds so far of each role (with what it started), Temporal and this process (A's
+    client: it shares the machine's cores with the stack it measures; its own children are the
+    roles, counted apart). B's process reports its own (`LOAD_B`)."""
     pids = {name: role.pid for name, role in run.roles.items() if role.process}
     if run.temporal is not None and run.temporal.process is not None:
         pids["temporal"] = run.temporal.pid
@@ -516,11 +323,13 @@ async def hostile(config: ChaosConfig, a_rate: float = 3.0) -> int:
             await settled_latencies(run, seen.quiet, 120)
             run.say(f"quiet phase settled; {ORG_B}'s flood starts beside {ORG_A}")
             before = cpu_now(run)
-            await asyncio.gather(
-                tenant_a(run, http, token_a, seen.flood, seen, a_rate, config.duration_s),
-                tenant_b(run, http, token_b, seen, config.duration_s, bomb_jobs),
-            )
-            seen.cpu["flood"] = _spent(before, cpu_now(run))
+            b = await start_tenant_b(run.api_url, token_b, config.duration_s)
+            await tenant_a(run, http, token_a, seen.flood, seen, a_rate, config.duration_s)
+            tenant = await b
+            seen.cpu["flood"] = _spent(before, cpu_now(run)) | {LOAD_B: tenant.cpu_s}
+            seen.answers_b.update(tenant.answers)
+            seen.streams_held, seen.stream_refusal = tenant.streams_held, tenant.stream_refusal
+            bomb_jobs = tenant.bomb_jobs
             await settled_latencies(run, seen.flood, 120)
             await output_pace(run, http, token_b, seen, bomb_jobs.get("output", []))
             await bomb_outcomes(run, seen, bomb_jobs, 120)
