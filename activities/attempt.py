@@ -306,6 +306,10 @@ class AttemptActivities:
                 await settle.release()
             raise
         finally:
+            # The attempt is over (settled, released, or no longer this delivery's): a handler
+            # left running (it swallowed its cancellation) starts no command and its running
+            # command is killed, as at an abort.
+            ctx.aborted.set()
             await _cancel(beat_task)
             log.debug(  # its duration is `receipt_handler_duration_seconds`; the settle is INFO
                 "handler finished",

@@ -48,6 +48,14 @@ def rejected(status: str, job: Job | None, worker_id: str) -> AttemptResult:
     )
 
 
+def _described(exc: BaseException) -> str:
+    """`str(exc)`, or what stands for it when the exception cannot say (its `__str__` raised)."""
+    try:
+        return str(exc)
+    except Exception as broken:
+        return f"<str() of the exception raised {type(broken).__name__}>"
+
+
 class Settlement:
     """The ways one delivery of an attempt ends, each a fenced write through `fence`."""
 
@@ -69,20 +77,34 @@ class Settlement:
                 retry_delay_ms=exc.retry_delay_ms,
             )
         except asyncio.CancelledError:
-            raise
+            # Nobody cancelled the handler: the attempt stops waiting for it before it cancels
+            # it. Its own code raised CancelledError (it awaited a task or future something
+            # else cancelled): a handler failure, retried as an exception is.
+            log.warning(
+                "handler raised CancelledError without being cancelled",
+                extra={"event": "attempt.handler_error", "jobId": self.fence.job_id},
+            )
+            return await self.failure(
+                "CancelledError: the handler ended cancelled without being cancelled (it "
+                "awaited something that was cancelled)",
+                retryable=True,
+                status="failed",
+                result=None,
+                handler_s=handler_s,
+            )
         except FenceLost as exc:
             # An objective write was refused (logged there): the settle is refused the same way
             # and the result says why; no handler bug to report.
             return await self.failure(
                 str(exc), retryable=True, status="failed", result=None, handler_s=handler_s
             )
-        except Exception as exc:  # a handler bug: retry it while attempts remain
+        except BaseException as exc:  # a handler bug: retry it while attempts remain
             log.exception(
                 "handler raised",
                 extra={"event": "attempt.handler_error", "jobId": self.fence.job_id},
             )
             return await self.failure(
-                f"{type(exc).__name__}: {exc}",
+                f"{type(exc).__name__}: {_described(exc)}",
                 retryable=True,
                 status="failed",
                 result=None,
@@ -108,6 +130,7 @@ class Settlement:
     ) -> AttemptResult:
         """Settle `failed`: requeued while `retryable` with attempts left, else terminal with
         `status` copied onto the job's result."""
+        error = ops.bounded_error(error)
         outcome = await self._settle(
             status,
             lambda known: self.fence.fail(

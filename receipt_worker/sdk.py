@@ -185,6 +185,11 @@ def handler(
     `group` (`chat`, `codex` or `control`) its jobs run on that worker group, whatever routing
     would pick; install it in the entry-point group `receipt.handlers.<group>` then. A handler
     that runs commands (`sandbox=True`) runs where the sandbox is: `group="codex"`."""
+    if not isinstance(agent_id, str):
+        raise TypeError(
+            "@handler takes the agent id first: @handler('my-agent') above `async def`; "
+            f"got {agent_id!r}"
+        )
     if isinstance(kinds, str):
         raise ValueError(f"kinds of {agent_id!r} must be a list of payload kinds, not a string")
     if sandbox and group != "codex":

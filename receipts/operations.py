@@ -33,6 +33,10 @@ from receipts.text import sanitize
 
 log = logging.getLogger("receipts.operations")
 
+MAX_ERROR_CHARS = 4_000
+"""What a failure's error text may hold: it is in the job's row, every read and listing of it,
+its event stream and its callbacks (a handler's exception message has no bound of its own)."""
+
 # Other refusals (beside `receipts.mutate`'s OK and SETTLEMENT_CONFLICT).
 NOT_QUEUED = "not_queued"
 NOT_AVAILABLE = "not_available"
@@ -293,6 +297,13 @@ async def complete(
     return await _settle(store, job_id, worker_id, attempt, settlement_id, draft, known)
 
 
+def bounded_error(error: str) -> str:
+    """`error`, cut to `MAX_ERROR_CHARS` saying how much was cut."""
+    if len(error) <= MAX_ERROR_CHARS:
+        return error
+    return f"{error[:MAX_ERROR_CHARS]}… ({len(error) - MAX_ERROR_CHARS} more characters cut)"
+
+
 async def fail(
     store: Store,
     job_id: str,
@@ -314,7 +325,7 @@ async def fail(
     (not deliverable before `retry_delay_ms`, at most 30 s, when given); otherwise it is
     terminal, and a non-retryable failure copies `status` onto `job.result`.
     """
-    fields: dict[str, Any] = {"error": sanitize(error), "retryable": retryable}
+    fields: dict[str, Any] = {"error": sanitize(bounded_error(error)), "retryable": retryable}
     if status:
         fields["status"] = status
     if refund_attempt:

@@ -52,6 +52,9 @@ MAX_PROGRESS_BYTES = 64 * 1024
 MAX_RESULT_BYTES = 1024 * 1024
 """What a handler's progress (a receipt every half second at most) and its result (the job's
 row, every read of it and its event stream) may weigh as JSON: a request body's default cap."""
+MAX_JSON_DEPTH = 64
+"""How deeply a handler's progress and result may nest: as a request body's default
+(`RECEIPT_MAX_JSON_DEPTH`)."""
 _NOTHING = object()
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,9 @@ class FencedJobContext(JobContext):
         self._unsent: Any = _NOTHING
         self._last_sent = -math.inf
         self._later: asyncio.Task[None] | None = None
+        # The loop's clock against the monotonic one: `time_left` is asked from the handler's
+        # worker threads too (`asyncio.to_thread`, as the README advises), where no loop runs.
+        self._loop_behind = time.monotonic() - asyncio.get_running_loop().time()
 
     @property
     def payload(self) -> Mapping[str, Any]:
@@ -89,7 +95,7 @@ class FencedJobContext(JobContext):
 
     def time_left(self) -> float | None:
         deadline = self._ctx.deadline
-        return None if deadline is None else deadline - asyncio.get_running_loop().time()
+        return None if deadline is None else deadline + self._loop_behind - time.monotonic()
 
     async def progress(self, data: Any) -> bool:
         # Refused at the call whether it is written now or kept back: kept, it would fail only
@@ -179,6 +185,8 @@ class FencedJobContext(JobContext):
             )
         _check_command(argv, stdin, env, cwd)
         ctx = self._ctx
+        if ctx.aborted.is_set():  # an abort, or the attempt is over: nothing starts now
+            raise Fail("aborted")
         allowed = ctx.settings.factory.org_executables.get(ctx.job.organization_id or "")
         refused = first_refused(allowed, [("argv", list(argv))])
         if refused is not None:  # the handler chose it, maybe from the tenant's payload
@@ -250,10 +258,26 @@ def as_handler(declared: AgentHandler) -> Handler:
     return handle
 
 
+def _depth(value: Any) -> int:
+    """How deeply `value`'s lists and objects nest (iterative: no recursion limit)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, (list, tuple)):
+            deepest = max(deepest, level)
+            pending.extend((child, level + 1) for child in item)
+    return deepest
+
+
 def _check_json(value: Any, what: str, limit: int) -> None:
     """Refuse what the store cannot write, or should not: JSON once sanitized as a write is
     (bytes decoded, keys made strings, NaN as null: receipts/text.py `sanitize`), at most
-    `limit` bytes."""
+    `limit` bytes and `MAX_JSON_DEPTH` levels (the job's state is serialized by pydantic,
+    which refuses 255; the api refuses request bodies deeper than 64)."""
+    if (depth := _depth(value)) > MAX_JSON_DEPTH:
+        raise TypeError(f"{what} nests {depth} levels deep; at most {MAX_JSON_DEPTH} are kept")
     try:
         size = len(json.dumps(sanitize(value)).encode())
     except (TypeError, ValueError, RecursionError) as exc:
