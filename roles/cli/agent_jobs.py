@@ -315,8 +315,10 @@ def events_command(
     as_json: bool,
 ) -> None:
     """Print an agent job's receipts, or (--session) its owner session's wakeups."""
-    if (agent_job_id is None) == (session_id is None):
+    if agent_job_id is not None and session_id is not None:
         raise click.UsageError("give an agent job ID or --session, not both")
+    if agent_job_id is None and session_id is None:
+        raise click.UsageError("give an agent job ID, or --session with an owner session id")
     if session_id is not None:
         path, name = f"/sessions/{quote(session_id, safe='')}/events", f"session {session_id}"
     else:

@@ -213,7 +213,11 @@ def objectives_run(
 
 
 @objectives_group.command("ls")
-@click.option("--status", type=click.Choice(["active", "completed", "failed", "canceled"]))
+@click.option(
+    "--status",
+    type=click.Choice(["active", "completed", "failed", "canceled"]),
+    help="Only objectives in this status.",
+)
 @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
 @click.option("--cursor", help="Continue from a previous page's next cursor.")
 @_api_options

@@ -308,3 +308,15 @@ def test_the_cli_refuses_an_organization_filter_without_console() -> None:
 
     ran = CliRunner().invoke(ls_command, ["--session", "s-1", "--organization-id", "org-a"])
     assert ran.exit_code == 2 and "--organization-id goes with --console" in ran.output
+
+
+def test_agent_job_events_says_what_is_missing_or_doubled() -> None:
+    """With neither an agent job ID nor --session, the usage error said "not both"."""
+    from click.testing import CliRunner
+
+    from roles.cli.agent_jobs import events_command
+
+    neither = CliRunner().invoke(events_command, [])
+    assert neither.exit_code == 2 and "or --session with an owner session id" in neither.output
+    both = CliRunner().invoke(events_command, ["aj-1", "--session", "s-1"])
+    assert both.exit_code == 2 and "not both" in both.output
