@@ -123,7 +123,8 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
                     AND w.subject COLLATE "C" < a.agent_job_id || ':attempt;')
   -- nor while a wakeup of it still owes its event callback to a configured URL: the wakeup
   -- redrive (agent_wakeups_unposted) posts the wakeups of the last day not yet posted to it or
-  -- given up (no URL configured: nothing is owed)
+  -- given up (no URL configured: nothing is owed). `OFFSET 0` keeps each post's lookup a probe
+  -- of callback_posts' key, not an anti-join over every callback ever posted.
   AND NOT EXISTS (SELECT 1 FROM agent_job_wakeups k
                   CROSS JOIN unnest(%(callback_urls)s::text[]) AS u(url)
                   WHERE k.agent_job_id = a.agent_job_id
@@ -131,7 +132,8 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
                     AND NOT EXISTS (SELECT 1 FROM callback_posts c
                                     WHERE c.job_id = k.source_id AND c.event = 'session.wakeup'
                                       AND c.url = u.url
-                                      AND (c.status = 'posted' OR c.attempts >= 5)))
+                                      AND (c.status = 'posted' OR c.attempts >= 5)
+                                    OFFSET 0))
   AND (a.updated_at, a.agent_job_id) > (%(after_updated_at)s, %(after_job_id)s)
 ORDER BY a.updated_at, a.agent_job_id
 LIMIT %(batch)s;

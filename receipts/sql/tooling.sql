@@ -53,7 +53,8 @@ DROP DATABASE IF EXISTS {name} WITH (FORCE);
 -- name: preload_finished_jobs
 -- Clone a template job (its whole chain and projection row, written by the real operations) as
 -- `count` finished jobs `<prefix><n>`, the n-th settled `age_s + n * spacing_s` seconds before
--- the template. One statement: receipts, jobs rows and delivery rows of every clone.
+-- the template. One statement: receipts, jobs rows, delivery rows and the callbacks posted (a
+-- deployment with a callback URL) of every clone.
 WITH ids AS (
     SELECT g, %(prefix)s::text || g AS job_id,
            make_interval(secs => %(age_s)s + g * %(spacing_s)s) AS shift
@@ -68,6 +69,10 @@ WITH ids AS (
 ), delivered AS (
     INSERT INTO deliveries (job_id, generation, workflow_id, dispatched_at)
     SELECT ids.job_id, 0, ids.job_id, now() - ids.shift FROM ids
+), posted AS (
+    INSERT INTO callback_posts (job_id, event, url, status, attempts, posted_at)
+    SELECT ids.job_id, e.event, 'https://callbacks.example/hook', 'posted', 1, now() - ids.shift
+    FROM ids CROSS JOIN (VALUES ('dispatched'), ('completed')) AS e (event)
 )
 INSERT INTO jobs (job_id, seq, organization_id, session_key, agent_id, lane, kind, status,
                   attempt, max_attempts, abort_requested, available_at, lease_expires_at,

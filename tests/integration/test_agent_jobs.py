@@ -832,8 +832,9 @@ async def test_a_follow_up_a_turn_read_before_its_worker_died_reaches_the_next_t
         assert (await ops.expire_lease(store, turn)).ok
     await agent_dispatcher.run_once()
     chain = await store.read_stream(model.stream_of(job.agent_job_id))
-    moved = [r.data for r in chain if r.type == model.TRANSITIONED][-1]
-    assert moved["to"] == "queued" and moved["followUps"] == [{"msg": "also do X"}], moved
+    # The requeue (the same pass may start the next turn after it).
+    moved = [r.data for r in chain if r.type == model.TRANSITIONED and r.data["to"] == "queued"]
+    assert moved[-1]["followUps"] == [{"msg": "also do X"}], moved
 
 
 async def test_a_failed_dispatch_pass_is_counted(

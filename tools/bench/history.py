@@ -72,7 +72,10 @@ PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
         {"job_id": "history-0", **CAPS},
     ),
     "prune_victims, nothing due (retention, 60 s)": ("prune_victims", PASS_START),
-    "prune_agent_victims (retention, 60 s)": ("prune_agent_victims", PASS_START),
+    "prune_agent_victims (retention, 60 s)": (
+        "prune_agent_victims",
+        {**PASS_START, "callback_urls": ["https://callbacks.example/hook"]},
+    ),
     "prune_objective_victims (retention, 60 s)": ("prune_objective_victims", PASS_START),
     "objective_streams limit 200 (Factory outbox, 5 s)": ("objective_streams", {"limit": 200}),
     "objectives_audit_lost (Factory outbox, 5 s)": ("objectives_audit_lost", {"limit": 50}),
