@@ -116,8 +116,11 @@ class Tx:
         return bool(row and row[0])
 
     async def job_for_update(self, job_id: str) -> Job | None:
-        """Lock and return the job's projection row (None if the job does not exist)."""
-        cur = await self._conn.execute(query("job_for_update"), {"job_id": job_id})
+        """Lock and return the job's projection row (None if the job does not exist). Locked by
+        one statement, read by the next (one round trip): see queries.sql `job_lock`."""
+        async with self._conn.pipeline():
+            await self._conn.execute(query("job_lock"), {"job_id": job_id})
+            cur = await self._conn.execute(query("job_for_update"), {"job_id": job_id})
         row = await cur.fetchone()
         if row is None:
             await self.now()
@@ -143,11 +146,12 @@ class Tx:
     async def session_active_for_update(
         self, organization_id: str | None, session_key: str
     ) -> list[Job]:
-        """Lock (in jobId order) and return the active jobs on an organization's session key."""
-        cur = await self._conn.execute(
-            query("session_active_for_update"),
-            {"organization_id": organization_id, "session_key": session_key},
-        )
+        """Lock (in jobId order) and return the active jobs on an organization's session key
+        (locked by one statement and read by the next, as `job_for_update`)."""
+        params = {"organization_id": organization_id, "session_key": session_key}
+        async with self._conn.pipeline():
+            await self._conn.execute(query("session_active_lock"), params)
+            cur = await self._conn.execute(query("session_active_for_update"), params)
         return [Job.model_validate(row[0]) for row in await cur.fetchall()]
 
     async def append_job(

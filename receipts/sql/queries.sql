@@ -36,6 +36,23 @@ SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0));
 -- when a heartbeat wrote that after the row (migrations/0007_history.sql). Every read of a job's
 -- state goes through this overlay.
 
+-- name: job_lock
+-- The job's row lock alone; `Tx.job_for_update` reads the row in the next statement. A read in
+-- this one's snapshot, taken before a wait for the lock, misses the lease row a guarded plain
+-- heartbeat (guarded.sql) wrote meanwhile: it locks the jobs row without updating it, so the row
+-- is not re-read after the wait. The job's head read there is stale, and an append at it fails
+-- as a conflict (a singleton steer answered 409 "jobId already in use", a command refused).
+SELECT 1 FROM jobs WHERE job_id = %(job_id)s FOR UPDATE;
+
+-- name: session_active_lock
+-- `session_active_for_update`'s row locks alone, in jobId order (read by the next statement).
+SELECT 1 FROM jobs j
+WHERE j.organization_id IS NOT DISTINCT FROM %(organization_id)s
+  AND j.session_key = %(session_key)s
+  AND j.status IN ('queued', 'leased', 'running')
+ORDER BY j.job_id
+FOR UPDATE;
+
 -- name: job_for_update
 SELECT now(), CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
 FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
