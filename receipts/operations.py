@@ -26,7 +26,7 @@ from receipts.jobs import (
 )
 from receipts.mutate import OK as OK
 from receipts.mutate import SETTLEMENT_CONFLICT as SETTLEMENT_CONFLICT
-from receipts.mutate import Decision, Known, Outcome, Write, mutate, mutate_guarded
+from receipts.mutate import Decide, Decision, Known, Outcome, Write, mutate, mutate_guarded
 from receipts.plan import Step, next_step
 from receipts.store import Draft, Store
 from receipts.text import sanitize
@@ -43,6 +43,7 @@ NOT_AVAILABLE = "not_available"
 NOT_EXPIRED = "not_expired"
 NOT_STALE = "not_stale"
 NOT_PENDING = "not_pending"
+AGENT_JOB_NOT_RUNNING = "agent_job_not_running"
 TOO_MANY_COMMANDS = "too_many_commands"
 
 
@@ -443,8 +444,32 @@ async def add_command(
     An abort on a queued job also cancels it in the same transaction (no worker holds it).
     With `check_organization`, a job of another organization is reported `not_found`. A job
     already holding `max_commands` commands takes no steer or follow_up (`too_many_commands`):
-    its folded state keeps them all; an abort is always taken.
+    its folded state keeps them all; an abort is always taken. (An agent job's turn takes its
+    steers and follow-ups through receipts/agent_jobs/interventions.py `add_command`.)
     """
+    decide = command_decision(
+        type=type,
+        payload=payload,
+        reason=reason,
+        organization_id=organization_id,
+        check_organization=check_organization,
+        command_id=command_id,
+        max_commands=max_commands,
+    )
+    return await mutate(store, job_id, decide)
+
+
+def command_decision(
+    *,
+    type: str,
+    payload: Any = None,
+    reason: str | None = None,
+    organization_id: str | None = None,
+    check_organization: bool = True,
+    command_id: str | None = None,
+    max_commands: int | None = None,
+) -> Decide:
+    """What `add_command` decides of the job it locked (see there)."""
     if type not in COMMAND_TYPES:
         raise ValueError(f"command type must be one of {COMMAND_TYPES}")
     command = command_id or str(uuid.uuid4())
@@ -463,4 +488,4 @@ async def add_command(
             drafts.append(cancel_queued_draft(job, reason or "abort requested"))
         return drafts
 
-    return await mutate(store, job_id, decide)
+    return decide

@@ -1,18 +1,21 @@
 """What reaches an agent job from outside its turns: its owner's answer, a cancel (its owner's or
-an operator's), the input timeout. Each a transition under the job's row lock, as the turns'
-(receipts/agent_jobs/lifecycle.py)."""
+an operator's), the input timeout, a steer or follow-up to its turn. Each under the job's row
+lock, as the turns' (receipts/agent_jobs/lifecycle.py)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from receipts import operations as ops
 from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.lifecycle import append, job_for_update
 from receipts.agent_jobs.metrics import AGENT_JOB_EVENTS
 from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import cancel_queued_draft
 from receipts.errors import ConflictError, NotFoundError
+from receipts.kinds import TURN_KIND
+from receipts.mutate import OK, Decide, Outcome
 from receipts.store import Draft, Store, Tx
 
 log = logging.getLogger("receipts.agent_jobs")
@@ -140,3 +143,40 @@ async def fail_overdue_input(
         },
     )
     return failed
+
+
+async def add_command(store: Store, job_id: str, *, type: str, **command: Any) -> Outcome:
+    """`receipts.operations.add_command`, but a steer or follow-up to an agent job's turn is
+    taken only while its agent job runs on that turn (`add_turn_command`): one accepted after
+    the job stopped was consumed by the turn's end and handed to no turn."""
+    if type != "abort":
+        decide = ops.command_decision(type=type, **command)
+        turned = await add_turn_command(store, job_id, decide)
+        if turned is not None:
+            return turned
+    return await ops.add_command(store, job_id, type=type, **command)
+
+
+async def add_turn_command(store: Store, turn_job_id: str, decide: Decide) -> Outcome | None:
+    """A steer or follow-up to an agent job's turn, appended under the agent job's row lock (the
+    order a cancel takes: the agent job, then its turn): refused, `agent_job_not_running`,
+    unless the agent job still runs on this turn. None when `turn_job_id` is no agent job's
+    turn (the caller appends as for any job)."""
+    agent_job_id = model.agent_job_id_of_queue_job(turn_job_id)
+    if agent_job_id is None:
+        return None
+    async with store.transaction() as tx:
+        turn = await tx.job(turn_job_id)  # its kind never changes
+        if turn is None or turn.kind != TURN_KIND:
+            return None
+        job = await job_for_update(tx, agent_job_id)
+        turn = await tx.job_for_update(turn_job_id)
+        decision = decide(turn, await tx.now())
+        if isinstance(decision, Outcome):
+            return decision
+        if isinstance(decision, str):
+            return Outcome(decision, turn)
+        if job is None or job.status != "running" or job.queue_job_id != turn_job_id:
+            return Outcome(ops.AGENT_JOB_NOT_RUNNING, turn)
+        new, receipts = await tx.append_job(turn_job_id, turn, decision)
+        return Outcome(OK, new, tuple(receipts))

@@ -14,8 +14,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from receipts import jobs as jobmodel
-from receipts import operations, reads
+from receipts import reads
 from receipts import retry as retries
+from receipts.agent_jobs import interventions
 from receipts.enqueue import Admission
 from receipts.errors import InvalidInput
 from receipts.jobs import COMMAND_TYPES, LANES, STATUSES, Job
@@ -312,7 +313,7 @@ async def job_command(request: Request, jobId: str) -> Response:
             422,
             f"a command holds at most {settings.max_command_bytes} bytes (RECEIPT_MAX_COMMAND_BYTES)",
         )
-    outcome = await operations.add_command(
+    outcome = await interventions.add_command(
         store_of(request),
         job.job_id if job is not None else jobId,
         type=command_type,

@@ -21,6 +21,7 @@ from opentelemetry import trace
 
 from receipts import jobs as jobmodel
 from receipts import metrics, operations, reads
+from receipts.agent_jobs import interventions
 from receipts.enqueue import JOB_ID_PATTERN, EnqueueRequest, parse_enqueue
 from receipts.enqueue_request import cap_timeout
 from receipts.errors import InvalidInput, TransientStorageError
@@ -406,7 +407,7 @@ async def post_command(
         require_scope(caller, COMMANDS_RUN)
     internal_id = target.job_id
     for _ in range(COMMAND_CONFLICT_RETRIES):
-        outcome = await operations.add_command(
+        outcome = await interventions.add_command(
             state.require_store(),
             internal_id,
             type=body.type,
@@ -425,6 +426,13 @@ async def post_command(
         status = outcome.job.status if outcome.job else "terminal"
         raise ApiError(
             409, "terminal_state", f"job {job_id!r} is {status}; it takes no more commands"
+        )
+    if outcome.status == operations.AGENT_JOB_NOT_RUNNING:
+        raise ApiError(
+            409,
+            "agent_job_not_running",
+            f"job {job_id!r} is a turn of an agent job that no longer runs on it (stopped, or "
+            "moved on to another turn); it takes no steer or follow-up",
         )
     if outcome.status == operations.TOO_MANY_COMMANDS:
         metrics.API_LIMITED.labels("commands").inc()
