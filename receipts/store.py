@@ -15,12 +15,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from receipts import jobs as jobmodel
-from receipts.errors import (
-    ConflictError,
-    NotFoundError,
-    StorageError,
-    TransientStorageError,
-)
+from receipts.errors import ConflictError, NotFoundError, StorageError, TransientStorageError
 from receipts.job_append import insert_params, numbered, plan
 from receipts.jobs import Job, Receipt
 from receipts.pool import CHECK_IDLE_S, SESSION_SETTINGS, Pool
@@ -37,12 +32,14 @@ class SettlementPolicy:
     """What a layer above the store does in the very transaction of a job's append, given the
     job before it (None for a new job), after it, and the receipts appended: the Factory's
     control outbox (receipts/objectives/store.py `CONTROL_OUTBOX`). `wants` says, without a
-    round trip, whether `write` has anything to do: an append no policy wants may be written as
-    one guarded statement outside a transaction (receipts/guarded.py). The store knows no such
-    layer; the process registers its policies when it opens the store (receipts/assembly.py)."""
+    round trip, whether it has anything to do (an append no policy wants may be one guarded
+    statement: receipts/guarded.py); `lock` takes its locks before the job is written (whose
+    write locks its organization's open-jobs counter row: the transaction's last lock), `write`
+    writes after. The process registers the policies (receipts/assembly.py)."""
 
     wants: Callable[[Job | None, Job, Sequence[Draft]], bool]
     write: Callable[[Tx, Job | None, Job, Sequence[Draft]], Awaitable[None]]
+    lock: Callable[[Tx, Job], Awaitable[None]] | None = None
 
 
 _TRANSIENT_SQLSTATES = {
@@ -54,11 +51,7 @@ _TRANSIENT_SQLSTATES = {
     "57P02",  # crash_shutdown
     "57P03",  # cannot_connect_now
     "53300",  # too_many_connections
-    "08000",
-    "08003",
-    "08006",
-    "08001",
-    "08004",
+    *("08000", "08003", "08006", "08001", "08004"),  # connection exceptions
 }
 
 
@@ -163,12 +156,15 @@ class Tx:
         would refuse raises `InvariantError` before anything is written.
         """
         planned = plan(job_id, job, drafts, await self.now(), owe_callbacks=self._owe_callbacks)
+        # Here, the one place every job receipt is written: what a policy writes commits with
+        # these receipts, or neither does.
+        wanted = [p for p in self._policies if p.wants(job, planned.folded, planned.drafts)]
+        for policy in wanted:
+            if policy.lock is not None:
+                await policy.lock(self, planned.folded)
         stored = await self._insert(planned.statement, planned.receipts, planned.params)
-        for policy in self._policies:
-            # Here, the one place every job receipt is written: what a policy writes commits
-            # with these receipts, or neither does.
-            if policy.wants(job, planned.folded, planned.drafts):
-                await policy.write(self, job, planned.folded, planned.drafts)
+        for policy in wanted:
+            await policy.write(self, job, planned.folded, planned.drafts)
         return planned.folded, stored
 
     async def lock_streams(self, streams: Sequence[str]) -> None:

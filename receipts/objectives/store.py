@@ -242,6 +242,20 @@ def _control_wanted(before: Job | None, job: Job, drafts: Sequence[Draft]) -> bo
     return expired or (job.terminal and (before is None or not before.terminal))
 
 
+async def lock_objective(tx: Tx, objective_id: str) -> None:
+    """Take the objective's stream lock (if it exists) before a job write of this transaction:
+    a job write locks its organization's open-jobs counter row, which a delivery takes after the
+    stream (the control job's enqueue), so taking it after the stream here too leaves no cycle
+    (docs/factory.md, "Lock order")."""
+    await tx.lock_stream_if(
+        objective_stream(objective_id), "objective_lock_if_exists", {"objective_id": objective_id}
+    )
+
+
+async def _control_lock(tx: Tx, job: Job) -> None:
+    await lock_objective(tx, str(job.payload["objectiveId"]))
+
+
 async def _control_write(tx: Tx, before: Job | None, job: Job, drafts: Sequence[Draft]) -> None:
     expired = any(d.type == "job.lease_expired" for d in drafts)
     await request_control(
@@ -260,7 +274,7 @@ async def _control_write(tx: Tx, before: Job | None, job: Job, drafts: Sequence[
 # `job.lease_expired`, record a control request on its objective's stream (delivered by the
 # outbox redrive). An objective that does not exist, or is another organization's, gets
 # nothing; so does a job of any other kind.
-CONTROL_OUTBOX = SettlementPolicy(wants=_control_wanted, write=_control_write)
+CONTROL_OUTBOX = SettlementPolicy(wants=_control_wanted, write=_control_write, lock=_control_lock)
 
 
 async def objectives_page(

@@ -4,7 +4,7 @@ nothing planned on the state it read, and the next one plans on the objective as
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -23,17 +23,41 @@ CONTROL = "factory.objective.control"
 TASK_LIST = [{"taskId": "t", "input": {"command": ["true"]}}]
 
 
+_BEFORE_LOCK: list[Callable[[str], Awaitable[None]]] = []
+
+
+@pytest.fixture(autouse=True)
+def writes_before_the_lock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A pass that writes jobs takes the objective's lock before them (`lock_objective`, the
+    lock order); the other writer of `first_write` commits just before that lock too."""
+    real = objectives.lock_objective
+
+    async def lock(tx: Tx, objective_id: str) -> None:
+        for before in list(_BEFORE_LOCK):
+            await before(objective_id)
+        await real(tx, objective_id)
+
+    monkeypatch.setattr(objectives, "lock_objective", lock)
+    yield
+    _BEFORE_LOCK.clear()
+
+
 def first_write(action: Callable[[str], Awaitable[object]]) -> objectives.Guard:
     """A guard that, the first time the pass writes the objective, runs `action(objective_id)`
-    (another writer, in its own transactions), just before the pass's own write takes the
-    stream's lock."""
+    (another writer, in its own transactions), just before the pass takes the objective's lock
+    (its `lock_objective` before a job write, or its write's own)."""
     done = False
 
-    async def guard(tx: Tx, objective_id: str) -> None:
+    async def once(objective_id: str) -> None:
         nonlocal done
         if not done:
             done = True
             await action(objective_id)
+
+    _BEFORE_LOCK.append(once)
+
+    async def guard(tx: Tx, objective_id: str) -> None:
+        await once(objective_id)
 
     return guard
 

@@ -1,12 +1,10 @@
-"""The objective lock order ("job rows first, then the objective's stream", docs/factory.md) is
-broken by the org_open_jobs counters: a job write updates the counter row of its backend's slot
-(pg_backend_pid() % 16, migration 0009) before a stream lock in some paths (a control pass's task
-dispatch, a task's settle hook) and after it in others (`deliver`, so `request_cancel`, the
-outbox, the watchdog): two backends of one slot wait on each other in a cycle, and PostgreSQL
-aborts one after deadlock_timeout (1 s); it is retried, nothing is lost. Known and not yet mended
-(docs/factory.md, "Lock order": updating the counters at commit was tried, but a deferred
-trigger runs after statement_timeout is disarmed, so the api's bounded enqueue could wait on a
-counter row for ever). The racers are closures over the round's ids, awaited within it."""
+"""The objective lock order: job rows, then the objective's stream, then a job write's
+organization counter row (org_open_jobs, the slot pg_backend_pid() % 16 shared by one backend in
+16, migration 0009). A task's settle and a control pass's dispatch took the counter row before
+the stream, a delivery (the outbox, the watchdog, a user's cancel) after it: two backends of one
+slot waited on each other, and one was aborted after deadlock_timeout (1 s). Those paths now
+take the stream first (CONTROL_OUTBOX's lock, control.py). The racers are closures over the
+round's ids, awaited within it."""
 # ruff: noqa: B023
 
 from __future__ import annotations
@@ -14,15 +12,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
 from receipts import assembly
 from receipts import operations as ops
 from receipts.errors import TransientStorageError
 from receipts.objectives import control
 from receipts.objectives import store as objectives
 from receipts.objectives.model import task_job_id
-from receipts.store import Store
+from receipts.store import Store, Tx
 from tests.integration.helpers import create_objective
 
 CONTROL = "factory.objective.control"
@@ -48,14 +44,44 @@ async def colliding_pair(url: str) -> tuple[Store, Store]:
     raise AssertionError("no colliding backend in 200 tries")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a known lock cycle through the org_open_jobs counter rows (docs/factory.md, Lock "
-    "order): nothing is lost, the aborted transaction is retried; when the order is mended this "
-    "test passes and must lose its mark",
-)
-async def test_a_task_settle_racing_the_outbox_delivery_deadlocks(
+async def test_a_cancel_racing_a_control_pass_dispatch_never_deadlocks(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    """A control pass dispatches a task (the task job's enqueue updates the organization's
+    counter slot; the objective's stream was locked after it) while a cancel arrives (the
+    stream, then the control job's enqueue updates the counter slot): one of them was aborted
+    after deadlock_timeout (1 s). The pass's guard is slowed to hold the window open."""
+    a, b = await colliding_pair(fresh_db)
+    try:
+        await create_objective(fresh_store, "dl", [{"taskId": "x", "input": {"command": ["true"]}}])
+        window = 0.3
+
+        async def slow_guard(tx: Tx, objective_id: str) -> None:
+            await asyncio.sleep(window)  # between the pass's enqueue and its objective write
+
+        async def passing() -> Any:
+            try:
+                return await control.run_pass(a, "dl", CONTROL, slow_guard)
+            except TransientStorageError as exc:
+                return exc
+
+        async def cancelling() -> Any:
+            await asyncio.sleep(window / 3)
+            try:
+                async with b.transaction() as tx:
+                    return await objectives.request_cancel(tx, "dl", "stop")
+            except TransientStorageError as exc:
+                return exc
+
+        results = await asyncio.gather(passing(), cancelling())
+        failures = [r for r in results if isinstance(r, TransientStorageError)]
+        assert not failures, failures
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_task_settle_racing_the_outbox_delivery_never_deadlocks(
     fresh_store: Store, fresh_db: str
 ) -> None:
     """A task's job completes (its row, the counter slot, then — the settle hook — the
@@ -64,7 +90,7 @@ async def test_a_task_settle_racing_the_outbox_delivery_deadlocks(
     calls, repeated until they interleave."""
     a, b = await colliding_pair(fresh_db)
     deadlocks = 0
-    rounds = 3  # every round deadlocked in 20 of 20 tries (each costs deadlock_timeout, 1 s)
+    rounds = 5  # before the order was mended, every round deadlocked
     try:
         for n in range(rounds):
             oid = f"dl2-{n}"
