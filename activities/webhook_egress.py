@@ -141,7 +141,7 @@ class _Lookups:
                     metrics.WEBHOOK_LOOKUPS_REFUSED.inc()
                     raise EgressRefused(
                         f"{len(held)} of this organization's webhook hosts are still "
-                        f"resolving; {host!r} is tried again later"
+                        f"resolving; {host!r} is not looked up until one ends (try again later)"
                     )
                 call = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
                 lookup = self._running[key] = self._threads.submit(call)

@@ -299,10 +299,12 @@ async def complete(
 
 
 def bounded_error(error: str) -> str:
-    """`error`, cut to `MAX_ERROR_CHARS` saying how much was cut."""
+    """`error`, cut to at most `MAX_ERROR_CHARS` saying how much was cut (so a cut error is not
+    cut again)."""
     if len(error) <= MAX_ERROR_CHARS:
         return error
-    return f"{error[:MAX_ERROR_CHARS]}… ({len(error) - MAX_ERROR_CHARS} more characters cut)"
+    keep = MAX_ERROR_CHARS - 48  # room for the note
+    return f"{error[:keep]}… ({len(error) - keep} more characters cut)"
 
 
 async def fail(

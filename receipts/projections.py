@@ -9,7 +9,8 @@ receipts/assembly.py lists them all."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Generic, Protocol, TypeVar
@@ -28,7 +29,9 @@ class Tx(Protocol):
 
     async def fetch(self, name: str, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]: ...
 
-    def stream(self, name: str, params: Mapping[str, Any]) -> AsyncIterator[Sequence[Any]]: ...
+    def stream(
+        self, name: str, params: Mapping[str, Any]
+    ) -> AsyncGenerator[Sequence[Any], None]: ...
 
     async def execute(self, name: str, params: Mapping[str, Any]) -> int: ...
 
@@ -79,7 +82,7 @@ class Projection(Generic[S]):
         """Write the row of `state`, in the transaction that appended its receipts."""
         await tx.execute(self.write, self.row(state))
 
-    async def folded_batches(self, tx: Tx) -> AsyncIterator[tuple[list[str], dict[str, S]]]:
+    async def folded_batches(self, tx: Tx) -> AsyncGenerator[tuple[list[str], dict[str, S]], None]:
         """The chain of this kind read in `tx` and folded `FOLD_BATCH` streams at a time: each
         batch's stream ids (one that folds to nothing included) and their folded states. The
         receipts come from a server-side cursor, so however long the chain, one page of it and
@@ -88,15 +91,17 @@ class Projection(Generic[S]):
         ids: list[str] = []
         folded: dict[str, S] = {}
         chain: list[Receipt] = []
-        async for row in tx.stream("read_streams", {"prefix": prefix}):
-            receipt = Receipt.from_row(row)
-            if chain and receipt.stream != chain[0].stream:
-                self._fold_into(chain, ids, folded)
-                chain = []
-                if len(ids) >= FOLD_BATCH:
-                    yield ids, folded
-                    ids, folded = [], {}
-            chain.append(receipt)
+        # Closed in the transaction even when the caller stops early (an error): its cursor too.
+        async with aclosing(tx.stream("read_streams", {"prefix": prefix})) as rows:
+            async for row in rows:
+                receipt = Receipt.from_row(row)
+                if chain and receipt.stream != chain[0].stream:
+                    self._fold_into(chain, ids, folded)
+                    chain = []
+                    if len(ids) >= FOLD_BATCH:
+                        yield ids, folded
+                        ids, folded = [], {}
+                chain.append(receipt)
         if chain:
             self._fold_into(chain, ids, folded)
         if ids:
@@ -114,9 +119,10 @@ class Projection(Generic[S]):
         await tx.execute(f"{self.table}_lock", {})
         await tx.execute(f"{self.table}_clear", {})
         written = 0
-        async for _, folded in self.folded_batches(tx):
-            await tx.execute_many(self.write, [self.row(s) for s in folded.values()])
-            written += len(folded)
+        async with aclosing(self.folded_batches(tx)) as batches:
+            async for _, folded in batches:
+                await tx.execute_many(self.write, [self.row(s) for s in folded.values()])
+                written += len(folded)
         return written
 
     async def verify_in(self, tx: Tx) -> list[str]:
@@ -124,25 +130,26 @@ class Projection(Generic[S]):
         `tx` reads one snapshot (`receipts.assembly.verify`). Compared a batch of streams at a
         time, then the rows whose stream holds no receipt."""
         problems: list[tuple[str, str]] = []
-        async for ids, folded in self.folded_batches(tx):
-            rows = await tx.fetch(f"{self.table}_states", {"keys": ids})
-            live = {row[0]: self.model.model_validate(row[1]) for row in rows}
-            problems += [
-                (key, "in the projection but not in the chain")
-                for key in live.keys() - folded.keys()
-            ]
-            problems += [
-                (key, "in the chain but not in the projection")
-                for key in folded.keys() - live.keys()
-            ]
-            problems += [
-                (key, "projection differs from the fold of its chain")
-                for key in folded.keys() & live.keys()
-                if folded[key] != live[key]
-            ]
-            if self.columns:
-                rows = await tx.fetch(f"{self.table}_rows", {"keys": ids})
-                problems += self._column_problems(rows, folded)
+        async with aclosing(self.folded_batches(tx)) as batches:
+            async for ids, folded in batches:
+                rows = await tx.fetch(f"{self.table}_states", {"keys": ids})
+                live = {row[0]: self.model.model_validate(row[1]) for row in rows}
+                problems += [
+                    (key, "in the projection but not in the chain")
+                    for key in live.keys() - folded.keys()
+                ]
+                problems += [
+                    (key, "in the chain but not in the projection")
+                    for key in folded.keys() - live.keys()
+                ]
+                problems += [
+                    (key, "projection differs from the fold of its chain")
+                    for key in folded.keys() & live.keys()
+                    if folded[key] != live[key]
+                ]
+                if self.columns:
+                    rows = await tx.fetch(f"{self.table}_rows", {"keys": ids})
+                    problems += self._column_problems(rows, folded)
         unchained = await tx.fetch(f"{self.table}_unchained", {"prefix": self.model.STREAM_PREFIX})
         problems += [(row[0], "in the projection but not in the chain") for row in unchained]
         return [f"{self.noun}{key}: {problem}" for key, problem in sorted(problems)]

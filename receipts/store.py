@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -231,7 +231,7 @@ class Tx:
         cur = await self._conn.execute(query(name), params)
         return list(await cur.fetchall()) if cur.description else []
 
-    async def stream(self, name: str, params: Mapping[str, Any]) -> AsyncIterator[TupleRow]:
+    async def stream(self, name: str, params: Mapping[str, Any]) -> AsyncGenerator[TupleRow]:
         """The rows of the named statement `name`, fetched a page at a time from a server-side
         cursor: however many there are, this transaction holds one page."""
         async with self._conn.cursor(name=f"receipt_{name}") as cur:
@@ -339,14 +339,14 @@ class Store:
         await self._pool.close()
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Tx]:
+    async def transaction(self) -> AsyncGenerator[Tx]:
         """Open one transaction; it commits when the block ends, rolls back on an exception."""
         with translate_errors():
             async with self._pool.connection() as conn, conn.transaction():
                 yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[Tx]:
+    async def session(self) -> AsyncGenerator[Tx]:
         """One pooled connection and no transaction: each statement commits on its own. For the
         read and the guarded write of a one-statement change (receipts/guarded.py), which hold
         no lock between them: one checkout, so at most one pool check, for both."""
@@ -414,7 +414,7 @@ class Store:
         await self.fetch("ping", {})
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+    async def connection(self) -> AsyncGenerator[psycopg.AsyncConnection[TupleRow]]:
         """A pooled connection itself, for tests and development tools that look at one (its
         backend, its settings); the product asks for named operations. Errors are translated."""
         with translate_errors():

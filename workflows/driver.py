@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import timedelta
 from typing import NoReturn
@@ -51,9 +50,6 @@ SEARCH_ATTRIBUTES = (JOB_ID, AGENT_ID, LANE, KIND, ORGANIZATION_ID)
 # attempt as a `JobAttemptWorkflow` child and replay down that path; later ones took the patch.
 # `JobDriver`, which every dispatch starts now, has no such branch, so no marker per run.
 ATTEMPT_AS_ACTIVITY = "attempt-as-activity"
-# Drivers with callback URLs recorded before this patch posted `dispatched`, then scheduled the
-# attempt; later ones schedule both at once (a marker only in the runs that post `dispatched`).
-CALLBACK_BESIDE_ATTEMPT = "dispatched-callback-beside-attempt"
 CALLBACK_EVENTS = frozenset({"dispatched", *TERMINAL_STATUSES})
 # Patient enough to ride out a database restart (about a minute of retries).
 PREPARE_RETRY = RetryPolicy(
@@ -167,7 +163,9 @@ class _Driver:
         if plan.action != DriverAction.DISPATCH:
             return str(plan.action)
 
-        dispatched = await self._post_dispatched(request)
+        if not request.dispatched_posted:
+            await self._callback(request, "dispatched")
+            request.dispatched_posted = True
         attempt = AttemptInput(
             job_id=request.job_id,
             attempt=plan.attempt,
@@ -179,30 +177,11 @@ class _Driver:
             heartbeat_ms=plan.heartbeat_ms,
             deliveries=request.deliveries,
         )
-        try:
-            result = await self._run_attempt(request, plan, attempt)
-        finally:
-            if dispatched is not None:
-                # Before the terminal callback (the receiver hears `dispatched` first) and
-                # before a continue-as-new (which would leave the post behind).
-                await dispatched
+        result = await self._run_attempt(request, plan, attempt)
         if result.job_status in TERMINAL_STATUSES:
             await self._callback(request, result.job_status)
             return result.job_status
         self._continue(request, plan)
-
-    async def _post_dispatched(self, request: DriverInput) -> asyncio.Task[None] | None:
-        """Post `dispatched` once per job (the flag rides through continue-as-new) beside the
-        attempt, not before it: a receiver slow to answer does not delay the job's start. The
-        caller awaits the task before anything else is posted or the run continues as new."""
-        if request.dispatched_posted or not request.callbacks:
-            return None
-        request.dispatched_posted = True
-        if not workflow.patched(CALLBACK_BESIDE_ATTEMPT):
-            # A history recorded before the patch: posted first, then the attempt scheduled.
-            await self._callback(request, "dispatched")
-            return None
-        return asyncio.create_task(self._callback(request, "dispatched"))
 
     async def _run_attempt(
         self, request: DriverInput, plan: DriverPlan, attempt: AttemptInput

@@ -127,7 +127,7 @@ async def _dispatch_task(
     number = len(task.tries) + 1
     job_id = task_job_id(state.objective_id, task.task_id, number)
     async with store.transaction() as tx:
-        await objectives.lock_objective(tx, state.objective_id)  # before the jobs: lock order
+        await objectives.lock_objective(tx, state.objective_id, guard)  # lock order: jobs last
         await _hold(tx, state, caps)
         await enqueue_in(
             tx,
@@ -183,7 +183,7 @@ async def _dispatch_step(
         "input": {"command": list(step.command)},
     }
     async with store.transaction() as tx:
-        await objectives.lock_objective(tx, state.objective_id)  # before the jobs: lock order
+        await objectives.lock_objective(tx, state.objective_id, guard)  # lock order: jobs last
         await enqueue_in(tx, _request(state, "codex", STEP_KINDS[name], job_id, payload))
         await _watch_live(
             tx,
@@ -244,7 +244,7 @@ async def _settle(
 ) -> None:
     read_active = set(state.active_job_ids())
     async with store.transaction() as tx:
-        await objectives.lock_objective(tx, state.objective_id)  # before the jobs: lock order
+        await objectives.lock_objective(tx, state.objective_id, guard)  # lock order: jobs last
         audit = None
         if CONTRACTS[kind].terminal_objective_audit:
             # The contract's terminal-audit flag: settling the objective requests its audit.

@@ -242,14 +242,16 @@ def _control_wanted(before: Job | None, job: Job, drafts: Sequence[Draft]) -> bo
     return expired or (job.terminal and (before is None or not before.terminal))
 
 
-async def lock_objective(tx: Tx, objective_id: str) -> None:
-    """Take the objective's stream lock (if it exists) before a job write of this transaction:
-    a job write locks its organization's open-jobs counter row, which a delivery takes after the
-    stream (the control job's enqueue), so taking it after the stream here too leaves no cycle
-    (docs/factory.md, "Lock order")."""
+async def lock_objective(tx: Tx, objective_id: str, guard: Guard | None = None) -> None:
+    """Take the objective's stream lock (if it exists), then `guard`'s (a control job's fence:
+    its row), before a job write of this transaction: a job write locks its organization's
+    open-jobs counter row, which a delivery takes after the stream and the control job rows,
+    so taking it after them here too leaves no cycle (docs/factory.md, "Lock order")."""
     await tx.lock_stream_if(
         objective_stream(objective_id), "objective_lock_if_exists", {"objective_id": objective_id}
     )
+    if guard is not None:
+        await guard(tx, objective_id)
 
 
 async def _control_lock(tx: Tx, job: Job) -> None:

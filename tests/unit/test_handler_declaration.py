@@ -25,3 +25,14 @@ def test_handler_without_its_agent_id_says_so() -> None:
         @handler  # type: ignore[arg-type]
         async def forgot(job: Any) -> None:
             return None
+
+
+def test_an_error_cut_once_is_not_cut_again() -> None:
+    """A failure's error is cut where the attempt settles it and again where the operation
+    writes it: the second cut re-counted the first's note ("31 more characters cut")."""
+    from receipts import operations as ops
+
+    error = "ValueError: " + "x" * 5_000_000
+    once = ops.bounded_error(error)
+    assert len(once) <= ops.MAX_ERROR_CHARS and ops.bounded_error(once) == once
+    assert once.endswith(f"({len(error) - (ops.MAX_ERROR_CHARS - 48)} more characters cut)")

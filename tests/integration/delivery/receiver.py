@@ -24,11 +24,7 @@ class Receiver:
     anything else is answered 404 and kept in `strays`, and a wait that times out says what
     did arrive."""
 
-    def __init__(self, hold: asyncio.Event | None = None) -> None:
-        # With `hold`, each POST is read and kept in `arrived`, then answered only once `hold`
-        # is set (a receiver slow to answer).
-        self.hold = hold
-        self.arrived: list[bytes] = []
+    def __init__(self) -> None:
         self.requests: list[Received] = []
         self.strays: list[bytes] = []
         self._server: asyncio.Server | None = None
@@ -59,9 +55,6 @@ class Receiver:
             headers[name.strip().lower()] = value.strip()
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         posted = request_line.startswith(b"POST ")
-        if posted and self.hold is not None:
-            self.arrived.append(body)
-            await self.hold.wait()
         writer.write(
             b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
             if posted

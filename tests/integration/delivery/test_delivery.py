@@ -292,31 +292,6 @@ async def test_an_attempt_longer_than_the_worker_lost_timeout_keeps_one_delivery
     assert started.attempt == 1
 
 
-async def test_a_receiver_slow_to_answer_dispatched_does_not_delay_the_job(
-    client: Client, fresh_store: Store, fresh_db: str
-) -> None:
-    """`dispatched` is posted beside the attempt, not before it: with the receiver holding its
-    answer, the job runs and settles (before the driver would have scheduled it: three tries
-    of 5 s), and the receiver still hears `dispatched` before `completed`."""
-    from tests.integration.delivery.receiver import Receiver
-
-    hold = asyncio.Event()
-    async with (
-        Receiver(hold) as receiver,
-        running_stack(client, fresh_store, fresh_db, RECEIPT_EVENT_CALLBACK_URL=receiver.url),
-    ):
-        job = (await put(fresh_store, payload_extra=task("true"))).job
-        settled = await wait_for_status(fresh_store, job.job_id, timeout=12)
-        assert settled.status == "completed"
-        # Only `dispatched` has arrived (a try of it), unanswered: `completed` waits for it.
-        assert receiver.requests == [] and receiver.arrived
-        assert {json.loads(body)["event"] for body in receiver.arrived} == {"dispatched"}
-        hold.set()
-        await receiver.wait_for(2)
-    events = [json.loads(r.body)["event"] for r in receiver.requests]
-    assert events == ["dispatched", "completed"]
-
-
 async def test_callbacks_reach_the_receiver_with_token_and_signature(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:

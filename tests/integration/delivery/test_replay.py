@@ -118,10 +118,10 @@ async def test_delivery_histories_replay_under_the_sandbox(
 async def test_a_driver_that_posts_callbacks_replays_under_the_sandbox(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
-    """With callback URLs the driver schedules the attempt and posts `dispatched` beside it,
-    then the terminal one once `dispatched` is done: one patch marker (`dispatched` beside the
-    attempt; histories recorded before it replay down the old order), and the history replays
-    under the sandbox."""
+    """With callback URLs the driver posts `dispatched` before it schedules the attempt (a
+    driver killed mid-post has it claimed; a retry past the claim window posts it, so the
+    receiver still hears `dispatched` first), then the terminal one: no patch marker, and the
+    history replays under the sandbox."""
     from tests.integration.delivery.receiver import Receiver
 
     async with (
@@ -135,8 +135,8 @@ async def test_a_driver_that_posts_callbacks_replays_under_the_sandbox(
         assert (await wait_for_status(fresh_store, job.job_id)).status == "completed"
         await receiver.wait_for(2)
         (history,) = await closed_histories(client, f"ReceiptJobId = '{job.job_id}'", 1)
-    assert markers(history, PATCH_MARKER) == 1
-    assert activities_scheduled(history) == ["execute_attempt", "post_callbacks", "post_callbacks"]
+    assert markers(history, PATCH_MARKER) == 0
+    assert activities_scheduled(history) == ["post_callbacks", "execute_attempt", "post_callbacks"]
     await replay_sandboxed([history])
 
 
@@ -209,7 +209,7 @@ async def test_a_watchdog_tick_history_replays_under_the_sandbox(
 # run); the `jobdriver-*` files by the build that started `JobDriver`, the driver type without
 # the patch (`RECEIPT_RECORD_HISTORIES=<dir>` on the test above writes them), and
 # `jobdriver-callbacks-0` by that build with a callback URL (`dispatched` posted before the
-# attempt was scheduled, before `CALLBACK_BESIDE_ATTEMPT`). Workers of a
+# attempt is scheduled). Workers of a
 # later version must still replay them all, or drivers open across a deploy would stall on a
 # nondeterminism error until their run timeout: a change that breaks this test needs
 # `workflow.patched` (or a new workflow type, or a versioned task queue), not new files.
@@ -240,7 +240,7 @@ async def test_histories_recorded_by_this_and_earlier_versions_still_replay() ->
     assert sorted(markers(h, PATCH_MARKER) for h in drivers) == [0] * 4 + [1] * 4
     current = [h for h in histories if workflow_type(h) == "JobDriver"]
     assert [(attempt_activities(h), markers(h, PATCH_MARKER)) for h in current] == [(1, 0)] * 5
-    # One of them posted `dispatched` before it scheduled the attempt (before the patch).
+    # One of them posted `dispatched` before it scheduled the attempt, as this build does.
     (callbacks,) = [h for h in current if "post_callbacks" in activities_scheduled(h)]
     assert activities_scheduled(callbacks) == [
         "post_callbacks",

@@ -32,10 +32,10 @@ def writes_before_the_lock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     lock order); the other writer of `first_write` commits just before that lock too."""
     real = objectives.lock_objective
 
-    async def lock(tx: Tx, objective_id: str) -> None:
+    async def lock(tx: Tx, objective_id: str, guard: objectives.Guard | None = None) -> None:
         for before in list(_BEFORE_LOCK):
             await before(objective_id)
-        await real(tx, objective_id)
+        await real(tx, objective_id, guard)
 
     monkeypatch.setattr(objectives, "lock_objective", lock)
     yield
