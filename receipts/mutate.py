@@ -13,7 +13,7 @@ from datetime import datetime
 from receipts.errors import ConflictError
 from receipts.guarded import NeedsTransaction, append_if_unchanged
 from receipts.jobs import LEASED_STATUSES, Job, Receipt
-from receipts.store import Draft, Store
+from receipts.store import Draft, Store, Tx
 
 log = logging.getLogger("receipts.operations")
 
@@ -57,16 +57,20 @@ async def mutate(store: Store, job_id: str, decide: Decide) -> Outcome:
     try:
         async with store.transaction() as tx:
             job = await tx.job_for_update(job_id)
-            decision = decide(job, await tx.now())
-            if isinstance(decision, Outcome):
-                return decision
-            if isinstance(decision, str):
-                return Outcome(decision, job)
-            new, receipts = await tx.append_job(job_id, job, decision)
-            return Outcome(OK, new, tuple(receipts))
+            return await apply(tx, job_id, job, decide(job, await tx.now()))
     except ConflictError:
         log.warning("append conflict", extra={"event": "job.append_conflict", "jobId": job_id})
         return Outcome(SETTLEMENT_CONFLICT, await store.get_job(job_id))
+
+
+async def apply(tx: Tx, job_id: str, job: Job | None, decision: Decision) -> Outcome:
+    """Carry out `decision` on `job` (locked in `tx`): a refusal as it is, receipts appended."""
+    if isinstance(decision, Outcome):
+        return decision
+    if isinstance(decision, str):
+        return Outcome(decision, job)
+    new, receipts = await tx.append_job(job_id, job, decision)
+    return Outcome(OK, new, tuple(receipts))
 
 
 # A guarded write refused this many times in a row (the job kept changing under it: commands

@@ -429,36 +429,11 @@ async def consume_command(
     return await _fenced(store, job_id, worker_id, attempt, write)
 
 
-async def add_command(
-    store: Store,
-    job_id: str,
-    *,
-    type: str,
-    payload: Any = None,
-    reason: str | None = None,
-    organization_id: str | None = None,
-    check_organization: bool = True,
-    command_id: str | None = None,
-    max_commands: int | None = None,
-) -> Outcome:
-    """Append a `queue.command` (steer, follow_up or abort) to a job that is not terminal.
-
-    An abort on a queued job also cancels it in the same transaction (no worker holds it).
-    With `check_organization`, a job of another organization is reported `not_found`. A job
-    already holding `max_commands` commands takes no steer or follow_up (`too_many_commands`):
-    its folded state keeps them all; an abort is always taken. (An agent job's turn takes its
-    steers and follow-ups through receipts/agent_jobs/interventions.py `add_command`.)
-    """
-    decide = command_decision(
-        type=type,
-        payload=payload,
-        reason=reason,
-        organization_id=organization_id,
-        check_organization=check_organization,
-        command_id=command_id,
-        max_commands=max_commands,
-    )
-    return await mutate(store, job_id, decide)
+async def add_command(store: Store, job_id: str, **command: Any) -> Outcome:
+    """Append a `queue.command` to a job that is not terminal, as `command_decision` decides
+    (its keywords). An agent job's turn takes its steers and follow-ups through
+    receipts/agent_jobs/interventions.py `add_command`."""
+    return await mutate(store, job_id, command_decision(**command))
 
 
 def command_decision(
@@ -471,7 +446,12 @@ def command_decision(
     command_id: str | None = None,
     max_commands: int | None = None,
 ) -> Decide:
-    """What `add_command` decides of the job it locked (see there)."""
+    """What `add_command` decides of the job it locked: a `queue.command` (steer, follow_up or
+    abort) for a job that is not terminal. An abort on a queued job also cancels it in the same
+    transaction (no worker holds it). With `check_organization`, a job of another organization
+    is reported `not_found`. A job already holding `max_commands` commands takes no steer or
+    follow_up (`too_many_commands`): its folded state keeps them all; an abort is always
+    taken."""
     if type not in COMMAND_TYPES:
         raise ValueError(f"command type must be one of {COMMAND_TYPES}")
     command = command_id or str(uuid.uuid4())

@@ -15,7 +15,7 @@ from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import cancel_queued_draft
 from receipts.errors import ConflictError, NotFoundError
 from receipts.kinds import TURN_KIND
-from receipts.mutate import OK, Decide, Outcome
+from receipts.mutate import Decide, Outcome, apply
 from receipts.store import Draft, Store, Tx
 
 log = logging.getLogger("receipts.agent_jobs")
@@ -172,11 +172,7 @@ async def add_turn_command(store: Store, turn_job_id: str, decide: Decide) -> Ou
         job = await job_for_update(tx, agent_job_id)
         turn = await tx.job_for_update(turn_job_id)
         decision = decide(turn, await tx.now())
-        if isinstance(decision, Outcome):
-            return decision
-        if isinstance(decision, str):
-            return Outcome(decision, turn)
-        if job is None or job.status != "running" or job.queue_job_id != turn_job_id:
-            return Outcome(ops.AGENT_JOB_NOT_RUNNING, turn)
-        new, receipts = await tx.append_job(turn_job_id, turn, decision)
-        return Outcome(OK, new, tuple(receipts))
+        running = job is not None and job.status == "running" and job.queue_job_id == turn_job_id
+        if isinstance(decision, list) and not running:
+            decision = ops.AGENT_JOB_NOT_RUNNING
+        return await apply(tx, turn_job_id, turn, decision)

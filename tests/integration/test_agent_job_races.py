@@ -16,28 +16,23 @@ import pytest
 from receipts import assembly
 from receipts import operations as ops
 from receipts.agent_jobs import claims, interventions, lifecycle, model
-from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.errors import ConflictError
 from receipts.store import Store
 from roles.delivery.agent_jobs import AgentJobDispatcher
+from tests.integration.test_agent_jobs import request
 
-ROUNDS = int(__import__("os").environ.get("RACE_ROUNDS", "25"))
+ROUNDS = 25
 
 
-def request(agent_id: str, **extra: Any) -> CreateRequest:
-    values: dict[str, Any] = {
-        "agent_id": agent_id,
-        "organization_id": "org-a",
-        "owner_session_id": f"session-{uuid.uuid4().hex[:8]}",
-        "source_actor_event_id": "event-1",
-        "source_tool_call_id": f"tool-{uuid.uuid4().hex[:8]}",
-        "reply_route": {"binding": "slack", "channel": "C1", "thread": "T1"},
-        "input": {"prompt": "work"},
-    }
-    values.update(extra)
-    return CreateRequest(**values)
+async def claimed_turn(store: Store) -> tuple[AgentJob, str]:
+    """A new agent job of a new agent, its first turn claimed: the job and the turn's job id."""
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    job, _ = await lifecycle.create(store, request(agent))
+    claimed = await claims.claim_attempt(store, job.agent_job_id, agent)
+    assert isinstance(claimed, AgentJob) and claimed.queue_job_id
+    return job, claimed.queue_job_id
 
 
 def dispatcher(store: Store, **settings: Any) -> AgentJobDispatcher:
@@ -177,14 +172,12 @@ async def test_two_dispatchers_never_run_more_than_three(two: Any) -> None:
 # --- 2. an answer racing the input timeout ----------------------------------------------------
 
 
-async def waiting_job(store: Store, agent: str) -> AgentJob:
-    job, _ = await lifecycle.create(store, request(agent))
-    claimed = await claims.claim_attempt(store, job.agent_job_id, agent)
-    assert isinstance(claimed, AgentJob) and claimed.queue_job_id
-    w = await lease_turn(store, claimed.queue_job_id)
+async def waiting_job(store: Store) -> AgentJob:
+    job, qid = await claimed_turn(store)
+    w = await lease_turn(store, qid)
     await end_turn(
         store,
-        claimed.queue_job_id,
+        qid,
         w,
         {"outcome": "needs_input", "question": "q", "toolCallId": "call-1"},
     )
@@ -199,8 +192,7 @@ async def test_an_answer_racing_the_input_timeout(two: Any) -> None:
     a, b = two
     timeout_ms = 30
     for _ in range(ROUNDS):
-        agent = f"agent-{uuid.uuid4().hex[:6]}"
-        job = await waiting_job(a, agent)
+        job = await waiting_job(a)
         await asyncio.sleep(timeout_ms / 1000 + 0.005)
 
         async def answering() -> Any:
@@ -235,8 +227,7 @@ async def test_two_different_answers_one_accepted(two: Any) -> None:
     refused 409 (NotWaiting). The same answer twice: both answered, one receipt."""
     a, b = two
     for n in range(ROUNDS):
-        agent = f"agent-{uuid.uuid4().hex[:6]}"
-        job = await waiting_job(a, agent)
+        job = await waiting_job(a)
         same = n % 2 == 0
 
         async def answering(store: Store, text: str) -> Any:
@@ -283,11 +274,7 @@ async def test_cancel_racing_a_turns_end(two: Any) -> None:
     terminal job."""
     a, b = two
     for n in range(ROUNDS * 2):
-        agent = f"agent-{uuid.uuid4().hex[:6]}"
-        job, _ = await lifecycle.create(a, request(agent))
-        claimed = await claims.claim_attempt(a, job.agent_job_id, agent)
-        assert isinstance(claimed, AgentJob) and claimed.queue_job_id
-        qid = claimed.queue_job_id
+        job, qid = await claimed_turn(a)
         outcome = OUTCOMES[n % len(OUTCOMES)]
         leased = n % 3 != 0
         w = await lease_turn(a, qid) if leased else None
@@ -338,11 +325,7 @@ async def test_follow_up_racing_a_turns_end_is_never_lost(two: Any) -> None:
     transition's followUps) exactly once; a refused one is refused as terminal_state."""
     a, b = two
     for n in range(ROUNDS * 2):
-        agent = f"agent-{uuid.uuid4().hex[:6]}"
-        job, _ = await lifecycle.create(a, request(agent))
-        claimed = await claims.claim_attempt(a, job.agent_job_id, agent)
-        assert isinstance(claimed, AgentJob) and claimed.queue_job_id
-        qid = claimed.queue_job_id
+        job, qid = await claimed_turn(a)
         w = await lease_turn(a, qid)
         outcome = OUTCOMES[n % len(OUTCOMES)]
         marker = f"fu-{n}"
@@ -385,14 +368,9 @@ async def test_retry_with_delay_racing_cancel_and_claims(two: Any) -> None:
     no turn queue job is left queued."""
     a, b = two
     for _ in range(ROUNDS):
-        agent = f"agent-{uuid.uuid4().hex[:6]}"
-        job, _ = await lifecycle.create(a, request(agent))
-        claimed = await claims.claim_attempt(a, job.agent_job_id, agent)
-        assert isinstance(claimed, AgentJob) and claimed.queue_job_id
-        w = await lease_turn(a, claimed.queue_job_id)
-        await end_turn(
-            a, claimed.queue_job_id, w, {"outcome": "failed", "error": "e", "retryDelayMs": 3}
-        )
+        job, qid = await claimed_turn(a)
+        w = await lease_turn(a, qid)
+        await end_turn(a, qid, w, {"outcome": "failed", "error": "e", "retryDelayMs": 3})
 
         async def cancelling() -> Any:
             await asyncio.sleep(random.random() * 0.01)
@@ -488,11 +466,7 @@ async def test_a_follow_up_to_a_stopped_jobs_live_turn_is_refused(two: Any) -> N
     refuses everything that turn's end would write: no next turn ever gets it, and nothing
     says so. Invariant: accepted => handed on; otherwise refused."""
     a, _ = two
-    agent = f"agent-{uuid.uuid4().hex[:6]}"
-    job, _ = await lifecycle.create(a, request(agent))
-    claimed = await claims.claim_attempt(a, job.agent_job_id, agent)
-    assert isinstance(claimed, AgentJob) and claimed.queue_job_id
-    qid = claimed.queue_job_id
+    job, qid = await claimed_turn(a)
     w = await lease_turn(a, qid)
     stopped = await interventions.cancel(a, job.agent_job_id, reason="stop")
     assert stopped.status == "stopped" and stopped.live_turn_job_id == qid

@@ -26,15 +26,23 @@ async def _leased(store: Store, **kw: Any) -> Job:
 
 
 async def _heartbeat_held_open(
-    store: Store, job_id: str, started: asyncio.Event, release: asyncio.Event
+    store: Store,
+    job_id: str,
+    started: asyncio.Event,
+    release: asyncio.Event,
+    *,
+    worker_id: str = "w/1",
+    **fields: Any,
 ) -> None:
-    """A worker's guarded heartbeat statement, in flight (row lock held) until `release`."""
+    """A worker's guarded heartbeat statement, in flight (row lock held) until `release`; with
+    `startFence=True`, another delivery's start-fence takeover."""
     async with store.transaction() as tx:
         job, now = await tx.job_with_now(job_id)
         data = {
-            "workerId": "w/1",
+            "workerId": worker_id,
             "attempt": 1,
             "expiresAt": (now + timedelta(seconds=60)).isoformat(),
+            **fields,
         }
         written = await append_if_unchanged(
             store, job_id, job, [Draft("job.heartbeat", data)], now, lease_held=True, session=tx
@@ -73,26 +81,6 @@ async def test_a_steer_enqueue_racing_an_in_flight_heartbeat_is_absorbed(store: 
     assert result.outcome == "steered"
 
 
-async def _takeover_held_open(
-    store: Store, job_id: str, started: asyncio.Event, release: asyncio.Event
-) -> None:
-    """Delivery w/2's start-fence takeover (a guarded heartbeat), in flight until `release`."""
-    async with store.transaction() as tx:
-        job, now = await tx.job_with_now(job_id)
-        data = {
-            "workerId": "w/2",
-            "attempt": 1,
-            "startFence": True,
-            "expiresAt": (now + timedelta(seconds=60)).isoformat(),
-        }
-        written = await append_if_unchanged(
-            store, job_id, job, [Draft("job.heartbeat", data)], now, lease_held=True, session=tx
-        )
-        assert written is not None
-        started.set()
-        await release.wait()
-
-
 async def test_a_superseded_delivery_hands_nothing_on_once_the_takeover_committed(
     store: Store,
 ) -> None:
@@ -102,7 +90,9 @@ async def test_a_superseded_delivery_hands_nothing_on_once_the_takeover_committe
     job = await _leased(store)
     old = FencedReceipts(AttemptFence(store, job.job_id, attempt=1, worker_id="w/1"))
     started, release = asyncio.Event(), asyncio.Event()
-    takeover = asyncio.create_task(_takeover_held_open(store, job.job_id, started, release))
+    takeover = asyncio.create_task(
+        _heartbeat_held_open(store, job.job_id, started, release, worker_id="w/2", startFence=True)
+    )
     await started.wait()
     successor = new_id("successor")
     hand_off = asyncio.create_task(old.hand_off(successor, dict(job.payload)))

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -356,22 +357,22 @@ async def test_the_driver_that_posts_a_terminal_callback_empties_its_outbox_row(
     assert (job.job_id, "completed") not in await deliveries.callbacks_owed(fresh_store, limit=10)
 
 
-async def test_a_callback_post_gives_up_at_its_5_s_timeout(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """J36: a receiver that takes the connection and never answers is given up on at the
-    callback timeout (5 s; shortened here to keep the test quick) with the reason, not awaited."""
+Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def posted_to(answer: Answer) -> tuple[str | None, float]:
+    """One callback post to a local receiver that answers as `answer` does: its error (None:
+    taken) and how long it took. The receiver's connections are closed after."""
     from activities import driver as driver_activities
     from receipts.settings import Settings
 
-    assert driver_activities.CALLBACK_TIMEOUT_S == 5.0
-    monkeypatch.setattr(driver_activities, "CALLBACK_TIMEOUT_S", 0.5)
-    stalled: list[asyncio.StreamWriter] = []
+    writers: list[asyncio.StreamWriter] = []
 
-    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        stalled.append(writer)
+    async def kept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await answer(reader, writer)
 
-    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    server = await asyncio.start_server(kept, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         async with httpx.AsyncClient() as http:
@@ -379,12 +380,28 @@ async def test_a_callback_post_gives_up_at_its_5_s_timeout(
             error = await driver_activities.post_callback(
                 http, Settings(), f"http://127.0.0.1:{port}/hook", "msg_1", b"{}"
             )
-            took = asyncio.get_running_loop().time() - started
+            return error, asyncio.get_running_loop().time() - started
     finally:
-        for writer in stalled:
+        for writer in writers:
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_callback_post_gives_up_at_its_5_s_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """J36: a receiver that takes the connection and never answers is given up on at the
+    callback timeout (5 s; shortened here to keep the test quick) with the reason, not awaited."""
+    from activities import driver as driver_activities
+
+    assert driver_activities.CALLBACK_TIMEOUT_S == 5.0
+    monkeypatch.setattr(driver_activities, "CALLBACK_TIMEOUT_S", 0.5)
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        return None
+
+    error, took = await posted_to(never_answer)
     assert error is not None and error.startswith(("ReadTimeout", "TimeoutError"))
     assert 0.4 < took < 3.0
 
@@ -395,33 +412,17 @@ async def test_a_receiver_that_dribbles_its_answer_is_given_up_at_the_timeout(
     """The 5 s bound the whole post, not each read: a receiver sending its answer a byte at a
     time, each well within the timeout, held the post (and the recovery pass awaiting it)."""
     from activities import driver as driver_activities
-    from receipts.settings import Settings
 
     monkeypatch.setattr(driver_activities, "CALLBACK_TIMEOUT_S", 0.5)
-    writers: list[asyncio.StreamWriter] = []
 
     async def dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writers.append(writer)
         await reader.readuntil(b"\r\n\r\n")
         for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok":
             writer.write(bytes([byte]))
             await writer.drain()
             await asyncio.sleep(0.2)
-        writer.close()
 
-    server = await asyncio.start_server(dribble, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with httpx.AsyncClient() as http:
-            started = asyncio.get_running_loop().time()
-            error = await driver_activities.post_callback(
-                http, Settings(), f"http://127.0.0.1:{port}/hook", "msg_1", b"{}"
-            )
-            took = asyncio.get_running_loop().time() - started
-    finally:
-        for writer in writers:
-            writer.close()
-        server.close()
+    error, took = await posted_to(dribble)
     assert error == "TimeoutError: no answer within 0.5 s"
     assert took < 1.5
 
