@@ -431,7 +431,8 @@ WEBHOOK_DELIVERIES = Counter(
     "Tries of per-organization webhook deliveries, by event and outcome: delivered, retried "
     "(an error, an answer other than 2xx or an address the egress rules refuse: tried again), "
     "failed (given up), lapsed (posted or not, its record failed: its claim lapses and it is "
-    "tried again).",
+    "tried again), superseded (posted after its claim lapsed and another deliverer took the "
+    "delivery: not recorded).",
     ["event", "outcome"],
 )
 WEBHOOK_LOOKUPS_REFUSED = Counter(

@@ -354,6 +354,7 @@ class Claimed:
     url: str
     secret: str
     now: datetime
+    claimed_until: datetime  # the claim's fence: a try is recorded only under it
 
     @property
     def message_key(self) -> str:
@@ -376,7 +377,7 @@ async def claim(store: Store, *, limit: int, per_org: int, lease_ms: int) -> lis
 
 async def record_try(
     store: Store,
-    delivery_id: int,
+    delivery: Claimed,
     *,
     status: str,
     status_code: int | None,
@@ -384,13 +385,16 @@ async def record_try(
     duration_ms: int,
     retry_ms: int = 0,
 ) -> datetime | None:
-    """Record one try: `delivered`, `failed` (given up) or `pending` (again in `retry_ms`)."""
+    """Record one try: `delivered`, `failed` (given up) or `pending` (again in `retry_ms`).
+    None when it was not recorded: its claim lapsed and another deliverer took the delivery
+    (finished it, or holds it now)."""
     if error is not None and len(error) > MAX_ERROR_CHARS:
         error = error[: MAX_ERROR_CHARS - 1] + "…"
     row = await store.fetch_one(
         "webhook_delivery_record",
         {
-            "delivery_id": delivery_id,
+            "delivery_id": delivery.delivery_id,
+            "claimed_until": delivery.claimed_until,
             "status": status,
             "status_code": status_code,
             "error": error,

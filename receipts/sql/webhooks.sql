@@ -107,11 +107,13 @@ UPDATE webhook_deliveries d SET
 FROM picked, webhooks w
 WHERE d.delivery_id = picked.delivery_id AND w.webhook_id = d.webhook_id
 RETURNING d.delivery_id, d.webhook_id, d.organization_id, d.event, d.event_key, d.subject,
-          d.data, d.tries, d.created_at, w.url, w.secret, now();
+          d.data, d.tries, d.created_at, w.url, w.secret, now(), d.claimed_until;
 
 -- name: webhook_delivery_record
 -- One try's outcome: `status` 'delivered', 'failed' (given up) or 'pending' (tried again at
--- `retry_ms` from now); the try is appended to `attempts`.
+-- `retry_ms` from now); the try is appended to `attempts`. Only under the claim it was made
+-- under: `claimed_until` is the claim's fence (a try that outlived its claim, which another
+-- deliverer then took, must not clear that claim nor record over its try).
 UPDATE webhook_deliveries SET
     status = %(status)s,
     tries = tries + 1,
@@ -128,6 +130,7 @@ UPDATE webhook_deliveries SET
 WHERE delivery_id = %(delivery_id)s
   -- A late try (its claim lapsed and another finished it) never reopens a finished delivery.
   AND status = 'pending'
+  AND claimed_until = %(claimed_until)s
 RETURNING next_try_at;
 
 -- name: webhook_job_state

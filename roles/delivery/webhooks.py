@@ -41,6 +41,7 @@ class DeliveryPass:
     retried: int = 0
     failed: int = 0
     lapsed: int = 0  # not recorded (the database failed): its claim lapses, it is tried again
+    superseded: int = 0  # posted after its claim lapsed and another deliverer took it: not recorded
 
 
 class WebhookDeliverer:
@@ -202,7 +203,7 @@ class WebhookDeliverer:
         status = {"delivered": "delivered", "failed": "failed", "retried": "pending"}[outcome]
         next_try = await hooks.record_try(
             self.store,
-            delivery.delivery_id,
+            delivery,
             status=status,
             status_code=status_code,
             error=error,
@@ -210,6 +211,23 @@ class WebhookDeliverer:
             retry_ms=retry_ms,
         )
         event = delivery.event if delivery.event in hooks.EVENTS else hooks.TEST_EVENT
+        if next_try is None:
+            # The try outlived its claim (a stalled loop), and another deliverer took the
+            # delivery: its record stands, this try's does not (the receiver may have it twice,
+            # under one webhook-id).
+            metrics.WEBHOOK_DELIVERIES.labels(event, "superseded").inc()
+            log.warning(
+                "webhook try outlived its claim; not recorded",
+                extra={
+                    "event": "webhook.try_superseded",
+                    "webhookId": delivery.webhook_id,
+                    "deliveryId": delivery.delivery_id,
+                    "organizationId": delivery.organization_id,
+                    "tryOutcome": outcome,
+                    "statusCode": status_code,
+                },
+            )
+            return "superseded"
         metrics.WEBHOOK_DELIVERIES.labels(event, outcome).inc()
         log.log(
             logging.INFO if outcome == "delivered" else logging.WARNING,

@@ -42,6 +42,7 @@ from receipts.tenancy import caller_id
 from receipts.webhooks import WebhookSettings
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.webhooks import WebhookDeliverer
+from tests.eventually import eventually
 from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, TOKEN_A, api_client, running_api
 from tests.integration.helpers import create_objective, new_id, put
 
@@ -372,6 +373,49 @@ async def test_a_try_that_could_not_be_recorded_is_counted(
     assert (await WebhookDeliverer(store, ALLOWED, http).run_once()).lapsed == 1
     assert len(receiver.at("/x")) == 1  # posted, not recorded
     assert lapsed._value.get() - before == 1
+
+
+async def test_a_try_that_outlived_its_claim_records_nothing_over_the_next_claim(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    """A try's record cleared whatever claim the delivery had: a try that outlived its claim (a
+    stalled loop) while another deliverer took the delivery marked it delivered and unclaimed
+    under that deliverer's feet, which then claimed it again. The claim is the record's fence:
+    the late try is counted `superseded` and writes nothing; the holder's try is recorded."""
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/slow"), ["job.completed"])
+        await completed(store)
+    receiver.hang.add("/slow")
+    superseded = metrics.WEBHOOK_DELIVERIES.labels("job.completed", "superseded")
+    before = superseded._value.get()
+    first = asyncio.create_task(WebhookDeliverer(store, ALLOWED, http).run_once())
+
+    async def posts() -> int:
+        return len(receiver.at("/slow"))
+
+    await eventually(posts, lambda n: n == 1, what="the first try posted")
+    async with store.connection() as conn:  # the first claim lapses; another deliverer claims
+        await conn.execute(
+            "UPDATE webhook_deliveries SET claimed_until = now(), next_try_at = now() "
+            "WHERE webhook_id = %s",
+            (hook,),
+        )
+    [second] = await hooks.claim(store, limit=1, per_org=4, lease_ms=25_000)
+    receiver.release.set()
+    assert (await first).superseded == 1
+    assert superseded._value.get() - before == 1
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT status, tries, claimed_until, attempts FROM webhook_deliveries "
+            "WHERE webhook_id = %s",
+            (hook,),
+        )
+        assert await cur.fetchone() == ("pending", 0, second.claimed_until, [])
+    recorded = await hooks.record_try(
+        store, second, status="delivered", status_code=200, error=None, duration_ms=3
+    )
+    assert recorded is not None
 
 
 def plan_nodes(plan: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
