@@ -190,6 +190,16 @@ WAITING_FOR_SLOT = Gauge(
 
 # --- recovery loops and retention --------------------------------------------------------------
 
+EVENT_LOOP_STALLS = Counter(
+    "receipt_event_loop_stalls",
+    "Times the process's event loop did not answer within RECEIPT_LOOP_STALL_MS: blocking code "
+    "held it (logged loop.stalled with its stack).",
+)
+EVENT_LOOP_STALL_SECONDS = Histogram(
+    "receipt_event_loop_stall_seconds",
+    "How long each stall held the event loop, from the tick it did not answer to its answer.",
+    buckets=(1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
 LOOP_PASS = Histogram(
     "receipt_loop_pass_seconds", "Recovery loop pass durations.", ["loop"],
     buckets=LATENCY_BUCKETS,

@@ -24,6 +24,7 @@ from receipts.listen import Listener
 from receipts.store import Store
 from receipts.waits import within
 from roles.infra.db import migrate_url, named, open_store, resolve_url
+from roles.infra.loopwatch import LoopWatch
 from roles.infra.settings import RuntimeSettings
 from roles.infra.temporal import connect_client
 from roles.infra.tracing import flush_spans
@@ -66,6 +67,7 @@ class Runtime:
     http: httpx.AsyncClient
     client: Client | None = None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    watch: LoopWatch | None = None
 
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
         """Run `work` beside the role until the role stops."""
@@ -73,6 +75,8 @@ class Runtime:
 
     async def close(self) -> None:
         """Cancel the role's tasks, then close its HTTP client and its store."""
+        if self.watch is not None:
+            self.watch.stop()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -99,6 +103,7 @@ async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: boo
     await patiently(lambda: migrate_url(url), "migrate")
     store = await patiently(lambda: open_store(url, settings.core, api=role == "api"), "pool")
     runtime = Runtime(role, settings, store, url, Listener(url), httpx.AsyncClient())
+    runtime.watch = LoopWatch.start(settings.process.loop_stall_ms)
     try:
         runtime.client = await connect_client(
             settings.core, settings.temporal_tls, lazy=lazy_client

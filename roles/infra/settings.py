@@ -52,6 +52,7 @@ class ProcessSettings(ReceiptSettings):
     accepts: ClassVar[dict[str, str]] = {
         "execute_concurrency": "a positive integer",
         "shutdown_grace_ms": "a whole number of milliseconds (0 or more)",
+        "loop_stall_ms": "a whole number of milliseconds (0 or more; 0: no watch)",
         "metrics_port": "a port number (0..65535; 0 picks a free one)",
         "event_loop": "'uvloop' or 'asyncio'",
         "log_format": "'json' or 'human'",
@@ -63,6 +64,9 @@ class ProcessSettings(ReceiptSettings):
         default=None, gt=0, alias="RECEIPT_RESONATE_EXECUTE_CONCURRENCY"
     )
     shutdown_grace_ms: Whole = Field(default=30_000, ge=0, alias="RECEIPT_SHUTDOWN_GRACE_MS")
+    # The event loop's watch (roles/infra/loopwatch.py): a loop held this long is logged
+    # loop.stalled with what holds it; 0 watches nothing.
+    loop_stall_ms: Whole = Field(default=1_000, ge=0, alias="RECEIPT_LOOP_STALL_MS")
     metrics_host: str = Field(default="127.0.0.1", alias="RECEIPT_METRICS_HOST")
     metrics_port: Whole | None = Field(default=None, ge=0, le=65535, alias="RECEIPT_METRICS_PORT")
     event_loop: Annotated[Literal["uvloop", "asyncio"] | None, BeforeValidator(_lower)] = Field(
