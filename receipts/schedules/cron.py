@@ -169,7 +169,9 @@ def zone(name: str) -> ZoneInfo:
         raise SpecError(message)
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        # OSError: a name of a directory of the database (`Europe`: IsADirectoryError) or
+        # longer than a file name may be (ENAMETOOLONG) is no zone either, not a 500.
         raise SpecError(message) from exc
 
 
@@ -177,7 +179,14 @@ def cron_times(cron: Cron, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
     """The fire times of `cron` in `tz` strictly after `after`, in UTC, in order."""
     local = after.astimezone(tz)
     day = local.date()
-    for _ in range(SEARCH_DAYS):
+    end = day + timedelta(days=SEARCH_DAYS)
+    while day < end:
+        if day.month not in cron.months:
+            # A month the cron does not name is passed whole: `0 0 29 2 *` reads the five
+            # years' Februaries, not their 1 830 days (every schedule of a page shows its next
+            # fire times, on the event loop).
+            day = date(day.year + day.month // 12, day.month % 12 + 1, 1)
+            continue
         if cron.matches_day(day):
             for hour in cron.hours:
                 for minute in cron.minutes:

@@ -97,6 +97,10 @@ async def test_a_schedule_is_created_listed_shown_with_its_next_fire_times(
         ({"interval": None}, "cron", "exactly one of cron"),
         ({"interval": "1s"}, "interval", "shorter than the shortest interval allowed, 2 s"),
         ({"timezone": "Mars/Olympus"}, "timezone", "not an IANA time zone"),
+        # A directory of the zone database, a name longer than a file name: 422, not a 500.
+        ({"timezone": "Europe"}, "timezone", "not an IANA time zone"),
+        ({"timezone": "America/Argentina"}, "timezone", "not an IANA time zone"),
+        ({"timezone": "Europe/" + "x" * 300}, "timezone", "not an IANA time zone"),
         ({"overlap": "queue"}, "overlap", "skip"),
         ({"agentId": ""}, "agentId", ""),
     ],

@@ -6,6 +6,7 @@ organizations, and the egress rules at create and at each delivery."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import ssl
@@ -572,6 +573,58 @@ async def test_another_organization_sees_nothing_and_bad_input_writes_nothing(
 
         assert (await api.delete(f"/webhooks/{hook}", headers=AS_A)).status_code == 204
         assert (await api.get(f"/webhooks/{hook}", headers=AS_A)).status_code == 404
+
+
+async def test_a_deliveries_cursor_this_api_did_not_return_is_422_not_a_500(
+    fresh: tuple[Store, str], receiver: Receiver
+) -> None:
+    """The deliveries' cursor names a bigint delivery id: `²` passes `str.isdigit` (int()
+    refused it) and 20 digits passed PostgreSQL's bigint (out of range): both were a 500."""
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/c"), ["job.failed"])
+        for key in ("\u00b2", "9" * 20, "9223372036854775808", "-1", " 1"):
+            raw = json.dumps(["2026-01-01T00:00:00+00:00", key]).encode()
+            cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+            answer = await api.get(f"/webhooks/{hook}/deliveries?cursor={cursor}", headers=AS_A)
+            assert answer.status_code == 422, (key, answer.text)
+            assert answer.json()["error"]["field"] == "cursor"
+        raw = json.dumps(["2026-01-01T00:00:00+00:00", str(2**63 - 1)]).encode()
+        cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        answer = await api.get(f"/webhooks/{hook}/deliveries?cursor={cursor}", headers=AS_A)
+        assert answer.status_code == 200 and answer.json()["deliveries"] == []
+
+
+async def test_a_page_of_deliveries_ends_at_the_response_budget(
+    fresh: tuple[Store, str], receiver: Receiver
+) -> None:
+    """Each delivery keeps all its tries (70, each with up to 500 characters of the receiver's
+    error): a page of 200 failed ones was 8.3 MB, past RECEIPT_MAX_RESPONSE_BYTES (4 MiB). The
+    page ends at the budget and its cursor reaches every delivery."""
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/big"), ["job.failed"])
+        tries = [{"at": "2026-01-01T00:00:00+00:00", "error": "E" * 500, "durationMs": 9}] * 70
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute(
+                "INSERT INTO webhook_deliveries (webhook_id, organization_id, event, event_key,"
+                " subject, status, tries, attempts, last_error, finished_at)"
+                " SELECT %s, 'org-a', 'job.failed', 'k' || g, 'k' || g, 'failed', 70, %s::jsonb,"
+                " repeat('E', 500), now() FROM generate_series(1, 200) g",
+                (hook, json.dumps(tries)),
+            )
+        seen: list[str] = []
+        cursor = ""
+        while True:
+            answer = await api.get(f"/webhooks/{hook}/deliveries?limit=200{cursor}", headers=AS_A)
+            assert answer.status_code == 200
+            assert len(answer.content) <= 4 * 1024 * 1024
+            page = answer.json()
+            seen += [d["deliveryId"] for d in page["deliveries"]]
+            if page["nextCursor"] is None:
+                break
+            cursor = f"&cursor={page['nextCursor']}"
+        assert len(seen) == len(set(seen)) == 200
 
 
 @pytest.mark.parametrize(

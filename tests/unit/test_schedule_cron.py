@@ -106,7 +106,18 @@ def test_intervals_fire_on_multiples_since_the_epoch_and_have_a_floor() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["localtime", "posixrules", "Factory", "posix/Europe/Paris", "right/UTC", "Mars/Base"]
+    "name",
+    [
+        "localtime",
+        "posixrules",
+        "Factory",
+        "posix/Europe/Paris",
+        "right/UTC",
+        "Mars/Base",
+        "Europe",  # a directory of the database (IsADirectoryError: was a 500)
+        "America/Argentina",
+        "Europe/" + "x" * 300,  # longer than a file name (ENAMETOOLONG: was a 500)
+    ],
 )
 def test_a_zone_no_schedule_can_mean_is_refused(name: str) -> None:
     """The zone database answers `localtime` (the reading host's own zone: the api, the sync
@@ -117,3 +128,21 @@ def test_a_zone_no_schedule_can_mean_is_refused(name: str) -> None:
     with pytest.raises(SpecError, match="is not an IANA time zone"):
         zone(name)
     assert zone("Europe/Paris").key == "Europe/Paris"
+
+
+def test_a_rare_cron_reads_only_the_months_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every schedule of a page shows its next fire times, on the event loop: `0 0 29 2 *`
+    (one leap day in four years) walked all 1 830 days of its five-year search, about 2 ms a
+    schedule, 200 ms a page of a hundred. Months it does not name are passed whole."""
+    from receipts.schedules.cron import Cron
+
+    checked: list[object] = []
+    matches_day = Cron.matches_day
+    monkeypatch.setattr(
+        Cron, "matches_day", lambda self, day: checked.append(day) or matches_day(self, day)
+    )
+    assert times("0 0 29 2 *", count=5) == ["2028-02-29 00:00"]
+    assert len(checked) <= 5 * 29
+    checked.clear()
+    assert times("0 0 1 1 *", count=2) == ["2027-01-01 00:00", "2028-01-01 00:00"]
+    assert len(checked) <= 2 * 31

@@ -24,6 +24,7 @@ from roles.api.body import decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import _Doc, errors_documented, json_body_documented
+from roles.api.sse import within_budget
 
 log = logging.getLogger("roles.api.webhooks")
 
@@ -45,6 +46,7 @@ def _changed(action: str, webhook: Webhook, **extra: object) -> None:
 
 
 router = APIRouter(tags=["webhooks"])
+BIGINT_MAX = 2**63 - 1
 
 WebhookId = Annotated[str, Path(alias="webhookId", description="The webhook id")]
 EventName = Literal[hooks.EVENTS]  # type: ignore[valid-type]
@@ -320,16 +322,23 @@ async def list_webhook_deliveries(
     after = decode_cursor(cursor)
     after_id: int | None = None
     if after is not None:
-        if not after.key.isdigit():
+        # A delivery id is a bigint: ASCII digits only (`str.isdigit` takes `²`, which `int`
+        # refuses) and within its range (PostgreSQL refuses a larger one), or the read is a 500.
+        key = after.key
+        if not (key.isascii() and key.isdigit() and len(key) <= 19 and int(key) <= BIGINT_MAX):
             raise InvalidInput("cursor", "cursor is not one this API returned")
         after_id = int(after.key)
     items, more = await hooks.deliveries_page(state.require_store(), webhook_id, after_id, limit)
     if not caller.admin:
         items = untagged(items, webhook.organization_id)
-    last = items[-1] if more else None
+    # A delivery keeps every try (up to RECEIPT_WEBHOOK_MAX_TRIES, each with its error): a
+    # page of 200 failed ones was 8 MB. The page ends at RECEIPT_MAX_RESPONSE_BYTES, as the
+    # other lists do, and its cursor goes on after the last one shown.
+    shown = within_budget(items, state.settings.max_response_bytes)
+    last = shown[-1] if more or len(shown) < len(items) else None
     next_cursor = (
         encode_cursor(datetime.fromisoformat(last["createdAt"]), last["deliveryId"])
         if last
         else None
     )
-    return JSONResponse({"deliveries": items, "nextCursor": next_cursor})
+    return JSONResponse({"deliveries": shown, "nextCursor": next_cursor})
