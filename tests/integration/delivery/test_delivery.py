@@ -212,6 +212,27 @@ async def test_a_starter_beside_the_driver_worker_starts_eagerly_and_one_without
         ]
 
 
+async def test_the_driver_runs_within_its_invocation_timeout_lease_plus_60_s_floor_120_s(
+    client: Client, fresh_store: Store, fresh_db: str
+) -> None:
+    """J43: the driver's own invocation timeout (its run's timeout, which bounds the attempt it
+    schedules) is the job's lease + 60 000 ms, floored at 120 000 ms."""
+    timing = TimingSettings(JOB_LEASE_MS=30_000)
+    async with running_stack(
+        client, fresh_store, fresh_db, queues=(), dispatcher=False, timing=timing
+    ) as stack:
+        codex = (await put(fresh_store, agent="codex", payload_extra=task("true"))).job
+        short = (await put(fresh_store, agent="nobody", payload_extra=task("true"))).job
+        timeouts: dict[str, int] = {}
+        for job in (codex, short):
+            assert (await stack.starter.start(job.job_id)).created
+            described = await client.get_workflow_handle(job.job_id).describe()
+            run_timeout = described.raw_description.execution_config.workflow_run_timeout
+            timeouts[job.job_id] = run_timeout.ToMilliseconds()
+    # codex: CODEX_JOB_LEASE_MS 900 000 + 60 000; another agent: 30 000 + 60 000 < 120 000.
+    assert timeouts == {codex.job_id: 960_000, short.job_id: 120_000}
+
+
 async def test_the_thirty_third_generation_fails_the_job_with_the_exact_text(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:

@@ -118,6 +118,28 @@ async def test_a_dead_workers_job_is_recovered_by_the_scan_with_a_higher_attempt
     assert written[:3] == ["job.enqueued", "job.leased", "job.lease_expired"]
 
 
+def test_the_outbox_redrive_a_role_builds_observes_at_15_s_every_5_s() -> None:
+    """J48/J49: the outbox redrive every role that runs it builds (`serve`:
+    `ObjectiveControlOutboxRedrive.of(..., LoopSettings)`) ticks every 5 000 ms and calls a pass
+    slow past its spec default of 15 000 ms; both variables are read into it."""
+
+    async def source() -> int:
+        return 0
+
+    loop = ObjectiveControlOutboxRedrive.of(source, LoopSettings.load({}))
+    assert (loop.interval_ms, loop.timeout_ms) == (5_000, 15_000)
+    configured = ObjectiveControlOutboxRedrive.of(
+        source,
+        LoopSettings.load(
+            {
+                "RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS": "700",
+                "RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_TIMEOUT_MS": "900",
+            }
+        ),
+    )
+    assert (configured.interval_ms, configured.timeout_ms) == (700, 900)
+
+
 async def test_outbox_redrive_is_single_flight_and_reports_a_slow_pass(caplog: Any) -> None:
     gate = asyncio.Event()
     calls = 0
