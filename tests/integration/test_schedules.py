@@ -23,6 +23,7 @@ from receipts.schedules import store as schedules
 from receipts.schedules.model import schedule_stream
 from receipts.store import Store
 from receipts.tenancy import scoped_id
+from roles.api.routes import schedules as routes
 from tests.integration.api_support import (
     AS_A,
     AS_ADMIN,
@@ -794,3 +795,27 @@ async def test_a_firing_that_raises_is_logged_and_counted(
     assert metrics.value("receipt_schedule_firings_total", outcome="error") == before + 1
     [failed] = [r for r in caplog.records if getattr(r, "event", "") == "schedule.fire_failed"]
     assert (failed.scheduleId, getattr(failed, "try")) == ("s-away", 1)
+
+
+async def test_a_page_of_schedules_reads_its_firings_jobs_in_one_query(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /schedules read each schedule's firings' jobs with a query of its own: 200 reads,
+    one after another, for a page of 200. One read serves the page, each schedule its own."""
+    ids = [await made(store) for _ in range(3)]
+    for sid in ids:
+        assert await firing.fire(store, sid, T) == "enqueued"
+    page = [state for sid in ids if (state := await schedules.get(store, sid)) is not None]
+    reads: list[list[str]] = []
+    real = routes.objectives.jobs_by_ids
+
+    async def counted(store: Store, job_ids: list[str]) -> Any:
+        reads.append(list(job_ids))
+        return await real(store, job_ids)
+
+    monkeypatch.setattr(routes.objectives, "jobs_by_ids", counted)
+    views = await routes.schedule_views(store, page)
+    assert len(reads) == 1 and len(reads[0]) == 3
+    for state, view in zip(page, views, strict=True):
+        [run] = view["lastRuns"]
+        assert run["jobId"] == state.last_job_id and run["jobStatus"] == "queued"

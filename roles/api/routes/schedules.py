@@ -11,6 +11,7 @@ and `commands:run` when its job runs commands, as enqueueing that job would.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 from receipts.enqueue import EnqueueRequest
 from receipts.errors import ConflictError, InvalidInput
+from receipts.jobs import Job
 from receipts.kinds import KINDS_WITHOUT_AUTH, redact_payload
 from receipts.objectives import store as objectives
 from receipts.schedules import cron
@@ -105,6 +107,18 @@ async def _visible(state: ApiState, caller: Principal, schedule_id: str) -> Sche
 
 async def schedule_view(store: Store, schedule: ScheduleState) -> dict[str, Any]:
     """The schedule with its next fire times and its last firings' job statuses."""
+    return (await schedule_views(store, [schedule]))[0]
+
+
+async def schedule_views(store: Store, page: Sequence[ScheduleState]) -> list[dict[str, Any]]:
+    """`schedule_view` of each schedule of a page, their firings' jobs read in one query."""
+    jobs = await objectives.jobs_by_ids(
+        store, [f.job_id for schedule in page for f in schedule.recent if f.job_id]
+    )
+    return [_view(schedule, jobs) for schedule in page]
+
+
+def _view(schedule: ScheduleState, jobs: Mapping[str, Job]) -> dict[str, Any]:
     view = schedule.to_json()
     job = view.get("job")
     if isinstance(job, dict) and "payload" in job:
@@ -124,8 +138,6 @@ async def schedule_view(store: Store, schedule: ScheduleState) -> dict[str, Any]
         if schedule.status == "active"
         else []
     )
-    # One read for every recent firing's job (a page of schedules makes one per schedule).
-    jobs = await objectives.jobs_by_ids(store, [f.job_id for f in schedule.recent if f.job_id])
     runs = []
     for firing in view["recent"]:
         job = jobs.get(firing["jobId"]) if firing.get("jobId") else None
@@ -198,7 +210,7 @@ async def list_schedules(
     store = state.require_store()
     page = await schedules.schedules_page(store, caller, after=decode_cursor(cursor), limit=limit)
     views = within_budget(
-        [shown_view(caller, await schedule_view(store, s)) for s in page.items],
+        [shown_view(caller, view) for view in await schedule_views(store, page.items)],
         state.settings.max_response_bytes,
     )
     last = page.items[len(views) - 1] if page.more or len(views) < len(page.items) else None
