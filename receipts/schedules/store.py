@@ -74,6 +74,10 @@ def job_id_of(caller_schedule_id: str, fire_time: datetime) -> str:
     return f"{caller_schedule_id}:{fire_id(fire_time)}"
 
 
+# The longest `cron`, `interval` or `timezone` (every minute listed, `0,1,…,59 * * * *`, is 177).
+MAX_WHEN_CHARS = 200
+
+
 def validate(
     fields: Mapping[str, Any], organization_id: str | None, limits: Limits, *, admin: bool
 ) -> tuple[Definition, EnqueueRequest]:
@@ -81,6 +85,11 @@ def validate(
     `overlap`); raise InvalidInput naming the field. Returns it and the request a firing makes
     (its job id a placeholder), for the caller's admission checks."""
     has_cron, has_interval = fields.get("cron") is not None, fields.get("interval") is not None
+    for name in ("cron", "interval", "timezone"):
+        value = fields.get(name)
+        if isinstance(value, str) and len(value) > MAX_WHEN_CHARS:
+            # Never parsed, nor echoed back in the error (a 100 KB cron was, whole).
+            raise InvalidInput(name, f"{name} is at most {MAX_WHEN_CHARS} characters")
     if has_cron == has_interval:
         raise InvalidInput("cron", "give exactly one of cron (e.g. '*/5 * * * *') and interval")
     timezone = fields.get("timezone") or "UTC"

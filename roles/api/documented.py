@@ -89,9 +89,13 @@ class ScheduleBody(_Body):
     `<scheduleId>:<fire time>`), and what a firing does while the previous job is still active."""
 
     schedule_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._@-]{1,120}$")
-    cron: str | None = Field(default=None, examples=["*/15 * * * *", "0 9 * * mon-fri"])
-    interval: str | None = Field(default=None, pattern=r"^\d+[smhd]$", examples=["30s", "1h"])
-    timezone: str = Field(default="UTC", examples=["Europe/Paris"])
+    cron: str | None = Field(
+        default=None, max_length=200, examples=["*/15 * * * *", "0 9 * * mon-fri"]
+    )
+    interval: str | None = Field(
+        default=None, max_length=200, pattern=r"^\d+[smhd]$", examples=["30s", "1h"]
+    )
+    timezone: str = Field(default="UTC", max_length=200, examples=["Europe/Paris"])
     agent_id: str = Field(min_length=1)
     job: dict[str, Any] = Field(description="The enqueue body (as POST /agents/{agentId}/jobs)")
     overlap: Literal["skip", "allow", "cancel_previous"] = "skip"
@@ -104,9 +108,9 @@ class SchedulePatchBody(_Body):
 
     paused: bool | None = None
     note: str | None = Field(default=None, max_length=1000)
-    cron: str | None = None
-    interval: str | None = Field(default=None, pattern=r"^\d+[smhd]$")
-    timezone: str | None = None
+    cron: str | None = Field(default=None, max_length=200)
+    interval: str | None = Field(default=None, max_length=200, pattern=r"^\d+[smhd]$")
+    timezone: str | None = Field(default=None, max_length=200)
     agent_id: str | None = Field(default=None, min_length=1)
     job: dict[str, Any] | None = None
     overlap: Literal["skip", "allow", "cancel_previous"] | None = None

@@ -101,7 +101,10 @@ async def test_a_schedule_is_created_listed_shown_with_its_next_fire_times(
         # A directory of the zone database, a name longer than a file name: 422, not a 500.
         ({"timezone": "Europe"}, "timezone", "not an IANA time zone"),
         ({"timezone": "America/Argentina"}, "timezone", "not an IANA time zone"),
-        ({"timezone": "Europe/" + "x" * 300}, "timezone", "not an IANA time zone"),
+        ({"timezone": "Europe/" + "x" * 300}, "timezone", "at most 200 characters"),
+        # Never parsed nor echoed back whole.
+        ({"cron": "1," * 50_000 + "1 * * * *", "interval": None}, "cron", "at most 200 char"),
+        ({"interval": "1" * 201 + "s"}, "interval", "at most 200 characters"),
         ({"overlap": "queue"}, "overlap", "skip"),
         ({"agentId": ""}, "agentId", ""),
     ],
@@ -115,6 +118,7 @@ async def test_a_bad_definition_is_refused_naming_the_field_and_nothing_is_writt
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["field"] == field and said in error["message"], error
+    assert len(error["message"]) < 500  # the value is never echoed back whole
     assert await schedules.get(store, scoped_id("org-a", sent["scheduleId"])) is None
 
 

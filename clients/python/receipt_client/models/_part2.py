@@ -193,8 +193,20 @@ class ReplyRouteModel(BaseModel):
     thread: str | None = Field(None, title="Thread")
 
 
+class Cron(RootModel[str]):
+    root: str = Field(
+        None, examples=["*/15 * * * *", "0 9 * * mon-fri"], max_length=200, title="Cron"
+    )
+
+
 class Interval(RootModel[str]):
-    root: str = Field(None, examples=["30s", "1h"], pattern="^\\d+[smhd]$", title="Interval")
+    root: str = Field(
+        None,
+        examples=["30s", "1h"],
+        max_length=200,
+        pattern="^\\d+[smhd]$",
+        title="Interval",
+    )
 
 
 class ScheduleId(RootModel[str]):
@@ -213,7 +225,7 @@ class ScheduleBody(BaseModel):
         populate_by_name=True,
     )
     agent_id: str = Field(..., alias="agentId", min_length=1, title="Agentid")
-    cron: str | None = Field(None, examples=["*/15 * * * *", "0 9 * * mon-fri"], title="Cron")
+    cron: Cron | None = Field(None, examples=["*/15 * * * *", "0 9 * * mon-fri"], title="Cron")
     interval: Interval | None = Field(None, examples=["30s", "1h"], title="Interval")
     job: dict[str, Any] = Field(..., title="Job")
     """
@@ -222,19 +234,27 @@ class ScheduleBody(BaseModel):
     overlap: Literal["skip", "allow", "cancel_previous"] | None = Field("skip", title="Overlap")
     paused: bool | None = Field(False, title="Paused")
     schedule_id: ScheduleId | None = Field(None, alias="scheduleId", title="Scheduleid")
-    timezone: str | None = Field("UTC", examples=["Europe/Paris"], title="Timezone")
+    timezone: str | None = Field("UTC", examples=["Europe/Paris"], max_length=200, title="Timezone")
 
 
 class AgentId1(RootModel[str]):
     root: str = Field(None, min_length=1, title="Agentid")
 
 
+class Cron1(RootModel[str]):
+    root: str = Field(None, max_length=200, title="Cron")
+
+
 class Interval1(RootModel[str]):
-    root: str = Field(None, pattern="^\\d+[smhd]$", title="Interval")
+    root: str = Field(None, max_length=200, pattern="^\\d+[smhd]$", title="Interval")
 
 
 class Note(RootModel[str]):
     root: str = Field(None, max_length=1000, title="Note")
+
+
+class Timezone(RootModel[str]):
+    root: str = Field(None, max_length=200, title="Timezone")
 
 
 class SchedulePatchBody(BaseModel):
@@ -248,13 +268,13 @@ class SchedulePatchBody(BaseModel):
         populate_by_name=True,
     )
     agent_id: AgentId1 | None = Field(None, alias="agentId", title="Agentid")
-    cron: str | None = Field(None, title="Cron")
+    cron: Cron1 | None = Field(None, title="Cron")
     interval: Interval1 | None = Field(None, title="Interval")
     job: dict[str, Any] | None = Field(None, title="Job")
     note: Note | None = Field(None, title="Note")
     overlap: Literal["skip", "allow", "cancel_previous"] | None = Field(None, title="Overlap")
     paused: bool | None = Field(None, title="Paused")
-    timezone: str | None = Field(None, title="Timezone")
+    timezone: Timezone | None = Field(None, title="Timezone")
 
 
 class ScheduleRun(BaseModel):
@@ -373,24 +393,3 @@ class TimeoutMs(RootModel[int]):
 
 class Title(RootModel[str]):
     root: str = Field(None, max_length=20000, title="Title")
-
-
-class TaskBody(BaseModel):
-    """
-    One task of an objective's graph, run after the tasks it depends on.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    agent_id: Literal["codex"] = Field("codex", alias="agentId", title="Agentid")
-    depends_on: list[str] | None = Field(None, alias="dependsOn", title="Dependson")
-    execution_path: Literal["local", "computer"] | None = Field(
-        "local", alias="executionPath", title="Executionpath"
-    )
-    input: CommandInput | PromptInput = Field(..., title="Input")
-    max_attempts: int | None = Field(1, alias="maxAttempts", ge=1, le=8, title="Maxattempts")
-    task_id: str = Field(..., alias="taskId", pattern="^[A-Za-z0-9._-]{1,64}$", title="Taskid")
-    timeout_ms: TimeoutMs | None = Field(None, alias="timeoutMs", title="Timeoutms")
-    title: Title | None = Field(None, title="Title")

@@ -9,6 +9,27 @@ from receipt_client.models._part1 import *
 from receipt_client.models._part2 import *
 
 
+class TaskBody(BaseModel):
+    """
+    One task of an objective's graph, run after the tasks it depends on.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    agent_id: Literal["codex"] = Field("codex", alias="agentId", title="Agentid")
+    depends_on: list[str] | None = Field(None, alias="dependsOn", title="Dependson")
+    execution_path: Literal["local", "computer"] | None = Field(
+        "local", alias="executionPath", title="Executionpath"
+    )
+    input: CommandInput | PromptInput = Field(..., title="Input")
+    max_attempts: int | None = Field(1, alias="maxAttempts", ge=1, le=8, title="Maxattempts")
+    task_id: str = Field(..., alias="taskId", pattern="^[A-Za-z0-9._-]{1,64}$", title="Taskid")
+    timeout_ms: TimeoutMs | None = Field(None, alias="timeoutMs", title="Timeoutms")
+    title: Title | None = Field(None, title="Title")
+
+
 class TaskTry(BaseModel):
     """
     One try of a task: its job and how it ended.
@@ -379,16 +400,3 @@ class ObjectiveEventsPage(BaseModel):
     objective_id: str = Field(..., alias="objectiveId", title="Objectiveid")
     receipts: list[ReceiptView] = Field(..., title="Receipts")
     status: Literal["active", "completed", "failed", "canceled"] = Field(..., title="Status")
-
-
-class ObjectiveList(BaseModel):
-    """
-    One page of objectives, newest first; pass `nextCursor` as `cursor` for the next page.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    next_cursor: str | None = Field(..., alias="nextCursor", title="Nextcursor")
-    objectives: list[ObjectiveSummary] = Field(..., title="Objectives")

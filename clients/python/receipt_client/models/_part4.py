@@ -10,6 +10,19 @@ from receipt_client.models._part2 import *
 from receipt_client.models._part3 import *
 
 
+class ObjectiveList(BaseModel):
+    """
+    One page of objectives, newest first; pass `nextCursor` as `cursor` for the next page.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+    )
+    next_cursor: str | None = Field(..., alias="nextCursor", title="Nextcursor")
+    objectives: list[ObjectiveSummary] = Field(..., title="Objectives")
+
+
 class ObjectiveTaskView(BaseModel):
     """
     A task as an objective's view shows it: its state, and its current try's job.
