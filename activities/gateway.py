@@ -183,9 +183,8 @@ class Gateway:
             style = pool.provider.api if pool is not None else "openai"
             status = getattr(exc, "status_code", 404)
             allowed = ", ".join(f"POST {p}" for p in (*OPENAI_PATHS, *ANTHROPIC_PATHS))
-            message = (
-                f"{request.method} {request.url.path} is not served; the gateway serves {allowed}"
-            )
+            path = request.scope["path"]  # as the route saw it (see `_forward`)
+            message = f"{request.method} {path} is not served; the gateway serves {allowed}"
             kind = "not_found_error" if status == 404 else "invalid_request_error"
             return self._refused(grant, "unknown_path", error(style, status, kind, message))
 
@@ -226,7 +225,7 @@ class Gateway:
     # --- one call --------------------------------------------------------------------------
 
     async def _forward(self, request: Request, grant: Grant) -> Response:
-        path = request.url.path
+        path = request.scope["path"]  # the route's: `request.url`'s is rebuilt from the Host
         style = "anthropic" if path in ANTHROPIC_PATHS else "openai"
         if token_of(request) != grant.token or grant.token not in self.grants:
             answer = error(style, 401, "authentication_error", "the turn's token is not valid")

@@ -45,6 +45,7 @@ from activities.sandbox_policy import (
     SANDBOX_SETTING,
     Limits,
     OutputSink,
+    SandboxNotStarted,
     SandboxRefused,
     SandboxResult,
     SandboxSettings,
@@ -64,6 +65,7 @@ log = logging.getLogger("activities.sandbox")
 # What the handlers take from here (the policy's names live in activities.sandbox_policy).
 __all__ = [
     "Limits",
+    "SandboxNotStarted",
     "SandboxRefused",
     "SandboxResult",
     "SandboxSettings",
@@ -320,6 +322,13 @@ async def run_sandboxed(
             await asyncio.shield(asyncio.to_thread(cgroup.kill_all))
             _removing.add(removal := asyncio.create_task(asyncio.to_thread(cgroup.remove)))
             removal.add_done_callback(_removing.discard)
+    if confined and sandbox.inner_pid is None and not result.aborted and result.exit_code:
+        # bwrap said nothing on its info pipe: it failed before its command existed (its own
+        # error went to the output). Not the command's exit status: the job did not run.
+        raise SandboxNotStarted(
+            f"the sandbox could not be built (bwrap exited with status {result.exit_code} "
+            "before the command started); the command did not run"
+        )
     if memory_killed:
         log.warning(
             "a sandboxed command was killed at its memory limit (%d MiB)",

@@ -81,6 +81,13 @@ class SandboxRefused(Exception):
     executable, or no usable sandbox). Retrying the same job would be refused the same way."""
 
 
+class SandboxNotStarted(Exception):
+    """bwrap exited before its command ran (it never cloned the sandbox's first process): the
+    host refused it a resource, most often a process while the uid's RLIMIT_NPROC is taken —
+    by another sandbox of the same host uid (a non-root worker's commands all share its uid
+    when no cgroup counts each one). The command did not run: retrying the job may succeed."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per-process limits of a sandboxed command (rlimits, inherited by everything it starts).
@@ -357,6 +364,10 @@ def bwrap_args(
     # `--dev`, /var/tmp), and the root itself is made read-only below once every mount point
     # on it exists: without that, / and those two were tmpfs of half the host's RAM each.
     args += ["--size", tmp_size, "--tmpfs", "/dev/shm", "--size", tmp_size, "--tmpfs", "/var/tmp"]
+    # /dev itself is a tmpfs `--dev` makes without a size (half the host's RAM): read-only once
+    # its mount points exist. Its devices stay writable; /dev/shm and /dev/pts are mounts of
+    # their own, which the remount (not recursive) leaves as they are.
+    args += ["--remount-ro", "/dev"]
     # After /tmp: a directory the operator lets commands read may lie under it (a checkout in
     # /tmp, whose examples `receipt up` binds), and a bind before the tmpfs would be hidden.
     for bind in settings.ro_binds:

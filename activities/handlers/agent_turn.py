@@ -17,7 +17,12 @@ from activities.gateway import Grant
 from activities.handlers.codex import PROGRESS_INTERVAL_S
 from activities.handlers.context import HandlerContext, HandlerError
 from activities.handlers.steering import StdinFeed, encoded
-from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
+from activities.sandbox import (
+    SandboxNotStarted,
+    SandboxRefused,
+    SandboxSettings,
+    run_sandboxed,
+)
 from activities.sandbox_gateway import Access, free_port
 from receipts.agent_jobs import protocol
 from receipts.agent_jobs.model import AgentJob
@@ -130,6 +135,8 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
             await ctx.gateway.drain(grant)
     except SandboxRefused as exc:
         return _ended_early(ctx, job, str(exc), retryable=False)
+    except SandboxNotStarted as exc:
+        return _ended_early(ctx, job, str(exc))
     finally:
         if grant is not None and ctx.gateway is not None:
             # Revoked however the turn ended (idempotent after a drain); a cancelled or aborted

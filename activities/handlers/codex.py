@@ -11,7 +11,7 @@ from typing import Any
 from activities import workspaces
 from activities.handlers.context import HandlerContext, HandlerError
 from activities.handlers.steering import StdinFeed
-from activities.sandbox import SandboxRefused, SandboxSettings, run_sandboxed
+from activities.sandbox import SandboxNotStarted, SandboxRefused, SandboxSettings, run_sandboxed
 from receipts.kinds import steerable_task
 from receipts.tenancy import caller_id
 
@@ -158,6 +158,8 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
         )
     except SandboxRefused as exc:
         raise HandlerError(str(exc), retryable=False) from exc
+    except SandboxNotStarted as exc:
+        raise HandlerError(str(exc), retryable=True) from exc
     finally:
         if stdin is not None:
             await stdin.consumed()

@@ -676,3 +676,16 @@ async def test_a_turn_holds_at_most_its_bound_of_connections_open(gw: Gateway) -
             writer.close()
     await asyncio.sleep(0.2)
     assert (await call(grant)).status_code == 200
+
+
+async def test_the_provider_is_called_on_the_path_the_route_matched_whatever_the_host(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """The upstream path is the one the gateway serves, never one rebuilt from the command's
+    `Host` header (an unparsable one made it the socket's path)."""
+    grant = turn(gw, "openai-main")
+    headers = {"Authorization": f"Bearer {grant.token}", "Host": "gateway/v1/files?"}
+    async with client(grant) as http:
+        answer = await http.post("/v1/chat/completions", json={"model": "m"}, headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert [c.path for c in fake.calls] == ["/v1/chat/completions"]

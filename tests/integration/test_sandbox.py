@@ -24,6 +24,7 @@ import pytest
 from activities import sandbox_etc, sandbox_seccomp
 from activities.sandbox import (
     Limits,
+    SandboxNotStarted,
     SandboxRefused,
     SandboxResult,
     SandboxSettings,
@@ -246,19 +247,22 @@ async def test_nothing_outside_the_workspace_can_be_written(settings: SandboxSet
 
 
 async def test_every_place_a_command_can_write_memory_is_capped(settings: SandboxSettings) -> None:
-    """/tmp, /var/tmp and /dev/shm are tmpfs of the file-size limit each, and the root is
-    read-only: files kept under the per-file limit cannot add up to the host's RAM there."""
+    """/tmp, /var/tmp and /dev/shm are tmpfs of the file-size limit each, and the root and /dev
+    are read-only: files kept under the per-file limit cannot add up to the host's RAM there."""
     small = changed(settings, file_size_mb=1)
     script = (
         "for d in /tmp /var/tmp /dev/shm; do"
         " for n in 1 2 3; do head -c 600000 /dev/zero > $d/f$n 2>/dev/null || echo full $d $n;"
-        " done; done; echo x > /at-the-root 2>/dev/null || echo read-only root"
+        " done; done; echo x > /at-the-root 2>/dev/null || echo read-only root;"
+        " echo x > /dev/in-dev 2>/dev/null || echo read-only dev"
     )
     _, output = await run(["sh", "-c", script], small)
     lines = output.split("\n")
     for directory in ("/tmp", "/var/tmp", "/dev/shm"):
         assert f"full {directory} 2" in lines, output  # 1.2 MB does not fit in 1 MiB
     assert "read-only root" in lines, output
+    # /dev is a tmpfs of `--dev` with no size (half the host's RAM): files there add up.
+    assert "read-only dev" in lines, output
 
 
 CONNECT = """
@@ -727,6 +731,57 @@ async def test_workspaces_whose_uids_collide_do_not_share_a_process_count(
         )
         other, output = await run(["/bin/true"], settings, b, limits=limits)
         assert other.exit_code == 0, output
+    finally:
+        aborted.set()
+        await asyncio.wait_for(holding, 30)
+
+
+# Starts `sleep argv[1]` until the process count refuses one, then waits for them.
+HOLD_EVERY_PROCESS = """
+import os, subprocess, sys
+held = []
+while True:
+    try:
+        held.append(subprocess.Popen(["sleep", sys.argv[1]]))
+    except OSError:
+        break
+for process in held:
+    process.wait()
+"""
+
+
+async def test_a_sandbox_refused_a_process_by_its_uids_count_did_not_run_and_says_so(
+    settings: SandboxSettings,
+) -> None:
+    """Without a cgroup, sandboxes of one host uid (a non-root worker's commands all share its
+    uid) share RLIMIT_NPROC: while one holds the count, bwrap cannot clone another's first
+    process. That job's command never ran: SandboxNotStarted (the handlers retry it), never the
+    exit status 1 a task fails non-retryably on ("bwrap: Creating new namespace failed")."""
+    if os.geteuid() != 0:
+        pytest.skip("the shared uid is made here by a one-uid RECEIPT_SANDBOX_UIDS range")
+    shared = changed(settings, cgroup="off", uids=(50_123, 50_123))
+    limits = replace(shared.limits, processes=12)
+    needle = f"78.{uuid.uuid4().int % 10**6:06d}"
+    aborted = asyncio.Event()
+    holding = asyncio.create_task(
+        run_sandboxed(
+            [PYTHON, "-c", HOLD_EVERY_PROCESS, needle],
+            workspace=job_workspace("org-a", f"nproc-a-{uuid.uuid4().hex[:8]}", shared),
+            aborted=aborted,
+            settings=shared,
+            limits=limits,
+        )
+    )
+    try:
+        await eventually(
+            lambda: asyncio.sleep(0, len(host_processes_running(needle))),
+            lambda n: n >= 8,
+            timeout=20,
+            what="org-a's sandbox holding its uid's process count",
+        )
+        victim = job_workspace("org-b", f"nproc-b-{uuid.uuid4().hex[:8]}", shared)
+        with pytest.raises(SandboxNotStarted, match="the command did not run"):
+            await run(["/bin/true"], shared, victim, limits=limits)
     finally:
         aborted.set()
         await asyncio.wait_for(holding, 30)
