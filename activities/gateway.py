@@ -27,7 +27,7 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import httpx
@@ -55,9 +55,10 @@ from activities.gateway_http import (
     socket_path,
     token_of,
     too_many_values,
+    with_usage_asked,
     without_network_tools,
 )
-from activities.gateway_pool import ANTHROPIC_PATHS, OPENAI_PATHS, CredentialState, Pool
+from activities.gateway_pool import ANTHROPIC_PATHS, OPENAI_PATHS, CredentialState, Pool, Slots
 from activities.gateway_providers import Credential, Provider
 from activities.gateway_usage import Usage
 from receipts import metrics
@@ -72,6 +73,7 @@ MAX_CALLS_PER_GRANT = 8
 MAX_CONNECTIONS = 256
 SHORT_RESET_S = 2.0  # a credential free again this soon is waited for, once
 DRAIN_S = 10.0  # a turn's calls still in flight when its command ends are waited for this long
+SLOT_WAIT_S = 60.0  # a call waits this long for a credential's slot, then is told "busy" (429)
 _REFRESHED = object()  # a refused credential's key was re-read: call with it again
 
 
@@ -86,10 +88,7 @@ class Gateway:
         self.pools = {
             binding: Pool(
                 provider,
-                [
-                    CredentialState(c, asyncio.Semaphore(c.max_concurrent))
-                    for c in provider.credentials
-                ],
+                [CredentialState(c, Slots(c.max_concurrent)) for c in provider.credentials],
             )
             for binding, provider in providers.items()
         }
@@ -288,6 +287,8 @@ class Gateway:
                     body = without_network_tools(body)
                 if remote:
                     self._removed(grant, remote)
+            if path == "/v1/chat/completions" and named.stream is True:
+                body = with_usage_asked(body)  # else OpenAI streams no usage: counted as zero
             model = named.model
             headers = {
                 k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS
@@ -296,7 +297,7 @@ class Gateway:
                 pool, grant, path, body, headers, style, model
             )
             if isinstance(answer, Relayed):  # its body is held until the answer is sent
-                answer.release = functools.partial(_give_back, answer.release, grant, taken)
+                answer.release = functools.partial(grant.give_back, answer.release, taken)
                 relayed = True
             return answer
         finally:
@@ -331,16 +332,22 @@ class Gateway:
                     continue
                 return self._exhausted(pool, grant, style, now, model)
             tried.add(index)
-            state = pool.states[index]
-            await state.slots.acquire()
-            state.busy += 1
+            state, org = pool.states[index], grant.organization_id or ""
+            if not await state.slots.acquire(org, SLOT_WAIT_S):
+                message = f"every credential of {grant.binding!r} is busy; try again"
+                return self._refused(
+                    grant, "busy", error(style, 429, "rate_limit_error", message, 1)
+                )
             answer: Response | object | None = None
             try:
+                if grant.token not in self.grants:  # the turn ended while the call waited
+                    message = "the turn's token is not valid"
+                    answer = error(style, 401, "authentication_error", message)
+                    return self._refused(grant, "token", answer)
                 answer = await self._call(pool, state, grant, path, body, headers, style, model)
             finally:
                 if not isinstance(answer, Relayed):  # a relayed answer frees them once sent
-                    state.busy -= 1
-                    state.slots.release()
+                    state.slots.release(org)
             if isinstance(answer, Response):
                 return answer
             if answer is _REFRESHED:
@@ -399,9 +406,11 @@ class Gateway:
         try:
             upstream = await self.http.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
-            message = redacted(f"the provider could not be reached: {exc}", credential)
-            self._count(grant, "unreachable", Usage())
-            return error(style, 502, "api_error", message)
+            late = isinstance(exc, httpx.TimeoutException)  # reached, but no answer in time
+            why = "did not answer in time" if late else f"could not be reached: {exc}"
+            self._count(grant, "timeout" if late else "unreachable", Usage())
+            message = redacted(f"the provider {why}", credential)
+            return error(style, 504 if late else 502, "api_error", message)
         relayed = False
         try:
             status = upstream.status_code
@@ -412,8 +421,8 @@ class Gateway:
             if status < 400:
                 grant.served(model)  # recovered: a later failure is the command's own
             grant.calls += 1
-            relay = Relay(upstream, started, functools.partial(self._count, grant))
-            answer = Relayed(relay, functools.partial(_release, state, grant))
+            relay = Relay(upstream, started, functools.partial(self._count, grant), style)
+            answer = Relayed(relay, functools.partial(grant.ended_on, state.slots))
             relayed = True
             return answer
         finally:
@@ -485,15 +494,3 @@ class Gateway:
                    "status": status, "inputTokens": usage.input_tokens,
                    "outputTokens": usage.output_tokens, "durationS": round(duration_s, 3)},
         )  # fmt: skip
-
-
-def _give_back(release: Callable[[], None], grant: Grant, body_bytes: int) -> None:
-    grant.body_bytes -= body_bytes
-    release()
-
-
-def _release(state: CredentialState, grant: Grant) -> None:
-    """What a relayed answer held, freed once its body is sent."""
-    state.busy -= 1
-    state.slots.release()
-    grant.call_ended()

@@ -4,10 +4,13 @@ cost and met, and the calls it has in flight."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from activities.gateway_pool import Slots
 
 MAX_GRANT_BODY_BYTES = 64 * 1024 * 1024
 """The bodies of a turn's calls in flight, together (each at most 32 MiB, 8 in flight): a
@@ -55,6 +58,16 @@ class Grant:
         self.in_flight -= 1
         if self.in_flight <= 0:
             self.idle.set()
+
+    def ended_on(self, slots: Slots) -> None:
+        """A relayed call's answer sent: the credential's slot it held and the call end."""
+        slots.release(self.organization_id or "")
+        self.call_ended()
+
+    def give_back(self, release: Callable[[], None], body_bytes: int) -> None:
+        """A relayed call's answer sent: its body's bytes given back, then `release`."""
+        self.body_bytes -= body_bytes
+        release()
 
     def met_quota(self, model: str, until: datetime) -> None:
         self.quota_models[model] = max(self.quota_models.get(model, until), until)

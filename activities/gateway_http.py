@@ -68,8 +68,10 @@ class Relay:
         upstream: httpx.Response,
         started: float,
         done: Callable[[str, Usage, float], None],
+        style: str = "openai",
     ) -> None:
         self.upstream = upstream
+        self.style = style
         self.started = started
         self.streamed = "text/event-stream" in upstream.headers.get("content-type", "")
         self.events = StreamUsage()
@@ -79,15 +81,24 @@ class Relay:
         self.closed = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        async for chunk in self.upstream.aiter_raw():
-            if self.streamed:
-                self.events.feed(chunk)
-            else:
-                if len(self.kept) < MAX_JSON_ANSWER_BYTES:
-                    self.kept += chunk
-                else:  # past the kept head only: its last bytes, where its usage is
-                    self.tail = (self.tail + chunk)[-ANSWER_TAIL_BYTES:]
-            yield chunk
+        try:
+            async for chunk in self.upstream.aiter_raw():
+                if self.streamed:
+                    self.events.feed(chunk)
+                else:
+                    if len(self.kept) < MAX_JSON_ANSWER_BYTES:
+                        self.kept += chunk
+                    else:  # past the kept head only: its last bytes, where its usage is
+                        self.tail = (self.tail + chunk)[-ANSWER_TAIL_BYTES:]
+                yield chunk
+        except httpx.HTTPError as exc:
+            if not self.streamed:
+                raise  # a JSON answer cut short: the command's client sees it incomplete
+            # A stream the provider stopped mid-way ends with an error event the command's
+            # client reads (it was cut, and the worker logged a traceback for each).
+            late = isinstance(exc, httpx.TimeoutException)
+            yield stream_error(self.style, "the provider did not answer in time" if late else
+                               "the provider's answer was cut short")  # fmt: skip
 
     async def close(self) -> None:
         if self.closed:
@@ -187,6 +198,7 @@ class CallBody(BaseModel):
     tools: Any = None
     mcp_servers: Any = None
     web_search_options: Any = None
+    stream: Any = None
 
     @property
     def network_tools(self) -> list[str]:
@@ -230,6 +242,19 @@ def without_network_tools(body: bytes) -> bytes:
     tools = [t for t in parsed.pop("tools", None) or [] if network_family(t) is None]
     if tools:
         parsed["tools"] = tools
+    return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def with_usage_asked(body: bytes) -> bytes:
+    """A streamed Chat Completions call's body asking for its usage: OpenAI sends a streamed
+    answer's usage (a last chunk with no choices) only when `stream_options.include_usage` is
+    true, and a command that left it out had its calls counted at zero tokens."""
+    parsed = json.loads(body)
+    options = parsed.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return body
+    kept = options if isinstance(options, dict) else {}
+    parsed["stream_options"] = {**kept, "include_usage": True}
     return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
@@ -291,6 +316,15 @@ def _tail_usage(tail: bytes) -> Usage:
 
 def redacted(text: str, credential: Credential) -> str:
     return text.replace(str(credential.key), "***") if credential.key else text
+
+
+def stream_error(style: str, message: str) -> bytes:
+    """An error event ending a stream, as the provider of `style` sends one."""
+    if style == "anthropic":
+        event = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    event = {"type": "error", "error": {"message": message, "type": "api_error", "code": None}}
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
 def error(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -27,12 +28,67 @@ DROP_COOLDOWN_S = 600.0  # a dropped credential is tried again this long after (
 DROP_ORGANIZATIONS = 2  # organizations whose calls it was refused for before it is dropped
 
 
+class Slots:
+    """A credential's concurrency, shared by every organization's turns: at most `size` calls at
+    once. A call that finds none free waits at most a given time; when one frees, the waiting
+    call of the organization that holds the fewest goes first (first come among equals), so one
+    organization's queued calls do not hold back another's (a FIFO served them all first)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.held: Counter[str] = Counter()  # by organization
+        self.waiting: list[tuple[str, asyncio.Future[None]]] = []
+
+    @property
+    def busy(self) -> int:
+        return self.held.total()
+
+    @property
+    def load(self) -> int:
+        """Its calls, running and waiting: where a call waits least."""
+        return self.busy + len(self.waiting)
+
+    async def acquire(self, organization: str, timeout_s: float) -> bool:
+        """A slot for a call of `organization`; False when none freed within `timeout_s`."""
+        if self.busy < self.size and not self.waiting:
+            self.held[organization] += 1
+            return True
+        waiter = (organization, asyncio.get_running_loop().create_future())
+        self.waiting.append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter[1]
+            return True
+        except TimeoutError:  # handed over as the wait ended: it is the call's
+            return waiter[1].done() and not waiter[1].cancelled()
+        except BaseException:
+            if waiter[1].done() and not waiter[1].cancelled():
+                self.release(organization)
+            raise
+        finally:
+            if waiter in self.waiting:
+                self.waiting.remove(waiter)
+
+    def release(self, organization: str) -> None:
+        self.held[organization] -= 1
+        if self.held[organization] <= 0:
+            del self.held[organization]
+        while self.busy < self.size:
+            live = [w for w in self.waiting if not w[1].done()]
+            if not live:
+                return
+            waiter = min(live, key=lambda w: self.held[w[0]])  # the first of the fewest
+            self.waiting.remove(waiter)
+            self.held[waiter[0]] += 1
+            waiter[1].set_result(None)
+
+
 @dataclass
 class CredentialState:
     """One credential of a pool as the gateway uses it now."""
 
     credential: Credential
-    slots: asyncio.Semaphore
+    slots: Slots
     # Providers limit rates per model: a 429 for one model rests the credential for it alone,
     # so one tenant's model at its limit does not refuse another tenant's other model (a call
     # names its model at its body's top level, or is refused: `gateway_http.call_of`).
@@ -41,7 +97,10 @@ class CredentialState:
     # The 401s since its last other answer: on which paths, for which organizations.
     refused_paths: set[str] = field(default_factory=set)
     refused_for: set[str] = field(default_factory=set)
-    busy: int = 0
+
+    @property
+    def busy(self) -> int:
+        return self.slots.busy
 
     def until(self, model: str) -> datetime | None:
         """When the credential may be used again for `model` (None: now)."""
@@ -106,15 +165,26 @@ class Pool:
         return max(0.0, (min(resting) - now).total_seconds()) if resting else None
 
     def choose(self, job_id: str, now: datetime, tried: set[int], model: str) -> int | None:
-        """The credential for a call of `job_id`: the job's own while usable, else the least
-        busy (ties from a place its id picks); None when no untried one is usable."""
+        """The credential for a call of `job_id`: the job's own while usable with a slot free,
+        else the least loaded (its calls running and waiting; ties from a place its id picks):
+        a job's credential taken by other calls no longer holds it while another is idle. None
+        when no untried one is usable."""
         usable = [i for i, s in enumerate(self.states) if s.usable(now, model) and i not in tried]
         if not usable:
             return None
         preferred = self.affinity.get(job_id)
-        if preferred not in usable:
-            start = int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % len(self.states)
-            usable.sort(key=lambda i: (self.states[i].busy, (i - start) % len(self.states)))
-            preferred = usable[0]
-            self.affinity[job_id] = preferred
-        return preferred
+        if (
+            preferred in usable
+            and self.states[preferred].slots.load < self.states[preferred].slots.size
+        ):
+            return preferred
+        start = int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % len(self.states)
+        usable.sort(
+            key=lambda i: (
+                self.states[i].slots.load,
+                i != preferred,
+                (i - start) % len(self.states),
+            )
+        )
+        self.affinity[job_id] = usable[0]
+        return usable[0]

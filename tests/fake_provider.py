@@ -43,8 +43,14 @@ class FakeProvider:
     slow_body_s: float = 0.0
     # Models at their rate limit for every key (a provider limits rates per model): 429.
     limited_models: set[str] = field(default_factory=set)
+    # As OpenAI: a streamed chat completion carries its usage only when the call asks for it
+    # (`stream_options.include_usage`); off, every streamed one carries it.
+    usage_when_asked: bool = False
+    trickle_s: float = 0.2  # `trickle`: a stream that never ends, an event this often
+    huge_bytes: int = 0  # `huge`: a stream of about this many bytes of content
     calls: list[Call] = field(default_factory=list)
     port: int = 0
+    sent: int = 0  # of a `huge` stream, the bytes written before it ended or was hung up on
 
     @property
     def openai_url(self) -> str:
@@ -96,6 +102,10 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             if behaviour == "slow":
                 time.sleep(provider.slow_s)
                 self.body_after_s = provider.slow_body_s
+            if behaviour == "trickle":
+                return self._trickle()
+            if behaviour == "huge":
+                return self._huge()
             if self.path == "/v1/chat/completions":
                 return self._chat(body, stream)
             if self.path == "/v1/responses":
@@ -109,14 +119,47 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             if not stream:
                 message = {"role": "assistant", "content": "hello"}
                 return self._json(200, {"choices": [{"message": message}], "usage": usage})
+            options = body.get("stream_options") or {}
+            asked = options.get("include_usage") is True or not provider.usage_when_asked
             self._events(
                 [
                     {"choices": [{"delta": {"content": "hel"}}]},
                     {"choices": [{"delta": {"content": "lo"}}]},
-                    {"choices": [], "usage": usage},
+                    *([{"choices": [], "usage": usage}] if asked else []),
                 ],
                 done=True,
             )
+
+        def _trickle(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            event = b'data: {"choices": [{"delta": {"content": "."}}]}\n\n'
+            try:
+                while True:
+                    self.wfile.write(event)
+                    self.wfile.flush()
+                    time.sleep(provider.trickle_s)
+            except OSError:
+                return  # the gateway hung up
+
+        def _huge(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            event = b'data: {"choices": [{"delta": {"content": "' + b"x" * 65000 + b'"}}]}\n\n'
+            sent = 0
+            try:
+                while sent < provider.huge_bytes:
+                    self.wfile.write(event)
+                    sent += len(event)
+                provider.sent = sent
+            except OSError:
+                provider.sent = sent
 
         def _responses(self, body: dict[str, Any]) -> None:
             items = body.get("input") or []
