@@ -10,6 +10,7 @@ import hmac
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 import httpx
@@ -109,11 +110,17 @@ async def post_callback(
 
 
 async def _post_tries(
-    client: httpx.AsyncClient, settings: Settings, url: str, message_id: str, body: bytes
+    client: httpx.AsyncClient,
+    settings: Settings,
+    url: str,
+    message_id: str,
+    body: bytes,
+    beat: Callable[[], None],
 ) -> str | None:
     """Post up to CALLBACK_TRIES times; the last error, or None once posted."""
     error: str | None = None
     for attempt in range(1, CALLBACK_TRIES + 1):
+        beat()
         error = await post_callback(client, settings, url, message_id, body)
         if error is None:
             return None
@@ -128,8 +135,13 @@ async def post_callbacks(
     client: httpx.AsyncClient,
     job: Job,
     event: str,
+    *,
+    take_over: bool = False,
+    beat: Callable[[], None] = lambda: None,
 ) -> int:
-    """Post `{event, job}` to each distinct configured URL, once per URL (claimed in the database).
+    """Post `{event, job}` to each distinct configured URL, once per URL (claimed in the database;
+    `take_over` claims one still held, as `deliveries.claim_callback` says). `beat` is called
+    before each try (an activity's heartbeat).
 
     Failures are logged and recorded; they never change the job. Returns the number posted.
     """
@@ -137,7 +149,7 @@ async def post_callbacks(
     shown = {**job.to_json(), "payload": redact_payload(job.payload)}
     body = dumps({"event": event, "job": shown}).encode()
     for url in settings.callback_urls:
-        if not await deliveries.claim_callback(store, job.job_id, event, url):
+        if not await deliveries.claim_callback(store, job.job_id, event, url, take_over=take_over):
             continue
         message_id = callback_message_id(f"{job.job_id}:{event}:{url}")
         # In the job's trace (the driver's activity, or the recovery loop with the job's own
@@ -151,7 +163,7 @@ async def post_callbacks(
             ) as span,
         ):
             try:
-                error = await _post_tries(client, settings, url, message_id, body)
+                error = await _post_tries(client, settings, url, message_id, body, beat)
             except BaseException:
                 # Cut off before its result (the activity cancelled: a driver stopping): the
                 # claim is given back, so the activity's retry posts it rather than skipping a
@@ -283,7 +295,20 @@ class DriverActivities:
         job = await with_storage_retry(lambda: self.store.get_job(request.job_id), what="read")
         if job is None:
             return 0
-        return await post_callbacks(self.store, self.settings, self.http, job, request.event)
+        # A retry of `dispatched` (its try killed with its driver, the claim left held) takes
+        # the claim over at once: only this activity posts `dispatched`, and the terminal post
+        # waits for it. It heartbeats, so a dead driver's try is retried within seconds.
+        running = activity.in_activity()  # else called as a plain method (tests)
+        retried = running and activity.info().attempt > 1
+        return await post_callbacks(
+            self.store,
+            self.settings,
+            self.http,
+            job,
+            request.event,
+            take_over=request.event == "dispatched" and retried,
+            beat=activity.heartbeat if running else lambda: None,
+        )
 
 
 def _status_after(out: ops.Outcome, job: Job) -> str:

@@ -7,7 +7,7 @@ best-effort — a failure is logged and counted, never raised into a receipt app
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -148,10 +148,13 @@ async def redrive_candidates(
     return [(r[0], r[1], r[2]) for r in rows]
 
 
-async def claim_callback(store: Store, job_id: str, event: str, url: str) -> bool:
-    """Claim the one post of `event` for `job_id` to `url`; False when already claimed."""
-    rows = await _fetch(store, "callback_claim", {"job_id": job_id, "event": event, "url": url})
-    return bool(rows)
+async def claim_callback(
+    store: Store, job_id: str, event: str, url: str, *, take_over: bool = False
+) -> bool:
+    """Claim the one post of `event` for `job_id` to `url`; False when already claimed (and
+    not yet posted: `take_over` takes a claim younger than its 30 s window too)."""
+    params = {"job_id": job_id, "event": event, "url": url, "take_over": take_over}
+    return bool(await _fetch(store, "callback_claim", params))
 
 
 async def release_callback(store: Store, job_id: str, event: str, url: str) -> None:
@@ -170,9 +173,19 @@ async def callback_result(
     )
 
 
-async def callbacks_owed(store: Store, *, limit: int = 200) -> list[tuple[str, str]]:
-    """Return `(jobId, event)` of settled jobs whose terminal callbacks are still owed, due first."""
-    rows = await _fetch(store, "callbacks_owed", {"limit": limit})
+# How long a settled job's owed terminal callback waits for the `dispatched` post its driver
+# makes beside the attempt: past the callback activity's 60 s start-to-close and its retry (a
+# driver killed mid-post), after which only a driver gone for good still owes it.
+DISPATCHED_WAIT_S = 90
+
+
+async def callbacks_owed(
+    store: Store, urls: Sequence[str], *, limit: int = 200
+) -> list[tuple[str, str]]:
+    """Return `(jobId, event)` of settled jobs whose terminal callbacks are still owed, due
+    first; a job whose `dispatched` to one of `urls` is still owed waits (`DISPATCHED_WAIT_S`)."""
+    params = {"limit": limit, "urls": list(urls), "dispatched_wait_s": DISPATCHED_WAIT_S}
+    rows = await _fetch(store, "callbacks_owed", params)
     return [(r[0], r[1]) for r in rows]
 
 

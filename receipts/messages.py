@@ -76,6 +76,10 @@ class DriverInput:
     callbacks: bool = False
     dispatched_posted: bool = False
     deliveries: int = 2
+    # Set by every starter: `dispatched` is posted beside the attempt, not before it (a slow
+    # receiver no longer holds the job's start); the terminal callback and a continue-as-new
+    # wait for it. Runs recorded without it keep the order of their history.
+    dispatched_beside: bool = False
     # The starter's own read of a job it found queued and deliverable, so the first run need
     # not read it again; cleared before every continue-as-new (later runs always re-read).
     plan: DriverPlan | None = None

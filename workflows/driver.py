@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 from typing import NoReturn
@@ -61,6 +62,10 @@ PREPARE_RETRY = RetryPolicy(
 # driver then fails, and the redrive starts the next generation from the receipts.
 PREPARE_SCHEDULE_TO_CLOSE = timedelta(minutes=3)
 CALLBACK_RETRY = RetryPolicy(maximum_attempts=2, initial_interval=timedelta(seconds=1))
+# `dispatched` beside the attempt: the terminal post waits for it, so a driver killed mid-post
+# has it retried within its heartbeat timeout (the retry takes its claim over), a few times.
+DISPATCHED_RETRY = RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=1))
+DISPATCHED_HEARTBEAT = timedelta(seconds=10)
 # Time the attempt may spend around the handler: lease/start-fence, re-read, settle retries.
 SETTLE_MARGIN = timedelta(seconds=30)
 # The attempt ends this long before the driver's run would time out, so the driver itself sees
@@ -163,8 +168,16 @@ class _Driver:
         if plan.action != DriverAction.DISPATCH:
             return str(plan.action)
 
+        dispatched: asyncio.Task[None] | None = None
         if not request.dispatched_posted:
-            await self._callback(request, "dispatched")
+            if request.dispatched_beside and request.callbacks:
+                # Beside the attempt: a receiver slow to answer (three 5 s tries per URL) no
+                # longer holds the job's start. What follows waits for it, so the receiver
+                # still hears `dispatched` first (the recovery loop's terminal post waits too:
+                # receipts/sql/delivery.sql callbacks_owed).
+                dispatched = asyncio.create_task(self._callback(request, "dispatched", beside=True))
+            else:
+                await self._callback(request, "dispatched")
             request.dispatched_posted = True
         attempt = AttemptInput(
             job_id=request.job_id,
@@ -178,6 +191,8 @@ class _Driver:
             deliveries=request.deliveries,
         )
         result = await self._run_attempt(request, plan, attempt)
+        if dispatched is not None:
+            await dispatched  # before the terminal post, and before a continue-as-new drops it
         if result.job_status in TERMINAL_STATUSES:
             await self._callback(request, result.job_status)
             return result.job_status
@@ -272,7 +287,7 @@ class _Driver:
         )
         workflow.continue_as_new(request, run_timeout=run_timeout)
 
-    async def _callback(self, request: DriverInput, event: str) -> None:
+    async def _callback(self, request: DriverInput, event: str, *, beside: bool = False) -> None:
         if not request.callbacks or event not in CALLBACK_EVENTS:
             return
         try:
@@ -280,7 +295,8 @@ class _Driver:
                 POST_CALLBACKS,
                 CallbackRequest(request.job_id, event),
                 start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=CALLBACK_RETRY,
+                heartbeat_timeout=DISPATCHED_HEARTBEAT if beside else None,
+                retry_policy=DISPATCHED_RETRY if beside else CALLBACK_RETRY,
             )
         except ActivityError:
             workflow.logger.warning("callback activity failed", extra={"jobId": request.job_id})

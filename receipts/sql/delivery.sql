@@ -112,11 +112,12 @@ SELECT w.job_id FROM share, LATERAL (
 
 -- name: callback_claim
 -- Claim the post; a claim that never posted (a crash between claim and post, or a failed post)
--- may be claimed again after 30 s, up to 5 tries.
+-- may be claimed again after 30 s, up to 5 tries. `take_over`: at once (the retry of the
+-- driver's own `dispatched` activity, whose killed try left the claim: nothing else posts it).
 INSERT INTO callback_posts (job_id, event, url) VALUES (%(job_id)s, %(event)s, %(url)s)
 ON CONFLICT (job_id, event, url) DO UPDATE SET posted_at = now(), status = 'pending'
 WHERE callback_posts.status <> 'posted' AND callback_posts.attempts < 5
-  AND callback_posts.posted_at < now() - interval '30 seconds'
+  AND (%(take_over)s OR callback_posts.posted_at < now() - interval '30 seconds')
 RETURNING job_id;
 
 -- name: callback_release
@@ -146,9 +147,21 @@ ON CONFLICT (workflow_id, activity_id, attempt) DO UPDATE SET
     status = EXCLUDED.status, detail = EXCLUDED.detail, updated_at = now();
 
 -- name: callbacks_owed
--- Terminal callbacks owed (callback_outbox, written when the job settled), due first.
+-- Terminal callbacks owed (callback_outbox, written when the job settled), due first. The
+-- driver posts `dispatched` beside the attempt, so a quick job settles before that post is
+-- made: a job that ran an attempt waits here while its `dispatched` is neither posted nor given
+-- up for some URL, for at most `dispatched_wait_s` after it settled (its driver is gone that
+-- long: the terminal post goes anyway). A receiver never hears `completed` before `dispatched`
+-- while the driver that owes it lives.
 SELECT o.job_id, o.event FROM callback_outbox o
 WHERE o.due_at <= now()
+  AND NOT EXISTS (
+      SELECT 1 FROM jobs j, unnest(%(urls)s::text[]) AS u(url)
+      WHERE j.job_id = o.job_id AND j.attempt > 0
+        AND j.updated_at > now() - make_interval(secs => %(dispatched_wait_s)s)
+        AND NOT EXISTS (SELECT 1 FROM callback_posts c
+                        WHERE c.job_id = o.job_id AND c.event = 'dispatched' AND c.url = u.url
+                          AND c.status IN ('posted', 'failed')))
 ORDER BY o.due_at
 LIMIT %(limit)s;
 

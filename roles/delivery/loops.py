@@ -203,7 +203,7 @@ class QueuedRedrive:
 
         posted = 0
         for _ in range(CALLBACK_BATCHES):  # a full batch: more are due, go on (bounded)
-            owed = await deliveries.callbacks_owed(self.store, limit=REDRIVE_BATCH)
+            owed = await deliveries.callbacks_owed(self.store, urls, limit=REDRIVE_BATCH)
             posted += sum(await asyncio.gather(*(recover(*row) for row in owed)))
             if len(owed) < REDRIVE_BATCH or loop.time() > ends:
                 break

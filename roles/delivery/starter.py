@@ -218,6 +218,7 @@ class DriverStarter:
                 job_id=job.job_id,
                 generation=generation,
                 callbacks=bool(self.settings.callback_urls),
+                dispatched_beside=True,
                 deliveries=self.settings.deliveries_per_attempt,
                 plan=self._plan(job, timing),
             ),

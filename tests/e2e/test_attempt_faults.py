@@ -146,8 +146,13 @@ async def test_a_stopped_delivery_woken_after_its_redelivery_settled_writes_noth
 async def test_a_sigkilled_driver_leaves_the_attempt_running_and_posts_the_callback_once_back(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses], temporal_env: Any
 ) -> None:
+    """The driver posts `dispatched` beside the attempt; killed while that post waits for its
+    answer (the receiver holds it 3 s), the attempt runs on and settles. The restarted driver's
+    retry of the post takes its claim over and posts it (the activity heartbeats: within
+    seconds, not the 60 s start-to-close), then the terminal callback: the receiver never hears
+    `completed` before `dispatched`, and hears it once."""
     store, _ = e2e_store
-    async with Receiver() as receiver:
+    async with Receiver(hold={"dispatched": 3.0}) as receiver:
         # The recovery loops' own callback pass waits 10 min: the terminal callback is the
         # driver's to post.
         procs = roles(
@@ -165,7 +170,11 @@ async def test_a_sigkilled_driver_leaves_the_attempt_running_and_posts_the_callb
             done = await wait_for(store, job.job_id, TERMINAL, 60)
             posted_while_dead = [json.loads(r.body)["event"] for r in receiver.requests]
             procs.start("driver")
-            await receiver.wait_for(2, timeout=60)
+
+            async def heard() -> list[str]:
+                return [json.loads(r.body)["event"] for r in receiver.requests]
+
+            await eventually(heard, lambda e: "completed" in e, timeout=60, what="completed")
             await asyncio.sleep(3)  # nothing else arrives
             client = temporal_env.client
             result = await asyncio.wait_for(client.get_workflow_handle(job.job_id).result(), 30)
@@ -174,9 +183,10 @@ async def test_a_sigkilled_driver_leaves_the_attempt_running_and_posts_the_callb
             print(procs.logs())
             raise
     assert done.status == "completed"
-    assert posted_while_dead == ["dispatched"]
+    assert set(posted_while_dead) <= {"dispatched"}  # the killed try's post, answered late
     events = [json.loads(r.body)["event"] for r in receiver.requests]
-    assert events == ["dispatched", "completed"]
+    assert events[-1] == "completed" and events.count("completed") == 1
+    assert set(events[:-1]) == {"dispatched"}  # the retry's post, perhaps the killed try's too
     assert result == "completed"
     # The driver itself posted it: its history (replayed by the restarted driver) ends with the
     # `post_callbacks` activity for `completed`.

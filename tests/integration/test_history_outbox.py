@@ -37,6 +37,40 @@ async def settled(store: Store, how: str) -> str:
     return job.job_id
 
 
+async def posted_dispatched(store: Store, job_id: str, url: str) -> None:
+    assert await deliveries.claim_callback(store, job_id, "dispatched", url)
+    await deliveries.callback_result(store, job_id, "dispatched", url, "posted", None)
+
+
+async def test_a_terminal_callback_waits_for_the_dispatched_post_its_driver_owes(
+    fresh: tuple[Store, str],
+) -> None:
+    """The driver posts `dispatched` beside the attempt: a quick job settles first, and the
+    recovery loop posted the owed `completed` at once, before `dispatched` reached the
+    receiver. It waits while a URL has no `dispatched` posted or given up, at most
+    DISPATCHED_WAIT_S after the job settled; a job that never ran an attempt waits for none."""
+    store, _ = fresh
+    urls = ("https://a.example/cb", "https://b.example/cb")
+    done = await settled(store, "completed")
+    canceled = await settled(store, "canceled")  # never dispatched: owes no `dispatched`
+    assert await deliveries.callbacks_owed(store, urls) == [(canceled, "canceled")]
+    await posted_dispatched(store, done, urls[0])
+    assert (done, "completed") not in await deliveries.callbacks_owed(store, urls)
+    assert await deliveries.claim_callback(store, done, "dispatched", urls[1])  # in flight
+    assert (done, "completed") not in await deliveries.callbacks_owed(store, urls)
+    await deliveries.callback_result(store, done, "dispatched", urls[1], "failed", "HTTP 500")
+    assert (done, "completed") in await deliveries.callbacks_owed(store, urls)  # given up
+
+    gone = await settled(store, "completed")  # its driver never posts `dispatched`
+    assert (gone, "completed") not in await deliveries.callbacks_owed(store, urls)
+    async with store.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET updated_at = now() - make_interval(secs => %s) WHERE job_id = %s",
+            (deliveries.DISPATCHED_WAIT_S + 1, gone),
+        )
+    assert (gone, "completed") in await deliveries.callbacks_owed(store, urls)
+
+
 async def test_a_settlement_owes_its_callback_until_every_url_has_it(
     fresh: tuple[Store, str],
 ) -> None:
@@ -44,7 +78,7 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
     queued = (await put(store)).job
     done = await settled(store, "completed")
     canceled = await settled(store, "canceled")
-    owed = await deliveries.callbacks_owed(store)
+    owed = await deliveries.callbacks_owed(store, ())
     assert sorted(owed) == sorted([(done, "completed"), (canceled, "canceled")])
     assert queued.job_id not in {job_id for job_id, _ in owed}
 
@@ -58,13 +92,15 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
         both = Settings(
             RECEIPT_EVENT_CALLBACK_URL=receiver.url, RECEIPT_RESONATE_CALLBACK_URL=CLOSED
         )
+        for url in both.callback_urls:  # the driver posted `dispatched` before it settled
+            await posted_dispatched(store, done, url)
         first = await QueuedRedrive(store, None, both, NOW, http=http).run_once()
         # Posted to the receiver; the closed URL failed, so both stay owed (due again later).
         assert first.callbacks == 2
         for event in ("completed", "canceled"):  # counted per URL: one posted, one failed
             for outcome in ("posted", "failed"):
                 assert counted(event, outcome) - before[event, outcome] == 1
-        assert await deliveries.callbacks_owed(store) == []
+        assert await deliveries.callbacks_owed(store, ()) == []
         posted = [json.loads(r.body) for r in receiver.requests]
         bodies = sorted((b["event"], b["job"]["jobId"]) for b in posted)
         assert bodies == sorted([("completed", done), ("canceled", canceled)])
@@ -80,11 +116,11 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
 async def test_without_callback_urls_nothing_stays_owed(fresh: tuple[Store, str]) -> None:
     store, _ = fresh
     await settled(store, "completed")
-    assert len(await deliveries.callbacks_owed(store)) == 1
+    assert len(await deliveries.callbacks_owed(store, ())) == 1
     # The driver's pass (the roles that post callbacks hold an HTTP client) drops them.
     async with httpx.AsyncClient() as http:
         await QueuedRedrive(store, None, Settings(), NOW, http=http).run_once()
-    assert await deliveries.callbacks_owed(store) == []
+    assert await deliveries.callbacks_owed(store, ()) == []
 
 
 async def test_every_connection_runs_without_jit_and_the_api_with_a_statement_timeout(

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
+import json
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -14,6 +18,7 @@ from types import TracebackType
 class Received:
     headers: dict[str, str]
     body: bytes
+    answered_at: float = 0.0  # time.time() when its answer was written
 
 
 class Receiver:
@@ -24,7 +29,9 @@ class Receiver:
     anything else is answered 404 and kept in `strays`, and a wait that times out says what
     did arrive."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: Mapping[str, float] | None = None) -> None:
+        # Seconds to wait before answering a post of each callback event (a slow receiver).
+        self.hold = dict(hold or {})
         self.requests: list[Received] = []
         self.strays: list[bytes] = []
         self._server: asyncio.Server | None = None
@@ -55,6 +62,9 @@ class Receiver:
             headers[name.strip().lower()] = value.strip()
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         posted = request_line.startswith(b"POST ")
+        if posted and self.hold:
+            with contextlib.suppress(ValueError, AttributeError):
+                await asyncio.sleep(self.hold.get(json.loads(body).get("event"), 0.0))
         writer.write(
             b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
             if posted
@@ -66,7 +76,7 @@ class Receiver:
             self.strays.append(request_line)
             return
         async with self._arrived:
-            self.requests.append(Received(headers, body))
+            self.requests.append(Received(headers, body, time.time()))
             self._arrived.notify_all()
 
     async def wait_for(self, count: int, timeout: float = 20) -> None:

@@ -367,15 +367,57 @@ async def test_the_driver_that_posts_a_terminal_callback_empties_its_outbox_row(
     await ops.start_attempt(fresh_store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
     done = await ops.complete(fresh_store, job.job_id, worker_id=worker, attempt=1, result={})
     assert done.ok
-    owed = await deliveries.callbacks_owed(fresh_store, limit=10)
+    owed = await deliveries.callbacks_owed(fresh_store, (), limit=10)
     assert (job.job_id, "completed") in owed
     async with Receiver() as receiver, httpx.AsyncClient() as http:
         settings = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)  # type: ignore[call-arg]
         driver = DriverActivities(fresh_store, settings, TimingSettings(), http)
         assert await driver.post_callbacks(CallbackRequest(job.job_id, "dispatched")) == 1
-        assert (job.job_id, "completed") in await deliveries.callbacks_owed(fresh_store, limit=10)
+        assert (job.job_id, "completed") in await deliveries.callbacks_owed(
+            fresh_store, (), limit=10
+        )
         assert await driver.post_callbacks(CallbackRequest(job.job_id, "completed")) == 1
-    assert (job.job_id, "completed") not in await deliveries.callbacks_owed(fresh_store, limit=10)
+    assert (job.job_id, "completed") not in await deliveries.callbacks_owed(
+        fresh_store, (), limit=10
+    )
+
+
+async def test_a_retried_dispatched_post_takes_over_the_claim_its_killed_try_left(
+    fresh_store: Store,
+) -> None:
+    """A driver killed mid-post leaves `dispatched` claimed; its activity's retry found the
+    claim within its 30 s window and skipped it, so nothing ever posted `dispatched` (and the
+    terminal post, which waits for it, went without it). The retry takes the claim over; a
+    first try, and any try of a terminal event, still respects it; a post made is never made
+    again."""
+
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.driver import DriverActivities
+    from receipts.messages import CallbackRequest
+    from receipts.settings import Settings
+    from tests.integration.delivery.receiver import Receiver
+
+    job = (await put(fresh_store)).job
+    async with Receiver() as receiver, httpx.AsyncClient() as http:
+        settings = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)  # type: ignore[call-arg]
+        driver = DriverActivities(fresh_store, settings, TimingSettings(), http)
+        assert await deliveries.claim_callback(fresh_store, job.job_id, "dispatched", receiver.url)
+        assert await deliveries.claim_callback(fresh_store, job.job_id, "completed", receiver.url)
+
+        def attempt(n: int) -> ActivityEnvironment:
+            env = ActivityEnvironment()
+            env.info = dataclasses.replace(env.info, attempt=n)
+            return env
+
+        dispatched, completed = (
+            CallbackRequest(job.job_id, e) for e in ("dispatched", "completed")
+        )
+        assert await attempt(1).run(driver.post_callbacks, dispatched) == 0  # the claim holds
+        assert await attempt(2).run(driver.post_callbacks, completed) == 0  # the recovery's
+        assert await attempt(2).run(driver.post_callbacks, dispatched) == 1  # taken over
+        assert await attempt(3).run(driver.post_callbacks, dispatched) == 0  # posted: once
+    assert [json.loads(r.body)["event"] for r in receiver.requests] == ["dispatched"]
 
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -118,14 +118,14 @@ async def test_delivery_histories_replay_under_the_sandbox(
 async def test_a_driver_that_posts_callbacks_replays_under_the_sandbox(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
-    """With callback URLs the driver posts `dispatched` before it schedules the attempt (a
-    driver killed mid-post has it claimed; a retry past the claim window posts it, so the
-    receiver still hears `dispatched` first), then the terminal one: no patch marker, and the
-    history replays under the sandbox."""
+    """With callback URLs the driver posts `dispatched` beside the attempt: a receiver slow to
+    answer it (here 3 s) no longer holds the job's start, and the terminal post waits for it,
+    so the receiver still hears `dispatched` first. No patch marker (the order is the run's
+    input, `dispatched_beside`), and the history replays under the sandbox."""
     from tests.integration.delivery.receiver import Receiver
 
     async with (
-        Receiver() as receiver,
+        Receiver(hold={"dispatched": 3.0}) as receiver,
         running_stack(
             client, fresh_store, fresh_db, queues=(QUEUE_CODEX,),
             RECEIPT_EVENT_CALLBACK_URL=receiver.url,
@@ -135,9 +135,21 @@ async def test_a_driver_that_posts_callbacks_replays_under_the_sandbox(
         assert (await wait_for_status(fresh_store, job.job_id)).status == "completed"
         await receiver.wait_for(2)
         (history,) = await closed_histories(client, f"ReceiptJobId = '{job.job_id}'", 1)
+    settled = await fresh_store.get_job(job.job_id)
+    assert settled is not None
+    events = [json.loads(r.body)["event"] for r in receiver.requests]
+    assert events == ["dispatched", "completed"]
+    # The job ran and settled while its `dispatched` post waited for its answer.
+    assert settled.updated_at.timestamp() < receiver.requests[0].answered_at
     assert markers(history, PATCH_MARKER) == 0
-    assert activities_scheduled(history) == ["post_callbacks", "execute_attempt", "post_callbacks"]
+    assert sorted(activities_scheduled(history)[:2]) == ["execute_attempt", "post_callbacks"]
+    assert activities_scheduled(history)[2:] == ["post_callbacks"]
     await replay_sandboxed([history])
+    record_to = os.environ.get("RECEIPT_RECORD_HISTORIES")
+    if record_to:  # tests/integration/delivery/histories/jobdriver-callbacks-beside-0.json
+        recorded = {"workflowId": history.workflow_id, "history": history.to_json_dict()}
+        path = Path(record_to) / "jobdriver-callbacks-beside-0.json"
+        path.write_text(json.dumps(recorded, indent=1) + "\n")
 
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
@@ -209,7 +221,8 @@ async def test_a_watchdog_tick_history_replays_under_the_sandbox(
 # run); the `jobdriver-*` files by the build that started `JobDriver`, the driver type without
 # the patch (`RECEIPT_RECORD_HISTORIES=<dir>` on the test above writes them), and
 # `jobdriver-callbacks-0` by that build with a callback URL (`dispatched` posted before the
-# attempt is scheduled). Workers of a
+# attempt is scheduled), `jobdriver-callbacks-beside-0` by the build that posts it beside the
+# attempt (its input's `dispatched_beside`; the test above writes it). Workers of a
 # later version must still replay them all, or drivers open across a deploy would stall on a
 # nondeterminism error until their run timeout: a change that breaks this test needs
 # `workflow.patched` (or a new workflow type, or a versioned task queue), not new files.
@@ -218,7 +231,7 @@ RECORDED = Path(__file__).parent / "histories"
 
 async def test_histories_recorded_by_this_and_earlier_versions_still_replay() -> None:
     files = sorted(RECORDED.glob("*.json"))
-    assert len(files) == 17
+    assert len(files) == 18
     histories = []
     for path in files:
         recorded = json.loads(path.read_text())
@@ -239,12 +252,13 @@ async def test_histories_recorded_by_this_and_earlier_versions_still_replay() ->
     ]
     assert sorted(markers(h, PATCH_MARKER) for h in drivers) == [0] * 4 + [1] * 4
     current = [h for h in histories if workflow_type(h) == "JobDriver"]
-    assert [(attempt_activities(h), markers(h, PATCH_MARKER)) for h in current] == [(1, 0)] * 5
-    # One of them posted `dispatched` before it scheduled the attempt, as this build does.
-    (callbacks,) = [h for h in current if "post_callbacks" in activities_scheduled(h)]
-    assert activities_scheduled(callbacks) == [
-        "post_callbacks",
-        "execute_attempt",
-        "post_callbacks",
-    ]
+    assert [(attempt_activities(h), markers(h, PATCH_MARKER)) for h in current] == [(1, 0)] * 6
+    # Two of them posted callbacks: one `dispatched` before it scheduled the attempt, as an
+    # earlier build did; one beside it, as this build does.
+    beside, before = sorted(
+        (h for h in current if "post_callbacks" in activities_scheduled(h)),
+        key=lambda h: activities_scheduled(h)[0],
+    )
+    assert activities_scheduled(before) == ["post_callbacks", "execute_attempt", "post_callbacks"]
+    assert activities_scheduled(beside) == ["execute_attempt", "post_callbacks", "post_callbacks"]
     await replay_sandboxed(histories)
