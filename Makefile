@@ -16,12 +16,14 @@ UV_COMPILE = $(LOCK_TOOL)/bin/uv pip compile pyproject.toml --generate-hashes --
 # requirements-dev.lock, then the project itself without resolving anything again, and the
 # example agent of the handler SDK (examples/release-bot: its jobs run in `make up`'s stack,
 # and the tests run it).
-$(STAMP): pyproject.toml $(DEV_LOCK) examples/release-bot/pyproject.toml
+BUILD_PINS := $(CURDIR)/build-constraints.txt
+$(STAMP): pyproject.toml $(DEV_LOCK) examples/release-bot/pyproject.toml build-constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --constraint $(BUILD_PINS) --upgrade pip
 	$(BIN)/python -m pip install --quiet --require-hashes -r $(DEV_LOCK)
-	$(BIN)/python -m pip install --quiet --no-deps -e .
-	$(BIN)/python -m pip install --quiet --no-deps -e examples/release-bot
+	$(BIN)/python -m pip install --quiet --build-constraint $(BUILD_PINS) --no-deps -e .
+	$(BIN)/python -m pip install --quiet --build-constraint $(BUILD_PINS) --no-deps \
+	    -e examples/release-bot
 	touch $(STAMP)
 
 # Regenerate the locks from pyproject.toml's ranges (uv in a venv of its own): requirements.lock

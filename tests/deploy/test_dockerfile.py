@@ -156,8 +156,11 @@ def test_listening_addresses_and_ports_match_the_manifests(parsed: DockerfilePar
 def test_the_build_installs_the_lock_and_never_the_local_extra(parsed: DockerfileParser) -> None:
     build, _ = stages(parsed)
     copies = values(build, "COPY")
-    assert copies[0] == "pyproject.toml README.md requirements.loc[k] ./"
+    assert copies[0] == "pyproject.toml README.md requirements.loc[k] build-constraints.txt ./"
     runs = " ".join(values(build, "RUN"))
+    # pip and the build backend pinned (build-constraints.txt, as `make install` pins them).
+    assert "pip install --constraint build-constraints.txt --upgrade pip" in runs
+    assert env_of(build)["PIP_BUILD_CONSTRAINT"] == "/src/build-constraints.txt"
     assert "pip install --no-deps -r requirements.lock" in runs
     assert "[local]" not in runs and "[dev" not in runs
     local = PYPROJECT["project"]["optional-dependencies"]["local"]
@@ -180,7 +183,13 @@ def test_every_package_is_copied_and_the_ignore_file_lets_it_through(
         assert (ROOT / source).is_dir(), source
     ignore = DOCKERIGNORE.read_text().splitlines()
     assert "*" in ignore
-    for path in [*copied, "pyproject.toml", "README.md", "requirements.lock"]:
+    for path in [
+        *copied,
+        "pyproject.toml",
+        "README.md",
+        "requirements.lock",
+        "build-constraints.txt",
+    ]:
         assert f"!{path}" in ignore or f"!{path}/" in ignore, path
 
 
