@@ -712,28 +712,40 @@ async def test_workspaces_whose_uids_collide_do_not_share_a_process_count(
     )
     limits = replace(settings.limits, processes=24)
     needle = f"77.{uuid.uuid4().int % 10**6:06d}"
+    command = ["/bin/sh", "-c", f"for i in $(seq 20); do sleep {needle} & done; wait"]
+    async with holding(command, a, settings, limits, needle, 20):
+        other, output = await run(["/bin/true"], settings, b, limits=limits)
+        assert other.exit_code == 0, output
+
+
+@contextlib.asynccontextmanager
+async def holding(
+    command: list[str],
+    workspace: Path,
+    settings: SandboxSettings,
+    limits: Limits,
+    needle: str,
+    at_least: int,
+) -> AsyncIterator[None]:
+    """`command` running in `workspace`'s sandbox until the block ends, entered once at least
+    `at_least` of its processes (their command lines naming `needle`) run on the host."""
     aborted = asyncio.Event()
-    holding = asyncio.create_task(
+    running = asyncio.create_task(
         run_sandboxed(
-            ["/bin/sh", "-c", f"for i in $(seq 20); do sleep {needle} & done; wait"],
-            workspace=a,
-            aborted=aborted,
-            settings=settings,
-            limits=limits,
+            command, workspace=workspace, aborted=aborted, settings=settings, limits=limits
         )
     )
     try:
         await eventually(
             lambda: asyncio.sleep(0, len(host_processes_running(needle))),
-            lambda n: n >= 20,
+            lambda n: n >= at_least,
             timeout=20,
-            what="twenty processes held by org-a's sandbox",
+            what=f"{at_least} processes held by the sandbox of {workspace.name}",
         )
-        other, output = await run(["/bin/true"], settings, b, limits=limits)
-        assert other.exit_code == 0, output
+        yield
     finally:
         aborted.set()
-        await asyncio.wait_for(holding, 30)
+        await asyncio.wait_for(running, 30)
 
 
 # Starts `sleep argv[1]` until the process count refuses one, then waits for them.
@@ -762,26 +774,8 @@ async def test_a_sandbox_refused_a_process_by_its_uids_count_did_not_run_and_say
     shared = changed(settings, cgroup="off", uids=(50_123, 50_123))
     limits = replace(shared.limits, processes=12)
     needle = f"78.{uuid.uuid4().int % 10**6:06d}"
-    aborted = asyncio.Event()
-    holding = asyncio.create_task(
-        run_sandboxed(
-            [PYTHON, "-c", HOLD_EVERY_PROCESS, needle],
-            workspace=job_workspace("org-a", f"nproc-a-{uuid.uuid4().hex[:8]}", shared),
-            aborted=aborted,
-            settings=shared,
-            limits=limits,
-        )
-    )
-    try:
-        await eventually(
-            lambda: asyncio.sleep(0, len(host_processes_running(needle))),
-            lambda n: n >= 8,
-            timeout=20,
-            what="org-a's sandbox holding its uid's process count",
-        )
+    a = job_workspace("org-a", f"nproc-a-{uuid.uuid4().hex[:8]}", shared)
+    async with holding([PYTHON, "-c", HOLD_EVERY_PROCESS, needle], a, shared, limits, needle, 8):
         victim = job_workspace("org-b", f"nproc-b-{uuid.uuid4().hex[:8]}", shared)
         with pytest.raises(SandboxNotStarted, match="the command did not run"):
             await run(["/bin/true"], shared, victim, limits=limits)
-    finally:
-        aborted.set()
-        await asyncio.wait_for(holding, 30)
