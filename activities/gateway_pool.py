@@ -50,7 +50,9 @@ class Slots:
 
     async def acquire(self, organization: str, timeout_s: float) -> bool:
         """A slot for a call of `organization`; False when none freed within `timeout_s`."""
-        if self.busy < self.size and not self.waiting:
+        # A waiter cancelled (or timed out) stays listed until its task runs: only a live one
+        # goes first, or a call would wait on a free slot that no release ever hands over.
+        if self.busy < self.size and not any(not w[1].done() for w in self.waiting):
             self.held[organization] += 1
             return True
         waiter = (organization, asyncio.get_running_loop().create_future())
@@ -68,11 +70,16 @@ class Slots:
         finally:
             if waiter in self.waiting:
                 self.waiting.remove(waiter)
+            self._hand_over()
 
     def release(self, organization: str) -> None:
         self.held[organization] -= 1
         if self.held[organization] <= 0:
             del self.held[organization]
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Free slots to the live waiters, the organization holding the fewest first."""
         while self.busy < self.size:
             live = [w for w in self.waiting if not w[1].done()]
             if not live:

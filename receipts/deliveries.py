@@ -182,11 +182,27 @@ DISPATCHED_WAIT_S = 90
 async def callbacks_owed(
     store: Store, urls: Sequence[str], *, limit: int = 200
 ) -> list[tuple[str, str]]:
-    """Return `(jobId, event)` of settled jobs whose terminal callbacks are still owed, due
-    first; a job whose `dispatched` to one of `urls` is still owed waits (`DISPATCHED_WAIT_S`)."""
-    params = {"limit": limit, "urls": list(urls), "dispatched_wait_s": DISPATCHED_WAIT_S}
-    rows = await _fetch(store, "callbacks_owed", params)
-    return [(r[0], r[1]) for r in rows]
+    """`(jobId, event)` of settled jobs whose terminal callbacks are still owed, due first (one
+    read of `owed_callbacks`)."""
+    return (await owed_callbacks(store, urls, limit=limit))[0]
+
+
+async def owed_callbacks(
+    store: Store, urls: Sequence[str], *, limit: int = 200
+) -> tuple[list[tuple[str, str]], bool]:
+    """Up to `limit` `(jobId, event)` of settled jobs whose terminal callbacks are still owed,
+    due first, and whether more may be due. It reads at most five times `limit` due rows: a
+    job whose `dispatched` to one of `urls` is still owed waits (`DISPATCHED_WAIT_S`), looked at
+    again 5 s later (so the call writes)."""
+    scan = 5 * limit
+    params = {
+        "limit": limit,
+        "scan": scan,
+        "urls": list(urls),
+        "dispatched_wait_s": DISPATCHED_WAIT_S,
+    }
+    [(scanned, job_ids, events)] = await _fetch(store, "callbacks_owed", params)
+    return list(zip(job_ids, events, strict=True)), len(job_ids) >= limit or scanned >= scan
 
 
 async def settle_owed_callback(store: Store, job_id: str, urls: list[str]) -> bool:

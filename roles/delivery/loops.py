@@ -203,9 +203,9 @@ class QueuedRedrive:
 
         posted = 0
         for _ in range(CALLBACK_BATCHES):  # a full batch: more are due, go on (bounded)
-            owed = await deliveries.callbacks_owed(self.store, urls, limit=REDRIVE_BATCH)
+            owed, more = await deliveries.owed_callbacks(self.store, urls, limit=REDRIVE_BATCH)
             posted += sum(await asyncio.gather(*(recover(*row) for row in owed)))
-            if len(owed) < REDRIVE_BATCH or loop.time() > ends:
+            if not more or loop.time() > ends:
                 break
         return posted
 

@@ -9,12 +9,16 @@ import json
 
 import httpx
 import pytest
+from temporalio.testing import ActivityEnvironment
 
+from activities.driver import DriverActivities
 from receipts import assembly, deliveries, metrics
 from receipts import operations as ops
 from receipts.errors import TransientStorageError
+from receipts.messages import CallbackRequest
 from receipts.settings import Settings
 from receipts.store import Store
+from receipts.timing import TimingSettings
 from roles.delivery.loops import QueuedRedrive
 from roles.infra.db import open_store
 from roles.infra.settings import LoopSettings
@@ -54,21 +58,41 @@ async def test_a_terminal_callback_waits_for_the_dispatched_post_its_driver_owes
     done = await settled(store, "completed")
     canceled = await settled(store, "canceled")  # never dispatched: owes no `dispatched`
     assert await deliveries.callbacks_owed(store, urls) == [(canceled, "canceled")]
+    # A job still waiting is looked at again in 5 s (its row leaves the head of the due index).
+    assert await deliveries.callbacks_owed(store, urls) == [(canceled, "canceled")]
+    assert await seconds_until_due(store, done) > 4
     await posted_dispatched(store, done, urls[0])
+    await all_due(store)
     assert (done, "completed") not in await deliveries.callbacks_owed(store, urls)
     assert await deliveries.claim_callback(store, done, "dispatched", urls[1])  # in flight
+    await all_due(store)
     assert (done, "completed") not in await deliveries.callbacks_owed(store, urls)
     await deliveries.callback_result(store, done, "dispatched", urls[1], "failed", "HTTP 500")
+    await all_due(store)
     assert (done, "completed") in await deliveries.callbacks_owed(store, urls)  # given up
 
     gone = await settled(store, "completed")  # its driver never posts `dispatched`
     assert (gone, "completed") not in await deliveries.callbacks_owed(store, urls)
-    async with store.connection() as conn:
-        await conn.execute(
-            "UPDATE jobs SET updated_at = now() - make_interval(secs => %s) WHERE job_id = %s",
-            (deliveries.DISPATCHED_WAIT_S + 1, gone),
-        )
+    await _age(store, gone, deliveries.DISPATCHED_WAIT_S + 1)
+    await all_due(store)
     assert (gone, "completed") in await deliveries.callbacks_owed(store, urls)
+
+
+async def all_due(store: Store) -> None:
+    """The outbox's rows due now, as 5 s later."""
+    async with store.connection() as conn:
+        await conn.execute("UPDATE callback_outbox SET due_at = now()")
+
+
+async def seconds_until_due(store: Store, job_id: str) -> float:
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT extract(epoch FROM due_at - now()) FROM callback_outbox WHERE job_id = %s",
+            (job_id,),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return float(row[0])
 
 
 async def test_a_settlement_owes_its_callback_until_every_url_has_it(
@@ -159,3 +183,62 @@ async def test_the_job_list_is_never_a_generic_prepared_plan(fresh: tuple[Store,
     finally:
         await single.close()
     assert not [s for s in prepared if "job_leases" in s], prepared
+
+
+async def _age(store: Store, job_id: str, seconds: int) -> None:
+    async with store.connection() as conn:
+        await conn.execute(
+            "UPDATE jobs SET updated_at = now() - make_interval(secs => %s) WHERE job_id = %s",
+            (seconds, job_id),
+        )
+
+
+async def test_a_dispatched_post_made_late_never_reaches_a_receiver_after_the_terminal(
+    fresh: tuple[Store, str],
+) -> None:
+    """The driver's `dispatched` activity is still queued (its worker's activity slots busy
+    with a slow receiver's posts; schedule-to-start is bounded only by the run) or retrying
+    when DISPATCHED_WAIT_S has passed since the job settled: the recovery loop posts
+    `completed`, and the driver's post of `dispatched` then reaches the receiver after it."""
+    store, _ = fresh
+    done = await settled(store, "completed")  # ran attempt 1; its driver's post still queued
+    await _age(store, done, deliveries.DISPATCHED_WAIT_S + 1)
+    async with Receiver() as receiver, httpx.AsyncClient() as http:
+        settings = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)  # type: ignore[call-arg]
+        await QueuedRedrive(store, None, settings, NOW, http=http).run_once()  # recovery pass
+        driver = DriverActivities(store, settings, TimingSettings(), http)
+        # The driver's queued `dispatched` activity starts now (its first try).
+        await ActivityEnvironment().run(driver.post_callbacks, CallbackRequest(done, "dispatched"))
+    heard = [json.loads(r.body)["event"] for r in receiver.requests]
+    # Never `dispatched` after `completed` (here: not at all, the terminal went first).
+    assert heard == ["completed"], heard
+
+
+async def test_an_in_flight_dispatched_post_holds_the_owed_terminal_post(
+    fresh: tuple[Store, str],
+) -> None:
+    """The driver's `dispatched` post is claimed and in flight (status pending, claimed just
+    now): past DISPATCHED_WAIT_S the recovery loop returns it as owed anyway."""
+    store, _ = fresh
+    done = await settled(store, "completed")
+    url = "https://a.example/cb"
+    assert await deliveries.claim_callback(store, done, "dispatched", url)  # in flight
+    await _age(store, done, deliveries.DISPATCHED_WAIT_S + 1)
+    assert (done, "completed") not in await deliveries.callbacks_owed(store, (url,))
+
+
+async def test_a_due_callback_behind_many_waiting_ones_is_reached(
+    fresh: tuple[Store, str],
+) -> None:
+    """A read takes five times its limit of due rows; those still waiting for `dispatched` are
+    put back 5 s and the read says more may be due, so the next one reaches the rows behind
+    them (the recovery pass reads on while it does) instead of reading every waiting row."""
+    store, _ = fresh
+    urls = ("https://a.example/cb",)
+    waiting = [await settled(store, "completed") for _ in range(6)]
+    canceled = await settled(store, "canceled")  # due after them; waits for nothing
+    owed, more = await deliveries.owed_callbacks(store, urls, limit=1)  # reads 5 rows
+    assert (owed, more) == ([], True)
+    owed, _ = await deliveries.owed_callbacks(store, urls, limit=1)
+    assert owed == [(canceled, "canceled")]
+    assert all([await seconds_until_due(store, job_id) > 0 for job_id in waiting])

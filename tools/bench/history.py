@@ -58,7 +58,10 @@ PASS_START: dict[str, Any] = {
 }
 PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
     "jobs_by_status (queue-depth gauge, 5 s)": ("jobs_by_status", {}),
-    "callbacks_owed (callback recovery, 15 s)": ("callbacks_owed", {"limit": 200}),
+    "callbacks_owed (callback recovery, 15 s)": (
+        "callbacks_owed",
+        {"limit": 200, "scan": 1000, "urls": ["https://a.example/cb"], "dispatched_wait_s": 90},
+    ),
     "expired_leases (lease expiry, 15 s)": ("expired_leases", {"limit": 200}),
     "redrive_candidates (queued redrive, 15 s)": (
         "redrive_candidates",

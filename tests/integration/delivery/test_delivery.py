@@ -403,7 +403,6 @@ async def test_a_retried_dispatched_post_takes_over_the_claim_its_killed_try_lef
         settings = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)  # type: ignore[call-arg]
         driver = DriverActivities(fresh_store, settings, TimingSettings(), http)
         assert await deliveries.claim_callback(fresh_store, job.job_id, "dispatched", receiver.url)
-        assert await deliveries.claim_callback(fresh_store, job.job_id, "completed", receiver.url)
 
         def attempt(n: int) -> ActivityEnvironment:
             env = ActivityEnvironment()
@@ -414,9 +413,10 @@ async def test_a_retried_dispatched_post_takes_over_the_claim_its_killed_try_lef
             CallbackRequest(job.job_id, e) for e in ("dispatched", "completed")
         )
         assert await attempt(1).run(driver.post_callbacks, dispatched) == 0  # the claim holds
-        assert await attempt(2).run(driver.post_callbacks, completed) == 0  # the recovery's
         assert await attempt(2).run(driver.post_callbacks, dispatched) == 1  # taken over
         assert await attempt(3).run(driver.post_callbacks, dispatched) == 0  # posted: once
+        assert await deliveries.claim_callback(fresh_store, job.job_id, "completed", receiver.url)
+        assert await attempt(2).run(driver.post_callbacks, completed) == 0  # the recovery's
     assert [json.loads(r.body)["event"] for r in receiver.requests] == ["dispatched"]
 
 
