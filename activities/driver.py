@@ -298,16 +298,14 @@ class DriverActivities:
         # A retry of `dispatched` (its try killed with its driver, the claim left held) takes
         # the claim over at once: only this activity posts `dispatched`, and the terminal post
         # waits for it. It heartbeats, so a dead driver's try is retried within seconds.
-        running = activity.in_activity()  # else called as a plain method (tests)
-        retried = running and activity.info().attempt > 1
         return await post_callbacks(
             self.store,
             self.settings,
             self.http,
             job,
             request.event,
-            take_over=request.event == "dispatched" and retried,
-            beat=activity.heartbeat if running else lambda: None,
+            take_over=request.event == "dispatched" and activity.info().attempt > 1,
+            beat=activity.heartbeat,
         )
 
 

@@ -221,14 +221,18 @@ class Gateway:
             )  # fmt: skip
         return answer
 
+    def _token_refused(self, grant: Grant, style: str) -> Response:
+        """401: the call's token is not its turn's, or the turn has ended."""
+        answer = error(style, 401, "authentication_error", "the turn's token is not valid")
+        return self._refused(grant, "token", answer)
+
     # --- one call --------------------------------------------------------------------------
 
     async def _forward(self, request: Request, grant: Grant) -> Response:
         path = request.scope["path"]  # the route's: `request.url`'s is rebuilt from the Host
         style = "anthropic" if path in ANTHROPIC_PATHS else "openai"
         if token_of(request) != grant.token or grant.token not in self.grants:
-            answer = error(style, 401, "authentication_error", "the turn's token is not valid")
-            return self._refused(grant, "token", answer)
+            return self._token_refused(grant, style)
         pool = self.pools.get(grant.binding)
         dead = f"no provider is configured for binding {grant.binding!r}" if pool is None else None
         dead = dead or (pool.provider.dead if pool is not None else None)
@@ -341,9 +345,7 @@ class Gateway:
             answer: Response | object | None = None
             try:
                 if grant.token not in self.grants:  # the turn ended while the call waited
-                    message = "the turn's token is not valid"
-                    answer = error(style, 401, "authentication_error", message)
-                    return self._refused(grant, "token", answer)
+                    return self._token_refused(grant, style)
                 answer = await self._call(pool, state, grant, path, body, headers, style, model)
             finally:
                 if not isinstance(answer, Relayed):  # a relayed answer frees them once sent

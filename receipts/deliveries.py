@@ -179,14 +179,6 @@ async def callback_result(
 DISPATCHED_WAIT_S = 90
 
 
-async def callbacks_owed(
-    store: Store, urls: Sequence[str], *, limit: int = 200
-) -> list[tuple[str, str]]:
-    """`(jobId, event)` of settled jobs whose terminal callbacks are still owed, due first (one
-    read of `owed_callbacks`)."""
-    return (await owed_callbacks(store, urls, limit=limit))[0]
-
-
 async def owed_callbacks(
     store: Store, urls: Sequence[str], *, limit: int = 200
 ) -> tuple[list[tuple[str, str]], bool]:

@@ -130,12 +130,16 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 done=True,
             )
 
-        def _trickle(self) -> None:
+        def _endless_stream(self) -> None:
+            """The head of a stream (it ends when the provider closes the connection)."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
+
+        def _trickle(self) -> None:
+            self._endless_stream()
             event = b'data: {"choices": [{"delta": {"content": "."}}]}\n\n'
             try:
                 while True:
@@ -146,11 +150,7 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 return  # the gateway hung up
 
         def _huge(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
+            self._endless_stream()
             event = b'data: {"choices": [{"delta": {"content": "' + b"x" * 65000 + b'"}}]}\n\n'
             sent = 0
             try:
@@ -225,11 +225,7 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _events(self, events: list[dict[str, Any]], done: bool = False) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
+            self._endless_stream()
             for event in events:
                 name = f"event: {event['type']}\n" if "type" in event else ""
                 self.wfile.write(f"{name}data: {json.dumps(event)}\n\n".encode())

@@ -168,17 +168,7 @@ class _Driver:
         if plan.action != DriverAction.DISPATCH:
             return str(plan.action)
 
-        dispatched: asyncio.Task[None] | None = None
-        if not request.dispatched_posted:
-            if request.dispatched_beside and request.callbacks:
-                # Beside the attempt: a receiver slow to answer (three 5 s tries per URL) no
-                # longer holds the job's start. What follows waits for it, so the receiver
-                # still hears `dispatched` first (the recovery loop's terminal post waits too:
-                # receipts/sql/delivery.sql callbacks_owed).
-                dispatched = asyncio.create_task(self._callback(request, "dispatched", beside=True))
-            else:
-                await self._callback(request, "dispatched")
-            request.dispatched_posted = True
+        dispatched = await self._post_dispatched(request)
         attempt = AttemptInput(
             job_id=request.job_id,
             attempt=plan.attempt,
@@ -197,6 +187,21 @@ class _Driver:
             await self._callback(request, result.job_status)
             return result.job_status
         self._continue(request, plan)
+
+    async def _post_dispatched(self, request: DriverInput) -> asyncio.Task[None] | None:
+        """Post `dispatched` once per job (the flag rides through continue-as-new). Beside the
+        attempt when the run's input says so: a receiver slow to answer (three 5 s tries per
+        URL) no longer holds the job's start, and the caller awaits the task before the
+        terminal post or a continue-as-new, so the receiver still hears `dispatched` first (the
+        recovery loop's terminal post waits too: receipts/sql/delivery.sql callbacks_owed).
+        Runs recorded without `dispatched_beside` post it before the attempt."""
+        if request.dispatched_posted:
+            return None
+        request.dispatched_posted = True
+        if request.dispatched_beside and request.callbacks:
+            return asyncio.create_task(self._callback(request, "dispatched", beside=True))
+        await self._callback(request, "dispatched")
+        return None
 
     async def _run_attempt(
         self, request: DriverInput, plan: DriverPlan, attempt: AttemptInput

@@ -15,7 +15,7 @@ from receipts.agent_jobs.model import AgentJob
 from receipts.enqueue import cancel_queued_draft
 from receipts.errors import ConflictError, NotFoundError
 from receipts.kinds import TURN_KIND
-from receipts.mutate import Decide, Outcome, apply
+from receipts.mutate import Decide, Outcome, apply, mutate
 from receipts.store import Draft, Store, Tx
 
 log = logging.getLogger("receipts.agent_jobs")
@@ -149,12 +149,10 @@ async def add_command(store: Store, job_id: str, *, type: str, **command: Any) -
     """`receipts.operations.add_command`, but a steer or follow-up to an agent job's turn is
     taken only while its agent job runs on that turn (`add_turn_command`): one accepted after
     the job stopped was consumed by the turn's end and handed to no turn."""
-    if type != "abort":
-        decide = ops.command_decision(type=type, **command)
-        turned = await add_turn_command(store, job_id, decide)
-        if turned is not None:
-            return turned
-    return await ops.add_command(store, job_id, type=type, **command)
+    decide = ops.command_decision(type=type, **command)
+    if type != "abort" and (turned := await add_turn_command(store, job_id, decide)) is not None:
+        return turned
+    return await mutate(store, job_id, decide)
 
 
 async def add_turn_command(store: Store, turn_job_id: str, decide: Decide) -> Outcome | None:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -290,6 +290,15 @@ def within_budget(views: Iterable[dict[str, Any]], budget: int) -> list[dict[str
             break
         kept.append(view)
     return kept
+
+
+Item = TypeVar("Item")
+
+
+def last_shown(items: Sequence[Item], shown: int, more: bool) -> Item | None:
+    """What a page's cursor continues after: the last of the `shown` first `items` when the
+    list goes on (`more`) or `within_budget` ended the page early; None at the list's end."""
+    return items[shown - 1] if shown and (more or shown < len(items)) else None
 
 
 def stream_response(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from activities.fence import AttemptFence
 from activities.handlers.context import HandlerContext, HandlerSettings
 from activities.handlers.fenced import FencedReceipts
+from receipts import deliveries
 from receipts.enqueue import EnqueueResult, enqueue, parse_enqueue
 from receipts.kinds import CONTRACTS
 from receipts.store import Draft, Store
@@ -40,6 +42,13 @@ def body(kind: str = "factory.task.run", org: str = "org-a", **extra: Any) -> di
 
 async def put(store: Store, agent: str = "codex", **kwargs: Any) -> EnqueueResult:
     return await enqueue(store, parse_enqueue(agent, body(**kwargs)))
+
+
+async def callbacks_owed(
+    store: Store, urls: Sequence[str], *, limit: int = 200
+) -> list[tuple[str, str]]:
+    """`(jobId, event)` of the owed terminal callbacks one read of the recovery loop returns."""
+    return (await deliveries.owed_callbacks(store, urls, limit=limit))[0]
 
 
 async def types(store: Store, job_id: str) -> list[str]:

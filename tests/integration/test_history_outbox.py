@@ -24,7 +24,7 @@ from roles.infra.db import open_store
 from roles.infra.settings import LoopSettings
 from tests.integration.api_support import AS_A, api_client
 from tests.integration.delivery.receiver import Receiver
-from tests.integration.helpers import put
+from tests.integration.helpers import callbacks_owed, put
 
 NOW = LoopSettings(redrive_min_age_ms=0, redrive_cooldown_ms=0)
 CLOSED = "http://127.0.0.1:9/closed"  # nothing listens on the discard port
@@ -57,25 +57,25 @@ async def test_a_terminal_callback_waits_for_the_dispatched_post_its_driver_owes
     urls = ("https://a.example/cb", "https://b.example/cb")
     done = await settled(store, "completed")
     canceled = await settled(store, "canceled")  # never dispatched: owes no `dispatched`
-    assert await deliveries.callbacks_owed(store, urls) == [(canceled, "canceled")]
+    assert await callbacks_owed(store, urls) == [(canceled, "canceled")]
     # A job still waiting is looked at again in 5 s (its row leaves the head of the due index).
-    assert await deliveries.callbacks_owed(store, urls) == [(canceled, "canceled")]
+    assert await callbacks_owed(store, urls) == [(canceled, "canceled")]
     assert await seconds_until_due(store, done) > 4
     await posted_dispatched(store, done, urls[0])
     await all_due(store)
-    assert (done, "completed") not in await deliveries.callbacks_owed(store, urls)
+    assert (done, "completed") not in await callbacks_owed(store, urls)
     assert await deliveries.claim_callback(store, done, "dispatched", urls[1])  # in flight
     await all_due(store)
-    assert (done, "completed") not in await deliveries.callbacks_owed(store, urls)
+    assert (done, "completed") not in await callbacks_owed(store, urls)
     await deliveries.callback_result(store, done, "dispatched", urls[1], "failed", "HTTP 500")
     await all_due(store)
-    assert (done, "completed") in await deliveries.callbacks_owed(store, urls)  # given up
+    assert (done, "completed") in await callbacks_owed(store, urls)  # given up
 
     gone = await settled(store, "completed")  # its driver never posts `dispatched`
-    assert (gone, "completed") not in await deliveries.callbacks_owed(store, urls)
+    assert (gone, "completed") not in await callbacks_owed(store, urls)
     await _age(store, gone, deliveries.DISPATCHED_WAIT_S + 1)
     await all_due(store)
-    assert (gone, "completed") in await deliveries.callbacks_owed(store, urls)
+    assert (gone, "completed") in await callbacks_owed(store, urls)
 
 
 async def all_due(store: Store) -> None:
@@ -102,7 +102,7 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
     queued = (await put(store)).job
     done = await settled(store, "completed")
     canceled = await settled(store, "canceled")
-    owed = await deliveries.callbacks_owed(store, ())
+    owed = await callbacks_owed(store, ())
     assert sorted(owed) == sorted([(done, "completed"), (canceled, "canceled")])
     assert queued.job_id not in {job_id for job_id, _ in owed}
 
@@ -124,7 +124,7 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
         for event in ("completed", "canceled"):  # counted per URL: one posted, one failed
             for outcome in ("posted", "failed"):
                 assert counted(event, outcome) - before[event, outcome] == 1
-        assert await deliveries.callbacks_owed(store, ()) == []
+        assert await callbacks_owed(store, ()) == []
         posted = [json.loads(r.body) for r in receiver.requests]
         bodies = sorted((b["event"], b["job"]["jobId"]) for b in posted)
         assert bodies == sorted([("completed", done), ("canceled", canceled)])
@@ -140,11 +140,11 @@ async def test_a_settlement_owes_its_callback_until_every_url_has_it(
 async def test_without_callback_urls_nothing_stays_owed(fresh: tuple[Store, str]) -> None:
     store, _ = fresh
     await settled(store, "completed")
-    assert len(await deliveries.callbacks_owed(store, ())) == 1
+    assert len(await callbacks_owed(store, ())) == 1
     # The driver's pass (the roles that post callbacks hold an HTTP client) drops them.
     async with httpx.AsyncClient() as http:
         await QueuedRedrive(store, None, Settings(), NOW, http=http).run_once()
-    assert await deliveries.callbacks_owed(store, ()) == []
+    assert await callbacks_owed(store, ()) == []
 
 
 async def test_every_connection_runs_without_jit_and_the_api_with_a_statement_timeout(
@@ -224,7 +224,7 @@ async def test_an_in_flight_dispatched_post_holds_the_owed_terminal_post(
     url = "https://a.example/cb"
     assert await deliveries.claim_callback(store, done, "dispatched", url)  # in flight
     await _age(store, done, deliveries.DISPATCHED_WAIT_S + 1)
-    assert (done, "completed") not in await deliveries.callbacks_owed(store, (url,))
+    assert (done, "completed") not in await callbacks_owed(store, (url,))
 
 
 async def test_a_due_callback_behind_many_waiting_ones_is_reached(

@@ -43,7 +43,14 @@ from roles.api.schema import (
     errors_documented,
     json_body_documented,
 )
-from roles.api.sse import Asked, Followed, events_response, events_route, within_budget
+from roles.api.sse import (
+    Asked,
+    Followed,
+    events_response,
+    events_route,
+    last_shown,
+    within_budget,
+)
 from roles.infra.tracing import caller_span
 
 router = APIRouter(tags=["agent-jobs"])
@@ -335,7 +342,7 @@ async def agent_jobs_page(
         (agent_job_view(j, request, caller) for j in page.items),
         state.settings.max_response_bytes,
     )
-    last = page.items[len(views) - 1] if page.more or len(views) < len(page.items) else None
+    last = last_shown(page.items, len(views), page.more)
     next_cursor = encode_cursor(last.created_at, last.agent_job_id) if last else None
     return JSONResponse({"agentJobs": views, "nextCursor": next_cursor})
 

@@ -87,6 +87,7 @@ from roles.api.sse import (
     events_response,
     events_route,
     json_size,
+    last_shown,
     within_budget,
 )
 from roles.infra.tracing import caller_context, current_traceparent, trace_id_of
@@ -320,10 +321,8 @@ async def list_jobs(
         (job_view(job, shown_id(caller, job)) for job in page.items),
         state.settings.max_response_bytes,
     )
-    next_cursor = None
-    if views and (page.more or len(page.items) > len(views)):
-        last = page.items[len(views) - 1]
-        next_cursor = encode_cursor(last.created_at, last.job_id)
+    last = last_shown(page.items, len(views), page.more)
+    next_cursor = encode_cursor(last.created_at, last.job_id) if last else None
     return JSONResponse({"jobs": views, "nextCursor": next_cursor})
 
 

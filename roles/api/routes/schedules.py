@@ -35,7 +35,7 @@ from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, sho
 from roles.api.deps import takes_query as _takes_query
 from roles.api.documented import ScheduleBody, SchedulePatchBody
 from roles.api.schema import ScheduleList, ScheduleView, errors_documented, json_body_documented
-from roles.api.sse import within_budget
+from roles.api.sse import last_shown, within_budget
 
 router = APIRouter(tags=["schedules"])
 ScheduleId = Annotated[str, Path(alias="scheduleId", description="The schedule id")]
@@ -213,7 +213,7 @@ async def list_schedules(
         [shown_view(caller, view) for view in await schedule_views(store, page.items)],
         state.settings.max_response_bytes,
     )
-    last = page.items[len(views) - 1] if page.more or len(views) < len(page.items) else None
+    last = last_shown(page.items, len(views), page.more)
     return JSONResponse(
         {
             "schedules": views,

@@ -24,7 +24,7 @@ from roles.api.body import decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import _Doc, errors_documented, json_body_documented
-from roles.api.sse import within_budget
+from roles.api.sse import last_shown, within_budget
 
 log = logging.getLogger("roles.api.webhooks")
 
@@ -335,7 +335,7 @@ async def list_webhook_deliveries(
     # page of 200 failed ones was 8 MB. The page ends at RECEIPT_MAX_RESPONSE_BYTES, as the
     # other lists do, and its cursor goes on after the last one shown.
     shown = within_budget(items, state.settings.max_response_bytes)
-    last = shown[-1] if more or len(shown) < len(items) else None
+    last = last_shown(items, len(shown), more)
     next_cursor = (
         encode_cursor(datetime.fromisoformat(last["createdAt"]), last["deliveryId"])
         if last

@@ -30,7 +30,7 @@ from tests.integration.delivery.conftest import (
     wait_for_scheduled_attempt,
     wait_for_status,
 )
-from tests.integration.helpers import body, new_id, put, types
+from tests.integration.helpers import body, callbacks_owed, new_id, put, types
 from workflows.driver import AGENT_ID
 
 SETTLED = ("job.completed", "job.failed", "job.canceled")
@@ -357,6 +357,8 @@ async def test_the_driver_that_posts_a_terminal_callback_empties_its_outbox_row(
     """A settle leaves the job's terminal callback owed (its callback_outbox row); the driver's
     post of it empties the row, so the recovery pass, which only the driver runs, meets only
     the callbacks no driver posted, not every job of a busy system."""
+    from temporalio.testing import ActivityEnvironment
+
     from activities.driver import DriverActivities
     from receipts.messages import CallbackRequest
     from receipts.settings import Settings
@@ -367,19 +369,16 @@ async def test_the_driver_that_posts_a_terminal_callback_empties_its_outbox_row(
     await ops.start_attempt(fresh_store, job.job_id, attempt=1, worker_id=worker, lease_ms=60_000)
     done = await ops.complete(fresh_store, job.job_id, worker_id=worker, attempt=1, result={})
     assert done.ok
-    owed = await deliveries.callbacks_owed(fresh_store, (), limit=10)
+    owed = await callbacks_owed(fresh_store, (), limit=10)
     assert (job.job_id, "completed") in owed
     async with Receiver() as receiver, httpx.AsyncClient() as http:
         settings = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)  # type: ignore[call-arg]
         driver = DriverActivities(fresh_store, settings, TimingSettings(), http)
-        assert await driver.post_callbacks(CallbackRequest(job.job_id, "dispatched")) == 1
-        assert (job.job_id, "completed") in await deliveries.callbacks_owed(
-            fresh_store, (), limit=10
-        )
-        assert await driver.post_callbacks(CallbackRequest(job.job_id, "completed")) == 1
-    assert (job.job_id, "completed") not in await deliveries.callbacks_owed(
-        fresh_store, (), limit=10
-    )
+        post = ActivityEnvironment().run
+        assert await post(driver.post_callbacks, CallbackRequest(job.job_id, "dispatched")) == 1
+        assert (job.job_id, "completed") in await callbacks_owed(fresh_store, (), limit=10)
+        assert await post(driver.post_callbacks, CallbackRequest(job.job_id, "completed")) == 1
+    assert (job.job_id, "completed") not in await callbacks_owed(fresh_store, (), limit=10)
 
 
 async def test_a_retried_dispatched_post_takes_over_the_claim_its_killed_try_left(

@@ -24,7 +24,7 @@ from tests.integration.delivery.conftest import (
     wait_for_scheduled_attempt,
     wait_for_status,
 )
-from tests.integration.helpers import put, types
+from tests.integration.helpers import callbacks_owed, put, types
 
 NOW = LoopSettings(redrive_min_age_ms=0, redrive_cooldown_ms=0)
 
@@ -319,7 +319,7 @@ async def test_one_recovery_pass_goes_through_more_than_one_batch_of_owed_callba
         async with httpx.AsyncClient() as http:
             await QueuedRedrive(fresh_store, None, s.settings, NOW, http=http).run_once()
     # Every row was looked at in the one pass (each moved 30 s on): none is due now.
-    assert await deliveries.callbacks_owed(fresh_store, (), limit=owed) == []
+    assert await callbacks_owed(fresh_store, (), limit=owed) == []
 
 
 async def test_a_receiver_that_never_answers_holds_a_pass_for_its_budget_not_for_every_post(
@@ -351,12 +351,12 @@ async def test_a_receiver_that_never_answers_holds_a_pass_for_its_budget_not_for
             jobs = [(await put(fresh_store)).job for _ in range(20)]
             for job in jobs:  # settled outside a driver: each owes its terminal callback
                 await ops.cancel_queued(fresh_store, job.job_id, reason="test")
-            assert len(await deliveries.callbacks_owed(fresh_store, (), limit=50)) == 20
+            assert len(await callbacks_owed(fresh_store, (), limit=50)) == 20
             async with httpx.AsyncClient() as http:
                 redrive = QueuedRedrive(fresh_store, None, s.settings, NOW, http=http)
                 # Twenty posts one after another: 100 s. Eight at once, then the budget: 5 s.
                 await asyncio.wait_for(redrive.run_once(), 30)
-            left = await deliveries.callbacks_owed(fresh_store, (), limit=50)
+            left = await callbacks_owed(fresh_store, (), limit=50)
     finally:
         for writer in held:
             writer.close()
@@ -378,7 +378,7 @@ async def test_a_role_that_posts_no_callbacks_leaves_the_owed_ones_alone(
     async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
         assert not s.settings.callback_urls
         await QueuedRedrive(fresh_store, None, s.settings, NOW, http=None).run_once()
-    assert await deliveries.callbacks_owed(fresh_store, (), limit=10) == [("owed-1", "completed")]
+    assert await callbacks_owed(fresh_store, (), limit=10) == [("owed-1", "completed")]
 
 
 async def test_a_rescan_goes_on_while_its_batches_come_back_full(
