@@ -152,9 +152,13 @@ async def claim_callback(
     store: Store, job_id: str, event: str, url: str, *, take_over: bool = False
 ) -> bool:
     """Claim the one post of `event` for `job_id` to `url`; False when already claimed (and
-    not yet posted: `take_over` takes a claim younger than its 30 s window too)."""
+    not yet posted: `take_over` takes a claim younger than its 30 s window too), or when the
+    order of `dispatched` and the terminal event to `url` forbids it now (the SQL says how).
+    Claims of one job and URL take turns, so each sees what the other claimed."""
     params = {"job_id": job_id, "event": event, "url": url, "take_over": take_over}
-    return bool(await _fetch(store, "callback_claim", params))
+    async with store.transaction() as tx:
+        await tx.lock_key(f"callback:{job_id}:{url}")
+        return bool(await tx.fetch("callback_claim", params))
 
 
 async def release_callback(store: Store, job_id: str, event: str, url: str) -> None:

@@ -115,20 +115,27 @@ SELECT w.job_id FROM share, LATERAL (
 -- may be claimed again after 30 s, up to 5 tries. `take_over`: at once (the retry of the
 -- driver's own `dispatched` activity, whose killed try left the claim: nothing else posts it).
 -- `dispatched` is never claimed for a URL once the job's terminal post to it was (the recovery
--- loop's, past `dispatched_wait_s`): a late `dispatched` would reach the receiver after it.
+-- loop's, past `dispatched_wait_s`): a late `dispatched` would reach the receiver after it. Nor
+-- is another event claimed while the job's `dispatched` to the URL is in flight (claimed within
+-- the 30 s window): the recovery loop's read that found the terminal owed may be older than
+-- that claim. Claims of one job and URL take turns (`deliveries.claim_callback`).
 INSERT INTO callback_posts (job_id, event, url)
 SELECT %(job_id)s, %(event)s, %(url)s
-WHERE %(event)s::text <> 'dispatched'
-   OR NOT EXISTS (SELECT 1 FROM callback_posts t
+WHERE NOT EXISTS (SELECT 1 FROM callback_posts t
                   WHERE t.job_id = %(job_id)s AND t.url = %(url)s
-                    AND t.event IN ('completed', 'failed', 'canceled'))
+                    AND CASE WHEN %(event)s::text = 'dispatched'
+                             THEN t.event IN ('completed', 'failed', 'canceled')
+                             ELSE t.event = 'dispatched' AND t.status = 'pending'
+                                  AND t.posted_at > now() - interval '30 seconds' END)
 ON CONFLICT (job_id, event, url) DO UPDATE SET posted_at = now(), status = 'pending'
 WHERE callback_posts.status <> 'posted' AND callback_posts.attempts < 5
   AND (%(take_over)s OR callback_posts.posted_at < now() - interval '30 seconds')
-  AND (callback_posts.event <> 'dispatched'
-       OR NOT EXISTS (SELECT 1 FROM callback_posts t
-                      WHERE t.job_id = callback_posts.job_id AND t.url = callback_posts.url
-                        AND t.event IN ('completed', 'failed', 'canceled')))
+  AND NOT EXISTS (SELECT 1 FROM callback_posts t
+                  WHERE t.job_id = %(job_id)s AND t.url = %(url)s
+                    AND CASE WHEN %(event)s::text = 'dispatched'
+                             THEN t.event IN ('completed', 'failed', 'canceled')
+                             ELSE t.event = 'dispatched' AND t.status = 'pending'
+                                  AND t.posted_at > now() - interval '30 seconds' END)
 RETURNING job_id;
 
 -- name: callback_release

@@ -242,3 +242,47 @@ async def test_a_due_callback_behind_many_waiting_ones_is_reached(
     owed, _ = await deliveries.owed_callbacks(store, urls, limit=1)
     assert owed == [(canceled, "canceled")]
     assert all([await seconds_until_due(store, job_id) > 0 for job_id in waiting])
+
+
+async def _claimed(store: Store, job_id: str, event: str) -> bool:
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT 1 FROM callback_posts WHERE job_id = %s AND event = %s", (job_id, event)
+        )
+        return await cur.fetchone() is not None
+
+
+async def test_a_terminal_post_never_overtakes_a_dispatched_post_claimed_after_its_read(
+    fresh: tuple[Store, str],
+) -> None:
+    """The recovery loop read the job's terminal callback as owed (nothing of its `dispatched`
+    claimed yet: the job was canceled queued as its driver dispatched it, or settled
+    DISPATCHED_WAIT_S ago), and the driver's `dispatched` activity then claimed its post. The
+    recovery's post of the terminal, claimed later (behind CALLBACK_POSTS_AT_ONCE, the job's
+    read), went all the same, and a receiver slow to answer `dispatched` heard the terminal
+    first. The claim itself waits for a `dispatched` in flight to the same URL."""
+    import asyncio
+
+    from activities.driver import post_callbacks
+    from tests.eventually import eventually
+
+    store, _ = fresh
+    job_id = await settled(store, "canceled")
+    async with Receiver(hold={"dispatched": 1.0}) as receiver, httpx.AsyncClient() as http:
+        settings = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)
+        # The recovery pass reads what is owed.
+        assert (job_id, "canceled") in await callbacks_owed(store, settings.callback_urls)
+        # The driver's `dispatched` activity starts and claims its post.
+        driver = DriverActivities(store, settings, TimingSettings(), http)
+        request = CallbackRequest(job_id, "dispatched")
+        dispatched = asyncio.create_task(ActivityEnvironment().run(driver.post_callbacks, request))
+        await eventually(lambda: _claimed(store, job_id, "dispatched"), what="the dispatched claim")
+        # The recovery pass goes on with the row it read (`QueuedRedrive` `recover`).
+        job = await store.get_job(job_id)
+        assert job is not None
+        await post_callbacks(store, settings, http, job, "canceled")
+        await dispatched
+        await all_due(store)  # a later pass: the terminal post, if still owed
+        await QueuedRedrive(store, None, settings, NOW, http=http).run_once()
+    heard = [json.loads(r.body)["event"] for r in receiver.requests]
+    assert heard == ["dispatched", "canceled"], heard
