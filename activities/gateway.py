@@ -15,8 +15,7 @@ the command gets the provider's 429 and the grant records when the pool recovers
 turn settles as a placement delay. A credential refused as unauthorized (401) is re-read from
 its file once; the refusal then fails the call on it alone (it goes on to the next), and drops
 the credential for ten minutes only by the rule of `activities/gateway_pool.py`; a 403 fails
-the call alone. Nothing of a prompt, an answer or a key is logged; errors are redacted.
-"""
+the call alone. Nothing of a prompt, an answer or a key is logged; errors are redacted."""
 
 from __future__ import annotations
 
@@ -321,8 +320,7 @@ class Gateway:
     ) -> Response:
         """The call on one credential after another: a resting one (for `model`) is skipped, a
         refused one set aside; a reset a moment away is waited for once."""
-        tried: set[int] = set()
-        waited = False
+        tried, waited, slot_by = set[int](), False, time.monotonic() + SLOT_WAIT_S
         pool.called_by(grant.organization_id)
         while True:
             now = datetime.now(UTC)
@@ -337,7 +335,11 @@ class Gateway:
                 return self._exhausted(pool, grant, style, now, model)
             tried.add(index)
             state, org = pool.states[index], grant.organization_id or ""
-            if not await state.slots.acquire(org, SLOT_WAIT_S):
+            elsewhere = functools.partial(pool.free_elsewhere, index, now, model)
+            if not await state.slots.acquire(org, slot_by - time.monotonic(), elsewhere):
+                if time.monotonic() < slot_by:  # another credential's slot is free: take it
+                    tried.discard(index)
+                    continue
                 message = f"every credential of {grant.binding!r} is busy; try again"
                 return self._refused(
                     grant, "busy", error(style, 429, "rate_limit_error", message, 1)

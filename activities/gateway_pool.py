@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -26,18 +27,26 @@ OPENAI_PATHS = ("/v1/chat/completions", "/v1/responses")
 ANTHROPIC_PATHS = ("/v1/messages",)
 DROP_COOLDOWN_S = 600.0  # a dropped credential is tried again this long after (a key restored)
 DROP_ORGANIZATIONS = 2  # organizations whose calls it was refused for before it is dropped
+# A call waiting for one credential's slot looks this often whether another's is free (a long
+# stream may hold the one it waits on).
+LOOK_AGAIN_S = 0.5
 
 
 class Slots:
     """A credential's concurrency, shared by every organization's turns: at most `size` calls at
     once. A call that finds none free waits at most a given time; when one frees, the waiting
-    call of the organization that holds the fewest goes first (first come among equals), so one
-    organization's queued calls do not hold back another's (a FIFO served them all first)."""
+    call of the organization that holds the fewest goes first, among equals the organization
+    served longest ago (then first come), so one organization's queued calls do not hold back
+    another's (a FIFO served them all first; so did "first come among equals", since the
+    organization whose call ended drops to the others' count at each release)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.held: Counter[str] = Counter()  # by organization
         self.waiting: list[tuple[str, asyncio.Future[None]]] = []
+        # By organization, while it holds or waits: when it was last handed a slot (a count).
+        self.served: dict[str, int] = {}
+        self._handed = 0
 
     @property
     def busy(self) -> int:
@@ -48,35 +57,62 @@ class Slots:
         """Its calls, running and waiting: where a call waits least."""
         return self.busy + len(self.waiting)
 
-    async def acquire(self, organization: str, timeout_s: float) -> bool:
-        """A slot for a call of `organization`; False when none freed within `timeout_s`."""
-        # A waiter cancelled (or timed out) stays listed until its task runs: only a live one
-        # goes first, or a call would wait on a free slot that no release ever hands over.
-        if self.busy < self.size and not any(not w[1].done() for w in self.waiting):
-            self.held[organization] += 1
+    async def acquire(
+        self, organization: str, timeout_s: float, leave: Callable[[], bool] = lambda: False
+    ) -> bool:
+        """A slot for a call of `organization`; False when none freed within `timeout_s`, or when
+        `leave`, asked every LOOK_AGAIN_S of the wait, says the call may go elsewhere (another
+        credential has a slot free). Until then the call keeps its place among the waiters."""
+        if self.free:
+            self._take(organization)
             return True
-        waiter = (organization, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        waiter = (organization, loop.create_future())
         self.waiting.append(waiter)
+        deadline = loop.time() + timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
-                await waiter[1]
-            return True
-        except TimeoutError:  # handed over as the wait ended: it is the call's
-            return waiter[1].done() and not waiter[1].cancelled()
+            while not waiter[1].done() and (left := deadline - loop.time()) > 0:
+                await asyncio.wait((waiter[1],), timeout=min(left, LOOK_AGAIN_S))
+                if not waiter[1].done() and leave():
+                    break
+            if waiter[1].done():  # handed over, as late as the wait's end: it is the call's
+                return True
+            waiter[1].cancel()
+            return False
         except BaseException:
             if waiter[1].done() and not waiter[1].cancelled():
                 self.release(organization)
+            waiter[1].cancel()
             raise
         finally:
             if waiter in self.waiting:
                 self.waiting.remove(waiter)
             self._hand_over()
+            self._forget(organization)
+
+    @property
+    def free(self) -> bool:
+        """Whether a call arriving now takes a slot at once. A waiter that gave up stays listed
+        until its task runs: only a live one goes first, or a call would wait on a free slot that
+        no release ever hands over."""
+        return self.busy < self.size and not any(not w[1].done() for w in self.waiting)
 
     def release(self, organization: str) -> None:
         self.held[organization] -= 1
         if self.held[organization] <= 0:
             del self.held[organization]
         self._hand_over()
+        self._forget(organization)
+
+    def _take(self, organization: str) -> None:
+        self.held[organization] += 1
+        self._handed += 1
+        self.served[organization] = self._handed
+
+    def _forget(self, organization: str) -> None:
+        """An organization neither holding nor waiting is no longer remembered."""
+        if not self.held[organization] and all(w[0] != organization for w in self.waiting):
+            self.served.pop(organization, None)
 
     def _hand_over(self) -> None:
         """Free slots to the live waiters, the organization holding the fewest first."""
@@ -84,9 +120,10 @@ class Slots:
             live = [w for w in self.waiting if not w[1].done()]
             if not live:
                 return
-            waiter = min(live, key=lambda w: self.held[w[0]])  # the first of the fewest
+            # The fewest held, then served longest ago, then the first come.
+            waiter = min(live, key=lambda w: (self.held[w[0]], self.served.get(w[0], 0)))
             self.waiting.remove(waiter)
-            self.held[waiter[0]] += 1
+            self._take(waiter[0])
             waiter[1].set_result(None)
 
 
@@ -170,6 +207,13 @@ class Pool:
         """Seconds until the first resting credential may be used again (None: none rests)."""
         resting = self.resting(now, model)
         return max(0.0, (min(resting) - now).total_seconds()) if resting else None
+
+    def free_elsewhere(self, index: int, now: datetime, model: str) -> bool:
+        """Whether a credential other than `index`, usable for `model`, has a slot free now: a
+        call waiting on `index` (behind a long stream) goes there instead."""
+        return any(
+            i != index and s.usable(now, model) and s.slots.free for i, s in enumerate(self.states)
+        )
 
     def choose(self, job_id: str, now: datetime, tried: set[int], model: str) -> int | None:
         """The credential for a call of `job_id`: the job's own while usable with a slot free,

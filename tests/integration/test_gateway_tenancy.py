@@ -199,3 +199,50 @@ async def test_a_provider_that_stops_answering_is_a_timeout_the_command_reads(
     last = stream.text.strip().splitlines()[-1]
     assert last.startswith("data: ") and '"error"' in last and "did not answer in time" in last
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+async def test_a_call_waiting_for_a_slot_takes_another_credential_s_slot_that_frees_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two credentials of one slot: one holds a long stream, the other a short call. A third
+    call waited on the credential its job's tie-break named, behind the long stream, while the
+    other credential's slot freed at once: 429 'busy' at SLOT_WAIT_S with a slot idle."""
+    from fastapi.responses import Response
+
+    monkeypatch.setattr(gateway_module, "SLOT_WAIT_S", 2.0)
+    hold = {"c0": 5.0, "c1": 0.3}
+
+    async def answer(self: Gateway, pool: object, state: object, *args: object) -> Response:
+        await asyncio.sleep(hold[state.credential.id])  # type: ignore[attr-defined]
+        return Response(status_code=200)
+
+    monkeypatch.setattr(Gateway, "_call", answer)
+    providers = {"two": pool("two", "http://127.0.0.1:9", 1, "sk-1", "sk-2")}
+    async with httpx.AsyncClient() as http:
+        gw = Gateway(providers, http)
+        try:
+            send = gw._send_with_a_credential
+            long = turn(gw, "two", job_starting_at(0, 2, "long"), org="org-a")
+            short = turn(gw, "two", job_starting_at(1, 2, "short"), org="org-a")
+            victim = turn(gw, "two", job_starting_at(0, 2, "victim"), org="org-b")
+            pool_ = gw.pools["two"]
+            args: tuple[str, bytes, dict[str, str], str, str] = (
+                "/v1/chat/completions",
+                b"{}",
+                {},
+                "openai",
+                "m",
+            )
+            held = [
+                asyncio.create_task(send(pool_, long, *args)),
+                asyncio.create_task(send(pool_, short, *args)),
+            ]
+            await asyncio.sleep(0.05)
+            started = time.monotonic()
+            answered = await send(pool_, victim, *args)
+            elapsed = time.monotonic() - started
+            await asyncio.gather(*held)
+        finally:
+            await gw.close()
+    assert answered.status_code == 200, f"{answered.status_code} after {elapsed:.1f}s"
+    assert elapsed < 1.0, f"waited {elapsed:.1f}s with a slot free"
