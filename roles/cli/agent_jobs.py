@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import click
 
+from receipt_client import segment
 from receipts.agent_jobs.model import STATUSES
 from roles.cli.client import (
     ApiClient,
@@ -27,7 +27,7 @@ TYPE_WIDTH = 26  # the longest agent-job receipt type
 
 
 def _path(agent_job_id: str, suffix: str = "") -> str:
-    return f"/agent-jobs/{quote(agent_job_id, safe='')}{suffix}"
+    return f"/agent-jobs/{segment(agent_job_id)}{suffix}"
 
 
 def _summary(job: dict[str, Any]) -> list[str]:
@@ -202,7 +202,7 @@ def ls_command(
     if console:
         path = "/console/agent-jobs"
     elif owner_session_id is not None:
-        path = f"/sessions/{quote(owner_session_id, safe='')}/agent-jobs"
+        path = f"/sessions/{segment(owner_session_id)}/agent-jobs"
         del params["ownerSessionId"]
     else:
         raise click.UsageError("give --session (an owner session's jobs) or --console (admin)")
@@ -320,7 +320,7 @@ def events_command(
     if agent_job_id is None and session_id is None:
         raise click.UsageError("give an agent job ID, or --session with an owner session id")
     if session_id is not None:
-        path, name = f"/sessions/{quote(session_id, safe='')}/events", f"session {session_id}"
+        path, name = f"/sessions/{segment(session_id)}/events", f"session {session_id}"
     else:
         path, name = _path(str(agent_job_id), "/events"), f"agent job {agent_job_id}"
     with ApiClient(api_url, token) as client:

@@ -16,11 +16,10 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import click
 
-from receipt_client import Client, ReceiptError
+from receipt_client import Client, ReceiptError, segment
 from receipt_client.deadline import NEVER, Deadline
 from receipt_client.settings import DEFAULT_URL as DEFAULT_API_URL
 from receipts import jobs as jobmodel
@@ -173,7 +172,7 @@ def _outcome_lines(view: dict[str, Any]) -> list[str]:
 
 
 def _job_path(job_id: str, suffix: str = "") -> str:
-    return f"/jobs/{quote(job_id, safe='')}{suffix}"
+    return f"/jobs/{segment(job_id)}{suffix}"
 
 
 def _summary(job: dict[str, Any]) -> list[str]:

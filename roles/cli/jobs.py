@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 import uuid
 from typing import Any
-from urllib.parse import quote
 
 import click
 
+from receipt_client import segment
 from receipts.jobs import LANES, SINGLETON_MODES, STATUSES
 from receipts.kinds import KINDS
 from roles.cli.client import (
@@ -120,7 +120,7 @@ def enqueue_command(
     with ApiClient(api_url, token) as client:
         try:
             accepted = client.request(
-                "POST", f"/agents/{quote(agent, safe='')}/jobs", json=body, headers=headers
+                "POST", f"/agents/{segment(agent)}/jobs", json=body, headers=headers
             )
         except ApiFailure as exc:
             if key is not None and "may have been applied" in str(exc):

@@ -8,12 +8,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import click
 import httpx
 import yaml
 
+from receipt_client import segment
 from roles.cli.client import ApiClient, ApiFailure, _api_options, _dump, _echo_page, _echo_view
 
 POLL_S = 0.5
@@ -30,7 +30,7 @@ WAIT_EXIT = {"completed": 0, "failed": 1, "canceled": 1}
 
 
 def _path(objective_id: str, suffix: str = "") -> str:
-    return f"/objectives/{quote(objective_id, safe='')}{suffix}"
+    return f"/objectives/{segment(objective_id)}{suffix}"
 
 
 def load_objective(path: Path) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def _created(client: ApiClient, objective_id: str, run_job_id: str) -> dict[str,
         return view
     if response.status_code != 404:
         return client.request("GET", _path(objective_id))  # raises the API's error
-    job = client.request("GET", f"/jobs/{quote(run_job_id, safe='')}")
+    job = client.request("GET", f"/jobs/{segment(run_job_id)}")
     if job["status"] in ("failed", "canceled"):
         raise ApiFailure(f"objective {objective_id} was not created: {job.get('error')}")
     return None

@@ -4,15 +4,15 @@ organization (README, "Schedules")."""
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 import click
 
+from receipt_client import segment
 from roles.cli.client import ApiClient, _api_options, _dump, _echo_page, _echo_view, _load_json
 
 
 def _path(schedule_id: str) -> str:
-    return f"/schedules/{quote(schedule_id, safe='')}"
+    return f"/schedules/{segment(schedule_id)}"
 
 
 def _when(view: dict[str, Any]) -> str:

@@ -7,10 +7,12 @@
         job = receipt.wait(accepted.job.job_id)
 
 Answers are the pydantic models of `receipt_client.models`, generated from the API's OpenAPI
-document; refusals raise the `ReceiptError` subclass of their status.
+document; refusals raise the `ReceiptError` subclass of their status. `segment(id)` is an id
+as one path segment, for `request()`'s own paths.
 """
 
 from receipt_client import models
+from receipt_client._calls import segment
 from receipt_client.aio import AsyncClient
 from receipt_client.errors import (
     BadRequest,
@@ -50,4 +52,5 @@ __all__ = [
     "UnsupportedMediaType",
     "WaitTimedOut",
     "models",
+    "segment",
 ]

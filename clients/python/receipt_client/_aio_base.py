@@ -178,6 +178,8 @@ class AsyncBaseClient:
                                 if receipt["seq"] > last:
                                     last = receipt["seq"]
                                     yield receipt
+                            if deadline.overrun():
+                                deadline.allows(0)  # a stream that keeps sending: WaitTimedOut
                             if deadline.cuts(read):
                                 shortened = True
                                 break

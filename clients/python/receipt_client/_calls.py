@@ -34,8 +34,11 @@ class Call(Generic[M]):
 
 
 def segment(value: str) -> str:
-    """An id as one path segment (every reserved character escaped)."""
-    return quote(value, safe="")
+    """An id as one path segment (every reserved character escaped). A job or schedule id may be
+    `.` or `..`: left as it is, httpx resolves it as a dot segment (`/jobs/..` is `/`), so it is
+    escaped too (`%2E%2E`, which the API reads as `..`)."""
+    quoted = quote(value, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
 def job_path(job_id: str, suffix: str = "") -> str:

@@ -11,7 +11,7 @@ from receipt_client import _calls as calls
 from receipt_client import models
 from receipt_client._aio_base import AsyncBaseClient
 from receipt_client._calls import Call
-from receipt_client.deadline import Deadline
+from receipt_client.deadline import TERMINAL_STATUSES, Deadline
 from receipt_client.errors import (
     ObjectiveNotCreated,
 )
@@ -149,9 +149,14 @@ class AsyncClient(AsyncBaseClient):
         and return it (read again through an api restart too). `timeout` (seconds): raise
         `WaitTimedOut` if it has not ended by then (the job goes on)."""
         deadline = Deadline.after(timeout, f"job {job_id}")
-        async for _ in self.follow_raw(calls.job_path(job_id, "/events"), 0, job_id, deadline):
-            pass
         path = calls.job_path(job_id)
+        job = await self._read_through_outages(Call("GET", path, models.JobView), deadline)
+        if job.status in TERMINAL_STATUSES:
+            return job
+        # From where the job is: a long history is not read again (nor held against `timeout`).
+        events = calls.job_path(job_id, "/events")
+        async for _ in self.follow_raw(events, job.seq or 0, job_id, deadline):
+            pass
         return await self._read_through_outages(Call("GET", path, models.JobView), deadline)
 
     # --- objectives -----------------------------------------------------------------------
@@ -331,6 +336,42 @@ class AsyncClient(AsyncBaseClient):
         path = calls.session_path(session_id, "/agent-jobs")
         return await self._send(Call("GET", path, models.AgentJobList, params=params))
 
+    async def console_agent_jobs(
+        self,
+        *,
+        status: str | None = None,
+        agent_id: str | None = None,
+        owner_session_id: str | None = None,
+        organization_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> models.AgentJobList:
+        """Every organization's agent jobs, newest first (`GET /console/agent-jobs`, admin)."""
+        params = calls.query(
+            status=status,
+            agentId=agent_id,
+            ownerSessionId=owner_session_id,
+            organizationId=organization_id,
+            limit=limit,
+            cursor=cursor,
+        )
+        return await self._send(
+            Call("GET", "/console/agent-jobs", models.AgentJobList, params=params)
+        )
+
+    async def console_agent_job(self, agent_job_id: str) -> models.AgentJobDetail:
+        """An agent job with its turns, wakeups and receipts (admin)."""
+        path = "/console" + calls.agent_job_path(agent_job_id)
+        return await self._send(Call("GET", path, models.AgentJobDetail))
+
+    async def console_cancel_agent_job(
+        self, agent_job_id: str, reason: str | None = None
+    ) -> models.AgentJobAnswer:
+        """An operator's cancel of any organization's agent job (admin)."""
+        path = "/console" + calls.agent_job_path(agent_job_id, "/cancel")
+        body = calls.reason_body(reason)
+        return await self._send(Call("POST", path, models.AgentJobAnswer, body=body))
+
     # --- owner sessions -------------------------------------------------------------------
 
     async def session_events(
@@ -352,11 +393,24 @@ class AsyncClient(AsyncBaseClient):
     # --- per-organization webhooks --------------------------------------------------------
 
     async def create_webhook(
-        self, url: str, events: list[str], *, description: str | None = None
+        self,
+        url: str,
+        events: list[str],
+        *,
+        description: str | None = None,
+        organization_id: str | None = None,
     ) -> models.WebhookCreated:
-        """Subscribe `url` to `events` of the token's organization; the answer's `secret`
-        (Standard Webhooks, `whsec_…`) is shown this once."""
-        body = calls.body_of({"url": url, "events": list(events), "description": description})
+        """Subscribe `url` to `events` of the token's organization (an admin token names it:
+        `organization_id`); the answer's `secret` (Standard Webhooks, `whsec_…`) is shown this
+        once."""
+        body = calls.body_of(
+            {
+                "url": url,
+                "events": list(events),
+                "description": description,
+                "organizationId": organization_id,
+            }
+        )
         return await self._send(Call("POST", "/webhooks", models.WebhookCreated, body=body))
 
     async def list_webhooks(

@@ -14,6 +14,8 @@ from receipt_client.settings import STREAM_READ_TIMEOUT_S
 # per SLACK_S, and only when a line arrives: the API sends a keepalive every 15 s). A read is
 # given at least that long too, so a wait of 0 still reads a terminal job's stream to its end.
 SLACK_S = 1.0
+# A job in one of these has ended: a wait returns it at once.
+TERMINAL_STATUSES = frozenset({"completed", "failed", "canceled"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,11 @@ class Deadline:
         client's own)."""
         left = self.left()
         return None if left is None else max(left, SLACK_S)
+
+    def overrun(self) -> bool:
+        """True once more than SLACK_S past the deadline: a stream that keeps sending (each line
+        resets its read timeout) is read no longer."""
+        return self.at is not None and time.monotonic() > self.at + SLACK_S
 
     def cuts(self, read: float) -> bool:
         """True when a read of up to `read` seconds started now could end more than `SLACK_S`
