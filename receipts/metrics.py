@@ -457,3 +457,8 @@ WEBHOOK_CHANGES = Counter(
     "deleted, secret_rotated, tested.",
     ["action"],
 )
+SCHEMA_AHEAD = Gauge(
+    "receipt_schema_migrations_ahead",
+    "Migrations the database holds that this build does not ship, as found at its start: a "
+    "newer build applied them (an image rolled back). It runs against that schema.",
+)

@@ -19,7 +19,13 @@ from receipts import assembly, durations, retention
 from receipts.errors import InvalidInput, StorageError
 from receipts.settings import Settings
 from receipts.streams import dumps
-from roles.infra.db import migrate_url, open_store, resolve_url, schema_behind
+from roles.infra.db import (
+    migrate_and_compare,
+    migrate_url,
+    open_store,
+    resolve_url,
+    schema_behind,
+)
 
 P = ParamSpec("P")
 
@@ -71,7 +77,13 @@ def main() -> None:
 @_database_command
 def migrate_command() -> None:
     """Apply pending schema migrations (idempotent) and print what was applied."""
-    applied = asyncio.run(migrate_url(resolve_url(_core())))
+    applied, ahead = asyncio.run(migrate_and_compare(resolve_url(_core())))
+    if ahead:
+        click.echo(
+            f"migrations applied: {applied or 'none'}; the database is ahead of this build: "
+            f"migrations {ahead} were applied by a newer build, and this one runs against them"
+        )
+        return
     click.echo(f"migrations applied: {applied or 'none (schema up to date)'}")
 
 

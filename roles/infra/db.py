@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from receipts import assembly
+from receipts import assembly, metrics
 from receipts.settings import Settings
+from receipts.sql import migrations, query
 from receipts.store import SESSION_SETTINGS, Store, migrate, missing_migrations
 from roles.infra.embedded import database_url
+
+log = logging.getLogger("roles.infra.db")
 
 
 def resolve_url(settings: Settings) -> str:
@@ -27,8 +32,28 @@ def named(url: str, role: str) -> str:
 
 async def migrate_url(url: str) -> list[int]:
     """Apply pending migrations on `url`; return the versions applied."""
+    applied, _ = await migrate_and_compare(url)
+    return applied
+
+
+async def migrate_and_compare(url: str) -> tuple[list[int], list[int]]:
+    """Apply pending migrations on `url`; return the versions applied and those the database
+    holds that this code does not ship: a newer build applied them (an image rolled back).
+    This code runs against that schema, and says so (`db.schema_ahead`)."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        return await migrate(conn)
+        applied = await migrate(conn)
+        cur = await conn.execute(query("migrations_applied"), {})
+        ahead = sorted(
+            {int(row[0]) for row in await cur.fetchall()} - {m.version for m in migrations()}
+        )
+    metrics.SCHEMA_AHEAD.set(len(ahead))
+    if ahead:
+        log.warning(
+            f"the database has migrations {ahead} that this build does not ship (a newer build "
+            "applied them: an image rolled back); running against that schema",
+            extra={"event": "db.schema_ahead", "versions": ahead},
+        )
+    return applied, ahead
 
 
 async def schema_behind(url: str) -> str | None:

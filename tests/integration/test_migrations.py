@@ -1,0 +1,83 @@
+"""The migrator across an upgrade: a pre-built index that failed, and a database migrated by a
+newer build than the one running (an image rolled back)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+import receipts.store
+import roles.infra.db
+from receipts import metrics
+from receipts.sql import migrations
+from roles.cli.main import main
+from roles.infra.db import migrate_url
+
+BYTEWISE_VALID = (
+    "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('jobs_id_bytewise_idx')"
+)
+
+
+async def test_a_failed_concurrent_prebuild_of_the_bytewise_index_is_built_again(
+    make_database: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README, "Upgrading to objective retention": a large installation builds
+    `jobs_id_bytewise_idx` concurrently before migration 11. A concurrent build that is
+    cancelled (a timeout, a Ctrl-C) leaves an INVALID index of that name, which
+    `CREATE INDEX IF NOT EXISTS` took as built: the index was never used again, and retention's
+    key ranges read the whole `jobs` table per agent job (1.6 s a batch at 200 000 jobs)."""
+    url = str(make_database(migrated=False))  # type: ignore[operator]
+    before_0011 = tuple(m for m in migrations() if m.version <= 10)
+    monkeypatch.setattr(receipts.store, "migrations", lambda: before_0011)
+    await migrate_url(url)
+    monkeypatch.undo()
+    async with (
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as writer,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as operator,
+    ):
+        # A write in flight: the concurrent build, its catalog entry made, waits for it and is
+        # cancelled by its timeout.
+        await writer.execute("BEGIN")
+        await writer.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")
+        await operator.execute("SET statement_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            await operator.execute(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_id_bytewise_idx "
+                'ON jobs ((job_id COLLATE "C"))'
+            )
+        await writer.execute("COMMIT")
+        assert await (await operator.execute(BYTEWISE_VALID)).fetchone() == (False,)
+
+    await migrate_url(url)
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        assert await (await conn.execute(BYTEWISE_VALID)).fetchone() == (True,)
+
+
+def test_a_database_a_newer_build_migrated_is_named_not_called_up_to_date(
+    make_database: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An image rolled back runs against the schema of the build after it. It keeps running
+    (the migrations only add), but says so: `receipt migrate` printed `none (schema up to
+    date)` and a role's start said nothing."""
+    url = str(make_database())  # type: ignore[operator]
+    shipped = migrations()
+    older, newer = shipped[:-2], [m.version for m in shipped[-2:]]
+    monkeypatch.setattr(receipts.store, "migrations", lambda: older)
+    monkeypatch.setattr(roles.infra.db, "migrations", lambda: older, raising=False)
+    monkeypatch.setenv("RECEIPT_DATABASE_URL", url)
+
+    with caplog.at_level(logging.WARNING):
+        assert asyncio.run(migrate_url(url)) == []
+    ahead = [r for r in caplog.records if getattr(r, "event", None) == "db.schema_ahead"]
+    assert ahead and str(newer) in ahead[0].getMessage()
+    assert metrics.value("receipt_schema_migrations_ahead") == len(newer)
+
+    result = CliRunner().invoke(main, ["migrate"])
+    assert result.exit_code == 0, result.output
+    assert "up to date" not in result.output
+    assert f"ahead of this build: migrations {newer}" in result.output
