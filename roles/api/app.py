@@ -262,6 +262,16 @@ async def serve_api(
 
     async def stop_when_asked() -> None:
         await stop.wait()
+        # Unready first, still serving: new connections keep arriving until the Service's
+        # endpoints drop this pod. Then the port closes and open streams end.
+        app.state.api.draining.set()
+        delay_s = settings.api.drain_delay_ms / 1000
+        log.info(
+            "draining: /readyz answers 503; serving %g s more before closing the port",
+            delay_s,
+            extra={"event": "api.draining", "delayS": delay_s},
+        )
+        await asyncio.sleep(delay_s)
         server.should_exit = True
 
     watcher = asyncio.create_task(stop_when_asked())

@@ -64,6 +64,8 @@ class ApiState:
     """The group commit of new jobs over `store` (receipts/enqueue_batch.py), while it is open."""
     listener: Listener | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set at SIGTERM: /readyz answers 503 while the api still serves (its drain delay).
+    draining: asyncio.Event = field(default_factory=asyncio.Event)
     core: Settings = field(default_factory=Settings)
     agent_jobs: AgentJobSettings = field(default_factory=AgentJobSettings)
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)

@@ -22,6 +22,10 @@ class ApiSettings(ReceiptSettings):
 
     host: str = Field(default="127.0.0.1", alias="RECEIPT_API_HOST")
     port: int = Field(default=8000, ge=0, le=65535, alias="RECEIPT_API_PORT")
+    # How long the api goes on serving, /readyz 503, after SIGTERM before it closes its port:
+    # Kubernetes takes a terminating pod out of the Service's endpoints while it sends SIGTERM,
+    # and proxies keep sending new connections for a moment (deploy/k8s sets 5 s).
+    drain_delay_ms: int = Field(default=0, ge=0, le=60_000, alias="RECEIPT_API_DRAIN_DELAY_MS")
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES, ge=1, alias="RECEIPT_MAX_BODY_BYTES"
     )

@@ -69,8 +69,12 @@ def driver_worker(
     settings: Settings,
     timing: TimingSettings,
     http: httpx.AsyncClient | None = None,
+    graceful_shutdown: timedelta = timedelta(0),
 ) -> Worker:
-    """A worker for receipt-driver: the driver workflow, job reads and callbacks."""
+    """A worker for receipt-driver: the driver workflow, job reads and callbacks. At its
+    shutdown a callback post in flight gets `graceful_shutdown` to be answered: cut at once,
+    its receiver heard it twice (the retry's post) or a terminal one waited for the recovery
+    loop."""
     activities = DriverActivities(store, settings, timing, http)
     return Worker(
         client,
@@ -80,5 +84,6 @@ def driver_worker(
             activities.prepare_delivery,
             activities.post_callbacks,
         ],
+        graceful_shutdown_timeout=graceful_shutdown,
         workflow_runner=WORKFLOW_RUNNER,
     )

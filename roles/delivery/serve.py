@@ -236,5 +236,6 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
         runtime.settings.core,
         runtime.settings.timing,
         http=runtime.http,
+        graceful_shutdown=runtime.settings.process.grace,
     )
     await run_until(worker.run, worker.shutdown, stop, runtime.settings.process.grace)

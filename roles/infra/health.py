@@ -20,6 +20,7 @@ as the gauge `receipt_role_ready`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -122,10 +123,15 @@ class HealthChecker:
         return reasons
 
     async def run(self) -> None:
-        """Re-check until cancelled."""
+        """Re-check until cancelled, and at once when `stop` is set: /readyz is 503 from the
+        drain's first moment, not up to `CHECK_INTERVAL_S` later (a drain is often shorter)."""
         while True:
             self.state.update(await self.check_once())
-            await asyncio.sleep(CHECK_INTERVAL_S)
+            if self.stop.is_set():
+                await asyncio.sleep(CHECK_INTERVAL_S)  # still live while it drains
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), CHECK_INTERVAL_S)
 
     async def _ping_database(self) -> None:
         await self.store.ping()

@@ -52,6 +52,13 @@ async def readyz(state: State) -> JSONResponse:
     """The database is reachable and migrated to the version this code ships (also the api's
     `receipt_role_ready`)."""
     metrics.ROLE_READY.set(0)
+    if state.draining.is_set():
+        raise ApiError(
+            503,
+            "draining",
+            "the api is shutting down: it closes its port after RECEIPT_API_DRAIN_DELAY_MS",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
     try:
         version = await within(schema_ready(state.require_store()), READY_TIMEOUT_S)
     except ApiError:

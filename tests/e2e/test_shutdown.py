@@ -1,0 +1,220 @@
+"""SIGTERM in a rollout, with real role processes: what each role finishes before it exits.
+
+A rollout (maxSurge 1) starts the new pod, waits for it to be ready, then sends the old one
+SIGTERM and SIGKILL `terminationGracePeriodSeconds` later. Each test stands for that: the
+replacement already runs when the old process gets its SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.service import RPCError
+
+from receipts.store import Store
+from roles.infra.ports import free_port
+from tests.e2e.conftest import task
+from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.eventually import eventually
+from tests.integration.api_support import AS_A, TOKENS, enqueue_body, wait_healthz
+from tests.integration.delivery.receiver import Receiver
+from tests.integration.helpers import put
+
+pytestmark = pytest.mark.e2e
+
+
+async def exit_status(procs: RoleProcesses, name: str, timeout: float) -> int:
+    """Process `name`'s exit status, waited for without blocking the loop (the test's receiver
+    answers on it)."""
+    process = procs.processes[name]
+
+    async def polled() -> int | None:
+        return process.poll()
+
+    status = await eventually(
+        polled, lambda rc: rc is not None, timeout=timeout, every=0.05, what=f"{name} exiting"
+    )
+    assert status is not None
+    return status
+
+
+async def leased_after_s(store: Store, job_id: str) -> float | None:
+    """Seconds from the job's enqueue to its first lease (None: never leased)."""
+    receipts = await store.read_stream(f"jobs/{job_id}")
+    leased = next((r for r in receipts if r.type == "job.leased"), None)
+    if leased is None:
+        return None
+    return round((leased.recorded_at - receipts[0].recorded_at).total_seconds(), 2)
+
+
+async def poster_of(temporal_env: Any, job_id: str) -> int:
+    """The pid of the driver process running the job's `post_callbacks` activity."""
+
+    async def pending() -> list[Any]:
+        try:
+            described = await temporal_env.client.get_workflow_handle(job_id).describe()
+        except RPCError:  # not started yet
+            return []
+        return [
+            a
+            for a in described.raw_description.pending_activities
+            if a.activity_type.name == "post_callbacks" and a.last_worker_identity
+        ]
+
+    found = await eventually(pending, bool, timeout=20, every=0.05, what="a callback post")
+    return int(found[0].last_worker_identity.split("@")[0])
+
+
+async def test_a_driver_stopped_while_a_callback_waits_for_its_answer_posts_it_once(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses], temporal_env: Any
+) -> None:
+    """The driver's worker had no shutdown grace: SIGTERM cut the `dispatched` post its
+    receiver was answering, and the retry on the other driver posted it again (heard twice).
+    Now the post in flight gets RECEIPT_SHUTDOWN_GRACE_MS, as a worker's handlers do."""
+    store, _ = e2e_store
+    async with Receiver(hold={"dispatched": 3.0}) as receiver:  # within a try's 5 s
+        # The recovery loops' callback pass waits 10 min: only the drivers post.
+        procs = roles(
+            RECEIPT_EVENT_CALLBACK_URL=receiver.url,
+            RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="600000",
+        )
+        # The rollout's old and new pods, both polling.
+        procs.start("driver-1", "driver")
+        procs.start("driver-2", "driver")
+        procs.start("worker-codex")
+        try:
+            await asyncio.sleep(7)
+            job = (await put(store, payload_extra=task("true"))).job
+            name = procs.name_of(await poster_of(temporal_env, job.job_id))
+            assert name is not None
+            procs.signal(name, signal.SIGTERM)  # its post has ~3 s left
+            stopped = time.monotonic()
+            during = [(await put(store, payload_extra=task("true"))).job for _ in range(3)]
+            assert await exit_status(procs, name, 30) == 0
+            drained_s = time.monotonic() - stopped
+
+            async def heard() -> list[str]:
+                bodies = [json.loads(r.body) for r in receiver.requests]
+                return [b["event"] for b in bodies if b["job"]["jobId"] == job.job_id]
+
+            await eventually(heard, lambda e: "completed" in e, timeout=30, what="completed")
+            await asyncio.sleep(4)  # a second `dispatched` would be answered by now
+            started = [await leased_after_s(store, j.job_id) for j in during]
+        except BaseException:
+            print(procs.logs())
+            raise
+    bodies = [json.loads(r.body) for r in receiver.requests]
+    events = [b["event"] for b in bodies if b["job"]["jobId"] == job.job_id]
+    print(
+        f"driver drained in {drained_s:.1f} s; the receiver heard {events}; jobs posted "
+        f"during the drain were leased after {started} s"
+    )
+    assert events == ["dispatched", "completed"]
+    # The drain holds no new job up: the other driver starts them.
+    assert all(s is not None and s < 2.0 for s in started), started
+
+
+async def test_the_api_answers_unready_and_still_serves_for_its_drain_delay_after_sigterm(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    """Kubernetes drops a terminating pod from the Service's endpoints while it sends SIGTERM;
+    proxies keep sending it new connections for a moment. The api closed its port ~0.1 s after
+    SIGTERM, with /readyz still 200 until then: those connections were refused. Now /readyz is
+    503 at once and the api serves RECEIPT_API_DRAIN_DELAY_MS more; an open event stream then
+    ends (its client resumes with Last-Event-ID) and the process exits 0."""
+    port = free_port()
+    procs = roles(
+        RECEIPT_API_PORT=str(port), RECEIPT_API_TOKENS=TOKENS, RECEIPT_API_DRAIN_DELAY_MS="2000"
+    )
+    procs.start("api")
+    url = f"http://127.0.0.1:{port}"
+    wait_healthz(url)
+    answers: list[tuple[float, str, str]] = []
+    async with httpx.AsyncClient(base_url=url, headers=AS_A, timeout=10) as client:
+        accepted = await client.post("/agents/codex/jobs", json=enqueue_body(jobId="followed"))
+        assert accepted.status_code == 202
+        stream_ended = asyncio.Event()
+        ended_at: list[float] = []
+
+        async def follow() -> None:
+            headers = {"Accept": "text/event-stream"}
+            async with client.stream("GET", "/jobs/followed/events", headers=headers) as events:
+                async for _ in events.aiter_lines():
+                    pass
+            ended_at.append(time.monotonic())
+            stream_ended.set()
+
+        following = asyncio.create_task(follow())
+        await asyncio.sleep(0.5)
+        procs.signal("api", signal.SIGTERM)
+        stopped = time.monotonic()
+        n = 0
+        # Each probe on a new connection, as a proxy's would be.
+        while time.monotonic() - stopped < 1.5:
+            n += 1
+            async with httpx.AsyncClient(base_url=url, headers=AS_A, timeout=5) as fresh:
+                for method, path, body in (
+                    ("GET", "/readyz", None),
+                    ("POST", "/agents/codex/jobs", enqueue_body(jobId=f"during-{n}")),
+                ):
+                    try:
+                        answer = await fresh.request(method, path, json=body)
+                        shown = str(answer.status_code)
+                    except httpx.TransportError as exc:
+                        shown = type(exc).__name__
+                    answers.append((round(time.monotonic() - stopped, 2), path, shown))
+            await asyncio.sleep(0.1)
+        assert await exit_status(procs, "api", 20) == 0
+        exited_s = time.monotonic() - stopped
+        await asyncio.wait_for(stream_ended.wait(), 5)
+        await following
+    print(f"api: answers after SIGTERM {answers}; exited after {exited_s:.1f} s")
+    assert {shown for _, path, shown in answers if path == "/readyz"} == {"503"}
+    assert {shown for _, path, shown in answers if path != "/readyz"} == {"202"}
+    assert ended_at[0] - stopped >= 1.5  # the stream lasted the delay
+    assert exited_s < 2.0 + 5.0
+
+
+def metrics_port(procs: RoleProcesses, name: str) -> int:
+    [listening] = procs.logged(name, {"metrics.listening"})
+    return int(str(listening["port"]))
+
+
+async def test_a_worker_s_readyz_is_503_from_the_moment_sigterm_starts_its_drain(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    """docs/operations.md: /readyz is 503 'from the moment SIGTERM starts the drain'. The check
+    ran every 5 s and only then saw the drain: a worker holding a job through its grace still
+    answered 200 for up to 5 s (here the whole 3 s grace)."""
+    store, _ = e2e_store
+    procs = roles(RECEIPT_SHUTDOWN_GRACE_MS="3000")
+    procs.start("driver")
+    procs.start("worker-codex")
+    try:
+        job = (await put(store, maxAttempts=1, payload_extra=task("sleep", "30"))).job
+        await wait_for(store, job.job_id, ("running",), 60)
+        url = f"http://127.0.0.1:{metrics_port(procs, 'worker-codex')}/readyz"
+        async with httpx.AsyncClient(timeout=2) as client:
+            await eventually(
+                lambda: client.get(url), lambda r: r.status_code == 200, timeout=20, what="ready"
+            )
+            procs.signal("worker-codex", signal.SIGTERM)
+            stopped = time.monotonic()
+            await asyncio.sleep(0.5)
+            answers = []
+            while time.monotonic() - stopped < 2.5:
+                answers.append((await client.get(url)).status_code)
+                await asyncio.sleep(0.2)
+        assert await exit_status(procs, "worker-codex", 30) == 0
+    except BaseException:
+        print(procs.logs())
+        raise
+    print(f"worker /readyz from 0.5 s to 2.5 s after SIGTERM: {answers}")
+    assert set(answers) == {503}
