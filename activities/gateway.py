@@ -335,7 +335,7 @@ class Gateway:
                 return self._exhausted(pool, grant, style, now, model)
             tried.add(index)
             state, org = pool.states[index], grant.organization_id or ""
-            elsewhere = functools.partial(pool.free_elsewhere, index, now, model)
+            elsewhere = functools.partial(pool.free_elsewhere, tried, now, model)
             if not await state.slots.acquire(org, slot_by - time.monotonic(), elsewhere):
                 if time.monotonic() < slot_by:  # another credential's slot is free: take it
                     tried.discard(index)

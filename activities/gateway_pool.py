@@ -208,18 +208,22 @@ class Pool:
         resting = self.resting(now, model)
         return max(0.0, (min(resting) - now).total_seconds()) if resting else None
 
-    def free_elsewhere(self, index: int, now: datetime, model: str) -> bool:
-        """Whether a credential other than `index`, usable for `model`, has a slot free now: a
-        call waiting on `index` (behind a long stream) goes there instead."""
+    def free_elsewhere(self, tried: set[int], now: datetime, model: str) -> bool:
+        """Whether a credential the call may still take (not in `tried`, which holds the one it
+        waits on), usable for `model`, has a slot free now: a call waiting (behind a long
+        stream) goes there instead. One that refused the call does not count: the call would
+        only queue again, behind every call that came after it."""
         return any(
-            i != index and s.usable(now, model) and s.slots.free for i, s in enumerate(self.states)
+            i not in tried and s.usable(now, model) and s.slots.free
+            for i, s in enumerate(self.states)
         )
 
     def choose(self, job_id: str, now: datetime, tried: set[int], model: str) -> int | None:
         """The credential for a call of `job_id`: the job's own while usable with a slot free,
-        else the least loaded (its calls running and waiting; ties from a place its id picks):
-        a job's credential taken by other calls no longer holds it while another is idle. None
-        when no untried one is usable."""
+        else one with a slot free before one without, then the least loaded (its calls running
+        and waiting; ties from a place its id picks): a job's credential taken by other calls no
+        longer holds it while another is idle, and a larger credential with a slot free is taken
+        before a smaller one that is full. None when no untried one is usable."""
         usable = [i for i, s in enumerate(self.states) if s.usable(now, model) and i not in tried]
         if not usable:
             return None
@@ -232,6 +236,7 @@ class Pool:
         start = int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % len(self.states)
         usable.sort(
             key=lambda i: (
+                not self.states[i].slots.free,
                 self.states[i].slots.load,
                 i != preferred,
                 (i - start) % len(self.states),

@@ -246,3 +246,109 @@ async def test_a_call_waiting_for_a_slot_takes_another_credential_s_slot_that_fr
             await gw.close()
     assert answered.status_code == 200, f"{answered.status_code} after {elapsed:.1f}s"
     assert elapsed < 1.0, f"waited {elapsed:.1f}s with a slot free"
+
+
+async def test_a_call_refused_by_the_free_credential_keeps_its_place_on_the_busy_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two credentials of one slot: c1 holds a long call; c0 refused call `x` (a 401 on its path,
+    which fails the call on c0 alone) and is idle. `x` waits on c1, and `z` (c0 rests for its
+    model) queues there after it. c0's free slot, which `x` may not take, made `x` leave c1's
+    queue every LOOK_AGAIN_S and queue again behind `z`: the later call went first."""
+    from datetime import UTC, datetime, timedelta
+
+    from fastapi.responses import Response
+
+    from activities import gateway_pool
+
+    monkeypatch.setattr(gateway_pool, "LOOK_AGAIN_S", 0.1)
+    hold = {"long": 0.5, "x": 0.05, "z": 0.05}
+    on_c1: list[str] = []
+
+    async def answer(
+        self: Gateway, pool: object, state: object, grant: Grant, *args: object
+    ) -> Response | None:
+        name = grant.job_id.split("-")[0]
+        if state.credential.id == "c0":  # type: ignore[attr-defined]
+            return None  # refused for this call alone: it goes on to the next credential
+        on_c1.append(name)
+        await asyncio.sleep(hold[name])
+        return Response(status_code=200)
+
+    monkeypatch.setattr(Gateway, "_call", answer)
+    providers = {"two": pool("two", "http://127.0.0.1:9", 1, "sk-1", "sk-2")}
+    async with httpx.AsyncClient() as http:
+        gw = Gateway(providers, http)
+        try:
+            send = gw._send_with_a_credential
+            pool_ = gw.pools["two"]
+            now = datetime.now(UTC)
+            pool_.states[0].rest("m2", now + timedelta(seconds=60), now)  # for z's model only
+            rest: tuple[str, bytes, dict[str, str], str] = (
+                "/v1/chat/completions",
+                b"{}",
+                {},
+                "openai",
+            )
+            long = turn(gw, "two", job_starting_at(1, 2, "long"), org="org-c")
+            x = turn(gw, "two", job_starting_at(0, 2, "x"), org="org-a")
+            z = turn(gw, "two", job_starting_at(1, 2, "z"), org="org-b")
+            calls = [asyncio.create_task(send(pool_, long, *rest, "m"))]
+            await asyncio.sleep(0.02)
+            calls.append(asyncio.create_task(send(pool_, x, *rest, "m")))
+            await asyncio.sleep(0.03)
+            calls.append(asyncio.create_task(send(pool_, z, *rest, "m2")))
+            answers = await asyncio.gather(*calls)
+        finally:
+            await gw.close()
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert on_c1 == ["long", "x", "z"], on_c1
+
+
+async def test_a_call_waiting_behind_a_long_call_takes_a_larger_credential_s_free_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """c0 of one slot holds a long call; c1 of three has two calls and a slot free. `choose`
+    took the least loaded (c0: 1 against 2), the wait left it for c1's free slot every
+    LOOK_AGAIN_S, and `choose` sent it back to c0 each time: 429 'busy' at SLOT_WAIT_S with a
+    slot free all along."""
+    from fastapi.responses import Response
+
+    from activities import gateway_pool
+
+    monkeypatch.setattr(gateway_pool, "LOOK_AGAIN_S", 0.1)
+    monkeypatch.setattr(gateway_module, "SLOT_WAIT_S", 2.0)
+
+    async def answer(self: Gateway, pool: object, state: object, *args: object) -> Response:
+        await asyncio.sleep(4.0 if state.credential.id == "c0" else 0.05)  # type: ignore[attr-defined]
+        return Response(status_code=200)
+
+    monkeypatch.setattr(Gateway, "_call", answer)
+    credentials = (Credential("c0", Secret("sk-1"), 1), Credential("c1", Secret("sk-2"), 3))
+    providers = {"two": Provider("two", "openai", "http://127.0.0.1:9", credentials)}
+    async with httpx.AsyncClient() as http:
+        gw = Gateway(providers, http)
+        try:
+            pool_ = gw.pools["two"]
+            rest: tuple[str, bytes, dict[str, str], str, str] = (
+                "/v1/chat/completions",
+                b"{}",
+                {},
+                "openai",
+                "m",
+            )
+            long = turn(gw, "two", job_starting_at(0, 2, "long"), org="org-c")
+            held = asyncio.create_task(gw._send_with_a_credential(pool_, long, *rest))
+            await asyncio.sleep(0.02)
+            assert pool_.states[0].slots.busy == 1
+            for _ in range(2):  # two calls of c1 running
+                assert await pool_.states[1].slots.acquire("org-d", 1)
+            victim = turn(gw, "two", job_starting_at(0, 2, "victim"), org="org-b")
+            started = time.monotonic()
+            answered = await gw._send_with_a_credential(pool_, victim, *rest)
+            elapsed = time.monotonic() - started
+            held.cancel()
+        finally:
+            await gw.close()
+    assert answered.status_code == 200, f"{answered.status_code} after {elapsed:.1f}s"
+    assert elapsed < 1.0, f"waited {elapsed:.1f}s with a slot free"
