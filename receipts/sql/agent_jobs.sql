@@ -165,13 +165,23 @@ WHERE NOT EXISTS (SELECT 1 FROM receipts r WHERE r.stream = %(prefix)s || t.agen
 
 -- name: agent_wakeups_unposted
 -- Wakeups of the last day whose event callback to a URL is neither posted, given up (5 tries)
--- nor being posted (claimed within 30 s; see callback_claim).
+-- nor being posted (claimed within 30 s; see callback_claim), and none of whose session's
+-- earlier wakeups of the day is still owed to that URL (neither posted nor given up): a
+-- receiver hears a session's wakeups in its order, a retried `waiting_on_user` never after the
+-- `succeeded` that followed it (agent_job_wakeups_session_idx, 0021).
 SELECT w.source_id, w.session_id, w.session_seq FROM agent_job_wakeups w
 WHERE w.created_at >= now() - interval '1 day'
   AND NOT EXISTS (SELECT 1 FROM callback_posts c
                   WHERE c.job_id = w.source_id AND c.event = 'session.wakeup' AND c.url = %(url)s
                     AND (c.status = 'posted' OR c.attempts >= 5
                          OR c.posted_at >= now() - interval '30 seconds'))
+  AND NOT EXISTS (SELECT 1 FROM agent_job_wakeups e
+                  WHERE e.session_id = w.session_id AND e.session_seq < w.session_seq
+                    AND e.created_at >= now() - interval '1 day'
+                    AND NOT EXISTS (SELECT 1 FROM callback_posts c
+                                    WHERE c.job_id = e.source_id AND c.event = 'session.wakeup'
+                                      AND c.url = %(url)s
+                                      AND (c.status = 'posted' OR c.attempts >= 5)))
 ORDER BY w.created_at
 LIMIT %(limit)s;
 
