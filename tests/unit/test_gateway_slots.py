@@ -30,6 +30,26 @@ async def test_a_call_arriving_as_a_cancelled_waiter_leaves_gets_the_free_slot()
     assert b.cancelled() and not slots.waiting
 
 
+async def three_of_org_a_then_one_of_org_b(slots: Slots) -> list[str]:
+    """org-a holds a slot and queues three calls, org-b one after them; org-a's held call ends.
+    The organizations in the order their calls got a slot."""
+    order: list[str] = []
+
+    async def call(org: str) -> None:
+        assert await slots.acquire(org, 60)
+        order.append(org)
+        await asyncio.sleep(0)
+        slots.release(org)
+
+    hogs = [asyncio.create_task(call("org-a")) for _ in range(3)]
+    await asyncio.sleep(0)
+    victim = asyncio.create_task(call("org-b"))
+    await asyncio.sleep(0)
+    slots.release("org-a")
+    await asyncio.gather(*hogs, victim)
+    return order
+
+
 async def test_one_slot_goes_to_another_organization_before_the_next_of_the_one_just_served() -> (
     None
 ):
@@ -39,20 +59,7 @@ async def test_one_slot_goes_to_another_organization_before_the_next_of_the_one_
     them (a 429 'busy' at SLOT_WAIT_S behind a hostile tenant's queue)."""
     slots = Slots(1)
     assert await slots.acquire("org-a", 1)
-    order: list[str] = []
-
-    async def call(org: str) -> None:
-        assert await slots.acquire(org, 60)
-        order.append(org)
-        await asyncio.sleep(0)
-        slots.release(org)
-
-    hogs = [asyncio.create_task(call("org-a")) for _ in range(3)]
-    await asyncio.sleep(0)
-    victim = asyncio.create_task(call("org-b"))
-    await asyncio.sleep(0)
-    slots.release("org-a")
-    await asyncio.gather(*hogs, victim)
+    order = await three_of_org_a_then_one_of_org_b(slots)
     assert order[0] == "org-b", order
 
 
@@ -62,20 +69,7 @@ async def test_a_slot_beside_a_long_call_is_shared_between_organizations() -> No
     slots = Slots(2)
     assert await slots.acquire("org-c", 1)  # a long stream
     assert await slots.acquire("org-a", 1)
-    order: list[str] = []
-
-    async def call(org: str) -> None:
-        assert await slots.acquire(org, 60)
-        order.append(org)
-        await asyncio.sleep(0)
-        slots.release(org)
-
-    hogs = [asyncio.create_task(call("org-a")) for _ in range(3)]
-    await asyncio.sleep(0)
-    victim = asyncio.create_task(call("org-b"))
-    await asyncio.sleep(0)
-    slots.release("org-a")
-    await asyncio.gather(*hogs, victim)
+    order = await three_of_org_a_then_one_of_org_b(slots)
     assert order.index("org-b") <= 1, order
 
 
