@@ -241,6 +241,21 @@ async def test_pause_resume_change_and_delete_are_receipts(
     assert reused.status_code == 409
 
 
+async def test_a_deleted_schedules_id_is_not_reused_even_for_its_own_definition(
+    client: httpx.AsyncClient,
+) -> None:
+    """README: `DELETE /schedules/{id}` (204; an id is not reused). A re-post of the very
+    definition it had answers 409, not a 200 showing a schedule that will never fire again."""
+    sent = body()
+    assert (await client.post("/schedules", json=sent, headers=AS_A)).status_code == 201
+    assert (await client.post("/schedules", json=sent, headers=AS_A)).status_code == 200
+    sid = sent["scheduleId"]
+    assert (await client.delete(f"/schedules/{sid}", headers=AS_A)).status_code == 204
+    again = await client.post("/schedules", json=sent, headers=AS_A)
+    assert again.status_code == 409 and again.json()["error"]["field"] == "scheduleId", again.text
+    assert (await client.get(f"/schedules/{sid}", headers=AS_A)).status_code == 404
+
+
 async def test_two_changes_at_once_are_both_kept(client: httpx.AsyncClient) -> None:
     """Each PATCH merges its fields onto the schedule as it is when it writes: one sent beside
     another is not overwritten by the other's copy of the rest."""
@@ -467,6 +482,18 @@ async def test_cancel_previous_aborts_nothing_for_a_firing_it_does_not_make(stor
     assert replaced is not None and replaced.status == "canceled"
 
 
+async def test_allow_at_the_cap_skips_the_firing_and_keeps_the_previous_job(store: Store) -> None:
+    """Only `cancel_previous` frees the place of the queued job it replaces: under `allow` the
+    previous job stays queued, so a firing at the organization's cap is skipped (`cap`), not
+    enqueued past it."""
+    org = f"org-{uuid.uuid4().hex[:8]}"  # its own counts: other tests enqueue beside it
+    sid = await made(store, "allow", org=org)
+    assert await firing.fire(store, sid, T) == "enqueued"
+    own = firing.Caps(max_queued=await queued_of(store, org), max_active=10**9)
+    assert await firing.fire(store, sid, T + timedelta(seconds=5), own) == "skipped_cap"
+    assert await queued_of(store, org) == 1
+
+
 async def test_a_firing_the_definition_does_not_make_is_not_enqueued(store: Store) -> None:
     """Temporal holds the old timing until the sync reaches it: a firing of the old definition
     after an edit enqueues nothing (and records nothing)."""
@@ -475,6 +502,9 @@ async def test_a_firing_the_definition_does_not_make_is_not_enqueued(store: Stor
         "off_schedule"
     )
     assert await firing.fire(store, sid, datetime(2026, 12, 5, 3, 0, tzinfo=UTC)) == "enqueued"
+    # A run triggered by hand in the Temporal UI, seconds past a minute the cron names.
+    by_hand = datetime(2026, 12, 6, 3, 0, 27, tzinfo=UTC)
+    assert await firing.fire(store, sid, by_hand) == "off_schedule"
     every = await made(store, interval="5s")
     assert await firing.fire(store, every, T + timedelta(seconds=2)) == "off_schedule"
     state = await schedules.get(store, sid)
@@ -536,6 +566,18 @@ async def test_a_firing_past_the_organizations_cap_of_open_jobs_is_skipped(store
     assert state is not None and state.recent[0].reason == "cap" and state.fired == 0
     room = firing.Caps(max_queued=10**9, max_active=10**9)
     assert await firing.fire(store, sid, T + timedelta(seconds=5), room) == "enqueued"
+
+
+async def test_a_firing_past_the_organizations_cap_of_active_jobs_is_skipped(
+    store: Store,
+) -> None:
+    """README: a firing past `RECEIPT_ORG_MAX_ACTIVE` (as past `RECEIPT_ORG_MAX_QUEUED`) is
+    recorded `schedule.skipped` with reason `cap` and enqueues nothing."""
+    sid = await made(store, "allow")
+    full = firing.Caps(max_queued=10**9, max_active=0)
+    assert await firing.fire(store, sid, T, full) == "skipped_cap"
+    state = await schedules.get(store, sid)
+    assert state is not None and state.recent[0].reason == "cap" and state.fired == 0
 
 
 async def test_a_firing_is_held_to_the_timeout_cap_and_the_allow_list_as_they_are_now(

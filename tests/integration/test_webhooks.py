@@ -77,6 +77,8 @@ class Receiver:
     # Paths whose posts get no answer until this is set (a dead endpoint).
     hang: set[str] = field(default_factory=set)
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    # Paths whose answers carry this Location header (a redirect).
+    location: dict[str, str] = field(default_factory=dict)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -97,8 +99,9 @@ class Receiver:
             await self.release.wait()
         queued = self.statuses.get(path, [])
         status = queued.pop(0) if queued else 200
+        moved = f"Location: {self.location[path]}\r\n" if path in self.location else ""
         writer.write(
-            f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
+            f"HTTP/1.1 {status} X\r\n{moved}Content-Length: 0\r\nConnection: close\r\n\r\n".encode()
         )
         await writer.drain()
         writer.close()
@@ -236,7 +239,91 @@ async def test_a_500_is_retried_with_the_same_id_and_the_deliveries_show_it(
         assert delivery["nextTryAt"] is None and delivery["lastStatusCode"] == 200
     first, second = receiver.at("/flaky")
     assert first.headers["webhook-id"] == second.headers["webhook-id"]
+    # The body's timestamp is when the event was owed, not when it was tried: the same bytes.
+    assert first.body == second.body
     assert verify(second, secret)["data"]["job"]["status"] == "completed"
+
+
+async def test_a_redirect_is_a_failed_try_and_is_not_followed(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    """README: "A 2xx answer is delivered; a redirect is not followed": a 302 is a failed try
+    (tried again later), and the URL it names gets nothing."""
+    store, url = fresh
+    receiver.statuses["/moved"] = [302]
+    receiver.location["/moved"] = receiver.url("/elsewhere")
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/moved"), ["job.completed"])
+        await completed(store)
+        outcome = await WebhookDeliverer(store, ALLOWED, http).run_once()
+        [delivery] = (await api.get(f"/webhooks/{hook}/deliveries", headers=AS_A)).json()[
+            "deliveries"
+        ]
+    assert (outcome.retried, outcome.delivered) == (1, 0)
+    assert delivery["status"] == "pending" and delivery["lastStatusCode"] == 302
+    assert len(receiver.at("/moved")) == 1 and receiver.at("/elsewhere") == []
+
+
+async def test_create_and_rotate_need_jobs_read_beside_jobs_write(
+    fresh: tuple[Store, str], receiver: Receiver
+) -> None:
+    """README: create and rotate need `jobs:read` and `jobs:write` (a subscription receives the
+    organization's job results): a token that may only write gets neither a subscription nor
+    a secret."""
+    store, url = fresh
+    writer = "token-org-a-writer-0123456789"
+    as_writer = {"Authorization": f"Bearer {writer}"}
+    tokens = f"{TOKEN_A} org-a\n{writer} org-a jobs:write"
+    async with api_client(url, store=store, webhooks=ALLOWED, tokens=tokens) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/a"), ["job.completed"])
+        body = {"url": receiver.url("/w"), "events": ["job.completed"]}
+        created = await api.post("/webhooks", json=body, headers=as_writer)
+        assert created.status_code == 403 and "jobs:read" in created.text, created.text
+        rotated = await api.post(f"/webhooks/{hook}/rotate-secret", headers=as_writer)
+        assert rotated.status_code == 403 and "jobs:read" in rotated.text, rotated.text
+        assert [
+            w["webhookId"] for w in (await api.get("/webhooks", headers=AS_A)).json()["webhooks"]
+        ] == [hook]
+
+
+async def test_each_test_post_takes_one_of_the_organizations_enqueue_tokens(
+    fresh: tuple[Store, str], receiver: Receiver
+) -> None:
+    """`POST /webhooks/{id}/test` is work for the deliverer as a job is: each takes one of the
+    organization's enqueue tokens (429 past them, as its API document says), so a tenant cannot
+    fill the outbox with tests."""
+    store, url = fresh
+    async with api_client(
+        url, store=store, webhooks=ALLOWED, org_enqueue_rate=1e-6, org_enqueue_burst=1
+    ) as api:
+        hook, _ = await subscribe(api, AS_A, receiver.url("/t"), ["job.completed"])
+        assert (await api.post(f"/webhooks/{hook}/test", headers=AS_A)).status_code == 202
+        refused = await api.post(f"/webhooks/{hook}/test", headers=AS_A)
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    async with store.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM webhook_deliveries")
+        assert await cur.fetchone() == (1,)
+
+
+async def test_a_jobs_event_shows_its_task_env_redacted(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    """README: the body holds the job as `GET /jobs/{id}` shows it, `task.env` redacted: a
+    value a caller passed to its command's environment never reaches a receiver."""
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        _, secret = await subscribe(api, AS_A, receiver.url("/env"), ["job.completed"])
+    task = {"command": ["true"], "env": {"API_KEY": "s3cr3t-value"}}
+    job = (await put(store, org="org-a", maxAttempts=1, payload_extra={"task": task})).job
+    assert (
+        await ops.start_attempt(store, job.job_id, attempt=1, worker_id="w1", lease_ms=LEASE)
+    ).ok
+    assert (await ops.complete(store, job.job_id, worker_id="w1", attempt=1)).ok
+    assert (await WebhookDeliverer(store, ALLOWED, http).run_once()).delivered == 1
+    [sent] = receiver.at("/env")
+    assert b"s3cr3t-value" not in sent.body
+    shown = verify(sent, secret)["data"]["job"]["payload"]["task"]["env"]
+    assert set(shown) == {"API_KEY"}
 
 
 async def test_a_delivery_gives_up_after_its_tries(
@@ -725,6 +812,36 @@ async def test_wakeups_and_settled_objectives_are_owed_with_their_receipts(
     assert got["session.wakeup"]["sessionId"] == session
     assert got["session.wakeup"]["wakeup"]["data"]["status"] == "waiting_on_user"
     assert got["objective.settled"]["objective"]["status"] == "completed"
+
+
+async def test_each_event_is_owed_only_to_the_subscriptions_that_ask_for_it(
+    fresh: tuple[Store, str], receiver: Receiver
+) -> None:
+    """Event filters: a wakeup, a settled objective and a job's settle (the guarded
+    one-statement settle too) are owed to the organization's subscriptions to that event, not
+    to its others."""
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        failed_only, _ = await subscribe(api, AS_A, receiver.url("/f"), ["job.failed"])
+        completed_only, _ = await subscribe(api, AS_A, receiver.url("/c"), ["job.completed"])
+    async with store.transaction() as tx:
+        for event in (hooks.WAKEUP_EVENT, hooks.OBJECTIVE_EVENT):
+            await hooks.owe(
+                tx, "org-a", event, event_key=new_id("k"), subject=new_id("s"), data={"x": 1}
+            )
+    # The guarded settle (nothing appended since the read: it lands).
+    job_id = await running(store)
+    job, now = await store.get_job_with_now(job_id)
+    assert job is not None
+    fence = {"workerId": "w1", "attempt": 1, "settlementId": "w1"}
+    settle = [Draft("job.completed", {**fence, "result": None})]
+    assert await append_if_unchanged(store, job_id, job, settle, now, lease_held=True) is not None
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT webhook_id, event FROM webhook_deliveries ORDER BY delivery_id"
+        )
+        rows = await cur.fetchall()
+    assert rows == [(completed_only, "job.completed")], (failed_only, rows)
 
 
 async def test_retention_keeps_a_job_while_its_delivery_is_owed_then_prunes_them_together(

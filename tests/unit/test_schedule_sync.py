@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
 
-from temporalio.client import ScheduleActionStartWorkflow
+import pytest
+from temporalio.client import ScheduleActionStartWorkflow, ScheduleOverlapPolicy, ScheduleRange
 
+from receipts.schedules import cron
 from receipts.schedules.model import ScheduleState
 from receipts.settings import Settings
 from roles.delivery.schedules import build
@@ -34,3 +37,62 @@ def test_a_firings_run_outlives_its_activitys_patience_through_an_outage() -> No
     action = build(Settings(), state).action
     assert isinstance(action, ScheduleActionStartWorkflow)
     assert action.execution_timeout is not None and action.execution_timeout > FIRE_PATIENCE
+
+
+def _state(cron: str, **extra: object) -> ScheduleState:
+    return ScheduleState.model_validate(
+        {
+            "scheduleId": "nightly~tag",
+            "callerScheduleId": "nightly",
+            "organizationId": "org-a",
+            "status": "active",
+            "cron": cron,
+            "timezone": "Europe/Paris",
+            "agentId": "codex",
+            "job": {"payload": {"kind": "factory.task.run"}},
+            "definitionSeq": 1,
+            "createdAt": NOW,
+            "updatedAt": NOW,
+            **extra,
+        }
+    )
+
+
+def _in(ranges: Sequence[ScheduleRange], value: int) -> bool:
+    return any(
+        r.start <= value <= max(r.end, r.start) and (value - r.start) % (r.step or 1) == 0
+        for r in ranges
+    )
+
+
+@pytest.mark.parametrize(
+    "expression", ["0 3 1,15 * mon", "30 4 * * 1-5", "0 0 13 * fri", "0 12 */10 jan,jul *"]
+)
+def test_the_temporal_calendars_fire_on_the_days_the_cron_names(expression: str) -> None:
+    """README: both day fields restricted means either day, as in cron. Temporal's calendar
+    matches all its fields at once, so the schedule it is written as must hold one calendar
+    per day field: otherwise `0 3 1,15 * mon` fires only on a Monday the 1st or 15th."""
+    spec = build(Settings(), _state(expression)).spec
+    assert spec.time_zone_name == "Europe/Paris"
+    parsed = cron.parse_cron(expression)
+    day = date(2027, 1, 1)
+    while day.year == 2027:
+        written = any(
+            _in(c.month, day.month)
+            and _in(c.day_of_month, day.day)
+            and _in(c.day_of_week, day.isoweekday() % 7)
+            for c in spec.calendars
+        )
+        assert written == parsed.matches_day(day), (expression, day)
+        day += timedelta(days=1)
+
+
+def test_temporal_catches_up_a_minute_and_holds_a_pause() -> None:
+    """README: a Temporal that was down fires what it missed in the last minute, not more
+    (every firing it makes enqueues a job); a paused schedule is paused in Temporal too,
+    with its note (the Temporal UI shows it as the receipts do)."""
+    schedule = build(Settings(), _state("0 3 * * *", status="paused", note="release freeze"))
+    assert schedule.policy.catchup_window == timedelta(minutes=1)
+    assert schedule.policy.overlap == ScheduleOverlapPolicy.ALLOW_ALL
+    assert schedule.state.paused and schedule.state.note == "release freeze"
+    assert not build(Settings(), _state("0 3 * * *")).state.paused
