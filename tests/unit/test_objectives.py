@@ -21,6 +21,17 @@ def cmd(task_id: str, *deps: str, **extra: Any) -> dict[str, Any]:
     return {"taskId": task_id, "dependsOn": list(deps), "input": {"command": ["true"]}, **extra}
 
 
+def test_a_phase_holds_at_most_200_tasks_and_a_task_at_most_8_tries() -> None:
+    """docs/factory.md: at most 200 tasks a phase (the 201st refused, not the 202nd); a task's
+    `maxAttempts` is in 1..8, as a job's is."""
+    assert len(parse_tasks([cmd(f"t{n}") for n in range(200)])) == 200
+    with pytest.raises(InvalidInput, match="at most 200 tasks"):
+        parse_tasks([cmd(f"t{n}") for n in range(201)])
+    assert parse_tasks([cmd("a", maxAttempts=8)])[0].max_attempts == 8
+    with pytest.raises(InvalidInput, match=r"maxAttempts must be an integer in 1\.\.8"):
+        parse_tasks([cmd("a", maxAttempts=9)])
+
+
 def test_a_cycle_is_refused_naming_its_task_ids() -> None:
     with pytest.raises(GraphError, match=r"dependency cycle: a -> c -> b -> a"):
         parse_tasks([cmd("a", "c"), cmd("b", "a"), cmd("c", "b"), cmd("d")])
@@ -308,6 +319,17 @@ def test_the_task_that_failed_is_named_not_a_sibling_its_failure_aborted() -> No
     assert settle is not None and settle["failedTask"] == "b"
 
 
+def test_a_try_whose_job_was_canceled_records_the_cancel_reason_as_its_error() -> None:
+    """A canceled job carries no `error`, only its cancel's reason: the settlement control
+    records takes it, so the objective's error names the cancel ("was canceled: stop it")."""
+    state = dispatched([cmd("a")])
+    canceled = job("ja", "canceled").model_copy(update={"canceled_reason": "stop it"})
+    records = control.plan(state, {"ja": canceled}).records
+    assert [(d.type, d.data["status"], d.data["error"]) for d in records] == [
+        ("objective.task.settled", "canceled", "stop it")
+    ]
+
+
 def test_a_task_whose_job_was_canceled_from_outside_fails_the_objective() -> None:
     """An abort posted to a task's job cancels it: the objective cannot complete, and settles
     `failed` naming the task instead of waiting for ever (the watchdog asking again each minute)."""
@@ -340,6 +362,69 @@ def test_a_superseded_task_that_fails_within_its_budget_is_not_retried() -> None
     )  # fmt: skip
     assert state is not None and state.task("x").status == "failed"  # type: ignore[union-attr]
     assert [t.task_id for t in control.plan(state, {}).dispatch] == ["z"]
+
+
+def test_receipts_of_an_earlier_try_change_nothing_of_the_current_one() -> None:
+    """A task retried within its budget is on try 2: a late (or repeated) dispatch, start or
+    progress of try 1 folds to nothing, so no try is dispatched twice and the current one shows
+    its own state and output; a late `reconciled` never lowers what was covered."""
+    state = fold(
+        [
+            created([cmd("x", maxAttempts=2)]),
+            receipt(2, "objective.task.dispatched", taskId="x", jobId="jx1", **{"try": 1}),
+            receipt(3, "objective.task.settled", taskId="x", jobId="jx1", status="failed",
+                    **{"try": 1}),
+            receipt(4, "objective.task.dispatched", taskId="x", jobId="jx2", **{"try": 2}),
+            receipt(5, "objective.reconciled", throughSeq=4),
+        ]
+    )  # fmt: skip
+    assert state is not None
+    late = fold(
+        [
+            receipt(6, "objective.task.started", taskId="x", jobId="jx1", **{"try": 1}),
+            receipt(7, "objective.task.progress", taskId="x", **{"try": 1}, lastLine="old"),
+            receipt(8, "objective.reconciled", throughSeq=2),
+        ],
+        state,
+    )
+    assert late is not None
+    task = late.task("x")
+    assert task is not None and task.status == "dispatched" and task.last_output is None
+    assert [t.job_id for t in task.tries] == ["jx1", "jx2"]
+    assert late.reconciled_seq == 4
+    retried = fold(
+        [
+            created([cmd("x", maxAttempts=2)]),
+            receipt(2, "objective.task.dispatched", taskId="x", jobId="jx1", **{"try": 1}),
+            receipt(3, "objective.task.settled", taskId="x", jobId="jx1", status="failed",
+                    **{"try": 1}),
+            receipt(4, "objective.task.dispatched", taskId="x", jobId="jx1", **{"try": 1}),
+        ]
+    )  # fmt: skip
+    assert retried is not None
+    task = retried.task("x")
+    assert task is not None and task.status == "pending" and len(task.tries) == 1
+
+
+def test_the_audit_totals_count_every_try_and_each_status() -> None:
+    """The audit's totals: tries over all tasks (a retried task's two count two), and the
+    completed, failed and canceled tasks (a pending task a new phase superseded is canceled)."""
+    state = fold(
+        [
+            created([cmd("x", maxAttempts=2), cmd("y", "x")]),
+            receipt(2, "objective.task.dispatched", taskId="x", jobId="jx1", **{"try": 1}),
+            receipt(3, "objective.task.settled", taskId="x", jobId="jx1", status="failed",
+                    **{"try": 1}),
+            receipt(4, "objective.task.dispatched", taskId="x", jobId="jx2", **{"try": 2}),
+            receipt(5, "objective.task.settled", taskId="x", jobId="jx2", status="completed",
+                    **{"try": 2}),
+            receipt(6, "objective.phase_added", phase=2, tasks=parse_json([cmd("z")])),
+        ]
+    )  # fmt: skip
+    assert state is not None
+    totals = audit.summary(state, {})["totals"]
+    assert totals["tasks"] == 3 and totals["tries"] == 2
+    assert (totals["completed"], totals["failed"], totals["canceled"]) == (1, 0, 1)
 
 
 def running(job_id: str, at: datetime, status: str = "running") -> Job:
@@ -389,6 +474,26 @@ def test_stalled_fires_after_the_stale_threshold_and_after_15_minutes_on_compute
     assert rules.reason(computer, older, False, NOW, LIMITS) == rules.STALLED
 
 
+def test_a_computer_task_that_ended_does_not_lend_its_15_minutes_to_a_local_one() -> None:
+    """Only an *active* computer task stretches the stale threshold to 15 minutes: once it
+    ended, a local task quiet for 11 minutes is stalled at the local threshold (10)."""
+    quiet_since = NOW - timedelta(minutes=11)
+    state = fold(
+        [
+            created([cmd("c", executionPath="computer"), cmd("a")]),
+            receipt(2, "objective.task.dispatched", taskId="c", jobId="jc", **{"try": 1}),
+            receipt(3, "objective.task.settled", taskId="c", jobId="jc", status="completed",
+                    **{"try": 1}),
+            receipt(4, "objective.task.dispatched", quiet_since, taskId="a", jobId="ja",
+                    **{"try": 1}),
+        ]
+    )  # fmt: skip
+    assert state is not None and state.task("c").status == "completed"  # type: ignore[union-attr]
+    state = state.model_copy(update={"updated_at": quiet_since})
+    jobs = {"jc": job("jc", "completed", T0), "ja": running("ja", quiet_since)}
+    assert rules.reason(state, jobs, False, NOW, LIMITS) == rules.STALLED
+
+
 def test_a_superseded_phase_with_an_unstarted_or_stale_job_fires() -> None:
     state = dispatched([cmd("a")])
     state = fold(
@@ -401,6 +506,28 @@ def test_a_superseded_phase_with_an_unstarted_or_stale_job_fires() -> None:
     assert rules.reason(state, healthy, True, NOW, LIMITS) is None
     stale = {"ja": running("ja", NOW - timedelta(minutes=20))}
     assert rules.reason(state, stale, True, NOW, LIMITS) == rules.SUPERSEDED_STALE
+
+
+def test_a_superseded_queued_try_already_aborted_is_not_aborted_again() -> None:
+    """A pass aborts a superseded try's queued job once: planned again while the abort is on
+    its way, it has nothing left to do (were it to abort again, no pass would ever be the
+    quiet one that ends the control job's passes)."""
+    state = dispatched([cmd("a")])
+    state = fold(
+        [
+            receipt(3, "objective.phase_added", NOW, phase=2, tasks=parse_json([cmd("n")])),
+            receipt(4, "objective.task.dispatched", NOW, taskId="n", jobId="jn", **{"try": 1}),
+        ],
+        state,
+    )
+    assert state is not None
+    jn = running("jn", NOW)
+    queued = job("ja", "queued", NOW)
+    assert control.plan(state, {"ja": queued, "jn": jn}).aborts == (
+        ("ja", "superseded by a new phase"),
+    )
+    aborted = queued.model_copy(update={"abort_requested": True})
+    assert control.plan(state, {"ja": aborted, "jn": jn}).empty
 
 
 def test_a_superseded_computer_try_is_stale_only_after_15_minutes() -> None:

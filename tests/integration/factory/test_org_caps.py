@@ -123,3 +123,62 @@ async def test_caps_too_small_for_a_try_and_its_monitor_still_let_one_through(
         store, "tiny", CONTROL, caps=OrgCaps(max_queued=1, max_active=1)
     )
     assert first.dispatched == ["t0"] and first.held == ["t1"]
+
+
+async def test_the_pass_does_not_count_its_own_control_job_against_the_active_cap(
+    fresh_store: Store,
+) -> None:
+    """The control job running the pass takes no place (docs/factory.md): with two open jobs,
+    one standing for it, an active cap of 3 leaves room for one try and its monitor."""
+    store = fresh_store
+    await plain_job(store, "control-stand-in", "org-h")
+    await plain_job(store, "other", "org-h")
+    await create_objective(store, "own-place", TASKS[:2], org="org-h")
+    result = await control.reconcile(
+        store, "own-place", CONTROL, caps=OrgCaps(max_queued=100, max_active=3)
+    )
+    assert result.dispatched == ["t0"] and result.held == ["t1"]
+
+
+async def test_a_phase_dispatched_to_a_settled_objective_fails_and_writes_nothing(
+    fresh_store: Store,
+) -> None:
+    """`factory.dispatch` adds a phase to a *live* objective: one already settled refuses it,
+    non-retryably, and its stream is left as it was."""
+    from activities.handlers.context import HandlerError
+    from activities.handlers.factory import factory_dispatch
+
+    store = fresh_store
+    await create_objective(store, "settled", TASKS[:1], org="org-i")
+    async with store.transaction() as tx:
+        await objectives.request_cancel(tx, "settled", "stop")
+    await control.reconcile(store, "settled", CONTROL)
+    before = await objectives.get(store, "settled")
+    assert before is not None and before.status == "canceled"
+    job = (
+        await put(
+            store,
+            "factory",
+            kind="factory.dispatch",
+            org="org-i",
+            payload_extra={"objectiveId": "settled", "tasks": TASKS[1:2]},
+        )
+    ).job
+    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
+    out = await fence.start(60_000, {"role": "test"})
+    assert out.ok and out.job is not None
+    ctx = HandlerContext(
+        job=out.job,
+        attempt=1,
+        worker_id=fence.worker_id,
+        receipts=FencedReceipts(fence, out.job.session_key, "org-i"),
+        settings=HandlerSettings(),
+    )
+    try:
+        await factory_dispatch(ctx)
+    except HandlerError as exc:
+        assert exc.retryable is False and "is canceled" in str(exc)
+    else:
+        raise AssertionError("a phase was dispatched to a settled objective")
+    after = await objectives.get(store, "settled")
+    assert after is not None and after.seq == before.seq
