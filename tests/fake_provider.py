@@ -49,6 +49,7 @@ class FakeProvider:
     trickle_s: float = 0.2  # `trickle`: a stream that never ends, an event this often
     huge_bytes: int = 0  # `huge`: a stream of about this many bytes of content
     calls: list[Call] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)  # each call's body as it arrived
     port: int = 0
     sent: int = 0  # of a `huge` stream, the bytes written before it ended or was hung up on
 
@@ -84,7 +85,9 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             """Quiet."""
 
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            provider.bodies.append(raw)
+            body = json.loads(raw)
             auth = self.headers.get("authorization", "")
             key = auth.removeprefix("Bearer ") if auth else self.headers.get("x-api-key", "")
             stream = bool(body.get("stream"))

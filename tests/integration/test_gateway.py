@@ -689,3 +689,153 @@ async def test_the_provider_is_called_on_the_path_the_route_matched_whatever_the
         answer = await http.post("/v1/chat/completions", json={"model": "m"}, headers=headers)
     assert answer.status_code == 200, answer.text
     assert [c.path for c in fake.calls] == ["/v1/chat/completions"]
+
+
+async def test_a_call_sent_as_its_turn_ends_is_refused_though_its_socket_still_listens(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """A revoked grant's token opens nothing on its own socket either, in the moment before the
+    socket closes (its server stops on its next tick)."""
+    grant = turn(gw, "openai-main", "job-r")
+    async with client(grant) as http:
+        bearer = {"Authorization": f"Bearer {grant.token}"}
+        before = await http.post("/v1/chat/completions", json={"model": "m"}, headers=bearer)
+        gw.revoke(grant)
+        try:  # the kept-alive connection, as the server has not yet closed it; refused for
+            # its token before its body is read (no model named: else a 400)
+            after: int | None = (
+                await http.post("/v1/chat/completions", json={}, headers=bearer)
+            ).status_code
+        except httpx.HTTPError:
+            after = None  # closed already: refused all the same
+    await asyncio.sleep(0.5)  # its server stops, its socket closes
+    assert before.status_code == 200
+    assert after in (401, None)
+    assert len(fake.calls) == 1
+
+
+async def test_a_later_refusal_keeps_the_quota_a_turn_met(gw: Gateway, fake: FakeProvider) -> None:
+    """Only an answered call clears the quota its model met: a later 4xx is the command's own
+    failure, and the turn still settles as a placement delay."""
+    grant = turn(gw, "openai-spent", "job-q")
+    refused = await call(grant)
+    assert refused.status_code == 429 and grant.quota_until is not None
+    fake.keys["sk-quota"] = "forbidden"
+    for state in gw.pools["openai-spent"].states:
+        state.resting_models.clear()  # its reset came
+    later = await call(grant)
+    assert later.status_code == 403 and grant.quota_until is not None
+
+
+async def test_a_network_tool_hidden_behind_a_repeated_tools_key_is_taken_out(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """JSON allows a key twice: the gateway reads the last `tools`, a provider might read the
+    first; such a body is written again from its parse, so no network tool reaches it."""
+    grant = turn(gw, "openai-main", "job-d")
+    body = (
+        b'{"model":"m","input":[],"tools":[{"type":"web_search"}],'
+        b'"tools":[{"type":"function","name":"f","parameters":{}}]}'
+    )
+    headers = {"Authorization": f"Bearer {grant.token}", "content-type": "application/json"}
+    async with client(grant) as http:
+        answer = await http.post("/v1/responses", content=body, headers=headers)
+    assert answer.status_code == 200
+    assert len(fake.bodies) == 1 and b"web_search" not in fake.bodies[0]
+
+
+async def test_a_turn_whose_calls_have_all_ended_settles_without_waiting(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """`drain` waits for calls still in flight only: a turn whose calls were all answered is
+    not held its full drain time."""
+    grant = turn(gw, "openai-main", "job-i")
+    assert (await call(grant)).status_code == 200
+    assert grant.in_flight == 0 and grant.idle.is_set()
+    started = asyncio.get_running_loop().time()
+    await gw.drain(grant, timeout_s=5.0)
+    took = asyncio.get_running_loop().time() - started
+    await asyncio.sleep(0.5)  # its server stops, its socket closes
+    assert took < 1.0
+
+
+async def test_a_transport_error_naming_the_key_reaches_the_command_redacted() -> None:
+    """An error of the way to the provider is the command's answer (502): a key it names (a
+    proxy's or a library's message quoting the request) is written `***`."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError(f"refused: {request.headers['authorization']}", request=request)
+
+    leaky = provider("leaky", "openai", "http://provider.invalid/v1", "sk-secret-key")
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as http:
+        gateway = Gateway({"leaky": leaky}, http)
+        grant = turn(gateway, "leaky")
+        answer = await call(grant)
+        await gateway.close()
+    assert answer.status_code == 502
+    assert "sk-secret-key" not in answer.text and "***" in answer.text
+
+
+async def test_a_body_declared_past_the_bound_is_refused_before_it_is_sent(gw: Gateway) -> None:
+    """A `content-length` past MAX_REQUEST_BYTES is answered 413 at once: the gateway does not
+    wait for (nor hold) a body it will refuse."""
+    grant = turn(gw, "openai-main")
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        f"Authorization: Bearer {grant.token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {33 * 1024 * 1024}\r\n\r\n"
+    ).encode()
+    reader, writer = await raw_request(grant, head)
+    try:
+        answer = await asyncio.wait_for(reader.read(200), 3)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+
+
+async def test_a_chunked_body_past_the_bound_is_refused_as_it_arrives(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """A body sent with no `content-length` is bounded as it arrives: past MAX_REQUEST_BYTES it
+    is refused (413) though the turn's bodies together are within theirs."""
+    grant = turn(gw, "openai-main")
+    filler = b"a" * (1024 * 1024)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b'{"model":"m","pad":"'
+        for _ in range(33):
+            yield filler
+        yield b'"}'
+
+    headers = {"Authorization": f"Bearer {grant.token}", "content-type": "application/json"}
+    async with client(grant) as http:
+        try:
+            status = await http.post("/v1/chat/completions", content=body(), headers=headers)
+            answer: int | None = status.status_code
+        except httpx.HTTPError:
+            answer = None  # refused and closed while still sending
+    assert answer in (413, None)
+    assert fake.calls == []
+
+
+async def test_an_anthropic_client_s_x_api_key_is_its_turn_s_token(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """Anthropic's clients send their key as `x-api-key` alone: the turn's token there opens the
+    turn's socket as a bearer token does."""
+    grant = turn(gw, "anthropic-main", "job-x")
+    async with client(grant) as http:
+        answer = await http.post(
+            "/v1/messages", json={"model": "m"}, headers={"x-api-key": grant.token}
+        )
+    assert answer.status_code == 200 and [c.key for c in fake.calls] == ["sk-good"]
+
+
+async def test_a_reset_a_moment_away_is_waited_for_once_then_named(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    fake.quota_s = 1  # every credential rests for a second: waited for, then tried again
+    grant = turn(gw, "openai-spent", "job-w")
+    answer = await call(grant)
+    assert answer.status_code == 429 and grant.quota_until is not None
+    assert [c.key for c in fake.calls] == ["sk-quota", "sk-quota"]

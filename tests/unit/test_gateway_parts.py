@@ -195,3 +195,38 @@ def test_chat_search_options_and_a_duplicated_tools_key_are_taken_out_too() -> N
     assert named is not None and named.network_tools == [] and may_hide_tools(twice)
     assert json.loads(without_network_tools(twice)) == {"model": "m"}
     assert not may_hide_tools(b'{"model": "m", "tools": [{"type": "function"}]}')
+
+
+def test_a_count_that_is_no_whole_number_of_tokens_is_read_as_none() -> None:
+    """A provider's usage adds to the turn's: a negative, fractional or boolean count is read
+    as zero, so no answer takes tokens off what the turn used."""
+    negative = usage_of({"usage": {"prompt_tokens": -50, "completion_tokens": -7}})
+    odd = usage_of({"usage": {"input_tokens": 1.5, "output_tokens": True}})
+    assert [(u.input_tokens, u.output_tokens) for u in (negative, odd)] == [(0, 0), (0, 0)]
+
+
+def test_a_turn_at_quota_is_delayed_until_the_later_of_the_gateway_s_and_its_own_reset() -> None:
+    """The gateway saw quota until `seen`; a command that names a later `retryAt` (a quota the
+    gateway's calls did not meet yet) is delayed until that one, a sooner one until `seen`."""
+    from activities.gateway_grant import Grant
+    from activities.handlers.agent_turn import _as_the_gateway_saw
+
+    grant = Grant("t", "job", 1, "coder", "org-a", "openai-main")
+    seen = NOW + timedelta(seconds=30)
+    grant.met_quota("m", seen)
+    later, sooner = seen + timedelta(hours=1), seen - timedelta(seconds=20)
+    delays = [
+        _as_the_gateway_saw({"outcome": "quota_exhausted", "retryAt": at.isoformat()}, grant)
+        for at in (later, sooner)
+    ]
+    assert [d["outcome"] for d in delays] == ["quota_exhausted"] * 2
+    assert [d["retryAt"] for d in delays] == [later.isoformat(), seen.isoformat()]
+
+
+def test_a_sooner_reset_met_later_does_not_shorten_a_turn_s_quota() -> None:
+    from activities.gateway_grant import Grant
+
+    grant = Grant("t", "job", 1, "coder", "org-a", "openai-main")
+    grant.met_quota("m", NOW + timedelta(minutes=5))
+    grant.met_quota("m", NOW + timedelta(seconds=10))
+    assert grant.quota_until == NOW + timedelta(minutes=5)
