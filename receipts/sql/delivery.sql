@@ -118,7 +118,9 @@ SELECT w.job_id FROM share, LATERAL (
 -- loop's, past `dispatched_wait_s`): a late `dispatched` would reach the receiver after it. Nor
 -- is another event claimed while the job's `dispatched` to the URL is in flight (claimed within
 -- the 30 s window): the recovery loop's read that found the terminal owed may be older than
--- that claim. Claims of one job and URL take turns (`deliveries.claim_callback`).
+-- that claim. Claims of one job and URL take turns (`deliveries.claim_callback`). The order is
+-- checked once, by the SELECT: a row it holds back never reaches the conflict's update, and
+-- the rows the check reads are never the conflicting row itself.
 INSERT INTO callback_posts (job_id, event, url)
 SELECT %(job_id)s, %(event)s, %(url)s
 WHERE NOT EXISTS (SELECT 1 FROM callback_posts t
@@ -130,12 +132,6 @@ WHERE NOT EXISTS (SELECT 1 FROM callback_posts t
 ON CONFLICT (job_id, event, url) DO UPDATE SET posted_at = now(), status = 'pending'
 WHERE callback_posts.status <> 'posted' AND callback_posts.attempts < 5
   AND (%(take_over)s OR callback_posts.posted_at < now() - interval '30 seconds')
-  AND NOT EXISTS (SELECT 1 FROM callback_posts t
-                  WHERE t.job_id = %(job_id)s AND t.url = %(url)s
-                    AND CASE WHEN %(event)s::text = 'dispatched'
-                             THEN t.event IN ('completed', 'failed', 'canceled')
-                             ELSE t.event = 'dispatched' AND t.status = 'pending'
-                                  AND t.posted_at > now() - interval '30 seconds' END)
 RETURNING job_id;
 
 -- name: callback_release
