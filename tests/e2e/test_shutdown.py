@@ -79,7 +79,7 @@ async def test_a_driver_stopped_while_a_callback_waits_for_its_answer_posts_it_o
     receiver was answering, and the retry on the other driver posted it again (heard twice).
     Now the post in flight gets RECEIPT_SHUTDOWN_GRACE_MS, as a worker's handlers do."""
     store, _ = e2e_store
-    async with Receiver(hold={"dispatched": 3.0}) as receiver:  # within a try's 5 s
+    async with Receiver(hold={"dispatched": 4.5}) as receiver:  # within a try's 5 s
         # The recovery loops' callback pass waits 10 min: only the drivers post.
         procs = roles(
             RECEIPT_EVENT_CALLBACK_URL=receiver.url,
@@ -94,7 +94,7 @@ async def test_a_driver_stopped_while_a_callback_waits_for_its_answer_posts_it_o
             job = (await put(store, payload_extra=task("true"))).job
             name = procs.name_of(await poster_of(temporal_env, job.job_id))
             assert name is not None
-            procs.signal(name, signal.SIGTERM)  # its post has ~3 s left
+            procs.signal(name, signal.SIGTERM)  # its post has ~4.5 s left
             stopped = time.monotonic()
             during = [(await put(store, payload_extra=task("true"))).job for _ in range(3)]
             assert await exit_status(procs, name, 30) == 0
@@ -117,8 +117,9 @@ async def test_a_driver_stopped_while_a_callback_waits_for_its_answer_posts_it_o
         f"during the drain were leased after {started} s"
     )
     assert events == ["dispatched", "completed"]
-    # The drain holds no new job up: the other driver starts them.
-    assert all(s is not None and s < 2.0 for s in started), started
+    # The drain holds no new job up: the other driver starts them before the drain ends (on a
+    # loaded machine a lease took up to 3.9 s, against a drain of ~3 s with a 3 s receiver).
+    assert all(s is not None and s < drained_s for s in started), (started, drained_s)
 
 
 async def test_the_api_answers_unready_and_still_serves_for_its_drain_delay_after_sigterm(
@@ -131,7 +132,7 @@ async def test_the_api_answers_unready_and_still_serves_for_its_drain_delay_afte
     ends (its client resumes with Last-Event-ID) and the process exits 0."""
     port = free_port()
     procs = roles(
-        RECEIPT_API_PORT=str(port), RECEIPT_API_TOKENS=TOKENS, RECEIPT_API_DRAIN_DELAY_MS="2000"
+        RECEIPT_API_PORT=str(port), RECEIPT_API_TOKENS=TOKENS, RECEIPT_API_DRAIN_DELAY_MS="4000"
     )
     procs.start("api")
     url = f"http://127.0.0.1:{port}"
@@ -179,7 +180,7 @@ async def test_the_api_answers_unready_and_still_serves_for_its_drain_delay_afte
     assert {shown for _, path, shown in answers if path == "/readyz"} == {"503"}
     assert {shown for _, path, shown in answers if path != "/readyz"} == {"202"}
     assert ended_at[0] - stopped >= 1.5  # the stream lasted the delay
-    assert exited_s < 2.0 + 5.0
+    assert exited_s < 4.0 + 5.0
 
 
 def metrics_port(procs: RoleProcesses, name: str) -> int:
