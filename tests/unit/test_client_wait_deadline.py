@@ -1,5 +1,6 @@
 """receipt-client's `wait(timeout=…)` over httpx's mock transport: a job whose stream keeps
-sending (progress every 0.2 s) still gives up at its deadline, in both clients."""
+sending (progress every 0.2 s) still gives up at its deadline, in both clients; a wait on an
+objective reads no history it need not."""
 
 from __future__ import annotations
 
@@ -117,3 +118,60 @@ def test_a_wait_reads_the_job_first_and_follows_from_where_it_is() -> None:
     with Client("http://api", "t", transport=answer_for(running)) as client:
         assert client.wait("j-1", timeout=5).status == "completed"
     assert asked_from == ["41"]
+
+
+def objective(status: str, seq: int, **fields: object) -> dict[str, object]:
+    now = datetime.now(UTC).isoformat()
+    return {
+        "objectiveId": "o-1",
+        "organizationId": "org",
+        "authContext": {},
+        "goal": "g",
+        "title": "t",
+        "stream": "objective:o-1",
+        "createdAt": now,
+        "updatedAt": now,
+        "status": status,
+        "seq": seq,
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(
+    "ended",
+    [
+        objective("completed", 900, auditJobId="a-1", audit={"verdict": "ok"}),
+        objective("canceled", 900),  # settled with no audit owed
+    ],
+)
+def test_a_wait_on_an_objective_that_has_ended_reads_no_history(ended: dict[str, object]) -> None:
+    """`wait_objective` read the objective's stream from 0 every time: an objective of many tasks
+    already settled and audited streamed its whole history before the answer (and a wait of 0
+    could time out reading it)."""
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(200, json=ended)
+
+    with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        assert client.wait_objective("o-1", timeout=0).status == ended["status"]
+    assert asked == ["/objectives/o-1"]
+
+
+async def test_a_wait_on_an_objective_follows_it_from_its_own_seq() -> None:
+    """Settled but its audit still owed: not ended, so followed — from its seq, not from 0."""
+    view = objective("completed", 77, auditJobId="a-1")
+    asked_from: list[str] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            asked_from.append(request.headers["last-event-id"])
+            view["audit"], view["seq"] = {"verdict": "ok"}, 78
+            body = progress(78) + b'event: end\ndata: {"status": "completed"}\n\n'
+            return httpx.Response(200, content=body, headers=EVENT_STREAM)
+        return httpx.Response(200, json=view)
+
+    async with AsyncClient("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        found = await client.wait_objective("o-1", timeout=5)
+    assert found.audit == {"verdict": "ok"} and asked_from == ["77"]

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from receipt_client.errors import WaitTimedOut
+from receipt_client.models import ObjectiveView
 from receipt_client.settings import STREAM_READ_TIMEOUT_S
 
 # How far past the deadline a read of the event stream may end: a connection whose read timeout
@@ -16,6 +17,13 @@ from receipt_client.settings import STREAM_READ_TIMEOUT_S
 SLACK_S = 1.0
 # A job in one of these has ended: a wait returns it at once.
 TERMINAL_STATUSES = frozenset({"completed", "failed", "canceled"})
+
+
+def objective_ended(objective: ObjectiveView) -> bool:
+    """Whether the objective's event stream has ended: it is settled and audited, or settled
+    with no audit owed (the API's own rule for its `end` event)."""
+    settled = objective.status in TERMINAL_STATUSES
+    return settled and (objective.audit is not None or objective.audit_job_id is None)
 
 
 @dataclass(frozen=True, slots=True)

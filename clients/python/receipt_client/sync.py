@@ -13,7 +13,7 @@ from receipt_client import _calls as calls
 from receipt_client import models
 from receipt_client._calls import Call
 from receipt_client._sync_base import BaseClient
-from receipt_client.deadline import TERMINAL_STATUSES, Deadline
+from receipt_client.deadline import TERMINAL_STATUSES, Deadline, objective_ended
 from receipt_client.errors import (
     ObjectiveNotCreated,
 )
@@ -233,7 +233,11 @@ class Client(BaseClient):
                     f"objective {objective_id} was not created: {run.error}", code=run.status
                 )
         path = calls.objective_path(objective_id)
-        for _ in self.follow_raw(f"{path}/events", 0, objective_id, deadline):
+        found = self._read_through_outages(Call("GET", path, models.ObjectiveView), deadline)
+        if objective_ended(found):
+            return found
+        # From where the objective is: its history is not read again (nor held against `timeout`).
+        for _ in self.follow_raw(f"{path}/events", found.seq or 0, objective_id, deadline):
             pass
         return self._read_through_outages(Call("GET", path, models.ObjectiveView), deadline)
 
