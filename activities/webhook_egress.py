@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import ipaddress
 import logging
 import socket
@@ -47,8 +46,8 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 # A resolver that does not answer must not hold a create (or a delivery) for long.
 RESOLVE_TIMEOUT_S = 5.0
-RESOLVER_THREADS = 64
 LOOKUPS_PER_OWNER = 4
+MAX_LOOKUPS = 1024  # lookups still running, of every organization (each holds a thread)
 MAX_ANSWER_BYTES = 4096  # of a receiver's answer, read and dropped
 
 log = logging.getLogger("activities.webhook_egress")
@@ -113,50 +112,72 @@ class Target:
 
 
 class _Lookups:
-    """Name lookups on threads of their own, not the event loop's default executor (a handful
-    of threads, shared with psycopg's connects): a lookup the caller gave up on at
-    RESOLVE_TIMEOUT_S keeps its thread until the system resolver gives up, often far later. One
-    lookup per host at a time, however many deliveries ask for it, and at most
-    LOOKUPS_PER_OWNER hosts of one organization still resolving: a tenant whose hosts' DNS never
-    answers holds a few threads, not every organization's lookups."""
+    """Name lookups, each on a thread of its own (not the event loop's default executor, whose
+    few threads psycopg's connects share, nor one pool all organizations share): a lookup the
+    caller gave up on at RESOLVE_TIMEOUT_S keeps its thread until the system resolver gives up,
+    often far later. One lookup per host at a time, however many deliveries ask for it; at most
+    LOOKUPS_PER_OWNER hosts of one organization still resolving, so a tenant whose hosts' DNS
+    never answers holds a few threads and no other organization's lookup waits behind them; and
+    at most MAX_LOOKUPS in all (then refused, as past an organization's share)."""
 
     def __init__(self) -> None:
-        self._threads = concurrent.futures.ThreadPoolExecutor(
-            RESOLVER_THREADS, thread_name_prefix="webhook-dns"
-        )
         self._running: dict[tuple[str, int], concurrent.futures.Future[list[Any]]] = {}
         self._owners: dict[str, set[tuple[str, int]]] = {}
-        # Reentrant: a lookup that ends at once calls `_ended` inside `start`.
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
 
     def start(
         self, host: str, port: int, owner: str | None
     ) -> concurrent.futures.Future[list[Any]]:
         key = (host, port)
         with self._lock:
-            held = self._owners.setdefault(owner, set()) if owner is not None else None
+            held = self._owners.get(owner, set()) if owner is not None else set()
             lookup = self._running.get(key)
             if lookup is None:
-                if held is not None and len(held) >= LOOKUPS_PER_OWNER:
-                    metrics.WEBHOOK_LOOKUPS_REFUSED.inc()
-                    raise EgressRefused(
-                        f"{len(held)} of this organization's webhook hosts are still "
-                        f"resolving; {host!r} is not looked up until one ends (try again later)"
-                    )
-                call = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
-                lookup = self._running[key] = self._threads.submit(call)
-                lookup.add_done_callback(functools.partial(self._ended, key))
-            if held is not None and key in self._running:
-                held.add(key)
+                self._refuse_past_shares(host, held)
+                lookup = self._running[key] = concurrent.futures.Future()
+                thread = threading.Thread(
+                    target=self._look_up, args=(key, lookup), name="webhook-dns", daemon=True
+                )
+                thread.start()
+            if owner is not None:
+                self._owners[owner] = held | {key}
             return lookup
 
-    def _ended(self, key: tuple[str, int], _: concurrent.futures.Future[list[Any]]) -> None:
-        with self._lock:  # on the lookup's thread
-            self._running.pop(key, None)
-            for owner, held in list(self._owners.items()):
-                held.discard(key)
-                if not held:
-                    del self._owners[owner]
+    def _refuse_past_shares(self, host: str, held: set[tuple[str, int]]) -> None:
+        if len(held) >= LOOKUPS_PER_OWNER:
+            metrics.WEBHOOK_LOOKUPS_REFUSED.inc()
+            raise EgressRefused(
+                f"{len(held)} of this organization's webhook hosts are still "
+                f"resolving; {host!r} is not looked up until one ends (try again later)"
+            )
+        if len(self._running) >= MAX_LOOKUPS:
+            metrics.WEBHOOK_LOOKUPS_REFUSED.inc()
+            raise EgressRefused(
+                f"{len(self._running)} webhook hosts are still resolving; {host!r} is not "
+                "looked up until one ends (try again later)"
+            )
+
+    def _look_up(self, key: tuple[str, int], lookup: concurrent.futures.Future[list[Any]]) -> None:
+        """On the lookup's own thread: resolve, let go of the key (before answering: a caller
+        told the host does not resolve may ask again at once), then answer its callers."""
+        host, port = key
+        infos: list[Any] = []
+        failure: Exception | None = None
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except Exception as exc:  # the lookup's outcome, answered to its callers
+            failure = exc
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+                for owner, held in list(self._owners.items()):
+                    held.discard(key)
+                    if not held:
+                        del self._owners[owner]
+        if failure is not None:
+            lookup.set_exception(failure)
+        else:
+            lookup.set_result(infos)
 
 
 _lookups = _Lookups()

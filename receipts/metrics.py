@@ -449,7 +449,7 @@ WEBHOOK_LOOKUPS_REFUSED = Counter(
     "receipt_webhook_lookups_refused",
     "Webhook host lookups refused because the organization already had "
     "activities/webhook_egress.py LOOKUPS_PER_OWNER hosts still resolving (a host whose DNS "
-    "does not answer): the try is retried later.",
+    "does not answer), or MAX_LOOKUPS of all organizations were: the try is retried later.",
 )
 WEBHOOK_CHANGES = Counter(
     "receipt_webhook_changes",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -40,6 +41,11 @@ def resolver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
         yield asked
     finally:
         released.set()
+        # The next test starts with no lookup of this one's still running.
+        for _ in range(100):
+            if not egress._lookups._running:
+                break
+            time.sleep(0.05)
 
 
 async def test_an_organizations_unanswered_hosts_do_not_starve_another_organizations(
@@ -81,3 +87,38 @@ async def test_a_lookup_beyond_the_organizations_share_says_why(resolver: Counte
     with pytest.raises(egress.EgressRefused, match="did not resolve within"):
         await egress.check("https://s0.blackholed.example/", settings, "org-c")
     assert resolver["s0.blackholed.example"] == 1
+
+
+async def test_many_organizations_unanswered_hosts_do_not_starve_another_s(
+    resolver: Counter[str],
+) -> None:
+    """All organizations' lookups shared one pool of 64 threads: 16 organizations whose hosts'
+    DNS never answers (4 each, their share) took every thread, and every other organization's
+    lookups queued behind them and timed out. Each lookup now has a thread of its own."""
+    settings = WebhookSettings()
+    tries = [
+        egress.check(f"https://org-{n}-h{i}.blackholed.example/", settings, f"org-{n}")
+        for n in range(20)
+        for i in range(egress.LOOKUPS_PER_OWNER)
+    ]
+    answers = await asyncio.gather(*tries, return_exceptions=True)
+    assert all(isinstance(a, egress.EgressRefused) for a in answers)
+    assert sum(resolver.values()) == 80  # every one of them still resolving
+    target = await egress.check("https://public.example/hook", settings, "org-b")
+    assert target.address == PUBLIC
+
+
+async def test_lookups_past_the_overall_cap_are_refused_and_say_why(
+    resolver: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(egress, "MAX_LOOKUPS", 6)
+    settings = WebhookSettings()
+    held = [
+        egress.check(f"https://c{n}-{i}.blackholed.example/", settings, f"org-c{n}")
+        for n in range(3)
+        for i in range(2)
+    ]
+    await asyncio.gather(*held, return_exceptions=True)
+    with pytest.raises(egress.EgressRefused, match="6 webhook hosts are still resolving"):
+        await egress.check("https://fresh.blackholed.example/", settings, "org-d")
+    assert "fresh.blackholed.example" not in resolver
