@@ -290,8 +290,8 @@ class Gateway:
                     body = without_network_tools(body)
                 if remote:
                     self._removed(grant, remote)
-            if path == "/v1/chat/completions" and named.stream is True:
-                body = with_usage_asked(body)  # else OpenAI streams no usage: counted as zero
+            if named.stream is True and pool.provider.stream_usage:
+                body = with_usage_asked(path, body)  # else OpenAI streams none: counted as zero
             model = named.model
             headers = {
                 k: v for k, v in request.headers.items() if k.lower() in PASSED_REQUEST_HEADERS

@@ -245,10 +245,13 @@ def without_network_tools(body: bytes) -> bytes:
     return json.dumps(parsed, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def with_usage_asked(body: bytes) -> bytes:
-    """A streamed Chat Completions call's body asking for its usage: OpenAI sends a streamed
-    answer's usage (a last chunk with no choices) only when `stream_options.include_usage` is
-    true, and a command that left it out had its calls counted at zero tokens."""
+def with_usage_asked(path: str, body: bytes) -> bytes:
+    """A streamed call's body, if a Chat Completions one, asking for its usage: OpenAI sends a
+    streamed answer's usage (a last chunk with no choices) only when
+    `stream_options.include_usage` is true, and a command that left it out had its calls counted
+    at zero tokens. (Responses and Messages streams always carry their usage.)"""
+    if path != "/v1/chat/completions":
+        return body
     parsed = json.loads(body)
     options = parsed.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:

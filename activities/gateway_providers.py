@@ -53,6 +53,7 @@ class ProviderEntry(_Strict):
     base_url: str = Field(alias="baseUrl", pattern=r"^https?://")
     disabled: bool = False
     network_tools: bool = Field(default=False, alias="networkTools")
+    stream_usage: bool = Field(default=True, alias="streamUsage")
     credentials: list[CredentialEntry] = Field(default_factory=list, max_length=100)
 
 
@@ -104,6 +105,10 @@ class Provider:
     (remote MCP servers, web search and fetch): off, the gateway takes them out of the call,
     since a command whose sandbox has no network could send its workspace anywhere through
     them."""
+    stream_usage: bool = True
+    """Whether a streamed chat completion is sent asking for its usage
+    (`stream_options.include_usage`, else OpenAI streams none and the call counts zero tokens):
+    off for an OpenAI-compatible server that refuses the option."""
 
     @property
     def dead(self) -> str | None:
@@ -151,6 +156,7 @@ def load_providers(path: Path | None, env: Mapping[str, str]) -> dict[str, Provi
             entry.disabled,
             tuple(unusable),
             entry.network_tools,
+            entry.stream_usage,
         )
     return found
 

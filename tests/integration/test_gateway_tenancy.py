@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -92,6 +94,26 @@ async def test_a_streamed_chat_completion_is_in_the_turn_s_usage_though_it_asks_
     streamed = await call(grant, stream=True, messages=[])
     assert streamed.status_code == 200
     assert (grant.calls, grant.input_tokens, grant.output_tokens) == (1, USAGE_IN, USAGE_OUT)
+
+
+async def test_a_binding_that_says_so_gets_its_streamed_calls_as_the_command_sent_them(
+    fake: FakeProvider,
+) -> None:
+    """`streamUsage: false` (an OpenAI-compatible server that refuses `stream_options`): the
+    gateway no longer adds it; the call's body reaches the provider as the command sent it."""
+    plain = pool("plain", fake.openai_url, 4, "sk-ok")
+    providers = {"plain": replace(plain, stream_usage=False), "asks": plain}
+    async with httpx.AsyncClient() as http:
+        gateway = Gateway(providers, http)
+        try:
+            for binding in ("plain", "asks"):
+                answer = await call(turn(gateway, binding, f"job-{binding}"), stream=True)
+                assert answer.status_code == 200
+        finally:
+            await gateway.close()
+    sent = [json.loads(body) for body in fake.bodies]
+    assert sent[0] == {"model": "m", "stream": True}
+    assert sent[1]["stream_options"] == {"include_usage": True}
 
 
 async def test_a_job_s_call_does_not_wait_on_its_busy_credential_while_another_is_free(

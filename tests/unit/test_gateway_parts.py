@@ -38,6 +38,7 @@ providers:
     api: openai
     baseUrl: https://example.invalid/v1
     disabled: true
+    streamUsage: false
 """
     )
     providers = load_providers(path, {"OPENAI_KEY_A": "sk-a"})
@@ -48,6 +49,7 @@ providers:
     assert repr(main.credentials[0].key) == "Secret('***')"
     assert providers["anthropic-main"].credentials[0].key == "sk-ant-from-file"
     assert providers["spare"].dead == "provider 'spare' is disabled"
+    assert main.stream_usage and not providers["spare"].stream_usage
 
 
 @pytest.mark.parametrize(
