@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from activities.gateway_budget import Meter
 from activities.gateway_grant import MAX_GRANT_BODY_BYTES, Grant
 from activities.gateway_http import (
     MAX_BODY_VALUES,
@@ -77,7 +78,10 @@ _REFRESHED = object()  # a refused credential's key was re-read: call with it ag
 
 
 class Gateway:
-    """The gateway of one worker process: its providers, the grants of the turns it runs."""
+    """The gateway of one worker process: its providers, the grants of the turns it runs, and
+    the meter of its organizations' daily token budgets (`activities/gateway_budget.py`)."""
+
+    meter: Meter | None = None
 
     def __init__(self, providers: Mapping[str, Provider], http: httpx.AsyncClient) -> None:
         self.http = http
@@ -110,9 +114,8 @@ class Gateway:
         """A token for one turn's calls through `binding`, valid until `revoke`, and the socket
         that turn alone reaches it on (bound into its sandbox only): a token is refused on any
         other turn's socket, so a token that leaked serves no other job."""
-        grant = Grant(
-            secrets.token_urlsafe(32), job_id, attempt, agent_id, organization_id, binding
-        )
+        token = secrets.token_urlsafe(32)
+        grant = Grant(token, job_id, attempt, agent_id, organization_id, binding, self.meter)
         grant.socket = socket_path()
         listening = bind(grant.socket)
         config = uvicorn.Config(
@@ -246,6 +249,8 @@ class Gateway:
         if grant.in_flight >= MAX_CALLS_PER_GRANT:
             message = f"a turn has at most {MAX_CALLS_PER_GRANT} model calls in flight"
             return self._refused(grant, "in_flight", error(style, 429, "rate_limit_error", message))
+        if self.meter is not None and (spent := await self.meter.refusal(grant, style)):
+            return self._refused(grant, "budget", spent)
         # Counted from before its body is read: a body still arriving is a call in flight too
         # (so a turn cannot hold more bodies in the worker's memory, nor calls at the provider).
         grant.call_began()
@@ -412,7 +417,7 @@ class Gateway:
         except httpx.HTTPError as exc:
             late = isinstance(exc, httpx.TimeoutException)  # reached, but no answer in time
             why = "did not answer in time" if late else f"could not be reached: {exc}"
-            self._count(grant, "timeout" if late else "unreachable", Usage())
+            grant.count("timeout" if late else "unreachable", Usage())
             message = redacted(f"the provider {why}", credential)
             return error(style, 504 if late else 502, "api_error", message)
         relayed = False
@@ -425,7 +430,7 @@ class Gateway:
             if status < 400:
                 grant.served(model)  # recovered: a later failure is the command's own
             grant.calls += 1
-            relay = Relay(upstream, started, functools.partial(self._count, grant), style)
+            relay = Relay(upstream, started, grant.count, style)
             answer = Relayed(relay, functools.partial(grant.ended_on, state.slots))
             relayed = True
             return answer
@@ -484,17 +489,3 @@ class Gateway:
                        "credential": credential, "path": path, "jobId": grant.job_id},
             )  # fmt: skip
         return None
-
-    def _count(self, grant: Grant, status: str, usage: Usage, duration_s: float = 0.0) -> None:
-        grant.input_tokens += usage.input_tokens
-        grant.output_tokens += usage.output_tokens
-        agent = metrics.agent_label(grant.agent_id)
-        metrics.GATEWAY_CALLS.labels(grant.binding, agent, status).inc()
-        metrics.GATEWAY_TOKENS.labels(grant.binding, agent, "in").inc(usage.input_tokens)
-        metrics.GATEWAY_TOKENS.labels(grant.binding, agent, "out").inc(usage.output_tokens)
-        log.info(
-            "model call",
-            extra={"event": "gateway.call", "binding": grant.binding, "jobId": grant.job_id,
-                   "status": status, "inputTokens": usage.input_tokens,
-                   "outputTokens": usage.output_tokens, "durationS": round(duration_s, 3)},
-        )  # fmt: skip

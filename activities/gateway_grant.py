@@ -4,13 +4,21 @@ cost and met, and the calls it has in flight."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activities.gateway_pool import Slots
+from activities.gateway_usage import Usage
+from receipts import metrics
+
+if TYPE_CHECKING:
+    from activities.gateway_budget import Meter
+
+log = logging.getLogger("activities.gateway")
 
 MAX_GRANT_BODY_BYTES = 64 * 1024 * 1024
 """The bodies of a turn's calls in flight, together (each at most 32 MiB, 8 in flight): a
@@ -27,6 +35,7 @@ class Grant:
     agent_id: str
     organization_id: str | None
     binding: str
+    meter: Meter | None = None  # of its organization's daily token budget
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -68,6 +77,24 @@ class Grant:
         """A relayed call's answer sent: its body's bytes given back, then `release`."""
         self.body_bytes -= body_bytes
         release()
+
+    def count(self, status: str, usage: Usage, duration_s: float = 0.0) -> None:
+        """A call's answer ended (`status`: its HTTP status, or why it has none): its tokens are
+        the turn's, its organization's (the meter) and the metrics'."""
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        if self.meter is not None:
+            self.meter.count(self.organization_id, usage)
+        agent = metrics.agent_label(self.agent_id)
+        metrics.GATEWAY_CALLS.labels(self.binding, agent, status).inc()
+        metrics.GATEWAY_TOKENS.labels(self.binding, agent, "in").inc(usage.input_tokens)
+        metrics.GATEWAY_TOKENS.labels(self.binding, agent, "out").inc(usage.output_tokens)
+        log.info(
+            "model call",
+            extra={"event": "gateway.call", "binding": self.binding, "jobId": self.job_id,
+                   "status": status, "inputTokens": usage.input_tokens,
+                   "outputTokens": usage.output_tokens, "durationS": round(duration_s, 3)},
+        )  # fmt: skip
 
     def met_quota(self, model: str, until: datetime) -> None:
         self.quota_models[model] = max(self.quota_models.get(model, until), until)

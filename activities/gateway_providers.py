@@ -1,27 +1,79 @@
 """The model providers the AI gateway forwards to (`RECEIPT_PROVIDERS_FILE`): each a binding id,
-its API style, base URL and pool of credentials. Parsed once by the process's settings
-(`roles/infra/settings.py`), which hands over the environment a credential may be read from."""
+its API style, base URL and pool of credentials; and each organization's daily token budget
+(`RECEIPT_GATEWAY_ORG_DAILY_BUDGET`, kept by `activities/gateway_budget.py`). Parsed once by the
+process's settings (`roles/infra/settings.py`), which hands over the environment a credential
+may be read from."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from receipts.settings import ReceiptSettings
 
 ApiStyle = Literal["openai", "anthropic"]
 
 
+@dataclass(frozen=True)
+class Budgets:
+    """Tokens (in and out) an organization's model calls may spend per UTC day: `default` for
+    every organization, `overrides` by organization id; 0 is no budget."""
+
+    default: int = 0
+    overrides: Mapping[str, int] = field(default_factory=dict)
+
+    def of(self, organization_id: str | None) -> int:
+        if organization_id is None:
+            return 0
+        return self.overrides.get(organization_id, self.default)
+
+    @property
+    def any(self) -> bool:
+        return self.default > 0 or any(n > 0 for n in self.overrides.values())
+
+
+def parse_budgets(text: str) -> Budgets:
+    """`200000` (every organization), `acme=1000000` (one), or both comma-separated:
+    `200000,acme=1000000,lab=0`. Raises ValueError naming the item that is neither."""
+    default, overrides = 0, {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, number = (part.strip() for part in item.rpartition("="))
+        if not number.isdigit() or (sep and not name):
+            raise ValueError(
+                f"a whole number of tokens or organization=tokens, comma-separated (0: no "
+                f"budget; {item!r} is neither)"
+            )
+        if sep:
+            overrides[name] = int(number)
+        else:
+            default = int(number)
+    return Budgets(default, overrides)
+
+
 class GatewaySettings(ReceiptSettings):
     """The AI gateway's configuration: the providers file (unset: no binding has a provider,
-    and a turn's model calls fail as a dead pool)."""
+    and a turn's model calls fail as a dead pool), and each organization's daily token budget
+    (`activities/gateway_budget.py`; empty: none)."""
 
     providers_file: Path | None = Field(default=None, alias="RECEIPT_PROVIDERS_FILE")
+    org_daily_budget: str = Field(default="", alias="RECEIPT_GATEWAY_ORG_DAILY_BUDGET")
+
+    @field_validator("org_daily_budget")
+    @classmethod
+    def _parses(cls, value: str) -> str:
+        parse_budgets(value)
+        return value
+
+    @property
+    def budgets(self) -> Budgets:
+        return parse_budgets(self.org_daily_budget)
 
 
 class _Strict(BaseModel):

@@ -13,6 +13,7 @@ from temporalio.service import RPCError
 
 from activities import sandbox, sandbox_etc
 from activities.gateway import Gateway
+from activities.gateway_budget import FLUSH_MS, Meter
 from activities.handlers.registry import default_handlers
 from activities.handlers.sdk import Installed
 from activities.schedules import ScheduleActivities
@@ -43,6 +44,28 @@ from workflows.schedule_fire import ScheduleFireWorkflow
 from workflows.watchdog_tick import WatchdogTickWorkflow
 
 log = logging.getLogger("roles.delivery.serve")
+
+
+def _meter_budgets(runtime: Runtime, gateway: Gateway) -> None:
+    """With daily token budgets configured, meter the organizations' calls and flush the
+    counts to the database every FLUSH_MS (a failed flush is logged and counted by the loop)."""
+    budgets = runtime.settings.gateway.budgets
+    if not budgets.any:
+        return
+    gateway.meter = Meter(runtime.store, budgets)
+    flush = Ticker("gateway-usage-flush", gateway.meter.flush, FLUSH_MS, FLUSH_MS)
+    runtime.spawn(flush.run(), flush.name)
+
+
+async def _last_flush(meter: Meter) -> None:
+    """The counts of the calls since the last flush, as the role stops."""
+    try:
+        await meter.flush()
+    except Exception as exc:  # the role stops all the same
+        log.warning(
+            "the last token counts of the gateway could not be written",
+            extra={"event": "gateway.usage_flush_failed", "error": str(exc)},
+        )
 
 
 def _starter(runtime: Runtime, *, beside_driver_worker: bool = False) -> DriverStarter:
@@ -163,6 +186,7 @@ async def run_attempt_worker(
     if sandboxed:
         await sandbox.announce(runtime.settings.sandbox)
         gateway = Gateway(runtime.settings.providers, runtime.http)
+        _meter_budgets(runtime, gateway)
         _sweep_workspaces(runtime)
     process = runtime.settings.process
     worker = attempt_worker(
@@ -182,6 +206,8 @@ async def run_attempt_worker(
     await run_until(worker.run, worker.shutdown, stop, process.grace)
     if gateway is not None:
         await gateway.close()  # drained: no turn calls its model any more
+        if gateway.meter is not None:
+            await _last_flush(gateway.meter)
     if sandboxed:
         sandbox_etc.remove_views()  # drained: no command has a view as its /etc any more
 

@@ -7,16 +7,19 @@ import asyncio
 import signal
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from receipts import operations as ops
+from receipts import token_usage
 from receipts.agent_jobs import claims, lifecycle, model
 from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.store import Store
 from tests.e2e.roles_harness import RoleProcesses
+from tests.fake_provider import USAGE_IN, USAGE_OUT, FakeProvider, running
 from tests.integration.delivery.test_agent_jobs_delivery import scripted_registry
 
 pytestmark = pytest.mark.e2e
@@ -140,3 +143,45 @@ async def test_killed_workers_mid_turn_leave_every_slot_free_once_jobs_settle(
     except BaseException:
         print(procs.logs())
         raise
+
+
+async def test_worker_codex_meters_an_organization_s_daily_budget(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses], tmp_path: Path
+) -> None:
+    """`RECEIPT_GATEWAY_ORG_DAILY_BUDGET` in a real worker-codex: the organization may spend one
+    call's tokens a day, so its turn's second call is refused and the job waits in `queued`
+    until the next UTC midnight; the process's flush loop writes the spend to the meter."""
+    store, _ = e2e_store
+    providers = tmp_path / "providers.yaml"
+    with running(FakeProvider({"sk-e2e": "ok"})) as fake:
+        providers.write_text(
+            "providers:\n"
+            "  - id: test-provider\n"
+            "    api: openai\n"
+            f"    baseUrl: {fake.openai_url}\n"
+            "    credentials: [{id: c0, env: FAKE_PROVIDER_KEY}]\n",
+            encoding="utf-8",
+        )
+        procs = roles(
+            RECEIPT_AGENTS_FILE=str(scripted_registry(tmp_path / "agents.yaml")),
+            RECEIPT_PROVIDERS_FILE=str(providers),
+            FAKE_PROVIDER_KEY="sk-e2e",
+            RECEIPT_GATEWAY_ORG_DAILY_BUDGET=f"0,org-a={USAGE_IN + USAGE_OUT}",
+        )
+        procs.start("driver")
+        procs.start("worker-codex")
+        job, _ = await lifecycle.create(store, request("scripted", "model:2"))
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            state = await lifecycle.get(store, job.agent_job_id)
+            spent, _ = await token_usage.spent_today(store, "org-a")
+            if state is not None and state.turn >= 1 and state.status == "queued" and spent:
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"still {state}, {spent}"
+            await asyncio.sleep(0.2)
+    now = datetime.now(UTC)
+    assert state.available_at == datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(
+        days=1
+    )
+    assert spent == USAGE_IN + USAGE_OUT and len(fake.calls) == 1
+    assert procs.logged("worker-codex", {"gateway.refused"}, reason="budget")

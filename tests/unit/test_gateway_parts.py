@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from activities.gateway_http import call_of, too_many_values
-from activities.gateway_providers import load_providers
+from activities.gateway_providers import Budgets, GatewaySettings, load_providers
 from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
+from receipts.settings import SettingsError
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -232,3 +233,24 @@ def test_a_sooner_reset_met_later_does_not_shorten_a_turn_s_quota() -> None:
     grant.met_quota("m", NOW + timedelta(minutes=5))
     grant.met_quota("m", NOW + timedelta(seconds=10))
     assert grant.quota_until == NOW + timedelta(minutes=5)
+
+
+def test_daily_token_budgets_read_a_default_and_organizations_own() -> None:
+    """`RECEIPT_GATEWAY_ORG_DAILY_BUDGET`: a number for every organization, `org=number` for
+    one (0: no budget); an admin's jobs (no organization) have none."""
+    budgets = GatewaySettings.load(
+        {"RECEIPT_GATEWAY_ORG_DAILY_BUDGET": " 200000, acme=1000000 ,lab=0"}
+    ).budgets
+    assert (budgets.of("other"), budgets.of("acme"), budgets.of("lab")) == (200_000, 10**6, 0)
+    assert budgets.of(None) == 0 and budgets.any
+    assert not GatewaySettings.load({}).budgets.any
+    assert Budgets(0, {"lab": 0}).any is False and Budgets(0, {"acme": 5}).of("acme") == 5
+
+
+@pytest.mark.parametrize("raw", ["many", "200000,=5", "acme=1e6", "-3"])
+def test_a_bad_daily_token_budget_names_the_variable_and_the_item(raw: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        GatewaySettings.load({"RECEIPT_GATEWAY_ORG_DAILY_BUDGET": raw})
+    message = str(raised.value)
+    assert message.startswith("RECEIPT_GATEWAY_ORG_DAILY_BUDGET must be a whole number")
+    assert message.endswith(f"got {raw!r}")

@@ -18,8 +18,10 @@ import pytest
 from temporalio.client import Client
 
 from activities.gateway import Gateway
-from activities.gateway_providers import Credential, Provider, Secret
+from activities.gateway_budget import Meter
+from activities.gateway_providers import Budgets, Credential, Provider, Secret
 from activities.handlers.agent_turn import UNSEEN_QUOTA
+from receipts import token_usage
 from receipts.agent_jobs import lifecycle, model
 from receipts.store import Store
 from tests import codex_cli
@@ -102,6 +104,35 @@ async def test_quota_with_a_recovery_time_is_a_placement_delay_though_the_comman
     restarted = [r for r in transitions if r.data["to"] == "running"]
     assert len(restarted) == 2 and restarted[1].recorded_at >= delayed.available_at
     assert done.status == "succeeded" and done.attempt == 1  # the delayed attempt was refunded
+
+
+async def test_an_organization_s_spent_daily_budget_delays_its_job_until_the_day_renews(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path, fake: FakeProvider
+) -> None:
+    """`RECEIPT_GATEWAY_ORG_DAILY_BUDGET`: the organization may spend one call's tokens a day;
+    the turn's second call is refused and the command exits 4 — the turn settles as quota
+    until the next UTC midnight, the job queued until then with its attempt refunded, and the
+    first call's tokens are on the job's chain and in the organization's meter."""
+    store = fresh_store
+    async with (
+        gateway_for(openai("test-provider", fake, "sk-test")) as gateway,
+        stack_with_dispatcher(client, store, fresh_db, gateway=gateway),
+    ):
+        gateway.meter = Meter(store, Budgets(USAGE_IN + USAGE_OUT))
+        job, _ = await lifecycle.create(store, request("model:2", provider_binding="test-provider"))
+        delayed = await wait_for(store, job.agent_job_id, "queued", turn=1)
+        receipts = await store.read_stream(model.stream_of(job.agent_job_id))
+        await gateway.meter.flush()
+        spent, _ = await token_usage.spent_today(store, ORG)
+    now = datetime.now(UTC)
+    midnight = datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
+    assert delayed.available_at == midnight
+    delay = next(r for r in receipts if r.data.get("reason") == "quota_delay")
+    assert delay.data["refunded"] is True and delay.data["attempt"] == 0
+    usage = [r.data for r in receipts if r.type == model.USAGE]
+    assert [(u["calls"], u["inputTokens"]) for u in usage] == [(1, USAGE_IN)]
+    assert spent == USAGE_IN + USAGE_OUT
+    assert len(fake.calls) == 1
 
 
 async def test_a_dead_pool_takes_the_ordinary_retry_path_naming_it(

@@ -1,0 +1,137 @@
+"""Each organization's daily token budget at the AI gateway (`RECEIPT_GATEWAY_ORG_DAILY_BUDGET`):
+what its model calls spent today, across every worker-codex process, and the refusal of a call
+once that is spent.
+
+Each process counts its calls' tokens as their answers end (`Meter.count`) and adds them to the
+database's meter, `organization_token_usage` (one row per organization and UTC day, migration
+0022), every FLUSH_MS (`Meter.flush`: a failed flush is logged and counted by its loop, and its
+counts kept for the next). A call is checked before its body is read against the meter as last
+read (at most REFRESH_S old) plus what this process counted since. A spent budget is quota with
+a known recovery time, the next UTC midnight: the call gets the provider's 429 with
+`retry-after`, and the turn settles `quota_exhausted` until then (a placement delay, its attempt
+refunded) whatever its command reported. Calls running at once in several processes may pass
+the budget by what they spend before the next read; nothing is counted twice. An admin's jobs
+(no organization) have no budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from starlette.responses import Response
+
+from activities.gateway_http import error
+from activities.gateway_providers import Budgets
+from activities.gateway_usage import Usage
+from receipts import token_usage
+from receipts.store import Store
+
+log = logging.getLogger("activities.gateway")
+
+FLUSH_MS = 2_000  # a process's counts reach the database's meter this often
+REFRESH_S = 5.0  # an organization's spend is read again after this long
+BUDGET_QUOTA = "(the organization's daily token budget)"
+"""The grant's quota key a spent budget is recorded under (the models' own are their names)."""
+
+
+class Turn(Protocol):
+    """What a budget's refusal reads and records of a turn's grant (`gateway_grant.Grant`)."""
+
+    organization_id: str | None
+
+    def met_quota(self, model: str, until: datetime) -> None: ...
+
+
+@dataclass
+class _Read:
+    spent: int  # the database's meter at the read, plus what this process flushed since
+    at: float  # time.monotonic()
+    renews: datetime  # the next UTC midnight, by the database's clock
+
+    @property
+    def stale(self) -> bool:
+        return time.monotonic() - self.at > REFRESH_S or _now() >= self.renews
+
+
+class Meter:
+    """One process's view of each organization's spend today, and its counts not yet flushed."""
+
+    def __init__(self, store: Store, budgets: Budgets) -> None:
+        self.store = store
+        self.budgets = budgets
+        self._unflushed: dict[str, list[int]] = {}  # organization: [calls, in, out]
+        self._reads: dict[str, _Read] = {}
+        self._lock = asyncio.Lock()  # a flush and a read do not interleave
+
+    def count(self, organization_id: str | None, usage: Usage) -> None:
+        """A call's answer ended (`usage` its tokens; a failed call, none)."""
+        if organization_id is None:
+            return
+        counts = self._unflushed.setdefault(organization_id, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += usage.input_tokens
+        counts[2] += usage.output_tokens
+
+    async def flush(self) -> int:
+        """Add the counts since the last flush to the database's meter; the organizations
+        written. Raises (counts kept) when the database cannot take them."""
+        async with self._lock:
+            taken, self._unflushed = self._unflushed, {}
+            if not taken:
+                return 0
+            try:
+                await token_usage.add(self.store, {o: (c[0], c[1], c[2]) for o, c in taken.items()})
+            except BaseException:
+                for organization, counts in taken.items():
+                    kept = self._unflushed.setdefault(organization, [0, 0, 0])
+                    self._unflushed[organization] = [
+                        a + b for a, b in zip(kept, counts, strict=True)
+                    ]
+                raise
+            for organization, counts in taken.items():
+                if (read := self._reads.get(organization)) is not None:
+                    read.spent += counts[1] + counts[2]
+            return len(taken)
+
+    async def spent(self, organization_id: str) -> tuple[int, datetime]:
+        """The organization's tokens today (the meter as last read, and this process's counts
+        since), and when the day renews."""
+        read = self._reads.get(organization_id)
+        if read is None or read.stale:
+            async with self._lock:
+                read = self._reads.get(organization_id)
+                if read is None or read.stale:  # not read while this call waited
+                    read = self._reads[organization_id] = await self._read(organization_id)
+        counts = self._unflushed.get(organization_id, [0, 0, 0])
+        return read.spent + counts[1] + counts[2], read.renews
+
+    async def _read(self, organization_id: str) -> _Read:
+        spent, now = await token_usage.spent_today(self.store, organization_id)
+        midnight = datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
+        return _Read(spent, time.monotonic(), midnight)
+
+    async def refusal(self, grant: Turn, style: str) -> Response | None:
+        """The provider-shaped 429 for a call of `grant`'s organization once its budget is
+        spent (recorded as the turn's quota until the day renews); None while it is not."""
+        budget = self.budgets.of(grant.organization_id)
+        if budget <= 0 or grant.organization_id is None:
+            return None
+        spent, renews = await self.spent(grant.organization_id)
+        if spent < budget:
+            return None
+        grant.met_quota(BUDGET_QUOTA, renews)
+        wait_s = max(1, int((renews - _now()).total_seconds() + 0.999))
+        message = (
+            f"the organization's daily token budget ({budget}) is spent ({spent} today); it "
+            f"renews at {renews.isoformat()}"
+        )
+        return error(style, 429, "rate_limit_error", message, wait_s)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
