@@ -95,10 +95,13 @@ class Admission:
 class OrgCaps:
     """An organization's caps of open jobs (`RECEIPT_ORG_MAX_QUEUED`, `RECEIPT_ORG_MAX_ACTIVE`)
     as the runtime's own fan-out is held to them (objective control's task dispatch), where
-    the api's `Admission` refuses a request."""
+    the api's `Admission` refuses a request; and the operator's `RECEIPT_MAX_TIMEOUT_MS`, to
+    which that dispatch clamps a task's `timeoutMs` as the api clamps a posted job's (None:
+    no cap)."""
 
     max_queued: int
     max_active: int
+    max_timeout_ms: int | None = None
 
     def room(self, queued: int, active: int) -> int:
         """How many more open jobs the organization may have, holding `queued` and `active`."""

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from receipts import jobs as jobmodel
 from receipts.enqueue import Admission, EnqueueRequest, enqueue_in
+from receipts.errors import NotPermitted
 from receipts.jobs import Job
 from receipts.kinds import TURN_KIND
 from receipts.store import Draft, Store, Tx
@@ -31,6 +33,12 @@ ALREADY = "already_retried"  # an earlier retry's job is returned
 NOT_FOUND = "not_found"
 NOT_RETRYABLE = "not_retryable"  # the job is active or completed
 AGENT_TURN = "agent_job_turn"  # a turn of an agent job: its agent job retries it, not a caller
+REFUSED = "refused"  # `held` refused it (bulk: the job is left as it is, the others go on)
+
+Held = Callable[[EnqueueRequest], EnqueueRequest]
+"""What a retry is held to before it is written, as the api holds a direct enqueue (its
+`timeoutMs` capped, its commands on the organization's allow-list as they are now): the
+request to write, or `NotPermitted` raised to refuse it, nothing written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +76,11 @@ async def retry_in(
     organization_id: str | None,
     admin: bool,
     admission: Admission | None = None,
+    held: Held | None = None,
 ) -> RetryOutcome:
     """Retry `job_id` inside a caller's transaction (see the module docstring). `admission`:
-    the caps the new job must fit (what it raises leaves nothing written)."""
+    the caps the new job must fit, `held`: what else it is held to (what either raises leaves
+    nothing written)."""
     job = await tx.job_for_update(job_id)
     if job is None or not (admin or job.organization_id == organization_id):
         return RetryOutcome(NOT_FOUND)
@@ -85,7 +95,8 @@ async def retry_in(
         return RetryOutcome(AGENT_TURN, job)
     # Scoped like every organization's job id (docs/design.md §4), so its organization can name it.
     new_job_id = scoped_id(job.organization_id, f"retry-{uuid.uuid4()}")
-    created = await enqueue_in(tx, retry_request(job, new_job_id), admission)
+    request = retry_request(job, new_job_id)
+    created = await enqueue_in(tx, held(request) if held else request, admission)
     old, _ = await tx.append_job(
         job_id, job, [Draft(jobmodel.RETRIED, {"retriedAs": created.job.job_id})]
     )
@@ -99,11 +110,17 @@ async def retry(
     organization_id: str | None,
     admin: bool,
     admission: Admission | None = None,
+    held: Held | None = None,
 ) -> RetryOutcome:
     """Retry one job in its own transaction; logs the outcome."""
     async with store.transaction() as tx:
         outcome = await retry_in(
-            tx, job_id, organization_id=organization_id, admin=admin, admission=admission
+            tx,
+            job_id,
+            organization_id=organization_id,
+            admin=admin,
+            admission=admission,
+            held=held,
         )
     if outcome.status == RETRIED and outcome.retry is not None:
         log.info(
@@ -121,13 +138,15 @@ async def retry_matching(
     admin: bool,
     limit: int,
     admission: Admission | None = None,
+    held: Held | None = None,
 ) -> list[RetryOutcome]:
     """Retry up to `limit` (≤ MAX_BULK) jobs that match `filters` and were never retried.
 
     Each job is retried in a transaction of its own, so one refusal does not undo the others;
     jobs already retried are not selected, so running the same bulk retry twice creates nothing.
     What `admission` raises (the organization's caps reached) stops the run there: the retries
-    made stand, and running it again goes on from them.
+    made stand, and running it again goes on from them. A job `held` refuses is left as it is
+    (`REFUSED`) and the others go on.
     """
     rows = await store.fetch(
         "retry_candidates",
@@ -141,9 +160,22 @@ async def retry_matching(
             "limit": min(max(limit, 1), MAX_BULK),
         },
     )
-    return [
-        await retry(
-            store, row[0], organization_id=organization_id, admin=admin, admission=admission
-        )
-        for row in rows
-    ]
+    outcomes = []
+    for row in rows:
+        try:
+            outcome = await retry(
+                store,
+                row[0],
+                organization_id=organization_id,
+                admin=admin,
+                admission=admission,
+                held=held,
+            )
+        except NotPermitted as refused:
+            log.info(
+                "bulk retry: a job's retry is refused",
+                extra={"event": "job.retry_refused", "jobId": row[0], "error": refused.message},
+            )
+            outcome = RetryOutcome(REFUSED)
+        outcomes.append(outcome)
+    return outcomes

@@ -47,8 +47,10 @@ TASK_JOB_ATTEMPTS = 2  # deliveries lost to a dead worker; the task's own budget
 MAX_PASSES = 50
 
 
-def task_payload(state: ObjectiveState, task: TaskState, number: int) -> dict[str, Any]:
-    """The `factory.task.run` payload of one try."""
+def task_payload(
+    state: ObjectiveState, task: TaskState, number: int, max_timeout_ms: int | None = None
+) -> dict[str, Any]:
+    """The `factory.task.run` payload of one try; its `timeoutMs` at most `max_timeout_ms`."""
     payload: dict[str, Any] = {
         "kind": TASK_KIND,
         "objectiveId": state.objective_id,
@@ -59,7 +61,7 @@ def task_payload(state: ObjectiveState, task: TaskState, number: int) -> dict[st
         "input": task.input,
     }
     if task.timeout_ms is not None:
-        payload["timeoutMs"] = task.timeout_ms
+        payload["timeoutMs"] = min(task.timeout_ms, max_timeout_ms or task.timeout_ms)
     return payload
 
 
@@ -129,10 +131,8 @@ async def _dispatch_task(
     async with store.transaction() as tx:
         await objectives.lock_objective(tx, state.objective_id, guard)  # lock order: jobs last
         await _hold(tx, state, caps)
-        await enqueue_in(
-            tx,
-            _request(state, task.agent_id, TASK_KIND, job_id, task_payload(state, task, number)),
-        )
+        payload = task_payload(state, task, number, caps.max_timeout_ms if caps else None)
+        await enqueue_in(tx, _request(state, task.agent_id, TASK_KIND, job_id, payload))
         await _watch_live(
             tx,
             state,

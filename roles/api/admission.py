@@ -5,13 +5,15 @@ allow-list of gateway URLs. Each refusal answers the one error shape, is logged 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from receipts import metrics
 from receipts.enqueue import Admission, EnqueueRequest
-from receipts.errors import InvalidInput
-from receipts.executables import first_refused, request_commands
-from receipts.kinds import runs_commands
+from receipts.enqueue_request import cap_timeout
+from receipts.errors import InvalidInput, NotPermitted
+from receipts.executables import first_refused, refused_request, request_commands
+from receipts.kinds import AGENT_IDS, has_handler, installed_agent_ids, runs_commands
 from roles.api.auth import COMMANDS_RUN, Principal
 from roles.api.deps import ApiError, require_scope, too_many
 from roles.api.errors import RETRY_AFTER_S
@@ -19,6 +21,20 @@ from roles.api.limits import refusals
 from roles.api.settings import ApiSettings
 
 log = logging.getLogger("roles.api.app")
+
+
+def check_agent(settings: ApiSettings, agent_id: str) -> None:
+    """With `RECEIPT_STRICT_AGENT_IDS=1`, 404 `unknown_agent` naming the known agent ids for one
+    without a handler: a post of its job, or a schedule of it."""
+    if settings.strict_agent_ids and not has_handler(agent_id):
+        known = (*AGENT_IDS, *sorted(installed_agent_ids()))
+        raise ApiError(
+            404,
+            "unknown_agent",
+            f"no handler for agent {agent_id!r}; agent ids: {', '.join(known)}",
+            field="agentId",
+            allowed=known,
+        )
 
 
 def check_command_rights(
@@ -43,6 +59,23 @@ def check_executables(
     if refused is not None:
         field, message = refused
         raise ApiError(403, "forbidden", message, field=field, allowed=allowed)
+
+
+def held_retry(settings: ApiSettings) -> Callable[[EnqueueRequest], EnqueueRequest]:
+    """What a retry is held to (receipts/retry.py `Held`): a retry runs the old job's commands
+    again, so, as a schedule's firing, it is held to the allow-list and the `timeoutMs` cap as
+    they are now, not as they were when the job was posted (403 naming the field)."""
+
+    def held(request: EnqueueRequest) -> EnqueueRequest:
+        allow_lists = settings.org_executables
+        refused = refused_request(allow_lists, request.agent_id, request)
+        if refused is not None:
+            field, message = refused
+            allowed = allow_lists.get(request.organization_id or "")
+            raise NotPermitted(field, message, allowed)
+        return cap_timeout(request, settings.max_timeout_ms)
+
+    return held
 
 
 def _under(url: str, prefix: str) -> bool:

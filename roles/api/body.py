@@ -229,10 +229,20 @@ def choice(value: str | None, name: str, allowed: tuple[str, ...]) -> str | None
     return value
 
 
+def path_segment(value: str) -> str:
+    """An id as one URL path segment: every reserved character escaped, and an id `.` or `..`
+    (a job id, a session id may be one) as `%2E` / `%2E%2E`: left as it is, a client (httpx,
+    curl, a browser) resolves it as a dot segment, so `/jobs/..` is `/` and `/jobs/./events`
+    is `/jobs/events`. The API reads `%2E%2E` as `..` (the client does the same:
+    clients/python/receipt_client/_calls.py `segment`)."""
+    quoted = quote(value, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
+
+
 def job_path(request: Request, job_id: str, suffix: str = "") -> str:
     """The URL path of a job (as the caller names it)."""
     root = request.scope.get("root_path", "")
-    return f"{root}/jobs/{quote(job_id, safe='')}{suffix}"
+    return f"{root}/jobs/{path_segment(job_id)}{suffix}"
 
 
 def encode_cursor(created_at: datetime, key: str) -> str:

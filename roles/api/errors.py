@@ -100,7 +100,9 @@ def known_answer(exc: Exception, path: str) -> JSONResponse:
     if isinstance(exc, ApiError):
         return error_response(exc)
     if isinstance(exc, NotPermitted):
-        return error_response(ApiError(403, "forbidden", exc.message, field=exc.field))
+        return error_response(
+            ApiError(403, "forbidden", exc.message, field=exc.field, allowed=exc.allowed)
+        )
     if isinstance(exc, InvalidInput):
         return error_response(
             ApiError(422, "invalid_input", exc.message, field=exc.field, allowed=exc.allowed)

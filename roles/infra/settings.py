@@ -180,7 +180,9 @@ class RuntimeSettings:
             watchdog=self.watchdog,
             timing=self.timing,
             agent_jobs=self.agent_jobs,
-            org_caps=OrgCaps(self.api.org_max_queued, self.api.org_max_active),
+            org_caps=OrgCaps(
+                self.api.org_max_queued, self.api.org_max_active, self.api.max_timeout_ms
+            ),
         )
 
 

@@ -145,6 +145,24 @@ async def test_enqueue_answers_202_with_the_job_and_where_to_follow_it(
     assert [r["type"] for r in events["receipts"]] == ["job.enqueued"]
 
 
+@pytest.mark.parametrize("job_id", [".", ".."])
+async def test_the_urls_an_enqueue_answers_reach_a_job_whose_id_is_a_dot_segment(
+    client: httpx.AsyncClient, job_id: str
+) -> None:
+    """The job id pattern takes `.` and `..`; the answer's `jobUrl` and `eventsUrl` still name
+    that job once a client resolves them (left bare, `/jobs/..` is `/` and `/jobs/./events` is
+    `/jobs/events`: the job list, and an unknown job)."""
+    response = await post(client, enqueue_body("org-b", jobId=job_id), headers=AS_B)
+    assert response.status_code == 202, response.text
+    urls = response.json()["async"]
+    job = await client.get(urls["jobUrl"], headers=AS_B)
+    assert job.status_code == 200 and job.json().get("jobId") == job_id, job.text
+    events = await client.get(urls["eventsUrl"], headers=AS_B)
+    assert events.status_code == 200, events.text
+    assert events.json()["jobId"] == job_id
+    assert events.json()["receipts"][0]["type"] == "job.enqueued"
+
+
 async def test_an_idempotent_repost_answers_202_with_the_same_job(
     client: httpx.AsyncClient, store: Store
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from receipt_client.sse import parse_sse
 from receipts import operations as ops
-from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs import claims, lifecycle
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.store import Store
 from receipts.tenancy import scoped_id
@@ -93,6 +93,20 @@ async def test_a_job_records_the_turn_it_was_handed_off_from(
     [created] = await store.read_stream(f"agent-jobs/{job['agentJobId']}")
     assert created.data["sourceActorEventId"] == sent["sourceActorEventId"]
     assert created.data["sourceToolCallId"] == sent["sourceToolCallId"]
+
+
+async def test_a_session_link_reaches_a_session_whose_id_is_a_dot_segment(
+    client: httpx.AsyncClient,
+) -> None:
+    """`ownerSessionId` may be `..`: the view's `sessionEvents` link still names that session
+    once a client resolves it (left bare, `/sessions/../events` is `/events`)."""
+    job = await create(client, AS_B, ownerSessionId="..")
+    link = job["links"]["sessionEvents"]
+    events = await client.get(link, headers=AS_B)
+    assert events.status_code == 200, (link, events.text)
+    assert events.json()["sessionId"] == ".."
+    listed = await client.get(link.removesuffix("/events") + "/agent-jobs", headers=AS_B)
+    assert job["agentJobId"] in [j["agentJobId"] for j in listed.json()["agentJobs"]]
 
 
 @pytest.mark.parametrize(
@@ -233,6 +247,58 @@ async def test_answering_a_job_that_does_not_wait_is_a_conflict(client: httpx.As
     assert response.status_code == 409 and response.json()["error"]["code"] == "not_waiting"
     missing = await client.post(f"/agent-jobs/{job['agentJobId']}/input", json={}, headers=AS_A)
     assert missing.status_code == 422 and missing.json()["error"]["field"] == "answer"
+
+
+async def test_a_continuation_of_an_unfinished_job_is_409_live_turn_running(
+    client: httpx.AsyncClient,
+) -> None:
+    """README, *Background agent jobs*: a `continuedFromJobId` is taken only once every job of
+    that workspace has finished: else 409 `live_turn_running` naming the field, nothing
+    written; once it is finished, the continuation is created in its workspace."""
+    first = await create(client, AS_A)
+    sent = body(agentId=first["agentId"], continuedFromJobId=first["agentJobId"])
+    refused = await client.post("/agent-jobs", json=sent, headers=AS_A)
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["field"]) == ("live_turn_running", "continuedFromJobId")
+    listed = await client.get(f"/sessions/{sent['ownerSessionId']}/agent-jobs", headers=AS_A)
+    assert listed.status_code == 404  # nothing written, not even the owner session
+    stopped = await client.post(f"/agent-jobs/{first['agentJobId']}/cancel", headers=AS_A)
+    assert stopped.status_code == 202
+    taken = await client.post("/agent-jobs", json=sent, headers=AS_A)
+    assert taken.status_code == 201, taken.text
+    job = taken.json()["agentJob"]
+    assert (job["continuedFromJobId"], job["workspaceOwnerJobId"]) == (
+        first["agentJobId"],
+        first["workspaceOwnerJobId"],
+    )
+
+
+async def test_a_steer_to_the_live_turn_of_a_stopped_job_is_409_agent_job_not_running(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    """README, *Errors*: 409 `agent_job_not_running` for a steer or follow-up to the turn of an
+    agent job that no longer runs on it (a cancel leaves its live turn to end on its own); the
+    abort is still taken (it stops any job), and nothing else is written to the turn."""
+    job = await create(client, AS_A)
+    claimed = await claims.claim_attempt(store, job["agentJobId"], job["agentId"])
+    assert not isinstance(claimed, str) and claimed.queue_job_id, claimed
+    turn = claimed.queue_job_id
+    worker = f"{turn}:attempt:1/1"
+    started = await ops.start_attempt(store, turn, attempt=1, worker_id=worker, lease_ms=60_000)
+    assert started.ok, started.status
+    stopped = await client.post(f"/agent-jobs/{job['agentJobId']}/cancel", headers=AS_A)
+    assert stopped.status_code == 202 and stopped.json()["agentJob"]["status"] == "stopped"
+    before = await store.read_stream(f"jobs/{turn}")
+    for kind in ("steer", "follow_up"):
+        refused = await client.post(
+            f"/jobs/{turn}/commands", json={"type": kind, "payload": "late"}, headers=AS_A
+        )
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "agent_job_not_running"
+    assert await store.read_stream(f"jobs/{turn}") == before
+    aborted = await client.post(f"/jobs/{turn}/commands", json={"type": "abort"}, headers=AS_A)
+    assert aborted.status_code == 202, aborted.text
 
 
 # --- the session stream, live, from a real `receipt api` process ------------------------------

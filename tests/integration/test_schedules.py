@@ -163,6 +163,23 @@ async def test_the_job_is_validated_as_its_enqueue_would_be(client: httpx.AsyncC
     assert response.json()["error"]["field"] == "job.payload.authContext.organizationId"
 
 
+async def test_strict_agent_ids_refuse_a_schedule_of_an_unknown_agent_as_its_enqueue(
+    db_url: str,
+) -> None:
+    """`RECEIPT_STRICT_AGENT_IDS=1` refuses an agent id without a handler at post time (404
+    `unknown_agent`): a schedule's job is validated as its enqueue would be, so a schedule of
+    one is refused too, nothing written, not accepted to fire jobs no worker runs."""
+    async with api_client(db_url, strict_agent_ids=True, schedule_min_interval_s=2) as strict:
+        sent = body(agentId="nobody-handles-me")
+        refused = await strict.post("/schedules", json=sent, headers=AS_A)
+        assert refused.status_code == 404, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["field"]) == ("unknown_agent", "agentId")
+        shown = await strict.get(f"/schedules/{sent['scheduleId']}", headers=AS_A)
+        assert shown.status_code == 404
+        assert (await strict.post("/schedules", json=body(), headers=AS_A)).status_code == 201
+
+
 async def test_reads_show_a_jobs_environment_by_its_names_only(
     client: httpx.AsyncClient, store: Store
 ) -> None:

@@ -24,7 +24,7 @@ from receipts.kinds import KINDS, TURN_KIND, runs_commands
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.tenancy import caller_id
-from roles.api.admission import caller_caps
+from roles.api.admission import caller_caps, held_retry
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import check_shape
 from roles.api.console.paging import older_query, page_start
@@ -351,8 +351,9 @@ async def job_retry(request: Request, jobId: str) -> Response:
             organization_id=session.principal.organization_id,
             admin=session.principal.admin,
             admission=_admission(request, session.principal),
+            held=held_retry(request.app.state.api.settings),
         )
-    except ApiError as exc:  # the organization's rate or caps
+    except (ApiError, InvalidInput) as exc:  # the rate or caps, or a program off the list
         outcome = retries.RetryOutcome(exc.message)
     if outcome.retry is None:
         notice = f"not retried: {outcome.status}"
@@ -409,6 +410,7 @@ async def failed_retry(request: Request) -> Response:
             admin=session.principal.admin,
             limit=retries.MAX_BULK,
             admission=_admission(request, session.principal),
+            held=held_retry(request.app.state.api.settings),
         )
     except ApiError as exc:  # the organization's rate or caps: the retries made stand
         outcomes, stopped = [], f"; stopped: {exc.message}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from typing import Annotated, Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -20,7 +19,13 @@ from receipts.agent_jobs.registry import AgentJobSettings, RegistryError, load_r
 from receipts.agent_jobs.requests import parse_answer, parse_create
 from receipts.errors import ConflictError, InvalidInput, NotFoundError
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import choice, decode_cursor, encode_cursor, read_optional_json_body
+from roles.api.body import (
+    choice,
+    decode_cursor,
+    encode_cursor,
+    path_segment,
+    read_optional_json_body,
+)
 from roles.api.deps import (
     ApiError,
     ApiState,
@@ -146,16 +151,17 @@ def agent_job_view(
     view["stream"] = agent_model.stream_of(job.agent_job_id)
     view["sessionStream"] = agent_model.session_stream(job.owner_session_id)
     if request is not None:
-        quoted = quote(job.agent_job_id, safe="")
+        quoted = path_segment(job.agent_job_id)
+        # The session as the caller names it, then escaped: an organization's session `..`
+        # is the runtime's `..~<tag>`, a dot segment only once the tag is taken off.
+        session = shown_view(caller, job.owner_session_id) if caller else job.owner_session_id
         view["links"] = {
             "self": _path(request, f"/agent-jobs/{quoted}"),
             "events": _path(request, f"/agent-jobs/{quoted}/events"),
             "input": _path(request, f"/agent-jobs/{quoted}/input"),
-            "sessionEvents": _path(
-                request, f"/sessions/{quote(job.owner_session_id, safe='')}/events"
-            ),
+            "sessionEvents": _path(request, f"/sessions/{path_segment(session)}/events"),
             "turnJob": (
-                _path(request, f"/jobs/{quote(job.queue_job_id, safe='')}")
+                _path(request, f"/jobs/{path_segment(job.queue_job_id)}")
                 if job.queue_job_id
                 else None
             ),

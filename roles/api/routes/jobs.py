@@ -27,20 +27,18 @@ from receipts.enqueue_request import cap_timeout
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import LANES, STATUSES, Job
 from receipts.kinds import (
-    AGENT_IDS,
     CONTRACTS,
     KINDS,
     KINDS_WITHOUT_AUTH,
     MAX_ID_LENGTH,
     NON_BLANK,
-    has_handler,
-    installed_agent_ids,
     runs_commands,
     unread_because,
 )
 from receipts.objectives import store as objectives
 from receipts.tenancy import scoped_id
 from roles.api.admission import (
+    check_agent,
     check_command_rights,
     check_gateway,
     org_caps,
@@ -175,15 +173,7 @@ async def enqueue_post(
         await state.org_limits.admit_paced(caller.organization_id)
     body = await read_json_body(request, settings.max_body_bytes, state.json_limits)
     enqueue_request = parse_enqueue(agent_id, body, text_checked=True)
-    if settings.strict_agent_ids and not has_handler(agent_id):
-        known = (*AGENT_IDS, *sorted(installed_agent_ids()))
-        raise ApiError(
-            404,
-            "unknown_agent",
-            f"no handler for agent {agent_id!r}; agent ids: {', '.join(known)}",
-            field="agentId",
-            allowed=known,
-        )
+    check_agent(settings, agent_id)
     organization_id = enqueue_request.organization_id
     if enqueue_request.kind in KINDS_WITHOUT_AUTH and not caller.admin:
         # The watchdog scans every organization's objectives: the runtime's own kind.

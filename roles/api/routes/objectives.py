@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import uuid
 from typing import Annotated, Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -33,6 +32,8 @@ from roles.api.body import (
     choice,
     decode_cursor,
     encode_cursor,
+    job_path,
+    path_segment,
     read_json_body,
     read_optional_json_body,
 )
@@ -62,7 +63,7 @@ CANCEL_FIELDS: tuple[str, ...] = ("reason",)
 
 
 def _paths(request: Request, objective_id: str) -> dict[str, str]:
-    base = f"{request.scope.get('root_path', '')}/objectives/{quote(objective_id, safe='')}"
+    base = f"{request.scope.get('root_path', '')}/objectives/{path_segment(objective_id)}"
     return {"objectiveUrl": base, "eventsUrl": f"{base}/events", "cancelUrl": f"{base}/cancel"}
 
 
@@ -183,7 +184,7 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
             "objectiveId": shown,
             "outcome": result.outcome,
             "job": job_view(result.job, None if caller.admin else run_job),
-            "jobUrl": f"{request.scope.get('root_path', '')}/jobs/{quote(run_job, safe='')}",
+            "jobUrl": job_path(request, run_job),
             **_paths(request, shown),
         },
         status_code=202,

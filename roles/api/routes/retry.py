@@ -13,7 +13,7 @@ from pydantic.alias_generators import to_camel
 from receipts import retry as retries
 from receipts.jobs import LANES
 from receipts.kinds import KINDS, runs_commands
-from roles.api.admission import caller_caps
+from roles.api.admission import caller_caps, held_retry
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
 from roles.api.body import choice, validated
 from roles.api.deps import (
@@ -116,6 +116,7 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
         admin=caller.admin,
         limit=body.limit,
         admission=caller_caps(state.settings, caller),
+        held=held_retry(state.settings),
     )
     retried = [
         {"jobId": shown_id(caller, o.job), "retryJobId": shown_id(caller, o.retry)}
@@ -150,6 +151,7 @@ async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse
         organization_id=caller.organization_id,
         admin=caller.admin,
         admission=caller_caps(state.settings, caller),
+        held=held_retry(state.settings),
     )
     if outcome.status not in (retries.RETRIED, retries.ALREADY) or outcome.retry is None:
         raise _refusal(outcome, job_id)

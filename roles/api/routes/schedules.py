@@ -28,7 +28,7 @@ from receipts.schedules import store as schedules
 from receipts.schedules.model import ScheduleState, definition_data, schedule_stream
 from receipts.store import Store
 from receipts.tenancy import scoped_id
-from roles.api.admission import check_command_rights, check_gateway
+from roles.api.admission import check_agent, check_command_rights, check_gateway
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import decode_cursor, encode_cursor, read_json_body, validated
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_view
@@ -52,10 +52,11 @@ def _limits(state: ApiState) -> schedules.Limits:
 def admitted(
     state: ApiState, caller: Principal, fields: dict[str, Any]
 ) -> tuple[schedules.Definition, EnqueueRequest]:
-    """The definition, validated as its firings' enqueues would be (rights, gateway)."""
+    """The definition, validated as its firings' enqueues would be (agent, rights, gateway)."""
     definition, request = schedules.validate(
         fields, caller.organization_id, _limits(state), admin=caller.admin
     )
+    check_agent(state.settings, definition.agent_id)
     if request.kind in KINDS_WITHOUT_AUTH and not caller.admin:
         # As a post of it: the watchdog scans every organization's objectives.
         raise ApiError(
@@ -153,7 +154,7 @@ def _view(schedule: ScheduleState, jobs: Mapping[str, Job]) -> dict[str, Any]:
     response_model=ScheduleView,
     responses={
         200: {"model": ScheduleView, "description": "The same definition, posted before"},
-        **errors_documented(400, 401, 403, 409, 413, 422, 429, 503),
+        **errors_documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
     },
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("ScheduleBody"),

@@ -15,6 +15,7 @@ from receipts.objectives import control
 from receipts.objectives import store as objectives
 from receipts.objectives.model import monitor_job_id, task_job_id
 from receipts.store import Store
+from receipts.timing import lease_ms
 from roles.infra.settings import load
 from tests.integration.helpers import create_objective, put
 
@@ -98,7 +99,7 @@ async def test_the_control_handler_holds_dispatch_to_its_process_caps(fresh_stor
     out = await fence.start(60_000, {"role": "test"})
     assert out.ok and out.job is not None
     caps = load({"RECEIPT_ORG_MAX_QUEUED": "5"}).handlers.org_caps
-    assert caps == OrgCaps(max_queued=5, max_active=2000)
+    assert caps == OrgCaps(max_queued=5, max_active=2000, max_timeout_ms=3_600_000)
     ctx = HandlerContext(
         job=out.job,
         attempt=1,
@@ -110,6 +111,44 @@ async def test_the_control_handler_holds_dispatch_to_its_process_caps(fresh_stor
     # and the third waits.
     result = await objective_control(ctx)
     assert result["dispatched"] == ["t0", "t1"] and result["held"] == ["t2"]
+
+
+async def test_a_tasks_timeout_is_clamped_to_the_operators_cap_as_a_posted_jobs_is(
+    fresh_store: Store,
+) -> None:
+    """README, *Limits*: `RECEIPT_MAX_TIMEOUT_MS` clamps a payload's `timeoutMs` (a job cannot
+    hold a worker slot for longer). A task's try is a `factory.task.run` job as a posted one is:
+    the control handler holds its `timeoutMs` to the cap its process read, so wrapping a task in
+    an objective does not buy the hour-long lease a posted job is refused."""
+    store = fresh_store
+    tasks = [{"taskId": "t", "input": {"command": ["true"]}, "timeoutMs": 3_000_000}]
+    await create_objective(store, "long-task", tasks, org="org-h")
+    job = (
+        await put(
+            store,
+            "factory-control",
+            kind=CONTROL,
+            org="org-h",
+            payload_extra={"objectiveId": "long-task"},
+        )
+    ).job
+    fence = AttemptFence(store, job.job_id, attempt=1, worker_id=f"{job.job_id}:attempt:1/1")
+    out = await fence.start(60_000, {"role": "test"})
+    assert out.ok and out.job is not None
+    handlers = load({"RECEIPT_MAX_TIMEOUT_MS": "60000"}).handlers
+    ctx = HandlerContext(
+        job=out.job,
+        attempt=1,
+        worker_id=fence.worker_id,
+        receipts=FencedReceipts(fence, out.job.session_key, "org-h"),
+        settings=handlers,
+    )
+    result = await objective_control(ctx)
+    assert result["dispatched"] == ["t"]
+    task = await store.get_job(task_job_id("long-task", "t", 1))
+    assert task is not None and task.payload["timeoutMs"] == 60_000
+    timing = load({}).timing
+    assert lease_ms(task.agent_id, task.payload, timing) == timing.codex_job_lease_ms  # 15 min
 
 
 async def test_caps_too_small_for_a_try_and_its_monitor_still_let_one_through(
