@@ -296,7 +296,7 @@ def cancel_command(
 
 
 @agent_jobs_group.command("events")
-@click.argument("agent_job_id", metavar="ID", required=False)
+@click.argument("agent_job_id", metavar="[ID]", required=False)
 @click.option("--session", "session_id", help="The owner session's stream (wakeups) instead.")
 @click.option("--after", type=click.IntRange(min=0), default=0, help="Only receipts past this seq.")
 @click.option(

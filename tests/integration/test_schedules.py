@@ -772,6 +772,24 @@ async def test_schedule_changes_take_the_organizations_enqueue_tokens(db_url: st
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
 
 
+async def test_a_change_or_a_delete_past_the_tokens_is_a_documented_429(db_url: str) -> None:
+    """PATCH and DELETE /schedules/{id} each take one of the organization's enqueue tokens and
+    answer 429 past them (README, Schedules: Limits), but the OpenAPI document listed no 429 for
+    either, so a client generated from it was told they are never refused (api_client holds
+    every answer to the document)."""
+    async with api_client(
+        db_url, schedule_min_interval_s=2, org_enqueue_rate=1e-6, org_enqueue_burst=1
+    ) as limited:
+        schedule_id = (await create(limited))["scheduleId"]
+        changed = await limited.patch(
+            f"/schedules/{schedule_id}", json={"paused": True}, headers=AS_A
+        )
+        deleted = await limited.delete(f"/schedules/{schedule_id}", headers=AS_A)
+        assert (changed.status_code, deleted.status_code) == (429, 429)
+    for method in ("patch", "delete"):
+        assert "429" in published()["paths"]["/schedules/{scheduleId}"][method]["responses"]
+
+
 async def test_a_steer_firing_is_held_to_the_jobs_command_caps(store: Store) -> None:
     """A schedule of steers (`singletonMode: steer`) added one command to the session's active
     job at each firing, past RECEIPT_MAX_COMMANDS_PER_JOB, which a direct steer is held to. A

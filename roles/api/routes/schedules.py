@@ -238,7 +238,7 @@ async def get_schedule(state: State, caller: Caller, schedule_id: ScheduleId) ->
 @router.patch(
     "/schedules/{scheduleId}",
     response_model=ScheduleView,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("SchedulePatchBody"),
 )
@@ -299,7 +299,7 @@ async def patch_schedule(
 @router.delete(
     "/schedules/{scheduleId}",
     status_code=204,
-    responses=errors_documented(401, 403, 404, 422, 503),
+    responses=errors_documented(401, 403, 404, 422, 429, 503),
     dependencies=[_takes_query()],
 )
 async def delete_schedule(state: State, caller: Caller, schedule_id: ScheduleId) -> Response:
