@@ -751,3 +751,30 @@ async def test_an_admins_job_id_two_organizations_use_is_answered_as_a_page(
     assert page.status_code == 409
     assert page.headers["content-type"].startswith("text/html")
     assert job_id in page.text
+
+
+@pytest.mark.parametrize("job_id", [".", ".."])
+async def test_the_console_s_links_reach_a_job_whose_id_is_a_dot_segment(
+    db_url: str, store: Store, job_id: str
+) -> None:
+    """A job id may be `.` or `..`: the console's links and redirects named `/console/jobs/..`,
+    which a browser resolves to `/console/`, and `/console/jobs/.` to the job list."""
+    agent = f"agent-{new_id()}"
+    as_b = {"Authorization": f"Bearer {TOKEN_B}"}
+    async with api_client(db_url, store=store) as client:
+        posted = await client.post(
+            f"/agents/{agent}/jobs", json=enqueue_body(org="org-b", jobId=job_id), headers=as_b
+        )
+        assert posted.status_code == 202, posted.text
+        csrf = await sign_in(client, TOKEN_B)
+        listed = await client.get("/console/jobs", params={"agentId": agent})
+        escaped = job_id.replace(".", "%2E")
+        assert f'href="/console/jobs/{escaped}"' in listed.text
+        page = await client.get(f"/console/jobs/{escaped}")
+        assert page.status_code == 200 and f"/console/jobs/{escaped}/command" in page.text
+        abort = await client.post(
+            f"/console/jobs/{escaped}/command",
+            **form({"csrf": csrf, "type": "abort", "reason": "operator"}),  # type: ignore[arg-type]
+        )
+        assert abort.status_code == 303
+        assert abort.headers["location"].startswith(f"/console/jobs/{escaped}?")

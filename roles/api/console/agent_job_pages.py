@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -21,6 +20,7 @@ from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs import reads as agent_reads
 from receipts.errors import NotFoundError
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
+from roles.api.body import path_segment
 from roles.api.console.pages import PAGE_SIZE, render, store_of
 from roles.api.console.paging import older_query, page_start
 from roles.api.console.receipt_rows import timeline
@@ -42,7 +42,7 @@ router = APIRouter(prefix="/console/agents", include_in_schema=False)
 
 
 def _page_url(session: Session, agent_job_id: str, notice: str) -> str:
-    return f"/console/agents/jobs/{quote(agent_job_id, safe='')}?{notice_query(session, notice)}"
+    return f"/console/agents/jobs/{path_segment(agent_job_id)}?{notice_query(session, notice)}"
 
 
 @router.get("/jobs")

@@ -8,7 +8,6 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -17,6 +16,7 @@ from receipts import reads
 from receipts.objectives import store as objectives
 from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream
 from roles.api.auth import JOBS_WRITE
+from roles.api.body import path_segment
 from roles.api.console.pages import PAGE_SIZE, render, store_of
 from roles.api.console.paging import older_query, page_start
 from roles.api.console.receipt_rows import timeline
@@ -185,5 +185,5 @@ async def objective_cancel(request: Request, objectiveId: str) -> Response:
         notice = f"not canceled: {exc}"
     log.info("console objective cancel", extra={"event": "console.objective_cancel"})
     return RedirectResponse(
-        f"/console/objectives/{quote(objectiveId, safe='')}?{notice_query(session, notice)}", 303
+        f"/console/objectives/{path_segment(objectiveId)}?{notice_query(session, notice)}", 303
     )

@@ -26,7 +26,7 @@ from receipts.store import Store
 from receipts.tenancy import caller_id
 from roles.api.admission import caller_caps, held_retry
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import check_shape
+from roles.api.body import check_shape, path_segment
 from roles.api.console.paging import older_query, page_start
 from roles.api.console.receipt_rows import attempts, progress_lines, timeline
 from roles.api.console.session import (
@@ -67,7 +67,7 @@ _templates = Environment(
     lstrip_blocks=True,
 )
 # Every page builds links with these.
-_templates.globals.update(quote=quote, urlencode=urlencode)
+_templates.globals.update(segment=path_segment, urlencode=urlencode)
 
 
 def temporal_workflows_url(settings: Settings) -> str:
@@ -332,7 +332,7 @@ async def job_command(request: Request, jobId: str) -> Response:
         f"{command_type} appended" if outcome.ok else f"{command_type} refused: {outcome.status}"
     )
     return RedirectResponse(
-        f"/console/jobs/{quote(jobId, safe='')}?{notice_query(session, notice)}", status_code=303
+        f"/console/jobs/{path_segment(jobId)}?{notice_query(session, notice)}", status_code=303
     )
 
 
@@ -358,13 +358,13 @@ async def job_retry(request: Request, jobId: str) -> Response:
     if outcome.retry is None:
         notice = f"not retried: {outcome.status}"
         return RedirectResponse(
-            f"/console/jobs/{quote(jobId, safe='')}?{notice_query(session, notice)}",
+            f"/console/jobs/{path_segment(jobId)}?{notice_query(session, notice)}",
             status_code=303,
         )
     shown = shown_job_id(job, session.principal.organization_id) if job is not None else jobId
     notice = f"retry of {shown}"
     return RedirectResponse(
-        f"/console/jobs/{quote(outcome.retry.job_id, safe='')}?{notice_query(session, notice)}",
+        f"/console/jobs/{path_segment(outcome.retry.job_id)}?{notice_query(session, notice)}",
         status_code=303,
     )
 
