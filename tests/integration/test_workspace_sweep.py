@@ -5,7 +5,10 @@ with every standalone task's and settled objective's files until the kubelet evi
 
 from __future__ import annotations
 
+import asyncio
 import os
+import stat
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -110,3 +113,53 @@ async def test_a_command_cannot_keep_its_idle_workspace_from_the_sweep(
     sweeper = WorkspaceSweeper(store, settings, timedelta(days=7))
     assert await sweeper.run_once() == 1
     assert not workspace.exists() and not marker.exists()
+
+
+def nest(top: Path, depth: int) -> Path:
+    """`d/d/…/d` `depth` deep under `top` (through descriptors: its path may be longer than any
+    path the system takes), what `mkdir d; cd d` in a loop leaves; returns the first `d`."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        os.mkdir("locked", mode=0o000, dir_fd=fd)  # `chmod 000` at the bottom
+    finally:
+        os.close(fd)
+    return top / "d"
+
+
+def rm_rf(path: Path) -> None:
+    subprocess.run(["chmod", "-R", "u+rwx", str(path)], check=False)
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+async def test_a_workspace_nested_thousands_deep_is_removed_and_its_links_not_followed(
+    fresh: tuple[Store, str], tmp_path: Path
+) -> None:
+    """The sweep walked a workspace with Python's recursive walks: a command that nested
+    directories a few thousand deep made its workspace undeletable (RecursionError out of every
+    pass, its files kept for good)."""
+    store, _ = fresh
+    settings = SandboxSettings(workspace_root=tmp_path / "root", mode="none")
+    settled = (await put(store, org="org-a")).job
+    await ops.cancel_queued(store, settled.job_id, reason="done")
+    workspace = job_workspace("org-a", settled.job_id, settings)
+    prepare_workspace(workspace, settings)
+    try:
+        nest(workspace, 1500)
+        host = tmp_path / "host"
+        host.mkdir(mode=0o711)
+        (host / "file").write_text("the host's")
+        (workspace / "to-host").symlink_to(host)  # a link to a host directory, never followed
+        long_ago = time.time() - 30 * DAY
+        os.utime(used_marker(workspace), (long_ago, long_ago))
+        sweeper = WorkspaceSweeper(store, settings, timedelta(days=7))
+        assert await sweeper.run_once() == 1
+        assert os.listdir(workspace.parent) == []  # the workspace, its marker, no leftover
+        assert (host / "file").read_text() == "the host's"
+        assert stat.S_IMODE(host.stat().st_mode) == 0o711
+    finally:  # what is left would break pytest's own clean-up of its temporary directories
+        await asyncio.to_thread(rm_rf, settings.workspace_root)

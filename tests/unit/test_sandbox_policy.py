@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,8 +15,10 @@ from activities.sandbox_policy import (
     Limits,
     SandboxRefused,
     SandboxSettings,
+    check_executable,
     command_line,
     limit_args,
+    resolve_cwd,
 )
 from roles.cli.up import role_env
 
@@ -207,3 +212,75 @@ def test_receipt_up_gives_each_role_only_the_secrets_it_uses() -> None:
         assert "RECEIPT_CALLBACK_SIGNING_SECRET" not in role_env(role, ENV), role
         assert "RECEIPT_CALLBACK_TOKEN" not in role_env(role, ENV), role
     assert role_env("temporal", ENV) == {"PATH": "/usr/bin"}
+
+
+# --- a workspace a command changes while the worker looks at it -------------------------------
+
+
+def swapped_after_resolving(monkeypatch: pytest.MonkeyPatch, name: Path, host: Path) -> None:
+    """`name` turns into a symbolic link to `host` just after the worker resolved it: what
+    another command of the same workspace (an objective's tasks share one) swapping names in a
+    loop does between the worker's two looks."""
+    original = os.path.realpath
+
+    def realpath(path: Any, *args: Any, **kwargs: Any) -> str:
+        real = original(path, *args, **kwargs)
+        if Path(path) == name and not name.is_symlink():
+            name.rename(name.with_name(f"{name.name}.before"))
+            name.symlink_to(host)
+        return real
+
+    monkeypatch.setattr(os.path, "realpath", realpath)
+
+
+@pytest.mark.parametrize("host_has_it", [True, False])
+def test_a_program_turned_into_a_link_after_its_check_tells_nothing_of_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_has_it: bool
+) -> None:
+    """A root worker looked at the host path the link leads to: the command started when the
+    host had an executable there and was refused otherwise, which told the tenant which."""
+    workspace, host = tmp_path / "workspace", tmp_path / "host"
+    workspace.mkdir()
+    host.mkdir(mode=0o700)
+    if host_has_it:
+        (host / "tool").write_text("#!/bin/sh\n")
+        (host / "tool").chmod(0o755)
+    (workspace / "run").write_text("#!/bin/sh\n")
+    (workspace / "run").chmod(0o755)
+    swapped_after_resolving(monkeypatch, workspace / "run", host / "tool")
+    with pytest.raises(SandboxRefused, match="no executable file at"):
+        check_executable("./run", cwd=workspace, env={}, roots=(str(workspace),))
+
+
+@pytest.mark.parametrize("host_has_it", [True, False])
+def test_a_cwd_turned_into_a_link_after_its_check_tells_nothing_of_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_has_it: bool
+) -> None:
+    workspace, host = tmp_path / "workspace", tmp_path / "host"
+    (workspace / "src").mkdir(parents=True)
+    host.mkdir(mode=0o700)
+    if host_has_it:
+        (host / "private").mkdir()
+    swapped_after_resolving(monkeypatch, workspace / "src", host / "private")
+    with pytest.raises(SandboxRefused, match="is not a directory in the workspace"):
+        resolve_cwd(workspace, "src")
+
+
+def test_a_path_that_changes_while_it_is_resolved_is_refused_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """realpath raises EINVAL when a name stops being a link between its two looks at it: the
+    command is refused (never retried), not the handler failed with an OSError."""
+    (tmp_path / "src").mkdir()
+    original = os.path.realpath
+
+    def realpath(path: Any, *args: Any, **kwargs: Any) -> str:
+        if Path(path).name == "src":
+            raise OSError(errno.EINVAL, "Invalid argument", str(path))
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", realpath)
+    with pytest.raises(SandboxRefused, match="outside"):
+        resolve_cwd(tmp_path, "src")
+    with pytest.raises(SandboxRefused, match="outside the sandbox"):
+        check_executable("./src", cwd=tmp_path, env={}, roots=(str(tmp_path),))

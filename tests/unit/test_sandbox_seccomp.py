@@ -50,6 +50,13 @@ def test_denied_calls_get_eperm_and_the_rest_is_allowed() -> None:
     assert all(run(code, nr) == ALLOW for nr in (0, 1, 257, 56, 59, 101, 39))
 
 
+def test_the_kernel_s_log_is_not_read_from_the_sandbox() -> None:
+    """syslog(2) (Docker's profile denies it too): where `kernel.dmesg_restrict` is 0 any process
+    reads the kernel's ring buffer — the host's devices, addresses, other containers' faults."""
+    assert run(program(), 103) == EPERM
+    assert run(program(DENIED_AARCH64, AUDIT_ARCH_AARCH64), 116, AUDIT_ARCH_AARCH64) == EPERM
+
+
 def test_another_architecture_and_the_x32_abi_are_killed() -> None:
     code = program()
     assert run(code, 0, arch=0x40000003) == KILL  # i386
