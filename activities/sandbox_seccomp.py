@@ -1,6 +1,7 @@
 """The seccomp filter every sandboxed command runs under: system calls that reach kernel state the
 namespaces do not separate (keyrings, modules, the clock, swap, mounts, BPF, perf, io_uring,
-kexec, reboot, namespaces, the kernel's log) fail with EPERM; everything else is allowed.
+kexec, reboot, namespaces, the kernel's log) and sockets of the vsock family fail with EPERM;
+everything else is allowed.
 
 It is a deny-list in the spirit of Docker's default profile (which also allows `ptrace` and
 `process_vm_*` on current kernels: a coding agent's debugger works on the sandbox's own
@@ -19,8 +20,9 @@ import os
 import platform
 import struct
 
-# struct seccomp_data: int nr; u32 arch; ...
-_NR, _ARCH = 0, 4
+# struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (the low half of
+# args[0] first, on these little-endian machines).
+_NR, _ARCH, _ARG0 = 0, 4, 16
 _LD_W_ABS = 0x20
 _JEQ_K = 0x15
 _JGE_K = 0x35
@@ -31,6 +33,11 @@ _RET_KILL_PROCESS = 0x80000000
 _X32_BIT = 0x40000000
 AUDIT_ARCH_X86_64 = 0xC000003E
 AUDIT_ARCH_AARCH64 = 0xC00000B7  # EM_AARCH64 (183) | 64-bit | little-endian
+# socket(2) of the vsock family, as Docker's profile refuses it: vsock is not in any namespace,
+# so a command with no network would still reach the hypervisor's (or a VM guest's agent's)
+# vsock services.
+AF_VSOCK = 40
+SOCKET_X86_64, SOCKET_AARCH64 = 41, 198
 
 # Calls added since Linux 5.1 have one number on every architecture.
 _UNIFIED: dict[str, int] = {
@@ -127,12 +134,12 @@ DENIED_AARCH64: dict[str, int] = {
     **_UNIFIED,
 }
 
-# platform.machine() → (the audit arch the filter admits, its deny-list).
-TABLES: dict[str, tuple[int, dict[str, int]]] = {
-    "x86_64": (AUDIT_ARCH_X86_64, DENIED_X86_64),
-    "AMD64": (AUDIT_ARCH_X86_64, DENIED_X86_64),
-    "aarch64": (AUDIT_ARCH_AARCH64, DENIED_AARCH64),
-    "arm64": (AUDIT_ARCH_AARCH64, DENIED_AARCH64),
+# platform.machine() → (the audit arch the filter admits, its deny-list, socket's number).
+TABLES: dict[str, tuple[int, dict[str, int], int]] = {
+    "x86_64": (AUDIT_ARCH_X86_64, DENIED_X86_64, SOCKET_X86_64),
+    "AMD64": (AUDIT_ARCH_X86_64, DENIED_X86_64, SOCKET_X86_64),
+    "aarch64": (AUDIT_ARCH_AARCH64, DENIED_AARCH64, SOCKET_AARCH64),
+    "arm64": (AUDIT_ARCH_AARCH64, DENIED_AARCH64, SOCKET_AARCH64),
 }
 
 
@@ -140,14 +147,20 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def program(denied: dict[str, int] = DENIED_X86_64, arch: int = AUDIT_ARCH_X86_64) -> bytes:
+def program(
+    denied: dict[str, int] = DENIED_X86_64,
+    arch: int = AUDIT_ARCH_X86_64,
+    socket: int = SOCKET_X86_64,
+) -> bytes:
     """The filter as bytes of `struct sock_filter` (what `seccomp_export_bpf` writes): another
     architecture than `arch` (a 32-bit compat task) or the x32 ABI's numbers (none exist on
-    aarch64) is killed, a denied call gets EPERM, the rest is allowed."""
+    aarch64) is killed, a denied call and a `socket` (its number) of AF_VSOCK get EPERM, the
+    rest is allowed."""
     numbers = sorted(set(denied.values()))
     n = len(numbers)
-    # Layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4..4+n-1 jeq nr; allow; errno; kill.
-    allow = 4 + n
+    # Layout: 0 ld arch; 1 jeq arch; 2 ld nr; 3 jge x32; 4..4+n-1 jeq nr; 4+n jeq socket;
+    # ld args[0]; jeq AF_VSOCK; allow; errno; kill.
+    allow = 4 + n + 3
     deny, kill = allow + 1, allow + 2
     code = [
         _insn(_LD_W_ABS, 0, 0, _ARCH),
@@ -159,6 +172,9 @@ def program(denied: dict[str, int] = DENIED_X86_64, arch: int = AUDIT_ARCH_X86_6
         here = 4 + i
         code.append(_insn(_JEQ_K, deny - here - 1, 0, number))
     code += [
+        _insn(_JEQ_K, 0, allow - (4 + n) - 1, socket),
+        _insn(_LD_W_ABS, 0, 0, _ARG0),
+        _insn(_JEQ_K, deny - (4 + n + 2) - 1, 0, AF_VSOCK),
         _insn(_RET_K, 0, 0, _RET_ALLOW),
         _insn(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
         _insn(_RET_K, 0, 0, _RET_KILL_PROCESS),
@@ -175,7 +191,7 @@ def available() -> bool:
 def _machine_program() -> bytes | None:
     """This machine's program, built once per process; None where there is no table."""
     table = TABLES.get(platform.machine())
-    return program(table[1], table[0]) if table is not None else None
+    return program(table[1], table[0], table[2]) if table is not None else None
 
 
 def program_fd() -> int | None:

@@ -694,13 +694,15 @@ async def test_an_explicit_cgroup_that_cannot_be_used_refuses_commands_naming_th
 
 # --- the seccomp filter -------------------------------------------------------------------------
 
-# keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0), io_uring_setup, unshare and getpid,
-# each printed as `name result errno`.
+# keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0), io_uring_setup, unshare, getpid,
+# socket(AF_VSOCK, SOCK_STREAM) and socket(AF_UNIX, SOCK_STREAM), each printed as
+# `name result errno`.
 SYSCALLS = r"""
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 for name, nr, args in [("keyctl", 250, (0, -3, 0)), ("io_uring_setup", 425, (1, 0)),
-                       ("unshare", 272, (0,)), ("getpid", 39, ())]:
+                       ("unshare", 272, (0,)), ("getpid", 39, ()),
+                       ("vsock", 41, (40, 1, 0)), ("unix", 41, (1, 1, 0))]:
     ctypes.set_errno(0)
     result = libc.syscall(nr, *args)
     print(name, result, os.strerror(ctypes.get_errno()) if result < 0 else "ok")
@@ -715,9 +717,9 @@ async def test_calls_into_unseparated_kernel_state_fail_with_eperm(
     result, output = await run([PYTHON, "-c", SYSCALLS], settings)
     assert result.exit_code == 0, output
     seen = {line.split()[0]: line for line in output.splitlines()}
-    for name in ("keyctl", "io_uring_setup", "unshare"):
+    for name in ("keyctl", "io_uring_setup", "unshare", "vsock"):
         assert seen[name] == f"{name} -1 Operation not permitted", output
-    assert seen["getpid"].endswith(" ok"), output
+    assert seen["getpid"].endswith(" ok") and seen["unix"].endswith(" ok"), output
 
 
 async def test_the_tenants_locale_variables_reach_the_command_not_the_chain_before_it(

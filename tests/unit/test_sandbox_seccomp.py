@@ -22,9 +22,9 @@ ALLOW, KILL = 0x7FFF0000, 0x80000000
 EPERM = 0x00050000 | errno.EPERM
 
 
-def run(code: bytes, nr: int, arch: int = AUDIT_ARCH_X86_64) -> int:
-    """Interpret the filter over `struct seccomp_data {int nr; u32 arch; ...}`."""
-    data = struct.pack("=iI", nr, arch) + bytes(56)
+def run(code: bytes, nr: int, arch: int = AUDIT_ARCH_X86_64, arg0: int = 0) -> int:
+    """Interpret the filter over `struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]}`."""
+    data = struct.pack("=iIQQ", nr, arch, 0, arg0) + bytes(40)
     insns = [struct.unpack_from("=HBBI", code, i) for i in range(0, len(code), 8)]
     pc, acc = 0, 0
     for _ in range(len(insns)):
@@ -55,6 +55,18 @@ def test_the_kernel_s_log_is_not_read_from_the_sandbox() -> None:
     reads the kernel's ring buffer — the host's devices, addresses, other containers' faults."""
     assert run(program(), 103) == EPERM
     assert run(program(DENIED_AARCH64, AUDIT_ARCH_AARCH64), 116, AUDIT_ARCH_AARCH64) == EPERM
+
+
+def test_a_vsock_socket_is_refused_and_any_other_family_is_not() -> None:
+    """vsock is in no namespace: with the network off, a command could still reach the
+    hypervisor's vsock services (Docker's profile refuses the family too)."""
+    for code, socket, arch in (
+        (program(), 41, AUDIT_ARCH_X86_64),
+        (program(DENIED_AARCH64, AUDIT_ARCH_AARCH64, 198), 198, AUDIT_ARCH_AARCH64),
+    ):
+        assert run(code, socket, arch, arg0=40) == EPERM
+        assert all(run(code, socket, arch, arg0=family) == ALLOW for family in (1, 2, 10, 16))
+        assert run(code, socket + 1, arch, arg0=40) == ALLOW  # another call's first argument
 
 
 def test_another_architecture_and_the_x32_abi_are_killed() -> None:
