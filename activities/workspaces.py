@@ -21,9 +21,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import subprocess
 from pathlib import Path
 
 from activities.sandbox_policy import (
+    DEFAULT_PATH,
     SAFE_NAME,
     SandboxRefused,
     SandboxSettings,
@@ -186,8 +188,14 @@ def adopt(legacy: Path, workspace: Path, settings: SandboxSettings) -> bool:
 
 
 def _chown_tree(top: Path, uid: int) -> None:
-    """Give `top` and everything below it (symlinks themselves, never their targets) to `uid`."""
-    os.lchown(top, uid, uid)
-    for directory, subdirs, files in os.walk(top):
-        for name in (*subdirs, *files):
-            os.lchown(os.path.join(directory, name), uid, uid)
+    """Give `top` and everything below it (symlinks themselves, never their targets) to `uid`.
+    coreutils' chown walks a tree of any depth through directory descriptors (Python's os.walk
+    recurses: a workspace a command nested a thousand directories deep raised RecursionError
+    and failed every turn of its job). Raises OSError when it could not."""
+    argv = ["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--", str(top)]
+    done = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+        env={"PATH": DEFAULT_PATH},
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise OSError(f"{top} could not be given to uid {uid}: {done.stderr.strip()[-500:]}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -116,6 +117,44 @@ def test_a_moved_workspace_belongs_to_the_uid_of_its_new_path(workspace_root: Pa
     uid = uid_for(target, settings)
     owners = {p.lstat().st_uid for p in [target, *target.rglob("*")]}
     assert owners == {uid}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to the sandbox's uid")
+def test_a_moved_workspace_nested_thousands_deep_is_given_whole_and_no_link_followed(
+    workspace_root: Path, tmp_path: Path
+) -> None:
+    """os.walk recursed: a legacy workspace a command had nested 1 500 directories deep raised
+    RecursionError out of `adopt`, and every turn of its job failed on it."""
+    root = workspace_root / f"unit-{uuid.uuid4().hex[:8]}"
+    settings = SandboxSettings(workspace_root=root, uids=(50_000, 50_009))
+    legacy = legacy_objective_workspace("deep", settings)
+    prepare_workspace(legacy, settings)
+    host_file = tmp_path / "host.txt"
+    host_file.write_text("the host's")
+    (legacy / "link").symlink_to(host_file)
+    bottom = nest(legacy, 1_500)
+    try:
+        target = objective_workspace("org-a", "deep", settings)
+        assert adopt(legacy, target, settings)
+        uid = uid_for(target, settings)
+        assert (target / "link").lstat().st_uid == uid and host_file.stat().st_uid == 0
+        assert os.stat("locked", dir_fd=bottom).st_uid == uid
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+        os.close(bottom)
+
+
+def nest(top: Path, depth: int) -> int:
+    """`d/d/…/d/locked` `depth` deep under `top`, made through descriptors (what `mkdir d; cd d`
+    in a loop leaves); returns a descriptor of the last `d`."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.mkdir("locked", dir_fd=fd)
+    return fd
 
 
 def test_an_earlier_objective_named_orgs_is_never_moved_into_its_own_tree(tmp_path: Path) -> None:
