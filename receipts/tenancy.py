@@ -18,6 +18,17 @@ TENANT_SEPARATOR = "~"
 """Joins a caller's id and its organization's tag in the id the runtime uses."""
 
 
+HIDDEN_POSITION = 0
+"""The `position` a receipt shows an organization. The runtime's is global (docs/design.md §3):
+it counts every organization's receipts, so the gap between two of one organization's own would
+say how many the others wrote in between."""
+
+
+def without_position(receipt: dict[str, Any]) -> dict[str, Any]:
+    """A receipt's JSON as an organization sees it: its global position hidden."""
+    return {**receipt, "position": HIDDEN_POSITION}
+
+
 def organization_tag(organization_id: str) -> str:
     """A short, fixed-length tag of an organization id (no characters an id may not hold)."""
     return hashlib.sha256(organization_id.encode("utf-8")).hexdigest()[:16]

@@ -15,7 +15,7 @@ import random
 import secrets
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
@@ -149,6 +149,7 @@ class Webhook:
     description: str | None
     created_at: datetime
     secret_rotated_at: datetime | None
+    delivery_key: str = field(default="", repr=False)  # never shown (receipts/webhook_ids.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -225,7 +226,7 @@ def parse_create(body: Any) -> WebhookCreate:
 
 
 def _webhook(row: Sequence[Any]) -> Webhook:
-    return Webhook(row[0], row[1], row[2], list(row[3]), row[4], row[5], row[6])
+    return Webhook(row[0], row[1], row[2], list(row[3]), row[4], row[5], row[6], row[7])
 
 
 class TooManyWebhooks(ConflictError):

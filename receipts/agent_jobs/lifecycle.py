@@ -26,6 +26,7 @@ from receipts.errors import (
 from receipts.jobs import Job, Receipt
 from receipts.kinds import TURN_KIND, route
 from receipts.store import Draft, Store, Tx
+from receipts.tenancy import without_position
 
 log = logging.getLogger("receipts.agent_jobs")
 
@@ -136,7 +137,8 @@ async def _wake(tx: Tx, job: AgentJob, session: str) -> None:
         webhooks.WAKEUP_EVENT,
         event_key=source_id,
         subject=job.agent_job_id,
-        data={"sessionId": job.owner_session_id, "wakeup": stored[0].to_json()},
+        # The organization's receiver: the wakeup without its global position (tenancy.py).
+        data={"sessionId": job.owner_session_id, "wakeup": without_position(stored[0].to_json())},
     )
     AGENT_JOB_EVENTS.labels("wakeup").inc()
     log.info(

@@ -38,15 +38,18 @@ SELECT count(*) FROM webhooks WHERE organization_id = %(organization_id)s;
 -- name: webhook_insert
 INSERT INTO webhooks (webhook_id, organization_id, url, events, description, secret)
 VALUES (%(webhook_id)s, %(organization_id)s, %(url)s, %(events)s, %(description)s, %(secret)s)
-RETURNING webhook_id, organization_id, url, events, description, created_at, secret_rotated_at;
+RETURNING webhook_id, organization_id, url, events, description, created_at, secret_rotated_at,
+       delivery_key;
 
 -- name: webhook_get
-SELECT webhook_id, organization_id, url, events, description, created_at, secret_rotated_at
+SELECT webhook_id, organization_id, url, events, description, created_at, secret_rotated_at,
+       delivery_key
 FROM webhooks WHERE webhook_id = %(webhook_id)s;
 
 -- name: webhooks_page
 -- Newest first, after the keyset cursor; one organization's, or every one's for an admin.
-SELECT webhook_id, organization_id, url, events, description, created_at, secret_rotated_at
+SELECT webhook_id, organization_id, url, events, description, created_at, secret_rotated_at,
+       delivery_key
 FROM webhooks
 WHERE (%(organization_id)s::text IS NULL OR organization_id = %(organization_id)s)
   AND (%(after_at)s::timestamptz IS NULL
@@ -60,7 +63,8 @@ DELETE FROM webhooks WHERE webhook_id = %(webhook_id)s RETURNING webhook_id;
 -- name: webhook_rotate
 UPDATE webhooks SET secret = %(secret)s, secret_rotated_at = now()
 WHERE webhook_id = %(webhook_id)s
-RETURNING webhook_id, organization_id, url, events, description, created_at, secret_rotated_at;
+RETURNING webhook_id, organization_id, url, events, description, created_at, secret_rotated_at,
+       delivery_key;
 
 -- name: webhook_deliveries_page
 -- A subscription's deliveries, newest first, after the keyset cursor.

@@ -10,6 +10,7 @@ validated `Last-Event-ID` (an EventSource reconnects with it and misses nothing)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ from receipts.errors import TransientStorageError
 from receipts.jobs import Receipt
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.store import Store
+from receipts.tenancy import without_position
 from roles.api.auth import Principal
 from roles.api.deps import ApiState, takes_query
 from roles.api.documented import sse_documented
@@ -148,6 +150,19 @@ class Followed(Generic[S]):
 
     def shown(self, receipt: Receipt) -> dict[str, Any]:
         return self.show(receipt.to_json()) if self.show else receipt.to_json()
+
+
+def as_seen_by(caller: Principal, followed: Followed[S]) -> Followed[S]:
+    """`followed` with its receipts as `caller` may see them: an admin sees each one's global
+    `position`, an organization none (receipts/tenancy.py `without_position`)."""
+    if caller.admin:
+        return followed
+    show = followed.show
+
+    def hidden(receipt: dict[str, Any]) -> dict[str, Any]:
+        return without_position(show(receipt) if show else receipt)
+
+    return dataclasses.replace(followed, show=hidden)
 
 
 async def stream_events(
@@ -359,6 +374,7 @@ async def events_response(
     """A stream's receipts past `after` (or `Last-Event-ID`, which wins): live SSE when the
     request asks for it, else one JSON page `{**head, receipts, lastSeq}`."""
     resume = parse_last_event_id(asked.request.headers.get("last-event-id"), asked.after)
+    followed = as_seen_by(caller, followed)
     if wants_stream(asked.request):
         return stream_response(state, caller.token_id, followed, resume)
     receipts, last_seq = await receipts_page(

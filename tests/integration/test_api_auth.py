@@ -216,6 +216,28 @@ async def test_steer_by_session_key_stays_within_the_organization(
     assert await types(store, rid(theirs["jobId"], "org-b")) == ["job.enqueued"]
 
 
+async def test_a_receipt_says_nothing_of_how_much_other_organizations_write(
+    client: httpx.AsyncClient,
+) -> None:
+    # A receipt's `position` counts every organization's receipts: shown to an organization,
+    # the gap between two of its own receipts was the number another wrote in between.
+    async def position(job_id: str, headers: dict[str, str]) -> int:
+        page = await client.get(f"/jobs/{job_id}/events", headers=headers)
+        assert page.status_code == 200, page.text
+        found: int = page.json()["receipts"][0]["position"]
+        return found
+
+    first = await position((await job_of(client, "org-b", AS_B))["jobId"], AS_B)
+    quiet = await position((await job_of(client, "org-b", AS_B))["jobId"], AS_B)
+    for _ in range(3):  # org-a writes three receipts
+        await job_of(client, "org-a", AS_A)
+    busy = await position((await job_of(client, "org-b", AS_B))["jobId"], AS_B)
+    assert busy - quiet == quiet - first
+    # The operator still sees the global order.
+    ours = rid((await job_of(client, "org-a", AS_A))["jobId"])
+    assert await position(ours, AS_ADMIN) > busy
+
+
 async def test_tokens_never_reach_the_logs(
     client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:

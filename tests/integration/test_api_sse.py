@@ -242,6 +242,24 @@ async def test_another_organization_cannot_stream_a_job(client: httpx.AsyncClien
     assert response.json()["error"]["code"] == "not_found"
 
 
+async def test_a_stream_shows_an_organization_no_global_position(
+    client: httpx.AsyncClient,
+) -> None:
+    # As a JSON page (test_api_auth.py): the gap between the positions of two of org-a's
+    # receipts would count the receipts org-b wrote in between.
+    async def position() -> int:
+        received, _ = await collect(client, await enqueue(client), stop_after=1)
+        found: int = received[0]["position"]
+        return found
+
+    first, quiet = await position(), await position()
+    for _ in range(3):
+        theirs = enqueue_body(org="org-b")
+        assert (await client.post("/agents/codex/jobs", json=theirs, headers=AS_B)).is_success
+    busy = await position()
+    assert busy - quiet == quiet - first
+
+
 async def test_an_invalid_last_event_id_is_422(client: httpx.AsyncClient) -> None:
     job_id = await enqueue(client)
     response = await client.get(

@@ -29,7 +29,7 @@ from activities.webhook_egress import Target, post
 from receipt_client import Client
 from receipt_client.errors import InvalidInput as ClientInvalidInput
 from receipt_client.errors import NotFound
-from receipts import metrics, retention
+from receipts import metrics, retention, webhook_ids
 from receipts import operations as ops
 from receipts import webhooks as hooks
 from receipts.agent_jobs import lifecycle
@@ -39,7 +39,7 @@ from receipts.guarded import append_if_unchanged
 from receipts.objectives import store as objectives
 from receipts.sql import query
 from receipts.store import Draft, Store
-from receipts.tenancy import caller_id
+from receipts.tenancy import HIDDEN_POSITION, caller_id
 from receipts.webhooks import WebhookSettings
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.webhooks import WebhookDeliverer
@@ -623,6 +623,32 @@ async def test_rotating_the_secret_makes_the_old_one_fail_the_next_delivery(
         verify(post, old)
 
 
+async def test_delivery_ids_say_nothing_of_other_organizations_deliveries(
+    fresh: tuple[Store, str], receiver: Receiver
+) -> None:
+    # Delivery ids come from one sequence for every organization: shown as they are, the gap
+    # between two of org-b's would count the deliveries owed to org-a's webhooks meanwhile.
+    store, url = fresh
+    async with api_client(url, store=store, webhooks=ALLOWED) as api:
+        ours, _ = await subscribe(api, AS_B, receiver.url("/b"), ["job.failed"])
+        theirs, _ = await subscribe(api, AS_A, receiver.url("/a"), ["job.failed"])
+
+        async def tested(hook: str, headers: dict[str, str]) -> str:
+            answer = await api.post(f"/webhooks/{hook}/test", headers=headers)
+            assert answer.status_code == 202, answer.text
+            delivery: str = answer.json()["deliveryId"]
+            return delivery
+
+        first, quiet = await tested(ours, AS_B), await tested(ours, AS_B)
+        for _ in range(3):
+            await tested(theirs, AS_A)
+        busy = await tested(ours, AS_B)
+        listed = await api.get(f"/webhooks/{ours}/deliveries", headers=AS_B)
+        assert [d["deliveryId"] for d in listed.json()["deliveries"]] == [busy, quiet, first]
+    # What org-b is shown is not the sequence: no gap counts org-a's three.
+    assert int(busy) - int(quiet) != 4 or int(quiet) - int(first) != 1
+
+
 async def test_another_organization_sees_nothing_and_bad_input_writes_nothing(
     fresh: tuple[Store, str], receiver: Receiver
 ) -> None:
@@ -673,18 +699,19 @@ async def test_another_organization_sees_nothing_and_bad_input_writes_nothing(
 async def test_a_deliveries_cursor_this_api_did_not_return_is_422_not_a_500(
     fresh: tuple[Store, str], receiver: Receiver
 ) -> None:
-    """The deliveries' cursor names a bigint delivery id: `²` passes `str.isdigit` (int()
-    refused it) and 20 digits passed PostgreSQL's bigint (out of range): both were a 500."""
+    """The deliveries' cursor names a delivery id as shown (receipts/webhook_ids.py): `²`
+    passes `str.isdigit` (int() refused it) and 20 digits passed PostgreSQL's bigint (out of
+    range): both were a 500."""
     store, url = fresh
     async with api_client(url, store=store, webhooks=ALLOWED) as api:
         hook, _ = await subscribe(api, AS_A, receiver.url("/c"), ["job.failed"])
-        for key in ("\u00b2", "9" * 20, "9223372036854775808", "-1", " 1"):
+        for key in ("\u00b2", "9" * 20, "9223372036854775808", str(webhook_ids.LIMIT), "-1", " 1"):
             raw = json.dumps(["2026-01-01T00:00:00+00:00", key]).encode()
             cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
             answer = await api.get(f"/webhooks/{hook}/deliveries?cursor={cursor}", headers=AS_A)
             assert answer.status_code == 422, (key, answer.text)
             assert answer.json()["error"]["field"] == "cursor"
-        raw = json.dumps(["2026-01-01T00:00:00+00:00", str(2**63 - 1)]).encode()
+        raw = json.dumps(["2026-01-01T00:00:00+00:00", str(webhook_ids.LIMIT - 1)]).encode()
         cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
         answer = await api.get(f"/webhooks/{hook}/deliveries?cursor={cursor}", headers=AS_A)
         assert answer.status_code == 200 and answer.json()["deliveries"] == []
@@ -811,6 +838,8 @@ async def test_wakeups_and_settled_objectives_are_owed_with_their_receipts(
     assert set(got) == {"session.wakeup", "objective.settled"}
     assert got["session.wakeup"]["sessionId"] == session
     assert got["session.wakeup"]["wakeup"]["data"]["status"] == "waiting_on_user"
+    # Not the global position: it counts every organization's receipts (receipts/tenancy.py).
+    assert got["session.wakeup"]["wakeup"]["position"] == HIDDEN_POSITION
     assert got["objective.settled"]["objective"]["status"] == "completed"
 
 

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from activities.webhook_egress import refused_reason
+from receipts import webhook_ids
 from receipts.errors import InvalidInput
 from receipts.webhooks import (
     EVENTS,
@@ -148,3 +149,17 @@ def test_a_good_create_body_keeps_each_event_once() -> None:
         {"url": "https://x.example/h", "events": ["job.failed", "job.failed", "session.wakeup"]}
     )
     assert parsed.events == ["job.failed", "session.wakeup"] and parsed.description is None
+
+
+def test_a_delivery_id_is_shown_permuted_by_its_webhooks_key_and_read_back() -> None:
+    ids = [0, 1, 2, 3, 1_000, webhook_ids.LIMIT - 1, *random.sample(range(webhook_ids.LIMIT), 200)]
+    for key in ("one-key", "another-key"):
+        shown = [webhook_ids.shown(key, i) for i in ids]
+        assert [webhook_ids.stored(key, s) for s in shown] == ids
+        assert len(set(shown)) == len(ids)
+    # Consecutive ids are not shown consecutive, and two webhooks show one id differently.
+    gaps = {webhook_ids.shown("k", i + 1) - webhook_ids.shown("k", i) for i in range(20)}
+    assert gaps != {1}
+    assert webhook_ids.shown("one-key", 7) != webhook_ids.shown("another-key", 7)
+    with pytest.raises(ValueError):
+        webhook_ids.shown("k", webhook_ids.LIMIT)

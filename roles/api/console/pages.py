@@ -49,7 +49,7 @@ from roles.api.deps import ApiError, shown_id
 from roles.api.limits import refusals
 from roles.api.routes.jobs import followed_job
 from roles.api.schema import shown_job_id
-from roles.api.sse import parse_last_event_id, parse_seq, stream_response
+from roles.api.sse import as_seen_by, parse_last_event_id, parse_seq, stream_response
 
 log = logging.getLogger("roles.api.console")
 
@@ -236,7 +236,7 @@ async def job_events(request: Request, jobId: str) -> Response:
         return Response("no such job", status_code=404)
     after = parse_seq(request.query_params.get("after") or "0", "after")
     resume = parse_last_event_id(request.headers.get("last-event-id"), after)
-    followed = followed_job(job, shown_id(session.principal, job))
+    followed = as_seen_by(session.principal, followed_job(job, shown_id(session.principal, job)))
     state = request.app.state.api
     return stream_response(
         state, session.principal.token_id, followed, resume, alive=session_alive(request, store)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from activities import webhook_egress as egress
-from receipts import metrics
+from receipts import metrics, webhook_ids
 from receipts import webhooks as hooks
 from receipts.errors import InvalidInput
 from receipts.tenancy import untagged
@@ -46,7 +46,7 @@ def _changed(action: str, webhook: Webhook, **extra: object) -> None:
 
 
 router = APIRouter(tags=["webhooks"])
-BIGINT_MAX = 2**63 - 1
+SHOWN_LIMIT = webhook_ids.LIMIT
 
 WebhookId = Annotated[str, Path(alias="webhookId", description="The webhook id")]
 EventName = Literal[hooks.EVENTS]  # type: ignore[valid-type]
@@ -297,9 +297,9 @@ async def test_webhook(state: State, caller: Caller, webhook_id: WebhookId) -> J
     await state.org_limits.admit_paced(webhook.organization_id)
     delivery_id = await hooks.send_test(state.require_store(), webhook)
     _changed("tested", webhook, deliveryId=str(delivery_id))
-    return JSONResponse(
-        {"webhookId": webhook.webhook_id, "deliveryId": str(delivery_id)}, status_code=202
-    )
+    # Not the sequence's id: its gaps would count other organizations' deliveries.
+    shown = str(webhook_ids.shown(webhook.delivery_key, delivery_id))
+    return JSONResponse({"webhookId": webhook.webhook_id, "deliveryId": shown}, status_code=202)
 
 
 @router.get(
@@ -322,13 +322,15 @@ async def list_webhook_deliveries(
     after = decode_cursor(cursor)
     after_id: int | None = None
     if after is not None:
-        # A delivery id is a bigint: ASCII digits only (`str.isdigit` takes `²`, which `int`
-        # refuses) and within its range (PostgreSQL refuses a larger one), or the read is a 500.
+        # A delivery id as shown (webhook_ids.py): ASCII digits only (`str.isdigit` takes `²`,
+        # which `int` refuses) within the permuted range, or the read is a 500.
         key = after.key
-        if not (key.isascii() and key.isdigit() and len(key) <= 19 and int(key) <= BIGINT_MAX):
+        if not (key.isascii() and key.isdigit() and len(key) <= 19 and int(key) < SHOWN_LIMIT):
             raise InvalidInput("cursor", "cursor is not one this API returned")
-        after_id = int(after.key)
+        after_id = webhook_ids.stored(webhook.delivery_key, int(after.key))
     items, more = await hooks.deliveries_page(state.require_store(), webhook_id, after_id, limit)
+    for item in items:
+        item["deliveryId"] = str(webhook_ids.shown(webhook.delivery_key, int(item["deliveryId"])))
     if not caller.admin:
         items = untagged(items, webhook.organization_id)
     # A delivery keeps every try (up to RECEIPT_WEBHOOK_MAX_TRIES, each with its error): a
