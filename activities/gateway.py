@@ -246,11 +246,13 @@ class Gateway:
         if pool.provider.api != style:
             message = f"{grant.binding} speaks {pool.provider.api}"
             return self._refused(grant, "wrong_api", error(style, 404, "not_found_error", message))
+        if self.meter is not None and (spent := await self.meter.refusal(grant, style)):
+            return self._refused(grant, "budget", spent)
+        # Checked after the budget's read (an await), with nothing awaited until `call_began`:
+        # the calls that waited on that read do not all pass the cap together.
         if grant.in_flight >= MAX_CALLS_PER_GRANT:
             message = f"a turn has at most {MAX_CALLS_PER_GRANT} model calls in flight"
             return self._refused(grant, "in_flight", error(style, 429, "rate_limit_error", message))
-        if self.meter is not None and (spent := await self.meter.refusal(grant, style)):
-            return self._refused(grant, "budget", spent)
         # Counted from before its body is read: a body still arriving is a call in flight too
         # (so a turn cannot hold more bodies in the worker's memory, nor calls at the provider).
         grant.call_began()

@@ -6,12 +6,16 @@ Each process counts its calls' tokens as their answers end (`Meter.count`) and a
 database's meter, `organization_token_usage` (one row per organization and UTC day, migration
 0022), every FLUSH_MS (`Meter.flush`: a failed flush is logged and counted by its loop, and its
 counts kept for the next). A call is checked before its body is read against the meter as last
-read (at most REFRESH_S old) plus what this process counted since. A spent budget is quota with
-a known recovery time, the next UTC midnight: the call gets the provider's 429 with
-`retry-after`, and the turn settles `quota_exhausted` until then (a placement delay, its attempt
-refunded) whatever its command reported. Calls running at once in several processes may pass
-the budget by what they spend before the next read; nothing is counted twice. An admin's jobs
-(no organization) have no budget.
+read (at most REFRESH_S old) plus what this process counted since (those being flushed
+included); a meter not read within READ_TIMEOUT_S (the database away) leaves the last read
+standing, nothing before the first: no call waits on the database or fails for it. A spent
+budget is quota with a known recovery time, the next UTC midnight: the call gets the
+provider's 429 with `retry-after`, and the turn settles `quota_exhausted` until then (a
+placement delay, its attempt refunded) whatever its command reported, and whatever sooner
+recovery a model's quota has. Calls running at once in several processes may pass
+the budget by what they spend before the next read. A call is counted once, but a flush the
+database committed whose answer never came back (the connection lost at that moment) is added
+again by the next. An admin's jobs (no organization) have no budget.
 """
 
 from __future__ import annotations
@@ -25,18 +29,18 @@ from typing import Protocol
 
 from starlette.responses import Response
 
+from activities.gateway_grant import BUDGET_QUOTA
 from activities.gateway_http import error
 from activities.gateway_providers import Budgets
 from activities.gateway_usage import Usage
-from receipts import token_usage
+from receipts import metrics, token_usage
 from receipts.store import Store
 
 log = logging.getLogger("activities.gateway")
 
 FLUSH_MS = 2_000  # a process's counts reach the database's meter this often
 REFRESH_S = 5.0  # an organization's spend is read again after this long
-BUDGET_QUOTA = "(the organization's daily token budget)"
-"""The grant's quota key a spent budget is recorded under (the models' own are their names)."""
+READ_TIMEOUT_S = 2.0  # a read of the meter (the database away): the call is checked without it
 
 
 class Turn(Protocol):
@@ -65,6 +69,7 @@ class Meter:
         self.store = store
         self.budgets = budgets
         self._unflushed: dict[str, list[int]] = {}  # organization: [calls, in, out]
+        self._flushing: dict[str, list[int]] = {}  # taken by the flush under way, not yet written
         self._reads: dict[str, _Read] = {}
         self._lock = asyncio.Lock()  # a flush and a read do not interleave
 
@@ -81,7 +86,9 @@ class Meter:
         """Add the counts since the last flush to the database's meter; the organizations
         written. Raises (counts kept) when the database cannot take them."""
         async with self._lock:
-            taken, self._unflushed = self._unflushed, {}
+            # Still counted by `spent` while they are written (`_flushing`), then in the read.
+            taken = self._flushing = self._unflushed
+            self._unflushed = {}
             if not taken:
                 return 0
             try:
@@ -93,6 +100,8 @@ class Meter:
                         a + b for a, b in zip(kept, counts, strict=True)
                     ]
                 raise
+            finally:
+                self._flushing = {}
             for organization, counts in taken.items():
                 if (read := self._reads.get(organization)) is not None:
                     read.spent += counts[1] + counts[2]
@@ -103,17 +112,37 @@ class Meter:
         since), and when the day renews."""
         read = self._reads.get(organization_id)
         if read is None or read.stale:
-            async with self._lock:
+            read = self._reads[organization_id] = await self._read_again(organization_id)
+        unflushed = self._unflushed.get(organization_id, [0, 0, 0])
+        flushing = self._flushing.get(organization_id, [0, 0, 0])
+        return read.spent + sum(unflushed[1:]) + sum(flushing[1:]), read.renews
+
+    async def _read_again(self, organization_id: str) -> _Read:
+        """The meter read again, within READ_TIMEOUT_S (a flush's write included): a call is
+        neither held on the database nor failed for it. Unread, the last read stands (from
+        the day's start: nothing) until REFRESH_S later."""
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_S), self._lock:
                 read = self._reads.get(organization_id)
-                if read is None or read.stale:  # not read while this call waited
-                    read = self._reads[organization_id] = await self._read(organization_id)
-        counts = self._unflushed.get(organization_id, [0, 0, 0])
-        return read.spent + counts[1] + counts[2], read.renews
+                if read is not None and not read.stale:  # read while this call waited
+                    return read
+                return await self._read(organization_id)
+        except Exception as exc:  # TimeoutError included: the database away or slow
+            metrics.GATEWAY_BUDGET_UNREAD.inc()
+            log.warning(
+                "an organization's token spend could not be read; its calls are checked "
+                "against the last read",
+                extra={"event": "gateway.budget_unread", "organizationId": organization_id,
+                       "error": str(exc) or type(exc).__name__},
+            )  # fmt: skip
+            last = self._reads.get(organization_id)
+            if last is None or _now() >= last.renews:
+                return _Read(0, time.monotonic(), _next_midnight(_now()))
+            return _Read(last.spent, time.monotonic(), last.renews)
 
     async def _read(self, organization_id: str) -> _Read:
         spent, now = await token_usage.spent_today(self.store, organization_id)
-        midnight = datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
-        return _Read(spent, time.monotonic(), midnight)
+        return _Read(spent, time.monotonic(), _next_midnight(now))
 
     async def refusal(self, grant: Turn, style: str) -> Response | None:
         """The provider-shaped 429 for a call of `grant`'s organization once its budget is
@@ -135,3 +164,7 @@ class Meter:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _next_midnight(now: datetime) -> datetime:
+    return datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("activities.gateway")
 
+BUDGET_QUOTA = "(the organization's daily token budget)"
+"""The quota key a spent budget is recorded under (the models' own are their names): every
+model's calls are refused until it renews (activities/gateway_budget.py)."""
+
 MAX_GRANT_BODY_BYTES = 64 * 1024 * 1024
 """The bodies of a turn's calls in flight, together (each at most 32 MiB, 8 in flight): a
 worker runs several turns, and each body is held until its answer is sent."""
@@ -105,8 +109,11 @@ class Grant:
 
     @property
     def quota_until(self) -> datetime | None:
-        """The earliest recovery of the quota the turn still meets (None: none)."""
-        return min(self.quota_models.values(), default=None)
+        """The earliest recovery of the quota the turn still meets (None: none), but not
+        before its organization's budget renews if the turn met it: that holds every model."""
+        earliest = min(self.quota_models.values(), default=None)
+        budget = self.quota_models.get(BUDGET_QUOTA)
+        return max(earliest, budget) if earliest is not None and budget is not None else earliest
 
     def summary(self) -> dict[str, Any]:
         """The turn's usage as its result carries it (an `agent_job.usage` receipt)."""

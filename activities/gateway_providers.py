@@ -39,22 +39,25 @@ class Budgets:
 
 def parse_budgets(text: str) -> Budgets:
     """`200000` (every organization), `acme=1000000` (one), or both comma-separated:
-    `200000,acme=1000000,lab=0`. Raises ValueError naming the item that is neither."""
-    default, overrides = 0, {}
+    `200000,acme=1000000,lab=0`. Raises ValueError naming the item that is neither, or the
+    budget given twice (one would be dropped unseen)."""
+    default: int | None = None
+    overrides: dict[str, int] = {}
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         name, sep, number = (part.strip() for part in item.rpartition("="))
-        if not number.isdigit() or (sep and not name):
+        twice = (name in overrides) if sep else (default is not None)
+        if not (number.isascii() and number.isdigit()) or (sep and not name) or twice:
             raise ValueError(
-                f"a whole number of tokens or organization=tokens, comma-separated (0: no "
-                f"budget; {item!r} is neither)"
+                f"a whole number of tokens or organization=tokens, comma-separated, each once "
+                f"(0: no budget; {item!r} is {'a second' if twice else 'neither'})"
             )
         if sep:
             overrides[name] = int(number)
         else:
             default = int(number)
-    return Budgets(default, overrides)
+    return Budgets(default or 0, overrides)
 
 
 class GatewaySettings(ReceiptSettings):

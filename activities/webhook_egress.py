@@ -138,7 +138,14 @@ class _Lookups:
                 thread = threading.Thread(
                     target=self._look_up, args=(key, lookup), name="webhook-dns", daemon=True
                 )
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # at the process's limit of threads (pids)
+                    del self._running[key]  # else resolving for good: waited on, never ending
+                    metrics.WEBHOOK_LOOKUPS_REFUSED.inc()
+                    raise EgressRefused(
+                        f"{host!r} is not looked up: no thread for it ({exc}); try again later"
+                    ) from None
             if owner is not None:
                 self._owners[owner] = held | {key}
             return lookup

@@ -317,6 +317,11 @@ GATEWAY_TOOLS_REMOVED = Counter(
     "family.",
     ["binding", "family"],
 )
+GATEWAY_BUDGET_UNREAD = Counter(
+    "receipt_gateway_budget_unread",
+    "Reads of an organization's token spend (activities/gateway_budget.py) that failed or "
+    "took over 2 s (the database away or slow): the call was checked against the last read.",
+)
 GATEWAY_USAGE_UNSETTLED = Counter(
     "receipt_gateway_usage_unsettled",
     "Model calls still running 10 s after their turn's command ended, by binding: billed by "

@@ -34,6 +34,7 @@ NOT_FOUND = "not_found"
 NOT_RETRYABLE = "not_retryable"  # the job is active or completed
 AGENT_TURN = "agent_job_turn"  # a turn of an agent job: its agent job retries it, not a caller
 REFUSED = "refused"  # `held` refused it (bulk: the job is left as it is, the others go on)
+MAX_BULK_REFUSED = 1_000  # refused jobs one bulk retry goes past (each a short transaction)
 
 Held = Callable[[EnqueueRequest], EnqueueRequest]
 """What a retry is held to before it is written, as the api holds a direct enqueue (its
@@ -146,36 +147,63 @@ async def retry_matching(
     jobs already retried are not selected, so running the same bulk retry twice creates nothing.
     What `admission` raises (the organization's caps reached) stops the run there: the retries
     made stand, and running it again goes on from them. A job `held` refuses is left as it is
-    (`REFUSED`) and the others go on.
+    (`REFUSED`, not counted against `limit`) and the others go on, past at most
+    MAX_BULK_REFUSED such jobs.
     """
-    rows = await store.fetch(
-        "retry_candidates",
-        {
-            "status": filters.get("status") or "failed",
-            "agent_id": filters.get("agent_id"),
-            "kind": filters.get("kind"),
-            "lane": filters.get("lane"),
-            "error": filters.get("error"),
-            "organization_id": filters.get("organization_id") if admin else organization_id,
-            "limit": min(max(limit, 1), MAX_BULK),
-        },
-    )
-    outcomes = []
-    for row in rows:
-        try:
-            outcome = await retry(
-                store,
-                row[0],
-                organization_id=organization_id,
-                admin=admin,
-                admission=admission,
-                held=held,
+    limit = min(max(limit, 1), MAX_BULK)
+    outcomes: list[RetryOutcome] = []
+    # Selected again past the ones it tried: a refused job is not retried, so it stays among
+    # the oldest candidates, and taken against `limit` it held back every other for good.
+    tried: list[str] = []
+    while len(tried) - _refused(outcomes) < limit and _refused(outcomes) < MAX_BULK_REFUSED:
+        rows = await store.fetch(
+            "retry_candidates",
+            {
+                "status": filters.get("status") or "failed",
+                "agent_id": filters.get("agent_id"),
+                "kind": filters.get("kind"),
+                "lane": filters.get("lane"),
+                "error": filters.get("error"),
+                "organization_id": filters.get("organization_id") if admin else organization_id,
+                "tried": tried,
+                "limit": limit - (len(tried) - _refused(outcomes)),
+            },
+        )
+        for row in rows:
+            tried.append(row[0])
+            outcomes.append(
+                await _retry_held(store, row[0], organization_id, admin, admission, held)
             )
-        except NotPermitted as refused:
-            log.info(
-                "bulk retry: a job's retry is refused",
-                extra={"event": "job.retry_refused", "jobId": row[0], "error": refused.message},
-            )
-            outcome = RetryOutcome(REFUSED)
-        outcomes.append(outcome)
+        if not rows or all(o.status != REFUSED for o in outcomes[-len(rows) :]):
+            break  # every candidate taken, or as many as `limit`
     return outcomes
+
+
+def _refused(outcomes: list[RetryOutcome]) -> int:
+    return sum(1 for o in outcomes if o.status == REFUSED)
+
+
+async def _retry_held(
+    store: Store,
+    job_id: str,
+    organization_id: str | None,
+    admin: bool,
+    admission: Admission | None,
+    held: Held | None,
+) -> RetryOutcome:
+    """One job of a bulk retry: `REFUSED` when `held` refuses it (nothing written)."""
+    try:
+        return await retry(
+            store,
+            job_id,
+            organization_id=organization_id,
+            admin=admin,
+            admission=admission,
+            held=held,
+        )
+    except NotPermitted as refused:
+        log.info(
+            "bulk retry: a job's retry is refused",
+            extra={"event": "job.retry_refused", "jobId": job_id, "error": refused.message},
+        )
+        return RetryOutcome(REFUSED)

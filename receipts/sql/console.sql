@@ -50,6 +50,7 @@ WHERE status = %(status)s::text
   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
   AND (%(lane)s::text IS NULL OR lane = %(lane)s::text)
   AND (%(error)s::text IS NULL OR state ->> 'error' = %(error)s::text)
+  AND NOT (job_id = ANY(%(tried)s::text[]))  -- tried by this run already (refused: left)
 ORDER BY updated_at, job_id
 LIMIT %(limit)s;
 

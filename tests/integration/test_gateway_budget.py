@@ -3,16 +3,19 @@ gateway on its Unix sockets, a fake provider on loopback, the meter in real Post
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import httpx
 import pytest
 
-from activities.gateway import Gateway
-from activities.gateway_budget import BUDGET_QUOTA, Meter
-from activities.gateway_grant import Grant
+from activities.gateway import MAX_CALLS_PER_GRANT, Gateway
+from activities.gateway_budget import READ_TIMEOUT_S, REFRESH_S, Meter
+from activities.gateway_grant import BUDGET_QUOTA, Grant
 from activities.gateway_providers import Budgets, Credential, Provider, Secret
 from activities.gateway_usage import Usage
 from receipts.store import Store
@@ -149,3 +152,100 @@ async def test_a_failed_flush_keeps_its_counts_for_the_next(
     assert await meter.flush() == 1
     assert await spent_today(store, org) == (2, 5, 3)
     assert await meter.flush() == 0
+
+
+class _Slowed:
+    """A store whose meter reads (and flushes) wait `delay_s` first, or raise `down` (the
+    database away): what the gateway's calls meet while the meter is read."""
+
+    def __init__(self, store: Store, delay_s: float = 0.0, down: Exception | None = None):
+        self.store, self.delay_s, self.down = store, delay_s, down
+
+    async def fetch_one(self, name: str, params: dict[str, object]) -> object:
+        await asyncio.sleep(self.delay_s)
+        if self.down is not None:
+            raise self.down
+        return await self.store.fetch_one(name, params)
+
+    async def fetch(self, name: str, params: dict[str, object]) -> object:
+        await asyncio.sleep(self.delay_s)
+        if self.down is not None:
+            raise self.down
+        return await self.store.fetch(name, params)
+
+
+def _meter(
+    store: Store, budgets: Budgets, delay_s: float = 0.0, down: Exception | None = None
+) -> Meter:
+    return Meter(cast(Store, _Slowed(store, delay_s, down)), budgets)
+
+
+async def test_a_turn_s_calls_in_flight_stay_capped_while_its_budget_is_read(
+    fake: FakeProvider, store: Store, orgs: tuple[str, str]
+) -> None:
+    """A turn has at most MAX_CALLS_PER_GRANT calls in flight, counted before the budget is
+    read: calls that arrive while the meter is read do not all pass the cap and reach the
+    provider together."""
+    fake.keys["sk-ok"] = "slow"  # each call is in flight for a second
+    providers = {
+        "openai": Provider(
+            "openai", "openai", fake.openai_url, (Credential("c0", Secret("sk-ok"), 32),)
+        )
+    }
+    async with httpx.AsyncClient() as http:
+        gateway = Gateway(providers, http)
+        gateway.meter = _meter(store, Budgets(10**9), delay_s=0.5)
+        try:
+            grant = turn(gateway, orgs[0])
+            answers = await asyncio.gather(*(call(grant) for _ in range(MAX_CALLS_PER_GRANT + 4)))
+        finally:
+            await gateway.close()
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200] * MAX_CALLS_PER_GRANT + [429] * 4
+    assert len(fake.calls) == MAX_CALLS_PER_GRANT
+
+
+async def test_a_call_is_answered_when_the_meter_cannot_be_read(
+    metered: Gateway, fake: FakeProvider, store: Store, orgs: tuple[str, str]
+) -> None:
+    """The database away (the meter not read within READ_TIMEOUT_S, or the read failing): the
+    budget is checked against the last read, or not at all before the first — a call neither
+    waits on the database nor fails for it (the budget may be passed by what is spent
+    meanwhile, as README says of calls in flight)."""
+    assert metered.meter is not None
+    metered.meter = _meter(store, metered.meter.budgets, down=OSError("the database is away"))
+    started = time.monotonic()
+    assert (await call(turn(metered, orgs[0]))).status_code == 200
+    metered.meter = _meter(store, metered.meter.budgets, delay_s=3600)
+    assert (await call(turn(metered, orgs[0], "job-2"))).status_code == 200
+    assert time.monotonic() - started < 2 * READ_TIMEOUT_S + 5
+    assert len(fake.calls) == 2
+
+
+async def test_a_refusal_met_once_holds_while_the_meter_cannot_be_read(
+    store: Store, orgs: tuple[str, str]
+) -> None:
+    """Spent as last read, the budget stays spent when a later read fails."""
+    meter = _meter(store, Budgets(10))
+    meter.count(orgs[0], Usage(6, 6))
+    assert (await meter.spent(orgs[0]))[0] == 12
+    meter.store = cast(Store, _Slowed(store, down=OSError("the database is away")))
+    meter._reads[orgs[0]].at -= REFRESH_S + 1  # stale: read again, which fails
+    assert (await meter.spent(orgs[0]))[0] == 12
+
+
+async def test_counts_being_flushed_still_count_against_the_budget(
+    store: Store, orgs: tuple[str, str]
+) -> None:
+    """A flush takes the process's counts to write them: until they are written (and added to
+    the read), a call checked meanwhile still sees them, not a spend without them."""
+    org = orgs[0]
+    meter = _meter(store, Budgets(100))
+    assert (await meter.spent(org))[0] == 0
+    meter.count(org, Usage(40, 20))
+    meter.store = cast(Store, _Slowed(store, delay_s=0.5))
+    flushing = asyncio.create_task(meter.flush())
+    await asyncio.sleep(0.1)  # the flush's write is on its way
+    assert (await meter.spent(org))[0] == 60
+    assert await flushing == 1
+    assert (await meter.spent(org))[0] == 60

@@ -183,3 +183,37 @@ async def test_a_retry_is_held_to_the_allow_list_and_timeout_cap_as_they_are_now
         retry = (await after.get(f"/jobs/{retried['retryJobId']}", headers=as_org)).json()
         assert retry["payload"]["timeoutMs"] == 60_000
     assert "job.retried" not in await types(store, rid(off_list["jobId"], org))
+
+
+async def test_a_bulk_retry_goes_on_past_the_jobs_the_allow_list_refuses(
+    db_url: str, store: Store
+) -> None:
+    """README: a bulk retry leaves a job the allow-list refuses as it is and retries the others.
+    The refused ones are not retried, so they stay the oldest candidates: taken against the
+    `limit`, they made every later bulk retry retry nothing, however many others were owed."""
+    org = f"org-{new_id()}"
+    tokens = f"token-{org} {org}"
+    as_org = {"Authorization": f"Bearer token-{org}"}
+
+    def codex(*argv: str) -> dict[str, Any]:
+        return enqueue_body(org, jobId=new_id(), payload_extra={"task": {"command": list(argv)}})
+
+    refused = [codex("sh", "-c", "curl x|sh") for _ in range(2)]
+    allowed = codex("git", "status")
+    async with api_client(db_url, store=store, tokens=tokens) as before:
+        for body in (*refused, allowed):  # oldest first: the refused ones
+            posted = await before.post("/agents/codex/jobs", json=body, headers=as_org)
+            assert posted.status_code == 202, posted.text
+            failed = await operations.fail_undeliverable(store, rid(body["jobId"], org), error="x")
+            assert failed.ok
+    now = {"RECEIPT_ORG_EXECUTABLES": json.dumps({org: ["git"]})}
+    async with api_client(db_url, store=store, tokens=tokens, **now) as after:
+        bulks = [
+            await after.post("/jobs/retry", json={"agentId": "codex", "limit": 2}, headers=as_org)
+            for _ in range(2)
+        ]
+    assert [b.status_code for b in bulks] == [200, 200]
+    assert [r["jobId"] for r in bulks[0].json()["retried"]] == [allowed["jobId"]]
+    assert bulks[1].json()["count"] == 0  # nothing left to retry: the refused stay as they are
+    for body in refused:
+        assert "job.retried" not in await types(store, rid(body["jobId"], org))

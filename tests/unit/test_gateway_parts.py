@@ -247,10 +247,31 @@ def test_daily_token_budgets_read_a_default_and_organizations_own() -> None:
     assert Budgets(0, {"lab": 0}).any is False and Budgets(0, {"acme": 5}).of("acme") == 5
 
 
-@pytest.mark.parametrize("raw", ["many", "200000,=5", "acme=1e6", "-3"])
+@pytest.mark.parametrize(
+    "raw",
+    # Not whole numbers of ASCII digits (`str.isdigit` takes `٣` and `²`), or a budget given
+    # twice (one of them silently dropped: the first default, or acme's million).
+    ["many", "200000,=5", "acme=1e6", "-3", "٣", "acme=²", "100,200", "acme=1000000,acme=0"],
+)
 def test_a_bad_daily_token_budget_names_the_variable_and_the_item(raw: str) -> None:
     with pytest.raises(SettingsError) as raised:
         GatewaySettings.load({"RECEIPT_GATEWAY_ORG_DAILY_BUDGET": raw})
     message = str(raised.value)
     assert message.startswith("RECEIPT_GATEWAY_ORG_DAILY_BUDGET must be a whole number")
     assert message.endswith(f"got {raw!r}")
+
+
+def test_a_spent_budget_holds_the_turn_until_midnight_whatever_quota_a_model_met() -> None:
+    """A model's quota recovers in 30 s, but the organization's daily budget is spent until
+    midnight: the turn waits until midnight (README: it settles `quota_exhausted` until then),
+    not 30 s to be refused again by the budget, turn after turn."""
+    from activities.gateway_grant import BUDGET_QUOTA, Grant
+    from activities.handlers.agent_turn import _as_the_gateway_saw
+
+    grant = Grant("t", "job", 1, "coder", "org-a", "openai-main")
+    midnight = datetime(2026, 12, 3, tzinfo=UTC)
+    grant.met_quota("m", NOW + timedelta(seconds=30))
+    grant.met_quota(BUDGET_QUOTA, midnight)
+    assert grant.quota_until == midnight
+    outcome = _as_the_gateway_saw({"outcome": "failed", "error": "429"}, grant)
+    assert outcome == {"outcome": "quota_exhausted", "retryAt": midnight.isoformat()}

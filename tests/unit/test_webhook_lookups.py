@@ -122,3 +122,24 @@ async def test_lookups_past_the_overall_cap_are_refused_and_say_why(
     with pytest.raises(egress.EgressRefused, match="6 webhook hosts are still resolving"):
         await egress.check("https://fresh.blackholed.example/", settings, "org-d")
     assert "fresh.blackholed.example" not in resolver
+
+
+async def test_a_lookup_whose_thread_cannot_start_is_refused_and_leaves_nothing_behind(
+    resolver: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process at its limit of threads (a container's pids limit: each lookup is a thread,
+    up to MAX_LOOKUPS): the lookup is refused saying why, and the host is not left 'resolving'
+    for good (a lookup no thread runs, that every later delivery to it waited on and timed
+    out, and that held a place under MAX_LOOKUPS)."""
+    settings = WebhookSettings()
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", no_thread)
+        with pytest.raises(egress.EgressRefused, match="no thread"):
+            await egress.check("https://public.example/hook", settings, "org-e")
+    assert not egress._lookups._running
+    target = await egress.check("https://public.example/hook", settings, "org-e")
+    assert target.address == PUBLIC
