@@ -9,14 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from activities.gateway_pool import Slots
 from activities.gateway_usage import Usage
 from receipts import metrics
-
-if TYPE_CHECKING:
-    from activities.gateway_budget import Meter
 
 log = logging.getLogger("activities.gateway")
 
@@ -27,6 +24,12 @@ model's calls are refused until it renews (activities/gateway_budget.py)."""
 MAX_GRANT_BODY_BYTES = 64 * 1024 * 1024
 """The bodies of a turn's calls in flight, together (each at most 32 MiB, 8 in flight): a
 worker runs several turns, and each body is held until its answer is sent."""
+
+
+class Meter(Protocol):
+    """What a grant counts its calls into (`activities/gateway_budget.py` `Meter`)."""
+
+    def count(self, organization_id: str | None, usage: Usage) -> None: ...
 
 
 @dataclass
