@@ -778,3 +778,34 @@ async def test_the_console_s_links_reach_a_job_whose_id_is_a_dot_segment(
         )
         assert abort.status_code == 303
         assert abort.headers["location"].startswith(f"/console/jobs/{escaped}?")
+
+
+async def test_a_long_agent_jobs_page_shows_its_newest_receipts(db_url: str, store: Store) -> None:
+    """The agent-job page read the oldest 10 000 receipts of the job's stream: a job past that
+    showed none of what it did lately (and read them all on every view). It shows the newest
+    2 000, as a job's and an objective's pages do."""
+    from receipts.agent_jobs import lifecycle
+    from receipts.agent_jobs import model as agent_model
+    from tests.integration.test_agent_jobs import request
+
+    agent = f"agent-{new_id()}"
+    job = (await lifecycle.create(store, request(agent)))[0]
+    stream = agent_model.stream_of(job.agent_job_id)
+    async with store.connection() as conn:  # 10 100 old summaries, then the newest
+        await conn.execute(
+            "INSERT INTO receipts (stream, seq, type, data, recorded_at)"
+            " SELECT %s, n, 'agent_job.usage', jsonb_build_object('marker', 'old-' || n), now()"
+            " FROM generate_series(2, 10101) AS n",
+            (stream,),
+        )
+        await conn.execute(
+            "INSERT INTO receipts (stream, seq, type, data, recorded_at)"
+            " VALUES (%s, 10102, 'agent_job.usage', '{\"marker\": \"the-newest\"}', now())",
+            (stream,),
+        )
+    async with api_client(db_url, store=store) as client:
+        await sign_in(client, TOKEN_A)
+        page = await client.get(f"/console/agents/jobs/{job.agent_job_id}")
+    assert page.status_code == 200
+    assert "the-newest" in page.text and "old-9000" in page.text
+    assert "old-8000" not in page.text and "agent_job.created" not in page.text

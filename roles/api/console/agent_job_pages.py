@@ -15,13 +15,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from receipts import reads
 from receipts.agent_jobs import interventions, lifecycle
 from receipts.agent_jobs import model as agent_model
 from receipts.agent_jobs import reads as agent_reads
 from receipts.errors import NotFoundError
+from receipts.objectives import store as objectives
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
 from roles.api.body import path_segment
-from roles.api.console.pages import PAGE_SIZE, render, store_of
+from roles.api.console.pages import PAGE_SIZE, TIMELINE_LIMIT, render, store_of
 from roles.api.console.paging import older_query, page_start
 from roles.api.console.receipt_rows import timeline
 from roles.api.console.session import (
@@ -37,6 +39,8 @@ from roles.api.console.session import (
 from roles.api.routes.sessions import runtime_session_id
 
 log = logging.getLogger("roles.api.console")
+
+TURNS_SHOWN = 200  # the newest turns of an agent job its page lists
 
 router = APIRouter(prefix="/console/agents", include_in_schema=False)
 
@@ -93,9 +97,13 @@ async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
     session = await session_of(request)
     store = store_of(request)
     job = visible(session, await lifecycle.get(store, agentJobId), f"agent job {agentJobId}")
+    # The newest turns, read in one query, and the newest receipts: a job of thousands of turns
+    # read each turn's job on its own and the oldest 10 000 of its receipts.
+    shown_turns = job.queue_job_ids[-TURNS_SHOWN:]
+    turn_jobs = await objectives.jobs_by_ids(store, shown_turns)
     turns: list[dict[str, Any]] = []
-    for queue_id in job.queue_job_ids:
-        turn_job = await store.get_job(queue_id)
+    for queue_id in shown_turns:
+        turn_job = turn_jobs.get(queue_id)
         turns.append(
             {
                 "job_id": queue_id,
@@ -113,13 +121,16 @@ async def agent_job_page(request: Request, agentJobId: str) -> HTMLResponse:
         }
         for r in await agent_reads.wakeups_of(store, job.agent_job_id)
     ]
-    receipts = await store.read_stream(agent_model.stream_of(job.agent_job_id))
+    receipts = await reads.stream_tail(
+        store, agent_model.stream_of(job.agent_job_id), TIMELINE_LIMIT
+    )
     return render(
         "agent_job.html",
         session=session,
         job=job,
         latest=job.latest_status(),
         turns=turns,
+        earlier_turns=len(job.queue_job_ids) - len(shown_turns),
         wakeups=wakeups,
         timeline=timeline(receipts, session.principal),
         input_text=json.dumps(job.input, ensure_ascii=False),
