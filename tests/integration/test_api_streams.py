@@ -205,7 +205,7 @@ async def test_a_stream_sends_keepalives_and_ends_at_its_maximum_lifetime(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("value", ["seven", "9" * 5000, "-1", "1.5"])
+@pytest.mark.parametrize("value", ["seven", "9" * 5000, "9" * 19, "-1", "1.5"])
 async def test_a_malformed_last_event_id_is_refused_naming_the_header(
     http: httpx.AsyncClient, store: Store, kind: str, value: str
 ) -> None:

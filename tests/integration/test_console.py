@@ -211,6 +211,44 @@ async def test_answering_an_agent_job_in_the_console_needs_commands_run(
     assert answered.status_code == 403 and "commands:run" in answered.text
 
 
+async def test_every_console_action_needs_the_scopes_its_api_route_does(
+    db_url: str, store: Store
+) -> None:
+    """A token that may only read changes nothing from the console (`jobs:write`), and one
+    without `commands:run` neither steers nor retries a job that runs commands: each action is
+    403 naming the scope, and nothing is written."""
+    tokens = (
+        f"{TOKENS}\nread-tok-0123456789abcdef org-a jobs:read"
+        "\nwrite-tok-0123456789abcdef org-a jobs:read jobs:write"
+    )
+    job_id = new_id()
+    async with api_client(db_url, store=store, tokens=tokens) as client:
+        await client.post("/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A)
+        await operations.fail_undeliverable(store, rid(job_id), error="scoped")
+        actions = {
+            f"/console/jobs/{job_id}/command": {"type": "abort"},
+            f"/console/jobs/{job_id}/retry": {},
+            "/console/failed/retry": {"agentId": "codex", "error": "scoped"},
+            "/console/objectives/o-x/cancel": {},
+            "/console/schedules/s-x/pause": {},
+        }
+        csrf = await sign_in(client, "read-tok-0123456789abcdef")
+        for path, fields in actions.items():
+            refused = await client.post(path, **form({"csrf": csrf, **fields}))  # type: ignore[arg-type]
+            assert refused.status_code == 403 and "jobs:write" in refused.text, path
+        runs = {
+            f"/console/jobs/{job_id}/command": {"type": "steer", "payload": "go"},
+            f"/console/jobs/{job_id}/retry": {},
+            "/console/failed/retry": {"agentId": "codex", "error": "scoped"},
+        }
+        csrf = await sign_in(client, "write-tok-0123456789abcdef")
+        for path, fields in runs.items():
+            refused = await client.post(path, **form({"csrf": csrf, **fields}))  # type: ignore[arg-type]
+            assert refused.status_code == 403 and "commands:run" in refused.text, path
+    written = await types(store, rid(job_id))
+    assert "queue.command" not in written and "job.retried" not in written
+
+
 async def test_job_page_shows_timeline_attempts_output_and_the_temporal_link(
     db_url: str, store: Store
 ) -> None:

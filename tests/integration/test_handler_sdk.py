@@ -94,7 +94,7 @@ def test_fail_takes_a_result_object_only() -> None:
         Fail("bad", result={"error": ValueError("x")})
     # What the store writes after sanitizing is JSON: bytes (decoded), a key that is no string.
     assert Fail("ok", result={"stdout": b"out", 1: "one"}).result == {"stdout": b"out", 1: "one"}
-    for bad in (-1, float("inf"), float("nan")):
+    for bad in (-1, float("inf"), float("nan"), True):
         with pytest.raises(ValueError, match="at least 0"):
             Retry("later", delay_ms=bad)
 
@@ -109,6 +109,20 @@ async def test_fail_ends_the_job_with_its_message_and_result(store: Store) -> No
     job = await store.get_job(job_id)
     assert job is not None and job.error == "payload.version is required"
     assert job.result is not None and job.result["hint"] == "1.4.0"
+
+
+async def test_a_retryable_fail_is_attempted_again_while_attempts_remain(store: Store) -> None:
+    @handler("sdk-fail-retryable")
+    async def busy(job: JobContext) -> None:
+        raise Fail(f"the registry is busy on attempt {job.attempt}", retryable=True)
+
+    job_id, first = await delivered(store, busy)
+    assert (first.status, first.job_status) == (AttemptStatus.FAILED, "queued")
+    handlers = {"sdk-fail-retryable": as_handler(busy)}
+    last = await run(store, handlers, attempt_of(job_id, "sdk-fail-retryable", attempt=2))
+    assert last.job_status == "failed"  # its attempts (2 here) spent
+    job = await store.get_job(job_id)
+    assert job is not None and job.error == "the registry is busy on attempt 2"
 
 
 async def test_a_fail_whose_result_is_no_longer_json_still_fails_the_job(store: Store) -> None:

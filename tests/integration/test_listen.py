@@ -112,3 +112,13 @@ async def test_channels_are_listened_to_on_demand_and_dropped_when_idle(
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+
+
+async def test_a_subscriber_that_falls_behind_is_told_to_rescan() -> None:
+    """A full queue loses no wake-up: its notices are dropped for one `RECONNECTED`, and the
+    subscriber rescans what it follows, as after a reconnect."""
+    listener = Listener("postgresql://unused", queue_size=2)
+    async with listener.subscribe("jobs/j-1") as queue:
+        for seq in (1, 2, 3):
+            listener._publish(Notice("jobs/j-1", seq, ("job.progress",)))
+        assert queue.get_nowait() is RECONNECTED and queue.empty()

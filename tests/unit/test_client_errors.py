@@ -320,3 +320,10 @@ def test_agent_job_events_says_what_is_missing_or_doubled() -> None:
     assert neither.exit_code == 2 and "or --session with an owner session id" in neither.output
     both = CliRunner().invoke(events_command, ["aj-1", "--session", "s-1"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_stream_reconnects_wait_longer_each_time_and_at_most_five_seconds() -> None:
+    from receipt_client.sse import RECONNECT_ATTEMPTS, reconnect_delay
+
+    delays = [reconnect_delay(n) for n in range(1, RECONNECT_ATTEMPTS + 1)]
+    assert delays == sorted(delays) and delays[0] == 0.5 and max(delays) == 5.0
