@@ -149,7 +149,9 @@ class EnqueueBody(BaseModel):
         default=None,
         description=f"clamped to {MIN_ATTEMPTS}..{MAX_ATTEMPTS}; default {DEFAULT_MAX_ATTEMPTS}",
     )
-    delay_ms: StrictInt | None = Field(default=None, ge=0, le=MAX_DELAY_MS)
+    delay_ms: Annotated[StrictInt | None, BeforeValidator(_whole)] = Field(
+        default=None, ge=0, le=MAX_DELAY_MS
+    )
     payload: EnqueuePayload
 
 

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -346,6 +347,19 @@ async def test_a_delay_that_is_not_a_whole_number_of_ms_is_422(
     client: httpx.AsyncClient, delay: Any
 ) -> None:
     assert_error(await post(client, enqueue_body(delayMs=delay)), 422, "invalid_input", "delayMs")
+
+
+async def test_a_delay_written_as_a_whole_float_is_that_many_ms(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    """JSON does not tell 1000 from 1000.0 (a JavaScript client's arithmetic writes either):
+    `maxAttempts: 2.0` was taken and `delayMs: 1000.0` refused with 422."""
+    job_id = new_id()
+    response = await post(client, enqueue_body(jobId=job_id, delayMs=60_000.0))
+    assert response.status_code == 202, response.text
+    job = await store.get_job(rid(job_id))
+    assert job is not None and job.available_at is not None
+    assert job.available_at - job.created_at == timedelta(milliseconds=60_000)
 
 
 async def test_a_body_that_is_not_an_object_is_422(client: httpx.AsyncClient) -> None:
