@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 
+from receipts import metrics
 from receipts.notices import STREAMS
 
 log = logging.getLogger("receipts.listen")
@@ -175,6 +176,7 @@ class Listener:
             except Exception as exc:  # any failure: drop the connection and reattach
                 self.connected.clear()
                 self.reconnects += 1
+                metrics.LISTEN_LOST.inc()
                 delay = next_backoff(delay)
                 log.warning(
                     "listen connection lost; reconnecting",

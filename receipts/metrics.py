@@ -138,6 +138,11 @@ DB_CONNECTIONS_REPLACED = Counter(
     "the connection sat idle (`input`: a restart, a failover, a terminated backend).",
     ["reason"],
 )
+LISTEN_LOST = Counter(
+    "receipt_listen_lost",
+    "Times the role's LISTEN connection failed or could not attach (logged listen.lost; tried "
+    "again after 1 s, doubling to 30 s): meanwhile new jobs wait for the 60 s rescan.",
+)
 LEDGER_FAILURES = Counter(
     "receipt_ledger_write_failures", "Best-effort ledger writes that failed.", ["table"]
 )
@@ -359,6 +364,12 @@ ROLE_READY = Gauge(
     "1 while the role's /readyz answers 200 (database reachable, Temporal worker polling; the "
     "api: database reachable and migrated).",
 )
+ROLE_TASKS_FAILED = Counter(
+    "receipt_role_tasks_failed",
+    "A role's background tasks (the dispatchers, the loops, the listener) that ended with an "
+    "error, by task: it does not run again until the process restarts (logged role.task_failed).",
+    ["task"],
+)
 
 
 # --- what several families count together --------------------------------------------------------
@@ -439,7 +450,9 @@ SCHEDULE_FIRINGS = Counter(
 SCHEDULE_SYNCS = Counter(
     "receipt_schedule_syncs",
     "Temporal Schedules written by worker-control's schedule sync, by action: created, updated, "
-    "deleted, restored (Temporal had lost it), failed; skipped: a pass another replica held.",
+    "deleted, restored (Temporal had lost it), failed (a write Temporal refused: tried again "
+    "after a backoff), list_failed (the check for lost ones could not list Temporal's); "
+    "skipped: a pass another replica held.",
     ["action"],
 )
 

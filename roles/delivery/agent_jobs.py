@@ -88,6 +88,7 @@ class AgentJobDispatcher:
         self._posting: dict[tuple[str, str], asyncio.Task[bool]] = {}
         self._posts_at_once = asyncio.Semaphore(WAKEUP_POSTS_AT_ONCE)
         self._gauged: set[str] = set()  # agents the running gauge last read above 0
+        agent_metrics.AGENT_JOB_ACTIONS.labels("failed")  # from 0, for the alert's increase()
 
     async def run_once(self) -> DispatchPass:
         """One pass; each job in its own transaction, and a job whose step fails is logged and

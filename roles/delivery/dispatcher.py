@@ -29,6 +29,9 @@ RESCAN_ROUNDS = 20
 # early, and a rescan that finds the job not yet due by the database clock would not find it
 # again (the next `next_available_at` no longer lists it) before the idle rescan.
 DUE_MARGIN_S = 0.05
+# A rescan that failed (the database away) is tried again after this long: not at once (its
+# deadline stayed in the past, and the loop rescanned as fast as the error came back).
+RESCAN_RETRY_S = 1.0
 # Put in the dispatcher's own queue when a job's start waits for its `availableAt`: look again
 # at when the soonest delayed job is due.
 RETIME = Notice("", 0, ("retime",))
@@ -135,7 +138,9 @@ class Dispatcher:
         async with self.listener.subscribe(channel=notices.DISPATCH) as queue:
             self._notices = queue
             try:
-                deadline = loop.time() + await self._rescan()
+                # The first rescan at once, inside the loop: a failure of it is a failed pass
+                # (it ended the dispatcher for the process's life when it ran before the loop).
+                deadline = loop.time()
                 while True:
                     notice: Notice | None = None
                     with contextlib.suppress(TimeoutError):
@@ -157,6 +162,8 @@ class Dispatcher:
                             "dispatcher pass failed",
                             extra={"event": "dispatch.pass_failed", "error": str(exc)},
                         )
+                        if notice is None or notice is RECONNECTED:  # a rescan: again soon
+                            deadline = loop.time() + RESCAN_RETRY_S
             finally:
                 self._notices = None
                 for task in list(self._tasks):

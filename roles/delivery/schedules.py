@@ -141,6 +141,8 @@ class ScheduleSync:
         self.checked_at = float("-inf")
         self.failures: dict[str, int] = {}  # schedule id → writes failed in a row
         self.retry_at: dict[str, float] = {}  # schedule id → when to try it again
+        for action in ("failed", "list_failed"):  # from 0: an alert's increase() sees the first
+            metrics.SCHEDULE_SYNCS.labels(action)
 
     async def run_once(self) -> SyncPass:
         """One pass, by one replica at a time: two writing at once could leave a schedule's
@@ -230,7 +232,8 @@ class ScheduleSync:
                 async for listing in await self.client.list_schedules()
                 if listing.id.startswith(prefix)
             }
-        except RPCError as exc:
+        except RPCError as exc:  # the next check tries again; lost ones stay lost meanwhile
+            metrics.SCHEDULE_SYNCS.labels("list_failed").inc()
             log.warning(
                 "could not list Temporal's schedules",
                 extra={"event": "schedule.list_failed", "error": str(exc)},

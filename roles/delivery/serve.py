@@ -36,7 +36,7 @@ from roles.delivery.retention import RetentionLoop
 from roles.delivery.runtime import attempt_worker, driver_worker
 from roles.delivery.schedules import SYNC_INTERVAL_MS, ScheduleSync
 from roles.delivery.starter import DriverStarter
-from roles.delivery.watchdog_schedule import ensure_watchdog_schedule
+from roles.delivery.watchdog_schedule import keep_watchdog_schedule
 from roles.delivery.webhooks import WebhookDeliverer
 from roles.infra.process import Runtime, run_until
 from roles.infra.temporal import ensure_search_attributes
@@ -173,15 +173,11 @@ async def run_attempt_worker(
             runtime.settings.loops.schedule_check_interval_ms / 1000,
         )
         runtime.spawn(Ticker(sync.name, sync.run_once, SYNC_INTERVAL_MS).run(), sync.name)
-        try:
-            await ensure_watchdog_schedule(
-                runtime.client, runtime.settings.core, runtime.settings.watchdog
-            )
-        except RPCError as exc:
-            log.error(
-                "could not create or update the watchdog schedule",
-                extra={"event": "watchdog.schedule_failed", "error": str(exc)},
-            )
+        # Tried again until Temporal takes it (a refusal logged and counted each time).
+        keeper = keep_watchdog_schedule(
+            runtime.client, runtime.settings.core, runtime.settings.watchdog
+        )
+        runtime.spawn(keeper, "watchdog_schedule")
     gateway = None
     if sandboxed:
         await sandbox.announce(runtime.settings.sandbox)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 
@@ -17,8 +18,10 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.service import RPCError
 
 from activities.names import WATCHDOG_TICK_WORKFLOW
+from receipts import metrics
 from receipts.kinds import QUEUE_CONTROL
 from receipts.objectives.watchdog import WatchdogSettings
 from receipts.settings import Settings
@@ -26,6 +29,9 @@ from receipts.settings import Settings
 log = logging.getLogger("roles.delivery.watchdog_schedule")
 
 SCHEDULE_ID = "receipt-factory-objective-watchdog"
+# A write Temporal refused is tried again this often, until written (`keep_watchdog_schedule`).
+RETRY_S = 60.0
+LOOP = "watchdog_schedule"  # its failures' `loop` label
 
 
 def schedule_id(settings: Settings) -> str:
@@ -79,3 +85,23 @@ async def ensure_watchdog_schedule(
         },
     )
     return sid
+
+
+async def keep_watchdog_schedule(
+    client: Client, settings: Settings, watchdog: WatchdogSettings
+) -> str:
+    """`ensure_watchdog_schedule` until Temporal takes it, every RETRY_S; return its id. Each
+    refusal is logged (`watchdog.schedule_failed`) and counted as a loop's failure: with no
+    Schedule the watchdog never ticks, and an objective no job's end asks control for waits."""
+    metrics.LOOP_FAILED.labels(LOOP)  # from 0: an alert's increase() sees the first
+    while True:
+        try:
+            return await ensure_watchdog_schedule(client, settings, watchdog)
+        except RPCError as exc:
+            metrics.LOOP_FAILED.labels(LOOP).inc()
+            log.error(
+                "could not create or update the watchdog schedule; trying again in %g s",
+                RETRY_S,
+                extra={"event": "watchdog.schedule_failed", "loop": LOOP, "error": str(exc)},
+            )
+        await asyncio.sleep(RETRY_S)

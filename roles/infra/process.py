@@ -20,6 +20,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 from temporalio.client import Client
 
+from receipts import metrics
 from receipts.listen import Listener
 from receipts.store import Store
 from receipts.waits import within
@@ -70,8 +71,12 @@ class Runtime:
     watch: LoopWatch | None = None
 
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
-        """Run `work` beside the role until the role stops."""
-        self.tasks.append(asyncio.create_task(work, name=name))
+        """Run `work` beside the role until the role stops. One that ends with an error before
+        (each loop outlives its passes' failures: this is a bug's) is logged and counted, never
+        dropped unseen: what it did is not done again until the process restarts."""
+        task = asyncio.create_task(work, name=name)
+        task.add_done_callback(_task_ended)
+        self.tasks.append(task)
 
     async def close(self) -> None:
         """Cancel the role's tasks, then close its HTTP client and its store."""
@@ -93,6 +98,18 @@ class Runtime:
                 f"closing the role's tasks and store took over {seconds:g} s; exiting without",
                 extra={"event": "role.close_stuck", "waitedS": seconds},
             )
+
+
+def _task_ended(task: asyncio.Task[Any]) -> None:
+    if task.cancelled() or (exc := task.exception()) is None:
+        return
+    metrics.ROLE_TASKS_FAILED.labels(task.get_name()).inc()
+    log.error(
+        "a background task of the role ended with an error; it does not run again until the "
+        "process restarts",
+        exc_info=exc,
+        extra={"event": "role.task_failed", "task": task.get_name(), "error": str(exc)},
+    )
 
 
 async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: bool) -> Runtime:

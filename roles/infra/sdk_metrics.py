@@ -29,11 +29,14 @@ from temporalio.runtime import (
     MetricBufferDurationFormat,
 )
 
+from receipts import metrics
+
 log = logging.getLogger("roles.infra.sdk_metrics")
 
 # Large, as the SDK asks: updates past it are dropped (and logged by the core).
 BUFFER_SIZE = 100_000
 DRAIN_INTERVAL_S = 1.0
+DRAIN_LOOP = "temporal_sdk_metrics"  # the `loop` label of a failed drain
 BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 Labels = tuple[tuple[str, str], ...]
@@ -186,11 +189,18 @@ class SdkMetrics(Collector):
 
     def _drain_forever(self) -> None:
         stop = threading.Event()
+        metrics.LOOP_FAILED.labels(DRAIN_LOOP)  # from 0: an alert's increase() sees the first
         while not stop.wait(DRAIN_INTERVAL_S):
             try:
                 self.drain()
-            except Exception:  # a failed drain must not end the thread: the next one retries
-                log.exception("temporal SDK metrics drain failed")
+            except Exception as exc:  # a failed drain must not end the thread: the next retries
+                # Drains that keep failing freeze every temporal_* family (an alert reads them)
+                # and fill the SDK's buffers: ReceiptRecoveryLoopFailing says so.
+                metrics.LOOP_FAILED.labels(DRAIN_LOOP).inc()
+                log.exception(
+                    "temporal SDK metrics drain failed",
+                    extra={"event": "loop.failed", "loop": DRAIN_LOOP, "error": str(exc)},
+                )
 
     def collect(self) -> Iterator[Metric]:
         """The families as they stand after draining every buffer."""

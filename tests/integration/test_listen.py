@@ -1,6 +1,8 @@
 """The process's LISTEN connection against real PostgreSQL: when the database drops it, the
-listener reattaches after its backoff, tells every subscriber to rescan (`RECONNECTED`), and
-notices of later appends reach them again."""
+listener reattaches after its backoff (the loss logged `listen.lost` and counted in
+`receipt_listen_lost_total`: a listener that cannot attach slows every dispatch to the 60 s
+rescan, and only the counter's alert says so), tells every subscriber to rescan
+(`RECONNECTED`), and notices of later appends reach them again."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from receipts import metrics
 from receipts.listen import BACKOFF_MAX_S, RECONNECTED, Listener, Notice, next_backoff
 from receipts.store import Store
 from tests.integration.helpers import put
@@ -32,6 +35,7 @@ async def test_a_dropped_listen_connection_reattaches_and_subscribers_rescan(
     caplog.set_level(logging.INFO, "receipts.listen")
     # Named, so that only this listener's connection is dropped (a session may run others).
     listener = Listener(make_conninfo(db_url, application_name="listen-drop-test"))
+    lost_before = metrics.value("receipt_listen_lost_total")
     running = asyncio.create_task(listener.run())
     try:
         async with listener.subscribe() as queue:
@@ -51,6 +55,7 @@ async def test_a_dropped_listen_connection_reattaches_and_subscribers_rescan(
             assert events.count("listen.lost") == 1 and "listen.attached" in events
             lost = next(r for r in caplog.records if getattr(r, "event", None) == "listen.lost")
             assert getattr(lost, "retryInS", None) == 1.0
+            assert metrics.value("receipt_listen_lost_total") == lost_before + 1
             later = (await put(store)).job
             assert (await next_notice(queue, f"jobs/{later.job_id}", 10)).seq == later.seq
     finally:

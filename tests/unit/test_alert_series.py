@@ -8,7 +8,9 @@ from prometheus_client import REGISTRY
 
 from activities.attempt import AttemptActivities
 from activities.driver import DriverActivities
+from activities.schedules import ScheduleActivities
 from receipts.settings import Settings
+from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.loops import ObjectiveControlOutboxRedrive
 from roles.infra.settings import LoopSettings
 
@@ -31,3 +33,7 @@ def test_each_counted_series_is_there_from_the_start() -> None:
     AttemptActivities(None, {"release-bot": None})  # type: ignore[arg-type, dict-item]
     for agent in ("other",):
         assert exists("receipt_jobs_finished_total", agent=agent, status="failed"), agent
+    AgentJobDispatcher(None, None)  # type: ignore[arg-type]
+    assert exists("receipt_agent_job_dispatch_actions_total", action="failed")
+    ScheduleActivities(None)  # type: ignore[arg-type]
+    assert exists("receipt_schedule_firings_total", outcome="error")

@@ -177,3 +177,54 @@ def test_a_role_names_its_connections_unless_the_url_does() -> None:
     }
     own = "postgresql://postgres@db/receipt?application_name=ours"
     assert named(own, "driver") == own
+
+
+def _runtime() -> Runtime:
+    return Runtime("driver", None, None, "", None, None)  # type: ignore[arg-type]
+
+
+async def test_a_background_task_that_dies_is_logged_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A role's task that ended with an error ended unseen: no line was logged and nothing
+    counted (`close` gathers the tasks' errors and drops them), and what it did was not done
+    again until the process restarted. The dispatcher's first rescan was such an error (the
+    database away a moment at the role's start: tests/unit/test_dispatcher_failures.py); any
+    loop's bug still is."""
+    from receipts import metrics
+
+    async def broken_loop() -> None:
+        await asyncio.sleep(0)
+        raise RuntimeError("a loop's bug")
+
+    runtime = _runtime()
+    before = metrics.value("receipt_role_tasks_failed_total", task="dispatcher")
+    runtime.spawn(broken_loop(), "dispatcher")
+    await asyncio.wait(runtime.tasks, timeout=5)
+    await asyncio.sleep(0)  # the task's done callbacks
+    assert runtime.tasks[0].done()
+    assert metrics.value("receipt_role_tasks_failed_total", task="dispatcher") == before + 1
+    failed = [r for r in caplog.records if getattr(r, "event", None) == "role.task_failed"]
+    assert len(failed) == 1 and failed[0].levelname == "ERROR"
+    assert getattr(failed[0], "task", None) == "dispatcher"
+
+
+async def test_a_background_task_that_returns_or_is_cancelled_is_not_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from receipts import metrics
+
+    async def once() -> None:
+        return None
+
+    runtime = _runtime()
+    before = [metrics.value("receipt_role_tasks_failed_total", task=t) for t in ("once", "long")]
+    runtime.spawn(once(), "once")
+    runtime.spawn(_forever(), "long")
+    await asyncio.sleep(0.01)
+    runtime.tasks[1].cancel()
+    await asyncio.gather(*runtime.tasks, return_exceptions=True)
+    await asyncio.sleep(0)
+    after = [metrics.value("receipt_role_tasks_failed_total", task=t) for t in ("once", "long")]
+    assert after == before
+    assert "role.task_failed" not in {getattr(r, "event", None) for r in caplog.records}

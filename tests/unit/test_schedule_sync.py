@@ -96,3 +96,31 @@ def test_temporal_catches_up_a_minute_and_holds_a_pause() -> None:
     assert schedule.policy.overlap == ScheduleOverlapPolicy.ALLOW_ALL
     assert schedule.state.paused and schedule.state.note == "release freeze"
     assert not build(Settings(), _state("0 3 * * *")).state.paused
+
+
+async def test_a_failed_listing_of_temporals_schedules_is_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The check for schedules Temporal lost could not list them (Temporal refusing the call,
+    its visibility store away): only a warning was logged, nothing counted, and a lost
+    schedule was never written again, its firings missed with no alert to say so."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from receipts import metrics
+    from roles.delivery.schedules import ScheduleSync
+
+    class Refusing:
+        async def list_schedules(self) -> None:
+            raise RPCError("visibility unavailable", RPCStatusCode.UNAVAILABLE, b"")
+
+    sync = ScheduleSync(Refusing(), None, Settings(), 60.0)  # type: ignore[arg-type]
+    # From 0 at the sync's start: the alert's increase() sees the first failure.
+    for action in ("failed", "list_failed"):
+        assert (
+            metrics.REGISTRY.get_sample_value("receipt_schedule_syncs_total", {"action": action})
+            is not None
+        ), action
+    before = metrics.value("receipt_schedule_syncs_total", action="list_failed")
+    assert await sync._restore_lost() == 0
+    assert metrics.value("receipt_schedule_syncs_total", action="list_failed") == before + 1
+    assert "schedule.list_failed" in {getattr(r, "event", None) for r in caplog.records}

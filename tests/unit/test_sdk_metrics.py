@@ -3,6 +3,7 @@ keep the last value, histograms count observations into cumulative buckets in se
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from temporalio.runtime import (
     BUFFERED_METRIC_KIND_COUNTER,
@@ -43,3 +44,36 @@ def test_counters_gauges_and_histograms_as_prometheus_reads_them() -> None:
     assert bucket % ("+Inf", "3.0") in lines
     assert 'temporal_x_latency_count{namespace="default",task_queue="receipt-chat"} 3.0' in lines
     assert 'temporal_x_latency_sum{namespace="default",task_queue="receipt-chat"} 7.043' in lines
+
+
+def test_a_failed_drain_is_logged_as_an_event_and_counted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The drainer thread outlives a failed drain, but logged it with no event and counted
+    nothing: drains that kept failing froze every `temporal_*` family (ReceiptTemporalUnreachable
+    reads them) and filled the SDK's buffers, and no alert could say so."""
+    from receipts import metrics
+    from roles.infra import sdk_metrics
+
+    class OneTick:
+        """The drainer's stop event: one interval passes, then it is set."""
+
+        def __init__(self) -> None:
+            self.ticks = 0
+
+        def wait(self, _: float) -> bool:
+            self.ticks += 1
+            return self.ticks > 1
+
+    def broken() -> None:
+        raise ValueError("a buffered update the fold cannot read")
+
+    collector = SdkMetrics()
+    monkeypatch.setattr(sdk_metrics.threading, "Event", OneTick)
+    monkeypatch.setattr(collector, "drain", broken)
+    loop = "temporal_sdk_metrics"
+    before = metrics.value("receipt_loop_failed_passes_total", loop=loop)
+    collector._drain_forever()
+    assert metrics.value("receipt_loop_failed_passes_total", loop=loop) == before + 1
+    failed = [r for r in caplog.records if getattr(r, "event", None) == "loop.failed"]
+    assert len(failed) == 1 and getattr(failed[0], "loop", None) == loop
