@@ -60,6 +60,11 @@ FACTORY_AUDITS_RECOVERED = Counter(
     "Settled objectives audited by the outbox redrive because their audit job ended (failed "
     "its attempts, or aborted) without auditing them.",
 )
+FACTORY_OUTBOX_UNDELIVERED = Counter(
+    "receipt_factory_outbox_undelivered",
+    "Objectives whose control requests the outbox redrive could not deliver in a pass (logged "
+    "factory.outbox_delivery_failed; the others went on, and the pass counts as failed).",
+)
 FACTORY_AUDITS_UNRECOVERED = Counter(
     "receipt_factory_audits_unrecovered",
     "Lost audits the outbox redrive could not write (logged; the others went on).",

@@ -338,14 +338,28 @@ async def outbox_candidates(store: Store, limit: int) -> list[str]:
 
 async def redrive_outbox(store: Store, limit: int = 200) -> int:
     """One outbox pass: deliver each owing objective's requests, one transaction each.
-    Returns how many were delivered."""
-    delivered = 0
+    Returns how many were delivered. One that cannot be delivered (logged, counted) does not
+    hold back the others: the pass goes on, then raises its first failure, so the loop counts a
+    failed pass."""
+    delivered, failed = 0, list[Exception]()
     for objective_id in await outbox_candidates(store, limit):
-        async with store.transaction() as tx:
-            before = await get(tx, objective_id)  # unlocked: `deliver` locks the stream first
-            after = await deliver(tx, objective_id)
+        try:
+            async with store.transaction() as tx:
+                before = await get(tx, objective_id)  # unlocked: `deliver` locks the stream
+                after = await deliver(tx, objective_id)
+        except Exception as exc:
+            failed.append(exc)
+            factory_metrics.FACTORY_OUTBOX_UNDELIVERED.inc()
+            log.warning(
+                "an objective's control requests could not be delivered; the others go on",
+                extra={"event": "factory.outbox_delivery_failed", "objectiveId": objective_id,
+                       "error": str(exc)},
+            )  # fmt: skip
+            continue
         if after is not None and before is not None and after.seq != before.seq:
             delivered += 1
+    if failed:
+        raise failed[0]
     return delivered
 
 

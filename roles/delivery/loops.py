@@ -318,14 +318,17 @@ def objective_control_outbox(store: Store) -> Callable[[], Coroutine[Any, Any, i
     whose audit job ended without auditing them. Returns how many requests it delivered."""
 
     async def scan() -> int:
-        delivered = await objectives.redrive_outbox(store, OUTBOX_BATCH)
+        try:
+            delivered = await objectives.redrive_outbox(store, OUTBOX_BATCH)
+        finally:
+            # And the audits no audit job will write any more (it ended without one), whatever
+            # an objective's delivery met.
+            await objectives.recover_lost_audits(store)
         if delivered:
             log.info(
                 "objective control requests delivered",
                 extra={"event": "factory.control_outbox_redriven", "count": delivered},
             )
-        # And the audits no audit job will write any more (it ended without one).
-        await objectives.recover_lost_audits(store)
         return delivered
 
     return scan

@@ -20,6 +20,7 @@ from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import StorageError
 from receipts.jobs import Job
+from receipts.objectives import metrics as factory_metrics
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key, task_job_id
 from receipts.objectives.watchdog import WatchdogSettings, tick_of
@@ -135,6 +136,39 @@ async def test_the_outbox_redrive_delivers_a_request_left_after_a_crash(
     )
     # Delivered once: a second pass finds nothing (the control job is active).
     assert await objectives.outbox_candidates(fresh_store, 10) == []
+
+
+POISON_CONTROL_JOB = """
+CREATE FUNCTION refuse_poison_control() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.type = 'job.enqueued' AND NEW.stream LIKE '%%obx-poison%%' THEN
+    RAISE EXCEPTION 'injected failure of one objective''s control job';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_poison_control BEFORE INSERT ON receipts
+  FOR EACH ROW EXECUTE FUNCTION refuse_poison_control();
+"""
+
+
+async def test_an_objective_whose_delivery_fails_holds_back_no_other(fresh_store: Store) -> None:
+    """One objective whose control job could not be written raised out of the outbox pass:
+    every objective after it in the pass (and the lost-audit recovery after the pass) waited
+    for as long as that one kept failing. The others are delivered; the pass then fails."""
+    for objective_id in ("obx-poison", "obx-next"):
+        await create_objective(fresh_store, objective_id, TASK)
+        job, worker = await running_task_job(fresh_store, objective_id)
+        assert (await ops.complete(fresh_store, job.job_id, worker_id=worker, attempt=1)).ok
+    assert await objectives.outbox_candidates(fresh_store, 10) == ["obx-poison", "obx-next"]
+    async with fresh_store.connection() as conn:
+        await conn.execute(POISON_CONTROL_JOB)
+    undelivered = factory_metrics.FACTORY_OUTBOX_UNDELIVERED._value.get()
+    with pytest.raises(StorageError, match="one objective's control job"):
+        await objectives.redrive_outbox(fresh_store)
+    assert await objectives.outbox_candidates(fresh_store, 10) == ["obx-poison"]
+    delivered = await objectives.get(fresh_store, "obx-next")
+    assert delivered is not None and not delivered.control_pending
+    assert factory_metrics.FACTORY_OUTBOX_UNDELIVERED._value.get() == undelivered + 1
 
 
 async def test_an_objective_left_without_its_outbox_completes_once_the_redrive_runs(
