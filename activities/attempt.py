@@ -277,6 +277,12 @@ class AttemptActivities:
             if handler_task in done:
                 return await settle.handler_done(handler_task, time.monotonic() - started)
             if beat_task in done:
+                if (failed := beat_task.exception()) is not None:
+                    # A heartbeat that could not be written (the database away past its
+                    # retries): the attempt raises and Temporal delivers it again, so the
+                    # handler must not run on beside that next delivery.
+                    await _stop_handler(handler_task, job, fence)
+                    raise failed
                 reason, detail = beat_task.result()
                 if reason == "aborted":
                     ctx.aborted.set()

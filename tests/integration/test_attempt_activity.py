@@ -17,9 +17,11 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import attempt as attempt_module
 from activities.attempt import AttemptActivities, execution_timeout_message
+from activities.fence import AttemptFence
 from activities.handlers.context import Handler, HandlerContext, HandlerError
 from receipts import metrics
 from receipts import operations as ops
+from receipts.errors import StorageError
 from receipts.kinds import AGENT_IDS
 from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
 from receipts.store import Store
@@ -291,3 +293,30 @@ async def test_a_delivery_taken_over_holds_no_fence_of_a_refunded_attempts_next_
     assert late.status == "lease_lost"
     done = await ops.complete(store, job_id, worker_id=fresh, attempt=1, result={"by": "b"})
     assert done.ok and done.job is not None and done.job.result == {"by": "b"}
+
+
+async def test_a_heartbeat_that_cannot_be_written_stops_the_handler_before_the_attempt_raises(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeats' task raised (the database away past its retries): the attempt raised
+    and Temporal would deliver it again, but the handler was left running beside that next
+    delivery — nobody cancelled it."""
+    running, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(ctx: HandlerContext) -> None:
+        running.set()
+        try:
+            await asyncio.sleep(60)  # ignores `aborted`: only a cancellation stops it
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def refused(self: object, lease_ms: int) -> None:
+        raise StorageError("the database is away")
+
+    monkeypatch.setattr(AttemptFence, "heartbeat", refused)
+    job_id = await job_of(store, "act-beat")
+    attempt = attempt_of(job_id, "act-beat", heartbeat_ms=200)
+    with pytest.raises(StorageError, match="the database is away"):
+        await asyncio.wait_for(run(store, {"act-beat": handler}, attempt), 30)
+    assert running.is_set() and cancelled.is_set()
