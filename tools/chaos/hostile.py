@@ -299,7 +299,12 @@ async def hostile(config: ChaosConfig, a_rate: float = 3.0) -> int:
         f"127.0.0.1:{temporal_port}",
         api_port,
     ) | {"RECEIPT_DATA_DIR": str(data_dir / "data")}
-    env = hostile_env(base, token_a, token_b)
+    # The sandboxes' workspaces where every uid may traverse (the commands run as other uids):
+    # not under `data_dir`, whose parents (a test's tmp_path: pytest keeps its own 0700) may
+    # not be, whatever else made them traversable for a while.
+    workspaces = Path(tempfile.mkdtemp(prefix="receipt-hostile-workspaces-"))
+    os.chmod(workspaces, 0o711)
+    env = hostile_env(base, token_a, token_b) | {"RECEIPT_WORKSPACE_ROOT": str(workspaces)}
     run = Run(config, data_dir, env, f"http://127.0.0.1:{api_port}", temporal_port, db_url, pgdata)
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -338,6 +343,7 @@ async def hostile(config: ChaosConfig, a_rate: float = 3.0) -> int:
         await sampler
         await stop_stack(run)
     ok = report(seen, run)
+    shutil.rmtree(workspaces, ignore_errors=True)
     if config.keep_dir is None and ok:
         shutil.rmtree(data_dir, ignore_errors=True)
     return 0 if ok else 1
