@@ -389,6 +389,24 @@ async def test_list_and_event_pages_stop_at_the_response_byte_cap(db_url: str) -
         assert rest["receipts"][0]["seq"] == first["lastSeq"] + 1
 
 
+async def test_an_events_page_whose_first_receipt_is_over_the_byte_cap_still_holds_it(
+    db_url: str,
+) -> None:
+    """A page ends before the byte cap but holds at least one receipt: a receipt larger than
+    the cap alone is shown on its own page (an empty page would never move `after` on)."""
+    agent = new_id("agent")
+    async with api_client(db_url, max_response_bytes=4096) as client:
+        made = await client.post(
+            f"/agents/{agent}/jobs",
+            json=enqueue_body(payload_extra={"blob": "z" * 6000}),
+            headers=AS_A,
+        )
+        job_id = made.json()["job"]["jobId"]
+        page = (await client.get(f"/jobs/{job_id}/events", headers=AS_A)).json()
+        assert [r["type"] for r in page["receipts"]] == ["job.enqueued"]
+        assert page["lastSeq"] == page["receipts"][0]["seq"]
+
+
 async def test_agent_job_and_schedule_lists_stop_at_the_response_byte_cap_too(
     db_url: str,
 ) -> None:

@@ -197,6 +197,26 @@ async def test_malformed_forms_and_links_are_refused_not_failed(db_url: str, sto
         assert "queue.command" not in await types(store, rid(job_id))
 
 
+async def test_a_console_form_over_64_kib_is_refused_before_it_is_read_whole(
+    db_url: str, store: Store
+) -> None:
+    """A console form is read bounded: one over `MAX_FORM_BYTES` is 413, signed in or not,
+    and acts on nothing."""
+    from roles.api.console.session import MAX_FORM_BYTES
+
+    job_id = new_id()
+    async with api_client(db_url, store=store) as client:
+        await client.post("/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A)
+        padding = "x" * (MAX_FORM_BYTES + 1)
+        login = await client.post("/console/login", **form({"token": TOKEN_A, "pad": padding}))  # type: ignore[arg-type]
+        assert login.status_code == 413 and "set-cookie" not in login.headers
+        csrf = await sign_in(client, TOKEN_A)
+        fields = {"csrf": csrf, "type": "abort", "reason": "r", "pad": padding}
+        big = await client.post(f"/console/jobs/{job_id}/command", **form(fields))  # type: ignore[arg-type]
+        assert big.status_code == 413
+        assert "queue.command" not in await types(store, rid(job_id))
+
+
 async def test_answering_an_agent_job_in_the_console_needs_commands_run(
     db_url: str, store: Store
 ) -> None:
@@ -818,14 +838,18 @@ async def test_the_console_s_links_reach_a_job_whose_id_is_a_dot_segment(
         assert abort.headers["location"].startswith(f"/console/jobs/{escaped}?")
 
 
-async def test_a_long_agent_jobs_page_shows_its_newest_receipts(db_url: str, store: Store) -> None:
+async def test_a_long_agent_jobs_page_shows_its_newest_receipts(
+    fresh: tuple[Store, str],
+) -> None:
     """The agent-job page read the oldest 10 000 receipts of the job's stream: a job past that
     showed none of what it did lately (and read them all on every view). It shows the newest
-    2 000, as a job's and an objective's pages do."""
+    2 000, as a job's and an objective's pages do. (A database of its own: the receipts are
+    written past the projection, which other tests compare with the chain.)"""
     from receipts.agent_jobs import lifecycle
     from receipts.agent_jobs import model as agent_model
     from tests.integration.test_agent_jobs import request
 
+    store, db_url = fresh
     agent = f"agent-{new_id()}"
     job = (await lifecycle.create(store, request(agent)))[0]
     stream = agent_model.stream_of(job.agent_job_id)

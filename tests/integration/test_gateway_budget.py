@@ -229,9 +229,36 @@ async def test_a_refusal_met_once_holds_while_the_meter_cannot_be_read(
     meter = _meter(store, Budgets(10))
     meter.count(orgs[0], Usage(6, 6))
     assert (await meter.spent(orgs[0]))[0] == 12
+    assert await meter.flush() == 1  # in the meter's last read now, not this process's counts
     meter.store = cast(Store, _Slowed(store, down=OSError("the database is away")))
     meter._reads[orgs[0]].at -= REFRESH_S + 1  # stale: read again, which fails
     assert (await meter.spent(orgs[0]))[0] == 12
+
+
+async def test_a_new_day_starts_from_nothing_read_or_unread(
+    store: Store, orgs: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the next UTC midnight the last read is yesterday's: it is read again at once (not
+    REFRESH_S later), and when that read fails the day starts from nothing."""
+    from activities import gateway_budget
+
+    org = orgs[0]
+    meter = _meter(store, Budgets(10))
+    meter.count(org, Usage(6, 6))
+    assert await meter.flush() == 1
+    spent, renews = await meter.spent(org)
+    assert spent == 12
+    monkeypatch.setattr(gateway_budget, "_now", lambda: renews + timedelta(seconds=1))
+    meter.store = cast(Store, _Slowed(store, down=OSError("the database is away")))
+    assert await meter.spent(org) == (0, renews + timedelta(days=1))
+
+
+async def test_an_admins_calls_are_not_counted(store: Store, orgs: tuple[str, str]) -> None:
+    """An admin's job has no organization and no budget: its calls are not counted (a flush
+    writes nothing for them)."""
+    meter = Meter(store, Budgets(100))
+    meter.count(None, Usage(5, 5))
+    assert await meter.flush() == 0
 
 
 async def test_counts_being_flushed_still_count_against_the_budget(

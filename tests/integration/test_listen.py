@@ -29,6 +29,16 @@ async def next_notice(queue: asyncio.Queue[Notice], wanted: str, timeout: float)
                 return notice
 
 
+async def drop_listen_connection(db_url: str) -> None:
+    """Terminate the LISTEN connection of the listener named `listen-drop-test`."""
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
+        cur = await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'listen-drop-test' AND query LIKE 'LISTEN %%'",
+        )
+        assert [row[0] for row in await cur.fetchall()] == [True]
+
+
 async def test_a_dropped_listen_connection_reattaches_and_subscribers_rescan(
     store: Store, db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -42,12 +52,7 @@ async def test_a_dropped_listen_connection_reattaches_and_subscribers_rescan(
             assert await next_notice(queue, "", 10) is RECONNECTED
             job = (await put(store)).job
             assert (await next_notice(queue, f"jobs/{job.job_id}", 10)).seq == job.seq
-            async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
-                cur = await admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE application_name = 'listen-drop-test' AND query LIKE 'LISTEN %%'",
-                )
-                assert [row[0] for row in await cur.fetchall()] == [True]
+            await drop_listen_connection(db_url)
             # Reattached after the first backoff (1 s): every subscriber rescans.
             assert await next_notice(queue, "", 10) is RECONNECTED
             assert listener.reconnects == 1
@@ -58,6 +63,11 @@ async def test_a_dropped_listen_connection_reattaches_and_subscribers_rescan(
             assert metrics.value("receipt_listen_lost_total") == lost_before + 1
             later = (await put(store)).job
             assert (await next_notice(queue, f"jobs/{later.job_id}", 10)).seq == later.seq
+            # Attached again, the backoff starts over: the next drop waits 1 s, not 2.
+            await drop_listen_connection(db_url)
+            assert await next_notice(queue, "", 10) is RECONNECTED
+            waits = [getattr(r, "retryInS", None) for r in caplog.records]
+            assert [w for w in waits if w is not None] == [1.0, 1.0]
     finally:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -209,3 +209,25 @@ async def test_a_rebuild_waits_for_a_writer_that_read_its_row(fresh: tuple[Store
         assert not rebuilding.done()  # it waits on the writer's row lock
     assert (await asyncio.wait_for(rebuilding, 30))["objectives"] == 1
     assert await verify(store) == []
+
+
+async def test_cli_verify_only_exits_1_when_it_finds_a_difference(
+    fresh: tuple[Store, str],
+) -> None:
+    """`rebuild-projections --verify-only` says by its exit status whether a projection differs
+    from the chain (1), as its help promises."""
+    store, url = fresh
+    job = (await put(store)).job
+    with psycopg.connect(url) as conn:
+        conn.execute("UPDATE jobs SET status = 'completed' WHERE job_id = %s", (job.job_id,))
+    verify_run = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "roles.cli.main", "rebuild-projections", "--verify-only"],
+        env={"RECEIPT_DATABASE_URL": url, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert verify_run.returncode == 1, verify_run.stderr
+    assert "projection differences: 1" in verify_run.stdout

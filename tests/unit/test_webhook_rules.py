@@ -160,6 +160,13 @@ def test_a_delivery_id_is_shown_permuted_by_its_webhooks_key_and_read_back() -> 
     # Consecutive ids are not shown consecutive, and two webhooks show one id differently.
     gaps = {webhook_ids.shown("k", i + 1) - webhook_ids.shown("k", i) for i in range(20)}
     assert gaps != {1}
+    # Nor is either half of a shown id the count in clear (one round would show it on top).
+    halves = [divmod(webhook_ids.shown("k", i), 1 << 31) for i in range(20)]
+    for half in (0, 1):
+        assert {halves[i + 1][half] - halves[i][half] for i in range(19)} != {1}
     assert webhook_ids.shown("one-key", 7) != webhook_ids.shown("another-key", 7)
-    with pytest.raises(ValueError):
-        webhook_ids.shown("k", webhook_ids.LIMIT)
+    for outside in (-1, webhook_ids.LIMIT):
+        with pytest.raises(ValueError):
+            webhook_ids.shown("k", outside)
+        with pytest.raises(ValueError):
+            webhook_ids.stored("k", outside)
