@@ -19,20 +19,20 @@ import asyncio
 import logging
 import math
 import os
-import subprocess
 import time
 import uuid
 from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
-from activities.sandbox_policy import DEFAULT_PATH, SandboxSettings
+from activities.sandbox_policy import SandboxSettings
 from activities.workspaces import (
     AGENT_JOBS_DIR,
     JOBS_DIR,
     OBJECTIVES_DIR,
     ORGANIZATIONS_DIR,
     last_used,
+    tree_command,
     used_marker,
     workspace_name,
 )
@@ -149,17 +149,10 @@ def _delete(top: Path) -> None:
     Python's walks recurse (os.walk, shutil.rmtree): a command's `mkdir d; cd d` a thousand
     times over made its workspace one the sweep could never delete (RecursionError, every pass).
     Raises OSError when something is left."""
-    for argv in (["chmod", "-R", "u+rwx", "--", str(top)], ["rm", "-rf", "--", str(top)]):
-        done = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            check=False,
-            env={"PATH": DEFAULT_PATH},
-        )
+    tree_command(["chmod", "-R", "u+rwx", "--", str(top)])
+    _, error = tree_command(["rm", "-rf", "--", str(top)])
     if os.path.lexists(top):
-        raise OSError(f"{top} was not deleted: {done.stderr.strip()[-500:]}")
+        raise OSError(f"{top} was not deleted: {error}")
 
 
 def _directories(path: Path) -> list[Path]:

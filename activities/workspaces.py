@@ -192,10 +192,17 @@ def _chown_tree(top: Path, uid: int) -> None:
     coreutils' chown walks a tree of any depth through directory descriptors (Python's os.walk
     recurses: a workspace a command nested a thousand directories deep raised RecursionError
     and failed every turn of its job). Raises OSError when it could not."""
-    argv = ["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--", str(top)]
+    failed, error = tree_command(["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--", str(top)])
+    if failed:
+        raise OSError(f"{top} could not be given to uid {uid}: {error}")
+
+
+def tree_command(argv: list[str]) -> tuple[bool, str]:
+    """Run a coreutils command over a workspace tree (`chown -R`, `chmod -R`, `rm -rf`: they walk
+    any depth through directory descriptors and follow no symlink, where Python's walks recurse):
+    whether it failed, and the end of what it wrote to stderr."""
     done = subprocess.run(
         argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
         env={"PATH": DEFAULT_PATH},
     )  # fmt: skip
-    if done.returncode != 0:
-        raise OSError(f"{top} could not be given to uid {uid}: {done.stderr.strip()[-500:]}")
+    return done.returncode != 0, done.stderr.strip()[-500:]
