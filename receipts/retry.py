@@ -155,7 +155,8 @@ async def retry_matching(
     # Selected again past the ones it tried: a refused job is not retried, so it stays among
     # the oldest candidates, and taken against `limit` it held back every other for good.
     tried: list[str] = []
-    while len(tried) - _refused(outcomes) < limit and _refused(outcomes) < MAX_BULK_REFUSED:
+    refused = 0
+    while len(tried) - refused < limit and refused < MAX_BULK_REFUSED:
         rows = await store.fetch(
             "retry_candidates",
             {
@@ -166,21 +167,18 @@ async def retry_matching(
                 "error": filters.get("error"),
                 "organization_id": filters.get("organization_id") if admin else organization_id,
                 "tried": tried,
-                "limit": limit - (len(tried) - _refused(outcomes)),
+                "limit": limit - (len(tried) - refused),
             },
         )
+        refused_before = refused
         for row in rows:
             tried.append(row[0])
-            outcomes.append(
-                await _retry_held(store, row[0], organization_id, admin, admission, held)
-            )
-        if not rows or all(o.status != REFUSED for o in outcomes[-len(rows) :]):
+            outcome = await _retry_held(store, row[0], organization_id, admin, admission, held)
+            refused += outcome.status == REFUSED
+            outcomes.append(outcome)
+        if not rows or refused == refused_before:
             break  # every candidate taken, or as many as `limit`
     return outcomes
-
-
-def _refused(outcomes: list[RetryOutcome]) -> int:
-    return sum(1 for o in outcomes if o.status == REFUSED)
 
 
 async def _retry_held(
