@@ -52,6 +52,7 @@ from activities.gateway_http import (
     may_hide_tools,
     recovery,
     redacted,
+    same_token,
     socket_path,
     token_of,
     too_many_values,
@@ -233,7 +234,7 @@ class Gateway:
     async def _forward(self, request: Request, grant: Grant) -> Response:
         path = request.scope["path"]  # the route's: `request.url`'s is rebuilt from the Host
         style = "anthropic" if path in ANTHROPIC_PATHS else "openai"
-        if token_of(request) != grant.token or grant.token not in self.grants:
+        if not same_token(token_of(request), grant.token) or grant.token not in self.grants:
             return self._token_refused(grant, style)
         pool = self.pools.get(grant.binding)
         dead = f"no provider is configured for binding {grant.binding!r}" if pool is None else None

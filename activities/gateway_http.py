@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import socket
 import tempfile
@@ -284,6 +285,12 @@ def recovery(upstream: httpx.Response) -> datetime | None:
         return recovers_at(upstream.headers, datetime.now(UTC))
     except (OverflowError, ValueError):  # a reset too far to name: as none
         return None
+
+
+def same_token(given: str, expected: str) -> bool:
+    """Whether a call's token is its turn's, compared in constant time (how long the compare
+    takes tells nothing of how much of a guess was right)."""
+    return hmac.compare_digest(given.encode(), expected.encode())
 
 
 def token_of(request: Request) -> str:

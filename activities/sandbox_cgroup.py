@@ -29,6 +29,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from receipts import metrics
+
 CGROUP_SETTING = "RECEIPT_SANDBOX_CGROUP"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids")
@@ -216,6 +218,7 @@ class SandboxCgroup:
                 except OSError:
                     time.sleep(0.01)
         if any(d.exists() for d in self.directories):
+            metrics.SANDBOX_CGROUPS_LEFT.inc()
             log.warning(
                 "a sandbox cgroup could not be removed",
                 extra={"event": "sandbox.cgroup_left", "cgroup": str(self.directories[0])},

@@ -156,6 +156,10 @@ SANDBOX_MEMORY_KILLS = Counter(
     "receipt_sandbox_memory_kills",
     "Sandboxed commands the kernel killed at their cgroup's memory limit.",
 )
+SANDBOX_CGROUPS_LEFT = Counter(
+    "receipt_sandbox_cgroups_left",
+    "Sandbox cgroups that could not be removed after their command (still busy or not ours).",
+)
 
 # --- delivery: the starter and the queue -------------------------------------------------------
 

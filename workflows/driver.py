@@ -304,7 +304,14 @@ class _Driver:
                 retry_policy=DISPATCHED_RETRY if beside else CALLBACK_RETRY,
             )
         except ActivityError:
-            workflow.logger.warning("callback activity failed", extra={"jobId": request.job_id})
+            workflow.logger.warning(
+                "callback activity failed",
+                extra={
+                    "event": "callback.activity_failed",
+                    "jobId": request.job_id,
+                    "callback": event,
+                },
+            )
 
 
 @workflow.defn(name=JOB_DRIVER_WORKFLOW)

@@ -351,9 +351,13 @@ async def wake_on_control_requests(listener: Listener, wake: asyncio.Event) -> N
                 wake.set()
 
 
+RESUME_RETRY_MAX_S = 60.0
+
+
 class ObjectiveResume:
-    """Once per process, after RESONATE_STARTUP_SETTLE_MS: request control for every active
-    objective with no pending request and no active control job."""
+    """Once per process, after RESONATE_STARTUP_SETTLE_MS (and again after a failed pass, until
+    one succeeds): request control for every active objective with no pending request and no
+    active control job."""
 
     name = "objective_resume"
 
@@ -377,14 +381,23 @@ class ObjectiveResume:
         metrics.LOOP_PASS.labels(self.name).observe(time.monotonic() - started)
         return resumed
 
-    async def run(self, settle_ms: int) -> None:
-        """Wait for the process to settle, then run once."""
+    async def run(self, settle_ms: int, first_retry_s: float = 1.0) -> None:
+        """Wait for the process to settle, then run until a pass succeeds: a failed pass (the
+        database away as the role starts) is logged and counted, and tried again after 1 s,
+        doubling to 60 s, so repeated failures reach the loop-failure alert and the objectives
+        are resumed once the database is back."""
         await asyncio.sleep(settle_ms / 1000)
-        try:
-            await self.run_once()
-        except Exception as exc:  # logged; the process goes on
-            metrics.LOOP_FAILED.labels(self.name).inc()
-            log.warning(
-                "objective resume failed",
-                extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},
-            )
+        retry_s = first_retry_s
+        while True:
+            try:
+                await self.run_once()
+                return
+            except Exception as exc:  # logged and counted; tried again
+                metrics.LOOP_FAILED.labels(self.name).inc()
+                log.warning(
+                    "objective resume failed; trying again in %.0f s",
+                    retry_s,
+                    extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},
+                )
+            await asyncio.sleep(retry_s)
+            retry_s = min(retry_s * 2, RESUME_RETRY_MAX_S)

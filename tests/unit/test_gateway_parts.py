@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.gateway_http import call_of, too_many_values
+from activities.gateway_http import call_of, same_token, too_many_values
 from activities.gateway_providers import Budgets, GatewaySettings, load_providers
 from activities.gateway_usage import StreamUsage, Usage, recovers_at, usage_of
 from receipts.settings import SettingsError
@@ -275,3 +275,14 @@ def test_a_spent_budget_holds_the_turn_until_midnight_whatever_quota_a_model_met
     assert grant.quota_until == midnight
     outcome = _as_the_gateway_saw({"outcome": "failed", "error": "429"}, grant)
     assert outcome == {"outcome": "quota_exhausted", "retryAt": midnight.isoformat()}
+
+
+def test_a_call_s_token_is_compared_whole_and_in_constant_time() -> None:
+    """The turn's token against the call's: equal only when whole, and a header of any
+    characters (HTTP headers arrive as latin-1 text) is a refusal, not an error."""
+    token = "rt_3f9a1c"
+    assert same_token(token, token)
+    assert not same_token(token[:-1], token)
+    assert not same_token(token + "0", token)
+    assert not same_token("", token)
+    assert not same_token("rt_3f9a1\xe9", token)  # hmac.compare_digest refuses such str

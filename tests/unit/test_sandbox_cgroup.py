@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from activities.sandbox_cgroup import (
     find_plan,
     own_cgroups,
 )
+from receipts import metrics
 
 V1_PROC = "9:name=systemd:/\n8:pids:/w\n4:memory:/w\n2:cpu,cpuacct:/\n0::/\n"
 V2_PROC = "0::/worker.slice/receipt\n"
@@ -80,3 +82,24 @@ def test_the_join_prefix_writes_every_procs_file_then_execs(tmp_path: Path) -> N
         str(tmp_path / "p/x/cgroup.procs"),
         "--",
     ]
+
+
+def test_a_cgroup_that_cannot_be_removed_is_logged_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cgroup left behind (its directory still busy after every try) is a leak an operator
+    must hear of: logged sandbox.cgroup_left and counted in receipt_sandbox_cgroups_left_total
+    (alert ReceiptSandboxCgroupsLeft). A removed one counts nothing."""
+    removed = tmp_path / "m/gone"
+    removed.mkdir(parents=True)
+    busy = tmp_path / "m/busy"
+    busy.mkdir()
+    (busy / "still-here").write_text("")  # rmdir fails as on a cgroup with a process left
+    before = metrics.SANDBOX_CGROUPS_LEFT._value.get()
+    SandboxCgroup(CgroupPlan(2, (tmp_path / "m",)), (removed,)).remove()
+    assert not removed.exists()
+    assert metrics.SANDBOX_CGROUPS_LEFT._value.get() == before
+    with caplog.at_level(logging.WARNING, logger="activities.sandbox"):
+        SandboxCgroup(CgroupPlan(2, (tmp_path / "m",)), (busy,)).remove()
+    assert metrics.SANDBOX_CGROUPS_LEFT._value.get() == before + 1
+    assert [r.event for r in caplog.records] == ["sandbox.cgroup_left"]  # type: ignore[attr-defined]

@@ -208,6 +208,33 @@ async def test_startup_resume_requests_control_for_a_quiet_active_objective(
     assert await resume.run_once() == 0
 
 
+async def test_a_failed_startup_resume_is_counted_and_tried_again_until_it_succeeds(
+    fresh_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database away as the role starts: the resume pass fails twice, each failure counted
+    (so the loop-failure alert can see them), and the third try resumes the objective. It ran
+    once: one failure left the objective to the watchdog and could never reach the alert."""
+    await create_objective(fresh_store, "res-retry", TASK)
+    real = objectives.resume_candidates
+    calls = 0
+
+    async def away_twice(store: Store, limit: int) -> list[str]:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise StorageError("connection refused")
+        return await real(store, limit)
+
+    monkeypatch.setattr(objectives, "resume_candidates", away_twice)
+    failed = metrics.LOOP_FAILED.labels("objective_resume")
+    before = failed._value.get()
+    await asyncio.wait_for(ObjectiveResume(fresh_store).run(0, first_retry_s=0.05), 10)
+    assert calls == 3
+    assert failed._value.get() == before + 2
+    state = await objectives.get(fresh_store, "res-retry")
+    assert state is not None and state.last_control_reason == "resume"
+
+
 async def handler_context(
     store: Store, job_id: str | None = None, **watchdog: Any
 ) -> HandlerContext:
