@@ -59,8 +59,11 @@ class AttemptFence:
         return (await self._write("consume command", ops.consume_command, command_id=command_id)).ok
 
     async def complete(self, result: Any, known: Known | None = None) -> ops.Outcome:
-        """Settle `completed` with the handler's result (`known`: the re-read it decided on)."""
-        return await self._write("settle", ops.complete, result=result, known=known)
+        """Settle `completed` with the handler's result (`known`: the re-read it decided on);
+        refused `abort_requested` when the job it decides on holds an abort (it wins)."""
+        return await self._write(
+            "settle", ops.complete, result=result, known=known, abort_wins=True
+        )
 
     async def fail(
         self, error: str, *, retryable: bool, what: str = "settle", **options: Any

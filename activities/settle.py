@@ -174,6 +174,14 @@ class Settlement:
             current, now = reread
             before = settle_rejection(current, fence.worker_id, fence.attempt, now, fence.worker_id)
             out = ops.Outcome(before, current) if before else await write(reread)
+        if out.status == ops.ABORT_REQUESTED and out.job is not None:
+            # An abort committed after the re-read, before the completion's write (which it
+            # refused): it wins over the result as one the re-read found does.
+            log.info(
+                "an abort landed as the attempt settled: it is honoured",
+                extra={"event": "attempt.abort_at_settle", "jobId": fence.job_id},
+            )
+            return await self.cancel(out.job.abort_reason)
         job_status = out.job.status if out.job else ""
         if out.ok:
             result = AttemptResult(status, job_status=job_status, worker_id=fence.worker_id)

@@ -45,6 +45,7 @@ NOT_STALE = "not_stale"
 NOT_PENDING = "not_pending"
 AGENT_JOB_NOT_RUNNING = "agent_job_not_running"
 TOO_MANY_COMMANDS = "too_many_commands"
+ABORT_REQUESTED = "abort_requested"  # a completion that found an abort: the worker cancels
 
 
 def delivery_id(job_id: str, attempt: int, run_id: str, delivery: int) -> str:
@@ -263,11 +264,15 @@ async def _settle(
     settlement_id: str | None,
     settled: Draft,
     known: Known | None = None,
+    abort_wins: bool = False,
 ) -> Outcome:
     """The one settle path: under the fence (`settle_rejection`), append `settled` with the
     delivery, its attempt and its settlement id added to its data; a retry that finds its own
     settlement already committed reports success without a second receipt. `known`: the
-    worker's re-read (the job and the database clock), decided on and guarded against."""
+    worker's re-read (the job and the database clock), decided on and guarded against. With
+    `abort_wins`, a job found with an abort requested is refused `abort_requested` (nothing
+    written): each decision, the one on `known` and every one made again on a newer read after
+    a guarded write was refused, honours an abort that committed before it."""
     settlement = settlement_id or worker_id
 
     def decide(job: Job | None, now: datetime) -> Decision:
@@ -277,6 +282,8 @@ async def _settle(
         assert job is not None
         if job.settlement_id == settlement:
             return Outcome(OK, job, already=True)
+        if abort_wins and job.abort_requested:
+            return ABORT_REQUESTED
         fence = {"workerId": worker_id, "attempt": attempt, "settlementId": settlement}
         return [Draft(settled.type, {**fence, **settled.data})]
 
@@ -292,10 +299,13 @@ async def complete(
     result: Any = None,
     settlement_id: str | None = None,
     known: Known | None = None,
+    abort_wins: bool = False,
 ) -> Outcome:
-    """Settle `completed` under the fence; a retry that finds its own settlement reports success."""
+    """Settle `completed` under the fence; a retry that finds its own settlement reports success.
+    `abort_wins` (the worker's settle): a job with an abort requested is not completed but
+    refused `abort_requested`, for the worker to cancel it."""
     draft = Draft("job.completed", {"result": sanitize(result)})
-    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft, known)
+    return await _settle(store, job_id, worker_id, attempt, settlement_id, draft, known, abort_wins)
 
 
 def bounded_error(error: str) -> str:
