@@ -26,6 +26,7 @@ from receipts.errors import InvalidInput
 MAX_ID_LENGTH = 200
 NON_BLANK = r"\S"
 # An objective id as its caller names it: never `.` or `..` (it names a workspace folder).
+# Matched whole (`fullmatch`): `$` alone lets "x\n" through (a run job no route reaches).
 OBJECTIVE_ID = re.compile(r"^(?!\.\.?$)[A-Za-z0-9._@-]{1,100}$")
 
 
@@ -385,7 +386,7 @@ def validate_payload(payload: Any) -> tuple[str, str | None]:
 
 def check_objective_id(value: Any, field: str = "objectiveId") -> str:
     """Return a valid objective id or raise `InvalidInput` naming `field`."""
-    if not isinstance(value, str) or not OBJECTIVE_ID.match(value):
+    if not isinstance(value, str) or not OBJECTIVE_ID.fullmatch(value):
         raise InvalidInput(field, f"{field} must match {OBJECTIVE_ID.pattern}")
     return value
 

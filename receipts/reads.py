@@ -59,14 +59,15 @@ def seen_by(viewer: Viewer, after: Position | None, key: str) -> dict[str, Any]:
 
 
 async def page(
-    store: Store, name: str, params: dict[str, Any], limit: int
+    store: Store, name: str, params: dict[str, Any], limit: int, *, whole_rows: bool = False
 ) -> tuple[list[Any], bool]:
-    """The first column of up to `limit` rows of the page statement `name`, and whether more
-    follow. Never a server-side prepared statement: its generic plan cannot use the filter
-    indexes (a NULL filter matches all), and would walk the organization's whole history."""
+    """The first column (`whole_rows`: each row) of up to `limit` rows of the page statement
+    `name`, and whether more follow. Never a server-side prepared statement: its generic plan
+    cannot use the filter indexes (a NULL filter matches all), and would walk the
+    organization's whole history."""
     with translate_errors():
         rows = await store.fetch(name, {**params, "limit": limit + 1}, prepare=False)
-    return [row[0] for row in rows[:limit]], len(rows) > limit
+    return [row if whole_rows else row[0] for row in rows[:limit]], len(rows) > limit
 
 
 @dataclass(frozen=True, slots=True)

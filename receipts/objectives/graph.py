@@ -15,6 +15,7 @@ from receipts.errors import InvalidInput
 from receipts.kinds import OBJECTIVE_ID
 
 # An objective id names a stream and a workspace directory: `.` and `..` are no names.
+# Matched whole (`fullmatch`): `$` alone lets an id ending in a newline through.
 TASK_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 EXECUTION_PATHS: tuple[str, ...] = ("local", "computer")
 DEFAULT_TASK_AGENT = "codex"
@@ -146,7 +147,7 @@ def parse_task(raw: Any, field: str) -> TaskSpec:
     """Parse one task object; raise `InvalidInput` naming the field at fault."""
     _object(raw, field, "task", TASK_FIELDS)
     task_id = raw.get("taskId")
-    if not isinstance(task_id, str) or not TASK_ID.match(task_id):
+    if not isinstance(task_id, str) or not TASK_ID.fullmatch(task_id):
         raise InvalidInput(
             f"{field}.taskId", f"{field}.taskId must match {TASK_ID.pattern} (got {task_id!r})"
         )
@@ -299,7 +300,7 @@ def parse_objective(raw: Any, field: str = "objective") -> ObjectiveSpec:
     _object(raw, field, "objective", OBJECTIVE_FIELDS, " {title, goal, tasks?, ...}")
     objective_id = raw.get("objectiveId")
     if objective_id is not None and (
-        not isinstance(objective_id, str) or not OBJECTIVE_ID.match(objective_id)
+        not isinstance(objective_id, str) or not OBJECTIVE_ID.fullmatch(objective_id)
     ):
         named = under(field, "objectiveId")
         raise InvalidInput(named, f"{named} must match {OBJECTIVE_ID.pattern}")

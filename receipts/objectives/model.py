@@ -18,6 +18,7 @@ Receipt types (all on the objective's stream):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -220,6 +221,22 @@ class ObjectiveState(StreamState):
             if step is not None and step.status in TASK_ACTIVE and step.job_id:
                 jobs.append(step.job_id)
         return jobs
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectiveSummary:
+    """What a list shows of an objective (`api_list_objectives` counts its tasks)."""
+
+    objective_id: str
+    organization_id: str
+    title: str
+    status: str
+    phase: int
+    tasks: int
+    completed_tasks: int
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
 
 
 def _task_from(raw: Mapping[str, Any], phase: int) -> TaskState:

@@ -24,6 +24,7 @@ from receipts.objectives import audit
 from receipts.objectives import metrics as factory_metrics
 from receipts.objectives.model import (
     ObjectiveState,
+    ObjectiveSummary,
     control_job_id,
     fold,
     objective_stream,
@@ -287,15 +288,16 @@ async def objectives_page(
     status: str | None = None,
     after: Position | None,
     limit: int,
-) -> Page[ObjectiveState]:
-    """A page of the objectives `viewer` may see, newest first (None filters match all)."""
+) -> Page[ObjectiveSummary]:
+    """A page of the objectives `viewer` may see, newest first (None filters match all): each
+    one's summary, not its state (which holds every task)."""
     params = {
         **seen_by(viewer, after, "objective_id"),
         "organization_id": organization_id,
         "status": status,
     }
-    states, more = await page(store, "api_list_objectives", params, limit)
-    return Page([ObjectiveState.model_validate(s) for s in states], more)
+    rows, more = await page(store, "api_list_objectives", params, limit, whole_rows=True)
+    return Page([ObjectiveSummary(*row) for row in rows], more)
 
 
 async def active(
@@ -424,6 +426,15 @@ async def jobs_by_ids(store: Store, job_ids: Sequence[str]) -> dict[str, Job]:
     rows = await store.fetch("jobs_by_ids", {"job_ids": list(job_ids)})
     jobs = [Job.model_validate(row[0]) for row in rows]
     return {job.job_id: job for job in jobs}
+
+
+async def job_statuses(store: Store, job_ids: Sequence[str]) -> dict[str, str]:
+    """The status of each of these jobs (absent ones are left out)."""
+    if not job_ids:
+        return {}
+    with translate_errors():
+        rows = await store.fetch("job_statuses", {"job_ids": list(job_ids)})
+    return {job_id: status for job_id, status in rows}
 
 
 class ObjectiveTerminal(Exception):

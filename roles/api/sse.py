@@ -139,14 +139,18 @@ class Followed(Generic[S]):
 
     `stream` is read and its notices wake the reader. `fold` folds its receipts from seq 1 into
     the state `end` looks at once the backlog is read: the `end` event's data when the followed
-    thing is finished, else None; without `fold` the stream never ends (a session's). `show`
-    maps a receipt's JSON to what the caller may see.
+    thing is finished, else None; without `fold` the stream never ends (a session's). `start`
+    is that state as it stood at seq `start_seq` (its projection's row, read by the route):
+    only receipts past it are folded, so a stream resumed at the head of a long history does
+    not fold all of it again. `show` maps a receipt's JSON to what the caller may see.
     """
 
     stream: str
     fold: Callable[[S | None, Receipt], S | None] | None = None
     end: Callable[[S], dict[str, Any] | None] | None = None
     show: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    start: S | None = None
+    start_seq: int = 0
 
     def shown(self, receipt: Receipt) -> dict[str, Any]:
         return self.show(receipt.to_json()) if self.show else receipt.to_json()
@@ -179,8 +183,9 @@ async def stream_events(
     """Yield the receipts of `followed.stream` with `seq > after` as SSE events, live.
 
     The subscription opens before the backlog is read, so no append falls between the two.
-    A stream with a fold is read from seq 1 (to know when it is finished) and only receipts
-    past `after` are sent, each once, in order. A notice for the stream or a `RECONNECTED`
+    A stream with a fold is read from seq 1, or from its `start` state's seq when that comes
+    first (to know when it is finished: receipts past `start_seq` are folded into it), and only
+    receipts past `after` are sent, each once, in order. A notice for the stream or a `RECONNECTED`
     marker triggers a re-read from the last seq seen; the database is never polled. The stream
     ends with `event: end` once everything is sent and the state is finished, or without it
     when the server stops, after `max_lifetime_s`, or when the database is lost (a client
@@ -189,8 +194,9 @@ async def stream_events(
     stream ends (a signed-out or expired session streams nothing more).
     """
     stream = followed.stream
-    state: S | None = None
-    read = 0 if followed.fold else after
+    state: S | None = followed.start
+    folded = followed.start_seq if followed.start is not None else 0
+    read = min(after, folded) if followed.fold else after
     ends_at = time.monotonic() + max_lifetime_s if max_lifetime_s else None
     async with listener.subscribe(stream) as notices:
         yield f"retry: {SSE_RETRY_MS}\n\n"
@@ -213,7 +219,7 @@ async def stream_events(
                     if not await _still(alive, stream):
                         return
                 for receipt in batch:
-                    if followed.fold:
+                    if followed.fold and receipt.seq > folded:
                         state = followed.fold(state, receipt)
                     read = receipt.seq
                     if receipt.seq > after:

@@ -23,7 +23,13 @@ from receipts.kinds import check_objective_id
 from receipts.objectives import model as objective_model
 from receipts.objectives import store as objectives
 from receipts.objectives.graph import OBJECTIVE_FIELDS, parse_objective
-from receipts.objectives.model import STATUSES, ObjectiveState, objective_stream, run_job_id
+from receipts.objectives.model import (
+    STATUSES,
+    ObjectiveState,
+    ObjectiveSummary,
+    objective_stream,
+    run_job_id,
+)
 from receipts.store import Store
 from receipts.tenancy import scoped_id
 from roles.api.admission import check_executables, org_caps
@@ -202,15 +208,15 @@ async def objectives_other_methods() -> None:
     raise ApiError(405, "method_not_allowed", "Method Not Allowed", headers={"Allow": "GET, POST"})
 
 
-def _summary(objective: ObjectiveState) -> dict[str, Any]:
+def _summary(objective: ObjectiveSummary) -> dict[str, Any]:
     return {
         "objectiveId": objective.objective_id,
         "organizationId": objective.organization_id,
         "title": objective.title,
         "status": objective.status,
         "phase": objective.phase,
-        "tasks": len(objective.tasks),
-        "completedTasks": sum(1 for t in objective.tasks if t.status == "completed"),
+        "tasks": objective.tasks,
+        "completedTasks": objective.completed_tasks,
         "error": objective.error,
         "createdAt": objective.created_at.isoformat(),
         "updatedAt": objective.updated_at.isoformat(),
@@ -255,17 +261,12 @@ async def objective_view(store: Store, objective: ObjectiveState) -> dict[str, A
     view = objective.to_json()
     # Its trace is its jobs' (`traceId` on each), not a field of this view.
     view.pop("traceparent", None)
-    job_ids = [t.job_id for t in objective.tasks if t.job_id]
-    job_ids += [
-        s.job_id for s in (objective.validate_step, objective.publish_step) if s and s.job_id
-    ]
-    jobs = await objectives.jobs_by_ids(store, job_ids)
+    statuses = await objectives.job_statuses(store, [t.job_id for t in objective.tasks if t.job_id])
     for task in view["tasks"]:
         current = task["tries"][-1] if task["tries"] else None
-        job = jobs.get(current["jobId"]) if current else None
         task["jobId"] = current["jobId"] if current else None
         task["attempt"] = len(task["tries"])
-        task["jobStatus"] = job.status if job else None
+        task["jobStatus"] = statuses.get(current["jobId"]) if current else None
     view["stream"] = objective_stream(objective.objective_id)
     return view
 
@@ -283,11 +284,15 @@ async def get_objective(state: State, caller: Caller, objective_id: ObjectiveId)
 
 
 def followed_objective(
-    runtime_id: str, shown: str | None = None, caller: Principal | None = None
+    runtime_id: str,
+    shown: str | None = None,
+    caller: Principal | None = None,
+    start: ObjectiveState | None = None,
 ) -> Followed[ObjectiveState]:
     """An objective's stream, ending once it is settled and audited (or settled with no audit
     to wait for: the audit is requested in the settling transaction). Its receipts are shown as
-    `caller` sees them (an organization's ids without the tag), the objective as `shown`."""
+    `caller` sees them (an organization's ids without the tag), the objective as `shown`.
+    `start` (its projection's row) is folded on from its seq, not from the stream's first."""
 
     def end(state: ObjectiveState) -> dict[str, Any] | None:
         if state.terminal and (state.audit is not None or state.audit_job_id is None):
@@ -297,7 +302,14 @@ def followed_objective(
     def show(receipt: dict[str, Any]) -> dict[str, Any]:
         return shown_view(caller, receipt) if caller is not None else receipt
 
-    return Followed(objective_stream(runtime_id), fold=objective_model.apply, end=end, show=show)
+    return Followed(
+        objective_stream(runtime_id),
+        fold=objective_model.apply,
+        end=end,
+        show=show,
+        start=start,
+        start_seq=start.seq if start is not None else 0,
+    )
 
 
 @events_route(
@@ -313,7 +325,7 @@ async def get_objective_events(
     """The objective's receipts; with `Accept: text/event-stream`, live until it ends."""
     objective = await _visible(state, caller, objective_id)
     head = {"objectiveId": objective_id, "status": objective.status}
-    followed = followed_objective(objective.objective_id, objective_id, caller)
+    followed = followed_objective(objective.objective_id, objective_id, caller, objective)
     return await events_response(asked, state, caller, followed, head)
 
 

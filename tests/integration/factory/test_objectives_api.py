@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from receipts.jobs import Job
+from receipts.objectives import model as objective_model
 from receipts.objectives import store as objectives
-from receipts.objectives.model import objective_stream
-from receipts.store import Store
+from receipts.objectives.model import ObjectiveState, objective_stream
+from receipts.store import Draft, Store
 from receipts.tenancy import scoped_id
-from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, conforms
-from tests.integration.factory.test_outbox_and_watchdog import TASK, create_objective
+from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, conforms, events
+from tests.integration.factory.test_outbox_and_watchdog import (
+    TASK,
+    create_objective,
+    running_task_job,
+)
 
 
 async def test_another_organization_cannot_read_list_stream_or_cancel(
@@ -236,3 +249,171 @@ async def test_a_cancel_needs_jobs_write_only_before_and_after_the_objective_exi
         canceled = await api.post("/objectives/w-only/cancel", headers=as_writer, json={})
         assert canceled.status_code == 202, canceled.text
         assert (await api.get("/objectives/w-only", headers=as_writer)).status_code == 403
+
+
+async def test_a_resumed_event_stream_folds_only_what_follows_the_objective_as_it_stands(
+    fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stream's end is decided on the folded objective: it was folded from seq 1 at every
+    # open, so a resume at the head of a long objective (a task's output is mirrored once a
+    # second: an hour of 200 tasks is 720 000 receipts) folded its whole history again, on the
+    # api's event loop. It starts from the objective as its projection stands.
+    await create_objective(fresh_store, "long-1", TASK)
+    drafts = [objectives.control_request("reconcile") for _ in range(100)]
+    for _ in range(30):
+        async with fresh_store.transaction() as tx:
+            await objectives.update(tx, "long-1", lambda _: drafts)
+    folded: list[int] = []
+    real_apply = objective_model.apply
+
+    def counted(state: Any, receipt: Any) -> Any:
+        folded.append(receipt.seq)
+        return real_apply(state, receipt)
+
+    monkeypatch.setattr(objective_model, "apply", counted)
+    stream = {**AS_A, "Accept": "text/event-stream"}
+    async with api_client(fresh_db, store=fresh_store) as api:
+        ended = asyncio.create_task(
+            _read_events(api, "/objectives/long-1/events", {**stream, "Last-Event-ID": "3001"})
+        )
+        await asyncio.sleep(0.5)  # the stream is open, past its backlog, waiting
+        async with fresh_store.transaction() as tx:
+            settled = Draft("objective.settled", {"status": "canceled", "error": "no"})
+            await objectives.update(tx, "long-1", lambda _: [settled])
+        received, end = await asyncio.wait_for(ended, 20)
+        assert [r["seq"] for r in received] == [3002]
+        assert end == {"objectiveId": "long-1", "status": "canceled"}
+        assert len(folded) <= 2, f"folded {len(folded)} receipts"
+        # A resume behind the head sends what follows it and folds only what the projection
+        # had not (nothing: it stands at the head).
+        folded.clear()
+        received, end = await _read_events(
+            api, "/objectives/long-1/events", {**stream, "Last-Event-ID": "2999"}
+        )
+        assert [r["seq"] for r in received] == [3000, 3001, 3002]
+        assert end == {"objectiveId": "long-1", "status": "canceled"} and folded == []
+
+
+async def _read_events(
+    api: httpx.AsyncClient, path: str, headers: dict[str, str]
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    received: list[dict[str, Any]] = []
+    async with api.stream("GET", path, headers=headers) as response:
+        async for event in events(response):
+            if event.name == "end":
+                return received, json.loads(event.data)
+            received.append(json.loads(event.data))
+    return received, None
+
+
+async def test_a_list_counts_tasks_without_reading_any_objectives_state(
+    fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A page showed two numbers of each objective from its whole state: up to 500 states of
+    # up to 1 000 tasks read and validated (100 objectives of 200 tasks: 1.3 to 5 s a page).
+    three = [{"taskId": k, "input": {"command": ["true"]}} for k in "abc"]
+    await create_objective(fresh_store, "sum-1", three)
+    await create_objective(fresh_store, "sum-2", TASK)
+    done = [
+        Draft("objective.task.dispatched", {"taskId": "a", "try": 1, "jobId": "j-a"}),
+        Draft(
+            "objective.task.settled",
+            {"taskId": "a", "try": 1, "jobId": "j-a", "status": "completed"},
+        ),
+        Draft("objective.settled", {"status": "failed", "error": "task 'b' failed"}),
+    ]
+    async with fresh_store.transaction() as tx:
+        await objectives.update(tx, "sum-1", lambda _: done)
+    validated: list[Any] = []
+    real = ObjectiveState.model_validate
+
+    def counted(value: Any, *args: Any, **kwargs: Any) -> ObjectiveState:
+        validated.append(value)
+        return real(value, *args, **kwargs)
+
+    monkeypatch.setattr(ObjectiveState, "model_validate", counted)
+    async with api_client(fresh_db, store=fresh_store) as api:
+        listed = await api.get("/objectives", headers=AS_A)
+        paged = await api.get("/objectives?limit=1", headers=AS_A)
+        rest = await api.get(
+            f"/objectives?limit=1&cursor={paged.json()['nextCursor']}", headers=AS_A
+        )
+    assert listed.status_code == 200, listed.text
+    shown = {o["objectiveId"]: o for o in listed.json()["objectives"]}
+    assert (shown["sum-1"]["tasks"], shown["sum-1"]["completedTasks"]) == (3, 1)
+    assert (shown["sum-1"]["status"], shown["sum-1"]["error"]) == ("failed", "task 'b' failed")
+    assert (shown["sum-2"]["tasks"], shown["sum-2"]["completedTasks"]) == (1, 0)
+    assert shown["sum-2"]["error"] is None and shown["sum-2"]["phase"] == 1
+    assert [o["objectiveId"] for o in paged.json()["objectives"]] == ["sum-2"]
+    assert [o["objectiveId"] for o in rest.json()["objectives"]] == ["sum-1"]
+    assert rest.json()["nextCursor"] is None
+    assert validated == []
+
+
+async def test_an_objective_or_task_id_ending_in_a_newline_is_refused(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    # `$` matches before a final newline: "nl\n" passed as an objective id (202, its run job
+    # `objective:nl\n:run` then 404 at the jobUrl the answer gave) and "a\n" as a task id, whose
+    # try's job no /jobs route reaches (job ids are held to JOB_ID_PATTERN, fully).
+    task = {"taskId": "a", "input": {"command": ["true"]}}
+    async with api_client(fresh_db, store=fresh_store) as api:
+        for objective_id, task_id, field in (
+            ("nl\n", "a", "objectiveId"),
+            ("nl-1", "a\n", "tasks[0].taskId"),
+        ):
+            body = {"objectiveId": objective_id, "title": "t", "goal": "g"}
+            body["tasks"] = [{**task, "taskId": task_id}]
+            response = await api.post("/objectives", headers=AS_A, json=body)
+            assert response.status_code == 422, response.text
+            assert response.json()["error"]["field"] == field
+        dispatch = {
+            "payload": {
+                "kind": "factory.dispatch",
+                "objectiveId": "nl\n",
+                "authContext": {"userId": "u", "organizationId": "org-a"},
+                "tasks": [task],
+            }
+        }
+        posted = await api.post("/agents/factory/jobs", headers=AS_A, json=dispatch)
+        assert posted.status_code == 422, posted.text
+        canceled = await api.post("/objectives/nl%0A/cancel", headers=AS_A)
+        assert canceled.status_code == 422, canceled.text
+    for objective_id in ("nl\n", "nl-1"):
+        assert await fresh_store.read_stream(objective_stream(objective_id)) == []
+        runtime = scoped_id("org-a", f"objective:{objective_id}:run")
+        assert await fresh_store.get_job(runtime) is None
+
+
+async def test_an_objectives_view_reads_its_jobs_statuses_not_their_states(
+    fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The view shows each task's job status: it read every try's whole job (its input, its
+    # output's tail, its result), up to a thousand of them a request.
+    two = [{"taskId": k, "input": {"command": ["true"]}} for k in "ab"]
+    await create_objective(fresh_store, "view-1", two)
+    job, _ = await running_task_job(fresh_store, "view-1")
+    dispatched = {"taskId": "a", "try": 1, "jobId": job.job_id}
+    async with fresh_store.transaction() as tx:
+        await objectives.update(
+            tx, "view-1", lambda _: [Draft("objective.task.dispatched", dispatched)]
+        )
+    read: list[Any] = []
+    real = Job.model_validate
+
+    def counted(value: Any, *args: Any, **kwargs: Any) -> Job:
+        read.append(value)
+        return real(value, *args, **kwargs)
+
+    monkeypatch.setattr(Job, "model_validate", counted)
+    async with api_client(fresh_db, store=fresh_store) as api:
+        shown = await api.get("/objectives/view-1", headers=AS_A)
+    assert shown.status_code == 200, shown.text
+    tasks = {t["taskId"]: t for t in shown.json()["tasks"]}
+    assert (tasks["a"]["jobId"], tasks["a"]["jobStatus"], tasks["a"]["attempt"]) == (
+        job.job_id,
+        "running",
+        1,
+    )
+    assert (tasks["b"]["jobId"], tasks["b"]["jobStatus"], tasks["b"]["attempt"]) == (None, None, 0)
+    assert read == []
