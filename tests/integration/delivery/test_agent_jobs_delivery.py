@@ -204,8 +204,10 @@ async def test_operator_cancel_stops_a_running_job_at_once_and_its_live_turn_end
     async with stack_with_dispatcher(
         client, store, fresh_db, RECEIPT_ORG_MAX_RUNNING_PER_GROUP="10"
     ):
-        marking, _ = await lifecycle.create(store, request("mark:4"))
-        holders = [(await lifecycle.create(store, request("sleep:6")))[0] for _ in range(2)]
+        # Long enough that all three are still running once each is seen running on a loaded
+        # machine (with mark:4 the turn once ended before the cancel: AlreadyTerminal).
+        marking, _ = await lifecycle.create(store, request("mark:8"))
+        holders = [(await lifecycle.create(store, request("sleep:10")))[0] for _ in range(2)]
         waiting, _ = await lifecycle.create(store, request("done:after"))
         running = await wait_for(store, marking.agent_job_id, "running")
         for holder in holders:
