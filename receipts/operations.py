@@ -7,6 +7,7 @@ state and the database clock, append, or write nothing and return why (an `Outco
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -64,10 +65,21 @@ def delivery_number(worker_id: str) -> int | None:
     return int(tail) if slash and tail.isdigit() else None
 
 
+_OF_A_RUN = re.compile(r":attempt:\d+\.[^:/]*$")  # `<jobId>:attempt:<n>.<run>`
+
+
 def newer_delivery(candidate: str, holder: str) -> bool:
-    """True when `candidate` is a later delivery than `holder` (or either id has no number)."""
+    """True when `candidate` is a later delivery than `holder` of the same driver run (or either
+    id has no number). Deliveries of two runs are not ordered by their numbers (each run counts
+    from 1): a stalled delivery of an ended run, whose attempt was refunded and scheduled again
+    by the next run, must not take the lease from that run's live delivery."""
     new, old = delivery_number(candidate), delivery_number(holder)
-    return new is None or old is None or new > old
+    if new is None or old is None:
+        return True
+    run, held_run = candidate.rpartition("/")[0], holder.rpartition("/")[0]
+    if run != held_run and _OF_A_RUN.search(run) and _OF_A_RUN.search(held_run):
+        return False
+    return new > old
 
 
 async def _fenced(store: Store, job_id: str, worker_id: str, attempt: int, write: Write) -> Outcome:

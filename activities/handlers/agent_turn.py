@@ -25,6 +25,7 @@ from activities.sandbox import (
 )
 from activities.sandbox_gateway import Access, free_port
 from receipts.agent_jobs import protocol
+from receipts.agent_jobs.metrics import AGENT_JOB_EVENTS
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentDefinition, RegistryError, load_registry
 
@@ -91,6 +92,17 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
     job = await ctx.receipts.agent_job(spec["agentJobId"])
     if job is None:
         raise HandlerError(f"no agent job {spec['agentJobId']!r}", retryable=False)
+    if job.status != "running" or job.queue_job_id != ctx.job.job_id:
+        # Stopped (or moved on) before this delivery started: a cancel acknowledged while the
+        # turn was leased (a redelivery after its worker died, a slow start) left it to end on
+        # its own, not to run the agent's command for a job that no longer runs.
+        AGENT_JOB_EVENTS.labels("turn_not_run").inc()
+        return _ended_early(
+            ctx,
+            job,
+            f"agent job {job.agent_job_id!r} is {job.status}, not running this turn",
+            retryable=False,
+        )
     try:
         agent = load_registry(ctx.settings.agent_jobs.agents_file).get(job.agent_id)
     except RegistryError as exc:

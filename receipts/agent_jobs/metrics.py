@@ -27,7 +27,8 @@ AGENT_JOB_WAKEUP_CALLBACKS = Counter(
 AGENT_JOB_EVENTS = Counter(
     "receipt_agent_job_events",
     "Agent-job events by kind: created, answered, canceled, input_timeout (failed waiting for "
-    "its owner's answer), wakeup (its owner's session woken).",
+    "its owner's answer), wakeup (its owner's session woken), turn_not_run (a turn delivered "
+    "after its job stopped: no command run).",
     ["event"],
 )
 AGENT_JOBS_RUNNING = Gauge(

@@ -895,3 +895,43 @@ async def test_a_turn_that_fails_before_its_command_runs_logs_its_outcome(
     logged = [r for r in caplog.records if getattr(r, "event", None) == "agent_turn.outcome"]
     assert logged and logged[0].agentJobId == job.agent_job_id  # type: ignore[attr-defined]
     assert logged[0].error == outcome["error"]  # type: ignore[attr-defined]
+
+
+async def test_a_turn_delivered_after_its_job_was_stopped_runs_no_command(
+    store: Store, tmp_path: Any
+) -> None:
+    """The turn's worker leased it and died; the job was cancelled (acknowledged, the turn named
+    live); then Temporal delivered the turn again, or a slow worker reached its handler only
+    now. The handler read the stopped job and ran the agent's whole command for it anyway, with
+    its slot given back (a fourth command of the agent beside three new running jobs): a turn
+    started after the cancel was acknowledged. It runs none now, and its end changes nothing."""
+    from activities.handlers.agent_turn import run_agent_turn
+    from activities.handlers.context import HandlerSettings
+    from activities.sandbox import SandboxSettings
+    from tests.integration.helpers import started_context
+
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    marker = tmp_path / "ran"
+    command = ["/bin/sh", "-c", f'touch {marker}; echo \'{{"outcome": "done"}}\'']
+    registry = tmp_path / "agents.yaml"
+    registry.write_text(
+        f"agents:\n  - id: {agent}\n    command: {json.dumps(command)}\n", encoding="utf-8"
+    )
+    job, _ = await lifecycle.create(store, request(agent))
+    await dispatcher(store).run_once()
+    turn = (await current(store, job.agent_job_id)).queue_job_id
+    assert turn is not None
+    settings = HandlerSettings(
+        agent_jobs=AgentJobSettings(RECEIPT_AGENTS_FILE=str(registry)),
+        sandbox=SandboxSettings(
+            RECEIPT_CODEX_SANDBOX="none", RECEIPT_WORKSPACE_ROOT=str(tmp_path / "ws")
+        ),
+    )
+    ctx = await started_context(store, turn, settings)  # leased: a live turn
+    stopped = await interventions.cancel(store, job.agent_job_id, reason="operator")
+    assert stopped.status == "stopped" and stopped.live_turn_job_id == turn
+    outcome = await run_agent_turn(ctx)
+    assert not marker.exists(), "the agent's command ran for a job stopped before it started"
+    assert outcome["outcome"] == "failed" and outcome["retryable"] is False
+    assert await lifecycle.settle_turn(store, job.agent_job_id, retry_base_ms=1) is None
+    assert (await current(store, job.agent_job_id)).status == "stopped"

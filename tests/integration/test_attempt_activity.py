@@ -295,6 +295,44 @@ async def test_a_delivery_taken_over_holds_no_fence_of_a_refunded_attempts_next_
     assert done.ok and done.job is not None and done.job.result == {"by": "b"}
 
 
+async def test_a_stalled_delivery_of_an_older_run_cannot_take_a_newer_runs_lease(
+    store: Store,
+) -> None:
+    """Delivery 1 of attempt 1 (driver run a) was released at its worker's shutdown (attempt
+    refunded) and Temporal started delivery 2 of run a, whose worker stalled before its start;
+    run a's window closed, and the driver's next run b scheduled attempt 1 again: its delivery 1
+    leased and runs. Run a's delivery 2 then wakes. Only the delivery number was compared
+    (2 > 1), so the stalled delivery of the ended run took the lease over and the live one's
+    handler was stopped at its next heartbeat. Deliveries of different runs are not ordered by
+    their numbers: the stalled one is refused."""
+    job_id = await job_of(store, "act-other-run")
+    first = ops.delivery_id(job_id, 1, "run-a", 1)
+    stalled = ops.delivery_id(job_id, 1, "run-a", 2)
+    fresh = ops.delivery_id(job_id, 1, "run-b", 1)
+    assert (
+        await ops.start_attempt(store, job_id, attempt=1, worker_id=first, lease_ms=LEASE_MS)
+    ).ok
+    released = await ops.fail(
+        store,
+        job_id,
+        worker_id=first,
+        attempt=1,
+        error="worker shutdown",
+        retryable=True,
+        refund_attempt=True,
+    )
+    assert released.ok and released.job is not None and released.job.status == "queued"
+    assert (
+        await ops.start_attempt(store, job_id, attempt=1, worker_id=fresh, lease_ms=LEASE_MS)
+    ).ok
+    late = await ops.start_attempt(store, job_id, attempt=1, worker_id=stalled, lease_ms=LEASE_MS)
+    assert late.status == "lease_lost", late.status
+    beat = await ops.heartbeat(store, job_id, worker_id=fresh, attempt=1, lease_ms=LEASE_MS)
+    assert beat.ok, beat.status
+    done = await ops.complete(store, job_id, worker_id=fresh, attempt=1, result={"by": "b"})
+    assert done.ok and done.job is not None and done.job.result == {"by": "b"}
+
+
 async def test_a_heartbeat_that_cannot_be_written_stops_the_handler_before_the_attempt_raises(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
