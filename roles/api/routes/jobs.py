@@ -318,7 +318,9 @@ async def list_jobs(
 
 def followed_job(job: Job, shown: str) -> Followed[Job]:
     """A job's stream as a caller who knows the job as `shown` follows it: receipts redacted
-    and named by `shown`, ending after the receipt that made the job terminal."""
+    and named by `shown`, ending after the receipt that made the job terminal. `job` (its
+    projection's row, read by the route) is folded on from its seq: a stream resumed at the
+    head of a long history reads nothing behind it."""
 
     def end(state: Job) -> dict[str, Any] | None:
         return {"jobId": shown, "status": state.status} if state.terminal else None
@@ -330,6 +332,8 @@ def followed_job(job: Job, shown: str) -> Followed[Job]:
         show=lambda receipt: shown_receipt(
             receipt, job.job_id, shown, job.organization_id if shown != job.job_id else None
         ),
+        start=job,
+        start_seq=job.seq,
     )
 
 
