@@ -38,7 +38,7 @@ from roles.delivery.schedules import SYNC_INTERVAL_MS, ScheduleSync
 from roles.delivery.starter import DriverStarter
 from roles.delivery.watchdog_schedule import keep_watchdog_schedule
 from roles.delivery.webhooks import WebhookDeliverer
-from roles.infra.process import Runtime, run_until
+from roles.infra.process import Runtime, run_until, until_stopped
 from roles.infra.temporal import ensure_search_attributes
 from workflows.schedule_fire import ScheduleFireWorkflow
 from workflows.watchdog_tick import WatchdogTickWorkflow
@@ -226,7 +226,14 @@ def _sweep_workspaces(runtime: Runtime) -> None:
 
 async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
     """Run the driver worker until `stop`, with the dispatcher (which may plan first runs) and
-    the agent-job dispatcher beside it."""
+    the agent-job dispatcher beside it.
+
+    The dispatcher stops with `stop`, as the worker begins to drain: a start of its own then
+    went through the task queue (a stopping worker takes no eager task), where a poll the
+    stopping worker still had open could be handed the job's first workflow task and never run
+    it (Temporal SDK 1.35), and the job waited out the workflow task timeout (10 s). The other
+    drivers' dispatchers hear the same notices and start those jobs eagerly into their own
+    workers; with no other driver, the next one's start-up rescan starts them."""
     assert runtime.client is not None
     try:
         await ensure_search_attributes(runtime.client, runtime.client.namespace)
@@ -239,7 +246,7 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
     dispatcher = Dispatcher(
         runtime.store, runtime.listener, _starter(runtime, beside_driver_worker=True)
     )
-    runtime.spawn(dispatcher.run(), "dispatcher")
+    runtime.spawn(until_stopped(dispatcher.run(), stop), "dispatcher")
     agent_jobs = AgentJobDispatcher(
         runtime.store,
         runtime.listener,

@@ -211,6 +211,21 @@ async def run_until(
         await running
 
 
+async def until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
+    """Run `work` until it ends or `stop` is set, then cancel it (what it had under way too).
+    An error it ends with is raised (a role task's: logged `role.task_failed`)."""
+    running = asyncio.create_task(work)
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        running.cancel()
+    await asyncio.wait({running})
+    if not running.cancelled():
+        running.result()
+
+
 def run_until_signalled(
     main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], loop: str
 ) -> None:

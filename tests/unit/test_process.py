@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 
 from roles.infra import process
-from roles.infra.process import EXIT_SHUTDOWN_STUCK, Runtime, ShutdownStuck, run_until
+from roles.infra.process import (
+    EXIT_SHUTDOWN_STUCK,
+    Runtime,
+    ShutdownStuck,
+    run_until,
+    until_stopped,
+)
 
 
 async def _forever() -> None:
@@ -49,6 +55,30 @@ async def test_a_shutdown_past_the_grace_and_its_margin_raises_and_is_logged(
     assert 0.3 <= time.monotonic() - started < 3
     stuck = [r for r in caplog.records if getattr(r, "event", None) == "role.shutdown_stuck"]
     assert len(stuck) == 1 and stuck[0].levelname == "ERROR"
+
+
+async def test_until_stopped_cancels_the_work_at_stop_and_raises_an_error_of_its_own() -> None:
+    """A driver's dispatcher stops as its worker begins to drain (roles/delivery/serve.py)."""
+    stop, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def work() -> None:
+        try:
+            await _forever()
+        finally:
+            cancelled.set()
+
+    running = asyncio.create_task(until_stopped(work(), stop))
+    await asyncio.sleep(0.05)
+    assert not running.done()
+    stop.set()
+    await asyncio.wait_for(running, 5)
+    assert cancelled.is_set()
+
+    async def fails() -> None:
+        raise RuntimeError("its own")
+
+    with pytest.raises(RuntimeError, match="its own"):
+        await asyncio.wait_for(until_stopped(fails(), asyncio.Event()), 5)
 
 
 SCRIPT = textwrap.dedent(
