@@ -324,14 +324,7 @@ async def test_a_list_counts_tasks_without_reading_any_objectives_state(
     ]
     async with fresh_store.transaction() as tx:
         await objectives.update(tx, "sum-1", lambda _: done)
-    validated: list[Any] = []
-    real = ObjectiveState.model_validate
-
-    def counted(value: Any, *args: Any, **kwargs: Any) -> ObjectiveState:
-        validated.append(value)
-        return real(value, *args, **kwargs)
-
-    monkeypatch.setattr(ObjectiveState, "model_validate", counted)
+    validated = validations(monkeypatch, ObjectiveState)
     async with api_client(fresh_db, store=fresh_store) as api:
         listed = await api.get("/objectives", headers=AS_A)
         paged = await api.get("/objectives?limit=1", headers=AS_A)
@@ -398,14 +391,7 @@ async def test_an_objectives_view_reads_its_jobs_statuses_not_their_states(
         await objectives.update(
             tx, "view-1", lambda _: [Draft("objective.task.dispatched", dispatched)]
         )
-    read: list[Any] = []
-    real = Job.model_validate
-
-    def counted(value: Any, *args: Any, **kwargs: Any) -> Job:
-        read.append(value)
-        return real(value, *args, **kwargs)
-
-    monkeypatch.setattr(Job, "model_validate", counted)
+    read = validations(monkeypatch, Job)
     async with api_client(fresh_db, store=fresh_store) as api:
         shown = await api.get("/objectives/view-1", headers=AS_A)
     assert shown.status_code == 200, shown.text
@@ -417,3 +403,16 @@ async def test_an_objectives_view_reads_its_jobs_statuses_not_their_states(
     )
     assert (tasks["b"]["jobId"], tasks["b"]["jobStatus"], tasks["b"]["attempt"]) == (None, None, 0)
     assert read == []
+
+
+def validations(monkeypatch: pytest.MonkeyPatch, model: Any) -> list[Any]:
+    """What `model.model_validate` is called with from now on (the calls still validate)."""
+    seen: list[Any] = []
+    real = model.model_validate
+
+    def counted(value: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(value)
+        return real(value, *args, **kwargs)
+
+    monkeypatch.setattr(model, "model_validate", counted)
+    return seen
