@@ -67,6 +67,14 @@ async def get(store: Store | Tx, objective_id: str) -> ObjectiveState | None:
     return ObjectiveState.model_validate(row[0]) if row else None
 
 
+async def named(store: Store | Tx, objective_id: str) -> list[str]:
+    """The runtime ids of the objectives an admin may mean by `objective_id` (an
+    organization's own id): at most two, enough to tell one from ambiguous."""
+    with translate_errors():
+        rows = await store.fetch("objectives_by_caller_id", {"objective_id": objective_id})
+    return [str(row[0]) for row in rows]
+
+
 async def runtime_id(
     store: Store | Tx, organization_id: str | None, objective_id: str, *, existing: bool = True
 ) -> str:

@@ -167,6 +167,14 @@ async def get(store: Store, schedule_id: str) -> ScheduleState | None:
     return ScheduleState.model_validate(row[0]) if row else None
 
 
+async def named(store: Store, schedule_id: str) -> list[str]:
+    """The runtime ids of the live schedules an admin may mean by `schedule_id` (an
+    organization's own id): at most two, enough to tell one from ambiguous."""
+    with translate_errors():
+        rows = await store.fetch("schedules_by_caller_id", {"schedule_id": schedule_id})
+    return [str(row[0]) for row in rows]
+
+
 async def load(tx: Tx, schedule_id: str) -> ScheduleState | None:
     """The schedule as its projection row holds it, read in the caller's transaction to write
     after it: its row locked, so a projection rebuild waits for the write (lock its stream

@@ -4,6 +4,14 @@
 -- name: objective_get
 SELECT state FROM objectives WHERE objective_id = %(objective_id)s;
 
+-- name: objectives_by_caller_id
+-- The objectives an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an
+-- unscoped id): two rows tell "one" from "ambiguous" (objectives_caller_id_idx, 0024).
+SELECT objective_id FROM objectives
+WHERE split_part(objective_id, '~', 1) = %(objective_id)s::text
+ORDER BY objective_id
+LIMIT 2;
+
 -- name: objective_get_for_update
 -- A writer's read, under its stream lock: the row lock waits out a rebuild's table lock (a plain
 -- read does not, and a writer that read before the rebuild wrote its stale state back after it).

@@ -13,6 +13,16 @@ SET seq = EXCLUDED.seq, status = EXCLUDED.status, definition_seq = EXCLUDED.defi
 -- name: schedule_get
 SELECT state FROM schedules WHERE schedule_id = %(schedule_id)s;
 
+-- name: schedules_by_caller_id
+-- The schedules an admin may mean by an organization's own id (`<id>` of `<id>~<tag>`, or an
+-- unscoped id), deleted ones left out (a deleted schedule is 404 by any name, and must not make
+-- a live one of another organization ambiguous): two rows tell "one" from "ambiguous"
+-- (schedules_caller_id_idx, 0024).
+SELECT schedule_id FROM schedules
+WHERE split_part(schedule_id, '~', 1) = %(schedule_id)s::text AND status <> 'deleted'
+ORDER BY schedule_id
+LIMIT 2;
+
 -- name: schedule_get_for_update
 -- A writer's read, under its stream lock (as objective_get_for_update: a rebuild waits for it).
 SELECT state FROM schedules WHERE schedule_id = %(schedule_id)s FOR NO KEY UPDATE;

@@ -1,7 +1,10 @@
 """The README's quick start, as written: `make up` in a scratch checkout with nothing set, then
 every `sh` block of "From `make up` to a finished job", in order, in one shell, then every
 `python` block of "Call Receipt from Python" and "Write your own agent" with the checkout's
-Python and the token the quick start exported.
+Python and the token the quick start exported, then, in the same shell, every other `sh` block
+of the README in order (administration, retention, the HTTP API and the CLI, retry, objectives,
+schedules), except the few marked `<!-- not run: <reason> -->` just before them (a server in the
+foreground, a receiver's URL that resolves nowhere).
 
 The scratch directory holds links to this checkout's virtualenv and Makefile inputs, so `make up`
 finds everything installed and starts the stack exactly as a newcomer's would: an embedded
@@ -36,6 +39,9 @@ SCRIPT_TIMEOUT_S = 300
 
 
 PYTHON_SECTIONS = ("## Call Receipt from Python", "## Write your own agent")
+# A block the README says is not for running: this comment just before it, with its reason.
+NOT_RUN = re.compile(r"<!-- not run: (.+) -->", flags=re.DOTALL)
+SH_BLOCK = re.compile(r"```sh\n(.*?)```", flags=re.DOTALL)
 
 
 def blocks(readme: str, section: str, language: str) -> list[str]:
@@ -48,6 +54,27 @@ def blocks(readme: str, section: str, language: str) -> list[str]:
 def quick_start_blocks(readme: str) -> list[str]:
     """The `sh` blocks of the quick-start section, in order."""
     return blocks(readme, SECTION, "sh")
+
+
+def other_blocks(readme: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The `sh` blocks outside the quick-start section, in order, as (section, block): those
+    to run, and those marked `not run` (with the reason in place of the block)."""
+    runs: list[tuple[str, str]] = []
+    skipped: list[tuple[str, str]] = []
+    sections = re.split(r"\n(?=## )", readme)
+    for section in sections:
+        title = section.splitlines()[0]
+        if title == SECTION:
+            continue
+        for match in SH_BLOCK.finditer(section):
+            before = section[: match.start()].rstrip()
+            comment = before[before.rfind("<!--") :] if before.endswith("-->") else ""
+            marked = NOT_RUN.fullmatch(comment)
+            if marked:
+                skipped.append((title, " ".join(marked.group(1).split())))
+            else:
+                runs.append((title, match.group(1)))
+    return runs, skipped
 
 
 def python_blocks(readme: str) -> list[str]:
@@ -65,6 +92,24 @@ def test_the_quick_start_has_the_blocks_a_newcomer_runs() -> None:
     python = python_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
     assert len(python) >= 4 and "from receipt_client import Client" in python[0]
     assert any("@handler(" in block for block in python)
+
+
+def test_every_other_sh_block_runs_unless_marked_with_its_reason() -> None:
+    """The README's other shell blocks are run too (below); the few it marks `not run` each say
+    why, and the sections a newcomer types through are among those that run."""
+    runs, skipped = other_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    ran = {title for title, _ in runs}
+    for section in (
+        "## Administration",
+        "## Retention",
+        "## HTTP API and the `receipt` CLI",
+        "## Operator console: `/console`",
+        "## Objectives: from a file to its audit",
+        "## Schedules: recurring jobs",
+    ):
+        assert section in ran, section
+    assert len(skipped) <= 3, skipped
+    assert all(len(reason) > 20 for _, reason in skipped), skipped
 
 
 def busy(port: int) -> bool:
@@ -155,6 +200,11 @@ def test_the_readme_quick_start_runs_as_written_against_make_up(
     for n, block in enumerate(python_blocks(readme)):
         (checkout / f"readme-{n}.py").write_text(block, encoding="utf-8")
         script += f"\n.venv/bin/python readme-{n}.py"
+    runs, _ = other_blocks(readme)
+    for n, (title, block) in enumerate(runs):
+        # A marker before each block: a failure names the block that stopped the script.
+        script += f"\necho '### README block {n}: {title.removeprefix('## ')}'\n" + block
+    script += "\necho '### README: every block ran'"
     try:
         ran = subprocess.run(
             ["bash", "-c", script],
@@ -168,6 +218,9 @@ def test_the_readme_quick_start_runs_as_written_against_make_up(
         pytest.fail(f"the quick start hung:\n{exc.stdout}\n{exc.stderr}\n{up_log(checkout)}")
     out = ran.stdout
     assert ran.returncode == 0, f"{out}\n{ran.stderr}\n{up_log(checkout)[-8000:]}"
+    assert "### README: every block ran" in out
+    # `curl -sS` exits 0 on an error answer: none of the README's requests may get one.
+    assert not re.search(r"\{\"error\": ?\{\"code\"", out), out
     # The job ran in the sandbox, its events ended with the terminal one.
     assert "hello from receipt" in out and "job.completed" in out
     assert "event: end" in out
@@ -189,3 +242,8 @@ def test_the_readme_quick_start_runs_as_written_against_make_up(
     # "Write your own agent": the example agent released through its three steps.
     released = next(line for line in out.splitlines() if "'released': '1.4.0'" in line)
     assert released.startswith("completed {") and "'steps': ['build', 'tag', 'publish']" in released
+    # The other sections: the job the CLI waited for, the objective of the file, the schedule.
+    assert re.search(r"demo-2~\S+\n\s*status\s+completed", out), out
+    assert re.search(r"objective demo-diamond~\S+ completed", out), out
+    assert "audited: 4/4 tasks completed" in out
+    assert re.search(r"nightly-report~\S+\s+active\s+cron 0 3 \* \* mon-fri", out), out

@@ -900,3 +900,36 @@ async def test_a_page_of_schedules_reads_its_firings_jobs_in_one_query(
     for state, view in zip(page, views, strict=True):
         [run] = view["lastRuns"]
         assert run["jobId"] == state.last_job_id and run["jobStatus"] == "queued"
+
+
+async def test_an_admin_names_a_schedule_by_the_id_one_organization_gave_it(
+    client: httpx.AsyncClient,
+) -> None:
+    """As a job: an admin names a schedule by its runtime id, or by the id its organization
+    gave it while one organization has that id (the README's `receipt schedules get
+    nightly-report` with `make up`'s admin token); 409 naming the field when several do."""
+    sid = (await create(client))["scheduleId"]
+    shown = await client.get(f"/schedules/{sid}", headers=AS_ADMIN)
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["scheduleId"] == scoped_id("org-a", sid)
+    paused = await client.patch(f"/schedules/{sid}", json={"paused": True}, headers=AS_ADMIN)
+    assert paused.status_code == 200 and paused.json()["status"] == "paused", paused.text
+    both = new_schedule_id()
+    await create(client, scheduleId=both)
+    await create(client, AS_B, scheduleId=both, job=body("org-b")["job"])
+    for method in ("GET", "PATCH", "DELETE"):
+        ambiguous = await client.request(
+            method,
+            f"/schedules/{both}",
+            headers=AS_ADMIN,
+            json={"paused": True} if method == "PATCH" else None,
+        )
+        assert ambiguous.status_code == 409, (method, ambiguous.text)
+        error = ambiguous.json()["error"]
+        assert error["code"] == "ambiguous_schedule_id" and error["field"] == "scheduleId"
+    assert (await client.delete(f"/schedules/{sid}", headers=AS_ADMIN)).status_code == 204
+    assert (await client.get(f"/schedules/{sid}", headers=AS_A)).status_code == 404
+    # A deleted schedule is no name: once org-b's is deleted, org-a's is the one meant.
+    assert (await client.delete(f"/schedules/{both}", headers=AS_B)).status_code == 204
+    left = await client.get(f"/schedules/{both}", headers=AS_ADMIN)
+    assert left.status_code == 200 and left.json()["scheduleId"] == scoped_id("org-a", both)

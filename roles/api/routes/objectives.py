@@ -31,7 +31,7 @@ from receipts.objectives.model import (
     run_job_id,
 )
 from receipts.store import Store
-from receipts.tenancy import scoped_id
+from receipts.tenancy import TENANT_SEPARATOR, scoped_id
 from roles.api.admission import check_executables, org_caps
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
@@ -77,7 +77,7 @@ async def _visible(
     state: ApiState, caller: Principal, objective_id: str, *, reading: bool = True
 ) -> ObjectiveState:
     """The objective the caller names `objective_id` (an organization names its own, as it does
-    its jobs; an admin names runtime ids); 404 for one it may not see, saying so when its run
+    its jobs; an admin as `_runtime` says); 404 for one it may not see, saying so when its run
     job has not created it (yet). `reading`: the caller must hold `jobs:read` (a cancel needs
     `jobs:write` only, as a job's commands do)."""
     if reading:
@@ -98,9 +98,23 @@ async def _visible(
 
 
 async def _runtime(store: Store, caller: Principal, objective_id: str) -> str:
-    if caller.admin:  # an admin names runtime ids (`<id>~<tag>`)
+    """The runtime id of the objective `caller` names `objective_id`: an organization names its
+    own; an admin names runtime ids (`<id>~<tag>`), or an organization's own id while one
+    organization has it (409 `ambiguous_objective_id` when several do)."""
+    if not caller.admin:
+        return await objectives.runtime_id(store, caller.organization_id, objective_id)
+    if TENANT_SEPARATOR in objective_id or await objectives.get(store, objective_id) is not None:
         return objective_id
-    return await objectives.runtime_id(store, caller.organization_id, objective_id)
+    named = await objectives.named(store, objective_id)
+    if len(named) > 1:
+        raise ApiError(
+            409,
+            "ambiguous_objective_id",
+            f"several organizations have an objective {objective_id!r}: name it by its "
+            "runtime id (<id>~<tag>)",
+            field="objectiveId",
+        )
+    return named[0] if named else objective_id
 
 
 async def _run_job(store: Store, caller: Principal, runtime: str) -> Job | None:
@@ -274,7 +288,7 @@ async def objective_view(store: Store, objective: ObjectiveState) -> dict[str, A
 @router.get(
     "/objectives/{objectiveId}",
     response_model=ObjectiveView,
-    responses=errors_documented(401, 403, 404, 422, 503),
+    responses=errors_documented(401, 403, 404, 409, 422, 503),
     dependencies=[_takes_query()],
 )
 async def get_objective(state: State, caller: Caller, objective_id: ObjectiveId) -> JSONResponse:
@@ -316,6 +330,7 @@ def followed_objective(
     router,
     "/objectives/{objectiveId}/events",
     "It ends with `event: end` once settled and audited.",
+    409,
     end=ObjectiveStreamEnd,
     response_model=ObjectiveEventsPage,
 )

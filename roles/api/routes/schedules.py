@@ -27,7 +27,7 @@ from receipts.schedules import cron
 from receipts.schedules import store as schedules
 from receipts.schedules.model import ScheduleState, definition_data, schedule_stream
 from receipts.store import Store
-from receipts.tenancy import scoped_id
+from receipts.tenancy import TENANT_SEPARATOR, scoped_id
 from roles.api.admission import check_agent, check_command_rights, check_gateway
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import decode_cursor, encode_cursor, read_json_body, validated
@@ -97,10 +97,23 @@ def current_fields(schedule: ScheduleState) -> dict[str, Any]:
 
 async def _visible(state: ApiState, caller: Principal, schedule_id: str) -> ScheduleState:
     """The schedule the caller names `schedule_id` (an organization names its own; an admin
-    names runtime ids); 404 for one it may not see or that was deleted."""
+    names runtime ids, or an organization's own id while one organization has it: 409
+    `ambiguous_schedule_id` when several do); 404 for one it may not see or that was deleted."""
     require_scope(caller, JOBS_READ)
+    store = state.require_store()
     runtime = schedule_id if caller.admin else scoped_id(caller.organization_id, schedule_id)
-    schedule = await schedules.get(state.require_store(), runtime)
+    schedule = await schedules.get(store, runtime)
+    if schedule is None and caller.admin and TENANT_SEPARATOR not in schedule_id:
+        named = await schedules.named(store, schedule_id)
+        if len(named) > 1:
+            raise ApiError(
+                409,
+                "ambiguous_schedule_id",
+                f"several organizations have a schedule {schedule_id!r}: name it by its "
+                "runtime id (<id>~<tag>)",
+                field="scheduleId",
+            )
+        schedule = await schedules.get(store, named[0]) if named else None
     if schedule is None or schedule.terminal or not caller.sees(schedule.organization_id):
         raise ApiError(404, "not_found", f"no schedule {schedule_id!r}", field="scheduleId")
     return schedule
@@ -226,7 +239,7 @@ async def list_schedules(
 @router.get(
     "/schedules/{scheduleId}",
     response_model=ScheduleView,
-    responses=errors_documented(401, 403, 404, 422, 503),
+    responses=errors_documented(401, 403, 404, 409, 422, 503),
     dependencies=[_takes_query()],
 )
 async def get_schedule(state: State, caller: Caller, schedule_id: ScheduleId) -> JSONResponse:
@@ -299,7 +312,7 @@ async def patch_schedule(
 @router.delete(
     "/schedules/{scheduleId}",
     status_code=204,
-    responses=errors_documented(401, 403, 404, 422, 429, 503),
+    responses=errors_documented(401, 403, 404, 409, 422, 429, 503),
     dependencies=[_takes_query()],
 )
 async def delete_schedule(state: State, caller: Caller, schedule_id: ScheduleId) -> Response:

@@ -416,3 +416,34 @@ def validations(monkeypatch: pytest.MonkeyPatch, model: Any) -> list[Any]:
 
     monkeypatch.setattr(model, "model_validate", counted)
     return seen
+
+
+async def test_an_admin_names_an_objective_by_the_id_one_organization_gave_it(
+    fresh_store: Store, fresh_db: str
+) -> None:
+    """As a job or a session: an admin names an objective by its runtime id, or by the id its
+    organization gave it while one organization has that id (the README's `receipt objectives
+    get demo-diamond` with `make up`'s admin token); 409 naming the field when several do."""
+    await create_objective(fresh_store, scoped_id("org-a", "mine"), TASK)
+    await create_objective(fresh_store, scoped_id("org-a", "both"), TASK)
+    await create_objective(fresh_store, scoped_id("org-b", "both"), TASK, org="org-b")
+    async with api_client(fresh_db, store=fresh_store) as api:
+        shown = await api.get("/objectives/mine", headers=AS_ADMIN)
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["objectiveId"] == scoped_id("org-a", "mine")
+        streamed = await api.get("/objectives/mine/events", headers=AS_ADMIN)
+        assert streamed.status_code == 200 and streamed.json()["receipts"], streamed.text
+        for method, path in [
+            ("GET", "/objectives/both"),
+            ("GET", "/objectives/both/events"),
+            ("POST", "/objectives/both/cancel"),
+        ]:
+            ambiguous = await api.request(method, path, headers=AS_ADMIN)
+            assert ambiguous.status_code == 409, (method, path, ambiguous.text)
+            error = ambiguous.json()["error"]
+            assert error["code"] == "ambiguous_objective_id" and error["field"] == "objectiveId"
+        assert (await api.get("/objectives/none-such", headers=AS_ADMIN)).status_code == 404
+        canceled = await api.post("/objectives/mine/cancel", headers=AS_ADMIN, json={})
+        assert canceled.status_code == 202, canceled.text
+    state = await objectives.get(fresh_store, scoped_id("org-a", "mine"))
+    assert state is not None and state.cancel_requested
