@@ -231,19 +231,36 @@ async def factory_dispatch(ctx: HandlerContext) -> dict[str, Any]:
                     "tasks": [t.to_json() for t in tasks],
                     "reason": ctx.payload.get("reason"),
                     "jobId": ctx.job.job_id,
+                    # A validate or publish that failed (recorded, the objective not yet
+                    # settled) covered the earlier phases only: it runs again after this one.
+                    "failedStepsAgain": True,
                 },
             ),
             objectives.control_request("phase_added", jobId=ctx.job.job_id),
         ]
 
-    if not await ctx.receipts.update_objective(objective_id, decide, deliver_control=True):
+    try:
+        added = await ctx.receipts.update_objective(objective_id, decide, deliver_control=True)
+    except HandlerError:
+        # A delivery of this job that committed its phase and died before settling the job:
+        # this one is refused a second phase (its task ids are taken, or the objective settled
+        # since); the job did its work, and says which phase it added.
+        landed = await ctx.receipts.phase_added_by(objective_id, ctx.job.job_id)
+        if landed is None:
+            raise
+        log.info(
+            "phase already added by an earlier delivery of this job",
+            extra={"event": "factory.phase_existing", "objectiveId": objective_id, "phase": landed},
+        )
+        return {"objectiveId": objective_id, "phase": landed, "outcome": "existing"}
+    if not added:
         raise HandlerError(f"no objective {objective_id!r}", retryable=False)
     factory_metrics.FACTORY_PHASES_ADDED.inc()
     log.info(
         "phase added",
         extra={"event": "factory.phase_added", "objectiveId": objective_id, "phase": phase},
     )
-    return {"objectiveId": objective_id, "phase": phase}
+    return {"objectiveId": objective_id, "phase": phase, "outcome": "added"}
 
 
 # --- control, watchdog, audit -----------------------------------------------------------------

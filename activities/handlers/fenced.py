@@ -122,6 +122,13 @@ class FencedReceipts:
             self._store, [s for s in states if self._sees(s.organization_id)]
         )
 
+    async def phase_added_by(self, objective_id: str, job_id: str) -> int | None:
+        """The phase the job `job_id` added to the objective (of the handler's organization),
+        or None."""
+        if await self.objective(objective_id) is None:
+            return None
+        return await objectives.phase_added_by(self._store, objective_id, job_id)
+
     async def update_objective(
         self, objective_id: str, decide: objectives.Decide, *, deliver_control: bool = False
     ) -> bool:

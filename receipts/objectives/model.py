@@ -368,11 +368,17 @@ def _changes(
         )
         added = tuple(_task_from(t, phase) for t in data["tasks"])
         # Validate and publish come last: one that completed covered the earlier phases only,
-        # so it runs again after the new one (one still running runs again once it ends).
+        # so it runs again after the new one (one still running runs again once it ends). So
+        # does one whose failure was recorded before the phase landed (`failedStepsAgain`,
+        # since 2026-12-07), as one recorded after it does (`again` on its settlement): the
+        # objective's outcome no longer hangs on which of the two writes committed first.
+        # Older chains fold as they did.
+        again = ("completed", "failed", "canceled") if data.get("failedStepsAgain") else ()
         steps = {
             f"{step.name}_step": step.again()
             for name in STEPS
-            if (step := state.step(name)) is not None and step.status == "completed"
+            if (step := state.step(name)) is not None
+            and (step.status == "completed" or step.status in again)
         }
         return {"phase": phase, "tasks": superseded + added, **steps}
     if kind == "objective.task.dispatched":

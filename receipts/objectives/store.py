@@ -427,6 +427,14 @@ def _audited(data: dict[str, Any]) -> Decide:
     return decide
 
 
+async def phase_added_by(store: Store, objective_id: str, job_id: str) -> int | None:
+    """The phase the `factory.dispatch` job `job_id` added to the objective, or None."""
+    params = {"stream": objective_stream(objective_id), "job_id": job_id}
+    with translate_errors():
+        row = await store.fetch_one("objective_phase_added_by", params)
+    return int(row[0]) if row else None
+
+
 async def jobs_by_ids(store: Store, job_ids: Sequence[str]) -> dict[str, Job]:
     """The jobs with these ids (absent ones are left out)."""
     if not job_ids:

@@ -98,6 +98,15 @@ WHERE o.status = 'active'
 ORDER BY o.updated_at
 LIMIT %(limit)s;
 
+-- name: objective_phase_added_by
+-- The phase a `factory.dispatch` job added to the objective, if it added one: a redelivery of
+-- that job, refused a second phase, reports it. Read only then; the stream's (stream, seq)
+-- index bounds the scan to the objective's receipts.
+SELECT (data ->> 'phase')::int FROM receipts
+WHERE stream = %(stream)s AND type = 'objective.phase_added' AND data ->> 'jobId' = %(job_id)s
+ORDER BY seq
+LIMIT 1;
+
 -- name: jobs_by_ids
 SELECT state FROM jobs WHERE job_id = ANY(%(job_ids)s::text[]);
 

@@ -234,6 +234,23 @@ def test_a_validate_that_fails_after_a_phase_was_added_runs_again_after_it() -> 
     assert "again" not in same_phase.records[0].data
 
 
+def test_a_validate_whose_failure_was_recorded_before_a_fix_phase_runs_again_after_it() -> None:
+    """The same fix phase, its receipt landing just after validate's failure was recorded (the
+    objective not yet settled): the outcome is the one of the other order, not a failed
+    objective with the fix never run. A phase recorded before `failedStepsAgain` folds as it
+    did."""
+    failed = receipt(5, "objective.step.settled", step="validate", jobId="jv", status="failed")
+    state = _validated_then(failed, receipt(6, "objective.phase_added", **PHASE_2,
+                                            failedStepsAgain=True))  # fmt: skip
+    validate = state.step("validate")
+    assert validate is not None and (validate.status, validate.job_id) == ("pending", None)
+    decided = control.plan(state, {})
+    assert decided.settle is None and [t.task_id for t in decided.dispatch] == ["b"]
+    older = _validated_then(failed, receipt(6, "objective.phase_added", **PHASE_2))
+    assert older.step("validate").status == "failed"  # type: ignore[union-attr]
+    assert control.plan(older, {}).settle is not None
+
+
 def test_the_audit_lists_every_run_of_a_step_one_per_phase() -> None:
     """Validate completed for phase 1, then a phase was added: the fold keeps the step's next
     run only, and the audit left the first out (a publish of phase 1 did its work all the
