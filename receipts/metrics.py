@@ -466,7 +466,8 @@ WEBHOOK_DELIVERIES = Counter(
     "(an error, an answer other than 2xx or an address the egress rules refuse: tried again), "
     "failed (given up), lapsed (posted or not, its record failed: its claim lapses and it is "
     "tried again), superseded (posted after its claim lapsed and another deliverer took the "
-    "delivery: not recorded).",
+    "delivery: not recorded), dropped (not posted: its subscription was deleted, or its claim "
+    "lapsed to another deliverer, before the post).",
     ["event", "outcome"],
 )
 WEBHOOK_LOOKUPS_REFUSED = Counter(

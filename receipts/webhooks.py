@@ -341,7 +341,8 @@ async def owe(
 
 @dataclass(frozen=True)
 class Claimed:
-    """A delivery a deliverer claimed: what to post, where, with which secret."""
+    """A delivery a deliverer claimed: what to post and where (the secret is read just before
+    the post, `signing_secret`: a rotation since the claim signs it)."""
 
     delivery_id: int
     webhook_id: str
@@ -353,7 +354,6 @@ class Claimed:
     tries: int
     created_at: datetime
     url: str
-    secret: str
     now: datetime
     claimed_until: datetime  # the claim's fence: a try is recorded only under it
 
@@ -374,6 +374,17 @@ async def claim(store: Store, *, limit: int, per_org: int, lease_ms: int) -> lis
             {"limit": limit, "per_org": per_org, "lease_ms": lease_ms},
         )
     return [Claimed(*row) for row in rows]
+
+
+async def signing_secret(store: Store, delivery: Claimed) -> str | None:
+    """The subscription's secret now, to sign `delivery`'s post with (a rotation since the claim
+    signs it); None when the delivery is no longer this claim's to post: its subscription was
+    deleted (its deliveries went with it), or the claim lapsed and another deliverer took it."""
+    row = await store.fetch_one(
+        "webhook_delivery_secret",
+        {"delivery_id": delivery.delivery_id, "claimed_until": delivery.claimed_until},
+    )
+    return str(row[0]) if row else None
 
 
 async def record_try(

@@ -50,13 +50,15 @@ WITH guard AS (
     ON CONFLICT (job_id) DO NOTHING
 ), hooked AS (
     -- `webhook_owed_job` (receipts/sql/webhooks.sql) under the guard: a refused settle owes
-    -- no webhook delivery.
+    -- no webhook delivery; a subscription deleted as it settles is skipped, not a failed
+    -- settle (webhooks.sql: FOR KEY SHARE).
     INSERT INTO webhook_deliveries (webhook_id, organization_id, event, event_key, subject)
     SELECT w.webhook_id, w.organization_id, 'job.' || %(status)s::text, %(job_id)s, %(job_id)s
     FROM webhooks w
     WHERE %(settled)s AND EXISTS (SELECT 1 FROM guard)
       AND w.organization_id = %(organization_id)s
       AND ('job.' || %(status)s::text) = ANY (w.events)
+    FOR KEY SHARE OF w
     ON CONFLICT (webhook_id, event, event_key) DO NOTHING
 )
 SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),

@@ -5,11 +5,17 @@
 -- A job settled now: one delivery per subscription of its organization to `job.<status>`,
 -- in the statement that settles it (append_job includes this; guarded.sql writes the same
 -- under its guard). No subscription: one probe of webhooks_org_idx, nothing written.
+-- `FOR KEY SHARE OF w` (here and in every statement owing a delivery): a subscription being
+-- deleted as this reads it (still in this statement's snapshot, its row locked by the delete)
+-- is waited for and, once the delete commits, skipped. Read without the lock, its delivery was
+-- inserted anyway and the foreign key refused it: the settle itself failed (a StorageError the
+-- worker does not retry), because the organization deleted a webhook at that moment.
 INSERT INTO webhook_deliveries (webhook_id, organization_id, event, event_key, subject)
 SELECT w.webhook_id, w.organization_id, 'job.' || %(status)s::text, %(job_id)s, %(job_id)s
 FROM webhooks w
 WHERE %(settled)s AND w.organization_id = %(organization_id)s
   AND ('job.' || %(status)s::text) = ANY (w.events)
+FOR KEY SHARE OF w
 ON CONFLICT (webhook_id, event, event_key) DO NOTHING
 
 -- name: webhook_owed_event
@@ -19,6 +25,7 @@ INSERT INTO webhook_deliveries (webhook_id, organization_id, event, event_key, s
 SELECT w.webhook_id, w.organization_id, %(event)s, %(event_key)s, %(subject)s, %(data)s
 FROM webhooks w
 WHERE w.organization_id = %(organization_id)s AND %(event)s = ANY (w.events)
+FOR KEY SHARE OF w
 ON CONFLICT (webhook_id, event, event_key) DO NOTHING;
 
 -- name: webhook_owed_test
@@ -26,6 +33,7 @@ ON CONFLICT (webhook_id, event, event_key) DO NOTHING;
 INSERT INTO webhook_deliveries (webhook_id, organization_id, event, event_key, subject, data)
 SELECT w.webhook_id, w.organization_id, 'webhook.test', %(event_key)s, w.webhook_id, %(data)s
 FROM webhooks w WHERE w.webhook_id = %(webhook_id)s
+FOR KEY SHARE OF w
 RETURNING delivery_id, created_at;
 
 -- name: webhook_org_lock
@@ -111,7 +119,16 @@ UPDATE webhook_deliveries d SET
 FROM picked, webhooks w
 WHERE d.delivery_id = picked.delivery_id AND w.webhook_id = d.webhook_id
 RETURNING d.delivery_id, d.webhook_id, d.organization_id, d.event, d.event_key, d.subject,
-          d.data, d.tries, d.created_at, w.url, w.secret, now(), d.claimed_until;
+          d.data, d.tries, d.created_at, w.url, now(), d.claimed_until;
+
+-- name: webhook_delivery_secret
+-- The secret to sign a claimed delivery's post with, read just before the post, under the
+-- claim's fence: none when the subscription was deleted since the claim (its deliveries went
+-- with it) or the claim lapsed to another deliverer. The claim's own read of it is as old as
+-- the claim: a rotation in between signed the post with the old secret.
+SELECT w.secret FROM webhook_deliveries d JOIN webhooks w ON w.webhook_id = d.webhook_id
+WHERE d.delivery_id = %(delivery_id)s AND d.status = 'pending'
+  AND d.claimed_until = %(claimed_until)s;
 
 -- name: webhook_delivery_record
 -- One try's outcome: `status` 'delivered', 'failed' (given up) or 'pending' (tried again at

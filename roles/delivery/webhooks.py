@@ -42,6 +42,7 @@ class DeliveryPass:
     failed: int = 0
     lapsed: int = 0  # not recorded (the database failed): its claim lapses, it is tried again
     superseded: int = 0  # posted after its claim lapsed and another deliverer took it: not recorded
+    dropped: int = 0  # not posted: its subscription deleted (or its claim taken) since the claim
 
 
 class WebhookDeliverer:
@@ -123,7 +124,8 @@ class WebhookDeliverer:
             return "lapsed"
 
     async def _deliver(self, delivery: Claimed) -> str:
-        """One try of `delivery`, recorded; its outcome (`delivered`, `retried`, `failed`).
+        """One try of `delivery`, recorded; its outcome (`delivered`, `retried`, `failed`; `dropped`
+        unposted when its subscription was deleted since the claim).
         Whatever the check or the post raises is a failed try; only a failure to read or record
         it leaves the claim to lapse: the delivery is tried again."""
         started = time.monotonic()
@@ -141,46 +143,22 @@ class WebhookDeliverer:
             error = "the event's subject no longer exists"
             return await self._record(delivery, "failed", None, error, started)
         body = hooks.body(delivery, data)
-        message_id = callback_message_id(delivery.message_key)
-        timestamp = int(time.time())
-        headers = {
-            "content-type": "application/json",
-            "user-agent": "Receipt-Webhooks/1",
-            "webhook-id": message_id,
-            "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign_webhook(delivery.secret, message_id, timestamp, body),
-        }
         timeout_s = self.settings.timeout_ms / 1000
+        target: egress.Target | None = None
         try:
             target = await egress.check(delivery.url, self.settings, delivery.organization_id)
-            # The whole exchange within the timeout (httpx's bounds each read, so a receiver
-            # trickling a byte at a time would hold the post, and its organization's slot).
-            response = await within(
-                egress.post(self.http, target, headers, body, timeout_s), timeout_s
-            )
-            status_code = response.status_code
-            if not 200 <= status_code < 300:
-                error = f"HTTP {status_code}"
         except egress.EgressRefused as exc:
             error = f"refused: {exc}"
-        except TimeoutError:
-            error = f"no answer within {timeout_s:g} s"
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        except Exception as exc:
-            # Anything else the check or the post raises (a URL httpx cannot send) is a failed
-            # try too: recorded, backed off and given up in time. Left to lapse, the claim would
-            # come back every claim_ms forever, and retention would keep its job.
-            error = f"{type(exc).__name__}: {exc}"
-            log.warning(
-                "webhook try raised",
-                exc_info=True,
-                extra={
-                    "event": "webhook.try_raised",
-                    "deliveryId": delivery.delivery_id,
-                    "error": error,
-                },
-            )
+        except Exception as exc:  # a failed try too (as whatever the post raises)
+            error = self._raised(delivery, exc)
+        if target is not None:
+            # The secret as it is now, not as the claim read it (a rotation since then signs
+            # this post), and only while the delivery is still this claim's: a subscription
+            # deleted since the claim is not posted to (its deliveries went with it).
+            secret = await hooks.signing_secret(self.store, delivery)
+            if secret is None:
+                return self._dropped(delivery)
+            status_code, error = await self._post(delivery, target, secret, body, timeout_s)
         if error is None:
             return await self._record(delivery, "delivered", status_code, None, started)
         tries = delivery.tries + 1
@@ -190,6 +168,70 @@ class WebhookDeliverer:
         # Never past the retry window: the last try is at its end at the latest.
         wait = int(min(wait, max(self.settings.retry_for_ms - age_ms, 0)))
         return await self._record(delivery, "retried", status_code, error, started, wait)
+
+    async def _post(
+        self,
+        delivery: Claimed,
+        target: egress.Target,
+        secret: str,
+        body: bytes,
+        timeout_s: float,
+    ) -> tuple[int | None, str | None]:
+        """Post `body` signed with `secret`: the answer's status code and the try's error (None:
+        a 2xx). Whatever the post raises is the try's error."""
+        message_id = callback_message_id(delivery.message_key)
+        timestamp = int(time.time())
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "Receipt-Webhooks/1",
+            "webhook-id": message_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign_webhook(secret, message_id, timestamp, body),
+        }
+        try:
+            # The whole exchange within the timeout (httpx's bounds each read, so a receiver
+            # trickling a byte at a time would hold the post, and its organization's slot).
+            response = await within(
+                egress.post(self.http, target, headers, body, timeout_s), timeout_s
+            )
+        except TimeoutError:
+            return None, f"no answer within {timeout_s:g} s"
+        except httpx.HTTPError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            return None, self._raised(delivery, exc)
+        status = response.status_code
+        return status, None if 200 <= status < 300 else f"HTTP {status}"
+
+    def _raised(self, delivery: Claimed, exc: Exception) -> str:
+        """Anything else the check or the post raises (a URL httpx cannot send) is a failed try
+        too: recorded, backed off and given up in time. Left to lapse, the claim would come
+        back every claim_ms forever, and retention would keep its job."""
+        error = f"{type(exc).__name__}: {exc}"
+        log.warning(
+            "webhook try raised",
+            exc_info=True,
+            extra={
+                "event": "webhook.try_raised",
+                "deliveryId": delivery.delivery_id,
+                "error": error,
+            },
+        )
+        return error
+
+    def _dropped(self, delivery: Claimed) -> str:
+        event = delivery.event if delivery.event in hooks.EVENTS else hooks.TEST_EVENT
+        metrics.WEBHOOK_DELIVERIES.labels(event, "dropped").inc()
+        log.info(
+            "webhook delivery not posted: its subscription was deleted (or its claim taken)",
+            extra={
+                "event": "webhook.dropped",
+                "webhookId": delivery.webhook_id,
+                "deliveryId": delivery.delivery_id,
+                "organizationId": delivery.organization_id,
+            },
+        )
+        return "dropped"
 
     async def _record(
         self,

@@ -1,0 +1,161 @@
+"""Forced interleavings of per-organization webhooks against real PostgreSQL: a second
+connection holds a row (an uncommitted delete, rotate) while the other side goes on."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from standardwebhooks.webhooks import WebhookVerificationError
+
+from receipts import metrics
+from receipts import operations as ops
+from receipts import webhooks as hooks
+from receipts.errors import ConflictError
+from receipts.store import Store
+from receipts.webhooks import WebhookCreate
+from roles.delivery.webhooks import WebhookDeliverer
+from tests.integration.helpers import put
+from tests.integration.test_webhooks import ALLOWED, Receiver, http, receiver, verify
+
+__all__ = ["http", "receiver"]  # the receiver and client fixtures of test_webhooks.py
+
+LEASE = 60_000
+
+
+async def _running(store: Store, org: str = "org-a") -> str:
+    job = (await put(store, org=org, maxAttempts=1)).job
+    out = await ops.start_attempt(store, job.job_id, attempt=1, worker_id="w1", lease_ms=LEASE)
+    assert out.ok
+    return job.job_id
+
+
+async def _hook(store: Store, org: str = "org-a", events: list[str] | None = None) -> str:
+    created, _ = await hooks.create(
+        store,
+        org,
+        WebhookCreate("http://127.0.0.1:9/r", events or ["job.completed"], None),
+        max_per_organization=20,
+    )
+    return created.webhook_id
+
+
+async def _blocked_pids(conninfo: str, blocker: int) -> list[int]:
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as watch:
+        cur = await watch.execute(
+            "SELECT pid FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid))", (blocker,)
+        )
+        return [r[0] for r in await cur.fetchall()]
+
+
+async def _until_blocked_by(conninfo: str, blocker: int) -> None:
+    for _ in range(500):
+        if await _blocked_pids(conninfo, blocker):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("nothing waited on the holder")
+
+
+async def _owe(store: Store, way: str, job_id: str, hook: str) -> None:
+    """Owe `hook`'s organization an event the way `way` names (each one's own statement)."""
+    if way == "guarded":  # the worker's settle: the one guarded statement
+        out = await ops.complete(store, job_id, worker_id="w1", attempt=1, result={"ok": 1})
+        assert out.ok, out
+    elif way == "locked":  # a settle in the row-locked transaction (append_job)
+        out = await ops.cancel_queued(store, job_id, reason="no")
+        assert out.ok, out
+    elif way == "event":  # a wakeup's or an objective's, in the caller's transaction
+        async with store.transaction() as tx:
+            await hooks.owe(
+                tx, "org-a", hooks.WAKEUP_EVENT, event_key="w1", subject=job_id, data={"a": 1}
+            )
+    else:  # a test post: the subscription is gone, which the route answers
+        webhook = await hooks.get(store, hook)
+        assert webhook is not None
+        with pytest.raises(ConflictError, match="was deleted"):
+            await hooks.send_test(store, webhook)
+
+
+@pytest.mark.parametrize("way", ["guarded", "locked", "event", "test"])
+async def test_a_webhook_deleted_while_an_event_is_owed_to_it_fails_nothing(
+    fresh: tuple[Store, str], way: str
+) -> None:
+    """The delete has locked the subscription when the writer reads it (still there in the
+    writer's snapshot) and commits while the writer waits: the writer owes it nothing, and
+    what it writes (a job's settle) is not refused by the delivery's foreign key."""
+    store, url = fresh
+    hook = await _hook(store, events=["job.completed", "job.canceled", hooks.WAKEUP_EVENT])
+    job_id = (
+        await _running(store) if way == "guarded" else (await put(store, org="org-a")).job.job_id
+    )
+    async with await psycopg.AsyncConnection.connect(url) as deleter:
+        await deleter.execute("DELETE FROM webhooks WHERE webhook_id = %s", (hook,))
+        owing = asyncio.create_task(_owe(store, way, job_id, hook))
+        await _until_blocked_by(url, deleter.info.backend_pid)
+        await deleter.commit()
+        await owing
+    if way in ("guarded", "locked"):
+        job = await store.get_job(job_id)
+        assert job is not None and job.terminal
+    async with store.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM webhook_deliveries")
+        row: Any = await cur.fetchone()
+    assert row[0] == 0  # nothing owed to a subscription that is gone
+
+
+async def _claimed_test_post(store: Store, receiver: Receiver) -> tuple[str, str, hooks.Claimed]:
+    """A subscription of org-a at the receiver, and its test post claimed by a deliverer that
+    has not posted it yet (its event read, its host looked up: the window this leaves)."""
+    created, secret = await hooks.create(
+        store,
+        "org-a",
+        WebhookCreate(receiver.url("/r"), ["job.completed"], None),
+        max_per_organization=20,
+    )
+    webhook = await hooks.get(store, created.webhook_id)
+    assert webhook is not None
+    await hooks.send_test(store, webhook)
+    [claimed] = await hooks.claim(store, limit=10, per_org=4, lease_ms=25_000)
+    return created.webhook_id, secret, claimed
+
+
+async def test_a_secret_rotated_while_a_delivery_is_claimed_signs_its_post(
+    fresh: tuple[Store, str], receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    """README: after a rotation 'every later post, retries included, is signed with it and the
+    old one verifies none'. The secret was read with the claim, so a post made after the
+    rotation answered was signed with the old one (and the receiver refused it)."""
+    store, _ = fresh
+    hook, old, claimed = await _claimed_test_post(store, receiver)
+    rotated = await hooks.rotate_secret(store, hook)
+    assert rotated is not None
+    _, new = rotated
+    assert await WebhookDeliverer(store, ALLOWED, http)._try(claimed) == "delivered"
+    [post] = receiver.at("/r")
+    assert verify(post, new)["type"] == "webhook.test"
+    with pytest.raises(WebhookVerificationError):
+        verify(post, old)
+
+
+async def test_a_webhook_deleted_while_its_delivery_is_claimed_is_not_posted_to(
+    fresh: tuple[Store, str],
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """README: `DELETE /webhooks/{id}` (204: the deliveries it still owes go with it). One a
+    deliverer had claimed was posted after the delete answered (and logged as a try that
+    outlived its claim). It is not posted: counted and logged `dropped`."""
+    store, _ = fresh
+    hook, _, claimed = await _claimed_test_post(store, receiver)
+    assert await hooks.delete(store, hook)
+    dropped = metrics.WEBHOOK_DELIVERIES.labels(hooks.TEST_EVENT, "dropped")
+    before = dropped._value.get()
+    caplog.set_level("INFO", logger="roles.delivery.webhooks")
+    assert await WebhookDeliverer(store, ALLOWED, http)._try(claimed) == "dropped"
+    assert receiver.posts == []
+    assert dropped._value.get() - before == 1
+    assert [r.__dict__["event"] for r in caplog.records] == ["webhook.dropped"]
