@@ -24,6 +24,18 @@ from roles.infra.process import patiently
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, deal the heavy test files out to every worker's share
+    (tests/ordering.py): in collection order one worker got every end-to-end test."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        from tests.ordering import spread
+
+        order = spread([item.nodeid for item in items], workers)
+        items[:] = [items[i] for i in order]
+
+
 def admin_url() -> str:
     """RECEIPT_TEST_DATABASE_URL, or an embedded server under .receipt/test."""
     configured = os.environ.get("RECEIPT_TEST_DATABASE_URL")
