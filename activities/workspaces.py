@@ -118,7 +118,7 @@ def _make_parents(workspace: Path, settings: SandboxSettings, uid: int | None) -
     if not workspace.is_absolute() or root not in workspace.parents:
         raise SandboxRefused(f"workspace {workspace} is not under RECEIPT_WORKSPACE_ROOT {root}")
     if not root.exists():
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
         root.chmod(DIRECTORY_MODE)
     if uid is not None:
         blocked = searchable_by_others(root)
@@ -129,8 +129,13 @@ def _make_parents(workspace: Path, settings: SandboxSettings, uid: int | None) -
                 "may traverse (e.g. /var/lib/receipt/workspaces)"
             )
     for parent in reversed(workspace.parents):
-        if root in parent.parents and not parent.exists():
-            parent.mkdir(exist_ok=True)
+        if root not in parent.parents:
+            continue
+        if not parent.exists():
+            parent.mkdir(mode=DIRECTORY_MODE, exist_ok=True)
+        # Set whenever it is not (not only when just made): a worker that died between the
+        # mkdir and the chmod left the directory at the umask's mode, listable, for good.
+        if parent.stat().st_mode & 0o777 != DIRECTORY_MODE:
             parent.chmod(DIRECTORY_MODE)
 
 
@@ -177,9 +182,12 @@ def adopt(legacy: Path, workspace: Path, settings: SandboxSettings) -> bool:
         return False  # an earlier objective named `orgs`: its directory is every tree's root now
     uid = _sandbox_uid(workspace, settings)
     _make_parents(workspace, settings, uid)
-    legacy.rename(workspace)
     if uid is not None:
-        _chown_tree(workspace, uid)
+        # Given first, moved last: the move is the step that says it is done. Moved first, a
+        # worker that died before the files were given (or a chown that failed) left them the
+        # old uid's for good: every later turn found the new workspace and moved nothing.
+        _chown_tree(legacy, uid)
+    legacy.rename(workspace)
     log.info(
         "workspace moved into its organization's tree",
         extra={"event": "workspace.adopted", "from": str(legacy), "to": str(workspace)},

@@ -4,9 +4,11 @@ workspace with the turn request on stdin, hand steers to it while it runs, and r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+import uuid
 from collections import deque
 from datetime import datetime
 from pathlib import Path
@@ -70,17 +72,29 @@ def _create_file(path: Path, content: bytes, uid: int | None) -> bool:
     it was created. The workspace is the commands': whatever they left at `path` — a file, or a
     symbolic link to anywhere on the host — is never followed nor written through (O_EXCL with
     O_CREAT refuses an existing name, a dangling link included; the owner is set on the open
-    file, not by name)."""
+    file, not by name; the link into place follows no link and refuses an existing name).
+
+    Whole or not at all: the content is written under a name of its own beside `path`
+    (`.<name>.<random>.partial`) and linked to `path` only once whole. Created first and written
+    after, a worker that died in between (or a write that failed: the disk full) left `path`
+    empty or cut, and every later turn found it there and kept it. A write that fails removes
+    its partial file; a killed worker's is left hidden beside it, and `path` is still to make."""
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(partial, flags, 0o644)
     try:
-        fd = os.open(path, flags, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "wb") as file:
-        file.write(content)
-        if uid is not None:
-            os.fchown(file.fileno(), uid, uid)
-    return True
+        with os.fdopen(fd, "wb") as file:
+            file.write(content)
+            if uid is not None:
+                os.fchown(file.fileno(), uid, uid)
+        try:
+            os.link(partial, path, follow_symlinks=False)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
 
 
 async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -166,3 +167,83 @@ def test_an_earlier_objective_named_orgs_is_never_moved_into_its_own_tree(tmp_pa
     assert legacy.is_dir()
     # `.jobs` and `.agent-jobs` were never objective directories: such ids were digests.
     assert legacy_objective_workspace(".jobs", settings).name.startswith("%")
+
+
+class Died(BaseException):
+    """The worker killed at this point (SIGKILL, an OOM kill): nothing after it runs."""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to the sandbox's uid")
+def test_a_move_cut_off_before_its_files_were_given_is_given_by_the_next_turn(
+    workspace_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`adopt` renamed the earlier workspace into place and then gave its files to the new
+    path's uid: a worker that died (or a chown that failed) between the two left the workspace
+    in place with its files still the old uid's, and every later turn found it there (nothing
+    to move) and never gave them — the sandbox's uid could not write its own files for good."""
+    root = workspace_root / f"unit-{uuid.uuid4().hex[:8]}"
+    settings = SandboxSettings(workspace_root=root, uids=(50_000, 50_009))
+    legacy = legacy_objective_workspace("cutoff", settings)
+    prepare_workspace(legacy, settings)
+    (legacy / "sub").mkdir()
+    (legacy / "sub" / "file").write_text("x")
+    target = objective_workspace("org-a", "cutoff", settings)
+    uid = uid_for(target, settings)
+    try:
+        import activities.workspaces as workspaces_module
+
+        given = workspaces_module._chown_tree
+        calls = 0
+
+        def dies_once(top: Path, to: int) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise Died
+            given(top, to)
+
+        monkeypatch.setattr(workspaces_module, "_chown_tree", dies_once)
+        # Whichever step of the move the worker dies at, the next turn's initialisation
+        # (adopt, then prepare) leaves every file the new path's uid.
+        with pytest.raises(Died):
+            adopt(legacy, target, settings)
+        adopt(legacy, target, settings)
+        prepare_workspace(target, settings)
+        assert target.is_dir()
+        owners = {p.lstat().st_uid for p in [target, *target.rglob("*")]}
+        assert owners == {uid}
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def test_a_parent_made_just_before_the_worker_died_is_not_left_listable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_make_parents` made each missing directory and then set its mode (0711: the sandbox's
+    uids traverse it, never list it): a worker that died between the two left it at the umask's
+    0755, and every later call found it there and never set it."""
+    settings = SandboxSettings(mode="none", workspace_root=tmp_path / "ws")
+    workspace = objective_workspace("org-a", "release", settings)
+    settings.workspace_root.mkdir(mode=0o711)
+    real_chmod = Path.chmod
+    calls = 0
+
+    def dies_once(self: Path, mode: int, **kwargs: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise Died
+        real_chmod(self, mode)
+
+    monkeypatch.setattr(Path, "chmod", dies_once)
+    with contextlib.suppress(Died):  # a worker that makes them 0711 at once never gets here
+        prepare_workspace(workspace, settings)
+    monkeypatch.setattr(Path, "chmod", real_chmod)
+    prepare_workspace(workspace, settings)
+    parents = (workspace.parent, workspace.parent.parent, workspace.parent.parent.parent)
+    for parent in parents:
+        assert parent.stat().st_mode & 0o777 == 0o711, parent
+    # And one an earlier worker left so (cut off between its mkdir and its chmod) is mended.
+    parents[0].chmod(0o755)
+    prepare_workspace(workspace, settings)
+    assert parents[0].stat().st_mode & 0o777 == 0o711
