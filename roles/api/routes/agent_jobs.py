@@ -369,10 +369,12 @@ async def get_agent_job(
     )
 
 
-def followed_agent_job(agent_job_id: str, caller: Principal) -> Followed[AgentJob]:
+def followed_agent_job(job: AgentJob, caller: Principal) -> Followed[AgentJob]:
     """An agent job's stream, ending once the job is `succeeded`, `failed` or `stopped` (a job
     waiting on its user is not finished); its receipts as the caller sees them (an
-    organization's session ids as it chose them)."""
+    organization's session ids as it chose them). `job` (its projection's row, read by the
+    route) is folded on from its seq: a resumed stream reads nothing behind it."""
+    agent_job_id = job.agent_job_id
 
     def end(job: AgentJob) -> dict[str, Any] | None:
         return {"agentJobId": agent_job_id, "status": job.status} if job.terminal else None
@@ -382,6 +384,8 @@ def followed_agent_job(agent_job_id: str, caller: Principal) -> Followed[AgentJo
         fold=agent_model.apply,
         end=end,
         show=lambda receipt: shown_view(caller, receipt),
+        start=job,
+        start_seq=job.seq,
     )
 
 
@@ -404,7 +408,7 @@ async def agent_job_events(
         "stream": agent_model.stream_of(job.agent_job_id),
         "status": job.status,
     }
-    followed = followed_agent_job(job.agent_job_id, caller)
+    followed = followed_agent_job(job, caller)
     return await events_response(asked, state, caller, followed, head)
 
 
