@@ -161,7 +161,13 @@ async def run_controls(store: Store, oid: str, seen: list[int]) -> None:
             receipts=FencedReceipts(fence, out.job.session_key, out.job.organization_id),
             settings=HandlerSettings(),
         )
-        result = await objective_control(ctx)
+        try:
+            result = await objective_control(ctx)
+        except FenceLost:
+            # The other racer ran the same job under the same delivery id and settled it first
+            # (make test met it once under load): this delivery's writes are refused, as a
+            # superseded delivery's are, and it ends.
+            continue
         await asyncio.sleep(random.random() * 0.003)
         await fence.complete(result)
 
