@@ -180,7 +180,9 @@ def running_api(db_url: str, log_dir: Path, **env: str) -> Iterator[RunningApi]:
         process = supervised.start()
         api = RunningApi(f"http://127.0.0.1:{port}", log, process)
         try:
-            wait_healthz(api.url, 20.0, process, api.log_text)
+            # 60 s: with four pytest workers' end-to-end stacks on 2 cores, an api once took
+            # over 20 s to import and answer (CI of 2026-12-07: its event loop stalled in import).
+            wait_healthz(api.url, 60.0, process, api.log_text)
         except RuntimeError:
             supervised.stop(15)
             if tries_left and "address already in use" in api.log_text():
