@@ -362,6 +362,11 @@ class Claimed:
         """What names this delivery for its `webhook-id`: the same on every try."""
         return f"webhook:{self.webhook_id}:{self.event}:{self.event_key}"
 
+    @property
+    def counted_as(self) -> str:
+        """The `event` label its tries are counted under (a test post's is `webhook.test`)."""
+        return self.event if self.event in EVENTS else TEST_EVENT
+
 
 async def claim(store: Store, *, limit: int, per_org: int, lease_ms: int) -> list[Claimed]:
     """Claim up to `limit` due deliveries, at most `per_org` of one organization in flight.

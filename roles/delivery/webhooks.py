@@ -110,7 +110,7 @@ class WebhookDeliverer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one delivery's failure stops no other
-            event = delivery.event if delivery.event in hooks.EVENTS else hooks.TEST_EVENT
+            event = delivery.counted_as
             metrics.WEBHOOK_DELIVERIES.labels(event, "lapsed").inc()
             log.warning(
                 "webhook try not recorded; its claim lapses and it is tried again",
@@ -220,7 +220,7 @@ class WebhookDeliverer:
         return error
 
     def _dropped(self, delivery: Claimed) -> str:
-        event = delivery.event if delivery.event in hooks.EVENTS else hooks.TEST_EVENT
+        event = delivery.counted_as
         metrics.WEBHOOK_DELIVERIES.labels(event, "dropped").inc()
         log.info(
             "webhook delivery not posted: its subscription was deleted (or its claim taken)",
@@ -252,7 +252,7 @@ class WebhookDeliverer:
             duration_ms=int((time.monotonic() - started) * 1000),
             retry_ms=retry_ms,
         )
-        event = delivery.event if delivery.event in hooks.EVENTS else hooks.TEST_EVENT
+        event = delivery.counted_as
         if next_try is None:
             # The try outlived its claim (a stalled loop), and another deliverer took the
             # delivery: its record stands, this try's does not (the receiver may have it twice,
