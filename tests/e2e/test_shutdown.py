@@ -134,8 +134,9 @@ async def test_the_api_answers_unready_and_still_serves_for_its_drain_delay_afte
     """Kubernetes drops a terminating pod from the Service's endpoints while it sends SIGTERM;
     proxies keep sending it new connections for a moment. The api closed its port ~0.1 s after
     SIGTERM, with /readyz still 200 until then: those connections were refused. Now /readyz is
-    503 at once and the api serves RECEIPT_API_DRAIN_DELAY_MS more; an open event stream then
-    ends (its client resumes with Last-Event-ID) and the process exits 0."""
+    503 as soon as the signal is handled, and the api serves RECEIPT_API_DRAIN_DELAY_MS more;
+    an open event stream then ends (its client resumes with Last-Event-ID) and the process
+    exits 0."""
     port = free_port()
     procs = roles(
         RECEIPT_API_PORT=str(port), RECEIPT_API_TOKENS=TOKENS, RECEIPT_API_DRAIN_DELAY_MS="4000"
@@ -183,7 +184,13 @@ async def test_the_api_answers_unready_and_still_serves_for_its_drain_delay_afte
         await asyncio.wait_for(stream_ended.wait(), 5)
         await following
     print(f"api: answers after SIGTERM {answers}; exited after {exited_s:.1f} s")
-    assert {shown for _, path, shown in answers if path == "/readyz"} == {"503"}
+    # A probe that reaches the api before its event loop has run the signal's handler is
+    # answered as before the signal (seen once at 0.05 s on a loaded machine): /readyz may be
+    # 200 at first, then 503 from the moment it turns, never 200 again.
+    ready = [shown for _, path, shown in answers if path == "/readyz"]
+    turned = ready.index("503")
+    assert set(ready[:turned]) <= {"200"} and set(ready[turned:]) == {"503"}, ready
+    assert len(ready) - turned >= 3, ready  # the delay is served unready
     assert {shown for _, path, shown in answers if path != "/readyz"} == {"202"}
     assert ended_at[0] - stopped >= 1.5  # the stream lasted the delay
     assert exited_s < 4.0 + 5.0
