@@ -269,8 +269,10 @@ def apply(job: Job | None, receipt: Receipt) -> Job | None:
 def _changes(job: Job, receipt: Receipt, kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
     """Return the fields a receipt changes, or an empty dict when the receipt is inert."""
     if kind == RETRIED:
-        # Only a terminal job is retried, once: the first retry's id is kept.
-        if job.terminal and job.retried_as is None:
+        # Only a terminal job is retried, once: the first retry's id is kept, unless retention
+        # pruned that retry and the job was retried again (`replaces` names it: receipts/retry.py).
+        again = job.retried_as is not None and data.get("replaces") == job.retried_as
+        if job.terminal and (job.retried_as is None or again):
             return {"retried_as": str(data["retriedAs"])}
         return {}
     if job.terminal:

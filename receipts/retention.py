@@ -8,9 +8,9 @@ database clock, so a prune ends even while jobs keep settling.
 
 Later layers hook in by adding a `PruneStep` (their rows keyed by the pruned job ids, deleted
 in the same transaction). An agent job is pruned with its turns and an objective with its
-jobs, never half; an objective's jobs are kept while it, or any job of it, is live
-(docs/history.md). A schedule's stream loses its old firing receipts, never its definitions
-(`receipts/schedules/compaction.py`).
+jobs, never half: an objective's jobs are kept while it is there, and it while any job of it
+is live (docs/history.md). A schedule's stream loses its old firing receipts, never its
+definitions (`receipts/schedules/compaction.py`).
 """
 
 from __future__ import annotations
@@ -281,11 +281,6 @@ async def _objective_jobs(
     return jobs_of
 
 
-def _settled_since(jobs: Sequence[_ObjectiveJob], cutoff: datetime) -> list[str]:
-    """The objective's jobs the job batches leave to it: those settled at or after the cutoff."""
-    return [j.job_id for j in jobs if j.updated_at >= cutoff]
-
-
 async def candidates(
     store: Store,
     cutoff: datetime,
@@ -323,15 +318,19 @@ async def prune(
     max_batches: int | None = None,
     schedules_after: str = "",
     callback_urls: Sequence[str] = (),
+    into: PruneResult | None = None,
 ) -> PruneResult:
     """Prune terminal jobs settled more than `older_than` ago (database clock; or before it, a
     time), batch by batch, until none is left (or `max_batches` ran). A dry run counts the same
     rows, writes nothing. Schedules are compacted in id order from after `schedules_after` (a
     loop passes the last pass's `schedules_after`, so bounded passes reach every schedule in
-    turn)."""
+    turn). With `into`, the result is written there as the batches commit: a prune that raises
+    mid-way leaves in it what its committed batches removed (the loop reports them)."""
     _check_batch(batch)
     cutoff, now = await cutoff_for(store, older_than)
-    result = PruneResult(cutoff=cutoff, now=now, dry_run=dry_run, schedules_after=schedules_after)
+    result = into if into is not None else PruneResult()
+    result.cutoff, result.now, result.dry_run = cutoff, now, dry_run
+    result.schedules_after = schedules_after
     if dry_run:
         await _compact_schedules(store, result, batch, max_batches)
         async for job_ids in candidates(store, cutoff, batch):
@@ -355,8 +354,8 @@ async def prune(
         ):
             result.batches += 1
             async with store.transaction() as tx:
-                # Its jobs settled before the cutoff were counted with the job batches above.
-                # One a job of which still owes a delivery is kept, as the prune keeps it.
+                # All its jobs: no job batch takes an objective's job (it goes with it). One a
+                # job of which still owes a delivery is kept, as the prune keeps it.
                 jobs_of = await _objective_jobs(tx, objective_ids)
                 every = [j.job_id for jobs in jobs_of.values() for j in jobs]
                 owing = {r[0] for r in await tx.fetch("jobs_owing_deliveries", {"job_ids": every})}
@@ -364,8 +363,8 @@ async def prune(
                     o for o in objective_ids if not any(j.job_id in owing for j in jobs_of[o])
                 ]
                 jobs_of = {o: jobs_of[o] for o in objective_ids}
-                recent = [j for jobs in jobs_of.values() for j in _settled_since(jobs, cutoff)]
-                await _count(tx, result, [*PRUNE_STEPS, JOBS_STEP], {"job_ids": recent})
+                theirs = [j.job_id for jobs in jobs_of.values() for j in jobs]
+                await _count(tx, result, [*PRUNE_STEPS, JOBS_STEP], {"job_ids": theirs})
                 await _count(tx, result, OBJECTIVE_STEPS, {"objective_ids": objective_ids})
         return result
     resume = Resume()
@@ -430,7 +429,7 @@ async def export(
     - `{agentJobId, agentJob, receipts}` per settled agent job, each followed by its turns'
       queue jobs (job lines);
     - `{objectiveId, objective, receipts}` per settled objective, each followed by its jobs
-      settled after the cutoff (job lines; the older ones came with the jobs above).
+      (job lines: an objective's jobs go with it, never before it).
     """
     _check_batch(batch)
     cutoff, _ = await cutoff_for(store, older_than)
@@ -455,9 +454,9 @@ async def export(
     ):
         rows = await store.fetch("export_objectives", {"objective_ids": objective_ids})
         jobs_of = await _objective_jobs(store, objective_ids)
-        recent_of = {o: _settled_since(jobs, cutoff) for o, jobs in jobs_of.items()}
-        lines = await _job_lines(store, [j for recent in recent_of.values() for j in recent])
-        for line in _with_their_jobs(rows, ("objectiveId", "objective"), recent_of, lines):
+        theirs = {o: [j.job_id for j in jobs] for o, jobs in jobs_of.items()}
+        lines = await _job_lines(store, [j for ids in theirs.values() for j in ids])
+        for line in _with_their_jobs(rows, ("objectiveId", "objective"), theirs, lines):
             yield line
 
 

@@ -3,7 +3,8 @@
 A terminal job never moves, so a retry is a new job (`retryOf` on its `job.enqueued`) and a
 `job.retried` receipt on the old one (`retriedAs`), written in one transaction under the old
 job's row lock. Retrying the same job again returns the job its first retry created: a retry is
-idempotent, one by one or in bulk.
+idempotent, one by one or in bulk, for as long as that job is there (retention may prune it
+before the job it retried: then a retry makes a new one, `replaces` naming the pruned one).
 """
 
 from __future__ import annotations
@@ -85,8 +86,12 @@ async def retry_in(
     job = await tx.job_for_update(job_id)
     if job is None or not (admin or job.organization_id == organization_id):
         return RetryOutcome(NOT_FOUND)
-    if job.retried_as is not None:
-        return RetryOutcome(ALREADY, job, await tx.job(job.retried_as))
+    earlier = await tx.job(job.retried_as) if job.retried_as is not None else None
+    if earlier is not None:
+        return RetryOutcome(ALREADY, job, earlier)
+    # A retry retention pruned while this job stayed (a delivery it owed, its objective still
+    # there) is made again, as a pruned job's id may be posted again (docs/history.md): it was
+    # answered 409 "is failed; only failed or canceled jobs are retried", for good.
     if job.status not in RETRYABLE_STATUSES:
         return RetryOutcome(NOT_RETRYABLE, job)
     if job.kind == TURN_KIND:
@@ -98,9 +103,10 @@ async def retry_in(
     new_job_id = scoped_id(job.organization_id, f"retry-{uuid.uuid4()}")
     request = retry_request(job, new_job_id)
     created = await enqueue_in(tx, held(request) if held else request, admission)
-    old, _ = await tx.append_job(
-        job_id, job, [Draft(jobmodel.RETRIED, {"retriedAs": created.job.job_id})]
-    )
+    data = {"retriedAs": created.job.job_id}
+    if job.retried_as is not None:
+        data["replaces"] = job.retried_as
+    old, _ = await tx.append_job(job_id, job, [Draft(jobmodel.RETRIED, data)])
     return RetryOutcome(RETRIED, old, created.job)
 
 

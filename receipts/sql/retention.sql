@@ -10,8 +10,10 @@ SELECT now() - make_interval(secs => %(older_than_s)s);
 -- never waited for: a prune never holds or waits on a live job's lock. An agent job's turn
 -- (kind agent_job.turn) goes only with its agent job (prune_agent_victims); a retry's copy of
 -- one (`retryOf`, made before turns were refused a retry) is no agent job's, so goes as a job. A job of an
--- objective (`objective:<id>:…`, of its organization, naming it) stays while that objective is
--- active or any job of it is live (its control passes and its audit read them). A job that
+-- objective (`objective:<id>:…`, of its organization, naming it) goes only with that objective
+-- (prune_objective_victims), never before it: its control passes and its audit read them, its
+-- tries name them, and its run job is what a re-post of `POST /objectives` finds (with the run
+-- job gone and the objective there, the re-post made a second run job). A job that
 -- still owes a callback (its callback_outbox row) or a webhook delivery (pending) stays until
 -- it is posted or given up: a retention shorter than the webhooks' retry window, or a receiver
 -- down for longer than it, must not drop what is owed. A pass's batch starts after the last
@@ -28,8 +30,7 @@ WHERE j.status IN ('completed', 'failed', 'canceled') AND j.updated_at < %(cutof
   AND NOT (j.job_id LIKE 'objective:%%' AND EXISTS (
       SELECT 1 FROM objectives o
       WHERE o.objective_id = j.state->'payload'->>'objectiveId'
-        AND o.organization_id = j.organization_id
-        AND (o.status = 'active' OR objective_has_live_job(o.objective_id, o.organization_id))))
+        AND o.organization_id = j.organization_id))
   AND NOT EXISTS (SELECT 1 FROM callback_outbox c WHERE c.job_id = j.job_id)
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
                   WHERE w.subject = j.job_id AND w.status = 'pending' AND w.event LIKE 'job.%%')
@@ -267,10 +268,10 @@ LIMIT %(batch)s;
 -- The jobs of these objectives (see objective_has_live_job, migrations/0012, for which are an
 -- objective's: the range of its caller id, its organization, naming it), with
 -- their status and last change, unlocked: the prune drops an objective one of whose jobs turned
--- live; the dry run and the export take the ones settled after the cutoff (the older ones are
--- the job batches' own). Each objective's range is read through jobs_id_bytewise_idx, one
--- objective at a time (`OFFSET 0` keeps the planner from flattening the lateral read into a
--- hash join over every job ever run; the organization is a filter, not a second index).
+-- live; the dry run and the export take them all (no job batch takes an objective's job). Each
+-- objective's range is read through jobs_id_bytewise_idx, one objective at a time (`OFFSET 0`
+-- keeps the planner from flattening the lateral read into a hash join over every job ever run;
+-- the organization is a filter, not a second index).
 SELECT o.objective_id, j.job_id, j.status, j.updated_at FROM objectives o
 CROSS JOIN LATERAL (
     SELECT j.job_id, j.status, j.updated_at FROM jobs j

@@ -67,7 +67,10 @@ class RetentionLoop:
         )
 
     async def run_once(self) -> retention.PruneResult | None:
-        """One pass: prune if no other process is pruning (then None: this pass was skipped)."""
+        """One pass: prune if no other process is pruning (then None: this pass was skipped).
+        A pass that fails mid-way still logs and counts what its committed batches removed,
+        then raises (the loop logs `loop.failed`)."""
+        result = retention.PruneResult(schedules_after=self._schedules_after)
         with translate_errors():
             async with self.store.transaction() as lock:
                 if not await retention.take_pass_lock(lock):
@@ -77,15 +80,21 @@ class RetentionLoop:
                     )
                     metrics.RETENTION_SKIPPED.inc()
                     return None
-                result = await retention.prune(
-                    self.store,
-                    self.older_than,
-                    batch=self.batch,
-                    max_batches=self.max_batches,
-                    schedules_after=self._schedules_after,
-                    callback_urls=self.callback_urls,
-                )
-                self._schedules_after = result.schedules_after
+                try:
+                    await retention.prune(
+                        self.store,
+                        self.older_than,
+                        batch=self.batch,
+                        max_batches=self.max_batches,
+                        schedules_after=self._schedules_after,
+                        callback_urls=self.callback_urls,
+                        into=result,
+                    )
+                except BaseException:
+                    self._report(result)
+                    raise
+                finally:
+                    self._schedules_after = result.schedules_after
         if result.batches >= self.max_batches:
             metrics.RETENTION_BEHIND.inc()
             log.warning(
@@ -93,6 +102,11 @@ class RetentionLoop:
                 self.max_batches,
                 extra={"event": "retention.behind", "batches": result.batches},
             )
+        self._report(result)
+        return result
+
+    def _report(self, result: retention.PruneResult) -> None:
+        """Log `retention.pruned` and count the rows removed, per table."""
         log.log(
             logging.INFO if result.removed else logging.DEBUG,
             "retention pass: %s",
@@ -106,4 +120,3 @@ class RetentionLoop:
         )
         for table, rows in result.removed.items():
             metrics.RETENTION_PRUNED.labels(table).inc(rows)
-        return result

@@ -616,16 +616,16 @@ async def objective_scenario(store: Store, url: str, scoped: bool = False) -> No
         store, scoped_id("org-b", foreign_id) if scoped else foreign_id, objective_id, org="org-b"
     )
     assert foreign.job_id.startswith(f"objective:{name}:x")
-    # A writer holding the objective's stream: the prune leaves the objective for a later one
-    # (its old task job, no longer kept, goes).
+    # A writer holding the objective's stream: the prune leaves the objective for a later one,
+    # and with it its old task job (it goes with the objective, never before it).
     async with await psycopg.AsyncConnection.connect(url) as writer, writer.transaction():
         await writer.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
             (f"stream:objectives/{objective_id}",),
         )
         held = await retention.prune(store, MONTH)
-    assert "objectives" not in held.removed and held.jobs == 1
-    assert await store.get_job(task) is None
+    assert "objectives" not in held.removed and held.jobs == 0
+    assert await store.get_job(task) is not None
     assert await objectives.get(store, objective_id) is not None
     # A job of it still owes its callback: the objective stays, whole, until it is posted.
     with psycopg.connect(url) as conn:
@@ -640,8 +640,8 @@ async def objective_scenario(store: Store, url: str, scoped: bool = False) -> No
     assert await store.get_job(audit.job_id) is not None
     with psycopg.connect(url) as conn:
         conn.execute("DELETE FROM callback_outbox WHERE job_id = %s", (audit.job_id,))
-    # Now the objective goes whole: its stream and row with its audit job, which settled just
-    # now (so only the objective's batch takes it), each counted once, and exported first.
+    # Now the objective goes whole: its stream and row with its jobs, its audit job settled
+    # just now and its task job long ago, each counted once, and exported first.
     exported = [line async for line in retention.export(store, MONTH)]
     dry = await retention.prune(store, MONTH, dry_run=True)
     result = await retention.prune(store, MONTH)
@@ -649,12 +649,13 @@ async def objective_scenario(store: Store, url: str, scoped: bool = False) -> No
     assert [line.get("jobId") or line.get("objectiveId") for line in exported] == [
         objective_id,
         audit.job_id,
+        task,
     ]
     assert len(exported[0]["receipts"]) == result.removed["objective_receipts"]
     assert exported[0]["objective"]["status"] == "completed"
-    assert result.jobs == 1 and result.removed["objectives"] == 1
+    assert result.jobs == 2 and result.removed["objectives"] == 1
     assert result.removed["objective_receipts"] >= 2  # created, settled, control requests
-    assert await store.get_job(audit.job_id) is None
+    assert await store.get_job(audit.job_id) is None and await store.get_job(task) is None
     assert await objectives.get(store, objective_id) is None
     assert await store.read_stream(f"objectives/{objective_id}") == []
     assert await store.get_job(foreign.job_id) is not None  # queued, and not the objective's
