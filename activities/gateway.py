@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 import httpx
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -268,7 +268,10 @@ class Gateway:
             return True
 
         try:
-            body = await bounded_body(request, take)
+            try:
+                body = await bounded_body(request, take)
+            except ClientDisconnect:  # the command hung up mid-body: nobody to answer, no error
+                return Response(status_code=499)  # (each was a traceback at ERROR, unbounded)
             if body is None:
                 message = (
                     f"a request is at most {MAX_REQUEST_BYTES} bytes, and a turn's calls in "
@@ -433,7 +436,7 @@ class Gateway:
             if status < 400:
                 grant.served(model)  # recovered: a later failure is the command's own
             grant.calls += 1
-            relay = Relay(upstream, started, grant.count, style)
+            relay = Relay(upstream, started, grant.count, style, len(body))
             answer = Relayed(relay, functools.partial(grant.ended_on, state.slots))
             relayed = True
             return answer
