@@ -30,6 +30,7 @@ DROP_ORGANIZATIONS = 2  # organizations whose calls it was refused for before it
 # A call waiting for one credential's slot looks this often whether another's is free (a long
 # stream may hold the one it waits on).
 LOOK_AGAIN_S = 0.5
+SHARED_BY = 2  # organizations that called a credential before one may not hold its every slot
 
 
 class Slots:
@@ -38,7 +39,13 @@ class Slots:
     call of the organization that holds the fewest goes first, among equals the organization
     served longest ago (then first come), so one organization's queued calls do not hold back
     another's (a FIFO served them all first; so did "first come among equals", since the
-    organization whose call ended drops to the others' count at each release)."""
+    organization whose call ended drops to the others' count at each release).
+
+    Once a second organization has called the credential, one organization holds at most
+    `size - 1` of its slots (`cap`): the waiters' order shares the slots that free, but a job's
+    streams, long or read slowly, free none for as long as its turn runs, and every other
+    organization's call waited out its time and was told "busy". A credential only one
+    organization calls keeps every slot for it."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -47,6 +54,15 @@ class Slots:
         # By organization, while it holds or waits: when it was last handed a slot (a count).
         self.served: dict[str, int] = {}
         self._handed = 0
+        self.callers: set[str] = set()  # the organizations that called it, up to SHARED_BY
+
+    @property
+    def cap(self) -> int:
+        """The slots one organization may hold."""
+        return self.size - 1 if len(self.callers) >= SHARED_BY and self.size > 1 else self.size
+
+    def _may_take(self, organization: str) -> bool:
+        return self.busy < self.size and self.held[organization] < self.cap
 
     @property
     def busy(self) -> int:
@@ -63,7 +79,9 @@ class Slots:
         """A slot for a call of `organization`; False when none freed within `timeout_s`, or when
         `leave`, asked every LOOK_AGAIN_S of the wait, says the call may go elsewhere (another
         credential has a slot free). Until then the call keeps its place among the waiters."""
-        if self.free:
+        if len(self.callers) < SHARED_BY:
+            self.callers.add(organization)
+        if self._may_take(organization) and not self._live_takers():
             self._take(organization)
             return True
         loop = asyncio.get_running_loop()
@@ -94,8 +112,12 @@ class Slots:
     def free(self) -> bool:
         """Whether a call arriving now takes a slot at once. A waiter that gave up stays listed
         until its task runs: only a live one goes first, or a call would wait on a free slot that
-        no release ever hands over."""
-        return self.busy < self.size and not any(not w[1].done() for w in self.waiting)
+        no release ever hands over (nor one waiting at its organization's `cap`)."""
+        return self.busy < self.size and not self._live_takers()
+
+    def _live_takers(self) -> list[tuple[str, asyncio.Future[None]]]:
+        """The live waiters a free slot may be handed to (their organization under its cap)."""
+        return [w for w in self.waiting if not w[1].done() and self.held[w[0]] < self.cap]
 
     def release(self, organization: str) -> None:
         self.held[organization] -= 1
@@ -115,9 +137,10 @@ class Slots:
             self.served.pop(organization, None)
 
     def _hand_over(self) -> None:
-        """Free slots to the live waiters, the organization holding the fewest first."""
+        """Free slots to the live waiters under their organization's cap, the organization
+        holding the fewest first."""
         while self.busy < self.size:
-            live = [w for w in self.waiting if not w[1].done()]
+            live = self._live_takers()
             if not live:
                 return
             # The fewest held, then served longest ago, then the first come.

@@ -14,6 +14,7 @@ import pytest
 
 from activities.gateway import Gateway, Grant
 from activities.gateway_http import BYTES_PER_TOKEN
+from activities.gateway_pool import Slots
 from activities.gateway_providers import Credential, Provider, Secret
 from tests.fake_provider import FakeProvider, running
 
@@ -164,14 +165,14 @@ async def test_a_network_tool_behind_an_escaped_repeated_tools_key_is_taken_out(
     assert len(fake.bodies) == 1 and b"web_search" not in fake.bodies[0], fake.bodies[0]
 
 
-@pytest.mark.xfail(strict=True, reason="one organization may hold every slot: not fixed here")
 async def test_one_job_s_streams_do_not_hold_every_slot_from_another_organization(
     gw: Gateway, fake: FakeProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A turn has 8 calls in flight and a credential 8 slots by default: one job's streams,
-    long or read slowly, hold all of them for as long as its turn runs (its timeout), and every
-    other organization's call on the binding waits SLOT_WAIT_S and is told "busy" (429). The
-    slots' fairness orders the calls waiting, not those holding."""
+    long or read slowly, held all of them for as long as its turn ran (its timeout), and every
+    other organization's call on the binding waited SLOT_WAIT_S and was told "busy" (429). Once
+    a second organization has called a credential, one organization holds at most all but one
+    of its slots."""
     from activities import gateway as gateway_module
 
     monkeypatch.setattr(gateway_module, "SLOT_WAIT_S", 1.0)
@@ -180,31 +181,43 @@ async def test_one_job_s_streams_do_not_hold_every_slot_from_another_organizatio
         job_id="job-victim", attempt=1, agent_id="coder", organization_id="org-b",
         binding="trickle",
     )  # fmt: skip
+    body = {"model": "m", "stream": True}
+    as_victim = {"Authorization": f"Bearer {victim.token}"}
+    async with client(victim) as other:
+        async with other.stream("POST", "/v1/chat/completions", json=body, headers=as_victim) as a:
+            assert a.status_code == 200  # org-b has called the credential, then hangs up
+    await asyncio.sleep(0.3)
     hog = turn(gw, "trickle", "job-hog")
     headers = {"Authorization": f"Bearer {hog.token}"}
     async with client(hog) as http:
         held = []
         for _ in range(4):  # the credential's every slot
-            stream = http.stream(
-                "POST", "/v1/chat/completions", json={"model": "m", "stream": True},
-                headers=headers,
-            )  # fmt: skip
-            await stream.__aenter__()
-            held.append(stream)
+            stream = http.stream("POST", "/v1/chat/completions", json=body, headers=headers)
+            held.append((stream, await stream.__aenter__()))
         try:
-            async with (
-                client(victim) as other,
-                other.stream(
-                    "POST",
-                    "/v1/chat/completions",
-                    json={"model": "m", "stream": True},
-                    headers={"Authorization": f"Bearer {victim.token}"},
-                    timeout=5,
-                ) as answer,
-            ):
-                status = answer.status_code  # its head only: a trickle never ends
+            async with client(victim) as other:
+                async with other.stream(
+                    "POST", "/v1/chat/completions", json=body, headers=as_victim, timeout=5
+                ) as answer:
+                    status = answer.status_code  # its head only: a trickle never ends
         finally:
-            for stream in held:
+            for stream, _ in held:
                 await stream.__aexit__(None, None, None)
     await asyncio.sleep(0.3)
     assert status == 200, "another organization's call was told every slot is busy"
+    # The hog's fourth call waited for a slot its organization may not take, and was told so.
+    assert [r.status_code for _, r in held] == [200, 200, 200, 429]
+
+
+def test_a_credential_one_organization_calls_keeps_every_slot_for_it() -> None:
+    slots = Slots(3)
+    for _ in range(3):
+        assert slots.free and slots._may_take("org-a")
+        slots._take("org-a")
+        slots.callers.add("org-a")
+    assert slots.busy == 3 and slots.cap == 3
+    slots.callers.add("org-b")
+    assert slots.cap == 2 and not slots._may_take("org-a")
+    single = Slots(1)
+    single.callers.update({"org-a", "org-b"})
+    assert single.cap == 1
