@@ -78,7 +78,7 @@ class Fail(Exception):
         if result is not None:
             try:
                 json.dumps(sanitize(result))  # as the store writes it: bytes decoded, ...
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, RecursionError) as exc:  # one that holds itself
                 raise TypeError(f"Fail(result=...) must be JSON: {exc}") from exc
         super().__init__(message)
         self.retryable = retryable

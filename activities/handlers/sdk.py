@@ -258,17 +258,28 @@ def as_handler(declared: AgentHandler) -> Handler:
     return handle
 
 
-def _depth(value: Any) -> int:
-    """How deeply `value`'s lists and objects nest (iterative: no recursion limit)."""
-    deepest, pending = 0, [(value, 1)]
+def _check_shape(value: Any, what: str, limit: int) -> None:
+    """Refuse `value` when its lists and objects nest past `MAX_JSON_DEPTH` or it holds more
+    than `limit` values (each is a byte of JSON at least): walked once, iteratively, and never
+    past either bound, so a value that holds itself (which no JSON does) or one list many times
+    over is refused at once rather than walked for ever on the worker's event loop."""
+    pending, values = [(value, 1)], 0
     while pending:
         item, level = pending.pop()
+        values += 1
+        if values > limit:
+            raise TypeError(
+                f"{what} holds more than {limit} values; at most {limit} bytes are kept"
+            )
         if isinstance(item, dict):
             item = list(item.values())
         if isinstance(item, (list, tuple)):
-            deepest = max(deepest, level)
+            if level > MAX_JSON_DEPTH:
+                raise TypeError(
+                    f"{what} nests more than {MAX_JSON_DEPTH} levels deep; "
+                    f"at most {MAX_JSON_DEPTH} are kept"
+                )
             pending.extend((child, level + 1) for child in item)
-    return deepest
 
 
 def _check_json(value: Any, what: str, limit: int) -> None:
@@ -276,8 +287,7 @@ def _check_json(value: Any, what: str, limit: int) -> None:
     (bytes decoded, keys made strings, NaN as null: receipts/text.py `sanitize`), at most
     `limit` bytes and `MAX_JSON_DEPTH` levels (the job's state is serialized by pydantic,
     which refuses 255; the api refuses request bodies deeper than 64)."""
-    if (depth := _depth(value)) > MAX_JSON_DEPTH:
-        raise TypeError(f"{what} nests {depth} levels deep; at most {MAX_JSON_DEPTH} are kept")
+    _check_shape(value, what, limit)
     try:
         size = len(json.dumps(sanitize(value)).encode())
     except (TypeError, ValueError, RecursionError) as exc:

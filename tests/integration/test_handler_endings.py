@@ -160,3 +160,28 @@ async def test_a_result_nested_too_deep_to_store_fails_the_job_not_the_settle(
     job = await store.get_job(job_id)
     assert job is not None and job.lease is None
     assert job.error is not None and "levels deep" in job.error
+
+
+async def test_a_result_or_progress_that_holds_itself_fails_the_job_not_the_worker(
+    store: Store,
+) -> None:
+    """The SDK's depth check walked a self-referring value for ever on the worker's event loop
+    (no heartbeat, no other attempt, no settle): progress is refused at the call, the result
+    fails the job, not retried. (Before the fix this test never ends.)"""
+    refused: list[str] = []
+
+    @handler("audit-itself")
+    async def itself(job: JobContext) -> Any:
+        state: dict[str, Any] = {"step": 1}
+        state["self"] = state
+        try:
+            await job.progress(state)
+        except TypeError as exc:
+            refused.append(str(exc))
+        return state
+
+    job_id, result = await asyncio.wait_for(delivered(store, itself), 60)
+    assert result.job_status == "failed"
+    assert refused and "levels deep" in refused[0]
+    job = await store.get_job(job_id)
+    assert job is not None and job.error is not None and "levels deep" in job.error

@@ -422,3 +422,29 @@ async def test_a_sandboxed_handler_s_command_is_checked_before_it_runs(store: St
         "run_sandboxed(stdin=...): a string",
         "argv[0] must be one of this organization's executables: pytest",
     ]
+
+
+async def test_the_release_bot_reads_a_note_steered_during_its_last_step(store: Store) -> None:
+    """examples/release-bot: "while it runs, a steer {"note": ...} adds a line to the release
+    notes". It read its commands before each step only: a note steered while the last step ran
+    was accepted (202), never read, and the release completed without it."""
+    from release_bot import release
+
+    job_id = await job_of(store, "release-bot", version="1.2.3", steps=["build"], stepSeconds=1.5)
+    delivery = asyncio.create_task(
+        run(store, {"release-bot": as_handler(release)}, attempt_of(job_id, "release-bot"))
+    )
+    for _ in range(100):  # until the last (only) step has started
+        if "job.progress" in await types(store, job_id):
+            break
+        await asyncio.sleep(0.05)
+    sent = await ops.add_command(
+        store, job_id, type="steer", payload={"note": "late"}, command_id="late-note",
+        organization_id="org-a",
+    )  # fmt: skip
+    assert sent.ok
+    result = await asyncio.wait_for(delivery, 30)
+    assert result.job_status == "completed"
+    job = await store.get_job(job_id)
+    assert job is not None and job.result is not None
+    assert job.result["notes"] == ["late"]

@@ -327,3 +327,32 @@ def test_stream_reconnects_wait_longer_each_time_and_at_most_five_seconds() -> N
 
     delays = [reconnect_delay(n) for n in range(1, RECONNECT_ATTEMPTS + 1)]
     assert delays == sorted(delays) and delays[0] == 0.5 and max(delays) == 5.0
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+        httpx.ReadError("[Errno 104] Connection reset by peer"),
+    ],
+)
+def test_a_post_whose_answer_was_lost_may_have_been_applied(lost: httpx.TransportError) -> None:
+    """A connection reset after a POST was sent (the api restarted, a proxy dropped it) said
+    'cannot reach the API', as if nothing was sent: the enqueue may have been made, and the CLI
+    named its Idempotency-Key only after a timeout. Only a failure to connect sent nothing."""
+    from receipt_client import ConnectionFailed
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        raise type(lost)(str(lost), request=request)
+
+    with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(ConnectionFailed, match="may have been applied"):
+            client.request("POST", "/agents/codex/jobs", json={})
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    with Client("http://api", "t", transport=httpx.MockTransport(refused)) as client:
+        with pytest.raises(ConnectionFailed, match="cannot reach the API") as unsent:
+            client.request("POST", "/agents/codex/jobs", json={})
+    assert "may have been applied" not in str(unsent.value)

@@ -197,3 +197,48 @@ def test_an_installed_handler_s_commands_are_held_to_the_list_where_it_runs_them
     codex = {"kind": "factory.task.run", "authContext": auth, "task": {"command": ["curl"]}}
     refused = refused_request(lists, "codex", parse_enqueue("codex", {"payload": codex}))
     assert refused is not None and refused[0] == "payload.task.command"
+
+
+def _checked_within(value: object, seconds: float = 10.0) -> str:
+    """What `_check_json` refuses `value` with, run in a thread given `seconds` (a walk that
+    never ends fails the test instead of hanging it)."""
+    import threading
+
+    from activities.handlers.sdk import _check_json
+
+    refused: list[str] = []
+
+    def check() -> None:
+        try:
+            _check_json(value, "the result", 1024 * 1024)
+        except TypeError as exc:
+            refused.append(str(exc))
+
+    checking = threading.Thread(target=check, daemon=True)
+    checking.start()
+    checking.join(seconds)
+    assert not checking.is_alive(), "the check of a handler's value never ended"
+    assert refused, "the value was taken as JSON"
+    return refused[0]
+
+
+def test_a_value_that_holds_itself_or_one_list_many_times_over_is_refused_at_once() -> None:
+    """A result or progress that refers to itself was walked for ever by the depth check, on
+    the worker's event loop: every attempt and heartbeat of that worker stopped, and Temporal's
+    redelivery froze the next worker the same way. One list held twice at each of 40 levels is
+    2**40 values (json.dumps would take as long): refused by its count, as JSON of over a MiB."""
+    itself: list[object] = []
+    itself.append(itself)
+    looped: dict[str, object] = {"step": 1}
+    looped["parent"] = {"child": looped}
+    assert "levels deep" in _checked_within(itself)
+    assert "levels deep" in _checked_within(looped)
+    shared: list[object] = []
+    for _ in range(40):
+        shared = [shared, shared]
+    assert "values" in _checked_within(shared)
+    # A Fail's result is checked where it is made: a TypeError naming it, not a RecursionError.
+    from receipt_worker import Fail
+
+    with pytest.raises(TypeError, match="must be JSON"):
+        Fail("bad", result={"me": looped})

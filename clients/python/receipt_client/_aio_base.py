@@ -71,18 +71,19 @@ class AsyncBaseClient:
             response = await self.http.request(
                 method, path, params=params, headers=headers, **options
             )
-        except httpx.TimeoutException as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
+            raise ConnectionFailed(f"cannot reach the API at {self.url}: {exc}") from exc
+        except httpx.TransportError as exc:
             if method == "GET":
                 raise ConnectionFailed(f"no answer from the API at {self.url}: {exc}") from exc
-            # Sent, perhaps applied: only a request that names its job (its id, or an
-            # Idempotency-Key) can be sent again without doing it twice.
+            # Sent, perhaps applied (a timeout, a connection reset before the answer): only a
+            # request that names its job (its id, or an Idempotency-Key) can be sent again
+            # without doing it twice.
             raise ConnectionFailed(
-                f"no answer from the API at {self.url} to {method} {path} in time ({exc}): "
-                "it may have been applied; send it again with the same job id or "
-                "Idempotency-Key to find out"
+                f"no answer from the API at {self.url} to {method} {path} "
+                f"({exc or type(exc).__name__}): it may have been applied; send it again with "
+                "the same job id or Idempotency-Key to find out"
             ) from exc
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"cannot reach the API at {self.url}: {exc}") from exc
         if response.status_code >= 400:
             raise error_of(response)
         if response.status_code == 204:

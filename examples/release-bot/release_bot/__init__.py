@@ -39,19 +39,25 @@ async def release(job: JobContext) -> dict[str, Any]:
     done: list[str] = []
     skipped: set[str] = set()
     for step in steps:
-        async for command in job.commands(wait=False):
-            steer = command.payload if isinstance(command.payload, dict) else {}
-            if "note" in steer:
-                notes.append(str(steer["note"]))
-            if "skip" in steer:
-                skipped.add(str(steer["skip"]))
+        await read_steers(job, notes, skipped)
         if step in skipped:
             await job.progress({"step": step, "skipped": True})
             continue
         await job.progress({"step": step, "version": version})
         await asyncio.sleep(pause)
         done.append(step)
+    await read_steers(job, notes, skipped)  # a note steered while the last step ran
     return {"released": version, "steps": done, "notes": notes, "attempt": job.attempt}
+
+
+async def read_steers(job: JobContext, notes: list[str], skipped: set[str]) -> None:
+    """The steers sent since the last look: each note a line of the notes, each skip a step."""
+    async for command in job.commands(wait=False):
+        steer = command.payload if isinstance(command.payload, dict) else {}
+        if "note" in steer:
+            notes.append(str(steer["note"]))
+        if "skip" in steer:
+            skipped.add(str(steer["skip"]))
 
 
 @handler("release-check", kinds=["factory.task.run"], sandbox=True, group="codex")
