@@ -33,7 +33,7 @@ def test_each_documented_status_is_its_own_exception(status: int) -> None:
 
 
 def test_other_answers_are_server_errors_or_plain_ones_and_keep_their_text() -> None:
-    assert isinstance(error_of(httpx.Response(502, text="bad gateway")), ServerError)
+    assert isinstance(error_of(httpx.Response(500, text="oops")), ServerError)
     teapot = error_of(httpx.Response(418, text="<html>teapot</html>"))
     assert type(teapot) is ReceiptError and str(teapot) == "HTTP 418: <html>teapot</html> (418)"
 
@@ -356,3 +356,51 @@ def test_a_post_whose_answer_was_lost_may_have_been_applied(lost: httpx.Transpor
         with pytest.raises(ConnectionFailed, match="cannot reach the API") as unsent:
             client.request("POST", "/agents/codex/jobs", json={})
     assert "may have been applied" not in str(unsent.value)
+
+
+@pytest.mark.parametrize("status", [502, 504])
+def test_a_proxy_s_bad_gateway_is_ridden_out_by_a_wait_and_a_stream(
+    status: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind an ingress, a restart or a rolling update of the api answers 502 or 504 (no api
+    answered): `wait` and `follow` failed at once with a ServerError; they resume as after a
+    503, the stream from its last receipt."""
+    from receipt_client import _sync_base as sync
+
+    now = datetime.now(UTC)
+    done = Job(
+        job_id="j-1",
+        agent_id="codex",
+        lane="factory",
+        kind="factory.task.run",
+        payload={"kind": "factory.task.run"},
+        status="completed",
+        created_at=now,
+        updated_at=now,
+    )
+    first = {"seq": 1, "type": "job.enqueued"}
+    bad = httpx.Response(status, text="<html>bad gateway</html>")
+    queued = done.model_copy(update={"status": "queued"})
+    reads = iter([bad, httpx.Response(200, json=jsonable_encoder(job_view(queued)))])
+    last_read = iter([bad, httpx.Response(200, json=jsonable_encoder(job_view(done)))])
+    stream = iter(
+        [
+            httpx.Response(200, text=f"id: 1\ndata: {json.dumps(first)}\n\n", headers=EVENT_STREAM),
+            bad,
+            httpx.Response(
+                200, text='event: end\ndata: {"status": "completed"}\n\n', headers=EVENT_STREAM
+            ),
+        ]
+    )
+    resumed: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            resumed.append(request.headers.get("Last-Event-ID"))
+            return next(stream)
+        return next(reads, None) or next(last_read)
+
+    monkeypatch.setattr(sync.time, "sleep", lambda _: None)
+    with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        assert client.wait("j-1").status == "completed"
+    assert resumed == ["0", "1", "1"]  # resumed after its last receipt

@@ -143,12 +143,13 @@ class BaseClient:
         `end` event (a session's stream has none: until the caller stops), or `WaitTimedOut`
         at `deadline`.
 
-        A dropped connection, a stream closed at the API's maximum lifetime, a 503 or a 429 is
-        resumed with `Last-Event-ID` (not before the `Retry-After` the API named), so no receipt
-        is missed or repeated; after `RECONNECT_ATTEMPTS` failures in a row it raises the API's
-        last 429 or 503 (`RateLimited`, `Unavailable`) if the last try was refused so, else
-        `ConnectionFailed`. A read never waits past `deadline`: a connection whose read timeout
-        would outlast it is resumed with a shorter one."""
+        A dropped connection, a stream closed at the API's maximum lifetime, a 503 (or a proxy's
+        502 or 504: `Unavailable`) or a 429 is resumed with `Last-Event-ID` (not before the
+        `Retry-After` the API named), so no receipt is missed or repeated; after
+        `RECONNECT_ATTEMPTS` failures in a row it raises the API's last 429 or 503
+        (`RateLimited`, `Unavailable`) if the last try was refused so, else `ConnectionFailed`.
+        A read never waits past `deadline`: a connection whose read timeout would outlast it is
+        resumed with a shorter one."""
         last, failures, problem = after, 0, ""
         refused: ReceiptError | None = None  # the API's last 429 or 503, if it answered one
         while True:

@@ -99,7 +99,9 @@ class RateLimited(ReceiptError):
 
 
 class Unavailable(ReceiptError):
-    """503: the API cannot reach its database right now; see `retry_after`."""
+    """503: the API cannot reach its database right now; see `retry_after`. Also a proxy's 502
+    or 504 in front of the API (a restart, a rolling update: no api answered it), which the
+    waits and streams ride out as they ride out a 503."""
 
     status = 503
 
@@ -133,6 +135,7 @@ BY_STATUS: dict[int, type[ReceiptError]] = {
     )
     if cls.status is not None
 }
+BY_STATUS |= {502: Unavailable, 504: Unavailable}  # a proxy's: the API away (its restart)
 
 
 def error_of(response: httpx.Response) -> ReceiptError:
