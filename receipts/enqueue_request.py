@@ -4,7 +4,7 @@ objective scoping), with the reserved shapes of job ids refused."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -255,3 +255,25 @@ def cap_timeout(request: EnqueueRequest, max_timeout_ms: int) -> EnqueueRequest:
     if timeout <= max_timeout_ms:
         return request
     return replace(request, payload={**request.payload, "timeoutMs": max_timeout_ms})
+
+
+GATEWAY_FIELD = "payload.authContext.receiptConnectGatewayUrl"
+
+
+def gateway_refused(request: EnqueueRequest, allowlist: Sequence[str]) -> str | None:
+    """Why `payload.authContext.receiptConnectGatewayUrl` is refused: it is not, nor is it
+    below, a URL of `allowlist` (the operator's `RECEIPT_GATEWAY_URL_ALLOWLIST`, checked by
+    the api's enqueue and a schedule's firing alike); None when it is, or when there is none."""
+    auth = request.payload.get("authContext")
+    gateway = auth.get("receiptConnectGatewayUrl") if isinstance(auth, Mapping) else None
+    if gateway is None or any(_under(str(gateway), prefix) for prefix in allowlist):
+        return None
+    return f"{GATEWAY_FIELD} is not on the operator's allow-list (RECEIPT_GATEWAY_URL_ALLOWLIST)"
+
+
+def _under(url: str, prefix: str) -> bool:
+    """True when `url` is `prefix` or below it: `https://gw.example` admits
+    `https://gw.example/v1`, not `https://gw.example.evil.net`."""
+    return url == prefix or (
+        url.startswith(prefix) and (prefix.endswith("/") or url[len(prefix)] in "/?#")
+    )

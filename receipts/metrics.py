@@ -444,7 +444,8 @@ SCHEDULE_FIRINGS = Counter(
     "receipt_schedule_firings",
     "Schedule firings, by outcome: enqueued, skipped (overlap), skipped_cap (the "
     "organization's cap of open jobs), skipped_executables (a program off the organization's "
-    "RECEIPT_ORG_EXECUTABLES), skipped_commands (a steer the session's active job could not "
+    "RECEIPT_ORG_EXECUTABLES), skipped_gateway (a gateway URL off RECEIPT_GATEWAY_URL_ALLOWLIST), "
+    "skipped_commands (a steer the session's active job could not "
     "hold), repeated (a doubled firing, or an hour a DST change "
     "repeats), off_schedule (a time the definition no longer fires), none (paused or deleted "
     "before the sync caught up), error (a try that raised, the database away: Temporal tries "

@@ -14,7 +14,7 @@ from typing import Any
 
 from receipts import metrics
 from receipts.enqueue import EnqueueRequest, enqueue_in, parse_enqueue, stop_draft
-from receipts.enqueue_request import cap_timeout
+from receipts.enqueue_request import GATEWAY_FIELD, cap_timeout, gateway_refused
 from receipts.errors import InvalidInput
 from receipts.executables import refused_request
 from receipts.jobs import TERMINAL_STATUSES
@@ -144,6 +144,9 @@ class Caps:
     # direct steer is: one that would not fit is recorded skipped (`commands`).
     max_commands: int | None = None
     max_command_bytes: int | None = None
+    # `RECEIPT_GATEWAY_URL_ALLOWLIST`, checked again at each firing as the allow-list of
+    # executables is: a gateway URL taken off it stops the firings that name it (None: none).
+    gateway_urls: tuple[str, ...] | None = None
 
 
 async def fire(
@@ -153,7 +156,8 @@ async def fire(
     overlap policy says otherwise or, with `caps`, the organization holds its cap of open jobs
     or the job runs a program off the organization's allow-list (skipped, as a refused enqueue
     would be; its `timeoutMs` is capped as an enqueue's is); return what it came to:
-    `enqueued`, `skipped` (`skipped_cap` for the caps, `skipped_executables` for the list),
+    `enqueued`, `skipped` (`skipped_cap` for the caps, `skipped_executables` for the list,
+    `skipped_gateway` for a gateway URL off the operator's list),
     `repeated` (this fire time, or this local time of a repeated hour, was already handled: a
     doubled firing is one job), `off_schedule` (the definition as it is now does not fire then:
     Temporal still had an earlier one) or `none` (the schedule is paused, deleted or gone:
@@ -205,8 +209,20 @@ async def fire(
             data = {"fireTime": at, "reason": "executables", **refusal}
             await append(tx, current, stream, [Draft("schedule.skipped", data)])
             return "skipped_executables"
+        gateway = caps.gateway_urls if caps else None
+        unlisted = gateway_refused(request, gateway) if gateway is not None else None
+        if unlisted is not None:
+            # The same for a gateway URL taken off the operator's list (a direct enqueue: 422).
+            refusal["field"], refusal["message"] = GATEWAY_FIELD, unlisted
+            data = {"fireTime": at, "reason": "gateway", **refusal}
+            await append(tx, current, stream, [Draft("schedule.skipped", data)])
+            return "skipped_gateway"
         previous = await tx.job_for_update(current.last_job_id) if current.last_job_id else None
         running = previous is not None and previous.status not in TERMINAL_STATUSES
+        # A steer lands in the session's active job: aborting it first would steer the job just
+        # aborted (and a steer the job cannot hold would leave it aborted for a skipped firing).
+        # Refused at create and change; one stored before is not aborted: it fires as `allow`.
+        replaces = current.overlap == "cancel_previous" and request.singleton_mode != "steer"
         if running and current.overlap == "skip" and previous is not None:
             data = {"fireTime": at, "reason": "overlap", "runningJobId": previous.job_id}
             await append(tx, current, stream, [Draft("schedule.skipped", data)])
@@ -215,7 +231,7 @@ async def fire(
             row = await tx.fetch_one("enqueue_caps", {"organization_id": current.organization_id})
             assert row is not None
             queued, active = int(row[1]), int(row[2])
-            replaced = running and current.overlap == "cancel_previous"
+            replaced = running and replaces
             if replaced and previous is not None and previous.status == "queued":
                 # Canceled with this firing (below): its place is the new job's, as a singleton
                 # cancel's is (a leased or running one holds its place until it ends).
@@ -225,7 +241,7 @@ async def fire(
                 await append(tx, current, stream, [Draft("schedule.skipped", data)])
                 return "skipped_cap"
         canceled: str | None = None
-        if running and current.overlap == "cancel_previous" and previous is not None:
+        if running and replaces and previous is not None:
             reason = f"schedule {current.caller_schedule_id} fired again at {at}"
             command_id = f"schedule:{schedule_id}:{fire_id(fire_time)}"
             await tx.append_job(
@@ -256,7 +272,7 @@ async def fire(
             "schedule firing refused: %s",
             refusal["message"],
             extra={
-                "event": "schedule.executables_refused",
+                "event": f"schedule.{outcome.removeprefix('skipped_')}_refused",
                 "scheduleId": schedule_id,
                 "organizationId": state.organization_id,
                 "fireTime": fire_time.isoformat(),

@@ -6,8 +6,9 @@ Receipts: `schedule.created` and `schedule.changed` (the definition), `schedule.
 `schedule.resumed`, `schedule.deleted` (terminal), `schedule.fired` (`fireTime`, `jobId`, and
 `canceledJobId` when the previous job was aborted for it) and `schedule.skipped` (`fireTime`,
 `reason`: `overlap` with `runningJobId`, the previous job still active under the policy `skip`,
-`cap`, the organization holding its cap of queued or active jobs, or `executables` with `field`
-and `message`, a program off the organization's allow-list); `schedule.compacted`
+`cap`, the organization holding its cap of queued or active jobs, `executables` with `field`
+and `message`, a program off the organization's allow-list, or `gateway`, a gateway URL off
+the operator's); `schedule.compacted`
 (`fired`, `skipped`, `lastJobId`: the totals when retention deleted older firings,
 receipts/schedules/compaction.py).
 """

@@ -144,6 +144,15 @@ def validate(
     except InvalidInput as exc:
         field = exc.field if exc.field == "agentId" else f"job.{exc.field}"
         raise InvalidInput(field, exc.message, exc.allowed) from None
+    if overlap == "cancel_previous" and request.singleton_mode == "steer":
+        # A steer lands in the session's active job, the one `cancel_previous` would abort:
+        # each firing would abort it and steer the job it just aborted, and nothing new runs.
+        raise InvalidInput(
+            "overlap",
+            "overlap cancel_previous cannot go with job.singletonMode steer (the steer lands in "
+            "the job it would abort): use skip or allow",
+            OVERLAPS,
+        )
     if not admin and request.organization_id != organization_id:
         raise InvalidInput(
             "job.payload.authContext.organizationId",
@@ -273,8 +282,10 @@ async def change(
     brings a new `note` (None keeps the note).
 
     `based_on`: the `definition_seq` of the schedule the new `definition` was made from (a
-    PATCH merges its fields onto what it read); when the definition changed since, nothing is
-    written and `DefinitionMoved` is raised, so two changes at once never lose one."""
+    PATCH merges its fields onto what it read), or a resume was admitted on (the rights its
+    firings need); when the definition changed since, nothing is written and `DefinitionMoved`
+    is raised, so two changes at once never lose one, and a resume never starts firings of a
+    definition it was not admitted for."""
     stream = schedule_stream(schedule_id)
 
     async def work(tx: Tx) -> ScheduleState | None:
@@ -282,7 +293,9 @@ async def change(
         state = await load(tx, schedule_id)
         if state is None or state.terminal:
             return None
-        if definition is not None and based_on is not None and state.definition_seq != based_on:
+        resuming = paused is False and state.status == "paused"
+        moved = based_on is not None and state.definition_seq != based_on
+        if moved and (definition is not None or resuming):
             raise DefinitionMoved(schedule_id)
         drafts: list[Draft] = []
         if delete:

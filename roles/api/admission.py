@@ -10,7 +10,7 @@ from typing import Any
 
 from receipts import metrics
 from receipts.enqueue import Admission, EnqueueRequest
-from receipts.enqueue_request import cap_timeout
+from receipts.enqueue_request import GATEWAY_FIELD, cap_timeout, gateway_refused
 from receipts.errors import InvalidInput, NotPermitted
 from receipts.executables import first_refused, refused_request, request_commands
 from receipts.kinds import AGENT_IDS, has_handler, installed_agent_ids, runs_commands
@@ -78,27 +78,11 @@ def held_retry(settings: ApiSettings) -> Callable[[EnqueueRequest], EnqueueReque
     return held
 
 
-def _under(url: str, prefix: str) -> bool:
-    """True when `url` is `prefix` or below it: `https://gw.example` admits
-    `https://gw.example/v1`, not `https://gw.example.evil.net`."""
-    return url == prefix or (
-        url.startswith(prefix) and (prefix.endswith("/") or url[len(prefix)] in "/?#")
-    )
-
-
 def check_gateway(settings: ApiSettings, request: EnqueueRequest) -> None:
     """`receiptConnectGatewayUrl` must start with a prefix on `RECEIPT_GATEWAY_URL_ALLOWLIST`."""
-    auth = request.payload.get("authContext")
-    gateway = auth.get("receiptConnectGatewayUrl") if isinstance(auth, dict) else None
-    if gateway is not None and not any(
-        _under(gateway, prefix) for prefix in settings.gateway_url_allowlist
-    ):
-        raise InvalidInput(
-            "payload.authContext.receiptConnectGatewayUrl",
-            "payload.authContext.receiptConnectGatewayUrl is not on the operator's allow-list "
-            "(RECEIPT_GATEWAY_URL_ALLOWLIST)",
-            settings.gateway_url_allowlist,
-        )
+    refused = gateway_refused(request, settings.gateway_url_allowlist)
+    if refused is not None:
+        raise InvalidInput(GATEWAY_FIELD, refused, settings.gateway_url_allowlist)
 
 
 def org_caps(settings: ApiSettings, organization_id: str) -> Admission:

@@ -164,6 +164,7 @@ async def run_attempt_worker(
             executables=api.org_executables,
             max_commands=api.max_commands_per_job,
             max_command_bytes=api.max_command_bytes,
+            gateway_urls=tuple(api.gateway_url_allowlist),
         )
         activities.append(ScheduleActivities(runtime.store, caps).fire_schedule)
         sync = ScheduleSync(

@@ -682,6 +682,47 @@ async def test_the_console_resumes_a_schedule_only_for_who_may_run_its_commands(
         assert (await client.get(f"/schedules/{sid}", headers=runner)).json()["status"] == "active"
 
 
+async def test_the_console_resumes_only_the_definition_it_admitted(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change committed between the form's read of the schedule and its resume (here: right
+    after the read) made its jobs run commands: a session without `commands:run` resumed it.
+    The resume is refused when the definition moved; the schedule stays paused."""
+    from receipts.schedules import store as schedules
+
+    sid = f"console-{new_id()}"
+    helper = enqueue_body(payload_extra={"task": {"command": ["true"]}})
+    body = {"scheduleId": sid, "cron": "0 6 * * *", "agentId": "helper", "job": helper}
+    codex, _ = schedules.validate(
+        {**body, "agentId": "codex"}, "org-a", schedules.Limits(), admin=False
+    )
+    read = schedules.get
+    changed: list[str] = []
+
+    async def read_then_changed(reads: Store, schedule_id: str) -> object:
+        state = await read(reads, schedule_id)
+        if not changed:  # another token's change, committed once
+            changed.append(schedule_id)
+            assert await schedules.change(store, schedule_id, definition=codex) is not None
+        return state
+
+    tokens = "write-tok org-a jobs:read jobs:write"
+    async with api_client(db_url, store=store, tokens=tokens) as client:
+        writer = {"Authorization": "Bearer write-tok"}
+        created = await client.post("/schedules", json={**body, "paused": True}, headers=writer)
+        assert created.status_code == 201, created.text
+        csrf = await sign_in(client, "write-tok")
+        monkeypatch.setattr(schedules, "get", read_then_changed)
+        refused = await client.post(
+            f"/console/schedules/{rid(sid)}/resume",
+            **form({"csrf": csrf}),  # type: ignore[arg-type]
+        )
+        monkeypatch.undo()
+        assert refused.status_code == 303 and "not+resumed" in refused.headers["location"]
+        shown = (await client.get(f"/schedules/{sid}", headers=writer)).json()
+        assert (shown["status"], shown["agentId"]) == ("paused", "codex")
+
+
 async def test_a_token_that_cannot_read_jobs_reads_nothing_in_the_console(
     db_url: str, store: Store
 ) -> None:

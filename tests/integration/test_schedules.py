@@ -106,6 +106,19 @@ async def test_a_schedule_is_created_listed_shown_with_its_next_fire_times(
         ({"cron": "1," * 50_000 + "1 * * * *", "interval": None}, "cron", "at most 200 char"),
         ({"interval": "1" * 201 + "s"}, "interval", "at most 200 characters"),
         ({"overlap": "queue"}, "overlap", "skip"),
+        # A steer lands in the session's active job, the one cancel_previous would abort.
+        (
+            {
+                "overlap": "cancel_previous",
+                "job": enqueue_body(
+                    payload_extra={"task": {"command": ["true"]}},
+                    sessionKey="s-1",
+                    singletonMode="steer",
+                ),
+            },
+            "overlap",
+            "cancel_previous cannot go with job.singletonMode steer",
+        ),
         ({"agentId": ""}, "agentId", ""),
     ],
 )
@@ -933,3 +946,137 @@ async def test_an_admin_names_a_schedule_by_the_id_one_organization_gave_it(
     assert (await client.delete(f"/schedules/{both}", headers=AS_B)).status_code == 204
     left = await client.get(f"/schedules/{both}", headers=AS_ADMIN)
     assert left.status_code == 200 and left.json()["scheduleId"] == scoped_id("org-a", both)
+
+
+async def test_a_steer_firing_never_aborts_the_job_it_steers(store: Store) -> None:
+    """A schedule of steers under `cancel_previous` aborted the session's running job, then
+    steered the job it had just aborted: recorded `enqueued`, nothing new ran; and a steer the
+    job could not hold was recorded skipped with the abort committed ("a skipped firing aborts
+    nothing"). Refused at create (above); one stored before fires as `allow`."""
+    org = f"org-{uuid.uuid4().hex[:8]}"
+    job = enqueue_body(
+        org,
+        payload_extra={"task": {"command": ["true"]}},
+        sessionKey=f"steered-{uuid.uuid4().hex[:8]}",
+        singletonMode="steer",
+    )
+    definition, _ = schedules.validate(
+        {"interval": "5s", "agentId": "codex", "job": job, "overlap": "allow"},
+        org,
+        schedules.Limits(min_interval_s=1),
+        admin=False,
+    )
+    stored = dataclasses.replace(definition, overlap="cancel_previous")  # as made before
+    state, _ = await schedules.create(store, org, new_schedule_id(), stored, schedules.Limits())
+    sid = state.schedule_id
+    caps = firing.Caps(max_queued=100, max_active=100, max_commands=1)
+    assert await firing.fire(store, sid, T, caps) == "enqueued"
+    first = (await schedules.get(store, sid)).last_job_id  # type: ignore[union-attr]
+    assert first is not None
+    assert (await ops.start_attempt(store, first, attempt=1, worker_id="w", lease_ms=60_000)).ok
+    later = [await firing.fire(store, sid, T + timedelta(seconds=5 * n), caps) for n in (1, 2)]
+    assert later == ["enqueued", "skipped_commands"]
+    running = await store.get_job(first)
+    assert running is not None and running.status == "running" and not running.abort_requested
+    assert [c.type for c in running.commands] == ["steer"]
+
+
+async def test_a_resume_is_admitted_on_the_definition_it_resumes(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume checks the rights its firings need on the schedule as read: a change committed
+    between that read and the resume (here: right after it) made its jobs run commands, and a
+    token without `commands:run` resumed it. The resume is refused as the change is and made
+    again on the schedule as it is then: 403, still paused."""
+    limited = "token-org-a-nocmd-0123456789"
+    as_limited = {"Authorization": f"Bearer {limited}"}
+    codex, _ = schedules.validate(
+        {"interval": "5s", "agentId": "codex", "job": body()["job"]},
+        "org-a",
+        schedules.Limits(min_interval_s=1),
+        admin=False,
+    )
+    read = schedules.get
+    changed: list[str] = []
+
+    async def read_then_changed(reads: Store, schedule_id: str) -> Any:
+        state = await read(reads, schedule_id)
+        if not changed:  # another token's change, committed once
+            changed.append(schedule_id)
+            assert await schedules.change(store, schedule_id, definition=codex) is not None
+        return state
+
+    tokens = f"{limited} org-a jobs:read jobs:write"
+    async with api_client(db_url, store=store, tokens=tokens, schedule_min_interval_s=2) as api:
+        made = await api.post(
+            "/schedules", json=body(agentId="helper", paused=True), headers=as_limited
+        )
+        assert made.status_code == 201, made.text
+        sid = made.json()["scheduleId"]
+        monkeypatch.setattr(schedules, "get", read_then_changed)
+        resume = await api.patch(f"/schedules/{sid}", json={"paused": False}, headers=as_limited)
+        monkeypatch.undo()
+    assert resume.status_code == 403 and "commands:run" in resume.text, resume.text
+    state = await schedules.get(store, scoped_id("org-a", sid))
+    assert state is not None and (state.status, state.agent_id) == ("paused", "codex")
+
+
+async def test_a_firing_is_held_to_the_gateway_allow_list_as_it_is_now(store: Store) -> None:
+    """`RECEIPT_GATEWAY_URL_ALLOWLIST` was checked at create only: a URL taken off the list
+    went on being named by every firing's job. As the allow-list of executables, it is the
+    list as it is at each firing: off it, the firing is recorded skipped (`gateway`)."""
+    job = enqueue_body("org-a", payload_extra={"task": {"command": ["true"]}})
+    job["payload"]["authContext"]["receiptConnectGatewayUrl"] = "https://gw.example/v1"
+    definition, _ = schedules.validate(
+        {"interval": "5s", "agentId": "codex", "job": job, "overlap": "allow"},
+        "org-a",
+        schedules.Limits(min_interval_s=1),
+        admin=False,
+    )
+    state, _ = await schedules.create(
+        store, "org-a", new_schedule_id(), definition, schedules.Limits()
+    )
+    sid = state.schedule_id
+    listed = firing.Caps(10**9, 10**9, gateway_urls=("https://gw.example",))
+    assert await firing.fire(store, sid, T, listed) == "enqueued"
+    later = T + timedelta(seconds=5)
+    unlisted = dataclasses.replace(listed, gateway_urls=("https://other.example",))
+    assert await firing.fire(store, sid, later, unlisted) == "skipped_gateway"
+    fired = await schedules.get(store, sid)
+    assert fired is not None and (fired.fired, fired.skipped) == (1, 1)
+    skipped = fired.firing_at(later)
+    assert skipped is not None and skipped.reason == "gateway" and skipped.job_id is None
+    job_id = scoped_id("org-a", f"{state.caller_schedule_id}:20261204T173005Z")
+    assert await store.get_job(job_id) is None
+
+
+async def test_an_admin_schedules_the_runtimes_own_kind_with_a_null_auth_context(
+    client: httpx.AsyncClient,
+) -> None:
+    """The watchdog's kind needs no `authContext`, and its enqueue takes `null` for it; the
+    schedule's create read the organization out of it and answered 500."""
+    job = {"payload": {"kind": "factory.objective.watchdog", "authContext": None}}
+    sent = body(agentId="factory-control", job=job, interval="60s")
+    made = await client.post("/schedules", json=sent, headers=AS_ADMIN)
+    assert made.status_code == 201, made.text
+    assert made.json()["organizationId"] is None
+    gone = await client.delete(f"/schedules/{sent['scheduleId']}", headers=AS_ADMIN)
+    assert gone.status_code == 204
+
+
+async def test_a_deleted_schedule_of_the_runtime_hides_no_organizations_one(
+    client: httpx.AsyncClient,
+) -> None:
+    """An admin names a schedule by the id its organization gave it; a deleted schedule of the
+    runtime's own (unscoped) under that id answered 404 for it (a deleted one is no name)."""
+    sid = new_schedule_id()
+    job = {"payload": {"kind": "factory.objective.watchdog"}}
+    runtime = body(scheduleId=sid, agentId="factory-control", job=job, interval="60s")
+    assert (await client.post("/schedules", json=runtime, headers=AS_ADMIN)).status_code == 201
+    assert (await client.delete(f"/schedules/{sid}", headers=AS_ADMIN)).status_code == 204
+    assert (
+        await client.post("/schedules", json=body(scheduleId=sid), headers=AS_A)
+    ).status_code == 201
+    shown = await client.get(f"/schedules/{sid}", headers=AS_ADMIN)
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["scheduleId"] == scoped_id("org-a", sid)

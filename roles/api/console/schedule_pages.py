@@ -83,11 +83,19 @@ async def schedule_action(request: Request, scheduleId: str, action: str) -> Res
         reason = (fields.get("reason") or "")[:1000]
         # A pause of a paused schedule keeps its note unless a reason is typed.
         note = reason or (None if schedule.status == "paused" else "paused from the console")
-        changed = await schedules.change(
-            store, schedule.schedule_id, paused=action == "pause", note=note
-        )
         shown = schedules.shown_id(schedule)
-        notice = f"schedule {shown}: {action}d" if changed else f"schedule {shown} is deleted"
+        try:
+            # A resume was admitted on the definition as read: one changed since is not resumed.
+            changed = await schedules.change(
+                store,
+                schedule.schedule_id,
+                paused=action == "pause",
+                note=note,
+                based_on=schedule.definition_seq,
+            )
+            notice = f"schedule {shown}: {action}d" if changed else f"schedule {shown} is deleted"
+        except schedules.DefinitionMoved:
+            notice = f"schedule {shown} not {action}d: it changed meanwhile; try again"
         log.info(
             "console schedule %s",
             action,

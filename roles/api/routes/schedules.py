@@ -103,7 +103,9 @@ async def _visible(state: ApiState, caller: Principal, schedule_id: str) -> Sche
     store = state.require_store()
     runtime = schedule_id if caller.admin else scoped_id(caller.organization_id, schedule_id)
     schedule = await schedules.get(store, runtime)
-    if schedule is None and caller.admin and TENANT_SEPARATOR not in schedule_id:
+    # A deleted schedule of that id (the runtime's own, unscoped) is no name either.
+    gone = schedule is None or schedule.terminal
+    if gone and caller.admin and TENANT_SEPARATOR not in schedule_id:
         named = await schedules.named(store, schedule_id)
         if len(named) > 1:
             raise ApiError(
@@ -179,12 +181,11 @@ async def post_schedule(request: Request, state: State, caller: Caller) -> JSONR
     require_scope(caller, JOBS_WRITE)
     body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     spec = validated(ScheduleBody, body)
-    definition, _ = admitted(state, caller, body)
-    organization = caller.organization_id
-    if organization is None:
-        organization = (
-            (body["job"].get("payload") or {}).get("authContext", {}).get("organizationId")
-        )
+    definition, enqueue = admitted(state, caller, body)
+    # An organization's token makes its own (validated: the job's authContext is its); an
+    # admin's belongs to the job's organization, none for the runtime's own kind (which may
+    # send `authContext: null`).
+    organization = caller.organization_id or enqueue.organization_id
     # Each change is work for the schedule sync, as a job is for the workers: it takes one of
     # the organization's enqueue tokens (429), or one tenant's create-delete churn holds every
     # other organization's schedules back from Temporal.
