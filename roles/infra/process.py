@@ -21,6 +21,7 @@ from psycopg_pool import PoolTimeout
 from temporalio.client import Client
 
 from receipts import metrics
+from receipts.errors import TransientStorageError
 from receipts.listen import Listener
 from receipts.store import Store
 from receipts.waits import within
@@ -147,7 +148,9 @@ async def patiently(
     while True:
         try:
             return await start()
-        except (psycopg.OperationalError, PoolTimeout) as exc:
+        # A connection lost mid-migration (a restart, a failover) is the store's
+        # `TransientStorageError`: waited out as a refused connect is.
+        except (psycopg.OperationalError, PoolTimeout, TransientStorageError) as exc:
             if loop.time() + delay > ends:
                 raise
             log.warning(

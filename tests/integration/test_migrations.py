@@ -1,5 +1,6 @@
-"""The migrator across an upgrade: a pre-built index that failed, and a database migrated by a
-newer build than the one running (an image rolled back)."""
+"""The migrator across an upgrade: a pre-built index that failed, a database migrated by a
+newer build than the one running (an image rolled back), and a migration whose connection the
+database dropped while a role started."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 import receipts.store
 import roles.infra.db
 from receipts import metrics
-from receipts.sql import migrations
+from receipts.sql import migrations, query
 from roles.cli.main import main
 from roles.infra.db import migrate_url
 
@@ -81,3 +82,37 @@ def test_a_database_a_newer_build_migrated_is_named_not_called_up_to_date(
     assert result.exit_code == 0, result.output
     assert "up to date" not in result.output
     assert f"ahead of this build: migrations {newer}" in result.output
+
+
+async def test_a_role_whose_migration_loses_its_connection_migrates_again(
+    make_database: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A role's start waits out a database that refuses it (roles/infra/process.py `patiently`): a
+    failover or a restart while the role migrates is that too. The migrator's lost connection
+    reached the role as the store's `TransientStorageError`, which `patiently` let through:
+    the role exited at once, unlike a role whose connect was refused a moment earlier."""
+    from roles.infra import process
+
+    monkeypatch.setattr(process, "DB_START_FIRST_WAIT_S", 0.05)
+    url = str(make_database(migrated=False))  # type: ignore[operator]
+    async with (
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as other,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as operator,
+    ):
+        # Another role migrating: this role's migration waits for the lock.
+        await other.execute("BEGIN")
+        await other.execute(query("migrations_lock"))
+        role = asyncio.create_task(process.patiently(lambda: migrate_url(url), "migrate", 10.0))
+        waiting = (
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        for _ in range(200):
+            if rows := await (await operator.execute(waiting)).fetchall():
+                break
+            await asyncio.sleep(0.02)
+        # The database drops the migrator's connection (a restart, a failover).
+        await operator.execute("SELECT pg_terminate_backend(%s)", (rows[0][0],))
+        await other.execute("ROLLBACK")
+        applied = await asyncio.wait_for(role, 10)
+    assert applied == [m.version for m in migrations()]
