@@ -724,3 +724,26 @@ def test_the_migrate_first_selector_of_the_readme_picks_the_job_and_its_config()
     assert ("Job", "receipt-migrate") in kinds and ("ConfigMap", "receipt-config") in kinds
     assert ("ServiceAccount", "receipt") in kinds
     assert not any(kind == "Deployment" for kind, _ in kinds)
+
+
+# The OTLP/HTTP port the exporter posts spans to when OTEL_EXPORTER_OTLP_ENDPOINT names none.
+OTLP_HTTP_PORT = 4318
+
+
+def test_the_configmap_says_the_policies_block_an_otlp_collector() -> None:
+    """OTEL_EXPORTER_OTLP_ENDPOINT is offered in the ConfigMap, but no egress rule of the api,
+    worker-chat or worker-control reaches a collector (only DNS, PostgreSQL and Temporal), so
+    setting it alone loses every span: where the variable is offered, the ConfigMap and
+    deploy/README.md say which policy to add."""
+    objects = OVERLAY_BASE
+    for role in ("api", "worker-chat", "worker-control"):
+        labels = _pod_labels(objects)[f"receipt-{role}"]
+        assert all(OTLP_HTTP_PORT not in _ports(rule) for rule in _egress_rules(objects, labels)), (
+            role
+        )
+    text = (K8S / "base" / "configmap.yaml").read_text()
+    comment = text[: text.index("  OTEL_EXPORTER_OTLP_ENDPOINT:")].rsplit("\n\n", 1)[-1]
+    above = [line for line in comment.splitlines()[-4:] if line.strip().startswith("#")]
+    assert any("NetworkPolicy" in line for line in above), above
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    assert re.search(r"OTEL_EXPORTER_OTLP_ENDPOINT[^\n]*\n?[^\n]*NetworkPolic", readme)
