@@ -45,11 +45,15 @@ async def create(store: Store, token_digest: bytes, *, ttl_s: float, idle_s: flo
     return session_id
 
 
-async def use(store: Store, session_id: str, *, idle_s: float) -> StoredSession | str:
-    """The live session `session_id` names, its idle clock restarted; else why there is none:
-    `expired`, `idle` (the row is deleted then) or `unknown` (no row: never, or signed out)."""
+async def use(
+    store: Store, session_id: str, *, idle_s: float, touch: bool = True
+) -> StoredSession | str:
+    """The live session `session_id` names, its idle clock restarted (unless not `touch`: a
+    page's poll is not the operator using it); else why there is none: `expired`, `idle` (the
+    row is deleted then) or `unknown` (no row: never, or signed out)."""
     digest = digest_of(session_id)
-    row = await store.fetch_one("console_session_use", {"session_digest": digest, "idle_s": idle_s})
+    query = "console_session_use" if touch else "console_session_peek"
+    row = await store.fetch_one(query, {"session_digest": digest, "idle_s": idle_s})
     if row is not None:
         return StoredSession(bytes(row[0]), str(row[1]))
     state = await store.fetch_one("console_session_state", {"session_digest": digest})

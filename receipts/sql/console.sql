@@ -71,6 +71,15 @@ WHERE session_digest = %(session_digest)s
   AND last_used_at > now() - make_interval(secs => %(idle_s)s::double precision)
 RETURNING token_digest, csrf;
 
+-- name: console_session_peek
+-- A session a page's poll uses: its token's digest and CSRF token when it is neither past its
+-- expiry nor idle for `idle_s` seconds; its idle clock is not restarted (a poll, as a stream, is
+-- not the operator using the page).
+SELECT token_digest, csrf FROM console_sessions
+WHERE session_digest = %(session_digest)s
+  AND expires_at > now()
+  AND last_used_at > now() - make_interval(secs => %(idle_s)s::double precision);
+
 -- name: console_session_live
 -- Whether a session still stands (signed in, neither past its expiry nor idle for `idle_s`
 -- seconds), read by an open console event stream; its idle clock is not restarted (a stream is

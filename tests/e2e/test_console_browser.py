@@ -251,3 +251,24 @@ async def test_a_runaway_jobs_page_stays_bounded_and_answers(
     rows = await page.locator("#timeline tr").count()
     assert 0 < rows <= 2_000, rows
     await expect(page.get_by_role("button", name="Abort")).to_be_enabled()
+
+
+async def test_retry_all_retries_a_group_whose_error_has_several_lines(
+    api: RunningApi, store: Store, browser: Browser
+) -> None:
+    """A group's error goes back in a hidden field; a browser posts each line break of a field as
+    CRLF (and reads a CR of the page as LF), so an error of several lines (a traceback, a
+    command's stderr) never matched its jobs: "Retry all" retried none."""
+    agent = f"agent-{new_id()}"
+    ids = [await enqueue(api, agent) for _ in range(2)]
+    errors = ("exit 1\nstderr: disk full", "exit 1\r\nstderr: no space")
+    for job_id, error in zip(ids, errors, strict=True):
+        assert (await operations.fail_undeliverable(store, rid(job_id), error=error)).ok
+    page = await signed_in_page(browser, api, [])
+    await page.goto(f"{api.url}/console/failed?agentId={agent}")
+    for _ in ids:
+        await page.get_by_role("button", name="Retry all 1").first.click()
+        await expect(page.locator(".notice")).to_have_text("1 job(s) retried")
+    for job_id in ids:
+        job = await store.get_job(rid(job_id))
+        assert job is not None and job.retried_as is not None

@@ -248,7 +248,7 @@ async def test_every_console_action_needs_the_scopes_its_api_route_does(
         actions = {
             f"/console/jobs/{job_id}/command": {"type": "abort"},
             f"/console/jobs/{job_id}/retry": {},
-            "/console/failed/retry": {"agentId": "codex", "error": "scoped"},
+            "/console/failed/retry": {"agentId": "codex", "error": '"scoped"'},
             "/console/objectives/o-x/cancel": {},
             "/console/schedules/s-x/pause": {},
         }
@@ -259,7 +259,7 @@ async def test_every_console_action_needs_the_scopes_its_api_route_does(
         runs = {
             f"/console/jobs/{job_id}/command": {"type": "steer", "payload": "go"},
             f"/console/jobs/{job_id}/retry": {},
-            "/console/failed/retry": {"agentId": "codex", "error": "scoped"},
+            "/console/failed/retry": {"agentId": "codex", "error": '"scoped"'},
         }
         csrf = await sign_in(client, "write-tok-0123456789abcdef")
         for path, fields in runs.items():
@@ -366,9 +366,14 @@ async def test_failed_work_groups_by_agent_and_error_and_retries_a_group(
         )
         done = await client.post(
             "/console/failed/retry",
-            **form({"csrf": csrf, "agentId": agent, "error": "disk full"}),  # type: ignore[arg-type]
+            **form({"csrf": csrf, "agentId": agent, "error": '"disk full"'}),  # type: ignore[arg-type]
         )
         assert done.status_code == 303 and "2+job" in done.headers["location"]
+        not_json = await client.post(
+            "/console/failed/retry",
+            **form({"csrf": csrf, "agentId": agent, "error": "timeout"}),  # type: ignore[arg-type]
+        )
+        assert not_json.status_code == 422
         after = await client.get("/console/failed", params={"agentId": agent})
     assert "Retry all 2" not in after.text and "Retry all 1" in after.text
     assert "job.retried" in await types(store, rid(ids[0]))

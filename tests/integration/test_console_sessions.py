@@ -20,6 +20,7 @@ from tests.integration.api_support import (
     api_client,
     running_api,
 )
+from tests.integration.helpers import new_id
 from tests.integration.test_console import form, sign_in
 
 COOKIE = "receipt_console"
@@ -239,3 +240,45 @@ async def test_an_open_streams_session_check_sees_sign_out_expiry_and_idleness(
             (hashlib.sha256(idle.encode()).digest(),),
         )
         assert await cur.fetchone() == (True,)  # the check restarted no idle clock
+
+
+async def test_an_objective_pages_poll_does_not_keep_its_session_from_idling_out(
+    db_url: str, store: Store
+) -> None:
+    """The objective page polls its graph's state every second for as long as it is open (an
+    objective that stays active, or whose audit never lands: for ever). Each poll restarted the
+    session's idle clock, so a tab left on that page kept its session signed in until the 12 h
+    expiry: RECEIPT_CONSOLE_SESSION_IDLE_S never ended it. A poll is no more the operator using
+    the page than an open event stream is: it is answered, and restarts no clock."""
+    from tests.integration.helpers import create_objective
+
+    objective_id = await create_objective(store, f"o-idle-{new_id()}")
+    async with api_client(db_url, store=store) as client:
+        await sign_in(client, TOKEN_A)
+        cookie = client.cookies[COOKIE]
+        digest = hashlib.sha256(cookie.encode()).digest()
+        async with store.connection() as conn:
+            await conn.execute(
+                "UPDATE console_sessions SET last_used_at = now() - interval '20 minutes' "
+                "WHERE session_digest = %s",
+                (digest,),
+            )
+        polled = await client.get(f"/console/objectives/{objective_id}/state")
+        assert polled.status_code == 200 and polled.json()["status"] == "active"
+        async with store.connection() as conn:
+            cur = await conn.execute(
+                "SELECT last_used_at < now() - interval '19 minutes' FROM console_sessions "
+                "WHERE session_digest = %s",
+                (digest,),
+            )
+            assert await cur.fetchone() == (True,)  # the poll restarted no idle clock
+            await conn.execute(
+                "UPDATE console_sessions SET last_used_at = now() - interval '31 minutes' "
+                "WHERE session_digest = %s",
+                (digest,),
+            )
+        # Idle: the poll is refused as any request is (401, so the page's script stops), and
+        # the row is gone.
+        ended = await client.get(f"/console/objectives/{objective_id}/state")
+        assert ended.status_code == 401
+        assert not await session_rows(store, cookie)

@@ -36,7 +36,8 @@ def install_console(app: FastAPI) -> None:
 
     @app.exception_handler(SignInRequired)
     async def sign_in(request: Request, exc: SignInRequired) -> Response:
-        if request.method == "GET" and not request.url.path.endswith("/events"):
+        # A page's own stream or poll is told 401 (its script stops), not sent to the form.
+        if request.method == "GET" and not request.url.path.endswith(("/events", "/state")):
             return RedirectResponse("/console/login", status_code=303)
         return Response("sign in at /console/login", status_code=401)
 

@@ -142,8 +142,9 @@ async def objectives_page(request: Request) -> HTMLResponse:
 
 @router.get("/{objectiveId}/state")
 async def objective_state(request: Request, objectiveId: str) -> Response:
-    """The graph's live state, polled by the page (the console's session authenticates it)."""
-    session = await session_of(request)
+    """The graph's live state, polled by the page (the console's session authenticates it; a
+    poll restarts no idle clock: a tab left open on an objective still idles out)."""
+    session = await session_of(request, touch=False)
     objective = session.sees(await objectives.get(store_of(request), objectiveId))
     if objective is None:
         return JSONResponse({"error": "not found"}, status_code=404)

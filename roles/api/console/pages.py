@@ -397,6 +397,7 @@ async def failed_retry(request: Request) -> Response:
     fields = await read_form(request, session)
     need(session, JOBS_WRITE)
     need(session, COMMANDS_RUN)
+    error = _group_error(fields.get("error"))
     stopped = ""
     try:
         outcomes = await retries.retry_matching(
@@ -404,7 +405,7 @@ async def failed_retry(request: Request) -> Response:
             {
                 "status": "failed",
                 "agent_id": fields.get("agentId") or None,
-                "error": fields.get("error"),
+                "error": error,
             },
             organization_id=session.principal.organization_id,
             admin=session.principal.admin,
@@ -418,6 +419,21 @@ async def failed_retry(request: Request) -> Response:
     log.info("console bulk retry", extra={"event": "console.bulk_retry", "count": created})
     notice = f"{created} job(s) retried{stopped}" if created or not stopped else stopped[2:]
     return RedirectResponse(f"/console/failed?{notice_query(session, notice)}", status_code=303)
+
+
+def _group_error(field: str | None) -> str | None:
+    """The error of a failed group, as its form carries it: a JSON string (a browser turns each
+    line break of a field into CRLF, so the text itself would not match a traceback's jobs).
+    None (every error) without the field."""
+    if field is None:
+        return None
+    try:
+        error = json.loads(field)
+    except ValueError:
+        error = None
+    if not isinstance(error, str):
+        raise FormError(422, "error must be the group's error as a JSON string")
+    return error
 
 
 def _admission(request: Request, principal: Principal) -> Admission | None:

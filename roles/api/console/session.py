@@ -115,7 +115,7 @@ def _refused(request: Request, reason: str) -> SignInRequired:
     return SignInRequired()
 
 
-async def session_of(request: Request, *, reading: bool = True) -> Session:
+async def session_of(request: Request, *, reading: bool = True, touch: bool = True) -> Session:
     """Return the request's console session, or raise `SignInRequired`.
 
     The cookie's id must name a stored session that is neither past its absolute expiry nor
@@ -123,7 +123,8 @@ async def session_of(request: Request, *, reading: bool = True) -> Session:
     the one the configured tokens give the session's token now, so a token taken out of the
     configuration ends its sessions at the api's next start. An ended session's row is
     deleted when it is refused: it never comes back. `reading` (every page): its token must
-    hold `jobs:read` (sign-out need not)."""
+    hold `jobs:read` (sign-out need not). Not `touch` (what a page polls on its own): the idle
+    clock is not restarted, so a tab left open still idles out."""
     api = request.app.state.api
     tokens = api.tokens
     if tokens.open:
@@ -135,7 +136,7 @@ async def session_of(request: Request, *, reading: bool = True) -> Session:
         raise SignInRequired
     store = api.require_store()
     found = await console_sessions.use(
-        store, session_id, idle_s=api.settings.console_session_idle_s
+        store, session_id, idle_s=api.settings.console_session_idle_s, touch=touch
     )
     if isinstance(found, str):
         raise _refused(request, found)

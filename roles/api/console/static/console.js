@@ -94,6 +94,7 @@ function followGraph(graph) {
   const status = document.getElementById("status");
   const refresh = async () => {
     const answer = await fetch(graph.dataset.state, { credentials: "same-origin" });
+    if (answer.status === 401) clearInterval(timer);  // the session ended: reload to sign in
     if (!answer.ok) return;
     const state = await answer.json();
     for (const [key, node] of Object.entries(state.nodes)) {
