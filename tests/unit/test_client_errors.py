@@ -25,6 +25,21 @@ def refusal(status: int, **error: Any) -> httpx.Response:
     return httpx.Response(status, json=body, headers={"Retry-After": "7"})
 
 
+def completed_job() -> Job:
+    """A completed codex job `j-1`, as the API's `GET /jobs/j-1` shows it."""
+    now = datetime.now(UTC)
+    return Job(
+        job_id="j-1",
+        agent_id="codex",
+        lane="factory",
+        kind="factory.task.run",
+        payload={"kind": "factory.task.run"},
+        status="completed",
+        created_at=now,
+        updated_at=now,
+    )
+
+
 @pytest.mark.parametrize("status", sorted(BY_STATUS))
 def test_each_documented_status_is_its_own_exception(status: int) -> None:
     error = error_of(refusal(status, field="f"))
@@ -92,17 +107,7 @@ def test_wait_reads_the_job_again_through_a_503_not_before_its_retry_after(
     again not before the `Retry-After` the API named (it waited its own 0.5, 1 s before)."""
     from receipt_client import _sync_base as sync
 
-    now = datetime.now(UTC)
-    done = Job(
-        job_id="j-1",
-        agent_id="codex",
-        lane="factory",
-        kind="factory.task.run",
-        payload={"kind": "factory.task.run"},
-        status="completed",
-        created_at=now,
-        updated_at=now,
-    )
+    done = completed_job()
     reads: list[str] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -367,17 +372,7 @@ def test_a_proxy_s_bad_gateway_is_ridden_out_by_a_wait_and_a_stream(
     503, the stream from its last receipt."""
     from receipt_client import _sync_base as sync
 
-    now = datetime.now(UTC)
-    done = Job(
-        job_id="j-1",
-        agent_id="codex",
-        lane="factory",
-        kind="factory.task.run",
-        payload={"kind": "factory.task.run"},
-        status="completed",
-        created_at=now,
-        updated_at=now,
-    )
+    done = completed_job()
     first = {"seq": 1, "type": "job.enqueued"}
     bad = httpx.Response(status, text="<html>bad gateway</html>")
     queued = done.model_copy(update={"status": "queued"})
