@@ -186,6 +186,27 @@ def attempt_activities(history: WorkflowHistory) -> int:
     )
 
 
+def prepared(history: WorkflowHistory) -> str | None:
+    """The `DriverAction` the run's own read of the job (`prepare_delivery`, a local activity)
+    returned, from its marker; None for a run planned by its starter."""
+    for e in history.events:
+        marker = e.marker_recorded_event_attributes
+        if e.HasField("marker_recorded_event_attributes") and marker.marker_name == (
+            LOCAL_ACTIVITY_MARKER
+        ):
+            action: str = json.loads(marker.details["result"].payloads[0].data)["action"]
+            return action
+    return None
+
+
+def timers(history: WorkflowHistory) -> int:
+    return sum(e.HasField("timer_started_event_attributes") for e in history.events)
+
+
+def continued_as_new(history: WorkflowHistory) -> bool:
+    return history.events[-1].HasField("workflow_execution_continued_as_new_event_attributes")
+
+
 def attempt_children(history: WorkflowHistory) -> int:
     return sum(
         e.HasField("start_child_workflow_execution_initiated_event_attributes")
@@ -222,7 +243,11 @@ async def test_a_watchdog_tick_history_replays_under_the_sandbox(
 # the patch (`RECEIPT_RECORD_HISTORIES=<dir>` on the test above writes them), and
 # `jobdriver-callbacks-0` by that build with a callback URL (`dispatched` posted before the
 # attempt is scheduled), `jobdriver-callbacks-beside-0` by the build that posts it beside the
-# attempt (its input's `dispatched_beside`; the test above writes it). Workers of a
+# attempt (its input's `dispatched_beside`; the test above writes it). The
+# `jobdriver-<branch>-<run>` files of the branches a plain delivery never takes (a live lease
+# or a retry delay waited out, a dead delivery's lease ended, an abort honoured or a settled job
+# found by the driver's own read; `jobdriver-callbacks-continued-0`, `dispatched` beside an
+# attempt that left the job queued) are written by test_replay_branches.py. Workers of a
 # later version must still replay them all, or drivers open across a deploy would stall on a
 # nondeterminism error until their run timeout: a change that breaks this test needs
 # `workflow.patched` (or a new workflow type, or a versioned task queue), not new files.
@@ -231,7 +256,7 @@ RECORDED = Path(__file__).parent / "histories"
 
 async def test_histories_recorded_by_this_and_earlier_versions_still_replay() -> None:
     files = sorted(RECORDED.glob("*.json"))
-    assert len(files) == 18
+    assert len(files) == 25
     histories = []
     for path in files:
         recorded = json.loads(path.read_text())
@@ -252,13 +277,32 @@ async def test_histories_recorded_by_this_and_earlier_versions_still_replay() ->
     ]
     assert sorted(markers(h, PATCH_MARKER) for h in drivers) == [0] * 4 + [1] * 4
     current = [h for h in histories if workflow_type(h) == "JobDriver"]
-    assert [(attempt_activities(h), markers(h, PATCH_MARKER)) for h in current] == [(1, 0)] * 6
-    # Two of them posted callbacks: one `dispatched` before it scheduled the attempt, as an
-    # earlier build did; one beside it, as this build does.
-    beside, before = sorted(
-        (h for h in current if "post_callbacks" in activities_scheduled(h)),
-        key=lambda h: activities_scheduled(h)[0],
+    assert not any(markers(h, PATCH_MARKER) for h in current)
+    dispatching = [h for h in current if attempt_activities(h)]
+    assert [attempt_activities(h) for h in dispatching] == [1] * 7
+    # Three of them posted callbacks: one `dispatched` before it scheduled the attempt, as an
+    # earlier build did; two beside it, as this build does (one completed the job, one left it
+    # queued and awaited `dispatched` before continuing as new).
+    beside, continued, before = sorted(
+        (h for h in dispatching if "post_callbacks" in activities_scheduled(h)),
+        key=lambda h: (activities_scheduled(h)[0], continued_as_new(h)),
     )
     assert activities_scheduled(before) == ["post_callbacks", "execute_attempt", "post_callbacks"]
     assert activities_scheduled(beside) == ["execute_attempt", "post_callbacks", "post_callbacks"]
+    assert sorted(activities_scheduled(continued)) == ["execute_attempt", "post_callbacks"]
+    assert continued_as_new(continued) and not continued_as_new(beside)
+    # The runs that read the job and did not dispatch: what the read decided, the timers, the
+    # continue-as-new, the activities (a callback posted for a settled job).
+    assert sorted(
+        (prepared(h), timers(h), continued_as_new(h), activities_scheduled(h))
+        for h in current
+        if not attempt_activities(h)
+    ) == [
+        ("aborted", 0, False, ["post_callbacks"]),
+        ("active", 1, True, []),
+        ("not_available", 1, True, []),
+        ("stale_failed", 0, False, ["post_callbacks"]),
+        ("stale_failed", 0, True, []),
+        ("terminal", 0, False, ["post_callbacks"]),
+    ]
     await replay_sandboxed(histories)
