@@ -21,6 +21,7 @@ from roles.cli.client import (
     _given,
     _load_json,
     _outcome_lines,
+    printable,
 )
 
 TYPE_WIDTH = 26  # the longest agent-job receipt type
@@ -135,12 +136,12 @@ def create_command(
         created = client.request("POST", "/agent-jobs", json=body)
         job = created["agentJob"]
         if id_only:
-            click.echo(job["agentJobId"])
+            click.echo(printable(job["agentJobId"]))
         elif as_json and not wait:
             click.echo(_dump(created))
         elif not as_json:
             verb = "created" if created["created"] else "exists"
-            click.echo(f"{verb} {job['agentJobId']} ({job['status']})")
+            click.echo(printable(f"{verb} {job['agentJobId']} ({job['status']})"))
         if wait:
             sys.exit(_wait(client, job["agentJobId"], job["seq"], as_json, quiet=id_only))
 
@@ -235,9 +236,9 @@ def get_command(
                 return
             _echo_view(shown["agentJob"], _summary, False)
             for turn in shown["turns"]:
-                click.echo(f"turn job  {turn['jobId']}  {turn['status']}")
+                click.echo(printable(f"turn job  {turn['jobId']}  {turn['status']}"))
             for wakeup in shown["wakeups"]:
-                click.echo(f"wakeup    {wakeup['data']['sourceId']}")
+                click.echo(printable(f"wakeup    {wakeup['data']['sourceId']}"))
             return
         _echo_view(client.request("GET", _path(agent_job_id)), _summary, as_json)
 
@@ -270,7 +271,10 @@ def answer_command(
             click.echo(_dump(accepted))
         elif not as_json:
             click.echo(
-                f"answered {job['agentJobId']} ({job['status']}; it continues when a slot is free)"
+                printable(
+                    f"answered {job['agentJobId']} ({job['status']}; "
+                    "it continues when a slot is free)"
+                )
             )
         if wait:
             sys.exit(_wait(client, job["agentJobId"], job["seq"], as_json, quiet=False))
@@ -292,7 +296,7 @@ def cancel_command(
     if as_json:
         click.echo(_dump(accepted))
     else:
-        click.echo(f"{job['status']} {job['agentJobId']}")
+        click.echo(printable(f"{job['status']} {job['agentJobId']}"))
 
 
 @agent_jobs_group.command("events")

@@ -4,13 +4,14 @@ options and output helpers the `receipt` commands over the API share (`roles/cli
 
 Exit status of every API command: 0 success; 1 the job ended failed or canceled (only
 `enqueue --wait` waits for the end); 2 usage error; 3 the API refused the request or could not
-be reached.
+be reached; 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -27,6 +28,12 @@ from receipts.jobs import Job, Receipt
 
 EXIT_NOT_COMPLETED = 1
 EXIT_API_ERROR = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as a shell reports it
+
+# A terminal acts on C0 and C1 control characters (ESC starts an escape sequence; 0x9b is CSI):
+# a hostile tenant's id, error or output must not retitle, clear or rewrite a reader's terminal.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_JSON_CONTROL = re.compile("[\x7f-\x9f]")  # json.dumps escapes the C0 ones itself
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,7 +44,12 @@ class ApiFailure(click.ClickException):
     exit_code = EXIT_API_ERROR
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
+        click.echo(f"error: {printable(self.message)}", err=True)
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal, on one line: each control character shown as `\\xNN`."""
+    return _CONTROL.sub(lambda char: f"\\x{ord(char.group()):02x}", text)
 
 
 def receipt_of(body: dict[str, Any]) -> Receipt:
@@ -107,7 +119,7 @@ def _load_json(value: str, option: str) -> Any:
             text = Path(value[1:]).read_text(encoding="utf-8")
         else:
             text = value
-        return json.loads(text)
+        return json.loads(text, parse_constant=_finite)
     except OSError as exc:
         raise click.BadParameter(
             f"cannot read {value[1:]}: {exc.strerror}", param_hint=option
@@ -116,12 +128,24 @@ def _load_json(value: str, option: str) -> Any:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint=option) from exc
 
 
+def _finite(constant: str) -> Any:
+    """`json.loads`' `parse_constant`: NaN and ±Infinity are not JSON (the request cannot carry
+    them)."""
+    raise ValueError(f"{constant} is not valid JSON (a number must be finite)")
+
+
+def _json_text(text: str) -> str:
+    """JSON text with the C1 controls and DEL escaped too (`\\u009b`): the same JSON, safe on a
+    terminal."""
+    return _JSON_CONTROL.sub(lambda char: f"\\u{ord(char.group()):04x}", text)
+
+
 def _dump(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    return _json_text(json.dumps(value, indent=2, ensure_ascii=False))
 
 
 def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return _json_text(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
 def _given(values: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +157,7 @@ def _echo_view(
     view: dict[str, Any], lines: Callable[[dict[str, Any]], list[str]], as_json: bool
 ) -> None:
     """Print what the API answered: the document with --json, else its summary `lines`."""
-    click.echo(_dump(view) if as_json else "\n".join(lines(view)))
+    click.echo(_dump(view) if as_json else "\n".join(printable(line) for line in lines(view)))
 
 
 def _echo_receipt(receipt: dict[str, Any], as_json: bool, type_width: int = 22) -> None:
@@ -142,8 +166,10 @@ def _echo_receipt(receipt: dict[str, Any], as_json: bool, type_width: int = 22) 
         click.echo(_compact(receipt))
     else:
         click.echo(
-            f"{receipt['seq']:>4}  {receipt['recordedAt']}  {receipt['type']:<{type_width}} "
-            f"{_compact(receipt['data'])}"
+            printable(
+                f"{receipt['seq']:>4}  {receipt['recordedAt']}  {receipt['type']:<{type_width}} "
+                f"{_compact(receipt['data'])}"
+            )
         )
 
 
@@ -156,9 +182,9 @@ def _echo_page(
         click.echo(_dump(page))
         return
     for item in page[key]:
-        click.echo(line(item))
+        click.echo(printable(line(item)))
     if page.get("nextCursor"):
-        click.echo(f"more: --cursor {page['nextCursor']}", err=True)
+        click.echo(printable(f"more: --cursor {page['nextCursor']}"), err=True)
 
 
 def _outcome_lines(view: dict[str, Any]) -> list[str]:
@@ -223,7 +249,7 @@ def _wait(client: ApiClient, job_id: str, as_json: bool) -> int:
         count += 1
         if state is None:
             continue
-        line = _status_line(state, count, receipt.type)
+        line = printable(_status_line(state, count, receipt.type))
         if live:
             click.echo("\r\033[K" + line, nl=False, err=True)
         elif state.status != shown:

@@ -3,7 +3,7 @@ follow-up|abort|retry`, and `api` (serve it).
 
 Exit status of every API command: 0 success; 1 the job ended failed or canceled (only
 `enqueue --wait` waits for the end); 2 usage error; 3 the API refused the request or could not
-be reached.
+be reached; 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from roles.cli.client import (
     _load_json,
     _summary,
     _wait,
+    printable,
 )
 
 
@@ -129,8 +130,10 @@ def enqueue_command(
         job = accepted["job"]
         if accepted["async"].get("idempotencyMismatch") and not as_json:
             click.echo(
-                f"warning: job {job['jobId']} exists with another agent or payload; it is "
-                "returned unchanged (use a new --job-id for a different job)",
+                printable(
+                    f"warning: job {job['jobId']} exists with another agent or payload; it is "
+                    "returned unchanged (use a new --job-id for a different job)"
+                ),
                 err=True,
             )
         if not wait:
@@ -138,13 +141,15 @@ def enqueue_command(
                 click.echo(_dump(accepted))
             else:
                 click.echo(
-                    f"job {job['jobId']} {job['status']} ({accepted['outcome']}) "
-                    f"agent {job['agentId']} kind {job['kind']} route {job['route']}"
+                    printable(
+                        f"job {job['jobId']} {job['status']} ({accepted['outcome']}) "
+                        f"agent {job['agentId']} kind {job['kind']} route {job['route']}"
+                    )
                 )
-                click.echo(f"events: {client.url}{accepted['async']['eventsUrl']}")
+                click.echo(printable(f"events: {client.url}{accepted['async']['eventsUrl']}"))
             return
         if not as_json:
-            click.echo(f"job {job['jobId']} {accepted['outcome']}; waiting", err=True)
+            click.echo(printable(f"job {job['jobId']} {accepted['outcome']}; waiting"), err=True)
         sys.exit(_wait(client, job["jobId"], as_json))
 
 
@@ -194,27 +199,33 @@ def jobs_ls(
             "limit": limit,
         }
     )
-    if not as_json:
-        click.echo(f"{'JOB ID':<38} {'AGENT':<16} {'KIND':<30} {'STATUS':<9} ATTEMPT  CREATED")
+    header = not as_json  # once the API answered: a refusal prints nothing on stdout
     with ApiClient(api_url, token) as client:
         while True:
             page = client.request(
                 "GET", "/jobs", params={**query, "cursor": cursor} if cursor else query
             )
+            if header:
+                click.echo(
+                    f"{'JOB ID':<38} {'AGENT':<16} {'KIND':<30} {'STATUS':<9} ATTEMPT  CREATED"
+                )
+                header = False
             for job in page["jobs"]:
                 if as_json:
                     click.echo(_compact(job))
                 else:
                     click.echo(
-                        f"{job['jobId']:<38} {job['agentId']:<16} {job['kind']:<30} "
-                        f"{job['status']:<9} {job['attempt']}/{job['maxAttempts']:<6} "
-                        f"{job['createdAt']}"
+                        printable(
+                            f"{job['jobId']:<38} {job['agentId']:<16} {job['kind']:<30} "
+                            f"{job['status']:<9} {job['attempt']}/{job['maxAttempts']:<6} "
+                            f"{job['createdAt']}"
+                        )
                     )
             cursor = page["nextCursor"]
             if not cursor or not every_page:
                 break
         if cursor and not as_json:
-            click.echo(f"more: --cursor {cursor}", err=True)
+            click.echo(printable(f"more: --cursor {cursor}"), err=True)
 
 
 @jobs_group.command("get")
@@ -257,8 +268,10 @@ def _command(
         click.echo(_dump(accepted))
     else:
         click.echo(
-            f"{type_} {accepted['commandId']} appended to job {job_id} "
-            f"(status {accepted['job']['status']})"
+            printable(
+                f"{type_} {accepted['commandId']} appended to job {job_id} "
+                f"(status {accepted['job']['status']})"
+            )
         )
 
 
@@ -366,14 +379,14 @@ def jobs_retry(
                 click.echo(_dump(answer))
             else:
                 verb = "retried as" if answer["outcome"] == "retried" else "was already retried as"
-                click.echo(f"{job_id} {verb} {answer['retry']['jobId']}")
+                click.echo(printable(f"{job_id} {verb} {answer['retry']['jobId']}"))
             return
         answer = client.request("POST", "/jobs/retry", json={**bulk, "limit": limit})
     if as_json:
         click.echo(_dump(answer))
         return
     for pair in answer["retried"]:
-        click.echo(f"{pair['jobId']} retried as {pair['retryJobId']}")
+        click.echo(printable(f"{pair['jobId']} retried as {pair['retryJobId']}"))
     click.echo(f"{answer['count']} job(s) retried")
 
 

