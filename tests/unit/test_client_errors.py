@@ -55,9 +55,17 @@ def test_other_answers_are_server_errors_or_plain_ones_and_keep_their_text() -> 
 
 def test_the_message_names_status_code_field_and_the_choices_it_does_not_list() -> None:
     error = error_of(refusal(422, message="lane is not one", field="lane", allowed=["a", "b"]))
-    assert str(error) == "lane is not one (422 c, field lane); allowed: a, b"
+    assert str(error) == "lane is not one (422 c, field lane); allowed: a, b; retry after 7 s"
     listed = error_of(refusal(422, message="lane must be a or b", allowed=["a", "b"]))
-    assert str(listed) == "lane must be a or b (422 c)"
+    assert str(listed) == "lane must be a or b (422 c); retry after 7 s"
+    later = error_of(httpx.Response(429, json={"error": {"code": "rate_limited", "message": "m"}}))
+    assert str(later) == "m (429 rate_limited)"  # no Retry-After: no time named
+
+
+def test_a_refusal_says_when_to_send_it_again() -> None:
+    """A 429's or a 503's Retry-After is in its text (the one line `receipt` prints)."""
+    error = error_of(refusal(429, code="rate_limited", message="too many requests"))
+    assert str(error) == "too many requests (429 rate_limited); retry after 7 s"
 
 
 def test_waiting_for_an_objective_whose_run_job_failed_says_it_was_not_created() -> None:

@@ -41,6 +41,8 @@ class ReceiptError(Exception):
         text = f"{self.message} ({named})" if named else self.message
         if self.allowed and not all(value in self.message for value in self.allowed):
             text += f"; allowed: {', '.join(self.allowed)}"
+        if self.retry_after:  # a 429's or a 503's: when to send it again
+            text += f"; retry after {self.retry_after:g} s"
         return text
 
 
