@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -105,9 +106,20 @@ def _api_options(command: F) -> F:
         envvar="RECEIPT_API_URL",
         default=DEFAULT_API_URL,
         show_default=True,
+        callback=_api_url,
         help="Base URL of the API (env RECEIPT_API_URL).",
     )(command)
     return command
+
+
+def _api_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """An http(s) URL with a host: anything else was reported as 'no answer from the API'."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter(
+            f"{value!r} is not an http:// or https:// URL with a host (e.g. {DEFAULT_API_URL})"
+        )
+    return value
 
 
 def _load_json(value: str, option: str) -> Any:

@@ -190,3 +190,11 @@ def test_jobs_ls_prints_nothing_on_stdout_when_the_api_refuses(
     ran = CliRunner().invoke(main, ["jobs", "ls", *API])
     assert ran.exit_code == 3 and ran.stdout == "", ran.stdout
     assert ran.stderr.startswith("error: no token (401 unauthorized)")
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "ftp://api.example", "http://", "api"])
+def test_an_api_url_that_is_not_http_is_a_usage_error_naming_the_option(url: str) -> None:
+    """It was sent anyway, and reported as 'no answer from the API' (exit 3)."""
+    result = CliRunner().invoke(main, ["jobs", "ls", "--api-url", url])
+    assert result.exit_code == 2, result.output
+    assert "--api-url" in result.output and "not an http:// or https:// URL" in result.output
