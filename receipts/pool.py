@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
+from psycopg_pool.base import AttemptWithBackoff
 
 from receipts import metrics
 
@@ -36,6 +37,11 @@ log = logging.getLogger("receipts.store")
 CHECK_IDLE_S = 1.0
 
 
+# psycopg_pool doubles the delay between its attempts to replace a lost connection with no
+# ceiling (1, 2, 4, 8, 16, 32 s…): after a 20 s database outage its next attempt came 11 s after
+# the database was back, and meanwhile the api answered 503 and every worker's writes waited.
+# Attempts go on at most this far apart (one connect per pool slot: cheap).
+RECONNECT_MAX_DELAY_S = 2.0
 # Every application connection: no JIT. Our statements are short index lookups whose cost
 # estimates can still cross jit_above_cost on a large table, where compiling costs more (tens of
 # milliseconds) than the statement.
@@ -80,6 +86,14 @@ class Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
         super().__init__(*args, check=self._check_if_idle, configure=made, **kwargs)
         self._sweep: asyncio.Task[None] | None = None
 
+    async def _add_connection(
+        self, attempt: AttemptWithBackoff | None, growing: bool = False
+    ) -> None:
+        # psycopg_pool makes the first attempt's backoff here; every retry carries it on.
+        await super()._add_connection(
+            attempt or CappedBackoff(timeout=self.reconnect_timeout), growing
+        )
+
     async def putconn(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         self._returned_at[conn] = time.monotonic()
         await super().putconn(conn)
@@ -116,6 +130,14 @@ class Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
         if self._sweep is not None:
             self._sweep.cancel()
         await super().close(timeout)
+
+
+class CappedBackoff(AttemptWithBackoff):
+    """psycopg_pool's reconnect backoff, at most RECONNECT_MAX_DELAY_S between attempts."""
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, RECONNECT_MAX_DELAY_S)
 
 
 def _swept(task: asyncio.Task[None]) -> None:

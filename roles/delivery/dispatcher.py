@@ -32,9 +32,16 @@ DUE_MARGIN_S = 0.05
 # A rescan that failed (the database away) is tried again after this long: not at once (its
 # deadline stayed in the past, and the loop rescanned as fast as the error came back).
 RESCAN_RETRY_S = 1.0
+# A start that failed (Temporal away) is retried by a rescan after RESCAN_RETRY_S, doubling to
+# this while starts keep failing: the jobs start when Temporal is back, not at the redrive's
+# next look (30 s after their last receipt) or the idle rescan's (60 s).
+START_RETRY_MAX_S = 8.0
 # Put in the dispatcher's own queue when a job's start waits for its `availableAt`: look again
 # at when the soonest delayed job is due.
 RETIME = Notice("", 0, ("retime",))
+# Put there when a start failed: rescan soon (the failed job has no delivery, so the rescan
+# finds it again).
+RETRY = Notice("", 0, ("retry",))
 
 
 class Dispatcher:
@@ -57,6 +64,8 @@ class Dispatcher:
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[object]] = set()
         self._notices: asyncio.Queue[Notice] | None = None
+        self._retry_s = RESCAN_RETRY_S
+        self._retry_pending = False
 
     async def run_once(self) -> int:
         """Dispatch every deliverable queued job that has never been dispatched and is not held
@@ -93,7 +102,10 @@ class Dispatcher:
                     "dispatch failed",
                     extra={"event": "dispatch.failed", "jobId": job_id, "error": str(exc)},
                 )
+                self._retry_soon()
                 return False
+        if started.created:
+            self._retry_s = RESCAN_RETRY_S
         if started.reason == NOT_AVAILABLE and self._notices is not None:
             with contextlib.suppress(asyncio.QueueFull):
                 self._notices.put_nowait(RETIME)
@@ -117,6 +129,12 @@ class Dispatcher:
             )
             return
         await asyncio.gather(*(self._dispatch(job_id) for job_id in job_ids))
+
+    def _retry_soon(self) -> None:
+        if self._notices is not None and not self._retry_pending:
+            with contextlib.suppress(asyncio.QueueFull):
+                self._notices.put_nowait(RETRY)
+                self._retry_pending = True
 
     def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(work)
@@ -148,6 +166,10 @@ class Dispatcher:
                     try:
                         if notice is None or notice is RECONNECTED:
                             deadline = loop.time() + await self._rescan()
+                        elif notice is RETRY:
+                            self._retry_pending = False
+                            deadline = min(deadline, loop.time() + self._retry_s)
+                            self._retry_s = min(START_RETRY_MAX_S, self._retry_s * 2)
                         elif notice is RETIME:
                             deadline = min(deadline, loop.time() + await self._timeout())
                         elif "job.enqueued" in notice.types:

@@ -10,11 +10,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from receipts import assembly, metrics
 from receipts.errors import ConflictError, InvariantError, TransientStorageError
-from receipts.pool import CHECK_IDLE_S, has_input
+from receipts.pool import CHECK_IDLE_S, RECONNECT_MAX_DELAY_S, has_input
 from receipts.store import (
     Draft,
     Store,
@@ -22,6 +23,7 @@ from receipts.store import (
     migrate,
     schema_version,
 )
+from tests.cut_proxy import CutProxy
 from tests.eventually import eventually
 from tests.integration.helpers import new_id, put
 
@@ -198,6 +200,37 @@ async def test_after_a_restart_one_checkout_waits_about_a_second_not_a_backoff_p
         assert time.monotonic() - started < 5
     finally:
         await store.close()
+
+
+async def test_after_an_outage_the_pool_reconnects_within_seconds_not_a_doubled_backoff(
+    db_url: str,
+) -> None:
+    """psycopg_pool doubled its reconnect delay without a ceiling (1, 3, 7, 15, 31 s after the
+    loss): a database back after 9 s was reached only at 15 s, and every checkout meanwhile
+    failed (the api's 503). The delay is capped at RECONNECT_MAX_DELAY_S."""
+    info = conninfo_to_dict(db_url)
+    proxy = CutProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+    await proxy.start()
+    store = await assembly.open_store(
+        make_conninfo(db_url, host="127.0.0.1", port=proxy.port), min_size=1, max_size=1
+    )
+    try:
+        await proxy.cut()
+        with pytest.raises(TransientStorageError):
+            await store.now()  # the lost connection found; the pool's attempts begin
+        await asyncio.sleep(9)
+        await proxy.restore()
+        restored = time.monotonic()
+        while True:
+            try:
+                await store.now()
+                break
+            except TransientStorageError:
+                pass
+        assert time.monotonic() - restored < RECONNECT_MAX_DELAY_S + 1.5
+    finally:
+        await store.close()
+        await proxy.cut()
 
 
 async def test_a_connection_idle_across_a_restart_is_checked_and_replaced(db_url: str) -> None:

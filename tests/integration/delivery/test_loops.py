@@ -451,3 +451,39 @@ def test_the_redrive_makes_its_first_pass_5_s_after_start() -> None:
     ticker = redrive.ticker()
     assert (ticker.first_delay_ms, ticker.interval_ms) == (5_000, 15_000)
     assert ticker.name == "queued_redrive"
+
+
+async def test_a_start_that_failed_is_tried_again_in_seconds_not_at_the_idle_rescan(
+    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that failed (Temporal away) was tried again only by the redrive (30 s after the
+    job's last receipt, a pass every 15 s) or the idle rescan (60 s): a job enqueued during a
+    Temporal outage waited that long after Temporal came back. The dispatcher rescans soon."""
+    from roles.delivery import dispatcher as dispatching
+
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
+        real_start = s.starter._start
+        tries: list[str] = []
+
+        async def away_once(job_id: str) -> Any:
+            tries.append(job_id)
+            if len(tries) == 1:
+                raise RuntimeError("temporal away")
+            return await real_start(job_id)
+
+        monkeypatch.setattr(s.starter, "_start", away_once)
+        running = asyncio.create_task(
+            dispatching.Dispatcher(fresh_store, s.listener, s.starter).run()
+        )
+        try:
+            await asyncio.sleep(0.3)  # its first rescan found nothing
+            job = (await put(fresh_store, payload_extra=task("true"))).job
+            for _ in range(50):
+                if (await deliveries.job_and_latest(fresh_store, job.job_id))[1] is not None:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+    assert tries[:2] == [job.job_id, job.job_id]
+    assert (await deliveries.job_and_latest(fresh_store, job.job_id))[1] is not None
