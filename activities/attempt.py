@@ -17,6 +17,12 @@ from typing import Any
 from opentelemetry import trace
 from temporalio import activity
 
+from activities.attempt_watch import (
+    TAKEOVER_GRACE_S,
+    cancel_reason,
+    until_taken_over,
+    watch_commands,
+)
 from activities.fence import AttemptFence
 from activities.gateway import Gateway
 from activities.handlers.context import (
@@ -31,7 +37,7 @@ from activities.settle import REJECTED_STATUS, Settlement, rejected
 from receipts import deliveries, metrics
 from receipts import operations as ops
 from receipts.jobs import Job, job_stream
-from receipts.listen import RECONNECTED, Listener
+from receipts.listen import Listener
 from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
 from receipts.notices import COMMANDS
 from receipts.store import Store
@@ -53,9 +59,6 @@ _abandoned: set[asyncio.Task[Any]] = set()
 # this rarely (the SDK throttles what it sends to 0.8 × the timeout).
 TEMPORAL_BEATS_PER_TIMEOUT = 4
 TEMPORAL_BEAT_MIN_S, TEMPORAL_BEAT_MAX_S = 0.2, 5.0
-# How often a detached attempt (Temporal cancelled it; it runs on under its lease) looks for a
-# redelivery that took its lease over.
-TAKEOVER_CHECK_S = 2.0
 
 
 def execution_timeout_message(timeout_ms: int) -> str:
@@ -154,7 +157,7 @@ class AttemptActivities:
         assert current is not None
         current.uncancel()  # the rest of the attempt runs as if never cancelled
         fence = AttemptFence(self.store, attempt.job_id, attempt.attempt, worker_id)
-        reason = _cancel_reason(activity.cancellation_details())
+        reason = cancel_reason(activity.cancellation_details())
         metrics.ATTEMPTS_DETACHED.labels(reason).inc()
         _log(
             logging.WARNING,
@@ -164,7 +167,7 @@ class AttemptActivities:
             reason=reason,
         )
         shutdown = asyncio.create_task(activity.wait_for_worker_shutdown())
-        taken = asyncio.create_task(_until_taken_over(fence))
+        taken = asyncio.create_task(until_taken_over(fence))
         try:
             try:
                 done, _ = await asyncio.wait(
@@ -249,6 +252,12 @@ class AttemptActivities:
             )
         if job.abort_requested:
             return await settle.cancel(job.abort_reason)
+        if redelivered and not leased:
+            # The lease was another delivery's: one still running (Temporal had not heard from
+            # it, its worker cut off) hears of the takeover at once (its watcher, on the
+            # start-fence heartbeat's notice) and stops its handler; give it that long, so two
+            # handlers of the job do not run at once.
+            await asyncio.sleep(TAKEOVER_GRACE_S)
         return await self._run(attempt, settle, job)
 
     async def _run(self, attempt: AttemptInput, settle: Settlement, job: Job) -> AttemptResult:
@@ -347,7 +356,7 @@ class AttemptActivities:
                 queue = await stack.enter_async_context(
                     self.listener.subscribe(stream, channel=COMMANDS)
                 )
-                watcher = asyncio.create_task(_watch_commands(queue, attempt.job_id, wake, arrived))
+                watcher = asyncio.create_task(watch_commands(queue, attempt.job_id, wake, arrived))
                 stack.callback(watcher.cancel)
             next_beat = time.monotonic() + interval
             while True:
@@ -358,6 +367,11 @@ class AttemptActivities:
                     job = await fence.read()
                     if job is not None and job.abort_requested:
                         return "aborted", job.abort_reason
+                    if job is not None and job.lease and job.lease.worker_id != fence.worker_id:
+                        # Taken over (Temporal delivered the attempt again: it had not heard
+                        # from this one for its heartbeat timeout): stop now, not at the next
+                        # heartbeat, a lease cadence away, beside the new delivery's handler.
+                        return AttemptStatus.LEASE_LOST, "taken over by a later delivery"
                     continue
                 metrics.HEARTBEAT_LAG.observe(max(0.0, time.monotonic() - next_beat))
                 out = await fence.heartbeat(attempt.lease_ms)
@@ -380,44 +394,6 @@ async def _wait_out(
         {handler, beats}, timeout=left, return_when=asyncio.FIRST_COMPLETED
     )
     return done
-
-
-async def _until_taken_over(fence: AttemptFence) -> None:
-    """Return once the job is plainly no longer this delivery's (a detached attempt's check:
-    Temporal redelivered the attempt to another worker, which took the lease over, and maybe
-    settled the job since): another delivery holds its lease, or it is settled at two looks in
-    a row (the attempt's own settle ends the attempt between them) or gone. A read that fails
-    (the database away) answers nothing: looked at again."""
-    settled_before = False
-    while True:
-        await asyncio.sleep(TAKEOVER_CHECK_S)
-        try:
-            job = await fence.read()
-        except Exception as exc:
-            log.warning(
-                "a detached attempt could not read its job: %s",
-                exc,
-                extra={"event": "attempt.detached_read_failed", "jobId": fence.job_id},
-            )
-            continue
-        if job is None:
-            return
-        if job.lease is not None and job.lease.worker_id != fence.worker_id:
-            return
-        settled = job.terminal
-        if settled and settled_before:
-            return
-        settled_before = settled
-
-
-def _cancel_reason(details: activity.ActivityCancellationDetails | None) -> str:
-    """Why Temporal cancelled an activity, as a metric label."""
-    if details is None:
-        return "unknown"
-    for reason in ("timed_out", "not_found", "cancel_requested", "paused", "reset"):
-        if getattr(details, reason):
-            return reason
-    return "unknown"
 
 
 def _log(level: int, message: str, event: str, fence: AttemptFence, **extra: Any) -> None:
@@ -486,14 +462,3 @@ async def temporal_heartbeats(timeout: timedelta | None, details: Any) -> None:
     while True:
         await asyncio.sleep(interval)
         activity.heartbeat(details)
-
-
-async def _watch_commands(
-    queue: asyncio.Queue[Any], job_id: str, wake: asyncio.Event, arrived: asyncio.Event
-) -> None:
-    stream = job_stream(job_id)
-    while True:
-        notice = await queue.get()
-        if notice is RECONNECTED or (notice.stream == stream and "queue.command" in notice.types):
-            wake.set()
-            arrived.set()

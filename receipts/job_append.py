@@ -96,5 +96,10 @@ def insert_params(receipts: Sequence[Receipt], params: dict[str, Any]) -> dict[s
         "types": types,
         "datas": [dumps(r.data) for r in receipts],
         "note": dumps({"stream": stream, "seq": receipts[-1].seq, "types": types}),
-        "channels": notices.channels(stream, types),
+        "channels": notices.channels(stream, types, takeover=any(map(_takes_over, receipts))),
     }
+
+
+def _takes_over(receipt: Receipt) -> bool:
+    """A start-fence heartbeat: a later delivery took the lease over (receipts/operations.py)."""
+    return receipt.type == "job.heartbeat" and bool(receipt.data.get("startFence"))

@@ -9,7 +9,9 @@ is the one place that routes them):
 * `receipts_streams` — every append: the API's event streams, each following one stream (the
   API LISTENs only while a stream is open);
 * `receipts_dispatch` — a job enqueued or settled (its slot free): the driver's dispatcher;
-* `receipts_commands` — a command appended to a job: the watcher of its running attempt;
+* `receipts_commands` — a command appended to a job, or its lease taken over by a later delivery
+  (a start-fence heartbeat): the watcher of its running attempt, which stops its handler at the
+  takeover instead of at its next heartbeat;
 * `receipts_agent_jobs` — any agent-job append, and a job settled (a turn's queue job, or one
   that frees a slot an agent job waits for): the agent-job dispatcher;
 * `receipts_objectives` — a control request on an objective: the control outbox.
@@ -33,14 +35,15 @@ OBJECTIVE_PREFIX = "objectives/"
 SETTLED_TYPES = frozenset({"job.completed", "job.failed", "job.canceled", "job.lease_expired"})
 
 
-def channels(stream: str, types: Sequence[str]) -> list[str]:
-    """The channels an append of `types` to `stream` is announced on (`STREAMS` always)."""
+def channels(stream: str, types: Sequence[str], *, takeover: bool = False) -> list[str]:
+    """The channels an append of `types` to `stream` is announced on (`STREAMS` always);
+    `takeover`: it takes a job's lease over from another delivery."""
     out = [STREAMS]
     if stream.startswith(JOB_PREFIX):
         settled = not SETTLED_TYPES.isdisjoint(types)
         if settled or "job.enqueued" in types:
             out.append(DISPATCH)
-        if "queue.command" in types:
+        if "queue.command" in types or takeover:
             out.append(COMMANDS)
         if settled:
             out.append(AGENT_JOBS)

@@ -259,3 +259,45 @@ async def test_a_worker_cut_from_postgres_past_its_lease_stops_its_handler_befor
         raise
     finally:
         await proxy.cut()
+
+
+async def test_a_temporal_outage_past_the_heartbeat_timeout_never_runs_two_handlers_at_once(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses], temporal_env: Any
+) -> None:
+    """Temporal away for 35 s from the worker running a job (Temporal's heartbeat timeout 30 s):
+    Temporal times the attempt out and delivers it again when the worker is back. The first run
+    is stopped before the second one starts: both ran at once for 1-2.2 s (the start fence took
+    the live lease over and the handler ran at once; the first delivery looked for a takeover
+    every 2 s only once Temporal's cancellation reached it). Now its watcher hears the
+    takeover's notice, and the new delivery starts its handler TAKEOVER_GRACE_S later."""
+    store, _ = e2e_store
+    host, port = temporal_env.client.service_client.config.target_host.rsplit(":", 1)
+    proxy = CutProxy(host, int(port))
+    await proxy.start()
+    procs = roles(address=proxy.address)
+    procs.start("driver")
+    procs.start("worker-codex")
+    try:
+        ticker = TICKER.replace("n=150", "n=250")
+        job = (await put(store, org="org-a", payload_extra=task("sh", "-c", ticker))).job
+        await wait_for(store, job.job_id, ("running",), 60)
+        await asyncio.sleep(2)
+        await proxy.cut()
+        await asyncio.sleep(35)
+        await proxy.restore()
+        await wait_for(store, job.job_id, tuple(TERMINAL_STATUSES), 90)
+        runs: dict[str, list[int]] = {}
+        for line in (await asyncio.to_thread(ticks_of, job.job_id)).split("\n"):
+            if line.strip():
+                run, at = line.split()
+                runs.setdefault(run, []).append(int(at))
+        spans = sorted((min(t) / 1e9, max(t) / 1e9) for t in runs.values())
+        print(f"handler runs (s): {[(round(a % 1000, 1), round(b % 1000, 1)) for a, b in spans]}")
+        for (_, first_end), (second_start, _) in itertools.pairwise(spans):
+            assert first_end < second_start, spans
+        assert len(await settles_of(store, job.job_id)) == 1
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        await proxy.cut()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +24,9 @@ from receipts import metrics
 from receipts import operations as ops
 from receipts.errors import StorageError
 from receipts.kinds import AGENT_IDS
+from receipts.listen import Listener
 from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
+from receipts.notices import COMMANDS
 from receipts.store import Store
 from tests.eventually import eventually
 from tests.integration.helpers import put, types
@@ -358,3 +361,58 @@ async def test_a_heartbeat_that_cannot_be_written_stops_the_handler_before_the_a
     with pytest.raises(StorageError, match="the database is away"):
         await asyncio.wait_for(run(store, {"act-beat": handler}, attempt), 30)
     assert running.is_set() and cancelled.is_set()
+
+
+async def test_a_delivery_taken_over_stops_its_handler_before_the_next_one_starts(
+    store: Store, db_url: str
+) -> None:
+    """Temporal had not heard from delivery 1 for its heartbeat timeout (its worker cut off from
+    Temporal, not from PostgreSQL) and delivered the attempt again. Delivery 1 heard of the
+    takeover only at its next `job.heartbeat`, a lease cadence away (here 20 s), or every 2 s
+    once Temporal's cancellation reached it: both handlers ran at once (1-2.2 s measured after a
+    Temporal outage). Its watcher hears the takeover's notice and stops the handler, and
+    delivery 2 starts its own only `TAKEOVER_GRACE_S` after its takeover."""
+    listener = Listener(db_url, always=[COMMANDS])
+    listening = asyncio.create_task(listener.run())
+    await asyncio.wait_for(listener.connected.wait(), 10)
+    spans: dict[str, list[float]] = {}
+
+    async def handler(ctx: HandlerContext) -> dict[str, str]:
+        span = spans.setdefault(ctx.worker_id, [time.monotonic()])
+        try:
+            if len(spans) == 1:
+                await asyncio.sleep(60)  # the first delivery: until stopped
+            return {"by": ctx.worker_id}
+        finally:
+            span.append(time.monotonic())
+
+    job_id = await job_of(store, "act-taken")
+    slow = attempt_of(job_id, "act-taken", lease_ms=60_000, heartbeat_ms=20_000)
+    slow = dataclasses.replace(slow, execution_timeout_ms=50_000)
+
+    async def deliver(delivery: int) -> AttemptResult:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(
+            env.info, attempt=delivery, activity_id=f"attempt:{delivery}", workflow_run_id=RUN
+        )
+        activities = AttemptActivities(store, {"act-taken": handler}, listener=listener)
+        return await env.run(activities.execute_attempt, slow)
+
+    try:
+        first = asyncio.create_task(deliver(1))
+        await eventually(lambda: _value(len(spans)), what="the first handler running")
+        second = await asyncio.wait_for(deliver(2), 20)
+        stopped = await asyncio.wait_for(first, 10)
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+    assert second.status == AttemptStatus.COMPLETED
+    assert stopped.status == AttemptStatus.LEASE_LOST, stopped
+    (one, two) = sorted(spans.values())
+    assert one[1] < two[0], spans  # the first handler ended before the second began
+    job = await store.get_job(job_id)
+    assert job is not None and job.result == {"by": ops.delivery_id(job_id, 1, RUN, 2)}
+
+
+async def _value(value: int) -> int:
+    return value

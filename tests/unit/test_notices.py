@@ -30,3 +30,10 @@ def test_each_append_reaches_the_channels_of_its_concern(
     stream: str, types: list[str], expected: list[str]
 ) -> None:
     assert channels(stream, types) == expected
+
+
+def test_a_takeover_reaches_the_watcher_of_the_attempt_it_took_over() -> None:
+    """A start-fence heartbeat (a later delivery took the lease over) is announced to the
+    watcher of the running attempt; the holder's own heartbeats are not (one a lease cadence)."""
+    assert channels("jobs/j", ["job.heartbeat"], takeover=True) == [STREAMS, COMMANDS]
+    assert channels("jobs/j", ["job.heartbeat"]) == [STREAMS]
