@@ -291,6 +291,7 @@ class Store:
         session: Mapping[str, str] | None = None,
         policies: Sequence[SettlementPolicy],
         owe_callbacks: bool = True,
+        on_connect: Callable[[], object] | None = None,
     ) -> Store:
         """Open a pool on `url` and wait until it has a connection; returns the store, which
         runs `policies` in every job append (`receipts.assembly.open_store` opens one with the
@@ -299,17 +300,18 @@ class Store:
         A connection broken by a database restart is replaced, not handed out: the pool checks
         (one round trip) every connection idle for `check_idle_s` or longer (0: every checkout),
         and one idle for less when its backend sent it something meanwhile (`CHECK_IDLE_S`
-        says why). Each new
-        connection gets the settings in `session` (`SESSION_SETTINGS` unless given). With
+        says why). Each new connection gets the settings in `session` (`SESSION_SETTINGS` unless
+        given), then `on_connect` is called (the process's listener: the database is back). With
         `owe_callbacks` (a callback URL is configured) a job's settle leaves its terminal
-        callback owed in `callback_outbox`; without, no row is written for nobody to post.
-        """
+        callback owed in `callback_outbox`; without, no row is written for nobody to post."""
         settings = dict(SESSION_SETTINGS if session is None else session)
 
         async def configure(conn: psycopg.AsyncConnection[TupleRow]) -> None:
             if settings:
                 names, values = list(settings), list(settings.values())
                 await conn.execute(query("session_settings"), {"names": names, "values": values})
+            if on_connect is not None:
+                on_connect()
 
         pool = Pool(
             url,

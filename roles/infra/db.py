@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -74,8 +75,15 @@ async def schema_behind(url: str) -> str | None:
 API_POOL_MAX = 20
 
 
-async def open_store(url: str, settings: Settings, *, api: bool = False) -> Store:
-    """Open a pooled store on `url` with the configured pool size.
+async def open_store(
+    url: str,
+    settings: Settings,
+    *,
+    api: bool = False,
+    on_connect: Callable[[], object] | None = None,
+) -> Store:
+    """Open a pooled store on `url` with the configured pool size (`on_connect`: called at each
+    new connection).
 
     Every role's pool checks its connections alike (receipts/pool.py `CHECK_IDLE_S`). The
     api's pool (`api=True`) is larger unless `RECEIPT_DB_POOL_MAX` is set (many requests at
@@ -94,4 +102,5 @@ async def open_store(url: str, settings: Settings, *, api: bool = False) -> Stor
         max_size=max_size,
         session=session,
         owe_callbacks=bool(settings.callback_urls),
+        on_connect=on_connect,
     )

@@ -119,8 +119,12 @@ async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: boo
     own `/metrics` serves. `lazy_client` connects to Temporal at the first call."""
     url = named(resolve_url(settings.core), role)
     await patiently(lambda: migrate_url(url), "migrate")
-    store = await patiently(lambda: open_store(url, settings.core, api=role == "api"), "pool")
-    runtime = Runtime(role, settings, store, url, Listener(url), httpx.AsyncClient())
+    listener = Listener(url)  # tries again at once when the pool reconnects (a database back)
+    store = await patiently(
+        lambda: open_store(url, settings.core, api=role == "api", on_connect=listener.nudge),
+        "pool",
+    )
+    runtime = Runtime(role, settings, store, url, listener, httpx.AsyncClient())
     runtime.watch = LoopWatch.start(settings.process.loop_stall_ms)
     try:
         runtime.client = await connect_client(

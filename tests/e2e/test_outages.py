@@ -167,8 +167,9 @@ async def test_a_postgres_outage_is_503_then_every_job_settles_once(
                 await asyncio.sleep(0.5)
             back = time.monotonic() - restored_at
             settled = back + await all_terminal(store, running, 60)
-            # The LISTEN connection reattaches on its own backoff (1 s doubling to 30 s, J37):
-            # the job enqueued meanwhile waits for that reattach's rescan.
+            # The LISTEN connection reattaches on its backoff (1 s doubling to 30 s, J37), cut
+            # short when the pool reconnects: the job enqueued meanwhile waits for that
+            # reattach's rescan (11.2 s after a 20 s outage, on the backoff alone).
             rescanned = time.monotonic() - restored_at + await all_terminal(store, during, 60)
             print(
                 f"during the outage: {refused.status_code} {dict(refused.headers)} {probes}; "
@@ -189,6 +190,7 @@ async def test_a_postgres_outage_is_503_then_every_job_settles_once(
         }, probes
         assert back < 5, f"the api answered 503 for {back:.1f} s after PostgreSQL returned"
         assert settled < 6, f"the running jobs settled {settled:.1f} s after PostgreSQL returned"
+        assert rescanned < 8, f"the job enqueued meanwhile started {rescanned:.1f} s after"
     except BaseException:
         print(procs.logs())
         raise

@@ -137,3 +137,31 @@ async def test_a_subscriber_that_falls_behind_is_told_to_rescan() -> None:
         for seq in (1, 2, 3):
             listener._publish(Notice("jobs/j-1", seq, ("job.progress",)))
         assert queue.get_nowait() is RECONNECTED and queue.empty()
+
+
+async def test_a_reattach_waiting_out_its_backoff_tries_at_once_when_the_database_is_back(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a database outage the backoff had grown (1, 2, 4, 8 s…): new jobs' notices missed
+    the dispatcher for up to that long past the database's return (11 s after a 20 s outage).
+    The pool's first new connection nudges the listener, which tries at once."""
+    from receipts import listen
+    from receipts.assembly import open_store
+    from roles.infra.ports import free_port
+
+    monkeypatch.setattr(listen, "BACKOFF_START_S", 30.0)  # a backoff grown long
+    listener = Listener(make_conninfo(db_url, port=free_port()), always=["receipts_dispatch"])
+    running = asyncio.create_task(listener.run())
+    try:
+        await asyncio.sleep(0.5)  # refused: waiting out 30 s
+        assert listener.reconnects == 1 and not listener.connected.is_set()
+        listener.url = db_url  # the database is back
+        store = await open_store(db_url, min_size=1, max_size=1, on_connect=listener.nudge)
+        try:
+            await asyncio.wait_for(listener.connected.wait(), 5)
+        finally:
+            await store.close()
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
