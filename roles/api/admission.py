@@ -63,8 +63,9 @@ def check_executables(
 
 def held_retry(settings: ApiSettings) -> Callable[[EnqueueRequest], EnqueueRequest]:
     """What a retry is held to (receipts/retry.py `Held`): a retry runs the old job's commands
-    again, so, as a schedule's firing, it is held to the allow-list and the `timeoutMs` cap as
-    they are now, not as they were when the job was posted (403 naming the field)."""
+    again, so, as a schedule's firing, it is held to the allow-list of executables, the gateway
+    URLs' and the `timeoutMs` cap as they are now, not as they were when the job was posted
+    (403 naming the field)."""
 
     def held(request: EnqueueRequest) -> EnqueueRequest:
         allow_lists = settings.org_executables
@@ -73,6 +74,9 @@ def held_retry(settings: ApiSettings) -> Callable[[EnqueueRequest], EnqueueReque
             field, message = refused
             allowed = allow_lists.get(request.organization_id or "")
             raise NotPermitted(field, message, allowed)
+        unlisted = gateway_refused(request, settings.gateway_url_allowlist)
+        if unlisted is not None:
+            raise NotPermitted(GATEWAY_FIELD, unlisted, settings.gateway_url_allowlist)
         return cap_timeout(request, settings.max_timeout_ms)
 
     return held

@@ -185,6 +185,32 @@ async def test_a_retry_is_held_to_the_allow_list_and_timeout_cap_as_they_are_now
     assert "job.retried" not in await types(store, rid(off_list["jobId"], org))
 
 
+async def test_a_retry_is_held_to_the_gateway_url_allow_list_as_it_is_now(
+    db_url: str, store: Store
+) -> None:
+    """A retry runs the old job again with its `authContext.receiptConnectGatewayUrl`: held to
+    `RECEIPT_GATEWAY_URL_ALLOWLIST` as it is when the retry is made (403 naming the field and
+    the list, nothing written), as a schedule's firing is. It was checked at the post only."""
+    gateway = "https://gw.example.com/"
+    body = enqueue_body(jobId=new_id())
+    body["payload"]["authContext"]["receiptConnectGatewayUrl"] = gateway + "v1"
+    async with api_client(db_url, store=store, gateway_url_allowlist=[gateway]) as before:
+        posted = await before.post("/agents/codex/jobs", json=body, headers=AS_A)
+        assert posted.status_code == 202, posted.text
+    job_id = rid(body["jobId"], "org-a")
+    assert (await operations.fail_undeliverable(store, job_id, error="x")).ok
+    now = ["https://other.example.com/"]
+    async with api_client(db_url, store=store, gateway_url_allowlist=now) as after:
+        refused = await after.post(f"/jobs/{body['jobId']}/retry", headers=AS_A)
+    assert refused.status_code == 403, refused.text
+    error = refused.json()["error"]
+    assert (error["field"], error["allowed"]) == (
+        "payload.authContext.receiptConnectGatewayUrl",
+        now,
+    )
+    assert "job.retried" not in await types(store, job_id)
+
+
 async def test_a_bulk_retry_goes_on_past_the_jobs_the_allow_list_refuses(
     db_url: str, store: Store
 ) -> None:
