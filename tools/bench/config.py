@@ -51,8 +51,8 @@ TARGET_SANDBOXED_P50 = 1.1  # codex `true`'s against the raw pipeline running th
 TARGET_API_RATE = 0.6  # API enqueue against the raw append, at 1 and at 16 clients
 TARGET_API_P99_RATIO = 2.0  # the API's p99 at 16 clients against the raw append's p99
 TARGET_ROUND_TRIPS = 10.0  # PostgreSQL round trips per no-op job (tools/bench/roundtrips.py)
-# And kill → settled after a SIGKILLed worker ≤ the worker-lost timeout plus the job's own run
-# time: `Recovery.goal_s` (tools/bench/recovery.py).
+# And kill → settled after a SIGKILLed worker ≤ the worker-lost timeout plus the takeover grace
+# plus the job's own run time: `Recovery.goal_s` (tools/bench/recovery.py).
 TERMINAL_TYPES = ("job.completed", "job.failed", "job.canceled")
 # Receipt's delivery with nothing to run: a job for an agent id without a handler is routed to
 # worker-chat, leased, and settled `failed` (`No handler for agent '<agentId>'`, the spec's

@@ -7,6 +7,8 @@ Temporal finds the lost worker by the attempt activity's heartbeat timeout
 delivery takes the lease over through the start-fence and runs the command again. Measured on
 the receipts' clock (the database's): kill → the redelivery's start-fence heartbeat, and kill →
 the terminal receipt. The target is kill → settled ≤ the worker-lost timeout plus the
+redelivery's takeover grace (`TAKEOVER_GRACE_S`, 0.5 s: a first delivery still alive, its worker
+cut off from Temporal only, stops its handler before the new one starts its own) plus the
 command's own run time; when attempts were child workflows it was two receipt cadences, ~400 s.
 """
 
@@ -19,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from activities.attempt_watch import TAKEOVER_GRACE_S
 from receipts.sql import query
 from tools.bench.config import TERMINAL_TYPES, BenchError, true_payload
 from tools.bench.load import HttpConnection, post_request
@@ -45,7 +48,7 @@ class Recovery:
 
     @property
     def goal_s(self) -> float:
-        return WORKER_LOST_S + self.run_s
+        return WORKER_LOST_S + TAKEOVER_GRACE_S + self.run_s
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "goalS": self.goal_s}
