@@ -212,6 +212,19 @@ def ticks_of(job_id: str) -> str:
     return ticks.read_text()
 
 
+def assert_one_handler_at_a_time(ticks: str) -> None:
+    """Each run of the handler (its ticks, named by its start) ended before the next began."""
+    runs: dict[str, list[int]] = {}
+    for line in ticks.split("\n"):
+        if line.strip():
+            run, at = line.split()
+            runs.setdefault(run, []).append(int(at))
+    spans = sorted((min(t) / 1e9, max(t) / 1e9) for t in runs.values())
+    print(f"handler runs (s): {[(round(a % 1000, 1), round(b % 1000, 1)) for a, b in spans]}")
+    for (_, first_end), (second_start, _) in itertools.pairwise(spans):
+        assert first_end < second_start, spans
+
+
 async def test_a_worker_cut_from_postgres_past_its_lease_stops_its_handler_before_a_takeover(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
@@ -246,15 +259,7 @@ async def test_a_worker_cut_from_postgres_past_its_lease_stops_its_handler_befor
         await asyncio.sleep(25)
         await proxy.restore()
         done = await wait_for(store, job.job_id, tuple(TERMINAL_STATUSES), 90)
-        runs: dict[str, list[int]] = {}
-        for line in (await asyncio.to_thread(ticks_of, job.job_id)).split("\n"):
-            if line.strip():
-                run, at = line.split()
-                runs.setdefault(run, []).append(int(at))
-        spans = sorted((min(t) / 1e9, max(t) / 1e9) for t in runs.values())
-        print(f"handler runs (s): {[(round(a % 1000, 1), round(b % 1000, 1)) for a, b in spans]}")
-        for (_, first_end), (second_start, _) in itertools.pairwise(spans):
-            assert first_end < second_start, spans
+        assert_one_handler_at_a_time(await asyncio.to_thread(ticks_of, job.job_id))
         assert len(await settles_of(store, job.job_id)) == 1, done
     except BaseException:
         print(procs.logs())
@@ -288,15 +293,7 @@ async def test_a_temporal_outage_past_the_heartbeat_timeout_never_runs_two_handl
         await asyncio.sleep(35)
         await proxy.restore()
         await wait_for(store, job.job_id, tuple(TERMINAL_STATUSES), 90)
-        runs: dict[str, list[int]] = {}
-        for line in (await asyncio.to_thread(ticks_of, job.job_id)).split("\n"):
-            if line.strip():
-                run, at = line.split()
-                runs.setdefault(run, []).append(int(at))
-        spans = sorted((min(t) / 1e9, max(t) / 1e9) for t in runs.values())
-        print(f"handler runs (s): {[(round(a % 1000, 1), round(b % 1000, 1)) for a, b in spans]}")
-        for (_, first_end), (second_start, _) in itertools.pairwise(spans):
-            assert first_end < second_start, spans
+        assert_one_handler_at_a_time(await asyncio.to_thread(ticks_of, job.job_id))
         assert len(await settles_of(store, job.job_id)) == 1
     except BaseException:
         print(procs.logs())
