@@ -804,6 +804,16 @@ async def holding(
         await asyncio.wait_for(running, 30)
 
 
+async def _settled_count(needle: str) -> None:
+    """Return once the host processes naming `needle` stopped growing for 1 s."""
+    last, steady_since = -1, time.monotonic()
+    while time.monotonic() - steady_since < 1.0:
+        await asyncio.sleep(0.2)
+        now = len(host_processes_running(needle))
+        if now != last:
+            last, steady_since = now, time.monotonic()
+
+
 # Starts `sleep argv[1]` until the process count refuses one, then waits for them.
 HOLD_EVERY_PROCESS = """
 import os, subprocess, sys
@@ -832,6 +842,9 @@ async def test_a_sandbox_refused_a_process_by_its_uids_count_did_not_run_and_say
     needle = f"78.{uuid.uuid4().int % 10**6:06d}"
     a = job_workspace("org-a", f"nproc-a-{uuid.uuid4().hex[:8]}", shared)
     async with holding([PYTHON, "-c", HOLD_EVERY_PROCESS, needle], a, shared, limits, needle, 8):
+        # Until the holder has taken the whole count (its processes stop growing): at 8 of
+        # them, a loaded machine let the victim's bwrap clone its first process before the rest.
+        await _settled_count(needle)
         victim = job_workspace("org-b", f"nproc-b-{uuid.uuid4().hex[:8]}", shared)
         with pytest.raises(SandboxNotStarted, match="the command did not run"):
             await run(["/bin/true"], shared, victim, limits=limits)
