@@ -20,6 +20,7 @@ from temporalio import activity
 from activities.attempt_watch import (
     TAKEOVER_GRACE_S,
     cancel_reason,
+    taken_over,
     until_taken_over,
     watch_commands,
 )
@@ -367,7 +368,7 @@ class AttemptActivities:
                     job = await fence.read()
                     if job is not None and job.abort_requested:
                         return "aborted", job.abort_reason
-                    if job is not None and job.lease and job.lease.worker_id != fence.worker_id:
+                    if taken_over(job, fence):
                         # Taken over (Temporal delivered the attempt again: it had not heard
                         # from this one for its heartbeat timeout): stop now, not at the next
                         # heartbeat, a lease cadence away, beside the new delivery's handler.

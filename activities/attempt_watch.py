@@ -11,7 +11,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.fence import AttemptFence
-from receipts.jobs import job_stream
+from receipts.jobs import Job, job_stream
 from receipts.listen import RECONNECTED
 
 log = logging.getLogger("activities.attempt")
@@ -24,6 +24,11 @@ TAKEOVER_CHECK_S = 2.0
 # milliseconds in tests/e2e/test_outages.py). Every redelivery pays it, a dead worker's too
 # (the bench's recovery goal counts it).
 TAKEOVER_GRACE_S = 0.5
+
+
+def taken_over(job: Job | None, fence: AttemptFence) -> bool:
+    """Whether another delivery holds the job's lease now (a later one took it over)."""
+    return job is not None and job.lease is not None and job.lease.worker_id != fence.worker_id
 
 
 async def until_taken_over(fence: AttemptFence) -> None:
@@ -46,7 +51,7 @@ async def until_taken_over(fence: AttemptFence) -> None:
             continue
         if job is None:
             return
-        if job.lease is not None and job.lease.worker_id != fence.worker_id:
+        if taken_over(job, fence):
             return
         settled = job.terminal
         if settled and settled_before:
