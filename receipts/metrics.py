@@ -138,6 +138,13 @@ DB_CONNECTIONS_REPLACED = Counter(
     "the connection sat idle (`input`: a restart, a failover, a terminated backend).",
     ["reason"],
 )
+DEPENDENCY_REACHABLE = Gauge(
+    "receipt_dependency_reachable",
+    "1 while this process reaches the dependency, 0 while it cannot: `database`, from the "
+    "pool's attempts to connect (logged store.unreachable, store.reachable); `temporal`, from "
+    "the role's readiness check (every 5 s; roles that run a Temporal worker).",
+    ["dependency"],
+)
 LISTEN_LOST = Counter(
     "receipt_listen_lost",
     "Times the role's LISTEN connection failed or could not attach (logged listen.lost; tried "

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from receipts import metrics
@@ -42,6 +42,13 @@ CHECK_IDLE_S = 1.0
 # the database was back, and meanwhile the api answered 503 and every worker's writes waited.
 # Attempts go on at most this far apart (one connect per pool slot: cheap).
 RECONNECT_MAX_DELAY_S = 2.0
+# A pool given `unreachable_wait_s` (the api's) fails its waiting checkouts when an attempt to
+# connect fails, and while the database cannot be reached (no attempt has succeeded since) a
+# checkout waits at most that long, not the pool's whole timeout: the api answers 503 with
+# Retry-After within about a second of a PostgreSQL outage, not after 10 s with every request
+# meanwhile held open. A pool that is only busy (every connection in use, the database
+# answering) still waits its whole timeout.
+UNREACHABLE_WAIT_S = 1.0
 # Every application connection: no JIT. Our statements are short index lookups whose cost
 # estimates can still cross jit_above_cost on a large table, where compiling costs more (tens of
 # milliseconds) than the statement.
@@ -71,10 +78,14 @@ class Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
         self,
         *args: Any,
         check_idle_s: float = CHECK_IDLE_S,
+        unreachable_wait_s: float | None = None,
         configure: Callable[[psycopg.AsyncConnection[TupleRow]], Awaitable[None]],
         **kwargs: Any,
     ) -> None:
         self.check_idle_s = check_idle_s
+        self.unreachable_wait_s = unreachable_wait_s
+        # When an attempt to connect last failed, with none succeeded since (None: reachable).
+        self.unreachable_since: float | None = None
         self._returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[TupleRow], float] = (
             weakref.WeakKeyDictionary()
         )
@@ -93,6 +104,47 @@ class Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
         await super()._add_connection(
             attempt or CappedBackoff(timeout=self.reconnect_timeout), growing
         )
+
+    async def _connect(self, timeout: float | None = None) -> psycopg.AsyncConnection[TupleRow]:
+        try:
+            conn = await super()._connect(timeout)
+        except Exception as exc:
+            metrics.DEPENDENCY_REACHABLE.labels("database").set(0)
+            if self.unreachable_since is None:
+                self.unreachable_since = time.monotonic()
+                log.warning(
+                    "the database cannot be reached: %s",
+                    exc,
+                    extra={"event": "store.unreachable", "error": str(exc)},
+                )
+            if self.unreachable_wait_s is not None:
+                await self._fail_waiting(exc)
+            raise
+        metrics.DEPENDENCY_REACHABLE.labels("database").set(1)
+        if self.unreachable_since is not None:
+            down = time.monotonic() - self.unreachable_since
+            self.unreachable_since = None
+            log.info(
+                "the database is reached again after %.1f s",
+                down,
+                extra={"event": "store.reachable", "unreachable_s": round(down, 3)},
+            )
+        return conn
+
+    async def _fail_waiting(self, error: Exception) -> None:
+        """Tell every checkout waiting for a connection now that it gets none (as psycopg_pool's
+        close tells them the pool closed): `PoolTimeout`, the store's transient error."""
+        async with self._lock:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        for position in waiting:
+            await position.fail(PoolTimeout(f"the database cannot be reached: {error}"))
+
+    async def getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[TupleRow]:
+        if self.unreachable_wait_s is not None and self.unreachable_since is not None:
+            wait = self.timeout if timeout is None else timeout
+            timeout = min(wait, self.unreachable_wait_s)
+        return await super().getconn(timeout)
 
     async def putconn(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
         self._returned_at[conn] = time.monotonic()

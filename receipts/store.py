@@ -288,6 +288,7 @@ class Store:
         max_size: int = 10,
         open_timeout: float = 15.0,
         check_idle_s: float = CHECK_IDLE_S,
+        unreachable_wait_s: float | None = None,
         session: Mapping[str, str] | None = None,
         policies: Sequence[SettlementPolicy],
         owe_callbacks: bool = True,
@@ -297,13 +298,12 @@ class Store:
         runs `policies` in every job append (`receipts.assembly.open_store` opens one with the
         runtime's policies; a test of the bare store names none).
 
-        A connection broken by a database restart is replaced, not handed out: the pool checks
-        (one round trip) every connection idle for `check_idle_s` or longer (0: every checkout),
-        and one idle for less when its backend sent it something meanwhile (`CHECK_IDLE_S`
-        says why). Each new connection gets the settings in `session` (`SESSION_SETTINGS` unless
-        given), then `on_connect` is called (the process's listener: the database is back). With
-        `owe_callbacks` (a callback URL is configured) a job's settle leaves its terminal
-        callback owed in `callback_outbox`; without, no row is written for nobody to post."""
+        The pool (receipts/pool.py) replaces a connection a restart broke (`check_idle_s`) and,
+        given `unreachable_wait_s`, waits no longer while the database cannot be reached. Each
+        new connection gets the settings in `session` (`SESSION_SETTINGS` unless given), then
+        `on_connect` is called (the listener: the database is back). With `owe_callbacks` (a
+        callback URL is configured) a job's settle leaves its terminal callback owed in
+        `callback_outbox`; without, no row is written for nobody to post."""
         settings = dict(SESSION_SETTINGS if session is None else session)
 
         async def configure(conn: psycopg.AsyncConnection[TupleRow]) -> None:
@@ -321,6 +321,7 @@ class Store:
             open=False,
             timeout=10.0,
             check_idle_s=check_idle_s,
+            unreachable_wait_s=unreachable_wait_s,
             configure=configure,
         )
         with translate_errors():

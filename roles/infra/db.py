@@ -9,6 +9,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receipts import assembly, metrics
+from receipts.pool import UNREACHABLE_WAIT_S
 from receipts.settings import Settings
 from receipts.sql import migrations, query
 from receipts.store import SESSION_SETTINGS, Store, migrate, missing_migrations
@@ -87,7 +88,9 @@ async def open_store(
 
     Every role's pool checks its connections alike (receipts/pool.py `CHECK_IDLE_S`). The
     api's pool (`api=True`) is larger unless `RECEIPT_DB_POOL_MAX` is set (many requests at
-    once), and bounds each statement.
+    once), bounds each statement, and while the database cannot be reached a request waits
+    `UNREACHABLE_WAIT_S` for a connection, not the pool's 10 s, before its 503. The other
+    roles' writes (a heartbeat, a settle) wait the whole timeout on each of their tries.
     """
     max_size = settings.pool_max_size
     if api and "pool_max_size" not in settings.model_fields_set:
@@ -101,6 +104,7 @@ async def open_store(
         min_size=settings.pool_min_size,
         max_size=max_size,
         session=session,
+        unreachable_wait_s=UNREACHABLE_WAIT_S if api else None,
         owe_callbacks=bool(settings.callback_urls),
         on_connect=on_connect,
     )

@@ -115,7 +115,10 @@ class HealthChecker:
             try:
                 reasons += await within(self._missing_pollers(), CHECK_TIMEOUT_S)
             except Exception as exc:
+                metrics.DEPENDENCY_REACHABLE.labels("temporal").set(0)
                 reasons.append(f"temporal unreachable: {type(exc).__name__}: {exc}".rstrip(": "))
+            else:
+                metrics.DEPENDENCY_REACHABLE.labels("temporal").set(1)
         for check in self.extra_checks:
             reason = await check()
             if reason:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receipts.jobs import TERMINAL_STATUSES
@@ -62,6 +63,16 @@ async def enqueue(api: httpx.AsyncClient, *argv: str) -> str:
     return scoped_id("org-a", answer.json()["async"]["jobId"])
 
 
+def dependencies_reachable(exposition: str) -> dict[str, float]:
+    """`receipt_dependency_reachable` by dependency, from a role's /metrics."""
+    return {
+        sample.labels["dependency"]: sample.value
+        for family in text_string_to_metric_families(exposition)
+        if family.name == "receipt_dependency_reachable"
+        for sample in family.samples
+    }
+
+
 def metrics_ports(procs: RoleProcesses, *names: str) -> dict[str, int]:
     ports = {}
     for name in names:
@@ -99,9 +110,12 @@ async def test_a_temporal_outage_loses_no_job_and_the_backlog_starts_when_it_ret
             during = [await enqueue(api, "true") for _ in range(4)]
             await asyncio.sleep(10)
             ready = {"api": (await api.get("/readyz")).status_code}
+            reachable = {}
             for name, metrics_port in ports.items():
                 answer = await api.get(f"http://127.0.0.1:{metrics_port}/readyz")
                 ready[name] = answer.status_code
+                exposition = (await api.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+                reachable[name] = dependencies_reachable(exposition)
             await asyncio.sleep(max(0.0, 22 - (time.monotonic() - cut_at)))
             await proxy.restore()
             took = await all_terminal(store, running + during, 120)
@@ -109,6 +123,9 @@ async def test_a_temporal_outage_loses_no_job_and_the_backlog_starts_when_it_ret
         for job_id in [warm, *running, *during]:
             assert len(await settles_of(store, job_id)) == 1, job_id
         assert ready == {"api": 200, "driver": 503, "worker-codex": 503}, ready
+        # The gauge names the cause (ReceiptTemporalUnreachable), not only the readiness.
+        both = {"database": 1.0, "temporal": 0.0}
+        assert reachable == {"driver": both, "worker-codex": both}, reachable
         # 1.0-3.5 s measured (9.6-11.5 s before: the redrive's next look), here on a loaded machine
         assert took < 8, f"the backlog waited {took:.1f} s after Temporal returned"
     except BaseException:
@@ -145,7 +162,9 @@ async def test_a_postgres_outage_is_503_then_every_job_settles_once(
             await proxy.cut()
             cut_at = time.monotonic()
             await asyncio.sleep(1)
+            asked = time.monotonic()
             refused = await api.post("/agents/codex/jobs", json=job_body(), headers=AS_A)
+            refused_in = time.monotonic() - asked
             probes = {
                 "api /readyz": (await api.get("/readyz")).status_code,
                 "api /healthz": (await api.get("/healthz")).status_code,
@@ -172,13 +191,17 @@ async def test_a_postgres_outage_is_503_then_every_job_settles_once(
             # reattach's rescan (11.2 s after a 20 s outage, on the backoff alone).
             rescanned = time.monotonic() - restored_at + await all_terminal(store, during, 60)
             print(
-                f"during the outage: {refused.status_code} {dict(refused.headers)} {probes}; "
+                f"during the outage: {refused.status_code} in {refused_in:.1f} s "
+                f"{dict(refused.headers)} {probes}; "
                 f"202 again {back:.1f} s, the running jobs settled {settled:.1f} s, the job "
                 f"enqueued meanwhile {rescanned:.1f} s after it"
             )
         for job_id in [warm, *running, *during]:
             assert len(await settles_of(store, job_id)) == 1, job_id
         assert refused.status_code == 503 and refused.headers.get("Retry-After"), refused.text
+        # Not after the pool's 10 s wait: the api's pool waits UNREACHABLE_WAIT_S once its
+        # attempt to connect has failed.
+        assert refused_in < 4, f"the 503 took {refused_in:.1f} s"
         # Not ready (no new traffic), still live (no restart of a role that only waits).
         assert probes == {
             "api /readyz": 503,

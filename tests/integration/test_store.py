@@ -11,11 +11,11 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from receipts import assembly, metrics
 from receipts.errors import ConflictError, InvariantError, TransientStorageError
-from receipts.pool import CHECK_IDLE_S, RECONNECT_MAX_DELAY_S, has_input
+from receipts.pool import CHECK_IDLE_S, RECONNECT_MAX_DELAY_S, UNREACHABLE_WAIT_S, has_input
 from receipts.store import (
     Draft,
     Store,
@@ -233,6 +233,62 @@ async def test_after_an_outage_the_pool_reconnects_within_seconds_not_a_doubled_
         await proxy.cut()
 
 
+async def test_a_pool_told_to_fail_fast_waits_a_second_while_the_database_cannot_be_reached(
+    db_url: str,
+) -> None:
+    """The api's pool: with the database away, a checkout waited the pool's whole 10 s before
+    the request's 503 (every request meanwhile held open). A failed attempt to connect fails the
+    waiting checkouts, and later ones wait UNREACHABLE_WAIT_S until an attempt succeeds; the
+    gauge says so, and the database back is reached at the next attempt. A pool that is only
+    busy still waits its whole timeout."""
+    info = conninfo_to_dict(db_url)
+    proxy = CutProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+    await proxy.start()
+    store = await assembly.open_store(
+        make_conninfo(db_url, host="127.0.0.1", port=proxy.port),
+        min_size=1,
+        max_size=1,
+        unreachable_wait_s=UNREACHABLE_WAIT_S,
+    )
+    try:
+        async with store.connection():  # busy, the database answering: the whole wait
+            started = time.monotonic()
+            with pytest.raises(PoolTimeout):
+                await store._pool.getconn(timeout=2.5)
+            assert time.monotonic() - started >= 2.4
+        assert metrics.value("receipt_dependency_reachable", dependency="database") == 1
+        await proxy.cut()
+        await asyncio.sleep(0.3)  # the idle connection's socket has its end
+        started = time.monotonic()
+        with pytest.raises(TransientStorageError):
+            await store.now()  # the lost connection found; the pool's attempts fail it
+        # The broken connection's check, psycopg_pool's 1 s before it looks again, a failed
+        # attempt to connect: about a second, not the 10 s timeout the checkout began with.
+        first = time.monotonic() - started
+        assert first < RECONNECT_MAX_DELAY_S + 1.5, first
+        assert metrics.value("receipt_dependency_reachable", dependency="database") == 0
+        waits = []
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(TransientStorageError):
+                await store.now()
+            waits.append(time.monotonic() - started)
+        assert max(waits) < UNREACHABLE_WAIT_S + 0.5, waits
+        await proxy.restore()
+        restored = time.monotonic()
+        while True:
+            try:
+                await store.now()
+                break
+            except TransientStorageError:
+                assert time.monotonic() - restored < RECONNECT_MAX_DELAY_S + 1.5
+        assert metrics.value("receipt_dependency_reachable", dependency="database") == 1
+        assert store._pool.unreachable_since is None
+    finally:
+        await store.close()
+        await proxy.cut()
+
+
 async def test_a_connection_idle_across_a_restart_is_checked_and_replaced(db_url: str) -> None:
     store = await assembly.open_store(db_url, min_size=1, max_size=1)
     try:
@@ -287,9 +343,15 @@ async def test_the_api_pool_is_larger_unless_the_size_is_set(db_url: str) -> Non
     sizes = []
     for api, env in ((True, {}), (False, {}), (True, {"RECEIPT_DB_POOL_MAX": "5"})):
         store = await open_store(db_url, Settings.load(env), api=api)
-        sizes.append((store._pool.max_size, store._pool.check_idle_s))
+        pool = store._pool
+        sizes.append((pool.max_size, pool.check_idle_s, pool.unreachable_wait_s))
         await store.close()
-    assert sizes == [(API_POOL_MAX, CHECK_IDLE_S), (10, CHECK_IDLE_S), (5, CHECK_IDLE_S)]
+    # Only the api's requests wait UNREACHABLE_WAIT_S; a worker's heartbeat and settle wait on.
+    assert sizes == [
+        (API_POOL_MAX, CHECK_IDLE_S, UNREACHABLE_WAIT_S),
+        (10, CHECK_IDLE_S, None),
+        (5, CHECK_IDLE_S, UNREACHABLE_WAIT_S),
+    ]
     assert API_POOL_MAX == 20
 
 
