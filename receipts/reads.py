@@ -115,8 +115,8 @@ async def job_counts(store: Store, viewer: Viewer, filters: JobFilters) -> dict[
         "status": None,
         "window": CONSOLE_WINDOW,
     }
-    with translate_errors():
-        rows = await store.fetch("console_status_counts", params)
+    with translate_errors():  # never a prepared generic plan (see `page`)
+        rows = await store.fetch("console_status_counts", params, prepare=False)
     return {str(status): int(count) for status, count in rows}
 
 
@@ -141,8 +141,8 @@ async def failed_groups(
         "limit": limit,
         "window": CONSOLE_WINDOW,
     }
-    with translate_errors():
-        rows = await store.fetch("console_failed_groups", params)
+    with translate_errors():  # never a prepared generic plan (see `page`)
+        rows = await store.fetch("console_failed_groups", params, prepare=False)
     return [FailedGroup(*row) for row in rows]
 
 

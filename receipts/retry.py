@@ -175,6 +175,7 @@ async def retry_matching(
                 "tried": tried,
                 "limit": limit - (len(tried) - refused),
             },
+            prepare=False,  # a generic plan cannot use the organization's index (see `page`)
         )
         refused_before = refused
         for row in rows:

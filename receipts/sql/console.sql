@@ -21,7 +21,8 @@ GROUP BY status;
 -- name: console_failed_groups
 -- Failed jobs not yet retried, grouped by agent and error, largest group first (no agent job's
 -- turn: its job retries its own turns, so a group of them could never be retried here).
--- Of the `window` most recently failed (jobs_status_updated_idx): bounded work per page.
+-- Of the `window` most recently failed (an organization's: jobs_retryable_idx, migration 0025;
+-- every organization's: jobs_terminal_idx): bounded work per page.
 SELECT agent_id, coalesce(state ->> 'error', ''), count(*), max(updated_at)
 FROM (
     SELECT agent_id, state, updated_at FROM jobs
@@ -39,7 +40,7 @@ LIMIT %(limit)s;
 
 -- name: retry_candidates
 -- Settled jobs matching a bulk retry's filter that were never retried, oldest first (no agent
--- job's turn).
+-- job's turn): an organization's failed or canceled jobs only (jobs_retryable_idx, 0025).
 SELECT job_id
 FROM jobs
 WHERE status = %(status)s::text

@@ -113,8 +113,8 @@ WHERE a.status IN ('succeeded', 'failed', 'stopped') AND a.updated_at < %(cutoff
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries w
                   WHERE w.subject = a.agent_job_id AND w.status = 'pending'
                     AND w.event = 'session.wakeup')
-  -- nor while a turn's queue job owes its callback or a webhook delivery (pending rows of the
-  -- organization: webhook_deliveries_due_idx)
+  -- nor while a turn's queue job owes its callback or a webhook delivery (the pending rows of
+  -- the turns' range: webhook_deliveries_pending_subject_idx, 0025)
   AND NOT EXISTS (SELECT 1 FROM callback_outbox o
                   WHERE o.job_id COLLATE "C" >= a.agent_job_id || ':attempt:'
                     AND o.job_id COLLATE "C" < a.agent_job_id || ':attempt;')

@@ -59,6 +59,53 @@ async def test_a_failed_concurrent_prebuild_of_the_bytewise_index_is_built_again
         assert await (await conn.execute(BYTEWISE_VALID)).fetchone() == (True,)
 
 
+BOUNDED_READS = {
+    "jobs_retryable_idx": "jobs (organization_id, status, updated_at, job_id) "
+    "WHERE status IN ('failed', 'canceled')",
+    "webhook_deliveries_pending_subject_idx": 'webhook_deliveries ((subject COLLATE "C")) '
+    "WHERE status = 'pending'",
+    "agent_job_wakeups_created_idx": "agent_job_wakeups (created_at)",
+    "agent_jobs_open_idx": "agent_jobs (organization_id) "
+    "WHERE status IN ('queued', 'running', 'waiting_on_user')",
+}
+
+
+async def test_failed_concurrent_prebuilds_of_the_bounded_reads_indexes_are_built_again(
+    make_database: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README, "Upgrading to bounded reads": a large installation builds migration 25's indexes
+    concurrently first; one whose build was cancelled is left INVALID, which the migration's
+    `IF NOT EXISTS` alone would take as built (never used: the reads it bounds scan again)."""
+    url = str(make_database(migrated=False))  # type: ignore[operator]
+    before = tuple(m for m in migrations() if m.version <= 24)
+    monkeypatch.setattr(receipts.store, "migrations", lambda: before)
+    await migrate_url(url)
+    monkeypatch.undo()
+    valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)"
+    async with (
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as writer,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as operator,
+    ):
+        await writer.execute("BEGIN")
+        for table in ("jobs", "webhook_deliveries", "agent_job_wakeups", "agent_jobs"):
+            await writer.execute(f"LOCK TABLE {table} IN ROW EXCLUSIVE MODE")
+        await operator.execute("SET statement_timeout = '300ms'")
+        for name, definition in BOUNDED_READS.items():
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                await operator.execute(
+                    f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {definition}".encode()
+                )
+        await writer.execute("COMMIT")
+        for name in BOUNDED_READS:
+            assert await (await operator.execute(valid, (name,))).fetchone() == (False,), name
+
+    await migrate_url(url)
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for name in BOUNDED_READS:
+            assert await (await conn.execute(valid, (name,))).fetchone() == (True,), name
+
+
 def test_a_database_a_newer_build_migrated_is_named_not_called_up_to_date(
     make_database: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
