@@ -19,7 +19,7 @@ from receipts.errors import ConflictError, NotFoundError, StorageError, Transien
 from receipts.job_append import insert_params, numbered, plan
 from receipts.jobs import Job, Receipt
 from receipts.pool import CHECK_IDLE_S, SESSION_SETTINGS, Pool
-from receipts.sql import migrations, query
+from receipts.sql import query
 from receipts.streams import Draft
 
 log = logging.getLogger("receipts.store")
@@ -432,69 +432,3 @@ class Store:
                 row = await cur.fetchone()
         assert row is not None
         return row[0]
-
-
-async def migrate(conn: psycopg.AsyncConnection[TupleRow]) -> list[int]:
-    """Apply pending migrations in order, all in one transaction; return those applied.
-
-    Concurrent migrators serialise on that transaction's advisory lock, and a migration that
-    fails leaves none of this run's applied; every migration is idempotent, so running this
-    twice changes nothing.
-    """
-    applied: list[int] = []
-    with translate_errors():
-        async with conn.transaction():
-            await conn.execute(query("migrations_lock"), {})
-            await conn.execute(query("migrations_table"), {})
-            cur = await conn.execute(query("migrations_applied"), {})
-            done = {row[0] for row in await cur.fetchall()}
-            for migration in migrations():
-                if migration.version in done:
-                    continue
-                await conn.execute(migration.sql.encode())
-                await conn.execute(
-                    query("migration_record"),
-                    {"version": migration.version, "name": migration.name},
-                )
-                applied.append(migration.version)
-                log.info(
-                    "migration applied",
-                    extra={"event": "db.migrated", "version": migration.version},
-                )
-    return applied
-
-
-async def schema_version(conn: psycopg.AsyncConnection[TupleRow]) -> int:
-    """Return the highest applied migration version (0 when none, or never migrated)."""
-    with translate_errors():
-        cur = await conn.execute(query("migrations_exist"), {})
-        exists = await cur.fetchone()
-        if not (exists and exists[0]):
-            return 0
-        cur = await conn.execute(query("migrated"), {})
-        row = await cur.fetchone()
-    return int(row[0]) if row else 0
-
-
-async def missing_migrations(conn: psycopg.AsyncConnection[TupleRow]) -> list[int]:
-    """The versions of the migrations this code ships that the database has not applied, in
-    order (every one when it was never migrated): what `/readyz` and a command that writes
-    nothing refuse on."""
-    with translate_errors():
-        cur = await conn.execute(query("migrations_exist"), {})
-        exists = await cur.fetchone()
-        applied: set[int] = set()
-        if exists and exists[0]:
-            cur = await conn.execute(query("migrations_applied"), {})
-            applied = {int(row[0]) for row in await cur.fetchall()}
-    return unapplied(applied)
-
-
-def unapplied(applied: set[int]) -> list[int]:
-    """The shipped migrations' versions not in `applied`, in order."""
-    return sorted({m.version for m in migrations()} - applied)
-
-
-def latest_schema_version() -> int:
-    """Return the version of the newest migration this code ships."""
-    return max(m.version for m in migrations())

@@ -3,6 +3,12 @@
 -- name: migrations_lock
 SELECT pg_advisory_xact_lock(hashtextextended('receipt:migrations', 0));
 
+-- name: migrations_lock_timeout
+-- Each lock a migration takes from here on (a table's, for an index or a column) is waited for
+-- at most this long: a migration queued behind a long transaction holds every write to that
+-- table queued behind itself.
+SELECT set_config('lock_timeout', %(ms)s, true);
+
 -- name: migrations_table
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version    integer PRIMARY KEY,

@@ -10,9 +10,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receipts import assembly, metrics
 from receipts.pool import UNREACHABLE_WAIT_S
+from receipts.schema import migrate, missing_migrations
 from receipts.settings import Settings
 from receipts.sql import migrations, query
-from receipts.store import SESSION_SETTINGS, Store, migrate, missing_migrations
+from receipts.store import SESSION_SETTINGS, Store
 from roles.infra.embedded import database_url
 
 log = logging.getLogger("roles.infra.db")

@@ -27,7 +27,8 @@ from receipts.kinds import (
     QUEUE_CONTROL,
     installed_agent_ids,
 )
-from receipts.store import Store, latest_schema_version
+from receipts.schema import latest_schema_version
+from receipts.store import Store
 from roles.api.deps import clean_params
 from tests.integration.api_support import AS_A, AS_ADMIN, AS_B, api_client, enqueue_body, rid
 from tests.integration.helpers import new_id, types

@@ -11,9 +11,10 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-import receipts.store
+import receipts.schema
 import roles.infra.db
 from receipts import metrics
+from receipts.errors import TransientStorageError
 from receipts.sql import migrations, query
 from roles.cli.main import main
 from roles.infra.db import migrate_url
@@ -33,7 +34,7 @@ async def test_a_failed_concurrent_prebuild_of_the_bytewise_index_is_built_again
     key ranges read the whole `jobs` table per agent job (1.6 s a batch at 200 000 jobs)."""
     url = str(make_database(migrated=False))  # type: ignore[operator]
     before_0011 = tuple(m for m in migrations() if m.version <= 10)
-    monkeypatch.setattr(receipts.store, "migrations", lambda: before_0011)
+    monkeypatch.setattr(receipts.schema, "migrations", lambda: before_0011)
     await migrate_url(url)
     monkeypatch.undo()
     async with (
@@ -78,7 +79,7 @@ async def test_failed_concurrent_prebuilds_of_the_bounded_reads_indexes_are_buil
     `IF NOT EXISTS` alone would take as built (never used: the reads it bounds scan again)."""
     url = str(make_database(migrated=False))  # type: ignore[operator]
     before = tuple(m for m in migrations() if m.version <= 24)
-    monkeypatch.setattr(receipts.store, "migrations", lambda: before)
+    monkeypatch.setattr(receipts.schema, "migrations", lambda: before)
     await migrate_url(url)
     monkeypatch.undo()
     valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)"
@@ -106,6 +107,36 @@ async def test_failed_concurrent_prebuilds_of_the_bounded_reads_indexes_are_buil
             assert await (await conn.execute(valid, (name,))).fetchone() == (True,), name
 
 
+async def test_a_migration_behind_a_long_transaction_gives_up_instead_of_queueing_writes(
+    make_database: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 25 builds indexes on jobs: behind a transaction that holds a write lock on it
+    (an export, a rebuild, a stuck session) it waited as long as that one ran, and every write
+    to jobs queued behind it. It gives up after MIGRATION_LOCK_TIMEOUT_MS, nothing applied, and
+    `receipt migrate` names the migration; once the transaction ends it applies."""
+    url = str(make_database(migrated=False))  # type: ignore[operator]
+    shipped = migrations()
+    monkeypatch.setattr(receipts.schema, "migrations", lambda: shipped[:24])
+    await migrate_url(url)
+    monkeypatch.undo()
+    monkeypatch.setattr(receipts.schema, "MIGRATION_LOCK_TIMEOUT_MS", 300)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as holder:
+        await holder.execute("BEGIN")
+        await holder.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")
+        with pytest.raises(TransientStorageError, match=r"migration 25 .* waited over 300 ms"):
+            await asyncio.wait_for(migrate_url(url), 10)
+        ran = await asyncio.to_thread(
+            CliRunner().invoke, main, ["migrate"], env={"RECEIPT_DATABASE_URL": url}
+        )
+        assert ran.exit_code == 3, ran.output
+        assert "migration 25 (bounded_reads) waited over 300 ms" in ran.output, ran.output
+        async with await psycopg.AsyncConnection.connect(url) as reader:
+            cur = await reader.execute(query("migrated"))
+            assert await cur.fetchone() == (24,)
+        await holder.execute("COMMIT")
+    assert await migrate_url(url) == [m.version for m in shipped[24:]]
+
+
 def test_a_database_a_newer_build_migrated_is_named_not_called_up_to_date(
     make_database: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -115,7 +146,7 @@ def test_a_database_a_newer_build_migrated_is_named_not_called_up_to_date(
     url = str(make_database())  # type: ignore[operator]
     shipped = migrations()
     older, newer = shipped[:-2], [m.version for m in shipped[-2:]]
-    monkeypatch.setattr(receipts.store, "migrations", lambda: older)
+    monkeypatch.setattr(receipts.schema, "migrations", lambda: older)
     monkeypatch.setattr(roles.infra.db, "migrations", lambda: older, raising=False)
     monkeypatch.setenv("RECEIPT_DATABASE_URL", url)
 

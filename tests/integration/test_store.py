@@ -16,13 +16,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from receipts import assembly, metrics
 from receipts.errors import ConflictError, InvariantError, TransientStorageError
 from receipts.pool import CHECK_IDLE_S, RECONNECT_MAX_DELAY_S, UNREACHABLE_WAIT_S, has_input
-from receipts.store import (
-    Draft,
-    Store,
-    latest_schema_version,
-    migrate,
-    schema_version,
-)
+from receipts.schema import latest_schema_version, migrate, schema_version
+from receipts.store import Draft, Store
 from tests.cut_proxy import CutProxy
 from tests.eventually import eventually
 from tests.integration.helpers import new_id, put

@@ -8,7 +8,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from receipts import metrics, reads
 from receipts.errors import StorageError, TransientStorageError
-from receipts.store import Store, unapplied
+from receipts.schema import unapplied
+from receipts.store import Store
 from receipts.waits import within
 from roles.api.auth import ADMIN
 from roles.api.deps import ApiError, Caller, State, require_scope
