@@ -436,7 +436,7 @@ class Gateway:
             if status < 400:
                 grant.served(model)  # recovered: a later failure is the command's own
             grant.calls += 1
-            relay = Relay(upstream, started, grant.count, style, len(body))
+            relay = Relay(upstream, started, grant.count, style, len(body), str(credential.key))
             answer = Relayed(relay, functools.partial(grant.ended_on, state.slots))
             relayed = True
             return answer

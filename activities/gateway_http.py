@@ -73,8 +73,13 @@ class Relay:
         done: Callable[[str, Usage, float], None],
         style: str = "openai",
         sent: int = 0,
+        key: str = "",
     ) -> None:
         self.upstream = upstream
+        # An error answer may quote the request, its key with it (a proxy's, a provider's
+        # message): written `***` before the command reads it (`_hidden`).
+        self.hide = key.encode() if key and upstream.status_code >= 400 else b""
+        self.held = b""
         self.style = style
         self.sent = sent  # the call's body, in bytes: its input, were a stream cut before its usage
         self.ended = False  # read to its end (a stream: not cut by the command's hang-up)
@@ -96,9 +101,14 @@ class Relay:
                         self.kept += chunk
                     else:  # past the kept head only: its last bytes, where its usage is
                         self.tail = (self.tail + chunk)[-ANSWER_TAIL_BYTES:]
-                yield chunk
+                if sent := self._hidden(chunk) if self.hide else chunk:
+                    yield sent
             self.ended = True
+            if self.held:
+                yield self.held
         except httpx.HTTPError as exc:
+            if self.held:
+                yield self.held
             if not self.streamed:
                 raise  # a JSON answer cut short: the command's client sees it incomplete
             # A stream the provider stopped mid-way ends with an error event the command's
@@ -106,6 +116,14 @@ class Relay:
             late = isinstance(exc, httpx.TimeoutException)
             yield stream_error(self.style, "the provider did not answer in time" if late else
                                "the provider's answer was cut short")  # fmt: skip
+
+    def _hidden(self, chunk: bytes) -> bytes:
+        """What of the error answer can be sent after `chunk`, its key written `***`: its last
+        bytes are held until the next piece, which may end a key they begin."""
+        text = (self.held + chunk).replace(self.hide, b"***")
+        cut = max(0, len(text) - len(self.hide) + 1)
+        self.held = text[cut:]
+        return text[:cut]
 
     async def close(self) -> None:
         if self.closed:

@@ -24,6 +24,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, ClassVar, Self
 
+from psycopg import ProgrammingError
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from receipts.durations import parse_duration
@@ -33,7 +35,18 @@ from receipts.kinds import GROUP_QUEUES
 
 
 class SettingsError(ValueError):
-    """A setting's value is not one it accepts: `VARIABLE must be …, got 'value'`."""
+    """A setting's value is not one it accepts: `VARIABLE must be …, got 'value'` (a secret's
+    value, `secret`, as `***`)."""
+
+
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY")
+MASK = "***"
+
+
+def secret(variable: str) -> bool:
+    """Whether `variable`'s value is never printed whole: a token, a secret, a password, an
+    API key, or a database URL (its password)."""
+    return any(word in variable for word in SECRET_WORDS) or variable.endswith("DATABASE_URL")
 
 
 _WHOLE = re.compile(r"[+-]?[0-9]+")
@@ -109,7 +122,7 @@ def settings_error(
         name = next((n for n, v in named.items() if key in (n, v)), key)
         variable = named.get(name, key)
         allowed = (accepts or {}).get(name) or _accepts(error)
-        raw = given.get(variable, error.get("input"))
+        raw = MASK if secret(variable) else given.get(variable, error.get("input"))
         lines.append(f"{variable} must be {allowed}, got {raw!r}")
     return SettingsError("; ".join(lines))
 
@@ -166,6 +179,21 @@ class Settings(ReceiptSettings):
     # Terminal jobs older than this are pruned with all their rows by worker-control ("30d",
     # "12h"; "0" keeps everything). See receipts/retention.py.
     retention: str = Field(default="0", alias="RECEIPT_RETENTION")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_parses(cls, value: str | None) -> str | None:
+        # Checked here, where its error names no value: libpq's own quotes the whole URL,
+        # password included (a role's traceback, `receipt migrate`'s message).
+        if value is not None:
+            try:
+                conninfo_to_dict(value)
+            except ProgrammingError:
+                raise ValueError(
+                    "a PostgreSQL connection URL (postgresql://user:password@host:port/db) "
+                    "or key=value string"
+                ) from None
+        return value
 
     @field_validator("retention")
     @classmethod

@@ -146,7 +146,7 @@ def enqueue_command(
                         f"agent {job['agentId']} kind {job['kind']} route {job['route']}"
                     )
                 )
-                click.echo(printable(f"events: {client.url}{accepted['async']['eventsUrl']}"))
+                click.echo(printable(f"events: {client.shown_url}{accepted['async']['eventsUrl']}"))
             return
         if not as_json:
             click.echo(printable(f"job {job['jobId']} {accepted['outcome']}; waiting"), err=True)

@@ -242,7 +242,7 @@ def objectives_run(
             err=wait,
         )
         if not wait:
-            click.echo(printable(f"events: {client.url}{accepted['eventsUrl']}"))
+            click.echo(printable(f"events: {client.shown_url}{accepted['eventsUrl']}"))
             return
         sys.exit(follow(client, accepted["objectiveId"], as_json, accepted["job"]["jobId"]))
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel, BeforeValidator, Field
@@ -28,11 +29,13 @@ from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.enqueue import OrgCaps
 from receipts.objectives.watchdog import WatchdogSettings
 from receipts.settings import (
+    MASK,
     FactorySettings,
     ReceiptSettings,
     Settings,
     SettingsError,
     Whole,
+    secret,
     variables,
 )
 from receipts.timing import TimingSettings
@@ -239,15 +242,12 @@ def load_or_exit(env: Mapping[str, str] | None = None) -> RuntimeSettings:
         raise SystemExit(2) from None
 
 
-SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD")
-MASK = "***"
-
-
 def shown(variable: str, value: Any) -> str:
-    """A value as `receipt config` prints it: secrets masked, a database URL's password too."""
+    """A value as `receipt config` prints it: secrets masked, a database URL's password too,
+    and the password of any other URL's user (a callback receiver's, the Temporal UI's)."""
     if value is None:
         return "(unset)"
-    if any(word in variable for word in SECRET_WORDS):
+    if secret(variable) and not variable.endswith("DATABASE_URL"):
         return MASK
     text = str(value)
     if variable.endswith("DATABASE_URL"):
@@ -258,6 +258,9 @@ def shown(variable: str, value: Any) -> str:
         if parts.get("password"):
             parts["password"] = MASK
             return make_conninfo("", **{k: v for k, v in parts.items() if v is not None})
+    elif variable.endswith("_URL") and (url := urlsplit(text)).password:
+        user, _, host = url.netloc.rpartition("@")
+        return url._replace(netloc=f"{user.partition(':')[0]}:{MASK}@{host}").geturl()
     return text
 
 

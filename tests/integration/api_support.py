@@ -23,6 +23,7 @@ from jsonschema import Draft202012Validator
 from receipt_client.sse import SseEvent, parse_sse
 from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.kinds import CONTRACTS
+from receipts.settings import Settings
 from receipts.store import Store
 from receipts.tenancy import scoped_id
 from receipts.webhooks import WebhookSettings
@@ -90,6 +91,7 @@ async def api_client(
     base_url: str = "http://api.test",
     agent_jobs: AgentJobSettings | None = None,
     webhooks: WebhookSettings | None = None,
+    core: Settings | None = None,
     overrides: Mapping[Callable[..., Any], Callable[..., Any]] | None = None,
     **settings: Any,
 ) -> AsyncIterator[httpx.AsyncClient]:
@@ -97,6 +99,7 @@ async def api_client(
     `overrides` replace FastAPI dependencies (`app.dependency_overrides`)."""
     values: dict[str, Any] = {"tokens": TOKENS, **UNLIMITED, **settings}
     runtime = RuntimeSettings(
+        core=core or Settings(),
         api=ApiSettings(**values),
         agent_jobs=agent_jobs or AgentJobSettings(),
         webhooks=webhooks or WebhookSettings(),

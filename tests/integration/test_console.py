@@ -11,6 +11,7 @@ import pytest
 from receipts import commands, operations
 from receipts.enqueue import EnqueueRequest, enqueue
 from receipts.kinds import TURN_KIND
+from receipts.settings import Settings
 from receipts.store import Store
 from tests.integration.api_support import (
     AS_A,
@@ -289,6 +290,21 @@ async def test_job_page_shows_timeline_attempts_output_and_the_temporal_link(
     assert "job.leased" in page.text and f"{worker} · attempt 1" in page.text
     assert "ReceiptJobId" in page.text and "/namespaces/default/workflows?" in page.text
     assert 'data-live="yes"' in page.text
+
+
+async def test_the_temporal_link_carries_no_credentials_of_the_ui_url(
+    db_url: str, store: Store
+) -> None:
+    """RECEIPT_TEMPORAL_UI_URL may name the UI's basic-auth user and password; the job page
+    links an organization's reader to the UI too, and printed them in its link."""
+    core = Settings(temporal_ui_url="https://ops:uiPassw0rd@temporal-ui.internal:8443/")
+    async with api_client(db_url, store=store, core=core) as client:
+        posted = await client.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+        await sign_in(client, TOKEN_A)
+        page = await client.get(f"/console/jobs/{posted.json()['job']['jobId']}")
+    assert page.status_code == 200, page.text
+    assert "https://temporal-ui.internal:8443/namespaces/default/workflows?" in page.text
+    assert "uiPassw0rd" not in page.text and "ops:" not in page.text
 
 
 async def test_the_job_page_shows_task_env_names_never_their_values(

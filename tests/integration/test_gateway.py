@@ -776,6 +776,40 @@ async def test_a_transport_error_naming_the_key_reaches_the_command_redacted() -
     assert "sk-secret-key" not in answer.text and "***" in answer.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_provider_s_error_answer_naming_the_key_reaches_the_command_redacted(
+    stream: bool,
+) -> None:
+    """A proxy or provider answering an error with the request quoted (its key with it): the
+    answer is the command's, its key written `***` however the body came in pieces."""
+    key = "sk-secret-key-0123456789"
+
+    def quote(request: httpx.Request) -> httpx.Response:
+        text = f'{{"error": {{"message": "bad header: {request.headers["authorization"]}"}}}}'
+        pieces = [text[i : i + 7].encode() for i in range(0, len(text), 7)]  # the key split
+        content = httpx.ByteStream(b"".join(pieces)) if not stream else _pieces(pieces)
+        kind = "text/event-stream" if stream else "application/json"
+        return httpx.Response(400, headers={"content-type": kind}, stream=content)
+
+    leaky = provider("leaky", "openai", "http://provider.invalid/v1", key)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(quote)) as http:
+        gateway = Gateway({"leaky": leaky}, http)
+        grant = turn(gateway, "leaky")
+        answer = await call(grant, stream=stream)
+        await gateway.close()
+    assert answer.status_code == 400
+    assert key not in answer.text and "Bearer ***" in answer.text
+
+
+class _pieces(httpx.AsyncByteStream):
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+
+
 async def test_a_body_declared_past_the_bound_is_refused_before_it_is_sent(gw: Gateway) -> None:
     """A `content-length` past MAX_REQUEST_BYTES is answered 413 at once: the gateway does not
     wait for (nor hold) a body it will refuse."""

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi.encoders import jsonable_encoder
 
-from receipt_client import Client, ObjectiveNotCreated, ServerError, models
+from receipt_client import AsyncClient, Client, ObjectiveNotCreated, ServerError, models
 from receipt_client.errors import BY_STATUS, ReceiptError, error_of
 from receipts.jobs import Job
 from roles.api.schema import job_view
@@ -407,3 +407,22 @@ def test_a_proxy_s_bad_gateway_is_ridden_out_by_a_wait_and_a_stream(
     with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
         assert client.wait("j-1").status == "completed"
     assert resumed == ["0", "1", "1"]  # resumed after its last receipt
+
+
+@pytest.mark.parametrize("make", [Client, AsyncClient], ids=["sync", "async"])
+async def test_a_password_in_the_api_url_is_never_printed(make: Any) -> None:
+    """`--api-url http://user:password@host` (a proxy's basic auth): every message naming the
+    URL wrote the password out (`receipt`'s error line lands in CI logs); it is `***`."""
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    url = "http://ops:pr0xyPassw0rd@api.internal:8000"
+    client = make(url, transport=(httpx.MockTransport(refused)))
+    with pytest.raises(ReceiptError) as refusal:
+        answer = client.get_job("j-1")
+        if hasattr(answer, "__await__"):
+            await answer
+    assert "pr0xyPassw0rd" not in str(refusal.value), refusal.value
+    assert "http://ops:***@api.internal:8000" in str(refusal.value), refusal.value
+    assert client.url == url  # the requests still carry it

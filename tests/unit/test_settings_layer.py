@@ -87,6 +87,34 @@ def test_secrets_and_a_database_password_are_masked() -> None:
     assert shown("RECEIPT_TEMPORAL_ADDRESS", "temporal:7233") == "temporal:7233"
 
 
+def test_the_temporal_api_key_and_a_urls_password_are_masked_too() -> None:
+    assert shown("RECEIPT_TEMPORAL_API_KEY", "tmprl-k3y") == "***"
+    callback = shown("RECEIPT_EVENT_CALLBACK_URL", "https://hook:cbPassw0rd@cb.example/x?a=1")
+    assert callback == "https://hook:***@cb.example/x?a=1"
+    assert shown("RECEIPT_TEMPORAL_UI_URL", "http://localhost:8233") == "http://localhost:8233"
+    assert shown("RECEIPT_TEMPORAL_TLS_KEY", "/etc/tls/client.key") == "/etc/tls/client.key"
+    assert shown("RECEIPT_MAX_JSON_KEY_CHARS", 256) == "256"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres:s3cret@127.0.0.1/receipt",  # no scheme: libpq reads it as key=value pairs
+        "postgresql://app:s3cret@[::1/receipt",
+        "postgresql://app:s3cret@db/receipt?sslmod=require",
+    ],
+)
+def test_a_malformed_database_url_is_refused_at_load_without_its_password(url: str) -> None:
+    # libpq's parse error quotes the whole string: a role crashed with it in its traceback and
+    # `receipt migrate` printed it, the password with it.
+    with pytest.raises(SettingsError) as raised:
+        load({"RECEIPT_DATABASE_URL": url})
+    message = str(raised.value)
+    assert message.startswith("RECEIPT_DATABASE_URL must be a PostgreSQL connection URL")
+    assert "s3cret" not in message
+    assert message.endswith("got '***'")
+
+
 def test_the_load_also_reports_the_sandboxs_and_temporals_settings() -> None:
     with pytest.raises(SettingsError, match="RECEIPT_SANDBOX_UIDS must be 'first-last'"):
         load({"RECEIPT_SANDBOX_UIDS": "many"})

@@ -20,7 +20,7 @@ from receipt_client.errors import (
     Unavailable,
     error_of,
 )
-from receipt_client.settings import PAGE, connection, stream_timeout
+from receipt_client.settings import PAGE, connection, shown, stream_timeout
 from receipt_client.sse import RECONNECT_ATTEMPTS, parse_sse_async, reconnect_delay
 
 
@@ -37,6 +37,7 @@ class AsyncBaseClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url, headers = connection(url, token)
+        self.shown_url = shown(self.url)  # what messages print: no password
         self.http = httpx.AsyncClient(
             base_url=self.url, headers=headers, timeout=timeout, transport=transport
         )
@@ -72,15 +73,17 @@ class AsyncBaseClient:
                 method, path, params=params, headers=headers, **options
             )
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
-            raise ConnectionFailed(f"cannot reach the API at {self.url}: {exc}") from exc
+            raise ConnectionFailed(f"cannot reach the API at {self.shown_url}: {exc}") from exc
         except httpx.TransportError as exc:
             if method == "GET":
-                raise ConnectionFailed(f"no answer from the API at {self.url}: {exc}") from exc
+                raise ConnectionFailed(
+                    f"no answer from the API at {self.shown_url}: {exc}"
+                ) from exc
             # Sent, perhaps applied (a timeout, a connection reset before the answer): only a
             # request that names its job (its id, or an Idempotency-Key) can be sent again
             # without doing it twice.
             raise ConnectionFailed(
-                f"no answer from the API at {self.url} to {method} {path} "
+                f"no answer from the API at {self.shown_url} to {method} {path} "
                 f"({exc or type(exc).__name__}): it may have been applied; send it again with "
                 "the same job id or Idempotency-Key to find out"
             ) from exc
@@ -92,7 +95,7 @@ class AsyncBaseClient:
             return response.json()
         except ValueError as exc:  # not the API (a proxy's page, another service at the URL)
             raise ServerError(
-                f"{self.url} answered {method} {path} with a body that is not JSON "
+                f"{self.shown_url} answered {method} {path} with a body that is not JSON "
                 f"({response.headers.get('content-type') or 'no content type'})",
                 status=response.status_code,
             ) from exc
@@ -167,7 +170,7 @@ class AsyncBaseClient:
                             # A proxy's or a login page: not the API, and no reconnect mends it.
                             await response.aread()
                             raise ServerError(
-                                f"{self.url} answered GET {path} with "
+                                f"{self.shown_url} answered GET {path} with "
                                 f"{kind or 'no content type'}, not an event stream",
                                 status=200,
                             )

@@ -23,7 +23,7 @@ from receipt_client.errors import (
     Unavailable,
     error_of,
 )
-from receipt_client.settings import PAGE, connection, stream_timeout
+from receipt_client.settings import PAGE, connection, shown, stream_timeout
 from receipt_client.sse import RECONNECT_ATTEMPTS, parse_sse, reconnect_delay
 
 
@@ -40,6 +40,7 @@ class BaseClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url, headers = connection(url, token)
+        self.shown_url = shown(self.url)  # what messages print: no password
         self.http = httpx.Client(
             base_url=self.url, headers=headers, timeout=timeout, transport=transport
         )
@@ -73,15 +74,17 @@ class BaseClient:
         try:
             response = self.http.request(method, path, params=params, headers=headers, **options)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
-            raise ConnectionFailed(f"cannot reach the API at {self.url}: {exc}") from exc
+            raise ConnectionFailed(f"cannot reach the API at {self.shown_url}: {exc}") from exc
         except httpx.TransportError as exc:
             if method == "GET":
-                raise ConnectionFailed(f"no answer from the API at {self.url}: {exc}") from exc
+                raise ConnectionFailed(
+                    f"no answer from the API at {self.shown_url}: {exc}"
+                ) from exc
             # Sent, perhaps applied (a timeout, a connection reset before the answer): only a
             # request that names its job (its id, or an Idempotency-Key) can be sent again
             # without doing it twice.
             raise ConnectionFailed(
-                f"no answer from the API at {self.url} to {method} {path} "
+                f"no answer from the API at {self.shown_url} to {method} {path} "
                 f"({exc or type(exc).__name__}): it may have been applied; send it again with "
                 "the same job id or Idempotency-Key to find out"
             ) from exc
@@ -93,7 +96,7 @@ class BaseClient:
             return response.json()
         except ValueError as exc:  # not the API (a proxy's page, another service at the URL)
             raise ServerError(
-                f"{self.url} answered {method} {path} with a body that is not JSON "
+                f"{self.shown_url} answered {method} {path} with a body that is not JSON "
                 f"({response.headers.get('content-type') or 'no content type'})",
                 status=response.status_code,
             ) from exc
@@ -168,7 +171,7 @@ class BaseClient:
                             # A proxy's or a login page: not the API, and no reconnect mends it.
                             response.read()
                             raise ServerError(
-                                f"{self.url} answered GET {path} with "
+                                f"{self.shown_url} answered GET {path} with "
                                 f"{kind or 'no content type'}, not an event stream",
                                 status=200,
                             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -17,6 +18,16 @@ def connection(url: str | None, token: str | None) -> tuple[str, dict[str, str]]
     base = (url or os.environ.get("RECEIPT_API_URL") or DEFAULT_URL).rstrip("/")
     bearer = token if token is not None else os.environ.get("RECEIPT_API_TOKEN")
     return base, {"Authorization": f"Bearer {bearer}"} if bearer else {}
+
+
+def shown(url: str) -> str:
+    """`url` as messages print it: a password in it written `***` (an error line lands in CI
+    logs and terminals)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.netloc.rpartition("@")[0].partition(":")[0]
+    return parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}").geturl()
 
 
 def stream_timeout(timeout: httpx.Timeout, read: float = STREAM_READ_TIMEOUT_S) -> httpx.Timeout:

@@ -7,7 +7,7 @@ import logging
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -72,8 +72,11 @@ _templates.globals.update(segment=path_segment, urlencode=urlencode)
 
 def temporal_workflows_url(settings: Settings) -> str:
     """The Temporal Web UI's list of the drivers' workflows (`RECEIPT_TEMPORAL_UI_URL`, in
-    `RECEIPT_TEMPORAL_NAMESPACE`), which the job page links to."""
-    ui = settings.temporal_ui_url.rstrip("/")
+    `RECEIPT_TEMPORAL_NAMESPACE`), which the job page links to. Without the URL's user and
+    password (a UI behind basic auth): every reader of a job page, an organization's too, sees
+    the link."""
+    parts = urlsplit(settings.temporal_ui_url)
+    ui = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl().rstrip("/")
     return f"{ui}/namespaces/{quote(settings.temporal_namespace)}/workflows"
 
 
