@@ -216,6 +216,18 @@ def load_providers(path: Path | None, env: Mapping[str, str]) -> dict[str, Provi
     return found
 
 
+def key_variables(path: Path | None) -> frozenset[str]:
+    """The environment variables the providers of `path` read their keys from (none when it is
+    unset or unreadable: `load_providers` says why): what only worker-codex may be given."""
+    if path is None:
+        return frozenset()
+    try:
+        parsed = ProvidersFile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError, ValidationError):
+        return frozenset()
+    return frozenset(c.env for p in parsed.providers for c in p.credentials if c.env)
+
+
 def _key(credential: CredentialEntry, env: Mapping[str, str]) -> str:
     if credential.env is not None:
         return env.get(credential.env, "").strip()

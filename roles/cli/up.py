@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
+from activities.gateway_providers import key_variables
 from receipts.settings import SettingsError
 from roles.api.auth import LOCAL_TOKEN_FILE, ensure_local_admin_token
 from roles.infra.db import migrate_url, resolve_url
@@ -38,11 +40,14 @@ ROLE_SECRETS: dict[str, tuple[str, ...]] = {
 }
 
 
-def role_env(role: str, env: dict[str, str]) -> dict[str, str]:
-    """`env` without the secrets `role` does not use (`temporal`: without any RECEIPT_ setting)."""
+def role_env(role: str, env: dict[str, str], keys: Iterable[str] = ()) -> dict[str, str]:
+    """`env` without the secrets `role` does not use (`temporal`: without any RECEIPT_ setting
+    either). `keys`: the variables the providers file reads its model keys from, which only
+    worker-codex's gateway uses (`key_variables`)."""
+    secrets = {**ROLE_SECRETS, **dict.fromkeys(keys, ("worker-codex",))}
     if role == "temporal":
-        return {k: v for k, v in env.items() if not k.startswith("RECEIPT_")}
-    return {k: v for k, v in env.items() if role in ROLE_SECRETS.get(k, (role,))}
+        return {k: v for k, v in env.items() if not k.startswith("RECEIPT_") and k not in secrets}
+    return {k: v for k, v in env.items() if role in secrets.get(k, (role,))}
 
 
 def metrics_ports(process: ProcessSettings) -> str:
@@ -56,9 +61,11 @@ def metrics_ports(process: ProcessSettings) -> str:
     return ", ".join(f"{r} :{DEFAULT_METRICS_PORTS[r]}" for r in roles)
 
 
-async def _temporal(data_dir: Path, env: dict[str, str], colour: bool) -> Supervised:
+async def _temporal(
+    data_dir: Path, env: dict[str, str], keys: frozenset[str], colour: bool
+) -> Supervised:
     argv = temporal_argv(data_dir / "temporal.sqlite", TEMPORAL_PORT, TEMPORAL_UI_PORT)
-    server = Supervised("temporal", argv, role_env("temporal", env), colour)
+    server = Supervised("temporal", argv, role_env("temporal", env, keys), colour)
     server.start()
     await wait_port(TEMPORAL_PORT, exited=server.returncode, name="the Temporal dev server")
     return server
@@ -143,8 +150,9 @@ async def up(settings: RuntimeSettings) -> int:
     temporal: Supervised | None = None
     address = core.temporal_address
     env = dict(settings.environment)
+    keys = key_variables(settings.gateway.providers_file)
     if not address:
-        temporal = await _temporal(data_dir, env, colour)
+        temporal = await _temporal(data_dir, env, keys, colour)
         address = f"127.0.0.1:{TEMPORAL_PORT}"
     env.update(
         RECEIPT_DATABASE_URL=url,
@@ -160,7 +168,9 @@ async def up(settings: RuntimeSettings) -> int:
         local_token, tokens_file = ensure_local_admin_token(data_dir)
         env["RECEIPT_API_TOKENS_FILE"] = str(tokens_file.resolve())
     roles = [
-        Supervised(role, [sys.executable, "-m", "roles.role", role], role_env(role, env), colour)
+        Supervised(
+            role, [sys.executable, "-m", "roles.role", role], role_env(role, env, keys), colour
+        )
         for role in ROLES
     ]
     keepers = [asyncio.create_task(r.keep_alive(stopping)) for r in roles]

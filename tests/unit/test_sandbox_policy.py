@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from activities.gateway_providers import key_variables
 from activities.sandbox_env import chain_env, clean_env, environment_args
 from activities.sandbox_policy import (
     INSIDE_UID,
@@ -212,6 +213,29 @@ def test_receipt_up_gives_each_role_only_the_secrets_it_uses() -> None:
         assert "RECEIPT_CALLBACK_SIGNING_SECRET" not in role_env(role, ENV), role
         assert "RECEIPT_CALLBACK_TOKEN" not in role_env(role, ENV), role
     assert role_env("temporal", ENV) == {"PATH": "/usr/bin"}
+
+
+def test_receipt_up_gives_the_providers_keys_to_worker_codex_alone(tmp_path: Path) -> None:
+    """The variables a providers file reads its model keys from (`OPENAI_API_KEY`: not a
+    RECEIPT_ setting) reached every role and the Temporal dev server; worker-codex's gateway
+    is the only process that uses them."""
+    providers = tmp_path / "providers.yaml"
+    providers.write_text(
+        "providers:\n"
+        "  - id: openai\n"
+        "    api: openai\n"
+        "    baseUrl: https://api.openai.com/v1\n"
+        "    credentials:\n"
+        "      - {id: main, env: OPENAI_API_KEY}\n"
+        "      - {id: spare, file: /secrets/spare}\n"
+    )
+    keys = key_variables(providers)
+    assert keys == {"OPENAI_API_KEY"}
+    env = {**ENV, "OPENAI_API_KEY": "sk-live"}
+    assert role_env("worker-codex", env, keys)["OPENAI_API_KEY"] == "sk-live"
+    for role in ("api", "driver", "worker-chat", "worker-control", "temporal"):
+        assert "OPENAI_API_KEY" not in role_env(role, env, keys), role
+    assert key_variables(None) == set() and key_variables(tmp_path / "missing.yaml") == set()
 
 
 # --- a workspace a command changes while the worker looks at it -------------------------------
