@@ -32,5 +32,7 @@ AGENT_JOB_EVENTS = Counter(
     ["event"],
 )
 AGENT_JOBS_RUNNING = Gauge(
-    "receipt_agent_jobs_running", "Running agent jobs (slots in use) by agent.", ["agent"]
+    "receipt_agent_jobs_running",
+    "Running agent jobs (slots in use) by agent (`other`: one the agents registry does not name).",
+    ["agent"],
 )

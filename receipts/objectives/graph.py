@@ -175,7 +175,8 @@ def parse_task(raw: Any, field: str) -> TaskSpec:
             f"{field}.input",
             f"{field}.input must be exactly one of {{command: [argv]}} or {{prompt}}",
         )
-    depends = raw.get("dependsOn") or []
+    depends = raw.get("dependsOn")
+    depends = [] if depends is None else depends  # `false` or `""` is no list, not "none"
     if not isinstance(depends, list) or not all(isinstance(d, str) for d in depends):
         raise InvalidInput(f"{field}.dependsOn", f"{field}.dependsOn must be a list of task ids")
     path = raw.get("executionPath", "local") or "local"

@@ -120,6 +120,12 @@ async def check_shape_yielding(value: Any, limits: JsonLimits) -> None:
         raise
 
 
+def loads(text: str) -> Any:
+    """`text` as JSON as the API reads it: NaN, infinities and a number past a float's range
+    are not JSON (ValueError), since `jsonb` stores none of them."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def decode_json(raw: bytes) -> Any:
     """Decode a body (400 when it is not UTF-8 JSON, NaN and infinities included).
 
@@ -128,9 +134,7 @@ def decode_json(raw: bytes) -> Any:
     if not raw.strip():
         raise ApiError(400, "malformed_json", "the request body must be a JSON document")
     try:
-        return json.loads(
-            raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float
-        )
+        return loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ApiError(400, "malformed_json", "the request body is not UTF-8") from exc
     except RecursionError as exc:

@@ -25,7 +25,7 @@ from receipts.agent_jobs.model import (
     agent_job_id_of_queue_job,
     session_stream,
 )
-from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.agent_jobs.registry import AgentJobSettings, RegistryError, load_registry
 from receipts.errors import ReceiptError
 from receipts.jobs import JOB_STREAM_PREFIX
 from receipts.listen import RECONNECTED, Listener, Notice
@@ -88,6 +88,8 @@ class AgentJobDispatcher:
         self._posting: dict[tuple[str, str], asyncio.Task[bool]] = {}
         self._posts_at_once = asyncio.Semaphore(WAKEUP_POSTS_AT_ONCE)
         self._gauged: set[str] = set()  # agents the running gauge last read above 0
+        self._registry_ids: frozenset[str] = frozenset()
+        self._registry_version: tuple[int, int] | None = None  # its file's mtime and size
         agent_metrics.AGENT_JOB_ACTIONS.labels("failed")  # from 0, for the alert's increase()
 
     async def run_once(self) -> DispatchPass:
@@ -159,13 +161,35 @@ class AgentJobDispatcher:
 
     async def _gauge_running(self) -> None:
         """`receipt_agent_jobs_running{agent}`: the slots in use per agent, summed over the
-        organizations; an agent with none left reads 0 (not its last count)."""
+        organizations; an agent with none left reads 0 (not its last count). An agent the
+        registry does not name is `other`: a tenant chooses `agentId` (the api checks it only
+        where it reads the registry), and each label value is a series for good."""
         running: dict[str, int] = dict.fromkeys(self._gauged, 0)
-        for _, agent, count in await agent_reads.running_by_agent(self.store):
-            running[agent] = running.get(agent, 0) + count
+        rows = await agent_reads.running_by_agent(self.store)
+        registered = self._registered() if rows else frozenset()
+        for _, agent, count in rows:
+            label = agent if agent in registered else metrics.OTHER_AGENT
+            running[label] = running.get(label, 0) + count
         for agent, count in running.items():
             agent_metrics.AGENT_JOBS_RUNNING.labels(agent).set(count)
         self._gauged = {agent for agent, count in running.items() if count}
+
+    def _registered(self) -> frozenset[str]:
+        """The registry's agent ids, read again when its file changed; none when it is not
+        configured or cannot be read (the turns report that)."""
+        path = self.settings.agents_file
+        try:
+            found = path.stat() if path is not None else None
+        except OSError:
+            found = None
+        version = (found.st_mtime_ns, found.st_size) if found is not None else None
+        if version != self._registry_version:
+            try:
+                self._registry_ids = frozenset(load_registry(path).agents)
+            except RegistryError:
+                self._registry_ids = frozenset()
+            self._registry_version = version
+        return self._registry_ids
 
     @contextlib.asynccontextmanager
     async def _each(

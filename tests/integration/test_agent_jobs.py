@@ -12,10 +12,12 @@ import json
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from receipts import assembly, metrics
 from receipts import operations as ops
@@ -754,7 +756,7 @@ async def test_a_job_is_claimed_only_when_its_turn_can_take_its_organizations_co
 
 
 async def test_a_next_turn_that_cannot_take_its_organizations_slot_requeues_the_job(
-    fresh: tuple[Store, str],
+    fresh: tuple[Store, str], tmp_path: Path
 ) -> None:
     """A `done` turn with follow-ups continues in a next turn, which needs its organization's
     share of the codex workers like a claimed one: without a free slot the job goes back to
@@ -764,8 +766,11 @@ async def test_a_next_turn_that_cannot_take_its_organizations_slot_requeues_the_
     from receipts import fairness
     from receipts.kinds import QUEUE_CODEX
 
-    capped = AgentJobDispatcher(store, None, AgentJobSettings(), org_cap=1)
     agent = f"agent-{uuid.uuid4().hex[:6]}"
+    registry = tmp_path / "agents.yaml"  # the gauge names the registry's agents
+    registry.write_text(f'agents:\n  - id: {agent}\n    command: ["true"]\n', "utf-8")
+    settings = AgentJobSettings(RECEIPT_AGENTS_FILE=str(registry))
+    capped = AgentJobDispatcher(store, None, settings, org_cap=1)
     job, _ = await lifecycle.create(store, request(agent))
     assert (await capped.run_once()).claimed == 1
     assert metrics.value("receipt_agent_jobs_running", agent=agent) == 1
@@ -794,6 +799,33 @@ async def test_a_next_turn_that_cannot_take_its_organizations_slot_requeues_the_
     again = await current(store, job.agent_job_id)
     assert (again.status, again.attempt, again.turn) == ("running", 1, 2)
     assert again.queue_job_id == f"{job.agent_job_id}:attempt:1:turn:2"
+
+
+async def test_the_running_gauge_names_the_registrys_agents_only(
+    fresh: tuple[Store, str], tmp_path: Path
+) -> None:
+    """`receipt_agent_jobs_running{agent}`: a tenant chooses an agent job's `agentId` (the api
+    checks it only where it reads the registry), and each label value is a series on every
+    scrape, kept at 0 once it ran. 20 agent ids no registry names were 20 series (one per id,
+    for good); an agent the registry does not name is counted as `other`."""
+    store, _ = fresh
+    registered = f"agent-{uuid.uuid4().hex[:6]}"
+    registry = tmp_path / "agents.yaml"
+    registry.write_text(f'agents:\n  - id: {registered}\n    command: ["true"]\n', "utf-8")
+    chosen = [f"tenant-{uuid.uuid4().hex[:6]}-{i}" for i in range(20)]
+    for agent in (registered, *chosen):
+        await lifecycle.create(store, request(agent))
+    settings = AgentJobSettings(RECEIPT_AGENTS_FILE=str(registry))
+    assert (await AgentJobDispatcher(store, None, settings).run_once()).claimed == 21
+    labels = {
+        sample.labels["agent"]
+        for family in REGISTRY.collect()
+        if family.name == "receipt_agent_jobs_running"
+        for sample in family.samples
+    }
+    assert labels.isdisjoint(chosen)
+    assert metrics.value("receipt_agent_jobs_running", agent=registered) == 1
+    assert metrics.value("receipt_agent_jobs_running", agent="other") == 20
 
 
 @pytest.mark.parametrize("ending", ["failed", "lease_expired"])

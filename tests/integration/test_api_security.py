@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import socket
 import stat
 import time
@@ -1090,3 +1091,45 @@ async def test_steering_retrying_and_agent_jobs_need_the_scopes_of_what_they_run
     job = await store.get_job(rid(job_id))
     assert job is not None and job.retried_as is None
     assert [c.type for c in job.commands] == ["steer"]
+
+
+async def test_an_organization_id_an_admin_names_is_held_to_200_characters(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    """An admin token names the organization of a webhook or an agent job. One of 8 000
+    characters that do not compress went as far as PostgreSQL's index, which refused the row
+    (index row size), and the api answered 503 `storage_unavailable` with `Retry-After` (a
+    database outage: a client retries it for ever). As a job's `authContext.organizationId`:
+    at most 200 characters, 422 naming `organizationId`, nothing written."""
+    for organization in ("o" * 201, secrets.token_urlsafe(6000)):
+        hook = await client.post(
+            "/webhooks",
+            json={
+                "url": "https://93.184.216.34/hook",
+                "events": ["job.completed"],
+                "organizationId": organization,
+            },
+            headers=AS_ADMIN,
+        )
+        assert assert_error(hook, 422, "invalid_input")["field"] == "organizationId"
+        agent_job = await client.post(
+            "/agent-jobs",
+            json={
+                "agentId": "codex",
+                "ownerSessionId": "session-1",
+                "sourceActorEventId": "event-1",
+                "sourceToolCallId": new_id(),
+                "replyRoute": {"binding": "slack", "channel": "C1"},
+                "input": {"prompt": "work"},
+                "organizationId": organization,
+            },
+            headers=AS_ADMIN,
+        )
+        assert assert_error(agent_job, 422, "invalid_input")["field"] == "organizationId"
+        async with store.connection() as conn:
+            for table in ("webhooks", "agent_jobs"):
+                cur = await conn.execute(
+                    f"SELECT count(*) FROM {table} WHERE organization_id = %(o)s",
+                    {"o": organization},
+                )
+                assert await cur.fetchone() == (0,)

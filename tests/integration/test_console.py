@@ -198,6 +198,34 @@ async def test_malformed_forms_and_links_are_refused_not_failed(db_url: str, sto
         assert "queue.command" not in await types(store, rid(job_id))
 
 
+async def test_a_console_payload_of_nan_or_infinity_is_text_not_a_failure(
+    db_url: str, store: Store
+) -> None:
+    """A steer's payload `NaN`, `Infinity` or `1e400`: Python's json read each as a float that
+    `jsonb` refuses, and the append raised (StorageError: a 500 and a traceback per post). Read
+    as the API reads a body, none is JSON: the command carries the text, as any other text."""
+    job_id = new_id()
+    async with api_client(db_url, store=store) as client:
+        steerable = {"task": {"command": ["true"], "steerable": True}}
+        await client.post(
+            "/agents/codex/jobs",
+            json=enqueue_body(jobId=job_id, payload_extra=steerable),
+            headers=AS_A,
+        )
+        csrf = await sign_in(client, TOKEN_A)
+        texts = ["NaN", "-Infinity", "1e400", '{"a": [1e400]}']
+        for text in texts:
+            steer = await client.post(
+                f"/console/jobs/{job_id}/command",
+                **form({"csrf": csrf, "type": "steer", "payload": text}),  # type: ignore[arg-type]
+            )
+            assert steer.status_code == 303 and "steer+appended" in steer.headers["location"]
+        job = await store.get_job(rid(job_id))
+        assert job is not None
+        steered = await commands.with_payloads(store, job.job_id, job.commands)
+        assert [c.payload for c in steered] == [{"message": text} for text in texts]
+
+
 async def test_a_console_form_over_64_kib_is_refused_before_it_is_read_whole(
     db_url: str, store: Store
 ) -> None:

@@ -80,6 +80,15 @@ def test_find_cycle_finds_none_in_a_diamond() -> None:
             {"title": "t", "goal": "g", "tasks": [cmd("a", executionPath="moon")]},
             "objective.tasks[0].executionPath",
         ),
+        # A falsy dependsOn that is no list (false, "", 0) was read as none: the task ran
+        # beside the tasks it names, not after them.
+        *(
+            (
+                {"title": "t", "goal": "g", "tasks": [cmd("a"), cmd("b", dependsOn=none)]},
+                "objective.tasks[1].dependsOn",
+            )
+            for none in (False, "", 0, -0.0, {})
+        ),
     ],
 )
 def test_bad_objectives_name_the_field(raw: dict[str, Any], field: str) -> None:

@@ -26,7 +26,7 @@ from receipts.store import Store
 from receipts.tenancy import caller_id
 from roles.api.admission import caller_caps, held_retry
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import check_shape, path_segment
+from roles.api.body import check_shape, loads, path_segment
 from roles.api.console.paging import older_query, page_start
 from roles.api.console.receipt_rows import attempts, progress_lines, timeline
 from roles.api.console.session import (
@@ -297,7 +297,7 @@ async def job_command(request: Request, jobId: str) -> Response:
     text = fields.get("payload", "").strip()
     if command_type != "abort" and text:
         try:
-            payload = json.loads(text)
+            payload = loads(text)  # NaN or 1e400 is text, as in a body: jsonb stores neither
         except RecursionError:  # deeper than the parser goes: far past the depth limit
             raise FormError(422, "the payload is nested deeper than the API allows") from None
         except ValueError:

@@ -16,7 +16,7 @@ from receipts.agent_jobs import reads as agent_reads
 from receipts.agent_jobs.lifecycle import CreateRequest
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentJobSettings, RegistryError, load_registry
-from receipts.agent_jobs.requests import parse_answer, parse_create
+from receipts.agent_jobs.requests import MAX_ID_LENGTH, parse_answer, parse_create
 from receipts.errors import ConflictError, InvalidInput, NotFoundError
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
@@ -261,9 +261,11 @@ async def create_agent_job(request: Request, state: State, caller: Caller) -> JS
     organization_id = caller.organization_id
     named = body.pop("organizationId", None)
     if caller.admin and organization_id is None:
-        if not isinstance(named, str) or not named.strip():
+        if not isinstance(named, str) or not named.strip() or len(named) > MAX_ID_LENGTH:
             raise InvalidInput(
-                "organizationId", "an admin token must name the organizationId of the job"
+                "organizationId",
+                "an admin token must name the organizationId of the job (at most "
+                f"{MAX_ID_LENGTH} characters)",
             )
         organization_id = named
     elif named is not None and named != organization_id:

@@ -17,6 +17,7 @@ from activities import webhook_egress as egress
 from receipts import metrics, webhook_ids
 from receipts import webhooks as hooks
 from receipts.errors import InvalidInput
+from receipts.kinds import MAX_ID_LENGTH
 from receipts.tenancy import untagged
 from receipts.webhooks import Webhook
 from roles.api.auth import JOBS_READ, JOBS_WRITE, Principal
@@ -66,7 +67,10 @@ class WebhookCreateBody(BaseModel):
     events: list[EventName] = Field(min_length=1)
     description: str | None = Field(default=None, max_length=hooks.MAX_DESCRIPTION_CHARS)
     organization_id: str | None = Field(
-        default=None, min_length=1, description="Admin tokens only: the organization of the webhook"
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        description="Admin tokens only: the organization of the webhook",
     )
 
 
@@ -152,9 +156,11 @@ def _organization(caller: Principal, body: dict[str, Any]) -> str:
     """The organization a create is for: the token's; an admin token names it."""
     named = body.pop("organizationId", None)
     if caller.organization_id is None:
-        if not isinstance(named, str) or not named.strip():
+        if not isinstance(named, str) or not named.strip() or len(named) > MAX_ID_LENGTH:
             raise InvalidInput(
-                "organizationId", "an admin token must name the organizationId of the webhook"
+                "organizationId",
+                "an admin token must name the organizationId of the webhook (at most "
+                f"{MAX_ID_LENGTH} characters)",
             )
         return named
     if named is not None and named != caller.organization_id:

@@ -56,7 +56,7 @@ class Description(RootModel[str]):
 
 
 class OrganizationId2(RootModel[str]):
-    root: str = Field(None, min_length=1, title="Organizationid")
+    root: str = Field(None, max_length=200, min_length=1, title="Organizationid")
     """
     Admin tokens only: the organization of the webhook
     """
