@@ -65,6 +65,8 @@ def translate_errors() -> Iterator[None]:
     except PoolTimeout as exc:
         raise TransientStorageError(f"no database connection available: {exc}") from exc
     except psycopg.OperationalError as exc:
+        if (exc.sqlstate or "").startswith("54"):  # a program limit (a row too large): no retry
+            raise StorageError(str(exc)) from exc
         raise TransientStorageError(str(exc)) from exc
     except psycopg.Error as exc:
         if exc.sqlstate in _TRANSIENT_SQLSTATES:

@@ -14,10 +14,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from receipts import assembly, metrics
-from receipts.errors import ConflictError, InvariantError, TransientStorageError
+from receipts.errors import ConflictError, InvariantError, StorageError, TransientStorageError
 from receipts.pool import CHECK_IDLE_S, RECONNECT_MAX_DELAY_S, UNREACHABLE_WAIT_S, has_input
 from receipts.schema import latest_schema_version, migrate, schema_version
-from receipts.store import Draft, Store
+from receipts.store import Draft, Store, translate_errors
 from tests.cut_proxy import CutProxy
 from tests.eventually import eventually
 from tests.integration.helpers import new_id, put
@@ -397,3 +397,17 @@ async def test_concurrent_appends_to_one_stream_stay_gapless(store: Store) -> No
 
     await asyncio.gather(*(one(n) for n in range(20)))
     assert [r.seq for r in await store.read_stream(stream)] == list(range(1, 21))
+
+
+async def test_a_program_limit_is_a_storage_error_not_a_transient_one(store: Store) -> None:
+    """PostgreSQL's program limits (SQLSTATE class 54: an index row too large, a statement too
+    complex) are psycopg OperationalErrors, which the store called transient: the api answered
+    503 with Retry-After, and a client sent the same request again for ever."""
+    async with store.connection() as conn:
+        with pytest.raises(StorageError) as raised, translate_errors():
+            await conn.execute(
+                "CREATE TEMP TABLE wide (v text); CREATE INDEX ON wide (v);"
+                "INSERT INTO wide SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g"
+            )
+    assert not isinstance(raised.value, TransientStorageError), raised.value
+    assert "index row" in str(raised.value), raised.value
