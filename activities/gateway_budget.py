@@ -9,7 +9,9 @@ counts kept for the next). A call is checked before its body is read against the
 read (at most REFRESH_S old) plus what this process counted since (those being flushed
 included); a meter not read within READ_TIMEOUT_S (the database away) leaves the last read
 standing, nothing before the first: no call waits on the database or fails for it. A spent
-budget is quota with a known recovery time, the next UTC midnight: the call gets the
+budget is quota with a known recovery time, the database's next UTC midnight (timed from the
+read on this process's monotonic clock, never its wall clock, which may be minutes off the
+database's): the call gets the
 provider's 429 with `retry-after`, and the turn settles `quota_exhausted` until then (a
 placement delay, its attempt refunded) whatever its command reported, and whatever sooner
 recovery a model's quota has. Calls running at once in several processes may pass
@@ -41,6 +43,7 @@ log = logging.getLogger("activities.gateway")
 FLUSH_MS = 2_000  # a process's counts reach the database's meter this often
 REFRESH_S = 5.0  # an organization's spend is read again after this long
 READ_TIMEOUT_S = 2.0  # a read of the meter (the database away): the call is checked without it
+DAY = timedelta(days=1)
 
 
 class Turn(Protocol):
@@ -56,10 +59,18 @@ class _Read:
     spent: int  # the database's meter at the read, plus what this process flushed since
     at: float  # time.monotonic()
     renews: datetime  # the next UTC midnight, by the database's clock
+    # When that midnight comes on time.monotonic(): the database's clock says how far away it
+    # is, never this process's wall clock (a worker minutes fast renewed the day early).
+    renews_at: float
 
     @property
     def stale(self) -> bool:
-        return time.monotonic() - self.at > REFRESH_S or _now() >= self.renews
+        now = time.monotonic()
+        return now - self.at > REFRESH_S or now >= self.renews_at
+
+    def wait_s(self) -> int:
+        """Whole seconds until the day renews (at least 1)."""
+        return max(1, int(self.renews_at - time.monotonic() + 0.999))
 
 
 class Meter:
@@ -110,12 +121,16 @@ class Meter:
     async def spent(self, organization_id: str) -> tuple[int, datetime]:
         """The organization's tokens today (the meter as last read, and this process's counts
         since), and when the day renews."""
+        spent, read = await self._spent(organization_id)
+        return spent, read.renews
+
+    async def _spent(self, organization_id: str) -> tuple[int, _Read]:
         read = self._reads.get(organization_id)
         if read is None or read.stale:
             read = self._reads[organization_id] = await self._read_again(organization_id)
         unflushed = self._unflushed.get(organization_id, [0, 0, 0])
         flushing = self._flushing.get(organization_id, [0, 0, 0])
-        return read.spent + sum(unflushed[1:]) + sum(flushing[1:]), read.renews
+        return read.spent + sum(unflushed[1:]) + sum(flushing[1:]), read
 
     async def _read_again(self, organization_id: str) -> _Read:
         """The meter read again, within READ_TIMEOUT_S (a flush's write included): a call is
@@ -135,14 +150,16 @@ class Meter:
                 extra={"event": "gateway.budget_unread", "organizationId": organization_id,
                        "error": str(exc) or type(exc).__name__},
             )  # fmt: skip
-            last = self._reads.get(organization_id)
-            if last is None or _now() >= last.renews:
-                return _Read(0, time.monotonic(), _next_midnight(_now()))
-            return _Read(last.spent, time.monotonic(), last.renews)
+            last, at = self._reads.get(organization_id), time.monotonic()
+            if last is None:  # never read: this process's clock is all there is
+                return _renewing(0, datetime.now(UTC))
+            if at >= last.renews_at:  # the database's midnight passed since: a new day
+                return _Read(0, at, last.renews + DAY, last.renews_at + DAY.total_seconds())
+            return _Read(last.spent, at, last.renews, last.renews_at)
 
     async def _read(self, organization_id: str) -> _Read:
         spent, now = await token_usage.spent_today(self.store, organization_id)
-        return _Read(spent, time.monotonic(), _next_midnight(now))
+        return _renewing(spent, now)
 
     async def refusal(self, grant: Turn, style: str) -> Response | None:
         """The provider-shaped 429 for a call of `grant`'s organization once its budget is
@@ -150,21 +167,20 @@ class Meter:
         budget = self.budgets.of(grant.organization_id)
         if budget <= 0 or grant.organization_id is None:
             return None
-        spent, renews = await self.spent(grant.organization_id)
+        spent, read = await self._spent(grant.organization_id)
         if spent < budget:
             return None
-        grant.met_quota(BUDGET_QUOTA, renews)
-        wait_s = max(1, int((renews - _now()).total_seconds() + 0.999))
+        grant.met_quota(BUDGET_QUOTA, read.renews)
         message = (
             f"the organization's daily token budget ({budget}) is spent ({spent} today); it "
-            f"renews at {renews.isoformat()}"
+            f"renews at {read.renews.isoformat()}"
         )
-        return error(style, 429, "rate_limit_error", message, wait_s)
+        return error(style, 429, "rate_limit_error", message, read.wait_s())
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _next_midnight(now: datetime) -> datetime:
-    return datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
+def _renewing(spent: int, now: datetime) -> _Read:
+    """A read of `spent` at the clock `now` (the database's): the day renews at its next UTC
+    midnight, that far from now on time.monotonic()."""
+    renews = datetime(now.year, now.month, now.day, tzinfo=UTC) + DAY
+    at = time.monotonic()
+    return _Read(spent, at, renews, at + (renews - now).total_seconds())

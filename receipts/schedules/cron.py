@@ -16,6 +16,8 @@ spec with no offset does), whatever the time zone.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -199,6 +201,37 @@ def cron_times(cron: Cron, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
                     if at > after:
                         yield at
         day += timedelta(days=1)
+
+
+def offset_changes(tz: ZoneInfo, after: datetime, days: int = 366) -> list[datetime]:
+    """For each change of `tz`'s UTC offset (a daylight-saving change) in the `days` after
+    `after`, an instant at most a day before it."""
+    found: list[datetime] = []
+    at, offset = after, after.astimezone(tz).utcoffset()
+    for _ in range(days):
+        following = at + timedelta(days=1)
+        if (changed := following.astimezone(tz).utcoffset()) != offset:
+            found.append(at)
+            offset = changed
+        at = following
+    return found
+
+
+def closest_gap_s(cron: Cron, tz: ZoneInfo, coming: list[datetime], after: datetime) -> float:
+    """The seconds between the closest two of `coming` (the next fire times after `after`,
+    two days of them at least) and of the fire times of the two days after a day before each
+    daylight-saving change of the coming year: a day's pattern does not hold across one (Lord
+    Howe's half-hour change brings two firings nearer than on any other day)."""
+    runs = [coming]
+    for at in offset_changes(tz, after):
+        run: list[datetime] = []
+        for fire in cron_times(cron, tz, at):
+            if fire >= at + timedelta(days=2):
+                break
+            run.append(fire)
+        runs.append(run)
+    gaps = [(b - a).total_seconds() for run in runs for a, b in itertools.pairwise(run)]
+    return min(gaps, default=math.inf)
 
 
 def interval_times(every_s: int, after: datetime) -> Iterator[datetime]:

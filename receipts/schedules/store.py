@@ -3,7 +3,6 @@ projection row, and what the Temporal sync reads and marks (a firing's job: firi
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -105,22 +104,24 @@ def validate(
         if has_cron:
             if not isinstance(expression, str):
                 raise cron.SpecError("cron must be a string")
-            cron.parse_cron(expression)
+            parsed = cron.parse_cron(expression)
+            now = datetime.now(UTC)
             coming = cron.next_times(
                 cron=expression,
                 interval_s=None,
                 timezone=timezone,
-                after=datetime.now(UTC),
+                after=now,
                 count=CRON_GAP_SAMPLE,
             )
             if not coming:
                 raise cron.SpecError(f"{expression!r} matches no time in the next five years")
             # The floor holds for a cron as for an interval: its closest two firings (a day's
-            # pattern repeats, so two days of them show it) are at least the shortest interval.
-            gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(coming)]
-            if gaps and min(gaps) < limits.min_interval_s:
+            # pattern repeats, so two days of them show it, and the days of each
+            # daylight-saving change, which breaks it) are at least the shortest interval.
+            gap = cron.closest_gap_s(parsed, cron.zone(timezone), coming, now)
+            if gap < limits.min_interval_s:
                 raise cron.SpecError(
-                    f"{expression!r} fires {min(gaps):g} s apart at its closest, shorter than "
+                    f"{expression!r} fires {gap:g} s apart at its closest, shorter than "
                     f"the shortest interval allowed, {limits.min_interval_s} s"
                 )
         else:

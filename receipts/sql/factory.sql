@@ -108,7 +108,12 @@ ORDER BY seq
 LIMIT 1;
 
 -- name: jobs_by_ids
-SELECT state FROM jobs WHERE job_id = ANY(%(job_ids)s::text[]);
+-- Their folded states, the heartbeats in their lease rows (job_leases) taken in as every read of
+-- a job takes them: the watchdog judges a job stale or stalled by its last heartbeat, lease
+-- and update time, which a plain heartbeat writes only there.
+SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
+FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id
+WHERE j.job_id = ANY(%(job_ids)s::text[]);
 
 -- name: job_statuses
 -- The status of each of these jobs, not its state (a task's try holds its input, its output's

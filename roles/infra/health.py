@@ -9,7 +9,9 @@ thread answers:
 - `/readyz` is 200 only while the pool reaches PostgreSQL (`SELECT 1` within
   `CHECK_TIMEOUT_S`), the role is not draining, and, for a role that runs a Temporal worker,
   Temporal lists this process (its client identity) among the pollers of each of its task
-  queues (workflow and activity) with a poll within `POLL_FRESH_S`, and, for a role that runs
+  queues (workflow and activity) with a poll within `POLL_FRESH_S` (Temporal stamps a poll with
+  its clock, which this host's may be minutes off: a poll is new when its stamp changed, timed
+  on this process's monotonic clock), and, for a role that runs
   commands, the command sandbox can confine them here (`sandbox_check`). Anything else is 503
   with a JSON body naming the failed check.
 
@@ -101,6 +103,9 @@ class HealthChecker:
     state: HealthState = field(default_factory=HealthState)
     # Further checks: each returns why the role is not ready, or None.
     extra_checks: Sequence[Callable[[], Awaitable[str | None]]] = ()
+    # (task queue, type) -> the stamp of this process's last poll Temporal listed, and when
+    # (time.monotonic()) it was first seen.
+    polls: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
 
     async def check_once(self) -> list[str]:
         """Return the reasons the role is not ready (empty when it is)."""
@@ -143,7 +148,6 @@ class HealthChecker:
         assert self.client is not None
         identity = self.client.identity
         missing: list[str] = []
-        now = time.time()
         for queue in self.task_queues:
             for queue_type in POLLED_TYPES:
                 response = await self.client.workflow_service.describe_task_queue(
@@ -153,15 +157,30 @@ class HealthChecker:
                         task_queue_type=queue_type,
                     )
                 )
-                fresh = any(
-                    poller.identity == identity
-                    and now - poller.last_access_time.ToSeconds() < POLL_FRESH_S
+                stamps = [
+                    poller.last_access_time.ToNanoseconds()
                     for poller in response.pollers
-                )
-                if not fresh:
+                    if poller.identity == identity
+                ]
+                if not self._polled_lately((queue, queue_type), max(stamps, default=None)):
                     kind = TaskQueueType.Name(queue_type).removeprefix("TASK_QUEUE_TYPE_").lower()
                     missing.append(f"temporal: no {kind} poll from {identity} on {queue}")
         return missing
+
+    def _polled_lately(self, key: tuple[str, int], stamp: int | None) -> bool:
+        """Whether this process polled within POLL_FRESH_S: the stamp Temporal lists (its clock)
+        changed since this process's monotonic clock says that long ago. Compared with this
+        host's wall clock, a clock minutes fast made every poll look old (never ready), one
+        minutes slow a worker gone look fresh."""
+        now = time.monotonic()
+        if stamp is None:
+            self.polls.pop(key, None)
+            return False
+        seen = self.polls.get(key)
+        if seen is None or seen[0] != stamp:
+            self.polls[key] = (stamp, now)
+            return True
+        return now - seen[1] < POLL_FRESH_S
 
 
 def sandbox_check(settings: sandbox.SandboxSettings) -> Callable[[], Awaitable[str | None]]:

@@ -236,19 +236,17 @@ async def test_a_refusal_met_once_holds_while_the_meter_cannot_be_read(
 
 
 async def test_a_new_day_starts_from_nothing_read_or_unread(
-    store: Store, orgs: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    store: Store, orgs: tuple[str, str]
 ) -> None:
     """At the next UTC midnight the last read is yesterday's: it is read again at once (not
     REFRESH_S later), and when that read fails the day starts from nothing."""
-    from activities import gateway_budget
-
     org = orgs[0]
     meter = _meter(store, Budgets(10))
     meter.count(org, Usage(6, 6))
     assert await meter.flush() == 1
     spent, renews = await meter.spent(org)
     assert spent == 12
-    monkeypatch.setattr(gateway_budget, "_now", lambda: renews + timedelta(seconds=1))
+    meter._reads[org].renews_at = time.monotonic() - 1  # the database's midnight passed
     meter.store = cast(Store, _Slowed(store, down=OSError("the database is away")))
     assert await meter.spent(org) == (0, renews + timedelta(days=1))
 
@@ -276,3 +274,76 @@ async def test_counts_being_flushed_still_count_against_the_budget(
     assert (await meter.spent(org))[0] == 60
     assert await flushing == 1
     assert (await meter.spent(org))[0] == 60
+
+
+class _DatabaseAt:
+    """A store whose meter reads answer the database's clock as `now` (its other answers are the
+    real database's), counting the reads: a database 5 minutes before its UTC midnight."""
+
+    def __init__(self, store: Store, now: datetime) -> None:
+        self.store, self.now, self.reads = store, now, 0
+        self.down: Exception | None = None
+
+    async def fetch_one(self, name: str, params: dict[str, object]) -> object:
+        if self.down is not None:
+            raise self.down
+        row = await self.store.fetch_one(name, params)
+        if name != "token_usage_today":
+            return row
+        self.reads += 1
+        assert row is not None
+        return (row[0], self.now)
+
+    async def fetch(self, name: str, params: dict[str, object]) -> object:
+        return await self.store.fetch(name, params)
+
+
+class _Refused:
+    """The turn a refusal is for (`gateway_budget.Turn`)."""
+
+    def __init__(self, organization_id: str) -> None:
+        self.organization_id: str | None = organization_id
+        self.until: datetime | None = None
+
+    def met_quota(self, model: str, until: datetime) -> None:
+        self.until = until
+
+
+@pytest.mark.parametrize("skew_s", [300, -300])
+async def test_a_process_clock_off_the_database_s_does_not_move_the_budget_day(
+    store: Store, orgs: tuple[str, str], monkeypatch: pytest.MonkeyPatch, skew_s: int
+) -> None:
+    """The day renews at the database's UTC midnight, whatever this process's clock says: 5
+    minutes before it (by the database), a worker whose clock is 5 minutes fast (past midnight
+    already) or slow neither reads the meter at every call, nor tells the refused call to come
+    back in 1 s (or in 10 minutes), nor, the database away, starts the new day early."""
+    from activities import gateway_budget
+
+    org = orgs[0]
+    midnight = next_midnight() + timedelta(days=1)
+    database_now = midnight - timedelta(minutes=5)
+    real = datetime
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: object = None) -> Skewed:
+            at = database_now + timedelta(seconds=skew_s)
+            return cls(*at.timetuple()[:6], tzinfo=UTC)
+
+    assert real.now(UTC) < midnight
+    database = _DatabaseAt(store, database_now)
+    meter = Meter(cast(Store, database), Budgets(10))
+    meter.count(org, Usage(6, 6))
+    assert await meter.flush() == 1
+    monkeypatch.setattr(gateway_budget, "datetime", Skewed)
+    assert await meter.spent(org) == (12, midnight)
+    for _ in range(20):  # within REFRESH_S: the last read stands
+        assert await meter.spent(org) == (12, midnight)
+    assert database.reads == 1
+    grant = _Refused(org)
+    refused = await meter.refusal(grant, "openai")
+    assert refused is not None and grant.until == midnight
+    assert abs(int(refused.headers["retry-after"]) - 300) <= 2
+    database.down = OSError("the database is away")
+    meter._reads[org].at -= REFRESH_S + 1  # stale: read again, which fails
+    assert await meter.spent(org) == (12, midnight)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -146,3 +147,40 @@ async def test_a_worker_that_would_refuse_every_command_is_not_ready(
     reasons = await checker("chroot").check_once()
     assert reasons == ["sandbox: RECEIPT_CODEX_SANDBOX must be one of bwrap, none, got 'chroot'"]
     assert await checker("none").check_once() == []
+
+
+@pytest.mark.parametrize("skew_s", [health.POLL_FRESH_S + 30, -(health.POLL_FRESH_S + 30)])
+async def test_a_clock_off_temporal_s_neither_holds_a_polling_worker_unready_nor_a_gone_one_ready(
+    temporal_env: Any, store: Store, monkeypatch: pytest.MonkeyPatch, skew_s: float
+) -> None:
+    """Temporal stamps a poll with its own clock: this process's clock minutes fast of it does
+    not make a worker that polls unready (every poll looking old), nor minutes slow keep a
+    worker that stopped polling ready (its last poll looking new) past POLL_FRESH_S."""
+    real, later = time.time, [0.0]  # `later`: how far both clocks moved on (none yet)
+
+    class Skewed:
+        @staticmethod
+        def monotonic() -> float:
+            return time.monotonic() + later[0]
+
+        @staticmethod
+        def time() -> float:
+            return real() + skew_s + later[0]
+
+    monkeypatch.setattr(health, "time", Skewed)
+    client = temporal_env.client
+    queue = f"health-skew-{uuid.uuid4().hex[:8]}"
+    checker = HealthChecker(store, client, [queue], asyncio.Event())
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[HealthProbeWorkflow],
+        activities=[health_probe],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    )
+    async with worker:
+        assert await until_ready(checker, timeout=15) == []
+    # Its worker gone, the poll's stamp stays: once POLL_FRESH_S passed, the role is not ready.
+    later[0] = health.POLL_FRESH_S + 1
+    reasons = await checker.check_once()
+    assert any(f"no workflow poll from {client.identity} on {queue}" in r for r in reasons)

@@ -160,6 +160,37 @@ def test_the_shortest_interval_bounds_a_cron_too() -> None:
         assert f"fires {gap} apart at its closest" in refused.value.message
 
 
+@pytest.mark.parametrize(
+    "posted_on", [datetime(2026, 7, 1, tzinfo=UTC), datetime(2026, 10, 1, tzinfo=UTC)]
+)
+def test_the_shortest_interval_holds_across_a_daylight_saving_change(
+    monkeypatch: pytest.MonkeyPatch, posted_on: datetime
+) -> None:
+    """The floor holds on the day a daylight-saving change makes two firings closer than any
+    other day's, whatever day the definition is posted: at :36 and :54 of every hour, 18 min
+    apart at the closest, in Lord Howe's zone, whose clocks go from 02:00 to 02:30 on 4 October
+    2026, 01:54 and 02:36 are 12 min apart. Posted in July, the firings read to find the closest
+    two (2 881 of them, 60 days) did not reach October: it was accepted, and refused in October."""
+    from receipts.errors import InvalidInput
+
+    class PostedOn(datetime):
+        @classmethod
+        def now(cls, tz: object = None) -> PostedOn:
+            return cls(*posted_on.timetuple()[:6], tzinfo=UTC)
+
+    monkeypatch.setattr(schedules, "datetime", PostedOn)
+    job = enqueue_body(payload_extra={"task": {"command": ["true"]}})
+    fields = {
+        "cron": "36,54 * * * *",
+        "timezone": "Australia/Lord_Howe",
+        "agentId": "codex",
+        "job": job,
+    }
+    with pytest.raises(InvalidInput) as refused:
+        schedules.validate(fields, "org-a", schedules.Limits(min_interval_s=1080), admin=False)
+    assert "fires 720 s apart at its closest" in refused.value.message
+
+
 async def test_the_job_is_validated_as_its_enqueue_would_be(client: httpx.AsyncClient) -> None:
     named = body()
     named["job"]["jobId"] = "mine"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 from datetime import timedelta
 from typing import Any
@@ -24,7 +25,7 @@ from receipts.objectives import metrics as factory_metrics
 from receipts.objectives import store as objectives
 from receipts.objectives.model import ObjectiveState, objective_stream, session_key, task_job_id
 from receipts.objectives.watchdog import WatchdogSettings, tick_of
-from receipts.store import Store
+from receipts.store import Draft, Store
 from roles.delivery.loops import ObjectiveResume
 from tests.integration.delivery.conftest import running_stack
 from tests.integration.factory.conftest import AUTH, outbox_running, run_objective, wait_objective
@@ -332,3 +333,56 @@ async def test_the_objectives_projection_is_verified_and_rebuilt_from_the_chain(
     await rebuild(fresh_store)
     assert await verify(fresh_store) == []
     assert await objectives.get(fresh_store, "proj-1") == expected
+
+
+async def backdate_job(db_url: str, job_id: str, minutes: int) -> None:
+    """Make a running job's row as its last change other than a heartbeat left it `minutes`
+    ago: leased then, its lease (as that row holds it) long expired. Its heartbeats since live
+    in its lease row (`job_leases`), not in this one."""
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT state FROM jobs WHERE job_id = %s", (job_id,))
+        row = await cur.fetchone()
+        assert row is not None
+        job = Job.model_validate(row[0])
+        assert job.lease is not None and job.last_heartbeat_at is not None
+        ago = timedelta(minutes=minutes)
+        lease = job.lease.model_copy(
+            update={"leased_at": job.lease.leased_at - ago, "expires_at": job.lease.leased_at}
+        )
+        moved = job.model_copy(
+            update={
+                "updated_at": job.updated_at - ago,
+                "last_heartbeat_at": job.last_heartbeat_at - ago,
+                "lease": lease,
+            }
+        )
+        await conn.execute(
+            "UPDATE jobs SET updated_at = %s, lease_expires_at = %s, state = %s WHERE job_id = %s",
+            (moved.updated_at, lease.expires_at, psycopg.types.json.Jsonb(moved.to_json()), job_id),
+        )
+
+
+async def test_the_watchdog_sees_a_task_job_s_heartbeats(fresh_store: Store, fresh_db: str) -> None:
+    """A task job whose command has been quiet for 11 minutes but which heartbeats (its worker
+    alive, its lease renewed a moment ago) is neither stalled nor stale: its heartbeats live in
+    its lease row (`job_leases`), and the watchdog's read of the objective's jobs takes them in,
+    as every other read of a job does. Read from the jobs row alone, its last heartbeat was 11
+    minutes ago and its lease long expired: the watchdog fired a reconcile at each tick."""
+    await create_objective(fresh_store, "wd-beat", TASK)
+    job, worker = await running_task_job(fresh_store, "wd-beat")
+    dispatched = {"taskId": "t", "jobId": job.job_id, "try": 1}
+    async with fresh_store.transaction() as tx:
+        await objectives.update(
+            tx, "wd-beat", lambda _: [Draft("objective.task.dispatched", dispatched)]
+        )
+    beat = functools.partial(
+        ops.heartbeat, fresh_store, job.job_id, worker_id=worker, attempt=1, lease_ms=60_000
+    )
+    assert (await beat()).ok
+    await backdate_job(fresh_db, job.job_id, 11)
+    await backdate(fresh_db, "wd-beat", 11)
+    assert (await beat()).ok  # alive, just now
+    seen = (await objectives.jobs_by_ids(fresh_store, [job.job_id]))[job.job_id]
+    assert seen == await fresh_store.get_job(job.job_id)
+    result = await objective_watchdog(await handler_context(fresh_store, scan_limit=10))
+    assert result["reconciled"] == []
