@@ -46,6 +46,7 @@ NOT_STALE = "not_stale"
 NOT_PENDING = "not_pending"
 AGENT_JOB_NOT_RUNNING = "agent_job_not_running"
 TOO_MANY_COMMANDS = "too_many_commands"
+COMMAND_ID_TAKEN = "command_id_taken"  # a command sent again under its id, but another type
 ABORT_REQUESTED = "abort_requested"  # a completion that found an abort: the worker cancels
 
 
@@ -473,7 +474,8 @@ def command_decision(
     transaction (no worker holds it). With `check_organization`, a job of another organization
     is reported `not_found`. A job already holding `max_commands` commands takes no steer or
     follow_up (`too_many_commands`): its folded state keeps them all; an abort is always
-    taken."""
+    taken. One it holds under `command_id` (sent again) is `already`, nothing written, even
+    once terminal (the abort that canceled it); another type under that id `command_id_taken`."""
     if type not in COMMAND_TYPES:
         raise ValueError(f"command type must be one of {COMMAND_TYPES}")
     command = command_id or str(uuid.uuid4())
@@ -481,6 +483,8 @@ def command_decision(
     def decide(job: Job | None, now: datetime) -> Decision:
         if job is None or (check_organization and job.organization_id != organization_id):
             return Outcome(NOT_FOUND, None)
+        if given := next((c for c in job.commands if c.command_id == command), None):
+            return Outcome(OK, job, already=True) if given.type == type else COMMAND_ID_TAKEN
         if job.terminal:
             return TERMINAL_STATE
         if max_commands is not None and type != "abort" and len(job.commands) >= max_commands:

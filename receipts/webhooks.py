@@ -47,6 +47,8 @@ SECRET_BYTES = 32
 # partly the receiver's (a bad head line of its answer, up to 16 KB), so it is cut to this.
 MAX_ERROR_CHARS = 500
 DELIVERY_STATUSES: tuple[str, ...] = ("pending", "delivered", "failed")
+KEYED_NAMESPACE = uuid.UUID("0b8f3f3e-5a43-4c1e-9d0e-6a1f2b7c9d55")
+"""A create's Idempotency-Key names the webhook uuid5(this, organization and key)."""
 
 
 class WebhookSettings(ReceiptSettings):
@@ -234,13 +236,34 @@ class TooManyWebhooks(ConflictError):
 
 
 async def create(
-    store: Store, organization_id: str, request: WebhookCreate, *, max_per_organization: int
-) -> tuple[Webhook, str]:
-    """Store a subscription for `organization_id`; returns it and its secret (answered once).
-    Creates of one organization are serialised, so the cap holds; `TooManyWebhooks` past it."""
+    store: Store,
+    organization_id: str,
+    request: WebhookCreate,
+    *,
+    max_per_organization: int,
+    key: str | None = None,
+) -> tuple[Webhook, str, bool]:
+    """Store a subscription for `organization_id`; returns it, its secret (answered once) and
+    True. Creates of one organization are serialised, so the cap holds; `TooManyWebhooks` past
+    it. With `key` (the create's Idempotency-Key) the subscription is named by it: a create sent
+    again finds the one it made, answered with its secret and False (its caller may never have
+    heard it), or ConflictError when the key made another one."""
     secret = new_secret()
+    webhook_id = f"wh_{uuid.uuid4().hex}"
+    if key is not None:
+        webhook_id = "wh_" + uuid.uuid5(KEYED_NAMESPACE, organization_id + "\x00" + key).hex
     async with store.transaction() as tx:
         await tx.fetch_one("webhook_org_lock", {"organization_id": organization_id})
+        ids = {"webhook_id": webhook_id, "organization_id": organization_id}
+        if key is not None and (made := await tx.fetch_one("webhook_keyed", ids)) is not None:
+            webhook = _webhook(made)
+            if (webhook.url, webhook.events, webhook.description) != (
+                request.url,
+                request.events,
+                request.description,
+            ):
+                raise ConflictError("this Idempotency-Key made another webhook")
+            return webhook, str(made[8]), False
         count = await tx.fetch_one("webhook_count", {"organization_id": organization_id})
         if count is not None and count[0] >= max_per_organization:
             raise TooManyWebhooks(
@@ -249,8 +272,7 @@ async def create(
         row = await tx.fetch_one(
             "webhook_insert",
             {
-                "webhook_id": f"wh_{uuid.uuid4().hex}",
-                "organization_id": organization_id,
+                **ids,
                 "url": request.url,
                 "events": request.events,
                 "description": request.description,
@@ -258,7 +280,7 @@ async def create(
             },
         )
     assert row is not None
-    return _webhook(row), secret
+    return _webhook(row), secret, True
 
 
 async def get(store: Store, webhook_id: str) -> Webhook | None:

@@ -36,8 +36,9 @@ async def answer(
     soon as its agent has a free slot and its organization a free dispatch slot (one claim
     path, where both are known: `claim`).
 
-    The same answer again, while the job still waits for its slot, is answered as it stands
-    (a client retrying a reply it lost); another is refused.
+    The same answer again, while it is the job's latest (waiting for its slot, or continued
+    with it since), is answered as it stands (a client retrying a reply it lost); another is
+    refused.
 
     Raises `NotFoundError`, `NotWaiting` (not waiting, already answered, or another tool call).
     """
@@ -47,11 +48,14 @@ async def answer(
             raise NotFoundError(f"no agent job {agent_job_id!r}")
         assert job is not None
         pending = job.pending_tool_call
-        if job.status == "waiting_on_user" and job.answer is not None:
-            call_id = tool_call_id or (pending.tool_call_id if pending else None)
-            if job.answer == {"toolCallId": call_id, "answer": answer}:
+        if job.answer is not None:
+            # Its latest answer, kept until it asks again: waiting for a slot, or the turn it
+            # started running (or finished) since.
+            given = job.answer.get("toolCallId")
+            if job.answer == {"toolCallId": tool_call_id or given, "answer": answer}:
                 return job  # the same answer again (a client retrying a lost reply): as it was
-            raise NotWaiting(f"agent job {agent_job_id!r} is already answered")
+            if job.status == "waiting_on_user":
+                raise NotWaiting(f"agent job {agent_job_id!r} is already answered")
         if job.status != "waiting_on_user":
             raise NotWaiting(f"agent job {agent_job_id!r} is {job.status}, not waiting for input")
         if (

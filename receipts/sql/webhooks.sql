@@ -49,6 +49,12 @@ VALUES (%(webhook_id)s, %(organization_id)s, %(url)s, %(events)s, %(description)
 RETURNING webhook_id, organization_id, url, events, description, created_at, secret_rotated_at,
        delivery_key;
 
+-- name: webhook_keyed
+-- A create sent again under its Idempotency-Key: the subscription it made, with its secret.
+SELECT webhook_id, organization_id, url, events, description, created_at, secret_rotated_at,
+       delivery_key, secret
+FROM webhooks WHERE webhook_id = %(webhook_id)s AND organization_id = %(organization_id)s;
+
 -- name: webhook_get
 SELECT webhook_id, organization_id, url, events, description, created_at, secret_rotated_at,
        delivery_key

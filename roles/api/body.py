@@ -15,16 +15,18 @@ import base64
 import binascii
 import json
 import math
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
-from fastapi import Request
+from fastapi import Header, Request
 from pydantic import BaseModel, ValidationError
 
 from receipts import metrics
+from receipts.enqueue_request import JOB_ID_PATTERN
 from receipts.errors import InvalidInput
 from receipts.kinds import invalid_input
 from receipts.reads import Position
@@ -271,3 +273,22 @@ def decode_cursor(cursor: str | None) -> Position | None:
     except (InvalidInput, ValueError, TypeError, binascii.Error, OverflowError) as exc:
         raise InvalidInput("cursor", "cursor is not one this API returned") from exc
     return Position(at, key)
+
+
+IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1f6c4e-4f0e-4f51-9a39-2a4d1d6c2b10")
+"""`Idempotency-Key: K` on a post that names no id names what it makes uuid5(this, K): a retry
+of the post finds it (a job, an objective, a schedule, a command)."""
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=JOB_ID_PATTERN,
+        description="Makes a post that names no id retryable: the same key names what it made",
+    ),
+]
+
+
+def keyed_id(key: str | None) -> str | None:
+    """The id an `Idempotency-Key` names (None without one)."""
+    return None if key is None else str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, key))

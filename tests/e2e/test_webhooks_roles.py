@@ -31,7 +31,7 @@ async def test_the_driver_delivers_a_jobs_event_to_its_organization_only(
     server = await asyncio.start_server(receiver.handle, "127.0.0.1", 0)
     receiver.port = server.sockets[0].getsockname()[1]
     settings = {"url": receiver.url("/a"), "events": ["job.failed"], "description": None}
-    a, secret_a = await hooks.create(
+    a, secret_a, _ = await hooks.create(
         store, "org-a", hooks.parse_create(settings), max_per_organization=20
     )
     other = {"url": receiver.url("/b"), "events": ["job.failed", "job.completed"]}

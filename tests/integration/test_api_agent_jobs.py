@@ -462,3 +462,35 @@ async def test_a_binding_the_api_cannot_check_is_refused(db_url: str, tmp_path: 
     assert unreadable.status_code == 503, unreadable.text
     assert unreadable.json()["error"]["code"] == "registry_unavailable"
     assert int(unreadable.headers["retry-after"]) >= 1
+
+
+async def test_an_answer_sent_again_after_its_turn_started_is_answered_as_it_stands(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    """A client that lost the reply to its answer sends it again: once the dispatcher has
+    continued the job with it, the answer is the job's all the same (202, the job as it is, no
+    second answer); another answer is still refused."""
+    job = await create(client, AS_A)
+    dispatcher = AgentJobDispatcher(store, None, AgentJobSettings())
+    await dispatcher.run_once()
+    running = await lifecycle.get(store, job["agentJobId"])
+    assert running is not None and running.queue_job_id is not None
+    worker = f"{running.queue_job_id}:attempt:1/1"
+    turn = running.queue_job_id
+    assert (await ops.start_attempt(store, turn, attempt=1, worker_id=worker, lease_ms=60_000)).ok
+    asked = {"outcome": "needs_input", "question": "ok?", "toolCallId": "c1"}
+    assert (await ops.complete(store, turn, worker_id=worker, attempt=1, result=asked)).ok
+    await dispatcher.run_once()
+    url = f"/agent-jobs/{job['agentJobId']}/input"
+    answer = {"answer": "yes", "toolCallId": "c1"}
+    assert (await client.post(url, json=answer, headers=AS_A)).status_code == 202
+    await dispatcher.run_once()  # a slot: the job runs its next turn with the answer
+    again = await client.post(url, json=answer, headers=AS_A)
+    assert again.status_code == 202, again.text
+    assert again.json()["agentJob"]["status"] == "running"
+    without_call = await client.post(url, json={"answer": "yes"}, headers=AS_A)
+    assert without_call.status_code == 202, without_call.text
+    other = await client.post(url, json={"answer": "no", "toolCallId": "c1"}, headers=AS_A)
+    assert other.status_code == 409 and other.json()["error"]["code"] == "not_waiting"
+    events = await store.read_stream(f"agent-jobs/{job['agentJobId']}")
+    assert [r.type for r in events].count("agent_job.answered") == 1

@@ -302,3 +302,25 @@ def test_a_job_stream_s_events_are_the_shapes_the_document_names(client: Client)
     assert [models.ReceiptView.model_validate_json(e.data).seq for e in messages] == [1, 2, 3]
     (end,) = [e for e in events if e.name == "end"]
     assert models.JobStreamEnd.model_validate_json(end.data).status == "canceled"
+
+
+def test_a_post_that_names_no_id_is_sent_again_with_its_idempotency_key(client: Client) -> None:
+    """What the error of a post whose answer was lost asks for: the same call with the same
+    key finds what the first one made (an objective, a command, a schedule, a webhook)."""
+    key = f"key-{uuid.uuid4().hex}"
+    objective = {
+        "title": "t",
+        "goal": "g",
+        "tasks": [{"taskId": "t", "input": {"command": ["true"]}}],
+    }
+    made = [client.create_objective(objective, idempotency_key=key) for _ in range(2)]
+    assert [m.outcome for m in made] == ["created", "existing"]
+    assert made[0].objective_id == made[1].objective_id
+    job_id = new_id()
+    client.enqueue("codex", task(), job_id=job_id)
+    steers = [client.steer(job_id, {"say": "x"}, idempotency_key=key) for _ in range(2)]
+    assert steers[0].command_id == steers[1].command_id
+    schedule = {"interval": "60s", "agentId": "codex", "job": {"payload": task()}}
+    schedules = [client.create_schedule(schedule, idempotency_key=key) for _ in range(2)]
+    assert schedules[0].schedule_id == schedules[1].schedule_id
+    client.delete_schedule(schedules[0].schedule_id)

@@ -961,3 +961,33 @@ async def test_a_long_agent_jobs_page_shows_its_newest_receipts(
     assert page.status_code == 200
     assert "the-newest" in page.text and "old-9000" in page.text
     assert "old-8000" not in page.text and "agent_job.created" not in page.text
+
+
+async def test_a_command_form_sent_again_appends_its_command_once(
+    db_url: str, store: Store
+) -> None:
+    # A browser sends a form again when its answer was lost (or on a second click): the form
+    # the page rendered names its commands, so the same one is appended once.
+    job_id = new_id()
+    async with api_client(db_url, store=store) as client:
+        await client.post("/agents/codex/jobs", json=enqueue_body(jobId=job_id), headers=AS_A)
+        csrf = await sign_in(client, TOKEN_A)
+        page = (await client.get(f"/console/jobs/{job_id}")).text
+        keys = set(re.findall(r'name="form" value="([0-9a-f]{32})"', page))
+        assert len(keys) <= 1  # one key for the page's forms
+        key = keys.pop() if keys else ""
+        steer = {"csrf": csrf, "form": key, "type": "steer", "payload": "look at the logs"}
+        sent = await asyncio.gather(
+            *(client.post(f"/console/jobs/{job_id}/command", **form(steer)) for _ in range(2))  # type: ignore[arg-type]
+        )
+        assert [s.status_code for s in sent] == [303, 303]
+        job = await store.get_job(rid(job_id))
+        assert job is not None and [c.type for c in job.commands] == ["steer"]
+        # The abort of the same page is its own command, and is taken once too.
+        abort = {"csrf": csrf, "form": key, "type": "abort", "reason": "operator"}
+        for _ in range(2):
+            answer = await client.post(f"/console/jobs/{job_id}/command", **form(abort))  # type: ignore[arg-type]
+            assert answer.status_code == 303 and "refused" not in answer.headers["location"]
+        job = await store.get_job(rid(job_id))
+        assert job is not None and job.status == "canceled"
+        assert [c.type for c in job.commands] == ["steer", "abort"]

@@ -34,7 +34,7 @@ async def _running(store: Store, org: str = "org-a") -> str:
 
 
 async def _hook(store: Store, org: str = "org-a", events: list[str] | None = None) -> str:
-    created, _ = await hooks.create(
+    created, _, _ = await hooks.create(
         store,
         org,
         WebhookCreate("http://127.0.0.1:9/r", events or ["job.completed"], None),
@@ -109,7 +109,7 @@ async def test_a_webhook_deleted_while_an_event_is_owed_to_it_fails_nothing(
 async def _claimed_test_post(store: Store, receiver: Receiver) -> tuple[str, str, hooks.Claimed]:
     """A subscription of org-a at the receiver, and its test post claimed by a deliverer that
     has not posted it yet (its event read, its host looked up: the window this leaves)."""
-    created, secret = await hooks.create(
+    created, secret, _ = await hooks.create(
         store,
         "org-a",
         WebhookCreate(receiver.url("/r"), ["job.completed"], None),

@@ -105,21 +105,27 @@ def enqueue(
             "payload": dict(payload),
         }
     )
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
     return Call(
         "POST",
         f"/agents/{segment(agent_id)}/jobs",
         models.EnqueueAccepted,
         body=body,
-        headers=headers,
+        headers=keyed(idempotency_key),
     )
 
 
+def keyed(idempotency_key: str | None) -> dict[str, str] | None:
+    """The headers of a post that names what it makes by `idempotency_key` (sent again, it
+    finds it)."""
+    return {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
+
+
 def command(
-    job_id: str, type: str, payload: Any, reason: str | None
+    job_id: str, type: str, payload: Any, reason: str | None, idempotency_key: str | None = None
 ) -> Call[models.CommandAccepted]:
     body = body_of({"type": type, "payload": payload, "reason": reason})
-    return Call("POST", job_path(job_id, "/commands"), models.CommandAccepted, body=body)
+    path = job_path(job_id, "/commands")
+    return Call("POST", path, models.CommandAccepted, body=body, headers=keyed(idempotency_key))
 
 
 def objective_body(spec: Body | str | os.PathLike[str]) -> dict[str, Any]:

@@ -99,19 +99,32 @@ class AsyncClient(AsyncBaseClient):
             cursor = page.next_cursor
 
     async def command(
-        self, job_id: str, type: str, payload: Any = None, *, reason: str | None = None
+        self,
+        job_id: str,
+        type: str,
+        payload: Any = None,
+        *,
+        reason: str | None = None,
+        idempotency_key: str | None = None,
     ) -> models.CommandAccepted:
-        """Send a `steer`, `follow_up` or `abort` command to a job that is not terminal."""
-        return await self._send(calls.command(job_id, type, payload, reason))
+        """Send a `steer`, `follow_up` or `abort` command to a job that is not terminal. An
+        `idempotency_key` makes a repeated call find the same command."""
+        return await self._send(calls.command(job_id, type, payload, reason, idempotency_key))
 
-    async def steer(self, job_id: str, payload: Any) -> models.CommandAccepted:
-        return await self.command(job_id, "steer", payload)
+    async def steer(
+        self, job_id: str, payload: Any, *, idempotency_key: str | None = None
+    ) -> models.CommandAccepted:
+        return await self.command(job_id, "steer", payload, idempotency_key=idempotency_key)
 
-    async def follow_up(self, job_id: str, payload: Any) -> models.CommandAccepted:
-        return await self.command(job_id, "follow_up", payload)
+    async def follow_up(
+        self, job_id: str, payload: Any, *, idempotency_key: str | None = None
+    ) -> models.CommandAccepted:
+        return await self.command(job_id, "follow_up", payload, idempotency_key=idempotency_key)
 
-    async def abort(self, job_id: str, reason: str | None = None) -> models.CommandAccepted:
-        return await self.command(job_id, "abort", reason=reason)
+    async def abort(
+        self, job_id: str, reason: str | None = None, *, idempotency_key: str | None = None
+    ) -> models.CommandAccepted:
+        return await self.command(job_id, "abort", reason=reason, idempotency_key=idempotency_key)
 
     async def retry(self, job_id: str) -> models.RetryAccepted:
         """Retry a failed or canceled job (a new job; a repeated call finds the same one)."""
@@ -162,11 +175,15 @@ class AsyncClient(AsyncBaseClient):
     # --- objectives -----------------------------------------------------------------------
 
     async def create_objective(
-        self, spec: calls.Body | str | os.PathLike[str]
+        self, spec: calls.Body | str | os.PathLike[str], *, idempotency_key: str | None = None
     ) -> models.ObjectiveAccepted:
-        """Create an objective (`ObjectiveBody`, or a dict) or read it from a JSON/YAML file."""
+        """Create an objective (`ObjectiveBody`, or a dict) or read it from a JSON/YAML file.
+        Its `objectiveId` (or an `idempotency_key`) makes a repeated call find the same one."""
         body = calls.objective_body(spec)
-        return await self._send(Call("POST", "/objectives", models.ObjectiveAccepted, body=body))
+        headers = calls.keyed(idempotency_key)
+        return await self._send(
+            Call("POST", "/objectives", models.ObjectiveAccepted, body=body, headers=headers)
+        )
 
     async def get_objective(self, objective_id: str) -> models.ObjectiveView:
         return await self._send(
@@ -249,10 +266,16 @@ class AsyncClient(AsyncBaseClient):
 
     # --- schedules --------------------------------------------------------------------------
 
-    async def create_schedule(self, body: calls.Body) -> models.ScheduleView:
-        """Create a schedule (`ScheduleBody`); a re-post of its definition answers it as it is."""
+    async def create_schedule(
+        self, body: calls.Body, *, idempotency_key: str | None = None
+    ) -> models.ScheduleView:
+        """Create a schedule (`ScheduleBody`); a re-post of its definition answers it as it is
+        (without a `scheduleId`, an `idempotency_key` names it)."""
         body = calls.request_body(body)
-        return await self._send(Call("POST", "/schedules", models.ScheduleView, body=body))
+        headers = calls.keyed(idempotency_key)
+        return await self._send(
+            Call("POST", "/schedules", models.ScheduleView, body=body, headers=headers)
+        )
 
     async def get_schedule(self, schedule_id: str) -> models.ScheduleView:
         return await self._send(Call("GET", calls.schedule_path(schedule_id), models.ScheduleView))
@@ -403,10 +426,11 @@ class AsyncClient(AsyncBaseClient):
         *,
         description: str | None = None,
         organization_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> models.WebhookCreated:
         """Subscribe `url` to `events` of the token's organization (an admin token names it:
         `organization_id`); the answer's `secret` (Standard Webhooks, `whsec_…`) is shown this
-        once."""
+        once, and to a repeated call with the same `idempotency_key` (the same subscription)."""
         body = calls.body_of(
             {
                 "url": url,
@@ -415,7 +439,10 @@ class AsyncClient(AsyncBaseClient):
                 "organizationId": organization_id,
             }
         )
-        return await self._send(Call("POST", "/webhooks", models.WebhookCreated, body=body))
+        headers = calls.keyed(idempotency_key)
+        return await self._send(
+            Call("POST", "/webhooks", models.WebhookCreated, body=body, headers=headers)
+        )
 
     async def list_webhooks(
         self, *, limit: int | None = None, cursor: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from receipts.store import Store
 from receipts.tenancy import caller_id
 from roles.api.admission import caller_caps, held_retry
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import check_shape, loads, path_segment
+from roles.api.body import check_shape, keyed_id, loads, path_segment
 from roles.api.console.paging import older_query, page_start
 from roles.api.console.receipt_rows import attempts, progress_lines, timeline
 from roles.api.console.session import (
@@ -58,6 +59,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 PAGE_SIZE = 50
 TIMELINE_LIMIT = 2_000
 FAILED_GROUPS = 100
+FORM_KEY = re.compile(r"[0-9a-f]{32}")
 FILTERS = ("status", "agentId", "lane", "kind", "organizationId", "sessionKey")
 
 _templates = Environment(
@@ -265,6 +267,8 @@ async def job_page(request: Request, jobId: str) -> HTMLResponse:
         output=progress_lines(receipts),
         last_seq=receipts[-1].seq if receipts else 0,
         command_types=COMMAND_TYPES,
+        # Names the commands this page's forms send: a form sent again appends nothing more.
+        form_key=uuid.uuid4().hex,
         temporal_url=temporal_workflows_url(request.app.state.api.core)
         + "?"
         + urlencode({"query": temporal_query(job)}),
@@ -284,6 +288,15 @@ def temporal_query(job: Job) -> str:
     if job.organization_id:
         query += f" AND ReceiptOrganizationId={literal(job.organization_id)}"
     return query
+
+
+def _form_command_id(form_key: str, command_type: str) -> str:
+    """The command a job page's form sends: named by the page's key (and its type, one page
+    sending a steer and an abort), so the form sent again (its answer lost, a second click) is
+    the same command; without a key, a new one."""
+    if FORM_KEY.fullmatch(form_key):
+        return f"cmd-{keyed_id(f'{form_key}:{command_type}')}"
+    return f"cmd-{uuid.uuid4()}"
 
 
 @router.post("/jobs/{jobId:path}/command")
@@ -324,15 +337,16 @@ async def job_command(request: Request, jobId: str) -> Response:
         reason=fields.get("reason") or None,
         organization_id=session.principal.organization_id,
         check_organization=not session.principal.admin,
-        command_id=f"cmd-{uuid.uuid4()}",
+        command_id=_form_command_id(fields.get("form", ""), command_type),
         max_commands=request.app.state.api.settings.max_commands_per_job,
     )
     log.info(
         "console command",
         extra={"event": "console.command", "jobId": jobId, "type": command_type},
     )
+    appended = "already appended" if outcome.already else "appended"
     notice = (
-        f"{command_type} appended" if outcome.ok else f"{command_type} refused: {outcome.status}"
+        f"{command_type} {appended}" if outcome.ok else f"{command_type} refused: {outcome.status}"
     )
     return RedirectResponse(
         f"/console/jobs/{path_segment(jobId)}?{notice_query(session, notice)}", status_code=303

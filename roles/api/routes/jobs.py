@@ -45,11 +45,13 @@ from roles.api.admission import (
 )
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
+    IdempotencyKey,
     check_declared_length,
     choice,
     decode_cursor,
     encode_cursor,
     job_path,
+    keyed_id,
     read_json_body,
     validated,
 )
@@ -104,8 +106,6 @@ LIST_QUERY: tuple[str, ...] = (
     "limit",
     "cursor",
 )
-IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1f6c4e-4f0e-4f51-9a39-2a4d1d6c2b10")
-"""`Idempotency-Key: K` on an id-less post names the job uuid5(this, K): a retry finds it."""
 
 router = APIRouter(tags=["jobs"])
 
@@ -198,8 +198,8 @@ async def enqueue_post(
     enqueue_request = cap_timeout(enqueue_request, settings.max_timeout_ms)
     caps = org_caps(settings, organization_id) if organization_id is not None else None
     client_id = enqueue_request.job_id
-    if client_id is None and idempotency_key is not None:
-        client_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, idempotency_key))
+    if client_id is None:
+        client_id = keyed_id(idempotency_key)
     new_job_id = client_id is None
     if client_id is None:
         client_id = str(uuid.uuid4())
@@ -367,7 +367,11 @@ async def job_events(asked: Asked, state: State, caller: Caller, job_id: JobId) 
     dependencies=[takes_query()],
 )
 async def post_command(
-    request: Request, state: State, caller: Caller, job_id: JobId
+    request: Request,
+    state: State,
+    caller: Caller,
+    job_id: JobId,
+    idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
     """Append a steer, follow_up or abort command; 409 when the job is already terminal.
 
@@ -379,6 +383,9 @@ async def post_command(
     steers (on stdin) and follow-ups (its next turn); no other kind. `readByHandler` says
     whether this job's handler reads this one; a command the job ends without reading is
     settled by a `queue.command.unconsumed` receipt naming why, just before its terminal one.
+    With an `Idempotency-Key` the command is named by the key: sent again, the job's command of
+    that id is answered as it stands (also once an abort ended the job), nothing appended; a
+    command of another type under the key is 409 `conflict`.
     """
     require_scope(caller, JOBS_WRITE)
     settings = state.settings
@@ -394,11 +401,13 @@ async def post_command(
             f"a command's payload and reason hold at most {settings.max_command_bytes} bytes "
             "(RECEIPT_MAX_COMMAND_BYTES)",
         )
-    command_id = f"cmd-{uuid.uuid4()}"
     target = await visible_job(state, caller, job_id)
     if body.type != "abort" and runs_commands(target.agent_id, target.kind):
         require_scope(caller, COMMANDS_RUN)
     internal_id = target.job_id
+    # The key names a command of this job only (two jobs steered under one key hold two).
+    keyed = keyed_id(f"{internal_id}\x00{idempotency_key}") if idempotency_key else None
+    command_id = f"cmd-{keyed or uuid.uuid4()}"
     for _ in range(COMMAND_CONFLICT_RETRIES):
         outcome = await interventions.add_command(
             state.require_store(),
@@ -415,6 +424,13 @@ async def post_command(
             break
     if outcome.status == operations.NOT_FOUND:
         raise ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
+    if outcome.status == operations.COMMAND_ID_TAKEN:
+        raise ApiError(
+            409,
+            "conflict",
+            f"job {job_id!r} holds another command under this Idempotency-Key",
+            field="Idempotency-Key",
+        )
     if outcome.status == operations.TERMINAL_STATE:
         status = outcome.job.status if outcome.job else "terminal"
         raise ApiError(
@@ -442,7 +458,12 @@ async def post_command(
         raise TransientStorageError(f"command not appended: {outcome.status}")
     log.info(
         "command appended",
-        extra={"event": "api.command", "jobId": internal_id, "type": body.type},
+        extra={
+            "event": "api.command",
+            "jobId": internal_id,
+            "type": body.type,
+            "existing": outcome.already,
+        },
     )
     return JSONResponse(
         {

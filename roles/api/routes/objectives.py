@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from receipts import metrics
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import InvalidInput
@@ -35,10 +36,12 @@ from receipts.tenancy import TENANT_SEPARATOR, scoped_id
 from roles.api.admission import check_executables, org_caps
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
+    IdempotencyKey,
     choice,
     decode_cursor,
     encode_cursor,
     job_path,
+    keyed_id,
     path_segment,
     read_json_body,
     read_optional_json_body,
@@ -153,10 +156,13 @@ def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("ObjectiveBody"),
 )
-async def post_objective(request: Request, state: State, caller: Caller) -> JSONResponse:
+async def post_objective(
+    request: Request, state: State, caller: Caller, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
     """Create an objective: validates the graph (422 naming the problem, nothing written) and
     enqueues its `factory.run` job (202 with the objective's URLs). Its tasks run commands, so
-    the token needs `jobs:write` and `commands:run`."""
+    the token needs `jobs:write` and `commands:run`. A body without `objectiveId` sent with an
+    `Idempotency-Key` names the objective by the key: sent again, it finds it (`existing`)."""
     require_scope(caller, JOBS_WRITE)
     require_scope(caller, COMMANDS_RUN)
     # An enqueue: the organization's rate.
@@ -166,7 +172,7 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
     auth = _auth_context(body, caller)
     raw = {k: v for k, v in body.items() if k != "authContext"}
     spec = parse_objective(raw, "")  # the body is the objective: errors name its fields
-    objective_id = spec.objective_id or str(uuid.uuid4())
+    objective_id = spec.objective_id or keyed_id(idempotency_key) or str(uuid.uuid4())
     raw["objectiveId"] = objective_id
     parsed = parse_enqueue(
         "factory",
@@ -193,9 +199,16 @@ async def post_objective(request: Request, state: State, caller: Caller) -> JSON
         traced = dataclasses.replace(enqueue_request, trace_id=trace_id_of(tp), traceparent=tp)
         caps = org_caps(state.settings, parsed.organization_id) if parsed.organization_id else None
         result = await enqueue(state.require_store(), traced, caps)
+        job = result.job
+        # An enqueue request as a post of a job is: a re-post is counted `existing`.
+        metrics.job_enqueued(job.lane, job.kind, job.agent_id, result.outcome)
         log.info(
             "objective requested",
-            extra={"event": "api.objective_requested", "objectiveId": runtime},
+            extra={
+                "event": "api.objective_requested",
+                "objectiveId": runtime,
+                "outcome": result.outcome,
+            },
         )
     shown = runtime if caller.admin else objective_id
     run_job = shown_id(caller, result.job)

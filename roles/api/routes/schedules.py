@@ -30,7 +30,14 @@ from receipts.store import Store
 from receipts.tenancy import TENANT_SEPARATOR, scoped_id
 from roles.api.admission import check_agent, check_command_rights, check_gateway
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import decode_cursor, encode_cursor, read_json_body, validated
+from roles.api.body import (
+    IdempotencyKey,
+    decode_cursor,
+    encode_cursor,
+    keyed_id,
+    read_json_body,
+    validated,
+)
 from roles.api.deps import ApiError, ApiState, Caller, State, require_scope, shown_view
 from roles.api.deps import takes_query as _takes_query
 from roles.api.documented import ScheduleBody, SchedulePatchBody
@@ -163,6 +170,11 @@ def _view(schedule: ScheduleState, jobs: Mapping[str, Job]) -> dict[str, Any]:
     return view
 
 
+def _keyed(idempotency_key: str | None) -> str | None:
+    keyed = keyed_id(idempotency_key)
+    return f"sch-{keyed}" if keyed else None
+
+
 @router.post(
     "/schedules",
     status_code=201,
@@ -174,10 +186,14 @@ def _view(schedule: ScheduleState, jobs: Mapping[str, Job]) -> dict[str, Any]:
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("ScheduleBody"),
 )
-async def post_schedule(request: Request, state: State, caller: Caller) -> JSONResponse:
+async def post_schedule(
+    request: Request, state: State, caller: Caller, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
     """Create a schedule (201); a re-post of the same definition under its id answers 200 with
-    it, another definition 409. A cron expression, interval or time zone that cannot be used is
-    refused (422 naming the field and why), as is a job its firings could not enqueue."""
+    it, another definition 409. A body without `scheduleId` sent with an `Idempotency-Key` names
+    the schedule by the key (`sch-<uuid>`), so it is sent again as safely. A cron expression,
+    interval or time zone that cannot be used is refused (422 naming the field and why), as is
+    a job its firings could not enqueue."""
     require_scope(caller, JOBS_WRITE)
     body = await read_json_body(request, state.settings.max_body_bytes, state.json_limits)
     spec = validated(ScheduleBody, body)
@@ -194,7 +210,7 @@ async def post_schedule(request: Request, state: State, caller: Caller) -> JSONR
         schedule, created = await schedules.create(
             state.require_store(),
             organization,
-            spec.schedule_id or f"sch-{uuid.uuid4().hex[:12]}",
+            spec.schedule_id or _keyed(idempotency_key) or f"sch-{uuid.uuid4().hex[:12]}",
             definition,
             _limits(state),
             paused=spec.paused,

@@ -16,12 +16,12 @@ from pydantic.alias_generators import to_camel
 from activities import webhook_egress as egress
 from receipts import metrics, webhook_ids
 from receipts import webhooks as hooks
-from receipts.errors import InvalidInput
+from receipts.errors import ConflictError, InvalidInput
 from receipts.kinds import MAX_ID_LENGTH
 from receipts.tenancy import untagged
 from receipts.webhooks import Webhook
 from roles.api.auth import JOBS_READ, JOBS_WRITE, Principal
-from roles.api.body import decode_cursor, encode_cursor
+from roles.api.body import IdempotencyKey, decode_cursor, encode_cursor
 from roles.api.deps import ApiError, ApiState, Caller, State, read_json_body, require_scope
 from roles.api.deps import takes_query as _takes_query
 from roles.api.schema import _Doc, errors_documented, json_body_documented
@@ -177,14 +177,21 @@ def _organization(caller: Principal, body: dict[str, Any]) -> str:
     "/webhooks",
     response_model=WebhookCreated,
     status_code=201,
-    responses=errors_documented(400, 401, 403, 409, 413, 422, 503),
+    responses={
+        200: {"model": WebhookCreated, "description": "Sent again with its Idempotency-Key"},
+        **errors_documented(400, 401, 403, 409, 413, 422, 503),
+    },
     openapi_extra=json_body_documented("WebhookCreateBody"),
     dependencies=[_takes_query()],
 )
-async def create_webhook(request: Request, state: State, caller: Caller) -> JSONResponse:
+async def create_webhook(
+    request: Request, state: State, caller: Caller, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
     """Subscribe `url` to `events` of the token's organization (201). The answer holds the
-    signing secret, shown this once. The token needs `jobs:read` and `jobs:write`; 409 past
-    `RECEIPT_WEBHOOK_MAX_PER_ORG` subscriptions; 422 for a URL the egress rules refuse."""
+    signing secret, shown this once; a create sent again with its `Idempotency-Key` answers 200
+    with the subscription it made and that secret (409 `conflict` for another body). The token
+    needs `jobs:read` and `jobs:write`; 409 past `RECEIPT_WEBHOOK_MAX_PER_ORG` subscriptions;
+    422 for a URL the egress rules refuse."""
     require_scope(caller, JOBS_READ)
     require_scope(caller, JOBS_WRITE)
     body = await read_json_body(request, state.settings.max_body_bytes)
@@ -197,14 +204,19 @@ async def create_webhook(request: Request, state: State, caller: Caller) -> JSON
     except egress.EgressRefused as exc:
         raise InvalidInput("url", str(exc)) from None
     try:
-        webhook, secret = await hooks.create(
+        webhook, secret, created = await hooks.create(
             state.require_store(),
             organization_id,
             parsed,
             max_per_organization=state.webhooks.max_per_organization,
+            key=idempotency_key,
         )
     except hooks.TooManyWebhooks as exc:
         raise ApiError(409, "too_many_webhooks", str(exc)) from exc
+    except ConflictError as exc:
+        raise ApiError(409, "conflict", str(exc), field="Idempotency-Key") from exc
+    if not created:
+        return JSONResponse({"webhook": _view(webhook), "secret": secret})
     # The receiver's host only: a URL may carry its own token in its path or query.
     _changed("created", webhook, host=urlsplit(webhook.url).hostname, events=webhook.events)
     return JSONResponse({"webhook": _view(webhook), "secret": secret}, status_code=201)

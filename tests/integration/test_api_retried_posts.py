@@ -1,0 +1,129 @@
+"""A post sent again, after its answer was lost, makes nothing a second time: a post that names
+no id of its own names what it makes by its `Idempotency-Key`, as an enqueue does (README,
+"HTTP API"). Each test sends the same post twice at once, as a client retrying a post whose
+answer did not come back does, against the app and real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from prometheus_client import REGISTRY
+
+from receipts.webhooks import WebhookSettings
+from tests.integration.api_support import AS_A, AS_B, api_client, enqueue_body
+from tests.integration.test_schedules import body as schedule_body
+
+
+@pytest.fixture(scope="module")
+async def client(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    receivers = WebhookSettings(RECEIPT_WEBHOOK_ALLOWED_HOSTS="127.0.0.1")
+    async with api_client(db_url, webhooks=receivers) as client:
+        yield client
+
+
+def enqueued(outcome: str) -> float:
+    labels = {"lane": "collect", "kind": "factory.run", "agent": "factory", "outcome": outcome}
+    return REGISTRY.get_sample_value("receipt_jobs_enqueued_total", labels) or 0.0
+
+
+def keyed() -> dict[str, str]:
+    return {**AS_A, "Idempotency-Key": f"key-{uuid.uuid4().hex}"}
+
+
+async def twice(
+    client: httpx.AsyncClient, method: str, url: str, **kwargs: object
+) -> list[httpx.Response]:
+    sent = (client.request(method, url, **kwargs) for _ in range(2))  # type: ignore[arg-type]
+    return list(await asyncio.gather(*sent))
+
+
+async def test_an_objective_posted_again_with_its_idempotency_key_is_made_once(
+    client: httpx.AsyncClient,
+) -> None:
+    objective = {
+        "title": "t",
+        "goal": "g",
+        "tasks": [{"taskId": "t", "input": {"command": ["true"]}}],
+    }
+    headers = keyed()
+    before = {outcome: enqueued(outcome) for outcome in ("created", "existing")}
+    answers = await twice(client, "POST", "/objectives", json=objective, headers=headers)
+    assert [a.status_code for a in answers] == [202, 202], answers[0].text
+    assert sorted(a.json()["outcome"] for a in answers) == ["created", "existing"]
+    assert len({a.json()["objectiveId"] for a in answers}) == 1
+    assert len({a.json()["job"]["jobId"] for a in answers}) == 1
+    # Counted as an enqueue is: one created, one existing.
+    assert {o: enqueued(o) - n for o, n in before.items()} == {"created": 1, "existing": 1}
+    # Later too, and another key is another objective.
+    again = await client.post("/objectives", json=objective, headers=headers)
+    assert again.json()["objectiveId"] == answers[0].json()["objectiveId"]
+    other = await client.post("/objectives", json=objective, headers=keyed())
+    assert other.json()["objectiveId"] != answers[0].json()["objectiveId"]
+
+
+async def test_a_schedule_posted_again_with_its_idempotency_key_is_made_once(
+    client: httpx.AsyncClient,
+) -> None:
+    body = schedule_body(interval="60s")
+    del body["scheduleId"]
+    headers = keyed()
+    answers = await twice(client, "POST", "/schedules", json=body, headers=headers)
+    assert sorted(a.status_code for a in answers) == [200, 201], answers[0].text
+    assert len({a.json()["scheduleId"] for a in answers}) == 1
+    changed = await client.post("/schedules", json={**body, "interval": "120s"}, headers=headers)
+    assert changed.status_code == 409, changed.text
+
+
+async def test_a_command_sent_again_with_its_idempotency_key_is_appended_once(
+    client: httpx.AsyncClient,
+) -> None:
+    job_id = f"steered-{uuid.uuid4().hex[:10]}"
+    body = enqueue_body(
+        jobId=job_id, payload_extra={"task": {"command": ["true"], "steerable": True}}
+    )
+    assert (await client.post("/agents/codex/jobs", json=body, headers=AS_A)).status_code == 202
+    steer = {"type": "steer", "payload": {"say": "use the other file"}}
+    headers = keyed()
+    answers = await twice(client, "POST", f"/jobs/{job_id}/commands", json=steer, headers=headers)
+    assert [a.status_code for a in answers] == [202, 202], answers[0].text
+    assert len({a.json()["commandId"] for a in answers}) == 1
+    job = (await client.get(f"/jobs/{job_id}", headers=AS_A)).json()
+    assert [c["type"] for c in job["pendingCommands"]] == ["steer"]
+    # An abort that canceled the queued job: its retry is told so, not 409 terminal_state.
+    abort = keyed()
+    first = await client.post(f"/jobs/{job_id}/commands", json={"type": "abort"}, headers=abort)
+    assert first.status_code == 202, first.text
+    again = await client.post(f"/jobs/{job_id}/commands", json={"type": "abort"}, headers=abort)
+    assert again.status_code == 202, again.text
+    assert again.json()["commandId"] == first.json()["commandId"]
+    assert again.json()["job"]["status"] == "canceled"
+    # The same key for another command is refused, as a job id's other body is not taken.
+    other = await client.post(f"/jobs/{job_id}/commands", json=steer, headers=abort)
+    assert other.status_code == 409, other.text
+
+
+async def test_a_webhook_created_again_with_its_idempotency_key_is_made_once(
+    client: httpx.AsyncClient,
+) -> None:
+    # Two subscriptions to one URL post every event twice, the first signed with a secret
+    # its caller never heard.
+    body = {"url": f"http://127.0.0.1:9/{uuid.uuid4().hex}", "events": ["job.completed"]}
+    headers = keyed()
+    answers = await twice(client, "POST", "/webhooks", json=body, headers=headers)
+    assert sorted(a.status_code for a in answers) == [200, 201], answers[0].text
+    assert len({a.json()["webhook"]["webhookId"] for a in answers}) == 1
+    assert len({a.json()["secret"] for a in answers}) == 1
+    listed = (await client.get("/webhooks", params={"limit": 100}, headers=AS_A)).json()
+    assert [w["url"] for w in listed["webhooks"]].count(body["url"]) == 1
+    # Another organization's same key is its own subscription; another body under it is 409.
+    theirs = await client.post(
+        "/webhooks", json=body, headers={**AS_B, **{"Idempotency-Key": headers["Idempotency-Key"]}}
+    )
+    assert theirs.status_code == 201, theirs.text
+    assert theirs.json()["webhook"]["webhookId"] != answers[0].json()["webhook"]["webhookId"]
+    other = await client.post("/webhooks", json={**body, "events": ["job.failed"]}, headers=headers)
+    assert other.status_code == 409, other.text
