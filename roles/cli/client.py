@@ -81,6 +81,18 @@ class ApiClient(Client):
         except ReceiptError as exc:
             raise ApiFailure(str(exc)) from exc
 
+    def post_once(self, path: str, body: Any, key: str | None) -> Any:
+        """POST `body` carrying `Idempotency-Key: key` (None: a post naming its own id): one
+        the API may have applied without its answer reaching here says the key to send it
+        again with (`--idempotency-key`), which finds what the first made."""
+        headers = {"Idempotency-Key": key} if key else None
+        try:
+            return self.request("POST", path, json=body, headers=headers)
+        except ApiFailure as exc:
+            if key is not None and "may have been applied" in exc.message:
+                raise ApiFailure(f"{exc.message}; repeat it with --idempotency-key {key}") from exc
+            raise
+
     def follow_raw(
         self, path: str, after: int = 0, name: str | None = None, deadline: Deadline = NEVER
     ) -> Iterator[dict[str, Any]]:
@@ -272,3 +284,13 @@ def _wait(client: ApiClient, job_id: str, as_json: bool) -> int:
     job = client.request("GET", _job_path(job_id))
     _echo_view(job, _summary, as_json)
     return 0 if job["status"] == "completed" else EXIT_NOT_COMPLETED
+
+
+def idempotency_key_option(command: F) -> F:
+    """`--idempotency-key KEY`: the key a post naming no id of its own carries."""
+    return click.option(
+        "--idempotency-key",
+        metavar="KEY",
+        help="The Idempotency-Key the post carries when it names no id (default: a new one, "
+        "printed if the API does not answer in time, so the same post can be sent again safely).",
+    )(command)

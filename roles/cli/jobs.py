@@ -19,7 +19,6 @@ from receipts.jobs import LANES, SINGLETON_MODES, STATUSES
 from receipts.kinds import KINDS
 from roles.cli.client import (
     ApiClient,
-    ApiFailure,
     _api_options,
     _compact,
     _dump,
@@ -30,6 +29,7 @@ from roles.cli.client import (
     _load_json,
     _summary,
     _wait,
+    idempotency_key_option,
     printable,
 )
 
@@ -49,12 +49,7 @@ from roles.cli.client import (
     "{userId, organizationId} for every kind but factory.objective.watchdog.",
 )
 @click.option("--job-id", help="Idempotency key: re-posting the same id returns the same job.")
-@click.option(
-    "--idempotency-key",
-    metavar="KEY",
-    help="Without --job-id: the Idempotency-Key the post carries (default: a new one, printed "
-    "if the API does not answer in time, so the same post can be sent again safely).",
-)
+@idempotency_key_option
 @click.option("--lane", type=click.Choice(LANES), help="Lane (default collect).")
 @click.option("--session-key", help="Session key the singleton mode acts on.")
 @click.option(
@@ -117,16 +112,8 @@ def enqueue_command(
     # An id-less post carries a key of its own: one the API did not answer in time can be sent
     # again, and finds the job it made instead of making a second.
     key = None if job_id is not None else (idempotency_key or str(uuid.uuid4()))
-    headers = {"Idempotency-Key": key} if key else None
     with ApiClient(api_url, token) as client:
-        try:
-            accepted = client.request(
-                "POST", f"/agents/{segment(agent)}/jobs", json=body, headers=headers
-            )
-        except ApiFailure as exc:
-            if key is not None and "may have been applied" in str(exc):
-                raise ApiFailure(f"{exc}; repeat it with --idempotency-key {key}") from exc
-            raise
+        accepted = client.post_once(f"/agents/{segment(agent)}/jobs", body, key)
         job = accepted["job"]
         if accepted["async"].get("idempotencyMismatch") and not as_json:
             click.echo(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from roles.cli.client import (
     _echo_view,
     _finite,
     _json_text,
+    idempotency_key_option,
     printable,
 )
 
@@ -214,12 +216,14 @@ def objectives_group() -> None:
     default="cli",
     help="authContext.userId with --organization (default: env USER, else cli).",
 )
+@idempotency_key_option
 @_api_options
 def objectives_run(
     file: Path,
     wait: bool,
     organization: str | None,
     user: str,
+    idempotency_key: str | None,
     api_url: str,
     token: str | None,
     as_json: bool,
@@ -232,8 +236,11 @@ def objectives_run(
     objective = load_objective(file)
     if organization and "authContext" not in objective:
         objective["authContext"] = {"userId": user, "organizationId": organization}
+    # A FILE naming no objectiveId: the key names the objective, so a post the API may have
+    # applied unheard is sent again safely.
+    key = None if "objectiveId" in objective else (idempotency_key or str(uuid.uuid4()))
     with ApiClient(api_url, token) as client:
-        accepted = client.request("POST", "/objectives", json=objective)
+        accepted = client.post_once("/objectives", objective, key)
         if as_json and not wait:
             click.echo(_dump(accepted))
             return

@@ -3,6 +3,7 @@ organization (README, "Schedules")."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import click
@@ -15,6 +16,7 @@ from roles.cli.client import (
     _echo_page,
     _echo_view,
     _load_json,
+    idempotency_key_option,
     printable,
 )
 
@@ -77,6 +79,7 @@ def schedules_group() -> None:
     help="A firing while the previous job is still active.",
 )
 @click.option("--paused", is_flag=True, help="Create it paused.")
+@idempotency_key_option
 @_api_options
 def schedules_create(
     schedule_id: str | None,
@@ -87,6 +90,7 @@ def schedules_create(
     job: str,
     overlap: str,
     paused: bool,
+    idempotency_key: str | None,
     api_url: str,
     token: str | None,
     as_json: bool,
@@ -106,8 +110,9 @@ def schedules_create(
     ):
         if value is not None:
             body[name] = value
+    key = None if schedule_id is not None else (idempotency_key or str(uuid.uuid4()))
     with ApiClient(api_url, token) as client:
-        view = client.request("POST", "/schedules", json=body)
+        view = client.post_once("/schedules", body, key)
     _echo_view(view, schedule_lines, as_json)
 
 

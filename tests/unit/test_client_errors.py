@@ -426,3 +426,44 @@ async def test_a_password_in_the_api_url_is_never_printed(make: Any) -> None:
     assert "pr0xyPassw0rd" not in str(refusal.value), refusal.value
     assert "http://ops:***@api.internal:8000" in str(refusal.value), refusal.value
     assert client.url == url  # the requests still carry it
+
+
+@pytest.mark.parametrize("command", ["objectives", "schedules"])
+def test_the_cli_posts_an_id_less_objective_or_schedule_with_a_key_it_names(
+    command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """`receipt objectives run` of a file naming no objectiveId and `receipt schedules create`
+    without --id posted no Idempotency-Key: after a timeout a second run made a second
+    objective (every task run twice) or schedule (every firing doubled). They send one, name it
+    when no answer comes, and send it again with --idempotency-key."""
+    from click.testing import CliRunner
+
+    from roles.cli import client as cli_client
+    from roles.cli import objectives as cli_objectives
+    from roles.cli import schedules as cli_schedules
+
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    class Offline(cli_client.ApiClient):
+        def __init__(self, url: str, token: str | None) -> None:
+            Client.__init__(self, url, token or "", transport=httpx.MockTransport(answer))
+
+    objective = tmp_path / "objective.yaml"
+    objective.write_text('tasks:\n  - id: a\n    input: {command: ["true"]}\n')
+    if command == "objectives":
+        monkeypatch.setattr(cli_objectives, "ApiClient", Offline)
+        run, args = cli_objectives.objectives_run, [str(objective)]
+    else:
+        monkeypatch.setattr(cli_schedules, "ApiClient", Offline)
+        run, args = cli_schedules.schedules_create, ["--interval", "1h", "--agent", "codex"]
+        args += ["--job", '{"payload": {"kind": "factory.task.run"}}']
+    ran = CliRunner().invoke(run, [*args, "--api-url", "http://a"])
+    assert ran.exit_code == 3, ran.output
+    key = sent[0].headers["Idempotency-Key"]
+    assert key and f"repeat it with --idempotency-key {key}" in ran.output, ran.output
+    again = CliRunner().invoke(run, [*args, "--api-url", "http://a", "--idempotency-key", key])
+    assert again.exit_code == 3 and sent[1].headers["Idempotency-Key"] == key
