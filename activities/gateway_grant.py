@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from opentelemetry import trace
+
 from activities.gateway_pool import Slots
 from activities.gateway_usage import Usage
 from receipts import metrics
 
 log = logging.getLogger("activities.gateway")
+_tracer = trace.get_tracer("receipt.gateway")
 
 BUDGET_QUOTA = "(the organization's daily token budget)"
 """The quota key a spent budget is recorded under (the models' own are their names): every
@@ -102,6 +106,24 @@ class Grant:
                    "status": status, "inputTokens": usage.input_tokens,
                    "outputTokens": usage.output_tokens, "durationS": round(duration_s, 3)},
         )  # fmt: skip
+        # A span of the turn's attempt (the grant's server runs in its context) as long as the
+        # call, its answer's end included (a stream's), written once its usage is known.
+        ended = time.time_ns()
+        span = _tracer.start_span(
+            "receipt.gateway.call",
+            kind=trace.SpanKind.CLIENT,
+            start_time=ended - int(duration_s * 1e9),
+            attributes={
+                "receipt.job_id": self.job_id,
+                "receipt.gateway.binding": self.binding,
+                "receipt.gateway.status": status,
+                "receipt.gateway.input_tokens": usage.input_tokens,
+                "receipt.gateway.output_tokens": usage.output_tokens,
+            },
+        )
+        if not (status.isdigit() and int(status) < 400):
+            span.set_status(trace.StatusCode.ERROR, f"model call: {status}")
+        span.end(end_time=ended)
 
     def met_quota(self, model: str, until: datetime) -> None:
         self.quota_models[model] = max(self.quota_models.get(model, until), until)

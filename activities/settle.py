@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -56,6 +57,20 @@ def _described(exc: BaseException) -> str:
         return f"<str() of the exception raised {type(broken).__name__}>"
 
 
+def _record_exception(exc: BaseException) -> None:
+    """What the handler raised, on the attempt's span (its `exception` event), bounded: the
+    SDK's `record_exception` calls `str(exc)`, which may raise (`_described`)."""
+    stack = "".join(traceback.format_exception(exc))  # a `__str__` that raises is named so
+    trace.get_current_span().add_event(
+        "exception",
+        {
+            "exception.type": type(exc).__qualname__,
+            "exception.message": ops.bounded_error(_described(exc)),
+            "exception.stacktrace": stack[-ops.MAX_ERROR_CHARS :],
+        },
+    )
+
+
 class Settlement:
     """The ways one delivery of an attempt ends, each a fenced write through `fence`."""
 
@@ -99,6 +114,7 @@ class Settlement:
                 str(exc), retryable=True, status="failed", result=None, handler_s=handler_s
             )
         except BaseException as exc:  # a handler bug: retry it while attempts remain
+            _record_exception(exc)
             log.exception(
                 "handler raised",
                 extra={"event": "attempt.handler_error", "jobId": self.fence.job_id},
@@ -131,6 +147,8 @@ class Settlement:
         """Settle `failed`: requeued while `retryable` with attempts left, else terminal with
         `status` copied onto the job's result."""
         error = ops.bounded_error(error)
+        # The attempt's span (`receipt.attempt`) is an error: a failing job shows in its trace.
+        trace.get_current_span().set_status(trace.StatusCode.ERROR, error)
         outcome = await self._settle(
             status,
             lambda known: self.fence.fail(

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from opentelemetry import trace
 from temporalio import activity
 
 from activities.names import ENQUEUE_WATCHDOG
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.objectives.watchdog import WATCHDOG_AGENT, WATCHDOG_KIND, watchdog_job_id
 from receipts.store import Store
+from receipts.trace_context import current_traceparent
+
+_tracer = trace.get_tracer("receipt.watchdog")
 
 
 class WatchdogActivities:
@@ -28,5 +34,8 @@ class WatchdogActivities:
             },
             system=True,
         )
-        result = await enqueue(self.store, request)
+        # The tick's job starts its trace here (as a schedule firing's does), under this span.
+        with _tracer.start_as_current_span("receipt.watchdog.tick"):
+            traced = dataclasses.replace(request, traceparent=current_traceparent())
+            result = await enqueue(self.store, traced)
         return result.job.job_id

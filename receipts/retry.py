@@ -9,11 +9,14 @@ before the job it retried: then a retry makes a new one, `replaces` naming the p
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from opentelemetry import trace
 
 from receipts import jobs as jobmodel
 from receipts.enqueue import Admission, EnqueueRequest, enqueue_in
@@ -22,8 +25,10 @@ from receipts.jobs import Job
 from receipts.kinds import TURN_KIND
 from receipts.store import Draft, Store, Tx
 from receipts.tenancy import scoped_id
+from receipts.trace_context import current_traceparent, links_to
 
 log = logging.getLogger("receipts.retry")
+_tracer = trace.get_tracer("receipt.retry")
 
 # Statuses a job may be retried from: work that ended without completing.
 RETRYABLE_STATUSES: tuple[str, ...] = ("failed", "canceled")
@@ -101,8 +106,15 @@ async def retry_in(
         return RetryOutcome(AGENT_TURN, job)
     # Scoped like every organization's job id (docs/design.md §4), so its organization can name it.
     new_job_id = scoped_id(job.organization_id, f"retry-{uuid.uuid4()}")
-    request = retry_request(job, new_job_id)
-    created = await enqueue_in(tx, held(request) if held else request, admission)
+    # The retry is a job of its own trace, started here (as a post without a `traceparent` at
+    # the api), linked to the trace of the job it retries.
+    with _tracer.start_as_current_span(
+        "receipt.retry", attributes={"receipt.job_id": job.job_id}, links=links_to(job.traceparent)
+    ):
+        request = dataclasses.replace(
+            retry_request(job, new_job_id), traceparent=current_traceparent()
+        )
+        created = await enqueue_in(tx, held(request) if held else request, admission)
     data = {"retriedAs": created.job.job_id}
     if job.retried_as is not None:
         data["replaces"] = job.retried_as

@@ -37,6 +37,16 @@ def detach(token: object | None) -> None:
         context.detach(token)  # type: ignore[arg-type]
 
 
+def links_to(traceparent: str | None) -> list[trace.Link]:
+    """A link to the span a stored `traceparent` names (an earlier trace this work follows
+    from), or none."""
+    if not traceparent:
+        return []
+    linked = trace.get_current_span(_propagator.extract({"traceparent": traceparent}))
+    context_of = linked.get_span_context()
+    return [trace.Link(context_of)] if context_of.is_valid else []
+
+
 def trace_id_of(traceparent: str | None) -> str | None:
     """The 32-hex trace id inside a `traceparent` (`00-<trace id>-<span id>-<flags>`)."""
     parts = (traceparent or "").split("-")

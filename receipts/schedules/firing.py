@@ -150,7 +150,12 @@ class Caps:
 
 
 async def fire(
-    store: Store, schedule_id: str, fire_time: datetime, caps: Caps | None = None
+    store: Store,
+    schedule_id: str,
+    fire_time: datetime,
+    caps: Caps | None = None,
+    *,
+    traceparent: str | None = None,
 ) -> str:
     """Enqueue the job of the firing at `fire_time` (Temporal's scheduled time) unless the
     overlap policy says otherwise or, with `caps`, the organization holds its cap of open jobs
@@ -161,7 +166,8 @@ async def fire(
     `repeated` (this fire time, or this local time of a repeated hour, was already handled: a
     doubled firing is one job), `off_schedule` (the definition as it is now does not fire then:
     Temporal still had an earlier one) or `none` (the schedule is paused, deleted or gone:
-    Temporal fired before the sync caught up).
+    Temporal fired before the sync caught up). The job's trace is `traceparent`'s (the
+    firing's span) when given.
 
     Everything is decided under the schedule's stream lock on the schedule as it is then (the
     read before it only answers `none` and `repeated` without a transaction): the job it
@@ -193,6 +199,7 @@ async def fire(
         # The job is built from the definition read under the lock, never from the read before
         # it: a change of `job` or `agentId` committed in between fires as changed.
         request = await firing_request(tx, current, fire_time)
+        request = dataclasses.replace(request, traceparent=traceparent)
         if caps is not None and caps.max_timeout_ms is not None:
             request = cap_timeout(request, caps.max_timeout_ms)
         if caps is not None:

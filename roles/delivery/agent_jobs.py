@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
+from opentelemetry import trace
 
 from activities.driver import callback_message_id, post_callback
 from receipts import deliveries, metrics
@@ -33,9 +34,11 @@ from receipts.notices import AGENT_JOBS, SETTLED_TYPES
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.streams import dumps
+from receipts.trace_context import job_trace
 from receipts.waits import within
 
 log = logging.getLogger("roles.delivery.agent_jobs")
+_tracer = trace.get_tracer("receipt.agent_jobs")
 
 MAX_IDLE_S = 60.0
 AGENT_JOB_DISPATCHER_LOOP = "agent_job_dispatcher"  # the `loop` label of its failed passes
@@ -245,32 +248,49 @@ class AgentJobDispatcher:
         session_id: str,
         seq: int,
     ) -> bool:
-        try:
-            async with self._posts_at_once:
-                if not await deliveries.claim_callback(self.store, source_id, WAKEUP, url):
-                    return False
-                found = await self.store.read_stream(session_stream(session_id), seq - 1, 1)
-                if not found or found[0].type != WAKEUP:
-                    return False
-                body = dumps(
-                    {"event": WAKEUP, "sessionId": session_id, "wakeup": found[0].to_json()}
-                ).encode()
-                message_id = callback_message_id(f"{source_id}:{url}")
-                error = await post_callback(http, settings, url, message_id, body)
-                status = "posted" if error is None else "failed"
-                await deliveries.callback_result(self.store, source_id, WAKEUP, url, status, error)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the database away: the claimed post is tried again later
-            status, error = "failed", f"{type(exc).__name__}: {exc}"
-        agent_metrics.AGENT_JOB_WAKEUP_CALLBACKS.labels(status).inc()
-        log.log(
-            logging.INFO if error is None else logging.WARNING,
-            "wakeup callback %s",
-            status,
-            extra={"event": "agent_job.wakeup_callback", "sourceId": source_id, "error": error},
-        )
-        return error is None
+        # The post and its log line are in the agent job's trace (its create's, which its turns
+        # share): its `traceparent` names this span, as a queue job's callback's does.
+        with contextlib.ExitStack() as in_trace:
+            try:
+                async with self._posts_at_once:
+                    if not await deliveries.claim_callback(self.store, source_id, WAKEUP, url):
+                        return False
+                    found = await self.store.read_stream(session_stream(session_id), seq - 1, 1)
+                    if not found or found[0].type != WAKEUP:
+                        return False
+                    agent_job_id = str(found[0].data.get("agentJobId"))
+                    woken = await lifecycle.get(self.store, agent_job_id)
+                    in_trace.enter_context(job_trace(woken.traceparent if woken else None))
+                    in_trace.enter_context(
+                        _tracer.start_as_current_span(
+                            "receipt.wakeup_callback",
+                            kind=trace.SpanKind.CLIENT,
+                            attributes={"receipt.agent_job_id": agent_job_id},
+                        )
+                    )
+                    body = dumps(
+                        {"event": WAKEUP, "sessionId": session_id, "wakeup": found[0].to_json()}
+                    ).encode()
+                    message_id = callback_message_id(f"{source_id}:{url}")
+                    error = await post_callback(http, settings, url, message_id, body)
+                    status = "posted" if error is None else "failed"
+                    await deliveries.callback_result(
+                        self.store, source_id, WAKEUP, url, status, error
+                    )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away: the claimed post is tried again later
+                status, error = "failed", f"{type(exc).__name__}: {exc}"
+            if error is not None:
+                trace.get_current_span().set_status(trace.StatusCode.ERROR, error)
+            agent_metrics.AGENT_JOB_WAKEUP_CALLBACKS.labels(status).inc()
+            log.log(
+                logging.INFO if error is None else logging.WARNING,
+                "wakeup callback %s",
+                status,
+                extra={"event": "agent_job.wakeup_callback", "sourceId": source_id, "error": error},
+            )
+            return error is None
 
     def _posted(self, key: tuple[str, str], _: asyncio.Task[bool]) -> None:
         self._posting.pop(key, None)

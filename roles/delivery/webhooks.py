@@ -14,18 +14,22 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
+from opentelemetry import trace
 
 from activities import webhook_egress as egress
 from activities.driver import callback_message_id, sign_webhook
 from receipts import metrics
 from receipts import webhooks as hooks
 from receipts.store import Store
+from receipts.trace_context import current_traceparent, job_trace
 from receipts.waits import within
 from receipts.webhooks import Claimed, WebhookSettings
 
 log = logging.getLogger("roles.delivery.webhooks")
+_tracer = trace.get_tracer("receipt.webhooks")
 # How late past the retry window a delivery's last try may be posted: the backoff cuts the last
 # wait to end at the window, so that try is claimed just after it. Later than this, it waited
 # behind a backlog, and is failed unposted (`expired`).
@@ -129,8 +133,6 @@ class WebhookDeliverer:
         Whatever the check or the post raises is a failed try; only a failure to read or record
         it leaves the claim to lapse: the delivery is tried again."""
         started = time.monotonic()
-        status_code: int | None = None
-        error: str | None = None
         age_ms = (delivery.now - delivery.created_at).total_seconds() * 1000
         if age_ms >= self.settings.retry_for_ms + LAST_TRY_GRACE_MS:
             # Owed past the retry window (it waited behind its organization's backlog at a dead
@@ -142,6 +144,31 @@ class WebhookDeliverer:
         if data is None:
             error = "the event's subject no longer exists"
             return await self._record(delivery, "failed", None, error, started)
+        # A job's event is posted in the job's trace (its post's `traceparent` names this try's
+        # span, as a callback's does), and so are the try's log lines.
+        job = data.get("job")
+        traceparent = job.get("traceparent") if isinstance(job, dict) else None
+        with (
+            job_trace(traceparent),
+            _tracer.start_as_current_span(
+                "receipt.webhook",
+                kind=trace.SpanKind.CLIENT,
+                attributes={
+                    "receipt.webhook_id": delivery.webhook_id,
+                    "receipt.webhook_event": delivery.event,
+                    "receipt.delivery_id": delivery.delivery_id,
+                    "receipt.tries": delivery.tries + 1,
+                },
+            ),
+        ):
+            return await self._send(delivery, data, age_ms, started)
+
+    async def _send(
+        self, delivery: Claimed, data: dict[str, Any], age_ms: float, started: float
+    ) -> str:
+        """Check the target, post, and record the try (`_deliver`'s, in its span)."""
+        status_code: int | None = None
+        error: str | None = None
         body = hooks.body(delivery, data)
         timeout_s = self.settings.timeout_ms / 1000
         target: egress.Target | None = None
@@ -188,6 +215,8 @@ class WebhookDeliverer:
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign_webhook(secret, message_id, timestamp, body),
         }
+        if traceparent := current_traceparent():
+            headers["traceparent"] = traceparent
         try:
             # The whole exchange within the timeout (httpx's bounds each read, so a receiver
             # trickling a byte at a time would hold the post, and its organization's slot).
@@ -243,6 +272,8 @@ class WebhookDeliverer:
         retry_ms: int = 0,
     ) -> str:
         status = {"delivered": "delivered", "failed": "failed", "retried": "pending"}[outcome]
+        if error is not None:  # the try's span (`_deliver`), when it was posted
+            trace.get_current_span().set_status(trace.StatusCode.ERROR, error)
         next_try = await hooks.record_try(
             self.store,
             delivery,

@@ -5,8 +5,9 @@ spans are exported over OTLP/HTTP only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set
 enqueue span is the child of the caller's `traceparent` (`caller_context`); Temporal's tracing
 interceptor carries the context through the driver and attempt workflows into the activities,
 and where it does not (a loop, spans not recorded) the job's stored `traceparent` is attached
-(receipts/trace_context.py); the psycopg instrumentation adds a span per SQL statement. A role
-flushes the spans it holds when it exits (`flush_spans`).
+(receipts/trace_context.py); the psycopg instrumentation adds a span per SQL statement run
+inside another span (a loop's polls outside any are no trace). A role flushes the spans it holds
+when it exits (`flush_spans`).
 
 While nothing consumes spans (no OTLP endpoint, no processor attached) spans are not recorded
 and psycopg is not instrumented: trace ids are still generated and propagated, but the 5–6
@@ -56,8 +57,9 @@ _propagator = TraceContextTextMapPropagator()
 
 
 class _RecordWhenConsumed(Sampler):
-    """Record every span once something consumes them; until then drop them (a dropped span
-    still carries a fresh trace id, so `job.enqueued` records one either way)."""
+    """Record every span once something consumes them, but none below a parent not sampled;
+    until then drop them (a dropped span still carries a fresh trace id, so `job.enqueued`
+    records one either way)."""
 
     def __init__(self) -> None:
         self.recording = False
@@ -72,11 +74,13 @@ class _RecordWhenConsumed(Sampler):
         links: Sequence[trace.Link] | None = None,
         trace_state: trace.TraceState | None = None,
     ) -> SamplingResult:
-        if not self.recording:
+        parent = trace.get_current_span(parent_context).get_span_context()
+        # A parent not sampled (a caller's `traceparent` with sampled=0, and the spans below
+        # it) keeps its trace unrecorded, as W3C and OpenTelemetry's parent-based sampler say.
+        if not self.recording or (parent.is_valid and not parent.trace_flags.sampled):
             return SamplingResult(Decision.DROP)
         # A recorded span starts with the attributes the sampler hands back (the SDK takes
         # them from here, not from the call): the span's own, and its parent's trace state.
-        parent = trace.get_current_span(parent_context).get_span_context()
         return SamplingResult(
             Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state if parent.is_valid else None
         )
@@ -86,6 +90,37 @@ class _RecordWhenConsumed(Sampler):
 
 
 _sampler = _RecordWhenConsumed()
+
+
+class _UnderASpan(Sampler):
+    """The SQL statements' spans: recorded as `_sampler` says inside a span (a job's step, a
+    request, a batch), never as a trace of their own: a background loop's polls (the webhook
+    claim, the recovery scans, the bookkeeping) made one single-span trace each, ~550 a minute
+    from idle roles."""
+
+    def should_sample(
+        self,
+        parent_context: context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: trace.SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[trace.Link] | None = None,
+        trace_state: trace.TraceState | None = None,
+    ) -> SamplingResult:
+        if not trace.get_current_span(parent_context).get_span_context().is_valid:
+            return SamplingResult(Decision.DROP)
+        return _sampler.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return "UnderASpan"
+
+
+# The psycopg instrumentation's own provider (made with the first consumer): the process's
+# resource and processors, the sampler above.
+_sql_provider: TracerProvider | None = None
 
 
 def configure_tracing(
@@ -131,12 +166,18 @@ def recording() -> bool:
 
 
 def _consume(provider: TracerProvider, processor: SpanProcessor) -> None:
+    global _sql_provider
     provider.add_span_processor(processor)
+    if _sql_provider is None:
+        _sql_provider = TracerProvider(
+            resource=provider.resource, sampler=_UnderASpan(), shutdown_on_exit=False
+        )
+    _sql_provider.add_span_processor(processor)
     if not _sampler.recording:
         _sampler.recording = True
         from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
-        PsycopgInstrumentor().instrument(tracer_provider=provider)
+        PsycopgInstrumentor().instrument(tracer_provider=_sql_provider)
 
 
 def caller_context(headers: Mapping[str, str]) -> context.Context:

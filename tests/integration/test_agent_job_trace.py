@@ -1,0 +1,72 @@
+"""An agent job's wakeup post (the owner session woken: it waits on its user, or it ended) is in
+the agent job's trace (in-memory span exporter), as a queue job's callback is in its job's: a
+`receipt.wakeup_callback` span there, its post's `traceparent` naming it, its log line naming
+the trace."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs.registry import AgentJobSettings
+from receipts.settings import Settings
+from receipts.store import Store
+from roles.delivery.agent_jobs import AgentJobDispatcher
+from roles.infra.logs import trace_fields
+from roles.infra.tracing import configure_tracing
+from tests.integration.delivery.receiver import Receiver
+from tests.integration.test_agent_jobs import current, play_turn, request
+
+
+async def test_a_wakeup_post_is_a_span_of_the_agent_jobs_trace(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter = InMemorySpanExporter()
+    configure_tracing("receipt-test", processor=SimpleSpanProcessor(exporter))
+    trace_id = secrets.token_hex(16)
+    traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+    job, _ = await lifecycle.create(
+        store, request(f"agent-{secrets.token_hex(3)}", traceparent=traceparent)
+    )
+    seen: list[str | None] = []
+
+    class Traced(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if getattr(record, "event", None) == "agent_job.wakeup_callback":
+                seen.append(trace_fields().get("trace_id"))
+
+    logger = logging.getLogger("roles.delivery.agent_jobs")
+    caplog.set_level(logging.INFO, logger=logger.name)
+    logger.addHandler(handler := Traced())
+    try:
+        async with Receiver() as receiver, httpx.AsyncClient() as http:
+            settings = Settings(RECEIPT_EVENT_CALLBACK_URL=receiver.url)
+            posting = AgentJobDispatcher(
+                store, None, AgentJobSettings(), callbacks=settings, http=http
+            )
+            await posting.run_once()
+            await play_turn(
+                store,
+                await current(store, job.agent_job_id),
+                {"outcome": "needs_input", "question": "q", "toolCallId": "c"},
+            )
+            await posting.run_once()
+    finally:
+        logger.removeHandler(handler)
+    [sent] = [r for r in receiver.requests if job.agent_job_id in r.body.decode()]
+    spans = [s for s in exporter.get_finished_spans() if s.name == "receipt.wakeup_callback"]
+    [span] = [
+        s for s in spans if (s.attributes or {}).get("receipt.agent_job_id") == job.agent_job_id
+    ]
+    assert span.context is not None and f"{span.context.trace_id:032x}" == trace_id
+    assert sent.headers.get("traceparent", "").split("-")[1:3] == [
+        trace_id,
+        f"{span.context.span_id:016x}",
+    ]
+    assert seen == [trace_id]
