@@ -38,7 +38,17 @@ def queries() -> dict[str, str]:
             if name in named:
                 raise ValueError(f"{entry.name} defines {name!r} a second time")
             named[name] = body.strip().rstrip(";")
-    return expand_includes(named)
+    return {name: _from_first_clause(body) for name, body in expand_includes(named).items()}
+
+
+def _from_first_clause(statement: str) -> str:
+    """`statement` without the comment lines before its first clause: they document it here,
+    and a tool that names a statement by its first word (the psycopg instrumentation's spans)
+    named every such one `--`."""
+    lines = statement.splitlines()
+    while lines and lines[0].lstrip().startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines)
 
 
 def expand_includes(named: dict[str, str]) -> dict[str, str]:
