@@ -19,6 +19,7 @@ from receipts.agent_jobs.lifecycle import (
 )
 from receipts.agent_jobs.model import AgentJob
 from receipts.store import Draft, Store, Tx
+from receipts.trace_context import job_trace
 
 log = logging.getLogger("receipts.agent_jobs")
 
@@ -92,17 +93,18 @@ async def _claim(
         return ORGANIZATION_AT_CAP
     claimed = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
     await enqueue_turn(tx, claimed, decision.queue_job_id)
-    log.info(
-        "agent job claimed",
-        extra={
-            "event": "agent_job.claimed",
-            "agentJobId": agent_job_id,
-            "agentId": agent_id,
-            "attempt": claimed.attempt,
-            "turn": claimed.turn,
-            "continuation": decision.continuation,
-        },
-    )
+    with job_trace(claimed.traceparent):  # the line in the agent job's trace
+        log.info(
+            "agent job claimed",
+            extra={
+                "event": "agent_job.claimed",
+                "agentJobId": agent_job_id,
+                "agentId": agent_id,
+                "attempt": claimed.attempt,
+                "turn": claimed.turn,
+                "continuation": decision.continuation,
+            },
+        )
     return claimed
 
 

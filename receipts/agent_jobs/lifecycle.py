@@ -27,6 +27,7 @@ from receipts.jobs import Job, Receipt
 from receipts.kinds import TURN_KIND, route
 from receipts.store import Draft, Store, Tx
 from receipts.tenancy import without_position
+from receipts.trace_context import job_trace
 
 log = logging.getLogger("receipts.agent_jobs")
 
@@ -141,10 +142,15 @@ async def _wake(tx: Tx, job: AgentJob, session: str) -> None:
         data={"sessionId": job.owner_session_id, "wakeup": without_position(stored[0].to_json())},
     )
     AGENT_JOB_EVENTS.labels("wakeup").inc()
-    log.info(
-        "owner session woken",
-        extra={"event": "agent_job.wakeup", "agentJobId": job.agent_job_id, "sourceId": source_id},
-    )
+    with job_trace(job.traceparent):
+        log.info(
+            "owner session woken",
+            extra={
+                "event": "agent_job.wakeup",
+                "agentJobId": job.agent_job_id,
+                "sourceId": source_id,
+            },
+        )
 
 
 # --- create -----------------------------------------------------------------------------------
@@ -391,18 +397,19 @@ async def settle_turn_in(
         assert decision.transition is not None
         settled = await append(tx, job, [Draft(model.TRANSITIONED, decision.transition)])
         to = settled.status
-    log.info(
-        "agent job turn settled",
-        extra={
-            "event": "agent_job.turn_settled",
-            "agentJobId": agent_job_id,
-            "queueJobId": job.queue_job_id,
-            "queueStatus": turn_job.status,
-            "status": to,
-            "attempt": settled.attempt,
-            "turn": settled.turn,
-        },
-    )
+    with job_trace(settled.traceparent):  # the line in the agent job's trace
+        log.info(
+            "agent job turn settled",
+            extra={
+                "event": "agent_job.turn_settled",
+                "agentJobId": agent_job_id,
+                "queueJobId": job.queue_job_id,
+                "queueStatus": turn_job.status,
+                "status": to,
+                "attempt": settled.attempt,
+                "turn": settled.turn,
+            },
+        )
     return settled
 
 

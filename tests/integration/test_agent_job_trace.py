@@ -70,3 +70,42 @@ async def test_a_wakeup_post_is_a_span_of_the_agent_jobs_trace(
         f"{span.context.span_id:016x}",
     ]
     assert seen == [trace_id]
+
+
+async def test_the_dispatchers_lines_about_an_agent_job_carry_its_trace(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """agent_job.claimed, agent_job.turn_settled and agent_job.wakeup name the agent job but were
+    written in no trace (the dispatcher's pass is none): an operator following the agent job's
+    trace id lost them."""
+    trace_id = secrets.token_hex(16)
+    traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+    job, _ = await lifecycle.create(
+        store, request(f"agent-{secrets.token_hex(3)}", traceparent=traceparent)
+    )
+    seen: dict[str, str | None] = {}
+
+    class Traced(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            event = str(getattr(record, "event", ""))
+            if getattr(record, "agentJobId", None) == job.agent_job_id:
+                seen[event] = trace_fields().get("trace_id")
+
+    loggers = [logging.getLogger(n) for n in ("receipts.agent_jobs", "roles.delivery.agent_jobs")]
+    caplog.set_level(logging.INFO)
+    for logger in loggers:
+        logger.addHandler(Traced())
+    try:
+        dispatcher = AgentJobDispatcher(store, None, AgentJobSettings())
+        await dispatcher.run_once()
+        await play_turn(
+            store,
+            await current(store, job.agent_job_id),
+            {"outcome": "needs_input", "question": "q", "toolCallId": "c"},
+        )
+        await dispatcher.run_once()
+    finally:
+        for logger in loggers:
+            logger.handlers = [h for h in logger.handlers if not isinstance(h, Traced)]
+    wanted = ("agent_job.claimed", "agent_job.turn_settled", "agent_job.wakeup")
+    assert {event: seen.get(event) for event in wanted} == dict.fromkeys(wanted, trace_id), seen
