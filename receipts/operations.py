@@ -474,8 +474,10 @@ def command_decision(
     transaction (no worker holds it). With `check_organization`, a job of another organization
     is reported `not_found`. A job already holding `max_commands` commands takes no steer or
     follow_up (`too_many_commands`): its folded state keeps them all; an abort is always
-    taken. One it holds under `command_id` (sent again) is `already`, nothing written, even
-    once terminal (the abort that canceled it); another type under that id `command_id_taken`."""
+    taken, once: a job that holds one answers `already`, nothing written (each abort was kept
+    in the state, so a flood of them grew it, and each write, without bound). One it holds
+    under `command_id` (sent again) is `already` too, even once terminal (the abort that
+    canceled it); another type under that id `command_id_taken`."""
     if type not in COMMAND_TYPES:
         raise ValueError(f"command type must be one of {COMMAND_TYPES}")
     command = command_id or str(uuid.uuid4())
@@ -487,6 +489,8 @@ def command_decision(
             return Outcome(OK, job, already=True) if given.type == type else COMMAND_ID_TAKEN
         if job.terminal:
             return TERMINAL_STATE
+        if type == "abort" and job.abort_requested:
+            return Outcome(OK, job, already=True)
         if max_commands is not None and type != "abort" and len(job.commands) >= max_commands:
             return Outcome(TOO_MANY_COMMANDS, job)
         drafts = [command_draft(command, type, payload=payload, reason=reason)]

@@ -32,6 +32,7 @@ from receipts.kinds import invalid_input
 from receipts.reads import Position
 from receipts.text import _BAD, check_clean_text
 from roles.api.errors import ApiError
+from roles.api.limits import ADMIN_BUCKET, CALLER, BodyBytes
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -169,16 +170,27 @@ def check_declared_length(request: Request, limit: int) -> None:
 
 
 async def read_raw_body(request: Request, limit: int) -> bytes:
-    """Read the body, refusing it (413) as soon as `Content-Length` or the bytes exceed `limit`."""
+    """Read the body, refusing it (413) as soon as `Content-Length` or the bytes exceed `limit`,
+    and (429) once the caller's organization's bodies being read pass
+    `RECEIPT_ORG_BODY_BYTES_IN_FLIGHT` (roles/api/limits.py `BodyBytes`)."""
     check_declared_length(request, limit)
     too_large = _too_large(limit)
+    caller = getattr(request.state, CALLER, None)
+    bodies: BodyBytes | None = getattr(getattr(request.app.state, "api", None), "bodies", None)
+    key = (caller.organization_id or ADMIN_BUCKET) if caller is not None else ""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            if size + len(chunk) > limit:
+                raise too_large
+            if bodies is not None and caller is not None:
+                bodies.take(key, len(chunk))
+            size += len(chunk)
+            chunks.append(chunk)
+    finally:
+        if bodies is not None and caller is not None:
+            bodies.give(key, size)
     return b"".join(chunks)
 
 

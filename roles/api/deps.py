@@ -29,7 +29,14 @@ from roles.api.auth import OPEN, Principal, TokenTable, is_loopback
 from roles.api.body import JsonLimits, json_object, read_json_body, validated
 from roles.api.errors import ApiError, too_many
 from roles.api.gate import admitted
-from roles.api.limits import OrgLimits, StreamGate
+from roles.api.limits import (
+    CALLER,
+    SESSIONS_BURST,
+    SESSIONS_PER_S,
+    BodyBytes,
+    OrgLimits,
+    StreamGate,
+)
 from roles.api.schema import shown_job_id
 from roles.api.settings import ApiSettings
 
@@ -71,6 +78,11 @@ class ApiState:
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
     streams: StreamGate = field(init=False)
     org_limits: OrgLimits = field(init=False)
+    bodies: BodyBytes = field(init=False)
+    # Console sessions made, per token (roles/api/console/session.py `check_new_session`).
+    sessions_made: OrgLimits = field(
+        default_factory=lambda: OrgLimits(SESSIONS_PER_S, SESSIONS_BURST)
+    )
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -81,6 +93,7 @@ class ApiState:
             hold_s=s.rate_refusal_hold_ms / 1000,
             max_held=s.rate_refusals_held_max,
         )
+        self.bodies = BodyBytes(s.org_body_bytes_in_flight)
 
     @property
     def json_limits(self) -> JsonLimits:
@@ -172,6 +185,7 @@ def request_caller(request: Request, token: str | None) -> Principal:
     tokens = state.tokens
     if tokens.open:
         check_open_request(request)
+        setattr(request.state, CALLER, OPEN)
         return OPEN
     challenge = {"WWW-Authenticate": "Bearer"}
     if token is None:
@@ -179,6 +193,7 @@ def request_caller(request: Request, token: str | None) -> Principal:
     principal = tokens.authenticate(token)
     if principal is None:
         raise ApiError(401, "unauthorized", "unknown bearer token", headers=challenge)
+    setattr(request.state, CALLER, principal)
     return principal
 
 

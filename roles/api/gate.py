@@ -43,6 +43,7 @@ from receipts.text import check_clean_text
 from roles.api.auth import JOBS_WRITE, Principal
 from roles.api.body import declared_length
 from roles.api.errors import KNOWN_FAILURES, ApiError, error_response, known_answer
+from roles.api.limits import CALLER
 
 ENQUEUE_PATH = re.compile(r"^/agents/[^/]+/jobs$")
 ADMITTED = "enqueue_admitted"
@@ -119,7 +120,7 @@ class EnqueueGate:
                 _route_matched(scope)
                 await error_response(refused)(scope, receive, send)
                 return
-            scope.setdefault("state", {})[ADMITTED] = principal
+            scope.setdefault("state", {}).update({ADMITTED: principal, CALLER: principal})
         parameters = well_formed(scope, headers)
         if parameters is None:
             await self.app(scope, receive, send)

@@ -34,6 +34,14 @@ refusals = RefusalLog()
 
 ADMIN_BUCKET = "*admin"
 """The rate bucket (and refusal-log key) of work no organization owns: an admin token's."""
+# Console sessions one token may make: 10 at once, then one every 6 s, per api process. Each
+# sign-in is a stored session that lives until it idles out (30 min): unbounded, one token made
+# 519 a second, as many rows (README, "Operator console").
+SESSIONS_PER_S = 1 / 6
+SESSIONS_BURST = 10
+CALLER = "caller"
+"""The request state's key of the principal the request was authenticated as (set by
+`deps.request_caller` and the enqueue gate): whose bodies in flight its body counts in."""
 
 
 def _rate_refused(organization_id: str | None, wait_s: float) -> ApiError:
@@ -225,3 +233,41 @@ class StreamSlot:
         iterator = gated()
         weakref.finalize(iterator, self.release)
         return iterator
+
+
+class BodyBytes:
+    """The bytes of request bodies being read now, per organization; past `per_org` a body is
+    refused (429), counted and logged. A body that stops short of its end holds what it sent
+    for as long as its client keeps the connection: unbounded, one organization's connections
+    held as much of the api's memory as it opened them (300 command bodies stalled 1 KiB short
+    of 1 MiB: +311 MB, held until they closed)."""
+
+    def __init__(self, per_org: int) -> None:
+        self.per_org = per_org
+        self.held: Counter[str] = Counter()
+
+    def take(self, key: str, size: int) -> None:
+        """Count `size` more bytes of `key`'s bodies, or raise the 429 past `per_org`."""
+        if self.held[key] + size > self.per_org:
+            metrics.API_LIMITED.labels("body_bytes").inc()
+            if (unlogged := refusals.due("body_bytes", key)) is not None:
+                log.warning(
+                    "request body refused: the organization's bodies being read",
+                    extra={
+                        "event": "api.body_bytes_limited",
+                        "organizationId": key,
+                        "unloggedSince": unlogged,
+                    },
+                )
+            raise too_many(
+                f"the organization's request bodies being read already hold {self.per_org} "
+                "bytes (RECEIPT_ORG_BODY_BYTES_IN_FLIGHT)",
+                SSE_RETRY_MS / 1000,
+            )
+        self.held[key] += size
+
+    def give(self, key: str, size: int) -> None:
+        """Give back `size` bytes of `key`'s (a body read, or refused)."""
+        self.held[key] -= size
+        if self.held[key] <= 0:
+            del self.held[key]

@@ -58,6 +58,10 @@ class ApiSettings(ReceiptSettings):
         default=1000, ge=0, le=60_000, alias="RECEIPT_RATE_REFUSAL_HOLD_MS"
     )
     rate_refusals_held_max: int = Field(default=1000, ge=0, alias="RECEIPT_RATE_REFUSALS_HELD_MAX")
+    # The bytes of one organization's request bodies being read at once, per api process.
+    org_body_bytes_in_flight: int = Field(
+        default=16 * DEFAULT_MAX_BODY_BYTES, ge=1, alias="RECEIPT_ORG_BODY_BYTES_IN_FLIGHT"
+    )
     org_max_queued: int = Field(default=1000, ge=1, alias="RECEIPT_ORG_MAX_QUEUED")
     org_max_active: int = Field(default=2000, ge=1, alias="RECEIPT_ORG_MAX_ACTIVE")
     max_timeout_ms: int = Field(default=3_600_000, ge=1, alias="RECEIPT_MAX_TIMEOUT_MS")

@@ -19,11 +19,13 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
+from receipts import operations as ops
 from receipts.jobs import Job
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.settings import Settings
 from receipts.store import Store
 from roles.api.auth import TokenTable, ensure_local_admin_token, load_tokens, parse_lines
+from roles.api.sse import FIRST_READ
 from tests.integration.api_support import (
     AS_A,
     AS_ADMIN,
@@ -330,6 +332,32 @@ async def test_large_and_numerous_follow_ups_are_refused_and_abort_still_works(
     )
 
 
+async def test_a_repeated_abort_of_a_running_job_answers_the_first_and_writes_nothing(
+    db_url: str, store: Store
+) -> None:
+    # Aborts were uncapped: each one was appended and kept in the job's state, so a tenant
+    # posting them at a running job grew its state and every write of it without bound (1 000
+    # aborts of 4 KB: a 4.2 MB state, each abort 28 ms at first and 374 ms by the last).
+    async with api_client(db_url) as client:
+        job_id = (
+            await client.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+        ).json()["job"]["jobId"]
+        started = await ops.start_attempt(
+            store, rid(job_id), attempt=1, worker_id="w-abort", lease_ms=60_000
+        )
+        assert started.ok
+        abort = {"type": "abort", "reason": "r" * 4000}
+        answers = [
+            await client.post(f"/jobs/{job_id}/commands", json=abort, headers=AS_A)
+            for _ in range(20)
+        ]
+        assert {a.status_code for a in answers} == {202}
+        assert len({a.json()["commandId"] for a in answers}) == 1
+        assert [c["type"] for c in answers[-1].json()["job"]["commands"]] == ["abort"]
+    written = await types(store, rid(job_id))
+    assert written == ["job.enqueued", "job.leased", "job.heartbeat", "queue.command"]
+
+
 async def test_steers_absorbed_by_enqueue_are_capped_too(db_url: str, store: Store) -> None:
     session = new_id("session")
     async with api_client(db_url, max_commands_per_job=2, max_command_bytes=1024) as client:
@@ -388,6 +416,53 @@ async def test_list_and_event_pages_stop_at_the_response_byte_cap(db_url: str) -
             )
         ).json()
         assert rest["receipts"][0]["seq"] == first["lastSeq"] + 1
+
+
+async def test_an_events_page_reads_about_the_receipts_it_shows_not_its_limit(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of large receipts read `limit` of them whatever the byte cap kept: an hour of a
+    command's output (7 000 progress receipts of 8 KB) was read whole for a 4 MiB page of 513,
+    the event loop held ~0.9 s by each such GET, every organization's requests with it."""
+    async with api_client(db_url, store=store, max_response_bytes=16 * 1024) as client:
+        job_id = (
+            await client.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+        ).json()["job"]["jobId"]
+        started = await ops.start_attempt(
+            store, rid(job_id), attempt=1, worker_id="w-out", lease_ms=60_000
+        )
+        assert started.ok
+        for n in range(400):
+            output = {"output": f"{n:04d}" + "o" * 2000}
+            assert (
+                await ops.progress(store, rid(job_id), worker_id="w-out", attempt=1, data=output)
+            ).ok
+        read: list[int] = []
+        real = store.read_stream
+
+        async def counted(stream: str, after_seq: int = 0, limit: int = 10_000) -> list[Any]:
+            batch = await real(stream, after_seq, limit)
+            read.append(len(batch))
+            return batch
+
+        monkeypatch.setattr(store, "read_stream", counted)
+        seqs: list[int] = []
+        after = 0
+        while True:
+            read.clear()
+            page = (
+                await client.get(
+                    f"/jobs/{job_id}/events",
+                    params={"after": after, "limit": 10_000},
+                    headers=AS_A,
+                )
+            ).json()
+            if not page["receipts"]:
+                break
+            assert sum(read) <= len(page["receipts"]) + FIRST_READ, (read, len(page["receipts"]))
+            seqs += [r["seq"] for r in page["receipts"]]
+            after = page["lastSeq"]
+    assert seqs == list(range(1, 404))
 
 
 async def test_an_events_page_whose_first_receipt_is_over_the_byte_cap_still_holds_it(
@@ -606,6 +681,64 @@ def agent_job_body() -> dict[str, Any]:
         "replyRoute": {"binding": "slack", "channel": "C1"},
         "input": {"prompt": "go"},
     }
+
+
+async def test_a_steer_takes_the_organizations_rate_and_an_abort_does_not(db_url: str) -> None:
+    """A steer posted as a command took no token while the same steer posted as an enqueue
+    (`singletonMode: steer`) did: a real api took 156 steers a second from one organization's
+    12 connections, and another organization's enqueue p50 went from 6.7 to 41.9 ms."""
+    org = new_id("org")
+    tokens = f"token-{org} {org}"
+    as_org = {"Authorization": f"Bearer token-{org}"}
+    async with api_client(db_url, tokens=tokens, org_enqueue_rate=1e-6, org_enqueue_burst=2) as c:
+        made = await c.post("/agents/codex/jobs", json=enqueue_body(org=org), headers=as_org)
+        job_id = made.json()["job"]["jobId"]
+        commands = f"/jobs/{job_id}/commands"
+        steer = {"type": "steer", "payload": {"text": "s"}}
+        assert (await c.post(commands, json=steer, headers=as_org)).status_code == 202
+        for body in (steer, {"type": "follow_up", "payload": {"text": "f"}}):
+            limited = await c.post(commands, json=body, headers=as_org)
+            assert (
+                "RECEIPT_ORG_ENQUEUE_RATE"
+                in assert_error(limited, 429, "too_many_requests")["message"]
+            )
+        abort = await c.post(commands, json={"type": "abort"}, headers=as_org)
+        assert abort.status_code == 202 and abort.json()["job"]["status"] == "canceled"
+
+
+async def test_an_organizations_bodies_being_read_are_bounded_not_anothers(db_url: str) -> None:
+    """A body that stops short of its end held what it sent for as long as its connection
+    stayed: a real api grew by 311 MB under 300 command bodies of one organization stalled
+    1 KiB short of 1 MiB, and kept it. Past RECEIPT_ORG_BODY_BYTES_IN_FLIGHT the organization's
+    next body is 429; another organization's is read."""
+    released = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b'{"type": "steer", "payload": {"t": "' + b"x" * 60_000
+        await released.wait()
+        yield b'"}}'
+
+    async with api_client(db_url, org_body_bytes_in_flight=100_000) as client:
+        job_id = (
+            await client.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+        ).json()["job"]["jobId"]
+        other = (
+            await client.post("/agents/codex/jobs", json=enqueue_body(org="org-b"), headers=AS_B)
+        ).json()["job"]["jobId"]
+        held = asyncio.create_task(
+            client.post(f"/jobs/{job_id}/commands", content=stalled(), headers=AS_A)
+        )
+        await asyncio.sleep(0.2)  # its first 60 KB are read, the rest never comes
+        steer = {"type": "steer", "payload": {"t": "y" * 50_000}}
+        refused = await client.post(f"/jobs/{job_id}/commands", json=steer, headers=AS_A)
+        error = assert_error(refused, 429, "too_many_requests")
+        assert "RECEIPT_ORG_BODY_BYTES_IN_FLIGHT" in error["message"]
+        admitted = await client.post(f"/jobs/{other}/commands", json=steer, headers=AS_B)
+        assert admitted.status_code == 202, admitted.text
+        released.set()
+        assert (await held).status_code == 202
+        again = await client.post(f"/jobs/{job_id}/commands", json=steer, headers=AS_A)
+        assert again.status_code == 202, again.text
 
 
 async def test_every_way_to_make_jobs_takes_the_organizations_rate_and_caps(

@@ -13,6 +13,7 @@ from receipts.enqueue import EnqueueRequest, enqueue
 from receipts.kinds import TURN_KIND
 from receipts.settings import Settings
 from receipts.store import Store
+from roles.api.limits import SESSIONS_BURST
 from tests.integration.api_support import (
     AS_A,
     TOKEN_A,
@@ -143,6 +144,22 @@ async def test_actions_need_the_csrf_token_and_act_on_the_job(db_url: str, store
         assert retried.status_code == 303
         new_page = await client.get(retried.headers["location"])
         assert f"retry of {job_id}" in new_page.text and "Retry of" in new_page.text
+
+
+async def test_a_token_makes_a_bounded_number_of_sessions(db_url: str) -> None:
+    """Each sign-in is a stored session until it idles out (30 min), and only refused sign-ins
+    were limited: one token made 519 sessions a second in process, as many rows. A token now
+    makes SESSIONS_BURST at once, then one every 6 s (429); another token signs in meanwhile."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    async with api_client(db_url) as client:
+        answers = [
+            await client.post("/console/login", content=f"token={TOKEN_A}", headers=form)
+            for _ in range(SESSIONS_BURST + 2)
+        ]
+        assert [a.status_code for a in answers] == [303] * SESSIONS_BURST + [429] * 2
+        assert "signed in" in answers[-1].text
+        other = await client.post("/console/login", content=f"token={TOKEN_B}", headers=form)
+        assert other.status_code == 303
 
 
 async def test_console_retries_take_the_organizations_rate_and_caps(

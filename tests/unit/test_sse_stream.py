@@ -26,17 +26,21 @@ STREAM = "jobs/j-1"
 class Receipts:
     """A stream's receipts in memory, read as `Store.read_stream` reads them."""
 
-    def __init__(self, count: int = 0) -> None:
+    def __init__(self, count: int = 0, data: dict[str, Any] | None = None) -> None:
         self.receipts: list[Receipt] = []
+        self.data = data or {}
+        self.reads: list[list[Receipt]] = []
         for _ in range(count):
             self.append()
 
     def append(self) -> None:
         seq = len(self.receipts) + 1
-        self.receipts.append(Receipt(STREAM, seq, "job.progress", {}, datetime.now(UTC)))
+        self.receipts.append(Receipt(STREAM, seq, "job.progress", self.data, datetime.now(UTC)))
 
     async def read_stream(self, stream: str, after_seq: int = 0, limit: int = 10_000) -> Any:
-        return [r for r in self.receipts if r.stream == stream and r.seq > after_seq][:limit]
+        batch = [r for r in self.receipts if r.stream == stream and r.seq > after_seq][:limit]
+        self.reads.append(batch)
+        return batch
 
 
 def folded(done_at: int | None = None) -> Followed[int]:
@@ -84,6 +88,7 @@ async def test_a_backlog_longer_than_one_read_is_sent_whole_then_the_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sse, "SSE_PAGE", 3)
+    monkeypatch.setattr(sse, "SSE_FIRST_READ", 3)
     store = Receipts(7)
     stream = stream_events(
         store,  # type: ignore[arg-type]
@@ -94,6 +99,27 @@ async def test_a_backlog_longer_than_one_read_is_sent_whole_then_the_end(
         keepalive_s=30,
     )
     assert await events(stream, 10) == ["3", "4", "5", "6", "7", "end"]
+    assert [len(read) for read in store.reads] == [3, 3, 1]
+
+
+async def test_a_backlog_of_large_receipts_is_read_a_bounded_size_at_a_time() -> None:
+    """A stream holds its last read until its client has taken it (one that stops reading, for
+    good): a read is about `SSE_READ_BYTES` after the first `SSE_FIRST_READ` receipts, not
+    `SSE_PAGE` receipts whatever their size (50 unread streams of 8 KB receipts: +452 MB)."""
+    size = 20_000
+    store = Receipts(200, {"output": "o" * size})
+    stream = stream_events(
+        store,  # type: ignore[arg-type]
+        Listener("postgresql://unused"),
+        asyncio.Event(),
+        folded(done_at=200),
+        0,
+        keepalive_s=30,
+    )
+    seen = await events(stream, 201)
+    assert seen == [*map(str, range(1, 201)), "end"]
+    assert len(store.reads[0]) == sse.SSE_FIRST_READ
+    assert max(len(read) for read in store.reads[1:]) * size <= sse.SSE_READ_BYTES
 
 
 async def test_the_maximum_lifetime_ends_a_stream_before_its_next_keepalive() -> None:

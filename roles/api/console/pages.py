@@ -35,6 +35,7 @@ from roles.api.console.session import (
     COOKIE_PATH,
     FormError,
     Session,
+    check_new_session,
     check_sign_in,
     end_session,
     need,
@@ -168,6 +169,7 @@ async def login(request: Request) -> Response:
         if refusals.due("console_sign_in_refused", "all") is not None:
             log.info("console sign-in refused", extra={"event": "console.sign_in_refused"})
         return render("login.html", status=401, session=None, error=reason)
+    check_new_session(request, principal)
     # The browser gets a session's random id, never the token (README, "Operator console").
     session_id = await start_session(request, token)
     log.info("console sign-in", extra={"event": "console.sign_in"})
@@ -329,6 +331,8 @@ async def job_command(request: Request, jobId: str) -> Response:
             422,
             f"a command holds at most {settings.max_command_bytes} bytes (RECEIPT_MAX_COMMAND_BYTES)",
         )
+    if command_type != "abort":  # the organization's rate, as the API's steers
+        request.app.state.api.org_limits.admit(session.principal.organization_id)
     outcome = await interventions.add_command(
         store_of(request),
         job.job_id if job is not None else jobId,

@@ -20,7 +20,7 @@ from receipts.store import Store
 from receipts.text import check_clean_text
 from roles.api.auth import JOBS_READ, OPEN, Principal, token_digest
 from roles.api.deps import check_open_request
-from roles.api.limits import OrgLimits, refusals
+from roles.api.limits import SESSIONS_BURST, OrgLimits, refusals
 
 log = logging.getLogger("roles.api.console")
 
@@ -194,6 +194,26 @@ def check_sign_in(request: Request) -> None:
                 extra={"event": "console.sign_in_limited", "unloggedSince": unlogged},
             )
         raise FormError(429, f"too many refused sign-ins from this address: wait {wait_s:.0f} s")
+
+
+def check_new_session(request: Request, principal: Principal) -> None:
+    """Take one of the sessions `principal`'s token may make (`SESSIONS_BURST`, then one every
+    6 s), or refuse the sign-in (429): each is a row until it idles out."""
+    wait_s = request.app.state.api.sessions_made.take(principal.token_id)
+    if wait_s > 0:
+        metrics.API_LIMITED.labels("console_sessions").inc()
+        if (unlogged := refusals.due("console_sessions", principal.token_id)) is not None:
+            log.warning(
+                "console sign-in refused: the token's sessions",
+                extra={
+                    "event": "console.sessions_limited",
+                    "tokenId": principal.token_id,
+                    "unloggedSince": unlogged,
+                },
+            )
+        raise FormError(
+            429, f"this token signed in {SESSIONS_BURST} times lately: wait {wait_s:.0f} s"
+        )
 
 
 def sign_in_refused(request: Request) -> None:

@@ -362,7 +362,7 @@ async def job_events(asked: Asked, state: State, caller: Caller, job_id: JobId) 
     "/jobs/{jobId:path}/commands",
     status_code=202,
     response_model=CommandAccepted,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     openapi_extra=json_body_documented("CommandBody"),
     dependencies=[takes_query()],
 )
@@ -375,12 +375,14 @@ async def post_command(
 ) -> JSONResponse:
     """Append a steer, follow_up or abort command; 409 when the job is already terminal.
 
-    A steer or follow_up is at most `RECEIPT_MAX_COMMAND_BYTES` and a job takes at most
+    A steer or follow_up is at most `RECEIPT_MAX_COMMAND_BYTES`, takes one of the
+    organization's enqueue tokens (429 `RECEIPT_ORG_ENQUEUE_RATE`) and a job takes at most
     `RECEIPT_MAX_COMMANDS_PER_JOB` of them (422 beyond); an abort is always taken and stops
-    any job. Which kinds read steer and follow_up: `factory.objective.control` both (as
-    control requests); `factory.task.run` and `factory.integration.*` steers, one JSON line
-    each on the command's stdin, when the task sets `steerable: true`; an agent job's turn
-    steers (on stdin) and follow-ups (its next turn); no other kind. `readByHandler` says
+    any job (a job that holds one answers it again, nothing written). Which kinds read steer
+    and follow_up: `factory.objective.control` both (as control requests);
+    `factory.task.run` and `factory.integration.*` steers, one JSON line each on the
+    command's stdin, when the task sets `steerable: true`; an agent job's turn steers (on
+    stdin) and follow-ups (its next turn); no other kind. `readByHandler` says
     whether this job's handler reads this one; a command the job ends without reading is
     settled by a `queue.command.unconsumed` receipt naming why, just before its terminal one.
     With an `Idempotency-Key` the command is named by the key: sent again, the job's command of
@@ -401,6 +403,8 @@ async def post_command(
             f"a command's payload and reason hold at most {settings.max_command_bytes} bytes "
             "(RECEIPT_MAX_COMMAND_BYTES)",
         )
+    if body.type != "abort":  # a steer takes a token, as one posted as an enqueue does
+        await state.org_limits.admit_paced(caller.organization_id)
     target = await visible_job(state, caller, job_id)
     if body.type != "abort" and runs_commands(target.agent_id, target.kind):
         require_scope(caller, COMMANDS_RUN)
@@ -456,6 +460,10 @@ async def post_command(
         )
     if not outcome.ok or outcome.job is None:
         raise TransientStorageError(f"command not appended: {outcome.status}")
+    held = {c.command_id for c in outcome.job.commands}
+    if outcome.already and command_id not in held:  # the job's abort, asked again: it answers
+        aborts = (c.command_id for c in outcome.job.commands if c.type == "abort")
+        command_id = next(aborts, command_id)
     log.info(
         "command appended",
         extra={

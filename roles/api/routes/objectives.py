@@ -361,7 +361,7 @@ async def get_objective_events(
     "/objectives/{objectiveId}/cancel",
     status_code=202,
     response_model=ObjectiveCancelAccepted,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("ObjectiveCancelBody", required=False),
 )

@@ -179,7 +179,7 @@ def _organization(caller: Principal, body: dict[str, Any]) -> str:
     status_code=201,
     responses={
         200: {"model": WebhookCreated, "description": "Sent again with its Idempotency-Key"},
-        **errors_documented(400, 401, 403, 409, 413, 422, 503),
+        **errors_documented(400, 401, 403, 409, 413, 422, 429, 503),
     },
     openapi_extra=json_body_documented("WebhookCreateBody"),
     dependencies=[_takes_query()],
