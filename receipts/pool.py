@@ -5,6 +5,7 @@ one was found dead. `receipts.store.Store.open` builds it."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import select
 import time
@@ -14,7 +15,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
 from receipts import metrics
@@ -49,6 +50,10 @@ RECONNECT_MAX_DELAY_S = 2.0
 # meanwhile held open. A pool that is only busy (every connection in use, the database
 # answering) still waits its whole timeout.
 UNREACHABLE_WAIT_S = 1.0
+# An attempt to grow the pool (every connection it holds in use) is refused by a database that
+# answers them, at its connection limit: no outage, so the pool waits on. An attempt to replace
+# a connection the pool lost is what tells one.
+_growing: contextvars.ContextVar[bool] = contextvars.ContextVar("growing", default=False)
 # Every application connection: no JIT. Our statements are short index lookups whose cost
 # estimates can still cross jit_above_cost on a large table, where compiling costs more (tens of
 # milliseconds) than the statement.
@@ -101,14 +106,20 @@ class Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
         self, attempt: AttemptWithBackoff | None, growing: bool = False
     ) -> None:
         # psycopg_pool makes the first attempt's backoff here; every retry carries it on.
-        await super()._add_connection(
-            attempt or CappedBackoff(timeout=self.reconnect_timeout), growing
-        )
+        token = _growing.set(growing)
+        try:
+            await super()._add_connection(
+                attempt or CappedBackoff(timeout=self.reconnect_timeout), growing
+            )
+        finally:
+            _growing.reset(token)
 
     async def _connect(self, timeout: float | None = None) -> psycopg.AsyncConnection[TupleRow]:
         try:
             conn = await super()._connect(timeout)
         except Exception as exc:
+            if _growing.get():  # one more refused: the others work (`_growing`)
+                raise
             metrics.DEPENDENCY_REACHABLE.labels("database").set(0)
             if self.unreachable_since is None:
                 self.unreachable_since = time.monotonic()
@@ -133,12 +144,15 @@ class Pool(AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]):
 
     async def _fail_waiting(self, error: Exception) -> None:
         """Tell every checkout waiting for a connection now that it gets none (as psycopg_pool's
-        close tells them the pool closed): `PoolTimeout`, the store's transient error."""
+        close tells them the pool closed): an `OperationalError` naming why, the store's
+        transient error (psycopg_pool's getconn words a `PoolTimeout` again as its whole wait)."""
         async with self._lock:
             waiting = list(self._waiting)
             self._waiting.clear()
         for position in waiting:
-            await position.fail(PoolTimeout(f"the database cannot be reached: {error}"))
+            await position.fail(
+                psycopg.OperationalError(f"the database cannot be reached: {error}")
+            )
 
     async def getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[TupleRow]:
         if self.unreachable_wait_s is not None and self.unreachable_since is not None:

@@ -33,6 +33,7 @@ AGENT_JOB_EVENTS = Counter(
 )
 AGENT_JOBS_RUNNING = Gauge(
     "receipt_agent_jobs_running",
-    "Running agent jobs (slots in use) by agent (`other`: one the agents registry does not name).",
+    "Running agent jobs (slots in use) by agent (`other`: one the agents registry does not "
+    "name, as the driver that gauges it reads RECEIPT_AGENTS_FILE: mount the file there too).",
     ["agent"],
 )

@@ -247,10 +247,19 @@ def jobs_events(
 
 
 def _command(
-    client: ApiClient, job_id: str, type_: str, payload: Any, reason: str | None, as_json: bool
+    client: ApiClient,
+    job_id: str,
+    type_: str,
+    payload: Any,
+    reason: str | None,
+    as_json: bool,
+    idempotency_key: str | None,
 ) -> None:
     body = {"type": type_, **_given({"payload": payload, "reason": reason})}
-    accepted = client.request("POST", _job_path(job_id, "/commands"), json=body)
+    # Named by a key of its own, as an id-less enqueue: sent again after no answer, the same
+    # command (not a second steer, nor a 409 from the cancel the first abort made).
+    key = idempotency_key or str(uuid.uuid4())
+    accepted = client.post_once(_job_path(job_id, "/commands"), body, key)
     if as_json:
         click.echo(_dump(accepted))
     else:
@@ -272,18 +281,20 @@ def _message_command(type_: str, summary: str) -> click.Command:
         help="The message: inline JSON, @file.json, or @- for stdin.",
     )
     @click.option("--reason", help="Why (recorded on the receipt).")
+    @idempotency_key_option
     @_api_options
     def command(
         job_id: str,
         payload_source: str | None,
         reason: str | None,
+        idempotency_key: str | None,
         api_url: str,
         token: str | None,
         as_json: bool,
     ) -> None:
         payload = _load_json(payload_source, "--payload") if payload_source else None
         with ApiClient(api_url, token) as client:
-            _command(client, job_id, type_, payload, reason, as_json)
+            _command(client, job_id, type_, payload, reason, as_json, idempotency_key)
 
     return command
 
@@ -307,14 +318,20 @@ jobs_group.add_command(
 @jobs_group.command("abort")
 @click.argument("job_id", metavar="ID")
 @click.option("--reason", help="Why (recorded on the receipt).")
+@idempotency_key_option
 @_api_options
 def jobs_abort(
-    job_id: str, reason: str | None, api_url: str, token: str | None, as_json: bool
+    job_id: str,
+    reason: str | None,
+    idempotency_key: str | None,
+    api_url: str,
+    token: str | None,
+    as_json: bool,
 ) -> None:
     """Abort a job (POST /jobs/ID/commands): a queued job is canceled at once; a leased or
     running one gets abortRequested and its worker cancels it. Exit 3 if it is already terminal."""
     with ApiClient(api_url, token) as client:
-        _command(client, job_id, "abort", None, reason, as_json)
+        _command(client, job_id, "abort", None, reason, as_json, idempotency_key)
 
 
 @jobs_group.command("retry")

@@ -258,9 +258,14 @@ def shown(variable: str, value: Any) -> str:
         if parts.get("password"):
             parts["password"] = MASK
             return make_conninfo("", **{k: v for k, v in parts.items() if v is not None})
-    elif variable.endswith("_URL") and (url := urlsplit(text)).password:
-        user, _, host = url.netloc.rpartition("@")
-        return url._replace(netloc=f"{user.partition(':')[0]}:{MASK}@{host}").geturl()
+    elif variable.endswith("_URL"):
+        try:
+            url = urlsplit(text)
+        except ValueError:  # no URL (an IPv6 typo's unclosed [): all before an @ is masked
+            return f"{MASK}@{text.rpartition('@')[2]}" if "@" in text else text
+        if url.password:
+            user, _, host = url.netloc.rpartition("@")
+            return url._replace(netloc=f"{user.partition(':')[0]}:{MASK}@{host}").geturl()
     return text
 
 

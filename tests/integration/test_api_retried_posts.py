@@ -65,6 +65,27 @@ async def test_an_objective_posted_again_with_its_idempotency_key_is_made_once(
     assert other.json()["objectiveId"] != answers[0].json()["objectiveId"]
 
 
+async def test_another_objective_under_an_idempotency_key_is_refused_not_dropped(
+    client: httpx.AsyncClient,
+) -> None:
+    """The key named the first objective, so another body under it was answered 202 `existing`
+    with the first (its tasks, not these): the caller told its objective was accepted while it
+    was dropped, uncounted. A schedule's or a webhook's other body under its key is 409."""
+    objective = {
+        "title": "t",
+        "goal": "g",
+        "tasks": [{"taskId": "t", "input": {"command": ["true"]}}],
+    }
+    headers = keyed()
+    first = await client.post("/objectives", json=objective, headers=headers)
+    assert first.status_code == 202, first.text
+    other = await client.post("/objectives", json={**objective, "goal": "h"}, headers=headers)
+    assert other.status_code == 409, other.text
+    assert other.json()["error"]["field"] == "Idempotency-Key"
+    again = await client.post("/objectives", json=objective, headers=headers)
+    assert (again.status_code, again.json()["outcome"]) == (202, "existing"), again.text
+
+
 async def test_a_schedule_posted_again_with_its_idempotency_key_is_made_once(
     client: httpx.AsyncClient,
 ) -> None:
@@ -76,6 +97,8 @@ async def test_a_schedule_posted_again_with_its_idempotency_key_is_made_once(
     assert len({a.json()["scheduleId"] for a in answers}) == 1
     changed = await client.post("/schedules", json={**body, "interval": "120s"}, headers=headers)
     assert changed.status_code == 409, changed.text
+    # The caller named no scheduleId: the 409 names what it sent, as a webhook's does.
+    assert changed.json()["error"]["field"] == "Idempotency-Key", changed.text
 
 
 async def test_a_command_sent_again_with_its_idempotency_key_is_appended_once(

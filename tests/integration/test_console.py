@@ -352,6 +352,20 @@ async def test_the_temporal_link_carries_no_credentials_of_the_ui_url(
     assert "uiPassw0rd" not in page.text and "ops:" not in page.text
 
 
+async def test_a_temporal_ui_url_that_does_not_parse_leaves_the_job_page_up(
+    db_url: str, store: Store
+) -> None:
+    """The link is built without the URL's user and password, by parsing it: one that does not
+    parse (an IPv6 typo's unclosed [) made every job page a 500 with a traceback."""
+    core = Settings(temporal_ui_url="http://ops:uiPassw0rd@[fd00::1:8233")
+    async with api_client(db_url, store=store, core=core) as client:
+        posted = await client.post("/agents/codex/jobs", json=enqueue_body(), headers=AS_A)
+        await sign_in(client, TOKEN_A)
+        page = await client.get(f"/console/jobs/{posted.json()['job']['jobId']}")
+    assert page.status_code == 200, page.text
+    assert "uiPassw0rd" not in page.text
+
+
 async def test_the_job_page_shows_task_env_names_never_their_values(
     db_url: str, store: Store
 ) -> None:

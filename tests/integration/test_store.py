@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -259,11 +260,13 @@ async def test_a_pool_told_to_fail_fast_waits_a_second_while_the_database_cannot
         await proxy.cut()
         await asyncio.sleep(0.3)  # the idle connection's socket has its end
         started = time.monotonic()
-        with pytest.raises(TransientStorageError):
+        with pytest.raises(TransientStorageError) as failed:
             await store.now()  # the lost connection found; the pool's attempts fail it
         # The broken connection's check, psycopg_pool's 1 s before it looks again, a failed
         # attempt to connect: about a second, not the 10 s timeout the checkout began with.
         first = time.monotonic() - started
+        # And says why (the api's api.storage_unavailable logs it), not that it waited 10 s.
+        assert "cannot be reached" in str(failed.value), failed.value
         assert first < RECONNECT_MAX_DELAY_S + 1.5, first
         assert metrics.value("receipt_dependency_reachable", dependency="database") == 0
         waits = []
@@ -327,6 +330,57 @@ async def test_a_store_that_checks_every_checkout_never_hands_out_a_broken_conne
         assert await store.now() is not None  # checked, replaced, no error
     finally:
         await store.close()
+
+
+async def test_a_pool_refused_one_more_connection_while_its_others_work_waits_on(
+    db_url: str,
+) -> None:
+    """The database answering but refusing the pool one more connection (its role's or the
+    server's connection limit, as the api's pool grows under load) is no outage. The failed
+    attempt to grow failed every waiting checkout at once (in 0.01 s, the busy connection back
+    in 2 s), the gauge read 0 and `store.unreachable` was logged, and every later checkout
+    waited 1 s, not the pool's timeout, while the refused attempts went on."""
+    role = f"limited_{uuid.uuid4().hex[:10]}"
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1')
+    store = await assembly.open_store(
+        make_conninfo(db_url, user=role),
+        min_size=1,
+        max_size=2,
+        unreachable_wait_s=UNREACHABLE_WAIT_S,
+    )
+    pool = store._pool
+
+    async def refused() -> int:
+        return int(pool.get_stats().get("connections_errors", 0))
+
+    async def busy(checked_out: asyncio.Event) -> None:
+        async with store.connection() as conn:
+            checked_out.set()
+            await conn.execute("SELECT pg_sleep(2)")
+
+    try:
+        for _ in range(2):
+            checked_out = asyncio.Event()
+            holding = asyncio.create_task(busy(checked_out))
+            await checked_out.wait()
+            before = await refused()
+            started = time.monotonic()
+            assert await store.now() is not None  # the busy connection, once it is back
+            assert time.monotonic() - started >= 1.5
+            assert await refused() > before  # it tried to grow, and was refused
+            await holding
+            assert metrics.value("receipt_dependency_reachable", dependency="database") == 1
+            assert pool.unreachable_since is None
+        # Its attempts to grow go on, refused, while its one connection works.
+        before = await refused()
+        await eventually(refused, lambda errors: errors > before, what="another refused attempt")
+        assert metrics.value("receipt_dependency_reachable", dependency="database") == 1
+        assert pool.unreachable_since is None
+    finally:
+        await store.close()
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as admin:
+            await admin.execute(f'DROP ROLE "{role}"')
 
 
 async def test_the_api_pool_is_larger_unless_the_size_is_set(db_url: str) -> None:

@@ -467,3 +467,39 @@ def test_the_cli_posts_an_id_less_objective_or_schedule_with_a_key_it_names(
     assert key and f"repeat it with --idempotency-key {key}" in ran.output, ran.output
     again = CliRunner().invoke(run, [*args, "--api-url", "http://a", "--idempotency-key", key])
     assert again.exit_code == 3 and sent[1].headers["Idempotency-Key"] == key
+
+
+@pytest.mark.parametrize("command", ["steer", "follow-up", "abort"])
+def test_the_cli_sends_a_command_with_a_key_it_names(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`receipt jobs steer`, `follow-up` and `abort` posted no Idempotency-Key: after a timeout
+    (the error says to send it again with one) a second run appended a second steer, or was told
+    409 terminal_state by the cancel its first abort made, exit 3. They send one, name it when
+    no answer comes, and send it again with --idempotency-key, as `receipt enqueue` does."""
+    from click.testing import CliRunner
+
+    from roles.cli import client as cli_client
+    from roles.cli import jobs as cli_jobs
+
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    class Offline(cli_client.ApiClient):
+        def __init__(self, url: str, token: str | None) -> None:
+            Client.__init__(self, url, token or "", transport=httpx.MockTransport(answer))
+
+    monkeypatch.setattr(cli_jobs, "ApiClient", Offline)
+    args = ["jobs", command, "j-1", "--api-url", "http://a"]
+    if command != "abort":
+        args += ["--payload", '{"say": "x"}']
+    group = cli_jobs.jobs_group
+    ran = CliRunner().invoke(group, args[1:])
+    assert ran.exit_code == 3, ran.output
+    key = sent[0].headers.get("Idempotency-Key")
+    assert key and f"repeat it with --idempotency-key {key}" in ran.output, ran.output
+    again = CliRunner().invoke(group, [*args[1:], "--idempotency-key", key])
+    assert again.exit_code == 3 and sent[1].headers["Idempotency-Key"] == key

@@ -96,6 +96,15 @@ def test_the_temporal_api_key_and_a_urls_password_are_masked_too() -> None:
     assert shown("RECEIPT_MAX_JSON_KEY_CHARS", 256) == "256"
 
 
+def test_a_url_setting_that_does_not_parse_is_shown_not_a_traceback() -> None:
+    """`receipt config` reads each *_URL to mask its password: one that does not parse (an IPv6
+    typo's unclosed [) ended the command in a ValueError traceback, every setting unshown."""
+    typo = "http://[fd00::1:8233"
+    assert shown("RECEIPT_TEMPORAL_UI_URL", typo) == typo
+    masked = shown("RECEIPT_EVENT_CALLBACK_URL", "https://hook:cbPassw0rd@[fd00::1/x")
+    assert "cbPassw0rd" not in masked and "***" in masked
+
+
 @pytest.mark.parametrize(
     "url",
     [

@@ -78,8 +78,13 @@ def temporal_workflows_url(settings: Settings) -> str:
     `RECEIPT_TEMPORAL_NAMESPACE`), which the job page links to. Without the URL's user and
     password (a UI behind basic auth): every reader of a job page, an organization's too, sees
     the link."""
-    parts = urlsplit(settings.temporal_ui_url)
-    ui = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl().rstrip("/")
+    ui = settings.temporal_ui_url
+    try:
+        parts = urlsplit(ui)
+        ui = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    except ValueError:  # no URL (an IPv6 typo's unclosed [): as written, none if it has an @
+        ui = "" if "@" in ui else ui
+    ui = ui.rstrip("/")
     return f"{ui}/namespaces/{quote(settings.temporal_namespace)}/workflows"
 
 

@@ -162,7 +162,8 @@ async def post_objective(
     """Create an objective: validates the graph (422 naming the problem, nothing written) and
     enqueues its `factory.run` job (202 with the objective's URLs). Its tasks run commands, so
     the token needs `jobs:write` and `commands:run`. A body without `objectiveId` sent with an
-    `Idempotency-Key` names the objective by the key: sent again, it finds it (`existing`)."""
+    `Idempotency-Key` names the objective by the key: sent again, it finds it (`existing`);
+    another objective under that key is 409 `conflict`."""
     require_scope(caller, JOBS_WRITE)
     require_scope(caller, COMMANDS_RUN)
     # An enqueue: the organization's rate.
@@ -199,9 +200,19 @@ async def post_objective(
         traced = dataclasses.replace(enqueue_request, trace_id=trace_id_of(tp), traceparent=tp)
         caps = org_caps(state.settings, parsed.organization_id) if parsed.organization_id else None
         result = await enqueue(state.require_store(), traced, caps)
+        if result.idempotency_mismatch and spec.objective_id is None and idempotency_key:
+            # As a schedule's or a webhook's other body under its key: not the one it made.
+            raise ApiError(
+                409,
+                "conflict",
+                "this Idempotency-Key made another objective",
+                field="Idempotency-Key",
+            )
         job = result.job
         # An enqueue request as a post of a job is: a re-post is counted `existing`.
-        metrics.job_enqueued(job.lane, job.kind, job.agent_id, result.outcome)
+        metrics.job_enqueued(
+            job.lane, job.kind, job.agent_id, result.outcome, result.idempotency_mismatch
+        )
         log.info(
             "objective requested",
             extra={

@@ -219,7 +219,8 @@ async def post_schedule(
         # Waiting does not free a place (a deletion does): 409, as the webhook cap answers.
         raise ApiError(409, "too_many_schedules", str(exc)) from None
     except ConflictError as exc:
-        raise ApiError(409, "conflict", str(exc), field="scheduleId") from None
+        named = "scheduleId" if spec.schedule_id or not idempotency_key else "Idempotency-Key"
+        raise ApiError(409, "conflict", str(exc), field=named) from None
     view = shown_view(caller, await schedule_view(state.require_store(), schedule))
     return JSONResponse(view, status_code=201 if created else 200)
 
