@@ -21,10 +21,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from receipts.jobs import TERMINAL_STATUSES
 from receipts.store import Store
 from receipts.tenancy import scoped_id
+from roles.infra.health import CHECK_INTERVAL_S, CHECK_TIMEOUT_S
 from roles.infra.ports import free_port
 from tests.cut_proxy import CutProxy
 from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
+from tests.eventually import eventually
 from tests.integration.api_support import AS_A, TOKENS, enqueue_body, wait_healthz
 from tests.integration.helpers import put
 
@@ -165,14 +167,28 @@ async def test_a_postgres_outage_is_503_then_every_job_settles_once(
             asked = time.monotonic()
             refused = await api.post("/agents/codex/jobs", json=job_body(), headers=AS_A)
             refused_in = time.monotonic() - asked
-            probes = {
-                "api /readyz": (await api.get("/readyz")).status_code,
-                "api /healthz": (await api.get("/healthz")).status_code,
-            }
-            for name, metrics_port in metrics_ports(procs, "driver", "worker-codex").items():
-                for probe in ("readyz", "healthz"):
-                    answer = await api.get(f"http://127.0.0.1:{metrics_port}/{probe}")
-                    probes[f"{name} /{probe}"] = answer.status_code
+            ports = metrics_ports(procs, "driver", "worker-codex")
+
+            async def probed() -> dict[str, int]:
+                probes = {
+                    "api /readyz": (await api.get("/readyz")).status_code,
+                    "api /healthz": (await api.get("/healthz")).status_code,
+                }
+                for name, metrics_port in ports.items():
+                    for probe in ("readyz", "healthz"):
+                        answer = await api.get(f"http://127.0.0.1:{metrics_port}/{probe}")
+                        probes[f"{name} /{probe}"] = answer.status_code
+                return probes
+
+            # A role's readiness is checked every 5 s (roles/infra/health.py CHECK_INTERVAL_S,
+            # each check bounded by CHECK_TIMEOUT_S): the 503 came 1 s into the outage.
+            probes = await eventually(
+                probed,
+                lambda seen: all(v == 503 for k, v in seen.items() if k.endswith("/readyz")),
+                timeout=CHECK_INTERVAL_S + CHECK_TIMEOUT_S + 2,
+                every=0.5,
+                what="every role unready",
+            )
             # Enqueued behind the roles' back: their NOTIFY is lost with the LISTEN connection.
             during = [(await put(store, org="org-a", payload_extra=task("true"))).job.job_id]
             await asyncio.sleep(max(0.0, 20 - (time.monotonic() - cut_at)))

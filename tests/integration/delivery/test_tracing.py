@@ -12,6 +12,7 @@ from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
 from receipts import assembly
+from receipts.sql import query
 from receipts.store import Store
 from roles.infra.tracing import configure_tracing
 from tests.integration.api_support import AS_A, api_client, enqueue_body, rid
@@ -116,5 +117,5 @@ async def test_posts_written_together_link_the_batch_s_span_which_holds_its_sql(
         ]
         statements = [str((s.attributes or {}).get("db.statement", "")) for s in sql]
         assert len(statements) == 2, statements  # the batch's read and its statement
-        assert "`enqueue_caps` for a batch" in statements[0]
-        assert "`enqueue_new` for a batch" in statements[1]
+        assert query("enqueue_caps_many") in statements[0]
+        assert query("enqueue_new_many") in statements[1]
