@@ -141,9 +141,10 @@ def check_open_request(request: Request, *, json_body: bool = True) -> None:
 
     The caller of an open API is admin, so a page in the operator's browser must not be able to
     reach it: the `Host` must be a loopback name (DNS rebinding points a foreign name at
-    127.0.0.1), an `Origin` other than a loopback one is refused, and a body must be declared
-    `application/json` (a cross-origin `text/plain` POST needs no CORS preflight; the console's
-    forms, which carry a CSRF token instead, pass `json_body=False`).
+    127.0.0.1), an `Origin` other than a loopback one is refused, and a post must be declared
+    `application/json`, a body or none (a cross-origin `text/plain` or bodyless POST needs no
+    CORS preflight; the console's forms, which carry a CSRF token instead, pass
+    `json_body=False`).
     """
     host = request.headers.get("host", "")
     if not is_loopback(_host_name(host)):

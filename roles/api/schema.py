@@ -354,7 +354,8 @@ _ERROR_TEXT = {
     409: "Conflict: a command on a terminal job, or (admin) an organization's id that several "
     "organizations use (a re-posted jobId, whatever its payload, answers 202 with the job)",
     413: "Body larger than RECEIPT_MAX_BODY_BYTES",
-    415: "Open mode takes JSON bodies only (Content-Type: application/json)",
+    415: "Open mode (no tokens) takes only requests declared Content-Type: application/json, "
+    "with a body or without one",
     422: "Invalid input; `field` names the field and `allowed` its accepted values",
     429: "A limit was reached (rate, queued or active jobs, open streams); see `Retry-After`",
     503: "Database unavailable; retry after `Retry-After` seconds",

@@ -295,7 +295,8 @@ def up_command() -> None:
 @main.command("config")
 def config_command() -> None:
     """Print the effective settings of this environment, by concern: each variable, its value
-    (tokens, secrets and a database URL's password masked) and whether it is set or a default.
+    (tokens, secrets, API keys, and the password of a database URL or of any other URL's user
+    masked) and whether it is set or a default.
 
     Exits 2, naming the variable and what it accepts, when a value is not valid.
     """

@@ -10,7 +10,7 @@ from typing import Any, Self
 
 import httpx
 
-from receipt_client._calls import NO_BODY, Call, M
+from receipt_client._calls import NO_BODY, Call, M, request_options
 from receipt_client.deadline import NEVER, Deadline
 from receipt_client.errors import (
     ConnectionFailed,
@@ -65,13 +65,11 @@ class AsyncBaseClient:
     ) -> Any:
         """Send one request; return its decoded JSON, or raise the API's refusal. `timeout`
         (seconds) bounds each of its phases instead of the client's own timeout."""
-        options: dict[str, Any] = {} if json is NO_BODY else {"json": json}
+        options = request_options(method, json, headers)
         if timeout is not None:
             options["timeout"] = timeout
         try:
-            response = await self.http.request(
-                method, path, params=params, headers=headers, **options
-            )
+            response = await self.http.request(method, path, params=params, **options)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
             raise ConnectionFailed(f"cannot reach the API at {self.shown_url}: {exc}") from exc
         except httpx.TransportError as exc:

@@ -20,6 +20,18 @@ M = TypeVar("M", bound=BaseModel)
 NO_BODY: Any = object()
 """The request has no body (a body of JSON null is `None`)."""
 
+JSON = {"Content-Type": "application/json"}
+
+
+def request_options(method: str, body: Any, headers: Mapping[str, str] | None) -> dict[str, Any]:
+    """httpx's `json` and `headers` of a request: a post without a body declares JSON all the
+    same, as an API without tokens asks of every post (415 otherwise: README, "Open mode")."""
+    if body is not NO_BODY:
+        return {"json": body, "headers": headers}
+    if method in ("POST", "PUT", "PATCH"):
+        return {"headers": {**JSON, **(headers or {})}}
+    return {"headers": headers}
+
 
 @dataclass(frozen=True)
 class Call(Generic[M]):

@@ -238,7 +238,7 @@ def _checked_binding(settings: AgentJobSettings, create: CreateRequest) -> Creat
     status_code=201,
     responses={
         **_ok(200, "A retried create: the job it made"),
-        **errors_documented(400, 401, 403, 409, 413, 422, 429),
+        **errors_documented(400, 401, 403, 409, 413, 415, 422, 429),
         503: {
             **errors_documented(503)[503],
             "description": "Database unavailable, or (a create naming `providerBinding`) the "
@@ -418,7 +418,7 @@ async def agent_job_events(
     "/agent-jobs/{agentJobId}/input",
     response_model=AgentJobAnswer,
     status_code=202,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     openapi_extra=json_body_documented("AgentJobInputBody"),
     dependencies=[_takes_query()],
 )
@@ -450,7 +450,7 @@ async def answer_agent_job(
     "/agent-jobs/{agentJobId}/cancel",
     response_model=AgentJobAnswer,
     status_code=202,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     openapi_extra=json_body_documented("AgentJobCancelBody", required=False),
     dependencies=[_takes_query()],
 )

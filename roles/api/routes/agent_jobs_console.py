@@ -102,7 +102,7 @@ async def console_show(
     "/console/agent-jobs/{agentJobId}/cancel",
     response_model=AgentJobAnswer,
     status_code=202,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     openapi_extra=json_body_documented("AgentJobCancelBody", required=False),
     dependencies=[_takes_query()],
 )

@@ -152,7 +152,7 @@ def _auth_context(body: dict[str, Any], caller: Principal) -> dict[str, Any]:
     "/objectives",
     status_code=202,
     response_model=ObjectiveAccepted,
-    responses=errors_documented(400, 401, 403, 409, 413, 422, 429, 503),
+    responses=errors_documented(400, 401, 403, 409, 413, 415, 422, 429, 503),
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("ObjectiveBody"),
 )
@@ -372,7 +372,7 @@ async def get_objective_events(
     "/objectives/{objectiveId}/cancel",
     status_code=202,
     response_model=ObjectiveCancelAccepted,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("ObjectiveCancelBody", required=False),
 )

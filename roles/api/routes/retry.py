@@ -133,7 +133,7 @@ async def retry_matching(request: Request, state: State, caller: Caller) -> JSON
     status_code=201,
     responses={
         200: {"model": RetryAccepted, "description": "An earlier retry had created it"},
-        **errors_documented(401, 403, 404, 409, 422, 429, 503),
+        **errors_documented(401, 403, 404, 409, 415, 422, 429, 503),
     },
 )
 async def retry_job(state: State, caller: Caller, job_id: JobId) -> JSONResponse:

@@ -181,7 +181,7 @@ def _keyed(idempotency_key: str | None) -> str | None:
     response_model=ScheduleView,
     responses={
         200: {"model": ScheduleView, "description": "The same definition, posted before"},
-        **errors_documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
+        **errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     },
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("ScheduleBody"),
@@ -269,7 +269,7 @@ async def get_schedule(state: State, caller: Caller, schedule_id: ScheduleId) ->
 @router.patch(
     "/schedules/{scheduleId}",
     response_model=ScheduleView,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
+    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
     dependencies=[_takes_query()],
     openapi_extra=json_body_documented("SchedulePatchBody"),
 )

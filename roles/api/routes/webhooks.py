@@ -179,7 +179,7 @@ def _organization(caller: Principal, body: dict[str, Any]) -> str:
     status_code=201,
     responses={
         200: {"model": WebhookCreated, "description": "Sent again with its Idempotency-Key"},
-        **errors_documented(400, 401, 403, 409, 413, 422, 429, 503),
+        **errors_documented(400, 401, 403, 409, 413, 415, 422, 429, 503),
     },
     openapi_extra=json_body_documented("WebhookCreateBody"),
     dependencies=[_takes_query()],
@@ -280,7 +280,7 @@ async def delete_webhook(state: State, caller: Caller, webhook_id: WebhookId) ->
 @router.post(
     "/webhooks/{webhookId}/rotate-secret",
     response_model=WebhookCreated,
-    responses=errors_documented(401, 403, 404, 422, 503),
+    responses=errors_documented(401, 403, 404, 415, 422, 503),
     dependencies=[_takes_query()],
 )
 async def rotate_webhook_secret(
@@ -303,7 +303,7 @@ async def rotate_webhook_secret(
     "/webhooks/{webhookId}/test",
     response_model=WebhookTestAccepted,
     status_code=202,
-    responses=errors_documented(401, 403, 404, 422, 429, 503),
+    responses=errors_documented(401, 403, 404, 415, 422, 429, 503),
     dependencies=[_takes_query()],
 )
 async def test_webhook(state: State, caller: Caller, webhook_id: WebhookId) -> JSONResponse:
