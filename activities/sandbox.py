@@ -23,16 +23,18 @@ import asyncio
 import codecs
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
+import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from activities import sandbox_etc, sandbox_seccomp
+from activities import sandbox_disk, sandbox_etc, sandbox_seccomp
 from activities.sandbox_cgroup import CgroupUnavailable, SandboxCgroup, plan_for
 from activities.sandbox_env import chain_env, clean_env, environment_args_fd
 from activities.sandbox_gateway import Access
@@ -240,6 +242,12 @@ async def run_sandboxed(
     try:
         uid = prepare_workspace(workspace, settings)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # The volume is full (every workspace's): the next try may find room, the job
+            # itself is not at fault.
+            raise SandboxNotStarted(
+                f"could not create the workspace {workspace}, its volume is full: {exc}"
+            ) from exc
         raise SandboxRefused(f"could not create the workspace {workspace}: {exc}") from exc
     work_dir = resolve_cwd(workspace, cwd)
     command_env = clean_env(env, workspace=workspace, settings=settings)
@@ -311,8 +319,9 @@ async def run_sandboxed(
     sandbox = Running(process, info_read if confined else None)
     memory_killed = False
     try:
+        disk = sandbox_disk.watch(workspace, settings.workspace_mb, settings.workspace_files)
         result = await _supervise(
-            sandbox, confined, on_output, aborted, feed_stdin, settings.output_bytes_per_s
+            sandbox, confined, on_output, aborted, feed_stdin, settings.output_bytes_per_s, disk
         )
     finally:
         if cgroup:
@@ -337,6 +346,8 @@ async def run_sandboxed(
         )
         metrics.SANDBOX_MEMORY_KILLS.inc()
         result = dataclasses.replace(result, memory_limit=True)
+    if result.disk_limit:
+        metrics.SANDBOX_DISK_KILLS.inc()
     return result
 
 
@@ -347,12 +358,15 @@ async def _supervise(
     aborted: asyncio.Event | None,
     feed_stdin: StdinFeeder | None,
     output_bytes_per_s: int,
+    disk: Coroutine[Any, Any, sandbox_disk.Usage],
 ) -> SandboxResult:
-    """Stream the running sandbox's output until it ends or is aborted; leave nothing of it."""
+    """Stream the running sandbox's output until it ends, is aborted or its workspace grows
+    past its bound (`disk`); leave nothing of it."""
     process = sandbox.process
     pump = asyncio.create_task(_pump(process, on_output, output_bytes_per_s))
     feeder = asyncio.create_task(_feed(process, feed_stdin)) if feed_stdin is not None else None
-    waiters: set[asyncio.Future[Any]] = {pump}
+    disk_wait = asyncio.create_task(disk)
+    waiters: set[asyncio.Future[Any]] = {pump, disk_wait}
     abort_wait = asyncio.create_task(aborted.wait()) if aborted is not None else None
     if abort_wait is not None:
         waiters.add(abort_wait)
@@ -361,10 +375,16 @@ async def _supervise(
         if abort_wait is not None and abort_wait in done:
             await sandbox.kill(confined)
             return SandboxResult(None, aborted=True)
+        if disk_wait in done and disk_wait.exception() is None:
+            await sandbox.kill(confined)
+            return SandboxResult(-signal.SIGKILL, disk_limit=True)
         await process.wait()
         await sandbox.gone()
         return SandboxResult(process.returncode)
     finally:
+        disk_wait.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await disk_wait
         if abort_wait is not None:
             abort_wait.cancel()
         if feeder is not None:

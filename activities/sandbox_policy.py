@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from activities.sandbox_disk import WORKSPACE_FILES, WORKSPACE_MB
 from activities.sandbox_etc import EtcView
 from activities.sandbox_etc import bind_args as etc_bind_args
 from activities.sandbox_gateway import Access
@@ -86,7 +87,8 @@ class SandboxNotStarted(Exception):
     """bwrap exited before its command ran (it never cloned the sandbox's first process): the
     host refused it a resource, most often a process while the uid's RLIMIT_NPROC is taken —
     by another sandbox of the same host uid (a non-root worker's commands all share its uid
-    when no cgroup counts each one). The command did not run: retrying the job may succeed."""
+    when no cgroup counts each one), or room for its workspace on a full volume. The command
+    did not run: retrying the job may succeed."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,8 @@ class SandboxSettings(ReceiptSettings):
                 "cpu_seconds",
                 "open_files",
                 "output_bytes_per_s",
+                "workspace_mb",
+                "workspace_files",
             ),
             "a positive integer",
         ),
@@ -211,6 +215,10 @@ class SandboxSettings(ReceiptSettings):
     output_bytes_per_s: _Positive = Field(
         default=DEFAULT_OUTPUT_BYTES_PER_S, alias="RECEIPT_SANDBOX_OUTPUT_BYTES_PER_S"
     )
+    workspace_mb: _Positive = Field(default=WORKSPACE_MB, alias="RECEIPT_SANDBOX_WORKSPACE_MB")
+    workspace_files: _Positive = Field(
+        default=WORKSPACE_FILES, alias="RECEIPT_SANDBOX_WORKSPACE_FILES"
+    )  # past either, the command is killed (`activities/sandbox_disk.py`)
     # Commands run at this niceness (0: the worker's own): a tenant's CPU-bound command yields
     # the cores to the processes that heartbeat, settle and serve the api.
     nice: int = Field(default=DEFAULT_NICE, ge=0, le=19, alias="RECEIPT_SANDBOX_NICE")
@@ -251,11 +259,13 @@ class SandboxSettings(ReceiptSettings):
 class SandboxResult:
     """How a sandboxed command ended: its exit status (negative: killed by that signal), or
     `aborted` when the caller's abort stopped it; `memory_limit` when the kernel killed a process
-    of it at the sandbox cgroup's memory limit."""
+    of it at the sandbox cgroup's memory limit; `disk_limit` when its workspace grew past its
+    bound (`activities/sandbox_disk.py`) and it was killed."""
 
     exit_code: int | None
     aborted: bool = False
     memory_limit: bool = False
+    disk_limit: bool = False
 
 
 OutputSink = Callable[[str], Awaitable[None]]

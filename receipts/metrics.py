@@ -163,6 +163,10 @@ SANDBOX_MEMORY_KILLS = Counter(
     "receipt_sandbox_memory_kills",
     "Sandboxed commands the kernel killed at their cgroup's memory limit.",
 )
+SANDBOX_DISK_KILLS = Counter(
+    "receipt_sandbox_disk_kills",
+    "Sandboxed commands killed because their workspace grew past its bytes or files.",
+)
 SANDBOX_CGROUPS_LEFT = Counter(
     "receipt_sandbox_cgroups_left",
     "Sandbox cgroups that could not be removed after their command (still busy or not ours).",

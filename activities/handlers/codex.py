@@ -174,6 +174,7 @@ async def run_task(ctx: HandlerContext) -> dict[str, Any]:
     }
     if ended.exit_code != 0 or ended.memory_limit:
         killed = " (a process was killed at the sandbox's memory limit)" * ended.memory_limit
+        killed += " (killed: its workspace grew past its bound on disk)" * ended.disk_limit
         raise HandlerError(
             f"command exited with status {ended.exit_code}{killed}",
             retryable=bool(ctx.payload.get("retryable", False)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from receipts.store import Store
 from tests.integration.delivery.conftest import running_stack, wait_for_status
 from tests.integration.helpers import put
 from tests.integration.test_sandbox import host_processes_running, wait_until_running
+from tests.integration.test_sandbox_neighbours import FILL_BYTES, volume  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
@@ -108,3 +110,30 @@ async def test_jobs_of_one_objective_share_its_workspace(
         ).job
         done = await wait_for_status(fresh_store, second.job_id)
     assert (done.status, done.result["outputTail"]) == ("completed", "1\n")
+
+
+async def test_a_job_filling_the_workspace_volume_fails_and_its_neighbour_completes(
+    client: Client,
+    fresh_store: Store,
+    fresh_db: str,
+    volume: Path,  # noqa: F811 (the fixture imported above)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two organizations' jobs on one worker, one volume of 96 MiB for their workspaces. The
+    # filler writes 1 MiB files (each under the file-size limit) without end; its neighbour
+    # writes 4 MiB a few seconds later. Without a bound the filler took the whole volume and
+    # the neighbour failed (exit 1, no space left on device).
+    monkeypatch.setenv("RECEIPT_WORKSPACE_ROOT", str(volume / "workspaces"))
+    monkeypatch.setenv("RECEIPT_SANDBOX_FILE_SIZE_MB", "8")
+    monkeypatch.setenv("RECEIPT_SANDBOX_WORKSPACE_MB", "16")
+    neighbour_script = "sleep 6; head -c 4194304 /dev/zero > out && echo wrote"
+    async with running_stack(client, fresh_store, fresh_db):
+        filler = (await put(fresh_store, payload_extra=task("sh", "-c", FILL_BYTES))).job
+        neighbour = (
+            await put(fresh_store, org="org-b", payload_extra=task("sh", "-c", neighbour_script))
+        ).job
+        filled = await wait_for_status(fresh_store, filler.job_id, timeout=60)
+        done = await wait_for_status(fresh_store, neighbour.job_id, timeout=60)
+    assert (done.status, done.result["outputTail"]) == ("completed", "wrote\n"), done.error
+    assert filled.status == "failed"
+    assert filled.error is not None and "workspace grew past its bound" in filled.error
