@@ -37,6 +37,7 @@ from roles.api.documented import DOCUMENTED
 from roles.api.errors import install_error_handlers
 from roles.api.gate import EnqueueGate
 from roles.api.http_protocol import http_protocol
+from roles.api.in_flight import InFlightGate
 from roles.api.request_metrics import RequestMetrics
 from roles.api.routes import (
     agent_jobs,
@@ -173,6 +174,8 @@ def create_app(
     )
     app.state.api = api
     install_error_handlers(app)
+    # Inside the enqueue gate: an enqueue the gate answers is not counted in flight.
+    app.add_middleware(InFlightGate)
     # Around the router: it sees every answer, 404s and refusals included.
     # Inside the metrics (the last added is the outermost): its refusals are counted too.
     app.add_middleware(EnqueueGate, serve=jobs.enqueue_front)
@@ -199,10 +202,22 @@ def _openapi_builder(app: FastAPI) -> Callable[[], dict[str, Any]]:
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(definitions["$defs"])
         components.update(agent_jobs.NAMED_BODIES)
+        _document_in_flight_refusal(schema)
         app.openapi_schema = schema
         return schema
 
     return build
+
+
+def _document_in_flight_refusal(schema: dict[str, Any]) -> None:
+    """Every route a token or a console session reaches may answer 429 past its organization's
+    requests in flight (roles/api/in_flight.py): documented as the enqueue's 429 is."""
+    operations = [op for path in schema["paths"].values() for op in path.values()]
+    refusal = next(op["responses"]["429"] for op in operations if "429" in op["responses"])
+    for operation in operations:
+        answers = operation["responses"]
+        if "401" in answers and "429" not in answers:
+            answers["429"] = refusal
 
 
 # --- serving --------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from roles.api.limits import (
     SESSIONS_BURST,
     SESSIONS_PER_S,
     BodyBytes,
+    InFlight,
     OrgLimits,
     StreamGate,
 )
@@ -79,6 +80,7 @@ class ApiState:
     streams: StreamGate = field(init=False)
     org_limits: OrgLimits = field(init=False)
     bodies: BodyBytes = field(init=False)
+    in_flight: InFlight = field(init=False)
     # Console sessions made, per token (roles/api/console/session.py `check_new_session`).
     sessions_made: OrgLimits = field(
         default_factory=lambda: OrgLimits(SESSIONS_PER_S, SESSIONS_BURST)
@@ -94,6 +96,7 @@ class ApiState:
             max_held=s.rate_refusals_held_max,
         )
         self.bodies = BodyBytes(s.org_body_bytes_in_flight)
+        self.in_flight = InFlight(s.org_requests_in_flight)
 
     @property
     def json_limits(self) -> JsonLimits:

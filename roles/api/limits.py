@@ -271,3 +271,23 @@ class BodyBytes:
         self.held[key] -= size
         if self.held[key] <= 0:
             del self.held[key]
+
+
+class InFlight:
+    """Requests being worked on, per organization (or console session); past `per_org`, refused."""
+
+    def __init__(self, per_org: int) -> None:
+        self.per_org = per_org
+        self.held: Counter[str] = Counter()
+
+    def take(self, key: str) -> bool:
+        """Count one more request of `key`; False (nothing counted) when it holds `per_org`."""
+        if self.held[key] >= self.per_org:
+            return False
+        self.held[key] += 1
+        return True
+
+    def give(self, key: str) -> None:
+        self.held[key] -= 1
+        if self.held[key] <= 0:
+            del self.held[key]

@@ -62,6 +62,9 @@ class ApiSettings(ReceiptSettings):
     org_body_bytes_in_flight: int = Field(
         default=16 * DEFAULT_MAX_BODY_BYTES, ge=1, alias="RECEIPT_ORG_BODY_BYTES_IN_FLIGHT"
     )
+    # The requests of one organization the api works on at once, per api process (the enqueues
+    # its gate answers aside): its share of the event loop and of the database pool.
+    org_requests_in_flight: int = Field(default=8, ge=1, alias="RECEIPT_ORG_REQUESTS_IN_FLIGHT")
     org_max_queued: int = Field(default=1000, ge=1, alias="RECEIPT_ORG_MAX_QUEUED")
     org_max_active: int = Field(default=2000, ge=1, alias="RECEIPT_ORG_MAX_ACTIVE")
     max_timeout_ms: int = Field(default=3_600_000, ge=1, alias="RECEIPT_MAX_TIMEOUT_MS")

@@ -54,6 +54,7 @@ UNLIMITED: dict[str, Any] = {
     "org_enqueue_rate": 1e9,
     "org_enqueue_burst": 10**9,
     "rate_refusal_hold_ms": 0,
+    "org_requests_in_flight": 10**9,
 }
 UNLIMITED_ENV = {
     "RECEIPT_ORG_MAX_QUEUED": str(10**9),
@@ -61,6 +62,7 @@ UNLIMITED_ENV = {
     "RECEIPT_ORG_ENQUEUE_RATE": "1e9",
     "RECEIPT_ORG_ENQUEUE_BURST": str(10**9),
     "RECEIPT_RATE_REFUSAL_HOLD_MS": "0",
+    "RECEIPT_ORG_REQUESTS_IN_FLIGHT": str(10**9),
 }
 
 

@@ -227,6 +227,7 @@ async def measure_round_trips(
                     RECEIPT_API_HOST="127.0.0.1",
                     RECEIPT_ORG_ENQUEUE_RATE="1e9",
                     RECEIPT_ORG_ENQUEUE_BURST=str(10**9),
+                    RECEIPT_ORG_REQUESTS_IN_FLIGHT=str(10**9),
                 )
             if role == "worker-chat":
                 env["RECEIPT_EVENT_LOOP"] = "asyncio"

@@ -167,6 +167,7 @@ class Bench:
         limits = {
             "RECEIPT_ORG_ENQUEUE_RATE": "1e9",
             "RECEIPT_ORG_ENQUEUE_BURST": str(10**9),
+            "RECEIPT_ORG_REQUESTS_IN_FLIGHT": str(10**9),
             "RECEIPT_ORG_MAX_QUEUED": str(max(fields["org_max_queued"].default, fits)),
             "RECEIPT_ORG_MAX_ACTIVE": str(max(fields["org_max_active"].default, fits)),
         }
