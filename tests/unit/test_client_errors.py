@@ -278,15 +278,10 @@ def test_a_post_with_no_answer_in_time_may_have_been_applied() -> None:
     assert "may have been applied" not in str(read.value)
 
 
-def test_the_cli_posts_an_id_less_job_with_a_key_it_names_when_no_answer_comes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`receipt enqueue` without --job-id posted no Idempotency-Key: after a timeout a second run
-    made a second job. It sends a key, and names it when the API does not answer in time."""
-    from click.testing import CliRunner
-
+def unanswered(monkeypatch: pytest.MonkeyPatch, *commands: Any) -> list[httpx.Request]:
+    """Make the CLI modules `commands` post to an API whose answer never comes (a read
+    timeout); returns the requests sent, in order."""
     from roles.cli import client as cli_client
-    from roles.cli import jobs as cli_jobs
 
     sent: list[httpx.Request] = []
 
@@ -298,7 +293,21 @@ def test_the_cli_posts_an_id_less_job_with_a_key_it_names_when_no_answer_comes(
         def __init__(self, url: str, token: str | None) -> None:
             Client.__init__(self, url, token or "", transport=httpx.MockTransport(answer))
 
-    monkeypatch.setattr(cli_jobs, "ApiClient", Offline)
+    for module in commands:
+        monkeypatch.setattr(module, "ApiClient", Offline)
+    return sent
+
+
+def test_the_cli_posts_an_id_less_job_with_a_key_it_names_when_no_answer_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`receipt enqueue` without --job-id posted no Idempotency-Key: after a timeout a second run
+    made a second job. It sends a key, and names it when the API does not answer in time."""
+    from click.testing import CliRunner
+
+    from roles.cli import jobs as cli_jobs
+
+    sent = unanswered(monkeypatch, cli_jobs)
     ran = CliRunner().invoke(
         cli_jobs.enqueue_command, ["codex", "--kind", "factory.task.run", "--api-url", "http://a"]
     )
@@ -438,27 +447,15 @@ def test_the_cli_posts_an_id_less_objective_or_schedule_with_a_key_it_names(
     when no answer comes, and send it again with --idempotency-key."""
     from click.testing import CliRunner
 
-    from roles.cli import client as cli_client
     from roles.cli import objectives as cli_objectives
     from roles.cli import schedules as cli_schedules
 
-    sent: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        sent.append(request)
-        raise httpx.ReadTimeout("timed out", request=request)
-
-    class Offline(cli_client.ApiClient):
-        def __init__(self, url: str, token: str | None) -> None:
-            Client.__init__(self, url, token or "", transport=httpx.MockTransport(answer))
-
+    sent = unanswered(monkeypatch, cli_objectives, cli_schedules)
     objective = tmp_path / "objective.yaml"
     objective.write_text('tasks:\n  - id: a\n    input: {command: ["true"]}\n')
     if command == "objectives":
-        monkeypatch.setattr(cli_objectives, "ApiClient", Offline)
         run, args = cli_objectives.objectives_run, [str(objective)]
     else:
-        monkeypatch.setattr(cli_schedules, "ApiClient", Offline)
         run, args = cli_schedules.schedules_create, ["--interval", "1h", "--agent", "codex"]
         args += ["--job", '{"payload": {"kind": "factory.task.run"}}']
     ran = CliRunner().invoke(run, [*args, "--api-url", "http://a"])
@@ -479,20 +476,9 @@ def test_the_cli_sends_a_command_with_a_key_it_names(
     no answer comes, and send it again with --idempotency-key, as `receipt enqueue` does."""
     from click.testing import CliRunner
 
-    from roles.cli import client as cli_client
     from roles.cli import jobs as cli_jobs
 
-    sent: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        sent.append(request)
-        raise httpx.ReadTimeout("timed out", request=request)
-
-    class Offline(cli_client.ApiClient):
-        def __init__(self, url: str, token: str | None) -> None:
-            Client.__init__(self, url, token or "", transport=httpx.MockTransport(answer))
-
-    monkeypatch.setattr(cli_jobs, "ApiClient", Offline)
+    sent = unanswered(monkeypatch, cli_jobs)
     args = ["jobs", command, "j-1", "--api-url", "http://a"]
     if command != "abort":
         args += ["--payload", '{"say": "x"}']
