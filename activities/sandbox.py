@@ -86,6 +86,9 @@ class _Probe:
 
 
 _probes: dict[SandboxSettings, _Probe] = {}
+# A probe that found the workspace volume full says so first (not cached: it says nothing of
+# bubblewrap); a command it stops is SandboxNotStarted, tried again, not SandboxRefused.
+VOLUME_FULL = "the workspace volume is full"
 
 _removing: set[asyncio.Task[None]] = set()
 
@@ -144,7 +147,13 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
         _, err = await process.communicate()
         ok = process.returncode == 0
         message = "ok" if ok else _unavailable(err.decode(errors="replace").strip()[-500:])
-    except (OSError, ImportError, SandboxRefused) as exc:
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # The workspace volume is full (every workspace's): nothing of bubblewrap is known,
+            # so nothing is cached; `run_sandboxed` refuses the command as one to try again.
+            return False, f"{VOLUME_FULL}: {exc}"
+        ok, message = False, _unavailable(str(exc))
+    except (ImportError, SandboxRefused) as exc:
         ok, message = False, _unavailable(str(exc))
     finally:
         if seccomp is not None:
@@ -237,7 +246,7 @@ async def run_sandboxed(
         raise SandboxRefused("the command must be a non-empty list of strings (argv)")
     ok, message = await probe(settings)
     if not ok:
-        raise SandboxRefused(message)
+        raise (SandboxNotStarted if message.startswith(VOLUME_FULL) else SandboxRefused)(message)
     confined = settings.mode == "bwrap"
     try:
         uid = prepare_workspace(workspace, settings)

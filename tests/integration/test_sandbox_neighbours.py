@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import tempfile
 import uuid
@@ -120,3 +121,28 @@ async def test_a_job_that_finds_the_volume_full_may_be_retried(
             (taken / str(i)).touch()
     with pytest.raises(SandboxNotStarted, match="volume is full"):
         await run(["true"], settings, workspace(settings, "org-c"))
+
+
+async def test_a_worker_that_starts_on_a_full_volume_refuses_no_job_for_good(
+    volume: Path,
+) -> None:
+    # The first command of a worker probes the sandbox in a workspace of its own: on a full
+    # volume that probe failed, was kept 30 s as "bubblewrap cannot confine", and every command
+    # meanwhile was SandboxRefused (its job failed for good), though nothing was wrong with
+    # bubblewrap and the next try may find room.
+    settings = SandboxSettings(
+        **{**SandboxSettings.load(os.environ).model_dump(), "workspace_root": str(volume / "w")}
+    )
+    (volume / "w").mkdir()
+    taken = volume / "taken"
+    taken.mkdir()
+    with pytest.raises(OSError):
+        for i in range(200_000):
+            (taken / str(i)).touch()
+    with pytest.raises(SandboxNotStarted, match="volume is full"):
+        await run(["true"], settings, workspace(settings, "org-a"))
+    await asyncio.to_thread(shutil.rmtree, taken)
+    ok, message = await probe(settings)
+    if not ok:
+        pytest.skip(f"SANDBOX TESTS NOT RUN: {message}")
+    assert (await run(["true"], settings, workspace(settings, "org-a"))).exit_code == 0
