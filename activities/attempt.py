@@ -35,7 +35,7 @@ from activities.handlers.context import (
 from activities.handlers.fenced import FencedReceipts
 from activities.names import EXECUTE_ATTEMPT
 from activities.settle import REJECTED_STATUS, Settlement, rejected
-from receipts import deliveries, metrics
+from receipts import deliveries, delivery_ids, metric_counts, metrics
 from receipts import operations as ops
 from receipts.jobs import Job, job_stream
 from receipts.listen import Listener
@@ -104,7 +104,7 @@ class AttemptActivities:
         """Lease or start-fence, check abort, run the handler racing heartbeats and the
         execution timeout, then settle under the fence. Returns the attempt's result status."""
         info = activity.info()
-        worker_id = ops.delivery_id(
+        worker_id = delivery_ids.delivery_id(
             attempt.job_id, attempt.attempt, info.workflow_run_id or "", info.attempt
         )
         ledger = functools.partial(
@@ -241,8 +241,8 @@ class AttemptActivities:
         fence = settle.fence
         # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
         # handed the attempt to this one, which took the lease over (start-fence).
-        redelivered = (ops.delivery_number(worker_id) or 1) > 1
-        metrics.attempt_started(job, redelivered, leased=leased)
+        redelivered = (delivery_ids.delivery_number(worker_id) or 1) > 1
+        metric_counts.attempt_started(job, redelivered, leased=leased)
         _log(logging.DEBUG, "attempt started", "attempt.started", fence)  # settled: INFO
         if redelivered:
             _log(

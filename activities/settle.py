@@ -15,7 +15,7 @@ from opentelemetry import trace
 from activities.fence import AttemptFence
 from activities.handlers.context import HandlerError
 from activities.handlers.fenced import FenceLost
-from receipts import metrics
+from receipts import metric_counts
 from receipts import operations as ops
 from receipts.jobs import Job, settle_rejection
 from receipts.messages import COMPLETED, AttemptResult, AttemptStatus
@@ -208,7 +208,7 @@ class Settlement:
         else:
             result = rejected(ops.SETTLEMENT_CONFLICT, out.job, fence.worker_id)
             result.detail = {"refusedAs": out.status}
-        metrics.attempt_settled(result.status, out.job, handler_s)
+        metric_counts.attempt_settled(result.status, out.job, handler_s)
         log.info(
             "attempt settled",
             extra={

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-from receipts.jobs import Job
-from receipts.kinds import has_handler, route, route_disagrees
+from receipts.kinds import has_handler
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 OTHER_AGENT = "other"
@@ -386,58 +385,6 @@ ROLE_TASKS_FAILED = Counter(
     "error, by task: it does not run again until the process restarts (logged role.task_failed).",
     ["task"],
 )
-
-
-# --- what several families count together --------------------------------------------------------
-
-
-def job_enqueued(
-    lane: str, kind: str, agent_id: str, outcome: str, idempotency_mismatch: bool = False
-) -> None:
-    """An accepted enqueue; a created job whose route and contract disagree, and a re-post with
-    another agent or payload, are counted too."""
-    agent = agent_label(agent_id)
-    JOBS_ENQUEUED.labels(lane, kind, agent, outcome).inc()
-    if idempotency_mismatch:
-        IDEMPOTENCY_MISMATCHES.labels(agent).inc()
-    if outcome == "created" and route_disagrees(agent_id, kind):
-        ROUTE_DISAGREEMENTS.labels(agent, kind).inc()
-
-
-def attempt_started(job: Job, redelivered: bool, *, leased: bool = True) -> None:
-    """An attempt took its lease or its start-fence (`redelivered`: a later delivery), and, when
-    this start leased the job's first attempt (`leased`: it wrote `job.leased`, not a takeover
-    of a lease an earlier delivery took), how long after it was due the job was leased."""
-    labels = (route(job.agent_id, job.kind), agent_label(job.agent_id))
-    ATTEMPTS_STARTED.labels(*labels).inc()
-    if redelivered:
-        REDELIVERIES.labels(*labels).inc()
-    if job.lease is not None and job.attempt == 1 and leased:
-        due = max(job.created_at, job.available_at or job.created_at)
-        ENQUEUE_TO_START.observe(max(0.0, (job.lease.leased_at - due).total_seconds()))
-
-
-def attempt_settled(status: str, job: Job | None, handler_s: float | None) -> None:
-    """A delivery settled (or was refused) with `status`: by the job's and the attempt's status,
-    the job's age at settlement, the handler's run time."""
-    JOBS_SETTLED.labels(job.status if job else "", status).inc()
-    if job is None:
-        return
-    if job.settled_at is not None:
-        ENQUEUE_TO_SETTLE.observe(max(0.0, (job.settled_at - job.created_at).total_seconds()))
-        if status == job.status:  # this settlement ended the job (not a refusal after another)
-            JOBS_FINISHED.labels(agent_label(job.agent_id), job.status).inc()
-    if handler_s is not None:
-        HANDLER_DURATION.labels(agent_label(job.agent_id)).observe(handler_s)
-
-
-def driver_started(outcome: str, generation: int | None) -> None:
-    """What one start of a job's driver did."""
-    DRIVER_STARTS.labels(outcome).inc()
-    if outcome == "active_delivery":
-        ACTIVE_DELIVERY_REFUSALS.inc()
-    if outcome == "created" and generation:
-        GENERATION_ADVANCES.inc()
 
 
 CONSOLE_SESSIONS_REFUSED = Counter(

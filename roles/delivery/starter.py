@@ -15,7 +15,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.driver import dispatch_plan
 from activities.names import JOB_DRIVER_WORKFLOW
-from receipts import deliveries, fairness, metrics
+from receipts import deliveries, fairness, metric_counts, metrics
 from receipts import operations as ops
 from receipts.deliveries import (
     MAX_GENERATION,
@@ -100,9 +100,9 @@ class DriverStarter:
         except asyncio.CancelledError:
             raise
         except Exception:
-            metrics.driver_started("failed", None)  # the caller logs it; the redrive retries
+            metric_counts.driver_started("failed", None)  # the caller logs it; the redrive retries
             raise
-        metrics.driver_started(result.reason or "created", result.generation)
+        metric_counts.driver_started(result.reason or "created", result.generation)
         return result
 
     async def _start(self, job_id: str) -> StartResult:

@@ -88,7 +88,7 @@ async def test_a_sigkilled_worker_is_redelivered_within_the_worker_lost_timeout_
     redelivered_s = (takeover.recorded_at - killed_at).total_seconds()
     print(f"worker SIGKILL → redelivered attempt took the lease over in {redelivered_s:.1f} s")
     assert redelivered_s <= REDELIVERY_WAIT_S
-    redelivery = takeover.data["workerId"]  # delivery 2 of attempt 1 (operations.delivery_id)
+    redelivery = takeover.data["workerId"]  # delivery 2 of attempt 1 (delivery_ids.delivery_id)
     assert redelivery.startswith(f"{job.job_id}:attempt:1.") and redelivery.endswith("/2")
     assert (done.status, done.attempt) == ("completed", 1)
     kinds = [r.type for r in await store.read_stream(f"jobs/{job.job_id}")]

@@ -816,7 +816,7 @@ async def test_metrics_need_an_admin_token(client: httpx.AsyncClient) -> None:
 async def test_invented_agent_ids_share_one_other_label(store: Store) -> None:
     from prometheus_client import REGISTRY
 
-    from receipts import metrics
+    from receipts import metric_counts, metrics
 
     mismatches = "receipt_jobs_idempotency_mismatches_total"
     before = metrics.value(mismatches, agent="codex")
@@ -824,10 +824,10 @@ async def test_invented_agent_ids_share_one_other_label(store: Store) -> None:
     for n in range(300):
         invented.append((await put(store, agent=f"invented-{n}-{new_id()}", org="org-m")).job)
     for job in invented:
-        metrics.job_enqueued(job.lane, job.kind, job.agent_id, "created")
+        metric_counts.job_enqueued(job.lane, job.kind, job.agent_id, "created")
     codex = (await put(store, agent="codex", org="org-m")).job
-    metrics.job_enqueued(codex.lane, codex.kind, codex.agent_id, "created")
-    metrics.job_enqueued(codex.lane, codex.kind, codex.agent_id, "existing", True)
+    metric_counts.job_enqueued(codex.lane, codex.kind, codex.agent_id, "created")
+    metric_counts.job_enqueued(codex.lane, codex.kind, codex.agent_id, "existing", True)
     text = generate_latest(REGISTRY).decode()
     assert "invented-" not in text
     assert 'agent="other"' in text and 'agent="codex"' in text

@@ -20,7 +20,7 @@ from activities import attempt as attempt_module
 from activities.attempt import AttemptActivities, execution_timeout_message
 from activities.fence import AttemptFence
 from activities.handlers.context import Handler, HandlerContext, HandlerError
-from receipts import metrics
+from receipts import delivery_ids, metrics
 from receipts import operations as ops
 from receipts.errors import StorageError
 from receipts.kinds import AGENT_IDS
@@ -238,7 +238,7 @@ async def test_a_redelivery_takes_the_lease_over_and_the_first_delivery_cannot_s
     assert second.status == AttemptStatus.COMPLETED
     assert stale.status in (AttemptStatus.LEASE_LOST, AttemptStatus.TERMINAL_STATE)
     job = await store.get_job(job_id)
-    assert job is not None and job.result == {"by": ops.delivery_id(job_id, 1, RUN, 2)}
+    assert job is not None and job.result == {"by": delivery_ids.delivery_id(job_id, 1, RUN, 2)}
     written = await types(store, job_id)
     assert written.count("job.completed") == 1
 
@@ -254,7 +254,7 @@ async def test_a_delivery_of_a_settled_job_runs_nothing(store: Store) -> None:
     assert (await run(store, handlers, attempt_of(job_id, "act-late"), 1)).status == "completed"
     late = await run(store, handlers, attempt_of(job_id, "act-late"), 2)
     assert late.status in (AttemptStatus.STALE_ATTEMPT, AttemptStatus.TERMINAL_STATE)
-    assert ran == [ops.delivery_id(job_id, 1, RUN, 1)]
+    assert ran == [delivery_ids.delivery_id(job_id, 1, RUN, 1)]
 
 
 async def test_a_delivery_taken_over_holds_no_fence_of_a_refunded_attempts_next_run(
@@ -266,9 +266,9 @@ async def test_a_delivery_taken_over_holds_no_fence_of_a_refunded_attempts_next_
     the frozen delivery was accepted as the new one's and it settled the job. The run is in the
     id: the frozen delivery is refused."""
     job_id = await job_of(store, "act-refunded")
-    frozen = ops.delivery_id(job_id, 1, "run-a", 1)
-    taker = ops.delivery_id(job_id, 1, "run-a", 2)
-    fresh = ops.delivery_id(job_id, 1, "run-b", 1)
+    frozen = delivery_ids.delivery_id(job_id, 1, "run-a", 1)
+    taker = delivery_ids.delivery_id(job_id, 1, "run-a", 2)
+    fresh = delivery_ids.delivery_id(job_id, 1, "run-b", 1)
     assert len({frozen, taker, fresh}) == 3
     assert (
         await ops.start_attempt(store, job_id, attempt=1, worker_id=frozen, lease_ms=LEASE_MS)
@@ -309,9 +309,9 @@ async def test_a_stalled_delivery_of_an_older_run_cannot_take_a_newer_runs_lease
     handler was stopped at its next heartbeat. Deliveries of different runs are not ordered by
     their numbers: the stalled one is refused."""
     job_id = await job_of(store, "act-other-run")
-    first = ops.delivery_id(job_id, 1, "run-a", 1)
-    stalled = ops.delivery_id(job_id, 1, "run-a", 2)
-    fresh = ops.delivery_id(job_id, 1, "run-b", 1)
+    first = delivery_ids.delivery_id(job_id, 1, "run-a", 1)
+    stalled = delivery_ids.delivery_id(job_id, 1, "run-a", 2)
+    fresh = delivery_ids.delivery_id(job_id, 1, "run-b", 1)
     assert (
         await ops.start_attempt(store, job_id, attempt=1, worker_id=first, lease_ms=LEASE_MS)
     ).ok
@@ -411,7 +411,7 @@ async def test_a_delivery_taken_over_stops_its_handler_before_the_next_one_start
     (one, two) = sorted(spans.values())
     assert one[1] < two[0], spans  # the first handler ended before the second began
     job = await store.get_job(job_id)
-    assert job is not None and job.result == {"by": ops.delivery_id(job_id, 1, RUN, 2)}
+    assert job is not None and job.result == {"by": delivery_ids.delivery_id(job_id, 1, RUN, 2)}
 
 
 async def _value(value: int) -> int:

@@ -12,6 +12,7 @@ import pytest
 from activities.fence import AttemptFence
 from activities.handlers.context import HandlerContext, HandlerError
 from activities.settle import SHUTDOWN_ERROR, Settlement
+from receipts import delivery_ids
 from receipts import operations as ops
 from receipts.enqueue import Admission, enqueue, parse_enqueue
 from receipts.errors import InvalidInput
@@ -121,7 +122,9 @@ async def test_a_redelivery_of_an_aborted_job_cancels_it_without_running_the_han
         calls.append(ctx.worker_id)
 
     job_id = await job_of(store, "act-aborted")
-    first = AttemptFence(store, job_id, attempt=1, worker_id=ops.delivery_id(job_id, 1, RUN, 1))
+    first = AttemptFence(
+        store, job_id, attempt=1, worker_id=delivery_ids.delivery_id(job_id, 1, RUN, 1)
+    )
     assert (await first.start(LEASE, {"role": "test"})).ok
     sent = await ops.add_command(
         store, job_id, type="abort", reason="stop it", organization_id="org-a"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from receipts import metrics
+from receipts import metric_counts, metrics
 from receipts.jobs import Job, Receipt, fold, job_stream
 from tests.unit.test_reducer import JOB_ID, T0, W1, W2, enqueued, failed, leased
 
@@ -23,7 +23,7 @@ def folded(*events: tuple[str, dict[str, object]], seconds: list[int]) -> Job:
 
 def observed(job: Job, redelivered: bool = False, leased: bool = True) -> float:
     before = metrics.ENQUEUE_TO_START._sum.get()
-    metrics.attempt_started(job, redelivered=redelivered, leased=leased)
+    metric_counts.attempt_started(job, redelivered=redelivered, leased=leased)
     # Rounded: the sum is shared with every test of the process before, and a large float sum
     # loses the difference's last bits.
     return round(metrics.ENQUEUE_TO_START._sum.get() - before, 6)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 
 from receipts import jobs as jobmodel
-from receipts import metrics, operations, reads
+from receipts import metric_counts, metrics, operations, reads
 from receipts.agent_jobs import interventions
 from receipts.enqueue import JOB_ID_PATTERN, EnqueueRequest, parse_enqueue
 from receipts.enqueue_request import cap_timeout
@@ -222,7 +222,7 @@ async def enqueue_post(
         )
         result = await state.require_enqueuer().enqueue(enqueue_request, caps)
         job = result.job
-        metrics.job_enqueued(
+        metric_counts.job_enqueued(
             job.lane, job.kind, job.agent_id, result.outcome, result.idempotency_mismatch
         )
         log.info(

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from receipts import metrics
+from receipts import metric_counts
 from receipts import operations as ops
 from receipts.enqueue import enqueue, parse_enqueue
 from receipts.errors import InvalidInput
@@ -210,7 +210,7 @@ async def post_objective(
             )
         job = result.job
         # An enqueue request as a post of a job is: a re-post is counted `existing`.
-        metrics.job_enqueued(
+        metric_counts.job_enqueued(
             job.lane, job.kind, job.agent_id, result.outcome, result.idempotency_mismatch
         )
         log.info(

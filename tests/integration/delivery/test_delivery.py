@@ -533,7 +533,7 @@ async def test_ledger_rows_are_written_beside_the_receipts_as_the_kinds_contract
     workflow_sql = "SELECT workflow, status, detail FROM workflow_runs WHERE job_id = %s"
     ((activity, status, worker_id),) = rows(activity_sql, job.job_id)
     assert (activity, status) == ("execute_attempt", "completed")
-    # Delivery 1 of attempt 1, of the driver run that scheduled it (operations.delivery_id).
+    # Delivery 1 of attempt 1, of the driver run that scheduled it (delivery_ids.delivery_id).
     assert worker_id.startswith(f"{job.job_id}:attempt:1.") and worker_id.endswith("/1")
     assert ("factory.task", "running", {"temporalType": "JobDriver"}) in rows(
         workflow_sql, job.job_id

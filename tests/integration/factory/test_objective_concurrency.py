@@ -17,6 +17,7 @@ from activities.handlers.factory import factory_dispatch, objective_control
 from activities.handlers.fenced import FencedReceipts, FenceLost
 from receipts import assembly
 from receipts import operations as ops
+from receipts.delivery_ids import delivery_id
 from receipts.objectives import control
 from receipts.objectives import store as objectives
 from receipts.objectives.model import (
@@ -26,7 +27,6 @@ from receipts.objectives.model import (
     step_job_id,
     task_job_id,
 )
-from receipts.operations import delivery_id
 from receipts.store import Store
 from tests.integration.helpers import create_objective, put
 
