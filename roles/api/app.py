@@ -42,6 +42,7 @@ from roles.api.request_metrics import RequestMetrics
 from roles.api.routes import (
     agent_jobs,
     agent_jobs_console,
+    commands,
     health,
     jobs,
     objectives,
@@ -69,6 +70,7 @@ def routers() -> list[APIRouter]:
         health.router,
         retry.router,
         webhooks_router,
+        commands.router,  # before jobs': its GET /jobs/{jobId:path} matches any path
         jobs.router,
         agent_jobs.router,
         agent_jobs_console.router,

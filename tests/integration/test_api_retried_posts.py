@@ -129,6 +129,34 @@ async def test_a_command_sent_again_with_its_idempotency_key_is_appended_once(
     assert other.status_code == 409, other.text
 
 
+async def test_another_steer_under_a_used_idempotency_key_is_refused_not_dropped(
+    client: httpx.AsyncClient,
+) -> None:
+    job_id = f"steered-{uuid.uuid4().hex[:10]}"
+    body = enqueue_body(
+        jobId=job_id, payload_extra={"task": {"command": ["true"], "steerable": True}}
+    )
+    assert (await client.post("/agents/codex/jobs", json=body, headers=AS_A)).status_code == 202
+    headers = keyed()
+    steer = {"type": "steer", "payload": {"say": "use the other file"}, "reason": "typo"}
+    first = await client.post(f"/jobs/{job_id}/commands", json=steer, headers=headers)
+    assert first.status_code == 202, first.text
+    again = await client.post(f"/jobs/{job_id}/commands", json=steer, headers=headers)
+    assert again.status_code == 202, again.text
+    assert again.json()["commandId"] == first.json()["commandId"]
+    # Another payload, or another reason, under the key is another post: told so, not
+    # answered with the first while its words are dropped.
+    for other in (
+        {**steer, "payload": {"say": "rather the first file"}},
+        {**steer, "reason": None},
+    ):
+        refused = await client.post(f"/jobs/{job_id}/commands", json=other, headers=headers)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["field"] == "Idempotency-Key"
+    job = (await client.get(f"/jobs/{job_id}", headers=AS_A)).json()
+    assert [c["type"] for c in job["pendingCommands"]] == ["steer"]
+
+
 async def test_a_webhook_created_again_with_its_idempotency_key_is_made_once(
     client: httpx.AsyncClient,
 ) -> None:

@@ -1014,6 +1014,12 @@ async def test_a_command_form_sent_again_appends_its_command_once(
         assert [s.status_code for s in sent] == [303, 303]
         job = await store.get_job(rid(job_id))
         assert job is not None and [c.type for c in job.commands] == ["steer"]
+        # Another steer typed on the page left open is its own command, not the first's again.
+        other = {**steer, "payload": "and the traces"}
+        answer = await client.post(f"/console/jobs/{job_id}/command", **form(other))  # type: ignore[arg-type]
+        assert answer.status_code == 303 and "already" not in answer.headers["location"]
+        job = await store.get_job(rid(job_id))
+        assert job is not None and [c.type for c in job.commands] == ["steer", "steer"]
         # The abort of the same page is its own command, and is taken once too.
         abort = {"csrf": csrf, "form": key, "type": "abort", "reason": "operator"}
         for _ in range(2):
@@ -1021,4 +1027,4 @@ async def test_a_command_form_sent_again_appends_its_command_once(
             assert answer.status_code == 303 and "refused" not in answer.headers["location"]
         job = await store.get_job(rid(job_id))
         assert job is not None and job.status == "canceled"
-        assert [c.type for c in job.commands] == ["steer", "abort"]
+        assert [c.type for c in job.commands] == ["steer", "steer", "abort"]

@@ -297,12 +297,14 @@ def temporal_query(job: Job) -> str:
     return query
 
 
-def _form_command_id(form_key: str, command_type: str) -> str:
-    """The command a job page's form sends: named by the page's key (and its type, one page
-    sending a steer and an abort), so the form sent again (its answer lost, a second click) is
-    the same command; without a key, a new one."""
+def _form_command_id(form_key: str, command_type: str, *words: str) -> str:
+    """The command a job page's form sends: named by the page's key and what the form says (its
+    type, payload and reason: one page sending a steer and an abort, or a second steer typed on
+    a page left open), so the form sent again (its answer lost, a second click) is the same
+    command; without a key, a new one."""
     if FORM_KEY.fullmatch(form_key):
-        return f"cmd-{keyed_id(f'{form_key}:{command_type}')}"
+        said = json.dumps([command_type, *words])
+        return f"cmd-{keyed_id(f'{form_key}:{said}')}"
     return f"cmd-{uuid.uuid4()}"
 
 
@@ -346,7 +348,9 @@ async def job_command(request: Request, jobId: str) -> Response:
         reason=fields.get("reason") or None,
         organization_id=session.principal.organization_id,
         check_organization=not session.principal.admin,
-        command_id=_form_command_id(fields.get("form", ""), command_type),
+        command_id=_form_command_id(
+            fields.get("form", ""), command_type, text, fields.get("reason", "")
+        ),
         max_commands=request.app.state.api.settings.max_commands_per_job,
     )
     log.info(

@@ -20,11 +20,9 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 
 from receipts import jobs as jobmodel
-from receipts import metric_counts, metrics, operations, reads
-from receipts.agent_jobs import interventions
+from receipts import metric_counts, reads
 from receipts.enqueue import JOB_ID_PATTERN, EnqueueRequest, parse_enqueue
 from receipts.enqueue_request import cap_timeout
-from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import LANES, STATUSES, Job
 from receipts.kinds import (
     CONTRACTS,
@@ -32,8 +30,6 @@ from receipts.kinds import (
     KINDS_WITHOUT_AUTH,
     MAX_ID_LENGTH,
     NON_BLANK,
-    runs_commands,
-    unread_because,
 )
 from receipts.objectives import store as objectives
 from receipts.tenancy import scoped_id
@@ -45,7 +41,6 @@ from roles.api.admission import (
 )
 from roles.api.auth import COMMANDS_RUN, JOBS_READ, JOBS_WRITE, Principal
 from roles.api.body import (
-    IdempotencyKey,
     check_declared_length,
     choice,
     decode_cursor,
@@ -53,7 +48,6 @@ from roles.api.body import (
     job_path,
     keyed_id,
     read_json_body,
-    validated,
 )
 from roles.api.deps import (
     ApiError,
@@ -70,8 +64,6 @@ from roles.api.deps import (
 from roles.api.documented import JobStreamEnd
 from roles.api.gate import admitted
 from roles.api.schema import (
-    CommandAccepted,
-    CommandBody,
     EnqueueAccepted,
     EventsPage,
     JobList,
@@ -86,7 +78,6 @@ from roles.api.sse import (
     Followed,
     events_response,
     events_route,
-    json_size,
     last_shown,
     within_budget,
 )
@@ -95,7 +86,6 @@ from roles.infra.tracing import caller_context, current_traceparent, trace_id_of
 log = logging.getLogger("roles.api.app")
 _tracer = trace.get_tracer("receipt.api")
 
-COMMAND_CONFLICT_RETRIES = 3
 LIST_QUERY: tuple[str, ...] = (
     "status",
     "agentId",
@@ -356,134 +346,6 @@ async def job_events(asked: Asked, state: State, caller: Caller, job_id: JobId) 
     shown = shown_id(caller, job)
     head = {"jobId": shown, "stream": jobmodel.job_stream(shown), "status": job.status}
     return await events_response(asked, state, caller, followed_job(job, shown), head)
-
-
-@router.post(
-    "/jobs/{jobId:path}/commands",
-    status_code=202,
-    response_model=CommandAccepted,
-    responses=errors_documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503),
-    openapi_extra=json_body_documented("CommandBody"),
-    dependencies=[takes_query()],
-)
-async def post_command(
-    request: Request,
-    state: State,
-    caller: Caller,
-    job_id: JobId,
-    idempotency_key: IdempotencyKey = None,
-) -> JSONResponse:
-    """Append a steer, follow_up or abort command; 409 when the job is already terminal.
-
-    A steer or follow_up is at most `RECEIPT_MAX_COMMAND_BYTES`, takes one of the
-    organization's enqueue tokens (429 `RECEIPT_ORG_ENQUEUE_RATE`) and a job takes at most
-    `RECEIPT_MAX_COMMANDS_PER_JOB` of them (422 beyond); an abort is always taken and stops
-    any job (a job that holds one answers it again, nothing written). Which kinds read steer
-    and follow_up: `factory.objective.control` both (as control requests);
-    `factory.task.run` and `factory.integration.*` steers, one JSON line each on the
-    command's stdin, when the task sets `steerable: true`; an agent job's turn steers (on
-    stdin) and follow-ups (its next turn); no other kind. `readByHandler` says
-    whether this job's handler reads this one; a command the job ends without reading is
-    settled by a `queue.command.unconsumed` receipt naming why, just before its terminal one.
-    With an `Idempotency-Key` the command is named by the key: sent again, the job's command of
-    that id is answered as it stands (also once an abort ended the job), nothing appended; a
-    command of another type under the key is 409 `conflict`.
-    """
-    require_scope(caller, JOBS_WRITE)
-    settings = state.settings
-    body = validated(
-        CommandBody,
-        await read_json_body(request, settings.max_body_bytes, state.json_limits),
-    )
-    size = json_size(body.payload) + len(body.reason or "")
-    if size > settings.max_command_bytes:
-        metrics.API_LIMITED.labels("command_bytes").inc()
-        raise InvalidInput(
-            "payload",
-            f"a command's payload and reason hold at most {settings.max_command_bytes} bytes "
-            "(RECEIPT_MAX_COMMAND_BYTES)",
-        )
-    if body.type != "abort":  # a steer takes a token, as one posted as an enqueue does
-        await state.org_limits.admit_paced(caller.organization_id)
-    target = await visible_job(state, caller, job_id)
-    if body.type != "abort" and runs_commands(target.agent_id, target.kind):
-        require_scope(caller, COMMANDS_RUN)
-    internal_id = target.job_id
-    # The key names a command of this job only (two jobs steered under one key hold two).
-    keyed = keyed_id(f"{internal_id}\x00{idempotency_key}") if idempotency_key else None
-    command_id = f"cmd-{keyed or uuid.uuid4()}"
-    for _ in range(COMMAND_CONFLICT_RETRIES):
-        outcome = await interventions.add_command(
-            state.require_store(),
-            internal_id,
-            type=body.type,
-            payload=body.payload,
-            reason=body.reason,
-            organization_id=caller.organization_id,
-            check_organization=not caller.admin,
-            command_id=command_id,
-            max_commands=settings.max_commands_per_job,
-        )
-        if outcome.status != operations.SETTLEMENT_CONFLICT:
-            break
-    if outcome.status == operations.NOT_FOUND:
-        raise ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
-    if outcome.status == operations.COMMAND_ID_TAKEN:
-        raise ApiError(
-            409,
-            "conflict",
-            f"job {job_id!r} holds another command under this Idempotency-Key",
-            field="Idempotency-Key",
-        )
-    if outcome.status == operations.TERMINAL_STATE:
-        status = outcome.job.status if outcome.job else "terminal"
-        raise ApiError(
-            409, "terminal_state", f"job {job_id!r} is {status}; it takes no more commands"
-        )
-    if outcome.status == operations.AGENT_JOB_NOT_RUNNING:
-        raise ApiError(
-            409,
-            "agent_job_not_running",
-            f"job {job_id!r} is a turn of an agent job that no longer runs on it (stopped, or "
-            "moved on to another turn); it takes no steer or follow-up",
-        )
-    if outcome.status == operations.TOO_MANY_COMMANDS:
-        metrics.API_LIMITED.labels("commands").inc()
-        log.warning(
-            "command refused: the job holds its cap of commands",
-            extra={"event": "api.command_cap", "jobId": internal_id},
-        )
-        raise InvalidInput(
-            "type",
-            f"job {job_id!r} already holds {settings.max_commands_per_job} commands "
-            "(RECEIPT_MAX_COMMANDS_PER_JOB); only an abort is taken",
-        )
-    if not outcome.ok or outcome.job is None:
-        raise TransientStorageError(f"command not appended: {outcome.status}")
-    held = {c.command_id for c in outcome.job.commands}
-    if outcome.already and command_id not in held:  # the job's abort, asked again: it answers
-        aborts = (c.command_id for c in outcome.job.commands if c.type == "abort")
-        command_id = next(aborts, command_id)
-    log.info(
-        "command appended",
-        extra={
-            "event": "api.command",
-            "jobId": internal_id,
-            "type": body.type,
-            "existing": outcome.already,
-        },
-    )
-    return JSONResponse(
-        {
-            "commandId": command_id,
-            "jobId": job_id,
-            "type": body.type,
-            "readByHandler": unread_because(target.agent_id, target.kind, target.payload, body.type)
-            is None,
-            "job": job_view(outcome.job, shown_id(caller, outcome.job)),
-        },
-        status_code=202,
-    )
 
 
 @router.get(
