@@ -289,7 +289,7 @@ API_LIMITED = Counter(
     "receipt_api_limited",
     "Requests the api refused at one of its limits (README, Security), by limit: rate, queued, "
     "active, streams_token, streams_total, commands, command_bytes, body_shape, body_bytes, "
-    "console_sign_in, console_sessions, in_flight.",
+    "console_sign_in, console_sessions, in_flight, head_timeout.",
     ["limit"],
 )
 API_REGISTRY_UNREADABLE = Counter(

@@ -273,7 +273,8 @@ async def serve_api(
         log_config=None,
         timeout_graceful_shutdown=10,
         server_header=False,
-        http=http_protocol(),  # httptools with a bound on a request's head
+        # httptools with bounds on a request's head: its size and how long it may take
+        http=http_protocol(settings.api.head_timeout_ms / 1000),
     )
     server = _Server(config, app.state.api.stopping)
 

@@ -29,6 +29,11 @@ class ApiSettings(ReceiptSettings):
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES, ge=1, alias="RECEIPT_MAX_BODY_BYTES"
     )
+    # A request's URL and headers are whole this long after its connection opens (or after its
+    # first byte, on a kept-alive connection), or the connection is closed (slowloris).
+    head_timeout_ms: int = Field(
+        default=10_000, ge=100, le=300_000, alias="RECEIPT_API_HEAD_TIMEOUT_MS"
+    )
     tokens_file: FilePath | None = Field(default=None, alias="RECEIPT_API_TOKENS_FILE")
     tokens: str | None = Field(default=None, alias="RECEIPT_API_TOKENS")
     strict_agent_ids: bool = Field(default=False, alias="RECEIPT_STRICT_AGENT_IDS")

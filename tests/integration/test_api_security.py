@@ -60,6 +60,7 @@ def api(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
         RECEIPT_SSE_MAX_STREAMS_PER_CALLER="3",
         RECEIPT_SSE_MAX_LIFETIME_S="1.5",
         RECEIPT_SSE_KEEPALIVE_MS="200",
+        RECEIPT_API_HEAD_TIMEOUT_MS="1500",
     ) as api:
         yield api
 
@@ -222,6 +223,43 @@ def test_a_request_head_is_bounded_before_any_token_is_read(api: RunningApi) -> 
     assert answer.startswith(b"HTTP/1.1 400") or sent < 8 * 1024 * 1024
     ordinary = httpx.get(f"{api.url}/jobs", headers={"X-Long": "b" * 10_000, **AS_A})
     assert ordinary.status_code == 200
+
+
+def test_a_request_head_must_be_whole_in_time(api: RunningApi) -> None:
+    """A connection that sends nothing, or its head a byte at a time, is closed at
+    RECEIPT_API_HEAD_TIMEOUT_MS (1.5 s here): uvicorn timed no head, so each such connection
+    (slowloris) was held for as long as its client liked, before any token was read."""
+    host, port = api.url.removeprefix("http://").rsplit(":", 1)
+
+    def held_for(first: bytes, dribble: bytes) -> tuple[float, bytes]:
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            started = time.monotonic()
+            conn.sendall(first)
+            answer = b""
+            try:
+                while time.monotonic() - started < 8:
+                    if dribble:
+                        conn.sendall(dribble)  # a byte at a time: no idle gap to time out
+                    conn.settimeout(0.2)
+                    try:
+                        answer = conn.recv(200)  # b"": closed
+                    except TimeoutError:
+                        continue
+                    break
+            except OSError:
+                pass  # closed on it
+            return time.monotonic() - started, answer
+
+    silent_s, silent = held_for(b"", b"")
+    assert 1.0 < silent_s < 4.0 and silent == b"", (silent_s, silent)
+    slow_s, slow = held_for(b"GET /jobs HTTP/1.1\r\nHost: localhost\r\nX-Slow: ", b"a")
+    assert 1.0 < slow_s < 4.0, (slow_s, slow)
+    assert slow.startswith(b"HTTP/1.1 408"), slow
+    # A request whose head comes in time is served, on a kept-alive connection again and again.
+    with httpx.Client(base_url=api.url, headers=AS_A) as kept:
+        for _ in range(3):
+            assert kept.get("/jobs").status_code == 200
+            time.sleep(0.8)  # each request's head is timed from its own first byte
 
 
 def test_the_body_limits_name_what_was_exceeded() -> None:
