@@ -3,6 +3,7 @@ fence (`receipts/operations.py`), each retried through a storage outage."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,6 +40,17 @@ class AttemptFence:
             what=what,
         )
 
+    async def _write_again(
+        self, what: str, operation: Callable[..., Awaitable[ops.Outcome]], **fields: Any
+    ) -> ops.Outcome:
+        """`_write` for a write a second receipt would repeat (a progress, a consumption):
+        each storage retry tells `operation` it is one (`again`), since the earlier try may
+        have committed with its answer lost, for it to find that write its own."""
+        tries = itertools.count()
+        return await self._write(
+            what, lambda *a, **k: operation(*a, again=next(tries) > 0, **k), **fields
+        )
+
     async def start(self, lease_ms: int, process: dict[str, Any]) -> ops.Outcome:
         """Lease a queued job with its first heartbeat, or take a redelivered attempt's lease
         over with a start-fence heartbeat (one transaction)."""
@@ -52,11 +64,12 @@ class AttemptFence:
 
     async def progress(self, data: Any) -> bool:
         """Append `job.progress`; False when the fence refused it."""
-        return (await self._write("progress", ops.progress, data=data)).ok
+        return (await self._write_again("progress", ops.progress, data=data)).ok
 
     async def consume(self, command_id: str) -> bool:
         """Append `queue.command.consumed` for a pending command; False when refused."""
-        return (await self._write("consume command", ops.consume_command, command_id=command_id)).ok
+        consume = ops.consume_command
+        return (await self._write_again("consume command", consume, command_id=command_id)).ok
 
     async def complete(self, result: Any, known: Known | None = None) -> ops.Outcome:
         """Settle `completed` with the handler's result (`known`: the re-read it decided on);

@@ -40,6 +40,13 @@ class TransientStorageError(StorageError):
     """A storage failure that may succeed when retried (lost connection, serialization, deadlock)."""
 
 
+class UnansweredStorageError(TransientStorageError):
+    """The connection was lost with a statement sent and its answer not come back: a write it
+    made, or the commit of its transaction, may have been applied (the database committed and
+    the answer was lost) or not. Retried as any transient error; a retry that may repeat the
+    write must find the first one (a settlement id, an Idempotency-Key)."""
+
+
 class ConflictError(StorageError):
     """A uniqueness or ownership conflict: retrying the same write will fail the same way."""
 

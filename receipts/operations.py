@@ -227,13 +227,18 @@ async def heartbeat(
 
 
 async def progress(
-    store: Store, job_id: str, *, worker_id: str, attempt: int, data: Any
+    store: Store, job_id: str, *, worker_id: str, attempt: int, data: Any, again: bool = False
 ) -> Outcome:
-    """Record handler progress under the fence."""
+    """Record handler progress under the fence. `again`: a storage retry, whose earlier try may
+    have committed with its answer lost; a job whose progress is already `data` has it."""
     body = {"workerId": worker_id, "attempt": attempt, "data": sanitize(data)}
-    return await _fenced(
-        store, job_id, worker_id, attempt, lambda *_: [Draft("job.progress", body)]
-    )
+
+    def write(job: Job, now: datetime) -> Decision:
+        if again and job.progress_count and job.progress == body["data"]:
+            return Outcome(OK, job, already=True)
+        return [Draft("job.progress", body)]
+
+    return await _fenced(store, job_id, worker_id, attempt, write)
 
 
 async def _settle(
@@ -406,11 +411,22 @@ async def expire_lease(store: Store, job_id: str) -> Outcome:
 
 
 async def consume_command(
-    store: Store, job_id: str, *, worker_id: str, attempt: int, command_id: str
+    store: Store,
+    job_id: str,
+    *,
+    worker_id: str,
+    attempt: int,
+    command_id: str,
+    again: bool = False,
 ) -> Outcome:
-    """Mark a pending steer/follow_up as consumed by this attempt, under the fence."""
+    """Mark a pending steer/follow_up as consumed by this attempt, under the fence. `again`: a
+    storage retry, whose earlier try may have committed with its answer lost; a command this
+    attempt (whose fence the writer holds) consumed already is the writer's."""
 
     def write(job: Job, now: datetime) -> Decision:
+        mine = (c.command_id == command_id and c.consumed_attempt == attempt for c in job.commands)
+        if again and any(mine):
+            return Outcome(OK, job, already=True)
         if not any(c.command_id == command_id and c.pending for c in job.commands):
             return NOT_PENDING
         data = {"commandId": command_id, "attempt": attempt, "workerId": worker_id}

@@ -15,7 +15,13 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from receipts import jobs as jobmodel
-from receipts.errors import ConflictError, NotFoundError, StorageError, TransientStorageError
+from receipts.errors import (
+    ConflictError,
+    NotFoundError,
+    StorageError,
+    TransientStorageError,
+    UnansweredStorageError,
+)
 from receipts.job_append import insert_params, numbered, plan
 from receipts.jobs import Job, Receipt
 from receipts.pool import CHECK_IDLE_S, SESSION_SETTINGS, Pool
@@ -72,6 +78,19 @@ def translate_errors() -> Iterator[None]:
         if exc.sqlstate in _TRANSIENT_SQLSTATES:
             raise TransientStorageError(str(exc)) from exc
         raise StorageError(str(exc)) from exc
+
+
+@contextmanager
+def unanswered(conn: psycopg.AsyncConnection[TupleRow]) -> Iterator[None]:
+    """A transient failure that broke `conn` (checked out, so a statement or a commit was
+    in flight): `UnansweredStorageError`, its write perhaps made (the answer to a commit is
+    what was lost)."""
+    try:
+        yield
+    except (psycopg.OperationalError, TransientStorageError) as exc:
+        if conn.broken and not isinstance(exc, UnansweredStorageError):
+            raise UnansweredStorageError(str(exc)) from exc
+        raise
 
 
 @dataclass
@@ -347,8 +366,10 @@ class Store:
     async def transaction(self) -> AsyncGenerator[Tx]:
         """Open one transaction; it commits when the block ends, rolls back on an exception."""
         with translate_errors():
-            async with self._pool.connection() as conn, conn.transaction():
-                yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
+            async with self._pool.connection() as conn:
+                with unanswered(conn):
+                    async with conn.transaction():
+                        yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
 
     @asynccontextmanager
     async def session(self) -> AsyncGenerator[Tx]:
@@ -357,7 +378,8 @@ class Store:
         no lock between them: one checkout, so at most one pool check, for both."""
         with translate_errors():
             async with self._pool.connection() as conn:
-                yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
+                with unanswered(conn):
+                    yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
 
     async def in_transaction(self, work: Callable[[Tx], Awaitable[T]]) -> T:
         """Run `work` in one transaction and return its result."""
@@ -406,8 +428,9 @@ class Store:
         prepared statement (whose generic plan may ignore a partial index)."""
         with translate_errors():
             async with self._pool.connection() as conn:
-                cur = await conn.execute(query(name), params, prepare=prepare)
-                return list(await cur.fetchall()) if cur.description else []
+                with unanswered(conn):
+                    cur = await conn.execute(query(name), params, prepare=prepare)
+                    return list(await cur.fetchall()) if cur.description else []
 
     async def fetch_one(self, name: str, params: Mapping[str, Any]) -> TupleRow | None:
         """Run the named statement `name` and return its first row, or None."""

@@ -14,7 +14,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from receipts.errors import ConflictError, InvalidInput, NotPermitted, TransientStorageError
+from receipts.errors import (
+    ConflictError,
+    InvalidInput,
+    NotPermitted,
+    TransientStorageError,
+    UnansweredStorageError,
+)
 
 log = logging.getLogger("roles.api.app")
 
@@ -91,9 +97,12 @@ KNOWN_FAILURES: tuple[type[Exception], ...] = (
 """What a route raises on purpose; `known_answer` turns each into its answer."""
 
 
-def known_answer(exc: Exception, path: str) -> JSONResponse:
-    """The answer to one of the `KNOWN_FAILURES` raised while answering `path`: the error as it
-    is, a bad input 422, a taken id 409, a database outage 503 with `Retry-After` (logged).
+def known_answer(exc: Exception, path: str, method: str = "GET") -> JSONResponse:
+    """The answer to one of the `KNOWN_FAILURES` raised while answering `method path`: the error
+    as it is, a bad input 422, a taken id 409, a database outage 503 with `Retry-After` (logged).
+    A request that writes whose connection to the database was lost before the database's
+    answer (`UnansweredStorageError`) is told its write may have been applied: a commit whose
+    answer was lost made it, and sent again without its Idempotency-Key it is made twice.
 
     The app's exception handlers and the enqueue gate's answer (roles/api/gate.py) both use it.
     """
@@ -114,11 +123,17 @@ def known_answer(exc: Exception, path: str) -> JSONResponse:
         "database unavailable",
         extra={"event": "api.storage_unavailable", "path": path, "error": str(exc)},
     )
+    message = "the database is unavailable; retry later"
+    if isinstance(exc, UnansweredStorageError) and method not in ("GET", "HEAD"):
+        message = (
+            "the database connection was lost before its answer: the request may have been "
+            "applied; send it again with the same Idempotency-Key, which finds what it made"
+        )
     return error_response(
         ApiError(
             503,
             "storage_unavailable",
-            "the database is unavailable; retry later",
+            message,
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     )
@@ -128,7 +143,7 @@ def install_error_handlers(app: FastAPI) -> None:
     """Answer every failure with the one error shape; a bug answers 500 and is logged."""
 
     async def known(request: Request, exc: Exception) -> JSONResponse:
-        return known_answer(exc, request.url.path)
+        return known_answer(exc, request.url.path, request.method)
 
     for failure in KNOWN_FAILURES:
         app.add_exception_handler(failure, known)

@@ -129,7 +129,7 @@ class EnqueueGate:
         try:
             response = await self.serve(request, *parameters)
         except KNOWN_FAILURES as failure:
-            response = known_answer(failure, request.url.path)
+            response = known_answer(failure, request.url.path, request.method)
         await response(scope, receive, send)
 
 
