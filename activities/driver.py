@@ -179,8 +179,8 @@ async def post_callbacks(
             posted += error is None
             await deliveries.callback_result(store, job.job_id, event, url, status, error)
             metrics.CALLBACKS.labels(event, status).inc()
-            log.log(
-                logging.INFO if error is None else logging.WARNING,
+            log.log(  # a job's own INFO lines are two (README, RECEIPT_LOG_LEVEL): a post is DEBUG
+                logging.DEBUG if status == "posted" else logging.WARNING,
                 "callback %s",
                 status,
                 extra={

@@ -60,7 +60,7 @@ from activities.gateway_http import (
     without_network_tools,
 )
 from activities.gateway_pool import ANTHROPIC_PATHS, OPENAI_PATHS, CredentialState, Pool, Slots
-from activities.gateway_providers import Credential, Provider
+from activities.gateway_providers import Credential, Provider, warn_unusable
 from activities.gateway_usage import Usage
 from receipts import metrics
 from receipts.refusal_log import RefusalLog
@@ -100,6 +100,7 @@ class Gateway:
             "ai gateway ready",
             extra={"event": "gateway.ready", "bindings": sorted(self.pools)},
         )
+        warn_unusable(providers)
 
     # --- grants ----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ may be read from."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from receipts.settings import ReceiptSettings
+
+log = logging.getLogger("activities.gateway")
 
 ApiStyle = Literal["openai", "anthropic"]
 
@@ -177,7 +180,8 @@ class Provider:
 
 def load_providers(path: Path | None, env: Mapping[str, str]) -> dict[str, Provider]:
     """The providers of `path` by binding id, each credential's key read from `env` or its file.
-    A credential whose key is missing is left out of its pool (named in `unusable`). Raises
+    A disabled credential is left out of its pool; one whose key is missing (its variable unset
+    or empty, its file unreadable) too, named in `unusable` (the gateway warns). Raises
     ValueError naming the problem in the file."""
     if path is None:
         return {}
@@ -196,8 +200,10 @@ def load_providers(path: Path | None, env: Mapping[str, str]) -> dict[str, Provi
             raise ValueError(f"{path}: provider {entry.id!r} is listed twice")
         usable, unusable = [], []
         for credential in entry.credentials:
+            if credential.disabled:
+                continue
             key = _key(credential, env)
-            if credential.disabled or not key:
+            if not key:
                 unusable.append(credential.id)
                 continue
             usable.append(
@@ -214,6 +220,18 @@ def load_providers(path: Path | None, env: Mapping[str, str]) -> dict[str, Provi
             entry.stream_usage,
         )
     return found
+
+
+def warn_unusable(providers: Mapping[str, Provider]) -> None:
+    """Log the credentials each binding left out for a missing key (`gateway.credentials_unusable`,
+    once, at the gateway's start): a binding left with none answers every call 503."""
+    for binding, provider in providers.items():
+        if provider.unusable:
+            log.warning(
+                "credentials left out of their pool: their key is missing",
+                extra={"event": "gateway.credentials_unusable", "binding": binding,
+                       "credentials": list(provider.unusable), "dead": provider.dead},
+            )  # fmt: skip
 
 
 def key_variables(path: Path | None) -> frozenset[str]:

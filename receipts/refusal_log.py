@@ -1,6 +1,6 @@
 """Refusals logged at most once per interval per kind and caller: a flood of refused requests
 is counted in full by its metric but must not become a flood of log lines (the api's limits,
-the AI gateway's refusals)."""
+the AI gateway's refusals, the dispatches held at an organization's share)."""
 
 from __future__ import annotations
 

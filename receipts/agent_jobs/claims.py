@@ -82,15 +82,7 @@ async def _claim(
     # dispatch, receipts/fairness.py), or nothing is written: a job never holds one of its
     # agent's slots while its turn waits behind its organization's cap.
     if not await take_turn_slot(tx, job, decision.queue_job_id, org_cap):
-        log.info(
-            "agent job held: its organization's jobs fill its share of the codex workers",
-            extra={
-                "event": "agent_job.held_back",
-                "agentJobId": agent_job_id,
-                "organizationId": job.organization_id,
-            },
-        )
-        return ORGANIZATION_AT_CAP
+        return ORGANIZATION_AT_CAP  # logged by the dispatcher's pass (`agent_job.held_back`)
     claimed = await append(tx, job, [Draft(model.TRANSITIONED, decision.data)])
     await enqueue_turn(tx, claimed, decision.queue_job_id)
     with job_trace(claimed.traceparent):  # the line in the agent job's trace

@@ -96,7 +96,7 @@ def http_protocol(head_timeout_s: float) -> Any:
                         "event": "api.head_timeout",
                         "client": client,
                         "began": self._head_begun,
-                        "unlogged": unlogged,
+                        "unloggedSince": unlogged,
                     },
                 )
             if self._head_begun:

@@ -62,6 +62,17 @@ def _rate_refused(organization_id: str | None, wait_s: float) -> ApiError:
     )
 
 
+def command_cap_refused(organization_id: str | None, job_id: str) -> None:
+    """A command refused at its job's cap (RECEIPT_MAX_COMMANDS_PER_JOB): counted every time,
+    logged once per REFUSAL_LOG_INTERVAL_S per organization, as the other limits are."""
+    metrics.API_LIMITED.labels("commands").inc()
+    if (unlogged := refusals.due("commands", organization_id or ADMIN_BUCKET)) is not None:
+        log.warning(
+            "command refused: the job holds its cap of commands",
+            extra={"event": "api.command_cap", "jobId": job_id, "unloggedSince": unlogged},
+        )
+
+
 @dataclass(slots=True)
 class _Bucket:
     tokens: float

@@ -31,6 +31,7 @@ from receipts.errors import ReceiptError
 from receipts.jobs import JOB_STREAM_PREFIX
 from receipts.listen import RECONNECTED, Listener, Notice
 from receipts.notices import AGENT_JOBS, SETTLED_TYPES
+from receipts.refusal_log import RefusalLog
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.streams import dumps
@@ -85,6 +86,7 @@ class AgentJobDispatcher:
         # can take one, so it never holds an agent slot while its turn waits for the cap.
         self.org_cap = org_cap
         self.holding = False  # the last pass held a job at its organization's cap
+        self.held_log = RefusalLog()
         # Wakeups are also posted to the event callback URLs when both are given.
         self.callbacks = callbacks
         self.http = http
@@ -136,6 +138,7 @@ class AgentJobDispatcher:
                     result.claimed += 1
                 elif claimed == lifecycle.ORGANIZATION_AT_CAP:
                     result.held += 1
+                    self._held(agent_job_id, organization_id)
                 elif await self._slots_full(*slots):
                     full.add(slots)
                     result.no_slot += 1
@@ -300,6 +303,16 @@ class AgentJobDispatcher:
         for task in list(self._posting.values()):
             task.cancel()
         await asyncio.gather(*self._posting.values(), return_exceptions=True)
+
+    def _held(self, agent_job_id: str, organization_id: str | None) -> None:
+        """A claim held at its organization's cap: every pass tries it again, so it is logged
+        once in a while per organization (each is counted in the pass's `held`)."""
+        if (unlogged := self.held_log.due("held", organization_id or "")) is not None:
+            log.info(
+                "agent job held: its organization's jobs fill its share of the codex workers",
+                extra={"event": "agent_job.held_back", "agentJobId": agent_job_id,
+                       "organizationId": organization_id, "unloggedSince": unlogged},
+            )  # fmt: skip
 
     async def _slots_full(self, agent_id: str, organization_id: str | None) -> bool:
         async with self.store.transaction() as tx:

@@ -26,6 +26,7 @@ from receipts.jobs import Job
 from receipts.kinds import QUEUE_DRIVER
 from receipts.messages import DriverInput, DriverPlan
 from receipts.plan import Step, next_step
+from receipts.refusal_log import RefusalLog
 from receipts.settings import Settings
 from receipts.store import Store
 from receipts.timing import JobTiming, TimingSettings, derive
@@ -78,6 +79,7 @@ class DriverStarter:
         # may plan the first run: the plan's queue and timings must be the ones the driver's
         # own `prepare_delivery` would derive from the same settings.
         self.plan_first_run = plan_first_run
+        self.held_log = RefusalLog()
         # Beside a driver worker on the same client, a start may hand the first workflow task
         # straight to it (Temporal's eager workflow start): no task-queue round trip, less of
         # the server's CPU per job (docs/design.md §6). Without a free local slot the SDK asks
@@ -196,6 +198,12 @@ class DriverStarter:
             return StartResult(True, None, workflow_id, generation, eager)
 
     def _held_back(self, job: Job, queue: str, cap: int) -> None:
+        # Counted every time; logged once in a while per organization and queue: a backlog past
+        # the cap is the fair share working, not one line per job held.
+        metrics.HELD_BACK.labels(queue).inc()
+        unlogged = self.held_log.due(queue, job.organization_id or "")
+        if unlogged is None:
+            return
         log.info(
             "job held back: its organization holds every dispatch slot it may on the queue",
             extra={
@@ -204,9 +212,9 @@ class DriverStarter:
                 "organizationId": job.organization_id,
                 "queue": queue,
                 "cap": cap,
+                "unloggedSince": unlogged,
             },
         )
-        metrics.HELD_BACK.labels(queue).inc()
 
     async def _start_driver(
         self, job: Job, workflow_id: str, generation: int, timing: JobTiming

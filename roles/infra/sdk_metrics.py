@@ -197,8 +197,9 @@ class SdkMetrics(Collector):
                 # Drains that keep failing freeze every temporal_* family (an alert reads them)
                 # and fill the SDK's buffers: ReceiptRecoveryLoopFailing says so.
                 metrics.LOOP_FAILED.labels(DRAIN_LOOP).inc()
-                log.exception(
+                log.warning(  # as every loop's failed pass: the next tick tries again
                     "temporal SDK metrics drain failed",
+                    exc_info=True,
                     extra={"event": "loop.failed", "loop": DRAIN_LOOP, "error": str(exc)},
                 )
 

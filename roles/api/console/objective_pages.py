@@ -184,7 +184,10 @@ async def objective_cancel(request: Request, objectiveId: str) -> Response:
         notice = "cancel requested: control aborts the running tasks"
     except objectives.ObjectiveTerminal as exc:
         notice = f"not canceled: {exc}"
-    log.info("console objective cancel", extra={"event": "console.objective_cancel"})
+    log.info(
+        "console objective cancel",
+        extra={"event": "console.objective_cancel", "objectiveId": objectiveId},
+    )
     return RedirectResponse(
         f"/console/objectives/{path_segment(objectiveId)}?{notice_query(session, notice)}", 303
     )

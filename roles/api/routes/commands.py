@@ -32,6 +32,7 @@ from roles.api.deps import (
     takes_query,
     visible_job,
 )
+from roles.api.limits import command_cap_refused
 from roles.api.schema import (
     CommandAccepted,
     CommandBody,
@@ -138,11 +139,7 @@ async def post_command(
             "moved on to another turn); it takes no steer or follow-up",
         )
     if outcome.status == operations.TOO_MANY_COMMANDS:
-        metrics.API_LIMITED.labels("commands").inc()
-        log.warning(
-            "command refused: the job holds its cap of commands",
-            extra={"event": "api.command_cap", "jobId": internal_id},
-        )
+        command_cap_refused(caller.organization_id, internal_id)
         raise InvalidInput(
             "type",
             f"job {job_id!r} already holds {settings.max_commands_per_job} commands "

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 from typing import Any
 
 import psycopg
+import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -156,6 +158,24 @@ async def test_concurrent_starts_never_take_more_than_the_cap(
         results = await asyncio.gather(*(stack.starter.start(i) for i in jobs))
     assert sum(r.created for r in results) == CAP
     assert sum(r.reason == HELD_BACK for r in results) == len(jobs) - CAP
+
+
+async def test_held_back_starts_are_logged_once_in_a_while_per_organization_and_queue(
+    client: Client, fresh_store: Store, fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each held start was an INFO line of its own: a backlog past the cap wrote one per job
+    # (10 here) beyond the two a job writes, and again at each start tried (the log-events
+    # audit). Counted each time in receipt_jobs_held_back_total.
+    caplog.set_level(logging.INFO, logger="roles.delivery.starter")
+    async with starter_only(client, fresh_store, fresh_db, f"codex={CAP}") as stack:
+        jobs = [(await put(fresh_store, org="org-a")).job.job_id for _ in range(CAP + 10)]
+        results = [await stack.starter.start(i) for i in jobs]
+        other = [(await put(fresh_store, org="org-b")).job.job_id for _ in range(CAP + 1)]
+        results += [await stack.starter.start(i) for i in other]
+    assert sum(r.reason == HELD_BACK for r in results) == 11
+    held = [r for r in caplog.records if getattr(r, "event", None) == "delivery.held_back"]
+    logged = [(vars(r)["organizationId"], vars(r).get("unloggedSince")) for r in held]
+    assert logged == [("org-a", 0), ("org-b", 0)]  # one line each, 11 starts held
 
 
 async def test_with_the_cap_off_every_job_is_started(
