@@ -190,6 +190,14 @@ WHERE position > %(after_position)s
 ORDER BY position
 LIMIT %(limit)s;
 
+-- name: advance_id_sequences
+-- `receipt restored` only (docs/operations.md, *Backups*): a database restored to an earlier
+-- point would issue again the receipt positions and webhook delivery ids the lost history took
+-- (an organization was shown those delivery ids); each sequence moves `gap` past its last value.
+SELECT setval(s::regclass, nextval(s::regclass) + %(gap)s)
+FROM (VALUES (pg_get_serial_sequence('receipts', 'position')),
+             (pg_get_serial_sequence('webhook_deliveries', 'delivery_id'))) AS t (s);
+
 -- name: read_streams
 -- Every stream of one kind (`jobs/`, `objectives/`, `agent-jobs/`), for `receipt
 -- rebuild-projections` only (never a periodic scan).

@@ -132,6 +132,28 @@ def rebuild_projections_command(verify_only: bool) -> None:
     sys.exit(asyncio.run(run()))
 
 
+@main.command("restored")
+@_database_command
+def restored_command() -> None:
+    """After restoring the database to an earlier point, before starting the roles: rebuild
+    the projections (every schedule is written to Temporal again) and move the receipt
+    positions and webhook delivery ids past any the lost history issued."""
+
+    async def run() -> None:
+        core = _core()
+        url = resolve_url(core)
+        await _prepare(url, writes=True)
+        store = await open_store(url, core)
+        try:
+            for table, rows in (await assembly.restored(store)).items():
+                click.echo(f"{table} projection rebuilt from the chain: {rows} rows")
+            click.echo(f"id sequences moved {assembly.RESTORE_ID_GAP} ahead")
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
 async def _prepare(url: str, *, writes: bool) -> None:
     """Migrate before a command that writes; before one that writes nothing, only check that
     the schema is this code's (a usage error, exit 2, when it is behind)."""
