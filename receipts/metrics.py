@@ -414,7 +414,8 @@ SCHEDULE_FIRINGS = Counter(
 SCHEDULE_SYNCS = Counter(
     "receipt_schedule_syncs",
     "Temporal Schedules written by worker-control's schedule sync, by action: created, updated, "
-    "deleted, restored (Temporal had lost it), failed (a write Temporal refused: tried again "
+    "deleted, restored (Temporal had lost it), orphaned (a Temporal Schedule the receipts do not "
+    "hold, deleted), failed (a write Temporal refused: tried again "
     "after a backoff), list_failed (the check for lost ones could not list Temporal's); "
     "skipped: a pass another replica held.",
     ["action"],

@@ -124,12 +124,13 @@ class SyncPass:
     updated: int = 0
     deleted: int = 0
     restored: int = 0
+    orphaned: int = 0
     failed: int = 0
 
 
 class ScheduleSync:
     """`run_once`: write the changed schedules to Temporal; every `check_s` also restore the
-    ones Temporal lost."""
+    ones Temporal lost and delete the ones the receipts do not hold."""
 
     name = "schedule_sync"
 
@@ -160,7 +161,7 @@ class ScheduleSync:
     async def _pass(self) -> SyncPass:
         result = SyncPass()
         if time.monotonic() - self.checked_at >= self.check_s:
-            result.restored = await self._restore_lost()
+            result.restored, result.orphaned = await self._reconcile()
             self.checked_at = time.monotonic()
         now = time.monotonic()
         # The read reaches past the ones waiting out a backoff: a batch of schedules Temporal
@@ -223,8 +224,12 @@ class ScheduleSync:
             await handle.update(update)
             return "updated"
 
-    async def _restore_lost(self) -> int:
-        """Mark for writing again the schedules the receipts hold and Temporal does not."""
+    async def _reconcile(self) -> tuple[int, int]:
+        """Mark for writing again the schedules the receipts hold and Temporal does not (lost:
+        a server restarted without its database), and delete from Temporal the ones under this
+        deployment's prefix the receipts do not hold (orphaned: made after the point the
+        database was restored to, their firings find no schedule and enqueue nothing, for
+        ever). Returns how many of each; (0, 0) when Temporal's cannot be listed."""
         prefix = temporal_id(self.settings, "")
         try:
             held = {
@@ -238,8 +243,11 @@ class ScheduleSync:
                 "could not list Temporal's schedules",
                 extra={"event": "schedule.list_failed", "error": str(exc)},
             )
-            return 0
-        lost = sorted(await schedules.live_ids(self.store) - held)
+            return 0, 0
+        # Read after the listing, under the sync's lock: a schedule made since is live here
+        # (never an orphan), and only this pass writes Temporal's.
+        live = await schedules.live_ids(self.store)
+        lost = sorted(live - held)
         if lost:
             await schedules.resync(self.store, lost)
             metrics.SCHEDULE_SYNCS.labels("restored").inc(len(lost))
@@ -248,4 +256,28 @@ class ScheduleSync:
                 len(lost),
                 extra={"event": "schedule.restored", "scheduleIds": lost[:20]},
             )
-        return len(lost)
+        orphaned = 0
+        for schedule_id in sorted(held - live):
+            handle = self.client.get_schedule_handle(temporal_id(self.settings, schedule_id))
+            try:
+                await handle.delete()
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:
+                    continue  # deleted already (the listing lags a delete by a moment)
+                metrics.SCHEDULE_SYNCS.labels("failed").inc()
+                log.warning(
+                    "could not delete a Temporal schedule the receipts do not hold",
+                    extra={
+                        "event": "schedule.sync_failed",
+                        "scheduleId": schedule_id,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    },
+                )
+                continue
+            orphaned += 1
+            metrics.SCHEDULE_SYNCS.labels("orphaned").inc()
+            log.warning(
+                "deleted a Temporal schedule the receipts do not hold",
+                extra={"event": "schedule.orphan_deleted", "scheduleId": schedule_id},
+            )
+        return len(lost), orphaned

@@ -798,6 +798,58 @@ async def test_the_schedule_sync_runs_in_one_replica_at_a_time(
     await temporal_env.client.get_schedule_handle(temporal_id(settings, schedule_id)).delete()
 
 
+async def test_a_temporal_schedule_the_receipts_do_not_hold_is_deleted(
+    fresh: tuple[Store, str], temporal_env: Any
+) -> None:
+    """A database restored to an earlier point holds no receipt of a schedule made after that
+    point, while Temporal still holds its Schedule: each firing found no schedule and enqueued
+    nothing, for ever (the restore audit). The sync's check deletes it; the schedules the
+    receipts hold, and another deployment's (another prefix), are kept."""
+    from temporalio.client import (
+        Schedule,
+        ScheduleActionStartWorkflow,
+        ScheduleIntervalSpec,
+        ScheduleSpec,
+    )
+    from temporalio.service import RPCError
+
+    from receipts.settings import Settings
+    from roles.delivery.schedules import ScheduleSync, temporal_id
+
+    store, _ = fresh
+    prefix = f"s{uuid.uuid4().hex[:8]}-"
+    settings = Settings(RECEIPT_TASK_QUEUE_PREFIX=prefix)  # type: ignore[call-arg]
+    sync = ScheduleSync(temporal_env.client, store, settings, check_s=0)
+    kept = await made(store)
+    assert (await sync.run_once()).created == 1
+    lost_history = Schedule(
+        action=ScheduleActionStartWorkflow("nothing", id="never", task_queue="nowhere"),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(hours=1))]),
+    )
+    orphan = temporal_id(settings, "made-after-the-restore-point~tag")
+    others = f"other-{prefix}receipt-schedule-theirs"  # not under this deployment's prefix
+    for sid in (orphan, others):
+        await temporal_env.client.create_schedule(sid, lost_history)
+
+    async def listed() -> set[str]:
+        return {s.id async for s in await temporal_env.client.list_schedules()}
+
+    try:
+        for _ in range(100):  # Temporal's listing shows a new schedule a moment later
+            if {orphan, temporal_id(settings, kept)} <= await listed():
+                break
+            await asyncio.sleep(0.1)
+        done = await sync.run_once()
+        assert (done.orphaned, done.restored) == (1, 0)
+        after = await listed()
+        assert temporal_id(settings, kept) in after and others in after
+        with pytest.raises(RPCError):  # gone, not only unlisted
+            await temporal_env.client.get_schedule_handle(orphan).describe()
+    finally:
+        for sid in (temporal_id(settings, kept), others):
+            await temporal_env.client.get_schedule_handle(sid).delete()
+
+
 async def test_schedule_changes_take_the_organizations_enqueue_tokens(db_url: str) -> None:
     """Creating, changing and deleting schedules took no token: one tenant's create-delete
     churn (1 000 pairs in 5 s) put a thousand rows ahead of every other organization's in the

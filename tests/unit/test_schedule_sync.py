@@ -121,6 +121,6 @@ async def test_a_failed_listing_of_temporals_schedules_is_counted(
             is not None
         ), action
     before = metrics.value("receipt_schedule_syncs_total", action="list_failed")
-    assert await sync._restore_lost() == 0
+    assert await sync._reconcile() == (0, 0)
     assert metrics.value("receipt_schedule_syncs_total", action="list_failed") == before + 1
     assert "schedule.list_failed" in {getattr(r, "event", None) for r in caplog.records}
