@@ -1,21 +1,19 @@
 """The AI gateway: every model call of an agent turn goes through it, so provider keys never
 enter the sandbox and quota is seen by Receipt, not only by the command.
 
-It runs inside worker-codex, the role that runs turns (`roles/delivery/serve.py`). A turn gets
-a `Grant`: a random token scoped to its queue job, attempt and provider binding, and a Unix
-socket of its own, bound into that turn's sandbox only (`activities/sandbox_gateway.py`); the
-token opens nothing on another turn's socket, and both end when the turn does.
+It runs inside worker-codex (`roles/delivery/serve.py`). A turn gets a `Grant`: a random token
+scoped to its queue job, attempt and provider binding, and a Unix socket of its own, bound into
+its sandbox only (`activities/sandbox_gateway.py`); both end when the turn does.
 
 The gateway speaks the wire APIs agent CLIs use — OpenAI's Chat Completions and Responses,
 Anthropic's Messages, streaming or not — and forwards each call to the binding's provider with
 one of its credentials: the job's own (affinity) while it is usable, else the least busy, each
-within its concurrency until the answer is sent. A credential the provider refuses for quota
-with a recovery time rests until then and the call is retried on another; when every one rests
-the command gets the provider's 429 and the grant records when the pool recovers, which the
-turn settles as a placement delay. A credential refused as unauthorized (401) is re-read from
-its file once; the refusal then fails the call on it alone (it goes on to the next), and drops
-the credential for ten minutes only by the rule of `activities/gateway_pool.py`; a 403 fails
-the call alone. Nothing of a prompt, an answer or a key is logged; errors are redacted."""
+within its concurrency until the answer is sent. A credential refused for quota with a recovery
+time rests until then and the call goes to another; when every one rests the command gets the
+provider's 429 and the turn settles it as a placement delay. A 401 re-reads the key from its
+file once, then fails the call on that credential alone (dropped for ten minutes only by
+`activities/gateway_pool.py`'s rule); a 403 fails the call alone. Nothing of a prompt, an
+answer or a key is logged; errors are redacted."""
 
 from __future__ import annotations
 
@@ -292,6 +290,10 @@ class Gateway:
                 message = "the body must be a JSON object with a top-level string `model`"
                 return self._refused(
                     grant, "no_model", error(style, 400, "invalid_request_error", message)
+                )
+            if (why := named.unmetered(path)) is not None:
+                return self._refused(
+                    grant, "unmetered", error(style, 400, "invalid_request_error", why)
                 )
             if not pool.provider.network_tools:
                 # The command's sandbox has no network; a provider-run MCP client or fetcher

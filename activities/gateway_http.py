@@ -229,6 +229,18 @@ class CallBody(BaseModel):
     mcp_servers: Any = None
     web_search_options: Any = None
     stream: Any = None
+    background: Any = None
+
+    def unmetered(self, path: str) -> str | None:
+        """Why the gateway does not serve this call, or None: a background response (OpenAI's
+        Responses API) answers at once, without its usage, and runs on at the provider past
+        the turn, so its tokens would be spent outside the organization's budget."""
+        if path == "/v1/responses" and self.background not in (None, False):
+            return (
+                "`background` responses are not served: the gateway meters a call's tokens "
+                "from its answer, and a background response's come after it (ask without it)"
+            )
+        return None
 
     @property
     def network_tools(self) -> list[str]:

@@ -325,7 +325,8 @@ GATEWAY_REFUSED = Counter(
     "Calls the AI gateway refused itself, by binding and reason: token (not the turn's), "
     "no_pool (no usable provider), no_credential (every one refused), busy (every one's slots "
     "still taken after the call's 60 s wait), wrong_api, in_flight "
-    "(8 per turn), too_large, too_many_values, no_model, unknown_path, connections (past the "
+    "(8 per turn), too_large, too_many_values, no_model, unmetered (a background response: its "
+    "tokens would pass the budget), unknown_path, connections (past the "
     "256 a turn may hold open: closed as made), budget (the organization's daily token budget "
     "spent: RECEIPT_GATEWAY_ORG_DAILY_BUDGET).",
     ["binding", "reason"],

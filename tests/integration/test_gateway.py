@@ -397,6 +397,26 @@ async def post_raw(grant: Grant, body: bytes, path: str = "/v1/chat/completions"
         return await http.post(path, content=body, headers=headers)
 
 
+async def test_a_background_response_is_refused_before_the_provider(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """A background response (Responses API) answers at once, queued, with no usage, and runs
+    on at the provider past the turn: forwarded, its tokens were counted as none, so a command
+    spent past its organization's budget at will. Refused 400 naming `background`, nothing
+    sent; `background: false` is an ordinary call."""
+    grant = turn(gw, "openai-main")
+    sent = len(fake.calls)
+    for flag in (True, "yes"):
+        body = {"model": "gpt-test", "input": [], "background": flag}
+        refused = await post_raw(grant, json.dumps(body).encode(), "/v1/responses")
+        assert refused.status_code == 400, refused.text
+        assert "`background`" in refused.json()["error"]["message"]
+    assert len(fake.calls) == sent
+    body = {"model": "gpt-test", "input": [], "background": False}
+    assert (await post_raw(grant, json.dumps(body).encode(), "/v1/responses")).status_code == 200
+    assert len(fake.calls) == sent + 1
+
+
 async def test_a_call_s_model_is_its_body_s_top_level_one_else_the_call_is_refused(
     gw: Gateway, fake: FakeProvider
 ) -> None:
