@@ -22,9 +22,11 @@ from receipts.store import Store
 
 
 def caps(settings: Settings) -> dict[str, Any]:
-    """The per-queue caps as statement parameters (`queues`, `caps`: the scans' arrays)."""
+    """The per-queue caps as statement parameters (`queues`, `caps`: the scans' arrays), and
+    `most`, the largest cap: the most jobs one given-back slot's refill may name."""
     queues = list(WORKER_QUEUES)
-    return {"queues": queues, "caps": [settings.org_running_cap(q) for q in queues]}
+    per_queue = [settings.org_running_cap(q) for q in queues]
+    return {"queues": queues, "caps": per_queue, "most": max(per_queue, default=0)}
 
 
 def capped(settings: Settings) -> bool:

@@ -89,7 +89,9 @@ RETURNING s.job_id;
 -- name: dispatch_freed
 -- The jobs a slot given back lets start: the oldest waiting jobs of the settled job's
 -- organization on its queue, as many as its slots free there (dispatch_queue's rule, for one
--- share, through jobs_queued_share_idx).
+-- share, through jobs_queued_share_idx). The inner LIMIT is the largest cap (`most`), known when
+-- the statement is planned: with only `cap - held`, unknown then, PostgreSQL planned for a tenth
+-- of the share and read and sorted the organization's whole backlog at every settle.
 WITH share AS (
     SELECT x.organization_id, x.worker_queue, c.cap,
            (SELECT count(*) FROM dispatch_slots s JOIN jobs a ON a.job_id = s.job_id
@@ -101,12 +103,16 @@ WITH share AS (
     WHERE x.job_id = %(job_id)s AND x.organization_id IS NOT NULL AND c.cap > 0
 )
 SELECT w.job_id FROM share, LATERAL (
-    SELECT j.job_id FROM jobs j
-    WHERE j.organization_id = share.organization_id AND j.worker_queue = share.worker_queue
-      AND j.status = 'queued' AND (j.available_at IS NULL OR j.available_at <= now())
-      AND NOT j.abort_requested
-      AND NOT EXISTS (SELECT 1 FROM dispatch_slots s WHERE s.job_id = j.job_id)
-    ORDER BY j.created_at, j.job_id
+    SELECT oldest.job_id FROM (
+        SELECT j.job_id, j.created_at FROM jobs j
+        WHERE j.organization_id = share.organization_id AND j.worker_queue = share.worker_queue
+          AND j.status = 'queued' AND (j.available_at IS NULL OR j.available_at <= now())
+          AND NOT j.abort_requested
+          AND NOT EXISTS (SELECT 1 FROM dispatch_slots s WHERE s.job_id = j.job_id)
+        ORDER BY j.created_at, j.job_id
+        LIMIT %(most)s
+    ) oldest
+    ORDER BY oldest.created_at, oldest.job_id
     LIMIT greatest(share.cap - share.held, 0)
 ) w;
 

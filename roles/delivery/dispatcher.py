@@ -63,6 +63,11 @@ class Dispatcher:
         self.starter = starter
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[object]] = set()
+        # Jobs whose dispatch is pending (waiting for a slot, or starting): a refill, a notice or
+        # a rescan that names one of them again skips it (one named while its start runs is
+        # started once more after it). Both pruned as each dispatch ends.
+        self._dispatching: set[str] = set()
+        self._asked_again: set[str] = set()
         self._notices: asyncio.Queue[Notice] | None = None
         self._retry_s = RESCAN_RETRY_S
         self._retry_pending = False
@@ -90,20 +95,40 @@ class Dispatcher:
         return await self._timeout()
 
     async def _dispatch(self, job_id: str) -> bool:
-        """Start the job's delivery; whether a driver was started."""
-        async with self._slots:
-            try:
-                started = await self.starter.start(job_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # one job's failure must not stop the others
-                # The redrive loop and the next rescan pick the job up again.
-                log.warning(
-                    "dispatch failed",
-                    extra={"event": "dispatch.failed", "jobId": job_id, "error": str(exc)},
-                )
-                self._retry_soon()
-                return False
+        """Start the job's delivery; whether a driver was started. Not twice at once: every
+        settle of an organization's job names its oldest waiting jobs holding no slot, and one
+        whose start still waits for a slot here holds none (a 12 000-job backlog drained with
+        seven refused starts per job started). A job named again while its start runs (the
+        start may have read it before what the new request heard, a slot given back) is started
+        once more after it, unless that start made its driver."""
+        if job_id in self._dispatching:
+            self._asked_again.add(job_id)
+            return False
+        self._dispatching.add(job_id)
+        try:
+            while True:
+                async with self._slots:
+                    self._asked_again.discard(job_id)  # this start reads what they heard
+                    created = await self._start(job_id)
+                if created or job_id not in self._asked_again:
+                    return created
+        finally:
+            self._dispatching.discard(job_id)
+            self._asked_again.discard(job_id)
+
+    async def _start(self, job_id: str) -> bool:
+        try:
+            started = await self.starter.start(job_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one job's failure must not stop the others
+            # The redrive loop and the next rescan pick the job up again.
+            log.warning(
+                "dispatch failed",
+                extra={"event": "dispatch.failed", "jobId": job_id, "error": str(exc)},
+            )
+            self._retry_soon()
+            return False
         if started.created:
             self._retry_s = RESCAN_RETRY_S
         if started.reason == NOT_AVAILABLE and self._notices is not None:

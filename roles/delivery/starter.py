@@ -117,6 +117,8 @@ class DriverStarter:
         if latest is not None:
             if await self._is_open(latest.workflow_id):
                 return StartResult(False, ACTIVE_DELIVERY, latest.workflow_id, latest.generation)
+            if gone := await self._settled_meanwhile(job_id):
+                return StartResult(False, gone)
             generation = latest.generation + 1
         plan = next_step(job, now)
         if plan.step is Step.NOT_AVAILABLE:
@@ -155,7 +157,10 @@ class DriverStarter:
                 if await self._is_open(workflow_id):
                     await deliveries.record(self.store, job_id, generation)
                     return StartResult(False, ACTIVE_DELIVERY, workflow_id, generation)
-                # Closed but unrecorded (the bookkeeping was lost): advance past it.
+                # Closed but unrecorded (the bookkeeping was lost, or another starter's, which
+                # may have delivered the job meanwhile): advance past it.
+                if gone := await self._settled_meanwhile(job_id):
+                    return StartResult(False, gone, workflow_id, generation)
                 generation += 1
                 continue
             except Exception:
@@ -258,6 +263,15 @@ class DriverStarter:
         if next_step(job, None).step is not Step.DELIVER:
             return None
         return dispatch_plan(job, self.settings, timing)
+
+    async def _settled_meanwhile(self, job_id: str) -> str | None:
+        """`terminal` (or `missing`) when the job, read before a driver of it was found closed,
+        is settled (or gone) now: that driver may have settled it as it closed, and the read from
+        before still said running (a driver was then started for a settled job)."""
+        job, _, _ = await deliveries.job_and_latest(self.store, job_id)
+        if job is None:
+            return "missing"
+        return "terminal" if job.terminal else None
 
     async def _started_anyway(self, workflow_id: str) -> bool:
         """Whether a start that raised left its driver open all the same (True, too, when
