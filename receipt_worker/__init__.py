@@ -3,7 +3,7 @@
     from receipt_worker import handler, JobContext, Retry
 
     @handler("release-bot", kinds=["factory.task.run"])
-    async def run(job: JobContext) -> dict:
+    async def run(job: JobContext) -> dict[str, str]:
         await job.progress("tagging")
         return {"released": job.payload["version"]}
 

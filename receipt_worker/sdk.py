@@ -121,9 +121,9 @@ class JobContext(abc.ABC):
         about to be cancelled. `data` that is not JSON raises TypeError at the call."""
 
     @abc.abstractmethod
-    def time_left(self) -> float | None:
-        """Seconds until the attempt's execution timeout cancels the handler (None: not known).
-        An installed handler has the job's lease less a second (`JOB_LEASE_MS`, 300 s by
+    def time_left(self) -> float:
+        """Seconds until the attempt's execution timeout cancels the handler (`math.inf`: not
+        known). An installed handler has the job's lease less a second (`JOB_LEASE_MS`, 300 s by
         default) however the job's `timeoutMs` reads: split longer work into jobs, or `Retry`."""
 
     @abc.abstractmethod

@@ -39,8 +39,11 @@ HEADER = (
     "# `make client` (tools/client_models.py, datamodel-code-generator): do not edit by hand."
 )
 # Responses keep what a newer api adds (extra="allow"): a client never breaks on a new field.
+# A field with a default that is not null is not typed Optional (--strict-nullable): the api
+# always sends it (`JobView.attempt` is an `int`, not `int | None`, to a caller's mypy).
 OPTIONS = (
     "--input-file-type=openapi",
+    "--strict-nullable",
     "--output-model-type=pydantic_v2.BaseModel",
     "--target-python-version=3.11",
     "--disable-timestamp",

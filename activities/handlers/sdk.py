@@ -93,9 +93,9 @@ class FencedJobContext(JobContext):
     def aborted(self) -> bool:
         return self._ctx.aborted.is_set()
 
-    def time_left(self) -> float | None:
+    def time_left(self) -> float:
         deadline = self._ctx.deadline
-        return None if deadline is None else deadline + self._loop_behind - time.monotonic()
+        return math.inf if deadline is None else deadline + self._loop_behind - time.monotonic()
 
     async def progress(self, data: Any) -> bool:
         # Refused at the call whether it is written now or kept back: kept, it would fail only

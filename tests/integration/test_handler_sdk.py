@@ -347,7 +347,7 @@ async def test_progress_kept_back_is_written_when_the_half_second_is_up(store: S
 
 async def test_a_handler_knows_the_time_it_has_left(store: Store) -> None:
     @handler("sdk-time-left")
-    async def left(job: JobContext) -> float | None:
+    async def left(job: JobContext) -> float:
         return job.time_left()
 
     job_id = await job_of(store, "sdk-time-left")

@@ -162,6 +162,22 @@ def test_a_request_model_is_sent_by_the_apis_names() -> None:
     ]
 
 
+def test_a_bulk_retry_leaves_out_the_filters_given_as_none() -> None:
+    """`retry_matching(status=None, limit=None)`, as a caller passes its own optional filters:
+    the body's defaults, as when they are not given, not refused by the body's model (whose
+    `status` and `limit` are not Optional: they have defaults)."""
+    sent: list[Any] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(500, text="stop here")
+
+    with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(ServerError):
+            client.retry_matching(status=None, limit=None, agent_id="invoice-bot")
+    assert sent == [{"agentId": "invoice-bot", "limit": 100, "status": "failed"}]
+
+
 def test_a_success_whose_body_is_not_json_is_a_server_error_naming_the_request() -> None:
     """Another service at the URL (a proxy's sign-in page) answers 200 with HTML: the client
     raises its `ServerError`, not a JSON decoding traceback (the CLI exits 3 on it)."""
@@ -276,6 +292,27 @@ def test_a_post_with_no_answer_in_time_may_have_been_applied() -> None:
         with pytest.raises(ConnectionFailed, match="no answer from the API") as read:
             client.request("GET", "/jobs/j-1")
     assert "may have been applied" not in str(read.value)
+
+
+def test_a_lost_answer_says_whether_sending_it_again_is_safe() -> None:
+    """`enqueue()` naming no job id, its answer lost, said 'send it again with the same job id or
+    Idempotency-Key to find out': it had neither, and sent again it made a second job (a
+    newcomer's invoice job ran twice). The message says it carried no key; a keyed post's names
+    its key, to send again."""
+    from receipt_client import ConnectionFailed
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    payload = {"kind": "factory.task.run"}
+    with Client("http://api", "t", transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(ConnectionFailed) as unkeyed:
+            client.enqueue("invoice-bot", payload)
+        with pytest.raises(ConnectionFailed) as keyed:
+            client.enqueue("invoice-bot", payload, idempotency_key="inv-7")
+    assert "no Idempotency-Key" in str(unkeyed.value)
+    assert "may be applied twice" in str(unkeyed.value)
+    assert "Idempotency-Key inv-7" in str(keyed.value)
 
 
 def unanswered(monkeypatch: pytest.MonkeyPatch, *commands: Any) -> list[httpx.Request]:

@@ -71,3 +71,76 @@ def test_every_generated_model_is_complete_across_its_parts() -> None:
     for cls in generated:
         cls.model_rebuild()
         assert cls.__pydantic_complete__, cls.__name__
+
+
+def test_a_field_the_api_always_sends_is_not_typed_optional() -> None:
+    """A field with a default that is not null (`JobView.attempt`, `.status`, `.maxAttempts`, an
+    agent job's `turn`, ...) is always in the API's answers and never null: typed `int | None`
+    it made every caller's mypy refuse `job.attempt + 1` and narrow `job.status` for nothing."""
+    import json
+    import types
+
+    from receipt_client import models
+
+    document = json.loads(client_models.DOCUMENT.read_text(encoding="utf-8"))
+    loose = []
+    for name, schema in document["components"]["schemas"].items():
+        model = getattr(models, name, None)
+        if model is None:
+            continue
+        by_alias = {field.alias or key: field for key, field in model.model_fields.items()}
+        for prop, spec in schema.get("properties", {}).items():
+            nullable = spec.get("type") == "null" or any(
+                part.get("type") == "null" for part in spec.get("anyOf", [])
+            )
+            if spec.get("default") is None or nullable or prop not in by_alias:
+                continue
+            annotation = by_alias[prop].annotation
+            if isinstance(annotation, types.UnionType) and type(None) in annotation.__args__:
+                loose.append(f"{name}.{prop}")
+    assert loose == []
+
+
+def test_a_parameter_with_a_fixed_vocabulary_is_typed_by_it() -> None:
+    """`list_jobs(status="succeeded")` (an agent job's word, not a job's) type-checked and was
+    refused only at run time (422): each parameter the API takes from a fixed list is a
+    `Literal` of that list, the OpenAPI document's, in both clients."""
+    import json
+    import typing
+
+    from receipt_client import AsyncClient, Client
+
+    document = json.loads(client_models.DOCUMENT.read_text(encoding="utf-8"))
+    schemas = document["components"]["schemas"]
+
+    def query_enum(path: str, name: str) -> set[str]:
+        (parameter,) = [
+            p for p in document["paths"][path]["get"]["parameters"] if p["name"] == name
+        ]
+        return set(parameter["schema"]["enum"])
+
+    def body_enum(schema: str, name: str) -> set[str]:
+        spec = schemas[schema]["properties"][name]
+        return set(next(part for part in [spec, *spec.get("anyOf", [])] if "enum" in part)["enum"])
+
+    expected = {
+        ("list_jobs", "status"): query_enum("/jobs", "status"),
+        ("list_jobs", "lane"): query_enum("/jobs", "lane"),
+        ("list_objectives", "status"): query_enum("/objectives", "status"),
+        ("session_agent_jobs", "status"): query_enum("/sessions/{sessionId}/agent-jobs", "status"),
+        ("console_agent_jobs", "status"): query_enum("/console/agent-jobs", "status"),
+        ("enqueue", "lane"): body_enum("EnqueueBody", "lane"),
+        ("enqueue", "singleton_mode"): body_enum("EnqueueBody", "singletonMode"),
+        ("command", "type"): body_enum("CommandBody", "type"),
+    }
+    for client in (Client, AsyncClient):
+        for (method, parameter), words in expected.items():
+            hint = typing.get_type_hints(getattr(client, method))[parameter]
+            union = typing.get_origin(hint) is not typing.Literal
+            literals = (
+                [a for a in typing.get_args(hint) if a is not type(None)] if union else [hint]
+            )
+            assert len(literals) == 1 and typing.get_origin(literals[0]) is typing.Literal, (
+                f"{client.__name__}.{method}({parameter}): {hint}"
+            )
+            assert set(typing.get_args(literals[0])) == words, (client.__name__, method)

@@ -242,3 +242,16 @@ def test_a_value_that_holds_itself_or_one_list_many_times_over_is_refused_at_onc
 
     with pytest.raises(TypeError, match="must be JSON"):
         Fail("bad", result={"me": looped})
+
+
+def test_time_left_is_a_number_a_handler_computes_with() -> None:
+    """`job.time_left()` was `float | None`, though every attempt has an execution timeout: a
+    handler's `min(10.0, job.time_left())` did not type-check (mypy --strict) without a check
+    for a None the worker never gives. An unknown deadline (a context built without one) is
+    `math.inf`."""
+    from typing import get_type_hints
+
+    from activities.handlers.sdk import FencedJobContext
+
+    assert get_type_hints(JobContext.time_left)["return"] is float
+    assert get_type_hints(FencedJobContext.time_left)["return"] is float

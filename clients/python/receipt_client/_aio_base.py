@@ -80,10 +80,16 @@ class AsyncBaseClient:
             # Sent, perhaps applied (a timeout, a connection reset before the answer): only a
             # request that names its job (its id, or an Idempotency-Key) can be sent again
             # without doing it twice.
+            key = {k.lower(): v for k, v in (headers or {}).items()}.get("idempotency-key")
+            again = (
+                f"send it again with Idempotency-Key {key} to find out"
+                if key is not None
+                else "it carried no Idempotency-Key: sent again, it may be applied twice "
+                "unless it names its id (enqueue's job_id)"
+            )
             raise ConnectionFailed(
                 f"no answer from the API at {self.shown_url} to {method} {path} "
-                f"({exc or type(exc).__name__}): it may have been applied; send it again with "
-                "the same job id or Idempotency-Key to find out"
+                f"({exc or type(exc).__name__}): it may have been applied; {again}"
             ) from exc
         if response.status_code >= 400:
             raise error_of(response)

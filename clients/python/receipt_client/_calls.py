@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel
@@ -16,6 +16,15 @@ from pydantic import BaseModel
 from receipt_client import models
 
 M = TypeVar("M", bound=BaseModel)
+
+# The words a parameter takes from a fixed list (the OpenAPI document's enums; a test holds them
+# to it): a typo is mypy's error, not the API's 422.
+JobStatus = Literal["queued", "leased", "running", "completed", "failed", "canceled"]
+Lane = Literal["chat", "collect", "steer", "follow_up"]
+SingletonMode = Literal["allow", "cancel", "steer"]
+CommandType = Literal["steer", "follow_up", "abort"]
+ObjectiveStatus = Literal["active", "completed", "failed", "canceled"]
+AgentJobStatus = Literal["queued", "running", "waiting_on_user", "succeeded", "failed", "stopped"]
 
 NO_BODY: Any = object()
 """The request has no body (a body of JSON null is `None`)."""

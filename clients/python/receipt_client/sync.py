@@ -38,8 +38,8 @@ class Client(BaseClient):
         job_id: str | None = None,
         idempotency_key: str | None = None,
         session_key: str | None = None,
-        lane: str | None = None,
-        singleton_mode: str | None = None,
+        lane: calls.Lane | None = None,
+        singleton_mode: calls.SingletonMode | None = None,
         max_attempts: int | None = None,
         delay_ms: int | None = None,
     ) -> models.EnqueueAccepted:
@@ -65,9 +65,9 @@ class Client(BaseClient):
     def list_jobs(
         self,
         *,
-        status: str | None = None,
+        status: calls.JobStatus | None = None,
         agent_id: str | None = None,
-        lane: str | None = None,
+        lane: calls.Lane | None = None,
         kind: str | None = None,
         session_key: str | None = None,
         organization_id: str | None = None,
@@ -101,7 +101,7 @@ class Client(BaseClient):
     def command(
         self,
         job_id: str,
-        type: str,
+        type: calls.CommandType,
         payload: Any = None,
         *,
         reason: str | None = None,
@@ -131,8 +131,9 @@ class Client(BaseClient):
         return self._send(Call("POST", calls.job_path(job_id, "/retry"), models.RetryAccepted))
 
     def retry_matching(self, **filters: Any) -> models.BulkRetried:
-        """Retry the failed (or canceled) jobs matching `filters` (`BulkRetryBody`'s fields)."""
-        body = models.BulkRetryBody.model_validate(filters).model_dump(
+        """Retry the failed (or canceled) jobs matching `filters` (`BulkRetryBody`'s fields; one
+        given as None is left out)."""
+        body = models.BulkRetryBody.model_validate(calls.query(**filters)).model_dump(
             by_alias=True, exclude_none=True
         )
         return self._send(Call("POST", "/jobs/retry", models.BulkRetried, body=body))
@@ -189,7 +190,7 @@ class Client(BaseClient):
     def list_objectives(
         self,
         *,
-        status: str | None = None,
+        status: calls.ObjectiveStatus | None = None,
         organization_id: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
@@ -339,7 +340,7 @@ class Client(BaseClient):
         self,
         session_id: str,
         *,
-        status: str | None = None,
+        status: calls.AgentJobStatus | None = None,
         agent_id: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
@@ -352,7 +353,7 @@ class Client(BaseClient):
     def console_agent_jobs(
         self,
         *,
-        status: str | None = None,
+        status: calls.AgentJobStatus | None = None,
         agent_id: str | None = None,
         owner_session_id: str | None = None,
         organization_id: str | None = None,

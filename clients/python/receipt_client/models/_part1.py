@@ -146,7 +146,7 @@ class AsyncInfo(BaseModel):
         populate_by_name=True,
     )
     events_url: str = Field(..., alias="eventsUrl", title="Eventsurl")
-    idempotency_mismatch: bool | None = Field(
+    idempotency_mismatch: bool = Field(
         False, alias="idempotencyMismatch", title="Idempotencymismatch"
     )
     """
@@ -249,11 +249,11 @@ class BulkRetryBody(BaseModel):
     error: Error | None = Field(None, title="Error")
     kind: Kind | None = Field(None, title="Kind")
     lane: Lane | None = Field(None, title="Lane")
-    limit: int | None = Field(100, ge=1, le=500, title="Limit")
+    limit: int = Field(100, ge=1, le=500, title="Limit")
     organization_id: OrganizationId1 | None = Field(
         None, alias="organizationId", title="Organizationid"
     )
-    status: Literal["failed", "canceled"] | None = Field("failed", title="Status")
+    status: Literal["failed", "canceled"] = Field("failed", title="Status")
 
 
 class Command(BaseModel):
@@ -268,7 +268,7 @@ class Command(BaseModel):
     )
     command_id: str = Field(..., alias="commandId", title="Commandid")
     consumed_attempt: int | None = Field(None, alias="consumedAttempt", title="Consumedattempt")
-    from_enqueue: bool | None = Field(False, alias="fromEnqueue", title="Fromenqueue")
+    from_enqueue: bool = Field(False, alias="fromEnqueue", title="Fromenqueue")
     from_session_key: str | None = Field(None, alias="fromSessionKey", title="Fromsessionkey")
     lane: str | None = Field(None, title="Lane")
     reason: str | None = Field(None, title="Reason")
@@ -291,7 +291,7 @@ class CommandBody(BaseModel):
         extra="allow",
         populate_by_name=True,
     )
-    payload: Any | None = Field(None, title="Payload")
+    payload: Any = Field(None, title="Payload")
     reason: Reason | None = Field(None, title="Reason")
     type: Literal["steer", "follow_up", "abort"] = Field(..., title="Type")
 

@@ -231,10 +231,10 @@ class ScheduleBody(BaseModel):
     """
     The enqueue body (as POST /agents/{agentId}/jobs)
     """
-    overlap: Literal["skip", "allow", "cancel_previous"] | None = Field("skip", title="Overlap")
-    paused: bool | None = Field(False, title="Paused")
+    overlap: Literal["skip", "allow", "cancel_previous"] = Field("skip", title="Overlap")
+    paused: bool = Field(False, title="Paused")
     schedule_id: ScheduleId | None = Field(None, alias="scheduleId", title="Scheduleid")
-    timezone: str | None = Field("UTC", examples=["Europe/Paris"], max_length=200, title="Timezone")
+    timezone: str = Field("UTC", examples=["Europe/Paris"], max_length=200, title="Timezone")
 
 
 class AgentId1(RootModel[str]):
@@ -313,7 +313,7 @@ class ScheduleView(BaseModel):
     created_at: AwareDatetime = Field(..., alias="createdAt", title="Createdat")
     cron: str | None = Field(None, title="Cron")
     definition_seq: int = Field(..., alias="definitionSeq", title="Definitionseq")
-    fired: int | None = Field(0, title="Fired")
+    fired: int = Field(0, title="Fired")
     interval_s: int | None = Field(None, alias="intervalS", title="Intervals")
     job: dict[str, Any] = Field(..., title="Job")
     last_job_id: str | None = Field(None, alias="lastJobId", title="Lastjobid")
@@ -322,17 +322,17 @@ class ScheduleView(BaseModel):
         None, alias="latestFireTime", title="Latestfiretime"
     )
     next_fire_times: list[AwareDatetime] = Field(..., alias="nextFireTimes", title="Nextfiretimes")
-    note: str | None = Field("", title="Note")
+    note: str = Field("", title="Note")
     organization_id: str | None = Field(..., alias="organizationId", title="Organizationid")
-    overlap: Literal["skip", "allow", "cancel_previous"] | None = Field("skip", title="Overlap")
-    recent: list[Firing] | None = Field([], title="Recent", validate_default=True)
+    overlap: Literal["skip", "allow", "cancel_previous"] = Field("skip", title="Overlap")
+    recent: list[Firing] = Field([], title="Recent", validate_default=True)
     schedule_id: str = Field(..., alias="scheduleId", title="Scheduleid")
-    seq: int | None = Field(0, title="Seq")
+    seq: int = Field(0, title="Seq")
     settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
-    skipped: int | None = Field(0, title="Skipped")
+    skipped: int = Field(0, title="Skipped")
     status: Literal["active", "paused", "deleted"] = Field(..., title="Status")
     stream: str = Field(..., title="Stream")
-    timezone: str | None = Field("UTC", title="Timezone")
+    timezone: str = Field("UTC", title="Timezone")
     updated_at: AwareDatetime = Field(..., alias="updatedAt", title="Updatedat")
 
 
@@ -378,13 +378,13 @@ class StepState(BaseModel):
     job_id: str | None = Field(None, alias="jobId", title="Jobid")
     last_output: str | None = Field(None, alias="lastOutput", title="Lastoutput")
     name: str = Field(..., title="Name")
-    output_lines: int | None = Field(0, alias="outputLines", title="Outputlines")
+    output_lines: int = Field(0, alias="outputLines", title="Outputlines")
     phase: int | None = Field(None, title="Phase")
     settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
     started_at: AwareDatetime | None = Field(None, alias="startedAt", title="Startedat")
-    status: (
-        Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] | None
-    ) = Field("pending", title="Status")
+    status: Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] = Field(
+        "pending", title="Status"
+    )
 
 
 class TimeoutMs(RootModel[int]):

@@ -20,11 +20,11 @@ class TaskBody(BaseModel):
     )
     agent_id: Literal["codex"] = Field("codex", alias="agentId", title="Agentid")
     depends_on: list[str] | None = Field(None, alias="dependsOn", title="Dependson")
-    execution_path: Literal["local", "computer"] | None = Field(
+    execution_path: Literal["local", "computer"] = Field(
         "local", alias="executionPath", title="Executionpath"
     )
     input: CommandInput | PromptInput = Field(..., title="Input")
-    max_attempts: int | None = Field(1, alias="maxAttempts", ge=1, le=8, title="Maxattempts")
+    max_attempts: int = Field(1, alias="maxAttempts", ge=1, le=8, title="Maxattempts")
     task_id: str = Field(..., alias="taskId", pattern="^[A-Za-z0-9._-]{1,64}$", title="Taskid")
     timeout_ms: TimeoutMs | None = Field(None, alias="timeoutMs", title="Timeoutms")
     title: Title | None = Field(None, title="Title")
@@ -46,9 +46,9 @@ class TaskTry(BaseModel):
     number: int = Field(..., title="Number")
     settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
     started_at: AwareDatetime | None = Field(None, alias="startedAt", title="Startedat")
-    status: (
-        Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] | None
-    ) = Field("dispatched", title="Status")
+    status: Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] = Field(
+        "dispatched", title="Status"
+    )
 
 
 class Description(RootModel[str]):
@@ -179,13 +179,11 @@ class AgentJobView(BaseModel):
     agent_id: str = Field(..., alias="agentId", title="Agentid")
     agent_job_id: str = Field(..., alias="agentJobId", title="Agentjobid")
     answer: dict[str, Any] | None = Field(None, title="Answer")
-    attempt: int | None = Field(0, title="Attempt")
+    attempt: int = Field(0, title="Attempt")
     available_at: AwareDatetime | None = Field(None, alias="availableAt", title="Availableat")
     cancel_reason: str | None = Field(None, alias="cancelReason", title="Cancelreason")
-    cancel_requested: bool | None = Field(False, alias="cancelRequested", title="Cancelrequested")
-    consecutive_failures: int | None = Field(
-        0, alias="consecutiveFailures", title="Consecutivefailures"
-    )
+    cancel_requested: bool = Field(False, alias="cancelRequested", title="Cancelrequested")
+    consecutive_failures: int = Field(0, alias="consecutiveFailures", title="Consecutivefailures")
     continued_from_job_id: str | None = Field(
         None, alias="continuedFromJobId", title="Continuedfromjobid"
     )
@@ -201,22 +199,22 @@ class AgentJobView(BaseModel):
     pending_tool_call: PendingToolCall | None = Field(None, alias="pendingToolCall")
     provider_binding: str | None = Field(None, alias="providerBinding", title="Providerbinding")
     queue_job_id: str | None = Field(None, alias="queueJobId", title="Queuejobid")
-    queue_job_ids: list[str] | None = Field([], alias="queueJobIds", title="Queuejobids")
+    queue_job_ids: list[str] = Field([], alias="queueJobIds", title="Queuejobids")
     reply_route: ReplyRouteModel = Field(..., alias="replyRoute")
     result: Any | None = Field(None, title="Result")
-    seq: int | None = Field(0, title="Seq")
+    seq: int = Field(0, title="Seq")
     session_stream: str = Field(..., alias="sessionStream", title="Sessionstream")
     settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
     source_actor_event_id: str = Field(..., alias="sourceActorEventId", title="Sourceactoreventid")
     source_tool_call_id: str = Field(..., alias="sourceToolCallId", title="Sourcetoolcallid")
     started_at: AwareDatetime | None = Field(None, alias="startedAt", title="Startedat")
-    status: (
-        Literal["queued", "running", "waiting_on_user", "succeeded", "failed", "stopped"] | None
-    ) = Field("queued", title="Status")
+    status: Literal["queued", "running", "waiting_on_user", "succeeded", "failed", "stopped"] = (
+        Field("queued", title="Status")
+    )
     stream: str = Field(..., title="Stream")
-    turn: int | None = Field(0, title="Turn")
+    turn: int = Field(0, title="Turn")
     updated_at: AwareDatetime = Field(..., alias="updatedAt", title="Updatedat")
-    usage: dict[str, int] | None = Field({}, title="Usage")
+    usage: dict[str, int] = Field({}, title="Usage")
     user_id: str | None = Field(None, alias="userId", title="Userid")
     workspace_owner_job_id: str = Field(
         ..., alias="workspaceOwnerJobId", title="Workspaceownerjobid"
@@ -296,13 +294,13 @@ class JobView(BaseModel):
         populate_by_name=True,
     )
     abort_reason: str | None = Field(None, alias="abortReason", title="Abortreason")
-    abort_requested: bool | None = Field(False, alias="abortRequested", title="Abortrequested")
+    abort_requested: bool = Field(False, alias="abortRequested", title="Abortrequested")
     agent_has_handler: bool = Field(..., alias="agentHasHandler", title="Agenthashandler")
     agent_id: str = Field(..., alias="agentId", title="Agentid")
-    attempt: int | None = Field(0, title="Attempt")
+    attempt: int = Field(0, title="Attempt")
     available_at: AwareDatetime | None = Field(None, alias="availableAt", title="Availableat")
     canceled_reason: str | None = Field(None, alias="canceledReason", title="Canceledreason")
-    commands: list[Command] | None = Field([], title="Commands", validate_default=True)
+    commands: list[Command] = Field([], title="Commands", validate_default=True)
     contract_queue: str | None = Field(..., alias="contractQueue", title="Contractqueue")
     contract_worker_group: str | None = Field(
         ..., alias="contractWorkerGroup", title="Contractworkergroup"
@@ -316,12 +314,12 @@ class JobView(BaseModel):
         None, alias="lastHeartbeatAt", title="Lastheartbeatat"
     )
     lease: Lease | None = None
-    max_attempts: int | None = Field(2, alias="maxAttempts", title="Maxattempts")
+    max_attempts: int = Field(2, alias="maxAttempts", title="Maxattempts")
     organization_id: str | None = Field(None, alias="organizationId", title="Organizationid")
     payload: dict[str, Any] = Field(..., title="Payload")
     pending_commands: list[Command] = Field(..., alias="pendingCommands", title="Pendingcommands")
     progress: Any | None = Field(None, title="Progress")
-    progress_count: int | None = Field(0, alias="progressCount", title="Progresscount")
+    progress_count: int = Field(0, alias="progressCount", title="Progresscount")
     result: Any | None = Field(None, title="Result")
     retried_as: str | None = Field(None, alias="retriedAs", title="Retriedas")
     retry_of: str | None = Field(None, alias="retryOf", title="Retryof")
@@ -329,13 +327,13 @@ class JobView(BaseModel):
     route_matches_contract: bool = Field(
         ..., alias="routeMatchesContract", title="Routematchescontract"
     )
-    seq: int | None = Field(0, title="Seq")
+    seq: int = Field(0, title="Seq")
     session_key: str | None = Field(None, alias="sessionKey", title="Sessionkey")
     settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
     settlement_id: str | None = Field(None, alias="settlementId", title="Settlementid")
-    singleton_mode: str | None = Field("allow", alias="singletonMode", title="Singletonmode")
-    status: Literal["queued", "leased", "running", "completed", "failed", "canceled"] | None = (
-        Field("queued", title="Status")
+    singleton_mode: str = Field("allow", alias="singletonMode", title="Singletonmode")
+    status: Literal["queued", "leased", "running", "completed", "failed", "canceled"] = Field(
+        "queued", title="Status"
     )
     stream: str = Field(..., title="Stream")
     trace_id: str | None = Field(None, alias="traceId", title="Traceid")

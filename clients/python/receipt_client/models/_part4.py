@@ -38,9 +38,9 @@ class ObjectiveTaskView(BaseModel):
     Tries so far
     """
     canceled_reason: str | None = Field(None, alias="canceledReason", title="Canceledreason")
-    depends_on: list[str] | None = Field([], alias="dependsOn", title="Dependson")
+    depends_on: list[str] = Field([], alias="dependsOn", title="Dependson")
     error: str | None = Field(None, title="Error")
-    execution_path: str | None = Field("local", alias="executionPath", title="Executionpath")
+    execution_path: str = Field("local", alias="executionPath", title="Executionpath")
     input: dict[str, Any] = Field(..., title="Input")
     job_id: str | None = Field(None, alias="jobId", title="Jobid")
     job_status: str | None = Field(None, alias="jobStatus", title="Jobstatus")
@@ -48,16 +48,16 @@ class ObjectiveTaskView(BaseModel):
     The current try's job's status
     """
     last_output: str | None = Field(None, alias="lastOutput", title="Lastoutput")
-    max_attempts: int | None = Field(1, alias="maxAttempts", title="Maxattempts")
-    output_lines: int | None = Field(0, alias="outputLines", title="Outputlines")
-    phase: int | None = Field(1, title="Phase")
-    status: (
-        Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] | None
-    ) = Field("pending", title="Status")
+    max_attempts: int = Field(1, alias="maxAttempts", title="Maxattempts")
+    output_lines: int = Field(0, alias="outputLines", title="Outputlines")
+    phase: int = Field(1, title="Phase")
+    status: Literal["pending", "dispatched", "running", "completed", "failed", "canceled"] = Field(
+        "pending", title="Status"
+    )
     task_id: str = Field(..., alias="taskId", title="Taskid")
     timeout_ms: int | None = Field(None, alias="timeoutMs", title="Timeoutms")
     title: str = Field(..., title="Title")
-    tries: list[TaskTry] | None = Field([], title="Tries", validate_default=True)
+    tries: list[TaskTry] = Field([], title="Tries", validate_default=True)
 
 
 class ObjectiveView(BaseModel):
@@ -73,14 +73,10 @@ class ObjectiveView(BaseModel):
     audit_job_id: str | None = Field(None, alias="auditJobId", title="Auditjobid")
     auth_context: dict[str, Any] = Field(..., alias="authContext", title="Authcontext")
     cancel_reason: str | None = Field(None, alias="cancelReason", title="Cancelreason")
-    cancel_requested: bool | None = Field(False, alias="cancelRequested", title="Cancelrequested")
-    control_delivered_seq: int | None = Field(
-        0, alias="controlDeliveredSeq", title="Controldeliveredseq"
-    )
+    cancel_requested: bool = Field(False, alias="cancelRequested", title="Cancelrequested")
+    control_delivered_seq: int = Field(0, alias="controlDeliveredSeq", title="Controldeliveredseq")
     control_job_id: str | None = Field(None, alias="controlJobId", title="Controljobid")
-    control_requested_seq: int | None = Field(
-        0, alias="controlRequestedSeq", title="Controlrequestedseq"
-    )
+    control_requested_seq: int = Field(0, alias="controlRequestedSeq", title="Controlrequestedseq")
     created_at: AwareDatetime = Field(..., alias="createdAt", title="Createdat")
     error: str | None = Field(None, title="Error")
     failed_step: str | None = Field(None, alias="failedStep", title="Failedstep")
@@ -91,18 +87,16 @@ class ObjectiveView(BaseModel):
     )
     objective_id: str = Field(..., alias="objectiveId", title="Objectiveid")
     organization_id: str = Field(..., alias="organizationId", title="Organizationid")
-    phase: int | None = Field(1, title="Phase")
-    planned: bool | None = Field(False, title="Planned")
+    phase: int = Field(1, title="Phase")
+    planned: bool = Field(False, title="Planned")
     publish_step: StepState | None = Field(None, alias="publishStep")
-    reconciled_seq: int | None = Field(0, alias="reconciledSeq", title="Reconciledseq")
+    reconciled_seq: int = Field(0, alias="reconciledSeq", title="Reconciledseq")
     run_job_id: str | None = Field(None, alias="runJobId", title="Runjobid")
-    seq: int | None = Field(0, title="Seq")
+    seq: int = Field(0, title="Seq")
     settled_at: AwareDatetime | None = Field(None, alias="settledAt", title="Settledat")
-    status: Literal["active", "completed", "failed", "canceled"] | None = Field(
-        "active", title="Status"
-    )
+    status: Literal["active", "completed", "failed", "canceled"] = Field("active", title="Status")
     stream: str = Field(..., title="Stream")
-    tasks: list[ObjectiveTaskView] | None = Field([], title="Tasks", validate_default=True)
+    tasks: list[ObjectiveTaskView] = Field([], title="Tasks", validate_default=True)
     title: str = Field(..., title="Title")
     updated_at: AwareDatetime = Field(..., alias="updatedAt", title="Updatedat")
     validate_step: StepState | None = Field(None, alias="validateStep")
