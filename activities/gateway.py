@@ -291,10 +291,9 @@ class Gateway:
                 return self._refused(
                     grant, "no_model", error(style, 400, "invalid_request_error", message)
                 )
-            if (why := named.unmetered(path)) is not None:
-                return self._refused(
-                    grant, "unmetered", error(style, 400, "invalid_request_error", why)
-                )
+            if unserved := named.unserved(path, pool.provider.network_tools):
+                why = error(style, 400, "invalid_request_error", unserved[1])
+                return self._refused(grant, unserved[0], why)
             if not pool.provider.network_tools:
                 # The command's sandbox has no network; a provider-run MCP client or fetcher
                 # would carry what the command wrote to any host. Agent CLIs offer web search

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import re
 import socket
 import tempfile
 import time
@@ -231,14 +232,24 @@ class CallBody(BaseModel):
     stream: Any = None
     background: Any = None
 
-    def unmetered(self, path: str) -> str | None:
-        """Why the gateway does not serve this call, or None: a background response (OpenAI's
-        Responses API) answers at once, without its usage, and runs on at the provider past
-        the turn, so its tokens would be spent outside the organization's budget."""
+    def unserved(self, path: str, network_tools: bool) -> tuple[str, str] | None:
+        """Why the gateway does not serve this call, as (reason, message), or None.
+
+        `unmetered`: a background response (OpenAI's Responses API) answers at once, without
+        its usage, and runs on at the provider past the turn: its tokens would be spent outside
+        the organization's budget. `network_model` (unless the binding allows network tools): a
+        search model (`gpt-4o-search-preview`, `…-search-api`) searches the web on every call,
+        as the web search tool taken out of calls does, so a command could carry what it wrote
+        to a host through it."""
         if path == "/v1/responses" and self.background not in (None, False):
-            return (
+            return "unmetered", (
                 "`background` responses are not served: the gateway meters a call's tokens "
                 "from its answer, and a background response's come after it (ask without it)"
+            )
+        if not network_tools and NETWORK_MODEL.search(self.model):
+            return "network_model", (
+                f"model {self.model!r} searches the web from the provider's side, which this "
+                "binding does not allow (networkTools: false); use a model without search"
             )
         return None
 
@@ -255,6 +266,8 @@ class CallBody(BaseModel):
 
 
 NETWORK_TOOL_PREFIXES = ("mcp", "web_search", "web_fetch")
+# Models that reach the web on every call, tools or none: OpenAI's search models.
+NETWORK_MODEL = re.compile(r"(^|[-_./])search([-_./]|$)", re.IGNORECASE)
 
 
 def network_family(tool: Any) -> str | None:

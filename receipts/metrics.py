@@ -326,7 +326,8 @@ GATEWAY_REFUSED = Counter(
     "no_pool (no usable provider), no_credential (every one refused), busy (every one's slots "
     "still taken after the call's 60 s wait), wrong_api, in_flight "
     "(8 per turn), too_large, too_many_values, no_model, unmetered (a background response: its "
-    "tokens would pass the budget), unknown_path, connections (past the "
+    "tokens would pass the budget), network_model (a search model, its binding without network "
+    "tools), unknown_path, connections (past the "
     "256 a turn may hold open: closed as made), budget (the organization's daily token budget "
     "spent: RECEIPT_GATEWAY_ORG_DAILY_BUDGET).",
     ["binding", "reason"],

@@ -417,6 +417,27 @@ async def test_a_background_response_is_refused_before_the_provider(
     assert len(fake.calls) == sent + 1
 
 
+async def test_a_search_model_is_refused_unless_the_binding_allows_network_tools(
+    gw: Gateway, fake: FakeProvider
+) -> None:
+    """A search model searches the web on every call, as the web search tool the gateway takes
+    out does: through it a command could carry what it wrote to a host. Refused 400 naming the
+    model, nothing sent, on a binding without network tools; a model merely named like one
+    (`research-…`, `searcher`) is an ordinary call."""
+    grant = turn(gw, "openai-main")
+    sent = len(fake.calls)
+    for model in ("gpt-4o-search-preview", "gpt-4o-mini-search-preview", "gpt-5-search-api"):
+        refused = await call(grant, model=model, messages=[])
+        assert refused.status_code == 400, refused.text
+        assert model in refused.json()["error"]["message"]
+    assert len(fake.calls) == sent
+    for model in ("research-assistant", "searcher-1"):
+        assert (await call(grant, model=model, messages=[])).status_code == 200
+    allowed = turn(gw, "openai-tools", "job-tools")  # a binding with networkTools: true
+    answer = await call(allowed, model="gpt-4o-search-preview", messages=[])
+    assert answer.status_code == 200
+
+
 async def test_a_call_s_model_is_its_body_s_top_level_one_else_the_call_is_refused(
     gw: Gateway, fake: FakeProvider
 ) -> None:
