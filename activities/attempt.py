@@ -11,12 +11,18 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 
 from opentelemetry import trace
 from temporalio import activity
 
+from activities.attempt_reach import (
+    CutOff,
+    TemporalReach,
+    cut_off,
+    temporal_heartbeats,
+    until_cut_off,
+)
 from activities.attempt_watch import (
     TAKEOVER_GRACE_S,
     cancel_reason,
@@ -56,10 +62,6 @@ ABORT_GRACE_S = 5.0
 HANDLER_CANCEL_S = 5.0
 # Handlers that outlived their cancellation, kept referenced until they end.
 _abandoned: set[asyncio.Task[Any]] = set()
-# Temporal heartbeats: a quarter of the heartbeat timeout, at most this often and at least
-# this rarely (the SDK throttles what it sends to 0.8 × the timeout).
-TEMPORAL_BEATS_PER_TIMEOUT = 4
-TEMPORAL_BEAT_MIN_S, TEMPORAL_BEAT_MAX_S = 0.2, 5.0
 
 
 def execution_timeout_message(timeout_ms: int) -> str:
@@ -92,6 +94,10 @@ class AttemptActivities:
         self.role = role
         self.listener = listener
         self.gateway = gateway
+        # When Temporal last answered this process (made at the first attempt with a client).
+        self.reach: TemporalReach | None = None
+        for outcome in ("unreadable", "taken_over"):
+            metrics.ATTEMPTS_CUT_OFF.labels(outcome)
         # Each agent's series from the start, at 0: an alert on its increase sees the first one.
         for agent_id in (*handlers, metrics.OTHER_AGENT):
             metrics.HANDLERS_ABANDONED.labels(metrics.agent_label(agent_id))
@@ -104,6 +110,7 @@ class AttemptActivities:
         """Lease or start-fence, check abort, run the handler racing heartbeats and the
         execution timeout, then settle under the fence. Returns the attempt's result status."""
         info = activity.info()
+        delivered = time.monotonic()
         worker_id = delivery_ids.delivery_id(
             attempt.job_id, attempt.attempt, info.workflow_run_id or "", info.attempt
         )
@@ -124,13 +131,15 @@ class AttemptActivities:
         )
         ledger(status="started")  # queued to the bookkeeping writer: no round trip here
         try:
-            result = await self._detachable(attempt, worker_id)
+            result = await self._detachable(attempt, worker_id, delivered)
         finally:
             await _cancel(alive)
         ledger(status=result.status, detail={"jobStatus": result.job_status, "error": result.error})
         return result
 
-    async def _detachable(self, attempt: AttemptInput, worker_id: str) -> AttemptResult:
+    async def _detachable(
+        self, attempt: AttemptInput, worker_id: str, delivered: float
+    ) -> AttemptResult:
         """The attempt (`_execute`), which Temporal's cancelling it does not stop unless this
         worker shuts down.
 
@@ -146,7 +155,7 @@ class AttemptActivities:
         delivery takes the lease over (Temporal redelivered it: looked for every
         `TAKEOVER_CHECK_S`, so two handlers never run on for a lease cadence)."""
         running = asyncio.create_task(
-            self._execute(attempt, worker_id), name=f"attempt:{worker_id}"
+            self._execute(attempt, worker_id, delivered), name=f"attempt:{worker_id}"
         )
         try:
             return await asyncio.shield(running)
@@ -200,7 +209,23 @@ class AttemptActivities:
         """What the Temporal UI shows as the attempt's last heartbeat: which delivery, where."""
         return {"workerId": worker_id, **process_identity(self.role)}
 
-    async def _execute(self, attempt: AttemptInput, worker_id: str) -> AttemptResult:
+    def _watch_reach(self, fence: AttemptFence, delivered: float) -> asyncio.Task[Any] | None:
+        """Watch whether Temporal still answers this worker (`activities/attempt_reach.py`);
+        None without a heartbeat timeout or a client (no redelivery to be stopped before)."""
+        timeout = activity.info().heartbeat_timeout
+        if timeout is None:
+            return None
+        if self.reach is None:
+            try:
+                self.reach = TemporalReach(activity.client())
+            except RuntimeError:  # an ActivityEnvironment's activity: no client
+                return None
+        watch = until_cut_off(self.reach, fence, delivered, timeout.total_seconds())
+        return asyncio.create_task(watch, name=f"reach:{fence.worker_id}")
+
+    async def _execute(
+        self, attempt: AttemptInput, worker_id: str, delivered: float
+    ) -> AttemptResult:
         fence = AttemptFence(self.store, attempt.job_id, attempt.attempt, worker_id)
         settle = Settlement(fence)
         # One transaction: lease a queued job with its first heartbeat (→ running), or take a
@@ -233,12 +258,13 @@ class AttemptActivities:
                 and job.lease is not None
                 and job.last_heartbeat_at == job.lease.leased_at
             )
-            return await self._started(attempt, settle, job, worker_id, leased)
+            return await self._started(attempt, settle, job, leased, delivered)
 
     async def _started(
-        self, attempt: AttemptInput, settle: Settlement, job: Job, worker_id: str, leased: bool
+        self, attempt: AttemptInput, settle: Settlement, job: Job, leased: bool, delivered: float
     ) -> AttemptResult:
         fence = settle.fence
+        worker_id = fence.worker_id
         # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
         # handed the attempt to this one, which took the lease over (start-fence).
         redelivered = (delivery_ids.delivery_number(worker_id) or 1) > 1
@@ -259,9 +285,11 @@ class AttemptActivities:
             # start-fence heartbeat's notice) and stops its handler; give it that long, so two
             # handlers of the job do not run at once.
             await asyncio.sleep(TAKEOVER_GRACE_S)
-        return await self._run(attempt, settle, job)
+        return await self._run(attempt, settle, job, delivered)
 
-    async def _run(self, attempt: AttemptInput, settle: Settlement, job: Job) -> AttemptResult:
+    async def _run(
+        self, attempt: AttemptInput, settle: Settlement, job: Job, delivered: float
+    ) -> AttemptResult:
         fence = settle.fence
         handler = self.handlers.get(job.agent_id)
         if handler is None:
@@ -282,8 +310,10 @@ class AttemptActivities:
         beat_task = asyncio.create_task(
             self._heartbeats(attempt, fence, ctx.commands_arrived), name="heartbeats"
         )
+        reach_task = self._watch_reach(fence, delivered)
         try:
-            done = await _wait_out(handler_task, beat_task, ctx.deadline)
+            watched = {handler_task, beat_task} | ({reach_task} if reach_task else set())
+            done = await _wait_out(watched, ctx.deadline)
             if handler_task in done:
                 return await settle.handler_done(handler_task, time.monotonic() - started)
             if beat_task in done:
@@ -309,6 +339,16 @@ class AttemptActivities:
                     status=reason,
                 )
                 return AttemptResult(reason, worker_id=fence.worker_id, error=detail)
+            if reach_task in done:
+                # Temporal may have delivered the attempt again (module attempt_reach).
+                await _stop_handler(handler_task, job, fence)
+                outcome, detail = reach_task.result()
+                cut_off(fence, outcome, detail, job.agent_id)
+                if outcome == "unreadable":
+                    raise CutOff(detail)  # Temporal delivers it again unless it already did
+                return AttemptResult(
+                    AttemptStatus.LEASE_LOST, worker_id=fence.worker_id, error=detail
+                )
             await _stop_handler(handler_task, job, fence)
             return await settle.failure(
                 execution_timeout_message(attempt.execution_timeout_ms),
@@ -327,6 +367,8 @@ class AttemptActivities:
             # command is killed, as at an abort.
             ctx.aborted.set()
             await _cancel(beat_task)
+            if reach_task is not None:
+                await _cancel(reach_task)
             log.debug(  # its duration is `receipt_handler_duration_seconds`; the settle is INFO
                 "handler finished",
                 extra={
@@ -386,14 +428,12 @@ class AttemptActivities:
 
 
 async def _wait_out(
-    handler: asyncio.Task[Any], beats: asyncio.Task[Any], deadline: float | None
+    tasks: set[asyncio.Task[Any]], deadline: float | None
 ) -> set[asyncio.Task[Any]]:
-    """Wait for the handler or the heartbeats to end, at most until the execution `deadline`
-    (event-loop time); what ended."""
+    """Wait for the first of `tasks` (the handler, the heartbeats, the reach watch) to end, at
+    most until the execution `deadline` (event-loop time); what ended."""
     left = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
-    done, _ = await asyncio.wait(
-        {handler, beats}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-    )
+    done, _ = await asyncio.wait(tasks, timeout=left, return_when=asyncio.FIRST_COMPLETED)
     return done
 
 
@@ -442,24 +482,3 @@ def _forget_abandoned(task: asyncio.Task[Any]) -> None:
             "an abandoned handler ended with an error",
             extra={"event": "attempt.abandoned_handler_error", "error": repr(exc)},
         )
-
-
-async def temporal_heartbeats(timeout: timedelta | None, details: Any) -> None:
-    """Tell Temporal the attempt's worker is alive, every few seconds, until cancelled.
-
-    Decoupled from the `job.heartbeat` receipts (which keep the lease's cadence): Temporal
-    redelivers the attempt once it hears nothing for the heartbeat timeout
-    (`RECEIPT_WORKER_LOST_TIMEOUT_MS`), so a dead worker is found in seconds, not in two
-    receipt cadences (minutes at the spec's leases).
-    """
-    if timeout is None:
-        return
-    interval = min(
-        TEMPORAL_BEAT_MAX_S,
-        max(TEMPORAL_BEAT_MIN_S, timeout.total_seconds() / TEMPORAL_BEATS_PER_TIMEOUT),
-    )
-    # The first beat after one interval, not at once: the timeout counts from the activity's
-    # start, and an attempt that ends sooner (most) costs Temporal no heartbeat at all.
-    while True:
-        await asyncio.sleep(interval)
-        activity.heartbeat(details)

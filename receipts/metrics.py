@@ -258,6 +258,13 @@ ATTEMPTS_DETACHED = Counter(
     "or it was redelivered). Logged attempt.detached.",
     ["reason"],
 )
+ATTEMPTS_CUT_OFF = Counter(
+    "receipt_attempts_cut_off",
+    "Attempts whose handler a worker stopped because Temporal had not answered it for nearly "
+    "its heartbeat timeout (a redelivery's handler could start soon) and its job's lease was "
+    "not its own: unreadable (PostgreSQL away too) or taken_over. Logged attempt.cut_off.",
+    ["outcome"],
+)
 REDRIVE_FAILURES = Counter(
     "receipt_redrive_failures",
     "Queued-job redrives whose start failed (logged redrive.failed with the job id; the pass "

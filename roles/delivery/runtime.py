@@ -11,6 +11,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.attempt import AttemptActivities
+from activities.attempt_reach import HEARTBEAT_THROTTLE
 from activities.driver import DriverActivities
 from activities.gateway import Gateway
 from activities.handlers.context import Handler, HandlerSettings
@@ -60,6 +61,9 @@ def attempt_worker(
         max_concurrent_activities=concurrency,
         graceful_shutdown_timeout=graceful_shutdown,
         workflow_runner=WORKFLOW_RUNNER,
+        # Every attempt heartbeat is sent: a worker cut off stops its handler before a
+        # redelivery's starts only if Temporal's last beat is that recent (attempt_reach).
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
     )
 
 

@@ -339,3 +339,55 @@ async def test_a_temporal_outage_past_the_heartbeat_timeout_never_runs_two_handl
         raise
     finally:
         await proxy.cut()
+
+
+async def test_a_worker_cut_from_postgres_and_temporal_stops_its_handler_before_a_takeover(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses], temporal_env: Any
+) -> None:
+    """A worker cut from PostgreSQL and Temporal at once for 15 s, its lease 120 s, Temporal's
+    heartbeat timeout 6 s: Temporal redelivers the attempt to the other worker, which takes the
+    lease over and runs the handler. The cut worker hears no notice (its LISTEN connection is
+    cut too) and writes no heartbeat (a lease cadence is 40 s): its handler ran on until
+    PostgreSQL came back, 9.0 s past the start of the takeover's, whose whole 1.8 s run ticked
+    beside it. Now it stops its handler once Temporal has not answered it for longer than a
+    redelivery could wait and its job cannot be read (`activities/attempt_reach.py`): 2.3-2.4 s
+    after the cut, the takeover's handler starting 7.5-7.6 s after it."""
+    store, db_url = e2e_store
+    info = conninfo_to_dict(db_url)
+    pg = CutProxy(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+    await pg.start()
+    host, port = temporal_env.client.service_client.config.target_host.rsplit(":", 1)
+    temporal = CutProxy(host, int(port))
+    await temporal.start()
+    procs = roles(
+        CODEX_JOB_LEASE_MS="120000",
+        JOB_LEASE_MS="120000",
+        RECEIPT_WORKER_LOST_TIMEOUT_MS="6000",
+    )
+    procs.start("driver")
+    direct = dict(procs.env)
+    procs.env["RECEIPT_DATABASE_URL"] = make_conninfo(db_url, host="127.0.0.1", port=pg.port)
+    procs.env["RECEIPT_TEMPORAL_ADDRESS"] = temporal.address
+    procs.start("worker-codex-1", "worker-codex")
+    procs.env = direct
+    try:
+        job = (await put(store, org="org-a", payload_extra=task("sh", "-c", TICKER))).job
+        held = await wait_for(store, job.job_id, ("running",), 60)
+        assert held.lease is not None
+        procs.start("worker-codex-2", "worker-codex")
+        await asyncio.sleep(3)
+        await asyncio.gather(pg.cut(), temporal.cut())
+        print(f"both cut at {time.time() % 1000:.1f}")
+        await asyncio.sleep(15)
+        await asyncio.gather(pg.restore(), temporal.restore())
+        done = await wait_for(store, job.job_id, tuple(TERMINAL_STATUSES), 90)
+        assert_one_handler_at_a_time(await asyncio.to_thread(ticks_of, job.job_id))
+        assert len(await settles_of(store, job.job_id)) == 1, done
+        (stopped,) = procs.logged("worker-codex-1", {"attempt.cut_off"})
+        assert stopped["outcome"] == "unreadable", stopped
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        await pg.cut()
+        await temporal.cut()

@@ -10,14 +10,18 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Mapping
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
 
 import pytest
 from prometheus_client import REGISTRY
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
 from activities import attempt as attempt_module
 from activities.attempt import AttemptActivities, execution_timeout_message
+from activities.attempt_reach import CutOff
 from activities.fence import AttemptFence
 from activities.handlers.context import Handler, HandlerContext, HandlerError
 from receipts import delivery_ids, metrics
@@ -416,3 +420,147 @@ async def test_a_delivery_taken_over_stops_its_handler_before_the_next_one_start
 
 async def _value(value: int) -> int:
     return value
+
+
+class Temporal:
+    """A client's `workflow_service.get_system_info`: answers, or is unreachable."""
+
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+        self.probes = 0
+        self.workflow_service = self
+
+    async def get_system_info(self, request: Any, **_: Any) -> None:
+        self.probes += 1
+        if not self.answers:
+            raise RPCError("unreachable", RPCStatusCode.UNAVAILABLE, b"")
+
+
+async def run_heard(
+    store: Store,
+    handlers: Mapping[str, Handler],
+    attempt: AttemptInput,
+    temporal: Temporal,
+    delivery: int = 1,
+) -> AttemptResult:
+    """`run` on a worker whose Temporal client is `temporal`, Temporal's heartbeat timeout 4 s
+    (a beat a second: the reach watch reads the job at its first look, `quiet_s(4)` is 0)."""
+    env = ActivityEnvironment(client=cast(Client, temporal))
+    env.info = dataclasses.replace(
+        env.info,
+        attempt=delivery,
+        activity_id=f"attempt:{delivery}",
+        workflow_run_id=RUN,
+        heartbeat_timeout=timedelta(seconds=4),
+    )
+    activities = AttemptActivities(store, handlers, role="test")
+    return await env.run(activities.execute_attempt, attempt)
+
+
+def cut_offs(outcome: str) -> float:
+    return REGISTRY.get_sample_value("receipt_attempts_cut_off_total", {"outcome": outcome}) or 0
+
+
+async def test_a_worker_temporal_and_postgres_stopped_answering_stops_its_handler(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Temporal and the job's read both unanswered: the handler is stopped (~2-3 s in: the
+    watch's look past `quiet_s(4)`, 2 s; not at its end 30 s in) and the attempt raises, for
+    Temporal to deliver it again."""
+    running, stopped = asyncio.Event(), asyncio.Event()
+
+    async def handler(ctx: HandlerContext) -> None:
+        running.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            stopped.set()
+
+    async def unreachable(job_id: str) -> None:
+        raise StorageError("connection refused")
+
+    job_id = await job_of(store, "act-cut")
+    attempt = attempt_of(job_id, "act-cut", execution_timeout_ms=40_000)
+    before = cut_offs("unreadable")
+    temporal = Temporal(answers=False)
+    began = time.monotonic()
+    first = asyncio.create_task(run_heard(store, {"act-cut": handler}, attempt, temporal))
+    await asyncio.wait_for(running.wait(), 10)
+    monkeypatch.setattr(store, "get_job", unreachable)
+    with pytest.raises(CutOff, match="the job unreadable"):
+        await asyncio.wait_for(first, 20)
+    took = time.monotonic() - began
+    assert stopped.is_set() and took < 5, took
+    assert cut_offs("unreadable") == before + 1
+    assert temporal.probes >= 1
+
+
+async def test_a_worker_temporal_stopped_answering_stops_its_handler_once_taken_over(
+    store: Store,
+) -> None:
+    """Temporal unanswered, the job's lease taken over by a later delivery (its notice unheard:
+    no listener; its next job.heartbeat 20 s away): the handler stops at the watch's next look
+    (`quiet_s(4)`, 2 s), not at that heartbeat, and the attempt reports `lease_lost`."""
+    ended: dict[int, float] = {}
+
+    async def handler(ctx: HandlerContext) -> str:
+        delivery = delivery_ids.delivery_number(ctx.worker_id) or 1
+        try:
+            await asyncio.sleep(30 if delivery == 1 else 1)
+        finally:
+            ended[delivery] = time.monotonic()
+        return "done"
+
+    job_id = await job_of(store, "act-taken")
+    attempt = attempt_of(
+        job_id, "act-taken", lease_ms=60_000, heartbeat_ms=20_000, execution_timeout_ms=40_000
+    )
+    before = cut_offs("taken_over")
+    began = time.monotonic()
+    first = asyncio.create_task(
+        run_heard(store, {"act-taken": handler}, attempt, Temporal(answers=False))
+    )
+    await asyncio.sleep(0.5)
+    second = await run(store, {"act-taken": handler}, attempt, 2)
+    stale = await asyncio.wait_for(first, 20)
+    assert second.status == AttemptStatus.COMPLETED
+    assert stale.status == AttemptStatus.LEASE_LOST and "taken over" in str(stale.error), stale
+    assert cut_offs("taken_over") == before + 1
+    assert ended[1] - began < 5, ended[1] - began
+
+
+@pytest.mark.parametrize("temporal_answers", [True, False])
+async def test_a_worker_cut_from_one_of_temporal_and_postgres_runs_its_handler_on(
+    store: Store, monkeypatch: pytest.MonkeyPatch, temporal_answers: bool
+) -> None:
+    """Temporal answering (the job unreadable: PostgreSQL away), or the job readable and still
+    this delivery's (Temporal away, hearing nobody else): the handler runs to its end."""
+
+    async def handler(ctx: HandlerContext) -> str:
+        await asyncio.sleep(3.5)
+        return "done"
+
+    async def unreachable(job_id: str) -> None:
+        raise StorageError("connection refused")
+
+    job_id = await job_of(store, "act-half")
+    attempt = attempt_of(job_id, "act-half", execution_timeout_ms=40_000)
+    if temporal_answers:
+        monkeypatch.setattr(store, "get_job", unreachable)
+    temporal = Temporal(answers=temporal_answers)
+    result = await run_heard(store, {"act-half": handler}, attempt, temporal)
+    assert (result.status, result.job_status) == (AttemptStatus.COMPLETED, "completed")
+    assert temporal.probes >= 1
+
+
+async def test_an_attempt_shorter_than_one_temporal_beat_probes_nothing(store: Store) -> None:
+    async def handler(ctx: HandlerContext) -> str:
+        return "done"
+
+    job_id = await job_of(store, "act-short")
+    temporal = Temporal(answers=True)
+    result = await run_heard(
+        store, {"act-short": handler}, attempt_of(job_id, "act-short"), temporal
+    )
+    assert result.status == AttemptStatus.COMPLETED
+    assert temporal.probes == 0
