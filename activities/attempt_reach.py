@@ -140,7 +140,10 @@ class TemporalReach:
         finally:
             self._watchers -= 1
             if not self._watchers:
+                # Forgotten at once: cancelled, it is not done until its next step, and a
+                # watch begun before then must probe anew, not lean on it.
                 self._probing.cancel()
+                self._probing = None
 
     async def _probe(self) -> None:
         while True:

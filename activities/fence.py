@@ -3,7 +3,6 @@ fence (`receipts/operations.py`), each retried through a storage outage."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -11,6 +10,7 @@ from typing import Any
 
 from activities.storage_retry import with_storage_retry
 from receipts import operations as ops
+from receipts.errors import UnansweredStorageError
 from receipts.jobs import Job
 from receipts.mutate import Known
 from receipts.store import Store
@@ -44,12 +44,21 @@ class AttemptFence:
         self, what: str, operation: Callable[..., Awaitable[ops.Outcome]], **fields: Any
     ) -> ops.Outcome:
         """`_write` for a write a second receipt would repeat (a progress, a consumption):
-        each storage retry tells `operation` it is one (`again`), since the earlier try may
-        have committed with its answer lost, for it to find that write its own."""
-        tries = itertools.count()
-        return await self._write(
-            what, lambda *a, **k: operation(*a, again=next(tries) > 0, **k), **fields
-        )
+        each storage retry after a try whose answer was lost (`UnansweredStorageError`: it may
+        have committed) tells `operation` it is one (`again`), for it to find that write its
+        own. A try refused before it wrote (no connection free, a lock not taken) is no such
+        write: a handler's progress said twice alike is two."""
+        lost = False
+
+        async def once(*args: Any, **kwargs: Any) -> ops.Outcome:
+            nonlocal lost
+            try:
+                return await operation(*args, again=lost, **kwargs)
+            except UnansweredStorageError:
+                lost = True
+                raise
+
+        return await self._write(what, once, **fields)
 
     async def start(self, lease_ms: int, process: dict[str, Any]) -> ops.Outcome:
         """Lease a queued job with its first heartbeat, or take a redelivered attempt's lease

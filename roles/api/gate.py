@@ -129,7 +129,8 @@ class EnqueueGate:
         try:
             response = await self.serve(request, *parameters)
         except KNOWN_FAILURES as failure:
-            response = known_answer(failure, request.url.path, request.method)
+            keyed = "idempotency-key" in request.headers
+            response = known_answer(failure, request.url.path, request.method, keyed)
         await response(scope, receive, send)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from activities.fence import AttemptFence
 from activities.settle import Settlement
 from receipts import assembly
 from receipts import operations as ops
+from receipts.errors import TransientStorageError
 from receipts.store import Store
 from tests.integration.api_support import AS_A, api_client, enqueue_body, rid
 from tests.integration.helpers import create_objective, new_id, put, types
@@ -163,7 +165,9 @@ async def test_an_enqueue_whose_answer_was_lost_says_it_may_have_been_made(
     """The job was made, so '503: the database is unavailable; retry later' was untrue: sent
     again without its Idempotency-Key it is a second job, and the CLI, which shows the key to
     send again only for an answer that may have been applied, hid it. The 503 says the post
-    may have been applied, and one sent again with its key finds the job."""
+    may have been applied, and one sent again with its key finds the job; one that carried no
+    key is not told to send it again with 'the same Idempotency-Key' (sent again as it was, with
+    none, it is a second job)."""
     key = f"key-{uuid.uuid4().hex}"
     headers = {**AS_A, "Idempotency-Key": key} if keyed else AS_A
     body = enqueue_body(payload_extra={"marker": key})
@@ -173,7 +177,10 @@ async def test_an_enqueue_whose_answer_was_lost_says_it_may_have_been_made(
         assert proxy.cut.is_set(), proxy.lost
         assert answer.status_code == 503, answer.text
         assert await jobs_holding(store, key) == 1
-        assert "may have been applied" in answer.json()["error"]["message"], answer.text
+        message = answer.json()["error"]["message"]
+        assert "may have been applied" in message, answer.text
+        said = "send it again with the same Idempotency-Key" if keyed else "no Idempotency-Key"
+        assert said in message, answer.text
         if keyed:
             again = await client.post("/agents/codex/jobs", json=body, headers=headers)
             assert again.status_code == 202 and again.json()["outcome"] == "existing", again.text
@@ -275,3 +282,28 @@ async def test_a_settle_under_the_row_lock_whose_commit_answer_was_lost_is_made_
     assert (await types(store, job.job_id)).count("job.failed") == 1
     objective = await store.read_stream(f"objectives/{objective_id}")
     assert [r.type for r in objective].count("objective.control_requested") == 1, objective
+
+
+async def test_a_progress_said_again_after_a_refused_try_is_written(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler saying the same progress twice (`progress("working")` in a loop), the second
+    try refused before anything was written (no connection free, a lock not taken): the retry
+    writes it. Only a try whose answer was lost may have made it (`again`); taken for one, the
+    second receipt was dropped."""
+    job = (await put(store, maxAttempts=2)).job
+    fence = AttemptFence(store, job.job_id, 1, "w1")
+    assert (await fence.start(LEASE, {})).ok
+    assert await fence.progress({"status": "working"})
+    progress, refused = ops.progress, []
+
+    async def refused_once(*args: Any, **kwargs: Any) -> ops.Outcome:
+        if not refused:
+            refused.append(1)
+            raise TransientStorageError("no database connection available")
+        return await progress(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "progress", refused_once)
+    assert await fence.progress({"status": "working"})
+    after = await store.get_job(job.job_id)
+    assert refused and after is not None and after.progress_count == 2, after

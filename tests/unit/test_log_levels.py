@@ -53,29 +53,3 @@ providers:
         (logging.WARNING, "openai-main", ["b", "c"], None),
         (logging.WARNING, "spare", ["e"], "provider 'spare' has no usable credential"),
     ]
-
-
-def test_a_failed_sdk_metrics_drain_is_a_warning_as_every_loop_failure_is(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    # `loop.failed` was ERROR here alone (`log.exception`), WARNING from every other loop: a
-    # drain the next tick tries again paged as an error, once a second while it failed.
-    from roles.infra import sdk_metrics
-
-    class OneTick:
-        def __init__(self) -> None:
-            self.ticks = 0
-
-        def wait(self, _: float) -> bool:
-            self.ticks += 1
-            return self.ticks > 1
-
-    def broken() -> None:
-        raise ValueError("a buffered update the fold cannot read")
-
-    collector = sdk_metrics.SdkMetrics()
-    monkeypatch.setattr(sdk_metrics.threading, "Event", OneTick)
-    monkeypatch.setattr(collector, "drain", broken)
-    collector._drain_forever()
-    [failed] = _events(caplog, "loop.failed")
-    assert failed.levelno == logging.WARNING and failed.exc_info is not None

@@ -3,6 +3,8 @@ keep the last value, histograms count observations into cumulative buckets in se
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from temporalio.runtime import (
@@ -51,7 +53,8 @@ def test_a_failed_drain_is_logged_as_an_event_and_counted(
 ) -> None:
     """The drainer thread outlives a failed drain, but logged it with no event and counted
     nothing: drains that kept failing froze every `temporal_*` family (ReceiptTemporalUnreachable
-    reads them) and filled the SDK's buffers, and no alert could say so."""
+    reads them) and filled the SDK's buffers, and no alert could say so. A WARNING, as every
+    loop's failed pass (it was ERROR here alone: the next tick tries again)."""
     from receipts import metrics
     from roles.infra import sdk_metrics
 
@@ -77,3 +80,4 @@ def test_a_failed_drain_is_logged_as_an_event_and_counted(
     assert metrics.value("receipt_loop_failed_passes_total", loop=loop) == before + 1
     failed = [r for r in caplog.records if getattr(r, "event", None) == "loop.failed"]
     assert len(failed) == 1 and getattr(failed[0], "loop", None) == loop
+    assert failed[0].levelno == logging.WARNING and failed[0].exc_info is not None
