@@ -34,6 +34,16 @@ def keyed() -> dict[str, str]:
     return {**AS_A, "Idempotency-Key": f"key-{uuid.uuid4().hex}"}
 
 
+async def steerable_job(client: httpx.AsyncClient) -> str:
+    """A queued codex job that reads steers; its id."""
+    job_id = f"steered-{uuid.uuid4().hex[:10]}"
+    body = enqueue_body(
+        jobId=job_id, payload_extra={"task": {"command": ["true"], "steerable": True}}
+    )
+    assert (await client.post("/agents/codex/jobs", json=body, headers=AS_A)).status_code == 202
+    return job_id
+
+
 async def twice(
     client: httpx.AsyncClient, method: str, url: str, **kwargs: object
 ) -> list[httpx.Response]:
@@ -104,11 +114,7 @@ async def test_a_schedule_posted_again_with_its_idempotency_key_is_made_once(
 async def test_a_command_sent_again_with_its_idempotency_key_is_appended_once(
     client: httpx.AsyncClient,
 ) -> None:
-    job_id = f"steered-{uuid.uuid4().hex[:10]}"
-    body = enqueue_body(
-        jobId=job_id, payload_extra={"task": {"command": ["true"], "steerable": True}}
-    )
-    assert (await client.post("/agents/codex/jobs", json=body, headers=AS_A)).status_code == 202
+    job_id = await steerable_job(client)
     steer = {"type": "steer", "payload": {"say": "use the other file"}}
     headers = keyed()
     answers = await twice(client, "POST", f"/jobs/{job_id}/commands", json=steer, headers=headers)
@@ -132,11 +138,7 @@ async def test_a_command_sent_again_with_its_idempotency_key_is_appended_once(
 async def test_another_steer_under_a_used_idempotency_key_is_refused_not_dropped(
     client: httpx.AsyncClient,
 ) -> None:
-    job_id = f"steered-{uuid.uuid4().hex[:10]}"
-    body = enqueue_body(
-        jobId=job_id, payload_extra={"task": {"command": ["true"], "steerable": True}}
-    )
-    assert (await client.post("/agents/codex/jobs", json=body, headers=AS_A)).status_code == 202
+    job_id = await steerable_job(client)
     headers = keyed()
     steer = {"type": "steer", "payload": {"say": "use the other file"}, "reason": "typo"}
     first = await client.post(f"/jobs/{job_id}/commands", json=steer, headers=headers)

@@ -7,7 +7,7 @@ starter met the first one's closed generation 1 and stepped past it to generatio
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,21 +20,13 @@ from receipts.jobs import Job, Lease
 from receipts.settings import Settings
 from receipts.timing import TimingSettings
 from roles.delivery import starter as starting
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
+from tests.unit.test_plan import NOW
+from tests.unit.test_plan import job as plan_job
 
 
 def job(**changes: object) -> Job:
-    base = Job(
-        job_id="j",
-        agent_id="chatty",
-        lane="collect",
-        kind="factory.task.run",
-        payload={},
-        created_at=NOW,
-        updated_at=NOW,
-    )
-    return base.model_copy(update=changes)
+    """A job of an agent no worker handles (test_plan's, renamed)."""
+    return plan_job(**{"agent_id": "chatty", **changes})
 
 
 RUNNING = job(
