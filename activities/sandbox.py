@@ -89,6 +89,7 @@ _probes: dict[SandboxSettings, _Probe] = {}
 # A probe that found the workspace volume full says so first (not cached: it says nothing of
 # bubblewrap); a command it stops is SandboxNotStarted, tried again, not SandboxRefused.
 VOLUME_FULL = "the workspace volume is full"
+VOLUME_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 _removing: set[asyncio.Task[None]] = set()
 
@@ -148,7 +149,7 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
         ok = process.returncode == 0
         message = "ok" if ok else _unavailable(err.decode(errors="replace").strip()[-500:])
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in VOLUME_FULL_ERRNOS:
             # The workspace volume is full (every workspace's): nothing of bubblewrap is known,
             # so nothing is cached; `run_sandboxed` refuses the command as one to try again.
             return False, f"{VOLUME_FULL}: {exc}"
@@ -251,7 +252,7 @@ async def run_sandboxed(
     try:
         uid = prepare_workspace(workspace, settings)
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in VOLUME_FULL_ERRNOS:
             # The volume is full (every workspace's): the next try may find room, the job
             # itself is not at fault.
             raise SandboxNotStarted(

@@ -363,23 +363,27 @@ class Store:
         await self._pool.close()
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncGenerator[Tx]:
-        """Open one transaction; it commits when the block ends, rolls back on an exception."""
+    async def _writing(self) -> AsyncGenerator[psycopg.AsyncConnection[TupleRow]]:
+        """A pooled connection for statements that may write: errors translated, and a failure
+        that broke it with a statement in flight raised as `UnansweredStorageError`."""
         with translate_errors():
             async with self._pool.connection() as conn:
                 with unanswered(conn):
-                    async with conn.transaction():
-                        yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
+                    yield conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncGenerator[Tx]:
+        """Open one transaction; it commits when the block ends, rolls back on an exception."""
+        async with self._writing() as conn, conn.transaction():
+            yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
 
     @asynccontextmanager
     async def session(self) -> AsyncGenerator[Tx]:
         """One pooled connection and no transaction: each statement commits on its own. For the
         read and the guarded write of a one-statement change (receipts/guarded.py), which hold
         no lock between them: one checkout, so at most one pool check, for both."""
-        with translate_errors():
-            async with self._pool.connection() as conn:
-                with unanswered(conn):
-                    yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
+        async with self._writing() as conn:
+            yield Tx(conn, self.policies, _owe_callbacks=self.owe_callbacks)
 
     async def in_transaction(self, work: Callable[[Tx], Awaitable[T]]) -> T:
         """Run `work` in one transaction and return its result."""
@@ -426,11 +430,9 @@ class Store:
         """Run the named statement `name` (receipts/sql/) on its own and return its rows (none
         for a statement that returns none). `prepare=False` keeps it from becoming a server-side
         prepared statement (whose generic plan may ignore a partial index)."""
-        with translate_errors():
-            async with self._pool.connection() as conn:
-                with unanswered(conn):
-                    cur = await conn.execute(query(name), params, prepare=prepare)
-                    return list(await cur.fetchall()) if cur.description else []
+        async with self._writing() as conn:
+            cur = await conn.execute(query(name), params, prepare=prepare)
+            return list(await cur.fetchall()) if cur.description else []
 
     async def fetch_one(self, name: str, params: Mapping[str, Any]) -> TupleRow | None:
         """Run the named statement `name` and return its first row, or None."""

@@ -125,6 +125,19 @@ class TokenTable:
         return found
 
 
+AUTHENTICATED = "bearer_authenticated"
+"""The request state's key of the principal the in-flight gate (roles/api/in_flight.py)
+authenticated the request's bearer token as: `deps.request_caller` takes it rather than
+authenticating the same token again."""
+
+
+def authenticated(state: object) -> Principal | None:
+    """The principal the request's bearer token was authenticated as already (`state`: the
+    request's), if it was."""
+    principal = getattr(state, AUTHENTICATED, None)
+    return principal if isinstance(principal, Principal) else None
+
+
 def _check_token(token: str, where: str) -> str:
     if not token or any(c.isspace() or c == "," for c in token):
         raise TokenConfigError(f"{where}: a token must be non-empty, without spaces or commas")

@@ -25,7 +25,7 @@ from receipts.store import Store
 from receipts.tenancy import untagged
 from receipts.text import check_clean_text
 from receipts.webhooks import WebhookSettings
-from roles.api.auth import OPEN, Principal, TokenTable, is_loopback
+from roles.api.auth import OPEN, Principal, TokenTable, authenticated, is_loopback
 from roles.api.body import JsonLimits, json_object, read_json_body, validated
 from roles.api.errors import ApiError, too_many
 from roles.api.gate import admitted
@@ -194,7 +194,8 @@ def request_caller(request: Request, token: str | None) -> Principal:
     challenge = {"WWW-Authenticate": "Bearer"}
     if token is None:
         raise ApiError(401, "unauthorized", "a bearer token is required", headers=challenge)
-    principal = tokens.authenticate(token)
+    # The in-flight gate authenticated this token already (roles/api/in_flight.py).
+    principal = authenticated(request.state) or tokens.authenticate(token)
     if principal is None:
         raise ApiError(401, "unauthorized", "unknown bearer token", headers=challenge)
     setattr(request.state, CALLER, principal)

@@ -97,15 +97,13 @@ KNOWN_FAILURES: tuple[type[Exception], ...] = (
 """What a route raises on purpose; `known_answer` turns each into its answer."""
 
 
-def known_answer(
-    exc: Exception, path: str, method: str = "GET", keyed: bool = False
-) -> JSONResponse:
-    """The answer to one of the `KNOWN_FAILURES` raised while answering `method path`: the error
+def known_answer(exc: Exception, request: Request) -> JSONResponse:
+    """The answer to one of the `KNOWN_FAILURES` raised while answering `request`: the error
     as it is, a bad input 422, a taken id 409, a database outage 503 with `Retry-After` (logged).
     A request that writes whose connection to the database was lost before the database's
     answer (`UnansweredStorageError`) is told its write may have been applied: a commit whose
     answer was lost made it, and sent again without its Idempotency-Key it is made twice. One
-    that carried none (`keyed` False) is told so, not to send it again with 'the same' key.
+    that carried none is told so, not to send it again with 'the same' key.
 
     The app's exception handlers and the enqueue gate's answer (roles/api/gate.py) both use it.
     """
@@ -124,13 +122,13 @@ def known_answer(
     assert isinstance(exc, TransientStorageError), exc
     log.warning(
         "database unavailable",
-        extra={"event": "api.storage_unavailable", "path": path, "error": str(exc)},
+        extra={"event": "api.storage_unavailable", "path": request.url.path, "error": str(exc)},
     )
     message = "the database is unavailable; retry later"
-    if isinstance(exc, UnansweredStorageError) and method not in ("GET", "HEAD"):
+    if isinstance(exc, UnansweredStorageError) and request.method not in ("GET", "HEAD"):
         again = (
             "send it again with the same Idempotency-Key, which finds what it made"
-            if keyed
+            if "idempotency-key" in request.headers
             else "it carried no Idempotency-Key: sent again, it may be applied twice unless it "
             "names its own id (an enqueue's jobId)"
         )
@@ -152,8 +150,7 @@ def install_error_handlers(app: FastAPI) -> None:
     """Answer every failure with the one error shape; a bug answers 500 and is logged."""
 
     async def known(request: Request, exc: Exception) -> JSONResponse:
-        keyed = "idempotency-key" in request.headers
-        return known_answer(exc, request.url.path, request.method, keyed)
+        return known_answer(exc, request)
 
     for failure in KNOWN_FAILURES:
         app.add_exception_handler(failure, known)

@@ -129,8 +129,7 @@ class EnqueueGate:
         try:
             response = await self.serve(request, *parameters)
         except KNOWN_FAILURES as failure:
-            keyed = "idempotency-key" in request.headers
-            response = known_answer(failure, request.url.path, request.method, keyed)
+            response = known_answer(failure, request)
         await response(scope, receive, send)
 
 

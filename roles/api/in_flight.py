@@ -26,7 +26,7 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from receipts import metrics
-from roles.api.auth import TokenTable
+from roles.api.auth import AUTHENTICATED, TokenTable
 from roles.api.console.session import COOKIE
 from roles.api.errors import error_response, too_many
 from roles.api.limits import SSE_RETRY_MS, InFlight, refusals
@@ -34,15 +34,18 @@ from roles.api.limits import SSE_RETRY_MS, InFlight, refusals
 log = logging.getLogger("roles.api.app")
 
 
-def counted_as(tokens: TokenTable, headers: Headers) -> str | None:
+def counted_as(tokens: TokenTable, headers: Headers, state: dict[str, object]) -> str | None:
     """Whose requests in flight `headers`' request counts in: its bearer token's organization,
     else its console session's cookie; None for an admin's, an unknown token's (401, no
-    database) or an API running open."""
+    database) or an API running open. A token it authenticates is kept in `state` (the
+    request's, `AUTHENTICATED`)."""
     if tokens.open:
         return None
     scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer":
         principal = tokens.authenticate(token.strip())
+        if principal is not None:
+            state[AUTHENTICATED] = principal
         if principal is None or principal.admin or principal.organization_id is None:
             return None
         return principal.organization_id
@@ -64,7 +67,7 @@ class InFlightGate:
             return
         state = scope["app"].state.api
         in_flight: InFlight = state.in_flight
-        key = counted_as(state.tokens, Headers(scope=scope))
+        key = counted_as(state.tokens, Headers(scope=scope), scope.setdefault("state", {}))
         if key is None:
             await self.app(scope, receive, send)
             return

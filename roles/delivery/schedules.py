@@ -26,6 +26,7 @@ from temporalio.client import (
     ScheduleActionStartWorkflow,
     ScheduleAlreadyRunningError,
     ScheduleCalendarSpec,
+    ScheduleHandle,
     ScheduleIntervalSpec,
     ScheduleOverlapPolicy,
     SchedulePolicy,
@@ -206,11 +207,7 @@ class ScheduleSync:
         sid = temporal_id(self.settings, state.schedule_id)
         handle = self.client.get_schedule_handle(sid)
         if state.terminal:
-            try:
-                await handle.delete()
-            except RPCError as exc:
-                if exc.status != RPCStatusCode.NOT_FOUND:
-                    raise
+            await _deleted(handle)
             return "deleted"
         wanted = build(self.settings, state)
         try:
@@ -260,10 +257,9 @@ class ScheduleSync:
         for schedule_id in sorted(held - live):
             handle = self.client.get_schedule_handle(temporal_id(self.settings, schedule_id))
             try:
-                await handle.delete()
-            except RPCError as exc:
-                if exc.status == RPCStatusCode.NOT_FOUND:
+                if not await _deleted(handle):
                     continue  # deleted already (the listing lags a delete by a moment)
+            except RPCError as exc:
                 metrics.SCHEDULE_SYNCS.labels("failed").inc()
                 log.warning(
                     "could not delete a Temporal schedule the receipts do not hold",
@@ -281,3 +277,14 @@ class ScheduleSync:
                 extra={"event": "schedule.orphan_deleted", "scheduleId": schedule_id},
             )
         return len(lost), orphaned
+
+
+async def _deleted(handle: ScheduleHandle) -> bool:
+    """Delete the Temporal Schedule; False when Temporal held none by that id (gone already)."""
+    try:
+        await handle.delete()
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return False
+    return True

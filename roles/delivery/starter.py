@@ -109,10 +109,9 @@ class DriverStarter:
 
     async def _start(self, job_id: str) -> StartResult:
         job, latest, now = await deliveries.job_and_latest(self.store, job_id)
-        if job is None:
-            return StartResult(False, "missing")
-        if job.terminal:
-            return StartResult(False, "terminal")
+        if gone := _gone(job):
+            return StartResult(False, gone)
+        assert job is not None
         generation = 0
         if latest is not None:
             if await self._is_open(latest.workflow_id):
@@ -268,10 +267,7 @@ class DriverStarter:
         """`terminal` (or `missing`) when the job, read before a driver of it was found closed,
         is settled (or gone) now: that driver may have settled it as it closed, and the read from
         before still said running (a driver was then started for a settled job)."""
-        job, _, _ = await deliveries.job_and_latest(self.store, job_id)
-        if job is None:
-            return "missing"
-        return "terminal" if job.terminal else None
+        return _gone((await deliveries.job_and_latest(self.store, job_id))[0])
 
     async def _started_anyway(self, workflow_id: str) -> bool:
         """Whether a start that raised left its driver open all the same (True, too, when
@@ -289,6 +285,13 @@ class DriverStarter:
                 return False
             raise
         return description.status == WorkflowExecutionStatus.RUNNING
+
+
+def _gone(job: Job | None) -> str | None:
+    """Why no driver is started for `job` as read: `missing`, `terminal`; None when it may be."""
+    if job is None:
+        return "missing"
+    return "terminal" if job.terminal else None
 
 
 def _eagerly_started(handle: object) -> bool:

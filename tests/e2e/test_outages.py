@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from receipts.jobs import TERMINAL_STATUSES
+from receipts.jobs import TERMINAL_STATUSES, Job
 from receipts.store import Store
 from receipts.tenancy import scoped_id
 from roles.infra.health import CHECK_INTERVAL_S, CHECK_TIMEOUT_S
@@ -264,6 +264,16 @@ def assert_one_handler_at_a_time(ticks: str) -> None:
         assert first_end < second_start, spans
 
 
+async def ticking_beside_a_standby(store: Store, procs: RoleProcesses) -> Job:
+    """A ticker job running on worker-codex-1 with worker-codex-2 started beside it, 3 s in."""
+    job = (await put(store, org="org-a", payload_extra=task("sh", "-c", TICKER))).job
+    held = await wait_for(store, job.job_id, ("running",), 60)
+    assert held.lease is not None
+    procs.start("worker-codex-2", "worker-codex")
+    await asyncio.sleep(3)
+    return job
+
+
 async def test_a_worker_cut_from_postgres_past_its_lease_stops_its_handler_before_a_takeover(
     e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
 ) -> None:
@@ -289,11 +299,7 @@ async def test_a_worker_cut_from_postgres_past_its_lease_stops_its_handler_befor
     procs.start("worker-codex-1", "worker-codex")
     procs.env["RECEIPT_DATABASE_URL"] = direct
     try:
-        job = (await put(store, org="org-a", payload_extra=task("sh", "-c", TICKER))).job
-        held = await wait_for(store, job.job_id, ("running",), 60)
-        assert held.lease is not None
-        procs.start("worker-codex-2", "worker-codex")
-        await asyncio.sleep(3)
+        job = await ticking_beside_a_standby(store, procs)
         await proxy.cut()
         await asyncio.sleep(25)
         await proxy.restore()
@@ -371,11 +377,7 @@ async def test_a_worker_cut_from_postgres_and_temporal_stops_its_handler_before_
     procs.start("worker-codex-1", "worker-codex")
     procs.env = direct
     try:
-        job = (await put(store, org="org-a", payload_extra=task("sh", "-c", TICKER))).job
-        held = await wait_for(store, job.job_id, ("running",), 60)
-        assert held.lease is not None
-        procs.start("worker-codex-2", "worker-codex")
-        await asyncio.sleep(3)
+        job = await ticking_beside_a_standby(store, procs)
         await asyncio.gather(pg.cut(), temporal.cut())
         print(f"both cut at {time.time() % 1000:.1f}")
         await asyncio.sleep(15)

@@ -307,3 +307,31 @@ async def test_a_progress_said_again_after_a_refused_try_is_written(
     assert await fence.progress({"status": "working"})
     after = await store.get_job(job.job_id)
     assert refused and after is not None and after.progress_count == 2, after
+
+
+async def test_a_write_said_again_still_needs_the_active_lease(store: Store) -> None:
+    """The spec: `job.progress` (and a command's consumption) apply the active-lease check. A
+    retry that may find its own write (`again`) is checked first like any other: a superseded
+    delivery's progress equal to the job's, or its consumption of a command the live attempt
+    consumed, is refused, not reported as its own."""
+    job = (await put(store, maxAttempts=2)).job
+    live = AttemptFence(store, job.job_id, 1, "w1")
+    assert (await live.start(LEASE, {})).ok
+    assert await live.progress({"status": "working"})
+    sent = await ops.add_command(
+        store, job.job_id, type="steer", payload={"say": "hi"}, organization_id="org-a"
+    )
+    assert sent.job is not None
+    command_id = sent.job.commands[-1].command_id
+    assert await live.consume(command_id)
+    before = await types(store, job.job_id)
+    stale = {"worker_id": "w0", "attempt": 1}
+    progress = await ops.progress(
+        store, job.job_id, data={"status": "working"}, again=True, **stale
+    )
+    consumed = await ops.consume_command(
+        store, job.job_id, command_id=command_id, again=True, **stale
+    )
+    assert not progress.ok and not progress.already, progress.status
+    assert not consumed.ok and not consumed.already, consumed.status
+    assert await types(store, job.job_id) == before

@@ -120,12 +120,7 @@ async def post_command(
     if outcome.status == operations.NOT_FOUND:
         raise ApiError(404, "not_found", f"no job {job_id!r}", field="jobId")
     if outcome.status == operations.COMMAND_ID_TAKEN:
-        raise ApiError(
-            409,
-            "conflict",
-            f"job {job_id!r} holds another command under this Idempotency-Key",
-            field="Idempotency-Key",
-        )
+        raise _key_taken(job_id)
     if outcome.status == operations.TERMINAL_STATE:
         status = outcome.job.status if outcome.job else "terminal"
         raise ApiError(
@@ -184,9 +179,14 @@ async def same_command(
     given = next(c for c in job.commands if c.command_id == command_id)
     (stored,) = await with_payloads(state.require_store(), job.job_id, [given])
     if stored.payload != body.payload or given.reason != body.reason:
-        raise ApiError(
-            409,
-            "conflict",
-            f"job {job_id!r} holds another command under this Idempotency-Key",
-            field="Idempotency-Key",
-        )
+        raise _key_taken(job_id)
+
+
+def _key_taken(job_id: str) -> ApiError:
+    """409: the job holds another command under the post's Idempotency-Key."""
+    return ApiError(
+        409,
+        "conflict",
+        f"job {job_id!r} holds another command under this Idempotency-Key",
+        field="Idempotency-Key",
+    )
