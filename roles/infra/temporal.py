@@ -4,7 +4,10 @@ search attributes, run the dev server."""
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import shutil
+import socket
 import sysconfig
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -153,6 +156,14 @@ def connect_config(settings: Settings, tls_settings: TemporalTLSSettings) -> dic
     return config
 
 
+def process_identity() -> str:
+    """This process's identity to Temporal: the SDK's `pid@hostname` and a token of this start.
+    A container restarted in its pod comes back with the same pid (often 1) and hostname; under
+    the SDK's default it read its predecessor's last poll as its own, and /readyz said ready for
+    up to POLL_FRESH_S before it had polled at all (roles/infra/health.py)."""
+    return f"{os.getpid()}@{socket.gethostname()}#{secrets.token_hex(3)}"
+
+
 async def connect_client(
     settings: Settings,
     tls_settings: TemporalTLSSettings,
@@ -167,6 +178,7 @@ async def connect_client(
     return await Client.connect(
         # Address, namespace, TLS/mTLS and API key (RECEIPT_TEMPORAL_*, or an envconfig profile).
         **connect_config(settings, tls_settings),
+        identity=process_identity(),
         # Spans cross Temporal only when they are recorded (roles/infra/tracing.py): otherwise
         # the interceptor's per-call spans and headers are work nobody reads.
         interceptors=[TracingInterceptor()] if tracing_recording() else [],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from roles.infra.temporal import (
     DEFAULT_ADDRESS,
     TemporalConfigError,
     TemporalTLSSettings,
+    connect_client,
     connect_config,
 )
 
@@ -28,6 +30,19 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def config(**env: str) -> dict[str, Any]:
     """`connect_config` of the settings the variables `env` give (as a role loads them)."""
     return connect_config(Settings.load(env), TemporalTLSSettings.load(env))
+
+
+async def test_a_restarted_process_with_its_predecessors_pid_and_host_is_another_identity() -> None:
+    """A container restarted in its pod has the same pid (often 1) and hostname: each start's
+    client is another identity to Temporal, so readiness never reads the predecessor's last poll
+    as this process's (roles/infra/health.py)."""
+    first, second = [
+        await connect_client(Settings.load({}), TemporalTLSSettings.load({}), lazy=True)
+        for _ in range(2)
+    ]
+    assert first.identity != second.identity
+    for client in (first, second):
+        assert client.identity.startswith(f"{os.getpid()}@{socket.gethostname()}#")
 
 
 def test_defaults_are_the_local_dev_server_without_tls() -> None:
