@@ -8,7 +8,9 @@ database's meter, `organization_token_usage` (one row per organization and UTC d
 counts kept for the next). A call is checked before its body is read against the meter as last
 read (at most REFRESH_S old) plus what this process counted since (those being flushed
 included); a meter not read within READ_TIMEOUT_S (the database away) leaves the last read
-standing, nothing before the first: no call waits on the database or fails for it. A spent
+standing, nothing before the first: no call waits on the database or fails for it. A read
+whose day has ended is dropped by a flush (at most every PRUNE_S): the process keeps the
+organizations that called today, not every one that ever called. A spent
 budget is quota with a known recovery time, the database's next UTC midnight (timed from the
 read on this process's monotonic clock, never its wall clock, which may be minutes off the
 database's): the call gets the
@@ -43,6 +45,7 @@ log = logging.getLogger("activities.gateway")
 FLUSH_MS = 2_000  # a process's counts reach the database's meter this often
 REFRESH_S = 5.0  # an organization's spend is read again after this long
 READ_TIMEOUT_S = 2.0  # a read of the meter (the database away): the call is checked without it
+PRUNE_S = 60.0  # a flush drops the reads whose day has ended at most this often
 DAY = timedelta(days=1)
 
 
@@ -81,7 +84,10 @@ class Meter:
         self.budgets = budgets
         self._unflushed: dict[str, list[int]] = {}  # organization: [calls, in, out]
         self._flushing: dict[str, list[int]] = {}  # taken by the flush under way, not yet written
+        # Each organization's last read, until its day ends (`_prune`): a process serving many
+        # organizations over days kept one for every organization that ever called.
         self._reads: dict[str, _Read] = {}
+        self._pruned_at = time.monotonic()
         self._lock = asyncio.Lock()  # a flush and a read do not interleave
 
     def count(self, organization_id: str | None, usage: Usage) -> None:
@@ -97,6 +103,7 @@ class Meter:
         """Add the counts since the last flush to the database's meter; the organizations
         written. Raises (counts kept) when the database cannot take them."""
         async with self._lock:
+            self._prune()
             # Still counted by `spent` while they are written (`_flushing`), then in the read.
             taken = self._flushing = self._unflushed
             self._unflushed = {}
@@ -117,6 +124,17 @@ class Meter:
                 if (read := self._reads.get(organization)) is not None:
                     read.spent += counts[1] + counts[2]
             return len(taken)
+
+    def _prune(self) -> None:
+        """Drop the reads whose day has ended, at most every PRUNE_S: such a read is read again
+        at its organization's next call, and unread it counts nothing (a new day starts from
+        nothing either way), so what is kept is the organizations that called today."""
+        now = time.monotonic()
+        if now - self._pruned_at < PRUNE_S:
+            return
+        self._pruned_at = now
+        for organization in [o for o, read in self._reads.items() if now >= read.renews_at]:
+            del self._reads[organization]
 
     async def spent(self, organization_id: str) -> tuple[int, datetime]:
         """The organization's tokens today (the meter as last read, and this process's counts

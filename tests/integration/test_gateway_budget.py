@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from activities.gateway import MAX_CALLS_PER_GRANT, Gateway
-from activities.gateway_budget import READ_TIMEOUT_S, REFRESH_S, Meter
+from activities.gateway_budget import PRUNE_S, READ_TIMEOUT_S, REFRESH_S, Meter
 from activities.gateway_grant import BUDGET_QUOTA, Grant
 from activities.gateway_providers import Budgets, Credential, Provider, Secret
 from activities.gateway_usage import Usage
@@ -249,6 +249,30 @@ async def test_a_new_day_starts_from_nothing_read_or_unread(
     meter._reads[org].renews_at = time.monotonic() - 1  # the database's midnight passed
     meter.store = cast(Store, _Slowed(store, down=OSError("the database is away")))
     assert await meter.spent(org) == (0, renews + timedelta(days=1))
+
+
+async def test_the_meter_forgets_the_organizations_whose_day_has_ended(
+    store: Store, orgs: tuple[str, str]
+) -> None:
+    """A process keeps each organization's last read only until its day ends: one serving many
+    organizations over days kept a read of every organization that ever called. A forgotten
+    organization's next call reads the meter again, so nothing it spent today is lost."""
+    org = orgs[0]
+    meter = Meter(store, Budgets(100))
+    yesterday = [f"{org}-{i}" for i in range(200)]
+    for each in [*yesterday, org]:
+        assert (await meter.spent(each))[0] == 0
+    meter.count(org, Usage(6, 6))
+    assert await meter.flush() == 1  # within PRUNE_S of the meter's start: nothing dropped
+    assert len(meter._reads) == len(yesterday) + 1
+    for each in yesterday:
+        meter._reads[each].renews_at = time.monotonic() - 1  # their day has ended
+    meter._reads[org].at -= REFRESH_S + 1  # idle since, but read today: kept
+    meter._pruned_at = time.monotonic() - PRUNE_S  # its last sweep that long ago
+    assert await meter.flush() == 0
+    assert set(meter._reads) == {org}
+    assert (await meter.spent(yesterday[0]))[0] == 0  # read again: nothing spent today
+    assert (await meter.spent(org))[0] == 12
 
 
 async def test_an_admins_calls_are_not_counted(store: Store, orgs: tuple[str, str]) -> None:

@@ -214,6 +214,12 @@ def attempt_children(history: WorkflowHistory) -> int:
     )
 
 
+def failed_child_starts(history: WorkflowHistory) -> int:
+    return sum(
+        e.HasField("start_child_workflow_execution_failed_event_attributes") for e in history.events
+    )
+
+
 async def test_a_watchdog_tick_history_replays_under_the_sandbox(
     client: Client, fresh_store: Store
 ) -> None:
@@ -247,7 +253,13 @@ async def test_a_watchdog_tick_history_replays_under_the_sandbox(
 # `jobdriver-<branch>-<run>` files of the branches a plain delivery never takes (a live lease
 # or a retry delay waited out, a dead delivery's lease ended, an abort honoured or a settled job
 # found by the driver's own read; `jobdriver-callbacks-continued-0`, `dispatched` beside an
-# attempt that left the job queued) are written by test_replay_branches.py. Workers of a
+# attempt that left the job queued) are written by test_replay_branches.py.
+# `attempt-open-driver-0` is the one legacy branch no current build can run afresh (a new
+# `JobDriverWorkflow` run takes the patch, and dispatch starts `JobDriver`): a driver whose
+# attempt child was still open, an earlier generation's (its start failed, the driver waited a
+# heartbeat cadence and continued as new). It was recorded by the last build that started
+# children (9675604^), its generation-1 driver started while generation 0's abandoned child ran
+# (as its starter's check of that child could race the child's start). Workers of a
 # later version must still replay them all, or drivers open across a deploy would stall on a
 # nondeterminism error until their run timeout: a change that breaks this test needs
 # `workflow.patched` (or a new workflow type, or a versioned task queue), not new files.
@@ -256,7 +268,7 @@ RECORDED = Path(__file__).parent / "histories"
 
 async def test_histories_recorded_by_this_and_earlier_versions_still_replay() -> None:
     files = sorted(RECORDED.glob("*.json"))
-    assert len(files) == 25
+    assert len(files) == 26
     histories = []
     for path in files:
         recorded = json.loads(path.read_text())
@@ -269,13 +281,17 @@ async def test_histories_recorded_by_this_and_earlier_versions_still_replay() ->
         "JobAttemptWorkflow",
     }
     drivers = [h for h in histories if workflow_type(h) == "JobDriverWorkflow"]
-    # Both legacy shapes: four drivers that started attempt children, four that ran attempt
+    # Both legacy shapes: five drivers that started attempt children, four that ran attempt
     # activities (after the patch marker).
     assert sorted((attempt_children(h), attempt_activities(h)) for h in drivers) == [
         *[(0, 1)] * 4,
-        *[(1, 0)] * 4,
+        *[(1, 0)] * 5,
     ]
-    assert sorted(markers(h, PATCH_MARKER) for h in drivers) == [0] * 4 + [1] * 4
+    assert sorted(markers(h, PATCH_MARKER) for h in drivers) == [0] * 5 + [1] * 4
+    # One child's start failed, its id still open: the driver waited (a timer) and continued as
+    # new, the only legacy branch with no other history.
+    refused = [h for h in drivers if failed_child_starts(h)]
+    assert [(timers(h), continued_as_new(h)) for h in refused] == [(1, True)]
     current = [h for h in histories if workflow_type(h) == "JobDriver"]
     assert not any(markers(h, PATCH_MARKER) for h in current)
     dispatching = [h for h in current if attempt_activities(h)]
