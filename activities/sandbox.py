@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from activities import sandbox_disk, sandbox_etc, sandbox_seccomp
+from activities.blocking import off_loop
 from activities.sandbox_cgroup import CgroupUnavailable, SandboxCgroup, plan_for
 from activities.sandbox_env import chain_env, clean_env, environment_args_fd
 from activities.sandbox_gateway import Access
@@ -111,7 +112,7 @@ async def probe(settings: SandboxSettings) -> tuple[bool, str]:
     if cached and (cached.ok or time.monotonic() - cached.at < PROBE_RETRY_S):
         return cached.ok, cached.message
     try:  # every mode: a run then finds its cgroup plan cached
-        await asyncio.to_thread(plan_for, settings.cgroup)
+        await off_loop(plan_for, settings.cgroup)
     except (CgroupUnavailable, ValueError) as exc:
         _probes[settings] = _Probe(False, str(exc), time.monotonic())
         return False, str(exc)
@@ -268,7 +269,7 @@ async def run_sandboxed(
     cgroup = None
     if plan is not None:
         try:
-            cgroup = await asyncio.to_thread(
+            cgroup = await off_loop(
                 SandboxCgroup.create,
                 plan,
                 memory_mb=run_limits.memory_mb,
@@ -319,7 +320,7 @@ async def run_sandboxed(
             if fd is not None and fd >= 0:
                 os.close(fd)
         if cgroup:
-            await asyncio.to_thread(cgroup.close)
+            await off_loop(cgroup.close)
         raise SandboxRefused(f"could not start {argv[0]!r}: {exc}") from exc
     if confined:
         os.close(info_write)
@@ -338,8 +339,8 @@ async def run_sandboxed(
             memory_killed = cgroup.memory_killed()
             # Leftovers (only `none` mode can have any) die here; the rmdir, which may wait on
             # the kernel, runs off the command's path.
-            await asyncio.shield(asyncio.to_thread(cgroup.kill_all))
-            _removing.add(removal := asyncio.create_task(asyncio.to_thread(cgroup.remove)))
+            await asyncio.shield(off_loop(cgroup.kill_all))
+            _removing.add(removal := asyncio.create_task(off_loop(cgroup.remove)))
             removal.add_done_callback(_removing.discard)
     if confined and sandbox.inner_pid is None and not result.aborted and result.exit_code:
         # bwrap said nothing on its info pipe: it failed before its command existed (its own

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from activities.blocking import off_loop
+
 log = logging.getLogger("activities.sandbox")
 
 # What one command's workspace may hold by default (RECEIPT_SANDBOX_WORKSPACE_MB and _FILES).
@@ -91,7 +93,7 @@ async def watch(workspace: Path, max_mb: int, max_files: int) -> Usage:
     max_bytes = max_mb * 1024 * 1024
     while True:
         started = time.monotonic()
-        found = await asyncio.to_thread(usage, workspace, max_bytes, max_files)
+        found = await off_loop(usage, workspace, max_bytes, max_files)
         if found.past(max_bytes, max_files):
             log.warning(
                 "a sandboxed command was killed: its workspace is past its bound "

@@ -22,7 +22,6 @@ and a later worker removes it when it finds the process gone.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -33,6 +32,8 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from activities.blocking import off_loop
 
 PREFIX = "receipt-sandbox-etc-"
 ETC = Path("/etc")
@@ -200,7 +201,7 @@ async def view_for(entries: tuple[str, ...], ro_binds: Iterable[str]) -> EtcView
     fresh, view = views.current()
     if fresh:
         return view
-    return await asyncio.to_thread(views.build)
+    return await off_loop(views.build)
 
 
 def remove_views() -> None:

@@ -12,6 +12,7 @@ import select
 import signal
 import time
 
+from activities.blocking import off_loop
 from activities.sandbox_policy import GONE_TIMEOUT_S, TERM_GRACE_S
 from receipts.waits import within
 
@@ -53,7 +54,7 @@ class Running:
     async def gone(self) -> None:
         """Wait until the namespace's first process (and so every process in it) is gone."""
         if self.info_fd is not None:
-            await asyncio.to_thread(self._read_inner_pid)
+            await off_loop(self._read_inner_pid)
         if self.inner_pid is not None:
             await exited(self.inner_pid, GONE_TIMEOUT_S)
         self.finished = True
@@ -67,7 +68,7 @@ class Running:
             if self.info_fd is not None and self.process.returncode is None:
                 # The info pipe is written before the command runs: read it without blocking
                 # the loop for long (bwrap has forked by the time we can abort).
-                await asyncio.to_thread(self._read_inner_pid, TERM_GRACE_S)
+                await off_loop(self._read_inner_pid, TERM_GRACE_S)
             if self.inner_pid is not None:
                 # Killing bwrap first would orphan that process to whatever reaps orphans (a
                 # worker that is PID 1 in its container never would: a zombie per abort).

@@ -15,7 +15,6 @@ one.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import os
@@ -25,6 +24,7 @@ from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
+from activities.blocking import off_loop
 from activities.sandbox_policy import SandboxSettings
 from activities.workspaces import (
     AGENT_JOBS_DIR,
@@ -66,10 +66,10 @@ class WorkspaceSweeper:
         """Remove what is due; the number of workspaces removed."""
         active = await self._active()
         cutoff = time.time() - self.retention.total_seconds()
-        due = await asyncio.to_thread(stale, self.root, active, cutoff)
+        due = await off_loop(stale, self.root, active, cutoff)
         removed = 0
         for path in due[:REMOVALS_PER_PASS]:
-            if await asyncio.to_thread(self._remove, path, cutoff):
+            if await off_loop(self._remove, path, cutoff):
                 removed += 1
         return removed
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from activities import workspaces
+from activities.blocking import off_loop
 from activities.handlers.context import HandlerContext, HandlerError
 from activities.handlers.steering import StdinFeed
 from activities.sandbox import SandboxNotStarted, SandboxRefused, SandboxSettings, run_sandboxed
@@ -55,12 +55,12 @@ async def workspace_of(ctx: HandlerContext, settings: SandboxSettings) -> Path:
         earlier_id = caller_id(objective_id)
         legacy = workspaces.legacy_objective_workspace(earlier_id, settings)
         if legacy.is_dir() and await ctx.receipts.objective(earlier_id) is not None:
-            await asyncio.to_thread(workspaces.adopt, legacy, workspace, settings)
+            await off_loop(workspaces.adopt, legacy, workspace, settings)
         return workspace
     workspace = workspaces.job_workspace(organization, ctx.job.job_id, settings)
     legacy = workspaces.legacy_job_workspace(ctx.job.job_id, settings)
     if legacy.is_dir():
-        await asyncio.to_thread(workspaces.adopt, legacy, workspace, settings)
+        await off_loop(workspaces.adopt, legacy, workspace, settings)
     return workspace
 
 

@@ -259,20 +259,26 @@ def as_handler(declared: AgentHandler) -> Handler:
 
 
 def _check_shape(value: Any, what: str, limit: int) -> None:
-    """Refuse `value` when its lists and objects nest past `MAX_JSON_DEPTH` or it holds more
-    than `limit` values (each is a byte of JSON at least): walked once, iteratively, and never
-    past either bound, so a value that holds itself (which no JSON does) or one list many times
-    over is refused at once rather than walked for ever on the worker's event loop."""
-    pending, values = [(value, 1)], 0
+    """Refuse `value` when its lists and objects nest past `MAX_JSON_DEPTH` or it weighs more
+    than `limit`: each value a byte of JSON at least, each character of a string, a key or
+    bytes one more. Walked once, iteratively, never past either bound and before anything is
+    serialized: a value that holds itself (which no JSON does), one list many times over, or a
+    100 MB string (serialized first, it held the worker's event loop 4 s and took 1.2 GB to be
+    refused) is refused at once rather than walked or copied on the worker's event loop."""
+    pending, weight = [(value, 1)], 0
     while pending:
         item, level = pending.pop()
-        values += 1
-        if values > limit:
-            raise TypeError(
-                f"{what} holds more than {limit} values; at most {limit} bytes are kept"
-            )
-        if isinstance(item, dict):
+        weight += len(item) if isinstance(item, (str, bytes, bytearray)) else 1
+        if isinstance(item, dict) and weight + len(item) <= limit:
+            weight += sum(len(key) for key in item if isinstance(key, (str, bytes)))
             item = list(item.values())
+        elif isinstance(item, dict):
+            weight += len(item)
+        if weight > limit or (isinstance(item, (list, tuple)) and weight + len(item) > limit):
+            raise TypeError(
+                f"{what} holds more than {limit} values and characters (over {limit} bytes "
+                f"of JSON); at most {limit} are kept"
+            )
         if isinstance(item, (list, tuple)):
             if level > MAX_JSON_DEPTH:
                 raise TypeError(

@@ -23,9 +23,43 @@ def trace_fields() -> dict[str, str]:
     return {"trace_id": f"{span.trace_id:032x}", "span_id": f"{span.span_id:016x}"}
 
 
+# A log line's size. A field (the message, a traceback, one `extra` value) is cut past
+# `MAX_FIELD_CHARS`, keeping its start and its end; a line still past `MAX_LINE_CHARS` (a call
+# with many fields) keeps its standard fields and the extras that fit, `fieldsCut` saying how
+# many did not. A handler's error of megabytes made a line of megabytes, which a log shipper
+# splits (Docker's json-file at 16 KiB) or drops (Loki past 256 KiB): the line lost was the
+# one that said why the job failed.
+MAX_FIELD_CHARS = 16_000
+MAX_LINE_CHARS = 64_000
+
+
+def cut(text: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """`text`, at most `limit` characters: its start and its end, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep = limit - 40  # room for the note
+    head, tail = keep * 3 // 4, keep // 4
+    return f"{text[:head]}… [{len(text) - head - tail} characters cut] …{text[-tail:]}"
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+
+
+def _fitted(extras: list[str], room: int) -> tuple[list[str], int]:
+    """The `extras` (formatted) that fit in `room` characters, in order, and how many did not."""
+    kept: list[str] = []
+    for field in extras:
+        if len(field) + 2 > room:
+            break
+        kept.append(field)
+        room -= len(field) + 2
+    return kept, len(extras) - len(kept)
+
+
 class JsonFormatter(logging.Formatter):
     """Format a record as JSON: time, level, logger, message, role, every `extra` field, and the
-    current span's `trace_id` and `span_id`."""
+    current span's `trace_id` and `span_id`; each field and the line bounded (`cut`)."""
 
     def __init__(self, role: str) -> None:
         super().__init__()
@@ -39,13 +73,29 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
             "role": self.role,
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                body[key] = value
-        body.update(trace_fields())
+        extras = _extras(record)
+        after = trace_fields()
         if record.exc_info:
-            body["exc"] = self.formatException(record.exc_info)
-        return json.dumps(body, default=str, ensure_ascii=False)
+            after["exc"] = self.formatException(record.exc_info)
+        # As `dict.update` in this order: an extra named as a standard field replaces it.
+        first = [_field(k, v) for k, v in body.items() if k not in extras]
+        more = [_field(k, v) for k, v in extras.items() if k not in after]
+        last = [_field(k, v) for k, v in after.items()]
+        room = MAX_LINE_CHARS - sum(len(f) + 2 for f in first + last) - 20
+        kept, dropped = _fitted(more, room)
+        cut_note = [f'"fieldsCut": {dropped}'] if dropped else []
+        return "{" + ", ".join(first + kept + cut_note + last) + "}"
+
+
+def _field(key: str, value: Any) -> str:
+    """`"key": value` as JSON, its value cut (`cut`): a string's text, another's JSON."""
+    if isinstance(value, str):
+        text = json.dumps(cut(value), ensure_ascii=False)
+    else:
+        text = json.dumps(value, default=str, ensure_ascii=False)
+        if len(text) > MAX_FIELD_CHARS:
+            text = json.dumps(cut(text), ensure_ascii=False)
+    return f"{json.dumps(key, ensure_ascii=False)}: {text}"
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
@@ -68,19 +118,17 @@ class HumanFormatter(logging.Formatter):
         self.role = role
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(
-            f"{k}={escape(str(v))}"
-            for k, v in vars(record).items()
-            if k not in _STANDARD and not k.startswith("_")
-        )
         when = datetime.fromtimestamp(record.created).strftime("%H:%M:%S.%f")[:-3]
-        message = escape(record.getMessage())
+        message = escape(cut(record.getMessage()))
         line = f"{when} {record.levelname:<7} [{self.role}] {record.name}: {message}"
-        if extras:
-            line += f"  {extras}"
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return line
+        trace = "\n" + cut(self.formatException(record.exc_info)) if record.exc_info else ""
+        room = MAX_LINE_CHARS - len(line) - len(trace) - 20
+        extras = [f"{k}={escape(cut(str(v)))}" for k, v in _extras(record).items()]
+        kept, dropped = _fitted(extras, room)
+        kept += [f"fieldsCut={dropped}"] if dropped else []
+        if kept:
+            line += "  " + " ".join(kept)
+        return line + trace
 
 
 def configure(role: str, log_format: str | None, *, level: int = logging.INFO) -> None:

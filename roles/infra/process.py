@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -298,15 +301,51 @@ def _pidfd_works() -> bool:
     return True
 
 
+class ResolvingLoop(asyncio.SelectorEventLoop):
+    """asyncio's loop, its name lookups (`getaddrinfo`: psycopg's connections, the listener's
+    reconnect, httpx's requests) on threads of their own (uvloop makes them on libuv's).
+
+    asyncio's own makes them on its default executor, which is the handlers' (`asyncio.to_thread`,
+    as the README advises): a cancelled handler's thread runs on, and with every thread of it
+    held (at most 32) the worker could open no connection, for good."""
+
+    async def getaddrinfo(
+        self,
+        host: Any,
+        port: Any,
+        *,
+        family: int = 0,
+        type: int = 0,
+        proto: int = 0,
+        flags: int = 0,
+    ) -> Any:
+        lookup = functools.partial(socket.getaddrinfo, host, port, family, type, proto, flags)
+        return await self.run_in_executor(_RESOLVER, lookup)
+
+    async def getnameinfo(self, sockaddr: Any, flags: int = 0) -> Any:
+        return await self.run_in_executor(_RESOLVER, socket.getnameinfo, sockaddr, flags)
+
+
+# A lookup may wait out the resolver's timeouts (seconds): a few at once, never the handlers'.
+_RESOLVER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="receipt-resolve")
+
+
+def _resolving_loop() -> asyncio.AbstractEventLoop:
+    loop = ResolvingLoop()
+    asyncio.set_event_loop(loop)  # as `asyncio.run` does (the child watcher attaches to it)
+    return loop
+
+
 def run_event_loop(main: Coroutine[Any, Any, None], loop: str) -> None:
     """Run `main` on uvloop (the api served ~20 % more requests at a lower p99 in `make bench`)
-    or on asyncio's own loop."""
+    or on asyncio's own loop (`ResolvingLoop`)."""
     if loop == "asyncio":
         if sys.version_info < (3, 12) and _pidfd_works():
             # Python 3.11 waits for each child in a thread of its own; a pidfd needs none
             # (3.12 does this by itself, and deprecates choosing).
             asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
-        asyncio.run(main)
+        with asyncio.Runner(loop_factory=_resolving_loop) as runner:
+            runner.run(main)
         return
     import uvloop
 

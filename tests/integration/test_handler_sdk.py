@@ -373,7 +373,10 @@ async def test_progress_and_results_are_bounded(store: Store) -> None:
         return "y" * (1024 * 1024 + 1)
 
     job_id, result = await delivered(store, heavy)
-    assert refused == ["progress data is 70002 bytes of JSON; at most 65536 are kept"]
+    assert refused == [
+        "progress data holds more than 65536 values and characters (over 65536 bytes of "
+        "JSON); at most 65536 are kept"
+    ]
     assert result.job_status == "failed"
     job = await store.get_job(job_id)
     assert job is not None and job.error is not None and "at most 1048576 are kept" in job.error

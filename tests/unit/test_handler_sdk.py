@@ -255,3 +255,23 @@ def test_time_left_is_a_number_a_handler_computes_with() -> None:
 
     assert get_type_hints(JobContext.time_left)["return"] is float
     assert get_type_hints(FencedJobContext.time_left)["return"] is float
+
+
+@pytest.mark.parametrize("text", ["é" * 20_000_000, b"\xff" * 20_000_000])
+def test_a_huge_result_is_refused_before_it_is_serialized(text: str | bytes) -> None:
+    """A handler's result (or progress) was serialized whole before its size was checked, on
+    the worker's event loop: a 100 MB string returned held the loop (every attempt's heartbeat
+    with it) 4 s and took 1.2 GB more (6 bytes of JSON a character) to be refused, enough to
+    have the worker killed for its memory with every job it ran. Its length alone refuses it."""
+    import tracemalloc
+
+    from activities.handlers.sdk import MAX_RESULT_BYTES, _check_json
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(TypeError, match="at most 1048576"):
+            _check_json({"log": [text]}, "the result", MAX_RESULT_BYTES)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, f"{peak} bytes allocated to refuse it"

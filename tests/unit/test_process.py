@@ -258,3 +258,43 @@ async def test_a_background_task_that_returns_or_is_cancelled_is_not_counted(
     after = [metrics.value("receipt_role_tasks_failed_total", task=t) for t in ("once", "long")]
     assert after == before
     assert "role.task_failed" not in {getattr(r, "event", None) for r in caplog.records}
+
+
+RESOLVES_BESIDE_HANDLER_THREADS = textwrap.dedent(
+    """
+    import asyncio, sys, threading
+    from roles.infra import process
+
+    gate = threading.Event()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        # What handlers' `asyncio.to_thread` calls left running (a blocking call without a
+        # timeout, its handler cancelled): every thread of the default executor taken.
+        held = [loop.run_in_executor(None, gate.wait) for _ in range(64)]
+        try:
+            await asyncio.wait_for(loop.getaddrinfo("localhost", 5432), 5)
+            print("resolved", flush=True)
+        except TimeoutError:
+            print("held", flush=True)
+        gate.set()
+        await asyncio.gather(*held)
+
+    process.run_event_loop(main(), sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_role_resolves_names_while_handlers_hold_every_default_thread(loop: str) -> None:
+    """asyncio's loop (worker-codex's) looks names up on its default executor, the threads a
+    handler's `asyncio.to_thread` takes: with those held (a cancelled handler's thread runs on),
+    the worker's new PostgreSQL connections (psycopg resolves the host on the loop), its
+    listener's reconnect and its gateway's requests waited behind them for good."""
+    out = subprocess.run(
+        [sys.executable, "-c", RESOLVES_BESIDE_HANDLER_THREADS, loop],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.stdout.strip() == "resolved", out.stderr
