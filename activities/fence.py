@@ -3,6 +3,7 @@ fence (`receipts/operations.py`), each retried through a storage outage."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,17 +44,21 @@ class AttemptFence:
     async def _write_again(
         self, what: str, operation: Callable[..., Awaitable[ops.Outcome]], **fields: Any
     ) -> ops.Outcome:
-        """`_write` for a write a second receipt would repeat (a progress, a consumption):
+        """`_write` for a write a second receipt would repeat (a progress, a consumption),
+        named by an id of its own (`write_id`, in its receipt, the same on every try of it):
         each storage retry after a try whose answer was lost (`UnansweredStorageError`: it may
-        have committed) tells `operation` it is one (`again`), for it to find that write its
-        own. A try refused before it wrote (no connection free, a lock not taken) is no such
-        write: a handler's progress said twice alike is two."""
+        have committed) tells `operation` it is one (`again`), for it to find that write by
+        its id. A try refused before it wrote (no connection free, a lock not taken) is no
+        such write; nor is a receipt alike of another write, of this delivery (a progress said
+        twice alike is two) or of the one it took the lease from (its consumption of a command
+        is not this one's)."""
         lost = False
+        write_id = uuid.uuid4().hex
 
         async def once(*args: Any, **kwargs: Any) -> ops.Outcome:
             nonlocal lost
             try:
-                return await operation(*args, again=lost, **kwargs)
+                return await operation(*args, write_id=write_id, again=lost, **kwargs)
             except UnansweredStorageError:
                 lost = True
                 raise

@@ -23,6 +23,7 @@ from receipts.job_append import JobAppend, insert_params, plan
 from receipts.jobs import SINGLETON_CANCEL_REASON, Job
 from receipts.kinds import runs_commands
 from receipts.store import Draft, Store, Tx
+from receipts.streams import same_json
 from receipts.trace_context import trace_id_of
 
 log = logging.getLogger("receipts.enqueue")
@@ -62,12 +63,12 @@ async def _same_request(tx: Tx, existing: Job, request: EnqueueRequest, job_id: 
         payload = request.payload
         if request.objective_id_assigned and "objectiveId" in existing.payload:
             payload = {**payload, "objectiveId": existing.payload["objectiveId"]}
-        return existing.agent_id == request.agent_id and existing.payload == payload
+        return existing.agent_id == request.agent_id and same_json(existing.payload, payload)
     command = next((c for c in existing.commands if c.command_id == job_id), None)
     if command is None:
         return True
     [read] = await with_payloads(tx, existing.job_id, [command])
-    return bool(read.payload == request.payload)
+    return same_json(read.payload, request.payload)
 
 
 def session_lock_key(organization_id: str | None, session_key: str) -> str:

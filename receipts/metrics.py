@@ -435,7 +435,8 @@ WEBHOOK_DELIVERIES = Counter(
     "Tries of per-organization webhook deliveries, by event and outcome: delivered, retried "
     "(an error, an answer other than 2xx or an address the egress rules refuse: tried again), "
     "failed (given up), lapsed (posted or not, its record failed: its claim lapses and it is "
-    "tried again), superseded (posted after its claim lapsed and another deliverer took the "
+    "tried again; a record whose answer was lost is read back, and counted as what it "
+    "recorded), superseded (posted after its claim lapsed and another deliverer took the "
     "delivery: not recorded), dropped (not posted: its subscription was deleted, or its claim "
     "lapsed to another deliverer, before the post).",
     ["event", "outcome"],

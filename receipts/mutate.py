@@ -12,7 +12,7 @@ from datetime import datetime
 
 from receipts.errors import ConflictError
 from receipts.guarded import NeedsTransaction, append_if_unchanged
-from receipts.jobs import LEASED_STATUSES, Job, Receipt
+from receipts.jobs import LEASED_STATUSES, Job, Receipt, job_stream
 from receipts.store import Draft, Store, Tx
 
 log = logging.getLogger("receipts.operations")
@@ -115,3 +115,12 @@ async def mutate_guarded(
                 new, receipts = written
                 return Outcome(OK, new, tuple(receipts))
     return await mutate(store, job_id, decide)
+
+
+async def written(store: Store, job_id: str, kind: str, write_id: str) -> bool:
+    """True when the job holds a `kind` receipt carrying `writeId` `write_id`: a delivery's
+    write whose earlier try committed with its answer lost (the id is the one write's, made
+    once and sent with every try of it, so no other write, of this delivery or another, is
+    taken for it)."""
+    params = {"stream": job_stream(job_id), "type": kind, "write_id": write_id}
+    return await store.fetch_one("job_write_found", params) is not None

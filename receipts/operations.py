@@ -27,7 +27,7 @@ from receipts.jobs import (
 )
 from receipts.mutate import OK as OK
 from receipts.mutate import SETTLEMENT_CONFLICT as SETTLEMENT_CONFLICT
-from receipts.mutate import Decide, Decision, Known, Outcome, Write, mutate, mutate_guarded
+from receipts.mutate import Decide, Decision, Known, Outcome, Write, mutate, mutate_guarded, written
 from receipts.plan import Step, next_step
 from receipts.store import Draft, Store
 from receipts.text import sanitize
@@ -48,6 +48,7 @@ AGENT_JOB_NOT_RUNNING = "agent_job_not_running"
 TOO_MANY_COMMANDS = "too_many_commands"
 COMMAND_ID_TAKEN = "command_id_taken"  # a command sent again under its id, but another type
 ABORT_REQUESTED = "abort_requested"  # a completion that found an abort: the worker cancels
+PROGRESS, CONSUMED = "job.progress", "queue.command.consumed"
 
 
 async def _fenced(store: Store, job_id: str, worker_id: str, attempt: int, write: Write) -> Outcome:
@@ -227,16 +228,25 @@ async def heartbeat(
 
 
 async def progress(
-    store: Store, job_id: str, *, worker_id: str, attempt: int, data: Any, again: bool = False
+    store: Store,
+    job_id: str,
+    *,
+    worker_id: str,
+    attempt: int,
+    data: Any,
+    write_id: str | None = None,
+    again: bool = False,
 ) -> Outcome:
-    """Record handler progress under the fence. `again`: a storage retry, whose earlier try may
-    have committed with its answer lost; a job whose progress is already `data` has it."""
+    """Record handler progress under the fence; `write_id` names this one write (its receipt
+    carries it). `again`: a storage retry, whose earlier try may have committed with its answer
+    lost; the receipt of `write_id`, if found, is that try's (`already`), under the fence."""
     body = {"workerId": worker_id, "attempt": attempt, "data": sanitize(data)}
+    if write_id is not None:
+        body["writeId"] = write_id
+    mine = again and write_id is not None and await written(store, job_id, PROGRESS, write_id)
 
     def write(job: Job, now: datetime) -> Decision:
-        if again and job.progress_count and job.progress == body["data"]:
-            return Outcome(OK, job, already=True)
-        return [Draft("job.progress", body)]
+        return Outcome(OK, job, already=True) if mine else [Draft(PROGRESS, body)]
 
     return await _fenced(store, job_id, worker_id, attempt, write)
 
@@ -417,20 +427,22 @@ async def consume_command(
     worker_id: str,
     attempt: int,
     command_id: str,
+    write_id: str | None = None,
     again: bool = False,
 ) -> Outcome:
-    """Mark a pending steer/follow_up as consumed by this attempt, under the fence. `again`: a
-    storage retry, whose earlier try may have committed with its answer lost; a command this
-    attempt (whose fence the writer holds) consumed already is the writer's."""
+    """Mark a pending steer/follow_up as consumed by this attempt, under the fence; `write_id`
+    names this one write. `again`: a storage retry, whose earlier try may have committed with
+    its answer lost; the consumption carrying `write_id`, if found, is that try's (`already`),
+    never one another delivery (or another consume of this one) made."""
+    mine = again and write_id is not None and await written(store, job_id, CONSUMED, write_id)
 
     def write(job: Job, now: datetime) -> Decision:
-        mine = (c.command_id == command_id and c.consumed_attempt == attempt for c in job.commands)
-        if again and any(mine):
+        if mine:
             return Outcome(OK, job, already=True)
         if not any(c.command_id == command_id and c.pending for c in job.commands):
             return NOT_PENDING
         data = {"commandId": command_id, "attempt": attempt, "workerId": worker_id}
-        return [Draft("queue.command.consumed", data)]
+        return [Draft(CONSUMED, data if write_id is None else {**data, "writeId": write_id})]
 
     return await _fenced(store, job_id, worker_id, attempt, write)
 

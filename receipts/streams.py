@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -62,6 +63,28 @@ class Receipt:
 def dumps(value: Any) -> str:
     """Encode receipt data as JSON (datetimes as ISO 8601)."""
     return json.dumps(value, separators=(",", ":"), default=_default, ensure_ascii=False)
+
+
+def same_json(stored: Any, given: Any) -> bool:
+    """True when `given` (a request's JSON) is what `stored` (read back from `jsonb`) holds.
+    `jsonb` keeps a number as its decimal value, so a float comes back in another form: 1.5e300
+    as the integer 15 followed by 299 zeros, 1e23 as 10**23 (neither equal to the float in
+    Python), -0.0 as 0.0. Numbers are compared by their decimal value, as `jsonb` compares
+    them; `true` is not 1 (Python's `True == 1`)."""
+    if isinstance(stored, bool) or isinstance(given, bool):
+        return type(stored) is type(given) and stored == given
+    if isinstance(stored, (int, float)) and isinstance(given, (int, float)):
+        return _decimal(stored) == _decimal(given)
+    if isinstance(stored, Mapping) and isinstance(given, Mapping):
+        return stored.keys() == given.keys() and all(same_json(stored[k], given[k]) for k in stored)
+    if isinstance(stored, (list, tuple)) and isinstance(given, (list, tuple)):
+        return len(stored) == len(given) and all(map(same_json, stored, given))
+    return type(stored) is type(given) and bool(stored == given)
+
+
+def _decimal(number: float) -> Decimal:
+    """A number as `jsonb` stores it: a float by the text `dumps` writes (its `repr`)."""
+    return Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
 
 
 def _default(value: Any) -> Any:

@@ -414,36 +414,6 @@ async def signing_secret(store: Store, delivery: Claimed) -> str | None:
     return str(row[0]) if row else None
 
 
-async def record_try(
-    store: Store,
-    delivery: Claimed,
-    *,
-    status: str,
-    status_code: int | None,
-    error: str | None,
-    duration_ms: int,
-    retry_ms: int = 0,
-) -> datetime | None:
-    """Record one try: `delivered`, `failed` (given up) or `pending` (again in `retry_ms`).
-    None when it was not recorded: its claim lapsed and another deliverer took the delivery
-    (finished it, or holds it now)."""
-    if error is not None and len(error) > MAX_ERROR_CHARS:
-        error = error[: MAX_ERROR_CHARS - 1] + "…"
-    row = await store.fetch_one(
-        "webhook_delivery_record",
-        {
-            "delivery_id": delivery.delivery_id,
-            "claimed_until": delivery.claimed_until,
-            "status": status,
-            "status_code": status_code,
-            "error": error,
-            "duration_ms": duration_ms,
-            "retry_ms": retry_ms,
-        },
-    )
-    return row[0] if row else None
-
-
 async def event_data(store: Store, delivery: Claimed) -> dict[str, Any] | None:
     """The `data` of the event posted: stored with the delivery, or for a job's event the job
     as its organization sees it (its ids untagged, `task.env` redacted). None: the job is gone."""

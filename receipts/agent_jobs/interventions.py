@@ -17,6 +17,7 @@ from receipts.errors import ConflictError, NotFoundError
 from receipts.kinds import TURN_KIND
 from receipts.mutate import Decide, Outcome, apply, mutate
 from receipts.store import Draft, Store, Tx
+from receipts.streams import same_json
 
 log = logging.getLogger("receipts.agent_jobs")
 
@@ -52,7 +53,7 @@ async def answer(
             # Its latest answer, kept until it asks again: waiting for a slot, or the turn it
             # started running (or finished) since.
             given = job.answer.get("toolCallId")
-            if job.answer == {"toolCallId": tool_call_id or given, "answer": answer}:
+            if same_json(job.answer, {"toolCallId": tool_call_id or given, "answer": answer}):
                 return job  # the same answer again (a client retrying a lost reply): as it was
             if job.status == "waiting_on_user":
                 raise NotWaiting(f"agent job {agent_job_id!r} is already answered")

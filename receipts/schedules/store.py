@@ -23,6 +23,7 @@ from receipts.schedules.model import (
     schedule_stream,
 )
 from receipts.store import Draft, Store, Tx, translate_errors
+from receipts.streams import same_json
 from receipts.tenancy import caller_id, scoped_id
 
 log = logging.getLogger("receipts.schedules")
@@ -224,7 +225,7 @@ async def create(
         await tx.lock_streams([stream])
         existing = await load(tx, schedule_id)
         if existing is not None:
-            same = definition_data(existing) == definition.data()
+            same = same_json(definition_data(existing), definition.data())
             if existing.terminal or not same:
                 raise ConflictError(
                     f"schedule {caller_schedule_id} already exists"

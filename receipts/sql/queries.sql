@@ -166,6 +166,13 @@ SELECT (SELECT array_agg(position ORDER BY seq) FROM inserted),
        (SELECT count(*) FROM leased),
        (SELECT count(*) FROM (SELECT pg_notify(c, %(note)s) FROM unnest(%(channels)s::text[]) AS c) AS sent);
 
+-- name: job_write_found
+-- A fenced write a delivery may be repeating (its earlier try's answer was lost): the job's
+-- receipt of `type` that carries its `writeId`, if that try committed.
+SELECT 1 FROM receipts
+WHERE stream = %(stream)s AND type = %(type)s AND data ->> 'writeId' = %(write_id)s
+LIMIT 1;
+
 -- name: read_stream
 SELECT stream, seq, type, data, recorded_at, position
 FROM receipts

@@ -160,6 +160,12 @@ WHERE delivery_id = %(delivery_id)s
   AND claimed_until = %(claimed_until)s
 RETURNING next_try_at;
 
+-- name: webhook_delivery_tried
+-- A delivery as it stands, read after a try's record lost its answer (it may have been made):
+-- its status, its claim, its next try and the database clock.
+SELECT status, claimed_until, next_try_at, now() FROM webhook_deliveries
+WHERE delivery_id = %(delivery_id)s;
+
 -- name: webhook_job_state
 -- A job's folded state, for the body of its event's delivery.
 SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END

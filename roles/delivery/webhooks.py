@@ -21,8 +21,9 @@ from opentelemetry import trace
 
 from activities import webhook_egress as egress
 from activities.driver import callback_message_id, sign_webhook
-from receipts import metrics
+from receipts import metrics, webhook_tries
 from receipts import webhooks as hooks
+from receipts.errors import UnansweredStorageError
 from receipts.store import Store
 from receipts.trace_context import current_traceparent, job_trace
 from receipts.waits import within
@@ -117,7 +118,11 @@ class WebhookDeliverer:
             event = delivery.counted_as
             metrics.WEBHOOK_DELIVERIES.labels(event, "lapsed").inc()
             log.warning(
-                "webhook try not recorded; its claim lapses and it is tried again",
+                # A record whose answer was lost and could not be read back may have been made.
+                "webhook try's record unanswered, not known; unless it was made, its claim lapses "
+                "and it is tried again"
+                if isinstance(exc, UnansweredStorageError)
+                else "webhook try not recorded; its claim lapses and it is tried again",
                 exc_info=True,
                 extra={
                     "event": "webhook.try_lost",
@@ -274,7 +279,7 @@ class WebhookDeliverer:
         status = {"delivered": "delivered", "failed": "failed", "retried": "pending"}[outcome]
         if error is not None:  # the try's span (`_deliver`), when it was posted
             trace.get_current_span().set_status(trace.StatusCode.ERROR, error)
-        next_try = await hooks.record_try(
+        next_try = await webhook_tries.record_try(
             self.store,
             delivery,
             status=status,

@@ -144,9 +144,11 @@ async def test_four_jobs_three_run_one_waits_then_takes_a_freed_slot(
     assert (await current(store, jobs[3].agent_job_id)).status == "running"
     assert await chain_running(store, agent) == 3
 
-    # The answer arrives while every slot is taken: recorded, not running.
+    # The answer arrives while every slot is taken: recorded, not running. (It holds a float
+    # `jsonb` gives back as an integer of 301 digits: the same answer again is still the same.)
+    reply = {"pick": "B", "weight": 1.5e300}
     answered = await interventions.answer(
-        store, waiting.agent_job_id, answer="B", tool_call_id="call-1"
+        store, waiting.agent_job_id, answer=reply, tool_call_id="call-1"
     )
     assert answered.status == "waiting_on_user" and answered.answer_pending
     assert (await dispatcher(store).run_once()).claimed == 0
@@ -155,9 +157,9 @@ async def test_four_jobs_three_run_one_waits_then_takes_a_freed_slot(
     # not waiting for input").
     chain = await store.read_stream(model.stream_of(waiting.agent_job_id))
     again = await interventions.answer(
-        store, waiting.agent_job_id, answer="B", tool_call_id="call-1"
+        store, waiting.agent_job_id, answer=reply, tool_call_id="call-1"
     )
-    assert again.answer == answered.answer
+    assert again.answer == {"toolCallId": "call-1", "answer": {**reply, "weight": 15 * 10**299}}
     assert await store.read_stream(model.stream_of(waiting.agent_job_id)) == chain
     with pytest.raises(interventions.NotWaiting, match="is already answered"):
         await interventions.answer(store, waiting.agent_job_id, answer="C", tool_call_id="call-1")
@@ -169,7 +171,10 @@ async def test_four_jobs_three_run_one_waits_then_takes_a_freed_slot(
     resumed = await current(store, waiting.agent_job_id)
     assert (resumed.status, resumed.attempt, resumed.turn) == ("running", 1, 2)
     assert resumed.queue_job_id == f"{waiting.agent_job_id}:attempt:1:turn:2"
-    assert resumed.answer == {"toolCallId": "call-1", "answer": "B"}
+    assert resumed.answer == {
+        "toolCallId": "call-1",
+        "answer": {"pick": "B", "weight": 15 * 10**299},
+    }
     assert (await current(store, jobs[1].agent_job_id)).status == "succeeded"
 
 

@@ -180,3 +180,46 @@ async def test_a_webhook_created_again_with_its_idempotency_key_is_made_once(
     assert theirs.json()["webhook"]["webhookId"] != answers[0].json()["webhook"]["webhookId"]
     other = await client.post("/webhooks", json={**body, "events": ["job.failed"]}, headers=headers)
     assert other.status_code == 409, other.text
+
+
+# Numbers `jsonb` gives back in another form than the float a request's JSON holds: 1.5e300
+# as an integer of 301 digits, 1e23 as 10**23 (neither equal to the float), -0.0 as 0.0.
+NUMBERS = {"big": 1.5e300, "round": 1e23, "zero": -0.0, "one": 1.0, "small": 1e-7}
+
+
+@pytest.mark.parametrize("post", ["steer", "schedule", "enqueue"])
+async def test_a_post_holding_floats_sent_again_with_its_key_is_the_same_post(
+    client: httpx.AsyncClient, post: str
+) -> None:
+    """The first post's body is compared with the one sent again as `jsonb` gave it back: the
+    float 1.5e300 came back the integer 15 followed by 299 zeros, not equal in Python, so the
+    identical post sent again (its answer lost) was a 409 `conflict` (a steer, a schedule) or
+    an enqueue flagged `idempotencyMismatch` (an objective's body holds no free number: its
+    fields are checked). Numbers compare by value."""
+    headers = keyed()
+    if post == "steer":
+        url, body = f"/jobs/{await steerable_job(client)}/commands", {"type": "steer"}
+        body["payload"] = {"say": "use the other file", **NUMBERS}
+    elif post == "schedule":
+        url, body = "/schedules", schedule_body(interval="60s")
+        del body["scheduleId"]
+        body["job"]["payload"]["numbers"] = NUMBERS
+    else:
+        url = "/agents/codex/jobs"
+        body = enqueue_body(payload_extra={"task": {"command": ["true"]}, "numbers": NUMBERS})
+    first = await client.post(url, json=body, headers=headers)
+    assert first.status_code in (201, 202), first.text
+    again = await client.post(url, json=body, headers=headers)
+    assert again.status_code in (200, 202), again.text
+    if post == "enqueue":
+        assert again.json()["outcome"] == "existing", again.text
+        assert not again.json()["async"]["idempotencyMismatch"], again.text
+    # A number that differs is another post still.
+    changed = {**NUMBERS, "big": 1.4e300}
+    if post == "steer":
+        other = {**body, "payload": {**body["payload"], **changed}}
+        assert (await client.post(url, json=other, headers=headers)).status_code == 409
+    elif post == "schedule":
+        other = {**body, "job": {**body["job"], "payload": {**body["job"]["payload"]}}}
+        other["job"]["payload"]["numbers"] = changed
+        assert (await client.post(url, json=other, headers=headers)).status_code == 409

@@ -335,3 +335,57 @@ async def test_a_write_said_again_still_needs_the_active_lease(store: Store) -> 
     assert not progress.ok and not progress.already, progress.status
     assert not consumed.ok and not consumed.already, consumed.status
     assert await types(store, job.job_id) == before
+
+
+READ_JOB = "SELECT now(), (SELECT CASE"  # a fenced write's read (job_get_with_now)
+
+
+@pytest.mark.parametrize("by", ["the same delivery", "the delivery that took over"])
+async def test_a_progress_alike_whose_try_was_lost_before_it_wrote_is_written(
+    store: Store, cut_store: Store, proxy: LostAnswerProxy, by: str
+) -> None:
+    """A progress said again alike (the same output chunk twice; the first progress of a
+    handler run again by the delivery that took the lease over), its try cut with its read in
+    flight (nothing written): the retry, which may be finding its own write, took the job's
+    progress alike, written by another write, for it. Told it was written, it never was: one
+    chunk fewer in the job's stream. A retry finds only its own write (its `writeId`)."""
+    first = await running(store, cut_store, worker="j:attempt:1.run/1")
+    assert await first.progress({"output": "waiting\n"})
+    fence = first
+    if by != "the same delivery":
+        fence = AttemptFence(cut_store, first.job_id, 1, "j:attempt:1.run/2")
+        assert (await fence.start(LEASE, {})).ok
+    proxy.arm(READ_JOB)
+    assert await fence.progress({"output": "waiting\n"})
+    assert proxy.cut.is_set(), proxy.lost
+    job = await store.get_job(fence.job_id)
+    assert job is not None and job.progress_count == 2, job
+    written = [
+        r for r in await store.read_stream(f"jobs/{fence.job_id}") if r.type == "job.progress"
+    ]
+    assert [r.data["workerId"] for r in written] == ["j:attempt:1.run/1", fence.worker_id]
+
+
+async def test_a_takeover_is_not_told_a_consumption_of_the_delivery_before_it_is_its_own(
+    store: Store, cut_store: Store, proxy: LostAnswerProxy
+) -> None:
+    """The delivery that took the lease over consumes a command the one before it consumed,
+    its try cut with its read in flight (nothing written): its retry found the command
+    consumed by its attempt and said it was the taker's, so its handler would act on a steer
+    the earlier delivery's handler had (a handler asks only for what it read pending after its
+    start, so this holds there; the operation no longer leans on that). Refused `not_pending`."""
+    first = await running(store, cut_store, worker="j:attempt:1.run/1")
+    sent = await ops.add_command(
+        store, first.job_id, type="steer", payload={"say": "hi"}, organization_id="org-a"
+    )
+    assert sent.job is not None
+    command_id = sent.job.commands[-1].command_id
+    assert await first.consume(command_id)
+    later = AttemptFence(cut_store, first.job_id, 1, "j:attempt:1.run/2")
+    assert (await later.start(LEASE, {})).ok
+    before = await types(store, first.job_id)
+    proxy.arm(READ_JOB)
+    taken = await later.consume(command_id)
+    assert proxy.cut.is_set(), proxy.lost
+    assert not taken
+    assert await types(store, first.job_id) == before

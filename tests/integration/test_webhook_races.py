@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from receipts import metrics
+from receipts import assembly, metrics
 from receipts import operations as ops
 from receipts import webhooks as hooks
 from receipts.errors import ConflictError
@@ -20,6 +20,7 @@ from receipts.webhooks import WebhookCreate
 from roles.delivery.webhooks import WebhookDeliverer
 from tests.integration.helpers import put
 from tests.integration.test_webhooks import ALLOWED, Receiver, http, receiver, verify
+from tests.lost_answer import LostAnswerProxy
 
 __all__ = ["http", "receiver"]  # the receiver and client fixtures of test_webhooks.py
 
@@ -159,3 +160,45 @@ async def test_a_webhook_deleted_while_its_delivery_is_claimed_is_not_posted_to(
     assert receiver.posts == []
     assert dropped._value.get() - before == 1
     assert [r.__dict__["event"] for r in caplog.records] == ["webhook.dropped"]
+
+
+@pytest.mark.parametrize(("status", "outcome"), [(200, "delivered"), (500, "retried")])
+async def test_a_try_whose_record_lost_its_answer_is_counted_as_recorded(
+    fresh: tuple[Store, str],
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+    status: int,
+    outcome: str,
+) -> None:
+    """The record of a try committed and its answer was lost (tests/lost_answer.py): the try was
+    counted `lapsed` and logged 'its claim lapses and it is tried again', though its record
+    stood (the delivery delivered, or pending its next try) and nothing was tried again until
+    then. Read back, it is counted and logged as what it recorded; posted once."""
+    store, url = fresh
+    proxy = await LostAnswerProxy(url).start()
+    cut = await assembly.open_store(proxy.url(), min_size=1, max_size=4)
+    try:
+        _, _, claimed = await _claimed_test_post(store, receiver)
+        receiver.statuses["/r"] = [status]
+        counted = {
+            label: metrics.WEBHOOK_DELIVERIES.labels(hooks.TEST_EVENT, label)
+            for label in ("lapsed", outcome)
+        }
+        before = {label: c._value.get() for label, c in counted.items()}
+        caplog.set_level("INFO", logger="roles.delivery.webhooks")
+        proxy.arm("tries = tries + 1")  # the try's record (webhook_delivery_record)
+        assert await WebhookDeliverer(cut, ALLOWED, http)._try(claimed) == outcome
+        assert proxy.cut.is_set(), proxy.lost
+    finally:
+        await cut.close()
+        await proxy.close()
+    assert {label: c._value.get() - before[label] for label, c in counted.items()} == {
+        "lapsed": 0,
+        outcome: 1,
+    }
+    ours = [r for r in caplog.records if r.name == "roles.delivery.webhooks"]
+    assert [r.__dict__["event"] for r in ours] == [f"webhook.{outcome}"]
+    row = await store.fetch_one("webhook_delivery_tried", {"delivery_id": claimed.delivery_id})
+    assert row is not None and row[0] == ("delivered" if status == 200 else "pending")
+    assert len(receiver.at("/r")) == 1

@@ -29,7 +29,7 @@ from activities.webhook_egress import Target, post
 from receipt_client import Client
 from receipt_client.errors import InvalidInput as ClientInvalidInput
 from receipt_client.errors import NotFound
-from receipts import metrics, retention, webhook_ids
+from receipts import metrics, retention, webhook_ids, webhook_tries
 from receipts import operations as ops
 from receipts import webhooks as hooks
 from receipts.agent_jobs import lifecycle
@@ -463,7 +463,7 @@ async def test_a_try_that_could_not_be_recorded_is_counted(
     async def unrecorded(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the database is away")
 
-    monkeypatch.setattr(hooks, "record_try", unrecorded)
+    monkeypatch.setattr(webhook_tries, "record_try", unrecorded)
     lapsed = metrics.WEBHOOK_DELIVERIES.labels("job.completed", "lapsed")
     before = lapsed._value.get()
     assert (await WebhookDeliverer(store, ALLOWED, http).run_once()).lapsed == 1
@@ -508,7 +508,7 @@ async def test_a_try_that_outlived_its_claim_records_nothing_over_the_next_claim
             (hook,),
         )
         assert await cur.fetchone() == ("pending", 0, second.claimed_until, [])
-    recorded = await hooks.record_try(
+    recorded = await webhook_tries.record_try(
         store, second, status="delivered", status_code=200, error=None, duration_ms=3
     )
     assert recorded is not None
@@ -1127,7 +1127,7 @@ async def test_whatever_a_post_raises_is_a_failed_try_that_gives_up(
         raise RuntimeError("the database is away")
 
     await completed(store)
-    monkeypatch.setattr(hooks, "record_try", unrecorded)
+    monkeypatch.setattr(webhook_tries, "record_try", unrecorded)
     assert (await deliverer.run_once()).lapsed == 1
 
 

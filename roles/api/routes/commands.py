@@ -19,6 +19,7 @@ from receipts.commands import with_payloads
 from receipts.errors import InvalidInput, TransientStorageError
 from receipts.jobs import Job
 from receipts.kinds import runs_commands, unread_because
+from receipts.streams import same_json
 from roles.api.auth import COMMANDS_RUN, JOBS_WRITE
 from roles.api.body import IdempotencyKey, keyed_id, read_json_body, validated
 from roles.api.deps import (
@@ -178,7 +179,7 @@ async def same_command(
     under a used key was answered with the first and dropped unseen."""
     given = next(c for c in job.commands if c.command_id == command_id)
     (stored,) = await with_payloads(state.require_store(), job.job_id, [given])
-    if stored.payload != body.payload or given.reason != body.reason:
+    if not same_json(stored.payload, body.payload) or given.reason != body.reason:
         raise _key_taken(job_id)
 
 
