@@ -408,7 +408,11 @@ def _heartbeat(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any
     if data.get("startFence") and data.get("process") is not None:
         update["process"] = data["process"]
     lease = job.lease.model_copy(update=update)
-    return {"status": "running", "lease": lease, "last_heartbeat_at": at}
+    changes: dict[str, Any] = {"status": "running", "lease": lease, "last_heartbeat_at": at}
+    if data.get("startFence") and data.get("commandsPending"):
+        # A takeover (written so since the flag exists: older streams fold as they did).
+        changes["commands"] = _requeue_commands(job, job.lease.attempt)
+    return changes
 
 
 def _failed(job: Job, at: datetime, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,9 +34,8 @@ from receipts.text import sanitize
 
 log = logging.getLogger("receipts.operations")
 
+# A failure's error text: in the job's row, its reads, its stream and its callbacks.
 MAX_ERROR_CHARS = 4_000
-"""What a failure's error text may hold: it is in the job's row, every read and listing of it,
-its event stream and its callbacks (a handler's exception message has no bound of its own)."""
 
 # Other refusals (beside `receipts.mutate`'s OK and SETTLEMENT_CONFLICT).
 NOT_QUEUED = "not_queued"
@@ -142,6 +141,9 @@ def _heartbeat_decision(
         data["startFence"] = True
         if process:
             data["process"] = process
+        if job and job.lease and job.lease.worker_id != worker_id:
+            # A takeover runs its handler afresh: what the one before consumed is pending again.
+            data["commandsPending"] = True
     return [Draft("job.heartbeat", data)]
 
 

@@ -366,14 +366,14 @@ async def test_a_progress_alike_whose_try_was_lost_before_it_wrote_is_written(
     assert [r.data["workerId"] for r in written] == ["j:attempt:1.run/1", fence.worker_id]
 
 
-async def test_a_takeover_is_not_told_a_consumption_of_the_delivery_before_it_is_its_own(
+async def test_a_takeovers_consumption_whose_try_was_lost_is_its_own_not_the_one_before(
     store: Store, cut_store: Store, proxy: LostAnswerProxy
 ) -> None:
-    """The delivery that took the lease over consumes a command the one before it consumed,
-    its try cut with its read in flight (nothing written): its retry found the command
-    consumed by its attempt and said it was the taker's, so its handler would act on a steer
-    the earlier delivery's handler had (a handler asks only for what it read pending after its
-    start, so this holds there; the operation no longer leans on that). Refused `not_pending`."""
+    """The delivery that took the lease over consumes a command the one before it consumed (its
+    handler runs from the start: the takeover made the command pending again), its try cut with
+    its read in flight (nothing written): its retry must not find the earlier delivery's
+    consumption its own (before, it matched the attempt and said so, and no consumption of
+    the taker's was written); it finds only its own write (`writeId`), so it writes it."""
     first = await running(store, cut_store, worker="j:attempt:1.run/1")
     sent = await ops.add_command(
         store, first.job_id, type="steer", payload={"say": "hi"}, organization_id="org-a"
@@ -383,9 +383,12 @@ async def test_a_takeover_is_not_told_a_consumption_of_the_delivery_before_it_is
     assert await first.consume(command_id)
     later = AttemptFence(cut_store, first.job_id, 1, "j:attempt:1.run/2")
     assert (await later.start(LEASE, {})).ok
-    before = await types(store, first.job_id)
     proxy.arm(READ_JOB)
-    taken = await later.consume(command_id)
+    assert await later.consume(command_id)
     assert proxy.cut.is_set(), proxy.lost
-    assert not taken
-    assert await types(store, first.job_id) == before
+    consumed = [
+        r.data["workerId"]
+        for r in await store.read_stream(f"jobs/{first.job_id}")
+        if r.type == "queue.command.consumed"
+    ]
+    assert consumed == ["j:attempt:1.run/1", later.worker_id]

@@ -201,6 +201,44 @@ async def test_consumed_commands_become_pending_again_after_a_failed_attempt(
     assert [c.command_id for c in requeued.job.pending_commands] == [command_id]
 
 
+async def test_a_takeover_finds_pending_what_the_delivery_before_it_consumed(
+    store: Store,
+) -> None:
+    """A delivery that took the lease over runs its handler from the start: a steer the
+    delivery before it consumed is pending again for it (as after a requeue), not lost with the
+    dead delivery's handler; the superseded delivery consumes nothing more."""
+    job_id = await leased(store, worker="j:attempt:1/1")
+    sent = await ops.add_command(
+        store, job_id, type="steer", payload={"say": "hi"}, organization_id="org-a"
+    )
+    assert sent.job is not None
+    command_id = sent.job.commands[-1].command_id
+    first = await ops.consume_command(
+        store, job_id, worker_id="j:attempt:1/1", attempt=1, command_id=command_id
+    )
+    assert first.job is not None and first.job.pending_commands == ()
+    # The same delivery's start fence said again (its own lease): nothing comes back.
+    same = await ops.heartbeat(
+        store, job_id, worker_id="j:attempt:1/1", attempt=1, lease_ms=LEASE, start_fence=True
+    )
+    assert same.job is not None and same.job.pending_commands == ()
+    taken = await ops.heartbeat(
+        store, job_id, worker_id="j:attempt:1/2", attempt=1, lease_ms=LEASE, start_fence=True
+    )
+    assert taken.job is not None
+    assert [c.command_id for c in taken.job.pending_commands] == [command_id]
+    stale = await ops.consume_command(
+        store, job_id, worker_id="j:attempt:1/1", attempt=1, command_id=command_id
+    )
+    assert stale.status == "lease_lost"
+    again = await ops.consume_command(
+        store, job_id, worker_id="j:attempt:1/2", attempt=1, command_id=command_id
+    )
+    assert again.ok and again.job is not None and again.job.pending_commands == ()
+    job = await store.get_job(job_id)
+    assert job is not None and job.pending_commands == ()
+
+
 async def test_command_on_a_terminal_job_is_refused(store: Store) -> None:
     job = (await put(store)).job
     assert (await ops.cancel_queued(store, job.job_id, reason="stop")).ok
