@@ -40,7 +40,7 @@ from activities.handlers.context import (
 )
 from activities.handlers.fenced import FencedReceipts
 from activities.names import EXECUTE_ATTEMPT
-from activities.settle import REJECTED_STATUS, Settlement, rejected
+from activities.settle import REJECTED_STATUS, SHUTDOWN_ERROR, Settlement, rejected
 from receipts import deliveries, delivery_ids, metric_counts, metrics
 from receipts import operations as ops
 from receipts.jobs import Job, job_stream
@@ -268,9 +268,13 @@ class AttemptActivities:
         # Temporal stopped hearing from an earlier delivery (its worker died or froze) and
         # handed the attempt to this one, which took the lease over (start-fence).
         redelivered = (delivery_ids.delivery_number(worker_id) or 1) > 1
-        metric_counts.attempt_started(job, redelivered, leased=leased)
+        # Or an earlier delivery gave the job back at its worker's shutdown (a rollout: the
+        # attempt refunded, its error kept until the job settles) and this one leased it again:
+        # no worker lost, and not the job's first start.
+        again = leased and job.error == SHUTDOWN_ERROR
+        metric_counts.attempt_started(job, redelivered, leased=leased, again=again)
         _log(logging.DEBUG, "attempt started", "attempt.started", fence)  # settled: INFO
-        if redelivered:
+        if redelivered and not again:
             _log(
                 logging.WARNING,
                 "attempt redelivered; lease taken over",

@@ -21,15 +21,19 @@ def job_enqueued(
         metrics.ROUTE_DISAGREEMENTS.labels(agent, kind).inc()
 
 
-def attempt_started(job: Job, redelivered: bool, *, leased: bool = True) -> None:
+def attempt_started(
+    job: Job, redelivered: bool, *, leased: bool = True, again: bool = False
+) -> None:
     """An attempt took its lease or its start-fence (`redelivered`: a later delivery), and, when
     this start leased the job's first attempt (`leased`: it wrote `job.leased`, not a takeover
-    of a lease an earlier delivery took), how long after it was due the job was leased."""
+    of a lease an earlier delivery took), how long after it was due the job was leased.
+    `again`: it leased a job an earlier delivery gave back at its worker's shutdown (attempt
+    refunded): not a lost worker's redelivery, and not the job's first lease."""
     labels = (route(job.agent_id, job.kind), metrics.agent_label(job.agent_id))
     metrics.ATTEMPTS_STARTED.labels(*labels).inc()
-    if redelivered:
+    if redelivered and not again:
         metrics.REDELIVERIES.labels(*labels).inc()
-    if job.lease is not None and job.attempt == 1 and leased:
+    if job.lease is not None and job.attempt == 1 and leased and not again:
         due = max(job.created_at, job.available_at or job.created_at)
         metrics.ENQUEUE_TO_START.observe(max(0.0, (job.lease.leased_at - due).total_seconds()))
 

@@ -258,14 +258,18 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
     )
     runtime.spawn(agent_jobs.run(), "agent-jobs")
     # Per-organization webhooks, posted beside the global callbacks (roles/delivery/webhooks.py).
+    # At `stop` it claims no more; its posts in flight get the grace, as the worker's do.
+    grace = runtime.settings.process.grace
     webhooks = WebhookDeliverer(runtime.store, runtime.settings.webhooks, runtime.http)
-    runtime.spawn(webhooks.run(), webhooks.name)
+    posting = runtime.spawn(webhooks.run(stop, grace.total_seconds()), webhooks.name)
     worker = driver_worker(
         runtime.client,
         runtime.store,
         runtime.settings.core,
         runtime.settings.timing,
         http=runtime.http,
-        graceful_shutdown=runtime.settings.process.grace,
+        graceful_shutdown=grace,
     )
-    await run_until(worker.run, worker.shutdown, stop, runtime.settings.process.grace)
+    await run_until(worker.run, worker.shutdown, stop, grace)
+    if stop.is_set():
+        await asyncio.wait({posting})  # drained beside the worker, within the grace

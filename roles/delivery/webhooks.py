@@ -11,6 +11,7 @@ so a receiver drops a repeat).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -85,12 +86,18 @@ class WebhookDeliverer:
             setattr(result, outcome, getattr(result, outcome) + 1)
         return result
 
-    async def run(self) -> None:
-        """Claim and post until cancelled; a failing claim is logged and tried at the next poll."""
+    async def run(self, stop: asyncio.Event | None = None, grace_s: float = 0.0) -> None:
+        """Claim and post until cancelled or `stop` is set; a failing claim is logged and tried
+        at the next poll. Once `stop` is set (the role drains) it claims nothing more and
+        returns when the posts in flight are recorded, or after `grace_s` (the posts still in
+        flight then are cut: logged `webhook.drain_cut`, their claims lapse and another
+        deliverer posts them again). Cut at once, a post its receiver was answering was heard
+        twice, the second time a claim's length later."""
         interval = self.settings.poll_interval_ms / 1000
         metrics.LOOP_FAILED.labels(self.name)  # from 0: an alert's increase() sees the first
+        stopping = stop or asyncio.Event()
         try:
-            while True:
+            while not stopping.is_set():
                 try:
                     for delivery in await self._claim():
                         task = asyncio.create_task(self._try(delivery))
@@ -104,10 +111,24 @@ class WebhookDeliverer:
                         "webhook claim failed",
                         extra={"event": "loop.failed", "loop": self.name, "error": str(exc)},
                     )
-                await asyncio.sleep(interval)
+                with contextlib.suppress(TimeoutError):
+                    await within(stopping.wait(), interval)
+            await self._drain(grace_s)
         finally:
             for task in self._in_flight:
                 task.cancel()
+
+    async def _drain(self, grace_s: float) -> None:
+        """Wait up to `grace_s` for the posts in flight to be answered and recorded."""
+        if not self._in_flight:
+            return
+        _, cut = await asyncio.wait(set(self._in_flight), timeout=grace_s)
+        if cut:
+            log.warning(
+                "webhook posts still in flight at the end of the shutdown grace are cut; their "
+                "claims lapse and they are posted again",
+                extra={"event": "webhook.drain_cut", "posts": len(cut), "graceS": grace_s},
+            )
 
     async def _try(self, delivery: Claimed) -> str:
         try:

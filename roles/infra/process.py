@@ -74,13 +74,15 @@ class Runtime:
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     watch: LoopWatch | None = None
 
-    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
-        """Run `work` beside the role until the role stops. One that ends with an error before
-        (each loop outlives its passes' failures: this is a bug's) is logged and counted, never
-        dropped unseen: what it did is not done again until the process restarts."""
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run `work` beside the role until the role stops (returned, for a role that waits for
+        it to drain). One that ends with an error before (each loop outlives its passes'
+        failures: this is a bug's) is logged and counted, never dropped unseen: what it did is
+        not done again until the process restarts."""
         task = asyncio.create_task(work, name=name)
         task.add_done_callback(_task_ended)
         self.tasks.append(task)
+        return task
 
     async def close(self) -> None:
         """Cancel the role's tasks, then close its HTTP client and its store."""

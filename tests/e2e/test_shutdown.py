@@ -18,6 +18,7 @@ import httpx
 import pytest
 from temporalio.service import RPCError
 
+from receipts import webhooks as hooks
 from receipts.store import Store
 from roles.infra.ports import free_port
 from tests.e2e.conftest import task
@@ -26,6 +27,7 @@ from tests.eventually import eventually
 from tests.integration.api_support import AS_A, TOKENS, enqueue_body, wait_healthz
 from tests.integration.delivery.receiver import Receiver
 from tests.integration.helpers import put
+from tests.integration.test_webhooks import Receiver as WebhookReceiver
 
 pytestmark = pytest.mark.e2e
 
@@ -232,3 +234,126 @@ async def test_a_worker_s_readyz_is_503_from_the_moment_sigterm_starts_its_drain
         raise
     print(f"worker /readyz from 0.5 s to 2.5 s after SIGTERM: {answers}")
     assert set(answers) == {503}
+
+
+async def test_a_driver_stopped_while_a_webhook_waits_for_its_answer_posts_it_once(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    """The driver's webhook deliverer had no shutdown grace: SIGTERM cut the post its receiver
+    was answering, its claim lapsed (2 x the post timeout + 5 s later) and the new driver
+    posted it again (heard twice, and late). Now the deliverer claims nothing more once the
+    drain starts and the posts it has in flight get RECEIPT_SHUTDOWN_GRACE_MS, as the driver's
+    callback posts do."""
+    store, _ = e2e_store
+    receiver = WebhookReceiver(hang={"/a"})
+    server = await asyncio.start_server(receiver.handle, "127.0.0.1", 0)
+    receiver.port = server.sockets[0].getsockname()[1]
+    subscription = {"url": receiver.url("/a"), "events": ["job.failed"]}
+    webhook, _, _ = await hooks.create(
+        store, "org-a", hooks.parse_create(subscription), max_per_organization=20
+    )
+    # A post gets 6 s: its claim holds 17 s.
+    procs = roles(
+        RECEIPT_WEBHOOK_ALLOWED_HOSTS="127.0.0.1",
+        RECEIPT_WEBHOOK_POLL_INTERVAL_MS="100",
+        RECEIPT_WEBHOOK_TIMEOUT_MS="6000",
+    )
+    procs.start("driver-1", "driver")
+    procs.start("worker-chat")
+    try:
+        # No handler for this agent: the job fails for good, a terminal `job.failed`.
+        await put(store, agent="nobody-handles-this", org="org-a", maxAttempts=1)
+
+        async def posts() -> int:
+            return len(receiver.at("/a"))
+
+        await eventually(posts, lambda n: n == 1, timeout=60, every=0.05, what="the post")
+        posted = time.monotonic()
+        # The rollout's new pod runs before the old one gets its SIGTERM.
+        procs.start("driver-2", "driver")
+
+        async def started() -> list[dict[str, object]]:
+            return procs.logged("driver-2", {"role.start"})
+
+        await eventually(started, bool, timeout=30, every=0.1, what="driver-2 starting")
+        procs.signal("driver-1", signal.SIGTERM)
+        stopped = time.monotonic()
+        # The receiver answers within the post's 6 s.
+        asyncio.get_running_loop().call_at(
+            asyncio.get_running_loop().time() + max(0.5, 4.5 - (stopped - posted)),
+            receiver.release.set,
+        )
+        assert await exit_status(procs, "driver-1", 30) == 0
+        drained_s = time.monotonic() - stopped
+        await eventually(
+            lambda: hooks.deliveries_page(store, webhook.webhook_id, None, 10),
+            lambda page: bool(page[0]) and page[0][0]["status"] == "delivered",
+            timeout=40,
+            every=0.1,
+            what="the delivery recorded delivered",
+        )
+        delivered_s = time.monotonic() - stopped
+        await asyncio.sleep(1)
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        server.close()
+        await server.wait_closed()
+    print(
+        f"driver-1 drained in {drained_s:.1f} s; delivery recorded {delivered_s:.1f} s after "
+        f"SIGTERM; posts heard: {len(receiver.at('/a'))}"
+    )
+    assert len(receiver.at("/a")) == 1  # not cut and posted again by driver-2
+    assert delivered_s < drained_s + 2  # recorded by driver-1 as it drained, not 17 s later
+    assert procs.logged("driver-1", {"webhook.delivered"})
+
+
+async def test_a_rolling_restart_hands_a_running_job_to_the_new_worker_at_the_grace_s_end(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    """The old worker's handler outlives the grace: the job is released (no attempt spent) and
+    the new worker leases it again about a second later (Temporal retries the attempt after
+    200 ms), not after the 30 s heartbeat timeout; it settles once. The new worker's lease is no
+    lost worker's takeover: it was logged `attempt.redelivered` ("lease taken over", WARNING) and
+    counted as one, on every job a rollout released."""
+    store, _ = e2e_store
+    procs = roles(RECEIPT_SHUTDOWN_GRACE_MS="2000")
+    procs.start("driver")
+    procs.start("worker-codex-1", "worker-codex")
+    procs.start("worker-codex-2", "worker-codex")
+    try:
+        job = (await put(store, maxAttempts=1, payload_extra=task("sleep", "6"))).job
+        running = await wait_for(store, job.job_id, ("running",), 60)
+        assert running.lease is not None and running.lease.process is not None
+        old = procs.name_of(int(running.lease.process["pid"]))
+        assert old is not None
+        new = "worker-codex-2" if old == "worker-codex-1" else "worker-codex-1"
+        procs.signal(old, signal.SIGTERM)
+        stopped = time.monotonic()
+
+        async def holder() -> Any:
+            return await store.get_job(job.job_id)
+
+        again = await eventually(
+            holder,
+            lambda j: j.lease is not None and procs.name_of(int(j.lease.process["pid"])) == new,
+            timeout=40,
+            every=0.05,
+            what="the new worker leasing the job",
+        )
+        leased_again_s = time.monotonic() - stopped
+        assert await exit_status(procs, old, 30) == 0
+        done = await wait_for(store, job.job_id, ("completed", "failed"), 60)
+    except BaseException:
+        print(procs.logs())
+        raise
+    print(f"released job leased again by the new worker {leased_again_s:.1f} s after SIGTERM")
+    assert again.attempt == 1
+    assert leased_again_s < 2.0 + 3.0  # the grace, then about a second
+    assert (done.status, done.attempt) == ("completed", 1)
+    assert [r.type for r in await store.read_stream(f"jobs/{job.job_id}")].count(
+        "job.completed"
+    ) == 1
+    assert procs.logged(old, {"attempt.released"})
+    assert procs.logged(new, {"attempt.redelivered"}) == []

@@ -27,7 +27,7 @@ from activities.handlers.context import Handler, HandlerContext, HandlerError
 from receipts import delivery_ids, metrics
 from receipts import operations as ops
 from receipts.errors import StorageError
-from receipts.kinds import AGENT_IDS
+from receipts.kinds import AGENT_IDS, route
 from receipts.listen import Listener
 from receipts.messages import AttemptInput, AttemptResult, AttemptStatus
 from receipts.notices import COMMANDS
@@ -300,6 +300,50 @@ async def test_a_delivery_taken_over_holds_no_fence_of_a_refunded_attempts_next_
     assert late.status == "lease_lost"
     done = await ops.complete(store, job_id, worker_id=fresh, attempt=1, result={"by": "b"})
     assert done.ok and done.job is not None and done.job.result == {"by": "b"}
+
+
+async def test_a_job_released_at_shutdown_and_delivered_again_is_no_lost_worker(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rolling restart: the old worker's SIGTERM released the job (attempt refunded) and
+    Temporal delivered the attempt again to the new worker, which leased the queued job. That
+    delivery was logged `attempt.redelivered` (WARNING, "lease taken over"), counted in
+    `receipt_attempt_redeliveries_total` (a worker lost, a start-fence takeover) and its lease
+    observed in `receipt_enqueue_to_start_seconds` as a wait of the whole first run: every
+    rollout looked like lost workers and slow starts. Neither is: only a takeover is counted
+    and logged, and only the job's first lease is a start."""
+    job_id = await job_of(store, "act-released")
+    first = delivery_ids.delivery_id(job_id, 1, RUN, 1)
+    assert (
+        await ops.start_attempt(store, job_id, attempt=1, worker_id=first, lease_ms=LEASE_MS)
+    ).ok
+    await asyncio.sleep(1.5)  # the first run, cut by the worker's shutdown
+    released = await ops.fail(
+        store,
+        job_id,
+        worker_id=first,
+        attempt=1,
+        error="worker shutdown",
+        retryable=True,
+        refund_attempt=True,
+    )
+    assert released.ok and released.job is not None and released.job.status == "queued"
+    labels = {"queue": route("act-released", "factory.task.run"), "agent": "other"}
+    redelivered = metrics.value("receipt_attempt_redeliveries_total", **labels)
+    starts = metrics.value("receipt_enqueue_to_start_seconds_count")
+    started_s = metrics.value("receipt_enqueue_to_start_seconds_sum")
+
+    async def handler(ctx: HandlerContext) -> str:
+        return "done"
+
+    caplog.set_level("DEBUG", logger="activities.attempt")
+    result = await run(store, {"act-released": handler}, attempt_of(job_id, "act-released"), 2)
+    assert result.status == AttemptStatus.COMPLETED
+    assert metrics.value("receipt_attempt_redeliveries_total", **labels) == redelivered
+    assert [r for r in caplog.records if getattr(r, "event", "") == "attempt.redelivered"] == []
+    # Observed once, at the first lease (the job's wait for a worker), never again.
+    assert metrics.value("receipt_enqueue_to_start_seconds_count") == starts
+    assert metrics.value("receipt_enqueue_to_start_seconds_sum") == started_s
 
 
 async def test_a_stalled_delivery_of_an_older_run_cannot_take_a_newer_runs_lease(

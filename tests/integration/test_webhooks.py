@@ -1238,3 +1238,40 @@ async def test_an_ipv6_literal_receiver_gets_a_bracketed_host_header() -> None:
         await server.wait_closed()
     [posted] = receiver.posts
     assert posted.headers["host"] == f"[::1]:{port}"
+
+
+async def test_a_stopped_deliverer_claims_no_more_and_cuts_a_post_past_its_grace(
+    fresh: tuple[Store, str],
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At the driver's SIGTERM the deliverer stops claiming (another driver takes what comes due)
+    and waits for the posts in flight; one its receiver has not answered within the grace is cut
+    (`webhook.drain_cut`): its claim lapses and it is posted again."""
+    store, url = fresh
+    settings = ALLOWED.model_copy(update={"timeout_ms": 30_000})
+    receiver.hang.add("/dead")
+    async with api_client(url, store=store, webhooks=settings) as api:
+        await subscribe(api, AS_A, receiver.url("/dead"), ["job.completed"])
+        await subscribe(api, AS_B, receiver.url("/alive"), ["job.completed"])
+    await completed(store, "org-a")
+    stop = asyncio.Event()
+    running_loop = asyncio.create_task(WebhookDeliverer(store, settings, http).run(stop, 0.5))
+    try:
+
+        async def dead_posts() -> int:
+            return len(receiver.at("/dead"))
+
+        await eventually(dead_posts, lambda n: n == 1, what="the post in flight")
+        stop.set()
+        stopped = time.monotonic()
+        await completed(store, "org-b")  # due after the stop: left to the other deliverers
+        await asyncio.wait_for(running_loop, 5)
+        waited_s = time.monotonic() - stopped
+    finally:
+        running_loop.cancel()
+        receiver.release.set()
+    assert 0.5 <= waited_s < 2
+    assert receiver.at("/alive") == []
+    assert [r for r in caplog.records if getattr(r, "event", None) == "webhook.drain_cut"]

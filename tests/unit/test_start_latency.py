@@ -21,9 +21,11 @@ def folded(*events: tuple[str, dict[str, object]], seconds: list[int]) -> Job:
     return job
 
 
-def observed(job: Job, redelivered: bool = False, leased: bool = True) -> float:
+def observed(
+    job: Job, redelivered: bool = False, leased: bool = True, again: bool = False
+) -> float:
     before = metrics.ENQUEUE_TO_START._sum.get()
-    metric_counts.attempt_started(job, redelivered=redelivered, leased=leased)
+    metric_counts.attempt_started(job, redelivered=redelivered, leased=leased, again=again)
     # Rounded: the sum is shared with every test of the process before, and a large float sum
     # loses the difference's last bits.
     return round(metrics.ENQUEUE_TO_START._sum.get() - before, 6)
@@ -50,3 +52,17 @@ def test_a_later_attempt_is_not_counted() -> None:
     )
     assert retried.attempt == 2
     assert observed(retried) == 0.0
+
+
+def test_a_lease_again_after_a_release_at_shutdown_is_not_counted() -> None:
+    """A worker's SIGTERM gave the job back (attempt refunded) and another leased attempt 1
+    again: its wait for a worker was the first lease's, not the first run's length."""
+    released = folded(
+        enqueued(),
+        leased(W1, 1),
+        failed(W1, 1, error="worker shutdown", retryable=True, refund=True),
+        leased(W2, 1),
+        seconds=[0, 1, 600, 601],
+    )
+    assert released.attempt == 1
+    assert observed(released, redelivered=True, again=True) == 0.0
