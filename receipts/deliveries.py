@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -115,13 +115,61 @@ NO_CAPS: Mapping[str, Any] = {"queues": [], "caps": []}
 """The scans' parameters when no organization's share of a queue is capped."""
 
 
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where a scan's next page of the queued jobs starts: after the job created at
+    `created_at` with id `job_id` (queued jobs in that order: creation, then id); `START`: from
+    the oldest."""
+
+    created_at: datetime | None = None
+    job_id: str | None = None
+
+
+START = Cursor()
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a scan of the queued jobs: the jobs it picked (`job_ids`, with their `seqs`
+    and `attempts` for the redrive), how many it read, and where the next page starts (`START`
+    once this one read the newest)."""
+
+    job_ids: list[str]
+    read: int
+    next: Cursor
+    seqs: list[int] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)
+
+    @property
+    def last(self) -> bool:
+        """True when this page read the newest queued job: the next starts from the oldest."""
+        return self.next == START
+
+
+async def _page(store: Store, name: str, params: dict[str, Any]) -> Page:
+    [(read, created_at, job_id, job_ids, seqs, attempts)] = await _fetch(store, name, params)
+    return Page(list(job_ids), read, Cursor(created_at, job_id), seqs or [], attempts or [])
+
+
+def _after(cursor: Cursor) -> dict[str, Any]:
+    return {"after_created_at": cursor.created_at, "after_job_id": cursor.job_id}
+
+
 async def undelivered_queued(
-    store: Store, limit: int = 500, caps: Mapping[str, Any] = NO_CAPS
-) -> list[str]:
-    """Return deliverable queued jobs never dispatched and not held back by the per-queue
-    `caps` (receipts/fairness.py `caps`): each organization's oldest first, interleaved."""
-    params = {"limit": limit, **caps}
-    return [r[0] for r in await _fetch(store, "undelivered_queued", params)]
+    store: Store,
+    limit: int = 500,
+    caps: Mapping[str, Any] = NO_CAPS,
+    *,
+    after: Cursor = START,
+    page: int | None = None,
+) -> Page:
+    """One page of the rescan: of the `page` (default `limit`) queued jobs after `after`, the
+    deliverable ones never dispatched and not held back by the per-queue `caps`
+    (receipts/fairness.py `caps`), at most `limit`: each organization's oldest first,
+    interleaved. A pass reads one page, whatever the length of the queue; following `next`,
+    pass after pass, reaches every queued job."""
+    params = {"limit": limit, "page": page or limit, **_after(after), **caps}
+    return await _page(store, "undelivered_queued", params)
 
 
 async def next_available_at(store: Store) -> datetime | None:
@@ -137,15 +185,21 @@ async def redrive_candidates(
     cooldown_ms: int,
     limit: int = 200,
     caps: Mapping[str, Any] = NO_CAPS,
-) -> list[tuple[str, int, int]]:
-    """Return `(jobId, seq, attempt)` of queued jobs due for a redrive and not held back by
-    `caps`, organizations interleaved."""
-    rows = await _fetch(
-        store,
-        "redrive_candidates",
-        {"min_age_ms": min_age_ms, "cooldown_ms": cooldown_ms, "limit": limit, **caps},
-    )
-    return [(r[0], r[1], r[2]) for r in rows]
+    after: Cursor = START,
+    page: int | None = None,
+) -> Page:
+    """One page of the redrive: of the `page` (default `limit`) queued jobs after `after`,
+    those due for a redrive and not held back by `caps`, at most `limit`, organizations
+    interleaved (`seqs` and `attempts` beside `job_ids`)."""
+    params = {
+        "min_age_ms": min_age_ms,
+        "cooldown_ms": cooldown_ms,
+        "limit": limit,
+        "page": page or limit,
+        **_after(after),
+        **caps,
+    }
+    return await _page(store, "redrive_candidates", params)
 
 
 async def claim_callback(

@@ -35,18 +35,46 @@ DELETE FROM delivery_redrives WHERE redrive_key = %(redrive_key)s;
 UPDATE deliveries SET dispatched_at = now() WHERE job_id = %(job_id)s;
 
 -- name: undelivered_queued
--- Queued, deliverable jobs that have never been dispatched (the dispatcher's rescan): the jobs
--- for which receipts/plan.py `next_step(job, now(), slots=…)` is DELIVER or ABORT
--- (`needs_delivery`), organizations interleaved (dispatch_queue, migrations/0008).
+-- One page of the dispatcher's rescan: of the `page` queued jobs after the cursor (dispatch_page,
+-- migrations/0026), the deliverable ones never dispatched — those for which receipts/plan.py
+-- `next_step(job, now(), slots=…)` is DELIVER or ABORT (`needs_delivery`) and no delivery was
+-- recorded — at most `limit`, organizations interleaved. One row: the jobs read, where the next
+-- page starts (after the last job picked when `limit` cut the page, else after its last job;
+-- NULL once it read the newest), and the jobs picked.
 -- tests/integration/test_plan.py checks that this, `redrive_candidates` and
 -- `next_available_at` (the earliest NOT_AVAILABLE) agree with it.
--- The delivery is probed per queued job (a LIMIT keeps the planner from hashing all
--- `deliveries`, which holds a row for every job ever dispatched).
-SELECT q.job_id FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
-WHERE NOT q.held_back
-  AND (SELECT 1 FROM deliveries d WHERE d.job_id = q.job_id LIMIT 1) IS NULL
-ORDER BY q.share_rank, q.created_at
-LIMIT %(limit)s;
+-- The delivery is probed per deliverable job of the page (a LIMIT keeps the planner from
+-- hashing all `deliveries`, which holds a row for every job ever dispatched).
+WITH page AS MATERIALIZED (
+    SELECT * FROM dispatch_page(%(queues)s::text[], %(caps)s::integer[],
+                                %(after_created_at)s::timestamptz, %(after_job_id)s::text,
+                                %(page)s::integer)
+), picked AS MATERIALIZED (
+    SELECT q.job_id, q.created_at, q.share_rank FROM page q
+    WHERE q.deliverable
+      AND (SELECT 1 FROM deliveries d WHERE d.job_id = q.job_id LIMIT 1) IS NULL
+    ORDER BY q.created_at, q.job_id
+    LIMIT %(limit)s
+), counted AS (
+    SELECT (SELECT count(*) FROM page) AS read, (SELECT count(*) FROM picked) AS picked
+), last AS (
+    -- Where the next page starts: after the last job picked when `limit` cut the page short,
+    -- else after the page's last job; none once the page read the newest (the next from the
+    -- oldest).
+    SELECT x.created_at, x.job_id FROM counted c, LATERAL (
+        SELECT p.created_at, p.job_id FROM picked p WHERE c.picked >= %(limit)s
+        UNION ALL
+        SELECT q.created_at, q.job_id FROM page q
+        WHERE c.picked < %(limit)s AND c.read >= %(page)s
+    ) x
+    ORDER BY x.created_at DESC, x.job_id DESC
+    LIMIT 1
+)
+SELECT c.read, l.created_at, l.job_id,
+       coalesce((SELECT array_agg(p.job_id ORDER BY p.share_rank, p.created_at, p.job_id)
+                 FROM picked p), '{}'),
+       NULL::integer[], NULL::integer[]
+FROM counted c LEFT JOIN last l ON true;
 
 -- name: next_available_at
 SELECT min(j.available_at) FROM jobs j
@@ -54,17 +82,42 @@ WHERE j.status = 'queued' AND j.available_at > now()
   AND (SELECT 1 FROM deliveries d WHERE d.job_id = j.job_id LIMIT 1) IS NULL;
 
 -- name: redrive_candidates
--- Queued jobs older than the minimum age (by their latest receipt's database time) and not
--- dispatched within the cooldown, among those `next_step` would deliver (as above).
-SELECT q.job_id, q.seq, q.attempt FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
-LEFT JOIN LATERAL (SELECT dd.dispatched_at FROM deliveries dd WHERE dd.job_id = q.job_id
-                   LIMIT 1) d ON true
-WHERE NOT q.held_back
-  AND q.updated_at <= now() - make_interval(secs => %(min_age_ms)s / 1000.0)
-  AND (d.dispatched_at IS NULL
-       OR d.dispatched_at <= now() - make_interval(secs => %(cooldown_ms)s / 1000.0))
-ORDER BY q.share_rank, q.updated_at
-LIMIT %(limit)s;
+-- One page of the queued redrive: of the `page` queued jobs after the cursor, those `next_step`
+-- would deliver (as above) older than the minimum age (by their latest receipt's database time)
+-- and not dispatched within the cooldown, at most `limit`; one row as `undelivered_queued`'s.
+WITH page AS MATERIALIZED (
+    SELECT * FROM dispatch_page(%(queues)s::text[], %(caps)s::integer[],
+                                %(after_created_at)s::timestamptz, %(after_job_id)s::text,
+                                %(page)s::integer)
+), picked AS MATERIALIZED (
+    SELECT q.job_id, q.created_at, q.share_rank, q.updated_at, q.seq, q.attempt FROM page q
+    LEFT JOIN LATERAL (SELECT dd.dispatched_at FROM deliveries dd WHERE dd.job_id = q.job_id
+                       LIMIT 1) d ON true
+    WHERE q.deliverable
+      AND q.updated_at <= now() - make_interval(secs => %(min_age_ms)s / 1000.0)
+      AND (d.dispatched_at IS NULL
+           OR d.dispatched_at <= now() - make_interval(secs => %(cooldown_ms)s / 1000.0))
+    ORDER BY q.created_at, q.job_id
+    LIMIT %(limit)s
+), counted AS (
+    SELECT (SELECT count(*) FROM page) AS read, (SELECT count(*) FROM picked) AS picked
+), last AS (
+    SELECT x.created_at, x.job_id FROM counted c, LATERAL (
+        SELECT p.created_at, p.job_id FROM picked p WHERE c.picked >= %(limit)s
+        UNION ALL
+        SELECT q.created_at, q.job_id FROM page q
+        WHERE c.picked < %(limit)s AND c.read >= %(page)s
+    ) x
+    ORDER BY x.created_at DESC, x.job_id DESC
+    LIMIT 1
+)
+SELECT c.read, l.created_at, l.job_id,
+       coalesce((SELECT array_agg(p.job_id ORDER BY p.share_rank, p.updated_at, p.job_id)
+                 FROM picked p), '{}'),
+       (SELECT array_agg(p.seq ORDER BY p.share_rank, p.updated_at, p.job_id) FROM picked p),
+       (SELECT array_agg(p.attempt ORDER BY p.share_rank, p.updated_at, p.job_id)
+        FROM picked p)
+FROM counted c LEFT JOIN last l ON true;
 
 -- name: dispatch_held_back
 -- How many queued, deliverable jobs wait for a dispatch slot of their organization.

@@ -21,8 +21,10 @@ log = logging.getLogger("roles.delivery.dispatcher")
 MAX_IDLE_S = 60.0
 # The `loop` label of a failed dispatcher pass (a refill, a notice's handling).
 DISPATCHER_LOOP = "dispatcher"
-# Undelivered queued jobs one batch of a rescan reads; a full batch that started something is
-# followed by another at once, up to RESCAN_ROUNDS.
+# Queued jobs one batch of a rescan reads (a page of the queue, after where the last one ended:
+# its cost does not grow with the queue); the next page follows at once, up to RESCAN_ROUNDS,
+# until the rescan has read the newest queued job (once more from the oldest when it began
+# mid-queue) or a batch found jobs none of which started.
 RESCAN_BATCH = 500
 RESCAN_ROUNDS = 20
 # The rescan for a delayed job runs this long after its `availableAt`: a timer may fire a hair
@@ -71,27 +73,43 @@ class Dispatcher:
         self._notices: asyncio.Queue[Notice] | None = None
         self._retry_s = RESCAN_RETRY_S
         self._retry_pending = False
+        # Where the rescan's next page starts, and the jobs whose start failed since the last
+        # rescan: the next one starts them again first, wherever its pages are (in seconds).
+        self._cursor = deliveries.START
+        self._failed: set[str] = set()
 
     async def run_once(self) -> int:
-        """Dispatch every deliverable queued job that has never been dispatched and is not held
-        back; return the count."""
+        """Dispatch the deliverable queued jobs never dispatched and not held back of the
+        rescan's next page of the queue; return the count."""
         return (await self._scan())[0]
 
-    async def _scan(self) -> tuple[int, int]:
-        """One batch of the rescan: the jobs it found, and the drivers it started."""
+    async def _scan(self) -> tuple[int, int, bool]:
+        """One batch of the rescan, the page after the last: the jobs it found, the drivers it
+        started, and whether it read the newest queued job (the next starts from the oldest)."""
         caps = fairness.caps(self.starter.settings)
-        job_ids = await deliveries.undelivered_queued(self.store, limit=RESCAN_BATCH, caps=caps)
-        started = await asyncio.gather(*(self._dispatch(job_id) for job_id in job_ids))
-        return len(job_ids), sum(started)
+        page = await deliveries.undelivered_queued(
+            self.store, limit=RESCAN_BATCH, caps=caps, after=self._cursor
+        )
+        self._cursor = page.next
+        started = await asyncio.gather(*(self._dispatch(job_id) for job_id in page.job_ids))
+        return len(page.job_ids), sum(started), page.last
 
     async def _rescan(self) -> float:
-        """Rescan while a batch comes back full and started something, at most RESCAN_ROUNDS
-        batches (a backlog left by an outage drains at the starter's pace, not a batch a minute;
-        a batch none of which could start waits for the next rescan); the time to it."""
+        """Rescan page after page, at most RESCAN_ROUNDS (a backlog left by an outage drains
+        at the starter's pace, not a batch a minute), until it has read the newest queued job
+        from the oldest on; a batch none of whose jobs could start waits for the next rescan.
+        The time to it."""
+        failed, self._failed = self._failed, set()
+        await asyncio.gather(*(self._dispatch(job_id) for job_id in failed))
+        began_at_start = self._cursor == deliveries.START
         for _ in range(RESCAN_ROUNDS):
-            found, started = await self._scan()
-            if found < RESCAN_BATCH or not started:
+            found, started, last = await self._scan()
+            if found and not started:
                 break
+            if last:
+                if began_at_start:
+                    break
+                began_at_start = True  # again from the oldest: the jobs before where it began
         return await self._timeout()
 
     async def _dispatch(self, job_id: str) -> bool:
@@ -127,6 +145,7 @@ class Dispatcher:
                 "dispatch failed",
                 extra={"event": "dispatch.failed", "jobId": job_id, "error": str(exc)},
             )
+            self._failed.add(job_id)
             self._retry_soon()
             return False
         if started.created:

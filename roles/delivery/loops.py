@@ -41,6 +41,11 @@ OUTBOX_BATCH = 200
 # callbacks); the first pass waits this long after start, so a process restarting beside a
 # running fleet does not redrive what the others are delivering.
 REDRIVE_BATCH = 200
+# The queued jobs a redrive pass reads for its candidates: a page of the queue after where the
+# last pass's ended (the whole queue was ranked and sorted at every pass, and a pass looked at
+# the same first jobs while they kept coming back after their cooldown). A job is looked at
+# within (queued / REDRIVE_PAGE + 1) passes, sooner when fewer are due.
+REDRIVE_PAGE = 1_000
 # Batches of owed callbacks one pass goes through at most (a backlog drains over passes), and
 # how: posted this many at a time, none started once the pass has spent its budget on them (a
 # receiver that never answers costs each post its three tries of 5 s, and the pass's lease
@@ -80,6 +85,7 @@ class QueuedRedrive:
         self.settings = settings
         self.loops = loops or LoopSettings()
         self.http = http
+        self._cursor = deliveries.START  # where the next pass's page of the queue starts
 
     def ticker(self) -> Ticker:
         """The loop that runs it: every `redrive_interval_ms`, the first pass
@@ -106,14 +112,17 @@ class QueuedRedrive:
                     },
                 )
         if self.starter is not None:
-            candidates = await deliveries.redrive_candidates(
+            page = await deliveries.redrive_candidates(
                 self.store,
                 min_age_ms=self.loops.redrive_min_age_ms,
                 cooldown_ms=self.loops.redrive_cooldown_ms,
                 limit=REDRIVE_BATCH,
+                page=REDRIVE_PAGE,
                 caps=fairness.caps(self.settings),
+                after=self._cursor,
             )
-            for job_id, seq, attempt in candidates:
+            self._cursor = page.next
+            for job_id, seq, attempt in zip(page.job_ids, page.seqs, page.attempts, strict=True):
                 claimed = await deliveries.claim_redrive(
                     self.store, job_id, seq, attempt, cooldown_ms=self.loops.redrive_cooldown_ms
                 )

@@ -56,9 +56,9 @@ async def test_the_rescan_sql_selects_exactly_the_jobs_the_plan_would_deliver(st
         Step.ABORT,
     ]
     wanted = {i for i in ids if steps[i].needs_delivery}
-    assert set(await deliveries.undelivered_queued(store)) == wanted
+    assert set((await deliveries.undelivered_queued(store)).job_ids) == wanted
     candidates = await deliveries.redrive_candidates(store, min_age_ms=0, cooldown_ms=0)
-    assert {job_id for job_id, _, _ in candidates} == wanted
+    assert set(candidates.job_ids) == wanted
     assert await deliveries.next_available_at(store) == steps[later.job_id].until
 
 
@@ -86,12 +86,12 @@ async def test_the_scans_share_each_queue_out_as_the_starter_would_oldest_first(
                 wanted.add(job.job_id)
                 held[key] = held.get(key, 0) + 1
         caps = fairness.caps(settings)
-        picked = await deliveries.undelivered_queued(store, caps=caps)
+        picked = (await deliveries.undelivered_queued(store, caps=caps)).job_ids
         assert set(picked) == wanted, cap
         candidates = await deliveries.redrive_candidates(
             store, min_age_ms=0, cooldown_ms=0, caps=caps
         )
-        assert {job_id for job_id, _, _ in candidates} == wanted, cap
+        assert set(candidates.job_ids) == wanted, cap
         assert await fairness.held_back(store, settings) == 6 - len(wanted), cap
         if cap == 3:
             # Organizations interleave: org-b's one job before org-a's second waiting one.

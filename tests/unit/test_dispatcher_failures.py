@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from receipts import metrics
+from receipts import deliveries, metrics
 from receipts.errors import TransientStorageError
 from receipts.listen import Listener
 from receipts.settings import Settings
@@ -29,11 +29,11 @@ class Scans:
         self.fail_from = fail_from
         self.calls = 0
 
-    async def __call__(self, *_: object, **__: object) -> list[str]:
+    async def __call__(self, *_: object, **__: object) -> deliveries.Page:
         self.calls += 1
         if self.calls in self.failing or (self.fail_from and self.calls >= self.fail_from):
             raise TransientStorageError("the database is away")
-        return []
+        return deliveries.Page([], 0, deliveries.START)
 
 
 async def _nothing_due(*_: object, **__: object) -> datetime | None:

@@ -56,6 +56,8 @@ PASS_START: dict[str, Any] = {
     "after_updated_at": retention.START[0],
     "after_job_id": retention.START[1],
 }
+# The first page of the dispatcher's rescan and the redrive (receipts/deliveries.py `Cursor`).
+START: dict[str, Any] = {"after_created_at": None, "after_job_id": None}
 PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
     "jobs_by_status (queue-depth gauge, 5 s)": ("jobs_by_status", {}),
     "callbacks_owed (callback recovery, 15 s)": (
@@ -65,9 +67,12 @@ PERIODIC: dict[str, tuple[str, dict[str, Any]]] = {
     "expired_leases (lease expiry, 15 s)": ("expired_leases", {"limit": 200}),
     "redrive_candidates (queued redrive, 15 s)": (
         "redrive_candidates",
-        {"min_age_ms": 30_000, "cooldown_ms": 15_000, "limit": 200, **CAPS},
+        {"min_age_ms": 30_000, "cooldown_ms": 15_000, "limit": 200, "page": 1_000, **START, **CAPS},
     ),
-    "undelivered_queued (dispatcher rescan)": ("undelivered_queued", {"limit": 500, **CAPS}),
+    "undelivered_queued (dispatcher rescan)": (
+        "undelivered_queued",
+        {"limit": 500, "page": 500, **START, **CAPS},
+    ),
     "next_available_at (dispatcher)": ("next_available_at", {}),
     "dispatch_held_back (queue-depth gauge, 5 s)": ("dispatch_held_back", CAPS),
     "dispatch_freed (dispatcher, each settled job)": (

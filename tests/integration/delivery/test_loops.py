@@ -487,3 +487,33 @@ async def test_a_start_that_failed_is_tried_again_in_seconds_not_at_the_idle_res
             await asyncio.gather(running, return_exceptions=True)
     assert tries[:2] == [job.job_id, job.job_id]
     assert (await deliveries.job_and_latest(fresh_store, job.job_id))[1] is not None
+
+
+async def test_a_lost_delivery_behind_more_open_ones_than_a_pass_takes_is_redriven(
+    client: Client, fresh_store: Store, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every queued job is looked at within a bounded number of passes. A pass took the first
+    REDRIVE_BATCH candidates of the whole queue, and the jobs whose open delivery it found came
+    back after their cooldown, first again: with more queued jobs waiting on busy workers than
+    two passes take, a job further back whose delivery Temporal lost was never redriven. Now each
+    pass goes on from where the last one's page ended."""
+    from roles.delivery import loops
+
+    monkeypatch.setattr(loops, "REDRIVE_BATCH", 2)
+    monkeypatch.setattr(loops, "REDRIVE_PAGE", 2, raising=False)
+    async with running_stack(client, fresh_store, fresh_db, queues=(), dispatcher=False) as s:
+        # Five organizations: none is held back by its share of the codex workers.
+        jobs = [
+            (await put(fresh_store, org=f"org-{n}", payload_extra=task("true"))).job
+            for n in range(5)
+        ]
+        for job in jobs:  # delivered, waiting for a worker (none runs)
+            assert (await s.starter.start(job.job_id)).created
+        lost = jobs[-1]
+        await wait_for_scheduled_attempt(client, lost.job_id, "attempt:1")
+        await client.get_workflow_handle(lost.job_id).terminate("test: the delivery is lost")
+        redrive = QueuedRedrive(fresh_store, s.starter, s.settings, NOW)
+        redriven = [(await redrive.run_once()).redriven for _ in range(3)]  # 5 jobs, 2 a pass
+        assert sum(redriven) == 1, redriven
+        latest = (await deliveries.job_and_latest(fresh_store, lost.job_id))[1]
+        assert latest is not None and latest.generation == 1
