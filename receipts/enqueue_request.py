@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from receipts.errors import InvalidInput
+from receipts.executables import oversized_request
 from receipts.jobs import (
     DEFAULT_LANE,
     DEFAULT_MAX_ATTEMPTS,
@@ -231,7 +232,7 @@ def parse_enqueue(
     # The contract's objective scoping: a kind that acts on an objective names it (422 without).
     payload = scoped_payload(kind, body["payload"], CONTRACTS[kind])
     assigned = "objectiveId" in payload and "objectiveId" not in body["payload"]
-    return EnqueueRequest(
+    request = EnqueueRequest(
         agent_id=agent_id,
         payload=payload,
         kind=kind,
@@ -244,6 +245,10 @@ def parse_enqueue(
         delay_ms=parsed.delay_ms or 0,
         objective_id_assigned=assigned,
     )
+    oversized = oversized_request(request)
+    if oversized is not None:
+        raise InvalidInput(*oversized)
+    return request
 
 
 def cap_timeout(request: EnqueueRequest, max_timeout_ms: int) -> EnqueueRequest:

@@ -1,20 +1,37 @@
 """Each organization's allow-list of executables (`RECEIPT_ORG_EXECUTABLES`): which commands a
 request or a planner's graph names, and whether each program is on the list. The api checks a
-request's commands; the Factory's worker checks the tasks a planner writes."""
+request's commands; the Factory's worker checks the tasks a planner writes. And whether each
+argument of a command could be given to it at all (`MAX_ARG_BYTES`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from receipts.kinds import installed_handlers, runs_commands
 
-if TYPE_CHECKING:
-    from receipts.enqueue_request import EnqueueRequest
+
+class Enqueue(Protocol):
+    """What these checks read of an enqueue (`receipts.enqueue_request.EnqueueRequest`, which
+    checks its own arguments here: named by shape, not imported)."""
+
+    @property
+    def agent_id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def organization_id(self) -> str | None: ...
+    @property
+    def payload(self) -> dict[str, Any]: ...
+
 
 SETTING = "RECEIPT_ORG_EXECUTABLES"
+MAX_ARG_BYTES = 32 * 4096 - 1
+"""The longest argument, and environment entry (`NAME=value`), a command can be started with, in
+UTF-8 bytes: Linux's MAX_ARG_STRLEN (32 pages, its NUL included). A longer one fails the start
+(`Argument list too long`) after the job was accepted, so a request naming one is refused."""
 
 
 def parse_allow_lists(value: Any) -> Any:
@@ -81,7 +98,44 @@ def first_refused(
     return None
 
 
-def request_commands(request: EnqueueRequest) -> list[tuple[str, Any]]:
+def oversized_argument(commands: list[tuple[str, Any]]) -> tuple[str, str] | None:
+    """`(field, message)` of the first argument of `commands` longer than `MAX_ARG_BYTES`."""
+    for field, command in commands:
+        for n, part in enumerate(command if isinstance(command, list) else ()):
+            if isinstance(part, str) and _utf8_len(part) > MAX_ARG_BYTES:
+                return f"{field}[{n}]", (
+                    f"{field}[{n}] is {_utf8_len(part)} bytes; a command's argument may be at "
+                    f"most {MAX_ARG_BYTES} (Linux's MAX_ARG_STRLEN): give long text on its stdin"
+                )
+    return None
+
+
+def oversized_request(request: Enqueue) -> tuple[str, str] | None:
+    """`(field, message)` when a command `request` runs could not be started: an argument, or
+    an entry of `payload.task.env` (`NAME=value`), longer than `MAX_ARG_BYTES`."""
+    if not runs_commands(request.agent_id, request.kind):
+        return None
+    refused = oversized_argument(request_commands(request))
+    if refused is not None:
+        return refused
+    task = request.payload.get("task")
+    env = task.get("env") if isinstance(task, dict) else None
+    for name, value in env.items() if isinstance(env, dict) else ():
+        size = _utf8_len(f"{name}={value}") if isinstance(value, str) else 0
+        if size > MAX_ARG_BYTES:
+            return f"payload.task.env.{name}", (
+                f"payload.task.env.{name} is {size} bytes as NAME=value; an environment entry "
+                f"may be at most {MAX_ARG_BYTES} (Linux's MAX_ARG_STRLEN)"
+            )
+    return None
+
+
+def _utf8_len(text: str) -> int:
+    """`text`'s length in UTF-8 bytes, as the command is given it."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def request_commands(request: Enqueue) -> list[tuple[str, Any]]:
     """`(field, argv)` of every command an enqueue names: an objective's (`factory.run`), a
     dispatch's tasks, else what the codex handlers run (activities/handlers/factory.py):
     `input.command` when the payload has an `input` (a prompt runs the operator's
@@ -106,7 +160,7 @@ def request_commands(request: EnqueueRequest) -> list[tuple[str, Any]]:
 
 
 def refused_request(
-    allow_lists: Mapping[str, list[str]], agent_id: str, request: EnqueueRequest
+    allow_lists: Mapping[str, list[str]], agent_id: str, request: Enqueue
 ) -> tuple[str, str] | None:
     """`(field, message)` when `request` runs a command whose program is off its organization's
     allow-list; None when it runs none, the organization has no list, or every one is on it."""

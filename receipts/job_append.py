@@ -89,13 +89,18 @@ def insert_params(receipts: Sequence[Receipt], params: dict[str, Any]) -> dict[s
     sent on (receipts/notices.py)."""
     stream = receipts[0].stream
     types = [r.type for r in receipts]
+    # The notice names each type once: a listener asks only whether a type is among them, and
+    # PostgreSQL refuses a notice of 8 000 bytes or more ("payload string too long"), which
+    # failed the whole append: one type per receipt, 330 receipts were too many (a control
+    # pass recording the ends of two phases of tries, and every pass after it).
+    named = list(dict.fromkeys(types))
     return {
         **params,
         "stream": stream,
         "seqs": [r.seq for r in receipts],
         "types": types,
         "datas": [dumps(r.data) for r in receipts],
-        "note": dumps({"stream": stream, "seq": receipts[-1].seq, "types": types}),
+        "note": dumps({"stream": stream, "seq": receipts[-1].seq, "types": named}),
         "channels": notices.channels(stream, types, takeover=any(map(_takes_over, receipts))),
     }
 

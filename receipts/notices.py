@@ -1,7 +1,7 @@
 """Which NOTIFY channels an append is announced on: one per concern, so that a notice reaches only
 the processes that act on it (a process LISTENs to the channels its subscribers name,
 receipts/listen.py). Every append statement notifies the channels `channels(stream, types)`
-gives, with the same payload (`{stream, seq, types}`).
+gives, with the same payload (`{stream, seq, types}`, each type of the append named once).
 
 The concerns, by stream prefix and receipt type (the layers above name their streams; this table
 is the one place that routes them):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from receipts.errors import InvalidInput
+from receipts.executables import oversized_argument
 from receipts.kinds import OBJECTIVE_ID
 
 # An objective id names a stream and a workspace directory: `.` and `..` are no names.
@@ -121,6 +122,9 @@ def _argv(value: Any, field: str) -> tuple[str, ...]:
         or not all(isinstance(part, str) and part for part in value)
     ):
         raise InvalidInput(field, f"{field} must be a non-empty list of non-empty strings (argv)")
+    oversized = oversized_argument([(field, value)])
+    if oversized is not None:
+        raise InvalidInput(*oversized)
     return tuple(value)
 
 
