@@ -32,6 +32,7 @@ from activities.attempt_watch import (
 )
 from activities.fence import AttemptFence
 from activities.gateway import Gateway
+from activities.handler_exits import Exits, handler_scope
 from activities.handlers.context import (
     Handler,
     HandlerContext,
@@ -310,16 +311,22 @@ class AttemptActivities:
             gateway=self.gateway,
         )
         started = time.monotonic()
-        handler_task = asyncio.create_task(handler(ctx), name=f"handler:{fence.worker_id}")
+        exits = Exits(job.job_id, job.agent_id)  # its tasks' SystemExit: activities/handler_exits
+        with handler_scope(exits):
+            handler_task = asyncio.create_task(handler(ctx), name=f"handler:{fence.worker_id}")
         beat_task = asyncio.create_task(
             self._heartbeats(attempt, fence, ctx.commands_arrived), name="heartbeats"
         )
         reach_task = self._watch_reach(fence, delivered)
         try:
-            watched = {handler_task, beat_task} | ({reach_task} if reach_task else set())
+            watched = {handler_task, beat_task, exits.ended, *([reach_task] if reach_task else [])}
             done = await _wait_out(watched, ctx.deadline)
             if handler_task in done:
                 return await settle.handler_done(handler_task, time.monotonic() - started)
+            if exits.ended in done:  # a task the handler started exited: the handler's failure
+                await _stop_handler(handler_task, job, fence)
+                error = str(exits.ended.result())
+                return await settle.failure(error, retryable=True, status="failed", result=None)
             if beat_task in done:
                 if (failed := beat_task.exception()) is not None:
                     # A heartbeat that could not be written (the database away past its
@@ -432,10 +439,11 @@ class AttemptActivities:
 
 
 async def _wait_out(
-    tasks: set[asyncio.Task[Any]], deadline: float | None
-) -> set[asyncio.Task[Any]]:
-    """Wait for the first of `tasks` (the handler, the heartbeats, the reach watch) to end, at
-    most until the execution `deadline` (event-loop time); what ended."""
+    tasks: set[asyncio.Future[Any]], deadline: float | None
+) -> set[asyncio.Future[Any]]:
+    """Wait for the first of `tasks` (the handler, the heartbeats, an exit of the handler's
+    tasks, the reach watch) to end, at most until the execution `deadline` (event-loop time);
+    what ended."""
     left = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
     done, _ = await asyncio.wait(tasks, timeout=left, return_when=asyncio.FIRST_COMPLETED)
     return done

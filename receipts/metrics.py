@@ -82,6 +82,12 @@ HANDLERS_ABANDONED = Counter(
     "execution timeout, the worker's shutdown): the attempt went on without them.",
     ["agent"],
 )
+HANDLER_EXITS = Counter(
+    "receipt_handler_exits",
+    "SystemExit or KeyboardInterrupt raised by a task a handler started (which would have ended "
+    "the worker's event loop): that task ended, and its attempt failed if still running.",
+    ["agent"],
+)
 HANDLER_PROGRESS_UNWRITTEN = Counter(
     "receipt_handler_progress_unwritten",
     "Progress an installed handler's rate limit kept back that could not be written when the "
@@ -393,6 +399,12 @@ ROLE_TASKS_FAILED = Counter(
     "A role's background tasks (the dispatchers, the loops, the listener) that ended with an "
     "error, by task: it does not run again until the process restarts (logged role.task_failed).",
     ["task"],
+)
+SIGNAL_HANDLERS_RESTORED = Counter(
+    "receipt_signal_handlers_restored",
+    "SIGTERM or SIGINT handlers something in the process (a handler, a library it uses) replaced, "
+    "put back to the role's drain (logged role.signal_handler_restored).",
+    ["signal"],
 )
 
 

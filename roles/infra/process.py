@@ -58,6 +58,9 @@ SPANS_FLUSH_S = 5.0
 # trying again after 0.5 s, doubling to 5 s; past it, the role exits (and is restarted).
 DB_START_PATIENCE_S = 60.0
 DB_START_FIRST_WAIT_S, DB_START_MAX_WAIT_S = 0.5, 5.0
+# The signals that drain a role, and how often their handlers are looked at (`DrainSignals`).
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNAL_CHECK_S = 1.0
 
 
 @dataclass
@@ -238,23 +241,74 @@ async def until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) ->
         running.result()
 
 
+class DrainSignals:
+    """SIGTERM and SIGINT set the role's `stop` (its drain), whatever a handler does to them.
+
+    A handler that installs its own (`signal.signal`, its loop's `add_signal_handler`; a library
+    that traps SIGTERM to clean up, or ignores it) took the drain's place: at a rollout's SIGTERM
+    the worker took new work on and was killed at the pod's grace, its attempts cut off. They
+    are installed with `signal.signal`, so either replacement shows in `signal.getsignal`, and
+    looked at every `SIGNAL_CHECK_S`: one replaced is put back (logged
+    `role.signal_handler_restored`, counted in `receipt_signal_handlers_restored_total`)."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+
+        def stopping(signum: int, frame: Any) -> None:
+            loop.call_soon_threadsafe(stop.set)  # on the main thread, between two bytecodes
+
+        self._stopping = stopping
+
+    def install(self) -> None:
+        for sig in DRAIN_SIGNALS:
+            signal.signal(sig, self._stopping)
+
+    def restore(self) -> None:
+        """Put back each drain signal's handler that something replaced."""
+        for sig in DRAIN_SIGNALS:
+            current = signal.getsignal(sig)
+            if current is self._stopping:
+                continue
+            signal.signal(sig, self._stopping)
+            metrics.SIGNAL_HANDLERS_RESTORED.labels(sig.name).inc()
+            log.warning(
+                "%s's handler was replaced (a handler's signal.signal or add_signal_handler); "
+                "the drain's is put back",
+                sig.name,
+                extra={
+                    "event": "role.signal_handler_restored",
+                    "signal": sig.name,
+                    "replacedBy": repr(current)[:200],
+                },
+            )
+
+    async def guard(self, interval_s: float | None = None) -> None:
+        """`restore` every `interval_s` (`SIGNAL_CHECK_S`) until cancelled."""
+        for sig in DRAIN_SIGNALS:
+            metrics.SIGNAL_HANDLERS_RESTORED.labels(sig.name)  # from 0, for an alert's increase
+        while True:
+            await asyncio.sleep(SIGNAL_CHECK_S if interval_s is None else interval_s)
+            self.restore()
+
+
 def run_until_signalled(
     main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], loop: str
 ) -> None:
-    """Run `main(stop)` on `loop` (`uvloop` or `asyncio`), SIGTERM and SIGINT setting `stop`;
-    then exit 0 without interpreter finalization."""
+    """Run `main(stop)` on `loop` (`uvloop` or `asyncio`), SIGTERM and SIGINT setting `stop`
+    (`DrainSignals`); then exit 0 without interpreter finalization."""
 
     async def signalled() -> None:
         stop = asyncio.Event()
-        running = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            running.add_signal_handler(sig, stop.set)
+        signals = DrainSignals(stop)
+        signals.install()
+        guard = asyncio.create_task(signals.guard(), name="drain-signals")
         # The exits are taken here, not through the loop's own end, which would wait without
         # a bound on every task still pending (a stuck shutdown, a handler left behind).
         try:
             await main(stop)
         except ShutdownStuck:
             _exit_without_finalizing(EXIT_SHUTDOWN_STUCK)
+        guard.cancel()
         await end_tasks(TASKS_END_S)
         _exit_without_finalizing()
 

@@ -16,6 +16,7 @@ import pytest
 
 from receipts import assembly, deliveries, fairness
 from receipts.settings import Settings
+from receipts.sql import query
 from receipts.store import Store
 from roles.infra.db import migrate_url
 from tests.integration.test_bounded_reads import analyzed, read_of
@@ -173,3 +174,59 @@ async def test_a_pass_reads_its_page_not_the_queue(
     # slots. The whole queue read 21 003.
     assert read <= 2_000, read
     assert not [n for n in plan if n["Node Type"] == "Seq Scan" and n["Relation Name"] == "jobs"]
+
+
+# The jobs the whole-queue rule holds back: what the held-back gauge counted through it.
+WHOLE_QUEUE_HELD = b"""
+SELECT count(*) FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q WHERE q.held_back"""
+# Beside the seed: jobs of a share routed before jobs were (no worker queue), a share whose
+# organization holds more slots than its cap (its cap lowered since) and a delayed job there.
+MORE_SHARES = """
+INSERT INTO jobs (job_id, seq, organization_id, agent_id, lane, kind, status, attempt,
+                  max_attempts, available_at, created_at, updated_at, state, worker_queue)
+SELECT 'x' || g, 1, 'org-x', 'codex', 'chat', 'codex', CASE WHEN g <= 5 THEN 'leased' ELSE
+       'queued' END, 0, 3, CASE WHEN g = 9 THEN now() + interval '1 hour' END,
+       now() - make_interval(secs => 900 - g), now() - make_interval(secs => 900 - g), '{}',
+       CASE WHEN g % 4 = 0 THEN NULL ELSE 'receipt-codex' END
+FROM generate_series(1, 20) g;
+INSERT INTO dispatch_slots (job_id, organization_id, worker_queue)
+SELECT job_id, organization_id, 'receipt-codex' FROM jobs WHERE job_id IN ('x1', 'x2', 'x3', 'x5');
+"""
+
+
+@pytest.mark.parametrize("setting", ["", "0", "1", "codex=5,chat=0", "40"])
+async def test_the_held_back_gauge_counts_what_the_whole_queue_rule_holds_back(
+    small: tuple[Store, str], setting: str
+) -> None:
+    """The gauge counts per capped share instead of ranking the queue: on a mixed queue (shares
+    straddling their caps, delayed jobs, aborts, slot holders, no organization, no worker queue,
+    an organization over its cap) and under any caps it counts what `dispatch_queue` holds
+    back."""
+    store, url = small
+    caps = fairness.caps(Settings(RECEIPT_ORG_MAX_RUNNING_PER_GROUP=setting))
+    with psycopg.connect(url) as conn:
+        before = conn.execute(query("dispatch_held_back").encode(), caps).fetchone()
+        assert before == conn.execute(WHOLE_QUEUE_HELD, caps).fetchone()
+        conn.execute(MORE_SHARES.encode())
+        whole = conn.execute(WHOLE_QUEUE_HELD, caps).fetchone()
+        assert conn.execute(query("dispatch_held_back").encode(), caps).fetchone() == whole
+        conn.rollback()
+    assert whole is not None and before is not None
+    if setting not in ("0", "40"):
+        assert whole[0] > before[0] > 0  # the seed holds some back, the new shares more
+    held = await fairness.held_back(store, Settings(RECEIPT_ORG_MAX_RUNNING_PER_GROUP=setting))
+    assert held == before[0]
+
+
+async def test_the_held_back_gauge_reads_the_capped_shares_waiting_jobs_once(
+    queue_of_10k: str,
+) -> None:
+    """10 500 queued jobs: the 5 s gauge read them twice (21 003 rows of `jobs`, the active jobs
+    for the slots they hold) and sorted them to rank every share. It now reads the capped
+    shares' queued jobs once, unsorted, and each share's slots."""
+    plan = analyzed(queue_of_10k, "dispatch_held_back", DEFAULT_CAPS)
+    read = read_of(plan, "jobs")
+    # The 10 500 queued jobs once (10 030 of capped shares counted) and the 483 slots' jobs, one
+    # probe each.
+    assert read <= 11_000, read
+    assert not [n for n in plan if n["Node Type"] in ("Sort", "Incremental Sort", "WindowAgg")]

@@ -298,3 +298,56 @@ def test_a_role_resolves_names_while_handlers_hold_every_default_thread(loop: st
         timeout=30,
     )
     assert out.stdout.strip() == "resolved", out.stderr
+
+
+REPLACED = textwrap.dedent(
+    """
+    import asyncio, signal, sys
+    from roles.infra import logs, process
+
+    process.SIGNAL_CHECK_S = 0.05
+
+    async def main(stop: asyncio.Event) -> None:
+        logs.configure("test", "json")
+        how = sys.argv[2]
+        if how == "loop":  # a handler's own loop.add_signal_handler
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: None)
+        elif how == "ignore":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:  # a library that traps SIGTERM to clean up
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        await asyncio.sleep(0.5)  # the check comes
+        print("ready", flush=True)
+        await stop.wait()
+        print("drained", flush=True)
+
+    process.run_until_signalled(main, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["loop", "ignore", "trap"])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_sigterm_handler_a_handler_installs_does_not_take_the_drain_s_place(
+    loop: str, how: str
+) -> None:
+    """A handler's own SIGTERM handler replaced the drain's: at a rollout the worker took new
+    work on until the pod's grace killed it. It is put back within `SIGNAL_CHECK_S`."""
+    with subprocess.Popen(
+        [sys.executable, "-c", REPLACED, loop, how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            child.send_signal(signal.SIGTERM)
+            stdout, stderr = child.communicate(timeout=10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    assert (child.returncode, stdout.strip()) == (0, "drained"), stderr
+    records = [json.loads(line) for line in stderr.splitlines() if line]
+    assert [(r.get("event"), r.get("signal")) for r in records] == [
+        ("role.signal_handler_restored", "SIGTERM")
+    ]
