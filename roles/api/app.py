@@ -54,6 +54,7 @@ from roles.api.routes.retry import BulkRetryBody
 from roles.api.routes.webhooks import WebhookCreateBody
 from roles.api.routes.webhooks import router as webhooks_router
 from roles.api.schema import CommandBody, EnqueueBody
+from roles.api.settings import GRACEFUL_SHUTDOWN_S
 from roles.infra.db import migrate_url, open_store, resolve_url
 from roles.infra.settings import RuntimeSettings
 from roles.infra.tracing import recording as tracing_recording
@@ -271,7 +272,7 @@ async def serve_api(
         port=settings.api.port,
         lifespan="on",
         log_config=None,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         server_header=False,
         # httptools with bounds on a request's head: its size and how long it may take
         http=http_protocol(settings.api.head_timeout_ms / 1000),

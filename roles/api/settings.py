@@ -12,6 +12,8 @@ from receipts.settings import ReceiptSettings
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 SSE_KEEPALIVE_S = 15.0
+# What the requests in flight get once the api closes its port (after its drain delay).
+GRACEFUL_SHUTDOWN_S = 10
 
 
 class ApiSettings(ReceiptSettings):

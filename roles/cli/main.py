@@ -307,6 +307,12 @@ def up_command() -> None:
     migrations, then runs api, driver, worker-chat, worker-codex and worker-control as separate
     processes with prefixed logs, restarting any that dies (backoff 1 s doubling to 30 s). Data
     persists under RECEIPT_DATA_DIR (default ./.receipt).
+
+    Ctrl-C drains the roles (running handlers get RECEIPT_SHUTDOWN_GRACE_MS, what cannot finish
+    is released), SIGKILLing a role only past its own shutdown's bound: the grace plus 25 s
+    (55 s at the default), or the api's drain delay plus 25 s when longer; then Temporal. A
+    second Ctrl-C SIGKILLs everything still running at once (exit 130); the jobs they held are
+    delivered again from the receipts.
     """
     from roles.cli.up import up
     from roles.infra.settings import load_or_exit
@@ -339,7 +345,8 @@ def role_command(name: str | None) -> None:
     NAME defaults to RECEIPT_PROCESS_ROLE. `all` runs only the maintenance loops; any other
     value also resolves to `all`, with a warning naming the five roles. SIGTERM drains: no new
     work, running handlers get RECEIPT_SHUTDOWN_GRACE_MS (30 000) to finish, and what cannot
-    finish is released without costing an attempt.
+    finish is released without costing an attempt. A second Ctrl-C during the drain exits at
+    once (130); what the role held is delivered again from the receipts.
     """
     from roles.role import main as role_main
 

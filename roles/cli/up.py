@@ -11,8 +11,10 @@ from pathlib import Path
 from activities.gateway_providers import key_variables
 from receipts.settings import SettingsError
 from roles.api.auth import LOCAL_TOKEN_FILE, ensure_local_admin_token
+from roles.api.settings import GRACEFUL_SHUTDOWN_S
 from roles.infra.db import migrate_url, resolve_url
 from roles.infra.ports import wait_port
+from roles.infra.process import EXIT_FORCED, EXIT_S, stop_bound_s
 from roles.infra.settings import (
     CALLBACK_ROLES,
     DEFAULT_METRICS_PORTS,
@@ -27,6 +29,9 @@ TEMPORAL_PORT, TEMPORAL_UI_PORT = 7233, 8233
 # The examples of a checkout: what `receipt up` starts with when nothing else is configured.
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 USERNS_SYSCTL = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+# What `up` gives a role past its own shutdown's bound before SIGKILL: the process's own end.
+KILL_SLACK_S = 3.0
+TEMPORAL_STOP_S = 10.0
 
 # Secrets of the environment and the roles that use them; every other process starts without
 # them (worker-codex runs tenants' commands: it gets no API token and no callback secret; only
@@ -59,6 +64,18 @@ def metrics_ports(process: ProcessSettings) -> str:
         port = process.metrics_port or "any free port"
         return f"{', '.join(roles)} and api on RECEIPT_METRICS_PORT ({port})"
     return ", ".join(f"{r} :{DEFAULT_METRICS_PORTS[r]}" for r in roles)
+
+
+def kill_after_s(settings: RuntimeSettings) -> float:
+    """How long `up` waits for the roles it sent SIGTERM before it SIGKILLs them: the longest
+    a role's own shutdown takes (a worker's: the grace, 10 s for a drain still running, its
+    exit's 12 s; the api's: its drain delay, its requests' 10 s, the same exit), and
+    `KILL_SLACK_S`: 55 s at the default 30 s grace, as deploy/k8s gives a pod. Sooner, a
+    handler that swallows its cancellation (abandoned 5 s after the grace) was killed as its
+    job's release was being written."""
+    worker = stop_bound_s(settings.process.shutdown_grace_ms / 1000)
+    api = settings.api.drain_delay_ms / 1000 + GRACEFUL_SHUTDOWN_S + EXIT_S
+    return max(worker, api) + KILL_SLACK_S
 
 
 async def _temporal(
@@ -128,16 +145,17 @@ async def _check_sandbox(env: dict[str, str], colour: bool) -> None:
 
 
 async def up(settings: RuntimeSettings) -> int:
-    """Start everything and wait for Ctrl-C (or SIGTERM); return the exit status. The roles'
-    environment is the one `settings` were read from, with what `up` sets."""
+    """Start everything and wait for Ctrl-C (or SIGTERM); return the exit status (130 after a
+    second Ctrl-C forced the stop). The roles' environment is the one `settings` were read
+    from, with what `up` sets."""
     core = settings.core
     colour = sys.stdout.isatty()
     data_dir = core.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    stopping = asyncio.Event()
+    stopping, forced = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    loop.add_signal_handler(signal.SIGINT, _interrupted, stopping, forced, colour)
 
     url = resolve_url(core)
     applied = await migrate_url(url)
@@ -201,17 +219,36 @@ async def up(settings: RuntimeSettings) -> int:
             if local_token
             else []
         ),
-        "Ctrl-C stops everything.",
+        "Ctrl-C stops everything (a second Ctrl-C: at once).",
     ):
         say("up", line, colour)
     await stopping.wait()
-    say("up", "stopping: roles first (they finish or release held jobs), then Temporal", colour)
-    grace = settings.process.shutdown_grace_ms / 1000 + 5
-    await asyncio.gather(*(r.stop_async(grace) for r in roles))
+    kill_after = kill_after_s(settings)
+    say(
+        "up",
+        "stopping: roles first (they finish or release held jobs; SIGKILL after "
+        f"{kill_after:g} s), then Temporal. Ctrl-C again to stop at once",
+        colour,
+    )
+    await asyncio.gather(*(r.stop_async(kill_after, forced) for r in roles))
     for keeper in keepers:
         keeper.cancel()
     await asyncio.gather(*keepers, return_exceptions=True)
     if temporal is not None:
-        await temporal.stop_async(10)
+        await temporal.stop_async(TEMPORAL_STOP_S, forced)
     say("up", "stopped", colour)
-    return 0
+    return EXIT_FORCED if forced.is_set() else 0
+
+
+def _interrupted(stopping: asyncio.Event, forced: asyncio.Event, colour: bool) -> None:
+    """Ctrl-C: stop (`stopping`), or, once stopping, SIGKILL what still runs (`forced`)."""
+    if not stopping.is_set():
+        stopping.set()
+    elif not forced.is_set():
+        forced.set()
+        say(
+            "up",
+            "Ctrl-C again: SIGKILL to every process still running; the jobs they held are "
+            "delivered again from the receipts",
+            colour,
+        )

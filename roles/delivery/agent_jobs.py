@@ -91,6 +91,7 @@ class AgentJobDispatcher:
         self.callbacks = callbacks
         self.http = http
         self._posting: dict[tuple[str, str], asyncio.Task[bool]] = {}
+        self._stop = asyncio.Event()  # `run`'s stop: set, no wakeup post is claimed any more
         self._posts_at_once = asyncio.Semaphore(WAKEUP_POSTS_AT_ONCE)
         self._gauged: set[str] = set()  # agents the running gauge last read above 0
         self._registry_ids: frozenset[str] = frozenset()
@@ -225,6 +226,8 @@ class AgentJobDispatcher:
         at most WAKEUP_POST_WAIT_S (what it returns counts those posted by then). Posted one by
         one inside the pass, a receiver that never answers held every pass 5 s per wakeup (100
         per URL): no claim, settlement or input timeout for any tenant meanwhile."""
+        if self._stop.is_set():  # the role drains: the other drivers post what is owed
+            return 0
         started: list[asyncio.Task[bool]] = []
         for url in settings.callback_urls:
             for source_id, session_id, seq in await agent_reads.unposted_wakeups(self.store, url):
@@ -256,6 +259,8 @@ class AgentJobDispatcher:
         with contextlib.ExitStack() as in_trace:
             try:
                 async with self._posts_at_once:
+                    if self._stop.is_set():  # drained while it waited its turn: left to others
+                        return False
                     if not await deliveries.claim_callback(self.store, source_id, WAKEUP, url):
                         return False
                     found = await self.store.read_stream(session_stream(session_id), seq - 1, 1)
@@ -352,21 +357,54 @@ class AgentJobDispatcher:
                 extra={"event": "agent_job.dispatch_failed", "error": str(exc)},
             )
 
-    async def run(self) -> None:
-        """Dispatch until cancelled (needs a listener)."""
+    async def run(self, stop: asyncio.Event | None = None, grace_s: float = 0.0) -> None:
+        """Dispatch until cancelled or `stop` is set (needs a listener). Once `stop` is set (the
+        role drains) it makes no more passes and claims no more wakeup posts, and returns when
+        the posts in flight are recorded, or after `grace_s` (those still in flight then are
+        cut: logged `agent_job.wakeup_drain_cut`, their claims lapse and another driver posts
+        them again). Cut at once, a post its receiver was answering was heard twice, the second
+        time 30 s later."""
         assert self.listener is not None
         metrics.LOOP_FAILED.labels(AGENT_JOB_DISPATCHER_LOOP)  # from 0, for the alert's increase()
+        if stop is not None:
+            self._stop = stop
         try:
             async with self.listener.subscribe(channel=AGENT_JOBS) as notices:
-                while True:
+                while not self._stop.is_set():
                     await self._pass()
                     # The next pass is due at a deadline read once per pass: the notices of
                     # other work (every append of every job) neither query the database nor put
                     # it off.
                     deadline = time.monotonic() + await self._timeout_or_default()
-                    await self._woken(notices, deadline)
+                    await self._woken_or_stopped(notices, deadline)
+            await self._drain(grace_s)
         finally:
             await self.close()
+
+    async def _woken_or_stopped(self, notices: asyncio.Queue[Notice], deadline: float) -> None:
+        """`_woken`, or sooner when `stop` is set."""
+        if self._stop.is_set():
+            return
+        waking = asyncio.create_task(self._woken(notices, deadline))
+        stopping = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait({waking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waking.cancel()
+            stopping.cancel()
+            await asyncio.gather(waking, stopping, return_exceptions=True)
+
+    async def _drain(self, grace_s: float) -> None:
+        """Wait up to `grace_s` for the wakeup posts in flight to be answered and recorded."""
+        if not self._posting:
+            return
+        _, cut = await asyncio.wait(set(self._posting.values()), timeout=grace_s)
+        if cut:
+            log.warning(
+                "wakeup posts still in flight at the end of the shutdown grace are cut; their "
+                "claims lapse and they are posted again",
+                extra={"event": "agent_job.wakeup_drain_cut", "posts": len(cut), "graceS": grace_s},
+            )
 
     async def _woken(self, notices: asyncio.Queue[Notice], deadline: float) -> None:
         """Return at the first notice that `wakes_on` (a burst of them coalesced into one pass),

@@ -256,10 +256,11 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
         http=runtime.http,
         org_cap=runtime.settings.core.org_running_cap(QUEUE_CODEX),
     )
-    runtime.spawn(agent_jobs.run(), "agent-jobs")
-    # Per-organization webhooks, posted beside the global callbacks (roles/delivery/webhooks.py).
-    # At `stop` it claims no more; its posts in flight get the grace, as the worker's do.
+    # At `stop` it and the webhook deliverer claim no more; their posts in flight (wakeups,
+    # webhooks) get the grace, as the worker's do, within the worker's bounded shutdown.
     grace = runtime.settings.process.grace
+    waking = runtime.spawn(agent_jobs.run(stop, grace.total_seconds()), "agent-jobs")
+    # Per-organization webhooks, posted beside the global callbacks (roles/delivery/webhooks.py).
     webhooks = WebhookDeliverer(runtime.store, runtime.settings.webhooks, runtime.http)
     posting = runtime.spawn(webhooks.run(stop, grace.total_seconds()), webhooks.name)
     worker = driver_worker(
@@ -270,6 +271,9 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
         http=runtime.http,
         graceful_shutdown=grace,
     )
-    await run_until(worker.run, worker.shutdown, stop, grace)
-    if stop.is_set():
-        await asyncio.wait({posting})  # drained beside the worker, within the grace
+
+    async def shutdown() -> None:
+        """The worker's drain and the posts' beside it, all within its bound."""
+        await asyncio.gather(worker.shutdown(), asyncio.wait({waking, posting}))
+
+    await run_until(worker.run, shutdown, stop, grace)

@@ -54,6 +54,10 @@ CLOSE_S = 5.0
 TASKS_END_S = 2.0
 # The exit's flush of the spans not yet exported (an OTLP collector that does not answer).
 SPANS_FLUSH_S = 5.0
+# What a role's exit takes at most once its drain ended: the close, its tasks' end, the flush.
+EXIT_S = CLOSE_S + TASKS_END_S + SPANS_FLUSH_S
+# The exit status of a second Ctrl-C (SIGINT) during the drain: out at once, as SIGINT's.
+EXIT_FORCED = 130
 # How long a role's start waits for a database that refuses it (down, out of connections),
 # trying again after 0.5 s, doubling to 5 s; past it, the role exits (and is restarted).
 DB_START_PATIENCE_S = 60.0
@@ -188,6 +192,14 @@ def freeze_startup_heap() -> None:
     )
 
 
+def stop_bound_s(grace_s: float) -> float:
+    """The longest a worker role (or the driver) takes from SIGTERM to its exit: its drain,
+    bounded at the grace and `SHUTDOWN_MARGIN`, then its exit (`EXIT_S`). A supervisor that
+    SIGKILLs it sooner may cut a release as it is written (`receipt up`, a pod's
+    `terminationGracePeriodSeconds`: 55 s at the default 30 s grace)."""
+    return grace_s + SHUTDOWN_MARGIN.total_seconds() + EXIT_S
+
+
 class ShutdownStuck(RuntimeError):
     """A worker's shutdown did not end within the grace and `SHUTDOWN_MARGIN`."""
 
@@ -255,7 +267,12 @@ class DrainSignals:
         loop = asyncio.get_running_loop()
 
         def stopping(signum: int, frame: Any) -> None:
-            loop.call_soon_threadsafe(stop.set)  # on the main thread, between two bytecodes
+            # On the main thread, between two bytecodes: the loop runs the rest. A SIGINT once
+            # the drain began (a second Ctrl-C) exits at once (`_interrupted`).
+            if signum == signal.SIGINT:
+                loop.call_soon_threadsafe(_interrupted, stop)
+            else:
+                loop.call_soon_threadsafe(stop.set)
 
         self._stopping = stopping
 
@@ -295,7 +312,8 @@ def run_until_signalled(
     main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], loop: str
 ) -> None:
     """Run `main(stop)` on `loop` (`uvloop` or `asyncio`), SIGTERM and SIGINT setting `stop`
-    (`DrainSignals`); then exit 0 without interpreter finalization."""
+    (`DrainSignals`); then exit 0 without interpreter finalization. A SIGINT once `stop` is set
+    (a second Ctrl-C, as uvicorn's "CTRL+C to force quit" asks) exits at once, `EXIT_FORCED`."""
 
     async def signalled() -> None:
         stop = asyncio.Event()
@@ -315,6 +333,20 @@ def run_until_signalled(
     run_event_loop(signalled(), loop)
 
 
+def _interrupted(stop: asyncio.Event) -> None:
+    """SIGINT: the drain begins (`stop`), or, when it has already, the process exits now,
+    without it (what it held is delivered again from the receipts, as after a SIGKILL)."""
+    if not stop.is_set():
+        stop.set()
+        return
+    log.warning(
+        "a second Ctrl-C (SIGINT) during the drain: exiting now, without it; what the role held "
+        "is delivered again from the receipts",
+        extra={"event": "role.forced_exit"},
+    )
+    _exit_without_finalizing(EXIT_FORCED, spans_s=0.0)
+
+
 async def end_tasks(seconds: float) -> None:
     """Cancel every other task of the loop and wait for them at most `seconds`; the ones
     still running are named (logged `role.tasks_left`) and left to the exit."""
@@ -332,15 +364,17 @@ async def end_tasks(seconds: float) -> None:
         )
 
 
-def _exit_without_finalizing(code: int = 0) -> None:
+def _exit_without_finalizing(code: int = 0, spans_s: float = SPANS_FLUSH_S) -> None:
     """Exit with `code` (0: a clean stop) without running interpreter finalization.
 
     Everything the role owns is closed by now, but the Temporal SDK's Rust threads can still
     call into a finalizing interpreter and abort the process (`PyGILState_Release`, exit -6),
-    seen here once after a clean SIGTERM drain. Logs and the spans not yet exported are
-    flushed first (`os._exit` runs no atexit hook, so the exporter's own flush never would).
+    seen here once after a clean SIGTERM drain. Logs and the spans not yet exported (for at
+    most `spans_s`; none for a forced exit) are flushed first (`os._exit` runs no atexit hook,
+    so the exporter's own flush never would).
     """
-    flush_spans(SPANS_FLUSH_S)
+    if spans_s > 0:
+        flush_spans(spans_s)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -140,17 +140,27 @@ class Supervised:
         except subprocess.TimeoutExpired:
             self.kill()
 
-    async def stop_async(self, grace_s: float) -> None:
-        """`stop` without blocking the event loop (several children drain at once)."""
+    async def stop_async(self, grace_s: float, forced: asyncio.Event | None = None) -> None:
+        """`stop` without blocking the event loop (several children drain at once); SIGKILL
+        sooner, at once, when `forced` is set (a second Ctrl-C)."""
         if not self.running():
             return
         self.send(signal.SIGCONT)
         self.send(signal.SIGTERM)
+        ended = asyncio.create_task(self.wait())
+        forcing = asyncio.create_task((forced or asyncio.Event()).wait())
         try:
-            await within(self.wait(), grace_s)
-        except TimeoutError:
+            await asyncio.wait(
+                {ended, forcing}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        except BaseException:
+            ended.cancel()
+            raise
+        finally:
+            forcing.cancel()
+        if not ended.done():
             self.send(signal.SIGKILL)
-            await self.wait()
+        await ended
 
     async def keep_alive(self, stopping: asyncio.Event) -> None:
         """Run the process; restart it when it exits, with backoff, until `stopping`."""

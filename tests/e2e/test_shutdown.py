@@ -11,6 +11,7 @@ import asyncio
 import json
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,10 @@ import pytest
 from temporalio.service import RPCError
 
 from receipts import webhooks as hooks
+from receipts.agent_jobs import lifecycle
+from receipts.agent_jobs.registry import AgentJobSettings
 from receipts.store import Store
+from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.infra.ports import free_port
 from tests.e2e.conftest import task
 from tests.e2e.roles_harness import RoleProcesses, wait_for
@@ -27,6 +31,8 @@ from tests.eventually import eventually
 from tests.integration.api_support import AS_A, TOKENS, enqueue_body, wait_healthz
 from tests.integration.delivery.receiver import Receiver
 from tests.integration.helpers import put
+from tests.integration.test_agent_jobs import play_turn
+from tests.integration.test_agent_jobs import request as agent_job_request
 from tests.integration.test_webhooks import Receiver as WebhookReceiver
 
 pytestmark = pytest.mark.e2e
@@ -357,3 +363,101 @@ async def test_a_rolling_restart_hands_a_running_job_to_the_new_worker_at_the_gr
     ) == 1
     assert procs.logged(old, {"attempt.released"})
     assert procs.logged(new, {"attempt.redelivered"}) == []
+
+
+async def wakeup_posts(store: Store) -> list[tuple[str, int]]:
+    """`(status, attempts)` of every wakeup's callback post claimed so far."""
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT status, attempts FROM callback_posts WHERE event = 'session.wakeup'"
+        )
+        return [(str(status), int(attempts)) for status, attempts in await cur.fetchall()]
+
+
+async def test_a_driver_stopped_while_a_wakeup_waits_for_its_answer_posts_it_once(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    """The agent-job dispatcher's wakeup posts (to the owner's session, on the event callback
+    URL) had no shutdown grace: SIGTERM cut the post its receiver was answering, its claim
+    stayed pending and another driver posted it again when the claim's 30 s lapsed (heard
+    twice, the second time late). Now the dispatcher claims nothing more once the drain starts
+    and the posts in flight get RECEIPT_SHUTDOWN_GRACE_MS, as the webhook posts do."""
+    store, _ = e2e_store
+    receiver = WebhookReceiver(hang={"/wake"})
+    server = await asyncio.start_server(receiver.handle, "127.0.0.1", 0)
+    receiver.port = server.sockets[0].getsockname()[1]
+    # A turn that asks its owner a question: the driver's next pass settles it and writes (and
+    # posts) its wakeup.
+    job, _ = await lifecycle.create(store, agent_job_request(f"agent-{uuid.uuid4().hex[:6]}"))
+    await AgentJobDispatcher(store, None, AgentJobSettings()).run_once()
+    asking = await lifecycle.get(store, job.agent_job_id)
+    assert asking is not None
+    await play_turn(store, asking, {"outcome": "needs_input", "question": "q", "toolCallId": "c"})
+    procs = roles(
+        RECEIPT_EVENT_CALLBACK_URL=receiver.url("/wake"),
+        RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="600000",  # no recovery pass posts
+    )
+    procs.start("driver")
+    try:
+
+        def heard() -> list[dict[str, Any]]:
+            return [p.json for p in receiver.at("/wake") if p.json["event"] == "session.wakeup"]
+
+        async def posted() -> int:
+            return len(heard())
+
+        await eventually(posted, lambda n: n == 1, timeout=60, every=0.05, what="the wakeup")
+        procs.signal("driver", signal.SIGTERM)
+        stopped = time.monotonic()
+        # The receiver answers within the post's 5 s.
+        asyncio.get_running_loop().call_later(2.5, receiver.release.set)
+        assert await exit_status(procs, "driver", 30) == 0
+        drained_s = time.monotonic() - stopped
+        recorded = await wakeup_posts(store)
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        receiver.release.set()
+        server.close()
+        await server.wait_closed()
+    print(f"driver drained in {drained_s:.1f} s; the wakeup's post: {recorded}")
+    assert len(heard()) == 1
+    assert heard()[0]["sessionId"] == job.owner_session_id
+    # Recorded by the stopping driver: not left claimed for another driver to post again.
+    assert recorded == [("posted", 1)]
+    assert 2.5 <= drained_s < 2.5 + 5
+    assert procs.logged("driver", {"agent_job.wakeup_callback"})
+
+
+async def test_a_second_ctrl_c_during_the_api_s_drain_exits_at_once(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    """The api replaces uvicorn's signal handling, yet uvicorn still says "(CTRL+C to force
+    quit)" while connections close: a second Ctrl-C (SIGINT) did nothing, and the role drained
+    on (here its 20 s drain delay). Now a SIGINT once the drain has begun exits at once (130),
+    logged `role.forced_exit`."""
+    port = free_port()
+    procs = roles(
+        RECEIPT_API_PORT=str(port), RECEIPT_API_TOKENS=TOKENS, RECEIPT_API_DRAIN_DELAY_MS="20000"
+    )
+    procs.start("api")
+    wait_healthz(f"http://127.0.0.1:{port}")
+    try:
+        procs.signal("api", signal.SIGINT)
+
+        async def draining() -> list[dict[str, object]]:
+            return procs.logged("api", {"api.draining"})
+
+        await eventually(draining, bool, timeout=10, every=0.05, what="the api draining")
+        procs.signal("api", signal.SIGINT)
+        again = time.monotonic()
+        status = await exit_status(procs, "api", 30)
+        exited_s = time.monotonic() - again
+    except BaseException:
+        print(procs.logs())
+        raise
+    print(f"api exited {exited_s:.1f} s after the second Ctrl-C, status {status}")
+    assert exited_s < 3.0
+    assert status == 130
+    assert procs.logged("api", {"role.forced_exit"})

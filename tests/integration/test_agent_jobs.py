@@ -32,6 +32,7 @@ from receipts.notices import AGENT_JOBS
 from receipts.settings import Settings
 from receipts.store import Draft, Store
 from roles.delivery.agent_jobs import AgentJobDispatcher
+from tests.eventually import eventually
 from tests.integration.delivery.receiver import Receiver
 from tests.integration.helpers import put
 
@@ -972,3 +973,71 @@ async def test_a_turn_delivered_after_its_job_was_stopped_runs_no_command(
     assert outcome["outcome"] == "failed" and outcome["retryable"] is False
     assert await lifecycle.settle_turn(store, job.agent_job_id, retry_base_ms=1) is None
     assert (await current(store, job.agent_job_id)).status == "stopped"
+
+
+async def test_a_stopped_dispatcher_claims_no_more_wakeups_and_cuts_a_post_past_its_grace(
+    fresh: tuple[Store, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the driver's SIGTERM the dispatcher makes no more passes and claims no more wakeup
+    posts (another driver takes what comes due) and waits for the posts in flight; one its
+    receiver has not answered within the grace is cut (`agent_job.wakeup_drain_cut`): its
+    claim lapses and it is posted again."""
+    store, url = fresh
+    arrived: list[bytes] = []
+    answer = asyncio.Event()
+
+    async def hanging(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        arrived.append(await reader.readuntil(b"\r\n\r\n"))
+        await answer.wait()
+        writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(hanging, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    agent = f"agent-{uuid.uuid4().hex[:6]}"
+    first, later = [(await lifecycle.create(store, request(agent)))[0] for _ in range(2)]
+    await dispatcher(store).run_once()  # both claimed
+    asking = {"outcome": "needs_input", "question": "q", "toolCallId": "c"}
+    await play_turn(store, await current(store, first.agent_job_id), asking)
+    listener = Listener(url, always=[AGENT_JOBS])
+    listening = asyncio.create_task(listener.run())
+    await asyncio.wait_for(listener.connected.wait(), 10)
+    stop = asyncio.Event()
+    async with server, httpx.AsyncClient() as http:
+        settings = Settings(RECEIPT_EVENT_CALLBACK_URL=f"http://127.0.0.1:{port}/hook")
+        posting = AgentJobDispatcher(
+            store, listener, AgentJobSettings(), callbacks=settings, http=http
+        )
+        running = asyncio.create_task(posting.run(stop, 0.5))
+        try:
+
+            async def posts() -> int:
+                return len(arrived)
+
+            await eventually(posts, lambda n: n == 1, what="the post in flight")
+            stop.set()
+            stopped = time.monotonic()
+            # The later turn asks after the stop: its wakeup is left to the other drivers.
+            await play_turn(store, await current(store, later.agent_job_id), asking)
+            await lifecycle.settle_turn(store, later.agent_job_id, retry_base_ms=RETRY_BASE_MS)
+            await asyncio.wait_for(running, 5)
+            waited_s = time.monotonic() - stopped
+            await asyncio.sleep(0.3)  # a post claimed after the stop would have arrived
+        finally:
+            answer.set()
+            running.cancel()
+            listening.cancel()
+            await asyncio.gather(running, listening, return_exceptions=True)
+    assert 0.5 <= waited_s < 2, waited_s
+    assert len(arrived) == 1
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT job_id, status FROM callback_posts WHERE event = 'session.wakeup'"
+        )
+        claimed = await cur.fetchall()
+    # The cut post's claim stays (it lapses); the later wakeup was never claimed.
+    assert [(source.split(":")[0], status) for source, status in claimed] == [
+        (first.agent_job_id, "pending")
+    ]
+    assert len(await session_wakeups(store, later.owner_session_id)) == 1
+    assert [r for r in caplog.records if getattr(r, "event", None) == "agent_job.wakeup_drain_cut"]
