@@ -8,6 +8,12 @@ holds no connection. A channel named for the first time reattaches the connectio
 
 A subscriber must not lose a wake-up while the connection is down: after every (re)connect each
 subscriber receives a `RECONNECTED` marker and rescans what it follows from the store.
+
+Until it has heard one, an attach proves that notices reach it: another connection notifies a
+channel of this listener's own, heard within `PROBE_WAIT_S` or the attach fails
+(`listen.unheard`). Through a transaction-mode pooler a LISTEN holds no server session (the
+pooler hands that server connection to another client after the statement, and drops what
+it is sent meanwhile): the connection attached, and silently heard nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Iterable
@@ -27,6 +34,7 @@ import psycopg
 
 from receipts import metrics
 from receipts.notices import STREAMS
+from receipts.sql import query
 
 log = logging.getLogger("receipts.listen")
 
@@ -35,6 +43,9 @@ BACKOFF_MAX_S = 30.0
 # A channel with no subscriber for this long is dropped at the next reattach (the API's event
 # streams all closed; a worker's last attempt done): notices of it stop reaching the process.
 IDLE_CHANNEL_S = 60.0
+# How long an attach waits to hear its probe (a notice sent by another connection): one round
+# trip on a database that answers.
+PROBE_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +95,7 @@ class Listener:
         self.connected = asyncio.Event()
         self.reconnects = 0
         self._nudged = asyncio.Event()
+        self.proven = False  # an attach heard its probe: notices reach this URL's sessions
 
     @asynccontextmanager
     async def subscribe(
@@ -168,8 +180,12 @@ class Listener:
             self._listening = channels  # a subscriber of another channel makes it reattach
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-                    statement = "; ".join(f"LISTEN {c}" for c in sorted(channels))
+                    probe = None if self.proven else f"receipt_probe_{secrets.token_hex(8)}"
+                    listened = sorted(channels) + ([probe] if probe else [])
+                    statement = "; ".join(f"LISTEN {c}" for c in listened)
                     await conn.execute(statement.encode())
+                    if probe is not None:
+                        await self._prove(conn, probe)
                     delay = 0.0
                     self.connected.set()
                     log.info(
@@ -195,6 +211,28 @@ class Listener:
                     await asyncio.wait_for(self._nudged.wait(), delay)
             finally:
                 self._listening = frozenset()
+
+    async def _prove(self, conn: psycopg.AsyncConnection[Any], probe: str) -> None:
+        """Have another connection notify `probe` and wait `PROBE_WAIT_S` to hear it on
+        `conn`; unheard, log `listen.unheard` (ERROR) and raise: the attach failed. Other
+        notices heard meanwhile are dropped: the `RECONNECTED` that follows an attach has
+        every subscriber rescan."""
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as other:
+            await other.execute(query("listen_probe"), {"channel": probe})
+        async for note in conn.notifies(timeout=PROBE_WAIT_S):
+            if note.channel == probe:
+                self.proven = True
+                return
+        log.error(
+            f"the LISTEN connection did not hear a notice sent to it within {PROBE_WAIT_S:g} s: "
+            "its URL reaches PostgreSQL through a transaction-mode pooler (PgBouncer "
+            "pool_mode=transaction, a managed pooler's transaction port), where a LISTEN holds "
+            "no session; set RECEIPT_DATABASE_DIRECT_URL to a URL without one (the database "
+            "itself, or a session-mode pooler). Meanwhile new jobs wait for the dispatcher's "
+            "60 s rescan and the queued redrive",
+            extra={"event": "listen.unheard", "waitedS": PROBE_WAIT_S},
+        )
+        raise ConnectionError(f"the LISTEN connection heard no notice in {PROBE_WAIT_S:g} s")
 
     async def _relay(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Publish notices until a subscriber names a channel not listened to, or a channel has

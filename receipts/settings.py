@@ -26,7 +26,15 @@ from typing import Annotated, Any, ClassVar, Self
 
 from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from receipts.durations import parse_duration
 from receipts.errors import InvalidInput
@@ -45,8 +53,17 @@ MASK = "***"
 
 def secret(variable: str) -> bool:
     """Whether `variable`'s value is never printed whole: a token, a secret, a password, an
-    API key, or a database URL (its password)."""
-    return any(word in variable for word in SECRET_WORDS) or variable.endswith("DATABASE_URL")
+    API key, or a database URL (its password: `RECEIPT_DATABASE_URL`,
+    `RECEIPT_DATABASE_DIRECT_URL`)."""
+    return any(word in variable for word in SECRET_WORDS) or is_database_url(variable)
+
+
+DATABASE_URLS = ("RECEIPT_DATABASE_URL", "RECEIPT_DATABASE_DIRECT_URL")
+
+
+def is_database_url(variable: str) -> bool:
+    """Whether `variable` holds a database URL: libpq's, its password masked when shown."""
+    return variable in DATABASE_URLS or variable.endswith("DATABASE_URL")
 
 
 _WHOLE = re.compile(r"[+-]?[0-9]+")
@@ -169,6 +186,11 @@ class Settings(ReceiptSettings):
     """Settings shared by every role: the database, Temporal, callbacks, fair dispatch."""
 
     database_url: str | None = Field(default=None, alias="RECEIPT_DATABASE_URL")
+    # Set when RECEIPT_DATABASE_URL goes through a transaction-mode pooler (PgBouncer
+    # pool_mode=transaction, Supavisor's transaction port, RDS Proxy): the same database without
+    # one (the primary, or a session-mode pooler), for the LISTEN connection and the migrations;
+    # the pool then prepares no statement and sets no session setting (roles/infra/db.py).
+    database_direct_url: str | None = Field(default=None, alias="RECEIPT_DATABASE_DIRECT_URL")
     data_dir: Path = Field(default=Path(".receipt"), alias="RECEIPT_DATA_DIR")
     pool_min_size: int = Field(default=1, ge=1, alias="RECEIPT_DB_POOL_MIN")
     pool_max_size: int = Field(default=10, ge=1, alias="RECEIPT_DB_POOL_MAX")
@@ -180,7 +202,7 @@ class Settings(ReceiptSettings):
     # "12h"; "0" keeps everything). See receipts/retention.py.
     retention: str = Field(default="0", alias="RECEIPT_RETENTION")
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_direct_url")
     @classmethod
     def _database_url_parses(cls, value: str | None) -> str | None:
         # Checked here, where its error names no value: libpq's own quotes the whole URL,
@@ -194,6 +216,15 @@ class Settings(ReceiptSettings):
                     "or key=value string"
                 ) from None
         return value
+
+    @model_validator(mode="after")
+    def _direct_beside_a_pooler(self) -> Self:
+        if self.database_direct_url is not None and self.database_url is None:
+            raise ValueError(
+                "RECEIPT_DATABASE_DIRECT_URL is set without RECEIPT_DATABASE_URL: it is the "
+                "direct route beside a transaction pooler's URL; set RECEIPT_DATABASE_URL too"
+            )
+        return self
 
     @field_validator("retention")
     @classmethod

@@ -82,12 +82,15 @@ def translate_errors() -> Iterator[None]:
 
 @contextmanager
 def unanswered(conn: psycopg.AsyncConnection[TupleRow]) -> Iterator[None]:
-    """A transient failure that broke `conn` (checked out, so a statement or a commit was
-    in flight): `UnansweredStorageError`, its write perhaps made (the answer to a commit is
-    what was lost)."""
+    """A failure that broke `conn` (checked out, so a statement or a commit was in flight):
+    `UnansweredStorageError`, its write perhaps made (the answer to a commit is what was lost).
+    Whatever psycopg calls it: behind PgBouncer a backend that ended mid-transaction leaves its
+    FATAL error and the pooler's own (`server conn crashed?`) queued, and the COMMIT read two
+    results (`InternalError: received 2 results from command 'COMMIT'`: a StorageError before,
+    a 500 and no retry)."""
     try:
         yield
-    except (psycopg.OperationalError, TransientStorageError) as exc:
+    except (psycopg.Error, TransientStorageError) as exc:
         if conn.broken and not isinstance(exc, UnansweredStorageError):
             raise UnansweredStorageError(str(exc)) from exc
         raise
@@ -311,6 +314,7 @@ class Store:
         check_idle_s: float = CHECK_IDLE_S,
         unreachable_wait_s: float | None = None,
         session: Mapping[str, str] | None = None,
+        prepare: bool = True,
         policies: Sequence[SettlementPolicy],
         owe_callbacks: bool = True,
         on_connect: Callable[[], object] | None = None,
@@ -322,9 +326,11 @@ class Store:
         The pool (receipts/pool.py) replaces a connection a restart broke (`check_idle_s`) and,
         given `unreachable_wait_s`, waits no longer while the database cannot be reached. Each
         new connection gets the settings in `session` (`SESSION_SETTINGS` unless given), then
-        `on_connect` is called (the listener: the database is back). With `owe_callbacks` (a
-        callback URL is configured) a job's settle leaves its terminal callback owed in
-        `callback_outbox`; without, no row is written for nobody to post."""
+        `on_connect` is called (the listener: the database is back). `prepare=False`: no
+        statement becomes a server-side prepared one, which a transaction-mode pooler breaks
+        (the next transaction's server connection lacks it, or holds another of its name). With
+        `owe_callbacks` (a callback URL is configured) a job's settle leaves its terminal
+        callback owed in `callback_outbox`; without, no row is written for nobody to post."""
         settings = dict(SESSION_SETTINGS if session is None else session)
 
         async def configure(conn: psycopg.AsyncConnection[TupleRow]) -> None:
@@ -338,7 +344,7 @@ class Store:
             url,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **({} if prepare else {"prepare_threshold": None})},
             open=False,
             timeout=10.0,
             check_idle_s=check_idle_s,
@@ -438,6 +444,12 @@ class Store:
         """Run the named statement `name` and return its first row, or None."""
         rows = await self.fetch(name, params)
         return rows[0] if rows else None
+
+    async def held_settings(self, names: Sequence[str]) -> dict[str, str]:
+        """The settings of `names` a session of this pool has (from the server, its database
+        and its role), in `pg_settings`' units: statement_timeout in milliseconds."""
+        rows = await self.fetch("session_settings_held", {"names": list(names)})
+        return {str(name): str(value) for name, value in rows}
 
     async def ping(self) -> None:
         """One round trip to the database (`SELECT 1`); raises a storage error when it fails."""

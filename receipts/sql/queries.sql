@@ -31,6 +31,17 @@ SELECT now();
 SELECT set_config(u.name, u.value, false)
 FROM unnest(%(names)s::text[], %(values)s::text[]) AS u(name, value);
 
+-- name: session_settings_held
+-- The settings of `names` a session has from the server, its database and its role (what a
+-- pool behind a transaction pooler gets: it sets none of its own), in the units
+-- `session_settings` writes them (statement_timeout in ms).
+SELECT name, setting FROM pg_settings WHERE name = ANY(%(names)s::text[]);
+
+-- name: listen_probe
+-- A notice to a listener's own channel, from another connection: heard, its LISTEN holds a
+-- session (receipts/listen.py `Listener._prove`).
+SELECT pg_notify(%(channel)s, 'probe');
+
 -- name: lock_key
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 

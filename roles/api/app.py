@@ -129,14 +129,15 @@ def create_app(
         url = api.database_url
         if url is None:
             url = api.database_url = resolve_url(settings.core)
+        pooled = settings.core.database_direct_url is not None  # `url` a transaction pooler
         if store is None:
-            api.store = await open_store(url, settings.core, api=True)
+            api.store = await open_store(url, settings.core, api=True, pooled=pooled)
         else:
             api.store = store
         api.enqueuer = EnqueueBatcher(api.store)
         listening: asyncio.Task[None] | None = None
         if listener is None:
-            api.listener = Listener(url)
+            api.listener = Listener(settings.core.database_direct_url or url)
             listening = asyncio.create_task(api.listener.run(), name="api-listener")
         else:
             api.listener = listener
@@ -264,7 +265,7 @@ async def serve_api(
     check_open_bind(load_tokens(settings.api.tokens_file, settings.api.tokens), settings.api.host)
     url = resolve_url(settings.core)
     if store is None:
-        await migrate_url(url)
+        await migrate_url(settings.core.database_direct_url or url)
     app = create_app(settings, database_url=url, store=store, listener=listener)
     config = uvicorn.Config(
         app,

@@ -21,10 +21,10 @@ from receipts.settings import Settings
 from receipts.streams import dumps
 from roles.cli.client import EXIT_API_ERROR, EXIT_INTERRUPTED, EXIT_TRY_AGAIN
 from roles.infra.db import (
+    direct_url,
     migrate_and_compare,
     migrate_url,
     open_store,
-    resolve_url,
     schema_behind,
 )
 
@@ -74,7 +74,8 @@ def main() -> None:
     """Receipt: a durable background-job runtime for AI agents.
 
     The database is RECEIPT_DATABASE_URL, or an embedded PostgreSQL under RECEIPT_DATA_DIR
-    (default ./.receipt) when it is unset.
+    (default ./.receipt) when it is unset; RECEIPT_DATABASE_DIRECT_URL instead when set (the
+    route past a transaction pooler: these commands' transactions are long).
 
     Exit status: 0 done; 1 what the command reports (a difference found, a job that did not
     complete) or a file it could not write; 2 a bad option or setting; 3 the API or the
@@ -91,7 +92,7 @@ def main() -> None:
 @_database_command
 def migrate_command() -> None:
     """Apply pending schema migrations (idempotent) and print what was applied."""
-    applied, ahead = asyncio.run(migrate_and_compare(resolve_url(_core())))
+    applied, ahead = asyncio.run(migrate_and_compare(direct_url(_core())))
     if ahead:
         click.echo(
             f"migrations applied: {applied or 'none'}; the database is ahead of this build: "
@@ -113,7 +114,7 @@ def rebuild_projections_command(verify_only: bool) -> None:
 
     async def run() -> int:
         core = _core()
-        url = resolve_url(core)
+        url = direct_url(core)
         await _prepare(url, writes=not verify_only)
         store = await open_store(url, core)
         try:
@@ -141,7 +142,7 @@ def restored_command() -> None:
 
     async def run() -> None:
         core = _core()
-        url = resolve_url(core)
+        url = direct_url(core)
         await _prepare(url, writes=True)
         store = await open_store(url, core)
         try:
@@ -223,7 +224,7 @@ def prune_command(
 
     async def run() -> retention.PruneResult:
         core = _core()
-        url = resolve_url(core)
+        url = direct_url(core)
         await _prepare(url, writes=not dry_run)
         store = await open_store(url, core)
         try:
@@ -261,7 +262,7 @@ def export_command(older_than: str | None, before: datetime | None, output: Path
     async def run(out: TextIO) -> datetime:
         """Write the lines; return the cutoff they were read at (the prune's `--before`)."""
         core = _core()
-        url = resolve_url(core)
+        url = direct_url(core)
         await _prepare(url, writes=False)
         store = await open_store(url, core)
         try:

@@ -24,6 +24,13 @@ def resolve_url(settings: Settings) -> str:
     return database_url(settings.database_url, settings.data_dir)
 
 
+def direct_url(settings: Settings) -> str:
+    """The URL of a connection that keeps its server session: `RECEIPT_DATABASE_DIRECT_URL`
+    when set (`RECEIPT_DATABASE_URL` is then a transaction-mode pooler), else the database's.
+    The LISTEN connection, the migrations and the commands' long transactions use it."""
+    return settings.database_direct_url or resolve_url(settings)
+
+
 def named(url: str, role: str) -> str:
     """`url` naming its connections `receipt-<role>` (`application_name`, what
     `pg_stat_activity` shows), unless it names them itself: an operator sees which role holds
@@ -83,6 +90,7 @@ async def open_store(
     *,
     api: bool = False,
     on_connect: Callable[[], object] | None = None,
+    pooled: bool = False,
 ) -> Store:
     """Open a pooled store on `url` with the configured pool size (`on_connect`: called at each
     new connection).
@@ -92,6 +100,14 @@ async def open_store(
     once), bounds each statement, and while the database cannot be reached a request waits
     `UNREACHABLE_WAIT_S` for a connection, not the pool's 10 s, before its 503. The other
     roles' writes (a heartbeat, a settle) wait the whole timeout on each of their tries.
+
+    `pooled`: `url` is a transaction-mode pooler (`RECEIPT_DATABASE_DIRECT_URL` is set). Each
+    transaction may run on another server connection, shared with the pooler's other clients:
+    the pool prepares no statement (psycopg's `_pg3_N` would be missing there, or another's)
+    and sets no session setting (the api's statement_timeout stayed on the server connection
+    for every client after it: a worker's or a migration's statements were cancelled at 5 s).
+    The settings the database does not give every session are logged
+    (`db.session_settings_unset`): set them on the database role.
     """
     max_size = settings.pool_max_size
     if api and "pool_max_size" not in settings.model_fields_set:
@@ -100,12 +116,41 @@ async def open_store(
     if api:
         # A request never holds a connection past this, however large the history it filters.
         session["statement_timeout"] = str(settings.api_statement_timeout_ms)
-    return await assembly.open_store(
+    store = await assembly.open_store(
         url,
         min_size=settings.pool_min_size,
         max_size=max_size,
-        session=session,
+        session={} if pooled else session,
+        prepare=not pooled,
         unreachable_wait_s=UNREACHABLE_WAIT_S if api else None,
         owe_callbacks=bool(settings.callback_urls),
         on_connect=on_connect,
     )
+    if pooled:
+        try:
+            await warn_unset(store, session)
+        except BaseException:
+            await store.close()
+            raise
+    return store
+
+
+async def warn_unset(store: Store, wanted: dict[str, str]) -> None:
+    """Log each of `wanted`'s session settings that a session on `store` does not have from
+    the database or its role (`db.session_settings_unset`), with the statement that sets it."""
+    held = await store.held_settings(list(wanted))
+    for name, want in wanted.items():
+        if held.get(name) != want:
+            log.warning(
+                f"RECEIPT_DATABASE_URL is a transaction pooler (RECEIPT_DATABASE_DIRECT_URL is "
+                f"set), so this pool sets no session setting (it would stay on the pooler's "
+                f"server connection for its other clients): {name} is {held.get(name)!r} where "
+                f"this role wants {want!r}; set it for the database user this role connects as: "
+                f"ALTER ROLE <user> SET {name} = '{want}'",
+                extra={
+                    "event": "db.session_settings_unset",
+                    "setting": name,
+                    "held": held.get(name),
+                    "wanted": want,
+                },
+            )

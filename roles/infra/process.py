@@ -130,10 +130,15 @@ async def open_runtime(role: str, settings: RuntimeSettings, *, lazy_client: boo
     api), its listener (running) and a Temporal client whose SDK metrics the role's
     own `/metrics` serves. `lazy_client` connects to Temporal at the first call."""
     url = named(resolve_url(settings.core), role)
-    await patiently(lambda: migrate_url(url), "migrate")
-    listener = Listener(url)  # tries again at once when the pool reconnects (a database back)
+    # The migrations' transaction and the LISTEN session past a transaction pooler, if any.
+    direct = named(settings.core.database_direct_url or url, role)
+    await patiently(lambda: migrate_url(direct), "migrate")
+    listener = Listener(direct)  # tries again at once when the pool reconnects (a database back)
+    pooled = settings.core.database_direct_url is not None
     store = await patiently(
-        lambda: open_store(url, settings.core, api=role == "api", on_connect=listener.nudge),
+        lambda: open_store(
+            url, settings.core, api=role == "api", on_connect=listener.nudge, pooled=pooled
+        ),
         "pool",
     )
     runtime = Runtime(role, settings, store, url, listener, httpx.AsyncClient())

@@ -35,6 +35,7 @@ from receipts.settings import (
     Settings,
     SettingsError,
     Whole,
+    is_database_url,
     secret,
     variables,
 )
@@ -247,10 +248,10 @@ def shown(variable: str, value: Any) -> str:
     and the password of any other URL's user (a callback receiver's, the Temporal UI's)."""
     if value is None:
         return "(unset)"
-    if secret(variable) and not variable.endswith("DATABASE_URL"):
+    if secret(variable) and not is_database_url(variable):
         return MASK
     text = str(value)
-    if variable.endswith("DATABASE_URL"):
+    if is_database_url(variable):
         try:
             parts = conninfo_to_dict(text)
         except Exception:  # not a conninfo we can parse: show none of it

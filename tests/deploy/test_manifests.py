@@ -450,7 +450,11 @@ def test_worker_codex_gets_only_the_secrets_it_uses(overlay: tuple[str, list[Obj
     """Its commands share the pod: no API token and no callback secret in its environment."""
     _, objects = overlay
     (container,) = pod_spec(role_deployment(objects, "worker-codex"))["containers"]
-    assert secret_names_of(container) == {"RECEIPT_DATABASE_URL", "RECEIPT_TEMPORAL_API_KEY"}
+    assert secret_names_of(container) == {
+        "RECEIPT_DATABASE_URL",
+        "RECEIPT_DATABASE_DIRECT_URL",  # beside a transaction pooler only (optional)
+        "RECEIPT_TEMPORAL_API_KEY",
+    }
     for role in ROLES:
         (other,) = pod_spec(role_deployment(objects, role))["containers"]
         assert "RECEIPT_DATABASE_URL" in secret_names_of(other), role

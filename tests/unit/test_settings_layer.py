@@ -124,6 +124,25 @@ def test_a_malformed_database_url_is_refused_at_load_without_its_password(url: s
     assert message.endswith("got '***'")
 
 
+def test_the_direct_database_url_is_a_database_url_too() -> None:
+    """RECEIPT_DATABASE_DIRECT_URL (beside a transaction pooler): refused like the other when it
+    does not parse, its password never printed, and meaningless without RECEIPT_DATABASE_URL."""
+    pooler = "postgresql://app:s3cret@pgbouncer:6432/receipt"
+    with pytest.raises(SettingsError) as raised:
+        load({"RECEIPT_DATABASE_URL": pooler, "RECEIPT_DATABASE_DIRECT_URL": "postgres:s3cret@db"})
+    assert str(raised.value) == (
+        "RECEIPT_DATABASE_DIRECT_URL must be a PostgreSQL connection URL "
+        "(postgresql://user:password@host:port/db) or key=value string, got '***'"
+    )
+    shown_value = shown("RECEIPT_DATABASE_DIRECT_URL", "host=db user=app password=s3cret")
+    assert "s3cret" not in shown_value and "host=db" in shown_value
+    with pytest.raises(SettingsError, match="RECEIPT_DATABASE_DIRECT_URL is set without"):
+        load({"RECEIPT_DATABASE_DIRECT_URL": "postgresql://app@db/receipt"})
+    direct = "postgresql://app:s3cret@db:5432/receipt"
+    settings = load({"RECEIPT_DATABASE_URL": pooler, "RECEIPT_DATABASE_DIRECT_URL": direct})
+    assert settings.core.database_direct_url == direct
+
+
 def test_the_load_also_reports_the_sandboxs_and_temporals_settings() -> None:
     with pytest.raises(SettingsError, match="RECEIPT_SANDBOX_UIDS must be 'first-last'"):
         load({"RECEIPT_SANDBOX_UIDS": "many"})
