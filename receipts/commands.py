@@ -71,6 +71,15 @@ async def with_payloads(
     return _joined(refs, await reads.fetch("command_payloads", _params(job_id, refs)))
 
 
+async def payload_bytes(reads: Reads, job_id: str, refs: Sequence[Command]) -> int:
+    """The bytes of the payloads of the commands `refs` of job `job_id`, as their JSON text, summed
+    where they are stored (one round trip; nothing read out, 0 when there is nothing to sum)."""
+    if not refs:
+        return 0
+    rows = await reads.fetch("command_payload_bytes", _params(job_id, refs))
+    return int(rows[0][0]) if rows else 0
+
+
 def with_unconsumed(job: Job | None, drafts: Sequence[Draft]) -> list[Draft]:
     """`drafts` with a `queue.command.unconsumed` receipt for every steer or follow_up still
     pending when one of them ends the job, placed just before that one (the terminal receipt

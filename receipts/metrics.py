@@ -301,8 +301,8 @@ RETENTION_BEHIND = Counter(
 API_LIMITED = Counter(
     "receipt_api_limited",
     "Requests the api refused at one of its limits (README, Security), by limit: rate, queued, "
-    "active, streams_token, streams_total, commands, command_bytes, body_shape, body_bytes, "
-    "console_sign_in, console_sessions, in_flight, head_timeout.",
+    "active, streams_token, streams_total, commands, command_bytes, follow_up_bytes, "
+    "body_shape, body_bytes, console_sign_in, console_sessions, in_flight, head_timeout.",
     ["limit"],
 )
 API_REGISTRY_UNREADABLE = Counter(

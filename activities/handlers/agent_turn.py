@@ -174,10 +174,11 @@ async def run_agent_turn(ctx: HandlerContext) -> dict[str, Any]:
         raise HandlerError("aborted", retryable=False)
     outcome = _as_the_gateway_saw(await turn.outcome(ended.exit_code), grant)
     # Follow-ups sent while the turn ran reach the next turn whatever this one's outcome: the
-    # settlement carries them (receipts/agent_jobs/decisions.py).
-    follow_ups = await _consume_follow_ups(ctx)
-    if follow_ups:
-        outcome["followUps"] = follow_ups
+    # settlement carries them (receipts/agent_jobs/decisions.py), read from their receipts. The
+    # result names them, never copies them: it is the queue job's, in every read of it.
+    read = await _consume_follow_ups(ctx)
+    if read:
+        outcome[protocol.FOLLOW_UPS_READ] = read
     log.info(
         "agent turn finished",
         extra={
@@ -321,10 +322,10 @@ class _Turn:
         return outcome
 
 
-async def _consume_follow_ups(ctx: HandlerContext) -> list[Any]:
-    """Follow-ups sent while the turn ran become the next turn's input."""
-    taken: list[Any] = []
+async def _consume_follow_ups(ctx: HandlerContext) -> list[str]:
+    """Follow-ups sent while the turn ran become the next turn's input: the ids of those read."""
+    taken: list[str] = []
     for command in await ctx.pending_commands():
         if command.type == "follow_up" and await ctx.consume(command.command_id):
-            taken.append(command.payload)
+            taken.append(command.command_id)
     return taken

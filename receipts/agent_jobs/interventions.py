@@ -4,7 +4,9 @@ lock, as the turns' (receipts/agent_jobs/lifecycle.py)."""
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from receipts import operations as ops
@@ -12,14 +14,19 @@ from receipts.agent_jobs import decisions, model
 from receipts.agent_jobs.lifecycle import append, job_for_update
 from receipts.agent_jobs.metrics import AGENT_JOB_EVENTS
 from receipts.agent_jobs.model import AgentJob
+from receipts.commands import payload_bytes
 from receipts.enqueue import cancel_queued_draft
 from receipts.errors import ConflictError, NotFoundError
+from receipts.jobs import Job
 from receipts.kinds import TURN_KIND
 from receipts.mutate import Decide, Outcome, apply, mutate
 from receipts.store import Draft, Store, Tx
 from receipts.streams import same_json
 
 log = logging.getLogger("receipts.agent_jobs")
+
+FOLLOW_UPS_FULL = "agent_job_follow_ups_full"
+"""A follow-up refused: its agent job holds its cap of follow-ups for its next turn."""
 
 
 class NotWaiting(ConflictError):
@@ -150,21 +157,54 @@ async def fail_overdue_input(
     return failed
 
 
-async def add_command(store: Store, job_id: str, *, type: str, **command: Any) -> Outcome:
+def json_bytes(value: Any) -> int:
+    """The bytes of `value` as JSON text, as PostgreSQL's jsonb prints it (`: ` and `, `, UTF-8):
+    how a follow-up is weighed against RECEIPT_AGENT_JOB_MAX_FOLLOW_UP_BYTES."""
+    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
+async def add_command(
+    store: Store,
+    job_id: str,
+    *,
+    type: str,
+    max_follow_up_bytes: int | None = None,
+    **command: Any,
+) -> Outcome:
     """`receipts.operations.add_command`, but a steer or follow-up to an agent job's turn is
     taken only while its agent job runs on that turn (`add_turn_command`): one accepted after
-    the job stopped was consumed by the turn's end and handed to no turn."""
+    the job stopped was consumed by the turn's end and handed to no turn. With
+    `max_follow_up_bytes`, a follow-up to a turn is taken only while the job's follow-ups for
+    its next turn stay within it (`agent_job_follow_ups_full`)."""
     decide = ops.command_decision(type=type, **command)
-    if type != "abort" and (turned := await add_turn_command(store, job_id, decide)) is not None:
+    cap = None
+    if type == "follow_up" and max_follow_up_bytes is not None:
+        cap = FollowUpCap(json_bytes(command.get("payload")), max_follow_up_bytes)
+    turned = None if type == "abort" else await add_turn_command(store, job_id, decide, cap)
+    if turned is not None:
         return turned
     return await mutate(store, job_id, decide)
 
 
-async def add_turn_command(store: Store, turn_job_id: str, decide: Decide) -> Outcome | None:
+@dataclass(frozen=True, slots=True)
+class FollowUpCap:
+    """A follow-up's bytes (`json_bytes`) and the most its agent job may hold for its next turn."""
+
+    size: int
+    max_bytes: int
+
+
+async def add_turn_command(
+    store: Store, turn_job_id: str, decide: Decide, cap: FollowUpCap | None = None
+) -> Outcome | None:
     """A steer or follow-up to an agent job's turn, appended under the agent job's row lock (the
     order a cancel takes: the agent job, then its turn): refused, `agent_job_not_running`,
-    unless the agent job still runs on this turn. None when `turn_job_id` is no agent job's
-    turn (the caller appends as for any job)."""
+    unless the agent job still runs on this turn. A follow-up under `cap` is refused,
+    `agent_job_follow_ups_full`, when with those the job carries (`followUp`: a turn that fails
+    hands them on with its own) and those sent to this turn its next turn would be handed more
+    than `cap.max_bytes`: each is copied into the job's state and receipts, every read of it,
+    and the next turn's request. None when `turn_job_id` is no agent job's turn (the caller
+    appends as for any job)."""
     agent_job_id = model.agent_job_id_of_queue_job(turn_job_id)
     if agent_job_id is None:
         return None
@@ -178,4 +218,17 @@ async def add_turn_command(store: Store, turn_job_id: str, decide: Decide) -> Ou
         running = job is not None and job.status == "running" and job.queue_job_id == turn_job_id
         if isinstance(decision, list) and not running:
             decision = ops.AGENT_JOB_NOT_RUNNING
+        elif isinstance(decision, list) and cap is not None and job is not None and turn:
+            held = await _follow_up_bytes(tx, job, turn)
+            if held + cap.size > cap.max_bytes:
+                decision = FOLLOW_UPS_FULL
         return await apply(tx, turn_job_id, turn, decision)
+
+
+async def _follow_up_bytes(tx: Tx, job: AgentJob, turn: Job) -> int:
+    """The bytes of the follow-ups the running `job`'s next turn would be handed: those it
+    carries and those sent to its `turn` (summed where they are stored, not read out)."""
+    carried = job.follow_up if isinstance(job.follow_up, list) else [job.follow_up]
+    held = sum(json_bytes(payload) for payload in carried if payload is not None)
+    sent = [c for c in turn.commands if c.type == "follow_up"]
+    return held + await payload_bytes(tx, turn.job_id, sent)

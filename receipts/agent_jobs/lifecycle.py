@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from receipts import webhooks
-from receipts.agent_jobs import decisions, model
+from receipts.agent_jobs import decisions, model, protocol
 from receipts.agent_jobs.metrics import AGENT_JOB_EVENTS
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.projection import AGENT_JOBS
@@ -23,7 +23,7 @@ from receipts.errors import (
     InvariantError,
     ReceiptError,
 )
-from receipts.jobs import Job, Receipt
+from receipts.jobs import Command, Job, Receipt
 from receipts.kinds import TURN_KIND, route
 from receipts.store import Draft, Store, Tx
 from receipts.tenancy import without_position
@@ -424,18 +424,28 @@ async def _earlier_turn_ran(tx: Tx, job: model.AgentJob) -> bool:
 
 
 async def _follow_ups_of(tx: Tx, turn_job: Job) -> tuple[Any, ...]:
-    """The follow-ups sent to a settled turn, in order: those its handler read (in its
-    outcome, `followUps`) and those it ended without reading (a turn that never started), read
-    from their receipts. A turn that left no outcome (its worker died, it failed) hands on every
-    one sent to it, those it had read too: what it did with them is lost with it."""
+    """The follow-ups sent to a settled turn, in order: those its handler read (named in its
+    outcome, `followUpsRead`) and those it ended without reading (a turn that never started),
+    read from their receipts. A turn that left no outcome (its worker died, it failed) hands on
+    every one sent to it, those it had read too: what it did with them is lost with it. An
+    outcome of an earlier worker holds those it read whole (`followUps`)."""
     read: list[Any] = []
     completed = turn_job.status == "completed"
     result = turn_job.result if completed else None
+    sent = [c for c in turn_job.commands if c.type == "follow_up"]
+    named: list[Command] = []
     if isinstance(result, Mapping) and isinstance(result.get("followUps"), list):
         read = list(result["followUps"])
+    elif isinstance(result, Mapping) and isinstance(result.get(protocol.FOLLOW_UPS_READ), list):
+        by_id = {c.command_id: c for c in sent}
+        named = [by_id[i] for i in result[protocol.FOLLOW_UPS_READ] if i in by_id]
+    taken = {c.command_id for c in named}
     unread = [
         c
-        for c in turn_job.commands
-        if c.type == "follow_up" and (c.consumed_attempt is None or not completed)
+        for c in sent
+        if (c.consumed_attempt is None or not completed) and c.command_id not in taken
     ]
-    return (*read, *[c.payload for c in await with_payloads(tx, turn_job.job_id, unread)])
+    return (
+        *read,
+        *[c.payload for c in await with_payloads(tx, turn_job.job_id, [*named, *unread])],
+    )

@@ -13,6 +13,10 @@ from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentDefinition
 
 OUTCOMES: tuple[str, ...] = ("done", "needs_input", "failed", "quota_exhausted")
+# A turn's result names the follow-ups its handler read (their command ids on its queue job),
+# never their payloads: the settlement reads those from their receipts (lifecycle.py). A result
+# of an earlier worker holds them whole, under `followUps`.
+FOLLOW_UPS_READ = "followUpsRead"
 MAX_ERROR_CHARS = 4_000
 
 

@@ -108,6 +108,22 @@ FROM receipts r
 WHERE r.type = 'queue.command' AND r.data ->> 'commandId' = ANY(%(command_ids)s::text[])
   AND r.stream = %(stream)s;
 
+-- name: command_payload_bytes
+-- The bytes of the payloads (their JSON text) of a job's commands, by reference as
+-- `command_payloads` reads them, without reading them out (an agent job's cap on the follow-ups
+-- it holds for its next turn: receipts/agent_jobs/interventions.py).
+SELECT coalesce(sum(octet_length(sent.payload::text)), 0)
+FROM (
+    SELECT r.data -> 'payload' AS payload
+    FROM receipts r
+    WHERE r.stream = %(stream)s AND r.seq = ANY(%(seqs)s::integer[]) AND r.type = 'queue.command'
+    UNION ALL
+    SELECT r.data -> 'payload'
+    FROM receipts r
+    WHERE r.type = 'queue.command' AND r.data ->> 'commandId' = ANY(%(command_ids)s::text[])
+      AND r.stream = %(stream)s
+) AS sent;
+
 -- name: session_active_for_update
 SELECT CASE WHEN l.seq > j.seq THEN j.state || l.patch ELSE j.state END
 FROM jobs j LEFT JOIN job_leases l ON l.job_id = j.job_id

@@ -73,6 +73,17 @@ def command_cap_refused(organization_id: str | None, job_id: str) -> None:
         )
 
 
+def follow_up_cap_refused(organization_id: str | None, job_id: str) -> None:
+    """A follow-up refused at its agent job's cap (RECEIPT_AGENT_JOB_MAX_FOLLOW_UP_BYTES):
+    counted every time, logged once per REFUSAL_LOG_INTERVAL_S per organization."""
+    metrics.API_LIMITED.labels("follow_up_bytes").inc()
+    if (unlogged := refusals.due("follow_up_bytes", organization_id or ADMIN_BUCKET)) is not None:
+        log.warning(
+            "follow-up refused: its agent job holds its cap of follow-ups",
+            extra={"event": "api.follow_up_cap", "jobId": job_id, "unloggedSince": unlogged},
+        )
+
+
 @dataclass(slots=True)
 class _Bucket:
     tokens: float

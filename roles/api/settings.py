@@ -58,6 +58,10 @@ class ApiSettings(ReceiptSettings):
     # --- bounded job state ---
     max_commands_per_job: int = Field(default=100, ge=1, alias="RECEIPT_MAX_COMMANDS_PER_JOB")
     max_command_bytes: int = Field(default=64 * 1024, ge=1, alias="RECEIPT_MAX_COMMAND_BYTES")
+    # The follow-ups an agent job holds for its next turn (carried, and sent to its running turn).
+    agent_job_max_follow_up_bytes: int = Field(
+        default=1024 * 1024, ge=1, alias="RECEIPT_AGENT_JOB_MAX_FOLLOW_UP_BYTES"
+    )
     # --- per-organization limits ---
     org_enqueue_rate: float = Field(default=50.0, gt=0, alias="RECEIPT_ORG_ENQUEUE_RATE")
     org_enqueue_burst: int = Field(default=200, ge=1, alias="RECEIPT_ORG_ENQUEUE_BURST")

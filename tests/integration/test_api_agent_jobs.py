@@ -301,6 +301,56 @@ async def test_a_steer_to_the_live_turn_of_a_stopped_job_is_409_agent_job_not_ru
     assert aborted.status_code == 202, aborted.text
 
 
+async def test_follow_ups_an_agent_job_holds_for_its_next_turn_are_capped_across_failing_turns(
+    client: httpx.AsyncClient, store: Store
+) -> None:
+    """README, *Limits*: an agent job holds at most `RECEIPT_AGENT_JOB_MAX_FOLLOW_UP_BYTES`
+    (1 MiB) of follow-ups for its next turn, those it carries and those sent to its running
+    turn together; one past it is 422 naming `payload` and the limit. A turn that fails hands
+    on what it was given with what it was sent, each failing turn more: 100 follow-ups of
+    64 KiB a turn grew the job's state (its row, its receipts, every read) by 6.4 MiB a turn,
+    to 32 MiB over its five failures, unbounded over quota delays."""
+    job = await create(client, AS_A)
+    agent_job_id = job["agentJobId"]
+    cap = 1024 * 1024
+    payload = "x" * 60_000  # 60 002 bytes of JSON: 17 fit in 1 MiB
+    carried: list[Any] = []
+    for turn_number in (1, 2):
+        claimed = await claims.claim_attempt(store, agent_job_id, job["agentId"])
+        assert not isinstance(claimed, str) and claimed.queue_job_id, claimed
+        turn = claimed.queue_job_id
+        worker = f"{turn}:attempt:1/1"
+        started = await ops.start_attempt(store, turn, attempt=1, worker_id=worker, lease_ms=60_000)
+        assert started.ok, started.status
+        taken = 0
+        while True:
+            posted = await client.post(
+                f"/jobs/{turn}/commands",
+                json={"type": "follow_up", "payload": payload},
+                headers=AS_A,
+            )
+            if posted.status_code != 202:
+                break
+            taken += 1
+            assert taken <= 100, "no follow-up refused"
+        assert posted.status_code == 422, posted.text
+        error = posted.json()["error"]
+        assert error["field"] == "payload", error
+        assert str(cap) in error["message"], error
+        assert "RECEIPT_AGENT_JOB_MAX_FOLLOW_UP_BYTES" in error["message"], error
+        # The first turn takes 17; the second none: its job carries the first's.
+        assert taken == (17 if turn_number == 1 else 0), (turn_number, taken)
+        failed = await ops.fail(
+            store, turn, worker_id=worker, attempt=1, error="scripted", retryable=True
+        )
+        assert failed.ok, failed.status
+        settled = await lifecycle.settle_turn(store, agent_job_id, retry_base_ms=0)
+        assert settled is not None and settled.status == "queued", settled
+        carried = list(settled.follow_up or [])
+        assert len(json.dumps(carried).encode()) <= cap
+    assert carried == [payload] * 17
+
+
 # --- the session stream, live, from a real `receipt api` process ------------------------------
 
 

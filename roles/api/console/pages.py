@@ -352,6 +352,7 @@ async def job_command(request: Request, jobId: str) -> Response:
             fields.get("form", ""), command_type, text, fields.get("reason", "")
         ),
         max_commands=request.app.state.api.settings.max_commands_per_job,
+        max_follow_up_bytes=request.app.state.api.settings.agent_job_max_follow_up_bytes,
     )
     log.info(
         "console command",

@@ -33,7 +33,7 @@ from roles.api.deps import (
     takes_query,
     visible_job,
 )
-from roles.api.limits import command_cap_refused
+from roles.api.limits import command_cap_refused, follow_up_cap_refused
 from roles.api.schema import (
     CommandAccepted,
     CommandBody,
@@ -69,8 +69,9 @@ async def post_command(
 
     A steer or follow_up is at most `RECEIPT_MAX_COMMAND_BYTES`, takes one of the
     organization's enqueue tokens (429 `RECEIPT_ORG_ENQUEUE_RATE`) and a job takes at most
-    `RECEIPT_MAX_COMMANDS_PER_JOB` of them (422 beyond); an abort is always taken and stops
-    any job (a job that holds one answers it again, nothing written). Which kinds read steer
+    `RECEIPT_MAX_COMMANDS_PER_JOB` of them (422 beyond), an agent job's follow-ups for its next
+    turn at most `RECEIPT_AGENT_JOB_MAX_FOLLOW_UP_BYTES` together (422); an abort is always
+    taken and stops any job (a job that holds one answers it again, nothing written). Which kinds read steer
     and follow_up: `factory.objective.control` both (as control requests);
     `factory.task.run` and `factory.integration.*` steers, one JSON line each on the
     command's stdin, when the task sets `steerable: true`; an agent job's turn steers (on
@@ -115,6 +116,7 @@ async def post_command(
             check_organization=not caller.admin,
             command_id=command_id,
             max_commands=settings.max_commands_per_job,
+            max_follow_up_bytes=settings.agent_job_max_follow_up_bytes,
         )
         if outcome.status != operations.SETTLEMENT_CONFLICT:
             break
@@ -140,6 +142,15 @@ async def post_command(
             "type",
             f"job {job_id!r} already holds {settings.max_commands_per_job} commands "
             "(RECEIPT_MAX_COMMANDS_PER_JOB); only an abort is taken",
+        )
+    if outcome.status == interventions.FOLLOW_UPS_FULL:
+        follow_up_cap_refused(caller.organization_id, internal_id)
+        raise InvalidInput(
+            "payload",
+            f"job {job_id!r} is a turn of an agent job that holds at most "
+            f"{settings.agent_job_max_follow_up_bytes} bytes of follow-ups for its next turn "
+            "(RECEIPT_AGENT_JOB_MAX_FOLLOW_UP_BYTES: those it carries from turns that did not "
+            "end their work and those sent to this turn); this one would pass it",
         )
     if not outcome.ok or outcome.job is None:
         raise TransientStorageError(f"command not appended: {outcome.status}")

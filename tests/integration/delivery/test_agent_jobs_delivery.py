@@ -268,6 +268,38 @@ async def test_a_follow_up_sent_to_a_turn_that_asks_reaches_the_next_turn(
     assert turn is not None and [c.consumed_attempt for c in turn.commands] == [1]
 
 
+async def test_a_turns_result_names_the_follow_ups_it_read_without_copying_them(
+    client: Client, fresh_store: Store, fresh_db: str, agents: Path
+) -> None:
+    """A turn's result is its queue job's: in its receipts and row, every read of the job, its
+    event streams, callbacks and webhooks. The follow-ups the turn read were copied into it
+    whole: 10 of 60 000 characters made a 600 KB result (100 of 64 KiB, 6.4 MiB; a plug-in
+    handler's result is held to 1 MiB). It names them (`followUpsRead`: their command ids); the
+    settlement reads their payloads from their receipts, and the next turn is handed them."""
+    store = fresh_store
+    sent = [f"{i}:" + "x" * 60_000 for i in range(10)]
+    async with stack_with_dispatcher(client, store, fresh_db):
+        job, _ = await lifecycle.create(store, request("sleep:3"))
+        running = await wait_for(store, job.agent_job_id, "running")
+        assert running.queue_job_id is not None
+        await wait_for_status(store, running.queue_job_id, ("running",))
+        for payload in sent:
+            out = await ops.add_command(
+                store,
+                running.queue_job_id,
+                type="follow_up",
+                payload=payload,
+                organization_id=ORG,
+            )
+            assert out.ok, out.status
+        done = await wait_for(store, job.agent_job_id, "succeeded")
+    assert done.result == {"followUps": sent, "turn": 2}
+    turn = await store.get_job(running.queue_job_id)
+    assert turn is not None and turn.status == "completed"
+    assert len(json.dumps(turn.result)) < 4_096, len(json.dumps(turn.result))
+    assert turn.result["followUpsRead"] == [c.command_id for c in turn.commands]
+
+
 async def test_a_retryable_failure_with_retry_delay_is_not_delivered_before_it(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
