@@ -90,11 +90,23 @@ def _contain(loop: asyncio.AbstractEventLoop) -> None:
     ) -> asyncio.Future[Any]:
         context = kwargs.get("context")
         exits = context.get(_SCOPE) if context is not None else _SCOPE.get()
-        if exits is not None and asyncio.iscoroutine(coro):
-            coro = _contained(coro, exits)
-        if previous is None:
-            return asyncio.Task(coro, loop=loop, **kwargs)
-        return previous(loop, coro, **kwargs)
+        if exits is None or not asyncio.iscoroutine(coro):
+            return _made(previous, loop, coro, **kwargs)
+        task = _made(previous, loop, _contained(coro, exits), **kwargs)
+        # A task cancelled before its first step ends its wrapper without starting `coro`:
+        # closed here, as the task would have closed it, not left to the collector's
+        # "coroutine … was never awaited" (a no-op for one that ran).
+        task.add_done_callback(lambda _: coro.close())
+        return task
 
     factory.contains_handler_exits = True  # type: ignore[attr-defined]
     loop.set_task_factory(factory)  # type: ignore[arg-type]  # typeshed: no `context` keyword
+
+
+def _made(
+    previous: Any, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+) -> asyncio.Future[Any]:
+    """The task the loop's factory before ours (none: asyncio's own) makes of `coro`."""
+    if previous is None:
+        return asyncio.Task(coro, loop=loop, **kwargs)
+    return previous(loop, coro, **kwargs)

@@ -135,18 +135,31 @@ async def open_store(
     return store
 
 
+# Session settings one role wants and the others must not get (the api's bound on a request's
+# statements): set on a database user of that role's own, never the shared one.
+ROLE_OWN_SETTINGS = frozenset({"statement_timeout"})
+
+
 async def warn_unset(store: Store, wanted: dict[str, str]) -> None:
     """Log each of `wanted`'s session settings that a session on `store` does not have from
     the database or its role (`db.session_settings_unset`), with the statement that sets it."""
     held = await store.held_settings(list(wanted))
     for name, want in wanted.items():
         if held.get(name) != want:
+            fix = (
+                # The api's alone: on a user the other roles and the migrations share, it
+                # cancels their statements past it (what the pooler did with it).
+                "give the api a database user of its own (not the one the other roles and the "
+                f"migrations use) and ALTER ROLE <api user> SET {name} = '{want}'"
+                if name in ROLE_OWN_SETTINGS
+                else f"set it for the database user this role connects as: ALTER ROLE <user> "
+                f"SET {name} = '{want}'"
+            )
             log.warning(
                 f"RECEIPT_DATABASE_URL is a transaction pooler (RECEIPT_DATABASE_DIRECT_URL is "
                 f"set), so this pool sets no session setting (it would stay on the pooler's "
                 f"server connection for its other clients): {name} is {held.get(name)!r} where "
-                f"this role wants {want!r}; set it for the database user this role connects as: "
-                f"ALTER ROLE <user> SET {name} = '{want}'",
+                f"this role wants {want!r}; {fix}",
                 extra={
                     "event": "db.session_settings_unset",
                     "setting": name,

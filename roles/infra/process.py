@@ -270,14 +270,19 @@ class DrainSignals:
 
     def __init__(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
+        interrupted = False  # a SIGINT came: the loop may not have run its `stop.set` yet
 
         def stopping(signum: int, frame: Any) -> None:
             # On the main thread, between two bytecodes: the loop runs the rest. A SIGINT once
-            # the drain began (a second Ctrl-C) exits at once (`_interrupted`).
+            # the drain began, or once a SIGINT asked for it (a second Ctrl-C), exits here, at
+            # once (`_forced_exit`): a loop held by a blocking call (the stalled drain a second
+            # Ctrl-C is pressed at) ran a callback only once that call returned.
+            nonlocal interrupted
             if signum == signal.SIGINT:
-                loop.call_soon_threadsafe(_interrupted, stop)
-            else:
-                loop.call_soon_threadsafe(stop.set)
+                if interrupted or stop.is_set():
+                    _forced_exit()
+                interrupted = True
+            loop.call_soon_threadsafe(stop.set)
 
         self._stopping = stopping
 
@@ -338,18 +343,20 @@ def run_until_signalled(
     run_event_loop(signalled(), loop)
 
 
-def _interrupted(stop: asyncio.Event) -> None:
-    """SIGINT: the drain begins (`stop`), or, when it has already, the process exits now,
-    without it (what it held is delivered again from the receipts, as after a SIGKILL)."""
-    if not stop.is_set():
-        stop.set()
-        return
-    log.warning(
-        "a second Ctrl-C (SIGINT) during the drain: exiting now, without it; what the role held "
-        "is delivered again from the receipts",
-        extra={"event": "role.forced_exit"},
-    )
-    _exit_without_finalizing(EXIT_FORCED, spans_s=0.0)
+def _forced_exit() -> None:
+    """A second SIGINT: the process exits now, without its drain (what it held is delivered
+    again from the receipts, as after a SIGKILL). Run in the signal handler, between two
+    bytecodes of whatever the main thread was doing (a log line's write, perhaps): whatever
+    the line or the flush raise there, the process exits."""
+    try:
+        log.warning(
+            "a second Ctrl-C (SIGINT) during the drain: exiting now, without it; what the role "
+            "held is delivered again from the receipts",
+            extra={"event": "role.forced_exit"},
+        )
+        _exit_without_finalizing(EXIT_FORCED, spans_s=0.0)
+    finally:
+        os._exit(EXIT_FORCED)
 
 
 async def end_tasks(seconds: float) -> None:

@@ -8,7 +8,9 @@ as an exception is) and the worker serves on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import sys
 from typing import Any
 
@@ -97,3 +99,41 @@ async def test_a_task_left_behind_that_exits_after_its_job_settled_ends_only_its
     assert _exits(SystemExit) == counted + 1
     job = await store.get_job(job_id)
     assert job is not None and (job.status, job.result) == ("completed", "done")
+
+
+async def test_a_task_a_handler_cancels_before_it_ran_leaves_no_coroutine_unawaited(
+    store: Store,
+) -> None:
+    """A handler's task cancelled before its first step (`asyncio.wait_for(…, timeout=0)`, a
+    watcher cancelled at once, a TaskGroup's sibling) ends as it would outside the scope: its
+    coroutine is closed, not left for the collector to warn `coroutine … was never awaited` (a
+    RuntimeWarning in every worker's log, an error under `-W error`)."""
+    agent = "exit-cancelled-early"
+
+    async def watch() -> None:
+        await asyncio.sleep(10)
+
+    @handler(agent)
+    async def cancels(job: JobContext) -> str:
+        watcher = asyncio.create_task(watch())
+        watcher.cancel()  # nothing left to watch
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(watch(), timeout=0)  # a deadline already spent
+        gc.collect()
+        return "done"
+
+    activities = AttemptActivities(store, {agent: as_handler(cancels)})
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=1, activity_id="attempt:1")
+    job_id = await job_of(store, agent)
+    unraisable: list[str] = []
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: unraisable.append(str(u.exc_value))
+    try:
+        result = await env.run(activities.execute_attempt, attempt_of(job_id, agent))
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert result.status == AttemptStatus.COMPLETED
+    assert unraisable == [], unraisable

@@ -351,3 +351,62 @@ def test_a_sigterm_handler_a_handler_installs_does_not_take_the_drain_s_place(
     assert [(r.get("event"), r.get("signal")) for r in records] == [
         ("role.signal_handler_restored", "SIGTERM")
     ]
+
+
+HELD_LOOP = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from roles.infra import logs, process
+
+    async def main(stop: asyncio.Event) -> None:
+        logs.configure("test", "json")
+        print("ready", flush=True)
+        if sys.argv[2] == "drain":
+            await stop.wait()
+            print("draining", flush=True)
+        # A drain held by a blocking call on the event loop (a handler's `time.sleep`, a
+        # CPU-bound step: `loop.stalled`), which is when a second Ctrl-C is pressed.
+        time.sleep(20)
+
+    process.run_until_signalled(main, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["drain", "stalled"])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_second_ctrl_c_exits_at_once_while_a_blocking_call_holds_the_loop(
+    loop: str, when: str
+) -> None:
+    """A second Ctrl-C exits at once (130, `role.forced_exit`) even while the event loop is
+    held by a blocking call: the drain's SIGINT handler runs between two bytecodes, but the exit
+    it asked the loop for waited for that call to return (20 s here), the force quit forcing
+    nothing. `drain`: the first Ctrl-C's drain began, then the loop was held; `stalled`: both
+    came while it was held."""
+    with subprocess.Popen(
+        [sys.executable, "-c", HELD_LOOP, loop, when],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            time.sleep(0.3)
+            child.send_signal(signal.SIGINT)
+            if when == "drain":
+                assert child.stdout.readline().strip() == "draining"
+            time.sleep(0.3)
+            sent = time.monotonic()
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            exited_s = time.monotonic() - sent
+        finally:
+            if child.poll() is None:
+                child.kill()
+            _, stderr = child.communicate()
+    assert child.returncode == process.EXIT_FORCED and exited_s < 5, (exited_s, stderr)
+    events = [json.loads(line).get("event") for line in stderr.splitlines() if line]
+    assert "role.forced_exit" in events, stderr
