@@ -18,6 +18,11 @@ OUTCOMES: tuple[str, ...] = ("done", "needs_input", "failed", "quota_exhausted")
 # of an earlier worker holds them whole, under `followUps`.
 FOLLOW_UPS_READ = "followUpsRead"
 MAX_ERROR_CHARS = 4_000
+# A `done` result or a `needs_input` question, in UTF-8 bytes of JSON: a plug-in handler's result
+# bound (activities/handlers/sdk.py). The outcome line is cut at 1 Mi characters, up to 4 MiB of
+# UTF-8, and what it carries is copied into the turn's result, the agent job's state and
+# receipts, its wakeup and its webhooks.
+MAX_OUTCOME_BYTES = 1024 * 1024
 
 
 def turn_request(
@@ -60,12 +65,13 @@ def _failed(error: str, retryable: bool = True) -> dict[str, Any]:
 def _valid(candidate: Mapping[str, Any]) -> dict[str, Any]:
     kind = candidate.get("outcome")
     if kind == "done":
-        return {"outcome": "done", "result": candidate.get("result")}
+        return _bounded("result", {"outcome": "done", "result": candidate.get("result")})
     if kind == "needs_input":
         question, call_id = candidate.get("question"), candidate.get("toolCallId")
         if not isinstance(question, str) or not isinstance(call_id, str) or not call_id:
             return _failed("needs_input needs a string question and a non-empty toolCallId")
-        return {"outcome": "needs_input", "question": question, "toolCallId": call_id}
+        asked = {"outcome": "needs_input", "question": question, "toolCallId": call_id}
+        return _bounded("question", asked)
     if kind == "failed":
         out = _failed(str(candidate.get("error") or "the agent reported failure"))
         out["retryable"] = candidate.get("retryable", True) is not False
@@ -85,6 +91,18 @@ def _valid(candidate: Mapping[str, Any]) -> dict[str, Any]:
                 out["retryAt"] = parsed.isoformat()
         return out
     return _failed(f"unknown outcome {kind!r}; expected one of {', '.join(OUTCOMES)}")
+
+
+def _bounded(field: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    """`outcome`, or a failed turn (not retried: the command would say it again) when its
+    `field` is over MAX_OUTCOME_BYTES of JSON."""
+    size = len(json.dumps(outcome[field], ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    if size <= MAX_OUTCOME_BYTES:
+        return outcome
+    return _failed(
+        f"the turn's {field} is {size} bytes of JSON; at most {MAX_OUTCOME_BYTES} are kept",
+        retryable=False,
+    )
 
 
 def parse_outcome(lines: Iterable[str], exit_code: int | None) -> dict[str, Any]:

@@ -4,6 +4,7 @@ settlement decisions and budgets, and the turn protocol."""
 from __future__ import annotations
 
 import itertools
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -386,6 +387,31 @@ def test_needs_input_without_a_tool_call_id_is_a_failure() -> None:
         protocol.parse_outcome(['{"outcome": "needs_input", "question": "?"}'], 0)["outcome"]
         == "failed"
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ({"outcome": "done", "result": {"text": "é" * 600_000}}, "result"),
+        ({"outcome": "needs_input", "question": "é" * 600_000, "toolCallId": "c1"}, "question"),
+    ],
+)
+def test_an_outcome_past_its_bytes_is_a_failure_not_retried(
+    line: dict[str, Any], field: str
+) -> None:
+    """600 000 two-byte characters are under the line's 1 Mi characters but 1.2 MB of JSON: as a
+    plug-in handler's result over 1 MiB, the turn fails, not retried (it would say it again);
+    at the bound it stands."""
+    out = protocol.parse_outcome([json.dumps(line, ensure_ascii=False)], 0)
+    assert out["outcome"] == "failed" and out["retryable"] is False
+    assert (
+        f"turn's {field} is 1200" in out["error"]
+        and str(protocol.MAX_OUTCOME_BYTES) in out["error"]
+    )
+    at_bound = {**line, field: {"text": "x" * (protocol.MAX_OUTCOME_BYTES - 12)}}
+    if field == "question":
+        at_bound[field] = "x" * (protocol.MAX_OUTCOME_BYTES - 2)
+    assert protocol.parse_outcome([json.dumps(at_bound)], 0)["outcome"] == line["outcome"]
 
 
 def test_quota_retry_at_must_be_an_aware_time() -> None:
