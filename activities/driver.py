@@ -138,10 +138,12 @@ async def post_callbacks(
     *,
     take_over: bool = False,
     beat: Callable[[], None] = lambda: None,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Post `{event, job}` to each distinct configured URL, once per URL (claimed in the database;
     `take_over` claims one still held, as `deliveries.claim_callback` says). `beat` is called
-    before each try (an activity's heartbeat).
+    before each try (an activity's heartbeat). Once `stop` is set (the recovery loop's role
+    drains) no URL is claimed any more: another driver posts the rest.
 
     Failures are logged and recorded; they never change the job. Returns the number posted.
     """
@@ -149,6 +151,8 @@ async def post_callbacks(
     shown = {**job.to_json(), "payload": redact_payload(job.payload)}
     body = dumps({"event": event, "job": shown}).encode()
     for url in settings.callback_urls:
+        if stop is not None and stop.is_set():
+            break
         if not await deliveries.claim_callback(store, job.job_id, event, url, take_over=take_over):
             continue
         message_id = callback_message_id(f"{job.job_id}:{event}:{url}")

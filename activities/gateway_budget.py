@@ -125,6 +125,13 @@ class Meter:
                     read.spent += counts[1] + counts[2]
             return len(taken)
 
+    def unwritten(self) -> tuple[int, int, int]:
+        """The organizations, calls and tokens (in and out) counted and not yet written (those
+        a flush under way is writing included): what a stop that cannot write them drops."""
+        counts = [*self._unflushed.values(), *self._flushing.values()]
+        organizations = {*self._unflushed, *self._flushing}
+        return len(organizations), sum(c[0] for c in counts), sum(c[1] + c[2] for c in counts)
+
     def _prune(self) -> None:
         """Drop the reads whose day has ended, at most every PRUNE_S: such a read is read again
         at its organization's next call, and unread it counts nothing (a new day starts from

@@ -96,7 +96,7 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
         if role in MAINTENANCE_ROLES:
             runtime.spawn(run_queue_depth(runtime.store, settings.core), "queue-depth")
         maintenance, callbacks = role in MAINTENANCE_ROLES, role in CALLBACK_ROLES
-        start_loops(runtime, maintenance=maintenance, post_callbacks=callbacks)
+        redrive = start_loops(runtime, maintenance=maintenance, post_callbacks=callbacks, stop=stop)
         if role == "api":
             from roles.api.app import serve_api  # imported before the heap is frozen
         freeze_startup_heap()
@@ -112,11 +112,13 @@ async def run_role(requested: str | None, settings: RuntimeSettings, stop: async
                 installed=installed,
             )
         elif role == "driver":
-            await run_driver(runtime, stop)
+            await run_driver(runtime, stop, redrive)
         elif role == "api":
             await serve_api(stop, settings, store=runtime.store, listener=runtime.listener)
         else:
             await stop.wait()
+            # The owed callback posts in flight get the grace (`all` posts them, as the driver).
+            await redrive.drain(settings.process.grace.total_seconds())
     finally:
         await runtime.close_within()
         log.info("role stopped", extra={"event": "role.stop"})

@@ -310,8 +310,8 @@ def up_command() -> None:
     persists under RECEIPT_DATA_DIR (default ./.receipt).
 
     Ctrl-C drains the roles (running handlers get RECEIPT_SHUTDOWN_GRACE_MS, what cannot finish
-    is released), SIGKILLing a role only past its own shutdown's bound: the grace plus 25 s
-    (55 s at the default), or the api's drain delay plus 25 s when longer; then Temporal. A
+    is released), SIGKILLing a role only past its own shutdown's bound: the grace plus 28 s
+    (58 s at the default), or the api's drain delay plus 25 s when longer; then Temporal. A
     second Ctrl-C SIGKILLs everything still running at once (exit 130); the jobs they held are
     delivered again from the receipts.
     """

@@ -68,9 +68,10 @@ def metrics_ports(process: ProcessSettings) -> str:
 
 def kill_after_s(settings: RuntimeSettings) -> float:
     """How long `up` waits for the roles it sent SIGTERM before it SIGKILLs them: the longest
-    a role's own shutdown takes (a worker's: the grace, 10 s for a drain still running, its
-    exit's 12 s; the api's: its drain delay, its requests' 10 s, the same exit), and
-    `KILL_SLACK_S`: 55 s at the default 30 s grace, as deploy/k8s gives a pod. Sooner, a
+    a role's own shutdown takes (a worker's: the grace, 10 s for a drain still running,
+    worker-codex's 3 s for its AI gateway's stop, its exit's 12 s; the api's: its drain delay,
+    its requests' 10 s, the same exit), and `KILL_SLACK_S`: 58 s at the default 30 s grace
+    (deploy/k8s gives worker-codex's pod 60 s, the others 55 s). Sooner, a
     handler that swallows its cancellation (abandoned 5 s after the grace) was killed as its
     job's release was being written."""
     worker = stop_bound_s(settings.process.shutdown_grace_ms / 1000)

@@ -54,6 +54,8 @@ CALLBACK_BATCHES = 10
 CALLBACK_POSTS_AT_ONCE = 8
 CALLBACK_PASS_BUDGET_S = 10.0
 REDRIVE_STARTUP_DELAY_MS = 5_000
+# What the owed callback posts a drain cut (their grace spent) get to give their claims back.
+CALLBACK_RELEASE_S = 2.0
 
 
 @dataclass
@@ -79,6 +81,7 @@ class QueuedRedrive:
         settings: Settings,
         loops: LoopSettings | None = None,
         http: httpx.AsyncClient | None = None,
+        stop: asyncio.Event | None = None,
     ) -> None:
         self.store = store
         self.starter = starter
@@ -86,6 +89,10 @@ class QueuedRedrive:
         self.loops = loops or LoopSettings()
         self.http = http
         self._cursor = deliveries.START  # where the next pass's page of the queue starts
+        # Set when the role drains: no owed callback is claimed any more (`drain`).
+        self._stop = stop or asyncio.Event()
+        self._posting: set[asyncio.Task[int]] = set()  # owed callback posts under way
+        self._claiming: set[asyncio.Task[Any]] = set()  # those past their turn: claiming, posting
 
     def ticker(self) -> Ticker:
         """The loop that runs it: every `redrive_interval_ms`, the first pass
@@ -93,6 +100,46 @@ class QueuedRedrive:
         return Ticker(
             self.name, self.run_once, self.loops.redrive_interval_ms, REDRIVE_STARTUP_DELAY_MS
         )
+
+    async def run(self) -> None:
+        """The ticker, until the role's close cancels it; the owed callback posts still under
+        way then (a drain's, `drain`, are over by then) are cut too, their claims given back."""
+        try:
+            await self.ticker().run()
+        finally:
+            for task in self._posting:
+                task.cancel()
+            await asyncio.gather(*self._posting, return_exceptions=True)
+
+    async def drain(self, grace_s: float) -> None:
+        """Once `stop` is set (the role drains; no owed callback is claimed any more): wait up to
+        `grace_s` for the posts in flight to be answered and recorded. Those still in flight
+        then are cut (logged `callback.drain_cut`): each claim is given back and another driver
+        posts it again. Cut at the role's close, a post its receiver was answering was heard
+        twice, the second time at another driver's next pass."""
+        if not self._posting:
+            return
+        _, cut = await asyncio.wait(set(self._posting), timeout=grace_s)
+        if not cut:
+            return
+        if posts := len(cut & self._claiming):  # the others still wait their turn: unclaimed
+            log.warning(
+                "owed callback posts still in flight at the end of the shutdown grace are cut; "
+                "their claims are given back and another driver posts them",
+                extra={"event": "callback.drain_cut", "posts": posts, "graceS": grace_s},
+            )
+        for task in cut:
+            task.cancel()
+        await asyncio.wait(cut, timeout=CALLBACK_RELEASE_S)
+
+    def _post(self, recovery: Coroutine[Any, Any, int]) -> asyncio.Task[int]:
+        """Run one owed callback's recovery as a task of its own: a drain waits for it, where
+        the pass itself is cancelled at the role's close."""
+        task = asyncio.create_task(recovery)
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+        task.add_done_callback(self._claiming.discard)
+        return task
 
     async def run_once(self) -> PassResult:
         """One pass: expiry, then redrive, then the callback recovery path."""
@@ -182,6 +229,8 @@ class QueuedRedrive:
         posts are the callback outbox, written when the job settled and emptied when posted."""
         if self.http is None:  # not a role that posts callbacks (CALLBACK_ROLES)
             return 0
+        if self._stop.is_set():  # the role drains: the other drivers post what is owed
+            return 0
         urls = self.settings.callback_urls
         if not urls:
             await deliveries.drop_owed_callbacks(self.store)
@@ -193,13 +242,17 @@ class QueuedRedrive:
 
         async def recover(job_id: str, event: str) -> int:
             async with at_once:
-                if loop.time() > ends:
-                    return 0  # still owed: the next pass
+                if loop.time() > ends or self._stop.is_set():
+                    return 0  # still owed: the next pass (a draining role's: another driver's)
+                if (current := asyncio.current_task()) is not None:
+                    self._claiming.add(current)
                 try:
                     job = await self.store.get_job(job_id)
                     posted = 0
                     if job is not None:
-                        posted = await post_callbacks(self.store, self.settings, http, job, event)
+                        posted = await post_callbacks(
+                            self.store, self.settings, http, job, event, stop=self._stop
+                        )
                     await deliveries.settle_owed_callback(self.store, job_id, urls)
                     return posted
                 except Exception:
@@ -213,8 +266,11 @@ class QueuedRedrive:
         posted = 0
         for _ in range(CALLBACK_BATCHES):  # a full batch: more are due, go on (bounded)
             owed, more = await deliveries.owed_callbacks(self.store, urls, limit=REDRIVE_BATCH)
-            posted += sum(await asyncio.gather(*(recover(*row) for row in owed)))
-            if not more or loop.time() > ends:
+            posts = [self._post(recover(*row)) for row in owed]
+            if posts:  # waited for, never cancelled with the pass (`drain` waits for them)
+                await asyncio.wait(posts)
+            posted += sum(p.result() for p in posts if not p.cancelled())
+            if not more or loop.time() > ends or self._stop.is_set():
                 break
         return posted
 

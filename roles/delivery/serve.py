@@ -22,6 +22,7 @@ from activities.workspace_sweep import SWEEP_INTERVAL_MS, WorkspaceSweeper
 from receipts.durations import parse_duration
 from receipts.kinds import QUEUE_CODEX
 from receipts.schedules.firing import Caps
+from receipts.waits import within
 from roles.delivery.agent_jobs import AgentJobDispatcher
 from roles.delivery.dispatcher import Dispatcher
 from roles.delivery.loops import (
@@ -38,7 +39,13 @@ from roles.delivery.schedules import SYNC_INTERVAL_MS, ScheduleSync
 from roles.delivery.starter import DriverStarter
 from roles.delivery.watchdog_schedule import keep_watchdog_schedule
 from roles.delivery.webhooks import WebhookDeliverer
-from roles.infra.process import Runtime, run_until, until_stopped
+from roles.infra.process import (
+    GATEWAY_CLOSE_S,
+    LAST_FLUSH_S,
+    Runtime,
+    run_until,
+    until_stopped,
+)
 from roles.infra.temporal import ensure_search_attributes
 from workflows.schedule_fire import ScheduleFireWorkflow
 from workflows.watchdog_tick import WatchdogTickWorkflow
@@ -57,14 +64,41 @@ def _meter_budgets(runtime: Runtime, gateway: Gateway) -> None:
     runtime.spawn(flush.run(), flush.name)
 
 
-async def _last_flush(meter: Meter) -> None:
-    """The counts of the calls since the last flush, as the role stops."""
+async def stop_gateway(gateway: Gateway) -> None:
+    """Once the worker drained (no turn calls its model any more): close the gateway's turn
+    sockets, then write its meter's last counts, each bounded (`GATEWAY_CLOSE_S`,
+    `LAST_FLUSH_S`: `stop_bound_s` counts them). A grant an abandoned handler still holds, its
+    model call waited for, or a database away at shutdown held the exit past the pod's grace."""
+    open_calls = sum(grant.in_flight for grant in gateway.grants.values())
+    open_grants = len(gateway.grants)
     try:
-        await meter.flush()
-    except Exception as exc:  # the role stops all the same
+        await within(gateway.close(), GATEWAY_CLOSE_S)
+    except TimeoutError:
         log.warning(
-            "the last token counts of the gateway could not be written",
-            extra={"event": "gateway.usage_flush_failed", "error": str(exc)},
+            "the gateway's turn sockets still serving model calls are cut",
+            extra={"event": "gateway.close_cut", "grants": open_grants, "inFlight": open_calls,
+                   "waitedS": GATEWAY_CLOSE_S},
+        )  # fmt: skip
+    if gateway.meter is not None:
+        await _last_flush(gateway.meter)
+
+
+async def _last_flush(meter: Meter) -> None:
+    """The counts of the calls since the last flush, as the role stops (within LAST_FLUSH_S:
+    those not written then are dropped, and logged)."""
+    try:
+        await within(meter.flush(), LAST_FLUSH_S)
+    except Exception as exc:  # the role stops all the same
+        organizations, calls, tokens = meter.unwritten()
+        log.warning(
+            "the last token counts of the gateway could not be written; they are dropped",
+            extra={
+                "event": "gateway.usage_flush_failed",
+                "error": str(exc) or f"no answer within {LAST_FLUSH_S:g} s",
+                "organizations": organizations,
+                "calls": calls,
+                "tokens": tokens,
+            },
         )
 
 
@@ -82,20 +116,28 @@ def _starter(runtime: Runtime, *, beside_driver_worker: bool = False) -> DriverS
     )
 
 
-def start_loops(runtime: Runtime, *, maintenance: bool, post_callbacks: bool) -> None:
+def start_loops(
+    runtime: Runtime,
+    *,
+    maintenance: bool,
+    post_callbacks: bool,
+    stop: asyncio.Event | None = None,
+) -> QueuedRedrive:
     """Start the queued redrive and the startup objective resume; with `maintenance`, also the
     objective-control outbox redrive and, with RECEIPT_RETENTION, retention. Without
-    `post_callbacks` the redrive leaves lost callbacks to the roles that post them."""
+    `post_callbacks` the redrive leaves lost callbacks to the roles that post them; with it,
+    the redrive claims no owed callback once `stop` is set, and the role awaits its `drain`.
+    Returns the redrive."""
     http = runtime.http if post_callbacks else None
     loops = runtime.settings.loops
     redrive = QueuedRedrive(
-        runtime.store, _starter(runtime), runtime.settings.core, loops, http=http
+        runtime.store, _starter(runtime), runtime.settings.core, loops, http=http, stop=stop
     )
-    runtime.spawn(redrive.ticker().run(), redrive.name)
+    runtime.spawn(redrive.run(), redrive.name)
     resume = ObjectiveResume(runtime.store)
     runtime.spawn(resume.run(loops.startup_settle_ms), resume.name)
     if not maintenance:
-        return
+        return redrive
     core = runtime.settings.core
     pruner = RetentionLoop.from_settings(
         runtime.store, core.retention, loops, callback_urls=core.callback_urls
@@ -112,6 +154,7 @@ def start_loops(runtime: Runtime, *, maintenance: bool, post_callbacks: bool) ->
         Ticker(outbox.name, outbox.run_once, outbox.interval_ms, wake=wake).run(),
         outbox.name,
     )
+    return redrive
 
 
 async def run_attempt_worker(
@@ -202,9 +245,7 @@ async def run_attempt_worker(
     )
     await run_until(worker.run, worker.shutdown, stop, process.grace)
     if gateway is not None:
-        await gateway.close()  # drained: no turn calls its model any more
-        if gateway.meter is not None:
-            await _last_flush(gateway.meter)
+        await stop_gateway(gateway)  # drained: no turn calls its model any more
     if sandboxed:
         sandbox_etc.remove_views()  # drained: no command has a view as its /etc any more
 
@@ -225,9 +266,12 @@ def _sweep_workspaces(runtime: Runtime) -> None:
     )
 
 
-async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
+async def run_driver(
+    runtime: Runtime, stop: asyncio.Event, redrive: QueuedRedrive | None = None
+) -> None:
     """Run the driver worker until `stop`, with the dispatcher (which may plan first runs) and
-    the agent-job dispatcher beside it.
+    the agent-job dispatcher beside it; its drain waits for `redrive`'s owed callback posts in
+    flight too (`start_loops`).
 
     The dispatcher stops with `stop`, as the worker begins to drain: a start of its own then
     went through the task queue (a stopping worker takes no eager task), where a poll the
@@ -256,8 +300,9 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
         http=runtime.http,
         org_cap=runtime.settings.core.org_running_cap(QUEUE_CODEX),
     )
-    # At `stop` it and the webhook deliverer claim no more; their posts in flight (wakeups,
-    # webhooks) get the grace, as the worker's do, within the worker's bounded shutdown.
+    # At `stop` it, the webhook deliverer and the redrive's callback recovery claim no more;
+    # their posts in flight (wakeups, webhooks, owed callbacks) get the grace, as the worker's
+    # do, within the worker's bounded shutdown.
     grace = runtime.settings.process.grace
     waking = runtime.spawn(agent_jobs.run(stop, grace.total_seconds()), "agent-jobs")
     # Per-organization webhooks, posted beside the global callbacks (roles/delivery/webhooks.py).
@@ -274,6 +319,7 @@ async def run_driver(runtime: Runtime, stop: asyncio.Event) -> None:
 
     async def shutdown() -> None:
         """The worker's drain and the posts' beside it, all within its bound."""
-        await asyncio.gather(worker.shutdown(), asyncio.wait({waking, posting}))
+        owed = redrive.drain(grace.total_seconds()) if redrive is not None else asyncio.sleep(0)
+        await asyncio.gather(worker.shutdown(), asyncio.wait({waking, posting}), owed)
 
     await run_until(worker.run, shutdown, stop, grace)

@@ -44,7 +44,8 @@ GC_THRESHOLDS = (50_000, 20, 100)
 # What a worker's shutdown may take beyond the handlers' grace: the cancelled attempts' ends (a
 # handler gets activities/attempt.py `HANDLER_CANCEL_S`, then its release is written) and the
 # pollers'. A pod's termination grace must exceed the grace, this margin, `CLOSE_S` and
-# `TASKS_END_S` and `SPANS_FLUSH_S` (55 s against the default 30 s grace: deploy/README.md).
+# `TASKS_END_S` and `SPANS_FLUSH_S`, and worker-codex's `GATEWAY_STOP_S` (55 s against the
+# default 30 s grace, 60 s for worker-codex: deploy/README.md).
 SHUTDOWN_MARGIN = timedelta(seconds=10)
 EXIT_SHUTDOWN_STUCK = 1
 # What closing the runtime may take (its tasks, the bookkeeping writer's last flush, the pool),
@@ -56,6 +57,12 @@ TASKS_END_S = 2.0
 SPANS_FLUSH_S = 5.0
 # What a role's exit takes at most once its drain ended: the close, its tasks' end, the flush.
 EXIT_S = CLOSE_S + TASKS_END_S + SPANS_FLUSH_S
+# What worker-codex's AI gateway gets once the worker drained (roles/delivery/serve.py): the
+# close of its turns' sockets (a turn an abandoned handler still runs, its model call cut), then
+# the last write of its token meter (a database away at shutdown); what either leaves is logged.
+GATEWAY_CLOSE_S = 1.0
+LAST_FLUSH_S = 2.0
+GATEWAY_STOP_S = GATEWAY_CLOSE_S + LAST_FLUSH_S
 # The exit status of a second Ctrl-C (SIGINT) during the drain: out at once, as SIGINT's.
 EXIT_FORCED = 130
 # How long a role's start waits for a database that refuses it (down, out of connections),
@@ -199,10 +206,11 @@ def freeze_startup_heap() -> None:
 
 def stop_bound_s(grace_s: float) -> float:
     """The longest a worker role (or the driver) takes from SIGTERM to its exit: its drain,
-    bounded at the grace and `SHUTDOWN_MARGIN`, then its exit (`EXIT_S`). A supervisor that
+    bounded at the grace and `SHUTDOWN_MARGIN`, then worker-codex's AI gateway's stop
+    (`GATEWAY_STOP_S`; the other roles have none), then its exit (`EXIT_S`). A supervisor that
     SIGKILLs it sooner may cut a release as it is written (`receipt up`, a pod's
     `terminationGracePeriodSeconds`: 55 s at the default 30 s grace)."""
-    return grace_s + SHUTDOWN_MARGIN.total_seconds() + EXIT_S
+    return grace_s + SHUTDOWN_MARGIN.total_seconds() + GATEWAY_STOP_S + EXIT_S
 
 
 class ShutdownStuck(RuntimeError):

@@ -17,7 +17,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from roles.infra.process import CLOSE_S, SHUTDOWN_MARGIN, SPANS_FLUSH_S, TASKS_END_S
+from roles.infra.process import (
+    CLOSE_S,
+    GATEWAY_STOP_S,
+    SHUTDOWN_MARGIN,
+    SPANS_FLUSH_S,
+    TASKS_END_S,
+)
 from roles.infra.settings import CALLBACK_ROLES, DEFAULT_CONCURRENCY, DEFAULT_GRACE_MS
 from roles.role import ROLES, WORKER_QUEUES
 from tests.deploy.render import render
@@ -138,8 +144,9 @@ def test_every_role_has_a_deployment_with_probes_limits_and_security(
 
         # Past the whole of a stuck shutdown: the grace, the margin, the close, the tasks' end,
         # the spans' flush (Kubernetes must not SIGKILL the process while it writes its
-        # releases, or its last spans and logs).
+        # releases, or its last spans and logs); worker-codex's AI gateway's stop too.
         stuck_s = grace_s + SHUTDOWN_MARGIN.total_seconds() + CLOSE_S + TASKS_END_S + SPANS_FLUSH_S
+        stuck_s += GATEWAY_STOP_S if role == "worker-codex" else 0.0
         assert pod["terminationGracePeriodSeconds"] > stuck_s, role
         assert_restricted(pod, container, role)
 

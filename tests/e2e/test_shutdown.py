@@ -19,6 +19,7 @@ import httpx
 import pytest
 from temporalio.service import RPCError
 
+from receipts import operations as ops
 from receipts import webhooks as hooks
 from receipts.agent_jobs import lifecycle
 from receipts.agent_jobs.registry import AgentJobSettings
@@ -428,6 +429,70 @@ async def test_a_driver_stopped_while_a_wakeup_waits_for_its_answer_posts_it_onc
     assert recorded == [("posted", 1)]
     assert 2.5 <= drained_s < 2.5 + 5
     assert procs.logged("driver", {"agent_job.wakeup_callback"})
+
+
+async def callback_posts_of(store: Store, job_id: str) -> list[tuple[str, str, int]]:
+    """`(event, status, attempts)` of every callback post of the job claimed so far."""
+    async with store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT event, status, attempts FROM callback_posts WHERE job_id = %s", (job_id,)
+        )
+        return [(str(e), str(s), int(a)) for e, s, a in await cur.fetchall()]
+
+
+async def test_a_driver_stopped_while_an_owed_callback_waits_for_its_answer_posts_it_once(
+    e2e_store: tuple[Store, str], roles: Callable[..., RoleProcesses]
+) -> None:
+    """The recovery loop's posts of owed terminal callbacks (a job settled outside a driver)
+    had no shutdown grace: the role's close cancelled the loop, cutting the post its receiver
+    was answering, its claim was given back, and the next driver's first pass posted it again
+    (heard twice). Now the loop claims nothing more once the drain starts and the posts in
+    flight get RECEIPT_SHUTDOWN_GRACE_MS, as the webhook and wakeup posts do."""
+    store, _ = e2e_store
+    receiver = WebhookReceiver(hang={"/owed"})
+    server = await asyncio.start_server(receiver.handle, "127.0.0.1", 0)
+    receiver.port = server.sockets[0].getsockname()[1]
+    job = (await put(store)).job
+    await ops.cancel_queued(store, job.job_id, reason="test")  # its `canceled` is owed
+    procs = roles(RECEIPT_EVENT_CALLBACK_URL=receiver.url("/owed"))
+    procs.start("driver-1", "driver")
+    try:
+
+        def heard() -> list[str]:
+            return [p.json["event"] for p in receiver.at("/owed")]
+
+        async def posted() -> int:
+            return len(heard())
+
+        # The first recovery pass, 5 s after the start.
+        await eventually(posted, lambda n: n == 1, timeout=60, every=0.05, what="the post")
+        procs.signal("driver-1", signal.SIGTERM)
+        stopped = time.monotonic()
+        # The receiver answers within the post's 5 s.
+        asyncio.get_running_loop().call_later(2.5, receiver.release.set)
+        assert await exit_status(procs, "driver-1", 30) == 0
+        drained_s = time.monotonic() - stopped
+        recorded = await callback_posts_of(store, job.job_id)
+        # The rollout's next driver: its first pass, 5 s after its start, posts what is owed.
+        procs.start("driver-2", "driver")
+
+        async def started() -> list[dict[str, object]]:
+            return procs.logged("driver-2", {"role.start"})
+
+        await eventually(started, bool, timeout=30, every=0.1, what="driver-2 starting")
+        await asyncio.sleep(7)
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        receiver.release.set()
+        server.close()
+        await server.wait_closed()
+    print(f"driver-1 drained in {drained_s:.1f} s; the post: {recorded}; heard {heard()}")
+    assert heard() == ["canceled"]  # not cut, and not posted again by driver-2
+    # Recorded by the stopping driver: not given back for another driver to post again.
+    assert recorded == [("canceled", "posted", 1)]
+    assert 2.5 <= drained_s < 2.5 + 5
 
 
 async def test_a_second_ctrl_c_during_the_api_s_drain_exits_at_once(

@@ -366,6 +366,73 @@ async def test_a_receiver_that_never_answers_holds_a_pass_for_its_budget_not_for
     assert len(left) == 20 - 8  # the others are owed to the next pass
 
 
+async def test_a_draining_role_claims_no_owed_callback_and_cuts_what_outlives_the_grace(
+    client: Client,
+    fresh_store: Store,
+    fresh_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Once the role's `stop` is set, the recovery claims no owed callback (one waiting for
+    its turn is left to another driver), and `drain` gives the post in flight the grace, then
+    cuts it (logged `callback.drain_cut`), its claim given back for another driver at once."""
+    import httpx
+
+    from roles.delivery import loops
+
+    monkeypatch.setattr(loops, "CALLBACK_POSTS_AT_ONCE", 1)
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepted, never answered
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    stop = asyncio.Event()
+    try:
+        async with running_stack(
+            client, fresh_store, fresh_db, queues=(), dispatcher=False,
+            RECEIPT_EVENT_CALLBACK_URL=url,
+        ) as s:  # fmt: skip
+            jobs = [(await put(fresh_store)).job for _ in range(2)]
+            for job in jobs:  # settled outside a driver: each owes its terminal callback
+                await ops.cancel_queued(fresh_store, job.job_id, reason="test")
+            async with httpx.AsyncClient() as http:
+                redrive = QueuedRedrive(fresh_store, None, s.settings, NOW, http=http, stop=stop)
+                passing = asyncio.create_task(redrive.run_once())
+                for _ in range(200):  # the first post reaches the receiver
+                    if held:
+                        break
+                    await asyncio.sleep(0.05)
+                stop.set()
+                started = asyncio.get_running_loop().time()
+                await redrive.drain(0.5)
+                drained_s = asyncio.get_running_loop().time() - started
+                assert (await asyncio.wait_for(passing, 5)).callbacks == 0
+            posts = {job_id: status for job_id, _, _, status in await callback_rows(fresh_store)}
+            # The cut post's claim is given back: another driver claims it at once.
+            cut = next(iter(posts))
+            again = await deliveries.claim_callback(fresh_store, cut, "canceled", url)
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert len(held) == 1
+    assert 0.5 <= drained_s < 3
+    assert list(posts.values()) == ["pending"]  # the other was never claimed
+    assert again
+    cuts = [r for r in caplog.records if getattr(r, "event", None) == "callback.drain_cut"]
+    assert [getattr(r, "posts", None) for r in cuts] == [1]
+
+
+async def callback_rows(store: Store) -> list[tuple[str, str, str, str]]:
+    """`(jobId, event, url, status)` of every callback post claimed."""
+    async with store.connection() as conn:
+        cur = await conn.execute("SELECT job_id, event, url, status FROM callback_posts")
+        return [(str(j), str(e), str(u), str(st)) for j, e, u, st in await cur.fetchall()]
+
+
 async def test_a_role_that_posts_no_callbacks_leaves_the_owed_ones_alone(
     client: Client, fresh_store: Store, fresh_db: str
 ) -> None:
