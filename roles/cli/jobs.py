@@ -412,11 +412,12 @@ def api_command(host: str | None, port: int | None) -> None:
 
     The same process as the api role: it migrates the database first, then serves the HTTP API
     with the role's tracing, metrics, queued-job redrive and event loop. Database:
-    RECEIPT_DATABASE_URL (else the embedded server). Tokens: RECEIPT_API_TOKENS_FILE and/or
-    RECEIPT_API_TOKENS; without any, only a loopback bind is allowed. Body limit:
-    RECEIPT_MAX_BODY_BYTES; RECEIPT_STRICT_AGENT_IDS=1 refuses unknown agent ids. Console
-    sessions (/console): RECEIPT_CONSOLE_SESSION_TTL_S (12 h) and RECEIPT_CONSOLE_SESSION_IDLE_S
-    (30 min). OpenAPI at /openapi.json, docs at /docs.
+    RECEIPT_DATABASE_URL (else the embedded server); its migration and its LISTEN connection
+    RECEIPT_DATABASE_DIRECT_URL when set (beside a transaction pooler). Tokens:
+    RECEIPT_API_TOKENS_FILE and/or RECEIPT_API_TOKENS; without any, only a loopback bind is
+    allowed. Body limit: RECEIPT_MAX_BODY_BYTES; RECEIPT_STRICT_AGENT_IDS=1 refuses unknown
+    agent ids. Console sessions (/console): RECEIPT_CONSOLE_SESSION_TTL_S (12 h) and
+    RECEIPT_CONSOLE_SESSION_IDLE_S (30 min). OpenAPI at /openapi.json, docs at /docs.
     """
     import dataclasses
 

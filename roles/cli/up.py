@@ -12,7 +12,7 @@ from activities.gateway_providers import key_variables
 from receipts.settings import SettingsError
 from roles.api.auth import LOCAL_TOKEN_FILE, ensure_local_admin_token
 from roles.api.settings import GRACEFUL_SHUTDOWN_S
-from roles.infra.db import migrate_url, resolve_url
+from roles.infra.db import direct_url, migrate_url, resolve_url
 from roles.infra.ports import wait_port
 from roles.infra.process import EXIT_FORCED, EXIT_S, stop_bound_s
 from roles.infra.settings import (
@@ -159,7 +159,7 @@ async def up(settings: RuntimeSettings) -> int:
     loop.add_signal_handler(signal.SIGINT, _interrupted, stopping, forced, colour)
 
     url = resolve_url(core)
-    applied = await migrate_url(url)
+    applied = await migrate_url(direct_url(core))  # around a transaction pooler, if one is set
     say(
         "up",
         f"database ready ({'embedded' if not core.database_url else 'configured'}); "

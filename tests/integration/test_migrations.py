@@ -107,6 +107,40 @@ async def test_failed_concurrent_prebuilds_of_the_bounded_reads_indexes_are_buil
             assert await (await conn.execute(valid, (name,))).fetchone() == (True,), name
 
 
+async def test_a_failed_concurrent_prebuild_of_the_paged_scans_index_is_built_again(
+    make_database: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README, "Upgrading to paged dispatch scans": migration 26's index built concurrently
+    first and cancelled is left INVALID; the migration builds it again (the planner never uses
+    an invalid one: every page of the scans read and sorted the whole queue)."""
+    url = str(make_database(migrated=False))  # type: ignore[operator]
+    before = tuple(m for m in migrations() if m.version <= 25)
+    monkeypatch.setattr(receipts.schema, "migrations", lambda: before)
+    await migrate_url(url)
+    monkeypatch.undo()
+    valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)"
+    name = "jobs_queued_created_idx"
+    async with (
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as writer,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as operator,
+    ):
+        await writer.execute("BEGIN")
+        await writer.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")
+        await operator.execute("SET statement_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            await operator.execute(
+                f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON jobs (created_at, job_id) "
+                "WHERE status = 'queued'"
+            )
+        await writer.execute("COMMIT")
+        assert await (await operator.execute(valid, (name,))).fetchone() == (False,)
+
+    await migrate_url(url)
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        assert await (await conn.execute(valid, (name,))).fetchone() == (True,)
+
+
 async def test_a_migration_behind_a_long_transaction_gives_up_instead_of_queueing_writes(
     make_database: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

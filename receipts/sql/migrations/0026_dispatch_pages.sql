@@ -8,6 +8,16 @@
 -- the previous page read (a cursor the pass keeps) and reads at most its size.
 CREATE INDEX IF NOT EXISTS jobs_queued_created_idx
     ON jobs (created_at, job_id) WHERE status = 'queued';
+-- A concurrent build by hand (README "Upgrading") that failed or was cancelled leaves an
+-- INVALID index of its name, which `IF NOT EXISTS` takes as built and the planner never uses:
+-- built again here, as 0025 does its own.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_index
+               WHERE indexrelid = to_regclass('jobs_queued_created_idx') AND NOT indisvalid) THEN
+        REINDEX INDEX jobs_queued_created_idx;
+    END IF;
+END $$;
 
 -- One page of the queue: the `page` queued jobs after (after_created_at, after_job_id) (NULL:
 -- from the oldest), each with whether it is deliverable by `dispatch_queue`'s rule — available,
