@@ -934,10 +934,13 @@ async def test_an_admins_job_id_two_organizations_use_is_answered_as_a_page(
 
 @pytest.mark.parametrize("job_id", [".", ".."])
 async def test_the_console_s_links_reach_a_job_whose_id_is_a_dot_segment(
-    db_url: str, store: Store, job_id: str
+    fresh: tuple[Store, str], job_id: str
 ) -> None:
     """A job id may be `.` or `..`: the console's links and redirects named `/console/jobs/..`,
-    which a browser resolves to `/console/`, and `/console/jobs/.` to the job list."""
+    which a browser resolves to `/console/`, and `/console/jobs/.` to the job list. A database
+    of its own: in the worker's, test_api.py's job `.` of org-b, another agent's, was the one
+    this post found (its id taken), and the list by this test's agent showed none."""
+    store, db_url = fresh
     agent = f"agent-{new_id()}"
     as_b = {"Authorization": f"Bearer {TOKEN_B}"}
     async with api_client(db_url, store=store) as client:
