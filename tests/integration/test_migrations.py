@@ -71,74 +71,47 @@ BOUNDED_READS = {
 }
 
 
-async def test_failed_concurrent_prebuilds_of_the_bounded_reads_indexes_are_built_again(
-    make_database: object, monkeypatch: pytest.MonkeyPatch
+# Migration 26's: the paged dispatch scans (README "Upgrading to paged dispatch scans").
+PAGED_SCANS = {"jobs_queued_created_idx": "jobs (created_at, job_id) WHERE status = 'queued'"}
+
+
+@pytest.mark.parametrize(("version", "indexes"), [(25, BOUNDED_READS), (26, PAGED_SCANS)])
+async def test_failed_concurrent_prebuilds_of_a_migrations_indexes_are_built_again(
+    make_database: object, monkeypatch: pytest.MonkeyPatch, version: int, indexes: dict[str, str]
 ) -> None:
-    """README, "Upgrading to bounded reads": a large installation builds migration 25's indexes
-    concurrently first; one whose build was cancelled is left INVALID, which the migration's
-    `IF NOT EXISTS` alone would take as built (never used: the reads it bounds scan again)."""
+    """README, "Upgrading to bounded reads" / "to paged dispatch scans": a large installation
+    builds a migration's indexes concurrently first; one whose build was cancelled is left
+    INVALID, which the migration's `IF NOT EXISTS` alone would take as built (never used: the
+    reads it bounds scan again, every page of the dispatch scans sorts the whole queue)."""
     url = str(make_database(migrated=False))  # type: ignore[operator]
-    before = tuple(m for m in migrations() if m.version <= 24)
+    before = tuple(m for m in migrations() if m.version < version)
     monkeypatch.setattr(receipts.schema, "migrations", lambda: before)
     await migrate_url(url)
     monkeypatch.undo()
     valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)"
+    tables = sorted({definition.split(" ", 1)[0] for definition in indexes.values()})
     async with (
         await psycopg.AsyncConnection.connect(url, autocommit=True) as writer,
         await psycopg.AsyncConnection.connect(url, autocommit=True) as operator,
     ):
         await writer.execute("BEGIN")
-        for table in ("jobs", "webhook_deliveries", "agent_job_wakeups", "agent_jobs"):
-            await writer.execute(f"LOCK TABLE {table} IN ROW EXCLUSIVE MODE")
+        for table in tables:
+            await writer.execute(f"LOCK TABLE {table} IN ROW EXCLUSIVE MODE".encode())
         await operator.execute("SET statement_timeout = '300ms'")
-        for name, definition in BOUNDED_READS.items():
+        for name, definition in indexes.items():
             with pytest.raises(psycopg.errors.QueryCanceled):
                 await operator.execute(
                     f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {definition}".encode()
                 )
         await writer.execute("COMMIT")
-        for name in BOUNDED_READS:
+        for name in indexes:
             assert await (await operator.execute(valid, (name,))).fetchone() == (False,), name
 
     await migrate_url(url)
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        for name in BOUNDED_READS:
+        for name in indexes:
             assert await (await conn.execute(valid, (name,))).fetchone() == (True,), name
-
-
-async def test_a_failed_concurrent_prebuild_of_the_paged_scans_index_is_built_again(
-    make_database: object, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """README, "Upgrading to paged dispatch scans": migration 26's index built concurrently
-    first and cancelled is left INVALID; the migration builds it again (the planner never uses
-    an invalid one: every page of the scans read and sorted the whole queue)."""
-    url = str(make_database(migrated=False))  # type: ignore[operator]
-    before = tuple(m for m in migrations() if m.version <= 25)
-    monkeypatch.setattr(receipts.schema, "migrations", lambda: before)
-    await migrate_url(url)
-    monkeypatch.undo()
-    valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)"
-    name = "jobs_queued_created_idx"
-    async with (
-        await psycopg.AsyncConnection.connect(url, autocommit=True) as writer,
-        await psycopg.AsyncConnection.connect(url, autocommit=True) as operator,
-    ):
-        await writer.execute("BEGIN")
-        await writer.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")
-        await operator.execute("SET statement_timeout = '300ms'")
-        with pytest.raises(psycopg.errors.QueryCanceled):
-            await operator.execute(
-                f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON jobs (created_at, job_id) "
-                "WHERE status = 'queued'"
-            )
-        await writer.execute("COMMIT")
-        assert await (await operator.execute(valid, (name,))).fetchone() == (False,)
-
-    await migrate_url(url)
-
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        assert await (await conn.execute(valid, (name,))).fetchone() == (True,)
 
 
 async def test_a_migration_behind_a_long_transaction_gives_up_instead_of_queueing_writes(
