@@ -61,22 +61,49 @@ INSERT INTO deliveries (job_id, generation, workflow_id)
 SELECT job_id, 0, job_id FROM dispatch_slots UNION SELECT job_id, 0, job_id FROM jobs
 WHERE job_id LIKE 'w%';
 """
+# Beside it, in the small queue: an organization with jobs on two capped queues (codex and chat,
+# interleaved), holding chat slots only, whose waiting chat jobs come before its codex ones; and
+# jobs of no organization on a capped queue never dispatched. A share is an organization on one
+# queue: its slots and its waiting jobs on the other queue count nothing toward it.
+TWO_QUEUES = """
+INSERT INTO jobs (job_id, seq, organization_id, agent_id, lane, kind, status, attempt,
+                  max_attempts, created_at, updated_at, state, worker_queue)
+SELECT 'm' || g, 1, 'org-m', CASE WHEN g % 2 = 0 THEN 'codex' ELSE 'chatty' END, 'chat',
+       CASE WHEN g % 2 = 0 THEN 'codex' ELSE 'factory.task.run' END,
+       CASE WHEN g % 2 = 1 AND g >= 21 THEN 'running' ELSE 'queued' END,
+       CASE WHEN g % 2 = 1 AND g >= 21 THEN 1 ELSE 0 END, 3,
+       now() - make_interval(secs => 17000 - g * 10), now() - make_interval(secs => 17000 - g * 10),
+       '{}', CASE WHEN g % 2 = 0 THEN 'receipt-codex' ELSE 'receipt-chat' END
+FROM generate_series(1, 30) g;
+INSERT INTO dispatch_slots (job_id, organization_id, worker_queue)
+SELECT job_id, organization_id, worker_queue FROM jobs WHERE job_id LIKE 'm%' AND status = 'running';
+INSERT INTO deliveries (job_id, generation, workflow_id)
+SELECT job_id, 0, job_id FROM jobs WHERE job_id LIKE 'm%' AND status = 'running';
+INSERT INTO jobs (job_id, seq, organization_id, agent_id, lane, kind, status, attempt,
+                  max_attempts, created_at, updated_at, state, worker_queue)
+SELECT 'n' || g, 1, NULL, 'watchdog', 'chat', 'factory.task.run', 'queued', 0, 3,
+       now() - make_interval(secs => 16000 - g * 7), now() - make_interval(secs => 16000 - g * 7),
+       '{}', 'receipt-control'
+FROM generate_series(1, 10) g;
+"""
 DEFAULT_CAPS = fairness.caps(Settings())
 NO_CAPS = fairness.caps(Settings(RECEIPT_ORG_MAX_RUNNING_PER_GROUP="0"))
 
 
-async def _seeded(make_database: Callable[[], str], **sizes: int) -> str:
+async def _seeded(make_database: Callable[[], str], more: str = "", **sizes: int) -> str:
     url = make_database()
     await migrate_url(url)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(QUEUE.format(**sizes).encode())
+        if more:
+            conn.execute(more.encode())
         conn.execute(b"VACUUM ANALYZE")
     return url
 
 
 @pytest.fixture(scope="module")
 async def small(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
-    url = await _seeded(make_database, big=40, orgs=6, watchdog=20)
+    url = await _seeded(make_database, TWO_QUEUES, big=40, orgs=6, watchdog=20)
     store = await assembly.open_store(url, min_size=1, max_size=2)
     yield store, url
     await store.close()
@@ -86,6 +113,14 @@ async def small(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, 
 WHOLE_QUEUE = b"""
 SELECT q.job_id FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
 WHERE NOT q.held_back AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = q.job_id)"""
+# What the redrive takes by that rule: the jobs it does not hold back not dispatched within the
+# cooldown (`REDRIVE_COOLDOWN_MS`).
+REDRIVE_COOLDOWN_MS = 30_000
+WHOLE_QUEUE_REDRIVE = b"""
+SELECT q.job_id FROM dispatch_queue(%(queues)s::text[], %(caps)s::integer[]) q
+WHERE NOT q.held_back AND NOT EXISTS (
+    SELECT 1 FROM deliveries d WHERE d.job_id = q.job_id AND d.dispatched_at > now() - interval '30 s')"""
+SCANS = ["undelivered_queued", "redrive_candidates"]
 
 
 def rows(url: str, statement: bytes, params: dict[str, Any] | None = None) -> set[str]:
@@ -93,56 +128,113 @@ def rows(url: str, statement: bytes, params: dict[str, Any] | None = None) -> se
         return {row[0] for row in conn.execute(statement, params).fetchall()}
 
 
+def wanted(url: str, scan: str, caps: dict[str, Any]) -> set[str]:
+    """What a lap of `scan` picks by the whole-queue rule."""
+    return rows(url, WHOLE_QUEUE if scan == "undelivered_queued" else WHOLE_QUEUE_REDRIVE, caps)
+
+
+async def lap(
+    store: Store, scan: str, caps: dict[str, Any], limit: int, page: int | None = None
+) -> list[str]:
+    """The jobs one lap of `scan`'s pages picks, from the oldest to the newest following
+    `next` (at most 500 pages); every page reads at most its size and picks at most `limit`."""
+    picked: list[str] = []
+    after = deliveries.START
+    for _ in range(500):
+        if scan == "undelivered_queued":
+            got = await deliveries.undelivered_queued(
+                store, limit=limit, page=page, caps=caps, after=after
+            )
+        else:
+            got = await deliveries.redrive_candidates(
+                store,
+                min_age_ms=0,
+                cooldown_ms=REDRIVE_COOLDOWN_MS,
+                limit=limit,
+                page=page,
+                caps=caps,
+                after=after,
+            )
+            assert len(got.seqs) == len(got.attempts) == len(got.job_ids)
+        assert got.read <= (page or limit) and len(got.job_ids) <= limit
+        picked += got.job_ids
+        after = got.next
+        if got.last:
+            return picked
+    raise AssertionError(f"no lap's end in 500 pages: {len(picked)} picked")
+
+
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("caps", [DEFAULT_CAPS, NO_CAPS], ids=["capped", "uncapped"])
 @pytest.mark.parametrize("page", [1, 7, 50, 1_000])
 async def test_one_lap_of_pages_picks_what_the_whole_queue_rule_picks(
-    small: tuple[Store, str], caps: dict[str, Any], page: int
+    small: tuple[Store, str], caps: dict[str, Any], page: int, scan: str
 ) -> None:
     """Pages of any size, shares straddling them: a lap of the rescan's pages (from the oldest
     to the newest, following `next`) picks exactly the never-dispatched jobs `dispatch_queue`
-    does not hold back, each once, and every page reads at most its size."""
+    does not hold back, each once, and every page reads at most its size. The redrive's, those
+    not dispatched within its cooldown: a page with fewer candidates than its limit (the
+    others dispatched within the cooldown) goes on after it, not from the oldest again."""
     store, url = small
-    wanted = rows(url, WHOLE_QUEUE, caps)
-    assert wanted  # the seed leaves some to pick, capped or not
-    picked: list[str] = []
-    after, passes = deliveries.START, 0
-    while True:
-        got = await deliveries.undelivered_queued(store, limit=page, caps=caps, after=after)
-        assert got.read <= page
-        picked += got.job_ids
-        passes += 1
-        after = got.next
-        if got.last:
-            break
-        assert passes < 500
-    assert sorted(picked) == sorted(wanted)
+    expected = wanted(url, scan, caps)
+    assert expected  # the seed leaves some to pick, capped or not
+    assert sorted(await lap(store, scan, caps, page)) == sorted(expected)
 
 
-async def test_a_redrive_page_cut_by_its_limit_goes_on_from_the_last_job_it_picked(
-    small: tuple[Store, str],
+@pytest.mark.parametrize("scan", SCANS)
+async def test_a_page_cut_by_its_limit_goes_on_from_the_last_job_it_picked(
+    small: tuple[Store, str], scan: str
 ) -> None:
-    """The redrive reads a page larger than the candidates it takes: when the limit cuts the
-    page, the next page starts after the last job taken, so none of the page is passed over."""
+    """The redrive reads a page larger than the candidates it takes (the rescan may): when the
+    limit cuts the page, the next page starts after the last job taken, so none of the page is
+    passed over."""
     store, url = small
-    seen: list[str] = []
-    after = deliveries.START
-    for _ in range(500):
-        got = await deliveries.redrive_candidates(
-            store, min_age_ms=0, cooldown_ms=0, limit=3, page=50, caps=NO_CAPS, after=after
-        )
-        assert len(got.job_ids) <= 3 and got.read <= 50
-        assert len(got.seqs) == len(got.attempts) == len(got.job_ids)
-        seen += got.job_ids
-        after = got.next
-        if got.last:
-            break
-    # Uncapped, delivered within the cooldown of 0: every queued job available now.
-    queued = rows(
-        url,
-        b"SELECT job_id FROM jobs WHERE status = 'queued'"
-        b" AND (available_at IS NULL OR available_at <= now())",
-    )
-    assert sorted(seen) == sorted(queued)
+    assert sorted(await lap(store, scan, NO_CAPS, 3, 50)) == sorted(wanted(url, scan, NO_CAPS))
+
+
+# Jobs enqueued together share their creation time (one transaction's clock): 40 of three
+# organizations, written in the reverse of their ids' order; 8 dispatched a minute ago (the
+# redrive's, past its cooldown), 8 just now.
+TIED = """
+INSERT INTO jobs (job_id, seq, organization_id, agent_id, lane, kind, status, attempt,
+                  max_attempts, created_at, updated_at, state, worker_queue)
+SELECT 't' || lpad(g::text, 3, '0'), 1, 'org-t' || (g % 3), 'codex', 'chat', 'codex', 'queued',
+       0, 3, now() - interval '1 hour', now() - interval '1 hour', '{}', 'receipt-codex'
+FROM generate_series(1, 40) g ORDER BY g DESC;
+INSERT INTO deliveries (job_id, generation, workflow_id, dispatched_at)
+SELECT job_id, 0, job_id, CASE WHEN right(job_id, 1) IN ('0', '5') THEN now() - interval '1 minute'
+                               ELSE now() END
+FROM jobs WHERE right(job_id, 1) IN ('0', '5', '1', '6');
+"""
+
+
+@pytest.fixture(scope="module")
+async def tied(make_database: Callable[[], str]) -> AsyncIterator[tuple[Store, str]]:
+    url = make_database()
+    await migrate_url(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TIED.encode())
+        conn.execute(b"VACUUM ANALYZE")
+    store = await assembly.open_store(url, min_size=1, max_size=2)
+    yield store, url
+    await store.close()
+
+
+@pytest.mark.parametrize("caps", [DEFAULT_CAPS, NO_CAPS], ids=["capped", "uncapped"])
+@pytest.mark.parametrize("scan", SCANS)
+@pytest.mark.parametrize(("limit", "page"), [(1, 1), (7, 7), (2, 7)])
+async def test_jobs_created_at_one_instant_are_each_picked_once_in_a_lap(
+    tied: tuple[Store, str], caps: dict[str, Any], scan: str, limit: int, page: int
+) -> None:
+    """The cursor is a job's creation time and its id: a page that ends among jobs created
+    at one instant goes on after the last of them it read or picked (by id), so a lap picks
+    each job once, and ends."""
+    store, url = tied
+    expected = wanted(url, scan, caps)
+    assert expected
+    if caps is NO_CAPS:
+        assert len(expected) == (24 if scan == "undelivered_queued" else 32)
+    assert sorted(await lap(store, scan, caps, limit, page)) == sorted(expected)
 
 
 @pytest.fixture(scope="module")

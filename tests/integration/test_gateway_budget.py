@@ -275,6 +275,29 @@ async def test_the_meter_forgets_the_organizations_whose_day_has_ended(
     assert (await meter.spent(org))[0] == 12
 
 
+async def test_the_meter_sweeps_the_ended_days_at_most_once_a_prune_interval(
+    store: Store, orgs: tuple[str, str]
+) -> None:
+    """The sweep walks every read the process holds: a flush (every 2 s) makes it only when
+    PRUNE_S has passed since the last, and a sweep starts the next interval."""
+    org = orgs[0]
+    meter = Meter(store, Budgets(100))
+    ended = [f"{org}-{i}" for i in range(3)]
+    for each in ended:
+        await meter.spent(each)
+    for each in ended[:2]:
+        meter._reads[each].renews_at = time.monotonic() - 1
+    meter._pruned_at = time.monotonic() - PRUNE_S / 2  # half an interval since the last sweep
+    await meter.flush()
+    assert set(meter._reads) == set(ended)  # not yet
+    meter._pruned_at = time.monotonic() - PRUNE_S
+    await meter.flush()
+    assert set(meter._reads) == {ended[2]}
+    meter._reads[ended[2]].renews_at = time.monotonic() - 1
+    await meter.flush()  # at once after a sweep: the next one waits its interval
+    assert set(meter._reads) == {ended[2]}
+
+
 async def test_an_admins_calls_are_not_counted(store: Store, orgs: tuple[str, str]) -> None:
     """An admin's job has no organization and no budget: its calls are not counted (a flush
     writes nothing for them)."""

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from receipts import assembly, metrics
+from receipts import assembly, metrics, webhook_tries
 from receipts import operations as ops
 from receipts import webhooks as hooks
 from receipts.errors import ConflictError
@@ -202,3 +202,46 @@ async def test_a_try_whose_record_lost_its_answer_is_counted_as_recorded(
     row = await store.fetch_one("webhook_delivery_tried", {"delivery_id": claimed.delivery_id})
     assert row is not None and row[0] == ("delivered" if status == 200 else "pending")
     assert len(receiver.at("/r")) == 1
+
+
+@pytest.mark.parametrize("outcome", ["delivered", "pending"])
+async def test_a_lapsed_try_whose_record_lost_its_answer_is_superseded_not_recorded(
+    fresh: tuple[Store, str], receiver: Receiver, outcome: str
+) -> None:
+    """A try that outlived its claim (a stalled deliverer) records nothing over the deliverer
+    that took the delivery, and says so (None: `superseded`). Its record's answer lost, it reads
+    back a delivery that moved on after its claim's end: that record may be the other's, so it
+    is not taken as this try's, as when the answer comes."""
+    store, url = fresh
+    created, _, _ = await hooks.create(
+        store,
+        "org-a",
+        WebhookCreate(receiver.url("/r"), ["job.completed"], None),
+        max_per_organization=20,
+    )
+    webhook = await hooks.get(store, created.webhook_id)
+    assert webhook is not None
+    await hooks.send_test(store, webhook)
+    [stalled] = await hooks.claim(store, limit=10, per_org=4, lease_ms=50)
+    await asyncio.sleep(0.2)  # its claim lapses; another deliverer takes the delivery
+    [taker] = await hooks.claim(store, limit=10, per_org=4, lease_ms=25_000)
+    assert taker.delivery_id == stalled.delivery_id
+    record: dict[str, Any] = {
+        "status_code": 200,
+        "error": None,
+        "duration_ms": 3,
+        "retry_ms": 60_000,
+    }
+    assert await webhook_tries.record_try(store, taker, status=outcome, **record) is not None
+    proxy = await LostAnswerProxy(url).start()
+    cut = await assembly.open_store(proxy.url(), min_size=1, max_size=2)
+    try:
+        proxy.arm("tries = tries + 1")  # the stalled try's record (webhook_delivery_record)
+        late = await webhook_tries.record_try(cut, stalled, status="delivered", **record)
+        assert proxy.cut.is_set(), proxy.lost
+    finally:
+        await cut.close()
+        await proxy.close()
+    assert late is None
+    row = await store.fetch_one("webhook_delivery_tried", {"delivery_id": stalled.delivery_id})
+    assert row is not None and row[0] == outcome

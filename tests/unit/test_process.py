@@ -410,3 +410,88 @@ def test_a_second_ctrl_c_exits_at_once_while_a_blocking_call_holds_the_loop(
     assert child.returncode == process.EXIT_FORCED and exited_s < 5, (exited_s, stderr)
     events = [json.loads(line).get("event") for line in stderr.splitlines() if line]
     assert "role.forced_exit" in events, stderr
+
+
+DRAINING = textwrap.dedent(
+    """
+    import asyncio, signal, sys
+    from receipts import metrics
+    from roles.infra import logs, process
+
+    process.SIGNAL_CHECK_S = 0.05
+
+    async def main(stop: asyncio.Event) -> None:
+        logs.configure("test", "json")
+        if sys.argv[2] == "replace-sigint":  # a library that traps Ctrl-C
+            signal.signal(signal.SIGINT, lambda signum, frame: None)
+            await asyncio.sleep(0.5)  # the check comes
+        print("ready", flush=True)
+        await stop.wait()
+        restored = [
+            metrics.value("receipt_signal_handlers_restored_total", signal=name)
+            for name in ("SIGTERM", "SIGINT")
+        ]
+        print("draining", *restored, flush=True)
+        await asyncio.sleep(float(sys.argv[3]))  # the drain
+        print("drained", flush=True)
+
+    process.run_until_signalled(main, sys.argv[1])
+    """
+)
+
+
+def _draining(loop: str, how: str, drain_s: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", DRAINING, loop, how, str(drain_s)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_sigint_handler_a_handler_installs_is_put_back_and_counted(loop: str) -> None:
+    """SIGINT is a drain signal as SIGTERM is (a Ctrl-C on `receipt up`): one a handler
+    replaced is put back, counted under its name, and a Ctrl-C drains the role."""
+    with _draining(loop, "replace-sigint", 0.0) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            child.send_signal(signal.SIGINT)
+            stdout, stderr = child.communicate(timeout=10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    assert (child.returncode, stdout.split()) == (0, ["draining", "0.0", "1.0", "drained"]), stderr
+    records = [json.loads(line) for line in stderr.splitlines() if line]
+    assert [(r.get("event"), r.get("signal")) for r in records] == [
+        ("role.signal_handler_restored", "SIGINT")
+    ]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM])
+def test_a_ctrl_c_during_the_drain_exits_at_once_and_a_sigterm_does_not(
+    loop: str, first: signal.Signals
+) -> None:
+    """The first SIGINT or SIGTERM begins the drain (here 20 s); a SIGINT then (a second
+    Ctrl-C) exits at once, 130, logged `role.forced_exit`; a SIGTERM then (a supervisor's
+    repeat) changes nothing: the drain goes on to its end."""
+    with _draining(loop, "", 20.0) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            child.send_signal(first)
+            assert child.stdout.readline().split()[0] == "draining"
+            child.send_signal(signal.SIGTERM)
+            with pytest.raises(subprocess.TimeoutExpired):
+                child.wait(timeout=1.0)
+            child.send_signal(signal.SIGINT)
+            again = time.monotonic()
+            stdout, stderr = child.communicate(timeout=10)
+            exited_s = time.monotonic() - again
+        finally:
+            if child.poll() is None:
+                child.kill()
+    assert (child.returncode, stdout.strip()) == (130, ""), stderr
+    assert exited_s < 3.0
+    records = [json.loads(line) for line in stderr.splitlines() if line]
+    assert [r.get("event") for r in records] == ["role.forced_exit"]
