@@ -65,6 +65,12 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=_default, ensure_ascii=False)
 
 
+def json_bytes(value: Any) -> int:
+    """The bytes of `value` as JSON text, as PostgreSQL's jsonb prints it (`: ` and `, `, UTF-8):
+    how a follow-up and an agent turn's outcome are weighed against their bounds."""
+    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
 def same_json(stored: Any, given: Any) -> bool:
     """True when `given` (a request's JSON) is what `stored` (read back from `jsonb`) holds.
     `jsonb` keeps a number as its decimal value, so a float comes back in another form: 1.5e300

@@ -4,7 +4,6 @@ lock, as the turns' (receipts/agent_jobs/lifecycle.py)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from receipts.jobs import Job
 from receipts.kinds import TURN_KIND
 from receipts.mutate import Decide, Outcome, apply, mutate
 from receipts.store import Draft, Store, Tx
-from receipts.streams import same_json
+from receipts.streams import json_bytes, same_json
 
 log = logging.getLogger("receipts.agent_jobs")
 
@@ -155,12 +154,6 @@ async def fail_overdue_input(
         },
     )
     return failed
-
-
-def json_bytes(value: Any) -> int:
-    """The bytes of `value` as JSON text, as PostgreSQL's jsonb prints it (`: ` and `, `, UTF-8):
-    how a follow-up is weighed against RECEIPT_AGENT_JOB_MAX_FOLLOW_UP_BYTES."""
-    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
 async def add_command(

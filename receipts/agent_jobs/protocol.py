@@ -11,6 +11,7 @@ from typing import Any
 
 from receipts.agent_jobs.model import AgentJob
 from receipts.agent_jobs.registry import AgentDefinition
+from receipts.streams import json_bytes
 
 OUTCOMES: tuple[str, ...] = ("done", "needs_input", "failed", "quota_exhausted")
 # A turn's result names the follow-ups its handler read (their command ids on its queue job),
@@ -96,7 +97,7 @@ def _valid(candidate: Mapping[str, Any]) -> dict[str, Any]:
 def _bounded(field: str, outcome: dict[str, Any]) -> dict[str, Any]:
     """`outcome`, or a failed turn (not retried: the command would say it again) when its
     `field` is over MAX_OUTCOME_BYTES of JSON."""
-    size = len(json.dumps(outcome[field], ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    size = json_bytes(outcome[field])
     if size <= MAX_OUTCOME_BYTES:
         return outcome
     return _failed(

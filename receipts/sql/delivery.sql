@@ -34,6 +34,30 @@ DELETE FROM delivery_redrives WHERE redrive_key = %(redrive_key)s;
 -- name: delivery_touch
 UPDATE deliveries SET dispatched_at = now() WHERE job_id = %(job_id)s;
 
+-- name: dispatch_page_read
+-- The scans' page of the queue (`undelivered_queued`, `redrive_candidates`): the `page` queued
+-- jobs after the cursor, each with whether it is deliverable (dispatch_page, migrations/0026).
+SELECT * FROM dispatch_page(%(queues)s::text[], %(caps)s::integer[],
+                            %(after_created_at)s::timestamptz, %(after_job_id)s::text,
+                            %(page)s::integer)
+
+-- name: dispatch_page_next
+-- The scans' CTEs after `page` and `picked`: how many jobs the page read and picked, and where
+-- the next page starts: after the last job picked when the limit cut the page short, else after
+-- the page's last job; none once the page read the newest (the next from the oldest).
+counted AS (
+    SELECT (SELECT count(*) FROM page) AS read, (SELECT count(*) FROM picked) AS picked
+), last AS (
+    SELECT x.created_at, x.job_id FROM counted c, LATERAL (
+        SELECT p.created_at, p.job_id FROM picked p WHERE c.picked >= %(limit)s
+        UNION ALL
+        SELECT q.created_at, q.job_id FROM page q
+        WHERE c.picked < %(limit)s AND c.read >= %(page)s
+    ) x
+    ORDER BY x.created_at DESC, x.job_id DESC
+    LIMIT 1
+)
+
 -- name: undelivered_queued
 -- One page of the dispatcher's rescan: of the `page` queued jobs after the cursor (dispatch_page,
 -- migrations/0026), the deliverable ones never dispatched — those for which receipts/plan.py
@@ -46,30 +70,15 @@ UPDATE deliveries SET dispatched_at = now() WHERE job_id = %(job_id)s;
 -- The delivery is probed per deliverable job of the page (a LIMIT keeps the planner from
 -- hashing all `deliveries`, which holds a row for every job ever dispatched).
 WITH page AS MATERIALIZED (
-    SELECT * FROM dispatch_page(%(queues)s::text[], %(caps)s::integer[],
-                                %(after_created_at)s::timestamptz, %(after_job_id)s::text,
-                                %(page)s::integer)
+    -- include: dispatch_page_read
 ), picked AS MATERIALIZED (
     SELECT q.job_id, q.created_at, q.share_rank FROM page q
     WHERE q.deliverable
       AND (SELECT 1 FROM deliveries d WHERE d.job_id = q.job_id LIMIT 1) IS NULL
     ORDER BY q.created_at, q.job_id
     LIMIT %(limit)s
-), counted AS (
-    SELECT (SELECT count(*) FROM page) AS read, (SELECT count(*) FROM picked) AS picked
-), last AS (
-    -- Where the next page starts: after the last job picked when `limit` cut the page short,
-    -- else after the page's last job; none once the page read the newest (the next from the
-    -- oldest).
-    SELECT x.created_at, x.job_id FROM counted c, LATERAL (
-        SELECT p.created_at, p.job_id FROM picked p WHERE c.picked >= %(limit)s
-        UNION ALL
-        SELECT q.created_at, q.job_id FROM page q
-        WHERE c.picked < %(limit)s AND c.read >= %(page)s
-    ) x
-    ORDER BY x.created_at DESC, x.job_id DESC
-    LIMIT 1
-)
+),
+-- include: dispatch_page_next
 SELECT c.read, l.created_at, l.job_id,
        coalesce((SELECT array_agg(p.job_id ORDER BY p.share_rank, p.created_at, p.job_id)
                  FROM picked p), '{}'),
@@ -86,9 +95,7 @@ WHERE j.status = 'queued' AND j.available_at > now()
 -- would deliver (as above) older than the minimum age (by their latest receipt's database time)
 -- and not dispatched within the cooldown, at most `limit`; one row as `undelivered_queued`'s.
 WITH page AS MATERIALIZED (
-    SELECT * FROM dispatch_page(%(queues)s::text[], %(caps)s::integer[],
-                                %(after_created_at)s::timestamptz, %(after_job_id)s::text,
-                                %(page)s::integer)
+    -- include: dispatch_page_read
 ), picked AS MATERIALIZED (
     SELECT q.job_id, q.created_at, q.share_rank, q.updated_at, q.seq, q.attempt FROM page q
     LEFT JOIN LATERAL (SELECT dd.dispatched_at FROM deliveries dd WHERE dd.job_id = q.job_id
@@ -99,18 +106,8 @@ WITH page AS MATERIALIZED (
            OR d.dispatched_at <= now() - make_interval(secs => %(cooldown_ms)s / 1000.0))
     ORDER BY q.created_at, q.job_id
     LIMIT %(limit)s
-), counted AS (
-    SELECT (SELECT count(*) FROM page) AS read, (SELECT count(*) FROM picked) AS picked
-), last AS (
-    SELECT x.created_at, x.job_id FROM counted c, LATERAL (
-        SELECT p.created_at, p.job_id FROM picked p WHERE c.picked >= %(limit)s
-        UNION ALL
-        SELECT q.created_at, q.job_id FROM page q
-        WHERE c.picked < %(limit)s AND c.read >= %(page)s
-    ) x
-    ORDER BY x.created_at DESC, x.job_id DESC
-    LIMIT 1
-)
+),
+-- include: dispatch_page_next
 SELECT c.read, l.created_at, l.job_id,
        coalesce((SELECT array_agg(p.job_id ORDER BY p.share_rank, p.updated_at, p.job_id)
                  FROM picked p), '{}'),
